@@ -1,0 +1,93 @@
+"""Exceptions raised by shardreplay.
+
+Every error the library raises on purpose derives from :class:`ShardReplayError`, and
+also from the built-in type a caller would reach for (``ValueError`` for bad input,
+``RuntimeError`` for a failed operation), so both ``except`` styles work::
+
+    ShardReplayError
+    ├── ConfigError                 (ValueError)   bad constructor / CLI setting
+    ├── SpecMismatchError           (ValueError)   data that does not fit the Spec
+    ├── InvalidPriorityError        (ValueError)   NaN, inf, negative priorities
+    ├── InvalidKeyError             (ValueError)   a key that names no slot of this buffer
+    ├── EmptyBufferError            (RuntimeError) sampling with no valid window
+    ├── CollectiveTimeout           (RuntimeError) a peer rank did not answer in time
+    ├── CheckpointError             (RuntimeError)
+    │   ├── IncompleteCheckpointError              a part or the manifest is missing
+    │   └── CheckpointFormatError                  corrupt, truncated, wrong spec/version
+    └── TransportError              (RuntimeError)
+        ├── CorruptChunkError                      a chunk failed decoding or validation
+        └── TransportTimeout                       no answer from the transport in time
+
+Errors of third-party libraries (redis, the OS, torch.distributed) are translated into
+these once, at the module that talks to them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CollectiveTimeout",
+    "ConfigError",
+    "CorruptChunkError",
+    "EmptyBufferError",
+    "IncompleteCheckpointError",
+    "InvalidKeyError",
+    "InvalidPriorityError",
+    "ShardReplayError",
+    "SpecMismatchError",
+    "TransportError",
+    "TransportTimeout",
+]
+
+
+class ShardReplayError(Exception):
+    """Root of every error shardreplay raises on purpose."""
+
+
+class ConfigError(ShardReplayError, ValueError):
+    """A setting is out of range or settings contradict each other."""
+
+
+class SpecMismatchError(ShardReplayError, ValueError):
+    """Written data does not match the buffer's Spec (field, shape, dtype, values)."""
+
+
+class InvalidPriorityError(ShardReplayError, ValueError):
+    """A priority is negative, NaN or infinite, or the counts do not match the keys."""
+
+
+class InvalidKeyError(ShardReplayError, ValueError):
+    """A key does not name a slot of this buffer (wrong shard, row or position)."""
+
+
+class EmptyBufferError(ShardReplayError, RuntimeError):
+    """Sampling was asked for while no valid window start exists."""
+
+
+class CollectiveTimeout(ShardReplayError, RuntimeError):
+    """A collective operation did not complete in time: a peer rank is missing."""
+
+
+class CheckpointError(ShardReplayError, RuntimeError):
+    """A checkpoint could not be written or read."""
+
+
+class IncompleteCheckpointError(CheckpointError):
+    """A checkpoint lacks a part or its manifest."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint file is corrupt, truncated, or of another spec or format version."""
+
+
+class TransportError(ShardReplayError, RuntimeError):
+    """A transport failed to send or receive."""
+
+
+class CorruptChunkError(TransportError):
+    """A chunk failed its checksum, header or spec validation."""
+
+
+class TransportTimeout(TransportError):
+    """The transport did not answer in time."""

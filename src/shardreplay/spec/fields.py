@@ -1,0 +1,81 @@
+"""One field of a step, and the step type convention (dm_env)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardreplay.errors import ConfigError
+
+# Names the buffer stores beside the user's fields; a Spec may not define them.
+RESERVED_FIELDS = ("step_type", "discount", "episode_id")
+
+
+class StepType(enum.IntEnum):
+    """Where a step sits in its episode (dm_env convention).
+
+    ``FIRST`` starts an episode, ``LAST`` ends it (its action is padding), ``MID`` is
+    everything between. The step after a ``LAST`` starts the next episode.
+    """
+
+    FIRST = 0
+    MID = 1
+    LAST = 2
+
+
+@dataclass(frozen=True)
+class Field:
+    """Shape and dtype of one field of a step (without the leading stream/time axes).
+
+    Args:
+        shape: shape of one step's value; ``()`` for a scalar.
+        dtype: numpy dtype (anything ``np.dtype`` accepts).
+        finite: for floating fields, reject NaN and inf on write.
+        env_id: the field records the stream (environment) id of its step; a checkpoint
+            restored onto another layout rewrites it to the new stream row.
+
+    Raises:
+        ConfigError: a negative dimension or an unsupported dtype.
+    """
+
+    shape: tuple[int, ...] = ()
+    dtype: Any = np.float32
+    finite: bool = True
+    env_id: bool = False
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(d) for d in self.shape)
+        if any(d < 0 for d in shape):
+            raise ConfigError(f"field shape {shape} has a negative dimension")
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError as exc:
+            raise ConfigError(f"field dtype {self.dtype!r} is not a numpy dtype") from exc
+        if dtype.kind not in "biuf":
+            raise ConfigError(f"field dtype {dtype} is not supported: use bool, int, uint or float")
+        if self.env_id and dtype.kind not in "iu":
+            raise ConfigError(f"an env_id field must be an integer, not {dtype}")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def checks_finite(self) -> bool:
+        """True when writes must be checked for NaN/inf."""
+        return self.finite and self.dtype.kind == "f"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description (used in fingerprints, checkpoints and chunk headers)."""
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype.str,
+            "finite": self.finite,
+            "env_id": self.env_id,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Field:
+        """Inverse of :meth:`to_dict`."""
+        return cls(tuple(d["shape"]), np.dtype(d["dtype"]), bool(d["finite"]), bool(d["env_id"]))

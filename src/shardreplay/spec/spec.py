@@ -1,0 +1,223 @@
+"""The Spec: every field of a step, and validation of writes against it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.spec.fields import RESERVED_FIELDS, Field
+
+_SEP = "."
+STEP_TYPE_DTYPE = np.dtype(np.uint8)
+DISCOUNT_DTYPE = np.dtype(np.float32)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings into ``{"a.b": leaf}``; leaves are anything else."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"field names must be non-empty strings, got {key!r}")
+        name = prefix + key
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name + _SEP))
+        else:
+            flat[name] = value
+    return flat
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`flatten`: ``{"a.b": x}`` -> ``{"a": {"b": x}}``."""
+    tree: dict[str, Any] = {}
+    for name, value in flat.items():
+        *parents, leaf = name.split(_SEP)
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
+def _as_field(name: str, value: Any) -> Field:
+    if isinstance(value, Field):
+        return value
+    if isinstance(value, tuple) and len(value) == 2:
+        return Field(shape=value[0], dtype=value[1])
+    raise ConfigError(f"field {name!r}: expected a Field or (shape, dtype), got {value!r}")
+
+
+class Spec:
+    """Named fields of a step, each with a shape and dtype.
+
+    Names may be nested: ``Spec({"obs": {"pos": Field((3,))}})`` defines the field
+    ``"obs.pos"``. Writes may use the nested or the dotted form. ``step_type``,
+    ``discount`` and ``episode_id`` are reserved: the buffer stores them itself.
+
+    Raises:
+        ConfigError: no fields, a reserved or malformed name, or a bad Field.
+    """
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        flat = flatten(fields)
+        if not flat:
+            raise ConfigError("a Spec needs at least one field")
+        for name in flat:
+            if name in RESERVED_FIELDS:
+                raise ConfigError(f"field name {name!r} is reserved: the buffer stores it itself")
+        self._fields = {name: _as_field(name, v) for name, v in flat.items()}
+
+    # -- mapping-like access ------------------------------------------------------------
+    @property
+    def fields(self) -> dict[str, Field]:
+        """The user fields, by dotted name (a copy)."""
+        return dict(self._fields)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Dotted names of the user fields, in definition order."""
+        return tuple(self._fields)
+
+    @property
+    def env_id_fields(self) -> tuple[str, ...]:
+        """Names of fields declared to hold the stream (env) id."""
+        return tuple(n for n, f in self._fields.items() if f.env_id)
+
+    def __getitem__(self, name: str) -> Field:
+        return self._fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fields
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Spec) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}: {f.dtype}{list(f.shape)}" for n, f in self._fields.items())
+        return f"Spec({inner})"
+
+    # -- serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description, inverse of :meth:`from_dict`."""
+        return {name: f.to_dict() for name, f in self._fields.items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Spec:
+        """Rebuild a Spec from :meth:`to_dict` output.
+
+        Raises:
+            ConfigError: the description is malformed.
+        """
+        try:
+            return cls({name: Field.from_dict(f) for name, f in d.items()})
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"malformed spec description: {exc}") from exc
+
+    @property
+    def fingerprint(self) -> str:
+        """A short stable hash of the spec: equal specs give equal fingerprints."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    # -- validation ---------------------------------------------------------------------
+    def validate(self, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+        """Check a write and return its arrays cast to the stored dtypes.
+
+        Args:
+            step: every user field plus ``"step_type"`` and optionally ``"discount"``,
+                nested or dotted, each an array of shape ``lead_shape + field.shape``.
+            lead_shape: ``(S,)`` for :meth:`ReplayBuffer.add`, ``(S, T)`` for ``extend``.
+
+        Returns:
+            Flat dict with every user field, ``step_type`` (uint8) and ``discount``
+            (float32, 1.0 where not given).
+
+        Raises:
+            SpecMismatchError: a missing or unknown field, wrong shape, unsafe dtype,
+                NaN/inf in a finite field, a step type outside {0, 1, 2}, or a discount
+                outside [0, 1]. The message names the field and what was expected.
+        """
+        flat = flatten(step) if any(isinstance(v, Mapping) for v in step.values()) else step
+        missing = [n for n in self._fields if n not in flat]
+        if missing or "step_type" not in flat:
+            missing += [] if "step_type" in flat else ["step_type"]
+            raise SpecMismatchError(f"missing field(s) {missing}; a step needs {list(self._fields)} "
+                                    "plus 'step_type' (and optionally 'discount')")
+        unknown = [n for n in flat if n not in self._fields and n not in ("step_type", "discount")]
+        if unknown:
+            raise SpecMismatchError(f"unknown field(s) {unknown}; the spec has {list(self._fields)}")
+        out = {name: _checked(name, flat[name], f.dtype, lead_shape + f.shape, f.checks_finite)
+               for name, f in self._fields.items()}
+        out["step_type"] = _step_types(flat["step_type"], lead_shape)
+        out["discount"] = _discounts(flat.get("discount"), lead_shape)
+        return out
+
+
+def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
+             finite: bool) -> np.ndarray:
+    arr = value if isinstance(value, np.ndarray) else _to_numpy(value)
+    if arr.shape != shape:
+        raise SpecMismatchError(f"field {name!r}: expected shape {shape}, got {arr.shape}")
+    if arr.dtype != dtype:
+        arr = _cast(name, arr, dtype)
+    if finite and arr.size and not np.isfinite(arr.sum(dtype=np.float64)):
+        raise SpecMismatchError(f"field {name!r} contains NaN or inf; it was declared finite "
+                                "(Field(finite=False) allows them)")
+    return arr
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor, without importing torch here
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+        raise SpecMismatchError(f"field {name!r}: cannot cast {arr.dtype} to {dtype} safely "
+                                f"(expected {dtype})")
+    if dtype.kind in "iu" and arr.dtype.kind in "iub" and arr.size and \
+            not np.can_cast(arr.dtype, dtype, casting="safe"):
+        info = np.iinfo(dtype)
+        if arr.min() < info.min or arr.max() > info.max:
+            raise SpecMismatchError(f"field {name!r}: values outside the range of {dtype}")
+    return arr.astype(dtype)
+
+
+def _step_types(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
+    arr = value if isinstance(value, np.ndarray) else _to_numpy(value)
+    if arr.shape != lead_shape:
+        raise SpecMismatchError(f"field 'step_type': expected shape {lead_shape}, got {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise SpecMismatchError(f"field 'step_type': expected integers 0/1/2 (StepType), got {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() > 2):
+        raise SpecMismatchError("field 'step_type': values must be FIRST=0, MID=1 or LAST=2")
+    return arr.astype(STEP_TYPE_DTYPE, copy=False)
+
+
+def _discounts(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
+    if value is None:
+        return np.ones(lead_shape, DISCOUNT_DTYPE)
+    arr = value if isinstance(value, np.ndarray) else _to_numpy(value)
+    if arr.shape != lead_shape:
+        raise SpecMismatchError(f"field 'discount': expected shape {lead_shape}, got {arr.shape}")
+    if arr.dtype.kind not in "biuf":
+        raise SpecMismatchError(f"field 'discount': expected numbers in [0, 1], got {arr.dtype}")
+    arr = arr.astype(DISCOUNT_DTYPE, copy=False)
+    if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0 and arr.max() <= 1):
+        raise SpecMismatchError("field 'discount': values must be finite and in [0, 1] "
+                                "(0 at a termination, 1 at a truncation and elsewhere)")
+    return arr
