@@ -1,0 +1,60 @@
+# shardreplay developer tasks. Everything runs inside .venv (created on first use).
+#   make demo    prioritized replay on CartPole, end to end
+#   make test    the test suite (installs redis-server with apt-get if missing)
+#   make lint    ruff
+#   make bench   replay benchmark: shardreplay vs TorchRL vs cpprb, one JSON line
+
+PYTHON      ?= python3.11
+VENV        := .venv
+BIN         := $(VENV)/bin
+# Pinned: an unpinned torch can pull the multi-GB CUDA build. Override to choose a
+# wheel index, e.g. make install TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_SPEC     ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+STAMP       := $(VENV)/.shardreplay-install
+BENCH_STAMP := $(VENV)/.shardreplay-bench
+PYTEST_ARGS ?=
+BENCH_ARGS  ?=
+SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install test demo lint bench redis-server clean
+
+install: $(STAMP)
+
+# The stamp is newer than pyproject.toml once the install succeeded, so re-runs are quick.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -e ".[test]"
+	touch $@
+
+test: install
+	@command -v redis-server >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests start a real redis-server; Debian's package provides it.
+redis-server:
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server \
+	  || ($(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y --no-install-recommends redis-server)
+	command -v redis-server
+
+demo: install
+	$(BIN)/python examples/prioritized_cartpole.py
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks examples
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -e ".[test,bench]"
+	touch $@
+
+# TorchRL's wheel ships a C++ extension built against another torch; rebuild it from the
+# sources the wheel itself ships when it does not load (scratch files under .bench/).
+bench: $(BENCH_STAMP)
+	@$(BIN)/python -c "import torchrl._torchrl" 2>/dev/null \
+	  || benchmarks/build_torchrl_ext.sh $(BIN)/python .bench/torchrl-ext
+	$(BIN)/python benchmarks/bench_replay.py $(BENCH_ARGS)
+
+clean:
+	rm -rf .bench build dist .pytest_cache .ruff_cache

@@ -1,0 +1,159 @@
+"""Package-level contracts: the public names, a light import, and the layer order."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import shardreplay
+
+PACKAGE_DIR = Path(shardreplay.__file__).resolve().parent
+
+# Layers import downwards only (see DESIGN.md / STYLE.md): a module may import shardreplay
+# modules of its own layer or of lower layers. transport and policy need only spec, but they
+# sit above distributed/checkpoint so that runtime can compose all of them.
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "spec": 0,
+    "_io": 0,
+    "metrics": 0,
+    "storage": 1,
+    "samplers": 2,
+    "buffer": 3,
+    "distributed": 4,
+    "checkpoint": 4,
+    "transport": 5,
+    "policy": 5,
+    "runtime": 6,
+    "cli": 7,
+    "__main__": 7,
+}
+
+# Imported by `import shardreplay` only on demand (optional extras, slow imports).
+HEAVY_OPTIONAL = ("redis", "gymnasium", "matplotlib", "rich")
+
+
+def test_all_is_sorted_and_every_name_exists() -> None:
+    names = shardreplay.__all__
+    assert names == sorted(names), "keep shardreplay.__all__ sorted"
+    assert len(names) == len(set(names)), "shardreplay.__all__ has duplicates"
+    missing = [n for n in names if not hasattr(shardreplay, n)]
+    assert not missing, f"names in __all__ that shardreplay does not define: {missing}"
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import json, sys\n"
+        "import shardreplay\n"
+        f"print(json.dumps([m for m in {HEAVY_OPTIONAL!r} if m in sys.modules]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded == [], f"`import shardreplay` imported optional heavy modules: {loaded}"
+
+
+def _module_name(path: Path, package_dir: Path) -> str:
+    rel = path.relative_to(package_dir.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imported_modules(path: Path, package_dir: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every shardreplay import in a file, lazy ones too."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    this = _module_name(path, package_dir)
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == "shardreplay" or (node.level and not node.module):
+                # `from shardreplay import x` / `from . import x`: x may be a submodule.
+                found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, target))
+    return [(line, m) for line, m in found if m == "shardreplay" or m.startswith("shardreplay.")]
+
+
+def _layer_name(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def layer_problems(package_dir: Path) -> list[str]:
+    """Every import in the package at ``package_dir`` that breaks the layer order."""
+    problems: list[str] = []
+    for path in sorted(package_dir.rglob("*.py")):
+        own = _layer_name(_module_name(path, package_dir))
+        if own is None:  # the package root is the facade: it may import anything
+            continue
+        where = path.relative_to(package_dir.parent)
+        if own not in LAYERS:
+            problems.append(f"{where}: top-level module {own!r} has no layer; add it to LAYERS")
+            continue
+        for line, target in _imported_modules(path, package_dir):
+            dep = _layer_name(target)
+            if dep is None or dep in shardreplay.__all__:
+                problems.append(
+                    f"{where}:{line}: imports from the package root ({target}); "
+                    "import from the defining subpackage instead"
+                )
+            elif dep not in LAYERS:
+                problems.append(f"{where}:{line}: imports {target}, whose layer is unknown")
+            elif LAYERS[dep] > LAYERS[own]:
+                problems.append(
+                    f"{where}:{line}: {own} (layer {LAYERS[own]}) imports {target} "
+                    f"(layer {LAYERS[dep]}): layers import downwards only"
+                )
+    return problems
+
+
+def test_layers_import_downwards_only() -> None:
+    assert list(PACKAGE_DIR.rglob("*.py")), "no sources found"
+    problems = layer_problems(PACKAGE_DIR)
+    assert not problems, "\n".join(problems)
+
+
+def test_layer_check_catches_upward_and_root_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "shardreplay"
+    files = {
+        "__init__.py": "from shardreplay.cli import main\n",
+        "storage/__init__.py": "",
+        "storage/ram.py": (
+            "from shardreplay.spec import Spec\n"  # downwards: fine
+            "from ..errors import ConfigError\n"  # relative, downwards: fine
+            "from . import ring\n"  # same layer: fine
+            "def f():\n    from ..buffer import replay_buffer\n"  # lazy and upwards
+        ),
+        "storage/ring.py": "from shardreplay import Spec\n",  # the package root
+        "cli/__init__.py": "import shardreplay.runtime.actor\nimport shardreplay.nowhere\n",
+        "oddball.py": "",
+    }
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    problems = layer_problems(pkg)
+    assert len(problems) == 4, problems
+    expected = [
+        "storage/ram.py:5: storage (layer 1) imports shardreplay.buffer (layer 3)",
+        "storage/ring.py:1: imports from the package root (shardreplay.Spec)",
+        "cli/__init__.py:2: imports shardreplay.nowhere, whose layer is unknown",
+        "shardreplay/oddball.py: top-level module 'oddball' has no layer",
+    ]
+    for text in expected:
+        assert any(text in p for p in problems), (text, problems)
