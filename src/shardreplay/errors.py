@@ -86,7 +86,17 @@ class TransportError(ShardReplayError, RuntimeError):
 
 
 class CorruptChunkError(TransportError):
-    """A chunk failed its checksum, header or spec validation."""
+    """A chunk failed its checksum, header or spec validation.
+
+    Args:
+        message: what was wrong and what to do about it.
+        reason: a short stable category (``"checksum"``, ``"truncated"``, ``"spec"``, ...)
+            that transports count rejections by, so nobody has to parse messages.
+    """
+
+    def __init__(self, message: str, *, reason: str = "corrupt") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class TransportTimeout(TransportError):
