@@ -1,0 +1,208 @@
+"""Turn a gymnasium vector env's steps into shardreplay steps (dm_env step types).
+
+gymnasium reports ``(obs, reward, terminated, truncated)`` after each action;
+shardreplay stores, per stream, step ``t`` = ``(obs_t, action_t, reward_t, step_type_t,
+discount_t)`` with ``reward_t`` the reward that followed ``action_t``. So the step of
+``obs_t`` is complete only once ``action_t`` was taken: the converter holds each
+stream's latest observation until then.
+
+Timeline of one stream, gymnasium's default autoreset mode ``NEXT_STEP`` (the call after
+a done resets that env, ignores its action and returns the reset obs with reward 0)::
+
+    gymnasium   reset -> o0 | step(a0) -> o1,r0 | step(a1) -> o2,r1,term | step(a2) -> o0',0
+    shardreplay             (o0,a0,r0,FIRST,1)   (o1,a1,r1,MID,1)        (o2,0,0,LAST,0)
+                                                                          then o0' is FIRST
+
+One vector step gives one step per stream, so every stream stays aligned.
+
+With ``SAME_STEP`` the done call already returns the reset obs and puts the final one in
+``info["final_obs"]``: the converter then returns a second write, only for the streams
+that ended, holding their LAST step. ``DISABLED`` is not supported (the caller resets
+envs itself, so no final step can be inferred).
+
+At LAST the action and reward are padding (zeros); the discount is 0 for a termination
+(also when truncated at the same time) and 1 for a truncation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.spec.fields import StepType
+
+__all__ = ["GymStepConverter", "StepWrite"]
+
+# One write for ReplayBuffer.add: the step (nested dict of arrays [S', ...]) and the
+# stream ids it goes to (None: all streams, in order).
+StepWrite = tuple[dict[str, Any], np.ndarray | None]
+
+_MODES = {"nextstep": "next_step", "samestep": "same_step"}
+
+
+def _mode_name(mode: Any) -> str:
+    text = str(getattr(mode, "value", mode)).lower().replace("_", "")
+    if text not in _MODES:
+        raise ConfigError(f"autoreset mode {mode!r} is not supported: use NEXT_STEP (gymnasium's "
+                          "default) or SAME_STEP")
+    return _MODES[text]
+
+
+class GymStepConverter:
+    """Converts a gymnasium vector env's outputs into shardreplay steps, one stream per env.
+
+    Usage::
+
+        conv = GymStepConverter.from_env(envs)
+        obs, _ = envs.reset(seed=0)
+        conv.reset(obs)
+        while ...:
+            action = policy(obs)
+            obs, reward, terminated, truncated, info = envs.step(action)
+            for step, stream_ids in conv.step(action, obs, reward, terminated, truncated, info):
+                buffer.add(step, stream_ids=stream_ids)
+
+    Args:
+        num_envs: number of envs in the vector env (= streams).
+        autoreset_mode: the env's autoreset mode: a ``gymnasium.vector.AutoresetMode`` or
+            ``"next_step"`` / ``"same_step"``.
+        observation: step field name for observations (a gymnasium Dict observation
+            becomes nested fields under it).
+        action: step field name for actions.
+        reward: step field name for rewards.
+
+    Raises:
+        ConfigError: ``num_envs < 1``, an unsupported autoreset mode, or empty names.
+    """
+
+    def __init__(self, num_envs: int, *, autoreset_mode: Any = "next_step", observation: str = "obs",
+                 action: str = "action", reward: str = "reward") -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        if not all(isinstance(n, str) and n for n in (observation, action, reward)):
+            raise ConfigError("field names must be non-empty strings")
+        self.num_envs = num_envs
+        self.autoreset_mode = _mode_name(autoreset_mode)
+        self._names = (observation, action, reward)
+        self._obs: Any = None
+        self._types = np.full(num_envs, StepType.FIRST, np.uint8)
+        self._discounts = np.ones(num_envs, np.float32)
+        self.num_episodes = 0
+        self.num_steps = 0
+
+    @classmethod
+    def from_env(cls, env: Any, **kwargs: Any) -> GymStepConverter:
+        """A converter for a gymnasium vector env (reads ``num_envs`` and its autoreset mode).
+
+        Raises:
+            ConfigError: as the constructor.
+        """
+        mode = env.metadata.get("autoreset_mode", "next_step")
+        return cls(int(env.num_envs), autoreset_mode=mode, **kwargs)
+
+    def reset(self, obs: Any) -> None:
+        """Start every stream anew at ``obs`` (from ``env.reset()``): the next step is FIRST.
+
+        Raises:
+            SpecMismatchError: ``obs`` does not have ``num_envs`` rows.
+        """
+        self._obs = _copy(obs, self.num_envs, "obs")
+        self._types[:] = StepType.FIRST
+        self._discounts[:] = 1.0
+
+    def step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
+             info: Mapping[str, Any] | None = None) -> list[StepWrite]:
+        """Record one vector-env step and return the completed shardreplay steps.
+
+        Args:
+            action: the actions passed to ``env.step`` ``[num_envs, ...]``.
+            obs, reward, terminated, truncated, info: what ``env.step`` returned.
+
+        Returns:
+            Writes for ``ReplayBuffer.add(step, stream_ids=ids)``, in order: first one step
+            of every stream (``ids`` None), then, in ``SAME_STEP`` mode, the LAST steps of
+            the streams that ended (``ids`` those streams).
+
+        Raises:
+            ConfigError: called before :meth:`reset`.
+            SpecMismatchError: an input without ``num_envs`` rows, or ``SAME_STEP`` mode
+                with a done env that has no ``info["final_obs"]``.
+        """
+        if self._obs is None:
+            raise ConfigError("call reset(obs) with the env's reset observation before step()")
+        n = self.num_envs
+        action = np.asarray(action)
+        reward = np.asarray(reward, dtype=np.float32)
+        done_term = _flags(terminated, n, "terminated")
+        done_trunc = _flags(truncated, n, "truncated")
+        for name, arr in (("action", action), ("reward", reward)):
+            if arr.shape[:1] != (n,):
+                raise SpecMismatchError(f"{name} must have {n} rows (one per env), got {arr.shape}")
+        is_last = self._types == StepType.LAST
+        # At LAST the env (NEXT_STEP) ignored the action and returned reward 0: padding.
+        padded_action = np.where(is_last.reshape((n,) + (1,) * (action.ndim - 1)), 0, action)
+        writes = [self._write(self._obs, padded_action.astype(action.dtype),
+                              np.where(is_last, 0.0, reward).astype(np.float32),
+                              self._types.copy(), self._discounts.copy(), None)]
+        self.num_steps += n
+        done = done_term | done_trunc
+        discount = np.where(done_term, 0.0, 1.0).astype(np.float32)
+        new_obs = _copy(obs, n, "obs")
+        if self.autoreset_mode == "same_step" and done.any():
+            ids = np.flatnonzero(done)
+            final = _final_obs(info, ids)
+            writes.append(self._write(final, np.zeros_like(action[ids]), np.zeros(len(ids), np.float32),
+                                      np.full(len(ids), StepType.LAST, np.uint8), discount[ids], ids))
+            self.num_steps += len(ids)
+            self.num_episodes += len(ids)
+            self._types = np.where(done, StepType.FIRST, StepType.MID).astype(np.uint8)
+            self._discounts[:] = 1.0
+        else:
+            self.num_episodes += int(done.sum())
+            self._types = np.select([done, is_last], [StepType.LAST, StepType.FIRST],
+                                    StepType.MID).astype(np.uint8)
+            self._discounts = np.where(done, discount, 1.0).astype(np.float32)
+        self._obs = new_obs
+        return writes
+
+    def _write(self, obs: Any, action: np.ndarray, reward: np.ndarray, types: np.ndarray,
+               discounts: np.ndarray, ids: np.ndarray | None) -> StepWrite:
+        obs_name, action_name, reward_name = self._names
+        step = {obs_name: obs, action_name: action, reward_name: reward,
+                "step_type": types, "discount": discounts}
+        return step, ids
+
+
+def _flags(value: Any, n: int, name: str) -> np.ndarray:
+    arr = np.asarray(value, dtype=bool)
+    if arr.shape != (n,):
+        raise SpecMismatchError(f"{name} must have shape ({n},), got {arr.shape}")
+    return arr
+
+
+def _copy(obs: Any, n: int, name: str) -> Any:
+    """A private copy (vector envs may reuse their output buffers), checked for n rows."""
+    if isinstance(obs, Mapping):
+        return {k: _copy(v, n, f"{name}.{k}") for k, v in obs.items()}
+    arr = np.array(obs, copy=True)
+    if arr.shape[:1] != (n,):
+        raise SpecMismatchError(f"{name} must have {n} rows (one per env), got shape {arr.shape}")
+    return arr
+
+
+def _final_obs(info: Mapping[str, Any] | None, ids: np.ndarray) -> Any:
+    """The final observations of the envs ``ids`` (SAME_STEP mode), stacked."""
+    final = None if info is None else info.get("final_obs")
+    if final is None or any(final[i] is None for i in ids):
+        raise SpecMismatchError("SAME_STEP mode: an env ended but info['final_obs'] lacks its final "
+                                "observation; pass the info dict env.step returned")
+    return _stack([final[i] for i in ids])
+
+
+def _stack(items: list[Any]) -> Any:
+    if isinstance(items[0], Mapping):
+        return {k: _stack([it[k] for it in items]) for k in items[0]}
+    return np.stack([np.asarray(it) for it in items])
