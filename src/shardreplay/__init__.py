@@ -10,16 +10,22 @@ from shardreplay.errors import (
     ShardReplayError,
     SpecMismatchError,
 )
+from shardreplay.buffer.batch import Batch
+from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.samplers.schedules import LinearSchedule
 from shardreplay.spec import Field, Spec, StepType
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
     "CheckpointError",
     "ConfigError",
     "EmptyBufferError",
     "Field",
     "InvalidPriorityError",
+    "LinearSchedule",
+    "ReplayBuffer",
     "ShardReplayError",
     "Spec",
     "SpecMismatchError",

@@ -1,0 +1,1 @@
+"""The buffer facade: writes, window sampling, priorities, state."""

@@ -1,0 +1,64 @@
+"""Validation of stream ids, keys and priorities given to the buffer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shardreplay.errors import InvalidKeyError, InvalidPriorityError, SpecMismatchError
+
+
+def _numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch tensor, without importing torch here
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def as_index_array(value: Any, name: str) -> np.ndarray:
+    """A 1-D int64 array from integers (numpy, torch or a list).
+
+    Raises:
+        InvalidKeyError: not a 1-D array of integers.
+    """
+    arr = _numpy(value)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise InvalidKeyError(f"{name} must be a 1-D array of integers, got {arr.dtype}{list(arr.shape)}")
+    return arr.astype(np.int64, copy=False)
+
+
+def check_stream_ids(value: Any, num_streams: int) -> np.ndarray:
+    """Stream ids as int64, each in ``[0, num_streams)`` and unique.
+
+    Raises:
+        SpecMismatchError: not 1-D integers, out of range, or repeated.
+    """
+    arr = _numpy(value)
+    if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
+        raise SpecMismatchError(f"stream_ids must be a non-empty 1-D array of integers, "
+                                f"got {arr.dtype}{list(arr.shape)}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.min() < 0 or arr.max() >= num_streams:
+        raise SpecMismatchError(f"stream_ids must lie in [0, {num_streams}), got min {arr.min()} "
+                                f"max {arr.max()}")
+    if np.unique(arr).size != arr.size:
+        raise SpecMismatchError("stream_ids must be unique within one write")
+    return arr
+
+
+def check_priorities(value: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Priorities as float32 of ``shape``, finite and >= 0.
+
+    Raises:
+        InvalidPriorityError: wrong shape, not numbers, negative, NaN or inf.
+    """
+    arr = _numpy(value)
+    if arr.shape != shape:
+        raise InvalidPriorityError(f"priorities must have shape {shape}, got {arr.shape}")
+    if arr.size and arr.dtype.kind not in "biuf":
+        raise InvalidPriorityError(f"priorities must be numbers, got {arr.dtype}")
+    arr = arr.astype(np.float32, copy=False)
+    if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0):
+        raise InvalidPriorityError("priorities must be finite and >= 0 (got NaN, inf or a negative "
+                                   "value); nothing was changed")
+    return arr

@@ -1,0 +1,270 @@
+"""ReplayBuffer: the single-process buffer of window samples over streams of steps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardreplay.buffer.batch import Batch
+from shardreplay.buffer.checks import as_index_array, check_priorities, check_stream_ids
+from shardreplay.buffer.state import export_state, import_state
+from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
+from shardreplay.samplers import (
+    SAMPLER_NAMES,
+    Draw,
+    FifoSampler,
+    PrioritizedSampler,
+    Sampler,
+    UniformSampler,
+    as_schedule,
+)
+from shardreplay.samplers.schedules import Schedule
+from shardreplay.spec import Spec
+from shardreplay.spec.keys import MAX_ROWS, MAX_SLOTS, pack_keys, unpack_keys
+from shardreplay.storage import ArrayAllocator, StreamStorage
+
+
+class ReplayBuffer:
+    """Steps of ``num_streams`` streams, sampled as windows of ``window`` steps.
+
+    Each stream is a ring of ``stream_capacity`` steps. A window start is valid when
+    its ``window`` steps are stored in one episode, or the episode ends inside it
+    (DESIGN.md, rule 1); only valid starts are drawn.
+
+    Args:
+        spec: the fields of a step.
+        num_streams: number of streams (environments) writing into this buffer.
+        stream_capacity: steps kept per stream (the oldest are overwritten).
+        window: steps per sampled window ``L`` (2 for 1-step transitions, n+1 for n-step).
+        sampler: ``"uniform"``, ``"prioritized"`` or ``"fifo"``.
+        alpha: prioritization exponent (prioritized only).
+        beta: importance-weight exponent, a number or a ``LinearSchedule`` over calls.
+        seed: seed of the sampling RNG (None: fresh entropy).
+        storage: ``"memory"`` (numpy) or ``"memmap"`` (files in ``directory``).
+        directory: where memory-mapped arrays live.
+
+    Raises:
+        ConfigError: a setting out of range (the message says which and why).
+    """
+
+    def __init__(self, spec: Spec, *, num_streams: int, stream_capacity: int, window: int = 2,
+                 sampler: str = "uniform", alpha: float = 0.6, beta: float | Schedule = 0.4,
+                 seed: int | None = None, storage: str = "memory",
+                 directory: str | Path | None = None) -> None:
+        if not isinstance(spec, Spec):
+            raise ConfigError(f"spec must be a shardreplay.Spec, got {type(spec).__name__}")
+        _check_sizes(num_streams, stream_capacity, window)
+        if sampler not in SAMPLER_NAMES:
+            raise ConfigError(f"sampler must be one of {SAMPLER_NAMES}, got {sampler!r}")
+        if not 0.0 <= float(alpha) <= 10.0:
+            raise ConfigError(f"alpha must lie in [0, 10], got {alpha}")
+        self.spec = spec
+        self.window = int(window)
+        self.seed = seed
+        self._storage = StreamStorage(spec, int(num_streams), int(stream_capacity), self.window,
+                                      ArrayAllocator(storage, directory))
+        self._sampler: Sampler = _make_sampler(sampler, self._storage, alpha,
+                                               as_schedule(beta, "beta", 0.0, 1.0))
+        self._rng = np.random.default_rng(seed)
+        self.stale_updates = 0
+        self._all_rows = np.arange(self.num_streams, dtype=np.int64)
+
+    # -- sizes ----------------------------------------------------------------------------
+    @property
+    def num_streams(self) -> int:
+        """Number of streams (rows)."""
+        return self._storage.num_streams
+
+    @property
+    def stream_capacity(self) -> int:
+        """Steps kept per stream."""
+        return self._storage.stream_capacity
+
+    @property
+    def capacity(self) -> int:
+        """Steps the buffer can hold: ``num_streams * stream_capacity``."""
+        return self._storage.size
+
+    @property
+    def num_steps(self) -> int:
+        """Steps stored now."""
+        return self._storage.num_steps
+
+    @property
+    def sampler_name(self) -> str:
+        """``"uniform"``, ``"prioritized"`` or ``"fifo"``."""
+        return self._sampler.name
+
+    def __len__(self) -> int:
+        """Valid window starts (for fifo: windows not yet drained)."""
+        if isinstance(self._sampler, FifoSampler):
+            return self._sampler.num_samplable()
+        return self._storage.num_valid
+
+    def __repr__(self) -> str:
+        return (f"ReplayBuffer({self.sampler_name}, streams={self.num_streams}x{self.stream_capacity}, "
+                f"window={self.window}, len={len(self)}, steps={self.num_steps})")
+
+    # -- writing --------------------------------------------------------------------------
+    def add(self, step: Mapping[str, Any], stream_ids: Any = None, priorities: Any = None) -> None:
+        """Write one step for each stream (the vector-env case).
+
+        Args:
+            step: every spec field plus ``"step_type"`` (and optionally ``"discount"``),
+                each with first axis = stream (all streams, or those in ``stream_ids``).
+            stream_ids: which streams these rows are (None: all, in order).
+            priorities: initial priorities ``[S]`` of the windows starting at these steps.
+
+        Raises:
+            SpecMismatchError: the step does not fit the spec, or bad stream ids.
+            InvalidPriorityError: priorities of the wrong shape, negative, NaN or inf.
+            Nothing is written when an error is raised.
+        """
+        self._write(step, stream_ids, priorities, t_len=None)
+
+    def extend(self, chunk: Mapping[str, Any], stream_ids: Any = None, priorities: Any = None) -> None:
+        """Write ``T`` consecutive steps for each of several streams (the actor-chunk case).
+
+        Same as :meth:`add` with leading axes ``[S, T]``; ``T <= stream_capacity``.
+
+        Raises:
+            SpecMismatchError, InvalidPriorityError: as :meth:`add`; nothing is written.
+        """
+        st = chunk.get("step_type") if isinstance(chunk, Mapping) else None
+        shape = np.shape(st) if st is not None else ()
+        if len(shape) != 2:
+            raise SpecMismatchError(f"extend needs 'step_type' shaped [S, T], got shape {shape}")
+        self._write(chunk, stream_ids, priorities, t_len=int(shape[1]))
+
+    def _write(self, step: Mapping[str, Any], stream_ids: Any, priorities: Any,
+               t_len: int | None) -> None:
+        rows = self._all_rows if stream_ids is None else check_stream_ids(stream_ids, self.num_streams)
+        if t_len is not None and t_len > self.stream_capacity:
+            raise SpecMismatchError(f"a chunk of {t_len} steps exceeds stream_capacity "
+                                    f"{self.stream_capacity}; split it")
+        lead = (rows.shape[0],) if t_len is None else (rows.shape[0], t_len)
+        steps = self.spec.validate(step, lead)
+        prios = None if priorities is None else check_priorities(priorities, lead)
+        sampler = self._sampler
+        if prios is not None and isinstance(sampler, PrioritizedSampler):
+            sampler.note_priorities(prios)
+        slots, valid, newly = self._storage.write(steps, rows, t_len or 1, prios,
+                                                  sampler.default_priority())
+        sampler.on_write(slots, valid, newly)
+
+    # -- sampling -------------------------------------------------------------------------
+    def sample(self, batch_size: int) -> Batch:
+        """Draw ``batch_size`` windows (fifo: at most that many, oldest first).
+
+        Raises:
+            ConfigError: ``batch_size`` < 1.
+            EmptyBufferError: no valid window can be drawn.
+        """
+        draw = self.draw(batch_size)
+        data, mask = self.gather(draw.starts)
+        return Batch(data={k: torch.from_numpy(v) for k, v in data.items()},
+                     mask=torch.from_numpy(mask), keys=torch.from_numpy(self.keys_of(draw.starts)),
+                     weights=torch.from_numpy(draw.weights),
+                     probabilities=torch.from_numpy(draw.probabilities))
+
+    def draw(self, batch_size: int) -> Draw:
+        """Choose window starts without gathering data (used by sharded sampling).
+
+        Raises:
+            ConfigError: ``batch_size`` < 1.
+            EmptyBufferError: no valid window can be drawn.
+        """
+        if not isinstance(batch_size, int | np.integer) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if self._sampler.num_samplable() == 0:
+            raise EmptyBufferError(
+                f"nothing to sample: {self.num_steps} steps stored, 0 valid windows of {self.window} "
+                "steps (write more steps, or check that priorities are not all 0)")
+        return self._sampler.draw(int(batch_size), self._rng)
+
+    def gather(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Window data ``[B, L, ...]`` (numpy) and mask for flat window starts."""
+        return self._storage.windows(starts)
+
+    def keys_of(self, starts: np.ndarray) -> np.ndarray:
+        """Keys (shard 0) for flat window starts."""
+        cap = self.stream_capacity
+        return pack_keys(0, starts // cap, starts % cap, self._storage.generation[starts])
+
+    def mass(self) -> float:
+        """Sampling mass: valid count (uniform, fifo) or ``sum p^alpha`` (prioritized)."""
+        return self._sampler.mass()
+
+    # -- priorities -----------------------------------------------------------------------
+    def update_priorities(self, keys: Any, priorities: Any) -> int:
+        """Set new priorities for sampled windows.
+
+        Keys whose slot was overwritten since sampling are ignored and counted in
+        ``stale_updates``. A key repeated in one call takes its last priority.
+
+        Returns:
+            The number of priorities applied (not stale).
+
+        Raises:
+            InvalidPriorityError: counts differ, or a priority is negative, NaN or inf.
+            InvalidKeyError: a key names no slot of this buffer.
+            Nothing changes when an error is raised.
+        """
+        keys = as_index_array(keys, "keys")
+        prios = check_priorities(priorities, keys.shape)
+        shard, row, slot, gen = unpack_keys(keys)
+        bad = (shard != 0) | (row >= self.num_streams) | (slot >= self.stream_capacity)
+        if bad.any():
+            raise InvalidKeyError(f"{int(bad.sum())} key(s) name no slot of this buffer "
+                                  f"(first: {int(keys[bad][0])}); pass keys from this buffer's sample()")
+        slots = row * self.stream_capacity + slot
+        current = (self._storage.generation[slots].astype(np.int64) & 0x1FFF) == gen
+        self.stale_updates += int(keys.shape[0] - current.sum())
+        if not current.all():
+            slots, prios = slots[current], prios[current]
+        self._sampler.update(slots, prios)
+        return int(slots.shape[0])
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed for an exact restore, laid out by stream and time.
+
+        Returns ``{"meta": JSON-ready dict, "arrays": dict of numpy arrays}``; the step
+        arrays hold only stored steps, row after row in time order, so a checkpoint can
+        slice them per episode (``episode_id`` is contiguous within a row).
+        """
+        return export_state(self, self._storage, self._sampler, self._rng)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict` of a buffer with the same layout.
+
+        Raises:
+            ConfigError: the state's layout (streams, capacity, window, sampler) differs;
+                use ``shardreplay.checkpoint.load`` to restore onto another layout.
+            SpecMismatchError: the state's spec differs from this buffer's.
+            Nothing changes when an error is raised.
+        """
+        import_state(self, self._storage, self._sampler, self._rng, state)
+
+
+def _check_sizes(num_streams: int, stream_capacity: int, window: int) -> None:
+    for name, value, high in (("num_streams", num_streams, MAX_ROWS),
+                              ("stream_capacity", stream_capacity, MAX_SLOTS)):
+        if not isinstance(value, int | np.integer) or not 1 <= value <= high:
+            raise ConfigError(f"{name} must be an integer in [1, {high}], got {value!r}")
+    if not isinstance(window, int | np.integer) or window < 1:
+        raise ConfigError(f"window must be a positive integer, got {window!r}")
+    if window > stream_capacity:
+        raise ConfigError(f"window ({window}) must not exceed stream_capacity ({stream_capacity})")
+
+
+def _make_sampler(name: str, storage: StreamStorage, alpha: float, beta: Schedule) -> Sampler:
+    if name == "prioritized":
+        return PrioritizedSampler(storage, alpha, beta)
+    if name == "fifo":
+        return FifoSampler(storage)
+    return UniformSampler(storage)

@@ -1,0 +1,99 @@
+"""The buffer's state dict: layout, export and checked import."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.samplers import Sampler
+from shardreplay.spec import Spec
+from shardreplay.storage import STEP_ARRAYS, StreamStorage
+
+if TYPE_CHECKING:
+    from shardreplay.buffer.replay_buffer import ReplayBuffer
+
+STATE_VERSION = 1
+
+
+def export_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
+                 rng: np.random.Generator) -> dict[str, Any]:
+    """``{"meta": ..., "arrays": ...}`` of a buffer (see ``ReplayBuffer.state_dict``)."""
+    arrays = storage.export_steps()
+    sampler_meta = {}
+    for key, value in sampler.state_dict().items():
+        if isinstance(value, np.ndarray):
+            arrays[f"sampler.{key}"] = value
+        else:
+            sampler_meta[key] = value
+    meta = {
+        "version": STATE_VERSION,
+        "spec": buffer.spec.to_dict(),
+        "num_streams": buffer.num_streams,
+        "stream_capacity": buffer.stream_capacity,
+        "window": buffer.window,
+        "sampler": sampler.name,
+        "sampler_state": sampler_meta,
+        "next_episode_id": int(storage.counters[0]),
+        "stale_updates": buffer.stale_updates,
+        "rng": rng.bit_generator.state,
+    }
+    return {"meta": meta, "arrays": arrays}
+
+
+def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
+                 rng: np.random.Generator, state: Mapping[str, Any]) -> None:
+    """Check ``state`` fully, then restore it into ``buffer`` (all or nothing)."""
+    meta, arrays = _split(state)
+    _check_layout(buffer, meta)
+    _check_arrays(buffer, arrays)
+    storage.import_steps(arrays)
+    storage.counters[0] = int(meta["next_episode_id"])
+    buffer.stale_updates = int(meta.get("stale_updates", 0))
+    sampler.rebuild()
+    sampler_state = dict(meta.get("sampler_state", {}))
+    sampler_state.update({k[len("sampler."):]: v for k, v in arrays.items() if k.startswith("sampler.")})
+    sampler.load_state_dict(sampler_state)
+    rng.bit_generator.state = meta["rng"]
+
+
+def _split(state: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, np.ndarray]]:
+    if not isinstance(state, Mapping) or "meta" not in state or "arrays" not in state:
+        raise ConfigError("a buffer state is a dict with 'meta' and 'arrays' (from state_dict())")
+    meta = state["meta"]
+    if meta.get("version") != STATE_VERSION:
+        raise ConfigError(f"buffer state version {meta.get('version')} is not supported "
+                          f"(this shardreplay reads version {STATE_VERSION})")
+    return meta, state["arrays"]
+
+
+def _check_layout(buffer: ReplayBuffer, meta: Mapping[str, Any]) -> None:
+    if Spec.from_dict(meta["spec"]) != buffer.spec:
+        raise SpecMismatchError(f"the state's spec {Spec.from_dict(meta['spec'])} differs from the "
+                                f"buffer's {buffer.spec}")
+    for name in ("num_streams", "stream_capacity", "window"):
+        if int(meta[name]) != getattr(buffer, name):
+            raise ConfigError(f"the state has {name}={meta[name]}, the buffer {getattr(buffer, name)}; "
+                              "restore onto another layout with shardreplay.checkpoint.load")
+    if meta["sampler"] != buffer.sampler_name:
+        raise ConfigError(f"the state is of a {meta['sampler']} sampler, the buffer "
+                          f"{buffer.sampler_name}")
+
+
+def _check_arrays(buffer: ReplayBuffer, arrays: Mapping[str, np.ndarray]) -> None:
+    pos = np.asarray(arrays["row_pos"])
+    if pos.shape != (buffer.num_streams,) or (pos < 0).any():
+        raise ConfigError("state arrays: row_pos must be one non-negative position per stream")
+    lengths = np.minimum(pos, buffer.stream_capacity)
+    if not np.array_equal(np.asarray(arrays["row_length"]), lengths):
+        raise ConfigError("state arrays: row_length does not match row_pos and stream_capacity")
+    n = int(lengths.sum())
+    expected = {f"field.{k}": (f.shape, f.dtype) for k, f in buffer.spec.fields.items()}
+    expected.update({k: ((), dt) for k, dt in STEP_ARRAYS.items()})
+    for name, (shape, dtype) in expected.items():
+        arr = arrays.get(name)
+        if arr is None or arr.shape != (n, *shape) or arr.dtype != dtype:
+            got = None if arr is None else f"{arr.dtype}{list(arr.shape)}"
+            raise ConfigError(f"state array {name!r}: expected {np.dtype(dtype)}{[n, *shape]}, got {got}")

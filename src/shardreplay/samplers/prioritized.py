@@ -1,0 +1,104 @@
+"""Prioritized sampling (Schaul et al. 2016) over valid window starts.
+
+::
+
+    P(i) = p_i^alpha / sum_k p_k^alpha
+    w_i  = (N P(i))^-beta / max_j (N P(j))^-beta  =  (P(i) / P_min)^-beta
+
+with ``N`` the number of valid starts and ``P_min`` the smallest probability of a valid
+start that can be drawn (``p > 0``); a start of priority 0 is never drawn, so it does
+not enter the maximum. New starts get the largest priority seen so far (writes and
+updates), unless the writer supplies one. ``beta`` may follow a schedule over calls to
+:meth:`draw`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shardreplay.samplers.base import Draw
+from shardreplay.samplers.schedules import Schedule
+from shardreplay.samplers.sum_tree import SumMinTree
+from shardreplay.storage import StreamStorage
+
+
+class PrioritizedSampler:
+    """Proportional prioritized sampling with a sum tree over every slot.
+
+    A slot's leaf is ``p^alpha`` while a window starting there is valid, else 0.
+    """
+
+    name = "prioritized"
+
+    def __init__(self, storage: StreamStorage, alpha: float, beta: Schedule) -> None:
+        self.storage = storage
+        self.alpha = float(alpha)
+        self.beta = beta
+        self.tree = SumMinTree(storage.size)
+        self.max_priority = 1.0
+        self.draws = 0  # position on the beta schedule
+
+    def default_priority(self) -> float:
+        """The largest priority seen so far."""
+        return self.max_priority
+
+    def note_priorities(self, priorities: np.ndarray) -> None:
+        """Raise the running maximum with written or updated priorities."""
+        if priorities.size:
+            self.max_priority = max(self.max_priority, float(priorities.max()))
+
+    def on_write(self, slots: np.ndarray, valid: np.ndarray, newly: np.ndarray) -> None:
+        """Set the leaves of recomputed slots from their stored priority and validity."""
+        raw = self.storage.priority[slots].astype(np.float64)
+        self.tree.set(slots, np.where(valid, raw ** self.alpha, 0.0))
+
+    def num_samplable(self) -> int:
+        """Valid starts, or 0 when their total priority is 0 (nothing can be drawn)."""
+        return self.storage.num_valid if self.tree.total > 0 else 0
+
+    def mass(self) -> float:
+        """Sum of ``p^alpha`` over valid starts."""
+        return self.tree.total
+
+    def current_beta(self) -> float:
+        """Beta at the current position of its schedule."""
+        return float(self.beta(self.draws))
+
+    def draw(self, n: int, rng: np.random.Generator) -> Draw:
+        """``n`` i.i.d. starts with ``P(i)`` proportional to ``p_i^alpha``."""
+        total = self.tree.total
+        starts = self.tree.find(rng.random(n) * total)
+        leaf = self.tree.leaves(starts)
+        prob = leaf / total
+        beta = self.current_beta()
+        self.draws += 1
+        weights = (leaf / self.tree.min_positive) ** -beta
+        return Draw(starts, prob, weights.astype(np.float32))
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """Store new raw priorities and refresh the leaves of valid slots."""
+        self.storage.priority[slots] = priorities
+        self.note_priorities(priorities)
+        valid = self.storage.valid[slots]
+        self.tree.set(slots, np.where(valid, priorities.astype(np.float64) ** self.alpha, 0.0))
+
+    def rebuild(self) -> None:
+        """Recompute every leaf from stored priorities and validity."""
+        s = self.storage
+        self.tree.rebuild(np.where(s.valid, s.priority.astype(np.float64) ** self.alpha, 0.0))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Max priority, schedule position, alpha and beta schedule."""
+        return {"max_priority": self.max_priority, "draws": self.draws, "alpha": self.alpha,
+                "beta": self.beta.to_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore max priority and schedule position; alpha and beta stay as constructed.
+
+        Raw priorities are stored per step, so a buffer built with another alpha or beta
+        schedule restores correctly under its own settings.
+        """
+        self.max_priority = float(state["max_priority"])
+        self.draws = int(state["draws"])

@@ -1,0 +1,73 @@
+"""Uniform sampling: every valid window start equally likely."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shardreplay.samplers.base import Draw
+from shardreplay.storage import StreamStorage
+
+# Below this fraction of valid slots, rejection sampling would waste draws: list them.
+_MIN_ACCEPTANCE = 0.05
+
+
+class UniformSampler:
+    """``P(i) = 1 / N`` over the ``N`` valid starts; weights are all 1.
+
+    Draws slots uniformly over the whole ring and rejects invalid ones, which keeps the
+    distribution exact and needs no index; when few slots are valid it lists the valid
+    slots instead.
+    """
+
+    name = "uniform"
+
+    def __init__(self, storage: StreamStorage) -> None:
+        self.storage = storage
+
+    def default_priority(self) -> float:
+        """Uniform sampling ignores priorities; steps record 1.0."""
+        return 1.0
+
+    def on_write(self, slots: np.ndarray, valid: np.ndarray, newly: np.ndarray) -> None:
+        """Nothing to maintain: the storage keeps the valid flags."""
+
+    def num_samplable(self) -> int:
+        """Number of valid starts."""
+        return self.storage.num_valid
+
+    def mass(self) -> float:
+        """The valid count."""
+        return float(self.storage.num_valid)
+
+    def draw(self, n: int, rng: np.random.Generator) -> Draw:
+        """``n`` i.i.d. uniform valid starts."""
+        starts = self._starts(n, rng)
+        prob = np.full(n, 1.0 / self.storage.num_valid)
+        return Draw(starts, prob, np.ones(n, np.float32))
+
+    def _starts(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        valid, size, count = self.storage.valid, self.storage.size, self.storage.num_valid
+        acceptance = count / size
+        if acceptance < _MIN_ACCEPTANCE:
+            return rng.choice(np.flatnonzero(valid), size=n)
+        out = np.empty(0, np.int64)
+        while out.shape[0] < n:
+            need = n - out.shape[0]
+            cand = rng.integers(0, size, size=int(need / acceptance * 1.1) + 8)
+            out = np.concatenate([out, cand[valid[cand]][:need]])
+        return out
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """Priorities do not change uniform sampling (they are still stored per step)."""
+
+    def rebuild(self) -> None:
+        """Nothing derived to rebuild."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """No state of its own."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """No state of its own."""

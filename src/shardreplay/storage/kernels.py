@@ -1,0 +1,141 @@
+"""Compiled kernels for per-step bookkeeping: episode ids, generations, window validity.
+
+A window start ``q`` of a stream is **valid** (DESIGN.md, sampling rule 1) when step ``q``
+is stored, is not LAST (for ``L >= 2``), and the steps ``q .. q+L-1`` are stored and in
+``q``'s episode, or the episode ends (LAST) inside the window::
+
+    L = 3        q   q+1  q+2
+    full         MID MID  MID    valid (all three stored, one episode)
+    closed       MID LAST  .     valid (mask: T T F)
+    incomplete   MID MID  <not yet written>         invalid until q+2 arrives
+    abandoned    MID FIRST ...   invalid forever (next episode, no LAST)
+
+Writing positions ``p0 .. p1-1`` of a stream can change validity only for starts
+``max(p0-L+1, p1-C, 0) .. p1-1``: earlier windows that now complete, and the written
+slots themselves (their old occupants are gone).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+FIRST, MID, LAST = 0, 1, 2
+
+
+@numba.njit(cache=True, nogil=True)
+def _is_valid(step_type, episode_id, base, q, p1, cap, window):
+    """Validity of absolute start ``q`` in the row whose flat offset is ``base``."""
+    slot = base + q % cap
+    if window == 1:
+        return True
+    if step_type[slot] == LAST:
+        return False
+    ep = episode_id[slot]
+    for k in range(1, window):
+        if q + k >= p1:
+            return False
+        nxt = base + (q + k) % cap
+        if episode_id[nxt] != ep:
+            return False
+        if step_type[nxt] == LAST:
+            return True
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def write_steps(step_type, episode_id, generation, priority, valid, pos, counters,
+                rows, types, prios, has_prios, default_prio, cap, window):
+    """Record ``T`` new steps for each of ``rows`` and refresh window validity.
+
+    Arrays ``step_type, episode_id, generation, priority, valid`` are flat ``[S*C]``;
+    ``pos`` is the absolute next position per row; ``counters[0]`` is the next episode
+    id. ``types`` and ``prios`` are ``[len(rows), T]``. Returns the flat slots whose
+    validity was recomputed, their new validity, whether each became valid just now,
+    and the change in the number of valid starts.
+    """
+    n_rows, t_len = types.shape
+    band = t_len + window - 1
+    out_slots = np.empty(n_rows * band, np.int64)
+    out_valid = np.zeros(n_rows * band, np.bool_)
+    out_new = np.zeros(n_rows * band, np.bool_)
+    n_out = 0
+    delta = 0
+    for i in range(n_rows):
+        r = rows[i]
+        base = r * cap
+        p0 = pos[r]
+        for t in range(t_len):
+            p = p0 + t
+            slot = base + p % cap
+            st = types[i, t]
+            if p == 0 or st == FIRST:
+                new_ep = True
+            else:
+                prev = base + (p - 1) % cap
+                new_ep = step_type[prev] == LAST
+                if not new_ep:
+                    episode_id[slot] = episode_id[prev]
+            if new_ep:
+                episode_id[slot] = counters[0]
+                counters[0] += 1
+            step_type[slot] = st
+            generation[slot] += 1
+            priority[slot] = prios[i, t] if has_prios else default_prio
+            if valid[slot]:
+                valid[slot] = False
+                delta -= 1
+        p1 = p0 + t_len
+        pos[r] = p1
+        lo = max(p0 - window + 1, p1 - cap, 0)
+        for q in range(lo, p1):
+            slot = base + q % cap
+            was = valid[slot] and q < p0
+            now = _is_valid(step_type, episode_id, base, q, p1, cap, window)
+            out_slots[n_out] = slot
+            out_valid[n_out] = now
+            out_new[n_out] = now and not was
+            n_out += 1
+            if now != valid[slot]:
+                delta += 1 if now else -1
+                valid[slot] = now
+    return out_slots[:n_out], out_valid[:n_out], out_new[:n_out], delta
+
+
+@numba.njit(cache=True, nogil=True)
+def recompute_validity(step_type, episode_id, valid, pos, cap, window):
+    """Recompute ``valid`` for every stored start (after a load); returns the count."""
+    count = 0
+    for r in range(pos.shape[0]):
+        base = r * cap
+        p1 = pos[r]
+        for q in range(max(p1 - cap, 0), p1):
+            ok = _is_valid(step_type, episode_id, base, q, p1, cap, window)
+            valid[base + q % cap] = ok
+            count += ok
+    return count
+
+
+@numba.njit(cache=True, nogil=True)
+def window_indices(starts, step_type, cap, window):
+    """Flat slot indices ``[B, L]`` of each window and its mask.
+
+    Positions after the window's LAST repeat the LAST step's slot and are masked out.
+    """
+    n = starts.shape[0]
+    idx = np.empty((n, window), np.int64)
+    mask = np.ones((n, window), np.bool_)
+    for b in range(n):
+        s = starts[b]
+        base = s - s % cap
+        slot = s - base
+        ended = False
+        cur = s
+        for k in range(window):
+            if ended:
+                mask[b, k] = False
+            else:
+                cur = base + (slot + k) % cap
+                ended = step_type[cur] == LAST
+            idx[b, k] = cur
+    return idx, mask

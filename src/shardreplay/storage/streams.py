@@ -1,0 +1,145 @@
+"""StreamStorage: per-stream rings of steps plus the bookkeeping beside them.
+
+Every array is ``[num_streams, stream_capacity, ...]`` (kept flat as ``[S*C, ...]``
+internally, slot ``row * C + position % C``). Beside the user's fields each slot holds
+its step type, discount, episode id, generation (write counter), raw priority and
+whether a window starting there is valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from shardreplay.spec import Spec
+from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
+from shardreplay.storage import kernels
+from shardreplay.storage.allocate import ArrayAllocator
+
+# Per-slot arrays saved with the steps (beside the user's fields), with their dtypes.
+STEP_ARRAYS = {
+    "step_type": STEP_TYPE_DTYPE,
+    "discount": DISCOUNT_DTYPE,
+    "episode_id": np.dtype(np.int64),
+    "generation": np.dtype(np.uint32),
+    "priority": np.dtype(np.float32),
+}
+
+
+class StreamStorage:
+    """Rings of steps for ``num_streams`` streams of ``stream_capacity`` steps each.
+
+    It knows nothing of sampling: it stores steps, keeps episode ids and generations,
+    and maintains which slots are valid window starts for windows of ``window`` steps.
+    Arguments are checked by the buffer that owns it.
+    """
+
+    def __init__(self, spec: Spec, num_streams: int, stream_capacity: int, window: int,
+                 allocator: ArrayAllocator) -> None:
+        self.spec = spec
+        self.num_streams = num_streams
+        self.stream_capacity = stream_capacity
+        self.window = window
+        n = num_streams * stream_capacity
+        self.fields = {name: allocator.zeros(f"field.{name}", (n, *f.shape), f.dtype)
+                       for name, f in spec.fields.items()}
+        self.step_type = allocator.zeros("step_type", (n,), STEP_TYPE_DTYPE)
+        self.discount = allocator.zeros("discount", (n,), DISCOUNT_DTYPE)
+        self.episode_id = allocator.zeros("episode_id", (n,), np.dtype(np.int64))
+        self.generation = allocator.zeros("generation", (n,), np.dtype(np.uint32))
+        self.priority = allocator.zeros("priority", (n,), np.dtype(np.float32))
+        self.valid = np.zeros(n, np.bool_)
+        self.pos = np.zeros(num_streams, np.int64)
+        self.counters = np.zeros(1, np.int64)  # [next episode id]
+        self.num_valid = 0
+
+    @property
+    def size(self) -> int:
+        """Number of slots, ``num_streams * stream_capacity``."""
+        return self.num_streams * self.stream_capacity
+
+    @property
+    def num_steps(self) -> int:
+        """Number of stored steps."""
+        return int(np.minimum(self.pos, self.stream_capacity).sum())
+
+    def write(self, steps: Mapping[str, np.ndarray], rows: np.ndarray, t_len: int,
+              priorities: np.ndarray | None, default_priority: float
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Write validated steps ``[len(rows), T, ...]`` (or ``[len(rows), ...]`` when
+        ``t_len == 1``) at the end of each row; ``t_len <= stream_capacity``.
+
+        Returns the flat slots whose validity was recomputed, their validity, and
+        whether each became valid with this write.
+        """
+        n_rows = rows.shape[0]
+        types = steps["step_type"].reshape(n_rows, t_len)
+        cap = self.stream_capacity
+        flat = ((rows * cap)[:, None] + (self.pos[rows][:, None] + np.arange(t_len)) % cap).ravel()
+        for name, arr in self.fields.items():
+            arr[flat] = steps[name].reshape(flat.shape[0], *arr.shape[1:])
+        self.discount[flat] = steps["discount"].reshape(-1)
+        has = priorities is not None
+        prios = priorities.reshape(n_rows, t_len) if has else _NO_PRIORITIES
+        slots, valid, newly, delta = kernels.write_steps(
+            self.step_type, self.episode_id, self.generation, self.priority, self.valid,
+            self.pos, self.counters, rows, types, prios, has, np.float32(default_priority),
+            cap, self.window)
+        self.num_valid += int(delta)
+        return slots, valid, newly
+
+    def windows(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Gather the windows starting at flat slots ``starts``: arrays ``[B, L, ...]`` and mask."""
+        idx, mask = kernels.window_indices(starts, self.step_type, self.stream_capacity, self.window)
+        data = {name: arr.take(idx, axis=0) for name, arr in self.fields.items()}
+        data["step_type"] = self.step_type.take(idx)
+        data["discount"] = self.discount.take(idx)
+        data["episode_id"] = self.episode_id.take(idx)
+        return data, mask
+
+    # -- state in time order --------------------------------------------------------------
+    def stored_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """Flat slots of all stored steps, row by row in time order, and the row lengths."""
+        cap = self.stream_capacity
+        lengths = np.minimum(self.pos, cap)
+        starts = self.pos - lengths
+        row_of = np.repeat(np.arange(self.num_streams), lengths)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        within = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+        slots = row_of * cap + (np.repeat(starts, lengths) + within) % cap
+        return slots, lengths
+
+    def export_steps(self) -> dict[str, np.ndarray]:
+        """Every stored step in (row, time) order: user fields and per-step arrays."""
+        slots, lengths = self.stored_slots()
+        out = {f"field.{name}": arr[slots] for name, arr in self.fields.items()}
+        for name in STEP_ARRAYS:
+            out[name] = getattr(self, name)[slots]
+        out["row_length"] = lengths
+        out["row_pos"] = self.pos.copy()
+        return out
+
+    def clear(self) -> None:
+        """Forget every step: positions, bookkeeping and validity back to zero."""
+        for name in STEP_ARRAYS:
+            getattr(self, name)[:] = 0
+        self.valid[:] = False
+        self.pos[:] = 0
+        self.counters[:] = 0
+        self.num_valid = 0
+
+    def import_steps(self, steps: Mapping[str, np.ndarray]) -> None:
+        """Inverse of :meth:`export_steps` (arrays already checked by the caller)."""
+        self.clear()
+        self.pos[:] = steps["row_pos"]
+        slots, lengths = self.stored_slots()
+        for name, arr in self.fields.items():
+            arr[slots] = steps[f"field.{name}"]
+        for name in STEP_ARRAYS:
+            getattr(self, name)[slots] = steps[name]
+        self.num_valid = int(kernels.recompute_validity(
+            self.step_type, self.episode_id, self.valid, self.pos, self.stream_capacity, self.window))
+
+
+_NO_PRIORITIES = np.zeros((1, 1), np.float32)
