@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from shardreplay.buffer.batch import Batch
+from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import (
     CheckpointError,
     ConfigError,
@@ -10,8 +12,6 @@ from shardreplay.errors import (
     ShardReplayError,
     SpecMismatchError,
 )
-from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.samplers.schedules import LinearSchedule
 from shardreplay.spec import Field, Spec, StepType
 

@@ -133,7 +133,7 @@ class StreamStorage:
         """Inverse of :meth:`export_steps` (arrays already checked by the caller)."""
         self.clear()
         self.pos[:] = steps["row_pos"]
-        slots, lengths = self.stored_slots()
+        slots, _lengths = self.stored_slots()
         for name, arr in self.fields.items():
             arr[slots] = steps[f"field.{name}"]
         for name in STEP_ARRAYS:
