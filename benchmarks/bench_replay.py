@@ -1,0 +1,206 @@
+"""Replay benchmark: shardreplay, TorchRL and cpprb side by side, one JSON line.
+
+Each (library, mode) case runs in a fresh child process of this interpreter, so its memory
+figures hold only its own buffer; a peer that cannot be imported is reported as missing.
+The parent prints one JSON line with every figure and the ratios of shardreplay to the
+peers (higher is better for rates; for ``rss_vs_cpprb`` lower is better). The workload is
+described in ``replay_workload.py``; the calls made per library in ``replay_cases.py``.
+
+Usage::
+
+    python benchmarks/bench_replay.py                 # full run, a few minutes on 2 cores
+    python benchmarks/bench_replay.py --quick         # smoke run, seconds
+    python benchmarks/bench_replay.py --libs shardreplay,cpprb --mode prioritized
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import replay_workload as W
+
+LIBRARIES = ("shardreplay", "torchrl", "cpprb")
+MODES = ("uniform", "prioritized")
+CHILD_TIMEOUT_S = 1200
+
+# (name, numerator (library, mode, figure), denominator, target, higher_is_better)
+RATIOS = (
+    ("prioritized_learner_step_vs_torchrl", "prioritized", "learner_steps_per_s", "torchrl", 2.0, True),
+    ("prioritized_learner_step_vs_cpprb", "prioritized", "learner_steps_per_s", "cpprb", 2.0, True),
+    ("uniform_sample_vs_cpprb", "uniform", "sample_batches_per_s", "cpprb", 1.0, True),
+    ("uniform_sample_vs_torchrl", "uniform", "sample_batches_per_s", "torchrl", None, True),
+    ("prioritized_sample_vs_cpprb", "prioritized", "sample_batches_per_s", "cpprb", None, True),
+    ("prioritized_update_vs_cpprb", "prioritized", "update_calls_per_s", "cpprb", None, True),
+    ("uniform_insert_vs_cpprb", "uniform", "insert_tps", "cpprb", None, True),
+    ("prioritized_insert_vs_cpprb", "prioritized", "insert_tps", "cpprb", None, True),
+    ("uniform_rss_vs_cpprb", "uniform", "rss_mib_buffer", "cpprb", None, False),
+    ("prioritized_rss_vs_cpprb", "prioritized", "rss_mib_buffer", "cpprb", None, False),
+)
+# Summary ratios over both modes: the worse of the two.
+SUMMARY = (("insert_vs_cpprb", ("uniform_insert_vs_cpprb", "prioritized_insert_vs_cpprb"), 1.0, True),
+           ("rss_vs_cpprb", ("uniform_rss_vs_cpprb", "prioritized_rss_vs_cpprb"), 0.6, False))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (options as the peer benchmarks')."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--libs", default=",".join(LIBRARIES),
+                   help="comma-separated subset of " + ",".join(LIBRARIES))
+    p.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    p.add_argument("--n-insert", type=int, default=W.CAPACITY, help="transitions to insert (multiple of 32)")
+    p.add_argument("--blocks", type=int, default=7, help="timing blocks per figure (median reported)")
+    p.add_argument("--calls", type=int, default=200, help="calls per timing block")
+    p.add_argument("--warmup", type=int, default=50, help="untimed calls before each figure")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: --n-insert 64000 --blocks 3 --calls 50 --warmup 5")
+    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
+    p.add_argument("--child", choices=LIBRARIES, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n_insert, args.blocks, args.calls, args.warmup = 64_000, 3, 50, 5
+    if args.n_insert % W.ADD_BATCH or args.n_insert <= 0:
+        p.error("--n-insert must be a positive multiple of 32")
+    args.libs = [name.strip() for name in args.libs.split(",") if name.strip()]
+    unknown = sorted(set(args.libs) - set(LIBRARIES))
+    if unknown:
+        p.error(f"unknown libraries {unknown}; choose from {', '.join(LIBRARIES)}")
+    return args
+
+
+# --------------------------------------------------------------------------- child side
+def run_case(library: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Build, fill and time one library's buffer in this process; the figures as a dict."""
+    from replay_cases import CASES
+
+    case = CASES[library]()
+    out: dict[str, Any] = {**case.versions()}
+    case.prepare(W.make_pool(args.seed), args.seed)
+    out["rss_mib_baseline"] = W.rss_mib()  # imports + data in native format, no buffer
+    case.create(mode)
+    out["rss_mib_after_create"] = W.rss_mib()
+    out.update(W.time_inserts(case.add, args.n_insert // W.ADD_BATCH))
+    out.update(case.stored())
+    out["rss_mib_after_fill"] = W.rss_mib()
+    out["rss_mib_buffer"] = round(out["rss_mib_after_fill"] - out["rss_mib_baseline"], 1)
+    timing = {"calls": args.calls, "blocks": args.blocks, "warmup": args.warmup}
+    W.put_rate(out, "sample_batches_per_s", W.time_calls(lambda i: case.sample(), **timing),
+               W.SAMPLE_BATCH, "sample_transitions_per_s")
+    if mode == "prioritized":
+        indices = [case.sample_for_update() for _ in range(W.PRIORITY_SETS)]
+        W.put_rate(out, "update_calls_per_s",
+                   W.time_calls(lambda i: case.update(indices[i % len(indices)], i), **timing),
+                   W.UPDATE_BATCH, "update_items_per_s")
+        W.put_rate(out, "learner_steps_per_s", W.time_calls(case.learner_step, **timing))
+    out["rss_mib_peak"] = W.peak_rss_mib()
+    return out
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """Run one case and print its figures (or why it could not run) as one JSON line."""
+    from replay_cases import MissingLibrary
+
+    try:
+        result: dict[str, Any] = run_case(args.child, args.mode, args)
+    except MissingLibrary as exc:
+        result = {"missing": str(exc)}
+    print(json.dumps(result), flush=True)
+
+
+# -------------------------------------------------------------------------- parent side
+def spawn_case(library: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one case in a fresh child process; its figures, or an ``error`` entry."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", library, "--mode", mode,
+           "--n-insert", str(args.n_insert), "--blocks", str(args.blocks), "--calls", str(args.calls),
+           "--warmup", str(args.warmup), "--seed", str(args.seed)]
+    env = {**os.environ, "RL_LOGGING_LEVEL": "WARNING"}  # keep TorchRL's banner off stdout
+    print(f"bench_replay: {library} {mode} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env,
+                              timeout=CHILD_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:  # subprocess.run has killed and reaped the child
+        return {"error": f"child ran past {CHILD_TIMEOUT_S} s and was killed"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"child exited with status {proc.returncode} (its stderr is above)"}
+    result = json.loads(lines[-1])
+    result["case_seconds"] = round(time.perf_counter() - start, 1)
+    return result
+
+
+def ratios(results: dict[str, dict[str, dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """shardreplay's figures over the peers'; and, per target, whether it is met."""
+    values: dict[str, float | None] = {}
+    targets: dict[str, Any] = {}
+    for name, mode, figure, peer, target, higher in RATIOS:
+        ours = results.get("shardreplay", {}).get(mode, {}).get(figure)
+        theirs = results.get(peer, {}).get(mode, {}).get(figure)
+        values[name] = round(ours / theirs, 3) if ours and theirs else None
+        if target is not None:
+            targets[name] = _target(values[name], target, higher)
+    for name, parts, target, higher in SUMMARY:
+        got = [values[p] for p in parts if values[p] is not None]
+        values[name] = (min(got) if higher else max(got)) if len(got) == len(parts) else None
+        targets[name] = _target(values[name], target, higher)
+    return values, targets
+
+
+def _target(value: float | None, target: float, higher: bool) -> dict[str, Any]:
+    met = None if value is None else (value >= target if higher else value <= target)
+    return {"target": (">= " if higher else "<= ") + str(target), "met": met}
+
+
+def parent_main(args: argparse.Namespace) -> None:
+    """Run every selected case in its own child and print the merged JSON line."""
+    import numpy as np
+
+    modes = MODES if args.mode == "both" else (args.mode,)
+    results: dict[str, dict[str, Any]] = {lib: {} for lib in args.libs}
+    for mode in modes:
+        for lib in args.libs:
+            results[lib][mode] = spawn_case(lib, mode, args)
+    values, targets = ratios(results)
+    line = {
+        "benchmark": "replay",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "workload": {"capacity": W.CAPACITY, "obs_dim": W.OBS_DIM, "add_batch": W.ADD_BATCH,
+                     "sample_batch": W.SAMPLE_BATCH, "alpha": W.ALPHA, "beta": W.BETA,
+                     "n_insert": args.n_insert, "blocks": args.blocks, "calls_per_block": args.calls,
+                     "warmup": args.warmup, "seed": args.seed},
+        "results": results,
+        "ratios": values,
+        "targets": targets,
+    }
+    text = json.dumps(line)
+    print(text, flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: the parent orchestrates, a ``--child`` runs one case."""
+    args = parse_args(argv)
+    if args.child:
+        child_main(args)
+    else:
+        parent_main(args)
+
+
+if __name__ == "__main__":
+    main()
