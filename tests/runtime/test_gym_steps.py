@@ -7,8 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
+from shardreplay import Field, ReplayBuffer, Spec
+from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.runtime.gym_steps import GymStepConverter
+from shardreplay.spec.keys import unpack_keys
 
 F, M, L = 0, 1, 2
 
@@ -138,7 +141,7 @@ def run_cartpole(mode, num_envs=4, num_actions=300, seed=0):
             obs, reward, term, trunc, info = envs.step(action)
             raw.append((obs.copy(), term.copy(), trunc.copy(), info))
             log += conv.step(action, obs, reward, term, trunc, info)
-        return per_stream(log, num_envs), conv, raw
+        return per_stream(log, num_envs), conv, raw, log
     finally:
         envs.close()
 
@@ -161,7 +164,7 @@ def check_stream(steps):
 
 @pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
 def test_cartpole_streams_are_well_formed(mode):
-    streams, conv, _ = run_cartpole(mode)
+    streams, conv, _, _ = run_cartpole(mode)
     for steps in streams:
         check_stream(steps)
     ends = [s[4] for steps in streams for s in steps if s[3] == L]
@@ -171,7 +174,7 @@ def test_cartpole_streams_are_well_formed(mode):
 
 
 def test_cartpole_final_observation_is_stored_at_last():
-    streams, _, raw = run_cartpole("NextStep", num_envs=2, num_actions=80)
+    streams, _, raw, _ = run_cartpole("NextStep", num_envs=2, num_actions=80)
     for i, steps in enumerate(streams):
         terminal = [obs[i].tolist() for obs, term, trunc, _ in raw if term[i] or trunc[i]]
         stored = [s[0] for s in steps if s[3] == L]
@@ -180,8 +183,38 @@ def test_cartpole_final_observation_is_stored_at_last():
 
 
 def test_autoreset_modes_give_identical_streams():
-    next_step, _, _ = run_cartpole("NextStep", num_envs=3, num_actions=150, seed=3)
-    same_step, _, _ = run_cartpole("SameStep", num_envs=3, num_actions=150, seed=3)
+    next_step, *_ = run_cartpole("NextStep", num_envs=3, num_actions=150, seed=3)
+    same_step, *_ = run_cartpole("SameStep", num_envs=3, num_actions=150, seed=3)
     for a, b in zip(next_step, same_step, strict=True):
         k = min(len(a), len(b))
         assert k > 100 and a[:k] == b[:k]
+
+
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_buffer_windows_give_reference_nstep(mode):
+    """Converter -> ReplayBuffer -> nstep_transitions agrees with a loop over the raw streams."""
+    streams, _, _, log = run_cartpole(mode, num_envs=3, num_actions=200, seed=5)
+    spec = Spec({"obs": Field((4,), np.float32), "action": Field((), np.int64),
+                 "reward": Field((), np.float32)})
+    length, gamma = 4, 0.9
+    buf = ReplayBuffer(spec, num_streams=3, stream_capacity=512, window=length, seed=0)
+    for step, ids in log:
+        buf.add(step, stream_ids=ids)
+    assert buf.num_steps == sum(len(s) for s in streams)  # no ring wrap: slot = time index
+    batch = buf.sample(512)
+    t = nstep_transitions(batch, gamma)
+    _, rows, slots, _ = unpack_keys(batch.keys.numpy())
+    for b, (row, slot) in enumerate(zip(rows, slots, strict=True)):
+        steps = streams[row][slot:slot + length]
+        total, scale = 0.0, 1.0
+        for k in range(1, len(steps)):
+            total += scale * steps[k - 1][2]
+            scale *= gamma * steps[k][4]
+            if steps[k][3] == L or k == length - 1:
+                break
+        assert t.num_steps[b].item() == k
+        assert t.reward[b].item() == pytest.approx(total, rel=1e-6)
+        assert t.bootstrap_discount[b].item() == pytest.approx(scale, rel=1e-6, abs=1e-9)
+        assert t.observation[b].tolist() == pytest.approx(steps[0][0])
+        assert t.next_observation[b].tolist() == pytest.approx(steps[k][0])
+    assert (t.bootstrap_discount == 0).any() and (t.num_steps < length - 1).any()

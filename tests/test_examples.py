@@ -1,0 +1,49 @@
+"""Smoke tests of the examples: each runs in a subprocess with a time limit."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run_example(name: str, *args: str, timeout_s: float = 60.0) -> str:
+    """Run an example to completion (subprocess.run kills it on timeout); return its stdout."""
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True,
+                          text=True, timeout=timeout_s, check=False)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc.stdout
+
+
+def number(pattern: str, text: str) -> float:
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match, f"no line matching {pattern!r} in:\n{text}"
+    return float(match.group(1))
+
+
+def test_prioritized_cartpole_default():
+    out = run_example("prioritized_cartpole.py")
+    assert number(r"^collected\s+(\d+) steps", out) >= 4000
+    assert number(r"^num_steps\s+\d+ stored of capacity (\d+)", out) == 8 * 256
+    assert number(r"^num_steps\s+(\d+) stored", out) == 8 * 256  # 4000 steps fill the rings
+    assert 0 < number(r"^len\s+(\d+) valid windows of 4 steps", out) <= 8 * 256
+    assert re.search(r"^batch\s+.*obs \(64, 4, 4\) float32", out, re.MULTILINE)
+    assert number(r"^priorities\s+(\d+) updated over 20 batches", out) == 20 * 64
+    assert number(r"^weights \(last\)\s+.*max\s+(\S+)", out) <= 1.0
+    assert number(r"^bootstrap discount\s+.*max\s+(\S+)", out) == pytest.approx(0.99**3, abs=1e-4)
+    assert number(r"^3-step returns\s+.*max\s+(\S+)", out) == pytest.approx(1 + 0.99 + 0.99**2, abs=1e-3)
+    assert out.rstrip().endswith("done")
+
+
+def test_prioritized_cartpole_tiny_one_step():
+    out = run_example("prioritized_cartpole.py", "--num-envs", "2", "--env-steps", "300",
+                      "--n-step", "1", "--batch-size", "8", "--num-batches", "2")
+    assert number(r"^collected\s+(\d+) steps", out) >= 300
+    assert number(r"^len\s+\d+ valid windows of (\d+) steps", out) == 2
+    assert number(r"^1-step returns\s+.*min\s+(\S+)", out) == 1.0  # CartPole pays 1 per step
+    assert out.rstrip().endswith("done")
