@@ -221,6 +221,11 @@ def test_bad_gamma(gamma):
         nstep_transitions(make_batch([[M, M]], [[1, 1]], [[1, 1]]), gamma)
 
 
+def test_numpy_gamma():
+    t = nstep_transitions(make_batch([[M, M, M]], [[1, 2, 3]], [[1, 1, 1]]), np.float32(0.5))
+    assert t.reward.tolist() == [2.0] and t.bootstrap_discount.tolist() == [0.25]
+
+
 def test_window_too_short():
     with pytest.raises(ConfigError, match="L = n \\+ 1 >= 2"):
         nstep_transitions(make_batch([[M]], [[1]], [[1]]), 0.9)

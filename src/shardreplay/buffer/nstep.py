@@ -38,6 +38,7 @@ With 0/1 discounts only the LAST step can carry a 0, and it is the bootstrap ste
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -170,7 +171,8 @@ def nstep_transitions(batch: Batch, gamma: float, *, observation: str = "obs",
 
 
 def _check_gamma(gamma: float) -> None:
-    if isinstance(gamma, bool) or not isinstance(gamma, int | float) or \
+    # numbers.Real: numpy scalars such as np.float32 are valid gammas too.
+    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real) or \
             not math.isfinite(gamma) or not 0.0 <= gamma <= 1.0:
         raise ConfigError(f"gamma must be a number in [0, 1], got {gamma!r}")
 
