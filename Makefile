@@ -3,6 +3,7 @@
 #   make test    the test suite (installs redis-server with apt-get if missing)
 #   make lint    ruff
 #   make bench   replay benchmark: shardreplay vs TorchRL vs cpprb, one JSON line
+#                (BENCH_ARGS=--quick for a smoke run; the line is also kept in .bench/)
 
 PYTHON      ?= python3.11
 VENV        := .venv
@@ -54,7 +55,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	@$(BIN)/python -c "import torchrl._torchrl" 2>/dev/null \
 	  || benchmarks/build_torchrl_ext.sh $(BIN)/python .bench/torchrl-ext
-	$(BIN)/python benchmarks/bench_replay.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/bench_replay.py --out .bench/bench_replay.json $(BENCH_ARGS)
 
 clean:
 	rm -rf .bench build dist .pytest_cache .ruff_cache

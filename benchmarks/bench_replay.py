@@ -32,6 +32,8 @@ import replay_workload as W
 LIBRARIES = ("shardreplay", "torchrl", "cpprb")
 MODES = ("uniform", "prioritized")
 CHILD_TIMEOUT_S = 1200
+FULL = {"n_insert": W.CAPACITY, "blocks": 7, "calls": 200, "warmup": 50}
+QUICK = {"n_insert": 64_000, "blocks": 3, "calls": 50, "warmup": 5}
 
 # (name, numerator (library, mode, figure), denominator, target, higher_is_better)
 RATIOS = (
@@ -57,18 +59,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--libs", default=",".join(LIBRARIES),
                    help="comma-separated subset of " + ",".join(LIBRARIES))
     p.add_argument("--mode", choices=[*MODES, "both"], default="both")
-    p.add_argument("--n-insert", type=int, default=W.CAPACITY, help="transitions to insert (multiple of 32)")
-    p.add_argument("--blocks", type=int, default=7, help="timing blocks per figure (median reported)")
-    p.add_argument("--calls", type=int, default=200, help="calls per timing block")
-    p.add_argument("--warmup", type=int, default=50, help="untimed calls before each figure")
+    p.add_argument("--n-insert", type=int, help="transitions to insert (multiple of 32; default 1,000,000)")
+    p.add_argument("--blocks", type=int, help="timing blocks per figure, median reported (default 7)")
+    p.add_argument("--calls", type=int, help="calls per timing block (default 200)")
+    p.add_argument("--warmup", type=int, help="untimed calls before each figure (default 50)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: --n-insert 64000 --blocks 3 --calls 50 --warmup 5")
+                   help="smoke run: defaults --n-insert 64000 --blocks 3 --calls 50 --warmup 5")
     p.add_argument("--out", type=Path, help="also write the JSON line to this file")
     p.add_argument("--child", choices=LIBRARIES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.quick:
-        args.n_insert, args.blocks, args.calls, args.warmup = 64_000, 3, 50, 5
+    defaults = QUICK if args.quick else FULL
+    for name, value in defaults.items():  # options given explicitly win over --quick
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.n_insert % W.ADD_BATCH or args.n_insert <= 0:
         p.error("--n-insert must be a positive multiple of 32")
     args.libs = [name.strip() for name in args.libs.split(",") if name.strip()]
@@ -166,6 +170,7 @@ def parent_main(args: argparse.Namespace) -> None:
     import numpy as np
 
     modes = MODES if args.mode == "both" else (args.mode,)
+    load_start = [round(x, 2) for x in os.getloadavg()]  # other work on the machine skews rates
     results: dict[str, dict[str, Any]] = {lib: {} for lib in args.libs}
     for mode in modes:
         for lib in args.libs:
@@ -178,6 +183,8 @@ def parent_main(args: argparse.Namespace) -> None:
         "numpy": np.__version__,
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
+        "loadavg_start": load_start,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         "workload": {"capacity": W.CAPACITY, "obs_dim": W.OBS_DIM, "add_batch": W.ADD_BATCH,
                      "sample_batch": W.SAMPLE_BATCH, "alpha": W.ALPHA, "beta": W.BETA,
                      "n_insert": args.n_insert, "blocks": args.blocks, "calls_per_block": args.calls,

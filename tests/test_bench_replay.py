@@ -1,0 +1,90 @@
+"""The replay benchmark's own logic: step types from done flags, ratios, a smoke run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH_DIR))
+
+import bench_replay  # noqa: E402
+import replay_workload as W  # noqa: E402
+
+
+def test_step_types_follow_done_flags() -> None:
+    # Calls in rows, two streams in columns.
+    done = np.array([[0, 0], [1, 0], [0, 1], [1, 1], [0, 0], [1, 0]], dtype=bool)
+    got = W.step_types(done, first_call=True)
+    f, m, last = W.FIRST, W.MID, W.LAST
+    # stream 0: FIRST, LAST (done), FIRST, LAST, FIRST, LAST
+    # stream 1: FIRST, MID, LAST, FIRST (its done is ignored: a reset cannot end), MID, MID
+    assert got[:, 0].tolist() == [f, last, f, last, f, last]
+    assert got[:, 1].tolist() == [f, m, last, f, m, m]
+    # A later pass follows the last call: stream 0 ended with LAST, so it starts FIRST.
+    again = W.step_types(done, first_call=False)
+    assert again[:, 0].tolist() == [f, last, f, last, f, last]
+    assert again[:, 1].tolist() == [m, m, last, f, m, m]
+
+
+def test_step_types_of_the_pool_are_valid_episodes() -> None:
+    done = np.stack([b["done"] for b in W.split_batches(W.make_pool(seed=0))])
+    first = W.step_types(done, first_call=True)
+    later = W.step_types(done, first_call=False)
+    assert (first[0] == W.FIRST).all()
+    # A step is FIRST exactly after a LAST; a later pass follows the previous pass's end.
+    assert np.array_equal(first[1:] == W.FIRST, first[:-1] == W.LAST)
+    assert np.array_equal(later[1:] == W.FIRST, later[:-1] == W.LAST)
+    assert np.array_equal(later[0] == W.FIRST, first[-1] == W.LAST)
+    assert np.array_equal(later[-1], first[-1])  # so every pass after the first is the same
+    assert 0.005 < (first == W.LAST).mean() < 0.015
+
+
+def test_ratios_and_targets_with_a_missing_peer() -> None:
+    results = {
+        "shardreplay": {
+            "uniform": {"sample_batches_per_s": 300.0, "insert_tps": 50.0, "rss_mib_buffer": 30.0},
+            "prioritized": {"learner_steps_per_s": 90.0, "insert_tps": 200.0, "rss_mib_buffer": 40.0},
+        },
+        "cpprb": {
+            "uniform": {"sample_batches_per_s": 100.0, "insert_tps": 100.0, "rss_mib_buffer": 100.0},
+            "prioritized": {"learner_steps_per_s": 30.0, "insert_tps": 100.0, "rss_mib_buffer": 100.0},
+        },
+        "torchrl": {"uniform": {"missing": "torchrl: no module"}, "prioritized": {"missing": "x"}},
+    }
+    values, targets = bench_replay.ratios(results)
+    assert values["prioritized_learner_step_vs_cpprb"] == 3.0
+    assert values["prioritized_learner_step_vs_torchrl"] is None
+    assert targets["prioritized_learner_step_vs_torchrl"]["met"] is None
+    assert values["uniform_sample_vs_cpprb"] == 3.0
+    assert values["insert_vs_cpprb"] == 0.5  # the worse of the two modes
+    assert targets["insert_vs_cpprb"] == {"target": ">= 1.0", "met": False}
+    assert values["rss_vs_cpprb"] == 0.4  # the worse (larger) of the two modes
+    assert targets["rss_vs_cpprb"]["met"] is True
+
+
+@pytest.mark.slow
+def test_quick_run_prints_one_json_line(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "bench_replay.py"), "--quick", "--libs", "shardreplay",
+         "--n-insert", "3200", "--calls", "5", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1
+    line = json.loads(lines[0])
+    assert json.loads(out.read_text()) == line
+    prio = line["results"]["shardreplay"]["prioritized"]
+    assert prio["stored"] == 3200
+    assert 0 < prio["valid_windows"] < 3200
+    for key in ("insert_tps", "sample_batches_per_s", "update_calls_per_s", "learner_steps_per_s"):
+        assert prio[key] > 0, key
+    assert line["results"]["shardreplay"]["uniform"]["sample_batches_per_s"] > 0
+    assert line["ratios"]["uniform_sample_vs_cpprb"] is None  # cpprb not selected
