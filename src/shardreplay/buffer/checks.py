@@ -46,18 +46,27 @@ def check_stream_ids(value: Any, num_streams: int) -> np.ndarray:
     return arr
 
 
-def check_priorities(value: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """Priorities as float32 of ``shape``, finite and >= 0.
+def as_priority_array(value: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Priorities as float32 of ``shape`` (values are checked by the caller).
 
     Raises:
-        InvalidPriorityError: wrong shape, not numbers, negative, NaN or inf.
+        InvalidPriorityError: wrong shape or not numbers.
     """
     arr = _numpy(value)
     if arr.shape != shape:
         raise InvalidPriorityError(f"priorities must have shape {shape}, got {arr.shape}")
     if arr.size and arr.dtype.kind not in "biuf":
         raise InvalidPriorityError(f"priorities must be numbers, got {arr.dtype}")
-    arr = arr.astype(np.float32, copy=False)
+    return arr.astype(np.float32, copy=False)
+
+
+def check_priorities(value: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """Priorities as float32 of ``shape``, finite and >= 0.
+
+    Raises:
+        InvalidPriorityError: wrong shape, not numbers, negative, NaN or inf.
+    """
+    arr = as_priority_array(value, shape)
     if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0):
         raise InvalidPriorityError("priorities must be finite and >= 0 (got NaN, inf or a negative "
                                    "value); nothing was changed")

@@ -10,7 +10,12 @@ import numpy as np
 import torch
 
 from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.checks import as_index_array, check_priorities, check_stream_ids
+from shardreplay.buffer.checks import (
+    as_index_array,
+    as_priority_array,
+    check_priorities,
+    check_stream_ids,
+)
 from shardreplay.buffer.state import export_state, import_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
 from shardreplay.samplers import (
@@ -24,8 +29,9 @@ from shardreplay.samplers import (
 )
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
-from shardreplay.spec.keys import MAX_ROWS, MAX_SLOTS, pack_keys, unpack_keys
+from shardreplay.spec.keys import MAX_ROWS, MAX_SLOTS
 from shardreplay.storage import ArrayAllocator, StreamStorage
+from shardreplay.storage.kernels import resolve_keys
 
 
 class ReplayBuffer:
@@ -165,9 +171,9 @@ class ReplayBuffer:
             EmptyBufferError: no valid window can be drawn.
         """
         draw = self.draw(batch_size)
-        data, mask = self.gather(draw.starts)
+        data, mask, keys = self.gather(draw.starts)
         return Batch(data={k: torch.from_numpy(v) for k, v in data.items()},
-                     mask=torch.from_numpy(mask), keys=torch.from_numpy(self.keys_of(draw.starts)),
+                     mask=torch.from_numpy(mask), keys=torch.from_numpy(keys),
                      weights=torch.from_numpy(draw.weights),
                      probabilities=torch.from_numpy(draw.probabilities))
 
@@ -186,14 +192,10 @@ class ReplayBuffer:
                 "steps (write more steps, or check that priorities are not all 0)")
         return self._sampler.draw(int(batch_size), self._rng)
 
-    def gather(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Window data ``[B, L, ...]`` (numpy) and mask for flat window starts."""
+    def gather(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Window data ``[B, L, ...]`` (numpy), mask ``[B, L]`` and keys ``[B]`` (shard 0)
+        for flat window starts."""
         return self._storage.windows(starts)
-
-    def keys_of(self, starts: np.ndarray) -> np.ndarray:
-        """Keys (shard 0) for flat window starts."""
-        cap = self.stream_capacity
-        return pack_keys(0, starts // cap, starts % cap, self._storage.generation[starts])
 
     def mass(self) -> float:
         """Sampling mass: valid count (uniform, fifo) or ``sum p^alpha`` (prioritized)."""
@@ -215,16 +217,17 @@ class ReplayBuffer:
             Nothing changes when an error is raised.
         """
         keys = as_index_array(keys, "keys")
-        prios = check_priorities(priorities, keys.shape)
-        shard, row, slot, gen = unpack_keys(keys)
-        bad = (shard != 0) | (row >= self.num_streams) | (slot >= self.stream_capacity)
-        if bad.any():
-            raise InvalidKeyError(f"{int(bad.sum())} key(s) name no slot of this buffer "
-                                  f"(first: {int(keys[bad][0])}); pass keys from this buffer's sample()")
-        slots = row * self.stream_capacity + slot
-        current = (self._storage.generation[slots].astype(np.int64) & 0x1FFF) == gen
-        self.stale_updates += int(keys.shape[0] - current.sum())
-        if not current.all():
+        prios = as_priority_array(priorities, keys.shape)
+        status, slots, current = resolve_keys(keys, prios, self._storage.generation,
+                                              self.num_streams, self.stream_capacity)
+        if status == 1:
+            check_priorities(prios, keys.shape)  # raises with the precise reason
+        if status == 2:
+            raise InvalidKeyError("a key names no slot of this buffer (wrong shard, row or slot); "
+                                  "pass keys from this buffer's sample()")
+        n_current = int(current.sum())
+        self.stale_updates += keys.shape[0] - n_current
+        if n_current < keys.shape[0]:
             slots, prios = slots[current], prios[current]
         self._sampler.update(slots, prios)
         return int(slots.shape[0])

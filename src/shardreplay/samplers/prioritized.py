@@ -51,8 +51,7 @@ class PrioritizedSampler:
 
     def on_write(self, slots: np.ndarray, valid: np.ndarray, newly: np.ndarray) -> None:
         """Set the leaves of recomputed slots from their stored priority and validity."""
-        raw = self.storage.priority[slots].astype(np.float64)
-        self.tree.set(slots, np.where(valid, raw ** self.alpha, 0.0))
+        self.tree.set_from_priorities(slots, self.storage.valid, self.storage.priority, self.alpha)
 
     def num_samplable(self) -> int:
         """Valid starts, or 0 when their total priority is 0 (nothing can be drawn)."""
@@ -68,21 +67,15 @@ class PrioritizedSampler:
 
     def draw(self, n: int, rng: np.random.Generator) -> Draw:
         """``n`` i.i.d. starts with ``P(i)`` proportional to ``p_i^alpha``."""
-        total = self.tree.total
-        starts = self.tree.find(rng.random(n) * total)
-        leaf = self.tree.leaves(starts)
-        prob = leaf / total
         beta = self.current_beta()
         self.draws += 1
-        weights = (leaf / self.tree.min_positive) ** -beta
-        return Draw(starts, prob, weights.astype(np.float32))
+        return Draw(*self.tree.draw(rng.random(n), beta))
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Store new raw priorities and refresh the leaves of valid slots."""
         self.storage.priority[slots] = priorities
         self.note_priorities(priorities)
-        valid = self.storage.valid[slots]
-        self.tree.set(slots, np.where(valid, priorities.astype(np.float64) ** self.alpha, 0.0))
+        self.tree.set_from_priorities(slots, self.storage.valid, self.storage.priority, self.alpha)
 
     def rebuild(self) -> None:
         """Recompute every leaf from stored priorities and validity."""

@@ -56,6 +56,16 @@ class SumMinTree:
         """Set leaves ``idx`` to ``values`` (>= 0) and update both trees."""
         set_leaves(self.sums, self.mins, self.base, self.min_base, idx, values.astype(np.float64))
 
+    def set_from_priorities(self, slots: np.ndarray, valid: np.ndarray, priority: np.ndarray,
+                            alpha: float) -> None:
+        """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]``, else 0."""
+        set_from_priorities(self.sums, self.mins, self.base, self.min_base, slots, valid,
+                            priority, alpha)
+
+    def draw(self, uniforms: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Leaves for ``uniforms`` in [0, 1): (leaf index, probability, importance weight)."""
+        return draw_weighted(self.sums, self.mins, self.base, uniforms, beta)
+
     def rebuild(self, values: np.ndarray) -> None:
         """Set every leaf at once from ``values`` (length ``n_leaves``), bottom up."""
         self.sums[:] = 0.0
@@ -80,32 +90,59 @@ class SumMinTree:
         return find_prefix(self.sums, self.base, targets)
 
 
+# The kernels below walk all items one tree level at a time rather than one item to the
+# root and back: the loads of different items are independent, so the CPU overlaps
+# their cache misses (a 1M-leaf tree does not fit in cache).
+
+
 @numba.njit(cache=True, nogil=True)
-def set_leaves(sums, mins, base, min_base, idx, values):
-    """Set leaves and recompute their ancestors in both trees."""
-    for j in range(idx.shape[0]):
-        i = idx[j] + base
-        sums[i] = values[j]
-        i //= 2
-        while i >= 1:
+def _propagate(sums, mins, base, min_base, leaves):
+    """Recompute the ancestors of ``leaves`` (leaf indices) in both trees."""
+    n = leaves.shape[0]
+    node = np.empty(n, np.int64)
+    for j in range(n):
+        node[j] = (base + leaves[j]) >> 1
+    while node[0] >= 1:
+        for j in range(n):
+            i = node[j]
             sums[i] = sums[2 * i] + sums[2 * i + 1]
-            i //= 2
-    for j in range(idx.shape[0]):
-        block = idx[j] // BLOCK
+            node[j] = i >> 1
+    for j in range(n):
+        block = leaves[j] // BLOCK
         lo = base + block * BLOCK
         m = np.inf
         for k in range(lo, lo + BLOCK):
             v = sums[k]
             if 0.0 < v < m:
                 m = v
-        i = min_base + block
-        if mins[i] == m:
-            continue
-        mins[i] = m
-        i //= 2
-        while i >= 1:
+        mins[min_base + block] = m
+        node[j] = (min_base + block) >> 1
+    while node[0] >= 1:
+        for j in range(n):
+            i = node[j]
             mins[i] = min(mins[2 * i], mins[2 * i + 1])
-            i //= 2
+            node[j] = i >> 1
+
+
+@numba.njit(cache=True, nogil=True)
+def set_leaves(sums, mins, base, min_base, idx, values):
+    """Set leaves and recompute their ancestors in both trees."""
+    if idx.shape[0] == 0:
+        return
+    for j in range(idx.shape[0]):
+        sums[base + idx[j]] = values[j]
+    _propagate(sums, mins, base, min_base, idx)
+
+
+@numba.njit(cache=True, nogil=True)
+def set_from_priorities(sums, mins, base, min_base, slots, valid, priority, alpha):
+    """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]``, else 0."""
+    if slots.shape[0] == 0:
+        return
+    for j in range(slots.shape[0]):
+        s = slots[j]
+        sums[base + s] = float(priority[s]) ** alpha if valid[s] else 0.0
+    _propagate(sums, mins, base, min_base, slots)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -115,16 +152,36 @@ def find_prefix(sums, base, targets):
     A child with zero mass is never entered while its sibling has mass, so rounding at
     a boundary can not land on a zero leaf.
     """
-    out = np.empty(targets.shape[0], np.int64)
-    for j in range(targets.shape[0]):
-        u = targets[j]
-        i = 1
-        while i < base:
+    n = targets.shape[0]
+    node = np.ones(n, np.int64)
+    u = targets.copy()
+    while base > 1 and node[0] < base:
+        for j in range(n):
+            i = node[j]
             left = sums[2 * i]
-            if (u < left and left > 0.0) or sums[2 * i + 1] <= 0.0:
-                i = 2 * i
+            if (u[j] < left and left > 0.0) or sums[2 * i + 1] <= 0.0:
+                node[j] = 2 * i
             else:
-                u -= left
-                i = 2 * i + 1
-        out[j] = i - base
-    return out
+                u[j] -= left
+                node[j] = 2 * i + 1
+    return node - base
+
+
+@numba.njit(cache=True, nogil=True)
+def draw_weighted(sums, mins, base, uniforms, beta):
+    """Leaves for uniforms in [0, 1), their probabilities and importance weights.
+
+    ``w = (leaf / min_positive_leaf)^-beta``, which equals ``(N P(i))^-beta`` divided by
+    its maximum over all drawable leaves.
+    """
+    total = sums[1]
+    low = mins[1]
+    starts = find_prefix(sums, base, uniforms * total)
+    n = uniforms.shape[0]
+    prob = np.empty(n, np.float64)
+    weights = np.empty(n, np.float32)
+    for j in range(n):
+        v = sums[base + starts[j]]
+        prob[j] = v / total
+        weights[j] = (v / low) ** -beta
+    return starts, prob, weights

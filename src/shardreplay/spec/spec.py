@@ -150,20 +150,32 @@ class Spec:
                 NaN/inf in a finite field, a step type outside {0, 1, 2}, or a discount
                 outside [0, 1]. The message names the field and what was expected.
         """
+        try:
+            values = [step[name] for name in self._fields]
+            types = step["step_type"]
+        except KeyError:
+            values, types = None, None
+        if values is None or len(step) != len(self._fields) + 1 + ("discount" in step):
+            flat = self._check_names(step)
+            values, types = [flat[name] for name in self._fields], flat["step_type"]
+            step = flat
+        out = {name: _checked(name, v, f.dtype, lead_shape + f.shape, f.checks_finite)
+               for (name, f), v in zip(self._fields.items(), values, strict=True)}
+        out["step_type"] = _step_types(types, lead_shape)
+        out["discount"] = _discounts(step.get("discount"), lead_shape)
+        return out
+
+    def _check_names(self, step: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Flatten a nested step and check its names; raise on missing or unknown ones."""
         flat = flatten(step) if any(isinstance(v, Mapping) for v in step.values()) else step
-        missing = [n for n in self._fields if n not in flat]
-        if missing or "step_type" not in flat:
-            missing += [] if "step_type" in flat else ["step_type"]
+        missing = [n for n in (*self._fields, "step_type") if n not in flat]
+        if missing:
             raise SpecMismatchError(f"missing field(s) {missing}; a step needs {list(self._fields)} "
                                     "plus 'step_type' (and optionally 'discount')")
         unknown = [n for n in flat if n not in self._fields and n not in ("step_type", "discount")]
         if unknown:
             raise SpecMismatchError(f"unknown field(s) {unknown}; the spec has {list(self._fields)}")
-        out = {name: _checked(name, flat[name], f.dtype, lead_shape + f.shape, f.checks_finite)
-               for name, f in self._fields.items()}
-        out["step_type"] = _step_types(flat["step_type"], lead_shape)
-        out["discount"] = _discounts(flat.get("discount"), lead_shape)
-        return out
+        return flat
 
 
 def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
@@ -173,7 +185,8 @@ def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
         raise SpecMismatchError(f"field {name!r}: expected shape {shape}, got {arr.shape}")
     if arr.dtype != dtype:
         arr = _cast(name, arr, dtype)
-    if finite and arr.size and not np.isfinite(arr.sum(dtype=np.float64)):
+    # A finite sum proves every value finite; a non-finite one may be overflow: look closer.
+    if finite and arr.size and not np.isfinite(arr.sum()) and not np.isfinite(arr).all():
         raise SpecMismatchError(f"field {name!r} contains NaN or inf; it was declared finite "
                                 "(Field(finite=False) allows them)")
     return arr
@@ -203,21 +216,28 @@ def _step_types(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
         raise SpecMismatchError(f"field 'step_type': expected shape {lead_shape}, got {arr.shape}")
     if arr.dtype.kind not in "iu":
         raise SpecMismatchError(f"field 'step_type': expected integers 0/1/2 (StepType), got {arr.dtype}")
-    if arr.size and (arr.min() < 0 or arr.max() > 2):
+    if arr.size and (arr.max() > 2 or (arr.dtype.kind == "i" and arr.min() < 0)):
         raise SpecMismatchError("field 'step_type': values must be FIRST=0, MID=1 or LAST=2")
     return arr.astype(STEP_TYPE_DTYPE, copy=False)
 
 
+_ONES: dict[tuple[int, ...], np.ndarray] = {}
+
+
 def _discounts(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
     if value is None:
-        return np.ones(lead_shape, DISCOUNT_DTYPE)
+        ones = _ONES.get(lead_shape)
+        if ones is None:
+            ones = _ONES[lead_shape] = np.ones(lead_shape, DISCOUNT_DTYPE)
+            ones.flags.writeable = False
+        return ones
     arr = value if isinstance(value, np.ndarray) else _to_numpy(value)
     if arr.shape != lead_shape:
         raise SpecMismatchError(f"field 'discount': expected shape {lead_shape}, got {arr.shape}")
     if arr.dtype.kind not in "biuf":
         raise SpecMismatchError(f"field 'discount': expected numbers in [0, 1], got {arr.dtype}")
     arr = arr.astype(DISCOUNT_DTYPE, copy=False)
-    if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0 and arr.max() <= 1):
+    if arr.size and not ((arr >= 0) & (arr <= 1)).all():  # also False for NaN
         raise SpecMismatchError("field 'discount': values must be finite and in [0, 1] "
                                 "(0 at a termination, 1 at a truncation and elsewhere)")
     return arr

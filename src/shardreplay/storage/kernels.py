@@ -20,7 +20,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from shardreplay.spec.keys import GEN_BITS, GEN_MASK, MAX_ROWS, MAX_SLOTS, ROW_BITS, SLOT_BITS
+
 FIRST, MID, LAST = 0, 1, 2
+_SLOT_SHIFT = GEN_BITS
+_ROW_SHIFT = GEN_BITS + SLOT_BITS
+_SHARD_SHIFT = GEN_BITS + SLOT_BITS + ROW_BITS
 
 
 @numba.njit(cache=True, nogil=True)
@@ -50,12 +55,14 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
 
     Arrays ``step_type, episode_id, generation, priority, valid`` are flat ``[S*C]``;
     ``pos`` is the absolute next position per row; ``counters[0]`` is the next episode
-    id. ``types`` and ``prios`` are ``[len(rows), T]``. Returns the flat slots whose
-    validity was recomputed, their new validity, whether each became valid just now,
-    and the change in the number of valid starts.
+    id. ``types`` and ``prios`` are ``[len(rows), T]``. Returns the flat slots written
+    (row-major ``[len(rows) * T]``), the flat slots whose validity was recomputed, their
+    new validity, whether each became valid just now, and the change in the number of
+    valid starts.
     """
     n_rows, t_len = types.shape
     band = t_len + window - 1
+    written = np.empty(n_rows * t_len, np.int64)
     out_slots = np.empty(n_rows * band, np.int64)
     out_valid = np.zeros(n_rows * band, np.bool_)
     out_new = np.zeros(n_rows * band, np.bool_)
@@ -68,6 +75,7 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
         for t in range(t_len):
             p = p0 + t
             slot = base + p % cap
+            written[i * t_len + t] = slot
             st = types[i, t]
             if p == 0 or st == FIRST:
                 new_ep = True
@@ -99,7 +107,7 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
             if now != valid[slot]:
                 delta += 1 if now else -1
                 valid[slot] = now
-    return out_slots[:n_out], out_valid[:n_out], out_new[:n_out], delta
+    return written, out_slots[:n_out], out_valid[:n_out], out_new[:n_out], delta
 
 
 @numba.njit(cache=True, nogil=True)
@@ -117,14 +125,18 @@ def recompute_validity(step_type, episode_id, valid, pos, cap, window):
 
 
 @numba.njit(cache=True, nogil=True)
-def window_indices(starts, step_type, cap, window):
-    """Flat slot indices ``[B, L]`` of each window and its mask.
+def window_indices(starts, step_type, generation, cap, window):
+    """Flat slot indices ``[B, L]`` of each window, its mask, and its key (shard 0).
 
     Positions after the window's LAST repeat the LAST step's slot and are masked out.
     """
     n = starts.shape[0]
     idx = np.empty((n, window), np.int64)
     mask = np.ones((n, window), np.bool_)
+    keys = np.empty(n, np.int64)
+    for b in range(n):
+        s = starts[b]
+        keys[b] = ((s // cap) << _ROW_SHIFT) | ((s % cap) << _SLOT_SHIFT) | (generation[s] & GEN_MASK)
     for b in range(n):
         s = starts[b]
         base = s - s % cap
@@ -138,4 +150,29 @@ def window_indices(starts, step_type, cap, window):
                 cur = base + (slot + k) % cap
                 ended = step_type[cur] == LAST
             idx[b, k] = cur
-    return idx, mask
+    return idx, mask, keys
+
+
+@numba.njit(cache=True, nogil=True)
+def resolve_keys(keys, priorities, generation, num_streams, cap):
+    """Check keys and priorities; map keys to flat slots and mark the stale ones.
+
+    Returns ``(status, slots, current)``: status 0 when all is well, 1 when a priority
+    is negative or not finite, 2 when a key names no slot (wrong shard, row or slot).
+    """
+    n = keys.shape[0]
+    slots = np.empty(n, np.int64)
+    current = np.empty(n, np.bool_)
+    for j in range(n):
+        p = priorities[j]
+        if not (p >= 0.0 and p < np.inf):
+            return 1, slots, current
+        k = keys[j]
+        row = (k >> _ROW_SHIFT) & (MAX_ROWS - 1)
+        slot = (k >> _SLOT_SHIFT) & (MAX_SLOTS - 1)
+        if k < 0 or (k >> _SHARD_SHIFT) != 0 or row >= num_streams or slot >= cap:
+            return 2, slots, current
+        s = row * cap + slot
+        slots[j] = s
+        current[j] = (generation[s] & GEN_MASK) == (k & GEN_MASK)
+    return 0, slots, current

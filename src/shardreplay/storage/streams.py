@@ -75,28 +75,33 @@ class StreamStorage:
         """
         n_rows = rows.shape[0]
         types = steps["step_type"].reshape(n_rows, t_len)
-        cap = self.stream_capacity
-        flat = ((rows * cap)[:, None] + (self.pos[rows][:, None] + np.arange(t_len)) % cap).ravel()
+        has = priorities is not None
+        prios = priorities.reshape(n_rows, t_len) if has else _NO_PRIORITIES
+        flat, slots, valid, newly, delta = kernels.write_steps(
+            self.step_type, self.episode_id, self.generation, self.priority, self.valid,
+            self.pos, self.counters, rows, types, prios, has, np.float32(default_priority),
+            self.stream_capacity, self.window)
+        # The user's fields are written after the bookkeeping: the spec was checked
+        # before, so nothing below can fail half-way.
         for name, arr in self.fields.items():
             arr[flat] = steps[name].reshape(flat.shape[0], *arr.shape[1:])
         self.discount[flat] = steps["discount"].reshape(-1)
-        has = priorities is not None
-        prios = priorities.reshape(n_rows, t_len) if has else _NO_PRIORITIES
-        slots, valid, newly, delta = kernels.write_steps(
-            self.step_type, self.episode_id, self.generation, self.priority, self.valid,
-            self.pos, self.counters, rows, types, prios, has, np.float32(default_priority),
-            cap, self.window)
         self.num_valid += int(delta)
         return slots, valid, newly
 
-    def windows(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Gather the windows starting at flat slots ``starts``: arrays ``[B, L, ...]`` and mask."""
-        idx, mask = kernels.window_indices(starts, self.step_type, self.stream_capacity, self.window)
+    def windows(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Gather the windows starting at flat slots ``starts``.
+
+        Returns arrays ``[B, L, ...]`` (user fields, step_type, discount, episode_id), the
+        mask ``[B, L]`` and the keys ``[B]`` (shard 0).
+        """
+        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
+                                                 self.stream_capacity, self.window)
         data = {name: arr.take(idx, axis=0) for name, arr in self.fields.items()}
         data["step_type"] = self.step_type.take(idx)
         data["discount"] = self.discount.take(idx)
         data["episode_id"] = self.episode_id.take(idx)
-        return data, mask
+        return data, mask, keys
 
     # -- state in time order --------------------------------------------------------------
     def stored_slots(self) -> tuple[np.ndarray, np.ndarray]:
