@@ -1,0 +1,29 @@
+"""Shipping chunks of steps from actors to learners: ``local``, ``file://`` and ``redis://``.
+
+See :mod:`shardreplay.transport.base` for the interface and :mod:`.codec` for the wire
+format. Importing this package does not import redis.
+"""
+
+from __future__ import annotations
+
+from shardreplay.transport.base import (
+    ChunkReader,
+    ChunkWriter,
+    ReaderStats,
+    Transport,
+    open_transport,
+)
+from shardreplay.transport.codec import Chunk, decode, encode
+from shardreplay.transport.spool import iter_archive
+
+__all__ = [
+    "Chunk",
+    "ChunkReader",
+    "ChunkWriter",
+    "ReaderStats",
+    "Transport",
+    "decode",
+    "encode",
+    "iter_archive",
+    "open_transport",
+]

@@ -1,0 +1,265 @@
+"""The transport interface: how actors' chunks reach a learner.
+
+One interface, three media, chosen by URL with :func:`open_transport`:
+
+==========================  ====================================================
+``local`` (default)         processes on one machine: a bounded shared-memory ring
+``file:///dir``             a spool directory (shared file system), durable
+``redis://host:port/db``    Redis streams with a consumer group, durable
+==========================  ====================================================
+
+A :class:`Transport` is only configuration plus, for ``local``, the shared ring; pass
+it to child processes as a ``Process`` argument (works with the ``spawn`` start
+method), and open the live ends where they are used::
+
+    transport = open_transport("file:///data/spool", spec)
+    # actor process                           # learner process
+    writer = transport.writer()               reader = transport.reader()
+    writer.send(chunk, timeout_s=30)          chunks = reader.receive(64, timeout_s=0.1)
+                                              buffer.extend(...)   # for each chunk
+                                              reader.ack(chunks)   # after they are stored
+
+Contract:
+
+- ``send`` blocks while the medium holds its cap of unconsumed chunks (back-pressure)
+  and raises :class:`~shardreplay.errors.TransportTimeout` when ``timeout_s`` passes.
+- ``receive`` returns at most ``max_chunks`` decoded, validated chunks, as soon as at
+  least one is there or after ``timeout_s`` (then possibly none). Delivery is
+  at-least-once on the durable media: a chunk not acknowledged before the reader dies
+  is delivered again to the next reader. Chunks whose ``(actor_id, sequence)`` was seen
+  recently are dropped and counted as duplicates.
+- ``ack`` says the chunks are safely in the buffer; durable media then forget them.
+- Malformed chunks never raise: they are logged (logger ``shardreplay.transport``),
+  counted in :attr:`ChunkReader.stats` by reason and, where the medium allows, set
+  aside (spool ``quarantine/``) or acknowledged so they are not delivered again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlparse
+
+from shardreplay.errors import ConfigError, CorruptChunkError
+from shardreplay.spec import Spec
+from shardreplay.transport.codec import Chunk, decode, peek_identity
+
+__all__ = [
+    "DEFAULT_MAX_CHUNK_BYTES",
+    "DEFAULT_SEND_TIMEOUT_S",
+    "DUPLICATE",
+    "ChunkReader",
+    "ChunkWriter",
+    "Intake",
+    "ReaderStats",
+    "Transport",
+    "open_transport",
+]
+
+logger = logging.getLogger("shardreplay.transport")
+
+DEFAULT_MAX_CHUNK_BYTES = 256 << 20
+DEFAULT_SEND_TIMEOUT_S = 60.0
+DUPLICATE = "duplicate"
+
+
+@runtime_checkable
+class ChunkWriter(Protocol):
+    """The actor's end of a transport."""
+
+    def send(self, chunk: Chunk, *, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
+        """Encode and ship one chunk, waiting while the medium is full.
+
+        Args:
+            chunk: the chunk to send.
+            timeout_s: how long to wait for room; None waits forever.
+
+        Raises:
+            SpecMismatchError: the chunk does not fit the transport's spec.
+            TransportTimeout: no room (or no server) within ``timeout_s``.
+            TransportError: the medium failed for good.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the writer's resources. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class ChunkReader(Protocol):
+    """The learner's end of a transport."""
+
+    @property
+    def stats(self) -> ReaderStats:
+        """Counters of what this reader received, rejected and dropped."""
+        ...
+
+    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0) -> list[Chunk]:
+        """Up to ``max_chunks`` valid chunks; waits up to ``timeout_s`` for the first.
+
+        Raises:
+            TransportTimeout / TransportError: only for a medium that failed for good
+                (rejected chunks are counted, never raised).
+        """
+        ...
+
+    def ack(self, chunks: Iterable[Chunk]) -> None:
+        """Mark received chunks as stored, so durable media drop them. Idempotent."""
+        ...
+
+    def close(self) -> None:
+        """Release the reader's resources; unacknowledged chunks stay for the next reader."""
+        ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Configuration of one medium; opens writer and reader ends."""
+
+    url: str
+    spec: Spec
+
+    def writer(self) -> ChunkWriter:
+        """A new writer end (call it in the actor process)."""
+        ...
+
+    def reader(self) -> ChunkReader:
+        """A new reader end (call it in the learner process)."""
+        ...
+
+
+@dataclass
+class ReaderStats:
+    """What a reader has seen.
+
+    Attributes:
+        received: chunks decoded, validated and returned by ``receive``.
+        duplicates: chunks dropped because their ``(actor_id, sequence)`` was seen.
+        rejected: malformed chunks by reason (``checksum``, ``truncated``, ``spec``,
+            ``values``, ``header``, ``format``, ``too_large``, ``malformed_entry``, ...).
+        acked: chunks acknowledged.
+    """
+
+    received: int = 0
+    duplicates: int = 0
+    acked: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_rejected(self) -> int:
+        """Sum of ``rejected`` over all reasons."""
+        return sum(self.rejected.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready snapshot."""
+        return {"received": self.received, "duplicates": self.duplicates, "acked": self.acked,
+                "rejected": dict(self.rejected)}
+
+
+class RecentIds:
+    """Remembers the last ``window`` sequence numbers of each actor.
+
+    Duplicates come from retried sends (a write that reached the medium but whose reply was
+    lost) and from redelivery, so they are close in sequence to the original; a bounded
+    window keeps memory flat on long runs.
+    """
+
+    def __init__(self, window: int = 4096) -> None:
+        if window < 1:
+            raise ConfigError(f"dedup window must be >= 1, got {window}")
+        self._window = window
+        self._seen: dict[int, tuple[set[int], deque[int]]] = {}
+
+    def check_and_add(self, actor_id: int, sequence: int) -> bool:
+        """True when ``(actor_id, sequence)`` was seen already; records it otherwise."""
+        seen, order = self._seen.setdefault(actor_id, (set(), deque()))
+        if sequence in seen:
+            return True
+        seen.add(sequence)
+        order.append(sequence)
+        if len(order) > self._window:
+            seen.discard(order.popleft())
+        return False
+
+
+class Intake:
+    """Decoding, validation, de-duplication and counting shared by every reader.
+
+    Args:
+        spec: the learner's spec.
+        max_chunk_bytes: larger chunks are rejected unread where possible.
+        dedup_window: sequences remembered per actor for duplicate detection.
+        medium: a label for log lines (``"spool /data"``, ``"redis ..."``).
+    """
+
+    def __init__(self, spec: Spec, *, max_chunk_bytes: int, dedup_window: int, medium: str) -> None:
+        if max_chunk_bytes < 64:
+            raise ConfigError(f"max_chunk_bytes must be >= 64, got {max_chunk_bytes}")
+        self.spec = spec
+        self.max_chunk_bytes = max_chunk_bytes
+        self.stats = ReaderStats()
+        self._recent = RecentIds(dedup_window)
+        self._medium = medium
+
+    def admit(self, data: bytes | bytearray | memoryview, origin: str) -> Chunk | str:
+        """Decode ``data``: the chunk, or why it was not admitted (logged and counted).
+
+        Returns:
+            The chunk; or ``DUPLICATE``; or the rejection reason (``checksum``, ...).
+        """
+        try:
+            chunk = decode(data, self.spec, max_bytes=self.max_chunk_bytes)
+        except CorruptChunkError as exc:
+            ident = peek_identity(data) if exc.reason not in ("too_large", "truncated") else None
+            self.reject(exc.reason, f"{exc} (from {origin}, claims actor/seq {ident})")
+            return exc.reason
+        if self._recent.check_and_add(chunk.actor_id, chunk.sequence):
+            self.stats.duplicates += 1
+            logger.debug("%s: duplicate chunk actor %d seq %d from %s dropped", self._medium,
+                         chunk.actor_id, chunk.sequence, origin)
+            return DUPLICATE
+        self.stats.received += 1
+        return chunk
+
+    def reject(self, reason: str, detail: str) -> None:
+        """Count and log one rejected chunk."""
+        self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        logger.warning("%s: rejected a chunk (%s): %s", self._medium, reason, detail)
+
+
+def open_transport(url: str, spec: Spec, **options: Any) -> Transport:
+    """Open the transport a URL names.
+
+    Args:
+        url: ``"local"``, ``"file:///abs/dir"`` or ``"redis://host:port/db"``.
+        spec: the spec every chunk must follow.
+        **options: keyword settings of the chosen transport (see ``LocalTransport``,
+            ``SpoolTransport``, ``RedisTransport``).
+
+    Raises:
+        ConfigError: an unknown scheme, a malformed URL or an unknown option.
+    """
+    parsed = urlparse(url)
+    scheme = parsed.scheme or url
+    try:
+        if scheme in ("local", ""):
+            from shardreplay.transport.local import LocalTransport
+
+            return LocalTransport(spec, **options)
+        if scheme == "file":
+            if parsed.netloc not in ("", "localhost") or not parsed.path:
+                raise ConfigError(f"file transport needs file:///absolute/dir, got {url!r}")
+            from shardreplay.transport.spool import SpoolTransport
+
+            return SpoolTransport(parsed.path, spec, **options)
+        if scheme in ("redis", "rediss", "unix"):
+            from shardreplay.transport.redis import RedisTransport
+
+            return RedisTransport(url, spec, **options)
+    except TypeError as exc:  # an unknown keyword option
+        raise ConfigError(f"bad option for transport {url!r}: {exc}") from exc
+    raise ConfigError(f"unknown transport {url!r}: use 'local', 'file:///dir' or 'redis://host:port/db'")

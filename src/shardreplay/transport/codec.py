@@ -1,0 +1,313 @@
+"""Chunks of steps and their wire format (no pickle).
+
+A **chunk** is what an actor ships: ``T`` consecutive steps of each of its ``S`` streams,
+the policy version that made them and, optionally, Ape-X style initial priorities.
+
+Wire layout (all integers little-endian)::
+
+    offset 0   magic  b"SRCK"                                  4 bytes
+           4   format version (uint8) + 3 zero bytes           4 bytes
+           8   header_len (uint32): bytes of msgpack header    4 bytes
+          12   total_len (uint64): bytes of the whole chunk    8 bytes
+          20   crc32 (uint32) of every byte after offset 24    4 bytes
+          24   msgpack header, zero padding to a multiple of 8
+           P   payload: the raw arrays, each 8-byte aligned, in header order
+
+The header is a map: ``fp`` (spec fingerprint), ``a`` actor id, ``q`` sequence, ``pv``
+policy version, ``S``, ``T``, and ``arrays``: a list of ``[name, dtype, shape, offset,
+nbytes]`` with offsets relative to ``P``. Arrays are ``stream_ids`` (int64 ``[S]``), one
+per step field (``steps/<name>``, shaped ``[S, T, *field.shape]``) and, when present,
+``priorities`` (float32 ``[S, T]``).
+
+The CRC covers header, padding and payload, and every prefix field is checked on its own,
+so any damaged byte is detected (CRC-32 catches every burst of up to 32 bits). Sizes in
+the header are checked against the spec and the bytes actually present before anything
+is allocated, and decoded arrays are zero-copy, read-only views of the input.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from shardreplay.errors import CorruptChunkError, SpecMismatchError
+from shardreplay.spec import Spec
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "decode", "encode", "peek_identity"]
+
+MAGIC = b"SRCK"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<4sB3xIQI")
+_MAX_HEADER_BYTES = 1 << 20
+_MAX_DIM = 1 << 24  # S or T beyond this is a corrupt header, not a real chunk
+_MAX_ID = (1 << 63) - 1
+_STEP_PREFIX = "steps/"
+_RESERVED_DTYPES = {"step_type": np.dtype(np.uint8), "discount": np.dtype(np.float32)}
+
+
+@dataclass(frozen=True, eq=False)
+class Chunk:
+    """``T`` steps of each of an actor's ``S`` streams.
+
+    Attributes:
+        actor_id: the sending actor, >= 0.
+        sequence: per actor, strictly increasing over the actor's whole life, also across
+            restarts under the same id (continue from a saved value or start from a clock
+            reading); readers drop a repeated ``(actor_id, sequence)`` as a duplicate.
+        policy_version: version of the policy that acted, >= 0.
+        stream_ids: int64 ``[S]``, the actor's own stream numbers, distinct, >= 0.
+        steps: every user field of the Spec (dotted names) plus ``"step_type"`` (uint8)
+            and ``"discount"`` (float32), each shaped ``[S, T, *field_shape]``.
+        priorities: optional float32 ``[S, T]`` initial priorities, finite and >= 0.
+    """
+
+    actor_id: int
+    sequence: int
+    policy_version: int
+    stream_ids: np.ndarray
+    steps: Mapping[str, np.ndarray]
+    priorities: np.ndarray | None = None
+
+    @property
+    def num_streams(self) -> int:
+        """``S``: streams in this chunk."""
+        return int(self.stream_ids.shape[0])
+
+    @property
+    def num_steps(self) -> int:
+        """``T``: steps per stream in this chunk."""
+        return int(self.steps["step_type"].shape[1])
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """``(actor_id, sequence)``: what duplicates are recognised by."""
+        return (self.actor_id, self.sequence)
+
+
+def _wire_dtype(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<")  # the wire is little-endian; one-byte types stay "|"
+
+
+def _align8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+class _SpecInfo:
+    """What the codec needs of a spec, computed once per Spec object (hashing is slow)."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec  # held so that id(spec) is not reused while cached
+        self.fingerprint = spec.fingerprint
+        self.fields = [(_STEP_PREFIX + n, _wire_dtype(spec[n].dtype), spec[n].shape) for n in spec.names]
+        self.fields += [(_STEP_PREFIX + n, _wire_dtype(d), ()) for n, d in _RESERVED_DTYPES.items()]
+
+
+_SPEC_INFO: dict[int, _SpecInfo] = {}
+
+
+def _info(spec: Spec) -> _SpecInfo:
+    info = _SPEC_INFO.get(id(spec))
+    if info is None or info.spec is not spec:
+        if len(_SPEC_INFO) > 64:
+            _SPEC_INFO.clear()
+        info = _SPEC_INFO[id(spec)] = _SpecInfo(spec)
+    return info
+
+
+def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """The arrays a chunk of this spec and size holds, in wire order."""
+    out: list[tuple[str, np.dtype, tuple[int, ...]]] = [("stream_ids", np.dtype("<i8"), (s,))]
+    out += [(name, dtype, (s, t, *shape)) for name, dtype, shape in _info(spec).fields]
+    if has_priorities:
+        out.append(("priorities", np.dtype("<f4"), (s, t)))
+    return out
+
+
+def encode(chunk: Chunk, spec: Spec) -> bytes:
+    """Serialise a chunk for the wire or a file.
+
+    The steps are validated with ``spec.validate`` first, so a bad actor fails where the
+    bug is, not at the learner.
+
+    Raises:
+        SpecMismatchError: the steps, stream ids or priorities do not fit ``spec``, or an
+            id is negative or too large.
+    """
+    _check_ids(chunk.actor_id, chunk.sequence, chunk.policy_version, exc=SpecMismatchError)
+    ids = np.asarray(chunk.stream_ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise SpecMismatchError(f"stream_ids must be a 1-d integer array, got {ids.dtype}{list(ids.shape)}")
+    s = int(ids.shape[0])
+    st = np.asarray(chunk.steps.get("step_type", np.empty((0, 0))))
+    if st.ndim != 2 or st.shape[0] != s:
+        raise SpecMismatchError(f"steps['step_type'] must be shaped [S={s}, T], got {list(st.shape)}")
+    t = int(st.shape[1])
+    if not (1 <= s <= _MAX_DIM and 1 <= t <= _MAX_DIM):
+        raise SpecMismatchError(f"a chunk needs 1 to {_MAX_DIM} streams and steps, got S={s}, T={t}")
+    steps = spec.validate(chunk.steps, (s, t))
+    arrays: dict[str, np.ndarray] = {"stream_ids": ids}
+    arrays.update({_STEP_PREFIX + k: v for k, v in steps.items()})
+    if chunk.priorities is not None:
+        arrays["priorities"] = np.asarray(chunk.priorities)
+    _check_ids_and_priorities(ids, arrays.get("priorities"), s, t, exc=SpecMismatchError)
+    layout = _layout(spec, s, t, chunk.priorities is not None)
+    entries, parts, offset = [], [], 0
+    for name, dtype, shape in layout:
+        arr = np.ascontiguousarray(arrays[name], dtype=dtype)
+        pad = _align8(offset) - offset
+        if pad:
+            parts.append(bytes(pad))
+            offset += pad
+        entries.append([name, dtype.str, list(shape), offset, arr.nbytes])
+        parts.append(arr.data.cast("B") if arr.nbytes else b"")
+        offset += arr.nbytes
+    header = msgpack.packb({"fp": _info(spec).fingerprint, "a": chunk.actor_id, "q": chunk.sequence,
+                            "pv": chunk.policy_version, "S": s, "T": t, "arrays": entries})
+    head_pad = bytes(_align8(_PREFIX.size + len(header)) - _PREFIX.size - len(header))
+    crc = zlib.crc32(header)
+    crc = zlib.crc32(head_pad, crc)
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    total = _PREFIX.size + len(header) + len(head_pad) + offset
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), total, crc)
+    return b"".join([prefix, header, head_pad, *parts])
+
+
+def _check_ids(actor_id: Any, sequence: Any, version: Any, *, exc: type[Exception]) -> None:
+    for label, v in (("actor_id", actor_id), ("sequence", sequence), ("policy_version", version)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= int(v) <= _MAX_ID:
+            raise _make(exc, f"{label} must be an integer in [0, 2**63), got {v!r}", "header")
+
+
+def _check_ids_and_priorities(ids: np.ndarray, prio: np.ndarray | None, s: int, t: int, *,
+                              exc: type[Exception]) -> None:
+    if s and (ids.min() < 0 or len(np.unique(ids)) != s):
+        raise _make(exc, "stream_ids must be distinct and >= 0", "values")
+    if prio is None:
+        return
+    if prio.shape != (s, t) or prio.dtype.kind != "f":
+        raise _make(exc, f"priorities must be float [{s}, {t}], got {prio.dtype}{list(prio.shape)}", "values")
+    if prio.size and not (np.isfinite(prio).all() and prio.min() >= 0):
+        raise _make(exc, "priorities must be finite and >= 0", "values")
+
+
+def _make(exc: type[Exception], message: str, reason: str) -> Exception:
+    if issubclass(exc, CorruptChunkError):
+        return exc(message, reason=reason)
+    return exc(message)
+
+
+def peek_identity(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """``(actor_id, sequence)`` from a chunk's header without checking anything else.
+
+    Cheap (reads the header only); for logging and duplicate screening before a full
+    :func:`decode`. Returns None when the header cannot be read.
+    """
+    try:
+        mv = memoryview(data).cast("B")
+        magic, _, hlen, _, _ = _PREFIX.unpack_from(mv)
+        if magic != MAGIC or hlen > min(_MAX_HEADER_BYTES, len(mv) - _PREFIX.size):
+            return None
+        head = msgpack.unpackb(mv[_PREFIX.size:_PREFIX.size + hlen], raw=False)
+        return (int(head["a"]), int(head["q"]))
+    except Exception:  # any malformed input means "unknown", never an exception here
+        return None
+
+
+def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) -> Chunk:
+    """Parse and fully validate a chunk against the learner's spec.
+
+    Args:
+        data: the encoded chunk. Decoded arrays are read-only views into it.
+        spec: the learner's spec; the chunk's fingerprint, dtypes and shapes must match.
+        max_bytes: chunks longer than this are rejected before anything else.
+
+    Raises:
+        CorruptChunkError: with ``reason`` one of ``too_large``, ``truncated``,
+            ``format``, ``checksum``, ``header``, ``spec``, ``values``.
+    """
+    mv = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    n = len(mv)
+    if n > max_bytes:
+        raise CorruptChunkError(f"chunk of {n} bytes exceeds max_bytes={max_bytes}", reason="too_large")
+    if n < _PREFIX.size:
+        raise CorruptChunkError(f"chunk of {n} bytes is shorter than its {_PREFIX.size}-byte prefix",
+                                reason="truncated")
+    magic, version, hlen, total, crc = _PREFIX.unpack_from(mv)
+    if magic != MAGIC or version != FORMAT_VERSION or bytes(mv[5:8]) != b"\0\0\0":
+        raise CorruptChunkError(f"not a shardreplay chunk of format {FORMAT_VERSION} "
+                                f"(magic {bytes(magic)!r}, version {version})", reason="format")
+    if total != n:
+        raise CorruptChunkError(f"chunk says it has {total} bytes but {n} arrived "
+                                "(truncated or padded in transit)", reason="truncated")
+    if zlib.crc32(mv[_PREFIX.size:]) != crc:
+        raise CorruptChunkError("checksum mismatch: the chunk was damaged in transit or on disk",
+                                reason="checksum")
+    payload_at = _align8(_PREFIX.size + hlen)
+    if hlen > _MAX_HEADER_BYTES or payload_at > n:
+        raise CorruptChunkError(f"header length {hlen} is impossible", reason="header")
+    head = _unpack_header(mv[_PREFIX.size:_PREFIX.size + hlen])
+    if head.get("fp") != _info(spec).fingerprint:
+        raise CorruptChunkError(f"chunk of spec {head.get('fp')!r} does not match the learner's spec "
+                                f"{_info(spec).fingerprint!r}: actors and learner must use the same Spec",
+                                reason="spec")
+    _check_ids(head.get("a"), head.get("q"), head.get("pv"), exc=CorruptChunkError)
+    arrays = _read_arrays(head, spec, mv[payload_at:])
+    ids, prio = arrays.pop("stream_ids"), arrays.pop("priorities", None)
+    s, t = int(head["S"]), int(head["T"])
+    _check_ids_and_priorities(ids, prio, s, t, exc=CorruptChunkError)
+    try:
+        steps = spec.validate({k[len(_STEP_PREFIX):]: v for k, v in arrays.items()}, (s, t))
+    except SpecMismatchError as exc:
+        raise CorruptChunkError(f"chunk values do not fit the spec: {exc}", reason="values") from exc
+    return Chunk(actor_id=int(head["a"]), sequence=int(head["q"]), policy_version=int(head["pv"]),
+                 stream_ids=ids, steps=steps, priorities=prio)
+
+
+def _unpack_header(raw: memoryview) -> dict[str, Any]:
+    try:
+        head = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16,
+                               max_bin_len=0, max_array_len=1 << 16, max_map_len=64, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise CorruptChunkError(f"unreadable chunk header: {exc}", reason="header") from exc
+    if not isinstance(head, dict):
+        raise CorruptChunkError("chunk header is not a map", reason="header")
+    return head
+
+
+def _read_arrays(head: dict[str, Any], spec: Spec, payload: memoryview) -> dict[str, np.ndarray]:
+    """Check the header's array table against the expected layout, then view the arrays."""
+    s, t, entries = head.get("S"), head.get("T"), head.get("arrays")
+    for label, v in (("S", s), ("T", t)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _MAX_DIM:
+            raise CorruptChunkError(f"header {label}={v!r} is not a sane size", reason="header")
+    if not isinstance(entries, list) or not entries:
+        raise CorruptChunkError("header lacks its array table", reason="header")
+    has_prio = any(isinstance(e, list) and e and e[0] == "priorities" for e in entries)
+    layout = _layout(spec, s, t, has_prio)  # type: ignore[arg-type]
+    if len(entries) != len(layout):
+        raise CorruptChunkError(f"header lists {len(entries)} arrays, the spec needs {len(layout)}",
+                                reason="header")
+    out: dict[str, np.ndarray] = {}
+    offset = 0
+    for entry, (name, dtype, shape) in zip(entries, layout, strict=True):
+        nbytes = dtype.itemsize * math.prod(shape)
+        offset = _align8(offset)
+        if entry != [name, dtype.str, list(shape), offset, nbytes]:
+            raise CorruptChunkError(f"array entry {entry!r} does not match the spec's "
+                                    f"{[name, dtype.str, list(shape), offset, nbytes]!r}", reason="header")
+        if offset + nbytes > len(payload):
+            raise CorruptChunkError(f"array {name!r} runs past the end of the chunk", reason="header")
+        out[name] = np.frombuffer(payload, dtype=dtype, count=nbytes // dtype.itemsize,
+                                  offset=offset).reshape(shape)
+        offset += nbytes
+    if offset != len(payload):
+        raise CorruptChunkError(f"{len(payload) - offset} stray bytes after the arrays", reason="header")
+    return out

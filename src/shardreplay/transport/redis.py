@@ -1,0 +1,398 @@
+"""``redis://`` transport: Redis streams with a consumer group. The only importer of redis.
+
+Chunks are entries ``{d: <encoded chunk>}`` of one stream (default ``shardreplay:chunks``),
+read through a consumer group (default ``learners``), so delivery is at-least-once:
+
+- The reader gets new entries with ``XREADGROUP ... >``; they stay in the group's pending
+  list until ``ack`` (``XACK``), which the learner calls once the chunks are in its buffer.
+- A restarted reader (same ``consumer`` name) first re-reads its own pending entries
+  (``XREADGROUP ... 0``), and ``XAUTOCLAIM`` takes over entries that another consumer left
+  pending for ``claim_idle_s`` (a reader that died under another name).
+- A chunk whose ``(actor_id, sequence)`` was seen recently is dropped (a writer retries an
+  ``XADD`` whose reply was lost, so duplicates do happen) and acknowledged, unless its
+  entry is the very one still in flight.
+
+Back-pressure without losing data. ``XADD ... MAXLEN`` would evict the *oldest* entries
+whether or not they were read, so it is never used. Instead:
+
+1. Only acknowledged entries are trimmed. The safe threshold is computed from the groups:
+   for each group, its oldest pending id if it has pending entries, else its last
+   delivered id; the minimum over all groups. Every entry below it was delivered to every
+   group and acknowledged (groups deliver in id order; a stale reading is only lower, so
+   still safe). ``XTRIM MINID ~ threshold`` then drops whole radix-tree nodes below it.
+2. Writers pipeline ``XADD`` with ``XLEN``; when the length reaches ``max_len`` the next
+   ``send`` waits. While waiting it trims exactly (``MINID`` without ``~``: approximate
+   trimming keeps a partly acknowledged node, which could hold a small stream at the cap
+   forever) and polls with backoff until there is room or ``timeout_s`` passes.
+   The stream thus holds at most ``max_len`` plus one entry per concurrent writer.
+3. With no group on the stream nothing is trimmed, so writers block rather than drop.
+   Writers create the group (at id 0) on first use so that nothing written before the
+   learner starts is missed.
+
+Redis errors are translated here: a lost connection (or a server still loading its
+data) is retried with backoff, reconnecting, until the caller's deadline, then becomes
+:class:`~shardreplay.errors.TransportTimeout`; other errors become ``TransportError``.
+A reader returns an empty list during a short outage and raises only when the server has
+been unreachable for ``reconnect_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from shardreplay.errors import ConfigError, TransportError, TransportTimeout
+from shardreplay.spec import Spec
+from shardreplay.transport.base import (
+    DEFAULT_MAX_CHUNK_BYTES,
+    DEFAULT_SEND_TIMEOUT_S,
+    DUPLICATE,
+    Intake,
+    ReaderStats,
+)
+from shardreplay.transport.codec import Chunk, encode
+
+__all__ = ["RedisLink", "RedisReader", "RedisTransport", "RedisWriter", "ensure_group", "trim_acknowledged",
+           "with_group"]
+
+logger = logging.getLogger("shardreplay.transport")
+T = TypeVar("T")
+_FIELD = b"d"
+
+
+class RedisLink:
+    """One Redis client whose calls reconnect on failure and raise shardreplay errors.
+
+    Args:
+        url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``).
+        socket_timeout_s: per-command socket timeout.
+    """
+
+    def __init__(self, url: str, *, socket_timeout_s: float = 5.0) -> None:
+        self.url = url
+        try:
+            self.client = redis.Redis.from_url(
+                url, protocol=2, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+                retry=Retry(NoBackoff(), 0))  # retries are ours, bounded by the caller's deadline
+        except ValueError as exc:
+            raise ConfigError(f"bad redis URL {url!r}: {exc}") from exc
+        self._down_since: float | None = None
+
+    def down_for_s(self) -> float:
+        """Seconds since the server stopped answering (0 while it answers)."""
+        return 0.0 if self._down_since is None else time.monotonic() - self._down_since
+
+    def call(self, fn: Callable[[redis.Redis], T], *, what: str, deadline: float | None) -> T:
+        """Run ``fn(client)``; on a lost connection reconnect and retry until ``deadline``.
+
+        Raises:
+            TransportTimeout: the server did not answer before ``deadline`` (one attempt
+                is always made).
+            TransportError: Redis refused the command.
+        """
+        backoff = 0.01
+        while True:
+            try:
+                result = fn(self.client)
+                self._down_since = None
+                return result
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    logger.warning("redis %s: %s failed (%s); reconnecting", self.url, what, exc)
+                if deadline is None or time.monotonic() + backoff > deadline:
+                    raise TransportTimeout(f"redis {self.url} unreachable for {self.down_for_s():.1f} s "
+                                           f"({what}): is redis-server running?") from exc
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 0.5)
+            except redis.RedisError as exc:
+                raise TransportError(f"redis {self.url} refused {what}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        with contextlib.suppress(redis.RedisError):  # a dead connection needs no goodbye
+            self.client.close()
+
+
+def _parse_id(entry_id: bytes | str) -> tuple[int, int]:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return (int(ms), int(seq or 0))
+
+
+def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
+    """Create ``group`` on ``stream`` at id 0 (the stream too) unless it exists."""
+    try:
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):  # redis reports "exists" only in the message
+            raise
+
+
+def with_group(client: redis.Redis, stream: str, group: str, fn: Callable[[], T]) -> T:
+    """Run ``fn``; if the group vanished (a server restarted without its data), recreate it."""
+    try:
+        return fn()
+    except redis.ResponseError as exc:
+        if "NOGROUP" not in str(exc):  # redis reports a missing group only in the message
+            raise
+        logger.warning("redis: group %r of stream %r was missing; recreated at id 0", group, stream)
+        ensure_group(client, stream, group)
+        return fn()
+
+
+def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
+    """Delete entries every consumer group of ``stream`` has acknowledged.
+
+    Returns:
+        The stream length afterwards.
+    """
+    try:
+        groups = client.xinfo_groups(stream)
+    except redis.ResponseError:  # no such stream: nothing to trim
+        return 0
+    thresholds = []
+    for g in groups:
+        floor = g["last-delivered-id"]
+        if g["pending"]:
+            oldest = client.xpending(stream, g["name"]).get("min")
+            floor = oldest if oldest is not None else floor
+        thresholds.append(_parse_id(floor))
+    if thresholds:
+        ms, seq = min(thresholds)
+        client.xtrim(stream, minid=f"{ms}-{seq}", approximate=not exact)
+    return int(client.xlen(stream))
+
+
+class RedisTransport:
+    """Chunks through a Redis stream read by a consumer group.
+
+    Args:
+        url: ``redis://host:port/db``.
+        spec: the spec every chunk must follow.
+        stream: the stream key.
+        group: the consumer group the learner reads in.
+        consumer: this reader's name in the group; keep it stable across restarts (one per
+            learner rank) so a restarted reader re-reads its own pending entries.
+        max_len: writers wait while the stream holds this many entries (see module doc).
+        max_chunk_bytes: the reader rejects longer entries.
+        dedup_window: sequences remembered per actor for duplicate detection.
+        claim_idle_s: entries pending this long at another consumer are taken over.
+        reconnect_timeout_s: a reader raises once the server is gone this long.
+        trim_interval_s: how often the reader trims acknowledged entries.
+        socket_timeout_s: per-command socket timeout.
+
+    Raises:
+        ConfigError: a bad setting or URL.
+    """
+
+    def __init__(self, url: str, spec: Spec, *, stream: str = "shardreplay:chunks",
+                 group: str = "learners", consumer: str = "learner", max_len: int = 1000,
+                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, dedup_window: int = 4096,
+                 claim_idle_s: float = 60.0, reconnect_timeout_s: float = 60.0,
+                 trim_interval_s: float = 0.1, socket_timeout_s: float = 5.0) -> None:
+        if max_len < 1:
+            raise ConfigError(f"max_len must be >= 1, got {max_len}")
+        if claim_idle_s <= 0 or reconnect_timeout_s <= 0 or socket_timeout_s <= 0:
+            raise ConfigError("claim_idle_s, reconnect_timeout_s and socket_timeout_s must be > 0")
+        self.url, self.spec = url, spec
+        self.stream, self.group, self.consumer = stream, group, consumer
+        self.max_len = max_len
+        self.max_chunk_bytes, self.dedup_window = max_chunk_bytes, dedup_window
+        self.claim_idle_s, self.reconnect_timeout_s = claim_idle_s, reconnect_timeout_s
+        self.trim_interval_s, self.socket_timeout_s = trim_interval_s, socket_timeout_s
+        RedisLink(url, socket_timeout_s=socket_timeout_s).close()  # validates the URL early
+
+    def link(self) -> RedisLink:
+        """A new connection to this transport's server."""
+        return RedisLink(self.url, socket_timeout_s=self.socket_timeout_s)
+
+    def writer(self) -> RedisWriter:
+        """A writer end; call it in the actor process."""
+        return RedisWriter(self)
+
+    def reader(self) -> RedisReader:
+        """A reader end named ``consumer``; call it in the learner process.
+
+        Raises:
+            TransportTimeout: the server is unreachable for ``reconnect_timeout_s``.
+        """
+        return RedisReader(self)
+
+
+class RedisWriter:
+    """Actor end of a :class:`RedisTransport`."""
+
+    def __init__(self, transport: RedisTransport) -> None:
+        self._t = transport
+        self._link = transport.link()
+        self._known_len = 0
+        self._has_group = False
+
+    def send(self, chunk: Chunk, *, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
+        """Encode ``chunk`` and ``XADD`` it, waiting while the stream is at ``max_len``.
+
+        Raises:
+            SpecMismatchError: the chunk does not fit the spec.
+            TransportTimeout: no room, or no server, within ``timeout_s``.
+            TransportError: Redis refused the write.
+        """
+        t = self._t
+        data = encode(chunk, t.spec)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if not self._has_group:
+            self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE",
+                            deadline=deadline)
+            self._has_group = True
+        if self._known_len >= t.max_len:
+            self._wait_for_room(deadline, timeout_s)
+
+        def add(r: redis.Redis) -> list[Any]:
+            pipe = r.pipeline(transaction=False)
+            pipe.xadd(t.stream, {_FIELD: data})
+            pipe.xlen(t.stream)
+            return pipe.execute()
+
+        self._known_len = int(self._link.call(add, what="XADD", deadline=deadline)[1])
+
+    def _wait_for_room(self, deadline: float | None, timeout_s: float | None) -> None:
+        t, pause = self._t, 0.001
+        while True:
+            n = self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=True),
+                                what="XTRIM", deadline=deadline)
+            if n < t.max_len:
+                self._known_len = n
+                return
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise TransportTimeout(f"redis stream {t.stream!r} held {n} unacknowledged entries "
+                                       f"(max_len={t.max_len}) for {timeout_s} s: the learner is not "
+                                       "draining it (is it alive?)")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._link.close()
+
+
+class RedisReader:
+    """Learner end of a :class:`RedisTransport`."""
+
+    def __init__(self, transport: RedisTransport) -> None:
+        t = self._t = transport
+        self._link = transport.link()
+        self._intake = Intake(t.spec, max_chunk_bytes=t.max_chunk_bytes, dedup_window=t.dedup_window,
+                              medium=f"redis {t.url} {t.stream}")
+        self._inflight: dict[tuple[int, int], bytes] = {}
+        self._inflight_ids: set[bytes] = set()
+        self._to_ack: list[bytes] = []
+        self._pending_cursor: bytes | None = b"0"  # re-read our own pending entries first
+        self._claim_cursor: bytes = b"0-0"
+        self._last_claim = self._last_trim = time.monotonic()
+        self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE",
+                        deadline=time.monotonic() + t.reconnect_timeout_s)
+
+    @property
+    def stats(self) -> ReaderStats:
+        """Counters of received, duplicate and rejected chunks."""
+        return self._intake.stats
+
+    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0) -> list[Chunk]:
+        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first.
+
+        Raises:
+            TransportTimeout: the server has been unreachable for ``reconnect_timeout_s``.
+        """
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        out: list[Chunk] = []
+        try:
+            self._flush_acks(deadline)
+            while True:
+                for entry_id, fields in self._fetch(max_chunks - len(out), deadline):
+                    self._take(entry_id, fields, out)
+                self._flush_acks(deadline)
+                if out or time.monotonic() >= deadline:
+                    return out
+        except TransportTimeout:
+            if self._link.down_for_s() >= self._t.reconnect_timeout_s:
+                raise
+            return out
+
+    def _fetch(self, count: int, deadline: float) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+        t = self._t
+        if self._pending_cursor is not None:
+            cursor = self._pending_cursor
+            reply = self._group_call(lambda r: r.xreadgroup(t.group, t.consumer, {t.stream: cursor},
+                                                            count=count), "XREADGROUP 0", deadline)
+            entries = reply[0][1] if reply else []
+            self._pending_cursor = entries[-1][0] if entries else None
+            return entries
+        now = time.monotonic()
+        if now - self._last_claim >= max(t.claim_idle_s / 2, 0.05):
+            self._last_claim = now
+            cursor, idle_ms = self._claim_cursor, int(t.claim_idle_s * 1000)
+            reply = self._group_call(lambda r: r.xautoclaim(t.stream, t.group, t.consumer, idle_ms, cursor,
+                                                            count=count), "XAUTOCLAIM", deadline)
+            self._claim_cursor = reply[0]
+            if reply[1]:
+                return [(eid, fields) for eid, fields in reply[1]]
+        block_ms = int(min(max(deadline - now, 0.0), 1.0, t.socket_timeout_s / 2) * 1000)
+        reply = self._group_call(lambda r: r.xreadgroup(t.group, t.consumer, {t.stream: ">"}, count=count,
+                                                        block=block_ms or None), "XREADGROUP >", deadline)
+        return reply[0][1] if reply else []
+
+    def _group_call(self, fn: Callable[[redis.Redis], T], what: str, deadline: float) -> T:
+        t = self._t
+        return self._link.call(lambda r: with_group(r, t.stream, t.group, lambda: fn(r)), what=what,
+                               deadline=deadline)
+
+    def _take(self, entry_id: bytes, fields: dict[bytes, bytes] | None, out: list[Chunk]) -> None:
+        data = fields.get(_FIELD) if fields else None
+        if data is None:
+            if fields:  # an entry someone else wrote; never ours
+                self._intake.reject("malformed_entry", f"entry {entry_id!r} has fields {list(fields)[:4]}")
+            self._to_ack.append(entry_id)  # else: deleted while pending; nothing to deliver
+            return
+        result = self._intake.admit(data, f"entry {entry_id.decode()}")
+        if isinstance(result, Chunk):
+            self._inflight[result.identity] = entry_id
+            self._inflight_ids.add(entry_id)
+            out.append(result)
+        elif not (result == DUPLICATE and entry_id in self._inflight_ids):
+            self._to_ack.append(entry_id)  # rejected or an extra copy: never deliver again
+
+    def ack(self, chunks: Iterable[Chunk]) -> None:
+        """``XACK`` the entries of stored chunks (retried later if the server is away)."""
+        for chunk in chunks:
+            entry_id = self._inflight.pop(chunk.identity, None)
+            if entry_id is not None:
+                self._inflight_ids.discard(entry_id)
+                self._to_ack.append(entry_id)
+                self._intake.stats.acked += 1
+        try:
+            self._flush_acks(time.monotonic())
+        except TransportTimeout:
+            logger.warning("redis %s: %d acknowledgements wait for the server", self._t.url,
+                           len(self._to_ack))
+
+    def _flush_acks(self, deadline: float) -> None:
+        t = self._t
+        if self._to_ack:
+            ids = list(self._to_ack)
+            self._link.call(lambda r: r.xack(t.stream, t.group, *ids), what="XACK", deadline=deadline)
+            del self._to_ack[:len(ids)]
+        if time.monotonic() - self._last_trim >= t.trim_interval_s:
+            self._last_trim = time.monotonic()
+            self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=False), what="XTRIM",
+                            deadline=deadline)
+
+    def close(self) -> None:
+        """Close the connection; unacknowledged entries stay pending for the next reader."""
+        self._link.close()

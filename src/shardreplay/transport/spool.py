@@ -1,0 +1,356 @@
+"""``file:///dir`` transport: a spool directory on a (shared) file system.
+
+Layout::
+
+    dir/ready/<actor>-<seq>.chunk   complete chunks, zero-padded names (actor 10, seq 20 digits)
+    dir/tmp/                        writers' temp files: never read
+    dir/quarantine/                 rejected files, each with a ``.reason`` note beside it
+    dir/archive/                    consumed chunks when ``archive=True``
+    dir/reader.lock                 held (flock) by the one reader of this spool
+
+A writer encodes the chunk to ``tmp/``, fsyncs, renames it into ``ready/`` and fsyncs the
+directory, so ``ready/`` only ever holds whole files; a writer killed mid-write leaves a
+temp file that no reader looks at (the reader deletes temp files older than
+``stale_tmp_s``). Back-pressure: a writer waits while ``ready/`` holds
+``max_pending_per_actor`` of its own chunks.
+
+The reader lists ``ready/``, takes chunks in sequence order per actor (round robin over
+actors), validates each (size before reading, then checksum and spec), moves bad ones to
+``quarantine/`` and counts them by reason. A chunk stays in ``ready/`` until ``ack``, then
+is deleted or moved to ``archive/``; a reader that dies before ``ack`` leaves it for the
+next reader (at-least-once). :func:`iter_archive` reads an archive back for offline use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from shardreplay.errors import ConfigError, CorruptChunkError, TransportError, TransportTimeout
+from shardreplay.spec import Spec
+from shardreplay.transport._atomic import fsync_dir, temp_name
+from shardreplay.transport.base import (
+    DEFAULT_MAX_CHUNK_BYTES,
+    DEFAULT_SEND_TIMEOUT_S,
+    Intake,
+    ReaderStats,
+)
+from shardreplay.transport.codec import Chunk, decode, encode
+
+__all__ = ["SpoolReader", "SpoolTransport", "SpoolWriter", "chunk_file_name", "iter_archive"]
+
+logger = logging.getLogger("shardreplay.transport")
+
+_NAME = re.compile(r"^(\d{10})-(\d{20})\.chunk$")
+
+
+def chunk_file_name(actor_id: int, sequence: int) -> str:
+    """The file name of a chunk in ``ready/`` and ``archive/``."""
+    return f"{actor_id:010d}-{sequence:020d}.chunk"
+
+
+def _parse_name(name: str) -> tuple[int, int] | None:
+    m = _NAME.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+class SpoolTransport:
+    """Chunks through a spool directory.
+
+    Args:
+        path: the spool directory (created if missing).
+        spec: the spec every chunk must follow.
+        max_pending_per_actor: a writer waits while ``ready/`` holds this many of its chunks.
+        archive: keep consumed chunks in ``archive/`` instead of deleting them.
+        max_chunk_bytes: larger files are quarantined without being read.
+        dedup_window: sequences remembered per actor for duplicate detection.
+        poll_interval_s: how often a waiting reader or writer looks again.
+        fsync: flush chunks to disk before they become visible (off only for scratch data).
+        stale_tmp_s: a new reader deletes temp files older than this (dead writers).
+
+    Raises:
+        ConfigError: a bad setting.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], spec: Spec, *, max_pending_per_actor: int = 64,
+                 archive: bool = False, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+                 dedup_window: int = 4096, poll_interval_s: float = 0.005, fsync: bool = True,
+                 stale_tmp_s: float = 600.0) -> None:
+        if max_pending_per_actor < 1:
+            raise ConfigError(f"max_pending_per_actor must be >= 1, got {max_pending_per_actor}")
+        if poll_interval_s <= 0:
+            raise ConfigError(f"poll_interval_s must be > 0, got {poll_interval_s}")
+        self.path = Path(path)
+        self.url = self.path.absolute().as_uri()
+        self.spec = spec
+        self.max_pending_per_actor = max_pending_per_actor
+        self.archive = archive
+        self.max_chunk_bytes = max_chunk_bytes
+        self.dedup_window = dedup_window
+        self.poll_interval_s = poll_interval_s
+        self.fsync = fsync
+        self.stale_tmp_s = stale_tmp_s
+
+    def _dirs(self) -> tuple[Path, Path]:
+        ready, tmp = self.path / "ready", self.path / "tmp"
+        try:
+            for d in (ready, tmp, self.path / "quarantine", self.path / "archive"):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TransportError(f"cannot create spool directories under {self.path}: {exc}") from exc
+        return ready, tmp
+
+    def writer(self) -> SpoolWriter:
+        """A writer end; call it in the actor process."""
+        ready, tmp = self._dirs()
+        return SpoolWriter(self, ready, tmp)
+
+    def reader(self) -> SpoolReader:
+        """The reader end (one per spool directory, enforced by a lock file).
+
+        Raises:
+            TransportError: another live reader holds this spool.
+        """
+        self._dirs()
+        return SpoolReader(self)
+
+
+class SpoolWriter:
+    """Actor end of a :class:`SpoolTransport`."""
+
+    def __init__(self, transport: SpoolTransport, ready: Path, tmp: Path) -> None:
+        self._t = transport
+        self._ready, self._tmp = ready, tmp
+        self._pending: dict[int, deque[str]] = {}  # per actor: names written, maybe not yet consumed
+
+    def send(self, chunk: Chunk, *, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
+        """Encode ``chunk`` and publish it atomically in ``ready/``.
+
+        Raises:
+            SpecMismatchError: the chunk does not fit the spec.
+            TransportTimeout: ``ready/`` held ``max_pending_per_actor`` of this actor's
+                chunks for ``timeout_s``.
+            TransportError: the file system refused the write.
+        """
+        data = encode(chunk, self._t.spec)
+        pending = self._wait_for_room(chunk.actor_id, timeout_s)
+        name = chunk_file_name(chunk.actor_id, chunk.sequence)
+        tmp = self._tmp / temp_name(name)
+        try:
+            self._write(tmp, data)
+            os.replace(tmp, self._ready / name)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise TransportError(f"cannot write chunk {name} to spool {self._t.path}: {exc}") from exc
+        if self._t.fsync:
+            fsync_dir(self._ready)
+        pending.append(name)
+
+    def _write(self, tmp: Path, data: bytes) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self._t.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _wait_for_room(self, actor_id: int, timeout_s: float | None) -> deque[str]:
+        pending = self._pending.get(actor_id)
+        if pending is None:  # a restarted writer first counts what its earlier life left
+            prefix = f"{actor_id:010d}-"
+            pending = self._pending[actor_id] = deque(
+                sorted(e.name for e in os.scandir(self._ready) if e.name.startswith(prefix)))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while len(pending) >= self._t.max_pending_per_actor:
+            # The reader consumes each actor's chunks oldest first.
+            while pending and not (self._ready / pending[0]).exists():
+                pending.popleft()
+            if len(pending) < self._t.max_pending_per_actor:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TransportTimeout(
+                    f"spool {self._t.path}: {len(pending)} chunks of actor {actor_id} still unread "
+                    f"after {timeout_s} s: the learner is not draining ready/ (is it alive?)")
+            time.sleep(self._t.poll_interval_s)
+        return pending
+
+    def close(self) -> None:
+        """Nothing to release; present for the interface."""
+
+
+class SpoolReader:
+    """Learner end of a :class:`SpoolTransport`.
+
+    Raises:
+        TransportError: another live reader holds the spool's lock file.
+    """
+
+    def __init__(self, transport: SpoolTransport) -> None:
+        self._t = transport
+        self._ready = transport.path / "ready"
+        self._quarantine = transport.path / "quarantine"
+        self._archive = transport.path / "archive"
+        self._lock_fd = _take_lock(transport.path / "reader.lock")
+        self._intake = Intake(transport.spec, max_chunk_bytes=transport.max_chunk_bytes,
+                              dedup_window=transport.dedup_window, medium=f"spool {transport.path}")
+        self._backlog: deque[str] = deque()
+        self._inflight: dict[tuple[int, int], str] = {}
+        self._sweep_temp(transport.path / "tmp", transport.stale_tmp_s)
+
+    @property
+    def stats(self) -> ReaderStats:
+        """Counters of received, duplicate and rejected (quarantined) chunks."""
+        return self._intake.stats
+
+    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0) -> list[Chunk]:
+        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        out: list[Chunk] = []
+        while True:
+            if not self._backlog:
+                self._refill()
+            while self._backlog and len(out) < max_chunks:
+                chunk = self._ingest(self._backlog.popleft())
+                if chunk is not None:
+                    out.append(chunk)
+            if out or time.monotonic() >= deadline:
+                return out
+            if not self._backlog:
+                time.sleep(min(self._t.poll_interval_s, max(deadline - time.monotonic(), 0.0)))
+
+    def _refill(self) -> None:
+        """List ``ready/``: per actor in sequence order, interleaved across actors."""
+        inflight = set(self._inflight.values())
+        per_actor: dict[int, list[tuple[int, str]]] = {}
+        for entry in os.scandir(self._ready):
+            if entry.name in inflight:
+                continue
+            parsed = _parse_name(entry.name)
+            if parsed is None:
+                self._set_aside(entry.name, "name", "not a chunk file name")
+                continue
+            per_actor.setdefault(parsed[0], []).append((parsed[1], entry.name))
+        queues = [sorted(v) for _, v in sorted(per_actor.items())]
+        for i in range(max((len(q) for q in queues), default=0)):
+            self._backlog.extend(q[i][1] for q in queues if i < len(q))
+
+    def _ingest(self, name: str) -> Chunk | None:
+        path = self._ready / name
+        try:
+            size = path.stat().st_size
+            if size > self._t.max_chunk_bytes:
+                self._intake.reject("too_large", f"{name}: {size} bytes > max_chunk_bytes")
+                self._move(name, self._quarantine, "too_large")
+                return None
+            data = path.read_bytes()
+        except FileNotFoundError:  # consumed by an earlier life of this reader, or removed
+            return None
+        result = self._intake.admit(data, name)
+        if isinstance(result, str):
+            if result == "duplicate":
+                self._consume(name)
+            else:
+                self._move(name, self._quarantine, result)
+            return None
+        self._inflight[result.identity] = name
+        return result
+
+    def ack(self, chunks: Iterable[Chunk]) -> None:
+        """Delete (or archive) the files of stored chunks. Unknown chunks are ignored."""
+        for chunk in chunks:
+            name = self._inflight.pop(chunk.identity, None)
+            if name is not None:
+                self._consume(name)
+                self._intake.stats.acked += 1
+
+    def _consume(self, name: str) -> None:
+        if self._t.archive:
+            self._move(name, self._archive, None)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                (self._ready / name).unlink()
+
+    def _set_aside(self, name: str, reason: str, detail: str) -> None:
+        self._intake.reject(reason, f"{name}: {detail}")
+        self._move(name, self._quarantine, reason)
+
+    def _move(self, name: str, dest_dir: Path, reason: str | None) -> None:
+        dest = dest_dir / name
+        if dest.exists():  # keep both: the earlier one may be the evidence someone needs
+            dest = dest_dir / f"{name}.{time.time_ns()}"
+        try:
+            os.replace(self._ready / name, dest)
+            if reason is not None:
+                dest.with_name(dest.name + ".reason").write_text(reason + "\n")
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise TransportError(f"cannot move {name} to {dest_dir}: {exc}") from exc
+
+    @staticmethod
+    def _sweep_temp(tmp_dir: Path, stale_tmp_s: float) -> None:
+        now = time.time()
+        for entry in os.scandir(tmp_dir):
+            with contextlib.suppress(FileNotFoundError):
+                if now - entry.stat().st_mtime >= stale_tmp_s:
+                    os.unlink(entry.path)
+                    logger.info("spool: removed stale temp file %s (a writer died mid-write)", entry.path)
+
+    def close(self) -> None:
+        """Release the reader lock; unacknowledged chunks stay in ``ready/``."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _take_lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise TransportError(f"another reader holds {path}: one reader per spool directory "
+                             "(give each learner rank its own directory)") from exc
+    return fd
+
+
+def iter_archive(path: str | os.PathLike[str], spec: Spec, *, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+                 skip_corrupt: bool = False) -> Iterator[Chunk]:
+    """Decoded chunks of an archive directory, by actor then sequence.
+
+    Args:
+        path: an ``archive/`` directory (or a spool directory that has one).
+        spec: the spec the chunks must follow.
+        max_chunk_bytes: larger files count as corrupt.
+        skip_corrupt: log and skip bad files instead of raising.
+
+    Raises:
+        CorruptChunkError: a bad file, unless ``skip_corrupt``.
+        ConfigError: ``path`` is not a directory.
+    """
+    root = Path(path)
+    if (root / "archive").is_dir():
+        root = root / "archive"
+    if not root.is_dir():
+        raise ConfigError(f"{root} is not an archive directory")
+    names = sorted(n for n in os.listdir(root) if _parse_name(n) is not None)
+    for name in names:
+        try:
+            if (root / name).stat().st_size > max_chunk_bytes:
+                raise CorruptChunkError(f"{name} exceeds max_chunk_bytes", reason="too_large")
+            yield decode((root / name).read_bytes(), spec, max_bytes=max_chunk_bytes)
+        except CorruptChunkError as exc:
+            if not skip_corrupt:
+                raise CorruptChunkError(f"archive file {root / name}: {exc}", reason=exc.reason) from exc
+            logger.warning("archive: skipped %s: %s", root / name, exc)

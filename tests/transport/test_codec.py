@@ -1,0 +1,243 @@
+"""The chunk wire format: round trips, and every kind of damage is a CorruptChunkError."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import tracemalloc
+import zlib
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transport_helpers import SPEC, assert_same_chunk, make_chunk
+
+from shardreplay.errors import CorruptChunkError, SpecMismatchError
+from shardreplay.spec import Field, Spec
+from shardreplay.transport import codec
+from shardreplay.transport.codec import Chunk, decode, encode
+
+MAX = 1 << 30
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "int64", "uint64", "float16", "float32",
+          "float64"]
+
+
+@st.composite
+def specs_and_chunks(draw: st.DrawFn) -> tuple[Spec, Chunk]:
+    n = draw(st.integers(1, 3))
+    shapes = st.lists(st.integers(0, 3), max_size=2)
+    fields = {f"f{i}": Field(tuple(draw(shapes)), draw(st.sampled_from(DTYPES))) for i in range(n)}
+    spec = Spec({"nest": fields} if draw(st.booleans()) else fields)
+    chunk = make_chunk(draw(st.integers(0, 2**40)), draw(st.integers(0, 2**62)), s=draw(st.integers(1, 4)),
+                       t=draw(st.integers(1, 5)), spec=spec, priorities=draw(st.booleans()),
+                       seed=draw(st.integers(0, 1000)))
+    return spec, chunk
+
+
+@settings(max_examples=150, deadline=None)
+@given(specs_and_chunks())
+def test_round_trip_any_shapes_and_dtypes(case: tuple[Spec, Chunk]) -> None:
+    spec, chunk = case
+    data = encode(chunk, spec)
+    back = decode(data, spec, max_bytes=MAX)
+    assert_same_chunk(chunk, back)
+    assert decode(bytearray(data), spec, max_bytes=MAX).identity == chunk.identity
+    assert decode(memoryview(data), spec, max_bytes=MAX).identity == chunk.identity
+
+
+def test_decoded_arrays_are_read_only_views_of_the_input() -> None:
+    data = encode(make_chunk(s=3, t=4), SPEC)
+    back = decode(data, SPEC, max_bytes=MAX)
+    obs = back.steps["obs"]
+    assert not obs.flags.writeable
+    start = np.frombuffer(data, np.uint8)
+    assert np.shares_memory(obs, start)
+    assert all((a.ctypes.data - start.ctypes.data) % 8 == 0 for a in back.steps.values())
+
+
+def test_discount_defaults_to_one_and_dtypes_are_normalised() -> None:
+    chunk = make_chunk()
+    steps = dict(chunk.steps)
+    del steps["discount"]
+    steps["step_type"] = steps["step_type"].astype(np.int64)
+    back = decode(encode(Chunk(1, 2, 3, chunk.stream_ids, steps), SPEC), SPEC, max_bytes=MAX)
+    assert back.steps["discount"].dtype == np.float32 and (back.steps["discount"] == 1).all()
+    assert back.steps["step_type"].dtype == np.uint8
+
+
+def test_every_damaged_byte_is_detected() -> None:
+    data = encode(make_chunk(s=2, t=3, priorities=True), SPEC)
+    for i in range(len(data)):
+        for mask in (0x01, 0x80, 0xFF):
+            bad = bytearray(data)
+            bad[i] ^= mask
+            with pytest.raises(CorruptChunkError):
+                decode(bytes(bad), SPEC, max_bytes=MAX)
+
+
+def test_truncation_and_padding_at_every_length_are_detected() -> None:
+    data = encode(make_chunk(s=2, t=3, priorities=True), SPEC)
+    for n in range(len(data)):
+        with pytest.raises(CorruptChunkError) as info:
+            decode(data[:n], SPEC, max_bytes=MAX)
+        assert info.value.reason == "truncated"
+    with pytest.raises(CorruptChunkError) as info:
+        decode(data + b"\0", SPEC, max_bytes=MAX)
+    assert info.value.reason == "truncated"
+
+
+def test_wrong_spec_is_rejected_with_reason_spec() -> None:
+    other = Spec({"obs": Field((5,), np.float32), "action": Field((), np.int64),
+                  "reward": Field((), np.float32)})
+    with pytest.raises(CorruptChunkError) as info:
+        decode(encode(make_chunk(), SPEC), other, max_bytes=MAX)
+    assert info.value.reason == "spec"
+
+
+def test_chunks_over_max_bytes_are_rejected_first() -> None:
+    data = encode(make_chunk(), SPEC)
+    with pytest.raises(CorruptChunkError) as info:
+        decode(data, SPEC, max_bytes=len(data) - 1)
+    assert info.value.reason == "too_large"
+    decode(data, SPEC, max_bytes=len(data))
+
+
+def _forge(header: object, payload: bytes = b"", *, header_len: int | None = None,
+           raw_header: bytes | None = None) -> bytes:
+    """A chunk with a valid prefix and checksum around any header: tests header checks."""
+    head = raw_header if raw_header is not None else msgpack.packb(header)
+    pad = bytes((-(codec._PREFIX.size + len(head))) % 8)
+    body = head + pad + payload
+    total = codec._PREFIX.size + len(body)
+    return codec._PREFIX.pack(codec.MAGIC, codec.FORMAT_VERSION,
+                              len(head) if header_len is None else header_len, total, zlib.crc32(body)) + body
+
+
+def _valid_header(priorities: bool = False) -> tuple[dict, bytes]:
+    data = encode(make_chunk(s=2, t=3, priorities=priorities), SPEC)
+    hlen = codec._PREFIX.unpack_from(data)[2]
+    head = msgpack.unpackb(data[codec._PREFIX.size:codec._PREFIX.size + hlen])
+    payload = data[(codec._PREFIX.size + hlen + 7) // 8 * 8:]
+    return head, payload
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda h: h.update(S=2**40),
+    lambda h: h.update(T=2**40),
+    lambda h: h.update(S=-1),
+    lambda h: h.update(S="2"),
+    lambda h: h.update(a=-5),
+    lambda h: h.update(q=2**64 - 1),
+    lambda h: h.update(pv=None),
+    lambda h: h["arrays"][1].__setitem__(4, 2**62),
+    lambda h: h["arrays"][1].__setitem__(3, 2**62),
+    lambda h: h["arrays"][1].__setitem__(2, [2**20, 2**20, 2**20]),
+    lambda h: h["arrays"][1].__setitem__(1, "<f8"),
+    lambda h: h["arrays"].pop(),
+    lambda h: h["arrays"].append(["priorities", "<f4", [2, 3], 10**12, 24]),
+    lambda h: h.update(arrays="x"),
+    lambda h: h.pop("fp"),
+])
+def test_absurd_headers_are_rejected_without_allocating(mutate) -> None:
+    head, payload = _valid_header()
+    mutate(head)
+    data = _forge(head, payload)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptChunkError):
+            decode(data, SPEC, max_bytes=MAX)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+@pytest.mark.parametrize("raw", [
+    b"\xdd\x7f\xff\xff\xff",  # msgpack array32 claiming 2**31 elements, none present
+    b"\xdb\x7f\xff\xff\xff",  # str32 claiming 2 GiB
+    b"\xc1",  # never-used byte
+    msgpack.packb([1, 2, 3]),
+    b"",
+])
+def test_malformed_msgpack_headers_are_rejected(raw: bytes) -> None:
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptChunkError) as info:
+            decode(_forge(None, raw_header=raw), SPEC, max_bytes=MAX)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.reason in ("header", "spec")
+    assert peak < 1 << 20
+
+
+def test_header_length_beyond_the_chunk_is_rejected() -> None:
+    head, payload = _valid_header()
+    with pytest.raises(CorruptChunkError) as info:
+        decode(_forge(head, payload, header_len=2**32 - 1), SPEC, max_bytes=MAX)
+    assert info.value.reason == "header"
+
+
+def _with_payload_edit(edit) -> bytes:
+    head, payload = _valid_header(priorities=True)
+    arr = bytearray(payload)
+    edit(head, arr)
+    return _forge(head, bytes(arr))
+
+
+def _entry(head: dict, name: str) -> list:
+    return next(e for e in head["arrays"] if e[0] == name)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda h, p: p.__setitem__(slice(_entry(h, "steps/obs")[3], _entry(h, "steps/obs")[3] + 4),
+                               np.float32(np.nan).tobytes()),
+    lambda h, p: p.__setitem__(_entry(h, "steps/step_type")[3], 7),
+    lambda h, p: p.__setitem__(slice(_entry(h, "steps/discount")[3], _entry(h, "steps/discount")[3] + 4),
+                               np.float32(2.0).tobytes()),
+    lambda h, p: p.__setitem__(slice(_entry(h, "stream_ids")[3] + 8, _entry(h, "stream_ids")[3] + 16),
+                               p[_entry(h, "stream_ids")[3]:_entry(h, "stream_ids")[3] + 8]),
+    lambda h, p: p.__setitem__(slice(_entry(h, "stream_ids")[3], _entry(h, "stream_ids")[3] + 8),
+                               np.int64(-3).tobytes()),
+    lambda h, p: p.__setitem__(slice(_entry(h, "priorities")[3], _entry(h, "priorities")[3] + 4),
+                               np.float32(-1.0).tobytes()),
+    lambda h, p: p.__setitem__(slice(_entry(h, "priorities")[3], _entry(h, "priorities")[3] + 4),
+                               np.float32(np.inf).tobytes()),
+])
+def test_invalid_values_under_a_valid_checksum_are_rejected(edit) -> None:
+    with pytest.raises(CorruptChunkError) as info:
+        decode(_with_payload_edit(edit), SPEC, max_bytes=MAX)
+    assert info.value.reason == "values"
+
+
+def test_encode_rejects_negative_or_nan_priorities() -> None:
+    chunk = make_chunk(priorities=True)
+    for bad in (-1.0, np.nan):
+        prio = chunk.priorities.copy()
+        prio[0, 0] = bad
+        with pytest.raises(SpecMismatchError, match="priorities"):
+            encode(Chunk(0, 0, 0, chunk.stream_ids, chunk.steps, prio), SPEC)
+
+
+def test_encode_rejects_bad_chunks_at_the_actor() -> None:
+    chunk = make_chunk()
+    steps = dict(chunk.steps)
+    steps["obs"] = steps["obs"][:, :, :3]
+    with pytest.raises(SpecMismatchError, match="obs"):
+        encode(Chunk(0, 0, 0, chunk.stream_ids, steps), SPEC)
+    with pytest.raises(SpecMismatchError, match="actor_id"):
+        encode(Chunk(-1, 0, 0, chunk.stream_ids, chunk.steps), SPEC)
+    with pytest.raises(SpecMismatchError, match="distinct"):
+        encode(Chunk(0, 0, 0, np.zeros(2, np.int64), chunk.steps), SPEC)
+    with pytest.raises(SpecMismatchError, match="step_type"):
+        encode(Chunk(0, 0, 0, chunk.stream_ids, {k: v for k, v in steps.items() if k != "step_type"}), SPEC)
+
+
+def test_no_pickle_in_transport_or_policy_code() -> None:
+    root = pathlib.Path(codec.__file__).resolve().parents[1]
+    for path in [*(root / "transport").glob("*.py"), *(root / "policy").glob("*.py")]:
+        text = path.read_text()
+        assert not re.search(r"^\s*(import|from) (c|cloud)?pickle", text, re.M), path
+        assert "pickle.load" not in text and "torch.load(" not in text, path

@@ -1,0 +1,49 @@
+"""Chunks for transport tests: a small spec and a deterministic chunk maker."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardreplay.spec import Field, Spec
+from shardreplay.transport.codec import Chunk
+
+SPEC = Spec({"obs": Field((4,), np.float32), "action": Field((), np.int64), "reward": Field((), np.float32)})
+
+
+def make_chunk(actor_id: int = 0, sequence: int = 0, *, s: int = 2, t: int = 3, spec: Spec = SPEC,
+               priorities: bool = False, seed: int | None = None) -> Chunk:
+    """A valid chunk of ``spec`` whose values depend on ``(actor_id, sequence)``."""
+    rng = np.random.default_rng(seed if seed is not None else actor_id * 100_003 + sequence)
+    steps: dict[str, np.ndarray] = {}
+    for name in spec.names:
+        f = spec[name]
+        shape = (s, t, *f.shape)
+        if f.dtype.kind == "f":
+            steps[name] = rng.standard_normal(shape).astype(f.dtype)
+        elif f.dtype.kind == "b":
+            steps[name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            info = np.iinfo(f.dtype)
+            steps[name] = rng.integers(max(info.min, -1000), min(info.max, 1000), shape).astype(f.dtype)
+    step_type = np.ones((s, t), np.uint8)
+    step_type[:, 0] = 0
+    step_type[:, -1] = 2
+    steps["step_type"] = step_type
+    steps["discount"] = rng.integers(0, 2, (s, t)).astype(np.float32)
+    prio = rng.uniform(0.1, 5.0, (s, t)).astype(np.float32) if priorities else None
+    return Chunk(actor_id=actor_id, sequence=sequence, policy_version=sequence // 2,
+                 stream_ids=np.arange(s, dtype=np.int64) + 10 * actor_id, steps=steps, priorities=prio)
+
+
+def assert_same_chunk(a: Chunk, b: Chunk) -> None:
+    """Every id and array of two chunks is equal."""
+    assert (a.actor_id, a.sequence, a.policy_version) == (b.actor_id, b.sequence, b.policy_version)
+    np.testing.assert_array_equal(a.stream_ids, b.stream_ids)
+    assert set(a.steps) == set(b.steps)
+    for name in a.steps:
+        np.testing.assert_array_equal(a.steps[name], b.steps[name], err_msg=name)
+        assert a.steps[name].dtype == b.steps[name].dtype, name
+    if a.priorities is None:
+        assert b.priorities is None
+    else:
+        np.testing.assert_array_equal(a.priorities, b.priorities)
