@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import (
     CheckpointError,
     ConfigError,
@@ -27,6 +28,7 @@ __all__ = [
     "LinearSchedule",
     "ReplayBuffer",
     "ShardReplayError",
+    "ShardedReplayBuffer",
     "Spec",
     "SpecMismatchError",
     "StepType",

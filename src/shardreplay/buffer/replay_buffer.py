@@ -29,7 +29,7 @@ from shardreplay.samplers import (
 )
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
-from shardreplay.spec.keys import MAX_ROWS, MAX_SLOTS
+from shardreplay.spec.keys import MAX_ROWS, MAX_SLOTS, unpack_keys
 from shardreplay.storage import ArrayAllocator, StreamStorage
 from shardreplay.storage.kernels import resolve_keys
 
@@ -177,8 +177,11 @@ class ReplayBuffer:
                      weights=torch.from_numpy(draw.weights),
                      probabilities=torch.from_numpy(draw.probabilities))
 
-    def draw(self, batch_size: int) -> Draw:
+    def draw(self, batch_size: int, *, advance_schedule: bool = True) -> Draw:
         """Choose window starts without gathering data (used by sharded sampling).
+
+        ``advance_schedule=False`` leaves the beta schedule where it is (the sharded
+        buffer advances it once per global sample with :meth:`advance_schedule`).
 
         Raises:
             ConfigError: ``batch_size`` < 1.
@@ -190,7 +193,17 @@ class ReplayBuffer:
             raise EmptyBufferError(
                 f"nothing to sample: {self.num_steps} steps stored, 0 valid windows of {self.window} "
                 "steps (write more steps, or check that priorities are not all 0)")
-        return self._sampler.draw(int(batch_size), self._rng)
+        return self._sampler.draw(int(batch_size), self._rng, advance_schedule)
+
+    def advance_schedule(self) -> None:
+        """Move the beta schedule one sample call forward without drawing."""
+        if isinstance(self._sampler, PrioritizedSampler):
+            self._sampler.draws += 1
+
+    def sampling_stats(self) -> tuple[float, int, float, float]:
+        """``(mass, samplable windows, smallest positive leaf, beta now)`` of this shard."""
+        s = self._sampler
+        return s.mass(), s.num_samplable(), s.min_leaf(), s.current_beta()
 
     def gather(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Window data ``[B, L, ...]`` (numpy), mask ``[B, L]`` and keys ``[B]`` (shard 0)
@@ -231,6 +244,11 @@ class ReplayBuffer:
             slots, prios = slots[current], prios[current]
         self._sampler.update(slots, prios)
         return int(slots.shape[0])
+
+    def fits_keys(self, keys: np.ndarray) -> np.ndarray:
+        """Which keys (shard 0) name a slot of this buffer's layout (bool per key)."""
+        shard, row, slot, _gen = unpack_keys(keys)
+        return (keys >= 0) & (shard == 0) & (row < self.num_streams) & (slot < self.stream_capacity)
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -42,8 +42,15 @@ class Sampler(Protocol):
     def mass(self) -> float:
         """Sampling mass: valid count (uniform) or sum of ``p^alpha`` (prioritized)."""
 
-    def draw(self, n: int, rng: np.random.Generator) -> Draw:
-        """Draw ``n`` window starts (the caller checked that something is samplable)."""
+    def min_leaf(self) -> float:
+        """Smallest positive per-start mass (1 for uniform; min ``p^alpha`` prioritized)."""
+
+    def current_beta(self) -> float:
+        """Importance-weight exponent now (0 where weights are all 1)."""
+
+    def draw(self, n: int, rng: np.random.Generator, advance: bool = True) -> Draw:
+        """Draw ``n`` window starts (the caller checked that something is samplable);
+        ``advance`` moves schedules (beta) one call forward."""
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Set new priorities for valid, current slots (validated by the caller)."""

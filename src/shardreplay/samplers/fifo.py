@@ -53,11 +53,19 @@ class FifoSampler:
                 waiting += int(live.sum())
         self._queue, self._waiting = kept, waiting
 
+    def min_leaf(self) -> float:
+        """Every drawable start weighs 1."""
+        return 1.0
+
+    def current_beta(self) -> float:
+        """No importance weighting: weights are 1."""
+        return 0.0
+
     def mass(self) -> float:
         """Number of waiting windows."""
         return float(self.num_samplable())
 
-    def draw(self, n: int, rng: np.random.Generator) -> Draw:
+    def draw(self, n: int, rng: np.random.Generator, advance: bool = True) -> Draw:
         """Pop up to ``n`` of the oldest waiting windows."""
         waiting = self.num_samplable()
         taken: list[np.ndarray] = []

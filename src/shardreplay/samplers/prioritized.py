@@ -65,10 +65,17 @@ class PrioritizedSampler:
         """Beta at the current position of its schedule."""
         return float(self.beta(self.draws))
 
-    def draw(self, n: int, rng: np.random.Generator) -> Draw:
-        """``n`` i.i.d. starts with ``P(i)`` proportional to ``p_i^alpha``."""
+    def min_leaf(self) -> float:
+        """Smallest positive ``p^alpha`` among valid starts (inf when none)."""
+        return self.tree.min_positive
+
+    def draw(self, n: int, rng: np.random.Generator, advance: bool = True) -> Draw:
+        """``n`` i.i.d. starts with ``P(i)`` proportional to ``p_i^alpha``.
+
+        ``advance`` moves the beta schedule one call forward.
+        """
         beta = self.current_beta()
-        self.draws += 1
+        self.draws += int(advance)
         return Draw(*self.tree.draw(rng.random(n), beta))
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:

@@ -37,11 +37,19 @@ class UniformSampler:
         """Number of valid starts."""
         return self.storage.num_valid
 
+    def min_leaf(self) -> float:
+        """Every drawable start weighs 1."""
+        return 1.0
+
+    def current_beta(self) -> float:
+        """No importance weighting: weights are 1."""
+        return 0.0
+
     def mass(self) -> float:
         """The valid count."""
         return float(self.storage.num_valid)
 
-    def draw(self, n: int, rng: np.random.Generator) -> Draw:
+    def draw(self, n: int, rng: np.random.Generator, advance: bool = True) -> Draw:
         """``n`` i.i.d. uniform valid starts."""
         starts = self._starts(n, rng)
         prob = np.full(n, 1.0 / self.storage.num_valid)

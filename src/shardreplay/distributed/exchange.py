@@ -1,0 +1,70 @@
+"""Window records as fixed-size byte rows, for exchanging sampled items between ranks.
+
+One record holds one window: every user field ``[L, *shape]``, ``step_type``,
+``discount``, ``episode_id``, the mask, the key and the owner's local probability.
+All ranks derive the same layout from the spec and the window, so only counts travel
+before the data, and a batch needs one data exchange.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from shardreplay.spec import Spec
+from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
+
+_TORCH_DTYPES = {np.dtype(d): t for d, t in (
+    (np.bool_, torch.bool), (np.uint8, torch.uint8), (np.int8, torch.int8),
+    (np.int16, torch.int16), (np.int32, torch.int32), (np.int64, torch.int64),
+    (np.uint16, torch.uint16), (np.uint32, torch.uint32), (np.uint64, torch.uint64),
+    (np.float16, torch.float16), (np.float32, torch.float32), (np.float64, torch.float64))}
+
+
+class RecordLayout:
+    """Byte offsets of each part of a window record.
+
+    Args:
+        spec: the buffer's spec.
+        window: the window length ``L``.
+    """
+
+    def __init__(self, spec: Spec, window: int) -> None:
+        parts: list[tuple[str, np.dtype, tuple[int, ...]]] = [
+            (f"data.{name}", f.dtype, (window, *f.shape)) for name, f in spec.fields.items()]
+        parts += [("data.step_type", STEP_TYPE_DTYPE, (window,)),
+                  ("data.discount", DISCOUNT_DTYPE, (window,)),
+                  ("data.episode_id", np.dtype(np.int64), (window,)),
+                  ("mask", np.dtype(np.bool_), (window,)),
+                  ("key", np.dtype(np.int64), ()),
+                  ("probability", np.dtype(np.float64), ())]
+        self.parts = []
+        offset = 0
+        for name, dtype, shape in parts:
+            nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            self.parts.append((name, dtype, shape, offset, nbytes))
+            offset += nbytes
+        self.record_bytes = offset
+
+    def pack(self, data: Mapping[str, np.ndarray], mask: np.ndarray, keys: np.ndarray,
+             probabilities: np.ndarray) -> np.ndarray:
+        """Records ``[n, record_bytes]`` (uint8) from gathered numpy windows."""
+        n = keys.shape[0]
+        out = np.empty((n, self.record_bytes), np.uint8)
+        sources = {f"data.{k}": v for k, v in data.items()}
+        sources.update(mask=mask, key=keys, probability=probabilities)
+        for name, dtype, _shape, offset, nbytes in self.parts:
+            src = np.ascontiguousarray(sources[name], dtype=dtype)
+            out[:, offset:offset + nbytes] = src.reshape(n, -1).view(np.uint8).reshape(n, nbytes)
+        return out
+
+    def unpack(self, records: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Tensors ``{part name: [n, *shape]}`` from records ``[n, record_bytes]`` (any device)."""
+        n = records.shape[0]
+        out = {}
+        for name, dtype, shape, offset, nbytes in self.parts:
+            raw = records[:, offset:offset + nbytes].contiguous()
+            out[name] = raw.view(_TORCH_DTYPES[dtype]).reshape(n, *shape)
+        return out

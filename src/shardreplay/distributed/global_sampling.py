@@ -1,0 +1,33 @@
+"""The arithmetic of sampling K shards as one buffer (DESIGN.md, sampling rule 5).
+
+Each rank reports ``(mass_k, N_k, min_leaf_k)``: its sampling mass (valid count for
+uniform, ``sum p^alpha`` for prioritized), its valid count and its smallest positive
+leaf. Then, for an item drawn from shard ``k`` with local probability ``q``::
+
+    P(i)  = q * mass_k / sum(mass)                    (global probability)
+    w_i   = (P(i) / P_min)^-beta,  P_min = min_k(min_leaf_k) / sum(mass)
+    local mode:  w_i *= K * mass_k / sum(mass)        (shard factor)
+
+``(N P(i))^-beta / max_j (N P(j))^-beta`` reduces to the first weight line: ``N``
+cancels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def shard_counts(rng: np.random.Generator, masses: np.ndarray, batch_size: int) -> np.ndarray:
+    """How many of ``batch_size`` items come from each shard: Multinomial(mass / total)."""
+    total = masses.sum()
+    return rng.multinomial(batch_size, masses / total).astype(np.int64)
+
+
+def global_probabilities(local_prob: np.ndarray, owner_mass: np.ndarray, total: float) -> np.ndarray:
+    """``P(i) = q_i * mass_owner / total``."""
+    return local_prob * owner_mass / total
+
+
+def importance_weights(prob: np.ndarray, min_leaf: float, total: float, beta: float) -> np.ndarray:
+    """``(P / P_min)^-beta`` with ``P_min = min_leaf / total`` (float32)."""
+    return ((prob * total / min_leaf) ** -beta).astype(np.float32)

@@ -1,0 +1,82 @@
+"""Collectives over a torch.distributed group, with timeouts and our own errors.
+
+This is the only module that imports ``torch.distributed``. Every operation is issued
+asynchronously and waited on with a timeout, so a peer that never joins gives a
+:class:`CollectiveTimeout` naming the operation and this rank instead of a hang.
+Tensors live on ``device``: the CPU for gloo, the current CUDA device for NCCL.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shardreplay.errors import CollectiveTimeout, ConfigError, ShardReplayError
+
+
+class Collectives:
+    """The few collectives sharded replay needs, bound to one process group.
+
+    Args:
+        group: a process group (None: the default group, which must be initialised).
+        timeout_s: how long one collective may wait for the other ranks.
+
+    Raises:
+        ConfigError: torch.distributed is not initialised, or timeout_s <= 0.
+    """
+
+    def __init__(self, group: Any = None, timeout_s: float = 60.0) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError("torch.distributed is not initialised: call "
+                              "torch.distributed.init_process_group() first (or run under torchrun)")
+        if timeout_s <= 0:
+            raise ConfigError(f"timeout_s must be > 0, got {timeout_s}")
+        self.group = group
+        self.timeout_s = float(timeout_s)
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group))
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if self.backend == "nccl" else torch.device("cpu"))
+
+    def _wait(self, work: Any, op: str) -> None:
+        try:
+            ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as exc:
+            raise self._timeout(op, exc) from exc
+        if ok is False:
+            raise self._timeout(op, None)
+
+    def _timeout(self, op: str, exc: BaseException | None) -> ShardReplayError:
+        detail = f" ({exc})" if exc is not None else ""
+        return CollectiveTimeout(
+            f"{op} did not complete within {self.timeout_s:g} s on rank {self.rank} of "
+            f"{self.world_size}: a peer rank is missing (crashed, hung, or calling "
+            f"collectives in another order){detail}")
+
+    def all_gather(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """Stack ``tensor`` from every rank: result ``[world_size, *tensor.shape]``."""
+        tensor = tensor.to(self.device).contiguous()
+        out = torch.empty((self.world_size * tensor.numel(),), dtype=tensor.dtype, device=self.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._wait(gather(out, tensor.reshape(-1), group=self.group, async_op=True), op)
+        return out.reshape(self.world_size, *tensor.shape)
+
+    def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """Element-wise sum over ranks (returns a new tensor)."""
+        tensor = tensor.to(self.device).clone()
+        self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), op)
+        return tensor
+
+    def all_to_all(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int],
+                   op: str) -> torch.Tensor:
+        """Send rows ``send_splits[r]`` of ``send`` to rank ``r``; receive ``recv_splits``."""
+        send = send.to(self.device)
+        recv = torch.empty((sum(recv_splits), *send.shape[1:]), dtype=send.dtype, device=self.device)
+        work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group,
+                                      async_op=True)
+        self._wait(work, op)
+        return recv

@@ -1,0 +1,79 @@
+"""Run a function on K real gloo ranks (spawned processes on loopback), collect results.
+
+Every child is joined, and on failure or timeout terminated and killed, so no test
+leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn: Callable, rank: int, world: int, port: int, args: tuple, out: Any) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=60))
+        result = fn(rank, world, *args)
+        out.put((rank, "ok", result))
+    except BaseException:
+        out.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
+
+    Raises:
+        AssertionError: a rank raised (its traceback is in the message) or timed out.
+    """
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, out), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+    try:
+        for _ in range(world_size):
+            rank, status, value = out.get(timeout=timeout_s)
+            if status == "ok":
+                results[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+                break
+    except queue.Empty:
+        errors.append(f"timed out after {timeout_s} s; finished ranks: {sorted(results)}")
+    finally:
+        for p in procs:
+            p.join(timeout=10 if not errors else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        out.close()
+    assert not errors, "\n".join(errors)
+    return [results[r] for r in range(world_size)]
