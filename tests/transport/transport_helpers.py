@@ -47,3 +47,27 @@ def assert_same_chunk(a: Chunk, b: Chunk) -> None:
         assert b.priorities is None
     else:
         np.testing.assert_array_equal(a.priorities, b.priorities)
+
+
+def send_chunks(transport, actor_id: int, count: int, timeout_s: float = 30.0) -> None:
+    """Child-process body: send ``count`` chunks of ``actor_id`` through ``transport``."""
+    writer = transport.writer()
+    try:
+        for seq in range(count):
+            writer.send(make_chunk(actor_id, seq), timeout_s=timeout_s)
+    finally:
+        writer.close()
+
+
+def receive_all(reader, expected: int, timeout_s: float = 30.0, ack: bool = True) -> list[Chunk]:
+    """Receive until ``expected`` chunks arrived (acknowledging them) or time runs out."""
+    import time
+
+    out: list[Chunk] = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < expected and time.monotonic() < deadline:
+        got = reader.receive(64, timeout_s=0.2)
+        if ack:
+            reader.ack(got)
+        out.extend(got)
+    return out

@@ -1,0 +1,101 @@
+"""The local transport: a bounded shared-memory ring between spawned processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import pytest
+from transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all, send_chunks
+
+from shardreplay.errors import ConfigError, TransportTimeout
+from shardreplay.transport import open_transport
+from shardreplay.transport.codec import encode
+from shardreplay.transport.local import LocalTransport
+
+
+def test_round_trip_in_one_process() -> None:
+    transport = open_transport("local", SPEC)
+    writer, reader = transport.writer(), transport.reader()
+    chunks = [make_chunk(1, q, priorities=q % 2 == 0) for q in range(5)]
+    for c in chunks:
+        writer.send(c)
+    got = reader.receive(3)
+    got += reader.receive(10)
+    assert len(got) == 5
+    for a, b in zip(chunks, got, strict=True):
+        assert_same_chunk(a, b)
+    assert reader.receive(10, timeout_s=0.05) == []
+    assert reader.stats.received == 5
+
+
+def test_two_spawned_actors_into_one_reader_in_order_per_actor() -> None:
+    transport = LocalTransport(SPEC, capacity_bytes=16 * len(encode(make_chunk(), SPEC)))
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=send_chunks, args=(transport, a, 200)) for a in (3, 4)]
+    for p in procs:
+        p.start()
+    try:
+        reader = transport.reader()
+        got = receive_all(reader, 400)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert len(got) == 400
+    for actor in (3, 4):
+        seqs = [c.sequence for c in got if c.actor_id == actor]
+        assert seqs == list(range(200))
+        for c in got[:5]:
+            assert_same_chunk(c, make_chunk(c.actor_id, c.sequence))
+    assert reader.stats.as_dict() == {"received": 400, "duplicates": 0, "acked": 400, "rejected": {}}
+
+
+def test_back_pressure_blocks_then_times_out_with_bounded_memory() -> None:
+    size = len(encode(make_chunk(), SPEC)) + 8
+    transport = LocalTransport(SPEC, capacity_bytes=3 * size + 10)
+    writer, reader = transport.writer(), transport.reader()
+    for q in range(3):
+        writer.send(make_chunk(0, q), timeout_s=0.1)
+    t0 = time.monotonic()
+    with pytest.raises(TransportTimeout, match="draining"):
+        writer.send(make_chunk(0, 3), timeout_s=0.2)
+    assert time.monotonic() - t0 >= 0.19
+    assert len(reader.receive(1)) == 1
+    writer.send(make_chunk(0, 3), timeout_s=0.1)  # room again
+    assert [c.sequence for c in reader.receive(10)] == [1, 2, 3]
+
+
+def test_a_chunk_larger_than_the_ring_is_a_config_error() -> None:
+    transport = LocalTransport(SPEC, capacity_bytes=1024)
+    with pytest.raises(ConfigError, match="capacity_bytes"):
+        transport.writer().send(make_chunk(s=8, t=32))
+
+
+def test_records_wrap_around_the_ring_end() -> None:
+    size = len(encode(make_chunk(), SPEC)) + 8
+    transport = LocalTransport(SPEC, capacity_bytes=int(2.5 * size))
+    writer, reader = transport.writer(), transport.reader()
+    for q in range(20):
+        writer.send(make_chunk(0, q), timeout_s=1)
+        [got] = reader.receive(1)
+        assert_same_chunk(got, make_chunk(0, q))
+
+
+def test_garbage_and_duplicates_are_counted_and_skipped() -> None:
+    transport = LocalTransport(SPEC)
+    writer, reader = transport.writer(), transport.reader()
+    transport._ring.put(b"not a chunk at all", None)
+    bad = bytearray(encode(make_chunk(0, 0), SPEC))
+    bad[-1] ^= 1
+    transport._ring.put(bytes(bad), None)
+    writer.send(make_chunk(0, 0))
+    writer.send(make_chunk(0, 0))
+    writer.send(make_chunk(0, 1))
+    got = receive_all(reader, 2, timeout_s=2)
+    assert [c.sequence for c in got] == [0, 1]
+    assert reader.stats.rejected == {"truncated": 1, "checksum": 1}
+    assert reader.stats.duplicates == 1

@@ -1,0 +1,205 @@
+"""The file spool: atomic publication, quarantine, archive, back-pressure, killed writers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all
+
+from shardreplay.errors import CorruptChunkError, TransportError, TransportTimeout
+from shardreplay.spec import Field, Spec
+from shardreplay.transport import iter_archive, open_transport
+from shardreplay.transport.codec import encode
+from shardreplay.transport.spool import SpoolTransport, chunk_file_name
+
+
+def spool(path: Path, **options) -> SpoolTransport:
+    transport = open_transport(path.absolute().as_uri(), SPEC, **options)
+    assert isinstance(transport, SpoolTransport)
+    return transport
+
+
+def test_round_trip_in_order_per_actor(tmp_path: Path) -> None:
+    transport = spool(tmp_path)
+    writer = transport.writer()
+    for seq in (0, 1, 2, 10, 11):
+        for actor in (2, 1):
+            writer.send(make_chunk(actor, seq, priorities=True))
+    reader = transport.reader()
+    got = receive_all(reader, 10, timeout_s=5)
+    for actor in (1, 2):
+        assert [c.sequence for c in got if c.actor_id == actor] == [0, 1, 2, 10, 11]
+    for c in got:
+        assert_same_chunk(c, make_chunk(c.actor_id, c.sequence, priorities=True))
+    assert os.listdir(tmp_path / "ready") == [] and os.listdir(tmp_path / "archive") == []
+    assert reader.stats.acked == 10
+
+
+def test_unacknowledged_chunks_are_delivered_again_to_the_next_reader(tmp_path: Path) -> None:
+    transport = spool(tmp_path)
+    writer = transport.writer()
+    for seq in range(4):
+        writer.send(make_chunk(0, seq))
+    reader = transport.reader()
+    first = reader.receive(4)
+    reader.ack(first[:2])
+    assert reader.receive(4, timeout_s=0.05) == []  # in flight: not delivered twice
+    reader.close()
+    again = transport.reader()
+    assert [c.sequence for c in again.receive(10)] == [2, 3]
+
+
+def test_one_reader_per_spool(tmp_path: Path) -> None:
+    transport = spool(tmp_path)
+    reader = transport.reader()
+    with pytest.raises(TransportError, match="one reader per spool"):
+        transport.reader()
+    reader.close()
+    transport.reader().close()
+
+
+def test_temp_files_are_never_read(tmp_path: Path) -> None:
+    transport = spool(tmp_path, stale_tmp_s=3600)
+    transport.writer().send(make_chunk(0, 0))
+    data = encode(make_chunk(0, 1), SPEC)
+    (tmp_path / "tmp" / (chunk_file_name(0, 1) + ".123.abcd.tmp")).write_bytes(data[: len(data) // 2])
+    (tmp_path / "tmp" / (chunk_file_name(0, 2) + ".123.abcd.tmp")).write_bytes(encode(make_chunk(0, 2), SPEC))
+    reader = transport.reader()
+    assert [c.sequence for c in receive_all(reader, 1, timeout_s=0.3)] == [0]
+    assert reader.receive(10, timeout_s=0.1) == []
+    assert reader.stats.total_rejected == 0
+    assert len(os.listdir(tmp_path / "tmp")) == 2  # young temp files are left to their writers
+
+
+KILL_WRITER = textwrap.dedent("""
+    import sys, numpy as np
+    from shardreplay.spec import Field, Spec
+    from shardreplay.transport import Chunk, open_transport
+    spec = Spec({"obs": Field((4096,), np.float32)})
+    w = open_transport(sys.argv[1], spec, max_pending_per_actor=10_000).writer()
+    s, t = 8, 64
+    steps = {"obs": np.ones((s, t, 4096), np.float32), "step_type": np.ones((s, t), np.uint8)}
+    seq = 0
+    while True:
+        w.send(Chunk(7, seq, 0, np.arange(s), steps))
+        seq += 1
+""")
+
+
+def test_writer_killed_mid_write_leaves_nothing_half_ingested(tmp_path: Path) -> None:
+    big = Spec({"obs": Field((4096,), np.float32)})
+    url = tmp_path.absolute().as_uri()
+    full_size = None
+    caught_partial = False
+    for _attempt in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", KILL_WRITER, url])
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # wait until a temp file is being written
+                temps = list((tmp_path / "tmp").glob("*.tmp")) if (tmp_path / "tmp").exists() else []
+                if temps and len(os.listdir(tmp_path / "ready")) >= 1:
+                    break
+                time.sleep(0.001)
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+        ready = sorted(os.listdir(tmp_path / "ready"))
+        full_size = full_size or (tmp_path / "ready" / ready[0]).stat().st_size
+        temps = list((tmp_path / "tmp").glob("*.tmp"))
+        if any(p.stat().st_size < full_size for p in temps):
+            caught_partial = True
+            break
+    assert caught_partial, "never killed the writer in the middle of a write"
+    transport = open_transport(url, big, stale_tmp_s=3600)
+    reader = transport.reader()
+    got = receive_all(reader, len(ready), timeout_s=10)
+    assert sorted((c.actor_id, c.sequence) for c in got) == sorted(
+        (7, int(n.split("-")[1].split(".")[0])) for n in ready)
+    assert reader.receive(10, timeout_s=0.1) == []
+    assert reader.stats.total_rejected == 0
+    reader.close()
+    open_transport(url, big, stale_tmp_s=0).reader().close()  # a new reader sweeps dead writers' temps
+    assert list((tmp_path / "tmp").glob("*.tmp")) == []
+
+
+def test_corrupt_and_truncated_files_are_quarantined_and_counted(tmp_path: Path) -> None:
+    transport = spool(tmp_path)
+    writer = transport.writer()
+    for seq in range(5):
+        writer.send(make_chunk(1, seq))
+    ready = tmp_path / "ready"
+    damaged = bytearray((ready / chunk_file_name(1, 2)).read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    (ready / chunk_file_name(1, 2)).write_bytes(damaged)
+    short = (ready / chunk_file_name(1, 3)).read_bytes()
+    (ready / chunk_file_name(1, 3)).write_bytes(short[:100])
+    (ready / "notes.txt").write_text("not a chunk")
+    other = Spec({"x": Field((), np.int32)})
+    (ready / chunk_file_name(9, 0)).write_bytes(encode(make_chunk(9, 0, spec=other), other))
+    reader = transport.reader()
+    got = receive_all(reader, 3, timeout_s=5)
+    assert [c.sequence for c in got] == [0, 1, 4]
+    assert reader.stats.rejected == {"checksum": 1, "truncated": 1, "name": 1, "spec": 1}
+    quarantined = sorted(os.listdir(tmp_path / "quarantine"))
+    assert chunk_file_name(1, 2) in quarantined and chunk_file_name(1, 3) in quarantined
+    assert (tmp_path / "quarantine" / (chunk_file_name(1, 2) + ".reason")).read_text() == "checksum\n"
+    assert os.listdir(ready) == []
+    writer.send(make_chunk(1, 5))  # the reader lives on
+    assert [c.sequence for c in receive_all(reader, 1, timeout_s=5)] == [5]
+
+
+def test_oversized_files_are_quarantined_unread(tmp_path: Path) -> None:
+    transport = spool(tmp_path, max_chunk_bytes=200)
+    transport.writer().send(make_chunk(0, 0, s=4, t=8))
+    reader = transport.reader()
+    assert reader.receive(10, timeout_s=0.1) == []
+    assert reader.stats.rejected == {"too_large": 1}
+
+
+def test_archive_keeps_consumed_chunks_and_reads_them_back(tmp_path: Path) -> None:
+    transport = spool(tmp_path, archive=True)
+    writer = transport.writer()
+    sent = [make_chunk(a, q, priorities=True) for a in (0, 1) for q in range(3)]
+    for c in sent:
+        writer.send(c)
+    reader = transport.reader()
+    got = receive_all(reader, 6, timeout_s=5)
+    assert len(got) == 6 and os.listdir(tmp_path / "ready") == []
+    assert len(os.listdir(tmp_path / "archive")) == 6
+    back = list(iter_archive(tmp_path, SPEC))
+    assert [c.identity for c in back] == [c.identity for c in sent]
+    for a, b in zip(sent, back, strict=True):
+        assert_same_chunk(a, b)
+    victim = tmp_path / "archive" / chunk_file_name(1, 1)
+    victim.write_bytes(victim.read_bytes()[:-1])
+    with pytest.raises(CorruptChunkError, match="archive file"):
+        list(iter_archive(tmp_path / "archive", SPEC))
+    assert len(list(iter_archive(tmp_path, SPEC, skip_corrupt=True))) == 5
+
+
+def test_back_pressure_per_actor(tmp_path: Path) -> None:
+    transport = spool(tmp_path, max_pending_per_actor=2)
+    writer = transport.writer()
+    writer.send(make_chunk(0, 0))
+    writer.send(make_chunk(0, 1))
+    writer.send(make_chunk(1, 0), timeout_s=0.1)  # another actor has its own budget
+    t0 = time.monotonic()
+    with pytest.raises(TransportTimeout, match="still unread"):
+        writer.send(make_chunk(0, 2), timeout_s=0.2)
+    assert time.monotonic() - t0 >= 0.19
+    restarted = transport.writer()  # a new writer counts what is already there
+    with pytest.raises(TransportTimeout):
+        restarted.send(make_chunk(0, 2), timeout_s=0.05)
+    reader = transport.reader()
+    reader.ack(reader.receive(1))
+    writer.send(make_chunk(0, 2), timeout_s=1)
+    assert len(os.listdir(tmp_path / "ready")) == 3
