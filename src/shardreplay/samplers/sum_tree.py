@@ -110,8 +110,10 @@ def _propagate(sums, mins, base, min_base, leaves):
     for j in range(n):
         block = leaves[j] // BLOCK
         lo = base + block * BLOCK
+        # A tree with fewer than BLOCK leaves has one short block: stay inside ``sums``.
+        hi = min(lo + BLOCK, 2 * base)
         m = np.inf
-        for k in range(lo, lo + BLOCK):
+        for k in range(lo, hi):
             v = sums[k]
             if 0.0 < v < m:
                 m = v
@@ -136,12 +138,14 @@ def set_leaves(sums, mins, base, min_base, idx, values):
 
 @numba.njit(cache=True, nogil=True)
 def set_from_priorities(sums, mins, base, min_base, slots, valid, priority, alpha):
-    """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]``, else 0."""
+    """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the priority
+    is positive, else 0."""
     if slots.shape[0] == 0:
         return
     for j in range(slots.shape[0]):
         s = slots[j]
-        sums[base + s] = float(priority[s]) ** alpha if valid[s] else 0.0
+        # p > 0 first: with alpha = 0, 0**0 would be 1 and a priority-0 start drawable.
+        sums[base + s] = float(priority[s]) ** alpha if valid[s] and priority[s] > 0 else 0.0
     _propagate(sums, mins, base, min_base, slots)
 
 
