@@ -107,10 +107,11 @@ class RedisLink:
                 if self._down_since is None:
                     self._down_since = time.monotonic()
                     logger.warning("redis %s: %s failed (%s); reconnecting", self.url, what, exc)
-                if deadline is None or time.monotonic() + backoff > deadline:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     raise TransportTimeout(f"redis {self.url} unreachable for {self.down_for_s():.1f} s "
                                            f"({what}): is redis-server running?") from exc
-                time.sleep(backoff)
+                time.sleep(backoff if left is None else min(backoff, left))
                 backoff = min(backoff * 2, 0.5)
             except redis.RedisError as exc:
                 raise TransportError(f"redis {self.url} refused {what}: {exc}") from exc
@@ -270,11 +271,12 @@ class RedisWriter:
             if n < t.max_len:
                 self._known_len = n
                 return
-            if deadline is not None and time.monotonic() + pause > deadline:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 raise TransportTimeout(f"redis stream {t.stream!r} held {n} unacknowledged entries "
                                        f"(max_len={t.max_len}) for {timeout_s} s: the learner is not "
                                        "draining it (is it alive?)")
-            time.sleep(pause)
+            time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, 0.05)
 
     def close(self) -> None:

@@ -1,0 +1,203 @@
+"""The redis transport against a real redis-server: groups, re-delivery, back-pressure, restarts."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+from transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all, send_chunks
+
+from shardreplay.errors import TransportTimeout
+from shardreplay.spec import Field, Spec
+from shardreplay.transport import open_transport
+from shardreplay.transport.codec import encode
+from shardreplay.transport.redis import RedisTransport, trim_acknowledged
+
+pytestmark = pytest.mark.redis
+STREAM = "shardreplay:chunks"
+
+
+def make(server, **options) -> RedisTransport:
+    transport = open_transport(server.url, SPEC, **options)
+    assert isinstance(transport, RedisTransport)
+    return transport
+
+
+def client(server) -> redis.Redis:
+    return redis.Redis.from_url(server.url)
+
+
+def test_round_trip(redis_server) -> None:
+    transport = make(redis_server)
+    writer, reader = transport.writer(), transport.reader()
+    sent = [make_chunk(a, q, priorities=q == 1) for a in (0, 5) for q in range(3)]
+    for c in sent:
+        writer.send(c)
+    got = receive_all(reader, 6, timeout_s=5)
+    assert sorted(c.identity for c in got) == sorted(c.identity for c in sent)
+    for c in got:
+        assert_same_chunk(c, make_chunk(c.actor_id, c.sequence, priorities=c.sequence == 1))
+    assert reader.receive(10, timeout_s=0.05) == []
+    assert client(redis_server).xpending(STREAM, "learners")["pending"] == 0
+
+
+def test_restarted_reader_rereads_unacknowledged_entries_only(redis_server) -> None:
+    transport = make(redis_server)
+    writer = transport.writer()
+    for q in range(3):
+        writer.send(make_chunk(0, q))
+    reader = transport.reader()
+    first = reader.receive(10, timeout_s=1)
+    assert [c.sequence for c in first] == [0, 1, 2]
+    reader.ack(first[:1])
+    reader.close()  # dies without acknowledging 1 and 2
+    writer.send(make_chunk(0, 3))
+    again = transport.reader()
+    got = receive_all(again, 3, timeout_s=5)
+    assert [c.sequence for c in got] == [1, 2, 3]  # pending first, then new; 0 never again
+    again.close()
+    assert transport.reader().receive(10, timeout_s=0.2) == []
+
+
+def test_entries_left_by_a_dead_consumer_are_claimed(redis_server) -> None:
+    writer = make(redis_server).writer()
+    for q in range(2):
+        writer.send(make_chunk(0, q))
+    dead = make(redis_server, consumer="rank0").reader()
+    assert len(dead.receive(10, timeout_s=1)) == 2
+    dead.close()
+    heir = make(redis_server, consumer="rank1", claim_idle_s=0.2).reader()
+    time.sleep(0.3)
+    got = receive_all(heir, 2, timeout_s=5)
+    assert sorted(c.sequence for c in got) == [0, 1]
+
+
+def test_duplicates_are_dropped_and_acknowledged(redis_server) -> None:
+    transport = make(redis_server)
+    writer, reader = transport.writer(), transport.reader()
+    writer.send(make_chunk(2, 0))
+    writer.send(make_chunk(2, 0))  # a retried XADD whose first reply was lost
+    writer.send(make_chunk(2, 1))
+    got = receive_all(reader, 2, timeout_s=5)
+    assert [c.sequence for c in got] == [0, 1]
+    assert reader.receive(10, timeout_s=0.1) == []
+    assert reader.stats.duplicates == 1
+    assert client(redis_server).xpending(STREAM, "learners")["pending"] == 0
+
+
+def test_malformed_entries_are_rejected_counted_and_acknowledged(redis_server) -> None:
+    transport = make(redis_server, max_chunk_bytes=4096)
+    reader = transport.reader()
+    r = client(redis_server)
+    good = encode(make_chunk(0, 0), SPEC)
+    damaged = bytearray(good)
+    damaged[40] ^= 1
+    other = Spec({"x": Field((), np.int32)})
+    r.xadd(STREAM, {"d": b"garbage"})
+    r.xadd(STREAM, {"d": b"garbage, long enough for a prefix"})
+    r.xadd(STREAM, {"x": b"1"})
+    r.xadd(STREAM, {"d": bytes(damaged)})
+    r.xadd(STREAM, {"d": encode(make_chunk(0, 9, spec=other), other)})
+    r.xadd(STREAM, {"d": encode(make_chunk(0, 8, s=8, t=32), SPEC)})
+    r.xadd(STREAM, {"d": good})
+    got = receive_all(reader, 1, timeout_s=5)
+    assert [c.identity for c in got] == [(0, 0)]
+    assert reader.stats.rejected == {"truncated": 1, "format": 1, "malformed_entry": 1, "checksum": 1,
+                                     "spec": 1, "too_large": 1}
+    assert r.xpending(STREAM, "learners")["pending"] == 0
+
+
+def test_trimming_never_drops_unacknowledged_entries(redis_server) -> None:
+    transport = make(redis_server)
+    writer, reader = transport.writer(), transport.reader()
+    r = client(redis_server)
+    for q in range(10):
+        writer.send(make_chunk(0, q))
+    got = reader.receive(5, timeout_s=1)
+    assert trim_acknowledged(r, STREAM, exact=True) == 10  # delivered but not acknowledged
+    reader.ack(got[:3])
+    assert trim_acknowledged(r, STREAM, exact=True) == 7
+    r.xgroup_create(STREAM, "archiver", id="0")  # a second group that has read nothing
+    reader.ack(got[3:])
+    assert trim_acknowledged(r, STREAM, exact=True) == 7
+
+
+def test_back_pressure_blocks_the_writer_and_bounds_the_stream(redis_server) -> None:
+    transport = make(redis_server, max_len=4)
+    writer = transport.writer()
+    for q in range(4):
+        writer.send(make_chunk(0, q), timeout_s=1)
+    t0 = time.monotonic()
+    with pytest.raises(TransportTimeout, match="not draining"):
+        writer.send(make_chunk(0, 4), timeout_s=0.3)
+    assert time.monotonic() - t0 >= 0.29
+    reader = transport.reader()
+    r = client(redis_server)
+    lengths: list[int] = []
+    got: list = []
+
+    def drain() -> None:
+        while len(got) < 204:
+            chunks = reader.receive(2, timeout_s=0.1)
+            lengths.append(r.xlen(STREAM))
+            time.sleep(0.002)  # a slow learner
+            reader.ack(chunks)
+            got.extend(chunks)
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    for q in range(4, 204):
+        writer.send(make_chunk(0, q), timeout_s=10)
+        lengths.append(r.xlen(STREAM))
+    thread.join(timeout=30)
+    assert [c.sequence for c in got] == list(range(204))  # nothing dropped, in order
+    assert max(lengths) <= 4 + 1  # max_len plus one per writer
+
+
+def test_writer_times_out_while_the_server_is_down(redis_factory) -> None:
+    server = redis_factory()
+    writer = make(server).writer()
+    writer.send(make_chunk(0, 0))
+    server.stop()
+    t0 = time.monotonic()
+    with pytest.raises(TransportTimeout, match="unreachable"):
+        writer.send(make_chunk(0, 1), timeout_s=0.3)
+    assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize("appendonly", [True, False])
+def test_server_restart_under_running_writer_and_reader(redis_factory, appendonly: bool) -> None:
+    server = redis_factory(appendonly=appendonly)
+    transport = make(server, max_len=50, reconnect_timeout_s=30)
+    reader = transport.reader()
+    proc = mp.get_context("spawn").Process(target=send_chunks, args=(transport, 1, 400, 30.0))
+    proc.start()
+    got: list = []
+    try:
+        while len(got) < 60:
+            chunks = reader.receive(16, timeout_s=0.2)
+            reader.ack(chunks)
+            got.extend(chunks)
+        assert max(c.sequence for c in got) < 300  # the writer is still sending
+        server.restart(down_s=0.5)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(c.sequence == 399 for c in got):
+            chunks = reader.receive(16, timeout_s=0.2)
+            reader.ack(chunks)
+            got.extend(chunks)
+        proc.join(timeout=30)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    assert proc.exitcode == 0
+    seqs = [c.sequence for c in got]
+    assert len(seqs) == len(set(seqs)), "a duplicate got through"
+    if appendonly:  # nothing written is lost when the server keeps its data
+        assert sorted(seqs) == list(range(400))
+    else:  # unread entries die with the server; everything after the restart arrives
+        assert 399 in seqs and seqs == sorted(seqs)
