@@ -199,11 +199,13 @@ def _to_numpy(value: Any) -> np.ndarray:
 
 
 def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+    # Integers go into any integer field whose range holds the values (int64 -> uint8 is
+    # the common case of Python ints); numpy's same_kind would refuse signed -> unsigned.
+    int_to_int = dtype.kind in "iu" and arr.dtype.kind in "iub"
+    if not int_to_int and not np.can_cast(arr.dtype, dtype, casting="same_kind"):
         raise SpecMismatchError(f"field {name!r}: cannot cast {arr.dtype} to {dtype} safely "
                                 f"(expected {dtype})")
-    if dtype.kind in "iu" and arr.dtype.kind in "iub" and arr.size and \
-            not np.can_cast(arr.dtype, dtype, casting="safe"):
+    if int_to_int and arr.size and not np.can_cast(arr.dtype, dtype, casting="safe"):
         info = np.iinfo(dtype)
         if arr.min() < info.min or arr.max() > info.max:
             raise SpecMismatchError(f"field {name!r}: values outside the range of {dtype}")
