@@ -66,8 +66,8 @@ class ReplayBuffer:
         _check_sizes(num_streams, stream_capacity, window)
         if sampler not in SAMPLER_NAMES:
             raise ConfigError(f"sampler must be one of {SAMPLER_NAMES}, got {sampler!r}")
-        if not 0.0 <= float(alpha) <= 10.0:
-            raise ConfigError(f"alpha must lie in [0, 10], got {alpha}")
+        if not _is_number(alpha) or not 0.0 <= float(alpha) <= 10.0:
+            raise ConfigError(f"alpha must be a number in [0, 10], got {alpha!r}")
         self.spec = spec
         self.window = int(window)
         self.seed = seed
@@ -281,6 +281,11 @@ def _check_sizes(num_streams: int, stream_capacity: int, window: int) -> None:
         raise ConfigError(f"window must be a positive integer, got {window!r}")
     if window > stream_capacity:
         raise ConfigError(f"window ({window}) must not exceed stream_capacity ({stream_capacity})")
+
+
+def _is_number(value: object) -> bool:
+    """A real number (bool and strings are not)."""
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
 
 
 def _make_sampler(name: str, storage: StreamStorage, alpha: float, beta: Schedule) -> Sampler:
