@@ -87,7 +87,9 @@ class PrioritizedSampler:
     def rebuild(self) -> None:
         """Recompute every leaf from stored priorities and validity."""
         s = self.storage
-        self.tree.rebuild(np.where(s.valid, s.priority.astype(np.float64) ** self.alpha, 0.0))
+        # p > 0 as in the write path: with alpha = 0, 0**0 = 1 would make priority 0 drawable.
+        drawable = s.valid & (s.priority > 0)
+        self.tree.rebuild(np.where(drawable, s.priority.astype(np.float64) ** self.alpha, 0.0))
 
     def state_dict(self) -> dict[str, Any]:
         """Max priority, schedule position, alpha and beta schedule."""
