@@ -260,6 +260,32 @@ class ReplayBuffer:
         """
         return export_state(self, self._storage, self._sampler, self._rng)
 
+    def state_dict_views(self) -> dict[str, Any]:
+        """Like :meth:`state_dict`, but each user field is a list of views into storage
+        (no copy; valid until the next write). Used to save checkpoints."""
+        return export_state(self, self._storage, self._sampler, self._rng, field_views=True)
+
+    @property
+    def storage(self) -> StreamStorage:
+        """The underlying storage (low level: used by checkpoints to read and write
+        arrays without copies; writing to it directly bypasses every check)."""
+        return self._storage
+
+    def restore_finished(self, pos: np.ndarray, next_episode_id: int,
+                         sampler_state: Mapping[str, Any], rng_state: Mapping[str, Any] | None,
+                         stale_updates: int = 0) -> None:
+        """Rebuild derived state after :attr:`storage` arrays were filled by a loader.
+
+        Positions, validity and the sampler's trees are recomputed from the stored
+        steps; counters, sampler state and (if given) the RNG state are restored.
+        """
+        self._storage.finish_restore(pos, next_episode_id)
+        self._sampler.rebuild()
+        self._sampler.load_state_dict(dict(sampler_state))
+        if rng_state is not None:
+            self._rng.bit_generator.state = dict(rng_state)
+        self.stale_updates = int(stale_updates)
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` of a buffer with the same layout.
 

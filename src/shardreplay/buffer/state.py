@@ -19,9 +19,14 @@ STATE_VERSION = 1
 
 
 def export_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
-                 rng: np.random.Generator) -> dict[str, Any]:
-    """``{"meta": ..., "arrays": ...}`` of a buffer (see ``ReplayBuffer.state_dict``)."""
-    arrays = storage.export_steps()
+                 rng: np.random.Generator, field_views: bool = False) -> dict[str, Any]:
+    """``{"meta": ..., "arrays": ...}`` of a buffer (see ``ReplayBuffer.state_dict``).
+
+    With ``field_views`` each user field is a list of views into storage (no copy).
+    """
+    arrays: dict[str, Any] = storage.export_steps(copy_fields=not field_views)
+    if field_views:
+        arrays.update({f"field.{k}": storage.row_pieces(v) for k, v in storage.fields.items()})
     sampler_meta = {}
     for key, value in sampler.state_dict().items():
         if isinstance(value, np.ndarray):

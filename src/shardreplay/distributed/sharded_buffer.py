@@ -71,6 +71,11 @@ class ShardedReplayBuffer:
         self._layout = RecordLayout(local_buffer.spec, local_buffer.window)
         self.invalid_keys = 0
 
+    @property
+    def collectives(self) -> Collectives:
+        """The group's collectives (used by checkpoint loading to agree across ranks)."""
+        return self._comm
+
     # -- writes stay local ----------------------------------------------------------------
     def add(self, step: Any, stream_ids: Any = None, priorities: Any = None) -> None:
         """Write one step per stream into this rank's shard (see ReplayBuffer.add)."""

@@ -99,6 +99,8 @@ class FifoSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the waiting queue saved by :meth:`state_dict`."""
-        slots = np.asarray(state.get("waiting_slots", []), np.int64)
+        if "waiting_slots" not in state:
+            return  # keep what rebuild() queued
+        slots = np.asarray(state["waiting_slots"], np.int64)
         self._queue = deque([(slots, self.storage.generation[slots].copy())]) if slots.size else deque()
         self._waiting = int(slots.size)

@@ -115,10 +115,25 @@ class StreamStorage:
         slots = row_of * cap + (np.repeat(starts, lengths) + within) % cap
         return slots, lengths
 
-    def export_steps(self) -> dict[str, np.ndarray]:
-        """Every stored step in (row, time) order: user fields and per-step arrays."""
+    def row_pieces(self, arr: np.ndarray) -> list[np.ndarray]:
+        """Views of ``arr`` holding each row's stored steps in time order (ring order
+        unrolled: at most two contiguous pieces per row), for writing without a copy."""
+        cap = self.stream_capacity
+        pieces = []
+        for r in range(self.num_streams):
+            n = int(min(self.pos[r], cap))
+            start = int(self.pos[r] - n) % cap
+            first = min(n, cap - start)
+            pieces.append(arr[r * cap + start:r * cap + start + first])
+            if n > first:
+                pieces.append(arr[r * cap:r * cap + n - first])
+        return [p for p in pieces if p.shape[0]]
+
+    def export_steps(self, copy_fields: bool = True) -> dict[str, np.ndarray]:
+        """Every stored step in (row, time) order: user fields (unless ``copy_fields``
+        is False) and per-step arrays, plus ``row_length`` and ``row_pos``."""
         slots, lengths = self.stored_slots()
-        out = {f"field.{name}": arr[slots] for name, arr in self.fields.items()}
+        out = {f"field.{name}": arr[slots] for name, arr in self.fields.items()} if copy_fields else {}
         for name in STEP_ARRAYS:
             out[name] = getattr(self, name)[slots]
         out["row_length"] = lengths
@@ -133,6 +148,13 @@ class StreamStorage:
         self.pos[:] = 0
         self.counters[:] = 0
         self.num_valid = 0
+
+    def finish_restore(self, pos: np.ndarray, next_episode_id: int) -> None:
+        """After arrays were filled directly (checkpoint load): set positions, rebuild validity."""
+        self.pos[:] = pos
+        self.counters[0] = next_episode_id
+        self.num_valid = int(kernels.recompute_validity(
+            self.step_type, self.episode_id, self.valid, self.pos, self.stream_capacity, self.window))
 
     def import_steps(self, steps: Mapping[str, np.ndarray]) -> None:
         """Inverse of :meth:`export_steps` (arrays already checked by the caller)."""

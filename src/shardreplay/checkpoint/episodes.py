@@ -1,0 +1,111 @@
+"""Episodes of a shard's exported steps, and the policy for partial ones.
+
+Exported steps lie row after row in time order (``ReplayBuffer.state_dict``). An
+episode is a maximal run of one ``episode_id`` within a row. It is **partial** when
+its first stored step is not FIRST (the ring overwrote its head, or the stream began
+mid-episode) or its last stored step is not LAST (still running, or abandoned)::
+
+    row:  MID MID LAST | FIRST MID LAST | FIRST MID MID
+          head partial    complete        tail partial (ongoing)
+
+``seal`` keeps a partial episode, marking its first step FIRST and its last step LAST
+with discount 1 (a truncation); ``drop`` removes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardreplay.errors import ConfigError
+from shardreplay.spec import StepType
+from shardreplay.storage import STEP_ARRAYS
+
+PARTIAL_POLICIES = ("seal", "drop")
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """Episode runs of exported steps: start index, length, row, id, and partial flag."""
+
+    start: np.ndarray
+    length: np.ndarray
+    row: np.ndarray
+    episode_id: np.ndarray
+    partial: np.ndarray
+
+    def as_arrays(self) -> dict[str, np.ndarray]:
+        """The table as arrays named ``episode.*`` (saved with a part)."""
+        return {"episode.start": self.start, "episode.length": self.length,
+                "episode.row": self.row, "episode.id": self.episode_id}
+
+
+def find_episodes(step_type: np.ndarray, episode_id: np.ndarray, row_length: np.ndarray) -> Episodes:
+    """Split exported steps into episode runs (vectorised)."""
+    n = step_type.shape[0]
+    row_of = np.repeat(np.arange(row_length.shape[0]), row_length)
+    if n == 0:
+        empty = np.empty(0, np.int64)
+        return Episodes(empty, empty, empty, empty, np.empty(0, bool))
+    boundary = np.ones(n, bool)
+    boundary[1:] = (episode_id[1:] != episode_id[:-1]) | (row_of[1:] != row_of[:-1])
+    start = np.flatnonzero(boundary).astype(np.int64)
+    length = np.diff(np.append(start, n)).astype(np.int64)
+    last = start + length - 1
+    partial = (step_type[start] != StepType.FIRST) | (step_type[last] != StepType.LAST)
+    return Episodes(start, length, row_of[start].astype(np.int64), episode_id[start].astype(np.int64),
+                    partial)
+
+
+def apply_partial_policy(arrays: Mapping[str, Any], policy: str
+                         ) -> tuple[dict[str, Any], Episodes, dict[str, int]]:
+    """Seal or drop partial episodes in a copy of exported step arrays.
+
+    User fields (``field.*``) may be lists of pieces (views): sealing leaves them as
+    they are; dropping concatenates and filters them.
+
+    Returns the new arrays (``row_length`` adjusted for drops), their episode table,
+    and counts ``{partial_episodes, partial_steps}`` plus ``sealed_*`` or ``dropped_*``.
+
+    Raises:
+        ConfigError: an unknown policy.
+    """
+    if policy not in PARTIAL_POLICIES:
+        raise ConfigError(f"partial must be one of {PARTIAL_POLICIES}, got {policy!r}")
+    out = dict(arrays)
+    eps = find_episodes(arrays["step_type"], arrays["episode_id"], arrays["row_length"])
+    n_eps, n_steps = int(eps.partial.sum()), int(eps.length[eps.partial].sum())
+    report = {"partial_episodes": n_eps, "partial_steps": n_steps,
+              "sealed_episodes": 0, "sealed_steps": 0, "dropped_episodes": 0, "dropped_steps": 0}
+    if n_eps == 0:
+        return out, eps, report
+    if policy == "seal":
+        step_type, discount = arrays["step_type"].copy(), arrays["discount"].copy()
+        first, last = eps.start[eps.partial], (eps.start + eps.length - 1)[eps.partial]
+        open_end = last[step_type[last] != StepType.LAST]
+        step_type[first] = StepType.FIRST
+        step_type[last] = StepType.LAST
+        discount[open_end] = 1.0
+        out["step_type"], out["discount"] = step_type, discount
+        report.update(sealed_episodes=n_eps, sealed_steps=n_steps)
+        return out, eps, report
+    keep = np.ones(arrays["step_type"].shape[0], bool)
+    keep[np.repeat(eps.start[eps.partial], eps.length[eps.partial])
+         + _ranges(eps.length[eps.partial])] = False
+    for name, arr in arrays.items():
+        if name.startswith("field.") or name in STEP_ARRAYS:
+            out[name] = (np.concatenate(arr) if isinstance(arr, list) else arr)[keep]
+    dropped_per_row = np.bincount(eps.row[eps.partial], weights=eps.length[eps.partial],
+                                  minlength=arrays["row_length"].shape[0]).astype(np.int64)
+    out["row_length"] = arrays["row_length"] - dropped_per_row
+    report.update(dropped_episodes=n_eps, dropped_steps=n_steps)
+    return out, find_episodes(out["step_type"], out["episode_id"], out["row_length"]), report
+
+
+def _ranges(lengths: np.ndarray) -> np.ndarray:
+    """``[0..l0-1, 0..l1-1, ...]`` for run lengths."""
+    offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.arange(int(lengths.sum())) - offsets

@@ -1,0 +1,244 @@
+"""Part files: the safetensors layout, written as a stream, read block by block.
+
+A part file is a valid safetensors file (8-byte little-endian header length, a JSON
+header naming each array's dtype, shape and byte range, then raw bytes), so any
+safetensors reader can open it; nothing is pickled. We write it ourselves to stream
+arrays to disk without a second in-memory copy, and to record a CRC32 of every
+``BLOCK_BYTES`` block of the file: a reader verifies exactly the blocks it reads, so a
+rank that loads a few episodes of a large part does not read (or trust) the rest.
+Reads go through one block-sized scratch buffer straight into the destination arrays
+(no mmap, whose touched pages would count as resident memory twice).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardreplay._io import atomic_writer
+from shardreplay.errors import CheckpointFormatError
+
+BLOCK_BYTES = 1 << 20
+_ALIGN = 64
+_DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
+           "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64,
+           "F16": np.float16, "F32": np.float32, "F64": np.float64}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+MAX_HEADER_BYTES = 64 << 20
+
+
+class _BlockCrc:
+    """CRC32 of each BLOCK_BYTES block of a byte stream, fed in arbitrary pieces."""
+
+    def __init__(self) -> None:
+        self.crcs: list[int] = []
+        self._crc = 0
+        self._fill = 0
+
+    def feed(self, data: memoryview) -> None:
+        while len(data):
+            take = min(len(data), BLOCK_BYTES - self._fill)
+            self._crc = zlib.crc32(data[:take], self._crc)
+            self._fill += take
+            data = data[take:]
+            if self._fill == BLOCK_BYTES:
+                self.crcs.append(self._crc)
+                self._crc, self._fill = 0, 0
+
+    def finish(self) -> list[int]:
+        if self._fill:
+            self.crcs.append(self._crc)
+            self._crc, self._fill = 0, 0
+        return self.crcs
+
+
+def _describe(pieces: list[np.ndarray], name: str, offset: int) -> dict[str, Any]:
+    first = pieces[0]
+    if first.dtype not in _NAMES or any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:]
+                                        for p in pieces):
+        raise CheckpointFormatError(f"array {name!r}: dtype {first.dtype} or its pieces cannot be saved")
+    rows = sum(p.shape[0] for p in pieces)
+    nbytes = sum(p.nbytes for p in pieces)
+    return {"dtype": _NAMES[first.dtype], "shape": [rows, *first.shape[1:]],
+            "data_offsets": [offset, offset + nbytes]}
+
+
+def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
+               metadata: Mapping[str, str], empty_like: Mapping[str, np.ndarray] | None = None
+               ) -> dict[str, Any]:
+    """Write arrays as a safetensors file atomically; return its size and block CRCs.
+
+    An array may be given as a list of pieces (views) concatenated along axis 0; an
+    empty list takes dtype and trailing shape from ``empty_like[name]``.
+    """
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    pieces_of: dict[str, list[np.ndarray]] = {}
+    for name, arr in arrays.items():
+        pieces = list(arr) if isinstance(arr, list) else [arr]
+        if not pieces:
+            pieces = [(empty_like or {})[name][:0]]
+        pieces_of[name] = pieces
+        header[name] = _describe(pieces, name, offset)
+        offset = header[name]["data_offsets"][1]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % _ALIGN)
+    crc = _BlockCrc()
+    with atomic_writer(path) as f:
+        for piece in (struct.pack("<Q", len(text)), text):
+            f.write(piece)
+            crc.feed(memoryview(piece))
+        for pieces in pieces_of.values():
+            for arr in pieces:
+                view = memoryview(np.ascontiguousarray(arr)).cast("B")
+                for start in range(0, len(view), BLOCK_BYTES):
+                    chunk = view[start:start + BLOCK_BYTES]
+                    f.write(chunk)
+                    crc.feed(chunk)
+    return {"bytes": 8 + len(text) + offset, "block_crc32": crc.finish()}
+
+
+class PartReader:
+    """Read arrays (or row ranges of them) from a part file, verifying touched blocks.
+
+    Read row ranges in increasing file order where possible: the reader keeps the
+    last block it read, so a sequential scan reads each block once.
+
+    Raises:
+        CheckpointFormatError: unreadable, truncated or corrupt file, with its name.
+    """
+
+    def __init__(self, path: Path, expected: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self._crcs = [int(c) for c in expected["block_crc32"]]
+        try:
+            self._size = self.path.stat().st_size
+            self._fd = os.open(self.path, os.O_RDONLY)
+        except OSError as exc:
+            raise CheckpointFormatError(f"{self.path}: cannot read ({exc})") from exc
+        self._block = -1
+        self._scratch = bytearray(BLOCK_BYTES)
+        self._view = memoryview(self._scratch)
+        self._len = 0
+        try:
+            if self._size != int(expected["bytes"]):
+                raise self._fail(f"{self._size} bytes, the manifest says {expected['bytes']} "
+                                 "(truncated or replaced)")
+            if len(self._crcs) != -(-self._size // BLOCK_BYTES):
+                raise self._fail("the manifest's block checksums do not cover the file")
+            self.header, self.data_start = self._read_header()
+        except BaseException:
+            self.close()
+            raise
+        self.metadata: dict[str, str] = self.header.pop("__metadata__", {})
+
+    def _fail(self, why: str) -> CheckpointFormatError:
+        return CheckpointFormatError(f"{self.path}: {why}")
+
+    def _load_block(self, block: int) -> memoryview:
+        if block != self._block:
+            self._block = -1
+            self._len = os.preadv(self._fd, [self._view], block * BLOCK_BYTES)
+            if zlib.crc32(self._view[:self._len]) != self._crcs[block]:
+                raise self._fail(f"checksum mismatch in block {block} (bytes "
+                                 f"{block * BLOCK_BYTES}..{block * BLOCK_BYTES + self._len})")
+            self._block = block
+        return self._view[:self._len]
+
+    def read_bytes(self, lo: int, hi: int, out: memoryview) -> None:
+        """Copy verified bytes ``lo:hi`` of the file into ``out`` (``len(out) == hi - lo``)."""
+        if lo < 0 or hi > self._size:
+            raise self._fail(f"byte range {lo}..{hi} lies outside the file")
+        pos = lo
+        while pos < hi:
+            block = pos // BLOCK_BYTES
+            data = self._load_block(block)
+            begin = pos - block * BLOCK_BYTES
+            end = min(hi - block * BLOCK_BYTES, len(data))
+            out[pos - lo:pos - lo + end - begin] = data[begin:end]
+            pos += end - begin
+
+    def _read_header(self) -> tuple[dict[str, Any], int]:
+        if self._size < 8:
+            raise self._fail("shorter than a header")
+        raw = bytearray(8)
+        self.read_bytes(0, 8, memoryview(raw))
+        (n,) = struct.unpack("<Q", raw)
+        if n > MAX_HEADER_BYTES or 8 + n > self._size:
+            raise self._fail(f"header length {n} is impossible (corrupt file)")
+        text = bytearray(n)
+        self.read_bytes(8, 8 + n, memoryview(text))
+        try:
+            header = json.loads(bytes(text))
+        except ValueError as exc:
+            raise self._fail(f"header is not JSON ({exc})") from exc
+        if not isinstance(header, dict):
+            raise self._fail("header is not a JSON object")
+        return header, 8 + n
+
+    def verify_all(self) -> None:
+        """Check every block of the file."""
+        for block in range(len(self._crcs)):
+            self._load_block(block)
+
+    def names(self) -> list[str]:
+        """Names of the arrays in the file."""
+        return list(self.header)
+
+    def entry(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
+        """Dtype and shape of array ``name``."""
+        dtype, shape, _b, _e = self._entry(name)
+        return dtype, shape
+
+    def _entry(self, name: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
+        try:
+            e = self.header[name]
+            dtype = np.dtype(_DTYPES[e["dtype"]])
+            shape = tuple(int(d) for d in e["shape"])
+            begin, end = (int(x) for x in e["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._fail(f"array {name!r} is missing or malformed in the header") from exc
+        if end - begin != dtype.itemsize * int(np.prod(shape, dtype=np.int64)) or \
+                self.data_start + end > self._size or begin < 0 or not shape:
+            raise self._fail(f"array {name!r}: byte range does not match its shape")
+        return dtype, shape, begin, end
+
+    def rows_into(self, name: str, start: int, out: np.ndarray) -> None:
+        """Fill ``out`` (C-contiguous) with rows ``start:start+len(out)`` of ``name``."""
+        dtype, shape, begin, _end = self._entry(name)
+        if out.dtype != dtype or out.shape[1:] != shape[1:] or start + out.shape[0] > shape[0]:
+            raise self._fail(f"array {name!r} is {dtype}{list(shape)}; cannot read rows "
+                             f"{start}..{start + out.shape[0]} as {out.dtype}{list(out.shape)}")
+        row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        lo = self.data_start + begin + start * row_bytes
+        self.read_bytes(lo, lo + out.shape[0] * row_bytes, memoryview(out).cast("B"))
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of array ``name`` (a new verified array)."""
+        dtype, shape = self.entry(name)
+        out = np.empty((stop - start, *shape[1:]), dtype)
+        self.rows_into(name, start, out)
+        return out
+
+    def array(self, name: str) -> np.ndarray:
+        """The whole array ``name`` (a verified copy)."""
+        return self.rows(name, 0, self.entry(name)[1][0])
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> PartReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

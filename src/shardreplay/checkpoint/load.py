@@ -1,0 +1,192 @@
+"""Restoring a checkpoint of M shards onto N shards (any M, N).
+
+Every rank reads the manifest and the small episode tables of all parts, computes the
+same deterministic plan (:mod:`shardreplay.checkpoint.plan`), and reads only the
+episodes it receives, straight into its storage. Stream ids (the row, and every field
+the spec declares ``env_id``) are rewritten to the new rows; priorities come back with
+their steps; episode ids are renumbered uniquely across the new shards; generations
+restart at 1. With a sharded buffer the ranks agree, through one collective per try,
+on which checkpoint they restored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.checkpoint.format import PartReader
+from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete, list_checkpoints, read_manifest
+from shardreplay.checkpoint.plan import EpisodeRef, ShardPlan, plan_shard
+from shardreplay.checkpoint.save import shard_of
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import (
+    CheckpointError,
+    CheckpointFormatError,
+    IncompleteCheckpointError,
+)
+from shardreplay.spec import Spec, StepType
+from shardreplay.storage import STEP_ARRAYS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a load restored on this rank."""
+
+    checkpoint_id: int
+    directory: Path
+    saved_shards: int
+    steps: int
+    episodes: int
+    dropped_episodes: int
+    dropped_steps: int
+    extra: dict[str, Any] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+
+def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
+         checkpoint_id: int | None = None, fallback: bool = False) -> LoadReport:
+    """Restore a checkpoint under ``path`` into ``buffer`` (this rank's shard).
+
+    Args:
+        path: the checkpoint root directory.
+        buffer: a ReplayBuffer, or this rank's ShardedReplayBuffer (then every rank of
+            the group must call ``load`` together).
+        checkpoint_id: which checkpoint (None: the newest complete one).
+        fallback: when the chosen checkpoint is missing a part or corrupt, take the
+            next older complete one instead of raising.
+
+    Returns:
+        A :class:`LoadReport`; ``skipped`` lists the checkpoints passed over and why.
+
+    Raises:
+        IncompleteCheckpointError: no (complete) checkpoint, or a part is missing.
+        CheckpointFormatError: a corrupt or truncated file, or another spec or version;
+            the message names the file and the reason.
+        The buffer's previous content is replaced; after an error it is left empty.
+    """
+    local, shard, num_shards = shard_of(buffer)
+    root = Path(path)
+    candidates = _candidates(root, checkpoint_id, fallback)
+    skipped: list[str] = []
+    for cid in candidates:
+        error: CheckpointError | None = None
+        try:
+            report = _load_one(checkpoint_dir(root, cid), local, shard, num_shards)
+        except CheckpointError as exc:
+            error = exc
+            _clear(local)
+        failed_ranks = _agree(buffer, error is not None)
+        if not failed_ranks:
+            return LoadReport(**{**report.__dict__, "skipped": skipped})
+        reason = str(error) if error is not None else f"rank(s) {failed_ranks} could not load it"
+        if error is None:
+            _clear(local)
+        if not fallback:
+            raise error or CheckpointFormatError(f"checkpoint {cid}: {reason}")
+        log.warning("checkpoint %d skipped: %s", cid, reason)
+        skipped.append(f"{cid}: {reason}")
+    raise IncompleteCheckpointError(f"no usable checkpoint under {root}"
+                                    + (f" (skipped: {'; '.join(skipped)})" if skipped else ""))
+
+
+def _candidates(root: Path, checkpoint_id: int | None, fallback: bool) -> list[int]:
+    ids = list_checkpoints(root)
+    if checkpoint_id is not None:
+        older = [c for c in reversed(ids) if c < checkpoint_id] if fallback else []
+        return [checkpoint_id, *older]
+    if not ids:
+        raise IncompleteCheckpointError(f"no checkpoint under {root}")
+    complete = [c for c in reversed(ids) if is_complete(checkpoint_dir(root, c))]
+    if not fallback:
+        return complete[:1] or [ids[-1]]  # an incomplete newest one raises its reason
+    return complete
+
+
+def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool) -> list[int]:
+    """Ranks that failed (collective for a sharded buffer)."""
+    if not isinstance(buffer, ShardedReplayBuffer):
+        return [0] if failed else []
+    flags = buffer.collectives.all_gather(torch.tensor([int(failed)]), "checkpoint.load(agree)")
+    return [int(r) for r in torch.nonzero(flags.cpu().reshape(-1)).reshape(-1)]
+
+
+def _clear(local: ReplayBuffer) -> None:
+    local.storage.clear()
+    local.restore_finished(local.storage.pos, 0, {"max_priority": 1.0, "draws": 0}, None)
+
+
+def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int) -> LoadReport:
+    manifest = read_manifest(directory)
+    saved_spec = Spec.from_dict(manifest["spec"])
+    if saved_spec != local.spec:
+        raise CheckpointFormatError(f"{directory / 'manifest.json'}: saved with spec {saved_spec}, "
+                                    f"the buffer has {local.spec}")
+    parts = sorted(manifest["parts"], key=lambda p: int(p["shard"]))
+    with ExitStack() as stack:
+        readers = [stack.enter_context(PartReader(directory / p["file"], p)) for p in parts]
+        refs = _episode_refs(readers)
+        plan = plan_shard(refs, num_shards, shard, local.num_streams, local.stream_capacity)
+        local.storage.clear()
+        _read_placements(readers, plan, local)
+        metas = [json.loads(r.metadata.get("buffer_meta", "{}")) for r in readers]
+    _finish(local, plan, metas, shard, len(refs))
+    if plan.dropped_episodes:
+        log.warning("checkpoint %s: shard %d/%d dropped its %d oldest episodes (%d steps) that "
+                    "exceed the new capacity", directory.name, shard, num_shards,
+                    plan.dropped_episodes, plan.dropped_steps)
+    steps = int(plan.row_lengths.sum())
+    log.info("checkpoint %s: shard %d/%d restored %d steps of %d episodes from %d saved shards",
+             directory.name, shard, num_shards, steps, len(plan.placements), len(parts))
+    return LoadReport(int(manifest["checkpoint_id"]), directory, len(parts), steps, len(plan.placements),
+                      plan.dropped_episodes, plan.dropped_steps, dict(manifest.get("extra", {})))
+
+
+def _episode_refs(readers: list[PartReader]) -> list[EpisodeRef]:
+    refs = []
+    for k, reader in enumerate(readers):
+        start, length = reader.array("episode.start"), reader.array("episode.length")
+        row = reader.array("episode.row")
+        if not (start.shape == length.shape == row.shape) or (length <= 0).any():
+            raise CheckpointFormatError(f"{reader.path}: malformed episode table")
+        refs.extend(EpisodeRef(k, int(s), int(n), int(r)) for s, n, r in zip(start, length, row, strict=True))
+    return refs
+
+
+def _read_placements(readers: list[PartReader], plan: ShardPlan, local: ReplayBuffer) -> None:
+    storage = local.storage
+    cap = storage.stream_capacity
+    ordered = sorted(plan.placements, key=lambda p: (p.ref.part, p.ref.start))
+    targets = {f"field.{k}": v for k, v in storage.fields.items()}
+    targets.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+    for name, arr in targets.items():
+        for p in ordered:
+            lo = p.row * cap + p.offset
+            readers[p.ref.part].rows_into(name, p.ref.start + p.skip, arr[lo:lo + p.length])
+    env_fields = [storage.fields[n] for n in local.spec.env_id_fields]
+    for p in ordered:
+        lo, hi = p.row * cap + p.offset, p.row * cap + p.offset + p.length
+        storage.episode_id[lo:hi] = p.new_id
+        storage.generation[lo:hi] = 1
+        if p.skip:
+            storage.step_type[lo] = StepType.FIRST
+        for arr in env_fields:
+            arr[lo:hi] = p.row
+
+
+def _finish(local: ReplayBuffer, plan: ShardPlan, metas: list[dict[str, Any]], shard: int,
+            num_episodes: int) -> None:
+    states = [m.get("sampler_state", {}) for m in metas]
+    sampler_state = {"max_priority": max([s.get("max_priority", 1.0) for s in states] or [1.0]),
+                     "draws": max([s.get("draws", 0) for s in states] or [0])}
+    rng = metas[shard].get("rng") if shard < len(metas) else None
+    stale = metas[shard].get("stale_updates", 0) if shard < len(metas) else 0
+    local.restore_finished(plan.row_lengths, num_episodes, sampler_state, rng, stale)

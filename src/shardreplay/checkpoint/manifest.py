@@ -1,0 +1,127 @@
+"""Checkpoint directories, part descriptions, manifests and completeness.
+
+Layout of a checkpoint ``<root>/ckpt-<id>/`` saved from M shards::
+
+    part-00000-of-00003.safetensors   steps, priorities, episode table of shard 0
+    part-00000-of-00003.json          its description: size, block CRCs, counts
+    ...
+    manifest.json                     every part's description; written last
+
+Each JSON file carries a CRC32 of its own body, so a flipped byte is caught. Each rank
+writes its part and description, then the manifest if every description is there:
+the last rank to finish writes it, without any collective call. A checkpoint is
+**complete** when the manifest lists M parts and each part file has the size the
+manifest records (``verify`` also checks every block's CRC).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+from shardreplay._io import atomic_write_bytes
+from shardreplay.errors import CheckpointFormatError, IncompleteCheckpointError
+
+FORMAT = "shardreplay-checkpoint"
+FORMAT_VERSION = 1
+_DIR_RE = re.compile(r"^ckpt-(\d+)$")
+
+
+def checkpoint_dir(root: Path, checkpoint_id: int) -> Path:
+    """Directory of checkpoint ``checkpoint_id`` under ``root``."""
+    return Path(root) / f"ckpt-{checkpoint_id:010d}"
+
+
+def part_name(shard: int, num_shards: int) -> str:
+    """File stem of part ``shard`` of ``num_shards``."""
+    return f"part-{shard:05d}-of-{num_shards:05d}"
+
+
+def dump_checked(path: Path, body: dict[str, Any]) -> None:
+    """Write ``body`` as JSON with a CRC32 of its canonical text, atomically."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    data = json.dumps({"body": body, "crc32": zlib.crc32(text.encode())}, sort_keys=True, indent=1)
+    atomic_write_bytes(path, data.encode())
+
+
+def load_checked(path: Path) -> dict[str, Any]:
+    """Read a JSON file written by :func:`dump_checked`, verifying its CRC.
+
+    Raises:
+        IncompleteCheckpointError: the file does not exist.
+        CheckpointFormatError: unreadable, not JSON, or CRC mismatch.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError as exc:
+        raise IncompleteCheckpointError(f"{path}: missing") from exc
+    except OSError as exc:
+        raise CheckpointFormatError(f"{path}: cannot read ({exc})") from exc
+    try:
+        doc = json.loads(raw)
+        body, crc = doc["body"], doc["crc32"]
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointFormatError(f"{path}: not a shardreplay checkpoint JSON file ({exc})") from exc
+    if zlib.crc32(text.encode()) != crc or not isinstance(body, dict):
+        raise CheckpointFormatError(f"{path}: checksum mismatch (the file was changed or corrupted)")
+    if body.get("format") != FORMAT or body.get("version") != FORMAT_VERSION:
+        raise CheckpointFormatError(f"{path}: format {body.get('format')!r} version "
+                                    f"{body.get('version')!r}; this shardreplay reads {FORMAT!r} "
+                                    f"version {FORMAT_VERSION}")
+    return body
+
+
+def list_checkpoints(root: Path) -> list[int]:
+    """Ids of the checkpoint directories under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    ids = [int(m.group(1)) for p in root.iterdir() if (m := _DIR_RE.match(p.name)) and p.is_dir()]
+    return sorted(ids)
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of a checkpoint directory, checked for shape and part files.
+
+    Raises:
+        IncompleteCheckpointError: the manifest or a part file is missing.
+        CheckpointFormatError: the manifest is corrupt, or a part has the wrong size.
+    """
+    path = Path(directory) / "manifest.json"
+    manifest = load_checked(path)
+    try:
+        parts, num = manifest["parts"], int(manifest["num_shards"])
+        shards = sorted(int(p["shard"]) for p in parts)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointFormatError(f"{path}: malformed manifest ({exc})") from exc
+    if shards != list(range(num)):
+        raise CheckpointFormatError(f"{path}: lists shards {shards}, expected 0..{num - 1}")
+    for part in parts:
+        file = Path(directory) / part["file"]
+        if not file.exists():
+            raise IncompleteCheckpointError(f"{file}: part missing")
+        if file.stat().st_size != int(part["bytes"]):
+            raise CheckpointFormatError(f"{file}: {file.stat().st_size} bytes, the manifest says "
+                                        f"{part['bytes']} (truncated or replaced)")
+    return manifest
+
+
+def is_complete(directory: Path) -> bool:
+    """True when the manifest and every part are present and of the recorded size."""
+    try:
+        read_manifest(directory)
+    except (IncompleteCheckpointError, CheckpointFormatError):
+        return False
+    return True
+
+
+def latest_complete(root: Path, before: int | None = None) -> int | None:
+    """Newest complete checkpoint id under ``root`` (older than ``before`` if given)."""
+    for cid in reversed(list_checkpoints(root)):
+        if (before is None or cid < before) and is_complete(checkpoint_dir(root, cid)):
+            return cid
+    return None

@@ -1,0 +1,163 @@
+"""Saving a shard's part of a checkpoint, with no collective call.
+
+Every rank calls :func:`save` on its own (periodically, on request, or from a crash or
+SIGTERM handler); the checkpoint becomes complete when the last part is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.checkpoint.episodes import apply_partial_policy
+from shardreplay.checkpoint.format import write_part
+from shardreplay.checkpoint.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    checkpoint_dir,
+    dump_checked,
+    is_complete,
+    list_checkpoints,
+    load_checked,
+    part_name,
+)
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
+
+log = logging.getLogger(__name__)
+
+
+def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, int, int]:
+    """``(local buffer, shard index, number of shards)`` without any collective."""
+    if isinstance(buffer, ShardedReplayBuffer):
+        return buffer.local, buffer.rank, buffer.world_size
+    if isinstance(buffer, ReplayBuffer):
+        return buffer, 0, 1
+    raise ConfigError(f"expected a ReplayBuffer or ShardedReplayBuffer, got {type(buffer).__name__}")
+
+
+def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
+         partial: str = "seal", extra: dict[str, Any] | None = None,
+         keep_last: int | None = 2) -> Path:
+    """Write this shard's part of checkpoint ``checkpoint_id`` under ``path``.
+
+    Only stored steps are written (not the allocated capacity), with their priorities,
+    step types, discounts, episode ids and generations, the stream bookkeeping, the
+    sampler state, the RNG state and counters. Partial episodes are sealed or dropped
+    (``partial``); the counts are logged and recorded in the manifest. The last shard
+    to finish writes the manifest, which completes the checkpoint, and then removes
+    complete checkpoints older than the newest ``keep_last`` (None keeps all).
+
+    Args:
+        buffer: a ReplayBuffer (one shard) or this rank's ShardedReplayBuffer.
+        path: the checkpoint root directory (shared by all ranks).
+        checkpoint_id: a non-negative integer, usually the training step.
+        partial: ``"seal"`` (default) or ``"drop"``.
+        extra: JSON-ready data stored with the checkpoint (e.g. the training step).
+        keep_last: complete checkpoints to keep.
+
+    Returns:
+        The checkpoint directory.
+
+    Raises:
+        ConfigError: a bad argument (nothing is written).
+        CheckpointError: the files could not be written (the previous complete
+            checkpoint is untouched).
+    """
+    local, shard, num_shards = shard_of(buffer)
+    if not isinstance(checkpoint_id, int | np.integer) or checkpoint_id < 0:
+        raise ConfigError(f"checkpoint_id must be a non-negative integer, got {checkpoint_id!r}")
+    extra = dict(extra or {})
+    _check_json(extra)
+    directory = checkpoint_dir(Path(path), int(checkpoint_id))
+    started = time.perf_counter()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        desc = _write_part(local, directory, shard, num_shards, int(checkpoint_id), partial, extra)
+        wrote_manifest = _maybe_write_manifest(directory, num_shards, desc)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {directory}: {exc}") from exc
+    log.info("checkpoint %s: shard %d/%d saved %d steps, %d episodes in %.2f s (%s)", directory.name,
+             shard, num_shards, desc["steps"], desc["episodes"], time.perf_counter() - started,
+             _partial_text(desc["partial"]))
+    if wrote_manifest and keep_last is not None:
+        _prune(Path(path), int(checkpoint_id), keep_last)
+    return directory
+
+
+def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: int,
+                checkpoint_id: int, partial: str, extra: dict[str, Any]) -> dict[str, Any]:
+    state = local.state_dict_views()
+    arrays, episodes, report = apply_partial_policy(state["arrays"], partial)
+    arrays.update(episodes.as_arrays())
+    name = part_name(shard, num_shards)
+    info = write_part(directory / f"{name}.safetensors", _ordered(arrays),
+                      {"buffer_meta": json.dumps(state["meta"])},
+                      empty_like={f"field.{k}": v for k, v in local.storage.fields.items()})
+    desc = {
+        "format": FORMAT, "version": FORMAT_VERSION, "checkpoint_id": checkpoint_id,
+        "shard": shard, "num_shards": num_shards, "file": f"{name}.safetensors",
+        "bytes": info["bytes"], "block_crc32": info["block_crc32"],
+        "steps": int(arrays["row_length"].sum()), "episodes": int(episodes.start.shape[0]),
+        "partial_policy": partial, "partial": report, "spec": local.spec.to_dict(),
+        "spec_fingerprint": local.spec.fingerprint, "extra": extra,
+        "created_unix": time.time(),
+    }
+    dump_checked(directory / f"{name}.json", desc)
+    return desc
+
+
+def _ordered(arrays: dict[str, Any]) -> dict[str, Any]:
+    """Small bookkeeping arrays first, so readers of the tables touch few blocks."""
+    small = [k for k in arrays if not k.startswith("field.")]
+    return {k: arrays[k] for k in small + [k for k in arrays if k.startswith("field.")]}
+
+
+def _maybe_write_manifest(directory: Path, num_shards: int, mine: dict[str, Any]) -> bool:
+    parts = []
+    for shard in range(num_shards):
+        if shard == mine["shard"]:
+            parts.append(mine)
+            continue
+        try:
+            parts.append(load_checked(directory / f"{part_name(shard, num_shards)}.json"))
+        except ShardReplayError:
+            return False  # that shard has not finished (or failed): it writes the manifest
+    manifest = {key: mine[key] for key in ("format", "version", "checkpoint_id", "num_shards", "spec",
+                                           "spec_fingerprint", "extra")}
+    manifest["parts"] = [{k: v for k, v in p.items() if k not in ("spec", "format", "version")}
+                         for p in parts]
+    manifest["steps"] = sum(p["steps"] for p in parts)
+    manifest["episodes"] = sum(p["episodes"] for p in parts)
+    dump_checked(directory / "manifest.json", manifest)
+    log.info("checkpoint %s complete: %d shards, %d steps", directory.name, num_shards,
+             manifest["steps"])
+    return True
+
+
+def _prune(root: Path, newest: int, keep_last: int) -> None:
+    complete = [c for c in list_checkpoints(root) if c <= newest and is_complete(checkpoint_dir(root, c))]
+    keep = set(complete[-max(keep_last, 1):])
+    for cid in list_checkpoints(root):
+        if cid < newest and cid not in keep:
+            shutil.rmtree(checkpoint_dir(root, cid), ignore_errors=True)
+
+
+def _partial_text(report: dict[str, int]) -> str:
+    return (f"partial episodes: {report['partial_episodes']} ({report['partial_steps']} steps), "
+            f"sealed {report['sealed_episodes']}, dropped {report['dropped_episodes']}")
+
+
+def _check_json(extra: dict[str, Any]) -> None:
+    try:
+        json.dumps(extra)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"extra must be JSON-ready (numbers, strings, lists, dicts): {exc}") from exc
+
