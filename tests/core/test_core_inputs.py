@@ -1,0 +1,70 @@
+"""add/extend take nested dicts for nested spec names, dotted names, and torch tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shardreplay import Field, ReplayBuffer, Spec, SpecMismatchError
+
+SPEC = Spec({"obs": {"pos": Field((3,), np.float32), "id": Field((), np.int32)},
+             "act": Field((), np.int64)})
+
+
+def _buffer(**kwargs) -> ReplayBuffer:
+    return ReplayBuffer(SPEC, num_streams=2, stream_capacity=6, window=2, seed=0, **kwargs)
+
+
+def _all_windows(buf: ReplayBuffer) -> dict[int, dict[str, list]]:
+    batch = buf.sample(200)
+    out = {}
+    for b in range(len(batch)):
+        out[int(batch.data["act"][b, 0])] = {k: v[b].tolist() for k, v in batch.data.items()}
+    return out
+
+
+def test_nested_dict_of_torch_tensors_and_dotted_numpy_give_the_same_buffer() -> None:
+    nested, dotted = _buffer(), _buffer()
+    for t in range(3):
+        pos = torch.arange(6, dtype=torch.float32).view(2, 3) + 10 * t
+        nested.add({"obs": {"pos": pos, "id": torch.tensor([7, 8], dtype=torch.int32)},
+                    "act": torch.tensor([t, 100 + t]), "step_type": torch.tensor([min(t, 1)] * 2),
+                    "discount": torch.ones(2)})
+        dotted.add({"obs.pos": pos.numpy(), "obs.id": np.array([7, 8], np.int32),
+                    "act": np.array([t, 100 + t]), "step_type": np.array([min(t, 1)] * 2)})
+    windows = _all_windows(nested)
+    assert windows == _all_windows(dotted)
+    assert sorted(windows) == [0, 1, 100, 101]
+    assert windows[1]["obs.pos"] == [[10.0, 11.0, 12.0], [20.0, 21.0, 22.0]]
+    assert windows[101]["obs.id"] == [8, 8]
+    batch = nested.sample(2)
+    assert set(batch.data) == {"obs.pos", "obs.id", "act", "step_type", "discount", "episode_id"}
+    assert batch.data["obs.pos"].shape == (2, 2, 3) and batch.data["obs.pos"].dtype == torch.float32
+
+
+def test_extend_with_torch_chunk_stream_ids_and_priorities() -> None:
+    buf = _buffer(sampler="prioritized", alpha=1.0)
+    t_len = 4
+    chunk = {"obs": {"pos": torch.zeros(1, t_len, 3), "id": torch.zeros(1, t_len, dtype=torch.int32)},
+             "act": torch.arange(t_len).view(1, t_len),
+             "step_type": torch.tensor([[0, 1, 1, 2]], dtype=torch.uint8)}
+    buf.extend(chunk, stream_ids=torch.tensor([1]), priorities=torch.tensor([[1.0, 3.0, 0.0, 2.0]]))
+    assert buf._storage.pos.tolist() == [0, 4]
+    batch = buf.sample(300)
+    acts = batch.data["act"][:, 0]
+    assert set(acts.tolist()) == {0, 1}  # start 2 has priority 0; 3 is LAST
+    np.testing.assert_allclose(batch.probabilities.numpy(), np.where(acts.numpy() == 0, 0.25, 0.75))
+    # Priorities and keys as torch tensors in update_priorities too.
+    assert buf.update_priorities(batch.keys[:2], torch.tensor([5.0, 5.0])) == 2
+
+
+def test_partly_nested_input_with_a_wrong_leaf_is_refused() -> None:
+    buf = _buffer()
+    with pytest.raises(SpecMismatchError):
+        buf.add({"obs": {"pos": torch.zeros(2, 3), "idd": torch.zeros(2)}, "act": torch.zeros(2),
+                 "step_type": torch.zeros(2, dtype=torch.int64)})
+    with pytest.raises(SpecMismatchError):  # float tensor into an int field
+        buf.add({"obs": {"pos": torch.zeros(2, 3), "id": torch.zeros(2)}, "act": torch.zeros(2),
+                 "step_type": torch.zeros(2, dtype=torch.int64)})
+    assert buf.num_steps == 0
