@@ -59,8 +59,8 @@ from shardreplay.transport.base import (
 )
 from shardreplay.transport.codec import Chunk, encode
 
-__all__ = ["RedisLink", "RedisReader", "RedisTransport", "RedisWriter", "ensure_group", "trim_acknowledged",
-           "with_group"]
+__all__ = ["HintChannel", "RedisLink", "RedisReader", "RedisTransport", "RedisWriter", "ensure_group",
+           "trim_acknowledged", "with_group"]
 
 logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
@@ -398,3 +398,46 @@ class RedisReader:
     def close(self) -> None:
         """Close the connection; unacknowledged entries stay pending for the next reader."""
         self._link.close()
+
+
+class HintChannel:
+    """A pub/sub channel read as hints: messages may be lost, so callers also poll.
+
+    Args:
+        link: the connection to use (its client opens a separate pub/sub connection).
+        channel: the channel name.
+    """
+
+    def __init__(self, link: RedisLink, channel: str) -> None:
+        self._link = link
+        self._channel = channel
+        self._pubsub: Any = None
+
+    def wait(self, timeout_s: float) -> bool:
+        """True when a message arrived within ``timeout_s`` (or the channel broke: look anyway)."""
+        try:
+            if self._pubsub is None:
+                self._pubsub = self._link.client.pubsub(ignore_subscribe_messages=True)
+                self._pubsub.subscribe(self._channel)
+                return True  # messages before the subscription are lost: look now
+            got = False
+            msg = self._pubsub.get_message(timeout=max(timeout_s, 0.0))
+            while msg is not None:
+                got = got or msg.get("type") == "message"
+                msg = self._pubsub.get_message(timeout=0.0)
+            return got
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.close()  # resubscribe on the next call
+            return True
+
+    def publish(self, message: bytes | str) -> None:
+        """Send a hint; failures are ignored (hints are optional)."""
+        with contextlib.suppress(redis.RedisError):
+            self._link.client.publish(self._channel, message)
+
+    def close(self) -> None:
+        """Drop the subscription."""
+        if self._pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._pubsub.close()
+            self._pubsub = None

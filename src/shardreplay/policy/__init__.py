@@ -1,0 +1,27 @@
+"""Policy broadcast from the learner to actors: ``file:///dir`` or ``redis://``.
+
+See :mod:`shardreplay.policy.broadcast`. Importing this package imports neither torch nor
+redis; they load on first use.
+"""
+
+from __future__ import annotations
+
+from shardreplay.policy.broadcast import (
+    PolicyPublisher,
+    PolicySubscriber,
+    PolicyUpdate,
+    SubscriberStats,
+    open_publisher,
+    open_subscriber,
+    wait_for_policy,
+)
+
+__all__ = [
+    "PolicyPublisher",
+    "PolicySubscriber",
+    "PolicyUpdate",
+    "SubscriberStats",
+    "open_publisher",
+    "open_subscriber",
+    "wait_for_policy",
+]

@@ -1,0 +1,157 @@
+"""``file:///dir`` policy broadcast: immutable safetensors files plus a version note.
+
+Publishing version ``v`` writes ``policy-<v>.safetensors`` (temp name, fsync, rename),
+then replaces ``policy.version`` (``{"version", "file", "crc32"}``, same way), then
+deletes all but the newest ``keep`` weight files. A weights file never changes once it is
+visible and the note is written after the file it names, so a subscriber that reads the
+note and then that file gets exactly the weights of that version, or (if ``keep`` newer
+versions came in between and the file is gone) nothing, and tries again at its next
+check. The version is also in the safetensors metadata and must agree with the note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardreplay.errors import ConfigError, TransportError
+from shardreplay.policy.broadcast import PolicyUpdate, SubscriberStats, check_version, deserialize, serialize
+from shardreplay.transport._atomic import write_atomic
+
+__all__ = ["FilePublisher", "FileSubscriber"]
+
+NOTE = "policy.version"
+_WEIGHTS = re.compile(r"^policy-(\d{20})\.safetensors$")
+
+
+def weights_name(version: int) -> str:
+    """The file name of a version's weights."""
+    return f"policy-{version:020d}.safetensors"
+
+
+class FilePublisher:
+    """Publishes policies into a directory.
+
+    Args:
+        path: the directory (created if missing).
+        keep: weight files kept (the newest); older ones are deleted.
+        fsync: flush to disk before each rename (off only for scratch runs).
+
+    Raises:
+        ConfigError: ``keep < 1``.
+        TransportError: the directory cannot be created.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, keep: int = 3, fsync: bool = True) -> None:
+        if keep < 1:
+            raise ConfigError(f"keep must be >= 1, got {keep}")
+        self.path = Path(path)
+        self.keep = keep
+        self.fsync = fsync
+        self._last: int | None = None
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TransportError(f"cannot create policy directory {self.path}: {exc}") from exc
+
+    def publish(self, version: int, weights: Mapping[str, Any]) -> None:
+        """Make ``weights`` the current policy.
+
+        Raises:
+            ConfigError: the version does not increase or a value is not a tensor.
+            TransportError: the file system refused the write.
+        """
+        version = check_version(version, self._last)
+        data = serialize(version, weights)
+        name = weights_name(version)
+        note = json.dumps({"version": version, "file": name, "crc32": zlib.crc32(data)}).encode()
+        try:
+            write_atomic(self.path / name, data, fsync=self.fsync)
+            write_atomic(self.path / NOTE, note, fsync=self.fsync)
+        except OSError as exc:
+            raise TransportError(f"cannot publish policy {version} to {self.path}: {exc}") from exc
+        self._last = version
+        self._prune()
+
+    def _prune(self) -> None:
+        names = sorted(n for n in os.listdir(self.path) if _WEIGHTS.match(n))
+        for old in names[:-self.keep]:
+            (self.path / old).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Nothing to release; present for the interface."""
+
+
+class FileSubscriber:
+    """Polls a directory for new policies.
+
+    Args:
+        path: the publisher's directory.
+        check_interval_s: ``poll`` reads the version note at most this often.
+
+    Raises:
+        ConfigError: a negative interval.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, check_interval_s: float = 1.0) -> None:
+        if check_interval_s < 0:
+            raise ConfigError(f"check_interval_s must be >= 0, got {check_interval_s}")
+        self.path = Path(path)
+        self.check_interval_s = check_interval_s
+        self.version: int | None = None
+        self.stats = SubscriberStats()
+        self._next_check = 0.0
+        self._bad_note: bytes | None = None
+
+    def poll(self) -> PolicyUpdate | None:
+        """The newest policy if it is newer than ``version``; else None."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return None
+        self._next_check = now + self.check_interval_s
+        self.stats.checks += 1
+        try:
+            raw = (self.path / NOTE).read_bytes()
+        except FileNotFoundError:
+            return None  # nothing published yet
+        if raw == self._bad_note:
+            return None  # already rejected; wait for the next publish
+        try:
+            note = json.loads(raw)
+            version, name, crc = int(note["version"]), str(note["file"]), int(note["crc32"])
+            if not _WEIGHTS.match(name):
+                raise ValueError(f"bad weights file name {name!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            return self._reject(raw, "format", f"{self.path / NOTE}: {exc}")
+        if self.version is not None and version <= self.version:
+            return None
+        try:
+            data = (self.path / name).read_bytes()
+        except FileNotFoundError:
+            return None  # superseded and pruned since the note was read: look again later
+        update = deserialize(data, crc, self.stats, str(self.path / name))
+        if update is None:
+            self._bad_note = raw
+            return None
+        if update.version != version:
+            return self._reject(raw, "version", f"note says {version}, weights say {update.version}")
+        self.version = version
+        return update
+
+    def _reject(self, raw: bytes, reason: str, detail: str) -> None:
+        self._bad_note = raw
+        self.stats.reject(reason, detail)
+
+    def pause(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s`` (files give no hints) and allow the next check at once."""
+        time.sleep(max(timeout_s, 0.0))
+        self._next_check = 0.0
+
+    def close(self) -> None:
+        """Nothing to release; present for the interface."""

@@ -1,0 +1,137 @@
+"""``redis://`` policy broadcast: one hash per policy key, plus a pub/sub hint.
+
+The publisher sets ``version``, ``crc32`` and ``weights`` of the hash ``key`` in one
+``HSET`` (atomic: a reader sees all old or all new fields), then publishes the version on
+``key + ":news"``. A subscriber reads only ``HGET version`` on a check and the whole hash
+(one ``HGETALL``, a consistent snapshot) only when the version grew. Checks happen when a
+hint arrives and at least every ``check_interval_s``, so a lost hint costs one interval,
+and a subscriber that starts late still finds the current policy (lessons from Coach's
+pub/sub data loss). Redis itself is reached through :mod:`shardreplay.transport.redis`.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+from shardreplay.errors import ConfigError, TransportTimeout
+from shardreplay.policy.broadcast import PolicyUpdate, SubscriberStats, check_version, deserialize, serialize
+from shardreplay.transport.redis import HintChannel, RedisLink
+
+__all__ = ["RedisPublisher", "RedisSubscriber"]
+
+
+class RedisPublisher:
+    """Publishes policies into a Redis hash.
+
+    Args:
+        url: ``redis://host:port/db``.
+        key: the hash key; hints go to ``key + ":news"``.
+        timeout_s: how long a publish may wait for an unreachable server.
+    """
+
+    def __init__(self, url: str, *, key: str = "shardreplay:policy", timeout_s: float = 30.0) -> None:
+        self._link = RedisLink(url)
+        self._key = key
+        self._timeout_s = timeout_s
+        self._hints = HintChannel(self._link, key + ":news")
+        self._last: int | None = None
+
+    def publish(self, version: int, weights: Mapping[str, Any]) -> None:
+        """Atomically replace the current policy, then hint subscribers.
+
+        Raises:
+            ConfigError: the version does not increase or a value is not a tensor.
+            TransportTimeout: the server did not answer within ``timeout_s``.
+            TransportError: Redis refused the write.
+        """
+        version = check_version(version, self._last)
+        data = serialize(version, weights)
+        mapping = {"version": str(version), "crc32": str(zlib.crc32(data)), "weights": data}
+        self._link.call(lambda r: r.hset(self._key, mapping=mapping), what="HSET policy",
+                        deadline=time.monotonic() + self._timeout_s)
+        self._last = version
+        self._hints.publish(str(version))
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._hints.close()
+        self._link.close()
+
+
+class RedisSubscriber:
+    """Polls a Redis hash for new policies.
+
+    Args:
+        url: ``redis://host:port/db``.
+        key: the publisher's key.
+        check_interval_s: longest time between version checks without a hint.
+    """
+
+    def __init__(self, url: str, *, key: str = "shardreplay:policy", check_interval_s: float = 1.0) -> None:
+        if check_interval_s < 0:
+            raise ConfigError(f"check_interval_s must be >= 0, got {check_interval_s}")
+        self._link = RedisLink(url)
+        self._key = key
+        self.check_interval_s = check_interval_s
+        self.version: int | None = None
+        self.stats = SubscriberStats()
+        self._hints = HintChannel(self._link, key + ":news")
+        self._next_check = 0.0
+        self._bad: tuple[bytes, bytes] | None = None
+
+    def poll(self) -> PolicyUpdate | None:
+        """The newest policy if it is newer than ``version``; else None.
+
+        A server that does not answer counts as "nothing new" (logged by the link).
+        """
+        now = time.monotonic()
+        hinted = self._hints.wait(0.0)
+        if not hinted and now < self._next_check:
+            return None
+        self._next_check = now + self.check_interval_s
+        self.stats.checks += 1
+        try:
+            raw = self._link.call(lambda r: r.hget(self._key, "version"), what="HGET version", deadline=now)
+            if raw is None or (self.version is not None and int(raw) <= self.version):
+                return None
+            fields = self._link.call(lambda r: r.hgetall(self._key), what="HGETALL policy", deadline=now)
+        except TransportTimeout:
+            return None
+        except ValueError:
+            self.stats.reject("format", f"version field {raw!r} is not an integer")
+            return None
+        return self._accept(fields)
+
+    def _accept(self, fields: dict[bytes, bytes]) -> PolicyUpdate | None:
+        marker = (fields.get(b"version", b""), fields.get(b"crc32", b""))
+        if marker == self._bad:
+            return None  # already rejected; wait for the next publish
+        try:
+            version, crc, data = int(marker[0]), int(marker[1]), fields[b"weights"]
+        except (ValueError, KeyError) as exc:
+            self._bad = marker
+            self.stats.reject("format", f"policy hash lacks a field or is malformed: {exc}")
+            return None
+        update = deserialize(data, crc, self.stats, f"redis key {self._key}")
+        if update is None or update.version != version:
+            self._bad = marker
+            if update is not None:
+                self.stats.reject("version", f"hash says {version}, weights say {update.version}")
+            return None
+        self.version = version
+        return update
+
+    def pause(self, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s``, waking at once on a hint."""
+        if self._hints.wait(timeout_s):
+            self._next_check = 0.0
+        else:
+            self._next_check = min(self._next_check, time.monotonic())
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._hints.close()
+        self._link.close()
