@@ -158,7 +158,7 @@ class ReplayBuffer:
         sampler = self._sampler
         if prios is not None and isinstance(sampler, PrioritizedSampler):
             sampler.note_priorities(prios)
-        slots, valid, newly = self._storage.write(steps, rows, t_len or 1, prios,
+        slots, valid, newly = self._storage.write(steps, rows, 1 if t_len is None else t_len, prios,
                                                   sampler.default_priority())
         sampler.on_write(slots, valid, newly)
 
