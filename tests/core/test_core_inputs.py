@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from core_fixtures import assert_same, snapshot
 
 from shardreplay import Field, ReplayBuffer, Spec, SpecMismatchError
 
@@ -68,3 +69,18 @@ def test_partly_nested_input_with_a_wrong_leaf_is_refused() -> None:
         buf.add({"obs": {"pos": torch.zeros(2, 3), "id": torch.zeros(2)}, "act": torch.zeros(2),
                  "step_type": torch.zeros(2, dtype=torch.int64)})
     assert buf.num_steps == 0
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized", "fifo"])
+def test_an_empty_chunk_is_checked_and_changes_nothing(sampler: str) -> None:
+    buf = _buffer(sampler=sampler)
+    buf.extend({"obs.pos": np.zeros((2, 3, 3)), "obs.id": np.zeros((2, 3), np.int32),
+                "act": np.arange(6).reshape(2, 3), "step_type": np.ones((2, 3), np.int64)})
+    before = snapshot(buf)
+    empty = {"obs.pos": np.zeros((2, 0, 3)), "obs.id": np.zeros((2, 0), np.int32),
+             "act": np.zeros((2, 0), np.int64), "step_type": np.ones((2, 0), np.int64)}
+    buf.extend(empty)
+    buf.extend({k: v[1:] for k, v in empty.items()}, stream_ids=[1], priorities=np.zeros((1, 0)))
+    assert_same(before, snapshot(buf))
+    with pytest.raises(SpecMismatchError):  # still validated: a wrong field shape is refused
+        buf.extend({**empty, "obs.pos": np.zeros((2, 0, 4))})
