@@ -10,7 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from core_fixtures import all_keys, filled_buffer, flat_slots
+from core_ref import FIRST, MID, SPEC
 from scipy.stats import chisquare
+
+from shardreplay import ReplayBuffer
 
 DRAWS = 40_000
 P_MIN = 1e-3
@@ -107,3 +110,17 @@ def test_negative_control_uniform_rejects_tilted_distribution() -> None:
     tilted[np.flatnonzero(valid)[:4]] *= 1.15
     assert _chisquare_p(counts, valid.astype(float)) > P_MIN
     assert _chisquare_p(counts, tilted) < 1e-6
+
+
+def test_uniform_is_uniform_when_few_slots_are_valid() -> None:
+    # 10 valid starts among 400 slots: the sampler lists valid slots instead of rejecting.
+    buf = ReplayBuffer(SPEC, num_streams=4, stream_capacity=100, window=3, seed=17)
+    types = np.array([[FIRST] + [MID] * 11])
+    buf.extend({"obs": np.zeros((1, 12, 2)), "act": np.arange(12)[None], "step_type": types},
+               stream_ids=[2])
+    valid = buf._storage.valid
+    assert valid.sum() == 10 and valid.sum() / valid.size < 0.05
+    counts, _, probs = _counts(buf, valid.size)
+    assert counts[~valid].sum() == 0
+    np.testing.assert_allclose(probs, 0.1)
+    assert _chisquare_p(counts, valid.astype(float)) > P_MIN

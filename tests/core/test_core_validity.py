@@ -52,6 +52,7 @@ def test_prioritized_probabilities_and_weights_match_reference(prog: Program) ->
     ref = RefBuffer(prog.num_streams, prog.capacity, prog.window)
     episodes: dict[int, int] = {}
     rng = np.random.default_rng(0)
+    pending: list[tuple[int, int, int]] = []  # (key, row, position) of earlier draws
     for op in prog.writes:
         apply_write(buf, ref, op)
         _check_state(buf, ref)
@@ -59,16 +60,31 @@ def test_prioritized_probabilities_and_weights_match_reference(prog: Program) ->
         if not any(p > 0 for p in probs.values()):
             with pytest.raises(EmptyBufferError):
                 buf.sample(4)
-            continue
-        batch = buf.sample(12)
-        drawn = check_batch(ref, batch, episodes)
-        weights = ref.weights(alpha, beta)
-        np.testing.assert_allclose(batch.probabilities.numpy(), [probs[i] for i in drawn], rtol=1e-9)
-        np.testing.assert_allclose(batch.weights.numpy(), [weights[i] for i in drawn], rtol=1e-5)
-        # New priorities for the drawn windows (a repeated key keeps its last value).
-        new = rng.choice([0.0, 0.5, 1.5, 4.0], size=len(drawn))
-        assert buf.update_priorities(batch.keys, new) == len(drawn)
-        for (r, q), p in zip(drawn, new, strict=True):
+        else:
+            batch = buf.sample(12)
+            drawn = check_batch(ref, batch, episodes)
+            weights = ref.weights(alpha, beta)
+            np.testing.assert_allclose(batch.probabilities.numpy(), [probs[i] for i in drawn],
+                                       rtol=1e-9)
+            np.testing.assert_allclose(batch.weights.numpy(), [weights[i] for i in drawn], rtol=1e-5)
+            pending += [(k, r, q) for k, (r, q) in zip(batch.keys.tolist(), drawn, strict=True)]
+        _update_some(buf, ref, pending, rng)
+        pending = pending[-40:]
+
+
+def _update_some(buf: ReplayBuffer, ref: RefBuffer, pending: list[tuple[int, int, int]],
+                 rng: np.random.Generator) -> None:
+    """Update a random mix of fresh and old keys; the overwritten ones must be ignored."""
+    if not pending:
+        return
+    chosen = [pending[i] for i in rng.choice(len(pending), size=min(len(pending), 10))]
+    new = rng.choice([0.0, 0.5, 1.5, 4.0], size=len(chosen))
+    current = [q in ref.stored(r) for _, r, q in chosen]
+    stale_before = buf.stale_updates
+    assert buf.update_priorities([k for k, _, _ in chosen], new) == sum(current)
+    assert buf.stale_updates - stale_before == len(chosen) - sum(current)
+    for (_, r, q), p, cur in zip(chosen, new, current, strict=True):
+        if cur:  # in call order, so a repeated key keeps its last priority
             ref.update(r, q, p)
 
 

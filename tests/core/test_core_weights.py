@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from core_fixtures import all_keys, filled_buffer, flat_slots
+from core_ref import MID, SPEC
 
-from shardreplay import LinearSchedule
+from shardreplay import LinearSchedule, ReplayBuffer
 
 
 def _setup(alpha: float, beta, seed: int = 0):
@@ -88,3 +89,32 @@ def test_beta_schedule_position_changes_weights() -> None:
     assert len(common) > 5
     np.testing.assert_allclose([w_last[s] for s in common], [w_first[s] ** 3 for s in common], rtol=1e-5)
     assert min(w_last.values()) < 0.5  # the weights really moved
+
+
+def test_weights_track_the_global_minimum_across_updates_in_a_large_tree() -> None:
+    # 6 x 30 = 180 slots: the minimum lives in one of 12 blocks and moves as it is updated.
+    alpha, beta = 0.9, 0.6
+    buf = ReplayBuffer(SPEC, num_streams=6, stream_capacity=30, window=2, sampler="prioritized",
+                       alpha=alpha, beta=beta, seed=4)
+    buf.extend({"obs": np.zeros((6, 30, 2)), "act": np.zeros((6, 30), np.int64),
+                "step_type": np.full((6, 30), MID)})
+    keys, slots = all_keys(buf)
+    prios = np.ones(keys.size, np.float32)
+    rng = np.random.default_rng(8)
+    for round_ in range(25):
+        pick = rng.choice(keys.size, size=12, replace=False)
+        new = rng.uniform(0.05, 5.0, 12).astype(np.float32)
+        if round_ % 3 == 0:  # lift the current minimum: the next one must take over
+            drawable = np.flatnonzero(prios > 0)
+            pick[0] = drawable[np.argmin(prios[drawable])]
+            new[0] = 10.0
+        if round_ % 4 == 1:
+            new[1] = 0.0
+        buf.update_priorities(keys[pick], new)
+        prios[pick] = new
+        p, w = _expected(buf, slots, prios, alpha, beta)
+        batch = buf.sample(64)
+        drawn = flat_slots(buf, batch.keys.numpy())
+        np.testing.assert_allclose(batch.probabilities.numpy(), p[drawn], rtol=1e-9)
+        np.testing.assert_allclose(batch.weights.numpy(), w[drawn], rtol=1e-5,
+                                   err_msg=f"round {round_}")
