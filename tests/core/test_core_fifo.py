@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from shardreplay import EmptyBufferError, ReplayBuffer
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prog=programs(max_writes=12), sizes=st.lists(st.integers(0, 6), min_size=12, max_size=12))
 def test_fifo_matches_reference_queue(prog: Program, sizes: list[int]) -> None:
     buf = make_buffer(prog, sampler="fifo", seed=0)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 
 from shardreplay import EmptyBufferError, ReplayBuffer
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _check_state(buf: ReplayBuffer, ref: RefBuffer) -> None:
