@@ -121,13 +121,38 @@ def _info(spec: Spec) -> _SpecInfo:
     return info
 
 
-def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-    """The arrays a chunk of this spec and size holds, in wire order."""
-    out: list[tuple[str, np.dtype, tuple[int, ...]]] = [("stream_ids", np.dtype("<i8"), (s,))]
-    out += [(name, dtype, (s, t, *shape)) for name, dtype, shape in _info(spec).fields]
-    if has_priorities:
-        out.append(("priorities", np.dtype("<f4"), (s, t)))
-    return out
+class _Layout:
+    """Where every array of a chunk of one spec and size sits, computed once and cached."""
+
+    def __init__(self, info: _SpecInfo, s: int, t: int, has_priorities: bool) -> None:
+        arrays = [("stream_ids", np.dtype("<i8"), (s,))]
+        arrays += [(name, dtype, (s, t, *shape)) for name, dtype, shape in info.fields]
+        if has_priorities:
+            arrays.append(("priorities", np.dtype("<f4"), (s, t)))
+        self.entries: list[list[Any]] = []  # exactly what the header's "arrays" must hold
+        self.views: list[tuple[str, np.dtype, int, int, tuple[int, ...]]] = []
+        offset = 0
+        for name, dtype, shape in arrays:
+            offset = _align8(offset)
+            count = math.prod(shape)
+            self.entries.append([name, dtype.str, list(shape), offset, count * dtype.itemsize])
+            self.views.append((name, dtype, count, offset, shape))
+            offset += count * dtype.itemsize
+        self.nbytes = offset
+
+
+_LAYOUTS: dict[tuple[int, int, int, bool], _Layout] = {}
+
+
+def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:
+    info = _info(spec)
+    key = (id(info), s, t, has_priorities)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        if len(_LAYOUTS) > 256:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[key] = _Layout(info, s, t, has_priorities)
+    return layout
 
 
 def encode(chunk: Chunk, spec: Spec) -> bytes:
@@ -158,24 +183,22 @@ def encode(chunk: Chunk, spec: Spec) -> bytes:
         arrays["priorities"] = np.asarray(chunk.priorities)
     _check_ids_and_priorities(ids, arrays.get("priorities"), s, t, exc=SpecMismatchError)
     layout = _layout(spec, s, t, chunk.priorities is not None)
-    entries, parts, offset = [], [], 0
-    for name, dtype, shape in layout:
+    parts: list[Any] = []
+    end = 0
+    for name, dtype, _count, offset, _shape in layout.views:
         arr = np.ascontiguousarray(arrays[name], dtype=dtype)
-        pad = _align8(offset) - offset
-        if pad:
-            parts.append(bytes(pad))
-            offset += pad
-        entries.append([name, dtype.str, list(shape), offset, arr.nbytes])
+        if offset > end:
+            parts.append(bytes(offset - end))
         parts.append(arr.data.cast("B") if arr.nbytes else b"")
-        offset += arr.nbytes
+        end = offset + arr.nbytes
     header = msgpack.packb({"fp": _info(spec).fingerprint, "a": chunk.actor_id, "q": chunk.sequence,
-                            "pv": chunk.policy_version, "S": s, "T": t, "arrays": entries})
+                            "pv": chunk.policy_version, "S": s, "T": t, "arrays": layout.entries})
     head_pad = bytes(_align8(_PREFIX.size + len(header)) - _PREFIX.size - len(header))
     crc = zlib.crc32(header)
     crc = zlib.crc32(head_pad, crc)
     for p in parts:
         crc = zlib.crc32(p, crc)
-    total = _PREFIX.size + len(header) + len(head_pad) + offset
+    total = _PREFIX.size + len(header) + len(head_pad) + layout.nbytes
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), total, crc)
     return b"".join([prefix, header, head_pad, *parts])
 
@@ -188,7 +211,8 @@ def _check_ids(actor_id: Any, sequence: Any, version: Any, *, exc: type[Exceptio
 
 def _check_ids_and_priorities(ids: np.ndarray, prio: np.ndarray | None, s: int, t: int, *,
                               exc: type[Exception]) -> None:
-    if s and (ids.min() < 0 or len(np.unique(ids)) != s):
+    listed = ids.tolist()
+    if s and (min(listed) < 0 or len(set(listed)) != s):
         raise _make(exc, "stream_ids must be distinct and >= 0", "values")
     if prio is None:
         return
@@ -292,22 +316,13 @@ def _read_arrays(head: dict[str, Any], spec: Spec, payload: memoryview) -> dict[
         raise CorruptChunkError("header lacks its array table", reason="header")
     has_prio = any(isinstance(e, list) and e and e[0] == "priorities" for e in entries)
     layout = _layout(spec, s, t, has_prio)  # type: ignore[arg-type]
-    if len(entries) != len(layout):
-        raise CorruptChunkError(f"header lists {len(entries)} arrays, the spec needs {len(layout)}",
+    if entries != layout.entries:
+        bad = next((e, x) for e, x in zip([*entries, None], [*layout.entries, None], strict=False) if e != x)
+        raise CorruptChunkError(f"array entry {bad[0]!r} does not match the spec's {bad[1]!r}",
                                 reason="header")
-    out: dict[str, np.ndarray] = {}
-    offset = 0
-    for entry, (name, dtype, shape) in zip(entries, layout, strict=True):
-        nbytes = dtype.itemsize * math.prod(shape)
-        offset = _align8(offset)
-        if entry != [name, dtype.str, list(shape), offset, nbytes]:
-            raise CorruptChunkError(f"array entry {entry!r} does not match the spec's "
-                                    f"{[name, dtype.str, list(shape), offset, nbytes]!r}", reason="header")
-        if offset + nbytes > len(payload):
-            raise CorruptChunkError(f"array {name!r} runs past the end of the chunk", reason="header")
-        out[name] = np.frombuffer(payload, dtype=dtype, count=nbytes // dtype.itemsize,
-                                  offset=offset).reshape(shape)
-        offset += nbytes
-    if offset != len(payload):
-        raise CorruptChunkError(f"{len(payload) - offset} stray bytes after the arrays", reason="header")
+    if layout.nbytes != len(payload):
+        raise CorruptChunkError(f"the arrays need {layout.nbytes} bytes, the chunk has {len(payload)}",
+                                reason="header")
+    out = {name: np.frombuffer(payload, dtype=dtype, count=count, offset=offset).reshape(shape)
+           for name, dtype, count, offset, shape in layout.views}
     return out

@@ -1,0 +1,350 @@
+"""Transport benchmark: 2 actor processes into 1 reader, per transport vs its bare medium.
+
+Workload: chunks of ``T=32`` steps x ``S=8`` streams, ``obs`` float32[64], ``action`` int64,
+``reward`` float32, step types and discounts (about 70 KB encoded). Two spawned actor
+processes send ``--chunks`` chunks each; the reader (this process) receives, decodes,
+validates and acknowledges them, and with ``ingest`` also writes each chunk into a
+``ReplayBuffer`` (``extend``, rows = actor x stream). The rate is steps per second from the
+start signal to the last chunk received.
+
+Bare media move the same encoded bytes with nothing of ours in the path:
+
+- ``local``: a ``multiprocessing.Queue`` of bytes, and our shared-memory ring's raw
+  ``put``/``take`` of bytes (no codec); the ratio is against the faster of the two.
+- ``file``: write + fsync + rename + directory fsync, reader list + read + unlink (the
+  spool does the same durable steps).
+- ``redis``: redis-py pipelined ``XADD`` (8 per round trip), reader ``XREAD``.
+
+Every case runs ``--reps`` times in the same run; medians are reported, and each ratio is
+``transport / bare medium`` (target >= 0.7). One JSON line on stdout.
+
+Usage::
+
+    python benchmarks/bench_transport.py                    # about two minutes on 2 cores
+    python benchmarks/bench_transport.py --quick            # seconds
+    python benchmarks/bench_transport.py --transports local,redis --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardreplay.spec import Field, Spec
+from shardreplay.transport import Chunk, encode, open_transport
+from shardreplay.transport._atomic import fsync_dir
+from shardreplay.transport.local import _Ring
+
+S, T, ACTORS = 8, 32, 2
+SPEC = Spec({"obs": Field((64,), np.float32), "action": Field((), np.int64), "reward": Field((), np.float32)})
+TRANSPORTS = ("local", "file", "redis")
+TARGET = 0.7
+
+
+def make_chunks(actor: int, n_distinct: int = 4) -> list[Chunk]:
+    """A few distinct chunks an actor cycles through (each one whole episode per stream)."""
+    rng = np.random.default_rng(actor)
+    st = np.ones((S, T), np.uint8)
+    st[:, 0], st[:, -1] = 0, 2
+    out = []
+    for _ in range(n_distinct):
+        steps = {"obs": rng.standard_normal((S, T, 64)).astype(np.float32),
+                 "action": rng.integers(0, 6, (S, T)),
+                 "reward": rng.standard_normal((S, T)).astype(np.float32),
+                 "step_type": st, "discount": np.ones((S, T), np.float32)}
+        out.append(Chunk(actor, 0, 0, np.arange(S, dtype=np.int64), steps))
+    return out
+
+
+# -- actor bodies (spawned) ---------------------------------------------------------------
+def actor_transport(transport: Any, actor: int, n: int, ready: Any, go: Any) -> None:
+    """Send ``n`` chunks through a shardreplay transport (encoding each)."""
+    chunks = make_chunks(actor)
+    writer = transport.writer()
+    ready.release()
+    go.wait()
+    for seq in range(n):
+        c = chunks[seq % len(chunks)]
+        writer.send(Chunk(actor, seq, 0, c.stream_ids, c.steps), timeout_s=120)
+    writer.close()
+
+
+def actor_bare(kind: str, medium: Any, actor: int, n: int, ready: Any, go: Any) -> None:
+    """Send ``n`` pre-encoded chunks through a bare medium."""
+    blobs = [encode(Chunk(actor, i, 0, c.stream_ids, c.steps), SPEC)
+             for i, c in enumerate(make_chunks(actor))]
+    if kind == "redis":
+        import redis
+
+        client = redis.Redis.from_url(medium)
+    ready.release()
+    go.wait()
+    if kind == "queue":
+        for i in range(n):
+            medium.put(blobs[i % len(blobs)])
+    elif kind == "ring":
+        for i in range(n):
+            medium.put(blobs[i % len(blobs)], None)
+    elif kind == "file":
+        root = Path(medium)
+        for i in range(n):
+            tmp, final = root / "tmp" / f"{actor}-{i}.tmp", root / "ready" / f"{actor}-{i}.chunk"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, blobs[i % len(blobs)])
+            os.fsync(fd)
+            os.close(fd)
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
+    elif kind == "redis":
+        for start in range(0, n, 8):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, min(start + 8, n)):
+                pipe.xadd("bare", {"d": blobs[i % len(blobs)]})
+            pipe.execute()
+
+
+# -- reader loops -------------------------------------------------------------------------
+def make_buffer() -> Any:
+    """A buffer with a row per (actor, stream), its kernels compiled before timing starts."""
+    from shardreplay.buffer.replay_buffer import ReplayBuffer
+
+    warm = ReplayBuffer(SPEC, num_streams=ACTORS * S, stream_capacity=4096, window=2)
+    c = make_chunks(0)[0]
+    warm.extend(c.steps, stream_ids=c.stream_ids)  # numba compiles on first use
+    return ReplayBuffer(SPEC, num_streams=ACTORS * S, stream_capacity=4096, window=2)
+
+
+def read_transport(reader: Any, total: int, buffer: Any) -> None:
+    got = 0
+    while got < total:
+        chunks = reader.receive(64, timeout_s=1.0)
+        if buffer is not None:
+            for c in chunks:
+                buffer.extend(c.steps, stream_ids=c.stream_ids + S * c.actor_id)
+        reader.ack(chunks)
+        got += len(chunks)
+
+
+def read_bare(kind: str, medium: Any, total: int) -> None:
+    got = 0
+    if kind == "queue":
+        while got < total:
+            medium.get()
+            got += 1
+    elif kind == "ring":
+        while got < total:
+            got += len(medium.take(64, time.monotonic() + 1.0))
+    elif kind == "file":
+        ready = Path(medium) / "ready"
+        while got < total:
+            for entry in os.scandir(ready):
+                with open(entry.path, "rb") as f:
+                    f.read()
+                os.unlink(entry.path)
+                got += 1
+    elif kind == "redis":
+        import redis
+
+        client, last = redis.Redis.from_url(medium), "0"
+        while got < total:
+            reply = client.xread({"bare": last}, count=64, block=1000)
+            if reply:
+                entries = reply[0][1]
+                last = entries[-1][0]
+                got += len(entries)
+
+
+def timed(target: Any, args_for: Any, reader: Any, total_chunks: int) -> float:
+    """Start the actors, release them together, run ``reader``; steps per second."""
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    procs = [ctx.Process(target=target, args=(*args_for(a), ready, go)) for a in range(ACTORS)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            if not ready.acquire(timeout=120):
+                raise RuntimeError("an actor did not start")
+        t0 = time.perf_counter()
+        go.set()
+        reader()
+        dt = time.perf_counter() - t0
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError(f"actor exit codes {[p.exitcode for p in procs]}")
+    return total_chunks * S * T / dt
+
+
+# -- cases --------------------------------------------------------------------------------
+class RedisServer:
+    """A throw-away redis-server on a free loopback port (no persistence)."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.dir = tempfile.mkdtemp(prefix="bench-redis-")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        for _ in range(500):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def flush(self) -> None:
+        import redis
+
+        redis.Redis.from_url(self.url).flushall()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def ours(transport: Any, n: int, ingest: bool) -> float:
+    reader = transport.reader()
+    buffer = make_buffer() if ingest else None
+    try:
+        return timed(actor_transport, lambda a: (transport, a, n),
+                     lambda: read_transport(reader, ACTORS * n, buffer), ACTORS * n)
+    finally:
+        reader.close()
+
+
+def bare(kind: str, medium: Any, n: int) -> float:
+    return timed(actor_bare, lambda a: (kind, medium, a, n), lambda: read_bare(kind, medium, ACTORS * n),
+                 ACTORS * n)
+
+
+def fresh_dir(root: str, name: str) -> Path:
+    path = Path(root) / name
+    shutil.rmtree(path, ignore_errors=True)
+    (path / "ready").mkdir(parents=True)
+    (path / "tmp").mkdir()
+    return path
+
+
+def run_rep(kind: str, n: int, ingest: bool, scratch: str, server: RedisServer | None) -> dict[str, float]:
+    """One repetition of every case of one transport: figures in steps/s."""
+    out: dict[str, float] = {}
+    if kind == "local":
+        capacity = 64 << 20
+        blob = len(encode(make_chunks(0)[0], SPEC))
+        out["bare_mp_queue"] = bare("queue", mp.get_context("spawn").Queue(capacity // blob), n)
+        out["bare_shm_ring"] = bare("ring", _Ring(capacity, mp.get_context("spawn")), n)
+        make = lambda: open_transport("local", SPEC, capacity_bytes=capacity)  # noqa: E731
+    elif kind == "file":
+        out["bare_write_rename_read"] = bare("file", str(fresh_dir(scratch, "bare")), n)
+        make = lambda: open_transport(fresh_dir(scratch, "spool").as_uri(), SPEC)  # noqa: E731
+    else:
+        assert server is not None
+        server.flush()
+        out["bare_xadd_xread"] = bare("redis", server.url, n)
+        server.flush()
+        make = lambda: open_transport(server.url, SPEC)  # noqa: E731
+    out["transport"] = ours(make(), n, ingest=False)
+    if ingest:
+        if server is not None:
+            server.flush()
+        out["transport_ingest"] = ours(make(), n, ingest=True)
+    return out
+
+
+def summarize(reps: list[dict[str, float]]) -> dict[str, Any]:
+    med = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
+    bare_best = max(v for k, v in med.items() if k.startswith("bare_"))
+    result: dict[str, Any] = {"steps_per_s": {k: round(v) for k, v in med.items()}}
+    result["ratio"] = round(med["transport"] / bare_best, 3)
+    if "transport_ingest" in med:
+        result["ratio_ingest"] = round(med["transport_ingest"] / bare_best, 3)
+    result["meets_target"] = result["ratio"] >= TARGET
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--transports", default=",".join(TRANSPORTS))
+    p.add_argument("--chunks", type=int, default=None, help="chunks per actor (default 1500, quick 150)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions, median reported (default 3, quick 1)")
+    p.add_argument("--no-ingest", action="store_true", help="skip the ReplayBuffer ingest figure")
+    p.add_argument("--scratch", default=None, help="directory for spool files (default: a temp dir)")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
+    args = p.parse_args(argv)
+    args.chunks = args.chunks or (150 if args.quick else 1500)
+    args.reps = args.reps or (1 if args.quick else 3)
+    args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    if set(args.transports) - set(TRANSPORTS):
+        p.error(f"--transports: choose from {TRANSPORTS}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    scratch = args.scratch or tempfile.mkdtemp(prefix="bench-transport-")
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    results: dict[str, Any] = {}
+    server = None
+    try:
+        if "redis" in args.transports:
+            if shutil.which("redis-server") is None:
+                results["redis"] = {"missing": "redis-server not installed"}
+                args.transports.remove("redis")
+            else:
+                server = RedisServer()
+        for kind in args.transports:
+            reps = [run_rep(kind, args.chunks, not args.no_ingest, scratch, server) for _ in range(args.reps)]
+            results[kind] = summarize(reps)
+    finally:
+        if server is not None:
+            server.stop()
+        if args.scratch is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    line = {
+        "bench": "transport",
+        "workload": {"actors": ACTORS, "streams": S, "steps": T, "obs": "float32[64]",
+                     "chunk_bytes": len(encode(make_chunks(0)[0], SPEC)), "chunks_per_actor": args.chunks,
+                     "reps": args.reps},
+        "results": results,
+        "target_ratio": TARGET,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "platform": platform.platform(), "loadavg_start": load_start,
+                    "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
+    }
+    text = json.dumps(line)
+    print(text, flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
