@@ -1,0 +1,35 @@
+"""The ``shardreplay`` command: one subcommand per module of this package.
+
+Adding a subcommand is one line in ``_SUBCOMMANDS``: a module with
+``add_parser(subparsers)`` that sets ``func`` (returning the exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+_SUBCOMMANDS = (
+    "shardreplay.cli.train",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(prog="shardreplay", description="Sharded, exact, prioritized replay "
+                                     "for distributed RL on PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _SUBCOMMANDS:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``shardreplay`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

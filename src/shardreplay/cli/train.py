@@ -1,0 +1,82 @@
+"""``shardreplay train``: distributed Ape-X DQN with sharded prioritized replay.
+
+Every TrainSettings field is a flag (``--env-id``, ``--learners``, ...); ``--config``
+reads a YAML file of the same fields (flags given on the command line win).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from shardreplay.errors import ShardReplayError
+from shardreplay.runtime.settings import TrainSettings
+
+_HELP = dict(re.findall(r"^\s{8}(\w+): (.+?)(?=\n\s{8}\w+:|\n\s*$)",
+                        TrainSettings.__doc__ or "", flags=re.M | re.S))
+
+
+def _help(name: str) -> str:
+    for key, text in _HELP.items():
+        if name == key or name in key.split(", "):
+            return " ".join(text.split())
+    return ""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``train`` on an argparse subparsers object."""
+    p = subparsers.add_parser("train", help="train distributed Ape-X DQN (default: CartPole-v1)",
+                              description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", type=Path, help="YAML file of settings (same names as the flags)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="continue RUN_DIR from its newest complete checkpoint (flags override its config)")
+    defaults = TrainSettings()
+    for f in dataclasses.fields(TrainSettings):
+        if f.name == "extra":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        value = getattr(defaults, f.name)
+        if isinstance(value, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=_help(f.name))
+        elif isinstance(value, tuple):
+            p.add_argument(flag, type=int, nargs="+", default=None, help=_help(f.name))
+        else:
+            p.add_argument(flag, type=type(value), default=None, help=f"{_help(f.name)} [{value}]")
+    p.set_defaults(func=run)
+
+
+def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSettings)
+             if f.name != "extra" and getattr(args, f.name, None) is not None}
+    if args.resume is not None:
+        from shardreplay.runtime.learner import settings_for_resume
+
+        return settings_for_resume(args.resume, given), True
+    base: dict[str, Any] = {}
+    if args.config is not None:
+        import yaml
+
+        base = yaml.safe_load(args.config.read_text()) or {}
+    base.update(given)
+    return TrainSettings.from_dict(base), False
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``train``; returns the exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        settings, resume = _settings(args)
+        from shardreplay.runtime.launch import train
+
+        summary = train(settings, resume)
+    except ShardReplayError as exc:
+        print(f"shardreplay train: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=1))
+    return 0

@@ -1,0 +1,195 @@
+"""The actor: steps a gymnasium vector env with a recent policy and ships chunks.
+
+Each of its streams (one per env) explores with its own Ape-X epsilon. Steps go into
+chunks of ``chunk_steps`` steps, sent to the transport of the learner shard that owns
+this actor (:func:`shardreplay.runtime.routing.shard_for_actor`). New weights are
+picked up with a cheap version check. A transport failure is retried with a back-off
+(the same chunk, so a duplicate is dropped by the learner); SIGTERM / SIGINT stop the
+actor after the current step, sending what it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardreplay.errors import ConfigError, TransportError, TransportTimeout
+from shardreplay.policy import open_subscriber
+from shardreplay.policy.broadcast import wait_for_policy
+from shardreplay.runtime.chunker import Chunker
+from shardreplay.runtime.envs import env_spaces, make_vector_env, transition_spec
+from shardreplay.runtime.gym_steps import GymStepConverter
+from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
+from shardreplay.runtime.routing import shard_for_actor, shard_transport
+from shardreplay.transport.base import Transport
+from shardreplay.transport.codec import Chunk
+
+log = logging.getLogger("shardreplay.actor")
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    """What one actor runs.
+
+    Attributes:
+        actor_id: this actor's id (0-based); also picks its learner shard.
+        num_actors: actors in the run (for the Ape-X epsilon of each stream).
+        num_shards: learner shards (ranks).
+        env_id: gymnasium id (discrete actions, flat vector observations).
+        envs_per_actor: vector env size = streams of this actor.
+        chunk_steps: steps per stream in one chunk.
+        transport: ``local``, ``file:///dir`` or ``redis://host:port/db``.
+        policy_url: where the learner publishes weights (``file:///dir`` or ``redis://``).
+        hidden: hidden layer sizes of the Q-network (must match the learner's).
+        epsilon_base, epsilon_exponent: Ape-X exploration ``base^(1 + exponent i/(N-1))``.
+        seed: environment and exploration seed (None: random).
+        max_env_steps: stop after this many vector steps (None: until stopped).
+        policy_wait_s: how long to wait for the first policy.
+        send_timeout_s: one attempt's wait for room in the transport.
+    """
+
+    actor_id: int
+    num_actors: int
+    num_shards: int
+    env_id: str = "CartPole-v1"
+    envs_per_actor: int = 4
+    chunk_steps: int = 16
+    transport: str = "local"
+    policy_url: str = ""
+    hidden: tuple[int, ...] = (128, 128)
+    epsilon_base: float = 0.4
+    epsilon_exponent: float = 7.0
+    seed: int | None = None
+    max_env_steps: int | None = None
+    policy_wait_s: float = 120.0
+    send_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.actor_id < self.num_actors:
+            raise ConfigError(f"actor_id must lie in [0, {self.num_actors}), got {self.actor_id}")
+        if self.envs_per_actor < 1 or self.chunk_steps < 1 or self.num_shards < 1:
+            raise ConfigError("envs_per_actor, chunk_steps and num_shards must be >= 1")
+        if not self.policy_url:
+            raise ConfigError("policy_url is required (file:///dir or redis://host:port/db)")
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGINT (or by the caller) to end the actor loop."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self, *_args: Any) -> None:
+        """Ask the loop to stop (usable as a signal handler)."""
+        self._event.set()
+
+    def is_set(self) -> bool:
+        """True once a stop was asked."""
+        return self._event.is_set()
+
+    def install(self) -> None:
+        """Route SIGTERM and SIGINT here (main thread only)."""
+        signal.signal(signal.SIGTERM, self.set)
+        signal.signal(signal.SIGINT, self.set)
+
+
+def run(settings: ActorSettings, transport: Transport | None = None,
+        stop: StopFlag | None = None) -> dict[str, int]:
+    """Run one actor until stopped or ``max_env_steps``; returns counters.
+
+    Args:
+        settings: what to run.
+        transport: the shard's transport when already open (``local`` rings are made
+            by the parent and passed in); None opens it from ``settings.transport``.
+        stop: a stop flag (None: a new one, wired to SIGTERM / SIGINT).
+
+    Raises:
+        ConfigError: a bad environment or settings.
+        TransportTimeout: no first policy within ``policy_wait_s``.
+    """
+    if stop is None:
+        stop = StopFlag()
+        stop.install()
+    obs_size, num_actions = env_spaces(settings.env_id)
+    spec = transition_spec(obs_size)
+    shard = shard_for_actor(settings.actor_id, settings.num_shards)
+    transport = transport or shard_transport(settings.transport, spec, shard)
+    env, obs = make_vector_env(settings.env_id, settings.envs_per_actor, settings.seed)
+    try:
+        return _loop(settings, env, obs, num_actions, transport, stop)
+    finally:
+        env.close()
+
+
+def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
+          transport: Transport, stop: StopFlag) -> dict[str, int]:
+    s = settings
+    torch.set_num_threads(1)
+    net = QNetwork(obs.shape[1], num_actions, s.hidden)
+    subscriber = open_subscriber(s.policy_url)
+    version = _load(net, wait_for_policy(subscriber, s.policy_wait_s))
+    rng = np.random.default_rng(s.seed)
+    eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor, s.num_actors * s.envs_per_actor,
+                        s.epsilon_base, s.epsilon_exponent)
+    converter = GymStepConverter.from_env(env)
+    converter.reset(obs)
+    chunker = Chunker(s.actor_id, np.arange(s.envs_per_actor), s.chunk_steps,
+                      first_sequence=time.time_ns() // 1000)
+    writer = transport.writer()
+    counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
+    try:
+        while not stop.is_set() and (s.max_env_steps is None or counters["env_steps"] < s.max_env_steps):
+            update = subscriber.poll()
+            if update is not None:
+                version = _load(net, update)
+                counters["policy_updates"] += 1
+            with torch.no_grad():
+                actions = epsilon_greedy(net(torch.as_tensor(obs, dtype=torch.float32)), eps, rng)
+            obs, reward, terminated, truncated, info = env.step(actions)
+            counters["env_steps"] += s.envs_per_actor
+            for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info):
+                chunk = chunker.add(step, version)
+                if chunk is not None:
+                    writer = _send(chunk, writer, transport, stop, counters, s.send_timeout_s)
+        last = chunker.flush()
+        if last is not None:
+            writer = _send(last, writer, transport, stop, counters, s.send_timeout_s)
+    finally:
+        writer.close()
+        subscriber.close()
+    log.info("actor %d stopped: %s", s.actor_id, counters)
+    return counters
+
+
+def _load(net: QNetwork, update: Any) -> int:
+    net.load_state_dict({k: torch.as_tensor(v) for k, v in update.weights.items()})
+    return int(update.version)
+
+
+def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, counters: dict[str, int],
+          timeout_s: float) -> Any:
+    """Send with retries; reopen the writer after a transport failure."""
+    backoff = 0.1
+    while True:
+        try:
+            writer.send(chunk, timeout_s=timeout_s)
+            counters["chunks"] += 1
+            return writer
+        except TransportTimeout:
+            counters["send_retries"] += 1  # the learner is busy: back-pressure
+        except TransportError as exc:
+            counters["send_retries"] += 1
+            log.warning("actor %d: send failed (%s); reconnecting in %.1f s", chunk.actor_id, exc, backoff)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+            writer.close()
+            writer = transport.writer()
+        if stop.is_set():
+            return writer  # stopping: give up on a chunk the learner does not take now

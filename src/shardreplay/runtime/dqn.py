@@ -1,0 +1,107 @@
+"""Double DQN with n-step returns and prioritized replay, on sampled windows.
+
+::
+
+    a*     = argmax_a Q_online(o_m, a)
+    target = R + gamma_m * Q_target(o_m, a*)         (gamma_m = 0 after a termination)
+    td     = target - Q_online(o_0, a_0)
+    loss   = mean_b( w_b * huber(td_b) )             (w: importance weights)
+
+New priorities are ``|td| + priority_eps``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shardreplay.buffer.batch import Batch
+from shardreplay.buffer.nstep import nstep_transitions
+
+
+@dataclass(frozen=True)
+class DqnSettings:
+    """Learning settings (documented in ``shardreplay train --help``)."""
+
+    gamma: float = 0.99
+    lr: float = 5e-4
+    grad_clip: float = 10.0
+    target_update_interval: int = 250
+    priority_eps: float = 1e-3
+
+
+class DoubleDqn:
+    """Online and target Q-networks, the optimizer, and one learning step.
+
+    Args:
+        online: the Q-network that learns (may be wrapped in DDP).
+        settings: learning settings.
+    """
+
+    def __init__(self, online: nn.Module, settings: DqnSettings) -> None:
+        self.online = online
+        self.target = copy.deepcopy(_unwrap(online)).requires_grad_(False)
+        self.settings = settings
+        self.optimizer = torch.optim.Adam(online.parameters(), lr=settings.lr)
+        self.updates = 0
+
+    @property
+    def module(self) -> nn.Module:
+        """The bare Q-network (without DDP)."""
+        return _unwrap(self.online)
+
+    def learn(self, batch: Batch) -> tuple[torch.Tensor, float]:
+        """One gradient step on ``batch``; returns (new priorities ``[B]``, loss)."""
+        s = self.settings
+        if bool((batch.keys < 0).all()):
+            return self._empty_step(batch)
+        tr = nstep_transitions(batch, s.gamma, validate=False)
+        obs = tr.observation.float()
+        next_obs = tr.next_observation.float()
+        q = self.online(obs).gather(1, tr.action.long().reshape(-1, 1)).squeeze(1)
+        with torch.no_grad():
+            best = self.online(next_obs).argmax(dim=1, keepdim=True)
+            bootstrap = self.target(next_obs).gather(1, best).squeeze(1)
+            target = tr.reward.float() + tr.bootstrap_discount.float() * bootstrap
+        td = target - q
+        loss = (batch.weights.float() * F.smooth_l1_loss(q, target, reduction="none")).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.online.parameters(), s.grad_clip)
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % s.target_update_interval == 0:
+            self.target.load_state_dict(self.module.state_dict())
+        return td.detach().abs() + s.priority_eps, float(loss.detach())
+
+    def _empty_step(self, batch: Batch) -> tuple[torch.Tensor, float]:
+        """A zero-gradient step for a padding batch (empty shard in local mode): the
+        backward pass still runs, so DDP's gradient all-reduce stays in step."""
+        loss = sum(p.sum() * 0.0 for p in self.online.parameters())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[union-attr]
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % self.settings.target_update_interval == 0:
+            self.target.load_state_dict(self.module.state_dict())
+        return torch.zeros(len(batch)), 0.0
+
+    def state_dict(self) -> dict[str, object]:
+        """Online, target and optimizer state, and the update count."""
+        return {"online": self.module.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.module.load_state_dict(state["online"])  # type: ignore[arg-type]
+        self.target.load_state_dict(state["target"])  # type: ignore[arg-type]
+        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
+        self.updates = int(state["updates"])  # type: ignore[call-overload]
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module

@@ -1,0 +1,318 @@
+"""One learner rank of a training run: ingest, learn, publish, evaluate, checkpoint.
+
+All ranks run the same loop in lock-step. Every decision that leads into a collective
+(learn now? how many updates? stop? save?) is taken from counters summed over ranks by
+one all-reduce per iteration, so all ranks issue the same collectives in the same order
+(LESSONS.md 12). Rank 0 publishes weights, evaluates and records metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from shardreplay import checkpoint
+from shardreplay.buffer.rate_limiter import RateLimiter
+from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.checkpoint.manifest import checkpoint_dir
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import IncompleteCheckpointError
+from shardreplay.policy import open_publisher
+from shardreplay.runtime.actor import ActorSettings
+from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
+from shardreplay.runtime.envs import env_spaces, transition_spec
+from shardreplay.runtime.evaluate import evaluate
+from shardreplay.runtime.ingest import Ingestor
+from shardreplay.runtime.metrics import MetricsRecorder
+from shardreplay.runtime.processes import ActorPool
+from shardreplay.runtime.qnet import QNetwork
+from shardreplay.runtime.routing import shard_for_actor, shard_transport
+from shardreplay.runtime.settings import TrainSettings
+from shardreplay.samplers.schedules import LinearSchedule
+from shardreplay.transport.base import Transport
+
+log = logging.getLogger("shardreplay.learner")
+LEARNER_STATE = "learner_state.pt"
+# Counters summed over ranks each iteration (positions in the all-reduced vector).
+_STEPS, _REPLAY, _STOP, _SAVE, _RET_SUM, _RET_N, _LAG_SUM, _LAG_N, _REJECTED = range(9)
+_DRAIN_CHUNKS = 16  # chunks one rank takes in per iteration at most
+_MAX_UPDATES_PER_ITERATION = 8
+
+
+class _Flags:
+    """Signal flags: SIGTERM/SIGINT ask to stop, SIGUSR1 asks for a checkpoint."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self.save = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGUSR1, self._save)
+
+    def _stop(self, *_args: Any) -> None:
+        self.stop = True
+
+    def _save(self, *_args: Any) -> None:
+        self.save = True
+
+
+class Learner:
+    """This rank's shard, Q-learning, actors and bookkeeping (see the module docstring).
+
+    Args:
+        settings: the run's settings (``run_dir`` and ``policy_url`` resolved).
+        transport: this shard's transport object (``local`` rings made by the launcher)
+            or None to open it from the URL.
+        resume: restore the newest complete checkpoint of ``run_dir`` first.
+    """
+
+    def __init__(self, settings: TrainSettings, transport: Transport | None = None,
+                 resume: bool = False) -> None:
+        self.s = settings
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.run_dir = Path(settings.run_dir)
+        self.flags = _Flags()
+        self.flags.install()
+        obs_size, self.num_actions = env_spaces(settings.env_id)
+        self.spec = transition_spec(obs_size)
+        self.buffer = self._make_buffer()
+        net = QNetwork(obs_size, self.num_actions, settings.hidden)
+        if self.world > 1:
+            net = DistributedDataParallel(net)
+        self.agent = DoubleDqn(net, DqnSettings(gamma=settings.gamma, lr=settings.lr,
+                                                target_update_interval=settings.target_update_interval))
+        self.counters = {"env_steps": 0, "updates": 0, "version": 0, "samples": 0}
+        self.best_eval = -math.inf
+        self.last_eval: float | None = None
+        self._saved_at = -1
+        if resume:
+            self._resume()
+        self.transport = transport or shard_transport(settings.transport, self.spec, self.rank)
+        self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings)
+        self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
+        self._last_sync: np.ndarray | None = None
+        self.metrics = MetricsRecorder(self.run_dir, settings.total_env_steps, settings.progress) \
+            if self.rank == 0 else None
+        self.actors = ActorPool(self._actor_settings(), transport, settings.max_actor_restarts)
+
+    def _make_buffer(self) -> ShardedReplayBuffer:
+        s = self.s
+        streams = s.streams_of_shard(self.rank)
+        capacity = max(s.replay_capacity // streams, s.window)
+        local = ReplayBuffer(self.spec, num_streams=streams, stream_capacity=capacity, window=s.window,
+                             sampler="prioritized", alpha=s.alpha,
+                             beta=LinearSchedule(s.beta_start, s.beta_end, s.beta_updates),
+                             seed=s.seed * 1000 + self.rank)
+        return ShardedReplayBuffer(local, timeout_s=s.collective_timeout_s)
+
+    def _actor_settings(self) -> list[ActorSettings]:
+        s = self.s
+        mine = [a for a in range(s.actors) if shard_for_actor(a, self.world) == self.rank]
+        return [ActorSettings(actor_id=a, num_actors=s.actors, num_shards=self.world, env_id=s.env_id,
+                              envs_per_actor=s.envs_per_actor, chunk_steps=s.chunk_steps,
+                              transport=s.transport, policy_url=s.policy_url, hidden=s.hidden,
+                              epsilon_base=s.epsilon_base, epsilon_exponent=s.epsilon_exponent,
+                              seed=s.seed * 7919 + a + int(time.time()) % 100_000) for a in mine]
+
+    # -- checkpoints ----------------------------------------------------------------------
+    @property
+    def _ckpt_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def _resume(self) -> None:
+        report = checkpoint.load(self._ckpt_root, self.buffer, fallback=True)
+        state = torch.load(report.directory / LEARNER_STATE, weights_only=True)
+        self.agent.load_state_dict(state["agent"])
+        self.counters.update({k: int(v) for k, v in report.extra["counters"].items()})
+        self.best_eval = float(report.extra.get("best_eval", -math.inf))
+        log.info("rank %d resumed from %s: %d steps in this shard, counters %s", self.rank,
+                 report.directory.name, report.steps, self.counters)
+
+    def save(self) -> Path:
+        """Save a checkpoint: rank 0 writes the learner state first, every rank its part
+        (no collective, so it also works from a stopping or failing rank)."""
+        cid = self.counters["updates"]
+        directory = checkpoint_dir(self._ckpt_root, cid)
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / f".{LEARNER_STATE}.tmp"
+            torch.save({"agent": self.agent.state_dict()}, tmp)
+            tmp.replace(directory / LEARNER_STATE)
+        extra = {"counters": dict(self.counters), "best_eval": self.best_eval,
+                 "settings": self.s.to_dict()}
+        return checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra)
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train until a stop condition; checkpoint; stop actors. Returns the summary."""
+        self._publish()
+        self.actors.start()
+        started = time.monotonic()
+        try:
+            self._loop(started)
+        except BaseException:
+            self.actors.stop()
+            self.save()  # local only: every rank keeps its part even when a peer is gone
+            raise
+        self.actors.stop()
+        path = self.save()
+        summary = self._summary(started, path)
+        if self.metrics is not None:
+            self.metrics.close()
+        return summary
+
+    def _make_limiter(self) -> RateLimiter:
+        """Samples-per-insert limiter over GLOBAL counts: every rank feeds it the same
+        all-reduced numbers, so every rank takes the same decisions."""
+        s = self.s
+        per_update = s.batch_size * self.world
+        max_insert = _DRAIN_CHUNKS * s.chunk_steps * s.envs_per_actor * max(s.actors, 1)
+        slack = 2 * (max_insert * s.samples_per_insert + per_update)
+        offset = s.min_replay * s.samples_per_insert
+        limiter = RateLimiter(s.samples_per_insert, min_size_to_sample=s.min_replay,
+                              error_buffer=(offset - slack, offset + slack),
+                              max_insert_size=max_insert * self.world, max_sample_size=per_update)
+        limiter.inserts = self.counters["env_steps"]
+        limiter.samples = self.counters["samples"]
+        return limiter
+
+    def _loop(self, started: float) -> None:
+        limiter = self._make_limiter()
+        per_update = self.s.batch_size * self.world
+        drain_steps = _DRAIN_CHUNKS * self.s.chunk_steps * self.s.envs_per_actor
+        last_metrics = time.monotonic()
+        window = {"steps": 0, "updates": 0, "t": time.monotonic(), "loss": math.nan}
+        while True:
+            # Not draining while the learner is behind is the back-pressure actors feel.
+            if limiter.can_insert(min(drain_steps * self.world, limiter.max_insert_size)):
+                wait = 0.0 if limiter.can_sample(per_update) else 0.02
+                self.ingestor.drain(_DRAIN_CHUNKS, wait, self.counters["version"])
+            g = self._sync(started)
+            if g[_STEPS] > 0:
+                limiter.insert(int(min(g[_STEPS], limiter.max_insert_size)))
+            self.counters["env_steps"] += int(g[_STEPS])
+            window["steps"] += int(g[_STEPS])
+            if g[_STOP] > 0:
+                break
+            if g[_SAVE] > 0 or self._periodic_save():
+                self.save()
+            for _ in range(_MAX_UPDATES_PER_ITERATION):
+                if not limiter.can_sample(per_update):
+                    break
+                window["loss"] = self._update()
+                limiter.sample(per_update)
+                window["updates"] += 1
+            self.actors.check()
+            if self.rank == 0 and time.monotonic() - last_metrics >= 1.0:
+                self._record(started, g, window)
+                last_metrics = time.monotonic()
+
+    def _periodic_save(self) -> bool:
+        k, u = self.s.checkpoint_interval_updates, self.counters["updates"]
+        if k > 0 and u > 0 and u % k == 0 and self._saved_at != u:
+            self._saved_at = u
+            return True
+        return False
+
+    def _sync(self, started: float) -> np.ndarray:
+        st = self.ingestor.take_stats()
+        stop = self.flags.stop or self._budget_reached(started) or self._solved()
+        request = self.flags.save or (self.run_dir / "checkpoint.request").exists()
+        self.flags.save = False
+        local = torch.tensor([st.steps, len(self.buffer.local), float(stop), float(request),
+                              sum(st.returns), len(st.returns), st.lag_sum, st.lag_count, st.rejected],
+                             dtype=torch.float64)
+        g = self.buffer.collectives.all_reduce_sum(local, "train loop sync").cpu().numpy()
+        self._last_sync = g
+        if g[_SAVE] > 0 and self.rank == 0:
+            (self.run_dir / "checkpoint.request").unlink(missing_ok=True)
+        return g
+
+    def _budget_reached(self, started: float) -> bool:
+        return (self.counters["env_steps"] >= self.s.total_env_steps
+                or time.monotonic() - started >= self.s.max_minutes * 60)
+
+    def _solved(self) -> bool:
+        return self.s.stop_return > 0 and self.last_eval is not None and self.last_eval >= self.s.stop_return
+
+    def _update(self) -> float:
+        batch = self.buffer.sample(self.s.batch_size, mode=self.s.sample_mode)
+        priorities, loss = self.agent.learn(batch)
+        self.buffer.update_priorities(batch.keys, priorities)
+        self.counters["updates"] += 1
+        self.counters["samples"] += self.s.batch_size * self.world
+        u = self.counters["updates"]
+        if u % self.s.publish_interval_updates == 0:
+            self.counters["version"] = u
+            self._publish()
+        if self.rank == 0 and u % self.s.eval_interval_updates == 0:
+            self._evaluate()
+        return loss
+
+    def _publish(self) -> None:
+        if self.publisher is not None:
+            state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
+            self.publisher.publish(self.counters["version"], state)
+
+    def _evaluate(self, episodes: int | None = None) -> float:
+        returns = evaluate(self.agent.module, self.s.env_id, episodes or self.s.eval_episodes,
+                           seed=10_000 + self.counters["updates"])
+        self.last_eval = float(np.mean(returns))
+        self.best_eval = max(self.best_eval, self.last_eval)
+        log.info("evaluation after %d updates: mean return %.1f over %d episodes",
+                 self.counters["updates"], self.last_eval, len(returns))
+        return self.last_eval
+
+    def _record(self, started: float, g: np.ndarray, window: dict[str, Any]) -> None:
+        assert self.metrics is not None
+        now = time.monotonic()
+        dt = max(now - window["t"], 1e-9)
+        recent = list(self.ingestor.recent_returns)
+        self.metrics.record({
+            "wall_s": round(now - started, 2), "env_steps": self.counters["env_steps"],
+            "updates": self.counters["updates"], "replay_size": int(g[_REPLAY]),
+            "env_steps_per_s": window["steps"] / dt, "updates_per_s": window["updates"] / dt,
+            "samples_per_insert": self.counters["samples"] / max(self.counters["env_steps"], 1),
+            "policy_lag": g[_LAG_SUM] / g[_LAG_N] if g[_LAG_N] else None,
+            "recent_return": float(np.mean(recent[-20:])) if recent else None,
+            "eval_return": self.last_eval, "loss": window["loss"]})
+        window.update(steps=0, updates=0, t=now)
+
+    def _summary(self, started: float, checkpoint_path: Path) -> dict[str, Any]:
+        summary: dict[str, Any] = {"rank": self.rank, **self.counters,
+                                   "wall_s": round(time.monotonic() - started, 1),
+                                   "checkpoint": str(checkpoint_path),
+                                   "actor_restarts": sum(self.actors.restarts.values())}
+        if self.rank == 0:
+            summary["final_eval_return"] = self._evaluate(self.s.eval_episodes)
+            summary["best_eval_return"] = self.best_eval
+            summary["eval_episodes"] = self.s.eval_episodes
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+
+def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettings:
+    """The settings a run was started with (``config.json``), with ``overrides`` applied.
+
+    Raises:
+        IncompleteCheckpointError: ``run_dir`` holds no config.
+    """
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise IncompleteCheckpointError(f"{path}: missing; is {run_dir} a shardreplay run directory?")
+    base = json.loads(path.read_text())
+    base.update(overrides)
+    return dataclasses.replace(TrainSettings.from_dict(base), run_dir=str(run_dir))

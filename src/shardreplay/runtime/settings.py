@@ -1,0 +1,152 @@
+"""TrainSettings: every setting of a training run, documented, validated, YAML-ready."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardreplay.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """A distributed Ape-X DQN run. Every field is also a ``shardreplay train`` flag.
+
+    Attributes:
+        env_id: gymnasium id with Discrete actions and a flat vector observation.
+        learners: learner ranks (shards of the replay buffer).
+        actors: actor processes (each runs ``envs_per_actor`` environments).
+        envs_per_actor: environments (streams) per actor.
+        transport: ``local``, ``file:///dir`` or ``redis://host:port/db``.
+        policy_url: where weights are published ('' = ``file://<run_dir>/policy``,
+            or the Redis URL when the transport is Redis).
+        sample_mode: ``exact`` (one global distribution) or ``local`` (own shard, weighted).
+        run_dir: where config, metrics, checkpoints and the plot go ('' = runs/<time>).
+        total_env_steps: stop after this many environment steps (all actors).
+        max_minutes: stop after this wall time.
+        stop_return: stop when the evaluation mean return reaches this (<= 0: never).
+        eval_episodes: episodes of the greedy policy per evaluation.
+        eval_interval_updates: learner updates between quick evaluations.
+        batch_size: windows sampled per rank per update.
+        n_step: n of the n-step return (the window is n + 1 steps).
+        gamma: discount.
+        lr: Adam learning rate.
+        target_update_interval: updates between target-network copies.
+        hidden: hidden layer sizes of the Q-network.
+        replay_capacity: steps of replay per learner rank.
+        alpha: prioritization exponent.
+        beta_start, beta_end, beta_updates: beta schedule over updates.
+        samples_per_insert: how often each inserted step is sampled on average.
+        min_replay: global windows before learning starts.
+        chunk_steps: steps per stream in an actor chunk.
+        epsilon_base, epsilon_exponent: Ape-X exploration per stream.
+        publish_interval_updates: updates between weight broadcasts.
+        checkpoint_interval_updates: updates between checkpoints (0: only at the end).
+        collective_timeout_s: how long ranks wait for each other.
+        max_actor_restarts: restarts per actor after a crash.
+        seed: base seed.
+        progress: show a live progress bar (rank 0).
+    """
+
+    env_id: str = "CartPole-v1"
+    learners: int = 1
+    actors: int = 2
+    envs_per_actor: int = 4
+    transport: str = "local"
+    policy_url: str = ""
+    sample_mode: str = "exact"
+    run_dir: str = ""
+    total_env_steps: int = 200_000
+    max_minutes: float = 10.0
+    stop_return: float = 475.0
+    eval_episodes: int = 20
+    eval_interval_updates: int = 1000
+    batch_size: int = 64
+    n_step: int = 3
+    gamma: float = 0.99
+    lr: float = 5e-4
+    target_update_interval: int = 250
+    hidden: tuple[int, ...] = (128, 128)
+    replay_capacity: int = 100_000
+    alpha: float = 0.6
+    beta_start: float = 0.4
+    beta_end: float = 1.0
+    beta_updates: int = 20_000
+    samples_per_insert: float = 4.0
+    min_replay: int = 1000
+    chunk_steps: int = 16
+    epsilon_base: float = 0.4
+    epsilon_exponent: float = 7.0
+    publish_interval_updates: int = 50
+    checkpoint_interval_updates: int = 0
+    collective_timeout_s: float = 300.0
+    max_actor_restarts: int = 3
+    seed: int = 0
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        positive = ("learners", "envs_per_actor", "total_env_steps", "batch_size", "n_step",
+                    "target_update_interval", "replay_capacity", "beta_updates", "chunk_steps",
+                    "publish_interval_updates", "eval_episodes", "eval_interval_updates")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.actors < 0 or self.max_actor_restarts < 0 or self.checkpoint_interval_updates < 0:
+            raise ConfigError("actors, max_actor_restarts and checkpoint_interval_updates must be >= 0")
+        if self.sample_mode not in ("exact", "local"):
+            raise ConfigError(f"sample_mode must be 'exact' or 'local', got {self.sample_mode!r}")
+        if not 0 < self.gamma <= 1 or self.lr <= 0 or self.samples_per_insert <= 0:
+            raise ConfigError("need 0 < gamma <= 1, lr > 0 and samples_per_insert > 0")
+        if self.max_minutes <= 0 or self.collective_timeout_s <= 0:
+            raise ConfigError("max_minutes and collective_timeout_s must be > 0")
+        object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
+
+    @property
+    def window(self) -> int:
+        """Steps per sampled window: ``n_step + 1``."""
+        return self.n_step + 1
+
+    def streams_of_shard(self, shard: int) -> int:
+        """Streams (rows) learner ``shard`` holds: its actors' environments (at least 1)."""
+        actors = len(range(shard, max(self.actors, 1), self.learners))
+        return max(actors, 1) * self.envs_per_actor
+
+    def row_of(self, actor_id: int, stream: int) -> int:
+        """The row of an actor's stream in its shard."""
+        return (actor_id // self.learners) * self.envs_per_actor + stream
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON/YAML-ready settings."""
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainSettings:
+        """Settings from a dict (YAML); unknown keys are an error.
+
+        Raises:
+            ConfigError: an unknown key or a bad value.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {unknown}; see shardreplay train --help")
+        d = dict(d)
+        if "hidden" in d:
+            d["hidden"] = tuple(d["hidden"])
+        try:
+            return cls(**d)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"bad setting: {exc}") from exc
+
+    def with_run_dir(self, run_dir: Path) -> TrainSettings:
+        """A copy with ``run_dir`` set (and the default policy URL resolved)."""
+        policy = self.policy_url or (self.transport if self.transport.startswith("redis://")
+                                     else f"file://{Path(run_dir).resolve()}/policy")
+        return dataclasses.replace(self, run_dir=str(run_dir), policy_url=policy)
