@@ -54,9 +54,10 @@ def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
     meta, arrays = _split(state)
     _check_layout(buffer, meta)
     _check_arrays(buffer, arrays)
+    next_episode_id, stale_updates = _check_counters(meta, rng)
     storage.import_steps(arrays)
-    storage.counters[0] = int(meta["next_episode_id"])
-    buffer.stale_updates = int(meta.get("stale_updates", 0))
+    storage.counters[0] = next_episode_id
+    buffer.stale_updates = stale_updates
     sampler.rebuild()
     sampler_state = dict(meta.get("sampler_state", {}))
     sampler_state.update({k[len("sampler."):]: v for k, v in arrays.items() if k.startswith("sampler.")})
@@ -85,6 +86,20 @@ def _check_layout(buffer: ReplayBuffer, meta: Mapping[str, Any]) -> None:
     if meta["sampler"] != buffer.sampler_name:
         raise ConfigError(f"the state is of a {meta['sampler']} sampler, the buffer "
                           f"{buffer.sampler_name}")
+
+
+def _check_counters(meta: Mapping[str, Any], rng: np.random.Generator) -> tuple[int, int]:
+    """Parse the counters and try the RNG state on a scratch generator, before any change."""
+    try:
+        next_episode_id = int(meta["next_episode_id"])
+        stale_updates = int(meta.get("stale_updates", 0))
+        type(rng.bit_generator)().state = meta["rng"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"state meta: missing or malformed counters or RNG state ({exc!r}); "
+                          "pass a state from ReplayBuffer.state_dict()") from exc
+    if next_episode_id < 0 or stale_updates < 0:
+        raise ConfigError("state meta: next_episode_id and stale_updates must be >= 0")
+    return next_episode_id, stale_updates
 
 
 def _check_arrays(buffer: ReplayBuffer, arrays: Mapping[str, np.ndarray]) -> None:
