@@ -97,6 +97,8 @@ def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
             crc.feed(memoryview(piece))
         for pieces in pieces_of.values():
             for arr in pieces:
+                if arr.size == 0:
+                    continue  # no bytes (and memoryview cannot cast an empty shape)
                 view = memoryview(np.ascontiguousarray(arr)).cast("B")
                 for start in range(0, len(view), BLOCK_BYTES):
                     chunk = view[start:start + BLOCK_BYTES]
@@ -216,6 +218,8 @@ class PartReader:
         if out.dtype != dtype or out.shape[1:] != shape[1:] or start + out.shape[0] > shape[0]:
             raise self._fail(f"array {name!r} is {dtype}{list(shape)}; cannot read rows "
                              f"{start}..{start + out.shape[0]} as {out.dtype}{list(out.shape)}")
+        if out.size == 0:
+            return
         row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
         lo = self.data_start + begin + start * row_bytes
         self.read_bytes(lo, lo + out.shape[0] * row_bytes, memoryview(out).cast("B"))

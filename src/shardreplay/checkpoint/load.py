@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
@@ -154,10 +155,17 @@ def _episode_refs(readers: list[PartReader]) -> list[EpisodeRef]:
     refs = []
     for k, reader in enumerate(readers):
         start, length = reader.array("episode.start"), reader.array("episode.length")
-        row = reader.array("episode.row")
-        if not (start.shape == length.shape == row.shape) or (length <= 0).any():
+        row, row_length = reader.array("episode.row"), reader.array("row_length")
+        ends = np.cumsum(row_length)
+        if not (start.shape == length.shape == row.shape) or (length <= 0).any() or \
+                ((row < 0) | (row >= ends.shape[0])).any():
             raise CheckpointFormatError(f"{reader.path}: malformed episode table")
-        refs.extend(EpisodeRef(k, int(s), int(n), int(r)) for s, n, r in zip(start, length, row, strict=True))
+        row_end = ends[row]
+        if ((start < row_end - row_length[row]) | (start + length > row_end)).any():
+            raise CheckpointFormatError(f"{reader.path}: episode table does not match its rows")
+        age = row_end - (start + length)  # steps stored after the episode in its stream
+        refs.extend(EpisodeRef(k, int(s), int(n), int(r), int(a))
+                    for s, n, r, a in zip(start, length, row, age, strict=True))
     return refs
 
 

@@ -10,13 +10,14 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.checkpoint.episodes import apply_partial_policy
+from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy
 from shardreplay.checkpoint.format import write_part
 from shardreplay.checkpoint.manifest import (
     FORMAT,
@@ -68,15 +69,25 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
 
     Raises:
         ConfigError: a bad argument (nothing is written).
-        CheckpointError: the files could not be written (the previous complete
-            checkpoint is untouched).
+        CheckpointError: the files could not be written, or checkpoint
+            ``checkpoint_id`` is already complete (the previous complete checkpoints
+            are untouched).
     """
     local, shard, num_shards = shard_of(buffer)
     if not isinstance(checkpoint_id, int | np.integer) or checkpoint_id < 0:
         raise ConfigError(f"checkpoint_id must be a non-negative integer, got {checkpoint_id!r}")
+    if partial not in PARTIAL_POLICIES:
+        raise ConfigError(f"partial must be one of {PARTIAL_POLICIES}, got {partial!r}")
+    if extra is not None and not isinstance(extra, Mapping):
+        raise ConfigError(f"extra must be a dict of JSON-ready values, got {type(extra).__name__}")
     extra = dict(extra or {})
     _check_json(extra)
     directory = checkpoint_dir(Path(path), int(checkpoint_id))
+    if is_complete(directory):
+        # Replacing the parts of a complete checkpoint one by one would leave it broken
+        # (sizes and CRCs no longer match its manifest) if a rank died half-way.
+        raise CheckpointError(f"checkpoint {checkpoint_id} under {path} is already complete; "
+                              "save under a new checkpoint_id (e.g. the next step)")
     started = time.perf_counter()
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -127,15 +138,22 @@ def _maybe_write_manifest(directory: Path, num_shards: int, mine: dict[str, Any]
             parts.append(mine)
             continue
         try:
-            parts.append(load_checked(directory / f"{part_name(shard, num_shards)}.json"))
+            other = load_checked(directory / f"{part_name(shard, num_shards)}.json")
         except ShardReplayError:
             return False  # that shard has not finished (or failed): it writes the manifest
+        if (other.get("checkpoint_id"), other.get("spec_fingerprint")) != \
+                (mine["checkpoint_id"], mine["spec_fingerprint"]):
+            log.warning("checkpoint %s: part %d was saved with another id or spec; no manifest",
+                        directory.name, shard)
+            return False
+        parts.append(other)
     manifest = {key: mine[key] for key in ("format", "version", "checkpoint_id", "num_shards", "spec",
                                            "spec_fingerprint", "extra")}
     manifest["parts"] = [{k: v for k, v in p.items() if k not in ("spec", "format", "version")}
                          for p in parts]
     manifest["steps"] = sum(p["steps"] for p in parts)
     manifest["episodes"] = sum(p["episodes"] for p in parts)
+    manifest["partial"] = {k: sum(int(p["partial"][k]) for p in parts) for k in mine["partial"]}
     dump_checked(directory / "manifest.json", manifest)
     log.info("checkpoint %s complete: %d shards, %d steps", directory.name, num_shards,
              manifest["steps"])
