@@ -29,6 +29,7 @@ from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, ShardReplayError
+from shardreplay.spec.fields import StepType
 from shardreplay.spec.keys import MAX_SHARDS, key_shard, with_shard
 
 SAMPLE_MODES = ("exact", "local")
@@ -162,9 +163,9 @@ class ShardedReplayBuffer:
                                      (asked * rb).tolist(), (want * rb).tolist(),
                                      "ShardedReplayBuffer.sample(records)")
         parts = self._layout.unpack(recv.reshape(n, rb))
-        owner = torch.repeat_interleave(torch.arange(self.world_size, device=recv.device),
-                                        torch.from_numpy(want).to(recv.device))
-        owner_mass = torch.from_numpy(masses).to(recv.device)[owner]
+        # numpy, not torch.repeat_interleave: on a CPU with more ranks than cores that one
+        # small op took 25-35 ms (intra-op threads), more than the whole exchange.
+        owner_mass = torch.from_numpy(np.repeat(masses, want)).to(recv.device)
         prob = parts["probability"] * owner_mass / total
         weights = ((prob * total / low) ** -beta).to(torch.float32)
         data = {k[len("data."):]: v for k, v in parts.items() if k.startswith("data.")}
@@ -179,14 +180,26 @@ class ShardedReplayBuffer:
         return self._layout.pack(data, mask, with_shard(keys, self.rank), draw.probabilities)
 
     def _padding_batch(self, n: int) -> Batch:
-        """Zero-weight stand-in for an empty shard in local mode (keys -1 are skipped)."""
+        """Zero-weight stand-in for an empty shard in local mode (keys -1 are skipped).
+
+        Each window is a well-formed terminated episode of zeros (FIRST, then LAST with
+        discount 0, mask True on those two positions), so the rank's training step
+        (n-step targets, forward, backward) runs on it as on real data and takes part in
+        the DDP gradient all-reduce; weight 0 makes its contribution nothing. An all-False
+        mask would make ``nstep_transitions`` raise on this rank alone and leave the
+        others waiting in the all-reduce.
+        """
         window = self.local.window
         data = {}
         for name, dtype, shape, _o, _b in self._layout.parts:
             if name.startswith("data."):
                 data[name[len("data."):]] = torch.zeros((n, *shape), dtype=_torch_dtype(dtype))
-        return self._batch(data, torch.zeros((n, window), dtype=torch.bool),
-                           torch.full((n,), -1, dtype=torch.int64), torch.zeros(n),
+        data["step_type"][:, 1:] = int(StepType.LAST)
+        data["discount"][:, 1:] = 0.0
+        data["episode_id"][:] = -1
+        mask = torch.zeros((n, window), dtype=torch.bool)
+        mask[:, :2] = True
+        return self._batch(data, mask, torch.full((n,), -1, dtype=torch.int64), torch.zeros(n),
                            torch.zeros(n, dtype=torch.float64))
 
     def _batch(self, data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch.Tensor,
