@@ -12,6 +12,7 @@ import sys
 
 _SUBCOMMANDS = (
     "shardreplay.cli.train",
+    "shardreplay.cli.actor",
 )
 
 

@@ -28,7 +28,7 @@ class DqnSettings:
     """Learning settings (documented in ``shardreplay train --help``)."""
 
     gamma: float = 0.99
-    lr: float = 5e-4
+    lr: float = 1e-3
     grad_clip: float = 10.0
     target_update_interval: int = 250
     priority_eps: float = 1e-3

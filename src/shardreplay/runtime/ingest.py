@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +42,9 @@ class Ingestor:
         self.settings = settings
         self._running = np.zeros(buffer.num_streams, np.float64)
         self.stats = IngestStats()
-        self.recent_returns: deque[float] = deque(maxlen=100)
+        # The last finished episode of each stream: a recent mean over all streams that
+        # near-random streams (short episodes, many of them) can not dominate.
+        self.last_return = np.full(buffer.num_streams, np.nan)
 
     def drain(self, max_chunks: int, timeout_s: float, policy_version: int) -> int:
         """Receive up to ``max_chunks`` chunks and write them; returns steps written."""
@@ -80,9 +81,8 @@ class Ingestor:
             self._running[rows[first]] = 0.0
             last = step_type[:, t] == StepType.LAST
             done = rows[last]
-            for value in self._running[done]:
-                self.stats.returns.append(float(value))
-                self.recent_returns.append(float(value))
+            self.stats.returns.extend(float(v) for v in self._running[done])
+            self.last_return[done] = self._running[done]
             self._running[rows[~last]] += reward[~last, t]
 
     def take_stats(self) -> IngestStats:

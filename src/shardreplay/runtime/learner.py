@@ -194,7 +194,8 @@ class Learner:
         per_update = self.s.batch_size * self.world
         drain_steps = _DRAIN_CHUNKS * self.s.chunk_steps * self.s.envs_per_actor
         last_metrics = time.monotonic()
-        window = {"steps": 0, "updates": 0, "t": time.monotonic(), "loss": math.nan}
+        window = {"steps": 0, "updates": 0, "t": time.monotonic(), "loss": math.nan,
+                  "lag_sum": 0.0, "lag_n": 0.0}
         while True:
             # Not draining while the learner is behind is the back-pressure actors feel.
             if limiter.can_insert(min(drain_steps * self.world, limiter.max_insert_size)):
@@ -205,6 +206,8 @@ class Learner:
                 limiter.insert(int(min(g[_STEPS], limiter.max_insert_size)))
             self.counters["env_steps"] += int(g[_STEPS])
             window["steps"] += int(g[_STEPS])
+            window["lag_sum"] += g[_LAG_SUM]
+            window["lag_n"] += g[_LAG_N]
             if g[_STOP] > 0:
                 break
             if g[_SAVE] > 0 or self._periodic_save():
@@ -280,16 +283,16 @@ class Learner:
         assert self.metrics is not None
         now = time.monotonic()
         dt = max(now - window["t"], 1e-9)
-        recent = list(self.ingestor.recent_returns)
+        recent = self.ingestor.last_return[~np.isnan(self.ingestor.last_return)]
         self.metrics.record({
             "wall_s": round(now - started, 2), "env_steps": self.counters["env_steps"],
             "updates": self.counters["updates"], "replay_size": int(g[_REPLAY]),
             "env_steps_per_s": window["steps"] / dt, "updates_per_s": window["updates"] / dt,
             "samples_per_insert": self.counters["samples"] / max(self.counters["env_steps"], 1),
-            "policy_lag": g[_LAG_SUM] / g[_LAG_N] if g[_LAG_N] else None,
-            "recent_return": float(np.mean(recent[-20:])) if recent else None,
+            "policy_lag": window["lag_sum"] / window["lag_n"] if window["lag_n"] else None,
+            "recent_return": float(recent.mean()) if recent.size else None,
             "eval_return": self.last_eval, "loss": window["loss"]})
-        window.update(steps=0, updates=0, t=now)
+        window.update(steps=0, updates=0, t=now, lag_sum=0.0, lag_n=0.0)
 
     def _summary(self, started: float, checkpoint_path: Path) -> dict[str, Any]:
         summary: dict[str, Any] = {"rank": self.rank, **self.counters,

@@ -66,7 +66,7 @@ class TrainSettings:
     batch_size: int = 64
     n_step: int = 3
     gamma: float = 0.99
-    lr: float = 5e-4
+    lr: float = 1e-3
     target_update_interval: int = 250
     hidden: tuple[int, ...] = (128, 128)
     replay_capacity: int = 100_000
@@ -74,7 +74,7 @@ class TrainSettings:
     beta_start: float = 0.4
     beta_end: float = 1.0
     beta_updates: int = 20_000
-    samples_per_insert: float = 4.0
+    samples_per_insert: float = 16.0
     min_replay: int = 1000
     chunk_steps: int = 16
     epsilon_base: float = 0.4
