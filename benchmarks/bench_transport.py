@@ -47,7 +47,7 @@ import numpy as np
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import Chunk, encode, open_transport
 from shardreplay.transport._atomic import fsync_dir
-from shardreplay.transport.local import _Ring
+from shardreplay.transport.shm_ring import ShmRing
 
 S, T, ACTORS = 8, 32, 2
 SPEC = Spec({"obs": Field((64,), np.float32), "action": Field((), np.int64), "reward": Field((), np.float32)})
@@ -259,7 +259,7 @@ def run_rep(kind: str, n: int, ingest: bool, scratch: str, server: RedisServer |
         capacity = 64 << 20
         blob = len(encode(make_chunks(0)[0], SPEC))
         out["bare_mp_queue"] = bare("queue", mp.get_context("spawn").Queue(capacity // blob), n)
-        out["bare_shm_ring"] = bare("ring", _Ring(capacity, mp.get_context("spawn")), n)
+        out["bare_shm_ring"] = bare("ring", ShmRing(capacity, mp.get_context("spawn")), n)
         make = lambda: open_transport("local", SPEC, capacity_bytes=capacity)  # noqa: E731
     elif kind == "file":
         out["bare_write_rename_read"] = bare("file", str(fresh_dir(scratch, "bare")), n)

@@ -6,7 +6,15 @@ import multiprocessing as mp
 import time
 
 import pytest
-from transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all, send_chunks
+from transport_helpers import (
+    SPEC,
+    assert_same_chunk,
+    fill_ring_forever,
+    hold_ring_lock_forever,
+    make_chunk,
+    receive_all,
+    send_chunks,
+)
 
 from shardreplay.errors import ConfigError, TransportTimeout
 from shardreplay.transport import open_transport
@@ -99,3 +107,45 @@ def test_garbage_and_duplicates_are_counted_and_skipped() -> None:
     assert [c.sequence for c in got] == [0, 1]
     assert reader.stats.rejected == {"truncated": 1, "checksum": 1}
     assert reader.stats.duplicates == 1
+
+
+def _spawn_and_kill(target, transport, until) -> None:
+    """Start ``target(transport)`` in a child, wait until ``until(pid)`` holds, SIGKILL it."""
+    proc = mp.get_context("spawn").Process(target=target, args=(transport,))
+    proc.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not until(proc.pid):
+            assert proc.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.join(timeout=30)  # reaped: a zombie would also count as dead
+
+
+def test_an_actor_killed_holding_the_ring_lock_does_not_wedge_the_others() -> None:
+    transport = LocalTransport(SPEC)
+    writer, reader = transport.writer(), transport.reader()
+    writer.send(make_chunk(0, 0))
+    _spawn_and_kill(hold_ring_lock_forever, transport, lambda pid: transport._ring._meta[2] == pid)
+    t0 = time.monotonic()
+    writer.send(make_chunk(0, 1), timeout_s=10)
+    got = receive_all(reader, 2, timeout_s=10)
+    assert [c.sequence for c in got] == [0, 1]
+    assert time.monotonic() - t0 < 5
+
+
+def test_an_actor_killed_while_waiting_for_room_does_not_wedge_the_others() -> None:
+    size = len(encode(make_chunk(), SPEC)) + 8
+    transport = LocalTransport(SPEC, capacity_bytes=4 * size)
+    ring = transport._ring
+    _spawn_and_kill(fill_ring_forever, transport,  # killed while it waits for room
+                    lambda pid: ring._meta[0] - ring._meta[1] == 4 * size)
+    reader = transport.reader()
+    got = receive_all(reader, 4, timeout_s=10)
+    assert [c.sequence for c in got] == [0, 1, 2, 3]
+    writer = transport.writer()
+    for q in range(10):
+        writer.send(make_chunk(1, q), timeout_s=5)
+        assert [c.sequence for c in reader.receive(1, timeout_s=5)] == [q]

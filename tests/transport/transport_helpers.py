@@ -71,3 +71,20 @@ def receive_all(reader, expected: int, timeout_s: float = 30.0, ack: bool = True
             reader.ack(got)
         out.extend(got)
     return out
+
+
+def hold_ring_lock_forever(transport) -> None:
+    """Child-process body: take the local ring's lock, as if killed mid-write, and hang."""
+    import time
+
+    transport._ring._acquire()
+    time.sleep(600)
+
+
+def fill_ring_forever(transport) -> None:
+    """Child-process body: keep sending until killed (it ends up waiting for room)."""
+    writer = transport.writer()
+    seq = 0
+    while True:
+        writer.send(make_chunk(9, seq), timeout_s=None)
+        seq += 1

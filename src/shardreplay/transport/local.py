@@ -1,9 +1,10 @@
 """``local`` transport: a bounded shared-memory ring between processes of one machine.
 
-Every chunk is written as ``[uint64 length][encoded bytes]`` into one ring of
-``capacity_bytes`` in shared memory, guarded by one lock and two conditions. A writer
-waits while the ring lacks room (back-pressure, bounded memory); the reader copies
-records out under the lock and decodes them outside it. No pickle: only raw bytes travel.
+Every encoded chunk is one record of a :class:`~shardreplay.transport.shm_ring.ShmRing` of
+``capacity_bytes``. A writer waits while the ring lacks room (back-pressure, bounded
+memory); the reader copies records out under the ring's lock and decodes them outside
+it. No pickle: only raw bytes travel. A process killed at any point (even holding the
+ring's lock) does not wedge the others.
 
 The ring and its lock are created with the ``spawn`` context, so a :class:`LocalTransport`
 can be handed to children started with ``spawn`` (or ``fork``) as a ``Process`` argument.
@@ -14,12 +15,8 @@ processes.
 from __future__ import annotations
 
 import multiprocessing as mp
-import struct
 import time
 from collections.abc import Iterable
-from typing import Any
-
-import numpy as np
 
 from shardreplay.errors import ConfigError, TransportTimeout
 from shardreplay.spec import Spec
@@ -30,87 +27,11 @@ from shardreplay.transport.base import (
     ReaderStats,
 )
 from shardreplay.transport.codec import Chunk, encode
+from shardreplay.transport.shm_ring import ShmRing
 
 __all__ = ["LocalReader", "LocalTransport", "LocalWriter"]
 
-_LEN = struct.Struct("<Q")
-_HEAD, _TAIL = 0, 1  # absolute byte counters in the shared meta array: used = head - tail
-
-
-class _Ring:
-    """Byte records in a shared ring; every method takes the lock itself."""
-
-    def __init__(self, capacity_bytes: int, ctx: Any) -> None:
-        self.capacity = capacity_bytes
-        self._raw = ctx.RawArray("B", capacity_bytes)
-        self._meta = ctx.RawArray("q", 2)
-        self._lock = ctx.Lock()
-        self._not_empty = ctx.Condition(self._lock)
-        self._not_full = ctx.Condition(self._lock)
-        self._view: np.ndarray | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_view"] = None  # numpy views are rebuilt in the receiving process
-        return state
-
-    @property
-    def _buf(self) -> np.ndarray:
-        if self._view is None:
-            self._view = np.frombuffer(self._raw, dtype=np.uint8)
-        return self._view
-
-    def _used(self) -> int:
-        return self._meta[_HEAD] - self._meta[_TAIL]
-
-    def put(self, data: bytes, deadline: float | None) -> bool:
-        """Append one record; False when ``deadline`` passed before there was room."""
-        need = _LEN.size + len(data)
-        with self._not_full:
-            while self.capacity - self._used() < need:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._not_full.wait(left)
-            head = self._meta[_HEAD]
-            self._write(head, _LEN.pack(len(data)))
-            self._write(head + _LEN.size, data)
-            self._meta[_HEAD] = head + need
-            self._not_empty.notify()
-        return True
-
-    def take(self, max_records: int, deadline: float) -> list[bytes]:
-        """Pop up to ``max_records`` records, waiting until ``deadline`` for the first."""
-        out: list[bytes] = []
-        with self._not_empty:
-            while self._used() == 0:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return out
-                self._not_empty.wait(left)
-            tail = self._meta[_TAIL]
-            while len(out) < max_records and self._meta[_HEAD] > tail:
-                (n,) = _LEN.unpack(self._read(tail, _LEN.size))
-                out.append(self._read(tail + _LEN.size, n))
-                tail += _LEN.size + n
-            self._meta[_TAIL] = tail
-            self._not_full.notify_all()
-        return out
-
-    def _write(self, pos: int, data: bytes) -> None:
-        start = pos % self.capacity
-        first = min(len(data), self.capacity - start)
-        src = np.frombuffer(data, dtype=np.uint8)
-        self._buf[start:start + first] = src[:first]
-        if first < len(data):
-            self._buf[:len(data) - first] = src[first:]
-
-    def _read(self, pos: int, n: int) -> bytes:
-        start = pos % self.capacity
-        if start + n <= self.capacity:
-            return self._buf[start:start + n].tobytes()
-        first = self.capacity - start
-        return self._buf[start:].tobytes() + self._buf[:n - first].tobytes()
+_LEN_SIZE = 8  # each record in the ring carries a uint64 length
 
 
 class LocalTransport:
@@ -135,7 +56,7 @@ class LocalTransport:
         self.spec = spec
         self.max_chunk_bytes = max_chunk_bytes
         self.dedup_window = dedup_window
-        self._ring = _Ring(capacity_bytes, mp.get_context("spawn"))
+        self._ring = ShmRing(capacity_bytes, mp.get_context("spawn"))
 
     def writer(self) -> LocalWriter:
         """A writer end; call it in the actor process."""
@@ -150,7 +71,7 @@ class LocalTransport:
 class LocalWriter:
     """Actor end of a :class:`LocalTransport`."""
 
-    def __init__(self, ring: _Ring, spec: Spec) -> None:
+    def __init__(self, ring: ShmRing, spec: Spec) -> None:
         self._ring = ring
         self._spec = spec
 
@@ -163,7 +84,7 @@ class LocalWriter:
             TransportTimeout: the ring stayed full for ``timeout_s``.
         """
         data = encode(chunk, self._spec)
-        if len(data) + _LEN.size > self._ring.capacity:
+        if len(data) + _LEN_SIZE > self._ring.capacity:
             raise ConfigError(f"a chunk of {len(data)} bytes never fits the local ring of "
                               f"{self._ring.capacity} bytes: raise capacity_bytes or send smaller chunks")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -178,7 +99,7 @@ class LocalWriter:
 class LocalReader:
     """Learner end of a :class:`LocalTransport`."""
 
-    def __init__(self, ring: _Ring, intake: Intake) -> None:
+    def __init__(self, ring: ShmRing, intake: Intake) -> None:
         self._ring = ring
         self._intake = intake
 

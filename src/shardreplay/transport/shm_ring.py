@@ -1,0 +1,171 @@
+"""A ring of byte records in shared memory that survives processes killed at any point.
+
+Records are ``[uint64 length][bytes]`` in one ``RawArray`` of ``capacity`` bytes; two
+absolute counters, ``head`` (next write) and ``tail`` (next read), sit in a shared meta
+array, so ``used = head - tail``. All access is under one ``multiprocessing.Lock``.
+
+Killed processes (SIGKILL, OOM) must not wedge the others, so:
+
+- A writer copies its record first and moves ``head`` last (one int64 store): a writer
+  killed mid-copy leaves nothing visible. A reader moves ``tail`` after copying out.
+- The lock holder's pid is kept in the meta array. A process that cannot get the lock
+  for ``_STUCK_S`` checks whether the holder still lives (``/proc``; zombies count as
+  dead) and, if not, releases the lock in its place (under a second lock, reading the
+  holder inside it, so two repairers cannot both release).
+- No ``multiprocessing.Condition``: its ``notify`` waits for every sleeper to
+  acknowledge, which hangs forever once a sleeper is killed. The reader sleeps on a
+  semaphore that a writer releases when it makes the ring non-empty (a hint: the reader
+  drains stale releases before it checks, so no wake-up is lost and counts stay small);
+  writers waiting for room poll with backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import struct
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ShmRing"]
+
+logger = logging.getLogger("shardreplay.transport")
+
+_LEN = struct.Struct("<Q")
+_HEAD, _TAIL, _HOLDER = 0, 1, 2
+_STUCK_S = 0.5
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: fall back to a signal probe
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+class ShmRing:
+    """Byte records in shared memory, for any number of writer and reader processes.
+
+    Args:
+        capacity: bytes of the ring; a record needs ``8 + len(data)``.
+        ctx: a multiprocessing context (``spawn`` works; so do the others).
+    """
+
+    def __init__(self, capacity: int, ctx: Any) -> None:
+        self.capacity = capacity
+        self._raw = ctx.RawArray("B", capacity)
+        self._meta = ctx.RawArray("q", 3)
+        self._lock = ctx.Lock()
+        self._repairing = ctx.Lock()
+        self._items = ctx.Semaphore(0)
+        self._view: np.ndarray | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_view"] = None  # numpy views are rebuilt in the receiving process
+        return state
+
+    @property
+    def _buf(self) -> np.ndarray:
+        if self._view is None:
+            self._view = np.frombuffer(self._raw, dtype=np.uint8)
+        return self._view
+
+    def _acquire(self) -> None:
+        while not self._lock.acquire(timeout=_STUCK_S):
+            self._repair()
+        self._meta[_HOLDER] = os.getpid()
+
+    def _repair(self) -> None:
+        """Release the lock of a dead holder; one repairer at a time, holder read inside."""
+        if not self._repairing.acquire(timeout=_STUCK_S):
+            return
+        try:
+            holder = self._meta[_HOLDER]
+            if holder and not _is_alive(holder):
+                logger.warning("local ring: process %d died holding the ring lock; released it", holder)
+                self._meta[_HOLDER] = 0
+                with contextlib.suppress(ValueError):  # "released too many times": nothing to do
+                    self._lock.release()
+        finally:
+            self._repairing.release()
+
+    def _release(self) -> None:
+        self._meta[_HOLDER] = 0
+        self._lock.release()
+
+    def put(self, data: bytes, deadline: float | None) -> bool:
+        """Append one record, polling for room; False when ``deadline`` passed first."""
+        need = _LEN.size + len(data)
+        pause = 0.0002
+        while True:
+            self._acquire()
+            try:
+                head, tail = self._meta[_HEAD], self._meta[_TAIL]
+                if self.capacity - (head - tail) >= need:
+                    self._write(head, _LEN.pack(len(data)))
+                    self._write(head + _LEN.size, data)
+                    self._meta[_HEAD] = head + need
+                    if head == tail:
+                        self._items.release()  # the ring was empty: the reader may sleep
+                    return True
+            finally:
+                self._release()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, 0.005)
+
+    def take(self, max_records: int, deadline: float) -> list[bytes]:
+        """Pop up to ``max_records`` records, waiting until ``deadline`` for the first."""
+        while True:
+            while self._items.acquire(False):  # drop stale hints before looking
+                pass
+            self._acquire()
+            try:
+                out = self._take_locked(max_records)
+            finally:
+                self._release()
+            left = deadline - time.monotonic()
+            if out or left <= 0:
+                return out
+            self._items.acquire(timeout=min(left, 0.1))
+
+    def _take_locked(self, max_records: int) -> list[bytes]:
+        out: list[bytes] = []
+        head, tail = self._meta[_HEAD], self._meta[_TAIL]
+        while len(out) < max_records and head > tail:
+            (n,) = _LEN.unpack(self._read(tail, _LEN.size))
+            out.append(self._read(tail + _LEN.size, n))
+            tail += _LEN.size + n
+        self._meta[_TAIL] = tail
+        return out
+
+    def _write(self, pos: int, data: bytes) -> None:
+        start = pos % self.capacity
+        first = min(len(data), self.capacity - start)
+        src = np.frombuffer(data, dtype=np.uint8)
+        self._buf[start:start + first] = src[:first]
+        if first < len(data):
+            self._buf[:len(data) - first] = src[first:]
+
+    def _read(self, pos: int, n: int) -> bytes:
+        start = pos % self.capacity
+        if start + n <= self.capacity:
+            return self._buf[start:start + n].tobytes()
+        first = self.capacity - start
+        return self._buf[start:].tobytes() + self._buf[:n - first].tobytes()
