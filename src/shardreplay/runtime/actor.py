@@ -53,6 +53,7 @@ class ActorSettings:
         max_env_steps: stop after this many vector steps (None: until stopped).
         policy_wait_s: how long to wait for the first policy.
         send_timeout_s: one attempt's wait for room in the transport.
+        queued_per_actor: chunks that may wait in the medium per actor (None: its default).
     """
 
     actor_id: int
@@ -70,6 +71,7 @@ class ActorSettings:
     max_env_steps: int | None = None
     policy_wait_s: float = 120.0
     send_timeout_s: float = 5.0
+    queued_per_actor: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.actor_id < self.num_actors:
@@ -120,7 +122,9 @@ def run(settings: ActorSettings, transport: Transport | None = None,
     obs_size, num_actions = env_spaces(settings.env_id)
     spec = transition_spec(obs_size)
     shard = shard_for_actor(settings.actor_id, settings.num_shards)
-    transport = transport or shard_transport(settings.transport, spec, shard)
+    transport = transport or shard_transport(
+        settings.transport, spec, shard, queued_per_actor=settings.queued_per_actor,
+        actors=len(range(shard, settings.num_actors, settings.num_shards)))
     env, obs = make_vector_env(settings.env_id, settings.envs_per_actor, settings.seed)
     try:
         return _loop(settings, env, obs, num_actions, transport, stop)

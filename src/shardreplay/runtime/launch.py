@@ -27,7 +27,7 @@ from typing import Any
 from shardreplay.errors import ShardReplayError
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.processes import die_with_parent, stop_processes
-from shardreplay.runtime.routing import scheme_of, shard_transport
+from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.settings import TrainSettings
 
 log = logging.getLogger("shardreplay.train")
@@ -109,6 +109,13 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
         dist.destroy_process_group()
 
 
+def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
+    """The ``local`` ring of one shard, sized for a short queue of its actors' chunks."""
+    return shard_transport("local", spec, shard, queued_per_actor=settings.queued_chunks_per_actor,
+                           actors=settings.actors_of_shard(shard),
+                           chunk_size_bytes=chunk_bytes(spec, settings.envs_per_actor, settings.chunk_steps))
+
+
 def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -117,7 +124,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
     local = scheme_of(settings.transport) == "local"
     # Kept referenced here while children run: Process.start() drops its args, and a
     # collected ring would unlink its semaphores before a child has opened them.
-    transports = [shard_transport("local", spec, r) if local else None for r in range(settings.learners)]
+    transports = [local_transport(settings, spec, r) if local else None for r in range(settings.learners)]
     procs = [ctx.Process(target=_learner_main, name=f"learner-{r}", daemon=False,
                          args=(r, settings, port, transports[r], resume, out))
              for r in range(settings.learners)]

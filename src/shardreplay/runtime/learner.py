@@ -34,7 +34,7 @@ from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.evaluate import evaluate
 from shardreplay.runtime.ingest import Ingestor
-from shardreplay.runtime.metrics import MetricsRecorder
+from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.processes import ActorPool
 from shardreplay.runtime.qnet import QNetwork
 from shardreplay.runtime.routing import shard_for_actor, shard_transport
@@ -100,7 +100,9 @@ class Learner:
         self._saved_at = -1
         if resume:
             self._resume()
-        self.transport = transport or shard_transport(settings.transport, self.spec, self.rank)
+        self.transport = transport or shard_transport(
+            settings.transport, self.spec, self.rank, queued_per_actor=settings.queued_chunks_per_actor,
+            actors=settings.actors_of_shard(self.rank))
         self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings)
         self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
         self._last_sync: np.ndarray | None = None
@@ -125,6 +127,7 @@ class Learner:
                               envs_per_actor=s.envs_per_actor, chunk_steps=s.chunk_steps,
                               transport=s.transport, policy_url=s.policy_url, hidden=s.hidden,
                               epsilon_base=s.epsilon_base, epsilon_exponent=s.epsilon_exponent,
+                              queued_per_actor=s.queued_chunks_per_actor,
                               seed=s.seed * 7919 + a + int(time.time()) % 100_000) for a in mine]
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -172,6 +175,7 @@ class Learner:
         summary = self._summary(started, path)
         if self.metrics is not None:
             self.metrics.close()
+            summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
         return summary
 
     def _make_limiter(self) -> RateLimiter:

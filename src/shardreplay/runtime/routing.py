@@ -8,8 +8,9 @@ Each shard has its own channel on the medium: ``file:///dir`` -> ``dir/shard-<k>
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import urlparse
+
+import numpy as np
 
 from shardreplay.errors import ConfigError
 from shardreplay.spec import Spec
@@ -42,11 +43,29 @@ def scheme_of(url: str) -> str:
     raise ConfigError(f"transport URL {url!r}: use 'local', 'file:///dir' or 'redis://host:port/db'")
 
 
-def shard_transport(url: str, spec: Spec, shard: int, **options: Any) -> Transport:
-    """The transport of learner shard ``shard`` (see the module docstring)."""
+def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:
+    """Approximate encoded size of a chunk (payload plus a generous header)."""
+    per_step = sum(f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64)) for f in spec.fields.values())
+    return streams * steps * (per_step + 5 + 4) + 4096
+
+
+def shard_transport(url: str, spec: Spec, shard: int, *, queued_per_actor: int | None = None,
+                    actors: int = 1, chunk_size_bytes: int | None = None) -> Transport:
+    """The transport of learner shard ``shard`` (see the module docstring).
+
+    ``queued_per_actor`` bounds the chunks that wait in the medium for each of the
+    shard's ``actors`` (None: the medium's default). A short queue keeps the data fresh:
+    actors block, then act with the newest policy, instead of filling a long queue with
+    steps of an old one. ``local`` needs ``chunk_size_bytes`` to size its ring.
+    """
     scheme = scheme_of(url)
     if scheme == "file":
-        return open_transport(url.rstrip("/") + f"/shard-{shard}", spec, **options)
+        opts = {} if queued_per_actor is None else {"max_pending_per_actor": queued_per_actor}
+        return open_transport(url.rstrip("/") + f"/shard-{shard}", spec, **opts)
     if scheme == "redis":
-        return open_transport(url, spec, stream=f"shardreplay:chunks:{shard}", **options)
-    return open_transport("local", spec, **options)
+        opts = {} if queued_per_actor is None else {"max_len": queued_per_actor * max(actors, 1)}
+        return open_transport(url, spec, stream=f"shardreplay:chunks:{shard}", **opts)
+    if queued_per_actor is None or chunk_size_bytes is None:
+        return open_transport("local", spec)
+    ring = max(queued_per_actor * max(actors, 1) * chunk_size_bytes, 1 << 16)
+    return open_transport("local", spec, capacity_bytes=ring)

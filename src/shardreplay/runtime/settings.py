@@ -41,6 +41,8 @@ class TrainSettings:
         samples_per_insert: how often each inserted step is sampled on average.
         min_replay: global windows before learning starts.
         chunk_steps: steps per stream in an actor chunk.
+        queued_chunks_per_actor: chunks that may wait in the transport per actor; a
+            short queue keeps data fresh (actors block, then act with the newest policy).
         epsilon_base, epsilon_exponent: Ape-X exploration per stream.
         publish_interval_updates: updates between weight broadcasts.
         checkpoint_interval_updates: updates between checkpoints (0: only at the end).
@@ -77,6 +79,7 @@ class TrainSettings:
     samples_per_insert: float = 16.0
     min_replay: int = 1000
     chunk_steps: int = 16
+    queued_chunks_per_actor: int = 4
     epsilon_base: float = 0.4
     epsilon_exponent: float = 7.0
     publish_interval_updates: int = 50
@@ -90,7 +93,8 @@ class TrainSettings:
     def __post_init__(self) -> None:
         positive = ("learners", "envs_per_actor", "total_env_steps", "batch_size", "n_step",
                     "target_update_interval", "replay_capacity", "beta_updates", "chunk_steps",
-                    "publish_interval_updates", "eval_episodes", "eval_interval_updates")
+                    "publish_interval_updates", "eval_episodes", "eval_interval_updates",
+                    "queued_chunks_per_actor")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -113,6 +117,10 @@ class TrainSettings:
         """Streams (rows) learner ``shard`` holds: its actors' environments (at least 1)."""
         actors = len(range(shard, max(self.actors, 1), self.learners))
         return max(actors, 1) * self.envs_per_actor
+
+    def actors_of_shard(self, shard: int) -> int:
+        """Actors whose streams go to learner ``shard``."""
+        return len(range(shard, self.actors, self.learners))
 
     def row_of(self, actor_id: int, stream: int) -> int:
         """The row of an actor's stream in its shard."""
