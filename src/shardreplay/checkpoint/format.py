@@ -13,6 +13,7 @@ Reads go through one block-sized scratch buffer straight into the destination ar
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import zlib
@@ -126,10 +127,10 @@ class PartReader:
         except OSError as exc:
             raise CheckpointFormatError(f"{self.path}: cannot read ({exc})") from exc
         self._block = -1
-        self._scratch = bytearray(BLOCK_BYTES)
-        self._view = memoryview(self._scratch)
         self._len = 0
         try:
+            self._scratch = bytearray(min(BLOCK_BYTES, self._size))  # small files, small scratch
+            self._view = memoryview(self._scratch)
             if self._size != int(expected["bytes"]):
                 raise self._fail(f"{self._size} bytes, the manifest says {expected['bytes']} "
                                  "(truncated or replaced)")
@@ -207,7 +208,7 @@ class PartReader:
             begin, end = (int(x) for x in e["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
             raise self._fail(f"array {name!r} is missing or malformed in the header") from exc
-        if end - begin != dtype.itemsize * int(np.prod(shape, dtype=np.int64)) or \
+        if end - begin != dtype.itemsize * math.prod(shape) or \
                 self.data_start + end > self._size or begin < 0 or not shape:
             raise self._fail(f"array {name!r}: byte range does not match its shape")
         return dtype, shape, begin, end
@@ -220,7 +221,7 @@ class PartReader:
                              f"{start}..{start + out.shape[0]} as {out.dtype}{list(out.shape)}")
         if out.size == 0:
             return
-        row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        row_bytes = dtype.itemsize * math.prod(shape[1:])
         lo = self.data_start + begin + start * row_bytes
         self.read_bytes(lo, lo + out.shape[0] * row_bytes, memoryview(out).cast("B"))
 

@@ -10,8 +10,9 @@ Layout of a checkpoint ``<root>/ckpt-<id>/`` saved from M shards::
 Each JSON file carries a CRC32 of its own body, so a flipped byte is caught. Each rank
 writes its part and description, then the manifest if every description is there:
 the last rank to finish writes it, without any collective call. A checkpoint is
-**complete** when the manifest lists M parts and each part file has the size the
-manifest records (``verify`` also checks every block's CRC).
+**complete** when the manifest lists M parts, each part file has the size the
+manifest records and each part's description agrees with the manifest (``shardreplay
+checkpoint verify`` also checks every block's CRC).
 """
 
 from __future__ import annotations
@@ -88,26 +89,44 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     """The manifest of a checkpoint directory, checked for shape and part files.
 
     Raises:
-        IncompleteCheckpointError: the manifest or a part file is missing.
-        CheckpointFormatError: the manifest is corrupt, or a part has the wrong size.
+        IncompleteCheckpointError: the manifest, a part file or a part's description
+            is missing.
+        CheckpointFormatError: the manifest or a part's description is corrupt, they
+            disagree, or a part has the wrong size.
     """
     path = Path(directory) / "manifest.json"
     manifest = load_checked(path)
     try:
         parts, num = manifest["parts"], int(manifest["num_shards"])
         shards = sorted(int(p["shard"]) for p in parts)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointFormatError(f"{path}: malformed manifest ({exc})") from exc
-    if shards != list(range(num)):
-        raise CheckpointFormatError(f"{path}: lists shards {shards}, expected 0..{num - 1}")
-    for part in parts:
-        file = Path(directory) / part["file"]
-        if not file.exists():
-            raise IncompleteCheckpointError(f"{file}: part missing")
-        if file.stat().st_size != int(part["bytes"]):
-            raise CheckpointFormatError(f"{file}: {file.stat().st_size} bytes, the manifest says "
-                                        f"{part['bytes']} (truncated or replaced)")
+        if shards != list(range(num)):
+            raise CheckpointFormatError(f"{path}: lists shards {shards}, expected 0..{num - 1}")
+        for part in parts:
+            _check_part(Path(directory), part, num, path)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointFormatError(f"{path}: malformed manifest ({exc!r})") from exc
     return manifest
+
+
+def _check_part(directory: Path, part: dict[str, Any], num_shards: int, manifest_path: Path) -> None:
+    """A part listed by the manifest: its file exists with the recorded size, and its
+    description (checked JSON) says what the manifest says."""
+    stem = part_name(int(part["shard"]), num_shards)
+    if part.get("file") != f"{stem}.safetensors":
+        raise CheckpointFormatError(f"{manifest_path}: part {part['shard']} names file "
+                                    f"{part.get('file')!r}, expected {stem}.safetensors")
+    file = directory / part["file"]
+    if not file.exists():
+        raise IncompleteCheckpointError(f"{file}: part missing")
+    if file.stat().st_size != int(part["bytes"]):
+        raise CheckpointFormatError(f"{file}: {file.stat().st_size} bytes, the manifest says "
+                                    f"{part['bytes']} (truncated or replaced)")
+    # The part's own description must agree: a difference means the part was saved
+    # again (or damaged) after the manifest was written.
+    desc = load_checked(directory / f"{stem}.json")
+    if any(desc.get(k) != v for k, v in part.items()):
+        raise CheckpointFormatError(f"{directory / (stem + '.json')}: does not match the manifest's "
+                                    "entry for this part (saved again after the manifest?)")
 
 
 def is_complete(directory: Path) -> bool:

@@ -119,7 +119,8 @@ def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: in
         "steps": int(arrays["row_length"].sum()), "episodes": int(episodes.start.shape[0]),
         "partial_policy": partial, "partial": report, "spec": local.spec.to_dict(),
         "spec_fingerprint": local.spec.fingerprint, "extra": extra,
-        "created_unix": time.time(),
+        # An integer: a float's last digit can change without changing its value.
+        "created_unix_ms": int(time.time() * 1000),
     }
     dump_checked(directory / f"{name}.json", desc)
     return desc
