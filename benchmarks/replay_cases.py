@@ -74,10 +74,10 @@ class ShardReplayCase:
         return {"obs": batch["obs"], "action": batch["action"], "reward": batch["reward"],
                 "step_type": types, "discount": discount}
 
-    def create(self, mode: str) -> None:
-        """A buffer of exactly CAPACITY steps (32 streams)."""
+    def create(self, mode: str, capacity: int = W.CAPACITY) -> None:
+        """A buffer of exactly ``capacity`` steps (32 streams)."""
         self.buf = self._buffer_cls(
-            self._spec, num_streams=W.ADD_BATCH, stream_capacity=W.CAPACITY // W.ADD_BATCH,
+            self._spec, num_streams=W.ADD_BATCH, stream_capacity=capacity // W.ADD_BATCH,
             window=2, sampler=mode, alpha=W.ALPHA, beta=W.BETA, seed=self._seed,
         )
 
@@ -140,9 +140,9 @@ class TorchRLCase:
         self._prios = [self._torch.from_numpy(p) for p in W.random_priorities()]
         self._torch.manual_seed(seed)
 
-    def create(self, mode: str) -> None:
-        """A buffer of CAPACITY transitions (storage allocated at the first extend)."""
-        storage = self._rl.LazyTensorStorage(W.CAPACITY)
+    def create(self, mode: str, capacity: int = W.CAPACITY) -> None:
+        """A buffer of ``capacity`` transitions (storage allocated at the first extend)."""
+        storage = self._rl.LazyTensorStorage(capacity)
         if mode == "uniform":
             self.buf = self._rl.ReplayBuffer(storage=storage, sampler=self._rl.RandomSampler(),
                                              batch_size=W.SAMPLE_BATCH)
@@ -205,8 +205,8 @@ class CpprbCase:
         self._prios = W.random_priorities()
         np.random.seed(seed)  # cpprb draws from numpy's global generator
 
-    def create(self, mode: str) -> None:
-        """A buffer of CAPACITY transitions."""
+    def create(self, mode: str, capacity: int = W.CAPACITY) -> None:
+        """A buffer of ``capacity`` transitions."""
         env = {
             "obs": {"shape": W.OBS_DIM, "dtype": np.float32},
             "action": {"dtype": np.int64},
@@ -215,9 +215,9 @@ class CpprbCase:
             "next_obs": {"shape": W.OBS_DIM, "dtype": np.float32},
         }
         if mode == "uniform":
-            self.buf = self._cpprb.ReplayBuffer(W.CAPACITY, env)
+            self.buf = self._cpprb.ReplayBuffer(capacity, env)
         else:
-            self.buf = self._cpprb.PrioritizedReplayBuffer(W.CAPACITY, env, alpha=W.ALPHA)
+            self.buf = self._cpprb.PrioritizedReplayBuffer(capacity, env, alpha=W.ALPHA)
 
     def add(self, i: int) -> None:
         """32 transitions."""
