@@ -56,6 +56,7 @@ __all__ = [
     "Intake",
     "ReaderStats",
     "Transport",
+    "check_max_chunks",
     "open_transport",
 ]
 
@@ -229,6 +230,16 @@ class Intake:
         """Count and log one rejected chunk."""
         self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
         logger.warning("%s: rejected a chunk (%s): %s", self._medium, reason, detail)
+
+
+def check_max_chunks(max_chunks: int) -> None:
+    """Reject a ``receive`` batch size below 1.
+
+    Raises:
+        ConfigError: ``max_chunks`` is not a positive integer.
+    """
+    if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
+        raise ConfigError(f"max_chunks must be an integer >= 1, got {max_chunks!r}")
 
 
 def open_transport(url: str, spec: Spec, **options: Any) -> Transport:

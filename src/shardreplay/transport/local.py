@@ -25,6 +25,7 @@ from shardreplay.transport.base import (
     DEFAULT_SEND_TIMEOUT_S,
     Intake,
     ReaderStats,
+    check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, encode
 from shardreplay.transport.shm_ring import ShmRing
@@ -110,6 +111,7 @@ class LocalReader:
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0) -> list[Chunk]:
         """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first."""
+        check_max_chunks(max_chunks)
         deadline = time.monotonic() + max(timeout_s, 0.0)
         while True:  # rejected or duplicate records do not end the wait
             records = self._ring.take(max_chunks, deadline)

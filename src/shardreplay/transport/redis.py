@@ -56,6 +56,7 @@ from shardreplay.transport.base import (
     DUPLICATE,
     Intake,
     ReaderStats,
+    check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, encode
 
@@ -312,6 +313,7 @@ class RedisReader:
         Raises:
             TransportTimeout: the server has been unreachable for ``reconnect_timeout_s``.
         """
+        check_max_chunks(max_chunks)
         deadline = time.monotonic() + max(timeout_s, 0.0)
         out: list[Chunk] = []
         try:

@@ -41,6 +41,7 @@ from shardreplay.transport.base import (
     DEFAULT_SEND_TIMEOUT_S,
     Intake,
     ReaderStats,
+    check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, decode, encode
 
@@ -215,6 +216,7 @@ class SpoolReader:
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0) -> list[Chunk]:
         """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first."""
+        check_max_chunks(max_chunks)
         deadline = time.monotonic() + max(timeout_s, 0.0)
         out: list[Chunk] = []
         while True:
