@@ -1,7 +1,7 @@
 """Policy broadcast from the learner to actors: ``file:///dir`` or ``redis://``.
 
-See :mod:`shardreplay.policy.broadcast`. Importing this package imports neither torch nor
-redis; they load on first use.
+See :mod:`shardreplay.policy.broadcast`. The modules import redis, torch and safetensors
+only when they are first used.
 """
 
 from __future__ import annotations
