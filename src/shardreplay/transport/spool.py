@@ -248,15 +248,13 @@ class SpoolReader:
             self._backlog.extend(q[i][1] for q in queues if i < len(q))
 
     def _ingest(self, name: str) -> Chunk | None:
-        path = self._ready / name
         try:
-            size = path.stat().st_size
-            if size > self._t.max_chunk_bytes:
-                self._intake.reject("too_large", f"{name}: {size} bytes > max_chunk_bytes")
-                self._move(name, self._quarantine, "too_large")
-                return None
-            data = path.read_bytes()
+            data = _read_at_most(self._ready / name, self._t.max_chunk_bytes)
         except FileNotFoundError:  # consumed by an earlier life of this reader, or removed
+            return None
+        if data is None:
+            self._intake.reject("too_large", f"{name}: more than max_chunk_bytes={self._t.max_chunk_bytes}")
+            self._move(name, self._quarantine, "too_large")
             return None
         result = self._intake.admit(data, name)
         if isinstance(result, str):
@@ -316,6 +314,25 @@ class SpoolReader:
             self._lock_fd = None
 
 
+def _read_at_most(path: Path, max_bytes: int) -> bytes | None:
+    """The file's bytes, or None when it is longer than ``max_bytes`` (not read then)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size > max_bytes:
+            return None
+        parts, left = [], size
+        while left > 0:
+            part = os.read(fd, left)
+            if not part:
+                break  # shorter than its size said: the checksum will tell
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts) if len(parts) != 1 else parts[0]
+    finally:
+        os.close(fd)
+
+
 def _take_lock(path: Path) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -349,9 +366,10 @@ def iter_archive(path: str | os.PathLike[str], spec: Spec, *, max_chunk_bytes: i
     names = sorted(n for n in os.listdir(root) if _parse_name(n) is not None)
     for name in names:
         try:
-            if (root / name).stat().st_size > max_chunk_bytes:
+            data = _read_at_most(root / name, max_chunk_bytes)
+            if data is None:
                 raise CorruptChunkError(f"{name} exceeds max_chunk_bytes", reason="too_large")
-            yield decode((root / name).read_bytes(), spec, max_bytes=max_chunk_bytes)
+            yield decode(data, spec, max_bytes=max_chunk_bytes)
         except CorruptChunkError as exc:
             if not skip_corrupt:
                 raise CorruptChunkError(f"archive file {root / name}: {exc}", reason=exc.reason) from exc
