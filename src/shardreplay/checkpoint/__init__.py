@@ -1,7 +1,8 @@
 """Sharded checkpoints: every rank saves its part, any M parts restore onto N ranks.
 
 Use as ``shardreplay.checkpoint.save(buffer, path, checkpoint_id)`` and
-``shardreplay.checkpoint.load(path, buffer)``.
+``shardreplay.checkpoint.load(path, buffer)``; :class:`CheckpointTrigger` decides when
+(periodic, on request, on SIGTERM, after a crash).
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from shardreplay.checkpoint.manifest import (
     read_manifest,
 )
 from shardreplay.checkpoint.save import save
+from shardreplay.checkpoint.triggers import REQUEST_FILE, CheckpointTrigger
 
 __all__ = [
     "PARTIAL_POLICIES",
+    "REQUEST_FILE",
+    "CheckpointTrigger",
     "LoadReport",
     "checkpoint_dir",
     "is_complete",

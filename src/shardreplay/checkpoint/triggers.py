@@ -1,0 +1,248 @@
+"""When to save: periodic, requested (agreed by all ranks), on SIGTERM, on a crash.
+
+A training loop asks a :class:`CheckpointTrigger` at every step; every rank asks at
+every step::
+
+    trigger = CheckpointTrigger(run_dir, interval_steps=1000, collectives=sharded_buffer)
+    trigger.install_signal_handlers()        # SIGUSR1: request; SIGTERM/SIGINT: stop
+
+    def save(step):
+        checkpoint.save(sharded_buffer, run_dir, step, extra={"step": step})
+
+    with trigger.save_on_exception(save):    # a crash saves this rank's part, then re-raises
+        for step in range(start_step, total_steps):
+            if trigger.maybe_save(step, save):
+                break                        # stopped: this rank's part is written
+            train_one_step()                 # sample / update: collectives every step
+
+How each case works:
+
+* **periodic**: every ``interval_steps`` steps (not at the step the loop started from,
+  e.g. the one just restored). Every rank computes the same answer, no communication.
+* **requested**: ``SIGUSR1`` to *any* rank, or a file ``<run_dir>/checkpoint.request``.
+  The local flag is combined over ranks by one tiny collective (the max of one integer)
+  inside :meth:`should_save`, so every rank saves at the same step; the request file is
+  then removed.
+* **stop** (``SIGTERM``, first ``SIGINT``): :meth:`should_save` returns True at the next
+  step *without* any collective (a peer may be gone) and :attr:`stop_requested` turns
+  True: the rank saves its own part and leaves the loop. A second ``SIGINT`` raises
+  ``KeyboardInterrupt`` at once.
+* **crash**: :meth:`save_on_exception` saves this rank's part when an exception leaves
+  the block (``KeyboardInterrupt`` too, not ``SystemExit``), with no collective, and
+  re-raises it.
+
+Signal handlers only set flags: a collective, or a save, inside a handler could run in
+the middle of a buffer write or of another collective. Saves happen in the loop.
+
+Checkpoint ids: local saves (stop, crash) use the step of the latest
+:meth:`should_save` call. When every training step runs at least one collective (as a
+sharded ``sample`` does), no rank can be more than that one call ahead of another, so
+ranks stopped by a launcher's SIGTERM, or by a peer's disappearance (a
+``CollectiveTimeout`` on the next collective), save under the same id and the
+checkpoint completes. Keep the collectives' ``timeout_s`` below the launcher's grace
+period between SIGTERM and SIGKILL. If ids do differ, that checkpoint stays incomplete
+and ``load`` takes the newest complete one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+
+from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete
+from shardreplay.distributed.group import Collectives
+from shardreplay.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+REQUEST_FILE = "checkpoint.request"
+REQUEST_SIGNALS = (signal.SIGUSR1,)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class CheckpointTrigger:
+    """Decides at every training step whether this rank saves a checkpoint now.
+
+    Args:
+        run_dir: the checkpoint root (where ``save`` writes ``ckpt-*``); the request file
+            is ``<run_dir>/checkpoint.request``.
+        interval_steps: save every this many steps (None: only on request, stop or crash).
+        collectives: the group to agree with on requests: a ``ShardedReplayBuffer`` (its
+            group is used) or a :class:`~shardreplay.distributed.group.Collectives`.
+            None: this process decides alone.
+        poll_interval_steps: agree on requests every this many steps (1: every step; a
+            larger value saves the small collective, and a request waits a little longer).
+
+    Raises:
+        ConfigError: a non-positive interval, or ``collectives`` of another type.
+    """
+
+    def __init__(self, run_dir: str | Path, *, interval_steps: int | None = None,
+                 collectives: Any = None, poll_interval_steps: int = 1) -> None:
+        for name, value in (("interval_steps", interval_steps), ("poll_interval_steps", poll_interval_steps)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        comm = getattr(collectives, "collectives", collectives)
+        if comm is not None and not isinstance(comm, Collectives):
+            raise ConfigError("collectives must be a ShardedReplayBuffer, a Collectives or None, "
+                              f"got {type(collectives).__name__}")
+        self.run_dir = Path(run_dir)
+        self.interval_steps = interval_steps
+        self.poll_interval_steps = poll_interval_steps
+        self._comm: Collectives | None = comm
+        self._request = threading.Event()
+        self._stop = threading.Event()
+        self._stop_saved = False
+        self._interrupts = 0
+        self._start_step: int | None = None
+        self._previous: dict[int, Any] = {}
+        self.last_step: int | None = None
+        self.reason = ""
+
+    # -- flags (safe from signal handlers: no I/O, no collective) --------------------------
+    def request_save(self) -> None:
+        """Ask for a checkpoint at the next agreed step (what SIGUSR1 does)."""
+        self._request.set()
+
+    def request_stop(self) -> None:
+        """Ask this rank to save its part at the next step and stop (what SIGTERM does)."""
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once a stop was asked for (SIGTERM, SIGINT or :meth:`request_stop`)."""
+        return self._stop.is_set()
+
+    @property
+    def request_file(self) -> Path:
+        """``<run_dir>/checkpoint.request``: create it to ask every rank for a checkpoint."""
+        return self.run_dir / REQUEST_FILE
+
+    # -- the decision ------------------------------------------------------------------------
+    def should_save(self, step: int) -> bool:
+        """Whether to save at ``step``; call it on every rank at every step.
+
+        Sets :attr:`reason` (``"periodic"``, ``"request"`` or ``"stop"``) when True.
+
+        Raises:
+            CollectiveTimeout: a peer did not join the agreement in time (it may have
+                died; a surrounding :meth:`save_on_exception` then saves this rank's part).
+        """
+        step = int(step)
+        self.last_step = step
+        if self._start_step is None:
+            self._start_step = step
+        if self._stop.is_set():
+            if self._stop_saved:
+                return False
+            self._stop_saved = True
+            self.reason = "stop"
+            return True  # no collective: peers may be gone
+        requested = self._agree_request(step)
+        periodic = (self.interval_steps is not None and step % self.interval_steps == 0
+                    and step != self._start_step)
+        if not (requested or periodic):
+            return False
+        if is_complete(checkpoint_dir(self.run_dir, step)):
+            log.info("step %d: checkpoint already complete, not saved again", step)
+            return False
+        self.reason = "request" if requested else "periodic"
+        return True
+
+    def _agree_request(self, step: int) -> bool:
+        if self._comm is not None and (step - (self._start_step or 0)) % self.poll_interval_steps:
+            return False  # ranks poll at the same steps, so they still call collectives alike
+        local = self._request.is_set() or self.request_file.exists()
+        if self._comm is None:
+            agreed = local
+        else:
+            flags = self._comm.all_gather(torch.tensor([int(local)], dtype=torch.int64),
+                                          "CheckpointTrigger.should_save(agree request)")
+            agreed = bool(flags.max().item())
+        if agreed:
+            self._request.clear()
+            with contextlib.suppress(FileNotFoundError):
+                self.request_file.unlink()  # every rank tries: none can see it again next step
+        return agreed
+
+    def maybe_save(self, step: int, save: Callable[[int], object]) -> bool:
+        """:meth:`should_save`, then ``save(step)`` when it says so.
+
+        Returns:
+            True when the loop must stop (a stop was requested and this rank saved).
+        """
+        if self.should_save(step):
+            log.info("step %d: saving checkpoint (%s)", step, self.reason)
+            save(step)
+        return self.stop_requested
+
+    # -- signals ---------------------------------------------------------------------------------
+    def install_signal_handlers(self, request_signals: tuple[int, ...] = REQUEST_SIGNALS,
+                                stop_signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        """Route ``request_signals`` to :meth:`request_save` and ``stop_signals`` to
+        :meth:`request_stop` (a second SIGINT raises ``KeyboardInterrupt``).
+
+        Raises:
+            ConfigError: not called from the main thread (Python's rule for handlers).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigError("install_signal_handlers must be called from the main thread")
+        for sig in request_signals:
+            self._previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, self._on_request)
+        for sig in stop_signals:
+            self._previous.setdefault(sig, signal.getsignal(sig))
+            signal.signal(sig, self._on_stop)
+
+    def restore_signal_handlers(self) -> None:
+        """Put back the handlers that :meth:`install_signal_handlers` replaced."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _on_request(self, signum: int, frame: FrameType | None) -> None:
+        self._request.set()
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts > 1:
+                raise KeyboardInterrupt
+        self._stop.set()
+
+    # -- crashes ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def save_on_exception(self, save: Callable[[int], object]) -> Iterator[None]:
+        """Save this rank's part (no collective) if an exception leaves the block.
+
+        The checkpoint id is the step of the latest :meth:`should_save` call. Nothing is
+        saved before the first call, when that checkpoint is already complete, or for
+        ``SystemExit``. A failing save is logged; the original exception is re-raised.
+        """
+        try:
+            yield
+        except (Exception, KeyboardInterrupt) as exc:
+            self._save_after_crash(save, exc)
+            raise
+
+    def _save_after_crash(self, save: Callable[[int], object], exc: BaseException) -> None:
+        step = self.last_step
+        if step is None:
+            log.error("no step seen yet; nothing saved after %r", exc)
+            return
+        if is_complete(checkpoint_dir(self.run_dir, step)):
+            log.warning("checkpoint %d already complete; not saved again after %r", step, exc)
+            return
+        log.warning("saving this rank's part of checkpoint %d after %r", step, exc)
+        try:
+            save(step)
+        except Exception:
+            log.exception("saving after %r failed", exc)
