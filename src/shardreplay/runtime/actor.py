@@ -54,6 +54,7 @@ class ActorSettings:
         policy_wait_s: how long to wait for the first policy.
         send_timeout_s: one attempt's wait for room in the transport.
         queued_per_actor: chunks that may wait in the medium per actor (None: its default).
+        policy_check_interval_s: how often to look for new weights.
     """
 
     actor_id: int
@@ -72,6 +73,7 @@ class ActorSettings:
     policy_wait_s: float = 120.0
     send_timeout_s: float = 5.0
     queued_per_actor: int | None = None
+    policy_check_interval_s: float = 0.2
 
     def __post_init__(self) -> None:
         if not 0 <= self.actor_id < self.num_actors:
@@ -137,7 +139,7 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
     s = settings
     torch.set_num_threads(1)
     net = QNetwork(obs.shape[1], num_actions, s.hidden)
-    subscriber = open_subscriber(s.policy_url)
+    subscriber = open_subscriber(s.policy_url, check_interval_s=s.policy_check_interval_s)
     version = _load(net, wait_for_policy(subscriber, s.policy_wait_s))
     rng = np.random.default_rng(s.seed)
     eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor, s.num_actors * s.envs_per_actor,

@@ -78,11 +78,11 @@ class TrainSettings:
     beta_updates: int = 20_000
     samples_per_insert: float = 16.0
     min_replay: int = 1000
-    chunk_steps: int = 16
-    queued_chunks_per_actor: int = 4
+    chunk_steps: int = 8
+    queued_chunks_per_actor: int = 2
     epsilon_base: float = 0.4
     epsilon_exponent: float = 7.0
-    publish_interval_updates: int = 50
+    publish_interval_updates: int = 25
     checkpoint_interval_updates: int = 0
     collective_timeout_s: float = 300.0
     max_actor_restarts: int = 3
