@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from ckpt_helpers import (
 import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.checkpoint.manifest import checkpoint_dir
-from shardreplay.errors import CheckpointError, ConfigError
+from shardreplay.errors import ConfigError
 
 
 @pytest.mark.parametrize("sampler", ["prioritized", "uniform"])
@@ -128,14 +129,16 @@ def test_bad_arguments_write_nothing(tmp_path: Path) -> None:
     assert checkpoint.list_checkpoints(tmp_path) == []
 
 
-def test_saving_a_complete_checkpoint_again_is_refused(tmp_path: Path) -> None:
+def test_saving_a_complete_checkpoint_again_is_skipped(tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
     """Re-saving an id would replace parts of the only complete checkpoint one by one."""
     buf = make_buffer(2, 16)
     fill_random(buf, 10)
-    checkpoint.save(buf, tmp_path, 5)
-    before = (checkpoint_dir(tmp_path, 5) / "manifest.json").read_bytes()
+    directory = checkpoint.save(buf, tmp_path, 5)
+    files = {p.name: p.read_bytes() for p in directory.iterdir()}
     fill_random(buf, 10, seed=4)
-    with pytest.raises(CheckpointError, match="already complete"):
-        checkpoint.save(buf, tmp_path, 5)
-    assert (checkpoint_dir(tmp_path, 5) / "manifest.json").read_bytes() == before
-    assert checkpoint.is_complete(checkpoint_dir(tmp_path, 5))
+    with caplog.at_level(logging.WARNING, logger="shardreplay.checkpoint"):
+        assert checkpoint.save(buf, tmp_path, 5) == directory
+    assert "already complete: not saved again" in caplog.text
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == files
+    assert checkpoint.is_complete(directory)

@@ -69,9 +69,11 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
 
     Raises:
         ConfigError: a bad argument (nothing is written).
-        CheckpointError: the files could not be written, or checkpoint
-            ``checkpoint_id`` is already complete (the previous complete checkpoints
-            are untouched).
+        CheckpointError: the files could not be written (the previous complete
+            checkpoints are untouched).
+
+    A checkpoint id that is already complete is not written again (a warning is
+    logged): replacing its parts one by one could break the only good checkpoint.
     """
     local, shard, num_shards = shard_of(buffer)
     if not isinstance(checkpoint_id, int | np.integer) or checkpoint_id < 0:
@@ -86,8 +88,9 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     if is_complete(directory):
         # Replacing the parts of a complete checkpoint one by one would leave it broken
         # (sizes and CRCs no longer match its manifest) if a rank died half-way.
-        raise CheckpointError(f"checkpoint {checkpoint_id} under {path} is already complete; "
-                              "save under a new checkpoint_id (e.g. the next step)")
+        log.warning("checkpoint %s under %s is already complete: not saved again (use a new "
+                    "checkpoint_id to save the current content)", directory.name, path)
+        return directory
     started = time.perf_counter()
     try:
         directory.mkdir(parents=True, exist_ok=True)
