@@ -212,6 +212,17 @@ def test_invalid_values_under_a_valid_checksum_are_rejected(edit) -> None:
     assert info.value.reason == "values"
 
 
+def test_numpy_ids_and_float64_priorities_are_accepted() -> None:
+    chunk = make_chunk(priorities=True)
+    prio = chunk.priorities.astype(np.float64)
+    back = decode(encode(Chunk(np.int64(3), np.uint32(4), np.int8(5), chunk.stream_ids.astype(np.int32),
+                               chunk.steps, prio), SPEC), SPEC, max_bytes=MAX)
+    assert back.identity == (3, 4) and back.policy_version == 5
+    assert back.priorities.dtype == np.float32
+    with pytest.raises(SpecMismatchError, match="priorities"):
+        encode(Chunk(0, 0, 0, chunk.stream_ids, chunk.steps, np.full((2, 3), 1e300)), SPEC)
+
+
 def test_encode_rejects_negative_or_nan_priorities() -> None:
     chunk = make_chunk(priorities=True)
     for bad in (-1.0, np.nan):
@@ -229,6 +240,8 @@ def test_encode_rejects_bad_chunks_at_the_actor() -> None:
         encode(Chunk(0, 0, 0, chunk.stream_ids, steps), SPEC)
     with pytest.raises(SpecMismatchError, match="actor_id"):
         encode(Chunk(-1, 0, 0, chunk.stream_ids, chunk.steps), SPEC)
+    with pytest.raises(SpecMismatchError, match="distinct"):
+        encode(Chunk(0, 0, 0, np.array([0, 2**63 + 5], np.uint64), chunk.steps), SPEC)
     with pytest.raises(SpecMismatchError, match="distinct"):
         encode(Chunk(0, 0, 0, np.zeros(2, np.int64), chunk.steps), SPEC)
     with pytest.raises(SpecMismatchError, match="step_type"):

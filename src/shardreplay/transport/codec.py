@@ -180,7 +180,11 @@ def encode(chunk: Chunk, spec: Spec) -> bytes:
     arrays: dict[str, np.ndarray] = {"stream_ids": ids}
     arrays.update({_STEP_PREFIX + k: v for k, v in steps.items()})
     if chunk.priorities is not None:
-        arrays["priorities"] = np.asarray(chunk.priorities)
+        prio = np.asarray(chunk.priorities)
+        if prio.dtype.kind not in "fiu":
+            raise SpecMismatchError(f"priorities must be numbers, got {prio.dtype}")
+        with np.errstate(over="ignore"):  # an overflow becomes inf, rejected just below
+            arrays["priorities"] = prio.astype(np.float32, copy=False)
     _check_ids_and_priorities(ids, arrays.get("priorities"), s, t, exc=SpecMismatchError)
     layout = _layout(spec, s, t, chunk.priorities is not None)
     parts: list[Any] = []
@@ -191,8 +195,8 @@ def encode(chunk: Chunk, spec: Spec) -> bytes:
             parts.append(bytes(offset - end))
         parts.append(arr.data.cast("B") if arr.nbytes else b"")
         end = offset + arr.nbytes
-    header = msgpack.packb({"fp": _info(spec).fingerprint, "a": chunk.actor_id, "q": chunk.sequence,
-                            "pv": chunk.policy_version, "S": s, "T": t, "arrays": layout.entries})
+    header = msgpack.packb({"fp": _info(spec).fingerprint, "a": int(chunk.actor_id), "q": int(chunk.sequence),
+                            "pv": int(chunk.policy_version), "S": s, "T": t, "arrays": layout.entries})
     head_pad = bytes(_align8(_PREFIX.size + len(header)) - _PREFIX.size - len(header))
     crc = zlib.crc32(header)
     crc = zlib.crc32(head_pad, crc)
@@ -212,8 +216,8 @@ def _check_ids(actor_id: Any, sequence: Any, version: Any, *, exc: type[Exceptio
 def _check_ids_and_priorities(ids: np.ndarray, prio: np.ndarray | None, s: int, t: int, *,
                               exc: type[Exception]) -> None:
     listed = ids.tolist()
-    if s and (min(listed) < 0 or len(set(listed)) != s):
-        raise _make(exc, "stream_ids must be distinct and >= 0", "values")
+    if s and (min(listed) < 0 or max(listed) > _MAX_ID or len(set(listed)) != s):
+        raise _make(exc, "stream_ids must be distinct and in [0, 2**63)", "values")
     if prio is None:
         return
     if prio.shape != (s, t) or prio.dtype.kind != "f":
