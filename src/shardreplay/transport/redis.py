@@ -394,8 +394,13 @@ class RedisReader:
             del self._to_ack[:len(ids)]
         if time.monotonic() - self._last_trim >= t.trim_interval_s:
             self._last_trim = time.monotonic()
-            self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=False), what="XTRIM",
-                            deadline=deadline)
+            try:
+                self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=False), what="XTRIM",
+                                deadline=deadline)
+            except TransportTimeout:
+                raise
+            except TransportError as exc:  # e.g. a group vanished mid-way: trimming can wait
+                logger.warning("redis %s: trimming %r failed: %s", t.url, t.stream, exc)
 
     def close(self) -> None:
         """Close the connection; unacknowledged entries stay pending for the next reader."""
