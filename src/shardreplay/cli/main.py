@@ -13,6 +13,7 @@ import sys
 _SUBCOMMANDS = (
     "shardreplay.cli.train",
     "shardreplay.cli.actor",
+    "shardreplay.cli.checkpoint",
 )
 
 

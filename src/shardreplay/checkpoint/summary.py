@@ -1,0 +1,161 @@
+"""Describe and verify checkpoints (used by ``shardreplay checkpoint inspect|verify``).
+
+:func:`verify` reads every byte of every part and checks it: the manifest and part
+descriptions (their CRCs and that they agree), every block CRC, the arrays a loader
+needs (names, dtypes, shapes against the spec), and the episode tables.
+:func:`summarize` reads only the descriptions and each part's priority array.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardreplay.checkpoint.format import PartReader
+from shardreplay.checkpoint.load import _episode_refs
+from shardreplay.checkpoint.manifest import (
+    checkpoint_dir,
+    list_checkpoints,
+    load_checked,
+    read_manifest,
+)
+from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigError
+from shardreplay.spec import Spec
+from shardreplay.storage import STEP_ARRAYS
+
+_PART_JSON = re.compile(r"^part-(\d+)-of-(\d+)\.json$")
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """True when ``path`` looks like one checkpoint (``ckpt-<id>`` or has a manifest)."""
+    return (path / "manifest.json").exists() or re.fullmatch(r"ckpt-\d+", path.name) is not None
+
+
+def list_status(root: Path) -> list[dict[str, Any]]:
+    """Every checkpoint under ``root``, oldest first: id, directory, completeness, reason."""
+    out = []
+    for cid in list_checkpoints(root):
+        directory = checkpoint_dir(root, cid)
+        entry: dict[str, Any] = {"checkpoint_id": cid, "directory": str(directory)}
+        try:
+            manifest = read_manifest(directory)
+            entry.update(complete=True, num_shards=manifest["num_shards"], steps=manifest["steps"],
+                         episodes=manifest["episodes"])
+        except CheckpointError as exc:
+            entry.update(complete=False, reason=str(exc))
+        out.append(entry)
+    return out
+
+
+def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
+    """A description of one checkpoint: shards, steps, episodes, partial-episode counts,
+    priority summary (min/mean/max of stored priorities), extra data, completeness.
+
+    An incomplete checkpoint is described from the part descriptions that exist.
+    """
+    directory = Path(directory)
+    try:
+        manifest = read_manifest(directory)
+    except CheckpointError as exc:
+        return _summarize_incomplete(directory, str(exc))
+    parts = sorted(manifest["parts"], key=lambda p: int(p["shard"]))
+    rows = []
+    stats = []
+    for part in parts:
+        row = {k: part[k] for k in ("shard", "steps", "episodes", "bytes", "partial")}
+        if priorities:
+            with PartReader(directory / part["file"], part) as reader:
+                prio = reader.array("priority")
+            row["priority"] = _stats(prio)
+            stats.append(prio)
+        rows.append(row)
+    out = {"checkpoint_id": manifest["checkpoint_id"], "directory": str(directory), "complete": True,
+           "num_shards": manifest["num_shards"], "steps": manifest["steps"],
+           "episodes": manifest["episodes"], "partial_policy": sorted({p["partial_policy"] for p in parts}),
+           "partial": manifest.get("partial") or _sum_partial(parts), "extra": manifest.get("extra", {}),
+           "spec": manifest["spec"], "spec_fingerprint": manifest["spec_fingerprint"],
+           "bytes": sum(int(p["bytes"]) for p in parts), "parts": rows}
+    if priorities:
+        out["priority"] = _stats(np.concatenate(stats) if stats else np.empty(0, np.float32))
+    return out
+
+
+def _summarize_incomplete(directory: Path, reason: str) -> dict[str, Any]:
+    present = []
+    for path in sorted(directory.glob("part-*.json")):
+        m = _PART_JSON.match(path.name)
+        if not m:
+            continue
+        try:
+            desc = load_checked(path)
+            present.append({k: desc.get(k) for k in ("shard", "num_shards", "steps", "episodes", "bytes")})
+        except CheckpointError as exc:
+            present.append({"file": path.name, "error": str(exc)})
+    return {"directory": str(directory), "complete": False, "reason": reason, "parts_present": present}
+
+
+def verify(directory: Path) -> dict[str, Any]:
+    """Check one checkpoint completely (every block of every part).
+
+    Returns:
+        ``{"checkpoint_id", "num_shards", "steps", "bytes", "blocks"}`` of the verified checkpoint.
+
+    Raises:
+        IncompleteCheckpointError: the manifest, a part or a description is missing.
+        CheckpointFormatError: anything else wrong, with the file and the reason.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    try:
+        spec = Spec.from_dict(manifest["spec"])
+    except ConfigError as exc:
+        raise CheckpointFormatError(f"{directory / 'manifest.json'}: bad spec ({exc})") from exc
+    blocks = 0
+    for part in sorted(manifest["parts"], key=lambda p: int(p["shard"])):
+        with PartReader(directory / part["file"], part) as reader:
+            reader.verify_all()
+            blocks += len(part["block_crc32"])
+            _check_arrays(reader, spec, part)
+    total = sum(int(p["steps"]) for p in manifest["parts"])
+    if total != manifest["steps"]:
+        raise CheckpointFormatError(f"{directory / 'manifest.json'}: steps {manifest['steps']} "
+                                    f"!= the parts' sum {total}")
+    return {"checkpoint_id": manifest["checkpoint_id"], "num_shards": manifest["num_shards"],
+            "steps": total, "bytes": sum(int(p["bytes"]) for p in manifest["parts"]), "blocks": blocks}
+
+
+def _check_arrays(reader: PartReader, spec: Spec, part: dict[str, Any]) -> None:
+    steps = int(part["steps"])
+    expected = {f"field.{n}": (f.dtype, (steps, *f.shape)) for n, f in spec.fields.items()}
+    expected.update({k: (np.dtype(dt), (steps,)) for k, dt in STEP_ARRAYS.items()})
+    for name, (dtype, shape) in expected.items():
+        got = reader.entry(name)
+        if got != (dtype, shape):
+            raise CheckpointFormatError(f"{reader.path}: array {name!r} is {got[0]}{list(got[1])}, "
+                                        f"expected {dtype}{list(shape)}")
+    if int(reader.array("row_length").sum()) != steps:
+        raise CheckpointFormatError(f"{reader.path}: row lengths do not add up to {steps} steps")
+    refs = _episode_refs([reader])
+    if len(refs) != int(part["episodes"]) or sum(r.length for r in refs) != steps:
+        raise CheckpointFormatError(f"{reader.path}: the episode table does not cover the {steps} steps")
+    try:
+        json.loads(reader.metadata.get("buffer_meta", ""))
+    except ValueError as exc:
+        raise CheckpointFormatError(f"{reader.path}: buffer metadata is not JSON") from exc
+
+
+def _stats(values: np.ndarray) -> dict[str, float | int | None]:
+    if values.size == 0:
+        return {"count": 0, "min": None, "mean": None, "max": None}
+    v = values.astype(np.float64)
+    return {"count": int(v.size), "min": float(v.min()), "mean": float(v.mean()), "max": float(v.max())}
+
+
+def _sum_partial(parts: list[dict[str, Any]]) -> dict[str, int]:
+    keys = parts[0]["partial"] if parts else {}
+    return {k: sum(int(p["partial"][k]) for p in parts) for k in keys}
+

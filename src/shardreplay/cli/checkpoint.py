@@ -1,0 +1,164 @@
+"""``shardreplay checkpoint inspect|verify PATH``: look at and check replay checkpoints.
+
+PATH is one checkpoint (``.../ckpt-<id>``) or a checkpoint root holding several.
+
+* ``inspect``: shards, steps, episodes, sealed/dropped partial episodes, a priority
+  summary (min/mean/max of the stored priorities), extra data and completeness; for a
+  root, every checkpoint id with its completeness, then the newest complete one.
+* ``verify``: reads every block of every part and checks its CRC, the descriptions and
+  the arrays; exits 1 with the reason on any problem (for a root: any checkpoint).
+
+Exit codes: 0 fine, 1 a problem was found, 2 PATH is not a checkpoint (or root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from shardreplay.checkpoint.manifest import checkpoint_dir, latest_complete, list_checkpoints
+from shardreplay.checkpoint.summary import is_checkpoint_dir, list_status, summarize, verify
+from shardreplay.errors import CheckpointError
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``checkpoint`` (with ``inspect`` and ``verify``) on argparse subparsers."""
+    p = subparsers.add_parser("checkpoint", help="inspect or verify replay checkpoints",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="checkpoint_command", required=True, metavar="ACTION")
+    ins = sub.add_parser("inspect", help="describe a checkpoint, or every checkpoint under a root")
+    ins.add_argument("path", type=Path, help="a checkpoint directory (ckpt-<id>) or a checkpoint root")
+    ins.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    ins.add_argument("--no-priorities", action="store_true",
+                     help="skip the priority summary (reads each part's priority array)")
+    ins.set_defaults(func=run_inspect)
+    ver = sub.add_parser("verify", help="check every block of every part; exit 1 on any problem")
+    ver.add_argument("path", type=Path, help="a checkpoint directory (ckpt-<id>) or a checkpoint root")
+    ver.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    ver.set_defaults(func=run_verify)
+
+
+def _kind(path: Path) -> str | None:
+    if not path.is_dir():
+        return None
+    if is_checkpoint_dir(path):
+        return "checkpoint"
+    return "root" if list_checkpoints(path) else None
+
+
+def _not_found(path: Path) -> int:
+    print(f"error: {path} is neither a checkpoint directory (ckpt-<id>) nor a directory holding "
+          "checkpoints", file=sys.stderr)
+    return 2
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """``shardreplay checkpoint inspect``; returns the exit code."""
+    kind = _kind(args.path)
+    if kind is None:
+        return _not_found(args.path)
+    priorities = not args.no_priorities
+    try:
+        if kind == "checkpoint":
+            doc: dict[str, Any] = summarize(args.path, priorities=priorities)
+        else:
+            newest = latest_complete(args.path)
+            doc = {"root": str(args.path), "checkpoints": list_status(args.path), "newest_complete": newest,
+                   "newest": None if newest is None else summarize(checkpoint_dir(args.path, newest),
+                                                                   priorities=priorities)}
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=True))
+    elif kind == "checkpoint":
+        print("\n".join(_describe(doc)))
+    else:
+        print("\n".join(_describe_root(doc)))
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """``shardreplay checkpoint verify``; returns the exit code (1 on any problem)."""
+    kind = _kind(args.path)
+    if kind is None:
+        return _not_found(args.path)
+    dirs = [args.path] if kind == "checkpoint" else \
+        [checkpoint_dir(args.path, c) for c in list_checkpoints(args.path)]
+    results = []
+    for directory in dirs:
+        try:
+            results.append({"directory": str(directory), "ok": True, **verify(directory)})
+        except CheckpointError as exc:
+            results.append({"directory": str(directory), "ok": False, "reason": str(exc)})
+    bad = [r for r in results if not r["ok"]]
+    if args.json:
+        print(json.dumps({"ok": not bad, "checkpoints": results}, indent=1, sort_keys=True))
+    else:
+        for r in results:
+            if r["ok"]:
+                print(f"OK    {r['directory']}: {r['num_shards']} parts, {r['steps']} steps, "
+                      f"{r['bytes']} bytes in {r['blocks']} checked blocks")
+            else:
+                print(f"FAIL  {r['directory']}: {r['reason']}")
+    for r in bad:
+        print(f"error: {r['directory']}: {r['reason']}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _describe_root(doc: dict[str, Any]) -> list[str]:
+    lines = [f"checkpoint root {doc['root']}: {len(doc['checkpoints'])} checkpoint(s)"]
+    for c in doc["checkpoints"]:
+        if c["complete"]:
+            lines.append(f"  {c['checkpoint_id']:>10}  complete    {c['num_shards']} shard(s), "
+                         f"{c['steps']} steps, {c['episodes']} episodes")
+        else:
+            lines.append(f"  {c['checkpoint_id']:>10}  INCOMPLETE  {c['reason']}")
+    if doc["newest"] is None:
+        lines.append("no complete checkpoint")
+    else:
+        lines += ["", f"newest complete: {doc['newest_complete']}", *_describe(doc["newest"])]
+    return lines
+
+
+def _describe(d: dict[str, Any]) -> list[str]:
+    if not d["complete"]:
+        lines = [f"checkpoint {d['directory']}: INCOMPLETE", f"  reason    {d['reason']}"]
+        lines += [f"  present   {json.dumps(p, sort_keys=True)}" for p in d["parts_present"]]
+        return lines
+    pa = d["partial"]
+    lines = [
+        f"checkpoint {d['checkpoint_id']} ({d['directory']}): complete",
+        f"  shards      {d['num_shards']}",
+        f"  steps       {d['steps']}",
+        f"  episodes    {d['episodes']}",
+        f"  partial     {pa.get('partial_episodes', 0)} episodes ({pa.get('partial_steps', 0)} steps): "
+        f"sealed {pa.get('sealed_episodes', 0)} ({pa.get('sealed_steps', 0)} steps), dropped "
+        f"{pa.get('dropped_episodes', 0)} ({pa.get('dropped_steps', 0)} steps); "
+        f"policy {', '.join(d['partial_policy'])}",
+    ]
+    if "priority" in d:
+        lines.append(f"  priorities  {_prio(d['priority'])}")
+    lines += [f"  bytes       {d['bytes']}",
+              f"  extra       {json.dumps(d['extra'], sort_keys=True)[:300]}",
+              f"  spec        {_spec(d['spec'])}  (fingerprint {d['spec_fingerprint']})",
+              "  shard      steps   episodes        bytes  sealed/dropped  priorities"]
+    for p in d["parts"]:
+        pp = p["partial"]
+        prio = _prio(p["priority"]) if "priority" in p else "-"
+        lines.append(f"  {p['shard']:>5} {p['steps']:>10} {p['episodes']:>10} {p['bytes']:>12}  "
+                     f"{pp['sealed_episodes']:>6}/{pp['dropped_episodes']:<7}  {prio}")
+    return lines
+
+
+def _prio(s: dict[str, Any]) -> str:
+    if not s["count"]:
+        return "none stored"
+    return f"min {s['min']:.6g}  mean {s['mean']:.6g}  max {s['max']:.6g}  ({s['count']} steps)"
+
+
+def _spec(spec: dict[str, Any]) -> str:
+    return ", ".join(f"{name}: {f['dtype']}{f['shape']}" for name, f in spec.items())
