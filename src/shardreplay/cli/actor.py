@@ -27,9 +27,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--transport", required=True, help="file:///dir or redis://host:port/db")
     p.add_argument("--policy-url", required=True, help="where the learner publishes weights")
     for name in ("env_id", "envs_per_actor", "chunk_steps", "epsilon_base", "epsilon_exponent",
-                 "max_env_steps", "policy_wait_s", "seed"):
+                 "max_env_steps", "policy_wait_s", "seed", "queued_per_actor"):
         default = defaults[name]
-        kind = int if name in ("max_env_steps", "seed") else type(default)
+        kind = int if name in ("max_env_steps", "seed", "queued_per_actor") else type(default)
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=default)
     p.add_argument("--hidden", type=int, nargs="+", default=list(defaults["hidden"]),
                    help="hidden layer sizes (must match the learner's)")

@@ -98,10 +98,10 @@ class StopFlag:
         """True once a stop was asked."""
         return self._event.is_set()
 
-    def install(self) -> None:
-        """Route SIGTERM and SIGINT here (main thread only)."""
-        signal.signal(signal.SIGTERM, self.set)
-        signal.signal(signal.SIGINT, self.set)
+    def install(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        """Route ``signals`` (default SIGTERM and SIGINT) here (main thread only)."""
+        for sig in signals:
+            signal.signal(sig, self.set)
 
 
 def run(settings: ActorSettings, transport: Transport | None = None,
@@ -185,7 +185,8 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, count
     backoff = 0.1
     while True:
         try:
-            writer.send(chunk, timeout_s=timeout_s)
+            # Stopping: a short wait, the learner (if still there) is draining for us.
+            writer.send(chunk, timeout_s=min(timeout_s, 2.0) if stop.is_set() else timeout_s)
             counters["chunks"] += 1
             return writer
         except TransportTimeout:

@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardreplay.errors import ShardReplayError
+from shardreplay.checkpoint import list_checkpoints
+from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.envs import env_spaces, transition_spec
-from shardreplay.runtime.processes import die_with_parent, stop_processes
+from shardreplay.runtime.processes import children_ignore_sigint, die_with_parent, stop_processes
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.settings import TrainSettings
 
@@ -39,12 +40,26 @@ def under_torchrun() -> bool:
 
 
 def prepare_run_dir(settings: TrainSettings, resume: bool) -> TrainSettings:
-    """Create the run directory and write ``config.json`` (not on resume)."""
+    """Create the run directory and write ``config.json`` (the settings in effect, so a
+    later ``--resume`` continues with them, e.g. with the new number of learners).
+
+    Raises:
+        ConfigError: a new run in a directory that already holds checkpoints, or
+            several torchrun ranks without an explicit (shared) ``run_dir``.
+    """
+    if not settings.run_dir and under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        raise ConfigError("under torchrun every learner rank needs the same --run-dir "
+                          "(a directory all ranks share: a volume or network file system)")
     run_dir = Path(settings.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    if not resume and list_checkpoints(run_dir / "checkpoints"):
+        raise ConfigError(f"{run_dir} already holds checkpoints: continue it with --resume {run_dir}, "
+                          "or start a new run with another --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = settings.with_run_dir(run_dir)
-    if not resume or not (run_dir / "config.json").exists():
-        (run_dir / "config.json").write_text(json.dumps(settings.to_dict(), indent=1))
+    if not under_torchrun() or os.environ.get("RANK") == "0":
+        tmp = run_dir / ".config.json.tmp"
+        tmp.write_text(json.dumps(settings.to_dict(), indent=1))
+        tmp.replace(run_dir / "config.json")
     return settings
 
 
@@ -63,11 +78,11 @@ def train(settings: TrainSettings, resume: bool = False) -> dict[str, Any]:
 
 
 def _torchrun_rank(settings: TrainSettings, resume: bool) -> dict[str, Any]:
-    import torch
     import torch.distributed as dist
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, init_method="env://",
+    # gloo even on GPU machines: the learner keeps its network and batches on the CPU,
+    # and NCCL only reduces CUDA tensors.
+    dist.init_process_group("gloo", init_method="env://",
                             timeout=datetime.timedelta(seconds=settings.collective_timeout_s))
     try:
         from shardreplay.runtime.learner import Learner
@@ -141,32 +156,55 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for p in procs:
-            p.start()
-        return _collect(procs, out)
+            with children_ignore_sigint():
+                p.start()
+        return _collect(procs, out, stopping)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_processes(procs, timeout_s=60.0)
 
 
-def _collect(procs: list[Any], out: Any) -> dict[str, Any]:
+def _collect(procs: list[Any], out: Any, stopping: dict[str, bool]) -> dict[str, Any]:
+    """Rank 0's summary once every learner reported; the first failure raises."""
     results: dict[int, Any] = {}
     errors: list[str] = []
-    while len(results) + len(errors) < len(procs):
+    while len(results) < len(procs) and not errors:
         try:
             rank, status, value = out.get(timeout=1.0)
         except queue.Empty:
-            dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
-            if dead and not errors:
-                errors.append(f"{dead[0].name} exited with code {dead[0].exitcode}")
-            if errors and all(not p.is_alive() for p in procs):
+            if all(not p.is_alive() for p in procs):
+                _take_rest(out, results, errors)  # reports sent just before the exits
+                errors += _failures(procs, results, stopping["asked"])
                 break
             continue
         if status == "ok":
             results[rank] = value
         else:
-            errors.append(f"rank {rank}: {value}")
-            break  # the others are stopped (and, if stuck in a collective, killed) by the caller
+            errors.append(f"rank {rank}: {value}")  # the caller stops (or kills) the others
     if errors:
         raise ShardReplayError("training failed: " + "; ".join(errors))
-    return results.get(0, {})
+    if 0 not in results:
+        # Stopped (SIGTERM) before the learners had set up their handlers: nothing to save.
+        log.warning("stopped while the learners were starting; nothing new was saved")
+        return {"stopped_during_startup": True}
+    return results[0]
+
+
+def _take_rest(out: Any, results: dict[int, Any], errors: list[str]) -> None:
+    while True:
+        try:
+            rank, status, value = out.get_nowait()
+        except queue.Empty:
+            return
+        if status == "ok":
+            results[rank] = value
+        else:
+            errors.append(f"rank {rank}: {value}")
+
+
+def _failures(procs: list[Any], results: dict[int, Any], stop_asked: bool) -> list[str]:
+    """Learners that exited without a report; SIGTERM after a stop request is no failure."""
+    failed = [p for i, p in enumerate(procs) if i not in results
+              and not (stop_asked and p.exitcode == -signal.SIGTERM)]
+    return [f"{p.name} exited with code {p.exitcode} without a report" for p in failed[:1]]

@@ -27,7 +27,7 @@ from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.manifest import checkpoint_dir
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import IncompleteCheckpointError
+from shardreplay.errors import IncompleteCheckpointError, ShardReplayError
 from shardreplay.policy import open_publisher
 from shardreplay.runtime.actor import ActorSettings
 from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
@@ -48,6 +48,7 @@ LEARNER_STATE = "learner_state.pt"
 _STEPS, _REPLAY, _STOP, _SAVE, _RET_SUM, _RET_N, _LAG_SUM, _LAG_N, _REJECTED = range(9)
 _DRAIN_CHUNKS = 16  # chunks one rank takes in per iteration at most
 _MAX_UPDATES_PER_ITERATION = 8
+_ACTOR_STOP_S = 10.0  # actors get this long to send what they hold and exit
 
 
 class _Flags:
@@ -98,6 +99,8 @@ class Learner:
         self.best_eval = -math.inf
         self.last_eval: float | None = None
         self._saved_at = -1
+        self._last_checkpoint = -1  # ids only grow: a save never meets a complete one
+        self.resumed: dict[str, Any] | None = None
         if resume:
             self._resume()
         self.transport = transport or shard_transport(
@@ -123,12 +126,14 @@ class Learner:
     def _actor_settings(self) -> list[ActorSettings]:
         s = self.s
         mine = [a for a in range(s.actors) if shard_for_actor(a, self.world) == self.rank]
-        return [ActorSettings(actor_id=a, num_actors=s.actors, num_shards=self.world, env_id=s.env_id,
+        return [ActorSettings(actor_id=a, num_actors=s.total_actors, num_shards=self.world, env_id=s.env_id,
                               envs_per_actor=s.envs_per_actor, chunk_steps=s.chunk_steps,
                               transport=s.transport, policy_url=s.policy_url, hidden=s.hidden,
                               epsilon_base=s.epsilon_base, epsilon_exponent=s.epsilon_exponent,
                               queued_per_actor=s.queued_chunks_per_actor,
-                              seed=s.seed * 7919 + a + int(time.time()) % 100_000) for a in mine]
+                              # Fixed by the run's seed; a resumed run plays new episodes.
+                              seed=s.seed * 7919 + a + 104_729 * self.counters["env_steps"])
+                for a in mine]
 
     # -- checkpoints ----------------------------------------------------------------------
     @property
@@ -141,13 +146,29 @@ class Learner:
         self.agent.load_state_dict(state["agent"])
         self.counters.update({k: int(v) for k, v in report.extra["counters"].items()})
         self.best_eval = float(report.extra.get("best_eval", -math.inf))
+        # Every rank lists the same directory before anyone saves again, so all agree.
+        self._last_checkpoint = max(checkpoint.list_checkpoints(self._ckpt_root), default=-1)
+        total = self.buffer.collectives.all_reduce_sum(torch.tensor([float(report.steps)],
+                                                                    dtype=torch.float64), "resume steps")
+        self.resumed = {"checkpoint": report.directory.name, "checkpoint_id": report.checkpoint_id,
+                        "saved_shards": report.saved_shards, "shards": self.world,
+                        "steps": int(total.item()), "skipped": report.skipped}
         log.info("rank %d resumed from %s: %d steps in this shard, counters %s", self.rank,
                  report.directory.name, report.steps, self.counters)
+        if self.rank == 0:
+            log.info("resumed from %s: %d steps restored (%d shard(s) -> %d)", report.directory.name,
+                     self.resumed["steps"], report.saved_shards, self.world)
 
     def save(self) -> Path:
         """Save a checkpoint: rank 0 writes the learner state first, every rank its part
-        (no collective, so it also works from a stopping or failing rank)."""
-        cid = self.counters["updates"]
+        (no collective, so it also works from a stopping or failing rank).
+
+        The id is the update count, or one more than the last id this run saved or
+        found, when no update happened since (stopping during warm-up, or right after
+        a resume): every rank derives it from the same agreed counters.
+        """
+        cid = max(self.counters["updates"], self._last_checkpoint + 1)
+        self._last_checkpoint = cid
         directory = checkpoint_dir(self._ckpt_root, cid)
         if self.rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
@@ -167,10 +188,12 @@ class Learner:
         try:
             self._loop(started)
         except BaseException:
-            self.actors.stop()
+            self._stop_actors()
             self.save()  # local only: every rank keeps its part even when a peer is gone
             raise
-        self.actors.stop()
+        self._stop_actors()
+        # What the actors sent while stopping is in the shards: count it (all ranks agree).
+        self.counters["env_steps"] += int(self._sync(started)[_STEPS])
         path = self.save()
         summary = self._summary(started, path)
         if self.metrics is not None:
@@ -178,12 +201,23 @@ class Learner:
             summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
         return summary
 
+    def _stop_actors(self) -> None:
+        """Stop this rank's actors, draining meanwhile so their last chunks land here."""
+        def drain() -> None:
+            try:
+                self.ingestor.drain(_DRAIN_CHUNKS, 0.05, self.counters["version"])
+            except ShardReplayError as exc:  # a broken transport must not block the stop
+                log.warning("rank %d: draining while actors stop failed: %s", self.rank, exc)
+                time.sleep(0.05)
+
+        self.actors.stop(timeout_s=_ACTOR_STOP_S, while_waiting=drain)
+
     def _make_limiter(self) -> RateLimiter:
         """Samples-per-insert limiter over GLOBAL counts: every rank feeds it the same
         all-reduced numbers, so every rank takes the same decisions."""
         s = self.s
         per_update = s.batch_size * self.world
-        max_insert = _DRAIN_CHUNKS * s.chunk_steps * s.envs_per_actor * max(s.actors, 1)
+        max_insert = _DRAIN_CHUNKS * s.chunk_steps * s.envs_per_actor * max(s.total_actors, 1)
         slack = 2 * (max_insert * s.samples_per_insert + per_update)
         offset = s.min_replay * s.samples_per_insert
         limiter = RateLimiter(s.samples_per_insert, min_size_to_sample=s.min_replay,
@@ -299,10 +333,14 @@ class Learner:
         window.update(steps=0, updates=0, t=now, lag_sum=0.0, lag_n=0.0)
 
     def _summary(self, started: float, checkpoint_path: Path) -> dict[str, Any]:
+        mine = torch.tensor([sum(self.actors.restarts.values()), len(self.actors.given_up)],
+                            dtype=torch.float64)
+        restarts, given_up = self.buffer.collectives.all_reduce_sum(mine, "summary").tolist()
         summary: dict[str, Any] = {"rank": self.rank, **self.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
                                    "checkpoint": str(checkpoint_path),
-                                   "actor_restarts": sum(self.actors.restarts.values())}
+                                   "actor_restarts": int(restarts), "actors_given_up": int(given_up),
+                                   "resumed_from": self.resumed}
         if self.rank == 0:
             summary["final_eval_return"] = self._evaluate(self.s.eval_episodes)
             summary["best_eval_return"] = self.best_eval

@@ -2,16 +2,23 @@
 
 Every child asks the kernel for SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``),
 so killing a learner, even with ``kill -9``, takes its actors with it; stopping sends
-SIGTERM, waits, then kills what is left.
+SIGTERM, waits, then kills what is left. Children start with SIGINT ignored: Ctrl-C
+reaches every process of the terminal's process group, and the parent, not each
+child, decides how its children stop (a child still importing would otherwise die
+of a KeyboardInterrupt and count as a crash).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import multiprocessing as mp
 import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardreplay.runtime.actor import ActorSettings
@@ -25,6 +32,32 @@ def die_with_parent() -> None:
     """Ask for SIGTERM when the parent process exits (no-op off Linux)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def children_ignore_sigint() -> Iterator[None]:
+    """Processes started inside this block begin with SIGINT ignored.
+
+    An ignored disposition survives ``exec``, so a spawned child ignores Ctrl-C from its
+    first instruction. In the caller SIGINT is blocked meanwhile, not lost: a Ctrl-C
+    that arrives inside the block is delivered to its handler after the block (main
+    thread only; elsewhere this does nothing).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with contextlib.suppress(Exception):
+        # Starting the tracker later would unblock SIGINT (it masks and unmasks it).
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 
 def stop_processes(procs: list[Any], timeout_s: float) -> None:
@@ -46,9 +79,11 @@ def stop_processes(procs: list[Any], timeout_s: float) -> None:
 def _actor_main(settings: ActorSettings, transport: Transport | None) -> None:
     die_with_parent()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s actor %(message)s")
-    from shardreplay.runtime.actor import run
+    from shardreplay.runtime.actor import StopFlag, run
 
-    run(settings, transport)
+    stop = StopFlag()
+    stop.install((signal.SIGTERM,))  # SIGINT stays ignored: the learner stops its actors
+    run(settings, transport, stop)
 
 
 class ActorPool:
@@ -68,6 +103,7 @@ class ActorPool:
         self._max_restarts = max_restarts
         self._procs: dict[int, Any] = {}
         self.restarts: dict[int, int] = dict.fromkeys(self._settings, 0)
+        self.given_up: set[int] = set()
         self._ctx = mp.get_context("spawn")
 
     def start(self) -> None:
@@ -76,9 +112,14 @@ class ActorPool:
             self._start(actor_id)
 
     def _start(self, actor_id: int) -> None:
+        settings = self._settings[actor_id]
+        if settings.seed is not None and self.restarts[actor_id]:
+            # A restarted actor must not replay the episodes its first life played.
+            settings = dataclasses.replace(settings, seed=settings.seed + 1_000_003 * self.restarts[actor_id])
         p = self._ctx.Process(target=_actor_main, name=f"actor-{actor_id}", daemon=False,
-                              args=(self._settings[actor_id], self._transport))
-        p.start()
+                              args=(settings, self._transport))
+        with children_ignore_sigint():
+            p.start()
         self._procs[actor_id] = p
 
     def check(self) -> int:
@@ -93,6 +134,10 @@ class ActorPool:
                             self.restarts[actor_id], self._max_restarts)
                 self._start(actor_id)
             else:
+                if p.exitcode != 0:
+                    self.given_up.add(actor_id)
+                    log.warning("actor %d exited with %s after %d restarts: not restarted; training "
+                                "goes on with the others", actor_id, p.exitcode, self.restarts[actor_id])
                 del self._procs[actor_id]
         return sum(p.is_alive() for p in self._procs.values())
 
@@ -100,7 +145,23 @@ class ActorPool:
         """Process ids of the live actors."""
         return [p.pid for p in self._procs.values() if p.is_alive()]
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop every actor (SIGTERM, then SIGKILL after ``timeout_s``)."""
-        stop_processes(list(self._procs.values()), timeout_s)
+    def stop(self, timeout_s: float = 10.0, while_waiting: Callable[[], None] | None = None) -> None:
+        """Stop every actor: SIGTERM, wait up to ``timeout_s``, then SIGKILL and reap.
+
+        Args:
+            timeout_s: how long actors may take to send what they hold and exit.
+            while_waiting: called repeatedly until they have exited (the learner drains
+                its transport there, so the actors' last chunks find room and land in
+                the shard instead of blocking the actors until they are killed).
+        """
+        procs = list(self._procs.values())
+        for p in procs:
+            if p.is_alive():
+                with contextlib.suppress(OSError, ValueError):
+                    p.terminate()
+        deadline = time.monotonic() + timeout_s
+        while while_waiting is not None and any(p.is_alive() for p in procs) \
+                and time.monotonic() < deadline:
+            while_waiting()
+        stop_processes(procs, max(deadline - time.monotonic(), 0.5))
         self._procs.clear()

@@ -17,7 +17,12 @@ class TrainSettings:
     Attributes:
         env_id: gymnasium id with Discrete actions and a flat vector observation.
         learners: learner ranks (shards of the replay buffer).
-        actors: actor processes (each runs ``envs_per_actor`` environments).
+        actors: actor processes the learners start here (each runs ``envs_per_actor``
+            environments).
+        remote_actors: actors started elsewhere (``shardreplay actor --actor-id`` from
+            ``actors`` on, ``--num-actors`` = actors + remote_actors) that reach the
+            learners through a ``file://`` or ``redis://`` transport; the shards are sized
+            for them.
         envs_per_actor: environments (streams) per actor.
         transport: ``local``, ``file:///dir`` or ``redis://host:port/db``.
         policy_url: where weights are published ('' = ``file://<run_dir>/policy``,
@@ -55,6 +60,7 @@ class TrainSettings:
     env_id: str = "CartPole-v1"
     learners: int = 1
     actors: int = 2
+    remote_actors: int = 0
     envs_per_actor: int = 4
     transport: str = "local"
     policy_url: str = ""
@@ -98,8 +104,13 @@ class TrainSettings:
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.actors < 0 or self.max_actor_restarts < 0 or self.checkpoint_interval_updates < 0:
-            raise ConfigError("actors, max_actor_restarts and checkpoint_interval_updates must be >= 0")
+        if min(self.actors, self.remote_actors, self.max_actor_restarts,
+               self.checkpoint_interval_updates) < 0:
+            raise ConfigError("actors, remote_actors, max_actor_restarts and "
+                              "checkpoint_interval_updates must be >= 0")
+        if self.remote_actors and self.transport in ("", "local", "local://"):
+            raise ConfigError("remote_actors need a transport they can reach: "
+                              "--transport file:///shared/dir or redis://host:port/db")
         if self.sample_mode not in ("exact", "local"):
             raise ConfigError(f"sample_mode must be 'exact' or 'local', got {self.sample_mode!r}")
         if not 0 < self.gamma <= 1 or self.lr <= 0 or self.samples_per_insert <= 0:
@@ -113,14 +124,19 @@ class TrainSettings:
         """Steps per sampled window: ``n_step + 1``."""
         return self.n_step + 1
 
+    @property
+    def total_actors(self) -> int:
+        """Actors of the run: started here plus remote ones."""
+        return self.actors + self.remote_actors
+
     def streams_of_shard(self, shard: int) -> int:
         """Streams (rows) learner ``shard`` holds: its actors' environments (at least 1)."""
-        actors = len(range(shard, max(self.actors, 1), self.learners))
+        actors = len(range(shard, max(self.total_actors, 1), self.learners))
         return max(actors, 1) * self.envs_per_actor
 
     def actors_of_shard(self, shard: int) -> int:
-        """Actors whose streams go to learner ``shard``."""
-        return len(range(shard, self.actors, self.learners))
+        """Actors (local and remote) whose streams go to learner ``shard``."""
+        return len(range(shard, self.total_actors, self.learners))
 
     def row_of(self, actor_id: int, stream: int) -> int:
         """The row of an actor's stream in its shard."""
