@@ -31,6 +31,7 @@ class DqnSettings:
     lr: float = 1e-3
     grad_clip: float = 10.0
     target_update_interval: int = 250
+    tau: float = 1.0
     priority_eps: float = 1e-3
 
 
@@ -73,10 +74,19 @@ class DoubleDqn:
         loss.backward()
         nn.utils.clip_grad_norm_(self.online.parameters(), s.grad_clip)
         self.optimizer.step()
-        self.updates += 1
-        if self.updates % s.target_update_interval == 0:
-            self.target.load_state_dict(self.module.state_dict())
+        self._after_step()
         return td.detach().abs() + s.priority_eps, float(loss.detach())
+
+    def _after_step(self) -> None:
+        """Count the update; move the target network (a copy every
+        ``target_update_interval`` updates, blended by ``tau``: 1 is a hard copy)."""
+        self.updates += 1
+        if self.updates % self.settings.target_update_interval:
+            return
+        tau = self.settings.tau
+        with torch.no_grad():
+            for t, o in zip(self.target.parameters(), self.module.parameters(), strict=True):
+                t.mul_(1.0 - tau).add_(o, alpha=tau)
 
     def _empty_step(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """A zero-gradient step for a padding batch (empty shard in local mode): the
@@ -85,9 +95,7 @@ class DoubleDqn:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[union-attr]
         self.optimizer.step()
-        self.updates += 1
-        if self.updates % self.settings.target_update_interval == 0:
-            self.target.load_state_dict(self.module.state_dict())
+        self._after_step()
         return torch.zeros(len(batch)), 0.0
 
     def state_dict(self) -> dict[str, object]:
