@@ -15,8 +15,11 @@ Bare media move the same encoded bytes with nothing of ours in the path:
   spool does the same durable steps).
 - ``redis``: redis-py pipelined ``XADD`` (8 per round trip), reader ``XREAD``.
 
-Every case runs ``--reps`` times in the same run; medians are reported, and each ratio is
-``transport / bare medium`` (target >= 0.7). One JSON line on stdout.
+Every case runs ``--reps`` times in the same run; medians are reported. ``ratio`` is the
+wall-clock rate of the transport over that of the best bare medium (target >= 0.7);
+``cpu_ratio`` compares CPU microseconds per chunk (reader + actor) the same way, which
+other load on the machine does not skew (wall-clock rates on a busy 2-core machine
+favour the lighter, mostly sleeping bare processes). One JSON line on stdout.
 
 Usage::
 
@@ -71,20 +74,22 @@ def make_chunks(actor: int, n_distinct: int = 4) -> list[Chunk]:
 
 
 # -- actor bodies (spawned) ---------------------------------------------------------------
-def actor_transport(transport: Any, actor: int, n: int, ready: Any, go: Any) -> None:
-    """Send ``n`` chunks through a shardreplay transport (encoding each)."""
+def actor_transport(transport: Any, actor: int, n: int, ready: Any, go: Any, cpu_out: Any) -> None:
+    """Send ``n`` chunks through a shardreplay transport (encoding each); report CPU seconds."""
     chunks = make_chunks(actor)
     writer = transport.writer()
     ready.release()
     go.wait()
+    cpu = time.process_time()
     for seq in range(n):
         c = chunks[seq % len(chunks)]
         writer.send(Chunk(actor, seq, 0, c.stream_ids, c.steps), timeout_s=120)
     writer.close()
+    cpu_out.put(time.process_time() - cpu)
 
 
-def actor_bare(kind: str, medium: Any, actor: int, n: int, ready: Any, go: Any) -> None:
-    """Send ``n`` pre-encoded chunks through a bare medium."""
+def actor_bare(kind: str, medium: Any, actor: int, n: int, ready: Any, go: Any, cpu_out: Any) -> None:
+    """Send ``n`` pre-encoded chunks through a bare medium; report CPU seconds."""
     blobs = [encode(Chunk(actor, i, 0, c.stream_ids, c.steps), SPEC)
              for i, c in enumerate(make_chunks(actor))]
     if kind == "redis":
@@ -93,9 +98,12 @@ def actor_bare(kind: str, medium: Any, actor: int, n: int, ready: Any, go: Any) 
         client = redis.Redis.from_url(medium)
     ready.release()
     go.wait()
+    cpu = time.process_time()
     if kind == "queue":
         for i in range(n):
             medium.put(blobs[i % len(blobs)])
+        medium.close()
+        medium.join_thread()  # the feeder thread's work counts too
     elif kind == "ring":
         for i in range(n):
             medium.put(blobs[i % len(blobs)], None)
@@ -115,6 +123,7 @@ def actor_bare(kind: str, medium: Any, actor: int, n: int, ready: Any, go: Any) 
             for i in range(start, min(start + 8, n)):
                 pipe.xadd("bare", {"d": blobs[i % len(blobs)]})
             pipe.execute()
+    cpu_out.put(time.process_time() - cpu)
 
 
 # -- reader loops -------------------------------------------------------------------------
@@ -168,21 +177,28 @@ def read_bare(kind: str, medium: Any, total: int) -> None:
                 got += len(entries)
 
 
-def timed(target: Any, args_for: Any, reader: Any, total_chunks: int) -> float:
-    """Start the actors, release them together, run ``reader``; steps per second."""
+def timed(target: Any, args_for: Any, reader: Any, total_chunks: int) -> dict[str, float]:
+    """Start the actors, release them together, run ``reader``.
+
+    Returns:
+        ``steps_per_s`` (wall clock, start signal to last chunk) and the CPU microseconds
+        per chunk spent by the reader and by the sending actor (``reader_cpu_us``,
+        ``actor_cpu_us``): the CPU figures do not depend on other load on the machine.
+    """
     ctx = mp.get_context("spawn")
-    ready, go = ctx.Semaphore(0), ctx.Event()
-    procs = [ctx.Process(target=target, args=(*args_for(a), ready, go)) for a in range(ACTORS)]
+    ready, go, cpu_out = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args_for(a), ready, go, cpu_out)) for a in range(ACTORS)]
     for p in procs:
         p.start()
     try:
         for _ in procs:
             if not ready.acquire(timeout=120):
                 raise RuntimeError("an actor did not start")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         go.set()
         reader()
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        actor_cpu = sum(cpu_out.get(timeout=120) for _ in procs)
     finally:
         for p in procs:
             p.join(timeout=60)
@@ -191,7 +207,8 @@ def timed(target: Any, args_for: Any, reader: Any, total_chunks: int) -> float:
                 p.join()
     if any(p.exitcode != 0 for p in procs):
         raise RuntimeError(f"actor exit codes {[p.exitcode for p in procs]}")
-    return total_chunks * S * T / dt
+    return {"steps_per_s": total_chunks * S * T / dt, "reader_cpu_us": cpu / total_chunks * 1e6,
+            "actor_cpu_us": actor_cpu / total_chunks * 1e6}
 
 
 # -- cases --------------------------------------------------------------------------------
@@ -229,7 +246,7 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def ours(transport: Any, n: int, ingest: bool) -> float:
+def ours(transport: Any, n: int, ingest: bool) -> dict[str, float]:
     reader = transport.reader()
     buffer = make_buffer() if ingest else None
     try:
@@ -239,7 +256,7 @@ def ours(transport: Any, n: int, ingest: bool) -> float:
         reader.close()
 
 
-def bare(kind: str, medium: Any, n: int) -> float:
+def bare(kind: str, medium: Any, n: int) -> dict[str, float]:
     return timed(actor_bare, lambda a: (kind, medium, a, n), lambda: read_bare(kind, medium, ACTORS * n),
                  ACTORS * n)
 
@@ -252,9 +269,10 @@ def fresh_dir(root: str, name: str) -> Path:
     return path
 
 
-def run_rep(kind: str, n: int, ingest: bool, scratch: str, server: RedisServer | None) -> dict[str, float]:
-    """One repetition of every case of one transport: figures in steps/s."""
-    out: dict[str, float] = {}
+def run_rep(kind: str, n: int, ingest: bool, scratch: str,
+            server: RedisServer | None) -> dict[str, dict[str, float]]:
+    """One repetition of every case of one transport: the figures of :func:`timed` per case."""
+    out: dict[str, dict[str, float]] = {}
     if kind == "local":
         capacity = 64 << 20
         blob = len(encode(make_chunks(0)[0], SPEC))
@@ -278,13 +296,27 @@ def run_rep(kind: str, n: int, ingest: bool, scratch: str, server: RedisServer |
     return out
 
 
-def summarize(reps: list[dict[str, float]]) -> dict[str, Any]:
-    med = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
-    bare_best = max(v for k, v in med.items() if k.startswith("bare_"))
-    result: dict[str, Any] = {"steps_per_s": {k: round(v) for k, v in med.items()}}
-    result["ratio"] = round(med["transport"] / bare_best, 3)
-    if "transport_ingest" in med:
-        result["ratio_ingest"] = round(med["transport_ingest"] / bare_best, 3)
+def summarize(reps: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """Medians over repetitions, and each figure of ours as a ratio to the best bare medium.
+
+    ``ratio`` compares wall-clock rates; ``cpu_ratio`` compares CPU per chunk (reader plus
+    actor, bare / ours: 1.0 means our layer costs nothing), a figure that other load on
+    the machine does not move.
+    """
+    med = {case: {k: statistics.median(r[case][k] for r in reps) for k in reps[0][case]} for case in reps[0]}
+    bare_cases = [c for c in med if c.startswith("bare_")]
+    best = max(bare_cases, key=lambda c: med[c]["steps_per_s"])
+    cheapest = min(med[c]["reader_cpu_us"] + med[c]["actor_cpu_us"] for c in bare_cases)
+    result: dict[str, Any] = {
+        "steps_per_s": {c: round(m["steps_per_s"]) for c, m in med.items()},
+        "cpu_us_per_chunk": {c: {"reader": round(m["reader_cpu_us"], 1), "actor": round(m["actor_cpu_us"], 1)}
+                             for c, m in med.items()},
+    }
+    for case, suffix in (("transport", ""), ("transport_ingest", "_ingest")):
+        if case in med:
+            result["ratio" + suffix] = round(med[case]["steps_per_s"] / med[best]["steps_per_s"], 3)
+            ours_cpu = med[case]["reader_cpu_us"] + med[case]["actor_cpu_us"]
+            result["cpu_ratio" + suffix] = round(cheapest / ours_cpu, 3)
     result["meets_target"] = result["ratio"] >= TARGET
     return result
 
