@@ -49,6 +49,9 @@ class ActorSettings:
         policy_url: where the learner publishes weights (``file:///dir`` or ``redis://``).
         hidden: hidden layer sizes of the Q-network (must match the learner's).
         epsilon_base, epsilon_exponent: Ape-X exploration ``base^(1 + exponent i/(N-1))``.
+        epsilon_warmup_steps: exploration starts at 1 and falls linearly to the Ape-X
+            epsilon over this many environment steps of the whole run (each actor counts
+            its own steps times ``num_actors``).
         seed: environment and exploration seed (None: random).
         max_env_steps: stop after this many vector steps (None: until stopped).
         policy_wait_s: how long to wait for the first policy.
@@ -68,6 +71,7 @@ class ActorSettings:
     hidden: tuple[int, ...] = (128, 128)
     epsilon_base: float = 0.4
     epsilon_exponent: float = 7.0
+    epsilon_warmup_steps: int = 0
     seed: int | None = None
     max_env_steps: int | None = None
     policy_wait_s: float = 120.0
@@ -157,7 +161,8 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
                 version = _load(net, update)
                 counters["policy_updates"] += 1
             with torch.no_grad():
-                actions = epsilon_greedy(net(torch.as_tensor(obs, dtype=torch.float32)), eps, rng)
+                explore = _warmup(eps, counters["env_steps"] * s.num_actors, s.epsilon_warmup_steps)
+                actions = epsilon_greedy(net(torch.as_tensor(obs, dtype=torch.float32)), explore, rng)
             obs, reward, terminated, truncated, info = env.step(actions)
             counters["env_steps"] += s.envs_per_actor
             for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info):
@@ -172,6 +177,13 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
         subscriber.close()
     log.info("actor %d stopped: %s", s.actor_id, counters)
     return counters
+
+
+def _warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:
+    """Exploration during warm-up: from 1 down to ``eps`` over ``warmup_steps``."""
+    if warmup_steps <= 0 or run_steps >= warmup_steps:
+        return eps
+    return np.maximum(eps, 1.0 - run_steps / warmup_steps)
 
 
 def _load(net: QNetwork, update: Any) -> int:

@@ -28,9 +28,9 @@ class DqnSettings:
     """Learning settings (documented in ``shardreplay train --help``)."""
 
     gamma: float = 0.99
-    lr: float = 1e-3
+    lr: float = 2.3e-3
     grad_clip: float = 10.0
-    target_update_interval: int = 250
+    target_update_interval: int = 10
     tau: float = 1.0
     priority_eps: float = 1e-3
 

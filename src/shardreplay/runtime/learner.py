@@ -130,6 +130,8 @@ class Learner:
                               envs_per_actor=s.envs_per_actor, chunk_steps=s.chunk_steps,
                               transport=s.transport, policy_url=s.policy_url, hidden=s.hidden,
                               epsilon_base=s.epsilon_base, epsilon_exponent=s.epsilon_exponent,
+                              epsilon_warmup_steps=max(s.epsilon_warmup_steps - self.counters["env_steps"],
+                                                       0),
                               queued_per_actor=s.queued_chunks_per_actor,
                               # Fixed by the run's seed; a resumed run plays new episodes.
                               seed=s.seed * 7919 + a + 104_729 * self.counters["env_steps"])

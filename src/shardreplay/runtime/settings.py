@@ -49,6 +49,8 @@ class TrainSettings:
         queued_chunks_per_actor: chunks that may wait in the transport per actor; a
             short queue keeps data fresh (actors block, then act with the newest policy).
         epsilon_base, epsilon_exponent: Ape-X exploration per stream.
+        epsilon_warmup_steps: exploration starts at 1 and falls linearly to each stream's
+            Ape-X epsilon over this many environment steps (all actors together).
         publish_interval_updates: updates between weight broadcasts.
         checkpoint_interval_updates: updates between checkpoints (0: only at the end).
         collective_timeout_s: how long ranks wait for each other.
@@ -74,20 +76,21 @@ class TrainSettings:
     batch_size: int = 64
     n_step: int = 3
     gamma: float = 0.99
-    lr: float = 1e-3
-    target_update_interval: int = 250
-    hidden: tuple[int, ...] = (128, 128)
+    lr: float = 2.3e-3
+    target_update_interval: int = 10
+    hidden: tuple[int, ...] = (256, 256)
     replay_capacity: int = 100_000
     alpha: float = 0.6
     beta_start: float = 0.4
     beta_end: float = 1.0
     beta_updates: int = 20_000
-    samples_per_insert: float = 16.0
+    samples_per_insert: float = 32.0
     min_replay: int = 1000
     chunk_steps: int = 8
     queued_chunks_per_actor: int = 2
     epsilon_base: float = 0.4
     epsilon_exponent: float = 7.0
+    epsilon_warmup_steps: int = 8000
     publish_interval_updates: int = 25
     checkpoint_interval_updates: int = 0
     collective_timeout_s: float = 300.0
