@@ -28,6 +28,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -75,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, help="calls per timing block (default 200)")
     p.add_argument("--warmup", type=int, help="untimed calls before each figure (default 50)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of all cases; each figure is the median over rounds (noisy machines)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: defaults --n-insert 64000 --blocks 3 --calls 50 --warmup 5")
     p.add_argument("--out", type=Path, help="also write the JSON line to this file")
@@ -84,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, value in defaults.items():  # options given explicitly win over --quick
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
     if args.n_insert % W.ADD_BATCH or args.n_insert <= 0:
         p.error("--n-insert must be a positive multiple of 32")
     args.libs = [name.strip() for name in args.libs.split(",") if name.strip()]
@@ -188,6 +193,28 @@ def spawn_case(library: str, mode: str, args: argparse.Namespace) -> dict[str, A
     return result
 
 
+def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from repeated runs of a case: the median of each number, the widest range.
+
+    A case that failed or was missing in any run is reported as its first such run.
+    """
+    bad = [r for r in runs if "error" in r or "missing" in r]
+    if bad or len(runs) == 1:
+        return bad[0] if bad else runs[0]
+    out: dict[str, Any] = {}
+    for key, first in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            out[key] = round(statistics.median(values), 1)
+            out[key + "_runs"] = values
+        elif key.endswith("_range") and all(isinstance(v, list) for v in values):
+            out[key] = [min(v[0] for v in values), max(v[1] for v in values)]
+        else:
+            out[key] = first
+    out["repeats"] = len(runs)
+    return out
+
+
 def ratios(results: dict[str, dict[str, dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """shardreplay's figures over the peers'; and, per target, whether it is met."""
     values: dict[str, float | None] = {}
@@ -216,10 +243,14 @@ def parent_main(args: argparse.Namespace) -> None:
 
     modes = MODES if args.mode == "both" else (args.mode,)
     load_start = [round(x, 2) for x in os.getloadavg()]  # other work on the machine skews rates
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for _ in range(args.repeat):  # rounds interleave the libraries, so noise hits them alike
+        for mode in modes:
+            for lib in args.libs:
+                runs.setdefault((lib, mode), []).append(spawn_case(lib, mode, args))
     results: dict[str, dict[str, Any]] = {lib: {} for lib in args.libs}
-    for mode in modes:
-        for lib in args.libs:
-            results[lib][mode] = spawn_case(lib, mode, args)
+    for (lib, mode), got in runs.items():
+        results[lib][mode] = merge_runs(got)
     values, targets = ratios(results)
     line = {
         "benchmark": "replay",
@@ -233,7 +264,8 @@ def parent_main(args: argparse.Namespace) -> None:
         "workload": {"capacity": W.CAPACITY, "obs_dim": W.OBS_DIM, "add_batch": W.ADD_BATCH,
                      "sample_batch": W.SAMPLE_BATCH, "alpha": W.ALPHA, "beta": W.BETA,
                      "n_insert": args.n_insert, "blocks": args.blocks, "calls_per_block": args.calls,
-                     "warmup": args.warmup, "seed": args.seed},
+                     "warmup": args.warmup, "seed": args.seed,
+                     "repeat": args.repeat},
         "results": results,
         "ratios": values,
         "targets": targets,

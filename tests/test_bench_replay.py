@@ -88,3 +88,17 @@ def test_quick_run_prints_one_json_line(tmp_path: Path) -> None:
         assert prio[key] > 0, key
     assert line["results"]["shardreplay"]["uniform"]["sample_batches_per_s"] > 0
     assert line["ratios"]["uniform_sample_vs_cpprb"] is None  # cpprb not selected
+
+
+def test_merge_runs_takes_medians_and_widest_ranges() -> None:
+    runs = [
+        {"version": "1", "sample_batches_per_s": 10.0, "sample_batches_per_s_range": [8.0, 12.0]},
+        {"version": "1", "sample_batches_per_s": 30.0, "sample_batches_per_s_range": [5.0, 40.0]},
+        {"version": "1", "sample_batches_per_s": 20.0, "sample_batches_per_s_range": [15.0, 25.0]},
+    ]
+    merged = bench_replay.merge_runs(runs)
+    assert merged["sample_batches_per_s"] == 20.0
+    assert merged["sample_batches_per_s_runs"] == [10.0, 30.0, 20.0]
+    assert merged["sample_batches_per_s_range"] == [5.0, 40.0]
+    assert merged["version"] == "1" and merged["repeats"] == 3
+    assert bench_replay.merge_runs([runs[0], {"error": "child exited"}]) == {"error": "child exited"}
