@@ -78,5 +78,8 @@ def run(args: argparse.Namespace) -> int:
     except ShardReplayError as exc:
         print(f"shardreplay train: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before the launcher took over the signal
+        print("shardreplay train: interrupted before training started", file=sys.stderr)
+        return 130
     print(json.dumps(summary, indent=1))
     return 0

@@ -12,6 +12,7 @@ grace period. No process outlives the launcher.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -27,7 +28,7 @@ from typing import Any
 from shardreplay.checkpoint import list_checkpoints
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.envs import env_spaces, transition_spec
-from shardreplay.runtime.processes import children_ignore_sigint, die_with_parent, stop_processes
+from shardreplay.runtime.processes import children_block_sigint, die_with_parent, stop_processes
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.settings import TrainSettings
 
@@ -145,24 +146,34 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
              for r in range(settings.learners)]
     stopping = {"asked": False}
 
+    def terminate_started() -> None:
+        for p in procs:
+            if p.pid is not None and p.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+
     def forward(*_args: Any) -> None:
         if not stopping["asked"]:
             stopping["asked"] = True
             log.warning("stopping: every learner checkpoints, then exits")
-            for p in procs:
-                if p.is_alive() and p.pid is not None:
-                    os.kill(p.pid, signal.SIGTERM)
+            terminate_started()
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for p in procs:
-            with children_ignore_sigint():
+            if stopping["asked"]:
+                break
+            with children_block_sigint():
                 p.start()
-        return _collect(procs, out, stopping)
+        if stopping["asked"]:
+            # The stop may have come while a learner was being started (its handler ran
+            # before that process had a pid): tell them all again, SIGTERM is idempotent.
+            terminate_started()
+        return _collect([p for p in procs if p.pid is not None], out, stopping)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        stop_processes(procs, timeout_s=60.0)
+        stop_processes([p for p in procs if p.pid is not None], timeout_s=60.0)
 
 
 def _collect(procs: list[Any], out: Any, stopping: dict[str, bool]) -> dict[str, Any]:

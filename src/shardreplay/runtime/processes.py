@@ -2,7 +2,7 @@
 
 Every child asks the kernel for SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``),
 so killing a learner, even with ``kill -9``, takes its actors with it; stopping sends
-SIGTERM, waits, then kills what is left. Children start with SIGINT ignored: Ctrl-C
+SIGTERM, waits, then kills what is left. Children start with SIGINT blocked: Ctrl-C
 reaches every process of the terminal's process group, and the parent, not each
 child, decides how its children stop (a child still importing would otherwise die
 of a KeyboardInterrupt and count as a crash).
@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,28 +34,25 @@ def die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def children_ignore_sigint() -> Iterator[None]:
-    """Processes started inside this block begin with SIGINT ignored.
+def children_block_sigint() -> Iterator[None]:
+    """Processes started inside this block have SIGINT blocked for their whole life.
 
-    An ignored disposition survives ``exec``, so a spawned child ignores Ctrl-C from its
-    first instruction. In the caller SIGINT is blocked meanwhile, not lost: a Ctrl-C
-    that arrives inside the block is delivered to its handler after the block (main
-    thread only; elsewhere this does nothing).
+    The signal mask survives ``fork`` and ``exec``, so a spawned child never sees a
+    Ctrl-C, from its first instruction on (it stays pending, undelivered); its own
+    children inherit the mask too. Only the calling thread blocks SIGINT meanwhile:
+    the process's other threads, or this one after the block, still take a Ctrl-C
+    meant for the caller, so nothing is lost (an ignored disposition would lose it).
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     with contextlib.suppress(Exception):
-        # Starting the tracker later would unblock SIGINT (it masks and unmasks it).
+        # Starting the tracker inside the block would unblock SIGINT (it masks and
+        # unmasks it around its own start), and the child would not inherit the mask.
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 
@@ -82,7 +78,7 @@ def _actor_main(settings: ActorSettings, transport: Transport | None) -> None:
     from shardreplay.runtime.actor import StopFlag, run
 
     stop = StopFlag()
-    stop.install((signal.SIGTERM,))  # SIGINT stays ignored: the learner stops its actors
+    stop.install((signal.SIGTERM,))  # SIGINT stays blocked: the learner stops its actors
     run(settings, transport, stop)
 
 
@@ -118,7 +114,7 @@ class ActorPool:
             settings = dataclasses.replace(settings, seed=settings.seed + 1_000_003 * self.restarts[actor_id])
         p = self._ctx.Process(target=_actor_main, name=f"actor-{actor_id}", daemon=False,
                               args=(settings, self._transport))
-        with children_ignore_sigint():
+        with children_block_sigint():
             p.start()
         self._procs[actor_id] = p
 
