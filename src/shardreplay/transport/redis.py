@@ -4,7 +4,9 @@ Chunks are entries ``{d: <encoded chunk>}`` of one stream (default ``shardreplay
 read through a consumer group (default ``learners``), so delivery is at-least-once:
 
 - The reader gets new entries with ``XREADGROUP ... >``; they stay in the group's pending
-  list until ``ack`` (``XACK``), which the learner calls once the chunks are in its buffer.
+  list until acknowledged. ``ack`` (called once the chunks are in the buffer) queues the
+  ``XACK``, which goes out in the same round trip as the next read (or at ``close``, or
+  once 256 are queued).
 - A restarted reader (same ``consumer`` name) first re-reads its own pending entries
   (``XREADGROUP ... 0``), and ``XAUTOCLAIM`` takes over entries that another consumer left
   pending for ``claim_idle_s`` (a reader that died under another name).
@@ -20,11 +22,11 @@ whether or not they were read, so it is never used. Instead:
    delivered id; the minimum over all groups. Every entry below it was delivered to every
    group and acknowledged (groups deliver in id order; a stale reading is only lower, so
    still safe). ``XTRIM MINID ~ threshold`` then drops whole radix-tree nodes below it.
-2. Writers pipeline ``XADD`` with ``XLEN``; when the length reaches ``max_len`` the next
-   ``send`` waits. While waiting it trims exactly (``MINID`` without ``~``: approximate
+2. A writer adds with one Lua script, ``XLEN`` then ``XADD`` only below ``max_len``, so
+   the stream never holds more than ``max_len`` entries (atomic: scripts run alone). A
+   full stream makes the writer trim exactly (``MINID`` without ``~``: approximate
    trimming keeps a partly acknowledged node, which could hold a small stream at the cap
-   forever) and polls with backoff until there is room or ``timeout_s`` passes.
-   The stream thus holds at most ``max_len`` plus one entry per concurrent writer.
+   forever) and retry with backoff until there is room or ``timeout_s`` passes.
 3. With no group on the stream nothing is trimmed, so writers block rather than drop.
    Writers create the group (at id 0) on first use so that nothing written before the
    learner starts is missed.
@@ -66,6 +68,14 @@ __all__ = ["HintChannel", "RedisLink", "RedisReader", "RedisTransport", "RedisWr
 logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
 _FIELD = b"d"
+_ACK_BATCH = 256
+# XADD only below the cap; returns the new length, or minus the length when full.
+_ADD_CAPPED = """
+local n = redis.call('XLEN', KEYS[1])
+if n >= tonumber(ARGV[1]) then return -n end
+redis.call('XADD', KEYS[1], '*', ARGV[2], ARGV[3])
+return n + 1
+"""
 
 
 class RedisLink:
@@ -235,11 +245,11 @@ class RedisWriter:
     def __init__(self, transport: RedisTransport) -> None:
         self._t = transport
         self._link = transport.link()
-        self._known_len = 0
+        self._add = self._link.client.register_script(_ADD_CAPPED)
         self._has_group = False
 
     def send(self, chunk: Chunk, *, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
-        """Encode ``chunk`` and ``XADD`` it, waiting while the stream is at ``max_len``.
+        """Encode ``chunk`` and add it, waiting while the stream holds ``max_len`` entries.
 
         Raises:
             SpecMismatchError: the chunk does not fit the spec.
@@ -253,25 +263,18 @@ class RedisWriter:
             self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE",
                             deadline=deadline)
             self._has_group = True
-        if self._known_len >= t.max_len:
-            self._wait_for_room(deadline, timeout_s)
-
-        def add(r: redis.Redis) -> list[Any]:
-            pipe = r.pipeline(transaction=False)
-            pipe.xadd(t.stream, {_FIELD: data})
-            pipe.xlen(t.stream)
-            return pipe.execute()
-
-        self._known_len = int(self._link.call(add, what="XADD", deadline=deadline)[1])
-
-    def _wait_for_room(self, deadline: float | None, timeout_s: float | None) -> None:
-        t, pause = self._t, 0.001
+        args = [t.max_len, _FIELD, data]
+        pause = 0.001
         while True:
-            n = self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=True),
-                                what="XTRIM", deadline=deadline)
-            if n < t.max_len:
-                self._known_len = n
+            n = self._link.call(lambda r: self._add(keys=[t.stream], args=args, client=r), what="XADD",
+                                deadline=deadline)
+            if n > 0:
                 return
+            # Full: free what every group has acknowledged, then look again.
+            n = self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=True), what="XTRIM",
+                                deadline=deadline)
+            if n < t.max_len:
+                continue
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TransportTimeout(f"redis stream {t.stream!r} held {n} unacknowledged entries "
@@ -317,11 +320,10 @@ class RedisReader:
         deadline = time.monotonic() + max(timeout_s, 0.0)
         out: list[Chunk] = []
         try:
-            self._flush_acks(deadline)
             while True:
                 for entry_id, fields in self._fetch(max_chunks - len(out), deadline):
                     self._take(entry_id, fields, out)
-                self._flush_acks(deadline)
+                self._maybe_trim(deadline)
                 if out or time.monotonic() >= deadline:
                     return out
         except TransportTimeout:
@@ -348,8 +350,17 @@ class RedisReader:
             if reply[1]:
                 return [(eid, fields) for eid, fields in reply[1]]
         block_ms = int(min(max(deadline - now, 0.0), 1.0, t.socket_timeout_s / 2) * 1000)
-        reply = self._group_call(lambda r: r.xreadgroup(t.group, t.consumer, {t.stream: ">"}, count=count,
-                                                        block=block_ms or None), "XREADGROUP >", deadline)
+        acks = list(self._to_ack)
+
+        def ack_and_read(r: redis.Redis) -> Any:
+            pipe = r.pipeline(transaction=False)
+            if acks:
+                pipe.xack(t.stream, t.group, *acks)
+            pipe.xreadgroup(t.group, t.consumer, {t.stream: ">"}, count=count, block=block_ms or None)
+            return pipe.execute()[-1]
+
+        reply = self._group_call(ack_and_read, "XREADGROUP >", deadline)
+        del self._to_ack[:len(acks)]
         return reply[0][1] if reply else []
 
     def _group_call(self, fn: Callable[[redis.Redis], T], what: str, deadline: float) -> T:
@@ -373,25 +384,31 @@ class RedisReader:
             self._to_ack.append(entry_id)  # rejected or an extra copy: never deliver again
 
     def ack(self, chunks: Iterable[Chunk]) -> None:
-        """``XACK`` the entries of stored chunks (retried later if the server is away)."""
+        """Queue the ``XACK`` of stored chunks; it goes out with the next read (or at ``close``)."""
         for chunk in chunks:
             entry_id = self._inflight.pop(chunk.identity, None)
             if entry_id is not None:
                 self._inflight_ids.discard(entry_id)
                 self._to_ack.append(entry_id)
                 self._intake.stats.acked += 1
-        try:
-            self._flush_acks(time.monotonic())
-        except TransportTimeout:
-            logger.warning("redis %s: %d acknowledgements wait for the server", self._t.url,
-                           len(self._to_ack))
+        if len(self._to_ack) >= _ACK_BATCH:
+            self.flush()
 
-    def _flush_acks(self, deadline: float) -> None:
+    def flush(self) -> None:
+        """Send queued acknowledgements now (kept for later if the server is away)."""
         t = self._t
-        if self._to_ack:
-            ids = list(self._to_ack)
-            self._link.call(lambda r: r.xack(t.stream, t.group, *ids), what="XACK", deadline=deadline)
-            del self._to_ack[:len(ids)]
+        if not self._to_ack:
+            return
+        ids = list(self._to_ack)
+        try:
+            self._link.call(lambda r: r.xack(t.stream, t.group, *ids), what="XACK", deadline=time.monotonic())
+        except TransportTimeout:
+            logger.warning("redis %s: %d acknowledgements wait for the server", t.url, len(ids))
+            return
+        del self._to_ack[:len(ids)]
+
+    def _maybe_trim(self, deadline: float) -> None:
+        t = self._t
         if time.monotonic() - self._last_trim >= t.trim_interval_s:
             self._last_trim = time.monotonic()
             try:
@@ -403,7 +420,8 @@ class RedisReader:
                 logger.warning("redis %s: trimming %r failed: %s", t.url, t.stream, exc)
 
     def close(self) -> None:
-        """Close the connection; unacknowledged entries stay pending for the next reader."""
+        """Send queued acknowledgements and close; unacknowledged entries stay pending."""
+        self.flush()
         self._link.close()
 
 
