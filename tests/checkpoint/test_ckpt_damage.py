@@ -19,6 +19,7 @@ from ckpt_helpers import SPEC, as_shard, fill_random, make_buffer, step_multiset
 
 import shardreplay as sr
 from shardreplay import checkpoint
+from shardreplay.checkpoint.format import BLOCK_BYTES
 from shardreplay.checkpoint.manifest import dump_checked, load_checked
 from shardreplay.errors import CheckpointError, CheckpointFormatError, IncompleteCheckpointError
 
@@ -209,3 +210,23 @@ def test_save_killed_midway_keeps_the_previous_checkpoint(tmp_path: Path) -> Non
     with pytest.raises(IncompleteCheckpointError, match=r"manifest\.json"):
         checkpoint.load(tmp_path, restored, checkpoint_id=2)
     assert json.loads((checkpoint.checkpoint_dir(tmp_path, 1) / "manifest.json").read_text())["body"]
+
+
+def test_corrupt_block_read_straight_into_the_buffer_is_caught(tmp_path: Path) -> None:
+    """Whole blocks are read into the buffer and checked on a helper thread: a flipped
+    byte there still fails the load, and the buffer is left empty."""
+    spec = sr.Spec({"obs": sr.Field((1024,), np.float32)})
+    buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=2048)
+    types = np.ones((1, 2048), np.uint8)
+    types[0, ::256] = 0
+    buf.extend({"obs": np.ones((1, 2048, 1024), np.float32), "step_type": types})
+    directory = checkpoint.save(buf, tmp_path, 1)
+    part = directory / "part-00000-of-00001.safetensors"
+    data = bytearray(part.read_bytes())
+    assert len(data) > 7 * BLOCK_BYTES
+    data[5 * BLOCK_BYTES + 1234] ^= 0x08
+    part.write_bytes(data)
+    restored = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=2048)
+    with pytest.raises(CheckpointFormatError, match="checksum mismatch in block 5 "):
+        checkpoint.load(tmp_path, restored)
+    assert restored.num_steps == 0

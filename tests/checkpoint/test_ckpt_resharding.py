@@ -161,7 +161,15 @@ def test_each_rank_reads_only_the_blocks_of_its_episodes(tmp_path: Path,
             touched.append(block)
         return real(self, block)
 
+    run = ckfmt.PartReader._read_run
+
+    def counting_run(self, start, stop, dest):
+        checks = run(self, start, stop, dest)
+        touched.extend(block for block, _crc in checks)
+        return checks
+
     monkeypatch.setattr(ckfmt.PartReader, "_load_block", counting)
+    monkeypatch.setattr(ckfmt.PartReader, "_read_run", counting_run)
     union: set[int] = set()
     for n in range(4):
         local = sr.ReplayBuffer(spec, num_streams=2, stream_capacity=1200, sampler="prioritized")

@@ -3,7 +3,7 @@
 Layout of a checkpoint ``<root>/ckpt-<id>/`` saved from M shards::
 
     part-00000-of-00003.safetensors   steps, priorities, episode table of shard 0
-    part-00000-of-00003.json          its description: size, block CRCs, counts
+    part-00000-of-00003.json          its description: size, block hashes, counts
     ...
     manifest.json                     every part's description; written last
 
@@ -12,7 +12,7 @@ writes its part and description, then the manifest if every description is there
 the last rank to finish writes it, without any collective call. A checkpoint is
 **complete** when the manifest lists M parts, each part file has the size the
 manifest records and each part's description agrees with the manifest (``shardreplay
-checkpoint verify`` also checks every block's CRC).
+checkpoint verify`` also checks every block's hash).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from shardreplay._io import atomic_write_bytes
 from shardreplay.errors import CheckpointFormatError, IncompleteCheckpointError
 
 FORMAT = "shardreplay-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: XXH64 block hashes (1 had CRC32)
 _DIR_RE = re.compile(r"^ckpt-(\d+)$")
 
 

@@ -87,7 +87,7 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     directory = checkpoint_dir(Path(path), int(checkpoint_id))
     if is_complete(directory):
         # Replacing the parts of a complete checkpoint one by one would leave it broken
-        # (sizes and CRCs no longer match its manifest) if a rank died half-way.
+        # (sizes and hashes no longer match its manifest) if a rank died half-way.
         log.warning("checkpoint %s under %s is already complete: not saved again (use a new "
                     "checkpoint_id to save the current content)", directory.name, path)
         return directory
@@ -118,7 +118,7 @@ def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: in
     desc = {
         "format": FORMAT, "version": FORMAT_VERSION, "checkpoint_id": checkpoint_id,
         "shard": shard, "num_shards": num_shards, "file": f"{name}.safetensors",
-        "bytes": info["bytes"], "block_crc32": info["block_crc32"],
+        "bytes": info["bytes"], "block_xxh64": info["block_xxh64"],
         "steps": int(arrays["row_length"].sum()), "episodes": int(episodes.start.shape[0]),
         "partial_policy": partial, "partial": report, "spec": local.spec.to_dict(),
         "spec_fingerprint": local.spec.fingerprint, "extra": extra,

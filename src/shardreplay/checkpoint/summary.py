@@ -1,7 +1,7 @@
 """Describe and verify checkpoints (used by ``shardreplay checkpoint inspect|verify``).
 
 :func:`verify` reads every byte of every part and checks it: the manifest and part
-descriptions (their CRCs and that they agree), every block CRC, the arrays a loader
+descriptions (their CRCs and that they agree), every block hash, the arrays a loader
 needs (names, dtypes, shapes against the spec), and the episode tables.
 :func:`summarize` reads only the descriptions and each part's priority array.
 """
@@ -118,7 +118,7 @@ def verify(directory: Path) -> dict[str, Any]:
     for part in sorted(manifest["parts"], key=lambda p: int(p["shard"])):
         with PartReader(directory / part["file"], part) as reader:
             reader.verify_all()
-            blocks += len(part["block_crc32"])
+            blocks += len(part["block_xxh64"])
             _check_arrays(reader, spec, part)
     total = sum(int(p["steps"]) for p in manifest["parts"])
     if total != manifest["steps"]:

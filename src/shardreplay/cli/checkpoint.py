@@ -5,7 +5,7 @@ PATH is one checkpoint (``.../ckpt-<id>``) or a checkpoint root holding several.
 * ``inspect``: shards, steps, episodes, sealed/dropped partial episodes, a priority
   summary (min/mean/max of the stored priorities), extra data and completeness; for a
   root, every checkpoint id with its completeness, then the newest complete one.
-* ``verify``: reads every block of every part and checks its CRC, the descriptions and
+* ``verify``: reads every block of every part and checks its hash, the descriptions and
   the arrays; exits 1 with the reason on any problem (for a root: any checkpoint).
 
 Exit codes: 0 fine, 1 a problem was found, 2 PATH is not a checkpoint (or root).
