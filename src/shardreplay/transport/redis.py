@@ -264,17 +264,21 @@ class RedisWriter:
                             deadline=deadline)
             self._has_group = True
         args = [t.max_len, _FIELD, data]
-        pause = 0.001
         while True:
             n = self._link.call(lambda r: self._add(keys=[t.stream], args=args, client=r), what="XADD",
                                 deadline=deadline)
             if n > 0:
                 return
-            # Full: free what every group has acknowledged, then look again.
+            self._wait_for_room(deadline, timeout_s)
+
+    def _wait_for_room(self, deadline: float | None, timeout_s: float | None) -> None:
+        """Free what every group has acknowledged until the stream is below ``max_len``."""
+        t, pause = self._t, 0.001
+        while True:
             n = self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=True), what="XTRIM",
                                 deadline=deadline)
             if n < t.max_len:
-                continue
+                return
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TransportTimeout(f"redis stream {t.stream!r} held {n} unacknowledged entries "
