@@ -1,0 +1,216 @@
+"""Runs ``shardreplay train`` as a terminal user would, and watches its process tree.
+
+:class:`TrainRun` starts the command in a new session (so a test can signal its process
+group as Ctrl-C does), writes stdout/stderr to files (a pipe nobody reads would block
+the run), records every descendant process it ever sees (pid and start time, so a
+reused pid is not mistaken for a leftover), and on :meth:`close` kills whatever of
+the tree is still there: a failing test never leaves processes behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from shardreplay import checkpoint
+
+FAST = ("--no-progress", "--eval-episodes", "2", "--eval-interval-updates", "100000",
+        "--min-replay", "200", "--collective-timeout-s", "60", "--max-minutes", "4")
+
+
+class TrainRun:
+    """One ``python -m shardreplay <args>`` process tree.
+
+    Args:
+        args: the command's arguments after ``shardreplay``.
+        log_dir: where ``stdout.txt`` and ``stderr.txt`` go.
+        env: extra environment variables.
+    """
+
+    def __init__(self, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.stdout_path = log_dir / "stdout.txt"
+        self.stderr_path = log_dir / "stderr.txt"
+        self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create time, command line)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "shardreplay", *args], stdout=out,
+                                         stderr=err, start_new_session=True,
+                                         env={**os.environ, **(env or {})})
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    # -- watching -------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            self._collect()
+            time.sleep(0.1)
+
+    def _collect(self) -> None:
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return
+        for c in children:
+            with contextlib.suppress(psutil.Error), self._lock:
+                if c.pid not in self.seen:
+                    self.seen[c.pid] = (c.create_time(), " ".join(c.cmdline()))
+
+    def descendants(self) -> list[psutil.Process]:
+        """The live descendants now."""
+        self._collect()
+        with contextlib.suppress(psutil.Error):
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        return []
+
+    def children_of(self, pid: int) -> list[psutil.Process]:
+        """Live spawned children of ``pid`` (learners or actors: not the multiprocessing
+        resource tracker, nor a child still between fork and exec)."""
+        found: list[psutil.Process] = []
+        try:
+            children = psutil.Process(pid).children()
+        except psutil.Error:
+            return found
+        for c in children:
+            with contextlib.suppress(psutil.Error):
+                if "spawn_main" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+                    found.append(c)
+        return found
+
+    def learners(self) -> list[psutil.Process]:
+        """The launcher's learner processes (its spawned children)."""
+        return self.children_of(self.proc.pid)
+
+    def actors(self) -> list[psutil.Process]:
+        """The actor processes (children of the learners)."""
+        return [a for learner in self.learners() for a in self.children_of(learner.pid)]
+
+    def leftovers(self, grace_s: float = 10.0) -> list[str]:
+        """Descendants ever seen that are still alive (not zombies) after ``grace_s``."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            alive = []
+            with self._lock:
+                seen = dict(self.seen)
+            for pid, (created, cmd) in seen.items():
+                with contextlib.suppress(psutil.Error):
+                    p = psutil.Process(pid)
+                    if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(f"{pid}: {cmd[:120]}")
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(0.2)
+
+    # -- driving --------------------------------------------------------------------------
+    def ctrl_c(self) -> None:
+        """SIGINT to the whole process group, as a terminal's Ctrl-C."""
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def terminate_launcher(self) -> None:
+        """SIGTERM to the launcher only."""
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float) -> int:
+        """Exit code; raises ``subprocess.TimeoutExpired`` after ``timeout_s``."""
+        return self.proc.wait(timeout=timeout_s)
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON summary ``shardreplay train`` prints on success."""
+        text = self.stdout()
+        return json.loads(text[text.index("{"):])
+
+    def close(self) -> None:
+        """Kill the process group and every descendant seen, reap the launcher."""
+        self._collect()
+        self._done.set()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with self._lock:
+            seen = dict(self.seen)
+        for pid, (created, _cmd) in seen.items():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                if p.create_time() == created:
+                    p.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self._watcher.join(timeout=5)
+
+    def __enter__(self) -> TrainRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def explain(self) -> str:
+        """The tail of both outputs, for assertion messages."""
+        return f"\n--- stdout ---\n{self.stdout()[-3000:]}\n--- stderr ---\n{self.stderr()[-6000:]}"
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, str]]:
+    """Rows of ``metrics.csv`` (empty before the first one)."""
+    path = run_dir / "metrics.csv"
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str, run: TrainRun | None = None,
+               poll_s: float = 0.25) -> None:
+    """Poll ``predicate`` until true; fail with ``what`` (and the run's output) after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if run is not None and run.proc.poll() is not None:
+            raise AssertionError(f"the run exited ({run.proc.returncode}) while waiting for {what}"
+                                 + run.explain())
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}"
+                                 + (run.explain() if run is not None else ""))
+        time.sleep(poll_s)
+
+
+def training(run_dir: Path, min_updates: int = 1) -> bool:
+    """True once metrics.csv shows environment steps and ``min_updates`` updates."""
+    rows = metrics_rows(run_dir)
+    return bool(rows) and int(rows[-1]["env_steps"]) > 0 and int(rows[-1]["updates"]) >= min_updates
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint directory and its manifest body (it must be complete)."""
+    root = run_dir / "checkpoints"
+    ids = checkpoint.list_checkpoints(root)
+    assert ids, f"no checkpoint under {root}"
+    directory = checkpoint.checkpoint_dir(root, ids[-1])
+    assert checkpoint.is_complete(directory), f"{directory} is not complete: {sorted(os.listdir(directory))}"
+    return directory, checkpoint.read_manifest(directory)
+
+
+def manifest_steps(manifest: dict[str, Any]) -> int:
+    """Steps stored in all parts of a checkpoint."""
+    return sum(int(p["steps"]) for p in manifest["parts"])
+
+
+def manifest_counters(manifest: dict[str, Any]) -> dict[str, int]:
+    """The learner counters saved with a checkpoint (identical in every part)."""
+    counters = [p["extra"]["counters"] for p in manifest["parts"]]
+    assert all(c == counters[0] for c in counters), counters
+    return {k: int(v) for k, v in counters[0].items()}
