@@ -37,7 +37,7 @@ from shardreplay.runtime.ingest import Ingestor
 from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.processes import ActorPool
 from shardreplay.runtime.qnet import QNetwork
-from shardreplay.runtime.routing import shard_for_actor, shard_transport
+from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_for_actor, shard_transport
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.samplers.schedules import LinearSchedule
 from shardreplay.transport.base import Transport
@@ -105,13 +105,18 @@ class Learner:
             self._resume()
         self.transport = transport or shard_transport(
             settings.transport, self.spec, self.rank, queued_per_actor=settings.queued_chunks_per_actor,
-            actors=settings.actors_of_shard(self.rank))
+            actors=settings.actors_of_shard(self.rank),
+            chunk_size_bytes=chunk_bytes(self.spec, settings.envs_per_actor, settings.chunk_steps))
         self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings)
         self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
         self._last_sync: np.ndarray | None = None
         self.metrics = MetricsRecorder(self.run_dir, settings.total_env_steps, settings.progress) \
             if self.rank == 0 else None
-        self.actors = ActorPool(self._actor_settings(), transport, settings.max_actor_restarts)
+        # A local ring exists only in this process tree: its actors must get this very
+        # object (under torchrun nobody passed one in); other media are opened by URL.
+        local = scheme_of(settings.transport) == "local"
+        self.actors = ActorPool(self._actor_settings(), self.transport if local else None,
+                                settings.max_actor_restarts)
 
     def _make_buffer(self) -> ShardedReplayBuffer:
         s = self.s
