@@ -98,6 +98,7 @@ class Learner:
         self.counters = {"env_steps": 0, "updates": 0, "version": 0, "samples": 0}
         self.best_eval = -math.inf
         self.last_eval: float | None = None
+        self.solved = False
         self._saved_at = -1
         self._last_checkpoint = -1  # ids only grow: a save never meets a complete one
         self.resumed: dict[str, Any] | None = None
@@ -294,7 +295,7 @@ class Learner:
                 or time.monotonic() - started >= self.s.max_minutes * 60)
 
     def _solved(self) -> bool:
-        return self.s.stop_return > 0 and self.last_eval is not None and self.last_eval >= self.s.stop_return
+        return self.solved
 
     def _update(self) -> float:
         batch = self.buffer.sample(self.s.batch_size, mode=self.s.sample_mode)
@@ -307,8 +308,15 @@ class Learner:
             self.counters["version"] = u
             self._publish()
         if self.rank == 0 and u % self.s.eval_interval_updates == 0:
-            self._evaluate()
+            self._periodic_evaluation()
         return loss
+
+    def _periodic_evaluation(self) -> None:
+        """A quick evaluation; when it reaches ``stop_return``, the full one decides."""
+        s = self.s
+        quick = self._evaluate(min(s.quick_eval_episodes, s.eval_episodes))
+        if s.stop_return > 0 and quick >= s.stop_return:
+            self.solved = self._evaluate(s.eval_episodes) >= s.stop_return
 
     def _publish(self) -> None:
         if self.publisher is not None:
@@ -351,6 +359,7 @@ class Learner:
         if self.rank == 0:
             summary["final_eval_return"] = self._evaluate(self.s.eval_episodes)
             summary["best_eval_return"] = self.best_eval
+            summary["solved"] = self.solved
             summary["eval_episodes"] = self.s.eval_episodes
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary

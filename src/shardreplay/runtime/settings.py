@@ -34,6 +34,8 @@ class TrainSettings:
         stop_return: stop when the evaluation mean return reaches this (<= 0: never).
         eval_episodes: episodes of the greedy policy per evaluation.
         eval_interval_updates: learner updates between quick evaluations.
+        quick_eval_episodes: episodes of a quick evaluation; when its mean reaches
+            ``stop_return``, a full evaluation of ``eval_episodes`` decides.
         batch_size: windows sampled per rank per update.
         n_step: n of the n-step return (the window is n + 1 steps).
         gamma: discount.
@@ -72,7 +74,8 @@ class TrainSettings:
     max_minutes: float = 10.0
     stop_return: float = 475.0
     eval_episodes: int = 20
-    eval_interval_updates: int = 1000
+    eval_interval_updates: int = 500
+    quick_eval_episodes: int = 5
     batch_size: int = 64
     n_step: int = 3
     gamma: float = 0.99
@@ -103,7 +106,7 @@ class TrainSettings:
         positive = ("learners", "envs_per_actor", "total_env_steps", "batch_size", "n_step",
                     "target_update_interval", "replay_capacity", "beta_updates", "chunk_steps",
                     "publish_interval_updates", "eval_episodes", "eval_interval_updates",
-                    "queued_chunks_per_actor")
+                    "queued_chunks_per_actor", "quick_eval_episodes")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
