@@ -1,0 +1,347 @@
+"""Sharded replay benchmark: learner steps/s per rank over gloo, against one process.
+
+A learner step is one prioritized ``sample(256)`` plus one ``update_priorities`` of
+those 256 keys. Every rank holds the same shard (``--capacity`` steps of ``obs``
+float32[64], ``action``, ``reward``; windows of 2 steps), so the global buffer grows with
+the number of ranks. Measured in one run, each configuration in fresh processes:
+
+* ``single``: one process, a local :class:`shardreplay.ReplayBuffer` (the baseline);
+* ``K`` gloo ranks on this machine (loopback), :class:`ShardedReplayBuffer` in ``exact``
+  and ``local`` mode, for each K of ``--ranks``.
+
+Each figure is the median over timing blocks; ranks move in lockstep (every step is
+collective), the per-rank figure is their mean. A second, shorter pass with every
+collective and local phase timed says where a step's time goes. One JSON line is
+printed with the figures, the ratios to the single process (targets: exact >= 0.5,
+local >= 0.9) and the machine's core count and load average: with more ranks than cores,
+ranks share cores, and the per-rank figure cannot exceed about ``cores / K`` of the
+single process even with free communication; ``aggregate`` ratios add all ranks' steps.
+
+Usage::
+
+    python benchmarks/bench_sharded.py                 # full run, about two minutes on 2 cores
+    python benchmarks/bench_sharded.py --quick         # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import queue
+import socket
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+STREAMS = 32
+OBS_DIM = 64
+BATCH = 256
+ALPHA, BETA = 0.6, 0.4
+FILL_CHUNK = 250  # steps per stream per extend call
+TARGETS = {"exact": 0.5, "local": 0.9}
+FULL = {"capacity": 200_000, "blocks": 5, "steps": 100, "warmup": 30, "profile_steps": 100}
+QUICK = {"capacity": 16_000, "blocks": 2, "steps": 20, "warmup": 5, "profile_steps": 20}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", default="2,4", help="comma-separated world sizes (default 2,4)")
+    p.add_argument("--capacity", type=int, help="steps per rank (multiple of 32*250; default 200,000)")
+    p.add_argument("--blocks", type=int, help="timing blocks per figure, median reported (default 5)")
+    p.add_argument("--steps", type=int, help="learner steps per timing block (default 100)")
+    p.add_argument("--warmup", type=int, help="untimed learner steps before timing (default 30)")
+    p.add_argument("--profile-steps", type=int, help="steps of the phase-timing pass (default 100)")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="limit for each configuration")
+    p.add_argument("--quick", action="store_true", help="smoke run with small defaults")
+    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
+    args = p.parse_args(argv)
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.capacity <= 0 or args.capacity % (STREAMS * FILL_CHUNK):
+        p.error(f"--capacity must be a positive multiple of {STREAMS * FILL_CHUNK}")
+    args.ranks = [int(k) for k in args.ranks.split(",") if k.strip()]
+    if any(k < 1 for k in args.ranks):
+        p.error("--ranks must be positive integers")
+    return args
+
+
+# -- the workload (runs in the children) ----------------------------------------------------------
+def make_shard(capacity: int, seed: int) -> Any:
+    """A prioritized shard of ``capacity`` steps, filled with random steps and episodes."""
+    import shardreplay as sr
+
+    spec = sr.Spec({"obs": sr.Field((OBS_DIM,), np.float32), "action": sr.Field((), np.int64),
+                    "reward": sr.Field((), np.float32)})
+    per_stream = capacity // STREAMS
+    buf = sr.ReplayBuffer(spec, num_streams=STREAMS, stream_capacity=per_stream, window=2,
+                          sampler="prioritized", alpha=ALPHA, beta=BETA, seed=seed)
+    rng = np.random.default_rng(seed)
+    obs = rng.standard_normal((STREAMS, FILL_CHUNK, OBS_DIM), dtype=np.float32)
+    prev_last = np.ones(STREAMS, bool)  # the first step of every stream is FIRST
+    for _ in range(per_stream // FILL_CHUNK):
+        done = rng.random((STREAMS, FILL_CHUNK)) < 0.01
+        types = np.empty((STREAMS, FILL_CHUNK), np.uint8)
+        for t in range(FILL_CHUNK):
+            types[:, t] = np.where(prev_last, 0, np.where(done[:, t], 2, 1))
+            prev_last = types[:, t] == 2
+        buf.extend({"obs": obs, "action": rng.integers(0, 18, (STREAMS, FILL_CHUNK)),
+                    "reward": rng.standard_normal((STREAMS, FILL_CHUNK), dtype=np.float32),
+                    "step_type": types})
+    return buf
+
+
+def priorities(seed: int) -> list[np.ndarray]:
+    """Stand-ins for |TD error|, cycled through by the timed loops."""
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(1e-3, 2.0, BATCH).astype(np.float32) for _ in range(64)]
+
+
+def time_blocks(step: Callable[[int], None], args: argparse.Namespace,
+                sync: Callable[[], None] = lambda: None) -> list[float]:
+    """Steps/s of each timing block after the warm-up (``sync`` aligns ranks per block)."""
+    for i in range(args.warmup):
+        step(i)
+    rates, k = [], args.warmup
+    for _ in range(args.blocks):
+        sync()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step(k)
+            k += 1
+        rates.append(args.steps / (time.perf_counter() - start))
+    return rates
+
+
+class PhaseTimer:
+    """Wall time spent in named phases (wrapped callables), in ms per learner step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._wrapped: list[tuple[Any, str]] = []
+
+    def wrap(self, obj: Any, attr: str, name: str | None = None) -> None:
+        """Time every call of ``obj.attr`` (a method of its class); collectives are named by
+        their ``op`` argument."""
+        method = getattr(obj, attr)
+        self._wrapped.append((obj, attr))
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*a, **kw)
+            finally:
+                label = name or (a[-1] if a and isinstance(a[-1], str) else attr)
+                self.seconds[label] += time.perf_counter() - start
+
+        setattr(obj, attr, timed)  # an instance attribute shadowing the class's method
+
+    def unwrap(self) -> None:
+        """Remove every wrapper: the class methods are used again."""
+        for obj, attr in self._wrapped:
+            delattr(obj, attr)
+        self._wrapped.clear()
+
+    def per_step_ms(self, steps: int, total_s: float) -> dict[str, float]:
+        out = {k: round(1e3 * v / steps, 3) for k, v in sorted(self.seconds.items())}
+        out["total"] = round(1e3 * total_s / steps, 3)
+        out["other"] = round(out["total"] - sum(v for k, v in out.items() if k != "total"), 3)
+        return out
+
+
+def _single(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    buf = make_shard(args.capacity, seed=0)
+    prios = priorities(0)
+
+    def step(i: int) -> None:
+        b = buf.sample(BATCH)
+        buf.update_priorities(b.keys, prios[i % len(prios)])
+
+    rates = time_blocks(step, args)
+    timer = PhaseTimer()
+    for attr in ("draw", "gather", "update_priorities"):
+        timer.wrap(buf, attr, f"local.{attr}")
+    start = time.perf_counter()
+    for i in range(args.profile_steps):
+        step(i)
+    return {"steps_per_s": round(statistics.median(rates), 1),
+            "steps_per_s_range": [round(min(rates), 1), round(max(rates), 1)],
+            "phases_ms_per_step": timer.per_step_ms(args.profile_steps, time.perf_counter() - start)}
+
+
+def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from shardreplay.distributed import ShardedReplayBuffer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=args.timeout_s))
+    try:
+        buf = ShardedReplayBuffer(make_shard(args.capacity, seed=rank), timeout_s=args.timeout_s)
+        prios = priorities(rank)
+        out: dict[str, Any] = {"global_len": len(buf), "collective_floor_ms": _floor(buf.collectives)}
+        for mode in ("exact", "local"):
+            def step(i: int, mode: str = mode) -> None:
+                b = buf.sample(BATCH, mode=mode)
+                buf.update_priorities(b.keys, prios[i % len(prios)])
+
+            rates = time_blocks(step, args, sync=dist.barrier)
+            out[mode] = {"steps_per_s": statistics.median(rates), "range": [min(rates), max(rates)],
+                         "phases_ms_per_step": _profile(buf, step, args, dist.barrier)}
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def _floor(comm: Any, calls: int = 200) -> dict[str, float]:
+    """Median ms of the smallest collectives a step issues (the per-collective floor)."""
+    import torch
+
+    small = torch.zeros(4, dtype=torch.float64)
+    counts = torch.zeros(comm.world_size, dtype=torch.int64)
+    ones = [1] * comm.world_size
+    ops = {"all_gather_4xf64": lambda: comm.all_gather(small, "floor"),
+           "all_to_all_1xi64": lambda: comm.all_to_all(counts, ones, ones, "floor")}
+    out = {}
+    for name, op in ops.items():
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            op()
+            times.append(time.perf_counter() - start)
+        out[name] = round(1e3 * statistics.median(times[calls // 10:]), 3)
+    return out
+
+
+def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
+             sync: Callable[[], None]) -> dict[str, float]:
+    """Time every collective (by operation) and local phase over ``profile_steps`` steps."""
+    comm, local = buf.collectives, buf.local
+    timer = PhaseTimer()
+    for attr in ("all_gather", "all_to_all", "all_reduce_sum"):
+        timer.wrap(comm, attr)
+    for attr in ("draw", "gather", "update_priorities", "fits_keys"):
+        timer.wrap(local, attr, f"local.{attr}")
+    timer.wrap(buf._layout, "pack", "records.pack")
+    timer.wrap(buf._layout, "unpack", "records.unpack")
+    sync()
+    start = time.perf_counter()
+    for i in range(args.profile_steps):
+        step(i)
+    total = time.perf_counter() - start
+    timer.unwrap()
+    return timer.per_step_ms(args.profile_steps, total)
+
+
+# -- the parent ------------------------------------------------------------------------------------
+def _child(kind: str, rank: int, world: int, port: int, args: argparse.Namespace, out: Any) -> None:
+    try:
+        result = _single(args) if kind == "single" else _rank(rank, world, port, args)
+        out.put((rank, "ok", result))
+    except BaseException as exc:  # reported by the parent, which fails the run
+        out.put((rank, "error", f"{type(exc).__name__}: {exc}"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_config(kind: str, world: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Run one configuration in fresh spawned processes; every child is joined or killed."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_child, args=(kind, r, world, port, args, out), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        for _ in range(world):
+            rank, status, value = out.get(timeout=args.timeout_s)
+            if status != "ok":
+                raise RuntimeError(f"{kind} rank {rank} of {world} failed: {value}")
+            results[rank] = value
+    except queue.Empty as exc:
+        raise RuntimeError(f"{kind} x{world} did not finish in {args.timeout_s} s") from exc
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results[r] for r in range(world)]
+
+
+def summarize(single: dict[str, Any], worlds: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Figures per world and mode, and the ratios to the single process."""
+    base = single["steps_per_s"]
+    report: dict[str, Any] = {"single": single}
+    ratios: dict[str, float] = {}
+    for k, ranks in worlds.items():
+        entry: dict[str, Any] = {"global_len": ranks[0]["global_len"],
+                                 "collective_floor_ms": ranks[0]["collective_floor_ms"]}
+        for mode in ("exact", "local"):
+            per_rank = [r[mode]["steps_per_s"] for r in ranks]
+            rate = statistics.mean(per_rank)
+            phases = {name: round(statistics.mean(r[mode]["phases_ms_per_step"][name] for r in ranks), 3)
+                      for name in ranks[0][mode]["phases_ms_per_step"]}
+            entry[mode] = {"steps_per_s_per_rank": round(rate, 1),
+                           "slowest_rank_steps_per_s": round(min(per_rank), 1),
+                           "phases_ms_per_step_mean_over_ranks": phases}
+            ratios[f"{mode}_{k}ranks_per_rank_vs_single"] = round(rate / base, 3)
+            ratios[f"{mode}_{k}ranks_aggregate_vs_single"] = round(k * rate / base, 3)
+        report[f"ranks{k}"] = entry
+    report["ratios"] = ratios
+    report["meets_targets_per_rank"] = {
+        name: value >= TARGETS[name.split("_")[0]] for name, value in ratios.items() if "per_rank" in name}
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run every configuration and print the JSON line."""
+    args = parse_args(argv)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ["OMP_NUM_THREADS"] = "1"  # ranks share the cores; no intra-op thread pools
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    single = run_config("single", 1, args)[0]
+    worlds = {k: run_config("sharded", k, args) for k in args.ranks}
+    result = {
+        "benchmark": "bench_sharded", "cpu_cores": os.cpu_count(),
+        "note": (f"{os.cpu_count()} cores: with K ranks > cores the ranks share cores, so a per-rank "
+                 f"figure is bounded by about cores/K of the single process; ranks run gloo on loopback"),
+        "capacity_per_rank": args.capacity, "obs": f"float32[{OBS_DIM}]", "batch": BATCH,
+        "learner_step": "prioritized sample(256) + update_priorities(256)",
+        "blocks": args.blocks, "steps_per_block": args.steps, "targets_per_rank": TARGETS,
+        **summarize(single, worlds),
+        "load_avg_before": [round(x, 2) for x in load_before],
+        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+        "seconds": round(time.perf_counter() - start, 1), "python": sys.version.split()[0],
+    }
+    line = json.dumps(result)
+    print(line, flush=True)
+    if args.out:
+        args.out.write_text(line + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
