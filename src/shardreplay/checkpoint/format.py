@@ -16,10 +16,12 @@ the next read.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import math
 import os
 import struct
+import sys
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -121,6 +123,28 @@ def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
                     f.write(chunk)
                     hasher.feed(chunk)
     return {"bytes": 8 + len(text) + offset, "block_xxh64": hasher.finish()}
+
+
+_MADV_HUGEPAGE = 14  # Linux
+_HUGE_BYTES = 2 << 20
+
+
+def advise_hugepages(arr: np.ndarray) -> None:
+    """Ask Linux to back the untouched pages of a large array with 2 MiB pages.
+
+    A loader writes every byte of the buffer's arrays. ``np.zeros`` memory comes from
+    calloc without the transparent-huge-page hint numpy gives ``np.empty``, so each 4 KiB
+    page faults on its own: reading 2 GB into it took 0.87 s of CPU, against 0.19 s with
+    the hint. A no-op where unsupported (other systems, file-backed arrays, small ones).
+    """
+    if arr.nbytes < 2 * _HUGE_BYTES or not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        start = -(-arr.ctypes.data // _HUGE_BYTES) * _HUGE_BYTES
+        end = (arr.ctypes.data + arr.nbytes) // _HUGE_BYTES * _HUGE_BYTES
+        if end > start:
+            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
 
 
 class PartReader:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.checkpoint.format import PartReader
+from shardreplay.checkpoint.format import PartReader, advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete, list_checkpoints, read_manifest
 from shardreplay.checkpoint.plan import EpisodeRef, ShardPlan, plan_shard
 from shardreplay.checkpoint.save import shard_of
@@ -175,6 +175,8 @@ def _read_placements(readers: list[PartReader], plan: ShardPlan, local: ReplayBu
     ordered = sorted(plan.placements, key=lambda p: (p.ref.part, p.ref.start))
     targets = {f"field.{k}": v for k, v in storage.fields.items()}
     targets.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+    for arr in targets.values():
+        advise_hugepages(arr)
     for name, arr in targets.items():
         for p in ordered:
             lo = p.row * cap + p.offset
