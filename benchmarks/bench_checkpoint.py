@@ -84,10 +84,11 @@ def fill(buf: Any, steps_per_stream: int, seed: int = 0) -> None:
             t += int(rng.integers(200, 2000))
             if t - 1 < steps_per_stream:
                 types[s, t - 1] = 2
-    obs = np.empty((STREAMS, CHUNK_T, *OBS_SHAPE), np.uint8)
-    for t0 in range(0, steps_per_stream, CHUNK_T):
-        n = min(CHUNK_T, steps_per_stream - t0)
-        obs[:, :n] = (t0 // CHUNK_T) % 251
+    chunk = min(CHUNK_T, buf.stream_capacity)
+    obs = np.empty((STREAMS, chunk, *OBS_SHAPE), np.uint8)
+    for t0 in range(0, steps_per_stream, chunk):
+        n = min(chunk, steps_per_stream - t0)
+        obs[:, :n] = (t0 // chunk) % 251
         buf.extend({"obs": obs[:, :n], "action": rng.integers(0, 18, (STREAMS, n)),
                     "reward": rng.random((STREAMS, n), dtype=np.float32),
                     "step_type": types[:, t0:t0 + n]},
