@@ -9,11 +9,18 @@ import argparse
 import dataclasses
 import json
 import logging
+import re
 import sys
 from typing import Any
 
 from shardreplay.errors import ShardReplayError
 from shardreplay.runtime.actor import ActorSettings
+
+# "name: text" lines of the ActorSettings docstring, for --help.
+_HELP = {name: " ".join(text.split()) for names, text in
+         re.findall(r"^\s{8}(\w+(?:, \w+)*): (.+?)(?=\n\s{8}\w+(?:, \w+)*:|\n\s*$)",
+                    ActorSettings.__doc__ or "", flags=re.M | re.S)
+         for name in names.split(", ")}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,12 +34,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--transport", required=True, help="file:///dir or redis://host:port/db")
     p.add_argument("--policy-url", required=True, help="where the learner publishes weights")
     for name in ("env_id", "envs_per_actor", "chunk_steps", "epsilon_base", "epsilon_exponent",
-                 "max_env_steps", "policy_wait_s", "seed", "queued_per_actor"):
+                 "epsilon_warmup_steps", "max_env_steps", "policy_wait_s", "seed", "queued_per_actor",
+                 "policy_check_interval_s"):
         default = defaults[name]
         kind = int if name in ("max_env_steps", "seed", "queued_per_actor") else type(default)
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default)
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=_HELP.get(name))
     p.add_argument("--hidden", type=int, nargs="+", default=list(defaults["hidden"]),
-                   help="hidden layer sizes (must match the learner's)")
+                   help="hidden layer sizes (only a fallback: the published policy's shape is used)")
     p.set_defaults(func=run)
 
 

@@ -32,6 +32,8 @@ from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
 log = logging.getLogger("shardreplay.actor")
+# A tensor of this name in a published policy says: training is over, actors may exit.
+FINISHED = "shardreplay.finished"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,8 @@ class ActorSettings:
         chunk_steps: steps per stream in one chunk.
         transport: ``local``, ``file:///dir`` or ``redis://host:port/db``.
         policy_url: where the learner publishes weights (``file:///dir`` or ``redis://``).
-        hidden: hidden layer sizes of the Q-network (must match the learner's).
+        hidden: hidden layer sizes of the Q-network; the first policy's weights decide
+            (a remote actor need not know the learner's choice).
         epsilon_base, epsilon_exponent: Ape-X exploration ``base^(1 + exponent i/(N-1))``.
         epsilon_warmup_steps: exploration starts at 1 and falls linearly to the Ape-X
             epsilon over this many environment steps of the whole run (each actor counts
@@ -142,9 +145,11 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
           transport: Transport, stop: StopFlag) -> dict[str, int]:
     s = settings
     torch.set_num_threads(1)
-    net = QNetwork(obs.shape[1], num_actions, s.hidden)
     subscriber = open_subscriber(s.policy_url, check_interval_s=s.policy_check_interval_s)
-    version = _load(net, wait_for_policy(subscriber, s.policy_wait_s))
+    first = _first_policy(subscriber, s)
+    feed = _PolicyFeed(subscriber, stop)
+    net = QNetwork(obs.shape[1], num_actions, _hidden_of(first.weights, obs.shape[1], num_actions, s))
+    version = _load(net, first)
     rng = np.random.default_rng(s.seed)
     eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor, s.num_actors * s.envs_per_actor,
                         s.epsilon_base, s.epsilon_exponent)
@@ -156,7 +161,10 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
     counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
     try:
         while not stop.is_set() and (s.max_env_steps is None or counters["env_steps"] < s.max_env_steps):
-            update = subscriber.poll()
+            update = feed.take()
+            if feed.finished:
+                log.info("actor %d: the learners finished training; stopping", s.actor_id)
+                break
             if update is not None:
                 version = _load(net, update)
                 counters["policy_updates"] += 1
@@ -168,10 +176,10 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
             for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info):
                 chunk = chunker.add(step, version)
                 if chunk is not None:
-                    writer = _send(chunk, writer, transport, stop, counters, s.send_timeout_s)
+                    writer = _send(chunk, writer, transport, stop, counters, s.send_timeout_s, feed)
         last = chunker.flush()
         if last is not None:
-            writer = _send(last, writer, transport, stop, counters, s.send_timeout_s)
+            writer = _send(last, writer, transport, stop, counters, s.send_timeout_s, feed)
     finally:
         writer.close()
         subscriber.close()
@@ -186,13 +194,73 @@ def _warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:
     return np.maximum(eps, 1.0 - run_steps / warmup_steps)
 
 
+class _PolicyFeed:
+    """The subscriber, polled from the loop and from a blocked send: a new policy is held
+    for the loop; a 'finished' one sets the stop flag (no learner will take more)."""
+
+    def __init__(self, subscriber: Any, stop: StopFlag) -> None:
+        self._subscriber = subscriber
+        self._stop = stop
+        self._held: Any = None
+        self.finished = False
+
+    def refresh(self) -> None:
+        update = self._subscriber.poll()
+        if update is not None and FINISHED in update.weights:
+            self.finished = True
+            self._stop.set()
+        elif update is not None:
+            self._held = update
+
+    def take(self) -> Any:
+        """The newest policy not yet taken, or None."""
+        self.refresh()
+        update, self._held = self._held, None
+        return update
+
+
+def _first_policy(subscriber: Any, s: ActorSettings) -> Any:
+    """The first policy to act with; a 'finished' one is a previous run's last word, so
+    wait for a newer one (a resumed or new run publishes soon).
+
+    Raises:
+        TransportTimeout: no usable policy within ``policy_wait_s``.
+    """
+    deadline = time.monotonic() + s.policy_wait_s
+    while True:
+        update = wait_for_policy(subscriber, max(deadline - time.monotonic(), 0.0))
+        if FINISHED not in update.weights:
+            return update
+        log.info("actor %d: the policy at %s says a run finished; waiting for a new one", s.actor_id,
+                 s.policy_url)
+
+
+def _hidden_of(weights: dict[str, Any], obs_size: int, num_actions: int, s: ActorSettings) -> tuple[int, ...]:
+    """The hidden sizes of the published Q-network (its Linear weights ``net.<i>.weight``).
+
+    Raises:
+        ConfigError: the weights are not a Q-network for this environment.
+    """
+    layers = sorted((int(k.split(".")[1]), tuple(v.shape)) for k, v in weights.items()
+                    if k.startswith("net.") and k.endswith(".weight") and len(v.shape) == 2)
+    shapes = [shape for _i, shape in layers]
+    if not shapes or shapes[0][1] != obs_size or shapes[-1][0] != num_actions:
+        raise ConfigError(f"the policy at {s.policy_url} (layers {shapes}) is not a Q-network for "
+                          f"{s.env_id} ({obs_size} observations, {num_actions} actions): do the learners "
+                          "train the same --env-id?")
+    hidden = tuple(int(out) for out, _in in shapes[:-1])
+    if hidden != tuple(s.hidden):
+        log.info("actor %d: hidden sizes %s from the published policy", s.actor_id, hidden)
+    return hidden
+
+
 def _load(net: QNetwork, update: Any) -> int:
     net.load_state_dict({k: torch.as_tensor(v) for k, v in update.weights.items()})
     return int(update.version)
 
 
 def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, counters: dict[str, int],
-          timeout_s: float) -> Any:
+          timeout_s: float, feed: _PolicyFeed) -> Any:
     """Send with retries; reopen the writer after a transport failure."""
     backoff = 0.1
     while True:
@@ -202,7 +270,8 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, count
             counters["chunks"] += 1
             return writer
         except TransportTimeout:
-            counters["send_retries"] += 1  # the learner is busy: back-pressure
+            counters["send_retries"] += 1  # the learner is busy: back-pressure (or gone)
+            feed.refresh()
         except TransportError as exc:
             counters["send_retries"] += 1
             log.warning("actor %d: send failed (%s); reconnecting in %.1f s", chunk.actor_id, exc, backoff)

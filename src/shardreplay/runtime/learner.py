@@ -29,7 +29,7 @@ from shardreplay.checkpoint.manifest import checkpoint_dir
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import IncompleteCheckpointError, ShardReplayError
 from shardreplay.policy import open_publisher
-from shardreplay.runtime.actor import ActorSettings
+from shardreplay.runtime.actor import FINISHED, ActorSettings
 from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.evaluate import evaluate
@@ -204,6 +204,8 @@ class Learner:
         self.counters["env_steps"] += int(self._sync(started)[_STEPS])
         path = self.save()
         summary = self._summary(started, path)
+        if self.publisher is not None and (self._budget_reached(started) or self._solved()):
+            self._publish_finished()
         if self.metrics is not None:
             self.metrics.close()
             summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
@@ -322,6 +324,15 @@ class Learner:
         if self.publisher is not None:
             state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
             self.publisher.publish(self.counters["version"], state)
+
+    def _publish_finished(self) -> None:
+        """Tell remote actors that training reached its end (not after a stop signal: the
+        run may be resumed, and its actors should wait for it)."""
+        assert self.publisher is not None
+        state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
+        state[FINISHED] = torch.ones(1)
+        # Not saved in the counters: a resumed run publishes from its saved version again.
+        self.publisher.publish(self.counters["version"] + 1, state)
 
     def _evaluate(self, episodes: int | None = None) -> float:
         returns = evaluate(self.agent.module, self.s.env_id, episodes or self.s.eval_episodes,
