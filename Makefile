@@ -1,5 +1,5 @@
 # shardreplay developer tasks. Everything runs inside .venv (created on first use).
-#   make demo    prioritized replay on CartPole, end to end
+#   make demo    shardreplay train: distributed Ape-X DQN on CartPole, end to end
 #   make test    the test suite (installs redis-server with apt-get if missing)
 #   make lint    ruff
 #   make bench   replay benchmark: shardreplay vs TorchRL vs cpprb, one JSON line
@@ -16,6 +16,7 @@ STAMP       := $(VENV)/.shardreplay-install
 BENCH_STAMP := $(VENV)/.shardreplay-bench
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
+DEMO_ARGS   ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install test demo lint bench redis-server clean
@@ -40,8 +41,10 @@ redis-server:
 	      apt-get install -y --no-install-recommends redis-server)
 	command -v redis-server
 
+# The main job on its embedded defaults: distributed Ape-X DQN on CartPole-v1, local
+# transport, no server to start. DEMO_ARGS adds flags (e.g. DEMO_ARGS="--learners 2").
 demo: install
-	$(BIN)/python examples/prioritized_cartpole.py
+	$(BIN)/shardreplay train $(DEMO_ARGS)
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples
