@@ -32,6 +32,10 @@ def _cell(value: Any) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
 
 
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def table(line: dict[str, Any]) -> str:
     """The markdown table (figures per library) and the ratios with their targets."""
     libs = [lib for lib in LIBRARIES if lib in line["results"]]
@@ -42,12 +46,14 @@ def table(line: dict[str, Any]) -> str:
             res = line["results"][lib].get(mode, {})
             cells.append(_cell(res.get(key)) if key in res or not res.get("missing") else "missing")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
-    out += ["", "| ratio (shardreplay / peer) | value | target | met |", "| --- | ---: | ---: | --- |"]
+    out += ["", "| ratio (shardreplay / peer) | medians | best blocks | target | met |",
+            "| --- | ---: | ---: | ---: | --- |"]
+    best = line.get("ratios_best_block", {})
     for name, value in line["ratios"].items():
         target = line["targets"].get(name, {})
         met = {True: "yes", False: "**no**", None: "n/a"}[target.get("met")] if target else ""
-        shown = "n/a" if value is None else f"{value:.2f}"
-        out.append(f"| `{name}` | {shown} | {target.get('target', '')} | {met} |")
+        out.append(f"| `{name}` | {_ratio(value)} | {_ratio(best.get(name))} | "
+                   f"{target.get('target', '')} | {met} |")
     return "\n".join(out)
 
 

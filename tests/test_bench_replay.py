@@ -102,3 +102,18 @@ def test_merge_runs_takes_medians_and_widest_ranges() -> None:
     assert merged["sample_batches_per_s_range"] == [5.0, 40.0]
     assert merged["version"] == "1" and merged["repeats"] == 3
     assert bench_replay.merge_runs([runs[0], {"error": "child exited"}]) == {"error": "child exited"}
+
+
+def test_best_block_ratios_use_the_fastest_block_and_chunk() -> None:
+    results = {
+        "shardreplay": {"uniform": {"sample_batches_per_s": 10.0, "sample_batches_per_s_range": [5.0, 40.0],
+                                    "insert_tps": 1.0, "insert_tps_best_chunk": 8.0}},
+        "cpprb": {"uniform": {"sample_batches_per_s": 10.0, "sample_batches_per_s_range": [9.0, 20.0],
+                              "insert_tps": 1.0, "insert_tps_best_chunk": 4.0}},
+    }
+    median, _ = bench_replay.ratios(results)
+    best, targets = bench_replay.ratios(results, best=True)
+    assert median["uniform_sample_vs_cpprb"] == 1.0
+    assert best["uniform_sample_vs_cpprb"] == 2.0
+    assert best["uniform_insert_vs_cpprb"] == 2.0
+    assert targets["insert_vs_cpprb"]["met"] is None  # the prioritized half is missing
