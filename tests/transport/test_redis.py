@@ -206,3 +206,19 @@ def test_server_restart_under_running_writer_and_reader(redis_factory, appendonl
         assert sorted(seqs) == list(range(400))
     else:  # unread entries die with the server; everything after the restart arrives
         assert 399 in seqs and seqs == sorted(seqs)
+
+
+def test_trim_threshold_compares_ids_as_numbers(redis_server) -> None:
+    r = client(redis_server)
+    for entry_id in ("1-1", "1-2", "1-10", "2-0", "10-0"):
+        r.xadd("ids", {"d": b"x"}, id=entry_id)
+    r.xgroup_create("ids", "g", id="0")
+    r.xreadgroup("g", "c", {"ids": ">"}, count=3)  # 1-1, 1-2, 1-10 delivered
+    r.xack("ids", "g", "1-1", "1-2")  # 1-10 still pending ("10" > "2" as numbers only)
+    assert trim_acknowledged(r, "ids", exact=True) == 3
+    assert [e[0] for e in r.xrange("ids")] == [b"1-10", b"2-0", b"10-0"]
+    r.xack("ids", "g", "1-10")
+    r.xreadgroup("g", "c", {"ids": ">"})
+    r.xack("ids", "g", "2-0", "10-0")
+    assert trim_acknowledged(r, "ids", exact=True) == 1  # the last delivered entry stays
+    assert trim_acknowledged(r, "nothing-here", exact=False) == 0

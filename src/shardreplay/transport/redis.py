@@ -133,12 +133,6 @@ class RedisLink:
             self.client.close()
 
 
-def _parse_id(entry_id: bytes | str) -> tuple[int, int]:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    ms, _, seq = text.partition("-")
-    return (int(ms), int(seq or 0))
-
-
 def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
     """Create ``group`` on ``stream`` at id 0 (the stream too) unless it exists."""
     try:
@@ -160,27 +154,49 @@ def with_group(client: redis.Redis, stream: str, group: str, fn: Callable[[], T]
         return fn()
 
 
+# The trim of module doc point 1, run atomically in one round trip. Ids "ms-seq" are
+# compared as digit strings (no leading zeros: longer is larger), never as Lua doubles.
+_TRIM_ACKED = """
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
+if not ok then return 0 end
+local function less(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if #am ~= #bm then return #am < #bm end
+  if am ~= bm then return am < bm end
+  if #as ~= #bs then return #as < #bs end
+  return as < bs
+end
+local threshold = nil
+for _, g in ipairs(groups) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  local floor = info['last-delivered-id']
+  if info['pending'] > 0 then
+    local summary = redis.call('XPENDING', KEYS[1], info['name'])
+    if summary[2] then floor = summary[2] end
+  end
+  if threshold == nil or less(floor, threshold) then threshold = floor end
+end
+if threshold ~= nil then
+  if ARGV[1] == '1' then
+    redis.call('XTRIM', KEYS[1], 'MINID', threshold)
+  else
+    redis.call('XTRIM', KEYS[1], 'MINID', '~', threshold)
+  end
+end
+return redis.call('XLEN', KEYS[1])
+"""
+
+
 def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
-    """Delete entries every consumer group of ``stream`` has acknowledged.
+    """Delete entries every consumer group of ``stream`` has acknowledged (one Lua script).
 
     Returns:
-        The stream length afterwards.
+        The stream length afterwards (0 when the stream does not exist).
     """
-    try:
-        groups = client.xinfo_groups(stream)
-    except redis.ResponseError:  # no such stream: nothing to trim
-        return 0
-    thresholds = []
-    for g in groups:
-        floor = g["last-delivered-id"]
-        if g["pending"]:
-            oldest = client.xpending(stream, g["name"]).get("min")
-            floor = oldest if oldest is not None else floor
-        thresholds.append(_parse_id(floor))
-    if thresholds:
-        ms, seq = min(thresholds)
-        client.xtrim(stream, minid=f"{ms}-{seq}", approximate=not exact)
-    return int(client.xlen(stream))
+    script = client.register_script(_TRIM_ACKED)
+    return int(script(keys=[stream], args=["1" if exact else "0"]))
 
 
 class RedisTransport:
@@ -273,7 +289,7 @@ class RedisWriter:
 
     def _wait_for_room(self, deadline: float | None, timeout_s: float | None) -> None:
         """Free what every group has acknowledged until the stream is below ``max_len``."""
-        t, pause = self._t, 0.001
+        t, pause = self._t, 0.0005
         while True:
             n = self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=True), what="XTRIM",
                                 deadline=deadline)
@@ -285,7 +301,7 @@ class RedisWriter:
                                        f"(max_len={t.max_len}) for {timeout_s} s: the learner is not "
                                        "draining it (is it alive?)")
             time.sleep(pause if left is None else min(pause, left))
-            pause = min(pause * 2, 0.05)
+            pause = min(pause * 2, 0.005)  # one round trip per look; room comes back quickly
 
     def close(self) -> None:
         """Close the connection."""
