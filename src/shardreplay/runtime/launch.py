@@ -13,6 +13,7 @@ grace period. No process outlives the launcher.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -72,6 +73,12 @@ def train(settings: TrainSettings, resume: bool = False) -> dict[str, Any]:
         ShardReplayError: a learner rank failed (its error is in the message).
     """
     env_spaces(settings.env_id)  # a bad environment fails here, before any process starts
+    if under_torchrun() and settings.learners != int(os.environ["WORLD_SIZE"]):
+        # torchrun decides the number of learner ranks; shards and stream rows follow it.
+        if settings.learners != 1:
+            log.warning("--learners %d ignored: torchrun started %s ranks", settings.learners,
+                        os.environ["WORLD_SIZE"])
+        settings = dataclasses.replace(settings, learners=int(os.environ["WORLD_SIZE"]))
     settings = prepare_run_dir(settings, resume)
     if under_torchrun():
         return _torchrun_rank(settings, resume)
