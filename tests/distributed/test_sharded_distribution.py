@@ -31,7 +31,7 @@ from sharded_reference import (
 import shardreplay as sr
 from shardreplay.buffer.nstep import nstep_returns
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import EmptyBufferError, InvalidPriorityError
+from shardreplay.errors import ConfigError, EmptyBufferError, InvalidPriorityError
 from shardreplay.spec.keys import unpack_keys
 
 pytestmark = pytest.mark.distributed
@@ -125,6 +125,14 @@ def _scenario(rank: int, world: int) -> dict:
         except EmptyBufferError:
             out["empty_errors"] += 1
 
+    # Ranks that disagree on the mode all get ConfigError at once (not garbage, not a hang).
+    out["mode_mismatch"] = None
+    if world >= 2:
+        try:
+            pri.sample(8, mode="exact" if rank == 0 else "local")
+        except ConfigError as exc:
+            out["mode_mismatch"] = str(exc)
+
     for buf in bufs.values():
         for stream, n in enumerate(AMOUNTS[world][rank]):
             _write(buf.local, rank, stream, 0, n)
@@ -199,6 +207,15 @@ def test_global_sizes_and_empty_buffer(world) -> None:
         assert r["empty_errors"] == 2
         assert r["sizes"] == (len(ref.ids), steps, k * STREAMS * CAPACITY)
         assert r["final_batch"] == 8
+
+
+def test_ranks_disagreeing_on_the_mode_all_get_config_error(world) -> None:
+    k, results, _ref = world
+    for r in results:
+        if k == 1:
+            assert r["mode_mismatch"] is None
+        else:
+            assert "different modes" in r["mode_mismatch"] and "'exact': [0]" in r["mode_mismatch"]
 
 
 def test_every_rank_issues_the_same_collectives(world) -> None:

@@ -113,7 +113,9 @@ class ShardedReplayBuffer:
         """Draw ``batch_size`` windows for this rank from the global distribution.
 
         Raises:
-            ConfigError: bad batch size or mode (raised before any collective).
+            ConfigError: bad batch size or mode (raised before any collective), or the
+                ranks passed different modes (raised on every rank alike, after the
+                first collective, so the ranks stay in step).
             EmptyBufferError: no shard has a window to draw (on every rank alike).
             CollectiveTimeout: a peer rank did not join in time.
         """
@@ -121,7 +123,8 @@ class ShardedReplayBuffer:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         if mode not in SAMPLE_MODES:
             raise ConfigError(f"mode must be one of {SAMPLE_MODES}, got {mode!r}")
-        stats = self._gather_stats()
+        stats = self._gather_stats(mode)
+        _check_same_mode(stats[:, 4])
         masses, counts, min_leaf = stats[:, 0], stats[:, 1], stats[:, 2]
         if counts.sum() == 0 or masses.sum() <= 0:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")
@@ -132,9 +135,10 @@ class ShardedReplayBuffer:
             return self._sample_local(int(batch_size), masses, total, low, beta)
         return self._sample_exact(int(batch_size), masses, total, low, beta)
 
-    def _gather_stats(self) -> np.ndarray:
+    def _gather_stats(self, mode: str) -> np.ndarray:
         mass, count, low, beta = self.local.sampling_stats()
-        mine = torch.tensor([mass, count, low if count else np.inf, beta], dtype=torch.float64)
+        mine = torch.tensor([mass, count, low if count else np.inf, beta, SAMPLE_MODES.index(mode)],
+                            dtype=torch.float64)
         return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)").cpu().numpy()
 
     def _sample_local(self, n: int, masses: np.ndarray, total: float, low: float,
@@ -267,6 +271,16 @@ class ShardedReplayBuffer:
             self.invalid_keys += int((~fits).sum())
             keys, prios = keys[fits], prios[fits]
         return self.local.update_priorities(keys, prios) if keys.size else 0
+
+
+def _check_same_mode(codes: np.ndarray) -> None:
+    """Every rank must sample in the same mode: exact ranks go on to exchange records
+    while local ranks go on to their next call, and those collectives would pair up
+    with each other's and swap unrelated bytes (seen: sample records read as priorities)."""
+    if (codes != codes[0]).any():
+        ranks = {m: [r for r, c in enumerate(codes) if c == i] for i, m in enumerate(SAMPLE_MODES)}
+        raise ConfigError(f"ranks called sample() with different modes ({ranks}); every rank must "
+                          "pass the same mode to the same call")
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
