@@ -30,23 +30,26 @@ FAST = ("--no-progress", "--eval-episodes", "2", "--eval-interval-updates", "100
 
 
 class TrainRun:
-    """One ``python -m shardreplay <args>`` process tree.
+    """One ``python -m <module> <args>`` process tree (``shardreplay`` by default).
 
     Args:
-        args: the command's arguments after ``shardreplay``.
-        log_dir: where ``stdout.txt`` and ``stderr.txt`` go.
+        args: the command's arguments after the module (``train ...``).
+        log_dir: where ``stdout.txt`` and ``stderr.txt`` go (``prefix`` before their names).
         env: extra environment variables.
+        module: the module to run (``torch.distributed.run`` for torchrun).
+        prefix: file name prefix of the outputs (several runs in one directory).
     """
 
-    def __init__(self, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                 module: str = "shardreplay", prefix: str = "") -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.stdout_path = log_dir / "stdout.txt"
-        self.stderr_path = log_dir / "stderr.txt"
+        self.stdout_path = log_dir / f"{prefix}stdout.txt"
+        self.stderr_path = log_dir / f"{prefix}stderr.txt"
         self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create time, command line)
         self._lock = threading.Lock()
         self._done = threading.Event()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "shardreplay", *args], stdout=out,
+            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=out,
                                          stderr=err, start_new_session=True,
                                          env={**os.environ, **(env or {})})
         self._watcher = threading.Thread(target=self._watch, daemon=True)
@@ -133,9 +136,15 @@ class TrainRun:
         return self.stderr_path.read_text(errors="replace")
 
     def summary(self) -> dict[str, Any]:
-        """The JSON summary ``shardreplay train`` prints on success."""
-        text = self.stdout()
-        return json.loads(text[text.index("{"):])
+        """The JSON summary ``shardreplay train`` prints on success (rank 0's, when
+        several ranks print theirs)."""
+        decoder = json.JSONDecoder()
+        text, found, at = self.stdout(), [], 0
+        while (start := text.find("{", at)) >= 0:
+            value, at = decoder.raw_decode(text, start)
+            found.append(value)
+        assert found, "no JSON summary on stdout" + self.explain()
+        return next((v for v in found if v.get("rank") == 0), found[-1])
 
     def close(self) -> None:
         """Kill the process group and every descendant seen, reap the launcher."""
