@@ -38,8 +38,10 @@ def scheme_of(url: str) -> str:
     if url in ("", "local", "local://"):
         return "local"
     scheme = urlparse(url).scheme
-    if scheme in ("file", "redis"):
+    if scheme == "file":
         return scheme
+    if scheme in ("redis", "rediss", "unix"):  # every URL the redis transport opens
+        return "redis"
     raise ConfigError(f"transport URL {url!r}: use 'local', 'file:///dir' or 'redis://host:port/db'")
 
 

@@ -177,6 +177,6 @@ class TrainSettings:
 
     def with_run_dir(self, run_dir: Path) -> TrainSettings:
         """A copy with ``run_dir`` set (and the default policy URL resolved)."""
-        policy = self.policy_url or (self.transport if self.transport.startswith("redis://")
-                                     else f"file://{Path(run_dir).resolve()}/policy")
+        redis = self.transport.startswith(("redis://", "rediss://", "unix://"))
+        policy = self.policy_url or (self.transport if redis else f"file://{Path(run_dir).resolve()}/policy")
         return dataclasses.replace(self, run_dir=str(run_dir), policy_url=policy)

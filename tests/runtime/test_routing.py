@@ -1,0 +1,159 @@
+"""Routing: which learner shard each actor feeds, and that each shard has its own channel.
+
+An actor's streams all go to shard ``actor_id % num_shards``, recomputed from the shard
+count in effect (a run resumed from 3 learners on 2 sends actor 2 to shard 0). Each
+shard's channel is its own on every medium: ``file://`` a ``shard-<k>`` directory,
+``redis://`` a stream per shard, ``local`` a ring per shard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import pytest
+from runtime_helpers import CARTPOLE_SPEC, make_chunk
+
+from shardreplay.errors import ConfigError
+from shardreplay.runtime.actor import ActorSettings
+from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_for_actor, shard_transport
+from shardreplay.runtime.settings import TrainSettings
+from shardreplay.transport.codec import encode
+from shardreplay.transport.local import LocalTransport
+from shardreplay.transport.redis import RedisTransport
+from shardreplay.transport.spool import SpoolTransport
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 5])
+def test_each_actor_feeds_one_shard_deterministically(num_shards: int) -> None:
+    shards = [shard_for_actor(a, num_shards) for a in range(40)]
+    assert shards == [a % num_shards for a in range(40)]
+    assert shards == [shard_for_actor(a, num_shards) for a in range(40)]  # no hidden state
+    per_shard = [shards.count(k) for k in range(num_shards)]
+    assert max(per_shard) - min(per_shard) <= 1  # balanced
+
+
+def test_resume_on_fewer_shards_recomputes_the_owner() -> None:
+    # A run of 5 actors on 3 learners, resumed on 2: each actor's shard follows the new count.
+    before = {a: shard_for_actor(a, 3) for a in range(5)}
+    after = {a: shard_for_actor(a, 2) for a in range(5)}
+    assert before == {0: 0, 1: 1, 2: 2, 3: 0, 4: 1}
+    assert after == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0}
+    # The learners' view (TrainSettings) agrees with the actors' (shard_for_actor): each
+    # shard is sized for exactly the actors routed to it, and their streams get distinct rows.
+    for learners in (3, 2):
+        s = TrainSettings(learners=learners, actors=3, remote_actors=2, envs_per_actor=4,
+                          transport="file:///tmp/unused")
+        for shard in range(learners):
+            mine = [a for a in range(5) if shard_for_actor(a, learners) == shard]
+            assert s.actors_of_shard(shard) == len(mine)
+            rows = [s.row_of(a, stream) for a in mine for stream in range(s.envs_per_actor)]
+            assert sorted(rows) == list(range(s.streams_of_shard(shard)))
+
+
+def test_bad_routing_input_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        shard_for_actor(-1, 2)
+    with pytest.raises(ConfigError):
+        shard_for_actor(0, 0)
+    with pytest.raises(ConfigError):
+        scheme_of("ftp://host/dir")
+
+
+@pytest.mark.parametrize("url, scheme", [("local", "local"), ("", "local"), ("local://", "local"),
+                                         ("file:///x/y", "file"), ("redis://127.0.0.1:1/0", "redis"),
+                                         ("rediss://127.0.0.1:1/0", "redis"),
+                                         ("unix:///tmp/redis.sock", "redis")])
+def test_scheme_of_every_url_open_transport_takes(url: str, scheme: str) -> None:
+    assert scheme_of(url) == scheme
+
+
+def test_file_shards_are_separate_directories(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/spool/"  # a trailing slash changes nothing
+    transports = [shard_transport(url, CARTPOLE_SPEC, k) for k in range(3)]
+    assert all(isinstance(t, SpoolTransport) for t in transports)
+    assert [t.path for t in transports] == [tmp_path / "spool" / f"shard-{k}" for k in range(3)]
+    readers = [t.reader() for t in transports]  # one reader lock each: they do not collide
+    try:
+        for k, t in enumerate(transports):
+            t.writer().send(make_chunk(10 + k, 0, spec=CARTPOLE_SPEC))
+        for k, r in enumerate(readers):
+            got = r.receive(8, timeout_s=2.0)
+            assert [c.actor_id for c in got] == [10 + k]
+    finally:
+        for r in readers:
+            r.close()
+
+
+def test_file_queue_bound_is_per_actor(tmp_path: Path) -> None:
+    t = shard_transport(f"file://{tmp_path}", CARTPOLE_SPEC, 1, queued_per_actor=3, actors=4)
+    assert isinstance(t, SpoolTransport) and t.max_pending_per_actor == 3
+
+
+@pytest.mark.redis
+def test_redis_shards_are_separate_streams(redis_server) -> None:
+    transports = [shard_transport(redis_server.url, CARTPOLE_SPEC, k, queued_per_actor=2, actors=3)
+                  for k in range(2)]
+    assert all(isinstance(t, RedisTransport) for t in transports)
+    assert [t.stream for t in transports] == ["shardreplay:chunks:0", "shardreplay:chunks:1"]
+    assert [t.max_len for t in transports] == [6, 6]  # queued_per_actor x actors of the shard
+    readers = [t.reader() for t in transports]
+    writers = [t.writer() for t in transports]
+    try:
+        for k, w in enumerate(writers):
+            w.send(make_chunk(20 + k, 0, spec=CARTPOLE_SPEC), timeout_s=5)
+        for k, r in enumerate(readers):
+            got = r.receive(8, timeout_s=2.0)
+            assert [c.actor_id for c in got] == [20 + k]
+            assert r.receive(8, timeout_s=0.1) == []
+    finally:
+        for end in [*readers, *writers]:
+            end.close()
+
+
+def test_local_shards_are_separate_rings() -> None:
+    size = chunk_bytes(CARTPOLE_SPEC, 2, 4)
+    assert size >= len(encode(make_chunk(0, 0, spec=CARTPOLE_SPEC), CARTPOLE_SPEC))
+    transports = [shard_transport("local", CARTPOLE_SPEC, k, queued_per_actor=2, actors=2,
+                                  chunk_size_bytes=size) for k in range(2)]
+    assert all(isinstance(t, LocalTransport) for t in transports)
+    assert transports[0]._ring is not transports[1]._ring
+    for k, t in enumerate(transports):
+        t.writer().send(make_chunk(30 + k, 0, spec=CARTPOLE_SPEC))
+    for k, t in enumerate(transports):
+        assert [c.actor_id for c in t.reader().receive(8, timeout_s=1.0)] == [30 + k]
+
+
+@pytest.mark.parametrize("num_actors, num_shards", [(5, 3), (5, 2), (1, 1)])
+def test_actor_and_learner_open_the_same_channel(tmp_path: Path, num_actors: int, num_shards: int) -> None:
+    """The actor derives its channel from (actor id, shard count) exactly as its learner does."""
+    url = f"file://{tmp_path}"
+    learner = TrainSettings(learners=num_shards, actors=num_actors, transport=url)
+    for a, rank in itertools.product(range(num_actors), range(num_shards)):
+        actor = ActorSettings(actor_id=a, num_actors=num_actors, num_shards=num_shards, transport=url,
+                              policy_url=url)
+        shard = shard_for_actor(actor.actor_id, actor.num_shards)
+        mine = shard_transport(url, CARTPOLE_SPEC, shard)
+        theirs = shard_transport(url, CARTPOLE_SPEC, rank, queued_per_actor=2,
+                                 actors=learner.actors_of_shard(rank))
+        assert (mine.path == theirs.path) == (shard == rank)
+
+
+def test_send_to_the_wrong_shard_never_reaches_another_reader(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    a, b = (shard_transport(url, CARTPOLE_SPEC, k) for k in (0, 1))
+    reader_b = b.reader()
+    try:
+        a.writer().send(make_chunk(0, 0, spec=CARTPOLE_SPEC))
+        time.sleep(0.05)
+        assert reader_b.receive(8, timeout_s=0.1) == []
+    finally:
+        reader_b.close()
+
+
+@pytest.mark.parametrize("transport", ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0"])
+def test_policy_goes_through_the_redis_server_of_the_transport(tmp_path: Path, transport: str) -> None:
+    assert TrainSettings(transport=transport).with_run_dir(tmp_path).policy_url == transport
+    assert TrainSettings(transport=f"file://{tmp_path}/spool").with_run_dir(tmp_path).policy_url == \
+        f"file://{tmp_path.resolve()}/policy"
