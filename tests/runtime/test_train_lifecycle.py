@@ -98,8 +98,9 @@ def _finished_run(args: list[str], log_dir: Path, timeout_s: float = 240) -> dic
 def test_resume_continues_counters_and_replay_on_another_number_of_learners(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     budget = 1500
-    first = _finished_run(_train_args(run_dir, "--learners", "2", "--total-env-steps", str(budget)),
-                          tmp_path / "a")
+    # --auto-resume starts a new run when there is nothing to continue ...
+    first = _finished_run(_train_args(run_dir, "--auto-resume", "--learners", "2",
+                                      "--total-env-steps", str(budget)), tmp_path / "a")
     assert first["resumed_from"] is None
     previous = first
     for step, learners in enumerate((1, 2), start=1):  # 2 -> 1, then 1 -> 2
@@ -107,7 +108,9 @@ def test_resume_continues_counters_and_replay_on_another_number_of_learners(tmp_
         saved_counters = manifest_counters(saved)
         rows_before = len(metrics_rows(run_dir))
         target = saved_counters["env_steps"] + budget
-        summary = _finished_run(["train", "--resume", str(run_dir), "--learners", str(learners),
+        # ... and continues one that has a checkpoint, as --resume does.
+        how = ["--resume", str(run_dir)] if step == 1 else ["--run-dir", str(run_dir), "--auto-resume"]
+        summary = _finished_run(["train", *how, "--learners", str(learners),
                                  "--total-env-steps", str(target)], tmp_path / f"resume{step}")
         resumed = summary["resumed_from"]
         assert resumed["checkpoint"] == saved_dir.name

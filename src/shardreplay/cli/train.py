@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shardreplay.errors import ShardReplayError
+from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.settings import TrainSettings
 
 _HELP = dict(re.findall(r"^\s{8}(\w+): (.+?)(?=\n\s{8}\w+:|\n\s*$)",
@@ -36,6 +36,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--config", type=Path, help="YAML file of settings (same names as the flags)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
                    help="continue RUN_DIR from its newest complete checkpoint (flags override its config)")
+    p.add_argument("--auto-resume", action="store_true",
+                   help="continue --run-dir when it holds a complete checkpoint, else start it: one "
+                        "command for a job that a scheduler may restart")
     defaults = TrainSettings()
     for f in dataclasses.fields(TrainSettings):
         if f.name == "extra":
@@ -54,10 +57,11 @@ def add_parser(subparsers: Any) -> None:
 def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSettings)
              if f.name != "extra" and getattr(args, f.name, None) is not None}
-    if args.resume is not None:
+    resume_dir = args.resume or _resumable(args)
+    if resume_dir is not None:
         from shardreplay.runtime.learner import settings_for_resume
 
-        return settings_for_resume(args.resume, given), True
+        return settings_for_resume(resume_dir, given), True
     base: dict[str, Any] = {}
     if args.config is not None:
         import yaml
@@ -65,6 +69,24 @@ def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
         base = yaml.safe_load(args.config.read_text()) or {}
     base.update(given)
     return TrainSettings.from_dict(base), False
+
+
+def _resumable(args: argparse.Namespace) -> Path | None:
+    """``--auto-resume``: the run directory when it can be resumed.
+
+    Checkpoints appear only once every learner rank runs, so under torchrun all ranks
+    see the same answer here, before they meet.
+    """
+    if not args.auto_resume:
+        return None
+    if not args.run_dir:
+        raise ConfigError("--auto-resume needs --run-dir (the directory to continue or start)")
+    from shardreplay.checkpoint import latest_complete
+
+    run_dir = Path(args.run_dir)
+    if (run_dir / "config.json").exists() and latest_complete(run_dir / "checkpoints") is not None:
+        return run_dir
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
