@@ -254,3 +254,11 @@ def test_no_pickle_in_transport_or_policy_code() -> None:
         text = path.read_text()
         assert not re.search(r"^\s*(import|from) (c|cloud)?pickle", text, re.M), path
         assert "pickle.load" not in text and "torch.load(" not in text, path
+
+
+def test_codec_caches_never_mix_up_specs() -> None:
+    # Regression: cached layouts outlived their spec entry and a new spec reused its id.
+    for i in range(300):
+        spec = Spec({f"f{j}": Field((i % 3 + j,), DTYPES[(i + j) % len(DTYPES)]) for j in range(1 + i % 3)})
+        chunk = make_chunk(0, i, spec=spec, seed=i)
+        assert_same_chunk(chunk, decode(encode(chunk, spec), spec, max_bytes=MAX))

@@ -107,6 +107,7 @@ class _SpecInfo:
         self.fingerprint = spec.fingerprint
         self.fields = [(_STEP_PREFIX + n, _wire_dtype(spec[n].dtype), spec[n].shape) for n in spec.names]
         self.fields += [(_STEP_PREFIX + n, _wire_dtype(d), ()) for n, d in _RESERVED_DTYPES.items()]
+        self.layouts: dict[tuple[int, int, bool], _Layout] = {}  # live and die with this entry
 
 
 _SPEC_INFO: dict[int, _SpecInfo] = {}
@@ -141,17 +142,14 @@ class _Layout:
         self.nbytes = offset
 
 
-_LAYOUTS: dict[tuple[int, int, int, bool], _Layout] = {}
-
-
 def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:
     info = _info(spec)
-    key = (id(info), s, t, has_priorities)
-    layout = _LAYOUTS.get(key)
+    key = (s, t, has_priorities)
+    layout = info.layouts.get(key)
     if layout is None:
-        if len(_LAYOUTS) > 256:
-            _LAYOUTS.clear()
-        layout = _LAYOUTS[key] = _Layout(info, s, t, has_priorities)
+        if len(info.layouts) > 256:
+            info.layouts.clear()
+        layout = info.layouts[key] = _Layout(info, s, t, has_priorities)
     return layout
 
 
