@@ -146,7 +146,16 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
     s = settings
     torch.set_num_threads(1)
     subscriber = open_subscriber(s.policy_url, check_interval_s=s.policy_check_interval_s)
-    first = _first_policy(subscriber, s)
+    counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
+    try:
+        first = _first_policy(subscriber, s, stop)
+    except BaseException:
+        subscriber.close()
+        raise
+    if first is None:  # stopped before any policy came: nothing was played, nothing to send
+        subscriber.close()
+        log.info("actor %d stopped while waiting for its first policy", s.actor_id)
+        return counters
     feed = _PolicyFeed(subscriber, stop)
     net = QNetwork(obs.shape[1], num_actions, _hidden_of(first.weights, obs.shape[1], num_actions, s))
     version = _load(net, first)
@@ -158,7 +167,6 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
     chunker = Chunker(s.actor_id, np.arange(s.envs_per_actor), s.chunk_steps,
                       first_sequence=time.time_ns() // 1000)
     writer = transport.writer()
-    counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
     try:
         while not stop.is_set() and (s.max_env_steps is None or counters["env_steps"] < s.max_env_steps):
             update = feed.take()
@@ -219,20 +227,29 @@ class _PolicyFeed:
         return update
 
 
-def _first_policy(subscriber: Any, s: ActorSettings) -> Any:
-    """The first policy to act with; a 'finished' one is a previous run's last word, so
-    wait for a newer one (a resumed or new run publishes soon).
+def _first_policy(subscriber: Any, s: ActorSettings, stop: StopFlag) -> Any:
+    """The first policy to act with, or None when ``stop`` was set first. A 'finished'
+    one is a previous run's last word, so wait for a newer one (a resumed or new run
+    publishes soon).
 
     Raises:
         TransportTimeout: no usable policy within ``policy_wait_s``.
     """
+    log.info("actor %d: waiting up to %.0f s for a policy at %s", s.actor_id, s.policy_wait_s, s.policy_url)
     deadline = time.monotonic() + s.policy_wait_s
-    while True:
-        update = wait_for_policy(subscriber, max(deadline - time.monotonic(), 0.0))
+    while not stop.is_set():
+        try:  # short waits: a stop signal must not wait for the learner
+            update = wait_for_policy(subscriber, min(max(deadline - time.monotonic(), 0.0), 0.5))
+        except TransportTimeout:
+            if time.monotonic() >= deadline:
+                raise TransportTimeout(f"no policy at {s.policy_url} within {s.policy_wait_s} s: "
+                                       "has the learner started (same --policy-url)?") from None
+            continue
         if FINISHED not in update.weights:
             return update
         log.info("actor %d: the policy at %s says a run finished; waiting for a new one", s.actor_id,
                  s.policy_url)
+    return None
 
 
 def _hidden_of(weights: dict[str, Any], obs_size: int, num_actions: int, s: ActorSettings) -> tuple[int, ...]:

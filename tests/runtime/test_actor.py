@@ -1,0 +1,226 @@
+"""The actor runtime with a real CartPole vector env, a published policy and real media.
+
+``shardreplay.runtime.actor.run`` in this process (chunks, ids, sequences, versions,
+policy pick-up), and the ``shardreplay actor`` command in a child process (SIGTERM /
+SIGINT stop it with exit 0 after sending what it holds; a Redis restart under it is
+survived). Children are always killed and reaped (``runtime_helpers.children``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from runtime_helpers import CARTPOLE_SPEC, children, publish_cartpole_policy, wait_for
+
+from shardreplay.runtime import actor as actor_module
+from shardreplay.runtime.actor import ActorSettings, StopFlag, run
+from shardreplay.runtime.routing import shard_for_actor, shard_transport
+from shardreplay.spec import StepType
+from shardreplay.transport.codec import Chunk, encode
+
+START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
+
+
+def _settings(tmp_path: Path, transport: str, **kw: Any) -> ActorSettings:
+    base = dict(actor_id=1, num_actors=3, num_shards=2, envs_per_actor=3, chunk_steps=5,
+                transport=transport, policy_url=f"file://{tmp_path}/policy", hidden=(16,), seed=3,
+                policy_wait_s=30.0, policy_check_interval_s=0.05)
+    base.update(kw)
+    return ActorSettings(**base)
+
+
+def _transport_url(kind: str, tmp_path: Path, redis_factory: Any) -> str:
+    if kind == "file":
+        return f"file://{tmp_path}/spool"
+    return redis_factory().url
+
+
+def _drain(reader: Any, until: Any, timeout_s: float) -> list[Chunk]:
+    """Receive (and acknowledge) chunks until ``until(chunks)`` holds."""
+    got: list[Chunk] = []
+
+    def more() -> bool:
+        batch = reader.receive(64, timeout_s=0.1)
+        reader.ack(batch)
+        got.extend(batch)
+        return until(got)
+
+    wait_for(more, timeout_s, "chunks from the actor", poll_s=0.0,
+             explain=lambda: f" (got {len(got)} chunks)")
+    return got
+
+
+def _steps(chunks: list[Chunk]) -> int:
+    return sum(c.num_streams * c.num_steps for c in chunks)
+
+
+def _check_stream_continuity(chunks: list[Chunk]) -> None:
+    """Each stream's steps, chunk after chunk, are a well-formed dm_env sequence."""
+    types = np.concatenate([c.steps["step_type"] for c in chunks], axis=1)
+    assert (types[:, 0] == StepType.FIRST).all()
+    after_last = types[:, 1:][types[:, :-1] == StepType.LAST]
+    assert (after_last == StepType.FIRST).all()
+    discount = np.concatenate([c.steps["discount"] for c in chunks], axis=1)
+    assert (discount[types != StepType.LAST] == 1).all()
+
+
+@pytest.mark.parametrize("kind", ["file", pytest.param("redis", marks=pytest.mark.redis)])
+def test_chunks_have_shape_ids_sequences_and_version(tmp_path: Path, kind: str, redis_factory) -> None:
+    url = _transport_url(kind, tmp_path, redis_factory)
+    publish_cartpole_policy(f"file://{tmp_path}/policy", 3)
+    s = _settings(tmp_path, url, max_env_steps=3 * 23)  # 23 vector steps: 4 chunks of 5, one of 3
+    counters = run(s, stop=StopFlag())
+    assert counters == {"env_steps": 69, "chunks": 5, "send_retries": 0, "policy_updates": 0}
+    shard = shard_for_actor(1, 2)
+    transport = shard_transport(url, CARTPOLE_SPEC, shard)
+    if kind == "file":
+        assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == [f"shard-{shard}"]
+    reader = transport.reader()
+    try:
+        chunks = _drain(reader, lambda got: len(got) >= 5, 20)
+        assert reader.receive(64, timeout_s=0.2) == []
+    finally:
+        reader.close()
+    assert [c.num_steps for c in chunks] == [5, 5, 5, 5, 3]  # the last, partial chunk was sent too
+    assert _steps(chunks) == counters["env_steps"]
+    for c in chunks:
+        assert (c.actor_id, c.policy_version, c.num_streams) == (1, 3, 3)
+        assert c.stream_ids.tolist() == [0, 1, 2]
+        assert c.steps["obs"].shape == (3, c.num_steps, 4) and c.steps["obs"].dtype == np.float32
+        assert set(np.unique(c.steps["action"])) <= {0, 1}
+    seqs = [c.sequence for c in chunks]
+    assert seqs == list(range(seqs[0], seqs[0] + 5))  # consecutive: nothing lost or repeated
+    _check_stream_continuity(chunks)
+
+
+def test_new_policy_versions_are_picked_up_and_loaded_once(tmp_path: Path, monkeypatch) -> None:
+    subscribers: list[Any] = []
+    real_open = actor_module.open_subscriber
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        subscribers.append(real_open(*args, **kwargs))
+        return subscribers[-1]
+
+    monkeypatch.setattr(actor_module, "open_subscriber", spy)
+    policy = f"file://{tmp_path}/policy"
+    publisher = publish_cartpole_policy(policy, 1)
+    url = f"file://{tmp_path}/spool"
+    s = _settings(tmp_path, url, max_env_steps=3 * 5000, chunk_steps=2)
+    stop = StopFlag()
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(run(s, stop=stop)), daemon=True)
+    thread.start()
+    reader = shard_transport(url, CARTPOLE_SPEC, shard_for_actor(1, 2)).reader()
+    try:
+        chunks = _drain(reader, lambda got: len(got) >= 3, 60)
+        publish_cartpole_policy(policy, 4, publisher=publisher)
+        chunks += _drain(reader, lambda got: any(c.policy_version == 4 for c in got), 30)
+        publish_cartpole_policy(policy, 9, publisher=publisher)
+        chunks += _drain(reader, lambda got: sum(c.policy_version == 9 for c in got) >= 3, 30)
+        keep_going = time.monotonic() + 1.0  # ~20 more version checks, no new version
+        chunks += _drain(reader, lambda got: time.monotonic() > keep_going, 10)
+        stop.set()
+        thread.join(30)
+        assert not thread.is_alive()
+        chunks += _drain(reader, lambda got: _steps(chunks) + _steps(got) >= result["env_steps"], 10)
+    finally:
+        stop.set()
+        thread.join(30)
+        reader.close()
+    versions = [c.policy_version for c in sorted(chunks, key=lambda c: c.sequence)]
+    assert versions[0] == 1 and versions[-1] == 9
+    assert versions == sorted(versions) and set(versions) == {1, 4, 9}
+    assert result["policy_updates"] == 2
+    stats = subscribers[0].stats
+    assert stats.loads == 3  # weights read once per version...
+    assert stats.checks > 3 * stats.loads  # ...while the cheap version check ran all along
+    assert _steps(chunks) == result["env_steps"]
+
+
+def _actor_cli(tmp_path: Path, transport: str, policy: str, *extra: str) -> list[str]:
+    return ["actor", "--actor-id", "0", "--num-actors", "1", "--num-shards", "1", "--transport", transport,
+            "--policy-url", policy, "--envs-per-actor", "2", "--chunk-steps", "50", "--seed", "1",
+            "--policy-check-interval-s", "0.1", *extra]
+
+
+def _counters(log: Path) -> dict[str, int]:
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("{")]
+    assert lines, log.read_text()[-3000:]
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_the_actor_cleanly_after_sending_what_it_holds(tmp_path: Path, sig: int) -> None:
+    policy, url = f"file://{tmp_path}/policy", f"file://{tmp_path}/spool"
+    publish_cartpole_policy(policy, 2)
+    reader = shard_transport(url, CARTPOLE_SPEC, 0).reader()
+    log = tmp_path / "actor.log"
+    with children() as kids:
+        proc = kids.cli(_actor_cli(tmp_path, url, policy), log)
+        try:
+            chunks = _drain(reader, lambda got: len(got) >= 2, START_S)
+            proc.send_signal(sig)
+            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            counters = _counters(log)
+            chunks += _drain(reader, lambda got: _steps(chunks) + _steps(got) >= counters["env_steps"], 10)
+        finally:
+            reader.close()
+        assert kids.alive() == []
+    assert "Traceback" not in log.read_text()
+    assert _steps(chunks) == counters["env_steps"] > 0
+    assert len(chunks) == counters["chunks"]
+    seqs = [c.sequence for c in chunks]
+    assert seqs == list(range(seqs[0], seqs[0] + len(chunks)))
+
+
+def test_signal_stops_an_actor_still_waiting_for_its_first_policy(tmp_path: Path) -> None:
+    log = tmp_path / "actor.log"
+    with children() as kids:
+        proc = kids.cli(_actor_cli(tmp_path, f"file://{tmp_path}/spool", f"file://{tmp_path}/policy",
+                                   "--policy-wait-s", "600"), log)
+        wait_for(lambda: "waiting up to" in log.read_text(), START_S, "the actor to wait for a policy",
+                 poll_s=0.1, explain=lambda: log.read_text()[-3000:])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0, log.read_text()[-3000:]
+    assert _counters(log) == {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
+
+
+@pytest.mark.redis
+def test_actor_survives_a_redis_restart(tmp_path: Path, redis_factory) -> None:
+    server = redis_factory(appendonly=True)  # what was written before the restart survives it
+    policy = f"file://{tmp_path}/policy"
+    publish_cartpole_policy(policy, 1)
+    transport = shard_transport(server.url, CARTPOLE_SPEC, 0)
+    log = tmp_path / "actor.log"
+    with children() as kids:
+        proc = kids.cli(_actor_cli(tmp_path, server.url, policy, "--chunk-steps", "10"), log)
+        reader = transport.reader()
+        try:
+            chunks = _drain(reader, lambda got: len(got) >= 3, START_S)
+            before = max(c.sequence for c in chunks)
+            server.restart(down_s=1.0)  # the reader stays: it reconnects, as a learner's does
+            # A retried send whose first try landed: the same chunk twice in the stream.
+            writer = transport.writer()
+            writer._link.client.xadd(transport.stream, {b"d": encode(chunks[-1], CARTPOLE_SPEC)})
+            writer.close()
+            chunks += _drain(reader, lambda got: sum(c.sequence > before for c in got) >= 3, 60)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+            counters = _counters(log)
+            chunks += _drain(reader, lambda got: _steps(chunks) + _steps(got) >= counters["env_steps"], 30)
+            assert reader.stats.duplicates >= 1
+        finally:
+            reader.close()
+    assert "reconnecting" in log.read_text()  # it did lose the server
+    ids = [c.sequence for c in chunks]
+    assert len(ids) == len(set(ids)) == counters["chunks"]  # every chunk once, none lost
+    assert sorted(ids) == list(range(min(ids), min(ids) + len(ids)))
+    assert _steps(chunks) == counters["env_steps"]
