@@ -231,7 +231,7 @@ class ReplayBuffer:
         """
         keys = as_index_array(keys, "keys")
         prios = as_priority_array(priorities, keys.shape)
-        status, slots, current = resolve_keys(keys, prios, self._storage.generation,
+        status, slots, current = resolve_keys(keys, prios, self._storage.pos,
                                               self.num_streams, self.stream_capacity)
         if status == 1:
             check_priorities(prios, keys.shape)  # raises with the precise reason

@@ -1,14 +1,20 @@
-"""Sum tree with a blocked min tree, as compiled kernels over flat float64 arrays.
+"""An 8-ary sum tree with a blocked min tree, as compiled kernels over flat arrays.
 
-The sum tree is an implicit binary tree: node ``i`` has children ``2i`` and ``2i+1``,
-the ``n`` leaves sit at ``P .. P+n-1`` with ``P`` the next power of two, and node 1 holds
-the total. A parent is always recomputed as ``left + right`` (never by adding a delta),
-so the tree is the same whatever order the leaves were set in: a restored buffer samples
-exactly as the saved one did.
+Sums: level ``D`` holds the ``n`` leaves, each level above holds the sums of groups of
+8 nodes of the level below, up to the root (level 0, the total). The 8 children of a
+node are contiguous (one cache line of float64), so a prefix search of a 1M-leaf tree
+touches 7 cache lines instead of 20, and the tree is ~1.14 n values instead of 2 n.
+A parent is always recomputed as the sum of its children in order (never by adding a
+delta), so the tree is the same whatever order its leaves were set in: a restored
+buffer samples exactly as the saved one did.
 
-The min tree serves importance weights, which need the smallest positive leaf. Its
-leaves are blocks of ``BLOCK`` sum-tree leaves (min over the positive ones, +inf when
-none), which keeps it 1/``BLOCK`` the size of the sum tree.
+The min tree serves importance weights, which need the smallest positive leaf. It is a
+binary tree whose leaves are blocks of ``BLOCK`` sum-tree leaves (min over the positive
+ones, +inf when none).
+
+The kernels walk all items one tree level at a time rather than one item to the root
+and back: loads of different items are independent, so the CPU overlaps their cache
+misses.
 """
 
 from __future__ import annotations
@@ -17,11 +23,26 @@ import numba
 import numpy as np
 
 BLOCK = 16
+ARITY = 8
 
 
 def tree_size(n_leaves: int) -> int:
     """Number of leaves rounded up to a power of two (at least 1)."""
     return 1 << max(0, int(n_leaves - 1).bit_length())
+
+
+def _levels(n_leaves: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sizes and offsets (multiples of 8, for alignment) of the levels, root first."""
+    sizes = [max(n_leaves, 1)]
+    while sizes[-1] > 1 or len(sizes) == 1:
+        sizes.append(-(-sizes[-1] // ARITY))
+    sizes.reverse()
+    offsets, at = [], 0
+    for s in sizes:
+        offsets.append(at)
+        at += -(-s // ARITY) * ARITY
+    offsets.append(at)
+    return np.array(sizes, np.int64), np.array(offsets, np.int64)
 
 
 class SumMinTree:
@@ -33,15 +54,16 @@ class SumMinTree:
 
     def __init__(self, n_leaves: int) -> None:
         self.n_leaves = n_leaves
-        self.base = tree_size(n_leaves)
-        self.sums = np.zeros(2 * self.base, np.float64)
+        self.sizes, self.offsets = _levels(n_leaves)
+        self.sums = np.zeros(int(self.offsets[-1]), np.float64)
+        self.leaf_offset = int(self.offsets[-2])
         self.min_base = tree_size(-(-n_leaves // BLOCK))
         self.mins = np.full(2 * self.min_base, np.inf, np.float64)
 
     @property
     def total(self) -> float:
         """Sum of all leaves."""
-        return float(self.sums[1])
+        return float(self.sums[0])
 
     @property
     def min_positive(self) -> float:
@@ -50,31 +72,29 @@ class SumMinTree:
 
     def leaves(self, idx: np.ndarray) -> np.ndarray:
         """Values of leaves ``idx``."""
-        return self.sums[self.base + idx]
+        return self.sums[self.leaf_offset + idx]
 
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Set leaves ``idx`` to ``values`` (>= 0) and update both trees."""
-        set_leaves(self.sums, self.mins, self.base, self.min_base, idx, values.astype(np.float64))
+        set_leaves(self.sums, self.mins, self.sizes, self.offsets, self.min_base, idx,
+                   values.astype(np.float64))
 
     def set_from_priorities(self, slots: np.ndarray, valid: np.ndarray, priority: np.ndarray,
                             alpha: float) -> None:
-        """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]``, else 0."""
-        set_from_priorities(self.sums, self.mins, self.base, self.min_base, slots, valid,
-                            priority, alpha)
+        """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the
+        priority is positive, else 0 (so priority 0 is never drawn, also with alpha 0)."""
+        set_from_priorities(self.sums, self.mins, self.sizes, self.offsets, self.min_base, slots,
+                            valid, priority, alpha)
 
     def draw(self, uniforms: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Leaves for ``uniforms`` in [0, 1): (leaf index, probability, importance weight)."""
-        return draw_weighted(self.sums, self.mins, self.base, uniforms, beta)
+        return draw_weighted(self.sums, self.mins, self.sizes, self.offsets, uniforms, beta)
 
     def rebuild(self, values: np.ndarray) -> None:
         """Set every leaf at once from ``values`` (length ``n_leaves``), bottom up."""
         self.sums[:] = 0.0
-        self.sums[self.base:self.base + self.n_leaves] = values
-        level = self.base
-        while level > 1:
-            child = self.sums[level:2 * level]
-            self.sums[level // 2:level] = child[0::2] + child[1::2]
-            level //= 2
+        self.sums[self.leaf_offset:self.leaf_offset + self.n_leaves] = values
+        rebuild_sums(self.sums, self.sizes, self.offsets)
         padded = np.full(self.min_base * BLOCK, np.inf)
         padded[:self.n_leaves] = np.where(values > 0, values, np.inf)
         self.mins[:] = np.inf
@@ -87,34 +107,43 @@ class SumMinTree:
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """Leaf index for each target mass in ``[0, total)`` (prefix-sum search)."""
-        return find_prefix(self.sums, self.base, targets)
+        return find_prefix(self.sums, self.sizes, self.offsets, targets)
 
 
-# The kernels below walk all items one tree level at a time rather than one item to the
-# root and back: the loads of different items are independent, so the CPU overlaps
-# their cache misses (a 1M-leaf tree does not fit in cache).
+@numba.njit(cache=True, nogil=True, inline="always")
+def _group_sum(sums, child_offset, child_size, parent):
+    first = parent * ARITY
+    total = 0.0
+    for c in range(first, min(first + ARITY, child_size)):
+        total += sums[child_offset + c]
+    return total
 
 
 @numba.njit(cache=True, nogil=True)
-def _propagate(sums, mins, base, min_base, leaves):
+def rebuild_sums(sums, sizes, offsets):
+    """Recompute every level above the leaves from the leaves."""
+    for level in range(sizes.shape[0] - 2, -1, -1):
+        for node in range(sizes[level]):
+            sums[offsets[level] + node] = _group_sum(sums, offsets[level + 1], sizes[level + 1], node)
+
+
+@numba.njit(cache=True, nogil=True)
+def _propagate(sums, mins, sizes, offsets, min_base, leaves):
     """Recompute the ancestors of ``leaves`` (leaf indices) in both trees."""
     n = leaves.shape[0]
-    node = np.empty(n, np.int64)
-    for j in range(n):
-        node[j] = (base + leaves[j]) >> 1
-    while node[0] >= 1:
+    node = leaves.copy()
+    for level in range(sizes.shape[0] - 2, -1, -1):
         for j in range(n):
-            i = node[j]
-            sums[i] = sums[2 * i] + sums[2 * i + 1]
-            node[j] = i >> 1
+            parent = node[j] // ARITY
+            sums[offsets[level] + parent] = _group_sum(sums, offsets[level + 1], sizes[level + 1], parent)
+            node[j] = parent
+    leaf_offset = offsets[sizes.shape[0] - 1]
+    n_leaves = sizes[sizes.shape[0] - 1]
     for j in range(n):
         block = leaves[j] // BLOCK
-        lo = base + block * BLOCK
-        # A tree with fewer than BLOCK leaves has one short block: stay inside ``sums``.
-        hi = min(lo + BLOCK, 2 * base)
         m = np.inf
-        for k in range(lo, hi):
-            v = sums[k]
+        for k in range(block * BLOCK, min(block * BLOCK + BLOCK, n_leaves)):
+            v = sums[leaf_offset + k]
             if 0.0 < v < m:
                 m = v
         mins[min_base + block] = m
@@ -127,65 +156,76 @@ def _propagate(sums, mins, base, min_base, leaves):
 
 
 @numba.njit(cache=True, nogil=True)
-def set_leaves(sums, mins, base, min_base, idx, values):
+def set_leaves(sums, mins, sizes, offsets, min_base, idx, values):
     """Set leaves and recompute their ancestors in both trees."""
     if idx.shape[0] == 0:
         return
+    leaf_offset = offsets[sizes.shape[0] - 1]
     for j in range(idx.shape[0]):
-        sums[base + idx[j]] = values[j]
-    _propagate(sums, mins, base, min_base, idx)
+        sums[leaf_offset + idx[j]] = values[j]
+    _propagate(sums, mins, sizes, offsets, min_base, idx)
 
 
 @numba.njit(cache=True, nogil=True)
-def set_from_priorities(sums, mins, base, min_base, slots, valid, priority, alpha):
+def set_from_priorities(sums, mins, sizes, offsets, min_base, slots, valid, priority, alpha):
     """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the priority
-    is positive, else 0."""
+    is positive, else 0 (``0**0 == 1`` must not make a priority-0 start drawable)."""
     if slots.shape[0] == 0:
         return
+    leaf_offset = offsets[sizes.shape[0] - 1]
     for j in range(slots.shape[0]):
         s = slots[j]
-        # p > 0 first: with alpha = 0, 0**0 would be 1 and a priority-0 start drawable.
-        sums[base + s] = float(priority[s]) ** alpha if valid[s] and priority[s] > 0 else 0.0
-    _propagate(sums, mins, base, min_base, slots)
+        p = float(priority[s])
+        sums[leaf_offset + s] = p ** alpha if valid[s] and p > 0.0 else 0.0
+    _propagate(sums, mins, sizes, offsets, min_base, slots)
 
 
 @numba.njit(cache=True, nogil=True)
-def find_prefix(sums, base, targets):
+def find_prefix(sums, sizes, offsets, targets):
     """For each target, descend to the leaf whose prefix range contains it.
 
-    A child with zero mass is never entered while its sibling has mass, so rounding at
-    a boundary can not land on a zero leaf.
+    Zero-mass children are never entered; when rounding leaves a target at or past the
+    end of a group, the last child with mass is taken.
     """
     n = targets.shape[0]
-    node = np.ones(n, np.int64)
+    node = np.zeros(n, np.int64)
     u = targets.copy()
-    while base > 1 and node[0] < base:
+    for level in range(1, sizes.shape[0]):
+        offset, size = offsets[level], sizes[level]
         for j in range(n):
-            i = node[j]
-            left = sums[2 * i]
-            if (u[j] < left and left > 0.0) or sums[2 * i + 1] <= 0.0:
-                node[j] = 2 * i
-            else:
-                u[j] -= left
-                node[j] = 2 * i + 1
-    return node - base
+            first = node[j] * ARITY
+            chosen, last_positive = -1, first
+            for c in range(first, min(first + ARITY, size)):
+                v = sums[offset + c]
+                if v > 0.0:
+                    last_positive = c
+                    if u[j] < v:
+                        chosen = c
+                        break
+                    u[j] -= v
+            if chosen < 0:
+                chosen = last_positive
+                u[j] = sums[offset + chosen] * 0.5
+            node[j] = chosen
+    return node
 
 
 @numba.njit(cache=True, nogil=True)
-def draw_weighted(sums, mins, base, uniforms, beta):
+def draw_weighted(sums, mins, sizes, offsets, uniforms, beta):
     """Leaves for uniforms in [0, 1), their probabilities and importance weights.
 
     ``w = (leaf / min_positive_leaf)^-beta``, which equals ``(N P(i))^-beta`` divided by
     its maximum over all drawable leaves.
     """
-    total = sums[1]
+    total = sums[0]
     low = mins[1]
-    starts = find_prefix(sums, base, uniforms * total)
+    starts = find_prefix(sums, sizes, offsets, uniforms * total)
+    leaf_offset = offsets[sizes.shape[0] - 1]
     n = uniforms.shape[0]
     prob = np.empty(n, np.float64)
     weights = np.empty(n, np.float32)
     for j in range(n):
-        v = sums[base + starts[j]]
+        v = sums[leaf_offset + starts[j]]
         prob[j] = v / total
         weights[j] = (v / low) ** -beta
     return starts, prob, weights

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 
 from shardreplay.samplers.base import Draw
@@ -11,6 +12,18 @@ from shardreplay.storage import StreamStorage
 
 # Below this fraction of valid slots, rejection sampling would waste draws: list them.
 _MIN_ACCEPTANCE = 0.05
+
+
+@numba.njit(cache=True, nogil=True)
+def _accept(candidates: np.ndarray, valid: np.ndarray, out: np.ndarray, got: int) -> int:
+    """Append the valid candidates to ``out[got:]`` in order, until it is full."""
+    for c in candidates:
+        if got == out.shape[0]:
+            break
+        if valid[c]:
+            out[got] = c
+            got += 1
+    return got
 
 
 class UniformSampler:
@@ -60,11 +73,12 @@ class UniformSampler:
         acceptance = count / size
         if acceptance < _MIN_ACCEPTANCE:
             return rng.choice(np.flatnonzero(valid), size=n)
-        out = np.empty(0, np.int64)
-        while out.shape[0] < n:
-            need = n - out.shape[0]
+        out = np.empty(n, np.int64)
+        got = 0
+        while got < n:
+            need = n - got
             cand = rng.integers(0, size, size=int(need / acceptance * 1.1) + 8)
-            out = np.concatenate([out, cand[valid[cand]][:need]])
+            got = _accept(cand, valid, out, got)
         return out
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:

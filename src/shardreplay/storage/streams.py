@@ -95,7 +95,7 @@ class StreamStorage:
         Returns arrays ``[B, L, ...]`` (user fields, step_type, discount, episode_id), the
         mask ``[B, L]`` and the keys ``[B]`` (shard 0).
         """
-        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
+        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
                                                  self.stream_capacity, self.window)
         data = {name: arr.take(idx, axis=0) for name, arr in self.fields.items()}
         data["step_type"] = self.step_type.take(idx)
