@@ -33,7 +33,7 @@ from shardreplay.runtime.actor import FINISHED, ActorSettings
 from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.evaluate import evaluate
-from shardreplay.runtime.ingest import Ingestor
+from shardreplay.runtime.ingest import Ingestor, merge_high_water
 from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.processes import ActorPool
 from shardreplay.runtime.qnet import QNetwork
@@ -102,13 +102,14 @@ class Learner:
         self._saved_at = -1
         self._last_checkpoint = -1  # ids only grow: a save never meets a complete one
         self.resumed: dict[str, Any] | None = None
+        self._high_water: dict[int, int] = {}  # restored: chunks already in the checkpoint
         if resume:
             self._resume()
         self.transport = transport or shard_transport(
             settings.transport, self.spec, self.rank, queued_per_actor=settings.queued_chunks_per_actor,
             actors=settings.actors_of_shard(self.rank),
             chunk_size_bytes=chunk_bytes(self.spec, settings.envs_per_actor, settings.chunk_steps))
-        self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings)
+        self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._high_water)
         self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
         self._last_sync: np.ndarray | None = None
         self.metrics = MetricsRecorder(self.run_dir, settings.total_env_steps, settings.progress) \
@@ -154,6 +155,8 @@ class Learner:
         self.agent.load_state_dict(state["agent"])
         self.counters.update({k: int(v) for k, v in report.extra["counters"].items()})
         self.best_eval = float(report.extra.get("best_eval", -math.inf))
+        parts = checkpoint.read_manifest(report.directory)["parts"]
+        self._high_water = merge_high_water(p.get("extra", {}).get("ingest") for p in parts)
         # Every rank lists the same directory before anyone saves again, so all agree.
         self._last_checkpoint = max(checkpoint.list_checkpoints(self._ckpt_root), default=-1)
         total = self.buffer.collectives.all_reduce_sum(torch.tensor([float(report.steps)],
@@ -184,7 +187,7 @@ class Learner:
             torch.save({"agent": self.agent.state_dict()}, tmp)
             tmp.replace(directory / LEARNER_STATE)
         extra = {"counters": dict(self.counters), "best_eval": self.best_eval,
-                 "settings": self.s.to_dict()}
+                 "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
         return checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra)
 
     # -- the loop -------------------------------------------------------------------------
@@ -198,11 +201,13 @@ class Learner:
         except BaseException:
             self._stop_actors()
             self.save()  # local only: every rank keeps its part even when a peer is gone
+            self._close_reader()
             raise
         self._stop_actors()
         # What the actors sent while stopping is in the shards: count it (all ranks agree).
         self.counters["env_steps"] += int(self._sync(started)[_STEPS])
         path = self.save()
+        self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
         if self.publisher is not None and (self._budget_reached(started) or self._solved()):
             self._publish_finished()
@@ -210,6 +215,12 @@ class Learner:
             self.metrics.close()
             summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
         return summary
+
+    def _close_reader(self) -> None:
+        try:
+            self.ingestor.close()
+        except ShardReplayError as exc:  # unsent acknowledgements: the marks drop what comes again
+            log.warning("rank %d: closing the transport reader failed: %s", self.rank, exc)
 
     def _stop_actors(self) -> None:
         """Stop this rank's actors, draining meanwhile so their last chunks land here."""
@@ -359,13 +370,17 @@ class Learner:
         window.update(steps=0, updates=0, t=now, lag_sum=0.0, lag_n=0.0)
 
     def _summary(self, started: float, checkpoint_path: Path) -> dict[str, Any]:
-        mine = torch.tensor([sum(self.actors.restarts.values()), len(self.actors.given_up)],
+        ing, got = self.ingestor, self.ingestor.reader.stats
+        mine = torch.tensor([sum(self.actors.restarts.values()), len(self.actors.given_up),
+                             got.total_rejected + ing.total_rejected, got.duplicates + ing.total_duplicates],
                             dtype=torch.float64)
-        restarts, given_up = self.buffer.collectives.all_reduce_sum(mine, "summary").tolist()
+        restarts, given_up, rejected, duplicates = \
+            self.buffer.collectives.all_reduce_sum(mine, "summary").tolist()
         summary: dict[str, Any] = {"rank": self.rank, **self.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
                                    "checkpoint": str(checkpoint_path),
                                    "actor_restarts": int(restarts), "actors_given_up": int(given_up),
+                                   "chunks_rejected": int(rejected), "chunks_duplicate": int(duplicates),
                                    "resumed_from": self.resumed}
         if self.rank == 0:
             summary["final_eval_return"] = self._evaluate(self.s.eval_episodes)

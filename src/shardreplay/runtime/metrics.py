@@ -1,6 +1,11 @@
 """Run metrics: a CSV file, TensorBoard events, a live progress bar, a learning curve.
 
 Only rank 0 records. TensorBoard, rich and matplotlib are imported here, when used.
+
+``policy_lag``: over the chunks all ranks ingested since the previous row, the mean of
+(the learner's policy version when the chunk was ingested - the version that acted in
+it, the oldest one of its steps). Versions are update counts, so the lag is in learner
+updates; empty when no chunk came in.
 """
 
 from __future__ import annotations

@@ -1,0 +1,87 @@
+"""The learner's Ingestor: rows, policy lag, per-actor high-water marks, deferred acks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from runtime_helpers import IDENT_SPEC, ident_counts, make_chunk
+
+from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.runtime.ingest import Ingestor, merge_high_water
+from shardreplay.runtime.settings import TrainSettings
+from shardreplay.transport import open_transport
+
+SETTINGS = TrainSettings(learners=1, actors=2, envs_per_actor=2, transport="file:///unused")
+
+
+def _buffer() -> ReplayBuffer:
+    return ReplayBuffer(IDENT_SPEC, num_streams=4, stream_capacity=64, window=2)
+
+
+def _spool(tmp_path: Path, *chunks):
+    transport = open_transport(f"file://{tmp_path}/spool", IDENT_SPEC, fsync=False)
+    writer = transport.writer()
+    for c in chunks:
+        writer.send(c)
+    return transport
+
+
+def _ready(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "spool" / "ready").iterdir())
+
+
+def test_rows_steps_and_policy_lag(tmp_path: Path) -> None:
+    transport = _spool(tmp_path, make_chunk(0, 0, version=7), make_chunk(1, 0, version=10))
+    buffer = _buffer()
+    ingestor = Ingestor(transport.reader(), buffer, SETTINGS)
+    assert ingestor.drain(8, 1.0, policy_version=10) == 16
+    stats = ingestor.take_stats()
+    assert (stats.steps, stats.chunks, stats.lag_count) == (16, 2, 2)
+    assert stats.lag_sum == (10 - 7) + (10 - 10)
+    idents = buffer.state_dict()["arrays"]["field.ident"]
+    rows = np.repeat(np.arange(4), 4)  # stored row after row: actor 0 -> rows 0, 1; actor 1 -> 2, 3
+    assert (idents[:, 0] == rows // 2).all()
+    assert ingestor.high_water == {0: 0, 1: 0}
+    assert _ready(tmp_path) == []  # acknowledged: the spool forgot them
+
+
+def test_chunks_at_or_below_the_mark_are_dropped_and_acknowledged(tmp_path: Path) -> None:
+    transport = _spool(tmp_path, *(make_chunk(0, q) for q in range(4)), make_chunk(1, 0))
+    buffer = _buffer()
+    # A restored checkpoint that holds actor 0 up to sequence 2 (a crash before the acks).
+    ingestor = Ingestor(transport.reader(), buffer, SETTINGS, high_water={0: 2})
+    ingestor.drain(8, 1.0, 0)
+    assert ingestor.take_stats().duplicates == 3
+    assert ingestor.total_duplicates == 3
+    assert ident_counts(buffer.state_dict()["arrays"]["field.ident"]) == {(0, 3): 8, (1, 0): 8}
+    assert ingestor.high_water == {0: 3, 1: 0}
+    assert _ready(tmp_path) == []  # dropped ones are acknowledged too: never delivered again
+
+
+def test_deferred_acknowledgement_waits_for_ack_stored(tmp_path: Path) -> None:
+    transport = _spool(tmp_path, make_chunk(0, 0), make_chunk(0, 1))
+    ingestor = Ingestor(transport.reader(), _buffer(), SETTINGS)
+    assert ingestor.drain(8, 1.0, 0, ack=False) == 16
+    assert len(_ready(tmp_path)) == 2  # stored but not acknowledged: a crash re-delivers them
+    assert ingestor.ack_stored() == 2
+    assert _ready(tmp_path) == []
+    assert ingestor.ack_stored() == 0
+
+
+def test_a_chunk_outside_the_shard_is_rejected_and_leaves_no_mark(tmp_path: Path) -> None:
+    transport = _spool(tmp_path, make_chunk(5, 0))  # actor 5's rows are beyond 4 streams
+    buffer = _buffer()
+    ingestor = Ingestor(transport.reader(), buffer, SETTINGS)
+    assert ingestor.drain(8, 1.0, 0) == 0
+    assert ingestor.total_rejected == 1 and buffer.num_steps == 0
+    assert ingestor.high_water == {}
+
+
+def test_state_round_trip_and_merge_over_shards() -> None:
+    ingestor = Ingestor.__new__(Ingestor)
+    ingestor.high_water = {3: 17, 0: 4}
+    state = ingestor.state_dict()
+    assert state == {"high_water": {"0": 4, "3": 17}}  # JSON keys are strings
+    merged = merge_high_water([state, {"high_water": {"3": 12, "1": 9}}, None, {}])
+    assert merged == {0: 4, 1: 9, 3: 17}
