@@ -11,7 +11,6 @@ sharded buffer sampled.
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
 FIRST, MID, LAST = 0, 1, 2
 STREAMS = 3
@@ -122,6 +121,7 @@ class Reference:
 def chi_square_pvalue(ids: np.ndarray, support: np.ndarray, prob: np.ndarray) -> float:
     """p-value of drawn ``ids`` against ``prob`` over ``support``; cells with an
     expected count below 5 are pooled into one, ids outside the support fail outright."""
+    from scipy import stats  # here, not at the top: the rank processes never need scipy
     pos = np.searchsorted(support, ids)
     assert (pos < len(support)).all() and (support[np.minimum(pos, len(support) - 1)] == ids).all(), \
         "drawn ids outside the support"
