@@ -137,7 +137,7 @@ def advise_hugepages(arr: np.ndarray) -> None:
     page faults on its own: reading 2 GB into it took 0.87 s of CPU, against 0.19 s with
     the hint. A no-op where unsupported (other systems, file-backed arrays, small ones).
     """
-    if arr.nbytes < 2 * _HUGE_BYTES or not sys.platform.startswith("linux"):
+    if arr.nbytes < 2 * _HUGE_BYTES or not arr.flags.c_contiguous or not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -297,7 +297,16 @@ class PartReader:
         return dtype, shape, begin, end
 
     def rows_into(self, name: str, start: int, out: np.ndarray) -> None:
-        """Fill ``out`` (C-contiguous) with rows ``start:start+len(out)`` of ``name``."""
+        """Fill ``out`` with rows ``start:start+len(out)`` of ``name``.
+
+        A C-contiguous ``out`` is filled in place; any other (a field packed in a
+        record array) through a contiguous temporary.
+        """
+        if not out.flags.c_contiguous:
+            tmp = np.empty(out.shape, out.dtype)
+            self.rows_into(name, start, tmp)
+            out[...] = tmp
+            return
         dtype, shape, begin, _end = self._entry(name)
         if out.dtype != dtype or out.shape[1:] != shape[1:] or start + out.shape[0] > shape[0]:
             raise self._fail(f"array {name!r} is {dtype}{list(shape)}; cannot read rows "
