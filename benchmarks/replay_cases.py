@@ -20,6 +20,7 @@ Every adapter converts the workload's data to its library's input format in ``pr
 from __future__ import annotations
 
 import importlib.metadata as im
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,8 +55,10 @@ class ShardReplayCase:
 
     def versions(self) -> dict[str, Any]:
         """Versions of the library and of what it runs on."""
-        return {"version": im.version("shardreplay"), "torch": self._torch.__version__,
-                "torch_threads": self._torch.get_num_threads()}
+        import shardreplay
+
+        return {"version": im.version("shardreplay"), "source": str(Path(shardreplay.__file__).parent),
+                "torch": self._torch.__version__, "torch_threads": self._torch.get_num_threads()}
 
     def prepare(self, pool: dict[str, np.ndarray], seed: int) -> None:
         """Steps per call with step types and discounts; priorities as torch tensors."""
