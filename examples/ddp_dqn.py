@@ -190,6 +190,15 @@ class Episodes:
         self.running[done] = 0.0
 
 
+def act(agent: DQNAgent, obs: np.ndarray, eps: float, num_actions: int,
+        rng: np.random.Generator) -> np.ndarray:
+    """Epsilon-greedy actions of the online network (no DDP call: nothing collective)."""
+    with torch.no_grad():
+        greedy = agent(torch.from_numpy(np.asarray(obs, np.float32))).argmax(dim=1).numpy()
+    explore = rng.random(len(greedy)) < eps
+    return np.where(explore, rng.integers(0, num_actions, len(greedy)), greedy)
+
+
 def global_stats(values: list[float], extra: list[float]) -> np.ndarray:
     """All-reduce ``[count, sum, sum of the last 20] + extra`` over ranks (collective)."""
     last = values[-20:]
@@ -224,10 +233,7 @@ def _train(settings: Settings, envs: gym.vector.VectorEnv, rank: int, world: int
     start = time.perf_counter()
     for it in range(settings.steps):
         eps = max(settings.eps_end, 1.0 - it / max(1, settings.steps // 2))
-        with torch.no_grad():
-            greedy = agent(torch.from_numpy(np.asarray(obs, np.float32))).argmax(dim=1).numpy()
-        explore = rng.random(settings.num_envs) < eps
-        action = np.where(explore, rng.integers(0, num_actions, settings.num_envs), greedy)
+        action = act(agent, obs, eps, num_actions, rng)
         obs, reward, terminated, truncated, info = envs.step(action)
         episodes.step(reward, terminated | truncated)
         for step, stream_ids in converter.step(action, obs, reward, terminated, truncated, info):
