@@ -5,7 +5,8 @@ those 256 keys. Every rank holds the same shard (``--capacity`` steps of ``obs``
 float32[64], ``action``, ``reward``; windows of 2 steps), so the global buffer grows with
 the number of ranks. Measured in one run, each configuration in fresh processes:
 
-* ``single``: one process, a local :class:`shardreplay.ReplayBuffer` (the baseline);
+* ``single``: one process, a local :class:`shardreplay.ReplayBuffer` (the baseline, run
+  before and after the sharded configurations; their mean is the reference);
 * ``K`` gloo ranks on this machine (loopback), :class:`ShardedReplayBuffer` in ``exact``
   and ``local`` mode, for each K of ``--ranks``.
 
@@ -290,10 +291,12 @@ def run_config(kind: str, world: int, args: argparse.Namespace) -> list[dict[str
     return [results[r] for r in range(world)]
 
 
-def summarize(single: dict[str, Any], worlds: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Figures per world and mode, and the ratios to the single process."""
-    base = single["steps_per_s"]
-    report: dict[str, Any] = {"single": single}
+def summarize(singles: list[dict[str, Any]], worlds: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Figures per world and mode, and the ratios to the single process (the mean of its
+    runs before and after the sharded ones, so that a load drifting during the run
+    weighs on both sides alike)."""
+    base = statistics.mean(s["steps_per_s"] for s in singles)
+    report: dict[str, Any] = {"single": {"steps_per_s": round(base, 1), "runs": singles}}
     ratios: dict[str, float] = {}
     for k, ranks in worlds.items():
         entry: dict[str, Any] = {"global_len": ranks[0]["global_len"],
@@ -322,8 +325,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["OMP_NUM_THREADS"] = "1"  # ranks share the cores; no intra-op thread pools
     load_before = os.getloadavg()
     start = time.perf_counter()
-    single = run_config("single", 1, args)[0]
+    singles = [run_config("single", 1, args)[0]]
     worlds = {k: run_config("sharded", k, args) for k in args.ranks}
+    singles.append(run_config("single", 1, args)[0])
     result = {
         "benchmark": "bench_sharded", "cpu_cores": os.cpu_count(),
         "note": (f"{os.cpu_count()} cores: with K ranks > cores the ranks share cores, so a per-rank "
@@ -331,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "capacity_per_rank": args.capacity, "obs": f"float32[{OBS_DIM}]", "batch": BATCH,
         "learner_step": "prioritized sample(256) + update_priorities(256)",
         "blocks": args.blocks, "steps_per_block": args.steps, "targets_per_rank": TARGETS,
-        **summarize(single, worlds),
+        **summarize(singles, worlds),
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
         "seconds": round(time.perf_counter() - start, 1), "python": sys.version.split()[0],
