@@ -14,7 +14,7 @@ import numpy as np
 
 from shardreplay.errors import ConfigError
 from shardreplay.spec import Spec
-from shardreplay.transport import open_transport
+from shardreplay.transport import Chunk, encode, open_transport
 from shardreplay.transport.base import Transport
 
 
@@ -46,9 +46,17 @@ def scheme_of(url: str) -> str:
 
 
 def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:
-    """Approximate encoded size of a chunk (payload plus a generous header)."""
-    per_step = sum(f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64)) for f in spec.fields.values())
-    return streams * steps * (per_step + 5 + 4) + 4096
+    """An upper bound of the encoded size of a chunk of ``streams`` x ``steps``: a chunk
+    with the largest ids and with priorities, encoded, plus a little slack."""
+    full = (streams, steps)
+    arrays = {name: np.zeros(full + f.shape, f.dtype) for name, f in spec.fields.items()}
+    arrays["step_type"] = np.zeros(full, np.uint8)
+    arrays["discount"] = np.ones(full, np.float32)
+    big = (1 << 63) - 1
+    chunk = Chunk(actor_id=big, sequence=big, policy_version=big,
+                  stream_ids=np.arange(big - streams + 1, big + 1, dtype=np.int64), steps=arrays,
+                  priorities=np.ones(full, np.float32))
+    return len(encode(chunk, spec)) + 64
 
 
 def shard_transport(url: str, spec: Spec, shard: int, *, queued_per_actor: int | None = None,
@@ -69,5 +77,7 @@ def shard_transport(url: str, spec: Spec, shard: int, *, queued_per_actor: int |
         return open_transport(url, spec, stream=f"shardreplay:chunks:{shard}", **opts)
     if queued_per_actor is None or chunk_size_bytes is None:
         return open_transport("local", spec)
-    ring = max(queued_per_actor * max(actors, 1) * chunk_size_bytes, 1 << 16)
+    # Room for exactly the chunks asked for (a ring record is 8 bytes + the chunk): a
+    # floor of 64 KiB here once let a CartPole actor queue ~45 chunks instead of 2.
+    ring = queued_per_actor * max(actors, 1) * (chunk_size_bytes + 8)
     return open_transport("local", spec, capacity_bytes=ring)
