@@ -126,7 +126,8 @@ def plot_learning_curve(run_dir: Path) -> Path | None:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("return")
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_lines():  # a run stopped before its first return has nothing to label
+            ax.legend()
     fig.suptitle("shardreplay train: learning curve")
     fig.tight_layout()
     out = Path(run_dir) / "learning_curve.png"
