@@ -150,7 +150,8 @@ def window_indices(starts, step_type, pos, cap, window):
     for b in range(n):
         s = starts[b]
         row, slot = s // cap, s % cap
-        keys[b] = (row << _ROW_SHIFT) | (slot << _SLOT_SHIFT) | (slot_generation(pos, row, slot, cap) & GEN_MASK)
+        gen = slot_generation(pos, row, slot, cap) & GEN_MASK
+        keys[b] = (row << _ROW_SHIFT) | (slot << _SLOT_SHIFT) | gen
     for b in range(n):
         s = starts[b]
         base = s - s % cap

@@ -27,6 +27,14 @@ STEP_ARRAYS = {
 }
 
 
+# Fields of at most this many bytes per step share the per-slot record (see __init__).
+SMALL_FIELD_BYTES = 32
+
+
+def _nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    return int(np.dtype(dtype).itemsize * np.prod(shape, dtype=np.int64))
+
+
 class StreamStorage:
     """Rings of steps for ``num_streams`` streams of ``stream_capacity`` steps each.
 
@@ -42,14 +50,22 @@ class StreamStorage:
         self.stream_capacity = stream_capacity
         self.window = window
         n = num_streams * stream_capacity
-        self.fields = {name: allocator.zeros(f"field.{name}", (n, *f.shape), f.dtype)
+        small = [name for name, f in spec.fields.items() if _nbytes(f.dtype, f.shape) <= SMALL_FIELD_BYTES]
+        # One packed record per slot for the bookkeeping and the small fields: a sampled
+        # window then costs one cache miss for all of them instead of one per array.
+        record = np.dtype([(f"field.{name}", spec[name].dtype, spec[name].shape) for name in small]
+                          + [(name, dtype) for name, dtype in STEP_ARRAYS.items()] + [("valid", np.bool_)])
+        self.records = allocator.zeros("records", (n,), record)
+        self._small = frozenset(small)
+        self.fields = {name: (self.records[f"field.{name}"] if name in small else
+                              allocator.zeros(f"field.{name}", (n, *f.shape), f.dtype))
                        for name, f in spec.fields.items()}
-        self.step_type = allocator.zeros("step_type", (n,), STEP_TYPE_DTYPE)
-        self.discount = allocator.zeros("discount", (n,), DISCOUNT_DTYPE)
-        self.episode_id = allocator.zeros("episode_id", (n,), np.dtype(np.int64))
-        self.generation = allocator.zeros("generation", (n,), np.dtype(np.uint32))
-        self.priority = allocator.zeros("priority", (n,), np.dtype(np.float32))
-        self.valid = np.zeros(n, np.bool_)
+        self.step_type = self.records["step_type"]
+        self.discount = self.records["discount"]
+        self.episode_id = self.records["episode_id"]
+        self.generation = self.records["generation"]
+        self.priority = self.records["priority"]
+        self.valid = self.records["valid"]
         self.pos = np.zeros(num_streams, np.int64)
         self.counters = np.zeros(1, np.int64)  # [next episode id]
         self.num_valid = 0
@@ -97,10 +113,14 @@ class StreamStorage:
         """
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
                                                  self.stream_capacity, self.window)
-        data = {name: arr.take(idx, axis=0) for name, arr in self.fields.items()}
-        data["step_type"] = self.step_type.take(idx)
-        data["discount"] = self.discount.take(idx)
-        data["episode_id"] = self.episode_id.take(idx)
+        # One gather of whole records, then dense copies of the fields the batch needs
+        # (np.take on a strided field view would first copy the whole column; .copy()
+        # also gives empty results plain strides, which torch requires).
+        rec = self.records.take(idx, axis=0)
+        data = {name: (rec[f"field.{name}"].copy() if name in self._small else arr.take(idx, axis=0))
+                for name, arr in self.fields.items()}
+        for name in ("step_type", "discount", "episode_id"):
+            data[name] = rec[name].copy()
         return data, mask, keys
 
     # -- state in time order --------------------------------------------------------------
