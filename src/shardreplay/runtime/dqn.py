@@ -56,10 +56,12 @@ class DoubleDqn:
         return _unwrap(self.online)
 
     def learn(self, batch: Batch) -> tuple[torch.Tensor, float]:
-        """One gradient step on ``batch``; returns (new priorities ``[B]``, loss)."""
+        """One gradient step on ``batch``; returns (new priorities ``[B]``, loss).
+
+        A padding batch (an empty shard in local mode: weights 0, well-formed windows)
+        takes the normal path, so DDP sees the same forward and backward on every rank.
+        """
         s = self.settings
-        if bool((batch.keys < 0).all()):
-            return self._empty_step(batch)
         tr = nstep_transitions(batch, s.gamma, validate=False)
         obs = tr.observation.float()
         next_obs = tr.next_observation.float()
@@ -87,16 +89,6 @@ class DoubleDqn:
         with torch.no_grad():
             for t, o in zip(self.target.parameters(), self.module.parameters(), strict=True):
                 t.mul_(1.0 - tau).add_(o, alpha=tau)
-
-    def _empty_step(self, batch: Batch) -> tuple[torch.Tensor, float]:
-        """A zero-gradient step for a padding batch (empty shard in local mode): the
-        backward pass still runs, so DDP's gradient all-reduce stays in step."""
-        loss = sum(p.sum() * 0.0 for p in self.online.parameters())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[union-attr]
-        self.optimizer.step()
-        self._after_step()
-        return torch.zeros(len(batch)), 0.0
 
     def state_dict(self) -> dict[str, object]:
         """Online, target and optimizer state, and the update count."""

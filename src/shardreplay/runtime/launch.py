@@ -22,7 +22,9 @@ import os
 import queue
 import signal
 import socket
+import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -120,16 +122,26 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=settings.learners,
                             timeout=datetime.timedelta(seconds=settings.collective_timeout_s))
+    code = 0
     try:
         from shardreplay.runtime.learner import Learner
 
         summary = Learner(settings, transport, resume).run()
         out.put((rank, "ok", summary))
     except BaseException as exc:
+        code = 1
+        traceback.print_exc()
         out.put((rank, "error", f"{type(exc).__name__}: {exc}"))
-        raise
     finally:
         dist.destroy_process_group()
+        # torch 2.13's gloo threads can abort the interpreter at exit while DDP still
+        # holds the group (pytorch#190489): flush what matters, then leave directly.
+        out.close()
+        out.join_thread()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
