@@ -123,7 +123,7 @@ class ShardedReplayBuffer:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         if mode not in SAMPLE_MODES:
             raise ConfigError(f"mode must be one of {SAMPLE_MODES}, got {mode!r}")
-        stats = self._gather_stats(mode)
+        stats = self._gather_stats(mode, int(batch_size))
         _check_same_mode(stats[:, 4])
         masses, counts, min_leaf = stats[:, 0], stats[:, 1], stats[:, 2]
         if counts.sum() == 0 or masses.sum() <= 0:
@@ -133,12 +133,15 @@ class ShardedReplayBuffer:
         total, low = float(masses.sum()), float(min_leaf.min())
         if mode == "local":
             return self._sample_local(int(batch_size), masses, total, low, beta)
-        return self._sample_exact(int(batch_size), masses, total, low, beta)
+        return self._sample_exact(stats, total, low, beta)
 
-    def _gather_stats(self, mode: str) -> np.ndarray:
+    def _gather_stats(self, mode: str, batch_size: int) -> np.ndarray:
+        """One row per rank: mass, samplable count, min leaf, beta, mode, batch size, and
+        a seed proposal (rank 0's is shared: see :meth:`_sample_exact`)."""
         mass, count, low, beta = self.local.sampling_stats()
-        mine = torch.tensor([mass, count, low if count else np.inf, beta, SAMPLE_MODES.index(mode)],
-                            dtype=torch.float64)
+        seed = float(self._rng.integers(0, 1 << 52))  # exact in a float64
+        mine = torch.tensor([mass, count, low if count else np.inf, beta, SAMPLE_MODES.index(mode),
+                             batch_size, seed], dtype=torch.float64)
         return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)").cpu().numpy()
 
     def _sample_local(self, n: int, masses: np.ndarray, total: float, low: float,
@@ -155,12 +158,14 @@ class ShardedReplayBuffer:
                            torch.from_numpy(with_shard(keys, self.rank)),
                            torch.from_numpy(weights), torch.from_numpy(prob))
 
-    def _sample_exact(self, n: int, masses: np.ndarray, total: float, low: float,
-                      beta: float) -> Batch:
-        want = gs.shard_counts(self._rng, masses, n)
-        asked = self._comm.all_to_all(torch.from_numpy(want), [1] * self.world_size,
-                                      [1] * self.world_size, "ShardedReplayBuffer.sample(counts)")
-        asked = asked.cpu().numpy().astype(np.int64)
+    def _sample_exact(self, stats: np.ndarray, total: float, low: float, beta: float) -> Batch:
+        """Every rank draws every requester's shard counts from one shared seed (rank 0's
+        proposal in the stats), so the counts need no exchange of their own: two
+        collectives per sample. Each requester's counts are still Multinomial(mass/total)."""
+        masses, n = stats[:, 0], int(stats[self.rank, 5])
+        all_want = np.stack([gs.shard_counts(np.random.default_rng([int(stats[0, 6]), r]), masses,
+                                             int(stats[r, 5])) for r in range(self.world_size)])
+        want, asked = all_want[self.rank], all_want[:, self.rank]
         records = self._draw_records(int(asked.sum()))
         rb = self._layout.record_bytes
         recv = self._comm.all_to_all(torch.from_numpy(records).reshape(-1),
