@@ -79,6 +79,7 @@ class Ingestor:
         self._unacked: list[Chunk] = []
         self.total_rejected = 0  # over the ingestor's life (``stats`` are per window)
         self.total_duplicates = 0
+        self._warned: set[int] = set()
         self._running = np.zeros(buffer.num_streams, np.float64)
         self.stats = IngestStats()
         # The last finished episode of each stream: a recent mean over all streams that
@@ -127,8 +128,14 @@ class Ingestor:
         if chunk.sequence <= self.high_water.get(chunk.actor_id, -1):
             self.stats.duplicates += 1
             self.total_duplicates += 1
-            log.info("chunk %s dropped: this shard already stored it (up to sequence %d)",
-                     chunk.identity, self.high_water[chunk.actor_id])
+            # Once per actor: re-deliveries after a crash come in runs; an actor that
+            # restarted with a clock behind its last life's would be one long run.
+            level = logging.DEBUG if chunk.actor_id in self._warned else logging.WARNING
+            self._warned.add(chunk.actor_id)
+            log.log(level, "actor %d chunk %d dropped: this shard stored its chunks up to %d already "
+                    "(re-delivered after a restart; if the actor itself restarted with a clock behind "
+                    "its previous life's, its chunks are dropped until it passes that sequence)",
+                    chunk.actor_id, chunk.sequence, self.high_water[chunk.actor_id])
             return 0
         rows = np.array([self.settings.row_of(chunk.actor_id, int(s)) for s in chunk.stream_ids])
         try:
