@@ -28,6 +28,16 @@ from shardreplay.transport.codec import Chunk, encode
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """``run`` in this process sets torch to one thread; later tests get theirs back."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def _settings(tmp_path: Path, transport: str, **kw: Any) -> ActorSettings:
     base = dict(actor_id=1, num_actors=3, num_shards=2, envs_per_actor=3, chunk_steps=5,
                 transport=transport, policy_url=f"file://{tmp_path}/policy", hidden=(16,), seed=3,
