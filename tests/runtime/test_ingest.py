@@ -85,3 +85,18 @@ def test_state_round_trip_and_merge_over_shards() -> None:
     assert state == {"high_water": {"0": 4, "3": 17}}  # JSON keys are strings
     merged = merge_high_water([state, {"high_water": {"3": 12, "1": 9}}, None, {}])
     assert merged == {0: 4, 1: 9, 3: 17}
+
+
+def test_chunks_of_a_misconfigured_actor_never_enter_other_actors_rows(tmp_path: Path) -> None:
+    """An actor started with the wrong --num-shards or --envs-per-actor is rejected, not
+    written into another actor's rows (where it would interleave that actor's episodes)."""
+    two = TrainSettings(learners=2, actors=4, envs_per_actor=2, transport="file:///unused")
+    wrong_shard = make_chunk(1, 0)  # actor 1 belongs to shard 1; row_of would give actor 0's rows
+    too_wide = make_chunk(0, 5, s=3)  # 3 streams, 2 per actor: its third is actor 2's first row
+    transport = _spool(tmp_path, wrong_shard, too_wide, make_chunk(0, 0), make_chunk(2, 1))
+    buffer = _buffer()
+    ingestor = Ingestor(transport.reader(), buffer, two, shard=0)
+    assert ingestor.drain(8, 1.0, 0) == 16
+    assert ingestor.total_rejected == 2
+    assert ident_counts(buffer.state_dict()["arrays"]["field.ident"]) == {(0, 0): 8, (2, 1): 8}
+    assert ingestor.high_water == {0: 0, 2: 1}

@@ -33,6 +33,7 @@ import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ShardReplayError
+from shardreplay.runtime.routing import shard_for_actor
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import StepType
 from shardreplay.transport.base import ChunkReader
@@ -57,8 +58,10 @@ class IngestStats:
 class Ingestor:
     """Moves chunks from a reader into the local shard, acknowledging them after.
 
-    Rows: an actor's stream ``s`` goes to row ``settings.row_of(actor_id, s)``; chunks
-    whose rows fall outside the shard are rejected and counted (never half-written).
+    Rows: an actor's stream ``s`` goes to row ``settings.row_of(actor_id, s)``. Chunks
+    of an actor routed to another shard, with more streams than ``envs_per_actor``, or
+    whose rows fall outside the shard are rejected and counted, never half-written (they
+    would land in another actor's rows and interleave its episodes).
     Chunks at or below their actor's ``high_water`` sequence are dropped as duplicates
     (see the module docstring).
 
@@ -66,20 +69,22 @@ class Ingestor:
         reader: this shard's transport reader.
         buffer: this shard's buffer.
         settings: the run's settings (rows of streams).
+        shard: this shard's index (its rank).
         high_water: per actor, the highest sequence already in ``buffer`` (restored
             from a checkpoint with :func:`merge_high_water`).
     """
 
     def __init__(self, reader: ChunkReader, buffer: ReplayBuffer, settings: TrainSettings,
-                 high_water: Mapping[int, int] | None = None) -> None:
+                 high_water: Mapping[int, int] | None = None, *, shard: int = 0) -> None:
         self.reader = reader
         self.buffer = buffer
         self.settings = settings
+        self.shard = shard
         self.high_water: dict[int, int] = {int(a): int(q) for a, q in (high_water or {}).items()}
         self._unacked: list[Chunk] = []
         self.total_rejected = 0  # over the ingestor's life (``stats`` are per window)
         self.total_duplicates = 0
-        self._warned: set[int] = set()
+        self._warned: set[tuple[int, str]] = set()
         self._running = np.zeros(buffer.num_streams, np.float64)
         self.stats = IngestStats()
         # The last finished episode of each stream: a recent mean over all streams that
@@ -128,17 +133,17 @@ class Ingestor:
         if chunk.sequence <= self.high_water.get(chunk.actor_id, -1):
             self.stats.duplicates += 1
             self.total_duplicates += 1
-            # Once per actor: re-deliveries after a crash come in runs; an actor that
-            # restarted with a clock behind its last life's would be one long run.
-            level = logging.DEBUG if chunk.actor_id in self._warned else logging.WARNING
-            self._warned.add(chunk.actor_id)
-            log.log(level, "actor %d chunk %d dropped: this shard stored its chunks up to %d already "
+            # Warned once: an actor that restarted with a clock behind its last life's
+            # would lose chunks here for a while, and must not do so quietly.
+            log.log(self._level(chunk.actor_id, "duplicate"),
+                    "actor %d chunk %d dropped: this shard stored its chunks up to %d already "
                     "(re-delivered after a restart; if the actor itself restarted with a clock behind "
                     "its previous life's, its chunks are dropped until it passes that sequence)",
                     chunk.actor_id, chunk.sequence, self.high_water[chunk.actor_id])
             return 0
         rows = np.array([self.settings.row_of(chunk.actor_id, int(s)) for s in chunk.stream_ids])
         try:
+            self._check_owner(chunk)
             if rows.max() >= self.buffer.num_streams:
                 raise ShardReplayError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
                                        f"beyond this shard's {self.buffer.num_streams}")
@@ -146,7 +151,7 @@ class Ingestor:
         except ShardReplayError as exc:
             self.stats.rejected += 1
             self.total_rejected += 1
-            log.warning("chunk %s rejected: %s", chunk.identity, exc)
+            log.log(self._level(chunk.actor_id, "rejected"), "chunk %s rejected: %s", chunk.identity, exc)
             return 0
         self.high_water[chunk.actor_id] = chunk.sequence
         self._track_returns(rows, chunk.steps["reward"], chunk.steps["step_type"])
@@ -156,6 +161,25 @@ class Ingestor:
         self.stats.lag_sum += max(policy_version - chunk.policy_version, 0)
         self.stats.lag_count += 1
         return steps
+
+    def _check_owner(self, chunk: Chunk) -> None:
+        s = self.settings
+        owner = shard_for_actor(chunk.actor_id, s.learners)
+        if owner != self.shard:
+            raise ShardReplayError(f"actor {chunk.actor_id} belongs to shard {owner} of {s.learners}, not to "
+                                   f"shard {self.shard}: start it with --num-shards {s.learners}")
+        if int(chunk.stream_ids.max()) >= s.envs_per_actor:
+            raise ShardReplayError(f"actor {chunk.actor_id} sent streams {chunk.stream_ids.tolist()}; the "
+                                   f"learners take {s.envs_per_actor} per actor (--envs-per-actor)")
+
+    def _level(self, actor_id: int, what: str) -> int:
+        """WARNING the first time per actor and kind, then DEBUG (a misconfigured actor
+        sends thousands; re-deliveries after a crash come in runs)."""
+        key = (actor_id, what)
+        if key in self._warned:
+            return logging.DEBUG
+        self._warned.add(key)
+        return logging.WARNING
 
     def _track_returns(self, rows: np.ndarray, reward: np.ndarray, step_type: np.ndarray) -> None:
         for t in range(step_type.shape[1]):

@@ -109,7 +109,8 @@ class Learner:
             settings.transport, self.spec, self.rank, queued_per_actor=settings.queued_chunks_per_actor,
             actors=settings.actors_of_shard(self.rank),
             chunk_size_bytes=chunk_bytes(self.spec, settings.envs_per_actor, settings.chunk_steps))
-        self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._high_water)
+        self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._high_water,
+                                 shard=self.rank)
         self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
         self._last_sync: np.ndarray | None = None
         self.metrics = MetricsRecorder(self.run_dir, settings.total_env_steps, settings.progress) \
