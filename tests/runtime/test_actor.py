@@ -234,3 +234,24 @@ def test_actor_survives_a_redis_restart(tmp_path: Path, redis_factory) -> None:
     assert len(ids) == len(set(ids)) == counters["chunks"]  # every chunk once, none lost
     assert sorted(ids) == list(range(min(ids), min(ids) + len(ids)))
     assert _steps(chunks) == counters["env_steps"]
+
+
+def test_signal_stops_an_actor_blocked_by_back_pressure(tmp_path: Path) -> None:
+    """Nobody drains the spool: the actor waits for room; SIGTERM still ends it, exit 0."""
+    policy, url = f"file://{tmp_path}/policy", f"file://{tmp_path}/spool"
+    publish_cartpole_policy(policy, 1)
+    ready = tmp_path / "spool" / "shard-0" / "ready"
+    log = tmp_path / "actor.log"
+    with children() as kids:
+        args = _actor_cli(tmp_path, url, policy, "--queued-per-actor", "1", "--chunk-steps", "4")
+        proc = kids.cli(args, log)
+        wait_for(lambda: ready.is_dir() and any(ready.iterdir()), START_S, "the first chunk",
+                 explain=lambda: log.read_text()[-3000:])
+        time.sleep(0.5)  # it has made its next chunk and waits for room
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+        assert time.monotonic() - started < 15
+    counters = _counters(log)
+    assert counters["chunks"] == 1 and counters["send_retries"] >= 1
+    assert len(list(ready.iterdir())) == 1  # the queue bound held
