@@ -12,8 +12,8 @@ checkpoint (:meth:`Ingestor.state_dict`) and restored with it (:func:`merge_high
 over all saved parts, so it also holds after a resume on another number of shards).
 
 With ``drain(..., ack=False)`` and :meth:`Ingestor.ack_stored` after each checkpoint
-(save, then acknowledge), every chunk an actor sent ends up exactly once in the
-buffer that survives any number of crashes: a chunk acknowledged is in a complete
+(save, then acknowledge), every valid chunk that reached the medium is stored exactly
+once in the buffer that survives any number of crashes: a chunk acknowledged is in a complete
 checkpoint; one not acknowledged is delivered again and stored, or dropped because
 the restored marks show it is in the checkpoint already. The learner of
 ``shardreplay train`` acknowledges right after writing instead (holding
