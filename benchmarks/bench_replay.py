@@ -76,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, help="calls per timing block (default 200)")
     p.add_argument("--warmup", type=int, help="untimed calls before each figure (default 50)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="wall time (as the peer benchmarks) or this thread's CPU time (steadier on a "
+                        "busy machine; leaves out helper threads, which favours TorchRL)")
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds of all cases; each figure is the median over rounds (noisy machines)")
     p.add_argument("--quick", action="store_true",
@@ -164,6 +167,7 @@ def child_main(args: argparse.Namespace) -> None:
     """Run one case and print its figures (or why it could not run) as one JSON line."""
     from replay_cases import MissingLibrary
 
+    W.set_clock(args.clock)
     try:
         result: dict[str, Any] = run_case(args.child, args.mode, args)
     except MissingLibrary as exc:
@@ -176,7 +180,7 @@ def spawn_case(library: str, mode: str, args: argparse.Namespace) -> dict[str, A
     """Run one case in a fresh child process; its figures, or an ``error`` entry."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", library, "--mode", mode,
            "--n-insert", str(args.n_insert), "--blocks", str(args.blocks), "--calls", str(args.calls),
-           "--warmup", str(args.warmup), "--seed", str(args.seed)]
+           "--warmup", str(args.warmup), "--seed", str(args.seed), "--clock", args.clock]
     env = {**os.environ, "RL_LOGGING_LEVEL": "WARNING"}  # keep TorchRL's banner off stdout
     print(f"bench_replay: {library} {mode} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -279,7 +283,7 @@ def parent_main(args: argparse.Namespace) -> None:
                      "sample_batch": W.SAMPLE_BATCH, "alpha": W.ALPHA, "beta": W.BETA,
                      "n_insert": args.n_insert, "blocks": args.blocks, "calls_per_block": args.calls,
                      "warmup": args.warmup, "seed": args.seed,
-                     "repeat": args.repeat},
+                     "repeat": args.repeat, "clock": args.clock},
         "results": results,
         "ratios": values,
         "targets": targets,
