@@ -15,8 +15,10 @@ from typing import Any
 LIBRARIES = ("shardreplay", "torchrl", "cpprb")
 ROWS = (
     ("uniform: insert, transitions/s (batches of 32)", "uniform", "insert_tps"),
+    ("uniform: insert into the full buffer (overwrite), transitions/s", "uniform", "overwrite_tps"),
     ("uniform: sample 256, batches/s", "uniform", "sample_batches_per_s"),
     ("prioritized: insert, transitions/s (batches of 32)", "prioritized", "insert_tps"),
+    ("prioritized: insert into the full buffer (overwrite), transitions/s", "prioritized", "overwrite_tps"),
     ("prioritized: sample 256 with weights, batches/s", "prioritized", "sample_batches_per_s"),
     ("prioritized: update 256 priorities, calls/s", "prioritized", "update_calls_per_s"),
     ("prioritized: learner step (sample 256 + update 256), steps/s", "prioritized", "learner_steps_per_s"),
