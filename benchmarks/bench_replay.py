@@ -270,6 +270,7 @@ def parent_main(args: argparse.Namespace) -> None:
     import numpy as np
 
     modes = MODES if args.mode == "both" else (args.mode,)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
     load_start = [round(x, 2) for x in os.getloadavg()]  # other work on the machine skews rates
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(args.repeat):  # rounds interleave the libraries, so noise hits them alike
@@ -283,7 +284,8 @@ def parent_main(args: argparse.Namespace) -> None:
     best_values, best_targets = ratios(results, best=True)
     line = {
         "benchmark": "replay",
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "started": started,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "cpus": os.cpu_count(),
