@@ -77,7 +77,6 @@ class ReplayBuffer:
                                                as_schedule(beta, "beta", 0.0, 1.0))
         self._rng = np.random.default_rng(seed)
         self.stale_updates = 0
-        self._all_rows = np.arange(self.num_streams, dtype=np.int64)
 
     # -- sizes ----------------------------------------------------------------------------
     @property
@@ -148,7 +147,8 @@ class ReplayBuffer:
 
     def _write(self, step: Mapping[str, Any], stream_ids: Any, priorities: Any,
                t_len: int | None) -> None:
-        rows = self._all_rows if stream_ids is None else check_stream_ids(stream_ids, self.num_streams)
+        rows = (self._storage.all_rows if stream_ids is None
+                else check_stream_ids(stream_ids, self.num_streams))
         if t_len is not None and t_len > self.stream_capacity:
             raise SpecMismatchError(f"a chunk of {t_len} steps exceeds stream_capacity "
                                     f"{self.stream_capacity}; split it")

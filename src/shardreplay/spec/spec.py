@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numba
 import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
@@ -185,11 +186,44 @@ def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
         raise SpecMismatchError(f"field {name!r}: expected shape {shape}, got {arr.shape}")
     if arr.dtype != dtype:
         arr = _cast(name, arr, dtype)
-    # A finite sum proves every value finite; a non-finite one may be overflow: look closer.
-    if finite and arr.size and not np.isfinite(arr.sum()) and not np.isfinite(arr).all():
+    if finite and arr.size and not _is_finite(arr):
         raise SpecMismatchError(f"field {name!r} contains NaN or inf; it was declared finite "
                                 "(Field(finite=False) allows them)")
     return arr
+
+
+@numba.njit(cache=True, nogil=True)
+def _all_finite(flat: np.ndarray) -> bool:
+    for x in flat:  # noqa: SIM110 - a loop numba compiles (no generators)
+        if not np.isfinite(x):
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _all_in_0_to_2(flat: np.ndarray) -> bool:
+    for x in flat:  # noqa: SIM110 - a loop numba compiles (no generators)
+        if x < 0 or x > 2:
+            return False
+    return True
+
+
+def _is_finite(arr: np.ndarray) -> bool:
+    """No NaN or inf (compiled for float32/64: one pass, no temporary array)."""
+    if arr.dtype in _COMPILED_FLOATS:
+        return bool(_all_finite(arr.reshape(-1)))
+    return bool(np.isfinite(arr).all())
+
+
+def _step_types_ok(arr: np.ndarray) -> bool:
+    """Every value in {0, 1, 2} (compiled for the usual integer dtypes)."""
+    if arr.dtype in _COMPILED_INTS:
+        return bool(_all_in_0_to_2(arr.reshape(-1)))
+    return bool(arr.min() >= 0 and arr.max() <= 2)
+
+
+_COMPILED_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_COMPILED_INTS = (np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64))
 
 
 def _to_numpy(value: Any) -> np.ndarray:
@@ -218,7 +252,7 @@ def _step_types(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
         raise SpecMismatchError(f"field 'step_type': expected shape {lead_shape}, got {arr.shape}")
     if arr.dtype.kind not in "iu":
         raise SpecMismatchError(f"field 'step_type': expected integers 0/1/2 (StepType), got {arr.dtype}")
-    if arr.size and (arr.max() > 2 or (arr.dtype.kind == "i" and arr.min() < 0)):
+    if arr.size and not _step_types_ok(arr):
         raise SpecMismatchError("field 'step_type': values must be FIRST=0, MID=1 or LAST=2")
     return arr.astype(STEP_TYPE_DTYPE, copy=False)
 
