@@ -36,7 +36,11 @@ def _sizes_and_sampling(rank: int, world: int) -> dict:
     data_ok = bool((exact.data["rank"][:, 0].numpy() == owners).all())
     applied = buf.update_priorities(exact.keys, np.full(64, 2.0, np.float32))
     local_batch = buf.sample(32, mode="local")
-    return {"sizes": steps_len, "data_ok": data_ok, "applied": applied,
+    # With 1-step windows every stored step is a window: len() is the global step count.
+    single = sr.ReplayBuffer(SPEC, num_streams=5, stream_capacity=500, window=1, seed=rank)
+    _fill(single, rank, 2500, 5)
+    single_len = len(ShardedReplayBuffer(single, timeout_s=30))
+    return {"sizes": steps_len, "data_ok": data_ok, "applied": applied, "single_len": single_len,
             "local_owner": key_shard(local_batch.keys.numpy()).tolist(),
             "shape": tuple(exact.data["obs"].shape)}
 
@@ -48,6 +52,7 @@ def test_four_ranks_hold_ten_thousand_steps_without_overwrites() -> None:
         assert steps == 10_000
         assert capacity == 10_000
         assert length == 4 * 5 * 499  # one incomplete window at the end of each stream
+        assert r["single_len"] == 10_000
         assert r["data_ok"]
         assert r["shape"] == (64, 2, 3)
     assert sum(r["applied"] for r in results) == 4 * 64
