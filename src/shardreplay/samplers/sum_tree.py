@@ -74,11 +74,6 @@ class SumMinTree:
         """Values of leaves ``idx``."""
         return self.sums[self.leaf_offset + idx]
 
-    def set(self, idx: np.ndarray, values: np.ndarray) -> None:
-        """Set leaves ``idx`` to ``values`` (>= 0) and update both trees."""
-        set_leaves(self.sums, self.mins, self.sizes, self.offsets, self.min_base, idx,
-                   values.astype(np.float64))
-
     def set_from_priorities(self, slots: np.ndarray, valid: np.ndarray, priority: np.ndarray,
                             alpha: float) -> None:
         """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the
@@ -104,10 +99,6 @@ class SumMinTree:
             child = self.mins[level:2 * level]
             self.mins[level // 2:level] = np.minimum(child[0::2], child[1::2])
             level //= 2
-
-    def find(self, targets: np.ndarray) -> np.ndarray:
-        """Leaf index for each target mass in ``[0, total)`` (prefix-sum search)."""
-        return find_prefix(self.sums, self.sizes, self.offsets, targets)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -153,17 +144,6 @@ def _propagate(sums, mins, sizes, offsets, min_base, leaves):
             i = node[j]
             mins[i] = min(mins[2 * i], mins[2 * i + 1])
             node[j] = i >> 1
-
-
-@numba.njit(cache=True, nogil=True)
-def set_leaves(sums, mins, sizes, offsets, min_base, idx, values):
-    """Set leaves and recompute their ancestors in both trees."""
-    if idx.shape[0] == 0:
-        return
-    leaf_offset = offsets[sizes.shape[0] - 1]
-    for j in range(idx.shape[0]):
-        sums[leaf_offset + idx[j]] = values[j]
-    _propagate(sums, mins, sizes, offsets, min_base, idx)
 
 
 @numba.njit(cache=True, nogil=True)

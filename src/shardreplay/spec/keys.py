@@ -18,32 +18,32 @@ MAX_SHARDS = 1 << SHARD_BITS
 MAX_ROWS = 1 << ROW_BITS
 MAX_SLOTS = 1 << SLOT_BITS
 GEN_MASK = (1 << GEN_BITS) - 1
-_SLOT_SHIFT = GEN_BITS
-_ROW_SHIFT = GEN_BITS + SLOT_BITS
-_SHARD_SHIFT = GEN_BITS + SLOT_BITS + ROW_BITS
+SLOT_SHIFT = GEN_BITS
+ROW_SHIFT = GEN_BITS + SLOT_BITS
+SHARD_SHIFT = GEN_BITS + SLOT_BITS + ROW_BITS
 
 
 def pack_keys(shard: np.ndarray | int, row: np.ndarray, slot: np.ndarray,
               generation: np.ndarray) -> np.ndarray:
     """Pack (shard, row, slot, generation) into int64 keys (vectorised)."""
     shard = np.asarray(shard, np.int64)
-    return ((shard << _SHARD_SHIFT) | (row.astype(np.int64) << _ROW_SHIFT)
-            | (slot.astype(np.int64) << _SLOT_SHIFT) | (generation.astype(np.int64) & GEN_MASK))
+    return ((shard << SHARD_SHIFT) | (row.astype(np.int64) << ROW_SHIFT)
+            | (slot.astype(np.int64) << SLOT_SHIFT) | (generation.astype(np.int64) & GEN_MASK))
 
 
 def unpack_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Inverse of :func:`pack_keys`: returns (shard, row, slot, generation) int64 arrays."""
     keys = keys.astype(np.int64, copy=False)
-    return (keys >> _SHARD_SHIFT, (keys >> _ROW_SHIFT) & (MAX_ROWS - 1),
-            (keys >> _SLOT_SHIFT) & (MAX_SLOTS - 1), keys & GEN_MASK)
+    return (keys >> SHARD_SHIFT, (keys >> ROW_SHIFT) & (MAX_ROWS - 1),
+            (keys >> SLOT_SHIFT) & (MAX_SLOTS - 1), keys & GEN_MASK)
 
 
 def key_shard(keys: np.ndarray) -> np.ndarray:
     """The shard index of each key."""
-    return keys.astype(np.int64, copy=False) >> _SHARD_SHIFT
+    return keys.astype(np.int64, copy=False) >> SHARD_SHIFT
 
 
 def with_shard(keys: np.ndarray, shard: int) -> np.ndarray:
     """The same keys with their shard field set to ``shard``."""
-    local = keys.astype(np.int64, copy=False) & ((1 << _SHARD_SHIFT) - 1)
-    return local | (np.int64(shard) << _SHARD_SHIFT)
+    local = keys.astype(np.int64, copy=False) & ((1 << SHARD_SHIFT) - 1)
+    return local | (np.int64(shard) << SHARD_SHIFT)

@@ -20,12 +20,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from shardreplay.spec.keys import GEN_BITS, GEN_MASK, MAX_ROWS, MAX_SLOTS, ROW_BITS, SLOT_BITS
+from shardreplay.spec.keys import GEN_MASK, MAX_ROWS, MAX_SLOTS, ROW_SHIFT, SHARD_SHIFT, SLOT_SHIFT
 
 FIRST, MID, LAST = 0, 1, 2
-_SLOT_SHIFT = GEN_BITS
-_ROW_SHIFT = GEN_BITS + SLOT_BITS
-_SHARD_SHIFT = GEN_BITS + SLOT_BITS + ROW_BITS
 
 
 @numba.njit(cache=True, nogil=True)
@@ -151,7 +148,7 @@ def window_indices(starts, step_type, pos, cap, window):
         s = starts[b]
         row, slot = s // cap, s % cap
         gen = slot_generation(pos, row, slot, cap) & GEN_MASK
-        keys[b] = (row << _ROW_SHIFT) | (slot << _SLOT_SHIFT) | gen
+        keys[b] = (row << ROW_SHIFT) | (slot << SLOT_SHIFT) | gen
     for b in range(n):
         s = starts[b]
         base = s - s % cap
@@ -184,9 +181,9 @@ def resolve_keys(keys, priorities, pos, num_streams, cap):
         if not (p >= 0.0 and p < np.inf):
             return 1, slots, current
         k = keys[j]
-        row = (k >> _ROW_SHIFT) & (MAX_ROWS - 1)
-        slot = (k >> _SLOT_SHIFT) & (MAX_SLOTS - 1)
-        if k < 0 or (k >> _SHARD_SHIFT) != 0 or row >= num_streams or slot >= cap:
+        row = (k >> ROW_SHIFT) & (MAX_ROWS - 1)
+        slot = (k >> SLOT_SHIFT) & (MAX_SLOTS - 1)
+        if k < 0 or (k >> SHARD_SHIFT) != 0 or row >= num_streams or slot >= cap:
             return 2, slots, current
         s = row * cap + slot
         slots[j] = s
