@@ -159,14 +159,77 @@ def _damaged(sampler: str, damage: str) -> dict:
         meta["rng"] = {"bit_generator": "MT19937", "state": {}}
     elif damage == "stale-text":
         meta["stale_updates"] = "x"
-    elif damage == "fifo-slot-out-of-range":
-        arrays["sampler.waiting_slots"] = np.array([10**6])
-    elif damage == "fifo-slot-not-a-valid-start":
-        invalid = np.flatnonzero(~a._storage.valid)
-        arrays["sampler.waiting_slots"] = invalid[:3]
-    elif damage == "max-priority-text":
-        meta["sampler_state"]["max_priority"] = "high"
+    elif damage == "stale-negative":
+        meta["stale_updates"] = -2
+    elif damage == "stale-float":
+        meta["stale_updates"] = 1.5
+    elif damage == "next-episode-id-float":
+        meta["next_episode_id"] = float(meta["next_episode_id"])
+    elif damage == "next-episode-id-too-small":  # new episodes would reuse stored ids
+        meta["next_episode_id"] = int(arrays["episode_id"].max())
+    elif damage == "rng-state-values":
+        meta["rng"] = {**meta["rng"], "state": {"state": "x", "inc": 1}}
+    elif damage == "rng-other-generator":
+        meta["rng"] = np.random.MT19937(0).state
+    elif damage == "sampler-state-not-a-dict":
+        meta["sampler_state"] = [1]
+    elif damage == "step-type-out-of-range":
+        arrays["step_type"][-1] = 7
+    elif damage == "discount-out-of-range":
+        arrays["discount"][0] = 2.0
+    elif damage == "priority-nan":
+        arrays["priority"][0] = np.nan
+    elif damage == "priority-negative":
+        arrays["priority"][-1] = -1.0
+    else:
+        _damage_sampler_state(a, damage, meta["sampler_state"], arrays)
     return state
+
+
+# (entry, value) per damage of a sampler's own state; None deletes the entry.
+_SAMPLER_DAMAGES = {
+    "max-priority-text": ("max_priority", "high"),
+    "max-priority-zero": ("max_priority", 0.0),
+    "max-priority-negative": ("max_priority", -1.0),
+    "max-priority-nan": ("max_priority", float("nan")),
+    "max-priority-inf": ("max_priority", float("inf")),
+    "max-priority-missing": ("max_priority", None),
+    "draws-negative": ("draws", -1),
+    "draws-float": ("draws", 2.5),
+    "draws-text": ("draws", "3"),
+    "draws-bool": ("draws", True),
+    "draws-missing": ("draws", None),
+    "alpha-text": ("alpha", "0.7"),
+    "alpha-out-of-range": ("alpha", 11.0),
+    "beta-kind": ("beta", {"kind": "cosine", "value": 0.4}),
+    "beta-out-of-range": ("beta", {"kind": "constant", "value": 1.5}),
+    "beta-linear-steps-0": ("beta", {"kind": "linear", "start": 0.3, "end": 1.0, "steps": 0}),
+    "beta-linear-missing-end": ("beta", {"kind": "linear", "start": 0.3, "steps": 20}),
+    "beta-not-a-dict": ("beta", 0.4),
+    "unknown-entry": ("surprise", 1),
+    "fifo-slot-out-of-range": ("waiting_slots", np.array([10**6])),
+    "fifo-slot-negative": ("waiting_slots", np.array([-1])),
+    "fifo-slot-float": ("waiting_slots", np.array([0.0, 1.0])),
+    "fifo-slot-2d": ("waiting_slots", np.zeros((1, 1), np.int64)),
+    "fifo-slot-list": ("waiting_slots", [0]),
+}
+
+
+def _damage_sampler_state(a: ReplayBuffer, damage: str, scalars: dict, arrays: dict) -> None:
+    if damage == "fifo-slot-not-a-valid-start":
+        arrays["sampler.waiting_slots"] = np.flatnonzero(~a._storage.valid)[:3]
+    elif damage == "fifo-slot-repeated":
+        valid = np.flatnonzero(a._storage.valid)
+        assert valid.size, "the program should leave valid windows"
+        arrays["sampler.waiting_slots"] = np.concatenate([valid, valid[:1]])
+    else:
+        key, value = _SAMPLER_DAMAGES[damage]
+        # Arrays travel in "arrays" (as state_dict() puts them), scalars in the meta.
+        target, name = (arrays, f"sampler.{key}") if key == "waiting_slots" else (scalars, key)
+        if value is None:
+            del target[name]
+        else:
+            target[name] = value
 
 
 def _assert_refused_unchanged(sampler: str, state: dict) -> None:
@@ -178,18 +241,39 @@ def _assert_refused_unchanged(sampler: str, state: dict) -> None:
     assert_same(before, snapshot(target))
 
 
-@pytest.mark.parametrize("damage", ["next-episode-id-missing", "next-episode-id-text", "rng-state",
-                                    "stale-text"])
-def test_load_of_damaged_meta_raises_and_changes_nothing(damage: str) -> None:
-    _assert_refused_unchanged("prioritized", _damaged("prioritized", damage))
+_META_DAMAGES = ["next-episode-id-missing", "next-episode-id-text", "next-episode-id-float",
+                 "next-episode-id-too-small", "rng-state", "rng-state-values", "rng-other-generator",
+                 "stale-text", "stale-negative", "stale-float", "sampler-state-not-a-dict",
+                 "step-type-out-of-range", "discount-out-of-range", "priority-nan", "priority-negative"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sampler state (fifo waiting_slots, prioritized max_priority) is not validated before the "
-    "storage is replaced: a damaged one raises IndexError/ValueError half-way, or is accepted "
-    "and fifo then serves windows that are not valid starts; needs a check_state per sampler"))
+@pytest.mark.parametrize("sampler", ["prioritized", "uniform", "fifo"])
+@pytest.mark.parametrize("damage", _META_DAMAGES)
+def test_load_of_damaged_meta_raises_and_changes_nothing(sampler: str, damage: str) -> None:
+    _assert_refused_unchanged(sampler, _damaged(sampler, damage))
+
+
+_PRIORITIZED_DAMAGES = [d for d in _SAMPLER_DAMAGES if not d.startswith("fifo")]
+_FIFO_DAMAGES = [d for d in _SAMPLER_DAMAGES if d.startswith("fifo")] + [
+    "fifo-slot-not-a-valid-start", "fifo-slot-repeated", "unknown-entry"]
+
+
 @pytest.mark.parametrize(("sampler", "damage"), [
-    ("fifo", "fifo-slot-out-of-range"), ("fifo", "fifo-slot-not-a-valid-start"),
-    ("prioritized", "max-priority-text")])
+    *(("prioritized", d) for d in _PRIORITIZED_DAMAGES), *(("fifo", d) for d in _FIFO_DAMAGES),
+    ("uniform", "unknown-entry"), ("uniform", "max-priority-text")])
 def test_load_of_damaged_sampler_state_raises_and_changes_nothing(sampler: str, damage: str) -> None:
     _assert_refused_unchanged(sampler, _damaged(sampler, damage))
+
+
+def test_fifo_state_with_waiting_windows_passes_the_check_and_drains_the_same() -> None:
+    prog = _program(seed=7)
+    a = make_buffer(prog, sampler="fifo", seed=0)
+    for op in prog.writes:
+        apply_write(a, None, op)
+    a.sample(2)  # drain some: the rest wait, in order
+    state = a.state_dict()
+    assert state["arrays"]["sampler.waiting_slots"].size > 2
+    b = make_buffer(prog, sampler="fifo", seed=3)
+    b.load_state_dict(state)
+    assert len(b) == len(a)
+    assert a.sample(len(a)).keys.tolist() == b.sample(len(b)).keys.tolist()

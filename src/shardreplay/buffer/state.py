@@ -55,12 +55,17 @@ def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
     _check_layout(buffer, meta)
     _check_arrays(buffer, arrays)
     next_episode_id, stale_updates = _check_counters(meta, rng)
+    episode_ids = arrays["episode_id"]
+    if episode_ids.size and not 0 <= int(episode_ids.min()) <= int(episode_ids.max()) < next_episode_id:
+        raise ConfigError("state: stored episode ids must lie in [0, next_episode_id); "
+                          "pass a state from ReplayBuffer.state_dict()")
+    sampler_state = _sampler_state(meta, arrays)
+    sampler.check_state(sampler_state, arrays)
+    # Everything is checked: from here on nothing can fail half-way.
     storage.import_steps(arrays)
     storage.counters[0] = next_episode_id
     buffer.stale_updates = stale_updates
     sampler.rebuild()
-    sampler_state = dict(meta.get("sampler_state", {}))
-    sampler_state.update({k[len("sampler."):]: v for k, v in arrays.items() if k.startswith("sampler.")})
     sampler.load_state_dict(sampler_state)
     rng.bit_generator.state = meta["rng"]
 
@@ -91,8 +96,8 @@ def _check_layout(buffer: ReplayBuffer, meta: Mapping[str, Any]) -> None:
 def _check_counters(meta: Mapping[str, Any], rng: np.random.Generator) -> tuple[int, int]:
     """Parse the counters and try the RNG state on a scratch generator, before any change."""
     try:
-        next_episode_id = int(meta["next_episode_id"])
-        stale_updates = int(meta.get("stale_updates", 0))
+        next_episode_id = _count(meta["next_episode_id"])
+        stale_updates = _count(meta.get("stale_updates", 0))
         type(rng.bit_generator)().state = meta["rng"]
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"state meta: missing or malformed counters or RNG state ({exc!r}); "
@@ -102,12 +107,30 @@ def _check_counters(meta: Mapping[str, Any], rng: np.random.Generator) -> tuple[
     return next_episode_id, stale_updates
 
 
+def _count(value: Any) -> int:
+    """An integer counter (a float or bool is a damaged state, not a count)."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def _sampler_state(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The sampler's entries: scalars from ``meta``, arrays named ``sampler.*``."""
+    scalars = meta.get("sampler_state", {})
+    if not isinstance(scalars, Mapping):
+        raise ConfigError(f"state meta: 'sampler_state' must be a dict, got {type(scalars).__name__}; "
+                          "pass a state from ReplayBuffer.state_dict()")
+    out = dict(scalars)
+    out.update({k[len("sampler."):]: v for k, v in arrays.items() if k.startswith("sampler.")})
+    return out
+
+
 def _check_arrays(buffer: ReplayBuffer, arrays: Mapping[str, np.ndarray]) -> None:
-    pos = np.asarray(arrays["row_pos"])
-    if pos.shape != (buffer.num_streams,) or (pos < 0).any():
-        raise ConfigError("state arrays: row_pos must be one non-negative position per stream")
+    pos = np.asarray(arrays.get("row_pos", ()))
+    if pos.shape != (buffer.num_streams,) or pos.dtype.kind not in "iu" or (pos < 0).any():
+        raise ConfigError("state arrays: row_pos must be one non-negative integer position per stream")
     lengths = np.minimum(pos, buffer.stream_capacity)
-    if not np.array_equal(np.asarray(arrays["row_length"]), lengths):
+    if not np.array_equal(np.asarray(arrays.get("row_length", ())), lengths):
         raise ConfigError("state arrays: row_length does not match row_pos and stream_capacity")
     n = int(lengths.sum())
     expected = {f"field.{k}": (f.shape, f.dtype) for k, f in buffer.spec.fields.items()}
@@ -117,3 +140,17 @@ def _check_arrays(buffer: ReplayBuffer, arrays: Mapping[str, np.ndarray]) -> Non
         if arr is None or arr.shape != (n, *shape) or arr.dtype != dtype:
             got = None if arr is None else f"{arr.dtype}{list(arr.shape)}"
             raise ConfigError(f"state array {name!r}: expected {np.dtype(dtype)}{[n, *shape]}, got {got}")
+    _check_step_values(arrays)
+
+
+def _check_step_values(arrays: Mapping[str, np.ndarray]) -> None:
+    """Values the write path guarantees: step types in {0, 1, 2}, discounts in [0, 1],
+    priorities finite and >= 0 (a NaN would poison the sum tree)."""
+    if (arrays["step_type"] > 2).any():
+        raise ConfigError("state array 'step_type': values must be 0, 1 or 2 (FIRST, MID, LAST)")
+    discount = arrays["discount"]
+    if not ((discount >= 0) & (discount <= 1)).all():
+        raise ConfigError("state array 'discount': values must lie in [0, 1]")
+    priority = arrays["priority"]
+    if not ((priority >= 0) & (priority < np.inf)).all():
+        raise ConfigError("state array 'priority': values must be finite and >= 0")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+from shardreplay.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -61,5 +64,44 @@ class Sampler(Protocol):
     def state_dict(self) -> dict[str, Any]:
         """Counters and settings needed for an exact restore."""
 
+    def check_state(self, state: Mapping[str, Any], steps: Mapping[str, np.ndarray]) -> None:
+        """Check a state from :meth:`state_dict` completely, changing nothing.
+
+        ``steps`` are the step arrays of the buffer state it comes with (already checked
+        for shapes and dtypes): the storage those arrays will become.
+
+        Raises:
+            ConfigError: an entry is missing, unknown, of the wrong type or out of range.
+        """
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict`."""
+        """Inverse of :meth:`state_dict` (the caller ran :meth:`check_state` first)."""
+
+
+def check_state_keys(name: str, state: Mapping[str, Any], required: tuple[str, ...],
+                     optional: tuple[str, ...] = ()) -> None:
+    """Raise unless ``state`` has every ``required`` key and no key outside both tuples.
+
+    Raises:
+        ConfigError: naming the missing or unknown entries of the ``name`` sampler state.
+    """
+    missing = [k for k in required if k not in state]
+    unknown = sorted(str(k) for k in state if k not in required and k not in optional)
+    if missing or unknown:
+        wrong = "; ".join(f"{what} entries {keys}" for what, keys in
+                          (("missing", missing), ("unknown", unknown)) if keys)
+        raise ConfigError(f"{name} sampler state: {wrong}; pass a state from "
+                          f"ReplayBuffer.state_dict() of a {name} buffer")
+
+
+def state_error(name: str, key: str, expected: str, value: Any) -> ConfigError:
+    """The error for a sampler-state entry that is not what ``state_dict`` writes."""
+    shown = repr(value) if np.ndim(value) == 0 else f"array {np.shape(value)} {np.asarray(value).dtype}"
+    return ConfigError(f"{name} sampler state: {key!r} must be {expected}, got {shown[:80]}; "
+                       "pass a state from ReplayBuffer.state_dict()")
+
+
+def is_real(value: Any) -> bool:
+    """A real number (bool and strings are not)."""
+    real = isinstance(value, int | float | np.integer | np.floating)
+    return real and not isinstance(value, bool | np.bool_)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from shardreplay.samplers.base import Draw
+from shardreplay.samplers.base import Draw, check_state_keys, state_error
 from shardreplay.storage import StreamStorage
 
 
@@ -96,6 +97,29 @@ class FifoSampler:
         self._prune_all()
         slots = np.concatenate([s for s, _ in self._queue]) if self._queue else np.empty(0, np.int64)
         return {"waiting_slots": slots}
+
+    def check_state(self, state: Mapping[str, Any], steps: Mapping[str, np.ndarray]) -> None:
+        """Check a state of :meth:`state_dict` against the steps it comes with.
+
+        Raises:
+            ConfigError: ``waiting_slots`` is not a 1-D integer array of distinct slots
+                that are valid window starts of ``steps``, or the state has other entries.
+        """
+        check_state_keys(self.name, state, (), ("waiting_slots",))
+        if "waiting_slots" not in state:
+            return
+        slots = state["waiting_slots"]
+        what = "a 1-D integer array of distinct flat slots"
+        if not isinstance(slots, np.ndarray) or slots.ndim != 1 or \
+                (slots.dtype.kind not in "iu" and slots.size):
+            raise state_error(self.name, "waiting_slots", what, slots)
+        if slots.size == 0:
+            return
+        if slots.min() < 0 or slots.max() >= self.storage.size or np.unique(slots).size != slots.size:
+            raise state_error(self.name, "waiting_slots", f"{what} in [0, {self.storage.size})", slots)
+        if not self.storage.valid_after_import(steps)[slots].all():
+            raise state_error(self.name, "waiting_slots", "valid window starts of the state's steps",
+                              slots)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the waiting queue saved by :meth:`state_dict`."""

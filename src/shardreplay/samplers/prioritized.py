@@ -14,11 +14,12 @@ updates), unless the writer supplies one. ``beta`` may follow a schedule over ca
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from shardreplay.samplers.base import Draw
+from shardreplay.samplers.base import Draw, check_state_keys, is_real, state_error
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.samplers.sum_tree import SumMinTree
 from shardreplay.storage import StreamStorage
@@ -96,6 +97,28 @@ class PrioritizedSampler:
         return {"max_priority": self.max_priority, "draws": self.draws, "alpha": self.alpha,
                 "beta": self.beta.to_dict()}
 
+    def check_state(self, state: Mapping[str, Any], steps: Mapping[str, np.ndarray]) -> None:
+        """Check a state of :meth:`state_dict` completely, changing nothing.
+
+        Raises:
+            ConfigError: ``max_priority`` not a finite number > 0, ``draws`` (the beta
+                schedule position) not an integer >= 0, ``alpha`` or ``beta`` (when
+                present) not what ``state_dict`` writes, or entries missing or unknown.
+        """
+        check_state_keys(self.name, state, ("max_priority", "draws"), ("alpha", "beta"))
+        mp = state["max_priority"]
+        if not is_real(mp) or not 0.0 < float(mp) < np.inf:
+            raise state_error(self.name, "max_priority", "a finite number > 0", mp)
+        draws = state["draws"]
+        if not isinstance(draws, int | np.integer) or isinstance(draws, bool) or draws < 0:
+            raise state_error(self.name, "draws", "an integer >= 0 (beta schedule position)", draws)
+        alpha = state.get("alpha", 0.0)
+        if not is_real(alpha) or not 0.0 <= float(alpha) <= 10.0:
+            raise state_error(self.name, "alpha", "a number in [0, 10]", alpha)
+        if "beta" in state and not _is_beta_dict(state["beta"]):
+            raise state_error(self.name, "beta", "a schedule dict of values in [0, 1] "
+                              "(from LinearSchedule/ConstantSchedule.to_dict())", state["beta"])
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore max priority and schedule position; alpha and beta stay as constructed.
 
@@ -104,3 +127,18 @@ class PrioritizedSampler:
         """
         self.max_priority = float(state["max_priority"])
         self.draws = int(state["draws"])
+
+
+def _is_beta_dict(d: Any) -> bool:
+    """A ``to_dict()`` of a beta schedule whose values lie in ``[0, 1]``."""
+    if not isinstance(d, Mapping):
+        return False
+    if d.get("kind") == "linear" and d.keys() == {"kind", "start", "end", "steps"}:
+        ends, steps = (d["start"], d["end"]), d["steps"]
+        if not isinstance(steps, int | np.integer) or isinstance(steps, bool) or steps < 1:
+            return False
+    elif d.get("kind") == "constant" and d.keys() == {"kind", "value"}:
+        ends = (d["value"],)
+    else:
+        return False
+    return all(is_real(v) and 0.0 <= float(v) <= 1.0 for v in ends)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numba
 import numpy as np
 
-from shardreplay.samplers.base import Draw
+from shardreplay.samplers.base import Draw, check_state_keys
 from shardreplay.storage import StreamStorage
 
 # Below this fraction of valid slots, rejection sampling would waste draws: list them.
@@ -90,6 +91,14 @@ class UniformSampler:
     def state_dict(self) -> dict[str, Any]:
         """No state of its own."""
         return {}
+
+    def check_state(self, state: Mapping[str, Any], steps: Mapping[str, np.ndarray]) -> None:
+        """A uniform sampler's state is empty.
+
+        Raises:
+            ConfigError: the state has entries.
+        """
+        check_state_keys(self.name, state, ())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """No state of its own."""

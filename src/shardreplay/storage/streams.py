@@ -143,14 +143,23 @@ class StreamStorage:
     # -- state in time order --------------------------------------------------------------
     def stored_slots(self) -> tuple[np.ndarray, np.ndarray]:
         """Flat slots of all stored steps, row by row in time order, and the row lengths."""
-        cap = self.stream_capacity
-        lengths = np.minimum(self.pos, cap)
-        starts = self.pos - lengths
-        row_of = np.repeat(np.arange(self.num_streams), lengths)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        within = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
-        slots = row_of * cap + (np.repeat(starts, lengths) + within) % cap
-        return slots, lengths
+        return _stored_slots(self.pos, self.stream_capacity)
+
+    def valid_after_import(self, steps: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Validity flags ``[S*C]`` that :meth:`import_steps` of ``steps`` would give,
+        computed on scratch arrays (this storage is not touched).
+
+        ``steps`` must be checked for shapes and dtypes already.
+        """
+        pos = np.asarray(steps["row_pos"], np.int64)
+        slots, _lengths = _stored_slots(pos, self.stream_capacity)
+        step_type = np.zeros(self.size, STEP_TYPE_DTYPE)
+        episode_id = np.zeros(self.size, np.int64)
+        step_type[slots] = steps["step_type"]
+        episode_id[slots] = steps["episode_id"]
+        valid = np.zeros(self.size, np.bool_)
+        kernels.recompute_validity(step_type, episode_id, valid, pos, self.stream_capacity, self.window)
+        return valid
 
     def row_pieces(self, arr: np.ndarray) -> list[np.ndarray]:
         """Views of ``arr`` holding each row's stored steps in time order (ring order
@@ -210,3 +219,15 @@ class StreamStorage:
 
 
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)
+
+
+def _stored_slots(pos: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Flat slots of the stored steps of rows at positions ``pos``, row by row in time
+    order, and the row lengths."""
+    lengths = np.minimum(pos, cap)
+    starts = pos - lengths
+    row_of = np.repeat(np.arange(pos.shape[0]), lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    within = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+    slots = row_of * cap + (np.repeat(starts, lengths) + within) % cap
+    return slots, lengths
