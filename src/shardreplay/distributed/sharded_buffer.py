@@ -4,19 +4,24 @@ Every rank of a ``torch.distributed`` group owns one shard (a :class:`ReplayBuff
 writes stay local. ``sample`` and ``update_priorities`` are collective: every rank
 calls them in the same order, also when its own shard is empty (DESIGN.md rules 5-6).
 
-One ``sample(B, mode="exact")`` is three collectives::
+One ``sample(B, mode="exact")`` is two collectives::
 
-    all_gather   (mass_k, N_k, min_leaf_k)          every rank knows the global picture
-    all_to_all   counts  c[r -> k]                 rank r wants c items from shard k
-    all_to_all   records (bytes)                   owners send the windows they drew
+    all_gather   (mass_k, N_k, min_leaf_k, seed, ...)  every rank knows the global picture
+                                                       and derives every rank's shard counts
+    all_to_all   records (bytes)                       owners send the windows they drew
 
 ``mode="local"`` needs only the first: each rank draws its batch from its own shard,
 and each weight carries the shard factor ``K * mass_k / sum(mass)``, so the
 DDP-averaged gradient has the same expectation as in exact mode.
+
+``prefetch=k`` draws ``k`` batches per exchange and queues priority updates for other
+shards until the next exchange, so a learner step costs 1/k of the collectives.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,11 +33,15 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
+from shardreplay.distributed.pending import PendingUpdates
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, ShardReplayError
 from shardreplay.spec.fields import StepType
 from shardreplay.spec.keys import MAX_SHARDS, key_shard, with_shard
 
 SAMPLE_MODES = ("exact", "local")
+# Columns of the stats row each rank contributes to a sampling exchange (the last K
+# columns count its queued priority updates per owner shard).
+_MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _FOREIGN = range(8)
 
 
 class ShardedReplayBuffer:
@@ -49,17 +58,28 @@ class ShardedReplayBuffer:
             CPU for gloo, the current CUDA device for NCCL).
         seed: seed of this rank's shard-choice RNG (default: the local buffer's seed),
             combined with the rank so ranks draw differently.
+        prefetch: batches drawn per exchange (the same on every rank). 1: every
+            ``sample`` is one exchange and every ``update_priorities`` lands before it
+            returns. ``k > 1``: one exchange serves ``k`` calls, drawn together from the
+            distribution at that moment (a batch may miss the priority updates of up to
+            ``k - 1`` earlier steps, like a prefetching replay client), and updates for
+            other shards are queued until the next exchange: collectives cost 1/k per
+            learner step. See docs/semantics.md.
 
     Raises:
-        ConfigError: torch.distributed not initialised, a fifo shard, too many ranks.
+        ConfigError: torch.distributed not initialised, a fifo shard, too many ranks,
+            prefetch < 1.
     """
 
     def __init__(self, local_buffer: ReplayBuffer, group: Any = None, *, timeout_s: float = 60.0,
-                 device: torch.device | str | None = None, seed: int | None = None) -> None:
+                 device: torch.device | str | None = None, seed: int | None = None,
+                 prefetch: int = 1) -> None:
         if not isinstance(local_buffer, ReplayBuffer):
             raise ConfigError("local_buffer must be a shardreplay.ReplayBuffer")
         if local_buffer.sampler_name == "fifo":
             raise ConfigError("a sharded buffer samples uniform or prioritized shards, not fifo")
+        if not isinstance(prefetch, int | np.integer) or prefetch < 1:
+            raise ConfigError(f"prefetch must be a positive integer, got {prefetch!r}")
         self.local = local_buffer
         self._comm = Collectives(group, timeout_s)
         if self._comm.world_size > MAX_SHARDS:
@@ -71,6 +91,10 @@ class ShardedReplayBuffer:
         self._rng = np.random.default_rng(None if seed is None else [seed, self.rank, 0x5EED])
         self._layout = RecordLayout(local_buffer.spec, local_buffer.window)
         self.invalid_keys = 0
+        self.prefetch = int(prefetch)
+        self._ready: deque[_Drawn] = deque()
+        self._ready_for: tuple[int, str] | None = None
+        self._pending = PendingUpdates(self.world_size)
 
     @property
     def collectives(self) -> Collectives:
@@ -112,10 +136,15 @@ class ShardedReplayBuffer:
     def sample(self, batch_size: int, mode: str = "exact") -> Batch:
         """Draw ``batch_size`` windows for this rank from the global distribution.
 
+        With ``prefetch=k`` one exchange draws ``k`` batches, and the next ``k - 1`` calls
+        are served from them without any collective (they must ask for the same
+        ``batch_size`` and ``mode``).
+
         Raises:
-            ConfigError: bad batch size or mode (raised before any collective), or the
-                ranks passed different modes (raised on every rank alike, after the
-                first collective, so the ranks stay in step).
+            ConfigError: bad batch size or mode (raised before any collective); the ranks
+                passed different modes or prefetch depths (raised on every rank alike,
+                after the first collective, so the ranks stay in step); a call that
+                differs from the prefetched batches' size or mode.
             EmptyBufferError: no shard has a window to draw (on every rank alike).
             CollectiveTimeout: a peer rank did not join in time.
         """
@@ -123,62 +152,88 @@ class ShardedReplayBuffer:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         if mode not in SAMPLE_MODES:
             raise ConfigError(f"mode must be one of {SAMPLE_MODES}, got {mode!r}")
-        stats = self._gather_stats(mode, int(batch_size))
-        _check_same_mode(stats[:, 4])
-        masses, counts, min_leaf = stats[:, 0], stats[:, 1], stats[:, 2]
+        if not self._ready:
+            self._refill(int(batch_size), mode)
+        elif self._ready_for != (int(batch_size), mode):
+            raise ConfigError(
+                f"{len(self._ready)} prefetched batches of {self._ready_for} are waiting; with "
+                f"prefetch={self.prefetch} every sample() call must ask for the same batch_size "
+                f"and mode until they are used (got {(int(batch_size), mode)})")
+        return self._serve(self._ready.popleft())
+
+    @property
+    def prefetched(self) -> int:
+        """Batches drawn by the last exchange and not yet returned by :meth:`sample`."""
+        return len(self._ready)
+
+    def _refill(self, n: int, mode: str) -> None:
+        """One exchange: route queued updates, agree on the global picture, draw
+        ``prefetch`` batches (exact: fetch them from their owners)."""
+        stats = self._gather_stats(mode, n)
+        _check_same_mode(stats[:, _MODE])
+        _check_same_prefetch(stats[:, _PREFETCH])
+        foreign = stats[:, _FOREIGN:].astype(np.int64)
+        if foreign.any():  # queued priority updates first, so the draw sees them
+            self._route(self._pending.take()[0], foreign)
+            stats = self._gather_stats(mode, n)
+        masses, counts, min_leaf = stats[:, _MASS], stats[:, _COUNT], stats[:, _LOW]
         if counts.sum() == 0 or masses.sum() <= 0:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")
-        beta = float(stats[self.rank, 3])
-        self.local.advance_schedule()
         total, low = float(masses.sum()), float(min_leaf.min())
         if mode == "local":
-            return self._sample_local(int(batch_size), masses, total, low, beta)
-        return self._sample_exact(stats, total, low, beta)
+            drawn = self._draw_local(n, masses, total, low)
+        else:
+            drawn = self._draw_exact(stats, total, low)
+        self._ready.extend(drawn)
+        self._ready_for = (n, mode)
 
     def _gather_stats(self, mode: str, batch_size: int) -> np.ndarray:
-        """One row per rank: mass, samplable count, min leaf, beta, mode, batch size, and
-        a seed proposal (rank 0's is shared: see :meth:`_sample_exact`)."""
-        mass, count, low, beta = self.local.sampling_stats()
+        """One row per rank: mass, samplable count, min leaf, mode, batch size, a seed
+        proposal (rank 0's is shared: see :meth:`_draw_exact`), prefetch depth, and the
+        count of queued updates for each owner."""
+        mass, count, low, _beta = self.local.sampling_stats()
         seed = float(self._rng.integers(0, 1 << 52))  # exact in a float64
-        mine = torch.tensor([mass, count, low if count else np.inf, beta, SAMPLE_MODES.index(mode),
-                             batch_size, seed], dtype=torch.float64)
+        mine = torch.tensor([mass, count, low if count else np.inf, SAMPLE_MODES.index(mode),
+                             batch_size, seed, self.prefetch, *self._pending.counts.tolist()],
+                            dtype=torch.float64)
         return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)").cpu().numpy()
 
-    def _sample_local(self, n: int, masses: np.ndarray, total: float, low: float,
-                      beta: float) -> Batch:
-        mass_k = masses[self.rank]
+    def _draw_local(self, n: int, masses: np.ndarray, total: float, low: float) -> list[_Drawn]:
+        mass_k, k = masses[self.rank], self.prefetch
         if mass_k <= 0:
-            return self._padding_batch(n)
-        draw = self.local.draw(n, advance_schedule=False)
+            return [self._padding(n) for _ in range(k)]
+        draw = self.local.draw(k * n, advance_schedule=False)
         data, mask, keys = self.local.gather(draw.starts)
         prob = gs.global_probabilities(draw.probabilities, mass_k, total)
-        weights = gs.importance_weights(prob, low, total, beta)
-        weights *= np.float32(self.world_size * mass_k / total)
-        return self._batch({k: torch.from_numpy(v) for k, v in data.items()}, torch.from_numpy(mask),
-                           torch.from_numpy(with_shard(keys, self.rank)),
-                           torch.from_numpy(weights), torch.from_numpy(prob))
+        return _split({k_: torch.from_numpy(v) for k_, v in data.items()}, torch.from_numpy(mask),
+                      torch.from_numpy(with_shard(keys, self.rank)), torch.from_numpy(prob), n,
+                      total, low, self.world_size * mass_k / total)
 
-    def _sample_exact(self, stats: np.ndarray, total: float, low: float, beta: float) -> Batch:
+    def _draw_exact(self, stats: np.ndarray, total: float, low: float) -> list[_Drawn]:
         """Every rank draws every requester's shard counts from one shared seed (rank 0's
-        proposal in the stats), so the counts need no exchange of their own: two
-        collectives per sample. Each requester's counts are still Multinomial(mass/total)."""
-        masses, n = stats[:, 0], int(stats[self.rank, 5])
-        all_want = np.stack([gs.shard_counts(np.random.default_rng([int(stats[0, 6]), r]), masses,
-                                             int(stats[r, 5])) for r in range(self.world_size)])
+        proposal in the stats), so the counts need no exchange of their own: one data
+        exchange per refill. Each requester's ``k * n`` items are Multinomial(mass/total)
+        over shards; a random permutation before splitting them into ``k`` batches makes
+        every batch ``n`` i.i.d. draws from the global distribution."""
+        masses, n, k = stats[:, _MASS], int(stats[self.rank, _BATCH]), self.prefetch
+        all_want = np.stack([gs.shard_counts(np.random.default_rng([int(stats[0, _SEED]), r]), masses,
+                                             k * int(stats[r, _BATCH])) for r in range(self.world_size)])
         want, asked = all_want[self.rank], all_want[:, self.rank]
         records = self._draw_records(int(asked.sum()))
         rb = self._layout.record_bytes
         recv = self._comm.all_to_all(torch.from_numpy(records).reshape(-1),
                                      (asked * rb).tolist(), (want * rb).tolist(),
-                                     "ShardedReplayBuffer.sample(records)")
-        parts = self._layout.unpack(recv.reshape(n, rb))
+                                     "ShardedReplayBuffer.sample(records)").reshape(k * n, rb)
         # numpy, not torch.repeat_interleave: on a CPU with more ranks than cores that one
         # small op took 25-35 ms (intra-op threads), more than the whole exchange.
-        owner_mass = torch.from_numpy(np.repeat(masses, want)).to(recv.device)
-        prob = parts["probability"] * owner_mass / total
-        weights = ((prob * total / low) ** -beta).to(torch.float32)
-        data = {k[len("data."):]: v for k, v in parts.items() if k.startswith("data.")}
-        return self._batch(data, parts["mask"], parts["key"], weights, prob)
+        owner_mass = np.repeat(masses, want)
+        if k > 1:
+            perm = self._rng.permutation(k * n)
+            recv, owner_mass = recv[torch.from_numpy(perm).to(recv.device)], owner_mass[perm]
+        parts = self._layout.unpack(recv)
+        prob = parts["probability"] * torch.from_numpy(owner_mass).to(recv.device) / total
+        data = {k_[len("data."):]: v for k_, v in parts.items() if k_.startswith("data.")}
+        return _split(data, parts["mask"], parts["key"], prob, n, total, low, 1.0)
 
     def _draw_records(self, n: int) -> np.ndarray:
         """Draw ``n`` windows from this shard for all requesters, as records (in rank order)."""
@@ -188,7 +243,24 @@ class ShardedReplayBuffer:
         data, mask, keys = self.local.gather(draw.starts)
         return self._layout.pack(data, mask, with_shard(keys, self.rank), draw.probabilities)
 
-    def _padding_batch(self, n: int) -> Batch:
+    def _serve(self, d: _Drawn) -> Batch:
+        """A prefetched draw as a Batch, weighted with beta at this call (the schedule
+        advances once per sample() call, prefetched or not)."""
+        beta = self.local.sampling_stats()[3]
+        self.local.advance_schedule()
+        if d.factor == 0.0:  # padding
+            weights = torch.zeros(d.keys.shape[0], dtype=torch.float32)
+        else:
+            weights = ((d.prob * (d.total / d.low)) ** -beta * d.factor).to(torch.float32)
+        batch = Batch(data=d.data, mask=d.mask, keys=d.keys, weights=weights,
+                      probabilities=d.prob.to(torch.float64))
+        if batch.keys.device == self.device:
+            return batch
+        if self.device.type == "cuda" and batch.keys.device.type == "cpu":
+            return _pinned(batch).to(self.device, non_blocking=True)
+        return batch.to(self.device)
+
+    def _padding(self, n: int) -> _Drawn:
         """Zero-weight stand-in for an empty shard in local mode (keys -1 are skipped).
 
         Each window is a well-formed terminated episode of zeros (FIRST, then LAST with
@@ -208,54 +280,76 @@ class ShardedReplayBuffer:
         data["episode_id"][:] = -1
         mask = torch.zeros((n, window), dtype=torch.bool)
         mask[:, :2] = True
-        return self._batch(data, mask, torch.full((n,), -1, dtype=torch.int64), torch.zeros(n),
-                           torch.zeros(n, dtype=torch.float64))
+        return _Drawn(data, mask, torch.full((n,), -1, dtype=torch.int64),
+                      torch.zeros(n, dtype=torch.float64), 1.0, 1.0, 0.0)
 
-    def _batch(self, data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch.Tensor,
-               weights: torch.Tensor, prob: torch.Tensor) -> Batch:
-        batch = Batch(data=data, mask=mask, keys=keys, weights=weights.to(torch.float32),
-                      probabilities=prob.to(torch.float64))
-        if batch.keys.device == self.device:
-            return batch
-        if self.device.type == "cuda" and batch.keys.device.type == "cpu":
-            return _pinned(batch).to(self.device, non_blocking=True)
-        return batch.to(self.device)
-
-    # -- priorities (collective) ----------------------------------------------------------------
+    # -- priorities ------------------------------------------------------------------------------
     def update_priorities(self, keys: Any, priorities: Any) -> int:
-        """Route each priority to the shard that owns its key (collective).
+        """Route each priority to the shard that owns its key.
+
+        With ``prefetch=1`` this is collective (every rank calls it, in the same order) and
+        every update has landed on its owner when it returns. With ``prefetch > 1`` it is
+        local: updates for this rank's shard are applied at once, the others are queued
+        and routed at the next exchange (the next :meth:`sample` that refills, or
+        :meth:`flush_updates`), before anything is drawn.
 
         Keys of -1 (padding from an empty shard in local mode) are skipped. Stale keys
         are ignored and counted on the owner (``local.stale_updates``).
 
         Returns:
-            The number of updates this rank's shard applied (from any rank).
+            The number of updates this rank's shard applied in this call (from any rank
+            with ``prefetch=1``; its own with ``prefetch > 1``).
 
         Raises:
             InvalidPriorityError / InvalidKeyError: this rank's input was bad; it still
                 joined the exchange (with nothing to send) so no peer hangs, and nothing
-                of its input was applied.
+                of its input was applied or queued.
             CollectiveTimeout: a peer rank did not join in time.
         """
         error: ShardReplayError | None = None
         try:
             keys_np, prios = self._checked_updates(keys, priorities)
         except ShardReplayError as exc:
+            if self.prefetch > 1:
+                raise
             error, keys_np, prios = exc, np.empty(0, np.int64), np.empty(0, np.float32)
-        owner = key_shard(keys_np)
-        order = np.argsort(owner, kind="stable")
-        send_counts = np.bincount(owner, minlength=self.world_size).astype(np.int64)
+        if self.prefetch > 1:
+            own = key_shard(keys_np) == self.rank
+            self._pending.add(keys_np[~own], prios[~own])
+            return self._apply_updates(with_shard(keys_np[own], 0), prios[own])
+        pending = PendingUpdates(self.world_size)
+        pending.add(keys_np, prios)
+        payload, send_counts = pending.take()
         recv_counts = self._comm.all_to_all(torch.from_numpy(send_counts), [1] * self.world_size,
                                             [1] * self.world_size,
                                             "ShardedReplayBuffer.update_priorities(counts)")
-        recv_counts = recv_counts.cpu().numpy()
-        payload = np.stack([with_shard(keys_np[order], 0),
-                            prios[order].astype(np.float64).view(np.int64)], axis=1)
-        got = self._comm.all_to_all(torch.from_numpy(payload), send_counts.tolist(),
-                                    recv_counts.tolist(),
-                                    "ShardedReplayBuffer.update_priorities(records)").cpu().numpy()
+        foreign = np.zeros((self.world_size, self.world_size), np.int64)
+        foreign[self.rank], foreign[:, self.rank] = send_counts, recv_counts.cpu().numpy()
+        applied = self._route(payload, foreign)
         if error is not None:
             raise error
+        return applied
+
+    def flush_updates(self) -> int:
+        """Route the queued updates of ``prefetch > 1`` to their owners now (collective:
+        every rank calls it at the same point, e.g. before a checkpoint).
+
+        Returns:
+            The number of updates this rank's shard applied.
+
+        Raises:
+            CollectiveTimeout: a peer rank did not join in time.
+        """
+        mine = torch.from_numpy(self._pending.counts.copy())
+        foreign = self._comm.all_gather(mine, "ShardedReplayBuffer.flush_updates(counts)").cpu().numpy()
+        return self._route(self._pending.take()[0], foreign) if foreign.any() else 0
+
+    def _route(self, payload: np.ndarray, foreign: np.ndarray) -> int:
+        """Send payload rows to their owners (``foreign[r, o]`` rows from rank r to owner
+        o) and apply what arrives here."""
+        got = self._comm.all_to_all(torch.from_numpy(payload), foreign[self.rank].tolist(),
+                                    foreign[:, self.rank].tolist(),
+                                    "ShardedReplayBuffer.update_priorities(records)").cpu().numpy()
         return self._apply_updates(got[:, 0], got[:, 1].view(np.float64).astype(np.float32))
 
     def _checked_updates(self, keys: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -276,6 +370,32 @@ class ShardedReplayBuffer:
             self.invalid_keys += int((~fits).sum())
             keys, prios = keys[fits], prios[fits]
         return self.local.update_priorities(keys, prios) if keys.size else 0
+
+
+@dataclass
+class _Drawn:
+    """A drawn batch before weighting: weights use beta at the call that returns it."""
+
+    data: dict[str, torch.Tensor]
+    mask: torch.Tensor
+    keys: torch.Tensor
+    prob: torch.Tensor  # global P(i), float64
+    total: float
+    low: float
+    factor: float  # 1 exact, K mass_k / total local, 0 padding
+
+
+def _split(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch.Tensor, prob: torch.Tensor,
+           n: int, total: float, low: float, factor: float) -> list[_Drawn]:
+    """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies)."""
+    return [_Drawn({name: v[j:j + n] for name, v in data.items()}, mask[j:j + n], keys[j:j + n],
+                   prob[j:j + n], total, low, factor) for j in range(0, keys.shape[0], n)]
+
+
+def _check_same_prefetch(depths: np.ndarray) -> None:
+    if (depths != depths[0]).any():
+        raise ConfigError(f"ranks use different prefetch depths ({depths.astype(int).tolist()}); "
+                          "every rank must construct its ShardedReplayBuffer with the same prefetch")
 
 
 def _check_same_mode(codes: np.ndarray) -> None:
