@@ -166,6 +166,12 @@ class ShardedReplayBuffer:
         """Batches drawn by the last exchange and not yet returned by :meth:`sample`."""
         return len(self._ready)
 
+    @property
+    def pending_updates(self) -> int:
+        """Priority updates for other shards queued here (``prefetch > 1``) until the next
+        exchange."""
+        return len(self._pending)
+
     def _refill(self, n: int, mode: str) -> None:
         """One exchange: route queued updates, agree on the global picture, draw
         ``prefetch`` batches (exact: fetch them from their owners)."""
