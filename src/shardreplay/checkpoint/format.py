@@ -4,7 +4,7 @@ A part file is a valid safetensors file (8-byte little-endian header length, a J
 header naming each array's dtype, shape and byte range, then raw bytes), so any
 safetensors reader can open it; nothing is pickled. We write it ourselves to stream
 arrays to disk without a second in-memory copy, and to record an XXH64 hash of every
-``BLOCK_BYTES`` block of the file (:mod:`shardreplay.checkpoint.xxh64`: as fast as
+``BLOCK_BYTES`` block of the file (:mod:`shardreplay._hashing`: as fast as
 memory, where CRC32 was slower than reading): a reader verifies exactly the blocks it
 reads, so a rank that loads a few episodes of a large part does not read (or trust)
 the rest. Whole blocks are read straight into the destination arrays, partial ones
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay._io import atomic_writer
-from shardreplay.checkpoint.xxh64 import xxh64
+from shardreplay._hashing import xxh64
 from shardreplay.errors import CheckpointFormatError
 
 BLOCK_BYTES = 1 << 20
