@@ -121,43 +121,67 @@ def rebuild_sums(sums, sizes, offsets):
 @numba.njit(cache=True, nogil=True)
 def _propagate(sums, mins, sizes, offsets, min_base, leaves):
     """Recompute the ancestors of ``leaves`` (leaf indices) in both trees."""
+    # Leaves come mostly in increasing order, so equal ancestors are neighbours: a node
+    # equal to the previous item's is recomputed once per level, not once per leaf.
     n = leaves.shape[0]
     node = leaves.copy()
     for level in range(sizes.shape[0] - 2, -1, -1):
+        prev = -1
         for j in range(n):
             parent = node[j] // ARITY
-            sums[offsets[level] + parent] = _group_sum(sums, offsets[level + 1], sizes[level + 1], parent)
             node[j] = parent
+            if parent != prev:
+                sums[offsets[level] + parent] = _group_sum(sums, offsets[level + 1], sizes[level + 1],
+                                                           parent)
+                prev = parent
     leaf_offset = offsets[sizes.shape[0] - 1]
     n_leaves = sizes[sizes.shape[0] - 1]
+    prev = -1
     for j in range(n):
         block = leaves[j] // BLOCK
+        node[j] = (min_base + block) >> 1
+        if block == prev:
+            continue
+        prev = block
         m = np.inf
         for k in range(block * BLOCK, min(block * BLOCK + BLOCK, n_leaves)):
             v = sums[leaf_offset + k]
             if 0.0 < v < m:
                 m = v
         mins[min_base + block] = m
-        node[j] = (min_base + block) >> 1
     while node[0] >= 1:
+        prev = -1
         for j in range(n):
             i = node[j]
-            mins[i] = min(mins[2 * i], mins[2 * i + 1])
             node[j] = i >> 1
+            if i != prev:
+                mins[i] = min(mins[2 * i], mins[2 * i + 1])
+                prev = i
 
 
 @numba.njit(cache=True, nogil=True)
 def set_from_priorities(sums, mins, sizes, offsets, min_base, slots, valid, priority, alpha):
     """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the priority
     is positive, else 0 (``0**0 == 1`` must not make a priority-0 start drawable)."""
-    if slots.shape[0] == 0:
-        return
     leaf_offset = offsets[sizes.shape[0] - 1]
+    changed = np.empty(slots.shape[0], np.int64)
+    n_changed = 0
+    last_p, last_leaf = -1.0, 0.0  # new steps share one priority: one pow for all of them
     for j in range(slots.shape[0]):
         s = slots[j]
         p = float(priority[s])
-        sums[leaf_offset + s] = p ** alpha if valid[s] and p > 0.0 else 0.0
-    _propagate(sums, mins, sizes, offsets, min_base, slots)
+        leaf = 0.0
+        if valid[s] and p > 0.0:
+            if p != last_p:
+                last_p, last_leaf = p, p ** alpha
+            leaf = last_leaf
+        # Parents are pure functions of their children: unchanged leaves need no walk up.
+        if sums[leaf_offset + s] != leaf:
+            sums[leaf_offset + s] = leaf
+            changed[n_changed] = s
+            n_changed += 1
+    if n_changed:
+        _propagate(sums, mins, sizes, offsets, min_base, changed[:n_changed])
 
 
 @numba.njit(cache=True, nogil=True)
