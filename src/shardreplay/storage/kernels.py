@@ -47,22 +47,24 @@ def _is_valid(step_type, episode_id, base, q, p1, cap, window):
 
 @numba.njit(cache=True, nogil=True)
 def write_steps(step_type, episode_id, generation, priority, valid, pos, counters,
-                rows, types, prios, has_prios, default_prio, cap, window):
+                rows, types, prios, has_prios, default_prio, cap, window, out_slots, out_flags):
     """Record ``T`` new steps for each of ``rows`` and refresh window validity.
 
     Arrays ``step_type, episode_id, generation, priority, valid`` are flat ``[S*C]``;
     ``pos`` is the absolute next position per row; ``counters[0]`` is the next episode
-    id. ``types`` and ``prios`` are ``[len(rows), T]``. Returns the flat slots written
-    (row-major ``[len(rows) * T]``), the flat slots whose validity was recomputed, their
-    new validity, whether each became valid just now, and the change in the number of
-    valid starts.
+    id. ``types`` and ``prios`` are ``[len(rows), T]``. Results go to scratch arrays the
+    caller owns (returning new arrays costs more than the bookkeeping itself):
+    ``out_slots[0, :len(rows) * T]`` the flat slots written (row-major),
+    ``out_slots[1, :n]`` the flat slots whose validity was recomputed, ``out_flags[0, :n]``
+    their new validity and ``out_flags[1, :n]`` whether each became valid just now,
+    with ``n = len(rows) * (T + window - 1)`` at most. Returns ``n`` and the change in the
+    number of valid starts.
     """
     n_rows, t_len = types.shape
-    band = t_len + window - 1
-    written = np.empty(n_rows * t_len, np.int64)
-    out_slots = np.empty(n_rows * band, np.int64)
-    out_valid = np.zeros(n_rows * band, np.bool_)
-    out_new = np.zeros(n_rows * band, np.bool_)
+    written = out_slots[0]
+    recomputed = out_slots[1]
+    out_valid = out_flags[0]
+    out_new = out_flags[1]
     n_out = 0
     delta = 0
     for i in range(n_rows):
@@ -97,14 +99,14 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
             slot = base + q % cap
             was = valid[slot] and q < p0
             now = _is_valid(step_type, episode_id, base, q, p1, cap, window)
-            out_slots[n_out] = slot
+            recomputed[n_out] = slot
             out_valid[n_out] = now
             out_new[n_out] = now and not was
             n_out += 1
             if now != valid[slot]:
                 delta += 1 if now else -1
                 valid[slot] = now
-    return written, out_slots[:n_out], out_valid[:n_out], out_new[:n_out], delta
+    return n_out, delta
 
 
 @numba.njit(cache=True, nogil=True)

@@ -71,6 +71,13 @@ class StreamStorage:
         self._aligned = True  # every row at the same position
         self.counters = np.zeros(1, np.int64)  # [next episode id]
         self.num_valid = 0
+        # The write path's per-call constants, built once: [S, C, ...] views of every
+        # field (discount last) for plain-slice writes, and the kernel's result scratch.
+        grid = (num_streams, stream_capacity)
+        self._grids = tuple((name, arr.reshape(*grid, *arr.shape[1:]), arr.ndim)
+                            for name, arr in (*self.fields.items(), ("discount", self.discount)))
+        self._out_slots = np.empty((2, num_streams * window), np.int64)
+        self._out_flags = np.empty((2, num_streams * window), np.bool_)
 
     def _refresh_alignment(self) -> None:
         self._aligned = bool(self.pos.min() == self.pos.max())
@@ -92,35 +99,49 @@ class StreamStorage:
         ``t_len == 1``) at the end of each row; ``t_len <= stream_capacity``.
 
         Returns the flat slots whose validity was recomputed, their validity, and
-        whether each became valid with this write.
+        whether each became valid with this write: views of scratch arrays that the next
+        write overwrites.
         """
         n_rows = rows.shape[0]
+        need = n_rows * (t_len + self.window - 1)
+        if need > self._out_slots.shape[1]:
+            self._out_slots = np.empty((2, need), np.int64)
+            self._out_flags = np.empty((2, need), np.bool_)
+        out_slots, out_flags = self._out_slots, self._out_flags
+        pos = self.pos
         # The vector-env case (one step of every stream, all at the same position):
         # plain slices of [S, C] views write faster than fancy indices.
-        aligned_slot = int(self.pos[0] % self.stream_capacity) \
+        aligned_slot = int(pos[0]) % self.stream_capacity \
             if rows is self.all_rows and t_len == 1 and self._aligned else -1
-        types = steps["step_type"].reshape(n_rows, t_len)
-        has = priorities is not None
-        prios = priorities.reshape(n_rows, t_len) if has else _NO_PRIORITIES
-        flat, slots, valid, newly, delta = kernels.write_steps(
-            self.step_type, self.episode_id, self.generation, self.priority, self.valid,
-            self.pos, self.counters, rows, types, prios, has, np.float32(default_priority),
-            self.stream_capacity, self.window)
+        types = steps["step_type"]
+        if types.ndim != 2:
+            types = types.reshape(n_rows, t_len)
+        if priorities is None:
+            n_out, delta = kernels.write_steps(
+                self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,
+                self.counters, rows, types, _NO_PRIORITIES, False, default_priority,
+                self.stream_capacity, self.window, out_slots, out_flags)
+        else:
+            n_out, delta = kernels.write_steps(
+                self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,
+                self.counters, rows, types, priorities.reshape(n_rows, t_len), True,
+                default_priority, self.stream_capacity, self.window, out_slots, out_flags)
         # The user's fields are written after the bookkeeping: the spec was checked
         # before, so nothing below can fail half-way.
         if aligned_slot >= 0:
-            shape = (self.num_streams, self.stream_capacity)
-            for name, arr in self.fields.items():
-                trailing = arr.shape[1:]
-                arr.reshape(*shape, *trailing)[:, aligned_slot] = steps[name].reshape(n_rows, *trailing)
-            self.discount.reshape(shape)[:, aligned_slot] = steps["discount"].reshape(-1)
+            for name, grid, ndim in self._grids:
+                value = steps[name]
+                grid[:, aligned_slot] = value if value.ndim == ndim else value.reshape(grid.shape[:1]
+                                                                                      + grid.shape[2:])
         else:
-            for name, arr in self.fields.items():
-                arr[flat] = steps[name].reshape(flat.shape[0], *arr.shape[1:])
-            self.discount[flat] = steps["discount"].reshape(-1)
+            flat = out_slots[0, :n_rows * t_len]
+            for name, grid, _ndim in self._grids:
+                arr = self.fields[name] if name != "discount" else self.discount
+                arr[flat] = steps[name].reshape(flat.shape[0], *grid.shape[2:])
             self._refresh_alignment()
-        self.num_valid += int(delta)
-        return slots, valid, newly
+        self.num_valid += delta
+        # Views of scratch arrays: valid until the next write (the sampler uses them at once).
+        return out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out]
 
     def windows(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Gather the windows starting at flat slots ``starts``.
