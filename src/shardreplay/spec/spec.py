@@ -71,6 +71,8 @@ class Spec:
             if name in RESERVED_FIELDS:
                 raise ConfigError(f"field name {name!r} is reserved: the buffer stores it itself")
         self._fields = {name: _as_field(name, v) for name, v in flat.items()}
+        # What validate() needs per field, looked up once instead of on every write.
+        self._plan = tuple((name, f.dtype, f.shape, f.checks_finite) for name, f in self._fields.items())
 
     # -- mapping-like access ------------------------------------------------------------
     @property
@@ -174,10 +176,19 @@ class Spec:
             flat = self._check_names(step)
             values, types = [flat[name] for name in self._fields], flat["step_type"]
             step = flat
-        out = {name: _checked(name, v, f.dtype, lead_shape + f.shape, f.checks_finite)
-               for (name, f), v in zip(self._fields.items(), values, strict=True)}
-        out["step_type"] = _step_types(types, lead_shape)
-        out["discount"] = _discounts(step.get("discount"), lead_shape)
+        out = {}
+        for (name, dtype, shape, finite), value in zip(self._plan, values, strict=True):
+            out[name] = _checked(name, value, dtype, lead_shape + shape, finite)
+        types = _step_type_array(types, lead_shape)
+        discount = _discount_array(step.get("discount"), lead_shape)
+        # The usual dtypes: both value checks in one compiled call. Otherwise, or when it
+        # fails, the separate checks below find (and name) the bad field.
+        if not (types.dtype in _COMPILED_INTS and discount.dtype == DISCOUNT_DTYPE
+                and _types_and_discounts_ok(types.reshape(-1), discount.reshape(-1))):
+            _check_step_types(types)
+            _check_discounts(discount)
+        out["step_type"] = types.astype(STEP_TYPE_DTYPE, copy=False)
+        out["discount"] = discount
         return out
 
     def _check_names(self, step: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -269,6 +280,16 @@ def _all_in_0_to_1(flat: np.ndarray) -> bool:  # pragma: no cover - compiled
     return not bad
 
 
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _types_and_discounts_ok(types: np.ndarray, discount: np.ndarray) -> bool:  # pragma: no cover
+    bad = False
+    for i in range(types.shape[0]):
+        bad |= types[i] > 2 or types[i] < 0
+    for i in range(discount.shape[0]):
+        bad |= not (discount[i] >= 0 and discount[i] <= 1)  # NaN fails both
+    return not bad
+
+
 @numba.njit(cache=True, nogil=True)
 def _all_in_0_to_2(flat: np.ndarray) -> bool:
     for x in flat:  # noqa: SIM110 - a loop numba compiles (no generators)
@@ -318,21 +339,26 @@ def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return arr.astype(dtype)
 
 
-def _step_types(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
+def _step_type_array(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
+    """Step types as an integer array of ``lead_shape`` (values checked by the caller)."""
     arr = value if isinstance(value, np.ndarray) else _to_numpy(value)
     if arr.shape != lead_shape:
         raise SpecMismatchError(f"field 'step_type': expected shape {lead_shape}, got {arr.shape}")
     if arr.dtype.kind not in "iu":
         raise SpecMismatchError(f"field 'step_type': expected integers 0/1/2 (StepType), got {arr.dtype}")
+    return arr
+
+
+def _check_step_types(arr: np.ndarray) -> None:
     if arr.size and not _step_types_ok(arr):
         raise SpecMismatchError("field 'step_type': values must be FIRST=0, MID=1 or LAST=2")
-    return arr.astype(STEP_TYPE_DTYPE, copy=False)
 
 
 _ONES: dict[tuple[int, ...], np.ndarray] = {}
 
 
-def _discounts(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
+def _discount_array(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
+    """Discounts as float32 of ``lead_shape``, 1 where not given (values checked by the caller)."""
     if value is None:
         ones = _ONES.get(lead_shape)
         if ones is None:
@@ -344,8 +370,10 @@ def _discounts(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
         raise SpecMismatchError(f"field 'discount': expected shape {lead_shape}, got {arr.shape}")
     if arr.dtype.kind not in "biuf":
         raise SpecMismatchError(f"field 'discount': expected numbers in [0, 1], got {arr.dtype}")
-    arr = arr.astype(DISCOUNT_DTYPE, copy=False)
+    return arr.astype(DISCOUNT_DTYPE, copy=False)
+
+
+def _check_discounts(arr: np.ndarray) -> None:
     if arr.size and not _all_in_0_to_1(arr.reshape(-1)):
         raise SpecMismatchError("field 'discount': values must be finite and in [0, 1] "
                                 "(0 at a termination, 1 at a truncation and elsewhere)")
-    return arr
