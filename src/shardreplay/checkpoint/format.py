@@ -29,13 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from shardreplay._io import atomic_writer
 from shardreplay._hashing import xxh64
+from shardreplay._io import atomic_writer
 from shardreplay.errors import CheckpointFormatError
 
 BLOCK_BYTES = 1 << 20
-_RUN_BLOCKS = 8  # whole blocks read per system call (large reads keep cold reads fast)
-_HASH_THREADS = max(1, min(2, (os.cpu_count() or 2) - 1))
+# Whole blocks read per system call: large reads keep cold reads as fast as one read of
+# the whole file, small enough that hashing a run overlaps reading the next.
+_RUN_BYTES = 32 * BLOCK_BYTES
+_HASH_THREADS = 1  # runs are checked in order; one thread keeps up with the disk
 _ALIGN = 64
 _DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16,
            "U32": np.uint32, "I32": np.int32, "U64": np.uint64, "I64": np.int64,
@@ -147,6 +149,15 @@ def advise_hugepages(arr: np.ndarray) -> None:
             libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
 
 
+def _hash_blocks(dest: memoryview, valid: int) -> list[int]:
+    """XXH64 of each BLOCK_BYTES block of ``dest``; -1 for blocks not fully read (``valid``)."""
+    out = []
+    for off in range(0, len(dest), BLOCK_BYTES):
+        end = min(off + BLOCK_BYTES, len(dest))
+        out.append(-1 if end > valid else xxh64(dest[off:end]))
+    return out
+
+
 class PartReader:
     """Read arrays (or row ranges of them) from a part file, verifying touched blocks.
 
@@ -173,6 +184,7 @@ class PartReader:
         self._block = -1
         self._len = 0
         self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[tuple[int, Future[list[int]]]] = []
         try:
             self._scratch = bytearray(min(BLOCK_BYTES, self._size))  # small files, small scratch
             self._view = memoryview(self._scratch)
@@ -200,28 +212,38 @@ class PartReader:
             self._block = block
         return self._view[:self._len]
 
-    def read_bytes(self, lo: int, hi: int, out: memoryview) -> None:
+    def read_bytes(self, lo: int, hi: int, out: memoryview, *, defer: bool = False) -> None:
         """Copy verified bytes ``lo:hi`` of the file into ``out`` (``len(out) == hi - lo``).
 
         Runs of whole blocks inside the range are read straight into ``out``, up to
-        ``_RUN_BLOCKS`` blocks per system call, and their hashes are computed by helper
-        threads while the next run is read (both release the GIL); partial blocks at the
-        ends go through the scratch block. On a mismatch ``out`` holds unverified bytes
-        and the error is raised once every check has finished.
+        ``_RUN_BYTES`` per system call, and hashed by a helper thread while the next run
+        is read (both release the GIL); partial blocks at the ends go through the
+        scratch block (hashed whole, before any of their bytes is copied).
+
+        Args:
+            lo: first byte (file offset).
+            hi: end byte (exclusive).
+            out: destination of ``hi - lo`` bytes.
+            defer: leave the whole-block checks pending; :meth:`check_pending` waits
+                for them and raises. Until then ``out`` may hold unverified bytes.
+
+        Raises:
+            CheckpointFormatError: a range outside the file, or (unless deferred) a
+                checksum mismatch, raised once every check of the call has finished.
         """
         if lo < 0 or hi > self._size:
             raise self._fail(f"byte range {lo}..{hi} lies outside the file")
         pos = lo
-        checks: list[tuple[int, Future[int] | int]] = []  # (block, hash or its future)
+        checks: list[tuple[int, Future[list[int]]]] = []
         try:
             while pos < hi:
                 block = pos // BLOCK_BYTES
                 begin = block * BLOCK_BYTES
-                run_end = min(begin + _RUN_BLOCKS * BLOCK_BYTES, hi)
+                run_end = min(begin + _RUN_BYTES, hi)
                 if run_end < self._size:
                     run_end -= run_end % BLOCK_BYTES  # whole blocks only (the last one may be short)
                 if pos == begin and run_end > pos and block != self._block:
-                    checks += self._read_run(pos, run_end, out[pos - lo:run_end - lo])
+                    checks.append(self._read_run(pos, run_end, out[pos - lo:run_end - lo]))
                     pos = run_end
                     continue
                 data = self._load_block(block)
@@ -229,13 +251,27 @@ class PartReader:
                 out[pos - lo:pos - lo + stop - (pos - begin)] = data[pos - begin:stop]
                 pos += stop - (pos - begin)
         finally:
-            bad = [b for b, h in checks if (h if isinstance(h, int) else h.result()) != self._hashes[b]]
-        if bad:
-            raise self._fail(f"checksum mismatch in block {bad[0]} (bytes {bad[0] * BLOCK_BYTES}.."
-                             f"{min((bad[0] + 1) * BLOCK_BYTES, self._size)})")
+            self._pending.extend(checks)
+            if not defer:
+                self.check_pending()
 
-    def _read_run(self, start: int, stop: int, dest: memoryview) -> list[tuple[int, Future[int] | int]]:
-        """Read whole blocks ``start:stop`` into ``dest``; (block, hash or its future) each."""
+    def check_pending(self) -> None:
+        """Wait for every deferred whole-block check; raise on the first bad block.
+
+        Raises:
+            CheckpointFormatError: a block's hash differs from the manifest's (or the
+                file ended before it).
+        """
+        pending, self._pending = self._pending, []
+        bad = [first + k for first, future in pending
+               for k, h in enumerate(future.result()) if h != self._hashes[first + k]]
+        if bad:
+            b = min(bad)
+            raise self._fail(f"checksum mismatch in block {b} (bytes {b * BLOCK_BYTES}.."
+                             f"{min((b + 1) * BLOCK_BYTES, self._size)})")
+
+    def _read_run(self, start: int, stop: int, dest: memoryview) -> tuple[int, Future[list[int]]]:
+        """Read whole blocks ``start:stop`` into ``dest``; (first block, future of their hashes)."""
         done = 0
         while done < len(dest):
             got = os.preadv(self._fd, [dest[done:]], start + done)
@@ -244,12 +280,7 @@ class PartReader:
             done += got
         if self._pool is None:
             self._pool = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="shardreplay-xxh64")
-        out: list[tuple[int, Future[int] | int]] = []
-        for off in range(0, stop - start, BLOCK_BYTES):
-            block = (start + off) // BLOCK_BYTES
-            end = min(off + BLOCK_BYTES, stop - start)
-            out.append((block, -1 if end > done else self._pool.submit(xxh64, dest[off:end])))
-        return out
+        return start // BLOCK_BYTES, self._pool.submit(_hash_blocks, dest, done)
 
     def _read_header(self) -> tuple[dict[str, Any], int]:
         if self._size < 8:
@@ -296,15 +327,20 @@ class PartReader:
             raise self._fail(f"array {name!r}: byte range does not match its shape")
         return dtype, shape, begin, end
 
-    def rows_into(self, name: str, start: int, out: np.ndarray) -> None:
+    def rows_into(self, name: str, start: int, out: np.ndarray, *, defer: bool = False) -> None:
         """Fill ``out`` with rows ``start:start+len(out)`` of ``name``.
 
         A C-contiguous ``out`` is filled in place; any other (a field packed in a
-        record array) through a contiguous temporary.
+        record array) through a contiguous temporary. With ``defer`` the whole-block
+        checks are left to :meth:`check_pending` (see :meth:`read_bytes`).
+
+        Raises:
+            CheckpointFormatError: a missing array, rows out of range, a dtype or
+                shape mismatch, or (unless deferred) a corrupt block.
         """
         if not out.flags.c_contiguous:
-            tmp = np.empty(out.shape, out.dtype)
-            self.rows_into(name, start, tmp)
+            tmp = np.empty(out.shape, out.dtype)  # kept alive by a pending check's view
+            self.rows_into(name, start, tmp, defer=defer)
             out[...] = tmp
             return
         dtype, shape, begin, _end = self._entry(name)
@@ -315,7 +351,7 @@ class PartReader:
             return
         row_bytes = dtype.itemsize * math.prod(shape[1:])
         lo = self.data_start + begin + start * row_bytes
-        self.read_bytes(lo, lo + out.shape[0] * row_bytes, memoryview(out).cast("B"))
+        self.read_bytes(lo, lo + out.shape[0] * row_bytes, memoryview(out).cast("B"), defer=defer)
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of array ``name`` (a new verified array)."""
@@ -332,6 +368,7 @@ class PartReader:
         """Close the file (and stop the checksum thread)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+            self._pending = []
             self._pool = None
         if self._fd >= 0:
             os.close(self._fd)

@@ -170,26 +170,57 @@ def _episode_refs(readers: list[PartReader]) -> list[EpisodeRef]:
 
 
 def _read_placements(readers: list[PartReader], plan: ShardPlan, local: ReplayBuffer) -> None:
+    """Read this shard's episodes into the storage, then check every block read.
+
+    Placements that continue each other both in their part file and in the flat
+    storage (a saved stream restored whole, or runs of it) are read as one range: few
+    large reads, like ``np.load``, and no partial block at each episode boundary.
+    """
     storage = local.storage
     cap = storage.stream_capacity
     ordered = sorted(plan.placements, key=lambda p: (p.ref.part, p.ref.start))
+    part = np.array([p.ref.part for p in ordered], np.int64)
+    src = np.array([p.ref.start + p.skip for p in ordered], np.int64)
+    dst = np.array([p.row * cap + p.offset for p in ordered], np.int64)
+    length = np.array([p.length for p in ordered], np.int64)
     targets = {f"field.{k}": v for k, v in storage.fields.items()}
     targets.update({k: getattr(storage, k) for k in STEP_ARRAYS})
     for arr in targets.values():
         advise_hugepages(arr)
+    runs = _runs(part, src, dst, length)
     for name, arr in targets.items():
-        for p in ordered:
-            lo = p.row * cap + p.offset
-            readers[p.ref.part].rows_into(name, p.ref.start + p.skip, arr[lo:lo + p.length])
-    env_fields = [storage.fields[n] for n in local.spec.env_id_fields]
-    for p in ordered:
-        lo, hi = p.row * cap + p.offset, p.row * cap + p.offset + p.length
-        storage.episode_id[lo:hi] = p.new_id
-        storage.generation[lo:hi] = 1
-        if p.skip:
-            storage.step_type[lo] = StepType.FIRST
-        for arr in env_fields:
-            arr[lo:hi] = p.row
+        for k, first, lo, n in runs:
+            readers[k].rows_into(name, first, arr[lo:lo + n], defer=True)
+    for reader in readers:  # every block read is verified before anything is derived from it
+        reader.check_pending()
+    slots = _ranges(dst, length)
+    storage.episode_id[slots] = np.repeat(np.array([p.new_id for p in ordered], np.int64), length)
+    storage.generation[slots] = 1
+    storage.step_type[dst[np.array([p.skip > 0 for p in ordered], bool)]] = StepType.FIRST
+    rows = np.repeat(np.array([p.row for p in ordered], np.int64), length)
+    for name in local.spec.env_id_fields:
+        arr = storage.fields[name]
+        arr[slots] = rows.reshape(-1, *([1] * (arr.ndim - 1))).astype(arr.dtype)
+
+
+def _runs(part: np.ndarray, src: np.ndarray, dst: np.ndarray, length: np.ndarray
+          ) -> list[tuple[int, int, int, int]]:
+    """Merge placements contiguous in their part and in the storage: (part, first saved
+    step, first flat slot, steps) per run."""
+    if part.shape[0] == 0:
+        return []
+    brk = np.ones(part.shape[0], bool)
+    brk[1:] = (part[1:] != part[:-1]) | (src[1:] != src[:-1] + length[:-1]) | \
+        (dst[1:] != dst[:-1] + length[:-1])
+    first = np.flatnonzero(brk)
+    return list(zip(part[first].tolist(), src[first].tolist(), dst[first].tolist(),
+                    np.add.reduceat(length, first).tolist(), strict=True))
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``[s0, s0+1, .., s0+l0-1, s1, ..]``: the slots of runs."""
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
 def _finish(local: ReplayBuffer, plan: ShardPlan, metas: list[dict[str, Any]], shard: int,
