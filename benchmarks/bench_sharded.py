@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="2,4", help="comma-separated world sizes (default 2,4)")
+    p.add_argument("--prefetch", default="1,16",
+                   help="comma-separated prefetch depths of the sharded buffer (default 1,16)")
     p.add_argument("--capacity", type=int, help="steps per rank (multiple of 32*250; default 200,000)")
     p.add_argument("--blocks", type=int, help="timing blocks per figure, median reported (default 5)")
     p.add_argument("--steps", type=int, help="learner steps per timing block (default 100)")
@@ -72,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.capacity <= 0 or args.capacity % (STREAMS * FILL_CHUNK):
         p.error(f"--capacity must be a positive multiple of {STREAMS * FILL_CHUNK}")
     args.ranks = [int(k) for k in args.ranks.split(",") if k.strip()]
+    args.prefetch = [int(k) for k in args.prefetch.split(",") if k.strip()]
+    if any(k < 1 for k in args.prefetch):
+        p.error("--prefetch must be positive integers")
     if any(k < 1 for k in args.ranks):
         p.error("--ranks must be positive integers")
     return args
@@ -109,19 +114,27 @@ def priorities(seed: int) -> list[np.ndarray]:
 
 
 def time_blocks(step: Callable[[int], None], args: argparse.Namespace,
-                sync: Callable[[], None] = lambda: None) -> list[float]:
-    """Steps/s of each timing block after the warm-up (``sync`` aligns ranks per block)."""
-    for i in range(args.warmup):
+                sync: Callable[[], None] = lambda: None, multiple: int = 1) -> list[float]:
+    """Steps/s of each timing block after the warm-up (``sync`` aligns ranks per block).
+
+    Warm-up and blocks are whole multiples of ``multiple`` steps (the prefetch depth), so
+    every block holds the same number of exchanges."""
+    warmup, steps = _round_up(args.warmup, multiple), _round_up(args.steps, multiple)
+    for i in range(warmup):
         step(i)
-    rates, k = [], args.warmup
+    rates, k = [], warmup
     for _ in range(args.blocks):
         sync()
         start = time.perf_counter()
-        for _ in range(args.steps):
+        for _ in range(steps):
             step(k)
             k += 1
-        rates.append(args.steps / (time.perf_counter() - start))
+        rates.append(steps / (time.perf_counter() - start))
     return rates
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 class PhaseTimer:
@@ -193,17 +206,27 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[st
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout_s))
     try:
-        buf = ShardedReplayBuffer(make_shard(args.capacity, seed=rank), timeout_s=args.timeout_s)
+        shard = make_shard(args.capacity, seed=rank)
         prios = priorities(rank)
-        out: dict[str, Any] = {"global_len": len(buf), "collective_floor_ms": _floor(buf.collectives)}
-        for mode in ("exact", "local"):
-            def step(i: int, mode: str = mode) -> None:
-                b = buf.sample(BATCH, mode=mode)
-                buf.update_priorities(b.keys, prios[i % len(prios)])
+        out: dict[str, Any] = {}
+        for depth in args.prefetch:
+            buf = ShardedReplayBuffer(shard, timeout_s=args.timeout_s, prefetch=depth)
+            out.setdefault("global_len", len(buf))
+            out.setdefault("collective_floor_ms", _floor(buf.collectives))
+            for mode in ("exact", "local"):
+                def step(i: int, mode: str = mode, buf: Any = buf) -> None:
+                    b = buf.sample(BATCH, mode=mode)
+                    buf.update_priorities(b.keys, prios[i % len(prios)])
 
-            rates = time_blocks(step, args, sync=dist.barrier)
-            out[mode] = {"steps_per_s": statistics.median(rates), "range": [min(rates), max(rates)],
-                         "phases_ms_per_step": _profile(buf, step, args, dist.barrier)}
+                rates = time_blocks(step, args, sync=dist.barrier, multiple=depth)
+                out[f"{mode}_p{depth}"] = {
+                    "steps_per_s": statistics.median(rates), "range": [min(rates), max(rates)],
+                    "phases_ms_per_step": _profile(buf, step, args, dist.barrier, depth)}
+                # Use up the prefetched batches and route queued updates: the next
+                # configuration starts from a settled shard.
+                while buf.prefetched:
+                    buf.sample(BATCH, mode=mode)
+                buf.flush_updates()
         return out
     finally:
         dist.destroy_process_group()
@@ -230,7 +253,7 @@ def _floor(comm: Any, calls: int = 200) -> dict[str, float]:
 
 
 def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
-             sync: Callable[[], None]) -> dict[str, float]:
+             sync: Callable[[], None], depth: int) -> dict[str, float]:
     """Time every collective (by operation) and local phase over ``profile_steps`` steps."""
     comm, local = buf.collectives, buf.local
     timer = PhaseTimer()
@@ -240,13 +263,14 @@ def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
         timer.wrap(local, attr, f"local.{attr}")
     timer.wrap(buf._layout, "pack", "records.pack")
     timer.wrap(buf._layout, "unpack", "records.unpack")
+    steps = _round_up(args.profile_steps, depth)
     sync()
     start = time.perf_counter()
-    for i in range(args.profile_steps):
+    for i in range(steps):
         step(i)
     total = time.perf_counter() - start
     timer.unwrap()
-    return timer.per_step_ms(args.profile_steps, total)
+    return timer.per_step_ms(steps, total)
 
 
 # -- the parent ------------------------------------------------------------------------------------
@@ -301,16 +325,16 @@ def summarize(singles: list[dict[str, Any]], worlds: dict[int, list[dict[str, An
     for k, ranks in worlds.items():
         entry: dict[str, Any] = {"global_len": ranks[0]["global_len"],
                                  "collective_floor_ms": ranks[0]["collective_floor_ms"]}
-        for mode in ("exact", "local"):
-            per_rank = [r[mode]["steps_per_s"] for r in ranks]
+        for case in (c for c in ranks[0] if c.startswith(("exact_", "local_"))):
+            per_rank = [r[case]["steps_per_s"] for r in ranks]
             rate = statistics.mean(per_rank)
-            phases = {name: round(statistics.mean(r[mode]["phases_ms_per_step"][name] for r in ranks), 3)
-                      for name in ranks[0][mode]["phases_ms_per_step"]}
-            entry[mode] = {"steps_per_s_per_rank": round(rate, 1),
+            phases = {name: round(statistics.mean(r[case]["phases_ms_per_step"][name] for r in ranks), 3)
+                      for name in ranks[0][case]["phases_ms_per_step"]}
+            entry[case] = {"steps_per_s_per_rank": round(rate, 1),
                            "slowest_rank_steps_per_s": round(min(per_rank), 1),
                            "phases_ms_per_step_mean_over_ranks": phases}
-            ratios[f"{mode}_{k}ranks_per_rank_vs_single"] = round(rate / base, 3)
-            ratios[f"{mode}_{k}ranks_aggregate_vs_single"] = round(k * rate / base, 3)
+            ratios[f"{case}_{k}ranks_per_rank_vs_single"] = round(rate / base, 3)
+            ratios[f"{case}_{k}ranks_aggregate_vs_single"] = round(k * rate / base, 3)
         report[f"ranks{k}"] = entry
     report["ratios"] = ratios
     report["meets_targets_per_rank"] = {

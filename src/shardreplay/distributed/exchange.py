@@ -3,7 +3,9 @@
 One record holds one window: every user field ``[L, *shape]``, ``step_type``,
 ``discount``, ``episode_id``, the mask, the key and the owner's local probability.
 All ranks derive the same layout from the spec and the window, so only counts travel
-before the data, and a batch needs one data exchange.
+before the data, and a batch needs one data exchange. Every part starts at a multiple of
+8 bytes and a record is a multiple of 8 bytes long, so the receiver reads each part as a
+strided view of the received bytes instead of copying it out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ _TORCH_DTYPES = {np.dtype(d): t for d, t in (
     (np.int16, torch.int16), (np.int32, torch.int32), (np.int64, torch.int64),
     (np.uint16, torch.uint16), (np.uint32, torch.uint32), (np.uint64, torch.uint64),
     (np.float16, torch.float16), (np.float32, torch.float32), (np.float64, torch.float64))}
+
+
+_ALIGN = 8  # the largest itemsize: every part's view is aligned
 
 
 class RecordLayout:
@@ -45,8 +50,8 @@ class RecordLayout:
         for name, dtype, shape in parts:
             nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
             self.parts.append((name, dtype, shape, offset, nbytes))
-            offset += nbytes
-        self.record_bytes = offset
+            offset += -(-nbytes // _ALIGN) * _ALIGN
+        self.record_bytes = max(offset, _ALIGN)
 
     def pack(self, data: Mapping[str, np.ndarray], mask: np.ndarray, keys: np.ndarray,
              probabilities: np.ndarray) -> np.ndarray:
@@ -61,10 +66,11 @@ class RecordLayout:
         return out
 
     def unpack(self, records: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Tensors ``{part name: [n, *shape]}`` from records ``[n, record_bytes]`` (any device)."""
+        """Tensors ``{part name: [n, *shape]}`` from contiguous records ``[n, record_bytes]``
+        (any device): strided views sharing the records' memory, no copies."""
         n = records.shape[0]
         out = {}
         for name, dtype, shape, offset, nbytes in self.parts:
-            raw = records[:, offset:offset + nbytes].contiguous()
-            out[name] = raw.view(_TORCH_DTYPES[dtype]).reshape(n, *shape)
+            raw = records[:, offset:offset + nbytes]
+            out[name] = raw.view(_TORCH_DTYPES[dtype]).view(n, *shape)
         return out
