@@ -37,7 +37,8 @@ class Sampler(Protocol):
         """Priority recorded for steps written without one."""
 
     def on_write(self, slots: np.ndarray, valid: np.ndarray, newly: np.ndarray) -> None:
-        """Slots whose validity was recomputed after a write."""
+        """Slots whose validity was recomputed after a write (views of the storage's
+        scratch arrays: read them now, copy what must be kept)."""
 
     def num_samplable(self) -> int:
         """Number of windows that can be drawn now."""
