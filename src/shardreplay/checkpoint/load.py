@@ -24,7 +24,7 @@ import torch
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.format import PartReader, advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete, list_checkpoints, read_manifest
-from shardreplay.checkpoint.plan import EpisodeRef, ShardPlan, plan_shard
+from shardreplay.checkpoint.plan import EpisodeTable, ShardPlan, plan_shard
 from shardreplay.checkpoint.save import shard_of
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import (
@@ -134,25 +134,26 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int)
     parts = sorted(manifest["parts"], key=lambda p: int(p["shard"]))
     with ExitStack() as stack:
         readers = [stack.enter_context(PartReader(directory / p["file"], p)) for p in parts]
-        refs = _episode_refs(readers)
-        plan = plan_shard(refs, num_shards, shard, local.num_streams, local.stream_capacity)
+        episodes = _episode_table(readers)
+        plan = plan_shard(episodes, num_shards, shard, local.num_streams, local.stream_capacity)
         local.storage.clear()
-        _read_placements(readers, plan, local)
+        _read_placements(readers, plan, episodes, local)
         metas = [json.loads(r.metadata.get("buffer_meta", "{}")) for r in readers]
-    _finish(local, plan, metas, shard, len(refs))
+    _finish(local, plan, metas, shard, len(episodes))
     if plan.dropped_episodes:
         log.warning("checkpoint %s: shard %d/%d dropped its %d oldest episodes (%d steps) that "
                     "exceed the new capacity", directory.name, shard, num_shards,
                     plan.dropped_episodes, plan.dropped_steps)
     steps = int(plan.row_lengths.sum())
     log.info("checkpoint %s: shard %d/%d restored %d steps of %d episodes from %d saved shards",
-             directory.name, shard, num_shards, steps, len(plan.placements), len(parts))
-    return LoadReport(int(manifest["checkpoint_id"]), directory, len(parts), steps, len(plan.placements),
+             directory.name, shard, num_shards, steps, len(plan), len(parts))
+    return LoadReport(int(manifest["checkpoint_id"]), directory, len(parts), steps, len(plan),
                       plan.dropped_episodes, plan.dropped_steps, dict(manifest.get("extra", {})))
 
 
-def _episode_refs(readers: list[PartReader]) -> list[EpisodeRef]:
-    refs = []
+def _episode_table(readers: list[PartReader]) -> EpisodeTable:
+    """The episode tables of all parts, checked against their rows, as one table."""
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("part", "start", "length", "row", "age")}
     for k, reader in enumerate(readers):
         start, length = reader.array("episode.start"), reader.array("episode.length")
         row, row_length = reader.array("episode.row"), reader.array("row_length")
@@ -163,13 +164,14 @@ def _episode_refs(readers: list[PartReader]) -> list[EpisodeRef]:
         row_end = ends[row]
         if ((start < row_end - row_length[row]) | (start + length > row_end)).any():
             raise CheckpointFormatError(f"{reader.path}: episode table does not match its rows")
-        age = row_end - (start + length)  # steps stored after the episode in its stream
-        refs.extend(EpisodeRef(k, int(s), int(n), int(r), int(a))
-                    for s, n, r, a in zip(start, length, row, age, strict=True))
-    return refs
+        for name, values in (("part", np.full(start.shape[0], k)), ("start", start), ("length", length),
+                             ("row", row), ("age", row_end - (start + length))):  # age: steps stored after it
+            cols[name].append(values.astype(np.int64))
+    return EpisodeTable(**{k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in cols.items()})
 
 
-def _read_placements(readers: list[PartReader], plan: ShardPlan, local: ReplayBuffer) -> None:
+def _read_placements(readers: list[PartReader], plan: ShardPlan, episodes: EpisodeTable,
+                     local: ReplayBuffer) -> None:
     """Read this shard's episodes into the storage, then check every block read.
 
     Placements that continue each other both in their part file and in the flat
@@ -177,12 +179,12 @@ def _read_placements(readers: list[PartReader], plan: ShardPlan, local: ReplayBu
     large reads, like ``np.load``, and no partial block at each episode boundary.
     """
     storage = local.storage
-    cap = storage.stream_capacity
-    ordered = sorted(plan.placements, key=lambda p: (p.ref.part, p.ref.start))
-    part = np.array([p.ref.part for p in ordered], np.int64)
-    src = np.array([p.ref.start + p.skip for p in ordered], np.int64)
-    dst = np.array([p.row * cap + p.offset for p in ordered], np.int64)
-    length = np.array([p.length for p in ordered], np.int64)
+    ids = plan.ids
+    order = np.lexsort((episodes.start[ids], episodes.part[ids]))  # file order
+    ids, row, skip = ids[order], plan.row[order], plan.skip[order]
+    part, src = episodes.part[ids], episodes.start[ids] + skip
+    dst = row * storage.stream_capacity + plan.offset[order]
+    length = episodes.length[ids] - skip
     targets = {f"field.{k}": v for k, v in storage.fields.items()}
     targets.update({k: getattr(storage, k) for k in STEP_ARRAYS})
     for arr in targets.values():
@@ -194,10 +196,10 @@ def _read_placements(readers: list[PartReader], plan: ShardPlan, local: ReplayBu
     for reader in readers:  # every block read is verified before anything is derived from it
         reader.check_pending()
     slots = _ranges(dst, length)
-    storage.episode_id[slots] = np.repeat(np.array([p.new_id for p in ordered], np.int64), length)
+    storage.episode_id[slots] = np.repeat(ids, length)
     storage.generation[slots] = 1
-    storage.step_type[dst[np.array([p.skip > 0 for p in ordered], bool)]] = StepType.FIRST
-    rows = np.repeat(np.array([p.row for p in ordered], np.int64), length)
+    storage.step_type[dst[skip > 0]] = StepType.FIRST
+    rows = np.repeat(row, length)
     for name in local.spec.env_id_fields:
         arr = storage.fields[name]
         arr[slots] = rows.reshape(-1, *([1] * (arr.ndim - 1))).astype(arr.dtype)

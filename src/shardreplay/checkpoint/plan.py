@@ -21,7 +21,8 @@ number of steps stored after its end in its saved stream (0 for the newest). Wit
 new row episodes are ordered oldest first (ties: saved part, row, time), so the steps
 of each saved stream keep their time order. An episode longer than
 ``stream_capacity`` keeps only its newest steps (the loader seals it to start with
-FIRST).
+FIRST). Episodes are rows of an :class:`EpisodeTable` of arrays; only steps that
+touch pieces or rows (few) run in Python, so planning a million episodes stays cheap.
 """
 
 from __future__ import annotations
@@ -29,135 +30,140 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 
 @dataclass(frozen=True)
-class EpisodeRef:
-    """One saved episode: where it is (part, start index, length), its saved row, and
-    its age (steps stored after it in that row)."""
+class EpisodeTable:
+    """The saved episodes of all parts, in canonical order (part, row, start): an
+    episode's index is its new id, unique across all new shards.
 
-    part: int
-    start: int
-    length: int
-    row: int
-    age: int = 0
+    Per episode: its part, start index and length in that part, its saved row, and its
+    age (steps stored after it in that row). All int64 arrays of one length.
+    """
 
+    part: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    row: np.ndarray
+    age: np.ndarray
 
-@dataclass(frozen=True)
-class Placement:
-    """Where (a suffix of) a saved episode goes: new row, offset in the row, and how
-    many leading steps of the saved episode are skipped (capacity overflow)."""
-
-    ref: EpisodeRef
-    new_id: int
-    row: int
-    offset: int
-    skip: int
-
-    @property
-    def length(self) -> int:
-        """Steps placed."""
-        return self.ref.length - self.skip
+    def __len__(self) -> int:
+        return int(self.part.shape[0])
 
 
 @dataclass(frozen=True)
 class ShardPlan:
     """What one new shard receives, and what capacity made it drop.
 
-    In merge mode, episodes no new row could take are counted on shard 0.
+    Per placed episode (row by row, in each row oldest first): its index in the
+    :class:`EpisodeTable` (its new id), new row, offset in the row, and how many leading
+    steps are skipped (an episode longer than the row keeps its newest steps). In merge
+    mode, episodes no new row could take are counted on shard 0.
     """
 
-    placements: list[Placement]
+    ids: np.ndarray
+    row: np.ndarray
+    offset: np.ndarray
+    skip: np.ndarray
     row_lengths: np.ndarray
     dropped_episodes: int
     dropped_steps: int
 
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
 
-def plan_shard(episodes: list[EpisodeRef], num_shards: int, shard: int, num_streams: int,
+
+def plan_shard(episodes: EpisodeTable, num_shards: int, shard: int, num_streams: int,
                stream_capacity: int) -> ShardPlan:
-    """The placements of new shard ``shard`` of ``num_shards``.
-
-    ``episodes`` must be in the canonical order (part, row, start): the list's index is
-    the episode's new id, unique across all new shards.
-    """
+    """The placements of new shard ``shard`` of ``num_shards`` (vectorised: no Python
+    work per episode except the merge-mode balancing, which is compiled)."""
     rows, pre_dropped = assign_rows(episodes, num_shards, num_streams, stream_capacity)
-    placements: list[Placement] = []
+    lengths, age = episodes.length, episodes.age
+    out_ids, out_rows, out_offsets, out_skips = [], [], [], []
     row_lengths = np.zeros(num_streams, np.int64)
     dropped_eps = dropped_steps = 0
     if shard == 0:
-        dropped_eps, dropped_steps = len(pre_dropped), sum(episodes[i].length for i in pre_dropped)
+        dropped_eps, dropped_steps = int(pre_dropped.shape[0]), int(lengths[pre_dropped].sum())
     for r in range(num_streams):
-        in_row = sorted(rows[shard * num_streams + r], key=lambda i: (-episodes[i].age, i))
-        kept, skips, dropped = _fit(in_row, [episodes[i].length for i in in_row], stream_capacity)
-        dropped_eps += len(dropped)
-        dropped_steps += sum(episodes[i].length for i in dropped) + sum(skips)
-        offset = 0
-        for i, skip in zip(kept, skips, strict=True):
-            placements.append(Placement(episodes[i], i, r, offset, skip))
-            offset += episodes[i].length - skip
-        row_lengths[r] = offset
-    return ShardPlan(placements, row_lengths, dropped_eps, dropped_steps)
+        ids = rows[shard * num_streams + r]
+        in_row = ids[np.lexsort((ids, -age[ids]))]  # oldest first; ties: canonical order
+        kept, skip, dropped = _fit(in_row, lengths[in_row], stream_capacity)
+        placed = lengths[kept] - skip
+        dropped_eps += int(dropped.shape[0])
+        dropped_steps += int(lengths[dropped].sum() + skip.sum())
+        out_ids.append(kept)
+        out_rows.append(np.full(kept.shape[0], r, np.int64))
+        out_offsets.append(np.cumsum(placed) - placed)
+        out_skips.append(skip)
+        row_lengths[r] = placed.sum()
+    columns = (np.concatenate(xs).astype(np.int64) for xs in (out_ids, out_rows, out_offsets, out_skips))
+    return ShardPlan(*columns, row_lengths, dropped_eps, dropped_steps)
 
 
-def assign_rows(episodes: list[EpisodeRef], num_shards: int, num_streams: int,
-                stream_capacity: int) -> tuple[list[list[int]], list[int]]:
-    """Episode indices of every new row (row ``shard * num_streams + r``), and the
-    indices dropped before assignment (merge mode only)."""
-    lengths = [e.length for e in episodes]
+def assign_rows(episodes: EpisodeTable, num_shards: int, num_streams: int,
+                stream_capacity: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Episode indices of every new row (row ``shard * num_streams + r``), in canonical
+    order, and the indices dropped before assignment (merge mode only)."""
+    lengths = episodes.length
+    ends = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # sum of [lo, hi) = ends[hi] - ends[lo]
     pieces = _saved_streams(episodes)
     total_rows = num_shards * num_streams
     if len(pieces) <= total_rows:
-        pieces = _split_pieces(pieces, lengths, total_rows)
-        return _deal_pieces(pieces, lengths, num_shards, num_streams), []
+        pieces = _split_pieces(pieces, ends, total_rows)
+        dealt = _deal_pieces(pieces, ends, num_shards, num_streams)
+        return [np.arange(lo, hi, dtype=np.int64) for lo, hi in dealt], np.empty(0, np.int64)
     kept, dropped = _drop_oldest(episodes, total_rows * stream_capacity)
-    rows: list[list[int]] = [[] for _ in range(total_rows)]
-    for i, b in zip(kept, _balance([lengths[i] for i in kept], total_rows), strict=True):
-        # Bin b is row b // N of shard b % N: the first (largest) episodes spread over shards.
-        rows[(b % num_shards) * num_streams + b // num_shards].append(i)
-    return rows, dropped
+    bins = _balance(lengths[kept], total_rows)
+    # Bin b is row b // N of shard b % N: the first (largest) episodes spread over shards.
+    row_of = (bins % num_shards) * num_streams + bins // num_shards
+    order = np.argsort(row_of, kind="stable")  # canonical order within each row
+    bounds = np.searchsorted(row_of[order], np.arange(total_rows + 1))
+    return [kept[order[bounds[r]:bounds[r + 1]]] for r in range(total_rows)], dropped
 
 
-def _saved_streams(episodes: list[EpisodeRef]) -> list[list[int]]:
-    """Runs of consecutive episodes of one saved stream (same part and row)."""
-    pieces: list[list[int]] = []
-    for i, e in enumerate(episodes):
-        if i and (e.part, e.row) == (episodes[i - 1].part, episodes[i - 1].row):
-            pieces[-1].append(i)
-        else:
-            pieces.append([i])
-    return pieces
+def _saved_streams(episodes: EpisodeTable) -> list[tuple[int, int]]:
+    """Runs ``[lo, hi)`` of consecutive episodes of one saved stream (same part and row)."""
+    n = len(episodes)
+    if n == 0:
+        return []
+    change = np.ones(n, bool)
+    change[1:] = (episodes.part[1:] != episodes.part[:-1]) | (episodes.row[1:] != episodes.row[:-1])
+    starts = np.flatnonzero(change).tolist()
+    return list(zip(starts, [*starts[1:], n], strict=True))
 
 
-def _split_pieces(pieces: list[list[int]], lengths: list[int], total_rows: int) -> list[list[int]]:
+def _split_pieces(pieces: list[tuple[int, int]], ends: np.ndarray, total_rows: int
+                  ) -> list[tuple[int, int]]:
     """Split the largest piece at the episode boundary nearest its middle until there
     are ``total_rows`` pieces or none has two episodes."""
-    heap = [(-sum(lengths[i] for i in p), p[0], p) for p in pieces]
+    heap = [(-int(ends[hi] - ends[lo]), lo, hi) for lo, hi in pieces]
     heapq.heapify(heap)
-    done: list[list[int]] = []
+    done: list[tuple[int, int]] = []
     count = len(pieces)
     while heap and count < total_rows:
-        _size, _first, piece = heapq.heappop(heap)
-        if len(piece) < 2:
-            done.append(piece)
+        _size, lo, hi = heapq.heappop(heap)
+        if hi - lo < 2:
+            done.append((lo, hi))
             continue
-        cut = _best_cut(np.cumsum([lengths[i] for i in piece]).tolist())
-        for part in (piece[:cut], piece[cut:]):
-            heapq.heappush(heap, (-sum(lengths[i] for i in part), part[0], part))
+        cut = lo + _best_cut(ends[lo + 1:hi + 1] - ends[lo])
+        for a, b in ((lo, cut), (cut, hi)):
+            heapq.heappush(heap, (-int(ends[b] - ends[a]), a, b))
         count += 1
-    return sorted(done + [p for _s, _f, p in heap], key=lambda p: p[0])
+    return sorted(done + [(lo, hi) for _s, lo, hi in heap])
 
 
-def _best_cut(ends: list[int]) -> int:
-    """Index ``c`` in ``1..len-1`` splitting prefix sums ``ends`` most evenly."""
-    total = ends[-1]
-    return min(range(1, len(ends)), key=lambda c: (abs(2 * ends[c - 1] - total), c))
+def _best_cut(piece_ends: np.ndarray) -> int:
+    """Index ``c`` in ``1..len-1`` splitting prefix sums ``piece_ends`` most evenly
+    (ties: the smallest ``c``)."""
+    return int(np.argmin(np.abs(2 * piece_ends[:-1] - piece_ends[-1]))) + 1
 
 
-def _deal_pieces(pieces: list[list[int]], lengths: list[int], num_shards: int,
-                 num_streams: int) -> list[list[int]]:
+def _deal_pieces(pieces: list[tuple[int, int]], ends: np.ndarray, num_shards: int,
+                 num_streams: int) -> list[tuple[int, int]]:
     """Each piece to its own row: largest first to the least-filled shard with a free row."""
-    sizes = [sum(lengths[i] for i in p) for p in pieces]
+    sizes = [int(ends[hi] - ends[lo]) for lo, hi in pieces]
     heap = [(0, s) for s in range(num_shards)]
     per_shard: list[list[int]] = [[] for _ in range(num_shards)]
     for k in sorted(range(len(pieces)), key=lambda k: (-sizes[k], k)):
@@ -165,49 +171,54 @@ def _deal_pieces(pieces: list[list[int]], lengths: list[int], num_shards: int,
         per_shard[s].append(k)
         if len(per_shard[s]) < num_streams:
             heapq.heappush(heap, (filled + sizes[k], s))
-    rows: list[list[int]] = [[] for _ in range(num_shards * num_streams)]
+    rows = [(0, 0)] * (num_shards * num_streams)
     for s, ks in enumerate(per_shard):
         for r, k in enumerate(sorted(ks)):
-            rows[s * num_streams + r] = list(pieces[k])
+            rows[s * num_streams + r] = pieces[k]
     return rows
 
 
-def _drop_oldest(episodes: list[EpisodeRef], capacity: int) -> tuple[list[int], list[int]]:
-    """Drop the oldest episodes until the rest hold at most ``capacity`` steps."""
-    excess = sum(e.length for e in episodes) - capacity
-    dropped: list[int] = []
-    for i in sorted(range(len(episodes)), key=lambda i: (-episodes[i].age, i)):
-        if excess <= 0:
-            break
-        dropped.append(i)
-        excess -= episodes[i].length
-    gone = set(dropped)
-    return [i for i in range(len(episodes)) if i not in gone], sorted(dropped)
+def _drop_oldest(episodes: EpisodeTable, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Drop the oldest episodes (ties: canonical order) until the rest hold at most
+    ``capacity`` steps; returns (kept, dropped) indices, each sorted."""
+    n = len(episodes)
+    excess = int(episodes.length.sum()) - capacity
+    if excess <= 0:
+        return np.arange(n, dtype=np.int64), np.empty(0, np.int64)
+    order = np.lexsort((np.arange(n), -episodes.age))
+    count = int(np.searchsorted(np.cumsum(episodes.length[order]), excess, side="left")) + 1
+    keep = np.ones(n, bool)
+    keep[order[:count]] = False
+    return np.flatnonzero(keep).astype(np.int64), np.sort(order[:count]).astype(np.int64)
 
 
-def _balance(sizes: list[int], bins: int) -> list[int]:
+def _balance(sizes: np.ndarray, bins: int) -> np.ndarray:
     """Greedy longest-first: each item to the least-filled bin (ties: lowest index)."""
-    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
-    heap = [(0, b) for b in range(bins)]
-    assign = [0] * len(sizes)
+    order = np.argsort(-sizes, kind="stable")
+    return _balance_kernel(order.astype(np.int64), sizes.astype(np.int64), bins)
+
+
+@numba.njit(cache=True)
+def _balance_kernel(order: np.ndarray, sizes: np.ndarray, bins: int) -> np.ndarray:  # pragma: no cover
+    filled = np.zeros(bins, np.int64)
+    assign = np.zeros(sizes.shape[0], np.int64)
     for i in order:
-        filled, b = heapq.heappop(heap)
+        b = np.argmin(filled)  # the first least-filled bin, as a heap of (filled, bin) pops
         assign[i] = b
-        heapq.heappush(heap, (filled + sizes[i], b))
+        filled[b] += sizes[i]
     return assign
 
 
-def _fit(ids: list[int], lengths: list[int], capacity: int) -> tuple[list[int], list[int], list[int]]:
-    """Keep the newest episodes that fit ``capacity``; returns (kept, skips, dropped)."""
-    total = 0
-    first_kept = len(ids)
-    for k in range(len(ids) - 1, -1, -1):
-        if total + lengths[k] > capacity and total > 0:
-            break
-        total += lengths[k]
-        first_kept = k
-    kept = ids[first_kept:]
-    skips = [0] * len(kept)
-    if kept and total > capacity:  # a single episode longer than the row
-        skips[0] = total - capacity
-    return kept, skips, ids[:first_kept]
+def _fit(ids: np.ndarray, lengths: np.ndarray, capacity: int
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keep the newest episodes (the last of ``ids``) that fit ``capacity``; returns
+    (kept, skips, dropped). The newest is kept even when longer than the row: it then
+    skips its oldest steps."""
+    n = ids.shape[0]
+    if n == 0:
+        return ids, np.empty(0, np.int64), ids
+    newest_first = np.cumsum(lengths[::-1])
+    keep = max(1, int(np.searchsorted(newest_first, capacity, side="right")))
+    skips = np.zeros(keep, np.int64)
+    skips[0] = max(0, int(newest_first[keep - 1]) - capacity)
+    return ids[n - keep:], skips, ids[:n - keep]

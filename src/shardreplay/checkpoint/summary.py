@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.checkpoint.load import _episode_refs
+from shardreplay.checkpoint.load import _episode_table
 from shardreplay.checkpoint.manifest import (
     checkpoint_dir,
     list_checkpoints,
@@ -139,8 +139,8 @@ def _check_arrays(reader: PartReader, spec: Spec, part: dict[str, Any]) -> None:
                                         f"expected {dtype}{list(shape)}")
     if int(reader.array("row_length").sum()) != steps:
         raise CheckpointFormatError(f"{reader.path}: row lengths do not add up to {steps} steps")
-    refs = _episode_refs([reader])
-    if len(refs) != int(part["episodes"]) or sum(r.length for r in refs) != steps:
+    episodes = _episode_table([reader])
+    if len(episodes) != int(part["episodes"]) or int(episodes.length.sum()) != steps:
         raise CheckpointFormatError(f"{reader.path}: the episode table does not cover the {steps} steps")
     try:
         json.loads(reader.metadata.get("buffer_meta", ""))
