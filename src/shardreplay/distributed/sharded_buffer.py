@@ -33,10 +33,11 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
+from shardreplay.distributed.kernels import BAD_KEY, BAD_PRIORITY, split_updates
 from shardreplay.distributed.pending import PendingUpdates
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, ShardReplayError
 from shardreplay.spec.fields import StepType
-from shardreplay.spec.keys import MAX_SHARDS, key_shard, with_shard
+from shardreplay.spec.keys import MAX_SHARDS, with_shard
 
 SAMPLE_MODES = ("exact", "local")
 # Columns of the stats row each rank contributes to a sampling exchange (the last K
@@ -213,7 +214,7 @@ class ShardedReplayBuffer:
         prob = gs.global_probabilities(draw.probabilities, mass_k, total)
         return _split({k_: torch.from_numpy(v) for k_, v in data.items()}, torch.from_numpy(mask),
                       torch.from_numpy(with_shard(keys, self.rank)), torch.from_numpy(prob), n,
-                      total, low, self.world_size * mass_k / total)
+                      total, low, self.world_size * mass_k / total, self.local.sampling_stats()[3])
 
     def _draw_exact(self, stats: np.ndarray, total: float, low: float) -> list[_Drawn]:
         """Every rank draws every requester's shard counts from one shared seed (rank 0's
@@ -235,11 +236,15 @@ class ShardedReplayBuffer:
         owner_mass = np.repeat(masses, want)
         if k > 1:
             perm = self._rng.permutation(k * n)
-            recv, owner_mass = recv[torch.from_numpy(perm).to(recv.device)], owner_mass[perm]
+            owner_mass = owner_mass[perm]
+            # numpy's row take is a memcpy per row; torch's uint8 index kernel is ~10x slower
+            recv = (torch.from_numpy(recv.numpy()[perm]) if recv.device.type == "cpu"
+                    else recv[torch.from_numpy(perm).to(recv.device)])
         parts = self._layout.unpack(recv)
         prob = parts["probability"] * torch.from_numpy(owner_mass).to(recv.device) / total
         data = {k_[len("data."):]: v for k_, v in parts.items() if k_.startswith("data.")}
-        return _split(data, parts["mask"], parts["key"], prob, n, total, low, 1.0)
+        return _split(data, parts["mask"], parts["key"], prob, n, total, low, 1.0,
+                      self.local.sampling_stats()[3])
 
     def _draw_records(self, n: int) -> np.ndarray:
         """Draw ``n`` windows from this shard for all requesters, as records (in rank order)."""
@@ -254,12 +259,8 @@ class ShardedReplayBuffer:
         advances once per sample() call, prefetched or not)."""
         beta = self.local.sampling_stats()[3]
         self.local.advance_schedule()
-        if d.factor == 0.0:  # padding
-            weights = torch.zeros(d.keys.shape[0], dtype=torch.float32)
-        else:
-            weights = ((d.prob * (d.total / d.low)) ** -beta * d.factor).to(torch.float32)
-        batch = Batch(data=d.data, mask=d.mask, keys=d.keys, weights=weights,
-                      probabilities=d.prob.to(torch.float64))
+        weights = d.weights if beta == d.beta else _weights(d.prob, d.total, d.low, beta, d.factor)
+        batch = Batch(data=d.data, mask=d.mask, keys=d.keys, weights=weights, probabilities=d.prob)
         if batch.keys.device == self.device:
             return batch
         if self.device.type == "cuda" and batch.keys.device.type == "cpu":
@@ -286,8 +287,8 @@ class ShardedReplayBuffer:
         data["episode_id"][:] = -1
         mask = torch.zeros((n, window), dtype=torch.bool)
         mask[:, :2] = True
-        return _Drawn(data, mask, torch.full((n,), -1, dtype=torch.int64),
-                      torch.zeros(n, dtype=torch.float64), 1.0, 1.0, 0.0)
+        return _split(data, mask, torch.full((n,), -1, dtype=torch.int64),
+                      torch.zeros(n, dtype=torch.float64), n, 1.0, 1.0, 0.0, 0.0)[0]
 
     # -- priorities ------------------------------------------------------------------------------
     def update_priorities(self, keys: Any, priorities: Any) -> int:
@@ -314,17 +315,18 @@ class ShardedReplayBuffer:
         """
         error: ShardReplayError | None = None
         try:
-            keys_np, prios = self._checked_updates(keys, priorities)
+            own_keys, own_prios, foreign_keys, foreign_prios = self._split_updates(keys, priorities)
         except ShardReplayError as exc:
             if self.prefetch > 1:
                 raise
-            error, keys_np, prios = exc, np.empty(0, np.int64), np.empty(0, np.float32)
+            error = exc
+            own_keys = foreign_keys = np.empty(0, np.int64)
+            own_prios = foreign_prios = np.empty(0, np.float32)
         if self.prefetch > 1:
-            own = key_shard(keys_np) == self.rank
-            self._pending.add(keys_np[~own], prios[~own])
-            return self._apply_updates(with_shard(keys_np[own], 0), prios[own])
+            self._pending.add(foreign_keys, foreign_prios)
+            return self._apply_own(own_keys, own_prios)
         pending = PendingUpdates(self.world_size)
-        pending.add(keys_np, prios)
+        pending.add(foreign_keys, foreign_prios)
         payload, send_counts = pending.take()
         recv_counts = self._comm.all_to_all(torch.from_numpy(send_counts), [1] * self.world_size,
                                             [1] * self.world_size,
@@ -334,7 +336,7 @@ class ShardedReplayBuffer:
         applied = self._route(payload, foreign)
         if error is not None:
             raise error
-        return applied
+        return applied + self._apply_own(own_keys, own_prios)
 
     def flush_updates(self) -> int:
         """Route the queued updates of ``prefetch > 1`` to their owners now (collective:
@@ -358,16 +360,29 @@ class ShardedReplayBuffer:
                                     "ShardedReplayBuffer.update_priorities(records)").cpu().numpy()
         return self._apply_updates(got[:, 0], got[:, 1].view(np.float64).astype(np.float32))
 
-    def _checked_updates(self, keys: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _split_updates(self, keys: Any, priorities: Any) -> tuple[np.ndarray, ...]:
+        """Checked ``(own keys with shard 0, own priorities, foreign keys, foreign
+        priorities)``; padding keys (-1) dropped, own keys that fit no slot counted in
+        ``invalid_keys``.
+
+        Raises:
+            InvalidKeyError / InvalidPriorityError: bad input (nothing was changed).
+        """
         keys_np = as_index_array(keys, "keys")
-        prios = check_priorities(as_priority_array(priorities, keys_np.shape), keys_np.shape)
-        keep = keys_np != -1
-        keys_np, prios = keys_np[keep], prios[keep]
-        owner = key_shard(keys_np)
-        if keys_np.size and (keys_np.min() < 0 or owner.max() >= self.world_size):
+        prios = np.ascontiguousarray(as_priority_array(priorities, keys_np.shape))
+        status, own_k, own_p, for_k, for_p, misfits = split_updates(
+            keys_np, prios, self.rank, self.world_size, self.local.num_streams,
+            self.local.stream_capacity)
+        if status == BAD_PRIORITY:
+            check_priorities(prios, keys_np.shape)  # raises with the precise reason
+        if status == BAD_KEY:
             raise InvalidKeyError(f"keys must come from this sharded buffer's sample() "
                                   f"(owner shard outside 0..{self.world_size - 1})")
-        return keys_np, prios
+        self.invalid_keys += misfits
+        return own_k, own_p, for_k, for_p
+
+    def _apply_own(self, keys: np.ndarray, prios: np.ndarray) -> int:
+        return self.local.update_priorities(keys, prios) if keys.size else 0
 
     def _apply_updates(self, keys: np.ndarray, prios: np.ndarray) -> int:
         """Apply routed updates; keys that fit no slot here are counted and skipped."""
@@ -380,22 +395,34 @@ class ShardedReplayBuffer:
 
 @dataclass
 class _Drawn:
-    """A drawn batch before weighting: weights use beta at the call that returns it."""
+    """A drawn batch, weighted for ``beta`` (reweighted when served at another beta)."""
 
     data: dict[str, torch.Tensor]
     mask: torch.Tensor
     keys: torch.Tensor
     prob: torch.Tensor  # global P(i), float64
+    weights: torch.Tensor  # float32, for beta
+    beta: float
     total: float
     low: float
     factor: float  # 1 exact, K mass_k / total local, 0 padding
 
 
+def _weights(prob: torch.Tensor, total: float, low: float, beta: float, factor: float) -> torch.Tensor:
+    """``(P / P_min)^-beta * factor`` with ``P_min = low / total`` (float32; 0 for padding)."""
+    if factor == 0.0:
+        return torch.zeros(prob.shape, dtype=torch.float32, device=prob.device)
+    return ((prob * (total / low)) ** -beta * factor).to(torch.float32)
+
+
 def _split(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch.Tensor, prob: torch.Tensor,
-           n: int, total: float, low: float, factor: float) -> list[_Drawn]:
-    """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies)."""
+           n: int, total: float, low: float, factor: float, beta: float) -> list[_Drawn]:
+    """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies), weighted for
+    ``beta`` in one vectorised pass."""
+    w = _weights(prob, total, low, beta, factor)
     return [_Drawn({name: v[j:j + n] for name, v in data.items()}, mask[j:j + n], keys[j:j + n],
-                   prob[j:j + n], total, low, factor) for j in range(0, keys.shape[0], n)]
+                   prob[j:j + n], w[j:j + n], beta, total, low, factor)
+            for j in range(0, keys.shape[0], n)]
 
 
 def _check_same_prefetch(depths: np.ndarray) -> None:
