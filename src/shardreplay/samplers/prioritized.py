@@ -21,7 +21,7 @@ import numpy as np
 
 from shardreplay.samplers.base import Draw, check_state_keys, is_real, state_error
 from shardreplay.samplers.schedules import Schedule
-from shardreplay.samplers.sum_tree import SumMinTree
+from shardreplay.samplers.sum_tree import SumMinTree, leaves_from_priorities
 from shardreplay.storage import StreamStorage
 
 
@@ -87,10 +87,8 @@ class PrioritizedSampler:
 
     def rebuild(self) -> None:
         """Recompute every leaf from stored priorities and validity."""
-        s = self.storage
         # p > 0 as in the write path: with alpha = 0, 0**0 = 1 would make priority 0 drawable.
-        drawable = s.valid & (s.priority > 0)
-        self.tree.rebuild(np.where(drawable, s.priority.astype(np.float64) ** self.alpha, 0.0))
+        self.tree.rebuild(leaves_from_priorities(self.storage.valid, self.storage.priority, self.alpha))
 
     def state_dict(self) -> dict[str, Any]:
         """Max priority, schedule position, alpha and beta schedule."""
