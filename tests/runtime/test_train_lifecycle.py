@@ -98,8 +98,9 @@ def _finished_run(args: list[str], log_dir: Path, timeout_s: float = 240) -> dic
 def test_resume_continues_counters_and_replay_on_another_number_of_learners(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     budget = 1500
-    # --auto-resume starts a new run when there is nothing to continue ...
-    first = _finished_run(_train_args(run_dir, "--auto-resume", "--learners", "2",
+    # --auto-resume starts a new run when there is nothing to continue ... (with
+    # prefetched sampling: queued priority updates are flushed before each agreed save)
+    first = _finished_run(_train_args(run_dir, "--auto-resume", "--learners", "2", "--prefetch", "4",
                                       "--total-env-steps", str(budget)), tmp_path / "a")
     assert first["resumed_from"] is None
     previous = first
@@ -130,7 +131,8 @@ def test_resume_continues_counters_and_replay_on_another_number_of_learners(tmp_
         assert manifest_counters(new)["env_steps"] == summary["env_steps"]
         added = summary["env_steps"] - saved_counters["env_steps"]
         assert manifest_steps(new) == manifest_steps(saved) + added
-        assert json.loads((run_dir / "config.json").read_text())["learners"] == learners
+        config = json.loads((run_dir / "config.json").read_text())
+        assert (config["learners"], config["prefetch"]) == (learners, 4)
         previous = summary
     assert previous["env_steps"] >= 3 * budget
 

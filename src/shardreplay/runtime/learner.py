@@ -129,7 +129,7 @@ class Learner:
                              sampler="prioritized", alpha=s.alpha,
                              beta=LinearSchedule(s.beta_start, s.beta_end, s.beta_updates),
                              seed=s.seed * 1000 + self.rank)
-        return ShardedReplayBuffer(local, timeout_s=s.collective_timeout_s)
+        return ShardedReplayBuffer(local, timeout_s=s.collective_timeout_s, prefetch=s.prefetch)
 
     def _actor_settings(self) -> list[ActorSettings]:
         s = self.s
@@ -207,7 +207,7 @@ class Learner:
         self._stop_actors()
         # What the actors sent while stopping is in the shards: count it (all ranks agree).
         self.counters["env_steps"] += int(self._sync(started)[_STEPS])
-        path = self.save()
+        path = self._agreed_save()
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
         if self.publisher is not None and (self._budget_reached(started) or self._solved()):
@@ -216,6 +216,13 @@ class Learner:
             self.metrics.close()
             summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
         return summary
+
+    def _agreed_save(self) -> Path:
+        """A save every rank makes at the same point: queued priority updates (prefetch >
+        1) reach their owners first, so the checkpoint holds them."""
+        if self.s.prefetch > 1:
+            self.buffer.flush_updates()
+        return self.save()
 
     def _close_reader(self) -> None:
         try:
@@ -271,7 +278,7 @@ class Learner:
             if g[_STOP] > 0:
                 break
             if g[_SAVE] > 0 or self._periodic_save():
-                self.save()
+                self._agreed_save()
             for _ in range(_MAX_UPDATES_PER_ITERATION):
                 if not limiter.can_sample(per_update):
                     break

@@ -28,6 +28,9 @@ class TrainSettings:
         policy_url: where weights are published ('' = ``file://<run_dir>/policy``,
             or the Redis URL when the transport is Redis).
         sample_mode: ``exact`` (one global distribution) or ``local`` (own shard, weighted).
+        prefetch: batches each learner rank draws per replay exchange. 1: every update
+            samples the current priorities; k > 1: 1/k of the collectives per update, a
+            batch may miss the priority updates of up to k - 1 earlier updates.
         run_dir: where config, metrics, checkpoints and the plot go ('' = runs/<time>).
         total_env_steps: stop after this many environment steps (all actors).
         max_minutes: stop after this wall time.
@@ -69,6 +72,7 @@ class TrainSettings:
     transport: str = "local"
     policy_url: str = ""
     sample_mode: str = "exact"
+    prefetch: int = 1
     run_dir: str = ""
     total_env_steps: int = 200_000
     max_minutes: float = 10.0
@@ -106,7 +110,7 @@ class TrainSettings:
         positive = ("learners", "envs_per_actor", "total_env_steps", "batch_size", "n_step",
                     "target_update_interval", "replay_capacity", "beta_updates", "chunk_steps",
                     "publish_interval_updates", "eval_episodes", "eval_interval_updates",
-                    "queued_chunks_per_actor", "quick_eval_episodes")
+                    "queued_chunks_per_actor", "quick_eval_episodes", "prefetch")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
