@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "spec": 0,
     "_io": 0,
+    "_hashing": 0,
     "metrics": 0,
     "storage": 1,
     "samplers": 2,
