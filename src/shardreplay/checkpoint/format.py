@@ -7,10 +7,12 @@ arrays to disk without a second in-memory copy, and to record an XXH64 hash of e
 ``BLOCK_BYTES`` block of the file (:mod:`shardreplay._hashing`: as fast as
 memory, where CRC32 was slower than reading): a reader verifies exactly the blocks it
 reads, so a rank that loads a few episodes of a large part does not read (or trust)
-the rest. Whole blocks are read straight into the destination arrays, partial ones
-through one block-sized scratch buffer (no mmap, whose touched pages would count as
-resident memory twice); the hashes of whole blocks run on a helper thread, overlapping
-the next read.
+the rest. Whole blocks are read straight into the destination arrays, in runs of up
+to ``_RUN_BYTES`` per system call, partial ones through one block-sized scratch buffer
+(no mmap, whose touched pages would count as resident memory twice); the hashes of a
+run are computed on a helper thread while the next run is read. A loader may defer
+the checks of many reads (``defer=True``) and wait for them all once
+(:meth:`PartReader.check_pending`) before it trusts anything it read.
 """
 
 from __future__ import annotations
