@@ -84,6 +84,8 @@ class Settings:
     """Iterations between progress lines (rank 0)."""
     timeout_s: float = 60.0
     """How long a replay collective waits for the other ranks."""
+    prefetch: int = 1
+    """Batches drawn per replay exchange (k > 1: 1/k of the collectives, slightly stale)."""
     seed: int = 0
     """Base seed (each rank adds its rank)."""
     summary: str = ""
@@ -142,7 +144,7 @@ def make_replay(settings: Settings, obs_dim: int, rank: int) -> ShardedReplayBuf
     local = ReplayBuffer(spec, num_streams=settings.num_envs, stream_capacity=settings.stream_capacity,
                          window=settings.n_step + 1, sampler="prioritized", alpha=settings.alpha,
                          beta=beta, seed=settings.seed + rank)
-    return ShardedReplayBuffer(local, timeout_s=settings.timeout_s)
+    return ShardedReplayBuffer(local, timeout_s=settings.timeout_s, prefetch=settings.prefetch)
 
 
 def wrap_ddp(agent: DQNAgent) -> DDP:
@@ -229,7 +231,7 @@ def _train(settings: Settings, envs: gym.vector.VectorEnv, rank: int, world: int
     obs, _ = envs.reset(seed=settings.seed + 1000 * rank)
     converter.reset(obs)
     episodes = Episodes(settings.num_envs)
-    started, train_steps, losses, applied = False, 0, [], 0
+    started, train_steps, losses = False, 0, []
     start = time.perf_counter()
     for it in range(settings.steps):
         eps = max(settings.eps_end, 1.0 - it / max(1, settings.steps // 2))
@@ -243,7 +245,7 @@ def _train(settings: Settings, envs: gym.vector.VectorEnv, rank: int, world: int
         if started:
             batch = agent.replay.sample(settings.batch_size, mode=settings.mode)
             loss, td = train_step(ddp, agent, target, optimizer, batch, settings.gamma)
-            applied += agent.replay.update_priorities(batch.keys, td + 1e-3)
+            agent.replay.update_priorities(batch.keys, td + 1e-3)
             losses.append(loss)
             train_steps += 1
             if train_steps % settings.target_update == 0:
@@ -254,7 +256,10 @@ def _train(settings: Settings, envs: gym.vector.VectorEnv, rank: int, world: int
                 print(f"iter {it + 1:6d}  episodes {int(stats[0]):5d}  return(last 20/rank) "
                       f"{stats[3] / max(stats[2], 1):7.1f}  loss {stats[4] / world:.4f}  "
                       f"train steps {train_steps}  {time.perf_counter() - start:6.1f} s", flush=True)
-    return _summary(settings, agent, episodes, train_steps, applied, time.perf_counter() - start)
+    # With prefetch > 1, updates for other shards wait for the next exchange: send them now.
+    agent.replay.flush_updates()
+    return _summary(settings, agent, episodes, train_steps, agent.replay.updates_applied,
+                    time.perf_counter() - start)
 
 
 def _summary(settings: Settings, agent: DQNAgent, episodes: Episodes, train_steps: int, applied: int,

@@ -146,6 +146,7 @@ def _scenario(rank: int, world: int) -> dict:
     buf.sample(64, mode="exact")
     out["refill_collectives"] = log[start:]
     out["stored_after_refill"] = _stored(local)
+    out["updates_applied"] = buf.updates_applied
     gc.freeze()
     return out
 
@@ -218,6 +219,9 @@ def test_queued_updates_land_on_their_owner_at_flush(world) -> None:
 def test_the_next_refill_routes_queued_updates_before_drawing(world) -> None:
     _k, results = world
     updated = {i for r in results for i in r["updated_first"] + r["updated_second"]}
+    # Every update of every rank was applied once, on its owner (none is stale here).
+    assert sum(r["updates_applied"] for r in results) == sum(
+        len(r["updated_first"]) + len(r["updated_second"]) for r in results)
     for r in results:
         assert r["refill_collectives"] == [STATS, UPDATES, STATS, RECORDS]
         for i, p in r["stored_after_refill"].items():

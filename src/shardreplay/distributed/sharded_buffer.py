@@ -92,6 +92,7 @@ class ShardedReplayBuffer:
         self._rng = np.random.default_rng(None if seed is None else [seed, self.rank, 0x5EED])
         self._layout = RecordLayout(local_buffer.spec, local_buffer.window)
         self.invalid_keys = 0
+        self.updates_applied = 0  # priorities applied to this shard, from any rank, so far
         self.prefetch = int(prefetch)
         self._ready: deque[_Drawn] = deque()
         self._ready_for: tuple[int, str] | None = None
@@ -358,7 +359,9 @@ class ShardedReplayBuffer:
         got = self._comm.all_to_all(torch.from_numpy(payload), foreign[self.rank].tolist(),
                                     foreign[:, self.rank].tolist(),
                                     "ShardedReplayBuffer.update_priorities(records)").cpu().numpy()
-        return self._apply_updates(got[:, 0], got[:, 1].view(np.float64).astype(np.float32))
+        applied = self._apply_updates(got[:, 0], got[:, 1].view(np.float64).astype(np.float32))
+        self.updates_applied += applied
+        return applied
 
     def _split_updates(self, keys: Any, priorities: Any) -> tuple[np.ndarray, ...]:
         """Checked ``(own keys with shard 0, own priorities, foreign keys, foreign
@@ -382,7 +385,9 @@ class ShardedReplayBuffer:
         return own_k, own_p, for_k, for_p
 
     def _apply_own(self, keys: np.ndarray, prios: np.ndarray) -> int:
-        return self.local.update_priorities(keys, prios) if keys.size else 0
+        applied = self.local.update_priorities(keys, prios) if keys.size else 0
+        self.updates_applied += applied
+        return applied
 
     def _apply_updates(self, keys: np.ndarray, prios: np.ndarray) -> int:
         """Apply routed updates; keys that fit no slot here are counted and skipped."""
