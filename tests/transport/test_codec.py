@@ -5,7 +5,6 @@ from __future__ import annotations
 import pathlib
 import re
 import tracemalloc
-import zlib
 
 import msgpack
 import numpy as np
@@ -14,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transport_helpers import SPEC, assert_same_chunk, make_chunk
 
+from shardreplay._hashing import xxh64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import codec
@@ -112,7 +112,7 @@ def _forge(header: object, payload: bytes = b"", *, header_len: int | None = Non
     body = head + pad + payload
     total = codec._PREFIX.size + len(body)
     return codec._PREFIX.pack(codec.MAGIC, codec.FORMAT_VERSION,
-                              len(head) if header_len is None else header_len, total, zlib.crc32(body)) + body
+                              len(head) if header_len is None else header_len, total, xxh64(body)) + body
 
 
 def _valid_header(priorities: bool = False) -> tuple[dict, bytes]:

@@ -2,15 +2,20 @@
 
 Records are ``[uint64 length][bytes]`` in one ``RawArray`` of ``capacity`` bytes; two
 absolute counters, ``head`` (next write) and ``tail`` (next read), sit in a shared meta
-array, so ``used = head - tail``. All access is under one ``multiprocessing.Lock``.
+array, so ``used = head - tail``. ``head`` and ``tail`` change only under one
+``multiprocessing.Lock``; readers take turns under a second one.
 
 Killed processes (SIGKILL, OOM) must not wedge the others, so:
 
 - A writer copies its record first and moves ``head`` last (one int64 store): a writer
-  killed mid-copy leaves nothing visible. A reader moves ``tail`` after copying out.
-- The lock holder's pid is kept in the meta array. A process that cannot get the lock
+  killed mid-copy leaves nothing visible. A reader reads ``head`` under the lock,
+  copies the records between ``tail`` and that ``head`` *outside* it (writers only
+  write beyond ``head`` and never past ``tail``, so nobody else touches them, and the
+  writers are not held up by the copy), then moves ``tail`` under the lock: a reader
+  killed mid-copy leaves the records for the next one.
+- Each lock's holder pid is kept in the meta array. A process that cannot get a lock
   for ``_STUCK_S`` checks whether the holder still lives (``/proc``; zombies count as
-  dead) and, if not, releases the lock in its place (under a second lock, reading the
+  dead) and, if not, releases the lock in its place (under a third lock, reading the
   holder inside it, so two repairers cannot both release).
 - No ``multiprocessing.Condition``: its ``notify`` waits for every sleeper to
   acknowledge, which hangs forever once a sleeper is killed. The reader sleeps on a
@@ -35,7 +40,7 @@ __all__ = ["ShmRing"]
 logger = logging.getLogger("shardreplay.transport")
 
 _LEN = struct.Struct("<Q")
-_HEAD, _TAIL, _HOLDER = 0, 1, 2
+_HEAD, _TAIL, _HOLDER, _READER = 0, 1, 2, 3  # _HOLDER: of the lock; _READER: of the read lock
 _STUCK_S = 0.5
 
 
@@ -67,8 +72,9 @@ class ShmRing:
     def __init__(self, capacity: int, ctx: Any) -> None:
         self.capacity = capacity
         self._raw = ctx.RawArray("B", capacity)
-        self._meta = ctx.RawArray("q", 3)
+        self._meta = ctx.RawArray("q", 4)
         self._lock = ctx.Lock()
+        self._read_lock = ctx.Lock()
         self._repairing = ctx.Lock()
         self._items = ctx.Semaphore(0)
         self._view: np.ndarray | None = None
@@ -84,28 +90,29 @@ class ShmRing:
             self._view = np.frombuffer(self._raw, dtype=np.uint8)
         return self._view
 
-    def _acquire(self) -> None:
-        while not self._lock.acquire(timeout=_STUCK_S):
-            self._repair()
-        self._meta[_HOLDER] = os.getpid()
+    def _acquire(self, lock: Any = None, slot: int = _HOLDER) -> None:
+        lock = self._lock if lock is None else lock
+        while not lock.acquire(timeout=_STUCK_S):
+            self._repair(lock, slot)
+        self._meta[slot] = os.getpid()
 
-    def _repair(self) -> None:
+    def _repair(self, lock: Any, slot: int) -> None:
         """Release the lock of a dead holder; one repairer at a time, holder read inside."""
         if not self._repairing.acquire(timeout=_STUCK_S):
             return
         try:
-            holder = self._meta[_HOLDER]
+            holder = self._meta[slot]
             if holder and not _is_alive(holder):
-                logger.warning("local ring: process %d died holding the ring lock; released it", holder)
-                self._meta[_HOLDER] = 0
+                logger.warning("local ring: process %d died holding a ring lock; released it", holder)
+                self._meta[slot] = 0
                 with contextlib.suppress(ValueError):  # "released too many times": nothing to do
-                    self._lock.release()
+                    lock.release()
         finally:
             self._repairing.release()
 
-    def _release(self) -> None:
-        self._meta[_HOLDER] = 0
-        self._lock.release()
+    def _release(self, lock: Any = None, slot: int = _HOLDER) -> None:
+        self._meta[slot] = 0
+        (self._lock if lock is None else lock).release()
 
     def put(self, data: bytes, deadline: float | None) -> bool:
         """Append one record, polling for room; False when ``deadline`` passed first."""
@@ -130,30 +137,48 @@ class ShmRing:
             time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, 0.005)
 
-    def take(self, max_records: int, deadline: float) -> list[bytes]:
-        """Pop up to ``max_records`` records, waiting until ``deadline`` for the first."""
+    def take(self, max_records: int, deadline: float) -> list[memoryview]:
+        """Pop up to ``max_records`` records, waiting until ``deadline`` for the first.
+
+        Returns:
+            Read-only views of the records, all into one fresh ``bytes`` object (one copy
+            for the whole batch): keep any of them and that copy stays alive.
+        """
         while True:
-            while self._items.acquire(False):  # drop stale hints before looking
-                pass
-            self._acquire()
+            self._acquire(self._read_lock, _READER)
             try:
-                out = self._take_locked(max_records)
+                while self._items.acquire(False):  # drop stale hints before looking
+                    pass
+                out = self._take_turn(max_records)
             finally:
-                self._release()
+                self._release(self._read_lock, _READER)
             left = deadline - time.monotonic()
             if out or left <= 0:
                 return out
             self._items.acquire(timeout=min(left, 0.1))
 
-    def _take_locked(self, max_records: int) -> list[bytes]:
-        out: list[bytes] = []
-        head, tail = self._meta[_HEAD], self._meta[_TAIL]
-        while len(out) < max_records and head > tail:
-            (n,) = _LEN.unpack(self._read(tail, _LEN.size))
-            out.append(self._read(tail + _LEN.size, n))
-            tail += _LEN.size + n
-        self._meta[_TAIL] = tail
-        return out
+    def _take_turn(self, max_records: int) -> list[memoryview]:
+        """Copy records out between ``tail`` and ``head`` (read lock held), then move ``tail``."""
+        self._acquire()
+        try:
+            head, tail = self._meta[_HEAD], self._meta[_TAIL]
+        finally:
+            self._release()
+        spans: list[tuple[int, int]] = []  # (offset from tail, length) of each record
+        pos = tail
+        while len(spans) < max_records and head > pos:
+            (n,) = _LEN.unpack(self._read(pos, _LEN.size))
+            spans.append((pos + _LEN.size - tail, n))
+            pos += _LEN.size + n
+        if not spans:
+            return []
+        blob = memoryview(self._read(tail, pos - tail))
+        self._acquire()
+        try:
+            self._meta[_TAIL] = pos
+        finally:
+            self._release()
+        return [blob[at:at + n] for at, n in spans]
 
     def _write(self, pos: int, data: bytes) -> None:
         start = pos % self.capacity
