@@ -23,7 +23,6 @@ import multiprocessing as mp
 import socket
 import struct
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +33,13 @@ from fault_children import big_spec, read_forged, reader_life, write_forever
 from runtime_helpers import IDENT_SPEC, children, ident_counts, kill9, make_chunk, wait_for
 
 from shardreplay import checkpoint
+from shardreplay._hashing import xxh64
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.ingest import Ingestor
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import open_transport
-from shardreplay.transport.codec import _layout, encode
+from shardreplay.transport.codec import _PREFIX, FORMAT_VERSION, MAGIC, _layout, encode
 from shardreplay.transport.spool import chunk_file_name
 
 # Forked children start at once (a spawned one spends seconds importing on a loaded
@@ -299,17 +299,14 @@ def test_corrupt_and_truncated_chunks_are_set_aside_and_ingest_goes_on(tmp_path:
 
 
 # -- forged headers -----------------------------------------------------------------------
-_PREFIX = struct.Struct("<4sB3xIQI")
-
-
 def _forge(header: dict[str, Any] | bytes, payload: bytes = b"", *, total: int | None = None,
            hlen: int | None = None) -> bytes:
-    """A chunk with any header and payload, and a correct CRC (an actor that lies)."""
+    """A chunk with any header and payload, and a correct checksum (an actor that lies)."""
     head = header if isinstance(header, bytes) else msgpack.packb(header)
     pad = bytes(-(_PREFIX.size + len(head)) % 8)
     body = head + pad + payload
-    return _PREFIX.pack(b"SRCK", 1, len(head) if hlen is None else hlen,
-                        _PREFIX.size + len(body) if total is None else total, zlib.crc32(body)) + body
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head) if hlen is None else hlen,
+                        _PREFIX.size + len(body) if total is None else total, xxh64(body)) + body
 
 
 def _forgeries() -> dict[str, tuple[bytes, str]]:
@@ -323,7 +320,7 @@ def _forgeries() -> dict[str, tuple[bytes, str]]:
     other = Spec({**IDENT_SPEC.fields, "obs": Field((400_000,), np.float32)})
     return {
         "total 1e12": (good[:12] + struct.pack("<Q", 10 ** 12) + good[20:], "truncated"),
-        "header 4 GiB": (_forge(good[24:], hlen=(1 << 32) - 1), "header"),
+        "header 4 GiB": (_forge(good[_PREFIX.size:], hlen=(1 << 32) - 1), "header"),
         "arrays of 1e12 bytes": (_forge(lying), "header"),
         "S=T=2^24, no payload": (_forge(exact), "header"),
         "msgpack array of 2^32": (_forge(b"\xdd\xff\xff\xff\xff"), "header"),

@@ -262,3 +262,42 @@ def test_codec_caches_never_mix_up_specs() -> None:
         spec = Spec({f"f{j}": Field((i % 3 + j,), DTYPES[(i + j) % len(DTYPES)]) for j in range(1 + i % 3)})
         chunk = make_chunk(0, i, spec=spec, seed=i)
         assert_same_chunk(chunk, decode(encode(chunk, spec), spec, max_bytes=MAX))
+
+
+def test_older_or_unknown_formats_are_rejected_with_a_reason() -> None:
+    data = bytearray(encode(make_chunk(), SPEC))
+    for version, says in ((1, "older shardreplay"), (3, "format 3"), (255, "format 255")):
+        data[4] = version
+        with pytest.raises(CorruptChunkError, match=says) as info:
+            decode(bytes(data), SPEC, max_bytes=MAX)
+        assert info.value.reason == "format"
+    data[4] = codec.FORMAT_VERSION
+    data[21] = 1  # the reserved zero bytes of the prefix
+    with pytest.raises(CorruptChunkError) as info:
+        decode(bytes(data), SPEC, max_bytes=MAX)
+    assert info.value.reason == "format"
+
+
+def test_chunk_lengths_are_multiples_of_8() -> None:
+    for s, t in ((1, 1), (3, 5), (2, 7)):  # S*T odd: uint8 step types end off 8
+        assert len(encode(make_chunk(s=s, t=t), SPEC)) % 8 == 0
+
+
+def test_decoded_steps_are_validated_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardreplay.buffer.replay_buffer import ReplayBuffer
+    from shardreplay.spec import spec as spec_module
+
+    back = decode(encode(make_chunk(s=2, t=3), SPEC), SPEC, max_bytes=MAX)
+    assert all(not a.flags.writeable for a in back.steps.values())
+    buffer = ReplayBuffer(SPEC, num_streams=2, stream_capacity=8, window=1)
+    calls = []
+    real = spec_module._checked
+    monkeypatch.setattr(spec_module, "_checked", lambda *a: calls.append(a[0]) or real(*a))
+    buffer.extend(back.steps, stream_ids=back.stream_ids)
+    assert calls == [] and buffer.num_steps == 6  # sealed by decode: not checked again
+    buffer.extend(dict(back.steps), stream_ids=back.stream_ids)
+    assert calls  # a plain mapping of the same arrays is checked
+    with pytest.raises(TypeError, match=r"Spec\.validated"):
+        spec_module.ValidatedSteps(SPEC, (2, 3), dict(back.steps), object())
+    other = Spec({"obs": Field((4,), np.float32)})
+    assert not back.steps.accepted_by(other, (2, 3)) and not back.steps.accepted_by(SPEC, (3, 2))

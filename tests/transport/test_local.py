@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
+import numpy as np
 import pytest
 from transport_helpers import (
     SPEC,
@@ -149,3 +150,20 @@ def test_an_actor_killed_while_waiting_for_room_does_not_wedge_the_others() -> N
     for q in range(10):
         writer.send(make_chunk(1, q), timeout_s=5)
         assert [c.sequence for c in reader.receive(1, timeout_s=5)] == [q]
+
+
+def test_ring_batches_come_back_whole_in_order_and_aligned() -> None:
+    from shardreplay.transport.shm_ring import ShmRing
+
+    ring = ShmRing(4096, mp.get_context("spawn"))
+    records = [bytes([i]) * (8 * (i % 5 + 1)) for i in range(12)]  # 8-byte multiples, as chunks are
+    for r in records[:10]:
+        assert ring.put(r, time.monotonic() + 1)
+    first = ring.take(4, time.monotonic() + 1)
+    for r in records[10:]:
+        assert ring.put(r, time.monotonic() + 1)
+    rest = ring.take(64, time.monotonic() + 1)
+    assert [bytes(v) for v in first + rest] == records
+    assert all(v.readonly for v in first + rest)
+    assert all(np.frombuffer(v, np.uint8).ctypes.data % 8 == 0 for v in first + rest)
+    assert ring.take(1, time.monotonic()) == []
