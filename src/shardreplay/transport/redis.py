@@ -22,16 +22,17 @@ whether or not they were read, so it is never used. Instead:
    delivered id; the minimum over all groups. Every entry below it was delivered to every
    group and acknowledged (groups deliver in id order; a stale reading is only lower, so
    still safe). ``XTRIM MINID ~ threshold`` then drops whole radix-tree nodes below it.
-2. A writer adds only when the stream held fewer than ``max_len`` entries the last
-   time it looked: each add is ``XADD`` + ``XLEN`` in one pipelined round trip, so the
-   writer knows the length right after its own add. At or over ``max_len`` it trims
-   exactly (``MINID`` without ``~``: approximate trimming keeps a partly acknowledged
-   node, which could hold a small stream at the cap forever) and retries with backoff
-   until there is room or ``timeout_s`` passes. With one writer the stream never holds
-   more than ``max_len`` entries; ``W`` writers that looked at the same moment can
-   overshoot by at most ``W - 1`` (memory stays bounded). (A Lua script doing
-   ``XLEN`` then ``XADD`` would be exact for any number of writers, but passing a
-   chunk through Lua cost the server ~80 us more per chunk than a plain ``XADD``.)
+2. A writer adds only while the stream's length when it last looked, plus its own
+   adds in flight, is below ``max_len``. Each add is ``XADD`` + ``XLEN`` pipelined on
+   the writer's connection (up to 8 adds in flight, replies read by later sends), so
+   the writer learns the length right after its own adds without a round trip per
+   chunk. At the cap it trims exactly (``MINID`` without ``~``: approximate trimming
+   keeps a partly acknowledged node, which could hold a small stream at the cap
+   forever) and retries with backoff until there is room or ``timeout_s`` passes.
+   With one writer the stream never holds more than ``max_len`` entries; ``W``
+   writers can overshoot by at most ``8 (W - 1)`` (memory stays bounded). (A Lua
+   script doing ``XLEN`` then ``XADD`` would be exact for any number of writers, but
+   passing a chunk through Lua cost the server ~80 us more per chunk than ``XADD``.)
 3. With no group on the stream nothing is trimmed, so writers block rather than drop.
    Writers create the group (at id 0) on first use so that nothing written before the
    learner starts is missed.
@@ -48,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -74,6 +76,7 @@ logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
 _FIELD = b"d"
 _ACK_BATCH = 256
+_WINDOW = 8  # adds a writer has in flight at most
 
 
 class RedisLink:
@@ -254,13 +257,23 @@ class RedisTransport:
 
 
 class RedisWriter:
-    """Actor end of a :class:`RedisTransport`."""
+    """Actor end of a :class:`RedisTransport`.
+
+    Adds are pipelined: ``send`` writes ``XADD`` + ``XLEN`` to the connection and returns;
+    their replies are read by later calls, at most ``_WINDOW`` adds behind (while the
+    last known length plus the adds in flight stay below ``max_len``). A chunk is on the
+    wire when ``send`` returns; a lost connection re-sends, in order, every add whose
+    reply was not read (a copy that did land is dropped as a duplicate by the reader).
+    """
 
     def __init__(self, transport: RedisTransport) -> None:
         self._t = transport
         self._link = transport.link()
         self._has_group = False
         self._length: int | None = None  # the stream's length when this writer last looked
+        self._sent: deque[bytes] = deque()  # adds whose replies are not read yet, oldest first
+        self._conn: Any = None
+        self._broken = False  # the connection failed with adds in flight: re-send them
 
     def send(self, chunk: Chunk, *, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
         """Encode ``chunk`` and add it, waiting while the stream holds ``max_len`` entries.
@@ -277,18 +290,63 @@ class RedisWriter:
             self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE",
                             deadline=deadline)
             self._has_group = True
-        if self._length is None or self._length >= t.max_len:
-            self._length = self._wait_for_room(deadline, timeout_s)
-        fields = {_FIELD: data}
+        while (self._length is None or self._length + len(self._sent) >= t.max_len
+               or len(self._sent) >= _WINDOW):
+            if self._sent:
+                self._settle(deadline, wait=True)
+            else:
+                self._length = self._wait_for_room(deadline, timeout_s)
+        self._sent.append(data)
+        if not self._broken:
+            try:
+                self._push(data)
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                self._broken = True
+        self._settle(deadline, wait=self._broken)  # read what is answered already
 
-        def add(r: redis.Redis) -> int:
-            pipe = r.pipeline(transaction=False)
-            pipe.xadd(t.stream, fields)
-            pipe.xlen(t.stream)
-            return int(pipe.execute()[-1])
+    def flush(self, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
+        """Wait until every chunk sent is confirmed by the server.
 
-        self._length = None  # unknown until the add is answered (a retry may follow)
-        self._length = self._link.call(add, what="XADD", deadline=deadline)
+        Raises:
+            TransportTimeout: no server within ``timeout_s``.
+            TransportError: Redis refused a write.
+        """
+        self._settle(None if timeout_s is None else time.monotonic() + timeout_s, wait=True)
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = self._link.client.connection_pool.get_connection()
+        return self._conn
+
+    def _push(self, data: bytes) -> None:
+        conn = self._connection()
+        conn.send_command("XADD", self._t.stream, "*", _FIELD, data)
+        conn.send_command("XLEN", self._t.stream)
+
+    def _settle(self, deadline: float | None, *, wait: bool) -> None:
+        """Read the replies of adds in flight: all of them (``wait``) or those already here."""
+
+        def settle(_: redis.Redis) -> None:
+            conn = self._connection()
+            try:
+                if self._broken:
+                    conn.disconnect()
+                    for data in self._sent:
+                        self._push(data)
+                    self._broken = False
+                while self._sent and (wait or conn.can_read(timeout=0)):
+                    conn.read_response()  # the entry id
+                    self._length = int(conn.read_response())
+                    self._sent.popleft()
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self._broken = True
+                raise redis.ConnectionError(str(exc)) from exc
+            except redis.RedisError:
+                self._broken = True  # replies out of step: re-send the rest on a new connection
+                raise
+
+        if self._sent or self._broken:
+            self._link.call(settle, what="XADD", deadline=deadline)
 
     def _wait_for_room(self, deadline: float | None, timeout_s: float | None) -> int:
         """Free what every group has acknowledged until the stream is below ``max_len``.
@@ -311,7 +369,19 @@ class RedisWriter:
             pause = min(pause * 2, 0.005)  # one round trip per look; room comes back quickly
 
     def close(self) -> None:
-        """Close the connection."""
+        """Wait (up to ``socket_timeout_s``) for the chunks in flight, then close.
+
+        A chunk the server could not confirm by then is logged, not raised.
+        """
+        try:
+            self.flush(self._t.socket_timeout_s)
+        except (TransportTimeout, TransportError) as exc:
+            logger.warning("redis %s: %d chunks sent but not confirmed at close: %s", self._t.url,
+                           len(self._sent), exc)
+        if self._conn is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._conn.disconnect()
+            self._conn = None
         self._link.close()
 
 
