@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardreplay.checkpoint.xxh64 import xxh64
+from shardreplay._hashing import xxh64
 
 # From the xxHash reference implementation (seed 0).
 VECTORS = [(b"", 0xEF46DB3751D8E999), (b"a", 0xD24EC4F1A98C6E5B), (b"abc", 0x44BC2CF5AD770999),
