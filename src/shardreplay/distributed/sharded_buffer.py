@@ -21,7 +21,6 @@ shards until the next exchange, so a learner step costs 1/k of the collectives.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,12 +30,12 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.checks import as_index_array, as_priority_array, check_priorities
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import global_sampling as gs
+from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, pinned, split_batches
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.kernels import BAD_KEY, BAD_PRIORITY, split_updates
 from shardreplay.distributed.pending import PendingUpdates
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, ShardReplayError
-from shardreplay.spec.fields import StepType
 from shardreplay.spec.keys import MAX_SHARDS, with_shard
 
 SAMPLE_MODES = ("exact", "local")
@@ -94,7 +93,7 @@ class ShardedReplayBuffer:
         self.invalid_keys = 0
         self.updates_applied = 0  # priorities applied to this shard, from any rank, so far
         self.prefetch = int(prefetch)
-        self._ready: deque[_Drawn] = deque()
+        self._ready: deque[Drawn] = deque()
         self._ready_for: tuple[int, str] | None = None
         self._pending = PendingUpdates(self.world_size)
 
@@ -206,18 +205,19 @@ class ShardedReplayBuffer:
                             dtype=torch.float64)
         return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)").cpu().numpy()
 
-    def _draw_local(self, n: int, masses: np.ndarray, total: float, low: float) -> list[_Drawn]:
+    def _draw_local(self, n: int, masses: np.ndarray, total: float, low: float) -> list[Drawn]:
         mass_k, k = masses[self.rank], self.prefetch
         if mass_k <= 0:
-            return [self._padding(n) for _ in range(k)]
+            return [padding(self._layout, self.local.window, n) for _ in range(k)]
         draw = self.local.draw(k * n, advance_schedule=False)
         data, mask, keys = self.local.gather(draw.starts)
         prob = gs.global_probabilities(draw.probabilities, mass_k, total)
-        return _split({k_: torch.from_numpy(v) for k_, v in data.items()}, torch.from_numpy(mask),
-                      torch.from_numpy(with_shard(keys, self.rank)), torch.from_numpy(prob), n,
-                      total, low, self.world_size * mass_k / total, self.local.sampling_stats()[3])
+        tensors = {name: torch.from_numpy(v) for name, v in data.items()}
+        return split_batches(tensors, torch.from_numpy(mask), torch.from_numpy(with_shard(keys, self.rank)),
+                             torch.from_numpy(prob), n, total, low, self.world_size * mass_k / total,
+                             self.local.sampling_stats()[3])
 
-    def _draw_exact(self, stats: np.ndarray, total: float, low: float) -> list[_Drawn]:
+    def _draw_exact(self, stats: np.ndarray, total: float, low: float) -> list[Drawn]:
         """Every rank draws every requester's shard counts from one shared seed (rank 0's
         proposal in the stats), so the counts need no exchange of their own: one data
         exchange per refill. Each requester's ``k * n`` items are Multinomial(mass/total)
@@ -243,9 +243,9 @@ class ShardedReplayBuffer:
                     else recv[torch.from_numpy(perm).to(recv.device)])
         parts = self._layout.unpack(recv)
         prob = parts["probability"] * torch.from_numpy(owner_mass).to(recv.device) / total
-        data = {k_[len("data."):]: v for k_, v in parts.items() if k_.startswith("data.")}
-        return _split(data, parts["mask"], parts["key"], prob, n, total, low, 1.0,
-                      self.local.sampling_stats()[3])
+        data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
+        return split_batches(data, parts["mask"], parts["key"], prob, n, total, low, 1.0,
+                             self.local.sampling_stats()[3])
 
     def _draw_records(self, n: int) -> np.ndarray:
         """Draw ``n`` windows from this shard for all requesters, as records (in rank order)."""
@@ -255,41 +255,18 @@ class ShardedReplayBuffer:
         data, mask, keys = self.local.gather(draw.starts)
         return self._layout.pack(data, mask, with_shard(keys, self.rank), draw.probabilities)
 
-    def _serve(self, d: _Drawn) -> Batch:
+    def _serve(self, d: Drawn) -> Batch:
         """A prefetched draw as a Batch, weighted with beta at this call (the schedule
         advances once per sample() call, prefetched or not)."""
         beta = self.local.sampling_stats()[3]
         self.local.advance_schedule()
-        weights = d.weights if beta == d.beta else _weights(d.prob, d.total, d.low, beta, d.factor)
+        weights = d.weights if beta == d.beta else drawn_weights(d.prob, d.total, d.low, beta, d.factor)
         batch = Batch(data=d.data, mask=d.mask, keys=d.keys, weights=weights, probabilities=d.prob)
         if batch.keys.device == self.device:
             return batch
         if self.device.type == "cuda" and batch.keys.device.type == "cpu":
-            return _pinned(batch).to(self.device, non_blocking=True)
+            return pinned(batch).to(self.device, non_blocking=True)
         return batch.to(self.device)
-
-    def _padding(self, n: int) -> _Drawn:
-        """Zero-weight stand-in for an empty shard in local mode (keys -1 are skipped).
-
-        Each window is a well-formed terminated episode of zeros (FIRST, then LAST with
-        discount 0, mask True on those two positions), so the rank's training step
-        (n-step targets, forward, backward) runs on it as on real data and takes part in
-        the DDP gradient all-reduce; weight 0 makes its contribution nothing. An all-False
-        mask would make ``nstep_transitions`` raise on this rank alone and leave the
-        others waiting in the all-reduce.
-        """
-        window = self.local.window
-        data = {}
-        for name, dtype, shape, _o, _b in self._layout.parts:
-            if name.startswith("data."):
-                data[name[len("data."):]] = torch.zeros((n, *shape), dtype=_torch_dtype(dtype))
-        data["step_type"][:, 1:] = int(StepType.LAST)
-        data["discount"][:, 1:] = 0.0
-        data["episode_id"][:] = -1
-        mask = torch.zeros((n, window), dtype=torch.bool)
-        mask[:, :2] = True
-        return _split(data, mask, torch.full((n,), -1, dtype=torch.int64),
-                      torch.zeros(n, dtype=torch.float64), n, 1.0, 1.0, 0.0, 0.0)[0]
 
     # -- priorities ------------------------------------------------------------------------------
     def update_priorities(self, keys: Any, priorities: Any) -> int:
@@ -398,38 +375,6 @@ class ShardedReplayBuffer:
         return self.local.update_priorities(keys, prios) if keys.size else 0
 
 
-@dataclass
-class _Drawn:
-    """A drawn batch, weighted for ``beta`` (reweighted when served at another beta)."""
-
-    data: dict[str, torch.Tensor]
-    mask: torch.Tensor
-    keys: torch.Tensor
-    prob: torch.Tensor  # global P(i), float64
-    weights: torch.Tensor  # float32, for beta
-    beta: float
-    total: float
-    low: float
-    factor: float  # 1 exact, K mass_k / total local, 0 padding
-
-
-def _weights(prob: torch.Tensor, total: float, low: float, beta: float, factor: float) -> torch.Tensor:
-    """``(P / P_min)^-beta * factor`` with ``P_min = low / total`` (float32; 0 for padding)."""
-    if factor == 0.0:
-        return torch.zeros(prob.shape, dtype=torch.float32, device=prob.device)
-    return ((prob * (total / low)) ** -beta * factor).to(torch.float32)
-
-
-def _split(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch.Tensor, prob: torch.Tensor,
-           n: int, total: float, low: float, factor: float, beta: float) -> list[_Drawn]:
-    """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies), weighted for
-    ``beta`` in one vectorised pass."""
-    w = _weights(prob, total, low, beta, factor)
-    return [_Drawn({name: v[j:j + n] for name, v in data.items()}, mask[j:j + n], keys[j:j + n],
-                   prob[j:j + n], w[j:j + n], beta, total, low, factor)
-            for j in range(0, keys.shape[0], n)]
-
-
 def _check_same_prefetch(depths: np.ndarray) -> None:
     if (depths != depths[0]).any():
         raise ConfigError(f"ranks use different prefetch depths ({depths.astype(int).tolist()}); "
@@ -444,13 +389,3 @@ def _check_same_mode(codes: np.ndarray) -> None:
         ranks = {m: [r for r, c in enumerate(codes) if c == i] for i, m in enumerate(SAMPLE_MODES)}
         raise ConfigError(f"ranks called sample() with different modes ({ranks}); every rank must "
                           "pass the same mode to the same call")
-
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype)).dtype
-
-
-def _pinned(batch: Batch) -> Batch:
-    return Batch(data={k: v.pin_memory() for k, v in batch.data.items()},
-                 mask=batch.mask.pin_memory(), keys=batch.keys.pin_memory(),
-                 weights=batch.weights.pin_memory(), probabilities=batch.probabilities.pin_memory())

@@ -1,0 +1,85 @@
+"""Batches drawn by one exchange, waiting to be served by ``sample()`` calls.
+
+A refill draws ``k * n`` windows at once; they are cut into ``k`` batches (views, no
+copies) and weighted in one vectorised pass for the beta of the moment; a batch served at
+another beta (a schedule moved on) is reweighted then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shardreplay.buffer.batch import Batch
+from shardreplay.distributed.exchange import RecordLayout
+from shardreplay.spec.fields import StepType
+
+
+@dataclass
+class Drawn:
+    """A drawn batch, weighted for ``beta`` (reweighted when served at another beta)."""
+
+    data: dict[str, torch.Tensor]
+    mask: torch.Tensor
+    keys: torch.Tensor
+    prob: torch.Tensor  # global P(i), float64
+    weights: torch.Tensor  # float32, for beta
+    beta: float
+    total: float
+    low: float
+    factor: float  # 1 exact, K mass_k / total local, 0 padding
+
+
+def drawn_weights(prob: torch.Tensor, total: float, low: float, beta: float,
+                  factor: float) -> torch.Tensor:
+    """``(P / P_min)^-beta * factor`` with ``P_min = low / total`` (float32; 0 for padding)."""
+    if factor == 0.0:
+        return torch.zeros(prob.shape, dtype=torch.float32, device=prob.device)
+    return ((prob * (total / low)) ** -beta * factor).to(torch.float32)
+
+
+def split_batches(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch.Tensor,
+                  prob: torch.Tensor, n: int, total: float, low: float, factor: float,
+                  beta: float) -> list[Drawn]:
+    """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies), weighted for
+    ``beta`` in one vectorised pass."""
+    w = drawn_weights(prob, total, low, beta, factor)
+    return [Drawn({name: v[j:j + n] for name, v in data.items()}, mask[j:j + n], keys[j:j + n],
+                  prob[j:j + n], w[j:j + n], beta, total, low, factor)
+            for j in range(0, keys.shape[0], n)]
+
+
+def padding(layout: RecordLayout, window: int, n: int) -> Drawn:
+    """Zero-weight stand-in for an empty shard in local mode (keys -1 are skipped).
+
+    Each window is a well-formed terminated episode of zeros (FIRST, then LAST with
+    discount 0, mask True on those two positions), so the rank's training step (n-step
+    targets, forward, backward) runs on it as on real data and takes part in the DDP
+    gradient all-reduce; weight 0 makes its contribution nothing. An all-False mask would
+    make ``nstep_transitions`` raise on this rank alone and leave the others waiting in
+    the all-reduce.
+    """
+    data = {}
+    for name, dtype, shape, _o, _b in layout.parts:
+        if name.startswith("data."):
+            data[name[len("data."):]] = torch.zeros((n, *shape), dtype=_torch_dtype(dtype))
+    data["step_type"][:, 1:] = int(StepType.LAST)
+    data["discount"][:, 1:] = 0.0
+    data["episode_id"][:] = -1
+    mask = torch.zeros((n, window), dtype=torch.bool)
+    mask[:, :2] = True
+    return split_batches(data, mask, torch.full((n,), -1, dtype=torch.int64),
+                         torch.zeros(n, dtype=torch.float64), n, 1.0, 1.0, 0.0, 0.0)[0]
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def pinned(batch: Batch) -> Batch:
+    """The batch in pinned host memory (for non-blocking copies to a GPU)."""
+    return Batch(data={k: v.pin_memory() for k, v in batch.data.items()},
+                 mask=batch.mask.pin_memory(), keys=batch.keys.pin_memory(),
+                 weights=batch.weights.pin_memory(), probabilities=batch.probabilities.pin_memory())
