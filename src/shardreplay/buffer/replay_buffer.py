@@ -31,7 +31,7 @@ from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import MAX_ROWS, MAX_SLOTS, unpack_keys
 from shardreplay.storage import ArrayAllocator, StreamStorage
-from shardreplay.storage.kernels import resolve_keys
+from shardreplay.storage.kernels import resolve_keys, rows_distinct_in_range
 
 
 class ReplayBuffer:
@@ -147,8 +147,13 @@ class ReplayBuffer:
 
     def _write(self, step: Mapping[str, Any], stream_ids: Any, priorities: Any,
                t_len: int | None) -> None:
-        rows = (self._storage.all_rows if stream_ids is None
-                else check_stream_ids(stream_ids, self.num_streams))
+        if stream_ids is None:
+            rows = self._storage.all_rows
+        elif (type(stream_ids) is np.ndarray and stream_ids.dtype == np.int64 and stream_ids.ndim == 1
+              and rows_distinct_in_range(stream_ids, self.num_streams, self._storage.row_marks)):
+            rows = stream_ids  # the usual case, checked in one compiled pass
+        else:
+            rows = check_stream_ids(stream_ids, self.num_streams)  # converts, or raises with the reason
         if t_len is not None and t_len > self.stream_capacity:
             raise SpecMismatchError(f"a chunk of {t_len} steps exceeds stream_capacity "
                                     f"{self.stream_capacity}; split it")

@@ -78,9 +78,25 @@ class StreamStorage:
                             for name, arr in (*self.fields.items(), ("discount", self.discount)))
         self._out_slots = np.empty((2, num_streams * window), np.int64)
         self._out_flags = np.empty((2, num_streams * window), np.bool_)
+        # Every field (discount last) as [S*C, bytes per step] uint8, for the compiled
+        # scatter of chunks; fields with no bytes per step are left out.
+        self._byte_rows = tuple((name, rows) for name, rows in
+                                ((name, self._as_byte_rows(name)) for name, _g, _n in self._grids)
+                                if rows.shape[1])
+        self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
+
+    def _as_byte_rows(self, name: str) -> np.ndarray:
+        """A ``[S*C, k]`` uint8 view of field ``name`` (a record field is a strided view)."""
+        key = "discount" if name == "discount" else f"field.{name}"
+        if name == "discount" or name in self._small:
+            dtype, offset = self.records.dtype.fields[key][:2]
+            raw = np.asarray(self.records).view(np.uint8).reshape(self.records.shape[0], -1)
+            return raw[:, offset:offset + dtype.itemsize]
+        arr = np.asarray(self.fields[name])
+        return arr.reshape(arr.shape[0], -1).view(np.uint8)
 
     def _refresh_alignment(self) -> None:
-        self._aligned = bool(self.pos.min() == self.pos.max())
+        self._aligned = bool(kernels.all_equal(self.pos))
 
     @property
     def size(self) -> int:
@@ -135,9 +151,12 @@ class StreamStorage:
                                                                                       + grid.shape[2:])
         else:
             flat = out_slots[0, :n_rows * t_len]
-            for name, grid, _ndim in self._grids:
-                arr = self.fields[name] if name != "discount" else self.discount
-                arr[flat] = steps[name].reshape(flat.shape[0], *grid.shape[2:])
+            n = flat.shape[0]
+            for name, rows_of_bytes in self._byte_rows if n else ():
+                value = steps[name]
+                if not value.flags.c_contiguous:
+                    value = np.ascontiguousarray(value)
+                kernels.scatter_bytes(rows_of_bytes, flat, value.reshape(n, -1).view(np.uint8))
             self._refresh_alignment()
         self.num_valid += delta
         # Views of scratch arrays: valid until the next write (the sampler uses them at once).
