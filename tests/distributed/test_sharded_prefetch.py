@@ -13,6 +13,7 @@ import gc
 
 import numpy as np
 import pytest
+import torch.distributed as dist
 from harness import run_ranks
 from sharded_reference import (
     ALPHA,
@@ -31,6 +32,7 @@ from sharded_reference import (
 )
 
 import shardreplay as sr
+from shardreplay.checkpoint import load, save
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError, InvalidPriorityError
 from shardreplay.spec.keys import key_shard
@@ -79,7 +81,7 @@ def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
-def _scenario(rank: int, world: int) -> dict:
+def _scenario(rank: int, world: int, ckpt_root: str) -> dict:
     out: dict = {}
     # Ranks constructed with different depths all get ConfigError at the first exchange.
     if world >= 2:
@@ -147,13 +149,23 @@ def _scenario(rank: int, world: int) -> dict:
     out["refill_collectives"] = log[start:]
     out["stored_after_refill"] = _stored(local)
     out["updates_applied"] = buf.updates_applied
+
+    # A checkpoint load replaces the shard: prefetched batches and queued updates go.
+    buf.update_priorities(buf.sample(64, mode="exact").keys, np.ones(64, np.float32))
+    out["before_load"] = (buf.prefetched, buf.pending_updates)
+    save(buf, ckpt_root, 1)
+    dist.barrier()  # save has no collective: every part must exist before anyone loads
+    load(ckpt_root, buf)
+    out["after_load"] = (buf.prefetched, buf.pending_updates)
+    out["after_load_batch"] = len(buf.sample(64, mode="exact"))  # still in step
     gc.freeze()
     return out
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda k: f"K{k}")
-def world(request: pytest.FixtureRequest) -> tuple[int, list[dict]]:
-    return request.param, run_ranks(_scenario, request.param)
+def world(request: pytest.FixtureRequest,
+          tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[dict]]:
+    return request.param, run_ranks(_scenario, request.param, str(tmp_path_factory.mktemp("ckpt")))
 
 
 STATS = "ShardedReplayBuffer.sample(all_gather stats)"
@@ -227,6 +239,15 @@ def test_the_next_refill_routes_queued_updates_before_drawing(world) -> None:
         for i, p in r["stored_after_refill"].items():
             want = updated_priority(i) if i in updated else written_priority(i)
             assert p == pytest.approx(float(want)), i
+
+
+def test_a_checkpoint_load_discards_prefetched_batches_and_queued_updates(world) -> None:
+    k, results = world
+    for r in results:
+        assert r["before_load"][0] == PREFETCH - 2  # two of the last refill were used
+        assert r["after_load"] == (0, 0) and r["after_load_batch"] == 64
+    if k >= 2:
+        assert sum(r["before_load"][1] for r in results) > 0
 
 
 def test_misuse_raises_without_a_collective(world) -> None:

@@ -75,6 +75,8 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
         The buffer's previous content is replaced; after an error it is left empty.
     """
     local, shard, num_shards = shard_of(buffer)
+    if isinstance(buffer, ShardedReplayBuffer):
+        buffer.discard_prefetched()  # they name windows of the content being replaced
     root = Path(path)
     candidates = _candidates(root, checkpoint_id, fallback)
     skipped: list[str] = []

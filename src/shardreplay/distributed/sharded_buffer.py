@@ -167,6 +167,13 @@ class ShardedReplayBuffer:
         """Batches drawn by the last exchange and not yet returned by :meth:`sample`."""
         return len(self._ready)
 
+    def discard_prefetched(self) -> None:
+        """Drop the prefetched batches and the queued updates (no collective): what they
+        name is gone once the shard's content is replaced, e.g. by a checkpoint load."""
+        self._ready.clear()
+        self._ready_for = None
+        self._pending.take()
+
     @property
     def pending_updates(self) -> int:
         """Priority updates for other shards queued here (``prefetch > 1``) until the next
