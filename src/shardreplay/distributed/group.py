@@ -9,6 +9,7 @@ Tensors live on ``device``: the CPU for gloo, the current CUDA device for NCCL.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,12 +58,23 @@ class Collectives:
             f"{self.world_size}: a peer rank is missing (crashed, hung, or calling "
             f"collectives in another order){detail}")
 
-    def all_gather(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
-        """Stack ``tensor`` from every rank: result ``[world_size, *tensor.shape]``."""
+    def all_gather(self, tensor: torch.Tensor, op: str,
+                   while_waiting: Callable[[], Any] | None = None) -> torch.Tensor:
+        """Stack ``tensor`` from every rank: result ``[world_size, *tensor.shape]``.
+
+        ``while_waiting`` runs after the operation is issued and before it is waited on,
+        so local work overlaps the exchange; the operation is waited on even when it
+        raises (the ranks stay in step), and then its error propagates.
+        """
         tensor = tensor.to(self.device).contiguous()
         out = torch.empty((self.world_size * tensor.numel(),), dtype=tensor.dtype, device=self.device)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self._wait(gather(out, tensor.reshape(-1), group=self.group, async_op=True), op)
+        work = gather(out, tensor.reshape(-1), group=self.group, async_op=True)
+        try:
+            if while_waiting is not None:
+                while_waiting()
+        finally:
+            self._wait(work, op)
         return out.reshape(self.world_size, *tensor.shape)
 
     def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor:

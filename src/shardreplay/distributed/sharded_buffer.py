@@ -21,6 +21,7 @@ shards until the next exchange, so a learner step costs 1/k of the collectives.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -182,26 +183,35 @@ class ShardedReplayBuffer:
 
     def _refill(self, n: int, mode: str) -> None:
         """One exchange: route queued updates, agree on the global picture, draw
-        ``prefetch`` batches (exact: fetch them from their owners)."""
-        stats = self._gather_stats(mode, n)
+        ``prefetch`` batches (exact: fetch them from their owners).
+
+        In local mode this shard's draw needs nothing from the other ranks, so it runs
+        while the stats are in flight (unless queued updates must land first)."""
+        own: list[Any] = []
+        early = None
+        if mode == "local" and not len(self._pending):
+            def early() -> None:
+                own.append(self._draw_own(n * self.prefetch))
+        stats = self._gather_stats(mode, n, early)
         _check_same_mode(stats[:, _MODE])
         _check_same_prefetch(stats[:, _PREFETCH])
         foreign = stats[:, _FOREIGN:].astype(np.int64)
         if foreign.any():  # queued priority updates first, so the draw sees them
             self._route(self._pending.take()[0], foreign)
-            stats = self._gather_stats(mode, n)
+            stats, own = self._gather_stats(mode, n), []
         masses, counts, min_leaf = stats[:, _MASS], stats[:, _COUNT], stats[:, _LOW]
         if counts.sum() == 0 or masses.sum() <= 0:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")
         total, low = float(masses.sum()), float(min_leaf.min())
         if mode == "local":
-            drawn = self._draw_local(n, masses, total, low)
+            drawn = self._draw_local(n, masses, total, low, own[0] if own else None)
         else:
             drawn = self._draw_exact(stats, total, low)
         self._ready.extend(drawn)
         self._ready_for = (n, mode)
 
-    def _gather_stats(self, mode: str, batch_size: int) -> np.ndarray:
+    def _gather_stats(self, mode: str, batch_size: int,
+                      while_waiting: Callable[[], None] | None = None) -> np.ndarray:
         """One row per rank: mass, samplable count, min leaf, mode, batch size, a seed
         proposal (rank 0's is shared: see :meth:`_draw_exact`), prefetch depth, and the
         count of queued updates for each owner."""
@@ -210,14 +220,23 @@ class ShardedReplayBuffer:
         mine = torch.tensor([mass, count, low if count else np.inf, SAMPLE_MODES.index(mode),
                              batch_size, seed, self.prefetch, *self._pending.counts.tolist()],
                             dtype=torch.float64)
-        return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)").cpu().numpy()
+        return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)",
+                                     while_waiting=while_waiting).cpu().numpy()
 
-    def _draw_local(self, n: int, masses: np.ndarray, total: float, low: float) -> list[Drawn]:
+    def _draw_own(self, m: int) -> tuple[Any, ...] | None:
+        """``m`` windows of this shard: (draw, data, mask, keys), or None when it is empty."""
+        mass, count, _low, _beta = self.local.sampling_stats()
+        if count == 0 or mass <= 0:
+            return None
+        draw = self.local.draw(m, advance_schedule=False)
+        return (draw, *self.local.gather(draw.starts))
+
+    def _draw_local(self, n: int, masses: np.ndarray, total: float, low: float,
+                    own: tuple[Any, ...] | None) -> list[Drawn]:
         mass_k, k = masses[self.rank], self.prefetch
         if mass_k <= 0:
             return [padding(self._layout, self.local.window, n) for _ in range(k)]
-        draw = self.local.draw(k * n, advance_schedule=False)
-        data, mask, keys = self.local.gather(draw.starts)
+        draw, data, mask, keys = own if own is not None else self._draw_own(k * n)
         prob = gs.global_probabilities(draw.probabilities, mass_k, total)
         tensors = {name: torch.from_numpy(v) for name, v in data.items()}
         return split_batches(tensors, torch.from_numpy(mask), torch.from_numpy(with_shard(keys, self.rank)),
