@@ -155,7 +155,8 @@ class Learner:
         state = torch.load(report.directory / LEARNER_STATE, weights_only=True)
         self.agent.load_state_dict(state["agent"])
         self.counters.update({k: int(v) for k, v in report.extra["counters"].items()})
-        self.best_eval = float(report.extra.get("best_eval", -math.inf))
+        best = report.extra.get("best_eval")
+        self.best_eval = -math.inf if best is None else float(best)
         parts = checkpoint.read_manifest(report.directory)["parts"]
         self._high_water = merge_high_water(p.get("extra", {}).get("ingest") for p in parts)
         # Every rank lists the same directory before anyone saves again, so all agree.
@@ -187,7 +188,9 @@ class Learner:
             tmp = directory / f".{LEARNER_STATE}.tmp"
             torch.save({"agent": self.agent.state_dict()}, tmp)
             tmp.replace(directory / LEARNER_STATE)
-        extra = {"counters": dict(self.counters), "best_eval": self.best_eval,
+        # None, not -inf, before any evaluation: the manifest stays standard JSON.
+        best = self.best_eval if math.isfinite(self.best_eval) else None
+        extra = {"counters": dict(self.counters), "best_eval": best,
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
         return checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra)
 
@@ -392,7 +395,7 @@ class Learner:
                                    "resumed_from": self.resumed}
         if self.rank == 0:
             summary["final_eval_return"] = self._evaluate(self.s.eval_episodes)
-            summary["best_eval_return"] = self.best_eval
+            summary["best_eval_return"] = self.best_eval if math.isfinite(self.best_eval) else None
             summary["solved"] = self.solved
             summary["eval_episodes"] = self.s.eval_episodes
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
