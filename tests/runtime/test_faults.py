@@ -33,7 +33,7 @@ from fault_children import big_spec, read_forged, reader_life, write_forever
 from runtime_helpers import IDENT_SPEC, children, ident_counts, kill9, make_chunk, wait_for
 
 from shardreplay import checkpoint
-from shardreplay._hashing import xxh64
+from shardreplay._hashing import xxh3_64
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.ingest import Ingestor
 from shardreplay.runtime.settings import TrainSettings
@@ -306,7 +306,7 @@ def _forge(header: dict[str, Any] | bytes, payload: bytes = b"", *, total: int |
     pad = bytes(-(_PREFIX.size + len(head)) % 8)
     body = head + pad + payload
     return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head) if hlen is None else hlen,
-                        _PREFIX.size + len(body) if total is None else total, xxh64(body)) + body
+                        _PREFIX.size + len(body) if total is None else total, xxh3_64(body)) + body
 
 
 def _forgeries() -> dict[str, tuple[bytes, str]]:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transport_helpers import SPEC, assert_same_chunk, make_chunk
 
-from shardreplay._hashing import xxh64
+from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import codec
@@ -112,7 +112,7 @@ def _forge(header: object, payload: bytes = b"", *, header_len: int | None = Non
     body = head + pad + payload
     total = codec._PREFIX.size + len(body)
     return codec._PREFIX.pack(codec.MAGIC, codec.FORMAT_VERSION,
-                              len(head) if header_len is None else header_len, total, xxh64(body)) + body
+                              len(head) if header_len is None else header_len, total, xxh3_64(body)) + body
 
 
 def _valid_header(priorities: bool = False) -> tuple[dict, bytes]:
@@ -266,7 +266,8 @@ def test_codec_caches_never_mix_up_specs() -> None:
 
 def test_older_or_unknown_formats_are_rejected_with_a_reason() -> None:
     data = bytearray(encode(make_chunk(), SPEC))
-    for version, says in ((1, "older shardreplay"), (3, "format 3"), (255, "format 255")):
+    for version, says in ((1, "older shardreplay, CRC-32"), (2, "older shardreplay, XXH64"), (4, "format 4"),
+                          (255, "format 255")):
         data[4] = version
         with pytest.raises(CorruptChunkError, match=says) as info:
             decode(bytes(data), SPEC, max_bytes=MAX)
@@ -301,3 +302,53 @@ def test_decoded_steps_are_validated_once(monkeypatch: pytest.MonkeyPatch) -> No
         spec_module.ValidatedSteps(SPEC, (2, 3), dict(back.steps), object())
     other = Spec({"obs": Field((4,), np.float32)})
     assert not back.steps.accepted_by(other, (2, 3)) and not back.steps.accepted_by(SPEC, (3, 2))
+
+
+_SPECIALS = [0.0, -0.0, 1.0, np.nextafter(np.float32(1), np.float32(2)), -1e-45, 1e-45, 0.5, np.nan, -np.nan,
+             np.inf, -np.inf, 3.4e38, -3.4e38]
+
+
+@pytest.mark.parametrize("field", ["f32", "f64", "loose", "half", "discount", "step_type"])
+def test_compiled_value_checks_agree_with_spec_validate(field: str) -> None:
+    # decode checks every value of a chunk in one compiled pass (Spec.validated_packed),
+    # or field by field where a dtype has no compiled check (finite float16): either way
+    # it must accept exactly what Spec.validate accepts, and name the field it refuses.
+    spec = Spec({"f32": Field((3,), np.float32), "f64": Field((), np.float64),
+                 "loose": Field((), np.float32, finite=False), "half": Field((2,), np.float16)})
+    base = make_chunk(s=2, t=3, spec=spec, seed=1)
+    specials = [*_SPECIALS, 2, 3, 255] if field == "step_type" else _SPECIALS
+    outcomes = set()
+    for value in specials:
+        steps = {k: np.array(v) for k, v in base.steps.items()}
+        steps.setdefault("discount", np.ones((2, 3), np.float32))
+        target = steps[field]
+        if field == "step_type":
+            if not float(value).is_integer() or not 0 <= value <= 255:
+                continue
+            target[1, 2] = int(value)
+        else:
+            with np.errstate(over="ignore"):  # 3.4e38 is inf in float16: refused, as it should be
+                target.reshape(-1)[-1] = value
+        try:
+            spec.validate(steps, (2, 3))
+            expected = None
+        except SpecMismatchError as exc:
+            expected = str(exc)
+        data = bytearray(encode(Chunk(0, 0, 0, base.stream_ids, base.steps), spec))
+        # Forge the edited value under a valid checksum (encode would refuse it).
+        hlen = codec._PREFIX.unpack_from(data)[2]
+        head = msgpack.unpackb(data[codec._PREFIX.size:codec._PREFIX.size + hlen])
+        at = (codec._PREFIX.size + hlen + 7) // 8 * 8
+        entry = next(e for e in head["arrays"] if e[0] == f"steps/{field}")
+        edited = np.ascontiguousarray(target, np.dtype(entry[1])).tobytes()
+        data[at + entry[3]:at + entry[3] + entry[4]] = edited
+        data[24:32] = xxh3_64(memoryview(data)[32:]).to_bytes(8, "little")
+        outcomes.add(expected is None)
+        if expected is None:
+            back = decode(bytes(data), spec, max_bytes=MAX)
+            assert np.array_equal(back.steps[field], target, equal_nan=True), (field, value)
+        else:
+            with pytest.raises(CorruptChunkError, match=re.escape(field)) as info:
+                decode(bytes(data), spec, max_bytes=MAX)
+            assert info.value.reason == "values", (field, value)
+    assert outcomes == ({True} if field == "loose" else {True, False})  # both paths exercised

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.spec.fields import RESERVED_FIELDS, Field
+from shardreplay.spec.packed import PackedLayout, packed_values_ok
 
 _SEP = "."
 STEP_TYPE_DTYPE = np.dtype(np.uint8)
@@ -147,6 +149,55 @@ class Spec:
         """
         arrays = self.validate(step, lead_shape)
         return ValidatedSteps(self, lead_shape, {k: _read_only(v) for k, v in arrays.items()}, _SEAL)
+
+    def packed_layout(self, lead_shape: tuple[int, ...], offsets: Mapping[str, int]) -> PackedLayout | None:
+        """Where the steps sit in a byte buffer, for :meth:`validated_packed`.
+
+        Args:
+            lead_shape: ``(S,)`` or ``(S, T)``.
+            offsets: byte offset of every user field, ``step_type`` and ``discount``,
+                each a multiple of 8 (dtypes and shapes are this spec's).
+
+        Returns:
+            The layout, or None when a field's value check has no compiled form
+            (a finite float16 field, say): validate views with :meth:`validated` then.
+
+        Raises:
+            ConfigError: a field's offset is missing or not a multiple of 8.
+        """
+        fields = [(n, f.dtype, f.shape, f.checks_finite, None) for n, f in self._fields.items()]
+        fields += [("step_type", STEP_TYPE_DTYPE, (), False, "step_type"),
+                   ("discount", DISCOUNT_DTYPE, (), False, "discount")]
+        views, plan = [], []
+        for name, dtype, shape, finite, reserved in fields:
+            offset = offsets.get(name)
+            if not isinstance(offset, int) or offset < 0 or offset % 8:
+                raise ConfigError(f"packed field {name!r} needs an offset that is a multiple of 8, "
+                                  f"got {offset!r}")
+            kind = PackedLayout.check_kind(dtype, finite, reserved)
+            if kind is None:
+                return None
+            full = tuple(lead_shape) + shape
+            views.append((name, dtype, full, offset))
+            if kind >= 0:
+                plan.append((kind, offset, math.prod(full)))
+        return PackedLayout(lead_shape, views, plan)
+
+    def validated_packed(self, payload: np.ndarray, layout: PackedLayout) -> ValidatedSteps:
+        """:meth:`validated` of steps packed in a read-only uint8 ``payload`` as
+        ``layout`` (from this spec's :meth:`packed_layout`) says: one compiled pass over
+        the values, views without a copy.
+
+        Raises:
+            SpecMismatchError: as :meth:`validate` (a bad value, named by its field).
+            ConfigError: ``payload`` is writable, not uint8 or shorter than the layout.
+        """
+        if payload.flags.writeable or payload.dtype != np.uint8 or payload.shape[0] < layout.nbytes:
+            raise ConfigError("validated_packed needs a read-only uint8 payload that holds the layout")
+        arrays = layout.arrays(payload)
+        if not packed_values_ok(payload, layout.plan):
+            return self.validated(arrays, layout.lead_shape)  # raises, naming the field
+        return ValidatedSteps(self, layout.lead_shape, arrays, _SEAL)
 
     def validate(self, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
         """Check a write and return its arrays cast to the stored dtypes.

@@ -10,7 +10,7 @@ Wire layout (all integers little-endian)::
            8   header_len (uint32): bytes of msgpack header    4 bytes
           12   total_len (uint64): bytes of the whole chunk    8 bytes
           20   4 zero bytes                                    4 bytes
-          24   XXH64 (seed 0) of every byte after offset 32    8 bytes
+          24   XXH3-64 (seed 0) of every byte after offset 32  8 bytes
           32   msgpack header, zero padding to a multiple of 8
            P   payload: the raw arrays, each 8-byte aligned, in header order,
                zero padding to a multiple of 8
@@ -22,13 +22,13 @@ per step field (``steps/<name>``, shaped ``[S, T, *field.shape]``) and, when pre
 ``priorities`` (float32 ``[S, T]``).
 
 The checksum covers header, padding and payload, and every prefix field is checked on
-its own, so a damaged byte is detected (XXH64 misses a random corruption with
-probability 2^-64). Format 1 used zlib's CRC-32, three times slower than XXH64 at
-memory speed (:mod:`shardreplay._hashing`); its chunks are rejected with a reason
-that says so. Sizes in the header are checked against the spec and the bytes actually
-present before anything is allocated, and decoded arrays are zero-copy, read-only
-views of the input, validated once (:meth:`Spec.validated`: a buffer's ``extend``
-does not check them again).
+its own, so a damaged byte is detected (XXH3-64 misses a random corruption with
+probability 2^-64). Format 1 used zlib's CRC-32 and format 2 XXH64, 20 and 7 times
+slower than XXH3 on a 70 KB chunk (:mod:`shardreplay._hashing`); their chunks are
+rejected with a reason that says so. Sizes in the header are checked against the spec
+and the bytes actually present before anything is allocated, and decoded arrays are
+zero-copy, read-only views of the input, validated once, every value in one compiled
+pass (:meth:`Spec.validated_packed`: a buffer's ``extend`` does not check them again).
 """
 
 from __future__ import annotations
@@ -42,19 +42,21 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from shardreplay._hashing import xxh64
+from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "decode", "encode", "peek_identity"]
 
 MAGIC = b"SRCK"
-FORMAT_VERSION = 2  # 1: CRC-32 checksum (rejected: see the module doc)
+FORMAT_VERSION = 3  # 1: CRC-32, 2: XXH64 checksums (rejected: see the module doc)
+_OLDER = {1: "CRC-32", 2: "XXH64"}
 _PREFIX = struct.Struct("<4sB3xIQ4xQ")
 _MAX_HEADER_BYTES = 1 << 20
 _MAX_DIM = 1 << 24  # S or T beyond this is a corrupt header, not a real chunk
 _MAX_ID = (1 << 63) - 1
 _STEP_PREFIX = "steps/"
+_IDS_DTYPE, _PRIO_DTYPE = np.dtype("<i8"), np.dtype("<f4")
 _RESERVED_DTYPES = {"step_type": np.dtype(np.uint8), "discount": np.dtype(np.float32)}
 
 
@@ -147,6 +149,13 @@ class _Layout:
             offset += count * dtype.itemsize
         self.nbytes = _align8(offset)  # whole chunks are 8-byte multiples: records packed
         # back to back (the local ring) keep every array aligned
+        # The steps as the spec lays them out in the payload, checked in one compiled
+        # pass on decode (None: a field type without a compiled check, e.g. finite float16).
+        self.packed = info.spec.packed_layout(
+            (s, t), {name[len(_STEP_PREFIX):]: off for name, _d, _c, off, _s in self.views
+                     if name.startswith(_STEP_PREFIX)})
+        self.ids_at = self.views[0][3]
+        self.prio_at = self.views[-1][3] if has_priorities else -1
 
 
 def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:
@@ -200,7 +209,7 @@ def encode(chunk: Chunk, spec: Spec) -> bytes:
     out[_PREFIX.size:_PREFIX.size + len(header)] = header
     for name, dtype, count, offset, shape in layout.views:  # one copy of each array
         np.frombuffer(out, dtype, count, payload_at + offset).reshape(shape)[...] = arrays[name]
-    digest = xxh64(memoryview(out)[_PREFIX.size:])
+    digest = xxh3_64(memoryview(out)[_PREFIX.size:])
     _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, len(header), total, digest)
     return bytes(out)  # redis-py and hashing callers want bytes; a 70 KB copy is ~2 us
 
@@ -270,13 +279,14 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     if magic != MAGIC:
         raise CorruptChunkError(f"not a shardreplay chunk (magic {bytes(magic)!r})", reason="format")
     if version != FORMAT_VERSION or bytes(mv[5:8]) != b"\0\0\0" or bytes(mv[20:24]) != b"\0\0\0\0":
-        older = " (an older shardreplay, CRC-32 checksums): upgrade the actors" if version == 1 else ""
+        older = (f" (an older shardreplay, {_OLDER[version]} checksums): upgrade the actors"
+                 if version in _OLDER else "")
         raise CorruptChunkError(f"chunk of format {version}{older}; this reader reads format "
                                 f"{FORMAT_VERSION} only", reason="format")
     if total != n:
         raise CorruptChunkError(f"chunk says it has {total} bytes but {n} arrived "
                                 "(truncated or padded in transit)", reason="truncated")
-    if xxh64(mv[_PREFIX.size:]) != digest:
+    if xxh3_64(mv[_PREFIX.size:]) != digest:
         raise CorruptChunkError("checksum mismatch: the chunk was damaged in transit or on disk",
                                 reason="checksum")
     payload_at = _align8(_PREFIX.size + hlen)
@@ -288,12 +298,20 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
                                 f"{_info(spec).fingerprint!r}: actors and learner must use the same Spec",
                                 reason="spec")
     _check_ids(head.get("a"), head.get("q"), head.get("pv"), exc=CorruptChunkError)
-    arrays = _read_arrays(head, spec, mv[payload_at:])
-    ids, prio = arrays.pop("stream_ids"), arrays.pop("priorities", None)
+    layout = _checked_layout(head, spec, n - payload_at)
+    payload = np.frombuffer(mv, np.uint8, offset=payload_at)
+    payload.flags.writeable = False  # views of it are read-only (a bytes input is already)
     s, t = int(head["S"]), int(head["T"])
+    ids = np.ndarray((s,), _IDS_DTYPE, payload.data, layout.ids_at)
+    prio = np.ndarray((s, t), _PRIO_DTYPE, payload.data, layout.prio_at) if layout.prio_at >= 0 else None
     _check_ids_and_priorities(ids, prio, s, t, exc=CorruptChunkError)
     try:
-        steps = spec.validated({k[len(_STEP_PREFIX):]: v for k, v in arrays.items()}, (s, t))
+        if layout.packed is not None:
+            steps = spec.validated_packed(payload, layout.packed)
+        else:
+            steps = spec.validated({name[len(_STEP_PREFIX):]: np.ndarray(shape, dtype, payload.data, offset)
+                                    for name, dtype, _count, offset, shape in layout.views
+                                    if name.startswith(_STEP_PREFIX)}, (s, t))
     except SpecMismatchError as exc:
         raise CorruptChunkError(f"chunk values do not fit the spec: {exc}", reason="values") from exc
     return Chunk(actor_id=int(head["a"]), sequence=int(head["q"]), policy_version=int(head["pv"]),
@@ -311,8 +329,8 @@ def _unpack_header(raw: memoryview) -> dict[str, Any]:
     return head
 
 
-def _read_arrays(head: dict[str, Any], spec: Spec, payload: memoryview) -> dict[str, np.ndarray]:
-    """Check the header's array table against the expected layout, then view the arrays."""
+def _checked_layout(head: dict[str, Any], spec: Spec, payload_bytes: int) -> _Layout:
+    """Check the header's array table against the layout the spec expects; return it."""
     s, t, entries = head.get("S"), head.get("T"), head.get("arrays")
     for label, v in (("S", s), ("T", t)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _MAX_DIM:
@@ -325,9 +343,7 @@ def _read_arrays(head: dict[str, Any], spec: Spec, payload: memoryview) -> dict[
         bad = next((e, x) for e, x in zip([*entries, None], [*layout.entries, None], strict=False) if e != x)
         raise CorruptChunkError(f"array entry {bad[0]!r} does not match the spec's {bad[1]!r}",
                                 reason="header")
-    if layout.nbytes != len(payload):
-        raise CorruptChunkError(f"the arrays need {layout.nbytes} bytes, the chunk has {len(payload)}",
+    if layout.nbytes != payload_bytes:
+        raise CorruptChunkError(f"the arrays need {layout.nbytes} bytes, the chunk has {payload_bytes}",
                                 reason="header")
-    out = {name: np.frombuffer(payload, dtype=dtype, count=count, offset=offset).reshape(shape)
-           for name, dtype, count, offset, shape in layout.views}
-    return out
+    return layout
