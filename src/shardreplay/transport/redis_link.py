@@ -1,0 +1,193 @@
+"""Redis connections for the ``redis://`` transport and the Redis policy backend.
+
+:class:`RedisLink` retries calls across lost connections until a deadline and turns
+redis errors into shardreplay ones; :func:`ensure_group` / :func:`with_group` keep a
+stream's consumer group in place (a server restarted without its data loses it);
+:func:`trim_acknowledged` drops what every group acknowledged (see
+:mod:`shardreplay.transport.redis`, back-pressure point 1); :class:`HintChannel` is a
+pub/sub channel read as hints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from shardreplay.errors import ConfigError, TransportError, TransportTimeout
+
+__all__ = ["HintChannel", "RedisLink", "ensure_group", "trim_acknowledged", "with_group"]
+
+logger = logging.getLogger("shardreplay.transport")
+T = TypeVar("T")
+
+
+class RedisLink:
+    """One Redis client whose calls reconnect on failure and raise shardreplay errors.
+
+    Args:
+        url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``).
+        socket_timeout_s: per-command socket timeout.
+    """
+
+    def __init__(self, url: str, *, socket_timeout_s: float = 5.0) -> None:
+        self.url = url
+        try:
+            self.client = redis.Redis.from_url(
+                url, protocol=2, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+                retry=Retry(NoBackoff(), 0))  # retries are ours, bounded by the caller's deadline
+        except ValueError as exc:
+            raise ConfigError(f"bad redis URL {url!r}: {exc}") from exc
+        self._down_since: float | None = None
+
+    def down_for_s(self) -> float:
+        """Seconds since the server stopped answering (0 while it answers)."""
+        return 0.0 if self._down_since is None else time.monotonic() - self._down_since
+
+    def call(self, fn: Callable[[redis.Redis], T], *, what: str, deadline: float | None) -> T:
+        """Run ``fn(client)``; on a lost connection reconnect and retry until ``deadline``.
+
+        Raises:
+            TransportTimeout: the server did not answer before ``deadline`` (one attempt
+                is always made).
+            TransportError: Redis refused the command.
+        """
+        backoff = 0.01
+        while True:
+            try:
+                result = fn(self.client)
+                self._down_since = None
+                return result
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    logger.warning("redis %s: %s failed (%s); reconnecting", self.url, what, exc)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TransportTimeout(f"redis {self.url} unreachable for {self.down_for_s():.1f} s "
+                                           f"({what}): is redis-server running?") from exc
+                time.sleep(backoff if left is None else min(backoff, left))
+                backoff = min(backoff * 2, 0.5)
+            except redis.RedisError as exc:
+                raise TransportError(f"redis {self.url} refused {what}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        with contextlib.suppress(redis.RedisError):  # a dead connection needs no goodbye
+            self.client.close()
+
+
+def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
+    """Create ``group`` on ``stream`` at id 0 (the stream too) unless it exists."""
+    try:
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):  # redis reports "exists" only in the message
+            raise
+
+
+def with_group(client: redis.Redis, stream: str, group: str, fn: Callable[[], T]) -> T:
+    """Run ``fn``; if the group vanished (a server restarted without its data), recreate it."""
+    try:
+        return fn()
+    except redis.ResponseError as exc:
+        if "NOGROUP" not in str(exc):  # redis reports a missing group only in the message
+            raise
+        logger.warning("redis: group %r of stream %r was missing; recreated at id 0", group, stream)
+        ensure_group(client, stream, group)
+        return fn()
+
+
+# The trim of module doc point 1, run atomically in one round trip. Ids "ms-seq" are
+# compared as digit strings (no leading zeros: longer is larger), never as Lua doubles.
+_TRIM_ACKED = """
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
+if not ok then return 0 end
+local function less(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if #am ~= #bm then return #am < #bm end
+  if am ~= bm then return am < bm end
+  if #as ~= #bs then return #as < #bs end
+  return as < bs
+end
+local threshold = nil
+for _, g in ipairs(groups) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  local floor = info['last-delivered-id']
+  if info['pending'] > 0 then
+    local summary = redis.call('XPENDING', KEYS[1], info['name'])
+    if summary[2] then floor = summary[2] end
+  end
+  if threshold == nil or less(floor, threshold) then threshold = floor end
+end
+if threshold ~= nil then
+  if ARGV[1] == '1' then
+    redis.call('XTRIM', KEYS[1], 'MINID', threshold)
+  else
+    redis.call('XTRIM', KEYS[1], 'MINID', '~', threshold)
+  end
+end
+return redis.call('XLEN', KEYS[1])
+"""
+
+
+def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
+    """Delete entries every consumer group of ``stream`` has acknowledged (one Lua script).
+
+    Returns:
+        The stream length afterwards (0 when the stream does not exist).
+    """
+    script = client.register_script(_TRIM_ACKED)
+    return int(script(keys=[stream], args=["1" if exact else "0"]))
+
+
+
+class HintChannel:
+    """A pub/sub channel read as hints: messages may be lost, so callers also poll.
+
+    Args:
+        link: the connection to use (its client opens a separate pub/sub connection).
+        channel: the channel name.
+    """
+
+    def __init__(self, link: RedisLink, channel: str) -> None:
+        self._link = link
+        self._channel = channel
+        self._pubsub: Any = None
+
+    def wait(self, timeout_s: float) -> bool:
+        """True when a message arrived within ``timeout_s`` (or the channel broke: look anyway)."""
+        try:
+            if self._pubsub is None:
+                self._pubsub = self._link.client.pubsub(ignore_subscribe_messages=True)
+                self._pubsub.subscribe(self._channel)
+                return True  # messages before the subscription are lost: look now
+            got = False
+            msg = self._pubsub.get_message(timeout=max(timeout_s, 0.0))
+            while msg is not None:
+                got = got or msg.get("type") == "message"
+                msg = self._pubsub.get_message(timeout=0.0)
+            return got
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.close()  # resubscribe on the next call
+            return True
+
+    def publish(self, message: bytes | str) -> None:
+        """Send a hint; failures are ignored (hints are optional)."""
+        with contextlib.suppress(redis.RedisError):
+            self._link.client.publish(self._channel, message)
+
+    def close(self) -> None:
+        """Drop the subscription."""
+        if self._pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._pubsub.close()
+            self._pubsub = None
