@@ -300,19 +300,23 @@ def test_corrupt_and_truncated_chunks_are_set_aside_and_ingest_goes_on(tmp_path:
 
 # -- forged headers -----------------------------------------------------------------------
 def _forge(header: dict[str, Any] | bytes, payload: bytes = b"", *, total: int | None = None,
-           hlen: int | None = None) -> bytes:
-    """A chunk with any header and payload, and a correct checksum (an actor that lies)."""
+           hlen: int | None = None, actor: int = 0) -> bytes:
+    """A chunk with any header, payload and actor id, and a correct checksum (an actor that lies)."""
     head = header if isinstance(header, bytes) else msgpack.packb(header)
     pad = bytes(-(_PREFIX.size + len(head)) % 8)
     body = head + pad + payload
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head) if hlen is None else hlen,
-                        _PREFIX.size + len(body) if total is None else total, xxh3_64(body)) + body
+    total = _PREFIX.size + len(body) if total is None else total
+    data = bytearray(_PREFIX.pack(MAGIC, FORMAT_VERSION, len(head) if hlen is None else hlen, total, 0,
+                                  actor, 1, 0) + body)
+    data[24:32] = xxh3_64(memoryview(data)[32:]).to_bytes(8, "little")
+    return bytes(data)
 
 
 def _forgeries() -> dict[str, tuple[bytes, str]]:
     """name -> (bytes, the reason the reader must give)."""
     good = encode(make_chunk(0, 1), IDENT_SPEC)
     head = msgpack.unpackb(good[_PREFIX.size:_PREFIX.size + _PREFIX.unpack_from(good)[2]])
+    payload = good[(_PREFIX.size + _PREFIX.unpack_from(good)[2] + 7) // 8 * 8:]
     huge = 1 << 24
     lying = {**head, "S": huge, "T": huge}
     lying["arrays"] = [[n, d, [huge] * len(s), o, 10 ** 12] for n, d, s, o, _ in head["arrays"]]
@@ -326,7 +330,7 @@ def _forgeries() -> dict[str, tuple[bytes, str]]:
         "msgpack array of 2^32": (_forge(b"\xdd\xff\xff\xff\xff"), "header"),
         "msgpack str of 1 GiB": (_forge(b"\xdb\x3f\xff\xff\xff"), "header"),
         "half the payload": (_forge(head, bytes(4096)), "header"),
-        "negative actor": (_forge({**head, "a": -1}), "header"),
+        "negative actor": (_forge(head, payload, actor=2**64 - 1), "header"),
         "another spec": (encode(make_chunk(0, 1, s=1, t=1, spec=other, obs_size=400_000), other), "spec"),
     }
 

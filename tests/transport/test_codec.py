@@ -105,14 +105,17 @@ def test_chunks_over_max_bytes_are_rejected_first() -> None:
 
 
 def _forge(header: object, payload: bytes = b"", *, header_len: int | None = None,
-           raw_header: bytes | None = None) -> bytes:
-    """A chunk with a valid prefix and checksum around any header: tests header checks."""
+           raw_header: bytes | None = None, ids: tuple[int, int, int] = (0, 0, 0)) -> bytes:
+    """A chunk with a valid prefix and checksum around any header and ids (actor,
+    sequence, policy version): tests header checks."""
     head = raw_header if raw_header is not None else msgpack.packb(header)
     pad = bytes((-(codec._PREFIX.size + len(head))) % 8)
-    body = head + pad + payload
-    total = codec._PREFIX.size + len(body)
-    return codec._PREFIX.pack(codec.MAGIC, codec.FORMAT_VERSION,
-                              len(head) if header_len is None else header_len, total, xxh3_64(body)) + body
+    total = codec._PREFIX.size + len(head) + len(pad) + len(payload)
+    data = bytearray(codec._PREFIX.pack(codec.MAGIC, codec.FORMAT_VERSION,
+                                        len(head) if header_len is None else header_len, total, 0, *ids))
+    data += head + pad + payload
+    data[24:32] = xxh3_64(memoryview(data)[32:]).to_bytes(8, "little")
+    return bytes(data)
 
 
 def _valid_header(priorities: bool = False) -> tuple[dict, bytes]:
@@ -128,9 +131,8 @@ def _valid_header(priorities: bool = False) -> tuple[dict, bytes]:
     lambda h: h.update(T=2**40),
     lambda h: h.update(S=-1),
     lambda h: h.update(S="2"),
-    lambda h: h.update(a=-5),
-    lambda h: h.update(q=2**64 - 1),
-    lambda h: h.update(pv=None),
+    lambda h: h.update(a=5),  # format 2 kept the ids in the header: no more
+    lambda h: h.update(extra=None),
     lambda h: h["arrays"][1].__setitem__(4, 2**62),
     lambda h: h["arrays"][1].__setitem__(3, 2**62),
     lambda h: h["arrays"][1].__setitem__(2, [2**20, 2**20, 2**20]),
@@ -352,3 +354,28 @@ def test_compiled_value_checks_agree_with_spec_validate(field: str) -> None:
                 decode(bytes(data), spec, max_bytes=MAX)
             assert info.value.reason == "values", (field, value)
     assert outcomes == ({True} if field == "loose" else {True, False})  # both paths exercised
+
+
+@pytest.mark.parametrize("ids", [(2**63, 0, 0), (0, 2**64 - 1, 0), (0, 0, 2**63)])
+def test_ids_beyond_int63_in_the_prefix_are_rejected(ids: tuple[int, int, int]) -> None:
+    head, payload = _valid_header()
+    back = decode(_forge(head, payload, ids=(7, 2**63 - 1, 3)), SPEC, max_bytes=MAX)
+    assert back.identity == (7, 2**63 - 1) and back.policy_version == 3
+    with pytest.raises(CorruptChunkError) as info:
+        decode(_forge(head, payload, ids=ids), SPEC, max_bytes=MAX)
+    assert info.value.reason == "header"
+
+
+def test_a_header_checked_once_still_needs_its_payload() -> None:
+    # Headers are recognised by their bytes after the first full check; the payload's
+    # length and every value are still checked for each chunk.
+    head, payload = _valid_header()
+    decode(_forge(head, payload), SPEC, max_bytes=MAX)
+    for short in (payload[:-8], payload + bytes(8)):
+        with pytest.raises(CorruptChunkError) as info:
+            decode(_forge(head, short), SPEC, max_bytes=MAX)
+        assert info.value.reason == "header"
+    other = Spec({**SPEC.fields, "extra": Field((), np.int8)})
+    with pytest.raises(CorruptChunkError) as info:  # another spec has its own cache
+        decode(_forge(head, payload), other, max_bytes=MAX)
+    assert info.value.reason == "spec"

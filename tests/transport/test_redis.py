@@ -99,7 +99,7 @@ def test_malformed_entries_are_rejected_counted_and_acknowledged(redis_server) -
     damaged[40] ^= 1
     other = Spec({"x": Field((), np.int32)})
     r.xadd(STREAM, {"d": b"garbage"})
-    r.xadd(STREAM, {"d": b"garbage, long enough for a prefix"})
+    r.xadd(STREAM, {"d": b"garbage, long enough for a prefix of 56 bytes, the format-3 one"})
     r.xadd(STREAM, {"x": b"1"})
     r.xadd(STREAM, {"d": bytes(damaged)})
     r.xadd(STREAM, {"d": encode(make_chunk(0, 9, spec=other), other)})

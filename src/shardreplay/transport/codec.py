@@ -11,13 +11,16 @@ Wire layout (all integers little-endian)::
           12   total_len (uint64): bytes of the whole chunk    8 bytes
           20   4 zero bytes                                    4 bytes
           24   XXH3-64 (seed 0) of every byte after offset 32  8 bytes
-          32   msgpack header, zero padding to a multiple of 8
+          32   actor id, sequence, policy version (uint64)    24 bytes
+          56   msgpack header, zero padding to a multiple of 8
            P   payload: the raw arrays, each 8-byte aligned, in header order,
                zero padding to a multiple of 8
 
-The header is a map: ``fp`` (spec fingerprint), ``a`` actor id, ``q`` sequence, ``pv``
-policy version, ``S``, ``T``, and ``arrays``: a list of ``[name, dtype, shape, offset,
-nbytes]`` with offsets relative to ``P``. Arrays are ``stream_ids`` (int64 ``[S]``), one
+The header is a map of exactly ``fp`` (spec fingerprint), ``S``, ``T`` and ``arrays``: a
+list of ``[name, dtype, shape, offset, nbytes]`` with offsets relative to ``P``. It is
+the same for every chunk of one spec and size, so a reader checks each distinct header
+once and recognises it by its bytes afterwards (the ids, which change every chunk, sit
+in the prefix). Arrays are ``stream_ids`` (int64 ``[S]``), one
 per step field (``steps/<name>``, shaped ``[S, T, *field.shape]``) and, when present,
 ``priorities`` (float32 ``[S, T]``).
 
@@ -51,7 +54,9 @@ __all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "decode", "encode", "peek_identit
 MAGIC = b"SRCK"
 FORMAT_VERSION = 3  # 1: CRC-32, 2: XXH64 checksums (rejected: see the module doc)
 _OLDER = {1: "CRC-32", 2: "XXH64"}
-_PREFIX = struct.Struct("<4sB3xIQ4xQ")
+_PREFIX = struct.Struct("<4sB3xIQ4xQQQQ")
+_HEADER_KEYS = frozenset(("fp", "S", "T", "arrays"))
+_DIGEST, _DIGEST_AT, _HASHED_FROM = struct.Struct("<Q"), 24, 32  # the checksum covers the ids too
 _MAX_HEADER_BYTES = 1 << 20
 _MAX_DIM = 1 << 24  # S or T beyond this is a corrupt header, not a real chunk
 _MAX_ID = (1 << 63) - 1
@@ -116,6 +121,7 @@ class _SpecInfo:
         self.fields = [(_STEP_PREFIX + n, _wire_dtype(spec[n].dtype), spec[n].shape) for n in spec.names]
         self.fields += [(_STEP_PREFIX + n, _wire_dtype(d), ()) for n, d in _RESERVED_DTYPES.items()]
         self.layouts: dict[tuple[int, int, bool], _Layout] = {}  # live and die with this entry
+        self.headers: dict[bytes, _Layout] = {}  # header bytes already checked -> their layout
 
 
 _SPEC_INFO: dict[int, _SpecInfo] = {}
@@ -154,8 +160,10 @@ class _Layout:
         self.packed = info.spec.packed_layout(
             (s, t), {name[len(_STEP_PREFIX):]: off for name, _d, _c, off, _s in self.views
                      if name.startswith(_STEP_PREFIX)})
+        self.s, self.t = s, t
         self.ids_at = self.views[0][3]
         self.prio_at = self.views[-1][3] if has_priorities else -1
+        self.header = msgpack.packb({"fp": info.fingerprint, "S": s, "T": t, "arrays": self.entries})
 
 
 def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:
@@ -201,16 +209,16 @@ def encode(chunk: Chunk, spec: Spec) -> bytes:
             arrays["priorities"] = prio.astype(np.float32, copy=False)
     _check_ids_and_priorities(ids, arrays.get("priorities"), s, t, exc=SpecMismatchError)
     layout = _layout(spec, s, t, chunk.priorities is not None)
-    header = msgpack.packb({"fp": _info(spec).fingerprint, "a": int(chunk.actor_id), "q": int(chunk.sequence),
-                            "pv": int(chunk.policy_version), "S": s, "T": t, "arrays": layout.entries})
+    header = layout.header
     payload_at = _align8(_PREFIX.size + len(header))
     total = payload_at + layout.nbytes
     out = bytearray(total)  # zeroed: the padding is zero
     out[_PREFIX.size:_PREFIX.size + len(header)] = header
     for name, dtype, count, offset, shape in layout.views:  # one copy of each array
         np.frombuffer(out, dtype, count, payload_at + offset).reshape(shape)[...] = arrays[name]
-    digest = xxh3_64(memoryview(out)[_PREFIX.size:])
-    _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, len(header), total, digest)
+    _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, len(header), total, 0, int(chunk.actor_id),
+                      int(chunk.sequence), int(chunk.policy_version))
+    _DIGEST.pack_into(out, _DIGEST_AT, xxh3_64(memoryview(out)[_HASHED_FROM:]))
     return bytes(out)  # redis-py and hashing callers want bytes; a 70 KB copy is ~2 us
 
 
@@ -246,12 +254,10 @@ def peek_identity(data: bytes | bytearray | memoryview) -> tuple[int, int] | Non
     :func:`decode`. Returns None when the header cannot be read.
     """
     try:
-        mv = memoryview(data).cast("B")
-        magic, _, hlen, _, _ = _PREFIX.unpack_from(mv)
-        if magic != MAGIC or hlen > min(_MAX_HEADER_BYTES, len(mv) - _PREFIX.size):
+        magic, version, *_, actor, sequence, _pv = _PREFIX.unpack_from(memoryview(data).cast("B"))
+        if magic != MAGIC or version != FORMAT_VERSION:
             return None
-        head = msgpack.unpackb(mv[_PREFIX.size:_PREFIX.size + hlen], raw=False)
-        return (int(head["a"]), int(head["q"]))
+        return (actor, sequence)
     except Exception:  # any malformed input means "unknown", never an exception here
         return None
 
@@ -275,7 +281,7 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     if n < _PREFIX.size:
         raise CorruptChunkError(f"chunk of {n} bytes is shorter than its {_PREFIX.size}-byte prefix",
                                 reason="truncated")
-    magic, version, hlen, total, digest = _PREFIX.unpack_from(mv)
+    magic, version, hlen, total, digest, actor, sequence, version_of_policy = _PREFIX.unpack_from(mv)
     if magic != MAGIC:
         raise CorruptChunkError(f"not a shardreplay chunk (magic {bytes(magic)!r})", reason="format")
     if version != FORMAT_VERSION or bytes(mv[5:8]) != b"\0\0\0" or bytes(mv[20:24]) != b"\0\0\0\0":
@@ -286,22 +292,27 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     if total != n:
         raise CorruptChunkError(f"chunk says it has {total} bytes but {n} arrived "
                                 "(truncated or padded in transit)", reason="truncated")
-    if xxh3_64(mv[_PREFIX.size:]) != digest:
+    if xxh3_64(mv[_HASHED_FROM:]) != digest:
         raise CorruptChunkError("checksum mismatch: the chunk was damaged in transit or on disk",
                                 reason="checksum")
     payload_at = _align8(_PREFIX.size + hlen)
     if hlen > _MAX_HEADER_BYTES or payload_at > n:
         raise CorruptChunkError(f"header length {hlen} is impossible", reason="header")
-    head = _unpack_header(mv[_PREFIX.size:_PREFIX.size + hlen])
-    if head.get("fp") != _info(spec).fingerprint:
-        raise CorruptChunkError(f"chunk of spec {head.get('fp')!r} does not match the learner's spec "
-                                f"{_info(spec).fingerprint!r}: actors and learner must use the same Spec",
-                                reason="spec")
-    _check_ids(head.get("a"), head.get("q"), head.get("pv"), exc=CorruptChunkError)
-    layout = _checked_layout(head, spec, n - payload_at)
+    _check_ids(actor, sequence, version_of_policy, exc=CorruptChunkError)
+    raw = bytes(mv[_PREFIX.size:_PREFIX.size + hlen])
+    info = _info(spec)
+    layout = info.headers.get(raw)
+    if layout is None:  # a header not seen yet: check it in full, once
+        layout = _checked_layout(_unpack_header(raw), spec)
+        if len(info.headers) > 256:
+            info.headers.clear()
+        info.headers[raw] = layout
+    if layout.nbytes != n - payload_at:
+        raise CorruptChunkError(f"the arrays need {layout.nbytes} bytes, the chunk has {n - payload_at}",
+                                reason="header")
     payload = np.frombuffer(mv, np.uint8, offset=payload_at)
     payload.flags.writeable = False  # views of it are read-only (a bytes input is already)
-    s, t = int(head["S"]), int(head["T"])
+    s, t = layout.s, layout.t
     ids = np.ndarray((s,), _IDS_DTYPE, payload.data, layout.ids_at)
     prio = np.ndarray((s, t), _PRIO_DTYPE, payload.data, layout.prio_at) if layout.prio_at >= 0 else None
     _check_ids_and_priorities(ids, prio, s, t, exc=CorruptChunkError)
@@ -314,8 +325,8 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
                                     if name.startswith(_STEP_PREFIX)}, (s, t))
     except SpecMismatchError as exc:
         raise CorruptChunkError(f"chunk values do not fit the spec: {exc}", reason="values") from exc
-    return Chunk(actor_id=int(head["a"]), sequence=int(head["q"]), policy_version=int(head["pv"]),
-                 stream_ids=ids, steps=steps, priorities=prio)
+    return Chunk(actor_id=actor, sequence=sequence, policy_version=version_of_policy, stream_ids=ids,
+                 steps=steps, priorities=prio)
 
 
 def _unpack_header(raw: memoryview) -> dict[str, Any]:
@@ -329,8 +340,15 @@ def _unpack_header(raw: memoryview) -> dict[str, Any]:
     return head
 
 
-def _checked_layout(head: dict[str, Any], spec: Spec, payload_bytes: int) -> _Layout:
-    """Check the header's array table against the layout the spec expects; return it."""
+def _checked_layout(head: dict[str, Any], spec: Spec) -> _Layout:
+    """Check a header against the layout the spec expects for its sizes; return that layout."""
+    if head.get("fp") != _info(spec).fingerprint:
+        raise CorruptChunkError(f"chunk of spec {head.get('fp')!r} does not match the learner's spec "
+                                f"{_info(spec).fingerprint!r}: actors and learner must use the same Spec",
+                                reason="spec")
+    if head.keys() != _HEADER_KEYS:
+        raise CorruptChunkError(f"header has keys {sorted(map(str, head))}, expected {sorted(_HEADER_KEYS)}",
+                                reason="header")
     s, t, entries = head.get("S"), head.get("T"), head.get("arrays")
     for label, v in (("S", s), ("T", t)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _MAX_DIM:
@@ -342,8 +360,5 @@ def _checked_layout(head: dict[str, Any], spec: Spec, payload_bytes: int) -> _La
     if entries != layout.entries:
         bad = next((e, x) for e, x in zip([*entries, None], [*layout.entries, None], strict=False) if e != x)
         raise CorruptChunkError(f"array entry {bad[0]!r} does not match the spec's {bad[1]!r}",
-                                reason="header")
-    if layout.nbytes != payload_bytes:
-        raise CorruptChunkError(f"the arrays need {layout.nbytes} bytes, the chunk has {payload_bytes}",
                                 reason="header")
     return layout
