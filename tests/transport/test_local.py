@@ -94,6 +94,20 @@ def test_records_wrap_around_the_ring_end() -> None:
         assert_same_chunk(got, make_chunk(0, q))
 
 
+def test_chunks_encoded_in_place_equal_encode_over_old_bytes() -> None:
+    # Writers encode straight into the ring's memory: every padding byte must be written
+    # too, whatever an earlier record left there (here 0xFF), wrapped or not.
+    size = len(encode(make_chunk(), SPEC)) + 8
+    transport = LocalTransport(SPEC, capacity_bytes=int(2.5 * size))
+    ring, writer = transport._ring, transport.writer()
+    for q in range(6):
+        assert ring.put(b"\xff" * (size - 8), None)
+        ring.take(1, time.monotonic())
+        writer.send(make_chunk(0, q), timeout_s=1)
+        [raw] = ring.take(1, time.monotonic())
+        assert bytes(raw) == encode(make_chunk(0, q), SPEC)
+
+
 def test_garbage_and_duplicates_are_counted_and_skipped() -> None:
     transport = LocalTransport(SPEC)
     writer, reader = transport.writer(), transport.reader()

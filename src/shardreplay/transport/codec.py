@@ -49,7 +49,7 @@ from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "decode", "encode", "peek_identity"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "Encoding", "decode", "encode", "peek_identity"]
 
 MAGIC = b"SRCK"
 FORMAT_VERSION = 3  # 1: CRC-32, 2: XXH64 checksums (rejected: see the module doc)
@@ -164,6 +164,13 @@ class _Layout:
         self.ids_at = self.views[0][3]
         self.prio_at = self.views[-1][3] if has_priorities else -1
         self.header = msgpack.packb({"fp": info.fingerprint, "S": s, "T": t, "arrays": self.entries})
+        self.payload_at = _align8(_PREFIX.size + len(self.header))
+        # Padding byte ranges of a whole chunk: after the header, between arrays, at the end.
+        at = self.payload_at
+        ends = [_PREFIX.size + len(self.header)]
+        ends += [at + off + c * d.itemsize for _n, d, c, off, _s in self.views]
+        starts = [at] + [at + off for _n, _d, _c, off, _s in self.views[1:]] + [at + self.nbytes]
+        self.gaps = [(a, b) for a, b in zip(ends, starts, strict=True) if b > a]
 
 
 def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:
@@ -187,39 +194,63 @@ def encode(chunk: Chunk, spec: Spec) -> bytes:
         SpecMismatchError: the steps, stream ids or priorities do not fit ``spec``, or an
             id is negative or too large.
     """
-    _check_ids(chunk.actor_id, chunk.sequence, chunk.policy_version, exc=SpecMismatchError)
-    ids = np.asarray(chunk.stream_ids)
-    if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise SpecMismatchError(f"stream_ids must be a 1-d integer array, got {ids.dtype}{list(ids.shape)}")
-    s = int(ids.shape[0])
-    st = np.asarray(chunk.steps.get("step_type", np.empty((0, 0))))
-    if st.ndim != 2 or st.shape[0] != s:
-        raise SpecMismatchError(f"steps['step_type'] must be shaped [S={s}, T], got {list(st.shape)}")
-    t = int(st.shape[1])
-    if not (1 <= s <= _MAX_DIM and 1 <= t <= _MAX_DIM):
-        raise SpecMismatchError(f"a chunk needs 1 to {_MAX_DIM} streams and steps, got S={s}, T={t}")
-    steps = spec.validate(chunk.steps, (s, t))
-    arrays: dict[str, np.ndarray] = {"stream_ids": ids}
-    arrays.update({_STEP_PREFIX + k: v for k, v in steps.items()})
-    if chunk.priorities is not None:
-        prio = np.asarray(chunk.priorities)
-        if prio.dtype.kind not in "fiu":
-            raise SpecMismatchError(f"priorities must be numbers, got {prio.dtype}")
-        with np.errstate(over="ignore"):  # an overflow becomes inf, rejected just below
-            arrays["priorities"] = prio.astype(np.float32, copy=False)
-    _check_ids_and_priorities(ids, arrays.get("priorities"), s, t, exc=SpecMismatchError)
-    layout = _layout(spec, s, t, chunk.priorities is not None)
-    header = layout.header
-    payload_at = _align8(_PREFIX.size + len(header))
-    total = payload_at + layout.nbytes
-    out = bytearray(total)  # zeroed: the padding is zero
-    out[_PREFIX.size:_PREFIX.size + len(header)] = header
-    for name, dtype, count, offset, shape in layout.views:  # one copy of each array
-        np.frombuffer(out, dtype, count, payload_at + offset).reshape(shape)[...] = arrays[name]
-    _PREFIX.pack_into(out, 0, MAGIC, FORMAT_VERSION, len(header), total, 0, int(chunk.actor_id),
-                      int(chunk.sequence), int(chunk.policy_version))
-    _DIGEST.pack_into(out, _DIGEST_AT, xxh3_64(memoryview(out)[_HASHED_FROM:]))
+    enc = Encoding(chunk, spec)
+    out = bytearray(enc.nbytes)
+    enc.write_into(out)
     return bytes(out)  # redis-py and hashing callers want bytes; a 70 KB copy is ~2 us
+
+
+class Encoding:
+    """A chunk checked and ready to be written where the caller wants it (:func:`encode`
+    writes it to new bytes; the local transport writes it straight into its ring).
+
+    Raises:
+        SpecMismatchError: as :func:`encode`.
+    """
+
+    __slots__ = ("_arrays", "_chunk", "_layout", "nbytes")
+
+    def __init__(self, chunk: Chunk, spec: Spec) -> None:
+        _check_ids(chunk.actor_id, chunk.sequence, chunk.policy_version, exc=SpecMismatchError)
+        ids = np.asarray(chunk.stream_ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise SpecMismatchError(f"stream_ids must be a 1-d integer array, "
+                                    f"got {ids.dtype}{list(ids.shape)}")
+        s = int(ids.shape[0])
+        st = np.asarray(chunk.steps.get("step_type", np.empty((0, 0))))
+        if st.ndim != 2 or st.shape[0] != s:
+            raise SpecMismatchError(f"steps['step_type'] must be shaped [S={s}, T], got {list(st.shape)}")
+        t = int(st.shape[1])
+        if not (1 <= s <= _MAX_DIM and 1 <= t <= _MAX_DIM):
+            raise SpecMismatchError(f"a chunk needs 1 to {_MAX_DIM} streams and steps, got S={s}, T={t}")
+        steps = spec.validate(chunk.steps, (s, t))
+        arrays: dict[str, np.ndarray] = {"stream_ids": ids}
+        arrays.update({_STEP_PREFIX + k: v for k, v in steps.items()})
+        if chunk.priorities is not None:
+            prio = np.asarray(chunk.priorities)
+            if prio.dtype.kind not in "fiu":
+                raise SpecMismatchError(f"priorities must be numbers, got {prio.dtype}")
+            with np.errstate(over="ignore"):  # an overflow becomes inf, rejected just below
+                arrays["priorities"] = prio.astype(np.float32, copy=False)
+        _check_ids_and_priorities(ids, arrays.get("priorities"), s, t, exc=SpecMismatchError)
+        self._chunk, self._arrays = chunk, arrays
+        self._layout = _layout(spec, s, t, chunk.priorities is not None)
+        self.nbytes = self._layout.payload_at + self._layout.nbytes
+
+    def write_into(self, out: bytearray | memoryview | np.ndarray) -> None:
+        """Write the encoded chunk to the first :attr:`nbytes` bytes of a writable buffer
+        (any previous content: every padding byte is written too)."""
+        layout, chunk = self._layout, self._chunk
+        raw = np.frombuffer(out, np.uint8, self.nbytes)
+        header, payload_at = layout.header, layout.payload_at
+        raw[_PREFIX.size:_PREFIX.size + len(header)] = np.frombuffer(header, np.uint8)
+        for start, stop in layout.gaps:  # zero padding, whatever was there before
+            raw[start:stop] = 0
+        for name, dtype, _count, offset, shape in layout.views:  # one copy of each array
+            np.ndarray(shape, dtype, raw, payload_at + offset)[...] = self._arrays[name]
+        _PREFIX.pack_into(raw, 0, MAGIC, FORMAT_VERSION, len(header), self.nbytes, 0, int(chunk.actor_id),
+                          int(chunk.sequence), int(chunk.policy_version))
+        _DIGEST.pack_into(raw, _DIGEST_AT, xxh3_64(raw[_HASHED_FROM:]))
 
 
 def _check_ids(actor_id: Any, sequence: Any, version: Any, *, exc: type[Exception]) -> None:

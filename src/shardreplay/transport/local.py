@@ -2,9 +2,10 @@
 
 Every encoded chunk is one record of a :class:`~shardreplay.transport.shm_ring.ShmRing` of
 ``capacity_bytes``. A writer waits while the ring lacks room (back-pressure, bounded
-memory); the reader copies records out under the ring's lock and decodes them outside
-it. No pickle: only raw bytes travel. A process killed at any point (even holding the
-ring's lock) does not wedge the others.
+memory), checks its chunk, then encodes it straight into the ring's memory (one copy of
+the data; :meth:`ShmRing.put_with`); the reader copies a batch of records out and decodes
+them outside the ring's lock. No pickle: only raw bytes travel. A process killed at any
+point (even holding the ring's lock) does not wedge the others.
 
 The ring and its lock are created with the ``spawn`` context, so a :class:`LocalTransport`
 can be handed to children started with ``spawn`` (or ``fork``) as a ``Process`` argument.
@@ -27,7 +28,7 @@ from shardreplay.transport.base import (
     ReaderStats,
     check_max_chunks,
 )
-from shardreplay.transport.codec import Chunk, encode
+from shardreplay.transport.codec import Chunk, Encoding
 from shardreplay.transport.shm_ring import ShmRing
 
 __all__ = ["LocalReader", "LocalTransport", "LocalWriter"]
@@ -84,12 +85,12 @@ class LocalWriter:
             ConfigError: the encoded chunk is larger than the whole ring.
             TransportTimeout: the ring stayed full for ``timeout_s``.
         """
-        data = encode(chunk, self._spec)
-        if len(data) + _LEN_SIZE > self._ring.capacity:
-            raise ConfigError(f"a chunk of {len(data)} bytes never fits the local ring of "
+        enc = Encoding(chunk, self._spec)  # checked here, outside the ring lock
+        if enc.nbytes + _LEN_SIZE > self._ring.capacity:
+            raise ConfigError(f"a chunk of {enc.nbytes} bytes never fits the local ring of "
                               f"{self._ring.capacity} bytes: raise capacity_bytes or send smaller chunks")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        if not self._ring.put(data, deadline):
+        if not self._ring.put_with(enc.nbytes, enc.write_into, deadline):  # encoded in place
             raise TransportTimeout(f"local transport full for {timeout_s} s: the learner is not "
                                    "draining it (is it alive and receiving?)")
 

@@ -31,6 +31,7 @@ import logging
 import os
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -116,16 +117,34 @@ class ShmRing:
 
     def put(self, data: bytes, deadline: float | None) -> bool:
         """Append one record, polling for room; False when ``deadline`` passed first."""
-        need = _LEN.size + len(data)
+        src = np.frombuffer(data, np.uint8)
+        return self.put_with(len(data), lambda dst: dst.__setitem__(slice(None), src), deadline)
+
+    def put_with(self, nbytes: int, fill: Callable[[np.ndarray], None], deadline: float | None) -> bool:
+        """Append a record of ``nbytes`` that ``fill`` writes into the ring's own memory
+        (a uint8 view; a scratch array when the record wraps around the ring's end), so an
+        encoder writes once instead of into bytes that are copied again. ``fill`` runs
+        under the ring lock; the record becomes visible only after it returned.
+
+        Returns:
+            False when ``deadline`` passed before there was room.
+        """
+        need = _LEN.size + nbytes
         pause = 0.0002
         while True:
             self._acquire()
             try:
                 head, tail = self._meta[_HEAD], self._meta[_TAIL]
                 if self.capacity - (head - tail) >= need:
-                    self._write(head, _LEN.pack(len(data)))
-                    self._write(head + _LEN.size, data)
-                    self._meta[_HEAD] = head + need
+                    self._write(head, _LEN.pack(nbytes))
+                    start = (head + _LEN.size) % self.capacity
+                    if start + nbytes <= self.capacity:
+                        fill(self._buf[start:start + nbytes])
+                    else:
+                        scratch = np.empty(nbytes, np.uint8)
+                        fill(scratch)
+                        self._write(head + _LEN.size, scratch)
+                    self._meta[_HEAD] = head + need  # last: a writer killed before leaves nothing
                     if head == tail:
                         self._items.release()  # the ring was empty: the reader may sleep
                     return True
@@ -180,7 +199,7 @@ class ShmRing:
             self._release()
         return [blob[at:at + n] for at, n in spans]
 
-    def _write(self, pos: int, data: bytes) -> None:
+    def _write(self, pos: int, data: bytes | np.ndarray) -> None:
         start = pos % self.capacity
         first = min(len(data), self.capacity - start)
         src = np.frombuffer(data, dtype=np.uint8)
