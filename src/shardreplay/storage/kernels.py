@@ -25,24 +25,35 @@ from shardreplay.spec.keys import GEN_MASK, MAX_ROWS, MAX_SLOTS, ROW_SHIFT, SHAR
 FIRST, MID, LAST = 0, 1, 2
 
 
-@numba.njit(cache=True, nogil=True)
-def _is_valid(step_type, episode_id, base, q, p1, cap, window):
-    """Validity of absolute start ``q`` in the row whose flat offset is ``base``."""
-    slot = base + q % cap
+@numba.njit(cache=True, nogil=True, inline="always")
+def _is_valid_at(step_type, episode_id, base, off, q, p1, cap, window):
+    """Validity of absolute start ``q`` (at ``off = q % cap``) in the row whose flat offset
+    is ``base``. Slots advance by increment-and-wrap: an int64 modulo per step cost
+    more than the rest of the bookkeeping."""
     if window == 1:
         return True
+    slot = base + off
     if step_type[slot] == LAST:
         return False
     ep = episode_id[slot]
     for k in range(1, window):
         if q + k >= p1:
             return False
-        nxt = base + (q + k) % cap
+        off += 1
+        if off == cap:
+            off = 0
+        nxt = base + off
         if episode_id[nxt] != ep:
             return False
         if step_type[nxt] == LAST:
             return True
     return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _is_valid(step_type, episode_id, base, q, p1, cap, window):
+    """Validity of absolute start ``q`` in the row whose flat offset is ``base``."""
+    return _is_valid_at(step_type, episode_id, base, q % cap, q, p1, cap, window)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -71,15 +82,17 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
         r = rows[i]
         base = r * cap
         p0 = pos[r]
+        off = p0 % cap  # slots advance by increment-and-wrap (see _is_valid_at)
+        prev_off = off - 1 if off > 0 else cap - 1
         for t in range(t_len):
             p = p0 + t
-            slot = base + p % cap
+            slot = base + off
             written[i * t_len + t] = slot
             st = types[i, t]
             if p == 0 or st == FIRST:
                 new_ep = True
             else:
-                prev = base + (p - 1) % cap
+                prev = base + prev_off
                 new_ep = step_type[prev] == LAST
                 if not new_ep:
                     episode_id[slot] = episode_id[prev]
@@ -92,13 +105,21 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
             if valid[slot]:
                 valid[slot] = False
                 delta -= 1
+            prev_off = off
+            off += 1
+            if off == cap:
+                off = 0
         p1 = p0 + t_len
         pos[r] = p1
         lo = max(p0 - window + 1, p1 - cap, 0)
+        off = lo % cap
         for q in range(lo, p1):
-            slot = base + q % cap
+            slot = base + off
             was = valid[slot] and q < p0
-            now = _is_valid(step_type, episode_id, base, q, p1, cap, window)
+            now = _is_valid_at(step_type, episode_id, base, off, q, p1, cap, window)
+            off += 1
+            if off == cap:
+                off = 0
             recomputed[n_out] = slot
             out_valid[n_out] = now
             out_new[n_out] = now and not was
