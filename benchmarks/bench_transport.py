@@ -135,6 +135,8 @@ def make_buffer() -> Any:
     warm = ReplayBuffer(SPEC, num_streams=ACTORS * S, stream_capacity=4096, window=2)
     c = make_chunks(0)[0]
     warm.extend(c.steps, stream_ids=c.stream_ids)  # numba compiles on first use
+    d = decode(encode(c, SPEC), SPEC, max_bytes=1 << 30)  # and for read-only decoded arrays
+    warm.extend(d.steps, stream_ids=d.stream_ids)
     return ReplayBuffer(SPEC, num_streams=ACTORS * S, stream_capacity=4096, window=2)
 
 

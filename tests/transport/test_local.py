@@ -181,3 +181,14 @@ def test_ring_batches_come_back_whole_in_order_and_aligned() -> None:
     assert all(v.readonly for v in first + rest)
     assert all(np.frombuffer(v, np.uint8).ctypes.data % 8 == 0 for v in first + rest)
     assert ring.take(1, time.monotonic()) == []
+
+
+def test_ring_batches_stop_at_max_bytes_but_never_come_back_empty() -> None:
+    from shardreplay.transport.shm_ring import ShmRing
+
+    ring = ShmRing(4096, mp.get_context("spawn"))
+    for i in range(6):
+        assert ring.put(bytes([i]) * 96, None)  # 104 bytes a record with its length
+    assert [bytes(v)[0] for v in ring.take(64, time.monotonic(), max_bytes=250)] == [0, 1, 2]  # 208 < 250
+    assert [bytes(v)[0] for v in ring.take(64, time.monotonic(), max_bytes=10)] == [3]  # one at least
+    assert [bytes(v)[0] for v in ring.take(64, time.monotonic())] == [4, 5]

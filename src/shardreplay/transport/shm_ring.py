@@ -156,8 +156,9 @@ class ShmRing:
             time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, 0.005)
 
-    def take(self, max_records: int, deadline: float) -> list[memoryview]:
-        """Pop up to ``max_records`` records, waiting until ``deadline`` for the first.
+    def take(self, max_records: int, deadline: float, max_bytes: int | None = None) -> list[memoryview]:
+        """Pop up to ``max_records`` records, waiting until ``deadline`` for the first;
+        with ``max_bytes``, no more records once those taken reach that many bytes (one at least).
 
         Returns:
             Read-only views of the records, all into one fresh ``bytes`` object (one copy
@@ -168,7 +169,7 @@ class ShmRing:
             try:
                 while self._items.acquire(False):  # drop stale hints before looking
                     pass
-                out = self._take_turn(max_records)
+                out = self._take_turn(max_records, max_bytes)
             finally:
                 self._release(self._read_lock, _READER)
             left = deadline - time.monotonic()
@@ -176,7 +177,7 @@ class ShmRing:
                 return out
             self._items.acquire(timeout=min(left, 0.1))
 
-    def _take_turn(self, max_records: int) -> list[memoryview]:
+    def _take_turn(self, max_records: int, max_bytes: int | None) -> list[memoryview]:
         """Copy records out between ``tail`` and ``head`` (read lock held), then move ``tail``."""
         self._acquire()
         try:
@@ -185,7 +186,8 @@ class ShmRing:
             self._release()
         spans: list[tuple[int, int]] = []  # (offset from tail, length) of each record
         pos = tail
-        while len(spans) < max_records and head > pos:
+        stop = tail + (max_bytes if max_bytes is not None else head)
+        while len(spans) < max_records and head > pos and (pos < stop or not spans):
             (n,) = _LEN.unpack(self._read(pos, _LEN.size))
             spans.append((pos + _LEN.size - tail, n))
             pos += _LEN.size + n
