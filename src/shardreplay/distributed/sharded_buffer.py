@@ -14,8 +14,12 @@ One ``sample(B, mode="exact")`` is two collectives::
 and each weight carries the shard factor ``K * mass_k / sum(mass)``, so the
 DDP-averaged gradient has the same expectation as in exact mode.
 
+``update_priorities`` applies this shard's keys at once and routes the others in two
+all_to_alls (counts, then records).
+
 ``prefetch=k`` draws ``k`` batches per exchange and queues priority updates for other
-shards until the next exchange, so a learner step costs 1/k of the collectives.
+shards until the next exchange, so a learner step costs 1/k of the collectives:
+``update_priorities`` is then local, and only every k-th ``sample`` is collective.
 """
 
 from __future__ import annotations
