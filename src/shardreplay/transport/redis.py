@@ -68,7 +68,7 @@ from shardreplay.transport.base import (
     ReaderStats,
     check_max_chunks,
 )
-from shardreplay.transport.codec import Chunk, encode
+from shardreplay.transport.codec import Chunk, Encoding
 from shardreplay.transport.redis_link import (
     HintChannel,
     RedisLink,
@@ -158,7 +158,7 @@ class RedisWriter:
         self._link = transport.link()
         self._has_group = False
         self._length: int | None = None  # the stream's length when this writer last looked
-        self._sent: deque[bytes] = deque()  # adds whose replies are not read yet, oldest first
+        self._sent: deque[memoryview] = deque()  # adds whose replies are not read yet, oldest first
         self._conn: Any = None
         self._broken = False  # the connection failed with adds in flight: re-send them
 
@@ -171,7 +171,9 @@ class RedisWriter:
             TransportError: Redis refused the write.
         """
         t = self._t
-        data = encode(chunk, t.spec)
+        enc = Encoding(chunk, t.spec)
+        data = memoryview(bytearray(enc.nbytes))  # ours alone: redis-py sends it without a copy
+        enc.write_into(data)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if not self._has_group:
             self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE",
@@ -205,7 +207,7 @@ class RedisWriter:
             self._conn = self._link.client.connection_pool.get_connection()
         return self._conn
 
-    def _push(self, data: bytes) -> None:
+    def _push(self, data: memoryview) -> None:
         conn = self._connection()
         conn.send_command("XADD", self._t.stream, "*", _FIELD, data)
         conn.send_command("XLEN", self._t.stream)
