@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numba
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
@@ -40,6 +41,7 @@ from shardreplay.transport.base import ChunkReader
 from shardreplay.transport.codec import Chunk
 
 log = logging.getLogger("shardreplay.learner")
+_FIRST, _LAST = int(StepType.FIRST), int(StepType.LAST)
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Ingestor:
         # The last finished episode of each stream: a recent mean over all streams that
         # near-random streams (short episodes, many of them) can not dominate.
         self.last_return = np.full(buffer.num_streams, np.nan)
+        self._finished = np.empty(0, np.float64)  # scratch: returns finished in one chunk
 
     def drain(self, max_chunks: int, timeout_s: float, policy_version: int, *, ack: bool = True) -> int:
         """Receive up to ``max_chunks`` chunks and write them; returns steps written.
@@ -182,19 +185,40 @@ class Ingestor:
         return logging.WARNING
 
     def _track_returns(self, rows: np.ndarray, reward: np.ndarray, step_type: np.ndarray) -> None:
-        for t in range(step_type.shape[1]):
-            first = step_type[:, t] == StepType.FIRST
-            self._running[rows[first]] = 0.0
-            last = step_type[:, t] == StepType.LAST
-            done = rows[last]
-            self.stats.returns.extend(float(v) for v in self._running[done])
-            self.last_return[done] = self._running[done]
-            self._running[rows[~last]] += reward[~last, t]
+        finished = self._finished
+        if finished.shape[0] < step_type.size:
+            finished = self._finished = np.empty(step_type.size, np.float64)
+        n = _track_returns(rows.astype(np.int64, copy=False), reward, step_type, self._running,
+                           self.last_return, finished)
+        self.stats.returns.extend(finished[:n].tolist())
 
     def take_stats(self) -> IngestStats:
         """The counters since the last call (and reset them)."""
         stats, self.stats = self.stats, IngestStats()
         return stats
+
+
+@numba.njit(cache=True, nogil=True)
+def _track_returns(rows, reward, step_type, running, last_return, finished):  # pragma: no cover - compiled
+    """Running returns of a chunk's streams, step by step in time order: a FIRST resets
+    its row's sum, a LAST records it (into ``finished``, in order, and ``last_return``),
+    every other step adds its reward. Returns how many episodes finished. (The numpy
+    version, a few array operations per time step, cost ~350 us a chunk of 32 steps:
+    20 times the buffer write.)"""
+    n = 0
+    for t in range(step_type.shape[1]):
+        for i in range(step_type.shape[0]):
+            r = rows[i]
+            kind = step_type[i, t]
+            if kind == _FIRST:
+                running[r] = 0.0
+            if kind == _LAST:
+                finished[n] = running[r]
+                n += 1
+                last_return[r] = running[r]
+            else:
+                running[r] += reward[i, t]
+    return n
 
 
 def merge_high_water(states: Iterable[Mapping[str, Any] | None]) -> dict[int, int]:
