@@ -147,8 +147,9 @@ class RedisWriter:
     """Actor end of a :class:`RedisTransport`.
 
     Adds are pipelined: ``send`` writes ``XADD`` + ``XLEN`` to the connection and returns;
-    their replies are read by later calls, at most ``_WINDOW`` adds behind (while the
-    last known length plus the adds in flight stay below ``max_len``). A chunk is on the
+    their replies are read by a later call, all at once when ``_WINDOW`` adds are in
+    flight or the last known length plus the adds in flight reach ``max_len`` (reading
+    the replies of each add as they came cost a poll and two reads a chunk). A chunk is on the
     wire when ``send`` returns; a lost connection re-sends, in order, every add whose
     reply was not read (a copy that did land is dropped as a duplicate by the reader).
     """
@@ -191,7 +192,8 @@ class RedisWriter:
                 self._push(data)
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 self._broken = True
-        self._settle(deadline, wait=self._broken)  # read what is answered already
+        if self._broken:  # replies are otherwise read 8 adds at a time, by the loop above
+            self._settle(deadline, wait=True)
 
     def flush(self, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
         """Wait until every chunk sent is confirmed by the server.
