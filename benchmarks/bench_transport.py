@@ -305,7 +305,8 @@ def summarize(reps: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
 
     ``ratio`` compares wall-clock rates; ``cpu_ratio`` compares CPU per chunk (reader plus
     actor, bare / ours: 1.0 means our layer costs nothing), a figure that other load on
-    the machine does not move.
+    the machine does not move. ``meets_target`` judges ``ratio_ingest`` (chunks written
+    into a buffer) when that case ran, else ``ratio``.
     """
     med = {case: {k: statistics.median(r[case][k] for r in reps) for k in reps[0][case]} for case in reps[0]}
     bare_cases = [c for c in med if c.startswith("bare_")]
@@ -321,7 +322,8 @@ def summarize(reps: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
             result["ratio" + suffix] = round(med[case]["steps_per_s"] / med[best]["steps_per_s"], 3)
             ours_cpu = med[case]["reader_cpu_us"] + med[case]["actor_cpu_us"]
             result["cpu_ratio" + suffix] = round(cheapest / ours_cpu, 3)
-    result["meets_target"] = result["ratio"] >= TARGET
+    # The issue's figure is steps/s ingested into the buffer: ratio_ingest when measured.
+    result["meets_target"] = result.get("ratio_ingest", result["ratio"]) >= TARGET
     return result
 
 
