@@ -142,6 +142,26 @@ def previous_learners(step: int) -> int:
     return {1: 2, 2: 1}[step]
 
 
+@pytest.mark.timeout(300)
+def test_a_solved_run_stops_and_keeps_the_agent_that_passed(tmp_path: Path) -> None:
+    """The ranks stop a few updates after the evaluation that passed; the checkpoint (and
+    the published and finally evaluated policy) is the agent of that evaluation."""
+    import torch
+
+    run_dir = tmp_path / "run"
+    every = 44  # not a multiple of the 8 updates an iteration may run: the solving one is mid-way
+    summary = _finished_run(["train", "--run-dir", str(run_dir), "--no-progress", "--learners", "1",
+                             "--actors", "1", "--min-replay", "200", "--eval-interval-updates", str(every),
+                             "--samples-per-insert", "128",
+                             "--quick-eval-episodes", "3", "--eval-episodes", "5", "--stop-return", "15",
+                             "--total-env-steps", "200000", "--max-minutes", "4"], tmp_path)
+    assert summary["solved"] and summary["env_steps"] < 200_000
+    directory, _manifest = newest_checkpoint(run_dir)
+    state = torch.load(directory / "learner_state.pt", weights_only=True)
+    passed = int(state["agent"]["updates"])
+    assert passed % every == 0 and 0 < passed <= summary["updates"], (passed, summary["updates"])
+
+
 @pytest.mark.timeout(420)
 def test_crashed_actor_is_restarted_up_to_the_bound_and_training_goes_on(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

@@ -8,6 +8,7 @@ one all-reduce per iteration, so all ranks issue the same collectives in the sam
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -99,6 +100,7 @@ class Learner:
         self.best_eval = -math.inf
         self.last_eval: float | None = None
         self.solved = False
+        self._solved_state: dict[str, Any] | None = None  # rank 0: the agent that passed
         self._saved_at = -1
         self._last_checkpoint = -1  # ids only grow: a save never meets a complete one
         self.resumed: dict[str, Any] | None = None
@@ -210,6 +212,8 @@ class Learner:
         self._stop_actors()
         # What the actors sent while stopping is in the shards: count it (all ranks agree).
         self.counters["env_steps"] += int(self._sync(started)[_STEPS])
+        if self._solved_state is not None:  # save, publish and evaluate the agent that passed
+            self.agent.load_state_dict(self._solved_state)
         path = self._agreed_save()
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
@@ -341,6 +345,8 @@ class Learner:
         quick = self._evaluate(min(s.quick_eval_episodes, s.eval_episodes))
         if s.stop_return > 0 and quick >= s.stop_return:
             self.solved = self._evaluate(s.eval_episodes) >= s.stop_return
+            if self.solved:  # the ranks stop a few updates later: keep what passed
+                self._solved_state = copy.deepcopy(self.agent.state_dict())
 
     def _publish(self) -> None:
         if self.publisher is not None:
