@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -90,8 +91,24 @@ def _resumable(args: argparse.Namespace) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``train``; returns the exit code."""
+    """Run ``train``; returns the exit code (a rank under torchrun exits here instead)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from shardreplay.runtime.launch import under_torchrun
+
+    code = _run(args)
+    if under_torchrun():
+        # torch 2.13's gloo threads can abort the interpreter at exit after the group was
+        # destroyed (pytorch#190489; seen here as SIGABRT "terminate called without an
+        # active exception" on a rank that finished first): flush, then leave directly,
+        # as the spawned learner ranks do.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         settings, resume = _settings(args)
         from shardreplay.runtime.launch import train
