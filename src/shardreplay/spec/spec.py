@@ -13,7 +13,7 @@ import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.spec.fields import RESERVED_FIELDS, Field
-from shardreplay.spec.packed import PackedLayout, packed_values_ok
+from shardreplay.spec.packed import PackedLayout, max_masked, packed_values_ok
 
 _SEP = "."
 STEP_TYPE_DTYPE = np.dtype(np.uint8)
@@ -314,16 +314,6 @@ def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _exponent_max(bits: np.ndarray, mask: Any) -> Any:  # pragma: no cover - compiled
-    # A branch-free max over the exponent fields: LLVM vectorises it (a loop with an
-    # early exit on the first NaN ran one element at a time, ~6x slower).
-    acc = bits[0] & mask
-    for i in range(1, bits.shape[0]):
-        acc = max(acc, bits[i] & mask)
-    return acc
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
 def _all_in_0_to_1(flat: np.ndarray) -> bool:  # pragma: no cover - compiled
     bad = False
     for i in range(flat.shape[0]):
@@ -354,7 +344,7 @@ def _is_finite(arr: np.ndarray) -> bool:
     exponent = _EXPONENT_MASKS.get(arr.dtype)
     if exponent is not None:  # NaN and inf are the values whose exponent bits are all ones
         bits_dtype, mask = exponent
-        return bool(_exponent_max(arr.reshape(-1).view(bits_dtype), mask) != mask)
+        return bool(max_masked(arr.reshape(-1).view(bits_dtype), mask) != mask)
     return bool(np.isfinite(arr).all())
 
 
