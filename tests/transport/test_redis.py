@@ -15,7 +15,8 @@ from shardreplay.errors import TransportTimeout
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import open_transport
 from shardreplay.transport.codec import encode
-from shardreplay.transport.redis import RedisTransport, trim_acknowledged
+from shardreplay.transport.redis import RedisTransport
+from shardreplay.transport.redis_link import trim_acknowledged
 
 pytestmark = pytest.mark.redis
 STREAM = "shardreplay:chunks"

@@ -18,7 +18,7 @@ from typing import Any
 
 from shardreplay.errors import ConfigError, TransportTimeout
 from shardreplay.policy.broadcast import PolicyUpdate, SubscriberStats, check_version, deserialize, serialize
-from shardreplay.transport.redis import HintChannel, RedisLink
+from shardreplay.transport.redis_link import HintChannel, RedisLink
 
 __all__ = ["RedisPublisher", "RedisSubscriber"]
 

@@ -69,16 +69,9 @@ from shardreplay.transport.base import (
     check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, Encoding
-from shardreplay.transport.redis_link import (
-    HintChannel,
-    RedisLink,
-    ensure_group,
-    trim_acknowledged,
-    with_group,
-)
+from shardreplay.transport.redis_link import RedisLink, ensure_group, trim_acknowledged, with_group
 
-__all__ = ["HintChannel", "RedisLink", "RedisReader", "RedisTransport", "RedisWriter", "ensure_group",
-           "trim_acknowledged", "with_group"]  # the link's names too, for existing importers
+__all__ = ["RedisReader", "RedisTransport", "RedisWriter"]
 
 logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
