@@ -215,6 +215,12 @@ class ReplayBuffer:
         for flat window starts."""
         return self._storage.windows(starts)
 
+    def gather_into(self, starts: np.ndarray, out: np.ndarray, offsets: Mapping[str, int],
+                    dst_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Write windows into rows of packed byte records (see ``StreamStorage.windows_into``);
+        returns their mask ``[B, L]`` and keys ``[B]`` (shard 0)."""
+        return self._storage.windows_into(starts, out, offsets, dst_rows)
+
     def mass(self) -> float:
         """Sampling mass: valid count (uniform, fifo) or ``sum p^alpha`` (prioritized)."""
         return self._sampler.mass()

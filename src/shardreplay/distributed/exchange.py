@@ -10,8 +10,6 @@ strided view of the received bytes instead of copying it out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 import torch
 
@@ -53,17 +51,19 @@ class RecordLayout:
             offset += -(-nbytes // _ALIGN) * _ALIGN
         self.record_bytes = max(offset, _ALIGN)
 
-    def pack(self, data: Mapping[str, np.ndarray], mask: np.ndarray, keys: np.ndarray,
-             probabilities: np.ndarray) -> np.ndarray:
-        """Records ``[n, record_bytes]`` (uint8) from gathered numpy windows."""
-        n = keys.shape[0]
-        out = np.empty((n, self.record_bytes), np.uint8)
-        sources = {f"data.{k}": v for k, v in data.items()}
-        sources.update(mask=mask, key=keys, probability=probabilities)
-        for name, dtype, _shape, offset, nbytes in self.parts:
-            src = np.ascontiguousarray(sources[name], dtype=dtype)
-            out[:, offset:offset + nbytes] = src.reshape(n, -1).view(np.uint8).reshape(n, nbytes)
-        return out
+    @property
+    def data_offsets(self) -> dict[str, int]:
+        """Byte offset in a record of each window array the storage fills (``data.`` parts,
+        by storage name: the user's fields, ``step_type``, ``discount``, ``episode_id``)."""
+        return {name[len("data."):]: offset for name, _d, _s, offset, _n in self.parts
+                if name.startswith("data.")}
+
+    def views(self, records: np.ndarray) -> dict[str, np.ndarray]:
+        """Numpy views ``{part name: [n, *shape]}`` of records ``[n, record_bytes]`` (uint8,
+        C-contiguous), for writing parts in place."""
+        n = records.shape[0]
+        return {name: records[:, offset:offset + nbytes].view(dtype).reshape((n, *shape), copy=False)
+                for name, dtype, shape, offset, nbytes in self.parts}
 
     def unpack(self, records: torch.Tensor) -> dict[str, torch.Tensor]:
         """Tensors ``{part name: [n, *shape]}`` from contiguous records ``[n, record_bytes]``

@@ -42,6 +42,7 @@ from shardreplay.distributed.kernels import BAD_KEY, BAD_PRIORITY, split_updates
 from shardreplay.distributed.pending import PendingUpdates
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, ShardReplayError
 from shardreplay.spec.keys import MAX_SHARDS, with_shard
+from shardreplay.storage.kernels import scatter_bytes
 
 SAMPLE_MODES = ("exact", "local")
 # Columns of the stats row each rank contributes to a sampling exchange (the last K
@@ -251,39 +252,60 @@ class ShardedReplayBuffer:
         """Every rank draws every requester's shard counts from one shared seed (rank 0's
         proposal in the stats), so the counts need no exchange of their own: one data
         exchange per refill. Each requester's ``k * n`` items are Multinomial(mass/total)
-        over shards; a random permutation before splitting them into ``k`` batches makes
-        every batch ``n`` i.i.d. draws from the global distribution."""
-        masses, n, k = stats[:, _MASS], int(stats[self.rank, _BATCH]), self.prefetch
+        over shards; a random permutation of their places before cutting them into ``k``
+        batches makes every batch ``n`` i.i.d. draws from the global distribution.
+
+        Windows are written straight from storage into packed records: this rank's own
+        items into their final places, the others' into the send buffer. What arrives is
+        copied once into its places; nothing is sent to oneself."""
+        masses, n, k, me = stats[:, _MASS], int(stats[self.rank, _BATCH]), self.prefetch, self.rank
         all_want = np.stack([gs.shard_counts(np.random.default_rng([int(stats[0, _SEED]), r]), masses,
                                              k * int(stats[r, _BATCH])) for r in range(self.world_size)])
-        want, asked = all_want[self.rank], all_want[:, self.rank]
-        records = self._draw_records(int(asked.sum()))
+        want, asked = all_want[me], all_want[:, me].copy()
+        # Place j of the items, in owner order, is row places[j] of the result.
+        places = self._rng.permutation(k * n) if k > 1 else np.arange(k * n)
+        own = slice(int(want[:me].sum()), int(want[:me + 1].sum()))
+        out = np.empty((k * n, self._layout.record_bytes), np.uint8)
+        send = self._draw_records(asked, out, places[own], float(masses[me]) / total)
+        want[me] = asked[me] = 0
         rb = self._layout.record_bytes
-        recv = self._comm.all_to_all(torch.from_numpy(records).reshape(-1),
-                                     (asked * rb).tolist(), (want * rb).tolist(),
-                                     "ShardedReplayBuffer.sample(records)").reshape(k * n, rb)
-        # numpy, not torch.repeat_interleave: on a CPU with more ranks than cores that one
-        # small op took 25-35 ms (intra-op threads), more than the whole exchange.
-        owner_mass = np.repeat(masses, want)
-        if k > 1:
-            perm = self._rng.permutation(k * n)
-            owner_mass = owner_mass[perm]
-            # numpy's row take is a memcpy per row; torch's uint8 index kernel is ~10x slower
-            recv = (torch.from_numpy(recv.numpy()[perm]) if recv.device.type == "cpu"
-                    else recv[torch.from_numpy(perm).to(recv.device)])
-        parts = self._layout.unpack(recv)
-        prob = parts["probability"] * torch.from_numpy(owner_mass).to(recv.device) / total
+        recv = self._comm.all_to_all(torch.from_numpy(send).reshape(-1), (asked * rb).tolist(),
+                                     (want * rb).tolist(), "ShardedReplayBuffer.sample(records)")
+        if recv.numel():
+            scatter_bytes(out, np.delete(places, np.arange(own.start, own.stop)),
+                          recv.cpu().numpy().reshape(-1, rb))
+        parts = self._layout.unpack(torch.from_numpy(out))
         data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
-        return split_batches(data, parts["mask"], parts["key"], prob, n, total, low, 1.0,
-                             self.local.sampling_stats()[3])
+        return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
+                             1.0, self.local.sampling_stats()[3])
 
-    def _draw_records(self, n: int) -> np.ndarray:
-        """Draw ``n`` windows from this shard for all requesters, as records (in rank order)."""
-        if n == 0:
-            return np.empty((0, self._layout.record_bytes), np.uint8)
-        draw = self.local.draw(n, advance_schedule=False)
-        data, mask, keys = self.local.gather(draw.starts)
-        return self._layout.pack(data, mask, with_shard(keys, self.rank), draw.probabilities)
+    def _draw_records(self, asked: np.ndarray, out: np.ndarray, own_rows: np.ndarray,
+                      share: float) -> np.ndarray:
+        """Draw ``asked[r]`` windows of this shard for each requester ``r``: this rank's
+        own into rows ``own_rows`` of ``out``, the others' packed in rank order into the
+        returned send buffer. Probabilities are global (local ``P`` times ``share``)."""
+        me, total = self.rank, int(asked.sum())
+        send = np.empty((total - int(asked[me]), self._layout.record_bytes), np.uint8)
+        if total == 0:
+            return send
+        draw = self.local.draw(total, advance_schedule=False)
+        first = int(asked[:me].sum())
+        mine = np.zeros(total, np.bool_)
+        mine[first:first + int(asked[me])] = True
+        self._write_records(out, own_rows, draw.starts[mine], draw.probabilities[mine], share)
+        self._write_records(send, np.arange(send.shape[0]), draw.starts[~mine],
+                            draw.probabilities[~mine], share)
+        return send
+
+    def _write_records(self, out: np.ndarray, rows: np.ndarray, starts: np.ndarray,
+                       prob: np.ndarray, share: float) -> None:
+        if not rows.size:
+            return
+        mask, keys = self.local.gather_into(starts, out, self._layout.data_offsets, rows)
+        views = self._layout.views(out)
+        views["mask"][rows] = mask
+        views["key"][rows] = with_shard(keys, self.rank)
+        views["probability"][rows] = prob * share
 
     def _serve(self, d: Drawn) -> Batch:
         """A prefetched draw as a Batch, weighted with beta at this call (the schedule

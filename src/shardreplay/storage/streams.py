@@ -87,13 +87,8 @@ class StreamStorage:
 
     def _as_byte_rows(self, name: str) -> np.ndarray:
         """A ``[S*C, k]`` uint8 view of field ``name`` (a record field is a strided view)."""
-        key = "discount" if name == "discount" else f"field.{name}"
-        if name == "discount" or name in self._small:
-            dtype, offset = self.records.dtype.fields[key][:2]
-            raw = np.asarray(self.records).view(np.uint8).reshape(self.records.shape[0], -1)
-            return raw[:, offset:offset + dtype.itemsize]
-        arr = np.asarray(self.fields[name])
-        return arr.reshape(arr.shape[0], -1).view(np.uint8)
+        raw, offset, nbytes = self._byte_source(name)
+        return raw[:, offset:offset + nbytes]
 
     def _refresh_alignment(self) -> None:
         self._aligned = bool(kernels.all_equal(self.pos))
@@ -179,6 +174,34 @@ class StreamStorage:
         for name in ("step_type", "discount", "episode_id"):
             data[name] = rec[name].copy()
         return data, mask, keys
+
+    def windows_into(self, starts: np.ndarray, out: np.ndarray, offsets: Mapping[str, int],
+                     dst_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Write the windows starting at flat slots ``starts`` into rows ``dst_rows`` of
+        packed records ``out`` (C-contiguous uint8 ``[N, record bytes]``), without an
+        intermediate copy.
+
+        ``offsets`` maps a field name (or ``step_type``, ``discount``, ``episode_id``) to
+        the byte offset of its ``[L, *shape]`` values in a record. Returns the mask
+        ``[B, L]`` and the keys ``[B]`` (shard 0), for the caller to place.
+        """
+        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
+                                                 self.stream_capacity, self.window)
+        for name, out_offset in offsets.items():
+            src, src_offset, nbytes = self._byte_source(name)
+            if nbytes:
+                kernels.gather_window_bytes(src, src_offset, nbytes, idx, dst_rows, out, out_offset)
+        return mask, keys
+
+    def _byte_source(self, name: str) -> tuple[np.ndarray, int, int]:
+        """``(C-contiguous uint8 rows [S*C, k], offset, bytes per step)`` holding ``name``."""
+        key = name if name in STEP_ARRAYS else f"field.{name}"
+        if key in self.records.dtype.fields:
+            dtype, offset = self.records.dtype.fields[key][:2]
+            raw = np.asarray(self.records).view(np.uint8).reshape(self.records.shape[0], -1)
+            return raw, offset, dtype.itemsize
+        arr = np.asarray(self.fields[name])
+        return arr.reshape(arr.shape[0], -1).view(np.uint8), 0, _nbytes(arr.dtype, arr.shape[1:])
 
     # -- state in time order --------------------------------------------------------------
     def stored_slots(self) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,73 @@
+"""Window records: the storage writes sampled windows straight into packed records, and
+what the records hold equals the plain gather, field by field (no process group needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardreplay as sr
+from shardreplay.distributed.exchange import RecordLayout
+from shardreplay.storage.kernels import scatter_bytes
+
+# Big fields (own arrays), small ones (inside the per-slot record), odd sizes and offsets.
+SPEC = sr.Spec({"obs": sr.Field((64,), np.float32), "pix": sr.Field((3, 5), np.uint8),
+                "half": sr.Field((20,), np.float16), "action": sr.Field((), np.int64),
+                "reward": sr.Field((), np.float32), "flag": sr.Field((), np.bool_)})
+
+
+def _filled(window: int, storage: str, tmp_path: Path) -> sr.ReplayBuffer:
+    buf = sr.ReplayBuffer(SPEC, num_streams=4, stream_capacity=50, window=window, seed=3,
+                          storage=storage, directory=tmp_path if storage == "memmap" else None)
+    rng = np.random.default_rng(7)
+    for t in range(130):  # wraps every ring twice; episodes end at random
+        types = np.where(rng.random(4) < 0.15, 2, 1) if t else np.zeros(4, np.int64)
+        buf.add({"obs": rng.standard_normal((4, 64), dtype=np.float32),
+                 "pix": rng.integers(0, 255, (4, 3, 5), dtype=np.uint8),
+                 "half": rng.standard_normal((4, 20)).astype(np.float16),
+                 "action": rng.integers(0, 9, 4), "reward": rng.standard_normal(4, dtype=np.float32),
+                 "flag": rng.random(4) < 0.5, "step_type": types,
+                 "discount": np.where(types == 2, 0.0, 0.99)})
+    return buf
+
+
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_windows_written_into_records_equal_the_plain_gather(storage: str, window: int,
+                                                             tmp_path: Path) -> None:
+    buf = _filled(window, storage, tmp_path)
+    starts = buf.draw(300, advance_schedule=False).starts
+    data, mask, keys = buf.gather(starts)
+    layout = RecordLayout(SPEC, window)
+    out = np.zeros((400, layout.record_bytes), np.uint8)
+    rows = np.random.default_rng(0).permutation(400)[:300]  # scattered, not in order
+    got_mask, got_keys = buf.gather_into(starts, out, layout.data_offsets, rows)
+    np.testing.assert_array_equal(got_mask, mask)
+    np.testing.assert_array_equal(got_keys, keys)
+    views = layout.views(out)
+    for name, want in data.items():
+        np.testing.assert_array_equal(views[f"data.{name}"][rows], want, err_msg=name)
+    untouched = np.setdiff1d(np.arange(400), rows)
+    assert not out[untouched].any()  # only the named rows were written
+
+
+def test_scatter_bytes_writes_rows_of_a_strided_view() -> None:
+    base = np.zeros((10, 24), np.uint8)
+    dst = base[:, 5:17]  # a column slice: rows are contiguous, 24 bytes apart
+    src = np.arange(36, dtype=np.uint8).reshape(3, 12)
+    scatter_bytes(dst, np.array([7, 0, 4]), src)
+    np.testing.assert_array_equal(dst[[7, 0, 4]], src)
+    outside = base.copy()
+    outside[:, 5:17] = 0
+    assert not outside.any()
+    assert not dst[[1, 2, 3, 5, 6, 8, 9]].any()
+
+
+def test_record_views_are_views_not_copies() -> None:
+    layout = RecordLayout(SPEC, 3)
+    out = np.zeros((4, layout.record_bytes), np.uint8)
+    layout.views(out)["key"][2] = 123456789
+    assert layout.views(out)["key"][2] == 123456789
+    assert out.any()
