@@ -259,9 +259,8 @@ def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
     timer = PhaseTimer()
     for attr in ("all_gather", "all_to_all", "all_reduce_sum"):
         timer.wrap(comm, attr)
-    for attr in ("draw", "gather", "update_priorities", "fits_keys"):
+    for attr in ("draw", "gather", "gather_into", "update_priorities", "fits_keys"):
         timer.wrap(local, attr, f"local.{attr}")
-    timer.wrap(buf._layout, "pack", "records.pack")
     timer.wrap(buf._layout, "unpack", "records.unpack")
     steps = _round_up(args.profile_steps, depth)
     sync()

@@ -71,3 +71,17 @@ def test_record_views_are_views_not_copies() -> None:
     layout.views(out)["key"][2] = 123456789
     assert layout.views(out)["key"][2] == 123456789
     assert out.any()
+
+
+def test_windows_into_refuses_rows_or_offsets_outside_the_records(tmp_path: Path) -> None:
+    buf = _filled(2, "memory", tmp_path)
+    layout = RecordLayout(SPEC, 2)
+    starts = buf.draw(4, advance_schedule=False).starts
+    out = np.zeros((4, layout.record_bytes), np.uint8)
+    with pytest.raises(ValueError, match="rows"):
+        buf.gather_into(starts, out, layout.data_offsets, np.array([0, 1, 2, 4]))
+    with pytest.raises(ValueError, match="offsets"):
+        buf.gather_into(starts, out, {"obs": layout.record_bytes - 8}, np.arange(4))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        buf.gather_into(starts, out[:, :-8], layout.data_offsets, np.arange(4))
+    assert not out.any()

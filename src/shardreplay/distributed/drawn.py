@@ -46,9 +46,12 @@ def split_batches(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch
     """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies), weighted for
     ``beta`` in one vectorised pass."""
     w = drawn_weights(prob, total, low, beta, factor)
-    return [Drawn({name: v[j:j + n] for name, v in data.items()}, mask[j:j + n], keys[j:j + n],
-                  prob[j:j + n], w[j:j + n], beta, total, low, factor)
-            for j in range(0, keys.shape[0], n)]
+    # One split per array (a C++ call each) instead of a Python slice per batch and array.
+    columns = {name: v.split(n) for name, v in data.items()}
+    rest = zip(mask.split(n), keys.split(n), prob.split(n), w.split(n), strict=True)
+    return [Drawn({name: parts[j] for name, parts in columns.items()}, m, key, p, weight, beta,
+                  total, low, factor)
+            for j, (m, key, p, weight) in enumerate(rest)]
 
 
 def padding(layout: RecordLayout, window: int, n: int) -> Drawn:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def shard_counts(rng: np.random.Generator, masses: np.ndarray, batch_size: int) -> np.ndarray:
-    """How many of ``batch_size`` items come from each shard: Multinomial(mass / total)."""
+def shard_counts(rng: np.random.Generator, masses: np.ndarray, batch_size: int,
+                 batches: int = 1) -> np.ndarray:
+    """How many of ``batch_size`` items come from each shard, for each of ``batches``
+    independent batches: ``[batches, K]`` rows of Multinomial(batch_size, mass / total)."""
     total = masses.sum()
-    return rng.multinomial(batch_size, masses / total).astype(np.int64)
+    return rng.multinomial(batch_size, masses / total, size=batches).astype(np.int64)
 
 
 def global_probabilities(local_prob: np.ndarray, owner_mass: np.ndarray, total: float) -> np.ndarray:

@@ -70,11 +70,7 @@ class Collectives:
         out = torch.empty((self.world_size * tensor.numel(),), dtype=tensor.dtype, device=self.device)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         work = gather(out, tensor.reshape(-1), group=self.group, async_op=True)
-        try:
-            if while_waiting is not None:
-                while_waiting()
-        finally:
-            self._wait(work, op)
+        self._overlap(work, op, while_waiting)
         return out.reshape(self.world_size, *tensor.shape)
 
     def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
@@ -84,11 +80,23 @@ class Collectives:
         return tensor
 
     def all_to_all(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int],
-                   op: str) -> torch.Tensor:
-        """Send rows ``send_splits[r]`` of ``send`` to rank ``r``; receive ``recv_splits``."""
+                   op: str, while_waiting: Callable[[], Any] | None = None) -> torch.Tensor:
+        """Send rows ``send_splits[r]`` of ``send`` to rank ``r``; receive ``recv_splits``.
+
+        ``while_waiting`` runs while the exchange is in flight (as in :meth:`all_gather`).
+        """
         send = send.to(self.device)
         recv = torch.empty((sum(recv_splits), *send.shape[1:]), dtype=send.dtype, device=self.device)
         work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group,
                                       async_op=True)
-        self._wait(work, op)
+        self._overlap(work, op, while_waiting)
         return recv
+
+    def _overlap(self, work: Any, op: str, while_waiting: Callable[[], Any] | None) -> None:
+        """Run ``while_waiting`` and then wait for ``work``, also when it raises (the ranks
+        stay in step); its error propagates after the wait."""
+        try:
+            if while_waiting is not None:
+                while_waiting()
+        finally:
+            self._wait(work, op)

@@ -251,51 +251,57 @@ class ShardedReplayBuffer:
     def _draw_exact(self, stats: np.ndarray, total: float, low: float) -> list[Drawn]:
         """Every rank draws every requester's shard counts from one shared seed (rank 0's
         proposal in the stats), so the counts need no exchange of their own: one data
-        exchange per refill. Each requester's ``k * n`` items are Multinomial(mass/total)
-        over shards; a random permutation of their places before cutting them into ``k``
-        batches makes every batch ``n`` i.i.d. draws from the global distribution.
+        exchange per refill. Each of a requester's ``k`` batches takes Multinomial(n,
+        mass/total) items from the shards, each item drawn from its shard's distribution:
+        every batch is ``n`` i.i.d. draws from the global distribution (grouped by owner
+        inside the batch).
 
         Windows are written straight from storage into packed records: this rank's own
-        items into their final places, the others' into the send buffer. What arrives is
-        copied once into its places; nothing is sent to oneself."""
+        items into their final rows, the others' into the send buffer. What arrives is
+        copied once into its rows; nothing is sent to oneself."""
         masses, n, k, me = stats[:, _MASS], int(stats[self.rank, _BATCH]), self.prefetch, self.rank
-        all_want = np.stack([gs.shard_counts(np.random.default_rng([int(stats[0, _SEED]), r]), masses,
-                                             k * int(stats[r, _BATCH])) for r in range(self.world_size)])
-        want, asked = all_want[me], all_want[:, me].copy()
-        # Place j of the items, in owner order, is row places[j] of the result.
-        places = self._rng.permutation(k * n) if k > 1 else np.arange(k * n)
+        counts = np.stack([gs.shard_counts(np.random.default_rng([int(stats[0, _SEED]), r]), masses,
+                                           int(stats[r, _BATCH]), k) for r in range(self.world_size)])
+        mine = counts[me]  # [k, K]: batch j takes mine[j, o] items of owner o
+        want, asked = mine.sum(axis=0), counts[:, :, me].sum(axis=1)
+        # Rows of the result in owner order (the order items arrive in): owner o's items
+        # of batch j fill a run of rows inside batch j.
+        first_row = np.arange(k)[:, None] * n + np.cumsum(mine, axis=1) - mine
+        rows = _runs(first_row.T.reshape(-1), mine.T.reshape(-1))
         own = slice(int(want[:me].sum()), int(want[:me + 1].sum()))
         out = np.empty((k * n, self._layout.record_bytes), np.uint8)
-        send = self._draw_records(asked, out, places[own], float(masses[me]) / total)
+        share = float(masses[me]) / total
+        send, own_starts, own_prob = self._draw_records(asked, share)
         want[me] = asked[me] = 0
         rb = self._layout.record_bytes
-        recv = self._comm.all_to_all(torch.from_numpy(send).reshape(-1), (asked * rb).tolist(),
-                                     (want * rb).tolist(), "ShardedReplayBuffer.sample(records)")
+        # This rank's own items are written while the others' are on the wire.
+        recv = self._comm.all_to_all(
+            torch.from_numpy(send).reshape(-1), (asked * rb).tolist(), (want * rb).tolist(),
+            "ShardedReplayBuffer.sample(records)",
+            while_waiting=lambda: self._write_records(out, rows[own], own_starts, own_prob, share))
         if recv.numel():
-            scatter_bytes(out, np.delete(places, np.arange(own.start, own.stop)),
+            scatter_bytes(out, np.delete(rows, np.arange(own.start, own.stop)),
                           recv.cpu().numpy().reshape(-1, rb))
         parts = self._layout.unpack(torch.from_numpy(out))
         data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
         return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
                              1.0, self.local.sampling_stats()[3])
 
-    def _draw_records(self, asked: np.ndarray, out: np.ndarray, own_rows: np.ndarray,
-                      share: float) -> np.ndarray:
-        """Draw ``asked[r]`` windows of this shard for each requester ``r``: this rank's
-        own into rows ``own_rows`` of ``out``, the others' packed in rank order into the
-        returned send buffer. Probabilities are global (local ``P`` times ``share``)."""
+    def _draw_records(self, asked: np.ndarray, share: float) -> tuple[np.ndarray, ...]:
+        """Draw ``asked[r]`` windows of this shard for each requester ``r``. Returns the
+        others' windows packed in rank order (the send buffer), and the starts and local
+        probabilities of this rank's own. Probabilities sent are global (times ``share``)."""
         me, total = self.rank, int(asked.sum())
         send = np.empty((total - int(asked[me]), self._layout.record_bytes), np.uint8)
         if total == 0:
-            return send
+            return send, np.empty(0, np.int64), np.empty(0, np.float64)
         draw = self.local.draw(total, advance_schedule=False)
         first = int(asked[:me].sum())
         mine = np.zeros(total, np.bool_)
         mine[first:first + int(asked[me])] = True
-        self._write_records(out, own_rows, draw.starts[mine], draw.probabilities[mine], share)
         self._write_records(send, np.arange(send.shape[0]), draw.starts[~mine],
                             draw.probabilities[~mine], share)
-        return send
+        return send, draw.starts[mine], draw.probabilities[mine]
 
     def _write_records(self, out: np.ndarray, rows: np.ndarray, starts: np.ndarray,
                        prob: np.ndarray, share: float) -> None:
@@ -425,6 +431,12 @@ class ShardedReplayBuffer:
             self.invalid_keys += int((~fits).sum())
             keys, prios = keys[fits], prios[fits]
         return self.local.update_priorities(keys, prios) if keys.size else 0
+
+
+def _runs(firsts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(f, f + n) for f, n in zip(firsts, lengths)])``, vectorised."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if ends.size else 0) + np.repeat(firsts - (ends - lengths), lengths)
 
 
 def _check_same_prefetch(depths: np.ndarray) -> None:

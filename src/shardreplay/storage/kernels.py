@@ -17,6 +17,8 @@ slots themselves (their old occupants are gone).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -28,17 +30,50 @@ from shardreplay.spec.keys import GEN_MASK, MAX_ROWS, MAX_SLOTS, ROW_SHIFT, SHAR
 FIRST, MID, LAST = 0, 1, 2
 
 
+def _memcpy(builder, dst, src, count):  # pragma: no cover - runs while compiling
+    byte_ptr = ir.IntType(8).as_pointer()
+    cgutils.raw_memcpy(builder, builder.inttoptr(dst, byte_ptr), builder.inttoptr(src, byte_ptr),
+                       count, 1)
+
+
 @intrinsic
 def copy_bytes(typingctx, dst_address, src_address, nbytes):  # pragma: no cover - compiled
     """``memcpy(dst_address, src_address, nbytes)`` inside compiled code: a row copy at
     memory speed, where a loop over bytes runs ~10x slower (it is not vectorised)."""
     def codegen(context, builder, signature, args):
-        dst, src, count = args
-        byte_ptr = ir.IntType(8).as_pointer()
-        cgutils.raw_memcpy(builder, builder.inttoptr(dst, byte_ptr), builder.inttoptr(src, byte_ptr),
-                           count, 1)
+        _memcpy(builder, *args)
         return context.get_dummy_value()
     return types.void(types.intp, types.intp, types.intp), codegen
+
+
+def _copy_of(size: int) -> Any:
+    """An intrinsic copying ``size`` bytes: a constant size compiles to one load and
+    store instead of a call (small fields are copied millions of times per exchange)."""
+    @intrinsic
+    def copy(typingctx, dst_address, src_address):  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):
+            _memcpy(builder, *args, ir.Constant(ir.IntType(64), size))
+            return context.get_dummy_value()
+        return types.void(types.intp, types.intp), codegen
+    return copy
+
+
+copy_1, copy_2, copy_4, copy_8 = (_copy_of(n) for n in (1, 2, 4, 8))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def copy_small_or_bytes(dst_address, src_address, nbytes):  # pragma: no cover - compiled
+    """:func:`copy_bytes`, with the common field sizes inlined."""
+    if nbytes == 8:
+        copy_8(dst_address, src_address)
+    elif nbytes == 4:
+        copy_4(dst_address, src_address)
+    elif nbytes == 1:
+        copy_1(dst_address, src_address)
+    elif nbytes == 2:
+        copy_2(dst_address, src_address)
+    else:
+        copy_bytes(dst_address, src_address, nbytes)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -160,18 +195,23 @@ def scatter_bytes(dst, slots, src):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def gather_window_bytes(src, src_offset, nbytes, idx, dst_rows, out, out_offset):  # pragma: no cover
-    """``out[dst_rows[b], out_offset + l*nbytes ...] = src[idx[b, l], src_offset ...]`` for
-    every window ``b`` and position ``l``: one field of each window, written straight
-    into a row of packed records. ``src`` and ``out`` are whole C-contiguous uint8 rows
-    (the offsets select the field)."""
+def gather_window_parts(src_at, src_stride, nbytes, out_offset, idx, dst_rows, out):  # pragma: no cover
+    """For every window ``b``, position ``l`` and part ``p``: copy ``nbytes[p]`` bytes of
+    slot ``idx[b, l]`` (at address ``src_at[p] + slot * src_stride[p]``) to row
+    ``dst_rows[b]`` of ``out`` (C-contiguous uint8 records), at byte
+    ``out_offset[p] + l * nbytes[p]``. All parts of a slot are copied together, so a
+    slot's bookkeeping record is fetched from memory once, not once per part.
+
+    The caller keeps the source arrays alive and the addresses in bounds."""
     n, window = idx.shape
-    src_at, src_stride = src.ctypes.data + src_offset, src.strides[0]
-    out_at, out_stride = out.ctypes.data + out_offset, out.strides[0]
+    out_at, out_stride = out.ctypes.data, out.strides[0]
     for b in range(n):
         row = out_at + dst_rows[b] * out_stride
         for pos in range(window):
-            copy_bytes(row + pos * nbytes, src_at + idx[b, pos] * src_stride, nbytes)
+            slot = idx[b, pos]
+            for p in range(src_at.shape[0]):
+                copy_small_or_bytes(row + out_offset[p] + pos * nbytes[p],
+                                    src_at[p] + slot * src_stride[p], nbytes[p])
 
 
 @numba.njit(cache=True, nogil=True)

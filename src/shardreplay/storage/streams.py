@@ -184,13 +184,24 @@ class StreamStorage:
         ``offsets`` maps a field name (or ``step_type``, ``discount``, ``episode_id``) to
         the byte offset of its ``[L, *shape]`` values in a record. Returns the mask
         ``[B, L]`` and the keys ``[B]`` (shard 0), for the caller to place.
+
+        Raises:
+            ValueError: ``out`` is not C-contiguous uint8, or a row or offset is out of range.
         """
+        if out.dtype != np.uint8 or out.ndim != 2 or not out.flags.c_contiguous:
+            raise ValueError("out must be a C-contiguous uint8 array [rows, record bytes]")
+        if dst_rows.size and (dst_rows.min() < 0 or dst_rows.max() >= out.shape[0]):
+            raise ValueError("dst_rows must name rows of out")
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
                                                  self.stream_capacity, self.window)
-        for name, out_offset in offsets.items():
-            src, src_offset, nbytes = self._byte_source(name)
-            if nbytes:
-                kernels.gather_window_bytes(src, src_offset, nbytes, idx, dst_rows, out, out_offset)
+        sources = [(self._byte_source(name), offset) for name, offset in offsets.items()]
+        parts = np.array([(src.ctypes.data + src_offset, src.strides[0], nbytes, offset)
+                          for (src, src_offset, nbytes), offset in sources if nbytes], np.int64)
+        if parts.size and (parts[:, 3] + self.window * parts[:, 2]).max() > out.shape[1]:
+            raise ValueError("offsets must leave room for a window of every part in a record")
+        if parts.size:
+            kernels.gather_window_parts(parts[:, 0], parts[:, 1], parts[:, 2], parts[:, 3],
+                                        idx, np.ascontiguousarray(dst_rows, np.int64), out)
         return mask, keys
 
     def _byte_source(self, name: str) -> tuple[np.ndarray, int, int]:
