@@ -192,3 +192,21 @@ def test_ring_batches_stop_at_max_bytes_but_never_come_back_empty() -> None:
     assert [bytes(v)[0] for v in ring.take(64, time.monotonic(), max_bytes=250)] == [0, 1, 2]  # 208 < 250
     assert [bytes(v)[0] for v in ring.take(64, time.monotonic(), max_bytes=10)] == [3]  # one at least
     assert [bytes(v)[0] for v in ring.take(64, time.monotonic())] == [4, 5]
+
+
+def test_ring_lengths_split_by_the_ring_end_are_read_whole() -> None:
+    # Odd record sizes and an odd capacity put a record's 8-byte length across the
+    # ring's end at many offsets (the take reads a length in place only when it does
+    # not wrap).
+    from shardreplay.transport.shm_ring import ShmRing
+
+    ring = ShmRing(1001, mp.get_context("spawn"))
+    rng = np.random.default_rng(5)
+    split = 0
+    for i in range(400):
+        data = rng.integers(0, 256, int(rng.integers(1, 300)), dtype=np.uint8).tobytes()
+        at = ring._meta[0] % ring.capacity
+        split += at + 8 > ring.capacity
+        assert ring.put(data, time.monotonic() + 1)
+        assert [bytes(v) for v in ring.take(4, time.monotonic() + 1)] == [data], i
+    assert split >= 3  # the case under test happened

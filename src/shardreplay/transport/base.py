@@ -177,7 +177,10 @@ class RecentIds:
 
     def check_and_add(self, actor_id: int, sequence: int) -> bool:
         """True when ``(actor_id, sequence)`` was seen already; records it otherwise."""
-        seen, order = self._seen.setdefault(actor_id, (set(), deque()))
+        entry = self._seen.get(actor_id)
+        if entry is None:  # not setdefault: that builds a set and a deque on every call
+            entry = self._seen[actor_id] = (set(), deque())
+        seen, order = entry
         if sequence in seen:
             return True
         seen.add(sequence)

@@ -187,8 +187,12 @@ class ShmRing:
         spans: list[tuple[int, int]] = []  # (offset from tail, length) of each record
         pos = tail
         stop = tail + (max_bytes if max_bytes is not None else head)
+        buf, capacity = self._buf, self.capacity
         while len(spans) < max_records and head > pos and (pos < stop or not spans):
-            (n,) = _LEN.unpack(self._read(pos, _LEN.size))
+            at = pos % capacity
+            # The length in place when it does not wrap (no bytes object per record).
+            wraps = at + _LEN.size > capacity
+            (n,) = _LEN.unpack(self._read(pos, _LEN.size)) if wraps else _LEN.unpack_from(buf, at)
             spans.append((pos + _LEN.size - tail, n))
             pos += _LEN.size + n
         if not spans:
