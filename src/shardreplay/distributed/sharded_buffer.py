@@ -24,6 +24,7 @@ shards until the next exchange, so a learner step costs 1/k of the collectives:
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -40,14 +41,16 @@ from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.kernels import BAD_KEY, BAD_PRIORITY, split_updates
 from shardreplay.distributed.pending import PendingUpdates
+from shardreplay.distributed.shared_records import SharedRecords, host_key, nonce
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, ShardReplayError
 from shardreplay.spec.keys import MAX_SHARDS, with_shard
 from shardreplay.storage.kernels import scatter_bytes
 
+_LOG = logging.getLogger(__name__)
 SAMPLE_MODES = ("exact", "local")
 # Columns of the stats row each rank contributes to a sampling exchange (the last K
 # columns count its queued priority updates per owner shard).
-_MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _FOREIGN = range(8)
+_MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _HOST, _NONCE, _FOREIGN = range(10)
 
 
 class ShardedReplayBuffer:
@@ -79,7 +82,7 @@ class ShardedReplayBuffer:
 
     def __init__(self, local_buffer: ReplayBuffer, group: Any = None, *, timeout_s: float = 60.0,
                  device: torch.device | str | None = None, seed: int | None = None,
-                 prefetch: int = 1) -> None:
+                 prefetch: int = 1, shared_memory: bool = True) -> None:
         if not isinstance(local_buffer, ReplayBuffer):
             raise ConfigError("local_buffer must be a shardreplay.ReplayBuffer")
         if local_buffer.sampler_name == "fifo":
@@ -102,6 +105,11 @@ class ShardedReplayBuffer:
         self._ready: deque[Drawn] = deque()
         self._ready_for: tuple[int, str] | None = None
         self._pending = PendingUpdates(self.world_size)
+        # Same-host exchange: decided at the first exact exchange, when every rank's host
+        # key is known (None: not decided yet; False: all_to_all).
+        self._host = host_key(shared_memory and self._comm.device.type == "cpu")
+        self._nonce = nonce()
+        self._shared: SharedRecords | bool | None = None
 
     @property
     def collectives(self) -> Collectives:
@@ -223,7 +231,8 @@ class ShardedReplayBuffer:
         mass, count, low, _beta = self.local.sampling_stats()
         seed = float(self._rng.integers(0, 1 << 52))  # exact in a float64
         mine = torch.tensor([mass, count, low if count else np.inf, SAMPLE_MODES.index(mode),
-                             batch_size, seed, self.prefetch, *self._pending.counts.tolist()],
+                             batch_size, seed, self.prefetch, self._host, self._nonce,
+                             *self._pending.counts.tolist()],
                             dtype=torch.float64)
         return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)",
                                      while_waiting=while_waiting).cpu().numpy()
@@ -257,51 +266,121 @@ class ShardedReplayBuffer:
         inside the batch).
 
         Windows are written straight from storage into packed records: this rank's own
-        items into their final rows, the others' into the send buffer. What arrives is
-        copied once into its rows; nothing is sent to oneself."""
+        items into their final rows (while the others' are in flight), the others' into
+        the send buffer, a shared-memory region when all ranks share a host. What
+        arrives is copied once into its rows; nothing is sent to oneself."""
         masses, n, k, me = stats[:, _MASS], int(stats[self.rank, _BATCH]), self.prefetch, self.rank
         counts = np.stack([gs.shard_counts(np.random.default_rng([int(stats[0, _SEED]), r]), masses,
                                            int(stats[r, _BATCH]), k) for r in range(self.world_size)])
         mine = counts[me]  # [k, K]: batch j takes mine[j, o] items of owner o
-        want, asked = mine.sum(axis=0), counts[:, :, me].sum(axis=1)
+        asked = counts.sum(axis=1).T.copy()  # asked[o, q]: items of owner o for requester q
+        want = mine.sum(axis=0)
         # Rows of the result in owner order (the order items arrive in): owner o's items
         # of batch j fill a run of rows inside batch j.
         first_row = np.arange(k)[:, None] * n + np.cumsum(mine, axis=1) - mine
         rows = _runs(first_row.T.reshape(-1), mine.T.reshape(-1))
         own = slice(int(want[:me].sum()), int(want[:me + 1].sum()))
+        foreign_rows = np.delete(rows, np.arange(own.start, own.stop))
         out = np.empty((k * n, self._layout.record_bytes), np.uint8)
         share = float(masses[me]) / total
-        send, own_starts, own_prob = self._draw_records(asked, share)
-        want[me] = asked[me] = 0
+        np.fill_diagonal(asked, 0)
+        shared = self._shared_records(stats, asked.sum(axis=1))
+        send = self._send_buffer(shared, int(asked[me].sum()))
+        own_starts, own_prob = self._draw_records(asked[me], int(counts[me, :, me].sum()), send, share)
+        pending = [lambda: self._write_records(out, rows[own], own_starts, own_prob, share)]
+
+        def write_own() -> None:
+            while pending:
+                pending.pop()()
+
+        if shared is not None and self._read_shared(shared, send is not None, out, foreign_rows,
+                                                    asked, write_own):
+            return self._split(out, n, total, low)
+        if send is None:  # this rank's region failed: the others' fall back with it
+            send = np.empty((int(asked[me].sum()), self._layout.record_bytes), np.uint8)
+            self._draw_records(asked[me], 0, send, share)
         rb = self._layout.record_bytes
-        # This rank's own items are written while the others' are on the wire.
-        recv = self._comm.all_to_all(
-            torch.from_numpy(send).reshape(-1), (asked * rb).tolist(), (want * rb).tolist(),
-            "ShardedReplayBuffer.sample(records)",
-            while_waiting=lambda: self._write_records(out, rows[own], own_starts, own_prob, share))
+        recv = self._comm.all_to_all(torch.from_numpy(send).reshape(-1), (asked[me] * rb).tolist(),
+                                     (asked[:, me] * rb).tolist(),
+                                     "ShardedReplayBuffer.sample(records)", while_waiting=write_own)
         if recv.numel():
-            scatter_bytes(out, np.delete(rows, np.arange(own.start, own.stop)),
-                          recv.cpu().numpy().reshape(-1, rb))
+            scatter_bytes(out, foreign_rows, recv.cpu().numpy().reshape(-1, rb))
+        return self._split(out, n, total, low)
+
+    def _split(self, out: np.ndarray, n: int, total: float, low: float) -> list[Drawn]:
         parts = self._layout.unpack(torch.from_numpy(out))
         data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
         return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
                              1.0, self.local.sampling_stats()[3])
 
-    def _draw_records(self, asked: np.ndarray, share: float) -> tuple[np.ndarray, ...]:
-        """Draw ``asked[r]`` windows of this shard for each requester ``r``. Returns the
-        others' windows packed in rank order (the send buffer), and the starts and local
-        probabilities of this rank's own. Probabilities sent are global (times ``share``)."""
-        me, total = self.rank, int(asked.sum())
-        send = np.empty((total - int(asked[me]), self._layout.record_bytes), np.uint8)
+    def _shared_records(self, stats: np.ndarray, sent: np.ndarray) -> SharedRecords | None:
+        """The same-host regions sized for this exchange (every rank sends ``sent[r]``
+        records), or None when the ranks exchange through all_to_all. Decided once, alike
+        on every rank, from the host keys in the stats."""
+        if self._shared is None:
+            same_host = self.world_size > 1 and bool((stats[:, _HOST] == stats[0, _HOST]).all())
+            self._shared = SharedRecords(stats[:, _NONCE], self.rank, self._layout.record_bytes) \
+                if same_host else False
+        if self._shared is False:
+            return None
+        assert isinstance(self._shared, SharedRecords)
+        self._shared.plan(sent)
+        return self._shared
+
+    def _send_buffer(self, shared: SharedRecords | None, rows: int) -> np.ndarray | None:
+        """Where this rank writes the records it sends: its region (None if that failed),
+        or a plain array."""
+        if shared is None:
+            return np.empty((rows, self._layout.record_bytes), np.uint8)
+        try:
+            return shared.own_region(rows)
+        except OSError as exc:
+            _LOG.warning("rank %d: shared-memory region failed (%s); exchanging sampled records "
+                         "through the process group from now on", self.rank, exc)
+            return None
+
+    def _read_shared(self, shared: SharedRecords, written: bool, out: np.ndarray,
+                     foreign_rows: np.ndarray, asked: np.ndarray,
+                     while_waiting: Callable[[], None]) -> bool:
+        """Agree that every region is written, then copy this rank's rows out of each
+        owner's region. False (on every rank alike) when a rank's region failed: the
+        exchange then goes through all_to_all, now and later."""
+        ready = self._comm.all_gather(torch.tensor([float(written)], dtype=torch.float64),
+                                      "ShardedReplayBuffer.sample(records written)",
+                                      while_waiting=while_waiting).cpu().numpy()
+        if not ready.all():
+            shared.forget_names()
+            self._shared = False
+            return False
+        shared.map_peers()
+        if shared.fresh:  # alike on every rank: the sizes are planned from the same counts
+            self._comm.all_gather(torch.zeros(1, dtype=torch.float64),
+                                  "ShardedReplayBuffer.sample(regions mapped)")
+            shared.forget_names()
+        me, at = self.rank, 0
+        for owner in range(self.world_size):
+            count = int(asked[owner, me])
+            if count:
+                first = int(asked[owner, :me].sum())  # requesters before me in owner's region
+                scatter_bytes(out, foreign_rows[at:at + count], shared.peer_rows(owner, first, count))
+                at += count
+        return True
+
+    def _draw_records(self, asked: np.ndarray, own: int, send: np.ndarray | None,
+                      share: float) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``own`` windows of this shard for this rank and ``asked[r]`` for each other
+        requester ``r``. The others' are written packed, in rank order, into ``send`` (when
+        given); returns the starts and local probabilities of this rank's own.
+        Probabilities written are global (times ``share``)."""
+        others = int(asked.sum())
+        total = others + own
         if total == 0:
-            return send, np.empty(0, np.int64), np.empty(0, np.float64)
+            return np.empty(0, np.int64), np.empty(0, np.float64)
         draw = self.local.draw(total, advance_schedule=False)
-        first = int(asked[:me].sum())
-        mine = np.zeros(total, np.bool_)
-        mine[first:first + int(asked[me])] = True
-        self._write_records(send, np.arange(send.shape[0]), draw.starts[~mine],
-                            draw.probabilities[~mine], share)
-        return send, draw.starts[mine], draw.probabilities[mine]
+        if send is not None:
+            self._write_records(send, np.arange(others), draw.starts[:others],
+                                draw.probabilities[:others], share)
+        return draw.starts[others:], draw.probabilities[others:]
 
     def _write_records(self, out: np.ndarray, rows: np.ndarray, starts: np.ndarray,
                        prob: np.ndarray, share: float) -> None:
