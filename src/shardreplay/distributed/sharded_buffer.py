@@ -9,6 +9,8 @@ One ``sample(B, mode="exact")`` is two collectives::
     all_gather   (mass_k, N_k, min_leaf_k, seed, ...)  every rank knows the global picture
                                                        and derives every rank's shard counts
     all_to_all   records (bytes)                       owners send the windows they drew
+                 (ranks on one host: owners write them into shared memory, a one-number
+                 all_gather says so, and requesters copy their rows out)
 
 ``mode="local"`` needs only the first: each rank draws its batch from its own shard,
 and each weight carries the shard factor ``K * mass_k / sum(mass)``, so the
@@ -74,6 +76,11 @@ class ShardedReplayBuffer:
             ``k - 1`` earlier steps, like a prefetching replay client), and updates for
             other shards are queued until the next exchange: collectives cost 1/k per
             learner step. See docs/semantics.md.
+        shared_memory: when every rank runs on one host, exchange sampled records in
+            exact mode through ``/dev/shm`` instead of the process group (a copy out of
+            the owner's memory instead of TCP loopback). Any rank passing False, or
+            unable to create a region, keeps all ranks on the process group. Only for
+            CPU (gloo) groups.
 
     Raises:
         ConfigError: torch.distributed not initialised, a fifo shard, too many ranks,
