@@ -407,3 +407,60 @@ def test_decoding_a_writable_buffer_gives_read_only_views() -> None:
     arrays = [back.stream_ids, back.priorities, *back.steps.values()]
     assert all(not a.flags.writeable for a in arrays)
     assert all(np.shares_memory(a, np.frombuffer(data, np.uint8)) for a in arrays)
+
+
+def _exact_steps(chunk: Chunk) -> dict[str, np.ndarray]:
+    """The chunk's steps as a dict of arrays of the spec's exact dtypes (the encoder's
+    fast path: values checked in the written bytes)."""
+    steps = {k: np.array(v, SPEC[k].dtype) for k, v in chunk.steps.items() if k in SPEC.names}
+    steps["step_type"] = np.array(chunk.steps["step_type"], np.uint8)
+    steps["discount"] = np.array(chunk.steps["discount"], np.float32)
+    return steps
+
+
+@pytest.mark.parametrize(("field", "value"), [("obs", np.nan), ("obs", -np.inf), ("reward", np.inf),
+                                              ("step_type", 3), ("discount", 1.5), ("discount", -0.25),
+                                              ("discount", np.nan)])
+def test_exact_dtype_steps_with_a_bad_value_are_rejected_naming_the_field(field: str, value: float) -> None:
+    chunk = make_chunk(s=3, t=4)
+    steps = _exact_steps(chunk)
+    assert decode(encode(Chunk(0, 0, 0, chunk.stream_ids, steps), SPEC), SPEC, max_bytes=MAX)  # control
+    rng = np.random.default_rng(7)
+    for _ in range(5):  # the bad value anywhere in the array
+        bad = {k: v.copy() for k, v in steps.items()}
+        bad[field].reshape(-1)[rng.integers(bad[field].size)] = value
+        with pytest.raises(SpecMismatchError, match=field):
+            encode(Chunk(0, 0, 0, chunk.stream_ids, bad), SPEC)
+        with pytest.raises(SpecMismatchError, match=field):  # the same verdict as validate
+            SPEC.validate(bad, (3, 4))
+
+
+def test_encode_accepts_and_rejects_what_spec_validate_does() -> None:
+    # Random edits of exact-dtype steps (the fast path) and of cast ones (validate):
+    # encode raises exactly when Spec.validate does, and what it accepts round-trips.
+    rng = np.random.default_rng(11)
+    specials = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1.0, 1.0000001, 2.0, -1e-30, 3, 255]
+    seen = set()
+    for i in range(300):
+        chunk = make_chunk(0, i, s=2, t=3)
+        steps = _exact_steps(chunk)
+        name = str(rng.choice(["obs", "reward", "step_type", "discount", "action"]))
+        with np.errstate(invalid="ignore", over="ignore"):
+            steps[name].reshape(-1)[rng.integers(steps[name].size)] = np.asarray(
+                rng.choice(specials)).astype(steps[name].dtype)
+        if rng.random() < 0.3:
+            steps["reward"] = steps["reward"].astype(np.float64)  # a cast: validate's path
+        try:
+            SPEC.validate(steps, (2, 3))
+            ok = True
+        except SpecMismatchError:
+            ok = False
+        seen.add(ok)
+        if ok:
+            back = decode(encode(Chunk(0, i, 0, chunk.stream_ids, steps), SPEC), SPEC, max_bytes=MAX)
+            want = SPEC.validate(steps, (2, 3))[name]
+            assert np.array_equal(back.steps[name], want, equal_nan=want.dtype.kind == "f")
+        else:
+            with pytest.raises(SpecMismatchError):
+                encode(Chunk(0, i, 0, chunk.stream_ids, steps), SPEC)
+    assert seen == {True, False}

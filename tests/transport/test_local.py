@@ -17,9 +17,9 @@ from transport_helpers import (
     send_chunks,
 )
 
-from shardreplay.errors import ConfigError, TransportTimeout
+from shardreplay.errors import ConfigError, SpecMismatchError, TransportTimeout
 from shardreplay.transport import open_transport
-from shardreplay.transport.codec import encode
+from shardreplay.transport.codec import Chunk, encode
 from shardreplay.transport.local import LocalTransport
 
 
@@ -210,3 +210,22 @@ def test_ring_lengths_split_by_the_ring_end_are_read_whole() -> None:
         assert ring.put(data, time.monotonic() + 1)
         assert [bytes(v) for v in ring.take(4, time.monotonic() + 1)] == [data], i
     assert split >= 3  # the case under test happened
+
+
+def test_a_chunk_rejected_while_encoded_in_place_leaves_nothing_in_the_ring() -> None:
+    # Exact-dtype steps have their values checked in the ring's memory, after the copy:
+    # a bad value raises before the record is published, so the ring stays as it was.
+    transport = LocalTransport(SPEC, capacity_bytes=1 << 16)
+    writer, reader = transport.writer(), transport.reader()
+    good = make_chunk(0, 0)
+    steps = {k: np.array(v, SPEC[k].dtype if k in SPEC.names else v.dtype) for k, v in good.steps.items()}
+    assert steps["obs"].dtype == np.float32 and steps["step_type"].dtype == np.uint8
+    steps["obs"][1, 2, 3] = np.nan
+    head = transport._ring._meta[0]
+    with pytest.raises(SpecMismatchError, match="obs"):
+        writer.send(Chunk(0, 1, 0, good.stream_ids, steps), timeout_s=1)
+    assert transport._ring._meta[0] == head  # nothing published
+    writer.send(good, timeout_s=1)  # the ring still works
+    [got] = reader.receive(8, timeout_s=1)
+    assert_same_chunk(got, good)
+    assert reader.receive(8, timeout_s=0.05) == [] and reader.stats.total_rejected == 0

@@ -36,8 +36,6 @@ pass (:meth:`Spec.validated_packed`: a buffer's ``extend`` does not check them a
 
 from __future__ import annotations
 
-import math
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,23 +46,30 @@ import numpy as np
 from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
+from shardreplay.spec.packed import packed_values_ok
+from shardreplay.transport.wire import (  # noqa: F401 - _layout, _PREFIX: tests and tools use them here
+    _DIGEST,
+    _DIGEST_AT,
+    _HASHED_FROM,
+    _HEADER_KEYS,
+    _IDS_DTYPE,
+    _MAX_DIM,
+    _MAX_HEADER_BYTES,
+    _MAX_ID,
+    _OLDER,
+    _PREFIX,
+    _PREFIX_READ,
+    _PRIO_DTYPE,
+    _STEP_PREFIX,
+    FORMAT_VERSION,
+    MAGIC,
+    _align8,
+    _info,
+    _Layout,
+    _layout,
+)
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "Encoding", "decode", "encode", "peek_identity"]
-
-MAGIC = b"SRCK"
-FORMAT_VERSION = 3  # 1: CRC-32, 2: XXH64 checksums (rejected: see the module doc)
-_OLDER = {1: "CRC-32", 2: "XXH64"}
-_PREFIX = struct.Struct("<4sB3xIQ4xQQQQ")
-_PREFIX_READ = struct.Struct("<4sB3sIQ4sQQQQ")  # the same, zero bytes returned for checking
-_HEADER_KEYS = frozenset(("fp", "S", "T", "arrays"))
-_DIGEST, _DIGEST_AT, _HASHED_FROM = struct.Struct("<Q"), 24, 32  # the checksum covers the ids too
-_MAX_HEADER_BYTES = 1 << 20
-_MAX_DIM = 1 << 24  # S or T beyond this is a corrupt header, not a real chunk
-_MAX_ID = (1 << 63) - 1
-_STEP_PREFIX = "steps/"
-_IDS_DTYPE, _PRIO_DTYPE = np.dtype("<i8"), np.dtype("<f4")
-_RESERVED_DTYPES = {"step_type": np.dtype(np.uint8), "discount": np.dtype(np.float32)}
-
 
 @dataclass(frozen=True, eq=False)
 class Chunk:
@@ -105,87 +110,6 @@ class Chunk:
         return (self.actor_id, self.sequence)
 
 
-def _wire_dtype(dtype: np.dtype) -> np.dtype:
-    return dtype.newbyteorder("<")  # the wire is little-endian; one-byte types stay "|"
-
-
-def _align8(n: int) -> int:
-    return (n + 7) & ~7
-
-
-class _SpecInfo:
-    """What the codec needs of a spec, computed once per Spec object (hashing is slow)."""
-
-    def __init__(self, spec: Spec) -> None:
-        self.spec = spec  # held so that id(spec) is not reused while cached
-        self.fingerprint = spec.fingerprint
-        self.fields = [(_STEP_PREFIX + n, _wire_dtype(spec[n].dtype), spec[n].shape) for n in spec.names]
-        self.fields += [(_STEP_PREFIX + n, _wire_dtype(d), ()) for n, d in _RESERVED_DTYPES.items()]
-        self.layouts: dict[tuple[int, int, bool], _Layout] = {}  # live and die with this entry
-        self.headers: dict[bytes, _Layout] = {}  # header bytes already checked -> their layout
-
-
-_SPEC_INFO: dict[int, _SpecInfo] = {}
-
-
-def _info(spec: Spec) -> _SpecInfo:
-    info = _SPEC_INFO.get(id(spec))
-    if info is None or info.spec is not spec:
-        if len(_SPEC_INFO) > 64:
-            _SPEC_INFO.clear()
-        info = _SPEC_INFO[id(spec)] = _SpecInfo(spec)
-    return info
-
-
-class _Layout:
-    """Where every array of a chunk of one spec and size sits, computed once and cached."""
-
-    def __init__(self, info: _SpecInfo, s: int, t: int, has_priorities: bool) -> None:
-        arrays = [("stream_ids", np.dtype("<i8"), (s,))]
-        arrays += [(name, dtype, (s, t, *shape)) for name, dtype, shape in info.fields]
-        if has_priorities:
-            arrays.append(("priorities", np.dtype("<f4"), (s, t)))
-        self.entries: list[list[Any]] = []  # exactly what the header's "arrays" must hold
-        self.views: list[tuple[str, np.dtype, int, int, tuple[int, ...]]] = []
-        offset = 0
-        for name, dtype, shape in arrays:
-            offset = _align8(offset)
-            count = math.prod(shape)
-            self.entries.append([name, dtype.str, list(shape), offset, count * dtype.itemsize])
-            self.views.append((name, dtype, count, offset, shape))
-            offset += count * dtype.itemsize
-        self.nbytes = _align8(offset)  # whole chunks are 8-byte multiples: records packed
-        # back to back (the local ring) keep every array aligned
-        # The steps as the spec lays them out in the payload, checked in one compiled
-        # pass on decode (None: a field type without a compiled check, e.g. finite float16).
-        self.packed = info.spec.packed_layout(
-            (s, t), {name[len(_STEP_PREFIX):]: off for name, _d, _c, off, _s in self.views
-                     if name.startswith(_STEP_PREFIX)})
-        self.s, self.t = s, t
-        self.ids_at = self.views[0][3]
-        self.prio_at = self.views[-1][3] if has_priorities else -1
-        self.good_ids: set[bytes] = set()  # stream ids (as bytes) that passed their checks
-        self.header = msgpack.packb({"fp": info.fingerprint, "S": s, "T": t, "arrays": self.entries})
-        self.payload_at = _align8(_PREFIX.size + len(self.header))
-        # Padding byte ranges of a whole chunk: after the header, between arrays, at the end.
-        at = self.payload_at
-        ends = [_PREFIX.size + len(self.header)]
-        ends += [at + off + c * d.itemsize for _n, d, c, off, _s in self.views]
-        starts = [at] + [at + off for _n, _d, _c, off, _s in self.views[1:]] + [at + self.nbytes]
-        self.gaps = [(a, b) for a, b in zip(ends, starts, strict=True) if b > a]
-
-
-def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:
-    info = _info(spec)
-    key = (s, t, has_priorities)
-    layout = info.layouts.get(key)
-    if layout is None:
-        if len(info.layouts) > 256:
-            info.layouts.clear()
-        layout = info.layouts[key] = _Layout(info, s, t, has_priorities)
-    return layout
-
-
 def encode(chunk: Chunk, spec: Spec) -> bytes:
     """Serialise a chunk for the wire or a file.
 
@@ -206,53 +130,94 @@ class Encoding:
     """A chunk checked and ready to be written where the caller wants it (:func:`encode`
     writes it to new bytes; the local transport writes it straight into its ring).
 
+    Steps that are already arrays of the spec's exact dtypes and shapes (what actors
+    build) are not passed through ``spec.validate``: :meth:`write_into` checks their
+    values in the written bytes, in the one compiled pass the decoder uses, and raises
+    before the chunk is complete (``spec.validate`` then names the bad field). Anything
+    else is validated (and cast) here.
+
     Raises:
-        SpecMismatchError: as :func:`encode`.
+        SpecMismatchError: as :func:`encode` (a bad value in exact-dtype steps: from
+            :meth:`write_into`).
     """
 
-    __slots__ = ("_arrays", "_chunk", "_layout", "nbytes")
+    __slots__ = ("_arrays", "_chunk", "_layout", "_spec", "_unchecked", "nbytes")
 
     def __init__(self, chunk: Chunk, spec: Spec) -> None:
-        _check_ids(chunk.actor_id, chunk.sequence, chunk.policy_version, exc=SpecMismatchError)
-        ids = np.asarray(chunk.stream_ids)
+        actor, sequence, version = chunk.actor_id, chunk.sequence, chunk.policy_version
+        if not (type(actor) is int and type(sequence) is int and type(version) is int
+                and 0 <= actor <= _MAX_ID and 0 <= sequence <= _MAX_ID and 0 <= version <= _MAX_ID):
+            _check_ids(actor, sequence, version, exc=SpecMismatchError)  # numpy ints, or raises
+        ids = chunk.stream_ids
+        if type(ids) is not np.ndarray:
+            ids = np.asarray(ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
             raise SpecMismatchError(f"stream_ids must be a 1-d integer array, "
                                     f"got {ids.dtype}{list(ids.shape)}")
         s = int(ids.shape[0])
-        st = np.asarray(chunk.steps.get("step_type", np.empty((0, 0))))
-        if st.ndim != 2 or st.shape[0] != s:
-            raise SpecMismatchError(f"steps['step_type'] must be shaped [S={s}, T], got {list(st.shape)}")
-        t = int(st.shape[1])
+        st = chunk.steps.get("step_type")
+        st_shape = np.shape(st) if st is not None else (0, 0)
+        if len(st_shape) != 2 or st_shape[0] != s:
+            raise SpecMismatchError(f"steps['step_type'] must be shaped [S={s}, T], got {list(st_shape)}")
+        t = int(st_shape[1])
         if not (1 <= s <= _MAX_DIM and 1 <= t <= _MAX_DIM):
             raise SpecMismatchError(f"a chunk needs 1 to {_MAX_DIM} streams and steps, got S={s}, T={t}")
-        steps = spec.validate(chunk.steps, (s, t))
-        arrays: dict[str, np.ndarray] = {"stream_ids": ids}
-        arrays.update({_STEP_PREFIX + k: v for k, v in steps.items()})
+        layout = _layout(spec, s, t, chunk.priorities is not None)
+        steps = chunk.steps
+        self._unchecked = layout.packed is not None and _exact(steps, layout.exact)
+        arrays = dict(steps) if self._unchecked else spec.validate(steps, (s, t))
+        arrays["stream_ids"] = ids
+        prio = None
         if chunk.priorities is not None:
             prio = np.asarray(chunk.priorities)
             if prio.dtype.kind not in "fiu":
                 raise SpecMismatchError(f"priorities must be numbers, got {prio.dtype}")
             with np.errstate(over="ignore"):  # an overflow becomes inf, rejected just below
-                arrays["priorities"] = prio.astype(np.float32, copy=False)
-        _check_ids_and_priorities(ids, arrays.get("priorities"), s, t, exc=SpecMismatchError)
-        self._chunk, self._arrays = chunk, arrays
-        self._layout = _layout(spec, s, t, chunk.priorities is not None)
-        self.nbytes = self._layout.payload_at + self._layout.nbytes
+                prio = arrays["priorities"] = prio.astype(np.float32, copy=False)
+        key = ids.tobytes() if prio is None and ids.dtype == _IDS_DTYPE else None
+        if key is None or key not in layout.good_ids:  # ids that passed are known by their bytes
+            _check_ids_and_priorities(ids, prio, s, t, exc=SpecMismatchError)
+            if key is not None:
+                if len(layout.good_ids) >= 1024:
+                    layout.good_ids.clear()
+                layout.good_ids.add(key)
+        self._chunk, self._arrays, self._layout, self._spec = chunk, arrays, layout, spec
+        self.nbytes = layout.payload_at + layout.nbytes
 
     def write_into(self, out: bytearray | memoryview | np.ndarray) -> None:
         """Write the encoded chunk to the first :attr:`nbytes` bytes of a writable buffer
-        (any previous content: every padding byte is written too)."""
-        layout, chunk = self._layout, self._chunk
+        (any previous content: every padding byte is written too).
+
+        Raises:
+            SpecMismatchError: exact-dtype steps hold a value the spec forbids (NaN in a
+                finite field, a step type or discount out of range); the buffer then
+                holds a partial chunk, and no checksum.
+        """
+        layout, chunk, arrays = self._layout, self._chunk, self._arrays
         raw = np.frombuffer(out, np.uint8, self.nbytes)
-        header, payload_at = layout.header, layout.payload_at
-        raw[_PREFIX.size:_PREFIX.size + len(header)] = np.frombuffer(header, np.uint8)
-        for start, stop in layout.gaps:  # zero padding, whatever was there before
+        payload_at = layout.payload_at
+        raw[_PREFIX.size:payload_at] = layout.head_block  # header and its zero padding
+        for start, stop in layout.tail_gaps:  # zero padding, whatever was there before
             raw[start:stop] = 0
-        for name, dtype, _count, offset, shape in layout.views:  # one copy of each array
-            np.ndarray(shape, dtype, raw, payload_at + offset)[...] = self._arrays[name]
-        _PREFIX.pack_into(raw, 0, MAGIC, FORMAT_VERSION, len(header), self.nbytes, 0, int(chunk.actor_id),
-                          int(chunk.sequence), int(chunk.policy_version))
+        for key, dtype, at, shape in layout.copies:  # one copy of each array
+            np.ndarray(shape, dtype, raw, at)[...] = arrays[key]
+        if self._unchecked and not packed_values_ok(raw[payload_at:], layout.packed.plan):
+            self._spec.validate(chunk.steps, (layout.s, layout.t))  # raises, naming the field
+            raise SpecMismatchError("chunk values do not fit the spec")  # pragma: no cover - validate raised
+        _PREFIX.pack_into(raw, 0, MAGIC, FORMAT_VERSION, len(layout.header), self.nbytes, 0,
+                          int(chunk.actor_id), int(chunk.sequence), int(chunk.policy_version))
         _DIGEST.pack_into(raw, _DIGEST_AT, xxh3_64(raw[_HASHED_FROM:]))
+
+
+def _exact(steps: Mapping[str, Any], exact: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]) -> bool:
+    """True when ``steps`` is a dict of exactly these arrays, each of this dtype and shape."""
+    if type(steps) is not dict or len(steps) != len(exact):
+        return False
+    for name, dtype, shape in exact:
+        v = steps.get(name)
+        if type(v) is not np.ndarray or v.dtype != dtype or v.shape != shape:
+            return False
+    return True
 
 
 def _check_ids(actor_id: Any, sequence: Any, version: Any, *, exc: type[Exception]) -> None:

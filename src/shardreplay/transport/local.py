@@ -2,8 +2,10 @@
 
 Every encoded chunk is one record of a :class:`~shardreplay.transport.shm_ring.ShmRing` of
 ``capacity_bytes``. A writer waits while the ring lacks room (back-pressure, bounded
-memory), checks its chunk, then encodes it straight into the ring's memory (one copy of
-the data; :meth:`ShmRing.put_with`); the reader copies a batch of records out and decodes
+memory), checks its chunk's structure, then encodes it straight into the ring's memory
+(one copy of the data; :meth:`ShmRing.put_with`) where the values of steps of the spec's
+exact dtypes are checked in one compiled pass before the record is published (a bad
+one raises and leaves nothing); the reader copies a batch of records out and decodes
 them outside the ring's lock. No pickle: only raw bytes travel. A process killed at any
 point (even holding the ring's lock) does not wedge the others.
 
@@ -89,7 +91,7 @@ class LocalWriter:
             ConfigError: the encoded chunk is larger than the whole ring.
             TransportTimeout: the ring stayed full for ``timeout_s``.
         """
-        enc = Encoding(chunk, self._spec)  # checked here, outside the ring lock
+        enc = Encoding(chunk, self._spec)  # structure checked here, outside the ring lock
         if enc.nbytes + _LEN_SIZE > self._ring.capacity:
             raise ConfigError(f"a chunk of {enc.nbytes} bytes never fits the local ring of "
                               f"{self._ring.capacity} bytes: raise capacity_bytes or send smaller chunks")
