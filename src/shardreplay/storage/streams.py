@@ -200,8 +200,8 @@ class StreamStorage:
         if parts.size and (parts[:, 3] + self.window * parts[:, 2]).max() > out.shape[1]:
             raise ValueError("offsets must leave room for a window of every part in a record")
         if parts.size:
-            kernels.gather_window_parts(parts[:, 0], parts[:, 1], parts[:, 2], parts[:, 3],
-                                        idx, np.ascontiguousarray(dst_rows, np.int64), out)
+            columns = np.ascontiguousarray(parts.T)
+            kernels.gather_window_parts(*columns, idx, np.ascontiguousarray(dst_rows, np.int64), out)
         return mask, keys
 
     def _byte_source(self, name: str) -> tuple[np.ndarray, int, int]:
