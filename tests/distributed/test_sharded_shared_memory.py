@@ -61,7 +61,7 @@ def _batches(buf: ShardedReplayBuffer, log: list[str]) -> list[dict[str, np.ndar
 
 
 def _own_names(buf: ShardedReplayBuffer) -> list[str]:
-    return sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{buf._nonce:013x}-*"))
+    return sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{buf._exact.nonce:013x}-*"))
 
 
 def _same_draws(rank: int, world: int) -> dict:
@@ -72,10 +72,10 @@ def _same_draws(rank: int, world: int) -> dict:
                                 shared_memory=False)
     out = {"shared": _batches(shared, shared_log), "plain": _batches(plain, plain_log),
            "shared_log": shared_log, "plain_log": plain_log,
-           "uses_regions": isinstance(shared._shared, SharedRecords),
-           "generation": int(shared._shared._gen[rank]) if isinstance(shared._shared, SharedRecords) else 0}
+           "uses_regions": shared._exact.uses_shared_memory,
+           "generation": int(shared._exact._shared._gen[rank]) if shared._exact.uses_shared_memory else 0}
     out["names_while_alive"] = _own_names(shared)
-    nonce = shared._nonce
+    nonce = shared._exact.nonce
     del shared
     gc.collect()
     out["names_after"] = sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{nonce:013x}-*"))
@@ -115,7 +115,7 @@ def _one_region_fails(rank: int, world: int) -> dict:
     plain = ShardedReplayBuffer(_shard(rank), timeout_s=120, seed=9 + rank, prefetch=PREFETCH,
                                 shared_memory=False)
     return {"shared": _batches(shared, shared_log), "plain": _batches(plain, plain_log),
-            "shared_log": shared_log, "fell_back": shared._shared is False,
+            "shared_log": shared_log, "fell_back": shared._exact.uses_shared_memory is False,
             "names_after": _own_names(shared)}
 
 
@@ -142,7 +142,8 @@ def _one_rank_opts_out(rank: int, world: int) -> dict:
     buf = ShardedReplayBuffer(_shard(rank), timeout_s=120, seed=9 + rank,
                               shared_memory=rank != 0)
     batches = _batches(buf, log)
-    return {"log": log, "off": buf._shared is False, "n": sum(len(b["keys"]) for b in batches)}
+    return {"log": log, "off": buf._exact.uses_shared_memory is False,
+            "n": sum(len(b["keys"]) for b in batches)}
 
 
 def test_one_rank_opting_out_keeps_every_rank_on_all_to_all() -> None:

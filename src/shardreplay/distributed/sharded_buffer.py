@@ -26,7 +26,6 @@ shards until the next exchange, so a learner step costs 1/k of the collectives:
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -39,16 +38,14 @@ from shardreplay.buffer.checks import as_index_array, as_priority_array, check_p
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, pinned, split_batches
+from shardreplay.distributed.exact_exchange import ExactExchange
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.kernels import BAD_KEY, BAD_PRIORITY, split_updates
 from shardreplay.distributed.pending import PendingUpdates
-from shardreplay.distributed.shared_records import SharedRecords, host_key, nonce
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, ShardReplayError
 from shardreplay.spec.keys import MAX_SHARDS, with_shard
-from shardreplay.storage.kernels import scatter_bytes
 
-_LOG = logging.getLogger(__name__)
 SAMPLE_MODES = ("exact", "local")
 # Columns of the stats row each rank contributes to a sampling exchange (the last K
 # columns count its queued priority updates per owner shard).
@@ -114,9 +111,8 @@ class ShardedReplayBuffer:
         self._pending = PendingUpdates(self.world_size)
         # Same-host exchange: decided at the first exact exchange, when every rank's host
         # key is known (None: not decided yet; False: all_to_all).
-        self._host = host_key(shared_memory and self._comm.device.type == "cpu")
-        self._nonce = nonce()
-        self._shared: SharedRecords | bool | None = None
+        self._exact = ExactExchange(local_buffer, self._comm, self._layout,
+                                    shared_memory and self._comm.device.type == "cpu")
 
     @property
     def collectives(self) -> Collectives:
@@ -226,19 +222,21 @@ class ShardedReplayBuffer:
         if mode == "local":
             drawn = self._draw_local(n, masses, total, low, own[0] if own else None)
         else:
-            drawn = self._draw_exact(stats, total, low)
+            drawn = self._exact.draw(masses, stats[:, _BATCH].astype(np.int64), int(stats[0, _SEED]),
+                                     stats[:, _HOST], stats[:, _NONCE], self.prefetch, total, low)
         self._ready.extend(drawn)
         self._ready_for = (n, mode)
 
     def _gather_stats(self, mode: str, batch_size: int,
                       while_waiting: Callable[[], None] | None = None) -> np.ndarray:
         """One row per rank: mass, samplable count, min leaf, mode, batch size, a seed
-        proposal (rank 0's is shared: see :meth:`_draw_exact`), prefetch depth, and the
+        proposal (rank 0's is shared: see ``ExactExchange.draw``), prefetch depth, and the
         count of queued updates for each owner."""
         mass, count, low, _beta = self.local.sampling_stats()
         seed = float(self._rng.integers(0, 1 << 52))  # exact in a float64
         mine = torch.tensor([mass, count, low if count else np.inf, SAMPLE_MODES.index(mode),
-                             batch_size, seed, self.prefetch, self._host, self._nonce,
+                             batch_size, seed, self.prefetch, self._exact.host_key,
+                             self._exact.nonce,
                              *self._pending.counts.tolist()],
                             dtype=torch.float64)
         return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)",
@@ -263,141 +261,6 @@ class ShardedReplayBuffer:
         return split_batches(tensors, torch.from_numpy(mask), torch.from_numpy(with_shard(keys, self.rank)),
                              torch.from_numpy(prob), n, total, low, self.world_size * mass_k / total,
                              self.local.sampling_stats()[3])
-
-    def _draw_exact(self, stats: np.ndarray, total: float, low: float) -> list[Drawn]:
-        """Every rank draws every requester's shard counts from one shared seed (rank 0's
-        proposal in the stats), so the counts need no exchange of their own: one data
-        exchange per refill. Each of a requester's ``k`` batches takes Multinomial(n,
-        mass/total) items from the shards, each item drawn from its shard's distribution:
-        every batch is ``n`` i.i.d. draws from the global distribution (grouped by owner
-        inside the batch).
-
-        Windows are written straight from storage into packed records: this rank's own
-        items into their final rows (while the others' are in flight), the others' into
-        the send buffer, a shared-memory region when all ranks share a host. What
-        arrives is copied once into its rows; nothing is sent to oneself."""
-        masses, n, k, me = stats[:, _MASS], int(stats[self.rank, _BATCH]), self.prefetch, self.rank
-        counts = np.stack([gs.shard_counts(np.random.default_rng([int(stats[0, _SEED]), r]), masses,
-                                           int(stats[r, _BATCH]), k) for r in range(self.world_size)])
-        mine = counts[me]  # [k, K]: batch j takes mine[j, o] items of owner o
-        asked = counts.sum(axis=1).T.copy()  # asked[o, q]: items of owner o for requester q
-        want = mine.sum(axis=0)
-        # Rows of the result in owner order (the order items arrive in): owner o's items
-        # of batch j fill a run of rows inside batch j.
-        first_row = np.arange(k)[:, None] * n + np.cumsum(mine, axis=1) - mine
-        rows = _runs(first_row.T.reshape(-1), mine.T.reshape(-1))
-        own = slice(int(want[:me].sum()), int(want[:me + 1].sum()))
-        foreign_rows = np.delete(rows, np.arange(own.start, own.stop))
-        out = np.empty((k * n, self._layout.record_bytes), np.uint8)
-        share = float(masses[me]) / total
-        np.fill_diagonal(asked, 0)
-        shared = self._shared_records(stats, asked.sum(axis=1))
-        send = self._send_buffer(shared, int(asked[me].sum()))
-        own_starts, own_prob = self._draw_records(asked[me], int(counts[me, :, me].sum()), send, share)
-        pending = [lambda: self._write_records(out, rows[own], own_starts, own_prob, share)]
-
-        def write_own() -> None:
-            while pending:
-                pending.pop()()
-
-        if shared is not None and self._read_shared(shared, send is not None, out, foreign_rows,
-                                                    asked, write_own):
-            return self._split(out, n, total, low)
-        if send is None:  # this rank's region failed: the others' fall back with it
-            send = np.empty((int(asked[me].sum()), self._layout.record_bytes), np.uint8)
-            self._draw_records(asked[me], 0, send, share)
-        rb = self._layout.record_bytes
-        recv = self._comm.all_to_all(torch.from_numpy(send).reshape(-1), (asked[me] * rb).tolist(),
-                                     (asked[:, me] * rb).tolist(),
-                                     "ShardedReplayBuffer.sample(records)", while_waiting=write_own)
-        if recv.numel():
-            scatter_bytes(out, foreign_rows, recv.cpu().numpy().reshape(-1, rb))
-        return self._split(out, n, total, low)
-
-    def _split(self, out: np.ndarray, n: int, total: float, low: float) -> list[Drawn]:
-        parts = self._layout.unpack(torch.from_numpy(out))
-        data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
-        return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
-                             1.0, self.local.sampling_stats()[3])
-
-    def _shared_records(self, stats: np.ndarray, sent: np.ndarray) -> SharedRecords | None:
-        """The same-host regions sized for this exchange (every rank sends ``sent[r]``
-        records), or None when the ranks exchange through all_to_all. Decided once, alike
-        on every rank, from the host keys in the stats."""
-        if self._shared is None:
-            same_host = self.world_size > 1 and bool((stats[:, _HOST] == stats[0, _HOST]).all())
-            self._shared = SharedRecords(stats[:, _NONCE], self.rank, self._layout.record_bytes) \
-                if same_host else False
-        if self._shared is False:
-            return None
-        assert isinstance(self._shared, SharedRecords)
-        self._shared.plan(sent)
-        return self._shared
-
-    def _send_buffer(self, shared: SharedRecords | None, rows: int) -> np.ndarray | None:
-        """Where this rank writes the records it sends: its region (None if that failed),
-        or a plain array."""
-        if shared is None:
-            return np.empty((rows, self._layout.record_bytes), np.uint8)
-        try:
-            return shared.own_region(rows)
-        except OSError as exc:
-            _LOG.warning("rank %d: shared-memory region failed (%s); exchanging sampled records "
-                         "through the process group from now on", self.rank, exc)
-            return None
-
-    def _read_shared(self, shared: SharedRecords, written: bool, out: np.ndarray,
-                     foreign_rows: np.ndarray, asked: np.ndarray,
-                     while_waiting: Callable[[], None]) -> bool:
-        """Agree that every region is written, then copy this rank's rows out of each
-        owner's region. False (on every rank alike) when a rank's region failed: the
-        exchange then goes through all_to_all, now and later."""
-        ready = self._comm.all_gather(torch.tensor([float(written)], dtype=torch.float64),
-                                      "ShardedReplayBuffer.sample(records written)",
-                                      while_waiting=while_waiting).cpu().numpy()
-        if not ready.all():
-            shared.forget_names()
-            self._shared = False
-            return False
-        shared.map_peers()
-        if shared.fresh:  # alike on every rank: the sizes are planned from the same counts
-            self._comm.all_gather(torch.zeros(1, dtype=torch.float64),
-                                  "ShardedReplayBuffer.sample(regions mapped)")
-            shared.forget_names()
-        me, at = self.rank, 0
-        for owner in range(self.world_size):
-            count = int(asked[owner, me])
-            if count:
-                first = int(asked[owner, :me].sum())  # requesters before me in owner's region
-                scatter_bytes(out, foreign_rows[at:at + count], shared.peer_rows(owner, first, count))
-                at += count
-        return True
-
-    def _draw_records(self, asked: np.ndarray, own: int, send: np.ndarray | None,
-                      share: float) -> tuple[np.ndarray, np.ndarray]:
-        """Draw ``own`` windows of this shard for this rank and ``asked[r]`` for each other
-        requester ``r``. The others' are written packed, in rank order, into ``send`` (when
-        given); returns the starts and local probabilities of this rank's own.
-        Probabilities written are global (times ``share``)."""
-        others = int(asked.sum())
-        total = others + own
-        if total == 0:
-            return np.empty(0, np.int64), np.empty(0, np.float64)
-        draw = self.local.draw(total, advance_schedule=False)
-        if send is not None:
-            self._write_records(send, np.arange(others), draw.starts[:others],
-                                draw.probabilities[:others], share)
-        return draw.starts[others:], draw.probabilities[others:]
-
-    def _write_records(self, out: np.ndarray, rows: np.ndarray, starts: np.ndarray,
-                       prob: np.ndarray, share: float) -> None:
-        if not rows.size:
-            return
-        mask, keys = self.local.gather_into(starts, out, self._layout.data_offsets, rows)
-        views = self._layout.views(out)
-        views["mask"][rows] = mask
-        views["key"][rows] = with_shard(keys, self.rank)
-        views["probability"][rows] = prob * share
 
     def _serve(self, d: Drawn) -> Batch:
         """A prefetched draw as a Batch, weighted with beta at this call (the schedule
@@ -517,12 +380,6 @@ class ShardedReplayBuffer:
             self.invalid_keys += int((~fits).sum())
             keys, prios = keys[fits], prios[fits]
         return self.local.update_priorities(keys, prios) if keys.size else 0
-
-
-def _runs(firsts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(f, f + n) for f, n in zip(firsts, lengths)])``, vectorised."""
-    ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if ends.size else 0) + np.repeat(firsts - (ends - lengths), lengths)
 
 
 def _check_same_prefetch(depths: np.ndarray) -> None:

@@ -1,0 +1,199 @@
+"""Exact-mode refills: every rank's batches drawn from the global distribution, each item
+fetched from the shard that owns it.
+
+Every rank derives every requester's shard counts from one shared seed, so the counts
+need no exchange of their own: one data exchange per refill. Windows are written straight
+from storage into packed records (:class:`RecordLayout`): a rank's own items into their
+final rows while the others' are in flight, the others' into a send buffer. On one host
+the send buffer is the owner's shared-memory region and requesters copy their rows out
+of it (:mod:`shared_records`); otherwise it goes through ``all_to_all``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import torch
+
+from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.distributed import global_sampling as gs
+from shardreplay.distributed.drawn import Drawn, split_batches
+from shardreplay.distributed.exchange import RecordLayout
+from shardreplay.distributed.group import Collectives
+from shardreplay.distributed.shared_records import SharedRecords, host_key, nonce
+from shardreplay.spec.keys import with_shard
+from shardreplay.storage.kernels import scatter_bytes
+
+_LOG = logging.getLogger(__name__)
+
+
+class ExactExchange:
+    """Draws a rank's prefetched batches in exact mode (collective).
+
+    Args:
+        local: this rank's shard.
+        comm: the group's collectives.
+        layout: the record layout of the shard's windows.
+        shared_memory: whether this rank offers the same-host exchange.
+    """
+
+    def __init__(self, local: ReplayBuffer, comm: Collectives, layout: RecordLayout,
+                 shared_memory: bool) -> None:
+        self.local = local
+        self._comm = comm
+        self._layout = layout
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self.host_key = host_key(shared_memory)  # sent in the stats row
+        self.nonce = nonce()  # names this rank's regions; sent in the stats row
+        # Decided at the first refill, alike on every rank (None: not yet; False: all_to_all).
+        self._shared: SharedRecords | bool | None = None
+
+    def draw(self, masses: np.ndarray, batches: np.ndarray, seed: int, hosts: np.ndarray,
+             nonces: np.ndarray, k: int, total: float, low: float) -> list[Drawn]:
+        """``k`` batches of ``batches[rank]`` windows for this rank; every rank calls it with
+        the same stats (``masses``, ``batches``, ``hosts``, ``nonces`` per rank, and rank
+        0's ``seed``).
+
+        Each of a requester's ``k`` batches takes Multinomial(n, mass/total) items from the
+        shards, each item drawn from its shard's distribution: every batch is ``n`` i.i.d.
+        draws from the global distribution (grouped by owner inside the batch).
+
+        Raises:
+            CollectiveTimeout: a peer rank did not join in time.
+        """
+        me, n = self.rank, int(batches[self.rank])
+        counts = np.stack([gs.shard_counts(np.random.default_rng([seed, r]), masses, int(batches[r]), k)
+                           for r in range(self.world_size)])
+        own_rows, foreign_rows = _result_rows(counts[me], n, me)
+        asked = counts.sum(axis=1).T.copy()  # asked[o, q]: items of owner o for requester q
+        np.fill_diagonal(asked, 0)  # nothing is sent to oneself
+        out = np.empty((k * n, self._layout.record_bytes), np.uint8)
+        share = float(masses[me]) / total
+        shared = self._shared_records(hosts, nonces, asked.sum(axis=1))
+        send = self._send_buffer(shared, int(asked[me].sum()))
+        own_starts, own_prob = self._draw_records(asked[me], own_rows.size, send, share)
+        write_own: Callable[[], None] | None = partial(self._write_records, out, own_rows, own_starts,
+                                                       own_prob, share)
+        if shared is not None:
+            if self._read_shared(shared, send is not None, out, foreign_rows, asked, write_own):
+                return self._split(out, n, total, low)
+            write_own = None  # done while the ranks agreed to fall back
+        if send is None:  # this rank's region failed: draw the others' items again
+            send = np.empty((int(asked[me].sum()), self._layout.record_bytes), np.uint8)
+            self._draw_records(asked[me], 0, send, share)
+        rb = self._layout.record_bytes
+        recv = self._comm.all_to_all(torch.from_numpy(send).reshape(-1), (asked[me] * rb).tolist(),
+                                     (asked[:, me] * rb).tolist(),
+                                     "ShardedReplayBuffer.sample(records)", while_waiting=write_own)
+        if recv.numel():
+            scatter_bytes(out, foreign_rows, recv.cpu().numpy().reshape(-1, rb))
+        return self._split(out, n, total, low)
+
+    @property
+    def uses_shared_memory(self) -> bool | None:
+        """Whether refills go through shared memory (None before the first refill)."""
+        return None if self._shared is None else self._shared is not False
+
+    def _split(self, out: np.ndarray, n: int, total: float, low: float) -> list[Drawn]:
+        parts = self._layout.unpack(torch.from_numpy(out))
+        data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
+        return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
+                             1.0, self.local.sampling_stats()[3])
+
+    def _shared_records(self, hosts: np.ndarray, nonces: np.ndarray,
+                        sent: np.ndarray) -> SharedRecords | None:
+        """The same-host regions sized for this refill (rank ``r`` sends ``sent[r]``
+        records), or None when the ranks exchange through all_to_all."""
+        if self._shared is None:
+            same_host = self.world_size > 1 and bool((hosts == hosts[0]).all())
+            self._shared = SharedRecords(nonces, self.rank, self._layout.record_bytes) \
+                if same_host else False
+        if self._shared is False:
+            return None
+        assert isinstance(self._shared, SharedRecords)
+        self._shared.plan(sent)
+        return self._shared
+
+    def _send_buffer(self, shared: SharedRecords | None, rows: int) -> np.ndarray | None:
+        """Where this rank writes the records it sends: its region (None if that failed),
+        or a plain array."""
+        if shared is None:
+            return np.empty((rows, self._layout.record_bytes), np.uint8)
+        try:
+            return shared.own_region(rows)
+        except OSError as exc:
+            _LOG.warning("rank %d: shared-memory region failed (%s); exchanging sampled records "
+                         "through the process group from now on", self.rank, exc)
+            return None
+
+    def _read_shared(self, shared: SharedRecords, written: bool, out: np.ndarray,
+                     foreign_rows: np.ndarray, asked: np.ndarray,
+                     while_waiting: Callable[[], None]) -> bool:
+        """Agree that every region is written, then copy this rank's rows out of each
+        owner's region. False (on every rank alike) when a rank's region failed: the
+        exchange then goes through all_to_all, now and later."""
+        ready = self._comm.all_gather(torch.tensor([float(written)], dtype=torch.float64),
+                                      "ShardedReplayBuffer.sample(records written)",
+                                      while_waiting=while_waiting).cpu().numpy()
+        if not ready.all():
+            shared.forget_names()
+            self._shared = False
+            return False
+        shared.map_peers()
+        if shared.fresh:  # alike on every rank: the sizes are planned from the same counts
+            self._comm.all_gather(torch.zeros(1, dtype=torch.float64),
+                                  "ShardedReplayBuffer.sample(regions mapped)")
+            shared.forget_names()
+        me, at = self.rank, 0
+        for owner in range(self.world_size):
+            count = int(asked[owner, me])
+            if count:
+                first = int(asked[owner, :me].sum())  # requesters before me in owner's region
+                scatter_bytes(out, foreign_rows[at:at + count], shared.peer_rows(owner, first, count))
+                at += count
+        return True
+
+    def _draw_records(self, asked: np.ndarray, own: int, send: np.ndarray | None,
+                      share: float) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``own`` windows of this shard for this rank and ``asked[r]`` for each other
+        requester ``r``. The others' are written packed, in rank order, into ``send`` (when
+        given); returns the starts and local probabilities of this rank's own.
+        Probabilities written are global (times ``share``)."""
+        others = int(asked.sum())
+        if others + own == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float64)
+        draw = self.local.draw(others + own, advance_schedule=False)
+        if send is not None:
+            self._write_records(send, np.arange(others), draw.starts[:others],
+                                draw.probabilities[:others], share)
+        return draw.starts[others:], draw.probabilities[others:]
+
+    def _write_records(self, out: np.ndarray, rows: np.ndarray, starts: np.ndarray,
+                       prob: np.ndarray, share: float) -> None:
+        if not rows.size:
+            return
+        mask, keys = self.local.gather_into(starts, out, self._layout.data_offsets, rows)
+        views = self._layout.views(out)
+        views["mask"][rows] = mask
+        views["key"][rows] = with_shard(keys, self.rank)
+        views["probability"][rows] = prob * share
+
+
+def _result_rows(mine: np.ndarray, n: int, me: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of this rank's result for its own items, and for the others' in the order they
+    arrive (by owner, then batch). ``mine[j, o]`` items of owner ``o`` fill a run of rows
+    inside batch ``j`` (rows ``j*n .. j*n + n``)."""
+    first_row = np.arange(mine.shape[0])[:, None] * n + np.cumsum(mine, axis=1) - mine
+    rows = _runs(first_row.T.reshape(-1), mine.T.reshape(-1))
+    start = int(mine[:, :me].sum())
+    own = np.arange(start, start + int(mine[:, me].sum()))
+    return rows[own], np.delete(rows, own)
+
+
+def _runs(firsts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(f, f + n) for f, n in zip(firsts, lengths)])``, vectorised."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if ends.size else 0) + np.repeat(firsts - (ends - lengths), lengths)
