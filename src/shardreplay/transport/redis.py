@@ -69,7 +69,13 @@ from shardreplay.transport.base import (
     check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, Encoding
-from shardreplay.transport.redis_link import RedisLink, ensure_group, trim_acknowledged, with_group
+from shardreplay.transport.redis_link import (
+    RedisLink,
+    XaddPacker,
+    ensure_group,
+    trim_acknowledged,
+    with_group,
+)
 
 __all__ = ["RedisReader", "RedisTransport", "RedisWriter"]
 
@@ -152,9 +158,10 @@ class RedisWriter:
         self._link = transport.link()
         self._has_group = False
         self._length: int | None = None  # the stream's length when this writer last looked
-        self._sent: deque[memoryview] = deque()  # adds whose replies are not read yet, oldest first
+        self._sent: deque[memoryview] = deque()  # packets whose replies are not read yet, oldest first
         self._conn: Any = None
         self._broken = False  # the connection failed with adds in flight: re-send them
+        self._packer = XaddPacker(transport.stream, _FIELD)
 
     def send(self, chunk: Chunk, *, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
         """Encode ``chunk`` and add it, waiting while the stream holds ``max_len`` entries.
@@ -166,8 +173,7 @@ class RedisWriter:
         """
         t = self._t
         enc = Encoding(chunk, t.spec)
-        data = memoryview(bytearray(enc.nbytes))  # ours alone: redis-py sends it without a copy
-        enc.write_into(data)
+        data = self._packer.packet(enc)  # XADD + XLEN around the chunk, encoded in place
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if not self._has_group:
             self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE",
@@ -203,9 +209,7 @@ class RedisWriter:
         return self._conn
 
     def _push(self, data: memoryview) -> None:
-        conn = self._connection()
-        conn.send_command("XADD", self._t.stream, "*", _FIELD, data)
-        conn.send_command("XLEN", self._t.stream)
+        self._connection().send_packed_command([data])  # XADD then XLEN, one send
 
     def _settle(self, deadline: float | None, *, wait: bool) -> None:
         """Read the replies of adds in flight: all of them (``wait``) or those already here."""

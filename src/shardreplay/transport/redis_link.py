@@ -5,7 +5,8 @@ redis errors into shardreplay ones; :func:`ensure_group` / :func:`with_group` ke
 stream's consumer group in place (a server restarted without its data loses it);
 :func:`trim_acknowledged` drops what every group acknowledged (see
 :mod:`shardreplay.transport.redis`, back-pressure point 1); :class:`HintChannel` is a
-pub/sub channel read as hints.
+pub/sub channel read as hints; :class:`XaddPacker` builds a writer's ``XADD`` + ``XLEN``
+packets.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
+from shardreplay.transport.codec import Encoding
 
-__all__ = ["HintChannel", "RedisLink", "ensure_group", "trim_acknowledged", "with_group"]
+__all__ = ["HintChannel", "RedisLink", "XaddPacker", "ensure_group", "trim_acknowledged", "with_group"]
 
 logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
@@ -148,6 +151,49 @@ def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
     script = client.register_script(_TRIM_ACKED)
     return int(script(keys=[stream], args=["1" if exact else "0"]))
 
+
+
+class XaddPacker:
+    """``XADD stream * field <chunk>`` then ``XLEN stream`` as one RESP packet, the chunk
+    encoded straight into it (redis-py's packer copies a value into new bytes, and packs
+    each command in Python): one copy of the chunk; the XLEN is the last
+    :attr:`tail_len` bytes.
+
+    Args:
+        stream: the stream key (encoded as redis-py encodes ``str``: UTF-8).
+        field: the entry's field name.
+    """
+
+    def __init__(self, stream: str, field: bytes) -> None:
+        self._key, self._field = stream.encode("utf-8"), field
+        self._frames: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by chunk size
+        self.tail_len = len(self._tail())  # the XLEN command at the end of every packet
+
+    def _tail(self) -> bytes:
+        return b"\r\n*2\r\n$4\r\nXLEN\r\n$%d\r\n%s\r\n" % (len(self._key), self._key)
+
+    def packet(self, enc: Encoding) -> memoryview:
+        """A new packet holding ``enc`` (kept by the writer until both replies are read).
+
+        Raises:
+            SpecMismatchError: from :meth:`Encoding.write_into`.
+        """
+        frames = self._frames.get(enc.nbytes)
+        if frames is None:
+            def bulk(b: bytes) -> bytes:
+                return b"$%d\r\n%s\r\n" % (len(b), b)
+
+            head = b"*5\r\n" + bulk(b"XADD") + bulk(self._key) + bulk(b"*") + bulk(self._field)
+            head += b"$%d\r\n" % enc.nbytes
+            frames = self._frames[enc.nbytes] = (np.frombuffer(head, np.uint8),
+                                                 np.frombuffer(self._tail(), np.uint8))
+        head, tail = frames
+        end = len(head) + enc.nbytes
+        packet = np.empty(end + len(tail), np.uint8)  # every byte is written below
+        packet[:len(head)] = head
+        enc.write_into(packet[len(head):end])
+        packet[end:] = tail
+        return memoryview(packet)
 
 
 class HintChannel:
