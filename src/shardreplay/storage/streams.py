@@ -84,6 +84,7 @@ class StreamStorage:
                                 ((name, self._as_byte_rows(name)) for name, _g, _n in self._grids)
                                 if rows.shape[1])
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
+        self._gather_plans: dict[tuple, tuple[np.ndarray, int]] = {}  # see _gather_plan
 
     def _as_byte_rows(self, name: str) -> np.ndarray:
         """A ``[S*C, k]`` uint8 view of field ``name`` (a record field is a strided view)."""
@@ -192,17 +193,29 @@ class StreamStorage:
             raise ValueError("out must be a C-contiguous uint8 array [rows, record bytes]")
         if dst_rows.size and (dst_rows.min() < 0 or dst_rows.max() >= out.shape[0]):
             raise ValueError("dst_rows must name rows of out")
+        columns, extent = self._gather_plan(offsets)
+        if extent > out.shape[1]:
+            raise ValueError("offsets must leave room for a window of every part in a record")
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
                                                  self.stream_capacity, self.window)
-        sources = [(self._byte_source(name), offset) for name, offset in offsets.items()]
-        parts = np.array([(src.ctypes.data + src_offset, src.strides[0], nbytes, offset)
-                          for (src, src_offset, nbytes), offset in sources if nbytes], np.int64)
-        if parts.size and (parts[:, 3] + self.window * parts[:, 2]).max() > out.shape[1]:
-            raise ValueError("offsets must leave room for a window of every part in a record")
-        if parts.size:
-            columns = np.ascontiguousarray(parts.T)
+        if columns.shape[1]:
             kernels.gather_window_parts(*columns, idx, np.ascontiguousarray(dst_rows, np.int64), out)
         return mask, keys
+
+    def _gather_plan(self, offsets: Mapping[str, int]) -> tuple[np.ndarray, int]:
+        """Per part: source address, row stride, bytes per step and record offset (as
+        ``[4, parts]`` int64), and the record bytes they need. Built once per layout: the
+        arrays behind the addresses live as long as this storage."""
+        key = tuple(offsets.items())
+        plan = self._gather_plans.get(key)
+        if plan is None:
+            sources = [(self._byte_source(name), offset) for name, offset in key]
+            parts = np.array([(src.ctypes.data + src_offset, src.strides[0], nbytes, offset)
+                              for (src, src_offset, nbytes), offset in sources if nbytes],
+                             np.int64).reshape(-1, 4)
+            extent = int((parts[:, 3] + self.window * parts[:, 2]).max()) if parts.size else 0
+            plan = self._gather_plans[key] = (np.ascontiguousarray(parts.T), extent)
+        return plan
 
     def _byte_source(self, name: str) -> tuple[np.ndarray, int, int]:
         """``(C-contiguous uint8 rows [S*C, k], offset, bytes per step)`` holding ``name``."""
