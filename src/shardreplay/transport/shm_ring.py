@@ -136,10 +136,14 @@ class ShmRing:
             try:
                 head, tail = self._meta[_HEAD], self._meta[_TAIL]
                 if self.capacity - (head - tail) >= need:
-                    self._write(head, _LEN.pack(nbytes))
+                    buf, at = self._buf, head % self.capacity
+                    if at + _LEN.size <= self.capacity:
+                        _LEN.pack_into(buf, at, nbytes)
+                    else:
+                        self._write(head, _LEN.pack(nbytes))
                     start = (head + _LEN.size) % self.capacity
                     if start + nbytes <= self.capacity:
-                        fill(self._buf[start:start + nbytes])
+                        fill(buf[start:start + nbytes])
                     else:
                         scratch = np.empty(nbytes, np.uint8)
                         fill(scratch)
