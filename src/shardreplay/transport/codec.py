@@ -333,8 +333,7 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
                                     if name.startswith(_STEP_PREFIX)}, (layout.s, layout.t))
     except SpecMismatchError as exc:
         raise CorruptChunkError(f"chunk values do not fit the spec: {exc}", reason="values") from exc
-    return Chunk(actor_id=actor, sequence=sequence, policy_version=policy, stream_ids=ids,
-                 steps=steps, priorities=prio)
+    return Chunk(actor, sequence, policy, ids, steps, prio)  # positional: ~0.2 us cheaper
 
 
 def _format_error(magic: bytes, version: int) -> CorruptChunkError:
