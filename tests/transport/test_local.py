@@ -229,3 +229,61 @@ def test_a_chunk_rejected_while_encoded_in_place_leaves_nothing_in_the_ring() ->
     [got] = reader.receive(8, timeout_s=1)
     assert_same_chunk(got, good)
     assert reader.receive(8, timeout_s=0.05) == [] and reader.stats.total_rejected == 0
+
+
+@pytest.mark.parametrize("ordered_stores", [True, False])
+def test_ring_reader_with_and_without_the_lock_gets_every_record_whole(
+        monkeypatch: pytest.MonkeyPatch, ordered_stores: bool) -> None:
+    # Three writer processes into a small ring (it wraps and fills all the time), read
+    # with the lock-free path (x86-64) and with the locked one: every record arrives
+    # once, whole, in order per writer.
+    from transport_helpers import put_ring_records, ring_record
+
+    from shardreplay.transport import shm_ring
+
+    if ordered_stores and not shm_ring._ORDERED_STORES:
+        pytest.skip("the lock-free read path runs on x86-64 only")
+    monkeypatch.setattr(shm_ring, "_ORDERED_STORES", ordered_stores)
+    ring = shm_ring.ShmRing(16 << 10, mp.get_context("spawn"))
+    ctx, count = mp.get_context("spawn"), 600
+    procs = [ctx.Process(target=put_ring_records, args=(ring, w, count)) for w in range(3)]
+    for p in procs:
+        p.start()
+    got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    try:
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < 3 * count and time.monotonic() < deadline:
+            for view in ring.take(int(np.random.default_rng().integers(1, 9)), time.monotonic() + 0.5):
+                data = bytes(view)
+                w, q = int.from_bytes(data[:2], "little"), int.from_bytes(data[2:6], "little")
+                assert data == ring_record(w, q)
+                got[w].append(q)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert got == {w: list(range(count)) for w in range(3)}
+    assert ring.take(1, time.monotonic()) == []
+
+
+def test_a_reader_waiting_on_an_empty_ring_is_woken_by_the_next_record() -> None:
+    # The reader sleeps on the ring's semaphore (at most 0.1 s at a time); each record
+    # put after it found the ring empty must wake it at once, not at the next timeout.
+    import threading
+
+    from shardreplay.transport.shm_ring import ShmRing
+
+    ring = ShmRing(1 << 16, mp.get_context("spawn"))
+    waits = []
+    for i in range(40):
+        timer = threading.Timer(0.01, ring.put, args=(bytes([i]) * 8, None))
+        t0 = time.monotonic()
+        timer.start()
+        [view] = ring.take(1, time.monotonic() + 2)
+        waits.append(time.monotonic() - t0)
+        timer.join()
+        assert bytes(view) == bytes([i]) * 8
+    assert sorted(waits)[-3] < 0.06, waits  # a lost wake-up costs 0.1 s

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from shardreplay.spec import Field, Spec
@@ -88,3 +90,17 @@ def fill_ring_forever(transport) -> None:
     while True:
         writer.send(make_chunk(9, seq), timeout_s=None)
         seq += 1
+
+
+def ring_record(writer: int, seq: int) -> bytes:
+    """A record whose bytes all depend on (writer, seq), of a size that varies with them."""
+    rng = np.random.default_rng(writer * 1_000_003 + seq)
+    body = rng.integers(0, 256, int(rng.integers(1, 2000)), dtype=np.uint8).tobytes()
+    return writer.to_bytes(2, "little") + seq.to_bytes(4, "little") + body
+
+
+def put_ring_records(ring, writer: int, count: int) -> None:
+    """Put ``count`` records of ``ring_record(writer, seq)`` into a ShmRing (spawned)."""
+    for seq in range(count):
+        if not ring.put(ring_record(writer, seq), time.monotonic() + 30):
+            raise TimeoutError(f"writer {writer}: no room for 30 s")
