@@ -14,7 +14,9 @@ the number of ranks. Measured in one run, each configuration in fresh processes:
 
 Each figure is the median over timing blocks; ranks move in lockstep (every step is
 collective), the per-rank figure is their mean. A second, shorter pass with every
-collective and local phase timed says where a step's time goes. One JSON line is
+collective and local phase timed says where a step's time goes. ``cpu_ratios_per_rank``
+compare CPU time per step (this process's, gloo's threads included) the same way: other
+load on the machine skews wall-clock rates, hardly CPU time. One JSON line is
 printed with the figures, the ratios to the single process (targets: exact >= 0.5,
 local >= 0.9) and the machine's core count and load average: with more ranks than cores,
 ranks share cores, and the per-rank figure cannot exceed about ``cores / K`` of the
@@ -117,6 +119,9 @@ def priorities(seed: int) -> list[np.ndarray]:
     return [rng.uniform(1e-3, 2.0, BATCH).astype(np.float32) for _ in range(64)]
 
 
+CPU_MS_PER_STEP: list[float] = []  # this process's CPU ms per step of each time_blocks call
+
+
 def time_blocks(step: Callable[[int], None], args: argparse.Namespace,
                 sync: Callable[[], None] = lambda: None, multiple: int = 1) -> list[float]:
     """Steps/s of each timing block after the warm-up (``sync`` aligns ranks per block).
@@ -126,14 +131,16 @@ def time_blocks(step: Callable[[int], None], args: argparse.Namespace,
     warmup, steps = _round_up(args.warmup, multiple), _round_up(args.steps, multiple)
     for i in range(warmup):
         step(i)
-    rates, k = [], warmup
+    rates, cpu, k = [], [], warmup
     for _ in range(args.blocks):
         sync()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             step(k)
             k += 1
         rates.append(steps / (time.perf_counter() - start))
+        cpu.append(1e3 * (time.process_time() - start_cpu) / steps)
+    CPU_MS_PER_STEP.append(statistics.median(cpu))
     return rates
 
 
@@ -196,6 +203,7 @@ def _single(args: argparse.Namespace) -> dict[str, Any]:
     for i in range(args.profile_steps):
         step(i)
     return {"steps_per_s": round(statistics.median(rates), 1),
+            "cpu_ms_per_step": round(CPU_MS_PER_STEP[-1], 4),
             "steps_per_s_range": [round(min(rates), 1), round(max(rates), 1)],
             "phases_ms_per_step": timer.per_step_ms(args.profile_steps, time.perf_counter() - start)}
 
@@ -231,6 +239,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[st
                 rates = time_blocks(step, args, sync=dist.barrier, multiple=depth)
                 out[f"{name}_p{depth}"] = {
                     "steps_per_s": statistics.median(rates), "range": [min(rates), max(rates)],
+                    "cpu_ms_per_step": CPU_MS_PER_STEP[-1],
                     "phases_ms_per_step": _profile(buf, step, args, dist.barrier, depth)}
                 # Use up the prefetched batches and route queued updates: the next
                 # configuration starts from a settled shard.
@@ -329,8 +338,11 @@ def summarize(singles: list[dict[str, Any]], worlds: dict[int, list[dict[str, An
     runs before and after the sharded ones, so that a load drifting during the run
     weighs on both sides alike)."""
     base = statistics.mean(s["steps_per_s"] for s in singles)
-    report: dict[str, Any] = {"single": {"steps_per_s": round(base, 1), "runs": singles}}
+    base_cpu = statistics.mean(s["cpu_ms_per_step"] for s in singles)
+    report: dict[str, Any] = {"single": {"steps_per_s": round(base, 1),
+                                         "cpu_ms_per_step": round(base_cpu, 4), "runs": singles}}
     ratios: dict[str, float] = {}
+    cpu_ratios: dict[str, float] = {}  # single's CPU per step over a rank's: robust to other load
     for k, ranks in worlds.items():
         entry: dict[str, Any] = {"global_len": ranks[0]["global_len"],
                                  "collective_floor_ms": ranks[0]["collective_floor_ms"]}
@@ -339,13 +351,16 @@ def summarize(singles: list[dict[str, Any]], worlds: dict[int, list[dict[str, An
             rate = statistics.mean(per_rank)
             phases = {name: round(statistics.mean(r[case]["phases_ms_per_step"][name] for r in ranks), 3)
                       for name in ranks[0][case]["phases_ms_per_step"]}
-            entry[case] = {"steps_per_s_per_rank": round(rate, 1),
+            cpu_ms = statistics.mean(r[case]["cpu_ms_per_step"] for r in ranks)
+            entry[case] = {"steps_per_s_per_rank": round(rate, 1), "cpu_ms_per_step": round(cpu_ms, 4),
                            "slowest_rank_steps_per_s": round(min(per_rank), 1),
                            "phases_ms_per_step_mean_over_ranks": phases}
             ratios[f"{case}_{k}ranks_per_rank_vs_single"] = round(rate / base, 3)
             ratios[f"{case}_{k}ranks_aggregate_vs_single"] = round(k * rate / base, 3)
+            cpu_ratios[f"{case}_{k}ranks"] = round(base_cpu / cpu_ms, 3)
         report[f"ranks{k}"] = entry
     report["ratios"] = ratios
+    report["cpu_ratios_per_rank"] = cpu_ratios
     report["meets_targets_per_rank"] = {
         name: value >= TARGETS[name.split("_")[0].replace("gloo", "")]
         for name, value in ratios.items() if "per_rank" in name}
