@@ -205,6 +205,10 @@ class ReplayBuffer:
         if isinstance(self._sampler, PrioritizedSampler):
             self._sampler.draws += 1
 
+    def current_beta(self) -> float:
+        """The importance-weight exponent of the next ``sample`` call (0 when unweighted)."""
+        return self._sampler.current_beta()
+
     def sampling_stats(self) -> tuple[float, int, float, float]:
         """``(mass, samplable windows, smallest positive leaf, beta now)`` of this shard."""
         s = self._sampler

@@ -46,9 +46,14 @@ def split_batches(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch
     """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies), weighted for
     ``beta`` in one vectorised pass."""
     w = drawn_weights(prob, total, low, beta, factor)
-    # One split per array (a C++ call each) instead of a Python slice per batch and array.
-    columns = {name: v.split(n) for name, v in data.items()}
-    rest = zip(mask.split(n), keys.split(n), prob.split(n), w.split(n), strict=True)
+    k = keys.shape[0] // n
+
+    def batches(v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # One C++ call per array (views), not a Python slice per batch and array.
+        return v.view(k, n, *v.shape[1:]).unbind(0)
+
+    columns = {name: batches(v) for name, v in data.items()}
+    rest = zip(batches(mask), batches(keys), batches(prob), batches(w), strict=True)
     return [Drawn({name: parts[j] for name, parts in columns.items()}, m, key, p, weight, beta,
                   total, low, factor)
             for j, (m, key, p, weight) in enumerate(rest)]

@@ -101,7 +101,7 @@ class ExactExchange:
         parts = self._layout.unpack(torch.from_numpy(out))
         data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
         return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
-                             1.0, self.local.sampling_stats()[3])
+                             1.0, self.local.current_beta())
 
     def _shared_records(self, hosts: np.ndarray, nonces: np.ndarray,
                         sent: np.ndarray) -> SharedRecords | None:

@@ -260,12 +260,12 @@ class ShardedReplayBuffer:
         tensors = {name: torch.from_numpy(v) for name, v in data.items()}
         return split_batches(tensors, torch.from_numpy(mask), torch.from_numpy(with_shard(keys, self.rank)),
                              torch.from_numpy(prob), n, total, low, self.world_size * mass_k / total,
-                             self.local.sampling_stats()[3])
+                             self.local.current_beta())
 
     def _serve(self, d: Drawn) -> Batch:
         """A prefetched draw as a Batch, weighted with beta at this call (the schedule
         advances once per sample() call, prefetched or not)."""
-        beta = self.local.sampling_stats()[3]
+        beta = self.local.current_beta()
         self.local.advance_schedule()
         weights = d.weights if beta == d.beta else drawn_weights(d.prob, d.total, d.low, beta, d.factor)
         batch = Batch(data=d.data, mask=d.mask, keys=d.keys, weights=weights, probabilities=d.prob)
