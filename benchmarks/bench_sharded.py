@@ -24,7 +24,7 @@ single process even with free communication; ``aggregate`` ratios add all ranks'
 
 Usage::
 
-    python benchmarks/bench_sharded.py                 # full run, about two minutes on 2 cores
+    python benchmarks/bench_sharded.py                 # full run, about three minutes on 2 cores
     python benchmarks/bench_sharded.py --quick         # smoke run
 """
 
@@ -61,8 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="2,4", help="comma-separated world sizes (default 2,4)")
-    p.add_argument("--prefetch", default="1,16",
-                   help="comma-separated prefetch depths of the sharded buffer (default 1,16)")
+    p.add_argument("--prefetch", default="1,32,128,256",
+                   help="comma-separated prefetch depths of the sharded buffer (default 1,32,128,256)")
     p.add_argument("--capacity", type=int, help="steps per rank (multiple of 32*250; default 200,000)")
     p.add_argument("--blocks", type=int, help="timing blocks per figure, median reported (default 5)")
     p.add_argument("--steps", type=int, help="learner steps per timing block (default 100)")
