@@ -12,6 +12,7 @@ from transport_helpers import (
     assert_same_chunk,
     fill_ring_forever,
     hold_ring_lock_forever,
+    join_or_kill,
     make_chunk,
     receive_all,
     send_chunks,
@@ -48,11 +49,7 @@ def test_two_spawned_actors_into_one_reader_in_order_per_actor() -> None:
         reader = transport.reader()
         got = receive_all(reader, 400)
     finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        join_or_kill(procs)
     assert [p.exitcode for p in procs] == [0, 0]
     assert len(got) == 400
     for actor in (3, 4):
@@ -259,11 +256,7 @@ def test_ring_reader_with_and_without_the_lock_gets_every_record_whole(
                 assert data == ring_record(w, q)
                 got[w].append(q)
     finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        join_or_kill(procs)
     assert [p.exitcode for p in procs] == [0, 0, 0]
     assert got == {w: list(range(count)) for w in range(3)}
     assert ring.take(1, time.monotonic()) == []

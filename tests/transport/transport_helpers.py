@@ -104,3 +104,12 @@ def put_ring_records(ring, writer: int, count: int) -> None:
     for seq in range(count):
         if not ring.put(ring_record(writer, seq), time.monotonic() + 30):
             raise TimeoutError(f"writer {writer}: no room for 30 s")
+
+
+def join_or_kill(procs, timeout_s: float = 30.0) -> None:
+    """Join every process, killing those still alive after ``timeout_s`` (no orphans)."""
+    for p in procs:
+        p.join(timeout=timeout_s)
+        if p.is_alive():
+            p.kill()
+            p.join()
