@@ -50,13 +50,10 @@ class RecordLayout:
             self.parts.append((name, dtype, shape, offset, nbytes))
             offset += -(-nbytes // _ALIGN) * _ALIGN
         self.record_bytes = max(offset, _ALIGN)
-
-    @property
-    def data_offsets(self) -> dict[str, int]:
-        """Byte offset in a record of each window array the storage fills (``data.`` parts,
-        by storage name: the user's fields, ``step_type``, ``discount``, ``episode_id``)."""
-        return {name[len("data."):]: offset for name, _d, _s, offset, _n in self.parts
-                if name.startswith("data.")}
+        # Byte offset in a record of each window array the storage fills (``data.`` parts,
+        # by storage name: the user's fields, ``step_type``, ``discount``, ``episode_id``).
+        self.data_offsets = {name[len("data."):]: offset for name, _d, _s, offset, _n in self.parts
+                             if name.startswith("data.")}
 
     def views(self, records: np.ndarray) -> dict[str, np.ndarray]:
         """Numpy views ``{part name: [n, *shape]}`` of records ``[n, record_bytes]`` (uint8,

@@ -109,8 +109,7 @@ class ShardedReplayBuffer:
         self._ready: deque[Drawn] = deque()
         self._ready_for: tuple[int, str] | None = None
         self._pending = PendingUpdates(self.world_size)
-        # Same-host exchange: decided at the first exact exchange, when every rank's host
-        # key is known (None: not decided yet; False: all_to_all).
+        # Exact-mode refills; shared memory is only offered on CPU (gloo) groups.
         self._exact = ExactExchange(local_buffer, self._comm, self._layout,
                                     shared_memory and self._comm.device.type == "cpu")
 
