@@ -54,6 +54,22 @@ def test_stop_saves_once_and_stops(tmp_path: Path) -> None:
     assert saved == [2]
 
 
+def test_a_stop_landing_after_the_decision_is_saved_before_stopping(tmp_path: Path) -> None:
+    """SIGTERM between should_save's check and maybe_save's answer (seen once in CI on
+    three gloo ranks): the loop must not be told to stop before the part is saved."""
+    trigger = CheckpointTrigger(tmp_path, interval_steps=100)
+    saved: list[int] = []
+    agree = trigger._agree_request
+
+    def signal_during_agreement(step: int) -> bool:
+        trigger.request_stop()  # what the handler does if the signal lands here
+        return agree(step)
+
+    trigger._agree_request = signal_during_agreement  # type: ignore[method-assign]
+    assert not trigger.maybe_save(1, saved.append) and saved == []
+    assert trigger.maybe_save(2, saved.append) and saved == [2] and trigger.reason == "stop"
+
+
 def test_real_signals(tmp_path: Path) -> None:
     trigger = CheckpointTrigger(tmp_path)
     before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}

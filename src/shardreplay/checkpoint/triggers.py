@@ -177,12 +177,14 @@ class CheckpointTrigger:
         """:meth:`should_save`, then ``save(step)`` when it says so.
 
         Returns:
-            True when the loop must stop (a stop was requested and this rank saved).
+            True when the loop must stop: a stop was requested and this rank's part is
+            saved. A stop signal that lands after this call's decision is acted on at the
+            next call, never answered with True before the part is written.
         """
         if self.should_save(step):
             log.info("step %d: saving checkpoint (%s)", step, self.reason)
             save(step)
-        return self.stop_requested
+        return self._stop_saved
 
     # -- signals ---------------------------------------------------------------------------------
     def install_signal_handlers(self, request_signals: tuple[int, ...] = REQUEST_SIGNALS,
