@@ -17,8 +17,8 @@ Bare media move the same encoded bytes with nothing of ours in the path:
 
 Every case runs ``--reps`` times in the same run; medians are reported. ``ratio`` is the
 wall-clock rate of the transport over that of the best bare medium (target >= 0.7);
-``cpu_ratio`` compares CPU microseconds per chunk (reader + actor) the same way, which
-other load on the machine does not skew (wall-clock rates on a busy 2-core machine
+``cpu_ratio`` compares CPU microseconds per chunk (reader + actors, + redis-server for
+redis) the same way, which other load on the machine does not skew (wall-clock rates on a busy 2-core machine
 favour the lighter, mostly sleeping bare processes). One JSON line on stdout.
 
 Usage::
@@ -187,6 +187,7 @@ def timed(target: Any, args_for: Any, reader: Any, total_chunks: int) -> dict[st
         ``steps_per_s`` (wall clock, start signal to last chunk) and the CPU microseconds
         per chunk spent by the reader and by the sending actor (``reader_cpu_us``,
         ``actor_cpu_us``): the CPU figures do not depend on other load on the machine.
+        With a redis-server running (:data:`SERVER_PID`), also ``server_cpu_us``.
     """
     ctx = mp.get_context("spawn")
     ready, go, cpu_out = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
@@ -197,10 +198,12 @@ def timed(target: Any, args_for: Any, reader: Any, total_chunks: int) -> dict[st
         for _ in procs:
             if not ready.acquire(timeout=120):
                 raise RuntimeError("an actor did not start")
+        server0 = _server_cpu()
         t0, cpu0 = time.perf_counter(), time.process_time()
         go.set()
         reader()
         dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        server = _server_cpu() - server0
         actor_cpu = sum(cpu_out.get(timeout=120) for _ in procs)
     finally:
         for p in procs:
@@ -210,8 +213,23 @@ def timed(target: Any, args_for: Any, reader: Any, total_chunks: int) -> dict[st
                 p.join()
     if any(p.exitcode != 0 for p in procs):
         raise RuntimeError(f"actor exit codes {[p.exitcode for p in procs]}")
-    return {"steps_per_s": total_chunks * S * T / dt, "reader_cpu_us": cpu / total_chunks * 1e6,
-            "actor_cpu_us": actor_cpu / total_chunks * 1e6}
+    out = {"steps_per_s": total_chunks * S * T / dt, "reader_cpu_us": cpu / total_chunks * 1e6,
+           "actor_cpu_us": actor_cpu / total_chunks * 1e6}
+    if SERVER_PID:
+        out["server_cpu_us"] = server / total_chunks * 1e6
+    return out
+
+
+SERVER_PID = 0  # the benchmark's redis-server while one runs: its CPU time is reported too
+
+
+def _server_cpu() -> float:
+    """CPU seconds the redis-server used so far (0 without one; Linux /proc)."""
+    if not SERVER_PID:
+        return 0.0
+    with open(f"/proc/{SERVER_PID}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 # -- cases --------------------------------------------------------------------------------
@@ -227,6 +245,8 @@ class RedisServer:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        global SERVER_PID
+        SERVER_PID = self.proc.pid
         import redis
 
         client = redis.Redis.from_url(self.url)
@@ -244,6 +264,8 @@ class RedisServer:
         redis.Redis.from_url(self.url).flushall()
 
     def stop(self) -> None:
+        global SERVER_PID
+        SERVER_PID = 0
         self.proc.terminate()
         self.proc.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -274,11 +296,11 @@ def fresh_dir(root: str, name: str) -> Path:
 
 
 def run_rep(kind: str, n: int, ingest: bool, scratch: str,
-            server: RedisServer | None) -> dict[str, dict[str, float]]:
+            server: RedisServer | None, ring_bytes: int = 64 << 20) -> dict[str, dict[str, float]]:
     """One repetition of every case of one transport: the figures of :func:`timed` per case."""
     out: dict[str, dict[str, float]] = {}
     if kind == "local":
-        capacity = 64 << 20
+        capacity = ring_bytes
         blob = len(encode(make_chunks(0)[0], SPEC))
         out["bare_mp_queue"] = bare("queue", mp.get_context("spawn").Queue(capacity // blob), n)
         out["bare_shm_ring"] = bare("ring", ShmRing(capacity, mp.get_context("spawn")), n)
@@ -300,28 +322,32 @@ def run_rep(kind: str, n: int, ingest: bool, scratch: str,
     return out
 
 
+def _cpu_us(case: dict[str, float]) -> float:
+    """CPU microseconds per chunk of every process of a case (reader, actors, server)."""
+    return sum(v for k, v in case.items() if k.endswith("_cpu_us"))
+
+
 def summarize(reps: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
     """Medians over repetitions, and each figure of ours as a ratio to the best bare medium.
 
-    ``ratio`` compares wall-clock rates; ``cpu_ratio`` compares CPU per chunk (reader plus
-    actor, bare / ours: 1.0 means our layer costs nothing), a figure that other load on
+    ``ratio`` compares wall-clock rates; ``cpu_ratio`` compares CPU per chunk (reader,
+    actors and redis-server, bare / ours: 1.0 means our layer costs nothing), a figure that other load on
     the machine does not move. ``meets_target`` judges ``ratio_ingest`` (chunks written
     into a buffer) when that case ran, else ``ratio``.
     """
     med = {case: {k: statistics.median(r[case][k] for r in reps) for k in reps[0][case]} for case in reps[0]}
     bare_cases = [c for c in med if c.startswith("bare_")]
     best = max(bare_cases, key=lambda c: med[c]["steps_per_s"])
-    cheapest = min(med[c]["reader_cpu_us"] + med[c]["actor_cpu_us"] for c in bare_cases)
+    cheapest = min(_cpu_us(med[c]) for c in bare_cases)
     result: dict[str, Any] = {
         "steps_per_s": {c: round(m["steps_per_s"]) for c, m in med.items()},
-        "cpu_us_per_chunk": {c: {"reader": round(m["reader_cpu_us"], 1), "actor": round(m["actor_cpu_us"], 1)}
-                             for c, m in med.items()},
+        "cpu_us_per_chunk": {c: {k.removesuffix("_cpu_us"): round(v, 1) for k, v in m.items()
+                                 if k.endswith("_cpu_us")} for c, m in med.items()},
     }
     for case, suffix in (("transport", ""), ("transport_ingest", "_ingest")):
         if case in med:
             result["ratio" + suffix] = round(med[case]["steps_per_s"] / med[best]["steps_per_s"], 3)
-            ours_cpu = med[case]["reader_cpu_us"] + med[case]["actor_cpu_us"]
-            result["cpu_ratio" + suffix] = round(cheapest / ours_cpu, 3)
+            result["cpu_ratio" + suffix] = round(cheapest / _cpu_us(med[case]), 3)
     # The issue's figure is steps/s ingested into the buffer: ratio_ingest when measured.
     result["meets_target"] = result.get("ratio_ingest", result["ratio"]) >= TARGET
     return result
@@ -334,6 +360,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="repetitions, median reported (default 3, quick 1)")
     p.add_argument("--no-ingest", action="store_true", help="skip the ReplayBuffer ingest figure")
     p.add_argument("--scratch", default=None, help="directory for spool files (default: a temp dir)")
+    p.add_argument("--ring-mb", type=int, default=64, help="local ring size, ours and bare (default 64)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=Path, help="also write the JSON line to this file")
     args = p.parse_args(argv)
@@ -359,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 server = RedisServer()
         for kind in args.transports:
-            reps = [run_rep(kind, args.chunks, not args.no_ingest, scratch, server) for _ in range(args.reps)]
+            reps = [run_rep(kind, args.chunks, not args.no_ingest, scratch, server, args.ring_mb << 20)
+                    for _ in range(args.reps)]
             results[kind] = summarize(reps)
     finally:
         if server is not None:

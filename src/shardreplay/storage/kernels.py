@@ -22,6 +22,7 @@ from typing import Any
 import numba
 import numpy as np
 from llvmlite import ir
+from numba import literal_unroll
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -192,6 +193,21 @@ def scatter_bytes(dst, slots, src):  # pragma: no cover - compiled
     src_at, src_stride = src.ctypes.data, src.strides[0]
     for i in range(n):
         copy_bytes(dst_at + slots[i] * dst_stride, src_at + i * src_stride, k)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def scatter_fields(plan, values, slots):  # pragma: no cover - compiled
+    """Every field of a write in one call: for field ``f`` (the ``f``-th array of the
+    tuple ``values``, C-contiguous, ``len(slots)`` steps of ``plan[2, f]`` bytes each),
+    copy step ``i`` to address ``plan[0, f] + slots[i] * plan[1, f]``. One call per
+    chunk instead of one per field saves ~3.5 us of a ~16 us ``extend`` of 256 steps."""
+    n = slots.shape[0]
+    f = 0
+    for value in literal_unroll(values):
+        src, base, stride, k = value.ctypes.data, plan[0, f], plan[1, f], plan[2, f]
+        for i in range(n):
+            copy_small_or_bytes(base + slots[i] * stride, src + i * k, k)
+        f += 1  # noqa: SIM113 - numba cannot enumerate a literal_unroll
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)

@@ -31,8 +31,25 @@ STEP_ARRAYS = {
 SMALL_FIELD_BYTES = 32
 
 
+_NUMBA_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _numba_takes(dtype: np.dtype) -> bool:
+    """Whether compiled kernels accept arrays of ``dtype`` (not float16, long double or
+    non-native byte orders)."""
+    return dtype.isnative and (dtype.kind in "biu" or dtype in _NUMBA_FLOATS)
+
+
 def _nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
     return int(np.dtype(dtype).itemsize * np.prod(shape, dtype=np.int64))
+
+
+def _c_order(value: np.ndarray) -> np.ndarray:
+    return value if value.flags.c_contiguous else np.ascontiguousarray(value)
+
+
+def _c_bytes(value: np.ndarray) -> np.ndarray:
+    return _c_order(value).reshape(-1).view(np.uint8)
 
 
 class StreamStorage:
@@ -80,9 +97,15 @@ class StreamStorage:
         self._out_flags = np.empty((2, num_streams * window), np.bool_)
         # Every field (discount last) as [S*C, bytes per step] uint8, for the compiled
         # scatter of chunks; fields with no bytes per step are left out.
-        self._byte_rows = tuple((name, rows) for name, rows in
-                                ((name, self._as_byte_rows(name)) for name, _g, _n in self._grids)
-                                if rows.shape[1])
+        byte_rows = [(name, self._as_byte_rows(name)) for name, _g, _n in self._grids]
+        byte_rows = [(name, rows) for name, rows in byte_rows if rows.shape[1]]
+        # Fields whose dtype numba cannot take (float16) travel as their bytes.
+        self._scatter_fields = tuple((name, not _numba_takes(self._grids_dtype(name)))
+                                     for name, _rows in byte_rows)
+        # [address, row stride, bytes per step] of each, for kernels.scatter_fields: the
+        # arrays behind the addresses live as long as this storage.
+        self._scatter_plan = np.array([(rows.ctypes.data, rows.strides[0], rows.shape[1])
+                                       for _name, rows in byte_rows], np.int64).reshape(-1, 3).T.copy()
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
         self._gather_plans: dict[tuple, tuple[np.ndarray, int]] = {}  # see _gather_plan
 
@@ -90,6 +113,9 @@ class StreamStorage:
         """A ``[S*C, k]`` uint8 view of field ``name`` (a record field is a strided view)."""
         raw, offset, nbytes = self._byte_source(name)
         return raw[:, offset:offset + nbytes]
+
+    def _grids_dtype(self, name: str) -> np.dtype:
+        return self.discount.dtype if name == "discount" else self.fields[name].dtype
 
     def _refresh_alignment(self) -> None:
         self._aligned = bool(kernels.all_equal(self.pos))
@@ -147,12 +173,10 @@ class StreamStorage:
                                                                                       + grid.shape[2:])
         else:
             flat = out_slots[0, :n_rows * t_len]
-            n = flat.shape[0]
-            for name, rows_of_bytes in self._byte_rows if n else ():
-                value = steps[name]
-                if not value.flags.c_contiguous:
-                    value = np.ascontiguousarray(value)
-                kernels.scatter_bytes(rows_of_bytes, flat, value.reshape(n, -1).view(np.uint8))
+            if flat.shape[0]:
+                values = tuple(_c_bytes(steps[name]) if as_bytes else _c_order(steps[name])
+                               for name, as_bytes in self._scatter_fields)
+                kernels.scatter_fields(self._scatter_plan, values, flat)
             self._refresh_alignment()
         self.num_valid += delta
         # Views of scratch arrays: valid until the next write (the sampler uses them at once).
