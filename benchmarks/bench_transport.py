@@ -4,7 +4,8 @@ Workload: chunks of ``T=32`` steps x ``S=8`` streams, ``obs`` float32[64], ``act
 ``reward`` float32, step types and discounts (about 70 KB encoded). Two spawned actor
 processes send ``--chunks`` chunks each; the reader (this process) receives, decodes,
 validates and acknowledges them, and with ``ingest`` also writes each chunk into a
-``ReplayBuffer`` (``extend``, rows = actor x stream). The rate is steps per second from the
+``ReplayBuffer`` (``extend``, rows = actor x stream), receiving with ``borrow=True`` as
+the learner's ``Ingestor`` does (the local ring then decodes in place). The rate is steps per second from the
 start signal to the last chunk received.
 
 Bare media move the same encoded bytes with nothing of ours in the path:
@@ -143,7 +144,8 @@ def make_buffer() -> Any:
 def read_transport(reader: Any, total: int, buffer: Any) -> None:
     got = 0
     while got < total:
-        chunks = reader.receive(64, timeout_s=1.0)
+        # Writing at once, ingest borrows the chunks as the learner's Ingestor does.
+        chunks = reader.receive(64, timeout_s=1.0, borrow=buffer is not None)
         if buffer is not None:
             for c in chunks:
                 buffer.extend(c.steps, stream_ids=c.stream_ids + S * c.actor_id)

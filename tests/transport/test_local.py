@@ -209,6 +209,48 @@ def test_ring_lengths_split_by_the_ring_end_are_read_whole() -> None:
     assert split >= 3  # the case under test happened
 
 
+def test_borrowed_records_keep_their_room_until_given_back() -> None:
+    from shardreplay.transport.shm_ring import ShmRing
+
+    ring = ShmRing(1000, mp.get_context("spawn"))
+    records = [bytes([i]) * 192 for i in range(8)]  # 200 bytes a record: 5 fill the ring
+    for r in records[:5]:
+        assert ring.put(r, None)
+    lent = ring.take(2, time.monotonic(), borrow=True)
+    assert [bytes(v) for v in lent] == records[:2] and all(v.readonly for v in lent)
+    assert not ring.put(records[5], time.monotonic() + 0.05)  # lent room is not reused
+    ring.give_back()
+    ring.give_back()  # nothing lent: nothing happens
+    assert ring.put(records[5], None) and ring.put(records[6], None)  # the second wraps
+    lent = ring.take(2, time.monotonic(), borrow=True)
+    assert [bytes(v) for v in lent] == records[2:4]
+    # The next take gives the last loan back first; records crossing the end are copied.
+    assert [bytes(v) for v in ring.take(8, time.monotonic(), borrow=True)] == [records[4], *records[5:7]]
+    ring.give_back()
+    assert ring._meta[0] == ring._meta[1]  # head == tail: everything read and given back
+
+
+def test_borrowed_chunks_equal_copied_ones_and_close_gives_their_room_back() -> None:
+    size = len(encode(make_chunk(), SPEC)) + 8
+    transport = LocalTransport(SPEC, capacity_bytes=int(3.5 * size))
+    writer, reader = transport.writer(), transport.reader()
+    for q in range(12):  # the ring wraps: some borrowed chunks are copies, most are not
+        writer.send(make_chunk(2, q, priorities=q % 3 == 0), timeout_s=1)
+        [got] = reader.receive(4, timeout_s=1, borrow=True)
+        assert_same_chunk(got, make_chunk(2, q, priorities=q % 3 == 0))
+        assert not got.steps["obs"].flags.writeable
+    for q in range(12, 14):  # beside the last loan, q = 11
+        writer.send(make_chunk(2, q), timeout_s=1)
+    assert [c.sequence for c in reader.receive(2, timeout_s=1, borrow=True)] == [12, 13]
+    writer.send(make_chunk(2, 14), timeout_s=1)  # the loan of 11 was given back
+    with pytest.raises(TransportTimeout):  # 12 and 13 lent, 14 waiting: no room for 15
+        writer.send(make_chunk(2, 15), timeout_s=0.05)
+    reader.close()  # gives the two borrowed chunks' room back
+    for q in range(15, 17):
+        writer.send(make_chunk(2, q), timeout_s=0.1)
+    assert [c.sequence for c in transport.reader().receive(8, timeout_s=1)] == [14, 15, 16]
+
+
 def test_a_chunk_rejected_while_encoded_in_place_leaves_nothing_in_the_ring() -> None:
     # Exact-dtype steps have their values checked in the ring's memory, after the copy:
     # a bad value raises before the record is published, so the ring stays as it was.
@@ -228,12 +270,14 @@ def test_a_chunk_rejected_while_encoded_in_place_leaves_nothing_in_the_ring() ->
     assert reader.receive(8, timeout_s=0.05) == [] and reader.stats.total_rejected == 0
 
 
-@pytest.mark.parametrize("ordered_stores", [True, False])
+@pytest.mark.parametrize(("ordered_stores", "borrow"), [(True, False), (False, False), (True, True)])
 def test_ring_reader_with_and_without_the_lock_gets_every_record_whole(
-        monkeypatch: pytest.MonkeyPatch, ordered_stores: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, ordered_stores: bool, borrow: bool) -> None:
     # Three writer processes into a small ring (it wraps and fills all the time), read
-    # with the lock-free path (x86-64) and with the locked one: every record arrives
-    # once, whole, in order per writer.
+    # with the lock-free path (x86-64) and with the locked one, copied out or borrowed
+    # in place: every record arrives once, whole, in order per writer. Borrowed records
+    # are checked again after a pause in which the writers wait for room: they must
+    # not have been overwritten while lent.
     from transport_helpers import put_ring_records, ring_record
 
     from shardreplay.transport import shm_ring
@@ -250,7 +294,11 @@ def test_ring_reader_with_and_without_the_lock_gets_every_record_whole(
     try:
         deadline = time.monotonic() + 60
         while sum(map(len, got.values())) < 3 * count and time.monotonic() < deadline:
-            for view in ring.take(int(np.random.default_rng().integers(1, 9)), time.monotonic() + 0.5):
+            views = ring.take(int(np.random.default_rng().integers(1, 9)), time.monotonic() + 0.5,
+                              borrow=borrow)
+            if borrow:
+                time.sleep(0.002)
+            for view in views:
                 data = bytes(view)
                 w, q = int.from_bytes(data[:2], "little"), int.from_bytes(data[2:6], "little")
                 assert data == ring_record(w, q)

@@ -107,7 +107,9 @@ class Ingestor:
         Raises:
             TransportError: the medium failed for good (see ``ChunkReader.receive``).
         """
-        chunks = self.reader.receive(max_chunks, timeout_s=timeout_s)
+        # Borrowed: written into the buffer below, before the next receive (the local
+        # ring then decodes in place); held chunks are only acknowledged later.
+        chunks = self.reader.receive(max_chunks, timeout_s=timeout_s, borrow=True)
         written = 0
         for chunk in chunks:
             written += self._write(chunk, policy_version)

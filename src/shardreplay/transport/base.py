@@ -99,8 +99,12 @@ class ChunkReader(Protocol):
         """Counters of what this reader received, rejected and dropped."""
         ...
 
-    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0) -> list[Chunk]:
+    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
         """Up to ``max_chunks`` valid chunks; waits up to ``timeout_s`` for the first.
+
+        ``borrow=True`` allows arrays that point into the medium's own memory, valid only
+        until the next ``receive`` or ``close``: for a caller that writes them into a
+        buffer at once (the local ring then saves a copy; other media ignore it).
 
         Raises:
             TransportTimeout / TransportError: only for a medium that failed for good

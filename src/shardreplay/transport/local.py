@@ -6,8 +6,10 @@ memory), checks its chunk's structure, then encodes it straight into the ring's 
 (one copy of the data; :meth:`ShmRing.put_with`) where the values of steps of the spec's
 exact dtypes are checked in one compiled pass before the record is published (a bad
 one raises and leaves nothing); the reader copies a batch of records out and decodes
-them outside the ring's lock. No pickle: only raw bytes travel. A process killed at any
-point (even holding the ring's lock) does not wedge the others.
+them outside the ring's lock, or, with ``receive(borrow=True)`` (the learner's ingest),
+decodes them in place and gives their room back at its next ``receive``. No pickle:
+only raw bytes travel. A process killed at any point (even holding the ring's lock)
+does not wedge the others.
 
 The ring and its lock are created with the ``spawn`` context, so a :class:`LocalTransport`
 can be handed to children started with ``spawn`` (or ``fork``) as a ``Process`` argument.
@@ -116,12 +118,18 @@ class LocalReader:
         """Counters of received, duplicate and rejected chunks."""
         return self._intake.stats
 
-    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0) -> list[Chunk]:
-        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first."""
+    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
+        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first.
+
+        ``borrow=True`` decodes the chunks where they lie in the ring (one copy of every
+        chunk less: ~5 us of ~37 per 70 KB chunk ingested): their arrays are valid only
+        until the next ``receive`` or ``close`` of this reader, and the ring keeps their
+        room until then.
+        """
         check_max_chunks(max_chunks)
         deadline = time.monotonic() + max(timeout_s, 0.0)
         while True:  # rejected or duplicate records do not end the wait
-            records = self._ring.take(max_chunks, deadline, _BATCH_BYTES)
+            records = self._ring.take(max_chunks, deadline, _BATCH_BYTES, borrow=borrow)
             chunks = [c for c in (self._intake.admit(r, "local ring") for r in records)
                       if isinstance(c, Chunk)]
             if chunks or not records or time.monotonic() >= deadline:
@@ -132,4 +140,5 @@ class LocalReader:
         self._intake.stats.acked += sum(1 for _ in chunks)
 
     def close(self) -> None:
-        """Nothing to release; present for the interface."""
+        """Give back borrowed chunks' room (see :meth:`receive`)."""
+        self._ring.give_back()

@@ -295,8 +295,9 @@ class RedisReader:
         """Counters of received, duplicate and rejected chunks."""
         return self._intake.stats
 
-    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0) -> list[Chunk]:
-        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first.
+    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
+        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first
+        (``borrow`` changes nothing here: every entry arrives in its own bytes).
 
         Raises:
             TransportTimeout: the server has been unreachable for ``reconnect_timeout_s``.

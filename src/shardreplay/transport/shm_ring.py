@@ -91,10 +91,12 @@ class ShmRing:
         self._repairing = ctx.Lock()
         self._items = ctx.Semaphore(0)
         self._view: np.ndarray | None = None
+        self._lent: int | None = None  # end of the records lent by take(borrow=True)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_view"] = None  # numpy views are rebuilt in the receiving process
+        state["_lent"] = None  # a loan is the lending process's own
         return state
 
     @property
@@ -172,29 +174,61 @@ class ShmRing:
             time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, 0.005)
 
-    def take(self, max_records: int, deadline: float, max_bytes: int | None = None) -> list[memoryview]:
+    def take(self, max_records: int, deadline: float, max_bytes: int | None = None, *,
+             borrow: bool = False) -> list[memoryview]:
         """Pop up to ``max_records`` records, waiting until ``deadline`` for the first;
         with ``max_bytes``, no more records once those taken reach that many bytes (one at least).
 
+        Args:
+            borrow: lend the records in place instead of copying them out: they stay in
+                the ring, and writers cannot reuse their bytes, until :meth:`give_back`
+                or the next ``take`` by this process (which gives back first). This
+                process keeps the read lock meanwhile, so other readers wait.
+
         Returns:
-            Read-only views of the records, all into one fresh ``bytes`` object (one copy
-            for the whole batch): keep any of them and that copy stays alive.
+            Read-only views of the records: into one fresh ``bytes`` object (one copy for
+            the whole batch; keep any of them and that copy stays alive), or, borrowed,
+            into the ring (a record that wraps around the ring's end is copied).
         """
+        self.give_back()
         while True:
             self._acquire(self._read_lock, _READER)
+            lent = False
             try:
                 while self._items.acquire(False):  # drop stale hints before looking
                     pass
-                out = self._take_turn(max_records, max_bytes)
+                out = self._take_turn(max_records, max_bytes, borrow)
+                lent = self._lent is not None
             finally:
-                self._release(self._read_lock, _READER)
+                if not lent:
+                    self._release(self._read_lock, _READER)
             left = deadline - time.monotonic()
             if out or left <= 0:
                 return out
             self._items.acquire(timeout=min(left, 0.1))
 
-    def _take_turn(self, max_records: int, max_bytes: int | None) -> list[memoryview]:
-        """Copy records out between ``tail`` and ``head`` (read lock held), then move ``tail``."""
+    def give_back(self) -> None:
+        """End the loan of the last ``take(borrow=True)``: writers may now reuse those
+        records' bytes (views of them then show whatever is written next)."""
+        if self._lent is None:
+            return
+        self._move_tail(self._lent)
+        self._lent = None
+        self._release(self._read_lock, _READER)
+
+    def _move_tail(self, pos: int) -> None:
+        if _ORDERED_STORES:
+            self._meta[_TAIL] = pos  # after the copy: loads are not reordered with later stores
+        else:
+            self._acquire()
+            try:
+                self._meta[_TAIL] = pos
+            finally:
+                self._release()
+
+    def _take_turn(self, max_records: int, max_bytes: int | None, borrow: bool) -> list[memoryview]:
+        """Copy records out between ``tail`` and ``head`` (read lock held), then move
+        ``tail``; or, with ``borrow``, lend them in place and note where ``tail`` goes."""
         if _ORDERED_STORES:
             head, tail = self._meta[_HEAD], self._meta[_TAIL]  # no ring lock: see _ORDERED_STORES
             if head == tail:  # empty: look again under the lock before the caller sleeps
@@ -222,15 +256,13 @@ class ShmRing:
             pos += _LEN.size + n
         if not spans:
             return []
+        if borrow:
+            self._lent = pos
+            ring = memoryview(self._buf).toreadonly()
+            return [ring[start:start + n] if (start := (tail + at) % capacity) + n <= capacity
+                    else memoryview(self._read(tail + at, n)) for at, n in spans]
         blob = memoryview(self._read(tail, pos - tail))
-        if _ORDERED_STORES:
-            self._meta[_TAIL] = pos  # after the copy: loads are not reordered with later stores
-        else:
-            self._acquire()
-            try:
-                self._meta[_TAIL] = pos
-            finally:
-                self._release()
+        self._move_tail(pos)
         return [blob[at:at + n] for at, n in spans]
 
     def _write(self, pos: int, data: bytes | np.ndarray) -> None:

@@ -214,8 +214,9 @@ class SpoolReader:
         """Counters of received, duplicate and rejected (quarantined) chunks."""
         return self._intake.stats
 
-    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0) -> list[Chunk]:
-        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first."""
+    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
+        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first
+        (``borrow`` changes nothing here: every chunk is read into its own bytes)."""
         check_max_chunks(max_chunks)
         deadline = time.monotonic() + max(timeout_s, 0.0)
         out: list[Chunk] = []
