@@ -222,7 +222,7 @@ def timed(target: Any, args_for: Any, reader: Any, total_chunks: int) -> dict[st
     return out
 
 
-SERVER_PID = 0  # the benchmark's redis-server while one runs: its CPU time is reported too
+SERVER_PID = 0  # the redis-server while redis cases run: its CPU time is reported too
 
 
 def _server_cpu() -> float:
@@ -247,8 +247,6 @@ class RedisServer:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        global SERVER_PID
-        SERVER_PID = self.proc.pid
         import redis
 
         client = redis.Redis.from_url(self.url)
@@ -266,8 +264,6 @@ class RedisServer:
         redis.Redis.from_url(self.url).flushall()
 
     def stop(self) -> None:
-        global SERVER_PID
-        SERVER_PID = 0
         self.proc.terminate()
         self.proc.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -300,6 +296,8 @@ def fresh_dir(root: str, name: str) -> Path:
 def run_rep(kind: str, n: int, ingest: bool, scratch: str,
             server: RedisServer | None, ring_bytes: int = 64 << 20) -> dict[str, dict[str, float]]:
     """One repetition of every case of one transport: the figures of :func:`timed` per case."""
+    global SERVER_PID
+    SERVER_PID = server.proc.pid if kind == "redis" and server is not None else 0
     out: dict[str, dict[str, float]] = {}
     if kind == "local":
         capacity = ring_bytes
