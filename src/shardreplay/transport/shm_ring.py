@@ -11,8 +11,10 @@ Killed processes (SIGKILL, OOM) must not wedge the others, so:
   killed mid-copy leaves nothing visible. A reader reads ``head``, copies the records
   between ``tail`` and that ``head`` (writers only write beyond ``head`` and never past
   ``tail``, so nobody else touches them), then moves ``tail``: a reader killed mid-copy
-  leaves the records for the next one. On x86-64 the reader does this without the ring
-  lock (see ``_ORDERED_STORES``), elsewhere it reads and moves under it.
+  leaves the records for the next one (so does a reader killed while it lends records
+  in place, ``take(borrow=True)``: it moves ``tail`` only when it gives them back).
+  On x86-64 the reader does this without the ring lock (see ``_ORDERED_STORES``),
+  elsewhere it reads and moves under it.
 - Each lock's holder pid is kept in the meta array. A process that cannot get a lock
   for ``_STUCK_S`` checks whether the holder still lives (``/proc``; zombies count as
   dead) and, if not, releases the lock in its place (under a third lock, reading the
