@@ -97,15 +97,14 @@ class StreamStorage:
         self._out_flags = np.empty((2, num_streams * window), np.bool_)
         # Every field (discount last) as [S*C, bytes per step] uint8, for the compiled
         # scatter of chunks; fields with no bytes per step are left out.
-        byte_rows = [(name, self._as_byte_rows(name)) for name, _g, _n in self._grids]
-        byte_rows = [(name, rows) for name, rows in byte_rows if rows.shape[1]]
+        byte_rows = [(name, grid.dtype, self._as_byte_rows(name)) for name, grid, _n in self._grids]
+        byte_rows = [(name, dtype, rows) for name, dtype, rows in byte_rows if rows.shape[1]]
         # Fields whose dtype numba cannot take (float16) travel as their bytes.
-        self._scatter_fields = tuple((name, not _numba_takes(self._grids_dtype(name)))
-                                     for name, _rows in byte_rows)
+        self._scatter_fields = tuple((name, not _numba_takes(dtype)) for name, dtype, _rows in byte_rows)
         # [address, row stride, bytes per step] of each, for kernels.scatter_fields: the
         # arrays behind the addresses live as long as this storage.
-        self._scatter_plan = np.array([(rows.ctypes.data, rows.strides[0], rows.shape[1])
-                                       for _name, rows in byte_rows], np.int64).reshape(-1, 3).T.copy()
+        plan = [(rows.ctypes.data, rows.strides[0], rows.shape[1]) for _name, _dtype, rows in byte_rows]
+        self._scatter_plan = np.array(plan, np.int64).reshape(-1, 3).T.copy()
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
         self._gather_plans: dict[tuple, tuple[np.ndarray, int]] = {}  # see _gather_plan
 
@@ -113,9 +112,6 @@ class StreamStorage:
         """A ``[S*C, k]`` uint8 view of field ``name`` (a record field is a strided view)."""
         raw, offset, nbytes = self._byte_source(name)
         return raw[:, offset:offset + nbytes]
-
-    def _grids_dtype(self, name: str) -> np.dtype:
-        return self.discount.dtype if name == "discount" else self.fields[name].dtype
 
     def _refresh_alignment(self) -> None:
         self._aligned = bool(kernels.all_equal(self.pos))

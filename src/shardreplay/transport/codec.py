@@ -47,7 +47,7 @@ from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
 from shardreplay.spec.packed import packed_values_ok
-from shardreplay.transport.wire import (  # noqa: F401 - _layout, _PREFIX: tests and tools use them here
+from shardreplay.transport.wire import (
     _DIGEST,
     _DIGEST_AT,
     _HASHED_FROM,
@@ -175,12 +175,7 @@ class Encoding:
             with np.errstate(over="ignore"):  # an overflow becomes inf, rejected just below
                 prio = arrays["priorities"] = prio.astype(np.float32, copy=False)
         key = ids.tobytes() if prio is None and ids.dtype == _IDS_DTYPE else None
-        if key is None or key not in layout.good_ids:  # ids that passed are known by their bytes
-            _check_ids_and_priorities(ids, prio, s, t, exc=SpecMismatchError)
-            if key is not None:
-                if len(layout.good_ids) >= 1024:
-                    layout.good_ids.clear()
-                layout.good_ids.add(key)
+        _check_ids_once(layout, ids, prio, key, exc=SpecMismatchError)
         self._chunk, self._arrays, self._layout, self._spec = chunk, arrays, layout, spec
         self.nbytes = layout.payload_at + layout.nbytes
 
@@ -218,6 +213,20 @@ def _exact(steps: Mapping[str, Any], exact: tuple[tuple[str, np.dtype, tuple[int
         if type(v) is not np.ndarray or v.dtype != dtype or v.shape != shape:
             return False
     return True
+
+
+def _check_ids_once(layout: _Layout, ids: np.ndarray, prio: np.ndarray | None, key: bytes | None, *,
+                    exc: type[Exception]) -> None:
+    """:func:`_check_ids_and_priorities`, skipped for stream ids whose bytes ``key`` passed
+    before: actors send the same ids chunk after chunk, so the layout keeps a bounded set
+    of them. ``key`` None (priorities to check too): always checked, nothing kept."""
+    if key is not None and key in layout.good_ids:
+        return
+    _check_ids_and_priorities(ids, prio, layout.s, layout.t, exc=exc)
+    if key is not None:
+        if len(layout.good_ids) >= 1024:
+            layout.good_ids.clear()
+        layout.good_ids.add(key)
 
 
 def _check_ids(actor_id: Any, sequence: Any, version: Any, *, exc: type[Exception]) -> None:
@@ -292,7 +301,7 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     if xxh3_64(mv[_HASHED_FROM:]) != digest:
         raise CorruptChunkError("checksum mismatch: the chunk was damaged in transit or on disk",
                                 reason="checksum")
-    payload_at = (_PREFIX.size + hlen + 7) & ~7
+    payload_at = _align8(_PREFIX.size + hlen)
     if hlen > _MAX_HEADER_BYTES or payload_at > n:
         raise CorruptChunkError(f"header length {hlen} is impossible", reason="header")
     if actor > _MAX_ID or sequence > _MAX_ID or policy > _MAX_ID:  # unsigned: never negative
@@ -311,19 +320,12 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     payload = np.frombuffer(mv, np.uint8, offset=payload_at)  # read-only: mv is
     ids_at = payload_at + layout.ids_at
     ids = np.ndarray((layout.s,), _IDS_DTYPE, mv, ids_at)
-    # Actors send the same stream ids chunk after chunk: ids checked once are recognised
-    # by their bytes (a bounded set) instead of being checked again.
-    ids_raw = bytes(mv[ids_at:ids_at + 8 * layout.s])
     if layout.prio_at >= 0:
         prio = np.ndarray((layout.s, layout.t), _PRIO_DTYPE, mv, payload_at + layout.prio_at)
-        _check_ids_and_priorities(ids, prio, layout.s, layout.t, exc=CorruptChunkError)
+        _check_ids_once(layout, ids, prio, None, exc=CorruptChunkError)
     else:
         prio = None
-        if ids_raw not in layout.good_ids:
-            _check_ids_and_priorities(ids, None, layout.s, layout.t, exc=CorruptChunkError)
-            if len(layout.good_ids) >= 1024:
-                layout.good_ids.clear()
-            layout.good_ids.add(ids_raw)
+        _check_ids_once(layout, ids, None, bytes(mv[ids_at:ids_at + 8 * layout.s]), exc=CorruptChunkError)
     try:
         if layout.packed is not None:
             steps = spec.validated_packed(payload, layout.packed)

@@ -152,7 +152,6 @@ def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
     return int(script(keys=[stream], args=["1" if exact else "0"]))
 
 
-
 class XaddPacker:
     """``XADD stream * field <chunk>`` then ``XLEN stream`` as one RESP packet, the chunk
     encoded straight into it (redis-py's packer copies a value into new bytes, and packs
