@@ -218,3 +218,66 @@ def test_buffer_windows_give_reference_nstep(mode):
         assert t.observation[b].tolist() == pytest.approx(steps[0][0])
         assert t.next_observation[b].tolist() == pytest.approx(steps[k][0])
     assert (t.bootstrap_discount == 0).any() and (t.num_steps < length - 1).any()
+
+
+# -- the autoreset mode is read, never guessed (gymnasium 0.29, CleanRL's pin) --------------------
+class Gym029Like:
+    """A gymnasium 1.x SAME_STEP vector env presented as gymnasium 0.29 presents its vector
+    envs: no ``metadata["autoreset_mode"]``, final observations in ``info["final_observation"]``."""
+
+    def __init__(self, env):
+        self.env = env
+        self.num_envs = env.num_envs
+        self.metadata = {k: v for k, v in env.metadata.items() if k != "autoreset_mode"}
+
+    def reset(self, **kwargs):
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, term, trunc, info = self.env.step(action)
+        info = {k.replace("final_obs", "final_observation"): v for k, v in info.items()}
+        return obs, reward, term, trunc, info
+
+
+def collect_029(conv_for, num_envs=3, num_actions=150, seed=3):
+    gym = pytest.importorskip("gymnasium")
+    envs = Gym029Like(gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync",
+                                   vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                                   max_episode_steps=25))
+    try:
+        conv = conv_for(envs)
+        rng = np.random.default_rng(seed)
+        plans = rng.integers(0, 2, size=(num_envs, num_actions))
+        obs, _ = envs.reset(seed=seed)
+        conv.reset(obs)
+        log = []
+        for t in range(num_actions - 1):
+            action = plans[:, t]
+            log += conv.step(action, *envs.step(action))
+        return per_stream(log, num_envs)
+    finally:
+        envs.env.close()
+
+
+def test_gymnasium_0_envs_are_same_step_and_give_the_reference_streams(monkeypatch):
+    import shardreplay.runtime.gym_steps as gym_steps
+
+    monkeypatch.setattr(gym_steps, "_gymnasium_major", lambda: 0)
+    streams = collect_029(GymStepConverter.from_env)
+    reference, *_ = run_cartpole("NextStep", num_envs=3, num_actions=150, seed=3)
+    for got, want in zip(streams, reference, strict=True):
+        k = min(len(got), len(want))
+        assert k > 100 and got[:k] == want[:k]
+
+
+def test_an_env_without_a_mode_under_gymnasium_1_is_an_error_not_a_guess():
+    with pytest.raises(ConfigError, match="autoreset_mode"):
+        collect_029(GymStepConverter.from_env, num_actions=3)
+    streams = collect_029(lambda e: GymStepConverter.from_env(e, autoreset_mode="same_step"))
+    for steps in streams:
+        check_stream(steps)
+
+
+def test_a_same_step_env_fed_to_a_next_step_converter_raises():
+    with pytest.raises(SpecMismatchError, match="same_step"):
+        collect_029(lambda e: GymStepConverter(e.num_envs, autoreset_mode="next_step"))

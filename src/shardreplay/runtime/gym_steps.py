@@ -16,9 +16,17 @@ a done resets that env, ignores its action and returns the reset obs with reward
 One vector step gives one step per stream, so every stream stays aligned.
 
 With ``SAME_STEP`` the done call already returns the reset obs and puts the final one in
-``info["final_obs"]``: the converter then returns a second write, only for the streams
-that ended, holding their LAST step. ``DISABLED`` is not supported (the caller resets
-envs itself, so no final step can be inferred).
+``info["final_obs"]`` (``info["final_observation"]`` in gymnasium 0.x): the converter then
+returns a second write, only for the streams that ended, holding their LAST step.
+``DISABLED`` is not supported (the caller resets envs itself, so no final step can be
+inferred).
+
+The mode is never guessed. :meth:`GymStepConverter.from_env` reads it from
+``env.metadata["autoreset_mode"]`` (gymnasium >= 1.0); gymnasium 0.x vector envs carry no
+such key and always reset in the same step, so with gymnasium < 1.0 installed a missing key
+means ``SAME_STEP``; with gymnasium >= 1.0 a missing key is a :class:`ConfigError` asking for
+the mode. At run time a ``NEXT_STEP`` converter that is handed an ``info`` with final
+observations (the mark of a same-step env) raises instead of storing wrong next observations.
 
 At LAST the action and reward are padding (zeros); the discount is 0 for a termination
 (also when truncated at the same time) and 1 for a truncation.
@@ -41,6 +49,7 @@ __all__ = ["GymStepConverter", "StepWrite"]
 StepWrite = tuple[dict[str, Any], np.ndarray | None]
 
 _MODES = {"nextstep": "next_step", "samestep": "same_step"}
+_FINAL_OBS_KEYS = ("final_obs", "final_observation")  # gymnasium >= 1.0, 0.x
 
 
 def _mode_name(mode: Any) -> str:
@@ -97,11 +106,16 @@ class GymStepConverter:
     def from_env(cls, env: Any, **kwargs: Any) -> GymStepConverter:
         """A converter for a gymnasium vector env (reads ``num_envs`` and its autoreset mode).
 
+        Pass ``autoreset_mode=`` to override what the env says (e.g. a vector env of another
+        library that has no ``metadata["autoreset_mode"]``).
+
         Raises:
-            ConfigError: as the constructor.
+            ConfigError: as the constructor, or the env does not say its autoreset mode and
+                gymnasium >= 1.0 is installed (so the mode cannot be known).
         """
-        mode = env.metadata.get("autoreset_mode", "next_step")
-        return cls(int(env.num_envs), autoreset_mode=mode, **kwargs)
+        if "autoreset_mode" not in kwargs:
+            kwargs["autoreset_mode"] = _env_autoreset_mode(env)
+        return cls(int(env.num_envs), **kwargs)
 
     def reset(self, obs: Any) -> None:
         """Start every stream anew at ``obs`` (from ``env.reset()``): the next step is FIRST.
@@ -149,6 +163,11 @@ class GymStepConverter:
                               self._types.copy(), self._discounts.copy(), None)]
         self.num_steps += n
         done = done_term | done_trunc
+        if self.autoreset_mode == "next_step" and done.any() and _has_final_obs(info):
+            raise SpecMismatchError(
+                "the env reset in the same step (info holds final observations) but the converter "
+                "expects NEXT_STEP autoreset: build it with autoreset_mode='same_step' (gymnasium 0.x "
+                "vector envs always reset in the same step)")
         discount = np.where(done_term, 0.0, 1.0).astype(np.float32)
         new_obs = _copy(obs, n, "obs")
         if self.autoreset_mode == "same_step" and done.any():
@@ -193,9 +212,39 @@ def _copy(obs: Any, n: int, name: str) -> Any:
     return arr
 
 
+def _env_autoreset_mode(env: Any) -> Any:
+    """The autoreset mode ``env`` declares, or gymnasium 0.x's only mode (SAME_STEP)."""
+    mode = getattr(env, "metadata", {}).get("autoreset_mode")
+    if mode is not None:
+        return mode
+    if _gymnasium_major() == 0:
+        return "same_step"
+    raise ConfigError(f"{type(env).__name__} does not say its autoreset mode (no "
+                      "metadata['autoreset_mode']): pass GymStepConverter.from_env(env, "
+                      "autoreset_mode='next_step' or 'same_step')")
+
+
+def _gymnasium_major() -> int | None:
+    """The installed gymnasium's major version, None when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return int(metadata.version("gymnasium").split(".")[0])
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def _has_final_obs(info: Mapping[str, Any] | None) -> bool:
+    return info is not None and any(info.get(k) is not None for k in _FINAL_OBS_KEYS)
+
+
 def _final_obs(info: Mapping[str, Any] | None, ids: np.ndarray) -> Any:
     """The final observations of the envs ``ids`` (SAME_STEP mode), stacked."""
-    final = None if info is None else info.get("final_obs")
+    final = None
+    for key in _FINAL_OBS_KEYS:
+        if info is not None and info.get(key) is not None:
+            final = info[key]
+            break
     if final is None or any(final[i] is None for i in ids):
         raise SpecMismatchError("SAME_STEP mode: an env ended but info['final_obs'] lacks its final "
                                 "observation; pass the info dict env.step returned")
