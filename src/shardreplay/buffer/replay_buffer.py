@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,18 @@ class ReplayBuffer:
         """``(mass, samplable windows, smallest positive leaf, beta now)`` of this shard."""
         s = self._sampler
         return s.mass(), s.num_samplable(), s.min_leaf(), s.current_beta()
+
+    def max_priority(self) -> float:
+        """The priority a new start gets when its writer gives none: the largest seen so
+        far (prioritized), 1.0 for uniform and fifo sampling."""
+        return self._sampler.default_priority()
+
+    def raise_max_priority(self, value: float) -> None:
+        """Raise the running maximum priority to ``value`` when it is larger (a sharded
+        buffer agrees on the global maximum this way); no effect without priorities."""
+        sampler = self._sampler
+        if isinstance(sampler, PrioritizedSampler) and math.isfinite(value) and value > sampler.max_priority:
+            sampler.max_priority = float(value)
 
     def gather(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Window data ``[B, L, ...]`` (numpy), mask ``[B, L]`` and keys ``[B]`` (shard 0)

@@ -49,7 +49,7 @@ from shardreplay.spec.keys import MAX_SHARDS, with_shard
 SAMPLE_MODES = ("exact", "local")
 # Columns of the stats row each rank contributes to a sampling exchange (the last K
 # columns count its queued priority updates per owner shard).
-_MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _HOST, _NONCE, _FOREIGN = range(10)
+_MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _HOST, _NONCE, _MAXP, _FOREIGN = range(11)
 
 
 class ShardedReplayBuffer:
@@ -109,6 +109,7 @@ class ShardedReplayBuffer:
         self._ready: deque[Drawn] = deque()
         self._ready_for: tuple[int, str] | None = None
         self._pending = PendingUpdates(self.world_size)
+        self._routed_max = 0.0  # the largest priority this rank sent to other shards
         # Exact-mode refills; shared memory is only offered on CPU (gloo) groups.
         self._exact = ExactExchange(local_buffer, self._comm, self._layout,
                                     shared_memory and self._comm.device.type == "cpu")
@@ -214,6 +215,7 @@ class ShardedReplayBuffer:
         if foreign.any():  # queued priority updates first, so the draw sees them
             self._route(self._pending.take()[0], foreign)
             stats, own = self._gather_stats(mode, n), []
+        self.local.raise_max_priority(float(stats[:, _MAXP].max()))
         masses, counts, min_leaf = stats[:, _MASS], stats[:, _COUNT], stats[:, _LOW]
         if counts.sum() == 0 or masses.sum() <= 0:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")
@@ -229,13 +231,13 @@ class ShardedReplayBuffer:
     def _gather_stats(self, mode: str, batch_size: int,
                       while_waiting: Callable[[], None] | None = None) -> np.ndarray:
         """One row per rank: mass, samplable count, min leaf, mode, batch size, a seed
-        proposal (rank 0's is shared: see ``ExactExchange.draw``), prefetch depth, and the
-        count of queued updates for each owner."""
+        proposal (rank 0's is shared: see ``ExactExchange.draw``), prefetch depth, the
+        largest priority seen here, and the count of queued updates for each owner."""
         mass, count, low, _beta = self.local.sampling_stats()
         seed = float(self._rng.integers(0, 1 << 52))  # exact in a float64
         mine = torch.tensor([mass, count, low if count else np.inf, SAMPLE_MODES.index(mode),
                              batch_size, seed, self.prefetch, self._exact.host_key,
-                             self._exact.nonce,
+                             self._exact.nonce, self._max_seen(),
                              *self._pending.counts.tolist()],
                             dtype=torch.float64)
         return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)",
@@ -306,21 +308,38 @@ class ShardedReplayBuffer:
             error = exc
             own_keys = foreign_keys = np.empty(0, np.int64)
             own_prios = foreign_prios = np.empty(0, np.float32)
+        if foreign_prios.size:
+            self._routed_max = max(self._routed_max, float(foreign_prios.max()))
+        applied = self._apply_own(own_keys, own_prios)
         if self.prefetch > 1:
             self._pending.add(foreign_keys, foreign_prios)
-            return self._apply_own(own_keys, own_prios)
+            return applied
         pending = PendingUpdates(self.world_size)
         pending.add(foreign_keys, foreign_prios)
         payload, send_counts = pending.take()
-        recv_counts = self._comm.all_to_all(torch.from_numpy(send_counts), [1] * self.world_size,
-                                            [1] * self.world_size,
-                                            "ShardedReplayBuffer.update_priorities(counts)")
-        foreign = np.zeros((self.world_size, self.world_size), np.int64)
-        foreign[self.rank], foreign[:, self.rank] = send_counts, recv_counts.cpu().numpy()
-        applied = self._route(payload, foreign)
+        applied += self._route(payload, self._exchange_counts(send_counts))
         if error is not None:
             raise error
-        return applied + self._apply_own(own_keys, own_prios)
+        return applied
+
+    def _exchange_counts(self, send_counts: np.ndarray) -> np.ndarray:
+        """Tell every owner how many updates come from here, and every rank the largest
+        priority seen here (so new steps everywhere get the global maximum at once);
+        returns the ``[from, to]`` count matrix :meth:`_route` needs."""
+        k = self.world_size
+        mine = np.empty((k, 2), np.int64)
+        mine[:, 0], mine[:, 1] = send_counts, np.float64(self._max_seen()).view(np.int64)
+        got = self._comm.all_to_all(torch.from_numpy(mine.ravel()), [2] * k, [2] * k,
+                                    "ShardedReplayBuffer.update_priorities(counts)").cpu().numpy()
+        got = got.reshape(k, 2)
+        self.local.raise_max_priority(float(got[:, 1].view(np.float64).max()))
+        foreign = np.zeros((k, k), np.int64)
+        foreign[self.rank], foreign[:, self.rank] = send_counts, got[:, 0]
+        return foreign
+
+    def _max_seen(self) -> float:
+        """The largest priority this shard holds as its running maximum, or routed away."""
+        return max(self.local.max_priority(), self._routed_max)
 
     def flush_updates(self) -> int:
         """Route the queued updates of ``prefetch > 1`` to their owners now (collective:
