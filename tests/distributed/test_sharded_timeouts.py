@@ -66,3 +66,25 @@ def test_missing_rank_gives_collective_timeout_not_a_hang() -> None:
     # Every rank's process is gone once run_ranks returns (joined, or killed by the harness).
     assert not any(psutil.pid_exists(r["pid"]) and psutil.Process(r["pid"]).status() != "zombie"
                    for r in results)
+
+
+def _len_on_one_rank(rank: int, world: int) -> dict:
+    local = sr.ReplayBuffer(SPEC, num_streams=2, stream_capacity=32, window=2, seed=rank)
+    buf = ShardedReplayBuffer(local, timeout_s=120)
+    assert len(buf) == 0  # all ranks present: start-up done
+    buf.collectives.timeout_s = TIMEOUT_S
+    if rank == 1:
+        time.sleep(TIMEOUT_S + 2.0)  # never asks
+        return {}
+    try:
+        len(buf)
+    except CollectiveTimeout as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+def test_len_on_one_rank_names_the_collective_and_the_remedy() -> None:
+    rank0, _ = run_ranks(_len_on_one_rank, 2, timeout_s=120)
+    assert rank0["error"] is not None
+    assert "len()" in rank0["error"] and "every rank must call" in rank0["error"]
+    assert "len(buffer.local)" in rank0["error"]

@@ -47,6 +47,9 @@ from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, S
 from shardreplay.spec.keys import MAX_SHARDS, with_shard
 
 SAMPLE_MODES = ("exact", "local")
+# Named in a timeout's message: a lone rank asking len() must learn why it waits.
+_SIZES_OP = ("ShardedReplayBuffer.global_sizes (len(), num_steps and capacity are collectives: every "
+             "rank must call them at the same point; len(buffer.local) is this rank's shard alone)")
 # Columns of the stats row each rank contributes to a sampling exchange (the last K
 # columns count its queued priority updates per owner shard).
 _MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _HOST, _NONCE, _MAXP, _FOREIGN = range(11)
@@ -133,7 +136,7 @@ class ShardedReplayBuffer:
         """``(len, num_steps, capacity)`` summed over all shards (one collective)."""
         local = torch.tensor([len(self.local), self.local.num_steps, self.local.capacity],
                              dtype=torch.int64)
-        total = self._comm.all_reduce_sum(local, "ShardedReplayBuffer.global_sizes").cpu()
+        total = self._comm.all_reduce_sum(local, _SIZES_OP).cpu()
         return int(total[0]), int(total[1]), int(total[2])
 
     def __len__(self) -> int:
