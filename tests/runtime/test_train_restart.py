@@ -26,8 +26,8 @@ from train_harness import (
     TrainRun,
     manifest_counters,
     manifest_steps,
+    metrics_rows,
     newest_checkpoint,
-    training,
     wait_until,
 )
 
@@ -160,6 +160,12 @@ def _finish(args: list[str], log_dir: Path, timeout_s: float = 300) -> dict:
         return run.summary()
 
 
+def _training_again(run_dir: Path, rows_before: int) -> bool:
+    """This life of the run recorded an update (rows from earlier lives do not count)."""
+    rows = metrics_rows(run_dir)[rows_before:]
+    return bool(rows) and int(rows[-1]["updates"]) >= 1
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
@@ -168,9 +174,10 @@ def test_a_restart_loop_after_rank_kills_converges(tmp_path: Path) -> None:
     args = ["train", "--run-dir", str(run_dir), "--auto-resume", *FAST, "--learners", "2", "--actors", "2",
             "--hidden", "32", "32"]
     for attempt in range(2):  # the scheduler restarts it after each crash
+        before = len(metrics_rows(run_dir))  # metrics.csv is appended to by every life
         with TrainRun([*args, "--total-env-steps", "100000000"], tmp_path / f"crash{attempt}") as run:
-            wait_until(lambda run=run: training(run_dir) and len(run.learners()) == 2, START_S,
-                       "training", run)
+            wait_until(lambda run=run, before=before: _training_again(run_dir, before)
+                       and len(run.learners()) == 2, START_S, "training", run)
             victim = max(run.learners(), key=lambda p: p.pid)
             victim.kill()
             assert run.wait(200) != 0, run.explain()
