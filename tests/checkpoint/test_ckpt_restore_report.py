@@ -17,7 +17,7 @@ from ckpt_helpers import as_shard, fill_random, make_buffer
 from shardreplay import checkpoint
 from shardreplay.checkpoint.load import _load_one
 from shardreplay.checkpoint.summary import summarize
-from shardreplay.errors import ConfigError
+from shardreplay.errors import CheckpointError, ConfigError
 
 STREAMS = 3
 
@@ -92,6 +92,31 @@ def test_a_lossless_restore_says_so(tmp_path: Path, caplog: pytest.LogCaptureFix
 def test_save_refuses_restore_counts_that_are_not_a_load_report(tmp_path: Path) -> None:
     local = make_buffer(STREAMS, 20)
     fill_random(local, 10)
-    with pytest.raises(ConfigError, match="LoadReport.counts"):
+    with pytest.raises(ConfigError, match=r"LoadReport\.counts"):
         checkpoint.save(local, tmp_path, 1, restored={"steps": 3})
     assert not checkpoint.list_checkpoints(tmp_path)  # nothing written
+
+
+def test_a_buffer_a_failed_load_emptied_is_never_saved_as_a_complete_checkpoint(tmp_path: Path) -> None:
+    """A crash handler that saves after a failed restore must not write a complete, empty
+    checkpoint newer than the one that failed to load (it would be resumed from next)."""
+    good = make_buffer(STREAMS, 40, seed=1)
+    fill_random(good, 30, seed=3)
+    directory = checkpoint.save(good, tmp_path, 1, keep_last=None)
+    part = directory / "part-00000-of-00001.safetensors"
+    part.write_bytes(part.read_bytes()[:-8])  # truncated: this checkpoint cannot be loaded
+
+    buf = make_buffer(STREAMS, 40, seed=2)
+    fill_random(buf, 20, seed=4)
+    with pytest.raises(CheckpointError):
+        checkpoint.load(tmp_path, buf, checkpoint_id=1)
+    assert len(buf.storage.stored_slots()[0]) == 0  # the load emptied it, as documented
+    with pytest.raises(CheckpointError, match="does not hold what its run restored"):
+        checkpoint.save(buf, tmp_path, 2, keep_last=None)
+    assert checkpoint.latest_complete(tmp_path) is None
+    assert not checkpoint.is_complete(checkpoint.checkpoint_dir(tmp_path, 2))
+
+    checkpoint.save(good, tmp_path, 3, keep_last=None)  # a good one appears; loading it clears the mark
+    report = checkpoint.load(tmp_path, buf, checkpoint_id=3)
+    checkpoint.save(buf, tmp_path, 4, keep_last=None, restored=report.counts())
+    assert checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, 4))["steps"] == report.steps > 0

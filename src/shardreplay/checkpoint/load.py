@@ -25,7 +25,7 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.format import PartReader, advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete, list_checkpoints, read_manifest
 from shardreplay.checkpoint.plan import EpisodeTable, ShardPlan, plan_shard
-from shardreplay.checkpoint.save import shard_of
+from shardreplay.checkpoint.save import mark_restored, mark_restoring, shard_of
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import (
     CheckpointError,
@@ -91,7 +91,8 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
         IncompleteCheckpointError: no (complete) checkpoint, or a part is missing.
         CheckpointFormatError: a corrupt or truncated file, or another spec or version;
             the message names the file and the reason.
-        The buffer's previous content is replaced; after an error it is left empty.
+        The buffer's previous content is replaced; after an error it is left empty,
+        and ``save`` refuses it until a load succeeds.
     """
     local, shard, num_shards = shard_of(buffer)
     if isinstance(buffer, ShardedReplayBuffer):
@@ -99,6 +100,8 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
     root = Path(path)
     candidates = _candidates(root, checkpoint_id, fallback)
     skipped: list[str] = []
+    if candidates:  # from here on the content is being replaced
+        mark_restoring(local, str(root))
     for cid in candidates:
         error: CheckpointError | None = None
         try:
@@ -108,6 +111,7 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
             _clear(local)
         failed_ranks = _agree(buffer, error is not None)
         if not failed_ranks:
+            mark_restored(local)
             return LoadReport(**{**report.__dict__, "skipped": skipped})
         reason = str(error) if error is not None else f"rank(s) {failed_ranks} could not load it"
         if error is None:
@@ -170,8 +174,8 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int)
     log.log(logging.WARNING if plan.dropped_steps else logging.INFO,
             "checkpoint %s: shard %d/%d restored %d steps of %d episodes from %d saved shards "
             "(%d steps saved in all); dropped its %d oldest episodes (%d steps) beyond the new "
-            "capacity, sealed %d episodes (%d steps kept) cut to fit a row", directory.name, shard, num_shards,
-            steps, len(plan), len(parts), saved_steps, plan.dropped_episodes, plan.dropped_steps,
+            "capacity, sealed %d episodes (%d steps kept) cut to fit a row", directory.name, shard,
+            num_shards, steps, len(plan), len(parts), saved_steps, plan.dropped_episodes, plan.dropped_steps,
             sealed_eps, sealed_steps)
     return LoadReport(int(manifest["checkpoint_id"]), directory, len(parts), steps, len(plan),
                       plan.dropped_episodes, plan.dropped_steps, dict(manifest.get("extra", {})),

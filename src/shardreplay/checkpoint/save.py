@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
 
 log = logging.getLogger(__name__)
+# Buffers whose content a load is replacing, or a failed load left empty: saving one
+# would write a checkpoint that completes without the data its run should hold.
+_NOT_RESTORED: weakref.WeakKeyDictionary[ReplayBuffer, str] = weakref.WeakKeyDictionary()
 RESTORED_KEYS = ("checkpoint_id", "saved_shards", "saved_steps", "steps", "episodes", "dropped_episodes",
                  "dropped_steps", "sealed_episodes", "sealed_steps")
 
@@ -44,6 +48,17 @@ def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, 
     if isinstance(buffer, ReplayBuffer):
         return buffer, 0, 1
     raise ConfigError(f"expected a ReplayBuffer or ShardedReplayBuffer, got {type(buffer).__name__}")
+
+
+def mark_restoring(local: ReplayBuffer, source: str) -> None:
+    """A load starts replacing ``local``'s content: :func:`save` refuses it until
+    :func:`mark_restored` (the load succeeded on every rank)."""
+    _NOT_RESTORED[local] = source
+
+
+def mark_restored(local: ReplayBuffer) -> None:
+    """``local`` holds what a load restored: it may be saved again."""
+    _NOT_RESTORED.pop(local, None)
 
 
 def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
@@ -79,6 +94,10 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
 
     A checkpoint id that is already complete is not written again (a warning is
     logged): replacing its parts one by one could break the only good checkpoint.
+    A buffer whose restore did not finish (a failed or interrupted :func:`load`; it is
+    empty or holds only this rank's share of a restore the ranks did not agree on) is
+    refused with a CheckpointError, so no checkpoint completes without the data the
+    run should hold.
     """
     local, shard, num_shards = shard_of(buffer)
     if not isinstance(checkpoint_id, int | np.integer) or checkpoint_id < 0:
@@ -90,6 +109,10 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     extra = dict(extra or {})
     _check_json(extra)
     restored = _check_restored(restored)
+    if local in _NOT_RESTORED:
+        raise CheckpointError(f"not saved: this shard's buffer does not hold what its run restored (the "
+                              f"load of {_NOT_RESTORED[local]} did not finish on every rank); a "
+                              "checkpoint of it would lose that data. Load a checkpoint into it first")
     directory = checkpoint_dir(Path(path), int(checkpoint_id))
     if is_complete(directory):
         # Replacing the parts of a complete checkpoint one by one would leave it broken
