@@ -72,7 +72,7 @@ def test_seal_marks_first_surviving_step_first_and_last_stored_step_last(
     expected = {**PARTIAL, "sealed_episodes": 4, "sealed_steps": 14, "dropped_episodes": 0,
                 "dropped_steps": 0}
     _counts_everywhere(root, expected)
-    assert "partial episodes: 4 (14 steps), sealed 4, dropped 0" in caplog.text
+    assert "partial episodes: 4 (14 steps), sealed 4 (14 steps), dropped 0 (0 steps)" in caplog.text
 
     restored = make_buffer(4, 6)
     checkpoint.load(root, restored)
@@ -114,7 +114,7 @@ def test_drop_removes_partial_episodes_and_counts_them(tmp_path: Path,
                 "dropped_steps": 14}
     _counts_everywhere(root, expected)
     assert checkpoint.read_manifest(checkpoint.checkpoint_dir(root, 1))["steps"] == 9
-    assert "partial episodes: 4 (14 steps), sealed 0, dropped 4" in caplog.text
+    assert "partial episodes: 4 (14 steps), sealed 0 (0 steps), dropped 4 (14 steps)" in caplog.text
 
     restored = make_buffer(4, 6)
     report = checkpoint.load(root, restored)

@@ -10,25 +10,31 @@ from __future__ import annotations
 from shardreplay.checkpoint.episodes import PARTIAL_POLICIES
 from shardreplay.checkpoint.load import LoadReport, load
 from shardreplay.checkpoint.manifest import (
+    INCOMPLETE_DIR,
     checkpoint_dir,
+    incomplete_checkpoints,
     is_complete,
     latest_complete,
     list_checkpoints,
     read_manifest,
+    set_aside_incomplete,
 )
 from shardreplay.checkpoint.save import save
 from shardreplay.checkpoint.triggers import REQUEST_FILE, CheckpointTrigger
 
 __all__ = [
+    "INCOMPLETE_DIR",
     "PARTIAL_POLICIES",
     "REQUEST_FILE",
     "CheckpointTrigger",
     "LoadReport",
     "checkpoint_dir",
+    "incomplete_checkpoints",
     "is_complete",
     "latest_complete",
     "list_checkpoints",
     "load",
     "read_manifest",
     "save",
+    "set_aside_incomplete",
 ]

@@ -25,7 +25,7 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.format import PartReader, advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete, list_checkpoints, read_manifest
 from shardreplay.checkpoint.plan import EpisodeTable, ShardPlan, plan_shard
-from shardreplay.checkpoint.save import shard_of
+from shardreplay.checkpoint.save import mark_restored, mark_restoring, shard_of
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import (
     CheckpointError,
@@ -40,7 +40,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What a load restored on this rank."""
+    """What a load restored on this rank.
+
+    ``saved_steps`` is the checkpoint's total over all its parts. On this rank,
+    ``dropped_*`` counts the episodes (and steps) the new capacity could not hold,
+    ``sealed_*`` the episodes kept without their oldest steps (longer than a row: the
+    first kept step becomes FIRST) and the steps kept of them; the steps cut off them
+    are counted in ``dropped_steps``. Over all ranks, ``steps + dropped_steps`` sums to
+    ``saved_steps``.
+    """
 
     checkpoint_id: int
     directory: Path
@@ -51,6 +59,17 @@ class LoadReport:
     dropped_steps: int
     extra: dict[str, Any] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    sealed_episodes: int = 0
+    sealed_steps: int = 0
+    saved_steps: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """This rank's restore as JSON-ready numbers (what ``checkpoint.save(...,
+        restored=...)`` records in the next checkpoint)."""
+        return {"checkpoint_id": self.checkpoint_id, "saved_shards": self.saved_shards,
+                "saved_steps": self.saved_steps, "steps": self.steps, "episodes": self.episodes,
+                "dropped_episodes": self.dropped_episodes, "dropped_steps": self.dropped_steps,
+                "sealed_episodes": self.sealed_episodes, "sealed_steps": self.sealed_steps}
 
 
 def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
@@ -72,7 +91,8 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
         IncompleteCheckpointError: no (complete) checkpoint, or a part is missing.
         CheckpointFormatError: a corrupt or truncated file, or another spec or version;
             the message names the file and the reason.
-        The buffer's previous content is replaced; after an error it is left empty.
+        The buffer's previous content is replaced; after an error it is left empty,
+        and ``save`` refuses it until a load succeeds.
     """
     local, shard, num_shards = shard_of(buffer)
     if isinstance(buffer, ShardedReplayBuffer):
@@ -80,6 +100,8 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
     root = Path(path)
     candidates = _candidates(root, checkpoint_id, fallback)
     skipped: list[str] = []
+    if candidates:  # from here on the content is being replaced
+        mark_restoring(local, str(root))
     for cid in candidates:
         error: CheckpointError | None = None
         try:
@@ -89,6 +111,7 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
             _clear(local)
         failed_ranks = _agree(buffer, error is not None)
         if not failed_ranks:
+            mark_restored(local)
             return LoadReport(**{**report.__dict__, "skipped": skipped})
         reason = str(error) if error is not None else f"rank(s) {failed_ranks} could not load it"
         if error is None:
@@ -142,15 +165,21 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int)
         _read_placements(readers, plan, episodes, local)
         metas = [json.loads(r.metadata.get("buffer_meta", "{}")) for r in readers]
     _finish(local, plan, metas, shard, len(episodes))
-    if plan.dropped_episodes:
-        log.warning("checkpoint %s: shard %d/%d dropped its %d oldest episodes (%d steps) that "
-                    "exceed the new capacity", directory.name, shard, num_shards,
-                    plan.dropped_episodes, plan.dropped_steps)
     steps = int(plan.row_lengths.sum())
-    log.info("checkpoint %s: shard %d/%d restored %d steps of %d episodes from %d saved shards",
-             directory.name, shard, num_shards, steps, len(plan), len(parts))
+    cut = plan.skip > 0
+    sealed_eps = int(cut.sum())
+    sealed_steps = int((episodes.length[plan.ids[cut]] - plan.skip[cut]).sum())
+    saved_steps = int(episodes.length.sum())
+    # One line per shard, losses or not: a restore that dropped nothing says so too.
+    log.log(logging.WARNING if plan.dropped_steps else logging.INFO,
+            "checkpoint %s: shard %d/%d restored %d steps of %d episodes from %d saved shards "
+            "(%d steps saved in all); dropped its %d oldest episodes (%d steps) beyond the new "
+            "capacity, sealed %d episodes (%d steps kept) cut to fit a row", directory.name, shard,
+            num_shards, steps, len(plan), len(parts), saved_steps, plan.dropped_episodes, plan.dropped_steps,
+            sealed_eps, sealed_steps)
     return LoadReport(int(manifest["checkpoint_id"]), directory, len(parts), steps, len(plan),
-                      plan.dropped_episodes, plan.dropped_steps, dict(manifest.get("extra", {})))
+                      plan.dropped_episodes, plan.dropped_steps, dict(manifest.get("extra", {})),
+                      sealed_episodes=sealed_eps, sealed_steps=sealed_steps, saved_steps=saved_steps)
 
 
 def _episode_table(readers: list[PartReader]) -> EpisodeTable:

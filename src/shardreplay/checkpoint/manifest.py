@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 from shardreplay._io import atomic_write_bytes
-from shardreplay.errors import CheckpointFormatError, IncompleteCheckpointError
+from shardreplay.errors import CheckpointError, CheckpointFormatError, IncompleteCheckpointError
 
 FORMAT = "shardreplay-checkpoint"
 FORMAT_VERSION = 2  # 2: XXH64 block hashes (1 had CRC32)
 _DIR_RE = re.compile(r"^ckpt-(\d+)$")
+INCOMPLETE_DIR = "incomplete"  # under a checkpoint root: incomplete checkpoints set aside
 
 
 def checkpoint_dir(root: Path, checkpoint_id: int) -> Path:
@@ -144,3 +146,41 @@ def latest_complete(root: Path, before: int | None = None) -> int | None:
         if (before is None or cid < before) and is_complete(checkpoint_dir(root, cid)):
             return cid
     return None
+
+
+def incomplete_checkpoints(root: Path) -> list[int]:
+    """Ids of the checkpoints under ``root`` that are not complete, oldest first."""
+    return [c for c in list_checkpoints(root) if not is_complete(checkpoint_dir(root, c))]
+
+
+def set_aside_incomplete(root: Path) -> tuple[list[int], Path | None]:
+    """Move every incomplete checkpoint under ``root`` to ``root/incomplete/<UTC time>/``.
+
+    Nothing is deleted: the parts a crash left stay readable there (``shardreplay
+    checkpoint inspect`` takes that directory as a root), out of the way of the ids a new
+    or resumed run saves. Call it only while no run writes under ``root``.
+
+    Returns:
+        The ids moved and the directory they went to (None when there were none).
+
+    Raises:
+        CheckpointError: a directory could not be moved (the message says which).
+    """
+    ids = incomplete_checkpoints(root)
+    if not ids:
+        return [], None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = Path(root) / INCOMPLETE_DIR / stamp
+    n = 1
+    while target.exists():  # two set-asides within one second
+        n += 1
+        target = Path(root) / INCOMPLETE_DIR / f"{stamp}-{n}"
+    try:
+        target.mkdir(parents=True)
+        for cid in ids:
+            source = checkpoint_dir(root, cid)
+            source.rename(target / source.name)
+    except OSError as exc:
+        raise CheckpointError(f"cannot move incomplete checkpoints of {root} to {target}: {exc}; "
+                              "move or delete them by hand") from exc
+    return ids, target

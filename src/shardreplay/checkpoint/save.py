@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,11 @@ from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
 
 log = logging.getLogger(__name__)
+# Buffers whose content a load is replacing, or a failed load left empty: saving one
+# would write a checkpoint that completes without the data its run should hold.
+_NOT_RESTORED: weakref.WeakKeyDictionary[ReplayBuffer, str] = weakref.WeakKeyDictionary()
+RESTORED_KEYS = ("checkpoint_id", "saved_shards", "saved_steps", "steps", "episodes", "dropped_episodes",
+                 "dropped_steps", "sealed_episodes", "sealed_steps")
 
 
 def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, int, int]:
@@ -44,9 +50,20 @@ def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, 
     raise ConfigError(f"expected a ReplayBuffer or ShardedReplayBuffer, got {type(buffer).__name__}")
 
 
+def mark_restoring(local: ReplayBuffer, source: str) -> None:
+    """A load starts replacing ``local``'s content: :func:`save` refuses it until
+    :func:`mark_restored` (the load succeeded on every rank)."""
+    _NOT_RESTORED[local] = source
+
+
+def mark_restored(local: ReplayBuffer) -> None:
+    """``local`` holds what a load restored: it may be saved again."""
+    _NOT_RESTORED.pop(local, None)
+
+
 def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
          partial: str = "seal", extra: dict[str, Any] | None = None,
-         keep_last: int | None = 2) -> Path:
+         keep_last: int | None = 2, restored: Mapping[str, int] | None = None) -> Path:
     """Write this shard's part of checkpoint ``checkpoint_id`` under ``path``.
 
     Only stored steps are written (not the allocated capacity), with their priorities,
@@ -63,6 +80,9 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
         partial: ``"seal"`` (default) or ``"drop"``.
         extra: JSON-ready data stored with the checkpoint (e.g. the training step).
         keep_last: complete checkpoints to keep.
+        restored: what this shard's content was restored from, when it was
+            (``LoadReport.counts()``): recorded in its part and summed in the manifest,
+            so a checkpoint says what its run lost on the way from the one it came from.
 
     Returns:
         The checkpoint directory.
@@ -74,6 +94,10 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
 
     A checkpoint id that is already complete is not written again (a warning is
     logged): replacing its parts one by one could break the only good checkpoint.
+    A buffer whose restore did not finish (a failed or interrupted :func:`load`; it is
+    empty or holds only this rank's share of a restore the ranks did not agree on) is
+    refused with a CheckpointError, so no checkpoint completes without the data the
+    run should hold.
     """
     local, shard, num_shards = shard_of(buffer)
     if not isinstance(checkpoint_id, int | np.integer) or checkpoint_id < 0:
@@ -84,6 +108,11 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
         raise ConfigError(f"extra must be a dict of JSON-ready values, got {type(extra).__name__}")
     extra = dict(extra or {})
     _check_json(extra)
+    restored = _check_restored(restored)
+    if local in _NOT_RESTORED:
+        raise CheckpointError(f"not saved: this shard's buffer does not hold what its run restored (the "
+                              f"load of {_NOT_RESTORED[local]} did not finish on every rank); a "
+                              "checkpoint of it would lose that data. Load a checkpoint into it first")
     directory = checkpoint_dir(Path(path), int(checkpoint_id))
     if is_complete(directory):
         # Replacing the parts of a complete checkpoint one by one would leave it broken
@@ -94,20 +123,22 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     started = time.perf_counter()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        desc = _write_part(local, directory, shard, num_shards, int(checkpoint_id), partial, extra)
+        desc = _write_part(local, directory, shard, num_shards, int(checkpoint_id), partial, extra,
+                           restored)
         wrote_manifest = _maybe_write_manifest(directory, num_shards, desc)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {directory}: {exc}") from exc
-    log.info("checkpoint %s: shard %d/%d saved %d steps, %d episodes in %.2f s (%s)", directory.name,
+    log.info("checkpoint %s: shard %d/%d saved %d steps, %d episodes in %.2f s (%s)%s", directory.name,
              shard, num_shards, desc["steps"], desc["episodes"], time.perf_counter() - started,
-             _partial_text(desc["partial"]))
+             _partial_text(desc["partial"]), _restored_text(desc["restored"]))
     if wrote_manifest and keep_last is not None:
         _prune(Path(path), int(checkpoint_id), keep_last)
     return directory
 
 
 def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: int,
-                checkpoint_id: int, partial: str, extra: dict[str, Any]) -> dict[str, Any]:
+                checkpoint_id: int, partial: str, extra: dict[str, Any],
+                restored: dict[str, int] | None) -> dict[str, Any]:
     state = local.state_dict_views()
     arrays, episodes, report = apply_partial_policy(state["arrays"], partial)
     arrays.update(episodes.as_arrays())
@@ -120,7 +151,7 @@ def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: in
         "shard": shard, "num_shards": num_shards, "file": f"{name}.safetensors",
         "bytes": info["bytes"], "block_xxh64": info["block_xxh64"],
         "steps": int(arrays["row_length"].sum()), "episodes": int(episodes.start.shape[0]),
-        "partial_policy": partial, "partial": report, "spec": local.spec.to_dict(),
+        "partial_policy": partial, "partial": report, "restored": restored, "spec": local.spec.to_dict(),
         "spec_fingerprint": local.spec.fingerprint, "extra": extra,
         # An integer: a float's last digit can change without changing its value.
         "created_unix_ms": int(time.time() * 1000),
@@ -158,10 +189,43 @@ def _maybe_write_manifest(directory: Path, num_shards: int, mine: dict[str, Any]
     manifest["steps"] = sum(p["steps"] for p in parts)
     manifest["episodes"] = sum(p["episodes"] for p in parts)
     manifest["partial"] = {k: sum(int(p["partial"][k]) for p in parts) for k in mine["partial"]}
+    manifest["restored"] = _sum_restored([p.get("restored") for p in parts])
     dump_checked(directory / "manifest.json", manifest)
-    log.info("checkpoint %s complete: %d shards, %d steps", directory.name, num_shards,
-             manifest["steps"])
+    log.info("checkpoint %s complete: %d shards, %d steps (%s)%s", directory.name, num_shards,
+             manifest["steps"], _partial_text(manifest["partial"]), _restored_text(manifest["restored"]))
     return True
+
+
+def _check_restored(restored: Mapping[str, int] | None) -> dict[str, int] | None:
+    if restored is None:
+        return None
+    missing = sorted(set(RESTORED_KEYS) - set(restored))
+    if missing:
+        raise ConfigError(f"restored must be LoadReport.counts() (missing {missing})")
+    try:
+        return {k: int(restored[k]) for k in RESTORED_KEYS}
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"restored must hold integers (LoadReport.counts()): {exc}") from exc
+
+
+def _sum_restored(parts: list[dict[str, int] | None]) -> dict[str, int] | None:
+    """The parts' restore counts summed (None when no part was restored). Every new
+    shard of one restore records the same source checkpoint and total."""
+    got = [p for p in parts if p]
+    if not got:
+        return None
+    out = {k: got[0][k] for k in ("checkpoint_id", "saved_shards", "saved_steps")}
+    out.update({k: sum(int(p[k]) for p in got) for k in RESTORED_KEYS if k not in out})
+    return out
+
+
+def _restored_text(restored: dict[str, int] | None) -> str:
+    if not restored:
+        return ""
+    return (f"; restored from checkpoint {restored['checkpoint_id']} ({restored['saved_steps']} steps "
+            f"saved, {restored['steps']} restored): dropped {restored['dropped_episodes']} episodes "
+            f"({restored['dropped_steps']} steps), sealed {restored['sealed_episodes']} episodes "
+            f"({restored['sealed_steps']} steps)")
 
 
 def _prune(root: Path, newest: int, keep_last: int) -> None:
@@ -174,7 +238,8 @@ def _prune(root: Path, newest: int, keep_last: int) -> None:
 
 def _partial_text(report: dict[str, int]) -> str:
     return (f"partial episodes: {report['partial_episodes']} ({report['partial_steps']} steps), "
-            f"sealed {report['sealed_episodes']}, dropped {report['dropped_episodes']}")
+            f"sealed {report['sealed_episodes']} ({report['sealed_steps']} steps), "
+            f"dropped {report['dropped_episodes']} ({report['dropped_steps']} steps)")
 
 
 def _check_json(extra: dict[str, Any]) -> None:

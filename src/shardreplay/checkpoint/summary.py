@@ -67,6 +67,7 @@ def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
     stats = []
     for part in parts:
         row = {k: part[k] for k in ("shard", "steps", "episodes", "bytes", "partial")}
+        row["restored"] = part.get("restored")
         if priorities:
             with PartReader(directory / part["file"], part) as reader:
                 prio = reader.array("priority")
@@ -76,7 +77,8 @@ def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
     out = {"checkpoint_id": manifest["checkpoint_id"], "directory": str(directory), "complete": True,
            "num_shards": manifest["num_shards"], "steps": manifest["steps"],
            "episodes": manifest["episodes"], "partial_policy": sorted({p["partial_policy"] for p in parts}),
-           "partial": manifest.get("partial") or _sum_partial(parts), "extra": manifest.get("extra", {}),
+           "partial": manifest.get("partial") or _sum_partial(parts), "restored": manifest.get("restored"),
+           "extra": manifest.get("extra", {}),
            "spec": manifest["spec"], "spec_fingerprint": manifest["spec_fingerprint"],
            "bytes": sum(int(p["bytes"]) for p in parts), "parts": rows}
     if priorities:

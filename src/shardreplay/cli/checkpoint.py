@@ -140,6 +140,12 @@ def _describe(d: dict[str, Any]) -> list[str]:
         f"{pa.get('dropped_episodes', 0)} ({pa.get('dropped_steps', 0)} steps); "
         f"policy {', '.join(d['partial_policy'])}",
     ]
+    if d.get("restored"):
+        r = d["restored"]
+        lines.append(f"  restored    from checkpoint {r['checkpoint_id']} ({r['saved_shards']} shards, "
+                     f"{r['saved_steps']} steps): {r['steps']} steps restored, dropped "
+                     f"{r['dropped_episodes']} episodes ({r['dropped_steps']} steps), sealed "
+                     f"{r['sealed_episodes']} episodes ({r['sealed_steps']} steps)")
     if "priority" in d:
         lines.append(f"  priorities  {_prio(d['priority'])}")
     lines += [f"  bytes       {d['bytes']}",

@@ -38,7 +38,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
                    help="continue RUN_DIR from its newest complete checkpoint (flags override its config)")
     p.add_argument("--auto-resume", action="store_true",
-                   help="continue --run-dir when it holds a complete checkpoint, else start it: one "
+                   help="continue --run-dir from its newest complete checkpoint, else start it "
+                        "afresh (incomplete checkpoints are moved to checkpoints/incomplete/): one "
                         "command for a job that a scheduler may restart")
     defaults = TrainSettings()
     for f in dataclasses.fields(TrainSettings):
@@ -58,6 +59,8 @@ def add_parser(subparsers: Any) -> None:
 def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSettings)
              if f.name != "extra" and getattr(args, f.name, None) is not None}
+    if args.resume is not None:
+        _check_resumable(args.resume)
     resume_dir = args.resume or _resumable(args)
     if resume_dir is not None:
         from shardreplay.runtime.learner import settings_for_resume
@@ -72,8 +75,32 @@ def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
     return TrainSettings.from_dict(base), False
 
 
+def _check_resumable(run_dir: Path) -> None:
+    """``--resume``: refuse, before any process starts, a run directory without a
+    complete checkpoint.
+
+    Raises:
+        IncompleteCheckpointError: no complete checkpoint (the message says what to do).
+    """
+    from shardreplay.checkpoint import latest_complete, list_checkpoints
+    from shardreplay.errors import IncompleteCheckpointError
+
+    root = Path(run_dir) / "checkpoints"
+    if latest_complete(root) is not None:
+        return
+    if not list_checkpoints(root):
+        raise IncompleteCheckpointError(f"--resume {run_dir}: no checkpoint under {root}; start the run "
+                                        f"with --run-dir {run_dir} (or --auto-resume)")
+    raise IncompleteCheckpointError(
+        f"--resume {run_dir}: no complete checkpoint under {root}, only incomplete ones (a run stopped "
+        f"before every rank saved): start it again with --run-dir {run_dir} --auto-resume (which sets "
+        "them aside and starts afresh), or use another --run-dir")
+
+
 def _resumable(args: argparse.Namespace) -> Path | None:
-    """``--auto-resume``: the run directory when it can be resumed.
+    """``--auto-resume``: the run directory when it holds a complete checkpoint (then the
+    run continues from the newest one), else None (the run starts afresh; incomplete
+    checkpoints are set aside by the launcher).
 
     Checkpoints appear only once every learner rank runs, so under torchrun all ranks
     see the same answer here, before they meet.
@@ -113,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
         settings, resume = _settings(args)
         from shardreplay.runtime.launch import train
 
-        summary = train(settings, resume)
+        summary = train(settings, resume, auto_resume=bool(args.auto_resume))
     except ShardReplayError as exc:
         print(f"shardreplay train: {exc}", file=sys.stderr)
         return 2

@@ -28,7 +28,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from shardreplay.checkpoint import list_checkpoints
+from shardreplay.checkpoint import (
+    INCOMPLETE_DIR,
+    checkpoint_dir,
+    latest_complete,
+    list_checkpoints,
+    set_aside_incomplete,
+)
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.processes import children_block_sigint, die_with_parent, stop_processes
@@ -43,21 +49,37 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def prepare_run_dir(settings: TrainSettings, resume: bool) -> TrainSettings:
+def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool = False) -> TrainSettings:
     """Create the run directory and write ``config.json`` (the settings in effect, so a
     later ``--resume`` continues with them, e.g. with the new number of learners).
 
+    Incomplete checkpoints (a run that stopped before every rank saved its part) are
+    moved to ``checkpoints/incomplete/<UTC time>/`` when the run resumes, or when
+    ``auto_resume`` starts it afresh because there is no complete one; one log line
+    says so. They never stay where a new save could mix its parts with theirs.
+
     Raises:
-        ConfigError: a new run in a directory that already holds checkpoints, or
-            several torchrun ranks without an explicit (shared) ``run_dir``.
+        ConfigError: a new run (without ``auto_resume``) in a directory that already
+            holds checkpoints, or several torchrun ranks without an explicit (shared)
+            ``run_dir``.
+        CheckpointError: incomplete checkpoints could not be moved aside.
     """
     if not settings.run_dir and under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
         raise ConfigError("under torchrun every learner rank needs the same --run-dir "
                           "(a directory all ranks share: a volume or network file system)")
     run_dir = Path(settings.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
-    if not resume and list_checkpoints(run_dir / "checkpoints"):
-        raise ConfigError(f"{run_dir} already holds checkpoints: continue it with --resume {run_dir}, "
-                          "or start a new run with another --run-dir")
+    root = run_dir / "checkpoints"
+    if not resume and list_checkpoints(root):
+        _refuse_fresh_start(run_dir, auto_resume)
+    if (resume or auto_resume) and (not under_torchrun() or os.environ.get("RANK") == "0"):
+        # One rank moves them, before the ranks meet (nobody saves before that).
+        moved, where = set_aside_incomplete(root)
+        if moved:
+            names = ", ".join(checkpoint_dir(root, c).name for c in moved)
+            what = "resuming from the newest complete checkpoint" if resume else \
+                "no complete checkpoint: starting the run afresh"
+            log.warning("%s: %s; %d incomplete checkpoint(s) (%s) moved to %s", run_dir, what,
+                        len(moved), names, where)
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = settings.with_run_dir(run_dir)
     if not under_torchrun() or os.environ.get("RANK") == "0":
@@ -67,8 +89,26 @@ def prepare_run_dir(settings: TrainSettings, resume: bool) -> TrainSettings:
     return settings
 
 
-def train(settings: TrainSettings, resume: bool = False) -> dict[str, Any]:
+def _refuse_fresh_start(run_dir: Path, auto_resume: bool) -> None:
+    """A new run where checkpoints are: refused, unless ``auto_resume`` found only
+    incomplete ones (those are set aside)."""
+    root = run_dir / "checkpoints"
+    if latest_complete(root) is not None:
+        raise ConfigError(f"{run_dir} already holds checkpoints: continue it with --resume {run_dir} "
+                          f"(or --run-dir {run_dir} --auto-resume), or start a new run with another "
+                          "--run-dir")
+    if not auto_resume:
+        names = ", ".join(checkpoint_dir(root, c).name for c in list_checkpoints(root))
+        raise ConfigError(f"{run_dir} holds only incomplete checkpoints ({names}: a run stopped before "
+                          f"every rank saved): start it again with --run-dir {run_dir} --auto-resume "
+                          f"(they are moved to {root / INCOMPLETE_DIR}), or use another --run-dir")
+
+
+def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = False) -> dict[str, Any]:
     """Run a training job to its end; returns rank 0's summary.
+
+    ``auto_resume`` (a new run under ``--auto-resume``): incomplete checkpoints left in
+    the run directory are set aside instead of refused (see :func:`prepare_run_dir`).
 
     Raises:
         ConfigError: bad settings (checked before anything starts).
@@ -81,7 +121,7 @@ def train(settings: TrainSettings, resume: bool = False) -> dict[str, Any]:
             log.warning("--learners %d ignored: torchrun started %s ranks", settings.learners,
                         os.environ["WORLD_SIZE"])
         settings = dataclasses.replace(settings, learners=int(os.environ["WORLD_SIZE"]))
-    settings = prepare_run_dir(settings, resume)
+    settings = prepare_run_dir(settings, resume, auto_resume=auto_resume)
     if under_torchrun():
         return _torchrun_rank(settings, resume)
     return _spawn_learners(settings, resume)

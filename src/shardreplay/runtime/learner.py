@@ -28,7 +28,7 @@ from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.manifest import checkpoint_dir
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import IncompleteCheckpointError, ShardReplayError
+from shardreplay.errors import CheckpointError, IncompleteCheckpointError, ShardReplayError
 from shardreplay.policy import open_publisher
 from shardreplay.runtime.actor import FINISHED, ActorSettings
 from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
@@ -105,6 +105,7 @@ class Learner:
         self._last_checkpoint = -1  # ids only grow: a save never meets a complete one
         self.resumed: dict[str, Any] | None = None
         self._high_water: dict[int, int] = {}  # restored: chunks already in the checkpoint
+        self._restored: dict[str, int] | None = None  # this shard's restore, for every save
         if resume:
             self._resume()
         self.transport = transport or shard_transport(
@@ -163,16 +164,31 @@ class Learner:
         self._high_water = merge_high_water(p.get("extra", {}).get("ingest") for p in parts)
         # Every rank lists the same directory before anyone saves again, so all agree.
         self._last_checkpoint = max(checkpoint.list_checkpoints(self._ckpt_root), default=-1)
-        total = self.buffer.collectives.all_reduce_sum(torch.tensor([float(report.steps)],
-                                                                    dtype=torch.float64), "resume steps")
+        self._restored = report.counts()
+        mine = [report.steps, report.dropped_episodes, report.dropped_steps, report.sealed_episodes,
+                report.sealed_steps]
+        total = self.buffer.collectives.all_reduce_sum(torch.tensor(mine, dtype=torch.float64),
+                                                       "resume steps")
+        steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps = (int(x) for x in total.tolist())
+        if steps + dropped_steps != report.saved_steps:
+            # The loader accounts for every saved step; anything else is a bug that must
+            # not be saved over the checkpoint it came from.
+            raise CheckpointError(f"resume from {report.directory}: {steps} steps restored and "
+                                  f"{dropped_steps} dropped, but the checkpoint holds "
+                                  f"{report.saved_steps}; not continuing")
         self.resumed = {"checkpoint": report.directory.name, "checkpoint_id": report.checkpoint_id,
                         "saved_shards": report.saved_shards, "shards": self.world,
-                        "steps": int(total.item()), "skipped": report.skipped}
-        log.info("rank %d resumed from %s: %d steps in this shard, counters %s", self.rank,
-                 report.directory.name, report.steps, self.counters)
+                        "saved_steps": report.saved_steps, "steps": steps,
+                        "dropped_episodes": dropped_eps, "dropped_steps": dropped_steps,
+                        "sealed_episodes": sealed_eps, "sealed_steps": sealed_steps,
+                        "skipped": report.skipped}
         if self.rank == 0:
-            log.info("resumed from %s: %d steps restored (%d shard(s) -> %d)", report.directory.name,
-                     self.resumed["steps"], report.saved_shards, self.world)
+            log.log(logging.WARNING if dropped_steps else logging.INFO,
+                    "resumed from %s (%d shard(s) -> %d): %d of its %d steps restored; dropped %d "
+                    "episodes (%d steps) beyond the new capacity, sealed %d episodes (%d steps) cut to "
+                    "fit a row; counters %s", report.directory.name, report.saved_shards, self.world,
+                    steps, report.saved_steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps,
+                    self.counters)
 
     def save(self) -> Path:
         """Save a checkpoint: rank 0 writes the learner state first, every rank its part
@@ -194,7 +210,7 @@ class Learner:
         best = self.best_eval if math.isfinite(self.best_eval) else None
         extra = {"counters": dict(self.counters), "best_eval": best,
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
-        return checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra)
+        return checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self._restored)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -249,16 +265,7 @@ class Learner:
         self.actors.stop(timeout_s=_ACTOR_STOP_S, while_waiting=drain)
 
     def _make_limiter(self) -> RateLimiter:
-        """Samples-per-insert limiter over GLOBAL counts: every rank feeds it the same
-        all-reduced numbers, so every rank takes the same decisions."""
-        s = self.s
-        per_update = s.batch_size * self.world
-        max_insert = _DRAIN_CHUNKS * s.chunk_steps * s.envs_per_actor * max(s.total_actors, 1)
-        slack = 2 * (max_insert * s.samples_per_insert + per_update)
-        offset = s.min_replay * s.samples_per_insert
-        limiter = RateLimiter(s.samples_per_insert, min_size_to_sample=s.min_replay,
-                              error_buffer=(offset - slack, offset + slack),
-                              max_insert_size=max_insert * self.world, max_sample_size=per_update)
+        limiter = make_limiter(self.s, self.world)
         limiter.inserts = self.counters["env_steps"]
         limiter.samples = self.counters["samples"]
         return limiter
@@ -406,6 +413,31 @@ class Learner:
             summary["eval_episodes"] = self.s.eval_episodes
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+def make_limiter(settings: TrainSettings, world: int) -> RateLimiter:
+    """The samples-per-insert limiter of a run on ``world`` learner ranks, over GLOBAL
+    counts: every rank feeds it the same all-reduced numbers, so every rank takes the
+    same decisions.
+
+    One loop iteration inserts at most ``max_insert`` steps over all ranks: each rank
+    drains at most ``_DRAIN_CHUNKS`` chunks of ``chunk_steps * envs_per_actor`` steps,
+    and only ranks with actors receive any, so ``min(world, actors)`` ranks (bounded
+    here by the number of actors, which keeps the figures of runs with fewer ranks than
+    actors as they were). The window ``offset -+ slack`` is twice as wide as an insert
+    batch plus a sample batch needs, on any number of ranks.
+
+    Raises:
+        ConfigError: settings the limiter rejects (a non-positive ratio).
+    """
+    s = settings
+    per_update = s.batch_size * world
+    max_insert = _DRAIN_CHUNKS * s.chunk_steps * s.envs_per_actor * max(s.total_actors, 1)
+    slack = 2 * (max_insert * s.samples_per_insert + per_update)
+    offset = s.min_replay * s.samples_per_insert
+    return RateLimiter(s.samples_per_insert, min_size_to_sample=s.min_replay,
+                       error_buffer=(offset - slack, offset + slack),
+                       max_insert_size=max_insert, max_sample_size=per_update)
 
 
 def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettings:

@@ -1,0 +1,217 @@
+"""A run directory is never stuck, and any number of learner ranks can train.
+
+- ``--auto-resume`` over a run directory that holds only incomplete checkpoints (a rank
+  died before every rank saved) sets them aside in ``checkpoints/incomplete/<time>/``,
+  says so in one line and starts afresh; ``--resume`` refuses such a directory before
+  anything starts, telling the user what to do. A restart loop (run, SIGKILL a rank,
+  run the same command again) converges to a run that finishes.
+- The rate limiter the learners build is valid for every world size (it was refused
+  from 3 ranks on), and runs of 3 and 4 learner ranks train and resume (2 -> 3 -> 4 ->
+  3) with every saved step restored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from train_harness import (
+    FAST,
+    TrainRun,
+    manifest_counters,
+    manifest_steps,
+    metrics_rows,
+    newest_checkpoint,
+    wait_until,
+)
+
+import shardreplay as sr
+from shardreplay import checkpoint
+from shardreplay.cli.train import _resumable
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.runtime.envs import transition_spec
+from shardreplay.runtime.launch import prepare_run_dir
+from shardreplay.runtime.learner import _DRAIN_CHUNKS, _MAX_UPDATES_PER_ITERATION, make_limiter
+from shardreplay.runtime.settings import TrainSettings
+
+START_S = 150.0
+
+
+# -- the limiter ---------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize(("actors", "remote"), [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (8, 0), (2, 3)])
+def test_limiter_settings_are_valid_and_never_stall_for_any_number_of_ranks(
+        world: int, actors: int, remote: int) -> None:
+    s = TrainSettings(learners=world, actors=actors, remote_actors=remote,
+                      transport="local" if not remote else "file:///tmp/unused")
+    limiter = make_limiter(s, world)  # raised ConfigError from 3 ranks on
+    per_update = s.batch_size * world
+    # The learner's loop, with every rank that has actors draining its most each time.
+    per_iteration = _DRAIN_CHUNKS * s.chunk_steps * s.envs_per_actor * min(world, max(actors + remote, 1))
+    assert per_iteration <= limiter.max_insert_size
+    sampled_once = False
+    for _ in range(2000):
+        inserted = limiter.can_insert(min(per_iteration, limiter.max_insert_size))
+        if inserted:
+            limiter.insert(per_iteration)
+        sampled = 0
+        while sampled < _MAX_UPDATES_PER_ITERATION and limiter.can_sample(per_update):
+            limiter.sample(per_update)
+            sampled += 1
+        assert inserted or sampled, f"both sides blocked at {limiter!r}"
+        sampled_once = sampled_once or sampled > 0
+    assert sampled_once
+    ratio = limiter.samples / limiter.inserts
+    assert abs(ratio - s.samples_per_insert) / s.samples_per_insert < 0.5, ratio
+
+
+def test_limiter_window_of_one_and_two_ranks_is_unchanged() -> None:
+    """The fix scales with the world size without moving the runs that worked."""
+    for world in (1, 2):
+        limiter = make_limiter(TrainSettings(learners=world), world)
+        offset, slack = 1000 * 32.0, 2 * (16 * 8 * 4 * 2 * 32.0 + 64 * world)
+        assert (limiter.min_diff, limiter.max_diff) == (offset - slack, offset + slack)
+
+
+# -- incomplete checkpoints ----------------------------------------------------------------
+def _incomplete_checkpoint(run_dir: Path, cid: int) -> Path:
+    """Part 0 of a 2-shard checkpoint (part 1's rank died before saving), and a config."""
+    buf = sr.ReplayBuffer(transition_spec(4), num_streams=2, stream_capacity=16, window=4)
+    step = {"obs": np.zeros((2, 4), np.float32), "action": np.zeros(2, np.int64),
+            "reward": np.ones(2, np.float32), "step_type": np.zeros(2, np.uint8),
+            "discount": np.ones(2, np.float32)}
+    for _ in range(5):
+        buf.add(step)
+    stub = object.__new__(ShardedReplayBuffer)
+    stub.local, stub.rank, stub.world_size = buf, 0, 2
+    directory = checkpoint.save(stub, run_dir / "checkpoints", cid)
+    (run_dir / "config.json").write_text(json.dumps(TrainSettings(learners=2).to_dict()))
+    assert not checkpoint.is_complete(directory)
+    return directory
+
+
+def _args(run_dir: Path, auto_resume: bool) -> argparse.Namespace:
+    return argparse.Namespace(auto_resume=auto_resume, run_dir=str(run_dir), resume=None)
+
+
+def test_auto_resume_sets_incomplete_checkpoints_aside_and_starts_afresh(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run_dir = tmp_path / "run"
+    root = run_dir / "checkpoints"
+    first = _incomplete_checkpoint(run_dir, 0)
+    files = sorted(p.name for p in first.iterdir())
+    assert _resumable(_args(run_dir, True)) is None  # nothing complete to continue
+    with caplog.at_level(logging.WARNING, logger="shardreplay.train"):
+        prepare_run_dir(TrainSettings(learners=2, run_dir=str(run_dir)), False, auto_resume=True)
+    assert checkpoint.list_checkpoints(root) == []
+    moved = sorted((root / checkpoint.INCOMPLETE_DIR).iterdir())
+    assert len(moved) == 1 and sorted(p.name for p in (moved[0] / first.name).iterdir()) == files
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "starting the run afresh" in lines[0] and "ckpt-0000000000" in lines[0] \
+        and str(moved[0]) in lines[0], lines
+    # The loop goes round again: the next crash's leftovers go beside, nothing is overwritten.
+    _incomplete_checkpoint(run_dir, 0)
+    prepare_run_dir(TrainSettings(learners=2, run_dir=str(run_dir)), False, auto_resume=True)
+    again = sorted((root / checkpoint.INCOMPLETE_DIR).iterdir())
+    assert len(again) == 2 and all((d / first.name).is_dir() for d in again)
+
+
+def test_auto_resume_continues_from_a_complete_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _incomplete_checkpoint(run_dir, 3)
+    buf = sr.ReplayBuffer(transition_spec(4), num_streams=2, stream_capacity=16, window=4)
+    checkpoint.save(buf, run_dir / "checkpoints", 1)
+    assert _resumable(_args(run_dir, True)) == run_dir
+    prepare_run_dir(TrainSettings(run_dir=str(run_dir)), True)
+    # Resuming sets the newer incomplete one aside too: no later save mixes with its parts.
+    assert checkpoint.list_checkpoints(run_dir / "checkpoints") == [1]
+
+
+def _train_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardreplay", "train", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_resume_or_new_run_over_only_incomplete_checkpoints_is_refused_with_what_to_do(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    directory = _incomplete_checkpoint(run_dir, 0)
+    got = _train_cli("--resume", str(run_dir), "--no-progress")
+    assert got.returncode == 2, got.stderr
+    assert "no complete checkpoint" in got.stderr and "--auto-resume" in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr and "learner" not in got.stderr  # refused before starting
+    got = _train_cli("--run-dir", str(run_dir), "--no-progress")
+    assert got.returncode == 2 and "only incomplete checkpoints" in got.stderr \
+        and "--auto-resume" in got.stderr, got.stderr
+    assert directory.is_dir()  # neither command touched it
+
+
+# -- the real command ----------------------------------------------------------------------
+def _finish(args: list[str], log_dir: Path, timeout_s: float = 300) -> dict:
+    with TrainRun(args, log_dir) as run:
+        assert run.wait(timeout_s) == 0, run.explain()
+        assert run.leftovers() == [], run.explain()
+        return run.summary()
+
+
+def _training_again(run_dir: Path, rows_before: int) -> bool:
+    """This life of the run recorded an update (rows from earlier lives do not count)."""
+    rows = metrics_rows(run_dir)[rows_before:]
+    return bool(rows) and int(rows[-1]["updates"]) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(900)
+def test_a_restart_loop_after_rank_kills_converges(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = ["train", "--run-dir", str(run_dir), "--auto-resume", *FAST, "--learners", "2", "--actors", "2",
+            "--hidden", "32", "32"]
+    for attempt in range(2):  # the scheduler restarts it after each crash
+        before = len(metrics_rows(run_dir))  # metrics.csv is appended to by every life
+        with TrainRun([*args, "--total-env-steps", "100000000"], tmp_path / f"crash{attempt}") as run:
+            wait_until(lambda run=run, before=before: _training_again(run_dir, before)
+                       and len(run.learners()) == 2, START_S, "training", run)
+            victim = max(run.learners(), key=lambda p: p.pid)
+            victim.kill()
+            assert run.wait(200) != 0, run.explain()
+            assert run.leftovers() == [], run.explain()
+        assert checkpoint.latest_complete(run_dir / "checkpoints") is None
+        assert checkpoint.list_checkpoints(run_dir / "checkpoints"), "the crash saved nothing"
+    summary = _finish([*args, "--total-env-steps", "1500"], tmp_path / "last")
+    assert summary["resumed_from"] is None and summary["env_steps"] >= 1500
+    _directory, manifest = newest_checkpoint(run_dir)
+    assert manifest_steps(manifest) == manifest_counters(manifest)["env_steps"]
+    kept = sorted((run_dir / "checkpoints" / checkpoint.INCOMPLETE_DIR).iterdir())
+    assert len(kept) == 2  # each crash's parts, set aside, not deleted
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(1200)
+def test_three_and_four_learners_train_and_resume_2_3_4_3(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    common = [*FAST, "--hidden", "32", "32"]
+    _finish(["train", "--run-dir", str(run_dir), *common, "--learners", "2", "--actors", "2",
+             "--total-env-steps", "1200"], tmp_path / "l2")
+    for learners, actors in ((3, 3), (4, 4), (3, 2)):
+        saved_dir, saved = newest_checkpoint(run_dir)
+        before = manifest_counters(saved)["env_steps"]
+        summary = _finish(["train", "--resume", str(run_dir), "--learners", str(learners), "--actors",
+                           str(actors), "--total-env-steps", str(before + 1200)], tmp_path / f"l{learners}")
+        resumed = summary["resumed_from"]
+        assert resumed["checkpoint"] == saved_dir.name and resumed["shards"] == learners
+        assert resumed["steps"] == resumed["saved_steps"] == manifest_steps(saved)  # nothing lost
+        assert resumed["dropped_steps"] == 0
+        _new_dir, new = newest_checkpoint(run_dir)
+        assert new["num_shards"] == learners and summary["updates"] > manifest_counters(saved)["updates"]
+        added = summary["env_steps"] - before
+        assert manifest_steps(new) == manifest_steps(saved) + added
+        assert new["restored"]["saved_steps"] == manifest_steps(saved)
+        assert new["restored"]["steps"] == manifest_steps(saved)
