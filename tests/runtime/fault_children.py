@@ -2,6 +2,7 @@
 this module, not the test module).
 
 - :func:`write_forever`: an actor's writer sending chunks of known content until killed.
+- :func:`write_n`: an actor's writer sending a known number of small chunks.
 - :func:`reader_life`: one life of a learner that stores chunks exactly once
   (receive -> write into the buffer -> checkpoint -> acknowledge), killed by the test.
 - :func:`read_forged`: a reader that receives forged chunks and reports its peak RSS.
@@ -36,6 +37,14 @@ def write_forever(transport: Any, actor_id: int, first_seq: int, obs_size: int, 
     while True:
         writer.send(make_chunk(actor_id, seq, s=s, t=t, spec=spec, obs_size=obs_size), timeout_s=None)
         seq += 1
+
+
+def write_n(transport: Any, actor_id: int, count: int) -> None:
+    """Send chunks ``0 .. count - 1`` of ``actor_id`` (small ones), then return."""
+    writer = transport.writer()
+    for seq in range(count):
+        writer.send(make_chunk(actor_id, seq, s=1, t=2), timeout_s=60)
+    writer.close()
 
 
 def _write_json(path: Path, body: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ from runtime_helpers import IDENT_SPEC, ident_counts, make_chunk
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.ingest import Ingestor, merge_stored
-from shardreplay.runtime.stored_ids import StoredIds
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.runtime.stored_ids import StoredIds
 from shardreplay.transport import open_transport
 
 SETTINGS = TrainSettings(learners=1, actors=2, envs_per_actor=2, transport="file:///unused")

@@ -249,9 +249,11 @@ class Intake:
         logger.warning("%s: rejected a chunk (%s): %s", self._medium, reason, detail)
 
     def lose(self, count: int, detail: str) -> None:
-        """Count and log ``count`` entries the medium lost (identities unknown)."""
+        """Count and log ``count`` entries the medium lost (identities unknown); queue
+        them in ``stats.dropped`` when there are any."""
         self.stats.lost += count
-        self.stats.dropped.append((-1, -1, count, detail))
+        if count:
+            self.stats.dropped.append((-1, -1, count, detail))
         logger.error("%s: %d chunks lost: %s", self._medium, count, detail)
 
 
