@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ from runtime_helpers import IDENT_SPEC, ident_counts, make_chunk
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.ingest import Ingestor, merge_stored
+from shardreplay.runtime.journal import LossLog
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stored_ids import StoredIds
 from shardreplay.transport import open_transport
@@ -103,10 +105,18 @@ def test_chunks_of_a_misconfigured_actor_never_enter_other_actors_rows(tmp_path:
     wrong_shard = make_chunk(1, 0)  # actor 1 belongs to shard 1; row_of would give actor 0's rows
     too_wide = make_chunk(0, 5, s=3)  # 3 streams, 2 per actor: its third is actor 2's first row
     transport = _spool(tmp_path, wrong_shard, too_wide, make_chunk(0, 0), make_chunk(2, 1))
+    (tmp_path / "spool" / "ready" / "notes.txt").write_text("not a chunk")
     buffer = _buffer()
-    ingestor = Ingestor(transport.reader(), buffer, two, shard=0)
+    ingestor = Ingestor(transport.reader(), buffer, two, shard=0, losses=LossLog(tmp_path, 0))
     assert ingestor.drain(8, 1.0, 0) == 16
     assert ingestor.total_rejected == 2
+    # Removed from the medium unstored: each one is in lost_chunks.jsonl with its reason.
+    lost = [json.loads(line) for line in (tmp_path / "lost_chunks.jsonl").read_text().splitlines()]
+    assert [(r["actor_id"], r["first"], r["last"], r["chunks"], r["rank"]) for r in lost] == \
+        [(-1, -1, -1, 1, 0), (1, 0, 0, 1, 0), (0, 5, 5, 1, 0)]
+    assert "not a chunk file name" not in lost[0]["reason"] and "name" in lost[0]["reason"]
+    assert "--num-shards 2" in lost[1]["reason"] and "--envs-per-actor" in lost[2]["reason"]
+    assert [r["steps"] for r in lost] == [-1, 8, 12]
     assert ident_counts(buffer.state_dict()["arrays"]["field.ident"]) == {(0, 0): 8, (2, 1): 8}
     assert ingestor.state_dict() == {"stored": {"0": [[0, 0]], "2": [[1, 1]]}}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 
@@ -42,7 +43,7 @@ def test_random_adds_match_a_set() -> None:
         reference.add(q)
     assert {q for q in range(-5, 405) if (1, q) in ids} == reference
     pairs = _intervals(ids, 1)
-    assert all(b + 1 < c for (_, b), (c, _) in zip(pairs, pairs[1:], strict=False))  # disjoint, not touching
+    assert all(b + 1 < c for (_, b), (c, _) in itertools.pairwise(pairs))  # disjoint, not touching
 
 
 def test_add_interval_absorbs_what_it_overlaps_or_touches() -> None:
