@@ -75,7 +75,11 @@ class IngestJournal:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def append(self, records: Iterable[tuple[int, int, int]]) -> None:
-        """Append ``(actor_id, sequence, steps)`` records in one write (before the ack)."""
+        """Append ``(actor_id, sequence, steps)`` records in one write (before the ack).
+
+        Raises:
+            OSError: the write failed (the caller must not acknowledge then).
+        """
         data = b"".join(_RECORD.pack(*r) for r in records)
         view = memoryview(data)
         while view:
@@ -83,10 +87,17 @@ class IngestJournal:
 
     def rotate(self, checkpoint_id: int, latest_complete: int | None) -> None:
         """Start a new file after this shard saved its part of ``checkpoint_id``; delete
-        the files a complete checkpoint (``latest_complete``) covers."""
+        the files a complete checkpoint (``latest_complete``) covers.
+
+        Raises:
+            OSError: the new file cannot be created.
+        """
         os.close(self._fd)
-        os.replace(self.path, self.path.with_name(self.path.name.replace(
-            ".journal", f".upto-{checkpoint_id}.journal")))
+        try:
+            os.replace(self.path, self.path.with_name(self.path.name.replace(
+                ".journal", f".upto-{checkpoint_id}.journal")))
+        except OSError as exc:  # records then stay in the current file: kept longer, never lost
+            log.warning("shard %d: could not rotate the ingest journal %s: %s", self.shard, self.path, exc)
         self._open()
         if latest_complete is None:
             return
@@ -152,14 +163,18 @@ class LossLog:
         self.rank = rank
 
     def record(self, actor_id: int, first: int, last: int, chunks: int, steps: int, reason: str) -> None:
-        """Append one entry."""
+        """Append one entry (a file that cannot be written is logged, not raised: the
+        loss is in the log then)."""
         line = json.dumps({"actor_id": actor_id, "first": first, "last": last, "chunks": chunks,
                            "steps": steps, "reason": reason, "rank": self.rank}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.error("cannot record a loss in %s (%s): %s", self.path, exc, line.strip())
 
     def record_chunks(self, chunks: dict[tuple[int, int], int], reason: str) -> None:
         """Append ``{(actor_id, sequence): steps}`` as runs of consecutive sequences."""
