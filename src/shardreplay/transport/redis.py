@@ -45,6 +45,12 @@ data) is retried with backoff, reconnecting, until the caller's deadline, then b
 :class:`~shardreplay.errors.TransportTimeout`; other errors become ``TransportError``.
 A reader returns an empty list during a short outage and raises only when the server has
 been unreachable for ``reconnect_timeout_s``.
+
+A server restarted without persistence comes back without the stream and its group: the
+reader recreates the group, and when the server's run id changed it counts as lost (logged
+at ERROR, ``stats.lost``, queued in ``stats.dropped``) the entries that waited at its last
+look, every ``trim_interval_s``: the group's undelivered entries plus those pending at
+other consumers. Production servers need ``appendonly yes``.
 """
 
 from __future__ import annotations
