@@ -2,6 +2,7 @@
 this module, not the test module).
 
 - :func:`write_forever`: an actor's writer sending chunks of known content until killed.
+- :func:`write_n`: an actor's writer sending a known number of small chunks.
 - :func:`reader_life`: one life of a learner that stores chunks exactly once
   (receive -> write into the buffer -> checkpoint -> acknowledge), killed by the test.
 - :func:`read_forged`: a reader that receives forged chunks and reports its peak RSS.
@@ -38,6 +39,14 @@ def write_forever(transport: Any, actor_id: int, first_seq: int, obs_size: int, 
         seq += 1
 
 
+def write_n(transport: Any, actor_id: int, count: int) -> None:
+    """Send chunks ``0 .. count - 1`` of ``actor_id`` (small ones), then return."""
+    writer = transport.writer()
+    for seq in range(count):
+        writer.send(make_chunk(actor_id, seq, s=1, t=2), timeout_s=60)
+    writer.close()
+
+
 def _write_json(path: Path, body: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(body))
@@ -46,7 +55,7 @@ def _write_json(path: Path, body: dict[str, Any]) -> None:
 
 def reader_life(transport: Any, root: str, num_actors: int, capacity: int, life_file: str,
                 die_after_save: bool) -> None:
-    """One learner life: restore the newest complete checkpoint and its high-water marks,
+    """One learner life: restore the newest complete checkpoint and its stored chunks,
     then forever: receive and write (no ack), save a checkpoint, acknowledge.
 
     ``die_after_save``: SIGKILL itself right after its first save, before acknowledging
@@ -55,20 +64,20 @@ def reader_life(transport: Any, root: str, num_actors: int, capacity: int, life_
     """
     from shardreplay import checkpoint
     from shardreplay.buffer.replay_buffer import ReplayBuffer
-    from shardreplay.runtime.ingest import Ingestor, merge_high_water
+    from shardreplay.runtime.ingest import Ingestor, merge_stored
     from shardreplay.runtime.settings import TrainSettings
 
     settings = TrainSettings(learners=1, actors=num_actors, envs_per_actor=2, transport="file:///unused")
     buffer = ReplayBuffer(IDENT_SPEC, num_streams=2 * num_actors, stream_capacity=capacity, window=2)
-    high_water: dict[int, int] = {}
+    stored = None
     ids = checkpoint.list_checkpoints(Path(root))
     restored = None
     if any(checkpoint.is_complete(checkpoint.checkpoint_dir(Path(root), i)) for i in ids):
         report = checkpoint.load(root, buffer, fallback=True)
         restored = report.checkpoint_id
         parts = checkpoint.read_manifest(report.directory)["parts"]
-        high_water = merge_high_water(p["extra"].get("ingest") for p in parts)
-    ingestor = Ingestor(transport.reader(), buffer, settings, high_water)
+        stored = merge_stored(p["extra"].get("ingest") for p in parts)
+    ingestor = Ingestor(transport.reader(), buffer, settings, stored)
     next_id = max(ids, default=-1) + 1
     progress = {"pid": os.getpid(), "restored": restored, "saves": 0, "steps": buffer.num_steps,
                 "duplicates": 0, "acked": 0}

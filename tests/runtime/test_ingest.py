@@ -1,15 +1,18 @@
-"""The learner's Ingestor: rows, policy lag, per-actor high-water marks, deferred acks."""
+"""The learner's Ingestor: rows, policy lag, stored chunks by identity, deferred acks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 from runtime_helpers import IDENT_SPEC, ident_counts, make_chunk
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.runtime.ingest import Ingestor, merge_high_water
+from shardreplay.runtime.ingest import Ingestor, merge_stored
+from shardreplay.runtime.journal import LossLog
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.runtime.stored_ids import StoredIds
 from shardreplay.transport import open_transport
 
 SETTINGS = TrainSettings(learners=1, actors=2, envs_per_actor=2, transport="file:///unused")
@@ -42,20 +45,24 @@ def test_rows_steps_and_policy_lag(tmp_path: Path) -> None:
     idents = buffer.state_dict()["arrays"]["field.ident"]
     rows = np.repeat(np.arange(4), 4)  # stored row after row: actor 0 -> rows 0, 1; actor 1 -> 2, 3
     assert (idents[:, 0] == rows // 2).all()
-    assert ingestor.high_water == {0: 0, 1: 0}
+    assert ingestor.state_dict() == {"stored": {"0": [[0, 0]], "1": [[0, 0]]}}
     assert _ready(tmp_path) == []  # acknowledged: the spool forgot them
 
 
-def test_chunks_at_or_below_the_mark_are_dropped_and_acknowledged(tmp_path: Path) -> None:
-    transport = _spool(tmp_path, *(make_chunk(0, q) for q in range(4)), make_chunk(1, 0))
+def test_stored_chunks_are_dropped_and_acknowledged_others_are_stored(tmp_path: Path) -> None:
+    transport = _spool(tmp_path, *(make_chunk(0, q) for q in range(5)), make_chunk(1, 0))
     buffer = _buffer()
-    # A restored checkpoint that holds actor 0 up to sequence 2 (a crash before the acks).
-    ingestor = Ingestor(transport.reader(), buffer, SETTINGS, high_water={0: 2})
+    # A restored checkpoint that holds actor 0's chunks 0, 1 and 3, not 2 (a crash before
+    # the acks; 2 came late): only the stored ones are duplicates.
+    stored = StoredIds()
+    stored.add_interval(0, 0, 1)
+    stored.add(0, 3)
+    ingestor = Ingestor(transport.reader(), buffer, SETTINGS, stored)
     ingestor.drain(8, 1.0, 0)
     assert ingestor.take_stats().duplicates == 3
     assert ingestor.total_duplicates == 3
-    assert ident_counts(buffer.state_dict()["arrays"]["field.ident"]) == {(0, 3): 8, (1, 0): 8}
-    assert ingestor.high_water == {0: 3, 1: 0}
+    assert ident_counts(buffer.state_dict()["arrays"]["field.ident"]) == {(0, 2): 8, (0, 4): 8, (1, 0): 8}
+    assert ingestor.state_dict() == {"stored": {"0": [[0, 4]], "1": [[0, 0]]}}
     assert _ready(tmp_path) == []  # dropped ones are acknowledged too: never delivered again
 
 
@@ -75,16 +82,20 @@ def test_a_chunk_outside_the_shard_is_rejected_and_leaves_no_mark(tmp_path: Path
     ingestor = Ingestor(transport.reader(), buffer, SETTINGS)
     assert ingestor.drain(8, 1.0, 0) == 0
     assert ingestor.total_rejected == 1 and buffer.num_steps == 0
-    assert ingestor.high_water == {}
+    assert ingestor.state_dict() == {"stored": {}}
 
 
 def test_state_round_trip_and_merge_over_shards() -> None:
-    ingestor = Ingestor.__new__(Ingestor)
-    ingestor.high_water = {3: 17, 0: 4}
+    ingestor = Ingestor(None, _buffer(), SETTINGS)
+    for actor, seq in ((3, 17), (0, 4), (3, 16), (3, 20)):
+        ingestor.stored.add(actor, seq)
     state = ingestor.state_dict()
-    assert state == {"high_water": {"0": 4, "3": 17}}  # JSON keys are strings
-    merged = merge_high_water([state, {"high_water": {"3": 12, "1": 9}}, None, {}])
-    assert merged == {0: 4, 1: 9, 3: 17}
+    assert state == {"stored": {"0": [[4, 4]], "3": [[16, 17], [20, 20]]}}  # JSON keys are strings
+    # A part saved before stored intervals existed holds high-water marks.
+    merged = merge_stored([state, {"stored": {"3": [[18, 19]], "1": [[9, 9]]}}, None, {},
+                           {"high_water": {"5": 2}}])
+    assert merged.state_dict() == {"stored": {"0": [[4, 4]], "1": [[9, 9]], "3": [[16, 20]],
+                                              "5": [[-(2**62), 2]]}}
 
 
 def test_chunks_of_a_misconfigured_actor_never_enter_other_actors_rows(tmp_path: Path) -> None:
@@ -94,12 +105,20 @@ def test_chunks_of_a_misconfigured_actor_never_enter_other_actors_rows(tmp_path:
     wrong_shard = make_chunk(1, 0)  # actor 1 belongs to shard 1; row_of would give actor 0's rows
     too_wide = make_chunk(0, 5, s=3)  # 3 streams, 2 per actor: its third is actor 2's first row
     transport = _spool(tmp_path, wrong_shard, too_wide, make_chunk(0, 0), make_chunk(2, 1))
+    (tmp_path / "spool" / "ready" / "notes.txt").write_text("not a chunk")
     buffer = _buffer()
-    ingestor = Ingestor(transport.reader(), buffer, two, shard=0)
+    ingestor = Ingestor(transport.reader(), buffer, two, shard=0, losses=LossLog(tmp_path, 0))
     assert ingestor.drain(8, 1.0, 0) == 16
     assert ingestor.total_rejected == 2
+    # Removed from the medium unstored: each one is in lost_chunks.jsonl with its reason.
+    lost = [json.loads(line) for line in (tmp_path / "lost_chunks.jsonl").read_text().splitlines()]
+    assert [(r["actor_id"], r["first"], r["last"], r["chunks"], r["rank"]) for r in lost] == \
+        [(-1, -1, -1, 1, 0), (1, 0, 0, 1, 0), (0, 5, 5, 1, 0)]
+    assert "not a chunk file name" not in lost[0]["reason"] and "name" in lost[0]["reason"]
+    assert "--num-shards 2" in lost[1]["reason"] and "--envs-per-actor" in lost[2]["reason"]
+    assert [r["steps"] for r in lost] == [-1, 8, 12]
     assert ident_counts(buffer.state_dict()["arrays"]["field.ident"]) == {(0, 0): 8, (2, 1): 8}
-    assert ingestor.high_water == {0: 0, 2: 1}
+    assert ingestor.state_dict() == {"stored": {"0": [[0, 0]], "2": [[1, 1]]}}
 
 
 def _numpy_returns(running, last_return, rows, reward, step_type) -> list[float]:

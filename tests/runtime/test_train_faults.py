@@ -10,6 +10,7 @@ the final acknowledgements reach the server, ``metrics.csv`` carries a sensible
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import psutil
@@ -90,6 +91,9 @@ def test_training_goes_on_through_actor_kill_corrupt_chunk_and_redis_restart(
     assert summary["env_steps"] >= 30000
     assert summary["actor_restarts"] >= 1
     assert summary["chunks_rejected"] == 1, summary  # ours; the killed actor left nothing partial
+    # Removed from the medium unstored: listed in lost_chunks.jsonl with its reason.
+    lost = [json.loads(line) for line in (run_dir / "lost_chunks.jsonl").read_text().splitlines()]
+    assert [(r["chunks"], r["reason"].startswith("rejected by the transport")) for r in lost] == [(1, True)]
     assert "Traceback" not in run.stderr(), run.explain()
     _check_policy_lag(run_dir, publish_interval=10)
     if server is not None:

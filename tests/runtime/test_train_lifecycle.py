@@ -135,6 +135,9 @@ def test_resume_continues_counters_and_replay_on_another_number_of_learners(tmp_
         assert (config["learners"], config["prefetch"]) == (learners, 4)
         previous = summary
     assert previous["env_steps"] >= 3 * budget
+    # Every life stopped cleanly: no chunk was acknowledged and then lost (no false report
+    # from the journals that each resume reads).
+    assert not (run_dir / "lost_chunks.jsonl").exists()
 
 
 def previous_learners(step: int) -> int:

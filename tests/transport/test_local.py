@@ -57,7 +57,8 @@ def test_two_spawned_actors_into_one_reader_in_order_per_actor() -> None:
         assert seqs == list(range(200))
         for c in got[:5]:
             assert_same_chunk(c, make_chunk(c.actor_id, c.sequence))
-    assert reader.stats.as_dict() == {"received": 400, "duplicates": 0, "acked": 400, "rejected": {}}
+    assert reader.stats.as_dict() == {"received": 400, "duplicates": 0, "acked": 400, "lost": 0,
+                                      "rejected": {}}
 
 
 def test_back_pressure_blocks_then_times_out_with_bounded_memory() -> None:

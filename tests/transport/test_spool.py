@@ -155,6 +155,37 @@ def test_corrupt_and_truncated_files_are_quarantined_and_counted(tmp_path: Path)
     assert os.listdir(ready) == []
     writer.send(make_chunk(1, 5))  # the reader lives on
     assert [c.sequence for c in receive_all(reader, 1, timeout_s=5)] == [5]
+    # Queued for the consumer's loss records, with the identity the header claims if readable.
+    assert sorted(reader.stats.dropped) == sorted([
+        (1, 2, 1, "rejected by the transport: checksum"), (-1, -1, 1, "rejected by the transport: truncated"),
+        (-1, -1, 1, "rejected by the transport: name"), (9, 0, 1, "rejected by the transport: spec")])
+
+
+@pytest.mark.parametrize("name", [".{final}.Xy12Ab", "{final}.123.abcd.tmp"])
+def test_a_temp_file_in_ready_is_left_to_its_writer_until_it_goes_stale(tmp_path: Path, name: str) -> None:
+    """A tool that copies chunks into ready/ under a temp name (rsync: ``.name.XXXXXX``)
+    and renames them when done is not cut short; one that died leaves a file that is
+    quarantined once it has been unchanged for ``stale_tmp_s``."""
+    transport = spool(tmp_path, stale_tmp_s=3600)
+    data = encode(make_chunk(0, 0), SPEC)
+    growing = tmp_path / "ready" / name.format(final=chunk_file_name(0, 0))
+    reader = transport.reader()
+    growing.write_bytes(data[:100])
+    assert reader.receive(10, timeout_s=0.05) == []
+    assert reader.stats.total_rejected == 0 and growing.exists()
+    with growing.open("ab") as f:
+        f.write(data[100:])
+    growing.rename(tmp_path / "ready" / chunk_file_name(0, 0))
+    assert [c.sequence for c in receive_all(reader, 1, timeout_s=5)] == [0]
+    reader.close()
+
+    stale = tmp_path / "ready" / name.format(final=chunk_file_name(0, 1))
+    stale.write_bytes(data[:100])
+    os.utime(stale, (time.time() - 60, time.time() - 60))
+    reader = spool(tmp_path, stale_tmp_s=30).reader()
+    assert reader.receive(10, timeout_s=0.05) == []
+    assert reader.stats.rejected == {"stale_temp": 1}
+    assert (tmp_path / "quarantine" / (stale.name + ".reason")).read_text() == "stale_temp\n"
 
 
 def test_oversized_files_are_quarantined_unread(tmp_path: Path) -> None:

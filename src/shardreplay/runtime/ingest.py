@@ -4,28 +4,30 @@ Exactly once, across learner crashes. The durable transports deliver a chunk unt
 is acknowledged (at-least-once), so a chunk is stored twice when a learner dies after
 writing it and before its acknowledgement reached the medium, and the next life
 restores a buffer (from a checkpoint) that already holds it. The :class:`Ingestor`
-therefore remembers, per actor, the highest sequence it stored (``high_water``) and
-drops a chunk at or below it as a duplicate. Actors number their chunks in strictly
-increasing order and a shard's transport delivers each actor's chunks in that order,
-so "at or below the mark" means "already stored". The marks are saved with each
-checkpoint (:meth:`Ingestor.state_dict`) and restored with it (:func:`merge_high_water`
-over all saved parts, so it also holds after a resume on another number of shards).
+therefore records which chunks it stored, by identity (:class:`StoredIds`: per actor,
+intervals of sequences), and drops a chunk as a duplicate only when its own
+``(actor_id, sequence)`` is there. A chunk that arrives after a later one of its actor
+(a spool listing that missed it, a Redis consumer that claims a dead one's entries
+after reading new ones) is stored, never mistaken for a duplicate. The record is
+saved with each checkpoint (:meth:`Ingestor.state_dict`) and restored with it
+(:func:`merge_stored` over all saved parts, so it also holds after a resume on another
+number of shards).
 
 With ``drain(..., ack=False)`` and :meth:`Ingestor.ack_stored` after each checkpoint
 (save, then acknowledge), every valid chunk that reached the medium is stored exactly
 once in the buffer that survives any number of crashes: a chunk acknowledged is in a complete
 checkpoint; one not acknowledged is delivered again and stored, or dropped because
-the restored marks show it is in the checkpoint already. The learner of
+the restored record shows it is in the checkpoint already. The learner of
 ``shardreplay train`` acknowledges right after writing instead (holding
 acknowledgements until the next checkpoint would stall every actor on back-pressure):
-after a crash it never stores a chunk twice, and loses only the chunks acknowledged
-since its last checkpoint, like every other state of that interval.
+after a crash it never stores a chunk twice, and the chunks acknowledged since its last
+checkpoint are lost with it, counted (see :mod:`shardreplay.runtime.journal`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,14 +36,18 @@ import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ShardReplayError
+from shardreplay.runtime.journal import IngestJournal, LossLog, OldJournals
 from shardreplay.runtime.routing import shard_for_actor
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.runtime.stored_ids import StoredIds, merge_stored
 from shardreplay.spec import StepType
 from shardreplay.transport.base import ChunkReader
 from shardreplay.transport.codec import Chunk
 
 log = logging.getLogger("shardreplay.learner")
-_FIRST, _LAST = int(StepType.FIRST), int(StepType.LAST)
+_FIRST, _MID, _LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+
+__all__ = ["IngestStats", "Ingestor", "merge_stored"]
 
 
 @dataclass
@@ -64,25 +70,39 @@ class Ingestor:
     of an actor routed to another shard, with more streams than ``envs_per_actor``, or
     whose rows fall outside the shard are rejected and counted, never half-written (they
     would land in another actor's rows and interleave its episodes).
-    Chunks at or below their actor's ``high_water`` sequence are dropped as duplicates
-    (see the module docstring).
+    Chunks whose ``(actor_id, sequence)`` is in ``stored`` are dropped as duplicates
+    (see the module docstring). A chunk that does not follow the last one this life
+    wrote of its actor (a late one, or one after a gap) starts headless episodes: its
+    first steps that are MID become FIRST, so no window joins steps that were not
+    consecutive in the actor's time.
 
     Args:
         reader: this shard's transport reader.
         buffer: this shard's buffer.
         settings: the run's settings (rows of streams).
+        stored: the chunks already in ``buffer`` (restored from a checkpoint with
+            :func:`merge_stored`); None for none.
         shard: this shard's index (its rank).
-        high_water: per actor, the highest sequence already in ``buffer`` (restored
-            from a checkpoint with :func:`merge_high_water`).
+        journal: where to journal stored identities before acknowledging them
+            (:class:`IngestJournal`); None keeps no journal.
+        losses: where rejected chunks and entries the medium lost are recorded
+            (:class:`LossLog`); None only logs and counts them.
+        suspects: chunks an earlier life acknowledged that the checkpoint lacks; those
+            stored again are cleared from it.
     """
 
     def __init__(self, reader: ChunkReader, buffer: ReplayBuffer, settings: TrainSettings,
-                 high_water: Mapping[int, int] | None = None, *, shard: int = 0) -> None:
+                 stored: StoredIds | None = None, *, shard: int = 0, journal: IngestJournal | None = None,
+                 losses: LossLog | None = None, suspects: OldJournals | None = None) -> None:
         self.reader = reader
         self.buffer = buffer
         self.settings = settings
         self.shard = shard
-        self.high_water: dict[int, int] = {int(a): int(q) for a, q in (high_water or {}).items()}
+        self.stored = stored if stored is not None else StoredIds()
+        self.journal = journal
+        self.losses = losses
+        self.suspects = suspects
+        self._last_written: dict[int, int] = {}  # per actor: the sequence this life wrote last
         self._unacked: list[Chunk] = []
         self.total_rejected = 0  # over the ingestor's life (``stats`` are per window)
         self.total_duplicates = 0
@@ -97,6 +117,9 @@ class Ingestor:
     def drain(self, max_chunks: int, timeout_s: float, policy_version: int, *, ack: bool = True) -> int:
         """Receive up to ``max_chunks`` chunks and write them; returns steps written.
 
+        The identities of the chunks written go to the journal (if any) before any
+        acknowledgement is sent.
+
         Args:
             max_chunks: chunks to take at most.
             timeout_s: how long to wait for the first one.
@@ -106,13 +129,21 @@ class Ingestor:
 
         Raises:
             TransportError: the medium failed for good (see ``ChunkReader.receive``).
+            OSError: the journal could not be written (nothing is acknowledged then).
         """
         # Borrowed: written into the buffer below, before the next receive (the local
         # ring then decodes in place); held chunks are only acknowledged later.
         chunks = self.reader.receive(max_chunks, timeout_s=timeout_s, borrow=True)
+        self._record_dropped()
         written = 0
+        records: list[tuple[int, int, int]] = []
         for chunk in chunks:
-            written += self._write(chunk, policy_version)
+            steps = self._write(chunk, policy_version)
+            written += steps
+            if steps:
+                records.append((chunk.actor_id, chunk.sequence, steps))
+        if records and self.journal is not None:
+            self.journal.append(records)
         if chunks and ack:
             self.reader.ack(chunks)
         elif chunks:
@@ -127,24 +158,24 @@ class Ingestor:
         return len(chunks)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-ready state to save with a checkpoint: ``{"high_water": {actor: sequence}}``."""
-        return {"high_water": {str(a): q for a, q in sorted(self.high_water.items())}}
+        """JSON-ready state to save with a checkpoint: ``{"stored": {actor: [[lo, hi], ...]}}``."""
+        return self.stored.state_dict()
 
     def close(self) -> None:
-        """Close the reader (sends acknowledgements it still queues)."""
-        self.reader.close()
+        """Close the reader (sends acknowledgements it still queues) and the journal."""
+        try:
+            self.reader.close()
+        finally:
+            if self.journal is not None:
+                self.journal.close()
 
     def _write(self, chunk: Chunk, policy_version: int) -> int:
-        if chunk.sequence <= self.high_water.get(chunk.actor_id, -1):
+        if chunk.identity in self.stored:
             self.stats.duplicates += 1
             self.total_duplicates += 1
-            # Warned once: an actor that restarted with a clock behind its last life's
-            # would lose chunks here for a while, and must not do so quietly.
             log.log(self._level(chunk.actor_id, "duplicate"),
-                    "actor %d chunk %d dropped: this shard stored its chunks up to %d already "
-                    "(re-delivered after a restart; if the actor itself restarted with a clock behind "
-                    "its previous life's, its chunks are dropped until it passes that sequence)",
-                    chunk.actor_id, chunk.sequence, self.high_water[chunk.actor_id])
+                    "actor %d chunk %d dropped: this shard stored it already (delivered again after a "
+                    "restart)", chunk.actor_id, chunk.sequence)
             return 0
         rows = np.array([self.settings.row_of(chunk.actor_id, int(s)) for s in chunk.stream_ids])
         try:
@@ -152,20 +183,49 @@ class Ingestor:
             if rows.max() >= self.buffer.num_streams:
                 raise ShardReplayError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
                                        f"beyond this shard's {self.buffer.num_streams}")
-            self.buffer.extend(chunk.steps, stream_ids=rows, priorities=chunk.priorities)
+            steps = self._steps_in_order(chunk)
+            self.buffer.extend(steps, stream_ids=rows, priorities=chunk.priorities)
         except ShardReplayError as exc:
             self.stats.rejected += 1
             self.total_rejected += 1
             log.log(self._level(chunk.actor_id, "rejected"), "chunk %s rejected: %s", chunk.identity, exc)
+            if self.losses is not None:
+                n = chunk.num_streams * chunk.num_steps
+                self.losses.record(chunk.actor_id, chunk.sequence, chunk.sequence, 1, n,
+                                   f"rejected: {type(exc).__name__}: {exc}")
             return 0
-        self.high_water[chunk.actor_id] = chunk.sequence
-        self._track_returns(rows, chunk.steps["reward"], chunk.steps["step_type"])
-        steps = chunk.num_streams * chunk.num_steps
-        self.stats.steps += steps
+        self.stored.add(chunk.actor_id, chunk.sequence)
+        self._last_written[chunk.actor_id] = chunk.sequence
+        if self.suspects is not None:
+            self.suspects.discard(chunk.identity)
+        self._track_returns(rows, steps["reward"], steps["step_type"])
+        n = chunk.num_streams * chunk.num_steps
+        self.stats.steps += n
         self.stats.chunks += 1
         self.stats.lag_sum += max(policy_version - chunk.policy_version, 0)
         self.stats.lag_count += 1
-        return steps
+        return n
+
+    def _steps_in_order(self, chunk: Chunk) -> Mapping[str, np.ndarray]:
+        """The chunk's steps; when it does not follow the last chunk written of its actor,
+        with its leading MID steps made FIRST (a copy: borrowed arrays stay untouched)."""
+        last = self._last_written.get(chunk.actor_id)
+        step_type = chunk.steps["step_type"]
+        if last is None or chunk.sequence == last + 1 or not (step_type[:, 0] == _MID).any():
+            return chunk.steps
+        step_type = step_type.copy()
+        step_type[step_type[:, 0] == _MID, 0] = _FIRST
+        log.log(self._level(chunk.actor_id, "order"), "actor %d chunk %d follows its chunk %d here: its "
+                "streams start new (headless) episodes", chunk.actor_id, chunk.sequence, last)
+        return {**chunk.steps, "step_type": step_type}
+
+    def _record_dropped(self) -> None:
+        """Rejections and losses the transport reported since the last receive."""
+        dropped = self.reader.stats.dropped
+        while dropped:
+            actor, seq, count, reason = dropped.popleft()
+            if self.losses is not None:
+                self.losses.record(actor, seq, seq, count, -1, reason)
 
     def _check_owner(self, chunk: Chunk) -> None:
         s = self.settings
@@ -221,16 +281,3 @@ def _track_returns(rows, reward, step_type, running, last_return, finished):  # 
             else:
                 running[r] += reward[i, t]
     return n
-
-
-def merge_high_water(states: Iterable[Mapping[str, Any] | None]) -> dict[int, int]:
-    """Per actor, the highest sequence over the saved states of all shards.
-
-    An actor's chunks go to one shard at a time, so the maximum over the parts of a
-    checkpoint is what that checkpoint holds of it, whichever shard gets it next.
-    """
-    merged: dict[int, int] = {}
-    for state in states:
-        for actor, seq in ((state or {}).get("high_water") or {}).items():
-            merged[int(actor)] = max(merged.get(int(actor), -1), int(seq))
-    return merged

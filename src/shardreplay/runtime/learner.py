@@ -34,12 +34,14 @@ from shardreplay.runtime.actor import FINISHED, ActorSettings
 from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.evaluate import evaluate
-from shardreplay.runtime.ingest import Ingestor, merge_high_water
+from shardreplay.runtime.ingest import Ingestor
+from shardreplay.runtime.journal import IngestJournal, LossLog, read_old_journals
 from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.processes import ActorPool
 from shardreplay.runtime.qnet import QNetwork
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_for_actor, shard_transport
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.runtime.stored_ids import StoredIds, merge_stored
 from shardreplay.samplers.schedules import LinearSchedule
 from shardreplay.transport.base import Transport
 
@@ -104,16 +106,24 @@ class Learner:
         self._saved_at = -1
         self._last_checkpoint = -1  # ids only grow: a save never meets a complete one
         self.resumed: dict[str, Any] | None = None
-        self._high_water: dict[int, int] = {}  # restored: chunks already in the checkpoint
+        self._stored = StoredIds()  # restored: chunks already in the checkpoint
         self._restored: dict[str, int] | None = None  # this shard's restore, for every save
+        restored = "none"
         if resume:
-            self._resume()
+            restored = self._resume()
+        # Before this life opens its journal: the chunks earlier lives acknowledged that
+        # the checkpoint lacks (rank 0 also takes the shards that no longer exist).
+        self._old_journals = read_old_journals(
+            self.run_dir / "ingest", lambda k: k == self.rank or (self.rank == 0 and k >= self.world),
+            self._stored, restored)
+        self.losses = LossLog(self.run_dir, self.rank)
         self.transport = transport or shard_transport(
             settings.transport, self.spec, self.rank, queued_per_actor=settings.queued_chunks_per_actor,
             actors=settings.actors_of_shard(self.rank),
             chunk_size_bytes=chunk_bytes(self.spec, settings.envs_per_actor, settings.chunk_steps))
-        self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._high_water,
-                                 shard=self.rank)
+        self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._stored,
+                                 shard=self.rank, journal=IngestJournal(self.run_dir / "ingest", self.rank),
+                                 losses=self.losses, suspects=self._old_journals)
         self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
         self._last_sync: np.ndarray | None = None
         self.metrics = MetricsRecorder(self.run_dir, settings.total_env_steps, settings.progress) \
@@ -153,7 +163,8 @@ class Learner:
     def _ckpt_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def _resume(self) -> None:
+    def _resume(self) -> str:
+        """Restore the newest complete checkpoint; returns its id (for loss reports)."""
         report = checkpoint.load(self._ckpt_root, self.buffer, fallback=True)
         state = torch.load(report.directory / LEARNER_STATE, weights_only=True)
         self.agent.load_state_dict(state["agent"])
@@ -161,7 +172,7 @@ class Learner:
         best = report.extra.get("best_eval")
         self.best_eval = -math.inf if best is None else float(best)
         parts = checkpoint.read_manifest(report.directory)["parts"]
-        self._high_water = merge_high_water(p.get("extra", {}).get("ingest") for p in parts)
+        self._stored = merge_stored(p.get("extra", {}).get("ingest") for p in parts)
         # Every rank lists the same directory before anyone saves again, so all agree.
         self._last_checkpoint = max(checkpoint.list_checkpoints(self._ckpt_root), default=-1)
         self._restored = report.counts()
@@ -189,6 +200,7 @@ class Learner:
                     "fit a row; counters %s", report.directory.name, report.saved_shards, self.world,
                     steps, report.saved_steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps,
                     self.counters)
+        return str(report.checkpoint_id)
 
     def save(self) -> Path:
         """Save a checkpoint: rank 0 writes the learner state first, every rank its part
@@ -210,7 +222,12 @@ class Learner:
         best = self.best_eval if math.isfinite(self.best_eval) else None
         extra = {"counters": dict(self.counters), "best_eval": best,
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
-        return checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self._restored)
+        if self._old_journals.files:  # what the medium gave back by now was not lost
+            self.losses.report_lost(self._old_journals)
+        path = checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self._restored)
+        if self.ingestor.journal is not None:
+            self.ingestor.journal.rotate(cid, checkpoint.latest_complete(self._ckpt_root))
+        return path
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -250,7 +267,7 @@ class Learner:
     def _close_reader(self) -> None:
         try:
             self.ingestor.close()
-        except ShardReplayError as exc:  # unsent acknowledgements: the marks drop what comes again
+        except ShardReplayError as exc:  # unsent acknowledgements: the stored record drops what comes again
             log.warning("rank %d: closing the transport reader failed: %s", self.rank, exc)
 
     def _stop_actors(self) -> None:

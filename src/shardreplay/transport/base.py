@@ -147,12 +147,19 @@ class ReaderStats:
         rejected: malformed chunks by reason (``checksum``, ``truncated``, ``spec``,
             ``values``, ``header``, ``format``, ``too_large``, ``malformed_entry``, ...).
         acked: chunks acknowledged.
+        lost: entries the medium itself lost (a Redis server restarted without
+            persistence), as far as the reader could count them.
+        dropped: ``(actor_id, sequence, chunks, reason)`` of each rejection and loss
+            not yet taken by the consumer (who pops them, e.g. into
+            ``lost_chunks.jsonl``); ids are -1 where unknown. Holds the newest 4096.
     """
 
     received: int = 0
     duplicates: int = 0
     acked: int = 0
+    lost: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    dropped: deque[tuple[int, int, int, str]] = field(default_factory=lambda: deque(maxlen=4096))
 
     @property
     def total_rejected(self) -> int:
@@ -162,7 +169,7 @@ class ReaderStats:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready snapshot."""
         return {"received": self.received, "duplicates": self.duplicates, "acked": self.acked,
-                "rejected": dict(self.rejected)}
+                "lost": self.lost, "rejected": dict(self.rejected)}
 
 
 class RecentIds:
@@ -223,7 +230,7 @@ class Intake:
             chunk = decode(data, self.spec, max_bytes=self.max_chunk_bytes)
         except CorruptChunkError as exc:
             ident = peek_identity(data) if exc.reason not in ("too_large", "truncated") else None
-            self.reject(exc.reason, f"{exc} (from {origin}, claims actor/seq {ident})")
+            self.reject(exc.reason, f"{exc} (from {origin}, claims actor/seq {ident})", ident)
             return exc.reason
         if self._recent.check_and_add(chunk.actor_id, chunk.sequence):
             self.stats.duplicates += 1
@@ -233,10 +240,21 @@ class Intake:
         self.stats.received += 1
         return chunk
 
-    def reject(self, reason: str, detail: str) -> None:
-        """Count and log one rejected chunk."""
+    def reject(self, reason: str, detail: str, identity: tuple[int, int] | None = None) -> None:
+        """Count and log one rejected chunk; queue it in ``stats.dropped`` (``identity``:
+        what its header claims, if readable)."""
         self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        actor, seq = identity or (-1, -1)
+        self.stats.dropped.append((actor, seq, 1, f"rejected by the transport: {reason}"))
         logger.warning("%s: rejected a chunk (%s): %s", self._medium, reason, detail)
+
+    def lose(self, count: int, detail: str) -> None:
+        """Count and log ``count`` entries the medium lost (identities unknown); queue
+        them in ``stats.dropped`` when there are any."""
+        self.stats.lost += count
+        if count:
+            self.stats.dropped.append((-1, -1, count, detail))
+        logger.error("%s: %d chunks lost: %s", self._medium, count, detail)
 
 
 def check_max_chunks(max_chunks: int) -> None:

@@ -45,6 +45,12 @@ data) is retried with backoff, reconnecting, until the caller's deadline, then b
 :class:`~shardreplay.errors.TransportTimeout`; other errors become ``TransportError``.
 A reader returns an empty list during a short outage and raises only when the server has
 been unreachable for ``reconnect_timeout_s``.
+
+A server restarted without persistence comes back without the stream and its group: the
+reader recreates the group, and when the server's run id changed it counts as lost (logged
+at ERROR, ``stats.lost``, queued in ``stats.dropped``) the entries that waited at its last
+look, every ``trim_interval_s``: the group's undelivered entries plus those pending at
+other consumers. Production servers need ``appendonly yes``.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ from shardreplay.transport.redis_link import (
     XaddPacker,
     ensure_group,
     trim_acknowledged,
+    waiting_entries,
     with_group,
 )
 
@@ -287,8 +294,10 @@ class RedisReader:
         self._pending_cursor: bytes | None = b"0"  # re-read our own pending entries first
         self._claim_cursor: bytes = b"0-0"
         self._last_claim = self._last_trim = time.monotonic()
-        self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE",
-                        deadline=time.monotonic() + t.reconnect_timeout_s)
+        self._waiting = 0  # entries a server restart would lose, at the last look
+        deadline = time.monotonic() + t.reconnect_timeout_s
+        self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE", deadline=deadline)
+        self._run_id = self._link.call(_run_id, what="INFO", deadline=deadline)
 
     @property
     def stats(self) -> ReaderStats:
@@ -334,6 +343,7 @@ class RedisReader:
                                                             count=count), "XAUTOCLAIM", deadline)
             self._claim_cursor = reply[0]
             if reply[1]:
+                self._waiting = max(self._waiting - len(reply[1]), 0)  # no longer at a dead consumer
                 return [(eid, fields) for eid, fields in reply[1]]
         block_ms = int(min(max(deadline - now, 0.0), 1.0, t.socket_timeout_s / 2) * 1000)
         acks = list(self._to_ack)
@@ -347,12 +357,28 @@ class RedisReader:
 
         reply = self._group_call(ack_and_read, "XREADGROUP >", deadline)
         del self._to_ack[:len(acks)]
-        return reply[0][1] if reply else []
+        entries = reply[0][1] if reply else []
+        self._waiting = max(self._waiting - len(entries), 0)  # delivered: no longer waiting
+        return entries
 
     def _group_call(self, fn: Callable[[redis.Redis], T], what: str, deadline: float) -> T:
         t = self._t
-        return self._link.call(lambda r: with_group(r, t.stream, t.group, lambda: fn(r)), what=what,
-                               deadline=deadline)
+        return self._link.call(lambda r: with_group(r, t.stream, t.group, lambda: fn(r),
+                                                    lambda: self._group_recreated(r)),
+                               what=what, deadline=deadline)
+
+    def _group_recreated(self, client: redis.Redis) -> None:
+        """The group was missing: if the server restarted (a new run id), count what
+        waited in it at the last look as lost."""
+        run_id = _run_id(client)
+        if run_id == self._run_id:  # the group was deleted by hand; the entries are still there
+            return
+        self._run_id, self._claim_cursor = run_id, b"0-0"
+        self._intake.lose(self._waiting, f"redis-server {self._t.url} restarted without its data; "
+                          f"{self._waiting} entries of {self._t.stream!r} were waiting at the last look "
+                          f"(every {self._t.trim_interval_s} s; those added since are not counted). "
+                          "Run a production Redis with appendonly yes")
+        self._waiting = 0
 
     def _take(self, entry_id: bytes, fields: dict[bytes, bytes] | None, out: list[Chunk]) -> None:
         data = fields.get(_FIELD) if fields else None
@@ -398,8 +424,11 @@ class RedisReader:
         if time.monotonic() - self._last_trim >= t.trim_interval_s:
             self._last_trim = time.monotonic()
             try:
-                self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=False), what="XTRIM",
-                                deadline=deadline)
+                waiting = self._link.call(lambda r: (trim_acknowledged(r, t.stream, exact=False),
+                                                     waiting_entries(r, t.stream, t.group, t.consumer))[1],
+                                          what="XTRIM", deadline=deadline)
+                if waiting is not None:
+                    self._waiting = waiting
             except TransportTimeout:
                 raise
             except TransportError as exc:  # e.g. a group vanished mid-way: trimming can wait
@@ -409,3 +438,8 @@ class RedisReader:
         """Send queued acknowledgements and close; unacknowledged entries stay pending."""
         self.flush()
         self._link.close()
+
+
+def _run_id(client: redis.Redis) -> str:
+    """The server's run id: a new one after every restart."""
+    return str(client.info("server").get("run_id", ""))

@@ -25,7 +25,8 @@ from redis.retry import Retry
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
 from shardreplay.transport.codec import Encoding
 
-__all__ = ["HintChannel", "RedisLink", "XaddPacker", "ensure_group", "trim_acknowledged", "with_group"]
+__all__ = ["HintChannel", "RedisLink", "XaddPacker", "ensure_group", "trim_acknowledged", "waiting_entries",
+           "with_group"]
 
 logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
@@ -95,8 +96,10 @@ def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
             raise
 
 
-def with_group(client: redis.Redis, stream: str, group: str, fn: Callable[[], T]) -> T:
-    """Run ``fn``; if the group vanished (a server restarted without its data), recreate it."""
+def with_group(client: redis.Redis, stream: str, group: str, fn: Callable[[], T],
+               on_recreate: Callable[[], None] | None = None) -> T:
+    """Run ``fn``; if the group vanished (a server restarted without its data), recreate
+    it, call ``on_recreate`` (to count what was lost) and run ``fn`` again."""
     try:
         return fn()
     except redis.ResponseError as exc:
@@ -104,7 +107,28 @@ def with_group(client: redis.Redis, stream: str, group: str, fn: Callable[[], T]
             raise
         logger.warning("redis: group %r of stream %r was missing; recreated at id 0", group, stream)
         ensure_group(client, stream, group)
+        if on_recreate is not None:
+            on_recreate()
         return fn()
+
+
+def waiting_entries(client: redis.Redis, stream: str, group: str, consumer: str) -> int | None:
+    """Entries of ``stream`` that ``group`` has not yet delivered (its lag) plus those
+    pending at consumers other than ``consumer``: what a server restart without
+    persistence would lose. None when the group is missing or its lag unknown."""
+    pipe = client.pipeline(transaction=False)
+    pipe.xinfo_groups(stream)
+    pipe.xpending(stream, group)
+    try:
+        groups, pending = pipe.execute()
+    except redis.ResponseError:  # no stream or no group (yet)
+        return None
+    lag = next((g.get("lag") for g in groups if g.get("name") == group.encode()), None)
+    if lag is None:
+        return None
+    others = sum(int(c["pending"]) for c in pending.get("consumers") or []
+                 if c["name"] != consumer.encode())
+    return int(lag) + others
 
 
 # The trim of module doc point 1, run atomically in one round trip. Ids "ms-seq" are

@@ -15,10 +15,14 @@ temp file that no reader looks at (the reader deletes temp files older than
 ``max_pending_per_actor`` of its own chunks.
 
 The reader lists ``ready/``, takes chunks in sequence order per actor (round robin over
-actors), validates each (size before reading, then checksum and spec), moves bad ones to
-``quarantine/`` and counts them by reason. A chunk stays in ``ready/`` until ``ack``, then
-is deleted or moved to ``archive/``; a reader that dies before ``ack`` leaves it for the
-next reader (at-least-once). :func:`iter_archive` reads an archive back for offline use.
+actors; a second listing catches chunks renamed in during the first, see
+:meth:`SpoolReader._refill`), validates each (size before reading, then checksum and
+spec), moves bad ones to ``quarantine/`` and counts them by reason. A temp-named file
+in ``ready/`` (``*.tmp``, ``.*``: a tool copying chunks in and renaming them when done)
+is left alone until it has been unchanged for ``stale_tmp_s``, then quarantined
+(``stale_temp``). A chunk stays in ``ready/`` until ``ack``, then is deleted or moved
+to ``archive/``; a reader that dies before ``ack`` leaves it for the next reader
+(at-least-once). :func:`iter_archive` reads an archive back for offline use.
 """
 
 from __future__ import annotations
@@ -74,7 +78,8 @@ class SpoolTransport:
         dedup_window: sequences remembered per actor for duplicate detection.
         poll_interval_s: how often a waiting reader or writer looks again.
         fsync: flush chunks to disk before they become visible (off only for scratch data).
-        stale_tmp_s: a new reader deletes temp files older than this (dead writers).
+        stale_tmp_s: a new reader deletes temp files in ``tmp/`` older than this (dead
+            writers); temp-named files in ``ready/`` unchanged this long are quarantined.
 
     Raises:
         ConfigError: a bad setting.
@@ -233,20 +238,51 @@ class SpoolReader:
                 time.sleep(min(self._t.poll_interval_s, max(deadline - time.monotonic(), 0.0)))
 
     def _refill(self) -> None:
-        """List ``ready/``: per actor in sequence order, interleaved across actors."""
+        """List ``ready/``: per actor in sequence order, interleaved across actors.
+
+        A listing that takes several reads of the directory may miss a file renamed in
+        while it runs, yet show a later chunk of the same actor renamed in after it. Every
+        such file is in place before a second listing starts, so the second one adds the
+        chunks it shows below each actor's highest in the first: no actor's chunk is
+        handed out before an earlier one that was already there.
+        """
         inflight = set(self._inflight.values())
+        first = self._list(inflight)
+        if not first:
+            return
+        second = self._list(inflight)
+        for actor, entries in first.items():
+            top, seen = max(entries)[0], {name for _, name in entries}
+            entries.extend(e for e in second.get(actor, ()) if e[0] < top and e[1] not in seen)
+        queues = [sorted(v) for _, v in sorted(first.items())]
+        for i in range(max((len(q) for q in queues), default=0)):
+            self._backlog.extend(q[i][1] for q in queues if i < len(q))
+
+    def _list(self, inflight: set[str]) -> dict[int, list[tuple[int, str]]]:
+        """Per actor, ``(sequence, name)`` of the chunk files in ``ready/``; other names
+        are set aside, except temp names (``*.tmp``, ``.*``) younger than ``stale_tmp_s``:
+        someone may still be writing them there (a copy tool that renames when done)."""
         per_actor: dict[int, list[tuple[int, str]]] = {}
         for entry in os.scandir(self._ready):
             if entry.name in inflight:
                 continue
             parsed = _parse_name(entry.name)
-            if parsed is None:
+            if parsed is not None:
+                per_actor.setdefault(parsed[0], []).append((parsed[1], entry.name))
+            elif _is_temp_name(entry.name):
+                self._set_aside_if_stale(entry)
+            else:
                 self._set_aside(entry.name, "name", "not a chunk file name")
-                continue
-            per_actor.setdefault(parsed[0], []).append((parsed[1], entry.name))
-        queues = [sorted(v) for _, v in sorted(per_actor.items())]
-        for i in range(max((len(q) for q in queues), default=0)):
-            self._backlog.extend(q[i][1] for q in queues if i < len(q))
+        return per_actor
+
+    def _set_aside_if_stale(self, entry: os.DirEntry[str]) -> None:
+        try:
+            idle_s = time.time() - entry.stat().st_mtime
+        except FileNotFoundError:  # renamed to its final name meanwhile
+            return
+        if idle_s >= self._t.stale_tmp_s:
+            self._set_aside(entry.name, "stale_temp", f"a temp file unchanged for {idle_s:.0f} s "
+                            f"(stale_tmp_s={self._t.stale_tmp_s}): its writer died")
 
     def _ingest(self, name: str) -> Chunk | None:
         try:
@@ -313,6 +349,12 @@ class SpoolReader:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _is_temp_name(name: str) -> bool:
+    """A name a writer uses before renaming: ours end in ``.tmp``; rsync's and many
+    other tools' start with a dot."""
+    return name.endswith(".tmp") or name.startswith(".")
 
 
 def _read_at_most(path: Path, max_bytes: int) -> bytes | None:
