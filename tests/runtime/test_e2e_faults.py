@@ -112,7 +112,8 @@ def _trial(args: list[str], log_dir: Path, prefix: str, rng: random.Random, serv
             raise AssertionError(f"{prefix}: the launcher did not exit within {EXIT_S} s of a learner "
                                  "rank's death (issue 10, item d)" + run.explain()) from None
         assert code != 0, f"{prefix}: a learner rank died, yet the launcher exited 0" + run.explain()
-        assert run.leftovers() == [], run.explain()
+        left = run.leftovers()
+        assert left == [], f"{prefix}: processes left after the launcher exited: {left}" + run.explain()
     return done
 
 
@@ -120,7 +121,8 @@ def _final(args: list[str], log_dir: Path) -> dict[str, Any]:
     with TrainRun(args, log_dir, prefix="final-") as run:
         code = run.wait(300)
         assert code == 0, "the final launch did not end cleanly" + run.explain()
-        assert run.leftovers() == [], run.explain()
+        left = run.leftovers()
+        assert left == [], f"final: processes left after the launcher exited: {left}" + run.explain()
         return run.summary()
 
 
