@@ -9,8 +9,9 @@ Three records are compared, each identity being ``(actor_id, sequence)``:
 - lost: ``<run_dir>/lost_chunks.jsonl``, one ``{"actor_id", "first", "last", "chunks",
   "steps", "reason", "rank"}`` per line, written by learners on resume.
 
-Every delivered identity must be stored or lost with a reason; no identity may be
-stored twice, and the checkpoint's step count must be the sum of the stored chunks' steps.
+Every delivered identity must be stored or lost with a reason, and the checkpoint's
+step count must be the sum of the distinct stored chunks' steps (a chunk stored twice
+adds its steps twice; the replay capacity is large enough that nothing is overwritten).
 """
 
 from __future__ import annotations
@@ -55,9 +56,14 @@ def final_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
     return directory, checkpoint.read_manifest(directory)
 
 
-def stored_identities(manifest: dict[str, Any]) -> Counter[Identity]:
-    """How many parts hold each identity, from the parts' ``extra["ingest"]["stored"]``."""
-    held: Counter[Identity] = Counter()
+def stored_identities(manifest: dict[str, Any]) -> set[Identity]:
+    """The union of the parts' ``extra["ingest"]["stored"]`` records.
+
+    A union, not a sum: a resumed rank starts from the merged record of all parts (its
+    shard may receive any saved shard's episodes), so parts of a later checkpoint can
+    list the same chunk. Duplicates show in the step count instead (:func:`stored_steps`).
+    """
+    held: set[Identity] = set()
     for part in manifest["parts"]:
         ingest = part.get("extra", {}).get("ingest", {})
         assert "stored" in ingest, (
@@ -105,35 +111,32 @@ def pending_in_spool(spool: Path) -> set[Identity]:
 
 @dataclass
 class Accounting:
-    """Where each delivered chunk went. ``unexplained`` and ``duplicates`` must be empty."""
+    """Where each delivered chunk went. ``unexplained`` must be empty."""
 
     delivered: int = 0
     stored: int = 0
     lost_with_reason: int = 0
     unexplained: list[Identity] = field(default_factory=list)
-    duplicates: list[Identity] = field(default_factory=list)
 
     def line(self, name: str) -> str:
         return (f"{name}: delivered={self.delivered} stored={self.stored} "
-                f"lost_with_reason={self.lost_with_reason} unexplained={len(self.unexplained)} "
-                f"duplicates={len(self.duplicates)}")
+                f"lost_with_reason={self.lost_with_reason} unexplained={len(self.unexplained)}")
 
 
-def account(delivered: set[Identity], held: Counter[Identity], lost: list[LostRange]) -> Accounting:
+def account(delivered: set[Identity], held: set[Identity], lost: list[LostRange]) -> Accounting:
     """Sort ``delivered`` into stored / lost with a reason / unexplained."""
     out = Accounting(delivered=len(delivered))
     for ident in sorted(delivered):
-        if held[ident] > 0:
+        if ident in held:
             out.stored += 1
         elif any(r.reason and r.covers(ident) for r in lost):
             out.lost_with_reason += 1
         else:
             out.unexplained.append(ident)
-    out.duplicates = sorted(i for i in delivered if held[i] > 1)
     return out
 
 
-def stored_steps(held: Counter[Identity], delivered_steps: dict[Identity, int],
+def stored_steps(held: set[Identity], delivered_steps: dict[Identity, int],
                  nominal_steps: int) -> tuple[int, int]:
     """Steps of the distinct stored identities, and how many of them no actor logged.
 
