@@ -255,3 +255,59 @@ def test_signal_stops_an_actor_blocked_by_back_pressure(tmp_path: Path) -> None:
     counters = _counters(log)
     assert counters["chunks"] == 1 and counters["send_retries"] >= 1
     assert len(list(ready.iterdir())) == 1  # the queue bound held
+
+
+def _delivery_lines(path: Path) -> list[dict[str, int]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("kind", ["file", pytest.param("redis", marks=pytest.mark.redis)])
+def test_delivery_log_lists_exactly_the_chunks_the_transport_accepted(tmp_path: Path, kind: str,
+                                                                      redis_factory) -> None:
+    """A full queue (nobody reads) refuses chunks: those are not in the log; a stop while
+    blocked gives up on the held chunk, which is not logged either."""
+    url = _transport_url(kind, tmp_path, redis_factory)
+    publish_cartpole_policy(f"file://{tmp_path}/policy", 1)
+    log_path = tmp_path / "audit" / "actor-1.jsonl"
+    s = _settings(tmp_path, url, queued_per_actor=2, send_timeout_s=0.2, delivery_log=str(log_path))
+    stop = StopFlag()
+
+    def stop_once_blocked() -> None:  # the queue holds 2: the actor then waits in send
+        try:
+            wait_for(lambda: log_path.exists() and len(_delivery_lines(log_path)) >= 2, START_S, "2 chunks")
+            time.sleep(1.5)
+        finally:
+            stop.set()
+
+    stopper = threading.Thread(target=stop_once_blocked, daemon=True)
+    stopper.start()
+    try:
+        counters = run(s, stop=stop)
+    finally:
+        stop.set()
+        stopper.join(timeout=START_S)
+    lines = _delivery_lines(log_path)
+    assert len(lines) == counters["chunks"] >= 1
+    assert counters["send_retries"] >= 1, counters  # the queue was full: some chunks waited or were refused
+    reader = shard_transport(url, CARTPOLE_SPEC, shard_for_actor(1, 2)).reader()
+    try:
+        chunks = _drain(reader, lambda got: len(got) >= len(lines), 20)
+        assert reader.receive(64, timeout_s=0.2) == []
+    finally:
+        reader.close()
+    assert [(d["actor_id"], d["sequence"], d["steps"]) for d in lines] == \
+        [(c.actor_id, c.sequence, c.num_streams * c.num_steps) for c in chunks]
+    assert sum(d["steps"] for d in lines) < counters["env_steps"]  # played more than was accepted
+
+
+def test_delivery_log_is_appended_across_lives_and_off_by_default(tmp_path: Path) -> None:
+    publish_cartpole_policy(f"file://{tmp_path}/policy", 1)
+    log_path = tmp_path / "actor-1.jsonl"
+    url = f"file://{tmp_path}/spool"
+    for _life in range(2):
+        run(_settings(tmp_path, url, max_env_steps=3 * 10, delivery_log=str(log_path)), stop=StopFlag())
+    lines = _delivery_lines(log_path)
+    assert [d["steps"] for d in lines] == [15, 15] * 2
+    assert len({d["sequence"] for d in lines}) == 4
+    run(_settings(tmp_path, url, max_env_steps=3 * 10), stop=StopFlag())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["actor-1.jsonl", "policy", "spool"]

@@ -39,6 +39,7 @@ def add_parser(subparsers: Any) -> None:
         default = defaults[name]
         kind = int if name in ("max_env_steps", "seed", "queued_per_actor") else type(default)
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=_HELP.get(name))
+    p.add_argument("--delivery-log", default=None, metavar="FILE", help=_HELP.get("delivery_log"))
     p.add_argument("--hidden", type=int, nargs="+", default=list(defaults["hidden"]),
                    help="hidden layer sizes (only a fallback: the published policy's shape is used)")
     p.set_defaults(func=run)

@@ -10,11 +10,14 @@ actor after the current step, sending what it holds.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,6 +64,9 @@ class ActorSettings:
         send_timeout_s: one attempt's wait for room in the transport.
         queued_per_actor: chunks that may wait in the medium per actor (None: its default).
         policy_check_interval_s: how often to look for new weights.
+        delivery_log: a file to which one JSON line ``{"actor_id", "sequence", "steps"}``
+            is appended for every chunk the transport accepted (an audit of what this
+            actor was told was delivered); None: no log.
     """
 
     actor_id: int
@@ -81,6 +87,7 @@ class ActorSettings:
     send_timeout_s: float = 5.0
     queued_per_actor: int | None = None
     policy_check_interval_s: float = 0.2
+    delivery_log: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.actor_id < self.num_actors:
@@ -166,6 +173,7 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
     converter.reset(obs)
     chunker = Chunker(s.actor_id, np.arange(s.envs_per_actor), s.chunk_steps,
                       first_sequence=time.time_ns() // 1000)
+    delivered = _DeliveryLog(s.delivery_log)
     writer = transport.writer()
     try:
         while not stop.is_set() and (s.max_env_steps is None or counters["env_steps"] < s.max_env_steps):
@@ -184,12 +192,14 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
             for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info):
                 chunk = chunker.add(step, version)
                 if chunk is not None:
-                    writer = _send(chunk, writer, transport, stop, counters, s.send_timeout_s, feed)
+                    writer = _send(chunk, writer, transport, stop, counters, s.send_timeout_s, feed,
+                                   delivered)
         last = chunker.flush()
         if last is not None:
-            writer = _send(last, writer, transport, stop, counters, s.send_timeout_s, feed)
+            writer = _send(last, writer, transport, stop, counters, s.send_timeout_s, feed, delivered)
     finally:
         writer.close()
+        delivered.close()
         subscriber.close()
     log.info("actor %d stopped: %s", s.actor_id, counters)
     return counters
@@ -276,8 +286,37 @@ def _load(net: QNetwork, update: Any) -> int:
     return int(update.version)
 
 
+class _DeliveryLog:
+    """``ActorSettings.delivery_log``: one line per chunk the transport accepted.
+
+    One ``write`` on an ``O_APPEND`` descriptor per line: a line is whole or absent
+    after the actor is killed (not fsynced: a machine crash may lose the tail).
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self._fd: int | None = None
+        if path:
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise ConfigError(f"cannot open the delivery log {path}: {exc}; "
+                                  "give a writable --delivery-log path") from exc
+
+    def record(self, chunk: Chunk) -> None:
+        if self._fd is not None:
+            line = {"actor_id": chunk.actor_id, "sequence": chunk.sequence,
+                    "steps": chunk.num_streams * chunk.num_steps}
+            os.write(self._fd, (json.dumps(line) + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, counters: dict[str, int],
-          timeout_s: float, feed: _PolicyFeed) -> Any:
+          timeout_s: float, feed: _PolicyFeed, delivered: _DeliveryLog) -> Any:
     """Send with retries; reopen the writer after a transport failure."""
     backoff = 0.1
     while True:
@@ -285,6 +324,7 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, count
             # Stopping: a short wait, the learner (if still there) is draining for us.
             writer.send(chunk, timeout_s=min(timeout_s, 2.0) if stop.is_set() else timeout_s)
             counters["chunks"] += 1
+            delivered.record(chunk)  # after the transport took it: what the actor was told
             return writer
         except TransportTimeout:
             counters["send_retries"] += 1  # the learner is busy: back-pressure (or gone)

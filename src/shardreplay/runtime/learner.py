@@ -155,7 +155,9 @@ class Learner:
                                                        0),
                               queued_per_actor=s.queued_chunks_per_actor,
                               # Fixed by the run's seed; a resumed run plays new episodes.
-                              seed=s.seed * 7919 + a + 104_729 * self.counters["env_steps"])
+                              seed=s.seed * 7919 + a + 104_729 * self.counters["env_steps"],
+                              delivery_log=(str(Path(s.delivery_log_dir) / f"actor-{a}.jsonl")
+                                            if s.delivery_log_dir else None))
                 for a in mine]
 
     # -- checkpoints ----------------------------------------------------------------------

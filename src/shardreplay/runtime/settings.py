@@ -61,6 +61,9 @@ class TrainSettings:
         collective_timeout_s: how long ranks wait for each other.
         max_actor_restarts: restarts per actor after a crash.
         seed: base seed.
+        delivery_log_dir: when set, each actor started here appends one JSON line
+            ``{"actor_id", "sequence", "steps"}`` to ``DIR/actor-<id>.jsonl`` for every
+            chunk its transport accepted: an audit of what was delivered ('' = none).
         progress: show a live progress bar (rank 0).
     """
 
@@ -103,6 +106,7 @@ class TrainSettings:
     collective_timeout_s: float = 300.0
     max_actor_restarts: int = 3
     seed: int = 0
+    delivery_log_dir: str = ""
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
