@@ -273,12 +273,12 @@ def _row_pos(reader: PartReader) -> np.ndarray:
 
 
 def _new_key_epoch(metas: list[dict[str, Any]], positions: list[np.ndarray], floor: int) -> int:
-    """The key epoch after a restore: at least every generation a saved shard (or the
+    """The key epoch after a restore: larger than every generation a saved shard (or the
     buffer's replaced content, ``floor``) could have put in a key, so every key handed
     out from now on has a larger generation than any key handed out before.
 
     A key's generation is the slot's write count (at most ``ceil(max(row_pos) / cap)``)
-    plus its shard's epoch; every restored slot has been written at least once."""
+    plus its shard's epoch."""
     out = floor
     for meta, pos in zip(metas, positions, strict=True):
         cap = meta.get("stream_capacity")
@@ -286,7 +286,7 @@ def _new_key_epoch(metas: list[dict[str, Any]], positions: list[np.ndarray], flo
         if not isinstance(cap, int) or cap < 1 or not isinstance(saved, int) or saved < 0:
             continue  # checked where it matters; an older part carries no epoch
         out = max(out, saved + writes_per_slot(pos, cap))
-    return out
+    return out + 1
 
 
 def writes_per_slot(pos: np.ndarray, cap: int) -> int:

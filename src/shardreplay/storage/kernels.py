@@ -341,5 +341,6 @@ def resolve_keys(keys, priorities, pos, num_streams, cap, epoch):
             return 2, slots, current
         s = row * cap + slot
         slots[j] = s
-        current[j] = ((slot_generation(pos, row, slot, cap) + epoch) & GEN_MASK) == (k & GEN_MASK)
+        written = slot_generation(pos, row, slot, cap)  # 0: never written, no key names it
+        current[j] = written > 0 and ((written + epoch) & GEN_MASK) == (k & GEN_MASK)
     return 0, slots, current
