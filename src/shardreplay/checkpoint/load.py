@@ -1,12 +1,18 @@
 """Restoring a checkpoint of M shards onto N shards (any M, N).
 
-Every rank reads the manifest and the small episode tables of all parts, computes the
-same deterministic plan (:mod:`shardreplay.checkpoint.plan`), and reads only the
-episodes it receives, straight into its storage. Stream ids (the row, and every field
-the spec declares ``env_id``) are rewritten to the new rows; priorities come back with
-their steps; episode ids are renumbered uniquely across the new shards; generations
-restart at 1. With a sharded buffer the ranks agree, through one collective per try,
-on which checkpoint they restored.
+Only complete checkpoints are loaded (block checksums included); newer ones passed
+over are named in the report and in one log line. With N = M and the same rows
+(nothing dropped at the save), each rank reads its own part back exactly as it was
+saved: rows, absolute positions, episode ids, priorities, sampler and RNG states (a
+faithful resume). Otherwise every rank reads the manifest and the small episode tables
+of all parts, computes the same deterministic plan (:mod:`shardreplay.checkpoint.plan`),
+and reads only the episodes it receives, straight into its storage. Stream ids (the
+row, and every field the spec declares ``env_id``) are rewritten to the new rows;
+priorities come back with their steps; episode ids are renumbered uniquely across the
+new shards; generations restart at 1. Either way the key epoch moves past every
+generation the saved shards handed out, so keys sampled before the save are stale.
+With a sharded buffer the ranks agree, through one collective per try, on which
+checkpoint they restored.
 """
 
 from __future__ import annotations
