@@ -54,7 +54,9 @@ class LoadReport:
     ``sealed_*`` the episodes kept without their oldest steps (longer than a row: the
     first kept step becomes FIRST) and the steps kept of them; the steps cut off them
     are counted in ``dropped_steps``. Over all ranks, ``steps + dropped_steps`` sums to
-    ``saved_steps``.
+    ``saved_steps``. ``skipped`` names the checkpoints passed over (``"<id>: <reason>"``,
+    newest first); ``exact`` is True when every part went back to its own shard as saved
+    (a faithful resume); ``key_epoch`` is the buffer's new key epoch.
     """
 
     checkpoint_id: int
@@ -129,14 +131,15 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
     for cid in candidates:
         directory = checkpoint_dir(root, cid)
         error = _precheck(directory)  # complete, checksums included (the rule of verify)
-        if error is None:
-            tried = True
+        complete = error is None
+        if complete:
             try:
                 report = _load_one(directory, local, shard, num_shards, buffer, floor_epoch)
             except CheckpointError as exc:
                 error = exc
                 _clear(local, floor_epoch)
-        failed_ranks = _agree(buffer, error is not None)
+        failed_ranks, any_complete = _agree(buffer, error is not None, complete)
+        tried = tried or any_complete  # the same on every rank: they go on or stop together
         if not failed_ranks:
             mark_restored(local)
             _log_passed_over(root, cid, skipped)
@@ -180,12 +183,15 @@ def _log_passed_over(root: Path, loaded: int | None, skipped: list[str]) -> None
         log.info("checkpoint load from %s: %s; passed over none", root, what)
 
 
-def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool) -> list[int]:
-    """Ranks that failed (collective for a sharded buffer)."""
+def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: bool
+           ) -> tuple[list[int], bool]:
+    """Ranks that failed, and whether any rank found the checkpoint complete (one
+    collective for a sharded buffer)."""
     if not isinstance(buffer, ShardedReplayBuffer):
-        return [0] if failed else []
-    flags = buffer.collectives.all_gather(torch.tensor([int(failed)]), "checkpoint.load(agree)")
-    return [int(r) for r in torch.nonzero(flags.cpu().reshape(-1)).reshape(-1)]
+        return ([0] if failed else []), complete
+    flags = buffer.collectives.all_gather(torch.tensor([int(failed), int(complete)]),
+                                          "checkpoint.load(agree)").cpu().reshape(-1, 2)
+    return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].any())
 
 
 def _clear(local: ReplayBuffer, floor_epoch: int) -> None:
