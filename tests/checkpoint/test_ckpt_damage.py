@@ -20,6 +20,7 @@ from ckpt_helpers import SPEC, as_shard, fill_random, make_buffer, step_multiset
 import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.checkpoint.format import BLOCK_BYTES
+from shardreplay.checkpoint.load import _load_one
 from shardreplay.checkpoint.manifest import dump_checked, load_checked
 from shardreplay.errors import CheckpointError, CheckpointFormatError, IncompleteCheckpointError
 
@@ -141,13 +142,17 @@ def test_fallback_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
     data[-3] ^= 0xFF
     part.write_bytes(data)
     (checkpoint.checkpoint_dir(tmp_path, 2) / "part-00000-of-00002.safetensors").unlink()
+    # A flipped bit makes 3 incomplete (checksums are part of completeness): with or
+    # without fallback, the newest complete one is loaded and both newer ones are named.
+    for fallback in (False, True):
+        report, buf = _load(tmp_path, fallback=fallback)
+        assert report.checkpoint_id == 1 and report.extra == {"step": 1}
+        assert step_multiset(buf) == older
+        assert [s.split(":")[0] for s in report.skipped] == ["3", "2"]
+        assert "checksum mismatch" in report.skipped[0] and "part missing" in report.skipped[1]
+    # Asked for by id, the damaged one raises; with fallback it goes down to older ones.
     with pytest.raises(CheckpointFormatError, match="checksum mismatch"):
-        _load(tmp_path)
-    report, buf = _load(tmp_path, fallback=True)
-    assert report.checkpoint_id == 1 and report.extra == {"step": 1}
-    assert step_multiset(buf) == older
-    assert len(report.skipped) == 1 and report.skipped[0].startswith("3: ")
-    # An explicit id with fallback also goes down to older complete ones.
+        _load(tmp_path, checkpoint_id=3)
     assert _load(tmp_path, checkpoint_id=3, fallback=True)[0].checkpoint_id == 1
 
 
@@ -227,6 +232,11 @@ def test_corrupt_block_read_straight_into_the_buffer_is_caught(tmp_path: Path) -
     data[5 * BLOCK_BYTES + 1234] ^= 0x08
     part.write_bytes(data)
     restored = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=2048)
+    # load() checks every block before it reads (completeness); the read path checks the
+    # blocks it reads again (damage after that check), as here.
+    with pytest.raises(CheckpointFormatError, match="checksum mismatch in block 5 "):
+        _load_one(directory, restored, 0, 1)
+    assert restored.num_steps == 0
     with pytest.raises(CheckpointFormatError, match="checksum mismatch in block 5 "):
         checkpoint.load(tmp_path, restored)
     assert restored.num_steps == 0

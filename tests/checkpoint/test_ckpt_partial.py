@@ -74,8 +74,12 @@ def test_seal_marks_first_surviving_step_first_and_last_stored_step_last(
     _counts_everywhere(root, expected)
     assert "partial episodes: 4 (14 steps), sealed 4 (14 steps), dropped 0 (0 steps)" in caplog.text
 
-    restored = make_buffer(4, 6)
-    checkpoint.load(root, restored)
+    # On the same shards and rows the restore is a faithful resume: sealing is undone.
+    same = make_buffer(4, 6)
+    assert checkpoint.load(root, same).exact
+    assert _by_ctr(same) == original
+    restored = make_buffer(4, 7)  # another layout: re-planned, the seal stays
+    assert not checkpoint.load(root, restored).exact
     got = _by_ctr(restored)
     changes = {  # ctr -> (step type, discount) after sealing
         3 * T_SCALE + 0: (F, 1.0), 4 * T_SCALE + 0: (L, 1.0),    # ongoing tail
@@ -94,7 +98,7 @@ def test_seal_makes_truncated_ends_usable_for_longer_windows(tmp_path: Path) -> 
     buf, root = _saved(tmp_path, window=3)
     before = window_table(buf)
     checkpoint.save(buf, root, 1)
-    restored = make_buffer(4, 6, window=3)
+    restored = make_buffer(4, 7, window=3)  # another layout (the same one undoes the seal)
     checkpoint.load(root, restored)
     after = window_table(restored)
     assert set(before) < set(after)

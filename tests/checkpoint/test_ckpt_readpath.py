@@ -62,9 +62,11 @@ def test_deferred_checks_over_many_runs(tmp_path: Path, monkeypatch: pytest.Monk
     assert restored.num_steps == 0 and len(restored) == 0
 
 
-def test_a_saved_stream_restored_whole_is_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Same layout: every row's episodes continue each other in the file and in the
-    storage, so each array is read with one call, not one per episode."""
+def test_a_saved_stream_restored_whole_is_at_most_two_reads(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same layout (a faithful resume): every row goes back to its ring slots, so each
+    array is read with at most two calls per row (a wrapped ring's two pieces), not one
+    per episode."""
     buf = make_buffer(3, 64)
     fill_random(buf, 150, seed=4)
     checkpoint.save(buf, tmp_path, 1)
@@ -78,10 +80,14 @@ def test_a_saved_stream_restored_whole_is_one_read(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(ckfmt.PartReader, "rows_into", recording)
     restored = make_buffer(3, 64)
-    checkpoint.load(tmp_path, restored)
+    assert checkpoint.load(tmp_path, restored).exact
     assert step_multiset(restored) == step_multiset(buf)
     # (a field packed in the per-slot records goes through a temporary: a second, inner call)
-    assert set(calls) == {(f"field.{n}", 0, buf.num_steps) for n in buf.spec.fields}
+    for n in buf.spec.fields:
+        mine = sorted({c for c in calls if c[0] == f"field.{n}"})
+        assert len(mine) <= 2 * buf.num_streams
+        assert [c[1] for c in mine] == list(np.cumsum([0] + [c[2] for c in mine[:-1]]))
+        assert sum(c[2] for c in mine) == buf.num_steps
 
 
 def test_pending_checks_are_waited_for_on_close(tmp_path: Path) -> None:

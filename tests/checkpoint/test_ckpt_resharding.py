@@ -87,6 +87,10 @@ def test_m_to_n_keeps_the_sampling_distribution(tmp_path: Path, m: int, n: int) 
         steps_after.update(mine)
     assert steps_after == steps_before  # every step with its priority
     _check_streams(restored)
+    if m == n:  # put back as saved: every shard keeps its own streams and max priority
+        assert [b._sampler.max_priority for b in restored] == [b._sampler.max_priority for b in saved]
+        assert [b.num_steps for b in restored] == [b.num_steps for b in saved]
+        return
     top = max(b._sampler.max_priority for b in saved)
     assert all(b._sampler.max_priority == top for b in restored)
     # Balanced: no new shard holds much more than its share plus one saved stream.

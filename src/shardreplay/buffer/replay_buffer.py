@@ -260,7 +260,8 @@ class ReplayBuffer:
         keys = as_index_array(keys, "keys")
         prios = as_priority_array(priorities, keys.shape)
         status, slots, current = resolve_keys(keys, prios, self._storage.pos,
-                                              self.num_streams, self.stream_capacity)
+                                              self.num_streams, self.stream_capacity,
+                                              self._storage.key_epoch)
         if status == 1:
             check_priorities(prios, keys.shape)  # raises with the precise reason
         if status == 2:

@@ -43,6 +43,7 @@ def export_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
         "sampler_state": sampler_meta,
         "next_episode_id": int(storage.counters[0]),
         "stale_updates": buffer.stale_updates,
+        "key_epoch": int(storage.key_epoch),
         "rng": rng.bit_generator.state,
     }
     return {"meta": meta, "arrays": arrays}
@@ -54,7 +55,7 @@ def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
     meta, arrays = _split(state)
     _check_layout(buffer, meta)
     _check_arrays(buffer, arrays)
-    next_episode_id, stale_updates = _check_counters(meta, rng)
+    next_episode_id, stale_updates, key_epoch = _check_counters(meta, rng)
     episode_ids = arrays["episode_id"]
     if episode_ids.size and not 0 <= int(episode_ids.min()) <= int(episode_ids.max()) < next_episode_id:
         raise ConfigError("state: stored episode ids must lie in [0, next_episode_id); "
@@ -64,6 +65,7 @@ def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
     # Everything is checked: from here on nothing can fail half-way.
     storage.import_steps(arrays)
     storage.counters[0] = next_episode_id
+    storage.key_epoch = key_epoch
     buffer.stale_updates = stale_updates
     sampler.rebuild()
     sampler.load_state_dict(sampler_state)
@@ -93,18 +95,19 @@ def _check_layout(buffer: ReplayBuffer, meta: Mapping[str, Any]) -> None:
                           f"{buffer.sampler_name}")
 
 
-def _check_counters(meta: Mapping[str, Any], rng: np.random.Generator) -> tuple[int, int]:
+def _check_counters(meta: Mapping[str, Any], rng: np.random.Generator) -> tuple[int, int, int]:
     """Parse the counters and try the RNG state on a scratch generator, before any change."""
     try:
         next_episode_id = _count(meta["next_episode_id"])
         stale_updates = _count(meta.get("stale_updates", 0))
+        key_epoch = _count(meta.get("key_epoch", 0))
         type(rng.bit_generator)().state = meta["rng"]
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"state meta: missing or malformed counters or RNG state ({exc!r}); "
                           "pass a state from ReplayBuffer.state_dict()") from exc
-    if next_episode_id < 0 or stale_updates < 0:
-        raise ConfigError("state meta: next_episode_id and stale_updates must be >= 0")
-    return next_episode_id, stale_updates
+    if next_episode_id < 0 or stale_updates < 0 or key_epoch < 0:
+        raise ConfigError("state meta: next_episode_id, stale_updates and key_epoch must be >= 0")
+    return next_episode_id, stale_updates, key_epoch
 
 
 def _count(value: Any) -> int:

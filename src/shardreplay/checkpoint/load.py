@@ -1,12 +1,18 @@
 """Restoring a checkpoint of M shards onto N shards (any M, N).
 
-Every rank reads the manifest and the small episode tables of all parts, computes the
-same deterministic plan (:mod:`shardreplay.checkpoint.plan`), and reads only the
-episodes it receives, straight into its storage. Stream ids (the row, and every field
-the spec declares ``env_id``) are rewritten to the new rows; priorities come back with
-their steps; episode ids are renumbered uniquely across the new shards; generations
-restart at 1. With a sharded buffer the ranks agree, through one collective per try,
-on which checkpoint they restored.
+Only complete checkpoints are loaded (block checksums included); newer ones passed
+over are named in the report and in one log line. With N = M and the same rows
+(nothing dropped at the save), each rank reads its own part back exactly as it was
+saved: rows, absolute positions, episode ids, priorities, sampler and RNG states (a
+faithful resume). Otherwise every rank reads the manifest and the small episode tables
+of all parts, computes the same deterministic plan (:mod:`shardreplay.checkpoint.plan`),
+and reads only the episodes it receives, straight into its storage. Stream ids (the
+row, and every field the spec declares ``env_id``) are rewritten to the new rows;
+priorities come back with their steps; episode ids are renumbered uniquely across the
+new shards; generations restart at 1. Either way the key epoch moves past every
+generation the saved shards handed out, so keys sampled before the save are stale.
+With a sharded buffer the ranks agree, through one collective per try, on which
+checkpoint they restored.
 """
 
 from __future__ import annotations
@@ -23,13 +29,14 @@ import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.format import PartReader, advise_hugepages
-from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete, list_checkpoints, read_manifest
+from shardreplay.checkpoint.manifest import check_complete, checkpoint_dir, list_checkpoints, read_manifest
 from shardreplay.checkpoint.plan import EpisodeTable, ShardPlan, plan_shard
 from shardreplay.checkpoint.save import mark_restored, mark_restoring, shard_of
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import (
     CheckpointError,
     CheckpointFormatError,
+    ConfigError,
     IncompleteCheckpointError,
 )
 from shardreplay.spec import Spec, StepType
@@ -47,7 +54,9 @@ class LoadReport:
     ``sealed_*`` the episodes kept without their oldest steps (longer than a row: the
     first kept step becomes FIRST) and the steps kept of them; the steps cut off them
     are counted in ``dropped_steps``. Over all ranks, ``steps + dropped_steps`` sums to
-    ``saved_steps``.
+    ``saved_steps``. ``skipped`` names the checkpoints passed over (``"<id>: <reason>"``,
+    newest first); ``exact`` is True when every part went back to its own shard as saved
+    (a faithful resume); ``key_epoch`` is the buffer's new key epoch.
     """
 
     checkpoint_id: int
@@ -62,6 +71,8 @@ class LoadReport:
     sealed_episodes: int = 0
     sealed_steps: int = 0
     saved_steps: int = 0
+    exact: bool = False
+    key_epoch: int = 0
 
     def counts(self) -> dict[str, int]:
         """This rank's restore as JSON-ready numbers (what ``checkpoint.save(...,
@@ -80,12 +91,15 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
         path: the checkpoint root directory.
         buffer: a ReplayBuffer, or this rank's ShardedReplayBuffer (then every rank of
             the group must call ``load`` together).
-        checkpoint_id: which checkpoint (None: the newest complete one).
-        fallback: when the chosen checkpoint is missing a part or corrupt, take the
-            next older complete one instead of raising.
+        checkpoint_id: which checkpoint (None: the newest complete one: newer ones that
+            are incomplete or fail their checksums are passed over).
+        fallback: when the chosen checkpoint cannot be loaded, take the next older
+            complete one instead of raising.
 
     Returns:
-        A :class:`LoadReport`; ``skipped`` lists the checkpoints passed over and why.
+        A :class:`LoadReport`; ``skipped`` lists the checkpoints passed over and why
+        (also said in one log line). ``exact`` is True when the checkpoint was put back
+        as saved (as many shards, the same rows: see docs/semantics.md).
 
     Raises:
         IncompleteCheckpointError: no (complete) checkpoint, or a part is missing.
@@ -98,59 +112,98 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
     if isinstance(buffer, ShardedReplayBuffer):
         buffer.discard_prefetched()  # they name windows of the content being replaced
     root = Path(path)
-    candidates = _candidates(root, checkpoint_id, fallback)
+    ids = list_checkpoints(root)
+    if checkpoint_id is None:
+        if not ids:
+            raise IncompleteCheckpointError(f"no checkpoint under {root}")
+        candidates = ids[::-1]
+    else:
+        candidates = [checkpoint_id, *([c for c in reversed(ids) if c < checkpoint_id] if fallback else [])]
+    # Keys handed out from the content being replaced must be stale afterwards too.
+    floor_epoch = local.storage.key_epoch + writes_per_slot(local.storage.pos, local.stream_capacity)
     skipped: list[str] = []
-    if candidates:  # from here on the content is being replaced
-        mark_restoring(local, str(root))
+    errors: list[CheckpointError] = []
+    # From here on the content is being replaced: an error leaves the buffer empty, and
+    # save refuses it until a load succeeds.
+    mark_restoring(local, str(root))
+    _clear(local, floor_epoch)
+    tried = False
     for cid in candidates:
-        error: CheckpointError | None = None
-        try:
-            report = _load_one(checkpoint_dir(root, cid), local, shard, num_shards)
-        except CheckpointError as exc:
-            error = exc
-            _clear(local)
-        failed_ranks = _agree(buffer, error is not None)
+        directory = checkpoint_dir(root, cid)
+        error = _precheck(directory)  # complete, checksums included (the rule of verify)
+        complete = error is None
+        if complete:
+            try:
+                report = _load_one(directory, local, shard, num_shards, buffer, floor_epoch)
+            except CheckpointError as exc:
+                error = exc
+                _clear(local, floor_epoch)
+        failed_ranks, any_complete = _agree(buffer, error is not None, complete)
+        tried = tried or any_complete  # the same on every rank: they go on or stop together
         if not failed_ranks:
             mark_restored(local)
+            _log_passed_over(root, cid, skipped)
             return LoadReport(**{**report.__dict__, "skipped": skipped})
         reason = str(error) if error is not None else f"rank(s) {failed_ranks} could not load it"
         if error is None:
-            _clear(local)
-        if not fallback:
-            raise error or CheckpointFormatError(f"checkpoint {cid}: {reason}")
-        log.warning("checkpoint %d skipped: %s", cid, reason)
+            _clear(local, floor_epoch)
+        error = error or CheckpointFormatError(f"checkpoint {cid}: {reason}")
         skipped.append(f"{cid}: {reason}")
-    raise IncompleteCheckpointError(f"no usable checkpoint under {root}"
-                                    + (f" (skipped: {'; '.join(skipped)})" if skipped else ""))
+        errors.append(error)
+        # Without fallback only the checkpoint asked for, or the newest complete one, is
+        # tried; newer incomplete or damaged ones are passed over (and said so).
+        if not fallback and (checkpoint_id is not None or tried):
+            _log_passed_over(root, None, skipped)
+            raise error
+    _log_passed_over(root, None, skipped)
+    # The newest one's kind of error (incomplete, or damaged), naming every one passed over.
+    kind = type(errors[0]) if errors else IncompleteCheckpointError
+    raise kind(f"no usable checkpoint under {root}"
+               + (f" (passed over: {'; '.join(skipped)})" if skipped else ""))
 
 
-def _candidates(root: Path, checkpoint_id: int | None, fallback: bool) -> list[int]:
-    ids = list_checkpoints(root)
-    if checkpoint_id is not None:
-        older = [c for c in reversed(ids) if c < checkpoint_id] if fallback else []
-        return [checkpoint_id, *older]
-    if not ids:
-        raise IncompleteCheckpointError(f"no checkpoint under {root}")
-    complete = [c for c in reversed(ids) if is_complete(checkpoint_dir(root, c))]
-    if not fallback:
-        return complete[:1] or [ids[-1]]  # an incomplete newest one raises its reason
-    return complete
+def _precheck(directory: Path) -> CheckpointError | None:
+    """Why ``directory`` is not a complete checkpoint (:func:`check_complete`), or None."""
+    try:
+        check_complete(directory)
+    except CheckpointError as exc:
+        return exc
+    except OSError as exc:
+        return CheckpointFormatError(f"{directory}: cannot read it ({exc})")
+    return None
 
 
-def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool) -> list[int]:
-    """Ranks that failed (collective for a sharded buffer)."""
+def _log_passed_over(root: Path, loaded: int | None, skipped: list[str]) -> None:
+    """One line per load: which checkpoints it passed over and why, and what it restored."""
+    what = f"restored checkpoint {loaded}" if loaded is not None else "restored nothing"
+    if skipped:
+        log.warning("checkpoint load from %s: %s; passed over %d checkpoint(s): %s", root, what,
+                    len(skipped), " | ".join(skipped))
+    else:
+        log.info("checkpoint load from %s: %s; passed over none", root, what)
+
+
+def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: bool
+           ) -> tuple[list[int], bool]:
+    """Ranks that failed, and whether any rank found the checkpoint complete (one
+    collective for a sharded buffer)."""
     if not isinstance(buffer, ShardedReplayBuffer):
-        return [0] if failed else []
-    flags = buffer.collectives.all_gather(torch.tensor([int(failed)]), "checkpoint.load(agree)")
-    return [int(r) for r in torch.nonzero(flags.cpu().reshape(-1)).reshape(-1)]
+        return ([0] if failed else []), complete
+    flags = buffer.collectives.all_gather(torch.tensor([int(failed), int(complete)]),
+                                          "checkpoint.load(agree)").cpu().reshape(-1, 2)
+    return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].any())
 
 
-def _clear(local: ReplayBuffer) -> None:
+def _clear(local: ReplayBuffer, floor_epoch: int) -> None:
     local.storage.clear()
     local.restore_finished(local.storage.pos, 0, {"max_priority": 1.0, "draws": 0}, None)
+    local.storage.key_epoch = max(local.storage.key_epoch, floor_epoch)
 
 
-def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int) -> LoadReport:
+def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
+              buffer: ReplayBuffer | ShardedReplayBuffer | None = None, floor_epoch: int = 0) -> LoadReport:
+    """Restore ``directory`` into ``local`` as shard ``shard`` of ``num_shards`` (no
+    collective; ``buffer`` is the sharded buffer around ``local``, when there is one)."""
     manifest = read_manifest(directory)
     saved_spec = Spec.from_dict(manifest["spec"])
     if saved_spec != local.spec:
@@ -160,26 +213,159 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int)
     with ExitStack() as stack:
         readers = [stack.enter_context(PartReader(directory / p["file"], p)) for p in parts]
         episodes = _episode_table(readers)
-        plan = plan_shard(episodes, num_shards, shard, local.num_streams, local.stream_capacity)
+        metas = [_buffer_meta(r) for r in readers]
+        positions = [_row_pos(r) for r in readers]
+        epoch = _new_key_epoch(metas, positions, floor_epoch)
+        exact = _same_layout(readers, metas, positions, local, num_shards)
         local.storage.clear()
-        _read_placements(readers, plan, episodes, local)
-        metas = [json.loads(r.metadata.get("buffer_meta", "{}")) for r in readers]
-    _finish(local, plan, metas, shard, len(episodes))
+        if exact:
+            plan = _identity_plan(episodes, shard, positions[shard], local.stream_capacity)
+            _read_as_saved(readers[shard], positions[shard], local)
+        else:
+            plan = plan_shard(episodes, num_shards, shard, local.num_streams, local.stream_capacity)
+            _read_placements(readers, plan, episodes, local)
+    if exact:
+        meta = metas[shard]
+        state = meta.get("sampler_state", {})
+        sampler = {"max_priority": state.get("max_priority", 1.0), "draws": state.get("draws", 0)}
+        local.restore_finished(positions[shard], _meta_int(meta, "next_episode_id", directory), sampler,
+                               meta.get("rng"), _meta_int(meta, "stale_updates", directory))
+    else:
+        _finish(local, plan, metas, shard, len(episodes))
+    local.storage.key_epoch = epoch
+    sharding = metas[shard].get("sharding") if shard < len(metas) else None
+    if isinstance(buffer, ShardedReplayBuffer) and isinstance(sharding, dict):
+        try:
+            buffer.load_sharding_state(sharding)
+        except ConfigError as exc:
+            raise CheckpointFormatError(f"{readers[shard].path}: {exc}") from exc
     steps = int(plan.row_lengths.sum())
     cut = plan.skip > 0
     sealed_eps = int(cut.sum())
     sealed_steps = int((episodes.length[plan.ids[cut]] - plan.skip[cut]).sum())
     saved_steps = int(episodes.length.sum())
+    how = ("as saved (same shards and layout: rows, positions, priorities, RNGs)" if exact
+           else f"re-planned from {len(parts)} saved shards")
     # One line per shard, losses or not: a restore that dropped nothing says so too.
     log.log(logging.WARNING if plan.dropped_steps else logging.INFO,
-            "checkpoint %s: shard %d/%d restored %d steps of %d episodes from %d saved shards "
+            "checkpoint %s: shard %d/%d restored %d steps of %d episodes %s "
             "(%d steps saved in all); dropped its %d oldest episodes (%d steps) beyond the new "
             "capacity, sealed %d episodes (%d steps kept) cut to fit a row", directory.name, shard,
-            num_shards, steps, len(plan), len(parts), saved_steps, plan.dropped_episodes, plan.dropped_steps,
+            num_shards, steps, len(plan), how, saved_steps, plan.dropped_episodes, plan.dropped_steps,
             sealed_eps, sealed_steps)
     return LoadReport(int(manifest["checkpoint_id"]), directory, len(parts), steps, len(plan),
                       plan.dropped_episodes, plan.dropped_steps, dict(manifest.get("extra", {})),
-                      sealed_episodes=sealed_eps, sealed_steps=sealed_steps, saved_steps=saved_steps)
+                      sealed_episodes=sealed_eps, sealed_steps=sealed_steps, saved_steps=saved_steps,
+                      exact=exact, key_epoch=epoch)
+
+
+def _buffer_meta(reader: PartReader) -> dict[str, Any]:
+    try:
+        meta = json.loads(reader.metadata.get("buffer_meta", "{}"))
+    except ValueError as exc:
+        raise CheckpointFormatError(f"{reader.path}: malformed buffer metadata ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise CheckpointFormatError(f"{reader.path}: malformed buffer metadata")
+    return meta
+
+
+def _meta_int(meta: dict[str, Any], name: str, where: Path) -> int:
+    value = meta.get(name, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise CheckpointFormatError(f"{where}: buffer metadata {name!r} is {value!r}, not a count")
+    return value
+
+
+def _row_pos(reader: PartReader) -> np.ndarray:
+    """A part's saved row positions (absolute: steps ever written to each row)."""
+    pos = reader.array("row_pos").astype(np.int64)
+    if pos.shape != reader.array("row_length").shape or (pos < 0).any():
+        raise CheckpointFormatError(f"{reader.path}: malformed row positions")
+    return pos
+
+
+def _new_key_epoch(metas: list[dict[str, Any]], positions: list[np.ndarray], floor: int) -> int:
+    """The key epoch after a restore: larger than every generation a saved shard (or the
+    buffer's replaced content, ``floor``) could have put in a key, so every key handed
+    out from now on has a larger generation than any key handed out before.
+
+    A key's generation is the slot's write count (at most ``ceil(max(row_pos) / cap)``)
+    plus its shard's epoch."""
+    out = floor
+    for meta, pos in zip(metas, positions, strict=True):
+        cap = meta.get("stream_capacity")
+        saved = meta.get("key_epoch", 0)
+        if not isinstance(cap, int) or cap < 1 or not isinstance(saved, int) or saved < 0:
+            continue  # checked where it matters; an older part carries no epoch
+        out = max(out, saved + writes_per_slot(pos, cap))
+    return out + 1
+
+
+def writes_per_slot(pos: np.ndarray, cap: int) -> int:
+    """The largest write count of any slot of rows at positions ``pos`` of ``cap`` slots."""
+    return int(-(-int(pos.max()) // cap)) if pos.shape[0] else 0
+
+
+def _same_layout(readers: list[PartReader], metas: list[dict[str, Any]], positions: list[np.ndarray],
+                 local: ReplayBuffer, num_shards: int) -> bool:
+    """Whether the restore can put every part back as it was: as many shards as saved
+    parts, the same rows and row capacity, and every stored step of every row saved
+    (nothing dropped by ``partial="drop"``)."""
+    if len(readers) != num_shards:
+        return False
+    cap = local.stream_capacity
+    for reader, meta, pos in zip(readers, metas, positions, strict=True):
+        if meta.get("num_streams") != local.num_streams or meta.get("stream_capacity") != cap:
+            return False
+        if not np.array_equal(reader.array("row_length"), np.minimum(pos, cap)):
+            return False
+    return True
+
+
+def _identity_plan(episodes: EpisodeTable, shard: int, pos: np.ndarray, cap: int) -> ShardPlan:
+    """Part ``shard``'s episodes, each in its saved row (offsets as stored in the ring
+    are not needed: :func:`_read_as_saved` places the rows)."""
+    ids = np.flatnonzero(episodes.part == shard).astype(np.int64)
+    zeros = np.zeros(ids.shape[0], np.int64)
+    return ShardPlan(ids, episodes.row[ids], zeros, zeros, np.minimum(pos, cap), 0, 0)
+
+
+def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> None:
+    """Read a part into the slots its steps had (positions as saved, ring order), with
+    its episode ids, generations and priorities, and the step types and discounts that
+    sealing changed put back."""
+    storage = local.storage
+    cap = storage.stream_capacity
+    length = np.minimum(pos, cap)
+    src_first = np.cumsum(length) - length
+    ring_start = (pos - length) % cap
+    head = np.minimum(length, cap - ring_start)  # up to the ring's end, then from slot 0
+    rows = np.arange(pos.shape[0], dtype=np.int64)
+    src = np.concatenate([src_first, src_first + head])
+    dst = np.concatenate([rows * cap + ring_start, rows * cap])
+    n = np.concatenate([head, length - head])
+    order = np.argsort(src, kind="stable")
+    src, dst, n = src[order], dst[order], n[order]
+    keep = n > 0
+    src, dst, n = src[keep], dst[keep], n[keep]
+    targets = {f"field.{k}": v for k, v in storage.fields.items()}
+    targets.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+    for arr in targets.values():
+        advise_hugepages(arr)
+    for name, arr in targets.items():
+        for first, lo, count in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True):
+            reader.rows_into(name, first, arr[lo:lo + count], defer=True)
+    reader.check_pending()
+    if "seal.index" in reader.names():
+        slots = _ranges(dst, n)  # the slot of each saved step, in saved order
+        index = reader.array("seal.index")
+        types, discounts = reader.array("seal.step_type"), reader.array("seal.discount")
+        if index.dtype.kind not in "iu" or not index.shape == types.shape == discounts.shape or \
+                (index.size and (index.min() < 0 or index.max() >= slots.shape[0])) or (types > 2).any() \
+                or not ((discounts >= 0) & (discounts <= 1)).all():
+            raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
+        storage.step_type[slots[index]] = types
+        storage.discount[slots[index]] = discounts
 
 
 def _episode_table(readers: list[PartReader]) -> EpisodeTable:

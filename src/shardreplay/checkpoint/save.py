@@ -114,7 +114,7 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
                               f"load of {_NOT_RESTORED[local]} did not finish on every rank); a "
                               "checkpoint of it would lose that data. Load a checkpoint into it first")
     directory = checkpoint_dir(Path(path), int(checkpoint_id))
-    if is_complete(directory):
+    if is_complete(directory, hashes=False):
         # Replacing the parts of a complete checkpoint one by one would leave it broken
         # (sizes and hashes no longer match its manifest) if a rank died half-way.
         log.warning("checkpoint %s under %s is already complete: not saved again (use a new "
@@ -123,8 +123,9 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     started = time.perf_counter()
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        sharding = buffer.sharding_state() if isinstance(buffer, ShardedReplayBuffer) else None
         desc = _write_part(local, directory, shard, num_shards, int(checkpoint_id), partial, extra,
-                           restored)
+                           restored, sharding)
         wrote_manifest = _maybe_write_manifest(directory, num_shards, desc)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {directory}: {exc}") from exc
@@ -138,13 +139,18 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
 
 def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: int,
                 checkpoint_id: int, partial: str, extra: dict[str, Any],
-                restored: dict[str, int] | None) -> dict[str, Any]:
+                restored: dict[str, int] | None, sharding: dict[str, Any] | None) -> dict[str, Any]:
     state = local.state_dict_views()
     arrays, episodes, report = apply_partial_policy(state["arrays"], partial)
     arrays.update(episodes.as_arrays())
+    if partial == "seal":
+        arrays.update(_seal_undo(state["arrays"], arrays))
+    meta = dict(state["meta"])
+    if sharding is not None:
+        meta["sharding"] = sharding
     name = part_name(shard, num_shards)
     info = write_part(directory / f"{name}.safetensors", _ordered(arrays),
-                      {"buffer_meta": json.dumps(state["meta"])},
+                      {"buffer_meta": json.dumps(meta)},
                       empty_like={f"field.{k}": v for k, v in local.storage.fields.items()})
     desc = {
         "format": FORMAT, "version": FORMAT_VERSION, "checkpoint_id": checkpoint_id,
@@ -158,6 +164,18 @@ def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: in
     }
     dump_checked(directory / f"{name}.json", desc)
     return desc
+
+
+def _seal_undo(before: dict[str, Any], after: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The step types and discounts that sealing changed, as they were (``seal.*``): a
+    restore onto the same shards puts them back, so an ongoing episode goes on as if
+    no checkpoint had been taken. Empty when nothing was sealed."""
+    changed = np.flatnonzero((before["step_type"] != after["step_type"])
+                             | (before["discount"] != after["discount"])).astype(np.int64)
+    if not changed.shape[0]:
+        return {}
+    return {"seal.index": changed, "seal.step_type": before["step_type"][changed],
+            "seal.discount": before["discount"][changed]}
 
 
 def _ordered(arrays: dict[str, Any]) -> dict[str, Any]:
@@ -229,7 +247,10 @@ def _restored_text(restored: dict[str, int] | None) -> str:
 
 
 def _prune(root: Path, newest: int, keep_last: int) -> None:
-    complete = [c for c in list_checkpoints(root) if c <= newest and is_complete(checkpoint_dir(root, c))]
+    # Structure only (no hashes): reading every kept checkpoint after each save would cost
+    # more than the save; a load still passes over a damaged one.
+    complete = [c for c in list_checkpoints(root)
+                if c <= newest and is_complete(checkpoint_dir(root, c), hashes=False)]
     keep = set(complete[-max(keep_last, 1):])
     for cid in list_checkpoints(root):
         if cid < newest and cid not in keep:

@@ -151,7 +151,7 @@ class CheckpointTrigger:
                     and step != self._start_step)
         if not (requested or periodic):
             return False
-        if is_complete(checkpoint_dir(self.run_dir, step)):
+        if is_complete(checkpoint_dir(self.run_dir, step), hashes=False):
             log.info("step %d: checkpoint already complete, not saved again", step)
             return False
         self.reason = "request" if requested else "periodic"
@@ -240,7 +240,7 @@ class CheckpointTrigger:
         if step is None:
             log.error("no step seen yet; nothing saved after %r", exc)
             return
-        if is_complete(checkpoint_dir(self.run_dir, step)):
+        if is_complete(checkpoint_dir(self.run_dir, step), hashes=False):
             log.warning("checkpoint %d already complete; not saved again after %r", step, exc)
             return
         log.warning("saving this rank's part of checkpoint %d after %r", step, exc)

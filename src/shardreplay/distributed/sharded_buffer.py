@@ -26,8 +26,9 @@ shards until the next exchange, so a learner step costs 1/k of the collectives:
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -181,6 +182,27 @@ class ShardedReplayBuffer:
                 f"prefetch={self.prefetch} every sample() call must ask for the same batch_size "
                 f"and mode until they are used (got {(int(batch_size), mode)})")
         return self._serve(self._ready.popleft())
+
+    def sharding_state(self) -> dict[str, Any]:
+        """This rank's own state beside its shard, JSON-ready: the shard-choice RNG and
+        the largest priority it routed to other shards (saved with a checkpoint part)."""
+        return {"rng": self._rng.bit_generator.state, "routed_max": self._routed_max}
+
+    def load_sharding_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`sharding_state` returned (a checkpoint load does this).
+
+        Raises:
+            ConfigError: ``state`` is not from :meth:`sharding_state` (nothing changes).
+        """
+        try:
+            scratch = type(self._rng.bit_generator)()
+            scratch.state = dict(state["rng"])
+            routed = float(state.get("routed_max", 0.0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError("not a sharding state from ShardedReplayBuffer.sharding_state(): "
+                              f"{exc!r}") from exc
+        self._rng.bit_generator.state = scratch.state
+        self._routed_max = routed if math.isfinite(routed) else 0.0
 
     @property
     def prefetched(self) -> int:

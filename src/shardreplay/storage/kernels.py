@@ -282,8 +282,11 @@ def slot_generation(pos, row, slot, cap):
 
 
 @numba.njit(cache=True, nogil=True)
-def window_indices(starts, step_type, pos, cap, window):
+def window_indices(starts, step_type, pos, cap, window, epoch):
     """Flat slot indices ``[B, L]`` of each window, its mask, and its key (shard 0).
+
+    A key's generation is the slot's write count plus the storage's key ``epoch``
+    (raised by every checkpoint restore, so keys of an earlier life are stale).
 
     Positions after the window's LAST repeat the LAST step's slot and are masked out.
     A valid start is never LAST (for ``L >= 2``) and a LAST at the window's end masks
@@ -297,7 +300,7 @@ def window_indices(starts, step_type, pos, cap, window):
     for b in range(n):
         s = starts[b]
         row, slot = s // cap, s % cap
-        gen = slot_generation(pos, row, slot, cap) & GEN_MASK
+        gen = (slot_generation(pos, row, slot, cap) + epoch) & GEN_MASK
         keys[b] = (row << ROW_SHIFT) | (slot << SLOT_SHIFT) | gen
     for b in range(n):
         s = starts[b]
@@ -317,8 +320,9 @@ def window_indices(starts, step_type, pos, cap, window):
 
 
 @numba.njit(cache=True, nogil=True)
-def resolve_keys(keys, priorities, pos, num_streams, cap):
-    """Check keys and priorities; map keys to flat slots and mark the stale ones.
+def resolve_keys(keys, priorities, pos, num_streams, cap, epoch):
+    """Check keys and priorities; map keys to flat slots and mark the stale ones
+    (generation other than the slot's write count plus the key ``epoch``).
 
     Returns ``(status, slots, current)``: status 0 when all is well, 1 when a priority
     is negative or not finite, 2 when a key names no slot (wrong shard, row or slot).
@@ -337,5 +341,6 @@ def resolve_keys(keys, priorities, pos, num_streams, cap):
             return 2, slots, current
         s = row * cap + slot
         slots[j] = s
-        current[j] = (slot_generation(pos, row, slot, cap) & GEN_MASK) == (k & GEN_MASK)
+        written = slot_generation(pos, row, slot, cap)  # 0: never written, no key names it
+        current[j] = written > 0 and ((written + epoch) & GEN_MASK) == (k & GEN_MASK)
     return 0, slots, current

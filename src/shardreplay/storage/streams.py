@@ -87,6 +87,10 @@ class StreamStorage:
         self.all_rows = np.arange(num_streams, dtype=np.int64)  # pass this to write all rows
         self._aligned = True  # every row at the same position
         self.counters = np.zeros(1, np.int64)  # [next episode id]
+        # Added to every slot's write count in the generation of the keys handed out:
+        # a checkpoint restore raises it past every generation the saved shards could
+        # have handed out, so keys sampled before the save are stale afterwards.
+        self.key_epoch = 0
         self.num_valid = 0
         # The write path's per-call constants, built once: [S, C, ...] views of every
         # field (discount last) for plain-slice writes, and the kernel's result scratch.
@@ -185,7 +189,7 @@ class StreamStorage:
         mask ``[B, L]`` and the keys ``[B]`` (shard 0).
         """
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
-                                                 self.stream_capacity, self.window)
+                                                 self.stream_capacity, self.window, self.key_epoch)
         # One gather of whole records, then dense copies of the fields the batch needs
         # (np.take on a strided field view would first copy the whole column; .copy()
         # also gives empty results plain strides, which torch requires).
@@ -217,7 +221,7 @@ class StreamStorage:
         if extent > out.shape[1]:
             raise ValueError("offsets must leave room for a window of every part in a record")
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
-                                                 self.stream_capacity, self.window)
+                                                 self.stream_capacity, self.window, self.key_epoch)
         if columns.shape[1]:
             kernels.gather_window_parts(*columns, idx, np.ascontiguousarray(dst_rows, np.int64), out)
         return mask, keys
