@@ -243,7 +243,7 @@ def test_signal_stops_an_actor_blocked_by_back_pressure(tmp_path: Path) -> None:
     ready = tmp_path / "spool" / "shard-0" / "ready"
     log = tmp_path / "actor.log"
     with children() as kids:
-        args = _actor_cli(tmp_path, url, policy, "--queued-per-actor", "1", "--chunk-steps", "4")
+        args = _actor_cli(tmp_path, url, policy, "--queued-chunks-per-actor", "1", "--chunk-steps", "4")
         proc = kids.cli(args, log)
         wait_for(lambda: ready.is_dir() and any(ready.iterdir()), START_S, "the first chunk",
                  explain=lambda: log.read_text()[-3000:])
