@@ -92,9 +92,11 @@ def test_a_new_run_on_a_used_redis_ingests_none_of_the_old_runs_chunks(tmp_path:
         summary = train.summary()
     client = redis.Redis.from_url(url)
     try:
-        # Never read: no consumer group on them, every entry still there.
+        # Never read: every entry still there, nothing delivered to any consumer.
         for stream, n in (("shardreplay:chunks:0", 12), ("shardreplay:0ldrun:chunks:0", 5)):
-            assert client.xlen(stream) == n and client.xinfo_groups(stream) == []
+            assert client.xlen(stream) == n
+            assert all(g["last-delivered-id"] == b"0-0" and g["consumers"] == 0
+                       for g in client.xinfo_groups(stream))
         assert client.exists(redis_stream(0, summary["run_id"]))  # this run's own stream
     finally:
         client.close()
