@@ -88,7 +88,7 @@ def test_file_shards_are_separate_directories(tmp_path: Path) -> None:
 
 def test_file_queue_bound_is_per_actor(tmp_path: Path) -> None:
     t = shard_transport(f"file://{tmp_path}", CARTPOLE_SPEC, 1, queued_chunks_per_actor=3, actors=4)
-    assert isinstance(t, SpoolTransport) and t.max_pending_per_actor == 3
+    assert isinstance(t, SpoolTransport) and t.queued_chunks_per_actor == 3
 
 
 @pytest.mark.redis

@@ -110,7 +110,7 @@ def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
     scheme = scheme_of(url)
     bound = queued_chunks_per_actor
     if scheme == "file":
-        opts = {} if bound is None else {"max_pending_per_actor": bound}
+        opts = {} if bound is None else {"queued_chunks_per_actor": bound}
         return open_transport(spool_dir(url, shard, run_id), spec, **opts)
     if scheme == "redis":
         opts = {} if bound is None else {"max_len": bound * max(actors, 1)}
