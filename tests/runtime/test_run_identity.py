@@ -27,6 +27,7 @@ from runtime_helpers import CARTPOLE_SPEC, IDENT_SPEC, make_chunk, wait_for
 from train_harness import FAST, TrainRun
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.errors import ConfigError
 from shardreplay.policy import open_publisher, open_subscriber
 from shardreplay.policy.broadcast import pack_version, split_version
 from shardreplay.policy.file_backend import FilePublisher
@@ -293,3 +294,56 @@ def test_the_old_queue_flag_still_works_with_a_warning(capsys: pytest.CaptureFix
                                       "--queued-per-actor", "7"])
     assert args.queued_chunks_per_actor == 7
     assert "--queued-per-actor is deprecated, use --queued-chunks-per-actor" in capsys.readouterr().err
+
+
+def test_an_actor_switches_to_a_new_run_that_takes_over_the_policy_url(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A new run starts again at version 0 on the same URL: the actor serves it, with its settings."""
+    policy, spool = (tmp_path / "policy").as_uri(), f"file://{tmp_path}/spool"
+
+    def meta(run_id: str, chunk_steps: int) -> dict[str, str]:
+        info = json.loads(_run_meta(run_id, 0, chunk_steps=chunk_steps)[actor_module.RUN_KEY])
+        info["transport"] = spool
+        return {actor_module.RUN_KEY: json.dumps(info)}
+
+    _publish(policy, pack_version(0, 500), meta("old", 3))
+    s = ActorSettings(actor_id=0, policy_url=policy, hidden=(16,), seed=1, policy_wait_s=30.0,
+                      policy_check_interval_s=0.02)
+    stop = StopFlag()
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(run(s, stop=stop)), daemon=True)
+    caplog.set_level(logging.WARNING, "shardreplay.actor")
+    thread.start()
+    old = shard_transport(spool, CARTPOLE_SPEC, 0, run_id="old").reader()
+    new = shard_transport(spool, CARTPOLE_SPEC, 0, run_id="new").reader()
+    got: dict[str, list[Any]] = {"old": [], "new": []}
+
+    def received(name: str, reader: Any) -> bool:
+        batch = reader.receive(64, timeout_s=0.05)
+        reader.ack(batch)
+        got[name].extend(batch)
+        return bool(got[name])
+
+    try:
+        wait_for(lambda: received("old", old), 60, "chunks for the old run")
+        _publish(policy, pack_version(0, 0), meta("new", 5))  # a fresh publisher, version 0
+        wait_for(lambda: received("new", new), 60, "chunks for the new run")
+    finally:
+        stop.set()
+        thread.join(30)
+        old.close()
+        new.close()
+    assert not thread.is_alive()
+    assert {c.num_steps for c in got["old"]} <= {1, 2, 3} and {c.num_steps for c in got["new"]} <= {1, 5}
+    assert 5 in {c.num_steps for c in got["new"]}
+    assert {c.policy_version for c in got["new"]} == {pack_version(0, 0)}
+    assert any("now belongs to run new (this actor served run old)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_remote_actor_refuses_a_run_on_the_local_transport(tmp_path: Path) -> None:
+    policy = (tmp_path / "policy").as_uri()
+    train = TrainSettings(actors=1)  # transport "local"
+    _publish(policy, pack_version(0, 5), RunInfo(run_id="r", life=0, env_steps=0, seed=0, transport="local",
+                                                 settings=agreed_settings(train, 1)).to_meta())
+    with pytest.raises(ConfigError, match="uses the local transport"):
+        run(ActorSettings(actor_id=0, policy_url=policy, policy_wait_s=30.0), stop=StopFlag())

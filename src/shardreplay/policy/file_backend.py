@@ -169,7 +169,7 @@ class FileSubscriber:
             return None
         if update.version != version:
             return self._reject(raw, "version", f"note says {version}, weights say {update.version}")
-        self.version, self.run_id = version, update.run_id
+        self.version, self.run_id = version, run  # the note's run: what the next check compares
         return update
 
     def _reject(self, raw: bytes, reason: str, detail: str) -> None:

@@ -135,7 +135,8 @@ class RedisSubscriber:
             if update is not None:
                 self.stats.reject("version", f"hash says {version}, weights say {update.version}")
             return None
-        self.version, self.run_id = version, update.run_id
+        # the hash's run: what the next check compares
+        self.version, self.run_id = version, fields.get(b"run", b"").decode(errors="replace")
         return update
 
     def pause(self, timeout_s: float) -> None:

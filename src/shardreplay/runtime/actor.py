@@ -29,7 +29,7 @@ from shardreplay.runtime.chunker import Chunker
 from shardreplay.runtime.envs import env_spaces, make_vector_env, transition_spec
 from shardreplay.runtime.gym_steps import GymStepConverter
 from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
-from shardreplay.runtime.routing import shard_for_actor, shard_transport
+from shardreplay.runtime.routing import scheme_of, shard_for_actor, shard_transport
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
@@ -266,6 +266,9 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Transport 
     assert s.num_shards is not None and s.num_actors is not None
     spec = transition_spec(obs_size)
     shard = shard_for_actor(s.actor_id, s.num_shards)
+    if given is None and scheme_of(s.transport) == "local":
+        raise ConfigError(f"the run at {s.policy_url} uses the local transport, which only its learners' "
+                          "own actors reach: train with --transport file:///shared/dir or redis://...")
     transport = given or shard_transport(
         s.transport, spec, shard, run_id=info.run_id if info is not None else "",
         queued_chunks_per_actor=s.queued_chunks_per_actor,
