@@ -347,3 +347,43 @@ def test_a_remote_actor_refuses_a_run_on_the_local_transport(tmp_path: Path) -> 
                                                  settings=agreed_settings(train, 1)).to_meta())
     with pytest.raises(ConfigError, match="uses the local transport"):
         run(ActorSettings(actor_id=0, policy_url=policy, policy_wait_s=30.0), stop=StopFlag())
+
+
+def test_an_actor_takes_the_new_shard_count_of_a_resumed_run(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The run resumes on 2 learners instead of 1: actor 1 now feeds shard 1."""
+    policy, spool = (tmp_path / "policy").as_uri(), f"file://{tmp_path}/spool"
+
+    def meta(life: int, shards: int) -> dict[str, str]:
+        info = json.loads(_run_meta("r", life, num_actors=2, num_shards=shards)[actor_module.RUN_KEY])
+        info["transport"] = spool
+        return {actor_module.RUN_KEY: json.dumps(info)}
+
+    _publish(policy, pack_version(0, 100), meta(0, 1))
+    s = ActorSettings(actor_id=1, policy_url=policy, hidden=(16,), seed=1, policy_wait_s=30.0,
+                      policy_check_interval_s=0.02)
+    stop = StopFlag()
+    thread = threading.Thread(target=lambda: run(s, stop=stop), daemon=True)
+    caplog.set_level(logging.WARNING, "shardreplay.actor")
+    thread.start()
+    readers = [shard_transport(spool, CARTPOLE_SPEC, k, run_id="r").reader() for k in (0, 1)]
+    got: list[list[Any]] = [[], []]
+
+    def received(k: int) -> bool:
+        batch = readers[k].receive(64, timeout_s=0.05)
+        readers[k].ack(batch)
+        got[k].extend(batch)
+        return bool(got[k])
+
+    try:
+        wait_for(lambda: received(0), 60, "chunks on shard 0")
+        _publish(policy, pack_version(1, 100), meta(1, 2))
+        wait_for(lambda: received(1), 60, "chunks on shard 1")
+    finally:
+        stop.set()
+        thread.join(30)
+        for r in readers:
+            r.close()
+    assert not thread.is_alive()
+    assert {c.policy_version for c in got[1]} == {pack_version(1, 100)}
+    assert any("changed settings" in r.getMessage() for r in caplog.records)

@@ -285,7 +285,7 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Transport 
 
 def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, num_actions: int,
           transport: Transport, subscriber: Any, stop: StopFlag, counters: dict[str, int]) -> Any:
-    feed = _PolicyFeed(subscriber, stop, first.run_id)
+    feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
     net = QNetwork(obs.shape[1], num_actions, _hidden_of(first.weights, obs.shape[1], num_actions, s))
     version = _load(net, first)
     rng = np.random.default_rng(s.seed)
@@ -304,9 +304,14 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, n
             if feed.finished:
                 log.info("actor %d: the learners finished training; stopping", s.actor_id)
                 break
-            if feed.next_run is not None:
+            if feed.next_run is not None and feed.next_run.run_id != first.run_id:
                 log.warning("actor %d: the policy at %s now belongs to run %s (this actor served run %s): "
                             "switching to it", s.actor_id, s.policy_url, feed.next_run.run_id or "(unnamed)",
+                            first.run_id or "(unnamed)")
+                break
+            if feed.next_run is not None:
+                log.warning("actor %d: the learners of run %s changed settings (a resume with other "
+                            "settings, e.g. another number of learners): taking them", s.actor_id,
                             first.run_id or "(unnamed)")
                 break
             if update is not None:
@@ -351,12 +356,16 @@ def _warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:
 class _PolicyFeed:
     """The subscriber, polled from the loop and from a blocked send: a new policy is held
     for the loop; a 'finished' one sets the stop flag (no learner will take more); one of
-    another run than ``run_id`` is kept in ``next_run`` (the loop switches to it)."""
+    another run than ``run_id``, or of the same run with other agreed ``settings`` (a
+    resume on another number of learners), is kept in ``next_run`` (the loop switches to
+    it)."""
 
-    def __init__(self, subscriber: Any, stop: StopFlag, run_id: str) -> None:
+    def __init__(self, subscriber: Any, stop: StopFlag, run_id: str,
+                 settings: dict[str, Any] | None = None) -> None:
         self._subscriber = subscriber
         self._stop = stop
         self._run_id = run_id
+        self._settings = settings
         self._held: Any = None
         self.finished = False
         self.next_run: Any = None
@@ -366,13 +375,18 @@ class _PolicyFeed:
         if self.next_run is not None:
             return
         update = self._subscriber.poll()
-        if update is not None and update.run_id != self._run_id:
+        if update is not None and (update.run_id != self._run_id or self._changed(update)):
             self.next_run = update
         elif update is not None and FINISHED in update.weights:
             self.finished = True
             self._stop.set()
         elif update is not None:
             self._held = update
+
+    def _changed(self, update: Any) -> bool:
+        """The update carries other agreed settings than those served."""
+        info = RunInfo.of(update)
+        return self._settings is not None and info is not None and info.settings != self._settings
 
     def take(self) -> Any:
         """The newest policy not yet taken, or None."""
