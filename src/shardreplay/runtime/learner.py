@@ -451,9 +451,9 @@ class Learner:
     def _summary(self, started: float, checkpoint_path: Path) -> dict[str, Any]:
         ing, got = self.ingestor, self.ingestor.reader.stats
         mine = torch.tensor([sum(self.actors.restarts.values()), len(self.actors.given_up),
-                             got.total_rejected + ing.total_rejected, got.duplicates + ing.total_duplicates],
-                            dtype=torch.float64)
-        restarts, given_up, rejected, duplicates = \
+                             got.total_rejected + ing.total_rejected, got.duplicates + ing.total_duplicates,
+                             sum(self.foreign.values())], dtype=torch.float64)
+        restarts, given_up, rejected, duplicates, foreign = \
             self.buffer.collectives.all_reduce_sum(mine, "summary").tolist()
         summary: dict[str, Any] = {"rank": self.rank, **self.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
@@ -463,8 +463,7 @@ class Learner:
                                    "resumed_from": self.resumed, "run_id": self.identity.run_id,
                                    "learner_life": self.identity.life,
                                    "policy_version": self.policy_version,
-                                   # this rank's shard only (no collective for a report)
-                                   "foreign_chunks_ignored": sum(self.foreign.values())}
+                                   "foreign_chunks_ignored": int(foreign)}
         if self.rank == 0:
             summary["final_eval_return"] = self._evaluate(self.s.eval_episodes)
             summary["best_eval_return"] = self.best_eval if math.isfinite(self.best_eval) else None
