@@ -84,6 +84,7 @@ def test_a_new_run_on_a_used_redis_ingests_none_of_the_old_runs_chunks(tmp_path:
     # An old run's leftovers: under the stream name of before run ids, and of another run.
     _old_chunks(shard_transport(url, CARTPOLE_SPEC, 0), 12)
     _old_chunks(shard_transport(url, CARTPOLE_SPEC, 0, run_id="0ldrun"), 5)
+    _publish(url, pack_version(0, 64_000), _run_meta("0ldrun", 0)).close()  # and its policy
     run_dir = tmp_path / "run"
     args = ["train", "--run-dir", str(run_dir), *FAST, "--transport", url, "--learners", "1",
             "--actors", "1", "--total-env-steps", "1200", "--hidden", "16", "--epsilon-warmup-steps", "0"]
@@ -104,6 +105,7 @@ def test_a_new_run_on_a_used_redis_ingests_none_of_the_old_runs_chunks(tmp_path:
     assert summary["foreign_chunks_ignored"] == 17 and summary["chunks_rejected"] == 0
     assert summary["chunks_duplicate"] == 0
     assert "17 chunk(s) of other runs wait" in train.stderr()
+    assert "belongs to run 0ldrun, which has not finished" in train.stderr()
     # Its steps are its own actor's: 4 envs x whole vector steps, never the old 32-step chunks.
     assert summary["env_steps"] >= 1200
 

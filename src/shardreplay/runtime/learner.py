@@ -29,7 +29,7 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.manifest import checkpoint_dir
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError, ShardReplayError
-from shardreplay.policy import open_publisher
+from shardreplay.policy import open_publisher, open_subscriber
 from shardreplay.policy.broadcast import pack_version
 from shardreplay.runtime.actor import AGREED, FINISHED, ActorSettings, RunInfo, actor_seed
 from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
@@ -137,6 +137,8 @@ class Learner:
         self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._stored,
                                  shard=self.rank, journal=IngestJournal(self.run_dir / "ingest", self.rank),
                                  losses=self.losses, suspects=self._old_journals)
+        if self.rank == 0:
+            self._warn_if_taking_over()
         self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
         self._last_sync: np.ndarray | None = None
         self.metrics = MetricsRecorder(self.run_dir, settings.total_env_steps, settings.progress) \
@@ -183,6 +185,23 @@ class Learner:
                         self.s.transport, ", ".join(f"{k}: {v}" for k, v in sorted(found.items())),
                         self.identity.run_id or "unnamed")
         return found
+
+    def _warn_if_taking_over(self) -> None:
+        """Say so when the policy URL holds another run's policy that did not finish: its
+        actors will switch to this run (two runs must not share a policy URL)."""
+        subscriber = open_subscriber(self.s.policy_url, check_interval_s=0)
+        try:
+            current = subscriber.poll()
+        except ShardReplayError as exc:
+            log.warning("could not read the policy at %s: %s", self.s.policy_url, exc)
+            return
+        finally:
+            subscriber.close()
+        if current is not None and current.run_id != self.identity.run_id and FINISHED not in current.weights:
+            log.warning("the policy at %s belongs to run %s, which has not finished: this run (%s) takes "
+                        "it over and that run's actors will switch to this one. Give concurrent runs "
+                        "their own --policy-url", self.s.policy_url, current.run_id or "(unnamed)",
+                        self.identity.run_id)
 
     @property
     def policy_version(self) -> int:
