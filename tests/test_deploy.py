@@ -26,7 +26,8 @@ import yaml
 
 from shardreplay.cli.main import build_parser
 from shardreplay.cli.train import _settings
-from shardreplay.runtime.actor import ActorSettings
+from shardreplay.runtime.actor import ActorSettings, RunInfo, resolve
+from shardreplay.runtime.learner import agreed_settings
 from shardreplay.runtime.settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,13 +82,18 @@ def _actor(argv: list[str]) -> ActorSettings:
 
 
 def _check_actors(actors: list[ActorSettings], train: TrainSettings, world: int) -> None:
+    """What each actor runs once it took the settings its learners publish."""
     assert sorted(a.actor_id for a in actors) == list(range(train.remote_actors))
+    info = RunInfo(run_id="r", life=0, env_steps=0, seed=train.seed, transport=train.transport,
+                   settings=agreed_settings(train, world))
     for a in actors:
-        assert a.num_actors == train.total_actors and a.num_shards == world
-        assert a.transport == a.policy_url == train.transport  # policy defaults to the Redis URL
-        assert a.env_id == train.env_id and a.envs_per_actor == train.envs_per_actor
-        assert a.queued_per_actor == train.queued_chunks_per_actor and a.chunk_steps == train.chunk_steps
-        assert (a.epsilon_base, a.epsilon_exponent, a.epsilon_warmup_steps) == \
+        r = resolve(a, info)  # a flag contradicting the learners would raise here
+        assert r.num_actors == train.total_actors and r.num_shards == world
+        assert r.transport == r.policy_url == train.transport  # policy defaults to the Redis URL
+        assert r.env_id == train.env_id and r.envs_per_actor == train.envs_per_actor
+        assert r.queued_chunks_per_actor == train.queued_chunks_per_actor
+        assert r.chunk_steps == train.chunk_steps
+        assert (r.epsilon_base, r.epsilon_exponent, r.epsilon_warmup_steps) == \
             (train.epsilon_base, train.epsilon_exponent, train.epsilon_warmup_steps)
 
 

@@ -243,7 +243,7 @@ def test_signal_stops_an_actor_blocked_by_back_pressure(tmp_path: Path) -> None:
     ready = tmp_path / "spool" / "shard-0" / "ready"
     log = tmp_path / "actor.log"
     with children() as kids:
-        args = _actor_cli(tmp_path, url, policy, "--queued-per-actor", "1", "--chunk-steps", "4")
+        args = _actor_cli(tmp_path, url, policy, "--queued-chunks-per-actor", "1", "--chunk-steps", "4")
         proc = kids.cli(args, log)
         wait_for(lambda: ready.is_dir() and any(ready.iterdir()), START_S, "the first chunk",
                  explain=lambda: log.read_text()[-3000:])
@@ -269,7 +269,7 @@ def test_delivery_log_lists_exactly_the_chunks_the_transport_accepted(tmp_path: 
     url = _transport_url(kind, tmp_path, redis_factory)
     publish_cartpole_policy(f"file://{tmp_path}/policy", 1)
     log_path = tmp_path / "audit" / "actor-1.jsonl"
-    s = _settings(tmp_path, url, queued_per_actor=2, send_timeout_s=0.2, delivery_log=str(log_path))
+    s = _settings(tmp_path, url, queued_chunks_per_actor=2, send_timeout_s=0.2, delivery_log=str(log_path))
     stop = StopFlag()
 
     def stop_once_blocked() -> None:  # the queue holds 2: the actor then waits in send

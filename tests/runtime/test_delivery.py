@@ -114,7 +114,7 @@ def test_a_chunk_delivered_after_a_later_one_is_stored_in_a_new_episode(tmp_path
 
 @pytest.mark.slow
 def test_two_writers_of_2000_chunks_through_a_spool_are_stored_exactly_once(tmp_path: Path) -> None:
-    transport = _spool(tmp_path, max_pending_per_actor=1_000_000)
+    transport = _spool(tmp_path, queued_chunks_per_actor=1_000_000)
     ingestor = _ingestor(transport.reader(), capacity=4096)
     with children() as kids:
         procs = [kids.track(CTX.Process(target=write_n, args=(transport, a, 2000), daemon=True))

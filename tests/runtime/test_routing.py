@@ -87,17 +87,17 @@ def test_file_shards_are_separate_directories(tmp_path: Path) -> None:
 
 
 def test_file_queue_bound_is_per_actor(tmp_path: Path) -> None:
-    t = shard_transport(f"file://{tmp_path}", CARTPOLE_SPEC, 1, queued_per_actor=3, actors=4)
-    assert isinstance(t, SpoolTransport) and t.max_pending_per_actor == 3
+    t = shard_transport(f"file://{tmp_path}", CARTPOLE_SPEC, 1, queued_chunks_per_actor=3, actors=4)
+    assert isinstance(t, SpoolTransport) and t.queued_chunks_per_actor == 3
 
 
 @pytest.mark.redis
 def test_redis_shards_are_separate_streams(redis_server) -> None:
-    transports = [shard_transport(redis_server.url, CARTPOLE_SPEC, k, queued_per_actor=2, actors=3)
+    transports = [shard_transport(redis_server.url, CARTPOLE_SPEC, k, queued_chunks_per_actor=2, actors=3)
                   for k in range(2)]
     assert all(isinstance(t, RedisTransport) for t in transports)
     assert [t.stream for t in transports] == ["shardreplay:chunks:0", "shardreplay:chunks:1"]
-    assert [t.max_len for t in transports] == [6, 6]  # queued_per_actor x actors of the shard
+    assert [t.max_len for t in transports] == [6, 6]  # queued_chunks_per_actor x actors of the shard
     readers = [t.reader() for t in transports]
     writers = [t.writer() for t in transports]
     try:
@@ -115,7 +115,7 @@ def test_redis_shards_are_separate_streams(redis_server) -> None:
 def test_local_shards_are_separate_rings() -> None:
     size = chunk_bytes(CARTPOLE_SPEC, 2, 4)
     assert size >= len(encode(make_chunk(0, 0, spec=CARTPOLE_SPEC), CARTPOLE_SPEC))
-    transports = [shard_transport("local", CARTPOLE_SPEC, k, queued_per_actor=2, actors=2,
+    transports = [shard_transport("local", CARTPOLE_SPEC, k, queued_chunks_per_actor=2, actors=2,
                                   chunk_size_bytes=size) for k in range(2)]
     assert all(isinstance(t, LocalTransport) for t in transports)
     assert transports[0]._ring is not transports[1]._ring
@@ -135,7 +135,7 @@ def test_actor_and_learner_open_the_same_channel(tmp_path: Path, num_actors: int
                               policy_url=url)
         shard = shard_for_actor(actor.actor_id, actor.num_shards)
         mine = shard_transport(url, CARTPOLE_SPEC, shard)
-        theirs = shard_transport(url, CARTPOLE_SPEC, rank, queued_per_actor=2,
+        theirs = shard_transport(url, CARTPOLE_SPEC, rank, queued_chunks_per_actor=2,
                                  actors=learner.actors_of_shard(rank))
         assert (mine.path == theirs.path) == (shard == rank)
 

@@ -56,7 +56,7 @@ def test_torchrun_learners_with_remote_actors_through_redis(tmp_path: Path, redi
     url = redis_server.url
     run_dir = tmp_path / "run"
     actors = [TrainRun(["actor", "--actor-id", str(a), "--num-actors", "2", "--num-shards", "2",
-                        "--transport", url, "--policy-url", url, "--queued-per-actor", "2",
+                        "--transport", url, "--policy-url", url, "--queued-chunks-per-actor", "2",
                         "--seed", str(a)], tmp_path, prefix=f"actor{a}-") for a in range(2)]
     try:
         with TrainRun(_torchrun("--run-dir", str(run_dir), *FAST, "--actors", "0", "--remote-actors", "2",

@@ -19,6 +19,9 @@ import redis
 from runtime_helpers import kill9
 from train_harness import FAST, TrainRun, metrics_rows, training, wait_until
 
+from shardreplay.runtime.routing import redis_stream
+from shardreplay.runtime.run_identity import read_identity
+
 pytestmark = pytest.mark.distributed
 START_S = 150.0
 
@@ -49,14 +52,14 @@ def _check_policy_lag(run_dir: Path, publish_interval: int) -> None:
     assert sum(lags) / len(lags) < 50 * publish_interval, lags
 
 
-def _corrupt(kind: str, spool: Path | None, url: str | None) -> None:
+def _corrupt(kind: str, spool: Path | None, url: str | None, run_id: str) -> None:
     garbage = b"SRCK" + bytes(60)  # a chunk prefix, then nothing that adds up
     if kind == "file":
         assert spool is not None
-        (spool / "shard-0" / "ready" / "0000000000-00000000000000000000.chunk").write_bytes(garbage)
+        (spool / run_id / "shard-0" / "ready" / "0000000000-00000000000000000000.chunk").write_bytes(garbage)
     else:
         client = redis.Redis.from_url(url)
-        client.xadd("shardreplay:chunks:0", {b"d": garbage})
+        client.xadd(redis_stream(0, run_id), {b"d": garbage})
         client.close()
 
 
@@ -76,7 +79,8 @@ def test_training_goes_on_through_actor_kill_corrupt_chunk_and_redis_restart(
         wait_until(lambda: training(run_dir) and len(run.actors()) == 2, START_S, "training", run)
         victim = run.actors()[0].pid
         kill9(victim)
-        _corrupt(kind, spool, transport)
+        run_id = read_identity(run_dir).run_id  # type: ignore[union-attr]  # the run's channels
+        _corrupt(kind, spool, transport, run_id)
         if server is not None:
             server.restart(down_s=1.0)
         at_restart = _env_steps(run_dir)
@@ -100,10 +104,10 @@ def test_training_goes_on_through_actor_kill_corrupt_chunk_and_redis_restart(
         client = redis.Redis.from_url(server.url)
         # The learner's last acknowledgements went out before it exited: a resumed run
         # would get nothing again.
-        assert client.xpending("shardreplay:chunks:0", "learners")["pending"] == 0
+        assert client.xpending(redis_stream(0, run_id), "learners")["pending"] == 0
         client.close()
     else:
         assert spool is not None
-        quarantined = sorted(p.name for p in (spool / "shard-0" / "quarantine").iterdir())
+        quarantined = sorted(p.name for p in (spool / run_id / "shard-0" / "quarantine").iterdir())
         assert quarantined == ["0000000000-00000000000000000000.chunk",
                                "0000000000-00000000000000000000.chunk.reason"]

@@ -84,7 +84,7 @@ KILL_WRITER = textwrap.dedent("""
     from shardreplay.spec import Field, Spec
     from shardreplay.transport import Chunk, open_transport
     spec = Spec({"obs": Field((4096,), np.float32)})
-    w = open_transport(sys.argv[1], spec, max_pending_per_actor=10_000).writer()
+    w = open_transport(sys.argv[1], spec, queued_chunks_per_actor=10_000).writer()
     s, t = 8, 64
     steps = {"obs": np.ones((s, t, 4096), np.float32), "step_type": np.ones((s, t), np.uint8)}
     seq = 0
@@ -218,7 +218,7 @@ def test_archive_keeps_consumed_chunks_and_reads_them_back(tmp_path: Path) -> No
 
 
 def test_back_pressure_per_actor(tmp_path: Path) -> None:
-    transport = spool(tmp_path, max_pending_per_actor=2)
+    transport = spool(tmp_path, queued_chunks_per_actor=2)
     writer = transport.writer()
     writer.send(make_chunk(0, 0))
     writer.send(make_chunk(0, 1))

@@ -1,6 +1,10 @@
 """``shardreplay actor``: run one actor against a remote learner (Redis or a shared spool).
 
-Stops cleanly on SIGTERM / SIGINT (sending what it holds); exits 0.
+Only ``--actor-id`` and ``--policy-url`` are needed: the run's settings that every
+actor must share with the learners (chunk size, envs per actor, environment, queue
+bound, epsilon schedule, number of actors and shards) and its transport come with the
+learner's policy. A flag that contradicts the learner's value ends the actor with one
+line (exit 2). Stops cleanly on SIGTERM / SIGINT (sending what it holds); exits 0.
 """
 
 from __future__ import annotations
@@ -14,13 +18,26 @@ import sys
 from typing import Any
 
 from shardreplay.errors import ShardReplayError
-from shardreplay.runtime.actor import ActorSettings
+from shardreplay.runtime.actor import AGREED, ActorSettings
 
 # "name: text" lines of the ActorSettings docstring, for --help.
 _HELP = {name: " ".join(text.split()) for names, text in
          re.findall(r"^\s{8}(\w+(?:, \w+)*): (.+?)(?=\n\s{8}\w+(?:, \w+)*:|\n\s*$)",
                     ActorSettings.__doc__ or "", flags=re.M | re.S)
          for name in names.split(", ")}
+_INT = ("num_actors", "num_shards", "envs_per_actor", "chunk_steps", "queued_chunks_per_actor",
+        "epsilon_warmup_steps", "max_env_steps", "seed")
+_FLOAT = ("epsilon_base", "epsilon_exponent")
+
+
+class _Deprecated(argparse.Action):
+    """An old flag name: still accepted, with a warning naming the new one."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any,
+                 option_string: Any = None) -> None:
+        new = "--" + self.dest.replace("_", "-")
+        print(f"shardreplay actor: warning: {option_string} is deprecated, use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -29,16 +46,18 @@ def add_parser(subparsers: Any) -> None:
                               description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     defaults = {f.name: f.default for f in dataclasses.fields(ActorSettings)}
     p.add_argument("--actor-id", type=int, required=True, help="this actor's id, 0 .. num-actors-1")
-    p.add_argument("--num-actors", type=int, required=True, help="actors in the run")
-    p.add_argument("--num-shards", type=int, required=True, help="learner ranks (replay shards)")
-    p.add_argument("--transport", required=True, help="file:///dir or redis://host:port/db")
     p.add_argument("--policy-url", required=True, help="where the learner publishes weights")
-    for name in ("env_id", "envs_per_actor", "chunk_steps", "epsilon_base", "epsilon_exponent",
-                 "epsilon_warmup_steps", "max_env_steps", "policy_wait_s", "seed", "queued_per_actor",
-                 "policy_check_interval_s"):
+    p.add_argument("--transport", default="", help=_HELP.get("transport"))
+    for name in (*AGREED, "max_env_steps", "policy_wait_s", "seed", "policy_check_interval_s"):
         default = defaults[name]
-        kind = int if name in ("max_env_steps", "seed", "queued_per_actor") else type(default)
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=_HELP.get(name))
+        kind = int if name in _INT else float if name in _FLOAT else str if default is None else type(default)
+        text = _HELP.get(name, "")
+        if name in AGREED:
+            # "%(default).0s" prints nothing; it keeps argparse from adding "(default: None)".
+            text += " (default: the learner's; another value is an error)%(default).0s"
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=text)
+    p.add_argument("--queued-per-actor", dest="queued_chunks_per_actor", type=int, action=_Deprecated,
+                   help="deprecated name of --queued-chunks-per-actor")
     p.add_argument("--delivery-log", default=None, metavar="FILE", help=_HELP.get("delivery_log"))
     p.add_argument("--hidden", type=int, nargs="+", default=list(defaults["hidden"]),
                    help="hidden layer sizes (only a fallback: the published policy's shape is used)")

@@ -19,9 +19,17 @@ Weights travel as safetensors (never pickle) with the version in their metadata:
 
 ``poll`` looks at the version at most every ``check_interval_s`` (Redis: at once when a
 notification arrived; a lost notification costs at most one interval) and loads weights
-only when the version grew. Versions must increase; a learner resumed from a checkpoint
-goes on from its saved version. A damaged or inconsistent copy is logged, counted in
-``stats`` and skipped; the actor keeps its current weights.
+only when the version grew or the run changed. A damaged or inconsistent copy is
+logged, counted in ``stats`` and skipped; the actor keeps its current weights.
+
+Versions stay comparable across learner lives: a training run publishes
+:func:`pack_version` ``(life, updates)``, the life (resume count of the run directory)
+in the high bits, so the first policy of a learner resumed from an older checkpoint
+(fewer updates) is still newer than everything its previous life published.
+
+A publisher may add string ``meta`` (safetensors metadata); :data:`RUN_KEY` in it names
+the run (``run_id``): a subscriber also takes a policy of another run, whatever its
+version (a new run on the same medium starts again from version 0).
 """
 
 from __future__ import annotations
@@ -46,13 +54,57 @@ __all__ = [
     "PolicySubscriber",
     "PolicyUpdate",
     "SubscriberStats",
+    "describe_version",
     "open_publisher",
     "open_subscriber",
+    "pack_version",
+    "split_version",
     "wait_for_policy",
 ]
 
 logger = logging.getLogger("shardreplay.policy")
 VERSION_KEY = "shardreplay.policy_version"
+# The JSON run description a training run publishes with its weights (see runtime.learner).
+RUN_KEY = "shardreplay.run"
+# A version's learner life sits above this many bits of update count.
+LIFE_SHIFT = 32
+
+
+def pack_version(life: int, updates: int) -> int:
+    """The policy version of ``updates`` in learner life ``life`` (0 for a new run, +1 at
+    every resume): ordered by life first, so versions stay comparable across resumes.
+
+    Raises:
+        ConfigError: a negative part, or ``updates`` beyond 2**32 - 1.
+    """
+    if life < 0 or not 0 <= updates < (1 << LIFE_SHIFT):
+        raise ConfigError(f"need life >= 0 and 0 <= updates < 2**{LIFE_SHIFT}, got {life}, {updates}")
+    return (life << LIFE_SHIFT) | updates
+
+
+def split_version(version: int) -> tuple[int, int]:
+    """``(life, updates)`` of a packed version (a plain small version is life 0)."""
+    return version >> LIFE_SHIFT, version & ((1 << LIFE_SHIFT) - 1)
+
+
+def describe_version(version: int | None) -> str:
+    """``"875 (life 1)"``: a version as a person reads it."""
+    if version is None:
+        return "none"
+    life, updates = split_version(version)
+    return f"{updates} (life {life})"
+
+
+def run_id_of(meta: Mapping[str, str]) -> str:
+    """The run id in a policy's metadata ('' when it names no run: an older publisher)."""
+    raw = meta.get(RUN_KEY)
+    if not raw:
+        return ""
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return ""
+    return str(info.get("run_id", "")) if isinstance(info, dict) else ""
 
 
 @dataclass(frozen=True)
@@ -62,10 +114,17 @@ class PolicyUpdate:
     Attributes:
         version: its version.
         weights: name -> CPU tensor, ready for ``load_state_dict``.
+        meta: the publisher's string metadata (:data:`RUN_KEY` describes the run).
     """
 
     version: int
     weights: dict[str, torch.Tensor]
+    meta: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        """The run that published it ('' when unnamed)."""
+        return run_id_of(self.meta)
 
 
 @dataclass
@@ -86,12 +145,14 @@ class SubscriberStats:
 class PolicyPublisher(Protocol):
     """The learner's end."""
 
-    def publish(self, version: int, weights: Mapping[str, Any]) -> None:
+    def publish(self, version: int, weights: Mapping[str, Any], *,
+                meta: Mapping[str, str] | None = None) -> None:
         """Make ``weights`` the current policy, atomically.
 
         Args:
-            version: larger than every version published before.
+            version: larger than every version this publisher published before.
             weights: name -> torch tensor or numpy array (a ``state_dict``).
+            meta: string metadata published with them (:data:`RUN_KEY`: the run).
 
         Raises:
             ConfigError: the version does not increase, or a value is not a tensor.
@@ -109,10 +170,12 @@ class PolicySubscriber(Protocol):
     """An actor's end."""
 
     version: int | None
+    run_id: str | None
     stats: SubscriberStats
 
     def poll(self) -> PolicyUpdate | None:
-        """The newest policy if its version is above ``version``, else None (cheap)."""
+        """The newest policy if its version is above ``version`` or it belongs to another
+        run than ``run_id``, else None (cheap)."""
         ...
 
     def pause(self, timeout_s: float) -> None:
@@ -137,11 +200,18 @@ def check_version(version: Any, last: int | None) -> int:
     return version
 
 
-def serialize(version: int, weights: Mapping[str, Any]) -> bytes:
-    """Weights as safetensors bytes with ``version`` in the metadata.
+def is_news(version: int, run_id: str, current: int | None, current_run: str | None) -> bool:
+    """Whether a subscriber holding ``(current, current_run)`` takes ``(version, run_id)``:
+    the first policy, a newer version, or another run's."""
+    return current is None or version > current or run_id != current_run
+
+
+def serialize(version: int, weights: Mapping[str, Any], meta: Mapping[str, str] | None = None) -> bytes:
+    """Weights as safetensors bytes with ``version`` and ``meta`` in the metadata.
 
     Raises:
-        ConfigError: a value is neither a torch tensor nor a numpy array.
+        ConfigError: a value is neither a torch tensor nor a numpy array, or ``meta``
+            holds a non-string or the version key.
     """
     import numpy as np
     import torch
@@ -155,7 +225,10 @@ def serialize(version: int, weights: Mapping[str, Any]) -> bytes:
             raise ConfigError(f"weight {name!r} is a {type(value).__name__}, not a tensor or array")
         # a private contiguous CPU copy: tied weights must not share storage in safetensors
         tensors[name] = value.detach().to("cpu", copy=True).contiguous()
-    return save(tensors, metadata={VERSION_KEY: str(version)})
+    extra = dict(meta or {})
+    if VERSION_KEY in extra or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+        raise ConfigError(f"policy metadata must map strings to strings without {VERSION_KEY!r}")
+    return save(tensors, metadata={**extra, VERSION_KEY: str(version)})
 
 
 def read_metadata(data: bytes) -> dict[str, str]:
@@ -185,13 +258,14 @@ def deserialize(data: bytes, expect_crc: int | None, stats: SubscriberStats,
         stats.reject("checksum", f"{origin}: weights do not match their checksum")
         return None
     try:
-        version = int(read_metadata(data)[VERSION_KEY])
+        meta = read_metadata(data)
+        version = int(meta[VERSION_KEY])
         weights = load(data)
     except Exception as exc:  # safetensors, json and int() raise unrelated types on garbage
         stats.reject("format", f"{origin}: {exc}")
         return None
     stats.loads += 1
-    return PolicyUpdate(version, weights)
+    return PolicyUpdate(version, weights, {str(k): str(v) for k, v in meta.items() if k != VERSION_KEY})
 
 
 def wait_for_policy(subscriber: PolicySubscriber, timeout_s: float) -> PolicyUpdate:

@@ -6,7 +6,13 @@ deletes all but the newest ``keep`` weight files. A weights file never changes o
 visible and the note is written after the file it names, so a subscriber that reads the
 note and then that file gets exactly the weights of that version, or (if ``keep`` newer
 versions came in between and the file is gone) nothing, and tries again at its next
-check. The version is also in the safetensors metadata and must agree with the note.
+check. The version is also in the safetensors metadata and must agree with the note,
+and so is the run id (the note's ``run``, so a subscriber sees another run's policy
+without reading weights).
+
+A publisher killed mid-write leaves its temp file (``*.tmp``): the next publisher of
+the directory deletes those when it starts (one publisher per directory: its run's
+learner rank 0).
 """
 
 from __future__ import annotations
@@ -21,13 +27,23 @@ from pathlib import Path
 from typing import Any
 
 from shardreplay.errors import ConfigError, TransportError
-from shardreplay.policy.broadcast import PolicyUpdate, SubscriberStats, check_version, deserialize, serialize
+from shardreplay.policy.broadcast import (
+    PolicyUpdate,
+    SubscriberStats,
+    check_version,
+    deserialize,
+    is_news,
+    run_id_of,
+    serialize,
+)
 from shardreplay.transport._atomic import write_atomic
 
 __all__ = ["FilePublisher", "FileSubscriber"]
 
 NOTE = "policy.version"
 _WEIGHTS = re.compile(r"^policy-(\d{20})\.safetensors$")
+# write_atomic's temp names of the files a publisher writes here.
+_TEMP = re.compile(r"^(policy-\d{20}\.safetensors|policy\.version)\.\d+\.[0-9a-f]+\.tmp$")
 
 
 def weights_name(version: int) -> str:
@@ -57,20 +73,30 @@ class FilePublisher:
         self._last: int | None = None
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            self._remove_dead_temps()
         except OSError as exc:
             raise TransportError(f"cannot create policy directory {self.path}: {exc}") from exc
 
-    def publish(self, version: int, weights: Mapping[str, Any]) -> None:
-        """Make ``weights`` the current policy.
+    def _remove_dead_temps(self) -> None:
+        """Delete temp files of an earlier publisher that died mid-write (nobody else
+        writes here: they would otherwise stay forever)."""
+        for name in os.listdir(self.path):
+            if _TEMP.match(name):
+                (self.path / name).unlink(missing_ok=True)
+
+    def publish(self, version: int, weights: Mapping[str, Any], *,
+                meta: Mapping[str, str] | None = None) -> None:
+        """Make ``weights`` the current policy (``meta``: string metadata published with it).
 
         Raises:
             ConfigError: the version does not increase or a value is not a tensor.
             TransportError: the file system refused the write.
         """
         version = check_version(version, self._last)
-        data = serialize(version, weights)
+        data = serialize(version, weights, meta)
         name = weights_name(version)
-        note = json.dumps({"version": version, "file": name, "crc32": zlib.crc32(data)}).encode()
+        note = json.dumps({"version": version, "file": name, "crc32": zlib.crc32(data),
+                           "run": run_id_of(meta or {})}).encode()
         try:
             write_atomic(self.path / name, data, fsync=self.fsync)
             write_atomic(self.path / NOTE, note, fsync=self.fsync)
@@ -105,12 +131,13 @@ class FileSubscriber:
         self.path = Path(path)
         self.check_interval_s = check_interval_s
         self.version: int | None = None
+        self.run_id: str | None = None
         self.stats = SubscriberStats()
         self._next_check = 0.0
         self._bad_note: bytes | None = None
 
     def poll(self) -> PolicyUpdate | None:
-        """The newest policy if it is newer than ``version``; else None."""
+        """The newest policy if it is newer than ``version`` or another run's; else None."""
         now = time.monotonic()
         if now < self._next_check:
             return None
@@ -125,11 +152,12 @@ class FileSubscriber:
         try:
             note = json.loads(raw)
             version, name, crc = int(note["version"]), str(note["file"]), int(note["crc32"])
+            run = str(note.get("run", ""))
             if not _WEIGHTS.match(name):
                 raise ValueError(f"bad weights file name {name!r}")
         except (ValueError, KeyError, TypeError) as exc:
             return self._reject(raw, "format", f"{self.path / NOTE}: {exc}")
-        if self.version is not None and version <= self.version:
+        if not is_news(version, run, self.version, self.run_id):
             return None
         try:
             data = (self.path / name).read_bytes()
@@ -141,7 +169,7 @@ class FileSubscriber:
             return None
         if update.version != version:
             return self._reject(raw, "version", f"note says {version}, weights say {update.version}")
-        self.version = version
+        self.version, self.run_id = version, run  # the note's run: what the next check compares
         return update
 
     def _reject(self, raw: bytes, reason: str, detail: str) -> None:

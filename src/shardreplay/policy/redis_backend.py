@@ -1,9 +1,10 @@
 """``redis://`` policy broadcast: one hash per policy key, plus a pub/sub hint.
 
-The publisher sets ``version``, ``crc32`` and ``weights`` of the hash ``key`` in one
+The publisher sets ``version``, ``run``, ``crc32`` and ``weights`` of the hash ``key`` in one
 ``HSET`` (atomic: a reader sees all old or all new fields), then publishes the version on
-``key + ":news"``. A subscriber reads only ``HGET version`` on a check and the whole hash
-(one ``HGETALL``, a consistent snapshot) only when the version grew. Checks happen when a
+``key + ":news"``. A subscriber reads only ``HMGET version run`` on a check and the whole
+hash (one ``HGETALL``, a consistent snapshot) only when the version grew or the run
+changed. Checks happen when a
 hint arrives and at least every ``check_interval_s``, so a lost hint costs one interval,
 and a subscriber that starts late still finds the current policy (lessons from Coach's
 pub/sub data loss). Redis itself is reached through :mod:`shardreplay.transport.redis`.
@@ -17,7 +18,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardreplay.errors import ConfigError, TransportTimeout
-from shardreplay.policy.broadcast import PolicyUpdate, SubscriberStats, check_version, deserialize, serialize
+from shardreplay.policy.broadcast import (
+    PolicyUpdate,
+    SubscriberStats,
+    check_version,
+    deserialize,
+    is_news,
+    run_id_of,
+    serialize,
+)
 from shardreplay.transport.redis_link import HintChannel, RedisLink
 
 __all__ = ["RedisPublisher", "RedisSubscriber"]
@@ -39,8 +48,10 @@ class RedisPublisher:
         self._hints = HintChannel(self._link, key + ":news")
         self._last: int | None = None
 
-    def publish(self, version: int, weights: Mapping[str, Any]) -> None:
-        """Atomically replace the current policy, then hint subscribers.
+    def publish(self, version: int, weights: Mapping[str, Any], *,
+                meta: Mapping[str, str] | None = None) -> None:
+        """Atomically replace the current policy (``meta``: string metadata published with
+        it), then hint subscribers.
 
         Raises:
             ConfigError: the version does not increase or a value is not a tensor.
@@ -48,8 +59,9 @@ class RedisPublisher:
             TransportError: Redis refused the write.
         """
         version = check_version(version, self._last)
-        data = serialize(version, weights)
-        mapping = {"version": str(version), "crc32": str(zlib.crc32(data)), "weights": data}
+        data = serialize(version, weights, meta)
+        mapping = {"version": str(version), "run": run_id_of(meta or {}), "crc32": str(zlib.crc32(data)),
+                   "weights": data}
         self._link.call(lambda r: r.hset(self._key, mapping=mapping), what="HSET policy",
                         deadline=time.monotonic() + self._timeout_s)
         self._last = version
@@ -77,13 +89,14 @@ class RedisSubscriber:
         self._key = key
         self.check_interval_s = check_interval_s
         self.version: int | None = None
+        self.run_id: str | None = None
         self.stats = SubscriberStats()
         self._hints = HintChannel(self._link, key + ":news")
         self._next_check = 0.0
         self._bad: tuple[bytes, bytes] | None = None
 
     def poll(self) -> PolicyUpdate | None:
-        """The newest policy if it is newer than ``version``; else None.
+        """The newest policy if it is newer than ``version`` or another run's; else None.
 
         A server that does not answer counts as "nothing new" (logged by the link).
         """
@@ -94,8 +107,9 @@ class RedisSubscriber:
         self._next_check = now + self.check_interval_s
         self.stats.checks += 1
         try:
-            raw = self._link.call(lambda r: r.hget(self._key, "version"), what="HGET version", deadline=now)
-            if raw is None or (self.version is not None and int(raw) <= self.version):
+            raw, run = self._link.call(lambda r: r.hmget(self._key, "version", "run"), what="HMGET version",
+                                       deadline=now)
+            if raw is None or not is_news(int(raw), (run or b"").decode(), self.version, self.run_id):
                 return None
             fields = self._link.call(lambda r: r.hgetall(self._key), what="HGETALL policy", deadline=now)
         except TransportTimeout:
@@ -121,7 +135,8 @@ class RedisSubscriber:
             if update is not None:
                 self.stats.reject("version", f"hash says {version}, weights say {update.version}")
             return None
-        self.version = version
+        # the hash's run: what the next check compares
+        self.version, self.run_id = version, fields.get(b"run", b"").decode(errors="replace")
         return update
 
     def pause(self, timeout_s: float) -> None:

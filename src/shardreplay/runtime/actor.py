@@ -10,6 +10,7 @@ actor after the current step, sending what it holds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -25,12 +26,12 @@ import torch
 
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
 from shardreplay.policy import open_subscriber
-from shardreplay.policy.broadcast import wait_for_policy
+from shardreplay.policy.broadcast import RUN_KEY, describe_version, split_version, wait_for_policy
 from shardreplay.runtime.chunker import Chunker
 from shardreplay.runtime.envs import env_spaces, make_vector_env, transition_spec
 from shardreplay.runtime.gym_steps import GymStepConverter
 from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
-from shardreplay.runtime.routing import shard_for_actor, shard_transport
+from shardreplay.runtime.routing import scheme_of, shard_for_actor, shard_transport
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
@@ -39,9 +40,25 @@ log = logging.getLogger("shardreplay.actor")
 FINISHED = "shardreplay.finished"
 
 
+# Settings an actor must share with the learners it serves. The learners publish them
+# with every policy (RUN_KEY metadata); an actor takes those it leaves None, and one it
+# was given otherwise is an error (a remote actor with its own chunk size, queue or
+# epsilon schedule trains the learner on data it does not expect).
+AGREED = ("num_actors", "num_shards", "env_id", "envs_per_actor", "chunk_steps", "queued_chunks_per_actor",
+          "epsilon_base", "epsilon_exponent", "epsilon_warmup_steps")
+# Used for a policy that publishes no settings (a publisher that names no run).
+_UNPUBLISHED = {"env_id": "CartPole-v1", "envs_per_actor": 4, "chunk_steps": 16,
+                "queued_chunks_per_actor": None, "epsilon_base": 0.4, "epsilon_exponent": 7.0,
+                "epsilon_warmup_steps": 0}
+
+
 @dataclass(frozen=True)
 class ActorSettings:
     """What one actor runs.
+
+    The settings in :data:`AGREED` (None: take the learner's) come from the run the
+    policy at ``policy_url`` belongs to; one given here that differs from it is a
+    :class:`ConfigError` naming both values.
 
     Attributes:
         actor_id: this actor's id (0-based); also picks its learner shard.
@@ -50,19 +67,23 @@ class ActorSettings:
         env_id: gymnasium id (discrete actions, flat vector observations).
         envs_per_actor: vector env size = streams of this actor.
         chunk_steps: steps per stream in one chunk.
-        transport: ``local``, ``file:///dir`` or ``redis://host:port/db``.
+        transport: ``local``, ``file:///dir`` or ``redis://host:port/db`` ('' = the
+            learner's, as it published it; give it where this machine reaches the
+            medium at another address).
         policy_url: where the learner publishes weights (``file:///dir`` or ``redis://``).
         hidden: hidden layer sizes of the Q-network; the first policy's weights decide
             (a remote actor need not know the learner's choice).
         epsilon_base, epsilon_exponent: Ape-X exploration ``base^(1 + exponent i/(N-1))``.
         epsilon_warmup_steps: exploration starts at 1 and falls linearly to the Ape-X
             epsilon over this many environment steps of the whole run (each actor counts
-            its own steps times ``num_actors``).
-        seed: environment and exploration seed (None: random).
+            its own steps times ``num_actors``, from the run's steps when it starts).
+        seed: environment and exploration seed (None: derived from the run's seed, as
+            for the learners' own actors).
         max_env_steps: stop after this many vector steps (None: until stopped).
         policy_wait_s: how long to wait for the first policy.
         send_timeout_s: one attempt's wait for room in the transport.
-        queued_per_actor: chunks that may wait in the medium per actor (None: its default).
+        queued_chunks_per_actor: chunks that may wait in the medium per actor (the
+            queue bound; None from an unnamed policy: the medium's default).
         policy_check_interval_s: how often to look for new weights.
         delivery_log: a file to which one JSON line ``{"actor_id", "sequence", "steps"}``
             is appended for every chunk the transport accepted (an audit of what this
@@ -70,32 +91,115 @@ class ActorSettings:
     """
 
     actor_id: int
-    num_actors: int
-    num_shards: int
-    env_id: str = "CartPole-v1"
-    envs_per_actor: int = 4
-    chunk_steps: int = 16
-    transport: str = "local"
+    num_actors: int | None = None
+    num_shards: int | None = None
+    env_id: str | None = None
+    envs_per_actor: int | None = None
+    chunk_steps: int | None = None
+    transport: str = ""
     policy_url: str = ""
     hidden: tuple[int, ...] = (128, 128)
-    epsilon_base: float = 0.4
-    epsilon_exponent: float = 7.0
-    epsilon_warmup_steps: int = 0
+    epsilon_base: float | None = None
+    epsilon_exponent: float | None = None
+    epsilon_warmup_steps: int | None = None
     seed: int | None = None
     max_env_steps: int | None = None
     policy_wait_s: float = 120.0
     send_timeout_s: float = 5.0
-    queued_per_actor: int | None = None
+    queued_chunks_per_actor: int | None = None
     policy_check_interval_s: float = 0.2
     delivery_log: str | None = None
 
     def __post_init__(self) -> None:
-        if not 0 <= self.actor_id < self.num_actors:
+        if self.actor_id < 0 or (self.num_actors is not None and self.actor_id >= self.num_actors):
             raise ConfigError(f"actor_id must lie in [0, {self.num_actors}), got {self.actor_id}")
-        if self.envs_per_actor < 1 or self.chunk_steps < 1 or self.num_shards < 1:
-            raise ConfigError("envs_per_actor, chunk_steps and num_shards must be >= 1")
+        if any(v is not None and v < 1 for v in (self.envs_per_actor, self.chunk_steps, self.num_shards,
+                                                 self.queued_chunks_per_actor)):
+            raise ConfigError("envs_per_actor, chunk_steps, num_shards and queued_chunks_per_actor "
+                              "must be >= 1")
         if not self.policy_url:
             raise ConfigError("policy_url is required (file:///dir or redis://host:port/db)")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a training run publishes with its policy (:data:`RUN_KEY`).
+
+    Attributes:
+        run_id: the run (names its channels on the medium).
+        life: the learner life that published it.
+        env_steps: the run's environment steps at publishing (warm-up, seeds).
+        seed: the run's base seed.
+        transport: the learners' transport URL.
+        settings: the values of :data:`AGREED`.
+    """
+
+    run_id: str
+    life: int
+    env_steps: int
+    seed: int | None
+    transport: str
+    settings: dict[str, Any]
+
+    def to_meta(self) -> dict[str, str]:
+        """Policy metadata carrying it."""
+        return {RUN_KEY: json.dumps(dataclasses.asdict(self), sort_keys=True)}
+
+    @classmethod
+    def of(cls, update: Any) -> RunInfo | None:
+        """The run description of a policy update; None when it has none (or a bad one)."""
+        raw = getattr(update, "meta", {}).get(RUN_KEY)
+        if not raw:
+            return None
+        try:
+            d = json.loads(raw)
+            return cls(str(d["run_id"]), int(d["life"]), int(d["env_steps"]),
+                       None if d.get("seed") is None else int(d["seed"]), str(d.get("transport", "")),
+                       dict(d.get("settings", {})))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("policy: its run description is malformed (%s); ignoring it", exc)
+            return None
+
+
+def resolve(s: ActorSettings, info: RunInfo | None) -> ActorSettings:
+    """``s`` with every :data:`AGREED` setting, the transport and the seed filled in from
+    the run ``info`` describes.
+
+    Raises:
+        ConfigError: a setting of ``s`` contradicts the run's (one line: the flag, its
+            value and the learner's), or neither gives ``num_actors`` / ``num_shards``
+            / a transport.
+    """
+    published = info.settings if info is not None else {}
+    values: dict[str, Any] = {}
+    for name in AGREED:
+        flag = "--" + name.replace("_", "-")
+        mine = getattr(s, name)
+        if name in published:
+            theirs = published[name]
+            if mine is not None and mine != theirs:
+                raise ConfigError(f"{flag} {mine} contradicts the learner's {theirs} (published with the "
+                                  f"policy at {s.policy_url}): leave {flag} out to take the learner's")
+            values[name] = theirs
+        elif mine is not None:
+            values[name] = mine
+        elif name in _UNPUBLISHED:
+            values[name] = _UNPUBLISHED[name]
+        else:
+            raise ConfigError(f"the policy at {s.policy_url} publishes no run settings (an older learner?): "
+                              f"give {flag}")
+    values["transport"] = s.transport or (info.transport if info is not None else "")
+    if not values["transport"]:
+        raise ConfigError(f"the policy at {s.policy_url} names no transport: give --transport")
+    if s.seed is None and info is not None and info.seed is not None:
+        values["seed"] = actor_seed(info.seed, s.actor_id, info.env_steps)
+    return dataclasses.replace(s, **values)
+
+
+def actor_seed(run_seed: int, actor_id: int, env_steps: int) -> int:
+    """The seed of actor ``actor_id`` started when the run had ``env_steps`` steps: fixed
+    by the run's seed; a resumed run plays new episodes."""
+    return run_seed * 7919 + actor_id + 104_729 * env_steps
 
 
 class StopFlag:
@@ -122,53 +226,79 @@ def run(settings: ActorSettings, transport: Transport | None = None,
         stop: StopFlag | None = None) -> dict[str, int]:
     """Run one actor until stopped or ``max_env_steps``; returns counters.
 
+    The first policy decides the run served (:class:`RunInfo`: its settings, its channel
+    on the medium). When the policy at ``policy_url`` turns out to belong to another run
+    (a new run started on the same medium), the actor sends what it holds to its old
+    run and goes on serving the new one, with the new run's settings.
+
     Args:
-        settings: what to run.
+        settings: what to run (see :func:`resolve`).
         transport: the shard's transport when already open (``local`` rings are made
-            by the parent and passed in); None opens it from ``settings.transport``.
+            by the parent and passed in); None opens it from the run's transport URL.
         stop: a stop flag (None: a new one, wired to SIGTERM / SIGINT).
 
     Raises:
-        ConfigError: a bad environment or settings.
+        ConfigError: a bad environment, or settings that contradict the learner's.
         TransportTimeout: no first policy within ``policy_wait_s``.
     """
     if stop is None:
         stop = StopFlag()
         stop.install()
-    obs_size, num_actions = env_spaces(settings.env_id)
-    spec = transition_spec(obs_size)
-    shard = shard_for_actor(settings.actor_id, settings.num_shards)
-    transport = transport or shard_transport(
-        settings.transport, spec, shard, queued_per_actor=settings.queued_per_actor,
-        actors=len(range(shard, settings.num_actors, settings.num_shards)))
-    env, obs = make_vector_env(settings.env_id, settings.envs_per_actor, settings.seed)
+    torch.set_num_threads(1)
+    counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
+    subscriber = open_subscriber(settings.policy_url, check_interval_s=settings.policy_check_interval_s)
     try:
-        return _loop(settings, env, obs, num_actions, transport, stop)
+        first = _first_policy(subscriber, settings, stop)
+        if first is None:  # stopped before any policy came: nothing was played, nothing to send
+            log.info("actor %d stopped while waiting for its first policy", settings.actor_id)
+            return counters
+        while first is not None:
+            info = RunInfo.of(first)
+            served = resolve(settings, info)
+            first = _serve(served, info, first, transport, subscriber, stop, counters)
+            if first is not None and FINISHED in first.weights:
+                first = _first_policy(subscriber, settings, stop)
+    finally:
+        subscriber.close()
+    log.info("actor %d stopped: %s", settings.actor_id, counters)
+    return counters
+
+
+def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Transport | None, subscriber: Any,
+           stop: StopFlag, counters: dict[str, int]) -> Any:
+    """Act for the run of ``first`` until stopped or it ends; returns the first policy of
+    the next run when another run took over the policy URL, else None."""
+    obs_size, num_actions = env_spaces(s.env_id)  # type: ignore[arg-type]  # resolved: set
+    assert s.num_shards is not None and s.num_actors is not None
+    spec = transition_spec(obs_size)
+    shard = shard_for_actor(s.actor_id, s.num_shards)
+    if given is None and scheme_of(s.transport) == "local":
+        raise ConfigError(f"the run at {s.policy_url} uses the local transport, which only its learners' "
+                          "own actors reach: train with --transport file:///shared/dir or redis://...")
+    transport = given or shard_transport(
+        s.transport, spec, shard, run_id=info.run_id if info is not None else "",
+        queued_chunks_per_actor=s.queued_chunks_per_actor,
+        actors=len(range(shard, s.num_actors, s.num_shards)))
+    if info is not None:
+        log.info("actor %d: serving run %s (life %d) on %s, shard %d", s.actor_id, info.run_id, info.life,
+                 s.transport, shard)
+    env, obs = make_vector_env(s.env_id, s.envs_per_actor, s.seed)
+    try:
+        return _loop(s, info, first, env, obs, num_actions, transport, subscriber, stop, counters)
     finally:
         env.close()
 
 
-def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
-          transport: Transport, stop: StopFlag) -> dict[str, int]:
-    s = settings
-    torch.set_num_threads(1)
-    subscriber = open_subscriber(s.policy_url, check_interval_s=s.policy_check_interval_s)
-    counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
-    try:
-        first = _first_policy(subscriber, s, stop)
-    except BaseException:
-        subscriber.close()
-        raise
-    if first is None:  # stopped before any policy came: nothing was played, nothing to send
-        subscriber.close()
-        log.info("actor %d stopped while waiting for its first policy", s.actor_id)
-        return counters
-    feed = _PolicyFeed(subscriber, stop)
+def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, num_actions: int,
+          transport: Transport, subscriber: Any, stop: StopFlag, counters: dict[str, int]) -> Any:
+    feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
     net = QNetwork(obs.shape[1], num_actions, _hidden_of(first.weights, obs.shape[1], num_actions, s))
     version = _load(net, first)
     rng = np.random.default_rng(s.seed)
     eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor, s.num_actors * s.envs_per_actor,
                         s.epsilon_base, s.epsilon_exponent)
+    run_steps = info.env_steps if info is not None else 0  # the run's steps when this actor joined
+    played = 0
     converter = GymStepConverter.from_env(env)
     converter.reset(obs)
     chunker = Chunker(s.actor_id, np.arange(s.envs_per_actor), s.chunk_steps,
@@ -181,15 +311,27 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
             if feed.finished:
                 log.info("actor %d: the learners finished training; stopping", s.actor_id)
                 break
+            if feed.next_run is not None and feed.next_run.run_id != first.run_id:
+                log.warning("actor %d: the policy at %s now belongs to run %s (this actor served run %s): "
+                            "switching to it", s.actor_id, s.policy_url, feed.next_run.run_id or "(unnamed)",
+                            first.run_id or "(unnamed)")
+                break
+            if feed.next_run is not None:
+                log.warning("actor %d: the learners of run %s changed settings (a resume with other "
+                            "settings, e.g. another number of learners): taking them", s.actor_id,
+                            first.run_id or "(unnamed)")
+                break
             if update is not None:
+                _warn_if_back(s.actor_id, version, update.version)
                 version = _load(net, update)
                 counters["policy_updates"] += 1
             with torch.no_grad():
-                explore = _warmup(eps, counters["env_steps"] * s.num_actors, s.epsilon_warmup_steps)
+                explore = _warmup(eps, run_steps + played * s.num_actors, s.epsilon_warmup_steps)
                 actions = epsilon_greedy(net(torch.as_tensor(obs, dtype=torch.float32)), explore, rng)
-            obs, reward, terminated, truncated, info = env.step(actions)
+            obs, reward, terminated, truncated, info_ = env.step(actions)
             counters["env_steps"] += s.envs_per_actor
-            for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info):
+            played += s.envs_per_actor
+            for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info_):
                 chunk = chunker.add(step, version)
                 if chunk is not None:
                     writer = _send(chunk, writer, transport, stop, counters, s.send_timeout_s, feed,
@@ -200,9 +342,17 @@ def _loop(settings: ActorSettings, env: Any, obs: np.ndarray, num_actions: int,
     finally:
         writer.close()
         delivered.close()
-        subscriber.close()
-    log.info("actor %d stopped: %s", s.actor_id, counters)
-    return counters
+    return feed.next_run
+
+
+def _warn_if_back(actor_id: int, held: int, new: int) -> None:
+    """A newer learner life with fewer updates: the learner resumed from an older
+    checkpoint. The actor follows it (it serves that learner); say so once."""
+    (held_life, held_updates), (new_life, new_updates) = split_version(held), split_version(new)
+    if new_life > held_life and new_updates < held_updates:
+        log.warning("actor %d: the learner went back from policy version %s to %s (it resumed from an "
+                    "older checkpoint); following it", actor_id, describe_version(held),
+                    describe_version(new))
 
 
 def _warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:
@@ -214,21 +364,38 @@ def _warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:
 
 class _PolicyFeed:
     """The subscriber, polled from the loop and from a blocked send: a new policy is held
-    for the loop; a 'finished' one sets the stop flag (no learner will take more)."""
+    for the loop; a 'finished' one sets the stop flag (no learner will take more); one of
+    another run than ``run_id``, or of the same run with other agreed ``settings`` (a
+    resume on another number of learners), is kept in ``next_run`` (the loop switches to
+    it)."""
 
-    def __init__(self, subscriber: Any, stop: StopFlag) -> None:
+    def __init__(self, subscriber: Any, stop: StopFlag, run_id: str,
+                 settings: dict[str, Any] | None = None) -> None:
         self._subscriber = subscriber
         self._stop = stop
+        self._run_id = run_id
+        self._settings = settings
         self._held: Any = None
         self.finished = False
+        self.next_run: Any = None
 
     def refresh(self) -> None:
+        """Poll once (nothing more once another run's policy came)."""
+        if self.next_run is not None:
+            return
         update = self._subscriber.poll()
-        if update is not None and FINISHED in update.weights:
+        if update is not None and (update.run_id != self._run_id or self._changed(update)):
+            self.next_run = update
+        elif update is not None and FINISHED in update.weights:
             self.finished = True
             self._stop.set()
         elif update is not None:
             self._held = update
+
+    def _changed(self, update: Any) -> bool:
+        """The update carries other agreed settings than those served."""
+        info = RunInfo.of(update)
+        return self._settings is not None and info is not None and info.settings != self._settings
 
     def take(self) -> Any:
         """The newest policy not yet taken, or None."""
@@ -336,5 +503,5 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, count
             backoff = min(backoff * 2, 5.0)
             writer.close()
             writer = transport.writer()
-        if stop.is_set():
+        if stop.is_set() or feed.next_run is not None:
             return writer  # stopping: give up on a chunk the learner does not take now

@@ -36,6 +36,7 @@ import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ShardReplayError
+from shardreplay.policy.broadcast import split_version
 from shardreplay.runtime.journal import IngestJournal, LossLog, OldJournals
 from shardreplay.runtime.routing import shard_for_actor
 from shardreplay.runtime.settings import TrainSettings
@@ -123,7 +124,7 @@ class Ingestor:
         Args:
             max_chunks: chunks to take at most.
             timeout_s: how long to wait for the first one.
-            policy_version: the learner's current version (for the policy lag).
+            policy_version: the learner's current (packed) version, for the policy lag.
             ack: acknowledge them now; False holds the acknowledgements until
                 :meth:`ack_stored` (call it once a checkpoint holds them).
 
@@ -202,7 +203,10 @@ class Ingestor:
         n = chunk.num_streams * chunk.num_steps
         self.stats.steps += n
         self.stats.chunks += 1
-        self.stats.lag_sum += max(policy_version - chunk.policy_version, 0)
+        # Updates between the chunk's policy and the learner's, not clamped: negative when
+        # an actor acted with a policy of an earlier learner life that got further than
+        # the checkpoint this life resumed from (docs/semantics.md, policy versions).
+        self.stats.lag_sum += split_version(policy_version)[1] - split_version(chunk.policy_version)[1]
         self.stats.lag_count += 1
         return n
 

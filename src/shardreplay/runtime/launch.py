@@ -39,6 +39,7 @@ from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.processes import children_block_sigint, die_with_parent, stop_processes
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
+from shardreplay.runtime.run_identity import next_life
 from shardreplay.runtime.settings import TrainSettings
 
 log = logging.getLogger("shardreplay.train")
@@ -51,7 +52,9 @@ def under_torchrun() -> bool:
 
 def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool = False) -> TrainSettings:
     """Create the run directory and write ``config.json`` (the settings in effect, so a
-    later ``--resume`` continues with them, e.g. with the new number of learners).
+    later ``--resume`` continues with them, e.g. with the new number of learners) and
+    ``run.json`` (the run id, kept, and this learner life's number: see
+    :mod:`shardreplay.runtime.run_identity`).
 
     Incomplete checkpoints (a run that stopped before every rank saved its part) are
     moved to ``checkpoints/incomplete/<UTC time>/`` when the run resumes, or when
@@ -83,6 +86,9 @@ def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool 
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = settings.with_run_dir(run_dir)
     if not under_torchrun() or os.environ.get("RANK") == "0":
+        # Before the ranks meet: every learner reads it once they have (Learner.__init__).
+        ident = next_life(run_dir)
+        log.info("%s: run %s, learner life %d", run_dir, ident.run_id, ident.life)
         tmp = run_dir / ".config.json.tmp"
         tmp.write_text(json.dumps(settings.to_dict(), indent=1))
         tmp.replace(run_dir / "config.json")
@@ -186,7 +192,7 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
 
 def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
     """The ``local`` ring of one shard, sized for a short queue of its actors' chunks."""
-    return shard_transport("local", spec, shard, queued_per_actor=settings.queued_chunks_per_actor,
+    return shard_transport("local", spec, shard, queued_chunks_per_actor=settings.queued_chunks_per_actor,
                            actors=settings.actors_of_shard(shard),
                            chunk_size_bytes=chunk_bytes(spec, settings.envs_per_actor, settings.chunk_steps))
 

@@ -29,8 +29,9 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.manifest import checkpoint_dir
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError, ShardReplayError
-from shardreplay.policy import open_publisher
-from shardreplay.runtime.actor import FINISHED, ActorSettings
+from shardreplay.policy import open_publisher, open_subscriber
+from shardreplay.policy.broadcast import pack_version
+from shardreplay.runtime.actor import AGREED, FINISHED, ActorSettings, RunInfo, actor_seed
 from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.evaluate import evaluate
@@ -39,7 +40,14 @@ from shardreplay.runtime.journal import IngestJournal, LossLog, read_old_journal
 from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.processes import ActorPool
 from shardreplay.runtime.qnet import QNetwork
-from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_for_actor, shard_transport
+from shardreplay.runtime.routing import (
+    chunk_bytes,
+    foreign_backlog,
+    scheme_of,
+    shard_for_actor,
+    shard_transport,
+)
+from shardreplay.runtime.run_identity import RunIdentity, read_identity
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stored_ids import StoredIds, merge_stored
 from shardreplay.samplers.schedules import LinearSchedule
@@ -117,13 +125,20 @@ class Learner:
             self.run_dir / "ingest", lambda k: k == self.rank or (self.rank == 0 and k >= self.world),
             self._stored, restored)
         self.losses = LossLog(self.run_dir, self.rank)
+        # prepare_run_dir wrote it before the ranks met (a run dir of an older version
+        # has none: its channels keep their unnamed names).
+        self.identity = read_identity(self.run_dir) or RunIdentity("", 0)
+        self.foreign = self._foreign_backlog()
         self.transport = transport or shard_transport(
-            settings.transport, self.spec, self.rank, queued_per_actor=settings.queued_chunks_per_actor,
+            settings.transport, self.spec, self.rank, run_id=self.identity.run_id,
+            queued_chunks_per_actor=settings.queued_chunks_per_actor,
             actors=settings.actors_of_shard(self.rank),
             chunk_size_bytes=chunk_bytes(self.spec, settings.envs_per_actor, settings.chunk_steps))
         self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._stored,
                                  shard=self.rank, journal=IngestJournal(self.run_dir / "ingest", self.rank),
                                  losses=self.losses, suspects=self._old_journals)
+        if self.rank == 0:
+            self._warn_if_taking_over()
         self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
         self._last_sync: np.ndarray | None = None
         self.metrics = MetricsRecorder(self.run_dir, settings.total_env_steps, settings.progress) \
@@ -147,18 +162,53 @@ class Learner:
     def _actor_settings(self) -> list[ActorSettings]:
         s = self.s
         mine = [a for a in range(s.actors) if shard_for_actor(a, self.world) == self.rank]
-        return [ActorSettings(actor_id=a, num_actors=s.total_actors, num_shards=self.world, env_id=s.env_id,
-                              envs_per_actor=s.envs_per_actor, chunk_steps=s.chunk_steps,
-                              transport=s.transport, policy_url=s.policy_url, hidden=s.hidden,
-                              epsilon_base=s.epsilon_base, epsilon_exponent=s.epsilon_exponent,
-                              epsilon_warmup_steps=max(s.epsilon_warmup_steps - self.counters["env_steps"],
-                                                       0),
-                              queued_per_actor=s.queued_chunks_per_actor,
-                              # Fixed by the run's seed; a resumed run plays new episodes.
-                              seed=s.seed * 7919 + a + 104_729 * self.counters["env_steps"],
+        agreed = self._agreed_settings()
+        return [ActorSettings(actor_id=a, transport=s.transport, policy_url=s.policy_url, hidden=s.hidden,
+                              seed=actor_seed(s.seed, a, self.counters["env_steps"]), **agreed,
                               delivery_log=(str(Path(s.delivery_log_dir) / f"actor-{a}.jsonl")
                                             if s.delivery_log_dir else None))
                 for a in mine]
+
+    def _agreed_settings(self) -> dict[str, Any]:
+        return agreed_settings(self.s, self.world)
+
+    def _foreign_backlog(self) -> dict[str, int]:
+        """Chunks other runs left for this shard on the medium (never read): logged once."""
+        if scheme_of(self.s.transport) == "local":
+            return {}
+        try:
+            found = foreign_backlog(self.s.transport, self.rank, self.identity.run_id)
+        except ShardReplayError as exc:
+            log.warning("rank %d: could not look for other runs' chunks: %s", self.rank, exc)
+            return {}
+        if found:
+            log.warning("rank %d: %d chunk(s) of other runs wait on %s (%s); this run (%s) ignores them: "
+                        "delete them when those runs are over", self.rank, sum(found.values()),
+                        self.s.transport, ", ".join(f"{k}: {v}" for k, v in sorted(found.items())),
+                        self.identity.run_id or "unnamed")
+        return found
+
+    def _warn_if_taking_over(self) -> None:
+        """Say so when the policy URL holds another run's policy that did not finish: its
+        actors will switch to this run (two runs must not share a policy URL)."""
+        subscriber = open_subscriber(self.s.policy_url, check_interval_s=0)
+        try:
+            current = subscriber.poll()
+        except ShardReplayError as exc:
+            log.warning("could not read the policy at %s: %s", self.s.policy_url, exc)
+            return
+        finally:
+            subscriber.close()
+        if current is not None and current.run_id != self.identity.run_id and FINISHED not in current.weights:
+            log.warning("the policy at %s belongs to run %s, which has not finished: this run (%s) takes "
+                        "it over and that run's actors will switch to this one. Give concurrent runs "
+                        "their own --policy-url", self.s.policy_url, current.run_id or "(unnamed)",
+                        self.identity.run_id)
+
+    @property
+    def policy_version(self) -> int:
+        """The published version of the current weights: (learner life, updates) packed."""
+        return pack_version(self.identity.life, self.counters["version"])
 
     # -- checkpoints ----------------------------------------------------------------------
     @property
@@ -276,7 +326,7 @@ class Learner:
         """Stop this rank's actors, draining meanwhile so their last chunks land here."""
         def drain() -> None:
             try:
-                self.ingestor.drain(_DRAIN_CHUNKS, 0.05, self.counters["version"])
+                self.ingestor.drain(_DRAIN_CHUNKS, 0.05, self.policy_version)
             except ShardReplayError as exc:  # a broken transport must not block the stop
                 log.warning("rank %d: draining while actors stop failed: %s", self.rank, exc)
                 time.sleep(0.05)
@@ -300,7 +350,7 @@ class Learner:
             # Not draining while the learner is behind is the back-pressure actors feel.
             if limiter.can_insert(min(drain_steps * self.world, limiter.max_insert_size)):
                 wait = 0.0 if limiter.can_sample(per_update) else 0.02
-                self.ingestor.drain(_DRAIN_CHUNKS, wait, self.counters["version"])
+                self.ingestor.drain(_DRAIN_CHUNKS, wait, self.policy_version)
             g = self._sync(started)
             if g[_STEPS] > 0:
                 limiter.insert(int(min(g[_STEPS], limiter.max_insert_size)))
@@ -374,10 +424,17 @@ class Learner:
             if self.solved:  # the ranks stop a few updates later: keep what passed
                 self._solved_state = copy.deepcopy(self.agent.state_dict())
 
+    def _run_meta(self) -> dict[str, str]:
+        """The run description published with the weights (actors take their settings,
+        channel and seed from it)."""
+        return RunInfo(run_id=self.identity.run_id, life=self.identity.life,
+                       env_steps=self.counters["env_steps"], seed=self.s.seed, transport=self.s.transport,
+                       settings=self._agreed_settings()).to_meta()
+
     def _publish(self) -> None:
         if self.publisher is not None:
             state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
-            self.publisher.publish(self.counters["version"], state)
+            self.publisher.publish(self.policy_version, state, meta=self._run_meta())
 
     def _publish_finished(self) -> None:
         """Tell remote actors that training reached its end (not after a stop signal: the
@@ -386,7 +443,7 @@ class Learner:
         state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
         state[FINISHED] = torch.ones(1)
         # Not saved in the counters: a resumed run publishes from its saved version again.
-        self.publisher.publish(self.counters["version"] + 1, state)
+        self.publisher.publish(self.policy_version + 1, state, meta=self._run_meta())
 
     def _evaluate(self, episodes: int | None = None) -> float:
         returns = evaluate(self.agent.module, self.s.env_id, episodes or self.s.eval_episodes,
@@ -415,16 +472,19 @@ class Learner:
     def _summary(self, started: float, checkpoint_path: Path) -> dict[str, Any]:
         ing, got = self.ingestor, self.ingestor.reader.stats
         mine = torch.tensor([sum(self.actors.restarts.values()), len(self.actors.given_up),
-                             got.total_rejected + ing.total_rejected, got.duplicates + ing.total_duplicates],
-                            dtype=torch.float64)
-        restarts, given_up, rejected, duplicates = \
+                             got.total_rejected + ing.total_rejected, got.duplicates + ing.total_duplicates,
+                             sum(self.foreign.values())], dtype=torch.float64)
+        restarts, given_up, rejected, duplicates, foreign = \
             self.buffer.collectives.all_reduce_sum(mine, "summary").tolist()
         summary: dict[str, Any] = {"rank": self.rank, **self.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
                                    "checkpoint": str(checkpoint_path),
                                    "actor_restarts": int(restarts), "actors_given_up": int(given_up),
                                    "chunks_rejected": int(rejected), "chunks_duplicate": int(duplicates),
-                                   "resumed_from": self.resumed}
+                                   "resumed_from": self.resumed, "run_id": self.identity.run_id,
+                                   "learner_life": self.identity.life,
+                                   "policy_version": self.policy_version,
+                                   "foreign_chunks_ignored": int(foreign)}
         if self.rank == 0:
             summary["final_eval_return"] = self._evaluate(self.s.eval_episodes)
             summary["best_eval_return"] = self.best_eval if math.isfinite(self.best_eval) else None
@@ -432,6 +492,19 @@ class Learner:
             summary["eval_episodes"] = self.s.eval_episodes
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
+    """The settings every actor of a run on ``world`` learner ranks must share with them
+    (:data:`shardreplay.runtime.actor.AGREED`), as the learners publish them."""
+    s = settings
+    values = {"num_actors": s.total_actors, "num_shards": world, "env_id": s.env_id,
+              "envs_per_actor": s.envs_per_actor, "chunk_steps": s.chunk_steps,
+              "queued_chunks_per_actor": s.queued_chunks_per_actor, "epsilon_base": s.epsilon_base,
+              "epsilon_exponent": s.epsilon_exponent, "epsilon_warmup_steps": s.epsilon_warmup_steps}
+    if set(values) != set(AGREED):
+        raise ShardReplayError(f"agreed settings {sorted(values)} differ from {sorted(AGREED)} (a bug)")
+    return values
 
 
 def make_limiter(settings: TrainSettings, world: int) -> RateLimiter:

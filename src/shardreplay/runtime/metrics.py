@@ -4,8 +4,10 @@ Only rank 0 records. TensorBoard, rich and matplotlib are imported here, when us
 
 ``policy_lag``: over the chunks all ranks ingested since the previous row, the mean of
 (the learner's policy version when the chunk was ingested - the version that acted in
-it, the oldest one of its steps). Versions are update counts, so the lag is in learner
-updates; empty when no chunk came in.
+it, the oldest one of its steps), in learner updates (the update part of the packed
+versions); empty when no chunk came in. Not clamped: a negative lag says actors acted
+with a policy of an earlier learner life that got further than the checkpoint this life
+resumed from.
 """
 
 from __future__ import annotations

@@ -2,12 +2,20 @@
 
 An actor's streams all go to one shard, ``actor_id % num_shards``: deterministic, and
 recomputed from the new count when a run resumes with another number of learners.
-Each shard has its own channel on the medium: ``file:///dir`` -> ``dir/shard-<k>``,
-``redis://...`` -> stream ``shardreplay:chunks:<k>``, ``local`` -> its own ring.
+Each shard has its own channel on the medium, named after the run
+(:mod:`shardreplay.runtime.run_identity`): ``file:///dir`` -> ``dir/<run_id>/shard-<k>``,
+``redis://...`` -> stream ``shardreplay:<run_id>:chunks:<k>``, ``local`` -> its own ring.
+Another run's chunks on the same medium are thus never read; :func:`foreign_backlog`
+counts them for the learner's report. An empty run id (an actor fed by a policy that
+names no run) gives the names of before run ids: ``dir/shard-<k>``,
+``shardreplay:chunks:<k>``.
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -59,25 +67,98 @@ def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:
     return len(encode(chunk, spec)) + 64
 
 
-def shard_transport(url: str, spec: Spec, shard: int, *, queued_per_actor: int | None = None,
-                    actors: int = 1, chunk_size_bytes: int | None = None) -> Transport:
-    """The transport of learner shard ``shard`` (see the module docstring).
+_RUN_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
 
-    ``queued_per_actor`` bounds the chunks that wait in the medium for each of the
-    shard's ``actors`` (None: the medium's default). A short queue keeps the data fresh:
-    actors block, then act with the newest policy, instead of filling a long queue with
-    steps of an old one. ``local`` needs ``chunk_size_bytes`` to size its ring.
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it can name a channel ('' is the unnamed run of before run ids).
+
+    Raises:
+        ConfigError: characters a stream key or directory name must not hold.
+    """
+    if run_id and not _RUN_ID.match(run_id):
+        raise ConfigError(f"run id {run_id!r}: use 1-64 letters, digits, '-' or '_'")
+    return run_id
+
+
+def redis_stream(shard: int, run_id: str = "") -> str:
+    """The Redis stream of ``shard``'s chunks in run ``run_id``."""
+    return f"shardreplay:{check_run_id(run_id)}:chunks:{shard}" if run_id else f"shardreplay:chunks:{shard}"
+
+
+def spool_dir(url: str, shard: int, run_id: str = "") -> str:
+    """The ``file://`` spool URL of ``shard``'s chunks in run ``run_id``."""
+    base = url.rstrip("/")
+    return f"{base}/{check_run_id(run_id)}/shard-{shard}" if run_id else f"{base}/shard-{shard}"
+
+
+def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
+                    queued_chunks_per_actor: int | None = None, actors: int = 1,
+                    chunk_size_bytes: int | None = None) -> Transport:
+    """The transport of learner shard ``shard`` of run ``run_id`` (see the module docstring).
+
+    ``queued_chunks_per_actor`` bounds the chunks that wait in the medium for each of the
+    shard's ``actors`` (None: the medium's default); each medium turns it into its own
+    bound (spool: per actor; Redis: stream length = bound x actors; local: ring bytes).
+    A short queue keeps the data fresh: actors block, then act with the newest policy,
+    instead of filling a long queue with steps of an old one. ``local`` needs
+    ``chunk_size_bytes`` to size its ring.
+
+    Raises:
+        ConfigError: a bad URL or run id.
     """
     scheme = scheme_of(url)
+    bound = queued_chunks_per_actor
     if scheme == "file":
-        opts = {} if queued_per_actor is None else {"max_pending_per_actor": queued_per_actor}
-        return open_transport(url.rstrip("/") + f"/shard-{shard}", spec, **opts)
+        opts = {} if bound is None else {"queued_chunks_per_actor": bound}
+        return open_transport(spool_dir(url, shard, run_id), spec, **opts)
     if scheme == "redis":
-        opts = {} if queued_per_actor is None else {"max_len": queued_per_actor * max(actors, 1)}
-        return open_transport(url, spec, stream=f"shardreplay:chunks:{shard}", **opts)
-    if queued_per_actor is None or chunk_size_bytes is None:
+        opts = {} if bound is None else {"max_len": bound * max(actors, 1)}
+        return open_transport(url, spec, stream=redis_stream(shard, run_id), **opts)
+    if bound is None or chunk_size_bytes is None:
         return open_transport("local", spec)
     # Room for exactly the chunks asked for (a ring record is 8 bytes + the chunk): a
     # floor of 64 KiB here once let a CartPole actor queue ~45 chunks instead of 2.
-    ring = queued_per_actor * max(actors, 1) * (chunk_size_bytes + 8)
+    ring = bound * max(actors, 1) * (chunk_size_bytes + 8)
     return open_transport("local", spec, capacity_bytes=ring)
+
+
+def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:
+    """Chunks that other runs (or runs from before run ids) left waiting for ``shard`` on
+    the medium at ``url``: channel -> entries. This run never reads them; the learner
+    reports them once at start so an operator can delete them.
+
+    Raises:
+        TransportError / TransportTimeout: Redis could not be asked.
+    """
+    scheme = scheme_of(url)
+    found: dict[str, int] = {}
+    if scheme == "file":
+        base = Path(urlparse(url).path)
+        for ready in [base / f"shard-{shard}" / "ready", *base.glob(f"*/shard-{shard}/ready")]:
+            if ready.parent.parent.name == run_id or not ready.is_dir():
+                continue
+            n = sum(1 for p in ready.iterdir() if not p.name.endswith(".tmp"))
+            if n:
+                found[str(ready.parent)] = n
+        return found
+    if scheme == "redis":
+        import time
+
+        from shardreplay.transport.redis_link import RedisLink
+
+        link = RedisLink(url)
+        try:
+            def count(r: Any) -> dict[str, int]:
+                out: dict[str, int] = {}
+                for pattern in (f"shardreplay:chunks:{shard}", f"shardreplay:*:chunks:{shard}"):
+                    for key in r.scan_iter(match=pattern, _type="stream"):
+                        name = key.decode() if isinstance(key, bytes) else str(key)
+                        if name != redis_stream(shard, run_id) and (n := int(r.xlen(name))):
+                            out[name] = n
+                return out
+
+            found = link.call(count, what="SCAN chunk streams", deadline=time.monotonic() + 10.0)
+        finally:
+            link.close()
+    return found

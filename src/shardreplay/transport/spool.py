@@ -12,7 +12,7 @@ A writer encodes the chunk to ``tmp/``, fsyncs, renames it into ``ready/`` and f
 directory, so ``ready/`` only ever holds whole files; a writer killed mid-write leaves a
 temp file that no reader looks at (the reader deletes temp files older than
 ``stale_tmp_s``). Back-pressure: a writer waits while ``ready/`` holds
-``max_pending_per_actor`` of its own chunks.
+``queued_chunks_per_actor`` of its own chunks.
 
 The reader lists ``ready/``, takes chunks in sequence order per actor (round robin over
 actors; a second listing catches chunks renamed in during the first, see
@@ -72,7 +72,8 @@ class SpoolTransport:
     Args:
         path: the spool directory (created if missing).
         spec: the spec every chunk must follow.
-        max_pending_per_actor: a writer waits while ``ready/`` holds this many of its chunks.
+        queued_chunks_per_actor: a writer waits while ``ready/`` holds this many of its
+            chunks (the queue bound, named as in ``TrainSettings``).
         archive: keep consumed chunks in ``archive/`` instead of deleting them.
         max_chunk_bytes: larger files are quarantined without being read.
         dedup_window: sequences remembered per actor for duplicate detection.
@@ -85,18 +86,18 @@ class SpoolTransport:
         ConfigError: a bad setting.
     """
 
-    def __init__(self, path: str | os.PathLike[str], spec: Spec, *, max_pending_per_actor: int = 64,
+    def __init__(self, path: str | os.PathLike[str], spec: Spec, *, queued_chunks_per_actor: int = 64,
                  archive: bool = False, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
                  dedup_window: int = 4096, poll_interval_s: float = 0.005, fsync: bool = True,
                  stale_tmp_s: float = 600.0) -> None:
-        if max_pending_per_actor < 1:
-            raise ConfigError(f"max_pending_per_actor must be >= 1, got {max_pending_per_actor}")
+        if queued_chunks_per_actor < 1:
+            raise ConfigError(f"queued_chunks_per_actor must be >= 1, got {queued_chunks_per_actor}")
         if poll_interval_s <= 0:
             raise ConfigError(f"poll_interval_s must be > 0, got {poll_interval_s}")
         self.path = Path(path)
         self.url = self.path.absolute().as_uri()
         self.spec = spec
-        self.max_pending_per_actor = max_pending_per_actor
+        self.queued_chunks_per_actor = queued_chunks_per_actor
         self.archive = archive
         self.max_chunk_bytes = max_chunk_bytes
         self.dedup_window = dedup_window
@@ -141,7 +142,7 @@ class SpoolWriter:
 
         Raises:
             SpecMismatchError: the chunk does not fit the spec.
-            TransportTimeout: ``ready/`` held ``max_pending_per_actor`` of this actor's
+            TransportTimeout: ``ready/`` held ``queued_chunks_per_actor`` of this actor's
                 chunks for ``timeout_s``.
             TransportError: the file system refused the write.
         """
@@ -178,11 +179,11 @@ class SpoolWriter:
             pending = self._pending[actor_id] = deque(
                 sorted(e.name for e in os.scandir(self._ready) if e.name.startswith(prefix)))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while len(pending) >= self._t.max_pending_per_actor:
+        while len(pending) >= self._t.queued_chunks_per_actor:
             # The reader consumes each actor's chunks oldest first.
             while pending and not (self._ready / pending[0]).exists():
                 pending.popleft()
-            if len(pending) < self._t.max_pending_per_actor:
+            if len(pending) < self._t.queued_chunks_per_actor:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 raise TransportTimeout(
