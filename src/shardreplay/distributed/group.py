@@ -2,7 +2,9 @@
 
 This is the only module that imports ``torch.distributed``. Every operation is issued
 asynchronously and waited on with a timeout, so a peer that never joins gives a
-:class:`CollectiveTimeout` naming the operation and this rank instead of a hang.
+:class:`CollectiveTimeout` naming the operation and this rank instead of a hang. A peer
+whose connection breaks (its process died: gloo reports "Connection reset by peer" at
+once) gives :class:`PeerLost`, which says so instead of blaming the timeout.
 Tensors live on ``device``: the CPU for gloo, the current CUDA device for NCCL.
 """
 
@@ -15,7 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardreplay.errors import CollectiveTimeout, ConfigError, ShardReplayError
+from shardreplay.errors import CollectiveTimeout, ConfigError, PeerLost, ShardReplayError
+
+# How gloo (and NCCL) word a broken connection to a peer, as opposed to a timeout.
+_PEER_GONE = ("connection reset", "connection closed", "broken pipe", "connection refused",
+              "socket closed", "end of file")
 
 
 class Collectives:
@@ -47,16 +53,28 @@ class Collectives:
         try:
             ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
-            raise self._timeout(op, exc) from exc
+            raise self._failure(op, exc) from exc
         if ok is False:
-            raise self._timeout(op, None)
+            raise self._failure(op, None)
 
-    def _timeout(self, op: str, exc: BaseException | None) -> ShardReplayError:
-        detail = f" ({exc})" if exc is not None else ""
-        return CollectiveTimeout(
-            f"{op} did not complete within {self.timeout_s:g} s on rank {self.rank} of "
-            f"{self.world_size}: a peer rank is missing (crashed, hung, or calling "
-            f"collectives in another order){detail}")
+    def _failure(self, op: str, exc: BaseException | None) -> ShardReplayError:
+        """Our error for a collective that raised ``exc`` (None: it timed out)."""
+        where = f"on rank {self.rank} of {self.world_size}"
+        text = "" if exc is None else str(exc)
+        if any(word in text.lower() for word in _PEER_GONE):
+            # The backend's own text is a source path and advice about hangs: keep only
+            # its first sentence, for the record.
+            detail = text.split(". ")[0]
+            return PeerLost(f"{op} failed {where}: a peer rank stopped answering (its process "
+                            f"died?); its connection was lost ({detail}). The launcher (or "
+                            "torchrun) log names the rank that stopped")
+        if exc is None or "timed out" in text.lower() or "timeout" in text.lower():
+            detail = f" ({text})" if text else ""
+            return CollectiveTimeout(
+                f"{op} did not complete within {self.timeout_s:g} s {where}: a peer rank is "
+                f"missing (crashed, hung, or calling collectives in another order){detail}")
+        return CollectiveTimeout(f"{op} failed {where}: {text} (a peer rank crashed, or calls "
+                                 "collectives in another order?)")
 
     def all_gather(self, tensor: torch.Tensor, op: str,
                    while_waiting: Callable[[], Any] | None = None) -> torch.Tensor:
