@@ -24,6 +24,27 @@ _PEER_GONE = ("connection reset", "connection closed", "broken pipe", "connectio
               "socket closed", "end of file")
 
 
+def peer_lost(exc: BaseException) -> bool:
+    """True when ``exc`` is the backend saying the connection to a peer rank broke."""
+    return isinstance(exc, RuntimeError) and not isinstance(exc, ShardReplayError) \
+        and any(word in str(exc).lower() for word in _PEER_GONE)
+
+
+def lost_peer_error(exc: BaseException, what: str) -> PeerLost:
+    """Our :class:`PeerLost` for a backend error that :func:`peer_lost` recognised, e.g.
+    one raised by DDP's all-reduce in ``backward`` (outside :class:`Collectives`).
+
+    Args:
+        exc: the backend's error.
+        what: what failed, and where ("all_reduce failed on rank 0 of 2").
+    """
+    # The backend's text is a source path and generic advice: keep its first sentence.
+    detail = str(exc).split(". ")[0]
+    return PeerLost(f"{what}: a peer rank stopped answering (its process died?); the connection "
+                    f"to it was lost ({detail}). The launcher's (or torchrun's) log names the rank "
+                    "that stopped")
+
+
 class Collectives:
     """The few collectives sharded replay needs, bound to one process group.
 
@@ -61,13 +82,8 @@ class Collectives:
         """Our error for a collective that raised ``exc`` (None: it timed out)."""
         where = f"on rank {self.rank} of {self.world_size}"
         text = "" if exc is None else str(exc)
-        if any(word in text.lower() for word in _PEER_GONE):
-            # The backend's own text is a source path and advice about hangs: keep only
-            # its first sentence, for the record.
-            detail = text.split(". ")[0]
-            return PeerLost(f"{op} failed {where}: a peer rank stopped answering (its process "
-                            f"died?); its connection was lost ({detail}). The launcher (or "
-                            "torchrun) log names the rank that stopped")
+        if exc is not None and peer_lost(exc):
+            return lost_peer_error(exc, f"{op} failed {where}")
         if exc is None or "timed out" in text.lower() or "timeout" in text.lower():
             detail = f" ({text})" if text else ""
             return CollectiveTimeout(

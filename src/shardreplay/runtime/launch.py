@@ -43,7 +43,7 @@ from shardreplay.checkpoint import (
     list_checkpoints,
     set_aside_incomplete,
 )
-from shardreplay.errors import ConfigError, ShardReplayError
+from shardreplay.errors import ConfigError, PeerLost, ShardReplayError
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.processes import (
     ProcessTree,
@@ -190,7 +190,14 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
         out.put((rank, "ok", summary))
     except BaseException as exc:
         code = 1
-        traceback.print_exc()
+        from shardreplay.distributed.group import lost_peer_error, peer_lost
+
+        if peer_lost(exc):  # DDP's all-reduce in backward: the raw gloo text otherwise
+            exc = lost_peer_error(exc, f"training failed on rank {rank} of {settings.learners}")
+        if isinstance(exc, PeerLost):
+            log.error("%s", exc)  # where it failed matters less than which peer stopped
+        else:
+            traceback.print_exc()
         out.put((rank, "error", f"{type(exc).__name__}: {exc}"))
     finally:
         dist.destroy_process_group()
@@ -255,8 +262,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
             # The stop may have come while a learner was being started (its handler ran
             # before that process had a pid): tell them all again, SIGTERM is idempotent.
             terminate_started()
-        return _collect([p for p in procs if p.pid is not None], out, stopping, tree,
-                        settings.run_dir)
+        outcome = _collect([p for p in procs if p.pid is not None], out, stopping, tree,
+                           settings.run_dir)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -274,19 +281,23 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
         out.join_thread()
         del out
         stop_resource_tracker()
+    if isinstance(outcome, ShardReplayError):
+        # Raised only now: its traceback would hold the queue, whose semaphores must be
+        # released before the tracker stops.
+        raise outcome
+    return outcome
 
 
 def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: ProcessTree,
-             run_dir: str) -> dict[str, Any]:
-    """Rank 0's summary once every learner reported.
+             run_dir: str) -> dict[str, Any] | ShardReplayError:
+    """Rank 0's summary once every learner reported, or the error to raise.
 
     A failure (a rank's error report, or a rank that exited without one: killed by a
     signal, say) stops the others: SIGTERM, up to ``_FAILURE_GRACE_S`` for them to save
     their parts, then the caller kills what is left.
 
-    Raises:
-        ShardReplayError: a rank failed; names it (with pid and signal when it died),
-            then what the other ranks reported.
+    The error (returned, for the caller to raise once the tree is stopped) names the
+    rank that failed (with pid and signal when it died), then what the others reported.
     """
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}  # rank -> its report, in the order they came
@@ -301,7 +312,7 @@ def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: Proces
                 break
     if errors or deaths:
         _stop_after_failure(procs, out, results, errors, deaths, tree)
-        raise ShardReplayError(_failure_message(deaths, errors, run_dir))
+        return ShardReplayError(_failure_message(deaths, errors, run_dir))
     if 0 not in results:
         # Stopped (SIGTERM) before the learners had set up their handlers: nothing to save.
         log.warning("stopped while the learners were starting; nothing new was saved")
