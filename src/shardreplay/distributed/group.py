@@ -11,6 +11,7 @@ Tensors live on ``device``: the CPU for gloo, the current CUDA device for NCCL.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +39,9 @@ def lost_peer_error(exc: BaseException, what: str) -> PeerLost:
         exc: the backend's error.
         what: what failed, and where ("all_reduce failed on rank 0 of 2").
     """
-    # The backend's text is a source path and generic advice: keep its first sentence.
-    detail = str(exc).split(". ")[0]
+    # The backend's text starts with a source path and ends in generic advice: keep
+    # only what happened ("Connection reset by peer [127.0.0.1]:40339").
+    detail = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).split(". ")[0])
     return PeerLost(f"{what}: a peer rank stopped answering (its process died?); the connection "
                     f"to it was lost ({detail}). The launcher's (or torchrun's) log names the rank "
                     "that stopped")
