@@ -100,10 +100,13 @@ def _actor_main(settings: ActorSettings, transport: Transport | None, parent_pid
     def on_sigterm(*_args: Any) -> None:
         if os.getppid() != parent_pid:
             # The learner died (this is PR_SET_PDEATHSIG): nobody drains the ring, so
-            # sending what this actor holds would only block. Unwind (closing the
-            # writer) and exit now; a record half written is never published.
-            raise SystemExit(f"actor {settings.actor_id}: its learner (pid {parent_pid}) is gone: "
-                             "exiting without sending what it holds")
+            # sending what this actor holds would only block. Leave as if killed (every
+            # medium survives that: a record half written is never published), without
+            # the seconds an interpreter with torch loaded takes to tear down.
+            with contextlib.suppress(OSError):
+                os.write(2, f"actor {settings.actor_id}: its learner (pid {parent_pid}) is gone: "
+                            "exiting without sending what it holds\n".encode())
+            os._exit(1)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)  # SIGINT stays blocked: the learner stops its actors
