@@ -34,7 +34,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from shardreplay.checkpoint import (
     INCOMPLETE_DIR,
@@ -231,13 +231,9 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
                          args=(r, settings, port, transports[r], resume, out, os.getpid()))
              for r in range(settings.learners)]
     stopping = {"asked": False}
-    tracker = resource_tracker_pid
-
-    def excluded() -> set[int]:
-        pid = tracker()
-        return set() if pid is None else {pid}
-
-    tree = ProcessTree(exclude=excluded)
+    # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.
+    tree = ProcessTree(exclude=lambda: {pid for pid in [resource_tracker_pid()] if pid is not None})
+    outcome: dict[str, Any] | ShardReplayError | None = None
 
     def terminate_started() -> None:
         for p in procs:
@@ -268,7 +264,9 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         tree.scan()
-        stop_processes([p for p in procs if p.pid is not None], timeout_s=60.0)
+        # After a failure the ranks had their grace already: what is left is killed.
+        failed = isinstance(outcome, ShardReplayError)
+        stop_processes([p for p in procs if p.pid is not None], timeout_s=1.0 if failed else 60.0)
         # What the learners left: actors of a rank that died (reparented, so only the
         # record finds them), or of one killed after its grace.
         killed = tree.stop(timeout_s=2.0)
@@ -285,7 +283,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
         # Raised only now: its traceback would hold the queue, whose semaphores must be
         # released before the tracker stops.
         raise outcome
-    return outcome
+    return cast(dict[str, Any], outcome)  # set: _collect returned
 
 
 def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: ProcessTree,
