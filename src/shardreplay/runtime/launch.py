@@ -14,8 +14,8 @@ fraction of a second and named with its pid and signal ("rank 1 (pid N) died wit
 SIGKILL"); the other ranks get SIGTERM and a short grace to save their own parts (a
 save needs no collective), then whatever is left of the tree is killed: learners,
 every actor (also those of the dead rank, which it left to init) and the
-multiprocessing resource tracker. The launcher then exits non-zero. No process
-outlives the launcher.
+multiprocessing resource tracker (when the launcher started it). The launcher then
+exits non-zero. No process outlives the launcher.
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
 
     Raises:
         ConfigError: bad settings (checked before anything starts).
-        ShardReplayError: a learner rank failed (its error is in the message).
+        ShardReplayError: a learner rank failed (its error is in the message) or died
+            (named with its pid and signal: "rank 1 (pid N) died with SIGKILL").
     """
     env_spaces(settings.env_id)  # a bad environment fails here, before any process starts
     if under_torchrun() and settings.learners != int(os.environ["WORLD_SIZE"]):
@@ -231,6 +232,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
                          args=(r, settings, port, transports[r], resume, out, os.getpid()))
              for r in range(settings.learners)]
     stopping = {"asked": False}
+    # A tracker already running belongs to the caller (its other resources depend on it).
+    own_tracker = resource_tracker_pid() is None
     # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.
     tree = ProcessTree(exclude=lambda: {pid for pid in [resource_tracker_pid()] if pid is not None})
     outcome: dict[str, Any] | ShardReplayError | None = None
@@ -278,7 +281,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
         out.close()
         out.join_thread()
         del out
-        stop_resource_tracker()
+        if own_tracker:
+            stop_resource_tracker()
     if isinstance(outcome, ShardReplayError):
         # Raised only now: its traceback would hold the queue, whose semaphores must be
         # released before the tracker stops.
