@@ -220,6 +220,9 @@ def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
 
 
 def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
+    # A tracker already running belongs to the caller (its other resources depend on
+    # it); otherwise the queue's semaphores start one here, and it is ours to stop.
+    own_tracker = resource_tracker_pid() is None
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -232,8 +235,6 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
                          args=(r, settings, port, transports[r], resume, out, os.getpid()))
              for r in range(settings.learners)]
     stopping = {"asked": False}
-    # A tracker already running belongs to the caller (its other resources depend on it).
-    own_tracker = resource_tracker_pid() is None
     # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.
     tree = ProcessTree(exclude=lambda: {pid for pid in [resource_tracker_pid()] if pid is not None})
     outcome: dict[str, Any] | ShardReplayError | None = None
