@@ -235,7 +235,7 @@ class ProcessTree:
         with contextlib.suppress(self._psutil.Error):
             for child in self._psutil.Process().children(recursive=True):
                 with contextlib.suppress(self._psutil.Error):
-                    self._seen.setdefault(child.pid, child.create_time())
+                    self._seen[child.pid] = child.create_time()  # a reused pid: the newest
 
     def alive(self) -> list[Any]:
         """The recorded processes still running (not zombies, not excluded)."""
