@@ -11,6 +11,7 @@ also from the built-in type a caller would reach for (``ValueError`` for bad inp
     ├── InvalidKeyError             (ValueError)   a key that names no slot of this buffer
     ├── EmptyBufferError            (RuntimeError) sampling with no valid window
     ├── CollectiveTimeout           (RuntimeError) a peer rank did not answer in time
+    │   └── PeerLost                               a peer's connection broke (it died?)
     ├── CheckpointError             (RuntimeError)
     │   ├── IncompleteCheckpointError              a part or the manifest is missing
     │   └── CheckpointFormatError                  corrupt, truncated, wrong spec/version
@@ -34,6 +35,7 @@ __all__ = [
     "IncompleteCheckpointError",
     "InvalidKeyError",
     "InvalidPriorityError",
+    "PeerLost",
     "ShardReplayError",
     "SpecMismatchError",
     "TransportError",
@@ -67,6 +69,12 @@ class EmptyBufferError(ShardReplayError, RuntimeError):
 
 class CollectiveTimeout(ShardReplayError, RuntimeError):
     """A collective operation did not complete in time: a peer rank is missing."""
+
+
+class PeerLost(CollectiveTimeout):
+    """A collective failed because the connection to a peer rank broke (reset or closed):
+    its process most likely died. A subclass of :class:`CollectiveTimeout`, so code that
+    handles a missing peer handles this too; it comes at once, not after the timeout."""
 
 
 class CheckpointError(ShardReplayError, RuntimeError):

@@ -2,20 +2,49 @@
 
 This is the only module that imports ``torch.distributed``. Every operation is issued
 asynchronously and waited on with a timeout, so a peer that never joins gives a
-:class:`CollectiveTimeout` naming the operation and this rank instead of a hang.
+:class:`CollectiveTimeout` naming the operation and this rank instead of a hang. A peer
+whose connection breaks (its process died: gloo reports "Connection reset by peer" at
+once) gives :class:`PeerLost`, which says so instead of blaming the timeout.
 Tensors live on ``device``: the CPU for gloo, the current CUDA device for NCCL.
 """
 
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from shardreplay.errors import CollectiveTimeout, ConfigError, ShardReplayError
+from shardreplay.errors import CollectiveTimeout, ConfigError, PeerLost, ShardReplayError
+
+# How gloo (and NCCL) word a broken connection to a peer, as opposed to a timeout.
+_PEER_GONE = ("connection reset", "connection closed", "broken pipe", "connection refused",
+              "socket closed", "end of file")
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """True when ``exc`` is the backend saying the connection to a peer rank broke."""
+    return isinstance(exc, RuntimeError) and not isinstance(exc, ShardReplayError) \
+        and any(word in str(exc).lower() for word in _PEER_GONE)
+
+
+def lost_peer_error(exc: BaseException, what: str) -> PeerLost:
+    """Our :class:`PeerLost` for a backend error that :func:`peer_lost` recognised, e.g.
+    one raised by DDP's all-reduce in ``backward`` (outside :class:`Collectives`).
+
+    Args:
+        exc: the backend's error.
+        what: what failed, and where ("all_reduce failed on rank 0 of 2").
+    """
+    # The backend's text starts with a source path and ends in generic advice: keep
+    # only what happened ("Connection reset by peer [127.0.0.1]:40339").
+    detail = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).split(". ")[0])
+    return PeerLost(f"{what}: a peer rank stopped answering (its process died?); the connection "
+                    f"to it was lost ({detail}). The launcher's (or torchrun's) log names the rank "
+                    "that stopped")
 
 
 class Collectives:
@@ -47,16 +76,23 @@ class Collectives:
         try:
             ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
-            raise self._timeout(op, exc) from exc
+            raise self._failure(op, exc) from exc
         if ok is False:
-            raise self._timeout(op, None)
+            raise self._failure(op, None)
 
-    def _timeout(self, op: str, exc: BaseException | None) -> ShardReplayError:
-        detail = f" ({exc})" if exc is not None else ""
-        return CollectiveTimeout(
-            f"{op} did not complete within {self.timeout_s:g} s on rank {self.rank} of "
-            f"{self.world_size}: a peer rank is missing (crashed, hung, or calling "
-            f"collectives in another order){detail}")
+    def _failure(self, op: str, exc: BaseException | None) -> ShardReplayError:
+        """Our error for a collective that raised ``exc`` (None: it timed out)."""
+        where = f"on rank {self.rank} of {self.world_size}"
+        text = "" if exc is None else str(exc)
+        if exc is not None and peer_lost(exc):
+            return lost_peer_error(exc, f"{op} failed {where}")
+        if exc is None or "timed out" in text.lower() or "timeout" in text.lower():
+            detail = f" ({text})" if text else ""
+            return CollectiveTimeout(
+                f"{op} did not complete within {self.timeout_s:g} s {where}: a peer rank is "
+                f"missing (crashed, hung, or calling collectives in another order){detail}")
+        return CollectiveTimeout(f"{op} failed {where}: {text} (a peer rank crashed, or calls "
+                                 "collectives in another order?)")
 
     def all_gather(self, tensor: torch.Tensor, op: str,
                    while_waiting: Callable[[], Any] | None = None) -> torch.Tensor:

@@ -7,7 +7,15 @@ made (NCCL when CUDA is there, gloo otherwise).
 
 Ctrl-C / SIGTERM: the launcher forwards SIGTERM to the learners, which agree to stop,
 checkpoint (every rank), stop their actors and exit; stragglers are killed after a
-grace period. No process outlives the launcher.
+grace period.
+
+A learner that dies (a signal, or an exit without its report) is noticed within a
+fraction of a second and named with its pid and signal ("rank 1 (pid N) died with
+SIGKILL"); the other ranks get SIGTERM and a short grace to save their own parts (a
+save needs no collective), then whatever is left of the tree is killed: learners,
+every actor (also those of the dead rank, which it left to init) and the
+multiprocessing resource tracker (when the launcher started it). The launcher then
+exits non-zero. No process outlives the launcher.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from shardreplay.checkpoint import (
     INCOMPLETE_DIR,
@@ -35,14 +43,26 @@ from shardreplay.checkpoint import (
     list_checkpoints,
     set_aside_incomplete,
 )
-from shardreplay.errors import ConfigError, ShardReplayError
+from shardreplay.errors import ConfigError, PeerLost, ShardReplayError
 from shardreplay.runtime.envs import env_spaces, transition_spec
-from shardreplay.runtime.processes import children_block_sigint, die_with_parent, stop_processes
+from shardreplay.runtime.processes import (
+    ProcessTree,
+    children_block_sigint,
+    describe_exit,
+    die_with_parent,
+    resource_tracker_pid,
+    stop_processes,
+    stop_resource_tracker,
+)
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import next_life
 from shardreplay.runtime.settings import TrainSettings
 
 log = logging.getLogger("shardreplay.train")
+# After a rank failed, the others get this long to save their parts and stop their
+# actors (the learner gives its actors 10 s at most) before they are killed.
+_FAILURE_GRACE_S = 20.0
+_POLL_S = 0.1  # how soon a dead learner is noticed
 
 
 def under_torchrun() -> bool:
@@ -118,7 +138,8 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
 
     Raises:
         ConfigError: bad settings (checked before anything starts).
-        ShardReplayError: a learner rank failed (its error is in the message).
+        ShardReplayError: a learner rank failed (its error is in the message) or died
+            (named with its pid and signal: "rank 1 (pid N) died with SIGKILL").
     """
     env_spaces(settings.env_id)  # a bad environment fails here, before any process starts
     if under_torchrun() and settings.learners != int(os.environ["WORLD_SIZE"]):
@@ -155,8 +176,8 @@ def _free_port() -> int:
 
 
 def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any, resume: bool,
-                  out: Any) -> None:
-    die_with_parent()
+                  out: Any, launcher_pid: int) -> None:
+    die_with_parent(launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s rank {rank} %(name)s: %(message)s")
@@ -176,7 +197,14 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
         out.put((rank, "ok", summary))
     except BaseException as exc:
         code = 1
-        traceback.print_exc()
+        from shardreplay.distributed.group import lost_peer_error, peer_lost
+
+        if peer_lost(exc):  # DDP's all-reduce in backward: the raw gloo text otherwise
+            exc = lost_peer_error(exc, f"training failed on rank {rank} of {settings.learners}")
+        if isinstance(exc, PeerLost):
+            log.error("%s", exc)  # where it failed matters less than which peer stopped
+        else:
+            traceback.print_exc()
         out.put((rank, "error", f"{type(exc).__name__}: {exc}"))
     finally:
         dist.destroy_process_group()
@@ -198,6 +226,9 @@ def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
 
 
 def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
+    # A tracker already running belongs to the caller (its other resources depend on
+    # it); otherwise the queue's semaphores start one here, and it is ours to stop.
+    own_tracker = resource_tracker_pid() is None
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
@@ -207,9 +238,12 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
     # collected ring would unlink its semaphores before a child has opened them.
     transports = [local_transport(settings, spec, r) if local else None for r in range(settings.learners)]
     procs = [ctx.Process(target=_learner_main, name=f"learner-{r}", daemon=False,
-                         args=(r, settings, port, transports[r], resume, out))
+                         args=(r, settings, port, transports[r], resume, out, os.getpid()))
              for r in range(settings.learners)]
     stopping = {"asked": False}
+    # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.
+    tree = ProcessTree(exclude=lambda: {pid for pid in [resource_tracker_pid()] if pid is not None})
+    outcome: dict[str, Any] | ShardReplayError | None = None
 
     def terminate_started() -> None:
         for p in procs:
@@ -234,32 +268,60 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
             # The stop may have come while a learner was being started (its handler ran
             # before that process had a pid): tell them all again, SIGTERM is idempotent.
             terminate_started()
-        return _collect([p for p in procs if p.pid is not None], out, stopping)
+        outcome = _collect([p for p in procs if p.pid is not None], out, stopping, tree,
+                           settings.run_dir)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        stop_processes([p for p in procs if p.pid is not None], timeout_s=60.0)
+        tree.scan()
+        # After a failure the ranks had their grace already: what is left is killed.
+        failed = isinstance(outcome, ShardReplayError)
+        stop_processes([p for p in procs if p.pid is not None], timeout_s=1.0 if failed else 60.0)
+        # What the learners left: actors of a rank that died (reparented, so only the
+        # record finds them), or of one killed after its grace.
+        killed = tree.stop(timeout_s=2.0)
+        if killed:
+            log.warning("killed %d process(es) left by the learners: %s", len(killed), ", ".join(killed))
+        # Release the rings' and the queue's semaphores while the tracker still listens,
+        # then end it: it must not outlive the launcher either.
+        transports.clear()
+        out.close()
+        out.join_thread()
+        del out
+        if own_tracker:
+            stop_resource_tracker()
+    if isinstance(outcome, ShardReplayError):
+        # Raised only now: its traceback would hold the queue, whose semaphores must be
+        # released before the tracker stops.
+        raise outcome
+    return cast(dict[str, Any], outcome)  # set: _collect returned
 
 
-def _collect(procs: list[Any], out: Any, stopping: dict[str, bool]) -> dict[str, Any]:
-    """Rank 0's summary once every learner reported; the first failure raises."""
+def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: ProcessTree,
+             run_dir: str) -> dict[str, Any] | ShardReplayError:
+    """Rank 0's summary once every learner reported, or the error to raise.
+
+    A failure (a rank's error report, or a rank that exited without one: killed by a
+    signal, say) stops the others: SIGTERM, up to ``_FAILURE_GRACE_S`` for them to save
+    their parts, then the caller kills what is left.
+
+    The error (returned, for the caller to raise once the tree is stopped) names the
+    rank that failed (with pid and signal when it died), then what the others reported.
+    """
     results: dict[int, Any] = {}
-    errors: list[str] = []
-    while len(results) < len(procs) and not errors:
-        try:
-            rank, status, value = out.get(timeout=1.0)
-        except queue.Empty:
-            if all(not p.is_alive() for p in procs):
-                _take_rest(out, results, errors)  # reports sent just before the exits
-                errors += _failures(procs, results, stopping["asked"])
+    errors: dict[int, str] = {}  # rank -> its report, in the order they came
+    deaths: list[str] = []
+    while len(results) < len(procs) and not errors and not deaths:
+        _take_rest(out, results, errors, timeout_s=_POLL_S)
+        tree.scan()
+        if any(p.exitcode is not None for p in procs):
+            _take_rest(out, results, errors)  # reports sent just before the exits
+            deaths = _failures(procs, results, errors, stopping["asked"])
+            if all(p.exitcode is not None for p in procs):
                 break
-            continue
-        if status == "ok":
-            results[rank] = value
-        else:
-            errors.append(f"rank {rank}: {value}")  # the caller stops (or kills) the others
-    if errors:
-        raise ShardReplayError("training failed: " + "; ".join(errors))
+    if errors or deaths:
+        _stop_after_failure(procs, out, results, errors, deaths, tree)
+        return ShardReplayError(_failure_message(deaths, errors, run_dir))
     if 0 not in results:
         # Stopped (SIGTERM) before the learners had set up their handlers: nothing to save.
         log.warning("stopped while the learners were starting; nothing new was saved")
@@ -267,20 +329,54 @@ def _collect(procs: list[Any], out: Any, stopping: dict[str, bool]) -> dict[str,
     return results[0]
 
 
-def _take_rest(out: Any, results: dict[int, Any], errors: list[str]) -> None:
+def _stop_after_failure(procs: list[Any], out: Any, results: dict[int, Any], errors: dict[int, str],
+                        deaths: list[str], tree: ProcessTree) -> None:
+    """SIGTERM the ranks still running (each saves its part without collectives, stops
+    its actors and exits) and wait up to ``_FAILURE_GRACE_S``, taking their reports."""
+    first = deaths[0] if deaths else next(f"rank {r}: {e}" for r, e in errors.items())
+    log.error("%s: stopping the other ranks (each saves its part) and every actor", first)
+    for p in procs:
+        if p.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + _FAILURE_GRACE_S
+    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+        _take_rest(out, results, errors, timeout_s=_POLL_S)
+        tree.scan()
+    _take_rest(out, results, errors)
+    # A rank that exited on our SIGTERM is no further failure; one that died otherwise is.
+    for line in _failures(procs, results, errors, True):
+        if line not in deaths:
+            deaths.append(line)
+
+
+def _failure_message(deaths: list[str], errors: dict[int, str], run_dir: str) -> str:
+    reports = [f"rank {rank}: {error}" for rank, error in errors.items()]
+    return ("training failed: " + "; ".join([*deaths, *reports])
+            + f". The other ranks and every actor were stopped; continue the run with "
+              f"--run-dir {run_dir} --auto-resume")
+
+
+def _take_rest(out: Any, results: dict[int, Any], errors: dict[int, str], timeout_s: float = 0.0) -> None:
+    """Take the reports queued now (waiting up to ``timeout_s`` for the first)."""
     while True:
         try:
-            rank, status, value = out.get_nowait()
+            rank, status, value = out.get(timeout=timeout_s) if timeout_s > 0 else out.get_nowait()
         except queue.Empty:
             return
+        timeout_s = 0.0
         if status == "ok":
             results[rank] = value
         else:
-            errors.append(f"rank {rank}: {value}")
+            errors[rank] = value
 
 
-def _failures(procs: list[Any], results: dict[int, Any], stop_asked: bool) -> list[str]:
-    """Learners that exited without a report; SIGTERM after a stop request is no failure."""
-    failed = [p for i, p in enumerate(procs) if i not in results
+def _failures(procs: list[Any], results: dict[int, Any], errors: dict[int, str],
+              stop_asked: bool) -> list[str]:
+    """Learners that exited without a report, named with pid and how they ended
+    ("rank 1 (pid 4242) died with SIGKILL"); SIGTERM after a stop request is no failure."""
+    failed = [(rank, p) for rank, p in enumerate(procs)
+              if p.exitcode is not None and rank not in results and rank not in errors
               and not (stop_asked and p.exitcode == -signal.SIGTERM)]
-    return [f"{p.name} exited with code {p.exitcode} without a report" for p in failed[:1]]
+    return [f"rank {rank} (pid {p.pid}) {describe_exit(p.exitcode)}"
+            + ("" if p.exitcode < 0 else " without a report") for rank, p in failed]

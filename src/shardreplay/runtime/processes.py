@@ -1,11 +1,16 @@
 """Child processes that always end: actor pools and process-tree cleanup.
 
 Every child asks the kernel for SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``),
-so killing a learner, even with ``kill -9``, takes its actors with it; stopping sends
-SIGTERM, waits, then kills what is left. Children start with SIGINT blocked: Ctrl-C
-reaches every process of the terminal's process group, and the parent, not each
-child, decides how its children stop (a child still importing would otherwise die
-of a KeyboardInterrupt and count as a crash).
+so killing a learner, even with ``kill -9``, takes its actors with it: an actor whose
+learner is gone exits at once (nobody drains its ring, so waiting to send is pointless).
+Stopping sends SIGTERM, waits, then kills what is left. :class:`ProcessTree` remembers
+every descendant seen, so the launcher can also stop those a dead parent left behind
+(reparented, they are no longer its descendants), and :func:`stop_resource_tracker`
+ends the multiprocessing resource tracker before the launcher exits.
+
+Children start with SIGINT blocked: Ctrl-C reaches every process of the terminal's
+process group, and the parent, not each child, decides how its children stop (a child
+still importing would otherwise die of a KeyboardInterrupt and count as a crash).
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import gc
 import logging
 import multiprocessing as mp
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -27,10 +34,21 @@ log = logging.getLogger("shardreplay.processes")
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
-    """Ask for SIGTERM when the parent process exits (no-op off Linux)."""
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Ask for SIGTERM when the parent process exits (no-op off Linux).
+
+    Args:
+        parent_pid: the parent's pid as the parent saw it. When given and the parent is
+            already gone (it died before this request, so the kernel will never send
+            the signal), exit at once.
+
+    Raises:
+        SystemExit: ``parent_pid`` is given and is no longer this process's parent.
+    """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        raise SystemExit(f"process {os.getpid()}: its parent (pid {parent_pid}) is gone: exiting")
 
 
 @contextlib.contextmanager
@@ -72,13 +90,26 @@ def stop_processes(procs: list[Any], timeout_s: float) -> None:
             p.join(5)
 
 
-def _actor_main(settings: ActorSettings, transport: Transport | None) -> None:
-    die_with_parent()
+def _actor_main(settings: ActorSettings, transport: Transport | None, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s actor %(message)s")
     from shardreplay.runtime.actor import StopFlag, run
 
     stop = StopFlag()
-    stop.install((signal.SIGTERM,))  # SIGINT stays blocked: the learner stops its actors
+
+    def on_sigterm(*_args: Any) -> None:
+        if os.getppid() != parent_pid:
+            # The learner died (this is PR_SET_PDEATHSIG): nobody drains the ring, so
+            # sending what this actor holds would only block. Leave as if killed (every
+            # medium survives that: a record half written is never published), without
+            # the seconds an interpreter with torch loaded takes to tear down.
+            with contextlib.suppress(OSError):
+                os.write(2, f"actor {settings.actor_id}: its learner (pid {parent_pid}) is gone: "
+                            "exiting without sending what it holds\n".encode())
+            os._exit(1)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)  # SIGINT stays blocked: the learner stops its actors
     run(settings, transport, stop)
 
 
@@ -113,7 +144,7 @@ class ActorPool:
             # A restarted actor must not replay the episodes its first life played.
             settings = dataclasses.replace(settings, seed=settings.seed + 1_000_003 * self.restarts[actor_id])
         p = self._ctx.Process(target=_actor_main, name=f"actor-{actor_id}", daemon=False,
-                              args=(settings, self._transport))
+                              args=(settings, self._transport, os.getpid()))
         with children_block_sigint():
             p.start()
         self._procs[actor_id] = p
@@ -161,3 +192,136 @@ class ActorPool:
             while_waiting()
         stop_processes(procs, max(deadline - time.monotonic(), 0.5))
         self._procs.clear()
+
+
+def describe_exit(code: int | None) -> str:
+    """How a process ended, from its ``exitcode``: "died with SIGKILL", "exited with code 3"."""
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"died with {signal.Signals(-code).name}"
+        except ValueError:
+            return f"died with signal {-code}"
+    return f"exited with code {code}"
+
+
+class ProcessTree:
+    """Every descendant of this process ever seen, by pid and start time.
+
+    A process whose parent dies is reparented (to init or a subreaper) and leaves this
+    process's tree: call :meth:`scan` regularly while the children run, so
+    :meth:`stop` still finds it. Without ``psutil`` (the ``train`` extra) nothing is
+    recorded and :meth:`stop` does nothing: the caller still stops its own children.
+
+    Args:
+        exclude: pids never to signal (the resource tracker: it is stopped by closing
+            its pipe, so it can still unlink what leaked).
+    """
+
+    def __init__(self, exclude: Callable[[], set[int]] = lambda: set()) -> None:
+        try:
+            import psutil
+        except ImportError:  # the ``train`` extra brings it; without it, only direct children are stopped
+            psutil = None
+        self._psutil = psutil
+        self._exclude = exclude
+        self._seen: dict[int, float] = {}
+
+    def scan(self) -> None:
+        """Record the descendants alive now."""
+        if self._psutil is None:
+            return
+        with contextlib.suppress(self._psutil.Error):
+            for child in self._psutil.Process().children(recursive=True):
+                with contextlib.suppress(self._psutil.Error):
+                    self._seen[child.pid] = child.create_time()  # a reused pid: the newest
+
+    def alive(self) -> list[Any]:
+        """The recorded processes still running (not zombies, not excluded)."""
+        if self._psutil is None:
+            return []
+        found, skip = [], self._exclude()
+        for pid, created in self._seen.items():
+            with contextlib.suppress(self._psutil.Error):
+                p = self._psutil.Process(pid)
+                if pid not in skip and p.create_time() == created \
+                        and p.status() != self._psutil.STATUS_ZOMBIE:
+                    found.append(p)
+        return found
+
+    def stop(self, timeout_s: float) -> list[str]:
+        """SIGTERM every recorded process still running, wait up to ``timeout_s``, then
+        SIGKILL the rest; returns descriptions of those that had to be killed."""
+        self.scan()
+        procs = self.alive()
+        for p in procs:
+            with contextlib.suppress(self._psutil.Error if self._psutil else OSError):
+                p.terminate()
+        deadline = time.monotonic() + timeout_s
+        while procs and time.monotonic() < deadline:
+            time.sleep(0.02)
+            procs = [p for p in procs if _running(p, self._psutil)]
+        killed = []
+        for p in procs:
+            with contextlib.suppress(self._psutil.Error):
+                killed.append(f"pid {p.pid} ({p.name()})")
+                p.kill()
+        deadline = time.monotonic() + 5.0
+        while procs and time.monotonic() < deadline:
+            time.sleep(0.02)
+            procs = [p for p in procs if _running(p, self._psutil)]
+        return killed
+
+
+def _running(p: Any, psutil: Any) -> bool:
+    try:
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def resource_tracker_pid() -> int | None:
+    """The pid of this process's multiprocessing resource tracker, or None."""
+    from multiprocessing import resource_tracker
+
+    return getattr(resource_tracker._resource_tracker, "_pid", None)
+
+
+def stop_resource_tracker(timeout_s: float = 5.0) -> None:
+    """End the multiprocessing resource tracker this process started, and wait for it.
+
+    Call it once every child has exited (they hold its pipe too). Collected first: the
+    semaphores still referenced only by garbage, so their finalizers unregister them
+    while the tracker listens. Closing the pipe makes the tracker unlink whatever is
+    still registered (leaked) and exit; a tracker that does not exit within
+    ``timeout_s`` is killed. Something registered later starts a new tracker.
+    """
+    from multiprocessing import resource_tracker
+
+    gc.collect()
+    tracker = resource_tracker._resource_tracker
+    lock = getattr(tracker, "_lock", None)
+    with lock if lock is not None else contextlib.nullcontext():
+        fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
+        if fd is None or pid is None:
+            return
+        tracker._fd = tracker._pid = None
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        if time.monotonic() > deadline:
+            log.warning("the multiprocessing resource tracker (pid %d) did not exit: killing it", pid)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            return
+        time.sleep(0.01)
