@@ -30,7 +30,7 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ConfigError
 from shardreplay.policy import open_publisher, open_subscriber
 from shardreplay.policy.broadcast import pack_version, split_version
-from shardreplay.policy.file_backend import FilePublisher
+from shardreplay.policy.file_backend import FilePublisher, weights_name
 from shardreplay.runtime import actor as actor_module
 from shardreplay.runtime.actor import ActorSettings, RunInfo, StopFlag, run
 from shardreplay.runtime.ingest import Ingestor
@@ -126,6 +126,27 @@ def test_a_spool_keeps_runs_apart_and_counts_the_others(tmp_path: Path) -> None:
     assert foreign_backlog(url, 1, "newrun") == {}
 
 
+def test_a_new_run_on_a_used_policy_directory_is_not_pruned_by_the_old_runs_versions(tmp_path: Path) -> None:
+    """The old run got to version 12; the new one starts at 0 in the same directory. Its
+    files must outlive the old run's higher versions (pruning by version deleted them)."""
+    url = (tmp_path / "policy").as_uri()
+    old = open_publisher(url, keep=3)
+    for version in (10, 11, 12):
+        old.publish(version, {"w": np.zeros(3, np.float32)}, meta=_run_meta("old", 0))
+    subscriber = open_subscriber(url, check_interval_s=0)
+    assert subscriber.poll().version == 12  # type: ignore[union-attr]
+    new = open_publisher(url, keep=3)
+    new.publish(0, {"w": np.ones(3, np.float32)}, meta=_run_meta("new", 0))
+    update = subscriber.poll()
+    assert update is not None and (update.version, update.run_id) == (0, "new")
+    assert update.weights["w"].tolist() == [1.0, 1.0, 1.0]
+    assert sorted(p.name for p in (tmp_path / "policy").glob("*.safetensors")) == [weights_name(0)]
+    for version in (1, 2, 3):
+        new.publish(version, {"w": np.full(3, version, np.float32)}, meta=_run_meta("new", 0))
+    assert sorted(p.name for p in (tmp_path / "policy").glob("*.safetensors")) == \
+        [weights_name(v) for v in (1, 2, 3)]  # keep: the newest 3 of its own
+
+
 # -- 9: versions across resumes -----------------------------------------------------------
 def _run_meta(run_id: str, life: int, **settings: Any) -> dict[str, str]:
     train = TrainSettings(actors=1, envs_per_actor=2, chunk_steps=4, transport="file:///unused",
@@ -215,7 +236,7 @@ def test_the_policy_lag_is_not_clamped(tmp_path: Path) -> None:
 _KILLED_MID_WRITE = """
 import os, sys, time
 import torch
-from shardreplay.policy.file_backend import FilePublisher
+from shardreplay.policy.file_backend import FilePublisher, weights_name
 os.replace = lambda *a: (print("written", flush=True), time.sleep(600))  # dies before the rename
 FilePublisher(sys.argv[1]).publish(1, {"w": torch.zeros(1000)})
 """

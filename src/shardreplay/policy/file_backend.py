@@ -2,11 +2,14 @@
 
 Publishing version ``v`` writes ``policy-<v>.safetensors`` (temp name, fsync, rename),
 then replaces ``policy.version`` (``{"version", "file", "crc32"}``, same way), then
-deletes all but the newest ``keep`` weight files. A weights file never changes once it is
-visible and the note is written after the file it names, so a subscriber that reads the
-note and then that file gets exactly the weights of that version, or (if ``keep`` newer
-versions came in between and the file is gone) nothing, and tries again at its next
-check. The version is also in the safetensors metadata and must agree with the note,
+deletes every weights file but the newest ``keep`` it wrote itself: those of an earlier
+publisher (a previous learner life, another run that used the directory) go at its first
+publish, whatever their versions. The note is written after the file it names, so a
+subscriber that reads the note and then that file gets exactly the weights of that
+version, or (if ``keep`` newer versions came in between and the file is gone) nothing,
+and tries again at its next check; a file that a new run rewrote under the same version
+fails the note's checksum (counted) and the next check reads the new note. The version
+is also in the safetensors metadata and must agree with the note,
 and so is the run id (the note's ``run``, so a subscriber sees another run's policy
 without reading weights).
 
@@ -22,6 +25,7 @@ import os
 import re
 import time
 import zlib
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,7 +60,8 @@ class FilePublisher:
 
     Args:
         path: the directory (created if missing).
-        keep: weight files kept (the newest); older ones are deleted.
+        keep: weight files kept (the newest this publisher wrote); every other
+            weights file in the directory is deleted at each publish.
         fsync: flush to disk before each rename (off only for scratch runs).
 
     Raises:
@@ -71,6 +76,7 @@ class FilePublisher:
         self.keep = keep
         self.fsync = fsync
         self._last: int | None = None
+        self._published: deque[str] = deque(maxlen=keep)  # names written here, oldest first
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._remove_dead_temps()
@@ -103,12 +109,18 @@ class FilePublisher:
         except OSError as exc:
             raise TransportError(f"cannot publish policy {version} to {self.path}: {exc}") from exc
         self._last = version
+        self._published.append(name)
         self._prune()
 
     def _prune(self) -> None:
-        names = sorted(n for n in os.listdir(self.path) if _WEIGHTS.match(n))
-        for old in names[:-self.keep]:
-            (self.path / old).unlink(missing_ok=True)
+        """Delete every weights file but the newest ``keep`` this publisher wrote. Not
+        "the highest versions": files of an earlier publisher (a previous learner life,
+        or another run that used this directory, whose versions may be higher) would
+        otherwise outrank this one's and get its current policy deleted."""
+        mine = set(self._published)
+        for name in os.listdir(self.path):
+            if _WEIGHTS.match(name) and name not in mine:
+                (self.path / name).unlink(missing_ok=True)
 
     def close(self) -> None:
         """Nothing to release; present for the interface."""
