@@ -124,6 +124,37 @@ def test_a_spool_keeps_runs_apart_and_counts_the_others(tmp_path: Path) -> None:
     assert foreign_backlog(url, 0, "newrun") == {str(tmp_path / "spool" / "shard-0"): 3,
                                                 str(tmp_path / "spool" / "0ldrun" / "shard-0"): 2}
     assert foreign_backlog(url, 1, "newrun") == {}
+    # A run dir from before run ids reads the unnamed channel: its own, not another run's.
+    assert foreign_backlog(url, 0, "") == {str(tmp_path / "spool" / "0ldrun" / "shard-0"): 2}
+
+
+@pytest.mark.redis
+def test_the_foreign_count_on_redis_is_what_other_runs_did_not_consume(redis_server) -> None:
+    """A finished run's stream keeps consumed entries until trimmed (at least the last one
+    delivered): those were used, not ignored. Only unacknowledged ones count."""
+    url = redis_server.url
+    done = shard_transport(url, CARTPOLE_SPEC, 0, run_id="done")
+    _old_chunks(done, 6)
+    reader = done.reader()
+    got: list[Any] = []
+    wait_for(lambda: got.extend(reader.receive(64, timeout_s=0.1)) or len(got) == 6, 30,
+             "the done run's chunks")
+    reader.ack(got)
+    reader.close()  # sends the acknowledgements
+    busy = shard_transport(url, CARTPOLE_SPEC, 0, run_id="busy")
+    _old_chunks(busy, 6)
+    reader = busy.reader()
+    first = reader.receive(3, timeout_s=5.0)
+    assert len(first) == 3
+    reader.ack(first[:2])  # one delivered and pending, three never delivered
+    reader.close()
+    client = redis.Redis.from_url(url)
+    try:
+        assert client.xlen(redis_stream(0, "done")) >= 1  # what the old count reported
+    finally:
+        client.close()
+    assert foreign_backlog(url, 0, "new") == {redis_stream(0, "busy"): 4}
+    assert foreign_backlog(url, 0, "busy") == {}
 
 
 def test_a_new_run_on_a_used_policy_directory_is_not_pruned_by_the_old_runs_versions(tmp_path: Path) -> None:

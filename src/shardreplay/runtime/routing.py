@@ -125,8 +125,13 @@ def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
 
 def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:
     """Chunks that other runs (or runs from before run ids) left waiting for ``shard`` on
-    the medium at ``url``: channel -> entries. This run never reads them; the learner
-    reports them once at start so an operator can delete them.
+    the medium at ``url``: channel -> chunks not yet consumed. This run never reads them;
+    the learner reports them once at start so an operator can delete them.
+
+    Waiting means: a file in a spool's ``ready/``; a Redis entry its learners' group has
+    not acknowledged (pending + not yet delivered). Entries a finished run consumed but
+    did not trim yet (trimming is approximate and keeps the last one delivered) are not
+    counted: they were not ignored, they were used.
 
     Raises:
         TransportError / TransportTimeout: Redis could not be asked.
@@ -134,9 +139,9 @@ def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:
     scheme = scheme_of(url)
     found: dict[str, int] = {}
     if scheme == "file":
-        base = Path(urlparse(url).path)
+        base, mine = Path(urlparse(url).path), Path(urlparse(spool_dir(url, shard, run_id)).path)
         for ready in [base / f"shard-{shard}" / "ready", *base.glob(f"*/shard-{shard}/ready")]:
-            if ready.parent.parent.name == run_id or not ready.is_dir():
+            if ready.parent == mine or not ready.is_dir():
                 continue
             n = sum(1 for p in ready.iterdir() if not p.name.endswith(".tmp"))
             if n:
@@ -154,7 +159,7 @@ def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:
                 for pattern in (f"shardreplay:chunks:{shard}", f"shardreplay:*:chunks:{shard}"):
                     for key in r.scan_iter(match=pattern, _type="stream"):
                         name = key.decode() if isinstance(key, bytes) else str(key)
-                        if name != redis_stream(shard, run_id) and (n := int(r.xlen(name))):
+                        if name != redis_stream(shard, run_id) and (n := _unconsumed(r, name)):
                             out[name] = n
                 return out
 
@@ -162,3 +167,20 @@ def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:
         finally:
             link.close()
     return found
+
+
+def _unconsumed(r: Any, stream: str) -> int:
+    """Entries of ``stream`` some consumer group has not acknowledged: pending plus not yet
+    delivered (``lag``); the stream's length where that is unknown (no group: nobody
+    read it; a server before Redis 7, or a lag Redis cannot tell: an upper bound)."""
+    length = int(r.xlen(stream))
+    groups = r.xinfo_groups(stream) if length else []
+    if not groups:
+        return length
+    waiting = 0
+    for group in groups:
+        lag = group.get("lag")
+        if lag is None:
+            return length
+        waiting = max(waiting, int(group["pending"]) + int(lag))
+    return min(waiting, length)
