@@ -9,6 +9,9 @@ directories) are named after it, so a new run never reads an old run's chunks.
 ``life`` counts the starts of the run directory (0 for the first): the high part of
 every policy version the learner publishes (:func:`shardreplay.policy.broadcast.pack_version`),
 so versions stay ordered across resumes, also from an older checkpoint.
+
+A run directory started before run ids (``config.json`` but no ``run.json``) keeps the
+unnamed channels (run id ``""``) its actors used, and its next start is life 1.
 """
 
 from __future__ import annotations
@@ -49,7 +52,15 @@ def next_life(run_dir: Path) -> RunIdentity:
         OSError: ``run.json`` could not be written.
     """
     old = read_identity(run_dir)
-    ident = RunIdentity(secrets.token_hex(6), 0) if old is None else RunIdentity(old.run_id, old.life + 1)
+    if old is not None:
+        ident = RunIdentity(old.run_id, old.life + 1)
+    elif (Path(run_dir) / "config.json").exists() and not (Path(run_dir) / RUN_FILE).exists():
+        # Started before run ids: its actors wrote to the unnamed channels, and its
+        # policies were plain update counts (life 0). Keep those channels (this life
+        # reads what they left) and count this start as life 1 (its versions are newer).
+        ident = RunIdentity("", 1)
+    else:
+        ident = RunIdentity(secrets.token_hex(6), 0)
     tmp = Path(run_dir) / f".{RUN_FILE}.tmp"
     tmp.write_text(json.dumps({"run_id": ident.run_id, "life": ident.life}))
     tmp.replace(Path(run_dir) / RUN_FILE)
