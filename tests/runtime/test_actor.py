@@ -28,14 +28,7 @@ from shardreplay.transport.codec import Chunk, encode
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """``run`` in this process sets torch to one thread; later tests get theirs back."""
-    import torch
-
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # conftest.py
 
 
 def _settings(tmp_path: Path, transport: str, **kw: Any) -> ActorSettings:

@@ -44,14 +44,19 @@ from shardreplay.transport import open_transport
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """``run`` in this process sets torch to one thread; later tests get theirs back."""
-    import torch
+pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # conftest.py
 
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+
+def _start_actor(s: ActorSettings, caplog: pytest.LogCaptureFixture) -> tuple[StopFlag, dict[str, Any],
+                                                                               threading.Thread]:
+    """Run an actor on a thread of this process, its warnings captured; returns its stop
+    flag, the dict its counters land in when it returns, and the thread."""
+    stop = StopFlag()
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(run(s, stop=stop)), daemon=True)
+    caplog.set_level(logging.WARNING, "shardreplay.actor")
+    thread.start()
+    return stop, result, thread
 
 
 # -- 7: a run's channels ------------------------------------------------------------------
@@ -237,11 +242,7 @@ def test_an_actor_that_held_a_higher_version_follows_the_resumed_learner_and_war
     _publish(policy, pack_version(0, 1000), meta)
     s = ActorSettings(actor_id=0, transport=spool, policy_url=policy, hidden=(16,), seed=1,
                       policy_wait_s=30.0, policy_check_interval_s=0.02)
-    stop = StopFlag()
-    result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.update(run(s, stop=stop)), daemon=True)
-    caplog.set_level(logging.WARNING, "shardreplay.actor")
-    thread.start()
+    stop, result, thread = _start_actor(s, caplog)
     reader = shard_transport(spool, CARTPOLE_SPEC, 0, run_id="r").reader()
     got: list[Any] = []
     try:
@@ -378,11 +379,7 @@ def test_an_actor_switches_to_a_new_run_that_takes_over_the_policy_url(
     _publish(policy, pack_version(0, 500), meta("old", 3))
     s = ActorSettings(actor_id=0, policy_url=policy, hidden=(16,), seed=1, policy_wait_s=30.0,
                       policy_check_interval_s=0.02)
-    stop = StopFlag()
-    result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.update(run(s, stop=stop)), daemon=True)
-    caplog.set_level(logging.WARNING, "shardreplay.actor")
-    thread.start()
+    stop, _result, thread = _start_actor(s, caplog)
     old = shard_transport(spool, CARTPOLE_SPEC, 0, run_id="old").reader()
     new = shard_transport(spool, CARTPOLE_SPEC, 0, run_id="new").reader()
     got: dict[str, list[Any]] = {"old": [], "new": []}
@@ -431,10 +428,7 @@ def test_an_actor_takes_the_new_shard_count_of_a_resumed_run(tmp_path: Path,
     _publish(policy, pack_version(0, 100), meta(0, 1))
     s = ActorSettings(actor_id=1, policy_url=policy, hidden=(16,), seed=1, policy_wait_s=30.0,
                       policy_check_interval_s=0.02)
-    stop = StopFlag()
-    thread = threading.Thread(target=lambda: run(s, stop=stop), daemon=True)
-    caplog.set_level(logging.WARNING, "shardreplay.actor")
-    thread.start()
+    stop, _result, thread = _start_actor(s, caplog)
     readers = [shard_transport(spool, CARTPOLE_SPEC, k, run_id="r").reader() for k in (0, 1)]
     got: list[list[Any]] = [[], []]
 
