@@ -29,9 +29,8 @@ from train_harness import FAST, TrainRun
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ConfigError
 from shardreplay.policy import open_publisher, open_subscriber
-from shardreplay.policy.broadcast import pack_version, split_version
+from shardreplay.policy.broadcast import RUN_KEY, pack_version, split_version
 from shardreplay.policy.file_backend import FilePublisher, weights_name
-from shardreplay.runtime import actor as actor_module
 from shardreplay.runtime.actor import ActorSettings, RunInfo, StopFlag, run
 from shardreplay.runtime.ingest import Ingestor
 from shardreplay.runtime.launch import prepare_run_dir
@@ -318,9 +317,9 @@ def _actor_cli(policy: str, *extra: str) -> list[str]:
 def test_a_remote_actor_given_only_the_url_takes_the_learners_settings(tmp_path: Path) -> None:
     policy, spool = (tmp_path / "policy").as_uri(), f"file://{tmp_path}/spool"
     meta = _run_meta("r", 0, chunk_steps=3, envs_per_actor=2, queued_chunks_per_actor=1000)
-    info = json.loads(meta[actor_module.RUN_KEY])
+    info = json.loads(meta[RUN_KEY])
     info["transport"] = spool
-    _publish(policy, pack_version(0, 5), {actor_module.RUN_KEY: json.dumps(info)})
+    _publish(policy, pack_version(0, 5), {RUN_KEY: json.dumps(info)})
     got = subprocess.run(_actor_cli(policy, "--max-env-steps", "12"), capture_output=True, text=True,
                          timeout=300)
     assert got.returncode == 0, got.stderr[-3000:]
@@ -372,9 +371,9 @@ def test_an_actor_switches_to_a_new_run_that_takes_over_the_policy_url(
     policy, spool = (tmp_path / "policy").as_uri(), f"file://{tmp_path}/spool"
 
     def meta(run_id: str, chunk_steps: int) -> dict[str, str]:
-        info = json.loads(_run_meta(run_id, 0, chunk_steps=chunk_steps)[actor_module.RUN_KEY])
+        info = json.loads(_run_meta(run_id, 0, chunk_steps=chunk_steps)[RUN_KEY])
         info["transport"] = spool
-        return {actor_module.RUN_KEY: json.dumps(info)}
+        return {RUN_KEY: json.dumps(info)}
 
     _publish(policy, pack_version(0, 500), meta("old", 3))
     s = ActorSettings(actor_id=0, policy_url=policy, hidden=(16,), seed=1, policy_wait_s=30.0,
@@ -421,9 +420,9 @@ def test_an_actor_takes_the_new_shard_count_of_a_resumed_run(tmp_path: Path,
     policy, spool = (tmp_path / "policy").as_uri(), f"file://{tmp_path}/spool"
 
     def meta(life: int, shards: int) -> dict[str, str]:
-        info = json.loads(_run_meta("r", life, num_actors=2, num_shards=shards)[actor_module.RUN_KEY])
+        info = json.loads(_run_meta("r", life, num_actors=2, num_shards=shards)[RUN_KEY])
         info["transport"] = spool
-        return {actor_module.RUN_KEY: json.dumps(info)}
+        return {RUN_KEY: json.dumps(info)}
 
     _publish(policy, pack_version(0, 100), meta(0, 1))
     s = ActorSettings(actor_id=1, policy_url=policy, hidden=(16,), seed=1, policy_wait_s=30.0,

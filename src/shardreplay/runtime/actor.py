@@ -10,14 +10,12 @@ actor after the current step, sending what it holds.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,14 @@ import torch
 
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
 from shardreplay.policy import open_subscriber
-from shardreplay.policy.broadcast import RUN_KEY, describe_version, split_version, wait_for_policy
+from shardreplay.policy.broadcast import describe_version, split_version, wait_for_policy
+from shardreplay.runtime.actor_settings import (  # re-exported: the actor's public names
+    AGREED,
+    ActorSettings,
+    RunInfo,
+    actor_seed,
+    resolve,
+)
 from shardreplay.runtime.chunker import Chunker
 from shardreplay.runtime.envs import env_spaces, make_vector_env, transition_spec
 from shardreplay.runtime.gym_steps import GymStepConverter
@@ -35,171 +40,11 @@ from shardreplay.runtime.routing import scheme_of, shard_for_actor, shard_transp
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
+__all__ = ["AGREED", "FINISHED", "ActorSettings", "RunInfo", "StopFlag", "actor_seed", "resolve", "run"]
+
 log = logging.getLogger("shardreplay.actor")
 # A tensor of this name in a published policy says: training is over, actors may exit.
 FINISHED = "shardreplay.finished"
-
-
-# Settings an actor must share with the learners it serves. The learners publish them
-# with every policy (RUN_KEY metadata); an actor takes those it leaves None, and one it
-# was given otherwise is an error (a remote actor with its own chunk size, queue or
-# epsilon schedule trains the learner on data it does not expect).
-AGREED = ("num_actors", "num_shards", "env_id", "envs_per_actor", "chunk_steps", "queued_chunks_per_actor",
-          "epsilon_base", "epsilon_exponent", "epsilon_warmup_steps")
-# Used for a policy that publishes no settings (a publisher that names no run).
-_UNPUBLISHED = {"env_id": "CartPole-v1", "envs_per_actor": 4, "chunk_steps": 16,
-                "queued_chunks_per_actor": None, "epsilon_base": 0.4, "epsilon_exponent": 7.0,
-                "epsilon_warmup_steps": 0}
-
-
-@dataclass(frozen=True)
-class ActorSettings:
-    """What one actor runs.
-
-    The settings in :data:`AGREED` (None: take the learner's) come from the run the
-    policy at ``policy_url`` belongs to; one given here that differs from it is a
-    :class:`ConfigError` naming both values.
-
-    Attributes:
-        actor_id: this actor's id (0-based); also picks its learner shard.
-        num_actors: actors in the run (for the Ape-X epsilon of each stream).
-        num_shards: learner shards (ranks).
-        env_id: gymnasium id (discrete actions, flat vector observations).
-        envs_per_actor: vector env size = streams of this actor.
-        chunk_steps: steps per stream in one chunk.
-        transport: ``local``, ``file:///dir`` or ``redis://host:port/db`` ('' = the
-            learner's, as it published it; give it where this machine reaches the
-            medium at another address).
-        policy_url: where the learner publishes weights (``file:///dir`` or ``redis://``).
-        hidden: hidden layer sizes of the Q-network; the first policy's weights decide
-            (a remote actor need not know the learner's choice).
-        epsilon_base, epsilon_exponent: Ape-X exploration ``base^(1 + exponent i/(N-1))``.
-        epsilon_warmup_steps: exploration starts at 1 and falls linearly to the Ape-X
-            epsilon over this many environment steps of the whole run (each actor counts
-            its own steps times ``num_actors``, from the run's steps when it starts).
-        seed: environment and exploration seed (None: derived from the run's seed, as
-            for the learners' own actors).
-        max_env_steps: stop after this many vector steps (None: until stopped).
-        policy_wait_s: how long to wait for the first policy.
-        send_timeout_s: one attempt's wait for room in the transport.
-        queued_chunks_per_actor: chunks that may wait in the medium per actor (the
-            queue bound; None from an unnamed policy: the medium's default).
-        policy_check_interval_s: how often to look for new weights.
-        delivery_log: a file to which one JSON line ``{"actor_id", "sequence", "steps"}``
-            is appended for every chunk the transport accepted (an audit of what this
-            actor was told was delivered); None: no log.
-    """
-
-    actor_id: int
-    num_actors: int | None = None
-    num_shards: int | None = None
-    env_id: str | None = None
-    envs_per_actor: int | None = None
-    chunk_steps: int | None = None
-    transport: str = ""
-    policy_url: str = ""
-    hidden: tuple[int, ...] = (128, 128)
-    epsilon_base: float | None = None
-    epsilon_exponent: float | None = None
-    epsilon_warmup_steps: int | None = None
-    seed: int | None = None
-    max_env_steps: int | None = None
-    policy_wait_s: float = 120.0
-    send_timeout_s: float = 5.0
-    queued_chunks_per_actor: int | None = None
-    policy_check_interval_s: float = 0.2
-    delivery_log: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.actor_id < 0 or (self.num_actors is not None and self.actor_id >= self.num_actors):
-            raise ConfigError(f"actor_id must lie in [0, {self.num_actors}), got {self.actor_id}")
-        if any(v is not None and v < 1 for v in (self.envs_per_actor, self.chunk_steps, self.num_shards,
-                                                 self.queued_chunks_per_actor)):
-            raise ConfigError("envs_per_actor, chunk_steps, num_shards and queued_chunks_per_actor "
-                              "must be >= 1")
-        if not self.policy_url:
-            raise ConfigError("policy_url is required (file:///dir or redis://host:port/db)")
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What a training run publishes with its policy (:data:`RUN_KEY`).
-
-    Attributes:
-        run_id: the run (names its channels on the medium).
-        life: the learner life that published it.
-        env_steps: the run's environment steps at publishing (warm-up, seeds).
-        seed: the run's base seed.
-        transport: the learners' transport URL.
-        settings: the values of :data:`AGREED`.
-    """
-
-    run_id: str
-    life: int
-    env_steps: int
-    seed: int | None
-    transport: str
-    settings: dict[str, Any]
-
-    def to_meta(self) -> dict[str, str]:
-        """Policy metadata carrying it."""
-        return {RUN_KEY: json.dumps(dataclasses.asdict(self), sort_keys=True)}
-
-    @classmethod
-    def of(cls, update: Any) -> RunInfo | None:
-        """The run description of a policy update; None when it has none (or a bad one)."""
-        raw = getattr(update, "meta", {}).get(RUN_KEY)
-        if not raw:
-            return None
-        try:
-            d = json.loads(raw)
-            return cls(str(d["run_id"]), int(d["life"]), int(d["env_steps"]),
-                       None if d.get("seed") is None else int(d["seed"]), str(d.get("transport", "")),
-                       dict(d.get("settings", {})))
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("policy: its run description is malformed (%s); ignoring it", exc)
-            return None
-
-
-def resolve(s: ActorSettings, info: RunInfo | None) -> ActorSettings:
-    """``s`` with every :data:`AGREED` setting, the transport and the seed filled in from
-    the run ``info`` describes.
-
-    Raises:
-        ConfigError: a setting of ``s`` contradicts the run's (one line: the flag, its
-            value and the learner's), or neither gives ``num_actors`` / ``num_shards``
-            / a transport.
-    """
-    published = info.settings if info is not None else {}
-    values: dict[str, Any] = {}
-    for name in AGREED:
-        flag = "--" + name.replace("_", "-")
-        mine = getattr(s, name)
-        if name in published:
-            theirs = published[name]
-            if mine is not None and mine != theirs:
-                raise ConfigError(f"{flag} {mine} contradicts the learner's {theirs} (published with the "
-                                  f"policy at {s.policy_url}): leave {flag} out to take the learner's")
-            values[name] = theirs
-        elif mine is not None:
-            values[name] = mine
-        elif name in _UNPUBLISHED:
-            values[name] = _UNPUBLISHED[name]
-        else:
-            raise ConfigError(f"the policy at {s.policy_url} publishes no run settings (an older learner?): "
-                              f"give {flag}")
-    values["transport"] = s.transport or (info.transport if info is not None else "")
-    if not values["transport"]:
-        raise ConfigError(f"the policy at {s.policy_url} names no transport: give --transport")
-    if s.seed is None and info is not None and info.seed is not None:
-        values["seed"] = actor_seed(info.seed, s.actor_id, info.env_steps)
-    return dataclasses.replace(s, **values)
-
-
-def actor_seed(run_seed: int, actor_id: int, env_steps: int) -> int:
-    """The seed of actor ``actor_id`` started when the run had ``env_steps`` steps: fixed
-    by the run's seed; a resumed run plays new episodes."""
-    return run_seed * 7919 + actor_id + 104_729 * env_steps
 
 
 class StopFlag:
