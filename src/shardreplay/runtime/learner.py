@@ -389,7 +389,9 @@ class Learner:
                 limiter.sample(per_update)
                 window["updates"] += 1
             self.actors.check()
-            if self.rank == 0 and time.monotonic() - last_metrics >= 1.0:
+            # A row a second, and one right after each evaluation (its point on the curve).
+            evaluated = self._evals > self._evals_recorded
+            if self.rank == 0 and (evaluated or time.monotonic() - last_metrics >= 1.0):
                 self._record(g, window)
                 last_metrics = time.monotonic()
 
