@@ -105,6 +105,9 @@ def _check_resumable(run_dir: Path) -> None:
     from shardreplay.checkpoint import latest_complete, list_checkpoints
     from shardreplay.errors import IncompleteCheckpointError
 
+    if not Path(run_dir).is_dir():
+        raise IncompleteCheckpointError(f"--resume {run_dir}: no such run directory; start a run there "
+                                        f"with --run-dir {run_dir}")
     root = Path(run_dir) / "checkpoints"
     if latest_complete(root) is not None:
         return

@@ -53,7 +53,7 @@ from shardreplay.runtime.processes import (
     stop_processes,
     stop_resource_tracker,
 )
-from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
+from shardreplay.runtime.routing import check_reachable, chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import next_life
 from shardreplay.runtime.settings import TrainSettings
 
@@ -140,6 +140,8 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
         ShardReplayError: a learner rank failed (its error is in the message) or died
             (named with its pid and signal: "rank 1 (pid N) died with SIGKILL").
     """
+    for url in {settings.transport.url, settings.transport.policy_url}:
+        check_reachable(url)  # an unreachable Redis fails here, in seconds
     env_spaces(settings.run.env_id)  # a bad environment fails here, before any process starts
     if under_torchrun() and settings.learners.count != int(os.environ["WORLD_SIZE"]):
         # torchrun decides the number of learner ranks; shards and stream rows follow it.
