@@ -189,10 +189,13 @@ def plot_learning_curve(run_dir: Path) -> Path | None:
     ys_spec = (("recent_return", "training episodes (recent mean)"), ("eval_return", "greedy evaluation"))
     for ax, xkey, xlabel in xs_spec:
         for key, label in ys_spec:
-            pts = [(float(r[xkey]), float(r[key])) for r in rows if r.get(key) not in (None, "")]
-            if pts:
-                xs, ys = _break_where_back(pts)
+            xs, ys = curve_points(rows, xkey, key)
+            if xs:
                 ax.plot(xs, ys, marker="o" if key == "eval_return" else None, markersize=4, label=label)
+        final = [r for r in rows if r.get("eval_return") not in (None, "")][-1:]
+        if final:  # the run's last row holds its final evaluation
+            ax.plot([float(final[0][xkey])], [float(final[0]["eval_return"])], marker="*", markersize=14,
+                    linestyle="", color="C3", label=f"final evaluation {float(final[0]['eval_return']):.1f}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("return")
         ax.grid(alpha=0.3)
@@ -206,9 +209,12 @@ def plot_learning_curve(run_dir: Path) -> Path | None:
     return out
 
 
-def _break_where_back(points: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
-    """x and y lists with a gap (NaN) wherever x goes back: rows a resumed run recorded
-    after its checkpoint and before it stopped are not joined to the resumed ones."""
+def curve_points(rows: list[dict[str, str]], xkey: str, ykey: str) -> tuple[list[float], list[float]]:
+    """The points of one curve: ``ykey`` against ``xkey`` over the metrics rows that
+    have a ``ykey`` value (an evaluation is in one row only), with a gap (NaN) wherever
+    x goes back: rows a run recorded after its last checkpoint are not joined to those
+    of the life that resumed from it."""
+    points = [(float(r[xkey]), float(r[ykey])) for r in rows if r.get(ykey) not in (None, "")]
     xs: list[float] = []
     ys: list[float] = []
     for x, y in points:
