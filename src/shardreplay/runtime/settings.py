@@ -77,7 +77,7 @@ def _typed(flat: str, kind: Any, value: Any) -> Any:
         raise ConfigError(f"{flat} must be a string, got {value!r}")
     # tuple[int, ...]: the hidden layer sizes
     if isinstance(value, list | tuple) and value and all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in value):
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1 for v in value):
         return tuple(int(v) for v in value)
     raise ConfigError(f"{flat} must be a list of whole numbers >= 1, got {value!r}")
 
