@@ -178,8 +178,11 @@ def test_a_run_ends_with_one_sentence_saying_how_it_went() -> None:
     base = {"env_steps": 12345, "final_eval_return": 500.0, "eval_episodes": 20, "run_dir": "runs/x",
             "stop_return": 475.0}
     solved = final_line({**base, "stopped_by": "solved"})
-    assert solved.startswith("Solved (stop_return 475) after 12,345 environment steps: final evaluation "
-                             "500.0 (mean return of 20 greedy episodes). Files in runs/x/")
+    assert solved.startswith("Solved after 12,345 environment steps: final evaluation 500.0 (mean return "
+                             "of 20 greedy episodes, stop_return 475). Files in runs/x/")
     assert "summary.json" in solved and "\n" not in solved
-    assert final_line({**base, "stopped_by": "time"}).startswith("Not solved: time limit reached")
-    assert final_line({**base, "stopped_by": "signal"}).startswith("Stopped on request, not solved")
+    assert final_line({**base, "stopped_by": "time"}).startswith("Not solved (time limit reached) after")
+    assert final_line({**base, "stopped_by": "signal"}).startswith("Stopped on request (not solved) after")
+    never = final_line({**base, "stopped_by": "env_steps", "stop_return": 0.0})
+    assert never.startswith("Not solved (step budget used up) after 12,345 environment steps: final "
+                            "evaluation 500.0 (mean return of 20 greedy episodes). Files in runs/x/")

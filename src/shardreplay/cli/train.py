@@ -183,13 +183,12 @@ def final_line(summary: dict[str, Any]) -> str:
         return "Stopped while the learners were starting: nothing was trained or saved."
     run_dir = summary.get("run_dir") or str(Path(summary.get("checkpoint", ".")).parents[2])
     steps = f"{summary.get('env_steps', 0):,} environment steps"
-    final = summary.get("final_eval_return")
+    final, target = summary.get("final_eval_return"), summary.get("stop_return")
+    goal = f", stop_return {target:g}" if target is not None and target > 0 else ""
     evaluation = "no final evaluation" if final is None else \
-        f"final evaluation {final:.1f} (mean return of {summary.get('eval_episodes')} greedy episodes)"
-    why = {"solved": "Solved", "signal": "Stopped on request, not solved",
-           "env_steps": "Not solved: step budget used up", "time": "Not solved: time limit reached"}
+        f"final evaluation {final:.1f} (mean return of {summary.get('eval_episodes')} greedy episodes{goal})"
+    why = {"solved": "Solved", "signal": "Stopped on request (not solved)",
+           "env_steps": "Not solved (step budget used up)", "time": "Not solved (time limit reached)"}
     head = why.get(str(summary.get("stopped_by")), "Finished")
-    if summary.get("stopped_by") == "solved" and summary.get("stop_return") is not None:
-        head += f" (stop_return {summary['stop_return']:g})"
     return f"{head} after {steps}: {evaluation}. Files in {run_dir}/ (summary.json, metrics.csv, " \
            "learning_curve.png, checkpoints/)."
