@@ -47,7 +47,10 @@ def add_parser(subparsers: Any) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(ActorSettings)}
     p.add_argument("--actor-id", type=int, required=True, help="this actor's id, 0 .. num-actors-1")
     p.add_argument("--policy-url", required=True, help="where the learner publishes weights")
-    p.add_argument("--transport", default="", help=_HELP.get("transport"))
+    p.add_argument("--transport", default="",
+                   help="file:///dir or redis://host:port/db ('' = the learner's, as it published it; give "
+                        "it where this machine reaches the medium at another address). Not local: that "
+                        "transport exists only inside shardreplay train")
     for name in (*AGREED, "max_env_steps", "policy_wait_s", "seed", "policy_check_interval_s"):
         default = defaults[name]
         kind = int if name in _INT else float if name in _FLOAT else str if default is None else type(default)
