@@ -83,18 +83,18 @@ def _actor(argv: list[str]) -> ActorSettings:
 
 def _check_actors(actors: list[ActorSettings], train: TrainSettings, world: int) -> None:
     """What each actor runs once it took the settings its learners publish."""
-    assert sorted(a.actor_id for a in actors) == list(range(train.remote_actors))
-    info = RunInfo(run_id="r", life=0, env_steps=0, seed=train.seed, transport=train.transport,
+    assert sorted(a.actor_id for a in actors) == list(range(train.actors.remote))
+    info = RunInfo(run_id="r", life=0, env_steps=0, seed=train.run.seed, transport=train.transport.url,
                    settings=agreed_settings(train, world))
     for a in actors:
         r = resolve(a, info)  # a flag contradicting the learners would raise here
         assert r.num_actors == train.total_actors and r.num_shards == world
-        assert r.transport == r.policy_url == train.transport  # policy defaults to the Redis URL
-        assert r.env_id == train.env_id and r.envs_per_actor == train.envs_per_actor
-        assert r.queued_chunks_per_actor == train.queued_chunks_per_actor
-        assert r.chunk_steps == train.chunk_steps
+        assert r.transport == r.policy_url == train.transport.url  # policy defaults to the Redis URL
+        assert r.env_id == train.run.env_id and r.envs_per_actor == train.actors.envs_per_actor
+        assert r.queued_chunks_per_actor == train.actors.queued_chunks_per_actor
+        assert r.chunk_steps == train.actors.chunk_steps
         assert (r.epsilon_base, r.epsilon_exponent, r.epsilon_warmup_steps) == \
-            (train.epsilon_base, train.epsilon_exponent, train.epsilon_warmup_steps)
+            (train.actors.epsilon_base, train.actors.epsilon_exponent, train.actors.epsilon_warmup_steps)
 
 
 # -- docker compose -------------------------------------------------------------------------
@@ -130,13 +130,13 @@ def test_compose_commands_parse_and_fit_together(compose: dict[str, Any]) -> Non
     for _svc, ns, _args in learners.values():
         assert ns.master_addr in (ranks[0], rank0.get("hostname"))
     # Learners run with remote actors only, through the Redis service.
-    assert train.actors == 0 and train.remote_actors == len(actors)
-    url = urlparse(train.transport)
+    assert train.actors.count == 0 and train.actors.remote == len(actors)
+    url = urlparse(train.transport.url)
     assert url.scheme == "redis" and url.hostname in services and url.port == 6379
     # The run directory lies on one volume that every learner mounts.
     mounts = [{v.split(":")[1]: v.split(":")[0] for v in svc["volumes"]}
               for svc, _ns, _a in learners.values()]
-    shared = [{vol for target, vol in m.items() if train.run_dir.startswith(target.rstrip("/") + "/")}
+    shared = [{vol for target, vol in m.items() if train.run.run_dir.startswith(target.rstrip("/") + "/")}
               for m in mounts]
     assert shared[0] and all(s == shared[0] for s in shared)
     assert shared[0] <= set(compose.get("volumes", {}))
@@ -199,14 +199,14 @@ def test_k8s_manifests_commands_parse_and_fit_together(manifests: list[dict[str,
     assert ns.master_addr == f"{learner_job['metadata']['name']}-0.{subdomain}"
     assert int(ns.master_port) in {p["port"] for p in headless["spec"]["ports"]}
     train = _train(args)
-    assert train.actors == 0 and train.remote_actors == actor_job["spec"]["completions"]
+    assert train.actors.count == 0 and train.actors.remote == actor_job["spec"]["completions"]
     # The transport names the Redis Service, which selects the Redis Deployment.
-    url = urlparse(train.transport)
+    url = urlparse(train.transport.url)
     redis_svc = _find(manifests, "Service", url.hostname)
     assert url.port in {p["port"] for p in redis_svc["spec"]["ports"]}
     assert _selects(redis_svc, _find(manifests, "Deployment", "redis")["spec"]["template"])
     # The run directory is on a ReadWriteMany claim that every learner pod mounts.
-    mount = next(m for m in container["volumeMounts"] if train.run_dir.startswith(m["mountPath"] + "/"))
+    mount = next(m for m in container["volumeMounts"] if train.run.run_dir.startswith(m["mountPath"] + "/"))
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
     claim = _find(manifests, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
     assert "ReadWriteMany" in claim["spec"]["accessModes"]

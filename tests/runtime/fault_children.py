@@ -67,7 +67,7 @@ def reader_life(transport: Any, root: str, num_actors: int, capacity: int, life_
     from shardreplay.runtime.ingest import Ingestor, merge_stored
     from shardreplay.runtime.settings import TrainSettings
 
-    settings = TrainSettings(learners=1, actors=num_actors, envs_per_actor=2, transport="file:///unused")
+    settings = TrainSettings.from_dict(dict(learners=1, actors=num_actors, envs_per_actor=2, transport="file:///unused"))
     buffer = ReplayBuffer(IDENT_SPEC, num_streams=2 * num_actors, stream_capacity=capacity, window=2)
     stored = None
     ids = checkpoint.list_checkpoints(Path(root))

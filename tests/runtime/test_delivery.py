@@ -28,7 +28,7 @@ CTX = mp.get_context("fork")  # the writers use no torch: forking is safe and st
 
 
 def _ingestor(reader: Any, *, capacity: int = 64, **options: Any) -> Ingestor:
-    settings = TrainSettings(learners=1, actors=2, envs_per_actor=2, transport="file:///unused")
+    settings = TrainSettings.from_dict(dict(learners=1, actors=2, envs_per_actor=2, transport="file:///unused"))
     buffer = ReplayBuffer(IDENT_SPEC, num_streams=settings.streams_of_shard(0), stream_capacity=capacity,
                           window=2)
     return Ingestor(reader, buffer, settings, **options)

@@ -15,7 +15,7 @@ from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stored_ids import StoredIds
 from shardreplay.transport import open_transport
 
-SETTINGS = TrainSettings(learners=1, actors=2, envs_per_actor=2, transport="file:///unused")
+SETTINGS = TrainSettings.from_dict(dict(learners=1, actors=2, envs_per_actor=2, transport="file:///unused"))
 
 
 def _buffer() -> ReplayBuffer:
@@ -101,7 +101,7 @@ def test_state_round_trip_and_merge_over_shards() -> None:
 def test_chunks_of_a_misconfigured_actor_never_enter_other_actors_rows(tmp_path: Path) -> None:
     """An actor started with the wrong --num-shards or --envs-per-actor is rejected, not
     written into another actor's rows (where it would interleave that actor's episodes)."""
-    two = TrainSettings(learners=2, actors=4, envs_per_actor=2, transport="file:///unused")
+    two = TrainSettings.from_dict(dict(learners=2, actors=4, envs_per_actor=2, transport="file:///unused"))
     wrong_shard = make_chunk(1, 0)  # actor 1 belongs to shard 1; row_of would give actor 0's rows
     too_wide = make_chunk(0, 5, s=3)  # 3 streams, 2 per actor: its third is actor 2's first row
     transport = _spool(tmp_path, wrong_shard, too_wide, make_chunk(0, 0), make_chunk(2, 1))

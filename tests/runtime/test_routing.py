@@ -43,12 +43,12 @@ def test_resume_on_fewer_shards_recomputes_the_owner() -> None:
     # The learners' view (TrainSettings) agrees with the actors' (shard_for_actor): each
     # shard is sized for exactly the actors routed to it, and their streams get distinct rows.
     for learners in (3, 2):
-        s = TrainSettings(learners=learners, actors=3, remote_actors=2, envs_per_actor=4,
-                          transport="file:///tmp/unused")
+        s = TrainSettings.from_dict(dict(learners=learners, actors=3, remote_actors=2, envs_per_actor=4,
+                                         transport="file:///tmp/unused"))
         for shard in range(learners):
             mine = [a for a in range(5) if shard_for_actor(a, learners) == shard]
             assert s.actors_of_shard(shard) == len(mine)
-            rows = [s.row_of(a, stream) for a in mine for stream in range(s.envs_per_actor)]
+            rows = [s.row_of(a, stream) for a in mine for stream in range(s.actors.envs_per_actor)]
             assert sorted(rows) == list(range(s.streams_of_shard(shard)))
 
 
@@ -129,7 +129,7 @@ def test_local_shards_are_separate_rings() -> None:
 def test_actor_and_learner_open_the_same_channel(tmp_path: Path, num_actors: int, num_shards: int) -> None:
     """The actor derives its channel from (actor id, shard count) exactly as its learner does."""
     url = f"file://{tmp_path}"
-    learner = TrainSettings(learners=num_shards, actors=num_actors, transport=url)
+    learner = TrainSettings.from_dict(dict(learners=num_shards, actors=num_actors, transport=url))
     for a, rank in itertools.product(range(num_actors), range(num_shards)):
         actor = ActorSettings(actor_id=a, num_actors=num_actors, num_shards=num_shards, transport=url,
                               policy_url=url)
@@ -154,6 +154,7 @@ def test_send_to_the_wrong_shard_never_reaches_another_reader(tmp_path: Path) ->
 
 @pytest.mark.parametrize("transport", ["redis://127.0.0.1:1/0", "rediss://127.0.0.1:1/0"])
 def test_policy_goes_through_the_redis_server_of_the_transport(tmp_path: Path, transport: str) -> None:
-    assert TrainSettings(transport=transport).with_run_dir(tmp_path).policy_url == transport
-    assert TrainSettings(transport=f"file://{tmp_path}/spool").with_run_dir(tmp_path).policy_url == \
-        f"file://{tmp_path.resolve()}/policy"
+    redis = TrainSettings.from_dict(dict(transport=transport)).with_run_dir(tmp_path)
+    assert redis.transport.policy_url == transport
+    spool = TrainSettings.from_dict(dict(transport=f"file://{tmp_path}/spool")).with_run_dir(tmp_path)
+    assert spool.transport.policy_url == f"file://{tmp_path.resolve()}/policy"

@@ -61,14 +61,14 @@ def _start_actor(s: ActorSettings, caplog: pytest.LogCaptureFixture) -> tuple[St
 # -- 7: a run's channels ------------------------------------------------------------------
 def test_the_run_id_is_kept_by_every_start_of_a_run_dir_and_lives_are_counted(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    prepare_run_dir(TrainSettings(run_dir=str(run_dir)), False)
+    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), False)
     first = read_identity(run_dir)
     assert first is not None and first.life == 0
-    prepare_run_dir(TrainSettings(run_dir=str(run_dir)), True)  # --resume
-    prepare_run_dir(TrainSettings(run_dir=str(run_dir)), False, auto_resume=True)
+    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)  # --resume
+    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), False, auto_resume=True)
     again = read_identity(run_dir)
     assert again is not None and (again.run_id, again.life) == (first.run_id, 2)
-    prepare_run_dir(TrainSettings(run_dir=str(tmp_path / "other")), False)
+    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(tmp_path / "other"))), False)
     other = read_identity(tmp_path / "other")
     assert other is not None and other.run_id != first.run_id and other.life == 0
 
@@ -79,12 +79,12 @@ def test_a_run_dir_from_before_run_ids_keeps_its_unnamed_channels_and_counts_on(
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps(TrainSettings().to_dict()))  # no run.json
-    prepare_run_dir(TrainSettings(run_dir=str(run_dir)), True)
+    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
     ident = read_identity(run_dir)
     assert ident is not None and (ident.run_id, ident.life) == ("", 1)
     assert redis_stream(0, ident.run_id) == "shardreplay:chunks:0"
     assert pack_version(ident.life, 875) > 1000  # an old actor holding 1000 takes it
-    prepare_run_dir(TrainSettings(run_dir=str(run_dir)), True)
+    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
     assert read_identity(run_dir) == type(ident)("", 2)
 
 
@@ -199,10 +199,10 @@ def test_a_new_run_on_a_used_policy_directory_is_not_pruned_by_the_old_runs_vers
 
 # -- 9: versions across resumes -----------------------------------------------------------
 def _run_meta(run_id: str, life: int, **settings: Any) -> dict[str, str]:
-    train = TrainSettings(actors=1, envs_per_actor=2, chunk_steps=4, transport="file:///unused",
-                          epsilon_warmup_steps=0)
+    train = TrainSettings.from_dict(dict(actors=1, envs_per_actor=2, chunk_steps=4, transport="file:///unused",
+                          epsilon_warmup_steps=0))
     agreed = {**agreed_settings(train, 1), **settings}
-    return RunInfo(run_id=run_id, life=life, env_steps=0, seed=0, transport=train.transport,
+    return RunInfo(run_id=run_id, life=life, env_steps=0, seed=0, transport=train.transport.url,
                    settings=agreed).to_meta()
 
 
@@ -220,9 +220,9 @@ def _publish(url: str, version: int, meta: dict[str, str], publisher: Any = None
 def test_versions_of_a_resumed_learner_are_newer_even_with_fewer_updates(tmp_path: Path) -> None:
     """Life 0 reached 1000 updates; life 1 resumed from the checkpoint at 825."""
     run_dir = tmp_path / "run"
-    prepare_run_dir(TrainSettings(run_dir=str(run_dir)), False)
+    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), False)
     before = pack_version(read_identity(run_dir).life, 1000)  # type: ignore[union-attr]
-    prepare_run_dir(TrainSettings(run_dir=str(run_dir)), True)
+    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
     after = pack_version(read_identity(run_dir).life, 875)  # type: ignore[union-attr]
     assert after > before and split_version(after) == (1, 875) and split_version(before) == (0, 1000)
     url = (tmp_path / "policy").as_uri()
@@ -269,7 +269,7 @@ def test_the_policy_lag_is_not_clamped(tmp_path: Path) -> None:
     writer = transport.writer()
     writer.send(make_chunk(0, 0, version=pack_version(0, 1000)))
     writer.send(make_chunk(1, 0, version=pack_version(1, 870)))
-    settings = TrainSettings(learners=1, actors=2, envs_per_actor=2, transport="file:///unused")
+    settings = TrainSettings.from_dict(dict(learners=1, actors=2, envs_per_actor=2, transport="file:///unused"))
     buffer = ReplayBuffer(IDENT_SPEC, num_streams=4, stream_capacity=64, window=2)
     ingestor = Ingestor(transport.reader(), buffer, settings)
     assert ingestor.drain(8, 1.0, policy_version=pack_version(1, 875)) == 16
@@ -340,8 +340,8 @@ def test_a_remote_actor_given_only_the_url_takes_the_learners_settings(tmp_path:
 def test_a_flag_contradicting_the_learner_exits_2_with_one_line(tmp_path: Path, flag: str, value: str,
                                                                   theirs: str) -> None:
     policy = (tmp_path / "policy").as_uri()
-    train = TrainSettings(actors=1, transport=f"file://{tmp_path}/spool")
-    meta = RunInfo(run_id="r", life=0, env_steps=0, seed=0, transport=train.transport,
+    train = TrainSettings.from_dict(dict(actors=1, transport=f"file://{tmp_path}/spool"))
+    meta = RunInfo(run_id="r", life=0, env_steps=0, seed=0, transport=train.transport.url,
                    settings=agreed_settings(train, 1)).to_meta()
     _publish(policy, pack_version(0, 5), meta)
     started = time.monotonic()
@@ -407,7 +407,7 @@ def test_an_actor_switches_to_a_new_run_that_takes_over_the_policy_url(
 
 def test_a_remote_actor_refuses_a_run_on_the_local_transport(tmp_path: Path) -> None:
     policy = (tmp_path / "policy").as_uri()
-    train = TrainSettings(actors=1)  # transport "local"
+    train = TrainSettings.from_dict(dict(actors=1))  # transport "local"
     _publish(policy, pack_version(0, 5), RunInfo(run_id="r", life=0, env_steps=0, seed=0, transport="local",
                                                  settings=agreed_settings(train, 1)).to_meta())
     with pytest.raises(ConfigError, match="uses the local transport"):

@@ -3,6 +3,7 @@ remote ``shardreplay actor`` processes through a real Redis, Ctrl-C, a missing r
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -48,6 +49,11 @@ def test_torchrun_two_ranks_with_local_actors(tmp_path: Path) -> None:
         assert summary["env_steps"] >= 2000
         _assert_two_shard_checkpoint(run_dir, summary["env_steps"])
         assert run.leftovers() == [], run.explain()
+        # One closing sentence for the run (rank 0's), and log lines that name their rank.
+        lines = run.stdout().splitlines()
+        assert len(lines) == 1 and lines[0].endswith("learning_curve.png, checkpoints/)."), run.explain()
+        assert re.search(r" rank 1 shardreplay\.", run.stderr()), run.explain()
+        assert re.search(r" rank 0 shardreplay\.", run.stderr()), run.explain()
 
 
 @pytest.mark.redis

@@ -132,7 +132,7 @@ def test_resume_continues_counters_and_replay_on_another_number_of_learners(tmp_
         added = summary["env_steps"] - saved_counters["env_steps"]
         assert manifest_steps(new) == manifest_steps(saved) + added
         config = json.loads((run_dir / "config.json").read_text())
-        assert (config["learners"], config["prefetch"]) == (learners, 4)
+        assert (config["learners"]["count"], config["replay"]["prefetch"]) == (learners, 4)
         previous = summary
     assert previous["env_steps"] >= 3 * budget
     # Every life stopped cleanly: no chunk was acknowledged and then lost (no false report

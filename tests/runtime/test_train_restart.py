@@ -48,12 +48,13 @@ START_S = 150.0
 @pytest.mark.parametrize(("actors", "remote"), [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (8, 0), (2, 3)])
 def test_limiter_settings_are_valid_and_never_stall_for_any_number_of_ranks(
         world: int, actors: int, remote: int) -> None:
-    s = TrainSettings(learners=world, actors=actors, remote_actors=remote,
-                      transport="local" if not remote else "file:///tmp/unused")
+    s = TrainSettings.from_dict(dict(learners=world, actors=actors, remote_actors=remote,
+                                     transport="local" if not remote else "file:///tmp/unused"))
     limiter = make_limiter(s, world)  # raised ConfigError from 3 ranks on
-    per_update = s.batch_size * world
+    per_update = s.learners.batch_size * world
     # The learner's loop, with every rank that has actors draining its most each time.
-    per_iteration = _DRAIN_CHUNKS * s.chunk_steps * s.envs_per_actor * min(world, max(actors + remote, 1))
+    a = s.actors
+    per_iteration = _DRAIN_CHUNKS * a.chunk_steps * a.envs_per_actor * min(world, max(actors + remote, 1))
     assert per_iteration <= limiter.max_insert_size
     sampled_once = False
     for _ in range(2000):
@@ -68,13 +69,13 @@ def test_limiter_settings_are_valid_and_never_stall_for_any_number_of_ranks(
         sampled_once = sampled_once or sampled > 0
     assert sampled_once
     ratio = limiter.samples / limiter.inserts
-    assert abs(ratio - s.samples_per_insert) / s.samples_per_insert < 0.5, ratio
+    assert abs(ratio - s.replay.samples_per_insert) / s.replay.samples_per_insert < 0.5, ratio
 
 
 def test_limiter_window_of_one_and_two_ranks_is_unchanged() -> None:
     """The fix scales with the world size without moving the runs that worked."""
     for world in (1, 2):
-        limiter = make_limiter(TrainSettings(learners=world), world)
+        limiter = make_limiter(TrainSettings.from_dict(dict(learners=world)), world)
         offset, slack = 1000 * 32.0, 2 * (16 * 8 * 4 * 2 * 32.0 + 64 * world)
         assert (limiter.min_diff, limiter.max_diff) == (offset - slack, offset + slack)
 
@@ -92,7 +93,7 @@ def _incomplete_checkpoint(run_dir: Path, cid: int) -> Path:
     stub.local, stub.rank, stub.world_size = buf, 0, 2
     stub._rng, stub._routed_max = np.random.default_rng(0), 0.0  # saved as its sharding_state()
     directory = checkpoint.save(stub, run_dir / "checkpoints", cid)
-    (run_dir / "config.json").write_text(json.dumps(TrainSettings(learners=2).to_dict()))
+    (run_dir / "config.json").write_text(json.dumps(TrainSettings.from_dict(dict(learners=2)).to_dict()))
     assert not checkpoint.is_complete(directory)
     return directory
 
@@ -109,7 +110,8 @@ def test_auto_resume_sets_incomplete_checkpoints_aside_and_starts_afresh(
     files = sorted(p.name for p in first.iterdir())
     assert _resumable(_args(run_dir, True)) is None  # nothing complete to continue
     with caplog.at_level(logging.WARNING, logger="shardreplay.train"):
-        prepare_run_dir(TrainSettings(learners=2, run_dir=str(run_dir)), False, auto_resume=True)
+        settings = TrainSettings.from_dict(dict(learners=2, run_dir=str(run_dir)))
+        prepare_run_dir(settings, False, auto_resume=True)
     assert checkpoint.list_checkpoints(root) == []
     moved = sorted((root / checkpoint.INCOMPLETE_DIR).iterdir())
     assert len(moved) == 1 and sorted(p.name for p in (moved[0] / first.name).iterdir()) == files
@@ -118,7 +120,7 @@ def test_auto_resume_sets_incomplete_checkpoints_aside_and_starts_afresh(
         and str(moved[0]) in lines[0], lines
     # The loop goes round again: the next crash's leftovers go beside, nothing is overwritten.
     _incomplete_checkpoint(run_dir, 0)
-    prepare_run_dir(TrainSettings(learners=2, run_dir=str(run_dir)), False, auto_resume=True)
+    prepare_run_dir(TrainSettings.from_dict(dict(learners=2, run_dir=str(run_dir))), False, auto_resume=True)
     again = sorted((root / checkpoint.INCOMPLETE_DIR).iterdir())
     assert len(again) == 2 and all((d / first.name).is_dir() for d in again)
 
@@ -129,7 +131,7 @@ def test_auto_resume_continues_from_a_complete_checkpoint(tmp_path: Path) -> Non
     buf = sr.ReplayBuffer(transition_spec(4), num_streams=2, stream_capacity=16, window=4)
     checkpoint.save(buf, run_dir / "checkpoints", 1)
     assert _resumable(_args(run_dir, True)) == run_dir
-    prepare_run_dir(TrainSettings(run_dir=str(run_dir)), True)
+    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
     # Resuming sets the newer incomplete one aside too: no later save mixes with its parts.
     assert checkpoint.list_checkpoints(run_dir / "checkpoints") == [1]
 

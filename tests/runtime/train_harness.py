@@ -43,6 +43,7 @@ class TrainRun:
     def __init__(self, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
                  module: str = "shardreplay", prefix: str = "") -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
+        self.args = list(args)
         self.stdout_path = log_dir / f"{prefix}stdout.txt"
         self.stderr_path = log_dir / f"{prefix}stderr.txt"
         self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create time, command line)
@@ -136,8 +137,13 @@ class TrainRun:
         return self.stderr_path.read_text(errors="replace")
 
     def summary(self) -> dict[str, Any]:
-        """The JSON summary ``shardreplay train`` prints on success (rank 0's, when
-        several ranks print theirs)."""
+        """The run's summary: ``summary.json`` of the run directory (``--run-dir`` or
+        ``--resume``) when ``shardreplay train`` ran, else the JSON an ``actor`` printed."""
+        for flag in ("--run-dir", "--resume"):
+            if flag in self.args:
+                path = Path(self.args[self.args.index(flag) + 1]) / "summary.json"
+                assert path.exists(), f"no {path}" + self.explain()
+                return dict(json.loads(path.read_text()))
         decoder = json.JSONDecoder()
         text, found, at = self.stdout(), [], 0
         while (start := text.find("{", at)) >= 0:

@@ -17,7 +17,7 @@ import re
 import sys
 from typing import Any
 
-from shardreplay.errors import ShardReplayError
+from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.actor import AGREED, ActorSettings
 
 # "name: text" lines of the ActorSettings docstring, for --help.
@@ -47,7 +47,10 @@ def add_parser(subparsers: Any) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(ActorSettings)}
     p.add_argument("--actor-id", type=int, required=True, help="this actor's id, 0 .. num-actors-1")
     p.add_argument("--policy-url", required=True, help="where the learner publishes weights")
-    p.add_argument("--transport", default="", help=_HELP.get("transport"))
+    p.add_argument("--transport", default="",
+                   help="file:///dir or redis://host:port/db ('' = the learner's, as it published it; give "
+                        "it where this machine reaches the medium at another address). Not local: that "
+                        "transport exists only inside shardreplay train")
     for name in (*AGREED, "max_env_steps", "policy_wait_s", "seed", "policy_check_interval_s"):
         default = defaults[name]
         kind = int if name in _INT else float if name in _FLOAT else str if default is None else type(default)
@@ -64,6 +67,23 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _check_media(args: argparse.Namespace) -> None:
+    """Refuse what could only wait forever: the local transport (it exists only inside
+    ``shardreplay train``, for the actors it starts) and a Redis server that does not answer.
+
+    Raises:
+        ConfigError: ``--transport local``.
+        TransportError: a Redis URL whose server does not answer within 5 s.
+    """
+    from shardreplay.runtime.routing import check_reachable, scheme_of
+
+    if args.transport and scheme_of(args.transport) == "local":
+        raise ConfigError("--transport local: the local transport exists only inside shardreplay train "
+                          "(for the actors it starts); give file:///shared/dir or redis://host:port/db")
+    for url in {args.transport, args.policy_url}:
+        check_reachable(url)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``actor``; returns the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -73,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     values = {k: v for k, v in vars(args).items() if k in names}
     values["hidden"] = tuple(values["hidden"])
     try:
+        _check_media(args)
         counters = run_actor(ActorSettings(**values))
     except ShardReplayError as exc:
         print(f"shardreplay actor: {exc}", file=sys.stderr)

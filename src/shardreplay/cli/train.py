@@ -1,64 +1,55 @@
 """``shardreplay train``: distributed Ape-X DQN with sharded prioritized replay.
 
-Every TrainSettings field is a flag (``--env-id``, ``--learners``, ...); ``--config``
-reads a YAML file of the same fields (flags given on the command line win).
+Every setting is a flag, in groups (run, learners, replay, actors, transport,
+checkpoints). --config FILE reads a YAML file of the same settings: flat names
+(alpha: 0.6) or group sections (replay: {alpha: 0.6}); flags given here win.
+A run ends with one line: solved or not, the final evaluation, where its files are
+(summary.json holds the details).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from shardreplay.cli.train_flags import HelpFormatter, add_settings_flags, given_settings
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.settings import TrainSettings
 
-_HELP = dict(re.findall(r"^\s{8}(\w+): (.+?)(?=\n\s{8}\w+:|\n\s*$)",
-                        TrainSettings.__doc__ or "", flags=re.M | re.S))
-
-
-def _help(name: str) -> str:
-    for key, text in _HELP.items():
-        if name == key or name in key.split(", "):
-            return " ".join(text.split())
-    return ""
+_DESCRIPTION = """Distributed Ape-X DQN with sharded prioritized replay: learner ranks, actors,
+checkpoints. Every setting is a flag; a run ends with one line saying whether it was
+solved, its final evaluation and where its files are (summary.json has the details)."""
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``train`` on an argparse subparsers object."""
     p = subparsers.add_parser("train", help="train distributed Ape-X DQN (default: CartPole-v1)",
-                              description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", type=Path, help="YAML file of settings (same names as the flags)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                   help="continue RUN_DIR from its newest complete checkpoint (flags override its config)")
-    p.add_argument("--auto-resume", action="store_true",
-                   help="continue --run-dir from its newest complete checkpoint, else start it "
-                        "afresh (incomplete checkpoints are moved to checkpoints/incomplete/): one "
-                        "command for a job that a scheduler may restart")
-    defaults = TrainSettings()
-    for f in dataclasses.fields(TrainSettings):
-        if f.name == "extra":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        value = getattr(defaults, f.name)
-        if isinstance(value, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=_help(f.name))
-        elif isinstance(value, tuple):
-            p.add_argument(flag, type=int, nargs="+", default=None, help=_help(f.name))
-        else:
-            p.add_argument(flag, type=type(value), default=None, help=f"{_help(f.name)} [{value}]")
+                              description=_DESCRIPTION, formatter_class=HelpFormatter,
+                              usage="%(prog)s [--config FILE] [--resume RUN_DIR] [--SETTING VALUE ...]")
+
+    def config(group: Any) -> None:
+        group.add_argument("--config", type=Path, metavar="FILE",
+                           help="YAML file of settings: flat names as the flags (alpha: 0.6) or group "
+                                "sections (replay: {alpha: 0.6}); flags given here win")
+
+    groups = add_settings_flags(p, first={"run": config})
+    ckpt = groups["checkpoints"]
+    ckpt.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                      help="continue RUN_DIR from its newest complete checkpoint (flags override its "
+                           "settings)")
+    ckpt.add_argument("--auto-resume", action="store_true",
+                      help="continue --run-dir from its newest complete checkpoint, else start it afresh "
+                           "(incomplete checkpoints are moved to checkpoints/incomplete/): one command "
+                           "for a job that a scheduler may restart")
     p.set_defaults(func=run)
 
 
 def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSettings)
-             if f.name != "extra" and getattr(args, f.name, None) is not None}
+    given = given_settings(args)
     if args.resume is not None:
         _check_resumable(args.resume)
     resume_dir = args.resume or _resumable(args)
@@ -66,13 +57,42 @@ def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
         from shardreplay.runtime.learner import settings_for_resume
 
         return settings_for_resume(resume_dir, given), True
-    base: dict[str, Any] = {}
+    base = TrainSettings()
     if args.config is not None:
-        import yaml
+        try:
+            base = TrainSettings.from_dict(read_config(args.config))
+        except ConfigError as exc:
+            raise ConfigError(f"--config {args.config}: {exc}") from None
+    return base.updated(given), False
 
-        base = yaml.safe_load(args.config.read_text()) or {}
-    base.update(given)
-    return TrainSettings.from_dict(base), False
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The mapping a YAML settings file holds (an empty file: no settings).
+
+    Raises:
+        ConfigError: no such file, unreadable, not YAML, or not a mapping (one line each).
+    """
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError("no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"not valid YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"must be a YAML mapping of settings ('name: value' lines), got a "
+                          f"{type(data).__name__}")
+    return data
 
 
 def _check_resumable(run_dir: Path) -> None:
@@ -85,6 +105,9 @@ def _check_resumable(run_dir: Path) -> None:
     from shardreplay.checkpoint import latest_complete, list_checkpoints
     from shardreplay.errors import IncompleteCheckpointError
 
+    if not Path(run_dir).is_dir():
+        raise IncompleteCheckpointError(f"--resume {run_dir}: no such run directory; start a run there "
+                                        f"with --run-dir {run_dir}")
     root = Path(run_dir) / "checkpoints"
     if latest_complete(root) is not None:
         return
@@ -119,9 +142,11 @@ def _resumable(args: argparse.Namespace) -> Path | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``train``; returns the exit code (a rank under torchrun exits here instead)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from shardreplay.runtime.launch import under_torchrun
 
+    # Under torchrun every rank writes to the same terminal: its lines say which rank.
+    rank = f" rank {os.environ['RANK']}" if under_torchrun() else ""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s{rank} %(name)s: %(message)s")
     code = _run(args)
     if under_torchrun():
         # torch 2.13's gloo threads can abort the interpreter at exit after the group was
@@ -147,5 +172,23 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the launcher took over the signal
         print("shardreplay train: interrupted before training started", file=sys.stderr)
         return 130
-    print(json.dumps(summary, indent=1))
+    if summary.get("rank", 0) == 0:  # one line for the run, not one per rank
+        print(final_line(summary))
     return 0
+
+
+def final_line(summary: dict[str, Any]) -> str:
+    """The sentence that ends a run: solved or not, the final evaluation, where the files are."""
+    if summary.get("stopped_during_startup"):
+        return "Stopped while the learners were starting: nothing was trained or saved."
+    run_dir = summary.get("run_dir") or str(Path(summary.get("checkpoint", ".")).parents[2])
+    steps = f"{summary.get('env_steps', 0):,} environment steps"
+    final, target = summary.get("final_eval_return"), summary.get("stop_return")
+    goal = f", stop_return {target:g}" if target is not None and target > 0 else ""
+    evaluation = "no final evaluation" if final is None else \
+        f"final evaluation {final:.1f} (mean return of {summary.get('eval_episodes')} greedy episodes{goal})"
+    why = {"solved": "Solved", "signal": "Stopped on request (not solved)",
+           "env_steps": "Not solved (step budget used up)", "time": "Not solved (time limit reached)"}
+    head = why.get(str(summary.get("stopped_by")), "Finished")
+    return f"{head} after {steps}: {evaluation}. Files in {run_dir}/ (summary.json, metrics.csv, " \
+           "learning_curve.png, checkpoints/)."

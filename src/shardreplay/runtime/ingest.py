@@ -233,13 +233,14 @@ class Ingestor:
 
     def _check_owner(self, chunk: Chunk) -> None:
         s = self.settings
-        owner = shard_for_actor(chunk.actor_id, s.learners)
+        owner = shard_for_actor(chunk.actor_id, s.learners.count)
         if owner != self.shard:
-            raise ShardReplayError(f"actor {chunk.actor_id} belongs to shard {owner} of {s.learners}, not to "
-                                   f"shard {self.shard}: start it with --num-shards {s.learners}")
-        if int(chunk.stream_ids.max()) >= s.envs_per_actor:
+            shards = s.learners.count
+            raise ShardReplayError(f"actor {chunk.actor_id} belongs to shard {owner} of {shards}, not to "
+                                   f"shard {self.shard}: start it with --num-shards {shards}")
+        if int(chunk.stream_ids.max()) >= s.actors.envs_per_actor:
             raise ShardReplayError(f"actor {chunk.actor_id} sent streams {chunk.stream_ids.tolist()}; the "
-                                   f"learners take {s.envs_per_actor} per actor (--envs-per-actor)")
+                                   f"learners take {s.actors.envs_per_actor} per actor (--envs-per-actor)")
 
     def _level(self, actor_id: int, what: str) -> int:
         """WARNING the first time per actor and kind, then DEBUG (a misconfigured actor

@@ -1,6 +1,6 @@
 """Starting a training run: learner ranks here (spawned) or under torchrun.
 
-``train(settings)`` on one machine spawns ``settings.learners`` learner processes that
+``train(settings)`` on one machine spawns ``settings.learners.count`` learner processes that
 form a gloo group on loopback; each starts the actors of its shard. Under ``torchrun``
 (``RANK`` / ``WORLD_SIZE`` set) this process is one learner rank of the group torchrun
 made (NCCL when CUDA is there, gloo otherwise).
@@ -21,7 +21,6 @@ exits non-zero. No process outlives the launcher.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import json
 import logging
@@ -54,7 +53,7 @@ from shardreplay.runtime.processes import (
     stop_processes,
     stop_resource_tracker,
 )
-from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
+from shardreplay.runtime.routing import check_reachable, chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import next_life
 from shardreplay.runtime.settings import TrainSettings
 
@@ -87,10 +86,10 @@ def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool 
             ``run_dir``.
         CheckpointError: incomplete checkpoints could not be moved aside.
     """
-    if not settings.run_dir and under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+    if not settings.run.run_dir and under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
         raise ConfigError("under torchrun every learner rank needs the same --run-dir "
                           "(a directory all ranks share: a volume or network file system)")
-    run_dir = Path(settings.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(settings.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     root = run_dir / "checkpoints"
     if not resume and list_checkpoints(root):
         _refuse_fresh_start(run_dir, auto_resume)
@@ -141,13 +140,15 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
         ShardReplayError: a learner rank failed (its error is in the message) or died
             (named with its pid and signal: "rank 1 (pid N) died with SIGKILL").
     """
-    env_spaces(settings.env_id)  # a bad environment fails here, before any process starts
-    if under_torchrun() and settings.learners != int(os.environ["WORLD_SIZE"]):
+    for url in {settings.transport.url, settings.transport.policy_url}:
+        check_reachable(url)  # an unreachable Redis fails here, in seconds
+    env_spaces(settings.run.env_id)  # a bad environment fails here, before any process starts
+    if under_torchrun() and settings.learners.count != int(os.environ["WORLD_SIZE"]):
         # torchrun decides the number of learner ranks; shards and stream rows follow it.
-        if settings.learners != 1:
-            log.warning("--learners %d ignored: torchrun started %s ranks", settings.learners,
+        if settings.learners.count != 1:
+            log.warning("--learners %d ignored: torchrun started %s ranks", settings.learners.count,
                         os.environ["WORLD_SIZE"])
-        settings = dataclasses.replace(settings, learners=int(os.environ["WORLD_SIZE"]))
+        settings = settings.updated({"learners": int(os.environ["WORLD_SIZE"])})
     settings = prepare_run_dir(settings, resume, auto_resume=auto_resume)
     if under_torchrun():
         return _torchrun_rank(settings, resume)
@@ -160,7 +161,7 @@ def _torchrun_rank(settings: TrainSettings, resume: bool) -> dict[str, Any]:
     # gloo even on GPU machines: the learner keeps its network and batches on the CPU,
     # and NCCL only reduces CUDA tensors.
     dist.init_process_group("gloo", init_method="env://",
-                            timeout=datetime.timedelta(seconds=settings.collective_timeout_s))
+                            timeout=datetime.timedelta(seconds=settings.learners.collective_timeout_s))
     try:
         from shardreplay.runtime.learner import Learner
 
@@ -187,8 +188,8 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=settings.learners,
-                            timeout=datetime.timedelta(seconds=settings.collective_timeout_s))
+                            world_size=settings.learners.count,
+                            timeout=datetime.timedelta(seconds=settings.learners.collective_timeout_s))
     code = 0
     try:
         from shardreplay.runtime.learner import Learner
@@ -200,7 +201,7 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
         from shardreplay.distributed.group import lost_peer_error, peer_lost
 
         if peer_lost(exc):  # DDP's all-reduce in backward: the raw gloo text otherwise
-            exc = lost_peer_error(exc, f"training failed on rank {rank} of {settings.learners}")
+            exc = lost_peer_error(exc, f"training failed on rank {rank} of {settings.learners.count}")
         if isinstance(exc, PeerLost):
             log.error("%s", exc)  # where it failed matters less than which peer stopped
         else:
@@ -220,9 +221,10 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
 
 def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
     """The ``local`` ring of one shard, sized for a short queue of its actors' chunks."""
-    return shard_transport("local", spec, shard, queued_chunks_per_actor=settings.queued_chunks_per_actor,
+    a = settings.actors
+    return shard_transport("local", spec, shard, queued_chunks_per_actor=a.queued_chunks_per_actor,
                            actors=settings.actors_of_shard(shard),
-                           chunk_size_bytes=chunk_bytes(spec, settings.envs_per_actor, settings.chunk_steps))
+                           chunk_size_bytes=chunk_bytes(spec, a.envs_per_actor, a.chunk_steps))
 
 
 def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
@@ -232,14 +234,15 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    spec = transition_spec(env_spaces(settings.env_id)[0])
-    local = scheme_of(settings.transport) == "local"
+    spec = transition_spec(env_spaces(settings.run.env_id)[0])
+    local = scheme_of(settings.transport.url) == "local"
     # Kept referenced here while children run: Process.start() drops its args, and a
     # collected ring would unlink its semaphores before a child has opened them.
-    transports = [local_transport(settings, spec, r) if local else None for r in range(settings.learners)]
+    transports = [local_transport(settings, spec, r) if local else None
+                  for r in range(settings.learners.count)]
     procs = [ctx.Process(target=_learner_main, name=f"learner-{r}", daemon=False,
                          args=(r, settings, port, transports[r], resume, out, os.getpid()))
-             for r in range(settings.learners)]
+             for r in range(settings.learners.count)]
     stopping = {"asked": False}
     # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.
     tree = ProcessTree(exclude=lambda: {pid for pid in [resource_tracker_pid()] if pid is not None})
@@ -269,7 +272,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
             # before that process had a pid): tell them all again, SIGTERM is idempotent.
             terminate_started()
         outcome = _collect([p for p in procs if p.pid is not None], out, stopping, tree,
-                           settings.run_dir)
+                           settings.run.run_dir)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

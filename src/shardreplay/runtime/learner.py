@@ -9,7 +9,6 @@ one all-reduce per iteration, so all ranks issue the same collectives in the sam
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import logging
 import math
@@ -95,20 +94,24 @@ class Learner:
                  resume: bool = False) -> None:
         self.s = settings
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.run_dir = Path(settings.run_dir)
+        self.run_dir = Path(settings.run.run_dir)
         self.flags = _Flags()
         self.flags.install()
-        obs_size, self.num_actions = env_spaces(settings.env_id)
+        obs_size, self.num_actions = env_spaces(settings.run.env_id)
         self.spec = transition_spec(obs_size)
         self.buffer = self._make_buffer()
-        net = QNetwork(obs_size, self.num_actions, settings.hidden)
+        net = QNetwork(obs_size, self.num_actions, settings.learners.hidden)
         if self.world > 1:
             net = DistributedDataParallel(net)
-        self.agent = DoubleDqn(net, DqnSettings(gamma=settings.gamma, lr=settings.lr,
-                                                target_update_interval=settings.target_update_interval))
+        self.agent = DoubleDqn(net, DqnSettings(gamma=settings.learners.gamma, lr=settings.learners.lr,
+                                                target_update_interval=settings.learners.target_update_interval))
         self.counters = {"env_steps": 0, "updates": 0, "version": 0, "samples": 0}
         self.best_eval = -math.inf
         self.last_eval: float | None = None
+        self._evals = 0  # evaluations so far; a metrics row shows an evaluation once
+        self._evals_recorded = 0
+        self.wall_offset_s = 0.0  # wall time of earlier lives: a resumed run's time axis goes on
+        self._started = time.monotonic()
         self.solved = False
         self._solved_state: dict[str, Any] | None = None  # rank 0: the agent that passed
         self._saved_at = -1
@@ -130,43 +133,45 @@ class Learner:
         self.identity = read_identity(self.run_dir) or RunIdentity("", 0)
         self.foreign = self._foreign_backlog()
         self.transport = transport or shard_transport(
-            settings.transport, self.spec, self.rank, run_id=self.identity.run_id,
-            queued_chunks_per_actor=settings.queued_chunks_per_actor,
+            settings.transport.url, self.spec, self.rank, run_id=self.identity.run_id,
+            queued_chunks_per_actor=settings.actors.queued_chunks_per_actor,
             actors=settings.actors_of_shard(self.rank),
-            chunk_size_bytes=chunk_bytes(self.spec, settings.envs_per_actor, settings.chunk_steps))
+            chunk_size_bytes=chunk_bytes(self.spec, settings.actors.envs_per_actor,
+                                         settings.actors.chunk_steps))
         self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._stored,
                                  shard=self.rank, journal=IngestJournal(self.run_dir / "ingest", self.rank),
                                  losses=self.losses, suspects=self._old_journals)
         if self.rank == 0:
             self._warn_if_taking_over()
-        self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
+        self.publisher = open_publisher(settings.transport.policy_url) if self.rank == 0 else None
         self._last_sync: np.ndarray | None = None
-        self.metrics = MetricsRecorder(self.run_dir, settings.total_env_steps, settings.progress) \
+        self.metrics = MetricsRecorder(self.run_dir, settings.run.total_env_steps, settings.run.progress) \
             if self.rank == 0 else None
         # A local ring exists only in this process tree: its actors must get this very
         # object (under torchrun nobody passed one in); other media are opened by URL.
-        local = scheme_of(settings.transport) == "local"
+        local = scheme_of(settings.transport.url) == "local"
         self.actors = ActorPool(self._actor_settings(), self.transport if local else None,
-                                settings.max_actor_restarts)
+                                settings.actors.max_restarts)
 
     def _make_buffer(self) -> ShardedReplayBuffer:
-        s = self.s
+        s, r = self.s, self.s.replay
         streams = s.streams_of_shard(self.rank)
-        capacity = max(s.replay_capacity // streams, s.window)
+        capacity = max(r.capacity // streams, s.window)
         local = ReplayBuffer(self.spec, num_streams=streams, stream_capacity=capacity, window=s.window,
-                             sampler="prioritized", alpha=s.alpha,
-                             beta=LinearSchedule(s.beta_start, s.beta_end, s.beta_updates),
-                             seed=s.seed * 1000 + self.rank)
-        return ShardedReplayBuffer(local, timeout_s=s.collective_timeout_s, prefetch=s.prefetch)
+                             sampler="prioritized", alpha=r.alpha,
+                             beta=LinearSchedule(r.beta_start, r.beta_end, r.beta_updates),
+                             seed=s.run.seed * 1000 + self.rank)
+        return ShardedReplayBuffer(local, timeout_s=s.learners.collective_timeout_s, prefetch=r.prefetch)
 
     def _actor_settings(self) -> list[ActorSettings]:
         s = self.s
-        mine = [a for a in range(s.actors) if shard_for_actor(a, self.world) == self.rank]
+        mine = [a for a in range(s.actors.count) if shard_for_actor(a, self.world) == self.rank]
         agreed = self._agreed_settings()
-        return [ActorSettings(actor_id=a, transport=s.transport, policy_url=s.policy_url, hidden=s.hidden,
-                              seed=actor_seed(s.seed, a, self.counters["env_steps"]), **agreed,
-                              delivery_log=(str(Path(s.delivery_log_dir) / f"actor-{a}.jsonl")
-                                            if s.delivery_log_dir else None))
+        return [ActorSettings(actor_id=a, transport=s.transport.url, policy_url=s.transport.policy_url,
+                              hidden=s.learners.hidden,
+                              seed=actor_seed(s.run.seed, a, self.counters["env_steps"]), **agreed,
+                              delivery_log=(str(Path(s.actors.delivery_log_dir) / f"actor-{a}.jsonl")
+                                            if s.actors.delivery_log_dir else None))
                 for a in mine]
 
     def _agreed_settings(self) -> dict[str, Any]:
@@ -174,35 +179,35 @@ class Learner:
 
     def _foreign_backlog(self) -> dict[str, int]:
         """Chunks other runs left for this shard on the medium (never read): logged once."""
-        if scheme_of(self.s.transport) == "local":
+        if scheme_of(self.s.transport.url) == "local":
             return {}
         try:
-            found = foreign_backlog(self.s.transport, self.rank, self.identity.run_id)
+            found = foreign_backlog(self.s.transport.url, self.rank, self.identity.run_id)
         except ShardReplayError as exc:
             log.warning("rank %d: could not look for other runs' chunks: %s", self.rank, exc)
             return {}
         if found:
             log.warning("rank %d: %d chunk(s) of other runs wait on %s (%s); this run (%s) ignores them: "
                         "delete them when those runs are over", self.rank, sum(found.values()),
-                        self.s.transport, ", ".join(f"{k}: {v}" for k, v in sorted(found.items())),
+                        self.s.transport.url, ", ".join(f"{k}: {v}" for k, v in sorted(found.items())),
                         self.identity.run_id or "unnamed")
         return found
 
     def _warn_if_taking_over(self) -> None:
         """Say so when the policy URL holds another run's policy that did not finish: its
         actors will switch to this run (two runs must not share a policy URL)."""
-        subscriber = open_subscriber(self.s.policy_url, check_interval_s=0)
+        subscriber = open_subscriber(self.s.transport.policy_url, check_interval_s=0)
         try:
             current = subscriber.poll()
         except ShardReplayError as exc:
-            log.warning("could not read the policy at %s: %s", self.s.policy_url, exc)
+            log.warning("could not read the policy at %s: %s", self.s.transport.policy_url, exc)
             return
         finally:
             subscriber.close()
         if current is not None and current.run_id != self.identity.run_id and FINISHED not in current.weights:
             log.warning("the policy at %s belongs to run %s, which has not finished: this run (%s) takes "
                         "it over and that run's actors will switch to this one. Give concurrent runs "
-                        "their own --policy-url", self.s.policy_url, current.run_id or "(unnamed)",
+                        "their own --policy-url", self.s.transport.policy_url, current.run_id or "(unnamed)",
                         self.identity.run_id)
 
     @property
@@ -223,6 +228,7 @@ class Learner:
         self.counters.update({k: int(v) for k, v in report.extra["counters"].items()})
         best = report.extra.get("best_eval")
         self.best_eval = -math.inf if best is None else float(best)
+        self.wall_offset_s = float(report.extra.get("wall_s") or 0.0)
         parts = checkpoint.read_manifest(report.directory)["parts"]
         self._stored = merge_stored(p.get("extra", {}).get("ingest") for p in parts)
         # Every rank lists the same directory before anyone saves again, so all agree.
@@ -272,7 +278,7 @@ class Learner:
             tmp.replace(directory / LEARNER_STATE)
         # None, not -inf, before any evaluation: the manifest stays standard JSON.
         best = self.best_eval if math.isfinite(self.best_eval) else None
-        extra = {"counters": dict(self.counters), "best_eval": best,
+        extra = {"counters": dict(self.counters), "best_eval": best, "wall_s": self._wall_s(),
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
         if self._old_journals.files:  # what the medium gave back by now was not lost
             self.losses.report_lost(self._old_journals)
@@ -286,7 +292,7 @@ class Learner:
         """Train until a stop condition; checkpoint; stop actors. Returns the summary."""
         self._publish()
         self.actors.start()
-        started = time.monotonic()
+        started = self._started = time.monotonic()
         try:
             self._loop(started)
         except BaseException:
@@ -304,15 +310,29 @@ class Learner:
         summary = self._summary(started, path)
         if self.publisher is not None and (self._budget_reached(started) or self._solved()):
             self._publish_finished()
-        if self.metrics is not None:
-            self.metrics.close()
+        if self.metrics is not None:  # the final evaluation is the run's last row
+            self._record(self._last_sync, None)
+            self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
             summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+    def _wall_s(self) -> float:
+        """Wall time of the run over all its lives (a resumed run goes on from its checkpoint's)."""
+        return round(self.wall_offset_s + time.monotonic() - self._started, 2)
+
+    def _stop_reason(self, started: float) -> str:
+        """Why the run ended (rank 0's view): solved, env_steps, time or signal."""
+        if self.solved:
+            return "solved"
+        if self.counters["env_steps"] >= self.s.run.total_env_steps:
+            return "env_steps"
+        return "time" if time.monotonic() - started >= self.s.run.max_minutes * 60 else "signal"
 
     def _agreed_save(self) -> Path:
         """A save every rank makes at the same point: queued priority updates (prefetch >
         1) reach their owners first, so the checkpoint holds them."""
-        if self.s.prefetch > 1:
+        if self.s.replay.prefetch > 1:
             self.buffer.flush_updates()
         return self.save()
 
@@ -341,8 +361,8 @@ class Learner:
 
     def _loop(self, started: float) -> None:
         limiter = self._make_limiter()
-        per_update = self.s.batch_size * self.world
-        drain_steps = _DRAIN_CHUNKS * self.s.chunk_steps * self.s.envs_per_actor
+        per_update = self.s.learners.batch_size * self.world
+        drain_steps = _DRAIN_CHUNKS * self.s.actors.chunk_steps * self.s.actors.envs_per_actor
         last_metrics = time.monotonic()
         window = {"steps": 0, "updates": 0, "t": time.monotonic(), "loss": math.nan,
                   "lag_sum": 0.0, "lag_n": 0.0}
@@ -369,12 +389,14 @@ class Learner:
                 limiter.sample(per_update)
                 window["updates"] += 1
             self.actors.check()
-            if self.rank == 0 and time.monotonic() - last_metrics >= 1.0:
-                self._record(started, g, window)
+            # A row a second, and one right after each evaluation (its point on the curve).
+            evaluated = self._evals > self._evals_recorded
+            if self.rank == 0 and (evaluated or time.monotonic() - last_metrics >= 1.0):
+                self._record(g, window)
                 last_metrics = time.monotonic()
 
     def _periodic_save(self) -> bool:
-        k, u = self.s.checkpoint_interval_updates, self.counters["updates"]
+        k, u = self.s.checkpoints.interval_updates, self.counters["updates"]
         if k > 0 and u > 0 and u % k == 0 and self._saved_at != u:
             self._saved_at = u
             return True
@@ -395,32 +417,32 @@ class Learner:
         return g
 
     def _budget_reached(self, started: float) -> bool:
-        return (self.counters["env_steps"] >= self.s.total_env_steps
-                or time.monotonic() - started >= self.s.max_minutes * 60)
+        return (self.counters["env_steps"] >= self.s.run.total_env_steps
+                or time.monotonic() - started >= self.s.run.max_minutes * 60)
 
     def _solved(self) -> bool:
         return self.solved
 
     def _update(self) -> float:
-        batch = self.buffer.sample(self.s.batch_size, mode=self.s.sample_mode)
+        batch = self.buffer.sample(self.s.learners.batch_size, mode=self.s.replay.sample_mode)
         priorities, loss = self.agent.learn(batch)
         self.buffer.update_priorities(batch.keys, priorities)
         self.counters["updates"] += 1
-        self.counters["samples"] += self.s.batch_size * self.world
+        self.counters["samples"] += self.s.learners.batch_size * self.world
         u = self.counters["updates"]
-        if u % self.s.publish_interval_updates == 0:
+        if u % self.s.learners.publish_interval_updates == 0:
             self.counters["version"] = u
             self._publish()
-        if self.rank == 0 and u % self.s.eval_interval_updates == 0:
+        if self.rank == 0 and u % self.s.run.eval_interval_updates == 0:
             self._periodic_evaluation()
         return loss
 
     def _periodic_evaluation(self) -> None:
         """A quick evaluation; when it reaches ``stop_return``, the full one decides."""
         s = self.s
-        quick = self._evaluate(min(s.quick_eval_episodes, s.eval_episodes))
-        if s.stop_return > 0 and quick >= s.stop_return:
-            self.solved = self._evaluate(s.eval_episodes) >= s.stop_return
+        quick = self._evaluate(min(s.run.quick_eval_episodes, s.run.eval_episodes))
+        if s.run.stop_return > 0 and quick >= s.run.stop_return:
+            self.solved = self._evaluate(s.run.eval_episodes) >= s.run.stop_return
             if self.solved:  # the ranks stop a few updates later: keep what passed
                 self._solved_state = copy.deepcopy(self.agent.state_dict())
 
@@ -428,7 +450,8 @@ class Learner:
         """The run description published with the weights (actors take their settings,
         channel and seed from it)."""
         return RunInfo(run_id=self.identity.run_id, life=self.identity.life,
-                       env_steps=self.counters["env_steps"], seed=self.s.seed, transport=self.s.transport,
+                       env_steps=self.counters["env_steps"], seed=self.s.run.seed,
+                       transport=self.s.transport.url,
                        settings=self._agreed_settings()).to_meta()
 
     def _publish(self) -> None:
@@ -446,28 +469,36 @@ class Learner:
         self.publisher.publish(self.policy_version + 1, state, meta=self._run_meta())
 
     def _evaluate(self, episodes: int | None = None) -> float:
-        returns = evaluate(self.agent.module, self.s.env_id, episodes or self.s.eval_episodes,
+        returns = evaluate(self.agent.module, self.s.run.env_id, episodes or self.s.run.eval_episodes,
                            seed=10_000 + self.counters["updates"])
         self.last_eval = float(np.mean(returns))
+        self._evals += 1
         self.best_eval = max(self.best_eval, self.last_eval)
         log.info("evaluation after %d updates: mean return %.1f over %d episodes",
                  self.counters["updates"], self.last_eval, len(returns))
         return self.last_eval
 
-    def _record(self, started: float, g: np.ndarray, window: dict[str, Any]) -> None:
+    def _record(self, g: np.ndarray | None, window: dict[str, Any] | None) -> None:
+        """One metrics row; ``window`` None: the final row (after the final evaluation),
+        which has no rates. An evaluation appears in the first row after it, only there."""
         assert self.metrics is not None
         now = time.monotonic()
-        dt = max(now - window["t"], 1e-9)
+        w = window or {"steps": math.nan, "updates": math.nan, "t": now - 1.0, "loss": math.nan,
+                       "lag_n": 0}
+        dt = max(now - w["t"], 1e-9)
         recent = self.ingestor.last_return[~np.isnan(self.ingestor.last_return)]
         self.metrics.record({
-            "wall_s": round(now - started, 2), "env_steps": self.counters["env_steps"],
-            "updates": self.counters["updates"], "replay_size": int(g[_REPLAY]),
-            "env_steps_per_s": window["steps"] / dt, "updates_per_s": window["updates"] / dt,
+            "wall_s": self._wall_s(), "env_steps": self.counters["env_steps"],
+            "updates": self.counters["updates"], "replay_size": None if g is None else int(g[_REPLAY]),
+            "env_steps_per_s": w["steps"] / dt, "updates_per_s": w["updates"] / dt,
             "samples_per_insert": self.counters["samples"] / max(self.counters["env_steps"], 1),
-            "policy_lag": window["lag_sum"] / window["lag_n"] if window["lag_n"] else None,
+            "policy_lag": w["lag_sum"] / w["lag_n"] if w["lag_n"] else None,
             "recent_return": float(recent.mean()) if recent.size else None,
-            "eval_return": self.last_eval, "loss": window["loss"]})
-        window.update(steps=0, updates=0, t=now, lag_sum=0.0, lag_n=0.0)
+            "eval_return": self.last_eval if self._evals > self._evals_recorded else None,
+            "loss": w["loss"]}, last_eval=self.last_eval)
+        self._evals_recorded = self._evals
+        if window is not None:
+            window.update(steps=0, updates=0, t=now, lag_sum=0.0, lag_n=0.0)
 
     def _summary(self, started: float, checkpoint_path: Path) -> dict[str, Any]:
         ing, got = self.ingestor, self.ingestor.reader.stats
@@ -486,10 +517,13 @@ class Learner:
                                    "policy_version": self.policy_version,
                                    "foreign_chunks_ignored": int(foreign)}
         if self.rank == 0:
-            summary["final_eval_return"] = self._evaluate(self.s.eval_episodes)
+            summary["final_eval_return"] = self._evaluate(self.s.run.eval_episodes)
             summary["best_eval_return"] = self.best_eval if math.isfinite(self.best_eval) else None
             summary["solved"] = self.solved
-            summary["eval_episodes"] = self.s.eval_episodes
+            summary["eval_episodes"] = self.s.run.eval_episodes
+            summary["stop_return"] = self.s.run.stop_return
+            summary["stopped_by"] = self._stop_reason(started)
+            summary["run_dir"] = str(self.run_dir)
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
@@ -497,11 +531,11 @@ class Learner:
 def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
     """The settings every actor of a run on ``world`` learner ranks must share with them
     (:data:`shardreplay.runtime.actor.AGREED`), as the learners publish them."""
-    s = settings
-    values = {"num_actors": s.total_actors, "num_shards": world, "env_id": s.env_id,
-              "envs_per_actor": s.envs_per_actor, "chunk_steps": s.chunk_steps,
-              "queued_chunks_per_actor": s.queued_chunks_per_actor, "epsilon_base": s.epsilon_base,
-              "epsilon_exponent": s.epsilon_exponent, "epsilon_warmup_steps": s.epsilon_warmup_steps}
+    a = settings.actors
+    values = {"num_actors": settings.total_actors, "num_shards": world, "env_id": settings.run.env_id,
+              "envs_per_actor": a.envs_per_actor, "chunk_steps": a.chunk_steps,
+              "queued_chunks_per_actor": a.queued_chunks_per_actor, "epsilon_base": a.epsilon_base,
+              "epsilon_exponent": a.epsilon_exponent, "epsilon_warmup_steps": a.epsilon_warmup_steps}
     if set(values) != set(AGREED):
         raise ShardReplayError(f"agreed settings {sorted(values)} differ from {sorted(AGREED)} (a bug)")
     return values
@@ -523,11 +557,11 @@ def make_limiter(settings: TrainSettings, world: int) -> RateLimiter:
         ConfigError: settings the limiter rejects (a non-positive ratio).
     """
     s = settings
-    per_update = s.batch_size * world
-    max_insert = _DRAIN_CHUNKS * s.chunk_steps * s.envs_per_actor * max(s.total_actors, 1)
-    slack = 2 * (max_insert * s.samples_per_insert + per_update)
-    offset = s.min_replay * s.samples_per_insert
-    return RateLimiter(s.samples_per_insert, min_size_to_sample=s.min_replay,
+    per_update = s.learners.batch_size * world
+    max_insert = _DRAIN_CHUNKS * s.actors.chunk_steps * s.actors.envs_per_actor * max(s.total_actors, 1)
+    slack = 2 * (max_insert * s.replay.samples_per_insert + per_update)
+    offset = s.replay.min_replay * s.replay.samples_per_insert
+    return RateLimiter(s.replay.samples_per_insert, min_size_to_sample=s.replay.min_replay,
                        error_buffer=(offset - slack, offset + slack),
                        max_insert_size=max_insert, max_sample_size=per_update)
 
@@ -541,6 +575,5 @@ def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettin
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise IncompleteCheckpointError(f"{path}: missing; is {run_dir} a shardreplay run directory?")
-    base = json.loads(path.read_text())
-    base.update(overrides)
-    return dataclasses.replace(TrainSettings.from_dict(base), run_dir=str(run_dir))
+    saved = TrainSettings.from_dict(json.loads(path.read_text()))
+    return saved.updated({**overrides, "run_dir": str(run_dir)})

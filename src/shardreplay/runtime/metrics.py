@@ -44,8 +44,9 @@ class MetricsRecorder:
         self._tb = _tensorboard(self.run_dir / "tb")
         self._bar = _Bar(total_env_steps) if progress else None
 
-    def record(self, row: dict[str, Any]) -> None:
-        """Write one row (missing columns stay empty) and refresh the bar."""
+    def record(self, row: dict[str, Any], last_eval: float | None = None) -> None:
+        """Write one row (missing columns stay empty) and refresh the bar (which shows
+        ``last_eval``, the newest evaluation, also on rows that carry none)."""
         clean = {k: ("" if row.get(k) is None or (isinstance(row.get(k), float) and math.isnan(row[k]))
                      else row[k]) for k in COLUMNS}
         self._csv.writerow(clean)
@@ -54,13 +55,15 @@ class MetricsRecorder:
             for key, value in clean.items():
                 if key not in ("env_steps", "wall_s") and value != "":
                     self._tb.add_scalar(key, float(value), int(row["env_steps"]))
+            self._tb.flush()
         if self._bar is not None:
-            self._bar.update(row)
+            self._bar.update(row, last_eval)
 
-    def close(self) -> None:
-        """Flush and close everything."""
+    def close(self, outcome: str = "", final_eval: float | None = None) -> None:
+        """Flush and close everything; the bar ends saying ``outcome`` (solved, env_steps,
+        time or signal) with ``final_eval``."""
         if self._bar is not None:
-            self._bar.close()
+            self._bar.close(outcome, final_eval)
         if self._tb is not None:
             self._tb.close()
         self._file.close()
@@ -75,33 +78,98 @@ def _tensorboard(directory: Path) -> Any:
     return SummaryWriter(str(directory))
 
 
+def status_text(row: dict[str, Any], last_eval: float | None, width: int) -> str:
+    """The bar's live figures, most important first, as many as fit in ``width`` columns:
+    steps, training return, evaluation, then throughput, replay, ratio and lag."""
+    fields = [f"{row['env_steps']:,} steps",
+              f"return {_fmt(row.get('recent_return'))}",
+              f"eval {_fmt(last_eval)}",
+              f"{_fmt(row.get('env_steps_per_s'), 0)} steps/s",
+              f"{_fmt(row.get('updates_per_s'), 0)} upd/s",
+              f"replay {_fmt(row.get('replay_size'), 0)}",
+              f"spi {_fmt(row.get('samples_per_insert'))}",
+              f"lag {_fmt(row.get('policy_lag'))}"]
+    text = fields[0]
+    for f in fields[1:]:
+        if len(text) + 3 + len(f) > width:
+            break
+        text += " | " + f
+    return text
+
+
 class _Bar:
-    """A rich progress bar over environment steps, with the run's live figures."""
+    """A rich progress bar over environment steps, with the run's live figures. While it
+    shows, this process's log lines are printed above it (never glued onto it)."""
+
+    _BAR_WIDTH = 16
+    _FIXED = len("train ") + _BAR_WIDTH + len(" 0:00:00") + 4  # columns besides the figures
 
     def __init__(self, total: int) -> None:
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.fields[text]}"),
-                                  TimeElapsedColumn(), transient=False)
+        self._console = Console(stderr=True)
+        self._progress = Progress(TextColumn("[bold]{task.description}"),
+                                  BarColumn(bar_width=self._BAR_WIDTH),
+                                  TextColumn("{task.fields[text]}"), TimeElapsedColumn(),
+                                  console=self._console, transient=False)
         self._progress.start()
         self._task = self._progress.add_task("train", total=total, text="starting")
+        self._handlers = _log_through(self._console)
 
-    def update(self, row: dict[str, Any]) -> None:
-        text = (f"env {row['env_steps']:,} ({row.get('env_steps_per_s', 0):.0f}/s) | "
-                f"upd {row['updates']:,} ({row.get('updates_per_s', 0):.0f}/s) | "
-                f"replay {row.get('replay_size', 0):,} | spi {_fmt(row.get('samples_per_insert'))} | "
-                f"lag {_fmt(row.get('policy_lag'))} | return {_fmt(row.get('recent_return'))} | "
-                f"eval {_fmt(row.get('eval_return'))}")
-        self._progress.update(self._task, completed=row["env_steps"], text=text)
+    def update(self, row: dict[str, Any], last_eval: float | None) -> None:
+        self._last = (row, last_eval)
+        width = max(self._console.width - self._FIXED, 20)
+        self._progress.update(self._task, completed=row["env_steps"], text=status_text(row, last_eval, width))
 
-    def close(self) -> None:
+    def close(self, outcome: str, final_eval: float | None) -> None:
+        """Finish the bar: full when the run is over (solved or its budget used up), and
+        say how it ended."""
+        task = self._progress.tasks[0]
+        words = {"solved": "solved", "env_steps": "step budget used", "time": "time limit",
+                 "signal": "stopped"}
+        text = f"{words.get(outcome, 'done')}: eval {_fmt(final_eval)}"
+        completed = task.total if outcome in ("solved", "env_steps") else task.completed
+        self._progress.update(self._task, completed=completed, text=text,
+                              description="solved" if outcome == "solved" else "train")
         self._progress.stop()
+        _restore_logging(self._handlers)
 
 
-def _fmt(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def _log_through(console: Any) -> list[tuple[logging.StreamHandler, Any]]:
+    """Point the root logger's stream handlers at ``console`` (printed above the live
+    bar); returns what to restore."""
+    changed = []
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            changed.append((handler, handler.setStream(_ConsoleStream(console))))
+    return changed
+
+
+def _restore_logging(changed: list[tuple[logging.StreamHandler, Any]]) -> None:
+    for handler, stream in changed:
+        handler.setStream(stream)
+
+
+class _ConsoleStream:
+    """A text stream that prints through a rich console (above its live display)."""
+
+    def __init__(self, console: Any) -> None:
+        self._console = console
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            self._console.print(text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing to flush: rich writes at once."""
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    return f"{value:.1f}"
+    return f"{value:,.{digits}f}"
 
 
 def plot_learning_curve(run_dir: Path) -> Path | None:
@@ -121,10 +189,13 @@ def plot_learning_curve(run_dir: Path) -> Path | None:
     ys_spec = (("recent_return", "training episodes (recent mean)"), ("eval_return", "greedy evaluation"))
     for ax, xkey, xlabel in xs_spec:
         for key, label in ys_spec:
-            pts = [(float(r[xkey]), float(r[key])) for r in rows if r.get(key) not in (None, "")]
-            if pts:
-                xs, ys = zip(*pts, strict=True)
-                ax.plot(xs, ys, marker="o" if key == "eval_return" else None, label=label)
+            xs, ys = curve_points(rows, xkey, key)
+            if xs:
+                ax.plot(xs, ys, marker="o" if key == "eval_return" else None, markersize=4, label=label)
+        final = [r for r in rows if r.get("eval_return") not in (None, "")][-1:]
+        if final:  # the run's last row holds its final evaluation
+            ax.plot([float(final[0][xkey])], [float(final[0]["eval_return"])], marker="*", markersize=14,
+                    linestyle="", color="C3", label=f"final evaluation {float(final[0]['eval_return']):.1f}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("return")
         ax.grid(alpha=0.3)
@@ -136,3 +207,20 @@ def plot_learning_curve(run_dir: Path) -> Path | None:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def curve_points(rows: list[dict[str, str]], xkey: str, ykey: str) -> tuple[list[float], list[float]]:
+    """The points of one curve: ``ykey`` against ``xkey`` over the metrics rows that
+    have a ``ykey`` value (an evaluation is in one row only), with a gap (NaN) wherever
+    x goes back: rows a run recorded after its last checkpoint are not joined to those
+    of the life that resumed from it."""
+    points = [(float(r[xkey]), float(r[ykey])) for r in rows if r.get(ykey) not in (None, "")]
+    xs: list[float] = []
+    ys: list[float] = []
+    for x, y in points:
+        if xs and x < xs[-1]:
+            xs.append(math.nan)
+            ys.append(math.nan)
+        xs.append(x)
+        ys.append(y)
+    return xs, ys

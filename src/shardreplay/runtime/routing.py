@@ -53,6 +53,19 @@ def scheme_of(url: str) -> str:
     raise ConfigError(f"transport URL {url!r}: use 'local', 'file:///dir' or 'redis://host:port/db'")
 
 
+def check_reachable(url: str, timeout_s: float = 5.0) -> None:
+    """For a ``redis://`` URL: fail at once (within ``timeout_s``) when its server does
+    not answer, instead of after the transport's retries; other URLs pass.
+
+    Raises:
+        TransportError: "cannot reach redis at host:port ...".
+    """
+    if url and scheme_of(url) == "redis":
+        from shardreplay.transport.redis_link import check_reachable as ping
+
+        ping(url, timeout_s)
+
+
 def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:
     """An upper bound of the encoded size of a chunk of ``streams`` x ``steps``: a chunk
     with the largest ids and with priorities, encoded, plus a little slack."""

@@ -1,81 +1,106 @@
-"""TrainSettings: every setting of a training run, documented, validated, YAML-ready."""
+"""TrainSettings: every setting of a training run, in groups, documented, validated, YAML-ready.
+
+A run's settings are six frozen groups (each validated on construction)::
+
+    TrainSettings
+    ├── run          RunSettings          environment, budget, evaluation, seed, progress
+    ├── learners     LearnerSettings      learner ranks, Q-learning, weight broadcast
+    ├── replay       ReplaySettings       capacity, prioritization, sampling, rate limit
+    ├── actors       ActorPoolSettings    actors, environments, chunks, exploration
+    ├── transport    TransportSettings    where chunks and weights travel
+    └── checkpoints  CheckpointSettings   when checkpoints are written
+
+Every setting also has one flat name, which is its ``shardreplay train`` flag
+(``--replay-capacity`` is ``replay.capacity``). :meth:`TrainSettings.from_dict` reads
+either shape, also mixed: flat names (``alpha: 0.6``) and group sections
+(``replay: {alpha: 0.6}``); :meth:`TrainSettings.to_dict` writes the grouped shape.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from shardreplay.errors import ConfigError
 
 
+def _flag(default: Any, flat: str) -> Any:
+    """A field whose flat name (flag, YAML key) differs from its name in the group."""
+    return field(default=default, metadata={"flat": flat})
+
+
+def _validate(group: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    """Check (and normalise) every field's type, then the ranges; raises ConfigError
+    naming the flat setting and what is allowed."""
+    for f in dataclasses.fields(group):
+        object.__setattr__(group, f.name, _typed(flat_name(f), f.type, getattr(group, f.name)))
+    for name in positive:
+        if getattr(group, name) <= 0:
+            raise ConfigError(f"{flat_name(_field(group, name))} must be > 0, got {getattr(group, name)}")
+    for name in non_negative:
+        if getattr(group, name) < 0:
+            raise ConfigError(f"{flat_name(_field(group, name))} must be >= 0, got {getattr(group, name)}")
+
+
+def _field(group: Any, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(group) if f.name == name)
+
+
+def flat_name(f: dataclasses.Field) -> str:
+    """The flat name (flag without ``--``, dashes as underscores) of a group's field."""
+    return str(f.metadata.get("flat", f.name))
+
+
+def _typed(flat: str, kind: Any, value: Any) -> Any:
+    """``value`` as the field type ``kind`` names (an annotation string), or ConfigError."""
+    kind = str(kind)
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{flat} must be true or false, got {value!r}")
+    if kind == "int":
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+        raise ConfigError(f"{flat} must be a whole number, got {value!r}")
+    if kind == "float":
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{flat} must be a number, got {value!r}")
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{flat} must be a string, got {value!r}")
+    # tuple[int, ...]: the hidden layer sizes
+    if isinstance(value, list | tuple) and value and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1 for v in value):
+        return tuple(int(v) for v in value)
+    raise ConfigError(f"{flat} must be a list of whole numbers >= 1, got {value!r}")
+
+
 @dataclass(frozen=True)
-class TrainSettings:
-    """A distributed Ape-X DQN run. Every field is also a ``shardreplay train`` flag.
+class RunSettings:
+    """What the run does and when it stops.
 
     Attributes:
-        env_id: gymnasium id with Discrete actions and a flat vector observation.
-        learners: learner ranks (shards of the replay buffer).
-        actors: actor processes the learners start here (each runs ``envs_per_actor``
-            environments).
-        remote_actors: actors started elsewhere (``shardreplay actor --actor-id`` from
-            ``actors`` on, ``--num-actors`` = actors + remote_actors) that reach the
-            learners through a ``file://`` or ``redis://`` transport; the shards are sized
-            for them.
-        envs_per_actor: environments (streams) per actor.
-        transport: ``local``, ``file:///dir`` or ``redis://host:port/db``.
-        policy_url: where weights are published ('' = ``file://<run_dir>/policy``,
-            or the Redis URL when the transport is Redis).
-        sample_mode: ``exact`` (one global distribution) or ``local`` (own shard, weighted).
-        prefetch: batches each learner rank draws per replay exchange. 1: every update
-            samples the current priorities; k > 1: 1/k of the collectives per update, a
-            batch may miss the priority updates of up to k - 1 earlier updates.
+        env_id: gymnasium id (Discrete actions, flat vector observations).
         run_dir: where config, metrics, checkpoints and the plot go ('' = runs/<time>).
         total_env_steps: stop after this many environment steps (all actors).
         max_minutes: stop after this wall time.
         stop_return: stop when the evaluation mean return reaches this (<= 0: never).
-        eval_episodes: episodes of the greedy policy per evaluation.
+        eval_episodes: episodes of the greedy policy per full evaluation.
         eval_interval_updates: learner updates between quick evaluations.
-        quick_eval_episodes: episodes of a quick evaluation; when its mean reaches
-            ``stop_return``, a full evaluation of ``eval_episodes`` decides.
-        batch_size: windows sampled per rank per update.
-        n_step: n of the n-step return (the window is n + 1 steps).
-        gamma: discount.
-        lr: Adam learning rate.
-        target_update_interval: updates between target-network copies.
-        hidden: hidden layer sizes of the Q-network.
-        replay_capacity: steps of replay per learner rank.
-        alpha: prioritization exponent.
-        beta_start, beta_end, beta_updates: beta schedule over updates.
-        samples_per_insert: how often each inserted step is sampled on average.
-        min_replay: global windows before learning starts.
-        chunk_steps: steps per stream in an actor chunk.
-        queued_chunks_per_actor: chunks that may wait in the transport per actor; a
-            short queue keeps data fresh (actors block, then act with the newest policy).
-        epsilon_base, epsilon_exponent: Ape-X exploration per stream.
-        epsilon_warmup_steps: exploration starts at 1 and falls linearly to each stream's
-            Ape-X epsilon over this many environment steps (all actors together).
-        publish_interval_updates: updates between weight broadcasts.
-        checkpoint_interval_updates: updates between checkpoints (0: only at the end).
-        collective_timeout_s: how long ranks wait for each other.
-        max_actor_restarts: restarts per actor after a crash.
+        quick_eval_episodes: episodes of a quick evaluation; one that reaches
+            stop_return is followed by a full one, which decides.
         seed: base seed.
-        delivery_log_dir: when set, each actor started here appends one JSON line
-            ``{"actor_id", "sequence", "steps"}`` to ``DIR/actor-<id>.jsonl`` for every
-            chunk its transport accepted: an audit of what was delivered ('' = none).
         progress: show a live progress bar (rank 0).
     """
 
     env_id: str = "CartPole-v1"
-    learners: int = 1
-    actors: int = 2
-    remote_actors: int = 0
-    envs_per_actor: int = 4
-    transport: str = "local"
-    policy_url: str = ""
-    sample_mode: str = "exact"
-    prefetch: int = 1
     run_dir: str = ""
     total_env_steps: int = 200_000
     max_minutes: float = 10.0
@@ -83,108 +108,283 @@ class TrainSettings:
     eval_episodes: int = 20
     eval_interval_updates: int = 500
     quick_eval_episodes: int = 5
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _validate(self, positive=("total_env_steps", "max_minutes", "eval_episodes",
+                                  "eval_interval_updates", "quick_eval_episodes"))
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """The learner ranks and their Q-learning.
+
+    Attributes:
+        count: learner ranks (shards of the replay buffer).
+        batch_size: windows sampled per rank per update.
+        n_step: n of the n-step return (the window is n + 1 steps).
+        gamma: discount, in (0, 1].
+        lr: Adam learning rate.
+        target_update_interval: updates between target-network copies.
+        hidden: hidden layer sizes of the Q-network.
+        publish_interval_updates: updates between weight broadcasts to the actors.
+        collective_timeout_s: how long ranks wait for each other.
+    """
+
+    count: int = _flag(1, "learners")
     batch_size: int = 64
     n_step: int = 3
     gamma: float = 0.99
     lr: float = 2.3e-3
     target_update_interval: int = 10
     hidden: tuple[int, ...] = (256, 256)
-    replay_capacity: int = 100_000
+    publish_interval_updates: int = 25
+    collective_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        _validate(self, positive=("count", "batch_size", "n_step", "lr", "target_update_interval",
+                                  "publish_interval_updates", "collective_timeout_s"))
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(f"gamma must lie in (0, 1], got {self.gamma}")
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """The sharded prioritized replay buffer and how it is sampled.
+
+    Attributes:
+        capacity: steps of replay per learner rank.
+        alpha: prioritization exponent (0: uniform).
+        beta_start: importance-sampling exponent at the first update.
+        beta_end: importance-sampling exponent after beta_updates updates.
+        beta_updates: updates over which beta goes linearly from beta_start to beta_end.
+        samples_per_insert: how often each inserted step is sampled on average.
+        min_replay: global windows before learning starts.
+        sample_mode: exact (one global distribution) or local (own shard, weighted).
+        prefetch: batches each rank draws per replay exchange; k > 1 makes 1/k of the
+            collectives, and a batch may miss the priority updates of k - 1 updates.
+    """
+
+    capacity: int = _flag(100_000, "replay_capacity")
     alpha: float = 0.6
     beta_start: float = 0.4
     beta_end: float = 1.0
     beta_updates: int = 20_000
     samples_per_insert: float = 32.0
     min_replay: int = 1000
+    sample_mode: str = "exact"
+    prefetch: int = 1
+
+    def __post_init__(self) -> None:
+        _validate(self, positive=("capacity", "beta_updates", "samples_per_insert", "prefetch"),
+                  non_negative=("alpha", "min_replay"))
+        for name in ("beta_start", "beta_end"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.sample_mode not in ("exact", "local"):
+            raise ConfigError(f"sample_mode must be 'exact' or 'local', got {self.sample_mode!r}")
+
+
+@dataclass(frozen=True)
+class ActorPoolSettings:
+    """The actors: how many, where, and how they act and send.
+
+    Attributes:
+        count: actor processes the learners start on this machine.
+        remote: actors started elsewhere (shardreplay actor, ids from actors on) that
+            reach the learners through a file:// or redis:// transport.
+        envs_per_actor: environments (streams) per actor.
+        chunk_steps: steps per stream in an actor chunk.
+        queued_chunks_per_actor: chunks that may wait in the transport per actor (a
+            short queue keeps the data fresh).
+        epsilon_base: Ape-X exploration: stream i of N acts with epsilon
+            base^(1 + exponent i/(N-1)).
+        epsilon_exponent: the exponent of the Ape-X epsilon.
+        epsilon_warmup_steps: environment steps (all actors) over which epsilon falls
+            from 1 to each stream's Ape-X epsilon.
+        max_restarts: restarts per actor after a crash.
+        delivery_log_dir: each actor started here appends a JSON line per chunk its
+            transport accepted to DIR/actor-<id>.jsonl ('' = none).
+    """
+
+    count: int = _flag(2, "actors")
+    remote: int = _flag(0, "remote_actors")
+    envs_per_actor: int = 4
     chunk_steps: int = 8
     queued_chunks_per_actor: int = 2
     epsilon_base: float = 0.4
     epsilon_exponent: float = 7.0
     epsilon_warmup_steps: int = 8000
-    publish_interval_updates: int = 25
-    checkpoint_interval_updates: int = 0
-    collective_timeout_s: float = 300.0
-    max_actor_restarts: int = 3
-    seed: int = 0
+    max_restarts: int = _flag(3, "max_actor_restarts")
     delivery_log_dir: str = ""
-    progress: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        positive = ("learners", "envs_per_actor", "total_env_steps", "batch_size", "n_step",
-                    "target_update_interval", "replay_capacity", "beta_updates", "chunk_steps",
-                    "publish_interval_updates", "eval_episodes", "eval_interval_updates",
-                    "queued_chunks_per_actor", "quick_eval_episodes", "prefetch")
-        for name in positive:
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if min(self.actors, self.remote_actors, self.max_actor_restarts,
-               self.checkpoint_interval_updates) < 0:
-            raise ConfigError("actors, remote_actors, max_actor_restarts and "
-                              "checkpoint_interval_updates must be >= 0")
-        if self.remote_actors and self.transport in ("", "local", "local://"):
+        _validate(self, positive=("envs_per_actor", "chunk_steps", "queued_chunks_per_actor"),
+                  non_negative=("count", "remote", "epsilon_warmup_steps", "max_restarts"))
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """Where actors' chunks and the learners' weights travel.
+
+    Attributes:
+        url: local, file:///dir or redis://host:port/db.
+        policy_url: where weights are published ('' = file://<run_dir>/policy, or the
+            transport's Redis URL).
+    """
+
+    url: str = _flag("local", "transport")
+    policy_url: str = ""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        if self.url not in ("", "local", "local://") and \
+                urlparse(self.url).scheme not in ("file", "redis", "rediss", "unix"):
+            raise ConfigError(f"transport must be local, file:///dir or redis://host:port/db, "
+                              f"got {self.url!r}")
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """When the replay and the learner are checkpointed (always at the end of a run).
+
+    Attributes:
+        interval_updates: updates between checkpoints (0: only at the end).
+    """
+
+    interval_updates: int = _flag(0, "checkpoint_interval_updates")
+
+    def __post_init__(self) -> None:
+        _validate(self, non_negative=("interval_updates",))
+
+
+# The groups of TrainSettings, in the order of ``shardreplay train --help``.
+GROUPS: dict[str, type] = {"run": RunSettings, "learners": LearnerSettings, "replay": ReplaySettings,
+                           "actors": ActorPoolSettings, "transport": TransportSettings,
+                           "checkpoints": CheckpointSettings}
+# flat name -> (group, field)
+FLAT: dict[str, tuple[str, str]] = {flat_name(f): (group, f.name) for group, cls in GROUPS.items()
+                                    for f in dataclasses.fields(cls)}
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """A distributed Ape-X DQN run: six groups of settings (see the module docstring).
+
+    Raises:
+        ConfigError: a setting out of range or of the wrong type (named by its flat
+            name, which is also its flag), or settings that contradict each other.
+    """
+
+    run: RunSettings = field(default_factory=RunSettings)
+    learners: LearnerSettings = field(default_factory=LearnerSettings)
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
+    actors: ActorPoolSettings = field(default_factory=ActorPoolSettings)
+    transport: TransportSettings = field(default_factory=TransportSettings)
+    checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
+
+    def __post_init__(self) -> None:
+        for name, cls in GROUPS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"TrainSettings.{name} must be a {cls.__name__}")
+        if self.actors.remote and self.transport.url in ("", "local", "local://"):
             raise ConfigError("remote_actors need a transport they can reach: "
                               "--transport file:///shared/dir or redis://host:port/db")
-        if self.sample_mode not in ("exact", "local"):
-            raise ConfigError(f"sample_mode must be 'exact' or 'local', got {self.sample_mode!r}")
-        if not 0 < self.gamma <= 1 or self.lr <= 0 or self.samples_per_insert <= 0:
-            raise ConfigError("need 0 < gamma <= 1, lr > 0 and samples_per_insert > 0")
-        if self.max_minutes <= 0 or self.collective_timeout_s <= 0:
-            raise ConfigError("max_minutes and collective_timeout_s must be > 0")
-        object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
 
     @property
     def window(self) -> int:
         """Steps per sampled window: ``n_step + 1``."""
-        return self.n_step + 1
+        return self.learners.n_step + 1
 
     @property
     def total_actors(self) -> int:
         """Actors of the run: started here plus remote ones."""
-        return self.actors + self.remote_actors
+        return self.actors.count + self.actors.remote
 
     def streams_of_shard(self, shard: int) -> int:
         """Streams (rows) learner ``shard`` holds: its actors' environments (at least 1)."""
-        actors = len(range(shard, max(self.total_actors, 1), self.learners))
-        return max(actors, 1) * self.envs_per_actor
+        actors = len(range(shard, max(self.total_actors, 1), self.learners.count))
+        return max(actors, 1) * self.actors.envs_per_actor
 
     def actors_of_shard(self, shard: int) -> int:
         """Actors (local and remote) whose streams go to learner ``shard``."""
-        return len(range(shard, self.total_actors, self.learners))
+        return len(range(shard, self.total_actors, self.learners.count))
 
     def row_of(self, actor_id: int, stream: int) -> int:
         """The row of an actor's stream in its shard."""
-        return (actor_id // self.learners) * self.envs_per_actor + stream
+        return (actor_id // self.learners.count) * self.actors.envs_per_actor + stream
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON/YAML-ready settings."""
+        """JSON/YAML-ready settings, grouped (``{"replay": {"capacity": ...}, ...}``)."""
         d = dataclasses.asdict(self)
-        d["hidden"] = list(self.hidden)
+        d["learners"]["hidden"] = list(self.learners.hidden)
         return d
 
+    def to_flat(self) -> dict[str, Any]:
+        """The settings by flat name (``{"replay_capacity": ..., "alpha": ...}``)."""
+        return {flat: getattr(getattr(self, group), name) for flat, (group, name) in FLAT.items()}
+
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainSettings:
-        """Settings from a dict (YAML); unknown keys are an error.
+    def from_dict(cls, d: Any) -> TrainSettings:
+        """Settings from a mapping (YAML, JSON) of flat names, group sections, or both.
 
         Raises:
-            ConfigError: an unknown key or a bad value.
+            ConfigError: ``d`` is not a mapping, an unknown name, a setting given twice
+                (flat and in its group), or a bad value.
         """
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ConfigError(f"unknown setting(s) {unknown}; see shardreplay train --help")
-        d = dict(d)
-        if "hidden" in d:
-            d["hidden"] = tuple(d["hidden"])
-        try:
-            return cls(**d)
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            raise ConfigError(f"bad setting: {exc}") from exc
+        return cls().updated(d)
+
+    def updated(self, values: Any) -> TrainSettings:
+        """A copy with ``values`` (flat names and/or group sections, as in
+        :meth:`from_dict`) applied.
+
+        Raises:
+            ConfigError: as :meth:`from_dict`.
+        """
+        flat = self.to_flat()
+        flat.update(_flatten(values))
+        grouped: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
+        for name, value in flat.items():
+            group, field_name = FLAT[name]
+            grouped[group][field_name] = value
+        return TrainSettings(**{g: GROUPS[g](**kw) for g, kw in grouped.items()})
 
     def with_run_dir(self, run_dir: Path) -> TrainSettings:
         """A copy with ``run_dir`` set (and the default policy URL resolved)."""
-        redis = self.transport.startswith(("redis://", "rediss://", "unix://"))
-        policy = self.policy_url or (self.transport if redis else f"file://{Path(run_dir).resolve()}/policy")
-        return dataclasses.replace(self, run_dir=str(run_dir), policy_url=policy)
+        redis = self.transport.url.startswith(("redis://", "rediss://", "unix://"))
+        policy = self.transport.policy_url or \
+            (self.transport.url if redis else f"file://{Path(run_dir).resolve()}/policy")
+        return self.updated({"run_dir": str(run_dir), "policy_url": policy})
+
+
+def _flatten(d: Any) -> dict[str, Any]:
+    """Flat names -> values from a mapping of flat names and/or group sections."""
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"settings must be a mapping of names to values (YAML 'name: value' lines), "
+                          f"got a {type(d).__name__}")
+    flat: dict[str, Any] = {}
+    unknown: list[str] = []
+
+    def put(name: str, value: Any) -> None:
+        if name in flat:
+            raise ConfigError(f"{name} is given twice (as {name} and in its group {FLAT[name][0]}): keep one")
+        flat[name] = value
+
+    for key, value in d.items():
+        if key == "extra" and value == {}:
+            continue  # an unused field every config.json written before the groups holds
+        if key in GROUPS and isinstance(value, Mapping):
+            names = {f.name: flat_name(f) for f in dataclasses.fields(GROUPS[key])}
+            for sub, v in value.items():
+                if sub in names:
+                    put(names[sub], v)
+                else:
+                    unknown.append(f"{key}.{sub}")
+        elif key in FLAT:
+            put(str(key), value)
+        else:
+            unknown.append(str(key))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; see shardreplay train --help")
+    return flat

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlparse
 
 import numpy as np
 import redis
@@ -25,8 +26,8 @@ from redis.retry import Retry
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
 from shardreplay.transport.codec import Encoding
 
-__all__ = ["HintChannel", "RedisLink", "XaddPacker", "ensure_group", "trim_acknowledged", "waiting_entries",
-           "with_group"]
+__all__ = ["HintChannel", "RedisLink", "XaddPacker", "check_reachable", "ensure_group", "trim_acknowledged",
+           "waiting_entries", "with_group"]
 
 logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
@@ -260,3 +261,35 @@ class HintChannel:
             with contextlib.suppress(redis.RedisError, OSError):
                 self._pubsub.close()
             self._pubsub = None
+
+
+def check_reachable(url: str, timeout_s: float = 5.0) -> None:
+    """Ping the Redis server of ``url`` once, waiting ``timeout_s`` at most.
+
+    Raises:
+        TransportError: no answer ("cannot reach redis at host:port ..."), or the server
+            refused the ping (a password, say).
+        ConfigError: a malformed URL.
+    """
+    link = RedisLink(url, socket_timeout_s=timeout_s)
+    try:
+        link.client.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise TransportError(f"cannot reach redis at {_address(url)} ({_first_line(exc)}): start "
+                             f"redis-server there or give the right URL") from None
+    except redis.RedisError as exc:
+        raise TransportError(f"redis at {_address(url)} refused a ping: {_first_line(exc)}") from None
+    finally:
+        link.close()
+
+
+def _address(url: str) -> str:
+    """``host:port`` (or the socket path) of a Redis URL."""
+    parsed = urlparse(url)
+    if parsed.scheme == "unix":
+        return parsed.path
+    return f"{parsed.hostname or 'localhost'}:{parsed.port or 6379}"
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

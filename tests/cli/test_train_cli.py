@@ -1,0 +1,188 @@
+"""``shardreplay train`` / ``actor`` on the command line: grouped settings and --help,
+YAML in both shapes, and one-line errors (exit 2, no traceback) for every way a user
+typically gets the command wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from shardreplay.cli.main import build_parser, main
+from shardreplay.cli.train import _settings, final_line
+from shardreplay.cli.train_flags import field_help
+from shardreplay.errors import ConfigError, TransportError
+from shardreplay.runtime.learner import settings_for_resume
+from shardreplay.runtime.routing import check_reachable
+from shardreplay.runtime.settings import FLAT, GROUPS, TrainSettings
+
+
+def _closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _train_help() -> str:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices["train"].format_help()
+
+
+# -- settings and --help --------------------------------------------------------------------
+def test_help_is_grouped_with_one_default_and_each_text_under_its_own_flag() -> None:
+    text = _train_help()
+    titles = [line.split(" (")[0].rstrip(":") for line in text.splitlines()
+              if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles == ["options", "run", "learners", "replay", "actors", "transport", "checkpoints"]
+    assert "(default: None)" not in text and "``" not in text
+    entries = re.split(r"\n  (?=--)", text)
+    for flat in FLAT:
+        entry = next(e for e in entries if re.match(f"--{flat.replace('_', '-')}[ ,\n]", e))
+        assert entry.count("(default:") <= 1, entry
+    by_flag = {e.split()[0]: " ".join(e.split()) for e in entries}
+    assert "prioritization exponent" in by_flag["--alpha"] and "beta" not in by_flag["--alpha"]
+    assert "epsilon" not in by_flag["--queued-chunks-per-actor"]
+    assert "(default: 0.6)" in by_flag["--alpha"] and "(default: 2)" in by_flag["--queued-chunks-per-actor"]
+    assert "(default: on)" in by_flag["--progress,"]
+    assert len(text.splitlines()) < 130
+
+
+def test_every_setting_has_its_own_help_entry_and_no_extra() -> None:
+    for cls in GROUPS.values():
+        assert sorted(field_help(cls)) == sorted(f.name for f in dataclasses.fields(cls)), cls
+    assert not hasattr(TrainSettings(), "extra")
+    assert len(FLAT) == sum(len(dataclasses.fields(c)) for c in GROUPS.values())  # flat names unique
+
+
+def test_flat_and_grouped_settings_read_the_same_and_round_trip() -> None:
+    flat = TrainSettings.from_dict({"learners": 2, "alpha": 0.5, "actors": 1, "replay_capacity": 5000,
+                                    "transport": "file:///tmp/spool", "progress": False})
+    grouped = TrainSettings.from_dict({"learners": {"count": 2}, "replay": {"alpha": 0.5, "capacity": 5000},
+                                       "actors": {"count": 1}, "transport": {"url": "file:///tmp/spool"},
+                                       "run": {"progress": False}})
+    assert flat == grouped
+    assert (flat.learners.count, flat.replay.alpha, flat.replay.capacity) == (2, 0.5, 5000)
+    assert TrainSettings.from_dict(json.loads(json.dumps(flat.to_dict()))) == flat
+    assert TrainSettings.from_dict(flat.to_flat()) == flat
+    mixed = TrainSettings.from_dict({"alpha": 0.5, "replay": {"capacity": 5000}})
+    assert (mixed.replay.alpha, mixed.replay.capacity) == (0.5, 5000)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"alpha": 0.5, "replay": {"alpha": 0.4}}, "alpha is given twice"),
+    ({"replay": {"capacty": 5}}, "unknown setting(s) replay.capacty"),
+    ({"progress": "maybe"}, "progress must be true or false, got 'maybe'"),
+    ({"learners": 1.5}, "learners must be a whole number, got 1.5"),
+    ({"learners": 0}, "learners must be > 0, got 0"),
+    ({"hidden": [64, 0]}, "hidden must be a list of whole numbers >= 1"),
+    ({"sample_mode": "global"}, "sample_mode must be 'exact' or 'local'"),
+    ({"transport": "ftp://x"}, "transport must be local, file:///dir or redis://host:port/db"),
+    ([{"alpha": 0.5}], "settings must be a mapping"),
+])
+def test_bad_settings_are_one_clear_config_error(values: object, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        TrainSettings.from_dict(values)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_flags_win_over_the_config_file_of_either_shape(tmp_path: Path) -> None:
+    for text in ("alpha: 0.3\nlearners: 2\n", "replay:\n  alpha: 0.3\nlearners:\n  count: 2\n"):
+        config = tmp_path / "c.yaml"
+        config.write_text(text)
+        args = build_parser().parse_args(["train", "--config", str(config), "--alpha", "0.9"])
+        settings, resume = _settings(args)
+        assert not resume and (settings.replay.alpha, settings.learners.count) == (0.9, 2)
+
+
+def test_a_resumed_run_of_an_older_version_reads_its_flat_config(tmp_path: Path) -> None:
+    # config.json as runs wrote it before the groups: flat, with the unused 'extra'.
+    old = {"learners": 2, "prefetch": 4, "alpha": 0.5, "extra": {}}
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    settings = settings_for_resume(tmp_path, {"learners": 1})
+    assert (settings.learners.count, settings.replay.prefetch, settings.replay.alpha) == (1, 4, 0.5)
+    assert settings.run.run_dir == str(tmp_path)
+
+
+# -- one-line errors ----------------------------------------------------------------------------
+def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    (None, "--config {path}: no such file"),
+    ("alpha: [1, 2\nbeta_end: 3\n", "--config {path}: not valid YAML at line 2, column 9"),
+    ("- alpha: 0.5\n- lr: 1\n", "--config {path}: must be a YAML mapping of settings ('name: value' lines), "
+                                "got a list"),
+    ("progress: maybe\n", "--config {path}: progress must be true or false, got 'maybe'"),
+    ("run:\n  progress: 1\n", "--config {path}: progress must be true or false, got 1"),
+])
+def test_config_file_mistakes_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           config: str | None, message: str) -> None:
+    path = tmp_path / "settings.yaml"
+    if config is not None:
+        path.write_text(config)
+    err = _one_line_error(capsys, ["train", "--config", str(path), "--run-dir", str(tmp_path / "run")])
+    assert message.format(path=path) in err
+    assert not (tmp_path / "run").exists()  # refused before anything started
+
+
+def test_resume_without_a_checkpoint_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _one_line_error(capsys, ["train", "--resume", str(tmp_path / "nowhere")])
+    assert f"--resume {tmp_path / 'nowhere'}: no such run directory" in err
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(TrainSettings().to_dict()))
+    err = _one_line_error(capsys, ["train", "--resume", str(run_dir)])
+    assert f"--resume {run_dir}: no checkpoint under {run_dir / 'checkpoints'}" in err
+
+
+@pytest.mark.timeout(60)
+def test_unreachable_redis_is_named_within_seconds(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    port = _closed_port()
+    started = time.monotonic()
+    with pytest.raises(TransportError, match=f"cannot reach redis at 127.0.0.1:{port}"):
+        check_reachable(f"redis://127.0.0.1:{port}/0")
+    assert time.monotonic() - started < 5.0
+    started = time.monotonic()
+    err = _one_line_error(capsys, ["train", "--transport", f"redis://127.0.0.1:{port}/0",
+                                   "--run-dir", str(tmp_path / "run")])
+    assert f"cannot reach redis at 127.0.0.1:{port}" in err
+    assert time.monotonic() - started < 5.0
+    err = _one_line_error(capsys, ["actor", "--actor-id", "0", "--policy-url",
+                                   f"redis://127.0.0.1:{port}/0"])
+    assert f"cannot reach redis at 127.0.0.1:{port}" in err
+
+
+def test_actor_refuses_the_local_transport(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    err = _one_line_error(capsys, ["actor", "--actor-id", "0", "--policy-url", f"file://{tmp_path}/policy",
+                                   "--transport", "local"])
+    assert "--transport local: the local transport exists only inside shardreplay train" in err
+    assert time.monotonic() - started < 5.0  # refused, not waiting for a policy
+
+
+# -- the closing sentence -------------------------------------------------------------------------
+def test_a_run_ends_with_one_sentence_saying_how_it_went() -> None:
+    base = {"env_steps": 12345, "final_eval_return": 500.0, "eval_episodes": 20, "run_dir": "runs/x",
+            "stop_return": 475.0}
+    solved = final_line({**base, "stopped_by": "solved"})
+    assert solved.startswith("Solved after 12,345 environment steps: final evaluation 500.0 (mean return "
+                             "of 20 greedy episodes, stop_return 475). Files in runs/x/")
+    assert "summary.json" in solved and "\n" not in solved
+    assert final_line({**base, "stopped_by": "time"}).startswith("Not solved (time limit reached) after")
+    assert final_line({**base, "stopped_by": "signal"}).startswith("Stopped on request (not solved) after")
+    never = final_line({**base, "stopped_by": "env_steps", "stop_return": 0.0})
+    assert never.startswith("Not solved (step budget used up) after 12,345 environment steps: final "
+                            "evaluation 500.0 (mean return of 20 greedy episodes). Files in runs/x/")
