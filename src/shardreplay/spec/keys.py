@@ -43,8 +43,22 @@ TAG_SHIFT = GEN_BITS + PLACE_BITS
 SHARD_SHIFT = GEN_BITS + PLACE_BITS + TAG_BITS
 LOCAL_MASK = (1 << SHARD_SHIFT) - 1  # tag, place and generation: a key without its shard
 
-# Tags of this process's buffers: a random start (processes differ), then consecutive.
-_next_tag = itertools.count(int.from_bytes(os.urandom(4), "little") % NUM_TAGS)
+
+def _fresh_counter() -> itertools.count:
+    return itertools.count(int.from_bytes(os.urandom(4), "little") % NUM_TAGS)
+
+
+# Tags of this process's buffers: a random start (processes differ, forked ones too),
+# then consecutive.
+_next_tag = _fresh_counter()
+
+
+def _reseed_after_fork() -> None:
+    global _next_tag
+    _next_tag = _fresh_counter()
+
+
+os.register_at_fork(after_in_child=_reseed_after_fork)
 
 
 def new_key_tag() -> int:
