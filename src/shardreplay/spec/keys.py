@@ -6,8 +6,9 @@ Bit layout (most significant first, 63 bits used so keys stay non-negative)::
 
 - ``shard``: the rank that owns the window (0 in a single buffer); up to 1,024 shards.
 - ``tag``: the buffer's *key tag*, a number in ``1 .. 16,383`` drawn when the buffer is
-  made (a random start, then one more per buffer made in the process, so two buffers of
-  one process never share a tag). A key whose tag is not its owner's is not a key of
+  made (a random start per process, then one more per buffer made in it, so buffers
+  made in one process share no tag until 16,383 were made; a load takes over the saved
+  buffer's tag). A key whose tag is not its owner's is not a key of
   this buffer and is rejected with ``InvalidKeyError``: tag 0 is never used, so small
   integers (``torch.arange(B)``, row indices) are always rejected; random int64 and keys
   of a buffer in another process pass the tag check with probability 1 / 16,383 (and
