@@ -70,7 +70,9 @@ def new_key_tag() -> int:
 
 def is_key_tag(value: object) -> bool:
     """Whether ``value`` is a usable key tag (an int in ``1 .. NUM_TAGS``)."""
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and 1 <= value <= NUM_TAGS
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+        return False
+    return 1 <= int(value) <= NUM_TAGS
 
 
 def tag_bits(tag: int) -> int:
