@@ -124,7 +124,7 @@ def assert_same_distribution(before: dict[tuple[int, ...], float],
 
 def stored_steps(buf: sr.ReplayBuffer) -> dict[str, np.ndarray]:
     """Stored steps in (row, time) order, with their row, as numpy arrays."""
-    state = buf.state_dict()["arrays"]
+    state = {k: v.numpy() for k, v in buf.state_dict()["arrays"].items()}
     rows = np.repeat(np.arange(buf.num_streams), state["row_length"])
     return {"row": rows, "ctr": state["field.ctr"], "env": state["field.env"],
             "home": state["field.home"], "step_type": state["step_type"],

@@ -38,7 +38,7 @@ ENVS, WINDOW, GAMMA, BATCH, WARMUP, INTERVAL, SAVED_AT, MORE = 2, 3, 0.99, 32, 2
 
 def _content(local: ReplayBuffer) -> dict[int, tuple]:
     """uid -> (priority, action, reward, obs..., step_type, discount) of every stored step."""
-    a = local.state_dict()["arrays"]
+    a = {k: v.numpy() for k, v in local.state_dict()["arrays"].items()}
     return {int(u): (float(p), int(act), float(r), *map(float, o), int(st), float(d))
             for u, p, act, r, o, st, d in zip(a["field.uid"], a["priority"], a["field.action"],
                                               a["field.reward"], a["field.obs"], a["step_type"],

@@ -24,6 +24,7 @@ import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.checkpoint.load import _load_one
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import InvalidKeyError
 from shardreplay.spec.keys import GEN_MASK
 
 STREAMS, CAPACITY = 3, 16
@@ -152,7 +153,11 @@ def test_three_gloo_ranks_resume_exactly_and_old_keys_are_stale(tmp_path: Path) 
 
 @pytest.mark.parametrize(("m", "n"), [(2, 2), (2, 1), (1, 3)])
 def test_keys_sampled_before_a_save_are_stale_after_any_restore(tmp_path: Path, m: int, n: int) -> None:
-    """The issue's case: rows that never wrapped, keys of generation 1 before and after."""
+    """The issue's case: rows that never wrapped, keys of generation 1 before and after.
+
+    Restored shard ``s`` takes saved shard ``s``'s key tag, so its keys are recognised
+    (and found stale); keys of another saved shard are another buffer's and refused.
+    """
     keys = []
     for k in range(m):
         local = make_buffer(STREAMS, 40, seed=k)
@@ -164,6 +169,11 @@ def test_keys_sampled_before_a_save_are_stale_after_any_restore(tmp_path: Path, 
         restored = make_buffer(STREAMS, 40, seed=50)
         report = _load_one(checkpoint.checkpoint_dir(tmp_path, 1), restored, shard, n)
         assert report.exact == (m == n)
-        for k in keys:
-            applied += restored.update_priorities(k, np.full(BATCH, 9.0, np.float32))
+        for k, saved in enumerate(keys):
+            if k == shard:
+                applied += restored.update_priorities(saved, np.full(BATCH, 9.0, np.float32))
+                assert restored.stale_updates == BATCH
+            else:
+                with pytest.raises(InvalidKeyError):
+                    restored.update_priorities(saved, np.full(BATCH, 9.0, np.float32))
     assert applied == 0

@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import numpy as np
+import torch
 from core_ref import FIRST, LAST, MID, SPEC
 
 from shardreplay import ReplayBuffer
@@ -38,10 +39,10 @@ def filled_buffer(window: int, **kwargs: Any) -> ReplayBuffer:
 
 
 def flat_slots(buf: ReplayBuffer, keys: Any) -> np.ndarray:
-    """Flat slots (row * C + slot) named by keys."""
+    """Flat slots (row * C + slot) named by keys (their place field)."""
     keys = np.asarray(keys, np.int64)
-    _, row, slot, _ = unpack_keys(keys)
-    return row * buf.stream_capacity + slot
+    _, _tag, place, _ = unpack_keys(keys)
+    return place
 
 
 def all_keys(buf: ReplayBuffer) -> tuple[np.ndarray, np.ndarray]:
@@ -72,7 +73,11 @@ def snapshot(buf: ReplayBuffer) -> dict[str, Any]:
 
 
 def assert_same(a: Any, b: Any, path: str = "") -> None:
-    """Deep equality of nested dicts / lists / arrays (NaN equals NaN), naming the path."""
+    """Deep equality of nested dicts / lists / arrays or tensors (NaN equals NaN), naming
+    the path."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{path}: not a tensor"
+        a, b = a.numpy(), b.numpy()
     if isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys differ"
         for k in a:

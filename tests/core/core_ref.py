@@ -48,6 +48,7 @@ class RefBuffer:
     next_episode: int = 0
     next_act: int = 0
     fifo: list[tuple[int, int]] = field(default_factory=list)
+    tag: int = 0  # the buffer's key tag (spec/keys.py): the reference cannot draw it
 
     def __post_init__(self) -> None:
         self.streams = [[] for _ in range(self.num_streams)]
@@ -131,14 +132,17 @@ class RefBuffer:
         return q
 
     def key(self, r: int, q: int) -> int:
-        """The key DESIGN.md prescribes: shard 0, row, slot, low bits of the write count."""
+        """The key DESIGN.md and spec/keys.py prescribe: shard 0 (bits 53-62), the tag
+        (bits 39-52), the place ``row * capacity + slot`` (bits 11-38), the low 11 bits
+        of the slot's write count (bits 0-10)."""
         generation = (q // self.capacity + 1) & GEN_MASK
-        return (r << 37) | ((q % self.capacity) << 13) | generation
+        return (self.tag << 39) | ((r * self.capacity + q % self.capacity) << 11) | generation
 
     def decode(self, key: int) -> tuple[int, int]:
-        """(row, position) named by a key of this buffer (shard 0)."""
-        shard, row, slot, _gen = (int(a[0]) for a in unpack_keys(np.array([key], np.int64)))
-        assert shard == 0
+        """(row, position) named by a key of this buffer (shard 0, its tag)."""
+        shard, tag, place, _gen = (int(a[0]) for a in unpack_keys(np.array([key], np.int64)))
+        assert shard == 0 and tag == self.tag
+        row, slot = divmod(place, self.capacity)
         return row, self.position_of(row, slot)
 
     def window_of(self, r: int, q: int) -> tuple[list[RefStep], list[bool]]:

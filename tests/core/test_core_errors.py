@@ -167,16 +167,16 @@ def test_update_with_wrong_counts(buf: ReplayBuffer) -> None:
 
 
 def test_keys_of_another_buffer_or_garbage(buf: ReplayBuffer) -> None:
-    big = ReplayBuffer(SPEC, num_streams=16, stream_capacity=64, window=2, seed=1)
-    for _ in range(40):
-        big.add(_step(16))
-    foreign = big.sample(200).keys.numpy()
-    foreign = foreign[(foreign >> 37) >= S][:5]  # rows this buffer does not have
-    assert foreign.size == 5
+    twin = ReplayBuffer(SPEC, num_streams=S, stream_capacity=C, window=2, sampler="prioritized", seed=0)
+    for _ in range(7):  # the same writes: the same places and generations, another key tag
+        twin.add(_step())
+    foreign = twin.sample(5).keys.numpy()
+    assert twin.key_tag != buf.key_tag
     good = buf.sample(5).keys.numpy()
     cases = {
-        "foreign-rows": foreign,
-        "foreign-slot": np.array([(0 << 37) | (C << 13) | 1], np.int64),
+        "another-buffers-keys": foreign,
+        "place-past-the-end": np.array([(buf.key_tag << 39) | ((S * C) << 11) | 1], np.int64),
+        "no-tag": good & ((1 << 39) - 1),
         "negative": np.array([-1], np.int64),
         "other-shard": good | np.int64(1 << 61),
         "last-of-many-garbage": np.append(good, np.int64(2**62 + 12345)),
@@ -229,6 +229,13 @@ BAD_CONFIGS = {
     "beta-negative": {"sampler": "prioritized", "beta": -0.1},
     "beta-schedule-over-1": {"sampler": "prioritized", "beta": LinearSchedule(0.4, 1.2, 10)},
     "beta-string": {"sampler": "prioritized", "beta": "0.4"},
+    "beta-bool": {"sampler": "prioritized", "beta": True},
+    "beta-nan": {"sampler": "prioritized", "beta": np.float32("nan")},
+    "beta-numpy-over-1": {"sampler": "prioritized", "beta": np.float64(1.5)},
+    "alpha-bool": {"sampler": "prioritized", "alpha": True},
+    "shard-over-2**28-steps": {"num_streams": 1 << 14, "stream_capacity": 1 << 15},
+    "device-meta": {"device": "meta"},
+    "device-unknown": {"device": "tpu:0"},
     "memmap-without-directory": {"storage": "memmap"},
     "unknown-storage": {"storage": "disk"},
 }

@@ -7,7 +7,7 @@ import pytest
 import torch
 from core_fixtures import assert_same, snapshot
 
-from shardreplay import Field, ReplayBuffer, Spec, SpecMismatchError
+from shardreplay import ConfigError, Field, LinearSchedule, ReplayBuffer, Spec, SpecMismatchError
 
 SPEC = Spec({"obs": {"pos": Field((3,), np.float32), "id": Field((), np.int32)},
              "act": Field((), np.int64)})
@@ -112,3 +112,22 @@ def test_extend_stores_every_field_size_from_strided_and_contiguous_inputs() -> 
     untouched = np.setdiff1d(np.arange(40), slots)
     stored, _mask, _keys = buf._storage.windows(untouched)
     assert not stored["big"].any() and not stored["f64"].any()
+
+
+@pytest.mark.parametrize("beta", [np.float32(0.4), np.float64(0.4), np.float16(0.4)])
+def test_numpy_scalar_alpha_and_beta_are_numbers(beta: np.floating) -> None:
+    buf = _buffer(sampler="prioritized", alpha=np.float32(0.6), beta=beta)
+    assert buf.current_beta() == pytest.approx(float(beta))
+    schedule = LinearSchedule(np.float32(0.4), np.float64(1.0), np.int64(10))
+    assert _buffer(sampler="prioritized", beta=schedule).current_beta() == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(("beta", "says"), [(True, "bool"), (np.bool_(False), "bool"),
+                                            (np.float32("nan"), "NaN"), (float("nan"), "NaN"),
+                                            ("0.4", "str")])
+def test_bool_nan_and_text_beta_are_refused_with_one_line(beta: object, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _buffer(sampler="prioritized", beta=beta)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("beta must be a number in [0.0, 1.0]")
+    assert says in message

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from core_fixtures import flat_slots
+import pytest
+from core_fixtures import assert_same, flat_slots, snapshot
 from core_ref import FIRST, MID, SPEC
 
-from shardreplay import ReplayBuffer
+from shardreplay import ConfigError, ReplayBuffer
 
 
 def _write(buf: ReplayBuffer, types: list[int], priorities: list[float] | None = None) -> None:
@@ -82,9 +83,12 @@ def test_new_starts_get_the_largest_priority_seen_or_the_writers() -> None:
     assert buf._storage.priority[1] == 8.0  # position 5 -> slot 1
 
 
-def test_priorities_reach_uniform_buffers_without_changing_sampling() -> None:
-    buf = ReplayBuffer(SPEC, num_streams=1, stream_capacity=4, window=2, seed=0)
+@pytest.mark.parametrize("sampler", ["uniform", "fifo"])
+def test_priority_updates_on_a_buffer_that_ignores_them_are_refused(sampler: str) -> None:
+    buf = ReplayBuffer(SPEC, num_streams=1, stream_capacity=4, window=2, sampler=sampler, seed=0)
     _write(buf, [FIRST, MID, MID])
-    batch = buf.sample(4)
-    assert buf.update_priorities(batch.keys, np.full(4, 3.0)) == 4
-    assert buf.sample(4).probabilities.tolist() == [0.5] * 4
+    batch = buf.sample(2)
+    before = snapshot(buf)
+    with pytest.raises(ConfigError, match=f"sampler is '{sampler}'.*sampler=\"prioritized\""):
+        buf.update_priorities(batch.keys, np.full(len(batch), 3.0))
+    assert_same(before, snapshot(buf))

@@ -29,7 +29,9 @@ def _run(buf: ReplayBuffer, prog: Program, rng: np.random.Generator) -> None:
                 batch = buf.sample(int(rng.integers(1, 6)))
             except EmptyBufferError:  # prioritized with every priority 0
                 continue
-            buf.update_priorities(batch.keys, rng.choice([0.0, 0.3, 2.0], size=len(batch)))
+            prios = rng.choice([0.0, 0.3, 2.0], size=len(batch))
+            if buf.sampler_name == "prioritized":  # the others refuse priorities
+                buf.update_priorities(batch.keys, prios)
 
 
 def _assert_same_batches(a: ReplayBuffer, b: ReplayBuffer, size: int) -> None:
@@ -68,7 +70,8 @@ def test_round_trip_continues_exactly(sampler: str, alpha: float) -> None:
                 keys = a.sample(3).keys
                 assert keys.tolist() == b.sample(3).keys.tolist()
                 prios = rng.choice([0.0, 0.5, 3.0], size=len(keys))  # fifo may give fewer
-                assert a.update_priorities(keys, prios) == b.update_priorities(keys, prios)
+                if sampler == "prioritized":
+                    assert a.update_priorities(keys, prios) == b.update_priorities(keys, prios)
             except EmptyBufferError:
                 with pytest.raises(EmptyBufferError):
                     b.sample(3)
@@ -272,7 +275,7 @@ def test_fifo_state_with_waiting_windows_passes_the_check_and_drains_the_same() 
         apply_write(a, None, op)
     a.sample(2)  # drain some: the rest wait, in order
     state = a.state_dict()
-    assert state["arrays"]["sampler.waiting_slots"].size > 2
+    assert state["arrays"]["sampler.waiting_slots"].numel() > 2
     b = make_buffer(prog, sampler="fifo", seed=3)
     b.load_state_dict(state)
     assert len(b) == len(a)

@@ -87,7 +87,8 @@ def _draws(buf: ShardedReplayBuffer, mode: str) -> dict:
         first = obs[:, 0].astype(np.int64)
         j = np.arange(WINDOW)
         window_ok &= bool(((obs == first[:, None] + j) | ~mask).all())
-        shard, row, slot, _gen = unpack_keys(keys)
+        shard, _tag, place, _gen = unpack_keys(keys)
+        row, slot = np.divmod(place, CAPACITY)
         key_ok &= bool((shard == first // 1000).all() and (row == (first % 1000) // 100).all()
                        and (slot == (first % 100) % CAPACITY).all())
         ids.append(first)
@@ -106,7 +107,7 @@ def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
 def _stored(local: sr.ReplayBuffer) -> tuple[np.ndarray, np.ndarray]:
     """(ids, priorities) of every stored step of a shard, read from its state dict."""
     arrays = local.state_dict()["arrays"]
-    return arrays["field.obs"].astype(np.int64), arrays["priority"].copy()
+    return arrays["field.obs"].numpy().astype(np.int64), arrays["priority"].numpy().copy()
 
 
 def _scenario(rank: int, world: int) -> dict:
@@ -163,7 +164,8 @@ def _scenario(rank: int, world: int) -> dict:
 def _stale_updates(pri: ShardedReplayBuffer, rank: int, out: dict) -> None:
     """Keys into rank 0's stream 0 go stale when rank 0 overwrites that whole ring."""
     keys = pri.sample(64, mode="exact").keys.numpy()
-    shard, row, _slot, _gen = unpack_keys(keys)
+    shard, _tag, place, _gen = unpack_keys(keys)
+    row = place // CAPACITY
     out["stale_expected"] = int(((shard == 0) & (row == 0)).sum())
     before = pri.local.stale_updates
     if rank == 0:

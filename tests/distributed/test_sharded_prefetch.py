@@ -62,7 +62,8 @@ def _logged(buf: ShardedReplayBuffer, log: list[str]) -> None:
 
 def _stored(local: sr.ReplayBuffer) -> dict[int, float]:
     arrays = local.state_dict()["arrays"]
-    return dict(zip(arrays["field.obs"].astype(np.int64).tolist(), arrays["priority"].tolist(), strict=True))
+    return dict(zip(arrays["field.obs"].numpy().astype(np.int64).tolist(), arrays["priority"].tolist(),
+                    strict=True))
 
 
 def _draws(buf: ShardedReplayBuffer, mode: str) -> dict:

@@ -203,7 +203,8 @@ def test_buffer_windows_give_reference_nstep(mode):
     assert buf.num_steps == sum(len(s) for s in streams)  # no ring wrap: slot = time index
     batch = buf.sample(512)
     t = nstep_transitions(batch, gamma)
-    _, rows, slots, _ = unpack_keys(batch.keys.numpy())
+    _, _, places, _ = unpack_keys(batch.keys.numpy())
+    rows, slots = np.divmod(places, 512)
     for b, (row, slot) in enumerate(zip(rows, slots, strict=True)):
         steps = streams[row][slot:slot + length]
         total, scale = 0.0, 1.0

@@ -71,3 +71,18 @@ def check_priorities(value: Any, shape: tuple[int, ...]) -> np.ndarray:
         raise InvalidPriorityError("priorities must be finite and >= 0 (got NaN, inf or a negative "
                                    "value); nothing was changed")
     return arr
+
+
+def foreign_key(keys: np.ndarray, bad: int, owner: str) -> str:
+    """The message for ``keys[bad]``, which is not a key of this ``owner`` (buffer or
+    sharded buffer): what keys are, and what is not one."""
+    return (f"keys must come from this {owner}'s sample() (batch.keys): keys[{bad}] = "
+            f"{int(keys[bad])} is not one of its keys (positions, torch.arange(B) and keys of "
+            "another buffer are not keys); nothing was applied")
+
+
+def not_prioritized(sampler: str) -> str:
+    """The message for ``update_priorities`` on a buffer whose sampler ignores priorities."""
+    return (f"update_priorities needs a prioritized buffer, but this buffer's sampler is "
+            f"{sampler!r} (priorities would change nothing); construct it (every shard's, when "
+            "sharded) with ReplayBuffer(..., sampler=\"prioritized\"), or skip the call")

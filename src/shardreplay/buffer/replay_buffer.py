@@ -16,8 +16,11 @@ from shardreplay.buffer.checks import (
     as_priority_array,
     check_priorities,
     check_stream_ids,
+    foreign_key,
+    not_prioritized,
 )
-from shardreplay.buffer.state import export_state, import_state
+from shardreplay.buffer.device import batch_on, check_device
+from shardreplay.buffer.state import export_state, import_state, state_as_tensors
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
 from shardreplay.samplers import (
     SAMPLER_NAMES,
@@ -28,11 +31,11 @@ from shardreplay.samplers import (
     UniformSampler,
     as_schedule,
 )
-from shardreplay.samplers.schedules import Schedule
+from shardreplay.samplers.schedules import Schedule, is_real
 from shardreplay.spec import Spec
-from shardreplay.spec.keys import MAX_ROWS, MAX_SLOTS, unpack_keys
+from shardreplay.spec.keys import MAX_PLACES
 from shardreplay.storage import ArrayAllocator, StreamStorage
-from shardreplay.storage.kernels import resolve_keys, rows_distinct_in_range
+from shardreplay.storage.kernels import keys_fit, resolve_keys, rows_distinct_in_range
 
 
 class ReplayBuffer:
@@ -53,6 +56,8 @@ class ReplayBuffer:
         seed: seed of the sampling RNG (None: fresh entropy).
         storage: ``"memory"`` (numpy) or ``"memmap"`` (files in ``directory``).
         directory: where memory-mapped arrays live.
+        device: where sampled batches land (default CPU). For a CUDA device each batch
+            is gathered on the host, pinned and copied with ``non_blocking=True``.
 
     Raises:
         ConfigError: a setting out of range (the message says which and why).
@@ -61,14 +66,15 @@ class ReplayBuffer:
     def __init__(self, spec: Spec, *, num_streams: int, stream_capacity: int, window: int = 2,
                  sampler: str = "uniform", alpha: float = 0.6, beta: float | Schedule = 0.4,
                  seed: int | None = None, storage: str = "memory",
-                 directory: str | Path | None = None) -> None:
+                 directory: str | Path | None = None, device: torch.device | str | None = None) -> None:
         if not isinstance(spec, Spec):
             raise ConfigError(f"spec must be a shardreplay.Spec, got {type(spec).__name__}")
         _check_sizes(num_streams, stream_capacity, window)
         if sampler not in SAMPLER_NAMES:
             raise ConfigError(f"sampler must be one of {SAMPLER_NAMES}, got {sampler!r}")
-        if not _is_number(alpha) or not 0.0 <= float(alpha) <= 10.0:
+        if not is_real(alpha) or not 0.0 <= float(alpha) <= 10.0:
             raise ConfigError(f"alpha must be a number in [0, 10], got {alpha!r}")
+        self.device = check_device(device)
         self.spec = spec
         self.window = int(window)
         self.seed = seed
@@ -178,10 +184,11 @@ class ReplayBuffer:
         """
         draw = self.draw(batch_size)
         data, mask, keys = self.gather(draw.starts)
-        return Batch(data={k: torch.from_numpy(v) for k, v in data.items()},
-                     mask=torch.from_numpy(mask), keys=torch.from_numpy(keys),
-                     weights=torch.from_numpy(draw.weights),
-                     probabilities=torch.from_numpy(draw.probabilities))
+        batch = Batch(data={k: torch.from_numpy(v) for k, v in data.items()},
+                      mask=torch.from_numpy(mask), keys=torch.from_numpy(keys),
+                      weights=torch.from_numpy(draw.weights),
+                      probabilities=torch.from_numpy(draw.probabilities))
+        return batch_on(batch, self.device)
 
     def draw(self, batch_size: int, *, advance_schedule: bool = True) -> Draw:
         """Choose window starts without gathering data (used by sharded sampling).
@@ -249,24 +256,31 @@ class ReplayBuffer:
         Keys whose slot was overwritten since sampling are ignored and counted in
         ``stale_updates``. A key repeated in one call takes its last priority.
 
+        Only a prioritized buffer takes priority updates: on a uniform or fifo buffer
+        they would change nothing, so they are refused.
+
         Returns:
             The number of priorities applied (not stale).
 
         Raises:
+            ConfigError: this buffer's sampler is not ``"prioritized"``.
             InvalidPriorityError: counts differ, or a priority is negative, NaN or inf.
-            InvalidKeyError: a key names no slot of this buffer.
+            InvalidKeyError: a key is not a key of this buffer (``torch.arange(B)``, row
+                indices, keys of another buffer: see ``spec/keys.py``).
             Nothing changes when an error is raised.
         """
+        if not isinstance(self._sampler, PrioritizedSampler):
+            raise ConfigError(not_prioritized(self.sampler_name))
         keys = as_index_array(keys, "keys")
         prios = as_priority_array(priorities, keys.shape)
-        status, slots, current = resolve_keys(keys, prios, self._storage.pos,
-                                              self.num_streams, self.stream_capacity,
-                                              self._storage.key_epoch)
+        storage = self._storage
+        status, bad, slots, current = resolve_keys(keys, prios, storage.pos, self.num_streams,
+                                                   self.stream_capacity, storage.key_epoch,
+                                                   storage.key_tag)
         if status == 1:
             check_priorities(prios, keys.shape)  # raises with the precise reason
         if status == 2:
-            raise InvalidKeyError("a key names no slot of this buffer (wrong shard, row or slot); "
-                                  "pass keys from this buffer's sample()")
+            raise InvalidKeyError(foreign_key(keys, bad, "buffer"))
         n_current = int(current.sum())
         self.stale_updates += keys.shape[0] - n_current
         if n_current < keys.shape[0]:
@@ -275,19 +289,28 @@ class ReplayBuffer:
         return int(slots.shape[0])
 
     def fits_keys(self, keys: np.ndarray) -> np.ndarray:
-        """Which keys (shard 0) name a slot of this buffer's layout (bool per key)."""
-        shard, row, slot, _gen = unpack_keys(keys)
-        return (keys >= 0) & (shard == 0) & (row < self.num_streams) & (slot < self.stream_capacity)
+        """Which keys (shard 0) are keys of this buffer: its key tag and a place of its
+        layout (bool per key; stale keys fit)."""
+        keys = np.ascontiguousarray(keys, np.int64)
+        return keys_fit(keys, self._storage.key_tag, self.capacity)
+
+    @property
+    def key_tag(self) -> int:
+        """The tag every key of this buffer carries (see ``spec/keys.py``)."""
+        return self._storage.key_tag
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed for an exact restore, laid out by stream and time.
 
-        Returns ``{"meta": JSON-ready dict, "arrays": dict of numpy arrays}``; the step
-        arrays hold only stored steps, row after row in time order, so a checkpoint can
-        slice them per episode (``episode_id`` is contiguous within a row).
+        Returns ``{"meta": dict of numbers, strings, lists and dicts, "arrays": dict of CPU
+        tensors}``, so ``torch.save(buffer.state_dict(), path)`` and
+        ``torch.load(path, weights_only=True)`` round-trip it. The step arrays hold only
+        stored steps, row after row in time order (``episode_id`` is contiguous within a
+        row). The buffer's key tag travels too: keys sampled before ``state_dict()`` are
+        keys of the buffer that loads it.
         """
-        return export_state(self, self._storage, self._sampler, self._rng)
+        return state_as_tensors(export_state(self, self._storage, self._sampler, self._rng))
 
     def state_dict_views(self) -> dict[str, Any]:
         """Like :meth:`state_dict`, but each user field is a list of views into storage
@@ -316,7 +339,8 @@ class ReplayBuffer:
         self.stale_updates = int(stale_updates)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict` of a buffer with the same layout.
+        """Restore a state from :meth:`state_dict` of a buffer with the same layout
+        (arrays as tensors, as ``state_dict`` gives them, or numpy arrays).
 
         Raises:
             ConfigError: the state's layout (streams, capacity, window, sampler) differs;
@@ -328,19 +352,16 @@ class ReplayBuffer:
 
 
 def _check_sizes(num_streams: int, stream_capacity: int, window: int) -> None:
-    for name, value, high in (("num_streams", num_streams, MAX_ROWS),
-                              ("stream_capacity", stream_capacity, MAX_SLOTS)):
-        if not isinstance(value, int | np.integer) or not 1 <= value <= high:
-            raise ConfigError(f"{name} must be an integer in [1, {high}], got {value!r}")
+    for name, value in (("num_streams", num_streams), ("stream_capacity", stream_capacity)):
+        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if int(num_streams) * int(stream_capacity) > MAX_PLACES:
+        raise ConfigError(f"num_streams * stream_capacity must be at most {MAX_PLACES:,} steps per "
+                          f"buffer (shard), got {num_streams} * {stream_capacity}; use more shards")
     if not isinstance(window, int | np.integer) or window < 1:
         raise ConfigError(f"window must be a positive integer, got {window!r}")
     if window > stream_capacity:
         raise ConfigError(f"window ({window}) must not exceed stream_capacity ({stream_capacity})")
-
-
-def _is_number(value: object) -> bool:
-    """A real number (bool and strings are not)."""
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
 
 
 def _make_sampler(name: str, storage: StreamStorage, alpha: float, beta: Schedule) -> Sampler:

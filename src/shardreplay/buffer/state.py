@@ -1,4 +1,9 @@
-"""The buffer's state dict: layout, export and checked import."""
+"""The buffer's state dict: layout, export and checked import.
+
+``ReplayBuffer.state_dict()`` holds only what ``torch.load(weights_only=True)`` accepts:
+``meta`` of ints, floats, strings, lists and dicts, ``arrays`` of CPU tensors (numpy
+arrays wrapped without a copy). ``load_state_dict`` takes tensors or numpy arrays.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.samplers import Sampler
 from shardreplay.spec import Spec
+from shardreplay.spec.keys import is_key_tag
 from shardreplay.storage import STEP_ARRAYS, StreamStorage
 
 if TYPE_CHECKING:
@@ -44,9 +51,16 @@ def export_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
         "next_episode_id": int(storage.counters[0]),
         "stale_updates": buffer.stale_updates,
         "key_epoch": int(storage.key_epoch),
+        "key_tag": int(storage.key_tag),
         "rng": rng.bit_generator.state,
     }
     return {"meta": meta, "arrays": arrays}
+
+
+def state_as_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with every array of ``arrays`` as a CPU tensor sharing its memory."""
+    return {"meta": state["meta"], "arrays": {k: torch.from_numpy(np.ascontiguousarray(v))
+                                              for k, v in state["arrays"].items()}}
 
 
 def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
@@ -56,6 +70,10 @@ def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
     _check_layout(buffer, meta)
     _check_arrays(buffer, arrays)
     next_episode_id, stale_updates, key_epoch = _check_counters(meta, rng)
+    key_tag = meta.get("key_tag", storage.key_tag)  # a state from before key tags keeps ours
+    if not is_key_tag(key_tag):
+        raise ConfigError(f"state meta: key_tag {key_tag!r} is not a key tag; "
+                          "pass a state from ReplayBuffer.state_dict()")
     episode_ids = arrays["episode_id"]
     if episode_ids.size and not 0 <= int(episode_ids.min()) <= int(episode_ids.max()) < next_episode_id:
         raise ConfigError("state: stored episode ids must lie in [0, next_episode_id); "
@@ -66,6 +84,7 @@ def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
     storage.import_steps(arrays)
     storage.counters[0] = next_episode_id
     storage.key_epoch = key_epoch
+    storage.key_tag = int(key_tag)
     buffer.stale_updates = stale_updates
     sampler.rebuild()
     sampler.load_state_dict(sampler_state)
@@ -75,11 +94,21 @@ def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
 def _split(state: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, np.ndarray]]:
     if not isinstance(state, Mapping) or "meta" not in state or "arrays" not in state:
         raise ConfigError("a buffer state is a dict with 'meta' and 'arrays' (from state_dict())")
-    meta = state["meta"]
+    meta, arrays = state["meta"], state["arrays"]
+    if not isinstance(meta, Mapping) or not isinstance(arrays, Mapping):
+        raise ConfigError("a buffer state's 'meta' and 'arrays' must be dicts (from state_dict())")
     if meta.get("version") != STATE_VERSION:
         raise ConfigError(f"buffer state version {meta.get('version')} is not supported "
                           f"(this shardreplay reads version {STATE_VERSION})")
-    return meta, state["arrays"]
+    return meta, {k: _as_numpy(v) for k, v in arrays.items()}
+
+
+def _as_numpy(value: Any) -> Any:
+    """A tensor as a numpy array (a CPU tensor's memory is shared, not copied); anything
+    else as it is (checked later)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return value
 
 
 def _check_layout(buffer: ReplayBuffer, meta: Mapping[str, Any]) -> None:

@@ -10,7 +10,9 @@ and reads only the episodes it receives, straight into its storage. Stream ids (
 row, and every field the spec declares ``env_id``) are rewritten to the new rows;
 priorities come back with their steps; episode ids are renumbered uniquely across the
 new shards; generations restart at 1. Either way the key epoch moves past every
-generation the saved shards handed out, so keys sampled before the save are stale.
+generation the saved shards handed out, and shard ``s`` takes the key tag of saved
+shard ``s`` (when there is one), so keys sampled before the save are recognised as
+keys of this buffer and found stale (not refused as foreign keys).
 With a sharded buffer the ranks agree, through one collective per try, on which
 checkpoint they restored.
 """
@@ -40,6 +42,7 @@ from shardreplay.errors import (
     IncompleteCheckpointError,
 )
 from shardreplay.spec import Spec, StepType
+from shardreplay.spec.keys import is_key_tag
 from shardreplay.storage import STEP_ARRAYS
 
 log = logging.getLogger(__name__)
@@ -186,11 +189,12 @@ def _log_passed_over(root: Path, loaded: int | None, skipped: list[str]) -> None
 def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: bool
            ) -> tuple[list[int], bool]:
     """Ranks that failed, and whether any rank found the checkpoint complete (one
-    collective for a sharded buffer)."""
+    collective for a sharded buffer, which also tells every rank the shards' key tags)."""
     if not isinstance(buffer, ShardedReplayBuffer):
         return ([0] if failed else []), complete
-    flags = buffer.collectives.all_gather(torch.tensor([int(failed), int(complete)]),
-                                          "checkpoint.load(agree)").cpu().reshape(-1, 2)
+    mine = torch.tensor([int(failed), int(complete), buffer.local.key_tag])
+    flags = buffer.collectives.all_gather(mine, "checkpoint.load(agree)").cpu().reshape(-1, 3)
+    buffer.learn_key_tags(flags[:, 2].numpy())
     return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].any())
 
 
@@ -233,6 +237,8 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
     else:
         _finish(local, plan, metas, shard, len(episodes))
     local.storage.key_epoch = epoch
+    if shard < len(metas) and is_key_tag(metas[shard].get("key_tag")):
+        local.storage.key_tag = int(metas[shard]["key_tag"])  # a part from before key tags: keep ours
     sharding = metas[shard].get("sharding") if shard < len(metas) else None
     if isinstance(buffer, ShardedReplayBuffer) and isinstance(sharding, dict):
         try:

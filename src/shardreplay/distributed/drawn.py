@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shardreplay.buffer.batch import Batch
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.spec.fields import StepType
 
@@ -84,10 +83,3 @@ def padding(layout: RecordLayout, window: int, n: int) -> Drawn:
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
-
-
-def pinned(batch: Batch) -> Batch:
-    """The batch in pinned host memory (for non-blocking copies to a GPU)."""
-    return Batch(data={k: v.pin_memory() for k, v in batch.data.items()},
-                 mask=batch.mask.pin_memory(), keys=batch.keys.pin_memory(),
-                 weights=batch.weights.pin_memory(), probabilities=batch.probabilities.pin_memory())

@@ -6,34 +6,42 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from shardreplay.spec.keys import MAX_ROWS, MAX_SLOTS, ROW_SHIFT, SHARD_SHIFT, SLOT_SHIFT
+from shardreplay.spec.keys import LOCAL_MASK, PLACE_MASK, PLACE_SHIFT, SHARD_SHIFT, TAG_MASK, TAG_SHIFT
 
 OK, BAD_PRIORITY, BAD_KEY = 0, 1, 2
-_LOCAL_BITS = np.int64((1 << SHARD_SHIFT) - 1)
+_LOCAL_BITS = np.int64(LOCAL_MASK)
 
 
 @numba.njit(cache=True, nogil=True)
-def split_updates(keys: np.ndarray, prios: np.ndarray, rank: int, world: int, num_streams: int,
-                  stream_capacity: int) -> tuple:
+def split_updates(keys: np.ndarray, prios: np.ndarray, rank: int, tags: np.ndarray,
+                  size: int) -> tuple:
     """Check every ``(key, priority)`` and split them by owner.
 
-    Keys of -1 (padding) are skipped. Returns ``(status, own_keys, own_prios,
-    foreign_keys, foreign_prios, misfits)``: ``status`` is ``BAD_PRIORITY`` (NaN, inf or
-    negative) or ``BAD_KEY`` (negative, or an owner outside ``0..world-1``) before
-    anything is split; own keys come back with their shard bits cleared, and own keys
-    that name no slot of this shard's layout are only counted (``misfits``).
+    ``tags[o]`` is the key tag of owner shard ``o`` (0 when not known yet: no key
+    matches it); ``size`` is this shard's slot count. Keys of -1 (padding) are skipped.
+    Returns ``(status, bad, own_keys, own_prios, foreign_keys, foreign_prios)``:
+    ``status`` is ``BAD_PRIORITY`` (priority ``bad`` is NaN, inf or negative) or
+    ``BAD_KEY`` (key ``bad`` is negative, names no owner, carries another tag than its
+    owner's, or names no place of this shard) before anything is split; own keys come
+    back with their shard bits cleared.
     """
     n = keys.shape[0]
+    world = tags.shape[0]
     for i in range(n):
         p = prios[i]
         if not (p >= 0.0 and p < np.inf):
-            return BAD_PRIORITY, keys[:0], prios[:0], keys[:0], prios[:0], 0
+            return BAD_PRIORITY, i, keys[:0], prios[:0], keys[:0], prios[:0]
         k = keys[i]
-        if k != -1 and (k < 0 or (k >> SHARD_SHIFT) >= world):
-            return BAD_KEY, keys[:0], prios[:0], keys[:0], prios[:0], 0
+        if k == -1:
+            continue
+        owner = k >> SHARD_SHIFT
+        if k < 0 or owner >= world or ((k >> TAG_SHIFT) & TAG_MASK) != tags[owner]:
+            return BAD_KEY, i, keys[:0], prios[:0], keys[:0], prios[:0]
+        if owner == rank and ((k >> PLACE_SHIFT) & PLACE_MASK) >= size:
+            return BAD_KEY, i, keys[:0], prios[:0], keys[:0], prios[:0]
     own_k, own_p = np.empty(n, np.int64), np.empty(n, np.float32)
     for_k, for_p = np.empty(n, np.int64), np.empty(n, np.float32)
-    n_own = n_for = misfits = 0
+    n_own = n_for = 0
     for i in range(n):
         k = keys[i]
         if k == -1:
@@ -42,11 +50,6 @@ def split_updates(keys: np.ndarray, prios: np.ndarray, rank: int, world: int, nu
             for_k[n_for], for_p[n_for] = k, prios[i]
             n_for += 1
             continue
-        row = (k >> ROW_SHIFT) & (MAX_ROWS - 1)
-        slot = (k >> SLOT_SHIFT) & (MAX_SLOTS - 1)
-        if row >= num_streams or slot >= stream_capacity:
-            misfits += 1
-            continue
         own_k[n_own], own_p[n_own] = k & _LOCAL_BITS, prios[i]
         n_own += 1
-    return OK, own_k[:n_own], own_p[:n_own], for_k[:n_for], for_p[:n_for], misfits
+    return OK, -1, own_k[:n_own], own_p[:n_own], for_k[:n_for], for_p[:n_for]

@@ -35,10 +35,17 @@ import numpy as np
 import torch
 
 from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.checks import as_index_array, as_priority_array, check_priorities
+from shardreplay.buffer.checks import (
+    as_index_array,
+    as_priority_array,
+    check_priorities,
+    foreign_key,
+    not_prioritized,
+)
+from shardreplay.buffer.device import pinned
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import global_sampling as gs
-from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, pinned, split_batches
+from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, split_batches
 from shardreplay.distributed.exact_exchange import ExactExchange
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
@@ -53,7 +60,7 @@ _SIZES_OP = ("ShardedReplayBuffer.global_sizes (len(), num_steps and capacity ar
              "rank must call them at the same point; len(buffer.local) is this rank's shard alone)")
 # Columns of the stats row each rank contributes to a sampling exchange (the last K
 # columns count its queued priority updates per owner shard).
-_MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _HOST, _NONCE, _MAXP, _FOREIGN = range(11)
+_MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _HOST, _NONCE, _MAXP, _TAG, _FOREIGN = range(12)
 
 
 class ShardedReplayBuffer:
@@ -108,6 +115,9 @@ class ShardedReplayBuffer:
         self._rng = np.random.default_rng(None if seed is None else [seed, self.rank, 0x5EED])
         self._layout = RecordLayout(local_buffer.spec, local_buffer.window)
         self.invalid_keys = 0
+        # Every shard's key tag (0: not known yet), learnt at each exchange and checkpoint
+        # load, so keys that are no keys of this buffer are refused where they are passed.
+        self._tags = np.zeros(self.world_size, np.int64)
         self.updates_applied = 0  # priorities applied to this shard, from any rank, so far
         self.prefetch = int(prefetch)
         self._ready: deque[Drawn] = deque()
@@ -236,6 +246,7 @@ class ShardedReplayBuffer:
         stats = self._gather_stats(mode, n, early)
         _check_same_mode(stats[:, _MODE])
         _check_same_prefetch(stats[:, _PREFETCH])
+        self.learn_key_tags(stats[:, _TAG])
         foreign = stats[:, _FOREIGN:].astype(np.int64)
         if foreign.any():  # queued priority updates first, so the draw sees them
             self._route(self._pending.take()[0], foreign)
@@ -262,7 +273,7 @@ class ShardedReplayBuffer:
         seed = float(self._rng.integers(0, 1 << 52))  # exact in a float64
         mine = torch.tensor([mass, count, low if count else np.inf, SAMPLE_MODES.index(mode),
                              batch_size, seed, self.prefetch, self._exact.host_key,
-                             self._exact.nonce, self._max_seen(),
+                             self._exact.nonce, self._max_seen(), self.local.key_tag,
                              *self._pending.counts.tolist()],
                             dtype=torch.float64)
         return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)",
@@ -319,7 +330,9 @@ class ShardedReplayBuffer:
             with ``prefetch=1``; its own with ``prefetch > 1``).
 
         Raises:
-            InvalidPriorityError / InvalidKeyError: this rank's input was bad; it still
+            ConfigError: the shards are not prioritized (priorities would change nothing).
+            InvalidPriorityError / InvalidKeyError: this rank's input was bad (keys must
+                be this buffer's: see ``spec/keys.py``); it still
                 joined the exchange (with nothing to send) so no peer hangs, and nothing
                 of its input was applied or queued.
             CollectiveTimeout: a peer rank did not join in time.
@@ -390,25 +403,29 @@ class ShardedReplayBuffer:
         self.updates_applied += applied
         return applied
 
+    def learn_key_tags(self, tags: Any) -> None:
+        """Note every shard's key tag (from an exchange, or a checkpoint load's agreement)."""
+        self._tags = np.asarray(tags).astype(np.int64)
+
     def _split_updates(self, keys: Any, priorities: Any) -> tuple[np.ndarray, ...]:
         """Checked ``(own keys with shard 0, own priorities, foreign keys, foreign
-        priorities)``; padding keys (-1) dropped, own keys that fit no slot counted in
-        ``invalid_keys``.
+        priorities)``; padding keys (-1) dropped.
 
         Raises:
+            ConfigError: the shards are not prioritized.
             InvalidKeyError / InvalidPriorityError: bad input (nothing was changed).
         """
-        keys_np = as_index_array(keys, "keys")
+        if self.local.sampler_name != "prioritized":
+            raise ConfigError(not_prioritized(self.local.sampler_name))
+        keys_np = np.ascontiguousarray(as_index_array(keys, "keys"))
         prios = np.ascontiguousarray(as_priority_array(priorities, keys_np.shape))
-        status, own_k, own_p, for_k, for_p, misfits = split_updates(
-            keys_np, prios, self.rank, self.world_size, self.local.num_streams,
-            self.local.stream_capacity)
+        self._tags[self.rank] = self.local.key_tag  # a checkpoint load may have changed it
+        status, bad, own_k, own_p, for_k, for_p = split_updates(
+            keys_np, prios, self.rank, self._tags, self.local.capacity)
         if status == BAD_PRIORITY:
             check_priorities(prios, keys_np.shape)  # raises with the precise reason
         if status == BAD_KEY:
-            raise InvalidKeyError(f"keys must come from this sharded buffer's sample() "
-                                  f"(owner shard outside 0..{self.world_size - 1})")
-        self.invalid_keys += misfits
+            raise InvalidKeyError(foreign_key(keys_np, bad, "sharded buffer"))
         return own_k, own_p, for_k, for_p
 
     def _apply_own(self, keys: np.ndarray, prios: np.ndarray) -> int:

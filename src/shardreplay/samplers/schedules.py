@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardreplay.errors import ConfigError
+
+
+def is_real(value: object) -> bool:
+    """A real number: Python or numpy ints and floats (``np.float32(0.4)``), any
+    ``numbers.Real``; not a bool (``True`` is no exponent) and not a string."""
+    real = isinstance(value, numbers.Real | np.integer | np.floating)
+    return real and not isinstance(value, bool | np.bool_)
 
 
 @dataclass(frozen=True)
@@ -52,17 +63,23 @@ Schedule = LinearSchedule | ConstantSchedule
 def as_schedule(value: float | Schedule, name: str, low: float, high: float) -> Schedule:
     """Turn a number or schedule into a schedule whose values lie in ``[low, high]``.
 
+    A number may be any real number, numpy scalars included (``np.float32(0.4)``).
+
     Raises:
-        ConfigError: a value outside ``[low, high]`` or not a number / schedule.
+        ConfigError: a value outside ``[low, high]``, NaN, a bool, or not a number /
+            schedule.
     """
     if isinstance(value, LinearSchedule | ConstantSchedule):
         sched = value
         ends = (sched.start, sched.end) if isinstance(sched, LinearSchedule) else (sched.value,)
-    elif isinstance(value, int | float):
-        sched = ConstantSchedule(float(value))
-        ends = (float(value),)
+    elif is_real(value):
+        sched = ConstantSchedule(float(value))  # type: ignore[arg-type]
+        ends = (sched.value,)
     else:
-        raise ConfigError(f"{name} must be a number or a LinearSchedule, got {value!r}")
+        raise ConfigError(f"{name} must be a number in [{low}, {high}] or a LinearSchedule, got "
+                          f"{value!r} of type {type(value).__name__}")
+    if any(not is_real(v) or math.isnan(float(v)) for v in ends):
+        raise ConfigError(f"{name} must be a number in [{low}, {high}], got {value!r} (NaN or not a number)")
     if not all(low <= v <= high for v in ends):
         raise ConfigError(f"{name} must lie in [{low}, {high}], got {value!r}")
     return sched

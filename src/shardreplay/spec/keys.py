@@ -2,40 +2,101 @@
 
 Bit layout (most significant first, 63 bits used so keys stay non-negative)::
 
-    | shard: 10 | row: 16 | slot: 24 | generation: 13 |
+    | shard: 10 | tag: 14 | place: 28 | generation: 11 |
 
-``slot`` is the window start's index inside its stream ring; ``generation`` is the low
-13 bits of the slot's write counter, bumped each time the slot is overwritten, so a key
-whose data was overwritten since it was sampled is recognised as stale.
+- ``shard``: the rank that owns the window (0 in a single buffer); up to 1,024 shards.
+- ``tag``: the buffer's *key tag*, a number in ``1 .. 16,383`` drawn when the buffer is
+  made (a random start per process, then one more per buffer made in it, so buffers
+  made in one process share no tag until 16,383 were made; a load takes over the saved
+  buffer's tag). A key whose tag is not its owner's is not a key of
+  this buffer and is rejected with ``InvalidKeyError``: tag 0 is never used, so small
+  integers (``torch.arange(B)``, row indices) are always rejected; random int64 and keys
+  of a buffer in another process pass the tag check with probability 1 / 16,383 (and
+  must then also name a stored place of the right shard).
+- ``place``: the window start's flat index in its shard, ``row * stream_capacity + slot``,
+  so a shard holds at most ``num_streams * stream_capacity <= 2**28`` (268,435,456) steps.
+- ``generation``: the low 11 bits of the slot's write counter plus the buffer's key epoch,
+  bumped each time the slot is overwritten, so a key whose data was overwritten since it
+  was sampled is recognised as stale (counted, not an error) unless exactly a multiple
+  of 2,048 overwrites happened in between.
+
+A state dict or checkpoint carries its buffer's tag, and a restore takes it over, so
+keys sampled before a save are recognised after a restore (and found stale by the
+generation, whose epoch a checkpoint restore raises).
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+
 import numpy as np
 
-SHARD_BITS, ROW_BITS, SLOT_BITS, GEN_BITS = 10, 16, 24, 13
+SHARD_BITS, TAG_BITS, PLACE_BITS, GEN_BITS = 10, 14, 28, 11
 MAX_SHARDS = 1 << SHARD_BITS
-MAX_ROWS = 1 << ROW_BITS
-MAX_SLOTS = 1 << SLOT_BITS
+MAX_PLACES = 1 << PLACE_BITS
+NUM_TAGS = (1 << TAG_BITS) - 1  # tags are 1 .. NUM_TAGS: 0 would make small integers keys
 GEN_MASK = (1 << GEN_BITS) - 1
-SLOT_SHIFT = GEN_BITS
-ROW_SHIFT = GEN_BITS + SLOT_BITS
-SHARD_SHIFT = GEN_BITS + SLOT_BITS + ROW_BITS
+PLACE_MASK = (1 << PLACE_BITS) - 1
+TAG_MASK = (1 << TAG_BITS) - 1
+PLACE_SHIFT = GEN_BITS
+TAG_SHIFT = GEN_BITS + PLACE_BITS
+SHARD_SHIFT = GEN_BITS + PLACE_BITS + TAG_BITS
+LOCAL_MASK = (1 << SHARD_SHIFT) - 1  # tag, place and generation: a key without its shard
 
 
-def pack_keys(shard: np.ndarray | int, row: np.ndarray, slot: np.ndarray,
+def _fresh_counter() -> itertools.count:
+    return itertools.count(int.from_bytes(os.urandom(4), "little") % NUM_TAGS)
+
+
+# Tags of this process's buffers: a random start (processes differ, forked ones too),
+# then consecutive.
+_next_tag = _fresh_counter()
+
+
+def _reseed_after_fork() -> None:
+    global _next_tag
+    _next_tag = _fresh_counter()
+
+
+os.register_at_fork(after_in_child=_reseed_after_fork)
+
+
+def new_key_tag() -> int:
+    """A key tag for a new buffer: never 0, and different from the previous
+    ``NUM_TAGS - 1`` tags handed out in this process."""
+    return 1 + next(_next_tag) % NUM_TAGS
+
+
+def is_key_tag(value: object) -> bool:
+    """Whether ``value`` is a usable key tag (an int in ``1 .. NUM_TAGS``)."""
+    if not isinstance(value, int | np.integer) or isinstance(value, bool):
+        return False
+    return 1 <= int(value) <= NUM_TAGS
+
+
+def tag_bits(tag: int) -> int:
+    """The tag placed in its field, to OR into keys."""
+    return int(tag) << TAG_SHIFT
+
+
+def pack_keys(shard: np.ndarray | int, tag: np.ndarray | int, place: np.ndarray,
               generation: np.ndarray) -> np.ndarray:
-    """Pack (shard, row, slot, generation) into int64 keys (vectorised)."""
+    """Pack (shard, tag, place, generation) into int64 keys (vectorised)."""
     shard = np.asarray(shard, np.int64)
-    return ((shard << SHARD_SHIFT) | (row.astype(np.int64) << ROW_SHIFT)
-            | (slot.astype(np.int64) << SLOT_SHIFT) | (generation.astype(np.int64) & GEN_MASK))
+    tag = np.asarray(tag, np.int64)
+    return ((shard << SHARD_SHIFT) | (tag << TAG_SHIFT) | (place.astype(np.int64) << PLACE_SHIFT)
+            | (generation.astype(np.int64) & GEN_MASK))
 
 
 def unpack_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of :func:`pack_keys`: returns (shard, row, slot, generation) int64 arrays."""
+    """Inverse of :func:`pack_keys`: returns (shard, tag, place, generation) int64 arrays.
+
+    ``divmod(place, stream_capacity)`` gives the (row, slot) of the window start.
+    """
     keys = keys.astype(np.int64, copy=False)
-    return (keys >> SHARD_SHIFT, (keys >> ROW_SHIFT) & (MAX_ROWS - 1),
-            (keys >> SLOT_SHIFT) & (MAX_SLOTS - 1), keys & GEN_MASK)
+    return (keys >> SHARD_SHIFT, (keys >> TAG_SHIFT) & TAG_MASK, (keys >> PLACE_SHIFT) & PLACE_MASK,
+            keys & GEN_MASK)
 
 
 def key_shard(keys: np.ndarray) -> np.ndarray:
@@ -45,5 +106,5 @@ def key_shard(keys: np.ndarray) -> np.ndarray:
 
 def with_shard(keys: np.ndarray, shard: int) -> np.ndarray:
     """The same keys with their shard field set to ``shard``."""
-    local = keys.astype(np.int64, copy=False) & ((1 << SHARD_SHIFT) - 1)
+    local = keys.astype(np.int64, copy=False) & LOCAL_MASK
     return local | (np.int64(shard) << SHARD_SHIFT)

@@ -26,7 +26,7 @@ from numba import literal_unroll
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from shardreplay.spec.keys import GEN_MASK, MAX_ROWS, MAX_SLOTS, ROW_SHIFT, SHARD_SHIFT, SLOT_SHIFT
+from shardreplay.spec.keys import GEN_MASK, LOCAL_MASK, PLACE_MASK, PLACE_SHIFT, TAG_MASK, TAG_SHIFT
 
 FIRST, MID, LAST = 0, 1, 2
 
@@ -282,8 +282,9 @@ def slot_generation(pos, row, slot, cap):
 
 
 @numba.njit(cache=True, nogil=True)
-def window_indices(starts, step_type, pos, cap, window, epoch):
-    """Flat slot indices ``[B, L]`` of each window, its mask, and its key (shard 0).
+def window_indices(starts, step_type, pos, cap, window, epoch, tag):
+    """Flat slot indices ``[B, L]`` of each window, its mask, and its key (shard 0,
+    key ``tag``, place = the flat start; see ``spec/keys.py``).
 
     A key's generation is the slot's write count plus the storage's key ``epoch``
     (raised by every checkpoint restore, so keys of an earlier life are stale).
@@ -297,11 +298,12 @@ def window_indices(starts, step_type, pos, cap, window, epoch):
     idx = np.empty((n, window), np.int64)
     mask = np.ones((n, window), np.bool_)
     keys = np.empty(n, np.int64)
+    high = np.int64(tag) << TAG_SHIFT
     for b in range(n):
         s = starts[b]
         row, slot = s // cap, s % cap
         gen = (slot_generation(pos, row, slot, cap) + epoch) & GEN_MASK
-        keys[b] = (row << ROW_SHIFT) | (slot << SLOT_SHIFT) | gen
+        keys[b] = high | (s << PLACE_SHIFT) | gen
     for b in range(n):
         s = starts[b]
         base = s - s % cap
@@ -320,12 +322,13 @@ def window_indices(starts, step_type, pos, cap, window, epoch):
 
 
 @numba.njit(cache=True, nogil=True)
-def resolve_keys(keys, priorities, pos, num_streams, cap, epoch):
+def resolve_keys(keys, priorities, pos, num_streams, cap, epoch, tag):
     """Check keys and priorities; map keys to flat slots and mark the stale ones
     (generation other than the slot's write count plus the key ``epoch``).
 
-    Returns ``(status, slots, current)``: status 0 when all is well, 1 when a priority
-    is negative or not finite, 2 when a key names no slot (wrong shard, row or slot).
+    Returns ``(status, bad, slots, current)``: status 0 when all is well, 1 when
+    priority ``bad`` is negative or not finite, 2 when key ``bad`` is not a key of this
+    buffer (negative, shard other than 0, another key ``tag``, or a place past the end).
     """
     n = keys.shape[0]
     slots = np.empty(n, np.int64)
@@ -333,14 +336,30 @@ def resolve_keys(keys, priorities, pos, num_streams, cap, epoch):
     for j in range(n):
         p = priorities[j]
         if not (p >= 0.0 and p < np.inf):
-            return 1, slots, current
+            return 1, j, slots, current
+        if not key_fits(keys[j], tag, num_streams * cap):
+            return 2, j, slots, current
         k = keys[j]
-        row = (k >> ROW_SHIFT) & (MAX_ROWS - 1)
-        slot = (k >> SLOT_SHIFT) & (MAX_SLOTS - 1)
-        if k < 0 or (k >> SHARD_SHIFT) != 0 or row >= num_streams or slot >= cap:
-            return 2, slots, current
-        s = row * cap + slot
+        s = (k >> PLACE_SHIFT) & PLACE_MASK
         slots[j] = s
+        row, slot = s // cap, s % cap
         written = slot_generation(pos, row, slot, cap)  # 0: never written, no key names it
         current[j] = written > 0 and ((written + epoch) & GEN_MASK) == (k & GEN_MASK)
-    return 0, slots, current
+    return 0, -1, slots, current
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def key_fits(k, tag, size):
+    """Whether ``k`` can be a key of a shard-0 buffer with key ``tag`` and ``size``
+    slots: not negative, shard 0, the tag, a place below ``size``."""
+    return (k >= 0 and (k & LOCAL_MASK) == k and ((k >> TAG_SHIFT) & TAG_MASK) == tag
+            and ((k >> PLACE_SHIFT) & PLACE_MASK) < size)
+
+
+@numba.njit(cache=True, nogil=True)
+def keys_fit(keys, tag, size):
+    """:func:`key_fits` of every key (bool array)."""
+    out = np.empty(keys.shape[0], np.bool_)
+    for j in range(keys.shape[0]):
+        out[j] = key_fits(keys[j], tag, size)
+    return out

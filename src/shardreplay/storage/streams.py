@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from shardreplay.spec import Spec
+from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 from shardreplay.storage import kernels
 from shardreplay.storage.allocate import ArrayAllocator
@@ -91,6 +92,8 @@ class StreamStorage:
         # a checkpoint restore raises it past every generation the saved shards could
         # have handed out, so keys sampled before the save are stale afterwards.
         self.key_epoch = 0
+        # The key tag of every key handed out (spec/keys.py): rejects keys of other buffers.
+        self.key_tag = new_key_tag()
         self.num_valid = 0
         # The write path's per-call constants, built once: [S, C, ...] views of every
         # field (discount last) for plain-slice writes, and the kernel's result scratch.
@@ -189,7 +192,8 @@ class StreamStorage:
         mask ``[B, L]`` and the keys ``[B]`` (shard 0).
         """
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
-                                                 self.stream_capacity, self.window, self.key_epoch)
+                                                 self.stream_capacity, self.window, self.key_epoch,
+                                                 self.key_tag)
         # One gather of whole records, then dense copies of the fields the batch needs
         # (np.take on a strided field view would first copy the whole column; .copy()
         # also gives empty results plain strides, which torch requires).
@@ -221,7 +225,8 @@ class StreamStorage:
         if extent > out.shape[1]:
             raise ValueError("offsets must leave room for a window of every part in a record")
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
-                                                 self.stream_capacity, self.window, self.key_epoch)
+                                                 self.stream_capacity, self.window, self.key_epoch,
+                                                 self.key_tag)
         if columns.shape[1]:
             kernels.gather_window_parts(*columns, idx, np.ascontiguousarray(dst_rows, np.int64), out)
         return mask, keys
