@@ -6,6 +6,7 @@ into one with plain storage, with the same seed, and compares what they sample.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,12 @@ def assert_same_samples(a: sr.ReplayBuffer, b: sr.ReplayBuffer, n: int = 64, rou
             assert np.array_equal(getattr(x, name).numpy(), getattr(y, name).numpy()), name
 
 
-@pytest.mark.parametrize(("sampler", "window"), [("uniform", 2), ("prioritized", 4), ("uniform", 1)])
-def test_samples_equal_plain_storage_across_episodes_and_wrap_around(sampler: str, window: int) -> None:
+@pytest.mark.parametrize(("sampler", "window", "frame"),
+                         [("uniform", 2, (3, 5)), ("prioritized", 4, (3, 5)), ("uniform", 1, (3, 5)),
+                          ("prioritized", 3, (8, 6))])  # 48-byte frames: streamed to aligned output
+def test_samples_equal_plain_storage_across_episodes_and_wrap_around(
+        sampler: str, window: int, frame: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "FRAME", frame)
     stacked, plain = pair(3, 17, window=window, sampler=sampler, seed=5)
     envs = Envs(3, seed=1, p_done=0.12)
     chunk_rng = np.random.default_rng(2)
@@ -186,7 +191,10 @@ def test_state_dict_and_checkpoints_round_trip(tmp_path: Path) -> None:
             assert_same_samples(a, b)
 
 
-def test_windows_into_packed_records_match_windows() -> None:
+@pytest.mark.parametrize("frame", [(3, 5), (8, 6)])
+def test_windows_into_packed_records_match_windows(frame: tuple[int, int],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "FRAME", frame)
     stacked, _plain = pair(2, 10, window=2, seed=0)
     envs = Envs(2, seed=9, p_done=0.2)
     for _ in range(25):
