@@ -164,6 +164,22 @@ def test_each_frame_is_stored_once_and_rings_grow_for_short_episodes() -> None:
     assert_same_samples(stacked, plain)
 
 
+def test_memory_mapped_rings_and_validated_chunks(tmp_path: Path) -> None:
+    stacked_spec, plain_spec = specs()
+    stacked = sr.ReplayBuffer(stacked_spec, num_streams=2, stream_capacity=16, seed=4, storage="memmap",
+                              directory=tmp_path)
+    plain = sr.ReplayBuffer(plain_spec, num_streams=2, stream_capacity=16, seed=4)
+    envs = Envs(2, seed=8, p_done=0.7)  # short episodes: the rings grow
+    for _ in range(12):
+        chunk = envs.chunk(5)
+        stacked.extend(stacked.spec.validated(chunk, (2, 5)))  # read-only arrays, as decoded chunks
+        plain.extend(chunk)
+    assert stacked.storage.stacked["obs"].frame_capacity > initial_frame_capacity(16, K)
+    assert sorted(p.name for p in tmp_path.glob("frames.*")) == [
+        f"frames.obs.{stacked.storage.stacked['obs']._grown}.bin"]
+    assert_same_samples(stacked, plain)
+
+
 def test_state_dict_and_checkpoints_round_trip(tmp_path: Path) -> None:
     stacked, plain = pair(3, 12, window=3, sampler="prioritized", seed=7)
     envs = Envs(3, seed=5, p_done=0.15)

@@ -15,6 +15,7 @@ needs more grows every stream's ring, so no stored step ever loses its frames.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -119,6 +120,8 @@ class FrameStore:
             keep = np.arange(end - min(cap, end), end)
             new[r, keep % new_cap] = old[r, keep % cap]
         self.frames = new
+        if isinstance(old, np.memmap) and old.filename:
+            Path(old.filename).unlink(missing_ok=True)  # the old ring's file (mapped until freed)
 
     def gather_into(self, idx: np.ndarray, dst_rows: np.ndarray, out: np.ndarray, offset: int) -> None:
         """Stacks of the windows of slots ``idx[B, L]`` into rows ``dst_rows`` of packed
