@@ -20,6 +20,7 @@ Usage::
     python benchmarks/bench_replay.py --quick         # smoke run, seconds
     python benchmarks/bench_replay.py --libs shardreplay,cpprb --mode prioritized
     python benchmarks/bench_replay.py --workload atari  # Nature-DQN frames (replay_frames.py)
+    python benchmarks/bench_replay.py --workload atari --interleave  # learner steps, A/B blocks
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="mlp: 64-float observations (default); atari: 4x84x84 uint8 frame stacks")
     p.add_argument("--atari-capacity", type=int,
                    help=f"transitions each atari case is filled with (default {F.CAPACITY:,})")
+    p.add_argument("--interleave", action="store_true",
+                   help="atari: time shardreplay's and cpprb_stack's learner steps in alternating "
+                        "blocks in one process (robust to a changing load) instead of the cases")
     p.add_argument("--libs", help="comma-separated subset of " + ",".join(LIBRARIES)
                    + " (atari: of " + ",".join(F.CASE_NAMES) + ")")
     p.add_argument("--mode", choices=[*MODES, "both"], default="both")
@@ -303,7 +307,11 @@ def parent_main(args: argparse.Namespace) -> None:
     if args.workload == "atari":
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         load_start = [round(x, 2) for x in os.getloadavg()]
-        body = frames_parent_main(args)
+        if args.interleave:
+            W.set_clock(args.clock)
+            body = {"interleaved": F.interleaved_learner_steps(args), "clock": args.clock}
+        else:
+            body = frames_parent_main(args)
         finished = time.strftime("%Y-%m-%dT%H:%M:%S")
         line = {"benchmark": "replay_atari", "started": started, "finished": finished,
                 "python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),

@@ -255,3 +255,27 @@ def frames_ratios(results: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], d
             met = None if got is None else (got >= target if higher else got <= target)
             targets[name] = {"target": (">= " if higher else "<= ") + str(target), "met": met}
     return values, targets
+
+
+def interleaved_learner_steps(args: Any) -> dict[str, Any]:
+    """shardreplay and cpprb_stack in one process, filled alike, their learner steps timed
+    in alternating blocks: on a shared machine both see the same load, block by block.
+
+    Returns the rates per block of each and the median of the per-pair ratios."""
+    pool = make_frame_pool(args.seed)
+    cases = [make_case(name, pool) for name in ("shardreplay", "cpprb_stack")]
+    for case in cases:
+        case.create(args.atari_capacity)
+        for i in range(args.atari_capacity // STREAMS):
+            case.add(i)
+        for i in range(args.warmup):
+            case.learner_step(i)
+    rates: dict[str, list[float]] = {case.name: [] for case in cases}
+    for block in range(args.blocks):
+        for case in cases if block % 2 == 0 else cases[::-1]:
+            rate, _low, _high = W.time_calls(case.learner_step, calls=args.calls, blocks=1, warmup=0)
+            rates[case.name].append(round(rate, 1))
+    ratio = [a / b for a, b in zip(rates["shardreplay"], rates["cpprb_stack"], strict=True)]
+    return {"capacity": args.atari_capacity, "learner_steps_per_s_blocks": rates,
+            "learner_step_ratio_blocks": [round(r, 3) for r in ratio],
+            "learner_step_vs_cpprb_stack_median": round(float(np.median(ratio)), 3)}
