@@ -128,16 +128,27 @@ class ShardReplayFrames:
         files that are never touched (so 1M steps need no RAM)."""
         with tempfile.TemporaryDirectory() as directory:
             buf = self._make(capacity, storage="memmap", directory=directory)
-            storage = buf.storage
-            # Small fields are views of the per-slot records; the others own their arrays.
-            arrays = [storage.records, storage.pos, buf._sampler.tree.sums, buf._sampler.tree.mins]
-            arrays += [a for name, a in storage.fields.items() if name not in storage._small]
-            for store in storage.stacked.values():
-                arrays += [store.frames, store.ref, store.fpos]
-            total = sum(int(a.nbytes) for a in arrays)
-            del buf, storage, arrays
+            total = _array_bytes(buf)
+            del buf
             gc.collect()
         return total
+
+    def extras(self) -> dict[str, Any]:
+        """The filled buffer's frame rings: their size now, and its arrays' bytes."""
+        store = self.buf.storage.stacked["obs"]
+        return {"frame_capacity": store.frame_capacity, "frame_rings_grown": store._grown,
+                "filled_layout_bytes": _array_bytes(self.buf)}
+
+
+def _array_bytes(buf: Any) -> int:
+    """Bytes of a shardreplay buffer's arrays: per-slot records, fields that own their
+    arrays (small fields are views of the records), frame rings, sum and min trees."""
+    storage = buf.storage
+    arrays = [storage.records, storage.pos, buf._sampler.tree.sums, buf._sampler.tree.mins]
+    arrays += [a for name, a in storage.fields.items() if name not in storage._small]
+    for store in storage.stacked.values():
+        arrays += [store.frames, store.ref, store.fpos]
+    return sum(int(a.nbytes) for a in arrays)
 
 
 class CpprbFrames:
@@ -197,6 +208,10 @@ class CpprbFrames:
         tree = 2 * 2 * 4 * (1 << (capacity - 1).bit_length())
         return per * capacity + tree
 
+    def extras(self) -> dict[str, Any]:
+        """Nothing beyond the common figures."""
+        return {}
+
 
 def make_case(name: str, pool: dict[str, np.ndarray]) -> Any:
     """The case object of ``name``."""
@@ -232,6 +247,7 @@ def run_frames_case(name: str, args: Any) -> dict[str, Any]:
     out["layout_bytes_per_transition"] = round(out["layout_bytes"] / capacity, 1)
     out["layout_bytes_1m"] = case.layout_bytes(NOMINAL)
     out["layout_gib_1m"] = round(out["layout_bytes_1m"] / 2**30, 2)
+    out.update(case.extras())
     out["rss_mib_peak"] = W.peak_rss_mib()
     return out
 

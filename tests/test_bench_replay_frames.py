@@ -59,7 +59,7 @@ def test_layout_bytes_count_one_frame_per_step() -> None:
     case = F.make_case("shardreplay", F.make_frame_pool(seed=0))
     per_step = case.layout_bytes(F.NOMINAL) / F.NOMINAL
     frame = F.FRAME[0] * F.FRAME[1]
-    assert frame < per_step < 1.15 * frame  # ring margin, frame positions, records, trees
+    assert frame < per_step < 1.25 * frame  # ring margin, frame positions, records, trees
 
 
 @pytest.mark.slow

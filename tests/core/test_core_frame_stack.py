@@ -146,21 +146,21 @@ def test_a_stack_that_does_not_continue_its_episode_is_rejected_and_nothing_chan
 def test_each_frame_is_stored_once_and_rings_grow_for_short_episodes() -> None:
     stacked, plain = pair(2, 64, seed=0)
     store = stacked.storage.stacked["obs"]
-    assert store.frame_capacity == initial_frame_capacity(64, K) == 64 + 3 * 3
+    assert store.frame_capacity == initial_frame_capacity(64, K) == 64 + 3 * 5
     envs = Envs(2, seed=0, p_done=0.0)
     for _ in range(100):
         step = envs.step()
         stacked.add(step)
         plain.add(step)
     assert store.fpos.tolist() == [100 + K - 1] * 2  # one reset stack, then one frame a step
-    assert store.frame_capacity == 64 + 9  # no growth
+    assert store.frame_capacity == 64 + 15  # no growth
     assert "obs" not in stacked.storage.fields  # no [S*C, K, ...] array
     envs.p_done = 0.9  # episodes of one or two steps: a reset stack every other step
     for _ in range(100):
         step = envs.step()
         stacked.add(step)
         plain.add(step)
-    assert store.frame_capacity > 64 + 9
+    assert store.frame_capacity > 64 + 15
     assert_same_samples(stacked, plain)
 
 

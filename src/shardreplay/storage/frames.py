@@ -8,7 +8,7 @@ slot records the position of its step's newest frame, and sampling rebuilds the 
 bit.
 
 The ring of a stream holds ``frame_capacity`` frames, at first
-:func:`initial_frame_capacity` (room for one reset stack per 32 steps); a write that
+:func:`initial_frame_capacity` (room for one reset stack per 16 steps); a write that
 needs more grows every stream's ring, so no stored step ever loses its frames.
 """
 
@@ -26,7 +26,7 @@ from shardreplay.storage.allocate import ArrayAllocator
 
 # Steps per reset stack that the first allocation has room for; shorter episodes on
 # average make the rings grow (by GROWTH at least).
-STEPS_PER_RESET = 32
+STEPS_PER_RESET = 16
 GROWTH = 1.25
 
 
