@@ -161,8 +161,8 @@ class StreamStorage:
             types = types.reshape(n_rows, t_len)
         # Frame-stacked fields are checked against the stored stacks first (this may
         # raise: nothing is written yet).
-        frame_plans = [(store, values, store.plan(values, types, rows, pos, self.step_type).copy())
-                       for store, values in ((store, store.as_frame_bytes(steps[name], t_len))
+        frame_plans = [(store, stacks, store.plan(stacks, types, rows, pos, self.step_type).copy())
+                       for store, stacks in ((store, store.as_frame_bytes(steps[name], t_len))
                                              for name, store in self.stacked.items())]
         if priorities is None:
             n_out, delta = kernels.write_steps(
@@ -188,8 +188,8 @@ class StreamStorage:
                                for name, as_bytes in self._scatter_fields)
                 kernels.scatter_fields(self._scatter_plan, values, flat)
             self._refresh_alignment()
-        for store, values, counts in frame_plans:
-            store.append(values, rows, out_slots[0, :n_rows * t_len], counts)
+        for store, stacks, counts in frame_plans:
+            store.append(stacks, rows, out_slots[0, :n_rows * t_len], counts)
         self.num_valid += delta
         # Views of scratch arrays: valid until the next write (the sampler uses them at once).
         return out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out]
