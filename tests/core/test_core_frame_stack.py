@@ -236,3 +236,27 @@ def test_plain_field_descriptions_are_unchanged() -> None:
     assert stacked.fingerprint != plain.fingerprint
     with pytest.raises(sr.errors.ConfigError, match="frame_stack"):
         sr.Field((4,), np.uint8, frame_stack=True)
+
+
+@pytest.mark.parametrize("frame", [(3, 5), (8, 6)])
+def test_sharded_exchange_records_carry_whole_stacks(frame: tuple[int, int],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardreplay.distributed.exchange import RecordLayout
+
+    monkeypatch.setattr(sys.modules[__name__], "FRAME", frame)
+    stacked, plain = pair(3, 11, window=3, seed=2)
+    envs = Envs(3, seed=6, p_done=0.25)
+    for _ in range(40):
+        step = envs.step()
+        stacked.add(step)
+        plain.add(step)
+    starts = stacked.draw(50, advance_schedule=False).starts
+    records = {}
+    for buf in (stacked, plain):
+        layout = RecordLayout(buf.spec, 3)
+        out = np.zeros((60, layout.record_bytes), np.uint8)
+        rows = np.random.default_rng(1).permutation(60)[:50]
+        buf.gather_into(starts, out, layout.data_offsets, rows)
+        records[buf is stacked] = layout.views(out)
+    for name in ("data.obs", "data.act", "data.rew", "data.step_type"):
+        assert np.array_equal(records[True][name], records[False][name]), name
