@@ -24,6 +24,8 @@ from shardreplay.spec import Field
 from shardreplay.storage import frame_kernels as fk
 from shardreplay.storage.allocate import ArrayAllocator
 
+# Steps per piece of lazily built stacks (84x84x4 uint8: ~28 MiB).
+PIECE_STEPS = 1024
 # Steps per reset stack that the first allocation has room for; shorter episodes on
 # average make the rings grow (by GROWTH at least).
 STEPS_PER_RESET = 16
@@ -158,3 +160,33 @@ class FrameStore:
             self.grow(need)
         fk.append_frames(data, np.array([row], np.int64), np.ascontiguousarray(slots, np.int64), counts,
                          self.frames, self.ref, self.fpos)
+
+
+class StackPieces:
+    """The stacks of some slots of a :class:`FrameStore`, built only when converted to an
+    array (``np.asarray``): a checkpoint writes a shard's stacks piece by piece instead
+    of holding all of them (four times the frames) at once.
+
+    Has ``shape``, ``dtype``, ``size`` and ``nbytes`` like the array it stands for. The
+    stacks are read when converted: the storage must not be written before that.
+    """
+
+    def __init__(self, store: FrameStore, slots: np.ndarray) -> None:
+        self._store, self._slots = store, slots
+        self.shape = (int(slots.shape[0]), *store.field.shape)
+        self.dtype = store.field.dtype
+        self.ndim = len(self.shape)
+        self.size = int(math.prod(self.shape))
+        self.nbytes = self.size * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        arr = self._store.gather(self._slots)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    @classmethod
+    def split(cls, store: FrameStore, slots: np.ndarray) -> list[StackPieces]:
+        """Pieces of at most ``PIECE_STEPS`` steps covering ``slots`` in order."""
+        return [cls(store, slots[i:i + PIECE_STEPS]) for i in range(0, slots.shape[0], PIECE_STEPS)]

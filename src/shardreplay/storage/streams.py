@@ -16,7 +16,7 @@ from shardreplay.spec import Spec
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 from shardreplay.storage import kernels
 from shardreplay.storage.allocate import ArrayAllocator
-from shardreplay.storage.frames import FrameStore
+from shardreplay.storage.frames import FrameStore, StackPieces
 
 # Per-slot arrays saved with the steps (beside the user's fields), with their dtypes.
 STEP_ARRAYS = {
@@ -308,12 +308,15 @@ class StreamStorage:
         return [p for p in pieces if p.shape[0]]
 
     def export_steps(self, copy_fields: bool = True) -> dict[str, np.ndarray]:
-        """Every stored step in (row, time) order: user fields (unless ``copy_fields``
-        is False; frame-stacked fields always, as whole stacks) and per-step arrays, plus
-        ``row_length`` and ``row_pos``."""
+        """Every stored step in (row, time) order: user fields and per-step arrays, plus
+        ``row_length`` and ``row_pos``. Without ``copy_fields`` plain fields are left out
+        and frame-stacked fields come as lists of :class:`StackPieces` (whole stacks,
+        built when each piece is read)."""
         slots, lengths = self.stored_slots()
         out = {f"field.{name}": arr[slots] for name, arr in self.fields.items()} if copy_fields else {}
-        out.update({f"field.{name}": store.gather(slots) for name, store in self.stacked.items()})
+        for name, store in self.stacked.items():
+            lazy = not copy_fields and slots.shape[0]
+            out[f"field.{name}"] = StackPieces.split(store, slots) if lazy else store.gather(slots)
         for name in STEP_ARRAYS:
             out[name] = getattr(self, name)[slots]
         out["row_length"] = lengths
