@@ -335,31 +335,15 @@ class StreamStorage:
         self.counters[:] = 0
         self.num_valid = 0
 
-    def load_stacks(self, slots: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.ndarray],
-                    first_step: int = 0) -> None:
-        """Store stacks of frame-stacked fields for stored steps in (row, time) order:
-        ``slots`` and ``values[name]`` hold the steps ``first_step ..`` of that order,
-        ``lengths`` the stored steps per row (all of them). Call with ``first_step == 0``
-        first (it forgets every frame), then on with the following steps."""
-        if not self.stacked:
-            return
-        row_start = np.concatenate([[0], np.cumsum(lengths)])
-        lo, hi = first_step, first_step + slots.shape[0]
+    def load_stacks(self, slots: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
+        """Store the stacks ``values[name]`` of frame-stacked fields for the stored steps at
+        ``slots`` (in (row, time) order, ``lengths`` steps per row), forgetting every frame."""
+        row_start = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         for name, store in self.stacked.items():
-            if first_step == 0:
-                store.clear()
-            for r in np.flatnonzero((row_start[1:] > lo) & (row_start[:-1] < hi)).tolist():
-                a, b = max(int(row_start[r]), lo), min(int(row_start[r + 1]), hi)
-                if a == row_start[r]:
-                    prev = -1  # the row's first stored step
-                else:
-                    prev = int(slots[a - lo - 1]) if a > lo else self._prev_slot(int(slots[0]))
-                store.load_row(r, slots[a - lo:b - lo], values[name][a - lo:b - lo], prev)
-
-    def _prev_slot(self, slot: int) -> int:
-        """The flat slot of the step before the one at ``slot`` in its row's ring."""
-        cap = self.stream_capacity
-        return slot - slot % cap + (slot - 1) % cap
+            store.clear()
+            for r in range(lengths.shape[0]):
+                a, b = row_start[r], row_start[r + 1]
+                store.load_row(r, slots[a:b], values[name][a:b], -1)
 
     def finish_restore(self, pos: np.ndarray, next_episode_id: int) -> None:
         """After arrays were filled directly (checkpoint load): set positions, rebuild validity."""
