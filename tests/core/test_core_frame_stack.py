@@ -270,3 +270,18 @@ def test_sharded_exchange_records_carry_whole_stacks(frame: tuple[int, int],
         records[buf is stacked] = layout.views(out)
     for name in ("data.obs", "data.act", "data.rew", "data.step_type"):
         assert np.array_equal(records[True][name], records[False][name]), name
+
+
+def test_chunks_from_the_wire_go_into_a_frame_stacked_buffer() -> None:
+    from shardreplay.transport.codec import Chunk, decode, encode
+
+    stacked_spec, _plain_spec = specs()
+    stacked, plain = pair(2, 10, window=2, seed=3)
+    envs = Envs(2, seed=4, p_done=0.2)
+    for seq in range(6):
+        steps = envs.chunk(4)
+        data = encode(Chunk(0, seq, 0, np.arange(2, dtype=np.int64), steps), stacked_spec)
+        chunk = decode(data, stacked_spec, max_bytes=1 << 20)
+        stacked.extend(chunk.steps, stream_ids=chunk.stream_ids)
+        plain.extend(steps)
+    assert_same_samples(stacked, plain)
