@@ -285,3 +285,20 @@ def test_chunks_from_the_wire_go_into_a_frame_stacked_buffer() -> None:
         stacked.extend(chunk.steps, stream_ids=chunk.stream_ids)
         plain.extend(steps)
     assert_same_samples(stacked, plain)
+
+
+def test_rings_never_grow_beyond_a_stack_per_step() -> None:
+    stacked, plain = pair(2, 6, window=1, seed=0)
+    envs = Envs(2, seed=2, p_done=0.0)
+    for _ in range(30):
+        envs.ended[:] = True  # every step FIRST: a whole stack each
+        step = envs.step()
+        stacked.add(step)
+        plain.add(step)
+    assert stacked.storage.stacked["obs"].frame_capacity == K * 6
+    assert_same_samples(stacked, plain)
+    for _ in range(10):
+        step = envs.step()
+        stacked.add(step)
+        plain.add(step)
+    assert_same_samples(stacked, plain)

@@ -110,10 +110,12 @@ class FrameStore:
 
     def grow(self, need: int) -> None:
         """Make every stream's ring hold at least ``need`` frames (and ``GROWTH`` times
-        more than now), keeping each stream's last frames at their positions."""
+        more than now, up to ``K`` per step), keeping each stream's last frames at their
+        positions."""
         old = self.frames
         cap = old.shape[1]
-        new_cap = max(int(need), int(cap * GROWTH) + 1)
+        # No stream ever needs more than K frames per stored step.
+        new_cap = max(int(need), min(int(cap * GROWTH) + 1, self.stack * self.stream_capacity))
         self._grown += 1
         new = self._allocator.zeros(f"frames.{self.name}.{self._grown}",
                                     (old.shape[0], new_cap, old.shape[2]), np.dtype(np.uint8))
