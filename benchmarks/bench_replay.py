@@ -19,6 +19,8 @@ Usage::
     python benchmarks/bench_replay.py                 # full run, a few minutes on 2 cores
     python benchmarks/bench_replay.py --quick         # smoke run, seconds
     python benchmarks/bench_replay.py --libs shardreplay,cpprb --mode prioritized
+    python benchmarks/bench_replay.py --workload atari  # Nature-DQN frames (replay_frames.py)
+    python benchmarks/bench_replay.py --workload atari --interleave  # learner steps, A/B blocks
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import replay_frames as F
 import replay_workload as W
 
 LIBRARIES = ("shardreplay", "torchrl", "cpprb")
@@ -70,8 +73,15 @@ SUMMARY = (("insert_vs_cpprb", ("uniform_insert_vs_cpprb", "prioritized_insert_v
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (options as the peer benchmarks')."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--libs", default=",".join(LIBRARIES),
-                   help="comma-separated subset of " + ",".join(LIBRARIES))
+    p.add_argument("--workload", choices=["mlp", "atari"], default="mlp",
+                   help="mlp: 64-float observations (default); atari: 4x84x84 uint8 frame stacks")
+    p.add_argument("--atari-capacity", type=int,
+                   help=f"transitions each atari case is filled with (default {F.CAPACITY:,})")
+    p.add_argument("--interleave", action="store_true",
+                   help="atari: time shardreplay's and cpprb_stack's learner steps in alternating "
+                        "blocks in one process (robust to a changing load) instead of the cases")
+    p.add_argument("--libs", help="comma-separated subset of " + ",".join(LIBRARIES)
+                   + " (atari: of " + ",".join(F.CASE_NAMES) + ")")
     p.add_argument("--mode", choices=[*MODES, "both"], default="both")
     p.add_argument("--n-insert", type=int, help="transitions to insert (multiple of 32; default 1,000,000)")
     p.add_argument("--blocks", type=int, help="timing blocks per figure, median reported (default 7)")
@@ -86,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: defaults --n-insert 64000 --blocks 3 --calls 50 --warmup 5")
     p.add_argument("--out", type=Path, help="also write the JSON line to this file")
-    p.add_argument("--child", choices=LIBRARIES, help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=sorted({*LIBRARIES, *F.CASE_NAMES}), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     for name, value in defaults.items():  # options given explicitly win over --quick
@@ -96,10 +106,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--repeat must be at least 1")
     if args.n_insert % W.ADD_BATCH or args.n_insert <= 0:
         p.error("--n-insert must be a positive multiple of 32")
-    args.libs = [name.strip() for name in args.libs.split(",") if name.strip()]
-    unknown = sorted(set(args.libs) - set(LIBRARIES))
+    if args.atari_capacity is None:
+        args.atari_capacity = 6_400 if args.quick else F.CAPACITY
+    if args.atari_capacity % F.STREAMS or args.atari_capacity < F.WARMUP_CAPACITY:
+        p.error(f"--atari-capacity must be a multiple of {F.STREAMS} and at least {F.WARMUP_CAPACITY}")
+    known = F.CASE_NAMES if args.workload == "atari" else LIBRARIES
+    args.libs = [name.strip() for name in (args.libs or ",".join(known)).split(",") if name.strip()]
+    unknown = sorted(set(args.libs) - set(known))
     if unknown:
-        p.error(f"unknown libraries {unknown}; choose from {', '.join(LIBRARIES)}")
+        p.error(f"unknown libraries {unknown}; choose from {', '.join(known)}")
     return args
 
 
@@ -180,7 +195,10 @@ def child_main(args: argparse.Namespace) -> None:
 
     W.set_clock(args.clock)
     try:
-        result: dict[str, Any] = run_case(args.child, args.mode, args)
+        if args.workload == "atari":
+            result: dict[str, Any] = F.run_frames_case(args.child, args)
+        else:
+            result = run_case(args.child, args.mode, args)
     except MissingLibrary as exc:
         result = {"missing": str(exc)}
     print(json.dumps(result), flush=True)
@@ -191,7 +209,8 @@ def spawn_case(library: str, mode: str, args: argparse.Namespace) -> dict[str, A
     """Run one case in a fresh child process; its figures, or an ``error`` entry."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", library, "--mode", mode,
            "--n-insert", str(args.n_insert), "--blocks", str(args.blocks), "--calls", str(args.calls),
-           "--warmup", str(args.warmup), "--seed", str(args.seed), "--clock", args.clock]
+           "--warmup", str(args.warmup), "--seed", str(args.seed), "--clock", args.clock,
+           "--workload", args.workload, "--atari-capacity", str(args.atari_capacity)]
     env = {**os.environ, "RL_LOGGING_LEVEL": "WARNING"}  # keep TorchRL's banner off stdout
     print(f"bench_replay: {library} {mode} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -265,9 +284,40 @@ def _target(value: float | None, target: float, higher: bool) -> dict[str, Any]:
     return {"target": (">= " if higher else "<= ") + str(target), "met": met}
 
 
+def frames_parent_main(args: argparse.Namespace) -> dict[str, Any]:
+    """The atari workload: every case in its own child; figures, ratios and targets."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(args.repeat):
+        for lib in args.libs:
+            runs.setdefault(lib, []).append(spawn_case(lib, "prioritized", args))
+    results = {lib: merge_runs(got) for lib, got in runs.items()}
+    values, targets = F.frames_ratios(results)
+    workload = {"frame_stack": F.STACK, "frame": list(F.FRAME), "streams": F.STREAMS,
+                "sample_batch": F.SAMPLE_BATCH, "nominal_capacity": F.NOMINAL,
+                "capacity": args.atari_capacity, "plain_capacity": min(F.PLAIN_CAPACITY, args.atari_capacity),
+                "blocks": args.blocks, "calls_per_block": args.calls, "warmup": args.warmup,
+                "seed": args.seed, "repeat": args.repeat, "clock": args.clock}
+    return {"workload": workload, "results": results, "ratios": values, "targets": targets}
+
+
 def parent_main(args: argparse.Namespace) -> None:
     """Run every selected case in its own child and print the merged JSON line."""
     import numpy as np
+
+    if args.workload == "atari":
+        started = time.strftime("%Y-%m-%dT%H:%M:%S")
+        load_start = [round(x, 2) for x in os.getloadavg()]
+        if args.interleave:
+            W.set_clock(args.clock)
+            body = {"interleaved": F.interleaved_learner_steps(args), "clock": args.clock}
+        else:
+            body = frames_parent_main(args)
+        finished = time.strftime("%Y-%m-%dT%H:%M:%S")
+        line = {"benchmark": "replay_atari", "started": started, "finished": finished,
+                "python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
+                "loadavg_start": load_start, "loadavg_end": [round(x, 2) for x in os.getloadavg()], **body}
+        _emit(line, args)
+        return
 
     modes = MODES if args.mode == "both" else (args.mode,)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -303,6 +353,11 @@ def parent_main(args: argparse.Namespace) -> None:
         "ratios_best_block": best_values,
         "targets_best_block": best_targets,
     }
+    _emit(line, args)
+
+
+def _emit(line: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print the JSON line (and write it to ``--out``)."""
     text = json.dumps(line)
     print(text, flush=True)
     if args.out:

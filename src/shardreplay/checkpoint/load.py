@@ -34,6 +34,7 @@ from shardreplay.checkpoint.format import PartReader, advise_hugepages
 from shardreplay.checkpoint.manifest import check_complete, checkpoint_dir, list_checkpoints, read_manifest
 from shardreplay.checkpoint.plan import EpisodeTable, ShardPlan, plan_shard
 from shardreplay.checkpoint.save import mark_restored, mark_restoring, shard_of
+from shardreplay.checkpoint.stacked import read_stacks
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import (
     CheckpointError,
@@ -362,6 +363,8 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> 
         for first, lo, count in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True):
             reader.rows_into(name, first, arr[lo:lo + count], defer=True)
     reader.check_pending()
+    runs = [(0, s, d, c) for s, d, c in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True)]
+    read_stacks([reader], runs, storage)
     if "seal.index" in reader.names():
         slots = _ranges(dst, n)  # the slot of each saved step, in saved order
         index = reader.array("seal.index")
@@ -418,6 +421,7 @@ def _read_placements(readers: list[PartReader], plan: ShardPlan, episodes: Episo
             readers[k].rows_into(name, first, arr[lo:lo + n], defer=True)
     for reader in readers:  # every block read is verified before anything is derived from it
         reader.check_pending()
+    read_stacks(readers, sorted(runs, key=lambda run: run[2]), storage)  # new rows start at slot 0
     slots = _ranges(dst, length)
     storage.episode_id[slots] = np.repeat(ids, length)
     storage.generation[slots] = 1

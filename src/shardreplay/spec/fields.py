@@ -36,15 +36,21 @@ class Field:
         finite: for floating fields, reject NaN and inf on write.
         env_id: the field records the stream (environment) id of its step; a checkpoint
             restored onto another layout rewrites it to the new stream row.
+        frame_stack: the field's first axis is a stack of the last ``shape[0]`` frames,
+            oldest first (``Field((4, 84, 84), np.uint8, frame_stack=True)``). Writes and
+            samples carry whole stacks; the buffer stores each frame once and rebuilds
+            the stacks at sample time (docs/semantics.md, "Frame-stacked fields").
 
     Raises:
-        ConfigError: a negative dimension or an unsupported dtype.
+        ConfigError: a negative dimension, an unsupported dtype, or ``frame_stack``
+            on a field with fewer than one axis or an empty stack or frame.
     """
 
     shape: tuple[int, ...] = ()
     dtype: Any = np.float32
     finite: bool = True
     env_id: bool = False
+    frame_stack: bool = False
 
     def __post_init__(self) -> None:
         shape = tuple(int(d) for d in self.shape)
@@ -58,6 +64,9 @@ class Field:
             raise ConfigError(f"field dtype {dtype} is not supported: use bool, int, uint or float")
         if self.env_id and dtype.kind not in "iu":
             raise ConfigError(f"an env_id field must be an integer, not {dtype}")
+        if self.frame_stack and (len(shape) < 2 or 0 in shape or self.env_id):
+            raise ConfigError(f"a frame_stack field needs a shape (frames, *frame) with no empty "
+                              f"axis, at least 2 axes and no env_id; got {shape}")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype)
 
@@ -66,16 +75,29 @@ class Field:
         """True when writes must be checked for NaN/inf."""
         return self.finite and self.dtype.kind == "f"
 
+    @property
+    def stack_size(self) -> int:
+        """Frames per stack (``shape[0]``) of a ``frame_stack`` field, else 0."""
+        return self.shape[0] if self.frame_stack else 0
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description (used in fingerprints, checkpoints and chunk headers)."""
-        return {
+        """A JSON-ready description (used in fingerprints, checkpoints and chunk headers).
+
+        ``frame_stack`` appears only when set, so plain fields keep their description
+        (and fingerprint) of earlier versions.
+        """
+        d = {
             "shape": list(self.shape),
             "dtype": self.dtype.str,
             "finite": self.finite,
             "env_id": self.env_id,
         }
+        if self.frame_stack:
+            d["frame_stack"] = True
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Field:
         """Inverse of :meth:`to_dict`."""
-        return cls(tuple(d["shape"]), np.dtype(d["dtype"]), bool(d["finite"]), bool(d["env_id"]))
+        return cls(tuple(d["shape"]), np.dtype(d["dtype"]), bool(d["finite"]), bool(d["env_id"]),
+                   bool(d.get("frame_stack", False)))

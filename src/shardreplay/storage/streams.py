@@ -17,6 +17,7 @@ from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 from shardreplay.storage import kernels
 from shardreplay.storage.allocate import ArrayAllocator
+from shardreplay.storage.frames import FrameStore, StackPieces
 
 # Per-slot arrays saved with the steps (beside the user's fields), with their dtypes.
 STEP_ARRAYS = {
@@ -68,7 +69,11 @@ class StreamStorage:
         self.stream_capacity = stream_capacity
         self.window = window
         n = num_streams * stream_capacity
-        small = [name for name, f in spec.fields.items() if _nbytes(f.dtype, f.shape) <= SMALL_FIELD_BYTES]
+        # Frame-stacked fields keep their frames apart (frames.py); ``fields`` holds the others.
+        self.stacked = {name: FrameStore(name, f, num_streams, stream_capacity, allocator)
+                        for name, f in spec.fields.items() if f.frame_stack}
+        plain = {name: f for name, f in spec.fields.items() if not f.frame_stack}
+        small = [name for name, f in plain.items() if _nbytes(f.dtype, f.shape) <= SMALL_FIELD_BYTES]
         # One packed record per slot for the bookkeeping and the small fields: a sampled
         # window then costs one cache miss for all of them instead of one per array.
         record = np.dtype([(f"field.{name}", spec[name].dtype, spec[name].shape) for name in small]
@@ -77,7 +82,7 @@ class StreamStorage:
         self._small = frozenset(small)
         self.fields = {name: (self.records[f"field.{name}"] if name in small else
                               allocator.zeros(f"field.{name}", (n, *f.shape), f.dtype))
-                       for name, f in spec.fields.items()}
+                       for name, f in plain.items()}
         self.step_type = self.records["step_type"]
         self.discount = self.records["discount"]
         self.episode_id = self.records["episode_id"]
@@ -157,6 +162,11 @@ class StreamStorage:
         types = steps["step_type"]
         if types.ndim != 2:
             types = types.reshape(n_rows, t_len)
+        # Frame-stacked fields are checked against the stored stacks first (this may
+        # raise: nothing is written yet).
+        frame_plans = [(store, stacks, store.plan(stacks, types, rows, pos, self.step_type).copy())
+                       for store, stacks in ((store, store.as_frame_bytes(steps[name], t_len))
+                                             for name, store in self.stacked.items())]
         if priorities is None:
             n_out, delta = kernels.write_steps(
                 self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,
@@ -181,6 +191,8 @@ class StreamStorage:
                                for name, as_bytes in self._scatter_fields)
                 kernels.scatter_fields(self._scatter_plan, values, flat)
             self._refresh_alignment()
+        for store, stacks, counts in frame_plans:
+            store.append(stacks, rows, out_slots[0, :n_rows * t_len], counts)
         self.num_valid += delta
         # Views of scratch arrays: valid until the next write (the sampler uses them at once).
         return out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out]
@@ -200,6 +212,8 @@ class StreamStorage:
         rec = self.records.take(idx, axis=0)
         data = {name: (rec[f"field.{name}"].copy() if name in self._small else arr.take(idx, axis=0))
                 for name, arr in self.fields.items()}
+        for name, store in self.stacked.items():
+            data[name] = store.gather(idx)
         for name in ("step_type", "discount", "episode_id"):
             data[name] = rec[name].copy()
         return data, mask, keys
@@ -221,14 +235,21 @@ class StreamStorage:
             raise ValueError("out must be a C-contiguous uint8 array [rows, record bytes]")
         if dst_rows.size and (dst_rows.min() < 0 or dst_rows.max() >= out.shape[0]):
             raise ValueError("dst_rows must name rows of out")
-        columns, extent = self._gather_plan(offsets)
+        stacked = {name: offsets[name] for name in self.stacked if name in offsets}
+        columns, extent = self._gather_plan({k: v for k, v in offsets.items() if k not in stacked})
+        for name, offset in stacked.items():
+            store = self.stacked[name]
+            extent = max(extent, offset + self.window * store.stack * store.frame_bytes)
         if extent > out.shape[1]:
             raise ValueError("offsets must leave room for a window of every part in a record")
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
                                                  self.stream_capacity, self.window, self.key_epoch,
                                                  self.key_tag)
+        rows = np.ascontiguousarray(dst_rows, np.int64)
         if columns.shape[1]:
-            kernels.gather_window_parts(*columns, idx, np.ascontiguousarray(dst_rows, np.int64), out)
+            kernels.gather_window_parts(*columns, idx, rows, out)
+        for name, offset in stacked.items():
+            self.stacked[name].gather_into(idx, rows, out, int(offset))
         return mask, keys
 
     def _gather_plan(self, offsets: Mapping[str, int]) -> tuple[np.ndarray, int]:
@@ -292,10 +313,15 @@ class StreamStorage:
         return [p for p in pieces if p.shape[0]]
 
     def export_steps(self, copy_fields: bool = True) -> dict[str, np.ndarray]:
-        """Every stored step in (row, time) order: user fields (unless ``copy_fields``
-        is False) and per-step arrays, plus ``row_length`` and ``row_pos``."""
+        """Every stored step in (row, time) order: user fields and per-step arrays, plus
+        ``row_length`` and ``row_pos``. Without ``copy_fields`` plain fields are left out
+        and frame-stacked fields come as lists of :class:`StackPieces` (whole stacks,
+        built when each piece is read)."""
         slots, lengths = self.stored_slots()
         out = {f"field.{name}": arr[slots] for name, arr in self.fields.items()} if copy_fields else {}
+        for name, store in self.stacked.items():
+            lazy = not copy_fields and slots.shape[0]
+            out[f"field.{name}"] = StackPieces.split(store, slots) if lazy else store.gather(slots)
         for name in STEP_ARRAYS:
             out[name] = getattr(self, name)[slots]
         out["row_length"] = lengths
@@ -307,10 +333,22 @@ class StreamStorage:
         for name in STEP_ARRAYS:
             getattr(self, name)[:] = 0
         self.valid[:] = False
+        for store in self.stacked.values():
+            store.clear()
         self.pos[:] = 0
         self._aligned = True
         self.counters[:] = 0
         self.num_valid = 0
+
+    def load_stacks(self, slots: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
+        """Store the stacks ``values[name]`` of frame-stacked fields for the stored steps at
+        ``slots`` (in (row, time) order, ``lengths`` steps per row), forgetting every frame."""
+        row_start = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        for name, store in self.stacked.items():
+            store.clear()
+            for r in range(lengths.shape[0]):
+                a, b = row_start[r], row_start[r + 1]
+                store.load_row(r, slots[a:b], values[name][a:b], -1)
 
     def finish_restore(self, pos: np.ndarray, next_episode_id: int) -> None:
         """After arrays were filled directly (checkpoint load): set positions, rebuild validity."""
@@ -325,9 +363,10 @@ class StreamStorage:
         self.clear()
         self.pos[:] = steps["row_pos"]
         self._refresh_alignment()
-        slots, _lengths = self.stored_slots()
+        slots, lengths = self.stored_slots()
         for name, arr in self.fields.items():
             arr[slots] = steps[f"field.{name}"]
+        self.load_stacks(slots, lengths, {name: steps[f"field.{name}"] for name in self.stacked})
         for name in STEP_ARRAYS:
             getattr(self, name)[slots] = steps[name]
         self.num_valid = int(kernels.recompute_validity(

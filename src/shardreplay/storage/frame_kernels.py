@@ -1,0 +1,203 @@
+"""Compiled kernels of frame-stacked fields: plan a write, append frames, rebuild stacks.
+
+A stream's frames live in a ring of ``F`` frames (``frames[row, position % F]``, the
+position counted from the stream's first frame). A step stores ``ref``, the position of
+its newest frame; its stack is the ``K`` frames at positions ``ref - K + 1 .. ref``::
+
+    frames   f0 f0 f0 f0 f1 f2 f3 | g0 g0 g0 g0 g1     (two episodes, reset stacks repeat
+    step       s0          s1 s2 s3 |  t0          t1      their first frame)
+    ref         3           4  5  6 | 10          11
+
+A step whose stack continues the previous step's (its first ``K - 1`` frames are that
+stack's last ``K - 1``) appends one frame; any other step appends its whole stack.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from shardreplay.storage.kernels import copy_bytes
+
+FIRST, LAST = 0, 2
+OK, INCONSISTENT = 0, 1
+
+
+_STREAM_BYTES = 16
+
+
+@intrinsic
+def stream_copy(typingctx, dst_address, src_address, nbytes):  # pragma: no cover - compiled
+    """Copy ``nbytes`` (a multiple of 16) to a 16-byte aligned ``dst_address`` with
+    non-temporal stores: a sampled batch of stacks (14 MiB for 256 Nature-DQN windows)
+    goes to memory without first reading every destination line into the cache.
+    :func:`store_fence` must follow before another thread reads the destination."""
+    def codegen(context, builder, signature, args):
+        dst, src, n = args
+        vec = ir.VectorType(ir.IntType(64), 2)
+        step = ir.Constant(ir.IntType(64), _STREAM_BYTES)
+        mark = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with cgutils.for_range(builder, builder.udiv(n, step)) as loop:
+            off = builder.mul(loop.index, step)
+            value = builder.load(builder.inttoptr(builder.add(src, off), vec.as_pointer()), align=1)
+            store = builder.store(value, builder.inttoptr(builder.add(dst, off), vec.as_pointer()),
+                                  align=_STREAM_BYTES)
+            store.set_metadata("nontemporal", mark)
+        return context.get_dummy_value()
+    return types.void(types.intp, types.intp, types.intp), codegen
+
+
+@intrinsic
+def store_fence(typingctx):  # pragma: no cover - compiled
+    """Order every earlier store (non-temporal ones included) before later ones."""
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _frames_equal(a, b):  # pragma: no cover - compiled
+    """Bytes of two frames equal (no early exit: the loop vectorises)."""
+    diff = 0
+    for x in range(a.shape[0]):
+        diff |= a[x] ^ b[x]
+    return diff == 0
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _overlaps_stored(new, frames, row, ref, cap_frames, k):  # pragma: no cover - compiled
+    """``new[:K-1]`` equals the last ``K-1`` frames of the stored stack ending at ``ref``."""
+    for j in range(k - 1):  # noqa: SIM110 - a loop numba compiles (no generators)
+        if not _frames_equal(new[j], frames[row, (ref - k + 2 + j) % cap_frames]):
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _overlaps_value(new, prev, k):  # pragma: no cover - compiled
+    """``new[:K-1]`` equals ``prev[1:]``."""
+    for j in range(k - 1):  # noqa: SIM110 - a loop numba compiles (no generators)
+        if not _frames_equal(new[j], prev[j + 1]):
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def plan_write(values, types, rows, pos, step_type, ref, frames, fpos, cap, new_counts):  # pragma: no cover
+    """Frames each step of a write appends, checked before anything is written.
+
+    ``values`` is uint8 ``[n, T, K, frame bytes]``, ``types`` ``[n, T]``. A step that
+    continues its episode (not FIRST, and the step before it in its stream is stored
+    and not LAST) must continue that step's stack. Fills ``new_counts[n, T]`` (1 or
+    ``K``) and returns ``(status, i, t, frames needed)``: status ``INCONSISTENT`` names
+    the first offending step; ``frames needed`` is the most frames any written stream
+    must keep after the write (from its oldest stored step's stack to its newest frame).
+    """
+    n, t_len, k = values.shape[0], values.shape[1], values.shape[2]
+    cap_frames = frames.shape[1]
+    need = 0
+    for i in range(n):
+        r = rows[i]
+        p0 = pos[r]
+        prev_slot = r * cap + (p0 - 1) % cap
+        added = 0
+        for t in range(t_len):
+            if t == 0:
+                has_prev = p0 > 0
+                cont = has_prev and types[i, 0] != FIRST and step_type[prev_slot] != LAST
+                same = has_prev and _overlaps_stored(values[i, 0], frames, r, ref[prev_slot], cap_frames, k)
+            else:
+                cont = types[i, t] != FIRST and types[i, t - 1] != LAST
+                same = _overlaps_value(values[i, t], values[i, t - 1], k)
+            if cont and not same:
+                return INCONSISTENT, i, t, 0
+            new_counts[i, t] = 1 if same else k
+            added += new_counts[i, t]
+        # The oldest step stored after the write, and the first frame of its stack.
+        p1 = p0 + t_len
+        q = max(p1 - cap, 0)
+        if q >= p0:
+            newest = fpos[r]
+            for t in range(q - p0 + 1):
+                newest += new_counts[i, t]
+            oldest_frame = newest - 1 - k + 1
+        else:
+            oldest_frame = ref[r * cap + q % cap] - k + 1
+        need = max(need, fpos[r] + added - oldest_frame)
+    return OK, 0, 0, need
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def append_frames(values, rows, written, new_counts, frames, ref, fpos):  # pragma: no cover
+    """Append the planned frames of each step and record its ``ref``: step ``(i, t)``
+    went to flat slot ``written[i * T + t]``; it appends its newest frame when
+    ``new_counts[i, t] == 1``, else its whole stack."""
+    n, t_len, k, fb = values.shape
+    cap_frames = frames.shape[1]
+    base = frames.ctypes.data
+    for i in range(n):
+        r = rows[i]
+        p = fpos[r]
+        for t in range(t_len):
+            first = k - new_counts[i, t]
+            for j in range(first, k):
+                copy_bytes(base + (r * cap_frames + p % cap_frames) * fb, values[i, t, j].ctypes.data, fb)
+                p += 1
+            ref[written[i * t_len + t]] = p - 1
+        fpos[r] = p
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def gather_stacks_rows(idx, cap, ref, frames, k, dst_rows, out, offset):  # pragma: no cover
+    """Rebuild the stacks of the windows of slots ``idx[B, L]``: window ``b`` goes to row
+    ``dst_rows[b]`` of ``out`` (C-contiguous uint8 rows) at byte ``offset``, as
+    ``[L, K, frame bytes]``."""
+    n, window = idx.shape
+    fb = frames.shape[2]
+    cap_frames = frames.shape[1]
+    src_base, out_base, out_stride = frames.ctypes.data, out.ctypes.data, out.strides[0]
+    stream = (out_base + offset) % _STREAM_BYTES == 0 and out_stride % _STREAM_BYTES == 0 \
+        and fb % _STREAM_BYTES == 0
+    for b in range(n):
+        dst_row = out_base + dst_rows[b] * out_stride + offset
+        for pos in range(window):
+            s = idx[b, pos]
+            row = s // cap
+            first = ref[s] - k + 1
+            for j in range(k):
+                src = src_base + (row * cap_frames + (first + j) % cap_frames) * fb
+                if stream:
+                    stream_copy(dst_row + (pos * k + j) * fb, src, fb)
+                else:
+                    copy_bytes(dst_row + (pos * k + j) * fb, src, fb)
+    if stream:
+        store_fence()
+
+
+@numba.njit(cache=True, nogil=True)
+def plan_load(values, row, frames, ref, prev_slot, counts):  # pragma: no cover - compiled
+    """Frames each of ``n`` consecutive steps of one row appends when loaded (``values``
+    uint8 ``[n, K, frame bytes]``): one when its stack continues the step before it (the
+    first step's predecessor is ``prev_slot``, or none when ``prev_slot < 0``), else
+    ``K``. Fills ``counts[n]`` and returns their sum. Episodes do not matter here: the
+    steps were checked when they were first written."""
+    n, k = values.shape[0], values.shape[1]
+    cap_frames = frames.shape[1]
+    total = 0
+    for j in range(n):
+        if j == 0:
+            same = prev_slot >= 0 and _overlaps_stored(values[0], frames, row, ref[prev_slot], cap_frames, k)
+        else:
+            same = _overlaps_value(values[j], values[j - 1], k)
+        counts[j] = 1 if same else k
+        total += counts[j]
+    return total
+
+
+def empty_counts(n: int, t_len: int) -> np.ndarray:
+    """Scratch for :func:`plan_write`."""
+    return np.empty((n, t_len), np.int64)
