@@ -182,9 +182,8 @@ def warm_up(case: Any, mode: str) -> None:
 
 def child_main(args: argparse.Namespace) -> None:
     """Run one case and print its figures (or why it could not run) as one JSON line."""
-    from replay_cases import MissingLibrary
-
     import replay_single_env
+    from replay_cases import MissingLibrary
 
     W.set_clock(args.clock)
     try:

@@ -22,7 +22,6 @@ import importlib.metadata as im
 from typing import Any
 
 import numpy as np
-
 import replay_workload as W
 
 CAPACITY = 100_000
@@ -142,8 +141,8 @@ def run(library: str, n_insert: int, *, calls: int, blocks: int, warmup: int, se
     W.put_rate(out, "add_calls_per_s", W.time_calls(case.add, calls=min(ADD_BLOCK_CALLS, capacity),
                                                     blocks=add_blocks, warmup=0))
     out["add_us"] = round(1e6 / out["add_calls_per_s"], 2)
-    W.put_rate(out, "sample_calls_per_s", W.time_calls(case.sample, calls=calls, blocks=blocks,
-                                                       warmup=warmup), SAMPLE_BATCH, "sample_transitions_per_s")
+    rate = W.time_calls(case.sample, calls=calls, blocks=blocks, warmup=warmup)
+    W.put_rate(out, "sample_calls_per_s", rate, SAMPLE_BATCH, "sample_transitions_per_s")
     out["sample_us"] = round(1e6 / out["sample_calls_per_s"], 2)
     out["capacity"] = capacity
     return out

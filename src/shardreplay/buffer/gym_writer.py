@@ -32,6 +32,7 @@ __all__ = ["GymStepWriter", "spec_from_env"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)
+_HELD = 8  # where the held step types start in the compiled write's state array
 
 
 def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
@@ -69,30 +70,48 @@ def _all_finite(values):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _write(step_type, episode_id, generation, priority, valid, pos, counters, held_types,
-           out_slots, out_flags, obs_store, act_store, rew_store, disc_store, held_obs, held_disc,
-           params, default_prio, action, obs, reward, terminated, truncated):  # pragma: no cover
+def _write(records, pos, counters, state, out, obs_store, act_store, rew_store, held_obs, fstate,
+           action, obs, reward, terminated, truncated):  # pragma: no cover - compiled
     """Write every env's held step, then hold the new observation, step type and discount.
 
-    ``params`` is ``[stream_capacity, window, same_step, finite obs, finite action,
-    finite reward]``; ``default_prio[0]`` the priority of new steps. Returns
-    ``(n_out, delta, n_done)``, or ``(-1 - k, 0, 0)`` with nothing changed when input
-    ``k`` (0 obs, 1 action, 2 reward) of a finite field holds NaN or inf."""
-    if params[3] and not _all_finite(obs):
-        return -1, 0, 0
-    if params[4] and not _all_finite(action):
-        return -2, 0, 0
-    if params[5] and not _all_finite(reward):
-        return -3, 0, 0
-    num_envs = held_types.shape[0]
-    n_out, delta = write_steps(step_type, episode_id, generation, priority, valid, pos, counters,
-                               np.arange(num_envs), held_types, _NO_PRIORITIES, False, default_prio[0],
-                               params[0], params[1], out_slots, out_flags)
-    same_step = params[2] != 0
+    ``records`` is the storage's per-slot record array (bookkeeping and discount);
+    ``state`` is ``[stream_capacity, window, same_step, finite obs, finite action, finite
+    reward, steps written, episodes ended, held step type of each env ...]``; ``fstate``
+    is ``[priority of new steps, held discount of each env ...]``. ``out`` receives the
+    written slots (row 0), the recomputed slots (row 1), their validity (row 2) and
+    whether each became valid (row 3). Arguments are few on purpose: each costs the
+    dispatcher time, a sizable part of a one-env step.
+
+    Returns ``(n_out, delta)``, or ``(code, 0)`` with nothing changed: -1 .. -3 when the
+    obs, action or reward of a finite field holds NaN or inf, -4 when an input has the
+    wrong shape."""
+    num_envs = held_obs.shape[0]
+    if (obs.shape != held_obs.shape or action.shape[0] != num_envs or action.shape[1:] != act_store.shape[1:]
+            or reward.shape[0] != num_envs or terminated.shape[0] != num_envs
+            or truncated.shape[0] != num_envs):
+        return -4, 0
+    if state[3] and not _all_finite(obs):
+        return -1, 0
+    if state[4] and not _all_finite(action):
+        return -2, 0
+    if state[5] and not _all_finite(reward):
+        return -3, 0
+    types = np.empty((num_envs, 1), np.uint8)
+    for i in range(num_envs):
+        types[i, 0] = state[_HELD + i]
+    flags = np.empty((2, out.shape[1]), np.bool_)
+    n_out, delta = write_steps(records.step_type, records.episode_id, records.generation, records.priority,
+                               records.valid, pos, counters, np.arange(num_envs), types, _NO_PRIORITIES,
+                               False, fstate[0], state[0], state[1], out[:2], flags)
+    for k in range(n_out):
+        out[2, k] = flags[0, k]
+        out[3, k] = flags[1, k]
+    disc_store = records.discount
+    same_step = state[2] != 0
     n_done = 0
     for i in range(num_envs):
-        slot = out_slots[0, i]
-        was_last = held_types[i, 0] == LAST
+        slot = out[0, i]
+        was_last = types[i, 0] == LAST
         obs_store[slot] = held_obs[i]
         if was_last:  # the env ignored this action (NEXT_STEP reset): padding
             act_store[slot] = 0
@@ -100,20 +119,22 @@ def _write(step_type, episode_id, generation, priority, valid, pos, counters, he
         else:
             act_store[slot] = action[i]
             rew_store[slot] = reward[i]
-        disc_store[slot] = held_disc[i]
+        disc_store[slot] = fstate[1 + i]
         done = terminated[i] or truncated[i]
         n_done += done
         if same_step:
-            held_types[i, 0] = FIRST if done else MID
-            held_disc[i] = 1.0
+            state[_HELD + i] = FIRST if done else MID
+            fstate[1 + i] = 1.0
         elif done:
-            held_types[i, 0] = LAST
-            held_disc[i] = 0.0 if terminated[i] else 1.0
+            state[_HELD + i] = LAST
+            fstate[1 + i] = 0.0 if terminated[i] else 1.0
         else:
-            held_types[i, 0] = FIRST if was_last else MID
-            held_disc[i] = 1.0
+            state[_HELD + i] = FIRST if was_last else MID
+            fstate[1 + i] = 1.0
         held_obs[i] = obs[i]
-    return n_out, delta, n_done
+    state[6] += num_envs
+    state[7] += n_done
+    return n_out, delta
 
 
 class GymStepWriter:
@@ -160,27 +181,32 @@ class GymStepWriter:
         self._obs_shape = (s, *buffer.spec[observation].shape)
         self._act_shape = (s, *buffer.spec[action].shape)
         self._held_obs = np.zeros((s, *buffer.spec[observation].shape), buffer.spec[observation].dtype)
-        self._held_types = np.full((s, 1), FIRST, np.uint8)
-        self._held_disc = np.ones(s, np.float32)
-        self._out_slots = np.empty((2, s * buffer.window), np.int64)
-        self._out_flags = np.empty((2, s * buffer.window), np.bool_)
-        same_step = self.autoreset_mode == "same_step"
-        self._params = np.array([st.stream_capacity, st.window, same_step,
-                                 *(buffer.spec[k].checks_finite for k in self._names)], np.int64)
-        self._default_prio = np.ones(1, np.float64)
+        self._same_step = self.autoreset_mode == "same_step"
+        self._state = np.array([st.stream_capacity, st.window, self._same_step,
+                                *(buffer.spec[k].checks_finite for k in self._names), 0, 0]
+                               + [FIRST] * s, np.int64)
+        self._fstate = np.ones(1 + s, np.float64)
+        self._out = np.empty((4, s * buffer.window), np.int64)
         self._is_uniform = buffer.sampler_name == "uniform"
         # Every array the compiled write takes, bound once: the storage changes them in
         # place (restores included), never replaces them.
-        self._head = (st.step_type, st.episode_id, st.generation, st.priority, st.valid, st.pos,
-                      st.counters, self._held_types, self._out_slots, self._out_flags,
+        self._head = (st.records, st.pos, st.counters, self._state, self._out,
                       st.fields[observation].reshape(n, *buffer.spec[observation].shape),
                       st.fields[action].reshape(n, *buffer.spec[action].shape),
-                      st.fields[reward].reshape(n), st.discount, self._held_obs, self._held_disc,
-                      self._params, self._default_prio)
-        self._last_kind: tuple[Any, ...] = ()
+                      st.fields[reward].reshape(n), self._held_obs, self._fstate)
+        self._kind: tuple[Any, ...] = (None,) * 6
         self._is_reset = False
-        self.num_episodes = 0
-        self.num_steps = 0
+        self._storage = st
+
+    @property
+    def num_steps(self) -> int:
+        """Steps written so far (over all envs)."""
+        return int(self._state[6])
+
+    @property
+    def num_episodes(self) -> int:
+        """Episodes ended so far (over all envs)."""
+        return int(self._state[7])
 
     @classmethod
     def from_env(cls, env: Any, buffer: ReplayBuffer, **kwargs: Any) -> GymStepWriter:
@@ -206,8 +232,8 @@ class GymStepWriter:
         name = self._names[0]
         arr = self.buffer.spec.validate(self._probe(obs, None, None), (self.num_envs,))[name]
         self._held_obs[...] = arr
-        self._held_types[:] = FIRST
-        self._held_disc[:] = 1.0
+        self._state[_HELD:] = FIRST
+        self._fstate[1:] = 1.0
         self._is_reset = True
 
     def step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
@@ -221,45 +247,51 @@ class GymStepWriter:
                 final observations (a SAME_STEP env), or a SAME_STEP env's done without
                 ``info["final_obs"]``. Nothing is written then.
         """
-        kind = self._last_kind
-        if (kind and type(obs) is np.ndarray and type(action) is np.ndarray and type(reward) is np.ndarray
+        kind = self._kind
+        if (type(obs) is np.ndarray and type(action) is np.ndarray and type(reward) is np.ndarray
                 and type(terminated) is np.ndarray and type(truncated) is np.ndarray
                 and obs.dtype is kind[0] and action.dtype is kind[1] and reward.dtype is kind[2]
-                and terminated.dtype is kind[3] and truncated.dtype is kind[3]
-                and obs.shape == kind[4] and action.shape == kind[5] and reward.shape == kind[6]
-                and terminated.shape == kind[6] and truncated.shape == kind[6]):
-            self._write_all(action, obs, reward, terminated, truncated, info)
+                and obs.ndim == kind[3] and action.ndim == kind[4] and reward.ndim == 1
+                and terminated.dtype is kind[5] and truncated.dtype is kind[5] and self._is_reset
+                and not info and self._is_uniform and not self._same_step):
+            # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
+            n_out, delta = _write(*self._head, action, obs, reward, terminated, truncated)
+            if n_out < 0:
+                self._raise_for(n_out, action, obs, reward, terminated, truncated)
+            self._storage.num_valid += delta
             return
         self._write_all(*self._accept(action, obs, reward, terminated, truncated), info)
 
     def _write_all(self, action: np.ndarray, obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
                    truncated: np.ndarray, info: Mapping[str, Any] | None) -> None:
-        if not self._is_reset:
-            raise ConfigError("call reset(obs) with the env's reset observation before step()")
+        """The compiled write of inputs of an accepted kind (shapes checked in it)."""
         done_ids = None
-        if info and has_final_obs(info) and self.autoreset_mode == "next_step" \
-                and (terminated.any() or truncated.any()):
+        if info and has_final_obs(info) and not self._same_step and (terminated.any() or truncated.any()):
             raise SpecMismatchError(
                 "the env reset in the same step (info holds final observations) but the writer "
                 "expects NEXT_STEP autoreset: build it with autoreset_mode='same_step'")
-        if self._params[2] and (terminated.any() or truncated.any()):
+        if self._same_step and (terminated.any() or truncated.any()):
             done_ids = np.flatnonzero(terminated | truncated)
             last_obs = final_obs(info, done_ids)  # raises before anything is written
         if not self._is_uniform:
-            self._default_prio[0] = self.buffer.max_priority()
-        n_out, delta, n_done = _write(*self._head, action, obs, reward, terminated, truncated)
+            self._fstate[0] = self.buffer.max_priority()
+        n_out, delta = _write(*self._head, action, obs, reward, terminated, truncated)
         if n_out < 0:
-            field = self._names[-1 - n_out]
-            raise SpecMismatchError(f"field {field!r} holds NaN or inf; the spec's Field(finite=True) "
-                                    "rejects them")
-        self.buffer.storage.num_valid += delta
-        self.num_steps += self.num_envs
-        self.num_episodes += n_done
+            self._raise_for(n_out, action, obs, reward, terminated, truncated)
+        self._storage.num_valid += delta
         if not self._is_uniform:
-            self.buffer._sampler.on_write(self._out_slots[1, :n_out], self._out_flags[0, :n_out],
-                                          self._out_flags[1, :n_out])
+            out = self._out
+            self.buffer._sampler.on_write(out[1, :n_out], out[2, :n_out].astype(bool),
+                                          out[3, :n_out].astype(bool))
         if done_ids is not None:
             self._write_last(done_ids, last_obs, terminated, action)
+
+    def _raise_for(self, code: int, *inputs: np.ndarray) -> None:
+        """Raise the error the compiled write's ``code`` stands for."""
+        if code == -4:
+            self._accept(*inputs)  # raises, naming the input of the wrong shape
+        raise SpecMismatchError(f"field {self._names[-1 - code]!r} holds NaN or inf; the spec's "
+                                "Field(finite=True) rejects them")
 
     def _write_last(self, ids: np.ndarray, last_obs: Any, terminated: np.ndarray, action: np.ndarray) -> None:
         """SAME_STEP: the LAST steps of the envs that ended (action, reward: padding)."""
@@ -269,7 +301,7 @@ class GymStepWriter:
                 "step_type": np.full(len(ids), LAST, np.uint8),
                 "discount": np.where(terminated[ids], 0.0, 1.0).astype(np.float32)}
         self.buffer.add(step, stream_ids=ids)
-        self.num_steps += len(ids)
+        self._state[6] += len(ids)
 
     def _probe(self, obs: Any, action: Any, reward: Any) -> dict[str, Any]:
         """A step dict for the spec's full check (missing parts as zeros of the stored dtype)."""
@@ -286,7 +318,14 @@ class GymStepWriter:
 
     def _accept(self, action: Any, obs: Any, reward: Any, terminated: Any,
                 truncated: Any) -> tuple[np.ndarray, ...]:
-        """Check inputs of a new kind against the spec once; arrays the fast path takes."""
+        """Check inputs of a new kind against the spec once; arrays the fast path takes.
+
+        Raises:
+            ConfigError: called before :meth:`reset`.
+            SpecMismatchError: as :meth:`step`.
+        """
+        if not self._is_reset:
+            raise ConfigError("call reset(obs) with the env's reset observation before step()")
         action, obs, reward = np.asarray(action), np.asarray(obs), np.asarray(reward)
         flags = []
         for name, value in (("terminated", terminated), ("truncated", truncated)):
@@ -303,7 +342,6 @@ class GymStepWriter:
         if all(np.can_cast(arr.dtype, spec[name].dtype, casting="same_kind")
                and not (arr.dtype.kind in "iub" and not np.can_cast(arr.dtype, spec[name].dtype, "safe"))
                for name, arr in zip(self._names, (obs, action, reward), strict=True)):
-            self._last_kind = (obs.dtype, action.dtype, reward.dtype, flags[0].dtype, obs.shape,
-                               action.shape, reward.shape)
+            self._kind = (obs.dtype, action.dtype, reward.dtype, obs.ndim, action.ndim, flags[0].dtype)
         return action, obs, reward, flags[0], flags[1]
 
