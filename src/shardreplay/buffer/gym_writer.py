@@ -252,8 +252,10 @@ class GymStepWriter:
                 and type(terminated) is np.ndarray and type(truncated) is np.ndarray
                 and obs.dtype is kind[0] and action.dtype is kind[1] and reward.dtype is kind[2]
                 and obs.ndim == kind[3] and action.ndim == kind[4] and reward.ndim == 1
-                and terminated.dtype is kind[5] and truncated.dtype is kind[5] and self._is_reset
-                and not info and self._is_uniform and not self._same_step):
+                and terminated.dtype is kind[5] and truncated.dtype is kind[5] and self._is_reset):
+            if info or not self._is_uniform or self._same_step:
+                self._write_all(action, obs, reward, terminated, truncated, info)
+                return
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
             n_out, delta = _write(*self._head, action, obs, reward, terminated, truncated)
             if n_out < 0:
