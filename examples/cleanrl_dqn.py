@@ -119,7 +119,7 @@ def train(args: Args) -> dict[str, float]:
     rb = ReplayBuffer(spec_from_env(envs), num_streams=1, stream_capacity=args.buffer_size, seed=args.seed,
                       sampler="prioritized" if args.prioritized else "uniform")
     writer = GymStepWriter.from_env(envs, rb)
-    start_time = time.perf_counter()
+    start_time, start_cpu = time.perf_counter(), time.process_time()
     returns: list[float] = []
     losses: list[float] = []
 
@@ -147,8 +147,9 @@ def train(args: Args) -> dict[str, float]:
                     td_target = data.reward + data.bootstrap_discount * target_max
                 old_val = q_network(data.obs).gather(1, data.action.view(-1, 1)).squeeze(1)
                 if args.prioritized:
-                    loss = (data.weights * (td_target - old_val) ** 2).mean()
-                    rb.update_priorities(data.keys, (td_target - old_val).detach().abs().numpy() + 1e-6)
+                    td = td_target - old_val
+                    loss = (data.weights * td**2).mean()
+                    rb.update_priorities(data.keys, td.detach().abs() + 1e-6)
                 else:
                     loss = F.mse_loss(td_target, old_val)
                 losses.append(float(loss.detach()))
@@ -160,9 +161,10 @@ def train(args: Args) -> dict[str, float]:
                 for target_param, q_param in zip(target_network.parameters(), q_network.parameters(),
                                                  strict=True):
                     target_param.data.copy_(args.tau * q_param.data + (1.0 - args.tau) * target_param.data)
-    seconds = time.perf_counter() - start_time
+    seconds, cpu_seconds = time.perf_counter() - start_time, time.process_time() - start_cpu
     envs.close()
-    return {"seconds": seconds, "episodes": len(returns), "stored_steps": rb.num_steps,
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "episodes": len(returns),
+            "stored_steps": rb.num_steps,
             "first_returns": float(np.mean(returns[:10])) if returns else 0.0,
             "last_returns": float(np.mean(returns[-10:])) if returns else 0.0,
             "eval_return": evaluate(q_network, args), "gradient_steps": len(losses),

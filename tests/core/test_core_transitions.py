@@ -116,3 +116,10 @@ def test_bad_arguments_raise_clear_errors():
         fast.sample_transitions(8, gamma=0.9, reward="rew")
     with pytest.raises(SpecMismatchError, match="observation field 'o'"):
         fast.sample_transitions(8, gamma=0.9, observation="o")
+
+
+def test_to_moves_every_tensor_and_keys_still_update_priorities():
+    fast, _ = twin_buffers("prioritized", window=2)
+    tr = fast.sample_transitions(16, gamma=0.9).to("cpu", non_blocking=True)
+    assert tr.obs.device.type == "cpu" and len(tr) == 16
+    assert fast.update_priorities(tr.keys, (tr.reward.abs() + 0.1)) == 16  # torch tensors accepted

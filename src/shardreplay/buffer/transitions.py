@@ -17,7 +17,7 @@ The formulas are those of :mod:`shardreplay.buffer.nstep` (``m`` is the bootstra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numba
@@ -66,6 +66,15 @@ class Transitions:
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Transitions:
+        """A copy with every tensor on ``device`` (``keys`` too: update_priorities takes them
+        back from any device)."""
+        def move(x: Observation) -> Observation:
+            if isinstance(x, dict):
+                return {k: v.to(device, non_blocking=non_blocking) for k, v in x.items()}
+            return x.to(device, non_blocking=non_blocking)
+        return Transitions(*(move(getattr(self, f.name)) for f in fields(self)))
 
 
 @numba.njit(cache=True, nogil=True)
