@@ -44,8 +44,10 @@ def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
     Raises:
         ConfigError: a space without a shape and dtype (Text, Graph, Sequence).
     """
-    obs_space = getattr(env, "single_observation_space", None) or env.observation_space
-    act_space = getattr(env, "single_action_space", None) or env.action_space
+    obs_space = getattr(env, "single_observation_space", None)
+    act_space = getattr(env, "single_action_space", None)
+    if obs_space is None or act_space is None:  # a single env, not a vector env
+        obs_space, act_space = env.observation_space, env.action_space
     return Spec({observation: _field_of(obs_space, observation), action: _field_of(act_space, action),
                  reward: Field((), np.float32)})
 
@@ -281,7 +283,7 @@ class GymStepWriter:
         if n_out < 0:
             self._raise_for(n_out, action, obs, reward, terminated, truncated)
         self._storage.num_valid += delta
-        if not self._is_uniform:
+        if not self._is_uniform:  # as ReplayBuffer._write tells its sampler (same layer)
             out = self._out
             self.buffer._sampler.on_write(out[1, :n_out], out[2, :n_out].astype(bool),
                                           out[3, :n_out].astype(bool))
