@@ -196,7 +196,8 @@ class GymStepWriter:
                       st.fields[observation].reshape(n, *buffer.spec[observation].shape),
                       st.fields[action].reshape(n, *buffer.spec[action].shape),
                       st.fields[reward].reshape(n), self._held_obs, self._fstate)
-        self._kind: tuple[Any, ...] = (None,) * 6
+        self._kind: tuple[Any, ...] = (None,) * 3
+        self._plain = False  # reset, NEXT_STEP and uniform: step() writes inline
         self._is_reset = False
         self._storage = st
 
@@ -237,6 +238,7 @@ class GymStepWriter:
         self._state[_HELD:] = FIRST
         self._fstate[1:] = 1.0
         self._is_reset = True
+        self._plain = self._is_uniform and not self._same_step
 
     def step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
              info: Mapping[str, Any] | None = None) -> None:
@@ -250,12 +252,13 @@ class GymStepWriter:
                 ``info["final_obs"]``. Nothing is written then.
         """
         kind = self._kind
+        # The compiled write checks shapes (and so dimensions) itself; here only what
+        # decides whether the inputs were accepted: array types and dtypes.
         if (type(obs) is np.ndarray and type(action) is np.ndarray and type(reward) is np.ndarray
                 and type(terminated) is np.ndarray and type(truncated) is np.ndarray
                 and obs.dtype is kind[0] and action.dtype is kind[1] and reward.dtype is kind[2]
-                and obs.ndim == kind[3] and action.ndim == kind[4] and reward.ndim == 1
-                and terminated.dtype is kind[5] and truncated.dtype is kind[5] and self._is_reset):
-            if info or not self._is_uniform or self._same_step:
+                and reward.ndim == 1 and terminated.ndim == 1 and truncated.ndim == 1):
+            if info or not self._plain:
                 self._write_all(action, obs, reward, terminated, truncated, info)
                 return
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
@@ -346,6 +349,6 @@ class GymStepWriter:
         if all(np.can_cast(arr.dtype, spec[name].dtype, casting="same_kind")
                and not (arr.dtype.kind in "iub" and not np.can_cast(arr.dtype, spec[name].dtype, "safe"))
                for name, arr in zip(self._names, (obs, action, reward), strict=True)):
-            self._kind = (obs.dtype, action.dtype, reward.dtype, obs.ndim, action.ndim, flags[0].dtype)
+            self._kind = (obs.dtype, action.dtype, reward.dtype)
         return action, obs, reward, flags[0], flags[1]
 
