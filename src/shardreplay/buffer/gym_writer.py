@@ -71,7 +71,6 @@ def _all_finite(values):  # pragma: no cover - compiled
     return True
 
 
-@numba.njit(cache=True, nogil=True)
 def _write(records, pos, counters, state, out, obs_store, act_store, rew_store, held_obs, fstate,
            action, obs, reward, terminated, truncated):  # pragma: no cover - compiled
     """Write every env's held step, then hold the new observation, step type and discount.
@@ -139,6 +138,18 @@ def _write(records, pos, counters, state, out, obs_store, act_store, rew_store, 
     return n_out, delta
 
 
+def _kernel(head: tuple[np.ndarray, ...], inputs: tuple[np.ndarray, ...]) -> Any:
+    """A dispatcher of :func:`_write` compiled for ``head + inputs`` only, which compiles
+    nothing by itself: a call with argument types it was not compiled for raises
+    ``TypeError``. The writer adds (compiles, or loads from numba's cache) one signature
+    per kind of inputs it accepted, so the types numba reads at dispatch are the whole
+    per-call input check."""
+    dispatcher = numba.njit(cache=True, nogil=True)(_write)
+    dispatcher.compile(tuple(numba.typeof(x) for x in (*head, *inputs)))
+    dispatcher.disable_compile()
+    return dispatcher
+
+
 class GymStepWriter:
     """Writes a gymnasium vector env's outputs into a buffer, one stream per env.
 
@@ -196,7 +207,7 @@ class GymStepWriter:
                       st.fields[observation].reshape(n, *buffer.spec[observation].shape),
                       st.fields[action].reshape(n, *buffer.spec[action].shape),
                       st.fields[reward].reshape(n), self._held_obs, self._fstate)
-        self._kind: tuple[Any, ...] = (None,) * 3
+        self._kernel: Any = None  # made by reset()
         self._plain = False  # reset, NEXT_STEP and uniform: step() writes inline
         self._is_reset = False
         self._storage = st
@@ -237,6 +248,11 @@ class GymStepWriter:
         self._held_obs[...] = arr
         self._state[_HELD:] = FIRST
         self._fstate[1:] = 1.0
+        if self._kernel is None:  # for inputs in the stored dtypes, to begin with
+            spec, s = self.buffer.spec, self.num_envs
+            canonical = (np.zeros(self._act_shape, spec[self._names[1]].dtype), self._held_obs.copy(),
+                         np.zeros(s, spec[self._names[2]].dtype), np.zeros(s, bool), np.zeros(s, bool))
+            self._kernel = _kernel(self._head, canonical)
         self._is_reset = True
         self._plain = self._is_uniform and not self._same_step
 
@@ -251,27 +267,27 @@ class GymStepWriter:
                 final observations (a SAME_STEP env), or a SAME_STEP env's done without
                 ``info["final_obs"]``. Nothing is written then.
         """
-        kind = self._kind
-        # The compiled write checks shapes (and so dimensions) itself; here only what
-        # decides whether the inputs were accepted: array types and dtypes.
-        if (type(obs) is np.ndarray and type(action) is np.ndarray and type(reward) is np.ndarray
-                and type(terminated) is np.ndarray and type(truncated) is np.ndarray
-                and obs.dtype is kind[0] and action.dtype is kind[1] and reward.dtype is kind[2]
-                and reward.ndim == 1 and terminated.ndim == 1 and truncated.ndim == 1):
-            if info or not self._plain:
-                self._write_all(action, obs, reward, terminated, truncated, info)
-                return
+        if self._plain and not info:
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
-            n_out, delta = _write(*self._head, action, obs, reward, terminated, truncated)
+            try:
+                n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
+            except TypeError:  # inputs of a kind not accepted yet (or not arrays)
+                self._write_all(*self._accept(action, obs, reward, terminated, truncated), info)
+                return
             if n_out < 0:
                 self._raise_for(n_out, action, obs, reward, terminated, truncated)
             self._storage.num_valid += delta
             return
-        self._write_all(*self._accept(action, obs, reward, terminated, truncated), info)
+        if not all(type(x) is np.ndarray for x in (action, obs, reward, terminated, truncated)):
+            action, obs, reward, terminated, truncated = self._accept(action, obs, reward, terminated,
+                                                                      truncated)
+        self._write_all(action, obs, reward, terminated, truncated, info)
 
     def _write_all(self, action: np.ndarray, obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
                    truncated: np.ndarray, info: Mapping[str, Any] | None) -> None:
-        """The compiled write of inputs of an accepted kind (shapes checked in it)."""
+        """The compiled write of arrays (shapes checked in it), their kind accepted first."""
+        if self._kernel is None:
+            raise ConfigError("call reset(obs) with the env's reset observation before step()")
         done_ids = None
         if info and has_final_obs(info) and not self._same_step and (terminated.any() or truncated.any()):
             raise SpecMismatchError(
@@ -282,7 +298,12 @@ class GymStepWriter:
             last_obs = final_obs(info, done_ids)  # raises before anything is written
         if not self._is_uniform:
             self._fstate[0] = self.buffer.max_priority()
-        n_out, delta = _write(*self._head, action, obs, reward, terminated, truncated)
+        try:
+            n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
+        except TypeError:  # inputs of a kind not accepted yet
+            action, obs, reward, terminated, truncated = self._accept(action, obs, reward, terminated,
+                                                                      truncated)
+            n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
         if n_out < 0:
             self._raise_for(n_out, action, obs, reward, terminated, truncated)
         self._storage.num_valid += delta
@@ -345,10 +366,24 @@ class GymStepWriter:
             raise SpecMismatchError(f"obs {obs.shape} and action {action.shape} must be shaped "
                                     f"{self._obs_shape} and {self._act_shape}")
         spec = self.buffer.spec
-        # An integer narrowing (int64 -> uint8) is checked for its values on every call.
-        if all(np.can_cast(arr.dtype, spec[name].dtype, casting="same_kind")
-               and not (arr.dtype.kind in "iub" and not np.can_cast(arr.dtype, spec[name].dtype, "safe"))
-               for name, arr in zip(self._names, (obs, action, reward), strict=True)):
-            self._kind = (obs.dtype, action.dtype, reward.dtype)
-        return action, obs, reward, flags[0], flags[1]
+        inputs = (action, obs, reward, *flags)
+        # An integer narrowing (int64 -> uint8) is checked for its values on every call:
+        # such inputs go on as copies in the stored dtypes, whose kind is compiled instead.
+        if not all(np.can_cast(arr.dtype, spec[name].dtype, casting="same_kind")
+                   and not (arr.dtype.kind in "iub" and not np.can_cast(arr.dtype, spec[name].dtype, "safe"))
+                   for name, arr in zip(self._names, (obs, action, reward), strict=True)):
+            inputs = (action.astype(spec[self._names[1]].dtype), obs.astype(spec[self._names[0]].dtype),
+                      reward.astype(spec[self._names[2]].dtype), *flags)
+        self._compile_for(inputs)
+        return inputs
+
+    def _compile_for(self, inputs: tuple[np.ndarray, ...]) -> None:
+        """Let the compiled write take inputs of these types from now on."""
+        signature = tuple(numba.typeof(x) for x in (*self._head, *inputs))
+        if signature not in self._kernel.overloads:
+            self._kernel.disable_compile(False)
+            try:
+                self._kernel.compile(signature)
+            finally:
+                self._kernel.disable_compile()
 
