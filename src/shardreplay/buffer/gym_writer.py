@@ -3,10 +3,11 @@
 It stores exactly what :class:`shardreplay.runtime.gym_steps.GymStepConverter` followed by
 :meth:`ReplayBuffer.add` stores (the converter's module docstring draws the timelines of
 both autoreset modes), without building a step dict per call: the first call with a new
-combination of input dtypes and shapes is checked against the spec, later ones only for
-their dtypes and shapes (and NaN/inf in finite fields, inside the compiled write). One
-compiled call then writes the held observation, the action, reward, step type and
-discount of every env and the buffer's bookkeeping.
+kind of inputs (types, dtypes, dimensions) is checked against the spec in full; later
+calls of that kind go straight to one compiled call, which checks shapes and NaN/inf in
+finite fields and then writes the held observation, the action, reward, step type and
+discount of every env and the buffer's bookkeeping. Inputs whose values need a check on
+every call (an int64 action into a uint8 field) take the full check every time.
 
 Differences from the converter: a bad observation raises in the call that hands it over
 (the converter raises one call later, when it writes it); nothing is written then.
