@@ -72,16 +72,17 @@ def _all_finite(values):  # pragma: no cover - compiled
     return True
 
 
-def _write(records, pos, counters, state, out, obs_store, act_store, rew_store, held_obs, fstate,
+def _write(records, pos, counters, state, fstate, obs_store, act_store, rew_store, held_obs,
            action, obs, reward, terminated, truncated):  # pragma: no cover - compiled
     """Write every env's held step, then hold the new observation, step type and discount.
 
     ``records`` is the storage's per-slot record array (bookkeeping and discount);
-    ``state`` is ``[stream_capacity, window, same_step, finite obs, finite action, finite
-    reward, steps written, episodes ended, held step type of each env ...]``; ``fstate``
-    is ``[priority of new steps, held discount of each env ...]``. ``out`` receives the
-    written slots (row 0), the recomputed slots (row 1), their validity (row 2) and
-    whether each became valid (row 3). Arguments are few on purpose: each costs the
+    ``state`` (int64) is ``[stream_capacity, window, same_step, finite obs, finite action,
+    finite reward, steps written, episodes ended]``, then per env its held step type, then
+    ``0 .. num_envs - 1``, then ``out`` ``[4, num_envs * window]``: the written slots (row
+    0), the recomputed slots (row 1), their validity (row 2) and whether each became valid
+    (row 3). ``fstate`` is ``[priority of new steps, held discount of each env ...]``.
+    Arguments are few and nothing is allocated on purpose: each argument costs the
     dispatcher time, a sizable part of a one-env step.
 
     Returns ``(n_out, delta)``, or ``(code, 0)`` with nothing changed: -1 .. -3 when the
@@ -98,16 +99,12 @@ def _write(records, pos, counters, state, out, obs_store, act_store, rew_store, 
         return -2, 0
     if state[5] and not _all_finite(reward):
         return -3, 0
-    types = np.empty((num_envs, 1), np.uint8)
-    for i in range(num_envs):
-        types[i, 0] = state[_HELD + i]
-    flags = np.empty((2, out.shape[1]), np.bool_)
+    types = state[_HELD:_HELD + num_envs].reshape(num_envs, 1)
+    rows = state[_HELD + num_envs:_HELD + 2 * num_envs]
+    out = state[_HELD + 2 * num_envs:].reshape(4, num_envs * state[1])
     n_out, delta = write_steps(records.step_type, records.episode_id, records.generation, records.priority,
-                               records.valid, pos, counters, np.arange(num_envs), types, _NO_PRIORITIES,
-                               False, fstate[0], state[0], state[1], out[:2], flags)
-    for k in range(n_out):
-        out[2, k] = flags[0, k]
-        out[3, k] = flags[1, k]
+                               records.valid, pos, counters, rows, types, _NO_PRIORITIES, False, fstate[0],
+                               state[0], state[1], out[:2], out[2:])
     disc_store = records.discount
     same_step = state[2] != 0
     n_done = 0
@@ -198,16 +195,16 @@ class GymStepWriter:
         self._same_step = self.autoreset_mode == "same_step"
         self._state = np.array([st.stream_capacity, st.window, self._same_step,
                                 *(buffer.spec[k].checks_finite for k in self._names), 0, 0]
-                               + [FIRST] * s, np.int64)
+                               + [FIRST] * s + list(range(s)) + [0] * (4 * s * st.window), np.int64)
         self._fstate = np.ones(1 + s, np.float64)
-        self._out = np.empty((4, s * buffer.window), np.int64)
+        self._out = self._state[_HELD + 2 * s:].reshape(4, s * st.window)  # a view, filled by each write
         self._is_uniform = buffer.sampler_name == "uniform"
         # Every array the compiled write takes, bound once: the storage changes them in
         # place (restores included), never replaces them.
-        self._head = (st.records, st.pos, st.counters, self._state, self._out,
+        self._head = (st.records, st.pos, st.counters, self._state, self._fstate,
                       st.fields[observation].reshape(n, *buffer.spec[observation].shape),
                       st.fields[action].reshape(n, *buffer.spec[action].shape),
-                      st.fields[reward].reshape(n), self._held_obs, self._fstate)
+                      st.fields[reward].reshape(n), self._held_obs)
         self._kernel: Any = None  # made by reset()
         self._plain = False  # reset, NEXT_STEP and uniform: step() writes inline
         self._is_reset = False
@@ -247,7 +244,7 @@ class GymStepWriter:
         name = self._names[0]
         arr = self.buffer.spec.validate(self._probe(obs, None, None), (self.num_envs,))[name]
         self._held_obs[...] = arr
-        self._state[_HELD:] = FIRST
+        self._state[_HELD:_HELD + self.num_envs] = FIRST
         self._fstate[1:] = 1.0
         if self._kernel is None:  # for inputs in the stored dtypes, to begin with
             spec, s = self.buffer.spec, self.num_envs
