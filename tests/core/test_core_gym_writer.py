@@ -111,3 +111,27 @@ def test_spec_from_a_real_cartpole_vector_env_and_a_short_run():
         assert (tr.bootstrap_discount == 0).any()
     finally:
         envs.close()
+
+
+def test_inputs_of_other_kinds_store_the_same_steps():
+    """int32 actions, float32 rewards, lists and strided views: each kind is checked once
+    (or every call, for lists) and stores what the usual kind stores."""
+    bufs = [ReplayBuffer(SPEC, num_streams=2, stream_capacity=16, window=2) for _ in range(2)]
+    writers = [GymStepWriter(b) for b in bufs]
+    rng = np.random.default_rng(5)
+    obs = rng.standard_normal((2, 4)).astype(np.float32)
+    for w in writers:
+        w.reset(obs)
+    for t in range(20):
+        obs8 = rng.standard_normal((2, 8)).astype(np.float32)
+        action, reward = rng.integers(0, 3, 2), rng.random(2)
+        term, trunc = rng.random(2) < 0.2, np.zeros(2, bool)
+        writers[0].step(action, np.ascontiguousarray(obs8[:, ::2]), reward, term, trunc)
+        if t % 2:
+            writers[1].step(action.astype(np.int32), obs8[:, ::2], reward.astype(np.float32), term, trunc)
+        else:
+            writers[1].step(action.tolist(), obs8[:, ::2].tolist(), reward.tolist(), term.tolist(), [0, 0])
+    a, b = (w.buffer.state_dict()["arrays"] for w in writers)
+    for name, arr in a.items():
+        np.testing.assert_array_equal(arr, b[name], err_msg=name)
+    assert writers[1].num_steps == 40 and writers[1].num_episodes == writers[0].num_episodes
