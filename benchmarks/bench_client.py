@@ -10,8 +10,9 @@ transitions across episodes.
 
 Each (loop, seed) runs in a fresh child process, the two loops alternating seed by seed
 so load on the machine hits both alike, after one short untimed run of each (numba's
-first compile of shardreplay's kernels happens once per installation, not per run). Wall time is that of the training loop (env
-steps, replay, learning; no set-up or evaluation); the process's CPU time over the same
+first compile of shardreplay's kernels happens once per installation, not per run).
+Wall time is that of the training loop (env steps, replay, learning; no set-up or
+evaluation); the process's CPU time over the same
 span is reported beside it (steadier on a shared machine). The parent prints one JSON
 line: per run figures, ``ratio`` = port seconds / original seconds summed over the seeds
 (target <= 1.05), and ``cpu_ratio`` the same of CPU time.
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     settings.pop("seed")
     line = {"benchmark": "client", "started_loadavg": load_start,
             "finished_loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
-            "python": platform.python_version(), "seeds": seeds, "settings": settings, "warmup": warmup, "runs": runs,
+            "python": platform.python_version(), "seeds": seeds, "settings": settings, "warmup": warmup,
+            "runs": runs,
             **summary(runs)}
     text = json.dumps(line)
     print(text, flush=True)
