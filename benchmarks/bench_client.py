@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(run_child(args.child, steps, seeds[0])), flush=True)
         return
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S"), [round(x, 2) for x in os.getloadavg()]
     # One short untimed run of each loop first: numba compiles shardreplay's kernels once
     # per installation (after that every process loads them from its cache), and that
     # one-time cost is not what a training run pays. It is reported as "warmup".
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
             runs[loop].append(spawn(loop, steps, seed))
     settings = dataclasses.asdict(bench_args(steps, seeds[0]))
     settings.pop("seed")
-    line = {"benchmark": "client", "started_loadavg": load_start,
+    line = {"benchmark": "client", "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "started_loadavg": load_start,
             "finished_loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
             "python": platform.python_version(), "seeds": seeds, "settings": settings, "warmup": warmup,
             "runs": runs,
