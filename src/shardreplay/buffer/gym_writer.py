@@ -205,7 +205,12 @@ class GymStepWriter:
                       st.fields[observation].reshape(n, *buffer.spec[observation].shape),
                       st.fields[action].reshape(n, *buffer.spec[action].shape),
                       st.fields[reward].reshape(n), self._held_obs)
-        self._kernel: Any = None  # made by reset()
+        # Compiled (or loaded from numba's cache) for inputs in the stored dtypes now, so the
+        # one-time cost lands where the writer is made, not in the first step.
+        spec = buffer.spec
+        canonical = (np.zeros(self._act_shape, spec[action].dtype), self._held_obs.copy(),
+                     np.zeros(s, spec[reward].dtype), np.zeros(s, bool), np.zeros(s, bool))
+        self._kernel = _kernel(self._head, canonical)
         self._plain = False  # reset, NEXT_STEP and uniform: step() writes inline
         self._is_reset = False
         self._storage = st
@@ -246,11 +251,6 @@ class GymStepWriter:
         self._held_obs[...] = arr
         self._state[_HELD:_HELD + self.num_envs] = FIRST
         self._fstate[1:] = 1.0
-        if self._kernel is None:  # for inputs in the stored dtypes, to begin with
-            spec, s = self.buffer.spec, self.num_envs
-            canonical = (np.zeros(self._act_shape, spec[self._names[1]].dtype), self._held_obs.copy(),
-                         np.zeros(s, spec[self._names[2]].dtype), np.zeros(s, bool), np.zeros(s, bool))
-            self._kernel = _kernel(self._head, canonical)
         self._is_reset = True
         self._plain = self._is_uniform and not self._same_step
 
@@ -284,7 +284,7 @@ class GymStepWriter:
     def _write_all(self, action: np.ndarray, obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
                    truncated: np.ndarray, info: Mapping[str, Any] | None) -> None:
         """The compiled write of arrays (shapes checked in it), their kind accepted first."""
-        if self._kernel is None:
+        if not self._is_reset:
             raise ConfigError("call reset(obs) with the env's reset observation before step()")
         done_ids = None
         if info and has_final_obs(info) and not self._same_step and (terminated.any() or truncated.any()):
