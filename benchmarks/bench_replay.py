@@ -1,4 +1,4 @@
-"""Replay benchmark: shardreplay, TorchRL and cpprb side by side, one JSON line.
+"""Replay benchmark: shardreplay, TorchRL, cpprb (and SB3, one env) side by side, one JSON line.
 
 Each (library, mode) case runs in a fresh child process of this interpreter, so its memory
 figures hold only its own buffer; a peer that cannot be imported is reported as missing.
@@ -19,6 +19,7 @@ Usage::
     python benchmarks/bench_replay.py                 # full run, a few minutes on 2 cores
     python benchmarks/bench_replay.py --quick         # smoke run, seconds
     python benchmarks/bench_replay.py --libs shardreplay,cpprb --mode prioritized
+    python benchmarks/bench_replay.py --mode single_env  # one env, 1 step per add (vs SB3)
     python benchmarks/bench_replay.py --workload atari  # Nature-DQN frames (replay_frames.py)
     python benchmarks/bench_replay.py --workload atari --interleave  # learner steps, A/B blocks
 """
@@ -42,8 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import replay_frames as F
 import replay_workload as W
 
-LIBRARIES = ("shardreplay", "torchrl", "cpprb")
+LIBRARIES = ("shardreplay", "torchrl", "cpprb", "sb3")
 MODES = ("uniform", "prioritized")
+SINGLE_ENV = "single_env"  # one env, one step per add: replay_single_env.py (peer: sb3)
+MODE_LIBRARIES = {"uniform": LIBRARIES[:3], "prioritized": LIBRARIES[:3], SINGLE_ENV: ("shardreplay", "sb3")}
 CHILD_TIMEOUT_S = 1200
 FULL = {"n_insert": W.CAPACITY, "blocks": 7, "calls": 200, "warmup": 50}
 WARMUP_CAPACITY = 3_200
@@ -64,6 +67,8 @@ RATIOS = (
     ("uniform_rss_vs_cpprb", "uniform", "rss_mib_buffer", "cpprb", None, False),
     ("prioritized_rss_vs_cpprb", "prioritized", "rss_mib_buffer", "cpprb", None, False),
     ("prioritized_rss_with_code_vs_cpprb", "prioritized", "rss_mib_buffer_and_code", "cpprb", None, False),
+    ("single_env_add_vs_sb3", SINGLE_ENV, "add_calls_per_s", "sb3", 1.0, True),
+    ("single_env_sample_vs_sb3", SINGLE_ENV, "sample_calls_per_s", "sb3", 1.0, True),
 )
 # Summary ratios over both modes: the worse of the two.
 SUMMARY = (("insert_vs_cpprb", ("uniform_insert_vs_cpprb", "prioritized_insert_vs_cpprb"), 1.0, True),
@@ -82,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "blocks in one process (robust to a changing load) instead of the cases")
     p.add_argument("--libs", help="comma-separated subset of " + ",".join(LIBRARIES)
                    + " (atari: of " + ",".join(F.CASE_NAMES) + ")")
-    p.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    p.add_argument("--mode", choices=[*MODES, SINGLE_ENV, "both", "all"], default="all",
+                   help="both: uniform and prioritized; all: both and single_env")
     p.add_argument("--n-insert", type=int, help="transitions to insert (multiple of 32; default 1,000,000)")
     p.add_argument("--blocks", type=int, help="timing blocks per figure, median reported (default 7)")
     p.add_argument("--calls", type=int, help="calls per timing block (default 200)")
@@ -191,15 +197,20 @@ def warm_up(case: Any, mode: str) -> None:
 
 def child_main(args: argparse.Namespace) -> None:
     """Run one case and print its figures (or why it could not run) as one JSON line."""
+    import replay_single_env
     from replay_cases import MissingLibrary
 
     W.set_clock(args.clock)
     try:
         if args.workload == "atari":
             result: dict[str, Any] = F.run_frames_case(args.child, args)
+        elif args.mode == SINGLE_ENV:
+            result = replay_single_env.run(
+                args.child, args.n_insert, calls=args.calls, blocks=args.blocks, warmup=args.warmup,
+                seed=args.seed)
         else:
             result = run_case(args.child, args.mode, args)
-    except MissingLibrary as exc:
+    except (MissingLibrary, replay_single_env.MissingPeer) as exc:
         result = {"missing": str(exc)}
     print(json.dumps(result), flush=True)
 
@@ -319,15 +330,15 @@ def parent_main(args: argparse.Namespace) -> None:
         _emit(line, args)
         return
 
-    modes = MODES if args.mode == "both" else (args.mode,)
+    modes = {"both": MODES, "all": (*MODES, SINGLE_ENV)}.get(args.mode, (args.mode,))
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     load_start = [round(x, 2) for x in os.getloadavg()]  # other work on the machine skews rates
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(args.repeat):  # rounds interleave the libraries, so noise hits them alike
         for mode in modes:
-            for lib in args.libs:
+            for lib in (lib for lib in args.libs if lib in MODE_LIBRARIES[mode]):
                 runs.setdefault((lib, mode), []).append(spawn_case(lib, mode, args))
-    results: dict[str, dict[str, Any]] = {lib: {} for lib in args.libs}
+    results: dict[str, dict[str, Any]] = {lib: {} for lib, _mode in runs}
     for (lib, mode), got in runs.items():
         results[lib][mode] = merge_runs(got)
     values, targets = ratios(results)

@@ -88,6 +88,17 @@ def test_quick_run_prints_one_json_line(tmp_path: Path) -> None:
         assert prio[key] > 0, key
     assert line["results"]["shardreplay"]["uniform"]["sample_batches_per_s"] > 0
     assert line["ratios"]["uniform_sample_vs_cpprb"] is None  # cpprb not selected
+    one_env = line["results"]["shardreplay"]["single_env"]
+    assert one_env["capacity"] == 3200 and one_env["add_calls_per_s"] > 0 and one_env["sample_us"] > 0
+    assert line["ratios"]["single_env_add_vs_sb3"] is None  # sb3 not selected
+
+
+def test_single_env_ratios_are_against_sb3() -> None:
+    results = {"shardreplay": {"single_env": {"add_calls_per_s": 300.0, "sample_calls_per_s": 50.0}},
+               "sb3": {"single_env": {"add_calls_per_s": 200.0, "sample_calls_per_s": 100.0}}}
+    values, targets = bench_replay.ratios(results)
+    assert values["single_env_add_vs_sb3"] == 1.5 and targets["single_env_add_vs_sb3"]["met"] is True
+    assert values["single_env_sample_vs_sb3"] == 0.5 and targets["single_env_sample_vs_sb3"]["met"] is False
 
 
 def test_merge_runs_takes_medians_and_widest_ranges() -> None:

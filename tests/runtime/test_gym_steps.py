@@ -261,9 +261,9 @@ def collect_029(conv_for, num_envs=3, num_actions=150, seed=3):
 
 
 def test_gymnasium_0_envs_are_same_step_and_give_the_reference_streams(monkeypatch):
-    import shardreplay.runtime.gym_steps as gym_steps
+    import shardreplay.buffer.gym_modes as gym_modes
 
-    monkeypatch.setattr(gym_steps, "_gymnasium_major", lambda: 0)
+    monkeypatch.setattr(gym_modes, "_gymnasium_major", lambda: 0)
     streams = collect_029(GymStepConverter.from_env)
     reference, *_ = run_cartpole("NextStep", num_envs=3, num_actions=150, seed=3)
     for got, want in zip(streams, reference, strict=True):

@@ -21,6 +21,7 @@ from shardreplay.buffer.checks import (
 )
 from shardreplay.buffer.device import batch_on, check_device
 from shardreplay.buffer.state import export_state, import_state, state_as_tensors
+from shardreplay.buffer.transitions import Transitions, sample_transitions
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
 from shardreplay.samplers import (
     SAMPLER_NAMES,
@@ -189,6 +190,20 @@ class ReplayBuffer:
                       weights=torch.from_numpy(draw.weights),
                       probabilities=torch.from_numpy(draw.probabilities))
         return batch_on(batch, self.device)
+
+    def sample_transitions(self, batch_size: int, gamma: float, n: int | None = None, **names: str
+                           ) -> Transitions:
+        """Draw ``batch_size`` windows as n-step transitions (obs, action, reward,
+        next_obs, bootstrap_discount with gamma applied, weights, keys): see
+        :mod:`shardreplay.buffer.transitions`. ``n`` defaults to ``window - 1``;
+        ``observation=``, ``action=``, ``reward=`` name the fields.
+
+        Raises:
+            ConfigError: ``gamma`` outside [0, 1], ``n`` outside 1 .. window - 1, bad batch size.
+            SpecMismatchError: a named field is not in the spec.
+            EmptyBufferError: no valid window can be drawn.
+        """
+        return sample_transitions(self, batch_size, gamma, n, **names)
 
     def draw(self, batch_size: int, *, advance_schedule: bool = True) -> Draw:
         """Choose window starts without gathering data (used by sharded sampling).

@@ -44,6 +44,7 @@ from shardreplay.buffer.checks import (
 )
 from shardreplay.buffer.device import pinned
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.buffer.transitions import Transitions, transitions_from_batch
 from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, split_batches
 from shardreplay.distributed.exact_exchange import ExactExchange
@@ -192,6 +193,18 @@ class ShardedReplayBuffer:
                 f"prefetch={self.prefetch} every sample() call must ask for the same batch_size "
                 f"and mode until they are used (got {(int(batch_size), mode)})")
         return self._serve(self._ready.popleft())
+
+    def sample_transitions(self, batch_size: int, gamma: float, n: int | None = None,
+                           mode: str = "exact", **names: str) -> Transitions:
+        """:meth:`sample` (collective, same arguments) as n-step transitions, as
+        :meth:`ReplayBuffer.sample_transitions` returns them (``bootstrap_discount`` holds
+        gamma already).
+
+        Raises:
+            ConfigError, EmptyBufferError, CollectiveTimeout: as :meth:`sample`; a bad
+                ``gamma`` or ``n`` (after the collective, on every rank alike).
+        """
+        return transitions_from_batch(self.sample(batch_size, mode), gamma, n, **names)
 
     def sharding_state(self) -> dict[str, Any]:
         """This rank's own state beside its shard, JSON-ready: the shard-choice RNG and

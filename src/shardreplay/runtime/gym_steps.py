@@ -39,6 +39,10 @@ from typing import Any
 
 import numpy as np
 
+from shardreplay.buffer.gym_modes import env_autoreset_mode as _env_autoreset_mode
+from shardreplay.buffer.gym_modes import final_obs as _final_obs
+from shardreplay.buffer.gym_modes import has_final_obs as _has_final_obs
+from shardreplay.buffer.gym_modes import mode_name as _mode_name
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.spec.fields import StepType
 
@@ -47,18 +51,6 @@ __all__ = ["GymStepConverter", "StepWrite"]
 # One write for ReplayBuffer.add: the step (nested dict of arrays [S', ...]) and the
 # stream ids it goes to (None: all streams, in order).
 StepWrite = tuple[dict[str, Any], np.ndarray | None]
-
-_MODES = {"nextstep": "next_step", "samestep": "same_step"}
-_FINAL_OBS_KEYS = ("final_obs", "final_observation")  # gymnasium >= 1.0, 0.x
-
-
-def _mode_name(mode: Any) -> str:
-    text = str(getattr(mode, "value", mode)).lower().replace("_", "")
-    if text not in _MODES:
-        raise ConfigError(f"autoreset mode {mode!r} is not supported: use NEXT_STEP (gymnasium's "
-                          "default) or SAME_STEP")
-    return _MODES[text]
-
 
 class GymStepConverter:
     """Converts a gymnasium vector env's outputs into shardreplay steps, one stream per env.
@@ -210,48 +202,3 @@ def _copy(obs: Any, n: int, name: str) -> Any:
     if arr.shape[:1] != (n,):
         raise SpecMismatchError(f"{name} must have {n} rows (one per env), got shape {arr.shape}")
     return arr
-
-
-def _env_autoreset_mode(env: Any) -> Any:
-    """The autoreset mode ``env`` declares, or gymnasium 0.x's only mode (SAME_STEP)."""
-    mode = getattr(env, "metadata", {}).get("autoreset_mode")
-    if mode is not None:
-        return mode
-    if _gymnasium_major() == 0:
-        return "same_step"
-    raise ConfigError(f"{type(env).__name__} does not say its autoreset mode (no "
-                      "metadata['autoreset_mode']): pass GymStepConverter.from_env(env, "
-                      "autoreset_mode='next_step' or 'same_step')")
-
-
-def _gymnasium_major() -> int | None:
-    """The installed gymnasium's major version, None when it is not installed."""
-    from importlib import metadata
-
-    try:
-        return int(metadata.version("gymnasium").split(".")[0])
-    except (metadata.PackageNotFoundError, ValueError):
-        return None
-
-
-def _has_final_obs(info: Mapping[str, Any] | None) -> bool:
-    return info is not None and any(info.get(k) is not None for k in _FINAL_OBS_KEYS)
-
-
-def _final_obs(info: Mapping[str, Any] | None, ids: np.ndarray) -> Any:
-    """The final observations of the envs ``ids`` (SAME_STEP mode), stacked."""
-    final = None
-    for key in _FINAL_OBS_KEYS:
-        if info is not None and info.get(key) is not None:
-            final = info[key]
-            break
-    if final is None or any(final[i] is None for i in ids):
-        raise SpecMismatchError("SAME_STEP mode: an env ended but info['final_obs'] lacks its final "
-                                "observation; pass the info dict env.step returned")
-    return _stack([final[i] for i in ids])
-
-
-def _stack(items: list[Any]) -> Any:
-    if isinstance(items[0], Mapping):
-        return {k: _stack([it[k] for it in items]) for k in items[0]}
-    return np.stack([np.asarray(it) for it in items])

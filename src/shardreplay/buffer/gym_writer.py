@@ -1,0 +1,395 @@
+"""GymStepWriter: a gymnasium vector env's steps straight into a ReplayBuffer, one call each.
+
+It stores exactly what :class:`shardreplay.runtime.gym_steps.GymStepConverter` followed by
+:meth:`ReplayBuffer.add` stores (the converter's module docstring draws the timelines of
+both autoreset modes), without building a step dict per call: the first call with a new
+kind of inputs (types, dtypes, dimensions) is checked against the spec in full; later
+calls of that kind go straight to one compiled call, which checks shapes and NaN/inf in
+finite fields and then writes the held observation, the action, reward, step type and
+discount of every env and the buffer's bookkeeping. Inputs whose values need a check on
+every call (an int64 action into a uint8 field) take the full check every time.
+
+Differences from the converter: a bad observation raises in the call that hands it over
+(the converter raises one call later, when it writes it); nothing is written then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numba
+import numpy as np
+
+from shardreplay.buffer.gym_modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
+from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.spec import Field, Spec, StepType
+from shardreplay.storage.kernels import write_steps
+
+if TYPE_CHECKING:
+    from shardreplay.buffer.replay_buffer import ReplayBuffer
+
+__all__ = ["GymStepWriter", "spec_from_env"]
+
+FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+_NO_PRIORITIES = np.zeros((1, 1), np.float32)
+_HELD = 8  # where the held step types start in the compiled write's state array
+
+
+def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
+                  reward: str = "reward") -> Spec:
+    """The Spec of a gymnasium (vector) env's steps: its observation and action spaces
+    (``single_*`` of a vector env), and a float32 reward. A Dict observation space gives
+    nested fields.
+
+    Raises:
+        ConfigError: a space without a shape and dtype (Text, Graph, Sequence).
+    """
+    obs_space = getattr(env, "single_observation_space", None)
+    act_space = getattr(env, "single_action_space", None)
+    if obs_space is None or act_space is None:  # a single env, not a vector env
+        obs_space, act_space = env.observation_space, env.action_space
+    return Spec({observation: _field_of(obs_space, observation), action: _field_of(act_space, action),
+                 reward: Field((), np.float32)})
+
+
+def _field_of(space: Any, name: str) -> Any:
+    spaces = getattr(space, "spaces", None)
+    if isinstance(spaces, Mapping):
+        return {k: _field_of(v, f"{name}.{k}") for k, v in spaces.items()}
+    shape, dtype = getattr(space, "shape", None), getattr(space, "dtype", None)
+    if shape is None or dtype is None:
+        raise ConfigError(f"space {space!r} of {name!r} has no fixed shape and dtype; build the "
+                          "Spec by hand")
+    return Field(tuple(shape), np.dtype(dtype))
+
+
+@numba.njit(cache=True, nogil=True)
+def _all_finite(values):  # pragma: no cover - compiled
+    for v in values.ravel():  # noqa: SIM110 - a loop numba compiles (no generators)
+        if not np.isfinite(v):
+            return False
+    return True
+
+
+def _write(records, pos, counters, state, fstate, obs_store, act_store, rew_store, held_obs,
+           action, obs, reward, terminated, truncated):  # pragma: no cover - compiled
+    """Write every env's held step, then hold the new observation, step type and discount.
+
+    ``records`` is the storage's per-slot record array (bookkeeping and discount);
+    ``state`` (int64) is ``[stream_capacity, window, same_step, finite obs, finite action,
+    finite reward, steps written, episodes ended]``, then per env its held step type, then
+    ``0 .. num_envs - 1``, then ``out`` ``[4, num_envs * window]``: the written slots (row
+    0), the recomputed slots (row 1), their validity (row 2) and whether each became valid
+    (row 3). ``fstate`` is ``[priority of new steps, held discount of each env ...]``.
+    Arguments are few and nothing is allocated on purpose: each argument costs the
+    dispatcher time, a sizable part of a one-env step.
+
+    Returns ``(n_out, delta)``, or ``(code, 0)`` with nothing changed: -1 .. -3 when the
+    obs, action or reward of a finite field holds NaN or inf, -4 when an input has the
+    wrong shape."""
+    num_envs = held_obs.shape[0]
+    if (obs.shape != held_obs.shape or action.shape[0] != num_envs or action.shape[1:] != act_store.shape[1:]
+            or reward.shape[0] != num_envs or terminated.shape[0] != num_envs
+            or truncated.shape[0] != num_envs):
+        return -4, 0
+    if state[3] and not _all_finite(obs):
+        return -1, 0
+    if state[4] and not _all_finite(action):
+        return -2, 0
+    if state[5] and not _all_finite(reward):
+        return -3, 0
+    types = state[_HELD:_HELD + num_envs].reshape(num_envs, 1)
+    rows = state[_HELD + num_envs:_HELD + 2 * num_envs]
+    out = state[_HELD + 2 * num_envs:].reshape(4, num_envs * state[1])
+    n_out, delta = write_steps(records.step_type, records.episode_id, records.generation, records.priority,
+                               records.valid, pos, counters, rows, types, _NO_PRIORITIES, False, fstate[0],
+                               state[0], state[1], out[:2], out[2:])
+    disc_store = records.discount
+    same_step = state[2] != 0
+    n_done = 0
+    for i in range(num_envs):
+        slot = out[0, i]
+        was_last = types[i, 0] == LAST
+        obs_store[slot] = held_obs[i]
+        if was_last:  # the env ignored this action (NEXT_STEP reset): padding
+            act_store[slot] = 0
+            rew_store[slot] = 0
+        else:
+            act_store[slot] = action[i]
+            rew_store[slot] = reward[i]
+        disc_store[slot] = fstate[1 + i]
+        done = terminated[i] or truncated[i]
+        n_done += done
+        if same_step:
+            state[_HELD + i] = FIRST if done else MID
+            fstate[1 + i] = 1.0
+        elif done:
+            state[_HELD + i] = LAST
+            fstate[1 + i] = 0.0 if terminated[i] else 1.0
+        else:
+            state[_HELD + i] = FIRST if was_last else MID
+            fstate[1 + i] = 1.0
+        held_obs[i] = obs[i]
+    state[6] += num_envs
+    state[7] += n_done
+    return n_out, delta
+
+
+def _kernel(head: tuple[np.ndarray, ...], inputs: tuple[np.ndarray, ...]) -> Any:
+    """A dispatcher of :func:`_write` compiled for ``head + inputs`` only, which compiles
+    nothing by itself: a call with argument types it was not compiled for raises
+    ``TypeError``. The writer adds (compiles, or loads from numba's cache) one signature
+    per kind of inputs it accepted, so the types numba reads at dispatch are the whole
+    per-call input check."""
+    dispatcher = numba.njit(cache=True, nogil=True)(_write)
+    dispatcher.compile(tuple(numba.typeof(x) for x in (*head, *inputs)))
+    dispatcher.disable_compile()
+    return dispatcher
+
+
+class GymStepWriter:
+    """Writes a gymnasium vector env's outputs into a buffer, one stream per env.
+
+    Usage (a one-env loop as CleanRL's)::
+
+        rb = ReplayBuffer(spec_from_env(envs), num_streams=envs.num_envs, stream_capacity=N)
+        writer = GymStepWriter.from_env(envs, rb)
+        obs, _ = envs.reset(seed=0)
+        writer.reset(obs)
+        while ...:
+            next_obs, reward, terminated, truncated, info = envs.step(action)
+            writer.step(action, next_obs, reward, terminated, truncated, info)
+            obs = next_obs
+
+    Args:
+        buffer: a :class:`ReplayBuffer` with one stream per env and a flat (not nested)
+            observation field.
+        autoreset_mode: ``"next_step"`` (gymnasium's default) or ``"same_step"``, or a
+            ``gymnasium.vector.AutoresetMode``.
+        observation, action, reward: the spec's field names.
+
+    Raises:
+        ConfigError: an unsupported mode, a field name the spec lacks, a spec with other
+            or frame-stacked fields (or a nested observation: use ``GymStepConverter``
+            with ``ReplayBuffer.add`` for those).
+    """
+
+    def __init__(self, buffer: ReplayBuffer, *, autoreset_mode: Any = "next_step", observation: str = "obs",
+                 action: str = "action", reward: str = "reward") -> None:
+        for name in (observation, action, reward):
+            if name not in buffer.spec:
+                raise ConfigError(f"the buffer's spec has no (flat) field {name!r}; it has "
+                                  f"{sorted(buffer.spec.fields)}")
+        others = sorted(set(buffer.spec.fields) - {observation, action, reward})
+        stacked = [name for name in (observation, action, reward) if buffer.spec[name].frame_stack]
+        if others or stacked:
+            raise ConfigError(f"GymStepWriter writes only the fields {observation!r}, {action!r} and "
+                              f"{reward!r}, none frame-stacked; this spec has "
+                              f"{'other fields ' + str(others) if others else 'frame-stacked ' + str(stacked)}: "
+                              "use GymStepConverter with ReplayBuffer.add for it")
+        if buffer.spec[reward].shape != ():
+            raise ConfigError(f"reward field {reward!r} must be a scalar, got shape "
+                              f"{buffer.spec[reward].shape}")
+        self.buffer = buffer
+        self.autoreset_mode = mode_name(autoreset_mode)
+        self.num_envs = buffer.num_streams
+        self._names = (observation, action, reward)
+        st = buffer.storage
+        n, s = st.size, self.num_envs
+        self._obs_shape = (s, *buffer.spec[observation].shape)
+        self._act_shape = (s, *buffer.spec[action].shape)
+        self._held_obs = np.zeros((s, *buffer.spec[observation].shape), buffer.spec[observation].dtype)
+        self._same_step = self.autoreset_mode == "same_step"
+        self._state = np.array([st.stream_capacity, st.window, self._same_step,
+                                *(buffer.spec[k].checks_finite for k in self._names), 0, 0]
+                               + [FIRST] * s + list(range(s)) + [0] * (4 * s * st.window), np.int64)
+        self._fstate = np.ones(1 + s, np.float64)
+        self._out = self._state[_HELD + 2 * s:].reshape(4, s * st.window)  # a view, filled by each write
+        self._is_uniform = buffer.sampler_name == "uniform"
+        # Every array the compiled write takes, bound once: the storage changes them in
+        # place (restores included), never replaces them.
+        self._head = (st.records, st.pos, st.counters, self._state, self._fstate,
+                      st.fields[observation].reshape(n, *buffer.spec[observation].shape),
+                      st.fields[action].reshape(n, *buffer.spec[action].shape),
+                      st.fields[reward].reshape(n), self._held_obs)
+        # Compiled (or loaded from numba's cache) for inputs in the stored dtypes now, so the
+        # one-time cost lands where the writer is made, not in the first step.
+        spec = buffer.spec
+        canonical = (np.zeros(self._act_shape, spec[action].dtype), self._held_obs.copy(),
+                     np.zeros(s, spec[reward].dtype), np.zeros(s, bool), np.zeros(s, bool))
+        self._kernel = _kernel(self._head, canonical)
+        self._plain = False  # reset, NEXT_STEP and uniform: step() writes inline
+        self._is_reset = False
+        self._storage = st
+
+    @property
+    def num_steps(self) -> int:
+        """Steps written so far (over all envs)."""
+        return int(self._state[6])
+
+    @property
+    def num_episodes(self) -> int:
+        """Episodes ended so far (over all envs)."""
+        return int(self._state[7])
+
+    @classmethod
+    def from_env(cls, env: Any, buffer: ReplayBuffer, **kwargs: Any) -> GymStepWriter:
+        """A writer for ``env``'s autoreset mode (``autoreset_mode=`` overrides it).
+
+        Raises:
+            ConfigError: as the constructor; the env does not say its mode (gymnasium >= 1.0);
+                its ``num_envs`` differs from the buffer's ``num_streams``.
+        """
+        if int(env.num_envs) != buffer.num_streams:
+            raise ConfigError(f"the env has {env.num_envs} envs but the buffer {buffer.num_streams} "
+                              "streams: make the buffer with num_streams=env.num_envs")
+        if "autoreset_mode" not in kwargs:
+            kwargs["autoreset_mode"] = env_autoreset_mode(env)
+        return cls(buffer, **kwargs)
+
+    def reset(self, obs: Any) -> None:
+        """Start every stream anew at ``obs`` (from ``env.reset()``): the next step is FIRST.
+
+        Raises:
+            SpecMismatchError: ``obs`` does not fit the spec's observation field (one row per env).
+        """
+        name = self._names[0]
+        arr = self.buffer.spec.validate(self._probe(obs, None, None), (self.num_envs,))[name]
+        self._held_obs[...] = arr
+        self._state[_HELD:_HELD + self.num_envs] = FIRST
+        self._fstate[1:] = 1.0
+        self._is_reset = True
+        self._plain = self._is_uniform and not self._same_step
+
+    def step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
+             info: Mapping[str, Any] | None = None) -> None:
+        """Record one vector-env step (what ``env.step(action)`` returned) in the buffer.
+
+        Raises:
+            ConfigError: called before :meth:`reset`.
+            SpecMismatchError: an input that does not fit the spec (wrong rows, shape,
+                unsafe dtype, NaN/inf in a finite field), or a NEXT_STEP writer handed
+                final observations (a SAME_STEP env), or a SAME_STEP env's done without
+                ``info["final_obs"]``. Nothing is written then.
+        """
+        if self._plain and not info:
+            # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
+            try:
+                n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
+            except TypeError:  # inputs of a kind not accepted yet (or not arrays)
+                self._write_all(*self._accept(action, obs, reward, terminated, truncated), info)
+                return
+            if n_out < 0:
+                self._raise_for(n_out, action, obs, reward, terminated, truncated)
+            self._storage.num_valid += delta
+            return
+        if not all(type(x) is np.ndarray for x in (action, obs, reward, terminated, truncated)):
+            action, obs, reward, terminated, truncated = self._accept(action, obs, reward, terminated,
+                                                                      truncated)
+        self._write_all(action, obs, reward, terminated, truncated, info)
+
+    def _write_all(self, action: np.ndarray, obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
+                   truncated: np.ndarray, info: Mapping[str, Any] | None) -> None:
+        """The compiled write of arrays (shapes checked in it), their kind accepted first."""
+        if not self._is_reset:
+            raise ConfigError("call reset(obs) with the env's reset observation before step()")
+        done_ids = None
+        if info and has_final_obs(info) and not self._same_step and (terminated.any() or truncated.any()):
+            raise SpecMismatchError(
+                "the env reset in the same step (info holds final observations) but the writer "
+                "expects NEXT_STEP autoreset: build it with autoreset_mode='same_step'")
+        if self._same_step and (terminated.any() or truncated.any()):
+            done_ids = np.flatnonzero(terminated | truncated)
+            last_obs = final_obs(info, done_ids)  # raises before anything is written
+        if not self._is_uniform:
+            self._fstate[0] = self.buffer.max_priority()
+        try:
+            n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
+        except TypeError:  # inputs of a kind not accepted yet
+            action, obs, reward, terminated, truncated = self._accept(action, obs, reward, terminated,
+                                                                      truncated)
+            n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
+        if n_out < 0:
+            self._raise_for(n_out, action, obs, reward, terminated, truncated)
+        self._storage.num_valid += delta
+        if not self._is_uniform:  # as ReplayBuffer._write tells its sampler (same layer)
+            out = self._out
+            self.buffer._sampler.on_write(out[1, :n_out], out[2, :n_out].astype(bool),
+                                          out[3, :n_out].astype(bool))
+        if done_ids is not None:
+            self._write_last(done_ids, last_obs, terminated, action)
+
+    def _raise_for(self, code: int, *inputs: np.ndarray) -> None:
+        """Raise the error the compiled write's ``code`` stands for."""
+        if code == -4:
+            self._accept(*inputs)  # raises, naming the input of the wrong shape
+        raise SpecMismatchError(f"field {self._names[-1 - code]!r} holds NaN or inf; the spec's "
+                                "Field(finite=True) rejects them")
+
+    def _write_last(self, ids: np.ndarray, last_obs: Any, terminated: np.ndarray, action: np.ndarray) -> None:
+        """SAME_STEP: the LAST steps of the envs that ended (action, reward: padding)."""
+        obs_name, action_name, reward_name = self._names
+        step = {obs_name: last_obs, action_name: np.zeros_like(action[ids]),
+                reward_name: np.zeros(len(ids), np.float32),
+                "step_type": np.full(len(ids), LAST, np.uint8),
+                "discount": np.where(terminated[ids], 0.0, 1.0).astype(np.float32)}
+        self.buffer.add(step, stream_ids=ids)
+        self._state[6] += len(ids)
+
+    def _probe(self, obs: Any, action: Any, reward: Any) -> dict[str, Any]:
+        """A step dict for the spec's full check (missing parts as zeros of the stored dtype)."""
+        spec, s = self.buffer.spec, self.num_envs
+        obs_name, action_name, reward_name = self._names
+        step = {name: np.zeros((s, *spec[name].shape), spec[name].dtype) for name in spec.fields}
+        step[obs_name] = obs
+        if action is not None:
+            step[action_name] = action
+        if reward is not None:
+            step[reward_name] = reward
+        step["step_type"] = np.zeros(s, np.uint8)
+        return step
+
+    def _accept(self, action: Any, obs: Any, reward: Any, terminated: Any,
+                truncated: Any) -> tuple[np.ndarray, ...]:
+        """Check inputs of a new kind against the spec once; arrays the fast path takes.
+
+        Raises:
+            ConfigError: called before :meth:`reset`.
+            SpecMismatchError: as :meth:`step`.
+        """
+        if not self._is_reset:
+            raise ConfigError("call reset(obs) with the env's reset observation before step()")
+        action, obs, reward = np.asarray(action), np.asarray(obs), np.asarray(reward)
+        flags = []
+        for name, value in (("terminated", terminated), ("truncated", truncated)):
+            arr = np.asarray(value, dtype=bool)
+            if arr.shape != (self.num_envs,):
+                raise SpecMismatchError(f"{name} must have shape ({self.num_envs},), got {arr.shape}")
+            flags.append(arr)
+        self.buffer.spec.validate(self._probe(obs, action, reward), (self.num_envs,))
+        if obs.shape != self._obs_shape or action.shape != self._act_shape:
+            raise SpecMismatchError(f"obs {obs.shape} and action {action.shape} must be shaped "
+                                    f"{self._obs_shape} and {self._act_shape}")
+        spec = self.buffer.spec
+        inputs = (action, obs, reward, *flags)
+        # An integer narrowing (int64 -> uint8) is checked for its values on every call:
+        # such inputs go on as copies in the stored dtypes, whose kind is compiled instead.
+        if not all(np.can_cast(arr.dtype, spec[name].dtype, casting="same_kind")
+                   and not (arr.dtype.kind in "iub" and not np.can_cast(arr.dtype, spec[name].dtype, "safe"))
+                   for name, arr in zip(self._names, (obs, action, reward), strict=True)):
+            inputs = (action.astype(spec[self._names[1]].dtype), obs.astype(spec[self._names[0]].dtype),
+                      reward.astype(spec[self._names[2]].dtype), *flags)
+        self._compile_for(inputs)
+        return inputs
+
+    def _compile_for(self, inputs: tuple[np.ndarray, ...]) -> None:
+        """Let the compiled write take inputs of these types from now on."""
+        signature = tuple(numba.typeof(x) for x in (*self._head, *inputs))
+        if signature not in self._kernel.overloads:
+            self._kernel.disable_compile(False)
+            try:
+                self._kernel.compile(signature)
+            finally:
+                self._kernel.disable_compile()
+

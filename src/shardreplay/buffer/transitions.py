@@ -1,0 +1,219 @@
+"""Sampled windows as n-step transitions, gathered in one compiled pass.
+
+:meth:`ReplayBuffer.sample_transitions` draws window starts as :meth:`ReplayBuffer.sample`
+does, but instead of copying whole windows ``[B, L, ...]`` and reducing them with torch
+(:func:`shardreplay.buffer.nstep.nstep_transitions`), it reads only what a transition
+needs: ``o_0``, ``a_0``, the rewards and discounts inside the window, and ``o_m``.
+
+The formulas are those of :mod:`shardreplay.buffer.nstep` (``m`` is the bootstrap step:
+``n``, or the episode's LAST inside the window)::
+
+    reward             = sum_{k=0}^{m-1} gamma^k * (prod_{i=1}^{k} d_i) * r_k
+    bootstrap_discount = gamma^m * prod_{i=1}^{m} d_i      (0 after a termination)
+    target             = reward + bootstrap_discount * V(next_obs)
+
+``bootstrap_discount`` already holds ``gamma``: never multiply it by ``gamma`` again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+import numba
+import numpy as np
+import torch
+
+from shardreplay.buffer.batch import Batch
+from shardreplay.buffer.nstep import _check_gamma, nstep_transitions
+from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.storage.kernels import window_indices
+
+if TYPE_CHECKING:
+    from shardreplay.buffer.replay_buffer import ReplayBuffer
+
+__all__ = ["Transitions", "sample_transitions", "transitions_from_batch"]
+
+Observation = torch.Tensor | dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """A batch of ``B`` n-step transitions, as torch tensors (CPU).
+
+    Attributes:
+        obs: ``o_0`` ``[B, *obs_shape]`` (a dict by dotted name for nested observations).
+        action: ``a_0`` ``[B, *action_shape]``, in the stored dtype.
+        reward: the discounted n-step return ``R`` ``[B, *reward_shape]``, float32 (or
+            float64 for a float64 reward field).
+        next_obs: ``o_m``, the observation to bootstrap from, like ``obs``.
+        bootstrap_discount: ``gamma^m * prod d_i`` ``[B]``, same dtype as ``reward``:
+            gamma is applied already, and it is 0 after a termination. The TD target is
+            ``reward + bootstrap_discount * V(next_obs)``.
+        weights: importance weights float32 ``[B]`` (all ones unless prioritized).
+        keys: int64 ``[B]``, for :meth:`ReplayBuffer.update_priorities`.
+        num_steps: ``m``, int64 ``[B]``: how many rewards ``reward`` sums (1 .. n).
+    """
+
+    obs: Observation
+    action: torch.Tensor
+    reward: torch.Tensor
+    next_obs: Observation
+    bootstrap_discount: torch.Tensor
+    weights: torch.Tensor
+    keys: torch.Tensor
+    num_steps: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Transitions:
+        """A copy with every tensor on ``device`` (``keys`` too: update_priorities takes them
+        back from any device)."""
+        def move(x: Observation) -> Observation:
+            if isinstance(x, dict):
+                return {k: v.to(device, non_blocking=non_blocking) for k, v in x.items()}
+            return x.to(device, non_blocking=non_blocking)
+        return Transitions(*(move(getattr(self, f.name)) for f in fields(self)))
+
+
+@numba.njit(cache=True, nogil=True)
+def _nstep_scalar(idx, mask, reward, discount, gamma, n, ret, boot, m_out, last):  # pragma: no cover
+    """Returns ``ret``, bootstrap discounts ``boot``, ``m`` and the slot of ``o_m`` per
+    window, for a scalar reward field (formulas in the module docstring)."""
+    for b in range(idx.shape[0]):
+        m = n
+        for k in range(1, n + 1):
+            if not mask[b, k]:
+                m = k - 1
+                break
+        total = 0.0
+        factor = 1.0  # gamma^k * prod_{i=1..k} d_i
+        for k in range(m):
+            total += factor * reward[idx[b, k]]
+            factor *= gamma * discount[idx[b, k + 1]]
+        ret[b] = total
+        boot[b] = factor
+        m_out[b] = m
+        last[b] = idx[b, m]
+
+
+def sample_transitions(buffer: ReplayBuffer, batch_size: int, gamma: float, n: int | None = None, *,
+                       observation: str = "obs", action: str = "action",
+                       reward: str = "reward") -> Transitions:
+    """Draw ``batch_size`` windows of ``buffer`` and return them as n-step transitions.
+
+    Args:
+        buffer: the buffer to sample (its window ``L`` must be at least ``n + 1``).
+        batch_size: transitions to draw (fifo: at most that many).
+        gamma: discount factor in ``[0, 1]``.
+        n: steps summed at most (default ``L - 1``); ``n < L - 1`` uses the first
+            ``n + 1`` steps of each window.
+        observation, action, reward: the field names (an observation name may be the
+            prefix of nested fields ``obs.pos``, ``obs.vel``).
+
+    Raises:
+        ConfigError: ``gamma`` outside ``[0, 1]``, ``n`` outside ``1 .. L - 1``, or a bad
+            ``batch_size``.
+        SpecMismatchError: a named field is not in the spec.
+        EmptyBufferError: no valid window can be drawn.
+    """
+    _check_gamma(gamma)
+    n = _check_n(n, buffer.window)
+    obs_names = _obs_names(buffer.spec, observation)
+    for name in (action, reward):
+        if name not in buffer.spec:
+            raise SpecMismatchError(f"the buffer's spec has no field {name!r}; it has "
+                                    f"{sorted(buffer.spec.fields)}")
+    draw = buffer.draw(batch_size)
+    storage = buffer.storage
+    idx, mask, keys = window_indices(draw.starts, storage.step_type, storage.pos,
+                                     storage.stream_capacity, storage.window, storage.key_epoch,
+                                     storage.key_tag)
+    rewards = storage.fields[reward]
+    if rewards.ndim == 1:
+        returns, boot, m, last = _returns_scalar(idx, mask, rewards, storage.discount, gamma, n)
+    else:
+        returns, boot, m, last = _returns_any(idx, mask, rewards, storage.discount, gamma, n)
+    first = draw.starts
+    fields = storage.fields
+    if len(obs_names) == 1 and obs_names[0] == observation:
+        arr = fields[observation]
+        obs: Observation = torch.from_numpy(arr[first])
+        next_obs: Observation = torch.from_numpy(arr[last])
+    else:
+        obs = {k: torch.from_numpy(fields[k][first]) for k in obs_names}
+        next_obs = {k: torch.from_numpy(fields[k][last]) for k in obs_names}
+    return Transitions(obs=obs, action=torch.from_numpy(fields[action][first]),
+                       reward=torch.from_numpy(returns), next_obs=next_obs,
+                       bootstrap_discount=torch.from_numpy(boot),
+                       weights=torch.from_numpy(draw.weights), keys=torch.from_numpy(keys),
+                       num_steps=torch.from_numpy(m))
+
+
+def _returns_scalar(idx: np.ndarray, mask: np.ndarray, rewards: np.ndarray, discount: np.ndarray,
+                    gamma: float, n: int) -> tuple[np.ndarray, ...]:
+    batch = idx.shape[0]
+    dtype = np.float64 if rewards.dtype == np.float64 else np.float32
+    ret = np.empty(batch, dtype)
+    boot = np.empty(batch, dtype)
+    m = np.empty(batch, np.int64)
+    last = np.empty(batch, np.int64)
+    _nstep_scalar(idx, mask, rewards, discount, float(gamma), n, ret, boot, m, last)
+    return ret, boot, m, last
+
+
+def _returns_any(idx: np.ndarray, mask: np.ndarray, rewards: np.ndarray, discount: np.ndarray,
+                 gamma: float, n: int) -> tuple[np.ndarray, ...]:
+    """The general case (a reward with a shape): a torch reduction over ``n + 1`` steps."""
+    from shardreplay.buffer.nstep import nstep_returns
+
+    cut = idx[:, :n + 1]
+    ret, boot, m = nstep_returns(torch.from_numpy(rewards[cut]), torch.from_numpy(discount[cut]),
+                                 torch.from_numpy(mask[:, :n + 1]), gamma, validate=False)
+    m_np = m.numpy()
+    return ret.numpy(), boot.numpy(), m_np, cut[np.arange(cut.shape[0]), m_np]
+
+
+def transitions_from_batch(batch: Batch, gamma: float, n: int | None = None, *,
+                           observation: str = "obs", action: str = "action",
+                           reward: str = "reward") -> Transitions:
+    """The n-step transitions of a sampled :class:`Batch` (any buffer, any device).
+
+    The same numbers as :func:`sample_transitions` for the same windows; used where the
+    windows come from elsewhere (a :class:`ShardedReplayBuffer`'s global sample).
+
+    Raises:
+        ConfigError: ``gamma`` outside ``[0, 1]`` or ``n`` outside ``1 .. L - 1``.
+        SpecMismatchError: as :func:`shardreplay.buffer.nstep.nstep_transitions`.
+    """
+    length = int(batch.mask.shape[1])
+    n = _check_n(n, length)
+    if n + 1 < length:
+        batch = Batch(data={k: v[:, :n + 1] for k, v in batch.data.items()}, mask=batch.mask[:, :n + 1],
+                      keys=batch.keys, weights=batch.weights, probabilities=batch.probabilities)
+    t = nstep_transitions(batch, gamma, observation=observation, action=action, reward=reward,
+                          validate=False)
+    return Transitions(obs=t.observation, action=t.action, reward=t.reward, next_obs=t.next_observation,
+                       bootstrap_discount=t.bootstrap_discount, weights=batch.weights, keys=batch.keys,
+                       num_steps=t.num_steps)
+
+
+def _check_n(n: Any, window: int) -> int:
+    if n is None:
+        n = window - 1
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= n <= window - 1:
+        raise ConfigError(f"n must be an integer in [1, {window - 1}] for windows of {window} steps "
+                          f"(make the buffer with window = n + 1), got {n!r}")
+    return int(n)
+
+
+def _obs_names(spec: Any, observation: str) -> list[str]:
+    if observation in spec:
+        return [observation]
+    fields = spec.fields
+    nested = [k for k in fields if k.startswith(observation + ".")]
+    if not nested:
+        raise SpecMismatchError(f"the buffer's spec has no observation field {observation!r} (nor "
+                                f"{observation + '.*'}); it has {sorted(fields)}")
+    return nested

@@ -1,0 +1,153 @@
+"""GymStepWriter stores exactly what GymStepConverter + ReplayBuffer.add store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardreplay import (
+    ConfigError,
+    Field,
+    GymStepConverter,
+    GymStepWriter,
+    ReplayBuffer,
+    Spec,
+    SpecMismatchError,
+    spec_from_env,
+)
+from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT
+
+SPEC = Spec({"obs": Field((4,), np.float32), "action": Field((), np.int64), "reward": Field((), np.float32)})
+
+
+def drive(mode: str, sampler: str, num_envs: int, steps: int, seed: int):
+    """The same random gym outputs into a writer's buffer and a converter's buffer."""
+    a, b = (ReplayBuffer(SPEC, num_streams=num_envs, stream_capacity=50, window=4, sampler=sampler,
+                         seed=0) for _ in range(2))
+    writer, conv = GymStepWriter(a, autoreset_mode=mode), GymStepConverter(num_envs, autoreset_mode=mode)
+    rng = np.random.default_rng(seed)
+    obs = rng.standard_normal((num_envs, 4)).astype(np.float32)
+    writer.reset(obs)
+    conv.reset(obs)
+    for t in range(steps):
+        action = rng.integers(0, 2, num_envs)
+        obs = rng.standard_normal((num_envs, 4)).astype(np.float32)
+        reward = rng.random(num_envs) if t % 7 else [1.0] * num_envs  # float64 arrays and a list
+        term, trunc = rng.random(num_envs) < 0.05, rng.random(num_envs) < 0.05
+        info = {}
+        if mode == "same_step" and (term | trunc).any():
+            info = {"final_obs": np.array([rng.standard_normal(4).astype(np.float32) if d else None
+                                           for d in term | trunc], dtype=object)}
+        writer.step(action, obs, reward, term, trunc, info)
+        for step, ids in conv.step(action, obs, reward, term, trunc, info):
+            b.add(step, stream_ids=ids)
+    return a, b, writer, conv
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized", "fifo"])
+def test_writer_stores_what_the_converter_and_add_store(mode, sampler):
+    a, b, writer, conv = drive(mode, sampler, num_envs=3, steps=300, seed=1)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa["meta"].pop("key_tag") != sb["meta"].pop("key_tag")  # each buffer names its own keys
+    assert sa["meta"] == sb["meta"]
+    for name, arr in sa["arrays"].items():
+        np.testing.assert_array_equal(arr, sb["arrays"][name], err_msg=name)
+    assert len(a) == len(b) > 100 and a.mass() == b.mass()
+    assert (writer.num_steps, writer.num_episodes) == (conv.num_steps, conv.num_episodes)
+    assert writer.num_episodes > 20
+    ta, tb = a.sample_transitions(64, gamma=0.9), b.sample_transitions(64, gamma=0.9)
+    untag = ~np.int64(TAG_MASK << TAG_SHIFT)
+    assert (ta.keys.numpy() & untag).tolist() == (tb.keys.numpy() & untag).tolist()
+    assert ta.reward.tolist() == tb.reward.tolist()
+
+
+def test_bad_inputs_raise_and_write_nothing():
+    buf = ReplayBuffer(SPEC, num_streams=2, stream_capacity=8, window=2)
+    writer = GymStepWriter(buf)
+    ok = (np.zeros(2, np.int64), np.zeros((2, 4), np.float32), np.ones(2), np.zeros(2, bool),
+          np.zeros(2, bool))
+    with pytest.raises(ConfigError, match="reset"):
+        writer.step(*ok)
+    writer.reset(np.zeros((2, 4), np.float32))
+    writer.step(*ok)
+    before = buf.state_dict()["arrays"]["step_type"].clone()
+    nan_obs = np.full((2, 4), np.nan, np.float32)
+    with pytest.raises(SpecMismatchError, match="'obs'"):
+        writer.step(ok[0], nan_obs, *ok[2:])
+    with pytest.raises(SpecMismatchError, match="'obs'"):
+        writer.step(ok[0], np.zeros((2, 5), np.float32), *ok[2:])
+    with pytest.raises(SpecMismatchError, match="terminated"):
+        writer.step(*ok[:3], np.zeros(3, bool), ok[4])
+    with pytest.raises(SpecMismatchError, match="same_step"):
+        writer.step(*ok[:3], np.ones(2, bool), ok[4], {"final_obs": [np.zeros(4)] * 2})
+    np.testing.assert_array_equal(buf.state_dict()["arrays"]["step_type"], before)
+    assert buf.num_steps == 2
+
+
+def test_an_int64_action_into_a_uint8_field_is_range_checked_every_call():
+    spec = Spec({"obs": Field((4,), np.float32), "action": Field((), np.uint8), "reward": Field(())})
+    writer = GymStepWriter(ReplayBuffer(spec, num_streams=1, stream_capacity=8, window=2))
+    writer.reset(np.zeros((1, 4), np.float32))
+    args = (np.zeros((1, 4), np.float32), np.ones(1), np.zeros(1, bool), np.zeros(1, bool))
+    writer.step(np.array([3]), *args)
+    with pytest.raises(SpecMismatchError, match="range"):
+        writer.step(np.array([300]), *args)
+
+
+def test_spec_from_a_real_cartpole_vector_env_and_a_short_run():
+    gym = pytest.importorskip("gymnasium")
+    envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    try:
+        spec = spec_from_env(envs)
+        assert spec["obs"].shape == (4,) and spec["action"].dtype == np.int64
+        buf = ReplayBuffer(spec, num_streams=2, stream_capacity=300, window=2, seed=0)
+        writer = GymStepWriter.from_env(envs, buf)
+        assert writer.autoreset_mode == "next_step"
+        obs, _ = envs.reset(seed=0)
+        writer.reset(obs)
+        envs.action_space.seed(0)
+        for _ in range(200):
+            writer.step(action := envs.action_space.sample(), *envs.step(action))
+        assert buf.num_steps == 400 and writer.num_episodes > 5
+        tr = buf.sample_transitions(1024, gamma=0.99)
+        assert set(np.round(tr.reward.numpy(), 4)) <= {0.0, 1.0}  # CartPole pays 1; 0 after a reset
+        assert (tr.bootstrap_discount == 0).any()
+    finally:
+        envs.close()
+
+
+def test_inputs_of_other_kinds_store_the_same_steps():
+    """int32 actions, float32 rewards, lists and strided views: each kind is checked once
+    (or every call, for lists) and stores what the usual kind stores."""
+    bufs = [ReplayBuffer(SPEC, num_streams=2, stream_capacity=16, window=2) for _ in range(2)]
+    writers = [GymStepWriter(b) for b in bufs]
+    rng = np.random.default_rng(5)
+    obs = rng.standard_normal((2, 4)).astype(np.float32)
+    for w in writers:
+        w.reset(obs)
+    for t in range(20):
+        obs8 = rng.standard_normal((2, 8)).astype(np.float32)
+        action, reward = rng.integers(0, 3, 2), rng.random(2)
+        term, trunc = rng.random(2) < 0.2, np.zeros(2, bool)
+        writers[0].step(action, np.ascontiguousarray(obs8[:, ::2]), reward, term, trunc)
+        if t % 2:
+            writers[1].step(action.astype(np.int32), obs8[:, ::2], reward.astype(np.float32), term, trunc)
+        else:
+            writers[1].step(action.tolist(), obs8[:, ::2].tolist(), reward.tolist(), term.tolist(), [0, 0])
+    a, b = (w.buffer.state_dict()["arrays"] for w in writers)
+    for name, arr in a.items():
+        np.testing.assert_array_equal(arr, b[name], err_msg=name)
+    assert writers[1].num_steps == 40 and writers[1].num_episodes == writers[0].num_episodes
+
+
+@pytest.mark.parametrize("spec", [
+    Spec({**{k: SPEC[k] for k in SPEC.fields}, "cost": Field((), np.float32)}),
+    Spec({"obs": Field((4, 3, 3), np.uint8, frame_stack=True), "action": Field((), np.int64),
+          "reward": Field((), np.float32)}),
+], ids=["other field", "frame-stacked obs"])
+def test_specs_the_writer_cannot_fill_are_refused_with_the_way_out(spec):
+    buffer = ReplayBuffer(spec, num_streams=2, stream_capacity=50, window=2, seed=0)
+    with pytest.raises(ConfigError, match="GymStepConverter with ReplayBuffer.add"):
+        GymStepWriter(buffer)
+    assert len(buffer) == 0
