@@ -184,9 +184,9 @@ class GymStepWriter:
         others = sorted(set(buffer.spec.fields) - {observation, action, reward})
         stacked = [name for name in (observation, action, reward) if buffer.spec[name].frame_stack]
         if others or stacked:
+            has = f"other fields {others}" if others else f"frame-stacked {stacked}"
             raise ConfigError(f"GymStepWriter writes only the fields {observation!r}, {action!r} and "
-                              f"{reward!r}, none frame-stacked; this spec has "
-                              f"{'other fields ' + str(others) if others else 'frame-stacked ' + str(stacked)}: "
+                              f"{reward!r}, none frame-stacked; this spec has {has}: "
                               "use GymStepConverter with ReplayBuffer.add for it")
         if buffer.spec[reward].shape != ():
             raise ConfigError(f"reward field {reward!r} must be a scalar, got shape "
