@@ -148,6 +148,6 @@ def test_inputs_of_other_kinds_store_the_same_steps():
 ], ids=["other field", "frame-stacked obs"])
 def test_specs_the_writer_cannot_fill_are_refused_with_the_way_out(spec):
     buffer = ReplayBuffer(spec, num_streams=2, stream_capacity=50, window=2, seed=0)
-    with pytest.raises(ConfigError, match="GymStepConverter with ReplayBuffer.add"):
+    with pytest.raises(ConfigError, match=r"GymStepConverter with ReplayBuffer\.add"):
         GymStepWriter(buffer)
     assert len(buffer) == 0
