@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from shardreplay.errors import ConfigError, EmptyBufferError, SamplerFailed
+from shardreplay.errors import ConfigError, EmptyBufferError, SamplerFailed, ShardReplayError
 
 # Raised alike on every rank after the same collectives: the ranks stay in step.
 _IN_STEP = (ConfigError, EmptyBufferError)
@@ -69,8 +69,9 @@ class Background:
         """What the job of ``future`` returned (its error raised here).
 
         Raises:
-            SamplerFailed: the thread ended without running the job.
-            The job's own error.
+            SamplerFailed: the thread ended without running the job, or the job raised
+                something not of ours (its error is the ``__cause__``).
+            ShardReplayError: the job's own error (e.g. CollectiveTimeout).
         """
         while True:
             try:
@@ -80,6 +81,11 @@ class Background:
                     self.check()
                     raise SamplerFailed("the background sampling thread ended without running "
                                         "this exchange (the buffer was closed?)") from None
+            except ShardReplayError:
+                raise
+            except Exception as exc:  # a bug or an unexpected backend error: ours to name
+                raise SamplerFailed(f"the background sampling thread failed: {type(exc).__name__}: "
+                                    f"{exc}; this buffer cannot sample any more") from exc
 
     def check(self) -> None:
         """Raise :class:`SamplerFailed` when a job stopped the thread.
