@@ -136,7 +136,8 @@ class Learner:
             chunk_size_bytes=chunk_bytes(self.spec, settings.envs_per_actor, settings.chunk_steps))
         self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._stored,
                                  shard=self.rank, journal=IngestJournal(self.run_dir / "ingest", self.rank),
-                                 losses=self.losses, suspects=self._old_journals)
+                                 losses=self.losses, suspects=self._old_journals,
+                                 write_lock=self.buffer.write_lock)
         if self.rank == 0:
             self._warn_if_taking_over()
         self.publisher = open_publisher(settings.policy_url) if self.rank == 0 else None
@@ -157,7 +158,8 @@ class Learner:
                              sampler="prioritized", alpha=s.alpha,
                              beta=LinearSchedule(s.beta_start, s.beta_end, s.beta_updates),
                              seed=s.seed * 1000 + self.rank)
-        return ShardedReplayBuffer(local, timeout_s=s.collective_timeout_s, prefetch=s.prefetch)
+        return ShardedReplayBuffer(local, timeout_s=s.collective_timeout_s, prefetch=s.prefetch,
+                                   pipeline=s.pipeline)
 
     def _actor_settings(self) -> list[ActorSettings]:
         s = self.s
@@ -293,6 +295,7 @@ class Learner:
             self._stop_actors()
             self.save()  # local only: every rank keeps its part even when a peer is gone
             self._close_reader()
+            self.buffer.close()
             raise
         self._stop_actors()
         # What the actors sent while stopping is in the shards: count it (all ranks agree).
@@ -300,6 +303,7 @@ class Learner:
         if self._solved_state is not None:  # save, publish and evaluate the agent that passed
             self.agent.load_state_dict(self._solved_state)
         path = self._agreed_save()
+        self.buffer.close()  # its background thread and process group (pipeline)
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
         if self.publisher is not None and (self._budget_reached(started) or self._solved()):
@@ -311,8 +315,8 @@ class Learner:
 
     def _agreed_save(self) -> Path:
         """A save every rank makes at the same point: queued priority updates (prefetch >
-        1) reach their owners first, so the checkpoint holds them."""
-        if self.s.prefetch > 1:
+        1 or pipeline) reach their owners first, so the checkpoint holds them."""
+        if self.s.prefetch > 1 or self.s.pipeline:
             self.buffer.flush_updates()
         return self.save()
 

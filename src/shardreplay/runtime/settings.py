@@ -31,6 +31,11 @@ class TrainSettings:
         prefetch: batches each learner rank draws per replay exchange. 1: every update
             samples the current priorities; k > 1: 1/k of the collectives per update, a
             batch may miss the priority updates of up to k - 1 earlier updates.
+        pipeline: run each learner rank's replay exchanges on a background thread over
+            the buffer's own process group, so the exchange for the next update overlaps
+            this one's training: a batch misses the priority updates of at most the one
+            update before it (``prefetch`` of them with prefetch > 1). ``--no-pipeline``
+            samples in the learner's thread.
         run_dir: where config, metrics, checkpoints and the plot go ('' = runs/<time>).
         total_env_steps: stop after this many environment steps (all actors).
         max_minutes: stop after this wall time.
@@ -76,6 +81,7 @@ class TrainSettings:
     policy_url: str = ""
     sample_mode: str = "exact"
     prefetch: int = 1
+    pipeline: bool = True
     run_dir: str = ""
     total_env_steps: int = 200_000
     max_minutes: float = 10.0
