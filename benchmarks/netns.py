@@ -19,12 +19,14 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 _CLONE_NEWNET = 0x40000000
+_CLONE_NEWUTS = 0x04000000
 _NETNS_DIR = "/var/run/netns"
 
 
@@ -101,16 +103,25 @@ def veth_pair(delay_ms: float = 0.0, subnet: int | None = None) -> Iterator[Link
 
 
 def enter(namespace: str) -> None:
-    """Move this process into ``namespace`` (before it opens any socket).
+    """Move this process into ``namespace`` (before it opens any socket), under a host
+    name of its own (``namespace``, in a new UTS namespace), so it looks like another
+    host: same-host shortcuts keyed on the host name (shardreplay's shared-memory
+    exchange) stay off and data crosses the link.
 
     Raises:
-        OSError: setns failed (not root, or no such namespace).
+        OSError: setns or unshare failed (not root, or no such namespace).
     """
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(os.path.join(_NETNS_DIR, namespace), os.O_RDONLY)
     try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into {namespace}: {os.strerror(err)}")
+        _check(libc.setns(fd, _CLONE_NEWNET), f"setns into {namespace}")
     finally:
         os.close(fd)
+    _check(libc.unshare(_CLONE_NEWUTS), "unshare(CLONE_NEWUTS)")
+    socket.sethostname(namespace)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
