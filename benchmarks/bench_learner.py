@@ -15,7 +15,10 @@ Two networks: ``mlp`` (a 3-layer MLP of 512 units on a 64-float observation) and
 turns block by block (the order rotating), so a load change on the machine hits all of
 them; each figure is the median of its blocks' learner steps/s (the ranks move in lock-step,
 the slower rank's time counts). One JSON line is printed with the figures and the ratios
-``pipelined/own`` (targets: conv >= 0.95, mlp >= 0.85) and ``strict/own``.
+``pipelined/own`` (targets: conv >= 0.95, mlp >= 0.85) and ``strict/own``, and for each
+sampling the learner thread's time per step inside ``sample`` and ``update_priorities``
+(``replay_ms_per_step``, the slower rank's; the median of the blocks): the cost pipelining
+hides, less noisy than the rates on a loaded machine.
 
 ``--netem-delay-ms D`` runs the two ranks in two network namespaces joined by a veth pair
 (:mod:`netns`, root only) with a ``tc netem`` delay of D ms on each end when the kernel has
@@ -145,12 +148,19 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
                                 pipeline=True)
     buffers = {"own": local, "strict": strict, "pipelined": piped}
 
+    replay_s = [0.0]  # the learner thread's time inside sample() and update_priorities()
+
     def step(buf: Any) -> None:
+        t0 = time.perf_counter()
         batch = buf.sample(BATCH)
+        t1 = time.perf_counter()
         prios, _loss = agent.learn(batch)
+        t2 = time.perf_counter()
         buf.update_priorities(batch.keys, prios)
+        replay_s[0] += t1 - t0 + time.perf_counter() - t2
 
     rates: dict[str, list[float]] = {s: [] for s in SAMPLINGS}
+    replay_ms: dict[str, list[float]] = {s: [] for s in SAMPLINGS}
     for block in range(args.blocks + 1):  # block 0 warms every path up, untimed
         for i in range(len(SAMPLINGS)):
             sampling = SAMPLINGS[(block + i) % len(SAMPLINGS)]
@@ -158,16 +168,18 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
             for _ in range(args.warmup[name]):
                 step(buf)
             dist.barrier()
-            start = time.perf_counter()
+            start, replay_s[0] = time.perf_counter(), 0.0
             for _ in range(args.steps[name]):
                 step(buf)
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            times = torch.tensor([time.perf_counter() - start, replay_s[0]], dtype=torch.float64)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
             piped.settle()  # its thread stays idle while the others are timed
             if block:
-                rates[sampling].append(args.steps[name] / float(elapsed.item()))
+                rates[sampling].append(args.steps[name] / float(times[0]))
+                replay_ms[sampling].append(1e3 * float(times[1]) / args.steps[name])
     piped.close()
-    return {s: statistics.median(r) for s, r in rates.items()}
+    return {"rates": {s: statistics.median(r) for s, r in rates.items()},
+            "replay_ms": {s: statistics.median(r) for s, r in replay_ms.items()}}
 
 
 def _rank(rank: int, args: argparse.Namespace, addr: str, port: int, ifname: str, namespace: str,
@@ -242,8 +254,10 @@ def main(argv: list[str] | None = None) -> dict:
             link = stack.enter_context(netns.veth_pair(args.netem_delay_ms))
         figures = run_ranks(args, link)
     nets = {}
-    for name, rates in figures.items():
+    for name, fig in figures.items():
+        rates = fig["rates"]
         nets[name] = {**{f"{s}_steps_per_s": round(r, 3) for s, r in rates.items()},
+                      **{f"{s}_replay_ms_per_step": round(r, 3) for s, r in fig["replay_ms"].items()},
                       "pipelined_over_own": round(rates["pipelined"] / rates["own"], 3),
                       "strict_over_own": round(rates["strict"] / rates["own"], 3),
                       "target_pipelined_over_own": TARGETS[name],

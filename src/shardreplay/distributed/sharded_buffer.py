@@ -56,6 +56,7 @@ from shardreplay.distributed.exact_exchange import ExactExchange
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.pending import PendingUpdates
+from shardreplay.distributed.pipelined import Pipelining
 from shardreplay.distributed.priorities import PriorityRouting
 from shardreplay.errors import ConfigError, EmptyBufferError
 from shardreplay.spec.keys import MAX_SHARDS, with_shard
@@ -69,7 +70,7 @@ _SIZES_OP = ("ShardedReplayBuffer.global_sizes (len(), num_steps and capacity ar
 _MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _HOST, _NONCE, _MAXP, _FOREIGN = range(11)
 
 
-class ShardedReplayBuffer(PriorityRouting):
+class ShardedReplayBuffer(PriorityRouting, Pipelining):
     """One global buffer over the local shards of a process group.
 
     Not an ``nn.Module`` and holding no tensors, so keeping it as an attribute of a
@@ -143,6 +144,7 @@ class ShardedReplayBuffer(PriorityRouting):
         self._background: Background | None = None
         self._inflight: Future | None = None
         self._inflight_for: tuple[int, str] | None = None
+        self._closed = False
         if pipeline:
             self._xcomm = self._comm.private_copy()
             self._xcomm.unlocked_while_waiting = self._lock
@@ -252,73 +254,6 @@ class ShardedReplayBuffer(PriorityRouting):
                 f"waiting; with prefetch={self.prefetch}{' and pipeline=True' if self.pipeline else ''} "
                 f"every sample() call must ask for the same batch_size and mode until they are used "
                 f"(got {asked}); discard_prefetched() on every rank drops them")
-
-    def _sample_pipelined(self, asked: tuple[int, str]) -> Batch:
-        assert self._background is not None
-        self._background.check()
-        if not self._ready:
-            if self._inflight is None:
-                self._start_exchange(asked)
-            self._collect()
-        self._check_asked(asked)
-        with self._lock:
-            batch = self._serve(self._ready.popleft())
-        if not self._ready:  # the next exchange runs while this batch trains
-            self._start_exchange(asked)
-        return batch
-
-    def _start_exchange(self, asked: tuple[int, str]) -> None:
-        """Queue a refill on the background thread, with the updates queued so far."""
-        assert self._background is not None
-        job = partial(self._locked, self._draw_batches, *asked, self._pending.detach())
-        self._inflight, self._inflight_for = self._background.submit(job), asked
-
-    def _locked(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self._lock:
-            return fn(*args)
-
-    def _collect(self) -> None:
-        """Wait for the exchange in flight and queue its batches."""
-        assert self._background is not None and self._inflight is not None
-        future, self._inflight = self._inflight, None
-        self._ready.extend(self._background.wait(future))
-        self._ready_for = self._inflight_for
-
-    def settle(self) -> None:
-        """Wait for the background exchange in flight, if any (its batches stay
-        prefetched); afterwards nothing touches the shard until the next call. Not
-        collective, and it raises nothing: an error of that exchange is raised by the
-        next call that needs the thread. A checkpoint save does this first.
-
-        Waits at most about ``timeout_s`` per collective of that exchange (a missing peer).
-        """
-        if self._inflight is None:
-            return
-        try:
-            self._collect()
-        except Exception:  # kept by the thread, raised by the next call
-            self._ready.clear()
-            self._ready_for = None
-
-    def close(self) -> None:
-        """Stop the background thread (after the exchange in flight) and release the
-        buffer's own process group. Idempotent; a no-op without a pipeline. Every rank
-        should close at the same point; a rank whose peers never join its last exchange
-        waits for the collective timeout first. Later ``sample`` calls raise ConfigError.
-        """
-        if self._background is None:
-            return
-        self.settle()
-        self._ready.clear()
-        if self._background.close(timeout_s=10.0) and not getattr(self, "_closed", False):
-            self._closed = True
-            self._xcomm.destroy()
-
-    def __enter__(self) -> ShardedReplayBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def sharding_state(self) -> dict[str, Any]:
         """This rank's own state beside its shard, JSON-ready: the shard-choice RNG and
