@@ -57,7 +57,8 @@ import netns
 WORLD, BATCH, N_STEP, ACTIONS, STREAMS = 2, 256, 3, 18, 8
 SAMPLINGS = ("own", "strict", "pipelined")
 TARGETS = {"conv": 0.95, "mlp": 0.85}
-FULL = {"blocks": 4, "steps": {"mlp": 60, "conv": 6}, "warmup": {"mlp": 10, "conv": 2},
+# Many short blocks: the three samplings alternate often, so load drift hits them alike.
+FULL = {"blocks": 10, "steps": {"mlp": 20, "conv": 2}, "warmup": {"mlp": 3, "conv": 1},
         "capacity": {"mlp": 100_000, "conv": 4_000}}
 QUICK = {"blocks": 1, "steps": {"mlp": 3, "conv": 1}, "warmup": {"mlp": 1, "conv": 1},
          "capacity": {"mlp": 2_000, "conv": 400}}
@@ -67,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nets", default="mlp,conv", help="comma-separated networks (default mlp,conv)")
-    p.add_argument("--blocks", type=int, help="timing blocks per figure (default 4)")
+    p.add_argument("--blocks", type=int, help="timing blocks per figure (default 10)")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // WORLD),
                    help="torch threads per rank (default: cores / 2)")
     p.add_argument("--netem-delay-ms", type=float, default=None,
