@@ -99,11 +99,11 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         pipeline: run every exchange on a background thread over a process group of
             the buffer's own (created here with ``torch.distributed.new_group``: every
             rank of the default group must construct its buffer at the same point, as
-            with any ``new_group``; with ``group`` a subgroup, ranks outside it must call
-            ``new_group`` with its ranks at that point too). A batch is then drawn one call ahead (up to
-            ``prefetch`` calls ahead), priority updates are queued as with
-            ``prefetch > 1``, and every ``sample`` call must ask for the same size and
-            mode as the one before. Call :meth:`close` when done. See
+            with any ``new_group``; with ``group`` a subgroup, ranks outside it must
+            call ``new_group`` with its ranks at that point too). A batch is then drawn
+            one call ahead (up to ``prefetch`` calls ahead), priority updates are
+            queued as with ``prefetch > 1``, and every ``sample`` call must ask for the
+            same size and mode as the one before. Call :meth:`close` when done. See
             docs/semantics.md for how stale a batch can be.
 
     Raises:
