@@ -27,8 +27,9 @@ class Pipelining:
     """Pipelined sampling for :class:`ShardedReplayBuffer` (a mixin: it uses the buffer's
     queues, lock, group and draw)."""
 
-    _background: Background | None
-    _inflight: Future | None
+    # Class defaults: nothing in flight, no thread (also for stand-ins made without __init__).
+    _background: Background | None = None
+    _inflight: Future | None = None
     _inflight_for: tuple[int, str] | None
     _ready: deque[Drawn]
     _ready_for: tuple[int, str] | None
