@@ -4,7 +4,10 @@ Every collective of the buffer's own process group is issued from this one threa
 after job in the order the learner's thread submitted them. Every rank submits the same
 jobs in the same order (they follow its ``sample`` / ``flush_updates`` calls, which are
 collective), so the group's collectives pair up alike on every rank, whatever the
-learner's thread does meanwhile on other groups (DDP's all-reduces).
+learner's thread does meanwhile on other groups (DDP's all-reduces). No deadlock with
+those: a rank waits for job j only in a call that every rank reaches after submitting j
+(the ``sample`` after the one that submitted it, a save, a flush, a close), and the
+learner's thread never holds the shard's lock while it waits for anything remote.
 
 A job that raises hands its error to whoever waits for it. An error that every rank
 raises alike (a bad argument, an empty buffer: the ranks are still in step) leaves the
