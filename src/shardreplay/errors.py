@@ -12,6 +12,7 @@ also from the built-in type a caller would reach for (``ValueError`` for bad inp
     ├── EmptyBufferError            (RuntimeError) sampling with no valid window
     ├── CollectiveTimeout           (RuntimeError) a peer rank did not answer in time
     │   └── PeerLost                               a peer's connection broke (it died?)
+    ├── SamplerFailed               (RuntimeError) a background exchange failed earlier
     ├── CheckpointError             (RuntimeError)
     │   ├── IncompleteCheckpointError              a part or the manifest is missing
     │   └── CheckpointFormatError                  corrupt, truncated, wrong spec/version
@@ -36,6 +37,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidPriorityError",
     "PeerLost",
+    "SamplerFailed",
     "ShardReplayError",
     "SpecMismatchError",
     "TransportError",
@@ -75,6 +77,11 @@ class PeerLost(CollectiveTimeout):
     """A collective failed because the connection to a peer rank broke (reset or closed):
     its process most likely died. A subclass of :class:`CollectiveTimeout`, so code that
     handles a missing peer handles this too; it comes at once, not after the timeout."""
+
+
+class SamplerFailed(ShardReplayError, RuntimeError):
+    """The background thread of a pipelined sharded buffer failed (its error is the
+    ``__cause__``); the buffer cannot sample any more: close it and stop the run."""
 
 
 class CheckpointError(ShardReplayError, RuntimeError):

@@ -23,12 +23,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn: Callable, rank: int, world: int, port: int, args: tuple, out: Any) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+def _child(fn: Callable, rank: int, world: int, port: int, args: tuple, out: Any,
+           place: tuple[str, str, str] = ("", "127.0.0.1", "lo")) -> None:
+    namespace, address, ifname = place
+    os.environ["GLOO_SOCKET_IFNAME"] = ifname
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        if namespace:
+            from netns import enter  # benchmarks/netns.py (the caller put it on sys.path)
+
+            enter(namespace)
+        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=60))
         result = fn(rank, world, *args)
         out.put((rank, "ok", result))
@@ -39,16 +45,21 @@ def _child(fn: Callable, rank: int, world: int, port: int, args: tuple, out: Any
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.0) -> list[Any]:
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.0,
+              places: list[tuple[str, str, str]] | None = None, port: int | None = None) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
+
+    ``places`` (one per rank): ``(network namespace, rank 0's address, interface)`` to run
+    the ranks in network namespaces (``benchmarks/netns.py``); default loopback.
 
     Raises:
         AssertionError: a rank raised (its traceback is in the message) or timed out.
     """
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, out), daemon=True)
+    port = port or free_port()
+    places = places or [("", "127.0.0.1", "lo")] * world_size
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, out, places[r]), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -157,6 +157,7 @@ def _scenario(rank: int, world: int) -> dict:
     _stale_updates(pri, rank, out)
     _bad_priorities(pri, rank, world, out)
     out["final_batch"] = len(uni.sample(8, mode="exact"))  # still in step after all of that
+    out["shared_memory"] = pri._exact.uses_shared_memory
     gc.freeze()  # a faster exit: the interpreter's final collections skip frozen objects
     return out
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -71,12 +72,44 @@ class Collectives:
         self.backend = str(dist.get_backend(group))
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.backend == "nccl" else torch.device("cpu"))
+        # Set by a pipelined buffer on its own group's collectives: the caller holds this
+        # lock, and it is let go while a collective is in flight, so the learner's thread
+        # can write to the shard meanwhile.
+        self.unlocked_while_waiting: threading.Lock | None = None
+
+    def private_copy(self) -> Collectives:
+        """The same collectives over a new process group of the same ranks and backend
+        (collective: every rank of the default group calls it, in the same order as
+        any other ``new_group``). Its collectives never pair up with this group's, so
+        another thread may issue them concurrently.
+
+        Raises:
+            CollectiveTimeout: a rank did not join the new group in time.
+        """
+        ranks = dist.get_process_group_ranks(self.group) if self.group is not None else None
+        try:
+            group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=self.timeout_s),
+                                   backend=self.backend)
+        except RuntimeError as exc:
+            raise self._failure("ShardedReplayBuffer(new_group)", exc) from exc
+        return Collectives(group, self.timeout_s)
+
+    def destroy(self) -> None:
+        """Destroy this group (only for a group made by :meth:`private_copy`)."""
+        if dist.is_initialized() and self.group is not None:
+            dist.destroy_process_group(self.group)
 
     def _wait(self, work: Any, op: str) -> None:
+        lock = self.unlocked_while_waiting
+        if lock is not None:
+            lock.release()
         try:
             ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
             raise self._failure(op, exc) from exc
+        finally:
+            if lock is not None:
+                lock.acquire()
         if ok is False:
             raise self._failure(op, None)
 

@@ -35,6 +35,14 @@ class PendingUpdates:
             self._prios.append(priorities)
             self.counts += np.bincount(key_shard(keys), minlength=self.world_size)
 
+    def detach(self) -> PendingUpdates:
+        """Everything queued, moved into a new queue (this one is left empty)."""
+        moved = PendingUpdates(self.world_size)
+        moved._keys, moved._prios, moved.counts = self._keys, self._prios, self.counts
+        self._keys, self._prios = [], []
+        self.counts = np.zeros(self.world_size, np.int64)
+        return moved
+
     def take(self) -> tuple[np.ndarray, np.ndarray]:
         """Everything queued as ``([n, 2] int64 payload rows, per-owner counts)`` and clear.
 

@@ -17,42 +17,50 @@ and each weight carries the shard factor ``K * mass_k / sum(mass)``, so the
 DDP-averaged gradient has the same expectation as in exact mode.
 
 ``update_priorities`` applies this shard's keys at once and routes the others in two
-all_to_alls (counts, then records).
+all_to_alls (counts, then records): see :mod:`priorities`.
 
 ``prefetch=k`` draws ``k`` batches per exchange and queues priority updates for other
 shards until the next exchange, so a learner step costs 1/k of the collectives:
 ``update_priorities`` is then local, and only every k-th ``sample`` is collective.
+
+``pipeline=True`` runs every exchange on a background thread over the buffer's own
+process group (made with ``new_group`` at construction, so DDP's all-reduces on the
+default group never pair up with it). ``sample`` returns the batches of the exchange
+started by the call before it and starts the next one, so the exchange for step t+1
+runs while step t trains; ``update_priorities`` is local as with ``prefetch > 1``, and
+the queued updates of step t travel with the exchange started at step t+1, before it
+draws the batch of step t+2. The ordering argument is in :mod:`background`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.checks import (
-    as_index_array,
-    as_priority_array,
-    check_priorities,
-    foreign_key,
-    not_prioritized,
-)
 from shardreplay.buffer.device import pinned
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.transitions import Transitions, transitions_from_batch
 from shardreplay.distributed import global_sampling as gs
+from shardreplay.distributed.background import Background
 from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, split_batches
 from shardreplay.distributed.exact_exchange import ExactExchange
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
-from shardreplay.distributed.kernels import BAD_KEY, BAD_PRIORITY, split_updates
 from shardreplay.distributed.pending import PendingUpdates
-from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, ShardReplayError
+from shardreplay.distributed.pipelined import Pipelining
+from shardreplay.distributed.priorities import PriorityRouting
+from shardreplay.errors import ConfigError, EmptyBufferError
 from shardreplay.spec.keys import MAX_SHARDS, with_shard
 
 SAMPLE_MODES = ("exact", "local")
@@ -64,7 +72,7 @@ _SIZES_OP = ("ShardedReplayBuffer.global_sizes (len(), num_steps and capacity ar
 _MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _HOST, _NONCE, _MAXP, _TAG, _FOREIGN = range(12)
 
 
-class ShardedReplayBuffer:
+class ShardedReplayBuffer(PriorityRouting, Pipelining):
     """One global buffer over the local shards of a process group.
 
     Not an ``nn.Module`` and holding no tensors, so keeping it as an attribute of a
@@ -90,15 +98,25 @@ class ShardedReplayBuffer:
             the owner's memory instead of TCP loopback). Any rank passing False, or
             unable to create a region, keeps all ranks on the process group. Only for
             CPU (gloo) groups.
+        pipeline: run every exchange on a background thread over a process group of
+            the buffer's own (created here with ``torch.distributed.new_group``: every
+            rank of the default group must construct its buffer at the same point, as
+            with any ``new_group``; with ``group`` a subgroup, ranks outside it must
+            call ``new_group`` with its ranks at that point too). A batch is then drawn
+            one call ahead (up to ``prefetch`` calls ahead), priority updates are
+            queued as with ``prefetch > 1``, and every ``sample`` call must ask for the
+            same size and mode as the one before. Call :meth:`close` when done. See
+            docs/semantics.md for how stale a batch can be.
 
     Raises:
         ConfigError: torch.distributed not initialised, a fifo shard, too many ranks,
             prefetch < 1.
+        CollectiveTimeout: with ``pipeline=True``, a rank did not join the new group.
     """
 
     def __init__(self, local_buffer: ReplayBuffer, group: Any = None, *, timeout_s: float = 60.0,
                  device: torch.device | str | None = None, seed: int | None = None,
-                 prefetch: int = 1, shared_memory: bool = True) -> None:
+                 prefetch: int = 1, shared_memory: bool = True, pipeline: bool = False) -> None:
         if not isinstance(local_buffer, ReplayBuffer):
             raise ConfigError("local_buffer must be a shardreplay.ReplayBuffer")
         if local_buffer.sampler_name == "fifo":
@@ -125,9 +143,44 @@ class ShardedReplayBuffer:
         self._ready_for: tuple[int, str] | None = None
         self._pending = PendingUpdates(self.world_size)
         self._routed_max = 0.0  # the largest priority this rank sent to other shards
+        # Pipelined: the exchanges' own group, used by the background thread alone.
+        # The shard is guarded by a lock the thread lets go while a collective is in flight.
+        self._lock = threading.Lock()
+        self._xcomm = self._comm
+        self._background: Background | None = None
+        self._inflight: Future | None = None
+        self._inflight_for: tuple[int, str] | None = None
+        self._closed = False
+        if pipeline:
+            self._xcomm = self._comm.private_copy()
+            self._xcomm.unlocked_while_waiting = self._lock
+            self._background = Background(f"shardreplay-exchange-r{self.rank}", self._xcomm.device)
+            weakref.finalize(self, self._background.close, 0.0)
         # Exact-mode refills; shared memory is only offered on CPU (gloo) groups.
-        self._exact = ExactExchange(local_buffer, self._comm, self._layout,
+        self._exact = ExactExchange(local_buffer, self._xcomm, self._layout,
                                     shared_memory and self._comm.device.type == "cpu")
+
+    @property
+    def pipeline(self) -> bool:
+        """Whether exchanges run on the background thread (``pipeline=True``)."""
+        return self._background is not None
+
+    @property
+    def _lazy(self) -> bool:
+        """Priority updates for other shards are queued (not routed at once)."""
+        return self.prefetch > 1 or self._background is not None
+
+    def _guard(self) -> contextlib.AbstractContextManager:
+        """The shard's lock when a background thread shares it, else nothing."""
+        return self._lock if self._background is not None else contextlib.nullcontext()
+
+    @property
+    def write_lock(self) -> contextlib.AbstractContextManager:
+        """Hold this while writing to ``local`` directly (e.g. an ingest loop calling
+        ``buffer.local.extend``): with ``pipeline=True`` the background thread draws from
+        the shard meanwhile. A no-op context without a pipeline. Never hold it across
+        a collective."""
+        return self._guard()
 
     @property
     def collectives(self) -> Collectives:
@@ -137,17 +190,20 @@ class ShardedReplayBuffer:
     # -- writes stay local ----------------------------------------------------------------
     def add(self, step: Any, stream_ids: Any = None, priorities: Any = None) -> None:
         """Write one step per stream into this rank's shard (see ReplayBuffer.add)."""
-        self.local.add(step, stream_ids, priorities)
+        with self._guard():
+            self.local.add(step, stream_ids, priorities)
 
     def extend(self, chunk: Any, stream_ids: Any = None, priorities: Any = None) -> None:
         """Write ``T`` steps per stream into this rank's shard (see ReplayBuffer.extend)."""
-        self.local.extend(chunk, stream_ids, priorities)
+        with self._guard():
+            self.local.extend(chunk, stream_ids, priorities)
 
     # -- global sizes (collective) ----------------------------------------------------------
     def global_sizes(self) -> tuple[int, int, int]:
         """``(len, num_steps, capacity)`` summed over all shards (one collective)."""
-        local = torch.tensor([len(self.local), self.local.num_steps, self.local.capacity],
-                             dtype=torch.int64)
+        with self._guard():
+            local = torch.tensor([len(self.local), self.local.num_steps, self.local.capacity],
+                                 dtype=torch.int64)
         total = self._comm.all_reduce_sum(local, _SIZES_OP).cpu()
         return int(total[0]), int(total[1]), int(total[2])
 
@@ -171,7 +227,9 @@ class ShardedReplayBuffer:
 
         With ``prefetch=k`` one exchange draws ``k`` batches, and the next ``k - 1`` calls
         are served from them without any collective (they must ask for the same
-        ``batch_size`` and ``mode``).
+        ``batch_size`` and ``mode``). With ``pipeline=True`` the exchange runs on the
+        background thread: this call returns a batch the exchange started by an earlier
+        call drew, and starts the next exchange when it returns the last prefetched one.
 
         Raises:
             ConfigError: bad batch size or mode (raised before any collective); the ranks
@@ -180,18 +238,19 @@ class ShardedReplayBuffer:
                 differs from the prefetched batches' size or mode.
             EmptyBufferError: no shard has a window to draw (on every rank alike).
             CollectiveTimeout: a peer rank did not join in time.
+            SamplerFailed: the background thread stopped after an error (pipeline).
         """
         if not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         if mode not in SAMPLE_MODES:
             raise ConfigError(f"mode must be one of {SAMPLE_MODES}, got {mode!r}")
+        asked = (int(batch_size), mode)
+        if self._background is not None:
+            return self._sample_pipelined(asked)
         if not self._ready:
-            self._refill(int(batch_size), mode)
-        elif self._ready_for != (int(batch_size), mode):
-            raise ConfigError(
-                f"{len(self._ready)} prefetched batches of {self._ready_for} are waiting; with "
-                f"prefetch={self.prefetch} every sample() call must ask for the same batch_size "
-                f"and mode until they are used (got {(int(batch_size), mode)})")
+            self._ready.extend(self._draw_batches(*asked, self._pending))
+            self._ready_for = asked
+        self._check_asked(asked)
         return self._serve(self._ready.popleft())
 
     def sample_transitions(self, batch_size: int, gamma: float, n: int | None = None,
@@ -206,9 +265,18 @@ class ShardedReplayBuffer:
         """
         return transitions_from_batch(self.sample(batch_size, mode), gamma, n, **names)
 
+    def _check_asked(self, asked: tuple[int, str]) -> None:
+        if self._ready_for != asked:
+            raise ConfigError(
+                f"{len(self._ready)} prefetched batches of {self._ready_for} (batch_size, mode) are "
+                f"waiting; with prefetch={self.prefetch}{' and pipeline=True' if self.pipeline else ''} "
+                f"every sample() call must ask for the same batch_size and mode until they are used "
+                f"(got {asked}); discard_prefetched() on every rank drops them")
+
     def sharding_state(self) -> dict[str, Any]:
         """This rank's own state beside its shard, JSON-ready: the shard-choice RNG and
         the largest priority it routed to other shards (saved with a checkpoint part)."""
+        self.settle()  # the background exchange draws from the RNG
         return {"rng": self._rng.bit_generator.state, "routed_max": self._routed_max}
 
     def load_sharding_state(self, state: Mapping[str, Any]) -> None:
@@ -234,7 +302,10 @@ class ShardedReplayBuffer:
 
     def discard_prefetched(self) -> None:
         """Drop the prefetched batches and the queued updates (no collective): what they
-        name is gone once the shard's content is replaced, e.g. by a checkpoint load."""
+        name is gone once the shard's content is replaced, e.g. by a checkpoint load.
+        With ``pipeline=True`` the exchange in flight is waited for and dropped too
+        (every rank must call this at the same point, as a load does)."""
+        self.settle()
         self._ready.clear()
         self._ready_for = None
         self._pending.take()
@@ -245,25 +316,45 @@ class ShardedReplayBuffer:
         exchange."""
         return len(self._pending)
 
-    def _refill(self, n: int, mode: str) -> None:
-        """One exchange: route queued updates, agree on the global picture, draw
-        ``prefetch`` batches (exact: fetch them from their owners).
+    def flush_updates(self) -> int:
+        """Route the queued updates of ``prefetch > 1`` / ``pipeline=True`` to their
+        owners now (collective: every rank calls it at the same point, e.g. before a
+        checkpoint). With a pipeline, the exchange in flight finishes first (its batches
+        stay prefetched) and the flush runs on the background thread.
+
+        Returns:
+            The number of updates this rank's shard applied.
+
+        Raises:
+            CollectiveTimeout: a peer rank did not join in time.
+            SamplerFailed: the background thread stopped after an error (pipeline).
+        """
+        if self._background is None:
+            return self._flush(self._pending.detach())
+        if self._inflight is not None:
+            self._collect()
+        job = partial(self._locked, self._flush, self._pending.detach())
+        return int(self._background.wait(self._background.submit(job)))
+
+    def _draw_batches(self, n: int, mode: str, pending: PendingUpdates) -> list[Drawn]:
+        """One exchange: route ``pending`` (and the others' queued updates), agree on the
+        global picture, draw ``prefetch`` batches (exact: fetch them from their owners).
 
         In local mode this shard's draw needs nothing from the other ranks, so it runs
         while the stats are in flight (unless queued updates must land first)."""
         own: list[Any] = []
         early = None
-        if mode == "local" and not len(self._pending):
+        if mode == "local" and not len(pending):
             def early() -> None:
                 own.append(self._draw_own(n * self.prefetch))
-        stats = self._gather_stats(mode, n, early)
+        stats = self._gather_stats(mode, n, pending, early)
         _check_same_mode(stats[:, _MODE])
         _check_same_prefetch(stats[:, _PREFETCH])
         self.learn_key_tags(stats[:, _TAG])
         foreign = stats[:, _FOREIGN:].astype(np.int64)
         if foreign.any():  # queued priority updates first, so the draw sees them
-            self._route(self._pending.take()[0], foreign)
-            stats, own = self._gather_stats(mode, n), []
+            self._route(pending.take()[0], foreign)
+            stats, own = self._gather_stats(mode, n, pending), []
         self.local.raise_max_priority(float(stats[:, _MAXP].max()))
         masses, counts, min_leaf = stats[:, _MASS], stats[:, _COUNT], stats[:, _LOW]
         if counts.sum() == 0 or masses.sum() <= 0:
@@ -274,10 +365,9 @@ class ShardedReplayBuffer:
         else:
             drawn = self._exact.draw(masses, stats[:, _BATCH].astype(np.int64), int(stats[0, _SEED]),
                                      stats[:, _HOST], stats[:, _NONCE], self.prefetch, total, low)
-        self._ready.extend(drawn)
-        self._ready_for = (n, mode)
+        return drawn
 
-    def _gather_stats(self, mode: str, batch_size: int,
+    def _gather_stats(self, mode: str, batch_size: int, pending: PendingUpdates,
                       while_waiting: Callable[[], None] | None = None) -> np.ndarray:
         """One row per rank: mass, samplable count, min leaf, mode, batch size, a seed
         proposal (rank 0's is shared: see ``ExactExchange.draw``), prefetch depth, the
@@ -287,9 +377,9 @@ class ShardedReplayBuffer:
         mine = torch.tensor([mass, count, low if count else np.inf, SAMPLE_MODES.index(mode),
                              batch_size, seed, self.prefetch, self._exact.host_key,
                              self._exact.nonce, self._max_seen(), self.local.key_tag,
-                             *self._pending.counts.tolist()],
+                             *pending.counts.tolist()],
                             dtype=torch.float64)
-        return self._comm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)",
+        return self._xcomm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)",
                                      while_waiting=while_waiting).cpu().numpy()
 
     def _draw_own(self, m: int) -> tuple[Any, ...] | None:
@@ -325,134 +415,6 @@ class ShardedReplayBuffer:
             return pinned(batch).to(self.device, non_blocking=True)
         return batch.to(self.device)
 
-    # -- priorities ------------------------------------------------------------------------------
-    def update_priorities(self, keys: Any, priorities: Any) -> int:
-        """Route each priority to the shard that owns its key.
-
-        With ``prefetch=1`` this is collective (every rank calls it, in the same order) and
-        every update has landed on its owner when it returns. With ``prefetch > 1`` it is
-        local: updates for this rank's shard are applied at once, the others are queued
-        and routed at the next exchange (the next :meth:`sample` that refills, or
-        :meth:`flush_updates`), before anything is drawn.
-
-        Keys of -1 (padding from an empty shard in local mode) are skipped. Stale keys
-        are ignored and counted on the owner (``local.stale_updates``).
-
-        Returns:
-            The number of updates this rank's shard applied in this call (from any rank
-            with ``prefetch=1``; its own with ``prefetch > 1``).
-
-        Raises:
-            ConfigError: the shards are not prioritized (priorities would change nothing).
-            InvalidPriorityError / InvalidKeyError: this rank's input was bad (keys must
-                be this buffer's: see ``spec/keys.py``); it still
-                joined the exchange (with nothing to send) so no peer hangs, and nothing
-                of its input was applied or queued.
-            CollectiveTimeout: a peer rank did not join in time.
-        """
-        error: ShardReplayError | None = None
-        try:
-            own_keys, own_prios, foreign_keys, foreign_prios = self._split_updates(keys, priorities)
-        except ShardReplayError as exc:
-            if self.prefetch > 1:
-                raise
-            error = exc
-            own_keys = foreign_keys = np.empty(0, np.int64)
-            own_prios = foreign_prios = np.empty(0, np.float32)
-        if foreign_prios.size:
-            self._routed_max = max(self._routed_max, float(foreign_prios.max()))
-        applied = self._apply_own(own_keys, own_prios)
-        if self.prefetch > 1:
-            self._pending.add(foreign_keys, foreign_prios)
-            return applied
-        pending = PendingUpdates(self.world_size)
-        pending.add(foreign_keys, foreign_prios)
-        payload, send_counts = pending.take()
-        applied += self._route(payload, self._exchange_counts(send_counts))
-        if error is not None:
-            raise error
-        return applied
-
-    def _exchange_counts(self, send_counts: np.ndarray) -> np.ndarray:
-        """Tell every owner how many updates come from here, and every rank the largest
-        priority seen here (so new steps everywhere get the global maximum at once);
-        returns the ``[from, to]`` count matrix :meth:`_route` needs."""
-        k = self.world_size
-        mine = np.empty((k, 2), np.int64)
-        mine[:, 0], mine[:, 1] = send_counts, np.float64(self._max_seen()).view(np.int64)
-        got = self._comm.all_to_all(torch.from_numpy(mine.ravel()), [2] * k, [2] * k,
-                                    "ShardedReplayBuffer.update_priorities(counts)").cpu().numpy()
-        got = got.reshape(k, 2)
-        self.local.raise_max_priority(float(got[:, 1].view(np.float64).max()))
-        foreign = np.zeros((k, k), np.int64)
-        foreign[self.rank], foreign[:, self.rank] = send_counts, got[:, 0]
-        return foreign
-
-    def _max_seen(self) -> float:
-        """The largest priority this shard holds as its running maximum, or routed away."""
-        return max(self.local.max_priority(), self._routed_max)
-
-    def flush_updates(self) -> int:
-        """Route the queued updates of ``prefetch > 1`` to their owners now (collective:
-        every rank calls it at the same point, e.g. before a checkpoint).
-
-        Returns:
-            The number of updates this rank's shard applied.
-
-        Raises:
-            CollectiveTimeout: a peer rank did not join in time.
-        """
-        mine = torch.from_numpy(self._pending.counts.copy())
-        foreign = self._comm.all_gather(mine, "ShardedReplayBuffer.flush_updates(counts)").cpu().numpy()
-        return self._route(self._pending.take()[0], foreign) if foreign.any() else 0
-
-    def _route(self, payload: np.ndarray, foreign: np.ndarray) -> int:
-        """Send payload rows to their owners (``foreign[r, o]`` rows from rank r to owner
-        o) and apply what arrives here."""
-        got = self._comm.all_to_all(torch.from_numpy(payload), foreign[self.rank].tolist(),
-                                    foreign[:, self.rank].tolist(),
-                                    "ShardedReplayBuffer.update_priorities(records)").cpu().numpy()
-        applied = self._apply_updates(got[:, 0], got[:, 1].view(np.float64).astype(np.float32))
-        self.updates_applied += applied
-        return applied
-
-    def learn_key_tags(self, tags: Any) -> None:
-        """Note every shard's key tag (from an exchange, or a checkpoint load's agreement)."""
-        self._tags = np.asarray(tags).astype(np.int64)
-
-    def _split_updates(self, keys: Any, priorities: Any) -> tuple[np.ndarray, ...]:
-        """Checked ``(own keys with shard 0, own priorities, foreign keys, foreign
-        priorities)``; padding keys (-1) dropped.
-
-        Raises:
-            ConfigError: the shards are not prioritized.
-            InvalidKeyError / InvalidPriorityError: bad input (nothing was changed).
-        """
-        if self.local.sampler_name != "prioritized":
-            raise ConfigError(not_prioritized(self.local.sampler_name))
-        keys_np = np.ascontiguousarray(as_index_array(keys, "keys"))
-        prios = np.ascontiguousarray(as_priority_array(priorities, keys_np.shape))
-        self._tags[self.rank] = self.local.key_tag  # a checkpoint load may have changed it
-        status, bad, own_k, own_p, for_k, for_p = split_updates(
-            keys_np, prios, self.rank, self._tags, self.local.capacity)
-        if status == BAD_PRIORITY:
-            check_priorities(prios, keys_np.shape)  # raises with the precise reason
-        if status == BAD_KEY:
-            raise InvalidKeyError(foreign_key(keys_np, bad, "sharded buffer"))
-        return own_k, own_p, for_k, for_p
-
-    def _apply_own(self, keys: np.ndarray, prios: np.ndarray) -> int:
-        applied = self.local.update_priorities(keys, prios) if keys.size else 0
-        self.updates_applied += applied
-        return applied
-
-    def _apply_updates(self, keys: np.ndarray, prios: np.ndarray) -> int:
-        """Apply routed updates; keys that fit no slot here are counted and skipped."""
-        fits = self.local.fits_keys(keys)
-        if not fits.all():
-            self.invalid_keys += int((~fits).sum())
-            keys, prios = keys[fits], prios[fits]
-        return self.local.update_priorities(keys, prios) if keys.size else 0
 
 
 def _check_same_prefetch(depths: np.ndarray) -> None:

@@ -26,8 +26,10 @@ checkpoint are lost with it, counted (see :mod:`shardreplay.runtime.journal`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,11 +92,14 @@ class Ingestor:
             (:class:`LossLog`); None only logs and counts them.
         suspects: chunks an earlier life acknowledged that the checkpoint lacks; those
             stored again are cleared from it.
+        write_lock: held around each write into ``buffer`` (a pipelined sharded
+            buffer's ``write_lock``: its background thread draws from the shard).
     """
 
     def __init__(self, reader: ChunkReader, buffer: ReplayBuffer, settings: TrainSettings,
                  stored: StoredIds | None = None, *, shard: int = 0, journal: IngestJournal | None = None,
-                 losses: LossLog | None = None, suspects: OldJournals | None = None) -> None:
+                 losses: LossLog | None = None, suspects: OldJournals | None = None,
+                 write_lock: AbstractContextManager | None = None) -> None:
         self.reader = reader
         self.buffer = buffer
         self.settings = settings
@@ -103,6 +108,7 @@ class Ingestor:
         self.journal = journal
         self.losses = losses
         self.suspects = suspects
+        self._write_lock = write_lock or contextlib.nullcontext()
         self._last_written: dict[int, int] = {}  # per actor: the sequence this life wrote last
         self._unacked: list[Chunk] = []
         self.total_rejected = 0  # over the ingestor's life (``stats`` are per window)
@@ -185,7 +191,8 @@ class Ingestor:
                 raise ShardReplayError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
                                        f"beyond this shard's {self.buffer.num_streams}")
             steps = self._steps_in_order(chunk)
-            self.buffer.extend(steps, stream_ids=rows, priorities=chunk.priorities)
+            with self._write_lock:  # a pipelined sharded buffer draws from it meanwhile
+                self.buffer.extend(steps, stream_ids=rows, priorities=chunk.priorities)
         except ShardReplayError as exc:
             self.stats.rejected += 1
             self.total_rejected += 1

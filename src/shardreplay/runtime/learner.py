@@ -140,7 +140,8 @@ class Learner:
                                          settings.actors.chunk_steps))
         self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._stored,
                                  shard=self.rank, journal=IngestJournal(self.run_dir / "ingest", self.rank),
-                                 losses=self.losses, suspects=self._old_journals)
+                                 losses=self.losses, suspects=self._old_journals,
+                                 write_lock=self.buffer.write_lock)
         if self.rank == 0:
             self._warn_if_taking_over()
         self.publisher = open_publisher(settings.transport.policy_url) if self.rank == 0 else None
@@ -161,7 +162,8 @@ class Learner:
                              sampler="prioritized", alpha=r.alpha,
                              beta=LinearSchedule(r.beta_start, r.beta_end, r.beta_updates),
                              seed=s.run.seed * 1000 + self.rank)
-        return ShardedReplayBuffer(local, timeout_s=s.learners.collective_timeout_s, prefetch=r.prefetch)
+        return ShardedReplayBuffer(local, timeout_s=s.learners.collective_timeout_s, prefetch=r.prefetch,
+                                   pipeline=r.pipeline)
 
     def _actor_settings(self) -> list[ActorSettings]:
         s = self.s
@@ -299,6 +301,7 @@ class Learner:
             self._stop_actors()
             self.save()  # local only: every rank keeps its part even when a peer is gone
             self._close_reader()
+            self.buffer.close()
             raise
         self._stop_actors()
         # What the actors sent while stopping is in the shards: count it (all ranks agree).
@@ -306,6 +309,7 @@ class Learner:
         if self._solved_state is not None:  # save, publish and evaluate the agent that passed
             self.agent.load_state_dict(self._solved_state)
         path = self._agreed_save()
+        self.buffer.close()  # its background thread and process group (pipeline)
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
         if self.publisher is not None and (self._budget_reached(started) or self._solved()):
@@ -331,8 +335,8 @@ class Learner:
 
     def _agreed_save(self) -> Path:
         """A save every rank makes at the same point: queued priority updates (prefetch >
-        1) reach their owners first, so the checkpoint holds them."""
-        if self.s.replay.prefetch > 1:
+        1 or pipeline) reach their owners first, so the checkpoint holds them."""
+        if self.s.replay.prefetch > 1 or self.s.replay.pipeline:
             self.buffer.flush_updates()
         return self.save()
 

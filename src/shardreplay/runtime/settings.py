@@ -164,6 +164,9 @@ class ReplaySettings:
         sample_mode: exact (one global distribution) or local (own shard, weighted).
         prefetch: batches each rank draws per replay exchange; k > 1 makes 1/k of the
             collectives, and a batch may miss the priority updates of k - 1 updates.
+        pipeline: run each rank's replay exchanges on a background thread over the
+            buffer's own process group, so the next batch is drawn while this one trains:
+            a batch misses the priority updates of at most one update (k with prefetch k).
     """
 
     capacity: int = _flag(100_000, "replay_capacity")
@@ -175,6 +178,7 @@ class ReplaySettings:
     min_replay: int = 1000
     sample_mode: str = "exact"
     prefetch: int = 1
+    pipeline: bool = True
 
     def __post_init__(self) -> None:
         _validate(self, positive=("capacity", "beta_updates", "samples_per_insert", "prefetch"),

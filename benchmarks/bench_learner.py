@@ -1,0 +1,283 @@
+"""Learner benchmark: DDP over 2 gloo ranks training a DQN network from sharded replay.
+
+Each rank holds a prioritized shard and trains Double DQN (``shardreplay.runtime.dqn``,
+n-step windows, Adam, DDP all-reducing the gradients on the default group) on batches of
+256, with one of three ways of sampling per learner step:
+
+* ``own``: each rank samples only its own shard (a plain ``ReplayBuffer``, no collective);
+* ``strict``: exact global sampling, ``ShardedReplayBuffer(prefetch=1)``: the exchange runs
+  in the learner's thread, every update lands before the next draw;
+* ``pipelined``: exact global sampling, ``ShardedReplayBuffer(prefetch=1, pipeline=True)``:
+  the exchange for the next step runs on a background thread while this one trains.
+
+Two networks: ``mlp`` (a 3-layer MLP of 512 units on a 64-float observation) and ``conv``
+(the Nature-DQN conv net on 84x84x4 uint8 frames). The three samplings of a network take
+turns block by block (the order rotating), so a load change on the machine hits all of
+them; each figure is the median of its blocks' learner steps/s (the ranks move in lock-step,
+the slower rank's time counts). One JSON line is printed with the figures and the ratios
+``pipelined/own`` (targets: conv >= 0.95, mlp >= 0.85) and ``strict/own``, and for each
+sampling the learner thread's time per step inside ``sample`` and ``update_priorities``
+(``replay_ms_per_step``, the slower rank's; the median of the blocks): the cost pipelining
+hides, less noisy than the rates on a loaded machine.
+
+``--netem-delay-ms D`` runs the two ranks in two network namespaces joined by a veth pair
+(:mod:`netns`, root only) with a ``tc netem`` delay of D ms on each end when the kernel has
+netem; the line says which delay was in place. Records then go through the link
+(``shared_memory=False``), not ``/dev/shm``. Only CPU/gloo is run here.
+
+Usage::
+
+    python benchmarks/bench_learner.py                  # full run (minutes on 2 cores)
+    python benchmarks/bench_learner.py --quick          # smoke run
+    python benchmarks/bench_learner.py --netem-delay-ms 0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import queue
+import socket
+import statistics
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import netns
+
+WORLD, BATCH, N_STEP, ACTIONS, STREAMS = 2, 256, 3, 18, 8
+SAMPLINGS = ("own", "strict", "pipelined")
+TARGETS = {"conv": 0.95, "mlp": 0.85}
+# Many short blocks: the three samplings alternate often, so load drift hits them alike.
+FULL = {"blocks": 10, "steps": {"mlp": 20, "conv": 2}, "warmup": {"mlp": 3, "conv": 1},
+        "capacity": {"mlp": 100_000, "conv": 4_000}}
+QUICK = {"blocks": 1, "steps": {"mlp": 3, "conv": 1}, "warmup": {"mlp": 1, "conv": 1},
+         "capacity": {"mlp": 2_000, "conv": 400}}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nets", default="mlp,conv", help="comma-separated networks (default mlp,conv)")
+    p.add_argument("--blocks", type=int, help="timing blocks per figure (default 10)")
+    p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // WORLD),
+                   help="torch threads per rank (default: cores / 2)")
+    p.add_argument("--netem-delay-ms", type=float, default=None,
+                   help="run the ranks in two network namespaces with this netem delay (root)")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run")
+    p.add_argument("--quick", action="store_true", help="smoke run")
+    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
+    args = p.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    args.blocks = args.blocks or plan["blocks"]
+    args.steps, args.warmup, args.capacity = plan["steps"], plan["warmup"], plan["capacity"]
+    args.nets = [n for n in args.nets.split(",") if n]
+    if not set(args.nets) <= set(TARGETS):
+        p.error(f"--nets must name some of {sorted(TARGETS)}")
+    return args
+
+
+# -- the workload (runs in the ranks) -------------------------------------------------------------
+def make_net(name: str) -> Any:
+    """The Q-network: the MLP of ``shardreplay train`` widened, or the Nature-DQN conv net."""
+    import torch
+    from torch import nn
+
+    from shardreplay.runtime.qnet import QNetwork
+
+    if name == "mlp":
+        return QNetwork(64, ACTIONS, (512, 512, 512))
+
+    class NatureDqn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Conv2d(4, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
+                                     nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten(),
+                                     nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, ACTIONS))
+
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:  # [B, 84, 84, 4] frames as floats
+            return self.net(obs.permute(0, 3, 1, 2) / 255.0)
+
+    return NatureDqn()
+
+
+def make_shard(name: str, capacity: int, seed: int) -> Any:
+    """A prioritized shard of ``capacity`` steps of random observations and episodes."""
+    import shardreplay as sr
+
+    obs = sr.Field((64,), np.float32) if name == "mlp" else sr.Field((84, 84, 4), np.uint8)
+    spec = sr.Spec({"obs": obs, "action": sr.Field((), np.int64), "reward": sr.Field((), np.float32)})
+    per_stream = capacity // STREAMS
+    buf = sr.ReplayBuffer(spec, num_streams=STREAMS, stream_capacity=per_stream, window=N_STEP + 1,
+                          sampler="prioritized", alpha=0.6, beta=0.4, seed=seed)
+    rng = np.random.default_rng(seed)
+    chunk = min(per_stream, 250)
+    for start in range(0, per_stream, chunk):
+        t = np.arange(start, start + chunk)
+        types = np.where(t % 100 == 0, 0, np.where(t % 100 == 99, 2, 1)).astype(np.uint8)
+        shape = (STREAMS, chunk, *obs.shape)
+        frames = (rng.standard_normal(shape, dtype=np.float32) if name == "mlp"
+                  else rng.integers(0, 256, shape, dtype=np.uint8))
+        buf.extend({"obs": frames, "action": rng.integers(0, ACTIONS, (STREAMS, chunk)),
+                    "reward": rng.standard_normal((STREAMS, chunk), dtype=np.float32),
+                    "step_type": np.broadcast_to(types, (STREAMS, chunk))})
+    return buf
+
+
+def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: bool) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from shardreplay.distributed import ShardedReplayBuffer
+    from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
+
+    torch.manual_seed(0)
+    agent = DoubleDqn(DistributedDataParallel(make_net(name)), DqnSettings(lr=1e-4))
+    local = make_shard(name, args.capacity[name], seed=100 + rank)
+    strict = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, shared_memory=shared_memory)
+    piped = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, shared_memory=shared_memory,
+                                pipeline=True)
+    buffers = {"own": local, "strict": strict, "pipelined": piped}
+
+    replay_s = [0.0]  # the learner thread's time inside sample() and update_priorities()
+
+    def step(buf: Any) -> None:
+        t0 = time.perf_counter()
+        batch = buf.sample(BATCH)
+        t1 = time.perf_counter()
+        prios, _loss = agent.learn(batch)
+        t2 = time.perf_counter()
+        buf.update_priorities(batch.keys, prios)
+        replay_s[0] += t1 - t0 + time.perf_counter() - t2
+
+    rates: dict[str, list[float]] = {s: [] for s in SAMPLINGS}
+    replay_ms: dict[str, list[float]] = {s: [] for s in SAMPLINGS}
+    for block in range(args.blocks + 1):  # block 0 warms every path up, untimed
+        for i in range(len(SAMPLINGS)):
+            sampling = SAMPLINGS[(block + i) % len(SAMPLINGS)]
+            buf = buffers[sampling]
+            for _ in range(args.warmup[name]):
+                step(buf)
+            dist.barrier()
+            start, replay_s[0] = time.perf_counter(), 0.0
+            for _ in range(args.steps[name]):
+                step(buf)
+            times = torch.tensor([time.perf_counter() - start, replay_s[0]], dtype=torch.float64)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+            piped.settle()  # its thread stays idle while the others are timed
+            if block:
+                rates[sampling].append(args.steps[name] / float(times[0]))
+                replay_ms[sampling].append(1e3 * float(times[1]) / args.steps[name])
+    piped.close()
+    return {"rates": {s: statistics.median(r) for s, r in rates.items()},
+            "replay_ms": {s: statistics.median(r) for s, r in replay_ms.items()}}
+
+
+def _rank(rank: int, args: argparse.Namespace, addr: str, port: int, ifname: str, namespace: str,
+          out: Any) -> None:
+    try:
+        if namespace:
+            netns.enter(namespace)
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(args.threads)
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=300))
+        results = {name: _net_results(name, rank, args, shared_memory=not namespace)
+                   for name in args.nets}
+        dist.destroy_process_group()
+        out.put((rank, "ok", results))
+    except BaseException as exc:
+        import traceback
+
+        out.put((rank, "error", f"{exc!r}\n{traceback.format_exc()}"))
+
+
+def run_ranks(args: argparse.Namespace, link: netns.Link | None) -> dict:
+    """Start the two ranks (in the link's namespaces when given), return rank 0's figures."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    if link is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        places = [("127.0.0.1", "lo", "")] * WORLD
+    else:
+        port = 29_500 + os.getpid() % 1000  # a fresh namespace has every port free
+        places = [(link.addresses[0], link.ifnames[r], link.namespaces[r]) for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank, args=(r, args, places[r][0], port, places[r][1], places[r][2], out))
+             for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        deadline = time.monotonic() + args.timeout_s
+        while len(results) < WORLD:
+            rank, status, value = out.get(timeout=max(1.0, deadline - time.monotonic()))
+            if status != "ok":
+                raise RuntimeError(f"rank {rank} failed: {value}")
+            results[rank] = value
+    except queue.Empty as exc:
+        raise RuntimeError(f"timed out after {args.timeout_s} s") from exc
+    finally:
+        for p in procs:
+            p.join(timeout=30 if len(results) == WORLD else 1)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results[0]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; print (and optionally write) one JSON line."""
+    args = parse_args(argv)
+    with ExitStack() as stack:
+        link = None
+        if args.netem_delay_ms is not None:
+            why = netns.unavailable()
+            if why:
+                raise SystemExit(f"--netem-delay-ms needs network namespaces: {why}")
+            link = stack.enter_context(netns.veth_pair(args.netem_delay_ms))
+        figures = run_ranks(args, link)
+    nets = {}
+    for name, fig in figures.items():
+        rates = fig["rates"]
+        nets[name] = {**{f"{s}_steps_per_s": round(r, 3) for s, r in rates.items()},
+                      **{f"{s}_replay_ms_per_step": round(r, 3) for s, r in fig["replay_ms"].items()},
+                      "pipelined_over_own": round(rates["pipelined"] / rates["own"], 3),
+                      "strict_over_own": round(rates["strict"] / rates["own"], 3),
+                      "target_pipelined_over_own": TARGETS[name],
+                      "met": rates["pipelined"] / rates["own"] >= TARGETS[name]}
+    line = {"bench": "learner", "ranks": WORLD, "backend": "gloo", "device": "cpu", "batch": BATCH,
+            "n_step": N_STEP, "threads_per_rank": args.threads, "blocks": args.blocks,
+            "steps_per_block": {n: args.steps[n] for n in args.nets}, "quick": args.quick,
+            "link": "loopback" if link is None else "veth",
+            "netem_delay_ms_asked": args.netem_delay_ms,
+            "netem_delay_ms_applied": None if link is None else link.delay_ms,
+            "netem_error": None if link is None else (link.netem_error or None),
+            "cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
+            "cuda_nccl": "not run (no GPU in this session)", "nets": nets}
+    text = json.dumps(line)
+    print(text, flush=True)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return line
+
+
+if __name__ == "__main__":
+    main()
