@@ -72,8 +72,9 @@ class PriorityRouting:
         Raises:
             ConfigError: the shards are not prioritized (priorities would change nothing).
             InvalidPriorityError / InvalidKeyError: this rank's input was bad (keys must
-                be this buffer's: see ``spec/keys.py``); it still joined the exchange (with nothing to send) so no peer hangs, and nothing
-                of its input was applied or queued.
+                be this buffer's: see ``spec/keys.py``); it still joined the exchange
+                (with nothing to send) so no peer hangs, and nothing of its input was
+                applied or queued.
             CollectiveTimeout: a peer rank did not join in time.
         """
         if self._lazy:
