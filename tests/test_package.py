@@ -12,7 +12,7 @@ import shardreplay
 
 PACKAGE_DIR = Path(shardreplay.__file__).resolve().parent
 
-# Layers import downwards only (see DESIGN.md / STYLE.md): a module may import shardreplay
+# Layers import downwards only (the layering README.md lists): a module may import shardreplay
 # modules of its own layer or of lower layers. transport and policy need only spec, but they
 # sit above distributed/checkpoint so that runtime can compose all of them.
 LAYERS: dict[str, int] = {

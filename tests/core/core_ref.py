@@ -1,4 +1,4 @@
-"""A brute-force model of the core buffer, written from DESIGN.md alone (no library kernels).
+"""A brute-force model of the core buffer, written from docs/semantics.md alone (no library kernels).
 
 Every stream keeps its full history as a Python list; validity, windows, keys,
 probabilities and weights are recomputed from scratch on every question. Slow and
@@ -34,7 +34,7 @@ class RefStep:
 
 @dataclass
 class RefBuffer:
-    """The whole history of every stream, and the rules of DESIGN.md sampling 1-4.
+    """The whole history of every stream, and sampling rules 1-4 of docs/semantics.md.
 
     Priorities follow rule 3: a new step gets the writer's priority, else the largest
     priority seen so far (initially 1); ``update`` sets it for current starts only.
@@ -89,7 +89,7 @@ class RefBuffer:
         return range(max(0, n - self.capacity), n)
 
     def is_valid(self, r: int, q: int) -> bool:
-        """DESIGN.md rule 1, by enumeration."""
+        """docs/semantics.md, sampling rule 1, by enumeration."""
         hist = self.streams[r]
         if q not in self.stored(r):
             return False
@@ -132,7 +132,7 @@ class RefBuffer:
         return q
 
     def key(self, r: int, q: int) -> int:
-        """The key DESIGN.md and spec/keys.py prescribe: shard 0 (bits 53-62), the tag
+        """The key docs/semantics.md and spec/keys.py prescribe: shard 0 (bits 53-62), the tag
         (bits 39-52), the place ``row * capacity + slot`` (bits 11-38), the low 11 bits
         of the slot's write count (bits 0-10)."""
         generation = (q // self.capacity + 1) & GEN_MASK

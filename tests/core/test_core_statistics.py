@@ -1,4 +1,4 @@
-"""Chi-square tests of the sampling distributions (DESIGN.md, sampling rule 3).
+"""Chi-square tests of the sampling distributions (docs/semantics.md, sampling rule 3).
 
 Fixed seeds, 40,000 draws each; a test passes when the chi-square p-value exceeds
 1e-3. The negative controls show that the same test rejects a distribution only 10%

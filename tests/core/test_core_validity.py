@@ -3,7 +3,7 @@
 Random programs of add/extend over random stream subsets, with abandoned episodes,
 MID after LAST, streams starting with MID, truncations, terminations and ring
 overwrites; after every write the buffer's valid starts, ``len`` and sampled windows
-must equal the reference's (DESIGN.md, sampling rules 1 and 2).
+must equal the reference's (docs/semantics.md, sampling rules 1 and 2).
 """
 
 from __future__ import annotations

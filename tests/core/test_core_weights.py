@@ -1,4 +1,4 @@
-"""Importance weights and the beta schedule (DESIGN.md, sampling rule 3).
+"""Importance weights and the beta schedule (docs/semantics.md, sampling rule 3).
 
 ``w_i = (N P(i))^-beta / max_j (N P(j))^-beta`` with ``N = len(buffer)`` and the
 maximum over every valid start that can be drawn (P > 0), not only the batch.

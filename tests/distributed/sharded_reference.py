@@ -3,7 +3,7 @@
 Every rank writes streams whose step types come from a seeded episode-length
 generator; each step's ``obs`` is a unique item id ``rank * 1000 + stream * 100 + t``.
 The parent process rebuilds the same histories here, without shardreplay, and computes
-the valid window starts of the union of all shards (DESIGN.md rule 1) and the
+the valid window starts of the union of all shards (docs/semantics.md, sampling rule 1) and the
 single-buffer probabilities and importance weights (rule 3), to compare with what the
 sharded buffer sampled.
 """

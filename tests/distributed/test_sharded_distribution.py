@@ -1,4 +1,4 @@
-"""The sharded buffer samples exactly the single-buffer distribution (DESIGN.md rules 3-6).
+"""The sharded buffer samples exactly the single-buffer distribution (docs/semantics.md, sampling rules 3-6).
 
 Real gloo ranks, fixed seeds. Each world of K = 1, 2, 4 ranks holds uneven shards (one
 empty for K >= 2, one with a wrapped ring); :mod:`sharded_reference` computes the

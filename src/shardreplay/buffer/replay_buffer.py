@@ -44,7 +44,7 @@ class ReplayBuffer:
 
     Each stream is a ring of ``stream_capacity`` steps. A window start is valid when
     its ``window`` steps are stored in one episode, or the episode ends inside it
-    (DESIGN.md, rule 1); only valid starts are drawn.
+    (docs/semantics.md, sampling rule 1); only valid starts are drawn.
 
     Args:
         spec: the fields of a step.

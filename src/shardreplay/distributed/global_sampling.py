@@ -1,4 +1,4 @@
-"""The arithmetic of sampling K shards as one buffer (DESIGN.md, sampling rule 5).
+"""The arithmetic of sampling K shards as one buffer (docs/semantics.md, sampling rule 5).
 
 Each rank reports ``(mass_k, N_k, min_leaf_k)``: its sampling mass (valid count for
 uniform, ``sum p^alpha`` for prioritized), its valid count and its smallest positive

@@ -2,7 +2,7 @@
 
 Every rank of a ``torch.distributed`` group owns one shard (a :class:`ReplayBuffer`);
 writes stay local. ``sample`` and ``update_priorities`` are collective: every rank
-calls them in the same order, also when its own shard is empty (DESIGN.md rules 5-6).
+calls them in the same order, also when its own shard is empty (docs/semantics.md, sampling rules 5-6).
 
 One ``sample(B, mode="exact")`` is two collectives::
 

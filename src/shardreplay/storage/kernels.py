@@ -1,6 +1,6 @@
 """Compiled kernels for per-step bookkeeping: episode ids, generations, window validity.
 
-A window start ``q`` of a stream is **valid** (DESIGN.md, sampling rule 1) when step ``q``
+A window start ``q`` of a stream is **valid** (docs/semantics.md, sampling rule 1) when step ``q``
 is stored, is not LAST (for ``L >= 2``), and the steps ``q .. q+L-1`` are stored and in
 ``q``'s episode, or the episode ends (LAST) inside the window::
 
