@@ -1,4 +1,4 @@
-"""Priority updates: stale keys, repeated keys, new-start priorities (docs/semantics.md, sampling rules 3-4)."""
+"""Priority updates: stale keys, repeated keys, new-start priorities (docs/semantics.md rules 3-4)."""
 
 from __future__ import annotations
 
