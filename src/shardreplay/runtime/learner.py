@@ -110,6 +110,7 @@ class Learner:
         self.last_eval: float | None = None
         self._evals = 0  # evaluations so far; a metrics row shows an evaluation once
         self._evals_recorded = 0
+        self._window = _fresh_window()  # the metrics row being gathered
         self.wall_offset_s = 0.0  # wall time of earlier lives: a resumed run's time axis goes on
         self._started = time.monotonic()
         self.solved = False
@@ -305,7 +306,7 @@ class Learner:
             raise
         self._stop_actors()
         # What the actors sent while stopping is in the shards: count it (all ranks agree).
-        self.counters["env_steps"] += int(self._sync(started)[_STEPS])
+        self._sync_counted(started)
         if self._solved_state is not None:  # save, publish and evaluate the agent that passed
             self.agent.load_state_dict(self._solved_state)
         path = self._agreed_save()
@@ -315,7 +316,7 @@ class Learner:
         if self.publisher is not None and (self._budget_reached(started) or self._solved()):
             self._publish_finished()
         if self.metrics is not None:  # the final evaluation is the run's last row
-            self._record(self._last_sync, None)
+            self._record(self._last_sync, self._window)
             self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
             summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -368,20 +369,15 @@ class Learner:
         per_update = self.s.learners.batch_size * self.world
         drain_steps = _DRAIN_CHUNKS * self.s.actors.chunk_steps * self.s.actors.envs_per_actor
         last_metrics = time.monotonic()
-        window = {"steps": 0, "updates": 0, "t": time.monotonic(), "loss": math.nan,
-                  "lag_sum": 0.0, "lag_n": 0.0}
+        window = self._window = _fresh_window()
         while True:
             # Not draining while the learner is behind is the back-pressure actors feel.
             if limiter.can_insert(min(drain_steps * self.world, limiter.max_insert_size)):
                 wait = 0.0 if limiter.can_sample(per_update) else 0.02
                 self.ingestor.drain(_DRAIN_CHUNKS, wait, self.policy_version)
-            g = self._sync(started)
+            g = self._sync_counted(started)
             if g[_STEPS] > 0:
                 limiter.insert(int(min(g[_STEPS], limiter.max_insert_size)))
-            self.counters["env_steps"] += int(g[_STEPS])
-            window["steps"] += int(g[_STEPS])
-            window["lag_sum"] += g[_LAG_SUM]
-            window["lag_n"] += g[_LAG_N]
             if g[_STOP] > 0:
                 break
             if g[_SAVE] > 0 or self._periodic_save():
@@ -398,6 +394,16 @@ class Learner:
             if self.rank == 0 and (evaluated or time.monotonic() - last_metrics >= 1.0):
                 self._record(g, window)
                 last_metrics = time.monotonic()
+
+    def _sync_counted(self, started: float) -> np.ndarray:
+        """:meth:`_sync`, with its steps and policy lag counted into the run and the
+        current metrics window (so the final row holds what arrived after the last one)."""
+        g = self._sync(started)
+        self.counters["env_steps"] += int(g[_STEPS])
+        self._window["steps"] += int(g[_STEPS])
+        self._window["lag_sum"] += g[_LAG_SUM]
+        self._window["lag_n"] += g[_LAG_N]
+        return g
 
     def _periodic_save(self) -> bool:
         k, u = self.s.checkpoints.interval_updates, self.counters["updates"]
@@ -483,8 +489,9 @@ class Learner:
         return self.last_eval
 
     def _record(self, g: np.ndarray | None, window: dict[str, Any] | None) -> None:
-        """One metrics row; ``window`` None: the final row (after the final evaluation),
-        which has no rates. An evaluation appears in the first row after it, only there."""
+        """One metrics row over ``window`` (rates, loss, policy lag; None: a row without
+        them). An evaluation appears in the first row after it, only there; the final
+        row comes after the final evaluation."""
         assert self.metrics is not None
         now = time.monotonic()
         w = window or {"steps": math.nan, "updates": math.nan, "t": now - 1.0, "loss": math.nan,
@@ -581,3 +588,8 @@ def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettin
         raise IncompleteCheckpointError(f"{path}: missing; is {run_dir} a shardreplay run directory?")
     saved = TrainSettings.from_dict(json.loads(path.read_text()))
     return saved.updated({**overrides, "run_dir": str(run_dir)})
+
+
+def _fresh_window() -> dict[str, Any]:
+    """An empty metrics window: steps, updates, loss and policy lag since ``t``."""
+    return {"steps": 0, "updates": 0, "t": time.monotonic(), "loss": math.nan, "lag_sum": 0.0, "lag_n": 0.0}
