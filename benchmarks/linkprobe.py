@@ -3,8 +3,10 @@
 :func:`rtt_ms` times a ping-pong of small messages over one TCP connection from namespace B
 to namespace A (``TCP_NODELAY``; each round trip crosses the link twice, so a one-way delay
 ``d`` shows as ``2 d`` plus what the link itself costs); :func:`stream_mb_per_s` times one
-TCP stream from B to A. Each runs in a child process (this file as a program), which opens
-one socket in each namespace, so the caller's namespace is left alone.
+TCP stream from B to A; :func:`datagrams` sends numbered UDP datagrams of random bytes both
+ways and checks that each arrives once, unchanged, in order, and how late. Each runs in a
+child process (this file as a program), which opens one socket in each namespace (one
+process, so one clock for both ends), so the caller's namespace is left alone.
 
 Usage (root; prints one JSON line per link)::
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -35,7 +38,7 @@ _CHUNK_BYTES = 1 << 20
 
 def rtt_ms(link: netns.Link, count: int = 300) -> dict[str, float]:
     """Round trips of a 64-byte message and its 64-byte answer over ``link``, in ms:
-    ``median``, ``p10``, ``p90`` (after 20 untimed ones).
+    ``median``, ``min``, ``p10``, ``p90`` (after 20 untimed ones).
 
     Raises:
         RuntimeError: the probe failed or took over a minute.
@@ -50,6 +53,18 @@ def stream_mb_per_s(link: netns.Link, megabytes: int = 200) -> float:
         RuntimeError: the probe failed or took over a minute.
     """
     return _run_probe("stream", link, megabytes)["mb_per_s"]
+
+
+def datagrams(link: netns.Link, count: int = 400) -> dict[str, float]:
+    """Send ``count`` numbered UDP datagrams of random bytes (1 to 9000 bytes, some over
+    1500) each way, in bursts of 20; returns ``received`` (how many arrived unchanged, in
+    order, each once: ``2 * count`` on a link that neither drops, corrupts nor reorders) and
+    ``one_way_ms_min`` / ``one_way_ms_median`` (from send to receipt).
+
+    Raises:
+        RuntimeError: the probe failed or took over a minute.
+    """
+    return _run_probe("udp", link, count)
 
 
 def _run_probe(what: str, link: netns.Link, n: int) -> dict[str, float]:
@@ -99,7 +114,8 @@ def _probe_rtt(server: socket.socket, client: socket.socket, count: int) -> dict
         if i >= 20:
             times.append(1e3 * (time.perf_counter() - t0))
     cuts = statistics.quantiles(times, n=10)
-    return {"median": statistics.median(times), "p10": cuts[0], "p90": cuts[-1], "count": count}
+    return {"median": statistics.median(times), "min": min(times), "p10": cuts[0], "p90": cuts[-1],
+            "count": count}
 
 
 def _probe_stream(server: socket.socket, client: socket.socket, megabytes: int) -> dict[str, float]:
@@ -126,7 +142,42 @@ def _probe_stream(server: socket.socket, client: socket.socket, megabytes: int) 
     return {"mb_per_s": total / 1e6 / seconds, "seconds": seconds}
 
 
+def _probe_udp(ns_a: str, ns_b: str, addr_a: str, count: int) -> dict[str, float]:
+    netns.enter_net(ns_a)
+    a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    a.bind((addr_a, 0))
+    netns.enter_net(ns_b)
+    b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    b.connect(a.getsockname())
+    a.connect(b.getsockname())
+    rng = random.Random(0)
+    received, late_ms = 0, []
+    with a, b:
+        for s in (a, b):
+            s.settimeout(10)
+        for start in range(0, 2 * count, 20):
+            src, dst = (b, a) if start % 40 == 0 else (a, b)  # alternate directions by burst
+            burst = [i.to_bytes(4, "big") + rng.randbytes(rng.choice((1, 500, 1400, 4000, 8996)))
+                     for i in range(start, min(start + 20, 2 * count))]
+            sent_at = []
+            for datagram in burst:
+                sent_at.append(time.monotonic())
+                src.send(datagram)
+            for datagram, t_sent in zip(burst, sent_at, strict=True):
+                got = dst.recv(65536)
+                late_ms.append(1e3 * (time.monotonic() - t_sent))
+                if got != datagram:
+                    return {"received": received, "first_wrong": int.from_bytes(got[:4], "big"),
+                            "one_way_ms_min": min(late_ms), "one_way_ms_median": statistics.median(late_ms)}
+                received += 1
+    return {"received": received, "one_way_ms_min": min(late_ms),
+            "one_way_ms_median": statistics.median(late_ms)}
+
+
 def _probe_main(what: str, ns_a: str, ns_b: str, addr_a: str, n: str) -> None:
+    if what == "udp":
+        print(json.dumps(_probe_udp(ns_a, ns_b, addr_a, int(n))), flush=True)
+        return
     server, client = _connected_pair(ns_a, ns_b, addr_a)
     with server, client:
         probe = _probe_rtt if what == "rtt" else _probe_stream

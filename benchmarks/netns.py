@@ -26,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import select
 import shutil
@@ -44,6 +45,7 @@ KINDS = ("auto", "netem", "tun-relay")
 _RELAY = Path(__file__).with_name("tunrelay.py")
 _RELAY_MTU = 65000  # few, large packets: the relay's cost is per packet
 _RELAY_START_S = 20.0
+_SERIAL = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,10 @@ def delayed_link(delay_ms: float = 0.0, subnet: int | None = None, kind: str = "
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     if delay_ms < 0:
         raise ValueError(f"delay_ms must be >= 0, not {delay_ms}")
-    tag = f"sr{os.getpid() % 100000}"
+    serial = next(_SERIAL)  # links alive at once in one process get names of their own
+    tag = f"sr{os.getpid() % 100000}{serial % 100}"
     ns = (f"{tag}a", f"{tag}b")
-    n = subnet if subnet is not None else 1 + os.getpid() % 250
+    n = subnet if subnet is not None else 1 + (os.getpid() + serial) % 250
     addr = (f"10.213.{n}.1", f"10.213.{n}.2")
     veth = (f"v{tag}a", f"v{tag}b")
     relay: subprocess.Popen | None = None
