@@ -24,8 +24,9 @@ hides, less noisy than the rates on a loaded machine.
 namespaces joined by a link with D ms of delay each way (:func:`netns.delayed_link`, root
 only): a veth pair with ``tc netem`` where the kernel has netem, else a TUN relay process; the
 line says which (``delay_kind``) and the link's measured TCP round trip (``link_rtt_ms``,
-:mod:`linkprobe`). Records then go through the link (``shared_memory=False``), not
-``/dev/shm``. Only CPU/gloo is run here.
+:mod:`linkprobe`). ``--link-kind tun-relay`` takes the relay even where netem exists (with
+``--link-delay-ms 0``: what the relay alone costs). Records then go through the link
+(``shared_memory=False``), not ``/dev/shm``. Only CPU/gloo is run here.
 
 Usage::
 
@@ -77,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--link-delay-ms", "--netem-delay-ms", type=float, default=None, dest="link_delay_ms",
                    help="run the ranks in two network namespaces joined by a link with this one-way "
                         "delay: netem, else a TUN relay (root)")
+    p.add_argument("--link-kind", choices=netns.KINDS, default="auto",
+                   help="how --link-delay-ms is made: auto (netem, else the TUN relay; default), "
+                        "netem or tun-relay")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run")
     p.add_argument("--quick", action="store_true", help="smoke run")
     p.add_argument("--out", type=Path, help="also write the JSON line to this file")
@@ -257,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
             why = netns.unavailable()
             if why:
                 raise SystemExit(f"--link-delay-ms needs network namespaces: {why}")
-            link = stack.enter_context(netns.delayed_link(args.link_delay_ms))
+            link = stack.enter_context(netns.delayed_link(args.link_delay_ms, kind=args.link_kind))
             rtt = {k: round(v, 3) for k, v in linkprobe.rtt_ms(link).items() if k != "count"}
         figures = run_ranks(args, link)
     nets = {}
