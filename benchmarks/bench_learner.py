@@ -263,7 +263,12 @@ def main(argv: list[str] | None = None) -> dict:
                 raise SystemExit(f"--link-delay-ms needs network namespaces: {why}")
             link = stack.enter_context(netns.delayed_link(args.link_delay_ms, kind=args.link_kind))
             rtt = {k: round(v, 3) for k, v in linkprobe.rtt_ms(link).items() if k != "count"}
+        relay_cpu_s = netns.cpu_s(link.relay_pid) if link is not None and link.relay_pid else None
+        start = time.perf_counter()
         figures = run_ranks(args, link)
+        wall_s = time.perf_counter() - start
+        if link is not None and relay_cpu_s is not None:  # the relay's share of the cores while the ranks ran
+            relay_cpu_s = netns.cpu_s(link.relay_pid) - relay_cpu_s
     nets = {}
     for name, fig in figures.items():
         rates = fig["rates"]
@@ -280,7 +285,8 @@ def main(argv: list[str] | None = None) -> dict:
             "link_delay_ms_asked": args.link_delay_ms,
             "link_delay_ms_applied": None if link is None else link.delay_ms,
             "delay_kind": None if link is None else link.delay_kind,
-            "link_rtt_ms": rtt,
+            "link_rtt_ms": rtt, "wall_s": round(wall_s, 1),
+            "relay_cpu_s": None if relay_cpu_s is None else round(relay_cpu_s, 1),
             "netem_error": None if link is None else (link.netem_error or None),
             "cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
             "cuda_nccl": "not run (no GPU in this session)", "nets": nets}

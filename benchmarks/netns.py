@@ -58,6 +58,7 @@ class Link:
     delay_ms: float  # the one-way delay in place on each direction (0 when none)
     netem_error: str  # why netem could not be used ('' when it was, or was not tried)
     delay_kind: str = "none"  # "netem", "tun-relay" or "none": what makes the delay
+    relay_pid: int = 0  # the TUN relay's process id (0: no relay)
 
 
 def unavailable() -> str | None:
@@ -152,7 +153,7 @@ def delayed_link(delay_ms: float = 0.0, subnet: int | None = None, kind: str = "
                 _ip("-n", ns[0], "link", "del", veth[0])  # and so its peer
             tun = (f"t{tag}a", f"t{tag}b")
             relay = _start_relay(ns, tun, addr, delay_ms)
-            live = Link(ns, addr, tun, delay_ms, error, "tun-relay")
+            live = Link(ns, addr, tun, delay_ms, error, "tun-relay", relay.pid)
         else:
             netem = delay_ms > 0 and not error
             live = Link(ns, addr, veth, delay_ms if netem else 0.0, error, "netem" if netem else "none")
@@ -163,6 +164,16 @@ def delayed_link(delay_ms: float = 0.0, subnet: int | None = None, kind: str = "
         for name in ns:  # deleting a namespace deletes its devices, and so the veth pair
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", veth[0]], capture_output=True, check=False)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (0.0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _add_veth(ns: tuple[str, str], dev: tuple[str, str], addr: tuple[str, str]) -> None:
