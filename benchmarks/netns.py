@@ -133,7 +133,7 @@ def delayed_link(delay_ms: float = 0.0, subnet: int | None = None, kind: str = "
     if delay_ms < 0:
         raise ValueError(f"delay_ms must be >= 0, not {delay_ms}")
     serial = next(_SERIAL)  # links alive at once in one process get names of their own
-    tag = f"sr{os.getpid() % 100000}{serial % 100}"
+    tag = f"sr{os.getpid() % 100000}x{serial % 100}"
     ns = (f"{tag}a", f"{tag}b")
     n = subnet if subnet is not None else 1 + (os.getpid() + serial) % 250
     addr = (f"10.213.{n}.1", f"10.213.{n}.2")
