@@ -28,9 +28,17 @@ def _tun() -> None:
         pytest.skip(f"the TUN relay cannot run here: {why}")
 
 
-def _relays_of(namespace: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in ps.splitlines() if "tunrelay.py" in line and namespace in line]
+def _relays_of(namespace: str) -> list[int]:
+    """Ids of the running relay processes of ``namespace``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or it ended meanwhile
+            continue
+        if any(a.endswith(b"tunrelay.py") for a in args) and namespace.encode() in args:
+            found.append(int(entry.name))
+    return found
 
 
 def _namespaces() -> str:
@@ -41,7 +49,7 @@ def _namespaces() -> str:
 def test_datagrams_cross_unchanged_in_order_and_late_by_the_delay(delay_ms: float) -> None:
     with netns.delayed_link(delay_ms, kind="tun-relay") as link:
         assert (link.delay_kind, link.delay_ms) == ("tun-relay", delay_ms)
-        assert len(_relays_of(link.namespaces[0])) == 1
+        assert _relays_of(link.namespaces[0]) == [link.relay_pid]
         got = linkprobe.datagrams(link, count=300)
     assert got["received"] == 600, got  # both ways, none lost, changed or out of order
     assert got["one_way_ms_min"] >= delay_ms, got
@@ -56,7 +64,7 @@ def test_a_tcp_round_trip_takes_twice_the_delay() -> None:
 
 def test_the_relay_and_the_namespaces_end_with_the_block_even_after_an_error() -> None:
     with pytest.raises(KeyError), netns.delayed_link(0.25, kind="tun-relay") as link:
-        assert len(_relays_of(link.namespaces[0])) == 1
+        assert _relays_of(link.namespaces[0]) == [link.relay_pid]
         raise KeyError("boom")
     assert _relays_of(link.namespaces[0]) == []
     assert link.namespaces[0] not in _namespaces() and link.namespaces[1] not in _namespaces()
