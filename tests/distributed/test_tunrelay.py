@@ -18,8 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import linkprobe
 import netns
 
-pytestmark = pytest.mark.distributed
-
 
 @pytest.fixture(scope="module", autouse=True)
 def _tun() -> None:
