@@ -20,16 +20,19 @@ sampling the learner thread's time per step inside ``sample`` and ``update_prior
 (``replay_ms_per_step``, the slower rank's; the median of the blocks): the cost pipelining
 hides, less noisy than the rates on a loaded machine.
 
-``--netem-delay-ms D`` runs the two ranks in two network namespaces joined by a veth pair
-(:mod:`netns`, root only) with a ``tc netem`` delay of D ms on each end when the kernel has
-netem; the line says which delay was in place. Records then go through the link
+``--link-delay-ms D`` (old name ``--netem-delay-ms``) runs the two ranks in two network
+namespaces joined by a link with D ms of delay each way (:func:`netns.delayed_link`, root
+only): a veth pair with ``tc netem`` where the kernel has netem, else a TUN relay process; the
+line says which (``delay_kind``) and the link's measured TCP round trip (``link_rtt_ms``,
+:mod:`linkprobe`). ``--link-kind tun-relay`` takes the relay even where netem exists (with
+``--link-delay-ms 0``: what the relay alone costs). Records then go through the link
 (``shared_memory=False``), not ``/dev/shm``. Only CPU/gloo is run here.
 
 Usage::
 
     python benchmarks/bench_learner.py                  # full run (minutes on 2 cores)
     python benchmarks/bench_learner.py --quick          # smoke run
-    python benchmarks/bench_learner.py --netem-delay-ms 0.25
+    python benchmarks/bench_learner.py --link-delay-ms 0.25
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import linkprobe
 import netns
 
 WORLD, BATCH, N_STEP, ACTIONS, STREAMS = 2, 256, 3, 18, 8
@@ -71,8 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--blocks", type=int, help="timing blocks per figure (default 10)")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // WORLD),
                    help="torch threads per rank (default: cores / 2)")
-    p.add_argument("--netem-delay-ms", type=float, default=None,
-                   help="run the ranks in two network namespaces with this netem delay (root)")
+    p.add_argument("--link-delay-ms", "--netem-delay-ms", type=float, default=None, dest="link_delay_ms",
+                   help="run the ranks in two network namespaces joined by a link with this one-way "
+                        "delay: netem, else a TUN relay (root)")
+    p.add_argument("--link-kind", choices=netns.KINDS, default="auto",
+                   help="how --link-delay-ms is made: auto (netem, else the TUN relay; default), "
+                        "netem or tun-relay")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run")
     p.add_argument("--quick", action="store_true", help="smoke run")
     p.add_argument("--out", type=Path, help="also write the JSON line to this file")
@@ -248,12 +256,19 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     with ExitStack() as stack:
         link = None
-        if args.netem_delay_ms is not None:
+        rtt = None
+        if args.link_delay_ms is not None:
             why = netns.unavailable()
             if why:
-                raise SystemExit(f"--netem-delay-ms needs network namespaces: {why}")
-            link = stack.enter_context(netns.veth_pair(args.netem_delay_ms))
+                raise SystemExit(f"--link-delay-ms needs network namespaces: {why}")
+            link = stack.enter_context(netns.delayed_link(args.link_delay_ms, kind=args.link_kind))
+            rtt = {k: round(v, 3) for k, v in linkprobe.rtt_ms(link).items() if k != "count"}
+        relay_cpu_s = netns.cpu_s(link.relay_pid) if link is not None and link.relay_pid else None
+        start = time.perf_counter()
         figures = run_ranks(args, link)
+        wall_s = time.perf_counter() - start
+        if link is not None and relay_cpu_s is not None:  # the relay's share of the cores while the ranks ran
+            relay_cpu_s = netns.cpu_s(link.relay_pid) - relay_cpu_s
     nets = {}
     for name, fig in figures.items():
         rates = fig["rates"]
@@ -266,9 +281,12 @@ def main(argv: list[str] | None = None) -> dict:
     line = {"bench": "learner", "ranks": WORLD, "backend": "gloo", "device": "cpu", "batch": BATCH,
             "n_step": N_STEP, "threads_per_rank": args.threads, "blocks": args.blocks,
             "steps_per_block": {n: args.steps[n] for n in args.nets}, "quick": args.quick,
-            "link": "loopback" if link is None else "veth",
-            "netem_delay_ms_asked": args.netem_delay_ms,
-            "netem_delay_ms_applied": None if link is None else link.delay_ms,
+            "link": "loopback" if link is None else ("tun" if link.delay_kind == "tun-relay" else "veth"),
+            "link_delay_ms_asked": args.link_delay_ms,
+            "link_delay_ms_applied": None if link is None else link.delay_ms,
+            "delay_kind": None if link is None else link.delay_kind,
+            "link_rtt_ms": rtt, "wall_s": round(wall_s, 1),
+            "relay_cpu_s": None if relay_cpu_s is None else round(relay_cpu_s, 1),
             "netem_error": None if link is None else (link.netem_error or None),
             "cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
             "cuda_nccl": "not run (no GPU in this session)", "nets": nets}

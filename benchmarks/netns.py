@@ -1,44 +1,64 @@
-"""Two Linux network namespaces joined by a veth pair, for ranks that talk over a link.
+"""Two Linux network namespaces joined by a link with a one-way delay, for ranks that talk
+over a link.
 
-:func:`veth_pair` creates namespaces ``<prefix>a`` and ``<prefix>b``, a veth pair with one
-end in each (``10.213.<n>.1`` and ``.2``, /24, private addresses), brings the links up and,
-when asked, puts a ``tc netem`` delay on both ends (one way each: the round trip gets twice
-it). Everything is removed on the way out, also after an error. A process (a rank) moves
-itself into one with :func:`enter` before it opens any socket. Needs root (CAP_NET_ADMIN
-and CAP_SYS_ADMIN) and the ``ip`` tool; netem needs the ``sch_netem`` kernel module, which
-some kernels lack: then the pair works without delay and :attr:`Link.netem_error` says why.
+:func:`delayed_link` creates namespaces ``<prefix>a`` and ``<prefix>b`` with one end of a
+link in each (``10.213.<n>.1`` and ``.2``, private addresses) and a delay of ``delay_ms`` on
+each direction (the round trip gets twice it), made one of two ways (:attr:`Link.delay_kind`):
+
+* ``"netem"``: a veth pair with a ``tc netem`` delay on both ends, where the kernel has the
+  ``sch_netem`` module;
+* ``"tun-relay"``: where it has not (:attr:`Link.netem_error` says why), a TUN device in each
+  namespace and a relay process (``tunrelay.py``) that writes every packet read from one into
+  the other ``delay_ms`` late, unchanged and in order. Its own latency and throughput come on
+  top (``linkprobe.py`` measures them; ``benchmarks/RESULTS-learner.md`` has the figures).
+
+With no delay asked it is a plain veth pair (``"none"``). :func:`veth_pair` is the veth pair
+with netem or nothing. Everything is removed on the way out, also after an error. A process
+(a rank) moves itself into one with :func:`enter` before it opens any socket. Needs root
+(CAP_NET_ADMIN and CAP_SYS_ADMIN), the ``ip`` tool, and ``/dev/net/tun`` for the relay.
 
 Usage::
 
-    with veth_pair(delay_ms=0.25) as link:
+    with delayed_link(delay_ms=0.25) as link:
         ...  # rank r: enter(link.namespaces[r]); connect to link.addresses[0]
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
+import select
 import shutil
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUTS = 0x04000000
 _NETNS_DIR = "/var/run/netns"
+KINDS = ("auto", "netem", "tun-relay")
+_RELAY = Path(__file__).with_name("tunrelay.py")
+_RELAY_MTU = 65000  # few, large packets: the relay's cost is per packet
+_RELAY_START_S = 20.0
+_SERIAL = itertools.count()
 
 
 @dataclass(frozen=True)
 class Link:
-    """A live veth pair: namespace, address and interface of each end."""
+    """A live link: namespace, address and interface of each end, and the delay in place."""
 
     namespaces: tuple[str, str]
     addresses: tuple[str, str]
     ifnames: tuple[str, str]
-    delay_ms: float  # the netem delay in place on each end (0 when none could be set)
-    netem_error: str  # why the asked-for delay is not in place ('' when it is, or none was asked)
+    delay_ms: float  # the one-way delay in place on each direction (0 when none)
+    netem_error: str  # why netem could not be used ('' when it was, or was not tried)
+    delay_kind: str = "none"  # "netem", "tun-relay" or "none": what makes the delay
+    relay_pid: int = 0  # the TUN relay's process id (0: no relay)
 
 
 def unavailable() -> str | None:
@@ -52,6 +72,20 @@ def unavailable() -> str | None:
     if probe.returncode != 0:
         return f"ip netns add failed: {probe.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+    return None
+
+
+def tun_unavailable() -> str | None:
+    """Why the TUN relay cannot run here (None when it can): no root, no ``ip``, or no TUN."""
+    why = unavailable()
+    if why:
+        return why
+    name = f"srtun{os.getpid() % 1_000_000}"
+    probe = subprocess.run(["ip", "tuntap", "add", "dev", name, "mode", "tun"], capture_output=True,
+                           text=True, check=False)
+    if probe.returncode != 0:
+        return f"no TUN devices (ip tuntap add failed: {probe.stderr.strip()})"
+    subprocess.run(["ip", "tuntap", "del", "dev", name, "mode", "tun"], capture_output=True, check=False)
     return None
 
 
@@ -70,36 +104,126 @@ def _netem(ns: str, dev: str, delay_ms: float) -> str:
     return "" if proc.returncode == 0 else f"tc qdisc add ... netem delay {delay_ms}ms: {proc.stderr.strip()}"
 
 
-@contextmanager
-def veth_pair(delay_ms: float = 0.0, subnet: int | None = None) -> Iterator[Link]:
+def veth_pair(delay_ms: float = 0.0, subnet: int | None = None) -> AbstractContextManager[Link]:
     """Two namespaces joined by a veth pair, with a netem delay of ``delay_ms`` on each end
-    when the kernel has netem (removed on exit).
+    when the kernel has netem, else none (``delayed_link(kind="netem")``).
 
     Raises:
         RuntimeError: a namespace or link could not be made (see :func:`unavailable`).
     """
-    tag = f"sr{os.getpid() % 100000}"
+    return delayed_link(delay_ms, subnet, kind="netem")
+
+
+@contextmanager
+def delayed_link(delay_ms: float = 0.0, subnet: int | None = None, kind: str = "auto") -> Iterator[Link]:
+    """Two namespaces joined by a link with ``delay_ms`` of delay each way (removed on exit).
+
+    ``kind``: ``"auto"`` uses netem where the kernel has it, else the TUN relay; ``"netem"``
+    only netem (no delay where it is missing, :attr:`Link.netem_error` says why);
+    ``"tun-relay"`` always the relay (also with no delay: to measure the relay itself). The
+    relay dies with the thread that entered this, so enter it from one that outlives the block.
+
+    Raises:
+        ValueError: ``kind`` is not one of :data:`KINDS`, or ``delay_ms`` is negative.
+        RuntimeError: a namespace, link or the relay could not be made (see
+            :func:`unavailable`, :func:`tun_unavailable`).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if delay_ms < 0:
+        raise ValueError(f"delay_ms must be >= 0, not {delay_ms}")
+    serial = next(_SERIAL)  # links alive at once in one process get names of their own
+    tag = f"sr{os.getpid() % 100000}x{serial % 100}"
     ns = (f"{tag}a", f"{tag}b")
-    dev = (f"v{tag}a", f"v{tag}b")
-    n = subnet if subnet is not None else 1 + os.getpid() % 250
+    n = subnet if subnet is not None else 1 + (os.getpid() + serial) % 250
     addr = (f"10.213.{n}.1", f"10.213.{n}.2")
-    error = ""
+    veth = (f"v{tag}a", f"v{tag}b")
+    relay: subprocess.Popen | None = None
     try:
         for name in ns:
             _ip("netns", "add", name)
-        _ip("link", "add", dev[0], "type", "veth", "peer", "name", dev[1])
-        for name, d, a in zip(ns, dev, addr, strict=True):
-            _ip("link", "set", d, "netns", name)
-            _ip("-n", name, "addr", "add", f"{a}/24", "dev", d)
-            _ip("-n", name, "link", "set", d, "up")
             _ip("-n", name, "link", "set", "lo", "up")
-        if delay_ms > 0:
-            error = _netem(ns[0], dev[0], delay_ms) or _netem(ns[1], dev[1], delay_ms)
-        yield Link(ns, addr, dev, delay_ms if delay_ms > 0 and not error else 0.0, error)
+        error = ""
+        if kind != "tun-relay":
+            _add_veth(ns, veth, addr)
+            if delay_ms > 0:
+                error = _netem(ns[0], veth[0], delay_ms) or _netem(ns[1], veth[1], delay_ms)
+        if kind == "tun-relay" or (kind == "auto" and error):
+            if kind != "tun-relay":
+                _ip("-n", ns[0], "link", "del", veth[0])  # and so its peer
+            tun = (f"t{tag}a", f"t{tag}b")
+            relay = _start_relay(ns, tun, addr, delay_ms)
+            live = Link(ns, addr, tun, delay_ms, error, "tun-relay", relay.pid)
+        else:
+            netem = delay_ms > 0 and not error
+            live = Link(ns, addr, veth, delay_ms if netem else 0.0, error, "netem" if netem else "none")
+        yield live
     finally:
-        for name in ns:  # deleting a namespace deletes its end of the pair, and so the pair
+        if relay is not None:
+            _stop_relay(relay)
+        for name in ns:  # deleting a namespace deletes its devices, and so the veth pair
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "del", dev[0]], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", veth[0]], capture_output=True, check=False)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (0.0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _add_veth(ns: tuple[str, str], dev: tuple[str, str], addr: tuple[str, str]) -> None:
+    _ip("link", "add", dev[0], "type", "veth", "peer", "name", dev[1])
+    for name, d, a in zip(ns, dev, addr, strict=True):
+        _ip("link", "set", d, "netns", name)
+        _ip("-n", name, "addr", "add", f"{a}/24", "dev", d)
+        _ip("-n", name, "link", "set", d, "up")
+
+
+def _start_relay(ns: tuple[str, str], dev: tuple[str, str], addr: tuple[str, str],
+                 delay_ms: float) -> subprocess.Popen:
+    """Start ``tunrelay.py`` (which makes the two TUN devices), then address them point to point."""
+    proc = subprocess.Popen([sys.executable, str(_RELAY), *ns, *dev, repr(float(delay_ms)), str(os.getpid())],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], _RELAY_START_S)
+        if not ready or proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"the TUN relay did not start: {_stop_relay(proc) or 'no message'}")
+        for name, d, a, peer in zip(ns, dev, addr, addr[::-1], strict=True):
+            _ip("-n", name, "addr", "add", a, "peer", peer, "dev", d)
+            # no IPv6 link-local address: its router solicitations would only cross the relay
+            _ip("-n", name, "link", "set", d, "addrgenmode", "none")
+            _ip("-n", name, "link", "set", d, "mtu", str(_RELAY_MTU), "txqueuelen", "10000", "up")
+    except BaseException:
+        _stop_relay(proc)
+        raise
+    return proc
+
+
+def _stop_relay(proc: subprocess.Popen) -> str:
+    """End the relay (end of file on its stdin, else SIGKILL); returns what it wrote to stderr."""
+    if proc.returncode is None:
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+    if proc.stderr is None or proc.stderr.closed:
+        return ""  # stopped before
+    err = proc.stderr.read().decode(errors="replace").strip()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+    if err:
+        print(err, file=sys.stderr)
+    return err
 
 
 def enter(namespace: str) -> None:
@@ -111,14 +235,25 @@ def enter(namespace: str) -> None:
     Raises:
         OSError: setns or unshare failed (not root, or no such namespace).
     """
+    enter_net(namespace)
+    libc = ctypes.CDLL(None, use_errno=True)
+    _check(libc.unshare(_CLONE_NEWUTS), "unshare(CLONE_NEWUTS)")
+    socket.sethostname(namespace)
+
+
+def enter_net(namespace: str) -> None:
+    """Move this thread into network namespace ``namespace`` (the sockets it opens from then
+    on are in there; the host name stays).
+
+    Raises:
+        OSError: setns failed (not root, or no such namespace).
+    """
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(os.path.join(_NETNS_DIR, namespace), os.O_RDONLY)
     try:
         _check(libc.setns(fd, _CLONE_NEWNET), f"setns into {namespace}")
     finally:
         os.close(fd)
-    _check(libc.unshare(_CLONE_NEWUTS), "unshare(CLONE_NEWUTS)")
-    socket.sethostname(namespace)
 
 
 def _check(rc: int, what: str) -> None:

@@ -27,3 +27,13 @@ def test_quick_run_prints_one_json_line(tmp_path: Path) -> None:
         assert mlp[f"{sampling}_steps_per_s"] > 0
     assert mlp["pipelined_over_own"] == pytest.approx(mlp["pipelined_steps_per_s"] / mlp["own_steps_per_s"],
                                                       rel=0.01)
+
+
+def test_the_link_delay_flag_keeps_its_old_name() -> None:
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_learner
+
+    for flag in ("--link-delay-ms", "--netem-delay-ms"):
+        args = bench_learner.parse_args([flag, "0.25", "--quick"])
+        assert (args.link_delay_ms, args.link_kind) == (0.25, "auto")
+    assert bench_learner.parse_args(["--link-kind", "tun-relay"]).link_kind == "tun-relay"

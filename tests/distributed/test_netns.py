@@ -1,11 +1,13 @@
-"""Sharded sampling between two network namespaces joined by a veth pair (two hosts' worth
-of TCP stack, not loopback), with a ``tc netem`` delay where the kernel has netem.
+"""Sharded sampling between two network namespaces joined by a link with 1 ms of delay each
+way (two hosts' worth of TCP stack, not loopback): ``tc netem`` on a veth pair where the
+kernel has netem, else the TUN relay of ``benchmarks/tunrelay.py``.
 
 Runs the strict checks of :mod:`test_sharded_distribution` and the pipelined checks of
-:mod:`test_sharded_pipeline` (K = 2, records through the link, not shared memory) with each
-rank in its own namespace and under its own host name, so sampled records cross the link
-(not shared memory). Skipped, saying why, where namespaces cannot be made (not root, no
-``ip``); without netem it runs with no delay (the fixture prints why).
+:mod:`test_sharded_pipeline` (K = 2) with each rank in its own namespace and under its own
+host name, so sampled records cross the link (not shared memory). The delay is measured, not
+trusted: a TCP round trip over the link must take at least twice it. Skipped, saying why,
+where namespaces cannot be made (not root, no ``ip``) or no delay can be put on the link
+(neither netem nor TUN devices).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from harness import run_ranks
 from sharded_reference import Reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import linkprobe
 import netns
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-DELAY_MS = 0.25
+DELAY_MS = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +35,10 @@ def link():
     why = netns.unavailable()
     if why:
         pytest.skip(f"no network namespaces here: {why}")
-    with netns.veth_pair(DELAY_MS) as live:
-        if live.netem_error:
-            print(f"netem unavailable, running without delay: {live.netem_error}")
+    why_tun = netns.tun_unavailable()
+    with netns.delayed_link(DELAY_MS, kind="netem" if why_tun else "auto") as live:
+        if live.delay_kind == "none":
+            pytest.skip(f"no way to delay a link here: netem: {live.netem_error}; TUN relay: {why_tun}")
         yield live
 
 
@@ -65,7 +69,10 @@ def test_pipelined_sharded_sampling_across_namespaces(link: netns.Link, tmp_path
     pipelined.test_an_error_in_one_ranks_exchange_reaches_every_rank(world)
 
 
-def test_the_link_is_not_loopback(link: netns.Link) -> None:
+def test_the_link_is_not_loopback_and_delays_every_round_trip(link: netns.Link) -> None:
     assert link.addresses[0] != "127.0.0.1" and link.namespaces[0] != link.namespaces[1]
-    assert link.delay_ms in (0.0, DELAY_MS)
-    assert (link.delay_ms == 0.0) == bool(link.netem_error)
+    assert (link.delay_kind, link.delay_ms) in (("netem", DELAY_MS), ("tun-relay", DELAY_MS))
+    assert (link.delay_kind == "tun-relay") == bool(link.netem_error)
+    rtt = linkprobe.rtt_ms(link, count=100)
+    assert rtt["min"] >= 2 * DELAY_MS, rtt  # even the fastest round trip waited both ways
+    assert rtt["median"] < 2 * DELAY_MS + 100, rtt  # and it is a delay, not a stall
