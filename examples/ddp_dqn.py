@@ -86,6 +86,8 @@ class Settings:
     """How long a replay collective waits for the other ranks."""
     prefetch: int = 1
     """Batches drawn per replay exchange (k > 1: 1/k of the collectives, slightly stale)."""
+    pipeline: bool = True
+    """Draw the next batch on a background thread while this one trains (--no-pipeline: not)."""
     seed: int = 0
     """Base seed (each rank adds its rank)."""
     summary: str = ""
@@ -96,7 +98,11 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     """Settings from command-line flags (defaults from :class:`Settings`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for f in dataclasses.fields(Settings):
-        parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default)
     settings = Settings(**vars(parser.parse_args(argv)))
     if settings.mode not in ("exact", "local"):
         parser.error("--mode must be exact or local")
@@ -144,7 +150,8 @@ def make_replay(settings: Settings, obs_dim: int, rank: int) -> ShardedReplayBuf
     local = ReplayBuffer(spec, num_streams=settings.num_envs, stream_capacity=settings.stream_capacity,
                          window=settings.n_step + 1, sampler="prioritized", alpha=settings.alpha,
                          beta=beta, seed=settings.seed + rank)
-    return ShardedReplayBuffer(local, timeout_s=settings.timeout_s, prefetch=settings.prefetch)
+    return ShardedReplayBuffer(local, timeout_s=settings.timeout_s, prefetch=settings.prefetch,
+                               pipeline=settings.pipeline)
 
 
 def wrap_ddp(agent: DQNAgent) -> DDP:
@@ -256,10 +263,13 @@ def _train(settings: Settings, envs: gym.vector.VectorEnv, rank: int, world: int
                 print(f"iter {it + 1:6d}  episodes {int(stats[0]):5d}  return(last 20/rank) "
                       f"{stats[3] / max(stats[2], 1):7.1f}  loss {stats[4] / world:.4f}  "
                       f"train steps {train_steps}  {time.perf_counter() - start:6.1f} s", flush=True)
-    # With prefetch > 1, updates for other shards wait for the next exchange: send them now.
+    # With prefetch > 1 or the pipeline, updates for other shards wait for the next
+    # exchange: send them now.
     agent.replay.flush_updates()
-    return _summary(settings, agent, episodes, train_steps, agent.replay.updates_applied,
-                    time.perf_counter() - start)
+    summary = _summary(settings, agent, episodes, train_steps, agent.replay.updates_applied,
+                       time.perf_counter() - start)
+    agent.replay.close()  # the pipeline's thread and process group
+    return summary
 
 
 def _summary(settings: Settings, agent: DQNAgent, episodes: Episodes, train_steps: int, applied: int,

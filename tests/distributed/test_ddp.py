@@ -75,15 +75,18 @@ def _alive(pids: set[int]) -> list[int]:
     return alive
 
 
-@pytest.mark.parametrize(("mode", "prefetch"), [
-    ("exact", 1), pytest.param("exact", 4, marks=pytest.mark.slow),
-    pytest.param("local", 1, marks=pytest.mark.slow)])
-def test_example_runs_under_torchrun_and_leaves_no_process(tmp_path: Path, mode: str, prefetch: int) -> None:
+@pytest.mark.parametrize(("mode", "prefetch", "pipeline"), [
+    ("exact", 1, True), pytest.param("exact", 1, False, marks=pytest.mark.slow),
+    pytest.param("exact", 4, True, marks=pytest.mark.slow),
+    pytest.param("local", 1, True, marks=pytest.mark.slow)])
+def test_example_runs_under_torchrun_and_leaves_no_process(tmp_path: Path, mode: str, prefetch: int,
+                                                           pipeline: bool) -> None:
     summary_path = tmp_path / "summary.json"
     code, out, pids = _run_torchrun(
         ["--steps", "150", "--learning-starts", "64", "--num-envs", "2", "--batch-size", "16",
          "--stream-capacity", "256", "--log-every", "50", "--mode", mode, "--timeout-s", "30",
-         "--prefetch", str(prefetch), "--summary", str(summary_path)],
+         "--prefetch", str(prefetch), "--pipeline" if pipeline else "--no-pipeline",
+         "--summary", str(summary_path)],
         tmp_path / "torchrun.log", timeout_s=240)
     assert code == 0, out
     assert out.rstrip().endswith("done"), out

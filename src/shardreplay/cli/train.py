@@ -143,10 +143,11 @@ def _resumable(args: argparse.Namespace) -> Path | None:
 def run(args: argparse.Namespace) -> int:
     """Run ``train``; returns the exit code (a rank under torchrun exits here instead)."""
     from shardreplay.runtime.launch import under_torchrun
+    from shardreplay.runtime.log_lines import configure_logging
 
     # Under torchrun every rank writes to the same terminal: its lines say which rank.
     rank = f" rank {os.environ['RANK']}" if under_torchrun() else ""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s{rank} %(name)s: %(message)s")
+    configure_logging(logging.INFO, f"%(asctime)s{rank} %(name)s: %(message)s")
     code = _run(args)
     if under_torchrun():
         # torch 2.13's gloo threads can abort the interpreter at exit after the group was

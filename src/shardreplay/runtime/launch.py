@@ -44,6 +44,7 @@ from shardreplay.checkpoint import (
 )
 from shardreplay.errors import ConfigError, PeerLost, ShardReplayError
 from shardreplay.runtime.envs import env_spaces, transition_spec
+from shardreplay.runtime.log_lines import configure_logging
 from shardreplay.runtime.processes import (
     ProcessTree,
     children_block_sigint,
@@ -180,8 +181,8 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
                   out: Any, launcher_pid: int) -> None:
     die_with_parent(launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"%(asctime)s rank {rank} %(name)s: %(message)s")
+    configure_logging(logging.INFO if rank == 0 else logging.WARNING,
+                      f"%(asctime)s rank {rank} %(name)s: %(message)s")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardreplay.runtime.actor import ActorSettings
+from shardreplay.runtime.log_lines import configure_logging, write_line
 from shardreplay.transport.base import Transport
 
 log = logging.getLogger("shardreplay.processes")
@@ -92,7 +93,7 @@ def stop_processes(procs: list[Any], timeout_s: float) -> None:
 
 def _actor_main(settings: ActorSettings, transport: Transport | None, parent_pid: int) -> None:
     die_with_parent(parent_pid)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s actor %(message)s")
+    configure_logging(logging.WARNING, "%(asctime)s actor %(message)s")
     from shardreplay.runtime.actor import StopFlag, run
 
     stop = StopFlag()
@@ -103,9 +104,8 @@ def _actor_main(settings: ActorSettings, transport: Transport | None, parent_pid
             # sending what this actor holds would only block. Leave as if killed (every
             # medium survives that: a record half written is never published), without
             # the seconds an interpreter with torch loaded takes to tear down.
-            with contextlib.suppress(OSError):
-                os.write(2, f"actor {settings.actor_id}: its learner (pid {parent_pid}) is gone: "
-                            "exiting without sending what it holds\n".encode())
+            write_line(f"actor {settings.actor_id}: its learner (pid {parent_pid}) is gone: "
+                       "exiting without sending what it holds")
             os._exit(1)
         stop.set()
 

@@ -1,0 +1,52 @@
+"""Log lines that never glue onto the live status line another process draws.
+
+Every process of a run (the launcher, the learner ranks, the actors) writes to the same
+terminal, where rank 0 may draw a live status line that ends without a newline. A line
+another process wrote there would continue the status line. On a terminal, each log line
+therefore first returns the cursor to the start of the line and clears it; the status
+line is drawn again below the log line at its next refresh. Files and pipes get the plain
+lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from typing import Any
+
+CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line
+
+
+def _is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (OSError, ValueError):  # a closed stream
+        return False
+
+
+class LineSafeHandler(logging.StreamHandler):
+    """A stream handler whose lines start on a cleared line when the stream is a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The formatted record, after :data:`CLEAR_LINE` on a terminal."""
+        text = super().format(record)
+        return CLEAR_LINE + text if _is_terminal(self.stream) else text
+
+
+def configure_logging(level: int, fmt: str) -> None:
+    """Like ``logging.basicConfig(level=, format=)`` on stderr, with a :class:`LineSafeHandler`
+    (does nothing when the root logger already has handlers, as basicConfig)."""
+    handler = LineSafeHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+def write_line(text: str, fd: int = 2) -> None:
+    """Write one line straight to ``fd`` (no logging: for a process about to ``os._exit``),
+    on a cleared line when ``fd`` is a terminal. Errors are ignored: nobody may be reading."""
+    prefix = CLEAR_LINE if os.isatty(fd) else ""
+    with contextlib.suppress(OSError):
+        os.write(fd, (prefix + text.rstrip("\n") + "\n").encode())
