@@ -113,7 +113,8 @@ def _ddp_contract(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     ex = _example()
-    settings = ex.Settings(num_envs=2, stream_capacity=64, batch_size=8, steps=100)
+    # Strict sampling: every update has landed on its owner when update_priorities returns.
+    settings = ex.Settings(num_envs=2, stream_capacity=64, batch_size=8, steps=100, pipeline=False)
     agent = ex.DQNAgent(ex.QNetwork(4, 2, 16), ex.make_replay(settings, 4, rank))
     rng = np.random.default_rng(rank)
     for t in range(40):
