@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cleanrl_dqn as port
+from bench_output import emit_line
 
 TARGET = 1.05
 WARMUP_STEPS = 1_200  # past learning_starts (1,000): every replay call runs at least once
@@ -186,11 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             "python": platform.python_version(), "seeds": seeds, "settings": settings, "warmup": warmup,
             "runs": runs,
             **summary(runs)}
-    text = json.dumps(line)
-    print(text, flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_line(line, args.out)
 
 
 if __name__ == "__main__":

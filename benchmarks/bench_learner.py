@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import multiprocessing as mp
 import os
 import queue
@@ -57,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import linkprobe
 import netns
+from bench_output import emit_line
 
 WORLD, BATCH, N_STEP, ACTIONS, STREAMS = 2, 256, 3, 18, 8
 SAMPLINGS = ("own", "strict", "pipelined")
@@ -290,10 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
             "netem_error": None if link is None else (link.netem_error or None),
             "cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
             "cuda_nccl": "not run (no GPU in this session)", "nets": nets}
-    text = json.dumps(line)
-    print(text, flush=True)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    emit_line(line, args.out)
     return line
 
 

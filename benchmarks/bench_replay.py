@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import replay_frames as F
 import replay_workload as W
+from bench_output import emit_line
 
 LIBRARIES = ("shardreplay", "torchrl", "cpprb", "sb3")
 MODES = ("uniform", "prioritized")
@@ -369,11 +370,7 @@ def parent_main(args: argparse.Namespace) -> None:
 
 def _emit(line: dict[str, Any], args: argparse.Namespace) -> None:
     """Print the JSON line (and write it to ``--out``)."""
-    text = json.dumps(line)
-    print(text, flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_line(line, args.out)
 
 
 def main(argv: list[str] | None = None) -> None:
