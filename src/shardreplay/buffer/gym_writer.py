@@ -22,6 +22,7 @@ import numba
 import numpy as np
 
 from shardreplay.buffer.gym_modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
+from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.spec import Field, Spec, StepType
 from shardreplay.storage.kernels import write_steps
@@ -195,7 +196,8 @@ class GymStepWriter:
         self.autoreset_mode = mode_name(autoreset_mode)
         self.num_envs = buffer.num_streams
         self._names = (observation, action, reward)
-        st = buffer.storage
+        self._shard = shard_of_buffer(buffer)
+        st = self._shard.storage
         n, s = st.size, self.num_envs
         self._obs_shape = (s, *buffer.spec[observation].shape)
         self._act_shape = (s, *buffer.spec[action].shape)
@@ -303,7 +305,7 @@ class GymStepWriter:
             done_ids = np.flatnonzero(terminated | truncated)
             last_obs = final_obs(info, done_ids)  # raises before anything is written
         if not self._is_uniform:
-            self._fstate[0] = self.buffer.max_priority()
+            self._fstate[0] = self._shard.sampler.default_priority()
         try:
             n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
         except TypeError:  # inputs of a kind not accepted yet
@@ -315,7 +317,7 @@ class GymStepWriter:
         self._storage.num_valid += delta
         if not self._is_uniform:  # as ReplayBuffer._write tells its sampler (same layer)
             out = self._out
-            self.buffer._sampler.on_write(out[1, :n_out], out[2, :n_out].astype(bool),
+            self._shard.sampler.on_write(out[1, :n_out], out[2, :n_out].astype(bool),
                                           out[3, :n_out].astype(bool))
         if done_ids is not None:
             self._write_last(done_ids, last_obs, terminated, action)

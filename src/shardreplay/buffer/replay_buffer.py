@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -11,32 +10,17 @@ import numpy as np
 import torch
 
 from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.checks import (
-    as_index_array,
-    as_priority_array,
-    check_priorities,
-    check_stream_ids,
-    foreign_key,
-    not_prioritized,
-)
+from shardreplay.buffer.checks import as_index_array, as_priority_array, not_prioritized
 from shardreplay.buffer.device import batch_on, check_device
+from shardreplay.buffer.info import BufferInfo
+from shardreplay.buffer.shard import Shard
 from shardreplay.buffer.state import export_state, import_state, state_as_tensors
 from shardreplay.buffer.transitions import Transitions, sample_transitions
-from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
-from shardreplay.samplers import (
-    SAMPLER_NAMES,
-    Draw,
-    FifoSampler,
-    PrioritizedSampler,
-    Sampler,
-    UniformSampler,
-    as_schedule,
-)
+from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.samplers import SAMPLER_NAMES, PrioritizedSampler, as_schedule
 from shardreplay.samplers.schedules import Schedule, is_real
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import MAX_PLACES
-from shardreplay.storage import ArrayAllocator, StreamStorage
-from shardreplay.storage.kernels import keys_fit, resolve_keys, rows_distinct_in_range
 
 
 class ReplayBuffer:
@@ -79,44 +63,39 @@ class ReplayBuffer:
         self.spec = spec
         self.window = int(window)
         self.seed = seed
-        self._storage = StreamStorage(spec, int(num_streams), int(stream_capacity), self.window,
-                                      ArrayAllocator(storage, directory))
-        self._sampler: Sampler = _make_sampler(sampler, self._storage, alpha,
-                                               as_schedule(beta, "beta", 0.0, 1.0))
-        self._rng = np.random.default_rng(seed)
-        self.stale_updates = 0
+        # Storage, sampler, RNG and keys: the internal seam (see buffer/shard.py).
+        self._shard = Shard(spec, int(num_streams), int(stream_capacity), self.window, sampler, alpha,
+                            as_schedule(beta, "beta", 0.0, 1.0), seed, storage, directory)
 
     # -- sizes ----------------------------------------------------------------------------
     @property
     def num_streams(self) -> int:
         """Number of streams (rows)."""
-        return self._storage.num_streams
+        return self._shard.num_streams
 
     @property
     def stream_capacity(self) -> int:
         """Steps kept per stream."""
-        return self._storage.stream_capacity
+        return self._shard.stream_capacity
 
     @property
     def capacity(self) -> int:
         """Steps the buffer can hold: ``num_streams * stream_capacity``."""
-        return self._storage.size
+        return self._shard.capacity
 
     @property
     def num_steps(self) -> int:
         """Steps stored now."""
-        return self._storage.num_steps
+        return self._shard.num_steps
 
     @property
     def sampler_name(self) -> str:
         """``"uniform"``, ``"prioritized"`` or ``"fifo"``."""
-        return self._sampler.name
+        return self._shard.sampler.name
 
     def __len__(self) -> int:
         """Valid window starts (for fifo: windows not yet drained)."""
-        if isinstance(self._sampler, FifoSampler):
-            return self._sampler.num_samplable()
-        return self._storage.num_valid
+        return self._shard.samplable()
 
     def __repr__(self) -> str:
         return (f"ReplayBuffer({self.sampler_name}, streams={self.num_streams}x{self.stream_capacity}, "
@@ -155,25 +134,7 @@ class ReplayBuffer:
 
     def _write(self, step: Mapping[str, Any], stream_ids: Any, priorities: Any,
                t_len: int | None) -> None:
-        if stream_ids is None:
-            rows = self._storage.all_rows
-        elif (type(stream_ids) is np.ndarray and stream_ids.dtype == np.int64 and stream_ids.ndim == 1
-              and rows_distinct_in_range(stream_ids, self.num_streams, self._storage.row_marks)):
-            rows = stream_ids  # the usual case, checked in one compiled pass
-        else:
-            rows = check_stream_ids(stream_ids, self.num_streams)  # converts, or raises with the reason
-        if t_len is not None and t_len > self.stream_capacity:
-            raise SpecMismatchError(f"a chunk of {t_len} steps exceeds stream_capacity "
-                                    f"{self.stream_capacity}; split it")
-        lead = (rows.shape[0],) if t_len is None else (rows.shape[0], t_len)
-        steps = self.spec.validate(step, lead)
-        prios = None if priorities is None else check_priorities(priorities, lead)
-        sampler = self._sampler
-        if prios is not None and isinstance(sampler, PrioritizedSampler):
-            sampler.note_priorities(prios)
-        slots, valid, newly = self._storage.write(steps, rows, 1 if t_len is None else t_len, prios,
-                                                  sampler.default_priority())
-        sampler.on_write(slots, valid, newly)
+        self._shard.write(step, stream_ids, priorities, t_len)
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self, batch_size: int) -> Batch:
@@ -183,8 +144,9 @@ class ReplayBuffer:
             ConfigError: ``batch_size`` < 1.
             EmptyBufferError: no valid window can be drawn.
         """
-        draw = self.draw(batch_size)
-        data, mask, keys = self.gather(draw.starts)
+        shard = self._shard
+        draw = shard.draw(batch_size)
+        data, mask, keys = shard.gather(draw.starts)
         batch = Batch(data={k: torch.from_numpy(v) for k, v in data.items()},
                       mask=torch.from_numpy(mask), keys=torch.from_numpy(keys),
                       weights=torch.from_numpy(draw.weights),
@@ -205,71 +167,12 @@ class ReplayBuffer:
         """
         return sample_transitions(self, batch_size, gamma, n, **names)
 
-    def draw(self, batch_size: int, *, advance_schedule: bool = True) -> Draw:
-        """Choose window starts without gathering data (used by sharded sampling).
-
-        ``advance_schedule=False`` leaves the beta schedule where it is (the sharded
-        buffer advances it once per global sample with :meth:`advance_schedule`).
-
-        Raises:
-            ConfigError: ``batch_size`` < 1.
-            EmptyBufferError: no valid window can be drawn.
-        """
-        if not isinstance(batch_size, int | np.integer) or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if self._sampler.num_samplable() == 0:
-            raise EmptyBufferError(
-                f"nothing to sample: {self.num_steps} steps stored, 0 valid windows of {self.window} "
-                "steps (write more steps, or check that priorities are not all 0)")
-        return self._sampler.draw(int(batch_size), self._rng, advance_schedule)
-
-    def advance_schedule(self) -> None:
-        """Move the beta schedule one sample call forward without drawing."""
-        if isinstance(self._sampler, PrioritizedSampler):
-            self._sampler.draws += 1
-
-    def current_beta(self) -> float:
-        """The importance-weight exponent of the next ``sample`` call (0 when unweighted)."""
-        return self._sampler.current_beta()
-
-    def sampling_stats(self) -> tuple[float, int, float, float]:
-        """``(mass, samplable windows, smallest positive leaf, beta now)`` of this shard."""
-        s = self._sampler
-        return s.mass(), s.num_samplable(), s.min_leaf(), s.current_beta()
-
-    def max_priority(self) -> float:
-        """The priority a new start gets when its writer gives none: the largest seen so
-        far (prioritized), 1.0 for uniform and fifo sampling."""
-        return self._sampler.default_priority()
-
-    def raise_max_priority(self, value: float) -> None:
-        """Raise the running maximum priority to ``value`` when it is larger (a sharded
-        buffer agrees on the global maximum this way); no effect without priorities."""
-        sampler = self._sampler
-        if isinstance(sampler, PrioritizedSampler) and math.isfinite(value) and value > sampler.max_priority:
-            sampler.max_priority = float(value)
-
-    def gather(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """Window data ``[B, L, ...]`` (numpy), mask ``[B, L]`` and keys ``[B]`` (shard 0)
-        for flat window starts."""
-        return self._storage.windows(starts)
-
-    def gather_into(self, starts: np.ndarray, out: np.ndarray, offsets: Mapping[str, int],
-                    dst_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Write windows into rows of packed byte records (see ``StreamStorage.windows_into``);
-        returns their mask ``[B, L]`` and keys ``[B]`` (shard 0)."""
-        return self._storage.windows_into(starts, out, offsets, dst_rows)
-
-    def mass(self) -> float:
-        """Sampling mass: valid count (uniform, fifo) or ``sum p^alpha`` (prioritized)."""
-        return self._sampler.mass()
-
     # -- priorities -----------------------------------------------------------------------
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Set new priorities for sampled windows.
 
         Keys whose slot was overwritten since sampling are ignored and counted in
-        ``stale_updates``. A key repeated in one call takes its last priority.
+        ``info().stale_updates``. A key repeated in one call takes its last priority.
 
         Only a prioritized buffer takes priority updates: on a uniform or fifo buffer
         they would change nothing, so they are refused.
@@ -284,35 +187,21 @@ class ReplayBuffer:
                 indices, keys of another buffer: see ``spec/keys.py``).
             Nothing changes when an error is raised.
         """
-        if not isinstance(self._sampler, PrioritizedSampler):
+        shard = self._shard
+        if not isinstance(shard.sampler, PrioritizedSampler):
             raise ConfigError(not_prioritized(self.sampler_name))
         keys = as_index_array(keys, "keys")
-        prios = as_priority_array(priorities, keys.shape)
-        storage = self._storage
-        status, bad, slots, current = resolve_keys(keys, prios, storage.pos, self.num_streams,
-                                                   self.stream_capacity, storage.key_epoch,
-                                                   storage.key_tag)
-        if status == 1:
-            check_priorities(prios, keys.shape)  # raises with the precise reason
-        if status == 2:
-            raise InvalidKeyError(foreign_key(keys, bad, "buffer"))
-        n_current = int(current.sum())
-        self.stale_updates += keys.shape[0] - n_current
-        if n_current < keys.shape[0]:
-            slots, prios = slots[current], prios[current]
-        self._sampler.update(slots, prios)
-        return int(slots.shape[0])
+        return shard.apply_priorities(keys, as_priority_array(priorities, keys.shape))
 
-    def fits_keys(self, keys: np.ndarray) -> np.ndarray:
-        """Which keys (shard 0) are keys of this buffer: its key tag and a place of its
-        layout (bool per key; stale keys fit)."""
-        keys = np.ascontiguousarray(keys, np.int64)
-        return keys_fit(keys, self._storage.key_tag, self.capacity)
+    def info(self) -> BufferInfo:
+        """Sizes and counters (stale and applied priority updates, max priority, key tag)
+        as one :class:`~shardreplay.BufferInfo` record."""
+        return self._shard.info()
 
     @property
     def key_tag(self) -> int:
         """The tag every key of this buffer carries (see ``spec/keys.py``)."""
-        return self._storage.key_tag
+        return self._shard.key_tag
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -325,33 +214,7 @@ class ReplayBuffer:
         row). The buffer's key tag travels too: keys sampled before ``state_dict()`` are
         keys of the buffer that loads it.
         """
-        return state_as_tensors(export_state(self, self._storage, self._sampler, self._rng))
-
-    def state_dict_views(self) -> dict[str, Any]:
-        """Like :meth:`state_dict`, but each user field is a list of views into storage
-        (no copy; valid until the next write). Used to save checkpoints."""
-        return export_state(self, self._storage, self._sampler, self._rng, field_views=True)
-
-    @property
-    def storage(self) -> StreamStorage:
-        """The underlying storage (low level: used by checkpoints to read and write
-        arrays without copies; writing to it directly bypasses every check)."""
-        return self._storage
-
-    def restore_finished(self, pos: np.ndarray, next_episode_id: int,
-                         sampler_state: Mapping[str, Any], rng_state: Mapping[str, Any] | None,
-                         stale_updates: int = 0) -> None:
-        """Rebuild derived state after :attr:`storage` arrays were filled by a loader.
-
-        Positions, validity and the sampler's trees are recomputed from the stored
-        steps; counters, sampler state and (if given) the RNG state are restored.
-        """
-        self._storage.finish_restore(pos, next_episode_id)
-        self._sampler.rebuild()
-        self._sampler.load_state_dict(dict(sampler_state))
-        if rng_state is not None:
-            self._rng.bit_generator.state = dict(rng_state)
-        self.stale_updates = int(stale_updates)
+        return state_as_tensors(export_state(self, self._shard))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` of a buffer with the same layout
@@ -363,7 +226,7 @@ class ReplayBuffer:
             SpecMismatchError: the state's spec differs from this buffer's.
             Nothing changes when an error is raised.
         """
-        import_state(self, self._storage, self._sampler, self._rng, state)
+        import_state(self, self._shard, state)
 
 
 def _check_sizes(num_streams: int, stream_capacity: int, window: int) -> None:
@@ -377,11 +240,3 @@ def _check_sizes(num_streams: int, stream_capacity: int, window: int) -> None:
         raise ConfigError(f"window must be a positive integer, got {window!r}")
     if window > stream_capacity:
         raise ConfigError(f"window ({window}) must not exceed stream_capacity ({stream_capacity})")
-
-
-def _make_sampler(name: str, storage: StreamStorage, alpha: float, beta: Schedule) -> Sampler:
-    if name == "prioritized":
-        return PrioritizedSampler(storage, alpha, beta)
-    if name == "fifo":
-        return FifoSampler(storage)
-    return UniformSampler(storage)

@@ -14,23 +14,23 @@ import numpy as np
 import torch
 
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.samplers import Sampler
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import is_key_tag
-from shardreplay.storage import STEP_ARRAYS, StreamStorage
+from shardreplay.storage import STEP_ARRAYS
 
 if TYPE_CHECKING:
     from shardreplay.buffer.replay_buffer import ReplayBuffer
+    from shardreplay.buffer.shard import Shard
 
 STATE_VERSION = 1
 
 
-def export_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
-                 rng: np.random.Generator, field_views: bool = False) -> dict[str, Any]:
+def export_state(buffer: ReplayBuffer, shard: Shard, field_views: bool = False) -> dict[str, Any]:
     """``{"meta": ..., "arrays": ...}`` of a buffer (see ``ReplayBuffer.state_dict``).
 
     With ``field_views`` each user field is a list of views into storage (no copy).
     """
+    storage, sampler, rng = shard.storage, shard.sampler, shard.rng
     arrays: dict[str, Any] = storage.export_steps(copy_fields=not field_views)
     if field_views:
         arrays.update({f"field.{k}": storage.row_pieces(v) for k, v in storage.fields.items()})
@@ -49,7 +49,7 @@ def export_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
         "sampler": sampler.name,
         "sampler_state": sampler_meta,
         "next_episode_id": int(storage.counters[0]),
-        "stale_updates": buffer.stale_updates,
+        "stale_updates": shard.stale_updates,
         "key_epoch": int(storage.key_epoch),
         "key_tag": int(storage.key_tag),
         "rng": rng.bit_generator.state,
@@ -63,9 +63,9 @@ def state_as_tensors(state: dict[str, Any]) -> dict[str, Any]:
                                               for k, v in state["arrays"].items()}}
 
 
-def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
-                 rng: np.random.Generator, state: Mapping[str, Any]) -> None:
+def import_state(buffer: ReplayBuffer, shard: Shard, state: Mapping[str, Any]) -> None:
     """Check ``state`` fully, then restore it into ``buffer`` (all or nothing)."""
+    storage, sampler, rng = shard.storage, shard.sampler, shard.rng
     meta, arrays = _split(state)
     _check_layout(buffer, meta)
     _check_arrays(buffer, arrays)
@@ -85,7 +85,7 @@ def import_state(buffer: ReplayBuffer, storage: StreamStorage, sampler: Sampler,
     storage.counters[0] = next_episode_id
     storage.key_epoch = key_epoch
     storage.key_tag = int(key_tag)
-    buffer.stale_updates = stale_updates
+    shard.stale_updates = stale_updates
     sampler.rebuild()
     sampler.load_state_dict(sampler_state)
     rng.bit_generator.state = meta["rng"]

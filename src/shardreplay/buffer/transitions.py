@@ -26,6 +26,7 @@ import torch
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import _check_gamma, nstep_transitions
+from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.storage.kernels import window_indices
 
@@ -125,8 +126,9 @@ def sample_transitions(buffer: ReplayBuffer, batch_size: int, gamma: float, n: i
         if name not in buffer.spec:
             raise SpecMismatchError(f"the buffer's spec has no field {name!r}; it has "
                                     f"{sorted(buffer.spec.fields)}")
-    draw = buffer.draw(batch_size)
-    storage = buffer.storage
+    shard = shard_of_buffer(buffer)
+    draw = shard.draw(batch_size)
+    storage = shard.storage
     idx, mask, keys = window_indices(draw.starts, storage.step_type, storage.pos,
                                      storage.stream_capacity, storage.window, storage.key_epoch,
                                      storage.key_tag)

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.errors import ConfigError
 from shardreplay.spec import StepType
-from shardreplay.storage import STEP_ARRAYS
 
 PARTIAL_POLICIES = ("seal", "drop")
 

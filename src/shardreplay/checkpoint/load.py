@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.checkpoint.format import PartReader, advise_hugepages
 from shardreplay.checkpoint.manifest import check_complete, checkpoint_dir, list_checkpoints, read_manifest
 from shardreplay.checkpoint.plan import EpisodeTable, ShardPlan, plan_shard
@@ -44,7 +45,6 @@ from shardreplay.errors import (
 )
 from shardreplay.spec import Spec, StepType
 from shardreplay.spec.keys import is_key_tag
-from shardreplay.storage import STEP_ARRAYS
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,8 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
     else:
         candidates = [checkpoint_id, *([c for c in reversed(ids) if c < checkpoint_id] if fallback else [])]
     # Keys handed out from the content being replaced must be stale afterwards too.
-    floor_epoch = local.storage.key_epoch + writes_per_slot(local.storage.pos, local.stream_capacity)
+    inner = shard_of_buffer(local)
+    floor_epoch = inner.key_epoch + writes_per_slot(inner.positions, local.stream_capacity)
     skipped: list[str] = []
     errors: list[CheckpointError] = []
     # From here on the content is being replaced: an error leaves the buffer empty, and
@@ -200,9 +201,7 @@ def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: b
 
 
 def _clear(local: ReplayBuffer, floor_epoch: int) -> None:
-    local.storage.clear()
-    local.restore_finished(local.storage.pos, 0, {"max_priority": 1.0, "draws": 0}, None)
-    local.storage.key_epoch = max(local.storage.key_epoch, floor_epoch)
+    shard_of_buffer(local).clear(floor_epoch)
 
 
 def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
@@ -222,7 +221,8 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
         positions = [_row_pos(r) for r in readers]
         epoch = _new_key_epoch(metas, positions, floor_epoch)
         exact = _same_layout(readers, metas, positions, local, num_shards)
-        local.storage.clear()
+        inner = shard_of_buffer(local)
+        inner.begin_restore()
         if exact:
             plan = _identity_plan(episodes, shard, positions[shard], local.stream_capacity)
             _read_as_saved(readers[shard], positions[shard], local)
@@ -231,15 +231,14 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
             _read_placements(readers, plan, episodes, local)
     if exact:
         meta = metas[shard]
-        state = meta.get("sampler_state", {})
-        sampler = {"max_priority": state.get("max_priority", 1.0), "draws": state.get("draws", 0)}
-        local.restore_finished(positions[shard], _meta_int(meta, "next_episode_id", directory), sampler,
-                               meta.get("rng"), _meta_int(meta, "stale_updates", directory))
+        inner.finish_restore(positions[shard], _meta_int(meta, "next_episode_id", directory),
+                             inner.restored_sampler_state([_sampler_meta(meta)]), meta.get("rng"),
+                             _meta_int(meta, "stale_updates", directory))
     else:
         _finish(local, plan, metas, shard, len(episodes))
-    local.storage.key_epoch = epoch
-    if shard < len(metas) and is_key_tag(metas[shard].get("key_tag")):
-        local.storage.key_tag = int(metas[shard]["key_tag"])  # a part from before key tags: keep ours
+    # A part from before key tags keeps ours.
+    tag = metas[shard].get("key_tag") if shard < len(metas) else None
+    inner.restore_keys(epoch, int(tag) if is_key_tag(tag) else None)
     sharding = metas[shard].get("sharding") if shard < len(metas) else None
     if isinstance(buffer, ShardedReplayBuffer) and isinstance(sharding, dict):
         try:
@@ -341,8 +340,8 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> 
     """Read a part into the slots its steps had (positions as saved, ring order), with
     its episode ids, generations and priorities, and the step types and discounts that
     sealing changed put back."""
-    storage = local.storage
-    cap = storage.stream_capacity
+    inner = shard_of_buffer(local)
+    cap = local.stream_capacity
     length = np.minimum(pos, cap)
     src_first = np.cumsum(length) - length
     ring_start = (pos - length) % cap
@@ -355,8 +354,7 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> 
     src, dst, n = src[order], dst[order], n[order]
     keep = n > 0
     src, dst, n = src[keep], dst[keep], n[keep]
-    targets = {f"field.{k}": v for k, v in storage.fields.items()}
-    targets.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+    targets = inner.targets()
     for arr in targets.values():
         advise_hugepages(arr)
     for name, arr in targets.items():
@@ -364,7 +362,7 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> 
             reader.rows_into(name, first, arr[lo:lo + count], defer=True)
     reader.check_pending()
     runs = [(0, s, d, c) for s, d, c in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True)]
-    read_stacks([reader], runs, storage)
+    read_stacks([reader], runs, inner)
     if "seal.index" in reader.names():
         slots = _ranges(dst, n)  # the slot of each saved step, in saved order
         index = reader.array("seal.index")
@@ -373,8 +371,8 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> 
                 (index.size and (index.min() < 0 or index.max() >= slots.shape[0])) or (types > 2).any() \
                 or not ((discounts >= 0) & (discounts <= 1)).all():
             raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
-        storage.step_type[slots[index]] = types
-        storage.discount[slots[index]] = discounts
+        targets["step_type"][slots[index]] = types
+        targets["discount"][slots[index]] = discounts
 
 
 def _episode_table(readers: list[PartReader]) -> EpisodeTable:
@@ -404,15 +402,14 @@ def _read_placements(readers: list[PartReader], plan: ShardPlan, episodes: Episo
     storage (a saved stream restored whole, or runs of it) are read as one range: few
     large reads, like ``np.load``, and no partial block at each episode boundary.
     """
-    storage = local.storage
+    inner = shard_of_buffer(local)
     ids = plan.ids
     order = np.lexsort((episodes.start[ids], episodes.part[ids]))  # file order
     ids, row, skip = ids[order], plan.row[order], plan.skip[order]
     part, src = episodes.part[ids], episodes.start[ids] + skip
-    dst = row * storage.stream_capacity + plan.offset[order]
+    dst = row * local.stream_capacity + plan.offset[order]
     length = episodes.length[ids] - skip
-    targets = {f"field.{k}": v for k, v in storage.fields.items()}
-    targets.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+    targets = inner.targets()
     for arr in targets.values():
         advise_hugepages(arr)
     runs = _runs(part, src, dst, length)
@@ -421,14 +418,14 @@ def _read_placements(readers: list[PartReader], plan: ShardPlan, episodes: Episo
             readers[k].rows_into(name, first, arr[lo:lo + n], defer=True)
     for reader in readers:  # every block read is verified before anything is derived from it
         reader.check_pending()
-    read_stacks(readers, sorted(runs, key=lambda run: run[2]), storage)  # new rows start at slot 0
+    read_stacks(readers, sorted(runs, key=lambda run: run[2]), inner)  # new rows start at slot 0
     slots = _ranges(dst, length)
-    storage.episode_id[slots] = np.repeat(ids, length)
-    storage.generation[slots] = 1
-    storage.step_type[dst[skip > 0]] = StepType.FIRST
+    targets["episode_id"][slots] = np.repeat(ids, length)
+    targets["generation"][slots] = 1
+    targets["step_type"][dst[skip > 0]] = StepType.FIRST
     rows = np.repeat(row, length)
     for name in local.spec.env_id_fields:
-        arr = storage.fields[name]
+        arr = targets[f"field.{name}"]
         arr[slots] = rows.reshape(-1, *([1] * (arr.ndim - 1))).astype(arr.dtype)
 
 
@@ -454,9 +451,14 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def _finish(local: ReplayBuffer, plan: ShardPlan, metas: list[dict[str, Any]], shard: int,
             num_episodes: int) -> None:
-    states = [m.get("sampler_state", {}) for m in metas]
-    sampler_state = {"max_priority": max([s.get("max_priority", 1.0) for s in states] or [1.0]),
-                     "draws": max([s.get("draws", 0) for s in states] or [0])}
+    inner = shard_of_buffer(local)
+    sampler_state = inner.restored_sampler_state([_sampler_meta(m) for m in metas])
     rng = metas[shard].get("rng") if shard < len(metas) else None
     stale = metas[shard].get("stale_updates", 0) if shard < len(metas) else 0
-    local.restore_finished(plan.row_lengths, num_episodes, sampler_state, rng, stale)
+    inner.finish_restore(plan.row_lengths, num_episodes, sampler_state, rng, stale)
+
+
+def _sampler_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """A part's saved sampler state (empty when it has none)."""
+    state = meta.get("sampler_state", {})
+    return state if isinstance(state, dict) else {}

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy
 from shardreplay.checkpoint.format import write_part
 from shardreplay.checkpoint.manifest import (
@@ -140,7 +141,8 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
 def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: int,
                 checkpoint_id: int, partial: str, extra: dict[str, Any],
                 restored: dict[str, int] | None, sharding: dict[str, Any] | None) -> dict[str, Any]:
-    state = local.state_dict_views()
+    shard_state = shard_of_buffer(local)
+    state = shard_state.export(local)
     arrays, episodes, report = apply_partial_policy(state["arrays"], partial)
     arrays.update(episodes.as_arrays())
     if partial == "seal":
@@ -151,7 +153,7 @@ def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: in
     name = part_name(shard, num_shards)
     info = write_part(directory / f"{name}.safetensors", _ordered(arrays),
                       {"buffer_meta": json.dumps(meta)},
-                      empty_like={f"field.{k}": v for k, v in local.storage.fields.items()})
+                      empty_like={f"field.{k}": v for k, v in shard_state.fields.items()})
     desc = {
         "format": FORMAT, "version": FORMAT_VERSION, "checkpoint_id": checkpoint_id,
         "shard": shard, "num_shards": num_shards, "file": f"{name}.safetensors",

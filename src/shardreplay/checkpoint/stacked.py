@@ -11,16 +11,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shardreplay.buffer.shard import Shard
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.storage import StreamStorage
 
 # Steps read per piece: bounds the temporary stacks (84x84x4 uint8: ~28 MiB).
 PIECE_STEPS = 1024
 
 
 def read_stacks(readers: Sequence[PartReader], runs: Sequence[tuple[int, int, int, int]],
-                storage: StreamStorage) -> None:
-    """Fill the frame rings of ``storage`` from ``runs`` of saved steps.
+                shard: Shard) -> None:
+    """Fill the frame rings of ``shard`` from ``runs`` of saved steps.
 
     Each run is ``(part, first saved step, first flat slot, steps)``, and must not cross
     the end of its row's ring. The runs must come in (row, time) order of the storage:
@@ -30,10 +30,11 @@ def read_stacks(readers: Sequence[PartReader], runs: Sequence[tuple[int, int, in
     Raises:
         CheckpointFormatError: a block of a part is missing or corrupt.
     """
-    if not storage.stacked:
+    stores = shard.frame_stores()
+    if not stores:
         return
-    cap = storage.stream_capacity
-    for name, store in storage.stacked.items():
+    cap = shard.stream_capacity
+    for name, store in stores.items():
         store.clear()
         prev_slot = -2
         for part, first, lo, n in runs:

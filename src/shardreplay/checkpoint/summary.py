@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint.format import PartReader
 from shardreplay.checkpoint.load import _episode_table
 from shardreplay.checkpoint.manifest import (
@@ -26,7 +27,6 @@ from shardreplay.checkpoint.manifest import (
 )
 from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigError
 from shardreplay.spec import Spec
-from shardreplay.storage import STEP_ARRAYS
 
 _PART_JSON = re.compile(r"^part-(\d+)-of-(\d+)\.json$")
 

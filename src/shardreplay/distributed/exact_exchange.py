@@ -18,14 +18,13 @@ from functools import partial
 import numpy as np
 import torch
 
-from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.buffer.shard import Shard
 from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.drawn import Drawn, split_batches
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.shared_records import SharedRecords, host_key, nonce
 from shardreplay.spec.keys import with_shard
-from shardreplay.storage.kernels import scatter_bytes
 
 _LOG = logging.getLogger(__name__)
 
@@ -34,13 +33,13 @@ class ExactExchange:
     """Draws a rank's prefetched batches in exact mode (collective).
 
     Args:
-        local: this rank's shard.
+        local: this rank's shard (``shard_of_buffer`` of its buffer).
         comm: the group's collectives.
         layout: the record layout of the shard's windows.
         shared_memory: whether this rank offers the same-host exchange.
     """
 
-    def __init__(self, local: ReplayBuffer, comm: Collectives, layout: RecordLayout,
+    def __init__(self, local: Shard, comm: Collectives, layout: RecordLayout,
                  shared_memory: bool) -> None:
         self.local = local
         self._comm = comm
@@ -89,7 +88,7 @@ class ExactExchange:
                                      (asked[:, me] * rb).tolist(),
                                      "ShardedReplayBuffer.sample(records)", while_waiting=write_own)
         if recv.numel():
-            scatter_bytes(out, foreign_rows, recv.cpu().numpy().reshape(-1, rb))
+            out[foreign_rows] = recv.cpu().numpy().reshape(-1, rb)
         return self._split(out, n, total, low)
 
     @property
@@ -152,7 +151,7 @@ class ExactExchange:
             count = int(asked[owner, me])
             if count:
                 first = int(asked[owner, :me].sum())  # requesters before me in owner's region
-                scatter_bytes(out, foreign_rows[at:at + count], shared.peer_rows(owner, first, count))
+                out[foreign_rows[at:at + count]] = shared.peer_rows(owner, first, count)
                 at += count
         return True
 
@@ -175,7 +174,7 @@ class ExactExchange:
                        prob: np.ndarray, share: float) -> None:
         if not rows.size:
             return
-        mask, keys = self.local.gather_into(starts, out, self._layout.data_offsets, rows)
+        mask, keys = self.local.gather(starts, into=(out, self._layout.data_offsets, rows))
         views = self._layout.views(out)
         views["mask"][rows] = mask
         views["key"][rows] = with_shard(keys, self.rank)

@@ -27,6 +27,7 @@ from shardreplay.errors import ConfigError, InvalidKeyError, ShardReplayError
 
 if TYPE_CHECKING:
     from shardreplay.buffer.replay_buffer import ReplayBuffer
+    from shardreplay.buffer.shard import Shard
     from shardreplay.distributed.group import Collectives
 
 
@@ -35,11 +36,10 @@ class PriorityRouting:
     shard, collectives, queue and counters)."""
 
     local: ReplayBuffer
+    _shard: Shard
     rank: int
     world_size: int
     prefetch: int
-    invalid_keys: int
-    updates_applied: int
     _xcomm: Collectives
     _pending: PendingUpdates
     _routed_max: float
@@ -63,7 +63,7 @@ class PriorityRouting:
         next refill :meth:`sample` starts, or :meth:`flush_updates`), before it draws.
 
         Keys of -1 (padding from an empty shard in local mode) are skipped. Stale keys
-        are ignored and counted on the owner (``local.stale_updates``).
+        are ignored and counted on the owner (its ``info().stale_updates``).
 
         Returns:
             The number of updates this rank's shard applied in this call (from any rank
@@ -112,14 +112,14 @@ class PriorityRouting:
         got = self._xcomm.all_to_all(torch.from_numpy(mine.ravel()), [2] * k, [2] * k,
                                     "ShardedReplayBuffer.update_priorities(counts)").cpu().numpy()
         got = got.reshape(k, 2)
-        self.local.raise_max_priority(float(got[:, 1].view(np.float64).max()))
+        self._shard.raise_max_priority(float(got[:, 1].view(np.float64).max()))
         foreign = np.zeros((k, k), np.int64)
         foreign[self.rank], foreign[:, self.rank] = send_counts, got[:, 0]
         return foreign
 
     def _max_seen(self) -> float:
         """The largest priority this shard holds as its running maximum, or routed away."""
-        return max(self.local.max_priority(), self._routed_max)
+        return max(self._shard.max_priority, self._routed_max)
 
     def _flush(self, pending: PendingUpdates) -> int:
         """Route ``pending`` to the owners (collective on the exchange group)."""
@@ -133,9 +133,7 @@ class PriorityRouting:
         got = self._xcomm.all_to_all(torch.from_numpy(payload), foreign[self.rank].tolist(),
                                     foreign[:, self.rank].tolist(),
                                     "ShardedReplayBuffer.update_priorities(records)").cpu().numpy()
-        applied = self._apply_updates(got[:, 0], got[:, 1].view(np.float64).astype(np.float32))
-        self.updates_applied += applied
-        return applied
+        return self._shard.apply_routed(got[:, 0], got[:, 1].view(np.float64).astype(np.float32))
 
     def learn_key_tags(self, tags: Any) -> None:
         """Note every shard's key tag (from an exchange, or a checkpoint load's agreement)."""
@@ -153,7 +151,7 @@ class PriorityRouting:
             raise ConfigError(not_prioritized(self.local.sampler_name))
         keys_np = np.ascontiguousarray(as_index_array(keys, "keys"))
         prios = np.ascontiguousarray(as_priority_array(priorities, keys_np.shape))
-        self._tags[self.rank] = self.local.key_tag  # a checkpoint load may have changed it
+        self._tags[self.rank] = self._shard.key_tag  # a checkpoint load may have changed it
         status, bad, own_k, own_p, for_k, for_p = split_updates(
             keys_np, prios, self.rank, self._tags, self.local.capacity)
         if status == BAD_PRIORITY:
@@ -163,15 +161,4 @@ class PriorityRouting:
         return own_k, own_p, for_k, for_p
 
     def _apply_own(self, keys: np.ndarray, prios: np.ndarray) -> int:
-        applied = self.local.update_priorities(keys, prios) if keys.size else 0
-        self.updates_applied += applied
-        return applied
-
-    def _apply_updates(self, keys: np.ndarray, prios: np.ndarray) -> int:
-        """Apply routed updates; keys that fit no slot here are counted and skipped."""
-        fits = self.local.fits_keys(keys)
-        if not fits.all():
-            self.invalid_keys += int((~fits).sum())
-            keys, prios = keys[fits], prios[fits]
-        return self.local.update_priorities(keys, prios) if keys.size else 0
-
+        return self._shard.apply_priorities(keys, prios) if keys.size else 0

@@ -49,7 +49,9 @@ import torch
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.device import pinned
+from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.buffer.transitions import Transitions, transitions_from_batch
 from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.background import Background
@@ -124,6 +126,7 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         if not isinstance(prefetch, int | np.integer) or prefetch < 1:
             raise ConfigError(f"prefetch must be a positive integer, got {prefetch!r}")
         self.local = local_buffer
+        self._shard = shard_of_buffer(local_buffer)
         self._comm = Collectives(group, timeout_s)
         if self._comm.world_size > MAX_SHARDS:
             raise ConfigError(f"at most {MAX_SHARDS} shards are supported")
@@ -133,11 +136,9 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         seed = local_buffer.seed if seed is None else seed
         self._rng = np.random.default_rng(None if seed is None else [seed, self.rank, 0x5EED])
         self._layout = RecordLayout(local_buffer.spec, local_buffer.window)
-        self.invalid_keys = 0
         # Every shard's key tag (0: not known yet), learnt at each exchange and checkpoint
         # load, so keys that are no keys of this buffer are refused where they are passed.
         self._tags = np.zeros(self.world_size, np.int64)
-        self.updates_applied = 0  # priorities applied to this shard, from any rank, so far
         self.prefetch = int(prefetch)
         self._ready: deque[Drawn] = deque()
         self._ready_for: tuple[int, str] | None = None
@@ -157,7 +158,7 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
             self._background = Background(f"shardreplay-exchange-r{self.rank}", self._xcomm.device)
             weakref.finalize(self, self._background.close, 0.0)
         # Exact-mode refills; shared memory is only offered on CPU (gloo) groups.
-        self._exact = ExactExchange(local_buffer, self._xcomm, self._layout,
+        self._exact = ExactExchange(self._shard, self._xcomm, self._layout,
                                     shared_memory and self._comm.device.type == "cpu")
 
     @property
@@ -181,6 +182,13 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         the shard meanwhile. A no-op context without a pipeline. Never hold it across
         a collective."""
         return self._guard()
+
+    def info(self) -> BufferInfo:
+        """Sizes and counters of this rank's shard (not collective): stale updates,
+        updates applied here from any rank, routed updates whose keys fit no window here
+        (``invalid_keys``), max priority, key tag. Sum over ranks for global figures."""
+        with self._guard():
+            return self._shard.info()
 
     @property
     def collectives(self) -> Collectives:
@@ -355,7 +363,7 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         if foreign.any():  # queued priority updates first, so the draw sees them
             self._route(pending.take()[0], foreign)
             stats, own = self._gather_stats(mode, n, pending), []
-        self.local.raise_max_priority(float(stats[:, _MAXP].max()))
+        self._shard.raise_max_priority(float(stats[:, _MAXP].max()))
         masses, counts, min_leaf = stats[:, _MASS], stats[:, _COUNT], stats[:, _LOW]
         if counts.sum() == 0 or masses.sum() <= 0:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")
@@ -372,11 +380,11 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         """One row per rank: mass, samplable count, min leaf, mode, batch size, a seed
         proposal (rank 0's is shared: see ``ExactExchange.draw``), prefetch depth, the
         largest priority seen here, and the count of queued updates for each owner."""
-        mass, count, low, _beta = self.local.sampling_stats()
+        st = self._shard.stats()
         seed = float(self._rng.integers(0, 1 << 52))  # exact in a float64
-        mine = torch.tensor([mass, count, low if count else np.inf, SAMPLE_MODES.index(mode),
+        mine = torch.tensor([st.mass, st.samplable, st.min_leaf, SAMPLE_MODES.index(mode),
                              batch_size, seed, self.prefetch, self._exact.host_key,
-                             self._exact.nonce, self._max_seen(), self.local.key_tag,
+                             self._exact.nonce, self._max_seen(), st.key_tag,
                              *pending.counts.tolist()],
                             dtype=torch.float64)
         return self._xcomm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)",
@@ -384,11 +392,11 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
 
     def _draw_own(self, m: int) -> tuple[Any, ...] | None:
         """``m`` windows of this shard: (draw, data, mask, keys), or None when it is empty."""
-        mass, count, _low, _beta = self.local.sampling_stats()
-        if count == 0 or mass <= 0:
+        st = self._shard.stats()
+        if st.samplable == 0 or st.mass <= 0:
             return None
-        draw = self.local.draw(m, advance_schedule=False)
-        return (draw, *self.local.gather(draw.starts))
+        draw = self._shard.draw(m, advance_schedule=False)
+        return (draw, *self._shard.gather(draw.starts))
 
     def _draw_local(self, n: int, masses: np.ndarray, total: float, low: float,
                     own: tuple[Any, ...] | None) -> list[Drawn]:
@@ -400,13 +408,13 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         tensors = {name: torch.from_numpy(v) for name, v in data.items()}
         return split_batches(tensors, torch.from_numpy(mask), torch.from_numpy(with_shard(keys, self.rank)),
                              torch.from_numpy(prob), n, total, low, self.world_size * mass_k / total,
-                             self.local.current_beta())
+                             self._shard.current_beta())
 
     def _serve(self, d: Drawn) -> Batch:
         """A prefetched draw as a Batch, weighted with beta at this call (the schedule
         advances once per sample() call, prefetched or not)."""
-        beta = self.local.current_beta()
-        self.local.advance_schedule()
+        beta = self._shard.current_beta()
+        self._shard.advance_schedule()
         weights = d.weights if beta == d.beta else drawn_weights(d.prob, d.total, d.low, beta, d.factor)
         batch = Batch(data=d.data, mask=d.mask, keys=d.keys, weights=weights, probabilities=d.prob)
         if batch.keys.device == self.device:

@@ -1,0 +1,328 @@
+"""Shard: one buffer's storage, sampler, RNG and key codec behind one internal seam.
+
+``ReplayBuffer`` is a thin public face over a :class:`Shard`; the sharded buffer
+(``distributed/``) and checkpoints (``checkpoint/``) are its other clients. They reach a
+buffer's shard through :func:`shard_of_buffer` and never touch storage or the sampler
+themselves, so a storage change stays inside ``buffer/``, ``storage/`` and ``samplers/``.
+
+Internal: not part of the public API (no name here is exported from ``shardreplay``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardreplay.buffer.checks import check_priorities, check_stream_ids, foreign_key
+from shardreplay.buffer.info import BufferInfo
+from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
+from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler, UniformSampler
+from shardreplay.samplers.schedules import Schedule
+from shardreplay.spec import Spec
+from shardreplay.storage import STEP_ARRAYS, ArrayAllocator, StreamStorage
+from shardreplay.storage.kernels import keys_fit, resolve_keys, rows_distinct_in_range
+
+if TYPE_CHECKING:
+    from shardreplay.buffer.replay_buffer import ReplayBuffer
+
+__all__ = ["STEP_ARRAYS", "Draw", "Shard", "ShardStats", "shard_of_buffer"]
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """What a shard tells the other ranks before a sharded draw.
+
+    ``mass``: valid count (uniform, fifo) or ``sum p^alpha`` (prioritized); ``samplable``:
+    windows that can be drawn; ``min_leaf``: smallest positive per-start mass (inf when
+    nothing is samplable); ``beta``: importance-weight exponent now; ``max_priority``: the
+    priority of a start written without one; ``key_tag``: the tag of this shard's keys.
+    """
+
+    mass: float
+    samplable: int
+    min_leaf: float
+    beta: float
+    max_priority: float
+    key_tag: int
+
+
+class Shard:
+    """Steps of ``num_streams`` rings, with their sampler, sampling RNG and key codec.
+
+    Args: as :class:`~shardreplay.ReplayBuffer` (checked there).
+    """
+
+    def __init__(self, spec: Spec, num_streams: int, stream_capacity: int, window: int, sampler: str,
+                 alpha: float, beta: Schedule, seed: int | None, storage: str,
+                 directory: str | Path | None) -> None:
+        self.spec = spec
+        self.window = window
+        self.storage = StreamStorage(spec, num_streams, stream_capacity, window,
+                                     ArrayAllocator(storage, directory))
+        self.sampler: Sampler = _make_sampler(sampler, self.storage, alpha, beta)
+        self.rng = np.random.default_rng(seed)
+        self.stale_updates = 0  # updates whose window was overwritten since it was sampled
+        self.updates_applied = 0  # updates applied to this shard, from any caller
+        self.invalid_keys = 0  # routed updates whose key fits no slot here (skipped)
+
+    # -- sizes ------------------------------------------------------------------------------
+    @property
+    def num_streams(self) -> int:
+        """Rows (streams)."""
+        return self.storage.num_streams
+
+    @property
+    def stream_capacity(self) -> int:
+        """Steps per row."""
+        return self.storage.stream_capacity
+
+    @property
+    def capacity(self) -> int:
+        """Slots in all: ``num_streams * stream_capacity``."""
+        return self.storage.size
+
+    @property
+    def num_steps(self) -> int:
+        """Steps stored now."""
+        return self.storage.num_steps
+
+    def samplable(self) -> int:
+        """Windows that can be drawn now (fifo: not yet drained; others: valid starts)."""
+        if isinstance(self.sampler, FifoSampler):
+            return self.sampler.num_samplable()
+        return self.storage.num_valid
+
+    @property
+    def key_tag(self) -> int:
+        """The tag every key of this shard carries (see ``spec/keys.py``)."""
+        return self.storage.key_tag
+
+    @property
+    def key_epoch(self) -> int:
+        """Added to every slot's write count in a key: raised by restores."""
+        return self.storage.key_epoch
+
+    def info(self) -> BufferInfo:
+        """Sizes and counters as one record."""
+        return BufferInfo(sampler=self.sampler.name, num_steps=self.num_steps, samplable=self.samplable(),
+                          capacity=self.capacity, stale_updates=self.stale_updates,
+                          updates_applied=self.updates_applied, invalid_keys=self.invalid_keys,
+                          max_priority=self.sampler.default_priority(), key_tag=self.key_tag)
+
+    # -- writing ----------------------------------------------------------------------------
+    def write(self, step: Mapping[str, Any], stream_ids: Any, priorities: Any, t_len: int | None) -> None:
+        """Check and write one step (``t_len`` None) or ``t_len`` steps per stream.
+
+        Raises:
+            SpecMismatchError, InvalidPriorityError: as ``ReplayBuffer.add``; nothing is written.
+        """
+        storage = self.storage
+        if stream_ids is None:
+            rows = storage.all_rows
+        elif (type(stream_ids) is np.ndarray and stream_ids.dtype == np.int64 and stream_ids.ndim == 1
+              and rows_distinct_in_range(stream_ids, storage.num_streams, storage.row_marks)):
+            rows = stream_ids  # the usual case, checked in one compiled pass
+        else:
+            rows = check_stream_ids(stream_ids, storage.num_streams)  # converts, or raises why
+        if t_len is not None and t_len > storage.stream_capacity:
+            raise SpecMismatchError(f"a chunk of {t_len} steps exceeds stream_capacity "
+                                    f"{storage.stream_capacity}; split it")
+        lead = (rows.shape[0],) if t_len is None else (rows.shape[0], t_len)
+        steps = self.spec.validate(step, lead)
+        prios = None if priorities is None else check_priorities(priorities, lead)
+        sampler = self.sampler
+        if prios is not None and isinstance(sampler, PrioritizedSampler):
+            sampler.note_priorities(prios)
+        slots, valid, newly = storage.write(steps, rows, 1 if t_len is None else t_len, prios,
+                                            sampler.default_priority())
+        sampler.on_write(slots, valid, newly)
+
+    # -- sampling ---------------------------------------------------------------------------
+    def stats(self) -> ShardStats:
+        """Mass, samplable count, smallest leaf, beta, max priority and key tag now."""
+        s = self.sampler
+        count = s.num_samplable()
+        return ShardStats(s.mass(), count, s.min_leaf() if count else math.inf, s.current_beta(),
+                          s.default_priority(), self.storage.key_tag)
+
+    def draw(self, n: int, *, advance_schedule: bool = True) -> Draw:
+        """Choose ``n`` window starts (fifo: at most ``n``, oldest first).
+
+        ``advance_schedule=False`` leaves the beta schedule where it is (a sharded buffer
+        advances it once per global sample with :meth:`advance_schedule`).
+
+        Raises:
+            ConfigError: ``n`` < 1.
+            EmptyBufferError: no valid window can be drawn.
+        """
+        if not isinstance(n, int | np.integer) or n < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {n!r}")
+        if self.sampler.num_samplable() == 0:
+            raise EmptyBufferError(
+                f"nothing to sample: {self.num_steps} steps stored, 0 valid windows of {self.window} "
+                "steps (write more steps, or check that priorities are not all 0)")
+        return self.sampler.draw(int(n), self.rng, advance_schedule)
+
+    def advance_schedule(self) -> None:
+        """Move the beta schedule one sample call forward without drawing."""
+        if isinstance(self.sampler, PrioritizedSampler):
+            self.sampler.draws += 1
+
+    def current_beta(self) -> float:
+        """The importance-weight exponent of the next draw (0 when unweighted)."""
+        return self.sampler.current_beta()
+
+    def gather(self, starts: np.ndarray,
+               into: tuple[np.ndarray, Mapping[str, int], np.ndarray] | None = None) -> tuple[Any, ...]:
+        """The windows at flat ``starts``.
+
+        Without ``into``: ``(data [B, L, ...] per field, mask [B, L], keys [B])`` (numpy,
+        keys of shard 0). With ``into=(out, offsets, rows)``: the windows are written into
+        rows ``rows`` of the packed byte records ``out`` (field ``f`` at byte
+        ``offsets[f]``), and ``(mask, keys)`` is returned.
+        """
+        if into is None:
+            return self.storage.windows(starts)
+        out, offsets, rows = into
+        return self.storage.windows_into(starts, out, offsets, rows)
+
+    # -- priorities -------------------------------------------------------------------------
+    def apply_priorities(self, keys: np.ndarray, prios: np.ndarray) -> int:
+        """Set priorities of the windows ``keys`` (int64 keys of shard 0, float32 priorities,
+        shapes checked by the caller); stale keys are counted and skipped.
+
+        Returns:
+            The number applied.
+
+        Raises:
+            ConfigError: the sampler is not prioritized.
+            InvalidPriorityError: a priority is negative, NaN or inf.
+            InvalidKeyError: a key is not a key of this shard.
+            Nothing changes when an error is raised.
+        """
+        storage = self.storage
+        status, bad, slots, current = resolve_keys(keys, prios, storage.pos, storage.num_streams,
+                                                   storage.stream_capacity, storage.key_epoch,
+                                                   storage.key_tag)
+        if status == 1:
+            check_priorities(prios, keys.shape)  # raises with the precise reason
+        if status == 2:
+            raise InvalidKeyError(foreign_key(keys, bad, "buffer"))
+        n_current = int(current.sum())
+        self.stale_updates += keys.shape[0] - n_current
+        if n_current < keys.shape[0]:
+            slots, prios = slots[current], prios[current]
+        self.sampler.update(slots, prios)
+        self.updates_applied += int(slots.shape[0])
+        return int(slots.shape[0])
+
+    def apply_routed(self, keys: np.ndarray, prios: np.ndarray) -> int:
+        """:meth:`apply_priorities` of updates routed here by other ranks: keys that fit no
+        slot of this shard (another tag or place) are counted in ``invalid_keys`` and skipped."""
+        keys = np.ascontiguousarray(keys, np.int64)
+        fits = keys_fit(keys, self.storage.key_tag, self.capacity)
+        if not fits.all():
+            self.invalid_keys += int((~fits).sum())
+            keys, prios = keys[fits], prios[fits]
+        return self.apply_priorities(keys, prios) if keys.size else 0
+
+    @property
+    def max_priority(self) -> float:
+        """The priority a start written without one gets: the largest seen so far
+        (prioritized), 1.0 for uniform and fifo sampling."""
+        return self.sampler.default_priority()
+
+    def raise_max_priority(self, value: float) -> None:
+        """Raise the running maximum priority to ``value`` when larger (no effect without
+        priorities): a sharded buffer agrees on the global maximum this way."""
+        sampler = self.sampler
+        if isinstance(sampler, PrioritizedSampler) and math.isfinite(value) and value > sampler.max_priority:
+            sampler.max_priority = float(value)
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def export(self, owner: ReplayBuffer) -> dict[str, Any]:
+        """The state of ``owner`` (this shard's buffer) for a checkpoint: as
+        ``ReplayBuffer.state_dict`` but numpy, each user field a list of views into
+        storage by row in time order (no copy; valid until the next write)."""
+        from shardreplay.buffer.state import export_state
+
+        return export_state(owner, self, field_views=True)
+
+    @property
+    def fields(self) -> Mapping[str, np.ndarray]:
+        """The stored user fields by flat slot (templates of their dtypes and shapes)."""
+        return self.storage.fields
+
+    @property
+    def positions(self) -> np.ndarray:
+        """Steps ever written to each row (read only: a copy)."""
+        return self.storage.pos.copy()
+
+    def begin_restore(self) -> None:
+        """Forget every step before a loader places episodes (see :meth:`targets`)."""
+        self.storage.clear()
+
+    def targets(self) -> dict[str, np.ndarray]:
+        """Where a loader places steps: every per-slot array by flat slot, named as in a
+        state (``field.<name>`` for plain fields, and the per-step arrays). Frame-stacked
+        fields go through :meth:`frame_stores` instead."""
+        storage = self.storage
+        out = {f"field.{k}": v for k, v in storage.fields.items()}
+        out.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+        return out
+
+    def frame_stores(self) -> Mapping[str, Any]:
+        """The frame rings of frame-stacked fields (``FrameStore`` by field name)."""
+        return self.storage.stacked
+
+    def restored_sampler_state(self, saved: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The sampler state to restore from the saved sampler states of one or more
+        parts: the prioritized sampler takes the largest max priority and schedule
+        position of any (1.0 and 0 when none is given); others have nothing to restore."""
+        if not isinstance(self.sampler, PrioritizedSampler):
+            return {}
+        return {"max_priority": max([float(s.get("max_priority", 1.0)) for s in saved] or [1.0]),
+                "draws": max([int(s.get("draws", 0)) for s in saved] or [0])}
+
+    def finish_restore(self, pos: np.ndarray, next_episode_id: int, sampler_state: Mapping[str, Any],
+                       rng_state: Mapping[str, Any] | None = None, stale_updates: int = 0) -> None:
+        """After steps were placed: set positions, rebuild validity and the sampler's
+        trees, restore its state, the RNG (when given) and the stale-update count."""
+        self.storage.finish_restore(pos, next_episode_id)
+        self.sampler.rebuild()
+        self.sampler.load_state_dict(dict(sampler_state))
+        if rng_state is not None:
+            self.rng.bit_generator.state = dict(rng_state)
+        self.stale_updates = int(stale_updates)
+
+    def restore_keys(self, key_epoch: int, key_tag: int | None) -> None:
+        """Set the key epoch, and the key tag when given (a restore keeps keys sampled
+        before the save recognisable, and stale)."""
+        self.storage.key_epoch = int(key_epoch)
+        if key_tag is not None:
+            self.storage.key_tag = int(key_tag)
+
+    def clear(self, key_epoch_floor: int = 0) -> None:
+        """Empty the shard (sampler state reset), the key epoch at least ``key_epoch_floor``."""
+        self.storage.clear()
+        self.finish_restore(self.storage.pos, 0, self.restored_sampler_state([]))
+        self.storage.key_epoch = max(self.storage.key_epoch, key_epoch_floor)
+
+
+def shard_of_buffer(buffer: ReplayBuffer) -> Shard:
+    """The :class:`Shard` behind ``buffer``: the one internal accessor the sharded buffer,
+    checkpoints and ``shardreplay.testing`` use."""
+    return buffer._shard
+
+
+def _make_sampler(name: str, storage: StreamStorage, alpha: float, beta: Schedule) -> Sampler:
+    if name == "prioritized":
+        return PrioritizedSampler(storage, alpha, beta)
+    if name == "fifo":
+        return FifoSampler(storage)
+    return UniformSampler(storage)
