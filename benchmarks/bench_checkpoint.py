@@ -100,12 +100,9 @@ def fill(buf: Any, steps_per_stream: int, seed: int = 0) -> None:
 
 def stored_arrays(buf: Any) -> dict[str, np.ndarray]:
     """The arrays a checkpoint holds, as whole storage arrays (rings are full)."""
-    from shardreplay.storage import STEP_ARRAYS
+    from shardreplay import testing
 
-    st = buf.storage
-    out = {f"field.{k}": v for k, v in st.fields.items()}
-    out.update({k: getattr(st, k) for k in STEP_ARRAYS})
-    return out
+    return testing.shard(buf).targets()
 
 
 def np_save(arrays: dict[str, np.ndarray], directory: Path) -> float:

@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import replay_workload as W
 
+from shardreplay import testing
+
 STACK = 4
 FRAME = (84, 84)
 STREAMS = 32
@@ -135,7 +137,7 @@ class ShardReplayFrames:
 
     def extras(self) -> dict[str, Any]:
         """The filled buffer's frame rings: their size now, and its arrays' bytes."""
-        store = self.buf.storage.stacked["obs"]
+        store = testing.shard(self.buf).frame_stores()["obs"]
         return {"frame_capacity": store.frame_capacity, "frame_rings_grown": store._grown,
                 "filled_layout_bytes": _array_bytes(self.buf)}
 
@@ -143,8 +145,8 @@ class ShardReplayFrames:
 def _array_bytes(buf: Any) -> int:
     """Bytes of a shardreplay buffer's arrays: per-slot records, fields that own their
     arrays (small fields are views of the records), frame rings, sum and min trees."""
-    storage = buf.storage
-    arrays = [storage.records, storage.pos, buf._sampler.tree.sums, buf._sampler.tree.mins]
+    storage = testing.shard(buf).storage
+    arrays = [storage.records, storage.pos, *testing.tree_sums(buf)]
     arrays += [a for name, a in storage.fields.items() if name not in storage._small]
     for store in storage.stacked.values():
         arrays += [store.frames, store.ref, store.fpos]

@@ -266,7 +266,7 @@ def _train(settings: Settings, envs: gym.vector.VectorEnv, rank: int, world: int
     # With prefetch > 1 or the pipeline, updates for other shards wait for the next
     # exchange: send them now.
     agent.replay.flush_updates()
-    summary = _summary(settings, agent, episodes, train_steps, agent.replay.updates_applied,
+    summary = _summary(settings, agent, episodes, train_steps, agent.replay.info().updates_applied,
                        time.perf_counter() - start)
     agent.replay.close()  # the pipeline's thread and process group
     return summary
@@ -276,8 +276,8 @@ def _summary(settings: Settings, agent: DQNAgent, episodes: Episodes, train_step
              seconds: float) -> dict:
     world = dist.get_world_size()
     length, steps, capacity = agent.replay.global_sizes()
-    stats = global_stats(episodes.returns, [applied, agent.replay.local.stale_updates,
-                                            agent.replay.invalid_keys])
+    stats = global_stats(episodes.returns, [applied, agent.replay.local.info().stale_updates,
+                                            agent.replay.info().invalid_keys])
     return {"world_size": world, "mode": settings.mode, "iterations": settings.steps,
             "train_steps": train_steps, "batch_size": settings.batch_size,
             "priority_updates_applied": int(stats[4]), "stale_updates": int(stats[5]),

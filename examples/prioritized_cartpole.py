@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         priorities = td_errors(t, w).abs() + 1e-3
         updated += buffer.update_priorities(batch.keys, priorities.numpy())
     print(f"priorities  {updated} updated over {settings.num_batches} batches, "
-          f"{buffer.stale_updates} stale (overwritten since sampled)")
+          f"{buffer.info().stale_updates} stale (overwritten since sampled)")
     t = nstep_transitions(batch, settings.gamma)
     print(describe("weights (last)", batch.weights))
     print(describe(f"{settings.n_step}-step returns", t.reward))

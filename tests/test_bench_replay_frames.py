@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardreplay import testing
+
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH_DIR))
 
@@ -38,7 +40,8 @@ def test_a_stacked_buffer_takes_the_pool_twice_round() -> None:
         case.add(i)
     batch = case.sample()
     assert tuple(batch.data["obs"].shape) == (F.SAMPLE_BATCH, 2, F.STACK, *F.FRAME)
-    assert case.buf.storage.stacked["obs"].frame_capacity == case.buf.storage.stacked["obs"].frames.shape[1]
+    store = testing.shard(case.buf).frame_stores()["obs"]
+    assert store.frame_capacity == store.frames.shape[1]
 
 
 def test_ratios_and_targets() -> None:

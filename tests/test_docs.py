@@ -170,7 +170,7 @@ def test_readme_single_buffer_example_runs() -> None:
     assert float(batch.weights.max()) == pytest.approx(1.0)
     assert buffer.num_steps == 8 * 17  # one add and a 16-step extend per stream
     assert len(buffer) == 8 * 16  # every step but the newest starts a full 2-step window
-    assert buffer.stale_updates == 0
+    assert buffer.info().stale_updates == 0
 
 
 def _free_port() -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import shardreplay as sr
+from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.spec import StepType
 
@@ -85,10 +86,10 @@ def window_table(buf: sr.ReplayBuffer) -> dict[int, tuple[tuple[int, ...], float
     The leaf is the sampler's own tree leaf (``p^alpha``) for prioritized buffers, 1 for
     uniform ones; starts with leaf 0 cannot be drawn and are left out.
     """
-    storage = buf.storage
+    storage = testing.shard(buf).storage
     starts = np.flatnonzero(storage.valid)
     if buf.sampler_name == "prioritized":
-        leaves = buf._sampler.tree.leaves(starts)
+        leaves = testing.leaf_masses(buf, starts)
     else:
         leaves = np.ones(starts.shape[0])
     starts, leaves = starts[leaves > 0], leaves[leaves > 0]

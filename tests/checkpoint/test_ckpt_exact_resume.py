@@ -21,7 +21,7 @@ from ckpt_helpers import FIRST, LAST, MID, _step, as_shard, fill_random, make_bu
 from harness import run_ranks
 
 import shardreplay as sr
-from shardreplay import checkpoint
+from shardreplay import checkpoint, testing
 from shardreplay.checkpoint.load import _load_one
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import InvalidKeyError
@@ -77,7 +77,7 @@ def _before_save(buf: Any, local: sr.ReplayBuffer, shard: int) -> np.ndarray:
         batch = buf.sample(BATCH)
         keys = batch.keys.numpy().copy()
         buf.update_priorities(batch.keys, rng.uniform(0.05, 6.0, BATCH).astype(np.float32))
-    assert (local.storage.pos > CAPACITY).all()  # every row has wrapped
+    assert (testing.positions(local) > CAPACITY).all()  # every row has wrapped
     return keys
 
 
@@ -99,22 +99,22 @@ def test_single_buffer_resume_is_exact_and_old_keys_are_stale(tmp_path: Path) ->
     a = make_buffer(STREAMS, CAPACITY, seed=5)
     old_keys = _before_save(a, a, 0)
     checkpoint.save(a, tmp_path, 1)
-    state_a = {"max": a.max_priority(), "pos": a.storage.pos.copy(), "rng": a._rng.bit_generator.state}
+    state_a = {"max": a.info().max_priority, "pos": testing.positions(a), "rng": testing.rng_state(a)}
     run_a = _steps_after(a, 0)
 
     b = make_buffer(STREAMS, CAPACITY, seed=999)  # another seed: the RNG must come from the checkpoint
     report = checkpoint.load(tmp_path, b)
     assert report.exact and report.skipped == []
-    assert b.max_priority() == state_a["max"]
-    np.testing.assert_array_equal(b.storage.pos, state_a["pos"])  # absolute positions, not 0
-    assert b._rng.bit_generator.state == state_a["rng"]
+    assert b.info().max_priority == state_a["max"]
+    np.testing.assert_array_equal(testing.positions(b), state_a["pos"])  # absolute positions, not 0
+    assert testing.rng_state(b) == state_a["rng"]
     run_b = _steps_after(b, 0)
     assert _compare(run_a, run_b) == AFTER * BATCH  # equal but for the keys' generation bits
 
     c = make_buffer(STREAMS, CAPACITY, seed=999)
     checkpoint.load(tmp_path, c)
     assert c.update_priorities(old_keys, np.full(BATCH, 5.0, np.float32)) == 0
-    assert c.stale_updates == BATCH
+    assert c.info().stale_updates == BATCH
 
 
 def _rank_runs(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -122,13 +122,13 @@ def _rank_runs(rank: int, world: int, root: str) -> dict[str, Any]:
     a = ShardedReplayBuffer(a_local, timeout_s=60, seed=11)
     old_keys = _before_save(a, a_local, rank)
     checkpoint.save(a, root, 1)
-    max_a = a_local.max_priority()
+    max_a = a_local.info().max_priority
     run_a = _steps_after(a, rank)
 
     b_local = make_buffer(STREAMS, CAPACITY, seed=100 + rank)
     b = ShardedReplayBuffer(b_local, timeout_s=60, seed=77)  # another seed for both RNGs
     report = checkpoint.load(root, b)
-    max_b = b_local.max_priority()
+    max_b = b_local.info().max_priority
     run_b = _steps_after(b, rank)
 
     c_local = make_buffer(STREAMS, CAPACITY, seed=200 + rank)
@@ -136,7 +136,7 @@ def _rank_runs(rank: int, world: int, root: str) -> dict[str, Any]:
     checkpoint.load(root, c)
     c.update_priorities(old_keys, np.full(BATCH, 5.0, np.float32))
     return {"run_a": run_a, "run_b": run_b, "max": (max_a, max_b), "exact": report.exact,
-            "stale": c_local.stale_updates, "applied": c.updates_applied}
+            "stale": c_local.info().stale_updates, "applied": c.info().updates_applied}
 
 
 @pytest.mark.distributed
@@ -172,7 +172,7 @@ def test_keys_sampled_before_a_save_are_stale_after_any_restore(tmp_path: Path, 
         for k, saved in enumerate(keys):
             if k == shard:
                 applied += restored.update_priorities(saved, np.full(BATCH, 9.0, np.float32))
-                assert restored.stale_updates == BATCH
+                assert restored.info().stale_updates == BATCH
             else:
                 with pytest.raises(InvalidKeyError):
                     restored.update_priorities(saved, np.full(BATCH, 9.0, np.float32))

@@ -19,12 +19,12 @@ from ckpt_helpers import (
 from harness import run_ranks
 
 import shardreplay as sr
-from shardreplay import checkpoint
+from shardreplay import checkpoint, testing
+from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint import format as ckfmt
 from shardreplay.checkpoint.load import _load_one
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointFormatError
-from shardreplay.storage import STEP_ARRAYS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # ~15 s per launch of ranks
 
@@ -32,9 +32,9 @@ STREAMS, CAPACITY = 3, 40
 
 
 def _storage_arrays(local: sr.ReplayBuffer) -> dict[str, np.ndarray]:
-    out = {name: getattr(local.storage, name).copy() for name in STEP_ARRAYS}
-    out.update({f"field.{k}": v.copy() for k, v in local.storage.fields.items()})
-    out["pos"] = local.storage.pos.copy()
+    out = {name: testing.stored(local, name) for name in STEP_ARRAYS}
+    out.update({f"field.{k}": testing.stored(local, k) for k in testing.shard(local).fields})
+    out["pos"] = testing.positions(local)
     return out
 
 

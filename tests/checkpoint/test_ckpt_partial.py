@@ -31,7 +31,7 @@ from ckpt_helpers import (
     write_timelines,
 )
 
-from shardreplay import checkpoint
+from shardreplay import checkpoint, testing
 from shardreplay.checkpoint.manifest import load_checked
 
 F, M, L = FIRST, MID, LAST
@@ -160,4 +160,4 @@ def test_smaller_rows_keep_the_newest_steps_of_a_long_episode(
     assert 5 * T_SCALE + 3 not in got
     assert set(got) == long_ep | {3 * T_SCALE, 4 * T_SCALE} | \
         {t * T_SCALE + 1 for t in (5, 6, 7)} | {t * T_SCALE + 2 for t in (3, 4, 5)}
-    assert np.all(restored.storage.pos <= 4)
+    assert np.all(testing.positions(restored) <= 4)

@@ -10,7 +10,7 @@ import pytest
 from ckpt_helpers import fill_random, make_buffer, step_multiset
 
 import shardreplay as sr
-from shardreplay import checkpoint
+from shardreplay import checkpoint, testing
 from shardreplay.checkpoint import format as ckfmt
 from shardreplay.errors import CheckpointFormatError
 
@@ -31,8 +31,8 @@ def _big_checkpoint(root: Path) -> tuple[Path, sr.ReplayBuffer]:
 
 
 def _stored(buf: sr.ReplayBuffer) -> dict[str, np.ndarray]:
-    slots, _lengths = buf.storage.stored_slots()
-    return {name: arr[slots] for name, arr in buf.storage.fields.items()}
+    slots, _lengths = testing.shard(buf).storage.stored_slots()
+    return {name: arr[slots] for name, arr in testing.shard(buf).fields.items()}
 
 
 @pytest.mark.parametrize("bad_block", [None, 2, 3, 8, "last"])

@@ -27,10 +27,10 @@ from ckpt_helpers import (
 )
 
 import shardreplay as sr
-from shardreplay import checkpoint
+from shardreplay import checkpoint, testing
+from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint import format as ckfmt
 from shardreplay.checkpoint.load import _load_one
-from shardreplay.storage import STEP_ARRAYS
 
 STREAMS, CAPACITY = 3, 40
 
@@ -88,11 +88,11 @@ def test_m_to_n_keeps_the_sampling_distribution(tmp_path: Path, m: int, n: int) 
     assert steps_after == steps_before  # every step with its priority
     _check_streams(restored)
     if m == n:  # put back as saved: every shard keeps its own streams and max priority
-        assert [b._sampler.max_priority for b in restored] == [b._sampler.max_priority for b in saved]
+        assert [b.info().max_priority for b in restored] == [b.info().max_priority for b in saved]
         assert [b.num_steps for b in restored] == [b.num_steps for b in saved]
         return
-    top = max(b._sampler.max_priority for b in saved)
-    assert all(b._sampler.max_priority == top for b in restored)
+    top = max(b.info().max_priority for b in saved)
+    assert all(b.info().max_priority == top for b in restored)
     # Balanced: no new shard holds much more than its share plus one saved stream.
     sizes = [b.num_steps for b in restored]
     assert max(sizes) - min(sizes) <= CAPACITY
@@ -104,11 +104,11 @@ def test_layout_is_deterministic(tmp_path: Path, m: int, n: int) -> None:
     capacity = CAPACITY * (m + 1)
     first, second = _restore(tmp_path, n, capacity), _restore(tmp_path, n, capacity)
     for a, b in zip(first, second, strict=True):
-        np.testing.assert_array_equal(a.storage.pos, b.storage.pos)
+        np.testing.assert_array_equal(testing.positions(a), testing.positions(b))
         for name in STEP_ARRAYS:
-            np.testing.assert_array_equal(getattr(a.storage, name), getattr(b.storage, name))
-        for name, arr in a.storage.fields.items():
-            np.testing.assert_array_equal(arr, b.storage.fields[name])
+            np.testing.assert_array_equal(testing.stored(a, name), testing.stored(b, name))
+        for name, arr in testing.shard(a).fields.items():
+            np.testing.assert_array_equal(arr, testing.stored(b, name))
 
 
 def test_same_layout_resume_of_full_shards_is_lossless(tmp_path: Path) -> None:

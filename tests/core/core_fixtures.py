@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from core_ref import FIRST, LAST, MID, SPEC
 
-from shardreplay import ReplayBuffer
+from shardreplay import ReplayBuffer, testing
 from shardreplay.spec.keys import unpack_keys
 
 # Three streams of a fixed timeline; capacity 8, so stream 0 wraps and loses its head.
@@ -54,21 +54,20 @@ def all_keys(buf: ReplayBuffer) -> tuple[np.ndarray, np.ndarray]:
     batch = buf.sample(50 * len(buf) + 200)
     keys = np.unique(batch.keys.numpy())
     slots = flat_slots(buf, keys)
-    assert sorted(slots.tolist()) == np.flatnonzero(buf._storage.valid).tolist()
+    assert sorted(slots.tolist()) == np.flatnonzero(testing.valid(buf)).tolist()
     return keys, slots
 
 
 def snapshot(buf: ReplayBuffer) -> dict[str, Any]:
     """Everything observable about a buffer's state, deep-copied for comparison."""
     state = copy.deepcopy(buf.state_dict())
-    extra = {"len": len(buf), "num_steps": buf.num_steps, "stale": buf.stale_updates,
-             "valid": buf._storage.valid.copy(), "pos": buf._storage.pos.copy(),
-             "raw": {n: a.copy() for n, a in buf._storage.fields.items()}}
-    tree = getattr(buf._sampler, "tree", None)
+    extra = {"len": len(buf), "num_steps": buf.num_steps, "stale": buf.info().stale_updates,
+             "valid": testing.valid(buf), "pos": testing.positions(buf),
+             "raw": {n: a.copy() for n, a in testing.shard(buf).fields.items()}}
+    tree = testing.tree_sums(buf)
     if tree is not None:
-        extra["sums"] = tree.sums.copy()
-        extra["mins"] = tree.mins.copy()
-        extra["max_priority"] = buf._sampler.max_priority
+        extra["sums"], extra["mins"] = tree
+        extra["max_priority"] = testing.sampler_counters(buf)["max_priority"]
     return {"state": state, "extra": extra}
 
 

@@ -19,6 +19,7 @@ from shardreplay import (
     ShardReplayError,
     Spec,
     SpecMismatchError,
+    testing,
 )
 from shardreplay.errors import InvalidKeyError
 
@@ -118,16 +119,16 @@ def test_bad_extend_shapes(buf: ReplayBuffer) -> None:
 def test_integers_in_range_go_into_narrower_and_unsigned_fields(buf: ReplayBuffer) -> None:
     # Python ints arrive as int64: in range they are fine for int8 and uint16 fields.
     buf.add(_with(act=np.array([-128, 0, 127], np.int64), count=np.array([0, 65535, 7], np.int64)))
-    slots = np.arange(S) * C + (buf._storage.pos - 1) % C
-    assert buf._storage.fields["act"][slots].tolist() == [-128, 0, 127]
-    assert buf._storage.fields["count"][slots].tolist() == [0, 65535, 7]
+    slots = np.arange(S) * C + (testing.positions(buf) - 1) % C
+    assert testing.stored(buf, "act")[slots].tolist() == [-128, 0, 127]
+    assert testing.stored(buf, "count")[slots].tolist() == [0, 65535, 7]
     big = np.array([0, 2**63 + 5, 1], np.uint64)
     _raises_unchanged(buf, SpecMismatchError, lambda: buf.add(_with(act=big)))
 
 
 def test_non_finite_values_are_allowed_in_a_non_finite_field(buf: ReplayBuffer) -> None:
     buf.add(_with(raw=np.array([np.nan, np.inf, -np.inf], np.float32)))
-    assert np.isnan(buf._storage.fields["raw"]).any() and np.isinf(buf._storage.fields["raw"]).any()
+    assert np.isnan(testing.stored(buf, "raw")).any() and np.isinf(testing.stored(buf, "raw")).any()
 
 
 @pytest.mark.parametrize("stream_ids", [[0, 3], [-1, 0], [0, 0], [0.0, 1.0], [[0, 1]], [], "ab"],

@@ -9,7 +9,7 @@ from core_ref import FIRST, MID, SPEC, RefBuffer, check_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardreplay import EmptyBufferError, ReplayBuffer
+from shardreplay import EmptyBufferError, ReplayBuffer, testing
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -42,7 +42,7 @@ def test_fifo_hand_written() -> None:
 
     def write(rows: list[int], types: list[int]) -> None:
         n = len(rows)
-        buf.add({"obs": np.zeros((n, 2)), "act": np.array(rows) * 100 + buf._storage.pos[rows],
+        buf.add({"obs": np.zeros((n, 2)), "act": np.array(rows) * 100 + testing.positions(buf)[rows],
                  "step_type": np.array(types)}, stream_ids=rows)
 
     write([0, 1], [FIRST, FIRST])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import shardreplay as sr
-from shardreplay import checkpoint
+from shardreplay import checkpoint, testing
 from shardreplay.checkpoint import stacked as stacked_ckpt
 from shardreplay.errors import SpecMismatchError
 from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT
@@ -154,7 +154,7 @@ def test_a_stack_that_does_not_continue_its_episode_is_rejected_and_nothing_chan
 
 def test_each_frame_is_stored_once_and_rings_grow_for_short_episodes() -> None:
     stacked, plain = pair(2, 64, seed=0)
-    store = stacked.storage.stacked["obs"]
+    store = testing.shard(stacked).frame_stores()["obs"]
     assert store.frame_capacity == initial_frame_capacity(64, K) == 64 + 3 * 5
     envs = Envs(2, seed=0, p_done=0.0)
     for _ in range(100):
@@ -163,7 +163,7 @@ def test_each_frame_is_stored_once_and_rings_grow_for_short_episodes() -> None:
         plain.add(step)
     assert store.fpos.tolist() == [100 + K - 1] * 2  # one reset stack, then one frame a step
     assert store.frame_capacity == 64 + 15  # no growth
-    assert "obs" not in stacked.storage.fields  # no [S*C, K, ...] array
+    assert "obs" not in testing.shard(stacked).fields  # no [S*C, K, ...] array
     envs.p_done = 0.9  # episodes of one or two steps: a reset stack every other step
     for _ in range(100):
         step = envs.step()
@@ -183,9 +183,9 @@ def test_memory_mapped_rings_and_validated_chunks(tmp_path: Path) -> None:
         chunk = envs.chunk(5)
         stacked.extend(stacked.spec.validated(chunk, (2, 5)))  # read-only arrays, as decoded chunks
         plain.extend(chunk)
-    assert stacked.storage.stacked["obs"].frame_capacity > initial_frame_capacity(16, K)
+    assert testing.shard(stacked).frame_stores()["obs"].frame_capacity > initial_frame_capacity(16, K)
     assert sorted(p.name for p in tmp_path.glob("frames.*")) == [
-        f"frames.obs.{stacked.storage.stacked['obs']._grown}.bin"]
+        f"frames.obs.{testing.shard(stacked).frame_stores()['obs']._grown}.bin"]
     assert_same_samples(stacked, plain)
 
 
@@ -201,7 +201,7 @@ def test_state_dict_and_checkpoints_round_trip(tmp_path: Path, partial: str,
         chunk = envs.chunk(5)
         stacked.extend(chunk)
         plain.extend(chunk)
-    views = stacked.state_dict_views()["arrays"]["field.obs"]
+    views = testing.shard(stacked).export(stacked)["arrays"]["field.obs"]
     assert [p.shape[0] for p in views] == [7] * 5 + [1]  # 36 steps, built lazily
     assert np.array_equal(np.concatenate(views), stacked.state_dict()["arrays"]["field.obs"])
     # Same layout: the saved slots; another layout (2 streams): episodes placed anew.
@@ -232,8 +232,8 @@ def test_windows_into_packed_records_match_windows(frame: tuple[int, int],
     envs = Envs(2, seed=9, p_done=0.2)
     for _ in range(25):
         stacked.add(envs.step())
-    storage = stacked.storage
-    starts = stacked.draw(16).starts
+    storage = testing.shard(stacked).storage
+    starts = testing.shard(stacked).draw(16).starts
     data, mask, keys = storage.windows(starts)
     obs_bytes = data["obs"][0].nbytes
     out = np.zeros((20, 16 + obs_bytes), np.uint8)
@@ -267,13 +267,13 @@ def test_sharded_exchange_records_carry_whole_stacks(frame: tuple[int, int],
         step = envs.step()
         stacked.add(step)
         plain.add(step)
-    starts = stacked.draw(50, advance_schedule=False).starts
+    starts = testing.shard(stacked).draw(50, advance_schedule=False).starts
     records = {}
     for buf in (stacked, plain):
         layout = RecordLayout(buf.spec, 3)
         out = np.zeros((60, layout.record_bytes), np.uint8)
         rows = np.random.default_rng(1).permutation(60)[:50]
-        buf.gather_into(starts, out, layout.data_offsets, rows)
+        testing.shard(buf).gather(starts, into=(out, layout.data_offsets, rows))
         records[buf is stacked] = layout.views(out)
     for name in ("data.obs", "data.act", "data.rew", "data.step_type"):
         assert np.array_equal(records[True][name], records[False][name]), name
@@ -302,7 +302,7 @@ def test_rings_never_grow_beyond_a_stack_per_step() -> None:
         step = envs.step()
         stacked.add(step)
         plain.add(step)
-    assert stacked.storage.stacked["obs"].frame_capacity == K * 6
+    assert testing.shard(stacked).frame_stores()["obs"].frame_capacity == K * 6
     assert_same_samples(stacked, plain)
     for _ in range(10):
         step = envs.step()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from core_fixtures import assert_same, snapshot
 
-from shardreplay import ConfigError, Field, LinearSchedule, ReplayBuffer, Spec, SpecMismatchError
+from shardreplay import ConfigError, Field, LinearSchedule, ReplayBuffer, Spec, SpecMismatchError, testing
 
 SPEC = Spec({"obs": {"pos": Field((3,), np.float32), "id": Field((), np.int32)},
              "act": Field((), np.int64)})
@@ -51,7 +51,7 @@ def test_extend_with_torch_chunk_stream_ids_and_priorities() -> None:
              "act": torch.arange(t_len).view(1, t_len),
              "step_type": torch.tensor([[0, 1, 1, 2]], dtype=torch.uint8)}
     buf.extend(chunk, stream_ids=torch.tensor([1]), priorities=torch.tensor([[1.0, 3.0, 0.0, 2.0]]))
-    assert buf._storage.pos.tolist() == [0, 4]
+    assert testing.positions(buf).tolist() == [0, 4]
     batch = buf.sample(300)
     acts = batch.data["act"][:, 0]
     assert set(acts.tolist()) == {0, 1}  # start 2 has priority 0; 3 is LAST
@@ -106,20 +106,20 @@ def test_extend_stores_every_field_size_from_strided_and_contiguous_inputs() -> 
     buf.extend({**given, "step_type": types}, stream_ids=rows)
     assert not given["big"].flags.c_contiguous and not given["i32"].flags.c_contiguous
     slots = (rows[:, None] * 8 + np.arange(t)).ravel()
-    stored, _mask, _keys = buf._storage.windows(slots)
+    stored, _mask, _keys = testing.shard(buf).gather(slots)
     for name, expected in values.items():
         np.testing.assert_array_equal(stored[name][:, 0], expected.reshape(s * t, *expected.shape[2:]), name)
     untouched = np.setdiff1d(np.arange(40), slots)
-    stored, _mask, _keys = buf._storage.windows(untouched)
+    stored, _mask, _keys = testing.shard(buf).gather(untouched)
     assert not stored["big"].any() and not stored["f64"].any()
 
 
 @pytest.mark.parametrize("beta", [np.float32(0.4), np.float64(0.4), np.float16(0.4)])
 def test_numpy_scalar_alpha_and_beta_are_numbers(beta: np.floating) -> None:
     buf = _buffer(sampler="prioritized", alpha=np.float32(0.6), beta=beta)
-    assert buf.current_beta() == pytest.approx(float(beta))
+    assert testing.sampler_counters(buf)["beta"] == pytest.approx(float(beta))
     schedule = LinearSchedule(np.float32(0.4), np.float64(1.0), np.int64(10))
-    assert _buffer(sampler="prioritized", beta=schedule).current_beta() == pytest.approx(0.4)
+    assert testing.sampler_counters(_buffer(sampler="prioritized", beta=schedule))["beta"] == pytest.approx(0.4)
 
 
 @pytest.mark.parametrize(("beta", "says"), [(True, "bool"), (np.bool_(False), "bool"),

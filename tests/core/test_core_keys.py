@@ -14,7 +14,7 @@ import pytest
 import torch
 from core_fixtures import assert_same, snapshot
 
-from shardreplay import Field, ReplayBuffer, Spec
+from shardreplay import Field, ReplayBuffer, Spec, testing
 from shardreplay.errors import InvalidKeyError
 from shardreplay.spec.keys import NUM_TAGS, new_key_tag, pack_keys, unpack_keys
 
@@ -83,14 +83,14 @@ def test_own_keys_are_applied_and_stale_ones_counted() -> None:
     batch = buf.sample(B)
     assert buf.update_priorities(batch.keys, np.full(B, 5.0, np.float32)) == B
     places = unpack_keys(batch.keys.numpy())[2]
-    assert (buf.storage.priority[places] == 5.0).all()
+    assert (testing.stored(buf, "priority")[places] == 5.0).all()
     # Overwrite every slot once: the same keys are now stale, counted, not an error.
     for _ in range(C):
         buf.add({"obs": np.zeros((S, 2), np.float32), "step_type": np.ones(S, np.int64)})
-    stale_before = buf.stale_updates
+    stale_before = buf.info().stale_updates
     assert buf.update_priorities(batch.keys, np.full(B, 9.0, np.float32)) == 0
-    assert buf.stale_updates - stale_before == B
-    assert not (buf.storage.priority == 9.0).any()
+    assert buf.info().stale_updates - stale_before == B
+    assert not (testing.stored(buf, "priority") == 9.0).any()
 
 
 def test_a_state_dict_carries_the_key_tag() -> None:

@@ -9,7 +9,7 @@ import pytest
 from core_fixtures import assert_same
 from core_programs import apply_write, make_buffer, random_program
 
-from shardreplay import EmptyBufferError
+from shardreplay import EmptyBufferError, testing
 
 
 @pytest.mark.parametrize("sampler", ["uniform", "prioritized", "fifo"])
@@ -18,7 +18,7 @@ def test_memmap_samples_like_memory(tmp_path: Path, sampler: str) -> None:
                           n_writes=40, with_priorities=True)
     mem = make_buffer(prog, sampler=sampler, seed=5)
     mm = make_buffer(prog, sampler=sampler, seed=5, storage="memmap", directory=tmp_path / "arrays")
-    assert isinstance(mm._storage.fields["obs"], np.memmap)
+    assert isinstance(testing.shard(mm).fields["obs"], np.memmap)
     # Small fields share the per-slot record file with the bookkeeping; large ones get a file each.
     assert (tmp_path / "arrays" / "records.bin").is_file()
     mm.load_state_dict(mem.state_dict())  # takes mem's key tag, so their keys compare equal

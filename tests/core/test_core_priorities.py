@@ -7,7 +7,7 @@ import pytest
 from core_fixtures import assert_same, flat_slots, snapshot
 from core_ref import FIRST, MID, SPEC
 
-from shardreplay import ConfigError, ReplayBuffer
+from shardreplay import ConfigError, ReplayBuffer, testing
 
 
 def _write(buf: ReplayBuffer, types: list[int], priorities: list[float] | None = None) -> None:
@@ -36,15 +36,15 @@ def test_stale_keys_are_ignored_and_counted_others_applied() -> None:
     old = [keys[0], keys[1], keys[2]]
     applied = buf.update_priorities(old, [9.0, 2.0, 3.0])
     assert applied == 2
-    assert buf.stale_updates == 1
-    pr = buf._storage.priority
+    assert buf.info().stale_updates == 1
+    pr = testing.stored(buf, "priority")
     assert pr[1] == 2.0 and pr[2] == 3.0
     assert pr[0] == 1.0, "the stale update reached the slot's new occupant"
     # The stale 9.0 did not raise the running maximum either: a new step gets 3.0.
     _write(buf, [MID])
-    assert buf._storage.priority[1] == 3.0
+    assert testing.stored(buf, "priority")[1] == 3.0
     # Stale counts accumulate; a fresh key of the reused slot works.
-    assert buf.update_priorities([keys[0]], [5.0]) == 0 and buf.stale_updates == 2
+    assert buf.update_priorities([keys[0]], [5.0]) == 0 and buf.info().stale_updates == 2
     fresh = _keys_by_slot(buf)
     assert fresh[3] != keys.get(3) and buf.update_priorities([fresh[3]], [5.0]) == 1
 
@@ -56,7 +56,7 @@ def test_stale_after_many_wraps_and_empty_update() -> None:
     for _ in range(3):
         _write(buf, [MID, MID, MID, MID])  # every slot rewritten three more times
     assert buf.update_priorities(list(keys.values()), [1.0] * len(keys)) == 0
-    assert buf.stale_updates == len(keys)
+    assert buf.info().stale_updates == len(keys)
     assert buf.update_priorities(np.zeros(0, np.int64), np.zeros(0)) == 0
 
 
@@ -65,22 +65,22 @@ def test_repeated_key_takes_its_last_priority() -> None:
     _write(buf, [FIRST, MID, MID, MID])
     k = _keys_by_slot(buf)[1]
     assert buf.update_priorities([k, k, k], [4.0, 0.5, 2.5]) == 3
-    assert buf._storage.priority[1] == 2.5
+    assert testing.stored(buf, "priority")[1] == 2.5
 
 
 def test_new_starts_get_the_largest_priority_seen_or_the_writers() -> None:
     buf = _one_stream()
     _write(buf, [FIRST, MID])
-    assert buf._storage.priority[0] == 1.0  # nothing seen yet: 1
+    assert testing.stored(buf, "priority")[0] == 1.0  # nothing seen yet: 1
     k = _keys_by_slot(buf)[0]
     buf.update_priorities([k], [6.0])
     _write(buf, [MID])
-    assert buf._storage.priority[2] == 6.0
+    assert testing.stored(buf, "priority")[2] == 6.0
     _write(buf, [MID], priorities=[0.5])  # Ape-X style: the writer decides
-    assert buf._storage.priority[3] == 0.5
+    assert testing.stored(buf, "priority")[3] == 0.5
     _write(buf, [MID], priorities=[8.0])  # and raises the maximum
     _write(buf, [MID])
-    assert buf._storage.priority[1] == 8.0  # position 5 -> slot 1
+    assert testing.stored(buf, "priority")[1] == 8.0  # position 5 -> slot 1
 
 
 @pytest.mark.parametrize("sampler", ["uniform", "fifo"])

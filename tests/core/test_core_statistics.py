@@ -13,7 +13,7 @@ from core_fixtures import all_keys, filled_buffer, flat_slots
 from core_ref import FIRST, MID, SPEC
 from scipy.stats import chisquare
 
-from shardreplay import ReplayBuffer
+from shardreplay import ReplayBuffer, testing
 
 DRAWS = 40_000
 P_MIN = 1e-3
@@ -43,7 +43,7 @@ def _priorities(n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("window", [1, 2, 4])
 def test_uniform_draws_each_valid_start_with_probability_one_over_n(window: int) -> None:
     buf = filled_buffer(window, sampler="uniform", seed=100 + window)
-    valid = buf._storage.valid
+    valid = testing.valid(buf)
     counts, _, probs = _counts(buf, valid.size)
     assert counts[~valid].sum() == 0
     np.testing.assert_allclose(probs, 1.0 / valid.sum())
@@ -104,7 +104,7 @@ def test_negative_control_chisquare_rejects_a_slightly_wrong_distribution() -> N
 
 def test_negative_control_uniform_rejects_tilted_distribution() -> None:
     buf = filled_buffer(1, sampler="uniform", seed=9)
-    valid = buf._storage.valid
+    valid = testing.valid(buf)
     counts, _, _ = _counts(buf, valid.size)
     tilted = valid.astype(float)
     tilted[np.flatnonzero(valid)[:4]] *= 1.15
@@ -118,7 +118,7 @@ def test_uniform_is_uniform_when_few_slots_are_valid() -> None:
     types = np.array([[FIRST] + [MID] * 11])
     buf.extend({"obs": np.zeros((1, 12, 2)), "act": np.arange(12)[None], "step_type": types},
                stream_ids=[2])
-    valid = buf._storage.valid
+    valid = testing.valid(buf)
     assert valid.sum() == 10 and valid.sum() / valid.size < 0.05
     counts, _, probs = _counts(buf, valid.size)
     assert counts[~valid].sum() == 0

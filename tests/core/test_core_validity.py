@@ -14,7 +14,7 @@ from core_programs import Program, apply_write, make_buffer, programs
 from core_ref import FIRST, LAST, MID, SPEC, RefBuffer, check_batch
 from hypothesis import HealthCheck, given, settings
 
-from shardreplay import EmptyBufferError, ReplayBuffer
+from shardreplay import EmptyBufferError, ReplayBuffer, testing
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -22,7 +22,7 @@ SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 def _check_state(buf: ReplayBuffer, ref: RefBuffer) -> None:
     assert buf.num_steps == ref.num_steps
     assert len(buf) == len(ref.valid_starts())
-    assert set(np.flatnonzero(buf._storage.valid).tolist()) == ref.valid_slots()
+    assert set(np.flatnonzero(testing.valid(buf)).tolist()) == ref.valid_slots()
 
 
 @SETTINGS
@@ -80,9 +80,9 @@ def _update_some(buf: ReplayBuffer, ref: RefBuffer, pending: list[tuple[int, int
     chosen = [pending[i] for i in rng.choice(len(pending), size=min(len(pending), 10))]
     new = rng.choice([0.0, 0.5, 1.5, 4.0], size=len(chosen))
     current = [q in ref.stored(r) for _, r, q in chosen]
-    stale_before = buf.stale_updates
+    stale_before = buf.info().stale_updates
     assert buf.update_priorities([k for k, _, _ in chosen], new) == sum(current)
-    assert buf.stale_updates - stale_before == len(chosen) - sum(current)
+    assert buf.info().stale_updates - stale_before == len(chosen) - sum(current)
     for (_, r, q), p, cur in zip(chosen, new, current, strict=True):
         if cur:  # in call order, so a repeated key keeps its last priority
             ref.update(r, q, p)
@@ -108,7 +108,7 @@ def _steps(types: list[int], discounts: list[float] | None = None) -> dict[str, 
 def test_hand_written_timelines(types: list[int], window: int, valid_positions: list[int]) -> None:
     buf = ReplayBuffer(SPEC, num_streams=1, stream_capacity=8, window=window)
     buf.extend(_steps(types))
-    assert np.flatnonzero(buf._storage.valid).tolist() == valid_positions
+    assert np.flatnonzero(testing.valid(buf)).tolist() == valid_positions
     assert len(buf) == len(valid_positions)
 
 
@@ -119,7 +119,7 @@ def test_ring_overwrite_invalidates_the_overwritten_start_only() -> None:
     assert len(buf) == 3  # starts 0, 1, 2
     buf.extend(_steps([MID, MID]))  # positions 4, 5 overwrite slots 0, 1
     # stored 2..5: starts 2, 3, 4 valid (5 waits for position 6)
-    assert sorted(np.flatnonzero(buf._storage.valid).tolist()) == [0, 2, 3]
+    assert sorted(np.flatnonzero(testing.valid(buf)).tolist()) == [0, 2, 3]
     assert len(buf) == 3
 
 

@@ -11,7 +11,7 @@ import pytest
 from core_fixtures import all_keys, filled_buffer, flat_slots
 from core_ref import MID, SPEC
 
-from shardreplay import LinearSchedule, ReplayBuffer
+from shardreplay import LinearSchedule, ReplayBuffer, testing
 
 
 def _setup(alpha: float, beta, seed: int = 0):
@@ -65,7 +65,7 @@ def test_weights_are_one_for_uniform_and_fifo() -> None:
 def test_linear_beta_schedule_moves_one_step_per_sample_call() -> None:
     alpha, schedule = 0.8, LinearSchedule(0.2, 1.0, steps=4)
     buf, slots, prios = _setup(alpha, schedule, seed=1)
-    calls_so_far = buf._sampler.draws  # all_keys() sampled once already
+    calls_so_far = testing.sampler_counters(buf)["draws"]  # all_keys() sampled once already
     assert calls_so_far == 1
     for call in range(calls_so_far, calls_so_far + 6):
         beta = schedule(call)

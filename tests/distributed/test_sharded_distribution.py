@@ -168,12 +168,12 @@ def _stale_updates(pri: ShardedReplayBuffer, rank: int, out: dict) -> None:
     shard, _tag, place, _gen = unpack_keys(keys)
     row = place // CAPACITY
     out["stale_expected"] = int(((shard == 0) & (row == 0)).sum())
-    before = pri.local.stale_updates
+    before = pri.local.info().stale_updates
     if rank == 0:
         n0 = int(pri.local.state_dict()["arrays"]["row_pos"][0])
         _write(pri.local, 0, 0, n0, n0 + CAPACITY)
     out["stale_applied"] = pri.update_priorities(keys, np.full(64, STALE_PRIORITY, np.float32))
-    out["stale_counted"] = pri.local.stale_updates - before
+    out["stale_counted"] = pri.local.info().stale_updates - before
     ids, prios = _stored(pri.local)
     out["stale_row0_untouched"] = bool(rank != 0 or not (prios[(ids % 1000) // 100 == 0]
                                                          == np.float32(STALE_PRIORITY)).any())

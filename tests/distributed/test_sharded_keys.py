@@ -16,6 +16,7 @@ import torch
 from harness import run_ranks
 
 import shardreplay as sr
+from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError, InvalidKeyError
 from shardreplay.spec.keys import key_shard
@@ -48,18 +49,18 @@ def _cases(rank: int, world: int) -> dict:
     twin = ShardedReplayBuffer(_local(rank), timeout_s=60)  # the same content, other key tags
     twin_keys = twin.sample(BATCH, mode="exact").keys
     own = buf.sample(BATCH, mode="exact").keys
-    before = buf.local.storage.priority.copy()
+    before = testing.stored(buf.local, "priority").copy()
     out = {"arange": _error_of(buf, torch.arange(BATCH)), "twin": _error_of(buf, twin_keys)}
-    out["unchanged"] = bool((buf.local.storage.priority == before).all())
+    out["unchanged"] = bool((testing.stored(buf.local, "priority") == before).all())
     out["owners"] = sorted(set(key_shard(own.numpy()).tolist()))
     out["applied"] = buf.update_priorities(own, np.full(BATCH, 5.0, np.float32))
-    out["landed"] = int((buf.local.storage.priority == 5.0).sum())
+    out["landed"] = int((testing.stored(buf.local, "priority") == 5.0).sum())
     # Overwrite every slot of this shard: the same keys are stale at their owners.
     for _ in range(CAPACITY):
         buf.local.add({"obs": np.zeros((STREAMS, 2), np.float32), "step_type": np.ones(STREAMS, np.int64)})
-    stale = buf.local.stale_updates
+    stale = buf.local.info().stale_updates
     out["stale_applied"] = buf.update_priorities(own, np.full(BATCH, 9.0, np.float32))
-    out["stale_counted"] = buf.local.stale_updates - stale
+    out["stale_counted"] = buf.local.info().stale_updates - stale
     uniform = ShardedReplayBuffer(_local(rank, "uniform"), timeout_s=60)
     out["uniform"] = _error_of(uniform, uniform.sample(BATCH, mode="exact").keys)
     out["in_step"] = len(buf.sample(BATCH, mode="exact")) + len(uniform.sample(BATCH, mode="local"))

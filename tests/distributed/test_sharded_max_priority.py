@@ -17,6 +17,7 @@ from harness import run_ranks
 from sharded_reference import chi_square_pvalue
 
 import shardreplay as sr
+from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
 
 pytestmark = pytest.mark.distributed
@@ -56,7 +57,7 @@ def _ranks(rank: int, world: int, prefetch: int) -> dict:
         buf.sample(64, mode="exact")
     buf.discard_prefetched()  # the rest were drawn before the new steps existed
     _write(local, rank, OLD, OLD + NEW)
-    new_prios = local.storage.priority.reshape(STREAMS, -1)[:, OLD:OLD + NEW]
+    new_prios = testing.stored(local, "priority").reshape(STREAMS, -1)[:, OLD:OLD + NEW]
     drawn = [buf.sample(BATCH, mode="exact").data["obs"][:, 0].numpy().astype(np.int64) for _ in range(CALLS)]
     return {"updated": updated, "new_prios": new_prios.copy(), "drawn": np.concatenate(drawn)}
 

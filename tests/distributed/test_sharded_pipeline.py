@@ -152,14 +152,14 @@ def _checkpoint_in_flight(buf: ShardedReplayBuffer, rank: int, root: str, out: d
     buf.sample(BATCH // 2)  # served from what the save kept; starts another exchange
     load(root, buf, checkpoint_id=1)
     out["in_flight_after_load"] = buf._inflight is not None or buf.prefetched > 0
-    stale, applied = buf.local.stale_updates, buf.updates_applied
+    stale, applied = buf.local.info().stale_updates, buf.info().updates_applied
     for _ in range(3):
         b = buf.sample(BATCH // 2)
         buf.update_priorities(b.keys, np.full(len(b.keys), 2.0, np.float32))
     buf.flush_updates()
     dist.barrier()
-    out["stale_after_load"] = buf.local.stale_updates - stale
-    out["applied_after_load"] = buf.updates_applied - applied
+    out["stale_after_load"] = buf.local.info().stale_updates - stale
+    out["applied_after_load"] = buf.info().updates_applied - applied
 
 
 def _failure(rank: int, world: int, out: dict) -> None:

@@ -151,7 +151,7 @@ def _scenario(rank: int, world: int, ckpt_root: str) -> dict:
     buf.sample(64, mode="exact")
     out["refill_collectives"] = log[start:]
     out["stored_after_refill"] = _stored(local)
-    out["updates_applied"] = buf.updates_applied
+    out["updates_applied"] = buf.info().updates_applied
 
     # A checkpoint load replaces the shard: prefetched batches and queued updates go.
     buf.update_priorities(buf.sample(64, mode="exact").keys, np.ones(64, np.float32))
