@@ -26,11 +26,19 @@ LAYERS: dict[str, int] = {
     "buffer": 3,
     "distributed": 4,
     "checkpoint": 4,
+    "testing": 4,
     "transport": 5,
     "policy": 5,
     "runtime": 6,
     "cli": 7,
     "__main__": 7,
+}
+
+# Arrows the layer order allows but the design forbids: the sharded buffer and checkpoints
+# reach storage and samplers only through the buffer's internal Shard (buffer/shard.py).
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "distributed": ("storage", "samplers"),
+    "checkpoint": ("storage", "samplers"),
 }
 
 # Imported by `import shardreplay` only on demand (optional extras, slow imports).
@@ -116,6 +124,11 @@ def layer_problems(package_dir: Path) -> list[str]:
                 )
             elif dep not in LAYERS:
                 problems.append(f"{where}:{line}: imports {target}, whose layer is unknown")
+            elif dep in FORBIDDEN.get(own, ()):
+                problems.append(
+                    f"{where}:{line}: {own} imports {target}: {own} reaches {dep} only "
+                    "through the buffer's Shard (buffer/shard.py)"
+                )
             elif LAYERS[dep] > LAYERS[own]:
                 problems.append(
                     f"{where}:{line}: {own} (layer {LAYERS[own]}) imports {target} "
@@ -144,17 +157,20 @@ def test_layer_check_catches_upward_and_root_imports(tmp_path: Path) -> None:
         "storage/ring.py": "from shardreplay import Spec\n",  # the package root
         "cli/__init__.py": "import shardreplay.runtime.actor\nimport shardreplay.nowhere\n",
         "oddball.py": "",
+        "checkpoint/__init__.py": "from shardreplay.storage import STEP_ARRAYS\n",  # forbidden
+        "distributed/x.py": "from shardreplay.buffer.shard import Shard\n",  # through the Shard: fine
     }
     for name, text in files.items():
         (pkg / name).parent.mkdir(parents=True, exist_ok=True)
         (pkg / name).write_text(text)
     problems = layer_problems(pkg)
-    assert len(problems) == 4, problems
+    assert len(problems) == 5, problems
     expected = [
         "storage/ram.py:5: storage (layer 1) imports shardreplay.buffer (layer 3)",
         "storage/ring.py:1: imports from the package root (shardreplay.Spec)",
         "cli/__init__.py:2: imports shardreplay.nowhere, whose layer is unknown",
         "shardreplay/oddball.py: top-level module 'oddball' has no layer",
+        "checkpoint/__init__.py:1: checkpoint imports shardreplay.storage: checkpoint reaches storage only",
     ]
     for text in expected:
         assert any(text in p for p in problems), (text, problems)
