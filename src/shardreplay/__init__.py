@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.gym_writer import GymStepWriter, spec_from_env
+from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.nstep import NStepTransition, nstep_returns, nstep_transitions
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.transitions import Transitions, transitions_from_batch
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Batch",
+    "BufferInfo",
     "CheckpointError",
     "ConfigError",
     "EmptyBufferError",
