@@ -197,8 +197,11 @@ def _single(args: argparse.Namespace) -> dict[str, Any]:
 
     rates = time_blocks(step, args)
     timer = PhaseTimer()
-    for attr in ("draw", "gather", "update_priorities"):
-        timer.wrap(buf, attr, f"local.{attr}")
+    from shardreplay import testing
+
+    for attr in ("draw", "gather"):
+        timer.wrap(testing.shard(buf), attr, f"local.{attr}")
+    timer.wrap(buf, "update_priorities", "local.update_priorities")
     start = time.perf_counter()
     for i in range(args.profile_steps):
         step(i)
@@ -274,12 +277,14 @@ def _floor(comm: Any, calls: int = 200) -> dict[str, float]:
 def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
              sync: Callable[[], None], depth: int) -> dict[str, float]:
     """Time every collective (by operation) and local phase over ``profile_steps`` steps."""
-    comm, local = buf.collectives, buf.local
+    from shardreplay import testing
+
+    comm, shard = buf.collectives, testing.shard(buf)
     timer = PhaseTimer()
     for attr in ("all_gather", "all_to_all", "all_reduce_sum"):
         timer.wrap(comm, attr)
-    for attr in ("draw", "gather", "gather_into", "update_priorities", "fits_keys"):
-        timer.wrap(local, attr, f"local.{attr}")
+    for attr in ("draw", "gather", "apply_priorities"):
+        timer.wrap(shard, attr, f"local.{attr}")
     timer.wrap(buf._layout, "unpack", "records.unpack")
     steps = _round_up(args.profile_steps, depth)
     sync()
