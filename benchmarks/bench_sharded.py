@@ -228,15 +228,15 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[st
         if args.exact_gloo:  # exact mode with the records through gloo's all_to_all
             cases.append(("exactgloo", "exact", False))
         for depth in args.prefetch:
-            bufs = {shm: ShardedReplayBuffer(shard, timeout_s=args.timeout_s, prefetch=depth,
-                                             shared_memory=shm) for shm in (True, False)}
-            out.setdefault("global_len", len(bufs[True]))
-            out.setdefault("collective_floor_ms", _floor(bufs[True].collectives))
-            for name, mode, shm in cases:
-                buf = bufs[shm]
+            bufs = {name: ShardedReplayBuffer(shard, timeout_s=args.timeout_s, prefetch=depth,
+                                              shared_memory=shm, mode=mode) for name, mode, shm in cases}
+            out.setdefault("global_len", len(bufs["exact"]))
+            out.setdefault("collective_floor_ms", _floor(bufs["exact"].collectives))
+            for name, _mode, _shm in cases:
+                buf = bufs[name]
 
-                def step(i: int, mode: str = mode, buf: Any = buf) -> None:
-                    b = buf.sample(BATCH, mode=mode)
+                def step(i: int, buf: Any = buf) -> None:
+                    b = buf.sample(BATCH)
                     buf.update_priorities(b.keys, prios[i % len(prios)])
 
                 rates = time_blocks(step, args, sync=dist.barrier, multiple=depth)
@@ -247,7 +247,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[st
                 # Use up the prefetched batches and route queued updates: the next
                 # configuration starts from a settled shard.
                 while buf.prefetched:
-                    buf.sample(BATCH, mode=mode)
+                    buf.sample(BATCH)
                 buf.flush_updates()
         return out
     finally:

@@ -151,7 +151,7 @@ def make_replay(settings: Settings, obs_dim: int, rank: int) -> ShardedReplayBuf
                          window=settings.n_step + 1, sampler="prioritized", alpha=settings.alpha,
                          beta=beta, seed=settings.seed + rank)
     return ShardedReplayBuffer(local, timeout_s=settings.timeout_s, prefetch=settings.prefetch,
-                               pipeline=settings.pipeline)
+                               pipeline=settings.pipeline, mode=settings.mode)
 
 
 def wrap_ddp(agent: DQNAgent) -> DDP:
@@ -250,7 +250,7 @@ def _train(settings: Settings, envs: gym.vector.VectorEnv, rank: int, world: int
         # len() is collective: all ranks see the same global count and start together.
         started = started or len(agent.replay) >= settings.learning_starts
         if started:
-            batch = agent.replay.sample(settings.batch_size, mode=settings.mode)
+            batch = agent.replay.sample(settings.batch_size)
             loss, td = train_step(ddp, agent, target, optimizer, batch, settings.gamma)
             agent.replay.update_priorities(batch.keys, td + 1e-3)
             losses.append(loss)

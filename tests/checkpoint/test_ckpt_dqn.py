@@ -108,7 +108,7 @@ def _train(rank: int, world: int, run_dir: str, phase: int, capacity: int, steps
 
 def _learn(buf: ShardedReplayBuffer, ddp: torch.nn.Module, q: torch.nn.Module,
            target: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
-    batch = buf.sample(BATCH, mode="exact")
+    batch = buf.sample(BATCH)
     t = nstep_transitions(batch, GAMMA)
     q_sa = ddp(t.observation).gather(1, t.action[:, None]).squeeze(1)
     with torch.no_grad():

@@ -119,7 +119,8 @@ def test_numpy_scalar_alpha_and_beta_are_numbers(beta: np.floating) -> None:
     buf = _buffer(sampler="prioritized", alpha=np.float32(0.6), beta=beta)
     assert testing.sampler_counters(buf)["beta"] == pytest.approx(float(beta))
     schedule = LinearSchedule(np.float32(0.4), np.float64(1.0), np.int64(10))
-    assert testing.sampler_counters(_buffer(sampler="prioritized", beta=schedule))["beta"] == pytest.approx(0.4)
+    scheduled = _buffer(sampler="prioritized", beta=schedule)
+    assert testing.sampler_counters(scheduled)["beta"] == pytest.approx(0.4)
 
 
 @pytest.mark.parametrize(("beta", "says"), [(True, "bool"), (np.bool_(False), "bool"),

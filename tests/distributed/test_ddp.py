@@ -132,7 +132,7 @@ def _ddp_contract(rank: int, world: int) -> dict:
     target = ex.QNetwork(4, 2, 16).requires_grad_(False)
     target.load_state_dict(agent.online.state_dict())
     optimizer = torch.optim.SGD(agent.parameters(), lr=0.1)
-    batch = agent.replay.sample(8, mode="exact")
+    batch = agent.replay.sample(8)
     loss, td = ex.train_step(ddp, agent, target, optimizer, batch, 0.99)
     out["applied"] = agent.replay.update_priorities(batch.keys, td + 1e-3)
     grads = torch.cat([p.grad.reshape(-1) for p in agent.parameters()])

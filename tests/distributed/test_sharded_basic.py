@@ -30,12 +30,12 @@ def _sizes_and_sampling(rank: int, world: int) -> dict:
     _fill(local, rank, 2500, 5)
     buf = ShardedReplayBuffer(local, timeout_s=30)
     steps_len = buf.global_sizes()
-    exact = buf.sample(64, mode="exact")
+    exact = buf.sample(64)
     owners = key_shard(exact.keys.numpy())
     # Each sampled window's data must come from its owner's shard.
     data_ok = bool((exact.data["rank"][:, 0].numpy() == owners).all())
     applied = buf.update_priorities(exact.keys, np.full(64, 2.0, np.float32))
-    local_batch = buf.sample(32, mode="local")
+    local_batch = ShardedReplayBuffer(local, timeout_s=30, mode="local").sample(32)
     # With 1-step windows every stored step is a window: len() is the global step count.
     single = sr.ReplayBuffer(SPEC, num_streams=5, stream_capacity=500, window=1, seed=rank)
     _fill(single, rank, 2500, 5)

@@ -69,11 +69,11 @@ def _logged(method, log: list[str]):
     return call
 
 
-def _draws(buf: ShardedReplayBuffer, mode: str) -> dict:
+def _draws(buf: ShardedReplayBuffer) -> dict:
     """CALLS batches: ids, probabilities, weights, bootstrap positions, per-call mean(w f)."""
     ids, prob, weights, boot, wf, window_ok, key_ok, padding = [], [], [], [], [], True, True, 0
     for _ in range(CALLS):
-        b = buf.sample(BATCH, mode=mode)
+        b = buf.sample(BATCH)
         keys, obs, mask = b.keys.numpy(), b.data["obs"].numpy(), b.mask.numpy()
         w = b.weights.numpy()
         wf.append(float(np.mean(w * ((obs[:, 0].astype(np.int64) % 7) + 1))))
@@ -116,47 +116,49 @@ def _scenario(rank: int, world: int) -> dict:
     for sampler in ("prioritized", "uniform"):
         local = sr.ReplayBuffer(SPEC, num_streams=STREAMS, stream_capacity=CAPACITY, window=WINDOW,
                                 sampler=sampler, alpha=ALPHA, beta=BETA, seed=100 + rank)
-        bufs[sampler] = ShardedReplayBuffer(local, timeout_s=120, seed=7 + rank)
-        _record_collectives(bufs[sampler], out["log"])
-    pri, uni = bufs["prioritized"], bufs["uniform"]
+        for mode in ("exact", "local"):  # two buffers over the one shard, one per mode
+            bufs[sampler, mode] = ShardedReplayBuffer(local, timeout_s=120, seed=7 + rank, mode=mode)
+            _record_collectives(bufs[sampler, mode], out["log"])
+    pri, pri_local, uni = bufs["prioritized", "exact"], bufs["prioritized", "local"], bufs["uniform", "exact"]
 
     # All shards empty: every rank raises EmptyBufferError, and the ranks stay in step.
     out["empty_errors"] = 0
-    for mode in ("exact", "local"):
+    for buf in (pri, pri_local):
         try:
-            pri.sample(8, mode=mode)
+            buf.sample(8)
         except EmptyBufferError:
             out["empty_errors"] += 1
 
-    # Ranks that disagree on the mode all get ConfigError at once (not garbage, not a hang).
+    # Ranks that disagree on the mode all get ConfigError at construction (not garbage
+    # at the first sample, not a hang).
     out["mode_mismatch"] = None
     if world >= 2:
         try:
-            pri.sample(8, mode="exact" if rank == 0 else "local")
+            ShardedReplayBuffer(pri.local, timeout_s=120, mode="exact" if rank == 0 else "local")
         except ConfigError as exc:
             out["mode_mismatch"] = str(exc)
 
-    for buf in bufs.values():
+    for buf in (pri, uni):
         for stream, n in enumerate(AMOUNTS[world][rank]):
             _write(buf.local, rank, stream, 0, n)
     out["sizes"] = pri.global_sizes()
 
     # Priority updates from every rank, routed to the owners.
-    b = pri.sample(64, mode="exact")
+    b = pri.sample(64)
     ids = b.data["obs"][:, 0].numpy().astype(np.int64)
     out["updated"] = ids.tolist()
     out["applied"] = pri.update_priorities(b.keys, updated_priority(ids))
     out["stored"] = _stored(pri.local)
 
-    out["draws"] = {f"{s}/{m}": _draws(bufs[s], m) for s, m in MODES}
+    out["draws"] = {f"{s}/{m}": _draws(bufs[s, m]) for s, m in MODES}
     # Local padding keys (-1) are skipped by update_priorities; other ranks apply their own.
-    b = pri.sample(16, mode="local")
+    b = pri_local.sample(16)
     out["local_keys_padding"] = bool((b.keys == -1).all())
     out["local_applied"] = pri.update_priorities(b.keys, np.ones(16, np.float32))
 
     _stale_updates(pri, rank, out)
     _bad_priorities(pri, rank, world, out)
-    out["final_batch"] = len(uni.sample(8, mode="exact"))  # still in step after all of that
+    out["final_batch"] = len(uni.sample(8))  # still in step after all of that
     out["shared_memory"] = pri._exact.uses_shared_memory
     gc.freeze()  # a faster exit: the interpreter's final collections skip frozen objects
     return out
@@ -164,7 +166,7 @@ def _scenario(rank: int, world: int) -> dict:
 
 def _stale_updates(pri: ShardedReplayBuffer, rank: int, out: dict) -> None:
     """Keys into rank 0's stream 0 go stale when rank 0 overwrites that whole ring."""
-    keys = pri.sample(64, mode="exact").keys.numpy()
+    keys = pri.sample(64).keys.numpy()
     shard, _tag, place, _gen = unpack_keys(keys)
     row = place // CAPACITY
     out["stale_expected"] = int(((shard == 0) & (row == 0)).sum())
@@ -181,7 +183,7 @@ def _stale_updates(pri: ShardedReplayBuffer, rank: int, out: dict) -> None:
 
 def _bad_priorities(pri: ShardedReplayBuffer, rank: int, world: int, out: dict) -> None:
     """Rank 1 (rank 0 alone) passes a NaN: only it raises, nothing of its input lands anywhere."""
-    keys = pri.sample(64, mode="exact").keys
+    keys = pri.sample(64).keys
     prios = np.full(64, GOOD_PRIORITY, np.float32)
     if rank == min(1, world - 1):
         prios[:] = BAD_PRIORITY

@@ -47,8 +47,8 @@ def _error_of(buf: ShardedReplayBuffer, keys: object) -> str | None:
 def _cases(rank: int, world: int) -> dict:
     buf = ShardedReplayBuffer(_local(rank), timeout_s=60)
     twin = ShardedReplayBuffer(_local(rank), timeout_s=60)  # the same content, other key tags
-    twin_keys = twin.sample(BATCH, mode="exact").keys
-    own = buf.sample(BATCH, mode="exact").keys
+    twin_keys = twin.sample(BATCH).keys
+    own = buf.sample(BATCH).keys
     before = testing.stored(buf.local, "priority").copy()
     out = {"arange": _error_of(buf, torch.arange(BATCH)), "twin": _error_of(buf, twin_keys)}
     out["unchanged"] = bool((testing.stored(buf.local, "priority") == before).all())
@@ -62,8 +62,9 @@ def _cases(rank: int, world: int) -> dict:
     out["stale_applied"] = buf.update_priorities(own, np.full(BATCH, 9.0, np.float32))
     out["stale_counted"] = buf.local.info().stale_updates - stale
     uniform = ShardedReplayBuffer(_local(rank, "uniform"), timeout_s=60)
-    out["uniform"] = _error_of(uniform, uniform.sample(BATCH, mode="exact").keys)
-    out["in_step"] = len(buf.sample(BATCH, mode="exact")) + len(uniform.sample(BATCH, mode="local"))
+    uniform_local = ShardedReplayBuffer(uniform.local, timeout_s=60, mode="local")
+    out["uniform"] = _error_of(uniform, uniform.sample(BATCH).keys)
+    out["in_step"] = len(buf.sample(BATCH)) + len(uniform_local.sample(BATCH))
     return out
 
 

@@ -49,16 +49,16 @@ def _ranks(rank: int, world: int, prefetch: int) -> dict:
                             alpha=ALPHA, beta=0.0, seed=100 + rank)
     buf = ShardedReplayBuffer(local, seed=7 + rank, prefetch=prefetch)
     _write(local, rank, 0, OLD)
-    batch = buf.sample(64, mode="exact")
+    batch = buf.sample(64)
     ids = batch.data["obs"][:, 0].numpy().astype(np.int64)
     updated = {int(i): float(update_value(np.array([i]))[0]) for i in ids}  # last one wins: equal values
     buf.update_priorities(batch.keys, update_value(ids))
     for _ in range(prefetch if prefetch > 1 else 0):  # the prefetched batches, then the next exchange
-        buf.sample(64, mode="exact")
+        buf.sample(64)
     buf.discard_prefetched()  # the rest were drawn before the new steps existed
     _write(local, rank, OLD, OLD + NEW)
     new_prios = testing.stored(local, "priority").reshape(STREAMS, -1)[:, OLD:OLD + NEW]
-    drawn = [buf.sample(BATCH, mode="exact").data["obs"][:, 0].numpy().astype(np.int64) for _ in range(CALLS)]
+    drawn = [buf.sample(BATCH).data["obs"][:, 0].numpy().astype(np.int64) for _ in range(CALLS)]
     return {"updated": updated, "new_prios": new_prios.copy(), "drawn": np.concatenate(drawn)}
 
 

@@ -98,7 +98,7 @@ def _scenario(rank: int, world: int, ckpt_root: str) -> dict:
 def _draws(buf: ShardedReplayBuffer, model: DistributedDataParallel) -> dict:
     ids, prob, w = [], [], []
     for _ in range(CALLS):
-        b = buf.sample(BATCH, mode="exact")
+        b = buf.sample(BATCH)
         _ddp_step(model, b)
         ids.append(b.data["obs"][:, 0].numpy().astype(np.int64))
         prob.append(b.probabilities.numpy())

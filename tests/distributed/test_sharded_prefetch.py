@@ -66,10 +66,10 @@ def _stored(local: sr.ReplayBuffer) -> dict[int, float]:
                     strict=True))
 
 
-def _draws(buf: ShardedReplayBuffer, mode: str) -> dict:
+def _draws(buf: ShardedReplayBuffer) -> dict:
     ids, prob, w = [], [], []
     for _ in range(CALLS):
-        b = buf.sample(BATCH, mode=mode)
+        b = buf.sample(BATCH)
         if (b.keys == -1).all():
             continue  # local mode on the empty shard
         ids.append(b.data["obs"][:, 0].numpy().astype(np.int64))
@@ -84,32 +84,33 @@ def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
 
 def _scenario(rank: int, world: int, ckpt_root: str) -> dict:
     out: dict = {}
-    # Ranks constructed with different depths all get ConfigError at the first exchange.
+    # Ranks constructing with different depths all get ConfigError at construction.
     if world >= 2:
-        odd = ShardedReplayBuffer(sr.ReplayBuffer(SPEC, num_streams=1, stream_capacity=4, window=1),
-                                  timeout_s=60, prefetch=2 if rank == 0 else 3)
         try:
-            odd.sample(4)
+            ShardedReplayBuffer(sr.ReplayBuffer(SPEC, num_streams=1, stream_capacity=4, window=1),
+                                timeout_s=60, prefetch=2 if rank == 0 else 3)
         except ConfigError as exc:
             out["depth_error"] = str(exc)
     local = sr.ReplayBuffer(SPEC, num_streams=STREAMS, stream_capacity=CAPACITY, window=WINDOW,
                             sampler="prioritized", alpha=ALPHA, beta=BETA, seed=300 + rank)
     # K = 2 exchanges records through all_to_all, K = 4 through shared memory.
-    buf = ShardedReplayBuffer(local, timeout_s=120, seed=17 + rank, prefetch=PREFETCH,
-                              shared_memory=world != 2)
+    bufs = {mode: ShardedReplayBuffer(local, timeout_s=120, seed=17 + rank, prefetch=PREFETCH,
+                                      shared_memory=world != 2, mode=mode) for mode in ("exact", "local")}
+    buf = bufs["exact"]
     log: list[str] = []
-    _logged(buf, log)
+    for each in bufs.values():
+        _logged(each, log)
     for stream, n in enumerate(AMOUNTS[world][rank]):
         _write(local, rank, stream, n)
 
     out["draws"], out["collectives"] = {}, {}
     for mode in ("exact", "local"):
         start = len(log)
-        out["draws"][mode] = _draws(buf, mode)
+        out["draws"][mode] = _draws(bufs[mode])
         out["collectives"][mode] = log[start:]
 
     # Updates: own ones land at once, foreign ones wait (no collective) for flush_updates().
-    b = buf.sample(64, mode="exact")
+    b = buf.sample(64)
     ids = b.data["obs"][:, 0].numpy().astype(np.int64)
     own = key_shard(b.keys.numpy()) == rank
     start = len(log)
@@ -127,7 +128,7 @@ def _scenario(rank: int, world: int, ckpt_root: str) -> dict:
     # A different size while prefetched batches wait: ConfigError, no collective.
     start = len(log)
     try:
-        buf.sample(32, mode="exact")
+        buf.sample(32)
     except ConfigError as exc:
         out["size_error"] = str(exc)
     # Bad priorities raise here and queue nothing.
@@ -142,25 +143,25 @@ def _scenario(rank: int, world: int, ckpt_root: str) -> dict:
     # before its draw.
     second = []
     for _ in range(buf.prefetched):
-        b = buf.sample(64, mode="exact")
+        b = buf.sample(64)
         ids = b.data["obs"][:, 0].numpy().astype(np.int64)
         buf.update_priorities(b.keys, updated_priority(ids))
         second += ids.tolist()
     out["updated_second"] = second
     start = len(log)
-    buf.sample(64, mode="exact")
+    buf.sample(64)
     out["refill_collectives"] = log[start:]
     out["stored_after_refill"] = _stored(local)
     out["updates_applied"] = buf.info().updates_applied
 
     # A checkpoint load replaces the shard: prefetched batches and queued updates go.
-    buf.update_priorities(buf.sample(64, mode="exact").keys, np.ones(64, np.float32))
+    buf.update_priorities(buf.sample(64).keys, np.ones(64, np.float32))
     out["before_load"] = (buf.prefetched, buf.pending_updates)
     save(buf, ckpt_root, 1)
     dist.barrier()  # save has no collective: every part must exist before anyone loads
     load(ckpt_root, buf)
     out["after_load"] = (buf.prefetched, buf.pending_updates)
-    out["after_load_batch"] = len(buf.sample(64, mode="exact"))  # still in step
+    out["after_load_batch"] = len(buf.sample(64))  # still in step
     gc.freeze()
     return out
 

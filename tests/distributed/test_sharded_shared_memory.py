@@ -58,7 +58,7 @@ def _batches(buf: ShardedReplayBuffer, log: list[str]) -> list[dict[str, np.ndar
     out = []
     for size in SIZES:
         for _ in range(PREFETCH):
-            b = buf.sample(size, mode="exact")
+            b = buf.sample(size)
             out.append({**{f"data.{k}": v.numpy().copy() for k, v in b.data.items()},
                         "mask": b.mask.numpy().copy(), "keys": _untagged(b.keys.numpy()),
                         "weights": b.weights.numpy().copy(), "prob": b.probabilities.numpy().copy()})
@@ -66,7 +66,7 @@ def _batches(buf: ShardedReplayBuffer, log: list[str]) -> list[dict[str, np.ndar
 
 
 def _own_names(buf: ShardedReplayBuffer) -> list[str]:
-    return sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{buf._exact.nonce:013x}-*"))
+    return sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{buf._exact.nonce:016x}-*"))
 
 
 def _same_draws(rank: int, world: int) -> dict:
@@ -83,7 +83,7 @@ def _same_draws(rank: int, world: int) -> dict:
     nonce = shared._exact.nonce
     del shared
     gc.collect()
-    out["names_after"] = sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{nonce:013x}-*"))
+    out["names_after"] = sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{nonce:016x}-*"))
     return out
 
 

@@ -36,8 +36,8 @@ def _one_rank_missing(rank: int, world: int, mode: str) -> dict:
                        "step_type": np.full(2, sr.StepType.FIRST if t == 0 else sr.StepType.MID, np.uint8)})
     # The first sample waits for the slowest rank's start-up (imports, compiled kernels):
     # seconds on a loaded machine, so it runs with a generous limit; then the short one.
-    buf = ShardedReplayBuffer(local, timeout_s=120)
-    first = len(buf.sample(4, mode=mode))  # everyone present: works, also on the empty shard
+    buf = ShardedReplayBuffer(local, timeout_s=120, mode=mode)
+    first = len(buf.sample(4))  # everyone present: works, also on the empty shard
     buf.collectives.timeout_s = TIMEOUT_S
     if rank == ABSENT:
         time.sleep(TIMEOUT_S + 2.0)  # never joins the second sample, then exits
@@ -45,7 +45,7 @@ def _one_rank_missing(rank: int, world: int, mode: str) -> dict:
     gc.freeze()  # a faster exit: the interpreter's final collections skip frozen objects
     start = time.monotonic()
     try:
-        buf.sample(4, mode=mode)
+        buf.sample(4)
     except CollectiveTimeout as exc:
         return {"first": first, "error": str(exc), "seconds": time.monotonic() - start,
                 "pid": psutil.Process().pid}

@@ -24,8 +24,8 @@ def _transitions(rank: int, world: int) -> dict:
         local.add({"obs": np.full(2, 1000 * rank + t, np.float32), "action": [t, t], "reward": [1.0, 1.0],
                    "step_type": [st, st], "discount": [0.0 if st == sr.StepType.LAST else 1.0] * 2})
     buf = ShardedReplayBuffer(local, timeout_s=30)
-    tr = buf.sample_transitions(64, gamma=0.5, mode="exact")
-    one = buf.sample_transitions(64, gamma=0.5, n=1, mode="local")
+    tr = buf.sample_transitions(64, gamma=0.5)
+    one = ShardedReplayBuffer(local, timeout_s=30, mode="local").sample_transitions(64, gamma=0.5, n=1)
     return {"obs": tr.obs.tolist(), "next_obs": tr.next_obs.tolist(), "reward": tr.reward.tolist(),
             "boot": tr.bootstrap_discount.tolist(), "owner": key_shard(tr.keys.numpy()).tolist(),
             "one_reward": one.reward.tolist(), "one_boot": one.bootstrap_discount.tolist()}

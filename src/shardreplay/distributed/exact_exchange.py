@@ -23,7 +23,7 @@ from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.drawn import Drawn, split_batches
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
-from shardreplay.distributed.shared_records import SharedRecords, host_key, nonce
+from shardreplay.distributed.shared_records import SharedRecords
 from shardreplay.spec.keys import with_shard
 
 _LOG = logging.getLogger(__name__)
@@ -36,25 +36,26 @@ class ExactExchange:
         local: this rank's shard (``shard_of_buffer`` of its buffer).
         comm: the group's collectives.
         layout: the record layout of the shard's windows.
-        shared_memory: whether this rank offers the same-host exchange.
+        hosts: every rank's host key (equal on ranks that share ``/dev/shm`` and offer the
+            same-host exchange: see ``shared_records.host_key``).
+        nonces: every rank's nonce, naming its shared-memory regions.
     """
 
-    def __init__(self, local: Shard, comm: Collectives, layout: RecordLayout,
-                 shared_memory: bool) -> None:
+    def __init__(self, local: Shard, comm: Collectives, layout: RecordLayout, hosts: np.ndarray,
+                 nonces: np.ndarray) -> None:
         self.local = local
         self._comm = comm
         self._layout = layout
         self.rank, self.world_size = comm.rank, comm.world_size
-        self.host_key = host_key(shared_memory)  # sent in the stats row
-        self.nonce = nonce()  # names this rank's regions; sent in the stats row
+        self._hosts, self._nonces = np.asarray(hosts, np.int64), np.asarray(nonces, np.int64)
+        self.nonce = int(self._nonces[self.rank])  # names this rank's regions
         # Decided at the first refill, alike on every rank (None: not yet; False: all_to_all).
         self._shared: SharedRecords | bool | None = None
 
-    def draw(self, masses: np.ndarray, batches: np.ndarray, seed: int, hosts: np.ndarray,
-             nonces: np.ndarray, k: int, total: float, low: float) -> list[Drawn]:
+    def draw(self, masses: np.ndarray, batches: np.ndarray, seed: int, k: int, total: float,
+             low: float) -> list[Drawn]:
         """``k`` batches of ``batches[rank]`` windows for this rank; every rank calls it with
-        the same stats (``masses``, ``batches``, ``hosts``, ``nonces`` per rank, and rank
-        0's ``seed``).
+        the same stats (``masses`` and ``batches`` per rank, and rank 0's ``seed``).
 
         Each of a requester's ``k`` batches takes Multinomial(n, mass/total) items from the
         shards, each item drawn from its shard's distribution: every batch is ``n`` i.i.d.
@@ -71,7 +72,7 @@ class ExactExchange:
         np.fill_diagonal(asked, 0)  # nothing is sent to oneself
         out = np.empty((k * n, self._layout.record_bytes), np.uint8)
         share = float(masses[me]) / total
-        shared = self._shared_records(hosts, nonces, asked.sum(axis=1))
+        shared = self._shared_records(asked.sum(axis=1))
         send = self._send_buffer(shared, int(asked[me].sum()))
         own_starts, own_prob = self._draw_records(asked[me], own_rows.size, send, share)
         write_own: Callable[[], None] | None = partial(self._write_records, out, own_rows, own_starts,
@@ -102,13 +103,12 @@ class ExactExchange:
         return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
                              1.0, self.local.current_beta())
 
-    def _shared_records(self, hosts: np.ndarray, nonces: np.ndarray,
-                        sent: np.ndarray) -> SharedRecords | None:
+    def _shared_records(self, sent: np.ndarray) -> SharedRecords | None:
         """The same-host regions sized for this refill (rank ``r`` sends ``sent[r]``
         records), or None when the ranks exchange through all_to_all."""
         if self._shared is None:
-            same_host = self.world_size > 1 and bool((hosts == hosts[0]).all())
-            self._shared = SharedRecords(nonces, self.rank, self._layout.record_bytes) \
+            same_host = self.world_size > 1 and bool((self._hosts == self._hosts[0]).all())
+            self._shared = SharedRecords(self._nonces, self.rank, self._layout.record_bytes) \
                 if same_host else False
         if self._shared is False:
             return None

@@ -4,7 +4,7 @@ Every rank of a ``torch.distributed`` group owns one shard (a :class:`ReplayBuff
 writes stay local. ``sample`` and ``update_priorities`` are collective: every rank
 calls them in the same order, also when its own shard is empty (docs/semantics.md, sampling rules 5-6).
 
-One ``sample(B, mode="exact")`` is two collectives::
+One ``sample(B)`` of a buffer built with ``mode="exact"`` (the default) is two collectives::
 
     all_gather   (mass_k, N_k, min_leaf_k, seed, ...)  every rank knows the global picture
                                                        and derives every rank's shard counts
@@ -58,10 +58,12 @@ from shardreplay.distributed.background import Background
 from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, split_batches
 from shardreplay.distributed.exact_exchange import ExactExchange
 from shardreplay.distributed.exchange import RecordLayout
+from shardreplay.distributed.exchange_stats import ExchangeStats, SamplingSettings
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.pending import PendingUpdates
 from shardreplay.distributed.pipelined import Pipelining
 from shardreplay.distributed.priorities import PriorityRouting
+from shardreplay.distributed.shared_records import host_key, nonce
 from shardreplay.errors import ConfigError, EmptyBufferError
 from shardreplay.spec.keys import MAX_SHARDS, with_shard
 
@@ -69,9 +71,8 @@ SAMPLE_MODES = ("exact", "local")
 # Named in a timeout's message: a lone rank asking len() must learn why it waits.
 _SIZES_OP = ("ShardedReplayBuffer.global_sizes (len(), num_steps and capacity are collectives: every "
              "rank must call them at the same point; len(buffer.local) is this rank's shard alone)")
-# Columns of the stats row each rank contributes to a sampling exchange (the last K
-# columns count its queued priority updates per owner shard).
-_MASS, _COUNT, _LOW, _MODE, _BATCH, _SEED, _PREFETCH, _HOST, _NONCE, _MAXP, _TAG, _FOREIGN = range(12)
+_SETTINGS_OP = ("ShardedReplayBuffer(all_gather settings) (every rank of the group constructs its "
+                "buffer at the same point)")
 
 
 class ShardedReplayBuffer(PriorityRouting, Pipelining):
@@ -88,6 +89,9 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
             CPU for gloo, the current CUDA device for NCCL).
         seed: seed of this rank's shard-choice RNG (default: the local buffer's seed),
             combined with the rank so ranks draw differently.
+        mode: ``"exact"`` (every batch drawn from the global distribution, items fetched
+            from their owners) or ``"local"`` (each rank draws from its own shard, weights
+            carry the shard factor); the same on every rank.
         prefetch: batches drawn per exchange (the same on every rank). 1: every
             ``sample`` is one exchange and every ``update_priorities`` lands before it
             returns. ``k > 1``: one exchange serves ``k`` calls, drawn together from the
@@ -110,21 +114,30 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
             same size and mode as the one before. Call :meth:`close` when done. See
             docs/semantics.md for how stale a batch can be.
 
+    Construction is collective: the ranks agree once on ``mode`` and ``prefetch`` (and
+    on what the same-host exchange needs), so every rank of the group must construct its
+    buffer at the same point.
+
     Raises:
         ConfigError: torch.distributed not initialised, a fifo shard, too many ranks,
-            prefetch < 1.
-        CollectiveTimeout: with ``pipeline=True``, a rank did not join the new group.
+            prefetch < 1, an unknown mode; ranks passed different modes or prefetch depths
+            (raised on every rank alike).
+        CollectiveTimeout: a rank did not construct its buffer in time, or (with
+            ``pipeline=True``) did not join the new group.
     """
 
     def __init__(self, local_buffer: ReplayBuffer, group: Any = None, *, timeout_s: float = 60.0,
                  device: torch.device | str | None = None, seed: int | None = None,
-                 prefetch: int = 1, shared_memory: bool = True, pipeline: bool = False) -> None:
+                 prefetch: int = 1, shared_memory: bool = True, pipeline: bool = False,
+                 mode: str = "exact") -> None:
         if not isinstance(local_buffer, ReplayBuffer):
             raise ConfigError("local_buffer must be a shardreplay.ReplayBuffer")
         if local_buffer.sampler_name == "fifo":
             raise ConfigError("a sharded buffer samples uniform or prioritized shards, not fifo")
         if not isinstance(prefetch, int | np.integer) or prefetch < 1:
             raise ConfigError(f"prefetch must be a positive integer, got {prefetch!r}")
+        if mode not in SAMPLE_MODES:
+            raise ConfigError(f"mode must be one of {SAMPLE_MODES}, got {mode!r}")
         self.local = local_buffer
         self._shard = shard_of_buffer(local_buffer)
         self._comm = Collectives(group, timeout_s)
@@ -140,6 +153,12 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         # load, so keys that are no keys of this buffer are refused where they are passed.
         self._tags = np.zeros(self.world_size, np.int64)
         self.prefetch = int(prefetch)
+        self.mode = mode
+        # Shared memory is only offered on CPU (gloo) groups.
+        use_shm = shared_memory and self._comm.device.type == "cpu"
+        mine = SamplingSettings(SAMPLE_MODES.index(mode), self.prefetch, host_key(use_shm), nonce())
+        agreed = SamplingSettings.from_tensor(self._comm.all_gather(mine.to_tensor(), _SETTINGS_OP))
+        _check_same_settings(agreed)
         self._ready: deque[Drawn] = deque()
         self._ready_for: tuple[int, str] | None = None
         self._pending = PendingUpdates(self.world_size)
@@ -157,9 +176,7 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
             self._xcomm.unlocked_while_waiting = self._lock
             self._background = Background(f"shardreplay-exchange-r{self.rank}", self._xcomm.device)
             weakref.finalize(self, self._background.close, 0.0)
-        # Exact-mode refills; shared memory is only offered on CPU (gloo) groups.
-        self._exact = ExactExchange(self._shard, self._xcomm, self._layout,
-                                    shared_memory and self._comm.device.type == "cpu")
+        self._exact = ExactExchange(self._shard, self._xcomm, self._layout, agreed.host_key, agreed.nonce)
 
     @property
     def pipeline(self) -> bool:
@@ -230,29 +247,26 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         return self.global_sizes()[2]
 
     # -- sampling (collective) ----------------------------------------------------------------
-    def sample(self, batch_size: int, mode: str = "exact") -> Batch:
-        """Draw ``batch_size`` windows for this rank from the global distribution.
+    def sample(self, batch_size: int) -> Batch:
+        """Draw ``batch_size`` windows for this rank from the global distribution (in the
+        buffer's ``mode``).
 
         With ``prefetch=k`` one exchange draws ``k`` batches, and the next ``k - 1`` calls
         are served from them without any collective (they must ask for the same
-        ``batch_size`` and ``mode``). With ``pipeline=True`` the exchange runs on the
-        background thread: this call returns a batch the exchange started by an earlier
-        call drew, and starts the next exchange when it returns the last prefetched one.
+        ``batch_size``). With ``pipeline=True`` the exchange runs on the background
+        thread: this call returns a batch the exchange started by an earlier call drew,
+        and starts the next exchange when it returns the last prefetched one.
 
         Raises:
-            ConfigError: bad batch size or mode (raised before any collective); the ranks
-                passed different modes or prefetch depths (raised on every rank alike,
-                after the first collective, so the ranks stay in step); a call that
-                differs from the prefetched batches' size or mode.
+            ConfigError: bad batch size (raised before any collective); a call that differs
+                from the prefetched batches' size.
             EmptyBufferError: no shard has a window to draw (on every rank alike).
             CollectiveTimeout: a peer rank did not join in time.
             SamplerFailed: the background thread stopped after an error (pipeline).
         """
         if not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if mode not in SAMPLE_MODES:
-            raise ConfigError(f"mode must be one of {SAMPLE_MODES}, got {mode!r}")
-        asked = (int(batch_size), mode)
+        asked = (int(batch_size), self.mode)
         if self._background is not None:
             return self._sample_pipelined(asked)
         if not self._ready:
@@ -262,7 +276,7 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         return self._serve(self._ready.popleft())
 
     def sample_transitions(self, batch_size: int, gamma: float, n: int | None = None,
-                           mode: str = "exact", **names: str) -> Transitions:
+                           **names: str) -> Transitions:
         """:meth:`sample` (collective, same arguments) as n-step transitions, as
         :meth:`ReplayBuffer.sample_transitions` returns them (``bootstrap_discount`` holds
         gamma already).
@@ -271,14 +285,14 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
             ConfigError, EmptyBufferError, CollectiveTimeout: as :meth:`sample`; a bad
                 ``gamma`` or ``n`` (after the collective, on every rank alike).
         """
-        return transitions_from_batch(self.sample(batch_size, mode), gamma, n, **names)
+        return transitions_from_batch(self.sample(batch_size), gamma, n, **names)
 
     def _check_asked(self, asked: tuple[int, str]) -> None:
         if self._ready_for != asked:
             raise ConfigError(
                 f"{len(self._ready)} prefetched batches of {self._ready_for} (batch_size, mode) are "
                 f"waiting; with prefetch={self.prefetch}{' and pipeline=True' if self.pipeline else ''} "
-                f"every sample() call must ask for the same batch_size and mode until they are used "
+                f"every sample() call must ask for the same batch_size until they are used "
                 f"(got {asked}); discard_prefetched() on every rank drops them")
 
     def sharding_state(self) -> dict[str, Any]:
@@ -355,40 +369,33 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         if mode == "local" and not len(pending):
             def early() -> None:
                 own.append(self._draw_own(n * self.prefetch))
-        stats = self._gather_stats(mode, n, pending, early)
-        _check_same_mode(stats[:, _MODE])
-        _check_same_prefetch(stats[:, _PREFETCH])
-        self.learn_key_tags(stats[:, _TAG])
-        foreign = stats[:, _FOREIGN:].astype(np.int64)
+        stats = self._gather_stats(n, pending, early)
+        self.learn_key_tags(stats.key_tag)
+        foreign = stats.tail
         if foreign.any():  # queued priority updates first, so the draw sees them
             self._route(pending.take()[0], foreign)
-            stats, own = self._gather_stats(mode, n, pending), []
-        self._shard.raise_max_priority(float(stats[:, _MAXP].max()))
-        masses, counts, min_leaf = stats[:, _MASS], stats[:, _COUNT], stats[:, _LOW]
+            stats, own = self._gather_stats(n, pending), []
+        self._shard.raise_max_priority(float(stats.max_priority.max()))
+        masses, counts = stats.mass, stats.samplable
         if counts.sum() == 0 or masses.sum() <= 0:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")
-        total, low = float(masses.sum()), float(min_leaf.min())
+        total, low = float(masses.sum()), float(stats.min_leaf.min())
         if mode == "local":
             drawn = self._draw_local(n, masses, total, low, own[0] if own else None)
         else:
-            drawn = self._exact.draw(masses, stats[:, _BATCH].astype(np.int64), int(stats[0, _SEED]),
-                                     stats[:, _HOST], stats[:, _NONCE], self.prefetch, total, low)
+            drawn = self._exact.draw(masses, stats.batch_size, int(stats.seed[0]), self.prefetch, total, low)
         return drawn
 
-    def _gather_stats(self, mode: str, batch_size: int, pending: PendingUpdates,
-                      while_waiting: Callable[[], None] | None = None) -> np.ndarray:
-        """One row per rank: mass, samplable count, min leaf, mode, batch size, a seed
-        proposal (rank 0's is shared: see ``ExactExchange.draw``), prefetch depth, the
-        largest priority seen here, and the count of queued updates for each owner."""
+    def _gather_stats(self, batch_size: int, pending: PendingUpdates,
+                      while_waiting: Callable[[], None] | None = None) -> ExchangeStats:
+        """Every rank's :class:`ExchangeStats` (as ``[K]`` columns)."""
         st = self._shard.stats()
-        seed = float(self._rng.integers(0, 1 << 52))  # exact in a float64
-        mine = torch.tensor([st.mass, st.samplable, st.min_leaf, SAMPLE_MODES.index(mode),
-                             batch_size, seed, self.prefetch, self._exact.host_key,
-                             self._exact.nonce, self._max_seen(), st.key_tag,
-                             *pending.counts.tolist()],
-                            dtype=torch.float64)
-        return self._xcomm.all_gather(mine, "ShardedReplayBuffer.sample(all_gather stats)",
-                                     while_waiting=while_waiting).cpu().numpy()
+        mine = ExchangeStats(st.mass, st.samplable, st.min_leaf, batch_size,
+                             int(self._rng.integers(0, 1 << 63)), self._max_seen(), st.key_tag,
+                             pending.counts)
+        rows = self._xcomm.all_gather(mine.to_tensor(), "ShardedReplayBuffer.sample(all_gather stats)",
+                                      while_waiting=while_waiting)
+        return ExchangeStats.from_tensor(rows)
 
     def _draw_own(self, m: int) -> tuple[Any, ...] | None:
         """``m`` windows of this shard: (draw, data, mask, keys), or None when it is empty."""
@@ -424,18 +431,16 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         return batch.to(self.device)
 
 
-
-def _check_same_prefetch(depths: np.ndarray) -> None:
-    if (depths != depths[0]).any():
-        raise ConfigError(f"ranks use different prefetch depths ({depths.astype(int).tolist()}); "
-                          "every rank must construct its ShardedReplayBuffer with the same prefetch")
-
-
-def _check_same_mode(codes: np.ndarray) -> None:
-    """Every rank must sample in the same mode: exact ranks go on to exchange records
-    while local ranks go on to their next call, and those collectives would pair up
-    with each other's and swap unrelated bytes (seen: sample records read as priorities)."""
+def _check_same_settings(agreed: SamplingSettings) -> None:
+    """Every rank must sample in the same mode with the same prefetch depth: exact ranks go
+    on to exchange records while local ranks go on to their next call, and those
+    collectives would pair up with each other's and swap unrelated bytes; ranks of other
+    depths would run their exchanges at different calls. Raised on every rank alike."""
+    codes, depths = agreed.mode, agreed.prefetch
     if (codes != codes[0]).any():
         ranks = {m: [r for r, c in enumerate(codes) if c == i] for i, m in enumerate(SAMPLE_MODES)}
-        raise ConfigError(f"ranks called sample() with different modes ({ranks}); every rank must "
-                          "pass the same mode to the same call")
+        raise ConfigError(f"ranks constructed ShardedReplayBuffer with different modes ({ranks}); "
+                          "every rank must pass the same mode")
+    if (depths != depths[0]).any():
+        raise ConfigError(f"ranks use different prefetch depths ({depths.tolist()}); every rank "
+                          "must construct its ShardedReplayBuffer with the same prefetch")

@@ -26,15 +26,15 @@ from pathlib import Path
 import numpy as np
 
 SHM_DIR = Path("/dev/shm")
-_KEY_BITS = 52  # host keys and nonces travel as float64 in the stats row: exact below 2^53
+_KEY_BITS = 63  # host keys and nonces are non-negative int64s
 
 
-def host_key(enabled: bool) -> float:
+def host_key(enabled: bool) -> int:
     """A number equal on ranks that share this host's ``/dev/shm`` (boot id, host name and
     the tmpfs's device and inode), and unique to this process when shared memory is
     disabled or unusable."""
     if not enabled or not os.access(SHM_DIR, os.W_OK):
-        return float(nonce())
+        return nonce()
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -42,11 +42,11 @@ def host_key(enabled: bool) -> float:
     st = SHM_DIR.stat()
     digest = hashlib.blake2b(f"{boot}|{socket.gethostname()}|{st.st_dev}|{st.st_ino}".encode(),
                              digest_size=8).digest()
-    return float(int.from_bytes(digest, "little") >> (64 - _KEY_BITS))
+    return int.from_bytes(digest, "little") >> (64 - _KEY_BITS)
 
 
 def nonce() -> int:
-    """A fresh random 52-bit number (from the OS, not from any seeded generator, so two
+    """A fresh random 63-bit number (from the OS, not from any seeded generator, so two
     buffers built with the same seed never pick the same region names)."""
     return int.from_bytes(os.urandom(8), "little") >> (64 - _KEY_BITS)
 
@@ -74,7 +74,7 @@ class SharedRecords:
         weakref.finalize(self, _unlink_all, self._named)
 
     def _path(self, rank: int, gen: int) -> Path:
-        return SHM_DIR / f"shardreplay-{self._nonces[rank]:013x}-r{rank}-g{gen}"
+        return SHM_DIR / f"shardreplay-{self._nonces[rank]:016x}-r{rank}-g{gen}"
 
     def plan(self, rows: np.ndarray) -> None:
         """Size every rank's region for ``rows[r]`` records (every rank passes the same

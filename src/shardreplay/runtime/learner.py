@@ -164,7 +164,7 @@ class Learner:
                              beta=LinearSchedule(r.beta_start, r.beta_end, r.beta_updates),
                              seed=s.run.seed * 1000 + self.rank)
         return ShardedReplayBuffer(local, timeout_s=s.learners.collective_timeout_s, prefetch=r.prefetch,
-                                   pipeline=r.pipeline)
+                                   pipeline=r.pipeline, mode=r.sample_mode)
 
     def _actor_settings(self) -> list[ActorSettings]:
         s = self.s
@@ -434,7 +434,7 @@ class Learner:
         return self.solved
 
     def _update(self) -> float:
-        batch = self.buffer.sample(self.s.learners.batch_size, mode=self.s.replay.sample_mode)
+        batch = self.buffer.sample(self.s.learners.batch_size)
         priorities, loss = self.agent.learn(batch)
         self.buffer.update_priorities(batch.keys, priorities)
         self.counters["updates"] += 1
