@@ -116,7 +116,7 @@ class ReplayBuffer:
             InvalidPriorityError: priorities of the wrong shape, negative, NaN or inf.
             Nothing is written when an error is raised.
         """
-        self._write(step, stream_ids, priorities, t_len=None)
+        self._shard.write(step, stream_ids, priorities, None)
 
     def extend(self, chunk: Mapping[str, Any], stream_ids: Any = None, priorities: Any = None) -> None:
         """Write ``T`` consecutive steps for each of several streams (the actor-chunk case).
@@ -130,11 +130,7 @@ class ReplayBuffer:
         shape = np.shape(st) if st is not None else ()
         if len(shape) != 2:
             raise SpecMismatchError(f"extend needs 'step_type' shaped [S, T], got shape {shape}")
-        self._write(chunk, stream_ids, priorities, t_len=int(shape[1]))
-
-    def _write(self, step: Mapping[str, Any], stream_ids: Any, priorities: Any,
-               t_len: int | None) -> None:
-        self._shard.write(step, stream_ids, priorities, t_len)
+        self._shard.write(chunk, stream_ids, priorities, int(shape[1]))
 
     # -- sampling -------------------------------------------------------------------------
     def sample(self, batch_size: int) -> Batch:

@@ -28,8 +28,3 @@ def shard_counts(rng: np.random.Generator, masses: np.ndarray, batch_size: int,
 def global_probabilities(local_prob: np.ndarray, owner_mass: np.ndarray, total: float) -> np.ndarray:
     """``P(i) = q_i * mass_owner / total``."""
     return local_prob * owner_mass / total
-
-
-def importance_weights(prob: np.ndarray, min_leaf: float, total: float, beta: float) -> np.ndarray:
-    """``(P / P_min)^-beta`` with ``P_min = min_leaf / total`` (float32)."""
-    return ((prob * total / min_leaf) ** -beta).astype(np.float32)
