@@ -172,11 +172,11 @@ def test_keys_of_another_buffer_or_garbage(buf: ReplayBuffer) -> None:
     for _ in range(7):  # the same writes: the same places and generations, another key tag
         twin.add(_step())
     foreign = twin.sample(5).keys.numpy()
-    assert twin.key_tag != buf.key_tag
+    assert twin.info().key_tag != buf.info().key_tag
     good = buf.sample(5).keys.numpy()
     cases = {
         "another-buffers-keys": foreign,
-        "place-past-the-end": np.array([(buf.key_tag << 39) | ((S * C) << 11) | 1], np.int64),
+        "place-past-the-end": np.array([(buf.info().key_tag << 39) | ((S * C) << 11) | 1], np.int64),
         "no-tag": good & ((1 << 39) - 1),
         "negative": np.array([-1], np.int64),
         "other-shard": good | np.int64(1 << 61),

@@ -16,7 +16,7 @@ from shardreplay import EmptyBufferError, ReplayBuffer, testing
 @given(prog=programs(max_writes=12), sizes=st.lists(st.integers(0, 6), min_size=12, max_size=12))
 def test_fifo_matches_reference_queue(prog: Program, sizes: list[int]) -> None:
     buf = make_buffer(prog, sampler="fifo", seed=0)
-    ref = RefBuffer(prog.num_streams, prog.capacity, prog.window, tag=buf.key_tag)
+    ref = RefBuffer(prog.num_streams, prog.capacity, prog.window, tag=buf.info().key_tag)
     episodes: dict[int, int] = {}
     for op, size in zip(prog.writes, sizes, strict=False):
         apply_write(buf, ref, op)

@@ -52,7 +52,7 @@ def test_arange_keys_are_refused_and_change_nothing() -> None:
 
 def test_keys_of_another_buffer_with_the_same_layout_and_data_are_refused() -> None:
     a, b = _filled(seed=0), _filled(seed=0)  # equal content, equal draws, another tag
-    assert a.key_tag != b.key_tag
+    assert a.info().key_tag != b.info().key_tag
     keys_b = b.sample(B).keys
     keys_a = a.sample(B).keys
     assert (unpack_keys(keys_a.numpy())[2] == unpack_keys(keys_b.numpy())[2]).all()  # same places
@@ -74,7 +74,7 @@ def test_random_int64_keys_are_refused() -> None:
     assert refused == keys.size
     # Right tag, shard 0 and a place past the end: still not a key of this buffer.
     with pytest.raises(InvalidKeyError):
-        buf.update_priorities(pack_keys(0, buf.key_tag, np.array([S * C]), np.array([1])), [7.0])
+        buf.update_priorities(pack_keys(0, buf.info().key_tag, np.array([S * C]), np.array([1])), [7.0])
     assert_same(before, snapshot(buf))
 
 
@@ -97,9 +97,9 @@ def test_a_state_dict_carries_the_key_tag() -> None:
     a = _filled(seed=0)
     keys = a.sample(B).keys
     b = ReplayBuffer(SPEC, num_streams=S, stream_capacity=C, window=2, sampler="prioritized", seed=3)
-    assert b.key_tag != a.key_tag
+    assert b.info().key_tag != a.info().key_tag
     b.load_state_dict(a.state_dict())
-    assert b.key_tag == a.key_tag
+    assert b.info().key_tag == a.info().key_tag
     assert b.update_priorities(keys, np.full(B, 2.0, np.float32)) == B  # a's keys are b's now
 
 

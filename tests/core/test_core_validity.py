@@ -29,7 +29,7 @@ def _check_state(buf: ReplayBuffer, ref: RefBuffer) -> None:
 @given(prog=programs())
 def test_valid_starts_and_windows_match_reference(prog: Program) -> None:
     buf = make_buffer(prog, sampler="uniform", seed=1)
-    ref = RefBuffer(prog.num_streams, prog.capacity, prog.window, tag=buf.key_tag)
+    ref = RefBuffer(prog.num_streams, prog.capacity, prog.window, tag=buf.info().key_tag)
     episodes: dict[int, int] = {}
     for op in prog.writes:
         apply_write(buf, ref, op)
@@ -49,7 +49,7 @@ def test_valid_starts_and_windows_match_reference(prog: Program) -> None:
 def test_prioritized_probabilities_and_weights_match_reference(prog: Program) -> None:
     alpha, beta = 0.7, 0.5
     buf = make_buffer(prog, sampler="prioritized", alpha=alpha, beta=beta, seed=2)
-    ref = RefBuffer(prog.num_streams, prog.capacity, prog.window, tag=buf.key_tag)
+    ref = RefBuffer(prog.num_streams, prog.capacity, prog.window, tag=buf.info().key_tag)
     episodes: dict[int, int] = {}
     rng = np.random.default_rng(0)
     pending: list[tuple[int, int, int]] = []  # (key, row, position) of earlier draws

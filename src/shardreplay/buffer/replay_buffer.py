@@ -194,11 +194,6 @@ class ReplayBuffer:
         as one :class:`~shardreplay.BufferInfo` record."""
         return self._shard.info()
 
-    @property
-    def key_tag(self) -> int:
-        """The tag every key of this buffer carries (see ``spec/keys.py``)."""
-        return self._shard.key_tag
-
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything needed for an exact restore, laid out by stream and time.

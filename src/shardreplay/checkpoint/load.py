@@ -194,7 +194,7 @@ def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: b
     collective for a sharded buffer, which also tells every rank the shards' key tags)."""
     if not isinstance(buffer, ShardedReplayBuffer):
         return ([0] if failed else []), complete
-    mine = torch.tensor([int(failed), int(complete), buffer.local.key_tag])
+    mine = torch.tensor([int(failed), int(complete), shard_of_buffer(buffer.local).key_tag])
     flags = buffer.collectives.all_gather(mine, "checkpoint.load(agree)").cpu().reshape(-1, 3)
     buffer.learn_key_tags(flags[:, 2].numpy())
     return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].any())
