@@ -12,7 +12,7 @@ One ``sample(B)`` of a buffer built with ``mode="exact"`` (the default) is two c
                  (ranks on one host: owners write them into shared memory, a one-number
                  all_gather says so, and requesters copy their rows out)
 
-``mode="local"`` needs only the first: each rank draws its batch from its own shard,
+A buffer built with ``mode="local"`` needs only the first: each rank draws its batch from its own shard,
 and each weight carries the shard factor ``K * mass_k / sum(mass)``, so the
 DDP-averaged gradient has the same expectation as in exact mode.
 
@@ -111,7 +111,7 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
             call ``new_group`` with its ranks at that point too). A batch is then drawn
             one call ahead (up to ``prefetch`` calls ahead), priority updates are
             queued as with ``prefetch > 1``, and every ``sample`` call must ask for the
-            same size and mode as the one before. Call :meth:`close` when done. See
+            same size as the one before. Call :meth:`close` when done. See
             docs/semantics.md for how stale a batch can be.
 
     Construction is collective: the ranks agree once on ``mode`` and ``prefetch`` (and
