@@ -201,7 +201,7 @@ def test_state_dict_and_checkpoints_round_trip(tmp_path: Path, partial: str,
         chunk = envs.chunk(5)
         stacked.extend(chunk)
         plain.extend(chunk)
-    views = testing.shard(stacked).export(stacked)["arrays"]["field.obs"]
+    views = testing.shard(stacked).export()["arrays"]["field.obs"]
     assert [p.shape[0] for p in views] == [7] * 5 + [1]  # 36 steps, built lazily
     assert np.array_equal(np.concatenate(views), stacked.state_dict()["arrays"]["field.obs"])
     # Same layout: the saved slots; another layout (2 streams): episodes placed anew.

@@ -205,7 +205,7 @@ class ReplayBuffer:
         row). The buffer's key tag travels too: keys sampled before ``state_dict()`` are
         keys of the buffer that loads it.
         """
-        return state_as_tensors(export_state(self, self._shard))
+        return state_as_tensors(export_state(self._shard))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` of a buffer with the same layout
@@ -217,7 +217,7 @@ class ReplayBuffer:
             SpecMismatchError: the state's spec differs from this buffer's.
             Nothing changes when an error is raised.
         """
-        import_state(self, self._shard, state)
+        import_state(self._shard, state)
 
 
 def _check_sizes(num_streams: int, stream_capacity: int, window: int) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from shardreplay.buffer.checks import check_priorities, check_stream_ids, foreign_key
 from shardreplay.buffer.info import BufferInfo
+from shardreplay.buffer.state import export_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
 from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler, UniformSampler
 from shardreplay.samplers.schedules import Schedule
@@ -245,13 +246,11 @@ class Shard:
             sampler.max_priority = float(value)
 
     # -- checkpoints ------------------------------------------------------------------------
-    def export(self, owner: ReplayBuffer) -> dict[str, Any]:
-        """The state of ``owner`` (this shard's buffer) for a checkpoint: as
-        ``ReplayBuffer.state_dict`` but numpy, each user field a list of views into
-        storage by row in time order (no copy; valid until the next write)."""
-        from shardreplay.buffer.state import export_state
-
-        return export_state(owner, self, field_views=True)
+    def export(self) -> dict[str, Any]:
+        """This shard's state for a checkpoint: as ``ReplayBuffer.state_dict`` but numpy,
+        each user field a list of views into storage by row in time order (no copy; valid
+        until the next write)."""
+        return export_state(self, field_views=True)
 
     @property
     def fields(self) -> Mapping[str, np.ndarray]:

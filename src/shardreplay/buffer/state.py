@@ -19,14 +19,13 @@ from shardreplay.spec.keys import is_key_tag
 from shardreplay.storage import STEP_ARRAYS
 
 if TYPE_CHECKING:
-    from shardreplay.buffer.replay_buffer import ReplayBuffer
     from shardreplay.buffer.shard import Shard
 
 STATE_VERSION = 1
 
 
-def export_state(buffer: ReplayBuffer, shard: Shard, field_views: bool = False) -> dict[str, Any]:
-    """``{"meta": ..., "arrays": ...}`` of a buffer (see ``ReplayBuffer.state_dict``).
+def export_state(shard: Shard, field_views: bool = False) -> dict[str, Any]:
+    """``{"meta": ..., "arrays": ...}`` of a buffer's shard (see ``ReplayBuffer.state_dict``).
 
     With ``field_views`` each user field is a list of views into storage (no copy).
     """
@@ -42,10 +41,10 @@ def export_state(buffer: ReplayBuffer, shard: Shard, field_views: bool = False) 
             sampler_meta[key] = value
     meta = {
         "version": STATE_VERSION,
-        "spec": buffer.spec.to_dict(),
-        "num_streams": buffer.num_streams,
-        "stream_capacity": buffer.stream_capacity,
-        "window": buffer.window,
+        "spec": shard.spec.to_dict(),
+        "num_streams": shard.num_streams,
+        "stream_capacity": shard.stream_capacity,
+        "window": shard.window,
         "sampler": sampler.name,
         "sampler_state": sampler_meta,
         "next_episode_id": int(storage.counters[0]),
@@ -63,12 +62,12 @@ def state_as_tensors(state: dict[str, Any]) -> dict[str, Any]:
                                               for k, v in state["arrays"].items()}}
 
 
-def import_state(buffer: ReplayBuffer, shard: Shard, state: Mapping[str, Any]) -> None:
-    """Check ``state`` fully, then restore it into ``buffer`` (all or nothing)."""
+def import_state(shard: Shard, state: Mapping[str, Any]) -> None:
+    """Check ``state`` fully, then restore it into a buffer's ``shard`` (all or nothing)."""
     storage, sampler, rng = shard.storage, shard.sampler, shard.rng
     meta, arrays = _split(state)
-    _check_layout(buffer, meta)
-    _check_arrays(buffer, arrays)
+    _check_layout(shard, meta)
+    _check_arrays(shard, arrays)
     next_episode_id, stale_updates, key_epoch = _check_counters(meta, rng)
     key_tag = meta.get("key_tag", storage.key_tag)  # a state from before key tags keeps ours
     if not is_key_tag(key_tag):
@@ -111,17 +110,17 @@ def _as_numpy(value: Any) -> Any:
     return value
 
 
-def _check_layout(buffer: ReplayBuffer, meta: Mapping[str, Any]) -> None:
-    if Spec.from_dict(meta["spec"]) != buffer.spec:
+def _check_layout(shard: Shard, meta: Mapping[str, Any]) -> None:
+    if Spec.from_dict(meta["spec"]) != shard.spec:
         raise SpecMismatchError(f"the state's spec {Spec.from_dict(meta['spec'])} differs from the "
-                                f"buffer's {buffer.spec}")
+                                f"buffer's {shard.spec}")
     for name in ("num_streams", "stream_capacity", "window"):
-        if int(meta[name]) != getattr(buffer, name):
-            raise ConfigError(f"the state has {name}={meta[name]}, the buffer {getattr(buffer, name)}; "
+        if int(meta[name]) != getattr(shard, name):
+            raise ConfigError(f"the state has {name}={meta[name]}, the buffer {getattr(shard, name)}; "
                               "restore onto another layout with shardreplay.checkpoint.load")
-    if meta["sampler"] != buffer.sampler_name:
+    if meta["sampler"] != shard.sampler.name:
         raise ConfigError(f"the state is of a {meta['sampler']} sampler, the buffer "
-                          f"{buffer.sampler_name}")
+                          f"{shard.sampler.name}")
 
 
 def _check_counters(meta: Mapping[str, Any], rng: np.random.Generator) -> tuple[int, int, int]:
@@ -157,15 +156,15 @@ def _sampler_state(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) ->
     return out
 
 
-def _check_arrays(buffer: ReplayBuffer, arrays: Mapping[str, np.ndarray]) -> None:
+def _check_arrays(shard: Shard, arrays: Mapping[str, np.ndarray]) -> None:
     pos = np.asarray(arrays.get("row_pos", ()))
-    if pos.shape != (buffer.num_streams,) or pos.dtype.kind not in "iu" or (pos < 0).any():
+    if pos.shape != (shard.num_streams,) or pos.dtype.kind not in "iu" or (pos < 0).any():
         raise ConfigError("state arrays: row_pos must be one non-negative integer position per stream")
-    lengths = np.minimum(pos, buffer.stream_capacity)
+    lengths = np.minimum(pos, shard.stream_capacity)
     if not np.array_equal(np.asarray(arrays.get("row_length", ())), lengths):
         raise ConfigError("state arrays: row_length does not match row_pos and stream_capacity")
     n = int(lengths.sum())
-    expected = {f"field.{k}": (f.shape, f.dtype) for k, f in buffer.spec.fields.items()}
+    expected = {f"field.{k}": (f.shape, f.dtype) for k, f in shard.spec.fields.items()}
     expected.update({k: ((), dt) for k, dt in STEP_ARRAYS.items()})
     for name, (shape, dtype) in expected.items():
         arr = arrays.get(name)

@@ -142,7 +142,7 @@ def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: in
                 checkpoint_id: int, partial: str, extra: dict[str, Any],
                 restored: dict[str, int] | None, sharding: dict[str, Any] | None) -> dict[str, Any]:
     shard_state = shard_of_buffer(local)
-    state = shard_state.export(local)
+    state = shard_state.export()
     arrays, episodes, report = apply_partial_policy(state["arrays"], partial)
     arrays.update(episodes.as_arrays())
     if partial == "seal":
