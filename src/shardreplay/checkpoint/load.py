@@ -373,7 +373,7 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> 
         if index.dtype.kind not in "iu" or not index.shape == types.shape == discounts.shape or \
                 (index.size and (index.min() < 0 or index.max() >= slots.shape[0])):
             raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
-        check_step_values(types, discounts, exc=CheckpointFormatError, where=f"{reader.path}: seal.* arrays: ")
+        check_step_values(types, discounts, exc=CheckpointFormatError, where=f"{reader.path}: seal.*: ")
         storage.step_type[slots[index]] = types
         storage.discount[slots[index]] = discounts
 

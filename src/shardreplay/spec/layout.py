@@ -26,22 +26,15 @@ DISCOUNT_DTYPE = np.dtype(np.float32)
 
 @dataclass(frozen=True)
 class Part:
-    """One array of a record: ``shape`` values of ``dtype`` from byte ``offset``."""
+    """One array of a record: ``count`` values of ``dtype`` (``nbytes`` bytes, padding
+    not counted) shaped ``shape``, from byte ``offset``."""
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
     offset: int
-
-    @property
-    def count(self) -> int:
-        """Number of values."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the values take (padding not counted)."""
-        return self.count * self.dtype.itemsize
+    count: int
+    nbytes: int
 
     @property
     def end(self) -> int:
@@ -71,7 +64,9 @@ class RecordLayout:
         """
         parts, offset = [], 0
         for name, dtype, shape in arrays:
-            part = Part(name, np.dtype(dtype), tuple(int(d) for d in shape), _aligned(offset))
+            dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+            count = math.prod(shape)
+            part = Part(name, dtype, shape, _aligned(offset), count, count * dtype.itemsize)
             parts.append(part)
             offset = part.end
         if len({p.name for p in parts}) != len(parts):

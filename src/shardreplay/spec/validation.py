@@ -213,13 +213,21 @@ class PackedSteps:
         nbytes: bytes the payload needs (up to the end of the last step part).
     """
 
-    __slots__ = ("layout", "lead_shape", "nbytes", "plan", "prefix")
+    __slots__ = ("_views", "layout", "lead_shape", "nbytes", "plan", "prefix")
 
     def __init__(self, lead_shape: tuple[int, ...], layout: RecordLayout, prefix: str,
                  plan: list[tuple[int, int, int]]) -> None:
         self.lead_shape, self.layout, self.prefix = tuple(lead_shape), layout, prefix
         self.plan = np.array(plan, np.int64).reshape(-1, 3)
-        self.nbytes = max((p.end for p in layout.parts if p.name.startswith(prefix)), default=0)
+        steps = [p for p in layout.parts if p.name.startswith(prefix)]
+        self.nbytes = max((p.end for p in steps), default=0)
+        # (name, shape, dtype, offset) of each step array: decode makes these views per chunk.
+        self._views = tuple((p.name[len(prefix):], p.shape, p.dtype, p.offset) for p in steps)
+
+    def arrays(self, payload: np.ndarray) -> dict[str, np.ndarray]:
+        """Views of every step array in ``payload`` (no copy; as writable as ``payload``)."""
+        data = payload.data
+        return {name: np.ndarray(shape, dtype, data, offset) for name, shape, dtype, offset in self._views}
 
     def values_ok(self, payload: np.ndarray) -> bool:
         """True when every value of the steps in uint8 ``payload`` (its length a multiple
@@ -279,7 +287,7 @@ def validated_packed(spec: Spec, payload: np.ndarray, packed: PackedSteps) -> Va
     """
     if payload.flags.writeable or payload.dtype != np.uint8 or payload.shape[0] < packed.nbytes:
         raise ConfigError("validated_packed needs a read-only uint8 payload that holds the layout")
-    arrays = packed.layout.arrays(payload, packed.prefix)
+    arrays = packed.arrays(payload)
     if not packed.values_ok(payload):
         return validated(spec, arrays, packed.lead_shape)  # raises, naming the field
     return ValidatedSteps(spec, packed.lead_shape, arrays, _SEAL)
