@@ -464,3 +464,14 @@ def test_encode_accepts_and_rejects_what_spec_validate_does() -> None:
             with pytest.raises(SpecMismatchError):
                 encode(Chunk(0, i, 0, chunk.stream_ids, steps), SPEC)
     assert seen == {True, False}
+
+
+def test_big_endian_fields_decode_to_their_values() -> None:
+    # The wire is little-endian; decoded views must read it as such, whatever the spec's
+    # byte order (an earlier decoder viewed the bytes with the spec's own dtype).
+    spec = Spec({"big": Field((3,), ">f8", finite=False), "i": Field((), ">i4"), "f": Field((), ">f4")})
+    steps = {"big": np.arange(6, dtype=">f8").reshape(2, 1, 3), "i": np.array([[5], [-7]], ">i4"),
+             "f": np.array([[0.5], [2.0]], ">f4"), "step_type": np.zeros((2, 1), np.uint8)}
+    back = decode(encode(Chunk(0, 0, 0, np.arange(2), steps), spec), spec, max_bytes=MAX)
+    for name in ("big", "i", "f"):
+        np.testing.assert_array_equal(back.steps[name], steps[name], err_msg=name)
