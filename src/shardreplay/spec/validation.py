@@ -229,10 +229,17 @@ class PackedSteps:
         data = payload.data
         return {name: np.ndarray(shape, dtype, data, offset) for name, shape, dtype, offset in self._views}
 
-    def values_ok(self, payload: np.ndarray) -> bool:
-        """True when every value of the steps in uint8 ``payload`` (its length a multiple
-        of 8) follows the spec; the names of the failing field are left to :func:`validate`."""
-        return kernels.values_ok(payload, self.plan) < 0
+    def check(self, spec: Spec, payload: np.ndarray, steps: Mapping[str, Any]) -> None:
+        """Check every value of the steps in uint8 ``payload`` (its length a multiple of
+        8) in one compiled pass; ``steps`` are the same steps as arrays, checked again
+        with :func:`validate` only on a failure, to name the field.
+
+        Raises:
+            SpecMismatchError: a value the spec forbids, named by its field.
+        """
+        if kernels.values_ok(payload, self.plan) >= 0:
+            validate(spec, steps, self.lead_shape)  # raises, naming the field
+            raise SpecMismatchError("steps hold a value the spec forbids")  # pragma: no cover
 
 
 def packed_steps(spec: Spec, layout: RecordLayout, prefix: str,
@@ -288,8 +295,7 @@ def validated_packed(spec: Spec, payload: np.ndarray, packed: PackedSteps) -> Va
     if payload.flags.writeable or payload.dtype != np.uint8 or payload.shape[0] < packed.nbytes:
         raise ConfigError("validated_packed needs a read-only uint8 payload that holds the layout")
     arrays = packed.arrays(payload)
-    if not packed.values_ok(payload):
-        return validated(spec, arrays, packed.lead_shape)  # raises, naming the field
+    packed.check(spec, payload, arrays)
     return ValidatedSteps(spec, packed.lead_shape, arrays, _SEAL)
 
 
