@@ -45,7 +45,7 @@ class _SpecInfo:
     def __init__(self, spec: Spec) -> None:
         self.spec = spec  # held so that id(spec) is not reused while cached
         self.fingerprint = spec.fingerprint
-        # The step arrays of one step (T = S = 1 stripped off below), as the wire stores them.
+        # Each step array's name, wire dtype and shape of one step (a chunk adds [S, T]).
         self.fields = [(name, _wire_dtype(dtype), shape) for name, dtype, shape in
                        step_parts(spec.fields, (), _STEP_PREFIX)]
         self.layouts: dict[tuple[int, int, bool], _Layout] = {}  # live and die with this entry
