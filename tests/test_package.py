@@ -17,6 +17,7 @@ PACKAGE_DIR = Path(shardreplay.__file__).resolve().parent
 # sit above distributed/checkpoint so that runtime can compose all of them.
 LAYERS: dict[str, int] = {
     "errors": 0,
+    "kernels": 0,
     "spec": 0,
     "_io": 0,
     "_hashing": 0,

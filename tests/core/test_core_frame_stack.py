@@ -258,7 +258,7 @@ def test_plain_field_descriptions_are_unchanged() -> None:
 @pytest.mark.parametrize("frame", [(3, 5), (8, 6)])
 def test_sharded_exchange_records_carry_whole_stacks(frame: tuple[int, int],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardreplay.distributed.exchange import RecordLayout
+    from shardreplay.distributed.exchange import DATA, window_layout
 
     monkeypatch.setattr(sys.modules[__name__], "FRAME", frame)
     stacked, plain = pair(3, 11, window=3, seed=2)
@@ -270,10 +270,10 @@ def test_sharded_exchange_records_carry_whole_stacks(frame: tuple[int, int],
     starts = testing.shard(stacked).draw(50, advance_schedule=False).starts
     records = {}
     for buf in (stacked, plain):
-        layout = RecordLayout(buf.spec, 3)
+        layout = window_layout(buf.spec, 3)
         out = np.zeros((60, layout.record_bytes), np.uint8)
         rows = np.random.default_rng(1).permutation(60)[:50]
-        testing.shard(buf).gather(starts, into=(out, layout.data_offsets, rows))
+        testing.shard(buf).gather(starts, into=(out, layout.offsets(DATA), rows))
         records[buf is stacked] = layout.views(out)
     for name in ("data.obs", "data.act", "data.rew", "data.step_type"):
         assert np.array_equal(records[True][name], records[False][name]), name

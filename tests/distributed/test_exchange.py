@@ -10,7 +10,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import testing
-from shardreplay.distributed.exchange import RecordLayout
+from shardreplay.distributed.exchange import DATA, window_layout
 from shardreplay.storage.kernels import scatter_bytes
 
 # Big fields (own arrays), small ones (inside the per-slot record), odd sizes and offsets.
@@ -41,10 +41,10 @@ def test_windows_written_into_records_equal_the_plain_gather(storage: str, windo
     buf = _filled(window, storage, tmp_path)
     starts = testing.shard(buf).draw(300, advance_schedule=False).starts
     data, mask, keys = testing.shard(buf).gather(starts)
-    layout = RecordLayout(SPEC, window)
+    layout = window_layout(SPEC, window)
     out = np.zeros((400, layout.record_bytes), np.uint8)
     rows = np.random.default_rng(0).permutation(400)[:300]  # scattered, not in order
-    got_mask, got_keys = testing.shard(buf).gather(starts, into=(out, layout.data_offsets, rows))
+    got_mask, got_keys = testing.shard(buf).gather(starts, into=(out, layout.offsets(DATA), rows))
     np.testing.assert_array_equal(got_mask, mask)
     np.testing.assert_array_equal(got_keys, keys)
     views = layout.views(out)
@@ -67,7 +67,7 @@ def test_scatter_bytes_writes_rows_of_a_strided_view() -> None:
 
 
 def test_record_views_are_views_not_copies() -> None:
-    layout = RecordLayout(SPEC, 3)
+    layout = window_layout(SPEC, 3)
     out = np.zeros((4, layout.record_bytes), np.uint8)
     layout.views(out)["key"][2] = 123456789
     assert layout.views(out)["key"][2] == 123456789
@@ -76,13 +76,13 @@ def test_record_views_are_views_not_copies() -> None:
 
 def test_windows_into_refuses_rows_or_offsets_outside_the_records(tmp_path: Path) -> None:
     buf = _filled(2, "memory", tmp_path)
-    layout = RecordLayout(SPEC, 2)
+    layout = window_layout(SPEC, 2)
     starts = testing.shard(buf).draw(4, advance_schedule=False).starts
     out = np.zeros((4, layout.record_bytes), np.uint8)
     with pytest.raises(ValueError, match="rows"):
-        testing.shard(buf).gather(starts, into=(out, layout.data_offsets, np.array([0, 1, 2, 4])))
+        testing.shard(buf).gather(starts, into=(out, layout.offsets(DATA), np.array([0, 1, 2, 4])))
     with pytest.raises(ValueError, match="offsets"):
         testing.shard(buf).gather(starts, into=(out, {"obs": layout.record_bytes - 8}, np.arange(4)))
     with pytest.raises(ValueError, match="C-contiguous"):
-        testing.shard(buf).gather(starts, into=(out[:, :-8], layout.data_offsets, np.arange(4)))
+        testing.shard(buf).gather(starts, into=(out[:, :-8], layout.offsets(DATA), np.arange(4)))
     assert not out.any()

@@ -288,7 +288,7 @@ def test_chunk_lengths_are_multiples_of_8() -> None:
 
 def test_decoded_steps_are_validated_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from shardreplay.buffer.replay_buffer import ReplayBuffer
-    from shardreplay.spec import spec as spec_module
+    from shardreplay.spec import validation as spec_module
 
     back = decode(encode(make_chunk(s=2, t=3), SPEC), SPEC, max_bytes=MAX)
     assert all(not a.flags.writeable for a in back.steps.values())
@@ -312,7 +312,7 @@ _SPECIALS = [0.0, -0.0, 1.0, np.nextafter(np.float32(1), np.float32(2)), -1e-45,
 
 @pytest.mark.parametrize("field", ["f32", "f64", "loose", "half", "discount", "step_type"])
 def test_compiled_value_checks_agree_with_spec_validate(field: str) -> None:
-    # decode checks every value of a chunk in one compiled pass (Spec.validated_packed),
+    # decode checks every value of a chunk in one compiled pass (validation.validated_packed),
     # or field by field where a dtype has no compiled check (finite float16): either way
     # it must accept exactly what Spec.validate accepts, and name the field it refuses.
     spec = Spec({"f32": Field((3,), np.float32), "f64": Field((), np.float64),
@@ -464,3 +464,14 @@ def test_encode_accepts_and_rejects_what_spec_validate_does() -> None:
             with pytest.raises(SpecMismatchError):
                 encode(Chunk(0, i, 0, chunk.stream_ids, steps), SPEC)
     assert seen == {True, False}
+
+
+def test_big_endian_fields_decode_to_their_values() -> None:
+    # The wire is little-endian; decoded views must read it as such, whatever the spec's
+    # byte order (an earlier decoder viewed the bytes with the spec's own dtype).
+    spec = Spec({"big": Field((3,), ">f8", finite=False), "i": Field((), ">i4"), "f": Field((), ">f4")})
+    steps = {"big": np.arange(6, dtype=">f8").reshape(2, 1, 3), "i": np.array([[5], [-7]], ">i4"),
+             "f": np.array([[0.5], [2.0]], ">f4"), "step_type": np.zeros((2, 1), np.uint8)}
+    back = decode(encode(Chunk(0, 0, 0, np.arange(2), steps), spec), spec, max_bytes=MAX)
+    for name in ("big", "i", "f"):
+        np.testing.assert_array_equal(back.steps[name], steps[name], err_msg=name)

@@ -16,6 +16,7 @@ import torch
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import is_key_tag
+from shardreplay.spec.validation import check_step_values
 from shardreplay.storage import STEP_ARRAYS
 
 if TYPE_CHECKING:
@@ -177,11 +178,7 @@ def _check_arrays(shard: Shard, arrays: Mapping[str, np.ndarray]) -> None:
 def _check_step_values(arrays: Mapping[str, np.ndarray]) -> None:
     """Values the write path guarantees: step types in {0, 1, 2}, discounts in [0, 1],
     priorities finite and >= 0 (a NaN would poison the sum tree)."""
-    if (arrays["step_type"] > 2).any():
-        raise ConfigError("state array 'step_type': values must be 0, 1 or 2 (FIRST, MID, LAST)")
-    discount = arrays["discount"]
-    if not ((discount >= 0) & (discount <= 1)).all():
-        raise ConfigError("state array 'discount': values must lie in [0, 1]")
+    check_step_values(arrays["step_type"], arrays["discount"], exc=ConfigError, where="state arrays: ")
     priority = arrays["priority"]
     if not ((priority >= 0) & (priority < np.inf)).all():
         raise ConfigError("state array 'priority': values must be finite and >= 0")

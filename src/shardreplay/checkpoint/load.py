@@ -45,6 +45,7 @@ from shardreplay.errors import (
 )
 from shardreplay.spec import Spec, StepType
 from shardreplay.spec.keys import is_key_tag
+from shardreplay.spec.validation import check_step_values
 
 log = logging.getLogger(__name__)
 
@@ -368,9 +369,9 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> 
         index = reader.array("seal.index")
         types, discounts = reader.array("seal.step_type"), reader.array("seal.discount")
         if index.dtype.kind not in "iu" or not index.shape == types.shape == discounts.shape or \
-                (index.size and (index.min() < 0 or index.max() >= slots.shape[0])) or (types > 2).any() \
-                or not ((discounts >= 0) & (discounts <= 1)).all():
+                (index.size and (index.min() < 0 or index.max() >= slots.shape[0])):
             raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
+        check_step_values(types, discounts, exc=CheckpointFormatError, where=f"{reader.path}: seal.*: ")
         targets["step_type"][slots[index]] = types
         targets["discount"][slots[index]] = discounts
 

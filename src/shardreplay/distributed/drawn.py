@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from shardreplay.distributed.exchange import RecordLayout
+from shardreplay.distributed.exchange import DATA
 from shardreplay.spec.fields import StepType
+from shardreplay.spec.layout import RecordLayout
+from shardreplay.spec.torch_dtypes import torch_dtype
 
 
 @dataclass
@@ -68,10 +69,8 @@ def padding(layout: RecordLayout, window: int, n: int) -> Drawn:
     make ``nstep_transitions`` raise on this rank alone and leave the others waiting in
     the all-reduce.
     """
-    data = {}
-    for name, dtype, shape, _o, _b in layout.parts:
-        if name.startswith("data."):
-            data[name[len("data."):]] = torch.zeros((n, *shape), dtype=_torch_dtype(dtype))
+    data = {p.name[len(DATA):]: torch.zeros((n, *p.shape), dtype=torch_dtype(p.dtype))
+            for p in layout.parts if p.name.startswith(DATA)}
     data["step_type"][:, 1:] = int(StepType.LAST)
     data["discount"][:, 1:] = 0.0
     data["episode_id"][:] = -1
@@ -80,6 +79,3 @@ def padding(layout: RecordLayout, window: int, n: int) -> Drawn:
     return split_batches(data, mask, torch.full((n,), -1, dtype=torch.int64),
                          torch.zeros(n, dtype=torch.float64), n, 1.0, 1.0, 0.0, 0.0)[0]
 
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype)).dtype

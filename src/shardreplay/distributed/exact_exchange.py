@@ -21,10 +21,12 @@ import torch
 from shardreplay.buffer.shard import Shard
 from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.drawn import Drawn, split_batches
-from shardreplay.distributed.exchange import RecordLayout
+from shardreplay.distributed.exchange import DATA
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.shared_records import SharedRecords
 from shardreplay.spec.keys import with_shard
+from shardreplay.spec.layout import RecordLayout
+from shardreplay.spec.torch_dtypes import torch_views
 
 _LOG = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ class ExactExchange:
         return None if self._shared is None else self._shared is not False
 
     def _split(self, out: np.ndarray, n: int, total: float, low: float) -> list[Drawn]:
-        parts = self._layout.unpack(torch.from_numpy(out))
+        parts = torch_views(self._layout, torch.from_numpy(out))
         data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
         return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
                              1.0, self.local.current_beta())
@@ -174,7 +176,7 @@ class ExactExchange:
                        prob: np.ndarray, share: float) -> None:
         if not rows.size:
             return
-        mask, keys = self.local.gather(starts, into=(out, self._layout.data_offsets, rows))
+        mask, keys = self.local.gather(starts, into=(out, self._layout.offsets(DATA), rows))
         views = self._layout.views(out)
         views["mask"][rows] = mask
         views["key"][rows] = with_shard(keys, self.rank)

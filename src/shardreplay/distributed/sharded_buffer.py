@@ -57,7 +57,7 @@ from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.background import Background
 from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, split_batches
 from shardreplay.distributed.exact_exchange import ExactExchange
-from shardreplay.distributed.exchange import RecordLayout
+from shardreplay.distributed.exchange import window_layout
 from shardreplay.distributed.exchange_stats import ExchangeStats, SamplingSettings
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.pending import PendingUpdates
@@ -148,7 +148,7 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         self.device = torch.device(device) if device is not None else self._comm.device
         seed = local_buffer.seed if seed is None else seed
         self._rng = np.random.default_rng(None if seed is None else [seed, self.rank, 0x5EED])
-        self._layout = RecordLayout(local_buffer.spec, local_buffer.window)
+        self._layout = window_layout(local_buffer.spec, local_buffer.window)
         # Every shard's key tag (0: not known yet), learnt at each exchange and checkpoint
         # load, so keys that are no keys of this buffer are refused where they are passed.
         self._tags = np.zeros(self.world_size, np.int64)

@@ -5,7 +5,6 @@ spec and size sits, computed once per (spec, S, T, priorities) and cached
 
 from __future__ import annotations
 
-import math
 import struct
 from typing import Any
 
@@ -13,6 +12,8 @@ import msgpack
 import numpy as np
 
 from shardreplay.spec import Spec
+from shardreplay.spec.layout import ALIGN, RecordLayout, step_parts
+from shardreplay.spec.validation import packed_steps
 
 __all__ = ["FORMAT_VERSION", "MAGIC"]
 
@@ -28,7 +29,6 @@ _MAX_DIM = 1 << 24  # S or T beyond this is a corrupt header, not a real chunk
 _MAX_ID = (1 << 63) - 1
 _STEP_PREFIX = "steps/"
 _IDS_DTYPE, _PRIO_DTYPE = np.dtype("<i8"), np.dtype("<f4")
-_RESERVED_DTYPES = {"step_type": np.dtype(np.uint8), "discount": np.dtype(np.float32)}
 
 
 def _wire_dtype(dtype: np.dtype) -> np.dtype:
@@ -36,7 +36,7 @@ def _wire_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _align8(n: int) -> int:
-    return (n + 7) & ~7
+    return -(-n // ALIGN) * ALIGN
 
 
 class _SpecInfo:
@@ -45,8 +45,9 @@ class _SpecInfo:
     def __init__(self, spec: Spec) -> None:
         self.spec = spec  # held so that id(spec) is not reused while cached
         self.fingerprint = spec.fingerprint
-        self.fields = [(_STEP_PREFIX + n, _wire_dtype(spec[n].dtype), spec[n].shape) for n in spec.names]
-        self.fields += [(_STEP_PREFIX + n, _wire_dtype(d), ()) for n, d in _RESERVED_DTYPES.items()]
+        # Each step array's name, wire dtype and shape of one step (a chunk adds [S, T]).
+        self.fields = [(name, _wire_dtype(dtype), shape) for name, dtype, shape in
+                       step_parts(spec.fields, (), _STEP_PREFIX)]
         self.layouts: dict[tuple[int, int, bool], _Layout] = {}  # live and die with this entry
         self.headers: dict[bytes, _Layout] = {}  # header bytes already checked -> their layout
 
@@ -67,26 +68,21 @@ class _Layout:
     """Where every array of a chunk of one spec and size sits, computed once and cached."""
 
     def __init__(self, info: _SpecInfo, s: int, t: int, has_priorities: bool) -> None:
-        arrays = [("stream_ids", np.dtype("<i8"), (s,))]
+        arrays = [("stream_ids", _IDS_DTYPE, (s,))]
         arrays += [(name, dtype, (s, t, *shape)) for name, dtype, shape in info.fields]
         if has_priorities:
-            arrays.append(("priorities", np.dtype("<f4"), (s, t)))
-        self.entries: list[list[Any]] = []  # exactly what the header's "arrays" must hold
-        self.views: list[tuple[str, np.dtype, int, int, tuple[int, ...]]] = []
-        offset = 0
-        for name, dtype, shape in arrays:
-            offset = _align8(offset)
-            count = math.prod(shape)
-            self.entries.append([name, dtype.str, list(shape), offset, count * dtype.itemsize])
-            self.views.append((name, dtype, count, offset, shape))
-            offset += count * dtype.itemsize
-        self.nbytes = _align8(offset)  # whole chunks are 8-byte multiples: records packed
-        # back to back (the local ring) keep every array aligned
-        # The steps as the spec lays them out in the payload, checked in one compiled
-        # pass on decode (None: a field type without a compiled check, e.g. finite float16).
-        self.packed = info.spec.packed_layout(
-            (s, t), {name[len(_STEP_PREFIX):]: off for name, _d, _c, off, _s in self.views
-                     if name.startswith(_STEP_PREFIX)})
+            arrays.append(("priorities", _PRIO_DTYPE, (s, t)))
+        # Whole chunks are 8-byte multiples: chunks packed back to back (the local ring)
+        # keep every array aligned.
+        self.record = RecordLayout.pack(arrays)
+        parts = self.record.parts
+        self.entries: list[list[Any]] = [  # exactly what the header's "arrays" must hold
+            [p.name, p.dtype.str, list(p.shape), p.offset, p.nbytes] for p in parts]
+        self.views = [(p.name, p.dtype, p.count, p.offset, p.shape) for p in parts]
+        self.nbytes = self.record.record_bytes
+        # The steps' value checks, one compiled pass on decode (None: a field type without
+        # a compiled check, e.g. finite float16).
+        self.packed = packed_steps(info.spec, self.record, _STEP_PREFIX, (s, t))
         self.s, self.t = s, t
         self.ids_at = self.views[0][3]
         self.prio_at = self.views[-1][3] if has_priorities else -1
@@ -109,9 +105,7 @@ class _Layout:
                        for name, dtype, _c, off, shape in self.views]
         # Every step field with the spec's own dtype and full shape: steps that match
         # these exactly need no cast, only their values checked (in the packed bytes).
-        spec = info.spec
-        user = [(n, spec[n].dtype, (s, t, *spec[n].shape)) for n in spec.names]
-        self.exact = (*user, *((n, d, (s, t)) for n, d in _RESERVED_DTYPES.items()))
+        self.exact = tuple(step_parts(info.spec.fields, (s, t)))
 
 
 def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:

@@ -1,0 +1,107 @@
+"""Where named arrays sit in one fixed-size byte record: the one layout builder.
+
+The chunk wire format (a chunk's payload), the sampling exchange (a window record per
+sampled item) and packed validation all place arrays the same way: in the order given,
+each starting at a multiple of :data:`ALIGN` bytes, the record padded to a multiple of
+:data:`ALIGN`. Records packed back to back therefore keep every array aligned, and a
+reader takes each array as a (strided) view of the bytes instead of copying it out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardreplay.spec.fields import Field
+
+__all__ = ["ALIGN", "DISCOUNT_DTYPE", "STEP_TYPE_DTYPE", "Part", "RecordLayout", "step_parts"]
+
+ALIGN = 8  # the largest itemsize: every array's view is aligned
+STEP_TYPE_DTYPE = np.dtype(np.uint8)
+DISCOUNT_DTYPE = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One array of a record: ``count`` values of ``dtype`` (``nbytes`` bytes, padding
+    not counted) shaped ``shape``, from byte ``offset``."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int
+    count: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        """Byte offset just past the values."""
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """Named arrays at fixed byte offsets in a record of ``record_bytes`` bytes.
+
+    Build one with :meth:`pack`. Attributes:
+        parts: every array, in record order.
+        record_bytes: the record's length, a multiple of :data:`ALIGN`.
+    """
+
+    parts: tuple[Part, ...]
+    record_bytes: int
+
+    @classmethod
+    def pack(cls, arrays: Iterable[tuple[str, np.dtype, tuple[int, ...]]]) -> RecordLayout:
+        """Place ``(name, dtype, shape)`` arrays in order, each at the next multiple of
+        :data:`ALIGN`; the record ends at the next multiple after the last one.
+
+        Raises:
+            ValueError: a name appears twice.
+        """
+        parts, offset = [], 0
+        for name, dtype, shape in arrays:
+            dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+            count = math.prod(shape)
+            part = Part(name, dtype, shape, _aligned(offset), count, count * dtype.itemsize)
+            parts.append(part)
+            offset = part.end
+        if len({p.name for p in parts}) != len(parts):
+            raise ValueError(f"record parts need distinct names, got {[p.name for p in parts]}")
+        return cls(tuple(parts), _aligned(offset))
+
+    def offsets(self, prefix: str = "") -> dict[str, int]:
+        """``{name without prefix: byte offset}`` of the parts whose name starts with ``prefix``."""
+        return {p.name[len(prefix):]: p.offset for p in self.parts if p.name.startswith(prefix)}
+
+    def views(self, records: np.ndarray) -> dict[str, np.ndarray]:
+        """Views ``{name: [n, *shape]}`` of C-contiguous uint8 records ``[n, record_bytes]``
+        (strided, sharing the records' memory: writes land in the records)."""
+        n = records.shape[0]
+        return {p.name: records[:, p.offset:p.end].view(p.dtype).reshape((n, *p.shape), copy=False)
+                for p in self.parts}
+
+    def arrays(self, payload: np.ndarray, prefix: str = "") -> dict[str, np.ndarray]:
+        """Views ``{name without prefix: [*shape]}`` of one record at the start of a 1-D
+        uint8 ``payload``, for the parts whose name starts with ``prefix`` (no copy; as
+        writable as ``payload``)."""
+        data = payload.data
+        return {p.name[len(prefix):]: np.ndarray(p.shape, p.dtype, data, p.offset)
+                for p in self.parts if p.name.startswith(prefix)}
+
+
+def step_parts(fields: Mapping[str, Field], lead_shape: tuple[int, ...],
+               prefix: str = "") -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """The arrays of steps of ``lead_shape``: every user field (spec order), then
+    ``step_type`` and ``discount``, named ``prefix + name``, ready for :meth:`RecordLayout.pack`."""
+    lead = tuple(lead_shape)
+    arrays = [(prefix + name, f.dtype, (*lead, *f.shape)) for name, f in fields.items()]
+    arrays += [(prefix + "step_type", STEP_TYPE_DTYPE, lead), (prefix + "discount", DISCOUNT_DTYPE, lead)]
+    return arrays
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
