@@ -10,7 +10,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay.distributed.exchange import RecordLayout
-from shardreplay.storage.kernels import scatter_bytes
+from shardreplay.kernels.storage import scatter_bytes
 
 # Big fields (own arrays), small ones (inside the per-slot record), odd sizes and offsets.
 SPEC = sr.Spec({"obs": sr.Field((64,), np.float32), "pix": sr.Field((3, 5), np.uint8),

@@ -23,6 +23,8 @@ from shardreplay.buffer.device import batch_on, check_device
 from shardreplay.buffer.state import export_state, import_state, state_as_tensors
 from shardreplay.buffer.transitions import Transitions, sample_transitions
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
+from shardreplay.kernels.keys import keys_fit, resolve_keys
+from shardreplay.kernels.storage import rows_distinct_in_range
 from shardreplay.samplers import (
     SAMPLER_NAMES,
     Draw,
@@ -36,7 +38,6 @@ from shardreplay.samplers.schedules import Schedule, is_real
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import MAX_PLACES
 from shardreplay.storage import ArrayAllocator, StreamStorage
-from shardreplay.storage.kernels import keys_fit, resolve_keys, rows_distinct_in_range
 
 
 class ReplayBuffer:

@@ -24,8 +24,8 @@ from shardreplay.distributed.drawn import Drawn, split_batches
 from shardreplay.distributed.exchange import RecordLayout
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.shared_records import SharedRecords, host_key, nonce
+from shardreplay.kernels.storage import scatter_bytes
 from shardreplay.spec.keys import with_shard
-from shardreplay.storage.kernels import scatter_bytes
 
 _LOG = logging.getLogger(__name__)
 

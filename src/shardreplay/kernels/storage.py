@@ -17,71 +17,20 @@ slots themselves (their old occupants are gone).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import literal_unroll
-from numba.core import cgutils, types
-from numba.extending import intrinsic
 
-from shardreplay.spec.keys import GEN_MASK, LOCAL_MASK, PLACE_MASK, PLACE_SHIFT, TAG_MASK, TAG_SHIFT
+from shardreplay.kernels.copy import copy_at, copy_small_or_at
+from shardreplay.kernels.keys import encode_key, slot_generation
 
 FIRST, MID, LAST = 0, 1, 2
-
-
-def _memcpy(builder, dst, src, count):  # pragma: no cover - runs while compiling
-    byte_ptr = ir.IntType(8).as_pointer()
-    cgutils.raw_memcpy(builder, builder.inttoptr(dst, byte_ptr), builder.inttoptr(src, byte_ptr),
-                       count, 1)
-
-
-@intrinsic
-def copy_bytes(typingctx, dst_address, src_address, nbytes):  # pragma: no cover - compiled
-    """``memcpy(dst_address, src_address, nbytes)`` inside compiled code: a row copy at
-    memory speed, where a loop over bytes runs ~10x slower (it is not vectorised)."""
-    def codegen(context, builder, signature, args):
-        _memcpy(builder, *args)
-        return context.get_dummy_value()
-    return types.void(types.intp, types.intp, types.intp), codegen
-
-
-def _copy_of(size: int) -> Any:
-    """An intrinsic copying ``size`` bytes: a constant size compiles to one load and
-    store instead of a call (small fields are copied millions of times per exchange)."""
-    @intrinsic
-    def copy(typingctx, dst_address, src_address):  # pragma: no cover - compiled
-        def codegen(context, builder, signature, args):
-            _memcpy(builder, *args, ir.Constant(ir.IntType(64), size))
-            return context.get_dummy_value()
-        return types.void(types.intp, types.intp), codegen
-    return copy
-
-
-copy_1, copy_2, copy_4, copy_8 = (_copy_of(n) for n in (1, 2, 4, 8))
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def copy_small_or_bytes(dst_address, src_address, nbytes):  # pragma: no cover - compiled
-    """:func:`copy_bytes`, with the common field sizes inlined."""
-    if nbytes == 8:
-        copy_8(dst_address, src_address)
-    elif nbytes == 4:
-        copy_4(dst_address, src_address)
-    elif nbytes == 1:
-        copy_1(dst_address, src_address)
-    elif nbytes == 2:
-        copy_2(dst_address, src_address)
-    else:
-        copy_bytes(dst_address, src_address, nbytes)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _is_valid_at(step_type, episode_id, base, off, q, p1, cap, window):
     """Validity of absolute start ``q`` (at ``off = q % cap``) in the row whose flat offset
-    is ``base``. Slots advance by increment-and-wrap: an int64 modulo per step cost
-    more than the rest of the bookkeeping."""
+    is ``base``. Slots advance by increment-and-wrap (no int64 modulo per step)."""
     if window == 1:
         return True
     slot = base + off
@@ -116,7 +65,7 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
     Arrays ``step_type, episode_id, generation, priority, valid`` are flat ``[S*C]``;
     ``pos`` is the absolute next position per row; ``counters[0]`` is the next episode
     id. ``types`` and ``prios`` are ``[len(rows), T]``. Results go to scratch arrays the
-    caller owns (returning new arrays costs more than the bookkeeping itself):
+    caller owns (so nothing is allocated per call):
     ``out_slots[0, :len(rows) * T]`` the flat slots written (row-major),
     ``out_slots[1, :n]`` the flat slots whose validity was recomputed, ``out_flags[0, :n]``
     their new validity and ``out_flags[1, :n]`` whether each became valid just now,
@@ -186,47 +135,46 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
 def scatter_bytes(dst, slots, src):  # pragma: no cover - compiled
     """``dst[slots[i]] = src[i]`` for byte rows: ``dst`` is a ``[N, k]`` uint8 view with
     contiguous rows (records' fields are column slices), ``src`` the ``[n, k]``
-    C-contiguous bytes of the values. One compiled call per field instead of numpy's
-    fancy-index assignment, which costs 2-5 us per field for a chunk of 256 steps."""
+    C-contiguous bytes of the values; every slot below ``N``. One compiled call per
+    field instead of numpy's fancy-index assignment."""
     n, k = src.shape
-    dst_at, dst_stride = dst.ctypes.data, dst.strides[0]
-    src_at, src_stride = src.ctypes.data, src.strides[0]
+    dst_stride, src_stride = dst.strides[0], src.strides[0]
     for i in range(n):
-        copy_bytes(dst_at + slots[i] * dst_stride, src_at + i * src_stride, k)
+        copy_at(dst, slots[i] * dst_stride, src, i * src_stride, k)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def scatter_fields(plan, values, slots):  # pragma: no cover - compiled
-    """Every field of a write in one call: for field ``f`` (the ``f``-th array of the
-    tuple ``values``, C-contiguous, ``len(slots)`` steps of ``plan[2, f]`` bytes each),
-    copy step ``i`` to address ``plan[0, f] + slots[i] * plan[1, f]``. One call per
-    chunk instead of one per field saves ~3.5 us of a ~16 us ``extend`` of 256 steps."""
+def scatter_fields(pairs, slots):  # pragma: no cover - compiled
+    """Every field of a write in one call: each of ``pairs`` is ``(dst, value)``, ``dst``
+    a ``[N, k]`` uint8 view with contiguous rows, ``value`` C-contiguous with
+    ``len(slots)`` steps of ``k`` bytes each; step ``i`` goes to row ``slots[i]`` of
+    ``dst`` (every slot below ``N``)."""
     n = slots.shape[0]
-    f = 0
-    for value in literal_unroll(values):
-        src, base, stride, k = value.ctypes.data, plan[0, f], plan[1, f], plan[2, f]
+    for pair in literal_unroll(pairs):
+        dst, value = pair
+        stride, k = dst.strides[0], dst.shape[1]
         for i in range(n):
-            copy_small_or_bytes(base + slots[i] * stride, src + i * k, k)
-        f += 1  # noqa: SIM113 - numba cannot enumerate a literal_unroll
+            copy_small_or_at(dst, slots[i] * stride, value, i * k, k)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def gather_window_parts(src_at, src_stride, nbytes, out_offset, idx, dst_rows, out):  # pragma: no cover
-    """For every part ``p``, window ``b`` and position ``l``: copy ``nbytes[p]`` bytes of
-    slot ``idx[b, l]`` (at address ``src_at[p] + slot * src_stride[p]``) to row
-    ``dst_rows[b]`` of ``out`` (C-contiguous uint8 records), at byte
-    ``out_offset[p] + l * nbytes[p]``. One part at a time: measured 1.5x faster than all
-    parts of a slot together (one access stream at a time suits the prefetchers).
+def gather_window_parts(sources, out_offset, idx, dst_rows, out):  # pragma: no cover - compiled
+    """For every part ``p``, window ``b`` and position ``l``: copy row ``idx[b, l]`` of
+    ``sources[p]`` (a ``[N, k]`` uint8 view with contiguous rows) to row ``dst_rows[b]``
+    of ``out`` (C-contiguous uint8 records), at byte ``out_offset[p] + l * k``. One part
+    at a time (one access stream at a time suits the hardware prefetchers).
 
-    The caller keeps the source arrays alive and the addresses in bounds."""
+    The caller keeps slots below ``N`` and every part inside a record."""
     n, window = idx.shape
-    out_at, out_stride = out.ctypes.data, out.strides[0]
-    for p in range(src_at.shape[0]):
-        src, stride, size, offset = src_at[p], src_stride[p], nbytes[p], out_offset[p]
+    out_stride = out.strides[0]
+    p = 0
+    for src in literal_unroll(sources):
+        stride, size, offset = src.strides[0], src.shape[1], out_offset[p]
         for b in range(n):
-            row = out_at + dst_rows[b] * out_stride + offset
+            row = dst_rows[b] * out_stride + offset
             for pos in range(window):
-                copy_small_or_bytes(row + pos * size, src + idx[b, pos] * stride, size)
+                copy_small_or_at(out, row + pos * size, src, idx[b, pos] * stride, size)
+        p += 1  # noqa: SIM113 - numba cannot enumerate a literal_unroll
 
 
 @numba.njit(cache=True, nogil=True)
@@ -271,20 +219,10 @@ def recompute_validity(step_type, episode_id, valid, pos, cap, window):
     return count
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def slot_generation(pos, row, slot, cap):
-    """Times slot ``slot`` of ``row`` was written: positions ``p < pos[row]`` with
-    ``p % cap == slot``. Equal to the stored generation, computed from the (cached)
-    row cursor instead of a read of the generation array, which would miss the cache
-    for every sampled window."""
-    p = pos[row]
-    return (p - 1 - slot) // cap + 1 if p > slot else 0
-
-
 @numba.njit(cache=True, nogil=True)
 def window_indices(starts, step_type, pos, cap, window, epoch, tag):
     """Flat slot indices ``[B, L]`` of each window, its mask, and its key (shard 0,
-    key ``tag``, place = the flat start; see ``spec/keys.py``).
+    key ``tag``, place = the flat start; see ``kernels/keys.py``).
 
     A key's generation is the slot's write count plus the storage's key ``epoch``
     (raised by every checkpoint restore, so keys of an earlier life are stale).
@@ -298,12 +236,9 @@ def window_indices(starts, step_type, pos, cap, window, epoch, tag):
     idx = np.empty((n, window), np.int64)
     mask = np.ones((n, window), np.bool_)
     keys = np.empty(n, np.int64)
-    high = np.int64(tag) << TAG_SHIFT
     for b in range(n):
         s = starts[b]
-        row, slot = s // cap, s % cap
-        gen = (slot_generation(pos, row, slot, cap) + epoch) & GEN_MASK
-        keys[b] = high | (s << PLACE_SHIFT) | gen
+        keys[b] = encode_key(0, tag, s, slot_generation(pos, s // cap, s % cap, cap) + epoch)
     for b in range(n):
         s = starts[b]
         base = s - s % cap
@@ -319,47 +254,3 @@ def window_indices(starts, step_type, pos, cap, window, epoch, tag):
                     ended = step_type[cur] == LAST
             idx[b, k] = cur
     return idx, mask, keys
-
-
-@numba.njit(cache=True, nogil=True)
-def resolve_keys(keys, priorities, pos, num_streams, cap, epoch, tag):
-    """Check keys and priorities; map keys to flat slots and mark the stale ones
-    (generation other than the slot's write count plus the key ``epoch``).
-
-    Returns ``(status, bad, slots, current)``: status 0 when all is well, 1 when
-    priority ``bad`` is negative or not finite, 2 when key ``bad`` is not a key of this
-    buffer (negative, shard other than 0, another key ``tag``, or a place past the end).
-    """
-    n = keys.shape[0]
-    slots = np.empty(n, np.int64)
-    current = np.empty(n, np.bool_)
-    for j in range(n):
-        p = priorities[j]
-        if not (p >= 0.0 and p < np.inf):
-            return 1, j, slots, current
-        if not key_fits(keys[j], tag, num_streams * cap):
-            return 2, j, slots, current
-        k = keys[j]
-        s = (k >> PLACE_SHIFT) & PLACE_MASK
-        slots[j] = s
-        row, slot = s // cap, s % cap
-        written = slot_generation(pos, row, slot, cap)  # 0: never written, no key names it
-        current[j] = written > 0 and ((written + epoch) & GEN_MASK) == (k & GEN_MASK)
-    return 0, -1, slots, current
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def key_fits(k, tag, size):
-    """Whether ``k`` can be a key of a shard-0 buffer with key ``tag`` and ``size``
-    slots: not negative, shard 0, the tag, a place below ``size``."""
-    return (k >= 0 and (k & LOCAL_MASK) == k and ((k >> TAG_SHIFT) & TAG_MASK) == tag
-            and ((k >> PLACE_SHIFT) & PLACE_MASK) < size)
-
-
-@numba.njit(cache=True, nogil=True)
-def keys_fit(keys, tag, size):
-    """:func:`key_fits` of every key (bool array)."""
-    out = np.empty(keys.shape[0], np.bool_)
-    for j in range(keys.shape[0]):
-        out[j] = key_fits(keys[j], tag, size)
-    return out

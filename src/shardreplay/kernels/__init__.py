@@ -1,0 +1,1 @@
+"""Compiled (numba) kernels, each beside a plain-numpy reference; internal to shardreplay."""
