@@ -1,0 +1,6 @@
+"""Plain-numpy references of the compiled kernels, one module per kernel module.
+
+They follow each kernel's documented contract directly, without its speed tricks
+(increment-and-wrap slots, incremental validity, level-by-level tree walks, raw
+copies), and exist for the differential tests in tests/kernels/.
+"""
