@@ -21,11 +21,9 @@ def level_sums(leaves: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
 
 def find_prefix(leaves: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """The leaf ``i`` with ``sum(leaves[:i]) <= u < sum(leaves[:i+1])`` (so never a zero
-    leaf); targets at or past the total take the last positive leaf."""
-    cum = np.cumsum(leaves)
-    last_positive = int(np.flatnonzero(leaves > 0)[-1])
-    out = np.searchsorted(cum, targets, side="right")
-    return np.where(targets >= cum[-1], last_positive, np.minimum(out, last_positive))
+    leaf), for targets below the total (the kernel maps the others, which only rounding
+    makes, to some positive leaf)."""
+    return np.searchsorted(np.cumsum(leaves), targets, side="right")
 
 
 def min_positive(leaves: np.ndarray) -> float:
@@ -42,6 +40,6 @@ def leaves_from_priorities(valid: np.ndarray, priority: np.ndarray, alpha: float
 def draw_weighted(leaves: np.ndarray, uniforms: np.ndarray, beta: float) -> tuple[np.ndarray, ...]:
     """Leaves for uniforms in [0, 1), ``P = leaf / total`` and ``w = (leaf / min)^-beta``."""
     total = np.cumsum(leaves)[-1]
-    starts = find_prefix(leaves, uniforms * total)
+    starts = find_prefix(leaves, uniforms * total)  # uniforms * total < total here
     v = leaves[starts]
     return starts, v / total, ((v / min_positive(leaves)) ** -beta).astype(np.float32)
