@@ -115,8 +115,8 @@ class StreamStorage:
         byte_rows = [(name, grid.dtype, self._as_byte_rows(name)) for name, grid, _n in self._grids]
         byte_rows = [(name, dtype, rows) for name, dtype, rows in byte_rows if rows.shape[1]]
         # Fields whose dtype numba cannot take (float16) travel as their bytes.
-        self._scatter_fields = tuple((name, not _numba_takes(dtype)) for name, dtype, _rows in byte_rows)
-        self._scatter_rows = tuple(rows for _name, _dtype, rows in byte_rows)  # for kernels.scatter_fields
+        # (name, travels as bytes, destination rows) of each, for kernels.scatter_fields.
+        self._scatter_fields = tuple((name, not _numba_takes(dtype), rows) for name, dtype, rows in byte_rows)
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
         self._gather_plans: dict[tuple, _GatherPlan] = {}  # see _gather_plan
 
@@ -188,8 +188,7 @@ class StreamStorage:
             flat = out_slots[0, :n_rows * t_len]
             if flat.shape[0]:
                 pairs = tuple((rows, _c_bytes(steps[name]) if as_bytes else _c_order(steps[name]))
-                              for rows, (name, as_bytes) in zip(self._scatter_rows, self._scatter_fields,
-                                                                strict=True))
+                              for name, as_bytes, rows in self._scatter_fields)
                 kernels.scatter_fields(pairs, flat)
             self._refresh_alignment()
         for store, stacks, counts in frame_plans:
