@@ -21,8 +21,8 @@ def nstep_scalar(idx, mask, reward, discount, gamma, n):
     ret, boot = np.zeros(b), np.ones(b)
     for i in range(b):
         for k in range(m[i]):
-            ret[i] += boot[i] * reward[idx[i, k]]
-            boot[i] *= gamma * discount[idx[i, k + 1]]
+            ret[i] += boot[i] * float(reward[idx[i, k]])  # in float64, as the kernel
+            boot[i] *= gamma * float(discount[idx[i, k + 1]])
     return ret, boot, m, idx[np.arange(b), m]
 
 
