@@ -81,7 +81,8 @@ def test_resolve_keys_against_reference(seed: int) -> None:
     streams, cap, tag, epoch = 3, 5, 9, int(rng.integers(0, 3000))
     pos = rng.integers(0, 4 * cap, streams)
     slots = rng.integers(0, streams * cap, 40)
-    gens = ref.writes(pos, slots, cap) + epoch + rng.integers(-1, 2, 40)  # current, stale either way
+    generation = ref.writes(pos, np.arange(streams * cap), cap).astype(np.uint32)
+    gens = generation[slots] + epoch + rng.integers(-1, 2, 40)  # current, stale either way
     keys = codec.encode_keys(np.zeros(40, np.int64), np.full(40, tag), slots, gens)
     prios = rng.random(40).astype(np.float32)
     for bad_at, bad_key, bad_prio in ((None, None, None), (7, -5, None), (3, None, np.nan), (0, None, -1.0),
@@ -91,8 +92,8 @@ def test_resolve_keys_against_reference(seed: int) -> None:
             k[bad_at] = bad_key
         if bad_prio is not None:
             p[bad_at] = bad_prio
-        got = codec.resolve_keys(k, p, pos, streams, cap, epoch, tag)
-        want = ref.resolve_keys(k, p, pos, streams, cap, epoch, tag)
+        got = codec.resolve_keys(k, p, generation, streams * cap, epoch, tag)
+        want = ref.resolve_keys(k, p, generation, streams * cap, epoch, tag)
         assert got[:2] == want[:2]
         if got[0] == 0:
             np.testing.assert_array_equal(got[2], want[2])

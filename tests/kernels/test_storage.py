@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from shardreplay.kernels import storage as kern
+from shardreplay.kernels.reference import keys as ref_keys
 from shardreplay.kernels.reference import storage as ref
 
 FIRST, MID, LAST = 0, 1, 2
@@ -64,6 +65,9 @@ def test_write_steps_matches_the_reference(streams: int, cap: int, window: int) 
                                         window)
         np.testing.assert_array_equal(valid, slow["valid"])
         assert count == slow["valid"].sum()
+        # A slot's generation is its write count: what keys carry and the fifo compares.
+        writes = ref_keys.writes(slow["pos"], np.arange(streams * cap), cap)
+        np.testing.assert_array_equal(fast["generation"], writes)
     assert slow["pos"].max() > 2 * cap  # the rings wrapped
 
 
@@ -81,8 +85,8 @@ def test_window_indices_match_the_reference(cap: int, window: int) -> None:
         starts = np.flatnonzero(state["valid"])
         for picked in (starts, starts[:1], starts[:0]):
             epoch, tag = int(rng.integers(0, 5000)), int(rng.integers(1, 16383))
-            got = kern.window_indices(picked, state["step_type"], state["pos"], cap, window, epoch, tag)
-            want = ref.window_indices(picked, state["step_type"], state["pos"], cap, window, epoch, tag)
+            args = (picked, state["step_type"], state["generation"], cap, window, epoch, tag)
+            got, want = kern.window_indices(*args), ref.window_indices(*args)
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_array_equal(g, w)
 

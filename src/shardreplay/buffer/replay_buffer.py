@@ -290,9 +290,8 @@ class ReplayBuffer:
         keys = as_index_array(keys, "keys")
         prios = as_priority_array(priorities, keys.shape)
         storage = self._storage
-        status, bad, slots, current = resolve_keys(keys, prios, storage.pos, self.num_streams,
-                                                   self.stream_capacity, storage.key_epoch,
-                                                   storage.key_tag)
+        status, bad, slots, current = resolve_keys(keys, prios, storage.generation, storage.size,
+                                                   storage.key_epoch, storage.key_tag)
         if status == 1:
             check_priorities(prios, keys.shape)  # raises with the precise reason
         if status == 2:

@@ -106,7 +106,7 @@ def sample_transitions(buffer: ReplayBuffer, batch_size: int, gamma: float, n: i
                                     f"{sorted(buffer.spec.fields)}")
     draw = buffer.draw(batch_size)
     storage = buffer.storage
-    idx, mask, keys = window_indices(draw.starts, storage.step_type, storage.pos,
+    idx, mask, keys = window_indices(draw.starts, storage.step_type, storage.generation,
                                      storage.stream_capacity, storage.window, storage.key_epoch,
                                      storage.key_tag)
     rewards = storage.fields[reward]

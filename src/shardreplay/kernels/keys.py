@@ -114,18 +114,11 @@ def with_shard(keys, shard):
     return out
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def slot_generation(pos, row, slot, cap):  # pragma: no cover - compiled
-    """Times slot ``slot`` of ``row`` was written: positions ``p < pos[row]`` with
-    ``p % cap == slot``, computed from the row cursor (which sampling reads anyway)."""
-    p = pos[row]
-    return (p - 1 - slot) // cap + 1 if p > slot else 0
-
-
 @numba.njit(cache=True, nogil=True)
-def resolve_keys(keys, priorities, pos, num_streams, cap, epoch, tag):
+def resolve_keys(keys, priorities, generation, size, epoch, tag):
     """Check keys and priorities; map keys to flat slots and mark the stale ones
-    (generation other than the slot's write count plus the key ``epoch``).
+    (generation other than the slot's write count ``generation[slot]`` plus the key
+    ``epoch``); the buffer has ``size`` slots.
 
     Returns ``(status, bad, slots, current)``: status 0 when all is well, 1 when
     priority ``bad`` is negative or not finite, 2 when key ``bad`` is not a key of this
@@ -139,10 +132,10 @@ def resolve_keys(keys, priorities, pos, num_streams, cap, epoch, tag):
         if not (p >= 0.0 and p < np.inf):
             return 1, j, slots, current
         k = keys[j]
-        if not key_fits(k, tag, num_streams * cap):
+        if not key_fits(k, tag, size):
             return 2, j, slots, current
         s = key_place_of(k)
         slots[j] = s
-        written = slot_generation(pos, s // cap, s % cap, cap)  # 0: never written, no key names it
+        written = np.int64(generation[s])  # 0: never written, no key names it
         current[j] = written > 0 and key_gen_of(written + epoch) == key_gen_of(k)
     return 0, -1, slots, current

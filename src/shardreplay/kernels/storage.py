@@ -22,7 +22,7 @@ import numpy as np
 from numba import literal_unroll
 
 from shardreplay.kernels.copy import copy_at, copy_small_or_at
-from shardreplay.kernels.keys import encode_key, slot_generation
+from shardreplay.kernels.keys import encode_key
 
 FIRST, MID, LAST = 0, 1, 2
 
@@ -220,17 +220,18 @@ def recompute_validity(step_type, episode_id, valid, pos, cap, window):
 
 
 @numba.njit(cache=True, nogil=True)
-def window_indices(starts, step_type, pos, cap, window, epoch, tag):
+def window_indices(starts, step_type, generation, cap, window, epoch, tag):
     """Flat slot indices ``[B, L]`` of each window, its mask, and its key (shard 0,
     key ``tag``, place = the flat start; see ``kernels/keys.py``).
 
-    A key's generation is the slot's write count plus the storage's key ``epoch``
-    (raised by every checkpoint restore, so keys of an earlier life are stale).
+    A key's generation is the slot's write count ``generation[start]`` plus the
+    storage's key ``epoch`` (raised by every checkpoint restore, so keys of an earlier
+    life are stale). The write count sits in the start's record, which the gather that
+    follows reads anyway.
 
     Positions after the window's LAST repeat the LAST step's slot and are masked out.
     A valid start is never LAST (for ``L >= 2``) and a LAST at the window's end masks
-    nothing, so only the step types strictly inside the window are read: none for
-    ``L = 2``, which saves a cache miss per window.
+    nothing, so only the step types strictly inside the window are read.
     """
     n = starts.shape[0]
     idx = np.empty((n, window), np.int64)
@@ -238,7 +239,7 @@ def window_indices(starts, step_type, pos, cap, window, epoch, tag):
     keys = np.empty(n, np.int64)
     for b in range(n):
         s = starts[b]
-        keys[b] = encode_key(0, tag, s, slot_generation(pos, s // cap, s % cap, cap) + epoch)
+        keys[b] = encode_key(0, tag, s, np.int64(generation[s]) + epoch)
     for b in range(n):
         s = starts[b]
         base = s - s % cap

@@ -203,7 +203,7 @@ class StreamStorage:
         Returns arrays ``[B, L, ...]`` (user fields, step_type, discount, episode_id), the
         mask ``[B, L]`` and the keys ``[B]`` (shard 0).
         """
-        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
+        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
                                                  self.stream_capacity, self.window, self.key_epoch,
                                                  self.key_tag)
         # One gather of whole records, then dense copies of the fields the batch needs
@@ -242,7 +242,7 @@ class StreamStorage:
             extent = max(extent, offset + self.window * store.stack * store.frame_bytes)
         if extent > out.shape[1]:
             raise ValueError("offsets must leave room for a window of every part in a record")
-        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
+        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
                                                  self.stream_capacity, self.window, self.key_epoch,
                                                  self.key_tag)
         rows = np.ascontiguousarray(dst_rows, np.int64)

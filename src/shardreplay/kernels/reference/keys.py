@@ -40,18 +40,18 @@ def writes(pos: np.ndarray, slots: np.ndarray, cap: int) -> np.ndarray:
                     np.int64).reshape(-1)
 
 
-def resolve_keys(keys: np.ndarray, priorities: np.ndarray, pos: np.ndarray, num_streams: int, cap: int,
+def resolve_keys(keys: np.ndarray, priorities: np.ndarray, generation: np.ndarray, size: int,
                  epoch: int, tag: int) -> tuple[int, int, np.ndarray, np.ndarray]:
     """``(status, bad, slots, current)`` as kernels.keys.resolve_keys documents (slots and
     current are meaningful only when status is 0)."""
     bad_prio = ~(np.isfinite(priorities) & (priorities >= 0))
-    bad_key = ~key_fits(keys, tag, num_streams * cap)
+    bad_key = ~key_fits(keys, tag, size)
     first = np.flatnonzero(bad_prio | bad_key)
     if first.size:
         j = int(first[0])
         return (1 if bad_prio[j] else 2), j, np.empty(0, np.int64), np.empty(0, bool)
     _shard, _tag, slots, gen = decode_keys(keys)
-    written = writes(pos, slots, cap)
+    written = generation[slots].astype(np.int64)
     return 0, -1, slots, (written > 0) & ((written + epoch) % (1 << GEN_BITS) == gen)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardreplay.kernels.reference.keys import encode_keys, writes
+from shardreplay.kernels.reference.keys import encode_keys
 
 FIRST, MID, LAST = 0, 1, 2
 
@@ -58,7 +58,7 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
     return np.array(written, np.int64), np.array(recomputed, np.int64), int(valid.sum()) - before
 
 
-def window_indices(starts, step_type, pos, cap, window, epoch, tag):
+def window_indices(starts, step_type, generation, cap, window, epoch, tag):
     """``(idx [B, L], mask [B, L], keys [B])`` of valid starts: positions after a LAST
     inside the window repeat the LAST's slot and are masked."""
     n = starts.shape[0]
@@ -73,7 +73,7 @@ def window_indices(starts, step_type, pos, cap, window, epoch, tag):
             slots[end + 1:] = slots[end]
             mask[b, end + 1:] = False
         idx[b] = slots
-    gens = writes(pos, starts, cap) + epoch
+    gens = generation[starts].astype(np.int64) + epoch
     keys = encode_keys(np.zeros(n, np.int64), np.full(n, tag), starts.astype(np.int64), gens)
     return idx, mask, keys
 
