@@ -17,6 +17,7 @@ _NO_PRIORITIES = np.zeros((1, 1), np.float32)
 
 @numba.njit(cache=True, nogil=True)
 def _all_finite(values):  # pragma: no cover - compiled
+    """No NaN or inf among ``values``."""
     for v in values.ravel():  # noqa: SIM110 - a loop numba compiles (no generators)
         if not np.isfinite(v):
             return False
@@ -24,7 +25,7 @@ def _all_finite(values):  # pragma: no cover - compiled
 
 
 def gym_write(records, pos, counters, state, fstate, obs_store, act_store, rew_store, held_obs,
-           action, obs, reward, terminated, truncated):  # pragma: no cover - compiled
+              action, obs, reward, terminated, truncated):  # pragma: no cover - compiled
     """Write every env's held step, then hold the new observation, step type and discount.
 
     ``records`` is the storage's per-slot record array (bookkeeping and discount);
