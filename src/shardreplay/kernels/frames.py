@@ -103,13 +103,15 @@ def append_frames(values, rows, written, new_counts, frames, ref, fpos):  # prag
     n, t_len, k, fb = values.shape
     cap_frames = frames.shape[1]
     row_stride, frame_stride = frames.strides[0], frames.strides[1]
+    vs0, vs1, vs2 = values.strides[0], values.strides[1], values.strides[2]
     for i in range(n):
         r = rows[i]
         p = fpos[r]
         for t in range(t_len):
             first = k - new_counts[i, t]
             for j in range(first, k):
-                copy_at(frames, r * row_stride + (p % cap_frames) * frame_stride, values[i, t, j], 0, fb)
+                copy_at(frames, r * row_stride + (p % cap_frames) * frame_stride,
+                        values, i * vs0 + t * vs1 + j * vs2, fb)
                 p += 1
             ref[written[i * t_len + t]] = p - 1
         fpos[r] = p
