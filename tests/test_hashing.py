@@ -18,6 +18,16 @@ def test_reference_vectors(data: bytes, expected: int) -> None:
     assert xxh64(bytearray(data)) == expected and xxh64(memoryview(data)) == expected
 
 
+# Hashes the compiled XXH64 of earlier releases recorded (seeded random bytes), so blocks
+# that older checkpoints hashed still verify.
+RECORDED = [(32, 0xAAAF00AE03CA8CBC), (100, 0x2F9B3B4EC782B7C1), (4096, 0x4CE7DFF750A45BAB)]
+
+
+@pytest.mark.parametrize(("length", "expected"), RECORDED)
+def test_hashes_of_earlier_releases(length: int, expected: int) -> None:
+    assert xxh64(np.random.default_rng(length).bytes(length)) == expected
+
+
 def test_alignment_and_buffer_kind_do_not_matter() -> None:
     raw = bytearray(np.random.default_rng(0).bytes(4096 + 64))
     for length in (0, 1, 7, 8, 31, 32, 33, 63, 64, 100, 4096):

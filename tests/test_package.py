@@ -16,8 +16,8 @@ PACKAGE_DIR = Path(shardreplay.__file__).resolve().parent
 # modules of its own layer or of lower layers. transport and policy need only spec, but they
 # sit above distributed/checkpoint so that runtime can compose all of them.
 LAYERS: dict[str, int] = {
+    "kernels": -1,  # the lowest layer: numpy, numba and the stdlib only (see below)
     "errors": 0,
-    "kernels": 0,
     "spec": 0,
     "_io": 0,
     "_hashing": 0,
@@ -142,6 +142,17 @@ def test_layers_import_downwards_only() -> None:
     assert list(PACKAGE_DIR.rglob("*.py")), "no sources found"
     problems = layer_problems(PACKAGE_DIR)
     assert not problems, "\n".join(problems)
+
+
+def test_kernels_import_only_numpy_numba_and_the_stdlib() -> None:
+    allowed = {"numpy", "numba", "llvmlite", "shardreplay", "__future__"} | set(sys.stdlib_module_names)
+    found = []
+    for path in sorted((PACKAGE_DIR / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] not in allowed]
+    assert not found, found
 
 
 def test_layer_check_catches_upward_and_root_imports(tmp_path: Path) -> None:

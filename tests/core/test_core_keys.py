@@ -16,7 +16,8 @@ from core_fixtures import assert_same, snapshot
 
 from shardreplay import Field, ReplayBuffer, Spec, testing
 from shardreplay.errors import InvalidKeyError
-from shardreplay.spec.keys import NUM_TAGS, new_key_tag, pack_keys, unpack_keys
+from shardreplay.kernels.keys import encode_keys
+from shardreplay.spec.keys import NUM_TAGS, new_key_tag, unpack_keys
 
 SPEC = Spec({"obs": Field((2,), np.float32)})
 S, C, B = 4, 64, 32
@@ -74,7 +75,8 @@ def test_random_int64_keys_are_refused() -> None:
     assert refused == keys.size
     # Right tag, shard 0 and a place past the end: still not a key of this buffer.
     with pytest.raises(InvalidKeyError):
-        buf.update_priorities(pack_keys(0, buf.info().key_tag, np.array([S * C]), np.array([1])), [7.0])
+        past_end = encode_keys(*(np.array([v], np.int64) for v in (0, buf.info().key_tag, S * C, 1)))
+        buf.update_priorities(past_end, [7.0])
     assert_same(before, snapshot(buf))
 
 

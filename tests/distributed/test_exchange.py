@@ -11,7 +11,6 @@ import pytest
 import shardreplay as sr
 from shardreplay import testing
 from shardreplay.distributed.exchange import DATA, window_layout
-from shardreplay.storage.kernels import scatter_bytes
 
 # Big fields (own arrays), small ones (inside the per-slot record), odd sizes and offsets.
 SPEC = sr.Spec({"obs": sr.Field((64,), np.float32), "pix": sr.Field((3, 5), np.uint8),
@@ -52,18 +51,6 @@ def test_windows_written_into_records_equal_the_plain_gather(storage: str, windo
         np.testing.assert_array_equal(views[f"data.{name}"][rows], want, err_msg=name)
     untouched = np.setdiff1d(np.arange(400), rows)
     assert not out[untouched].any()  # only the named rows were written
-
-
-def test_scatter_bytes_writes_rows_of_a_strided_view() -> None:
-    base = np.zeros((10, 24), np.uint8)
-    dst = base[:, 5:17]  # a column slice: rows are contiguous, 24 bytes apart
-    src = np.arange(36, dtype=np.uint8).reshape(3, 12)
-    scatter_bytes(dst, np.array([7, 0, 4]), src)
-    np.testing.assert_array_equal(dst[[7, 0, 4]], src)
-    outside = base.copy()
-    outside[:, 5:17] = 0
-    assert not outside.any()
-    assert not dst[[1, 2, 3, 5, 6, 8, 9]].any()
 
 
 def test_record_views_are_views_not_copies() -> None:

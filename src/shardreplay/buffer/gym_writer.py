@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numba
 import numpy as np
 
 from shardreplay.buffer.gym_modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.kernels.gym_step import HELD as _HELD
+from shardreplay.kernels.gym_step import allow_inputs, compiled_gym_write
 from shardreplay.spec import Field, Spec, StepType
-from shardreplay.storage.kernels import write_steps
 
 if TYPE_CHECKING:
     from shardreplay.buffer.replay_buffer import ReplayBuffer
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["GymStepWriter", "spec_from_env"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
-_NO_PRIORITIES = np.zeros((1, 1), np.float32)
-_HELD = 8  # where the held step types start in the compiled write's state array
 
 
 def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
@@ -63,90 +61,6 @@ def _field_of(space: Any, name: str) -> Any:
         raise ConfigError(f"space {space!r} of {name!r} has no fixed shape and dtype; build the "
                           "Spec by hand")
     return Field(tuple(shape), np.dtype(dtype))
-
-
-@numba.njit(cache=True, nogil=True)
-def _all_finite(values):  # pragma: no cover - compiled
-    for v in values.ravel():  # noqa: SIM110 - a loop numba compiles (no generators)
-        if not np.isfinite(v):
-            return False
-    return True
-
-
-def _write(records, pos, counters, state, fstate, obs_store, act_store, rew_store, held_obs,
-           action, obs, reward, terminated, truncated):  # pragma: no cover - compiled
-    """Write every env's held step, then hold the new observation, step type and discount.
-
-    ``records`` is the storage's per-slot record array (bookkeeping and discount);
-    ``state`` (int64) is ``[stream_capacity, window, same_step, finite obs, finite action,
-    finite reward, steps written, episodes ended]``, then per env its held step type, then
-    ``0 .. num_envs - 1``, then ``out`` ``[4, num_envs * window]``: the written slots (row
-    0), the recomputed slots (row 1), their validity (row 2) and whether each became valid
-    (row 3). ``fstate`` is ``[priority of new steps, held discount of each env ...]``.
-    Arguments are few and nothing is allocated on purpose: each argument costs the
-    dispatcher time, a sizable part of a one-env step.
-
-    Returns ``(n_out, delta)``, or ``(code, 0)`` with nothing changed: -1 .. -3 when the
-    obs, action or reward of a finite field holds NaN or inf, -4 when an input has the
-    wrong shape."""
-    num_envs = held_obs.shape[0]
-    if (obs.shape != held_obs.shape or action.shape[0] != num_envs or action.shape[1:] != act_store.shape[1:]
-            or reward.shape[0] != num_envs or terminated.shape[0] != num_envs
-            or truncated.shape[0] != num_envs):
-        return -4, 0
-    if state[3] and not _all_finite(obs):
-        return -1, 0
-    if state[4] and not _all_finite(action):
-        return -2, 0
-    if state[5] and not _all_finite(reward):
-        return -3, 0
-    types = state[_HELD:_HELD + num_envs].reshape(num_envs, 1)
-    rows = state[_HELD + num_envs:_HELD + 2 * num_envs]
-    out = state[_HELD + 2 * num_envs:].reshape(4, num_envs * state[1])
-    n_out, delta = write_steps(records.step_type, records.episode_id, records.generation, records.priority,
-                               records.valid, pos, counters, rows, types, _NO_PRIORITIES, False, fstate[0],
-                               state[0], state[1], out[:2], out[2:])
-    disc_store = records.discount
-    same_step = state[2] != 0
-    n_done = 0
-    for i in range(num_envs):
-        slot = out[0, i]
-        was_last = types[i, 0] == LAST
-        obs_store[slot] = held_obs[i]
-        if was_last:  # the env ignored this action (NEXT_STEP reset): padding
-            act_store[slot] = 0
-            rew_store[slot] = 0
-        else:
-            act_store[slot] = action[i]
-            rew_store[slot] = reward[i]
-        disc_store[slot] = fstate[1 + i]
-        done = terminated[i] or truncated[i]
-        n_done += done
-        if same_step:
-            state[_HELD + i] = FIRST if done else MID
-            fstate[1 + i] = 1.0
-        elif done:
-            state[_HELD + i] = LAST
-            fstate[1 + i] = 0.0 if terminated[i] else 1.0
-        else:
-            state[_HELD + i] = FIRST if was_last else MID
-            fstate[1 + i] = 1.0
-        held_obs[i] = obs[i]
-    state[6] += num_envs
-    state[7] += n_done
-    return n_out, delta
-
-
-def _kernel(head: tuple[np.ndarray, ...], inputs: tuple[np.ndarray, ...]) -> Any:
-    """A dispatcher of :func:`_write` compiled for ``head + inputs`` only, which compiles
-    nothing by itself: a call with argument types it was not compiled for raises
-    ``TypeError``. The writer adds (compiles, or loads from numba's cache) one signature
-    per kind of inputs it accepted, so the types numba reads at dispatch are the whole
-    per-call input check."""
-    dispatcher = numba.njit(cache=True, nogil=True)(_write)
-    dispatcher.compile(tuple(numba.typeof(x) for x in (*head, *inputs)))
-    dispatcher.disable_compile()
-    return dispatcher
 
 
 class GymStepWriter:
@@ -220,7 +134,7 @@ class GymStepWriter:
         spec = buffer.spec
         canonical = (np.zeros(self._act_shape, spec[action].dtype), self._held_obs.copy(),
                      np.zeros(s, spec[reward].dtype), np.zeros(s, bool), np.zeros(s, bool))
-        self._kernel = _kernel(self._head, canonical)
+        self._kernel = compiled_gym_write(self._head, canonical)
         self._plain = False  # reset, NEXT_STEP and uniform: step() writes inline
         self._is_reset = False
         self._storage = st
@@ -387,11 +301,5 @@ class GymStepWriter:
 
     def _compile_for(self, inputs: tuple[np.ndarray, ...]) -> None:
         """Let the compiled write take inputs of these types from now on."""
-        signature = tuple(numba.typeof(x) for x in (*self._head, *inputs))
-        if signature not in self._kernel.overloads:
-            self._kernel.disable_compile(False)
-            try:
-                self._kernel.compile(signature)
-            finally:
-                self._kernel.disable_compile()
+        allow_inputs(self._kernel, (*self._head, *inputs))
 

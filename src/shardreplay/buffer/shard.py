@@ -22,11 +22,12 @@ from shardreplay.buffer.checks import check_priorities, check_stream_ids, foreig
 from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.state import export_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
+from shardreplay.kernels.keys import keys_fit, resolve_keys
+from shardreplay.kernels.storage import rows_distinct_in_range
 from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler, UniformSampler
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
 from shardreplay.storage import STEP_ARRAYS, ArrayAllocator, StreamStorage
-from shardreplay.storage.kernels import keys_fit, resolve_keys, rows_distinct_in_range
 
 if TYPE_CHECKING:
     from shardreplay.buffer.replay_buffer import ReplayBuffer
@@ -207,9 +208,8 @@ class Shard:
             Nothing changes when an error is raised.
         """
         storage = self.storage
-        status, bad, slots, current = resolve_keys(keys, prios, storage.pos, storage.num_streams,
-                                                   storage.stream_capacity, storage.key_epoch,
-                                                   storage.key_tag)
+        status, bad, slots, current = resolve_keys(keys, prios, storage.generation, storage.size,
+                                                   storage.key_epoch, storage.key_tag)
         if status == 1:
             check_priorities(prios, keys.shape)  # raises with the precise reason
         if status == 2:

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-import numba
 import numpy as np
 import torch
 
@@ -28,7 +27,8 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import _check_gamma, nstep_transitions
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.storage.kernels import window_indices
+from shardreplay.kernels.nstep import nstep_scalar
+from shardreplay.kernels.storage import window_indices
 
 if TYPE_CHECKING:
     from shardreplay.buffer.replay_buffer import ReplayBuffer
@@ -78,27 +78,6 @@ class Transitions:
         return Transitions(*(move(getattr(self, f.name)) for f in fields(self)))
 
 
-@numba.njit(cache=True, nogil=True)
-def _nstep_scalar(idx, mask, reward, discount, gamma, n, ret, boot, m_out, last):  # pragma: no cover
-    """Returns ``ret``, bootstrap discounts ``boot``, ``m`` and the slot of ``o_m`` per
-    window, for a scalar reward field (formulas in the module docstring)."""
-    for b in range(idx.shape[0]):
-        m = n
-        for k in range(1, n + 1):
-            if not mask[b, k]:
-                m = k - 1
-                break
-        total = 0.0
-        factor = 1.0  # gamma^k * prod_{i=1..k} d_i
-        for k in range(m):
-            total += factor * reward[idx[b, k]]
-            factor *= gamma * discount[idx[b, k + 1]]
-        ret[b] = total
-        boot[b] = factor
-        m_out[b] = m
-        last[b] = idx[b, m]
-
-
 def sample_transitions(buffer: ReplayBuffer, batch_size: int, gamma: float, n: int | None = None, *,
                        observation: str = "obs", action: str = "action",
                        reward: str = "reward") -> Transitions:
@@ -129,7 +108,7 @@ def sample_transitions(buffer: ReplayBuffer, batch_size: int, gamma: float, n: i
     shard = shard_of_buffer(buffer)
     draw = shard.draw(batch_size)
     storage = shard.storage
-    idx, mask, keys = window_indices(draw.starts, storage.step_type, storage.pos,
+    idx, mask, keys = window_indices(draw.starts, storage.step_type, storage.generation,
                                      storage.stream_capacity, storage.window, storage.key_epoch,
                                      storage.key_tag)
     rewards = storage.fields[reward]
@@ -161,7 +140,7 @@ def _returns_scalar(idx: np.ndarray, mask: np.ndarray, rewards: np.ndarray, disc
     boot = np.empty(batch, dtype)
     m = np.empty(batch, np.int64)
     last = np.empty(batch, np.int64)
-    _nstep_scalar(idx, mask, rewards, discount, float(gamma), n, ret, boot, m, last)
+    nstep_scalar(idx, mask, rewards, discount, float(gamma), n, ret, boot, m, last)
     return ret, boot, m, last
 
 

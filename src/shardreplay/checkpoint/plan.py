@@ -30,8 +30,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-import numba
 import numpy as np
+
+from shardreplay.kernels.plan import balance_longest_first
 
 
 @dataclass(frozen=True)
@@ -195,18 +196,7 @@ def _drop_oldest(episodes: EpisodeTable, capacity: int) -> tuple[np.ndarray, np.
 def _balance(sizes: np.ndarray, bins: int) -> np.ndarray:
     """Greedy longest-first: each item to the least-filled bin (ties: lowest index)."""
     order = np.argsort(-sizes, kind="stable")
-    return _balance_kernel(order.astype(np.int64), sizes.astype(np.int64), bins)
-
-
-@numba.njit(cache=True)
-def _balance_kernel(order: np.ndarray, sizes: np.ndarray, bins: int) -> np.ndarray:  # pragma: no cover
-    filled = np.zeros(bins, np.int64)
-    assign = np.zeros(sizes.shape[0], np.int64)
-    for i in order:
-        b = np.argmin(filled)  # the first least-filled bin, as a heap of (filled, bin) pops
-        assign[i] = b
-        filled[b] += sizes[i]
-    return assign
+    return balance_longest_first(order.astype(np.int64), sizes.astype(np.int64), bins)
 
 
 def _fit(ids: np.ndarray, lengths: np.ndarray, capacity: int

@@ -21,9 +21,9 @@ from shardreplay.buffer.checks import (
     foreign_key,
     not_prioritized,
 )
-from shardreplay.distributed.kernels import BAD_KEY, BAD_PRIORITY, split_updates
 from shardreplay.distributed.pending import PendingUpdates
 from shardreplay.errors import ConfigError, InvalidKeyError, ShardReplayError
+from shardreplay.kernels.routing import BAD_KEY, BAD_PRIORITY, split_updates
 
 if TYPE_CHECKING:
     from shardreplay.buffer.replay_buffer import ReplayBuffer

@@ -33,11 +33,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numba
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ShardReplayError
+from shardreplay.kernels.returns import track_returns
 from shardreplay.policy.broadcast import split_version
 from shardreplay.runtime.journal import IngestJournal, LossLog, OldJournals
 from shardreplay.runtime.routing import shard_for_actor
@@ -262,7 +262,7 @@ class Ingestor:
         finished = self._finished
         if finished.shape[0] < step_type.size:
             finished = self._finished = np.empty(step_type.size, np.float64)
-        n = _track_returns(rows.astype(np.int64, copy=False), reward, step_type, self._running,
+        n = track_returns(rows.astype(np.int64, copy=False), reward, step_type, self._running,
                            self.last_return, finished)
         self.stats.returns.extend(finished[:n].tolist())
 
@@ -270,26 +270,3 @@ class Ingestor:
         """The counters since the last call (and reset them)."""
         stats, self.stats = self.stats, IngestStats()
         return stats
-
-
-@numba.njit(cache=True, nogil=True)
-def _track_returns(rows, reward, step_type, running, last_return, finished):  # pragma: no cover - compiled
-    """Running returns of a chunk's streams, step by step in time order: a FIRST resets
-    its row's sum, a LAST records it (into ``finished``, in order, and ``last_return``),
-    every other step adds its reward. Returns how many episodes finished. (The numpy
-    version, a few array operations per time step, cost ~350 us a chunk of 32 steps:
-    20 times the buffer write.)"""
-    n = 0
-    for t in range(step_type.shape[1]):
-        for i in range(step_type.shape[0]):
-            r = rows[i]
-            kind = step_type[i, t]
-            if kind == _FIRST:
-                running[r] = 0.0
-            if kind == _LAST:
-                finished[n] = running[r]
-                n += 1
-                last_return[r] = running[r]
-            else:
-                running[r] += reward[i, t]
-    return n

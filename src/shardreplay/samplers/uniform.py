@@ -5,26 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numba
 import numpy as np
 
+from shardreplay.kernels.sampling import accept_valid
 from shardreplay.samplers.base import Draw, check_state_keys
 from shardreplay.storage import StreamStorage
 
 # Below this fraction of valid slots, rejection sampling would waste draws: list them.
 _MIN_ACCEPTANCE = 0.05
-
-
-@numba.njit(cache=True, nogil=True)
-def _accept(candidates: np.ndarray, valid: np.ndarray, out: np.ndarray, got: int) -> int:
-    """Append the valid candidates to ``out[got:]`` in order, until it is full."""
-    for c in candidates:
-        if got == out.shape[0]:
-            break
-        if valid[c]:
-            out[got] = c
-            got += 1
-    return got
 
 
 class UniformSampler:
@@ -79,7 +67,7 @@ class UniformSampler:
         while got < n:
             need = n - got
             cand = rng.integers(0, size, size=int(need / acceptance * 1.1) + 8)
-            got = _accept(cand, valid, out, got)
+            got = accept_valid(cand, valid, out, got)
         return out
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:

@@ -32,17 +32,29 @@ import os
 
 import numpy as np
 
-SHARD_BITS, TAG_BITS, PLACE_BITS, GEN_BITS = 10, 14, 28, 11
-MAX_SHARDS = 1 << SHARD_BITS
-MAX_PLACES = 1 << PLACE_BITS
-NUM_TAGS = (1 << TAG_BITS) - 1  # tags are 1 .. NUM_TAGS: 0 would make small integers keys
-GEN_MASK = (1 << GEN_BITS) - 1
-PLACE_MASK = (1 << PLACE_BITS) - 1
-TAG_MASK = (1 << TAG_BITS) - 1
-PLACE_SHIFT = GEN_BITS
-TAG_SHIFT = GEN_BITS + PLACE_BITS
-SHARD_SHIFT = GEN_BITS + PLACE_BITS + TAG_BITS
-LOCAL_MASK = (1 << SHARD_SHIFT) - 1  # tag, place and generation: a key without its shard
+from shardreplay.kernels import keys as codec
+from shardreplay.kernels.keys import (
+    GEN_BITS,
+    GEN_MASK,
+    LOCAL_MASK,
+    MAX_PLACES,
+    MAX_SHARDS,
+    NUM_TAGS,
+    PLACE_BITS,
+    PLACE_MASK,
+    PLACE_SHIFT,
+    SHARD_BITS,
+    SHARD_SHIFT,
+    TAG_BITS,
+    TAG_MASK,
+    TAG_SHIFT,
+)
+
+# The codec (bit layout, encode, decode, checks) lives in kernels/keys.py, beside the
+# compiled code that reads keys; these are its Python-facing names.
+__all__ = ["GEN_BITS", "GEN_MASK", "LOCAL_MASK", "MAX_PLACES", "MAX_SHARDS", "NUM_TAGS", "PLACE_BITS",
+           "PLACE_MASK", "PLACE_SHIFT", "SHARD_BITS", "SHARD_SHIFT", "TAG_BITS", "TAG_MASK", "TAG_SHIFT",
+           "is_key_tag", "key_shard", "new_key_tag", "unpack_keys", "with_shard"]
 
 
 def _fresh_counter() -> itertools.count:
@@ -75,36 +87,24 @@ def is_key_tag(value: object) -> bool:
     return 1 <= int(value) <= NUM_TAGS
 
 
-def tag_bits(tag: int) -> int:
-    """The tag placed in its field, to OR into keys."""
-    return int(tag) << TAG_SHIFT
-
-
-def pack_keys(shard: np.ndarray | int, tag: np.ndarray | int, place: np.ndarray,
-              generation: np.ndarray) -> np.ndarray:
-    """Pack (shard, tag, place, generation) into int64 keys (vectorised)."""
-    shard = np.asarray(shard, np.int64)
-    tag = np.asarray(tag, np.int64)
-    return ((shard << SHARD_SHIFT) | (tag << TAG_SHIFT) | (place.astype(np.int64) << PLACE_SHIFT)
-            | (generation.astype(np.int64) & GEN_MASK))
-
-
 def unpack_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of :func:`pack_keys`: returns (shard, tag, place, generation) int64 arrays.
+    """Decode keys: returns (shard, tag, place, generation) int64 arrays
+    of the shape of ``keys``.
 
     ``divmod(place, stream_capacity)`` gives the (row, slot) of the window start.
     """
-    keys = keys.astype(np.int64, copy=False)
-    return (keys >> SHARD_SHIFT, (keys >> TAG_SHIFT) & TAG_MASK, (keys >> PLACE_SHIFT) & PLACE_MASK,
-            keys & GEN_MASK)
+    keys = np.asarray(keys)
+    flat = np.ascontiguousarray(keys, np.int64).reshape(-1)
+    return tuple(part.reshape(keys.shape) for part in codec.decode_keys(flat))  # type: ignore[return-value]
 
 
 def key_shard(keys: np.ndarray) -> np.ndarray:
     """The shard index of each key."""
-    return keys.astype(np.int64, copy=False) >> SHARD_SHIFT
+    keys = np.asarray(keys)
+    return codec.shards_of(np.ascontiguousarray(keys, np.int64).reshape(-1)).reshape(keys.shape)
 
 
 def with_shard(keys: np.ndarray, shard: int) -> np.ndarray:
     """The same keys with their shard field set to ``shard``."""
-    local = keys.astype(np.int64, copy=False) & LOCAL_MASK
-    return local | (np.int64(shard) << SHARD_SHIFT)
+    keys = np.asarray(keys)
+    return codec.with_shard(np.ascontiguousarray(keys, np.int64).reshape(-1), shard).reshape(keys.shape)

@@ -4,7 +4,7 @@ The field's values are stacks ``[K, *frame]`` (oldest frame first). A step whose
 continues the previous step's stores one new frame; a step that starts a chain (an
 episode's first step, whose stack holds the reset frames) stores its whole stack. Each
 slot records the position of its step's newest frame, and sampling rebuilds the stacks
-(``frame_kernels`` draws the layout). What is sampled equals what was written, bit for
+(``kernels/frames.py`` draws the layout). What is sampled equals what was written, bit for
 bit.
 
 The ring of a stream holds ``frame_capacity`` frames, at first
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from shardreplay.errors import SpecMismatchError
+from shardreplay.kernels import frames as fk
 from shardreplay.spec import Field
-from shardreplay.storage import frame_kernels as fk
 from shardreplay.storage.allocate import ArrayAllocator
 
 # Steps per piece of lazily built stacks (84x84x4 uint8: ~28 MiB).

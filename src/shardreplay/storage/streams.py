@@ -12,10 +12,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from shardreplay.kernels import storage as kernels
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
-from shardreplay.storage import kernels
 from shardreplay.storage.allocate import ArrayAllocator
 from shardreplay.storage.frames import FrameStore, StackPieces
 
@@ -32,6 +32,9 @@ STEP_ARRAYS = {
 # Fields of at most this many bytes per step share the per-slot record (see __init__).
 SMALL_FIELD_BYTES = 32
 
+
+# A layout's gather plan: ((byte rows of each part, record offset of each part), extent).
+_GatherPlan = tuple[tuple[tuple[np.ndarray, ...], np.ndarray], int]
 
 _NUMBA_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -112,13 +115,10 @@ class StreamStorage:
         byte_rows = [(name, grid.dtype, self._as_byte_rows(name)) for name, grid, _n in self._grids]
         byte_rows = [(name, dtype, rows) for name, dtype, rows in byte_rows if rows.shape[1]]
         # Fields whose dtype numba cannot take (float16) travel as their bytes.
-        self._scatter_fields = tuple((name, not _numba_takes(dtype)) for name, dtype, _rows in byte_rows)
-        # [address, row stride, bytes per step] of each, for kernels.scatter_fields: the
-        # arrays behind the addresses live as long as this storage.
-        plan = [(rows.ctypes.data, rows.strides[0], rows.shape[1]) for _name, _dtype, rows in byte_rows]
-        self._scatter_plan = np.array(plan, np.int64).reshape(-1, 3).T.copy()
+        # (name, travels as bytes, destination rows) of each, for kernels.scatter_fields.
+        self._scatter_fields = tuple((name, not _numba_takes(dtype), rows) for name, dtype, rows in byte_rows)
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
-        self._gather_plans: dict[tuple, tuple[np.ndarray, int]] = {}  # see _gather_plan
+        self._gather_plans: dict[tuple, _GatherPlan] = {}  # see _gather_plan
 
     def _as_byte_rows(self, name: str) -> np.ndarray:
         """A ``[S*C, k]`` uint8 view of field ``name`` (a record field is a strided view)."""
@@ -187,9 +187,9 @@ class StreamStorage:
         else:
             flat = out_slots[0, :n_rows * t_len]
             if flat.shape[0]:
-                values = tuple(_c_bytes(steps[name]) if as_bytes else _c_order(steps[name])
-                               for name, as_bytes in self._scatter_fields)
-                kernels.scatter_fields(self._scatter_plan, values, flat)
+                pairs = tuple((rows, _c_bytes(steps[name]) if as_bytes else _c_order(steps[name]))
+                              for name, as_bytes, rows in self._scatter_fields)
+                kernels.scatter_fields(pairs, flat)
             self._refresh_alignment()
         for store, stacks, counts in frame_plans:
             store.append(stacks, rows, out_slots[0, :n_rows * t_len], counts)
@@ -203,7 +203,7 @@ class StreamStorage:
         Returns arrays ``[B, L, ...]`` (user fields, step_type, discount, episode_id), the
         mask ``[B, L]`` and the keys ``[B]`` (shard 0).
         """
-        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
+        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
                                                  self.stream_capacity, self.window, self.key_epoch,
                                                  self.key_tag)
         # One gather of whole records, then dense copies of the fields the batch needs
@@ -242,29 +242,29 @@ class StreamStorage:
             extent = max(extent, offset + self.window * store.stack * store.frame_bytes)
         if extent > out.shape[1]:
             raise ValueError("offsets must leave room for a window of every part in a record")
-        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.pos,
+        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
                                                  self.stream_capacity, self.window, self.key_epoch,
                                                  self.key_tag)
         rows = np.ascontiguousarray(dst_rows, np.int64)
-        if columns.shape[1]:
-            kernels.gather_window_parts(*columns, idx, rows, out)
+        sources, out_offsets = columns
+        if sources:
+            kernels.gather_window_parts(sources, out_offsets, idx, rows, out)
         for name, offset in stacked.items():
             self.stacked[name].gather_into(idx, rows, out, int(offset))
         return mask, keys
 
-    def _gather_plan(self, offsets: Mapping[str, int]) -> tuple[np.ndarray, int]:
-        """Per part: source address, row stride, bytes per step and record offset (as
-        ``[4, parts]`` int64), and the record bytes they need. Built once per layout: the
-        arrays behind the addresses live as long as this storage."""
+    def _gather_plan(self, offsets: Mapping[str, int]) -> _GatherPlan:
+        """Per part with bytes: its ``[S*C, k]`` uint8 rows and its record offset (int64),
+        and the record bytes they need. Built once per layout."""
         key = tuple(offsets.items())
         plan = self._gather_plans.get(key)
         if plan is None:
-            sources = [(self._byte_source(name), offset) for name, offset in key]
-            parts = np.array([(src.ctypes.data + src_offset, src.strides[0], nbytes, offset)
-                              for (src, src_offset, nbytes), offset in sources if nbytes],
-                             np.int64).reshape(-1, 4)
-            extent = int((parts[:, 3] + self.window * parts[:, 2]).max()) if parts.size else 0
-            plan = self._gather_plans[key] = (np.ascontiguousarray(parts.T), extent)
+            parts = [(self._as_byte_rows(name), offset) for name, offset in key]
+            parts = [(rows, offset) for rows, offset in parts if rows.shape[1]]
+            sources = tuple(rows for rows, _offset in parts)
+            out_offsets = np.array([offset for _rows, offset in parts], np.int64)
+            extent = max((offset + self.window * rows.shape[1] for rows, offset in parts), default=0)
+            plan = self._gather_plans[key] = ((sources, out_offsets), int(extent))
         return plan
 
     def _byte_source(self, name: str) -> tuple[np.ndarray, int, int]:

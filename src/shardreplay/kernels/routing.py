@@ -6,7 +6,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from shardreplay.spec.keys import LOCAL_MASK, PLACE_MASK, PLACE_SHIFT, SHARD_SHIFT, TAG_MASK, TAG_SHIFT
+from shardreplay.kernels.keys import LOCAL_MASK, key_place_of, key_shard_of, key_tag_of
 
 OK, BAD_PRIORITY, BAD_KEY = 0, 1, 2
 _LOCAL_BITS = np.int64(LOCAL_MASK)
@@ -34,10 +34,10 @@ def split_updates(keys: np.ndarray, prios: np.ndarray, rank: int, tags: np.ndarr
         k = keys[i]
         if k == -1:
             continue
-        owner = k >> SHARD_SHIFT
-        if k < 0 or owner >= world or ((k >> TAG_SHIFT) & TAG_MASK) != tags[owner]:
+        owner = key_shard_of(k)
+        if k < 0 or owner >= world or key_tag_of(k) != tags[owner]:
             return BAD_KEY, i, keys[:0], prios[:0], keys[:0], prios[:0]
-        if owner == rank and ((k >> PLACE_SHIFT) & PLACE_MASK) >= size:
+        if owner == rank and key_place_of(k) >= size:
             return BAD_KEY, i, keys[:0], prios[:0], keys[:0], prios[:0]
     own_k, own_p = np.empty(n, np.int64), np.empty(n, np.float32)
     for_k, for_p = np.empty(n, np.int64), np.empty(n, np.float32)
@@ -46,7 +46,7 @@ def split_updates(keys: np.ndarray, prios: np.ndarray, rank: int, tags: np.ndarr
         k = keys[i]
         if k == -1:
             continue
-        if (k >> SHARD_SHIFT) != rank:
+        if key_shard_of(k) != rank:
             for_k[n_for], for_p[n_for] = k, prios[i]
             n_for += 1
             continue

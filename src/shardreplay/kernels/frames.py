@@ -16,47 +16,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba.core import cgutils, types
-from numba.extending import intrinsic
 
-from shardreplay.storage.kernels import copy_bytes
+from shardreplay.kernels.copy import STREAM_BYTES, copy_at, misalignment, store_fence, stream_copy_at
 
 FIRST, LAST = 0, 2
 OK, INCONSISTENT = 0, 1
-
-
-_STREAM_BYTES = 16
-
-
-@intrinsic
-def stream_copy(typingctx, dst_address, src_address, nbytes):  # pragma: no cover - compiled
-    """Copy ``nbytes`` (a multiple of 16) to a 16-byte aligned ``dst_address`` with
-    non-temporal stores: a sampled batch of stacks (14 MiB for 256 Nature-DQN windows)
-    goes to memory without first reading every destination line into the cache.
-    :func:`store_fence` must follow before another thread reads the destination."""
-    def codegen(context, builder, signature, args):
-        dst, src, n = args
-        vec = ir.VectorType(ir.IntType(64), 2)
-        step = ir.Constant(ir.IntType(64), _STREAM_BYTES)
-        mark = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        with cgutils.for_range(builder, builder.udiv(n, step)) as loop:
-            off = builder.mul(loop.index, step)
-            value = builder.load(builder.inttoptr(builder.add(src, off), vec.as_pointer()), align=1)
-            store = builder.store(value, builder.inttoptr(builder.add(dst, off), vec.as_pointer()),
-                                  align=_STREAM_BYTES)
-            store.set_metadata("nontemporal", mark)
-        return context.get_dummy_value()
-    return types.void(types.intp, types.intp, types.intp), codegen
-
-
-@intrinsic
-def store_fence(typingctx):  # pragma: no cover - compiled
-    """Order every earlier store (non-temporal ones included) before later ones."""
-    def codegen(context, builder, signature, args):
-        builder.fence("seq_cst")
-        return context.get_dummy_value()
-    return types.void(), codegen
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
@@ -138,14 +102,16 @@ def append_frames(values, rows, written, new_counts, frames, ref, fpos):  # prag
     ``new_counts[i, t] == 1``, else its whole stack."""
     n, t_len, k, fb = values.shape
     cap_frames = frames.shape[1]
-    base = frames.ctypes.data
+    row_stride, frame_stride = frames.strides[0], frames.strides[1]
+    vs0, vs1, vs2 = values.strides[0], values.strides[1], values.strides[2]
     for i in range(n):
         r = rows[i]
         p = fpos[r]
         for t in range(t_len):
             first = k - new_counts[i, t]
             for j in range(first, k):
-                copy_bytes(base + (r * cap_frames + p % cap_frames) * fb, values[i, t, j].ctypes.data, fb)
+                copy_at(frames, r * row_stride + (p % cap_frames) * frame_stride,
+                        values, i * vs0 + t * vs1 + j * vs2, fb)
                 p += 1
             ref[written[i * t_len + t]] = p - 1
         fpos[r] = p
@@ -159,21 +125,20 @@ def gather_stacks_rows(idx, cap, ref, frames, k, dst_rows, out, offset):  # prag
     n, window = idx.shape
     fb = frames.shape[2]
     cap_frames = frames.shape[1]
-    src_base, out_base, out_stride = frames.ctypes.data, out.ctypes.data, out.strides[0]
-    stream = (out_base + offset) % _STREAM_BYTES == 0 and out_stride % _STREAM_BYTES == 0 \
-        and fb % _STREAM_BYTES == 0
+    row_stride, frame_stride, out_stride = frames.strides[0], frames.strides[1], out.strides[0]
+    stream = misalignment(out, offset) == 0 and out_stride % STREAM_BYTES == 0 and fb % STREAM_BYTES == 0
     for b in range(n):
-        dst_row = out_base + dst_rows[b] * out_stride + offset
+        dst_row = dst_rows[b] * out_stride + offset
         for pos in range(window):
             s = idx[b, pos]
             row = s // cap
             first = ref[s] - k + 1
             for j in range(k):
-                src = src_base + (row * cap_frames + (first + j) % cap_frames) * fb
+                src = row * row_stride + ((first + j) % cap_frames) * frame_stride
                 if stream:
-                    stream_copy(dst_row + (pos * k + j) * fb, src, fb)
+                    stream_copy_at(out, dst_row + (pos * k + j) * fb, frames, src, fb)
                 else:
-                    copy_bytes(dst_row + (pos * k + j) * fb, src, fb)
+                    copy_at(out, dst_row + (pos * k + j) * fb, frames, src, fb)
     if stream:
         store_fence()
 

@@ -1,0 +1,128 @@
+"""Byte copies between numpy arrays inside compiled code, at memory speed.
+
+A byte loop in numba is not vectorised (a row copy runs several times slower than
+``memcpy``), so these intrinsics emit ``memcpy`` (or non-temporal stores) directly.
+They take the arrays themselves and byte offsets from each array's first byte: pointers
+are derived from the arrays inside the compiled code, never passed around as integers.
+The caller keeps every ``offset .. offset + nbytes`` inside its array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+_BYTE_PTR = ir.IntType(8).as_pointer()
+STREAM_BYTES = 16  # the width of one non-temporal store
+
+
+def _byte_pointer(context, builder, array_type, array, offset):  # pragma: no cover - compiling
+    """``(uint8 *) array.data + offset``."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.gep(builder.bitcast(data, _BYTE_PTR), [offset])
+
+
+def _check_arrays(*array_types):  # pragma: no cover - compiling
+    for t in array_types:
+        if not isinstance(t, types.Array):
+            raise numba.core.errors.TypingError(f"copy intrinsics take arrays, got {t}")
+
+
+@intrinsic
+def copy_at(typingctx, dst, dst_offset, src, src_offset, nbytes):  # pragma: no cover - compiled
+    """``memcpy`` of ``nbytes`` from byte ``src_offset`` of ``src`` to byte
+    ``dst_offset`` of ``dst``."""
+    _check_arrays(dst, src)
+
+    def codegen(context, builder, signature, args):
+        d, d_off, s, s_off, n = args
+        cgutils.raw_memcpy(builder, _byte_pointer(context, builder, signature.args[0], d, d_off),
+                           _byte_pointer(context, builder, signature.args[2], s, s_off), n, 1)
+        return context.get_dummy_value()
+    return types.void(dst, types.intp, src, types.intp, types.intp), codegen
+
+
+def _copy_of(size: int) -> Any:
+    """:func:`copy_at` of a constant ``size``: compiles to one load and store instead of
+    a call (small fields are copied millions of times per exchange)."""
+    @intrinsic
+    def copy(typingctx, dst, dst_offset, src, src_offset):  # pragma: no cover - compiled
+        _check_arrays(dst, src)
+
+        def codegen(context, builder, signature, args):
+            d, d_off, s, s_off = args
+            cgutils.raw_memcpy(builder, _byte_pointer(context, builder, signature.args[0], d, d_off),
+                               _byte_pointer(context, builder, signature.args[2], s, s_off),
+                               ir.Constant(ir.IntType(64), size), 1)
+            return context.get_dummy_value()
+        return types.void(dst, types.intp, src, types.intp), codegen
+    return copy
+
+
+copy_1, copy_2, copy_4, copy_8 = (_copy_of(n) for n in (1, 2, 4, 8))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def copy_small_or_at(dst, dst_offset, src, src_offset, nbytes):  # pragma: no cover - compiled
+    """:func:`copy_at`, with the common field sizes inlined."""
+    if nbytes == 8:
+        copy_8(dst, dst_offset, src, src_offset)
+    elif nbytes == 4:
+        copy_4(dst, dst_offset, src, src_offset)
+    elif nbytes == 1:
+        copy_1(dst, dst_offset, src, src_offset)
+    elif nbytes == 2:
+        copy_2(dst, dst_offset, src, src_offset)
+    else:
+        copy_at(dst, dst_offset, src, src_offset, nbytes)
+
+
+@intrinsic
+def misalignment(typingctx, array, offset):  # pragma: no cover - compiled
+    """``(address of byte offset of array) % STREAM_BYTES``: whether streaming stores
+    may start there."""
+    _check_arrays(array)
+
+    def codegen(context, builder, signature, args):
+        ptr = _byte_pointer(context, builder, signature.args[0], args[0], args[1])
+        address = builder.ptrtoint(ptr, ir.IntType(64))
+        return builder.urem(address, ir.Constant(ir.IntType(64), STREAM_BYTES))
+    return types.intp(array, types.intp), codegen
+
+
+@intrinsic
+def stream_copy_at(typingctx, dst, dst_offset, src, src_offset, nbytes):  # pragma: no cover - compiled
+    """:func:`copy_at` of ``nbytes`` (a multiple of 16) to a 16-byte aligned destination
+    with non-temporal stores: a sampled batch of frame stacks goes to memory without
+    first reading every destination line into the cache. :func:`store_fence` must
+    follow before another thread reads the destination."""
+    _check_arrays(dst, src)
+
+    def codegen(context, builder, signature, args):
+        d, d_off, s, s_off, n = args
+        dst_at = _byte_pointer(context, builder, signature.args[0], d, d_off)
+        src_at = _byte_pointer(context, builder, signature.args[2], s, s_off)
+        vec = ir.VectorType(ir.IntType(64), 2)
+        step = ir.Constant(ir.IntType(64), STREAM_BYTES)
+        mark = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with cgutils.for_range(builder, builder.udiv(n, step)) as loop:
+            off = builder.mul(loop.index, step)
+            value = builder.load(builder.bitcast(builder.gep(src_at, [off]), vec.as_pointer()), align=1)
+            store = builder.store(value, builder.bitcast(builder.gep(dst_at, [off]), vec.as_pointer()),
+                                  align=STREAM_BYTES)
+            store.set_metadata("nontemporal", mark)
+        return context.get_dummy_value()
+    return types.void(dst, types.intp, src, types.intp, types.intp), codegen
+
+
+@intrinsic
+def store_fence(typingctx):  # pragma: no cover - compiled
+    """Order every earlier store (non-temporal ones included) before later ones."""
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.void(), codegen

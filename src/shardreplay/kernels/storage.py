@@ -1,0 +1,245 @@
+"""Compiled kernels for per-step bookkeeping: episode ids, generations, window validity.
+
+A window start ``q`` of a stream is **valid** (docs/semantics.md, sampling rule 1) when step ``q``
+is stored, is not LAST (for ``L >= 2``), and the steps ``q .. q+L-1`` are stored and in
+``q``'s episode, or the episode ends (LAST) inside the window::
+
+    L = 3        q   q+1  q+2
+    full         MID MID  MID    valid (all three stored, one episode)
+    closed       MID LAST  .     valid (mask: T T F)
+    incomplete   MID MID  <not yet written>         invalid until q+2 arrives
+    abandoned    MID FIRST ...   invalid forever (next episode, no LAST)
+
+Writing positions ``p0 .. p1-1`` of a stream can change validity only for starts
+``max(p0-L+1, p1-C, 0) .. p1-1``: earlier windows that now complete, and the written
+slots themselves (their old occupants are gone).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import literal_unroll
+
+from shardreplay.kernels.copy import copy_at, copy_small_or_at
+from shardreplay.kernels.keys import encode_key
+
+FIRST, MID, LAST = 0, 1, 2
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _is_valid_at(step_type, episode_id, base, off, q, p1, cap, window):
+    """Validity of absolute start ``q`` (at ``off = q % cap``) in the row whose flat offset
+    is ``base``. Slots advance by increment-and-wrap (no int64 modulo per step)."""
+    if window == 1:
+        return True
+    slot = base + off
+    if step_type[slot] == LAST:
+        return False
+    ep = episode_id[slot]
+    for k in range(1, window):
+        if q + k >= p1:
+            return False
+        off += 1
+        if off == cap:
+            off = 0
+        nxt = base + off
+        if episode_id[nxt] != ep:
+            return False
+        if step_type[nxt] == LAST:
+            return True
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _is_valid(step_type, episode_id, base, q, p1, cap, window):
+    """Validity of absolute start ``q`` in the row whose flat offset is ``base``."""
+    return _is_valid_at(step_type, episode_id, base, q % cap, q, p1, cap, window)
+
+
+@numba.njit(cache=True, nogil=True)
+def write_steps(step_type, episode_id, generation, priority, valid, pos, counters,
+                rows, types, prios, has_prios, default_prio, cap, window, out_slots, out_flags):
+    """Record ``T`` new steps for each of ``rows`` and refresh window validity.
+
+    Arrays ``step_type, episode_id, generation, priority, valid`` are flat ``[S*C]``;
+    ``pos`` is the absolute next position per row; ``counters[0]`` is the next episode
+    id. ``types`` and ``prios`` are ``[len(rows), T]``. Results go to scratch arrays the
+    caller owns (so nothing is allocated per call):
+    ``out_slots[0, :len(rows) * T]`` the flat slots written (row-major),
+    ``out_slots[1, :n]`` the flat slots whose validity was recomputed, ``out_flags[0, :n]``
+    their new validity and ``out_flags[1, :n]`` whether each became valid just now,
+    with ``n = len(rows) * (T + window - 1)`` at most. Returns ``n`` and the change in the
+    number of valid starts.
+    """
+    n_rows, t_len = types.shape
+    written = out_slots[0]
+    recomputed = out_slots[1]
+    out_valid = out_flags[0]
+    out_new = out_flags[1]
+    n_out = 0
+    delta = 0
+    for i in range(n_rows):
+        r = rows[i]
+        base = r * cap
+        p0 = pos[r]
+        off = p0 % cap  # slots advance by increment-and-wrap (see _is_valid_at)
+        prev_off = off - 1 if off > 0 else cap - 1
+        for t in range(t_len):
+            p = p0 + t
+            slot = base + off
+            written[i * t_len + t] = slot
+            st = types[i, t]
+            if p == 0 or st == FIRST:
+                new_ep = True
+            else:
+                prev = base + prev_off
+                new_ep = step_type[prev] == LAST
+                if not new_ep:
+                    episode_id[slot] = episode_id[prev]
+            if new_ep:
+                episode_id[slot] = counters[0]
+                counters[0] += 1
+            step_type[slot] = st
+            generation[slot] += 1
+            priority[slot] = prios[i, t] if has_prios else default_prio
+            if valid[slot]:
+                valid[slot] = False
+                delta -= 1
+            prev_off = off
+            off += 1
+            if off == cap:
+                off = 0
+        p1 = p0 + t_len
+        pos[r] = p1
+        lo = max(p0 - window + 1, p1 - cap, 0)
+        off = lo % cap
+        for q in range(lo, p1):
+            slot = base + off
+            was = valid[slot] and q < p0
+            now = _is_valid_at(step_type, episode_id, base, off, q, p1, cap, window)
+            off += 1
+            if off == cap:
+                off = 0
+            recomputed[n_out] = slot
+            out_valid[n_out] = now
+            out_new[n_out] = now and not was
+            n_out += 1
+            if now != valid[slot]:
+                delta += 1 if now else -1
+                valid[slot] = now
+    return n_out, delta
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def scatter_fields(pairs, slots):  # pragma: no cover - compiled
+    """Every field of a write in one call: each of ``pairs`` is ``(dst, value)``, ``dst``
+    a ``[N, k]`` uint8 view with contiguous rows, ``value`` C-contiguous with
+    ``len(slots)`` steps of ``k`` bytes each; step ``i`` goes to row ``slots[i]`` of
+    ``dst`` (every slot below ``N``)."""
+    n = slots.shape[0]
+    for pair in literal_unroll(pairs):
+        dst, value = pair
+        stride, k = dst.strides[0], dst.shape[1]
+        for i in range(n):
+            copy_small_or_at(dst, slots[i] * stride, value, i * k, k)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def gather_window_parts(sources, out_offset, idx, dst_rows, out):  # pragma: no cover - compiled
+    """For every part ``p``, window ``b`` and position ``l``: copy row ``idx[b, l]`` of
+    ``sources[p]`` (a ``[N, k]`` uint8 view with contiguous rows) to row ``dst_rows[b]``
+    of ``out`` (C-contiguous uint8 records), at byte ``out_offset[p] + l * k``. One part
+    at a time (one access stream at a time suits the hardware prefetchers).
+
+    The caller keeps slots below ``N`` and every part inside a record."""
+    n, window = idx.shape
+    out_stride = out.strides[0]
+    p = 0
+    for src in literal_unroll(sources):
+        stride, size, offset = src.strides[0], src.shape[1], out_offset[p]
+        for b in range(n):
+            row = dst_rows[b] * out_stride + offset
+            for pos in range(window):
+                copy_small_or_at(out, row + pos * size, src, idx[b, pos] * stride, size)
+        p += 1  # noqa: SIM113 - numba cannot enumerate a literal_unroll
+
+
+@numba.njit(cache=True, nogil=True)
+def rows_distinct_in_range(rows, num_streams, marks):  # pragma: no cover - compiled
+    """True when every row is in ``[0, num_streams)`` and none repeats. ``marks`` is a
+    zeroed uint8 scratch of ``num_streams`` entries, left zeroed on return."""
+    ok = True
+    n = rows.shape[0]
+    done = 0
+    for i in range(n):
+        r = rows[i]
+        if r < 0 or r >= num_streams or marks[r]:
+            ok = False
+            break
+        marks[r] = 1
+        done += 1
+    for i in range(done):
+        marks[rows[i]] = 0
+    return ok and n > 0
+
+
+@numba.njit(cache=True, nogil=True)
+def all_equal(pos):  # pragma: no cover - compiled
+    """True when every entry of ``pos`` equals the first (rows aligned)."""
+    for i in range(1, pos.shape[0]):  # noqa: SIM110 - a loop numba compiles (no generators)
+        if pos[i] != pos[0]:
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def recompute_validity(step_type, episode_id, valid, pos, cap, window):
+    """Recompute ``valid`` for every stored start (after a load); returns the count."""
+    count = 0
+    for r in range(pos.shape[0]):
+        base = r * cap
+        p1 = pos[r]
+        for q in range(max(p1 - cap, 0), p1):
+            ok = _is_valid(step_type, episode_id, base, q, p1, cap, window)
+            valid[base + q % cap] = ok
+            count += ok
+    return count
+
+
+@numba.njit(cache=True, nogil=True)
+def window_indices(starts, step_type, generation, cap, window, epoch, tag):
+    """Flat slot indices ``[B, L]`` of each window, its mask, and its key (shard 0,
+    key ``tag``, place = the flat start; see ``kernels/keys.py``).
+
+    A key's generation is the slot's write count ``generation[start]`` plus the
+    storage's key ``epoch`` (raised by every checkpoint restore, so keys of an earlier
+    life are stale). The write count sits in the start's record, which the gather that
+    follows reads anyway.
+
+    Positions after the window's LAST repeat the LAST step's slot and are masked out.
+    A valid start is never LAST (for ``L >= 2``) and a LAST at the window's end masks
+    nothing, so only the step types strictly inside the window are read.
+    """
+    n = starts.shape[0]
+    idx = np.empty((n, window), np.int64)
+    mask = np.ones((n, window), np.bool_)
+    keys = np.empty(n, np.int64)
+    for b in range(n):
+        s = starts[b]
+        keys[b] = encode_key(0, tag, s, np.int64(generation[s]) + epoch)
+    for b in range(n):
+        s = starts[b]
+        base = s - s % cap
+        slot = s - base
+        ended = False
+        cur = s
+        for k in range(window):
+            if ended:
+                mask[b, k] = False
+            else:
+                cur = base + (slot + k) % cap
+                if 0 < k < window - 1:
+                    ended = step_type[cur] == LAST
+            idx[b, k] = cur
+    return idx, mask, keys

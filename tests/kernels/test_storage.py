@@ -1,0 +1,149 @@
+"""kernels/storage.py against kernels/reference/storage.py: random writes (empty, single
+row, wrap-around), window indices and keys, byte scatters and gathers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardreplay.kernels import storage as kern
+from shardreplay.kernels.reference import keys as ref_keys
+from shardreplay.kernels.reference import storage as ref
+
+FIRST, MID, LAST = 0, 1, 2
+_BOOKKEEPING = ("step_type", "episode_id", "generation", "priority", "valid", "pos", "counters")
+
+
+def _arrays(streams: int, cap: int) -> dict[str, np.ndarray]:
+    n = streams * cap
+    return {"step_type": np.zeros(n, np.uint8), "episode_id": np.zeros(n, np.int64),
+            "generation": np.zeros(n, np.uint32), "priority": np.zeros(n, np.float32),
+            "valid": np.zeros(n, bool), "pos": np.zeros(streams, np.int64), "counters": np.zeros(1, np.int64)}
+
+
+def _copy(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v.copy() for k, v in state.items()}
+
+
+def _random_write(rng: np.random.Generator, streams: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    n_rows = int(rng.integers(0, streams + 1))  # 0: an empty write
+    rows = rng.permutation(streams)[:n_rows].astype(np.int64)
+    t_len = int(rng.integers(1, cap + 1))
+    types = rng.choice([FIRST, MID, MID, MID, LAST], (n_rows, t_len)).astype(np.uint8)
+    return rows, types
+
+
+@pytest.mark.parametrize(("streams", "cap", "window"),
+                         [(1, 1, 1), (1, 3, 2), (3, 5, 3), (4, 6, 4), (2, 8, 1)])
+def test_write_steps_matches_the_reference(streams: int, cap: int, window: int) -> None:
+    rng = np.random.default_rng(streams * 100 + cap * 10 + window)
+    fast, slow = _arrays(streams, cap), _arrays(streams, cap)
+    out_slots = np.zeros((2, streams * (cap + window)), np.int64)
+    out_flags = np.zeros((2, streams * (cap + window)), bool)
+    for step in range(60):
+        rows, types = _random_write(rng, streams, cap)
+        has_prios = bool(step % 2)
+        prios = rng.random(types.shape).astype(np.float32)
+        was_valid = fast["valid"].copy()
+        n_out, delta = kern.write_steps(*(fast[k] for k in _BOOKKEEPING),
+                                        rows, types, prios, has_prios, 0.5, cap, window, out_slots, out_flags)
+        written, recomputed, want_delta = ref.write_steps(*(slow[k] for k in _BOOKKEEPING),
+                                                          rows, types, prios, has_prios, 0.5, cap, window)
+        for name in fast:
+            np.testing.assert_array_equal(fast[name], slow[name], err_msg=f"{name} after write {step}")
+        assert delta == want_delta
+        np.testing.assert_array_equal(out_slots[0, :types.size], written)
+        np.testing.assert_array_equal(out_slots[1, :n_out], recomputed)
+        np.testing.assert_array_equal(out_flags[0, :n_out], slow["valid"][recomputed])
+        # "became valid" is relative to before the write, except for slots just overwritten.
+        fresh = np.isin(recomputed, written)
+        became = slow["valid"][recomputed] & (fresh | ~was_valid[recomputed])
+        np.testing.assert_array_equal(out_flags[1, :n_out], became)
+        # The full recompute after a load agrees too.
+        valid = np.zeros_like(fast["valid"])
+        count = kern.recompute_validity(fast["step_type"], fast["episode_id"], valid, fast["pos"], cap,
+                                        window)
+        np.testing.assert_array_equal(valid, slow["valid"])
+        assert count == slow["valid"].sum()
+        # A slot's generation is its write count: what keys carry and the fifo compares.
+        writes = ref_keys.writes(slow["pos"], np.arange(streams * cap), cap)
+        np.testing.assert_array_equal(fast["generation"], writes)
+    assert slow["pos"].max() > 2 * cap  # the rings wrapped
+
+
+@pytest.mark.parametrize(("cap", "window"), [(5, 1), (5, 2), (7, 3), (6, 5)])
+def test_window_indices_match_the_reference(cap: int, window: int) -> None:
+    rng = np.random.default_rng(cap + window)
+    streams = 3
+    state = _arrays(streams, cap)
+    out_slots = np.zeros((2, streams * (cap + window)), np.int64)
+    out_flags = np.zeros((2, streams * (cap + window)), bool)
+    for _ in range(20):
+        rows, types = _random_write(rng, streams, cap)
+        kern.write_steps(*(state[k] for k in _BOOKKEEPING),
+                         rows, types, types.astype(np.float32), False, 1.0, cap, window, out_slots, out_flags)
+        starts = np.flatnonzero(state["valid"])
+        for picked in (starts, starts[:1], starts[:0]):
+            epoch, tag = int(rng.integers(0, 5000)), int(rng.integers(1, 16383))
+            args = (picked, state["step_type"], state["generation"], cap, window, epoch, tag)
+            got, want = kern.window_indices(*args), ref.window_indices(*args)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w)
+
+
+def test_rows_distinct_in_range_and_all_equal() -> None:
+    rng = np.random.default_rng(5)
+    marks = np.zeros(6, np.uint8)
+    cases = [np.array([], np.int64), np.array([0]), np.array([5]), np.array([6]), np.array([-1]),
+             np.array([1, 2, 1]), np.array([3, 0, 5, 1])]
+    cases += [rng.integers(-1, 8, rng.integers(1, 6)) for _ in range(50)]
+    for rows in cases:
+        want = ref.rows_distinct_in_range(rows, 6)
+        assert kern.rows_distinct_in_range(rows.astype(np.int64), 6, marks) == want
+        assert not marks.any()
+    for pos in ([1], [3, 3, 3], [3, 3, 4], [0, 1]):
+        assert kern.all_equal(np.array(pos, np.int64)) == (len(set(pos)) == 1)
+
+
+def _record_views(rng: np.random.Generator, n: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Random records with fields of 1, 2, 3, 4, 8 and 40 bytes, and [n, k] byte views of each."""
+    dtype = np.dtype([("a", np.uint8), ("b", np.int16), ("c", "V3"), ("d", np.float32), ("e", np.int64),
+                      ("f", np.float32, (10,))])
+    records = np.frombuffer(rng.bytes(n * dtype.itemsize), dtype).copy()
+    raw = records.view(np.uint8).reshape(n, -1)
+    views = [raw[:, dtype.fields[name][1]:dtype.fields[name][1] + dtype.fields[name][0].itemsize]
+             for name in dtype.names]
+    return records, views
+
+
+@pytest.mark.parametrize("n_slots", [0, 1, 17])
+def test_scatter_fields_and_bytes_match_indexing(n_slots: int) -> None:
+    rng = np.random.default_rng(n_slots)
+    _records, fast = _record_views(rng, 40)
+    _copy_records, slow = _record_views(np.random.default_rng(n_slots), 40)
+    slots = rng.integers(0, 40, n_slots)  # repeats too: the last one wins
+    values = (rng.integers(0, 255, n_slots).astype(np.uint8), rng.integers(-99, 99, n_slots).astype(np.int16),
+              np.frombuffer(rng.bytes(3 * n_slots), np.uint8).reshape(n_slots, 3),
+              rng.random(n_slots).astype(np.float32), rng.integers(-5, 5, n_slots),
+              rng.random((n_slots, 10)).astype(np.float32))
+    kern.scatter_fields(tuple(zip(fast, values, strict=True)), slots)
+    ref.scatter_fields(zip(slow, values, strict=True), slots)
+    for f, s in zip(fast, slow, strict=True):
+        np.testing.assert_array_equal(f, s)
+
+
+@pytest.mark.parametrize(("batch", "window"), [(0, 2), (1, 1), (9, 3)])
+def test_gather_window_parts_matches_indexing(batch: int, window: int) -> None:
+    rng = np.random.default_rng(batch + window)
+    _records, views = _record_views(rng, 30)
+    plain = np.ascontiguousarray(rng.random((30, 6)).astype(np.float32)).view(np.uint8)  # a whole array
+    sources = (*views, plain)
+    widths = [v.shape[1] * window for v in sources]
+    out_offset = np.concatenate([[5], 5 + np.cumsum(widths)[:-1]]).astype(np.int64)
+    idx = rng.integers(0, 30, (batch, window))
+    dst_rows = rng.permutation(12)[:batch]
+    fast = np.zeros((12, int(out_offset[-1]) + widths[-1] + 3), np.uint8)
+    slow = fast.copy()
+    kern.gather_window_parts(sources, out_offset, idx, dst_rows, fast)
+    ref.gather_window_parts(sources, out_offset, idx, dst_rows, slow)
+    np.testing.assert_array_equal(fast, slow)

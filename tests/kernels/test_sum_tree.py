@@ -1,0 +1,119 @@
+"""The sum tree on its own: sums equal the leaf sums after updates, the prefix search
+returns the right leaf (boundaries and zero leaves included), weighted draws follow p
+(chi-square, fixed seed), all against kernels/reference/sum_tree.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from shardreplay.kernels import sum_tree as kern
+from shardreplay.kernels.reference import sum_tree as ref
+from shardreplay.samplers.sum_tree import SumMinTree
+
+SIZES = [1, 2, 7, 8, 9, 64, 65, 1000]
+
+
+def _levels(tree: SumMinTree) -> list[np.ndarray]:
+    return [tree.sums[tree.offsets[i]:tree.offsets[i] + tree.sizes[i]] for i in range(len(tree.sizes))]
+
+
+def _set(tree: SumMinTree, slots: np.ndarray, priority: np.ndarray, valid: np.ndarray, alpha: float) -> None:
+    tree.set_from_priorities(slots.astype(np.int64), valid, priority, alpha)
+
+
+def _check(tree: SumMinTree, leaves: np.ndarray) -> None:
+    for got, want in zip(_levels(tree), ref.level_sums(leaves, tree.sizes), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert tree.min_positive == ref.min_positive(leaves)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_sums_equal_the_leaf_sums_after_updates(n: int) -> None:
+    rng = np.random.default_rng(n)
+    tree = SumMinTree(n)
+    priority = np.zeros(n, np.float32)
+    valid = np.zeros(n, bool)
+    for _ in range(30):
+        slots = np.sort(rng.integers(0, n, int(rng.integers(0, n + 1))))  # empty, repeated slots too
+        priority[slots] = rng.choice([0.0, 0.5, 1.0, 3.0], slots.shape[0]) * rng.random(slots.shape[0])
+        valid[slots] = rng.random(slots.shape[0]) < 0.8
+        _set(tree, slots, priority, valid, 0.6)
+        leaves = ref.leaves_from_priorities(valid, priority, 0.6)
+        np.testing.assert_array_equal(tree.leaves(np.arange(n)), leaves)
+        _check(tree, leaves)
+    # Order does not matter: a tree rebuilt at once equals the updated one, bit for bit.
+    rebuilt = SumMinTree(n)
+    rebuilt.rebuild(kern.leaves_from_priorities(valid, priority, 0.6))
+    np.testing.assert_array_equal(rebuilt.sums, tree.sums)
+    np.testing.assert_array_equal(rebuilt.mins, tree.mins)
+
+
+def test_priority_zero_and_invalid_slots_get_no_mass_even_with_alpha_zero() -> None:
+    tree = SumMinTree(10)
+    priority = np.array([0, 1, 2, 0, 5, 0, 0, 0, 0, 7], np.float32)
+    valid = np.array([1, 1, 0, 1, 1, 0, 0, 0, 0, 1], bool)
+    _set(tree, np.arange(10), priority, valid, 0.0)
+    np.testing.assert_array_equal(tree.leaves(np.arange(10)), [0, 1, 0, 0, 1, 0, 0, 0, 0, 1])
+    assert tree.total == 3.0 and tree.min_positive == 1.0
+    _set(tree, np.arange(10), np.zeros(10, np.float32), valid, 0.0)
+    assert tree.total == 0.0 and tree.min_positive == np.inf
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_prefix_search_at_boundaries_and_past_zero_leaves(n: int) -> None:
+    rng = np.random.default_rng(n + 1)
+    leaves = rng.integers(0, 4, n).astype(np.float64)  # integers: every prefix sum is exact
+    leaves[rng.random(n) < 0.3] = 0.0
+    leaves[-1] = 0.0 if n > 1 else 1.0  # a zero last leaf: targets past the end skip it
+    if not leaves.any():
+        leaves[0] = 2.0
+    tree = SumMinTree(n)
+    tree.rebuild(leaves)
+    cum = np.cumsum(leaves)
+    targets = np.concatenate([[0.0], cum, cum - 0.5, cum + 0.5, [cum[-1], cum[-1] * 2]])  # every boundary
+    targets = targets[targets >= 0]
+    got = kern.find_prefix(tree.sums, tree.sizes, tree.offsets, targets)
+    assert (leaves[got] > 0).all()  # also for targets at or past the total
+    below = targets < cum[-1]
+    np.testing.assert_array_equal(got[below], ref.find_prefix(leaves, targets[below]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_prefix_search_on_float_leaves_lands_in_the_targets_range(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    leaves = rng.random(5000) ** 3
+    leaves[rng.random(5000) < 0.2] = 0.0
+    tree = SumMinTree(5000)
+    tree.rebuild(leaves)
+    targets = rng.random(20000) * tree.total
+    got = kern.find_prefix(tree.sums, tree.sizes, tree.offsets, targets)
+    cum = np.cumsum(leaves)
+    slack = 1e-9 * tree.total  # the tree adds in another order than cumsum
+    assert (leaves[got] > 0).all()
+    assert ((cum[got] - leaves[got] - slack <= targets) & (targets <= cum[got] + slack)).all()
+    same = ref.find_prefix(leaves, targets) == got
+    assert same.mean() > 0.999
+
+
+def test_weighted_draws_follow_p_chi_square() -> None:
+    rng = np.random.default_rng(7)
+    n = 200
+    leaves = rng.random(n) * 3
+    leaves[::7] = 0.0
+    tree = SumMinTree(n)
+    tree.rebuild(leaves)
+    u = rng.random(400_000)
+    starts, prob, weights = tree.draw(u, 0.4)
+    p = leaves / leaves.sum()
+    counts = np.bincount(starts, minlength=n)
+    assert counts[p == 0].sum() == 0
+    drawable = p > 0
+    _stat, pvalue = stats.chisquare(counts[drawable], p[drawable] * u.shape[0])
+    assert pvalue > 1e-3
+    want_starts, want_prob, want_weights = ref.draw_weighted(leaves, u, 0.4)
+    np.testing.assert_array_equal(starts, want_starts)
+    np.testing.assert_allclose(prob, want_prob, rtol=1e-12)
+    np.testing.assert_allclose(weights, want_weights, rtol=1e-6)
+    assert weights.max() == pytest.approx(1.0)  # the smallest drawable leaf weighs 1
