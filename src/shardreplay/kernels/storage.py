@@ -21,7 +21,7 @@ import numba
 import numpy as np
 from numba import literal_unroll
 
-from shardreplay.kernels.copy import copy_at, copy_small_or_at
+from shardreplay.kernels.copy import copy_small_or_at
 from shardreplay.kernels.keys import encode_key
 
 FIRST, MID, LAST = 0, 1, 2
