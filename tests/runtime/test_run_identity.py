@@ -34,7 +34,7 @@ from shardreplay.policy.file_backend import FilePublisher, weights_name
 from shardreplay.runtime.actor import ActorSettings, RunInfo, StopFlag, run
 from shardreplay.runtime.ingest import Ingestor
 from shardreplay.runtime.launch import prepare_run_dir
-from shardreplay.runtime.learner import agreed_settings
+from shardreplay.runtime.learner_sync import agreed_settings
 from shardreplay.runtime.routing import foreign_backlog, redis_stream, shard_transport
 from shardreplay.runtime.run_identity import read_identity
 from shardreplay.runtime.settings import TrainSettings
