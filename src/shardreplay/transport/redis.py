@@ -35,7 +35,7 @@ whether or not they were read, so it is never used. Instead:
    With one writer the stream never holds more than ``max_len`` entries; ``W``
    writers can overshoot by at most ``8 (W - 1)`` (memory stays bounded). (A Lua
    script doing ``XLEN`` then ``XADD`` would be exact for any number of writers, but
-   passing a chunk through Lua cost the server ~80 us more per chunk than ``XADD``.)
+   it passes every chunk through the script's interpreter on the server.)
 3. With no group on the stream nothing is trimmed, so writers block rather than drop.
    Writers create the group (at id 0) on first use so that nothing written before the
    learner starts is missed.
