@@ -141,6 +141,7 @@ def _train_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_resume_or_new_run_over_only_incomplete_checkpoints_is_refused_with_what_to_do(
         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
