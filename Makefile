@@ -1,7 +1,9 @@
 # shardreplay developer tasks. Everything runs inside .venv (created on first use).
 #   make demo    shardreplay train: distributed Ape-X DQN on CartPole, end to end
 #   make test    the test suite (installs redis-server with apt-get if missing)
+#   make test-fast  the tests not marked slow: the edit loop (under 2 minutes on 2 cores)
 #   make lint    ruff
+#   make typecheck  mypy on src/ (settings in pyproject.toml)
 #   make bench   replay benchmark: shardreplay vs TorchRL vs cpprb, one JSON line
 #                (BENCH_ARGS=--quick for a smoke run; the line is also kept in .bench/)
 
@@ -19,7 +21,7 @@ BENCH_ARGS  ?=
 DEMO_ARGS   ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test demo lint bench redis-server clean
+.PHONY: install test test-fast demo lint typecheck bench redis-server clean
 
 install: $(STAMP)
 
@@ -33,6 +35,10 @@ $(STAMP): pyproject.toml
 test: install
 	@command -v redis-server >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	@command -v redis-server >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The tests start a real redis-server; Debian's package provides it.
 redis-server:
@@ -49,6 +55,9 @@ demo: install
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples
 
+typecheck: install
+	$(BIN)/mypy
+
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -e ".[test,bench]"
 	touch $@
@@ -61,4 +70,4 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_replay.py --out .bench/bench_replay.json $(BENCH_ARGS)
 
 clean:
-	rm -rf .bench build dist .pytest_cache .ruff_cache
+	rm -rf .bench build dist .pytest_cache .ruff_cache .mypy_cache

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real redis-server on a free loopback port, stopped after the test."""
+"""Shared fixtures: a real redis-server on a free loopback port, stopped after the test.
+Tests on real torch.distributed groups also count as slow (see the hook below)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,12 @@ def redis_factory(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
 def redis_server(redis_factory: Callable[..., RedisServer]) -> RedisServer:
     """A fresh redis-server without persistence (``--save "" --appendonly no``)."""
     return redis_factory()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every ``distributed`` test ``slow`` as well: each starts processes that import
+    torch and form a gloo group (tens of seconds on 2 cores), so ``make test-fast``
+    (``-m "not slow"``) leaves them to ``make test``."""
+    for item in items:
+        if item.get_closest_marker("distributed") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)

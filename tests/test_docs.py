@@ -179,6 +179,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_readme_sharded_example_runs_under_torchrun(tmp_path: Path) -> None:
     _, sharded = library_examples()

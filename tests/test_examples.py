@@ -26,6 +26,7 @@ def number(pattern: str, text: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 def test_prioritized_cartpole_default():
     out = run_example("prioritized_cartpole.py")
     assert number(r"^collected\s+(\d+) steps", out) >= 4000
@@ -54,6 +55,7 @@ CLEANRL_SHORT = ("--total-timesteps", "6000", "--learning-starts", "500", "--tra
                  "--exploration-fraction", "0.4", "--eval-episodes", "5")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replay", ["uniform", "prioritized"])
 def test_cleanrl_dqn_port_learns_cartpole(replay):
     """6,000 steps of CleanRL's loop on shardreplay: a random policy scores ~22 on CartPole;

@@ -87,6 +87,7 @@ def test_wait_for_policy_times_out_with_a_clear_error(url: str) -> None:
         wait_for_policy(subscriber, timeout_s=0.2)
 
 
+@pytest.mark.slow
 def test_concurrent_publishing_never_shows_a_torn_policy(url: str) -> None:
     proc = mp.get_context("spawn").Process(target=publish_many, args=(url, 150))
     proc.start()

@@ -195,6 +195,7 @@ def test_signal_stops_an_actor_still_waiting_for_its_first_policy(tmp_path: Path
     assert _counters(log) == {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_actor_survives_a_redis_restart(tmp_path: Path, redis_factory) -> None:
     server = redis_factory(appendonly=True)  # what was written before the restart survives it
@@ -229,6 +230,7 @@ def test_actor_survives_a_redis_restart(tmp_path: Path, redis_factory) -> None:
     assert _steps(chunks) == counters["env_steps"]
 
 
+@pytest.mark.slow
 def test_signal_stops_an_actor_blocked_by_back_pressure(tmp_path: Path) -> None:
     """Nobody drains the spool: the actor waits for room; SIGTERM still ends it, exit 0."""
     policy, url = f"file://{tmp_path}/policy", f"file://{tmp_path}/spool"

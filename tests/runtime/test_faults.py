@@ -111,6 +111,7 @@ def _half_sent_xadd(url: str, stream: str, data: bytes) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, no FIN
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind", ["file", "local", pytest.param("redis", marks=pytest.mark.redis)])
 def test_actor_killed_mid_write_leaves_nothing_partial(tmp_path: Path, kind: str, redis_factory) -> None:
@@ -186,6 +187,7 @@ def _progress(path: Path) -> dict[str, Any]:
         return {}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", ["file", pytest.param("redis", marks=pytest.mark.redis)])
 def test_learner_killed_and_restarted_stores_every_chunk_exactly_once(tmp_path: Path, kind: str,

@@ -34,7 +34,7 @@ from shardreplay.policy.file_backend import FilePublisher, weights_name
 from shardreplay.runtime.actor import ActorSettings, RunInfo, StopFlag, run
 from shardreplay.runtime.ingest import Ingestor
 from shardreplay.runtime.launch import prepare_run_dir
-from shardreplay.runtime.learner import agreed_settings
+from shardreplay.runtime.learner_sync import agreed_settings
 from shardreplay.runtime.routing import foreign_backlog, redis_stream, shard_transport
 from shardreplay.runtime.run_identity import read_identity
 from shardreplay.runtime.settings import TrainSettings
@@ -96,6 +96,7 @@ def _old_chunks(transport: Any, count: int) -> None:
     writer.close()
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 @pytest.mark.timeout(600)
 def test_a_new_run_on_a_used_redis_ingests_none_of_the_old_runs_chunks(tmp_path: Path, redis_server) -> None:
@@ -314,6 +315,7 @@ def _actor_cli(policy: str, *extra: str) -> list[str]:
             "--policy-wait-s", "60", *extra]
 
 
+@pytest.mark.slow
 def test_a_remote_actor_given_only_the_url_takes_the_learners_settings(tmp_path: Path) -> None:
     policy, spool = (tmp_path / "policy").as_uri(), f"file://{tmp_path}/spool"
     meta = _run_meta("r", 0, chunk_steps=3, envs_per_actor=2, queued_chunks_per_actor=1000)
@@ -365,6 +367,7 @@ def test_the_old_queue_flag_still_works_with_a_warning(capsys: pytest.CaptureFix
     assert "--queued-per-actor is deprecated, use --queued-chunks-per-actor" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_actor_switches_to_a_new_run_that_takes_over_the_policy_url(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A new run starts again at version 0 on the same URL: the actor serves it, with its settings."""
@@ -414,6 +417,7 @@ def test_a_remote_actor_refuses_a_run_on_the_local_transport(tmp_path: Path) -> 
         run(ActorSettings(actor_id=0, policy_url=policy, policy_wait_s=30.0), stop=StopFlag())
 
 
+@pytest.mark.slow
 def test_an_actor_takes_the_new_shard_count_of_a_resumed_run(tmp_path: Path,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     """The run resumes on 2 learners instead of 1: actor 1 now feeds shard 1."""

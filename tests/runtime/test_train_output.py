@@ -32,6 +32,7 @@ def _evaluations_logged(stderr: str) -> list[float]:
     return [float(v) for v in re.findall(r"evaluation after \d+ updates: mean return ([\d.]+)", stderr)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_run_ends_with_one_sentence_and_its_final_evaluation_in_the_metrics(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

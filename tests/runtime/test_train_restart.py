@@ -37,7 +37,7 @@ from shardreplay.cli.train import _resumable
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.runtime.envs import transition_spec
 from shardreplay.runtime.launch import prepare_run_dir
-from shardreplay.runtime.learner import _DRAIN_CHUNKS, _MAX_UPDATES_PER_ITERATION, make_limiter
+from shardreplay.runtime.learner_sync import DRAIN_CHUNKS, MAX_UPDATES_PER_ITERATION, make_limiter
 from shardreplay.runtime.settings import TrainSettings
 
 START_S = 150.0
@@ -54,7 +54,7 @@ def test_limiter_settings_are_valid_and_never_stall_for_any_number_of_ranks(
     per_update = s.learners.batch_size * world
     # The learner's loop, with every rank that has actors draining its most each time.
     a = s.actors
-    per_iteration = _DRAIN_CHUNKS * a.chunk_steps * a.envs_per_actor * min(world, max(actors + remote, 1))
+    per_iteration = DRAIN_CHUNKS * a.chunk_steps * a.envs_per_actor * min(world, max(actors + remote, 1))
     assert per_iteration <= limiter.max_insert_size
     sampled_once = False
     for _ in range(2000):
@@ -62,7 +62,7 @@ def test_limiter_settings_are_valid_and_never_stall_for_any_number_of_ranks(
         if inserted:
             limiter.insert(per_iteration)
         sampled = 0
-        while sampled < _MAX_UPDATES_PER_ITERATION and limiter.can_sample(per_update):
+        while sampled < MAX_UPDATES_PER_ITERATION and limiter.can_sample(per_update):
             limiter.sample(per_update)
             sampled += 1
         assert inserted or sampled, f"both sides blocked at {limiter!r}"
@@ -141,6 +141,7 @@ def _train_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_resume_or_new_run_over_only_incomplete_checkpoints_is_refused_with_what_to_do(
         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

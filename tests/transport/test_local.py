@@ -39,6 +39,7 @@ def test_round_trip_in_one_process() -> None:
     assert reader.stats.received == 5
 
 
+@pytest.mark.slow
 def test_two_spawned_actors_into_one_reader_in_order_per_actor() -> None:
     transport = LocalTransport(SPEC, capacity_bytes=16 * len(encode(make_chunk(), SPEC)))
     ctx = mp.get_context("spawn")
@@ -271,6 +272,7 @@ def test_a_chunk_rejected_while_encoded_in_place_leaves_nothing_in_the_ring() ->
     assert reader.receive(8, timeout_s=0.05) == [] and reader.stats.total_rejected == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("ordered_stores", "borrow"), [(True, False), (False, False), (True, True)])
 def test_ring_reader_with_and_without_the_lock_gets_every_record_whole(
         monkeypatch: pytest.MonkeyPatch, ordered_stores: bool, borrow: bool) -> None:

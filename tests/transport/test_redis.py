@@ -179,6 +179,7 @@ def test_writer_times_out_while_the_server_is_down(redis_factory) -> None:
     assert time.monotonic() - t0 < 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("appendonly", [True, False])
 def test_server_restart_under_running_writer_and_reader(redis_factory, appendonly: bool) -> None:
     server = redis_factory(appendonly=appendonly)

@@ -62,7 +62,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--queued-per-actor", dest="queued_chunks_per_actor", type=int, action=_Deprecated,
                    help="deprecated name of --queued-chunks-per-actor")
     p.add_argument("--delivery-log", default=None, metavar="FILE", help=_HELP.get("delivery_log"))
-    p.add_argument("--hidden", type=int, nargs="+", default=list(defaults["hidden"]),
+    p.add_argument("--hidden", type=int, nargs="+", default=list(ActorSettings.hidden),
                    help="hidden layer sizes (only a fallback: the published policy's shape is used)")
     p.set_defaults(func=run)
 

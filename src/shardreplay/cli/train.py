@@ -54,7 +54,7 @@ def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
         _check_resumable(args.resume)
     resume_dir = args.resume or _resumable(args)
     if resume_dir is not None:
-        from shardreplay.runtime.learner import settings_for_resume
+        from shardreplay.runtime.learner_resume import settings_for_resume
 
         return settings_for_resume(resume_dir, given), True
     base = TrainSettings()

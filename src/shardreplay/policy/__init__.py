@@ -11,10 +11,9 @@ from shardreplay.policy.broadcast import (
     PolicySubscriber,
     PolicyUpdate,
     SubscriberStats,
-    open_publisher,
-    open_subscriber,
     wait_for_policy,
 )
+from shardreplay.policy.factory import open_publisher, open_subscriber
 
 __all__ = [
     "PolicyPublisher",

@@ -1,6 +1,7 @@
 """Policy broadcast: the learner publishes ``(version, weights)``, actors poll for new ones.
 
-One interface, chosen by URL with :func:`open_publisher` / :func:`open_subscriber`:
+One interface, chosen by URL with :func:`~shardreplay.policy.open_publisher` /
+:func:`~shardreplay.policy.open_subscriber` (:mod:`shardreplay.policy.factory`):
 
 - ``file:///dir``: ``dir/policy.safetensors`` (temp name, fsync, rename) and then a small
   ``dir/policy.version`` note with the version and the weights' CRC-32.
@@ -42,7 +43,6 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-from urllib.parse import urlparse
 
 from shardreplay.errors import ConfigError, TransportTimeout
 
@@ -55,8 +55,6 @@ __all__ = [
     "PolicyUpdate",
     "SubscriberStats",
     "describe_version",
-    "open_publisher",
-    "open_subscriber",
     "pack_version",
     "split_version",
     "wait_for_policy",
@@ -284,52 +282,3 @@ def wait_for_policy(subscriber: PolicySubscriber, timeout_s: float) -> PolicyUpd
             raise TransportTimeout(f"no policy newer than version {subscriber.version} within "
                                    f"{timeout_s} s: has the learner published one?")
         subscriber.pause(min(left, 0.05))
-
-
-def _split(url: str) -> tuple[str, str]:
-    parsed = urlparse(url)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost") or not parsed.path:
-            raise ConfigError(f"policy broadcast needs file:///absolute/dir, got {url!r}")
-        return "file", parsed.path
-    if parsed.scheme in ("redis", "rediss", "unix"):
-        return "redis", url
-    raise ConfigError(f"unknown policy broadcast URL {url!r}: use 'file:///dir' or 'redis://host:port/db'")
-
-
-def open_publisher(url: str, **options: Any) -> PolicyPublisher:
-    """The learner's end for ``file:///dir`` or ``redis://...``.
-
-    Raises:
-        ConfigError: an unknown URL or option.
-    """
-    kind, where = _split(url)
-    try:
-        if kind == "file":
-            from shardreplay.policy.file_backend import FilePublisher
-
-            return FilePublisher(where, **options)
-        from shardreplay.policy.redis_backend import RedisPublisher
-
-        return RedisPublisher(where, **options)
-    except TypeError as exc:
-        raise ConfigError(f"bad option for policy publisher {url!r}: {exc}") from exc
-
-
-def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
-    """An actor's end for ``file:///dir`` or ``redis://...``.
-
-    Raises:
-        ConfigError: an unknown URL or option.
-    """
-    kind, where = _split(url)
-    try:
-        if kind == "file":
-            from shardreplay.policy.file_backend import FileSubscriber
-
-            return FileSubscriber(where, **options)
-        from shardreplay.policy.redis_backend import RedisSubscriber
-
-        return RedisSubscriber(where, **options)
-    except TypeError as exc:
-        raise ConfigError(f"bad option for policy subscriber {url!r}: {exc}") from exc

@@ -168,7 +168,8 @@ class FileSubscriber:
             if not _WEIGHTS.match(name):
                 raise ValueError(f"bad weights file name {name!r}")
         except (ValueError, KeyError, TypeError) as exc:
-            return self._reject(raw, "format", f"{self.path / NOTE}: {exc}")
+            self._reject(raw, "format", f"{self.path / NOTE}: {exc}")
+            return None
         if not is_news(version, run, self.version, self.run_id):
             return None
         try:
@@ -180,7 +181,8 @@ class FileSubscriber:
             self._bad_note = raw
             return None
         if update.version != version:
-            return self._reject(raw, "version", f"note says {version}, weights say {update.version}")
+            self._reject(raw, "version", f"note says {version}, weights say {update.version}")
+            return None
         self.version, self.run_id = version, run  # the note's run: what the next check compares
         return update
 

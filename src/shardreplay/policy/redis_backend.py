@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardreplay.errors import ConfigError, TransportTimeout
 from shardreplay.policy.broadcast import (
@@ -28,6 +28,9 @@ from shardreplay.policy.broadcast import (
     serialize,
 )
 from shardreplay.transport.redis_link import HintChannel, RedisLink
+
+if TYPE_CHECKING:
+    from redis.typing import EncodableT
 
 __all__ = ["RedisPublisher", "RedisSubscriber"]
 
@@ -60,8 +63,8 @@ class RedisPublisher:
         """
         version = check_version(version, self._last)
         data = serialize(version, weights, meta)
-        mapping = {"version": str(version), "run": run_id_of(meta or {}), "crc32": str(zlib.crc32(data)),
-                   "weights": data}
+        mapping: dict[EncodableT, EncodableT] = {"version": str(version), "run": run_id_of(meta or {}),
+                                                 "crc32": str(zlib.crc32(data)), "weights": data}
         self._link.call(lambda r: r.hset(self._key, mapping=mapping), what="HSET policy",
                         deadline=time.monotonic() + self._timeout_s)
         self._last = version
@@ -109,9 +112,10 @@ class RedisSubscriber:
         try:
             raw, run = self._link.call(lambda r: r.hmget(self._key, "version", "run"), what="HMGET version",
                                        deadline=now)
-            if raw is None or not is_news(int(raw), (run or b"").decode(), self.version, self.run_id):
+            if raw is None or not is_news(int(raw), _text(run), self.version, self.run_id):
                 return None
-            fields = self._link.call(lambda r: r.hgetall(self._key), what="HGETALL policy", deadline=now)
+            fields = self._link.call(lambda r: _bytes_hash(r.hgetall(self._key)), what="HGETALL policy",
+                                     deadline=now)
         except TransportTimeout:
             return None
         except ValueError:
@@ -150,3 +154,13 @@ class RedisSubscriber:
         """Close the connections."""
         self._hints.close()
         self._link.close()
+
+
+def _text(value: bytes | str | None) -> str:
+    """A reply field as text (the link's client returns bytes; None: absent)."""
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def _bytes_hash(reply: Mapping[Any, Any]) -> dict[bytes, bytes]:
+    """An ``HGETALL`` reply of a client that does not decode: bytes names and values."""
+    return {k: v for k, v in reply.items() if isinstance(k, bytes) and isinstance(v, bytes)}

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardreplay.errors import ConfigError, TransportError, TransportTimeout
+from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
 from shardreplay.policy import open_subscriber
 from shardreplay.policy.broadcast import describe_version, split_version, wait_for_policy
 from shardreplay.runtime.actor_settings import (  # re-exported: the actor's public names
@@ -113,8 +113,10 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Transport 
            stop: StopFlag, counters: dict[str, int]) -> Any:
     """Act for the run of ``first`` until stopped or it ends; returns the first policy of
     the next run when another run took over the policy URL, else None."""
-    obs_size, num_actions = env_spaces(s.env_id)  # type: ignore[arg-type]  # resolved: set
-    assert s.num_shards is not None and s.num_actors is not None
+    env_id, envs = s.env_id, s.envs_per_actor
+    if env_id is None or envs is None or s.num_shards is None or s.num_actors is None:
+        raise ShardReplayError(f"actor {s.actor_id}: settings not resolved before serving (a bug)")
+    obs_size, num_actions = env_spaces(env_id)
     spec = transition_spec(obs_size)
     shard = shard_for_actor(s.actor_id, s.num_shards)
     if given is None and scheme_of(s.transport) == "local":
@@ -127,7 +129,7 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Transport 
     if info is not None:
         log.info("actor %d: serving run %s (life %d) on %s, shard %d", s.actor_id, info.run_id, info.life,
                  s.transport, shard)
-    env, obs = make_vector_env(s.env_id, s.envs_per_actor, s.seed)
+    env, obs = make_vector_env(env_id, envs, s.seed)
     try:
         return _loop(s, info, first, env, obs, num_actions, transport, subscriber, stop, counters)
     finally:

@@ -21,6 +21,7 @@ from torch import nn
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
+from shardreplay.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,14 @@ class DoubleDqn:
 
         A padding batch (an empty shard in local mode: weights 0, well-formed windows)
         takes the normal path, so DDP sees the same forward and backward on every rank.
+
+        Raises:
+            ConfigError: the batch's observations are nested (a dict), not one tensor.
         """
         s = self.settings
         tr = nstep_transitions(batch, s.gamma, validate=False)
+        if not isinstance(tr.observation, torch.Tensor) or not isinstance(tr.next_observation, torch.Tensor):
+            raise ConfigError("DoubleDqn learns from flat observations (one tensor), not nested ones")
         obs = tr.observation.float()
         next_obs = tr.next_observation.float()
         q = self.online(obs).gather(1, tr.action.long().reshape(-1, 1)).squeeze(1)

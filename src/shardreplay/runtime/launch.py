@@ -33,7 +33,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from shardreplay.checkpoint import (
     INCOMPLETE_DIR,
@@ -298,7 +298,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
         # Raised only now: its traceback would hold the queue, whose semaphores must be
         # released before the tracker stops.
         raise outcome
-    return cast(dict[str, Any], outcome)  # set: _collect returned
+    return outcome  # set: _collect returned
 
 
 def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: ProcessTree,

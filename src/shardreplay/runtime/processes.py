@@ -306,7 +306,8 @@ def stop_resource_tracker(timeout_s: float = 5.0) -> None:
         fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
         if fd is None or pid is None:
             return
-        tracker._fd = tracker._pid = None
+        # Private attributes the stub does not declare; read through getattr above.
+        tracker._fd = tracker._pid = None  # type: ignore[attr-defined]
         with contextlib.suppress(OSError):
             os.close(fd)
     deadline = time.monotonic() + timeout_s

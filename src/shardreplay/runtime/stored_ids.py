@@ -56,7 +56,9 @@ class StoredIds:
 
     def __contains__(self, identity: object) -> bool:
         """``(actor_id, sequence) in ids``: was that chunk stored."""
-        actor, seq = identity  # type: ignore[misc]
+        if not isinstance(identity, tuple) or len(identity) != 2:
+            return False
+        actor, seq = identity
         lo = self._lo.get(actor)
         if not lo:
             return False

@@ -11,9 +11,9 @@ from shardreplay.transport.base import (
     ChunkWriter,
     ReaderStats,
     Transport,
-    open_transport,
 )
 from shardreplay.transport.codec import Chunk, decode, encode
+from shardreplay.transport.factory import open_transport
 from shardreplay.transport.spool import iter_archive
 
 __all__ = [

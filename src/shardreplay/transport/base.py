@@ -1,6 +1,7 @@
 """The transport interface: how actors' chunks reach a learner.
 
-One interface, three media, chosen by URL with :func:`open_transport`:
+One interface, three media, chosen by URL with
+:func:`shardreplay.transport.factory.open_transport`:
 
 ==========================  ====================================================
 ``local`` (default)         processes on one machine: a bounded shared-memory ring
@@ -41,7 +42,6 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
-from urllib.parse import urlparse
 
 from shardreplay.errors import ConfigError, CorruptChunkError
 from shardreplay.spec import Spec
@@ -57,7 +57,6 @@ __all__ = [
     "ReaderStats",
     "Transport",
     "check_max_chunks",
-    "open_transport",
 ]
 
 logger = logging.getLogger("shardreplay.transport")
@@ -265,37 +264,3 @@ def check_max_chunks(max_chunks: int) -> None:
     """
     if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
         raise ConfigError(f"max_chunks must be an integer >= 1, got {max_chunks!r}")
-
-
-def open_transport(url: str, spec: Spec, **options: Any) -> Transport:
-    """Open the transport a URL names.
-
-    Args:
-        url: ``"local"``, ``"file:///abs/dir"`` or ``"redis://host:port/db"``.
-        spec: the spec every chunk must follow.
-        **options: keyword settings of the chosen transport (see ``LocalTransport``,
-            ``SpoolTransport``, ``RedisTransport``).
-
-    Raises:
-        ConfigError: an unknown scheme, a malformed URL or an unknown option.
-    """
-    parsed = urlparse(url)
-    scheme = parsed.scheme or url
-    try:
-        if scheme in ("local", ""):
-            from shardreplay.transport.local import LocalTransport
-
-            return LocalTransport(spec, **options)
-        if scheme == "file":
-            if parsed.netloc not in ("", "localhost") or not parsed.path:
-                raise ConfigError(f"file transport needs file:///absolute/dir, got {url!r}")
-            from shardreplay.transport.spool import SpoolTransport
-
-            return SpoolTransport(parsed.path, spec, **options)
-        if scheme in ("redis", "rediss", "unix"):
-            from shardreplay.transport.redis import RedisTransport
-
-            return RedisTransport(url, spec, **options)
-    except TypeError as exc:  # an unknown keyword option
-        raise ConfigError(f"bad option for transport {url!r}: {exc}") from exc
-    raise ConfigError(f"unknown transport {url!r}: use 'local', 'file:///dir' or 'redis://host:port/db'")

@@ -35,7 +35,7 @@ whether or not they were read, so it is never used. Instead:
    With one writer the stream never holds more than ``max_len`` entries; ``W``
    writers can overshoot by at most ``8 (W - 1)`` (memory stays bounded). (A Lua
    script doing ``XLEN`` then ``XADD`` would be exact for any number of writers, but
-   passing a chunk through Lua cost the server ~80 us more per chunk than ``XADD``.)
+   it passes every chunk through the script's interpreter on the server.)
 3. With no group on the stream nothing is trimmed, so writers block rather than drop.
    Writers create the group (at id 0) on first use so that nothing written before the
    learner starts is missed.
@@ -330,21 +330,22 @@ class RedisReader:
         t = self._t
         if self._pending_cursor is not None:
             cursor = self._pending_cursor
-            reply = self._group_call(lambda r: r.xreadgroup(t.group, t.consumer, {t.stream: cursor},
-                                                            count=count), "XREADGROUP 0", deadline)
-            entries = reply[0][1] if reply else []
+            entries = _stream_entries(self._group_call(
+                lambda r: r.xreadgroup(t.group, t.consumer, {t.stream: cursor}, count=count),
+                "XREADGROUP 0", deadline))
             self._pending_cursor = entries[-1][0] if entries else None
             return entries
         now = time.monotonic()
         if now - self._last_claim >= max(t.claim_idle_s / 2, 0.05):
             self._last_claim = now
             cursor, idle_ms = self._claim_cursor, int(t.claim_idle_s * 1000)
-            reply = self._group_call(lambda r: r.xautoclaim(t.stream, t.group, t.consumer, idle_ms, cursor,
-                                                            count=count), "XAUTOCLAIM", deadline)
-            self._claim_cursor = reply[0]
-            if reply[1]:
-                self._waiting = max(self._waiting - len(reply[1]), 0)  # no longer at a dead consumer
-                return [(eid, fields) for eid, fields in reply[1]]
+            claim: list[Any] = self._group_call(
+                lambda r: r.xautoclaim(t.stream, t.group, t.consumer, idle_ms, cursor, count=count),
+                "XAUTOCLAIM", deadline)
+            self._claim_cursor = claim[0]  # RESP2: [next cursor, entries, deleted ids]
+            if claim[1]:
+                self._waiting = max(self._waiting - len(claim[1]), 0)  # no longer at a dead consumer
+                return [(eid, fields) for eid, fields in claim[1]]
         block_ms = int(min(max(deadline - now, 0.0), 1.0, t.socket_timeout_s / 2) * 1000)
         acks = list(self._to_ack)
 
@@ -355,9 +356,8 @@ class RedisReader:
             pipe.xreadgroup(t.group, t.consumer, {t.stream: ">"}, count=count, block=block_ms or None)
             return pipe.execute()[-1]
 
-        reply = self._group_call(ack_and_read, "XREADGROUP >", deadline)
+        entries = _stream_entries(self._group_call(ack_and_read, "XREADGROUP >", deadline))
         del self._to_ack[:len(acks)]
-        entries = reply[0][1] if reply else []
         self._waiting = max(self._waiting - len(entries), 0)  # delivered: no longer waiting
         return entries
 
@@ -438,6 +438,12 @@ class RedisReader:
         """Send queued acknowledgements and close; unacknowledged entries stay pending."""
         self.flush()
         self._link.close()
+
+
+def _stream_entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+    """The entries of a one-stream ``XREADGROUP`` reply (``[[stream, entries]]`` or None;
+    bytes, as the link's client does not decode). A deleted entry has fields None."""
+    return list(reply[0][1]) if reply else []
 
 
 def _run_id(client: redis.Redis) -> str:

@@ -207,9 +207,9 @@ class XaddPacker:
             def bulk(b: bytes) -> bytes:
                 return b"$%d\r\n%s\r\n" % (len(b), b)
 
-            head = b"*5\r\n" + bulk(b"XADD") + bulk(self._key) + bulk(b"*") + bulk(self._field)
-            head += b"$%d\r\n" % enc.nbytes
-            frames = self._frames[enc.nbytes] = (np.frombuffer(head, np.uint8),
+            prefix = b"*5\r\n" + bulk(b"XADD") + bulk(self._key) + bulk(b"*") + bulk(self._field)
+            prefix += b"$%d\r\n" % enc.nbytes
+            frames = self._frames[enc.nbytes] = (np.frombuffer(prefix, np.uint8),
                                                  np.frombuffer(self._tail(), np.uint8))
         head, tail = frames
         end = len(head) + enc.nbytes
@@ -217,7 +217,7 @@ class XaddPacker:
         packet[:len(head)] = head
         enc.write_into(packet[len(head):end])
         packet[end:] = tail
-        return memoryview(packet)
+        return packet.data
 
 
 class HintChannel:

@@ -53,9 +53,10 @@ _STUCK_S = 0.5
 # ``head`` only grows and only readers (under the read lock) move ``tail``, so stale values
 # mean fewer records or less room, never wrong ones. An empty ring is re-read under the
 # lock before the reader sleeps, so a writer either sees it empty (and wakes the reader)
-# or the reader sees the writer's record. Other machines take the lock for both. Taking
-# it, the reader waited on writers encoding under it: ~25 us a chunk, 2.8 -> ~4.2M
-# steps/s ingested in bench_transport (lock convoys with 3 processes on 2 cores).
+# or the reader sees the writer's record. Other machines take the lock for both. Why not
+# take it everywhere: writers encode a whole chunk under it, so a reader that takes it
+# queues behind every encode (benchmarks/bench_fastpaths.py measures both readers;
+# figures in benchmarks/RESULTS-transport.md).
 _ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -154,7 +155,7 @@ class ShmRing:
                 if self.capacity - (head - tail) >= need:
                     buf, at = self._buf, head % self.capacity
                     if at + _LEN.size <= self.capacity:
-                        _LEN.pack_into(buf, at, nbytes)
+                        _LEN.pack_into(buf.data, at, nbytes)
                     else:
                         self._write(head, _LEN.pack(nbytes))
                     start = (head + _LEN.size) % self.capacity
@@ -253,14 +254,14 @@ class ShmRing:
             at = pos % capacity
             # The length in place when it does not wrap (no bytes object per record).
             wraps = at + _LEN.size > capacity
-            (n,) = _LEN.unpack(self._read(pos, _LEN.size)) if wraps else _LEN.unpack_from(buf, at)
+            (n,) = _LEN.unpack(self._read(pos, _LEN.size)) if wraps else _LEN.unpack_from(buf.data, at)
             spans.append((pos + _LEN.size - tail, n))
             pos += _LEN.size + n
         if not spans:
             return []
         if borrow:
             self._lent = pos
-            ring = memoryview(self._buf).toreadonly()
+            ring = self._buf.data.toreadonly()
             return [ring[start:start + n] if (start := (tail + at) % capacity) + n <= capacity
                     else memoryview(self._read(tail + at, n)) for at, n in spans]
         blob = memoryview(self._read(tail, pos - tail))

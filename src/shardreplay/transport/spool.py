@@ -208,7 +208,7 @@ class SpoolReader:
         self._ready = transport.path / "ready"
         self._quarantine = transport.path / "quarantine"
         self._archive = transport.path / "archive"
-        self._lock_fd = _take_lock(transport.path / "reader.lock")
+        self._lock_fd: int | None = _take_lock(transport.path / "reader.lock")
         self._intake = Intake(transport.spec, max_chunk_bytes=transport.max_chunk_bytes,
                               dedup_window=transport.dedup_window, medium=f"spool {transport.path}")
         self._backlog: deque[str] = deque()

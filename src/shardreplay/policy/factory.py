@@ -1,0 +1,65 @@
+"""The one place that maps a URL to a policy publisher or subscriber.
+
+Kept apart from :mod:`shardreplay.policy.broadcast` (the interfaces and the weights'
+format, which the backends import), so that only this module names the backends: no
+import circle, and redis is imported only when a ``redis://`` URL is opened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse
+
+from shardreplay.errors import ConfigError
+from shardreplay.policy.broadcast import PolicyPublisher, PolicySubscriber
+
+__all__ = ["open_publisher", "open_subscriber"]
+
+
+def _split(url: str) -> tuple[str, str]:
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost") or not parsed.path:
+            raise ConfigError(f"policy broadcast needs file:///absolute/dir, got {url!r}")
+        return "file", parsed.path
+    if parsed.scheme in ("redis", "rediss", "unix"):
+        return "redis", url
+    raise ConfigError(f"unknown policy broadcast URL {url!r}: use 'file:///dir' or 'redis://host:port/db'")
+
+
+def open_publisher(url: str, **options: Any) -> PolicyPublisher:
+    """The learner's end for ``file:///dir`` or ``redis://...``.
+
+    Raises:
+        ConfigError: an unknown URL or option.
+    """
+    kind, where = _split(url)
+    try:
+        if kind == "file":
+            from shardreplay.policy.file_backend import FilePublisher
+
+            return FilePublisher(where, **options)
+        from shardreplay.policy.redis_backend import RedisPublisher
+
+        return RedisPublisher(where, **options)
+    except TypeError as exc:
+        raise ConfigError(f"bad option for policy publisher {url!r}: {exc}") from exc
+
+
+def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
+    """An actor's end for ``file:///dir`` or ``redis://...``.
+
+    Raises:
+        ConfigError: an unknown URL or option.
+    """
+    kind, where = _split(url)
+    try:
+        if kind == "file":
+            from shardreplay.policy.file_backend import FileSubscriber
+
+            return FileSubscriber(where, **options)
+        from shardreplay.policy.redis_backend import RedisSubscriber
+
+        return RedisSubscriber(where, **options)
+    except TypeError as exc:
+        raise ConfigError(f"bad option for policy subscriber {url!r}: {exc}") from exc

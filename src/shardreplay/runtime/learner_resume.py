@@ -1,0 +1,119 @@
+"""A learner rank's checkpoints: what it saves beside the buffer, and how a resumed run
+takes it back (the buffer, the agent, the counters and the stored-chunk record).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shardreplay import checkpoint
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import CheckpointError, IncompleteCheckpointError
+from shardreplay.runtime.dqn import DoubleDqn
+from shardreplay.runtime.settings import TrainSettings
+from shardreplay.runtime.stored_ids import StoredIds, merge_stored
+
+log = logging.getLogger("shardreplay.learner")
+LEARNER_STATE = "learner_state.pt"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a rank took back from a checkpoint.
+
+    Attributes:
+        checkpoint_id: the id of the checkpoint restored (for loss reports).
+        counters: the learner's counters (``env_steps``, ``updates``, ...) when it saved.
+        best_eval: the best evaluation so far (``-inf``: none yet).
+        wall_offset_s: wall time of the earlier lives, so the time axis goes on.
+        stored: the chunks the checkpoint holds (so that resent ones are dropped).
+        last_checkpoint: the newest checkpoint id in the directory (ids only grow).
+        restored_counts: this shard's restore counts, recorded with every later save.
+        report: the run-wide restore figures (steps restored, dropped and sealed).
+    """
+
+    checkpoint_id: int
+    counters: dict[str, int]
+    best_eval: float
+    wall_offset_s: float
+    stored: StoredIds
+    last_checkpoint: int
+    restored_counts: dict[str, int]
+    report: dict[str, Any]
+
+
+def save_learner_state(directory: Path, agent: DoubleDqn) -> None:
+    """Write the agent's state into checkpoint ``directory`` (rank 0, before the parts),
+    atomically: a crash leaves the old file or none."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{LEARNER_STATE}.tmp"
+    torch.save({"agent": agent.state_dict()}, tmp)
+    tmp.replace(directory / LEARNER_STATE)
+
+
+def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank: int,
+            world: int) -> Resumed:
+    """Restore the newest complete checkpoint under ``ckpt_root`` into ``buffer`` and
+    ``agent`` (a collective: every rank calls it).
+
+    Raises:
+        IncompleteCheckpointError: no complete checkpoint to restore.
+        CheckpointError: the restored and dropped steps do not add up to the saved ones
+            (a bug that must not be saved over the checkpoint it came from).
+    """
+    report = checkpoint.load(ckpt_root, buffer, fallback=True)
+    state = torch.load(report.directory / LEARNER_STATE, weights_only=True)
+    agent.load_state_dict(state["agent"])
+    best = report.extra.get("best_eval")
+    parts = checkpoint.read_manifest(report.directory)["parts"]
+    mine = [report.steps, report.dropped_episodes, report.dropped_steps, report.sealed_episodes,
+            report.sealed_steps]
+    total = buffer.collectives.all_reduce_sum(torch.tensor(mine, dtype=torch.int64), "resume steps")
+    steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps = (int(x) for x in total.tolist())
+    if steps + dropped_steps != report.saved_steps:
+        raise CheckpointError(f"resume from {report.directory}: {steps} steps restored and "
+                              f"{dropped_steps} dropped, but the checkpoint holds "
+                              f"{report.saved_steps}; not continuing")
+    resumed = Resumed(
+        checkpoint_id=report.checkpoint_id,
+        counters={k: int(v) for k, v in report.extra["counters"].items()},
+        best_eval=-math.inf if best is None else float(best),
+        wall_offset_s=float(report.extra.get("wall_s") or 0.0),
+        stored=merge_stored(p.get("extra", {}).get("ingest") for p in parts),
+        # Every rank lists the same directory before anyone saves again, so all agree.
+        last_checkpoint=max(checkpoint.list_checkpoints(ckpt_root), default=-1),
+        restored_counts=report.counts(),
+        report={"checkpoint": report.directory.name, "checkpoint_id": report.checkpoint_id,
+                "saved_shards": report.saved_shards, "shards": world,
+                "saved_steps": report.saved_steps, "steps": steps,
+                "dropped_episodes": dropped_eps, "dropped_steps": dropped_steps,
+                "sealed_episodes": sealed_eps, "sealed_steps": sealed_steps,
+                "skipped": report.skipped})
+    if rank == 0:
+        log.log(logging.WARNING if dropped_steps else logging.INFO,
+                "resumed from %s (%d shard(s) -> %d): %d of its %d steps restored; dropped %d "
+                "episodes (%d steps) beyond the new capacity, sealed %d episodes (%d steps) cut to "
+                "fit a row; counters %s", report.directory.name, report.saved_shards, world,
+                steps, report.saved_steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps,
+                resumed.counters)
+    return resumed
+
+
+def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettings:
+    """The settings a run was started with (``config.json``), with ``overrides`` applied.
+
+    Raises:
+        IncompleteCheckpointError: ``run_dir`` holds no config.
+    """
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise IncompleteCheckpointError(f"{path}: missing; is {run_dir} a shardreplay run directory?")
+    saved = TrainSettings.from_dict(json.loads(path.read_text()))
+    return saved.updated({**overrides, "run_dir": str(run_dir)})

@@ -1,0 +1,146 @@
+"""What the learner ranks agree on, and how: the per-iteration sync record, the signal
+flags that feed it, the rate limiter over global counts and the settings actors share.
+
+All ranks run the training loop in lock-step. Every decision that leads into a
+collective (learn now? how many updates? stop? save?) is taken from a :class:`LoopSync`
+summed over ranks by one all-reduce per iteration, so all ranks issue the same
+collectives in the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from shardreplay.buffer.rate_limiter import RateLimiter
+from shardreplay.errors import ShardReplayError
+from shardreplay.runtime.actor import AGREED
+from shardreplay.runtime.settings import TrainSettings
+
+DRAIN_CHUNKS = 16  # chunks one rank takes in per iteration at most
+MAX_UPDATES_PER_ITERATION = 8
+
+
+class _Collectives(Protocol):
+    def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class LoopSync:
+    """One rank's counts for an iteration of the loop; summed over ranks, the run's.
+
+    Every field is an integer and travels as int64, so sums are exact at any size.
+
+    Attributes:
+        steps: env steps written into the shard since the last sync.
+        replay_size: windows the shard can sample (summed: the whole buffer's).
+        stop_votes: ranks asking to stop (a signal, the budget, a solved evaluation).
+        save_votes: ranks asking for a checkpoint (SIGUSR1 or ``checkpoint.request``).
+        lag_sum: policy lag (updates behind) summed over the chunks taken in.
+        lag_count: chunks that ``lag_sum`` covers.
+    """
+
+    steps: int = 0
+    replay_size: int = 0
+    stop_votes: int = 0
+    save_votes: int = 0
+    lag_sum: int = 0
+    lag_count: int = 0
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether some rank asked to stop."""
+        return self.stop_votes > 0
+
+    @property
+    def should_save(self) -> bool:
+        """Whether some rank asked for a checkpoint."""
+        return self.save_votes > 0
+
+    def to_tensor(self) -> torch.Tensor:
+        """The fields in declaration order, as an int64 tensor of shape ``[6]``."""
+        return torch.tensor([getattr(self, f.name) for f in dataclasses.fields(self)], dtype=torch.int64)
+
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor) -> LoopSync:
+        """Inverse of :meth:`to_tensor`.
+
+        Raises:
+            ShardReplayError: ``tensor`` is not an int64 vector of this record's length
+                (ranks of different versions, a bug).
+        """
+        width = len(dataclasses.fields(cls))
+        if tensor.dtype != torch.int64 or tuple(tensor.shape) != (width,):
+            raise ShardReplayError(f"a loop sync is an int64 vector of {width}, got {tensor.dtype} "
+                                   f"{tuple(tensor.shape)}: do all ranks run the same shardreplay?")
+        return cls(*(int(v) for v in tensor.tolist()))
+
+    def summed(self, collectives: _Collectives) -> LoopSync:
+        """This record summed over all ranks (a collective: every rank calls it)."""
+        return LoopSync.from_tensor(collectives.all_reduce_sum(self.to_tensor(), "train loop sync").cpu())
+
+
+class SignalFlags:
+    """Signal flags: SIGTERM/SIGINT ask to stop, SIGUSR1 asks for a checkpoint."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self.save = False
+
+    def install(self) -> None:
+        """Route the three signals to the flags (main thread only, as ``signal`` requires)."""
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGUSR1, self._save)
+
+    def _stop(self, *_args: Any) -> None:
+        self.stop = True
+
+    def _save(self, *_args: Any) -> None:
+        self.save = True
+
+
+def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
+    """The settings every actor of a run on ``world`` learner ranks must share with them
+    (:data:`shardreplay.runtime.actor.AGREED`), as the learners publish them.
+
+    Raises:
+        ShardReplayError: the names differ from ``AGREED`` (a bug).
+    """
+    a = settings.actors
+    values = {"num_actors": settings.total_actors, "num_shards": world, "env_id": settings.run.env_id,
+              "envs_per_actor": a.envs_per_actor, "chunk_steps": a.chunk_steps,
+              "queued_chunks_per_actor": a.queued_chunks_per_actor, "epsilon_base": a.epsilon_base,
+              "epsilon_exponent": a.epsilon_exponent, "epsilon_warmup_steps": a.epsilon_warmup_steps}
+    if set(values) != set(AGREED):
+        raise ShardReplayError(f"agreed settings {sorted(values)} differ from {sorted(AGREED)} (a bug)")
+    return values
+
+
+def make_limiter(settings: TrainSettings, world: int) -> RateLimiter:
+    """The samples-per-insert limiter of a run on ``world`` learner ranks, over GLOBAL
+    counts: every rank feeds it the same all-reduced numbers, so every rank takes the
+    same decisions.
+
+    One loop iteration inserts at most ``max_insert`` steps over all ranks: each rank
+    drains at most ``DRAIN_CHUNKS`` chunks of ``chunk_steps * envs_per_actor`` steps,
+    and only ranks with actors receive any, so ``min(world, actors)`` ranks (bounded
+    here by the number of actors, which keeps the figures of runs with fewer ranks than
+    actors as they were). The window ``offset -+ slack`` is twice as wide as an insert
+    batch plus a sample batch needs, on any number of ranks.
+
+    Raises:
+        ConfigError: settings the limiter rejects (a non-positive ratio).
+    """
+    s = settings
+    per_update = s.learners.batch_size * world
+    max_insert = DRAIN_CHUNKS * s.actors.chunk_steps * s.actors.envs_per_actor * max(s.total_actors, 1)
+    slack = 2 * (max_insert * s.replay.samples_per_insert + per_update)
+    offset = s.replay.min_replay * s.replay.samples_per_insert
+    return RateLimiter(s.replay.samples_per_insert, min_size_to_sample=s.replay.min_replay,
+                       error_buffer=(offset - slack, offset + slack),
+                       max_insert_size=max_insert, max_sample_size=per_update)

@@ -1,0 +1,57 @@
+"""The learner ranks' per-iteration sync record: exact integers through the tensor, sums
+that are field-wise, and a refusal of tensors of another layout."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from shardreplay.errors import ShardReplayError
+from shardreplay.runtime.learner_report import MetricsWindow, RunCounts
+from shardreplay.runtime.learner_sync import LoopSync
+
+
+def test_round_trip_keeps_64_bit_integers_exact() -> None:
+    big = 2**62 + 1  # float64 would round it to 2**62
+    sync = LoopSync(steps=big, replay_size=3, stop_votes=0, save_votes=1, lag_sum=big - 7, lag_count=5)
+    tensor = sync.to_tensor()
+    assert tensor.dtype == torch.int64 and tuple(tensor.shape) == (len(dataclasses.fields(LoopSync)),)
+    back = LoopSync.from_tensor(tensor)
+    assert back == sync and back.steps == big and back.lag_sum == big - 7
+
+
+def test_sum_over_ranks_is_field_wise_and_decides_once() -> None:
+    ranks = [LoopSync(steps=10, replay_size=100, stop_votes=0, save_votes=0, lag_sum=4, lag_count=2),
+             LoopSync(steps=7, replay_size=50, stop_votes=1, save_votes=0, lag_sum=2**60, lag_count=1)]
+    # What all_reduce(SUM) does with the ranks' tensors.
+    total = LoopSync.from_tensor(torch.stack([r.to_tensor() for r in ranks]).sum(0))
+    assert total == LoopSync(steps=17, replay_size=150, stop_votes=1, save_votes=0, lag_sum=4 + 2**60,
+                             lag_count=3)
+    assert total.should_stop and not total.should_save
+
+
+@pytest.mark.parametrize("tensor", [torch.zeros(6, dtype=torch.float64), torch.zeros(5, dtype=torch.int64),
+                                    torch.zeros(2, 6, dtype=torch.int64)])
+def test_other_layouts_are_refused(tensor: torch.Tensor) -> None:
+    with pytest.raises(ShardReplayError, match="int64 vector of 6"):
+        LoopSync.from_tensor(tensor)
+
+
+def test_metrics_window_counts_syncs_and_resets() -> None:
+    window = MetricsWindow(t=5.0)
+    window.count(LoopSync(steps=8, lag_sum=6, lag_count=3))
+    window.count(LoopSync(steps=2, lag_sum=1, lag_count=1))
+    window.updates, window.loss = 4, 0.5
+    assert (window.steps, window.lag_sum, window.lag_n) == (10, 7, 4)
+    window.reset(9.0)
+    assert (window.steps, window.updates, window.lag_sum, window.lag_n, window.t) == (0, 0, 0, 0, 9.0)
+    assert window.loss == 0.5  # the last loss stays until a new one
+
+
+def test_run_counts_name_their_fields() -> None:
+    counts = RunCounts(actor_restarts=1, actors_given_up=2, chunks_rejected=3, chunks_duplicate=4,
+                       foreign_chunks_ignored=5)
+    assert list(counts.as_dict().values()) == [1, 2, 3, 4, 5]
+    assert set(counts.as_dict()) == {f.name for f in dataclasses.fields(RunCounts)}
