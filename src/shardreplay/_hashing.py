@@ -22,9 +22,10 @@ def xxh64(data: bytes | bytearray | memoryview | np.ndarray, seed: int = 0) -> i
     Raises:
         ValueError: ``data`` is not C-contiguous.
     """
-    return xxhash.xxh64_intdigest(data, seed)
+    # ndarray is a buffer; numpy's stubs declare its __buffer__ only for Python >= 3.12.
+    return xxhash.xxh64_intdigest(data, seed)  # type: ignore[arg-type]
 
 
 def xxh3_64(data: bytes | bytearray | memoryview | np.ndarray) -> int:
     """XXH3-64 (seed 0) of a contiguous byte buffer: the checksum of transport chunks."""
-    return xxhash.xxh3_64_intdigest(data)
+    return xxhash.xxh3_64_intdigest(data)  # type: ignore[arg-type]  # as in xxh64

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = ["GymStepWriter", "spec_from_env"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+# (action, obs, reward, terminated, truncated) as the compiled write takes them.
+_Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
@@ -267,7 +269,7 @@ class GymStepWriter:
         return step
 
     def _accept(self, action: Any, obs: Any, reward: Any, terminated: Any,
-                truncated: Any) -> tuple[np.ndarray, ...]:
+                truncated: Any) -> _Inputs:
         """Check inputs of a new kind against the spec once; arrays the fast path takes.
 
         Raises:
@@ -288,14 +290,14 @@ class GymStepWriter:
             raise SpecMismatchError(f"obs {obs.shape} and action {action.shape} must be shaped "
                                     f"{self._obs_shape} and {self._act_shape}")
         spec = self.buffer.spec
-        inputs = (action, obs, reward, *flags)
+        inputs: _Inputs = (action, obs, reward, flags[0], flags[1])
         # An integer narrowing (int64 -> uint8) is checked for its values on every call:
         # such inputs go on as copies in the stored dtypes, whose kind is compiled instead.
         if not all(np.can_cast(arr.dtype, spec[name].dtype, casting="same_kind")
                    and not (arr.dtype.kind in "iub" and not np.can_cast(arr.dtype, spec[name].dtype, "safe"))
                    for name, arr in zip(self._names, (obs, action, reward), strict=True)):
             inputs = (action.astype(spec[self._names[1]].dtype), obs.astype(spec[self._names[0]].dtype),
-                      reward.astype(spec[self._names[2]].dtype), *flags)
+                      reward.astype(spec[self._names[2]].dtype), flags[0], flags[1])
         self._compile_for(inputs)
         return inputs
 

@@ -17,7 +17,7 @@ The formulas are those of :mod:`shardreplay.buffer.nstep` (``m`` is the bootstra
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,11 +71,16 @@ class Transitions:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Transitions:
         """A copy with every tensor on ``device`` (``keys`` too: update_priorities takes them
         back from any device)."""
-        def move(x: Observation) -> Observation:
-            if isinstance(x, dict):
-                return {k: v.to(device, non_blocking=non_blocking) for k, v in x.items()}
+        def move(x: torch.Tensor) -> torch.Tensor:
             return x.to(device, non_blocking=non_blocking)
-        return Transitions(*(move(getattr(self, f.name)) for f in fields(self)))
+
+        def move_obs(x: Observation) -> Observation:
+            return {k: move(v) for k, v in x.items()} if isinstance(x, dict) else move(x)
+
+        return Transitions(obs=move_obs(self.obs), action=move(self.action), reward=move(self.reward),
+                           next_obs=move_obs(self.next_obs),
+                           bootstrap_discount=move(self.bootstrap_discount), weights=move(self.weights),
+                           keys=move(self.keys), num_steps=move(self.num_steps))
 
 
 def sample_transitions(buffer: ReplayBuffer, batch_size: int, gamma: float, n: int | None = None, *,

@@ -121,7 +121,7 @@ def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
             for arr in pieces:
                 if arr.size == 0:
                     continue  # no bytes (and memoryview cannot cast an empty shape)
-                view = memoryview(np.ascontiguousarray(arr)).cast("B")
+                view = np.ascontiguousarray(arr).data.cast("B")
                 for start in range(0, len(view), BLOCK_BYTES):
                     chunk = view[start:start + BLOCK_BYTES]
                     f.write(chunk)
@@ -353,7 +353,7 @@ class PartReader:
             return
         row_bytes = dtype.itemsize * math.prod(shape[1:])
         lo = self.data_start + begin + start * row_bytes
-        self.read_bytes(lo, lo + out.shape[0] * row_bytes, memoryview(out).cast("B"), defer=defer)
+        self.read_bytes(lo, lo + out.shape[0] * row_bytes, out.data.cast("B"), defer=defer)
 
     def rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows ``start:stop`` of array ``name`` (a new verified array)."""

@@ -99,8 +99,9 @@ def plan_shard(episodes: EpisodeTable, num_shards: int, shard: int, num_streams:
         out_offsets.append(np.cumsum(placed) - placed)
         out_skips.append(skip)
         row_lengths[r] = placed.sum()
-    columns = (np.concatenate(xs).astype(np.int64) for xs in (out_ids, out_rows, out_offsets, out_skips))
-    return ShardPlan(*columns, row_lengths, dropped_eps, dropped_steps)
+    ids, row, offset, skip = (np.concatenate(xs).astype(np.int64)
+                              for xs in (out_ids, out_rows, out_offsets, out_skips))
+    return ShardPlan(ids, row, offset, skip, row_lengths, dropped_eps, dropped_steps)
 
 
 def assign_rows(episodes: EpisodeTable, num_shards: int, num_streams: int,

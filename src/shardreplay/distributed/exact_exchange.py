@@ -132,7 +132,7 @@ class ExactExchange:
 
     def _read_shared(self, shared: SharedRecords, written: bool, out: np.ndarray,
                      foreign_rows: np.ndarray, asked: np.ndarray,
-                     while_waiting: Callable[[], None]) -> bool:
+                     while_waiting: Callable[[], None] | None) -> bool:
         """Agree that every region is written, then copy this rank's rows out of each
         owner's region. False (on every rank alike) when a rank's region failed: the
         exchange then goes through all_to_all, now and later."""

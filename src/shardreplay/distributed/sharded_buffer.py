@@ -398,10 +398,14 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         return ExchangeStats.from_tensor(rows)
 
     def _draw_own(self, m: int) -> tuple[Any, ...] | None:
-        """``m`` windows of this shard: (draw, data, mask, keys), or None when it is empty."""
+        """``m`` windows of this shard (as :meth:`_draw_windows`), or None when it is empty."""
         st = self._shard.stats()
         if st.samplable == 0 or st.mass <= 0:
             return None
+        return self._draw_windows(m)
+
+    def _draw_windows(self, m: int) -> tuple[Any, ...]:
+        """``m`` windows of this shard, which has some: (draw, data, mask, keys)."""
         draw = self._shard.draw(m, advance_schedule=False)
         return (draw, *self._shard.gather(draw.starts))
 
@@ -410,7 +414,7 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         mass_k, k = masses[self.rank], self.prefetch
         if mass_k <= 0:
             return [padding(self._layout, self.local.window, n) for _ in range(k)]
-        draw, data, mask, keys = own if own is not None else self._draw_own(k * n)
+        draw, data, mask, keys = own if own is not None else self._draw_windows(k * n)  # mass_k > 0
         prob = gs.global_probabilities(draw.probabilities, mass_k, total)
         tensors = {name: torch.from_numpy(v) for name, v in data.items()}
         return split_batches(tensors, torch.from_numpy(mask), torch.from_numpy(with_shard(keys, self.rank)),

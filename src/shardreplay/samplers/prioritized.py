@@ -132,6 +132,7 @@ def _is_beta_dict(d: Any) -> bool:
     """A ``to_dict()`` of a beta schedule whose values lie in ``[0, 1]``."""
     if not isinstance(d, Mapping):
         return False
+    ends: tuple[Any, ...]
     if d.get("kind") == "linear" and d.keys() == {"kind", "start", "end", "steps"}:
         ends, steps = (d["start"], d["end"]), d["steps"]
         if not isinstance(steps, int | np.integer) or isinstance(steps, bool) or steps < 1:

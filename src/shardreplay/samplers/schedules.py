@@ -73,7 +73,7 @@ def as_schedule(value: float | Schedule, name: str, low: float, high: float) -> 
         sched = value
         ends = (sched.start, sched.end) if isinstance(sched, LinearSchedule) else (sched.value,)
     elif is_real(value):
-        sched = ConstantSchedule(float(value))  # type: ignore[arg-type]
+        sched = ConstantSchedule(float(value))
         ends = (sched.value,)
     else:
         raise ConfigError(f"{name} must be a number in [{low}, {high}] or a LinearSchedule, got "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from typing import TypeGuard
 
 import numpy as np
 
@@ -80,7 +81,7 @@ def new_key_tag() -> int:
     return 1 + next(_next_tag) % NUM_TAGS
 
 
-def is_key_tag(value: object) -> bool:
+def is_key_tag(value: object) -> TypeGuard[int | np.integer]:
     """Whether ``value`` is a usable key tag (an int in ``1 .. NUM_TAGS``)."""
     if not isinstance(value, int | np.integer) or isinstance(value, bool):
         return False
@@ -95,7 +96,9 @@ def unpack_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     """
     keys = np.asarray(keys)
     flat = np.ascontiguousarray(keys, np.int64).reshape(-1)
-    return tuple(part.reshape(keys.shape) for part in codec.decode_keys(flat))  # type: ignore[return-value]
+    shard, tag, place, generation = codec.decode_keys(flat)
+    shape = keys.shape
+    return shard.reshape(shape), tag.reshape(shape), place.reshape(shape), generation.reshape(shape)
 
 
 def key_shard(keys: np.ndarray) -> np.ndarray:

@@ -35,8 +35,9 @@ DISCOUNT_RULE = ("field 'discount': values must be finite and in [0, 1] "
 
 _SEAL = object()
 _COMPILED_INTS = (np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64))
-_EXPONENT_MASKS = {np.dtype(np.float32): (np.dtype(np.uint32), np.uint32(kernels.F32_EXPONENT)),
-                   np.dtype(np.float64): (np.dtype(np.uint64), np.uint64(kernels.F64_EXPONENT))}
+_EXPONENT_MASKS: dict[np.dtype, tuple[np.dtype, np.unsignedinteger]] = {
+    np.dtype(np.float32): (np.dtype(np.uint32), np.uint32(kernels.F32_EXPONENT)),
+    np.dtype(np.float64): (np.dtype(np.uint64), np.uint64(kernels.F64_EXPONENT))}
 _FINITE_KINDS = {np.dtype(np.float32): kernels.FINITE_F32, np.dtype(np.float64): kernels.FINITE_F64}
 _ONES: dict[tuple[int, ...], np.ndarray] = {}
 
@@ -256,7 +257,8 @@ def packed_steps(spec: Spec, layout: RecordLayout, prefix: str,
             an offset is not a multiple of 8 (a bug in the caller's layout).
     """
     parts = {p.name[len(prefix):]: p for p in layout.parts if p.name.startswith(prefix)}
-    wanted = [(n, f.shape, f.checks_finite, None) for n, f in spec._fields.items()]
+    wanted: list[tuple[str, tuple[int, ...], bool, str | None]] = [
+        (n, f.shape, f.checks_finite, None) for n, f in spec._fields.items()]
     wanted += [("step_type", (), False, "step_type"), ("discount", (), False, "discount")]
     plan = []
     for name, shape, finite, reserved in wanted:

@@ -20,7 +20,7 @@ from shardreplay.storage.allocate import ArrayAllocator
 from shardreplay.storage.frames import FrameStore, StackPieces
 
 # Per-slot arrays saved with the steps (beside the user's fields), with their dtypes.
-STEP_ARRAYS = {
+STEP_ARRAYS: dict[str, np.dtype] = {
     "step_type": STEP_TYPE_DTYPE,
     "discount": DISCOUNT_DTYPE,
     "episode_id": np.dtype(np.int64),
@@ -270,8 +270,9 @@ class StreamStorage:
     def _byte_source(self, name: str) -> tuple[np.ndarray, int, int]:
         """``(C-contiguous uint8 rows [S*C, k], offset, bytes per step)`` holding ``name``."""
         key = name if name in STEP_ARRAYS else f"field.{name}"
-        if key in self.records.dtype.fields:
-            dtype, offset = self.records.dtype.fields[key][:2]
+        fields = self.records.dtype.fields  # never None: the records are a structured array
+        if fields is not None and key in fields:
+            dtype, offset = fields[key][:2]
             raw = np.asarray(self.records).view(np.uint8).reshape(self.records.shape[0], -1)
             return raw, offset, dtype.itemsize
         arr = np.asarray(self.fields[name])

@@ -196,11 +196,11 @@ class Encoding:
             raw[start:stop] = 0
         for key, dtype, at, shape in layout.copies:  # one copy of each array
             np.ndarray(shape, dtype, raw, at)[...] = arrays[key]
-        if self._unchecked:
+        if self._unchecked and layout.packed is not None:  # _unchecked implies packed
             layout.packed.check(self._spec, raw[payload_at:], chunk.steps)
-        _PREFIX.pack_into(raw, 0, MAGIC, FORMAT_VERSION, len(layout.header), self.nbytes, 0,
+        _PREFIX.pack_into(raw.data, 0, MAGIC, FORMAT_VERSION, len(layout.header), self.nbytes, 0,
                           int(chunk.actor_id), int(chunk.sequence), int(chunk.policy_version))
-        _DIGEST.pack_into(raw, _DIGEST_AT, xxh3_64(raw[_HASHED_FROM:]))
+        _DIGEST.pack_into(raw.data, _DIGEST_AT, xxh3_64(raw[_HASHED_FROM:]))
 
 
 def _exact(steps: Mapping[str, Any], exact: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]) -> bool:
@@ -345,7 +345,7 @@ def _format_error(magic: bytes, version: int) -> CorruptChunkError:
                              f"{FORMAT_VERSION} only", reason="format")
 
 
-def _unpack_header(raw: memoryview) -> dict[str, Any]:
+def _unpack_header(raw: bytes) -> dict[str, Any]:
     try:
         head = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16,
                                max_bin_len=0, max_array_len=1 << 16, max_map_len=64, max_ext_len=0)

@@ -68,7 +68,7 @@ class _Layout:
     """Where every array of a chunk of one spec and size sits, computed once and cached."""
 
     def __init__(self, info: _SpecInfo, s: int, t: int, has_priorities: bool) -> None:
-        arrays = [("stream_ids", _IDS_DTYPE, (s,))]
+        arrays: list[tuple[str, np.dtype, tuple[int, ...]]] = [("stream_ids", _IDS_DTYPE, (s,))]
         arrays += [(name, dtype, (s, t, *shape)) for name, dtype, shape in info.fields]
         if has_priorities:
             arrays.append(("priorities", _PRIO_DTYPE, (s, t)))
