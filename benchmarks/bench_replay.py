@@ -9,8 +9,9 @@ described in ``replay_workload.py``; the calls made per library in ``replay_case
 Before anything is measured, each child exercises its library once on a tiny buffer
 (``warm_up``), for every library alike, so compiled code and first-call set-up are neither
 timed nor counted as buffer memory; ``warmup_seconds`` and ``rss_mib_code`` report that
-one-time cost, and ``rss_mib_buffer_and_code`` adds it back. Differences from the peer
-harness in ``bench-peers/``: that warm-up (the peer harness has none), and
+one-time cost, and ``rss_mib_buffer_and_code`` adds it back. Differences from the harness
+that first measured the peers on the reference workload (``replay_workload.py``): that
+warm-up (that harness has none), and
 ``rss_mib_after_first_add`` (numpy maps large arrays with transparent huge pages, so the
 first write into each stream row faults a 2 MiB page in each array).
 

@@ -19,8 +19,8 @@ Cases, each in its own child process:
   sharing assumes consecutive adds are consecutive steps of one environment; with 32
   environments per add its stored stacks are mixed (0 of 256 sampled stacks were right in
   a check), so it is timed and measured here, not a correct alternative for vector envs.
-* ``cpprb_plain``: cpprb with ``obs`` and ``next_obs`` as own fields, as the peer harness
-  stores them (``bench-peers``): the memory reference.
+* ``cpprb_plain``: cpprb with ``obs`` and ``next_obs`` as own fields, as the reference
+  workload stores them for the peers (``replay_workload.py``): the memory reference.
 
 Memory: 1M transitions of these frames do not fit this machine (cpprb's plain storage needs
 52.6 GiB), so each case is filled at a reduced capacity (``--atari-capacity``, default

@@ -106,7 +106,7 @@ def random_stream(rng: np.random.Generator, num_steps: int, fractional: bool):
 
 
 def windows(types, rewards, discounts, length):
-    """Every valid window of a stream (DESIGN's rule), padded with a copy of its LAST."""
+    """Every valid window of a stream (the rule of docs/semantics.md), padded with a copy of its LAST."""
     out = []
     for start in range(len(types)):
         if types[start] == L:

@@ -138,8 +138,9 @@ def advise_hugepages(arr: np.ndarray) -> None:
 
     A loader writes every byte of the buffer's arrays. ``np.zeros`` memory comes from
     calloc without the transparent-huge-page hint numpy gives ``np.empty``, so each 4 KiB
-    page faults on its own: reading 2 GB into it took 0.87 s of CPU, against 0.19 s with
-    the hint. A no-op where unsupported (other systems, file-backed arrays, small ones).
+    page faults on its own, and filling it costs several times the CPU of filling hinted
+    memory (see benchmarks/RESULTS-checkpoint.md). A no-op where unsupported (other
+    systems, file-backed arrays, small ones).
     """
     if arr.nbytes < 2 * _HUGE_BYTES or not arr.flags.c_contiguous or not sys.platform.startswith("linux"):
         return

@@ -26,8 +26,9 @@ per step field (``steps/<name>``, shaped ``[S, T, *field.shape]``) and, when pre
 
 The checksum covers header, padding and payload, and every prefix field is checked on
 its own, so a damaged byte is detected (XXH3-64 misses a random corruption with
-probability 2^-64). Format 1 used zlib's CRC-32 and format 2 XXH64, both slower than
-XXH3 (:mod:`shardreplay._hashing`); their chunks are rejected with a reason that says so.
+probability 2^-64). Older formats (1: zlib's CRC-32, 2: XXH64) checksummed with a
+slower algorithm than XXH3 (:mod:`shardreplay._hashing`); their chunks are rejected with a
+reason that says so.
 Sizes in the header are checked against the spec and the bytes actually present before
 anything is allocated, and decoded arrays are zero-copy, read-only views of the input,
 validated once, every value in one compiled pass (:mod:`shardreplay.spec.validation`: a
