@@ -18,8 +18,8 @@ from functools import partial
 import numpy as np
 import torch
 
+import shardreplay.distributed.global_sampling as gs
 from shardreplay.buffer.shard import Shard
-from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.drawn import Drawn, split_batches
 from shardreplay.distributed.exchange import DATA
 from shardreplay.distributed.group import Collectives

@@ -47,13 +47,13 @@ from typing import Any
 import numpy as np
 import torch
 
+import shardreplay.distributed.global_sampling as gs
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.device import pinned
 from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.buffer.transitions import Transitions, transitions_from_batch
-from shardreplay.distributed import global_sampling as gs
 from shardreplay.distributed.background import Background
 from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, split_batches
 from shardreplay.distributed.exact_exchange import ExactExchange
