@@ -161,7 +161,7 @@ class ReplayBuffer:
             SpecMismatchError: a named field is not in the spec.
             EmptyBufferError: no valid window can be drawn.
         """
-        return sample_transitions(self, batch_size, gamma, n, **names)
+        return sample_transitions(self._shard, batch_size, gamma, n, **names)
 
     # -- priorities -----------------------------------------------------------------------
     def update_priorities(self, keys: Any, priorities: Any) -> int:

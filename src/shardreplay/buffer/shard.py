@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,9 +28,6 @@ from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler,
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
 from shardreplay.storage import STEP_ARRAYS, ArrayAllocator, StreamStorage
-
-if TYPE_CHECKING:
-    from shardreplay.buffer.replay_buffer import ReplayBuffer
 
 __all__ = ["STEP_ARRAYS", "Draw", "Shard", "ShardStats", "shard_of_buffer"]
 
@@ -313,9 +310,16 @@ class Shard:
         self.storage.key_epoch = max(self.storage.key_epoch, key_epoch_floor)
 
 
-def shard_of_buffer(buffer: ReplayBuffer) -> Shard:
-    """The :class:`Shard` behind ``buffer``: the one internal accessor the sharded buffer,
-    checkpoints and ``shardreplay.testing`` use."""
+class HoldsShard(Protocol):
+    """A buffer with a :class:`Shard` behind it (a ``ReplayBuffer``), typed by its
+    attribute so that this module does not import the buffer built on it."""
+
+    _shard: Shard
+
+
+def shard_of_buffer(buffer: HoldsShard) -> Shard:
+    """The :class:`Shard` behind ``buffer`` (a ``ReplayBuffer``): the one internal
+    accessor the sharded buffer, checkpoints and ``shardreplay.testing`` use."""
     return buffer._shard
 
 

@@ -8,24 +8,43 @@ arrays wrapped without a copy). ``load_state_dict`` takes tensors or numpy array
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.samplers import Sampler
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import is_key_tag
 from shardreplay.spec.validation import check_step_values
-from shardreplay.storage import STEP_ARRAYS
-
-if TYPE_CHECKING:
-    from shardreplay.buffer.shard import Shard
+from shardreplay.storage import STEP_ARRAYS, StreamStorage
 
 STATE_VERSION = 1
 
 
-def export_state(shard: Shard, field_views: bool = False) -> dict[str, Any]:
+class ShardParts(Protocol):
+    """What the state dict reads and restores of a buffer's
+    :class:`~shardreplay.buffer.shard.Shard`, typed by these members so that the Shard's
+    module (whose ``export`` uses this one) is not imported back."""
+
+    spec: Spec
+    window: int
+    storage: StreamStorage
+    sampler: Sampler
+    rng: np.random.Generator
+    stale_updates: int
+
+    @property
+    def num_streams(self) -> int:
+        """Rows (streams)."""
+
+    @property
+    def stream_capacity(self) -> int:
+        """Steps per row."""
+
+
+def export_state(shard: ShardParts, field_views: bool = False) -> dict[str, Any]:
     """``{"meta": ..., "arrays": ...}`` of a buffer's shard (see ``ReplayBuffer.state_dict``).
 
     With ``field_views`` each user field is a list of views into storage (no copy).
@@ -63,7 +82,7 @@ def state_as_tensors(state: dict[str, Any]) -> dict[str, Any]:
                                               for k, v in state["arrays"].items()}}
 
 
-def import_state(shard: Shard, state: Mapping[str, Any]) -> None:
+def import_state(shard: ShardParts, state: Mapping[str, Any]) -> None:
     """Check ``state`` fully, then restore it into a buffer's ``shard`` (all or nothing)."""
     storage, sampler, rng = shard.storage, shard.sampler, shard.rng
     meta, arrays = _split(state)
@@ -111,7 +130,7 @@ def _as_numpy(value: Any) -> Any:
     return value
 
 
-def _check_layout(shard: Shard, meta: Mapping[str, Any]) -> None:
+def _check_layout(shard: ShardParts, meta: Mapping[str, Any]) -> None:
     if Spec.from_dict(meta["spec"]) != shard.spec:
         raise SpecMismatchError(f"the state's spec {Spec.from_dict(meta['spec'])} differs from the "
                                 f"buffer's {shard.spec}")
@@ -157,7 +176,7 @@ def _sampler_state(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) ->
     return out
 
 
-def _check_arrays(shard: Shard, arrays: Mapping[str, np.ndarray]) -> None:
+def _check_arrays(shard: ShardParts, arrays: Mapping[str, np.ndarray]) -> None:
     pos = np.asarray(arrays.get("row_pos", ()))
     if pos.shape != (shard.num_streams,) or pos.dtype.kind not in "iu" or (pos < 0).any():
         raise ConfigError("state arrays: row_pos must be one non-negative integer position per stream")

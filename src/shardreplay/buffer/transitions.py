@@ -25,13 +25,12 @@ import torch
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import _check_gamma, nstep_transitions
-from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels.nstep import nstep_scalar
 from shardreplay.kernels.storage import window_indices
 
 if TYPE_CHECKING:
-    from shardreplay.buffer.replay_buffer import ReplayBuffer
+    from shardreplay.buffer.shard import Shard
 
 __all__ = ["Transitions", "sample_transitions", "transitions_from_batch"]
 
@@ -83,13 +82,14 @@ class Transitions:
                            keys=move(self.keys), num_steps=move(self.num_steps))
 
 
-def sample_transitions(buffer: ReplayBuffer, batch_size: int, gamma: float, n: int | None = None, *,
+def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | None = None, *,
                        observation: str = "obs", action: str = "action",
                        reward: str = "reward") -> Transitions:
-    """Draw ``batch_size`` windows of ``buffer`` and return them as n-step transitions.
+    """Draw ``batch_size`` windows of a buffer's ``shard`` and return them as n-step
+    transitions (:meth:`ReplayBuffer.sample_transitions`).
 
     Args:
-        buffer: the buffer to sample (its window ``L`` must be at least ``n + 1``).
+        shard: the shard to sample (its window ``L`` must be at least ``n + 1``).
         batch_size: transitions to draw (fifo: at most that many).
         gamma: discount factor in ``[0, 1]``.
         n: steps summed at most (default ``L - 1``); ``n < L - 1`` uses the first
@@ -104,13 +104,12 @@ def sample_transitions(buffer: ReplayBuffer, batch_size: int, gamma: float, n: i
         EmptyBufferError: no valid window can be drawn.
     """
     _check_gamma(gamma)
-    n = _check_n(n, buffer.window)
-    obs_names = _obs_names(buffer.spec, observation)
+    n = _check_n(n, shard.window)
+    obs_names = _obs_names(shard.spec, observation)
     for name in (action, reward):
-        if name not in buffer.spec:
+        if name not in shard.spec:
             raise SpecMismatchError(f"the buffer's spec has no field {name!r}; it has "
-                                    f"{sorted(buffer.spec.fields)}")
-    shard = shard_of_buffer(buffer)
+                                    f"{sorted(shard.spec.fields)}")
     draw = shard.draw(batch_size)
     storage = shard.storage
     idx, mask, keys = window_indices(draw.starts, storage.step_type, storage.generation,
