@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+import shardreplay.spec.validation as validation
 from shardreplay.errors import ConfigError
-from shardreplay.spec import validation
 from shardreplay.spec.fields import RESERVED_FIELDS, Field
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 from shardreplay.spec.names import flatten, unflatten

@@ -14,20 +14,32 @@ the same spec then accepts again without a second check.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels import validate as kernels
+from shardreplay.spec.fields import Field
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE, RecordLayout
 from shardreplay.spec.names import flatten
 
-if TYPE_CHECKING:
-    from shardreplay.spec.spec import Spec
-
 __all__ = ["PackedSteps", "ValidatedSteps", "check_step_values", "packed_steps", "validate",
            "validated", "validated_packed"]
+
+
+class SpecParts(Protocol):
+    """The members of a :class:`~shardreplay.spec.spec.Spec` that validation reads, typed
+    by them so that the Spec's module (whose methods call this one) is not imported back."""
+
+    @property
+    def _fields(self) -> Mapping[str, Field]:
+        """The user fields by dotted name."""
+
+    @property
+    def _plan(self) -> tuple[tuple[str, np.dtype, tuple[int, ...], bool], ...]:
+        """``(name, dtype, shape, checks_finite)`` of every field, in order."""
+
 
 STEP_TYPE_RULE = "field 'step_type': values must be FIRST=0, MID=1 or LAST=2"
 DISCOUNT_RULE = ("field 'discount': values must be finite and in [0, 1] "
@@ -44,7 +56,7 @@ _ONES: dict[tuple[int, ...], np.ndarray] = {}
 
 # -- dict steps ---------------------------------------------------------------------------
 
-def validate(spec: Spec, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+def validate(spec: SpecParts, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
     """:meth:`Spec.validate`: check a write and return its arrays cast to the stored dtypes.
 
     Raises:
@@ -73,7 +85,7 @@ def validate(spec: Spec, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -
     return out
 
 
-def validated(spec: Spec, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> ValidatedSteps:
+def validated(spec: SpecParts, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> ValidatedSteps:
     """:meth:`Spec.validated`: :func:`validate`, sealed as read-only arrays.
 
     Raises:
@@ -83,7 +95,7 @@ def validated(spec: Spec, step: Mapping[str, Any], lead_shape: tuple[int, ...]) 
     return ValidatedSteps(spec, lead_shape, {k: _read_only(v) for k, v in arrays.items()}, _SEAL)
 
 
-def _check_names(spec: Spec, step: Mapping[str, Any]) -> Mapping[str, Any]:
+def _check_names(spec: SpecParts, step: Mapping[str, Any]) -> Mapping[str, Any]:
     """Flatten a nested step and check its names; raise on missing or unknown ones."""
     fields = spec._fields
     flat = flatten(step) if any(isinstance(v, Mapping) for v in step.values()) else step
@@ -230,7 +242,7 @@ class PackedSteps:
         data = payload.data
         return {name: np.ndarray(shape, dtype, data, offset) for name, shape, dtype, offset in self._views}
 
-    def check(self, spec: Spec, payload: np.ndarray, steps: Mapping[str, Any]) -> None:
+    def check(self, spec: SpecParts, payload: np.ndarray, steps: Mapping[str, Any]) -> None:
         """Check every value of the steps in uint8 ``payload`` (its length a multiple of
         8) in one compiled pass; ``steps`` are the same steps as arrays, checked again
         with :func:`validate` only on a failure, to name the field.
@@ -243,7 +255,7 @@ class PackedSteps:
             raise SpecMismatchError("steps hold a value the spec forbids")  # pragma: no cover
 
 
-def packed_steps(spec: Spec, layout: RecordLayout, prefix: str,
+def packed_steps(spec: SpecParts, layout: RecordLayout, prefix: str,
                  lead_shape: tuple[int, ...]) -> PackedSteps | None:
     """The compiled checks of the steps that ``layout`` holds as parts named ``prefix +
     field`` (every user field, ``step_type`` and ``discount``, with this spec's shapes).
@@ -286,7 +298,7 @@ def _check_kind(dtype: np.dtype, finite: bool, reserved: str | None) -> int | No
     return _FINITE_KINDS.get(dtype)
 
 
-def validated_packed(spec: Spec, payload: np.ndarray, packed: PackedSteps) -> ValidatedSteps:
+def validated_packed(spec: SpecParts, payload: np.ndarray, packed: PackedSteps) -> ValidatedSteps:
     """:meth:`Spec.validated_packed`: steps packed in a read-only uint8 ``payload``,
     every value checked in one compiled pass, sealed as views without a copy.
 
@@ -325,13 +337,13 @@ class ValidatedSteps(Mapping[str, np.ndarray]):
 
     __slots__ = ("_arrays", "_lead", "_spec")
 
-    def __init__(self, spec: Spec, lead_shape: tuple[int, ...], arrays: dict[str, np.ndarray],
+    def __init__(self, spec: SpecParts, lead_shape: tuple[int, ...], arrays: dict[str, np.ndarray],
                  seal: object) -> None:
         if seal is not _SEAL:
             raise TypeError("ValidatedSteps are made by Spec.validated only")
         self._spec, self._lead, self._arrays = spec, tuple(lead_shape), arrays
 
-    def accepted_by(self, spec: Spec, lead_shape: tuple[int, ...]) -> bool:
+    def accepted_by(self, spec: SpecParts, lead_shape: tuple[int, ...]) -> bool:
         """True when ``spec`` would accept these steps with ``lead_shape`` (checked already)."""
         return tuple(lead_shape) == self._lead and (spec is self._spec or spec._fields == self._spec._fields)
 
