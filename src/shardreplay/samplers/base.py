@@ -100,9 +100,3 @@ def state_error(name: str, key: str, expected: str, value: Any) -> ConfigError:
     shown = repr(value) if np.ndim(value) == 0 else f"array {np.shape(value)} {np.asarray(value).dtype}"
     return ConfigError(f"{name} sampler state: {key!r} must be {expected}, got {shown[:80]}; "
                        "pass a state from ReplayBuffer.state_dict()")
-
-
-def is_real(value: Any) -> bool:
-    """A real number (bool and strings are not)."""
-    real = isinstance(value, int | float | np.integer | np.floating)
-    return real and not isinstance(value, bool | np.bool_)

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from shardreplay.kernels.sum_tree import leaves_from_priorities
-from shardreplay.samplers.base import Draw, check_state_keys, is_real, state_error
-from shardreplay.samplers.schedules import Schedule
+from shardreplay.samplers.base import Draw, check_state_keys, state_error
+from shardreplay.samplers.schedules import Schedule, is_real
 from shardreplay.samplers.sum_tree import SumMinTree
 from shardreplay.storage import StreamStorage
 
