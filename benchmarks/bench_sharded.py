@@ -153,13 +153,13 @@ class PhaseTimer:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self._wrapped: list[tuple[Any, str]] = []
+        self._wrapped: list[tuple[Any, str, Any]] = []
 
     def wrap(self, obj: Any, attr: str, name: str | None = None) -> None:
-        """Time every call of ``obj.attr`` (a method of its class); collectives are named by
-        their ``op`` argument."""
+        """Time every call of ``obj.attr`` (a method, or a module's function); collectives
+        are named by their ``op`` argument."""
         method = getattr(obj, attr)
-        self._wrapped.append((obj, attr))
+        self._wrapped.append((obj, attr, vars(obj).get(attr)))
 
         def timed(*a: Any, **kw: Any) -> Any:
             start = time.perf_counter()
@@ -169,12 +169,15 @@ class PhaseTimer:
                 label = name or (a[-1] if a and isinstance(a[-1], str) else attr)
                 self.seconds[label] += time.perf_counter() - start
 
-        setattr(obj, attr, timed)  # an instance attribute shadowing the class's method
+        setattr(obj, attr, timed)  # shadows the class's method, or replaces the module's function
 
     def unwrap(self) -> None:
-        """Remove every wrapper: the class methods are used again."""
-        for obj, attr in self._wrapped:
-            delattr(obj, attr)
+        """Remove every wrapper: what was there before is used again."""
+        for obj, attr, own in reversed(self._wrapped):
+            if own is None:
+                delattr(obj, attr)  # the class's method shows through again
+            else:
+                setattr(obj, attr, own)
         self._wrapped.clear()
 
     def per_step_ms(self, steps: int, total_s: float) -> dict[str, float]:
@@ -278,6 +281,7 @@ def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
              sync: Callable[[], None], depth: int) -> dict[str, float]:
     """Time every collective (by operation) and local phase over ``profile_steps`` steps."""
     from shardreplay import testing
+    from shardreplay.distributed import exact_exchange
 
     comm, shard = buf.collectives, testing.shard(buf)
     timer = PhaseTimer()
@@ -285,7 +289,7 @@ def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
         timer.wrap(comm, attr)
     for attr in ("draw", "gather", "apply_priorities"):
         timer.wrap(shard, attr, f"local.{attr}")
-    timer.wrap(buf._layout, "unpack", "records.unpack")
+    timer.wrap(exact_exchange, "torch_views", "records.unpack")  # received records as tensors
     steps = _round_up(args.profile_steps, depth)
     sync()
     start = time.perf_counter()
