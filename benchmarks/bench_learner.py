@@ -225,6 +225,8 @@ def run_ranks(args: argparse.Namespace, link: netns.Link | None) -> dict:
     else:
         port = 29_500 + os.getpid() % 1000  # a fresh namespace has every port free
         places = [(link.addresses[0], link.ifnames[r], link.namespaces[r]) for r in range(WORLD)]
+    from shardreplay.runtime.processes import reap_processes  # lazily: ranks re-import this module
+
     procs = [ctx.Process(target=_rank, args=(r, args, places[r][0], port, places[r][1], places[r][2], out))
              for r in range(WORLD)]
     for p in procs:
@@ -240,14 +242,7 @@ def run_ranks(args: argparse.Namespace, link: netns.Link | None) -> dict:
     except queue.Empty as exc:
         raise RuntimeError(f"timed out after {args.timeout_s} s") from exc
     finally:
-        for p in procs:
-            p.join(timeout=30 if len(results) == WORLD else 1)
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap_processes(procs, grace_s=30 if len(results) == WORLD else 1)
     return results[0]
 
 

@@ -320,6 +320,8 @@ def run_config(kind: str, world: int, args: argparse.Namespace) -> list[dict[str
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
+    from shardreplay.runtime.processes import reap_processes  # lazily: ranks re-import this module
+
     procs = [ctx.Process(target=_child, args=(kind, r, world, port, args, out), daemon=True)
              for r in range(world)]
     for p in procs:
@@ -334,11 +336,7 @@ def run_config(kind: str, world: int, args: argparse.Namespace) -> list[dict[str
     except queue.Empty as exc:
         raise RuntimeError(f"{kind} x{world} did not finish in {args.timeout_s} s") from exc
     finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap_processes(procs, grace_s=30)
     return [results[r] for r in range(world)]
 
 

@@ -59,6 +59,8 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.
     out = ctx.Queue()
     port = port or free_port()
     places = places or [("", "127.0.0.1", "lo")] * world_size
+    from shardreplay.runtime.processes import reap_processes  # lazily: ranks re-import this module
+
     procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, out, places[r]), daemon=True)
              for r in range(world_size)]
     for p in procs:
@@ -76,15 +78,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.
     except queue.Empty:
         errors.append(f"timed out after {timeout_s} s; finished ranks: {sorted(results)}")
     finally:
-        for p in procs:
-            p.join(timeout=10 if not errors else 0.5)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap_processes(procs, grace_s=10 if not errors else 0.5)
         out.close()
     assert not errors, "\n".join(errors)
     return [results[r] for r in range(world_size)]

@@ -91,6 +91,15 @@ def stop_processes(procs: list[Any], timeout_s: float) -> None:
             p.join(5)
 
 
+def reap_processes(procs: list[Any], grace_s: float, timeout_s: float = 5.0) -> None:
+    """Give started processes up to ``grace_s`` in all to exit by themselves, then
+    :func:`stop_processes` the rest (SIGTERM, ``timeout_s``, SIGKILL)."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    stop_processes([p for p in procs if p.is_alive()], timeout_s)
+
+
 def _actor_main(settings: ActorSettings, transport: Transport | None, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     configure_logging(logging.WARNING, "%(asctime)s actor %(message)s")
