@@ -37,11 +37,16 @@ class _Row:
 
     @classmethod
     def from_tensor(cls: type[_R], rows: torch.Tensor) -> _R:
-        """The rows of every rank (``[K, n]`` or flat ``[K * n]`` from ``all_gather``, any
-        device) as one record whose fields are ``[K]`` columns (``tail``: ``[K, m]``)."""
+        """The rows of every rank (``[K, n]`` from ``all_gather``, any device) as one record
+        whose fields are ``[K]`` columns (``tail``: ``[K, m]``).
+
+        Raises:
+            ConfigError: ``rows`` is not two-dimensional.
+        """
+        if rows.ndim != 2:
+            raise ConfigError(f"{cls.__name__}.from_tensor takes the gathered [ranks, n] rows")
         names = cls._scalar_names()
-        world = _world(rows, cls)
-        table = rows.cpu().numpy().astype(np.int64, copy=False).reshape(world, -1)
+        table = rows.cpu().numpy().astype(np.int64, copy=False)
         cols: dict[str, Any] = {
             name: table[:, i].view(np.float64) if name in cls._FLOATS else table[:, i].copy()
             for i, name in enumerate(names)}
@@ -55,12 +60,6 @@ class _Row:
 
     def _tail(self) -> np.ndarray:
         return np.asarray(getattr(self, "tail", ()), np.int64).reshape(-1)
-
-
-def _world(rows: torch.Tensor, cls: type) -> int:
-    if rows.ndim == 2:
-        return int(rows.shape[0])
-    raise ConfigError(f"{cls.__name__}.from_tensor takes the gathered [ranks, n] rows")
 
 
 @dataclass(frozen=True)
