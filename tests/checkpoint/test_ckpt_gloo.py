@@ -122,3 +122,53 @@ def test_gloo_fallback_is_agreed_by_all_ranks(tmp_path: Path) -> None:
     assert "checksum mismatch" in results[1]["skipped"][0]
     assert sum(r["steps"] for r in results) > 0
     assert "rank(s) [1]" in results[0]["error"] and "checksum mismatch" in results[1]["error"]
+
+
+def _save_uneven_rank(rank: int, world: int, root: str, rows: tuple[int, ...]) -> dict:
+    local = make_buffer(rows[rank], CAPACITY, seed=rank)
+    fill_random(local, 30 + 25 * rank, shard=rank, seed=200 + rank)
+    buf = ShardedReplayBuffer(local, timeout_s=30)
+    table, steps = window_table(local), step_multiset(local)
+    checkpoint.save(buf, root, 3)
+    return {"table": table, "steps": steps}
+
+
+def _load_uneven_rank(rank: int, world: int, root: str, rows: tuple[int, ...],
+                      caps: tuple[int, ...]) -> dict:
+    local = make_buffer(rows[rank], caps[rank], seed=20 + rank)
+    buf = ShardedReplayBuffer(local, timeout_s=30)
+    report = checkpoint.load(root, buf)
+    s = stored_steps(local)
+    return {"table": window_table(local), "steps": step_multiset(local), "exact": report.exact,
+            "counts": (report.steps, report.dropped_steps, report.saved_steps),
+            "env_is_row": bool((s["env"] == s["row"]).all())}
+
+
+@pytest.mark.parametrize(("saved_rows", "new_rows", "new_caps"), [
+    ((8, 4), (6, 5, 5), (CAPACITY, CAPACITY, CAPACITY)),  # train's 2x4 -> 3 (4 envs per actor)
+    ((3, 5, 2), (3, 5, 2), (CAPACITY, CAPACITY, CAPACITY)),  # same uneven layout: put back as saved
+    ((2, 2), (5, 1, 3), (CAPACITY, 3 * CAPACITY, CAPACITY // 2 + 9)),  # rows and capacities differ
+])
+def test_gloo_restore_onto_ranks_of_unequal_rows_places_every_step_once(
+        tmp_path: Path, saved_rows: tuple[int, ...], new_rows: tuple[int, ...],
+        new_caps: tuple[int, ...]) -> None:
+    """Ranks holding different numbers of rows (and row capacities) plan with the layout
+    of every rank: each saved step is restored exactly once, nothing is dropped while it
+    fits, and the sampled distribution is the saved one."""
+    saved = run_ranks(_save_uneven_rank, len(saved_rows), str(tmp_path), saved_rows)
+    loaded = run_ranks(_load_uneven_rank, len(new_rows), str(tmp_path), new_rows, new_caps)
+    before = {k: v for r in saved for k, v in r["steps"].items()}
+    after = {k: v for r in loaded for k, v in r["steps"].items()}
+    assert sum(len(r["steps"]) for r in loaded) == len(after)  # no step on two ranks
+    restored, dropped = (sum(r["counts"][i] for r in loaded) for i in (0, 1))
+    total = loaded[0]["counts"][2]
+    assert total == sum(len(r["steps"]) for r in saved) == len(before)
+    assert restored + dropped == total
+    if saved_rows == new_rows or min(new_caps) >= CAPACITY:
+        assert dropped == 0 and after == before
+        assert_same_distribution(union_distribution([r["table"] for r in saved]),
+                                 union_distribution([r["table"] for r in loaded]))
+    else:
+        assert set(after) <= set(before) and len(after) == restored
+    assert all(r["exact"] == (saved_rows == new_rows) for r in loaded)
+    assert all(r["env_is_row"] for r in loaded)

@@ -33,7 +33,7 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.checkpoint.format import PartReader, advise_hugepages
 from shardreplay.checkpoint.manifest import check_complete, checkpoint_dir, list_checkpoints, read_manifest
-from shardreplay.checkpoint.plan import EpisodeTable, ShardPlan, plan_shard
+from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan_shard
 from shardreplay.checkpoint.save import mark_restored, mark_restoring, shard_of
 from shardreplay.checkpoint.stacked import read_stacks
 from shardreplay.distributed import ShardedReplayBuffer
@@ -131,6 +131,7 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
     errors: list[CheckpointError] = []
     # From here on the content is being replaced: an error leaves the buffer empty, and
     # save refuses it until a load succeeds.
+    layout = _new_layout(buffer)
     mark_restoring(local, str(root))
     _clear(local, floor_epoch)
     tried = False
@@ -140,7 +141,7 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
         complete = error is None
         if complete:
             try:
-                report = _load_one(directory, local, shard, num_shards, buffer, floor_epoch)
+                report = _load_one(directory, local, shard, num_shards, buffer, floor_epoch, layout)
             except CheckpointError as exc:
                 error = exc
                 _clear(local, floor_epoch)
@@ -201,14 +202,33 @@ def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: b
     return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].any())
 
 
+def _new_layout(buffer: ReplayBuffer | ShardedReplayBuffer) -> NewLayout:
+    """The rows and row capacity of every shard (one collective for a sharded buffer:
+    ranks may hold different numbers of rows, and every rank must plan with all of them)."""
+    local, _shard, num_shards = shard_of(buffer)
+    if not isinstance(buffer, ShardedReplayBuffer):
+        return NewLayout.even(num_shards, local.num_streams, local.stream_capacity)
+    mine = torch.tensor([local.num_streams, local.stream_capacity], dtype=torch.int64)
+    rows = buffer.collectives.all_gather(mine, "checkpoint.load(layout)").cpu().reshape(-1, 2).tolist()
+    return NewLayout(tuple(int(n) for n, _c in rows), tuple(int(c) for _n, c in rows))
+
+
 def _clear(local: ReplayBuffer, floor_epoch: int) -> None:
     shard_of_buffer(local).clear(floor_epoch)
 
 
 def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
-              buffer: ReplayBuffer | ShardedReplayBuffer | None = None, floor_epoch: int = 0) -> LoadReport:
+              buffer: ReplayBuffer | ShardedReplayBuffer | None = None, floor_epoch: int = 0,
+              layout: NewLayout | None = None) -> LoadReport:
     """Restore ``directory`` into ``local`` as shard ``shard`` of ``num_shards`` (no
-    collective; ``buffer`` is the sharded buffer around ``local``, when there is one)."""
+    collective; ``buffer`` is the sharded buffer around ``local``, when there is one).
+    ``layout`` gives every new shard's rows (None: all shaped like ``local``)."""
+    if layout is None:
+        layout = NewLayout.even(num_shards, local.num_streams, local.stream_capacity)
+    if layout.num_shards != num_shards or (layout.num_streams[shard], layout.stream_capacity[shard]) != \
+            (local.num_streams, local.stream_capacity):
+        raise ConfigError(f"restore layout {layout} does not describe shard {shard} of {num_shards} "
+                          f"({local.num_streams} rows of {local.stream_capacity})")
     manifest = read_manifest(directory)
     saved_spec = Spec.from_dict(manifest["spec"])
     if saved_spec != local.spec:
@@ -221,14 +241,14 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
         metas = [_buffer_meta(r) for r in readers]
         positions = [_row_pos(r) for r in readers]
         epoch = _new_key_epoch(metas, positions, floor_epoch)
-        exact = _same_layout(readers, metas, positions, local, num_shards)
+        exact = _same_layout(readers, metas, positions, layout)
         inner = shard_of_buffer(local)
         inner.begin_restore()
         if exact:
             plan = _identity_plan(episodes, shard, positions[shard], local.stream_capacity)
             _read_as_saved(readers[shard], positions[shard], local)
         else:
-            plan = plan_shard(episodes, num_shards, shard, local.num_streams, local.stream_capacity)
+            plan = plan_shard(episodes, layout, shard)
             _read_placements(readers, plan, episodes, local)
     if exact:
         meta = metas[shard]
@@ -314,15 +334,15 @@ def writes_per_slot(pos: np.ndarray, cap: int) -> int:
 
 
 def _same_layout(readers: list[PartReader], metas: list[dict[str, Any]], positions: list[np.ndarray],
-                 local: ReplayBuffer, num_shards: int) -> bool:
+                 layout: NewLayout) -> bool:
     """Whether the restore can put every part back as it was: as many shards as saved
-    parts, the same rows and row capacity, and every stored step of every row saved
-    (nothing dropped by ``partial="drop"``)."""
-    if len(readers) != num_shards:
+    parts, each new shard with its part's rows and row capacity, and every stored step
+    of every row saved (nothing dropped by ``partial="drop"``)."""
+    if len(readers) != layout.num_shards:
         return False
-    cap = local.stream_capacity
-    for reader, meta, pos in zip(readers, metas, positions, strict=True):
-        if meta.get("num_streams") != local.num_streams or meta.get("stream_capacity") != cap:
+    for k, (reader, meta, pos) in enumerate(zip(readers, metas, positions, strict=True)):
+        cap = layout.stream_capacity[k]
+        if meta.get("num_streams") != layout.num_streams[k] or meta.get("stream_capacity") != cap:
             return False
         if not np.array_equal(reader.array("row_length"), np.minimum(pos, cap)):
             return False

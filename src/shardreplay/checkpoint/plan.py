@@ -4,17 +4,23 @@ Pure and deterministic: the same episode tables and the same N (and new layout) 
 the same plan on every machine. Episodes are whole units (never split between rows).
 The saved streams (rows of the M parts) are the starting pieces; two modes follow:
 
-* **spread** (the saved streams fit one per new row: ``R_saved <= N * num_streams``):
+The new shards need not be alike: shard ``s`` has ``num_streams[s]`` rows of
+``stream_capacity[s]`` slots (:class:`NewLayout`; ``train`` gives 16 streams over 3
+learners 6, 5 and 5 rows). Every rank plans with the layout of *all* new shards, so
+the plans of the ranks partition the episodes: each is placed exactly once.
+
+* **spread** (the saved streams fit one per new row: ``R_saved <= sum(num_streams)``):
   each new row receives one piece, a run of consecutive episodes of one saved stream.
   While rows are left over, the largest piece is split at the episode boundary nearest
   its middle, so data spreads over all rows; pieces are dealt to shards largest first,
-  each to the least-filled shard with a free row. Nothing is lost when
-  ``stream_capacity`` is at least the saved one: a saved stream, or any run of it,
-  fits the row it came from. This covers resuming on the same layout.
+  each to the shard with a free row that is least filled for its capacity. Nothing is
+  lost when every ``stream_capacity`` is at least the saved one: a saved stream, or any
+  run of it, fits the row it came from. This covers resuming on the same layout.
 * **merge** (more saved streams than new rows): when the steps exceed the new total
   capacity, the oldest episodes are dropped first; the rest are dealt to all new rows
-  largest first (each to the least-filled row, rows of different shards interleaved),
-  and a row that still overflows drops its oldest episodes.
+  largest first (each to the least-filled row, rows of different shards interleaved:
+  row 0 of every shard, then row 1 of every shard that has one, ...), and a row that
+  still overflows drops its oldest episodes.
 
 "Oldest" is measured in the saved stream's own clock: an episode's **age** is the
 number of steps stored after its end in its saved stream (0 for the newest). Within a
@@ -29,9 +35,11 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
+from shardreplay.errors import ConfigError
 from shardreplay.kernels.plan import balance_longest_first
 
 
@@ -52,6 +60,57 @@ class EpisodeTable:
 
     def __len__(self) -> int:
         return int(self.part.shape[0])
+
+
+@dataclass(frozen=True)
+class NewLayout:
+    """The rows of every new shard: shard ``s`` has ``num_streams[s]`` rows of
+    ``stream_capacity[s]`` slots. Global row ``offsets[s] + r`` is row ``r`` of shard ``s``.
+
+    Raises:
+        ConfigError: no shard, or a shard without rows or slots.
+    """
+
+    num_streams: tuple[int, ...]
+    stream_capacity: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.num_streams or len(self.num_streams) != len(self.stream_capacity) or \
+                min(self.num_streams) < 1 or min(self.stream_capacity) < 1:
+            raise ConfigError(f"a restore layout needs >= 1 shard, each with >= 1 row of >= 1 slot; got "
+                              f"rows {self.num_streams}, capacities {self.stream_capacity}")
+
+    @classmethod
+    def even(cls, num_shards: int, num_streams: int, stream_capacity: int) -> NewLayout:
+        """``num_shards`` shards alike."""
+        return cls((num_streams,) * num_shards, (stream_capacity,) * num_shards)
+
+    @property
+    def num_shards(self) -> int:
+        """How many new shards."""
+        return len(self.num_streams)
+
+    @property
+    def total_rows(self) -> int:
+        """Rows over all new shards."""
+        return sum(self.num_streams)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """The global index of each shard's first row."""
+        return tuple(int(x) for x in np.cumsum((0, *self.num_streams[:-1])))
+
+    def capacity(self) -> int:
+        """Slots over all new shards."""
+        return sum(n * c for n, c in zip(self.num_streams, self.stream_capacity, strict=True))
+
+    def interleaved_rows(self) -> np.ndarray:
+        """Global row ids ordered row 0 of every shard, then row 1 of every shard that has
+        one, ...: the first (largest) bins of a merge spread over all shards."""
+        shard = np.repeat(np.arange(self.num_shards), self.num_streams)
+        offsets = np.asarray(self.offsets, np.int64)
+        row = np.arange(self.total_rows, dtype=np.int64) - offsets[shard]
+        return np.lexsort((shard, row)).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -76,19 +135,20 @@ class ShardPlan:
         return int(self.ids.shape[0])
 
 
-def plan_shard(episodes: EpisodeTable, num_shards: int, shard: int, num_streams: int,
-               stream_capacity: int) -> ShardPlan:
-    """The placements of new shard ``shard`` of ``num_shards`` (vectorised: no Python
-    work per episode except the merge-mode balancing, which is compiled)."""
-    rows, pre_dropped = assign_rows(episodes, num_shards, num_streams, stream_capacity)
+def plan_shard(episodes: EpisodeTable, layout: NewLayout, shard: int) -> ShardPlan:
+    """The placements of new shard ``shard`` of ``layout`` (vectorised: no Python work
+    per episode except the merge-mode balancing, which is compiled)."""
+    rows, pre_dropped = assign_rows(episodes, layout)
     lengths, age = episodes.length, episodes.age
+    num_streams, stream_capacity = layout.num_streams[shard], layout.stream_capacity[shard]
+    first_row = layout.offsets[shard]
     out_ids, out_rows, out_offsets, out_skips = [], [], [], []
     row_lengths = np.zeros(num_streams, np.int64)
     dropped_eps = dropped_steps = 0
     if shard == 0:
         dropped_eps, dropped_steps = int(pre_dropped.shape[0]), int(lengths[pre_dropped].sum())
     for r in range(num_streams):
-        ids = rows[shard * num_streams + r]
+        ids = rows[first_row + r]
         in_row = ids[np.lexsort((ids, -age[ids]))]  # oldest first; ties: canonical order
         kept, skip, dropped = _fit(in_row, lengths[in_row], stream_capacity)
         placed = lengths[kept] - skip
@@ -104,22 +164,20 @@ def plan_shard(episodes: EpisodeTable, num_shards: int, shard: int, num_streams:
     return ShardPlan(ids, row, offset, skip, row_lengths, dropped_eps, dropped_steps)
 
 
-def assign_rows(episodes: EpisodeTable, num_shards: int, num_streams: int,
-                stream_capacity: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """Episode indices of every new row (row ``shard * num_streams + r``), in canonical
-    order, and the indices dropped before assignment (merge mode only)."""
+def assign_rows(episodes: EpisodeTable, layout: NewLayout) -> tuple[list[np.ndarray], np.ndarray]:
+    """Episode indices of every new row (global row ``layout.offsets[s] + r``), in
+    canonical order, and the indices dropped before assignment (merge mode only)."""
     lengths = episodes.length
     ends = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)  # sum of [lo, hi) = ends[hi] - ends[lo]
     pieces = _saved_streams(episodes)
-    total_rows = num_shards * num_streams
+    total_rows = layout.total_rows
     if len(pieces) <= total_rows:
         pieces = _split_pieces(pieces, ends, total_rows)
-        dealt = _deal_pieces(pieces, ends, num_shards, num_streams)
+        dealt = _deal_pieces(pieces, ends, layout)
         return [np.arange(lo, hi, dtype=np.int64) for lo, hi in dealt], np.empty(0, np.int64)
-    kept, dropped = _drop_oldest(episodes, total_rows * stream_capacity)
+    kept, dropped = _drop_oldest(episodes, layout.capacity())
     bins = _balance(lengths[kept], total_rows)
-    # Bin b is row b // N of shard b % N: the first (largest) episodes spread over shards.
-    row_of = (bins % num_shards) * num_streams + bins // num_shards
+    row_of = layout.interleaved_rows()[bins]
     order = np.argsort(row_of, kind="stable")  # canonical order within each row
     bounds = np.searchsorted(row_of[order], np.arange(total_rows + 1))
     return [kept[order[bounds[r]:bounds[r + 1]]] for r in range(total_rows)], dropped
@@ -162,21 +220,26 @@ def _best_cut(piece_ends: np.ndarray) -> int:
     return int(np.argmin(np.abs(2 * piece_ends[:-1] - piece_ends[-1]))) + 1
 
 
-def _deal_pieces(pieces: list[tuple[int, int]], ends: np.ndarray, num_shards: int,
-                 num_streams: int) -> list[tuple[int, int]]:
-    """Each piece to its own row: largest first to the least-filled shard with a free row."""
+def _deal_pieces(pieces: list[tuple[int, int]], ends: np.ndarray, layout: NewLayout
+                 ) -> list[tuple[int, int]]:
+    """Each piece to its own row: largest first to the shard with a free row that is
+    least filled for its capacity (ties: lowest shard). Fill is compared as the exact
+    fraction ``filled / capacity`` (integer cross products), so every machine deals alike."""
     sizes = [int(ends[hi] - ends[lo]) for lo, hi in pieces]
-    heap = [(0, s) for s in range(num_shards)]
-    per_shard: list[list[int]] = [[] for _ in range(num_shards)]
+    shard_cap = [n * c for n, c in zip(layout.num_streams, layout.stream_capacity, strict=True)]
+    heap = [(Fraction(0), s) for s in range(layout.num_shards)]
+    filled = [0] * layout.num_shards
+    per_shard: list[list[int]] = [[] for _ in range(layout.num_shards)]
     for k in sorted(range(len(pieces)), key=lambda k: (-sizes[k], k)):
-        filled, s = heapq.heappop(heap)
+        _fill, s = heapq.heappop(heap)
         per_shard[s].append(k)
-        if len(per_shard[s]) < num_streams:
-            heapq.heappush(heap, (filled + sizes[k], s))
-    rows = [(0, 0)] * (num_shards * num_streams)
+        filled[s] += sizes[k]
+        if len(per_shard[s]) < layout.num_streams[s]:
+            heapq.heappush(heap, (Fraction(filled[s], shard_cap[s]), s))
+    rows = [(0, 0)] * layout.total_rows
     for s, ks in enumerate(per_shard):
         for r, k in enumerate(sorted(ks)):
-            rows[s * num_streams + r] = pieces[k]
+            rows[layout.offsets[s] + r] = pieces[k]
     return rows
 
 
