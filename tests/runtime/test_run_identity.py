@@ -34,9 +34,10 @@ from shardreplay.policy.file_backend import FilePublisher, weights_name
 from shardreplay.runtime.actor import ActorSettings, RunInfo, StopFlag, run
 from shardreplay.runtime.ingest import Ingestor
 from shardreplay.runtime.launch import prepare_run_dir
+from shardreplay.runtime.learner_resume import commit_resume
 from shardreplay.runtime.learner_sync import agreed_settings
 from shardreplay.runtime.routing import foreign_backlog, redis_stream, shard_transport
-from shardreplay.runtime.run_identity import read_identity
+from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
 
@@ -59,12 +60,21 @@ def _start_actor(s: ActorSettings, caplog: pytest.LogCaptureFixture) -> tuple[St
 
 
 # -- 7: a run's channels ------------------------------------------------------------------
+def _resume(run_dir: Path) -> None:
+    """What ``--resume`` does to run.json: nothing before the ranks restored, then rank 0
+    records the life."""
+    before = read_identity(run_dir)
+    settings = prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
+    assert read_identity(run_dir) == before  # not yet: a refused resume changes nothing
+    commit_resume(run_dir, upcoming_life(run_dir), settings.to_dict())
+
+
 def test_the_run_id_is_kept_by_every_start_of_a_run_dir_and_lives_are_counted(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), False)
     first = read_identity(run_dir)
     assert first is not None and first.life == 0
-    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)  # --resume
+    _resume(run_dir)
     prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), False, auto_resume=True)
     again = read_identity(run_dir)
     assert again is not None and (again.run_id, again.life) == (first.run_id, 2)
@@ -79,12 +89,12 @@ def test_a_run_dir_from_before_run_ids_keeps_its_unnamed_channels_and_counts_on(
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps(TrainSettings().to_dict()))  # no run.json
-    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
+    _resume(run_dir)
     ident = read_identity(run_dir)
     assert ident is not None and (ident.run_id, ident.life) == ("", 1)
     assert redis_stream(0, ident.run_id) == "shardreplay:chunks:0"
     assert pack_version(ident.life, 875) > 1000  # an old actor holding 1000 takes it
-    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
+    _resume(run_dir)
     assert read_identity(run_dir) == type(ident)("", 2)
 
 
@@ -223,7 +233,7 @@ def test_versions_of_a_resumed_learner_are_newer_even_with_fewer_updates(tmp_pat
     run_dir = tmp_path / "run"
     prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), False)
     before = pack_version(read_identity(run_dir).life, 1000)  # type: ignore[union-attr]
-    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
+    _resume(run_dir)
     after = pack_version(read_identity(run_dir).life, 875)  # type: ignore[union-attr]
     assert after > before and split_version(after) == (1, 875) and split_version(before) == (0, 1000)
     url = (tmp_path / "policy").as_uri()

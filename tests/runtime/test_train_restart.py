@@ -37,7 +37,9 @@ from shardreplay.cli.train import _resumable
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.runtime.envs import transition_spec
 from shardreplay.runtime.launch import prepare_run_dir
+from shardreplay.runtime.learner_resume import commit_resume
 from shardreplay.runtime.learner_sync import DRAIN_CHUNKS, MAX_UPDATES_PER_ITERATION, make_limiter
+from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 
 START_S = 150.0
@@ -131,9 +133,17 @@ def test_auto_resume_continues_from_a_complete_checkpoint(tmp_path: Path) -> Non
     buf = sr.ReplayBuffer(transition_spec(4), num_streams=2, stream_capacity=16, window=4)
     checkpoint.save(buf, run_dir / "checkpoints", 1)
     assert _resumable(_args(run_dir, True)) == run_dir
-    prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
-    # Resuming sets the newer incomplete one aside too: no later save mixes with its parts.
+    settings = prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
+    # Nothing moves before every rank restored (a refused resume changes nothing) ...
+    assert checkpoint.list_checkpoints(run_dir / "checkpoints") == [1, 3]
+    assert not (run_dir / "run.json").exists()
+    # ... then the resumed life sets the newer incomplete one aside too (no later save
+    # mixes with its parts) and records itself.
+    upcoming_life_before = upcoming_life(run_dir)
+    commit_resume(run_dir, upcoming_life_before, settings.to_dict())
     assert checkpoint.list_checkpoints(run_dir / "checkpoints") == [1]
+    assert read_identity(run_dir) == upcoming_life_before
+    assert json.loads((run_dir / "config.json").read_text())["run"]["run_dir"] == str(run_dir)
 
 
 def _train_cli(*args: str) -> subprocess.CompletedProcess[str]:

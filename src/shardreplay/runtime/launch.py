@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -55,7 +54,7 @@ from shardreplay.runtime.processes import (
     stop_resource_tracker,
 )
 from shardreplay.runtime.routing import check_reachable, chunk_bytes, scheme_of, shard_transport
-from shardreplay.runtime.run_identity import next_life
+from shardreplay.runtime.run_identity import upcoming_life, write_life
 from shardreplay.runtime.settings import TrainSettings
 
 log = logging.getLogger("shardreplay.train")
@@ -71,15 +70,19 @@ def under_torchrun() -> bool:
 
 
 def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool = False) -> TrainSettings:
-    """Create the run directory and write ``config.json`` (the settings in effect, so a
-    later ``--resume`` continues with them, e.g. with the new number of learners) and
-    ``run.json`` (the run id, kept, and this learner life's number: see
+    """Create the run directory and, for a new run, write ``config.json`` (the settings in
+    effect) and ``run.json`` (the run id and this learner life's number: see
     :mod:`shardreplay.runtime.run_identity`).
 
+    A resumed run writes nothing here: its learners record the new life and settings,
+    and set incomplete checkpoints aside, only once every rank restored
+    (:func:`shardreplay.runtime.learner_resume.commit_resume`), so a refused resume
+    leaves the run directory as it was and ``--auto-resume`` can try again.
+
     Incomplete checkpoints (a run that stopped before every rank saved its part) are
-    moved to ``checkpoints/incomplete/<UTC time>/`` when the run resumes, or when
-    ``auto_resume`` starts it afresh because there is no complete one; one log line
-    says so. They never stay where a new save could mix its parts with theirs.
+    moved to ``checkpoints/incomplete/<UTC time>/`` when ``auto_resume`` starts the run
+    afresh because there is no complete one; one log line says so. They never stay
+    where a new save could mix its parts with theirs.
 
     Raises:
         ConfigError: a new run (without ``auto_resume``) in a directory that already
@@ -92,26 +95,29 @@ def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool 
                           "(a directory all ranks share: a volume or network file system)")
     run_dir = Path(settings.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     root = run_dir / "checkpoints"
-    if not resume and list_checkpoints(root):
+    settings = settings.with_run_dir(run_dir)
+    first_rank = not under_torchrun() or os.environ.get("RANK") == "0"
+    if resume:
+        if first_rank:
+            ident = upcoming_life(run_dir)
+            log.info("%s: run %s, learner life %d (recorded once every rank restored)", run_dir,
+                     ident.run_id, ident.life)
+        return settings
+    if list_checkpoints(root):
         _refuse_fresh_start(run_dir, auto_resume)
-    if (resume or auto_resume) and (not under_torchrun() or os.environ.get("RANK") == "0"):
+    if auto_resume and first_rank:
         # One rank moves them, before the ranks meet (nobody saves before that).
         moved, where = set_aside_incomplete(root)
         if moved:
             names = ", ".join(checkpoint_dir(root, c).name for c in moved)
-            what = "resuming from the newest complete checkpoint" if resume else \
-                "no complete checkpoint: starting the run afresh"
-            log.warning("%s: %s; %d incomplete checkpoint(s) (%s) moved to %s", run_dir, what,
-                        len(moved), names, where)
+            log.warning("%s: no complete checkpoint: starting the run afresh; %d incomplete "
+                        "checkpoint(s) (%s) moved to %s", run_dir, len(moved), names, where)
     run_dir.mkdir(parents=True, exist_ok=True)
-    settings = settings.with_run_dir(run_dir)
-    if not under_torchrun() or os.environ.get("RANK") == "0":
+    if first_rank:
         # Before the ranks meet: every learner reads it once they have (Learner.__init__).
-        ident = next_life(run_dir)
+        ident = upcoming_life(run_dir)
         log.info("%s: run %s, learner life %d", run_dir, ident.run_id, ident.life)
-        tmp = run_dir / ".config.json.tmp"
-        tmp.write_text(json.dumps(settings.to_dict(), indent=1))
-        tmp.replace(run_dir / "config.json")
+        write_life(run_dir, ident, settings.to_dict())
     return settings
 
 

@@ -37,7 +37,7 @@ from shardreplay.runtime.evaluate import evaluate
 from shardreplay.runtime.ingest import Ingestor
 from shardreplay.runtime.journal import IngestJournal, LossLog, read_old_journals
 from shardreplay.runtime.learner_report import MetricsWindow, RunCounts, metrics_row, stop_reason
-from shardreplay.runtime.learner_resume import restore, save_learner_state
+from shardreplay.runtime.learner_resume import commit_resume, restore, save_learner_state
 from shardreplay.runtime.learner_setup import (
     actor_settings_of_shard,
     log_foreign_backlog,
@@ -56,7 +56,7 @@ from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.processes import ActorPool
 from shardreplay.runtime.qnet import QNetwork
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
-from shardreplay.runtime.run_identity import RunIdentity, read_identity
+from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stored_ids import StoredIds
 from shardreplay.transport.base import Transport
@@ -106,17 +106,19 @@ class Learner:
         self._stored = StoredIds()  # restored: chunks already in the checkpoint
         self._restored: dict[str, int] | None = None  # this shard's restore, for every save
         restored = "none"
+        # A resumed life is recorded (run.json, config.json) only once every rank restored;
+        # until then every rank takes the life that comes next from the files as they are.
+        self.identity = (upcoming_life if resume else read_identity)(self.run_dir) or RunIdentity("", 0)
         if resume:
             restored = self._resume()
+            if self.rank == 0:
+                commit_resume(self.run_dir, self.identity, settings.to_dict())
         # Before this life opens its journal: the chunks earlier lives acknowledged that
         # the checkpoint lacks (rank 0 also takes the shards that no longer exist).
         self._old_journals = read_old_journals(
             self.run_dir / "ingest", lambda k: k == self.rank or (self.rank == 0 and k >= self.world),
             self._stored, restored)
         self.losses = LossLog(self.run_dir, self.rank)
-        # prepare_run_dir wrote it before the ranks met (a run dir of an older version
-        # has none: its channels keep their unnamed names).
-        self.identity = read_identity(self.run_dir) or RunIdentity("", 0)
         self.foreign = log_foreign_backlog(settings.transport.url, self.rank, self.identity.run_id)
         self.transport = transport or shard_transport(
             settings.transport.url, self.spec, self.rank, run_id=self.identity.run_id,

@@ -17,6 +17,7 @@ from shardreplay import checkpoint
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError
 from shardreplay.runtime.dqn import DoubleDqn
+from shardreplay.runtime.run_identity import RunIdentity, write_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stored_ids import StoredIds, merge_stored
 
@@ -104,6 +105,25 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank
                 steps, report.saved_steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps,
                 resumed.counters)
     return resumed
+
+
+def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any]) -> None:
+    """Record a resumed life once every rank restored (rank 0): set incomplete checkpoints
+    aside (out of the way of the ids this life saves), then write ``run.json`` and
+    ``config.json``. Before this point a refused resume has changed nothing on disk.
+
+    Raises:
+        CheckpointError: incomplete checkpoints could not be moved aside.
+        OSError: a file could not be written.
+    """
+    root = run_dir / "checkpoints"
+    moved, where = checkpoint.set_aside_incomplete(root)
+    if moved:
+        names = ", ".join(checkpoint.checkpoint_dir(root, c).name for c in moved)
+        log.warning("%s: resumed from the newest complete checkpoint; %d incomplete checkpoint(s) (%s) "
+                    "moved to %s", run_dir, len(moved), names, where)
+    write_life(run_dir, ident, config)
+    log.info("%s: run %s, learner life %d recorded", run_dir, ident.run_id, ident.life)
 
 
 def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettings:

@@ -20,8 +20,9 @@ import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RUN_FILE", "RunIdentity", "next_life", "read_identity"]
+__all__ = ["RUN_FILE", "RunIdentity", "read_identity", "upcoming_life", "write_life"]
 
 RUN_FILE = "run.json"
 
@@ -44,24 +45,31 @@ def read_identity(run_dir: Path) -> RunIdentity | None:
         return None
 
 
-def next_life(run_dir: Path) -> RunIdentity:
-    """Start a learner life in ``run_dir``: keep its run id (or make one) and count the
-    life; writes ``run.json`` atomically. Call it once per start, on one rank.
-
-    Raises:
-        OSError: ``run.json`` could not be written.
-    """
+def upcoming_life(run_dir: Path) -> RunIdentity:
+    """The identity the next start of ``run_dir`` takes: its run id (or a new one) and
+    the life after the last one written. Reads only: :func:`write_life` records it."""
     old = read_identity(run_dir)
     if old is not None:
-        ident = RunIdentity(old.run_id, old.life + 1)
-    elif (Path(run_dir) / "config.json").exists() and not (Path(run_dir) / RUN_FILE).exists():
+        return RunIdentity(old.run_id, old.life + 1)
+    if (Path(run_dir) / "config.json").exists() and not (Path(run_dir) / RUN_FILE).exists():
         # Started before run ids: its actors wrote to the unnamed channels, and its
         # policies were plain update counts (life 0). Keep those channels (this life
         # reads what they left) and count this start as life 1 (its versions are newer).
-        ident = RunIdentity("", 1)
-    else:
-        ident = RunIdentity(secrets.token_hex(6), 0)
-    tmp = Path(run_dir) / f".{RUN_FILE}.tmp"
-    tmp.write_text(json.dumps({"run_id": ident.run_id, "life": ident.life}))
-    tmp.replace(Path(run_dir) / RUN_FILE)
-    return ident
+        return RunIdentity("", 1)
+    return RunIdentity(secrets.token_hex(6), 0)
+
+
+def write_life(run_dir: Path, ident: RunIdentity, config: dict[str, Any]) -> None:
+    """Record a learner life: ``run.json`` (``ident``) and ``config.json`` (``config``, the
+    settings in effect, so a later ``--resume`` continues with them), each atomically.
+    A resumed run calls it only once every rank restored, so a refused resume leaves
+    the run directory as it was. Call it on one rank.
+
+    Raises:
+        OSError: a file could not be written.
+    """
+    for name, content in ((RUN_FILE, {"run_id": ident.run_id, "life": ident.life}),
+                          ("config.json", config)):
+        tmp = Path(run_dir) / f".{name}.tmp"
+        tmp.write_text(json.dumps(content, indent=1))
+        tmp.replace(Path(run_dir) / name)
