@@ -21,7 +21,8 @@ from runtime_helpers import CARTPOLE_SPEC, children, publish_cartpole_policy, wa
 
 from shardreplay.runtime import actor as actor_module
 from shardreplay.runtime.actor import ActorSettings, StopFlag, run
-from shardreplay.runtime.routing import shard_for_actor, shard_transport
+from shardreplay.runtime.routing import shard_transport
+from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.spec import StepType
 from shardreplay.transport.codec import Chunk, encode
 
@@ -81,7 +82,7 @@ def test_chunks_have_shape_ids_sequences_and_version(tmp_path: Path, kind: str, 
     s = _settings(tmp_path, url, max_env_steps=3 * 23)  # 23 vector steps: 4 chunks of 5, one of 3
     counters = run(s, stop=StopFlag())
     assert counters == {"env_steps": 69, "chunks": 5, "send_retries": 0, "policy_updates": 0}
-    shard = shard_for_actor(1, 2)
+    shard = StreamLayout(2, 4, 2).home_shard(1)
     transport = shard_transport(url, CARTPOLE_SPEC, shard)
     if kind == "file":
         assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == [f"shard-{shard}"]
@@ -103,6 +104,33 @@ def test_chunks_have_shape_ids_sequences_and_version(tmp_path: Path, kind: str, 
     _check_stream_continuity(chunks)
 
 
+def test_an_actor_with_streams_on_several_shards_sends_each_its_own_chunks(tmp_path: Path) -> None:
+    """Fewer actors than shards (2 actors x 3 envs over 4 shards): actor 1's envs 0, 1, 2
+    belong to shards 2, 2, 3. Each shard's channel gets chunks of exactly its streams,
+    with consecutive sequences of its own, never shared with the other shard's."""
+    url = f"file://{tmp_path}/spool"
+    publish_cartpole_policy(f"file://{tmp_path}/policy", 3)
+    s = _settings(tmp_path, url, num_actors=2, num_shards=4, max_env_steps=3 * 23)
+    assert StreamLayout(2, 3, 4).shards(1).tolist() == [2, 2, 3]
+    counters = run(s, stop=StopFlag())
+    assert counters["env_steps"] == 69 and counters["chunks"] == 10  # 5 per shard
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == ["shard-2", "shard-3"]
+    got = {}
+    for shard, streams in ((2, [0, 1]), (3, [2])):
+        reader = shard_transport(url, CARTPOLE_SPEC, shard).reader()
+        try:
+            chunks = _drain(reader, lambda c: len(c) >= 5, 20)
+        finally:
+            reader.close()
+        assert all(c.stream_ids.tolist() == streams and c.steps["obs"].shape[0] == len(streams)
+                   for c in chunks)
+        seqs = [c.sequence for c in chunks]
+        assert seqs == list(range(seqs[0], seqs[0] + 5))
+        _check_stream_continuity(chunks)
+        got[shard] = set(seqs)
+    assert not got[2] & got[3]
+
+
 def test_new_policy_versions_are_picked_up_and_loaded_once(tmp_path: Path, monkeypatch) -> None:
     subscribers: list[Any] = []
     real_open = actor_module.open_subscriber
@@ -120,7 +148,7 @@ def test_new_policy_versions_are_picked_up_and_loaded_once(tmp_path: Path, monke
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(run(s, stop=stop)), daemon=True)
     thread.start()
-    reader = shard_transport(url, CARTPOLE_SPEC, shard_for_actor(1, 2)).reader()
+    reader = shard_transport(url, CARTPOLE_SPEC, StreamLayout(2, 4, 2).home_shard(1)).reader()
     try:
         chunks = _drain(reader, lambda got: len(got) >= 3, 60)
         publish_cartpole_policy(policy, 4, publisher=publisher)
@@ -284,7 +312,7 @@ def test_delivery_log_lists_exactly_the_chunks_the_transport_accepted(tmp_path: 
     lines = _delivery_lines(log_path)
     assert len(lines) == counters["chunks"] >= 1
     assert counters["send_retries"] >= 1, counters  # the queue was full: some chunks waited or were refused
-    reader = shard_transport(url, CARTPOLE_SPEC, shard_for_actor(1, 2)).reader()
+    reader = shard_transport(url, CARTPOLE_SPEC, StreamLayout(2, 4, 2).home_shard(1)).reader()
     try:
         chunks = _drain(reader, lambda got: len(got) >= len(lines), 20)
         assert reader.receive(64, timeout_s=0.2) == []

@@ -15,50 +15,14 @@ from pathlib import Path
 import pytest
 from runtime_helpers import CARTPOLE_SPEC, make_chunk
 
-from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor import ActorSettings
-from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_for_actor, shard_transport
+from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.transport.codec import encode
 from shardreplay.transport.local import LocalTransport
 from shardreplay.transport.redis import RedisTransport
 from shardreplay.transport.spool import SpoolTransport
-
-
-@pytest.mark.parametrize("num_shards", [1, 2, 3, 5])
-def test_each_actor_feeds_one_shard_deterministically(num_shards: int) -> None:
-    shards = [shard_for_actor(a, num_shards) for a in range(40)]
-    assert shards == [a % num_shards for a in range(40)]
-    assert shards == [shard_for_actor(a, num_shards) for a in range(40)]  # no hidden state
-    per_shard = [shards.count(k) for k in range(num_shards)]
-    assert max(per_shard) - min(per_shard) <= 1  # balanced
-
-
-def test_resume_on_fewer_shards_recomputes_the_owner() -> None:
-    # A run of 5 actors on 3 learners, resumed on 2: each actor's shard follows the new count.
-    before = {a: shard_for_actor(a, 3) for a in range(5)}
-    after = {a: shard_for_actor(a, 2) for a in range(5)}
-    assert before == {0: 0, 1: 1, 2: 2, 3: 0, 4: 1}
-    assert after == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0}
-    # The learners' view (TrainSettings) agrees with the actors' (shard_for_actor): each
-    # shard is sized for exactly the actors routed to it, and their streams get distinct rows.
-    for learners in (3, 2):
-        s = TrainSettings.from_dict(dict(learners=learners, actors=3, remote_actors=2, envs_per_actor=4,
-                                         transport="file:///tmp/unused"))
-        for shard in range(learners):
-            mine = [a for a in range(5) if shard_for_actor(a, learners) == shard]
-            assert s.actors_of_shard(shard) == len(mine)
-            rows = [s.row_of(a, stream) for a in mine for stream in range(s.actors.envs_per_actor)]
-            assert sorted(rows) == list(range(s.streams_of_shard(shard)))
-
-
-def test_bad_routing_input_is_a_config_error() -> None:
-    with pytest.raises(ConfigError):
-        shard_for_actor(-1, 2)
-    with pytest.raises(ConfigError):
-        shard_for_actor(0, 0)
-    with pytest.raises(ConfigError):
-        scheme_of("ftp://host/dir")
 
 
 @pytest.mark.parametrize("url, scheme", [("local", "local"), ("", "local"), ("local://", "local"),
@@ -133,7 +97,7 @@ def test_actor_and_learner_open_the_same_channel(tmp_path: Path, num_actors: int
     for a, rank in itertools.product(range(num_actors), range(num_shards)):
         actor = ActorSettings(actor_id=a, num_actors=num_actors, num_shards=num_shards, transport=url,
                               policy_url=url)
-        shard = shard_for_actor(actor.actor_id, actor.num_shards)
+        shard = StreamLayout(num_actors, 4, num_shards).home_shard(actor.actor_id)
         mine = shard_transport(url, CARTPOLE_SPEC, shard)
         theirs = shard_transport(url, CARTPOLE_SPEC, rank, queued_chunks_per_actor=2,
                                  actors=learner.actors_of_shard(rank))

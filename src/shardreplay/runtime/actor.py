@@ -2,7 +2,8 @@
 
 Each of its streams (one per env) explores with its own Ape-X epsilon. Steps go into
 chunks of ``chunk_steps`` steps, sent to the transport of the learner shard that owns
-this actor (:func:`shardreplay.runtime.routing.shard_for_actor`). New weights are
+each stream (:mod:`shardreplay.runtime.stream_layout`: one shard, or with fewer actors
+than shards, one chunk per shard its streams feed). New weights are
 picked up with a cheap version check. A transport failure is retried with a back-off
 (the same chunk, so a duplicate is dropped by the learner); SIGTERM / SIGINT stop the
 actor after the current step, sending what it holds.
@@ -16,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,8 @@ from shardreplay.runtime.chunker import Chunker
 from shardreplay.runtime.envs import env_spaces, make_vector_env, transition_spec
 from shardreplay.runtime.gym_steps import GymStepConverter
 from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
-from shardreplay.runtime.routing import scheme_of, shard_for_actor, shard_transport
+from shardreplay.runtime.routing import scheme_of, shard_transport
+from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
@@ -67,7 +70,7 @@ class StopFlag:
             signal.signal(sig, self.set)
 
 
-def run(settings: ActorSettings, transport: Transport | None = None,
+def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport | None = None,
         stop: StopFlag | None = None) -> dict[str, int]:
     """Run one actor until stopped or ``max_env_steps``; returns counters.
 
@@ -78,8 +81,9 @@ def run(settings: ActorSettings, transport: Transport | None = None,
 
     Args:
         settings: what to run (see :func:`resolve`).
-        transport: the shard's transport when already open (``local`` rings are made
-            by the parent and passed in); None opens it from the run's transport URL.
+        transport: the shards' transports when already open (``local`` rings are made
+            by the parent and passed in), by shard; a single one serves shard 0 (a run
+            of one learner); None opens them from the run's transport URL.
         stop: a stop flag (None: a new one, wired to SIGTERM / SIGINT).
 
     Raises:
@@ -89,6 +93,7 @@ def run(settings: ActorSettings, transport: Transport | None = None,
     if stop is None:
         stop = StopFlag()
         stop.install()
+    given = {0: transport} if isinstance(transport, Transport) else transport
     torch.set_num_threads(1)
     counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
     subscriber = open_subscriber(settings.policy_url, check_interval_s=settings.policy_check_interval_s)
@@ -100,7 +105,7 @@ def run(settings: ActorSettings, transport: Transport | None = None,
         while first is not None:
             info = RunInfo.of(first)
             served = resolve(settings, info)
-            first = _serve(served, info, first, transport, subscriber, stop, counters)
+            first = _serve(served, info, first, given, subscriber, stop, counters)
             if first is not None and FINISHED in first.weights:
                 first = _first_policy(subscriber, settings, stop)
     finally:
@@ -109,8 +114,8 @@ def run(settings: ActorSettings, transport: Transport | None = None,
     return counters
 
 
-def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Transport | None, subscriber: Any,
-           stop: StopFlag, counters: dict[str, int]) -> Any:
+def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[int, Transport] | None,
+           subscriber: Any, stop: StopFlag, counters: dict[str, int]) -> Any:
     """Act for the run of ``first`` until stopped or it ends; returns the first policy of
     the next run when another run took over the policy URL, else None."""
     env_id, envs = s.env_id, s.envs_per_actor
@@ -118,26 +123,32 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Transport 
         raise ShardReplayError(f"actor {s.actor_id}: settings not resolved before serving (a bug)")
     obs_size, num_actions = env_spaces(env_id)
     spec = transition_spec(obs_size)
-    shard = shard_for_actor(s.actor_id, s.num_shards)
+    layout = StreamLayout(s.num_actors, envs, s.num_shards)
+    groups = layout.groups(s.actor_id)
     if given is None and scheme_of(s.transport) == "local":
         raise ConfigError(f"the run at {s.policy_url} uses the local transport, which only its learners' "
                           "own actors reach: train with --transport file:///shared/dir or redis://...")
-    transport = given or shard_transport(
-        s.transport, spec, shard, run_id=info.run_id if info is not None else "",
-        queued_chunks_per_actor=s.queued_chunks_per_actor,
-        actors=len(range(shard, s.num_actors, s.num_shards)))
+    if given is not None and not set(groups) <= set(given):
+        raise ConfigError(f"actor {s.actor_id} feeds shards {sorted(groups)} but reaches only the local "
+                          f"rings of {sorted(given)}: with fewer actors than learners use a file:// or "
+                          "redis:// transport, or --actors >= --learners")
+    run_id = info.run_id if info is not None else ""
+    transports = {k: given[k] if given is not None else shard_transport(
+        s.transport, spec, k, run_id=run_id, queued_chunks_per_actor=s.queued_chunks_per_actor,
+        actors=layout.actors_of_shard(k)) for k in groups}
     if info is not None:
-        log.info("actor %d: serving run %s (life %d) on %s, shard %d", s.actor_id, info.run_id, info.life,
-                 s.transport, shard)
+        log.info("actor %d: serving run %s (life %d) on %s, shard(s) %s", s.actor_id, info.run_id, info.life,
+                 s.transport, ", ".join(str(k) for k in groups))
     env, obs = make_vector_env(env_id, envs, s.seed)
     try:
-        return _loop(s, info, first, env, obs, num_actions, transport, subscriber, stop, counters)
+        return _loop(s, info, first, env, obs, num_actions, transports, groups, subscriber, stop, counters)
     finally:
         env.close()
 
 
 def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, num_actions: int,
-          transport: Transport, subscriber: Any, stop: StopFlag, counters: dict[str, int]) -> Any:
+          transports: dict[int, Transport], groups: dict[int, np.ndarray], subscriber: Any, stop: StopFlag,
+          counters: dict[str, int]) -> Any:
     feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
     net = QNetwork(obs.shape[1], num_actions, _hidden_of(first.weights, obs.shape[1], num_actions, s))
     version = _load(net, first)
@@ -148,10 +159,18 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, n
     played = 0
     converter = GymStepConverter.from_env(env)
     converter.reset(obs)
-    chunker = Chunker(s.actor_id, np.arange(s.envs_per_actor), s.chunk_steps,
-                      first_sequence=time.time_ns() // 1000)
+    clock = time.time_ns() // 1000
+    chunkers = {k: Chunker(s.actor_id, streams, s.chunk_steps, select=len(groups) > 1,
+                           first_sequence=(k << SHARD_SEQUENCE_SHIFT) + clock)
+                for k, streams in groups.items()}
     delivered = _DeliveryLog(s.delivery_log)
-    writer = transport.writer()
+    writers = {k: t.writer() for k, t in transports.items()}
+
+    def send(k: int, chunk: Chunk | None) -> None:
+        if chunk is not None:
+            writers[k] = _send(chunk, writers[k], transports[k], stop, counters, s.send_timeout_s, feed,
+                               delivered)
+
     try:
         while not stop.is_set() and (s.max_env_steps is None or counters["env_steps"] < s.max_env_steps):
             update = feed.take()
@@ -179,15 +198,13 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, n
             counters["env_steps"] += s.envs_per_actor
             played += s.envs_per_actor
             for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info_):
-                chunk = chunker.add(step, version)
-                if chunk is not None:
-                    writer = _send(chunk, writer, transport, stop, counters, s.send_timeout_s, feed,
-                                   delivered)
-        last = chunker.flush()
-        if last is not None:
-            writer = _send(last, writer, transport, stop, counters, s.send_timeout_s, feed, delivered)
+                for k, chunker in chunkers.items():
+                    send(k, chunker.add(step, version))
+        for k, chunker in chunkers.items():
+            send(k, chunker.flush())
     finally:
-        writer.close()
+        for writer in writers.values():
+            writer.close()
         delivered.close()
     return feed.next_run
 

@@ -19,12 +19,16 @@ class Chunker:
         chunk_steps: ``T``.
         first_sequence: sequence number of the first chunk; it must exceed any number
             this actor id used before (a restarted actor starts from a clock reading).
+        select: the steps added hold every env of the actor: keep only rows
+            ``stream_ids`` of them (an actor whose streams feed several shards has one
+            chunker per shard). False: the steps hold exactly these streams.
     """
 
     def __init__(self, actor_id: int, stream_ids: np.ndarray, chunk_steps: int,
-                 first_sequence: int = 0) -> None:
+                 first_sequence: int = 0, *, select: bool = False) -> None:
         self.actor_id = actor_id
         self.stream_ids = np.asarray(stream_ids, np.int64)
+        self._select = select
         self.chunk_steps = chunk_steps
         self.sequence = first_sequence
         self._steps: list[dict[str, np.ndarray]] = []
@@ -35,7 +39,8 @@ class Chunker:
 
     def add(self, step: dict[str, Any], policy_version: int) -> Chunk | None:
         """Add one step of every stream; returns a full chunk when ``T`` steps are in."""
-        self._steps.append({k: np.asarray(v) for k, v in flatten(step).items()})
+        self._steps.append({k: np.asarray(v)[self.stream_ids] if self._select else np.asarray(v)
+                            for k, v in flatten(step).items()})
         self._min_version = policy_version if self._min_version is None else \
             min(self._min_version, policy_version)
         return self.flush() if len(self._steps) >= self.chunk_steps else None

@@ -40,7 +40,6 @@ from shardreplay.errors import ShardReplayError
 from shardreplay.kernels.returns import track_returns
 from shardreplay.policy.broadcast import split_version
 from shardreplay.runtime.journal import IngestJournal, LossLog, OldJournals
-from shardreplay.runtime.routing import shard_for_actor
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stored_ids import StoredIds, merge_stored
 from shardreplay.spec import StepType
@@ -69,9 +68,9 @@ class IngestStats:
 class Ingestor:
     """Moves chunks from a reader into the local shard, acknowledging them after.
 
-    Rows: an actor's stream ``s`` goes to row ``settings.row_of(actor_id, s)``. Chunks
-    of an actor routed to another shard, with more streams than ``envs_per_actor``, or
-    whose rows fall outside the shard are rejected and counted, never half-written (they
+    Rows: an actor's streams go to the rows ``settings.streams.rows(actor_id, streams)``.
+    Chunks with streams routed to another shard, with streams beyond ``envs_per_actor``,
+    or whose rows fall outside the shard are rejected and counted, never half-written (they
     would land in another actor's rows and interleave its episodes).
     Chunks whose ``(actor_id, sequence)`` is in ``stored`` are dropped as duplicates
     (see the module docstring). A chunk that does not follow the last one this life
@@ -184,9 +183,9 @@ class Ingestor:
                     "actor %d chunk %d dropped: this shard stored it already (delivered again after a "
                     "restart)", chunk.actor_id, chunk.sequence)
             return 0
-        rows = np.array([self.settings.row_of(chunk.actor_id, int(s)) for s in chunk.stream_ids])
         try:
             self._check_owner(chunk)
+            rows = self.settings.streams.rows(chunk.actor_id, chunk.stream_ids)
             if rows.max() >= self.buffer.num_streams:
                 raise ShardReplayError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
                                        f"beyond this shard's {self.buffer.num_streams}")
@@ -240,14 +239,15 @@ class Ingestor:
 
     def _check_owner(self, chunk: Chunk) -> None:
         s = self.settings
-        owner = shard_for_actor(chunk.actor_id, s.learners.count)
-        if owner != self.shard:
-            shards = s.learners.count
-            raise ShardReplayError(f"actor {chunk.actor_id} belongs to shard {owner} of {shards}, not to "
-                                   f"shard {self.shard}: start it with --num-shards {shards}")
-        if int(chunk.stream_ids.max()) >= s.actors.envs_per_actor:
+        if int(chunk.stream_ids.min()) < 0 or int(chunk.stream_ids.max()) >= s.actors.envs_per_actor:
             raise ShardReplayError(f"actor {chunk.actor_id} sent streams {chunk.stream_ids.tolist()}; the "
                                    f"learners take {s.actors.envs_per_actor} per actor (--envs-per-actor)")
+        owners = s.streams.shards(chunk.actor_id)[chunk.stream_ids]
+        if (owners != self.shard).any():
+            shards = s.learners.count
+            raise ShardReplayError(f"actor {chunk.actor_id} streams {chunk.stream_ids.tolist()} belong to "
+                                   f"shards {owners.tolist()} of {shards}, not to shard {self.shard}: start "
+                                   f"it with --num-shards {shards}")
 
     def _level(self, actor_id: int, what: str) -> int:
         """WARNING the first time per actor and kind, then DEBUG (a misconfigured actor

@@ -183,7 +183,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any, resume: bool,
+def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any] | None, resume: bool,
                   out: Any, launcher_pid: int) -> None:
     die_with_parent(launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
@@ -201,7 +201,7 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, transport: Any,
     try:
         from shardreplay.runtime.learner import Learner
 
-        summary = Learner(settings, transport, resume).run()
+        summary = Learner(settings, rings[rank] if rings else None, resume, rings=rings).run()
         out.put((rank, "ok", summary))
     except BaseException as exc:
         code = 1
@@ -248,7 +248,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
     transports = [local_transport(settings, spec, r) if local else None
                   for r in range(settings.learners.count)]
     procs = [ctx.Process(target=_learner_main, name=f"learner-{r}", daemon=False,
-                         args=(r, settings, port, transports[r], resume, out, os.getpid()))
+                         args=(r, settings, port, transports if local else None, resume, out,
+                               os.getpid()))
              for r in range(settings.learners.count)]
     stopping = {"asked": False}
     # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from shardreplay.runtime.learner_report import MetricsWindow, RunCounts, metrics
 from shardreplay.runtime.learner_resume import commit_resume, restore, save_learner_state
 from shardreplay.runtime.learner_setup import (
     actor_settings_of_shard,
+    check_rings_reach,
     log_foreign_backlog,
     make_shard_buffer,
     warn_if_taking_over,
@@ -72,11 +74,13 @@ class Learner:
         settings: the run's settings (``run_dir`` and ``policy_url`` resolved).
         transport: this shard's transport object (``local`` rings made by the launcher)
             or None to open it from the URL.
+        rings: every shard's ``local`` ring (made by the launcher), for the actors this
+            rank starts (one may feed several shards); None: only this rank's.
         resume: restore the newest complete checkpoint of ``run_dir`` first.
     """
 
     def __init__(self, settings: TrainSettings, transport: Transport | None = None,
-                 resume: bool = False) -> None:
+                 resume: bool = False, *, rings: Sequence[Transport] | None = None) -> None:
         self.s = settings
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.run_dir = Path(settings.run.run_dir)
@@ -140,7 +144,10 @@ class Learner:
         # object (under torchrun nobody passed one in); other media are opened by URL.
         local = scheme_of(settings.transport.url) == "local"
         actors = actor_settings_of_shard(settings, self.rank, self.world, self.counters["env_steps"])
-        self.actors = ActorPool(actors, self.transport if local else None, settings.actors.max_restarts)
+        reach = dict(enumerate(rings)) if rings is not None else {self.rank: self.transport}
+        if local:
+            check_rings_reach(settings, actors, reach)
+        self.actors = ActorPool(actors, reach if local else None, settings.actors.max_restarts)
 
     @property
     def policy_version(self) -> int:

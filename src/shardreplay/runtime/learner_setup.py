@@ -5,15 +5,17 @@ of the actors that feed it, and the warnings about other runs on the same media.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import ShardReplayError
+from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.policy import open_subscriber
 from shardreplay.runtime.actor import FINISHED, ActorSettings, actor_seed
 from shardreplay.runtime.learner_sync import agreed_settings
-from shardreplay.runtime.routing import foreign_backlog, scheme_of, shard_for_actor
+from shardreplay.runtime.routing import foreign_backlog, scheme_of
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.samplers.schedules import LinearSchedule
 from shardreplay.spec import Spec
@@ -44,13 +46,30 @@ def actor_settings_of_shard(settings: TrainSettings, rank: int, world: int,
     """The settings of the actors that send to shard ``rank`` (seeded from ``env_steps``,
     so a resumed run's actors do not repeat the episodes of the first life)."""
     s = settings
-    mine = [a for a in range(s.actors.count) if shard_for_actor(a, world) == rank]
+    mine = [a for a in range(s.actors.count) if s.streams.home_shard(a) == rank]
     agreed = agreed_settings(s, world)
     return [ActorSettings(actor_id=a, transport=s.transport.url, policy_url=s.transport.policy_url,
                           hidden=s.learners.hidden, seed=actor_seed(s.run.seed, a, env_steps), **agreed,
                           delivery_log=(str(Path(s.actors.delivery_log_dir) / f"actor-{a}.jsonl")
                                         if s.actors.delivery_log_dir else None))
             for a in mine]
+
+
+def check_rings_reach(settings: TrainSettings, actors: list[ActorSettings], rings: Mapping[int, Any]) -> None:
+    """The ``local`` rings this rank can hand its actors cover every shard they feed.
+
+    Raises:
+        ConfigError: an actor feeds a shard whose ring is in another process tree (fewer
+            actors than learners under torchrun with the local transport).
+    """
+    for a in actors:
+        feeds = set(settings.streams.groups(a.actor_id))
+        missing = feeds - set(rings)
+        if missing:
+            raise ConfigError(f"actor {a.actor_id} feeds shards {sorted(feeds)}, "
+                              f"but the local rings of shards {sorted(missing)} live in other processes: "
+                              "with fewer actors than learners under torchrun use --transport file:///dir "
+                              "or redis://..., or --actors >= --learners")
 
 
 def log_foreign_backlog(url: str, rank: int, run_id: str) -> dict[str, int]:

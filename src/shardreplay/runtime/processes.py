@@ -24,7 +24,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from shardreplay.runtime.actor import ActorSettings
@@ -100,7 +100,7 @@ def reap_processes(procs: list[Any], grace_s: float, timeout_s: float = 5.0) -> 
     stop_processes([p for p in procs if p.is_alive()], timeout_s)
 
 
-def _actor_main(settings: ActorSettings, transport: Transport | None, parent_pid: int) -> None:
+def _actor_main(settings: ActorSettings, transports: Mapping[int, Transport] | None, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     configure_logging(logging.WARNING, "%(asctime)s actor %(message)s")
     from shardreplay.runtime.actor import StopFlag, run
@@ -119,7 +119,7 @@ def _actor_main(settings: ActorSettings, transport: Transport | None, parent_pid
         stop.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)  # SIGINT stays blocked: the learner stops its actors
-    run(settings, transport, stop)
+    run(settings, transports, stop)
 
 
 class ActorPool:
@@ -127,15 +127,16 @@ class ActorPool:
 
     Args:
         settings: one ActorSettings per actor of this shard.
-        transport: the shard's transport object to hand to children (``local`` rings),
-            or None for each actor to open its own.
+        transports: the shards' transport objects to hand to children (``local``
+            rings, by shard: an actor may feed several), or None for each actor to open
+            its own.
         max_restarts: restarts allowed per actor.
     """
 
-    def __init__(self, settings: list[ActorSettings], transport: Transport | None,
+    def __init__(self, settings: list[ActorSettings], transports: Mapping[int, Transport] | None,
                  max_restarts: int) -> None:
         self._settings = {s.actor_id: s for s in settings}
-        self._transport = transport
+        self._transports = transports
         self._max_restarts = max_restarts
         self._procs: dict[int, Any] = {}
         self.restarts: dict[int, int] = dict.fromkeys(self._settings, 0)
@@ -153,7 +154,7 @@ class ActorPool:
             # A restarted actor must not replay the episodes its first life played.
             settings = dataclasses.replace(settings, seed=settings.seed + 1_000_003 * self.restarts[actor_id])
         p = self._ctx.Process(target=_actor_main, name=f"actor-{actor_id}", daemon=False,
-                              args=(settings, self._transport, os.getpid()))
+                              args=(settings, self._transports, os.getpid()))
         with children_block_sigint():
             p.start()
         self._procs[actor_id] = p

@@ -1,7 +1,8 @@
-"""Which learner shard an actor's streams belong to, and that shard's transport.
+"""Each learner shard's transport.
 
-An actor's streams all go to one shard, ``actor_id % num_shards``: deterministic, and
-recomputed from the new count when a run resumes with another number of learners.
+Which shard an actor's streams go to is :mod:`shardreplay.runtime.stream_layout`'s
+(deterministic, recomputed from the new count when a run resumes with another number
+of learners; an actor may feed several shards when there are fewer actors than shards).
 Each shard has its own channel on the medium, named after the run
 (:mod:`shardreplay.runtime.run_identity`): ``file:///dir`` -> ``dir/<run_id>/shard-<k>``,
 ``redis://...`` -> stream ``shardreplay:<run_id>:chunks:<k>``, ``local`` -> its own ring.
@@ -24,17 +25,6 @@ from shardreplay.errors import ConfigError
 from shardreplay.spec import Spec
 from shardreplay.transport import Chunk, encode, open_transport
 from shardreplay.transport.base import Transport
-
-
-def shard_for_actor(actor_id: int, num_shards: int) -> int:
-    """The learner shard that owns actor ``actor_id``'s streams.
-
-    Raises:
-        ConfigError: a negative actor id or fewer than one shard.
-    """
-    if actor_id < 0 or num_shards < 1:
-        raise ConfigError(f"need actor_id >= 0 and num_shards >= 1, got {actor_id}, {num_shards}")
-    return actor_id % num_shards
 
 
 def scheme_of(url: str) -> str:

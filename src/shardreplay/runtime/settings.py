@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from shardreplay.errors import ConfigError
+from shardreplay.runtime.stream_layout import StreamLayout
 
 
 def _flag(default: Any, flat: str) -> Any:
@@ -295,6 +296,7 @@ class TrainSettings:
         if self.actors.remote and self.transport.url in ("", "local", "local://"):
             raise ConfigError("remote_actors need a transport they can reach: "
                               "--transport file:///shared/dir or redis://host:port/db")
+        self.streams  # noqa: B018  (raises ConfigError when a shard would get no stream)
 
     @property
     def window(self) -> int:
@@ -306,18 +308,18 @@ class TrainSettings:
         """Actors of the run: started here plus remote ones."""
         return self.actors.count + self.actors.remote
 
+    @property
+    def streams(self) -> StreamLayout:
+        """Which shard and row each actor stream feeds (:mod:`shardreplay.runtime.stream_layout`)."""
+        return StreamLayout(self.total_actors, self.actors.envs_per_actor, self.learners.count)
+
     def streams_of_shard(self, shard: int) -> int:
-        """Streams (rows) learner ``shard`` holds: its actors' environments (at least 1)."""
-        actors = len(range(shard, max(self.total_actors, 1), self.learners.count))
-        return max(actors, 1) * self.actors.envs_per_actor
+        """Streams (rows) learner ``shard`` holds (at least one actor's worth)."""
+        return self.streams.streams_of_shard(shard)
 
     def actors_of_shard(self, shard: int) -> int:
-        """Actors (local and remote) whose streams go to learner ``shard``."""
-        return len(range(shard, self.total_actors, self.learners.count))
-
-    def row_of(self, actor_id: int, stream: int) -> int:
-        """The row of an actor's stream in its shard."""
-        return (actor_id // self.learners.count) * self.actors.envs_per_actor + stream
+        """Actors (local and remote) with streams in learner ``shard``."""
+        return self.streams.actors_of_shard(shard)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON/YAML-ready settings, grouped (``{"replay": {"capacity": ...}, ...}``)."""

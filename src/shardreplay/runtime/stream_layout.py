@@ -1,0 +1,108 @@
+"""Which learner shard, and which row of it, each actor stream feeds.
+
+A run has ``A`` actors (local and remote) of ``E`` environments each: ``S = A * E``
+streams, spread over ``K`` learner shards so that every shard is fed:
+
+* ``A >= K``: whole actors, ``actor % K`` (an actor's streams stay together: one chunk
+  per send). Shard ``k`` holds the rows of actors ``k, k + K, ...`` in that order.
+* ``A < K``: the streams themselves, in contiguous balanced blocks: stream
+  ``g = actor * E + env`` goes to shard ``g * K // S``, so shards differ by at most one
+  row and an actor feeds as few shards as possible (its streams are consecutive).
+
+Fewer streams than shards would leave a shard without data for the whole run: refused.
+Everything is recomputed from ``(A, E, K)`` alone, so a run resumed on another number
+of learners routes by the new count, and the learners and the actors (which learn
+``A``, ``E`` and ``K`` from the published settings) always agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardreplay.errors import ConfigError
+
+# A chunk's sequence carries the shard it was made for above this bit, so the chunks an
+# actor sends to different shards never share an identity (a resumed run unions the
+# shards' records of stored chunks). Actors start their sequences at a clock reading in
+# microseconds (about 2**51 today), which stays below it for a century.
+SHARD_SEQUENCE_SHIFT = 52
+MAX_SHARDS = 2047  # shard << SHARD_SEQUENCE_SHIFT plus the clock stays a positive int64 (until ~2110)
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """The routing of ``num_actors x envs_per_actor`` streams over ``num_shards`` shards.
+
+    Raises:
+        ConfigError: fewer streams than shards (with at least one actor), no shard,
+            more than ``MAX_SHARDS``, or no environment per actor.
+    """
+
+    num_actors: int
+    envs_per_actor: int
+    num_shards: int
+
+    def __post_init__(self) -> None:
+        a, e, k = self.num_actors, self.envs_per_actor, self.num_shards
+        if not 1 <= k <= MAX_SHARDS or e < 1 or a < 0:
+            raise ConfigError(f"need 1..{MAX_SHARDS} learners, >= 1 env per actor and >= 0 actors; "
+                              f"got {k}, {e}, {a}")
+        if 0 < a * e < k:
+            raise ConfigError(f"--learners {k} needs at least {k} streams to feed every shard, but "
+                              f"actors x envs-per-actor = {a} x {e} = {a * e}: raise --actors or "
+                              f"--envs-per-actor, or use at most {a * e} learners")
+
+    @property
+    def whole_actors(self) -> bool:
+        """Each actor feeds one shard (``A >= K``)."""
+        return self.num_actors >= self.num_shards
+
+    @property
+    def num_streams(self) -> int:
+        """Streams of the run (``A * E``)."""
+        return self.num_actors * self.envs_per_actor
+
+    def _first(self, shard: int) -> int:
+        """Split mode: the first stream of ``shard`` (``ceil(shard * S / K)``)."""
+        return -(-shard * self.num_streams // self.num_shards)
+
+    def shards(self, actor_id: int) -> np.ndarray:
+        """The shard of each of ``actor_id``'s envs, ``[E]``."""
+        e, k = self.envs_per_actor, self.num_shards
+        if self.whole_actors:
+            return np.full(e, actor_id % k, np.int64)
+        g = actor_id * e + np.arange(e, dtype=np.int64)
+        return g * k // self.num_streams
+
+    def rows(self, actor_id: int, envs: np.ndarray) -> np.ndarray:
+        """The rows, in their shards, of ``actor_id``'s ``envs``."""
+        envs = np.asarray(envs, np.int64)
+        e, k = self.envs_per_actor, self.num_shards
+        if self.whole_actors:
+            return (actor_id // k) * e + envs
+        g = actor_id * e + envs
+        first = -(-(g * k // self.num_streams) * self.num_streams // k)
+        return g - first
+
+    def home_shard(self, actor_id: int) -> int:
+        """The shard whose learner starts ``actor_id`` (the shard of its first env)."""
+        return int(self.shards(actor_id)[0])
+
+    def streams_of_shard(self, shard: int) -> int:
+        """Rows of ``shard`` (``E`` when the run has no actors: a shard is never empty)."""
+        if self.num_actors == 0:
+            return self.envs_per_actor
+        if self.whole_actors:
+            return len(range(shard, self.num_actors, self.num_shards)) * self.envs_per_actor
+        return self._first(shard + 1) - self._first(shard)
+
+    def actors_of_shard(self, shard: int) -> int:
+        """Actors with at least one stream in ``shard``."""
+        return sum(shard in self.shards(a) for a in range(self.num_actors))
+
+    def groups(self, actor_id: int) -> dict[int, np.ndarray]:
+        """``{shard: envs}``: which of ``actor_id``'s envs each of its shards receives."""
+        shards = self.shards(actor_id)
+        return {int(k): np.flatnonzero(shards == k) for k in np.unique(shards)}
