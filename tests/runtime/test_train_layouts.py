@@ -1,0 +1,91 @@
+"""``shardreplay train`` over uneven layouts, saved and resumed on another number of learners.
+
+The matrix (learners x actors -> learners x actors): 2x4 -> 3x4, 3x2 -> 2x2, 1x3 -> 4x3,
+4x5 -> 3x2, with 4 envs per actor, so stream rows split unevenly over the shards (16
+streams over 3 learners: 8, 4, 4 rows; 8 streams over 3: 3, 3, 2, an actor feeding two
+shards). Each cell runs a short real run, then
+resumes it on the new count, and checks: every shard of both lives was fed (its part
+holds steps the shard ingested itself), and the resume restored every saved step
+(restored == saved, nothing dropped: the capacity is ample). Before the fix the 2x4 ->
+3 resume was refused ("6344 steps restored and 0 dropped, but the checkpoint holds
+6304"), and 3x2 left shard 2 empty.
+
+The 2x4 cell also tries a resume that must be refused (another environment: the spec
+differs) and checks that it left the run directory byte-identical (config.json,
+run.json and the learner life included), so the next ``--auto-resume`` goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from train_harness import FAST, TrainRun, manifest_counters, manifest_steps, newest_checkpoint
+
+from shardreplay.runtime.run_identity import read_identity
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+COMMON = [*FAST, "--hidden", "32", "32", "--envs-per-actor", "4", "--chunk-steps", "4"]
+STEPS = 1600  # per life: enough for every shard to take chunks, little training
+
+
+def _finish(args: list[str], log_dir: Path, timeout_s: float = 300) -> dict:
+    with TrainRun(args, log_dir) as run:
+        assert run.wait(timeout_s) == 0, run.explain()
+        assert run.leftovers() == [], run.explain()
+        return run.summary()
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    """Every file and directory under ``root`` with a digest of its bytes."""
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+            for p in sorted(root.rglob("*"))}
+
+
+def _every_shard_fed(manifest: dict, learners: int) -> None:
+    parts = sorted(manifest["parts"], key=lambda p: p["shard"])
+    assert len(parts) == learners
+    for p in parts:
+        restored = (p.get("restored") or {}).get("steps", 0)
+        assert p["steps"] > restored, f"shard {p['shard']} took no chunk: {p['steps']} steps, " \
+            f"{restored} of them restored"
+
+
+def _refused_resume_changes_nothing(run_dir: Path, log_dir: Path) -> None:
+    before = _tree_digest(run_dir)
+    life = read_identity(run_dir)
+    with TrainRun(["train", "--resume", str(run_dir), "--learners", "3", "--env-id", "Acrobot-v1", *COMMON],
+                  log_dir) as run:
+        assert run.wait(120) != 0, run.explain()
+        assert run.leftovers() == [], run.explain()
+        assert "saved with spec" in run.stderr(), run.explain()
+    assert _tree_digest(run_dir) == before
+    assert read_identity(run_dir) == life
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("learners", "actors", "resumed", "resumed_actors"),
+                         [(2, 4, 3, 4), (3, 2, 2, 2), (1, 3, 4, 3), (4, 5, 3, 2)])
+def test_uneven_layouts_feed_every_shard_and_resume_with_every_step(
+        tmp_path: Path, learners: int, actors: int, resumed: int, resumed_actors: int) -> None:
+    run_dir = tmp_path / "run"
+    _finish(["train", "--run-dir", str(run_dir), *COMMON, "--learners", str(learners), "--actors",
+             str(actors), "--total-env-steps", str(STEPS)], tmp_path / "first")
+    saved_dir, saved = newest_checkpoint(run_dir)
+    _every_shard_fed(saved, learners)
+    if (learners, actors) == (2, 4):
+        _refused_resume_changes_nothing(run_dir, tmp_path / "refused")
+    before = manifest_counters(saved)["env_steps"]
+    summary = _finish(["train", "--resume", str(run_dir), "--learners", str(resumed), "--actors",
+                       str(resumed_actors), "--total-env-steps", str(before + STEPS)], tmp_path / "second")
+    restored = summary["resumed_from"]
+    assert restored["checkpoint"] == saved_dir.name and restored["shards"] == resumed
+    assert restored["steps"] == restored["saved_steps"] == manifest_steps(saved)
+    assert restored["dropped_steps"] == 0
+    _new_dir, new = newest_checkpoint(run_dir)
+    assert new["num_shards"] == resumed and summary["updates"] > manifest_counters(saved)["updates"]
+    assert new["restored"]["steps"] == manifest_steps(saved)
+    _every_shard_fed(new, resumed)
+    assert manifest_steps(new) == manifest_steps(saved) + summary["env_steps"] - before
