@@ -34,9 +34,10 @@ class RedisServer:
     Args:
         workdir: where the server keeps its files (AOF when ``appendonly``).
         appendonly: persist every write (for restart tests); else nothing is saved.
+        password: require this password (``--requirepass``); None: none.
     """
 
-    def __init__(self, workdir: Path, *, appendonly: bool = False) -> None:
+    def __init__(self, workdir: Path, *, appendonly: bool = False, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed: `apt-get install -y redis-server` "
@@ -44,6 +45,7 @@ class RedisServer:
         self.binary = binary
         self.workdir = workdir
         self.appendonly = appendonly
+        self.password = password
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -58,12 +60,14 @@ class RedisServer:
 
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
-                "--dir", str(self.workdir), "--daemonize", "no", "--protected-mode", "yes"]
+                "--dir", str(self.workdir), "--daemonize", "no", "--protected-mode", "yes",
+                *(["--requirepass", self.password] if self.password else [])]
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 (closed with the process)
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                      preexec_fn=_die_with_parent)
         log.close()
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1,
+                             password=self.password)
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -102,14 +106,14 @@ class RedisServer:
 
 @pytest.fixture
 def redis_factory(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
-    """Start redis servers (``appendonly=...``); all are stopped after the test."""
+    """Start redis servers (``appendonly=...``, ``password=...``); all are stopped after the test."""
     servers: list[RedisServer] = []
 
-    def make(*, appendonly: bool = False) -> RedisServer:
+    def make(*, appendonly: bool = False, password: str | None = None) -> RedisServer:
         workdir = tmp_path / f"redis{len(servers)}"
         workdir.mkdir()
         for _ in range(5):  # the free port may be taken between probe and bind
-            server = RedisServer(workdir, appendonly=appendonly)
+            server = RedisServer(workdir, appendonly=appendonly, password=password)
             servers.append(server)
             try:
                 server.start()

@@ -62,6 +62,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--queued-per-actor", dest="queued_chunks_per_actor", type=int, action=_Deprecated,
                    help="deprecated name of --queued-chunks-per-actor")
     p.add_argument("--delivery-log", default=None, metavar="FILE", help=_HELP.get("delivery_log"))
+    p.add_argument("--redis-password-file", metavar="FILE", default=None,
+                   help="read the Redis password from FILE's first line (or set SHARDREPLAY_REDIS_PASSWORD, "
+                        "or give it in the URL: it is then masked in everything printed)")
     p.add_argument("--hidden", type=int, nargs="+", default=list(ActorSettings.hidden),
                    help="hidden layer sizes (only a fallback: the published policy's shape is used)")
     p.set_defaults(func=run)
@@ -86,17 +89,25 @@ def _check_media(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``actor``; returns the exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from shardreplay.runtime.log_lines import configure_logging
+
+    configure_logging(logging.INFO, "%(asctime)s %(name)s: %(message)s")  # masks the Redis password
     from shardreplay.runtime.actor import run as run_actor
+    from shardreplay.transport.secrets import adopt, read_password_file
 
     names = {f.name for f in dataclasses.fields(ActorSettings)}
     values = {k: v for k, v in vars(args).items() if k in names}
     values["hidden"] = tuple(values["hidden"])
     try:
+        if args.redis_password_file:
+            read_password_file(args.redis_password_file)
+        values["policy_url"], values["transport"] = adopt(args.policy_url), adopt(args.transport)
         _check_media(args)
         counters = run_actor(ActorSettings(**values))
     except ShardReplayError as exc:
-        print(f"shardreplay actor: {exc}", file=sys.stderr)
+        from shardreplay.transport.secrets import mask
+
+        print(mask(f"shardreplay actor: {exc}"), file=sys.stderr)
         return 2
     print(json.dumps(counters))
     return 0

@@ -37,6 +37,10 @@ def add_parser(subparsers: Any) -> None:
                                 "sections (replay: {alpha: 0.6}); flags given here win")
 
     groups = add_settings_flags(p, first={"run": config})
+    groups["transport"].add_argument(
+        "--redis-password-file", metavar="FILE", default=None,
+        help="read the Redis password from FILE's first line (or set SHARDREPLAY_REDIS_PASSWORD); "
+             "run files keep URLs as redis://:***@host")
     ckpt = groups["checkpoints"]
     ckpt.add_argument("--resume", type=Path, metavar="RUN_DIR",
                       help="continue RUN_DIR from its newest complete checkpoint (flags override its "
@@ -49,6 +53,30 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
+    settings, resume = _given_or_resumed(args)
+    return without_secrets(settings, args.redis_password_file), resume
+
+
+def without_secrets(settings: TrainSettings, password_file: str | None) -> TrainSettings:
+    """The settings with any Redis password taken out of their URLs (into this process's
+    environment, which the learners and actors inherit), so nothing written holds it.
+
+    Raises:
+        ConfigError: the password file cannot be read, or a URL whose password was
+            redacted (a resumed run) has none to connect with.
+    """
+    from shardreplay.transport.secrets import ENV, adopt, needs_password, read_password_file
+
+    if password_file:
+        read_password_file(password_file)
+    url, policy = adopt(settings.transport.url), adopt(settings.transport.policy_url)
+    if (needs_password(url) or needs_password(policy)) and ENV not in os.environ:
+        raise ConfigError(f"the run's Redis URL {url if needs_password(url) else policy} needs its password, "
+                          f"which run files never hold: set {ENV} or pass --redis-password-file FILE")
+    return settings.updated({"transport": url, "policy_url": policy})
+
+
+def _given_or_resumed(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
     given = given_settings(args)
     if args.resume is not None:
         _check_resumable(args.resume)
@@ -168,7 +196,9 @@ def _run(args: argparse.Namespace) -> int:
 
         summary = train(settings, resume, auto_resume=bool(args.auto_resume))
     except ShardReplayError as exc:
-        print(f"shardreplay train: {exc}", file=sys.stderr)
+        from shardreplay.transport.secrets import mask
+
+        print(mask(f"shardreplay train: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before the launcher took over the signal
         print("shardreplay train: interrupted before training started", file=sys.stderr)

@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Any
 
+from shardreplay.transport.secrets import mask
+
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line
 
 
@@ -28,11 +30,12 @@ def _is_terminal(stream: Any) -> bool:
 
 
 class LineSafeHandler(logging.StreamHandler):
-    """A stream handler whose lines start on a cleared line when the stream is a terminal."""
+    """A stream handler whose lines start on a cleared line when the stream is a terminal,
+    and never show the run's Redis password (:func:`shardreplay.transport.secrets.mask`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         """The formatted record, after :data:`CLEAR_LINE` on a terminal."""
-        text = super().format(record)
+        text = mask(super().format(record))
         return CLEAR_LINE + text if _is_terminal(self.stream) else text
 
 

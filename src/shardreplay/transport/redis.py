@@ -83,6 +83,7 @@ from shardreplay.transport.redis_link import (
     waiting_entries,
     with_group,
 )
+from shardreplay.transport.secrets import redact
 
 __all__ = ["RedisReader", "RedisTransport", "RedisWriter"]
 
@@ -124,7 +125,8 @@ class RedisTransport:
             raise ConfigError(f"max_len must be >= 1, got {max_len}")
         if claim_idle_s <= 0 or reconnect_timeout_s <= 0 or socket_timeout_s <= 0:
             raise ConfigError("claim_idle_s, reconnect_timeout_s and socket_timeout_s must be > 0")
-        self.url, self.spec = url, spec
+        self._url = url  # may hold a password: only for connecting
+        self.url, self.spec = redact(url), spec  # what messages show
         self.stream, self.group, self.consumer = stream, group, consumer
         self.max_len = max_len
         self.max_chunk_bytes, self.dedup_window = max_chunk_bytes, dedup_window
@@ -134,7 +136,7 @@ class RedisTransport:
 
     def link(self) -> RedisLink:
         """A new connection to this transport's server."""
-        return RedisLink(self.url, socket_timeout_s=self.socket_timeout_s)
+        return RedisLink(self._url, socket_timeout_s=self.socket_timeout_s)
 
     def writer(self) -> RedisWriter:
         """A writer end; call it in the actor process."""

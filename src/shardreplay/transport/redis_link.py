@@ -25,6 +25,7 @@ from redis.retry import Retry
 
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
 from shardreplay.transport.codec import Encoding
+from shardreplay.transport.secrets import connect_args, redact
 
 __all__ = ["HintChannel", "RedisLink", "XaddPacker", "check_reachable", "ensure_group", "trim_acknowledged",
            "waiting_entries", "with_group"]
@@ -42,13 +43,15 @@ class RedisLink:
     """
 
     def __init__(self, url: str, *, socket_timeout_s: float = 5.0) -> None:
-        self.url = url
+        self.url = redact(url)  # what messages show: never the password
+        bare, password = connect_args(url)
         try:
             self.client = redis.Redis.from_url(
-                url, protocol=2, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
-                retry=Retry(NoBackoff(), 0))  # retries are ours, bounded by the caller's deadline
+                bare, protocol=2, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+                retry=Retry(NoBackoff(), 0),  # retries are ours, bounded by the caller's deadline
+                **({"password": password} if password is not None else {}))
         except ValueError as exc:
-            raise ConfigError(f"bad redis URL {url!r}: {exc}") from exc
+            raise ConfigError(f"bad redis URL {self.url!r}: {exc}") from exc
         self._down_since: float | None = None
 
     def down_for_s(self) -> float:
