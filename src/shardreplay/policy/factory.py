@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 
 from shardreplay.errors import ConfigError
 from shardreplay.policy.broadcast import PolicyPublisher, PolicySubscriber
+from shardreplay.transport.urls import POLICY_KEY, pop_query
 
 __all__ = ["open_publisher", "open_subscriber"]
 
@@ -23,8 +24,17 @@ def _split(url: str) -> tuple[str, str]:
             raise ConfigError(f"policy broadcast needs file:///absolute/dir, got {url!r}")
         return "file", parsed.path
     if parsed.scheme in ("redis", "rediss", "unix"):
-        return "redis", url
+        return "redis", url  # a ``key`` option is the backend's (see _redis_options)
     raise ConfigError(f"unknown policy broadcast URL {url!r}: use 'file:///dir' or 'redis://host:port/db'")
+
+
+def _redis_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The URL for redis-py and the backend's options: the URL's ``key`` query option
+    (:mod:`shardreplay.transport.urls`) names the policy hash unless ``key`` is given."""
+    bare, key = pop_query(url, POLICY_KEY)
+    if key and "key" not in options:
+        options = {**options, "key": key}
+    return bare, options
 
 
 def open_publisher(url: str, **options: Any) -> PolicyPublisher:
@@ -41,6 +51,7 @@ def open_publisher(url: str, **options: Any) -> PolicyPublisher:
             return FilePublisher(where, **options)
         from shardreplay.policy.redis_backend import RedisPublisher
 
+        where, options = _redis_options(where, options)
         return RedisPublisher(where, **options)
     except TypeError as exc:
         raise ConfigError(f"bad option for policy publisher {url!r}: {exc}") from exc
@@ -60,6 +71,7 @@ def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
             return FileSubscriber(where, **options)
         from shardreplay.policy.redis_backend import RedisSubscriber
 
+        where, options = _redis_options(where, options)
         return RedisSubscriber(where, **options)
     except TypeError as exc:
         raise ConfigError(f"bad option for policy subscriber {url!r}: {exc}") from exc

@@ -99,7 +99,7 @@ def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool 
     first_rank = not under_torchrun() or os.environ.get("RANK") == "0"
     if resume:
         if first_rank:
-            ident = upcoming_life(run_dir)
+            ident = upcoming_life(run_dir, settings.transport.run_id)
             log.info("%s: run %s, learner life %d (recorded once every rank restored)", run_dir,
                      ident.run_id, ident.life)
         return settings
@@ -115,7 +115,7 @@ def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool 
     run_dir.mkdir(parents=True, exist_ok=True)
     if first_rank:
         # Before the ranks meet: every learner reads it once they have (Learner.__init__).
-        ident = upcoming_life(run_dir)
+        ident = upcoming_life(run_dir, settings.transport.run_id)
         log.info("%s: run %s, learner life %d", run_dir, ident.run_id, ident.life)
         write_life(run_dir, ident, settings.to_dict())
     return settings

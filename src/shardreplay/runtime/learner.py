@@ -112,7 +112,8 @@ class Learner:
         restored = "none"
         # A resumed life is recorded (run.json, config.json) only once every rank restored;
         # until then every rank takes the life that comes next from the files as they are.
-        self.identity = (upcoming_life if resume else read_identity)(self.run_dir) or RunIdentity("", 0)
+        self.identity = (upcoming_life(self.run_dir, settings.transport.run_id) if resume
+                         else read_identity(self.run_dir)) or RunIdentity("", 0)
         if resume:
             restored = self._resume()
             if self.rank == 0:

@@ -14,7 +14,6 @@ names no run) gives the names of before run ids: ``dir/shard-<k>``,
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -22,6 +21,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from shardreplay.errors import ConfigError
+from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.spec import Spec
 from shardreplay.transport import Chunk, encode, open_transport
 from shardreplay.transport.base import Transport
@@ -68,20 +68,6 @@ def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:
                   stream_ids=np.arange(big - streams + 1, big + 1, dtype=np.int64), steps=arrays,
                   priorities=np.ones(full, np.float32))
     return len(encode(chunk, spec)) + 64
-
-
-_RUN_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
-
-
-def check_run_id(run_id: str) -> str:
-    """``run_id`` if it can name a channel ('' is the unnamed run of before run ids).
-
-    Raises:
-        ConfigError: characters a stream key or directory name must not hold.
-    """
-    if run_id and not _RUN_ID.match(run_id):
-        raise ConfigError(f"run id {run_id!r}: use 1-64 letters, digits, '-' or '_'")
-    return run_id
 
 
 def redis_stream(shard: int, run_id: str = "") -> str:

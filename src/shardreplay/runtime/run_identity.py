@@ -12,19 +12,38 @@ so versions stay ordered across resumes, also from an older checkpoint.
 
 A run directory started before run ids (``config.json`` but no ``run.json``) keeps the
 unnamed channels (run id ``""``) its actors used, and its next start is life 1.
+
+The first start may name the run (``--run-id``; else a random id), so that an operator
+can grant a Redis user exactly this run's keys, ``shardreplay:<run_id>:*``, before it
+starts (docs/multi-machine.md, *Least privilege*); later starts keep that name.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardreplay.errors import ConfigError
+
 __all__ = ["RUN_FILE", "RunIdentity", "read_identity", "upcoming_life", "write_life"]
 
 RUN_FILE = "run.json"
+_RUN_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it can name a channel ('' is the unnamed run of before run ids).
+
+    Raises:
+        ConfigError: characters a stream key or directory name must not hold.
+    """
+    if run_id and not _RUN_ID.match(run_id):
+        raise ConfigError(f"run id {run_id!r}: use 1-64 letters, digits, '-' or '_'")
+    return run_id
 
 
 @dataclass(frozen=True)
@@ -45,18 +64,27 @@ def read_identity(run_dir: Path) -> RunIdentity | None:
         return None
 
 
-def upcoming_life(run_dir: Path) -> RunIdentity:
-    """The identity the next start of ``run_dir`` takes: its run id (or a new one) and
-    the life after the last one written. Reads only: :func:`write_life` records it."""
+def upcoming_life(run_dir: Path, wanted: str = "") -> RunIdentity:
+    """The identity the next start of ``run_dir`` takes: its run id (``wanted``, or a new
+    random one, at the first start) and the life after the last one written. Reads only:
+    :func:`write_life` records it.
+
+    Raises:
+        ConfigError: ``wanted`` cannot name a channel, or differs from the run's id.
+    """
+    check_run_id(wanted)
     old = read_identity(run_dir)
     if old is not None:
+        if wanted and wanted != old.run_id:
+            raise ConfigError(f"{run_dir} holds run {old.run_id or '(unnamed)'}; --run-id {wanted} names "
+                              "another run: drop --run-id or use another --run-dir")
         return RunIdentity(old.run_id, old.life + 1)
     if (Path(run_dir) / "config.json").exists() and not (Path(run_dir) / RUN_FILE).exists():
         # Started before run ids: its actors wrote to the unnamed channels, and its
         # policies were plain update counts (life 0). Keep those channels (this life
         # reads what they left) and count this start as life 1 (its versions are newer).
         return RunIdentity("", 1)
-    return RunIdentity(secrets.token_hex(6), 0)
+    return RunIdentity(wanted or secrets.token_hex(6), 0)
 
 
 def write_life(run_dir: Path, ident: RunIdentity, config: dict[str, Any]) -> None:

@@ -27,7 +27,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from shardreplay.errors import ConfigError
+from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.runtime.stream_layout import StreamLayout
+from shardreplay.transport.urls import with_policy_key
 
 
 def _flag(default: Any, flat: str) -> Any:
@@ -237,13 +239,17 @@ class TransportSettings:
         url: local, file:///dir or redis://host:port/db.
         policy_url: where weights are published ('' = file://<run_dir>/policy, or the
             transport's Redis URL).
+        run_id: the name of this run's channels on a shared medium (Redis keys
+            shardreplay:<run_id>:*); '' = a random one at the first start.
     """
 
     url: str = _flag("local", "transport")
     policy_url: str = ""
+    run_id: str = ""
 
     def __post_init__(self) -> None:
         _validate(self)
+        check_run_id(self.run_id)
         if self.url not in ("", "local", "local://") and \
                 urlparse(self.url).scheme not in ("file", "redis", "rediss", "unix"):
             raise ConfigError(f"transport must be local, file:///dir or redis://host:port/db, "
@@ -359,8 +365,10 @@ class TrainSettings:
     def with_run_dir(self, run_dir: Path) -> TrainSettings:
         """A copy with ``run_dir`` set (and the default policy URL resolved)."""
         redis = self.transport.url.startswith(("redis://", "rediss://", "unix://"))
+        named = self.transport.run_id
         policy = self.transport.policy_url or \
-            (self.transport.url if redis else f"file://{Path(run_dir).resolve()}/policy")
+            (with_policy_key(self.transport.url, f"shardreplay:{named}:policy") if redis and named
+             else self.transport.url if redis else f"file://{Path(run_dir).resolve()}/policy")
         return self.updated({"run_dir": str(run_dir), "policy_url": policy})
 
 
