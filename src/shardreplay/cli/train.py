@@ -132,7 +132,7 @@ def _resumable(args: argparse.Namespace) -> Path | None:
         return None
     if not args.run_dir:
         raise ConfigError("--auto-resume needs --run-dir (the directory to continue or start)")
-    from shardreplay.checkpoint import latest_complete
+    from shardreplay.checkpoint import checkpoint_dir, latest_complete
 
     run_dir = Path(args.run_dir)
     if (run_dir / "config.json").exists() and latest_complete(run_dir / "checkpoints") is not None:
@@ -175,7 +175,23 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     if summary.get("rank", 0) == 0:  # one line for the run, not one per rank
         print(final_line(summary))
+    if summary.get("storage_error"):
+        print(f"shardreplay train: {storage_advice(summary)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def storage_advice(summary: dict[str, Any]) -> str:
+    """One line for a run that ended because its file system refused a write: what was
+    refused, the checkpoint a continuation starts from, and the command that continues."""
+    from shardreplay.checkpoint import checkpoint_dir, latest_complete
+
+    run_dir = Path(summary.get("run_dir") or Path(summary["checkpoint"]).parents[1])
+    newest = latest_complete(run_dir / "checkpoints")
+    kept = "no complete checkpoint yet (the run starts afresh)" if newest is None else \
+        f"the newest complete checkpoint is {checkpoint_dir(run_dir / 'checkpoints', newest).name}"
+    return (f"{summary['storage_error']}; {kept}. Free space (or make it writable), then continue "
+            f"with --run-dir {run_dir} --auto-resume")
 
 
 def final_line(summary: dict[str, Any]) -> str:
@@ -189,6 +205,7 @@ def final_line(summary: dict[str, Any]) -> str:
     evaluation = "no final evaluation" if final is None else \
         f"final evaluation {final:.1f} (mean return of {summary.get('eval_episodes')} greedy episodes{goal})"
     why = {"solved": "Solved", "signal": "Stopped on request (not solved)",
+           "storage": "Stopped: the file system refused a write (not solved)",
            "env_steps": "Not solved (step budget used up)", "time": "Not solved (time limit reached)"}
     head = why.get(str(summary.get("stopped_by")), "Finished")
     return f"{head} after {steps}: {evaluation}. Files in {run_dir}/ (summary.json, metrics.csv, " \
