@@ -86,7 +86,8 @@ def check_writable(url: str) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".shardreplay-probe-", dir=directory)
     except OSError as exc:
-        refused = storage_error(exc, directory)
+        exc.filename = str(directory)  # the directory refused, not the probe's name
+        refused = storage_error(exc)
         if refused is None:
             raise ConfigError(f"transport {url}: {exc}") from None
         raise StorageError(f"transport {url}: {refused}", path=refused.path, errno=refused.errno) from None
