@@ -265,7 +265,7 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     if summary.get("rank", 0) == 0:  # one line for the run, not one per rank
         print(final_line(summary))
-    if summary.get("storage_error"):
+    if summary.get("storage_error") or summary.get("storage_stop"):
         print(f"shardreplay train: {storage_advice(summary)}", file=sys.stderr)
         return 2
     return 0
@@ -280,8 +280,9 @@ def storage_advice(summary: dict[str, Any]) -> str:
     newest = latest_complete(run_dir / "checkpoints")
     kept = "no complete checkpoint yet (the run starts afresh)" if newest is None else \
         f"the newest complete checkpoint is {checkpoint_dir(run_dir / 'checkpoints', newest).name}"
-    return (f"{summary['storage_error']}; {kept}. Free space (or make it writable), then continue "
-            f"with --run-dir {run_dir} --auto-resume")
+    refused = summary.get("storage_error") or "another rank's file system refused a write (its line names it)"
+    return (f"{refused}; {kept}. Free space (or make it writable), then continue with --run-dir {run_dir} "
+            "--auto-resume")
 
 
 def final_line(summary: dict[str, Any]) -> str:

@@ -247,8 +247,10 @@ class Learner:
             with self._writing():
                 summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
             self._write_summary(summary)
-        # What the run could not write: the launcher and the command's last line say it.
+        # What the run could not write: the launcher and the command's last line say it
+        # (a rank that only agreed to stop says so: under torchrun it reports alone).
         summary["storage_error"] = None if self.storage_error is None else str(self.storage_error)
+        summary["storage_stop"] = self._storage_stop or self.storage_error is not None
         return summary
 
     def _write_summary(self, summary: dict[str, Any]) -> None:

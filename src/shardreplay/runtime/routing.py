@@ -77,12 +77,15 @@ def check_writable(url: str) -> None:
 
     Raises:
         StorageError: "transport file:///x: cannot write /x: Read-only file system (EROFS)".
+        ConfigError: a file stands where the directory should be.
     """
     if not url or scheme_of(url) != "file":
         return
     directory = Path(urlparse(url).path)
-    while not directory.is_dir() and directory != directory.parent:
+    while not directory.exists() and directory != directory.parent:
         directory = directory.parent
+    if not directory.is_dir():
+        raise ConfigError(f"transport {url}: {directory} is a file, not a directory")
     try:
         fd, probe = tempfile.mkstemp(prefix=".shardreplay-probe-", dir=directory)
     except OSError as exc:
