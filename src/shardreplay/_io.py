@@ -1,13 +1,53 @@
-"""Durable file writes: temporary name, fsync, rename, fsync of the directory."""
+"""Durable file writes: temporary name, fsync, rename, fsync of the directory; and
+the one translation of a refused write (full, read-only, no permission) into a
+:class:`~shardreplay.errors.StorageError` naming the path and the OS error."""
 
 from __future__ import annotations
 
 import contextlib
+import errno as errno_codes
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from shardreplay.errors import StorageError
+
+# The OS errors of a file system that refuses writes: a full disk or quota, a
+# read-only mount, no permission, a failing device, a file too large.
+STORAGE_ERRNOS = frozenset({errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EROFS, errno_codes.EACCES,
+                            errno_codes.EPERM, errno_codes.EIO, errno_codes.EFBIG})
+
+
+def naming(exc: OSError, path: Path | str) -> OSError:
+    """``exc`` with ``path`` as its file name when it names none (``os.write`` on a
+    descriptor does not), so whoever reports it can say which file."""
+    if exc.filename is None:
+        exc.filename = str(path)
+    return exc
+
+
+def storage_error(exc: BaseException | None, path: Path | str | None = None) -> StorageError | None:
+    """The :class:`StorageError` for ``exc`` when it is, or was caused by, an OSError
+    of a file system refusing a write (:data:`STORAGE_ERRNOS`); None otherwise.
+
+    ``exc`` itself when it is one already. The path is the OSError's file name, else
+    ``path``. The message is one line: "cannot write PATH: No space left on device
+    (ENOSPC)".
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, StorageError):
+            return exc
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+            where = exc.filename if exc.filename is not None else path
+            code = errno_codes.errorcode.get(exc.errno, str(exc.errno))
+            return StorageError(f"cannot write {where}: {exc.strerror} ({code})", path=str(where),
+                                errno=exc.errno)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def fsync_dir(directory: Path) -> None:
@@ -29,11 +69,15 @@ def temp_name(path: Path) -> Path:
 def atomic_writer(path: Path) -> Iterator[BinaryIO]:
     """Open a temporary file; on success fsync it and rename it to ``path``.
 
-    On an exception the temporary file is removed and ``path`` is untouched.
+    On an exception the temporary file is removed (its space is free again) and
+    ``path`` is untouched; an OSError names ``path``.
     """
     path = Path(path)
     tmp = temp_name(path)
-    f = open(tmp, "wb")  # noqa: SIM115 - closed below on every path
+    try:
+        f = open(tmp, "wb")  # noqa: SIM115 - closed below on every path
+    except OSError as exc:
+        raise naming(exc, path) from None
     try:
         yield f
         f.flush()
@@ -41,10 +85,13 @@ def atomic_writer(path: Path) -> Iterator[BinaryIO]:
         f.close()
         os.replace(tmp, path)
         fsync_dir(path.parent)
-    except BaseException:
-        f.close()
+    except BaseException as exc:
+        with contextlib.suppress(OSError):  # a full disk fails the close's flush again
+            f.close()
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(exc, OSError):
+            naming(exc, path)
         raise
 
 

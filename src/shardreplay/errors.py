@@ -13,6 +13,7 @@ also from the built-in type a caller would reach for (``ValueError`` for bad inp
     ├── CollectiveTimeout           (RuntimeError) a peer rank did not answer in time
     │   └── PeerLost                               a peer's connection broke (it died?)
     ├── SamplerFailed               (RuntimeError) a background exchange failed earlier
+    ├── StorageError                (RuntimeError) the file system refused a write (full, read-only)
     ├── CheckpointError             (RuntimeError)
     │   ├── IncompleteCheckpointError              a part or the manifest is missing
     │   └── CheckpointFormatError                  corrupt, truncated, wrong spec/version
@@ -40,6 +41,7 @@ __all__ = [
     "SamplerFailed",
     "ShardReplayError",
     "SpecMismatchError",
+    "StorageError",
     "TransportError",
     "TransportTimeout",
 ]
@@ -82,6 +84,22 @@ class PeerLost(CollectiveTimeout):
 class SamplerFailed(ShardReplayError, RuntimeError):
     """The background thread of a pipelined sharded buffer failed (its error is the
     ``__cause__``); the buffer cannot sample any more: close it and stop the run."""
+
+
+class StorageError(ShardReplayError, RuntimeError):
+    """The file system refused a write or a directory (no space left, read-only, no
+    permission): the message is one line naming the path and the OS error.
+
+    Args:
+        message: that line.
+        path: the file or directory refused.
+        errno: the OS error number (``errno.ENOSPC``, ...).
+    """
+
+    def __init__(self, message: str, *, path: str = "", errno: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno
 
 
 class CheckpointError(ShardReplayError, RuntimeError):

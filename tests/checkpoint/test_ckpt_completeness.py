@@ -15,7 +15,7 @@ from ckpt_helpers import as_shard, fill_random, make_buffer, step_multiset
 
 from shardreplay import checkpoint
 from shardreplay.cli.train import _check_resumable
-from shardreplay.errors import CheckpointFormatError, IncompleteCheckpointError
+from shardreplay.errors import CheckpointFormatError
 
 
 def _save(root: Path, cid: int) -> dict[int, float]:
@@ -88,8 +88,9 @@ def test_verify_resume_and_auto_resume_use_the_same_rule(tmp_path: Path) -> None
     verify = subprocess.run([sys.executable, "-m", "shardreplay.cli.main", "checkpoint", "verify", str(root)],
                             capture_output=True, text=True, timeout=120)
     assert verify.returncode == 1 and "checksum mismatch" in verify.stdout
-    with pytest.raises(IncompleteCheckpointError, match="no complete checkpoint"):
-        _check_resumable(run_dir)  # train --resume refuses before anything starts
+    # train --resume refuses before anything starts, saying it is damaged (not incomplete).
+    with pytest.raises(CheckpointFormatError, match=r"checkpoint 1 is damaged .*checksum mismatch in block"):
+        _check_resumable(run_dir)
     moved, where = checkpoint.set_aside_incomplete(root)  # what --auto-resume does first
     assert moved == [1] and where is not None and (where / "ckpt-0000000001").is_dir()
     assert checkpoint.list_checkpoints(root) == []

@@ -32,10 +32,10 @@ def test_sum_over_ranks_is_field_wise_and_decides_once() -> None:
     assert total.should_stop and not total.should_save
 
 
-@pytest.mark.parametrize("tensor", [torch.zeros(6, dtype=torch.float64), torch.zeros(5, dtype=torch.int64),
-                                    torch.zeros(2, 6, dtype=torch.int64)])
+@pytest.mark.parametrize("tensor", [torch.zeros(7, dtype=torch.float64), torch.zeros(6, dtype=torch.int64),
+                                    torch.zeros(2, 7, dtype=torch.int64)])
 def test_other_layouts_are_refused(tensor: torch.Tensor) -> None:
-    with pytest.raises(ShardReplayError, match="int64 vector of 6"):
+    with pytest.raises(ShardReplayError, match="int64 vector of 7"):
         LoopSync.from_tensor(tensor)
 
 

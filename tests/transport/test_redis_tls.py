@@ -13,6 +13,7 @@ redis-server is missing.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -62,14 +63,20 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
             "--appendonly", "no", "--dir", str(tmp_path), "--tls-cert-file", str(certs / "server.crt"),
             "--tls-key-file", str(certs / "server.key"), "--tls-ca-cert-file", str(certs / "ca.crt"),
             "--tls-auth-clients", "yes"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = tmp_path / "redis.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
-        time.sleep(0.3)
-        if proc.poll() is not None:
-            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-            if "TLS" in out or "tls" in out:
-                pytest.skip(f"this redis-server cannot serve TLS: {out.strip().splitlines()[-1]}")
-            raise RuntimeError(f"redis-server with TLS exited: {out}")
+        deadline = time.monotonic() + 20
+        while not _listening(port):
+            if proc.poll() is not None:
+                text = log.read_text(errors="replace")
+                if "TLS" in text or "tls" in text:
+                    pytest.skip(f"this redis-server cannot serve TLS: {text.strip().splitlines()[-1]}")
+                raise RuntimeError(f"redis-server with TLS exited: {text}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server with TLS did not listen in time: {log.read_text()}")
+            time.sleep(0.05)
         yield port, certs
     finally:
         proc.terminate()
@@ -78,6 +85,12 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _url(port: int, certs: Path, *, client_cert: bool = True) -> str:

@@ -12,11 +12,13 @@ from shardreplay.checkpoint.load import LoadReport, load
 from shardreplay.checkpoint.manifest import (
     INCOMPLETE_DIR,
     checkpoint_dir,
+    damage,
     incomplete_checkpoints,
     is_complete,
     latest_complete,
     list_checkpoints,
     read_manifest,
+    set_aside,
     set_aside_incomplete,
 )
 from shardreplay.checkpoint.save import save
@@ -29,6 +31,7 @@ __all__ = [
     "CheckpointTrigger",
     "LoadReport",
     "checkpoint_dir",
+    "damage",
     "incomplete_checkpoints",
     "is_complete",
     "latest_complete",
@@ -36,5 +39,6 @@ __all__ = [
     "load",
     "read_manifest",
     "save",
+    "set_aside",
     "set_aside_incomplete",
 ]

@@ -188,6 +188,22 @@ def incomplete_reason(directory: Path, *, hashes: bool = True) -> str | None:
     return None
 
 
+def damage(directory: Path) -> str | None:
+    """Why a checkpoint is *damaged* (its files are all there, but one fails its checks:
+    a block's checksum, a size, a description; the message names the file and the
+    block), or None when it is complete or merely incomplete (a part or the manifest
+    missing: a run stopped before every rank saved)."""
+    try:
+        check_complete(directory)
+    except IncompleteCheckpointError:
+        return None
+    except CheckpointFormatError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{directory}: cannot read it ({exc})"
+    return None
+
+
 def is_complete(directory: Path, *, hashes: bool = True) -> bool:
     """True when the checkpoint is complete (:func:`check_complete`): manifest, every
     part of the recorded size, and (with ``hashes``, the default) every block's hash."""
@@ -222,7 +238,20 @@ def set_aside_incomplete(root: Path) -> tuple[list[int], Path | None]:
     Raises:
         CheckpointError: a directory could not be moved (the message says which).
     """
-    ids = incomplete_checkpoints(root)
+    return set_aside(root, incomplete_checkpoints(root))
+
+
+def set_aside(root: Path, ids: list[int]) -> tuple[list[int], Path | None]:
+    """Move the checkpoints ``ids`` under ``root`` to ``root/incomplete/<UTC time>/``
+    (see :func:`set_aside_incomplete`; ``train --resume --checkpoint-id`` sets aside the
+    ones newer than the checkpoint it continues from).
+
+    Returns:
+        The ids moved and the directory they went to (None when there were none).
+
+    Raises:
+        CheckpointError: a directory could not be moved (the message says which).
+    """
     if not ids:
         return [], None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -237,6 +266,6 @@ def set_aside_incomplete(root: Path) -> tuple[list[int], Path | None]:
             source = checkpoint_dir(root, cid)
             source.rename(target / source.name)
     except OSError as exc:
-        raise CheckpointError(f"cannot move incomplete checkpoints of {root} to {target}: {exc}; "
+        raise CheckpointError(f"cannot move checkpoints of {root} to {target}: {exc}; "
                               "move or delete them by hand") from exc
     return ids, target

@@ -39,12 +39,14 @@ def add_parser(subparsers: Any) -> None:
     groups = add_settings_flags(p, first={"run": config})
     groups["transport"].add_argument(
         "--redis-password-file", metavar="FILE", default=None,
-        help="read the Redis password from FILE's first line (or set SHARDREPLAY_REDIS_PASSWORD); "
-             "run files keep URLs as redis://:***@host")
+        help="Redis password: FILE's first line (or $SHARDREPLAY_REDIS_PASSWORD)")
     ckpt = groups["checkpoints"]
     ckpt.add_argument("--resume", type=Path, metavar="RUN_DIR",
                       help="continue RUN_DIR from its newest complete checkpoint (flags override its "
                            "settings)")
+    ckpt.add_argument("--checkpoint-id", type=int, metavar="N",
+                      help="with --resume: continue from checkpoint N (a complete one) instead of the "
+                           "newest; newer checkpoints are moved to checkpoints/incomplete/")
     ckpt.add_argument("--auto-resume", action="store_true",
                       help="continue --run-dir from its newest complete checkpoint, else start it afresh "
                            "(incomplete checkpoints are moved to checkpoints/incomplete/): one command "
@@ -78,8 +80,10 @@ def without_secrets(settings: TrainSettings, password_file: str | None) -> Train
 
 def _given_or_resumed(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
     given = given_settings(args)
+    if args.checkpoint_id is not None and args.resume is None:
+        raise ConfigError("--checkpoint-id needs --resume RUN_DIR (the run to continue from that checkpoint)")
     if args.resume is not None:
-        _check_resumable(args.resume)
+        _check_resumable(args.resume, args.checkpoint_id)
     resume_dir = args.resume or _resumable(args)
     if resume_dir is not None:
         from shardreplay.runtime.learner_resume import settings_for_resume
@@ -123,12 +127,16 @@ def read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_resumable(run_dir: Path) -> None:
+def _check_resumable(run_dir: Path, checkpoint_id: int | None = None) -> None:
     """``--resume``: refuse, before any process starts, a run directory without a
-    complete checkpoint.
+    complete checkpoint, one whose newest checkpoint is damaged (a checksum failed:
+    continuing from an older one must be asked for), or a ``checkpoint_id`` that is
+    not complete.
 
     Raises:
-        IncompleteCheckpointError: no complete checkpoint (the message says what to do).
+        IncompleteCheckpointError: no complete checkpoint, or ``checkpoint_id`` is not one.
+        CheckpointFormatError: the newest checkpoint is damaged (the message names the
+            file and block, and the command that continues from the older complete one).
     """
     from shardreplay.checkpoint import latest_complete, list_checkpoints
     from shardreplay.errors import IncompleteCheckpointError
@@ -137,7 +145,12 @@ def _check_resumable(run_dir: Path) -> None:
         raise IncompleteCheckpointError(f"--resume {run_dir}: no such run directory; start a run there "
                                         f"with --run-dir {run_dir}")
     root = Path(run_dir) / "checkpoints"
-    if latest_complete(root) is not None:
+    if checkpoint_id is not None:
+        _check_chosen(run_dir, checkpoint_id)
+        return
+    newest = latest_complete(root)
+    _refuse_damaged(run_dir, newest)
+    if newest is not None:
         return
     if not list_checkpoints(root):
         raise IncompleteCheckpointError(f"--resume {run_dir}: no checkpoint under {root}; start the run "
@@ -146,6 +159,73 @@ def _check_resumable(run_dir: Path) -> None:
         f"--resume {run_dir}: no complete checkpoint under {root}, only incomplete ones (a run stopped "
         f"before every rank saved): start it again with --run-dir {run_dir} --auto-resume (which sets "
         "them aside and starts afresh), or use another --run-dir")
+
+
+def _check_chosen(run_dir: Path, checkpoint_id: int) -> None:
+    """``--resume R --checkpoint-id N``: N must be a complete checkpoint of R."""
+    from shardreplay.checkpoint import checkpoint_dir, list_checkpoints
+    from shardreplay.checkpoint.manifest import incomplete_reason
+    from shardreplay.errors import IncompleteCheckpointError
+
+    root = Path(run_dir) / "checkpoints"
+    directory = checkpoint_dir(root, checkpoint_id)
+    why = incomplete_reason(directory) if directory.is_dir() else "no such checkpoint"
+    if why is None:
+        return
+    complete = [c for c in list_checkpoints(root) if incomplete_reason(checkpoint_dir(root, c)) is None]
+    raise IncompleteCheckpointError(f"--resume {run_dir} --checkpoint-id {checkpoint_id}: {why}; complete "
+                                    f"checkpoints: {', '.join(map(str, complete)) or 'none'}")
+
+
+def _refuse_damaged(run_dir: Path, newest_complete: int | None) -> None:
+    """Refuse ``--resume`` when a checkpoint newer than the newest complete one is
+    damaged (not merely incomplete): say which file and block failed, and the command
+    that continues from the older complete checkpoint."""
+    from shardreplay.errors import CheckpointFormatError
+
+    root = Path(run_dir) / "checkpoints"
+    damaged = _damaged_newer(root, newest_complete)
+    if damaged is not None:
+        cid, why = damaged
+        head = f"--resume {run_dir}: checkpoint {cid} is damaged ({why})"
+        if newest_complete is None:
+            raise CheckpointFormatError(f"{head} and no older checkpoint is complete: start the run afresh "
+                                        f"with --run-dir {run_dir} --auto-resume (which moves it to "
+                                        f"{root / 'incomplete'}), or use another --run-dir")
+        raise CheckpointFormatError(f"{head}; the newest complete one is {newest_complete}: continue from "
+                                    f"it with --resume {run_dir} --checkpoint-id {newest_complete} (or "
+                                    f"--run-dir {run_dir} --auto-resume, which takes it too)")
+
+
+def _damaged_newer(root: Path, newest_complete: int | None) -> tuple[int, str] | None:
+    """The newest checkpoint newer than ``newest_complete`` that is damaged (not merely
+    incomplete), with why (:func:`shardreplay.checkpoint.damage`), or None."""
+    from shardreplay.checkpoint import checkpoint_dir, damage, list_checkpoints
+
+    for cid in reversed(list_checkpoints(root)):
+        if newest_complete is not None and cid <= newest_complete:
+            return None
+        why = damage(checkpoint_dir(root, cid))
+        if why is not None:
+            return cid, why
+    return None
+
+
+def _set_aside_newer(run_dir: Path, checkpoint_id: int) -> None:
+    """``--checkpoint-id N``: move the checkpoints newer than N out of the way (to
+    ``checkpoints/incomplete/<UTC time>/``, nothing is deleted), so the run continues
+    from N and its next saves never meet them. One rank does it, before the ranks meet."""
+    from shardreplay.checkpoint import list_checkpoints, set_aside
+    from shardreplay.runtime.launch import under_torchrun
+
+    if under_torchrun() and os.environ.get("RANK") != "0":
+        return
+    root = Path(run_dir) / "checkpoints"
+    moved, where = set_aside(root, [c for c in list_checkpoints(root) if c > checkpoint_id])
+    if moved:
+        logging.getLogger("shardreplay.train").warning(
+            "%s: continuing from checkpoint %d; the newer checkpoint(s) %s moved to %s", run_dir,
+            checkpoint_id, ", ".join(map(str, moved)), where)
 
 
 def _resumable(args: argparse.Namespace) -> Path | None:
@@ -163,7 +243,14 @@ def _resumable(args: argparse.Namespace) -> Path | None:
     from shardreplay.checkpoint import latest_complete
 
     run_dir = Path(args.run_dir)
-    if (run_dir / "config.json").exists() and latest_complete(run_dir / "checkpoints") is not None:
+    newest = latest_complete(run_dir / "checkpoints")
+    damaged = _damaged_newer(run_dir / "checkpoints", newest)
+    if damaged is not None:  # set aside with the incomplete ones: say it is not one of them
+        taken = "starts afresh" if newest is None else f"continues from checkpoint {newest}"
+        logging.getLogger("shardreplay.train").warning(
+            "%s: checkpoint %d is damaged (%s); --auto-resume sets it aside and %s", run_dir, damaged[0],
+            damaged[1], taken)
+    if (run_dir / "config.json").exists() and newest is not None:
         return run_dir
     return None
 
@@ -194,6 +281,8 @@ def _run(args: argparse.Namespace) -> int:
         settings, resume = _settings(args)
         from shardreplay.runtime.launch import train
 
+        if args.checkpoint_id is not None:
+            _set_aside_newer(args.resume, args.checkpoint_id)
         summary = train(settings, resume, auto_resume=bool(args.auto_resume))
     except ShardReplayError as exc:
         from shardreplay.transport.secrets import mask
@@ -205,7 +294,24 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     if summary.get("rank", 0) == 0:  # one line for the run, not one per rank
         print(final_line(summary))
+    if summary.get("storage_error") or summary.get("storage_stop"):
+        print(f"shardreplay train: {storage_advice(summary)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def storage_advice(summary: dict[str, Any]) -> str:
+    """One line for a run that ended because its file system refused a write: what was
+    refused, the checkpoint a continuation starts from, and the command that continues."""
+    from shardreplay.checkpoint import checkpoint_dir, latest_complete
+
+    run_dir = Path(summary.get("run_dir") or Path(summary["checkpoint"]).parents[1])
+    newest = latest_complete(run_dir / "checkpoints")
+    kept = "no complete checkpoint yet (the run starts afresh)" if newest is None else \
+        f"the newest complete checkpoint is {checkpoint_dir(run_dir / 'checkpoints', newest).name}"
+    refused = summary.get("storage_error") or "another rank's file system refused a write (its line names it)"
+    return (f"{refused}; {kept}. Free space (or make it writable), then continue with --run-dir {run_dir} "
+            "--auto-resume")
 
 
 def final_line(summary: dict[str, Any]) -> str:
@@ -219,6 +325,7 @@ def final_line(summary: dict[str, Any]) -> str:
     evaluation = "no final evaluation" if final is None else \
         f"final evaluation {final:.1f} (mean return of {summary.get('eval_episodes')} greedy episodes{goal})"
     why = {"solved": "Solved", "signal": "Stopped on request (not solved)",
+           "storage": "Stopped: the file system refused a write (not solved)",
            "env_steps": "Not solved (step budget used up)", "time": "Not solved (time limit reached)"}
     head = why.get(str(summary.get("stopped_by")), "Finished")
     return f"{head} after {steps}: {evaluation}. Files in {run_dir}/ (summary.json, metrics.csv, " \

@@ -105,7 +105,12 @@ class FilePublisher:
                            "run": run_id_of(meta or {})}).encode()
         try:
             write_atomic(self.path / name, data, fsync=self.fsync)
-            write_atomic(self.path / NOTE, note, fsync=self.fsync)
+            try:
+                write_atomic(self.path / NOTE, note, fsync=self.fsync)
+            except OSError:
+                # Unannounced weights only take space (a full disk wants it back).
+                (self.path / name).unlink(missing_ok=True)
+                raise
         except OSError as exc:
             raise TransportError(f"cannot publish policy {version} to {self.path}: {exc}") from exc
         self._last = version

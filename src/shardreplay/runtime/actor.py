@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
 from shardreplay.policy import open_subscriber
 from shardreplay.policy.broadcast import describe_version, split_version, wait_for_policy
@@ -46,6 +47,7 @@ from shardreplay.transport.codec import Chunk
 __all__ = ["AGREED", "FINISHED", "ActorSettings", "RunInfo", "StopFlag", "actor_seed", "resolve", "run"]
 
 log = logging.getLogger("shardreplay.actor")
+_SAID_FULL: set[int] = set()  # actors that logged their spool full (once per process)
 # A tensor of this name in a published policy says: training is over, actors may exit.
 FINISHED = "shardreplay.finished"
 
@@ -362,7 +364,14 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, count
             feed.refresh()
         except TransportError as exc:
             counters["send_retries"] += 1
-            log.warning("actor %d: send failed (%s); reconnecting in %.1f s", chunk.actor_id, exc, backoff)
+            full = storage_error(exc)
+            if full is None:
+                log.warning("actor %d: send failed (%s); reconnecting in %.1f s", chunk.actor_id, exc,
+                            backoff)
+            else:  # a full spool: back off, the learner frees room as it reads (said once)
+                (log.debug if chunk.actor_id in _SAID_FULL else log.warning)(
+                    "actor %d: %s; backing off until the learner frees room", chunk.actor_id, full)
+                _SAID_FULL.add(chunk.actor_id)
             time.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
             writer.close()

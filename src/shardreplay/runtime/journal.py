@@ -82,8 +82,13 @@ class IngestJournal:
         """
         data = b"".join(_RECORD.pack(*r) for r in records)
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as exc:
+            if exc.filename is None:
+                exc.filename = str(self.path)  # os.write names no file: say which one
+            raise
 
     def rotate(self, checkpoint_id: int, latest_complete: int | None) -> None:
         """Start a new file after this shard saved its part of ``checkpoint_id``; delete

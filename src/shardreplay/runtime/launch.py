@@ -34,6 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from shardreplay._io import storage_error
 from shardreplay.checkpoint import (
     INCOMPLETE_DIR,
     checkpoint_dir,
@@ -41,7 +42,7 @@ from shardreplay.checkpoint import (
     list_checkpoints,
     set_aside_incomplete,
 )
-from shardreplay.errors import ConfigError, PeerLost, ShardReplayError
+from shardreplay.errors import ConfigError, PeerLost, ShardReplayError, StorageError
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.log_lines import configure_logging
 from shardreplay.runtime.processes import (
@@ -53,7 +54,13 @@ from shardreplay.runtime.processes import (
     stop_processes,
     stop_resource_tracker,
 )
-from shardreplay.runtime.routing import check_reachable, chunk_bytes, scheme_of, shard_transport
+from shardreplay.runtime.routing import (
+    check_reachable,
+    check_writable,
+    chunk_bytes,
+    scheme_of,
+    shard_transport,
+)
 from shardreplay.runtime.run_identity import upcoming_life, write_life
 from shardreplay.runtime.settings import TrainSettings
 
@@ -149,6 +156,7 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
     """
     for url in {settings.transport.url, settings.transport.policy_url}:
         check_reachable(url)  # an unreachable Redis fails here, in seconds
+        check_writable(url)  # an unwritable spool too, before the run directory is made
     env_spaces(settings.run.env_id)  # a bad environment fails here, before any process starts
     if under_torchrun() and settings.learners.count != int(os.environ["WORLD_SIZE"]):
         # torchrun decides the number of learner ranks; shards and stream rows follow it.
@@ -156,7 +164,10 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
             log.warning("--learners %d ignored: torchrun started %s ranks", settings.learners.count,
                         os.environ["WORLD_SIZE"])
         settings = settings.updated({"learners": int(os.environ["WORLD_SIZE"])})
-    settings = prepare_run_dir(settings, resume, auto_resume=auto_resume)
+    try:
+        settings = prepare_run_dir(settings, resume, auto_resume=auto_resume)
+    except OSError as exc:  # a read-only or full run directory: one line, no traceback
+        raise storage_error(exc, settings.run.run_dir) or exc from None
     if under_torchrun():
         return _torchrun_rank(settings, resume)
     return _spawn_learners(settings, resume)
@@ -209,7 +220,10 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
 
         if peer_lost(exc):  # DDP's all-reduce in backward: the raw gloo text otherwise
             exc = lost_peer_error(exc, f"training failed on rank {rank} of {settings.learners.count}")
-        if isinstance(exc, PeerLost):
+        refused = storage_error(exc)
+        if refused is not None:  # a full or read-only disk: the launcher's one line names it
+            exc = refused
+        elif isinstance(exc, PeerLost):
             log.error("%s", exc)  # where it failed matters less than which peer stopped
         else:
             traceback.print_exc()
@@ -332,12 +346,27 @@ def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: Proces
                 break
     if errors or deaths:
         _stop_after_failure(procs, out, results, errors, deaths, tree)
-        return ShardReplayError(_failure_message(deaths, errors, run_dir))
+        return _failure(deaths, errors, run_dir)
     if 0 not in results:
         # Stopped (SIGTERM) before the learners had set up their handlers: nothing to save.
         log.warning("stopped while the learners were starting; nothing new was saved")
         return {"stopped_during_startup": True}
-    return results[0]
+    # A rank whose file system refused a write: the run's last line names the first.
+    refused = [r.get("storage_error") for _, r in sorted(results.items()) if r.get("storage_error")]
+    return {**results[0], "storage_error": refused[0] if refused else None}
+
+
+_STORAGE = f"{StorageError.__name__}: "
+
+
+def _failure(deaths: list[str], errors: dict[int, str], run_dir: str) -> ShardReplayError:
+    """The error to raise: a :class:`StorageError` (its one line, and what to do) when
+    every failure was a write the file system refused, else the ranks' reports."""
+    if deaths or not all(e.startswith(_STORAGE) for e in errors.values()):
+        return ShardReplayError(_failure_message(deaths, errors, run_dir))
+    first = next(iter(errors.values()))[len(_STORAGE):]
+    return StorageError(f"{first}; free space (or make it writable), then continue the run with "
+                        f"--run-dir {run_dir} --auto-resume")
 
 
 def _stop_after_failure(procs: list[Any], out: Any, results: dict[int, Any], errors: dict[int, str],
@@ -345,6 +374,8 @@ def _stop_after_failure(procs: list[Any], out: Any, results: dict[int, Any], err
     """SIGTERM the ranks still running (each saves its part without collectives, stops
     its actors and exits) and wait up to ``_FAILURE_GRACE_S``, taking their reports."""
     first = deaths[0] if deaths else next(f"rank {r}: {e}" for r, e in errors.items())
+    if _STORAGE in first:  # the refused write is the command's last line: not named twice
+        first = first.split(":")[0] + ": the file system refused a write"
     log.error("%s: stopping the other ranks (each saves its part) and every actor", first)
     for p in procs:
         if p.exitcode is None:

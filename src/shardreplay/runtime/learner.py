@@ -10,12 +10,13 @@ are in :mod:`shardreplay.runtime.learner_resume`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from shardreplay import checkpoint
+from shardreplay._io import atomic_write_bytes, storage_error
 from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.checkpoint.manifest import checkpoint_dir
-from shardreplay.errors import ShardReplayError
+from shardreplay.errors import ShardReplayError, StorageError
 from shardreplay.policy import open_publisher
 from shardreplay.policy.broadcast import pack_version
 from shardreplay.runtime.actor import FINISHED, RunInfo
@@ -107,6 +109,10 @@ class Learner:
         self._saved_at = -1
         self._last_checkpoint = -1  # ids only grow: a save never meets a complete one
         self.resumed: dict[str, Any] | None = None
+        # The first write the file system refused (full disk, read-only): the ranks
+        # agree to stop, write what they still can, and the run ends naming it.
+        self.storage_error: StorageError | None = None
+        self._storage_stop = False  # some rank's write was refused (agreed)
         self._stored = StoredIds()  # restored: chunks already in the checkpoint
         self._restored: dict[str, int] | None = None  # this shard's restore, for every save
         restored = "none"
@@ -169,9 +175,29 @@ class Learner:
         self._restored, self.resumed = r.restored_counts, r.report
         return str(r.checkpoint_id)
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Run one of this rank's writes; one the file system refuses (full disk,
+        read-only, no permission) is kept in :attr:`storage_error`, not raised: the rank
+        votes to stop at the next sync, and the ranks end the run writing what they still
+        can. Any other error is raised."""
+        try:
+            yield
+        except (OSError, ShardReplayError) as exc:
+            refused = storage_error(exc)
+            if refused is None:
+                raise
+            if self.storage_error is None:
+                self.storage_error = refused
+                log.debug("rank %d: %s", self.rank, refused)
+
     def save(self) -> Path:
         """Save a checkpoint: rank 0 writes the learner state first, every rank its part
         (no collective, so it also works from a stopping or failing rank).
+
+        A write the file system refuses leaves this checkpoint incomplete (rank 0 writes
+        no part without the learner state, so it cannot complete without it) and the
+        newest complete one as it was; it is kept in :attr:`storage_error`.
 
         The id is the update count, or one more than the last id this run saved or
         found, when no update happened since (stopping during warm-up, or right after
@@ -180,6 +206,11 @@ class Learner:
         cid = max(self.counters["updates"], self._last_checkpoint + 1)
         self._last_checkpoint = cid
         directory = checkpoint_dir(self._ckpt_root, cid)
+        with self._writing():
+            self._save(directory, cid)
+        return directory
+
+    def _save(self, directory: Path, cid: int) -> None:
         if self.rank == 0:
             save_learner_state(directory, self.agent)
         # None, not -inf, before any evaluation: the manifest stays standard JSON.
@@ -188,10 +219,9 @@ class Learner:
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
         if self._old_journals.files:  # what the medium gave back by now was not lost
             self.losses.report_lost(self._old_journals)
-        path = checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self._restored)
+        checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self._restored)
         if self.ingestor.journal is not None:
             self.ingestor.journal.rotate(cid, checkpoint.latest_complete(self._ckpt_root))
-        return path
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -216,14 +246,28 @@ class Learner:
         self.buffer.close()  # its background thread and process group (pipeline)
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
-        if self.publisher is not None and (self._budget_reached(started) or self._solved()):
+        if self.publisher is not None and not self._storage_stop and \
+                (self._budget_reached(started) or self._solved()):
             self._publish_finished()
         if self.metrics is not None:  # the final evaluation is the run's last row
             self._record(self._last_sync, self._window)
-            self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
-            summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            with self._writing():
+                self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
+            with self._writing():
+                summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
+            self._write_summary(summary)
+        # What the run could not write: the launcher and the command's last line say it
+        # (a rank that only agreed to stop says so: under torchrun it reports alone).
+        summary["storage_error"] = None if self.storage_error is None else str(self.storage_error)
+        summary["storage_stop"] = self._storage_stop or self.storage_error is not None
         return summary
+
+    def _write_summary(self, summary: dict[str, Any]) -> None:
+        """``summary.json`` (rank 0), with the refused write named when there was one."""
+        if self.storage_error is not None:
+            summary = {**summary, "storage_error": str(self.storage_error)}
+        with self._writing():
+            atomic_write_bytes(self.run_dir / "summary.json", json.dumps(summary, indent=1).encode())
 
     def _wall_s(self) -> float:
         """Wall time of the run over all its lives (a resumed run goes on from its checkpoint's)."""
@@ -233,7 +277,8 @@ class Learner:
         """Why the run ended (rank 0's view): solved, env_steps, time or signal."""
         return stop_reason(solved=self.solved, env_steps=self.counters["env_steps"],
                            total_env_steps=self.s.run.total_env_steps,
-                           elapsed_s=time.monotonic() - started, max_minutes=self.s.run.max_minutes)
+                           elapsed_s=time.monotonic() - started, max_minutes=self.s.run.max_minutes,
+                           storage=self._storage_stop)
 
     def _agreed_save(self) -> Path:
         """A save every rank makes at the same point: queued priority updates (prefetch >
@@ -252,7 +297,7 @@ class Learner:
         """Stop this rank's actors, draining meanwhile so their last chunks land here."""
         def drain() -> None:
             try:
-                self.ingestor.drain(DRAIN_CHUNKS, 0.05, self.policy_version)
+                self._drain(0.05)
             except ShardReplayError as exc:  # a broken transport must not block the stop
                 log.warning("rank %d: draining while actors stop failed: %s", self.rank, exc)
                 time.sleep(0.05)
@@ -275,7 +320,7 @@ class Learner:
             # Not draining while the learner is behind is the back-pressure actors feel.
             if limiter.can_insert(min(drain_steps * self.world, limiter.max_insert_size)):
                 wait = 0.0 if limiter.can_sample(per_update) else 0.02
-                self.ingestor.drain(DRAIN_CHUNKS, wait, self.policy_version)
+                self._drain(wait)
             g = self._sync_counted(started)
             if g.steps > 0:
                 limiter.insert(min(g.steps, limiter.max_insert_size))
@@ -296,6 +341,13 @@ class Learner:
                 self._record(g, window)
                 last_metrics = time.monotonic()
 
+    def _drain(self, wait_s: float) -> None:
+        """Take chunks in. A refused journal write leaves them stored but unacknowledged
+        (the medium gives them again to the next life; the checkpoint's record drops
+        those it holds): nothing is lost, and the rank votes to stop."""
+        with self._writing():
+            self.ingestor.drain(DRAIN_CHUNKS, wait_s, self.policy_version)
+
     def _sync_counted(self, started: float) -> LoopSync:
         """:meth:`_sync`, with its steps and policy lag counted into the run and the
         current metrics window (so the final row holds what arrived after the last one)."""
@@ -313,16 +365,20 @@ class Learner:
 
     def _sync(self, started: float) -> LoopSync:
         st = self.ingestor.take_stats()
-        stop = self.flags.stop or self._budget_reached(started) or self._solved()
+        refused = self.storage_error is not None
+        stop = self.flags.stop or self._budget_reached(started) or self._solved() or refused
         request = self.flags.save or (self.run_dir / "checkpoint.request").exists()
         self.flags.save = False
         # The ingestor sums whole version differences, so its float lag sum is an integer.
         mine = LoopSync(steps=st.steps, replay_size=len(self.buffer.local), stop_votes=int(stop),
-                        save_votes=int(request), lag_sum=int(st.lag_sum), lag_count=st.lag_count)
+                        save_votes=int(request), lag_sum=int(st.lag_sum), lag_count=st.lag_count,
+                        storage_votes=int(refused))
         g = mine.summed(self.buffer.collectives)
         self._last_sync = g
+        self._storage_stop = self._storage_stop or g.storage_votes > 0
         if g.should_save and self.rank == 0:
-            (self.run_dir / "checkpoint.request").unlink(missing_ok=True)
+            with self._writing():
+                (self.run_dir / "checkpoint.request").unlink(missing_ok=True)
         return g
 
     def _budget_reached(self, started: float) -> bool:
@@ -366,7 +422,8 @@ class Learner:
     def _publish(self) -> None:
         if self.publisher is not None:
             state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
-            self.publisher.publish(self.policy_version, state, meta=self._run_meta())
+            with self._writing():
+                self.publisher.publish(self.policy_version, state, meta=self._run_meta())
 
     def _publish_finished(self) -> None:
         """Tell remote actors that training reached its end (not after a stop signal: the
@@ -375,7 +432,8 @@ class Learner:
         state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
         state[FINISHED] = torch.ones(1)
         # Not saved in the counters: a resumed run publishes from its saved version again.
-        self.publisher.publish(self.policy_version + 1, state, meta=self._run_meta())
+        with self._writing():
+            self.publisher.publish(self.policy_version + 1, state, meta=self._run_meta())
 
     def _evaluate(self, episodes: int | None = None) -> float:
         returns = evaluate(self.agent.module, self.s.run.env_id, episodes or self.s.run.eval_episodes,
@@ -394,10 +452,11 @@ class Learner:
         assert self.metrics is not None
         now = time.monotonic()
         evaluated = self._evals > self._evals_recorded
-        self.metrics.record(metrics_row(window, g, now=now, wall_s=self._wall_s(), counters=self.counters,
-                                        recent_returns=self.ingestor.last_return,
-                                        eval_return=self.last_eval if evaluated else None),
-                            last_eval=self.last_eval)
+        with self._writing():
+            self.metrics.record(metrics_row(window, g, now=now, wall_s=self._wall_s(), counters=self.counters,
+                                            recent_returns=self.ingestor.last_return,
+                                            eval_return=self.last_eval if evaluated else None),
+                                last_eval=self.last_eval)
         self._evals_recorded = self._evals
         if window is not None:
             window.reset(now)
@@ -424,5 +483,5 @@ class Learner:
             summary["stop_return"] = self.s.run.stop_return
             summary["stopped_by"] = self._stop_reason(started)
             summary["run_dir"] = str(self.run_dir)
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            self._write_summary(summary)
         return summary

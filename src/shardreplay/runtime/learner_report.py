@@ -94,10 +94,13 @@ class RunCounts:
 
 
 def stop_reason(*, solved: bool, env_steps: int, total_env_steps: int, elapsed_s: float,
-                max_minutes: float) -> str:
-    """Why the run ended (rank 0's view): solved, env_steps, time or signal."""
+                max_minutes: float, storage: bool = False) -> str:
+    """Why the run ended (rank 0's view): solved, env_steps, time, storage (a rank's
+    file system refused a write) or signal."""
     if solved:
         return "solved"
+    if storage:
+        return "storage"
     if env_steps >= total_env_steps:
         return "env_steps"
     return "time" if elapsed_s >= max_minutes * 60 else "signal"

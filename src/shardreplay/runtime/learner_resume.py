@@ -4,6 +4,7 @@ takes it back (the buffer, the agent, the counters and the stored-chunk record).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from shardreplay import checkpoint
+from shardreplay._io import atomic_write_bytes
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError
 from shardreplay.runtime.dqn import DoubleDqn
@@ -52,11 +54,18 @@ class Resumed:
 
 def save_learner_state(directory: Path, agent: DoubleDqn) -> None:
     """Write the agent's state into checkpoint ``directory`` (rank 0, before the parts),
-    atomically: a crash leaves the old file or none."""
+    atomically: a crash leaves the old file or none.
+
+    Serialised in memory first: ``torch.save`` to a file turns a full disk into a
+    RuntimeError without the OS error, and leaves its temporary file behind.
+
+    Raises:
+        OSError: the file system refused the write (naming the file).
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{LEARNER_STATE}.tmp"
-    torch.save({"agent": agent.state_dict()}, tmp)
-    tmp.replace(directory / LEARNER_STATE)
+    data = io.BytesIO()
+    torch.save({"agent": agent.state_dict()}, data)
+    atomic_write_bytes(directory / LEARNER_STATE, data.getvalue())
 
 
 def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank: int,

@@ -42,6 +42,8 @@ class LoopSync:
         save_votes: ranks asking for a checkpoint (SIGUSR1 or ``checkpoint.request``).
         lag_sum: policy lag (updates behind) summed over the chunks taken in.
         lag_count: chunks that ``lag_sum`` covers.
+        storage_votes: ranks whose file system refused a write (full disk, read-only):
+            they also vote to stop, and the run ends saying so.
     """
 
     steps: int = 0
@@ -50,6 +52,7 @@ class LoopSync:
     save_votes: int = 0
     lag_sum: int = 0
     lag_count: int = 0
+    storage_votes: int = 0
 
     @property
     def should_stop(self) -> bool:
@@ -62,7 +65,7 @@ class LoopSync:
         return self.save_votes > 0
 
     def to_tensor(self) -> torch.Tensor:
-        """The fields in declaration order, as an int64 tensor of shape ``[6]``."""
+        """The fields in declaration order, as an int64 tensor of shape ``[fields]``."""
         return torch.tensor([getattr(self, f.name) for f in dataclasses.fields(self)], dtype=torch.int64)
 
     @classmethod

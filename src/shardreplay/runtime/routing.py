@@ -14,13 +14,17 @@ names no run) gives the names of before run ids: ``dir/shard-<k>``,
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
 
-from shardreplay.errors import ConfigError
+from shardreplay._io import storage_error
+from shardreplay.errors import ConfigError, StorageError
 from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.spec import Spec
 from shardreplay.transport import Chunk, encode, open_transport
@@ -54,6 +58,35 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
         from shardreplay.transport.redis_link import check_reachable as ping
 
         ping(url, timeout_s)
+
+
+def check_writable(url: str) -> None:
+    """For a ``file://`` URL: fail at once, in one line, when its directory (or the
+    nearest one of its parents that exists: nothing is created here) refuses a new file
+    (a read-only mount, no permission); other URLs pass.
+
+    Raises:
+        StorageError: "transport file:///x: cannot write /x: Read-only file system (EROFS)".
+        ConfigError: a file stands where the directory should be.
+    """
+    if not url or scheme_of(url) != "file":
+        return
+    directory = Path(urlparse(url).path)
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    if not directory.is_dir():
+        raise ConfigError(f"transport {url}: {directory} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".shardreplay-probe-", dir=directory)
+    except OSError as exc:
+        exc.filename = str(directory)  # the directory refused, not the probe's name
+        refused = storage_error(exc)
+        if refused is None:
+            raise ConfigError(f"transport {url}: {exc}") from None
+        raise StorageError(f"transport {url}: {refused}", path=refused.path, errno=refused.errno) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:

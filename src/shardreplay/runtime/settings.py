@@ -239,8 +239,7 @@ class TransportSettings:
         url: local, file:///dir or redis://host:port/db.
         policy_url: where weights are published ('' = file://<run_dir>/policy, or the
             transport's Redis URL).
-        run_id: the name of this run's channels on a shared medium (Redis keys
-            shardreplay:<run_id>:*); '' = a random one at the first start.
+        run_id: names the run's Redis keys shardreplay:<run_id>:* ('' = random).
     """
 
     url: str = _flag("local", "transport")

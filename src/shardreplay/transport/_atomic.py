@@ -50,9 +50,11 @@ def write_atomic(final: Path, data: bytes | memoryview, *, tmp_dir: Path | None 
             view = view[os.write(fd, view):]
         if fsync:
             os.fsync(fd)
-    except BaseException:
+    except BaseException as exc:
         os.close(fd)
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(final)  # os.write names no file: say which one was refused
         raise
     os.close(fd)
     try:

@@ -169,6 +169,10 @@ class SpoolWriter:
                 view = view[os.write(fd, view):]
             if self._t.fsync:
                 os.fsync(fd)
+        except OSError as exc:
+            if exc.filename is None:
+                exc.filename = str(tmp)  # os.write names no file: say which one
+            raise
         finally:
             os.close(fd)
 
