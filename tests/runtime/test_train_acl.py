@@ -33,7 +33,8 @@ def documented_acl(run_id: str, password: str) -> list[str]:
 @pytest.mark.timeout(600)
 def test_a_run_works_under_the_documented_user_and_cannot_touch_another_runs_keys(
         tmp_path: Path, redis_factory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "")
+    monkeypatch.delenv(ENV)  # restored to absent after the test
     server = redis_factory(password="admin-pw")
     admin = redis.Redis(host="127.0.0.1", port=server.port, password="admin-pw")
     try:

@@ -51,7 +51,8 @@ def _files_holding(root: Path, needle: bytes) -> list[str]:
 @pytest.mark.timeout(600)
 def test_a_password_given_in_the_url_is_nowhere_in_the_run(tmp_path: Path, redis_factory,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "")
+    monkeypatch.delenv(ENV)  # restored to absent after the test
     password = "pw-" + pysecrets.token_hex(12)
     server = redis_factory(password=password)
     run_dir = tmp_path / "run"

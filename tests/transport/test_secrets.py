@@ -18,7 +18,10 @@ SECRET = "s3cr3t-Pa55"
 
 @pytest.fixture(autouse=True)
 def _no_password(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(secrets.ENV, raising=False)
+    # Set, then delete: monkeypatch restores the variable's absence after the test, also
+    # when the code under test (adopt, read_password_file) sets it itself.
+    monkeypatch.setenv(secrets.ENV, "")
+    monkeypatch.delenv(secrets.ENV)
 
 
 @pytest.mark.parametrize(("url", "shown"), [
