@@ -181,7 +181,9 @@ def _run(args: argparse.Namespace) -> int:
 def final_line(summary: dict[str, Any]) -> str:
     """The sentence that ends a run: solved or not, the final evaluation, where the files are."""
     if summary.get("stopped_during_startup"):
-        return "Stopped while the learners were starting: nothing was trained or saved."
+        where = summary.get("run_dir")
+        again = f" Continue it with --run-dir {where} --auto-resume." if where else ""
+        return f"Stopped on request while starting: nothing new was trained or saved.{again}"
     run_dir = summary.get("run_dir") or str(Path(summary.get("checkpoint", ".")).parents[2])
     steps = f"{summary.get('env_steps', 0):,} environment steps"
     final, target = summary.get("final_eval_return"), summary.get("stop_return")
