@@ -175,6 +175,27 @@ def _run_chain(tmp_path: Path, layout: tuple[str, ...], early: int, seed: int) -
             for m, o, n in zip(marks, outcomes, nexts, strict=True)]
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["ctrl_c", "sigterm_launcher"])
+def test_a_signal_4_s_after_the_start_stops_a_background_job(tmp_path: Path, how: str) -> None:
+    """The report of issue 19: Ctrl-C to the group (or SIGTERM to the launcher) 4 s after
+    ``train`` started, with SIGINT ignored from the start as a script's ``cmd &`` has
+    it, went unnoticed (Ctrl-C) until the time limit, or killed the launcher silently."""
+    run_dir = tmp_path / "run"
+    with TrainRun(["train", "--run-dir", str(run_dir), *FAST, "--learners", "2", "--actors", "2",
+                   "--total-env-steps", "100000000"], tmp_path, sigint_ignored=True) as run:
+        time.sleep(4.0)
+        if how == "ctrl_c":
+            run.ctrl_c()
+        else:
+            run.terminate_launcher()
+        assert run.wait(STOP_S) == 0, run.explain()
+        lines = [ln for ln in run.stdout().splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Stopped on request"), run.explain()
+        assert "Traceback" not in run.stderr(), run.explain()
+        assert run.leftovers() == [], run.explain()
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("layout", "early", "seed"), [
     (("--learners", "1", "--actors", "1"), 3, SEED),
