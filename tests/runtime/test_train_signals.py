@@ -11,7 +11,9 @@ by nobody and must complete. Every moment's row (moment, signal, seconds to stop
 code, resumed) is printed and written to ``signal_matrix.txt`` in the test's directory.
 
 Seeds fix the timed moments (5 in the first 10 s of a run) and the small delays after
-the events. About 3-4 minutes on 2 cores for both chains (slow suite).
+the events. Cost (slow suite): the whole file used 213 s of CPU (all processes); its wall
+time was 9 min on 2 cores shared with a load average of 11, so about 2-3 min on 2 free
+cores.
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ def _checked_run(run_dir: Path, log_dir: Path, layout: tuple[str, ...], m: Momen
         assert code == 0, f"{what}: exit {code}" + run.explain()
         lines = [ln for ln in run.stdout().splitlines() if ln.strip()]
         assert len(lines) == 1, f"{what}: one final line expected" + run.explain()
-        assert "Traceback" not in run.stderr(), what + run.explain()
+        for noise in ("Traceback", "Exception ignored", "leaked"):  # leaked: the rings' semaphores
+            assert noise not in run.stderr(), what + run.explain()
         assert run.leftovers() == [], what + run.explain()
         if not (run_dir / "summary.json").exists():
             assert lines[0].startswith("Stopped on request while starting"), what + run.explain()
