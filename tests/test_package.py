@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "spec": 0,
     "_io": 0,
     "_hashing": 0,
+    "secrets": 0,  # Redis passwords: light (os, urllib), used from transport up
     "metrics": 0,
     "storage": 1,
     "samplers": 2,
@@ -186,3 +187,23 @@ def test_layer_check_catches_upward_and_root_imports(tmp_path: Path) -> None:
     ]
     for text in expected:
         assert any(text in p for p in problems), (text, problems)
+
+
+def test_the_command_starts_without_torch() -> None:
+    """`shardreplay` takes Ctrl-C and SIGTERM over (cli.main) before torch and numba are
+    imported, which takes seconds: the package root and the command's entry must not
+    import them (issue 19, item 4). The public names still load on first use."""
+    code = (
+        "import json, sys\n"
+        "import shardreplay, shardreplay.cli.main, shardreplay.runtime.stop_signals\n"
+        "before = [m for m in ('torch', 'numba', 'numpy') if m in sys.modules]\n"
+        "shardreplay.ReplayBuffer\n"
+        "print(json.dumps([before, 'torch' in sys.modules]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    before, loaded_on_use = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert before == [], f"the command's entry imported {before} before taking the signals over"
+    assert loaded_on_use

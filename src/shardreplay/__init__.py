@@ -1,27 +1,81 @@
-"""shardreplay: one exact, prioritized replay buffer across processes, GPUs and machines."""
+"""shardreplay: one exact, prioritized replay buffer across processes, GPUs and machines.
+
+The public names load on first use (PEP 562): ``import shardreplay`` stays cheap, so the
+``shardreplay`` command can take over Ctrl-C and SIGTERM before torch and numba are
+imported (seconds on a loaded machine; a signal then would end in a traceback).
+"""
 
 from __future__ import annotations
 
-from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.gym_writer import GymStepWriter, spec_from_env
-from shardreplay.buffer.info import BufferInfo
-from shardreplay.buffer.nstep import NStepTransition, nstep_returns, nstep_transitions
-from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.buffer.transitions import Transitions, transitions_from_batch
-from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import (
-    CheckpointError,
-    ConfigError,
-    EmptyBufferError,
-    InvalidPriorityError,
-    ShardReplayError,
-    SpecMismatchError,
-)
-from shardreplay.runtime.gym_steps import GymStepConverter  # numpy only: gymnasium is never imported
-from shardreplay.samplers.schedules import LinearSchedule
-from shardreplay.spec import Field, Spec, StepType
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardreplay.buffer.batch import Batch
+    from shardreplay.buffer.gym_writer import GymStepWriter, spec_from_env
+    from shardreplay.buffer.info import BufferInfo
+    from shardreplay.buffer.nstep import NStepTransition, nstep_returns, nstep_transitions
+    from shardreplay.buffer.replay_buffer import ReplayBuffer
+    from shardreplay.buffer.transitions import Transitions, transitions_from_batch
+    from shardreplay.distributed import ShardedReplayBuffer
+    from shardreplay.errors import (
+        CheckpointError,
+        ConfigError,
+        EmptyBufferError,
+        InvalidPriorityError,
+        ShardReplayError,
+        SpecMismatchError,
+    )
+    from shardreplay.runtime.gym_steps import GymStepConverter  # numpy only: gymnasium is never imported
+    from shardreplay.samplers.schedules import LinearSchedule
+    from shardreplay.spec import Field, Spec, StepType
 
 __version__ = "0.1.0"
+
+# Public name -> the module that defines it.
+_HOMES = {
+    "Batch": "shardreplay.buffer.batch",
+    "BufferInfo": "shardreplay.buffer.info",
+    "CheckpointError": "shardreplay.errors",
+    "ConfigError": "shardreplay.errors",
+    "EmptyBufferError": "shardreplay.errors",
+    "Field": "shardreplay.spec",
+    "GymStepConverter": "shardreplay.runtime.gym_steps",
+    "GymStepWriter": "shardreplay.buffer.gym_writer",
+    "InvalidPriorityError": "shardreplay.errors",
+    "LinearSchedule": "shardreplay.samplers.schedules",
+    "NStepTransition": "shardreplay.buffer.nstep",
+    "ReplayBuffer": "shardreplay.buffer.replay_buffer",
+    "ShardReplayError": "shardreplay.errors",
+    "ShardedReplayBuffer": "shardreplay.distributed",
+    "Spec": "shardreplay.spec",
+    "SpecMismatchError": "shardreplay.errors",
+    "StepType": "shardreplay.spec",
+    "Transitions": "shardreplay.buffer.transitions",
+    "nstep_returns": "shardreplay.buffer.nstep",
+    "nstep_transitions": "shardreplay.buffer.nstep",
+    "spec_from_env": "shardreplay.buffer.gym_writer",
+    "transitions_from_batch": "shardreplay.buffer.transitions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (then cached here).
+
+    Raises:
+        AttributeError: ``name`` is not a public name of the package.
+    """
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'shardreplay' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
 
 __all__ = [
     "Batch",

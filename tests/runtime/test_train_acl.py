@@ -15,7 +15,7 @@ import pytest
 import redis
 from train_harness import FAST, TrainRun
 
-from shardreplay.transport.secrets import ENV
+from shardreplay.secrets import ENV
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

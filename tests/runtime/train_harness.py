@@ -38,10 +38,12 @@ class TrainRun:
         env: extra environment variables.
         module: the module to run (``torch.distributed.run`` for torchrun).
         prefix: file name prefix of the outputs (several runs in one directory).
+        sigint_ignored: start it with SIGINT ignored, as a shell starts a background job
+            (``cmd &`` in a script).
     """
 
     def __init__(self, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 module: str = "shardreplay", prefix: str = "") -> None:
+                 module: str = "shardreplay", prefix: str = "", sigint_ignored: bool = False) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.args = list(args)
         self.stdout_path = log_dir / f"{prefix}stdout.txt"
@@ -52,7 +54,8 @@ class TrainRun:
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=out,
                                          stderr=err, start_new_session=True,
-                                         env={**os.environ, **(env or {})})
+                                         env={**os.environ, **(env or {})},
+                                         preexec_fn=_ignore_sigint if sigint_ignored else None)
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
 
@@ -178,6 +181,10 @@ class TrainRun:
     def explain(self) -> str:
         """The tail of both outputs, for assertion messages."""
         return f"\n--- stdout ---\n{self.stdout()[-3000:]}\n--- stderr ---\n{self.stderr()[-6000:]}"
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def metrics_rows(run_dir: Path) -> list[dict[str, str]]:

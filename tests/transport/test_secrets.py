@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from shardreplay import secrets
 from shardreplay.errors import ConfigError, TransportError
 from shardreplay.runtime.log_lines import LineSafeHandler
-from shardreplay.transport import secrets
 from shardreplay.transport.redis_link import RedisLink, check_reachable
 
 SECRET = "s3cr3t-Pa55"

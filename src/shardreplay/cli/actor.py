@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(logging.INFO, "%(asctime)s %(name)s: %(message)s")  # masks the Redis password
     from shardreplay.runtime.actor import run as run_actor
-    from shardreplay.transport.secrets import adopt, read_password_file
+    from shardreplay.secrets import adopt, read_password_file
 
     names = {f.name for f in dataclasses.fields(ActorSettings)}
     values = {k: v for k, v in vars(args).items() if k in names}
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         _check_media(args)
         counters = run_actor(ActorSettings(**values))
     except ShardReplayError as exc:
-        from shardreplay.transport.secrets import mask
+        from shardreplay.secrets import mask
 
         print(mask(f"shardreplay actor: {exc}"), file=sys.stderr)
         return 2

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from shardreplay.runtime import stop_signals
+
 _SUBCOMMANDS = (
     "shardreplay.cli.train",
     "shardreplay.cli.actor",
@@ -28,9 +30,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``shardreplay`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    """Entry point of the ``shardreplay`` console script; returns the exit code.
+
+    Ctrl-C and SIGTERM are recorded from here on, before the subcommands' imports
+    (torch, numba: seconds): ``train`` stops at its own points, at any moment of its
+    start-up (see :mod:`shardreplay.runtime.stop_signals`); any other command gets the
+    default handlers back, and a signal taken meanwhile then acts as it would have.
+    """
+    restore = stop_signals.take_over()
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command != "train":
+            stop_signals.redeliver(restore)
+            restore = None
+        return int(args.func(args))
+    finally:
+        if restore is not None:
+            restore()
 
 
 if __name__ == "__main__":

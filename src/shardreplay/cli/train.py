@@ -67,7 +67,7 @@ def without_secrets(settings: TrainSettings, password_file: str | None) -> Train
         ConfigError: the password file cannot be read, or a URL whose password was
             redacted (a resumed run) has none to connect with.
     """
-    from shardreplay.transport.secrets import ENV, adopt, needs_password, read_password_file
+    from shardreplay.secrets import ENV, adopt, needs_password, read_password_file
 
     if password_file:
         read_password_file(password_file)
@@ -285,7 +285,7 @@ def _run(args: argparse.Namespace) -> int:
             _set_aside_newer(args.resume, args.checkpoint_id)
         summary = train(settings, resume, auto_resume=bool(args.auto_resume))
     except ShardReplayError as exc:
-        from shardreplay.transport.secrets import mask
+        from shardreplay.secrets import mask
 
         print(mask(f"shardreplay train: {exc}"), file=sys.stderr)
         return 2
@@ -317,7 +317,9 @@ def storage_advice(summary: dict[str, Any]) -> str:
 def final_line(summary: dict[str, Any]) -> str:
     """The sentence that ends a run: solved or not, the final evaluation, where the files are."""
     if summary.get("stopped_during_startup"):
-        return "Stopped while the learners were starting: nothing was trained or saved."
+        where = summary.get("run_dir")
+        again = f" Continue it with --run-dir {where} --auto-resume." if where else ""
+        return f"Stopped on request while starting: nothing new was trained or saved.{again}"
     run_dir = summary.get("run_dir") or str(Path(summary.get("checkpoint", ".")).parents[2])
     steps = f"{summary.get('env_steps', 0):,} environment steps"
     final, target = summary.get("final_eval_return"), summary.get("stop_return")

@@ -43,11 +43,12 @@ from shardreplay.checkpoint import (
     set_aside_incomplete,
 )
 from shardreplay.errors import ConfigError, PeerLost, ShardReplayError, StorageError
+from shardreplay.runtime import stop_signals
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.log_lines import configure_logging
 from shardreplay.runtime.processes import (
     ProcessTree,
-    children_block_sigint,
+    children_block_signals,
     describe_exit,
     die_with_parent,
     resource_tracker_pid,
@@ -164,6 +165,11 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
             log.warning("--learners %d ignored: torchrun started %s ranks", settings.learners.count,
                         os.environ["WORLD_SIZE"])
         settings = settings.updated({"learners": int(os.environ["WORLD_SIZE"])})
+    if stop_signals.requested() is not None and not under_torchrun():
+        # Ctrl-C or SIGTERM while the command was starting (stop_signals took it): the
+        # run directory is left as it was. (A torchrun rank goes on to meet the others
+        # and stops with them: leaving alone would make them wait for it.)
+        return _stopped_during_startup(settings.run.run_dir)
     try:
         settings = prepare_run_dir(settings, resume, auto_resume=auto_resume)
     except OSError as exc:  # a read-only or full run directory: one line, no traceback
@@ -171,6 +177,12 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
     if under_torchrun():
         return _torchrun_rank(settings, resume)
     return _spawn_learners(settings, resume)
+
+
+def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
+    """The summary of a run stopped before its learners met: nothing trained or saved."""
+    log.warning("stopped while starting; nothing new was trained or saved")
+    return {"stopped_during_startup": True, "run_dir": run_dir}
 
 
 def _torchrun_rank(settings: TrainSettings, resume: bool) -> dict[str, Any]:
@@ -198,6 +210,10 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
                   out: Any, launcher_pid: int) -> None:
     die_with_parent(launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
+    # Born with SIGTERM blocked (see _spawn_learners): take it from here on (the Learner's
+    # loop stops on it, however early it came), then let it in.
+    stop_signals.take_over(launcher_pid)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     configure_logging(logging.INFO if rank == 0 else logging.WARNING,
                       f"%(asctime)s rank {rank} %(name)s: %(message)s")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -210,6 +226,10 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
                             timeout=datetime.timedelta(seconds=settings.learners.collective_timeout_s))
     code = 0
     try:
+        if _stop_agreed_on_meeting():
+            out.put((rank, "ok", {"rank": rank, "stopped_during_startup": True,
+                                  "run_dir": settings.run.run_dir}))
+            return
         from shardreplay.runtime.learner import Learner
 
         summary = Learner(settings, rings[rank] if rings else None, resume, rings=rings).run()
@@ -238,6 +258,17 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _stop_agreed_on_meeting() -> bool:
+    """Whether some rank was asked to stop before the ranks met (one all-reduce): then
+    all leave at once, before building anything (a stop that comes later is the loop's)."""
+    import torch
+    import torch.distributed as dist
+
+    votes = torch.tensor([int(stop_signals.requested() is not None)], dtype=torch.int64)
+    dist.all_reduce(votes)
+    return int(votes.item()) > 0
 
 
 def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
@@ -283,18 +314,22 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
             terminate_started()
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    if stop_signals.requested() is not None:  # taken before this handler was there
+        forward()
     try:
-        for p in procs:
+        started = _start_learners(procs, stopping)
+        if stopping["asked"] and len(started) < len(procs):
+            # Stopped while the learners were being started: those started cannot meet
+            # the others, and hold nothing yet (no learner exists before they meet).
+            for learner in started:
+                learner.kill()
+            outcome = _stopped_during_startup(settings.run.run_dir)
+        else:
             if stopping["asked"]:
-                break
-            with children_block_sigint():
-                p.start()
-        if stopping["asked"]:
-            # The stop may have come while a learner was being started (its handler ran
-            # before that process had a pid): tell them all again, SIGTERM is idempotent.
-            terminate_started()
-        outcome = _collect([p for p in procs if p.pid is not None], out, stopping, tree,
-                           settings.run.run_dir)
+                # The stop may have come while a learner was being started (its handler ran
+                # before that process had a pid): tell them all again, SIGTERM is idempotent.
+                terminate_started()
+            outcome = _collect(started, out, stopping, tree, settings.run.run_dir)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -302,6 +337,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
         # After a failure the ranks had their grace already: what is left is killed.
         failed = isinstance(outcome, ShardReplayError)
         stop_processes([p for p in procs if p.pid is not None], timeout_s=1.0 if failed else 60.0)
+        procs.clear()  # one never started still holds its ring and the queue (released below)
         # What the learners left: actors of a rank that died (reparented, so only the
         # record finds them), or of one killed after its grace.
         killed = tree.stop(timeout_s=2.0)
@@ -320,6 +356,22 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
         # released before the tracker stops.
         raise outcome
     return outcome  # set: _collect returned
+
+
+def _start_learners(procs: list[Any], stopping: dict[str, bool]) -> list[Any]:
+    """Start the learner processes in order until a stop is asked; returns those started.
+
+    (A function of its own: a loop variable left in the caller would keep a process
+    never started, and the ring and queue its arguments hold, alive.)
+    """
+    for p in procs:
+        if stopping["asked"]:
+            break
+        # SIGTERM too stays pending until the learner's handler is in place: a learner
+        # killed by it while importing would leave the others waiting to meet it.
+        with children_block_signals({signal.SIGINT, signal.SIGTERM}):
+            p.start()
+    return [p for p in procs if p.pid is not None]
 
 
 def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: ProcessTree,
@@ -347,10 +399,8 @@ def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: Proces
     if errors or deaths:
         _stop_after_failure(procs, out, results, errors, deaths, tree)
         return _failure(deaths, errors, run_dir)
-    if 0 not in results:
-        # Stopped (SIGTERM) before the learners had set up their handlers: nothing to save.
-        log.warning("stopped while the learners were starting; nothing new was saved")
-        return {"stopped_during_startup": True}
+    if 0 not in results:  # every rank ended on the SIGTERM sent after a stop: nothing saved
+        return _stopped_during_startup(run_dir)
     # A rank whose file system refused a write: the run's last line names the first.
     refused = [r.get("storage_error") for _, r in sorted(results.items()) if r.get("storage_error")]
     return {**results[0], "storage_error": refused[0] if refused else None}

@@ -227,7 +227,8 @@ class Learner:
     def run(self) -> dict[str, Any]:
         """Train until a stop condition; checkpoint; stop actors. Returns the summary."""
         self._publish()
-        self.actors.start()
+        if not self.flags.stop:  # stopped while starting: the first sync ends the run, actorless
+            self.actors.start()
         started = self._started = time.monotonic()
         try:
             self._loop(started)

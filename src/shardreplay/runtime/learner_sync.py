@@ -18,6 +18,7 @@ import torch
 
 from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.errors import ShardReplayError
+from shardreplay.runtime import stop_signals
 from shardreplay.runtime.actor import AGREED
 from shardreplay.runtime.settings import TrainSettings
 
@@ -95,10 +96,16 @@ class SignalFlags:
         self.save = False
 
     def install(self) -> None:
-        """Route the three signals to the flags (main thread only, as ``signal`` requires)."""
+        """Route the three signals to the flags (main thread only, as ``signal`` requires).
+
+        A stop signal :mod:`~shardreplay.runtime.stop_signals` took earlier (while the
+        process was starting) sets ``stop`` too: it is not lost.
+        """
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGUSR1, self._save)
+        if stop_signals.requested() is not None:  # after the handlers: none falls between
+            self.stop = True
 
     def _stop(self, *_args: Any) -> None:
         self.stop = True

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from shardreplay.transport.secrets import mask
+from shardreplay.secrets import mask
 
 CLEAR_LINE = "\r\x1b[K"  # carriage return, then erase to the end of the line
 
@@ -31,7 +31,7 @@ def _is_terminal(stream: Any) -> bool:
 
 class LineSafeHandler(logging.StreamHandler):
     """A stream handler whose lines start on a cleared line when the stream is a terminal,
-    and never show the run's Redis password (:func:`shardreplay.transport.secrets.mask`)."""
+    and never show the run's Redis password (:func:`shardreplay.secrets.mask`)."""
 
     def format(self, record: logging.LogRecord) -> str:
         """The formatted record, after :data:`CLEAR_LINE` on a terminal."""

@@ -62,13 +62,22 @@ def children_block_sigint() -> Iterator[None]:
     the process's other threads, or this one after the block, still take a Ctrl-C
     meant for the caller, so nothing is lost (an ignored disposition would lose it).
     """
+    with children_block_signals({signal.SIGINT}):
+        yield
+
+
+@contextlib.contextmanager
+def children_block_signals(signals: set[signal.Signals]) -> Iterator[None]:
+    """Processes started inside this block are born with ``signals`` blocked (see
+    :func:`children_block_sigint`); a child unblocks one once its handler is in place
+    (``signal.pthread_sigmask(signal.SIG_UNBLOCK, ...)``), and takes it then."""
     with contextlib.suppress(Exception):
         # Starting the tracker inside the block would unblock SIGINT (it masks and
         # unmasks it around its own start), and the child would not inherit the mask.
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
     finally:

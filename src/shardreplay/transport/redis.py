@@ -65,6 +65,7 @@ from typing import Any, TypeVar
 import redis
 
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
+from shardreplay.secrets import redact
 from shardreplay.spec import Spec
 from shardreplay.transport.base import (
     DEFAULT_MAX_CHUNK_BYTES,
@@ -83,7 +84,6 @@ from shardreplay.transport.redis_link import (
     waiting_entries,
     with_group,
 )
-from shardreplay.transport.secrets import redact
 
 __all__ = ["RedisReader", "RedisTransport", "RedisWriter"]
 

@@ -24,8 +24,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
+from shardreplay.secrets import connect_args, redact
 from shardreplay.transport.codec import Encoding
-from shardreplay.transport.secrets import connect_args, redact
 
 __all__ = ["HintChannel", "RedisLink", "XaddPacker", "check_reachable", "ensure_group", "trim_acknowledged",
            "waiting_entries", "with_group"]

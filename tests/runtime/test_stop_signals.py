@@ -1,0 +1,60 @@
+"""runtime/stop_signals: a stop signal taken while a process starts is kept for the code
+that knows how to stop (issue 19, item 4). Each case runs in a child process of its own:
+the record is process-wide."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_a_signal_taken_early_is_recorded_and_reaches_the_learner_flags() -> None:
+    proc = _run("""
+        import os, signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job starts
+        from shardreplay.runtime import stop_signals
+        restore = stop_signals.take_over()
+        assert stop_signals.requested() is None
+        os.kill(os.getpid(), signal.SIGINT)  # ignored before: now recorded
+        os.kill(os.getpid(), signal.SIGTERM)  # would have killed the process
+        assert stop_signals.requested() == signal.SIGINT, stop_signals.requested()
+        from shardreplay.runtime.learner_sync import SignalFlags
+        flags = SignalFlags()
+        flags.install()
+        assert flags.stop, "a stop taken before the learner's handlers is lost"
+        restore()
+        print("ok")
+    """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_redeliver_gives_the_signal_its_default_effect() -> None:
+    proc = _run("""
+        import os, signal
+        from shardreplay.runtime import stop_signals
+        restore = stop_signals.take_over()
+        os.kill(os.getpid(), signal.SIGINT)
+        try:
+            stop_signals.redeliver(restore)
+        except KeyboardInterrupt:
+            print("interrupted")
+    """)
+    assert proc.stdout.strip() == "interrupted", proc.stderr
+
+
+def test_a_child_whose_parent_is_gone_exits_on_the_signal() -> None:
+    proc = _run("""
+        import os, signal
+        from shardreplay.runtime import stop_signals
+        stop_signals.take_over(parent_pid=os.getppid() + 1_000_000)  # not its parent
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("still running")
+    """)
+    assert proc.returncode == 1 and "still running" not in proc.stdout, (proc.stdout, proc.stderr)
+    assert "is gone: exiting" in proc.stderr
