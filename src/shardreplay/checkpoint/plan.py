@@ -12,10 +12,13 @@ the plans of the ranks partition the episodes: each is placed exactly once.
 * **spread** (the saved streams fit one per new row: ``R_saved <= sum(num_streams)``):
   each new row receives one piece, a run of consecutive episodes of one saved stream.
   While rows are left over, the largest piece is split at the episode boundary nearest
-  its middle, so data spreads over all rows; pieces are dealt to shards largest first,
-  each to the shard with a free row that is least filled for its capacity. Nothing is
-  lost when every ``stream_capacity`` is at least the saved one: a saved stream, or any
-  run of it, fits the row it came from. This covers resuming on the same layout.
+  its middle, so data spreads over all rows, unless its halves would overflow the rows
+  more than the whole (rows of unequal length: a half could land in a shorter row);
+  pieces are dealt to shards largest first, each to a shard with a free row that holds
+  it whole (none does: the longest rows), the least filled for its capacity among them.
+  Nothing is lost when the saved streams fit the rows one each (the i-th largest in the
+  i-th longest row), so whenever every ``stream_capacity`` is at least the saved one,
+  and on the same layout.
 * **merge** (more saved streams than new rows): when the steps exceed the new total
   capacity, the oldest episodes are dropped first; the rest are dealt to all new rows
   largest first (each to the least-filled row, rows of different shards interleaved:
