@@ -21,9 +21,10 @@ the plans of the ranks partition the episodes: each is placed exactly once.
   and on the same layout.
 * **merge** (more saved streams than new rows): when the steps exceed the new total
   capacity, the oldest episodes are dropped first; the rest are dealt to all new rows
-  largest first (each to the least-filled row, rows of different shards interleaved:
-  row 0 of every shard, then row 1 of every shard that has one, ...), and a row that
-  still overflows drops its oldest episodes.
+  largest first (each to the row least filled for its capacity, rows of different
+  shards interleaved: row 0 of every shard, then row 1 of every shard that has one,
+  ...), and a row that still overflows drops its oldest episodes (while the steps fit
+  the new capacity, a row overflows by less than the longest episode).
 
 "Oldest" is measured in the saved stream's own clock: an episode's **age** is the
 number of steps stored after its end in its saved stream (0 for the newest). Within a
@@ -179,8 +180,9 @@ def assign_rows(episodes: EpisodeTable, layout: NewLayout) -> tuple[list[np.ndar
         dealt = _deal_pieces(pieces, ends, layout)
         return [np.arange(lo, hi, dtype=np.int64) for lo, hi in dealt], np.empty(0, np.int64)
     kept, dropped = _drop_oldest(episodes, layout.capacity())
-    bins = _balance(lengths[kept], total_rows)
-    row_of = layout.interleaved_rows()[bins]
+    rows_in_order = layout.interleaved_rows()
+    bins = _balance(lengths[kept], _row_capacities(layout)[rows_in_order])
+    row_of = rows_in_order[bins]
     order = np.argsort(row_of, kind="stable")  # canonical order within each row
     bounds = np.searchsorted(row_of[order], np.arange(total_rows + 1))
     return [kept[order[bounds[r]:bounds[r + 1]]] for r in range(total_rows)], dropped
@@ -203,8 +205,7 @@ def _split_pieces(pieces: list[tuple[int, int]], ends: np.ndarray, layout: NewLa
     are ``total_rows`` pieces or none has two episodes. A split that would make the
     pieces overflow the rows more (:func:`_overflow`: rows of unequal capacity, where a
     half may go to a smaller row than the whole) is not made: that piece stays whole."""
-    caps = np.sort(np.repeat(np.asarray(layout.stream_capacity, np.int64),
-                             np.asarray(layout.num_streams, np.int64)))[::-1]
+    caps = np.sort(_row_capacities(layout))[::-1]
     uneven = bool(caps[0] != caps[-1])  # rows alike: a split never overflows more
     sizes = [int(ends[hi] - ends[lo]) for lo, hi in pieces]
     heap = [(-size, lo, hi) for size, (lo, hi) in zip(sizes, pieces, strict=True)]
@@ -289,10 +290,16 @@ def _drop_oldest(episodes: EpisodeTable, capacity: int) -> tuple[np.ndarray, np.
     return np.flatnonzero(keep).astype(np.int64), np.sort(order[:count]).astype(np.int64)
 
 
-def _balance(sizes: np.ndarray, bins: int) -> np.ndarray:
-    """Greedy longest-first: each item to the least-filled bin (ties: lowest index)."""
+def _balance(sizes: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Greedy longest-first: each item to the bin least filled for its capacity
+    ``caps[b]`` (ties: lowest index)."""
     order = np.argsort(-sizes, kind="stable")
-    return balance_longest_first(order.astype(np.int64), sizes.astype(np.int64), bins)
+    return balance_longest_first(order.astype(np.int64), sizes.astype(np.int64), caps.astype(np.int64))
+
+
+def _row_capacities(layout: NewLayout) -> np.ndarray:
+    """The capacity of every global row."""
+    return np.repeat(np.asarray(layout.stream_capacity, np.int64), np.asarray(layout.num_streams, np.int64))
 
 
 def _fit(ids: np.ndarray, lengths: np.ndarray, capacity: int
