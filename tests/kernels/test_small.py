@@ -52,8 +52,17 @@ def test_balance_longest_first() -> None:
     for items, bins in ((0, 3), (1, 1), (1, 4), (20, 3), (50, 7)):
         sizes = rng.integers(0, 10, items)
         order = np.argsort(-sizes, kind="stable").astype(np.int64)
-        np.testing.assert_array_equal(balance_longest_first(order, sizes.astype(np.int64), bins),
-                                      ref.balance_longest_first(order, sizes, bins))
+        for caps in (np.full(bins, 12), rng.integers(1, 40, bins)):  # rows alike, and not
+            np.testing.assert_array_equal(
+                balance_longest_first(order, sizes.astype(np.int64), caps.astype(np.int64)),
+                ref.balance_longest_first(order, sizes, caps))
+
+
+def test_balance_longest_first_fills_bins_for_their_capacity() -> None:
+    """Bins of 5 and 40: 30 steps in 2-step items go 4 : 26, not 16 : 14."""
+    sizes = np.full(15, 2, np.int64)
+    assign = balance_longest_first(np.arange(15, dtype=np.int64), sizes, np.array([5, 40], np.int64))
+    assert np.bincount(assign, weights=sizes).tolist() == [4.0, 26.0]
 
 
 @pytest.mark.parametrize("seed", range(3))

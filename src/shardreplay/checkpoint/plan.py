@@ -12,15 +12,19 @@ the plans of the ranks partition the episodes: each is placed exactly once.
 * **spread** (the saved streams fit one per new row: ``R_saved <= sum(num_streams)``):
   each new row receives one piece, a run of consecutive episodes of one saved stream.
   While rows are left over, the largest piece is split at the episode boundary nearest
-  its middle, so data spreads over all rows; pieces are dealt to shards largest first,
-  each to the shard with a free row that is least filled for its capacity. Nothing is
-  lost when every ``stream_capacity`` is at least the saved one: a saved stream, or any
-  run of it, fits the row it came from. This covers resuming on the same layout.
+  its middle, so data spreads over all rows, unless its halves would overflow the rows
+  more than the whole (rows of unequal length: a half could land in a shorter row);
+  pieces are dealt to shards largest first, each to a shard with a free row that holds
+  it whole (none does: the longest rows), the least filled for its capacity among them.
+  Nothing is lost when the saved streams fit the rows one each (the i-th largest in the
+  i-th longest row), so whenever every ``stream_capacity`` is at least the saved one,
+  and on the same layout.
 * **merge** (more saved streams than new rows): when the steps exceed the new total
   capacity, the oldest episodes are dropped first; the rest are dealt to all new rows
-  largest first (each to the least-filled row, rows of different shards interleaved:
-  row 0 of every shard, then row 1 of every shard that has one, ...), and a row that
-  still overflows drops its oldest episodes.
+  largest first (each to the row least filled for its capacity, rows of different
+  shards interleaved: row 0 of every shard, then row 1 of every shard that has one,
+  ...), and a row that still overflows drops its oldest episodes (while the steps fit
+  the new capacity, a row overflows by less than the longest episode).
 
 "Oldest" is measured in the saved stream's own clock: an episode's **age** is the
 number of steps stored after its end in its saved stream (0 for the newest). Within a
@@ -172,12 +176,13 @@ def assign_rows(episodes: EpisodeTable, layout: NewLayout) -> tuple[list[np.ndar
     pieces = _saved_streams(episodes)
     total_rows = layout.total_rows
     if len(pieces) <= total_rows:
-        pieces = _split_pieces(pieces, ends, total_rows)
+        pieces = _split_pieces(pieces, ends, layout)
         dealt = _deal_pieces(pieces, ends, layout)
         return [np.arange(lo, hi, dtype=np.int64) for lo, hi in dealt], np.empty(0, np.int64)
     kept, dropped = _drop_oldest(episodes, layout.capacity())
-    bins = _balance(lengths[kept], total_rows)
-    row_of = layout.interleaved_rows()[bins]
+    rows_in_order = layout.interleaved_rows()
+    bins = _balance(lengths[kept], _row_capacities(layout)[rows_in_order])
+    row_of = rows_in_order[bins]
     order = np.argsort(row_of, kind="stable")  # canonical order within each row
     bounds = np.searchsorted(row_of[order], np.arange(total_rows + 1))
     return [kept[order[bounds[r]:bounds[r + 1]]] for r in range(total_rows)], dropped
@@ -194,24 +199,43 @@ def _saved_streams(episodes: EpisodeTable) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], n], strict=True))
 
 
-def _split_pieces(pieces: list[tuple[int, int]], ends: np.ndarray, total_rows: int
+def _split_pieces(pieces: list[tuple[int, int]], ends: np.ndarray, layout: NewLayout
                   ) -> list[tuple[int, int]]:
     """Split the largest piece at the episode boundary nearest its middle until there
-    are ``total_rows`` pieces or none has two episodes."""
-    heap = [(-int(ends[hi] - ends[lo]), lo, hi) for lo, hi in pieces]
+    are ``total_rows`` pieces or none has two episodes. A split that would make the
+    pieces overflow the rows more (:func:`_overflow`: rows of unequal capacity, where a
+    half may go to a smaller row than the whole) is not made: that piece stays whole."""
+    caps = np.sort(_row_capacities(layout))[::-1]
+    uneven = bool(caps[0] != caps[-1])  # rows alike: a split never overflows more
+    sizes = [int(ends[hi] - ends[lo]) for lo, hi in pieces]
+    heap = [(-size, lo, hi) for size, (lo, hi) in zip(sizes, pieces, strict=True)]
     heapq.heapify(heap)
     done: list[tuple[int, int]] = []
     count = len(pieces)
-    while heap and count < total_rows:
+    while heap and count < layout.total_rows:
         _size, lo, hi = heapq.heappop(heap)
         if hi - lo < 2:
             done.append((lo, hi))
             continue
         cut = lo + _best_cut(ends[lo + 1:hi + 1] - ends[lo])
+        halves = [int(ends[cut] - ends[lo]), int(ends[hi] - ends[cut])]
+        if uneven:
+            others = [-s for s, _lo, _hi in heap] + [int(ends[b] - ends[a]) for a, b in done]
+            whole = [*others, halves[0] + halves[1]]
+            if _overflow([*others, *halves], caps) > _overflow(whole, caps):
+                done.append((lo, hi))
+                continue
         for a, b in ((lo, cut), (cut, hi)):
             heapq.heappush(heap, (-int(ends[b] - ends[a]), a, b))
         count += 1
     return sorted(done + [(lo, hi) for _s, lo, hi in heap])
+
+
+def _overflow(sizes: list[int], caps_desc: np.ndarray) -> int:
+    """Steps lost when pieces of ``sizes`` go one per row, the largest to the largest
+    row (the least loss any one-piece-per-row assignment can have)."""
+    ordered = np.sort(np.asarray(sizes, np.int64))[::-1]
+    return int(np.maximum(ordered - caps_desc[:ordered.shape[0]], 0).sum())
 
 
 def _best_cut(piece_ends: np.ndarray) -> int:
@@ -222,20 +246,29 @@ def _best_cut(piece_ends: np.ndarray) -> int:
 
 def _deal_pieces(pieces: list[tuple[int, int]], ends: np.ndarray, layout: NewLayout
                  ) -> list[tuple[int, int]]:
-    """Each piece to its own row: largest first to the shard with a free row that is
-    least filled for its capacity (ties: lowest shard). Fill is compared as the exact
-    fraction ``filled / capacity`` (integer cross products), so every machine deals alike."""
+    """Each piece to its own row: largest first to a shard with a free row that holds
+    it whole (where none does: with the longest rows), the least filled for its capacity
+    among those (ties: lowest shard). Largest first, a piece finds a row that holds it
+    whenever the pieces fit the rows at all (the i-th largest piece fits the i-th longest
+    row). Fill is compared as the exact fraction ``filled / capacity`` (integer cross
+    products), so every machine deals alike."""
     sizes = [int(ends[hi] - ends[lo]) for lo, hi in pieces]
     shard_cap = [n * c for n, c in zip(layout.num_streams, layout.stream_capacity, strict=True)]
-    heap = [(Fraction(0), s) for s in range(layout.num_shards)]
+    # One heap per row length: with rows alike this is the plain least-filled deal.
+    heaps: dict[int, list[tuple[Fraction, int]]] = {}
+    for s in range(layout.num_shards):
+        heaps.setdefault(layout.stream_capacity[s], []).append((Fraction(0), s))
     filled = [0] * layout.num_shards
     per_shard: list[list[int]] = [[] for _ in range(layout.num_shards)]
     for k in sorted(range(len(pieces)), key=lambda k: (-sizes[k], k)):
-        _fill, s = heapq.heappop(heap)
+        open_caps = [c for c, h in heaps.items() if h]
+        holding = [c for c in open_caps if c >= sizes[k]]
+        cap = min(holding, key=lambda c: heaps[c][0]) if holding else max(open_caps)
+        _fill, s = heapq.heappop(heaps[cap])
         per_shard[s].append(k)
         filled[s] += sizes[k]
         if len(per_shard[s]) < layout.num_streams[s]:
-            heapq.heappush(heap, (Fraction(filled[s], shard_cap[s]), s))
+            heapq.heappush(heaps[cap], (Fraction(filled[s], shard_cap[s]), s))
     rows = [(0, 0)] * layout.total_rows
     for s, ks in enumerate(per_shard):
         for r, k in enumerate(sorted(ks)):
@@ -257,10 +290,16 @@ def _drop_oldest(episodes: EpisodeTable, capacity: int) -> tuple[np.ndarray, np.
     return np.flatnonzero(keep).astype(np.int64), np.sort(order[:count]).astype(np.int64)
 
 
-def _balance(sizes: np.ndarray, bins: int) -> np.ndarray:
-    """Greedy longest-first: each item to the least-filled bin (ties: lowest index)."""
+def _balance(sizes: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Greedy longest-first: each item to the bin least filled for its capacity
+    ``caps[b]`` (ties: lowest index)."""
     order = np.argsort(-sizes, kind="stable")
-    return balance_longest_first(order.astype(np.int64), sizes.astype(np.int64), bins)
+    return balance_longest_first(order.astype(np.int64), sizes.astype(np.int64), caps.astype(np.int64))
+
+
+def _row_capacities(layout: NewLayout) -> np.ndarray:
+    """The capacity of every global row."""
+    return np.repeat(np.asarray(layout.stream_capacity, np.int64), np.asarray(layout.num_streams, np.int64))
 
 
 def _fit(ids: np.ndarray, lengths: np.ndarray, capacity: int

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 FIRST, LAST = 0, 2
@@ -26,12 +28,12 @@ def nstep_scalar(idx, mask, reward, discount, gamma, n):
     return ret, boot, m, idx[np.arange(b), m]
 
 
-def balance_longest_first(order: np.ndarray, sizes: np.ndarray, bins: int) -> np.ndarray:
-    """Each item in ``order`` to the least-filled bin, the lowest of ties."""
-    filled = [0] * bins
+def balance_longest_first(order: np.ndarray, sizes: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Each item in ``order`` to the bin least filled for its capacity, the lowest of ties."""
+    filled = [0] * caps.shape[0]
     assign = np.zeros(sizes.shape[0], np.int64)
     for i in order:
-        b = min(range(bins), key=lambda j: (filled[j], j))
+        b = min(range(caps.shape[0]), key=lambda j: (Fraction(filled[j], int(caps[j])), j))
         assign[i] = b
         filled[b] += int(sizes[i])
     return assign
