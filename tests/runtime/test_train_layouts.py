@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from train_harness import FAST, TrainRun, manifest_counters, manifest_steps, newest_checkpoint
 
+from shardreplay import checkpoint
 from shardreplay.runtime.run_identity import read_identity
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -54,10 +55,13 @@ def _every_shard_fed(manifest: dict, learners: int) -> None:
 
 
 def _refused_resume_changes_nothing(run_dir: Path, log_dir: Path) -> None:
+    """Refused on every rank (another environment: the spec differs), from an older
+    checkpoint (``--checkpoint-id``: the newer ones are set aside only after a restore)."""
     before = _tree_digest(run_dir)
     life = read_identity(run_dir)
-    with TrainRun(["train", "--resume", str(run_dir), "--learners", "3", "--env-id", "Acrobot-v1", *COMMON],
-                  log_dir) as run:
+    older = checkpoint.list_checkpoints(run_dir / "checkpoints")[-2]
+    with TrainRun(["train", "--resume", str(run_dir), "--checkpoint-id", str(older), "--learners", "3",
+                   "--env-id", "Acrobot-v1", *COMMON], log_dir) as run:
         assert run.wait(120) != 0, run.explain()
         assert run.leftovers() == [], run.explain()
         assert "saved with spec" in run.stderr(), run.explain()
@@ -71,7 +75,8 @@ def _refused_resume_changes_nothing(run_dir: Path, log_dir: Path) -> None:
 def test_uneven_layouts_feed_every_shard_and_resume_with_every_step(
         tmp_path: Path, learners: int, actors: int, resumed: int, resumed_actors: int) -> None:
     run_dir = tmp_path / "run"
-    _finish(["train", "--run-dir", str(run_dir), *COMMON, "--learners", str(learners), "--actors",
+    periodic = ["--checkpoint-interval-updates", "40"] if (learners, actors) == (2, 4) else []
+    _finish(["train", "--run-dir", str(run_dir), *COMMON, *periodic, "--learners", str(learners), "--actors",
              str(actors), "--total-env-steps", str(STEPS)], tmp_path / "first")
     saved_dir, saved = newest_checkpoint(run_dir)
     _every_shard_fed(saved, learners)

@@ -211,23 +211,6 @@ def _damaged_newer(root: Path, newest_complete: int | None) -> tuple[int, str] |
     return None
 
 
-def _set_aside_newer(run_dir: Path, checkpoint_id: int) -> None:
-    """``--checkpoint-id N``: move the checkpoints newer than N out of the way (to
-    ``checkpoints/incomplete/<UTC time>/``, nothing is deleted), so the run continues
-    from N and its next saves never meet them. One rank does it, before the ranks meet."""
-    from shardreplay.checkpoint import list_checkpoints, set_aside
-    from shardreplay.runtime.launch import under_torchrun
-
-    if under_torchrun() and os.environ.get("RANK") != "0":
-        return
-    root = Path(run_dir) / "checkpoints"
-    moved, where = set_aside(root, [c for c in list_checkpoints(root) if c > checkpoint_id])
-    if moved:
-        logging.getLogger("shardreplay.train").warning(
-            "%s: continuing from checkpoint %d; the newer checkpoint(s) %s moved to %s", run_dir,
-            checkpoint_id, ", ".join(map(str, moved)), where)
-
-
 def _resumable(args: argparse.Namespace) -> Path | None:
     """``--auto-resume``: the run directory when it holds a complete checkpoint (then the
     run continues from the newest one), else None (the run starts afresh; incomplete
@@ -281,9 +264,8 @@ def _run(args: argparse.Namespace) -> int:
         settings, resume = _settings(args)
         from shardreplay.runtime.launch import train
 
-        if args.checkpoint_id is not None:
-            _set_aside_newer(args.resume, args.checkpoint_id)
-        summary = train(settings, resume, auto_resume=bool(args.auto_resume))
+        summary = train(settings, resume, auto_resume=bool(args.auto_resume),
+                        checkpoint_id=args.checkpoint_id)
     except ShardReplayError as exc:
         from shardreplay.secrets import mask
 

@@ -144,7 +144,8 @@ def _refuse_fresh_start(run_dir: Path, auto_resume: bool) -> None:
                           f"(they are moved to {root / INCOMPLETE_DIR}), or use another --run-dir")
 
 
-def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = False) -> dict[str, Any]:
+def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = False,
+          checkpoint_id: int | None = None) -> dict[str, Any]:
     """Run a training job to its end; returns rank 0's summary.
 
     ``auto_resume`` (a new run under ``--auto-resume``): incomplete checkpoints left in
@@ -175,8 +176,8 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
     except OSError as exc:  # a read-only or full run directory: one line, no traceback
         raise storage_error(exc, settings.run.run_dir) or exc from None
     if under_torchrun():
-        return _torchrun_rank(settings, resume)
-    return _spawn_learners(settings, resume)
+        return _torchrun_rank(settings, resume, checkpoint_id)
+    return _spawn_learners(settings, resume, checkpoint_id)
 
 
 def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
@@ -185,7 +186,7 @@ def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
     return {"stopped_during_startup": True, "run_dir": run_dir}
 
 
-def _torchrun_rank(settings: TrainSettings, resume: bool) -> dict[str, Any]:
+def _torchrun_rank(settings: TrainSettings, resume: bool, checkpoint_id: int | None) -> dict[str, Any]:
     import torch.distributed as dist
 
     # gloo even on GPU machines: the learner keeps its network and batches on the CPU,
@@ -195,7 +196,7 @@ def _torchrun_rank(settings: TrainSettings, resume: bool) -> dict[str, Any]:
     try:
         from shardreplay.runtime.learner import Learner
 
-        return Learner(settings, None, resume).run()
+        return Learner(settings, None, resume, checkpoint_id=checkpoint_id).run()
     finally:
         dist.destroy_process_group()
 
@@ -207,7 +208,7 @@ def _free_port() -> int:
 
 
 def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any] | None, resume: bool,
-                  out: Any, launcher_pid: int) -> None:
+                  out: Any, launcher_pid: int, checkpoint_id: int | None = None) -> None:
     die_with_parent(launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
     # Born with SIGTERM blocked (see _spawn_learners): take it from here on (the Learner's
@@ -232,7 +233,8 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
             return
         from shardreplay.runtime.learner import Learner
 
-        summary = Learner(settings, rings[rank] if rings else None, resume, rings=rings).run()
+        summary = Learner(settings, rings[rank] if rings else None, resume, rings=rings,
+                          checkpoint_id=checkpoint_id).run()
         out.put((rank, "ok", summary))
     except BaseException as exc:
         code = 1
@@ -279,7 +281,7 @@ def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
                            chunk_size_bytes=chunk_bytes(spec, a.envs_per_actor, a.chunk_steps))
 
 
-def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
+def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | None) -> dict[str, Any]:
     # A tracker already running belongs to the caller (its other resources depend on
     # it); otherwise the queue's semaphores start one here, and it is ours to stop.
     own_tracker = resource_tracker_pid() is None
@@ -294,7 +296,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool) -> dict[str, Any]:
                   for r in range(settings.learners.count)]
     procs = [ctx.Process(target=_learner_main, name=f"learner-{r}", daemon=False,
                          args=(r, settings, port, transports if local else None, resume, out,
-                               os.getpid()))
+                               os.getpid(), checkpoint_id))
              for r in range(settings.learners.count)]
     stopping = {"asked": False}
     # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.

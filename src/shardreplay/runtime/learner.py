@@ -78,11 +78,14 @@ class Learner:
             or None to open it from the URL.
         rings: every shard's ``local`` ring (made by the launcher), for the actors this
             rank starts (one may feed several shards); None: only this rank's.
+        checkpoint_id: with ``resume``, the checkpoint to continue from (None: the newest
+            complete one); newer ones are set aside once every rank restored.
         resume: restore the newest complete checkpoint of ``run_dir`` first.
     """
 
     def __init__(self, settings: TrainSettings, transport: Transport | None = None,
-                 resume: bool = False, *, rings: Sequence[Transport] | None = None) -> None:
+                 resume: bool = False, *, rings: Sequence[Transport] | None = None,
+                 checkpoint_id: int | None = None) -> None:
         self.s = settings
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.run_dir = Path(settings.run.run_dir)
@@ -121,9 +124,9 @@ class Learner:
         self.identity = (upcoming_life(self.run_dir, settings.transport.run_id) if resume
                          else read_identity(self.run_dir)) or RunIdentity("", 0)
         if resume:
-            restored = self._resume()
+            restored = self._resume(checkpoint_id)
             if self.rank == 0:
-                commit_resume(self.run_dir, self.identity, settings.to_dict())
+                commit_resume(self.run_dir, self.identity, settings.to_dict(), newer_than=checkpoint_id)
         # Before this life opens its journal: the chunks earlier lives acknowledged that
         # the checkpoint lacks (rank 0 also takes the shards that no longer exist).
         self._old_journals = read_old_journals(
@@ -166,9 +169,9 @@ class Learner:
     def _ckpt_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
-    def _resume(self) -> str:
+    def _resume(self, checkpoint_id: int | None) -> str:
         """Restore the newest complete checkpoint; returns its id (for loss reports)."""
-        r = restore(self._ckpt_root, self.buffer, self.agent, self.rank, self.world)
+        r = restore(self._ckpt_root, self.buffer, self.agent, self.rank, self.world, checkpoint_id)
         self.counters.update(r.counters)
         self.best_eval, self.wall_offset_s = r.best_eval, r.wall_offset_s
         self._stored, self._last_checkpoint = r.stored, r.last_checkpoint

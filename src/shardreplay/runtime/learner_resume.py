@@ -69,16 +69,16 @@ def save_learner_state(directory: Path, agent: DoubleDqn) -> None:
 
 
 def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank: int,
-            world: int) -> Resumed:
-    """Restore the newest complete checkpoint under ``ckpt_root`` into ``buffer`` and
-    ``agent`` (a collective: every rank calls it).
+            world: int, checkpoint_id: int | None = None) -> Resumed:
+    """Restore checkpoint ``checkpoint_id`` (None: the newest complete one) under
+    ``ckpt_root`` into ``buffer`` and ``agent`` (a collective: every rank calls it).
 
     Raises:
         IncompleteCheckpointError: no complete checkpoint to restore.
         CheckpointError: the restored and dropped steps do not add up to the saved ones
             (a bug that must not be saved over the checkpoint it came from).
     """
-    report = checkpoint.load(ckpt_root, buffer, fallback=True)
+    report = checkpoint.load(ckpt_root, buffer, checkpoint_id=checkpoint_id, fallback=checkpoint_id is None)
     state = torch.load(report.directory / LEARNER_STATE, weights_only=True)
     agent.load_state_dict(state["agent"])
     best = report.extra.get("best_eval")
@@ -116,9 +116,11 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank
     return resumed
 
 
-def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any]) -> None:
+def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any], *,
+                  newer_than: int | None = None) -> None:
     """Record a resumed life once every rank restored (rank 0): set incomplete checkpoints
-    aside (out of the way of the ids this life saves), then write ``run.json`` and
+    aside (out of the way of the ids this life saves), and with ``newer_than`` (``--resume
+    --checkpoint-id N``) every checkpoint newer than N, then write ``run.json`` and
     ``config.json``. Before this point a refused resume has changed nothing on disk.
 
     Raises:
@@ -126,6 +128,12 @@ def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any]) -> 
         OSError: a file could not be written.
     """
     root = run_dir / "checkpoints"
+    if newer_than is not None:
+        later = [c for c in checkpoint.list_checkpoints(root) if c > newer_than]
+        newer, into = checkpoint.set_aside(root, later)
+        if newer:
+            log.warning("%s: continuing from checkpoint %d; the newer checkpoint(s) %s moved to %s", run_dir,
+                        newer_than, ", ".join(map(str, newer)), into)
     moved, where = checkpoint.set_aside_incomplete(root)
     if moved:
         names = ", ".join(checkpoint.checkpoint_dir(root, c).name for c in moved)
