@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from shardreplay.kernels import storage as kernels
 from shardreplay.kernels.sampling import accept_valid
 from shardreplay.samplers.base import Draw, check_state_keys
 from shardreplay.storage import StreamStorage
@@ -58,15 +59,23 @@ class UniformSampler:
         return Draw(starts, prob, np.ones(n, np.float32))
 
     def _starts(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        valid, size, count = self.storage.valid, self.storage.size, self.storage.num_valid
-        acceptance = count / size
+        storage = self.storage
+        valid, count = storage.valid, storage.num_valid
+        # Only written slots can be valid: each row's first min(pos, C) slots. Drawing
+        # over those (not the whole ring) keeps the cost independent of the capacity
+        # while the buffer fills; the rejection of invalid ones keeps it exact.
+        written = storage.written_per_row()
+        total = int(written.sum())
+        aligned = written.shape[0] == 1 or bool(kernels.all_equal(written))
+        acceptance = count / total
         if acceptance < _MIN_ACCEPTANCE:
-            return rng.choice(np.flatnonzero(valid), size=n)
+            return rng.choice(_written_valid(valid, written, storage.stream_capacity), size=n)
         out = np.empty(n, np.int64)
         got = 0
         while got < n:
             need = n - got
-            cand = rng.integers(0, size, size=int(need / acceptance * 1.1) + 8)
+            cand = _to_slots(rng.integers(0, total, size=int(need / acceptance * 1.1) + 8), written,
+                             storage.stream_capacity, aligned)
             got = accept_valid(cand, valid, out, got)
         return out
 
@@ -90,3 +99,22 @@ class UniformSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """No state of its own."""
+
+
+def _to_slots(u: np.ndarray, written: np.ndarray, cap: int, aligned: bool) -> np.ndarray:
+    """Flat slots of the written-slot ordinals ``u`` (row after row, ``written[r]``
+    slots in row ``r``, which start at ``r * cap``); ``aligned``: all rows hold as many."""
+    first = int(written[0])
+    if written.shape[0] == 1 or (aligned and first == cap):
+        return u
+    if aligned:
+        return (u // first) * cap + u % first
+    ends = np.cumsum(written)
+    row = np.searchsorted(ends, u, side="right")
+    return u + row * cap - (ends[row] - written[row])
+
+
+def _written_valid(valid: np.ndarray, written: np.ndarray, cap: int) -> np.ndarray:
+    """Flat slots of the valid starts, reading only the written slots of each row."""
+    parts = [r * cap + np.flatnonzero(valid[r * cap:r * cap + int(w)]) for r, w in enumerate(written) if w]
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)

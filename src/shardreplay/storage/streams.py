@@ -138,6 +138,10 @@ class StreamStorage:
         """Number of stored steps."""
         return int(np.minimum(self.pos, self.stream_capacity).sum())
 
+    def written_per_row(self) -> np.ndarray:
+        """Slots written in each row: ``min(pos, C)`` (a row's written slots are its first ones)."""
+        return np.minimum(self.pos, self.stream_capacity)
+
     def write(self, steps: Mapping[str, np.ndarray], rows: np.ndarray, t_len: int,
               priorities: np.ndarray | None, default_priority: float
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
