@@ -103,16 +103,19 @@ def fill_sweep(sr: Any, sb3_cls: Any, spaces: Any, settings: dict[str, Any]) -> 
             for fill in settings["fills"]:
                 steps = max(EPISODE, int(capacity // streams * fill))
                 ours, theirs = _fill(sr, sb3_cls, spaces, capacity, streams, steps)
-                kw = {"blocks": settings["blocks"], "calls": settings["calls"]}
                 rows.append({"capacity": capacity, "streams": streams, "fill": fill,
-                             "sample": interleaved(lambda: ours.sample(SAMPLE_BATCH),
-                                                   lambda: theirs.sample(SAMPLE_BATCH), **kw),
-                             "sample_transitions": interleaved(
-                                 lambda: ours.sample_transitions(SAMPLE_BATCH, 0.99),
-                                 lambda: theirs.sample(SAMPLE_BATCH), **kw)})
-                del ours, theirs
+                             **_samples(ours, theirs, SAMPLE_BATCH, settings)})
+                ours = theirs = None
                 gc.collect()
     return rows
+
+
+def _samples(ours: Any, theirs: Any, batch: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """``sample(batch)`` and ``sample_transitions(batch)`` against SB3's ``sample(batch)``."""
+    kw = {"blocks": settings["blocks"], "calls": settings["calls"]}
+    return {"sample": interleaved(lambda: ours.sample(batch), lambda: theirs.sample(batch), **kw),
+            "sample_transitions": interleaved(lambda: ours.sample_transitions(batch, 0.99),
+                                              lambda: theirs.sample(batch), **kw)}
 
 
 def _kind_spec(sr: Any, kind: str) -> Any:
@@ -216,11 +219,9 @@ def add_sweep(sr: Any, sb3_cls: Any, spaces: Any, settings: dict[str, Any]) -> l
             per = max(kw["calls"], fill // (2 * kw["blocks"] + 2))
             row[f"add_{via}"] = interleaved(steps.add_ours, steps.add_theirs, blocks=kw["blocks"], calls=per)
             if via == "add":
-                row["sample"] = interleaved(lambda: ours.sample(batch), lambda: theirs.sample(batch), **kw)
-                row["sample_transitions"] = interleaved(lambda: ours.sample_transitions(batch, 0.99),
-                                                        lambda: theirs.sample(batch), **kw)
+                row.update(_samples(ours, theirs, batch, settings))
                 row["steps_stored"] = ours.num_steps
-            del ours, theirs, steps
+            ours = theirs = steps = None
             gc.collect()
         rows.append(row)
     return rows
@@ -241,9 +242,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     Raises:
         ImportError: stable-baselines3 or gymnasium is not installed.
     """
-    import shardreplay as sr
     from gymnasium import spaces
     from stable_baselines3.common.buffers import ReplayBuffer as Sb3Buffer
+
+    import shardreplay as sr
 
     np.random.seed(0)  # SB3 samples from numpy's global generator
     settings = QUICK if quick else FULL

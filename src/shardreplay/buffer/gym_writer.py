@@ -38,19 +38,32 @@ _Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
-                  reward: str = "reward") -> Spec:
+                  reward: str = "reward", frame_stack: bool = False) -> Spec:
     """The Spec of a gymnasium (vector) env's steps: its observation and action spaces
     (``single_*`` of a vector env), and a float32 reward. A Dict observation space gives
     nested fields.
 
+    ``frame_stack=True`` declares the observation a stack of frames on its first axis,
+    oldest first (a pixel env wrapped in gymnasium's ``FrameStackObservation``, or
+    ``AtariPreprocessing`` + a 4-frame stack: ``(4, 84, 84)`` uint8), so each frame is
+    stored once (``Field(..., frame_stack=True)``); write such a spec with
+    ``GymStepConverter`` and ``ReplayBuffer.add``.
+
     Raises:
-        ConfigError: a space without a shape and dtype (Text, Graph, Sequence).
+        ConfigError: a space without a shape and dtype (Text, Graph, Sequence), or
+            ``frame_stack`` for an observation that is not one array of at least 2 axes.
     """
     obs_space = getattr(env, "single_observation_space", None)
     act_space = getattr(env, "single_action_space", None)
     if obs_space is None or act_space is None:  # a single env, not a vector env
         obs_space, act_space = env.observation_space, env.action_space
-    return Spec({observation: _field_of(obs_space, observation), action: _field_of(act_space, action),
+    obs_field = _field_of(obs_space, observation)
+    if frame_stack:
+        if not isinstance(obs_field, Field) or len(obs_field.shape) < 2:
+            raise ConfigError(f"frame_stack=True needs an observation of one array shaped (stack, "
+                              f"*frame), got {obs_space!r}; build the Spec by hand otherwise")
+        obs_field = Field(obs_field.shape, obs_field.dtype, frame_stack=True)
+    return Spec({observation: obs_field, action: _field_of(act_space, action),
                  reward: Field((), np.float32)})
 
 
@@ -117,6 +130,7 @@ class GymStepWriter:
         n, s = st.size, self.num_envs
         self._obs_shape = (s, *buffer.spec[observation].shape)
         self._act_shape = (s, *buffer.spec[action].shape)
+        self._unit_action = buffer.spec[action].shape[-1:] == (1,)
         self._held_obs = np.zeros((s, *buffer.spec[observation].shape), buffer.spec[observation].dtype)
         self._same_step = self.autoreset_mode == "same_step"
         self._state = np.array([st.stream_capacity, st.window, self._same_step,
@@ -191,6 +205,9 @@ class GymStepWriter:
                 final observations (a SAME_STEP env), or a SAME_STEP env's done without
                 ``info["final_obs"]``. Nothing is written then.
         """
+        if self._unit_action and getattr(action, "shape", None) == self._act_shape[:-1]:
+            # A (1,) Box action given as [num_envs] (as SB3 takes it): add its unit axis.
+            action = np.reshape(action, self._act_shape)
         if self._plain and not info:
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
             try:
@@ -279,6 +296,8 @@ class GymStepWriter:
         if not self._is_reset:
             raise ConfigError("call reset(obs) with the env's reset observation before step()")
         action, obs, reward = np.asarray(action), np.asarray(obs), np.asarray(reward)
+        if self._unit_action and action.shape == self._act_shape[:-1]:
+            action = action.reshape(self._act_shape)
         flags = []
         for name, value in (("terminated", terminated), ("truncated", truncated)):
             arr = np.asarray(value, dtype=bool)
