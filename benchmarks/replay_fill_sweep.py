@@ -38,7 +38,7 @@ PIXEL_BATCH = 32
 PIXEL_CAPACITY = 100_000  # SB3 reserves (never touches) 2 stacks per step: 5.6 GB
 BUILD_CAPACITY = 1_000_000
 PIXEL_FILL = 10_000
-POOL = 4_096
+POOL = 4_000  # a whole number of episodes: the pool cycles at an episode end
 EPISODE = 50  # steps per episode in the pools
 QUICK = {"fills": (0.01, 1.0), "capacities": (200_000,), "streams": (1, 8), "pixel_fill": 2_000,
          "blocks": 3, "calls": 50}
@@ -86,7 +86,8 @@ def _fill(sr: Any, sb3_cls: Any, spaces: Any, capacity: int, streams: int, steps
                      "action": rng.integers(0, 2, (streams, t_len)),
                      "reward": np.ones((streams, t_len), np.float32), "step_type": np.array(types)})
         done += t_len
-    theirs = sb3_cls(capacity // streams, spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(2),
+    # SB3 divides its buffer_size among the envs: capacity // streams steps per env.
+    theirs = sb3_cls(capacity, spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(2),
                      "cpu", n_envs=streams, handle_timeout_termination=False)
     for name in ("observations", "next_observations", "actions", "rewards", "dones"):
         arr = getattr(theirs, name)

@@ -170,7 +170,7 @@ class StreamStorage:
         # raise: nothing is written yet).
         frame_plans = [(store, stacks, store.plan(stacks, types, rows, pos, self.step_type).copy())
                        for store, stacks in ((store, store.as_frame_bytes(steps[name], t_len))
-                                             for name, store in self.stacked.items())]
+                                             for name, store in self.stacked.items())] if self.stacked else ()
         if priorities is None:
             n_out, delta = kernels.write_steps(
                 self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,
