@@ -210,7 +210,7 @@ def child_main(args: argparse.Namespace) -> None:
         import replay_fill_sweep
 
         try:
-            result = replay_fill_sweep.run(quick=args.quick)
+            result = replay_fill_sweep.run(quick=args.quick, clock=args.clock)
         except ImportError as exc:
             result = {"missing": str(exc)}
         print(json.dumps(result), flush=True)

@@ -7,8 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from shardreplay.kernels import storage as kernels
-from shardreplay.kernels.sampling import accept_valid
+from shardreplay.kernels.sampling import accept_written
 from shardreplay.samplers.base import Draw, check_state_keys
 from shardreplay.storage import StreamStorage
 
@@ -64,19 +63,17 @@ class UniformSampler:
         # Only written slots can be valid: each row's first min(pos, C) slots. Drawing
         # over those (not the whole ring) keeps the cost independent of the capacity
         # while the buffer fills; the rejection of invalid ones keeps it exact.
-        written = storage.written_per_row()
-        total = int(written.sum())
-        aligned = written.shape[0] == 1 or bool(kernels.all_equal(written))
+        ends = np.cumsum(storage.written_per_row())
+        total = int(ends[-1])
         acceptance = count / total
         if acceptance < _MIN_ACCEPTANCE:
-            return rng.choice(_written_valid(valid, written, storage.stream_capacity), size=n)
+            return rng.choice(_written_valid(valid, ends, storage.stream_capacity), size=n)
         out = np.empty(n, np.int64)
         got = 0
         while got < n:
             need = n - got
-            cand = _to_slots(rng.integers(0, total, size=int(need / acceptance * 1.1) + 8), written,
-                             storage.stream_capacity, aligned)
-            got = accept_valid(cand, valid, out, got)
+            ordinals = rng.integers(0, total, size=int(need / acceptance * 1.1) + 8)
+            got = accept_written(ordinals, ends, storage.stream_capacity, valid, out, got)
         return out
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
@@ -101,20 +98,9 @@ class UniformSampler:
         """No state of its own."""
 
 
-def _to_slots(u: np.ndarray, written: np.ndarray, cap: int, aligned: bool) -> np.ndarray:
-    """Flat slots of the written-slot ordinals ``u`` (row after row, ``written[r]``
-    slots in row ``r``, which start at ``r * cap``); ``aligned``: all rows hold as many."""
-    first = int(written[0])
-    if written.shape[0] == 1 or (aligned and first == cap):
-        return u
-    if aligned:
-        return (u // first) * cap + u % first
-    ends = np.cumsum(written)
-    row = np.searchsorted(ends, u, side="right")
-    return u + row * cap - (ends[row] - written[row])
-
-
-def _written_valid(valid: np.ndarray, written: np.ndarray, cap: int) -> np.ndarray:
-    """Flat slots of the valid starts, reading only the written slots of each row."""
-    parts = [r * cap + np.flatnonzero(valid[r * cap:r * cap + int(w)]) for r, w in enumerate(written) if w]
+def _written_valid(valid: np.ndarray, ends: np.ndarray, cap: int) -> np.ndarray:
+    """Flat slots of the valid starts, reading only the written slots of each row
+    (``ends``: cumulative written counts per row)."""
+    lengths = np.diff(ends, prepend=0)
+    parts = [r * cap + np.flatnonzero(valid[r * cap:r * cap + int(w)]) for r, w in enumerate(lengths) if w]
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
