@@ -205,14 +205,16 @@ class GymStepWriter:
                 final observations (a SAME_STEP env), or a SAME_STEP env's done without
                 ``info["final_obs"]``. Nothing is written then.
         """
-        if self._unit_action and getattr(action, "shape", None) == self._act_shape[:-1]:
-            # A (1,) Box action given as [num_envs] (as SB3 takes it): add its unit axis.
-            action = np.reshape(action, self._act_shape)
         if self._plain and not info:
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
             try:
                 n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
             except TypeError:  # inputs of a kind not accepted yet (or not arrays)
+                if self._unit_action and getattr(action, "shape", None) == self._act_shape[:-1]:
+                    # A (1,) Box action given as [num_envs] (as SB3 takes it): its unit axis
+                    # added here, so the compiled write takes it (checked only on this path).
+                    self.step(np.reshape(action, self._act_shape), obs, reward, terminated, truncated, info)
+                    return
                 self._write_all(*self._accept(action, obs, reward, terminated, truncated), info)
                 return
             if n_out < 0:
