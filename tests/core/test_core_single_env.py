@@ -226,3 +226,46 @@ def test_a_one_element_action_given_as_num_envs_is_taken_as_sb3_takes_it() -> No
     with pytest.raises(SpecMismatchError, match=r"expected shape \(3, 2\)"):
         two.add({"obs": obs[0], "action": actions[0], "reward": np.ones(envs, np.float32),
                  "step_type": np.zeros(envs, np.uint8)})
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_the_writer_takes_frame_stacks_and_stores_what_the_converter_and_add_store(mode: str) -> None:
+    spec = sr.spec_from_env(_PixelEnv(), frame_stack=True)
+    envs = 2
+    a, b = (sr.ReplayBuffer(spec, num_streams=envs, stream_capacity=60, window=3, seed=0) for _ in range(2))
+    writer, conv = sr.GymStepWriter(a, autoreset_mode=mode), sr.GymStepConverter(envs, autoreset_mode=mode)
+    rng = np.random.default_rng(4)
+
+    def fresh() -> np.ndarray:
+        return np.repeat(rng.integers(0, 255, (1, 1, 6, 5), dtype=np.uint8), 4, axis=1)[0]
+
+    obs = np.stack([fresh() for _ in range(envs)])
+    writer.reset(obs)
+    conv.reset(obs)
+    ended = np.zeros(envs, bool)  # NEXT_STEP: the call after a done returns the reset stack
+    for _ in range(90):
+        term, trunc = rng.random(envs) < 0.08, rng.random(envs) < 0.04
+        done = term | trunc
+        shifted = np.concatenate([obs[:, 1:], rng.integers(0, 255, (envs, 1, 6, 5), dtype=np.uint8)], axis=1)
+        info: dict[str, Any] = {}
+        if mode == "same_step":
+            nxt = np.stack([fresh() if d else s for d, s in zip(done, shifted, strict=True)])
+            if done.any():
+                info = {"final_obs": np.array([s if d else None for d, s in zip(done, shifted, strict=True)],
+                                              dtype=object)}
+        else:
+            nxt = np.stack([fresh() if e else s for e, s in zip(ended, shifted, strict=True)])
+            done = done & ~ended
+            term, trunc = term & ~ended, trunc & ~ended
+            ended = done
+        action, reward = rng.integers(0, 4, envs), rng.random(envs)
+        writer.step(action, nxt, reward, term, trunc, info)
+        for step, ids in conv.step(action, nxt, reward, term, trunc, info):
+            b.add(step, stream_ids=ids)
+        obs = nxt
+    sa, sb = a.state_dict()["arrays"], b.state_dict()["arrays"]
+    for name in sb:
+        assert torch.equal(sa[name], sb[name]), name
+    assert writer.num_steps == conv.num_steps and writer.num_episodes == conv.num_episodes > 0
+    got = a.sample_transitions(16, gamma=0.9)
+    assert got.obs.shape == (16, 4, 6, 5)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardreplay.buffer.gym_modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
+from shardreplay.buffer.gym_stacked import StackedSteps
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels.gym_step import HELD as _HELD
@@ -46,8 +47,7 @@ def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
     ``frame_stack=True`` declares the observation a stack of frames on its first axis,
     oldest first (a pixel env wrapped in gymnasium's ``FrameStackObservation``, or
     ``AtariPreprocessing`` + a 4-frame stack: ``(4, 84, 84)`` uint8), so each frame is
-    stored once (``Field(..., frame_stack=True)``); write such a spec with
-    ``GymStepConverter`` and ``ReplayBuffer.add``.
+    stored once (``Field(..., frame_stack=True)``); :class:`GymStepWriter` writes it.
 
     Raises:
         ConfigError: a space without a shape and dtype (Text, Graph, Sequence), or
@@ -101,8 +101,11 @@ class GymStepWriter:
 
     Raises:
         ConfigError: an unsupported mode, a field name the spec lacks, a spec with other
-            or frame-stacked fields (or a nested observation: use ``GymStepConverter``
-            with ``ReplayBuffer.add`` for those).
+            fields or a frame-stacked action or reward (or a nested observation: use
+            ``GymStepConverter`` with ``ReplayBuffer.add`` for those).
+
+    A frame-stacked observation (``spec_from_env(envs, frame_stack=True)``) is taken:
+    its steps go through ``ReplayBuffer.add``, which stores each frame once.
     """
 
     def __init__(self, buffer: ReplayBuffer, *, autoreset_mode: Any = "next_step", observation: str = "obs",
@@ -112,17 +115,25 @@ class GymStepWriter:
                 raise ConfigError(f"the buffer's spec has no (flat) field {name!r}; it has "
                                   f"{sorted(buffer.spec.fields)}")
         others = sorted(set(buffer.spec.fields) - {observation, action, reward})
-        stacked = [name for name in (observation, action, reward) if buffer.spec[name].frame_stack]
+        stacked = [name for name in (action, reward) if buffer.spec[name].frame_stack]
         if others or stacked:
             has = f"other fields {others}" if others else f"frame-stacked {stacked}"
             raise ConfigError(f"GymStepWriter writes only the fields {observation!r}, {action!r} and "
-                              f"{reward!r}, none frame-stacked; this spec has {has}: "
+                              f"{reward!r} (only the observation frame-stacked); this spec has {has}: "
                               "use GymStepConverter with ReplayBuffer.add for it")
         if buffer.spec[reward].shape != ():
             raise ConfigError(f"reward field {reward!r} must be a scalar, got shape "
                               f"{buffer.spec[reward].shape}")
         self.buffer = buffer
         self.autoreset_mode = mode_name(autoreset_mode)
+        # A frame-stacked observation (pixels) is written through ReplayBuffer.add, which
+        # alone fills frame rings (gym_stacked.py); plain fields take the compiled write.
+        self._stacked = (StackedSteps(buffer, self.autoreset_mode == "same_step",
+                                      (observation, action, reward))
+                         if buffer.spec[observation].frame_stack else None)
+        if self._stacked is not None:
+            self.num_envs = buffer.num_streams
+            return
         self.num_envs = buffer.num_streams
         self._names = (observation, action, reward)
         self._shard = shard_of_buffer(buffer)
@@ -158,11 +169,15 @@ class GymStepWriter:
     @property
     def num_steps(self) -> int:
         """Steps written so far (over all envs)."""
+        if self._stacked is not None:
+            return self._stacked.num_steps
         return int(self._state[6])
 
     @property
     def num_episodes(self) -> int:
         """Episodes ended so far (over all envs)."""
+        if self._stacked is not None:
+            return self._stacked.num_episodes
         return int(self._state[7])
 
     @classmethod
@@ -186,6 +201,9 @@ class GymStepWriter:
         Raises:
             SpecMismatchError: ``obs`` does not fit the spec's observation field (one row per env).
         """
+        if self._stacked is not None:
+            self._stacked.reset(obs)
+            return
         name = self._names[0]
         arr = self.buffer.spec.validate(self._probe(obs, None, None), (self.num_envs,))[name]
         self._held_obs[...] = arr
@@ -205,6 +223,9 @@ class GymStepWriter:
                 final observations (a SAME_STEP env), or a SAME_STEP env's done without
                 ``info["final_obs"]``. Nothing is written then.
         """
+        if self._stacked is not None:
+            self._stacked.step(action, obs, reward, terminated, truncated, info)
+            return
         if self._plain and not info:
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
             try:
