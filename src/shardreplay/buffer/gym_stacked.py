@@ -44,8 +44,12 @@ class StackedSteps:
         self.num_envs = n
         self.act_shape = (n, *buffer.spec[names[1]].shape)
         self.held: np.ndarray | None = None
+        # Step types and discounts of the held steps: replaced (never changed in place)
+        # after each write, so that the arrays handed to add are never changed later.
         self.types = np.full(n, FIRST, np.uint8)
         self.discounts = np.ones(n, np.float32)
+        self._all_mid = np.full(n, MID, np.uint8)
+        self._all_ones = np.ones(n, np.float32)
         self.num_steps = 0
         self.num_episodes = 0
 
@@ -61,8 +65,8 @@ class StackedSteps:
         if arr.shape != (self.num_envs, *field.shape):
             raise SpecMismatchError(f"obs must be shaped {(self.num_envs, *field.shape)}, got {arr.shape}")
         self.held = arr
-        self.types[:] = FIRST
-        self.discounts[:] = 1.0
+        self.types = np.full(self.num_envs, FIRST, np.uint8)
+        self.discounts = np.ones(self.num_envs, np.float32)
 
     def step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
              info: Mapping[str, Any] | None) -> None:
@@ -90,12 +94,14 @@ class StackedSteps:
         if next_held.shape != self.held.shape:
             raise SpecMismatchError(f"obs must be shaped {self.held.shape}, got {next_held.shape}")
         is_last = self.types == LAST
+        any_last = bool(is_last.any())
         obs_name, action_name, reward_name = self.names
         # At LAST (NEXT_STEP) the env ignored the action and returned reward 0: padding.
-        padded = np.where(is_last.reshape((n,) + (1,) * (action.ndim - 1)), 0, action).astype(action.dtype)
+        padded = action if not any_last else np.where(
+            is_last.reshape((n,) + (1,) * (action.ndim - 1)), 0, action).astype(action.dtype)
         self.buffer.add({obs_name: self.held, action_name: padded,
-                         reward_name: np.where(is_last, 0.0, reward).astype(np.float32),
-                         "step_type": self.types.copy(), "discount": self.discounts.copy()})
+                         reward_name: np.where(is_last, np.float32(0), reward) if any_last else reward,
+                         "step_type": self.types, "discount": self.discounts})
         self.num_steps += n
         discount = np.where(term, 0.0, 1.0).astype(np.float32)
         if last_obs is not None:
@@ -106,12 +112,15 @@ class StackedSteps:
                             stream_ids=ids)
             self.num_steps += len(ids)
             self.num_episodes += len(ids)
-            self.types = np.where(done, FIRST, MID).astype(np.uint8)
-            self.discounts[:] = 1.0
+            self.types = np.where(done, np.uint8(FIRST), np.uint8(MID))
+            self.discounts = np.ones(n, np.float32)
+        elif not (any_last or done.any()):  # the common step: every stream goes on
+            if self.types is not self._all_mid:
+                self.types, self.discounts = self._all_mid, self._all_ones
         else:
             self.num_episodes += int(done.sum())
-            self.types = np.select([done, is_last], [LAST, FIRST], MID).astype(np.uint8)
-            self.discounts = np.where(done, discount, 1.0).astype(np.float32)
+            self.types = np.where(done, np.uint8(LAST), np.where(is_last, np.uint8(FIRST), np.uint8(MID)))
+            self.discounts = np.where(done, discount, np.float32(1.0))
         self.held = next_held
 
 
