@@ -48,6 +48,9 @@ from bench_output import emit_line
 LIBRARIES = ("shardreplay", "torchrl", "cpprb", "sb3")
 MODES = ("uniform", "prioritized")
 SINGLE_ENV = "single_env"  # one env, one step per add: replay_single_env.py (peer: sb3)
+# single_env with sb3 selected also runs replay_fill_sweep.py (every fill and field kind,
+# both libraries interleaved in one child): the line's "fill_sweep" entry.
+FILL_SWEEP = "fill_sweep"
 MODE_LIBRARIES = {"uniform": LIBRARIES[:3], "prioritized": LIBRARIES[:3], SINGLE_ENV: ("shardreplay", "sb3")}
 CHILD_TIMEOUT_S = 1200
 FULL = {"n_insert": W.CAPACITY, "blocks": 7, "calls": 200, "warmup": 50}
@@ -104,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: defaults --n-insert 64000 --blocks 3 --calls 50 --warmup 5")
     p.add_argument("--out", type=Path, help="also write the JSON line to this file")
-    p.add_argument("--child", choices=sorted({*LIBRARIES, *F.CASE_NAMES}), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=sorted({*LIBRARIES, *F.CASE_NAMES, FILL_SWEEP}), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     for name, value in defaults.items():  # options given explicitly win over --quick
@@ -203,6 +206,15 @@ def child_main(args: argparse.Namespace) -> None:
     from replay_cases import MissingLibrary
 
     W.set_clock(args.clock)
+    if args.child == FILL_SWEEP:
+        import replay_fill_sweep
+
+        try:
+            result = replay_fill_sweep.run(quick=args.quick, clock=args.clock)
+        except ImportError as exc:
+            result = {"missing": str(exc)}
+        print(json.dumps(result), flush=True)
+        return
     try:
         if args.workload == "atari":
             result: dict[str, Any] = F.run_frames_case(args.child, args)
@@ -223,7 +235,8 @@ def spawn_case(library: str, mode: str, args: argparse.Namespace) -> dict[str, A
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", library, "--mode", mode,
            "--n-insert", str(args.n_insert), "--blocks", str(args.blocks), "--calls", str(args.calls),
            "--warmup", str(args.warmup), "--seed", str(args.seed), "--clock", args.clock,
-           "--workload", args.workload, "--atari-capacity", str(args.atari_capacity)]
+           "--workload", args.workload, "--atari-capacity", str(args.atari_capacity)] + (
+               ["--quick"] if args.quick else [])
     env = {**os.environ, "RL_LOGGING_LEVEL": "WARNING"}  # keep TorchRL's banner off stdout
     print(f"bench_replay: {library} {mode} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -345,6 +358,8 @@ def parent_main(args: argparse.Namespace) -> None:
         results[lib][mode] = merge_runs(got)
     values, targets = ratios(results)
     best_values, best_targets = ratios(results, best=True)
+    sweep = (spawn_case(FILL_SWEEP, SINGLE_ENV, args)
+             if SINGLE_ENV in modes and "sb3" in args.libs and "shardreplay" in args.libs else None)
     line = {
         "benchmark": "replay",
         "started": started,
@@ -366,6 +381,8 @@ def parent_main(args: argparse.Namespace) -> None:
         "ratios_best_block": best_values,
         "targets_best_block": best_targets,
     }
+    if sweep is not None:
+        line["fill_sweep"] = sweep
     _emit(line, args)
 
 

@@ -118,13 +118,13 @@ def train(args: Args) -> dict[str, float]:
     target_network.load_state_dict(q_network.state_dict())
     rb = ReplayBuffer(spec_from_env(envs), num_streams=1, stream_capacity=args.buffer_size, seed=args.seed,
                       sampler="prioritized" if args.prioritized else "uniform")
-    writer = GymStepWriter.from_env(envs, rb)
+    rb_writer = GymStepWriter.from_env(envs, rb)
     start_time, start_cpu = time.perf_counter(), time.process_time()
     returns: list[float] = []
     losses: list[float] = []
 
     obs, _ = envs.reset(seed=args.seed)
-    writer.reset(obs)
+    rb_writer.reset(obs)
     for global_step in range(args.total_timesteps):
         epsilon = linear_schedule(args.start_e, args.end_e,
                                   int(args.exploration_fraction * args.total_timesteps), global_step)
@@ -136,7 +136,7 @@ def train(args: Args) -> dict[str, float]:
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         if "episode" in infos:
             returns += infos["episode"]["r"][infos["_episode"]].tolist()
-        writer.step(actions, next_obs, rewards, terminations, truncations, infos)
+        rb_writer.step(actions, next_obs, rewards, terminations, truncations, infos)
         obs = next_obs
 
         if global_step > args.learning_starts:

@@ -128,3 +128,14 @@ def test_best_block_ratios_use_the_fastest_block_and_chunk() -> None:
     assert best["uniform_sample_vs_cpprb"] == 2.0
     assert best["uniform_insert_vs_cpprb"] == 2.0
     assert targets["insert_vs_cpprb"]["met"] is None  # the prioritized half is missing
+
+
+def test_fill_sweep_pools_cycle_at_episode_ends_and_ratios_are_time_ratios() -> None:
+    import replay_fill_sweep as S
+
+    pool = S._kind_pool("pixel", np.random.default_rng(0))
+    assert S.POOL % S.EPISODE == 0 and pool["done"][-1, 0]  # the cycle restarts at FIRST
+    obs = pool["obs"][:, 0]
+    assert np.array_equal(obs[1:, :3], obs[:-1, 1:])  # each stack shifts one frame in
+    got = S.interleaved(lambda: sum(range(200)), lambda: None, blocks=3, calls=20)
+    assert set(got) == {"shardreplay_us", "sb3_us", "ratio"} and got["ratio"] > 1  # ours is slower here

@@ -206,3 +206,17 @@ def test_readme_sharded_example_runs_under_torchrun(tmp_path: Path) -> None:
     out = log.read_text()
     assert proc.returncode == 0, out
     assert "rank 0: 32 windows" in out and "rank 1: 32 windows" in out, out
+
+
+def test_the_porting_diff_and_the_dqn_example_leave_cleanrls_summary_writer_alone() -> None:
+    # CleanRL names its TensorBoard SummaryWriter ``writer``; a step writer bound to the
+    # same name breaks the first ``writer.add_scalar`` of the ported script.
+    diff = "\n".join(body for lang, body in FENCE.findall((ROOT / "docs" / "porting.md").read_text())
+                     if lang.strip() == "diff")
+    added = [line[1:] for line in diff.splitlines() if line.startswith("+")]
+    example = (ROOT / "examples" / "cleanrl_dqn.py").read_text().splitlines()
+    for where, lines in (("docs/porting.md", added), ("examples/cleanrl_dqn.py", example)):
+        rebound = [line for line in lines if re.search(r"(?<![\w.])writer\s*=(?!=)", line)
+                   and "SummaryWriter" not in line]
+        assert not rebound, f"{where} binds the step writer to CleanRL's name 'writer': {rebound}"
+        assert any("rb_writer.step(" in line for line in lines), where

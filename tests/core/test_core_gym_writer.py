@@ -145,9 +145,9 @@ def test_inputs_of_other_kinds_store_the_same_steps():
 
 @pytest.mark.parametrize("spec", [
     Spec({**{k: SPEC[k] for k in SPEC.fields}, "cost": Field((), np.float32)}),
-    Spec({"obs": Field((4, 3, 3), np.uint8, frame_stack=True), "action": Field((), np.int64),
+    Spec({"obs": Field((4,), np.float32), "action": Field((4, 3, 3), np.uint8, frame_stack=True),
           "reward": Field((), np.float32)}),
-], ids=["other field", "frame-stacked obs"])
+], ids=["other field", "frame-stacked action"])
 def test_specs_the_writer_cannot_fill_are_refused_with_the_way_out(spec):
     buffer = ReplayBuffer(spec, num_streams=2, stream_capacity=50, window=2, seed=0)
     with pytest.raises(ConfigError, match=r"GymStepConverter with ReplayBuffer\.add"):

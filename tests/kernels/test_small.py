@@ -10,7 +10,7 @@ from shardreplay.kernels.nstep import nstep_scalar
 from shardreplay.kernels.plan import balance_longest_first
 from shardreplay.kernels.reference import small as ref
 from shardreplay.kernels.returns import track_returns
-from shardreplay.kernels.sampling import accept_valid
+from shardreplay.kernels.sampling import accept_valid, accept_written
 
 FIRST, MID, LAST = 0, 1, 2
 
@@ -23,6 +23,20 @@ def test_accept_valid(seed: int) -> None:
         cand = rng.integers(0, 50, n_cand)
         fast, slow = np.full(size, -1), np.full(size, -1)
         assert accept_valid(cand, valid, fast, got0) == ref.accept_valid(cand, valid, slow, got0)
+        np.testing.assert_array_equal(fast, slow)
+
+
+@pytest.mark.parametrize("lengths", [[7], [5, 5, 5], [3, 0, 6, 1], [0, 4], [6, 6, 6, 2]])
+def test_accept_written(lengths: list[int]) -> None:
+    rng = np.random.default_rng(len(lengths))
+    cap = 6
+    valid = rng.random(cap * len(lengths) + 2) < 0.6
+    ends = np.cumsum(np.minimum(lengths, cap))
+    for size, got0 in ((10, 0), (10, 4), (3, 3)):
+        cand = rng.integers(0, ends[-1], 40)
+        fast, slow = np.full(size, -1), np.full(size, -1)
+        assert (accept_written(cand, ends, cap, valid, fast, got0)
+                == ref.accept_written(cand, ends, cap, valid, slow, got0))
         np.testing.assert_array_equal(fast, slow)
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardreplay.buffer.gym_modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
+from shardreplay.buffer.gym_stacked import StackedSteps
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels.gym_step import HELD as _HELD
@@ -38,19 +39,31 @@ _Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
-                  reward: str = "reward") -> Spec:
+                  reward: str = "reward", frame_stack: bool = False) -> Spec:
     """The Spec of a gymnasium (vector) env's steps: its observation and action spaces
     (``single_*`` of a vector env), and a float32 reward. A Dict observation space gives
     nested fields.
 
+    ``frame_stack=True`` declares the observation a stack of frames on its first axis,
+    oldest first (a pixel env wrapped in gymnasium's ``FrameStackObservation``, or
+    ``AtariPreprocessing`` + a 4-frame stack: ``(4, 84, 84)`` uint8), so each frame is
+    stored once (``Field(..., frame_stack=True)``); :class:`GymStepWriter` writes it.
+
     Raises:
-        ConfigError: a space without a shape and dtype (Text, Graph, Sequence).
+        ConfigError: a space without a shape and dtype (Text, Graph, Sequence), or
+            ``frame_stack`` for an observation that is not one array of at least 2 axes.
     """
     obs_space = getattr(env, "single_observation_space", None)
     act_space = getattr(env, "single_action_space", None)
     if obs_space is None or act_space is None:  # a single env, not a vector env
         obs_space, act_space = env.observation_space, env.action_space
-    return Spec({observation: _field_of(obs_space, observation), action: _field_of(act_space, action),
+    obs_field = _field_of(obs_space, observation)
+    if frame_stack:
+        if not isinstance(obs_field, Field) or len(obs_field.shape) < 2:
+            raise ConfigError(f"frame_stack=True needs an observation of one array shaped (stack, "
+                              f"*frame), got {obs_space!r}; build the Spec by hand otherwise")
+        obs_field = Field(obs_field.shape, obs_field.dtype, frame_stack=True)
+    return Spec({observation: obs_field, action: _field_of(act_space, action),
                  reward: Field((), np.float32)})
 
 
@@ -88,8 +101,11 @@ class GymStepWriter:
 
     Raises:
         ConfigError: an unsupported mode, a field name the spec lacks, a spec with other
-            or frame-stacked fields (or a nested observation: use ``GymStepConverter``
-            with ``ReplayBuffer.add`` for those).
+            fields or a frame-stacked action or reward (or a nested observation: use
+            ``GymStepConverter`` with ``ReplayBuffer.add`` for those).
+
+    A frame-stacked observation (``spec_from_env(envs, frame_stack=True)``) is taken:
+    its steps go through ``ReplayBuffer.add``, which stores each frame once.
     """
 
     def __init__(self, buffer: ReplayBuffer, *, autoreset_mode: Any = "next_step", observation: str = "obs",
@@ -99,17 +115,25 @@ class GymStepWriter:
                 raise ConfigError(f"the buffer's spec has no (flat) field {name!r}; it has "
                                   f"{sorted(buffer.spec.fields)}")
         others = sorted(set(buffer.spec.fields) - {observation, action, reward})
-        stacked = [name for name in (observation, action, reward) if buffer.spec[name].frame_stack]
+        stacked = [name for name in (action, reward) if buffer.spec[name].frame_stack]
         if others or stacked:
             has = f"other fields {others}" if others else f"frame-stacked {stacked}"
             raise ConfigError(f"GymStepWriter writes only the fields {observation!r}, {action!r} and "
-                              f"{reward!r}, none frame-stacked; this spec has {has}: "
+                              f"{reward!r} (only the observation frame-stacked); this spec has {has}: "
                               "use GymStepConverter with ReplayBuffer.add for it")
         if buffer.spec[reward].shape != ():
             raise ConfigError(f"reward field {reward!r} must be a scalar, got shape "
                               f"{buffer.spec[reward].shape}")
         self.buffer = buffer
         self.autoreset_mode = mode_name(autoreset_mode)
+        # A frame-stacked observation (pixels) is written through ReplayBuffer.add, which
+        # alone fills frame rings (gym_stacked.py); plain fields take the compiled write.
+        self._stacked = (StackedSteps(buffer, self.autoreset_mode == "same_step",
+                                      (observation, action, reward))
+                         if buffer.spec[observation].frame_stack else None)
+        if self._stacked is not None:
+            self.num_envs = buffer.num_streams
+            return
         self.num_envs = buffer.num_streams
         self._names = (observation, action, reward)
         self._shard = shard_of_buffer(buffer)
@@ -117,6 +141,7 @@ class GymStepWriter:
         n, s = st.size, self.num_envs
         self._obs_shape = (s, *buffer.spec[observation].shape)
         self._act_shape = (s, *buffer.spec[action].shape)
+        self._unit_action = buffer.spec[action].shape[-1:] == (1,)
         self._held_obs = np.zeros((s, *buffer.spec[observation].shape), buffer.spec[observation].dtype)
         self._same_step = self.autoreset_mode == "same_step"
         self._state = np.array([st.stream_capacity, st.window, self._same_step,
@@ -144,11 +169,15 @@ class GymStepWriter:
     @property
     def num_steps(self) -> int:
         """Steps written so far (over all envs)."""
+        if self._stacked is not None:
+            return self._stacked.num_steps
         return int(self._state[6])
 
     @property
     def num_episodes(self) -> int:
         """Episodes ended so far (over all envs)."""
+        if self._stacked is not None:
+            return self._stacked.num_episodes
         return int(self._state[7])
 
     @classmethod
@@ -172,6 +201,9 @@ class GymStepWriter:
         Raises:
             SpecMismatchError: ``obs`` does not fit the spec's observation field (one row per env).
         """
+        if self._stacked is not None:
+            self._stacked.reset(obs)
+            return
         name = self._names[0]
         arr = self.buffer.spec.validate(self._probe(obs, None, None), (self.num_envs,))[name]
         self._held_obs[...] = arr
@@ -191,11 +223,19 @@ class GymStepWriter:
                 final observations (a SAME_STEP env), or a SAME_STEP env's done without
                 ``info["final_obs"]``. Nothing is written then.
         """
+        if self._stacked is not None:
+            self._stacked.step(action, obs, reward, terminated, truncated, info)
+            return
         if self._plain and not info:
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
             try:
                 n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
             except TypeError:  # inputs of a kind not accepted yet (or not arrays)
+                if self._unit_action and getattr(action, "shape", None) == self._act_shape[:-1]:
+                    # A (1,) Box action given as [num_envs] (as SB3 takes it): its unit axis
+                    # added here, so the compiled write takes it (checked only on this path).
+                    self.step(np.reshape(action, self._act_shape), obs, reward, terminated, truncated, info)
+                    return
                 self._write_all(*self._accept(action, obs, reward, terminated, truncated), info)
                 return
             if n_out < 0:
@@ -279,6 +319,8 @@ class GymStepWriter:
         if not self._is_reset:
             raise ConfigError("call reset(obs) with the env's reset observation before step()")
         action, obs, reward = np.asarray(action), np.asarray(obs), np.asarray(reward)
+        if self._unit_action and action.shape == self._act_shape[:-1]:
+            action = action.reshape(self._act_shape)
         flags = []
         for name, value in (("terminated", terminated), ("truncated", truncated)):
             arr = np.asarray(value, dtype=bool)

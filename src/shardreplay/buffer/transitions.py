@@ -31,6 +31,7 @@ from shardreplay.kernels.storage import window_indices
 
 if TYPE_CHECKING:
     from shardreplay.buffer.shard import Shard
+    from shardreplay.storage import StreamStorage
 
 __all__ = ["Transitions", "sample_transitions", "transitions_from_batch"]
 
@@ -110,6 +111,8 @@ def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | Non
         if name not in shard.spec:
             raise SpecMismatchError(f"the buffer's spec has no field {name!r}; it has "
                                     f"{sorted(shard.spec.fields)}")
+    if shard.spec[reward].frame_stack:
+        raise SpecMismatchError(f"reward field {reward!r} is frame-stacked; a reward must be a plain field")
     draw = shard.draw(batch_size)
     storage = shard.storage
     idx, mask, keys = window_indices(draw.starts, storage.step_type, storage.generation,
@@ -121,19 +124,24 @@ def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | Non
     else:
         returns, boot, m, last = _returns_any(idx, mask, rewards, storage.discount, gamma, n)
     first = draw.starts
-    fields = storage.fields
     if len(obs_names) == 1 and obs_names[0] == observation:
-        arr = fields[observation]
-        obs: Observation = torch.from_numpy(arr[first])
-        next_obs: Observation = torch.from_numpy(arr[last])
+        obs: Observation = torch.from_numpy(_steps_of(storage, observation, first))
+        next_obs: Observation = torch.from_numpy(_steps_of(storage, observation, last))
     else:
-        obs = {k: torch.from_numpy(fields[k][first]) for k in obs_names}
-        next_obs = {k: torch.from_numpy(fields[k][last]) for k in obs_names}
-    return Transitions(obs=obs, action=torch.from_numpy(fields[action][first]),
+        obs = {k: torch.from_numpy(_steps_of(storage, k, first)) for k in obs_names}
+        next_obs = {k: torch.from_numpy(_steps_of(storage, k, last)) for k in obs_names}
+    return Transitions(obs=obs, action=torch.from_numpy(_steps_of(storage, action, first)),
                        reward=torch.from_numpy(returns), next_obs=next_obs,
                        bootstrap_discount=torch.from_numpy(boot),
                        weights=torch.from_numpy(draw.weights), keys=torch.from_numpy(keys),
                        num_steps=torch.from_numpy(m))
+
+
+def _steps_of(storage: StreamStorage, name: str, slots: np.ndarray) -> np.ndarray:
+    """Field ``name`` of the steps at flat ``slots``: a frame-stacked field's stacks are
+    rebuilt from its frames, a plain field is read by index."""
+    store = storage.stacked.get(name)
+    return store.gather(slots) if store is not None else storage.fields[name][slots]
 
 
 def _returns_scalar(idx: np.ndarray, mask: np.ndarray, rewards: np.ndarray, discount: np.ndarray,

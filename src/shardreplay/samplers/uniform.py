@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from shardreplay.kernels.sampling import accept_valid
+from shardreplay.kernels.sampling import accept_written
 from shardreplay.samplers.base import Draw, check_state_keys
 from shardreplay.storage import StreamStorage
 
@@ -58,16 +58,22 @@ class UniformSampler:
         return Draw(starts, prob, np.ones(n, np.float32))
 
     def _starts(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        valid, size, count = self.storage.valid, self.storage.size, self.storage.num_valid
-        acceptance = count / size
+        storage = self.storage
+        valid, count = storage.valid, storage.num_valid
+        # Only written slots can be valid: each row's first min(pos, C) slots. Drawing
+        # over those (not the whole ring) keeps the cost independent of the capacity
+        # while the buffer fills; the rejection of invalid ones keeps it exact.
+        ends = np.cumsum(storage.written_per_row())
+        total = int(ends[-1])
+        acceptance = count / total
         if acceptance < _MIN_ACCEPTANCE:
-            return rng.choice(np.flatnonzero(valid), size=n)
+            return rng.choice(_written_valid(valid, ends, storage.stream_capacity), size=n)
         out = np.empty(n, np.int64)
         got = 0
         while got < n:
             need = n - got
-            cand = rng.integers(0, size, size=int(need / acceptance * 1.1) + 8)
-            got = accept_valid(cand, valid, out, got)
+            ordinals = rng.integers(0, total, size=int(need / acceptance * 1.1) + 8)
+            got = accept_written(ordinals, ends, storage.stream_capacity, valid, out, got)
         return out
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
@@ -90,3 +96,11 @@ class UniformSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """No state of its own."""
+
+
+def _written_valid(valid: np.ndarray, ends: np.ndarray, cap: int) -> np.ndarray:
+    """Flat slots of the valid starts, reading only the written slots of each row
+    (``ends``: cumulative written counts per row)."""
+    lengths = np.diff(ends, prepend=0)
+    parts = [r * cap + np.flatnonzero(valid[r * cap:r * cap + int(w)]) for r, w in enumerate(lengths) if w]
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)

@@ -76,7 +76,7 @@ def validate(spec: SpecParts, step: Mapping[str, Any], lead_shape: tuple[int, ..
         step = flat
     out = {}
     for (name, dtype, shape, finite), value in zip(spec._plan, values, strict=True):
-        out[name] = _checked(name, value, dtype, lead_shape + shape, finite)
+        out[name] = _checked(name, value, dtype, lead_shape + shape, finite, len(shape))
     types = _step_type_array(types, lead_shape)
     discount = _discount_array(step.get("discount"), lead_shape)
     _check_rule(types, discount, SpecMismatchError, "")
@@ -109,16 +109,32 @@ def _check_names(spec: SpecParts, step: Mapping[str, Any]) -> Mapping[str, Any]:
     return flat
 
 
-def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...], finite: bool) -> np.ndarray:
+def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...], finite: bool,
+             field_ndim: int = -1) -> np.ndarray:
     arr = value if isinstance(value, np.ndarray) else _to_numpy(value)
     if arr.shape != shape:
-        raise SpecMismatchError(f"field {name!r}: expected shape {shape}, got {arr.shape}")
+        arr = _unit_axis_added(name, arr, shape, field_ndim)
     if arr.dtype != dtype:
         arr = _cast(name, arr, dtype)
     if finite and arr.size and not _is_finite(arr):
         raise SpecMismatchError(f"field {name!r} contains NaN or inf; it was declared finite "
                                 "(Field(finite=False) allows them)")
     return arr
+
+
+def _unit_axis_added(name: str, arr: np.ndarray, shape: tuple[int, ...], field_ndim: int) -> np.ndarray:
+    """``arr`` reshaped to ``shape`` when only the field's own one-element last axis is
+    missing (a ``(1,)`` Box action given as ``[num_envs]``, as most scripts produce it and
+    SB3 takes it): the reshape is unambiguous then. ``field_ndim``: the field's own axes
+    (the last ones of ``shape``; -1 when unknown: no reshape).
+
+    Raises:
+        SpecMismatchError: any other shape, saying what to pass.
+    """
+    if field_ndim > 0 and shape[-1] == 1 and arr.shape == shape[:-1]:
+        return arr.reshape(shape)
+    raise SpecMismatchError(f"field {name!r}: expected shape {shape} (leading axes, then the field's "
+                            f"shape), got {arr.shape}")
 
 
 def _is_finite(arr: np.ndarray) -> bool:

@@ -9,8 +9,6 @@ import numpy as np
 from shardreplay.errors import ConfigError
 
 STORAGE_KINDS = ("memory", "memmap")
-_PAGE_BYTES = 4096
-_PREFAULT_MIN_BYTES = 1 << 20
 
 
 class ArrayAllocator:
@@ -40,15 +38,12 @@ class ArrayAllocator:
     def zeros(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A zero-filled array of ``shape`` and ``dtype`` named ``name``.
 
-        In RAM the pages are touched once here (one byte per page), so filling the
-        buffer later pays no page faults in the collection loop; the memory is resident
-        from creation, as with cpprb.
+        Nothing is touched here: large arrays come as the kernel's untouched zero pages
+        (as SB3's ``np.zeros``), so construction costs no time at any capacity and the
+        resident memory follows the steps written (a page is faulted in when first written).
         """
         if self.kind == "memory" or self.directory is None:
-            arr = np.zeros(shape, dtype)
-            if arr.nbytes >= _PREFAULT_MIN_BYTES:
-                arr.reshape(-1).view(np.uint8)[::_PAGE_BYTES] = 0
-            return arr
+            return np.zeros(shape, dtype)
         path = self.directory / f"{name}.bin"
         if int(np.prod(shape)) == 0:
             return np.zeros(shape, dtype)

@@ -138,6 +138,10 @@ class StreamStorage:
         """Number of stored steps."""
         return int(np.minimum(self.pos, self.stream_capacity).sum())
 
+    def written_per_row(self) -> np.ndarray:
+        """Slots written in each row: ``min(pos, C)`` (a row's written slots are its first ones)."""
+        return np.minimum(self.pos, self.stream_capacity)
+
     def write(self, steps: Mapping[str, np.ndarray], rows: np.ndarray, t_len: int,
               priorities: np.ndarray | None, default_priority: float
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -166,7 +170,7 @@ class StreamStorage:
         # raise: nothing is written yet).
         frame_plans = [(store, stacks, store.plan(stacks, types, rows, pos, self.step_type).copy())
                        for store, stacks in ((store, store.as_frame_bytes(steps[name], t_len))
-                                             for name, store in self.stacked.items())]
+                                             for name, store in self.stacked.items())] if self.stacked else ()
         if priorities is None:
             n_out, delta = kernels.write_steps(
                 self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,

@@ -16,6 +16,15 @@ def accept_valid(candidates: np.ndarray, valid: np.ndarray, out: np.ndarray, got
     return got + take.shape[0]
 
 
+def accept_written(ordinals: np.ndarray, ends: np.ndarray, cap: int, valid: np.ndarray, out: np.ndarray,
+                   got: int) -> int:
+    """:func:`accept_valid` of the flat slots of written-slot ordinals (row ``r`` holds
+    ordinals ``ends[r-1] .. ends[r] - 1``, from slot ``r * cap``)."""
+    row = np.searchsorted(ends, ordinals, side="right")
+    starts = np.concatenate([[0], ends[:-1]])
+    return accept_valid(row * cap + ordinals - starts[row], valid, out, got)
+
+
 def nstep_scalar(idx, mask, reward, discount, gamma, n):
     """``(ret, boot, m, last)`` per window (kernels.nstep.nstep_scalar's formulas)."""
     b = idx.shape[0]
