@@ -3,8 +3,9 @@
 One spawn of 3 real gloo ranks constructs a ShardedReplayBuffer per case, one rank
 (rank 1 or 2 by turns) differing in one setting; every rank must raise ConfigError naming
 that setting at construction, within seconds, and stay in step for the next case. A
-last case differs only in num_streams (allowed: 16 streams over 3 shards is 6, 5, 5) and
-must construct and sample. Costs one 3-rank spawn (~10 s on 2 cores).
+last case differs only in num_streams and stream_capacity (allowed: ``shardreplay train``
+gives 16 streams over 3 shards 6, 5, 5 rows of equal total capacity) and must construct
+and sample. Costs one 3-rank spawn (~10 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("beta", {"beta": 0.5}, "different beta schedules (start)"),
     ("beta_steps", {"beta": LinearSchedule(0.4, 1.0, 10)}, "different beta schedules"),
     ("window", {"window": 3}, "different windows"),
-    ("stream_capacity", {"stream_capacity": 32}, "different stream capacities"),
     ("mode", {"mode": "local"}, "different modes"),
     ("prefetch", {"prefetch": 2}, "different prefetch depths"),
     ("pipeline", {"pipeline": True}, "different pipeline settings"),
@@ -68,8 +68,9 @@ def _ranks(rank: int, world: int) -> dict[str, Any]:
             out[name] = ("constructed", time.monotonic() - start)
         except ConfigError as exc:
             out[name] = (str(exc), time.monotonic() - start)
-    # Allowed: a different number of streams per shard (16 streams over 3 shards: 6, 5, 5).
-    buf = _buffer({**BASE, "num_streams": 6 if rank == 0 else 5}, rank)
+    # Allowed: shards of different rows (16 streams over 3 shards: 6, 5, 5; as train sizes them).
+    rows = 6 if rank == 0 else 5
+    buf = _buffer({**BASE, "num_streams": rows, "stream_capacity": 96 // rows}, rank)
     for t in range(4):
         buf.add({"obs": np.full(buf.local.num_streams, t, np.float32),
                  "step_type": np.full(buf.local.num_streams, 0 if t == 0 else 1, np.uint8),

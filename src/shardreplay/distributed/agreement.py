@@ -3,9 +3,10 @@
 
 Must agree (a mismatch breaks the exchange or makes the global distribution no one
 buffer's): the spec, the sampler, alpha and the beta schedule (prioritized), the window,
-``stream_capacity``, the mode, the prefetch depth and ``pipeline``. May differ: the
-number of streams (rows) of each shard, the seed, the storage kind, the host key and
-region nonce of the same-host exchange. docs/semantics.md gives the reasons.
+the mode, the prefetch depth and ``pipeline``. May differ: the shard's size, its number
+of streams (rows) and ``stream_capacity`` (``shardreplay train`` gives 16 streams over 3
+learners 6, 5 and 5 rows of equal total capacity), the seed, the storage kind, the host
+key and region nonce of the same-host exchange. docs/semantics.md gives the reasons.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ _AGREED = (
     ("beta_end", "beta schedules (end)", "pass the same beta= to every rank's ReplayBuffer"),
     ("beta_steps", "beta schedules (steps)", "pass the same beta= to every rank's ReplayBuffer"),
     ("window", "windows", "pass the same window= to every rank's ReplayBuffer"),
-    ("stream_capacity", "stream capacities",
-     "pass the same stream_capacity= to every rank's ReplayBuffer (num_streams may differ)"),
     ("mode", "modes", "pass the same mode= to every rank's ShardedReplayBuffer"),
     ("prefetch", "prefetch depths", "pass the same prefetch= to every rank's ShardedReplayBuffer"),
     ("pipeline", "pipeline settings", "pass the same pipeline= to every rank's ShardedReplayBuffer"),
@@ -62,8 +61,8 @@ def settings_of(local: ReplayBuffer, mode: str, prefetch: int, pipeline: bool, h
         spec_fp=np.uint64(int(spec_hex, 16)).view(np.int64), spec_len=len(_spec_bytes(local)),
         sampler=_SAMPLERS.index(local.sampler_name), alpha=alpha, beta_start=beta_start,
         beta_end=beta_end, beta_steps=beta_steps, window=local.window,
-        stream_capacity=local.stream_capacity, mode=SAMPLE_MODES.index(mode), prefetch=prefetch,
-        pipeline=int(pipeline), host_key=host, nonce=region_nonce)
+        mode=SAMPLE_MODES.index(mode), prefetch=prefetch, pipeline=int(pipeline), host_key=host,
+        nonce=region_nonce)
 
 
 def check_agreed(agreed: SamplingSettings, local: ReplayBuffer, comm: Collectives) -> None:

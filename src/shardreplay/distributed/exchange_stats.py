@@ -66,8 +66,8 @@ class _Row:
 class SamplingSettings(_Row):
     """What every rank tells the others once, at construction (:mod:`agreement` checks
     it): its spec fingerprint (int64 bits) and description length, its sampler (an index
-    of ``("uniform", "prioritized")``), alpha and beta schedule (0 for uniform), window and
-    stream capacity, sampling mode (an index of ``SAMPLE_MODES``), prefetch depth and
+    of ``("uniform", "prioritized")``), alpha and beta schedule (0 for uniform), window,
+    sampling mode (an index of ``SAMPLE_MODES``), prefetch depth and
     pipeline flag, and its host key and region nonce for the same-host exchange
     (:mod:`shared_records`), which may differ."""
 
@@ -81,7 +81,6 @@ class SamplingSettings(_Row):
     beta_end: Any
     beta_steps: Any
     window: Any
-    stream_capacity: Any
     mode: Any
     prefetch: Any
     pipeline: Any

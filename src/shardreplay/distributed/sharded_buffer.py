@@ -114,7 +114,7 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
             docs/semantics.md for how stale a batch can be.
 
     Construction is collective: the ranks agree once on the spec, sampler, alpha, beta,
-    window, ``stream_capacity``, ``mode``, ``prefetch`` and ``pipeline`` (``num_streams``
+    window, ``mode``, ``prefetch`` and ``pipeline`` (``num_streams`` and ``stream_capacity``
     may differ; see :mod:`agreement`), and on what the same-host exchange needs, so every
     rank of the group must construct its buffer at the same point.
 
