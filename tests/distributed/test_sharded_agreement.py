@@ -22,7 +22,8 @@ from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError
 from shardreplay.samplers.schedules import LinearSchedule
 
-pytestmark = pytest.mark.distributed
+# One spawn: ~10 s on an idle box, ~30 s on a loaded 2-core one.
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 WORLD = 3
 BASE: dict[str, Any] = {"dtype": np.float32, "shape": (), "extra": False, "num_streams": 2,

@@ -22,7 +22,8 @@ from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.spec.keys import key_shard
 
-pytestmark = pytest.mark.distributed
+# One spawn: ~10 s on an idle box, ~30 s on a loaded 2-core one.
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 SPEC = sr.Spec({"obs": sr.Field((), np.float32)})
 STREAMS, CAPACITY, STALE, CURRENT, BATCH = 2, 8, 100.0, 7.0, 256
