@@ -149,7 +149,6 @@ def as_shard(local: sr.ReplayBuffer, shard: int, num_shards: int) -> ShardedRepl
     stub.local, stub.rank, stub.world_size = local, shard, num_shards
     # The state a part records beside the shard (ShardedReplayBuffer.sharding_state).
     stub._rng = np.random.default_rng([0 if local.seed is None else local.seed, shard, 0x5EED])
-    stub._routed_max = 0.0
     return stub
 
 

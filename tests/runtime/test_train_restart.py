@@ -99,7 +99,7 @@ def _incomplete_checkpoint(run_dir: Path, cid: int) -> Path:
         buf.add(step)
     stub = object.__new__(ShardedReplayBuffer)
     stub.local, stub.rank, stub.world_size = buf, 0, 2
-    stub._rng, stub._routed_max = np.random.default_rng(0), 0.0  # saved as its sharding_state()
+    stub._rng = np.random.default_rng(0)  # saved as its sharding_state()
     directory = checkpoint.save(stub, run_dir / "checkpoints", cid)
     (run_dir / "config.json").write_text(json.dumps(TrainSettings.from_dict(dict(learners=2)).to_dict()))
     assert not checkpoint.is_complete(directory)

@@ -64,12 +64,26 @@ class _Row:
 
 @dataclass(frozen=True)
 class SamplingSettings(_Row):
-    """What every rank must agree on once, at construction: the sampling mode (an index
-    of ``SAMPLE_MODES``), the prefetch depth, and this rank's host key and region nonce for
-    the same-host exchange (:mod:`shared_records`)."""
+    """What every rank tells the others once, at construction (:mod:`agreement` checks
+    it): its spec fingerprint (int64 bits) and description length, its sampler (an index
+    of ``("uniform", "prioritized")``), alpha and beta schedule (0 for uniform), window,
+    sampling mode (an index of ``SAMPLE_MODES``), prefetch depth and
+    pipeline flag, and its host key and region nonce for the same-host exchange
+    (:mod:`shared_records`), which may differ."""
 
+    _FLOATS: ClassVar[frozenset[str]] = frozenset({"alpha", "beta_start", "beta_end"})
+
+    spec_fp: Any
+    spec_len: Any
+    sampler: Any
+    alpha: Any
+    beta_start: Any
+    beta_end: Any
+    beta_steps: Any
+    window: Any
     mode: Any
     prefetch: Any
+    pipeline: Any
     host_key: Any
     nonce: Any
 

@@ -42,7 +42,6 @@ class PriorityRouting:
     prefetch: int
     _xcomm: Collectives
     _pending: PendingUpdates
-    _routed_max: float
     _tags: np.ndarray  # every shard's key tag (0: not known yet)
 
     @property
@@ -80,8 +79,6 @@ class PriorityRouting:
         if self._lazy:
             with self._guard():  # the background exchange reads and writes the shard too
                 own_keys, own_prios, foreign_keys, foreign_prios = self._split_updates(keys, priorities)
-                if foreign_prios.size:
-                    self._routed_max = max(self._routed_max, float(foreign_prios.max()))
                 self._pending.add(foreign_keys, foreign_prios)
                 return self._apply_own(own_keys, own_prios)
         error: ShardReplayError | None = None
@@ -91,35 +88,51 @@ class PriorityRouting:
             error = exc
             own_keys = foreign_keys = np.empty(0, np.int64)
             own_prios = foreign_prios = np.empty(0, np.float32)
-        if foreign_prios.size:
-            self._routed_max = max(self._routed_max, float(foreign_prios.max()))
         applied = self._apply_own(own_keys, own_prios)
         pending = PendingUpdates(self.world_size)
         pending.add(foreign_keys, foreign_prios)
         payload, send_counts = pending.take()
-        applied += self._route(payload, self._exchange_counts(send_counts))
+        routed_top = float(foreign_prios.max()) if foreign_prios.size else 0.0
+        foreign, may_raise = self._exchange_counts(send_counts, routed_top)
+        applied += self._route(payload, foreign)
+        if may_raise:
+            self._agree_max()
         if error is not None:
             raise error
         return applied
 
-    def _exchange_counts(self, send_counts: np.ndarray) -> np.ndarray:
-        """Tell every owner how many updates come from here, and every rank the largest
-        priority seen here (so new steps everywhere get the global maximum at once);
-        returns the ``[from, to]`` count matrix :meth:`_route` needs."""
+    def _exchange_counts(self, send_counts: np.ndarray, routed_top: float) -> tuple[np.ndarray, bool]:
+        """Tell every owner how many updates come from here, and every rank this shard's
+        running maximum (so new steps everywhere get the global maximum at once) and the
+        largest priority routed from here. Returns the ``[from, to]`` count matrix
+        :meth:`_route` needs, and whether a routed priority exceeds every shard's maximum
+        (the same answer on every rank: every rank sees every rank's two figures)."""
         k = self.world_size
-        mine = np.empty((k, 2), np.int64)
-        mine[:, 0], mine[:, 1] = send_counts, np.float64(self._max_seen()).view(np.int64)
-        got = self._xcomm.all_to_all(torch.from_numpy(mine.ravel()), [2] * k, [2] * k,
+        mine = np.empty((k, 3), np.int64)
+        mine[:, 0] = send_counts
+        mine[:, 1] = np.float64(self._shard.max_priority).view(np.int64)
+        mine[:, 2] = np.float64(routed_top).view(np.int64)
+        got = self._xcomm.all_to_all(torch.from_numpy(mine.ravel()), [3] * k, [3] * k,
                                     "ShardedReplayBuffer.update_priorities(counts)").cpu().numpy()
-        got = got.reshape(k, 2)
-        self._shard.raise_max_priority(float(got[:, 1].view(np.float64).max()))
+        got = got.reshape(k, 3)
+        known = float(got[:, 1].view(np.float64).max())
+        self._shard.raise_max_priority(known)
         foreign = np.zeros((k, k), np.int64)
         foreign[self.rank], foreign[:, self.rank] = send_counts, got[:, 0]
-        return foreign
+        return foreign, float(got[:, 2].view(np.float64).max()) > known
+
+    def _agree_max(self) -> None:
+        """Spread the owners' running maxima after routed updates landed: only applied
+        priorities count (an owner skips a stale key, as one buffer does), so the sender's
+        value cannot be taken on trust."""
+        mine = torch.tensor([np.float64(self._shard.max_priority).view(np.int64)], dtype=torch.int64)
+        got = self._xcomm.all_gather(mine, "ShardedReplayBuffer.update_priorities(max priority)")
+        self._shard.raise_max_priority(float(got.cpu().numpy().reshape(-1).view(np.float64).max()))
 
     def _max_seen(self) -> float:
-        """The largest priority this shard holds as its running maximum, or routed away."""
-        return max(self._shard.max_priority, self._routed_max)
+        """The largest priority this shard applied or learnt from the others (routed
+        priorities count only once their owner applied them)."""
+        return self._shard.max_priority
 
     def _flush(self, pending: PendingUpdates) -> int:
         """Route ``pending`` to the owners (collective on the exchange group)."""

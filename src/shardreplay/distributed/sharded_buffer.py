@@ -35,7 +35,6 @@ draws the batch of step t+2. The ordering argument is in :mod:`background`.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import weakref
 from collections import deque
@@ -54,6 +53,7 @@ from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.buffer.transitions import Transitions, transitions_from_batch
+from shardreplay.distributed.agreement import SAMPLE_MODES, check_agreed, settings_of
 from shardreplay.distributed.background import Background
 from shardreplay.distributed.drawn import Drawn, drawn_weights, padding, split_batches
 from shardreplay.distributed.exact_exchange import ExactExchange
@@ -67,7 +67,6 @@ from shardreplay.distributed.shared_records import host_key, nonce
 from shardreplay.errors import ConfigError, EmptyBufferError
 from shardreplay.spec.keys import MAX_SHARDS, with_shard
 
-SAMPLE_MODES = ("exact", "local")
 # Named in a timeout's message: a lone rank asking len() must learn why it waits.
 _SIZES_OP = ("ShardedReplayBuffer.global_sizes (len(), num_steps and capacity are collectives: every "
              "rank must call them at the same point; len(buffer.local) is this rank's shard alone)")
@@ -114,14 +113,15 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
             same size as the one before. Call :meth:`close` when done. See
             docs/semantics.md for how stale a batch can be.
 
-    Construction is collective: the ranks agree once on ``mode`` and ``prefetch`` (and
-    on what the same-host exchange needs), so every rank of the group must construct its
-    buffer at the same point.
+    Construction is collective: the ranks agree once on the spec, sampler, alpha, beta,
+    window, ``mode``, ``prefetch`` and ``pipeline`` (``num_streams`` and ``stream_capacity``
+    may differ; see :mod:`agreement`), and on what the same-host exchange needs, so every
+    rank of the group must construct its buffer at the same point.
 
     Raises:
         ConfigError: torch.distributed not initialised, a fifo shard, too many ranks,
-            prefetch < 1, an unknown mode; ranks passed different modes or prefetch depths
-            (raised on every rank alike).
+            prefetch < 1, an unknown mode; ranks whose specs or settings differ (raised
+            on every rank alike, naming the first field that differs).
         CollectiveTimeout: a rank did not construct its buffer in time, or (with
             ``pipeline=True``) did not join the new group.
     """
@@ -156,13 +156,12 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         self.mode = mode
         # Shared memory is only offered on CPU (gloo) groups.
         use_shm = shared_memory and self._comm.device.type == "cpu"
-        mine = SamplingSettings(SAMPLE_MODES.index(mode), self.prefetch, host_key(use_shm), nonce())
+        mine = settings_of(local_buffer, mode, self.prefetch, pipeline, host_key(use_shm), nonce())
         agreed = SamplingSettings.from_tensor(self._comm.all_gather(mine.to_tensor(), _SETTINGS_OP))
-        _check_same_settings(agreed)
+        check_agreed(agreed, local_buffer, self._comm)
         self._ready: deque[Drawn] = deque()
         self._ready_for: tuple[int, str] | None = None
         self._pending = PendingUpdates(self.world_size)
-        self._routed_max = 0.0  # the largest priority this rank sent to other shards
         # Pipelined: the exchanges' own group, used by the background thread alone.
         # The shard is guarded by a lock the thread lets go while a collective is in flight.
         self._lock = threading.Lock()
@@ -296,13 +295,15 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
                 f"(got {asked}); discard_prefetched() on every rank drops them")
 
     def sharding_state(self) -> dict[str, Any]:
-        """This rank's own state beside its shard, JSON-ready: the shard-choice RNG and
-        the largest priority it routed to other shards (saved with a checkpoint part)."""
+        """This rank's own state beside its shard, JSON-ready: the shard-choice RNG (saved
+        with a checkpoint part; the max priority is the shard's own, saved with it)."""
         self.settle()  # the background exchange draws from the RNG
-        return {"rng": self._rng.bit_generator.state, "routed_max": self._routed_max}
+        return {"rng": self._rng.bit_generator.state}
 
     def load_sharding_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`sharding_state` returned (a checkpoint load does this).
+        """Restore what :meth:`sharding_state` returned (a checkpoint load does this). The
+        ``routed_max`` of older checkpoints is ignored: it could hold a priority its owner
+        found stale, and the owners' applied maxima are in their shards' sampler state.
 
         Raises:
             ConfigError: ``state`` is not from :meth:`sharding_state` (nothing changes).
@@ -310,12 +311,10 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
         try:
             scratch = type(self._rng.bit_generator)()
             scratch.state = dict(state["rng"])
-            routed = float(state.get("routed_max", 0.0))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError("not a sharding state from ShardedReplayBuffer.sharding_state(): "
                               f"{exc!r}") from exc
         self._rng.bit_generator.state = scratch.state
-        self._routed_max = routed if math.isfinite(routed) else 0.0
 
     @property
     def prefetched(self) -> int:
@@ -434,17 +433,3 @@ class ShardedReplayBuffer(PriorityRouting, Pipelining):
             return pinned(batch).to(self.device, non_blocking=True)
         return batch.to(self.device)
 
-
-def _check_same_settings(agreed: SamplingSettings) -> None:
-    """Every rank must sample in the same mode with the same prefetch depth: exact ranks go
-    on to exchange records while local ranks go on to their next call, and those
-    collectives would pair up with each other's and swap unrelated bytes; ranks of other
-    depths would run their exchanges at different calls. Raised on every rank alike."""
-    codes, depths = agreed.mode, agreed.prefetch
-    if (codes != codes[0]).any():
-        ranks = {m: [r for r, c in enumerate(codes) if c == i] for i, m in enumerate(SAMPLE_MODES)}
-        raise ConfigError(f"ranks constructed ShardedReplayBuffer with different modes ({ranks}); "
-                          "every rank must pass the same mode")
-    if (depths != depths[0]).any():
-        raise ConfigError(f"ranks use different prefetch depths ({depths.tolist()}); every rank "
-                          "must construct its ShardedReplayBuffer with the same prefetch")
