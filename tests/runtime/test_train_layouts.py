@@ -65,6 +65,9 @@ def _refused_resume_changes_nothing(run_dir: Path, log_dir: Path) -> None:
         assert run.wait(120) != 0, run.explain()
         assert run.leftovers() == [], run.explain()
         assert "saved with spec" in run.stderr(), run.explain()
+        assert "Traceback" not in run.stderr(), run.explain()  # a refusal, not a crash
+        last = run.stderr().strip().splitlines()[-1]
+        assert last.count("CheckpointFormatError") == 1, last  # the ranks' common refusal, said once
     assert _tree_digest(run_dir) == before
     assert read_identity(run_dir) == life
 

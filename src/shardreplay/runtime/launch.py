@@ -42,7 +42,7 @@ from shardreplay.checkpoint import (
     list_checkpoints,
     set_aside_incomplete,
 )
-from shardreplay.errors import ConfigError, PeerLost, ShardReplayError, StorageError
+from shardreplay.errors import CheckpointError, ConfigError, PeerLost, ShardReplayError, StorageError
 from shardreplay.runtime import stop_signals
 from shardreplay.runtime.envs import env_spaces, transition_spec
 from shardreplay.runtime.log_lines import configure_logging
@@ -247,6 +247,8 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
             exc = refused
         elif isinstance(exc, PeerLost):
             log.error("%s", exc)  # where it failed matters less than which peer stopped
+        elif isinstance(exc, (CheckpointError, ConfigError)):
+            pass  # a refusal, not a bug: its message, in the launcher's one line, says it all
         else:
             traceback.print_exc()
         out.put((rank, "error", f"{type(exc).__name__}: {exc}"))
@@ -445,7 +447,11 @@ def _stop_after_failure(procs: list[Any], out: Any, results: dict[int, Any], err
 
 
 def _failure_message(deaths: list[str], errors: dict[int, str], run_dir: str) -> str:
-    reports = [f"rank {rank}: {error}" for rank, error in errors.items()]
+    by_error: dict[str, list[int]] = {}  # ranks that all refused alike get one entry
+    for rank, error in errors.items():
+        by_error.setdefault(error, []).append(rank)
+    reports = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}: {error}"
+               for error, ranks in by_error.items()]
     return ("training failed: " + "; ".join([*deaths, *reports])
             + f". The other ranks and every actor were stopped; continue the run with "
               f"--run-dir {run_dir} --auto-resume")
