@@ -13,7 +13,22 @@ each direction (the round trip gets twice it), made one of two ways (:attr:`Link
   top (``linkprobe.py`` measures them; ``benchmarks/RESULTS-learner.md`` has the figures).
 
 With no delay asked it is a plain veth pair (``"none"``). :func:`veth_pair` is the veth pair
-with netem or nothing. Everything is removed on the way out, also after an error. A process
+with netem or nothing.
+
+:func:`hosts` makes N namespaces that look like N machines on one network: each has an
+``eth0`` with an address of its own, joined through a hub namespace (a bridge, routing
+between its ports), and a delay on the links of the hosts named in ``delayed`` (netem on
+both ends of their veth pair, else a TUN relay between the host and the hub)::
+
+    host 0  eth0 10.214.<n>.1 --veth--+
+    host 1  eth0 10.214.<n>.2 --veth--+-- br0 10.214.<n>.254 [hub, forwarding]
+    host 2  eth0 10.215.<n>.3 --TUN relay, delay--  10.215.<n>.130 [hub]
+
+Every host reaches every other host (routes through the hub); the round trip to a delayed
+host pays its delay twice. ``python netns.py exec NAMESPACE COMMAND...`` runs a command in a
+namespace under its own host name (:func:`enter`): the way to start a program "on" a host.
+
+Everything is removed on the way out, also after an error. A process
 (a rank) moves itself into one with :func:`enter` before it opens any socket. Needs root
 (CAP_NET_ADMIN and CAP_SYS_ADMIN), the ``ip`` tool, and ``/dev/net/tun`` for the relay.
 
@@ -166,6 +181,97 @@ def delayed_link(delay_ms: float = 0.0, subnet: int | None = None, kind: str = "
         subprocess.run(["ip", "link", "del", veth[0]], capture_output=True, check=False)
 
 
+@dataclass(frozen=True)
+class Hosts:
+    """Live hosts of :func:`hosts`: namespace (also the host name :func:`enter` gives) and
+    address of each, the interface every host has (``eth0``), and the delay in place on the
+    links of ``delayed`` hosts."""
+
+    namespaces: tuple[str, ...]
+    addresses: tuple[str, ...]
+    hub: str  # the namespace of the bridge and router
+    delayed: tuple[int, ...]
+    delay_ms: float  # the one-way delay on each delayed host's link (0 when none)
+    delay_kind: str  # "netem", "tun-relay" or "none"
+    netem_error: str  # why netem could not be used ('' when it was, or was not tried)
+    ifname: str = "eth0"
+
+
+@contextmanager
+def hosts(count: int, delay_ms: float = 0.0, delayed: tuple[int, ...] = (), subnet: int | None = None,
+          kind: str = "auto") -> Iterator[Hosts]:
+    """``count`` namespaces on one routed network (see the module's picture), ``delay_ms`` of
+    delay each way on the links of the hosts in ``delayed``; everything is removed on exit,
+    also after an error. ``kind`` as in :func:`delayed_link`. The relays die with the thread
+    that entered this.
+
+    Raises:
+        ValueError: ``kind`` is unknown, ``delay_ms`` negative, ``count`` not in 1..100, or
+            ``delayed`` names no host.
+        RuntimeError: a namespace, link or relay could not be made (see :func:`unavailable`).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if delay_ms < 0 or not 1 <= count <= 100 or any(not 0 <= i < count for i in delayed):
+        raise ValueError(f"hosts({count}, delay_ms={delay_ms}, delayed={delayed}): out of range")
+    serial = next(_SERIAL)
+    tag = f"sr{os.getpid() % 100000}y{serial % 100}"
+    n = subnet if subnet is not None else 1 + (os.getpid() + serial) % 250
+    hub, names = f"{tag}h", tuple(f"{tag}{i}" for i in range(count))
+    relays: list[subprocess.Popen] = []
+    made: list[str] = []
+    try:
+        for name in (hub, *names):
+            _ip("netns", "add", name)
+            made.append(name)
+            _ip("-n", name, "link", "set", "lo", "up")
+        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", hub, "addr", "add", f"10.214.{n}.254/24", "dev", "br0")
+        _ip("-n", hub, "link", "set", "br0", "up")
+        _forward(hub)
+        want = delayed if delay_ms > 0 else ()
+        error = "" if kind != "tun-relay" or not want else "tun-relay asked"
+        addresses = []
+        for i, name in enumerate(names):
+            _bridge_port(hub, name, f"{tag}p{i}", f"10.214.{n}.{i + 1}", f"10.214.{n}.254")
+            addresses.append(f"10.214.{n}.{i + 1}")
+            if i in want and kind != "tun-relay":
+                error = error or _netem(name, "eth0", delay_ms) or _netem(hub, f"{tag}p{i}", delay_ms)
+        relay = bool(want) and (kind == "tun-relay" or (kind == "auto" and bool(error)))
+        if relay:
+            for i in want:  # the veth goes; the relay takes its place, on another subnet
+                _ip("-n", names[i], "link", "del", "eth0")
+                addresses[i] = f"10.215.{n}.{i + 1}"
+                relays.append(_start_relay((names[i], hub), ("eth0", f"t{tag}{i}"),
+                                           (addresses[i], f"10.215.{n}.{i + 128}"), delay_ms))
+                _ip("-n", names[i], "route", "add", "default", "dev", "eth0")
+        delay_kind = "tun-relay" if relay else "netem" if want and not error else "none"
+        yield Hosts(names, tuple(addresses), hub, tuple(want), delay_ms if delay_kind != "none" else 0.0,
+                    delay_kind, error)
+    finally:
+        for proc in relays:
+            _stop_relay(proc)
+        for name in made:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def _forward(namespace: str) -> None:
+    """Let ``namespace`` route between its interfaces (its own sysctl)."""
+    proc = subprocess.run(["ip", "netns", "exec", namespace, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sysctl net.ipv4.ip_forward=1 in {namespace}: {proc.stderr.strip()}")
+
+
+def _bridge_port(hub: str, host: str, port: str, address: str, gateway: str) -> None:
+    """A veth from ``host`` (named ``eth0`` there, with ``address``) to the hub's bridge."""
+    _ip("-n", hub, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", host)
+    _ip("-n", hub, "link", "set", port, "master", "br0", "up")
+    _ip("-n", host, "addr", "add", f"{address}/24", "dev", "eth0")
+    _ip("-n", host, "link", "set", "eth0", "up")
+    _ip("-n", host, "route", "add", "default", "via", gateway)
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used so far (0.0 when it is gone)."""
     try:
@@ -260,3 +366,16 @@ def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def main(argv: list[str]) -> int:
+    """``exec NAMESPACE COMMAND...``: run COMMAND in NAMESPACE under its own host name."""
+    if len(argv) < 3 or argv[0] != "exec":
+        print("usage: python netns.py exec NAMESPACE COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    enter(argv[1])
+    os.execvp(argv[2], argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
