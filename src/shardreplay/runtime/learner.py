@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from shardreplay import checkpoint
 from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.checkpoint.manifest import checkpoint_dir
+from shardreplay.distributed.group import lost_peer_error, peer_lost
 from shardreplay.errors import ShardReplayError
 from shardreplay.policy import open_publisher
 from shardreplay.policy.broadcast import pack_version
@@ -201,11 +202,13 @@ class Learner:
         started = self._started = time.monotonic()
         try:
             self._loop(started)
-        except BaseException:
+        except BaseException as exc:
             self._stop_actors()
             self.save()  # local only: every rank keeps its part even when a peer is gone
             self._close_reader()
             self.buffer.close()
+            if peer_lost(exc):  # DDP's all-reduce in backward: gloo's raw text otherwise
+                raise lost_peer_error(exc, f"training failed on rank {self.rank} of {self.world}") from exc
             raise
         self._stop_actors()
         # What the actors sent while stopping is in the shards: count it (all ranks agree).
