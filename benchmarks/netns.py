@@ -25,8 +25,10 @@ both ends of their veth pair, else a TUN relay between the host and the hub)::
     host 2  eth0 10.215.<n>.3 --TUN relay, delay--  10.215.<n>.130 [hub]
 
 Every host reaches every other host (routes through the hub); the round trip to a delayed
-host pays its delay twice. ``python netns.py exec NAMESPACE COMMAND...`` runs a command in a
-namespace under its own host name (:func:`enter`): the way to start a program "on" a host.
+host pays its delay twice. Host names resolve as on a real network: ``/etc/netns/<namespace>/hosts``
+lists every host (and ``ip netns exec`` mounts it on ``/etc/hosts``). ``python netns.py exec
+NAMESPACE COMMAND...`` runs a command in a namespace under its own host name (the namespace's
+name), seeing that hosts file: the way to start a program "on" a host.
 
 Everything is removed on the way out, also after an error. A process
 (a rank) moves itself into one with :func:`enter` before it opens any socket. Needs root
@@ -40,6 +42,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -220,6 +223,7 @@ def hosts(count: int, delay_ms: float = 0.0, delayed: tuple[int, ...] = (), subn
     hub, names = f"{tag}h", tuple(f"{tag}{i}" for i in range(count))
     relays: list[subprocess.Popen] = []
     made: list[str] = []
+    made_etc: list[Path] = []
     try:
         for name in (hub, *names):
             _ip("netns", "add", name)
@@ -246,6 +250,7 @@ def hosts(count: int, delay_ms: float = 0.0, delayed: tuple[int, ...] = (), subn
                                            (addresses[i], f"10.215.{n}.{i + 128}"), delay_ms))
                 _ip("-n", names[i], "route", "add", "default", "dev", "eth0")
         delay_kind = "tun-relay" if relay else "netem" if want and not error else "none"
+        _hosts_files(names, addresses, made_etc)
         yield Hosts(names, tuple(addresses), hub, tuple(want), delay_ms if delay_kind != "none" else 0.0,
                     delay_kind, error)
     finally:
@@ -253,6 +258,29 @@ def hosts(count: int, delay_ms: float = 0.0, delayed: tuple[int, ...] = (), subn
             _stop_relay(proc)
         for name in made:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+        for path in made_etc:  # the hosts' directories, then /etc/netns when it was made here
+            if path == _ETC_NETNS:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+_ETC_NETNS = Path("/etc/netns")
+
+
+def _hosts_files(names: tuple[str, ...], addresses: list[str], made: list[Path]) -> None:
+    """``/etc/netns/<name>/hosts`` for every host, naming every host, so that host names
+    resolve as on a real network (``ip netns exec`` mounts it on /etc/hosts); what was made
+    goes into ``made``, in the order to remove it."""
+    if not _ETC_NETNS.exists():
+        made.append(_ETC_NETNS)
+    table = "127.0.0.1 localhost\n::1 localhost\n"
+    table += "".join(f"{a} {n}\n" for n, a in zip(names, addresses, strict=True))
+    for name in names:
+        (_ETC_NETNS / name).mkdir(parents=True, exist_ok=True)
+        made.insert(0, _ETC_NETNS / name)
+        (_ETC_NETNS / name / "hosts").write_text(table)
 
 
 def _forward(namespace: str) -> None:
@@ -342,9 +370,14 @@ def enter(namespace: str) -> None:
         OSError: setns or unshare failed (not root, or no such namespace).
     """
     enter_net(namespace)
+    _own_host_name(namespace)
+
+
+def _own_host_name(name: str) -> None:
+    """Give this process a UTS namespace of its own, with host name ``name``."""
     libc = ctypes.CDLL(None, use_errno=True)
     _check(libc.unshare(_CLONE_NEWUTS), "unshare(CLONE_NEWUTS)")
-    socket.sethostname(namespace)
+    socket.sethostname(name)
 
 
 def enter_net(namespace: str) -> None:
@@ -369,12 +402,15 @@ def _check(rc: int, what: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``exec NAMESPACE COMMAND...``: run COMMAND in NAMESPACE under its own host name."""
-    if len(argv) < 3 or argv[0] != "exec":
-        print("usage: python netns.py exec NAMESPACE COMMAND [ARGS...]", file=sys.stderr)
-        return 2
-    enter(argv[1])
-    os.execvp(argv[2], argv[2:])
+    """``exec NAMESPACE COMMAND...``: run COMMAND in NAMESPACE under its own host name, through
+    ``ip netns exec`` (which also puts ``/etc/netns/NAMESPACE/hosts`` in place of /etc/hosts)."""
+    if len(argv) >= 3 and argv[0] == "exec":
+        os.execvp("ip", ["ip", "netns", "exec", argv[1], sys.executable, __file__, "named", *argv[1:]])
+    if len(argv) >= 3 and argv[0] == "named":  # already in the namespace: the host name, then COMMAND
+        _own_host_name(argv[1])
+        os.execvp(argv[2], argv[2:])
+    print("usage: python netns.py exec NAMESPACE COMMAND [ARGS...]", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -38,10 +38,11 @@ class TrainRun:
         env: extra environment variables.
         module: the module to run (``torch.distributed.run`` for torchrun).
         prefix: file name prefix of the outputs (several runs in one directory).
+        wrap: a command that runs the rest (``netns.py exec NAMESPACE``: on another "host").
     """
 
     def __init__(self, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 module: str = "shardreplay", prefix: str = "") -> None:
+                 module: str = "shardreplay", prefix: str = "", wrap: list[str] | None = None) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.args = list(args)
         self.stdout_path = log_dir / f"{prefix}stdout.txt"
@@ -50,7 +51,7 @@ class TrainRun:
         self._lock = threading.Lock()
         self._done = threading.Event()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=out,
+            self.proc = subprocess.Popen([*(wrap or []), sys.executable, "-m", module, *args], stdout=out,
                                          stderr=err, start_new_session=True,
                                          env={**os.environ, **(env or {})})
         self._watcher = threading.Thread(target=self._watch, daemon=True)
