@@ -133,9 +133,9 @@ def _checkpoint_after_solving(run_dir: Path) -> bool:
 @pytest.mark.timeout(600)
 def test_three_hosts_solve_lose_a_learner_host_and_resume(net: netns.Hosts, tmp_path: Path) -> None:
     run_dir = tmp_path / "shared" / "run"
-    learners = [*_doc_command("torchrun", "--nnodes", "2"), *SMALL]
+    learners = [*_doc_command("torchrun", "cartpole"), *SMALL]
     assert learners[learners.index("--nnodes") + 1] == "2"
-    resume = _doc_command("torchrun", "--nnodes", "1")
+    resume = _doc_command("torchrun", "cartpole-2")  # the page's run on the node left
     at = learners.index("--auto-resume") + 1  # the page's "..." is the rest of step 2's flags
     resume = [*resume[:resume.index("...")], *learners[at:]]
     assert resume[resume.index("--nnodes") + 1] == "1"
