@@ -54,6 +54,7 @@ from shardreplay.runtime.learner_sync import (
     SignalFlags,
     agreed_settings,
     make_limiter,
+    periodic_save_due,
 )
 from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.processes import ActorPool
@@ -308,8 +309,10 @@ class Learner:
         return g
 
     def _periodic_save(self) -> bool:
-        k, u = self.s.checkpoints.interval_updates, self.counters["updates"]
-        if k > 0 and u > 0 and u % k == 0 and self._saved_at != u:
+        u = self.counters["updates"]
+        if self._saved_at < 0:  # the first check: this life starts counting here
+            self._saved_at = u
+        if periodic_save_due(self.s.checkpoints.interval_updates, self._saved_at, u):
             self._saved_at = u
             return True
         return False
