@@ -18,8 +18,8 @@ the learners): learner hosts A and B run the commands of docs/multi-machine.md u
    actors exit 0 with it.
 
 Small settings (``SMALL``: a 64x64 network, 8 samples per insert, a checkpoint every 250
-updates). Measured on the shared 2-core machine: 165 s in all at load average 5 (solved after
-133 s, A stopped 0.9 s after the kill, the resumed life took 21 s); under load average 12-15
+updates). Measured on the shared 2-core machine: 150-165 s in all at load average 2-6 (solved after
+99-133 s, A stopped 0.7-0.9 s after the kill, the resumed life took 21-41 s); under load average 12-15
 the solve alone took about 5 minutes.
 Skipped, saying why, where namespaces cannot be made (not root, no ``ip``).
 """
