@@ -21,6 +21,7 @@ Small settings (``SMALL``: a 64x64 network, 8 samples per insert, a checkpoint e
 updates). Measured on the shared 2-core machine: 150-165 s in all at load average 2-6 (solved after
 99-133 s, A stopped 0.7-0.9 s after the kill, the resumed life took 21-41 s); under load average 12-15
 the solve alone took about 5 minutes.
+
 Skipped, saying why, where namespaces cannot be made (not root, no ``ip``).
 """
 
