@@ -13,7 +13,24 @@ each direction (the round trip gets twice it), made one of two ways (:attr:`Link
   top (``linkprobe.py`` measures them; ``benchmarks/RESULTS-learner.md`` has the figures).
 
 With no delay asked it is a plain veth pair (``"none"``). :func:`veth_pair` is the veth pair
-with netem or nothing. Everything is removed on the way out, also after an error. A process
+with netem or nothing.
+
+:func:`hosts` makes N namespaces that look like N machines on one network: each has an
+``eth0`` with an address of its own, joined through a hub namespace (a bridge, routing
+between its ports), and a delay on the links of the hosts named in ``delayed`` (netem on
+both ends of their veth pair, else a TUN relay between the host and the hub)::
+
+    host 0  eth0 10.214.<n>.1 --veth--+
+    host 1  eth0 10.214.<n>.2 --veth--+-- br0 10.214.<n>.254 [hub, forwarding]
+    host 2  eth0 10.215.<n>.3 --TUN relay, delay--  10.215.<n>.130 [hub]
+
+Every host reaches every other host (routes through the hub); the round trip to a delayed
+host pays its delay twice. Host names resolve as on a real network: ``/etc/netns/<namespace>/hosts``
+lists every host (and ``ip netns exec`` mounts it on ``/etc/hosts``). ``python netns.py exec
+NAMESPACE COMMAND...`` runs a command in a namespace under its own host name (the namespace's
+name), seeing that hosts file: the way to start a program "on" a host.
+
+Everything is removed on the way out, also after an error. A process
 (a rank) moves itself into one with :func:`enter` before it opens any socket. Needs root
 (CAP_NET_ADMIN and CAP_SYS_ADMIN), the ``ip`` tool, and ``/dev/net/tun`` for the relay.
 
@@ -25,6 +42,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -166,6 +184,122 @@ def delayed_link(delay_ms: float = 0.0, subnet: int | None = None, kind: str = "
         subprocess.run(["ip", "link", "del", veth[0]], capture_output=True, check=False)
 
 
+@dataclass(frozen=True)
+class Hosts:
+    """Live hosts of :func:`hosts`: namespace (also the host name :func:`enter` gives) and
+    address of each, the interface every host has (``eth0``), and the delay in place on the
+    links of ``delayed`` hosts."""
+
+    namespaces: tuple[str, ...]
+    addresses: tuple[str, ...]
+    hub: str  # the namespace of the bridge and router
+    delayed: tuple[int, ...]
+    delay_ms: float  # the one-way delay on each delayed host's link (0 when none)
+    delay_kind: str  # "netem", "tun-relay" or "none"
+    netem_error: str  # why netem could not be used ('' when it was, or was not tried)
+    ifname: str = "eth0"
+
+
+@contextmanager
+def hosts(count: int, delay_ms: float = 0.0, delayed: tuple[int, ...] = (), subnet: int | None = None,
+          kind: str = "auto") -> Iterator[Hosts]:
+    """``count`` namespaces on one routed network (see the module's picture), ``delay_ms`` of
+    delay each way on the links of the hosts in ``delayed``; everything is removed on exit,
+    also after an error. ``kind`` as in :func:`delayed_link`. The relays die with the thread
+    that entered this.
+
+    Raises:
+        ValueError: ``kind`` is unknown, ``delay_ms`` negative, ``count`` not in 1..100, or
+            ``delayed`` names no host.
+        RuntimeError: a namespace, link or relay could not be made (see :func:`unavailable`).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if delay_ms < 0 or not 1 <= count <= 100 or any(not 0 <= i < count for i in delayed):
+        raise ValueError(f"hosts({count}, delay_ms={delay_ms}, delayed={delayed}): out of range")
+    serial = next(_SERIAL)
+    tag = f"sr{os.getpid() % 100000}y{serial % 100}"
+    n = subnet if subnet is not None else 1 + (os.getpid() + serial) % 250
+    hub, names = f"{tag}h", tuple(f"{tag}{i}" for i in range(count))
+    relays: list[subprocess.Popen] = []
+    made: list[str] = []
+    made_etc: list[Path] = []
+    try:
+        for name in (hub, *names):
+            _ip("netns", "add", name)
+            made.append(name)
+            _ip("-n", name, "link", "set", "lo", "up")
+        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", hub, "addr", "add", f"10.214.{n}.254/24", "dev", "br0")
+        _ip("-n", hub, "link", "set", "br0", "up")
+        _forward(hub)
+        want = delayed if delay_ms > 0 else ()
+        error = "" if kind != "tun-relay" or not want else "tun-relay asked"
+        addresses = []
+        for i, name in enumerate(names):
+            _bridge_port(hub, name, f"{tag}p{i}", f"10.214.{n}.{i + 1}", f"10.214.{n}.254")
+            addresses.append(f"10.214.{n}.{i + 1}")
+            if i in want and kind != "tun-relay":
+                error = error or _netem(name, "eth0", delay_ms) or _netem(hub, f"{tag}p{i}", delay_ms)
+        relay = bool(want) and (kind == "tun-relay" or (kind == "auto" and bool(error)))
+        if relay:
+            for i in want:  # the veth goes; the relay takes its place, on another subnet
+                _ip("-n", names[i], "link", "del", "eth0")
+                addresses[i] = f"10.215.{n}.{i + 1}"
+                relays.append(_start_relay((names[i], hub), ("eth0", f"t{tag}{i}"),
+                                           (addresses[i], f"10.215.{n}.{i + 128}"), delay_ms))
+                _ip("-n", names[i], "route", "add", "default", "dev", "eth0")
+        delay_kind = "tun-relay" if relay else "netem" if want and not error else "none"
+        _hosts_files(names, addresses, made_etc)
+        yield Hosts(names, tuple(addresses), hub, tuple(want), delay_ms if delay_kind != "none" else 0.0,
+                    delay_kind, error)
+    finally:
+        for proc in relays:
+            _stop_relay(proc)
+        for name in made:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+        for path in made_etc:  # the hosts' directories, then /etc/netns when it was made here
+            if path == _ETC_NETNS:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+_ETC_NETNS = Path("/etc/netns")
+
+
+def _hosts_files(names: tuple[str, ...], addresses: list[str], made: list[Path]) -> None:
+    """``/etc/netns/<name>/hosts`` for every host, naming every host, so that host names
+    resolve as on a real network (``ip netns exec`` mounts it on /etc/hosts); what was made
+    goes into ``made``, in the order to remove it."""
+    if not _ETC_NETNS.exists():
+        made.append(_ETC_NETNS)
+    table = "127.0.0.1 localhost\n::1 localhost\n"
+    table += "".join(f"{a} {n}\n" for n, a in zip(names, addresses, strict=True))
+    for name in names:
+        (_ETC_NETNS / name).mkdir(parents=True, exist_ok=True)
+        made.insert(0, _ETC_NETNS / name)
+        (_ETC_NETNS / name / "hosts").write_text(table)
+
+
+def _forward(namespace: str) -> None:
+    """Let ``namespace`` route between its interfaces (its own sysctl)."""
+    proc = subprocess.run(["ip", "netns", "exec", namespace, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sysctl net.ipv4.ip_forward=1 in {namespace}: {proc.stderr.strip()}")
+
+
+def _bridge_port(hub: str, host: str, port: str, address: str, gateway: str) -> None:
+    """A veth from ``host`` (named ``eth0`` there, with ``address``) to the hub's bridge."""
+    _ip("-n", hub, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", host)
+    _ip("-n", hub, "link", "set", port, "master", "br0", "up")
+    _ip("-n", host, "addr", "add", f"{address}/24", "dev", "eth0")
+    _ip("-n", host, "link", "set", "eth0", "up")
+    _ip("-n", host, "route", "add", "default", "via", gateway)
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used so far (0.0 when it is gone)."""
     try:
@@ -236,9 +370,14 @@ def enter(namespace: str) -> None:
         OSError: setns or unshare failed (not root, or no such namespace).
     """
     enter_net(namespace)
+    _own_host_name(namespace)
+
+
+def _own_host_name(name: str) -> None:
+    """Give this process a UTS namespace of its own, with host name ``name``."""
     libc = ctypes.CDLL(None, use_errno=True)
     _check(libc.unshare(_CLONE_NEWUTS), "unshare(CLONE_NEWUTS)")
-    socket.sethostname(namespace)
+    socket.sethostname(name)
 
 
 def enter_net(namespace: str) -> None:
@@ -260,3 +399,19 @@ def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def main(argv: list[str]) -> int:
+    """``exec NAMESPACE COMMAND...``: run COMMAND in NAMESPACE under its own host name, through
+    ``ip netns exec`` (which also puts ``/etc/netns/NAMESPACE/hosts`` in place of /etc/hosts)."""
+    if len(argv) >= 3 and argv[0] == "exec":
+        os.execvp("ip", ["ip", "netns", "exec", argv[1], sys.executable, __file__, "named", *argv[1:]])
+    if len(argv) >= 3 and argv[0] == "named":  # already in the namespace: the host name, then COMMAND
+        _own_host_name(argv[1])
+        os.execvp(argv[2], argv[2:])
+    print("usage: python netns.py exec NAMESPACE COMMAND [ARGS...]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -5,6 +5,7 @@ not complete within N s" long before N seconds passed.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -41,5 +42,7 @@ def test_a_peer_that_ends_gives_peer_lost_at_once() -> None:
     error = rank0["error"]
     assert "step counters failed on rank 0 of 2" in error, error
     assert "a peer rank stopped answering (its process died?)" in error, error
+    # The node is named: by gloo's address of the broken connection, and its host name.
+    assert re.match(r"lost learner node (\S+ \()?127\.0\.0\.1\)?: ", error), error
     assert "did not complete within" not in error and "GLHF" not in error, error
     assert rank0["seconds"] < TIMEOUT_S / 4, rank0

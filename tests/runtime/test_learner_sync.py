@@ -10,7 +10,7 @@ import torch
 
 from shardreplay.errors import ShardReplayError
 from shardreplay.runtime.learner_report import MetricsWindow, RunCounts
-from shardreplay.runtime.learner_sync import LoopSync
+from shardreplay.runtime.learner_sync import MAX_UPDATES_PER_ITERATION, LoopSync, periodic_save_due
 
 
 def test_round_trip_keeps_64_bit_integers_exact() -> None:
@@ -55,3 +55,20 @@ def test_run_counts_name_their_fields() -> None:
                        foreign_chunks_ignored=5)
     assert list(counts.as_dict().values()) == [1, 2, 3, 4, 5]
     assert set(counts.as_dict()) == {f.name for f in dataclasses.fields(RunCounts)}
+
+
+def test_a_periodic_checkpoint_is_due_once_per_interval_whatever_the_iteration_sizes() -> None:
+    # The loop checks between iterations of up to 8 updates: --checkpoint-interval-updates
+    # 250 must save after 250, 500, 750 ..., not only where a check lands on a multiple
+    # (every 1000 updates when each iteration makes 8).
+    for step in (MAX_UPDATES_PER_ITERATION, 3, 7):
+        saved_at, saves = 0, []
+        for updates in range(0, 2001, step):
+            if periodic_save_due(250, saved_at, updates):
+                saved_at = updates
+                saves.append(updates)
+        assert len(saves) == (2000 // step * step) // 250, (step, saves)  # one per multiple passed
+        assert all(0 <= s - 250 * (i + 1) < step for i, s in enumerate(saves)), (step, saves)
+    assert not periodic_save_due(0, 0, 10_000)  # 0: only at the end
+    assert not periodic_save_due(250, 4000, 4007)  # a resumed life counts from where it began
+    assert periodic_save_due(250, 4000, 4250)

@@ -40,10 +40,12 @@ class TrainRun:
         prefix: file name prefix of the outputs (several runs in one directory).
         sigint_ignored: start it with SIGINT ignored, as a shell starts a background job
             (``cmd &`` in a script).
+        wrap: a command that runs the rest (``netns.py exec NAMESPACE``: on another "host").
     """
 
     def __init__(self, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 module: str = "shardreplay", prefix: str = "", sigint_ignored: bool = False) -> None:
+                 module: str = "shardreplay", prefix: str = "", sigint_ignored: bool = False,
+                 wrap: list[str] | None = None) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.args = list(args)
         self.stdout_path = log_dir / f"{prefix}stdout.txt"
@@ -52,7 +54,7 @@ class TrainRun:
         self._lock = threading.Lock()
         self._done = threading.Event()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=out,
+            self.proc = subprocess.Popen([*(wrap or []), sys.executable, "-m", module, *args], stdout=out,
                                          stderr=err, start_new_session=True,
                                          env={**os.environ, **(env or {})},
                                          preexec_fn=_ignore_sigint if sigint_ignored else None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -32,9 +33,29 @@ def peer_lost(exc: BaseException) -> bool:
         and any(word in str(exc).lower() for word in _PEER_GONE)
 
 
+# gloo names the peer of a broken connection "[address]:port".
+_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
+
+
+def lost_node(text: str) -> str:
+    """The learner node a backend error's ``text`` names: ``"host (address)"`` (the name
+    from the resolver: /etc/hosts, DNS), the address alone when it has no name, ``""`` when
+    the text names none."""
+    found = _PEER_ADDRESS.search(text)
+    if found is None:
+        return ""
+    address = found.group(1)
+    try:
+        name = socket.gethostbyaddr(address)[0]
+    except OSError:  # no name known: the address is what the operator can look up
+        return address
+    return f"{name} ({address})" if name != address else address
+
+
 def lost_peer_error(exc: BaseException, what: str) -> PeerLost:
     """Our :class:`PeerLost` for a backend error that :func:`peer_lost` recognised, e.g.
-    one raised by DDP's all-reduce in ``backward`` (outside :class:`Collectives`).
+    one raised by DDP's all-reduce in ``backward`` (outside :class:`Collectives`). Its one
+    line starts with the node that was lost (host name and address, when gloo names it).
 
     Args:
         exc: the backend's error.
@@ -43,9 +64,11 @@ def lost_peer_error(exc: BaseException, what: str) -> PeerLost:
     # The backend's text starts with a source path and ends in generic advice: keep
     # only what happened ("Connection reset by peer [127.0.0.1]:40339").
     detail = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).split(". ")[0])
-    return PeerLost(f"{what}: a peer rank stopped answering (its process died?); the connection "
-                    f"to it was lost ({detail}). The launcher's (or torchrun's) log names the rank "
-                    "that stopped")
+    node = lost_node(detail)
+    return PeerLost(f"lost learner node {node or '(not named by the backend)'}: {what}: a peer rank "
+                    f"stopped answering (its process died?); the connection to it was lost ({detail}). "
+                    "Continue with --auto-resume from the newest complete checkpoint, on the nodes "
+                    "left or once the node is back")
 
 
 class Collectives:

@@ -30,6 +30,7 @@ from shardreplay import checkpoint
 from shardreplay._io import atomic_write_bytes, storage_error
 from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.checkpoint.manifest import checkpoint_dir
+from shardreplay.distributed.group import lost_peer_error, peer_lost
 from shardreplay.errors import ShardReplayError, StorageError
 from shardreplay.policy import open_publisher
 from shardreplay.policy.broadcast import pack_version
@@ -55,6 +56,7 @@ from shardreplay.runtime.learner_sync import (
     SignalFlags,
     agreed_settings,
     make_limiter,
+    periodic_save_due,
 )
 from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.processes import ActorPool
@@ -235,11 +237,13 @@ class Learner:
         started = self._started = time.monotonic()
         try:
             self._loop(started)
-        except BaseException:
+        except BaseException as exc:
             self._stop_actors()
             self.save()  # local only: every rank keeps its part even when a peer is gone
             self._close_reader()
             self.buffer.close()
+            if peer_lost(exc):  # DDP's all-reduce in backward: gloo's raw text otherwise
+                raise lost_peer_error(exc, f"training failed on rank {self.rank} of {self.world}") from exc
             raise
         self._stop_actors()
         # What the actors sent while stopping is in the shards: count it (all ranks agree).
@@ -361,8 +365,10 @@ class Learner:
         return g
 
     def _periodic_save(self) -> bool:
-        k, u = self.s.checkpoints.interval_updates, self.counters["updates"]
-        if k > 0 and u > 0 and u % k == 0 and self._saved_at != u:
+        u = self.counters["updates"]
+        if self._saved_at < 0:  # the first check: this life starts counting here
+            self._saved_at = u
+        if periodic_save_due(self.s.checkpoints.interval_updates, self._saved_at, u):
             self._saved_at = u
             return True
         return False

@@ -26,6 +26,14 @@ DRAIN_CHUNKS = 16  # chunks one rank takes in per iteration at most
 MAX_UPDATES_PER_ITERATION = 8
 
 
+def periodic_save_due(interval: int, saved_at: int, updates: int) -> bool:
+    """True when a periodic checkpoint is due: a multiple of ``interval`` updates was
+    passed since ``saved_at`` (the update count of the last save, or where this life
+    began). The loop checks between iterations of up to :data:`MAX_UPDATES_PER_ITERATION`
+    updates, so it rarely sits exactly on a multiple; ``interval`` 0 means never."""
+    return interval > 0 and updates // interval > saved_at // interval
+
+
 class _Collectives(Protocol):
     def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor: ...
 
