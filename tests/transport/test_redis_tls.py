@@ -56,9 +56,9 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     certs = tmp_path / "certs"
     certs.mkdir()
     _make_certificates(certs)
-    from conftest import _free_port
-
-    port = _free_port()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
     args = [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(tmp_path), "--tls-cert-file", str(certs / "server.crt"),
             "--tls-key-file", str(certs / "server.key"), "--tls-ca-cert-file", str(certs / "ca.crt"),

@@ -22,7 +22,6 @@ from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.distributed.exchange_stats import SamplingSettings
 from shardreplay.distributed.group import Collectives
 from shardreplay.errors import ConfigError
-from shardreplay.samplers.schedules import LinearSchedule
 
 SAMPLE_MODES = ("exact", "local")
 _SAMPLERS = ("uniform", "prioritized")
@@ -52,7 +51,7 @@ def settings_of(local: ReplayBuffer, mode: str, prefetch: int, pipeline: bool, h
     alpha, beta_start, beta_end, beta_steps = 0.0, 0.0, 0.0, 0
     if local.sampler_name == "prioritized":
         alpha, beta = float(sampler.alpha), sampler.beta
-        if isinstance(beta, LinearSchedule):
+        if hasattr(beta, "steps"):  # a LinearSchedule (samplers are reached only through the Shard)
             beta_start, beta_end, beta_steps = float(beta.start), float(beta.end), int(beta.steps)
         else:
             beta_start = beta_end = float(beta.value)
