@@ -102,6 +102,7 @@ class Ingestor:
         self.reader = reader
         self.buffer = buffer
         self.settings = settings
+        self._streams = settings.streams  # the routing, built once (used per chunk)
         self.shard = shard
         self.stored = stored if stored is not None else StoredIds()
         self.journal = journal
@@ -185,7 +186,7 @@ class Ingestor:
             return 0
         try:
             self._check_owner(chunk)
-            rows = self.settings.streams.rows(chunk.actor_id, chunk.stream_ids)
+            rows = self._streams.rows(chunk.actor_id, chunk.stream_ids)
             if rows.max() >= self.buffer.num_streams:
                 raise ShardReplayError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
                                        f"beyond this shard's {self.buffer.num_streams}")
@@ -242,7 +243,7 @@ class Ingestor:
         if int(chunk.stream_ids.min()) < 0 or int(chunk.stream_ids.max()) >= s.actors.envs_per_actor:
             raise ShardReplayError(f"actor {chunk.actor_id} sent streams {chunk.stream_ids.tolist()}; the "
                                    f"learners take {s.actors.envs_per_actor} per actor (--envs-per-actor)")
-        owners = s.streams.shards(chunk.actor_id)[chunk.stream_ids]
+        owners = self._streams.shards(chunk.actor_id)[chunk.stream_ids]
         if (owners != self.shard).any():
             shards = s.learners.count
             raise ShardReplayError(f"actor {chunk.actor_id} streams {chunk.stream_ids.tolist()} belong to "
