@@ -28,6 +28,10 @@ from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler,
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
 from shardreplay.storage import STEP_ARRAYS, ArrayAllocator, StreamStorage
+from shardreplay.storage.one_step import OneStepAdd, one_step_add
+
+# One-step adds on the full path before the short one is built (see Shard.__init__).
+ONE_STEP_AFTER = 64
 
 __all__ = ["STEP_ARRAYS", "Draw", "Shard", "ShardStats", "shard_of_buffer"]
 
@@ -68,6 +72,11 @@ class Shard:
         self.stale_updates = 0  # updates whose window was overwritten since it was sampled
         self.updates_applied = 0  # updates applied to this shard, from any caller
         self.invalid_keys = 0  # routed updates whose key fits no slot here (skipped)
+        # The short path of one-step adds (storage/one_step.py), built after
+        # ONE_STEP_AFTER adds took the full path: a buffer that only ever takes a few
+        # one-step adds (or chunks) never pays for compiling (or loading) its kernel.
+        self._one_step: OneStepAdd | None = None
+        self._full_adds = 0
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -120,6 +129,15 @@ class Shard:
         Raises:
             SpecMismatchError, InvalidPriorityError: as ``ReplayBuffer.add``; nothing is written.
         """
+        if t_len is None and stream_ids is None and priorities is None and type(step) is dict:
+            fast = self._one_step
+            if fast is not None:
+                if fast.add(step):
+                    return
+            elif self._full_adds <= ONE_STEP_AFTER:
+                self._full_adds += 1
+                if self._full_adds > ONE_STEP_AFTER:
+                    self.enable_one_step()
         storage = self.storage
         if stream_ids is None:
             rows = storage.all_rows
@@ -140,6 +158,17 @@ class Shard:
         slots, valid, newly = storage.write(steps, rows, 1 if t_len is None else t_len, prios,
                                             sampler.default_priority())
         sampler.on_write(slots, valid, newly)
+
+    def enable_one_step(self) -> bool:
+        """Build the short path of one-step adds now (compiled, or loaded from numba's
+        cache, once); False when this spec has none (see ``storage/one_step.py``)."""
+        if self._one_step is None and self._full_adds <= ONE_STEP_AFTER + 1:
+            self._full_adds = ONE_STEP_AFTER + 2  # built once, whatever the outcome
+            # Uniform sampling records priority 1.0 and keeps no state per start.
+            uniform = isinstance(self.sampler, UniformSampler)
+            self._one_step = one_step_add(self.storage, None if uniform else self.sampler.default_priority,
+                                          None if uniform else self.sampler.on_write)
+        return self._one_step is not None
 
     # -- sampling ---------------------------------------------------------------------------
     def stats(self) -> ShardStats:

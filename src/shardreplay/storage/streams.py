@@ -92,10 +92,13 @@ class StreamStorage:
         self.generation = self.records["generation"]
         self.priority = self.records["priority"]
         self.valid = self.records["valid"]
-        self.pos = np.zeros(num_streams, np.int64)
+        # Positions and counters share one array, so that a compiled write takes them as
+        # one argument (storage/one_step.py): ``pos`` its first ``num_streams`` entries.
+        self.pos_and_counters = np.zeros(num_streams + 1, np.int64)
+        self.pos = self.pos_and_counters[:num_streams]
         self.all_rows = np.arange(num_streams, dtype=np.int64)  # pass this to write all rows
         self._aligned = True  # every row at the same position
-        self.counters = np.zeros(1, np.int64)  # [next episode id]
+        self.counters = self.pos_and_counters[num_streams:]  # [next episode id]
         # Added to every slot's write count in the generation of the keys handed out:
         # a checkpoint restore raises it past every generation the saved shards could
         # have handed out, so keys sampled before the save are stale afterwards.

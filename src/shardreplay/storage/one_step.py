@@ -1,0 +1,131 @@
+"""The short path of ``ReplayBuffer.add`` for one step of every stream.
+
+A :class:`OneStepAdd` is built once per storage: the field order, the stored dtypes and
+shapes, where each field sits in the per-slot record, and a compiled kernel
+(``kernels/add_step.py``) that checks and writes a step in one call. A step takes it
+when it is a plain ``dict`` of exactly the spec's flat names plus ``step_type`` (and
+``discount``), every value a C-contiguous numpy array in its stored dtype (``step_type``
+uint8, ``discount`` float32). Anything else, and any input that fails a check, is left
+to the full validation (``Spec.validate`` and ``StreamStorage.write``), which stores
+the same or raises today's error; nothing is written by this path then.
+
+Specs with a frame-stacked field, a dtype numba does not take (float16, non-native byte
+order) or a field of more than ``MAX_FIELD_NDIM`` axes have no short path.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardreplay.kernels import add_step as kernel
+from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
+
+if TYPE_CHECKING:
+    from shardreplay.storage.streams import StreamStorage
+
+__all__ = ["OneStepAdd", "one_step_add"]
+
+# Called with (flat slots, validity, newly valid) of the recomputed starts.
+OnWrite = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def one_step_add(storage: StreamStorage, default_priority: Callable[[], float] | None,
+                 on_write: OnWrite | None) -> OneStepAdd | None:
+    """The short one-step path of ``storage``, or None when its spec has none (see the
+    module docstring). Compiles (or loads from numba's cache) the kernel once.
+
+    ``default_priority``: the priority of a new step now (None: always 1.0);
+    ``on_write``: told the recomputed starts of every write (None: nobody is).
+    """
+    spec = storage.spec
+    if storage.stacked or any(not _kernel_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM
+                              for f in spec.fields.values()):
+        return None
+    return OneStepAdd(storage, default_priority, on_write)
+
+
+def _kernel_takes(dtype: np.dtype) -> bool:
+    return dtype.isnative and (dtype.kind in "biu" or dtype in (np.dtype(np.float32), np.dtype(np.float64)))
+
+
+class OneStepAdd:
+    """Checks and writes one step of every stream of ``storage`` in one compiled call.
+
+    Internal: ``Shard.write`` calls :meth:`add`, and falls back to the full path when it
+    returns False.
+    """
+
+    def __init__(self, storage: StreamStorage, default_priority: Callable[[], float] | None,
+                 on_write: OnWrite | None) -> None:
+        spec = storage.spec
+        s, window = storage.num_streams, storage.window
+        names = tuple(spec.names)
+        self._get = operator.itemgetter("step_type", *names)
+        self._n_keys = len(names) + 1  # a step without "discount"
+        record_fields: Mapping[str, Any] = storage.records.dtype.fields or {}
+        plan: list[int] = []
+        # Fields of their own array (not in the record) are written here after the kernel.
+        self._own: list[tuple[int, np.ndarray]] = []
+        for i, name in enumerate(names):
+            f = spec[name]
+            at = record_fields.get(f"field.{name}")
+            row_bytes = f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
+            words = [at[1] if at is not None else -1, row_bytes, int(f.checks_finite), *f.shape]
+            plan += words + [0] * (kernel.FIELD_WORDS - len(words))
+            if at is None:
+                self._own.append((i + 1, storage.fields[name]))
+        rows_at, out_at, discount_at, end = kernel.state_parts(s, len(names), window)
+        self._state = np.zeros(end, np.int64)
+        self._state[:kernel.PLAN] = [storage.stream_capacity, window, s, len(names), 0]
+        self._state[kernel.PLAN:rows_at] = plan
+        self._state[rows_at:out_at] = np.arange(s)
+        self._priority = self._state[kernel.PRIORITY:kernel.PRIORITY + 1].view(np.float64)
+        self._priority[0] = 1.0
+        self._discount = self._state[discount_at:end].view(DISCOUNT_DTYPE)[:s]
+        self._discount[:] = 1.0  # the discount of a step without one
+        self._out = self._state[out_at:discount_at].reshape(4, s * window)  # the kernel's results
+        self._rows = (s,)
+        self._head = (storage.records, storage.pos_and_counters, self._state)
+        canonical = (np.zeros(s, STEP_TYPE_DTYPE),
+                     *(np.zeros((s, *spec[n].shape), spec[n].dtype) for n in names))
+        self._kernel = kernel.compiled_add_step((*self._head, *canonical))
+        self._storage = storage
+        self._default_priority = default_priority
+        self._on_write = on_write
+
+    def add(self, step: Mapping[str, Any]) -> bool:
+        """Check and write ``step`` (a dict; see the module docstring) and tell the
+        sampler what changed. False, with nothing written, when the step needs the full
+        path (another kind of input, or a check fails)."""
+        n = len(step)
+        if n != self._n_keys:
+            discount = step.get("discount")
+            if (n != self._n_keys + 1 or type(discount) is not np.ndarray
+                    or discount.dtype != DISCOUNT_DTYPE or discount.shape != self._rows):
+                return False
+            self._discount[:] = discount
+        if self._default_priority is not None:
+            self._priority[0] = self._default_priority()
+        try:
+            values = self._get(step)
+            n_out, delta = self._kernel(*self._head, *values)
+        except (KeyError, TypeError):  # a name missing, or inputs of another kind
+            return False
+        finally:
+            if n != self._n_keys:
+                self._discount[:] = 1.0
+        if n_out < 0:
+            return False
+        out = self._out
+        if self._own:
+            slots = out[0, :self._rows[0]]
+            for i, arr in self._own:
+                arr[slots] = values[i]
+        self._storage.num_valid += delta
+        if self._on_write is not None:
+            self._on_write(out[1, :n_out], out[2, :n_out].astype(bool), out[3, :n_out].astype(bool))
+        return True
