@@ -31,7 +31,7 @@ from shardreplay.storage import STEP_ARRAYS, ArrayAllocator, StreamStorage
 from shardreplay.storage.one_step import OneStepAdd, one_step_add
 
 # One-step adds on the full path before the short one is built (see Shard.__init__).
-ONE_STEP_AFTER = 64
+ONE_STEP_AFTER = 1000
 
 __all__ = ["STEP_ARRAYS", "Draw", "Shard", "ShardStats", "shard_of_buffer"]
 
@@ -137,7 +137,7 @@ class Shard:
             elif self._full_adds <= ONE_STEP_AFTER:
                 self._full_adds += 1
                 if self._full_adds > ONE_STEP_AFTER:
-                    self.enable_one_step()
+                    self.use_one_step()
         storage = self.storage
         if stream_ids is None:
             rows = storage.all_rows
@@ -159,15 +159,19 @@ class Shard:
                                             sampler.default_priority())
         sampler.on_write(slots, valid, newly)
 
-    def enable_one_step(self) -> bool:
+    def use_one_step(self, enabled: bool = True) -> bool:
         """Build the short path of one-step adds now (compiled, or loaded from numba's
-        cache, once); False when this spec has none (see ``storage/one_step.py``)."""
-        if self._one_step is None and self._full_adds <= ONE_STEP_AFTER + 1:
-            self._full_adds = ONE_STEP_AFTER + 2  # built once, whatever the outcome
+        cache, once), or with ``enabled=False`` never take it (every add then takes the
+        full path: tests compare the two). Returns whether the short path is in use (False
+        when this spec has none: see ``storage/one_step.py``)."""
+        if not enabled:
+            self._one_step = None
+        elif self._one_step is None:
             # Uniform sampling records priority 1.0 and keeps no state per start.
             uniform = isinstance(self.sampler, UniformSampler)
             self._one_step = one_step_add(self.storage, None if uniform else self.sampler.default_priority,
                                           None if uniform else self.sampler.on_write)
+        self._full_adds = ONE_STEP_AFTER + 2  # decided: built once, whatever the outcome
         return self._one_step is not None
 
     # -- sampling ---------------------------------------------------------------------------
