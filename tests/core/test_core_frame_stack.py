@@ -309,3 +309,15 @@ def test_rings_never_grow_beyond_a_stack_per_step() -> None:
         stacked.add(step)
         plain.add(step)
     assert_same_samples(stacked, plain)
+
+
+def test_an_empty_frame_stacked_buffer_exports_and_loads_its_state() -> None:
+    """No stored steps: the stacks export as an empty [0, K, *frame] array (gathering no
+    slots used to fail in numpy's reshape), and load back."""
+    spec = sr.Spec({"obs": sr.Field((3, 2, 4), np.uint8, frame_stack=True)})
+    buf = sr.ReplayBuffer(spec, num_streams=2, stream_capacity=4)
+    state = buf.state_dict()
+    assert tuple(state["arrays"]["field.obs"].shape) == (0, 3, 2, 4)
+    other = sr.ReplayBuffer(spec, num_streams=2, stream_capacity=4)
+    other.load_state_dict(state)
+    assert other.num_steps == 0

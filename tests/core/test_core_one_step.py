@@ -94,7 +94,8 @@ MUTATIONS: dict[str, Callable[[dict[str, Any], sr.Spec], None]] = {
     "step type int64": lambda s, spec: s.__setitem__("step_type", s["step_type"].astype(np.int64)),
     "step type list": lambda s, spec: s.__setitem__("step_type", s["step_type"].tolist()),
     "discount 1.5": lambda s, spec: s.__setitem__("discount", np.full(len(s["step_type"]), 1.5, np.float32)),
-    "discount nan": lambda s, spec: s.__setitem__("discount", np.full(len(s["step_type"]), np.nan, np.float32)),
+    "discount nan": lambda s, spec: s.__setitem__("discount",
+                                                  np.full(len(s["step_type"]), np.nan, np.float32)),
     "discount float64": lambda s, spec: s.__setitem__("discount", np.full(len(s["step_type"]), 0.25)),
     "discount None": lambda s, spec: s.__setitem__("discount", None),
     "discount of other rows": lambda s, spec: s.__setitem__("discount", np.ones(len(s["step_type"]) + 1,
@@ -105,12 +106,13 @@ MUTATIONS: dict[str, Callable[[dict[str, Any], sr.Spec], None]] = {
                                                                                       np.uint8)),
     "unit axis left out": lambda s, spec: [s.__setitem__(n, s[n][..., 0]) for n, f in spec.fields.items()
                                            if f.shape[-1:] == (1,)],
-    "float64 values": lambda s, spec: s.__setitem__(_float_field(spec), s[_float_field(spec)].astype(np.float64)),
+    "float64 values": lambda s, spec: s.__setitem__(_float_field(spec),
+                                                    s[_float_field(spec)].astype(np.float64)),
     "floats into an integer field": lambda s, spec: s.__setitem__(_int_field(spec),
                                                                   s[_int_field(spec)].astype(np.float32)),
     "int16 values": lambda s, spec: s.__setitem__(_int_field(spec), s[_int_field(spec)].astype(np.int16)),
-    "out of range integers": lambda s, spec: s.__setitem__(_int_field(spec), s[_int_field(spec)].astype(np.int64)
-                                                            + 2**40),
+    "out of range integers": lambda s, spec: s.__setitem__(_int_field(spec),
+                                                           s[_int_field(spec)].astype(np.int64) + 2**40),
     "strided values": lambda s, spec: s.__setitem__(spec.names[0], np.repeat(s[spec.names[0]], 2, 0)[::2]),
     "torch values": lambda s, spec: s.__setitem__(spec.names[0], torch.from_numpy(s[spec.names[0]])),
     "read-only values": lambda s, spec: s[spec.names[0]].setflags(write=False),
@@ -124,7 +126,7 @@ MUTATIONS: dict[str, Callable[[dict[str, Any], sr.Spec], None]] = {
 def _call(buf: sr.ReplayBuffer, step: dict[str, Any]) -> str | None:
     try:
         buf.add(step)
-    except Exception as exc:  # noqa: BLE001 - the type and message are what is compared
+    except Exception as exc:  # the type and message are what is compared
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -206,11 +208,67 @@ def test_the_short_path_is_built_after_many_one_step_adds(monkeypatch: pytest.Mo
     assert buf.num_steps == 5
 
 
+PIXELS = sr.Spec({"obs": sr.Field((3, 2, 4), np.uint8, frame_stack=True), "action": sr.Field((), np.int64),
+                  "reward": sr.Field((), np.float32)})
+
+
+def _stacked_step(last: np.ndarray, streams: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A step whose stacks mostly continue ``last`` (the stacks last stored), sometimes
+    not (refused unless the step is FIRST), in the stored dtypes or not."""
+    frames = rng.integers(0, 4, (streams, 1, 2, 4)).astype(np.uint8)
+    obs = np.concatenate([last[:, 1:], frames], axis=1)
+    roll = rng.random()
+    if roll < 0.1:
+        obs = rng.integers(0, 4, obs.shape).astype(np.uint8)  # continues nothing
+    step: dict[str, Any] = {"obs": obs, "action": rng.integers(0, 4, streams),
+                            "reward": rng.standard_normal(streams).astype(np.float32),
+                            "step_type": rng.choice([0, 1, 1, 1, 2], streams).astype(np.uint8)}
+    if 0.1 <= roll < 0.15:
+        step["obs"] = obs.astype(np.int64)  # converted by the full path
+    elif 0.15 <= roll < 0.2:
+        step["reward"] = np.full(streams, np.nan, np.float32)
+    elif 0.2 <= roll < 0.25:
+        step["obs"] = obs[..., None]  # wrong shape
+    elif 0.25 <= roll < 0.3:
+        step["discount"] = np.zeros(streams, np.float32)
+    return step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+@pytest.mark.parametrize("streams", [1, 2])
+def test_short_path_with_frame_stacks_stores_and_raises_as_the_full_path(streams: int, sampler: str) -> None:
+    fast, full = _pair(PIXELS, streams, sampler)
+    rng = np.random.default_rng([streams, len(sampler)])
+    last = rng.integers(0, 4, (streams, 3, 2, 4)).astype(np.uint8)
+    errors = 0
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    taken: list[bool] = []
+    take = short.add
+    short.add = lambda step: taken.append(take(step)) or taken[-1]  # type: ignore[method-assign]
+    for i in range(150):
+        step = _stacked_step(last, streams, rng)
+        before = _observed(fast)
+        error = _call(fast, dict(step))
+        assert error == _call(full, step), f"step {i}"
+        if error is None:
+            last = np.asarray(step["obs"]).reshape(last.shape).astype(np.uint8)
+        else:
+            errors += 1
+            assert_same(_observed(fast), before, f"step {i} wrote before raising {error}")
+        assert_same(_observed(fast), _observed(full), f"step {i}")
+    assert 10 <= errors <= 120
+    assert sum(taken) >= 40  # the good steps went the short way
+    a, b = fast.sample(4), full.sample(4)
+    assert_same(a.data, b.data)
+
+
 @pytest.mark.parametrize("spec", [
-    sr.Spec({"obs": sr.Field((2, 4, 4), np.uint8, frame_stack=True), "action": sr.Field((), np.int64)}),
+    sr.Spec({"obs": sr.Field((2, 4, 4), np.float32, frame_stack=True), "action": sr.Field((), np.int64)}),
     sr.Spec({"obs": sr.Field((3,), np.float16)}),
     sr.Spec({"obs": sr.Field((3,), np.dtype(">f4"))}),
-], ids=["frame stack", "float16", "big-endian"])
+], ids=["float frame stack", "float16", "big-endian"])
 def test_specs_without_a_short_path_take_the_full_one(spec: sr.Spec) -> None:
     buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=8)
     assert not testing.shard(buf).use_one_step()

@@ -24,7 +24,9 @@ from shardreplay.kernels.validate import STEPS_OK, steps_ok
 # The int64 ``state`` array: a header (the priority of new steps as float64 bits), then
 # per field ``FIELD_WORDS`` words, then the rows 0 .. S-1, the result scratch
 # ``[4, S * window]`` and the discounts of the step (float32, ``ceil(S / 2)`` words).
-CAP, WINDOW, ROWS, FIELDS, PRIORITY, PLAN = 0, 1, 2, 3, 4, 5
+# ``CHECK_ONLY``: 1 to check and return without writing (a caller with frame stacks plans
+# them between the check and the write).
+CAP, WINDOW, ROWS, FIELDS, PRIORITY, CHECK_ONLY, PLAN = 0, 1, 2, 3, 4, 5, 6
 MAX_FIELD_NDIM = 8
 # Per field: byte offset in the record (-1: a field of its own array, written by the
 # caller), bytes per row, whether it must be finite, then the field's own shape.
@@ -76,9 +78,9 @@ def add_step(records, pos_and_counters, state, step_types, *values):  # pragma: 
     dispatcher time on every call.
 
     Returns ``(n_out, delta)`` as ``write_steps`` (the written slots are in row 0 of the
-    scratch), or ``(BAD_INPUT, 0)`` with nothing changed when a shape, a value of a
-    finite field, a step type or a discount is wrong (the caller's full check then says
-    which)."""
+    scratch; ``(0, 0)`` when ``state[CHECK_ONLY]``), or ``(BAD_INPUT, 0)`` with nothing
+    changed when a shape, a value of a finite field, a step type or a discount is wrong
+    (the caller's full check then says which)."""
     n_rows, window = state[ROWS], state[WINDOW]
     rows_at, out_at, discount_at, end = state_parts(n_rows, state[FIELDS], window)
     discount = state[discount_at:end].view(np.float32)[:n_rows]
@@ -96,6 +98,8 @@ def add_step(records, pos_and_counters, state, step_types, *values):  # pragma: 
         j += FIELD_WORDS
     if steps_ok(step_types, discount) != STEPS_OK:
         return BAD_INPUT, 0
+    if state[CHECK_ONLY]:
+        return 0, 0
     out = state[out_at:discount_at].reshape(4, n_rows * window)
     default_prio = state[PRIORITY:PRIORITY + 1].view(np.float64)[0]
     n_out, delta = _write_steps(records.step_type, records.episode_id, records.generation, records.priority,

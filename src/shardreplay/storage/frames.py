@@ -135,8 +135,10 @@ class FrameStore:
 
     def gather(self, idx: np.ndarray) -> np.ndarray:
         """Stacks of slots ``idx`` (any shape) as ``[*idx.shape, K, *frame]``."""
-        flat = np.ascontiguousarray(idx, np.int64).reshape(idx.shape[0] if idx.ndim else 1, -1)
-        window = flat.shape[1]
+        # The window is the product of the trailing axes (stated, not inferred with -1,
+        # which numpy cannot do for no slots: an empty buffer's state).
+        window = int(np.prod(idx.shape[1:], dtype=np.int64))
+        flat = np.ascontiguousarray(idx, np.int64).reshape(idx.shape[0] if idx.ndim else 1, window)
         out = np.empty((flat.shape[0], window * self.stack * self.frame_bytes), np.uint8)
         fk.gather_stacks_rows(flat, self.stream_capacity, self.ref, self.frames, self.stack,
                               np.arange(flat.shape[0], dtype=np.int64), out, 0)

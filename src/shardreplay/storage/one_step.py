@@ -9,8 +9,10 @@ uint8, ``discount`` float32). Anything else, and any input that fails a check, i
 to the full validation (``Spec.validate`` and ``StreamStorage.write``), which stores
 the same or raises today's error; nothing is written by this path then.
 
-Specs with a frame-stacked field, a dtype numba does not take (float16, non-native byte
-order) or a field of more than ``MAX_FIELD_NDIM`` axes have no short path.
+A frame-stacked field (integers) takes it too: its stacks are checked against the stored
+ones (``FrameStore.plan``) between the kernel's check and its write, and appended after.
+Specs with a frame-stacked float field, a dtype numba does not take (float16, non-native
+byte order) or a field of more than ``MAX_FIELD_NDIM`` axes have no short path.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def one_step_add(storage: StreamStorage, default_priority: Callable[[], float] |
     ``on_write``: told the recomputed starts of every write (None: nobody is).
     """
     spec = storage.spec
-    if storage.stacked or any(not _kernel_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM
-                              for f in spec.fields.values()):
+    if any(not _kernel_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM
+           or (f.frame_stack and f.dtype.kind == "f") for f in spec.fields.values()):
         return None
     return OneStepAdd(storage, default_priority, on_write)
 
@@ -63,9 +65,12 @@ class OneStepAdd:
                  on_write: OnWrite | None) -> None:
         spec = storage.spec
         s, window = storage.num_streams, storage.window
-        names = tuple(spec.names)
+        names = tuple(n for n in spec.names if not spec[n].frame_stack)
         self._get = operator.itemgetter("step_type", *names)
-        self._n_keys = len(names) + 1  # a step without "discount"
+        self._n_keys = len(spec.names) + 1  # a step without "discount"
+        # Frame-stacked fields: (name, store, dtype, shape of a step's stacks) of each.
+        self._stacked = tuple((n, store, store_spec.dtype, (s, *store_spec.shape))
+                              for n, store in storage.stacked.items() for store_spec in (spec[n],))
         record_fields: Mapping[str, Any] = storage.records.dtype.fields or {}
         plan: list[int] = []
         # Fields of their own array (not in the record) are written here after the kernel.
@@ -80,7 +85,7 @@ class OneStepAdd:
                 self._own.append((i + 1, storage.fields[name]))
         rows_at, out_at, discount_at, end = kernel.state_parts(s, len(names), window)
         self._state = np.zeros(end, np.int64)
-        self._state[:kernel.PLAN] = [storage.stream_capacity, window, s, len(names), 0]
+        self._state[:kernel.PLAN] = [storage.stream_capacity, window, s, len(names), 0, 0]
         self._state[kernel.PLAN:rows_at] = plan
         self._state[rows_at:out_at] = np.arange(s)
         self._priority = self._state[kernel.PRIORITY:kernel.PRIORITY + 1].view(np.float64)
@@ -112,6 +117,8 @@ class OneStepAdd:
             self._priority[0] = self._default_priority()
         try:
             values = self._get(step)
+            if self._stacked:
+                return self._add_stacked(step, values)
             n_out, delta = self._kernel(*self._head, *values)
         except (KeyError, TypeError):  # a name missing, or inputs of another kind
             return False
@@ -120,6 +127,41 @@ class OneStepAdd:
                 self._discount[:] = 1.0
         if n_out < 0:
             return False
+        self._after_write(values, n_out, delta)
+        return True
+
+    def _add_stacked(self, step: Mapping[str, Any], values: tuple[Any, ...]) -> bool:
+        """:meth:`add` with frame stacks: check, plan the stacks (this may raise: the
+        stack does not continue its episode's), write, append the frames."""
+        stacks = []
+        for name, store, dtype, shape in self._stacked:
+            value = step[name]
+            if (type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape
+                    or not value.flags.c_contiguous):
+                return False
+            stacks.append((store, store.as_frame_bytes(value, 0)))
+        state = self._state
+        state[kernel.CHECK_ONLY] = 1
+        try:
+            n_out, _ = self._kernel(*self._head, *values)
+        finally:
+            state[kernel.CHECK_ONLY] = 0
+        if n_out < 0:
+            return False
+        storage = self._storage
+        types = values[0].reshape(-1, 1)
+        rows = storage.all_rows
+        plans = [(store, frames, store.plan(frames, types, rows, storage.pos, storage.step_type).copy())
+                 for store, frames in stacks]
+        n_out, delta = self._kernel(*self._head, *values)
+        written = self._out[0, :self._rows[0]]
+        for store, frames, counts in plans:
+            store.append(frames, rows, written, counts)
+        self._after_write(values, n_out, delta)
+        return True
+
+    def _after_write(self, values: tuple[Any, ...], n_out: int, delta: int) -> None:
+        """Fields of their own arrays, the valid count, the sampler."""
         out = self._out
         if self._own:
             slots = out[0, :self._rows[0]]
@@ -128,4 +170,3 @@ class OneStepAdd:
         self._storage.num_valid += delta
         if self._on_write is not None:
             self._on_write(out[1, :n_out], out[2, :n_out].astype(bool), out[3, :n_out].astype(bool))
-        return True
