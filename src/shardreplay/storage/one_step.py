@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardreplay.kernels import add_step as kernel
+from shardreplay.kernels import frames as fk
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
@@ -68,9 +69,11 @@ class OneStepAdd:
         names = tuple(n for n in spec.names if not spec[n].frame_stack)
         self._get = operator.itemgetter("step_type", *names)
         self._n_keys = len(spec.names) + 1  # a step without "discount"
-        # Frame-stacked fields: (name, store, dtype, shape of a step's stacks) of each.
-        self._stacked = tuple((n, store, store_spec.dtype, (s, *store_spec.shape))
-                              for n, store in storage.stacked.items() for store_spec in (spec[n],))
+        # Frame-stacked fields: (name, store, dtype, shape of a step's stacks, their shape
+        # as frame bytes, the planned frame counts) of each.
+        self._stacked = tuple((n, store, spec[n].dtype, (s, *spec[n].shape),
+                               (s, 1, store.stack, store.frame_bytes), fk.empty_counts(s, 1))
+                              for n, store in storage.stacked.items())
         record_fields: Mapping[str, Any] = storage.records.dtype.fields or {}
         plan: list[int] = []
         # Fields of their own array (not in the record) are written here after the kernel.
@@ -131,15 +134,16 @@ class OneStepAdd:
         return True
 
     def _add_stacked(self, step: Mapping[str, Any], values: tuple[Any, ...]) -> bool:
-        """:meth:`add` with frame stacks: check, plan the stacks (this may raise: the
-        stack does not continue its episode's), write, append the frames."""
-        stacks = []
-        for name, store, dtype, shape in self._stacked:
+        """:meth:`add` with frame stacks: check, plan the stacks against the stored ones
+        (``FrameStore.plan``'s compiled step, called directly), write, append the frames."""
+        plans = []
+        for name, store, dtype, shape, as_bytes, counts in self._stacked:
             value = step[name]
             if (type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape
                     or not value.flags.c_contiguous):
                 return False
-            stacks.append((store, store.as_frame_bytes(value, 0)))
+            plans.append((store, value.reshape(as_bytes) if dtype == np.uint8 else
+                          value.view(np.uint8).reshape(as_bytes), counts))
         state = self._state
         state[kernel.CHECK_ONLY] = 1
         try:
@@ -149,14 +153,18 @@ class OneStepAdd:
         if n_out < 0:
             return False
         storage = self._storage
-        types = values[0].reshape(-1, 1)
-        rows = storage.all_rows
-        plans = [(store, frames, store.plan(frames, types, rows, storage.pos, storage.step_type).copy())
-                 for store, frames in stacks]
+        types, rows, pos = values[0].reshape(-1, 1), storage.all_rows, storage.pos
+        for store, frames, counts in plans:
+            status, _i, _t, need = fk.plan_write(frames, types, rows, pos, storage.step_type, store.ref,
+                                                 store.frames, store.fpos, store.stream_capacity, counts)
+            if status != fk.OK:
+                return False  # the full path raises, naming the stream and step
+            if need > store.frame_capacity:
+                store.grow(int(need))
         n_out, delta = self._kernel(*self._head, *values)
         written = self._out[0, :self._rows[0]]
         for store, frames, counts in plans:
-            store.append(frames, rows, written, counts)
+            fk.append_frames(frames, rows, written, counts, store.frames, store.ref, store.fpos)
         self._after_write(values, n_out, delta)
         return True
 
