@@ -116,7 +116,15 @@ class ReplayBuffer:
             InvalidPriorityError: priorities of the wrong shape, negative, NaN or inf.
             Nothing is written when an error is raised.
         """
-        self._shard.write(step, stream_ids, priorities, None)
+        shard = self._shard
+        fast = shard.one_step
+        if fast is not None and stream_ids is None and priorities is None and type(step) is dict:
+            # One step of every stream in the stored dtypes: one compiled call
+            # (storage/one_step.py); anything else takes the full validation.
+            if not fast.add(step):
+                shard.write_full(step, None, None, None)
+            return
+        shard.write(step, stream_ids, priorities, None)
 
     def extend(self, chunk: Mapping[str, Any], stream_ids: Any = None, priorities: Any = None) -> None:
         """Write ``T`` consecutive steps for each of several streams (the actor-chunk case).

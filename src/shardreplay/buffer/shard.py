@@ -78,6 +78,11 @@ class Shard:
         self._one_step: OneStepAdd | None = None
         self._full_adds = 0
 
+    @property
+    def one_step(self) -> OneStepAdd | None:
+        """The short path of one-step adds, once built (see :meth:`use_one_step`)."""
+        return self._one_step
+
     # -- sizes ------------------------------------------------------------------------------
     @property
     def num_streams(self) -> int:
@@ -138,6 +143,15 @@ class Shard:
                 self._full_adds += 1
                 if self._full_adds > ONE_STEP_AFTER:
                     self.use_one_step()
+        self.write_full(step, stream_ids, priorities, t_len)
+
+    def write_full(self, step: Mapping[str, Any], stream_ids: Any, priorities: Any,
+                   t_len: int | None) -> None:
+        """:meth:`write` without the short path of one-step adds: the full validation.
+
+        Raises:
+            SpecMismatchError, InvalidPriorityError: as ``ReplayBuffer.add``; nothing is written.
+        """
         storage = self.storage
         if stream_ids is None:
             rows = storage.all_rows

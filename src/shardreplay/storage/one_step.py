@@ -130,7 +130,10 @@ class OneStepAdd:
                 self._discount[:] = 1.0
         if n_out < 0:
             return False
-        self._after_write(values, n_out, delta)
+        if self._own or self._on_write is not None:
+            self._after_write(values, n_out, delta)
+        else:
+            self._storage.num_valid += delta
         return True
 
     def _add_stacked(self, step: Mapping[str, Any], values: tuple[Any, ...]) -> bool:
