@@ -117,7 +117,7 @@ class ReplayBuffer:
             Nothing is written when an error is raised.
         """
         shard = self._shard
-        fast = shard.one_step
+        fast = shard._one_step  # read on every step: an attribute, not the property
         if fast is not None and stream_ids is None and priorities is None and type(step) is dict:
             # One step of every stream in the stored dtypes: one compiled call
             # (storage/one_step.py); anything else takes the full validation.

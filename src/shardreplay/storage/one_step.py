@@ -104,12 +104,24 @@ class OneStepAdd:
         self._storage = storage
         self._default_priority = default_priority
         self._on_write = on_write
+        self._simple = not self._own and not self._stacked and default_priority is None and on_write is None
 
     def add(self, step: Mapping[str, Any]) -> bool:
         """Check and write ``step`` (a dict; see the module docstring) and tell the
         sampler what changed. False, with nothing written, when the step needs the full
         path (another kind of input, or a check fails)."""
         n = len(step)
+        if n == self._n_keys and self._simple:
+            # The common case: no discount, uniform sampling, every field in the record.
+            try:
+                values = self._get(step)
+                n_out, delta = self._kernel(*self._head, *values)
+            except (KeyError, TypeError):  # a name missing, or inputs of another kind
+                return False
+            if n_out < 0:
+                return False
+            self._storage.num_valid += delta
+            return True
         if n != self._n_keys:
             discount = step.get("discount")
             if (n != self._n_keys + 1 or type(discount) is not np.ndarray
