@@ -219,6 +219,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[st
     import torch.distributed as dist
 
     from shardreplay.distributed import ShardedReplayBuffer
+    from shardreplay.distributed.internals import internals_of
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -234,7 +235,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[st
             bufs = {name: ShardedReplayBuffer(shard, timeout_s=args.timeout_s, prefetch=depth,
                                               shared_memory=shm, mode=mode) for name, mode, shm in cases}
             out.setdefault("global_len", len(bufs["exact"]))
-            out.setdefault("collective_floor_ms", _floor(bufs["exact"].collectives))
+            out.setdefault("collective_floor_ms", _floor(internals_of(bufs["exact"]).collectives))
             for name, _mode, _shm in cases:
                 buf = bufs[name]
 
@@ -282,8 +283,9 @@ def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
     """Time every collective (by operation) and local phase over ``profile_steps`` steps."""
     from shardreplay import testing
     from shardreplay.distributed import exact_exchange
+    from shardreplay.distributed.internals import internals_of
 
-    comm, shard = buf.collectives, testing.shard(buf)
+    comm, shard = internals_of(buf).collectives, testing.shard(buf)
     timer = PhaseTimer()
     for attr in ("all_gather", "all_to_all", "all_reduce_sum"):
         timer.wrap(comm, attr)

@@ -17,6 +17,9 @@ import numpy as np
 import shardreplay as sr
 from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import ShardedInternals
+from shardreplay.distributed.refill import ShardChoice
+from shardreplay.distributed.runner import InlineRunner
 from shardreplay.spec import StepType
 
 # The gloo harness lives beside the distributed tests (no __init__.py in tests dirs).
@@ -147,8 +150,10 @@ def as_shard(local: sr.ReplayBuffer, shard: int, num_shards: int) -> ShardedRepl
     """
     stub = object.__new__(ShardedReplayBuffer)
     stub.local, stub.rank, stub.world_size = local, shard, num_shards
-    # The state a part records beside the shard (ShardedReplayBuffer.sharding_state).
-    stub._rng = np.random.default_rng([0 if local.seed is None else local.seed, shard, 0x5EED])
+    # The state a part records beside the shard (internals_of(buffer).sharding_state()):
+    # the shard-choice RNG, seeded as a real rank seeds it; nothing else is reached.
+    rng = np.random.default_rng([0 if local.seed is None else local.seed, shard, 0x5EED])
+    stub._internals = ShardedInternals(None, None, None, ShardChoice(rng), InlineRunner(None, None), None)
     return stub
 
 

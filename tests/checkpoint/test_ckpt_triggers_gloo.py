@@ -24,6 +24,7 @@ import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.checkpoint import CheckpointTrigger
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CollectiveTimeout
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # ~20 s per world of ranks
@@ -65,7 +66,7 @@ def _rank_loop(rank: int, world: int, run_dir: str, timeout_s: float) -> dict:
                     buf.sample(4)
                 (root / f"progress-{rank}").write_text(str(step))
                 finish = (root / "finish").exists()
-                agreed = buf.collectives.all_gather(torch.tensor([int(finish)]), "test finish")
+                agreed = internals_of(buf).collectives.all_gather(torch.tensor([int(finish)]), "test finish")
                 if agreed.max().item():
                     raise RuntimeError(f"planned crash at step {step}")
                 time.sleep(0.005)

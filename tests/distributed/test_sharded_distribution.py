@@ -33,6 +33,7 @@ from sharded_reference import (
 import shardreplay as sr
 from shardreplay.buffer.nstep import nstep_returns
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidPriorityError
 from shardreplay.spec.keys import unpack_keys
 
@@ -57,7 +58,7 @@ def _write(local: sr.ReplayBuffer, rank: int, stream: int, start: int, stop: int
 
 def _record_collectives(buf: ShardedReplayBuffer, log: list[str]) -> None:
     """Log the name of every collective the buffer issues (to compare ranks' sequences)."""
-    comm = buf.collectives
+    comm = internals_of(buf).collectives
     for name in ("all_gather", "all_reduce_sum", "all_to_all"):
         setattr(comm, name, _logged(getattr(comm, name), log))
 
@@ -159,7 +160,7 @@ def _scenario(rank: int, world: int) -> dict:
     _stale_updates(pri, rank, out)
     _bad_priorities(pri, rank, world, out)
     out["final_batch"] = len(uni.sample(8))  # still in step after all of that
-    out["shared_memory"] = pri._exact.uses_shared_memory
+    out["shared_memory"] = internals_of(pri).strategy.uses_shared_memory
     gc.freeze()  # a faster exit: the interpreter's final collections skip frozen objects
     return out
 

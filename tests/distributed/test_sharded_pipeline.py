@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 import shardreplay as sr
 from shardreplay.checkpoint import list_checkpoints, load, save
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CollectiveTimeout, ConfigError, SamplerFailed
 from shardreplay.spec.keys import key_shard
 
@@ -85,7 +86,7 @@ def _scenario(rank: int, world: int, ckpt_root: str) -> dict:
     _change_of_size(buf, out)
     _checkpoint_in_flight(buf, rank, ckpt_root, out)
     buf.close()
-    out["closed_thread_alive"] = buf._background.alive
+    out["closed_thread_alive"] = internals_of(buf).runner.alive
     try:
         buf.sample(8)
     except ConfigError as exc:
@@ -145,13 +146,13 @@ def _checkpoint_in_flight(buf: ShardedReplayBuffer, rank: int, root: str, out: d
     """Save and load while the next batch's exchange is in flight: both wait for it, the
     load drops it, and batches drawn afterwards name the loaded content (no stale keys)."""
     buf.sample(BATCH // 2)
-    out["in_flight_before_save"] = buf._inflight is not None
+    out["in_flight_before_save"] = internals_of(buf).runner.in_flight
     save(buf, root, 1)
     out["prefetched_after_save"] = buf.prefetched
     dist.barrier()
     buf.sample(BATCH // 2)  # served from what the save kept; starts another exchange
     load(root, buf, checkpoint_id=1)
-    out["in_flight_after_load"] = buf._inflight is not None or buf.prefetched > 0
+    out["in_flight_after_load"] = internals_of(buf).runner.in_flight or buf.prefetched > 0
     stale, applied = buf.local.info().stale_updates, buf.info().updates_applied
     for _ in range(3):
         b = buf.sample(BATCH // 2)
@@ -172,7 +173,7 @@ def _failure(rank: int, world: int, out: dict) -> None:
     if rank == 0:
         def broken(*_args, **_kwargs):
             raise RuntimeError("injected failure in the exchange")
-        buf._exact.draw = broken
+        internals_of(buf).strategy.draw = broken
     buf.sample(64)  # served from the waiting batch; starts the broken exchange
     try:
         buf.sample(64)
@@ -184,7 +185,7 @@ def _failure(rank: int, world: int, out: dict) -> None:
     except SamplerFailed as exc:
         out["second_error"] = str(exc)
     buf.close()
-    out["failed_thread_alive"] = buf._background.alive
+    out["failed_thread_alive"] = internals_of(buf).runner.alive
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda k: f"K{k}")
@@ -270,11 +271,11 @@ def _sigterm(rank: int, world: int, ckpt_root: str) -> dict:
         dist.all_reduce(flag)
         if flag.item() > 0:
             break
-    in_flight = buf._inflight is not None
+    in_flight = internals_of(buf).runner.in_flight
     buf.flush_updates()
     save(buf, ckpt_root, steps)
     buf.close()
-    return {"steps": steps, "in_flight": in_flight, "alive": buf._background.alive}
+    return {"steps": steps, "in_flight": in_flight, "alive": internals_of(buf).runner.alive}
 
 
 def test_sigterm_stops_every_rank_cleanly(tmp_path) -> None:

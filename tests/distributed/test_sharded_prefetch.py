@@ -34,6 +34,7 @@ from sharded_reference import (
 import shardreplay as sr
 from shardreplay.checkpoint import load, save
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import ConfigError, InvalidPriorityError
 from shardreplay.spec.keys import key_shard
 
@@ -54,7 +55,7 @@ def _write(local: sr.ReplayBuffer, rank: int, stream: int, n: int) -> None:
 
 
 def _logged(buf: ShardedReplayBuffer, log: list[str]) -> None:
-    comm = buf.collectives
+    comm = internals_of(buf).collectives
     for name in ("all_gather", "all_reduce_sum", "all_to_all"):
         method = getattr(comm, name)
         setattr(comm, name, lambda *a, _m=method, **kw: (log.append(a[-1]), _m(*a, **kw))[1])

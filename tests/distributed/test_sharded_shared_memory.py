@@ -21,6 +21,7 @@ from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
 from shardreplay.distributed.shared_records import SHM_DIR, SharedRecords
 from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT, key_shard
 
@@ -50,7 +51,7 @@ def _untagged(keys: np.ndarray) -> np.ndarray:
 
 
 def _batches(buf: ShardedReplayBuffer, log: list[str]) -> list[dict[str, np.ndarray]]:
-    comm = buf.collectives
+    comm = internals_of(buf).collectives
     for name in ("all_gather", "all_to_all"):
         method = getattr(comm, name)
         setattr(comm, name, lambda *a, _m=method, **kw: (log.append(a[3] if len(a) > 3 else a[1]),
@@ -66,7 +67,7 @@ def _batches(buf: ShardedReplayBuffer, log: list[str]) -> list[dict[str, np.ndar
 
 
 def _own_names(buf: ShardedReplayBuffer) -> list[str]:
-    return sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{buf._exact.nonce:016x}-*"))
+    return sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{internals_of(buf).strategy.nonce:016x}-*"))
 
 
 def _same_draws(rank: int, world: int) -> dict:
@@ -75,13 +76,14 @@ def _same_draws(rank: int, world: int) -> dict:
     shared = ShardedReplayBuffer(_shard(rank), timeout_s=120, seed=9 + rank, prefetch=PREFETCH)
     plain = ShardedReplayBuffer(_shard(rank), timeout_s=120, seed=9 + rank, prefetch=PREFETCH,
                                 shared_memory=False)
+    exchange = internals_of(shared).strategy
     out = {"shared": _batches(shared, shared_log), "plain": _batches(plain, plain_log),
            "shared_log": shared_log, "plain_log": plain_log,
-           "uses_regions": shared._exact.uses_shared_memory,
-           "generation": int(shared._exact._shared._gen[rank]) if shared._exact.uses_shared_memory else 0}
+           "uses_regions": exchange.uses_shared_memory,
+           "generation": int(exchange._shared._gen[rank]) if exchange.uses_shared_memory else 0}
     out["names_while_alive"] = _own_names(shared)
-    nonce = shared._exact.nonce
-    del shared
+    nonce = exchange.nonce
+    del shared, exchange
     gc.collect()
     out["names_after"] = sorted(p.name for p in SHM_DIR.glob(f"shardreplay-{nonce:016x}-*"))
     return out
@@ -120,7 +122,7 @@ def _one_region_fails(rank: int, world: int) -> dict:
     plain = ShardedReplayBuffer(_shard(rank), timeout_s=120, seed=9 + rank, prefetch=PREFETCH,
                                 shared_memory=False)
     return {"shared": _batches(shared, shared_log), "plain": _batches(plain, plain_log),
-            "shared_log": shared_log, "fell_back": shared._exact.uses_shared_memory is False,
+            "shared_log": shared_log, "fell_back": internals_of(shared).strategy.uses_shared_memory is False,
             "names_after": _own_names(shared)}
 
 
@@ -147,7 +149,7 @@ def _one_rank_opts_out(rank: int, world: int) -> dict:
     buf = ShardedReplayBuffer(_shard(rank), timeout_s=120, seed=9 + rank,
                               shared_memory=rank != 0)
     batches = _batches(buf, log)
-    return {"log": log, "off": buf._exact.uses_shared_memory is False,
+    return {"log": log, "off": internals_of(buf).strategy.uses_shared_memory is False,
             "n": sum(len(b["keys"]) for b in batches)}
 
 

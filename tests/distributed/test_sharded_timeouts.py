@@ -18,6 +18,7 @@ from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CollectiveTimeout
 
 pytestmark = pytest.mark.distributed
@@ -38,7 +39,7 @@ def _one_rank_missing(rank: int, world: int, mode: str) -> dict:
     # seconds on a loaded machine, so it runs with a generous limit; then the short one.
     buf = ShardedReplayBuffer(local, timeout_s=120, mode=mode)
     first = len(buf.sample(4))  # everyone present: works, also on the empty shard
-    buf.collectives.timeout_s = TIMEOUT_S
+    internals_of(buf).collectives.timeout_s = TIMEOUT_S
     if rank == ABSENT:
         time.sleep(TIMEOUT_S + 2.0)  # never joins the second sample, then exits
         return {"first": first, "pid": psutil.Process().pid}
@@ -72,7 +73,7 @@ def _len_on_one_rank(rank: int, world: int) -> dict:
     local = sr.ReplayBuffer(SPEC, num_streams=2, stream_capacity=32, window=2, seed=rank)
     buf = ShardedReplayBuffer(local, timeout_s=120)
     assert len(buf) == 0  # all ranks present: start-up done
-    buf.collectives.timeout_s = TIMEOUT_S
+    internals_of(buf).collectives.timeout_s = TIMEOUT_S
     if rank == 1:
         time.sleep(TIMEOUT_S + 2.0)  # never asks
         return {}

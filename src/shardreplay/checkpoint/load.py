@@ -37,6 +37,7 @@ from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan
 from shardreplay.checkpoint.save import mark_restored, mark_restoring, shard_of
 from shardreplay.checkpoint.stacked import read_stacks
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import (
     CheckpointError,
     CheckpointFormatError,
@@ -197,8 +198,9 @@ def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: b
     if not isinstance(buffer, ShardedReplayBuffer):
         return ([0] if failed else []), complete
     mine = torch.tensor([int(failed), int(complete), shard_of_buffer(buffer.local).key_tag])
-    flags = buffer.collectives.all_gather(mine, "checkpoint.load(agree)").cpu().reshape(-1, 3)
-    buffer.learn_key_tags(flags[:, 2].numpy())
+    internals = internals_of(buffer)
+    flags = internals.collectives.all_gather(mine, "checkpoint.load(agree)").cpu().reshape(-1, 3)
+    internals.learn_key_tags(flags[:, 2].numpy())
     return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].any())
 
 
@@ -209,7 +211,8 @@ def _new_layout(buffer: ReplayBuffer | ShardedReplayBuffer) -> NewLayout:
     if not isinstance(buffer, ShardedReplayBuffer):
         return NewLayout.even(num_shards, local.num_streams, local.stream_capacity)
     mine = torch.tensor([local.num_streams, local.stream_capacity], dtype=torch.int64)
-    rows = buffer.collectives.all_gather(mine, "checkpoint.load(layout)").cpu().reshape(-1, 2).tolist()
+    comm = internals_of(buffer).collectives
+    rows = comm.all_gather(mine, "checkpoint.load(layout)").cpu().reshape(-1, 2).tolist()
     return NewLayout(tuple(int(n) for n, _c in rows), tuple(int(c) for _n, c in rows))
 
 
@@ -263,7 +266,7 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
     sharding = metas[shard].get("sharding") if shard < len(metas) else None
     if isinstance(buffer, ShardedReplayBuffer) and isinstance(sharding, dict):
         try:
-            buffer.load_sharding_state(sharding)
+            internals_of(buffer).load_sharding_state(sharding)
         except ConfigError as exc:
             raise CheckpointFormatError(f"{readers[shard].path}: {exc}") from exc
     steps = int(plan.row_lengths.sum())

@@ -32,6 +32,7 @@ from shardreplay.checkpoint.manifest import (
     part_name,
 )
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     started = time.perf_counter()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        sharding = buffer.sharding_state() if isinstance(buffer, ShardedReplayBuffer) else None
+        sharding = internals_of(buffer).sharding_state() if isinstance(buffer, ShardedReplayBuffer) else None
         desc = _write_part(local, directory, shard, num_shards, int(checkpoint_id), partial, extra,
                            restored, sharding)
         wrote_manifest = _maybe_write_manifest(directory, num_shards, desc)

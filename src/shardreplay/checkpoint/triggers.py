@@ -58,7 +58,9 @@ from typing import Any
 import torch
 
 from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete
+from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,8 @@ class CheckpointTrigger:
         for name, value in (("interval_steps", interval_steps), ("poll_interval_steps", poll_interval_steps)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        comm = getattr(collectives, "collectives", collectives)
+        comm = internals_of(collectives).collectives if isinstance(collectives, ShardedReplayBuffer) \
+            else collectives
         if comm is not None and not isinstance(comm, Collectives):
             raise ConfigError("collectives must be a ShardedReplayBuffer, a Collectives or None, "
                               f"got {type(collectives).__name__}")

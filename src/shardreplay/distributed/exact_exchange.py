@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +23,8 @@ import shardreplay.distributed.global_sampling as gs
 from shardreplay.buffer.shard import Shard
 from shardreplay.distributed.drawn import Drawn, split_batches
 from shardreplay.distributed.exchange import DATA
-from shardreplay.distributed.group import Collectives
+from shardreplay.distributed.exchange_stats import ExchangeStats
+from shardreplay.distributed.group import Collectives, Released
 from shardreplay.distributed.shared_records import SharedRecords
 from shardreplay.spec.keys import with_shard
 from shardreplay.spec.layout import RecordLayout
@@ -32,7 +34,9 @@ _LOG = logging.getLogger(__name__)
 
 
 class ExactExchange:
-    """Draws a rank's prefetched batches in exact mode (collective).
+    """The exchange strategy of ``mode="exact"``: draws a rank's prefetched batches from
+    the global distribution (collective: one all_to_all of records, or on one host one
+    all_gather, plus one more while the shared-memory regions are (re)mapped).
 
     Args:
         local: this rank's shard (``shard_of_buffer`` of its buffer).
@@ -54,10 +58,15 @@ class ExactExchange:
         # Decided at the first refill, alike on every rank (None: not yet; False: all_to_all).
         self._shared: SharedRecords | bool | None = None
 
-    def draw(self, masses: np.ndarray, batches: np.ndarray, seed: int, k: int, total: float,
-             low: float) -> list[Drawn]:
-        """``k`` batches of ``batches[rank]`` windows for this rank; every rank calls it with
-        the same stats (``masses`` and ``batches`` per rank, and rank 0's ``seed``).
+    def start(self, n: int, k: int) -> Callable[[], None] | None:
+        """Work to overlap with the stats exchange: none (the draw needs every rank's counts)."""
+        return None
+
+    def draw(self, stats: ExchangeStats, n: int, k: int, early: Any = None,
+             released: Released | None = None) -> list[Drawn]:
+        """``k`` batches of ``n`` windows for this rank, from every rank's ``stats`` (the
+        same on every rank: masses, batch sizes, and rank 0's seed); ``early`` is unused;
+        its collectives wait inside ``released()`` (the runner's lock let go).
 
         Each of a requester's ``k`` batches takes Multinomial(n, mass/total) items from the
         shards, each item drawn from its shard's distribution: every batch is ``n`` i.i.d.
@@ -66,6 +75,8 @@ class ExactExchange:
         Raises:
             CollectiveTimeout: a peer rank did not join in time.
         """
+        masses, batches, seed = stats.mass, stats.batch_size, int(stats.seed[0])
+        total, low = float(masses.sum()), float(stats.min_leaf.min())
         me, n = self.rank, int(batches[self.rank])
         counts = np.stack([gs.shard_counts(np.random.default_rng([seed, r]), masses, int(batches[r]), k)
                            for r in range(self.world_size)])
@@ -80,7 +91,7 @@ class ExactExchange:
         write_own: Callable[[], None] | None = partial(self._write_records, out, own_rows, own_starts,
                                                        own_prob, share)
         if shared is not None:
-            if self._read_shared(shared, send is not None, out, foreign_rows, asked, write_own):
+            if self._read_shared(shared, send is not None, out, foreign_rows, asked, write_own, released):
                 return self._split(out, n, total, low)
             write_own = None  # done while the ranks agreed to fall back
         if send is None:  # this rank's region failed: draw the others' items again
@@ -89,7 +100,8 @@ class ExactExchange:
         rb = self._layout.record_bytes
         recv = self._comm.all_to_all(torch.from_numpy(send).reshape(-1), (asked[me] * rb).tolist(),
                                      (asked[:, me] * rb).tolist(),
-                                     "ShardedReplayBuffer.sample(records)", while_waiting=write_own)
+                                     "ShardedReplayBuffer.sample(records)", while_waiting=write_own,
+                                     released=released)
         if recv.numel():
             out[foreign_rows] = recv.cpu().numpy().reshape(-1, rb)
         return self._split(out, n, total, low)
@@ -132,13 +144,13 @@ class ExactExchange:
 
     def _read_shared(self, shared: SharedRecords, written: bool, out: np.ndarray,
                      foreign_rows: np.ndarray, asked: np.ndarray,
-                     while_waiting: Callable[[], None] | None) -> bool:
+                     while_waiting: Callable[[], None] | None, released: Released | None) -> bool:
         """Agree that every region is written, then copy this rank's rows out of each
         owner's region. False (on every rank alike) when a rank's region failed: the
         exchange then goes through all_to_all, now and later."""
         ready = self._comm.all_gather(torch.tensor([float(written)], dtype=torch.float64),
                                       "ShardedReplayBuffer.sample(records written)",
-                                      while_waiting=while_waiting).cpu().numpy()
+                                      while_waiting=while_waiting, released=released).cpu().numpy()
         if not ready.all():
             shared.forget_names()
             self._shared = False
@@ -146,7 +158,7 @@ class ExactExchange:
         shared.map_peers()
         if shared.fresh:  # alike on every rank: the sizes are planned from the same counts
             self._comm.all_gather(torch.zeros(1, dtype=torch.float64),
-                                  "ShardedReplayBuffer.sample(regions mapped)")
+                                  "ShardedReplayBuffer.sample(regions mapped)", released=released)
             shared.forget_names()
         me, at = self.rank, 0
         for owner in range(self.world_size):

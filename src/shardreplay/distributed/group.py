@@ -13,14 +13,17 @@ from __future__ import annotations
 import datetime
 import re
 import socket
-import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from shardreplay.errors import CollectiveTimeout, ConfigError, PeerLost, ShardReplayError
+
+# What a wait runs inside: a fresh context per collective (e.g. a lock let go).
+Released = Callable[[], AbstractContextManager[Any]]
 
 # How gloo (and NCCL) word a broken connection to a peer, as opposed to a timeout.
 _PEER_GONE = ("connection reset", "connection closed", "broken pipe", "connection refused",
@@ -95,10 +98,9 @@ class Collectives:
         self.backend = str(dist.get_backend(group))
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if self.backend == "nccl" else torch.device("cpu"))
-        # Set by a pipelined buffer on its own group's collectives: the caller holds this
-        # lock, and it is let go while a collective is in flight, so the learner's thread
-        # can write to the shard meanwhile.
-        self.unlocked_while_waiting: threading.Lock | None = None
+        # Collectives issued on this group so far (each counted once, when waited on):
+        # the figure tests/distributed/test_sharded_collectives.py checks per call.
+        self.issued = 0
 
     def private_copy(self) -> Collectives:
         """The same collectives over a new process group of the same ranks and backend
@@ -122,17 +124,15 @@ class Collectives:
         if dist.is_initialized() and self.group is not None:
             dist.destroy_process_group(self.group)
 
-    def _wait(self, work: Any, op: str) -> None:
-        lock = self.unlocked_while_waiting
-        if lock is not None:
-            lock.release()
+    def _wait(self, work: Any, op: str, released: Released | None) -> None:
+        """Wait for ``work`` inside ``released()`` (e.g. a pipelined buffer's shard lock let
+        go, so the learner's thread can write meanwhile)."""
+        self.issued += 1
         try:
-            ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+            with released() if released is not None else nullcontext():
+                ok = work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
             raise self._failure(op, exc) from exc
-        finally:
-            if lock is not None:
-                lock.acquire()
         if ok is False:
             raise self._failure(op, None)
 
@@ -151,44 +151,49 @@ class Collectives:
                                  "collectives in another order?)")
 
     def all_gather(self, tensor: torch.Tensor, op: str,
-                   while_waiting: Callable[[], Any] | None = None) -> torch.Tensor:
+                   while_waiting: Callable[[], Any] | None = None,
+                   released: Released | None = None) -> torch.Tensor:
         """Stack ``tensor`` from every rank: result ``[world_size, *tensor.shape]``.
 
         ``while_waiting`` runs after the operation is issued and before it is waited on,
         so local work overlaps the exchange; the operation is waited on even when it
-        raises (the ranks stay in step), and then its error propagates.
+        raises (the ranks stay in step), and then its error propagates. ``released``
+        gives the context the wait runs in (the caller's lock let go: see
+        :class:`~shardreplay.distributed.runner.BackgroundRunner`); None: none.
         """
         tensor = tensor.to(self.device).contiguous()
         out = torch.empty((self.world_size * tensor.numel(),), dtype=tensor.dtype, device=self.device)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         work = gather(out, tensor.reshape(-1), group=self.group, async_op=True)
-        self._overlap(work, op, while_waiting)
+        self._overlap(work, op, while_waiting, released)
         return out.reshape(self.world_size, *tensor.shape)
 
     def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         """Element-wise sum over ranks (returns a new tensor)."""
         tensor = tensor.to(self.device).clone()
-        self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), op)
+        self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), op, None)
         return tensor
 
     def all_to_all(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int],
-                   op: str, while_waiting: Callable[[], Any] | None = None) -> torch.Tensor:
+                   op: str, while_waiting: Callable[[], Any] | None = None,
+                   released: Released | None = None) -> torch.Tensor:
         """Send rows ``send_splits[r]`` of ``send`` to rank ``r``; receive ``recv_splits``.
 
-        ``while_waiting`` runs while the exchange is in flight (as in :meth:`all_gather`).
+        ``while_waiting`` and ``released`` as in :meth:`all_gather`.
         """
         send = send.to(self.device)
         recv = torch.empty((sum(recv_splits), *send.shape[1:]), dtype=send.dtype, device=self.device)
         work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group,
                                       async_op=True)
-        self._overlap(work, op, while_waiting)
+        self._overlap(work, op, while_waiting, released)
         return recv
 
-    def _overlap(self, work: Any, op: str, while_waiting: Callable[[], Any] | None) -> None:
+    def _overlap(self, work: Any, op: str, while_waiting: Callable[[], Any] | None,
+                 released: Released | None) -> None:
         """Run ``while_waiting`` and then wait for ``work``, also when it raises (the ranks
         stay in step); its error propagates after the wait."""
         try:
             if while_waiting is not None:
                 while_waiting()
         finally:
-            self._wait(work, op)
+            self._wait(work, op, released)

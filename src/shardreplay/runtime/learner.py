@@ -31,6 +31,7 @@ from shardreplay._io import atomic_write_bytes, storage_error
 from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.checkpoint.manifest import checkpoint_dir
 from shardreplay.distributed.group import lost_peer_error, peer_lost
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import ShardReplayError, StorageError
 from shardreplay.policy import open_publisher
 from shardreplay.policy.broadcast import pack_version
@@ -383,7 +384,7 @@ class Learner:
         mine = LoopSync(steps=st.steps, replay_size=len(self.buffer.local), stop_votes=int(stop),
                         save_votes=int(request), lag_sum=int(st.lag_sum), lag_count=st.lag_count,
                         storage_votes=int(refused))
-        g = mine.summed(self.buffer.collectives)
+        g = mine.summed(internals_of(self.buffer).collectives)
         self._last_sync = g
         self._storage_stop = self._storage_stop or g.storage_votes > 0
         if g.should_save and self.rank == 0:
@@ -478,7 +479,7 @@ class Learner:
                            chunks_rejected=got.total_rejected + ing.total_rejected,
                            chunks_duplicate=got.duplicates + ing.total_duplicates,
                            foreign_chunks_ignored=sum(self.foreign.values())
-                           ).summed(self.buffer.collectives).as_dict()
+                           ).summed(internals_of(self.buffer).collectives).as_dict()
         summary: dict[str, Any] = {"rank": self.rank, **self.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
                                    "checkpoint": str(checkpoint_path), **counts,

@@ -17,6 +17,7 @@ import torch
 from shardreplay import checkpoint
 from shardreplay._io import atomic_write_bytes
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError
 from shardreplay.runtime.dqn import DoubleDqn
 from shardreplay.runtime.run_identity import RunIdentity, write_life
@@ -85,7 +86,8 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank
     parts = checkpoint.read_manifest(report.directory)["parts"]
     mine = [report.steps, report.dropped_episodes, report.dropped_steps, report.sealed_episodes,
             report.sealed_steps]
-    total = buffer.collectives.all_reduce_sum(torch.tensor(mine, dtype=torch.int64), "resume steps")
+    total = internals_of(buffer).collectives.all_reduce_sum(torch.tensor(mine, dtype=torch.int64),
+                                                        "resume steps")
     steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps = (int(x) for x in total.tolist())
     if steps + dropped_steps != report.saved_steps:
         raise CheckpointError(f"resume from {report.directory}: {steps} steps restored and "
