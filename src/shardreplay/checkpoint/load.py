@@ -276,8 +276,10 @@ def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, s
     mine = metas[shard] if shard < len(metas) else None
     session.finish(positions[shard] if exact else plan.row_lengths,
                    mine.next_episode_id if exact and mine is not None else len(episodes),
-                   max_priority=max([m.max_priority for m in metas] or [1.0]),
-                   draws=max([m.draws for m in metas] or [0]),
+                   # As saved: this part's sampler state; re-planned: the largest of any part.
+                   max_priority=max([m.max_priority for m in (metas[shard:shard + 1] if exact else metas)]
+                                    or [1.0]),
+                   draws=max([m.draws for m in (metas[shard:shard + 1] if exact else metas)] or [0]),
                    rng_state=None if mine is None else mine.rng,
                    stale_updates=0 if mine is None else mine.stale_updates, key_epoch=epoch,
                    key_tag=None if mine is None else mine.key_tag)  # a part from before key tags keeps ours
