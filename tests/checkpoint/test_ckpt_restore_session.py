@@ -2,7 +2,7 @@
 file of a checkpoint, and the verification rule: a load reads the manifest once and
 hashes each block it reads once, and no step block of a part it does not restore.
 
-About 5 s in all (two-part checkpoints of 3 blocks each).
+About 13 s in all on 2 busy cores (two-part checkpoints of 3 blocks each).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def _flip(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow  # about 11 s on 2 busy cores: five copies, each checked and loaded
 def test_the_manifest_covers_every_file_and_names_the_damaged_one(tmp_path: Path) -> None:
     directory = _save(tmp_path / "good", {"learner_state.pt": LEARNER})
     manifest = checkpoint.load_manifest(directory)
