@@ -101,8 +101,12 @@ def fill(buf: Any, steps_per_stream: int, seed: int = 0) -> None:
 def stored_arrays(buf: Any) -> dict[str, np.ndarray]:
     """The arrays a checkpoint holds, as whole storage arrays (rings are full)."""
     from shardreplay import testing
+    from shardreplay.buffer.shard import STEP_ARRAYS
 
-    return testing.shard(buf).targets()
+    storage = testing.shard(buf).storage
+    out = {f"field.{k}": v for k, v in storage.fields.items()}
+    out.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+    return out
 
 
 def np_save(arrays: dict[str, np.ndarray], directory: Path) -> float:

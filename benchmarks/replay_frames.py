@@ -137,7 +137,7 @@ class ShardReplayFrames:
 
     def extras(self) -> dict[str, Any]:
         """The filled buffer's frame rings: their size now, and its arrays' bytes."""
-        store = testing.shard(self.buf).frame_stores()["obs"]
+        store = testing.shard(self.buf).storage.stacked["obs"]
         return {"frame_capacity": store.frame_capacity, "frame_rings_grown": store._grown,
                 "filled_layout_bytes": _array_bytes(self.buf)}
 

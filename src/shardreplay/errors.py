@@ -17,6 +17,7 @@ also from the built-in type a caller would reach for (``ValueError`` for bad inp
     ├── CheckpointError             (RuntimeError)
     │   ├── IncompleteCheckpointError              a part or the manifest is missing
     │   └── CheckpointFormatError                  corrupt, truncated, wrong spec/version
+    │       └── CheckpointDamagedError             a file's bytes differ from its recorded hash
     └── TransportError              (RuntimeError)
         ├── CorruptChunkError                      a chunk failed decoding or validation
         └── TransportTimeout                       no answer from the transport in time
@@ -28,6 +29,7 @@ these once, at the module that talks to them.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointDamagedError",
     "CheckpointError",
     "CheckpointFormatError",
     "CollectiveTimeout",
@@ -112,6 +114,11 @@ class IncompleteCheckpointError(CheckpointError):
 
 class CheckpointFormatError(CheckpointError):
     """A checkpoint file is corrupt, truncated, or of another spec or format version."""
+
+
+class CheckpointDamagedError(CheckpointFormatError):
+    """A checkpoint file's bytes differ from the hash its manifest records (a flipped bit,
+    a replaced file): found by whoever reads them, the message names the file (and block)."""
 
 
 class TransportError(ShardReplayError, RuntimeError):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.buffer.shard import Shard, shard_of_buffer
+from shardreplay.buffer.shard import STEP_ARRAYS, Shard, shard_of_buffer
 
 __all__ = ["leaf_masses", "positions", "rng_state", "sampler_counters", "shard", "stored",
            "stored_steps", "tree_sums", "valid"]
@@ -54,7 +54,9 @@ def stored(buffer: Any, name: str) -> np.ndarray:
     Raises:
         KeyError: no such array (frame-stacked fields: use :func:`stored_steps`).
     """
-    targets = shard(buffer).targets()
+    storage = shard(buffer).storage
+    targets = {f"field.{k}": v for k, v in storage.fields.items()}
+    targets.update({k: getattr(storage, k) for k in STEP_ARRAYS})
     key = name if name in targets else f"field.{name}"
     if key not in targets:
         raise KeyError(f"no stored array {name!r}; there are {sorted(targets)}")

@@ -11,7 +11,7 @@ Internal: not part of the public API (no name here is exported from ``shardrepla
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,6 +20,7 @@ import numpy as np
 
 from shardreplay.buffer.checks import check_priorities, check_stream_ids, foreign_key
 from shardreplay.buffer.info import BufferInfo
+from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.state import export_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
 from shardreplay.kernels.keys import keys_fit, resolve_keys
@@ -77,6 +78,7 @@ class Shard:
         # one-step adds (or chunks) never pays for compiling (or loading) its kernel.
         self._one_step: OneStepAdd | None = None
         self._full_adds = 0
+        self._restoring: RestoreSession | None = None  # a restore not finished (save refuses)
 
     @property
     def one_step(self) -> OneStepAdd | None:
@@ -306,55 +308,25 @@ class Shard:
         """Steps ever written to each row (read only: a copy)."""
         return self.storage.pos.copy()
 
-    def begin_restore(self) -> None:
-        """Forget every step before a loader places episodes (see :meth:`targets`)."""
-        self.storage.clear()
+    # -- restoring --------------------------------------------------------------------------
+    def restore(self, source: str, key_epoch_floor: int = 0) -> RestoreSession:
+        """The one way to replace this shard's content: ``with shard.restore(...) as s:``
+        empties it, ``s.targets()``/``s.frame_stores()`` take the placed steps, and
+        ``s.finish(...)`` sets positions, sampler, RNG and keys (see
+        :mod:`shardreplay.buffer.restore`). An exception (or no ``finish``) leaves the
+        shard empty and pending: ``checkpoint.save`` refuses it until a restore finishes.
 
-    def targets(self) -> dict[str, np.ndarray]:
-        """Where a loader places steps: every per-slot array by flat slot, named as in a
-        state (``field.<name>`` for plain fields, and the per-step arrays). Frame-stacked
-        fields go through :meth:`frame_stores` instead."""
-        storage = self.storage
-        out = {f"field.{k}": v for k, v in storage.fields.items()}
-        out.update({k: getattr(storage, k) for k in STEP_ARRAYS})
-        return out
+        Args:
+            source: what is restored (named when a save is refused).
+            key_epoch_floor: the key epoch the emptied shard keeps at least.
+        """
+        return RestoreSession(self, source, key_epoch_floor)
 
-    def frame_stores(self) -> Mapping[str, Any]:
-        """The frame rings of frame-stacked fields (``FrameStore`` by field name)."""
-        return self.storage.stacked
-
-    def restored_sampler_state(self, saved: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """The sampler state to restore from the saved sampler states of one or more
-        parts: the prioritized sampler takes the largest max priority and schedule
-        position of any (1.0 and 0 when none is given); others have nothing to restore."""
-        if not isinstance(self.sampler, PrioritizedSampler):
-            return {}
-        return {"max_priority": max([float(s.get("max_priority", 1.0)) for s in saved] or [1.0]),
-                "draws": max([int(s.get("draws", 0)) for s in saved] or [0])}
-
-    def finish_restore(self, pos: np.ndarray, next_episode_id: int, sampler_state: Mapping[str, Any],
-                       rng_state: Mapping[str, Any] | None = None, stale_updates: int = 0) -> None:
-        """After steps were placed: set positions, rebuild validity and the sampler's
-        trees, restore its state, the RNG (when given) and the stale-update count."""
-        self.storage.finish_restore(pos, next_episode_id)
-        self.sampler.rebuild()
-        self.sampler.load_state_dict(dict(sampler_state))
-        if rng_state is not None:
-            self.rng.bit_generator.state = dict(rng_state)
-        self.stale_updates = int(stale_updates)
-
-    def restore_keys(self, key_epoch: int, key_tag: int | None) -> None:
-        """Set the key epoch, and the key tag when given (a restore keeps keys sampled
-        before the save recognisable, and stale)."""
-        self.storage.key_epoch = int(key_epoch)
-        if key_tag is not None:
-            self.storage.key_tag = int(key_tag)
-
-    def clear(self, key_epoch_floor: int = 0) -> None:
-        """Empty the shard (sampler state reset), the key epoch at least ``key_epoch_floor``."""
-        self.storage.clear()
-        self.finish_restore(self.storage.pos, 0, self.restored_sampler_state([]))
-        self.storage.key_epoch = max(self.storage.key_epoch, key_epoch_floor)
+    @property
+    def pending_restore(self) -> str | None:
+        """The source of a restore that has not finished (this shard's content must not
+        be saved: it is empty or partly restored), or None."""
+        return None if self._restoring is None else self._restoring.source
 
 
 class HoldsShard(Protocol):

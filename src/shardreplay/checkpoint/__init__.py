@@ -17,10 +17,12 @@ from shardreplay.checkpoint.manifest import (
     is_complete,
     latest_complete,
     list_checkpoints,
+    load_manifest,
     read_manifest,
     set_aside,
     set_aside_incomplete,
 )
+from shardreplay.checkpoint.records import FileEntry, Manifest, ManifestPart, RestoreCounts
 from shardreplay.checkpoint.save import save
 from shardreplay.checkpoint.triggers import REQUEST_FILE, CheckpointTrigger
 
@@ -29,7 +31,11 @@ __all__ = [
     "PARTIAL_POLICIES",
     "REQUEST_FILE",
     "CheckpointTrigger",
+    "FileEntry",
     "LoadReport",
+    "Manifest",
+    "ManifestPart",
+    "RestoreCounts",
     "checkpoint_dir",
     "damage",
     "incomplete_checkpoints",
@@ -37,6 +43,7 @@ __all__ = [
     "latest_complete",
     "list_checkpoints",
     "load",
+    "load_manifest",
     "read_manifest",
     "save",
     "set_aside",

@@ -33,7 +33,7 @@ import numpy as np
 
 from shardreplay._hashing import xxh64
 from shardreplay._io import atomic_writer
-from shardreplay.errors import CheckpointFormatError
+from shardreplay.errors import CheckpointDamagedError, CheckpointFormatError
 
 BLOCK_BYTES = 1 << 20
 # Whole blocks read per system call: large reads keep cold reads as fast as one read of
@@ -152,12 +152,14 @@ def advise_hugepages(arr: np.ndarray) -> None:
             libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
 
 
-def _hash_blocks(dest: memoryview, valid: int) -> list[int]:
-    """XXH64 of each BLOCK_BYTES block of ``dest``; -1 for blocks not fully read (``valid``)."""
-    out = []
-    for off in range(0, len(dest), BLOCK_BYTES):
+def _hash_blocks(dest: memoryview, valid: int, skip: frozenset[int]) -> list[int | None]:
+    """XXH64 of each BLOCK_BYTES block of ``dest``; -1 for blocks not fully read
+    (``valid``), None for the blocks ``skip`` (indices into ``dest``'s blocks: checked
+    already)."""
+    out: list[int | None] = []
+    for k, off in enumerate(range(0, len(dest), BLOCK_BYTES)):
         end = min(off + BLOCK_BYTES, len(dest))
-        out.append(-1 if end > valid else xxh64(dest[off:end]))
+        out.append(-1 if end > valid else None if k in skip else xxh64(dest[off:end]))
     return out
 
 
@@ -165,7 +167,9 @@ class PartReader:
     """Read arrays (or row ranges of them) from a part file, verifying touched blocks.
 
     Read row ranges in increasing file order where possible: the reader keeps the
-    last block it read, so a sequential scan reads each block once.
+    last block it read, so a sequential scan reads each block once. Each block is
+    hashed at most once per reader (a block read again is not hashed again: the file is
+    taken not to change during one load).
 
     Raises:
         CheckpointFormatError: unreadable, truncated or corrupt file, with its name.
@@ -187,7 +191,8 @@ class PartReader:
         self._block = -1
         self._len = 0
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[tuple[int, Future[list[int]]]] = []
+        self._pending: list[tuple[int, Future[list[int | None]]]] = []
+        self._checked: set[int] = set()  # blocks hashed, or with a hash check pending
         try:
             self._scratch = bytearray(min(BLOCK_BYTES, self._size))  # small files, small scratch
             self._view = memoryview(self._scratch)
@@ -205,13 +210,19 @@ class PartReader:
     def _fail(self, why: str) -> CheckpointFormatError:
         return CheckpointFormatError(f"{self.path}: {why}")
 
+    def _damaged(self, block: int, length: int) -> CheckpointDamagedError:
+        start = block * BLOCK_BYTES
+        return CheckpointDamagedError(f"{self.path}: checksum mismatch in block {block} (bytes "
+                                      f"{start}..{start + length})")
+
     def _load_block(self, block: int) -> memoryview:
         if block != self._block:
             self._block = -1
             self._len = os.preadv(self._fd, [self._view], block * BLOCK_BYTES)
-            if xxh64(self._view[:self._len]) != self._hashes[block]:
-                raise self._fail(f"checksum mismatch in block {block} (bytes "
-                                 f"{block * BLOCK_BYTES}..{block * BLOCK_BYTES + self._len})")
+            if block not in self._checked:
+                if xxh64(self._view[:self._len]) != self._hashes[block]:
+                    raise self._damaged(block, self._len)
+                self._checked.add(block)
             self._block = block
         return self._view[:self._len]
 
@@ -237,7 +248,7 @@ class PartReader:
         if lo < 0 or hi > self._size:
             raise self._fail(f"byte range {lo}..{hi} lies outside the file")
         pos = lo
-        checks: list[tuple[int, Future[list[int]]]] = []
+        checks: list[tuple[int, Future[list[int | None]]]] = []
         try:
             while pos < hi:
                 block = pos // BLOCK_BYTES
@@ -267,13 +278,12 @@ class PartReader:
         """
         pending, self._pending = self._pending, []
         bad = [first + k for first, future in pending
-               for k, h in enumerate(future.result()) if h != self._hashes[first + k]]
+               for k, h in enumerate(future.result()) if h is not None and h != self._hashes[first + k]]
         if bad:
             b = min(bad)
-            raise self._fail(f"checksum mismatch in block {b} (bytes {b * BLOCK_BYTES}.."
-                             f"{min((b + 1) * BLOCK_BYTES, self._size)})")
+            raise self._damaged(b, min(BLOCK_BYTES, self._size - b * BLOCK_BYTES))
 
-    def _read_run(self, start: int, stop: int, dest: memoryview) -> tuple[int, Future[list[int]]]:
+    def _read_run(self, start: int, stop: int, dest: memoryview) -> tuple[int, Future[list[int | None]]]:
         """Read whole blocks ``start:stop`` into ``dest``; (first block, future of their hashes)."""
         done = 0
         while done < len(dest):
@@ -283,7 +293,11 @@ class PartReader:
             done += got
         if self._pool is None:
             self._pool = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="shardreplay-xxh64")
-        return start // BLOCK_BYTES, self._pool.submit(_hash_blocks, dest, done)
+        first = start // BLOCK_BYTES
+        blocks = range(first, first + -(-len(dest) // BLOCK_BYTES))
+        skip = frozenset(b - first for b in blocks if b in self._checked)
+        self._checked.update(blocks)  # a failed check raises in check_pending, before any use
+        return first, self._pool.submit(_hash_blocks, dest, done, skip)
 
     def _read_header(self) -> tuple[dict[str, Any], int]:
         if self._size < 8:

@@ -19,10 +19,10 @@ checkpoint they restored.
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +30,24 @@ import numpy as np
 import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.checkpoint.format import PartReader, advise_hugepages
-from shardreplay.checkpoint.manifest import check_complete, checkpoint_dir, list_checkpoints, read_manifest
+from shardreplay.checkpoint.manifest import checkpoint_dir, list_checkpoints, load_manifest, read_covered
 from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan_shard
-from shardreplay.checkpoint.save import mark_restored, mark_restoring, shard_of
+from shardreplay.checkpoint.records import Manifest, PartMeta
+from shardreplay.checkpoint.save import shard_of
 from shardreplay.checkpoint.stacked import read_stacks
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import (
+    CheckpointDamagedError,
     CheckpointError,
     CheckpointFormatError,
     ConfigError,
     IncompleteCheckpointError,
 )
 from shardreplay.spec import Spec, StepType
-from shardreplay.spec.keys import is_key_tag
 from shardreplay.spec.validation import check_step_values
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,9 @@ class LoadReport:
     are counted in ``dropped_steps``. Over all ranks, ``steps + dropped_steps`` sums to
     ``saved_steps``. ``skipped`` names the checkpoints passed over (``"<id>: <reason>"``,
     newest first); ``exact`` is True when every part went back to its own shard as saved
-    (a faithful resume); ``key_epoch`` is the buffer's new key epoch.
+    (a faithful resume); ``key_epoch`` is the buffer's new key epoch. ``manifest`` is
+    the checkpoint's parsed manifest (read once per load); ``files`` the files asked for
+    with ``load(..., files=...)``, verified against it.
     """
 
     checkpoint_id: int
@@ -79,6 +83,8 @@ class LoadReport:
     saved_steps: int = 0
     exact: bool = False
     key_epoch: int = 0
+    manifest: Manifest | None = None
+    files: Mapping[str, bytes] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         """This rank's restore as JSON-ready numbers (what ``checkpoint.save(...,
@@ -90,8 +96,13 @@ class LoadReport:
 
 
 def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
-         checkpoint_id: int | None = None, fallback: bool = False) -> LoadReport:
+         checkpoint_id: int | None = None, fallback: bool = False,
+         files: Iterable[str] = ()) -> LoadReport:
     """Restore a checkpoint under ``path`` into ``buffer`` (this rank's shard).
+
+    A rank verifies what it reads, once: the manifest and every part description
+    (size, hash, CRC), then each block of the parts it restores from and each file of
+    ``files``, as it reads them (parts it does not read are not hashed).
 
     Args:
         path: the checkpoint root directory.
@@ -101,6 +112,9 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
             are incomplete or fail their checksums are passed over).
         fallback: when the chosen checkpoint cannot be loaded, take the next older
             complete one instead of raising.
+        files: names of files saved with ``save(..., files=...)`` to return, verified,
+            in ``LoadReport.files`` (a checkpoint whose file is missing or damaged is
+            passed over like a damaged part).
 
     Returns:
         A :class:`LoadReport`; ``skipped`` lists the checkpoints passed over and why
@@ -110,11 +124,13 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
     Raises:
         IncompleteCheckpointError: no (complete) checkpoint, or a part is missing.
         CheckpointFormatError: a corrupt or truncated file, or another spec or version;
-            the message names the file and the reason.
+            the message names the file and the reason (CheckpointDamagedError: a block
+            or file differs from its recorded hash).
         The buffer's previous content is replaced; after an error it is left empty,
         and ``save`` refuses it until a load succeeds.
     """
     local, shard, num_shards = shard_of(buffer)
+    names = tuple(files)
     if isinstance(buffer, ShardedReplayBuffer):
         buffer.discard_prefetched()  # they name windows of the content being replaced
     root = Path(path)
@@ -130,55 +146,56 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
     floor_epoch = inner.key_epoch + writes_per_slot(inner.positions, local.stream_capacity)
     skipped: list[str] = []
     errors: list[CheckpointError] = []
-    # From here on the content is being replaced: an error leaves the buffer empty, and
-    # save refuses it until a load succeeds.
     layout = _new_layout(buffer)
-    mark_restoring(local, str(root))
-    _clear(local, floor_epoch)
     tried = False
-    for cid in candidates:
-        directory = checkpoint_dir(root, cid)
-        error = _precheck(directory)  # complete, checksums included (the rule of verify)
-        complete = error is None
-        if complete:
-            try:
-                report = _load_one(directory, local, shard, num_shards, buffer, floor_epoch, layout)
-            except CheckpointError as exc:
-                error = exc
-                _clear(local, floor_epoch)
-        failed_ranks, any_complete = _agree(buffer, error is not None, complete)
-        tried = tried or any_complete  # the same on every rank: they go on or stop together
-        if not failed_ranks:
-            mark_restored(local)
-            _log_passed_over(root, cid, skipped)
-            return LoadReport(**{**report.__dict__, "skipped": skipped})
-        reason = str(error) if error is not None else f"rank(s) {failed_ranks} could not load it"
-        if error is None:
-            _clear(local, floor_epoch)
-        error = error or CheckpointFormatError(f"checkpoint {cid}: {reason}")
-        skipped.append(f"{cid}: {reason}")
-        errors.append(error)
-        # Without fallback only the checkpoint asked for, or the newest complete one, is
-        # tried; newer incomplete or damaged ones are passed over (and said so).
-        if not fallback and (checkpoint_id is not None or tried):
-            _log_passed_over(root, None, skipped)
-            raise error
-    _log_passed_over(root, None, skipped)
-    # The newest one's kind of error (incomplete, or damaged), naming every one passed over.
-    kind = type(errors[0]) if errors else IncompleteCheckpointError
-    raise kind(f"no usable checkpoint under {root}"
-               + (f" (passed over: {'; '.join(skipped)})" if skipped else ""))
+    # From here on the content is being replaced: an error leaves the shard empty and
+    # pending (save refuses it) until a load succeeds on every rank.
+    with inner.restore(str(root), floor_epoch) as session:
+        for cid in candidates:
+            directory = checkpoint_dir(root, cid)
+            manifest, error = _precheck(directory)  # structure (the rule of verify, less hashes)
+            complete = error is None
+            if manifest is not None:
+                try:
+                    report = _restore(manifest, session, local, shard, num_shards, buffer, floor_epoch,
+                                      layout, names)
+                except CheckpointError as exc:
+                    error = exc
+                    # Damage found while reading counts as incomplete (passed over).
+                    complete = not isinstance(exc, CheckpointDamagedError | IncompleteCheckpointError)
+                    session.reset()
+            failed_ranks, all_complete = _agree(buffer, error is not None, complete)
+            tried = tried or all_complete  # the same on every rank: they go on or stop together
+            if not failed_ranks:
+                _log_passed_over(root, cid, skipped)
+                return replace(report, skipped=skipped)
+            reason = str(error) if error is not None else f"rank(s) {failed_ranks} could not load it"
+            if error is None:
+                session.reset()
+            error = error or CheckpointFormatError(f"checkpoint {cid}: {reason}")
+            skipped.append(f"{cid}: {reason}")
+            errors.append(error)
+            # Without fallback only the checkpoint asked for, or the newest complete one, is
+            # tried; newer incomplete or damaged ones are passed over (and said so).
+            if not fallback and (checkpoint_id is not None or tried):
+                _log_passed_over(root, None, skipped)
+                raise error
+        _log_passed_over(root, None, skipped)
+        # The newest one's kind of error (incomplete, or damaged), naming every one passed over.
+        kind = type(errors[0]) if errors else IncompleteCheckpointError
+        raise kind(f"no usable checkpoint under {root}"
+                   + (f" (passed over: {'; '.join(skipped)})" if skipped else ""))
 
 
-def _precheck(directory: Path) -> CheckpointError | None:
-    """Why ``directory`` is not a complete checkpoint (:func:`check_complete`), or None."""
+def _precheck(directory: Path) -> tuple[Manifest | None, CheckpointError | None]:
+    """The parsed manifest of ``directory`` (structure checked: :func:`load_manifest`),
+    or why it is not a complete checkpoint."""
     try:
-        check_complete(directory)
+        return load_manifest(directory), None
     except CheckpointError as exc:
-        return exc
+        return None, exc
     except OSError as exc:
-        return CheckpointFormatError(f"{directory}: cannot read it ({exc})")
-    return None
+        return None, CheckpointFormatError(f"{directory}: cannot read it ({exc})")
 
 
 def _log_passed_over(root: Path, loaded: int | None, skipped: list[str]) -> None:
@@ -193,15 +210,16 @@ def _log_passed_over(root: Path, loaded: int | None, skipped: list[str]) -> None
 
 def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: bool
            ) -> tuple[list[int], bool]:
-    """Ranks that failed, and whether any rank found the checkpoint complete (one
-    collective for a sharded buffer, which also tells every rank the shards' key tags)."""
+    """Ranks that failed, and whether every rank found the checkpoint complete (a rank
+    that found damage in what it read did not; one collective for a sharded buffer,
+    which also tells every rank the shards' key tags)."""
     if not isinstance(buffer, ShardedReplayBuffer):
         return ([0] if failed else []), complete
     mine = torch.tensor([int(failed), int(complete), shard_of_buffer(buffer.local).key_tag])
     internals = internals_of(buffer)
     flags = internals.collectives.all_gather(mine, "checkpoint.load(agree)").cpu().reshape(-1, 3)
     internals.learn_key_tags(flags[:, 2].numpy())
-    return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].any())
+    return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].all())
 
 
 def _new_layout(buffer: ReplayBuffer | ShardedReplayBuffer) -> NewLayout:
@@ -216,94 +234,87 @@ def _new_layout(buffer: ReplayBuffer | ShardedReplayBuffer) -> NewLayout:
     return NewLayout(tuple(int(n) for n, _c in rows), tuple(int(c) for _n, c in rows))
 
 
-def _clear(local: ReplayBuffer, floor_epoch: int) -> None:
-    shard_of_buffer(local).clear(floor_epoch)
-
-
 def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
               buffer: ReplayBuffer | ShardedReplayBuffer | None = None, floor_epoch: int = 0,
               layout: NewLayout | None = None) -> LoadReport:
-    """Restore ``directory`` into ``local`` as shard ``shard`` of ``num_shards`` (no
-    collective; ``buffer`` is the sharded buffer around ``local``, when there is one).
-    ``layout`` gives every new shard's rows (None: all shaped like ``local``)."""
+    """Restore ``directory`` into ``local`` as shard ``shard`` of ``num_shards`` in one
+    restore session, without any collective (a rank's part of :func:`load`, for tests;
+    ``layout`` gives every new shard's rows, None: all shaped like ``local``)."""
+    with shard_of_buffer(local).restore(str(directory), floor_epoch) as session:
+        return _restore(load_manifest(directory), session, local, shard, num_shards, buffer, floor_epoch,
+                        layout, ())
+
+
+def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, shard: int,
+             num_shards: int, buffer: ReplayBuffer | ShardedReplayBuffer | None, floor_epoch: int,
+             layout: NewLayout | None, names: tuple[str, ...]) -> LoadReport:
+    """Restore the checkpoint of ``manifest`` through ``session`` into ``local`` as shard
+    ``shard`` of ``num_shards`` (no collective; ``buffer`` is the sharded buffer around
+    ``local``, when there is one), reading the files ``names`` too."""
     if layout is None:
         layout = NewLayout.even(num_shards, local.num_streams, local.stream_capacity)
     if layout.num_shards != num_shards or (layout.num_streams[shard], layout.stream_capacity[shard]) != \
             (local.num_streams, local.stream_capacity):
         raise ConfigError(f"restore layout {layout} does not describe shard {shard} of {num_shards} "
                           f"({local.num_streams} rows of {local.stream_capacity})")
-    manifest = read_manifest(directory)
-    saved_spec = Spec.from_dict(manifest["spec"])
-    if saved_spec != local.spec:
-        raise CheckpointFormatError(f"{directory / 'manifest.json'}: saved with spec {saved_spec}, "
+    directory = manifest.directory
+    if manifest.spec != local.spec:
+        raise CheckpointFormatError(f"{manifest.path}: saved with spec {manifest.spec}, "
                                     f"the buffer has {local.spec}")
-    parts = sorted(manifest["parts"], key=lambda p: int(p["shard"]))
+    files = {name: read_covered(manifest, name) for name in names}
+    parts = manifest.parts
     with ExitStack() as stack:
-        readers = [stack.enter_context(PartReader(directory / p["file"], p)) for p in parts]
+        readers = [stack.enter_context(PartReader(directory / p.file, p.entry)) for p in parts]
         episodes = _episode_table(readers)
-        metas = [_buffer_meta(r) for r in readers]
+        metas = [PartMeta.parse(r.metadata.get("buffer_meta", "{}"), r.path) for r in readers]
         positions = [_row_pos(r) for r in readers]
         epoch = _new_key_epoch(metas, positions, floor_epoch)
         exact = _same_layout(readers, metas, positions, layout)
-        inner = shard_of_buffer(local)
-        inner.begin_restore()
         if exact:
             plan = _identity_plan(episodes, shard, positions[shard], local.stream_capacity)
-            _read_as_saved(readers[shard], positions[shard], local)
+            _read_as_saved(readers[shard], positions[shard], session)
         else:
             plan = plan_shard(episodes, layout, shard)
-            _read_placements(readers, plan, episodes, local)
-    if exact:
-        meta = metas[shard]
-        inner.finish_restore(positions[shard], _meta_int(meta, "next_episode_id", directory),
-                             inner.restored_sampler_state([_sampler_meta(meta)]), meta.get("rng"),
-                             _meta_int(meta, "stale_updates", directory))
-    else:
-        _finish(local, plan, metas, shard, len(episodes))
-    # A part from before key tags keeps ours.
-    tag = metas[shard].get("key_tag") if shard < len(metas) else None
-    inner.restore_keys(epoch, int(tag) if is_key_tag(tag) else None)
-    sharding = metas[shard].get("sharding") if shard < len(metas) else None
-    if isinstance(buffer, ShardedReplayBuffer) and isinstance(sharding, dict):
+            _read_placements(readers, plan, episodes, session, local.spec)
+    mine = metas[shard] if shard < len(metas) else None
+    session.finish(positions[shard] if exact else plan.row_lengths,
+                   mine.next_episode_id if exact and mine is not None else len(episodes),
+                   # As saved: this part's sampler state; re-planned: the largest of any part.
+                   max_priority=max([m.max_priority for m in (metas[shard:shard + 1] if exact else metas)]
+                                    or [1.0]),
+                   draws=max([m.draws for m in (metas[shard:shard + 1] if exact else metas)] or [0]),
+                   rng_state=None if mine is None else mine.rng,
+                   stale_updates=0 if mine is None else mine.stale_updates, key_epoch=epoch,
+                   key_tag=None if mine is None else mine.key_tag)  # a part from before key tags keeps ours
+    if isinstance(buffer, ShardedReplayBuffer) and mine is not None and mine.sharding is not None:
         try:
-            internals_of(buffer).load_sharding_state(sharding)
+            internals_of(buffer).load_sharding_state(dict(mine.sharding))
         except ConfigError as exc:
             raise CheckpointFormatError(f"{readers[shard].path}: {exc}") from exc
+    return _report(manifest, shard, num_shards, plan, episodes, exact, epoch, files)
+
+
+def _report(manifest: Manifest, shard: int, num_shards: int, plan: ShardPlan, episodes: EpisodeTable,
+            exact: bool, epoch: int, files: dict[str, bytes]) -> LoadReport:
+    """This rank's :class:`LoadReport`, said in one log line."""
     steps = int(plan.row_lengths.sum())
     cut = plan.skip > 0
     sealed_eps = int(cut.sum())
     sealed_steps = int((episodes.length[plan.ids[cut]] - plan.skip[cut]).sum())
     saved_steps = int(episodes.length.sum())
     how = ("as saved (same shards and layout: rows, positions, priorities, RNGs)" if exact
-           else f"re-planned from {len(parts)} saved shards")
+           else f"re-planned from {len(manifest.parts)} saved shards")
     # One line per shard, losses or not: a restore that dropped nothing says so too.
     log.log(logging.WARNING if plan.dropped_steps else logging.INFO,
             "checkpoint %s: shard %d/%d restored %d steps of %d episodes %s "
             "(%d steps saved in all); dropped its %d oldest episodes (%d steps) beyond the new "
-            "capacity, sealed %d episodes (%d steps kept) cut to fit a row", directory.name, shard,
+            "capacity, sealed %d episodes (%d steps kept) cut to fit a row", manifest.directory.name, shard,
             num_shards, steps, len(plan), how, saved_steps, plan.dropped_episodes, plan.dropped_steps,
             sealed_eps, sealed_steps)
-    return LoadReport(int(manifest["checkpoint_id"]), directory, len(parts), steps, len(plan),
-                      plan.dropped_episodes, plan.dropped_steps, dict(manifest.get("extra", {})),
+    return LoadReport(manifest.checkpoint_id, manifest.directory, len(manifest.parts), steps, len(plan),
+                      plan.dropped_episodes, plan.dropped_steps, dict(manifest.extra),
                       sealed_episodes=sealed_eps, sealed_steps=sealed_steps, saved_steps=saved_steps,
-                      exact=exact, key_epoch=epoch)
-
-
-def _buffer_meta(reader: PartReader) -> dict[str, Any]:
-    try:
-        meta = json.loads(reader.metadata.get("buffer_meta", "{}"))
-    except ValueError as exc:
-        raise CheckpointFormatError(f"{reader.path}: malformed buffer metadata ({exc})") from exc
-    if not isinstance(meta, dict):
-        raise CheckpointFormatError(f"{reader.path}: malformed buffer metadata")
-    return meta
-
-
-def _meta_int(meta: dict[str, Any], name: str, where: Path) -> int:
-    value = meta.get(name, 0)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise CheckpointFormatError(f"{where}: buffer metadata {name!r} is {value!r}, not a count")
-    return value
+                      exact=exact, key_epoch=epoch, manifest=manifest, files=files)
 
 
 def _row_pos(reader: PartReader) -> np.ndarray:
@@ -314,7 +325,7 @@ def _row_pos(reader: PartReader) -> np.ndarray:
     return pos
 
 
-def _new_key_epoch(metas: list[dict[str, Any]], positions: list[np.ndarray], floor: int) -> int:
+def _new_key_epoch(metas: list[PartMeta], positions: list[np.ndarray], floor: int) -> int:
     """The key epoch after a restore: larger than every generation a saved shard (or the
     buffer's replaced content, ``floor``) could have put in a key, so every key handed
     out from now on has a larger generation than any key handed out before.
@@ -323,11 +334,9 @@ def _new_key_epoch(metas: list[dict[str, Any]], positions: list[np.ndarray], flo
     plus its shard's epoch."""
     out = floor
     for meta, pos in zip(metas, positions, strict=True):
-        cap = meta.get("stream_capacity")
-        saved = meta.get("key_epoch", 0)
-        if not isinstance(cap, int) or cap < 1 or not isinstance(saved, int) or saved < 0:
-            continue  # checked where it matters; an older part carries no epoch
-        out = max(out, saved + writes_per_slot(pos, cap))
+        if meta.stream_capacity is None or meta.key_epoch is None:
+            continue  # an older part carries no epoch
+        out = max(out, meta.key_epoch + writes_per_slot(pos, meta.stream_capacity))
     return out + 1
 
 
@@ -336,7 +345,7 @@ def writes_per_slot(pos: np.ndarray, cap: int) -> int:
     return int(-(-int(pos.max()) // cap)) if pos.shape[0] else 0
 
 
-def _same_layout(readers: list[PartReader], metas: list[dict[str, Any]], positions: list[np.ndarray],
+def _same_layout(readers: list[PartReader], metas: list[PartMeta], positions: list[np.ndarray],
                  layout: NewLayout) -> bool:
     """Whether the restore can put every part back as it was: as many shards as saved
     parts, each new shard with its part's rows and row capacity, and every stored step
@@ -345,7 +354,7 @@ def _same_layout(readers: list[PartReader], metas: list[dict[str, Any]], positio
         return False
     for k, (reader, meta, pos) in enumerate(zip(readers, metas, positions, strict=True)):
         cap = layout.stream_capacity[k]
-        if meta.get("num_streams") != layout.num_streams[k] or meta.get("stream_capacity") != cap:
+        if meta.num_streams != layout.num_streams[k] or meta.stream_capacity != cap:
             return False
         if not np.array_equal(reader.array("row_length"), np.minimum(pos, cap)):
             return False
@@ -360,12 +369,11 @@ def _identity_plan(episodes: EpisodeTable, shard: int, pos: np.ndarray, cap: int
     return ShardPlan(ids, episodes.row[ids], zeros, zeros, np.minimum(pos, cap), 0, 0)
 
 
-def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> None:
+def _read_as_saved(reader: PartReader, pos: np.ndarray, session: RestoreSession) -> None:
     """Read a part into the slots its steps had (positions as saved, ring order), with
     its episode ids, generations and priorities, and the step types and discounts that
     sealing changed put back."""
-    inner = shard_of_buffer(local)
-    cap = local.stream_capacity
+    cap = session.stream_capacity
     length = np.minimum(pos, cap)
     src_first = np.cumsum(length) - length
     ring_start = (pos - length) % cap
@@ -378,7 +386,7 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> 
     src, dst, n = src[order], dst[order], n[order]
     keep = n > 0
     src, dst, n = src[keep], dst[keep], n[keep]
-    targets = inner.targets()
+    targets = session.targets()
     for arr in targets.values():
         advise_hugepages(arr)
     for name, arr in targets.items():
@@ -386,7 +394,7 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, local: ReplayBuffer) -> 
             reader.rows_into(name, first, arr[lo:lo + count], defer=True)
     reader.check_pending()
     runs = [(0, s, d, c) for s, d, c in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True)]
-    read_stacks([reader], runs, inner)
+    read_stacks([reader], runs, session)
     if "seal.index" in reader.names():
         slots = _ranges(dst, n)  # the slot of each saved step, in saved order
         index = reader.array("seal.index")
@@ -419,21 +427,21 @@ def _episode_table(readers: list[PartReader]) -> EpisodeTable:
 
 
 def _read_placements(readers: list[PartReader], plan: ShardPlan, episodes: EpisodeTable,
-                     local: ReplayBuffer) -> None:
+                     session: RestoreSession, spec: Spec) -> None:
     """Read this shard's episodes into the storage, then check every block read.
 
     Placements that continue each other both in their part file and in the flat
     storage (a saved stream restored whole, or runs of it) are read as one range: few
     large reads, like ``np.load``, and no partial block at each episode boundary.
     """
-    inner = shard_of_buffer(local)
+    cap = session.stream_capacity
     ids = plan.ids
     order = np.lexsort((episodes.start[ids], episodes.part[ids]))  # file order
     ids, row, skip = ids[order], plan.row[order], plan.skip[order]
     part, src = episodes.part[ids], episodes.start[ids] + skip
-    dst = row * local.stream_capacity + plan.offset[order]
+    dst = row * cap + plan.offset[order]
     length = episodes.length[ids] - skip
-    targets = inner.targets()
+    targets = session.targets()
     for arr in targets.values():
         advise_hugepages(arr)
     runs = _runs(part, src, dst, length)
@@ -442,13 +450,13 @@ def _read_placements(readers: list[PartReader], plan: ShardPlan, episodes: Episo
             readers[k].rows_into(name, first, arr[lo:lo + n], defer=True)
     for reader in readers:  # every block read is verified before anything is derived from it
         reader.check_pending()
-    read_stacks(readers, sorted(runs, key=lambda run: run[2]), inner)  # new rows start at slot 0
+    read_stacks(readers, sorted(runs, key=lambda run: run[2]), session)  # new rows start at slot 0
     slots = _ranges(dst, length)
     targets["episode_id"][slots] = np.repeat(ids, length)
     targets["generation"][slots] = 1
     targets["step_type"][dst[skip > 0]] = StepType.FIRST
     rows = np.repeat(row, length)
-    for name in local.spec.env_id_fields:
+    for name in spec.env_id_fields:
         arr = targets[f"field.{name}"]
         arr[slots] = rows.reshape(-1, *([1] * (arr.ndim - 1))).astype(arr.dtype)
 
@@ -471,18 +479,3 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``[s0, s0+1, .., s0+l0-1, s1, ..]``: the slots of runs."""
     offsets = np.cumsum(lengths) - lengths
     return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
-
-
-def _finish(local: ReplayBuffer, plan: ShardPlan, metas: list[dict[str, Any]], shard: int,
-            num_episodes: int) -> None:
-    inner = shard_of_buffer(local)
-    sampler_state = inner.restored_sampler_state([_sampler_meta(m) for m in metas])
-    rng = metas[shard].get("rng") if shard < len(metas) else None
-    stale = metas[shard].get("stale_updates", 0) if shard < len(metas) else 0
-    inner.finish_restore(plan.row_lengths, num_episodes, sampler_state, rng, stale)
-
-
-def _sampler_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    """A part's saved sampler state (empty when it has none)."""
-    state = meta.get("sampler_state", {})
-    return state if isinstance(state, dict) else {}

@@ -5,16 +5,23 @@ Layout of a checkpoint ``<root>/ckpt-<id>/`` saved from M shards::
     part-00000-of-00003.safetensors   steps, priorities, episode table of shard 0
     part-00000-of-00003.json          its description: size, block hashes, counts
     ...
-    manifest.json                     every part's description; written last
+    learner_state.pt                  files saved with save(files=...) (the runtime's)
+    manifest.json                     every part's description, every file's size and
+                                      XXH64; written last
 
 Each JSON file carries a CRC32 of its own body, so a flipped byte is caught. Each rank
-writes its part and description, then the manifest if every description is there:
-the last rank to finish writes it, without any collective call. A checkpoint is
-**complete** when the manifest lists M parts, each part file has the size the
-manifest records, each part's description agrees with the manifest, and every block
-of every part has the XXH64 hash the manifest records: a bit flipped anywhere makes a
-checkpoint incomplete. ``load``, ``shardreplay checkpoint verify``, ``train --resume``
-and ``--auto-resume`` all use this one rule (:func:`check_complete`).
+writes its files, its part and description, then the manifest if every description is
+there: the last rank to finish writes it, without any collective call. The manifest
+covers every file of the checkpoint: each part block by block (``block_xxh64``), every
+other file whole (``files``: size and XXH64). A checkpoint is **complete** when the
+manifest lists M parts, each part file has the size the manifest records, each part's
+description agrees with the manifest, and every block and file has the hash the manifest
+records: a bit flipped anywhere makes a checkpoint incomplete. ``shardreplay checkpoint
+verify``, ``train --resume`` and ``--auto-resume`` check all of it
+(:func:`check_complete`); a ``load`` checks the structure and then verifies exactly what
+it reads, once (every rank reads the descriptions, and the blocks and files it restores).
+A manifest written before the ``files`` table still loads (those files are then not
+checked).
 """
 
 from __future__ import annotations
@@ -26,9 +33,16 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from shardreplay._hashing import xxh64
 from shardreplay._io import atomic_write_bytes
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.errors import CheckpointError, CheckpointFormatError, IncompleteCheckpointError
+from shardreplay.checkpoint.records import FileEntry, Manifest, ManifestPart
+from shardreplay.errors import (
+    CheckpointDamagedError,
+    CheckpointError,
+    CheckpointFormatError,
+    IncompleteCheckpointError,
+)
 
 FORMAT = "shardreplay-checkpoint"
 FORMAT_VERSION = 2  # 2: XXH64 block hashes (1 had CRC32)
@@ -46,11 +60,48 @@ def part_name(shard: int, num_shards: int) -> str:
     return f"part-{shard:05d}-of-{num_shards:05d}"
 
 
-def dump_checked(path: Path, body: dict[str, Any]) -> None:
-    """Write ``body`` as JSON with a CRC32 of its canonical text, atomically."""
+def dump_checked(path: Path, body: dict[str, Any]) -> FileEntry:
+    """Write ``body`` as JSON with a CRC32 of its canonical text, atomically; returns the
+    file's size and XXH64 (for the manifest's ``files``)."""
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    data = json.dumps({"body": body, "crc32": zlib.crc32(text.encode())}, sort_keys=True, indent=1)
-    atomic_write_bytes(path, data.encode())
+    data = json.dumps({"body": body, "crc32": zlib.crc32(text.encode())}, sort_keys=True, indent=1).encode()
+    atomic_write_bytes(path, data)
+    return file_entry(data)
+
+
+def file_entry(data: bytes) -> FileEntry:
+    """The size and XXH64 of a file's bytes."""
+    return FileEntry(len(data), f"{xxh64(data):016x}")
+
+
+def read_file(path: Path) -> bytes:
+    """A checkpoint file's bytes.
+
+    Raises:
+        IncompleteCheckpointError: the file does not exist.
+        CheckpointFormatError: it cannot be read.
+    """
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError as exc:
+        raise IncompleteCheckpointError(f"{path}: missing") from exc
+    except OSError as exc:
+        raise CheckpointFormatError(f"{path}: cannot read ({exc})") from exc
+
+
+def check_bytes(path: Path, data: bytes, entry: FileEntry) -> bytes:
+    """``data`` (the bytes of ``path``) when they have the size and XXH64 of ``entry``.
+
+    Raises:
+        CheckpointDamagedError: they do not (naming the file).
+    """
+    if len(data) != entry.bytes:
+        raise CheckpointDamagedError(f"{path}: {len(data)} bytes, the manifest says {entry.bytes} "
+                                     "(truncated or replaced)")
+    if f"{xxh64(data):016x}" != entry.xxh64:
+        raise CheckpointDamagedError(f"{path}: checksum mismatch (the file was changed or corrupted "
+                                     "after the checkpoint was saved)")
+    return data
 
 
 def load_checked(path: Path) -> dict[str, Any]:
@@ -60,12 +111,15 @@ def load_checked(path: Path) -> dict[str, Any]:
         IncompleteCheckpointError: the file does not exist.
         CheckpointFormatError: unreadable, not JSON, or CRC mismatch.
     """
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError as exc:
-        raise IncompleteCheckpointError(f"{path}: missing") from exc
-    except OSError as exc:
-        raise CheckpointFormatError(f"{path}: cannot read ({exc})") from exc
+    return parse_checked(path, read_file(path))
+
+
+def parse_checked(path: Path, raw: bytes) -> dict[str, Any]:
+    """The body of a JSON file written by :func:`dump_checked` from its bytes ``raw``.
+
+    Raises:
+        CheckpointFormatError: not JSON, CRC mismatch, another format or version.
+    """
     try:
         doc = json.loads(raw)
         body, crc = doc["body"], doc["crc32"]
@@ -91,52 +145,85 @@ def list_checkpoints(root: Path) -> list[int]:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
-    """The manifest of a checkpoint directory, checked for shape and part files.
+    """The manifest of a checkpoint directory as JSON (for tools), checked as
+    :func:`load_manifest` checks it.
+
+    Raises:
+        IncompleteCheckpointError, CheckpointFormatError: as :func:`load_manifest`.
+    """
+    return dict(load_manifest(directory).body)
+
+
+def load_manifest(directory: Path) -> Manifest:
+    """The manifest of a checkpoint directory, parsed once, checked for shape, part files
+    (present, of the recorded size) and part descriptions (present, of the recorded size
+    and hash, agreeing with the manifest). Block hashes are not read here.
 
     Raises:
         IncompleteCheckpointError: the manifest, a part file or a part's description
             is missing.
         CheckpointFormatError: the manifest or a part's description is corrupt, they
-            disagree, or a part has the wrong size.
+            disagree, or a part has the wrong size (CheckpointDamagedError: a description
+            differs from its recorded hash).
     """
     path = Path(directory) / "manifest.json"
-    manifest = load_checked(path)
-    try:
-        parts, num = manifest["parts"], int(manifest["num_shards"])
-        shards = sorted(int(p["shard"]) for p in parts)
-        if shards != list(range(num)):
-            raise CheckpointFormatError(f"{path}: lists shards {shards}, expected 0..{num - 1}")
-        for part in parts:
-            _check_part(Path(directory), part, num, path)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointFormatError(f"{path}: malformed manifest ({exc!r})") from exc
+    manifest = Manifest.parse(Path(directory), parse_checked(path, read_file(path)))
+    for part in manifest.parts:
+        _check_part(manifest, part)
     return manifest
 
 
-def _check_part(directory: Path, part: dict[str, Any], num_shards: int, manifest_path: Path) -> None:
+def _check_part(manifest: Manifest, part: ManifestPart) -> None:
     """A part listed by the manifest: its file exists with the recorded size, and its
-    description (checked JSON) says what the manifest says."""
-    stem = part_name(int(part["shard"]), num_shards)
-    if part.get("file") != f"{stem}.safetensors":
-        raise CheckpointFormatError(f"{manifest_path}: part {part['shard']} names file "
-                                    f"{part.get('file')!r}, expected {stem}.safetensors")
-    file = directory / part["file"]
+    description (checked JSON, of the recorded hash) says what the manifest says."""
+    directory, path = manifest.directory, manifest.path
+    stem = part_name(part.shard, manifest.num_shards)
+    if part.file != f"{stem}.safetensors":
+        raise CheckpointFormatError(f"{path}: part {part.shard} names file "
+                                    f"{part.file!r}, expected {stem}.safetensors")
+    file = directory / part.file
     if not file.exists():
         raise IncompleteCheckpointError(f"{file}: part missing")
-    if file.stat().st_size != int(part["bytes"]):
+    if file.stat().st_size != part.bytes:
         raise CheckpointFormatError(f"{file}: {file.stat().st_size} bytes, the manifest says "
-                                    f"{part['bytes']} (truncated or replaced)")
+                                    f"{part.bytes} (truncated or replaced)")
     # The part's own description must agree: a difference means the part was saved
     # again (or damaged) after the manifest was written.
-    desc = load_checked(directory / f"{stem}.json")
-    if any(desc.get(k) != v for k, v in part.items()):
-        raise CheckpointFormatError(f"{directory / (stem + '.json')}: does not match the manifest's "
+    desc_path = directory / f"{stem}.json"
+    raw = read_file(desc_path)
+    if manifest.covers_files:
+        entry = manifest.files.get(desc_path.name)
+        if entry is None:
+            raise CheckpointFormatError(f"{path}: does not cover {desc_path.name}")
+        check_bytes(desc_path, raw, entry)
+    desc = parse_checked(desc_path, raw)
+    if any(desc.get(k) != v for k, v in part.entry.items()):
+        raise CheckpointFormatError(f"{desc_path}: does not match the manifest's "
                                     "entry for this part (saved again after the manifest?)")
 
 
-def check_complete(directory: Path, *, hashes: bool = True) -> dict[str, Any]:
-    """The manifest of a complete checkpoint: :func:`read_manifest`'s checks, then (with
-    ``hashes``) every block of every part against its recorded XXH64 hash.
+def read_covered(manifest: Manifest, name: str) -> bytes:
+    """The bytes of file ``name`` of a checkpoint, verified against the manifest's
+    ``files`` entry (read unchecked from a manifest older than that table).
+
+    Raises:
+        IncompleteCheckpointError: the file is missing, or the manifest does not list it.
+        CheckpointDamagedError: its size or hash differs from the manifest's.
+    """
+    path = manifest.directory / name
+    if not manifest.covers_files:
+        return read_file(path)
+    entry = manifest.files.get(name)
+    if entry is None:
+        raise IncompleteCheckpointError(f"{path}: not part of checkpoint {manifest.directory.name} "
+                                        f"(its manifest lists {sorted(manifest.files)})")
+    return check_bytes(path, read_file(path), entry)
+
+
+def check_complete(directory: Path, *, hashes: bool = True) -> Manifest:
+    """The manifest of a complete checkpoint: :func:`load_manifest`'s checks, then (with
+    ``hashes``) every block of every part and every other file against its recorded
+    XXH64 hash.
 
     Hashing reads every byte once (at disk speed: XXH64 is faster than the reads); a
     checkpoint verified before in this process, whose files have the same sizes and
@@ -144,35 +231,42 @@ def check_complete(directory: Path, *, hashes: bool = True) -> dict[str, Any]:
 
     Raises:
         IncompleteCheckpointError: the manifest, a part or a description is missing.
-        CheckpointFormatError: anything else wrong (corrupt block, sizes, descriptions),
-            naming the file and the reason.
+        CheckpointFormatError: anything else wrong (corrupt block or file, sizes,
+            descriptions), naming the file and the reason.
     """
     directory = Path(directory)
-    manifest = read_manifest(directory)
+    manifest = load_manifest(directory)
     if not hashes:
         return manifest
-    stamp = _stamp(directory, manifest)
-    if _VERIFIED.get(str(directory.resolve())) == stamp:
+    try:
+        stamp: tuple[tuple[str, int, int], ...] | None = _stamp(manifest)
+    except FileNotFoundError:
+        stamp = None  # a covered file is missing: read_covered below says which
+    if stamp is not None and _VERIFIED.get(str(directory.resolve())) == stamp:
         return manifest
-    for part in manifest["parts"]:
-        with PartReader(directory / part["file"], part) as reader:
+    for part in manifest.parts:
+        with PartReader(directory / part.file, part.entry) as reader:
             reader.verify_all()
-    _VERIFIED[str(directory.resolve())] = stamp
+    descriptions = {f"{part_name(p.shard, manifest.num_shards)}.json" for p in manifest.parts}
+    for name in sorted(set(manifest.files) - descriptions):  # the descriptions were checked above
+        read_covered(manifest, name)
+    if stamp is not None:
+        _VERIFIED[str(directory.resolve())] = stamp
     return manifest
 
 
 # Checkpoints whose every block was verified in this process, with the sizes and
-# modification times of their files then: loads and restarts check the same
-# checkpoint several times, and reading a large one again would cost seconds.
+# modification times of their files then: restarts check the same checkpoint several
+# times, and reading a large one again would cost seconds.
 _VERIFIED: dict[str, tuple[tuple[str, int, int], ...]] = {}
 
 
-def _stamp(directory: Path, manifest: dict[str, Any]) -> tuple[tuple[str, int, int], ...]:
-    names = ["manifest.json"] + [n for p in manifest["parts"]
-                                 for n in (p["file"], p["file"].replace(".safetensors", ".json"))]
+def _stamp(manifest: Manifest) -> tuple[tuple[str, int, int], ...]:
+    names = ["manifest.json", *sorted(manifest.files)] + \
+        [n for p in manifest.parts for n in (p.file, p.file.replace(".safetensors", ".json"))]
     out = []
-    for name in names:
-        st = (directory / name).stat()
+    for name in dict.fromkeys(names):
+        st = (manifest.directory / name).stat()
         out.append((name, st.st_size, st.st_mtime_ns))
     return tuple(out)
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import time
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from shardreplay._io import atomic_write_bytes
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy
@@ -26,21 +27,20 @@ from shardreplay.checkpoint.manifest import (
     FORMAT_VERSION,
     checkpoint_dir,
     dump_checked,
+    file_entry,
     is_complete,
     list_checkpoints,
-    load_checked,
+    parse_checked,
     part_name,
+    read_file,
 )
+from shardreplay.checkpoint.records import FileEntry, RestoreCounts
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
 
 log = logging.getLogger(__name__)
-# Buffers whose content a load is replacing, or a failed load left empty: saving one
-# would write a checkpoint that completes without the data its run should hold.
-_NOT_RESTORED: weakref.WeakKeyDictionary[ReplayBuffer, str] = weakref.WeakKeyDictionary()
-RESTORED_KEYS = ("checkpoint_id", "saved_shards", "saved_steps", "steps", "episodes", "dropped_episodes",
-                 "dropped_steps", "sealed_episodes", "sealed_steps")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, int, int]:
@@ -52,20 +52,10 @@ def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, 
     raise ConfigError(f"expected a ReplayBuffer or ShardedReplayBuffer, got {type(buffer).__name__}")
 
 
-def mark_restoring(local: ReplayBuffer, source: str) -> None:
-    """A load starts replacing ``local``'s content: :func:`save` refuses it until
-    :func:`mark_restored` (the load succeeded on every rank)."""
-    _NOT_RESTORED[local] = source
-
-
-def mark_restored(local: ReplayBuffer) -> None:
-    """``local`` holds what a load restored: it may be saved again."""
-    _NOT_RESTORED.pop(local, None)
-
-
 def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
          partial: str = "seal", extra: dict[str, Any] | None = None,
-         keep_last: int | None = 2, restored: Mapping[str, int] | None = None) -> Path:
+         keep_last: int | None = 2, restored: Mapping[str, int] | None = None,
+         files: Mapping[str, bytes] | None = None) -> Path:
     """Write this shard's part of checkpoint ``checkpoint_id`` under ``path``.
 
     Only stored steps are written (not the allocated capacity), with their priorities,
@@ -85,6 +75,10 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
         restored: what this shard's content was restored from, when it was
             (``LoadReport.counts()``): recorded in its part and summed in the manifest,
             so a checkpoint says what its run lost on the way from the one it came from.
+        files: other files to store in the checkpoint (name -> bytes; plain names, e.g.
+            the runtime's ``learner_state.pt``), written before this rank's part and
+            covered by the manifest (size and XXH64): ``load(..., files=...)`` returns
+            them verified.
 
     Returns:
         The checkpoint directory.
@@ -110,10 +104,12 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
         raise ConfigError(f"extra must be a dict of JSON-ready values, got {type(extra).__name__}")
     extra = dict(extra or {})
     _check_json(extra)
-    restored = _check_restored(restored)
-    if local in _NOT_RESTORED:
+    counts = None if restored is None else RestoreCounts.from_counts(restored)
+    extra_files = _check_files(files)
+    pending = shard_of_buffer(local).pending_restore
+    if pending is not None:
         raise CheckpointError(f"not saved: this shard's buffer does not hold what its run restored (the "
-                              f"load of {_NOT_RESTORED[local]} did not finish on every rank); a "
+                              f"load of {pending} did not finish on every rank); a "
                               "checkpoint of it would lose that data. Load a checkpoint into it first")
     directory = checkpoint_dir(Path(path), int(checkpoint_id))
     if is_complete(directory, hashes=False):
@@ -126,22 +122,47 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     try:
         directory.mkdir(parents=True, exist_ok=True)
         sharding = internals_of(buffer).sharding_state() if isinstance(buffer, ShardedReplayBuffer) else None
+        written = {name: _write_file(directory / name, data) for name, data in extra_files.items()}
         desc = _write_part(local, directory, shard, num_shards, int(checkpoint_id), partial, extra,
-                           restored, sharding)
+                           counts, sharding, written)
         wrote_manifest = _maybe_write_manifest(directory, num_shards, desc)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {directory}: {exc}") from exc
     log.info("checkpoint %s: shard %d/%d saved %d steps, %d episodes in %.2f s (%s)%s", directory.name,
              shard, num_shards, desc["steps"], desc["episodes"], time.perf_counter() - started,
-             _partial_text(desc["partial"]), _restored_text(desc["restored"]))
+             _partial_text(desc["partial"]), _restored_text(counts))
     if wrote_manifest and keep_last is not None:
         _prune(Path(path), int(checkpoint_id), keep_last)
     return directory
 
 
+def _check_files(files: Mapping[str, bytes] | None) -> dict[str, bytes]:
+    if files is None:
+        return {}
+    if not isinstance(files, Mapping):
+        raise ConfigError(f"files must map file names to bytes, got {type(files).__name__}")
+    out = {}
+    for name, data in files.items():
+        if not isinstance(name, str) or not _FILE_NAME.match(name) or name == "manifest.json" or \
+                name.startswith("part-"):
+            raise ConfigError(f"files: {name!r} is not a plain file name of its own (letters, digits, "
+                              "'.', '_', '-'; not manifest.json or part-*)")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ConfigError(f"files: {name!r} must be bytes, got {type(data).__name__}")
+        out[name] = bytes(data)
+    return out
+
+
+def _write_file(path: Path, data: bytes) -> FileEntry:
+    """Write one of ``save``'s ``files`` atomically; its size and XXH64 for the manifest."""
+    atomic_write_bytes(path, data)
+    return file_entry(data)
+
+
 def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: int,
                 checkpoint_id: int, partial: str, extra: dict[str, Any],
-                restored: dict[str, int] | None, sharding: dict[str, Any] | None) -> dict[str, Any]:
+                restored: RestoreCounts | None, sharding: dict[str, Any] | None,
+                files: dict[str, FileEntry]) -> dict[str, Any]:
     shard_state = shard_of_buffer(local)
     state = shard_state.export()
     arrays, episodes, report = apply_partial_policy(state["arrays"], partial)
@@ -160,12 +181,15 @@ def _write_part(local: ReplayBuffer, directory: Path, shard: int, num_shards: in
         "shard": shard, "num_shards": num_shards, "file": f"{name}.safetensors",
         "bytes": info["bytes"], "block_xxh64": info["block_xxh64"],
         "steps": int(arrays["row_length"].sum()), "episodes": int(episodes.start.shape[0]),
-        "partial_policy": partial, "partial": report, "restored": restored, "spec": local.spec.to_dict(),
+        "partial_policy": partial, "partial": report,
+        "restored": None if restored is None else restored.as_dict(), "spec": local.spec.to_dict(),
         "spec_fingerprint": local.spec.fingerprint, "extra": extra,
         # An integer: a float's last digit can change without changing its value.
         "created_unix_ms": int(time.time() * 1000),
     }
-    dump_checked(directory / f"{name}.json", desc)
+    if files:  # only then: a part without files is described as before
+        desc["files"] = {k: v.as_json() for k, v in sorted(files.items())}
+    desc["_entry"] = dump_checked(directory / f"{name}.json", desc)
     return desc
 
 
@@ -189,12 +213,17 @@ def _ordered(arrays: dict[str, Any]) -> dict[str, Any]:
 
 def _maybe_write_manifest(directory: Path, num_shards: int, mine: dict[str, Any]) -> bool:
     parts = []
+    covered: dict[str, FileEntry] = {}
     for shard in range(num_shards):
+        stem = part_name(shard, num_shards)
         if shard == mine["shard"]:
-            parts.append(mine)
+            parts.append({k: v for k, v in mine.items() if k != "_entry"})
+            covered[f"{stem}.json"] = mine["_entry"]
             continue
+        path = directory / f"{stem}.json"
         try:
-            other = load_checked(directory / f"{part_name(shard, num_shards)}.json")
+            raw = read_file(path)
+            other = parse_checked(path, raw)
         except ShardReplayError:
             return False  # that shard has not finished (or failed): it writes the manifest
         if (other.get("checkpoint_id"), other.get("spec_fingerprint")) != \
@@ -203,6 +232,7 @@ def _maybe_write_manifest(directory: Path, num_shards: int, mine: dict[str, Any]
                         directory.name, shard)
             return False
         parts.append(other)
+        covered[path.name] = file_entry(raw)
     manifest = {key: mine[key] for key in ("format", "version", "checkpoint_id", "num_shards", "spec",
                                            "spec_fingerprint", "extra")}
     manifest["parts"] = [{k: v for k, v in p.items() if k not in ("spec", "format", "version")}
@@ -210,43 +240,26 @@ def _maybe_write_manifest(directory: Path, num_shards: int, mine: dict[str, Any]
     manifest["steps"] = sum(p["steps"] for p in parts)
     manifest["episodes"] = sum(p["episodes"] for p in parts)
     manifest["partial"] = {k: sum(int(p["partial"][k]) for p in parts) for k in mine["partial"]}
-    manifest["restored"] = _sum_restored([p.get("restored") for p in parts])
+    total = RestoreCounts.total([RestoreCounts.parse(p.get("restored"), directory) for p in parts])
+    manifest["restored"] = None if total is None else total.as_dict()
+    # Every file of the checkpoint but this one and the part files (hashed block by block).
+    for p in parts:
+        files = p.get("files", {})
+        covered.update({k: FileEntry(int(v["bytes"]), str(v["xxh64"])) for k, v in files.items()})
+    manifest["files"] = {k: v.as_json() for k, v in sorted(covered.items())}
     dump_checked(directory / "manifest.json", manifest)
     log.info("checkpoint %s complete: %d shards, %d steps (%s)%s", directory.name, num_shards,
-             manifest["steps"], _partial_text(manifest["partial"]), _restored_text(manifest["restored"]))
+             manifest["steps"], _partial_text(manifest["partial"]), _restored_text(total))
     return True
 
 
-def _check_restored(restored: Mapping[str, int] | None) -> dict[str, int] | None:
+def _restored_text(restored: RestoreCounts | None) -> str:
     if restored is None:
-        return None
-    missing = sorted(set(RESTORED_KEYS) - set(restored))
-    if missing:
-        raise ConfigError(f"restored must be LoadReport.counts() (missing {missing})")
-    try:
-        return {k: int(restored[k]) for k in RESTORED_KEYS}
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"restored must hold integers (LoadReport.counts()): {exc}") from exc
-
-
-def _sum_restored(parts: list[dict[str, int] | None]) -> dict[str, int] | None:
-    """The parts' restore counts summed (None when no part was restored). Every new
-    shard of one restore records the same source checkpoint and total."""
-    got = [p for p in parts if p]
-    if not got:
-        return None
-    out = {k: got[0][k] for k in ("checkpoint_id", "saved_shards", "saved_steps")}
-    out.update({k: sum(int(p[k]) for p in got) for k in RESTORED_KEYS if k not in out})
-    return out
-
-
-def _restored_text(restored: dict[str, int] | None) -> str:
-    if not restored:
         return ""
-    return (f"; restored from checkpoint {restored['checkpoint_id']} ({restored['saved_steps']} steps "
-            f"saved, {restored['steps']} restored): dropped {restored['dropped_episodes']} episodes "
-            f"({restored['dropped_steps']} steps), sealed {restored['sealed_episodes']} episodes "
-            f"({restored['sealed_steps']} steps)")
+    return (f"; restored from checkpoint {restored.checkpoint_id} ({restored.saved_steps} steps "
+            f"saved, {restored.steps} restored): dropped {restored.dropped_episodes} episodes "
+            f"({restored.dropped_steps} steps), sealed {restored.sealed_episodes} episodes "
+            f"({restored.sealed_steps} steps)")
 
 
 def _prune(root: Path, newest: int, keep_last: int) -> None:

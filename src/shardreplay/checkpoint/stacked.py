@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardreplay.buffer.shard import Shard
+from shardreplay.buffer.restore import RestoreSession
 from shardreplay.checkpoint.format import PartReader
 
 # Steps read per piece: bounds the temporary stacks (84x84x4 uint8: ~28 MiB).
@@ -19,8 +19,8 @@ PIECE_STEPS = 1024
 
 
 def read_stacks(readers: Sequence[PartReader], runs: Sequence[tuple[int, int, int, int]],
-                shard: Shard) -> None:
-    """Fill the frame rings of ``shard`` from ``runs`` of saved steps.
+                session: RestoreSession) -> None:
+    """Fill the frame rings of the shard ``session`` restores from ``runs`` of saved steps.
 
     Each run is ``(part, first saved step, first flat slot, steps)``, and must not cross
     the end of its row's ring. The runs must come in (row, time) order of the storage:
@@ -30,10 +30,10 @@ def read_stacks(readers: Sequence[PartReader], runs: Sequence[tuple[int, int, in
     Raises:
         CheckpointFormatError: a block of a part is missing or corrupt.
     """
-    stores = shard.frame_stores()
+    stores = session.frame_stores()
     if not stores:
         return
-    cap = shard.stream_capacity
+    cap = session.stream_capacity
     for name, store in stores.items():
         store.clear()
         prev_slot = -2

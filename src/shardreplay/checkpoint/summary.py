@@ -23,9 +23,10 @@ from shardreplay.checkpoint.manifest import (
     checkpoint_dir,
     list_checkpoints,
     load_checked,
-    read_manifest,
+    load_manifest,
 )
-from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigError
+from shardreplay.checkpoint.records import ManifestPart
+from shardreplay.errors import CheckpointError, CheckpointFormatError
 from shardreplay.spec import Spec
 
 _PART_JSON = re.compile(r"^part-(\d+)-of-(\d+)\.json$")
@@ -44,8 +45,8 @@ def list_status(root: Path) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"checkpoint_id": cid, "directory": str(directory)}
         try:
             manifest = check_complete(directory)
-            entry.update(complete=True, num_shards=manifest["num_shards"], steps=manifest["steps"],
-                         episodes=manifest["episodes"])
+            entry.update(complete=True, num_shards=manifest.num_shards, steps=manifest.steps,
+                         episodes=manifest.episodes)
         except CheckpointError as exc:
             entry.update(complete=False, reason=str(exc))
         out.append(entry)
@@ -60,28 +61,31 @@ def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
     """
     directory = Path(directory)
     try:
-        manifest = read_manifest(directory)
+        manifest = load_manifest(directory)
     except CheckpointError as exc:
         return _summarize_incomplete(directory, str(exc))
-    parts = sorted(manifest["parts"], key=lambda p: int(p["shard"]))
+    parts = manifest.parts
     rows = []
     stats = []
     for part in parts:
-        row = {k: part[k] for k in ("shard", "steps", "episodes", "bytes", "partial")}
-        row["restored"] = part.get("restored")
+        row: dict[str, Any] = {"shard": part.shard, "steps": part.steps, "episodes": part.episodes,
+                               "bytes": part.bytes, "partial": dict(part.partial),
+                               "restored": None if part.restored is None else part.restored.as_dict()}
         if priorities:
-            with PartReader(directory / part["file"], part) as reader:
+            with PartReader(directory / part.file, part.entry) as reader:
                 prio = reader.array("priority")
             row["priority"] = _stats(prio)
             stats.append(prio)
         rows.append(row)
-    out = {"checkpoint_id": manifest["checkpoint_id"], "directory": str(directory), "complete": True,
-           "num_shards": manifest["num_shards"], "steps": manifest["steps"],
-           "episodes": manifest["episodes"], "partial_policy": sorted({p["partial_policy"] for p in parts}),
-           "partial": manifest.get("partial") or _sum_partial(parts), "restored": manifest.get("restored"),
-           "extra": manifest.get("extra", {}),
-           "spec": manifest["spec"], "spec_fingerprint": manifest["spec_fingerprint"],
-           "bytes": sum(int(p["bytes"]) for p in parts), "parts": rows}
+    out = {"checkpoint_id": manifest.checkpoint_id, "directory": str(directory), "complete": True,
+           "num_shards": manifest.num_shards, "steps": manifest.steps,
+           "episodes": manifest.episodes, "partial_policy": sorted({p.partial_policy for p in parts}),
+           "partial": dict(manifest.partial) or _sum_partial(parts),
+           "restored": None if manifest.restored is None else manifest.restored.as_dict(),
+           "extra": dict(manifest.extra), "spec": manifest.spec.to_dict(),
+           "spec_fingerprint": manifest.spec_fingerprint,
+           "bytes": sum(p.bytes for p in parts), "files": {k: v.as_json() for k, v in manifest.files.items()},
+           "parts": rows}
     if priorities:
         out["priority"] = _stats(np.concatenate(stats) if stats else np.empty(0, np.float32))
     return out
@@ -112,26 +116,22 @@ def verify(directory: Path) -> dict[str, Any]:
         CheckpointFormatError: anything else wrong, with the file and the reason.
     """
     directory = Path(directory)
-    manifest = check_complete(directory)  # the rule load and train --resume use
-    try:
-        spec = Spec.from_dict(manifest["spec"])
-    except ConfigError as exc:
-        raise CheckpointFormatError(f"{directory / 'manifest.json'}: bad spec ({exc})") from exc
+    manifest = check_complete(directory)  # the rule train --resume uses
     blocks = 0
-    for part in sorted(manifest["parts"], key=lambda p: int(p["shard"])):
-        with PartReader(directory / part["file"], part) as reader:
-            blocks += len(part["block_xxh64"])
-            _check_arrays(reader, spec, part)
-    total = sum(int(p["steps"]) for p in manifest["parts"])
-    if total != manifest["steps"]:
-        raise CheckpointFormatError(f"{directory / 'manifest.json'}: steps {manifest['steps']} "
-                                    f"!= the parts' sum {total}")
-    return {"checkpoint_id": manifest["checkpoint_id"], "num_shards": manifest["num_shards"],
-            "steps": total, "bytes": sum(int(p["bytes"]) for p in manifest["parts"]), "blocks": blocks}
+    for part in manifest.parts:
+        with PartReader(directory / part.file, part.entry) as reader:
+            blocks += len(part.block_xxh64)
+            _check_arrays(reader, manifest.spec, part)
+    total = sum(p.steps for p in manifest.parts)
+    if total != manifest.steps:
+        raise CheckpointFormatError(f"{manifest.path}: steps {manifest.steps} != the parts' sum {total}")
+    return {"checkpoint_id": manifest.checkpoint_id, "num_shards": manifest.num_shards,
+            "steps": total, "bytes": sum(p.bytes for p in manifest.parts), "blocks": blocks,
+            "files": len(manifest.files)}
 
 
-def _check_arrays(reader: PartReader, spec: Spec, part: dict[str, Any]) -> None:
-    steps = int(part["steps"])
+def _check_arrays(reader: PartReader, spec: Spec, part: ManifestPart) -> None:
+    steps = part.steps
     expected = {f"field.{n}": (f.dtype, (steps, *f.shape)) for n, f in spec.fields.items()}
     expected.update({k: (np.dtype(dt), (steps,)) for k, dt in STEP_ARRAYS.items()})
     for name, (dtype, shape) in expected.items():
@@ -142,7 +142,7 @@ def _check_arrays(reader: PartReader, spec: Spec, part: dict[str, Any]) -> None:
     if int(reader.array("row_length").sum()) != steps:
         raise CheckpointFormatError(f"{reader.path}: row lengths do not add up to {steps} steps")
     episodes = _episode_table([reader])
-    if len(episodes) != int(part["episodes"]) or int(episodes.length.sum()) != steps:
+    if len(episodes) != part.episodes or int(episodes.length.sum()) != steps:
         raise CheckpointFormatError(f"{reader.path}: the episode table does not cover the {steps} steps")
     try:
         json.loads(reader.metadata.get("buffer_meta", ""))
@@ -157,7 +157,7 @@ def _stats(values: np.ndarray) -> dict[str, float | int | None]:
     return {"count": int(v.size), "min": float(v.min()), "mean": float(v.mean()), "max": float(v.max())}
 
 
-def _sum_partial(parts: list[dict[str, Any]]) -> dict[str, int]:
-    keys = parts[0]["partial"] if parts else {}
-    return {k: sum(int(p["partial"][k]) for p in parts) for k in keys}
+def _sum_partial(parts: tuple[ManifestPart, ...]) -> dict[str, int]:
+    keys = parts[0].partial if parts else {}
+    return {k: sum(p.partial[k] for p in parts) for k in keys}
 

@@ -42,7 +42,7 @@ from shardreplay.runtime.evaluate import evaluate
 from shardreplay.runtime.ingest import Ingestor
 from shardreplay.runtime.journal import IngestJournal, LossLog, read_old_journals
 from shardreplay.runtime.learner_report import MetricsWindow, RunCounts, metrics_row, stop_reason
-from shardreplay.runtime.learner_resume import commit_resume, restore, save_learner_state
+from shardreplay.runtime.learner_resume import commit_resume, learner_state_files, restore
 from shardreplay.runtime.learner_setup import (
     actor_settings_of_shard,
     check_rings_reach,
@@ -217,15 +217,15 @@ class Learner:
         return directory
 
     def _save(self, directory: Path, cid: int) -> None:
-        if self.rank == 0:
-            save_learner_state(directory, self.agent)
+        # Rank 0 saves the agent with its part (written first, covered by the manifest).
+        files = learner_state_files(self.agent) if self.rank == 0 else None
         # None, not -inf, before any evaluation: the manifest stays standard JSON.
         best = self.best_eval if math.isfinite(self.best_eval) else None
         extra = {"counters": dict(self.counters), "best_eval": best, "wall_s": self._wall_s(),
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
         if self._old_journals.files:  # what the medium gave back by now was not lost
             self.losses.report_lost(self._old_journals)
-        checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self._restored)
+        checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self._restored, files=files)
         if self.ingestor.journal is not None:
             self.ingestor.journal.rotate(cid, checkpoint.latest_complete(self._ckpt_root))
 

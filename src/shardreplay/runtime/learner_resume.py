@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from shardreplay import checkpoint
-from shardreplay._io import atomic_write_bytes
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError
@@ -53,20 +52,17 @@ class Resumed:
     report: dict[str, Any]
 
 
-def save_learner_state(directory: Path, agent: DoubleDqn) -> None:
-    """Write the agent's state into checkpoint ``directory`` (rank 0, before the parts),
-    atomically: a crash leaves the old file or none.
+def learner_state_files(agent: DoubleDqn) -> dict[str, bytes]:
+    """The agent's state as the checkpoint file :data:`LEARNER_STATE` (rank 0 passes it
+    to ``checkpoint.save(files=...)``, which writes it before the part, atomically, and
+    covers it by the manifest).
 
-    Serialised in memory first: ``torch.save`` to a file turns a full disk into a
-    RuntimeError without the OS error, and leaves its temporary file behind.
-
-    Raises:
-        OSError: the file system refused the write (naming the file).
+    Serialised in memory: ``torch.save`` to a file turns a full disk into a RuntimeError
+    without the OS error, and leaves its temporary file behind.
     """
-    directory.mkdir(parents=True, exist_ok=True)
     data = io.BytesIO()
     torch.save({"agent": agent.state_dict()}, data)
-    atomic_write_bytes(directory / LEARNER_STATE, data.getvalue())
+    return {LEARNER_STATE: data.getvalue()}
 
 
 def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank: int,
@@ -79,11 +75,13 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank
         CheckpointError: the restored and dropped steps do not add up to the saved ones
             (a bug that must not be saved over the checkpoint it came from).
     """
-    report = checkpoint.load(ckpt_root, buffer, checkpoint_id=checkpoint_id, fallback=checkpoint_id is None)
-    state = torch.load(report.directory / LEARNER_STATE, weights_only=True)
+    report = checkpoint.load(ckpt_root, buffer, checkpoint_id=checkpoint_id, fallback=checkpoint_id is None,
+                             files=(LEARNER_STATE,))  # verified against the manifest
+    state = torch.load(io.BytesIO(report.files[LEARNER_STATE]), weights_only=True)
     agent.load_state_dict(state["agent"])
     best = report.extra.get("best_eval")
-    parts = checkpoint.read_manifest(report.directory)["parts"]
+    assert report.manifest is not None  # load always carries it
+    parts = report.manifest.parts
     mine = [report.steps, report.dropped_episodes, report.dropped_steps, report.sealed_episodes,
             report.sealed_steps]
     total = internals_of(buffer).collectives.all_reduce_sum(torch.tensor(mine, dtype=torch.int64),
@@ -98,7 +96,7 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank
         counters={k: int(v) for k, v in report.extra["counters"].items()},
         best_eval=-math.inf if best is None else float(best),
         wall_offset_s=float(report.extra.get("wall_s") or 0.0),
-        stored=merge_stored(p.get("extra", {}).get("ingest") for p in parts),
+        stored=merge_stored(p.extra.get("ingest") for p in parts),
         # Every rank lists the same directory before anyone saves again, so all agree.
         last_checkpoint=max(checkpoint.list_checkpoints(ckpt_root), default=-1),
         restored_counts=report.counts(),

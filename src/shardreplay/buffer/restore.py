@@ -1,0 +1,161 @@
+"""A restore session: the one way a loader replaces a shard's content.
+
+``with shard.restore(source, key_epoch_floor) as session:`` empties the shard and marks
+it *pending* (``Shard.pending_restore``: ``checkpoint.save`` refuses it). Inside, the
+loader places steps into :meth:`RestoreSession.targets` and
+:meth:`RestoreSession.frame_stores`, then calls :meth:`RestoreSession.finish` once
+(positions, validity, sampler, RNG, keys); :meth:`RestoreSession.reset` empties the
+shard again for another try. The order is enforced: placing after ``finish``, a second
+``finish``, or any call after the block raises.
+
+On leaving the block normally after ``finish`` the restore is final (no longer
+pending). On an exception, or on leaving without ``finish``, the shard is left
+**empty and pending**: its content was already being replaced, so it cannot be put
+back as it was; it stays writable and samplable, but ``checkpoint.save`` refuses it
+(naming ``source``) until a later restore session finishes, so no checkpoint completes
+without the data its run should hold.
+
+Internal: not part of the public API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from shardreplay.errors import CheckpointError
+from shardreplay.samplers import PrioritizedSampler, Sampler
+from shardreplay.storage import STEP_ARRAYS, StreamStorage
+
+_OPEN, _FINISHED, _CLOSED = "open", "finished", "closed"
+
+
+class Restorable(Protocol):
+    """What a session restores of a :class:`~shardreplay.buffer.shard.Shard`, typed by
+    these members so that the Shard's module (which builds sessions) is not imported back."""
+
+    storage: StreamStorage
+    sampler: Sampler
+    rng: np.random.Generator
+    stale_updates: int
+    _restoring: RestoreSession | None
+
+    @property
+    def stream_capacity(self) -> int:
+        """Steps per row."""
+
+
+class RestoreSession:
+    """An in-progress restore of one shard (from :meth:`Shard.restore`; see the module).
+
+    Args:
+        shard: the shard whose content is replaced.
+        source: what is restored (a checkpoint path), named by ``save``'s refusal.
+        key_epoch_floor: the key epoch the shard keeps at least while empty, so keys
+            handed out from the replaced content stay stale.
+    """
+
+    def __init__(self, shard: Restorable, source: str, key_epoch_floor: int) -> None:
+        self._shard = shard
+        self._floor = int(key_epoch_floor)
+        self._state = _CLOSED
+        self.source = source
+
+    def __enter__(self) -> RestoreSession:
+        if self._state != _CLOSED or self._shard._restoring is self:
+            raise CheckpointError("a restore session is entered once; start another with shard.restore()")
+        self._shard._restoring = self  # the shard owns its guard: save asks it
+        self._state = _OPEN
+        self.reset()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        finished = self._state == _FINISHED
+        if exc_type is None and finished:
+            self._state = _CLOSED
+            self._shard._restoring = None  # final: it may be saved again
+            return
+        self._state = _OPEN
+        self.reset()
+        self._state = _CLOSED  # the shard stays pending: save refuses it
+        if exc_type is None:
+            raise CheckpointError(f"the restore of {self.source} ended before finish(): the shard is left "
+                                  "empty and will not be saved; restore it again")
+
+    @property
+    def stream_capacity(self) -> int:
+        """Steps per row of the shard."""
+        return self._shard.stream_capacity
+
+    def _check(self, allowed: str, what: str) -> None:
+        if self._state != allowed:
+            raise CheckpointError(f"restore session of {self.source}: {what} is not allowed now "
+                                  f"(session is {self._state}); place steps, then finish() once, "
+                                  "inside the with-block")
+
+    def targets(self) -> dict[str, np.ndarray]:
+        """Where steps are placed: every per-slot array by flat slot, named as in a state
+        (``field.<name>`` for plain fields, and the per-step arrays). Frame-stacked fields
+        go through :meth:`frame_stores` instead.
+
+        Raises:
+            CheckpointError: the session is not open (finished, or outside its block).
+        """
+        self._check(_OPEN, "placing steps")
+        storage = self._shard.storage
+        out = {f"field.{k}": v for k, v in storage.fields.items()}
+        out.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+        return out
+
+    def frame_stores(self) -> Mapping[str, Any]:
+        """The frame rings of frame-stacked fields (``FrameStore`` by field name).
+
+        Raises:
+            CheckpointError: the session is not open.
+        """
+        self._check(_OPEN, "placing frames")
+        return self._shard.storage.stacked
+
+    def finish(self, pos: np.ndarray, next_episode_id: int, *, max_priority: float, draws: int,
+               rng_state: Mapping[str, Any] | None, stale_updates: int, key_epoch: int,
+               key_tag: int | None) -> None:
+        """After steps were placed: set positions, rebuild validity and the sampler's trees,
+        restore its maximum priority and schedule position (prioritized only), the RNG
+        (when given), the stale-update count, the key epoch and (when given) the key tag.
+
+        Raises:
+            CheckpointError: called twice, or outside the with-block.
+        """
+        self._check(_OPEN, "finish()")
+        shard = self._shard
+        shard.storage.finish_restore(pos, next_episode_id)
+        shard.sampler.rebuild()
+        if isinstance(shard.sampler, PrioritizedSampler):
+            shard.sampler.load_state_dict({"max_priority": float(max_priority), "draws": int(draws)})
+        if rng_state is not None:
+            shard.rng.bit_generator.state = dict(rng_state)
+        shard.stale_updates = int(stale_updates)
+        shard.storage.key_epoch = int(key_epoch)
+        if key_tag is not None:
+            shard.storage.key_tag = int(key_tag)
+        self._state = _FINISHED
+
+    def reset(self) -> None:
+        """Empty the shard again (sampler state reset, the key epoch at least the floor)
+        for another try; the session is open again.
+
+        Raises:
+            CheckpointError: outside the with-block.
+        """
+        if self._state == _CLOSED:
+            raise CheckpointError(f"restore session of {self.source}: reset() outside its with-block")
+        shard = self._shard
+        shard.storage.clear()
+        shard.storage.finish_restore(shard.storage.pos, 0)
+        shard.sampler.rebuild()
+        if isinstance(shard.sampler, PrioritizedSampler):
+            shard.sampler.load_state_dict({"max_priority": 1.0, "draws": 0})
+        shard.storage.key_epoch = max(shard.storage.key_epoch, self._floor)
+        self._state = _OPEN
