@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "buffer": 3,
     "distributed": 4,
     "checkpoint": 4,
+    "gym": 4,  # gymnasium adapters over the buffer (numpy only: gymnasium is read lazily)
     "testing": 4,
     "transport": 5,
     "policy": 5,

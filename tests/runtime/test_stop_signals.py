@@ -24,7 +24,7 @@ def test_a_signal_taken_early_is_recorded_and_reaches_the_learner_flags() -> Non
         os.kill(os.getpid(), signal.SIGINT)  # ignored before: now recorded
         os.kill(os.getpid(), signal.SIGTERM)  # would have killed the process
         assert stop_signals.requested() == signal.SIGINT, stop_signals.requested()
-        from shardreplay.runtime.learner_sync import SignalFlags
+        from shardreplay.runtime.learner.sync import SignalFlags
         flags = SignalFlags()
         flags.install()
         assert flags.stop, "a stop taken before the learner's handlers is lost"

@@ -19,7 +19,7 @@ import torch
 from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.errors import ShardReplayError
 from shardreplay.runtime import stop_signals
-from shardreplay.runtime.actor import AGREED
+from shardreplay.runtime.actor.loop import AGREED
 from shardreplay.runtime.settings import TrainSettings
 
 DRAIN_CHUNKS = 16  # chunks one rank takes in per iteration at most
@@ -124,7 +124,7 @@ class SignalFlags:
 
 def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
     """The settings every actor of a run on ``world`` learner ranks must share with them
-    (:data:`shardreplay.runtime.actor.AGREED`), as the learners publish them.
+    (:data:`shardreplay.runtime.actor.loop.AGREED`), as the learners publish them.
 
     Raises:
         ShardReplayError: the names differ from ``AGREED`` (a bug).

@@ -3,9 +3,9 @@
 All ranks run the same loop in lock-step. Every decision that leads into a collective
 (learn now? how many updates? stop? save?) is taken from a :class:`LoopSync` summed over
 ranks by one all-reduce per iteration, so all ranks issue the same collectives in the
-same order (:mod:`shardreplay.runtime.learner_sync`). Rank 0 publishes weights, evaluates
-and records metrics (:mod:`shardreplay.runtime.learner_report`); checkpoints and resuming
-are in :mod:`shardreplay.runtime.learner_resume`.
+same order (:mod:`shardreplay.runtime.learner.sync`). Rank 0 publishes weights, evaluates
+and records metrics (:mod:`shardreplay.runtime.learner.report`); checkpoints and resuming
+are in :mod:`shardreplay.runtime.learner.resume`.
 """
 
 from __future__ import annotations
@@ -34,22 +34,25 @@ from shardreplay.distributed.group import lost_peer_error, peer_lost
 from shardreplay.errors import ShardReplayError, StorageError
 from shardreplay.policy import open_publisher
 from shardreplay.policy.broadcast import pack_version
-from shardreplay.runtime.actor import FINISHED, RunInfo
-from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
+from shardreplay.runtime.actor.loop import FINISHED, RunInfo
+from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.envs import env_spaces, transition_spec
-from shardreplay.runtime.evaluate import evaluate
-from shardreplay.runtime.ingest import Ingestor
-from shardreplay.runtime.journal import IngestJournal, LossLog, read_old_journals
-from shardreplay.runtime.learner_report import MetricsWindow, RunCounts, metrics_row, stop_reason
-from shardreplay.runtime.learner_resume import commit_resume, restore, save_learner_state
-from shardreplay.runtime.learner_setup import (
+from shardreplay.runtime.learner.dqn import DoubleDqn, DqnSettings
+from shardreplay.runtime.learner.evaluate import evaluate
+from shardreplay.runtime.learner.ingest import Ingestor
+from shardreplay.runtime.learner.journal import IngestJournal, LossLog, read_old_journals
+from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
+from shardreplay.runtime.learner.report import MetricsWindow, RunCounts, metrics_row, stop_reason
+from shardreplay.runtime.learner.resume import commit_resume, restore, save_learner_state
+from shardreplay.runtime.learner.setup import (
     actor_settings_of_shard,
     check_rings_reach,
     log_foreign_backlog,
     make_shard_buffer,
     warn_if_taking_over,
 )
-from shardreplay.runtime.learner_sync import (
+from shardreplay.runtime.learner.stored_ids import StoredIds
+from shardreplay.runtime.learner.sync import (
     DRAIN_CHUNKS,
     MAX_UPDATES_PER_ITERATION,
     LoopSync,
@@ -58,13 +61,10 @@ from shardreplay.runtime.learner_sync import (
     make_limiter,
     periodic_save_due,
 )
-from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
-from shardreplay.runtime.processes import ActorPool
 from shardreplay.runtime.qnet import QNetwork
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
-from shardreplay.runtime.stored_ids import StoredIds
 from shardreplay.transport.base import Transport
 
 log = logging.getLogger("shardreplay.learner")
