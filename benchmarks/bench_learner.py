@@ -1,6 +1,6 @@
 """Learner benchmark: DDP over 2 gloo ranks training a DQN network from sharded replay.
 
-Each rank holds a prioritized shard and trains Double DQN (``shardreplay.runtime.dqn``,
+Each rank holds a prioritized shard and trains Double DQN (``shardreplay.runtime.learner.dqn``,
 n-step windows, Adam, DDP all-reducing the gradients on the default group) on batches of
 256, with one of three ways of sampling per learner step:
 
@@ -147,7 +147,7 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
     from torch.nn.parallel import DistributedDataParallel
 
     from shardreplay.distributed import ShardedReplayBuffer
-    from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
+    from shardreplay.runtime.learner.dqn import DoubleDqn, DqnSettings
 
     torch.manual_seed(0)
     agent = DoubleDqn(DistributedDataParallel(make_net(name)), DqnSettings(lr=1e-4))
@@ -225,7 +225,7 @@ def run_ranks(args: argparse.Namespace, link: netns.Link | None) -> dict:
     else:
         port = 29_500 + os.getpid() % 1000  # a fresh namespace has every port free
         places = [(link.addresses[0], link.ifnames[r], link.namespaces[r]) for r in range(WORLD)]
-    from shardreplay.runtime.processes import reap_processes  # lazily: ranks re-import this module
+    from shardreplay.runtime.actor.processes import reap_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_rank, args=(r, args, places[r][0], port, places[r][1], places[r][2], out))
              for r in range(WORLD)]

@@ -322,7 +322,7 @@ def run_config(kind: str, world: int, args: argparse.Namespace) -> list[dict[str
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    from shardreplay.runtime.processes import reap_processes  # lazily: ranks re-import this module
+    from shardreplay.runtime.actor.processes import reap_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_child, args=(kind, r, world, port, args, out), daemon=True)
              for r in range(world)]

@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from shardreplay import Batch, Field, LinearSchedule, ReplayBuffer, ShardedReplayBuffer, Spec
 from shardreplay.buffer.nstep import nstep_transitions
-from shardreplay.runtime.gym_steps import GymStepConverter
+from shardreplay.gym.steps import GymStepConverter
 
 OBS_SCALE = (2.4, 3.0, 0.21, 3.0)  # CartPole's typical magnitudes
 

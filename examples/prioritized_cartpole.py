@@ -5,7 +5,7 @@ What it does:
 1. runs ``num_envs`` CartPole-v1 envs (a gymnasium vector env) with a random policy and
    writes every step into a prioritized :class:`shardreplay.ReplayBuffer`, one stream per
    env, converting gymnasium's ``terminated`` / ``truncated`` and autoreset into dm_env
-   step types with :class:`shardreplay.runtime.gym_steps.GymStepConverter`;
+   step types with :class:`shardreplay.gym.steps.GymStepConverter`;
 2. samples windows of ``n + 1`` steps, turns them into n-step transitions with
    :func:`shardreplay.buffer.nstep.nstep_transitions`, and computes TD errors against a
    fixed random linear value function (a stand-in for a learner);
@@ -27,7 +27,7 @@ import torch
 
 from shardreplay import Field, ReplayBuffer, Spec
 from shardreplay.buffer.nstep import NStepTransition, nstep_transitions
-from shardreplay.runtime.gym_steps import GymStepConverter
+from shardreplay.gym.steps import GymStepConverter
 
 
 @dataclass(frozen=True)

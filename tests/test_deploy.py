@@ -26,8 +26,8 @@ import yaml
 
 from shardreplay.cli.main import build_parser
 from shardreplay.cli.train import _settings
-from shardreplay.runtime.actor import ActorSettings, RunInfo, resolve
-from shardreplay.runtime.learner_sync import agreed_settings
+from shardreplay.runtime.actor.loop import ActorSettings, RunInfo, resolve
+from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "buffer": 3,
     "distributed": 4,
     "checkpoint": 4,
+    "gym": 4,  # gymnasium adapters over the buffer (numpy only: gymnasium is read lazily)
     "testing": 4,
     "transport": 5,
     "policy": 5,
@@ -207,3 +208,16 @@ def test_the_command_starts_without_torch() -> None:
     before, loaded_on_use = json.loads(proc.stdout.strip().splitlines()[-1])
     assert before == [], f"the command's entry imported {before} before taking the signals over"
     assert loaded_on_use
+
+
+def test_the_package_root_imports_nothing_from_runtime_or_cli() -> None:
+    """The library's public names live below the runtime: ``shardreplay/__init__`` maps
+    none of them to (and imports none from) runtime or cli (issue 20: GymStepConverter
+    came from runtime.gym_steps; it lives in shardreplay.gym now)."""
+    root = PACKAGE_DIR / "__init__.py"
+    homes = {name: module for name, module in shardreplay._HOMES.items()
+             if LAYERS.get(_layer_name(module) or "", 0) >= LAYERS["runtime"]}
+    assert not homes, f"public names homed in runtime/cli: {homes}"
+    imported = [m for _, m in _imported_modules(root, PACKAGE_DIR)
+                if LAYERS.get(_layer_name(m) or "", 0) >= LAYERS["runtime"]]
+    assert not imported, f"shardreplay/__init__.py imports from runtime/cli: {imported}"

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from shardreplay.buffer.batch import Batch
-    from shardreplay.buffer.gym_writer import GymStepWriter, spec_from_env
     from shardreplay.buffer.info import BufferInfo
     from shardreplay.buffer.nstep import NStepTransition, nstep_returns, nstep_transitions
     from shardreplay.buffer.replay_buffer import ReplayBuffer
@@ -26,7 +25,8 @@ if TYPE_CHECKING:
         ShardReplayError,
         SpecMismatchError,
     )
-    from shardreplay.runtime.gym_steps import GymStepConverter  # numpy only: gymnasium is never imported
+    from shardreplay.gym.steps import GymStepConverter  # numpy only: gymnasium is never imported
+    from shardreplay.gym.writer import GymStepWriter, spec_from_env
     from shardreplay.samplers.schedules import LinearSchedule
     from shardreplay.spec import Field, Spec, StepType
 
@@ -40,8 +40,8 @@ _HOMES = {
     "ConfigError": "shardreplay.errors",
     "EmptyBufferError": "shardreplay.errors",
     "Field": "shardreplay.spec",
-    "GymStepConverter": "shardreplay.runtime.gym_steps",
-    "GymStepWriter": "shardreplay.buffer.gym_writer",
+    "GymStepConverter": "shardreplay.gym.steps",
+    "GymStepWriter": "shardreplay.gym.writer",
     "InvalidPriorityError": "shardreplay.errors",
     "LinearSchedule": "shardreplay.samplers.schedules",
     "NStepTransition": "shardreplay.buffer.nstep",
@@ -54,7 +54,7 @@ _HOMES = {
     "Transitions": "shardreplay.buffer.transitions",
     "nstep_returns": "shardreplay.buffer.nstep",
     "nstep_transitions": "shardreplay.buffer.nstep",
-    "spec_from_env": "shardreplay.buffer.gym_writer",
+    "spec_from_env": "shardreplay.gym.writer",
     "transitions_from_batch": "shardreplay.buffer.transitions",
 }
 

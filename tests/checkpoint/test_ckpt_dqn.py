@@ -27,7 +27,7 @@ from shardreplay import Field, ReplayBuffer, Spec, checkpoint
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.checkpoint import CheckpointTrigger
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.runtime.gym_steps import GymStepConverter
+from shardreplay.gym.steps import GymStepConverter
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # minutes on 2 cores: 3 worlds of ranks
 

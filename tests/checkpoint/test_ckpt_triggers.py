@@ -117,3 +117,47 @@ def test_bad_settings() -> None:
         CheckpointTrigger("x", interval_steps=0)
     with pytest.raises(ConfigError):
         CheckpointTrigger("x", collectives=object())
+
+
+def test_periodic_saves_once_per_interval_passed_when_steps_jump(tmp_path: Path) -> None:
+    # A learner asks between iterations of several updates: interval 250 must save after
+    # 250, 500, ..., not only where a call lands on a multiple (every 1000 at 8 a call).
+    for jump in (8, 3, 7):
+        trigger = CheckpointTrigger(tmp_path, interval_steps=250)
+        saves = [s for s in range(0, 2001, jump) if trigger.periodic_due(s)]
+        assert len(saves) == (2000 // jump * jump) // 250, (jump, saves)
+        assert all(0 <= s - 250 * (i + 1) < jump for i, s in enumerate(saves)), (jump, saves)
+    resumed = CheckpointTrigger(tmp_path, interval_steps=250)  # counts from where it starts
+    assert not resumed.periodic_due(4000) and not resumed.periodic_due(4007)
+    assert resumed.periodic_due(4250)
+
+
+def test_a_request_agreed_elsewhere_is_served_once(tmp_path: Path) -> None:
+    """The learner agrees on requests in its own per-iteration sync: it reads
+    request_pending and calls request_served; the request file may live elsewhere."""
+    trigger = CheckpointTrigger(tmp_path / "checkpoints", request_dir=tmp_path)
+    assert trigger.request_file == tmp_path / "checkpoint.request"
+    assert not trigger.request_pending()
+    trigger.request_file.touch()
+    assert trigger.request_pending()
+    trigger.request_served(remove_file=False)  # a rank that leaves the file to rank 0
+    assert trigger.request_pending() and trigger.request_file.exists()
+    trigger.request_served()
+    assert not trigger.request_pending()
+    trigger.request_save()
+    assert trigger.request_pending()
+    trigger.request_served()
+    assert not trigger.request_pending()
+
+
+def test_a_repeated_interrupt_can_be_made_to_only_stop(tmp_path: Path) -> None:
+    trigger = CheckpointTrigger(tmp_path)
+    before = signal.getsignal(signal.SIGINT)
+    trigger.install_signal_handlers(repeat_interrupt=False)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt: the loop saves and stops
+        assert trigger.should_save(1) and trigger.reason == "stop"
+    finally:
+        trigger.restore_signal_handlers()
+    assert signal.getsignal(signal.SIGINT) == before

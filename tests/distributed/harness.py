@@ -59,7 +59,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.
     out = ctx.Queue()
     port = port or free_port()
     places = places or [("", "127.0.0.1", "lo")] * world_size
-    from shardreplay.runtime.processes import reap_processes  # lazily: ranks re-import this module
+    from shardreplay.runtime.actor.processes import reap_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, out, places[r]), daemon=True)
              for r in range(world_size)]

@@ -64,7 +64,7 @@ def reader_life(transport: Any, root: str, num_actors: int, capacity: int, life_
     """
     from shardreplay import checkpoint
     from shardreplay.buffer.replay_buffer import ReplayBuffer
-    from shardreplay.runtime.ingest import Ingestor, merge_stored
+    from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
     from shardreplay.runtime.settings import TrainSettings
 
     settings = TrainSettings.from_dict(dict(learners=1, actors=num_actors, envs_per_actor=2, transport="file:///unused"))

@@ -1,6 +1,6 @@
 """The actor runtime with a real CartPole vector env, a published policy and real media.
 
-``shardreplay.runtime.actor.run`` in this process (chunks, ids, sequences, versions,
+``shardreplay.runtime.actor.loop.run`` in this process (chunks, ids, sequences, versions,
 policy pick-up), and the ``shardreplay actor`` command in a child process (SIGTERM /
 SIGINT stop it with exit 0 after sending what it holds; a Redis restart under it is
 survived). Children are always killed and reaped (``runtime_helpers.children``).
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from runtime_helpers import CARTPOLE_SPEC, children, publish_cartpole_policy, wait_for
 
-from shardreplay.runtime import actor as actor_module
-from shardreplay.runtime.actor import ActorSettings, StopFlag, run
+from shardreplay.runtime.actor import loop as actor_module
+from shardreplay.runtime.actor.loop import ActorSettings, StopFlag, run
 from shardreplay.runtime.routing import shard_transport
 from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.spec import StepType

@@ -18,8 +18,8 @@ from typing import Any
 import psutil
 from runtime_helpers import CARTPOLE_SPEC, publish_cartpole_policy
 
-from shardreplay.runtime.actor import ActorSettings
-from shardreplay.runtime.processes import ActorPool
+from shardreplay.runtime.actor.loop import ActorSettings
+from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.routing import chunk_bytes
 from shardreplay.transport.local import LocalTransport
 

@@ -18,8 +18,8 @@ from fault_children import write_n
 from runtime_helpers import IDENT_SPEC, children, ident_counts, make_chunk
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.runtime.ingest import Ingestor, merge_stored
-from shardreplay.runtime.journal import CRASHED, IngestJournal, LossLog, read_old_journals
+from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
+from shardreplay.runtime.learner.journal import CRASHED, IngestJournal, LossLog, read_old_journals
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
 from shardreplay.transport.spool import chunk_file_name

@@ -7,7 +7,7 @@
   the buffer that survives. "Exactly once" here is at-least-once delivery (a chunk
   stays in the medium until acknowledged) + per-actor high-water marks saved in each
   checkpoint (a chunk re-delivered after the checkpoint that holds it is dropped) +
-  acknowledging only after the checkpoint (save, then ack). See ``runtime/ingest.py``.
+  acknowledging only after the checkpoint (save, then ack). See ``runtime/learner/ingest.py``.
 - Corrupt or truncated chunks: quarantined (spool) or rejected (Redis, local), counted,
   and the chunks after them still arrive.
 - Forged headers (another spec, absurd sizes): rejected without allocating what they
@@ -35,7 +35,7 @@ from runtime_helpers import IDENT_SPEC, children, ident_counts, kill9, make_chun
 from shardreplay import checkpoint
 from shardreplay._hashing import xxh3_64
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.runtime.ingest import Ingestor
+from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import open_transport

@@ -10,7 +10,7 @@ import pytest
 from shardreplay import Field, ReplayBuffer, Spec
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.runtime.gym_steps import GymStepConverter
+from shardreplay.gym.steps import GymStepConverter
 from shardreplay.spec.keys import unpack_keys
 
 F, M, L = 0, 1, 2
@@ -261,7 +261,7 @@ def collect_029(conv_for, num_envs=3, num_actions=150, seed=3):
 
 
 def test_gymnasium_0_envs_are_same_step_and_give_the_reference_streams(monkeypatch):
-    import shardreplay.buffer.gym_modes as gym_modes
+    import shardreplay.gym.modes as gym_modes
 
     monkeypatch.setattr(gym_modes, "_gymnasium_major", lambda: 0)
     streams = collect_029(GymStepConverter.from_env)

@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 import torch
 
+from shardreplay.checkpoint.triggers import periodic_save_due
 from shardreplay.errors import ShardReplayError
-from shardreplay.runtime.learner_report import MetricsWindow, RunCounts
-from shardreplay.runtime.learner_sync import MAX_UPDATES_PER_ITERATION, LoopSync, periodic_save_due
+from shardreplay.runtime.learner.report import MetricsWindow, RunCounts
+from shardreplay.runtime.learner.sync import MAX_UPDATES_PER_ITERATION, LoopSync
 
 
 def test_round_trip_keeps_64_bit_integers_exact() -> None:

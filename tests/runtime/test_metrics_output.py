@@ -7,7 +7,12 @@ import csv
 import math
 from pathlib import Path
 
-from shardreplay.runtime.metrics import MetricsRecorder, curve_points, plot_learning_curve, status_text
+from shardreplay.runtime.learner.metrics import (
+    MetricsRecorder,
+    curve_points,
+    plot_learning_curve,
+    status_text,
+)
 
 ROW = {"env_steps": 123_456, "updates": 4_000, "replay_size": 100_000, "env_steps_per_s": 1234.5,
        "updates_per_s": 56.7, "samples_per_insert": 31.9, "policy_lag": 2.5, "recent_return": 201.25}

@@ -6,7 +6,7 @@ import multiprocessing as mp
 import signal
 import time
 
-from shardreplay.runtime.processes import reap_processes
+from shardreplay.runtime.actor.processes import reap_processes
 
 
 def _ignore_sigterm_and_sleep() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from runtime_helpers import CARTPOLE_SPEC, make_chunk
 
-from shardreplay.runtime.actor import ActorSettings
+from shardreplay.runtime.actor.loop import ActorSettings
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stream_layout import StreamLayout

@@ -31,11 +31,11 @@ from shardreplay.errors import ConfigError
 from shardreplay.policy import open_publisher, open_subscriber
 from shardreplay.policy.broadcast import RUN_KEY, pack_version, split_version
 from shardreplay.policy.file_backend import FilePublisher, weights_name
-from shardreplay.runtime.actor import ActorSettings, RunInfo, StopFlag, run
-from shardreplay.runtime.ingest import Ingestor
-from shardreplay.runtime.launch import prepare_run_dir
-from shardreplay.runtime.learner_resume import commit_resume
-from shardreplay.runtime.learner_sync import agreed_settings
+from shardreplay.runtime.actor.loop import ActorSettings, RunInfo, StopFlag, run
+from shardreplay.runtime.launch.launcher import prepare_run_dir
+from shardreplay.runtime.learner.ingest import Ingestor
+from shardreplay.runtime.learner.resume import commit_resume
+from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.routing import foreign_backlog, redis_stream, shard_transport
 from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings

@@ -14,7 +14,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, check=False)
 
 
-def test_a_signal_taken_early_is_recorded_and_reaches_the_learner_flags() -> None:
+def test_a_signal_taken_early_is_recorded_and_reaches_the_learner_trigger() -> None:
     proc = _run("""
         import os, signal
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job starts
@@ -24,10 +24,13 @@ def test_a_signal_taken_early_is_recorded_and_reaches_the_learner_flags() -> Non
         os.kill(os.getpid(), signal.SIGINT)  # ignored before: now recorded
         os.kill(os.getpid(), signal.SIGTERM)  # would have killed the process
         assert stop_signals.requested() == signal.SIGINT, stop_signals.requested()
-        from shardreplay.runtime.learner_sync import SignalFlags
-        flags = SignalFlags()
-        flags.install()
-        assert flags.stop, "a stop taken before the learner's handlers is lost"
+        import pathlib, tempfile
+        from shardreplay.runtime.learner.sync import learner_trigger
+        from shardreplay.runtime.settings import TrainSettings
+        trigger = learner_trigger(TrainSettings(), pathlib.Path(tempfile.mkdtemp()))
+        assert trigger.stop_requested, "a stop taken before the learner's handlers is lost"
+        os.kill(os.getpid(), signal.SIGINT)  # a repeated Ctrl-C still only asks to stop
+        assert trigger.stop_requested
         restore()
         print("ok")
     """)

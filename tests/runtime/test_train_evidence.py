@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from train_harness import TrainRun, manifest_counters, newest_checkpoint
 
-from shardreplay.runtime.evaluate import evaluate
+from shardreplay.runtime.learner.evaluate import evaluate
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 EPISODES = 20

@@ -17,12 +17,16 @@ every step::
 
 How each case works:
 
-* **periodic**: every ``interval_steps`` steps (not at the step the loop started from,
-  e.g. the one just restored). Every rank computes the same answer, no communication.
-* **requested**: ``SIGUSR1`` to *any* rank, or a file ``<run_dir>/checkpoint.request``.
-  The local flag is combined over ranks by one tiny collective (the max of one integer)
-  inside :meth:`should_save`, so every rank saves at the same step; the request file is
-  then removed.
+* **periodic**: once per multiple of ``interval_steps`` passed since the first step seen
+  (not at the step the loop started from, e.g. the one just restored; a loop whose steps
+  jump, as a learner's update count does, still saves once per interval). Every rank
+  computes the same answer, no communication (:meth:`periodic_due`).
+* **requested**: ``SIGUSR1`` to *any* rank, or a file ``checkpoint.request`` (in
+  ``request_dir``, by default ``run_dir``). The local flag is combined over ranks by one
+  tiny collective (the max of one integer) inside :meth:`should_save`, so every rank saves
+  at the same step; the request file is then removed. A loop that already sums a record
+  over ranks every step can carry :meth:`request_pending` in it instead and call
+  :meth:`request_served` once the ranks agreed (what the training runtime's learner does).
 * **stop** (``SIGTERM``, first ``SIGINT``): :meth:`should_save` returns True at the next
   step *without* any collective (a peer may be gone) and :attr:`stop_requested` turns
   True: the rank saves its own part and leaves the loop. A second ``SIGINT`` raises
@@ -70,6 +74,13 @@ REQUEST_SIGNALS = (signal.SIGUSR1,)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def periodic_save_due(interval: int, saved_at: int, step: int) -> bool:
+    """True when a multiple of ``interval`` was passed since ``saved_at`` (the step of the
+    last periodic save, or where counting began). A loop that checks between batches of
+    steps rarely sits exactly on a multiple; ``interval`` 0 means never."""
+    return interval > 0 and step // interval > saved_at // interval
+
+
 class CheckpointTrigger:
     """Decides at every training step whether this rank saves a checkpoint now.
 
@@ -82,13 +93,15 @@ class CheckpointTrigger:
             None: this process decides alone.
         poll_interval_steps: agree on requests every this many steps (1: every step; a
             larger value saves the small collective, and a request waits a little longer).
+        request_dir: the folder of the request file (None: ``run_dir``).
 
     Raises:
         ConfigError: a non-positive interval, or ``collectives`` of another type.
     """
 
     def __init__(self, run_dir: str | Path, *, interval_steps: int | None = None,
-                 collectives: Any = None, poll_interval_steps: int = 1) -> None:
+                 collectives: Any = None, poll_interval_steps: int = 1,
+                 request_dir: str | Path | None = None) -> None:
         for name, value in (("interval_steps", interval_steps), ("poll_interval_steps", poll_interval_steps)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -98,6 +111,7 @@ class CheckpointTrigger:
             raise ConfigError("collectives must be a ShardedReplayBuffer, a Collectives or None, "
                               f"got {type(collectives).__name__}")
         self.run_dir = Path(run_dir)
+        self._request_dir = self.run_dir if request_dir is None else Path(request_dir)
         self.interval_steps = interval_steps
         self.poll_interval_steps = poll_interval_steps
         self._comm: Collectives | None = comm
@@ -106,6 +120,8 @@ class CheckpointTrigger:
         self._stop_saved = False
         self._interrupts = 0
         self._start_step: int | None = None
+        self._periodic_from: int | None = None  # the step of the last periodic save, or the first
+        self._repeat_interrupt = True
         self._previous: dict[int, Any] = {}
         self.last_step: int | None = None
         self.reason = ""
@@ -126,8 +142,39 @@ class CheckpointTrigger:
 
     @property
     def request_file(self) -> Path:
-        """``<run_dir>/checkpoint.request``: create it to ask every rank for a checkpoint."""
-        return self.run_dir / REQUEST_FILE
+        """``<request_dir>/checkpoint.request``: create it to ask every rank for a checkpoint."""
+        return self._request_dir / REQUEST_FILE
+
+    def request_pending(self) -> bool:
+        """Whether this rank was asked for a checkpoint (:meth:`request_save`, SIGUSR1 or
+        the request file). It stays asked until :meth:`request_served`."""
+        return self._request.is_set() or self.request_file.exists()
+
+    def request_served(self, *, remove_file: bool = True) -> None:
+        """The ranks agreed on a requested checkpoint: clear the flag and (``remove_file``)
+        the request file, so that neither asks again.
+
+        Raises:
+            OSError: the request file exists but cannot be removed (a read-only folder).
+        """
+        self._request.clear()
+        if remove_file:
+            with contextlib.suppress(FileNotFoundError):
+                self.request_file.unlink()
+
+    def periodic_due(self, step: int) -> bool:
+        """Whether a periodic checkpoint is due at ``step``: a multiple of ``interval_steps``
+        was passed since the last step this answered True for, or since the first step it
+        was asked about (a restored loop does not save again where it starts). Every rank
+        asking at the same steps gets the same answers."""
+        step = int(step)
+        if self._periodic_from is None:
+            self._periodic_from = step
+        interval = self.interval_steps
+        if interval is None or not periodic_save_due(interval, self._periodic_from, step):
+            return False
+        self._periodic_from = step
+        return True
 
     # -- the decision ------------------------------------------------------------------------
     def should_save(self, step: int) -> bool:
@@ -150,8 +197,7 @@ class CheckpointTrigger:
             self.reason = "stop"
             return True  # no collective: peers may be gone
         requested = self._agree_request(step)
-        periodic = (self.interval_steps is not None and step % self.interval_steps == 0
-                    and step != self._start_step)
+        periodic = self.periodic_due(step)
         if not (requested or periodic):
             return False
         if is_complete(checkpoint_dir(self.run_dir, step), hashes=False):
@@ -163,7 +209,7 @@ class CheckpointTrigger:
     def _agree_request(self, step: int) -> bool:
         if self._comm is not None and (step - (self._start_step or 0)) % self.poll_interval_steps:
             return False  # ranks poll at the same steps, so they still call collectives alike
-        local = self._request.is_set() or self.request_file.exists()
+        local = self.request_pending()
         if self._comm is None:
             agreed = local
         else:
@@ -171,9 +217,7 @@ class CheckpointTrigger:
                                           "CheckpointTrigger.should_save(agree request)")
             agreed = bool(flags.max().item())
         if agreed:
-            self._request.clear()
-            with contextlib.suppress(FileNotFoundError):
-                self.request_file.unlink()  # every rank tries: none can see it again next step
+            self.request_served()  # every rank tries: none can see it again next step
         return agreed
 
     def maybe_save(self, step: int, save: Callable[[int], object]) -> bool:
@@ -191,15 +235,19 @@ class CheckpointTrigger:
 
     # -- signals ---------------------------------------------------------------------------------
     def install_signal_handlers(self, request_signals: tuple[int, ...] = REQUEST_SIGNALS,
-                                stop_signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+                                stop_signals: tuple[int, ...] = STOP_SIGNALS, *,
+                                repeat_interrupt: bool = True) -> None:
         """Route ``request_signals`` to :meth:`request_save` and ``stop_signals`` to
-        :meth:`request_stop` (a second SIGINT raises ``KeyboardInterrupt``).
+        :meth:`request_stop`. A second SIGINT raises ``KeyboardInterrupt`` unless
+        ``repeat_interrupt`` is False (a loop that must finish its agreed stop and save,
+        whatever else arrives, as the learner ranks of a run).
 
         Raises:
             ConfigError: not called from the main thread (Python's rule for handlers).
         """
         if threading.current_thread() is not threading.main_thread():
             raise ConfigError("install_signal_handlers must be called from the main thread")
+        self._repeat_interrupt = repeat_interrupt
         for sig in request_signals:
             self._previous.setdefault(sig, signal.getsignal(sig))
             signal.signal(sig, self._on_request)
@@ -217,7 +265,7 @@ class CheckpointTrigger:
         self._request.set()
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT:
+        if signum == signal.SIGINT and self._repeat_interrupt:
             self._interrupts += 1
             if self._interrupts > 1:
                 raise KeyboardInterrupt

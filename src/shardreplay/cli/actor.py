@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from shardreplay.errors import ConfigError, ShardReplayError
-from shardreplay.runtime.actor import AGREED, ActorSettings
+from shardreplay.runtime.actor.loop import AGREED, ActorSettings
 
 # "name: text" lines of the ActorSettings docstring, for --help.
 _HELP = {name: " ".join(text.split()) for names, text in
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from shardreplay.runtime.log_lines import configure_logging
 
     configure_logging(logging.INFO, "%(asctime)s %(name)s: %(message)s")  # masks the Redis password
-    from shardreplay.runtime.actor import run as run_actor
+    from shardreplay.runtime.actor.loop import run as run_actor
     from shardreplay.secrets import adopt, read_password_file
 
     names = {f.name for f in dataclasses.fields(ActorSettings)}

@@ -86,7 +86,7 @@ def _given_or_resumed(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
         _check_resumable(args.resume, args.checkpoint_id)
     resume_dir = args.resume or _resumable(args)
     if resume_dir is not None:
-        from shardreplay.runtime.learner_resume import settings_for_resume
+        from shardreplay.runtime.learner.resume import settings_for_resume
 
         return settings_for_resume(resume_dir, given), True
     base = TrainSettings()
@@ -240,7 +240,7 @@ def _resumable(args: argparse.Namespace) -> Path | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``train``; returns the exit code (a rank under torchrun exits here instead)."""
-    from shardreplay.runtime.launch import under_torchrun
+    from shardreplay.runtime.launch.launcher import under_torchrun
     from shardreplay.runtime.log_lines import configure_logging
 
     # Under torchrun every rank writes to the same terminal: its lines say which rank.
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         settings, resume = _settings(args)
-        from shardreplay.runtime.launch import train
+        from shardreplay.runtime.launch.launcher import train
 
         summary = train(settings, resume, auto_resume=bool(args.auto_resume),
                         checkpoint_id=args.checkpoint_id)

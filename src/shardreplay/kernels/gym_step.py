@@ -1,4 +1,4 @@
-"""The compiled write of a gymnasium vector env's step (buffer/gym_writer.py holds the
+"""The compiled write of a gymnasium vector env's step (gym/writer.py holds the
 writer): every env's held step into the storage and its bookkeeping, in one call."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What an actor needs to know of the run it serves: its settings, and the run
 description the learners publish with every policy (the settings actors must share).
 
-Kept apart from the actor loop (:mod:`shardreplay.runtime.actor`, which re-exports these
+Kept apart from the actor loop (:mod:`shardreplay.runtime.actor.loop`, which re-exports these
 names) so the learner and the CLI can build and check settings without the loop.
 """
 

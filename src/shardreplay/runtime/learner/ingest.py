@@ -21,7 +21,7 @@ the restored record shows it is in the checkpoint already. The learner of
 ``shardreplay train`` acknowledges right after writing instead (holding
 acknowledgements until the next checkpoint would stall every actor on back-pressure):
 after a crash it never stores a chunk twice, and the chunks acknowledged since its last
-checkpoint are lost with it, counted (see :mod:`shardreplay.runtime.journal`).
+checkpoint are lost with it, counted (see :mod:`shardreplay.runtime.learner.journal`).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ShardReplayError
 from shardreplay.kernels.returns import track_returns
 from shardreplay.policy.broadcast import split_version
-from shardreplay.runtime.journal import IngestJournal, LossLog, OldJournals
+from shardreplay.runtime.learner.journal import IngestJournal, LossLog, OldJournals
+from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
 from shardreplay.runtime.settings import TrainSettings
-from shardreplay.runtime.stored_ids import StoredIds, merge_stored
 from shardreplay.spec import StepType
 from shardreplay.transport.base import ChunkReader
 from shardreplay.transport.codec import Chunk

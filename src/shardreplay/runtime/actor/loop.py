@@ -26,18 +26,18 @@ import torch
 
 from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
+from shardreplay.gym.steps import GymStepConverter
 from shardreplay.policy import open_subscriber
 from shardreplay.policy.broadcast import describe_version, split_version, wait_for_policy
-from shardreplay.runtime.actor_settings import (  # re-exported: the actor's public names
+from shardreplay.runtime.actor.chunker import Chunker
+from shardreplay.runtime.actor.settings import (  # re-exported: the actor's public names
     AGREED,
     ActorSettings,
     RunInfo,
     actor_seed,
     resolve,
 )
-from shardreplay.runtime.chunker import Chunker
 from shardreplay.runtime.envs import env_spaces, make_vector_env, transition_spec
-from shardreplay.runtime.gym_steps import GymStepConverter
 from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
 from shardreplay.runtime.routing import scheme_of, shard_transport
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout

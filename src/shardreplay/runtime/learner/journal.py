@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardreplay.runtime.stored_ids import StoredIds
+from shardreplay.runtime.learner.stored_ids import StoredIds
 
 __all__ = ["IngestJournal", "LossLog", "OldJournals", "read_old_journals"]
 

@@ -3,20 +3,19 @@
 All ranks run the same loop in lock-step. Every decision that leads into a collective
 (learn now? how many updates? stop? save?) is taken from a :class:`LoopSync` summed over
 ranks by one all-reduce per iteration, so all ranks issue the same collectives in the
-same order (:mod:`shardreplay.runtime.learner_sync`). Rank 0 publishes weights, evaluates
-and records metrics (:mod:`shardreplay.runtime.learner_report`); checkpoints and resuming
-are in :mod:`shardreplay.runtime.learner_resume`.
+same order (:mod:`shardreplay.runtime.learner.sync`). Rank 0 publishes weights, evaluates
+and records metrics (:mod:`shardreplay.runtime.learner.report`); checkpoints and resuming
+are in :mod:`shardreplay.runtime.learner.resume`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,45 +26,44 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from shardreplay import checkpoint
-from shardreplay._io import atomic_write_bytes, storage_error
+from shardreplay._io import atomic_write_bytes
 from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.checkpoint.manifest import checkpoint_dir
 from shardreplay.distributed.group import lost_peer_error, peer_lost
 from shardreplay.distributed.internals import internals_of
-from shardreplay.errors import ShardReplayError, StorageError
+from shardreplay.errors import ShardReplayError
 from shardreplay.policy import open_publisher
 from shardreplay.policy.broadcast import pack_version
-from shardreplay.runtime.actor import FINISHED, RunInfo
-from shardreplay.runtime.dqn import DoubleDqn, DqnSettings
+from shardreplay.runtime.actor.loop import FINISHED, RunInfo
+from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.envs import env_spaces, transition_spec
-from shardreplay.runtime.evaluate import evaluate
-from shardreplay.runtime.ingest import Ingestor
-from shardreplay.runtime.journal import IngestJournal, LossLog, read_old_journals
-from shardreplay.runtime.learner_report import MetricsWindow, RunCounts, metrics_row, stop_reason
-from shardreplay.runtime.learner_resume import commit_resume, learner_state_files, restore
-from shardreplay.runtime.learner_setup import (
+from shardreplay.runtime.learner.dqn import DoubleDqn, DqnSettings
+from shardreplay.runtime.learner.evaluate import evaluate
+from shardreplay.runtime.learner.ingest import Ingestor
+from shardreplay.runtime.learner.journal import IngestJournal, LossLog, read_old_journals
+from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
+from shardreplay.runtime.learner.report import MetricsWindow, RunCounts, metrics_row, stop_reason
+from shardreplay.runtime.learner.resume import commit_resume, learner_state_files, restore
+from shardreplay.runtime.learner.setup import (
     actor_settings_of_shard,
     check_rings_reach,
     log_foreign_backlog,
     make_shard_buffer,
     warn_if_taking_over,
 )
-from shardreplay.runtime.learner_sync import (
+from shardreplay.runtime.learner.state import Lineage, Progress, StorageGuard
+from shardreplay.runtime.learner.sync import (
     DRAIN_CHUNKS,
     MAX_UPDATES_PER_ITERATION,
     LoopSync,
-    SignalFlags,
     agreed_settings,
+    learner_trigger,
     make_limiter,
-    periodic_save_due,
 )
-from shardreplay.runtime.metrics import MetricsRecorder, plot_learning_curve
-from shardreplay.runtime.processes import ActorPool
 from shardreplay.runtime.qnet import QNetwork
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
-from shardreplay.runtime.stored_ids import StoredIds
 from shardreplay.transport.base import Transport
 
 log = logging.getLogger("shardreplay.learner")
@@ -92,72 +90,54 @@ class Learner:
         self.s = settings
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.run_dir = Path(settings.run.run_dir)
-        self.flags = SignalFlags()
-        self.flags.install()
-        obs_size, self.num_actions = env_spaces(settings.run.env_id)
-        self.spec = transition_spec(obs_size)
-        self.buffer = make_shard_buffer(settings, self.spec, self.rank)
-        net: nn.Module = QNetwork(obs_size, self.num_actions, settings.learners.hidden)
+        self.trigger = learner_trigger(settings, self.run_dir)  # signals, requests, periodic saves
+        obs_size, num_actions = env_spaces(settings.run.env_id)
+        spec = transition_spec(obs_size)
+        self.buffer = make_shard_buffer(settings, spec, self.rank)
+        net: nn.Module = QNetwork(obs_size, num_actions, settings.learners.hidden)
         if self.world > 1:
             net = DistributedDataParallel(net)
         self.agent = DoubleDqn(net, DqnSettings(gamma=settings.learners.gamma, lr=settings.learners.lr,
                                                 target_update_interval=settings.learners.target_update_interval))
-        self.counters = {"env_steps": 0, "updates": 0, "version": 0, "samples": 0}
-        self.best_eval = -math.inf
-        self.last_eval: float | None = None
-        self._evals = 0  # evaluations so far; a metrics row shows an evaluation once
-        self._evals_recorded = 0
-        self._window = MetricsWindow()  # the metrics row being gathered
-        self.wall_offset_s = 0.0  # wall time of earlier lives: a resumed run's time axis goes on
-        self._started = time.monotonic()
-        self.solved = False
-        self._solved_state: dict[str, Any] | None = None  # rank 0: the agent that passed
-        self._saved_at = -1
-        self._last_checkpoint = -1  # ids only grow: a save never meets a complete one
-        self.resumed: dict[str, Any] | None = None
-        # The first write the file system refused (full disk, read-only): the ranks
-        # agree to stop, write what they still can, and the run ends naming it.
-        self.storage_error: StorageError | None = None
-        self._storage_stop = False  # some rank's write was refused (agreed)
-        self._stored = StoredIds()  # restored: chunks already in the checkpoint
-        self._restored: dict[str, int] | None = None  # this shard's restore, for every save
+        self.progress = Progress()
+        self.storage = StorageGuard(self.rank)
         restored = "none"
         # A resumed life is recorded (run.json, config.json) only once every rank restored;
         # until then every rank takes the life that comes next from the files as they are.
-        self.identity = (upcoming_life(self.run_dir, settings.transport.run_id) if resume
-                         else read_identity(self.run_dir)) or RunIdentity("", 0)
+        self.lineage = Lineage((upcoming_life(self.run_dir, settings.transport.run_id) if resume
+                                else read_identity(self.run_dir)) or RunIdentity("", 0))
         if resume:
             restored = self._resume(checkpoint_id)
             if self.rank == 0:
-                commit_resume(self.run_dir, self.identity, settings.to_dict(), newer_than=checkpoint_id)
+                commit_resume(self.run_dir, self.lineage.identity, settings.to_dict(),
+                              newer_than=checkpoint_id)
         # Before this life opens its journal: the chunks earlier lives acknowledged that
         # the checkpoint lacks (rank 0 also takes the shards that no longer exist).
-        self._old_journals = read_old_journals(
+        self.lineage.old_journals = read_old_journals(
             self.run_dir / "ingest", lambda k: k == self.rank or (self.rank == 0 and k >= self.world),
-            self._stored, restored)
+            self.lineage.stored, restored)
         self.losses = LossLog(self.run_dir, self.rank)
-        self.foreign = log_foreign_backlog(settings.transport.url, self.rank, self.identity.run_id)
-        self.transport = transport or shard_transport(
-            settings.transport.url, self.spec, self.rank, run_id=self.identity.run_id,
+        self.foreign = log_foreign_backlog(settings.transport.url, self.rank, self.lineage.identity.run_id)
+        transport = transport or shard_transport(
+            settings.transport.url, spec, self.rank, run_id=self.lineage.identity.run_id,
             queued_chunks_per_actor=settings.actors.queued_chunks_per_actor,
             actors=settings.actors_of_shard(self.rank),
-            chunk_size_bytes=chunk_bytes(self.spec, settings.actors.envs_per_actor,
+            chunk_size_bytes=chunk_bytes(spec, settings.actors.envs_per_actor,
                                          settings.actors.chunk_steps))
-        self.ingestor = Ingestor(self.transport.reader(), self.buffer.local, settings, self._stored,
+        self.ingestor = Ingestor(transport.reader(), self.buffer.local, settings, self.lineage.stored,
                                  shard=self.rank, journal=IngestJournal(self.run_dir / "ingest", self.rank),
-                                 losses=self.losses, suspects=self._old_journals,
+                                 losses=self.losses, suspects=self.lineage.old_journals,
                                  write_lock=self.buffer.write_lock)
         if self.rank == 0:
-            warn_if_taking_over(settings.transport.policy_url, self.identity.run_id)
+            warn_if_taking_over(settings.transport.policy_url, self.lineage.identity.run_id)
         self.publisher = open_publisher(settings.transport.policy_url) if self.rank == 0 else None
-        self._last_sync: LoopSync | None = None
         self.metrics = MetricsRecorder(self.run_dir, settings.run.total_env_steps, settings.run.progress) \
             if self.rank == 0 else None
         # A local ring exists only in this process tree: its actors must get this very
         # object (under torchrun nobody passed one in); other media are opened by URL.
         local = scheme_of(settings.transport.url) == "local"
-        actors = actor_settings_of_shard(settings, self.rank, self.world, self.counters["env_steps"])
-        reach = dict(enumerate(rings)) if rings is not None else {self.rank: self.transport}
+        actors = actor_settings_of_shard(settings, self.rank, self.world, self.progress.counters["env_steps"])
+        reach = dict(enumerate(rings)) if rings is not None else {self.rank: transport}
         if local:
             check_rings_reach(settings, actors, reach)
         self.actors = ActorPool(actors, reach if local else None, settings.actors.max_restarts)
@@ -165,7 +145,7 @@ class Learner:
     @property
     def policy_version(self) -> int:
         """The published version of the current weights: (learner life, updates) packed."""
-        return pack_version(self.identity.life, self.counters["version"])
+        return pack_version(self.lineage.identity.life, self.progress.counters["version"])
 
     # -- checkpoints ----------------------------------------------------------------------
     @property
@@ -175,27 +155,11 @@ class Learner:
     def _resume(self, checkpoint_id: int | None) -> str:
         """Restore the newest complete checkpoint; returns its id (for loss reports)."""
         r = restore(self._ckpt_root, self.buffer, self.agent, self.rank, self.world, checkpoint_id)
-        self.counters.update(r.counters)
-        self.best_eval, self.wall_offset_s = r.best_eval, r.wall_offset_s
-        self._stored, self._last_checkpoint = r.stored, r.last_checkpoint
-        self._restored, self.resumed = r.restored_counts, r.report
+        self.progress.counters.update(r.counters)
+        self.progress.best_eval, self.progress.wall_offset_s = r.best_eval, r.wall_offset_s
+        self.lineage.stored, self.lineage.last_checkpoint = r.stored, r.last_checkpoint
+        self.lineage.restored, self.lineage.resumed = r.restored_counts, r.report
         return str(r.checkpoint_id)
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Run one of this rank's writes; one the file system refuses (full disk,
-        read-only, no permission) is kept in :attr:`storage_error`, not raised: the rank
-        votes to stop at the next sync, and the ranks end the run writing what they still
-        can. Any other error is raised."""
-        try:
-            yield
-        except (OSError, ShardReplayError) as exc:
-            refused = storage_error(exc)
-            if refused is None:
-                raise
-            if self.storage_error is None:
-                self.storage_error = refused
-                log.debug("rank %d: %s", self.rank, refused)
 
     def save(self) -> Path:
         """Save a checkpoint: rank 0 writes the learner state first, every rank its part
@@ -209,10 +173,10 @@ class Learner:
         found, when no update happened since (stopping during warm-up, or right after
         a resume): every rank derives it from the same agreed counters.
         """
-        cid = max(self.counters["updates"], self._last_checkpoint + 1)
-        self._last_checkpoint = cid
+        cid = max(self.progress.counters["updates"], self.lineage.last_checkpoint + 1)
+        self.lineage.last_checkpoint = cid
         directory = checkpoint_dir(self._ckpt_root, cid)
-        with self._writing():
+        with self.storage.writing():
             self._save(directory, cid)
         return directory
 
@@ -220,12 +184,14 @@ class Learner:
         # Rank 0 saves the agent with its part (written first, covered by the manifest).
         files = learner_state_files(self.agent) if self.rank == 0 else None
         # None, not -inf, before any evaluation: the manifest stays standard JSON.
-        best = self.best_eval if math.isfinite(self.best_eval) else None
-        extra = {"counters": dict(self.counters), "best_eval": best, "wall_s": self._wall_s(),
+        best = self.progress.best_eval if math.isfinite(self.progress.best_eval) else None
+        extra = {"counters": dict(self.progress.counters), "best_eval": best,
+                 "wall_s": self.progress.wall_s(),
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
-        if self._old_journals.files:  # what the medium gave back by now was not lost
-            self.losses.report_lost(self._old_journals)
-        checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self._restored, files=files)
+        if self.lineage.old_journals.files:  # what the medium gave back by now was not lost
+            self.losses.report_lost(self.lineage.old_journals)
+        checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self.lineage.restored,
+                        files=files)
         if self.ingestor.journal is not None:
             self.ingestor.journal.rotate(cid, checkpoint.latest_complete(self._ckpt_root))
 
@@ -233,9 +199,9 @@ class Learner:
     def run(self) -> dict[str, Any]:
         """Train until a stop condition; checkpoint; stop actors. Returns the summary."""
         self._publish()
-        if not self.flags.stop:  # stopped while starting: the first sync ends the run, actorless
+        if not self.trigger.stop_requested:  # stopped while starting: the first sync ends the run, actorless
             self.actors.start()
-        started = self._started = time.monotonic()
+        started = self.progress.started = time.monotonic()
         try:
             self._loop(started)
         except BaseException as exc:
@@ -249,45 +215,41 @@ class Learner:
         self._stop_actors()
         # What the actors sent while stopping is in the shards: count it (all ranks agree).
         self._sync_counted(started)
-        if self._solved_state is not None:  # save, publish and evaluate the agent that passed
-            self.agent.load_state_dict(self._solved_state)
+        if self.progress.solved_state is not None:  # save, publish and evaluate the agent that passed
+            self.agent.load_state_dict(self.progress.solved_state)
         path = self._agreed_save()
         self.buffer.close()  # its background thread and process group (pipeline)
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
-        if self.publisher is not None and not self._storage_stop and \
+        if self.publisher is not None and not self.storage.stop and \
                 (self._budget_reached(started) or self._solved()):
             self._publish_finished()
         if self.metrics is not None:  # the final evaluation is the run's last row
-            self._record(self._last_sync, self._window)
-            with self._writing():
+            self._record(self.progress.last_sync, self.progress.window)
+            with self.storage.writing():
                 self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
-            with self._writing():
+            with self.storage.writing():
                 summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
             self._write_summary(summary)
         # What the run could not write: the launcher and the command's last line say it
         # (a rank that only agreed to stop says so: under torchrun it reports alone).
-        summary["storage_error"] = None if self.storage_error is None else str(self.storage_error)
-        summary["storage_stop"] = self._storage_stop or self.storage_error is not None
+        summary["storage_error"] = None if self.storage.error is None else str(self.storage.error)
+        summary["storage_stop"] = self.storage.stop or self.storage.error is not None
         return summary
 
     def _write_summary(self, summary: dict[str, Any]) -> None:
         """``summary.json`` (rank 0), with the refused write named when there was one."""
-        if self.storage_error is not None:
-            summary = {**summary, "storage_error": str(self.storage_error)}
-        with self._writing():
+        if self.storage.error is not None:
+            summary = {**summary, "storage_error": str(self.storage.error)}
+        with self.storage.writing():
             atomic_write_bytes(self.run_dir / "summary.json", json.dumps(summary, indent=1).encode())
-
-    def _wall_s(self) -> float:
-        """Wall time of the run over all its lives (a resumed run goes on from its checkpoint's)."""
-        return round(self.wall_offset_s + time.monotonic() - self._started, 2)
 
     def _stop_reason(self, started: float) -> str:
         """Why the run ended (rank 0's view): solved, env_steps, time or signal."""
-        return stop_reason(solved=self.solved, env_steps=self.counters["env_steps"],
+        return stop_reason(solved=self.progress.solved, env_steps=self.progress.counters["env_steps"],
                            total_env_steps=self.s.run.total_env_steps,
                            elapsed_s=time.monotonic() - started, max_minutes=self.s.run.max_minutes,
-                           storage=self._storage_stop)
+                           storage=self.storage.stop)
 
     def _agreed_save(self) -> Path:
         """A save every rank makes at the same point: queued priority updates (prefetch >
@@ -315,8 +277,8 @@ class Learner:
 
     def _make_limiter(self) -> RateLimiter:
         limiter = make_limiter(self.s, self.world)
-        limiter.inserts = self.counters["env_steps"]
-        limiter.samples = self.counters["samples"]
+        limiter.inserts = self.progress.counters["env_steps"]
+        limiter.samples = self.progress.counters["samples"]
         return limiter
 
     def _loop(self, started: float) -> None:
@@ -324,7 +286,7 @@ class Learner:
         per_update = self.s.learners.batch_size * self.world
         drain_steps = DRAIN_CHUNKS * self.s.actors.chunk_steps * self.s.actors.envs_per_actor
         last_metrics = time.monotonic()
-        window = self._window = MetricsWindow()
+        window = self.progress.window = MetricsWindow()
         while True:
             # Not draining while the learner is behind is the back-pressure actors feel.
             if limiter.can_insert(min(drain_steps * self.world, limiter.max_insert_size)):
@@ -335,7 +297,7 @@ class Learner:
                 limiter.insert(min(g.steps, limiter.max_insert_size))
             if g.should_stop:
                 break
-            if g.should_save or self._periodic_save():
+            if g.should_save or self.trigger.periodic_due(self.progress.counters["updates"]):
                 self._agreed_save()
             for _ in range(MAX_UPDATES_PER_ITERATION):
                 if not limiter.can_sample(per_update):
@@ -345,7 +307,7 @@ class Learner:
                 window.updates += 1
             self.actors.check()
             # A row a second, and one right after each evaluation (its point on the curve).
-            evaluated = self._evals > self._evals_recorded
+            evaluated = self.progress.evals > self.progress.evals_recorded
             if self.rank == 0 and (evaluated or time.monotonic() - last_metrics >= 1.0):
                 self._record(g, window)
                 last_metrics = time.monotonic()
@@ -354,60 +316,50 @@ class Learner:
         """Take chunks in. A refused journal write leaves them stored but unacknowledged
         (the medium gives them again to the next life; the checkpoint's record drops
         those it holds): nothing is lost, and the rank votes to stop."""
-        with self._writing():
+        with self.storage.writing():
             self.ingestor.drain(DRAIN_CHUNKS, wait_s, self.policy_version)
 
     def _sync_counted(self, started: float) -> LoopSync:
         """:meth:`_sync`, with its steps and policy lag counted into the run and the
         current metrics window (so the final row holds what arrived after the last one)."""
         g = self._sync(started)
-        self.counters["env_steps"] += g.steps
-        self._window.count(g)
+        self.progress.counters["env_steps"] += g.steps
+        self.progress.window.count(g)
         return g
-
-    def _periodic_save(self) -> bool:
-        u = self.counters["updates"]
-        if self._saved_at < 0:  # the first check: this life starts counting here
-            self._saved_at = u
-        if periodic_save_due(self.s.checkpoints.interval_updates, self._saved_at, u):
-            self._saved_at = u
-            return True
-        return False
 
     def _sync(self, started: float) -> LoopSync:
         st = self.ingestor.take_stats()
-        refused = self.storage_error is not None
-        stop = self.flags.stop or self._budget_reached(started) or self._solved() or refused
-        request = self.flags.save or (self.run_dir / "checkpoint.request").exists()
-        self.flags.save = False
+        refused = self.storage.error is not None
+        stop = self.trigger.stop_requested or self._budget_reached(started) or self._solved() or refused
+        request = self.trigger.request_pending()
         # The ingestor sums whole version differences, so its float lag sum is an integer.
         mine = LoopSync(steps=st.steps, replay_size=len(self.buffer.local), stop_votes=int(stop),
                         save_votes=int(request), lag_sum=int(st.lag_sum), lag_count=st.lag_count,
                         storage_votes=int(refused))
         g = mine.summed(internals_of(self.buffer).collectives)
-        self._last_sync = g
-        self._storage_stop = self._storage_stop or g.storage_votes > 0
-        if g.should_save and self.rank == 0:
-            with self._writing():
-                (self.run_dir / "checkpoint.request").unlink(missing_ok=True)
+        self.progress.last_sync = g
+        self.storage.stop = self.storage.stop or g.storage_votes > 0
+        if g.should_save:  # every rank clears its flag; rank 0 removes the request file
+            with self.storage.writing():
+                self.trigger.request_served(remove_file=self.rank == 0)
         return g
 
     def _budget_reached(self, started: float) -> bool:
-        return (self.counters["env_steps"] >= self.s.run.total_env_steps
+        return (self.progress.counters["env_steps"] >= self.s.run.total_env_steps
                 or time.monotonic() - started >= self.s.run.max_minutes * 60)
 
     def _solved(self) -> bool:
-        return self.solved
+        return self.progress.solved
 
     def _update(self) -> float:
         batch = self.buffer.sample(self.s.learners.batch_size)
         priorities, loss = self.agent.learn(batch)
         self.buffer.update_priorities(batch.keys, priorities)
-        self.counters["updates"] += 1
-        self.counters["samples"] += self.s.learners.batch_size * self.world
-        u = self.counters["updates"]
+        self.progress.counters["updates"] += 1
+        self.progress.counters["samples"] += self.s.learners.batch_size * self.world
+        u = self.progress.counters["updates"]
         if u % self.s.learners.publish_interval_updates == 0:
-            self.counters["version"] = u
+            self.progress.counters["version"] = u
             self._publish()
         if self.rank == 0 and u % self.s.run.eval_interval_updates == 0:
             self._periodic_evaluation()
@@ -418,22 +370,22 @@ class Learner:
         s = self.s
         quick = self._evaluate(min(s.run.quick_eval_episodes, s.run.eval_episodes))
         if s.run.stop_return > 0 and quick >= s.run.stop_return:
-            self.solved = self._evaluate(s.run.eval_episodes) >= s.run.stop_return
-            if self.solved:  # the ranks stop a few updates later: keep what passed
-                self._solved_state = copy.deepcopy(self.agent.state_dict())
+            self.progress.solved = self._evaluate(s.run.eval_episodes) >= s.run.stop_return
+            if self.progress.solved:  # the ranks stop a few updates later: keep what passed
+                self.progress.solved_state = copy.deepcopy(self.agent.state_dict())
 
     def _run_meta(self) -> dict[str, str]:
         """The run description published with the weights (actors take their settings,
         channel and seed from it)."""
-        return RunInfo(run_id=self.identity.run_id, life=self.identity.life,
-                       env_steps=self.counters["env_steps"], seed=self.s.run.seed,
+        return RunInfo(run_id=self.lineage.identity.run_id, life=self.lineage.identity.life,
+                       env_steps=self.progress.counters["env_steps"], seed=self.s.run.seed,
                        transport=self.s.transport.url,
                        settings=agreed_settings(self.s, self.world)).to_meta()
 
     def _publish(self) -> None:
         if self.publisher is not None:
             state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
-            with self._writing():
+            with self.storage.writing():
                 self.publisher.publish(self.policy_version, state, meta=self._run_meta())
 
     def _publish_finished(self) -> None:
@@ -443,18 +395,18 @@ class Learner:
         state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
         state[FINISHED] = torch.ones(1)
         # Not saved in the counters: a resumed run publishes from its saved version again.
-        with self._writing():
+        with self.storage.writing():
             self.publisher.publish(self.policy_version + 1, state, meta=self._run_meta())
 
     def _evaluate(self, episodes: int | None = None) -> float:
         returns = evaluate(self.agent.module, self.s.run.env_id, episodes or self.s.run.eval_episodes,
-                           seed=10_000 + self.counters["updates"])
-        self.last_eval = float(np.mean(returns))
-        self._evals += 1
-        self.best_eval = max(self.best_eval, self.last_eval)
+                           seed=10_000 + self.progress.counters["updates"])
+        self.progress.last_eval = float(np.mean(returns))
+        self.progress.evals += 1
+        self.progress.best_eval = max(self.progress.best_eval, self.progress.last_eval)
         log.info("evaluation after %d updates: mean return %.1f over %d episodes",
-                 self.counters["updates"], self.last_eval, len(returns))
-        return self.last_eval
+                 self.progress.counters["updates"], self.progress.last_eval, len(returns))
+        return self.progress.last_eval
 
     def _record(self, g: LoopSync | None, window: MetricsWindow | None) -> None:
         """One metrics row over ``window`` (rates, loss, policy lag; None: a row without
@@ -462,13 +414,14 @@ class Learner:
         row comes after the final evaluation."""
         assert self.metrics is not None
         now = time.monotonic()
-        evaluated = self._evals > self._evals_recorded
-        with self._writing():
-            self.metrics.record(metrics_row(window, g, now=now, wall_s=self._wall_s(), counters=self.counters,
+        evaluated = self.progress.evals > self.progress.evals_recorded
+        with self.storage.writing():
+            self.metrics.record(metrics_row(window, g, now=now, wall_s=self.progress.wall_s(),
+                                            counters=self.progress.counters,
                                             recent_returns=self.ingestor.last_return,
-                                            eval_return=self.last_eval if evaluated else None),
-                                last_eval=self.last_eval)
-        self._evals_recorded = self._evals
+                                            eval_return=self.progress.last_eval if evaluated else None),
+                                last_eval=self.progress.last_eval)
+        self.progress.evals_recorded = self.progress.evals
         if window is not None:
             window.reset(now)
 
@@ -480,16 +433,18 @@ class Learner:
                            chunks_duplicate=got.duplicates + ing.total_duplicates,
                            foreign_chunks_ignored=sum(self.foreign.values())
                            ).summed(internals_of(self.buffer).collectives).as_dict()
-        summary: dict[str, Any] = {"rank": self.rank, **self.counters,
+        summary: dict[str, Any] = {"rank": self.rank, **self.progress.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
                                    "checkpoint": str(checkpoint_path), **counts,
-                                   "resumed_from": self.resumed, "run_id": self.identity.run_id,
-                                   "learner_life": self.identity.life,
+                                   "resumed_from": self.lineage.resumed,
+                                   "run_id": self.lineage.identity.run_id,
+                                   "learner_life": self.lineage.identity.life,
                                    "policy_version": self.policy_version}
         if self.rank == 0:
             summary["final_eval_return"] = self._evaluate(self.s.run.eval_episodes)
-            summary["best_eval_return"] = self.best_eval if math.isfinite(self.best_eval) else None
-            summary["solved"] = self.solved
+            best = self.progress.best_eval
+            summary["best_eval_return"] = best if math.isfinite(best) else None
+            summary["solved"] = self.progress.solved
             summary["eval_episodes"] = self.s.run.eval_episodes
             summary["stop_return"] = self.s.run.stop_return
             summary["stopped_by"] = self._stop_reason(started)

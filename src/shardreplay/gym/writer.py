@@ -1,6 +1,6 @@
 """GymStepWriter: a gymnasium vector env's steps straight into a ReplayBuffer, one call each.
 
-It stores exactly what :class:`shardreplay.runtime.gym_steps.GymStepConverter` followed by
+It stores exactly what :class:`shardreplay.gym.steps.GymStepConverter` followed by
 :meth:`ReplayBuffer.add` stores (the converter's module docstring draws the timelines of
 both autoreset modes), without building a step dict per call: the first call with a new
 kind of inputs (types, dtypes, dimensions) is checked against the spec in full; later
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardreplay.buffer.gym_modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
-from shardreplay.buffer.gym_stacked import StackedSteps
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.gym.modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
+from shardreplay.gym.stacked import StackedSteps
 from shardreplay.kernels.gym_step import HELD as _HELD
 from shardreplay.kernels.gym_step import allow_inputs, compiled_gym_write
 from shardreplay.spec import Field, Spec, StepType

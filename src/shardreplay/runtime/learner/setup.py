@@ -13,8 +13,8 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.policy import open_subscriber
-from shardreplay.runtime.actor import FINISHED, ActorSettings, actor_seed
-from shardreplay.runtime.learner_sync import agreed_settings
+from shardreplay.runtime.actor.loop import FINISHED, ActorSettings, actor_seed
+from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.routing import foreign_backlog, scheme_of
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.samplers.schedules import LinearSchedule

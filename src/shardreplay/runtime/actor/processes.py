@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from shardreplay.runtime.actor import ActorSettings
+from shardreplay.runtime.actor.loop import ActorSettings
 from shardreplay.runtime.log_lines import configure_logging, write_line
 from shardreplay.transport.base import Transport
 
@@ -112,7 +112,7 @@ def reap_processes(procs: list[Any], grace_s: float, timeout_s: float = 5.0) -> 
 def _actor_main(settings: ActorSettings, transports: Mapping[int, Transport] | None, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     configure_logging(logging.WARNING, "%(asctime)s actor %(message)s")
-    from shardreplay.runtime.actor import StopFlag, run
+    from shardreplay.runtime.actor.loop import StopFlag, run
 
     stop = StopFlag()
 

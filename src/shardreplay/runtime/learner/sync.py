@@ -1,5 +1,6 @@
-"""What the learner ranks agree on, and how: the per-iteration sync record, the signal
-flags that feed it, the rate limiter over global counts and the settings actors share.
+"""What the learner ranks agree on, and how: the per-iteration sync record, the
+checkpoint trigger (signals, requests, periodic saves) that feeds it, the rate limiter
+over global counts and the settings actors share.
 
 All ranks run the training loop in lock-step. Every decision that leads into a
 collective (learn now? how many updates? stop? save?) is taken from a :class:`LoopSync`
@@ -10,28 +11,21 @@ collectives in the same order.
 from __future__ import annotations
 
 import dataclasses
-import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from shardreplay.buffer.rate_limiter import RateLimiter
+from shardreplay.checkpoint.triggers import CheckpointTrigger
 from shardreplay.errors import ShardReplayError
 from shardreplay.runtime import stop_signals
-from shardreplay.runtime.actor import AGREED
+from shardreplay.runtime.actor.loop import AGREED
 from shardreplay.runtime.settings import TrainSettings
 
 DRAIN_CHUNKS = 16  # chunks one rank takes in per iteration at most
 MAX_UPDATES_PER_ITERATION = 8
-
-
-def periodic_save_due(interval: int, saved_at: int, updates: int) -> bool:
-    """True when a periodic checkpoint is due: a multiple of ``interval`` updates was
-    passed since ``saved_at`` (the update count of the last save, or where this life
-    began). The loop checks between iterations of up to :data:`MAX_UPDATES_PER_ITERATION`
-    updates, so it rarely sits exactly on a multiple; ``interval`` 0 means never."""
-    return interval > 0 and updates // interval > saved_at // interval
 
 
 class _Collectives(Protocol):
@@ -96,35 +90,30 @@ class LoopSync:
         return LoopSync.from_tensor(collectives.all_reduce_sum(self.to_tensor(), "train loop sync").cpu())
 
 
-class SignalFlags:
-    """Signal flags: SIGTERM/SIGINT ask to stop, SIGUSR1 asks for a checkpoint."""
+def learner_trigger(settings: TrainSettings, run_dir: Path) -> CheckpointTrigger:
+    """The checkpoint trigger of one learner rank, its signal handlers installed.
 
-    def __init__(self) -> None:
-        self.stop = False
-        self.save = False
+    SIGTERM / SIGINT ask to stop (a repeated SIGINT too: the ranks still agree to stop
+    and save), SIGUSR1 or ``<run_dir>/checkpoint.request`` ask for a checkpoint, and one
+    is due every ``checkpoints.interval_updates`` updates (0: only at the end). The
+    request is agreed in the loop's :class:`LoopSync`, not by the trigger's own
+    collective. A stop signal :mod:`~shardreplay.runtime.stop_signals` took earlier
+    (while the process was starting) is not lost.
 
-    def install(self) -> None:
-        """Route the three signals to the flags (main thread only, as ``signal`` requires).
-
-        A stop signal :mod:`~shardreplay.runtime.stop_signals` took earlier (while the
-        process was starting) sets ``stop`` too: it is not lost.
-        """
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
-        signal.signal(signal.SIGUSR1, self._save)
-        if stop_signals.requested() is not None:  # after the handlers: none falls between
-            self.stop = True
-
-    def _stop(self, *_args: Any) -> None:
-        self.stop = True
-
-    def _save(self, *_args: Any) -> None:
-        self.save = True
+    Raises:
+        ConfigError: not called from the main thread (Python's rule for handlers).
+    """
+    trigger = CheckpointTrigger(run_dir / "checkpoints", request_dir=run_dir,
+                                interval_steps=settings.checkpoints.interval_updates or None)
+    trigger.install_signal_handlers(repeat_interrupt=False)
+    if stop_signals.requested() is not None:  # after the handlers: none falls between
+        trigger.request_stop()
+    return trigger
 
 
 def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
     """The settings every actor of a run on ``world`` learner ranks must share with them
-    (:data:`shardreplay.runtime.actor.AGREED`), as the learners publish them.
+    (:data:`shardreplay.runtime.actor.loop.AGREED`), as the learners publish them.
 
     Raises:
         ShardReplayError: the names differ from ``AGREED`` (a bug).

@@ -39,11 +39,11 @@ from typing import Any
 
 import numpy as np
 
-from shardreplay.buffer.gym_modes import env_autoreset_mode as _env_autoreset_mode
-from shardreplay.buffer.gym_modes import final_obs as _final_obs
-from shardreplay.buffer.gym_modes import has_final_obs as _has_final_obs
-from shardreplay.buffer.gym_modes import mode_name as _mode_name
 from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.gym.modes import env_autoreset_mode as _env_autoreset_mode
+from shardreplay.gym.modes import final_obs as _final_obs
+from shardreplay.gym.modes import has_final_obs as _has_final_obs
+from shardreplay.gym.modes import mode_name as _mode_name
 from shardreplay.spec.fields import StepType
 
 __all__ = ["GymStepConverter", "StepWrite"]

@@ -44,9 +44,7 @@ from shardreplay.checkpoint import (
 )
 from shardreplay.errors import CheckpointError, ConfigError, PeerLost, ShardReplayError, StorageError
 from shardreplay.runtime import stop_signals
-from shardreplay.runtime.envs import env_spaces, transition_spec
-from shardreplay.runtime.log_lines import configure_logging
-from shardreplay.runtime.processes import (
+from shardreplay.runtime.actor.processes import (
     ProcessTree,
     children_block_signals,
     describe_exit,
@@ -55,6 +53,8 @@ from shardreplay.runtime.processes import (
     stop_processes,
     stop_resource_tracker,
 )
+from shardreplay.runtime.envs import env_spaces, transition_spec
+from shardreplay.runtime.log_lines import configure_logging
 from shardreplay.runtime.routing import (
     check_reachable,
     check_writable,
@@ -84,7 +84,7 @@ def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool 
 
     A resumed run writes nothing here: its learners record the new life and settings,
     and set incomplete checkpoints aside, only once every rank restored
-    (:func:`shardreplay.runtime.learner_resume.commit_resume`), so a refused resume
+    (:func:`shardreplay.runtime.learner.resume.commit_resume`), so a refused resume
     leaves the run directory as it was and ``--auto-resume`` can try again.
 
     Incomplete checkpoints (a run that stopped before every rank saved its part) are
@@ -194,7 +194,7 @@ def _torchrun_rank(settings: TrainSettings, resume: bool, checkpoint_id: int | N
     dist.init_process_group("gloo", init_method="env://",
                             timeout=datetime.timedelta(seconds=settings.learners.collective_timeout_s))
     try:
-        from shardreplay.runtime.learner import Learner
+        from shardreplay.runtime.learner.loop import Learner
 
         return Learner(settings, None, resume, checkpoint_id=checkpoint_id).run()
     finally:
@@ -231,7 +231,7 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
             out.put((rank, "ok", {"rank": rank, "stopped_during_startup": True,
                                   "run_dir": settings.run.run_dir}))
             return
-        from shardreplay.runtime.learner import Learner
+        from shardreplay.runtime.learner.loop import Learner
 
         summary = Learner(settings, rings[rank] if rings else None, resume, rings=rings,
                           checkpoint_id=checkpoint_id).run()

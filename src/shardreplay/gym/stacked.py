@@ -1,6 +1,6 @@
 """GymStepWriter's path for a frame-stacked observation (pixels with a frame stack).
 
-The compiled write of :mod:`shardreplay.buffer.gym_writer` copies plain fields; a
+The compiled write of :mod:`shardreplay.gym.writer` copies plain fields; a
 frame-stacked field keeps one ring of frames per stream (``storage/frames.py``), which
 only :meth:`ReplayBuffer.add` fills. This path therefore turns each gym step into
 dm_env steps exactly as :class:`shardreplay.GymStepConverter` does (its module docstring
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardreplay.buffer.gym_modes import final_obs, has_final_obs
 from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.gym.modes import final_obs, has_final_obs
 from shardreplay.spec import StepType
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardreplay.runtime.learner_sync import LoopSync
+from shardreplay.runtime.learner.sync import LoopSync
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """gymnasium's autoreset modes and final observations, read without importing gymnasium.
 
-Shared by :class:`shardreplay.runtime.gym_steps.GymStepConverter` and
-:class:`shardreplay.buffer.gym_writer.GymStepWriter` (see the converter's module
+Shared by :class:`shardreplay.gym.steps.GymStepConverter` and
+:class:`shardreplay.gym.writer.GymStepWriter` (see the converter's module
 docstring for the timelines of ``NEXT_STEP`` and ``SAME_STEP``).
 """
 

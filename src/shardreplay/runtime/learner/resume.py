@@ -18,10 +18,10 @@ from shardreplay import checkpoint
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError
-from shardreplay.runtime.dqn import DoubleDqn
+from shardreplay.runtime.learner.dqn import DoubleDqn
+from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
 from shardreplay.runtime.run_identity import RunIdentity, write_life
 from shardreplay.runtime.settings import TrainSettings
-from shardreplay.runtime.stored_ids import StoredIds, merge_stored
 
 log = logging.getLogger("shardreplay.learner")
 LEARNER_STATE = "learner_state.pt"

@@ -1,0 +1,122 @@
+"""The small parts a learner rank's state is kept in (see :class:`~.loop.Learner`).
+
+- :class:`Progress`: what the run did so far (counters, evaluations, the metrics window).
+- :class:`Lineage`: where this life comes from (identity, the restored checkpoint, the
+  chunks it holds, what earlier lives' journals say).
+- :class:`StorageGuard`: the first write the file system refused, kept instead of raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardreplay._io import storage_error
+from shardreplay.errors import ShardReplayError, StorageError
+from shardreplay.runtime.learner.journal import OldJournals
+from shardreplay.runtime.learner.report import MetricsWindow
+from shardreplay.runtime.learner.stored_ids import StoredIds
+from shardreplay.runtime.learner.sync import LoopSync
+from shardreplay.runtime.run_identity import RunIdentity
+
+log = logging.getLogger("shardreplay.learner")
+
+
+def _zero_counters() -> dict[str, int]:
+    return {"env_steps": 0, "updates": 0, "version": 0, "samples": 0}
+
+
+@dataclass
+class Progress:
+    """What the run did so far, as this rank counts it (agreed counts where it matters).
+
+    Attributes:
+        counters: env steps, updates, the published version and samples (saved in checkpoints).
+        best_eval: the best mean evaluation return of the run (over its lives).
+        last_eval: the latest mean evaluation return (None: none yet).
+        evals: evaluations so far; a metrics row shows an evaluation once.
+        evals_recorded: ``evals`` when the latest metrics row was written.
+        solved: an evaluation reached ``stop_return``.
+        solved_state: rank 0: the agent that passed (saved and published at the end).
+        wall_offset_s: wall time of earlier lives: a resumed run's time axis goes on.
+        started: when this life's loop started (monotonic seconds).
+        window: the metrics row being gathered.
+        last_sync: the latest summed :class:`LoopSync`.
+    """
+
+    counters: dict[str, int] = field(default_factory=_zero_counters)
+    best_eval: float = -math.inf
+    last_eval: float | None = None
+    evals: int = 0
+    evals_recorded: int = 0
+    solved: bool = False
+    solved_state: dict[str, Any] | None = None
+    wall_offset_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    window: MetricsWindow = field(default_factory=MetricsWindow)
+    last_sync: LoopSync | None = None
+
+    def wall_s(self) -> float:
+        """Wall time of the run over all its lives (a resumed run goes on from its checkpoint's)."""
+        return round(self.wall_offset_s + time.monotonic() - self.started, 2)
+
+
+@dataclass
+class Lineage:
+    """Where this learner life comes from.
+
+    Attributes:
+        identity: the run id and this life's number.
+        stored: chunks already in the restored checkpoint.
+        restored: this shard's restore counts, passed to every save (None: a fresh run).
+        resumed: the restore report (None: a fresh run).
+        last_checkpoint: the newest checkpoint id saved or found: ids only grow, so a save
+            never meets a complete one.
+        old_journals: chunks earlier lives acknowledged that the checkpoint lacks.
+    """
+
+    identity: RunIdentity
+    stored: StoredIds = field(default_factory=StoredIds)
+    restored: dict[str, int] | None = None
+    resumed: dict[str, Any] | None = None
+    last_checkpoint: int = -1
+    old_journals: OldJournals = field(default_factory=OldJournals)
+
+
+class StorageGuard:
+    """The first write the file system refused (full disk, read-only): the ranks agree to
+    stop, write what they still can, and the run ends naming it.
+
+    Attributes:
+        error: the first refused write of this rank (None: none).
+        stop: some rank's write was refused (agreed in the loop's sync).
+    """
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.error: StorageError | None = None
+        self.stop = False
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Run one of this rank's writes; one the file system refuses (full disk,
+        read-only, no permission) is kept in :attr:`error`, not raised: the rank votes
+        to stop at the next sync, and the ranks end the run writing what they still can.
+
+        Raises:
+            OSError, ShardReplayError: any error that is not a refused write.
+        """
+        try:
+            yield
+        except (OSError, ShardReplayError) as exc:
+            refused = storage_error(exc)
+            if refused is None:
+                raise
+            if self.error is None:
+                self.error = refused
+                log.debug("rank %d: %s", self.rank, refused)
