@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from ckpt_helpers import T_SCALE, as_shard, fill_random, make_buffer
 from safetensors.numpy import load_file
 
 from shardreplay import checkpoint
 from shardreplay.checkpoint.format import BLOCK_BYTES
 from shardreplay.checkpoint.summary import summarize
+from tests.checkpoint.ckpt_helpers import T_SCALE, as_shard, fill_random, make_buffer
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

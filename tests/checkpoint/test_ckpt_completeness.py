@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from ckpt_helpers import as_shard, fill_random, make_buffer, step_multiset
 
 from shardreplay import checkpoint
 from shardreplay.cli.train import _check_resumable
 from shardreplay.errors import CheckpointFormatError
+from tests.checkpoint.ckpt_helpers import as_shard, fill_random, make_buffer, step_multiset
 
 
 def _save(root: Path, cid: int) -> dict[int, float]:

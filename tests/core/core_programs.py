@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from core_ref import FIRST, LAST, MID, RefBuffer
 from hypothesis import strategies as st
 
 from shardreplay import ReplayBuffer
+from tests.core.core_ref import FIRST, LAST, MID, RefBuffer
 
 # MID twice: episodes longer than one step are common, so windows complete.
 STEP_TYPES = (FIRST, MID, MID, LAST)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_programs import Program, apply_write, make_buffer, programs
-from core_ref import FIRST, MID, SPEC, RefBuffer, check_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardreplay import EmptyBufferError, ReplayBuffer, testing
+from tests.core.core_programs import Program, apply_write, make_buffer, programs
+from tests.core.core_ref import FIRST, MID, SPEC, RefBuffer, check_batch
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,11 +6,11 @@ import copy
 
 import numpy as np
 import pytest
-from core_fixtures import assert_same, snapshot
-from core_programs import Program, apply_write, make_buffer, random_program
 
 from shardreplay import ConfigError, EmptyBufferError, Field, LinearSchedule, ReplayBuffer, Spec, testing
 from shardreplay.errors import SpecMismatchError
+from tests.core.core_fixtures import assert_same, snapshot
+from tests.core.core_programs import Program, apply_write, make_buffer, random_program
 
 SAMPLERS = [("uniform", 0.6), ("prioritized", 0.7), ("prioritized", 0.0), ("fifo", 0.6)]
 

@@ -13,8 +13,13 @@ import gc
 import numpy as np
 import pytest
 import torch
-from harness import run_ranks
-from sharded_reference import (
+
+import shardreplay as sr
+from shardreplay.buffer.nstep import nstep_returns
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import ConfigError, EmptyBufferError, InvalidPriorityError
+from shardreplay.spec.keys import unpack_keys
+from tests.distributed.sharded_reference import (
     ALPHA,
     AMOUNTS,
     BETA,
@@ -29,12 +34,7 @@ from sharded_reference import (
     updated_priority,
     written_priority,
 )
-
-import shardreplay as sr
-from shardreplay.buffer.nstep import nstep_returns
-from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import ConfigError, EmptyBufferError, InvalidPriorityError
-from shardreplay.spec.keys import unpack_keys
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 

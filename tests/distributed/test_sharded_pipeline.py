@@ -19,8 +19,14 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from harness import run_ranks
-from sharded_reference import (
+from torch.nn.parallel import DistributedDataParallel
+
+import shardreplay as sr
+from shardreplay.checkpoint import list_checkpoints, load, save
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import CollectiveTimeout, ConfigError, SamplerFailed
+from shardreplay.spec.keys import key_shard
+from tests.distributed.sharded_reference import (
     ALPHA,
     AMOUNTS,
     BETA,
@@ -34,13 +40,7 @@ from sharded_reference import (
     step_types,
     written_priority,
 )
-from torch.nn.parallel import DistributedDataParallel
-
-import shardreplay as sr
-from shardreplay.checkpoint import list_checkpoints, load, save
-from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import CollectiveTimeout, ConfigError, SamplerFailed
-from shardreplay.spec.keys import key_shard
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -14,8 +14,13 @@ import gc
 import numpy as np
 import pytest
 import torch.distributed as dist
-from harness import run_ranks
-from sharded_reference import (
+
+import shardreplay as sr
+from shardreplay.checkpoint import load, save
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import ConfigError, InvalidPriorityError
+from shardreplay.spec.keys import key_shard
+from tests.distributed.sharded_reference import (
     ALPHA,
     AMOUNTS,
     BETA,
@@ -30,12 +35,7 @@ from sharded_reference import (
     updated_priority,
     written_priority,
 )
-
-import shardreplay as sr
-from shardreplay.checkpoint import load, save
-from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import ConfigError, InvalidPriorityError
-from shardreplay.spec.keys import key_shard
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 

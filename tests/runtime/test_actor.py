@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from runtime_helpers import CARTPOLE_SPEC, children, publish_cartpole_policy, wait_for
 
 from shardreplay.runtime import actor as actor_module
 from shardreplay.runtime.actor import ActorSettings, StopFlag, run
@@ -25,6 +24,7 @@ from shardreplay.runtime.routing import shard_transport
 from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.spec import StepType
 from shardreplay.transport.codec import Chunk, encode
+from tests.runtime.runtime_helpers import CARTPOLE_SPEC, children, publish_cartpole_policy, wait_for
 
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
 

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from runtime_helpers import CARTPOLE_SPEC, publish_cartpole_policy
 
 from shardreplay.runtime.actor import ActorSettings
 from shardreplay.runtime.processes import ActorPool
 from shardreplay.runtime.routing import chunk_bytes
 from shardreplay.transport.local import LocalTransport
+from tests.runtime.runtime_helpers import CARTPOLE_SPEC, publish_cartpole_policy
 
 START_S = 90.0  # the actor imports torch and gymnasium: seconds on a loaded machine
 

@@ -23,8 +23,6 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from runtime_helpers import CARTPOLE_SPEC, IDENT_SPEC, make_chunk, wait_for
-from train_harness import FAST, TrainRun
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ConfigError
@@ -40,6 +38,8 @@ from shardreplay.runtime.routing import foreign_backlog, redis_stream, shard_tra
 from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
+from tests.runtime.runtime_helpers import CARTPOLE_SPEC, IDENT_SPEC, make_chunk, wait_for
+from tests.runtime.train_harness import FAST, TrainRun
 
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
 

@@ -7,7 +7,12 @@ import time
 
 import numpy as np
 import pytest
-from transport_helpers import (
+
+from shardreplay.errors import ConfigError, SpecMismatchError, TransportTimeout
+from shardreplay.transport import open_transport
+from shardreplay.transport.codec import Chunk, encode
+from shardreplay.transport.local import LocalTransport
+from tests.transport.transport_helpers import (
     SPEC,
     assert_same_chunk,
     fill_ring_forever,
@@ -17,11 +22,6 @@ from transport_helpers import (
     receive_all,
     send_chunks,
 )
-
-from shardreplay.errors import ConfigError, SpecMismatchError, TransportTimeout
-from shardreplay.transport import open_transport
-from shardreplay.transport.codec import Chunk, encode
-from shardreplay.transport.local import LocalTransport
 
 
 def test_round_trip_in_one_process() -> None:
