@@ -121,7 +121,7 @@ def apply_write(buf: ReplayBuffer, ref: RefBuffer | None, op: Write) -> None:
 
 def make_buffer(prog: Program, **kwargs) -> ReplayBuffer:
     """A buffer of the program's layout on the reference spec."""
-    from core_ref import SPEC
+    from tests.core.core_ref import SPEC
 
     return ReplayBuffer(SPEC, num_streams=prog.num_streams, stream_capacity=prog.capacity,
                         window=prog.window, **kwargs)

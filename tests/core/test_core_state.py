@@ -103,7 +103,7 @@ def _loaded_source() -> tuple[ReplayBuffer, dict]:
                          ids=["streams", "capacity", "window", "sampler"])
 def test_load_into_another_layout_raises_and_changes_nothing(change: dict) -> None:
     _, state = _loaded_source()
-    from core_ref import SPEC
+    from tests.core.core_ref import SPEC
 
     args = {"num_streams": 3, "stream_capacity": 6, "window": 3, "sampler": "prioritized", **change}
     target = ReplayBuffer(SPEC, seed=4, **args)

@@ -37,7 +37,8 @@ from tests.distributed.sharded_reference import (
 )
 from tests.support import run_ranks
 
-pytestmark = pytest.mark.distributed
+# One worker runs the module: its launches (a module fixture) are shared by its tests.
+pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("sharded_prefetch")]
 
 SPEC = sr.Spec({"obs": sr.Field((), np.float32)})
 PREFETCH, CALLS, BATCH = 4, 48, 1024
