@@ -9,6 +9,17 @@ from pathlib import Path
 import pytest
 
 from tests.support.redis import RedisServer, start_redis
+from tests.support.warm import cache_is_cold, warm_kernel_cache
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist, the controller warms a cold numba cache before the workers start
+    (see :mod:`tests.support.warm`); a run in one process compiles as it goes."""
+    config = session.config
+    workers = getattr(config.option, "numprocesses", None)
+    if workers and not hasattr(config, "workerinput") and cache_is_cold():
+        warm_kernel_cache()
 
 
 @pytest.fixture

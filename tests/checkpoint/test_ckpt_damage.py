@@ -82,6 +82,7 @@ def _all_files(directory: Path) -> list[Path]:
     return files
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_every_flipped_byte_is_caught(tmp_path: Path) -> None:
     """Flip each byte of every file of a small checkpoint in turn: load raises a
     checkpoint error naming the damaged file, or (never seen with these patterns)

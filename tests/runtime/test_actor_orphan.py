@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from shardreplay.runtime.actor import ActorSettings
 from shardreplay.runtime.processes import ActorPool
@@ -56,6 +57,7 @@ def _gone(p: psutil.Process) -> bool:
         return True
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_actor_exits_at_once_when_its_learner_dies_while_it_waits_for_room(tmp_path: Path) -> None:
     policy = f"file://{tmp_path}/policy"
     publish_cartpole_policy(policy, 1)
