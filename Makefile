@@ -2,7 +2,8 @@
 #   make demo    shardreplay train: distributed Ape-X DQN on CartPole, end to end
 #   make test    the test suite (installs redis-server with apt-get if missing), on
 #                TEST_WORKERS pytest-xdist workers (TEST_WORKERS=0: in this process)
-#   make test-fast  the tests not marked slow: the edit loop (about a minute on 2 free cores)
+#   make test-fast  the tests not marked slow: the edit loop (about 95 CPU-seconds in all:
+#                about a minute on 2 free cores)
 #   make lint    ruff
 #   make typecheck  mypy on src/ (settings in pyproject.toml)
 #   make bench   replay benchmark: shardreplay vs TorchRL vs cpprb, one JSON line
@@ -18,9 +19,9 @@ TORCH_PIP_ARGS ?=
 STAMP       := $(VENV)/.shardreplay-install
 BENCH_STAMP := $(VENV)/.shardreplay-bench
 PYTEST_ARGS ?=
-# Most tests wait on child processes and sockets, so more workers than cores pay: on 2 cores
-# 4 workers finished the suite first (measured; see CHANGELOG). loadgroup keeps the tests of
-# a module that share one expensive launch (xdist_group) on one worker.
+# Most tests wait on child processes and sockets, so more workers than cores keep 2 cores
+# busy (4 is a choice, not yet a measured optimum: compare TEST_WORKERS=2 on a quiet machine).
+# loadgroup keeps the tests of a module that share one expensive launch (xdist_group) on one worker.
 TEST_WORKERS ?= 4
 XDIST       := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 BENCH_ARGS  ?=
