@@ -1,7 +1,9 @@
 # shardreplay developer tasks. Everything runs inside .venv (created on first use).
 #   make demo    shardreplay train: distributed Ape-X DQN on CartPole, end to end
-#   make test    the test suite (installs redis-server with apt-get if missing)
-#   make test-fast  the tests not marked slow: the edit loop (under 2 minutes on 2 cores)
+#   make test    the test suite (installs redis-server with apt-get if missing), on
+#                TEST_WORKERS pytest-xdist workers (TEST_WORKERS=0: in this process)
+#   make test-fast  the tests not marked slow: the edit loop (about 95 CPU-seconds in all:
+#                about a minute on 2 free cores)
 #   make lint    ruff
 #   make typecheck  mypy on src/ (settings in pyproject.toml)
 #   make bench   replay benchmark: shardreplay vs TorchRL vs cpprb, one JSON line
@@ -17,6 +19,11 @@ TORCH_PIP_ARGS ?=
 STAMP       := $(VENV)/.shardreplay-install
 BENCH_STAMP := $(VENV)/.shardreplay-bench
 PYTEST_ARGS ?=
+# Most tests wait on child processes and sockets, so more workers than cores keep 2 cores
+# busy (4 is a choice, not yet a measured optimum: compare TEST_WORKERS=2 on a quiet machine).
+# loadgroup keeps the tests of a module that share one expensive launch (xdist_group) on one worker.
+TEST_WORKERS ?= 4
+XDIST       := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 BENCH_ARGS  ?=
 DEMO_ARGS   ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -34,11 +41,11 @@ $(STAMP): pyproject.toml
 
 test: install
 	@command -v redis-server >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
 	@command -v redis-server >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # The tests start a real redis-server; Debian's package provides it.
 redis-server:

@@ -3,105 +3,23 @@ Tests on real torch.distributed groups also count as slow (see the hook below)."
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import shutil
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.redis import RedisServer, start_redis
+from tests.support.warm import cache_is_cold, warm_kernel_cache
 
 
-def _die_with_parent() -> None:
-    """Linux: the server gets SIGTERM if pytest dies, so no redis-server outlives a run."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-class RedisServer:
-    """A redis-server child process in its own directory.
-
-    Args:
-        workdir: where the server keeps its files (AOF when ``appendonly``).
-        appendonly: persist every write (for restart tests); else nothing is saved.
-        password: require this password (``--requirepass``); None: none.
-    """
-
-    def __init__(self, workdir: Path, *, appendonly: bool = False, password: str | None = None) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not installed: `apt-get install -y redis-server` "
-                        "(make test installs it)")
-        self.binary = binary
-        self.workdir = workdir
-        self.appendonly = appendonly
-        self.password = password
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout_s: float = 15.0) -> None:
-        """Start the server and wait until it answers PING."""
-        import redis  # only the redis tests need it
-
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
-                "--dir", str(self.workdir), "--daemonize", "no", "--protected-mode", "yes",
-                *(["--requirepass", self.password] if self.password else [])]
-        log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 (closed with the process)
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent)
-        log.close()
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1,
-                             password=self.password)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited: {(self.workdir / 'redis.log').read_text()}")
-                try:
-                    if client.ping():
-                        return
-                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not answer PING in time")
-                time.sleep(0.02)
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        """SIGTERM (the server saves its AOF and exits), SIGKILL if it hangs; reaped."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
-
-    def restart(self, down_s: float = 0.0) -> None:
-        """Stop, stay down ``down_s`` seconds, start again on the same port and directory."""
-        self.stop()
-        time.sleep(down_s)
-        self.start()
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist, the controller warms a cold numba cache before the workers start
+    (see :mod:`tests.support.warm`); a run in one process compiles as it goes."""
+    config = session.config
+    workers = getattr(config.option, "numprocesses", None)
+    if workers and not hasattr(config, "workerinput") and cache_is_cold():
+        warm_kernel_cache()
 
 
 @pytest.fixture
@@ -110,17 +28,8 @@ def redis_factory(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     servers: list[RedisServer] = []
 
     def make(*, appendonly: bool = False, password: str | None = None) -> RedisServer:
-        workdir = tmp_path / f"redis{len(servers)}"
-        workdir.mkdir()
-        for _ in range(5):  # the free port may be taken between probe and bind
-            server = RedisServer(workdir, appendonly=appendonly, password=password)
-            servers.append(server)
-            try:
-                server.start()
-                return server
-            except RuntimeError:
-                server.stop()
-        raise RuntimeError("could not start redis-server on a free port")
+        return start_redis(tmp_path / f"redis{len(servers)}", appendonly=appendonly, password=password,
+                           started=servers)
 
     try:
         yield make
@@ -135,10 +44,24 @@ def redis_server(redis_factory: Callable[..., RedisServer]) -> RedisServer:
     return redis_factory()
 
 
+# The files whose tests take minutes (measured with --durations on 2 cores), heaviest first:
+# run first, so that under pytest-xdist the longest tests start at once and the short ones
+# fill the other workers around them, instead of one long test ending the run alone.
+HEAVY_FIRST = (
+    "tests/runtime/test_three_hosts.py",
+    "tests/runtime/test_train_signals.py",
+    "tests/runtime/test_e2e_faults.py",
+    "tests/runtime/test_train_layouts.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every ``distributed`` test ``slow`` as well: each starts processes that import
     torch and form a gloo group (tens of seconds on 2 cores), so ``make test-fast``
-    (``-m "not slow"``) leaves them to ``make test``."""
+    (``-m "not slow"``) leaves them to ``make test``. Then put the files of
+    :data:`HEAVY_FIRST` first (a stable sort: the same order on every xdist worker)."""
     for item in items:
         if item.get_closest_marker("distributed") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH_DIR))
 
 import bench_client  # noqa: E402
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fastpaths.py"
-sys.path.insert(0, str(BENCH.parent))
 
 import bench_fastpaths  # noqa: E402
 import bench_transport  # noqa: E402

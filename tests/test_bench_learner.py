@@ -30,7 +30,6 @@ def test_quick_run_prints_one_json_line(tmp_path: Path) -> None:
 
 
 def test_the_link_delay_flag_keeps_its_old_name() -> None:
-    sys.path.insert(0, str(BENCH.parent))
     import bench_learner
 
     for flag in ("--link-delay-ms", "--netem-delay-ms"):

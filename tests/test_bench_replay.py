@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH_DIR))
 
 import bench_replay  # noqa: E402
 import replay_workload as W  # noqa: E402

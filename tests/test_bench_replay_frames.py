@@ -13,7 +13,6 @@ import pytest
 from shardreplay import testing
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH_DIR))
 
 import replay_frames as F  # noqa: E402
 import replay_workload as W  # noqa: E402

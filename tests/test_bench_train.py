@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_train.py"
-sys.path.insert(0, str(BENCH.parent))
 
 import bench_train  # noqa: E402
 

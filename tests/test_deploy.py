@@ -10,13 +10,10 @@ resolve to rank 0.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import re
 import shlex
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -29,24 +26,11 @@ from shardreplay.cli.train import _settings
 from shardreplay.runtime.actor.loop import ActorSettings, RunInfo, resolve
 from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.settings import TrainSettings
+from tests.support import environ
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-
-
-@contextlib.contextmanager
-def _environ(env: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _argv(command: Any) -> list[str]:
@@ -58,7 +42,7 @@ def _torchrun(argv: list[str], env: dict[str, str]) -> tuple[Any, list[str]]:
     from torch.distributed.run import get_args_parser
 
     assert argv[0] == "torchrun", argv
-    with _environ({k: v for k, v in env.items() if k.startswith("PET_")}):
+    with environ({k: v for k, v in env.items() if k.startswith("PET_")}):
         ns = get_args_parser().parse_args(argv[1:])  # its env defaults are read at build time
     assert ns.module and ns.training_script == "shardreplay", "run the module: torchrun -m shardreplay"
     return ns, list(ns.training_script_args)

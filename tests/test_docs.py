@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.support import child_env, torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -173,12 +173,6 @@ def test_readme_single_buffer_example_runs() -> None:
     assert buffer.info().stale_updates == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_readme_sharded_example_runs_under_torchrun(tmp_path: Path) -> None:
@@ -188,9 +182,8 @@ def test_readme_sharded_example_runs_under_torchrun(tmp_path: Path) -> None:
     script = tmp_path / "sharded.py"
     script.write_text(sharded)
     log = tmp_path / "torchrun.log"
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)]
+    env = child_env()
+    cmd = torchrun(2, str(script))
     with open(log, "wb") as sink:  # a file, not a pipe: a full pipe would block the ranks
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
                                 start_new_session=True)

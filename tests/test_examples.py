@@ -41,6 +41,7 @@ def test_prioritized_cartpole_default():
     assert out.rstrip().endswith("done")
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_prioritized_cartpole_tiny_one_step():
     out = run_example("prioritized_cartpole.py", "--num-envs", "2", "--env-steps", "300",
                       "--n-step", "1", "--batch-size", "8", "--num-batches", "2")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import shardreplay
 
 PACKAGE_DIR = Path(shardreplay.__file__).resolve().parent
@@ -190,6 +192,7 @@ def test_layer_check_catches_upward_and_root_imports(tmp_path: Path) -> None:
         assert any(text in p for p in problems), (text, problems)
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_the_command_starts_without_torch() -> None:
     """`shardreplay` takes Ctrl-C and SIGTERM over (cli.main) before torch and numba are
     imported, which takes seconds: the package root and the command's entry must not

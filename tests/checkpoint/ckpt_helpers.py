@@ -8,8 +8,6 @@ traced back to where and when it was written; ``env`` is the stream id field (de
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,11 +19,6 @@ from shardreplay.distributed.internals import ShardedInternals
 from shardreplay.distributed.refill import ShardChoice
 from shardreplay.distributed.runner import InlineRunner
 from shardreplay.spec import StepType
-
-# The gloo harness lives beside the distributed tests (no __init__.py in tests dirs).
-_DIST = str(Path(__file__).resolve().parents[1] / "distributed")
-if _DIST not in sys.path:
-    sys.path.insert(0, _DIST)
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 SPEC = sr.Spec({"obs": sr.Field((2,), np.float32), "ctr": sr.Field((), np.int64),

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from ckpt_helpers import T_SCALE, as_shard, fill_random, make_buffer
+import pytest
 from safetensors.numpy import load_file
 
 from shardreplay import checkpoint
 from shardreplay.checkpoint.format import BLOCK_BYTES
 from shardreplay.checkpoint.summary import summarize
+from tests.checkpoint.ckpt_helpers import T_SCALE, as_shard, fill_random, make_buffer
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -30,6 +31,7 @@ def _save(root: Path, cid: int, partial: str = "seal") -> None:
                         keep_last=None)
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_inspect_root_and_checkpoint(tmp_path: Path) -> None:
     _save(tmp_path, 1)
     _save(tmp_path, 2, partial="drop")
@@ -74,6 +76,7 @@ def _save_big(root: Path, cid: int) -> Path:
     return checkpoint.save(big, root, cid, keep_last=None)
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_verify_reports_every_problem(tmp_path: Path) -> None:
     _save(tmp_path, 1)
     _save(tmp_path, 2)

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from ckpt_helpers import as_shard, fill_random, make_buffer, step_multiset
 
 from shardreplay import checkpoint
 from shardreplay.cli.train import _check_resumable
 from shardreplay.errors import CheckpointFormatError
+from tests.checkpoint.ckpt_helpers import as_shard, fill_random, make_buffer, step_multiset
 
 
 def _save(root: Path, cid: int) -> dict[int, float]:
@@ -80,6 +80,7 @@ def test_only_damaged_checkpoints_raise_naming_them(tmp_path: Path) -> None:
     assert buf.num_steps == 0  # an error leaves the buffer empty, as documented
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_verify_resume_and_auto_resume_use_the_same_rule(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     root = run_dir / "checkpoints"

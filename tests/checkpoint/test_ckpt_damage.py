@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ckpt_helpers import SPEC, as_shard, fill_random, make_buffer, step_multiset
 
 import shardreplay as sr
 from shardreplay import checkpoint
@@ -23,6 +22,7 @@ from shardreplay.checkpoint.format import BLOCK_BYTES
 from shardreplay.checkpoint.load import _load_one
 from shardreplay.checkpoint.manifest import dump_checked, load_checked
 from shardreplay.errors import CheckpointError, CheckpointFormatError, IncompleteCheckpointError
+from tests.checkpoint.ckpt_helpers import SPEC, as_shard, fill_random, make_buffer, step_multiset
 
 CHECKPOINT_ERRORS = (CheckpointFormatError, IncompleteCheckpointError)
 
@@ -82,6 +82,7 @@ def _all_files(directory: Path) -> list[Path]:
     return files
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_every_flipped_byte_is_caught(tmp_path: Path) -> None:
     """Flip each byte of every file of a small checkpoint in turn: load raises a
     checkpoint error naming the damaged file, or (never seen with these patterns)

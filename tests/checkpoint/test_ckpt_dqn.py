@@ -14,12 +14,10 @@ import copy
 import math
 from pathlib import Path
 
-import ckpt_helpers  # noqa: F401  (puts the gloo harness on sys.path)
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from harness import run_ranks
 from safetensors.numpy import load_file
 from torch.nn.parallel import DistributedDataParallel
 
@@ -28,6 +26,7 @@ from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.checkpoint import CheckpointTrigger
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.gym.steps import GymStepConverter
+from tests.support import run_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # minutes on 2 cores: 3 worlds of ranks
 

@@ -17,8 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ckpt_helpers import FIRST, LAST, MID, _step, as_shard, fill_random, make_buffer
-from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
@@ -26,6 +24,8 @@ from shardreplay.checkpoint.load import _load_one
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import InvalidKeyError
 from shardreplay.spec.keys import GEN_MASK
+from tests.checkpoint.ckpt_helpers import FIRST, LAST, MID, _step, as_shard, fill_random, make_buffer
+from tests.support import run_ranks
 
 STREAMS, CAPACITY = 3, 16
 AFTER = 1_000

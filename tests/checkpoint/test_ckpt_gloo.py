@@ -6,7 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ckpt_helpers import (
+
+import shardreplay as sr
+from shardreplay import checkpoint, testing
+from shardreplay.buffer.shard import STEP_ARRAYS
+from shardreplay.checkpoint import format as ckfmt
+from shardreplay.checkpoint.load import _load_one
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import CheckpointFormatError
+from tests.checkpoint.ckpt_helpers import (
     as_shard,
     assert_same_distribution,
     fill_random,
@@ -16,15 +24,7 @@ from ckpt_helpers import (
     union_distribution,
     window_table,
 )
-from harness import run_ranks
-
-import shardreplay as sr
-from shardreplay import checkpoint, testing
-from shardreplay.buffer.shard import STEP_ARRAYS
-from shardreplay.checkpoint import format as ckfmt
-from shardreplay.checkpoint.load import _load_one
-from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import CheckpointFormatError
+from tests.support import run_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # ~15 s per launch of ranks
 

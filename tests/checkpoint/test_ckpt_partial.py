@@ -18,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ckpt_helpers import (
+
+from shardreplay import checkpoint, testing
+from shardreplay.checkpoint.manifest import load_checked
+from tests.checkpoint.ckpt_helpers import (
     FIRST,
     LAST,
     MID,
@@ -30,9 +33,6 @@ from ckpt_helpers import (
     window_table,
     write_timelines,
 )
-
-from shardreplay import checkpoint, testing
-from shardreplay.checkpoint.manifest import load_checked
 
 F, M, L = FIRST, MID, LAST
 TIMELINES = [[F, M, L, F, M], [F, M, M, M, L, F, M, L], [F, M, M, F, M, L], [F] + [M] * 9]

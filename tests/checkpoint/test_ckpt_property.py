@@ -51,7 +51,15 @@ from tempfile import TemporaryDirectory
 import numpy as np
 import pytest
 import scipy.stats
-from ckpt_helpers import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import shardreplay as sr
+from shardreplay import checkpoint, testing
+from shardreplay.buffer.shard import STEP_ARRAYS
+from shardreplay.checkpoint.load import LoadReport, _load_one
+from shardreplay.checkpoint.plan import NewLayout
+from tests.checkpoint.ckpt_helpers import (
     ALPHA,
     FIRST,
     LAST,
@@ -66,14 +74,6 @@ from ckpt_helpers import (
     window_table,
     write_timelines,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-import shardreplay as sr
-from shardreplay import checkpoint, testing
-from shardreplay.buffer.shard import STEP_ARRAYS
-from shardreplay.checkpoint.load import LoadReport, _load_one
-from shardreplay.checkpoint.plan import NewLayout
 
 MAX_EXAMPLES = 100
 DRAWS = 4000  # windows drawn per chi-square test
@@ -506,12 +506,13 @@ def test_placement_is_the_same_in_a_fresh_process(tmp_path: Path) -> None:
     """Another interpreter (another hash seed) places every step in the same slot."""
     here = [placement_digest(c, tmp_path / f"here{i}") for i, c in enumerate(FIXED_CASES)]
     code = ("import json, sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-            "import test_ckpt_property as t; cases = [t.Case(**{k: tuple(v) if isinstance(v, list) else v "
+            "from tests.checkpoint import test_ckpt_property as t; "
+            "cases = [t.Case(**{k: tuple(v) if isinstance(v, list) else v "
             "for k, v in c.items()}) for c in json.loads(sys.argv[2])]; "
             "print(json.dumps([t.placement_digest(c, Path(sys.argv[3]) / str(i)) "
             "for i, c in enumerate(cases)]))")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent),
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parents[2]),
                           json.dumps([asdict(c) for c in FIXED_CASES]), str(tmp_path / "there")],
                          env=env, capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == here

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ckpt_helpers import fill_random, make_buffer, step_multiset
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.checkpoint import format as ckfmt
 from shardreplay.errors import CheckpointFormatError
+from tests.checkpoint.ckpt_helpers import fill_random, make_buffer, step_multiset
 
 BIG = sr.Spec({"obs": sr.Field((1024,), np.float32), "ctr": sr.Field((), np.int64)})
 ROWS, CAP = 2, 1024  # two streams of 4 MiB each: a ~8 MiB part of 9 blocks

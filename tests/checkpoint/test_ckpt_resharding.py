@@ -14,7 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ckpt_helpers import (
+
+import shardreplay as sr
+from shardreplay import checkpoint, testing
+from shardreplay.buffer.shard import STEP_ARRAYS
+from shardreplay.checkpoint import format as ckfmt
+from shardreplay.checkpoint.load import _load_one
+from tests.checkpoint.ckpt_helpers import (
     T_SCALE,
     as_shard,
     assert_same_distribution,
@@ -25,12 +31,6 @@ from ckpt_helpers import (
     union_distribution,
     window_table,
 )
-
-import shardreplay as sr
-from shardreplay import checkpoint, testing
-from shardreplay.buffer.shard import STEP_ARRAYS
-from shardreplay.checkpoint import format as ckfmt
-from shardreplay.checkpoint.load import _load_one
 
 STREAMS, CAPACITY = 3, 40
 

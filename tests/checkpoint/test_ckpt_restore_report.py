@@ -12,12 +12,12 @@ import logging
 from pathlib import Path
 
 import pytest
-from ckpt_helpers import as_shard, fill_random, make_buffer
 
 from shardreplay import checkpoint, testing
 from shardreplay.checkpoint.load import _load_one
 from shardreplay.checkpoint.summary import summarize
 from shardreplay.errors import CheckpointError, ConfigError
+from tests.checkpoint.ckpt_helpers import as_shard, fill_random, make_buffer
 
 STREAMS = 3
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ckpt_helpers import as_shard
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
@@ -22,6 +21,7 @@ from shardreplay.checkpoint import format as ckfmt
 from shardreplay.checkpoint.load import _load_one
 from shardreplay.checkpoint.manifest import dump_checked, load_checked
 from shardreplay.errors import CheckpointError
+from tests.checkpoint.ckpt_helpers import as_shard
 
 SPEC = sr.Spec({"obs": sr.Field((256,), np.float32)})
 ROWS, CAP = 2, 1024  # 2 MiB of obs per part: 3 blocks

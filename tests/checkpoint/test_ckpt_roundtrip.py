@@ -8,7 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ckpt_helpers import (
+
+import shardreplay as sr
+from shardreplay import checkpoint, testing
+from shardreplay.checkpoint.manifest import checkpoint_dir
+from shardreplay.errors import ConfigError
+from tests.checkpoint.ckpt_helpers import (
     SPEC,
     assert_same_distribution,
     fill_random,
@@ -18,11 +23,6 @@ from ckpt_helpers import (
     union_distribution,
     window_table,
 )
-
-import shardreplay as sr
-from shardreplay import checkpoint, testing
-from shardreplay.checkpoint.manifest import checkpoint_dir
-from shardreplay.errors import ConfigError
 
 
 @pytest.mark.parametrize("sampler", ["prioritized", "uniform"])

@@ -7,11 +7,11 @@ import signal
 from pathlib import Path
 
 import pytest
-from ckpt_helpers import fill_random, make_buffer
 
 from shardreplay import checkpoint
 from shardreplay.checkpoint import CheckpointTrigger
 from shardreplay.errors import ConfigError
+from tests.checkpoint.ckpt_helpers import fill_random, make_buffer
 
 
 def _decisions(trigger: CheckpointTrigger, steps: range) -> list[int]:

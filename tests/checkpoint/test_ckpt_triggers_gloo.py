@@ -17,8 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ckpt_helpers import T_SCALE, make_buffer
-from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay import checkpoint
@@ -26,6 +24,8 @@ from shardreplay.checkpoint import CheckpointTrigger
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CollectiveTimeout
+from tests.checkpoint.ckpt_helpers import T_SCALE, make_buffer
+from tests.support import run_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # ~20 s per world of ranks
 

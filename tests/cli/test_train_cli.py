@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import socket
 import time
 from pathlib import Path
 
@@ -20,13 +19,7 @@ from shardreplay.errors import ConfigError, TransportError
 from shardreplay.runtime.learner.resume import settings_for_resume
 from shardreplay.runtime.routing import check_reachable
 from shardreplay.runtime.settings import FLAT, GROUPS, TrainSettings
-
-
-def _closed_port() -> int:
-    """A loopback port nobody listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import free_port
 
 
 def _train_help() -> str:
@@ -150,7 +143,7 @@ def test_resume_without_a_checkpoint_is_one_line(tmp_path: Path, capsys: pytest.
 @pytest.mark.timeout(60)
 def test_unreachable_redis_is_named_within_seconds(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    port = _closed_port()
+    port = free_port()  # nobody listens on it
     started = time.monotonic()
     with pytest.raises(TransportError, match=f"cannot reach redis at 127.0.0.1:{port}"):
         check_reachable(f"redis://127.0.0.1:{port}/0")

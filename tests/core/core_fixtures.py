@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from core_ref import FIRST, LAST, MID, SPEC
 
 from shardreplay import ReplayBuffer, testing
 from shardreplay.spec.keys import unpack_keys
+from tests.core.core_ref import FIRST, LAST, MID, SPEC
 
 # Three streams of a fixed timeline; capacity 8, so stream 0 wraps and loses its head.
 TIMELINES = (

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from core_ref import FIRST, LAST, MID, RefBuffer
 from hypothesis import strategies as st
 
 from shardreplay import ReplayBuffer
+from tests.core.core_ref import FIRST, LAST, MID, RefBuffer
 
 # MID twice: episodes longer than one step are common, so windows complete.
 STEP_TYPES = (FIRST, MID, MID, LAST)
@@ -121,7 +121,7 @@ def apply_write(buf: ReplayBuffer, ref: RefBuffer | None, op: Write) -> None:
 
 def make_buffer(prog: Program, **kwargs) -> ReplayBuffer:
     """A buffer of the program's layout on the reference spec."""
-    from core_ref import SPEC
+    from tests.core.core_ref import SPEC
 
     return ReplayBuffer(SPEC, num_streams=prog.num_streams, stream_capacity=prog.capacity,
                         window=prog.window, **kwargs)

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from core_fixtures import assert_same, snapshot
 
 from shardreplay import (
     ConfigError,
@@ -22,6 +21,7 @@ from shardreplay import (
     testing,
 )
 from shardreplay.errors import InvalidKeyError
+from tests.core.core_fixtures import assert_same, snapshot
 
 # Overflowing casts are the point of some cases; numpy's warning about them is expected.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_programs import Program, apply_write, make_buffer, programs
-from core_ref import FIRST, MID, SPEC, RefBuffer, check_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardreplay import EmptyBufferError, ReplayBuffer, testing
+from tests.core.core_programs import Program, apply_write, make_buffer, programs
+from tests.core.core_ref import FIRST, MID, SPEC, RefBuffer, check_batch
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prog=programs(max_writes=12), sizes=st.lists(st.integers(0, 6), min_size=12, max_size=12))
 def test_fifo_matches_reference_queue(prog: Program, sizes: list[int]) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from core_fixtures import assert_same, snapshot
 
 from shardreplay import ConfigError, Field, LinearSchedule, ReplayBuffer, Spec, SpecMismatchError, testing
+from tests.core.core_fixtures import assert_same, snapshot
 
 SPEC = Spec({"obs": {"pos": Field((3,), np.float32), "id": Field((), np.int32)},
              "act": Field((), np.int64)})

@@ -12,12 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from core_fixtures import assert_same, snapshot
 
 from shardreplay import Field, ReplayBuffer, Spec, testing
 from shardreplay.errors import InvalidKeyError
 from shardreplay.kernels.keys import encode_keys
 from shardreplay.spec.keys import NUM_TAGS, new_key_tag, unpack_keys
+from tests.core.core_fixtures import assert_same, snapshot
 
 SPEC = Spec({"obs": Field((2,), np.float32)})
 S, C, B = 4, 64, 32

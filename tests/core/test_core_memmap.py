@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from core_fixtures import assert_same
-from core_programs import apply_write, make_buffer, random_program
 
 from shardreplay import EmptyBufferError, testing
+from tests.core.core_fixtures import assert_same
+from tests.core.core_programs import apply_write, make_buffer, random_program
 
 
 @pytest.mark.parametrize("sampler", ["uniform", "prioritized", "fifo"])

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from core_fixtures import assert_same, snapshot
 
 import shardreplay as sr
 import shardreplay.spec.validation as validation
 from shardreplay import testing
 from shardreplay.buffer import shard as shard_module
+from tests.core.core_fixtures import assert_same, snapshot
 
 SPECS = {
     "vector": sr.Spec({"obs": sr.Field((4,), np.float32), "action": sr.Field((), np.int64),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_fixtures import assert_same, flat_slots, snapshot
-from core_ref import FIRST, MID, SPEC
 
 from shardreplay import ConfigError, ReplayBuffer, testing
+from tests.core.core_fixtures import assert_same, flat_slots, snapshot
+from tests.core.core_ref import FIRST, MID, SPEC
 
 
 def _write(buf: ReplayBuffer, types: list[int], priorities: list[float] | None = None) -> None:

@@ -6,11 +6,11 @@ import copy
 
 import numpy as np
 import pytest
-from core_fixtures import assert_same, snapshot
-from core_programs import Program, apply_write, make_buffer, random_program
 
 from shardreplay import ConfigError, EmptyBufferError, Field, LinearSchedule, ReplayBuffer, Spec, testing
 from shardreplay.errors import SpecMismatchError
+from tests.core.core_fixtures import assert_same, snapshot
+from tests.core.core_programs import Program, apply_write, make_buffer, random_program
 
 SAMPLERS = [("uniform", 0.6), ("prioritized", 0.7), ("prioritized", 0.0), ("fifo", 0.6)]
 
@@ -103,7 +103,7 @@ def _loaded_source() -> tuple[ReplayBuffer, dict]:
                          ids=["streams", "capacity", "window", "sampler"])
 def test_load_into_another_layout_raises_and_changes_nothing(change: dict) -> None:
     _, state = _loaded_source()
-    from core_ref import SPEC
+    from tests.core.core_ref import SPEC
 
     args = {"num_streams": 3, "stream_capacity": 6, "window": 3, "sampler": "prioritized", **change}
     target = ReplayBuffer(SPEC, seed=4, **args)

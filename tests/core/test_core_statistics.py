@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_fixtures import all_keys, filled_buffer, flat_slots
-from core_ref import FIRST, MID, SPEC
 from scipy.stats import chisquare
 
 from shardreplay import ReplayBuffer, testing
+from tests.core.core_fixtures import all_keys, filled_buffer, flat_slots
+from tests.core.core_ref import FIRST, MID, SPEC
 
 DRAWS = 40_000
 P_MIN = 1e-3

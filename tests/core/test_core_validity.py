@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_programs import Program, apply_write, make_buffer, programs
-from core_ref import FIRST, LAST, MID, SPEC, RefBuffer, check_batch
 from hypothesis import HealthCheck, given, settings
 
 from shardreplay import EmptyBufferError, ReplayBuffer, testing
+from tests.core.core_programs import Program, apply_write, make_buffer, programs
+from tests.core.core_ref import FIRST, LAST, MID, SPEC, RefBuffer, check_batch
 
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -25,6 +25,7 @@ def _check_state(buf: ReplayBuffer, ref: RefBuffer) -> None:
     assert set(np.flatnonzero(testing.valid(buf)).tolist()) == ref.valid_slots()
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 @SETTINGS
 @given(prog=programs())
 def test_valid_starts_and_windows_match_reference(prog: Program) -> None:
@@ -44,6 +45,7 @@ def test_valid_starts_and_windows_match_reference(prog: Program) -> None:
         assert (batch.weights.numpy() == 1.0).all()
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 @SETTINGS
 @given(prog=programs(with_priorities=True))
 def test_prioritized_probabilities_and_weights_match_reference(prog: Program) -> None:

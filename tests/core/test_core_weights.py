@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from core_fixtures import all_keys, filled_buffer, flat_slots
-from core_ref import MID, SPEC
 
 from shardreplay import LinearSchedule, ReplayBuffer, testing
+from tests.core.core_fixtures import all_keys, filled_buffer, flat_slots
+from tests.core.core_ref import MID, SPEC
 
 
 def _setup(alpha: float, beta, seed: int = 0):

@@ -25,7 +25,8 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from harness import free_port, run_ranks
+
+from tests.support import child_env, run_ranks, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -43,9 +44,8 @@ def _example() -> ModuleType:
 # -- (a) the example under torchrun -----------------------------------------------------------
 def _run_torchrun(args: list[str], log: Path, timeout_s: float) -> tuple[int, str, set[int]]:
     """Run torchrun in its own session; return (exit code, output, every pid seen under it)."""
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(EXAMPLE), *args]
+    env = child_env()
+    cmd = torchrun(2, str(EXAMPLE), *args)
     with open(log, "wb") as sink:  # a file, not a pipe: a full pipe would block the ranks
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)

@@ -13,18 +13,16 @@ where namespaces cannot be made (not root, no ``ip``) or no delay can be put on 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
-import pytest
-import test_sharded_distribution as strict
-import test_sharded_pipeline as pipelined
-from harness import run_ranks
-from sharded_reference import Reference
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import linkprobe
 import netns
+import pytest
+
+from tests.distributed import test_sharded_distribution as strict
+from tests.distributed import test_sharded_pipeline as pipelined
+from tests.distributed.sharded_reference import Reference
+from tests.support import run_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 DELAY_MS = 1.0

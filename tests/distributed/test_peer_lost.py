@@ -10,10 +10,10 @@ import time
 
 import pytest
 import torch
-from harness import run_ranks
 
 from shardreplay.distributed.group import Collectives
 from shardreplay.errors import CollectiveTimeout, PeerLost
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 TIMEOUT_S = 60.0

@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError
 from shardreplay.samplers.schedules import LinearSchedule
+from tests.support import run_ranks
 
 # One spawn: ~10 s on an idle box, ~30 s on a loaded 2-core one.
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

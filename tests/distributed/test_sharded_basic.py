@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.spec.keys import key_shard
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.spec.keys import key_shard
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 

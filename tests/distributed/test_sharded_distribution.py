@@ -13,8 +13,14 @@ import gc
 import numpy as np
 import pytest
 import torch
-from harness import run_ranks
-from sharded_reference import (
+
+import shardreplay as sr
+from shardreplay.buffer.nstep import nstep_returns
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
+from shardreplay.errors import ConfigError, EmptyBufferError, InvalidPriorityError
+from shardreplay.spec.keys import unpack_keys
+from tests.distributed.sharded_reference import (
     ALPHA,
     AMOUNTS,
     BETA,
@@ -29,15 +35,10 @@ from sharded_reference import (
     updated_priority,
     written_priority,
 )
+from tests.support import run_ranks
 
-import shardreplay as sr
-from shardreplay.buffer.nstep import nstep_returns
-from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
-from shardreplay.errors import ConfigError, EmptyBufferError, InvalidPriorityError
-from shardreplay.spec.keys import unpack_keys
-
-pytestmark = pytest.mark.distributed
+# One worker runs the module: its launches (a module fixture) are shared by its tests.
+pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("sharded_distribution")]
 
 SPEC = sr.Spec({"obs": sr.Field((), np.float32)})
 CALLS, BATCH = 60, 1024

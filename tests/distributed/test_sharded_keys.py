@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError, InvalidKeyError
 from shardreplay.spec.keys import key_shard
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 

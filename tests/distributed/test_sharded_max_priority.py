@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import run_ranks
-from sharded_reference import chi_square_pvalue
 
 import shardreplay as sr
 from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
+from tests.distributed.sharded_reference import chi_square_pvalue
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -19,8 +19,15 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from harness import run_ranks
-from sharded_reference import (
+from torch.nn.parallel import DistributedDataParallel
+
+import shardreplay as sr
+from shardreplay.checkpoint import list_checkpoints, load, save
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
+from shardreplay.errors import CollectiveTimeout, ConfigError, SamplerFailed
+from shardreplay.spec.keys import key_shard
+from tests.distributed.sharded_reference import (
     ALPHA,
     AMOUNTS,
     BETA,
@@ -34,16 +41,10 @@ from sharded_reference import (
     step_types,
     written_priority,
 )
-from torch.nn.parallel import DistributedDataParallel
+from tests.support import run_ranks
 
-import shardreplay as sr
-from shardreplay.checkpoint import list_checkpoints, load, save
-from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
-from shardreplay.errors import CollectiveTimeout, ConfigError, SamplerFailed
-from shardreplay.spec.keys import key_shard
-
-pytestmark = pytest.mark.distributed
+# One worker runs the module: its launches (a module fixture) are shared by its tests.
+pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("sharded_pipeline")]
 
 SPEC = sr.Spec({"obs": sr.Field((), np.float32)})
 CALLS, BATCH = 48, 1024

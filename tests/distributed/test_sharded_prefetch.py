@@ -14,8 +14,14 @@ import gc
 import numpy as np
 import pytest
 import torch.distributed as dist
-from harness import run_ranks
-from sharded_reference import (
+
+import shardreplay as sr
+from shardreplay.checkpoint import load, save
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
+from shardreplay.errors import ConfigError, InvalidPriorityError
+from shardreplay.spec.keys import key_shard
+from tests.distributed.sharded_reference import (
     ALPHA,
     AMOUNTS,
     BETA,
@@ -30,15 +36,10 @@ from sharded_reference import (
     updated_priority,
     written_priority,
 )
+from tests.support import run_ranks
 
-import shardreplay as sr
-from shardreplay.checkpoint import load, save
-from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
-from shardreplay.errors import ConfigError, InvalidPriorityError
-from shardreplay.spec.keys import key_shard
-
-pytestmark = pytest.mark.distributed
+# One worker runs the module: its launches (a module fixture) are shared by its tests.
+pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("sharded_prefetch")]
 
 SPEC = sr.Spec({"obs": sr.Field((), np.float32)})
 PREFETCH, CALLS, BATCH = 4, 48, 1024

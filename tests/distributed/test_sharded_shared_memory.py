@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.distributed.shared_records import SHM_DIR, SharedRecords
 from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT, key_shard
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 

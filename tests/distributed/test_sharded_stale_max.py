@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.spec.keys import key_shard
+from tests.support import run_ranks
 
 # One spawn: ~10 s on an idle box, ~30 s on a loaded 2-core one.
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -14,12 +14,12 @@ import time
 import numpy as np
 import psutil
 import pytest
-from harness import run_ranks
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CollectiveTimeout
+from tests.support import run_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -12,11 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import linkprobe
 import netns
+import pytest
 
 
 @pytest.fixture(scope="module", autouse=True)

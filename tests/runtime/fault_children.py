@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runtime_helpers import IDENT_SPEC, make_chunk
 
 from shardreplay.spec import Field, Spec
+from tests.runtime.runtime_helpers import IDENT_SPEC, make_chunk
 
 
 def big_spec(obs_size: int) -> Spec:

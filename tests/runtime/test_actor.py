@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from runtime_helpers import CARTPOLE_SPEC, children, publish_cartpole_policy, wait_for
 
 from shardreplay.runtime.actor import loop as actor_module
 from shardreplay.runtime.actor.loop import ActorSettings, StopFlag, run
@@ -25,6 +24,7 @@ from shardreplay.runtime.routing import shard_transport
 from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.spec import StepType
 from shardreplay.transport.codec import Chunk, encode
+from tests.runtime.runtime_helpers import CARTPOLE_SPEC, children, publish_cartpole_policy, wait_for
 
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
 
@@ -187,6 +187,7 @@ def _counters(log: Path) -> dict[str, int]:
     return json.loads(lines[-1])
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_the_actor_cleanly_after_sending_what_it_holds(tmp_path: Path, sig: int) -> None:
     policy, url = f"file://{tmp_path}/policy", f"file://{tmp_path}/spool"
@@ -211,6 +212,7 @@ def test_signal_stops_the_actor_cleanly_after_sending_what_it_holds(tmp_path: Pa
     assert seqs == list(range(seqs[0], seqs[0] + len(chunks)))
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_signal_stops_an_actor_still_waiting_for_its_first_policy(tmp_path: Path) -> None:
     log = tmp_path / "actor.log"
     with children() as kids:

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from runtime_helpers import CARTPOLE_SPEC, publish_cartpole_policy
+import pytest
 
 from shardreplay.runtime.actor.loop import ActorSettings
 from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.routing import chunk_bytes
 from shardreplay.transport.local import LocalTransport
+from tests.runtime.runtime_helpers import CARTPOLE_SPEC, publish_cartpole_policy
 
 START_S = 90.0  # the actor imports torch and gymnasium: seconds on a loaded machine
 
@@ -56,6 +57,7 @@ def _gone(p: psutil.Process) -> bool:
         return True
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_actor_exits_at_once_when_its_learner_dies_while_it_waits_for_room(tmp_path: Path) -> None:
     policy = f"file://{tmp_path}/policy"
     publish_cartpole_policy(policy, 1)

@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 import redis
-from fault_children import write_n
-from runtime_helpers import IDENT_SPEC, children, ident_counts, make_chunk
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
@@ -23,6 +21,8 @@ from shardreplay.runtime.learner.journal import CRASHED, IngestJournal, LossLog,
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
 from shardreplay.transport.spool import chunk_file_name
+from tests.runtime.fault_children import write_n
+from tests.runtime.runtime_helpers import IDENT_SPEC, children, ident_counts, make_chunk
 
 CTX = mp.get_context("fork")  # the writers use no torch: forking is safe and starts at once
 

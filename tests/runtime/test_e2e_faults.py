@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import (
+
+from tests.runtime.e2e_helpers import (
     account,
     final_checkpoint,
     kill9_redis,
@@ -35,8 +36,8 @@ from e2e_helpers import (
     stored_identities,
     stored_steps,
 )
-from runtime_helpers import kill9
-from train_harness import TrainRun, wait_until
+from tests.runtime.runtime_helpers import kill9
+from tests.runtime.train_harness import TrainRun, wait_until
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -29,8 +29,6 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from fault_children import big_spec, read_forged, reader_life, write_forever
-from runtime_helpers import IDENT_SPEC, children, ident_counts, kill9, make_chunk, wait_for
 
 from shardreplay import checkpoint
 from shardreplay._hashing import xxh3_64
@@ -41,6 +39,8 @@ from shardreplay.spec import Field, Spec
 from shardreplay.transport import open_transport
 from shardreplay.transport.codec import _PREFIX, FORMAT_VERSION, MAGIC, _layout, encode
 from shardreplay.transport.spool import chunk_file_name
+from tests.runtime.fault_children import big_spec, read_forged, reader_life, write_forever
+from tests.runtime.runtime_helpers import IDENT_SPEC, children, ident_counts, kill9, make_chunk, wait_for
 
 # Forked children start at once (a spawned one spends seconds importing on a loaded
 # machine); their bodies use no torch operation, so the parent's threads do not matter.

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-from runtime_helpers import IDENT_SPEC, ident_counts, make_chunk
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
@@ -14,6 +13,7 @@ from shardreplay.runtime.learner.journal import LossLog
 from shardreplay.runtime.learner.stored_ids import StoredIds
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
+from tests.runtime.runtime_helpers import IDENT_SPEC, ident_counts, make_chunk
 
 SETTINGS = TrainSettings.from_dict(dict(learners=1, actors=2, envs_per_actor=2, transport="file:///unused"))
 

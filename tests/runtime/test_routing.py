@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_helpers import CARTPOLE_SPEC, make_chunk
 
 from shardreplay.runtime.actor.loop import ActorSettings
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
@@ -23,6 +22,7 @@ from shardreplay.transport.codec import encode
 from shardreplay.transport.local import LocalTransport
 from shardreplay.transport.redis import RedisTransport
 from shardreplay.transport.spool import SpoolTransport
+from tests.runtime.runtime_helpers import CARTPOLE_SPEC, make_chunk
 
 
 @pytest.mark.parametrize("url, scheme", [("local", "local"), ("", "local"), ("local://", "local"),

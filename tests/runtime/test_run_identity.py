@@ -23,8 +23,6 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from runtime_helpers import CARTPOLE_SPEC, IDENT_SPEC, make_chunk, wait_for
-from train_harness import FAST, TrainRun
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ConfigError
@@ -40,6 +38,8 @@ from shardreplay.runtime.routing import foreign_backlog, redis_stream, shard_tra
 from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
+from tests.runtime.runtime_helpers import CARTPOLE_SPEC, IDENT_SPEC, make_chunk, wait_for
+from tests.runtime.train_harness import FAST, TrainRun
 
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
 
@@ -299,6 +299,7 @@ FilePublisher(sys.argv[1]).publish(1, {"w": torch.zeros(1000)})
 """
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 def test_a_publisher_killed_mid_write_leaves_no_temp_file_after_the_next_starts(tmp_path: Path) -> None:
     path = tmp_path / "policy"
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_MID_WRITE, str(path)], stdout=subprocess.PIPE,
@@ -346,6 +347,7 @@ def test_a_remote_actor_given_only_the_url_takes_the_learners_settings(tmp_path:
     assert {c.policy_version for c in chunks} == {pack_version(0, 5)}
 
 
+@pytest.mark.slow  # fresh interpreters or many examples: 20-100 s at load ~9 on 2 cores
 @pytest.mark.parametrize("flag, value, theirs", [("--chunk-steps", "16", "8"),
                                                  ("--epsilon-warmup-steps", "0", "8000"),
                                                  ("--queued-chunks-per-actor", "64", "2")])

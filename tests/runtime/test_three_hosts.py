@@ -37,13 +37,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import netns
 import pytest
-from train_harness import TrainRun, manifest_counters, manifest_steps, metrics_rows, wait_until
 
 from shardreplay import checkpoint
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import netns
+from tests.runtime.train_harness import TrainRun, manifest_counters, manifest_steps, metrics_rows, wait_until
 
 pytestmark = [pytest.mark.distributed, pytest.mark.redis, pytest.mark.slow]
 DELAY_MS = 1.0

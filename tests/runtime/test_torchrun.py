@@ -4,11 +4,11 @@ remote ``shardreplay actor`` processes through a real Redis, Ctrl-C, a missing r
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 
 import pytest
-from train_harness import (
+
+from tests.runtime.train_harness import (
     FAST,
     TrainRun,
     manifest_counters,
@@ -17,18 +17,13 @@ from train_harness import (
     training,
     wait_until,
 )
+from tests.support import free_port
 
 pytestmark = pytest.mark.distributed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(*train_args: str) -> list[str]:
-    return ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+    return ["--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
             "-m", "shardreplay", "train", *train_args]
 
 

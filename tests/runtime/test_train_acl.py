@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import redis
-from train_harness import FAST, TrainRun
 
 from shardreplay.secrets import ENV
+from tests.runtime.train_harness import FAST, TrainRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from train_harness import TrainRun, manifest_counters, newest_checkpoint
 
 from shardreplay.runtime.learner.evaluate import evaluate
+from tests.runtime.train_harness import TrainRun, manifest_counters, newest_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 EPISODES = 20

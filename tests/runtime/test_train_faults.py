@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 import redis
-from runtime_helpers import kill9
-from train_harness import FAST, TrainRun, metrics_rows, training, wait_until
 
 from shardreplay.runtime.routing import redis_stream
 from shardreplay.runtime.run_identity import read_identity
+from tests.runtime.runtime_helpers import kill9
+from tests.runtime.train_harness import FAST, TrainRun, metrics_rows, training, wait_until
 
 pytestmark = pytest.mark.distributed
 START_S = 150.0

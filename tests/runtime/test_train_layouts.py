@@ -21,10 +21,10 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from train_harness import FAST, TrainRun, manifest_counters, manifest_steps, newest_checkpoint
 
 from shardreplay import checkpoint
 from shardreplay.runtime.run_identity import read_identity
+from tests.runtime.train_harness import FAST, TrainRun, manifest_counters, manifest_steps, newest_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from train_harness import (
+
+from tests.runtime.train_harness import (
     FAST,
     TrainRun,
     manifest_counters,

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from train_harness import FAST, TrainRun
+
+from tests.runtime.train_harness import FAST, TrainRun
 
 # Short runs that evaluate often (every 40 updates, 2 episodes) and never stop as solved.
 SHORT = (*FAST, "--min-replay", "200", "--eval-interval-updates", "40", "--stop-return", "0")

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from train_harness import FAST, TrainRun, training, wait_until
 
 from shardreplay import checkpoint
 from shardreplay.checkpoint.manifest import part_name
+from tests.runtime.train_harness import FAST, TrainRun, training, wait_until
 
 pytestmark = pytest.mark.distributed
 START_S = 150.0  # the machine may be loaded: imports alone take seconds per process

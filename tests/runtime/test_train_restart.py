@@ -21,15 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from train_harness import (
-    FAST,
-    TrainRun,
-    manifest_counters,
-    manifest_steps,
-    metrics_rows,
-    newest_checkpoint,
-    wait_until,
-)
 
 import shardreplay as sr
 from shardreplay import checkpoint
@@ -45,6 +36,15 @@ from shardreplay.runtime.learner.resume import commit_resume
 from shardreplay.runtime.learner.sync import DRAIN_CHUNKS, MAX_UPDATES_PER_ITERATION, make_limiter
 from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
+from tests.runtime.train_harness import (
+    FAST,
+    TrainRun,
+    manifest_counters,
+    manifest_steps,
+    metrics_rows,
+    newest_checkpoint,
+    wait_until,
+)
 
 START_S = 150.0
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from train_harness import FAST, TrainRun, manifest_counters, newest_checkpoint, training
 
 from shardreplay import checkpoint
+from tests.runtime.train_harness import FAST, TrainRun, manifest_counters, newest_checkpoint, training
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 STOP_S = 30.0  # issue 19: the whole tree stops within 30 s of the signal

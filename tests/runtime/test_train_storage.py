@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from train_harness import FAST, TrainRun, wait_until
 
 from shardreplay import checkpoint
+from tests.runtime.train_harness import FAST, TrainRun, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

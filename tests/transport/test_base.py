@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from transport_helpers import SPEC
 
 from shardreplay.errors import ConfigError
 from shardreplay.transport import ChunkReader, ChunkWriter, Transport, open_transport
 from shardreplay.transport.base import RecentIds
+from tests.transport.transport_helpers import SPEC
 
 
 @pytest.mark.parametrize("url, options, match", [

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transport_helpers import SPEC, assert_same_chunk, make_chunk
 
 from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import codec
 from shardreplay.transport.codec import Chunk, decode, encode
+from tests.transport.transport_helpers import SPEC, assert_same_chunk, make_chunk
 
 MAX = 1 << 30
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "int64", "uint64", "float16", "float32",

@@ -7,7 +7,12 @@ import time
 
 import numpy as np
 import pytest
-from transport_helpers import (
+
+from shardreplay.errors import ConfigError, SpecMismatchError, TransportTimeout
+from shardreplay.transport import open_transport
+from shardreplay.transport.codec import Chunk, encode
+from shardreplay.transport.local import LocalTransport
+from tests.transport.transport_helpers import (
     SPEC,
     assert_same_chunk,
     fill_ring_forever,
@@ -17,11 +22,6 @@ from transport_helpers import (
     receive_all,
     send_chunks,
 )
-
-from shardreplay.errors import ConfigError, SpecMismatchError, TransportTimeout
-from shardreplay.transport import open_transport
-from shardreplay.transport.codec import Chunk, encode
-from shardreplay.transport.local import LocalTransport
 
 
 def test_round_trip_in_one_process() -> None:
@@ -281,9 +281,8 @@ def test_ring_reader_with_and_without_the_lock_gets_every_record_whole(
     # in place: every record arrives once, whole, in order per writer. Borrowed records
     # are checked again after a pause in which the writers wait for room: they must
     # not have been overwritten while lent.
-    from transport_helpers import put_ring_records, ring_record
-
     from shardreplay.transport import shm_ring
+    from tests.transport.transport_helpers import put_ring_records, ring_record
 
     if ordered_stores and not shm_ring._ORDERED_STORES:
         pytest.skip("the lock-free read path runs on x86-64 only")

@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pytest
 import redis
-from transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all, send_chunks
 
 from shardreplay.errors import TransportTimeout
 from shardreplay.spec import Field, Spec
@@ -17,6 +16,7 @@ from shardreplay.transport import open_transport
 from shardreplay.transport.codec import encode
 from shardreplay.transport.redis import RedisTransport
 from shardreplay.transport.redis_link import trim_acknowledged
+from tests.transport.transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all, send_chunks
 
 pytestmark = pytest.mark.redis
 STREAM = "shardreplay:chunks"

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all
 
 from shardreplay.errors import TransportError
 from shardreplay.policy import open_publisher, open_subscriber, wait_for_policy
 from shardreplay.transport import open_transport
 from shardreplay.transport.redis_link import check_reachable
+from tests.support import free_port
+from tests.transport.transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all
 
 pytestmark = pytest.mark.redis
 
@@ -56,9 +57,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     certs = tmp_path / "certs"
     certs.mkdir()
     _make_certificates(certs)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     args = [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(tmp_path), "--tls-cert-file", str(certs / "server.crt"),
             "--tls-key-file", str(certs / "server.key"), "--tls-ca-cert-file", str(certs / "ca.crt"),

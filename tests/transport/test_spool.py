@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all
 
 from shardreplay.errors import CorruptChunkError, TransportError, TransportTimeout
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import iter_archive, open_transport
 from shardreplay.transport.codec import encode
 from shardreplay.transport.spool import SpoolTransport, chunk_file_name
+from tests.transport.transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all
 
 
 def spool(path: Path, **options) -> SpoolTransport:

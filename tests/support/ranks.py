@@ -1,4 +1,5 @@
-"""Run a function on K real gloo ranks (spawned processes on loopback), collect results.
+"""Run a function on K real gloo ranks (spawned processes on loopback), collect results;
+the ``torchrun`` command line for a script or module on loopback.
 
 Every child is joined, and on failure or timeout terminated and killed, so no test
 leaves a process behind.
@@ -10,17 +11,12 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
-import socket
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 def _child(fn: Callable, rank: int, world: int, port: int, args: tuple, out: Any,
@@ -31,7 +27,7 @@ def _child(fn: Callable, rank: int, world: int, port: int, args: tuple, out: Any
 
     try:
         if namespace:
-            from netns import enter  # benchmarks/netns.py (the caller put it on sys.path)
+            from netns import enter  # benchmarks/ is on sys.path (pyproject: pythonpath)
 
             enter(namespace)
         dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
@@ -82,3 +78,11 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.
         out.close()
     assert not errors, "\n".join(errors)
     return [results[r] for r in range(world_size)]
+
+
+def torchrun(nproc: int, *target: str) -> list[str]:
+    """``python -m torch.distributed.run`` with ``nproc`` ranks on loopback (a rendezvous on
+    a free port of this worker's own), then ``target`` (a script and its arguments, or
+    ``-m module ...``)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *target]
