@@ -48,6 +48,7 @@ import numpy as np
 from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
+from shardreplay.transport.packing import PACKED_MAGIC, unpack
 from shardreplay.transport.wire import (
     _DIGEST,
     _DIGEST_AT,
@@ -273,7 +274,9 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     """Parse and fully validate a chunk against the learner's spec.
 
     Args:
-        data: the encoded chunk. Decoded arrays are read-only views into it.
+        data: the encoded chunk, or a packed one (:mod:`shardreplay.transport.packing`:
+            rebuilt first, and its rebuilt bytes then checked like any chunk). Decoded
+            arrays are read-only views into it (into the rebuilt bytes when packed).
         spec: the learner's spec; the chunk's fingerprint, dtypes and shapes must match.
         max_bytes: chunks longer than this are rejected before anything else.
 
@@ -284,6 +287,8 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     mv = memoryview(data)
     if mv.ndim != 1 or mv.itemsize != 1:
         mv = mv.cast("B")
+    if mv[:4] == PACKED_MAGIC:
+        mv = memoryview(unpack(mv, spec, max_bytes=max_bytes))
     if not mv.readonly:
         mv = mv.toreadonly()  # every view below is read-only, whoever owns the memory
     n = len(mv)
