@@ -160,7 +160,7 @@ def _rebuild(body: np.ndarray, spec: Spec, chunk_len: int) -> memoryview:
         src = _stacks_back(body, src, raw[arr.offset:arr.offset + arr.nbytes], arr)
     if src != len(body):
         raise CorruptChunkError(f"packed body has {len(body) - src} bytes left over", reason="header")
-    return memoryview(raw)
+    return raw.data
 
 
 def _take(body: np.ndarray, at: int, size: int) -> np.ndarray:
