@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,3 +158,87 @@ def test_damaged_flags_are_refused() -> None:
 def test_unknown_codec_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="none, lz4, zstd"):
         pack(b"", _spec(2), "gzip")
+
+
+def _stacked_chunks(spec: Spec, n: int) -> list[Chunk]:
+    """``n`` chunks of one actor, two streams of 16 steps each, continuing stacks."""
+    rng = np.random.default_rng(5)
+    out = []
+    for seq in range(n):
+        c = _chunk(*_episodes(rng, 2, 16, 4, (6, 5), 0.1), seq % 2 == 0, rng)
+        out.append(Chunk(0, seq, 1, np.arange(2), c.steps, c.priorities))
+    return out
+
+
+def _receive(reader: object, n: int) -> list[Chunk]:
+    got: list[Chunk] = []
+    for _ in range(200):
+        batch = reader.receive(n - len(got), timeout_s=0.1)  # type: ignore[attr-defined]
+        reader.ack(batch)  # type: ignore[attr-defined]
+        got += batch
+        if len(got) == n:
+            return got
+    raise AssertionError(f"received {len(got)} of {n} chunks")
+
+
+def _assert_same(got: list[Chunk], sent: list[Chunk]) -> None:
+    assert [c.sequence for c in got] == [c.sequence for c in sent]
+    for a, b in zip(got, sent, strict=True):
+        for name, value in b.steps.items():
+            np.testing.assert_array_equal(a.steps[name], value)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_spool_sends_frames_once(tmp_path: Path, compression: str) -> None:
+    """A frame-stacked spec is packed on the wire even without compression."""
+    from shardreplay.transport import open_transport
+
+    spec = _spec(4)
+    transport = open_transport(tmp_path.absolute().as_uri(), spec, compression=compression, archive=True)
+    sent = _stacked_chunks(spec, 6)
+    writer = transport.writer()
+    for c in sent:
+        writer.send(c)
+    files = sorted((tmp_path / "ready").iterdir())
+    assert len(files) == 6 and all(f.read_bytes()[:4] == b"SRCZ" for f in files)
+    plain = sum(len(encode(c, spec)) for c in sent)
+    assert sum(f.stat().st_size for f in files) < plain * 0.6
+    _assert_same(_receive(transport.reader(), 6), sent)
+
+
+@pytest.mark.redis
+def test_redis_sends_packed_chunks(redis_server: object) -> None:
+    import redis
+
+    from shardreplay.transport import open_transport
+
+    spec = _spec(4)
+    url = redis_server.url  # type: ignore[attr-defined]
+    transport = open_transport(url, spec, stream="t:packed", compression="lz4")
+    sent = _stacked_chunks(spec, 5)
+    writer = transport.writer()
+    for c in sent:
+        writer.send(c)
+    got = _receive(transport.reader(), 5)
+    _assert_same(got, sent)
+    entries = redis.Redis.from_url(url).xrange("t:packed")
+    assert entries and all(next(iter(fields.values()))[:4] == b"SRCZ" for _id, fields in entries)
+
+
+def test_plain_specs_stay_byte_identical_without_compression(tmp_path: Path) -> None:
+    from shardreplay.transport import open_transport
+
+    spec = Spec({"obs": Field((3,), np.float32)})
+    steps = {"obs": np.ones((1, 4, 3), np.float32), "step_type": np.ones((1, 4), np.uint8),
+             "discount": np.ones((1, 4), np.float32)}
+    chunk = Chunk(0, 0, 0, np.array([0]), steps)
+    open_transport(tmp_path.absolute().as_uri(), spec).writer().send(chunk)
+    (only,) = (tmp_path / "ready").iterdir()
+    assert only.read_bytes() == encode(chunk, spec)
+
+
+def test_unknown_compression_is_refused_when_the_transport_opens(tmp_path: Path) -> None:
+    from shardreplay.transport import open_transport
+
+    with pytest.raises(ConfigError, match="none, lz4, zstd"):
+        open_transport(tmp_path.absolute().as_uri(), _spec(2), compression="brotli")

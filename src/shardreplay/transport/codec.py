@@ -48,7 +48,7 @@ import numpy as np
 from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
-from shardreplay.transport.packing import PACKED_MAGIC, unpack
+from shardreplay.transport.packing import PACKED_MAGIC, check_codec, pack, unpack
 from shardreplay.transport.wire import (
     _DIGEST,
     _DIGEST_AT,
@@ -71,7 +71,8 @@ from shardreplay.transport.wire import (
     _layout,
 )
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "Encoding", "decode", "encode", "peek_identity"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "Encoding", "PackedEncoding", "decode", "encode",
+           "peek_identity", "wire_encoding"]
 
 @dataclass(frozen=True, eq=False)
 class Chunk:
@@ -203,6 +204,54 @@ class Encoding:
         _PREFIX.pack_into(raw.data, 0, MAGIC, FORMAT_VERSION, len(layout.header), self.nbytes, 0,
                           int(chunk.actor_id), int(chunk.sequence), int(chunk.policy_version))
         _DIGEST.pack_into(raw.data, _DIGEST_AT, xxh3_64(raw[_HASHED_FROM:]))
+
+
+class PackedEncoding:
+    """A chunk packed for the wire (:mod:`shardreplay.transport.packing`), written where
+    the caller wants it like an :class:`Encoding`.
+
+    Raises:
+        SpecMismatchError: as :func:`encode`.
+        ConfigError: ``codec`` is unknown or its package is not installed.
+    """
+
+    __slots__ = ("_data", "nbytes")
+
+    def __init__(self, chunk: Chunk, spec: Spec, codec: str) -> None:
+        self._data = pack(encode(chunk, spec), spec, codec)
+        self.nbytes = len(self._data)
+
+    def write_into(self, out: bytearray | memoryview | np.ndarray) -> None:
+        """Write the packed chunk to the first :attr:`nbytes` bytes of ``out``."""
+        np.frombuffer(out, np.uint8, self.nbytes)[:] = np.frombuffer(self._data, np.uint8)
+
+
+def wire_encoding(chunk: Chunk, spec: Spec, compression: str) -> Encoding | PackedEncoding:
+    """How a chunk crosses a file or network transport: packed (:mod:`~shardreplay.transport.packing`)
+    when ``compression`` is not ``"none"`` or ``spec`` has a ``frame_stack`` field (its new
+    frames then travel once), else the plain encoding, byte for byte :func:`encode`'s.
+
+    Raises:
+        SpecMismatchError: as :func:`encode`.
+        ConfigError: an unknown codec, or its package is missing.
+    """
+    if compression == "none" and not spec_has_frame_stacks(spec):
+        return Encoding(chunk, spec)
+    return PackedEncoding(chunk, spec, compression)
+
+
+def spec_has_frame_stacks(spec: Spec) -> bool:
+    """True when a field of ``spec`` is ``frame_stack``."""
+    return any(f.frame_stack for f in spec.fields.values())
+
+
+def check_compression(compression: str) -> str:
+    """``compression`` when it is ``none``, ``lz4`` or ``zstd`` with its package installed.
+
+    Raises:
+        ConfigError: otherwise, saying what to install or choose.
+    """
+    return check_codec(compression)
 
 
 def _exact(steps: Mapping[str, Any], exact: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]) -> bool:
