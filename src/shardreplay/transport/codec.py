@@ -48,6 +48,7 @@ import numpy as np
 from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
+from shardreplay.transport.packing import PACKED_MAGIC, check_codec, pack, unpack
 from shardreplay.transport.wire import (
     _DIGEST,
     _DIGEST_AT,
@@ -70,7 +71,8 @@ from shardreplay.transport.wire import (
     _layout,
 )
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "Encoding", "decode", "encode", "peek_identity"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "Encoding", "PackedEncoding", "decode", "encode",
+           "peek_identity", "wire_encoding"]
 
 @dataclass(frozen=True, eq=False)
 class Chunk:
@@ -204,6 +206,54 @@ class Encoding:
         _DIGEST.pack_into(raw.data, _DIGEST_AT, xxh3_64(raw[_HASHED_FROM:]))
 
 
+class PackedEncoding:
+    """A chunk packed for the wire (:mod:`shardreplay.transport.packing`), written where
+    the caller wants it like an :class:`Encoding`.
+
+    Raises:
+        SpecMismatchError: as :func:`encode`.
+        ConfigError: ``codec`` is unknown or its package is not installed.
+    """
+
+    __slots__ = ("_data", "nbytes")
+
+    def __init__(self, chunk: Chunk, spec: Spec, codec: str) -> None:
+        self._data = pack(encode(chunk, spec), spec, codec)
+        self.nbytes = len(self._data)
+
+    def write_into(self, out: bytearray | memoryview | np.ndarray) -> None:
+        """Write the packed chunk to the first :attr:`nbytes` bytes of ``out``."""
+        np.frombuffer(out, np.uint8, self.nbytes)[:] = np.frombuffer(self._data, np.uint8)
+
+
+def wire_encoding(chunk: Chunk, spec: Spec, compression: str) -> Encoding | PackedEncoding:
+    """How a chunk crosses a file or network transport: packed (:mod:`~shardreplay.transport.packing`)
+    when ``compression`` is not ``"none"`` or ``spec`` has a ``frame_stack`` field (its new
+    frames then travel once), else the plain encoding, byte for byte :func:`encode`'s.
+
+    Raises:
+        SpecMismatchError: as :func:`encode`.
+        ConfigError: an unknown codec, or its package is missing.
+    """
+    if compression == "none" and not spec_has_frame_stacks(spec):
+        return Encoding(chunk, spec)
+    return PackedEncoding(chunk, spec, compression)
+
+
+def spec_has_frame_stacks(spec: Spec) -> bool:
+    """True when a field of ``spec`` is ``frame_stack``."""
+    return any(f.frame_stack for f in spec.fields.values())
+
+
+def check_compression(compression: str) -> str:
+    """``compression`` when it is ``none``, ``lz4`` or ``zstd`` with its package installed.
+
+    Raises:
+        ConfigError: otherwise, saying what to install or choose.
+    """
+    return check_codec(compression)
+
+
 def _exact(steps: Mapping[str, Any], exact: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]) -> bool:
     """True when ``steps`` is a dict of exactly these arrays, each of this dtype and shape."""
     if type(steps) is not dict or len(steps) != len(exact):
@@ -273,7 +323,9 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     """Parse and fully validate a chunk against the learner's spec.
 
     Args:
-        data: the encoded chunk. Decoded arrays are read-only views into it.
+        data: the encoded chunk, or a packed one (:mod:`shardreplay.transport.packing`:
+            rebuilt first, and its rebuilt bytes then checked like any chunk). Decoded
+            arrays are read-only views into it (into the rebuilt bytes when packed).
         spec: the learner's spec; the chunk's fingerprint, dtypes and shapes must match.
         max_bytes: chunks longer than this are rejected before anything else.
 
@@ -284,6 +336,8 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     mv = memoryview(data)
     if mv.ndim != 1 or mv.itemsize != 1:
         mv = mv.cast("B")
+    if mv[:4] == PACKED_MAGIC:
+        mv = memoryview(unpack(mv, spec, max_bytes=max_bytes))
     if not mv.readonly:
         mv = mv.toreadonly()  # every view below is read-only, whoever owns the memory
     n = len(mv)

@@ -75,7 +75,7 @@ from shardreplay.transport.base import (
     ReaderStats,
     check_max_chunks,
 )
-from shardreplay.transport.codec import Chunk, Encoding
+from shardreplay.transport.codec import Chunk, check_compression, wire_encoding
 from shardreplay.transport.redis_link import (
     RedisLink,
     XaddPacker,
@@ -120,7 +120,8 @@ class RedisTransport:
                  group: str = "learners", consumer: str = "learner", max_len: int = 1000,
                  max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, dedup_window: int = 4096,
                  claim_idle_s: float = 60.0, reconnect_timeout_s: float = 60.0,
-                 trim_interval_s: float = 0.1, socket_timeout_s: float = 5.0) -> None:
+                 trim_interval_s: float = 0.1, socket_timeout_s: float = 5.0,
+                 compression: str = "none") -> None:
         if max_len < 1:
             raise ConfigError(f"max_len must be >= 1, got {max_len}")
         if claim_idle_s <= 0 or reconnect_timeout_s <= 0 or socket_timeout_s <= 0:
@@ -128,6 +129,7 @@ class RedisTransport:
         self._url = url  # may hold a password: only for connecting
         self.url, self.spec = redact(url), spec  # what messages show
         self.stream, self.group, self.consumer = stream, group, consumer
+        self.compression = check_compression(compression)
         self.max_len = max_len
         self.max_chunk_bytes, self.dedup_window = max_chunk_bytes, dedup_window
         self.claim_idle_s, self.reconnect_timeout_s = claim_idle_s, reconnect_timeout_s
@@ -181,7 +183,7 @@ class RedisWriter:
             TransportError: Redis refused the write.
         """
         t = self._t
-        enc = Encoding(chunk, t.spec)
+        enc = wire_encoding(chunk, t.spec, t.compression)
         data = self._packer.packet(enc)  # XADD + XLEN around the chunk, encoded in place
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if not self._has_group:

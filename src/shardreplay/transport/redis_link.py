@@ -25,7 +25,7 @@ from redis.retry import Retry
 
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
 from shardreplay.secrets import connect_args, redact
-from shardreplay.transport.codec import Encoding
+from shardreplay.transport.codec import Encoding, PackedEncoding
 
 __all__ = ["HintChannel", "RedisLink", "XaddPacker", "check_reachable", "ensure_group", "trim_acknowledged",
            "waiting_entries", "with_group"]
@@ -199,7 +199,7 @@ class XaddPacker:
     def _tail(self) -> bytes:
         return b"\r\n*2\r\n$4\r\nXLEN\r\n$%d\r\n%s\r\n" % (len(self._key), self._key)
 
-    def packet(self, enc: Encoding) -> memoryview:
+    def packet(self, enc: Encoding | PackedEncoding) -> memoryview:
         """A new packet holding ``enc`` (kept by the writer until both replies are read).
 
         Raises:

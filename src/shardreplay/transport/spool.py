@@ -47,7 +47,7 @@ from shardreplay.transport.base import (
     ReaderStats,
     check_max_chunks,
 )
-from shardreplay.transport.codec import Chunk, decode, encode
+from shardreplay.transport.codec import Chunk, check_compression, decode, wire_encoding
 
 __all__ = ["SpoolReader", "SpoolTransport", "SpoolWriter", "chunk_file_name", "iter_archive"]
 
@@ -89,7 +89,7 @@ class SpoolTransport:
     def __init__(self, path: str | os.PathLike[str], spec: Spec, *, queued_chunks_per_actor: int = 64,
                  archive: bool = False, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
                  dedup_window: int = 4096, poll_interval_s: float = 0.005, fsync: bool = True,
-                 stale_tmp_s: float = 600.0) -> None:
+                 stale_tmp_s: float = 600.0, compression: str = "none") -> None:
         if queued_chunks_per_actor < 1:
             raise ConfigError(f"queued_chunks_per_actor must be >= 1, got {queued_chunks_per_actor}")
         if poll_interval_s <= 0:
@@ -104,6 +104,7 @@ class SpoolTransport:
         self.poll_interval_s = poll_interval_s
         self.fsync = fsync
         self.stale_tmp_s = stale_tmp_s
+        self.compression = check_compression(compression)
 
     def _dirs(self) -> tuple[Path, Path]:
         ready, tmp = self.path / "ready", self.path / "tmp"
@@ -146,7 +147,9 @@ class SpoolWriter:
                 chunks for ``timeout_s``.
             TransportError: the file system refused the write.
         """
-        data = encode(chunk, self._t.spec)
+        enc = wire_encoding(chunk, self._t.spec, self._t.compression)
+        data = bytearray(enc.nbytes)
+        enc.write_into(data)
         pending = self._wait_for_room(chunk.actor_id, timeout_s)
         name = chunk_file_name(chunk.actor_id, chunk.sequence)
         tmp = self._tmp / temp_name(name)
@@ -161,7 +164,7 @@ class SpoolWriter:
             fsync_dir(self._ready)
         pending.append(name)
 
-    def _write(self, tmp: Path, data: bytes) -> None:
+    def _write(self, tmp: Path, data: bytes | bytearray) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             view = memoryview(data)

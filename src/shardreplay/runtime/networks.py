@@ -1,0 +1,112 @@
+"""Q-networks for ``shardreplay train``, chosen by the observation's shape.
+
+- ``mlp``: flat vector observations (CartPole): Linear + ReLU layers of ``hidden`` sizes.
+- ``nature``: images of 36x36 or more (Atari's 4x84x84 stacks): the Nature-DQN network
+  (Mnih et al. 2015: 32 8x8/4, 64 4x4/2, 64 3x3/1 convolutions, 512 units), pixels
+  scaled by 1/255.
+- ``minatar``: small images (MinAtar's 10x10xC): the MinAtar paper's network (16 3x3/1
+  convolutions, 128 units), on 0/1 channels unscaled.
+
+Every network takes observations ``[B, *obs_shape]`` of any dtype (converted to float32
+on the way in) and returns Q-values ``[B, num_actions]``. Images are channels first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from shardreplay.errors import ConfigError
+from shardreplay.runtime.qnet import QNetwork
+
+__all__ = ["NETWORKS", "MinAtarQNetwork", "NatureQNetwork", "choose_network", "make_q_network"]
+
+NETWORKS = ("auto", "mlp", "nature", "minatar")
+_NATURE_MIN_SIDE = 36  # the smallest side the Nature network's three convolutions accept
+
+
+class NatureQNetwork(nn.Module):
+    """The Nature-DQN network on ``[B, C, H, W]`` uint8 images (H, W >= 36).
+
+    Args:
+        obs_shape: ``(C, H, W)``.
+        num_actions: number of discrete actions.
+        scale: multiplies the pixels first (1/255 for 8-bit frames).
+    """
+
+    def __init__(self, obs_shape: Sequence[int], num_actions: int, scale: float = 1 / 255) -> None:
+        super().__init__()
+        c, h, w = obs_shape
+        self.scale = scale
+        self.conv = nn.Sequential(nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2),
+                                  nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = int(self.conv(torch.zeros(1, c, h, w)).shape[1])
+        self.head = nn.Sequential(nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, num_actions))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values ``[B, num_actions]``."""
+        return self.head(self.conv(obs.to(torch.float32) * self.scale))
+
+
+class MinAtarQNetwork(nn.Module):
+    """The MinAtar paper's network (Young & Tian 2019) on ``[B, C, H, W]`` 0/1 images.
+
+    Args:
+        obs_shape: ``(C, H, W)``.
+        num_actions: number of discrete actions.
+    """
+
+    def __init__(self, obs_shape: Sequence[int], num_actions: int) -> None:
+        super().__init__()
+        c, h, w = obs_shape
+        self.conv = nn.Sequential(nn.Conv2d(c, 16, 3, stride=1), nn.ReLU(), nn.Flatten())
+        self.head = nn.Sequential(nn.Linear(16 * (h - 2) * (w - 2), 128), nn.ReLU(),
+                                  nn.Linear(128, num_actions))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values ``[B, num_actions]``."""
+        return self.head(self.conv(obs.to(torch.float32)))
+
+
+def choose_network(obs_shape: Sequence[int], network: str = "auto") -> str:
+    """The network for observations of ``obs_shape``: ``network`` itself when it is not
+    ``auto``, else ``mlp`` for vectors, ``nature`` for images of 36x36 or more and
+    ``minatar`` for smaller ones.
+
+    Raises:
+        ConfigError: an unknown name, or a network that cannot take these observations.
+    """
+    if network not in NETWORKS:
+        raise ConfigError(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    shape = tuple(int(d) for d in obs_shape)
+    if network == "auto":
+        if len(shape) == 1:
+            return "mlp"
+        if len(shape) == 3:
+            return "nature" if min(shape[1:]) >= _NATURE_MIN_SIDE else "minatar"
+        raise ConfigError(f"observations shaped {list(shape)}: train takes flat vectors or images "
+                          "[C, H, W]; wrap the env to produce one of them")
+    need = 1 if network == "mlp" else 3
+    if len(shape) != need or (network == "nature" and min(shape[1:]) < _NATURE_MIN_SIDE) \
+            or (network == "minatar" and min(shape[1:]) < 3):
+        raise ConfigError(f"--network {network} cannot take observations shaped {list(shape)}"
+                          + (" (it needs images of 36x36 or more)" if network == "nature" else ""))
+    return network
+
+
+def make_q_network(obs_shape: Sequence[int], num_actions: int, network: str = "auto",
+                   hidden: Sequence[int] = (256, 256)) -> nn.Module:
+    """The Q-network :func:`choose_network` picks (``hidden``: the MLP's layer sizes).
+
+    Raises:
+        ConfigError: as :func:`choose_network`.
+    """
+    kind = choose_network(obs_shape, network)
+    if kind == "mlp":
+        return QNetwork(int(obs_shape[0]), num_actions, tuple(hidden))
+    if kind == "nature":
+        return NatureQNetwork(obs_shape, num_actions)
+    return MinAtarQNetwork(obs_shape, num_actions)

@@ -1,0 +1,139 @@
+"""Environment kinds for train: vectors, Atari stacks, MinAtar images, registered by import."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardreplay.errors import ConfigError
+from shardreplay.runtime.env_kinds import EnvSource, describe_env, make_vector_env, parse_env_kwargs
+from shardreplay.runtime.networks import (
+    MinAtarQNetwork,
+    NatureQNetwork,
+    choose_network,
+    make_q_network,
+)
+from shardreplay.runtime.qnet import QNetwork
+
+PIXEL_ENV = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Blink(gym.Env):
+    """A 12x12 RGB image env (channels last): reward 1 for the action matching the lit corner."""
+
+    observation_space = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length=20):
+        self.length = length
+
+    def _obs(self):
+        o = np.zeros((12, 12, 3), np.uint8)
+        o[0 if self.side == 0 else 11, :, :] = 255
+        return o
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.side = 0, int(self.np_random.integers(2))
+        return self._obs(), {}
+
+    def step(self, action):
+        r = float(action == self.side)
+        self.t += 1
+        self.side = int(self.np_random.integers(2))
+        return self._obs(), r, False, self.t >= self.length, {}
+
+
+gym.register("Blink-v0", entry_point=Blink)
+'''
+
+
+@pytest.fixture
+def pixel_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A module that registers ``Blink-v0`` when imported (what ``--env-import`` names)."""
+    (tmp_path / "blink_env.py").write_text(textwrap.dedent(PIXEL_ENV))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "blink_env"
+    sys.modules.pop("blink_env", None)
+
+
+@pytest.mark.parametrize(("shape", "auto"), [((4,), "mlp"), ((4, 84, 84), "nature"), ((3, 36, 40), "nature"),
+                                              ((4, 10, 10), "minatar"), ((7, 35, 90), "minatar")])
+def test_network_follows_the_observation(shape: tuple[int, ...], auto: str) -> None:
+    assert choose_network(shape) == auto
+    net = make_q_network(shape, 5, hidden=(8,))
+    dtype = torch.float32 if auto == "mlp" else torch.uint8  # what the actors feed each kind
+    assert net(torch.zeros(3, *shape, dtype=dtype)).shape == (3, 5)
+    assert isinstance(net, {"mlp": QNetwork, "nature": NatureQNetwork, "minatar": MinAtarQNetwork}[auto])
+
+
+@pytest.mark.parametrize(("shape", "network"), [((4,), "nature"), ((4, 10, 10), "nature"),
+                                                 ((4, 84, 84), "mlp"), ((2, 3), "auto"), ((4,), "resnet")])
+def test_networks_that_cannot_take_the_observations_are_refused(shape: tuple[int, ...], network: str) -> None:
+    with pytest.raises(ConfigError, match=r"network|observations"):
+        choose_network(shape, network)
+
+
+def test_vector_env() -> None:
+    info = describe_env(EnvSource("CartPole-v1"))
+    assert (info.obs_shape, info.obs_dtype, info.num_actions, info.frame_stack) == ((4,), np.float32, 2, 0)
+
+
+def test_env_import_registers_a_pixel_env_made_channels_first(pixel_module: str) -> None:
+    source = EnvSource("Blink-v0", (pixel_module,), {"length": 5})
+    info = describe_env(source)
+    assert (info.obs_shape, info.obs_dtype, info.frame_stack) == ((3, 12, 12), np.uint8, 0)
+    assert info.is_image
+    env, obs = make_vector_env(source, 2, seed=0)
+    try:
+        assert obs.shape == (2, 3, 12, 12) and obs.dtype == np.uint8
+        lit = obs[:, 0, [0, 11], 0]  # the lit edge, as seen channels first
+        assert set(map(tuple, lit.tolist())) <= {(255, 0), (0, 255)}
+        for _ in range(5):
+            *_, trunc, _ = env.step(np.zeros(2, np.int64))
+        assert trunc.all()  # the kwargs reached the env: episodes of 5 steps
+    finally:
+        env.close()
+
+
+def test_unknown_ids_modules_and_kwargs_are_config_errors(pixel_module: str) -> None:
+    with pytest.raises(ConfigError, match="unknown gymnasium environment"):
+        describe_env(EnvSource("Nope-v0"))
+    with pytest.raises(ConfigError, match="cannot import no_such_module"):
+        describe_env(EnvSource("Blink-v0", ("no_such_module",)))
+    with pytest.raises(ConfigError, match="bad --env-kwargs"):
+        describe_env(EnvSource("Blink-v0", (pixel_module,), {"colour": "red"}))
+    with pytest.raises(ConfigError, match="JSON object"):
+        parse_env_kwargs("[1, 2]")
+    with pytest.raises(ConfigError, match="Discrete"):
+        describe_env(EnvSource("Pendulum-v1"))
+
+
+def test_minatar_images_are_channels_first_uint8() -> None:
+    pytest.importorskip("minatar")
+    info = describe_env(EnvSource("MinAtar/Breakout-v1"))
+    assert (info.obs_shape, info.obs_dtype, info.num_actions) == ((4, 10, 10), np.uint8, 3)
+    assert choose_network(info.obs_shape) == "minatar"
+
+
+def test_atari_is_preprocessed_and_stacked() -> None:
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    source = EnvSource("ALE/Pong-v5")
+    info = describe_env(source)
+    assert (info.obs_shape, info.frame_stack, info.num_actions) == ((4, 84, 84), 4, 6)
+    env, obs = make_vector_env(source, 1, seed=0)
+    try:
+        assert (obs[0, 0] == obs[0, 3]).all()  # a reset stack repeats the reset frame
+        nxt, *_ = env.step(np.zeros(1, np.int64))
+        assert (nxt[0, :3] == obs[0, 1:]).all()  # oldest first: the stack shifts by one frame
+    finally:
+        env.close()
