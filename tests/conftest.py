@@ -48,10 +48,10 @@ def redis_server(redis_factory: Callable[..., RedisServer]) -> RedisServer:
 # run first, so that under pytest-xdist the longest tests start at once and the short ones
 # fill the other workers around them, instead of one long test ending the run alone.
 HEAVY_FIRST = (
-    "tests/runtime/test_three_hosts.py",
-    "tests/runtime/test_train_signals.py",
-    "tests/runtime/test_e2e_faults.py",
-    "tests/runtime/test_train_layouts.py",
+    "tests/runtime/launch/test_three_hosts.py",
+    "tests/runtime/launch/test_train_signals.py",
+    "tests/runtime/launch/test_e2e_faults.py",
+    "tests/runtime/launch/test_train_layouts.py",
 )
 
 

@@ -5,5 +5,5 @@ They follow each kernel's documented contract directly, without its speed tricks
 copies), and exist for the differential tests in tests/kernels/. The compiled gym
 step write (``gym_step.gym_write``) has its reference above this layer instead:
 ``GymStepConverter`` followed by ``ReplayBuffer.add``, which
-tests/core/test_core_gym_writer.py compares it with.
+tests/gym/test_writer.py compares it with.
 """

@@ -1,0 +1,274 @@
+"""The short path of ``ReplayBuffer.add`` for one step (storage/one_step.py) stores
+exactly what the full path stores, raises the same errors for bad input, and writes
+nothing then: two buffers, one taking the short path and one the full path, get the same
+stream of steps (good ones, unusual ones that the full path converts, bad ones) and must
+agree after every call.
+
+Cost: ~20-40 s on the 2-core CI machine the first time (one kernel compiled per spec,
+then loaded from numba's cache), a few seconds after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import shardreplay as sr
+import shardreplay.spec.validation as validation
+from shardreplay import testing
+from shardreplay.buffer import shard as shard_module
+from tests.support.buffers import assert_same, snapshot
+
+SPECS = {
+    "vector": sr.Spec({"obs": sr.Field((4,), np.float32), "action": sr.Field((), np.int64),
+                       "reward": sr.Field((), np.float32)}),
+    "float": sr.Spec({"obs": sr.Field((3,), np.float32), "action": sr.Field((1,), np.float32),
+                      "reward": sr.Field((), np.float32)}),
+    # Nested names, fields of their own array (more than 32 bytes per step), a field that
+    # may hold NaN, unsigned and narrow integers, float64.
+    "mixed": sr.Spec({"obs": {"grid": sr.Field((2, 3), np.float64), "wide": sr.Field((17,), np.float32)},
+                      "flags": sr.Field((5,), np.uint8), "action": sr.Field((), np.int32),
+                      "reward": sr.Field((), np.float32, finite=False)}),
+}
+
+
+def _pair(spec: sr.Spec, streams: int, sampler: str) -> tuple[sr.ReplayBuffer, sr.ReplayBuffer]:
+    """A buffer on the short path and one on the full path, alike otherwise."""
+    kw: dict[str, Any] = {"num_streams": streams, "stream_capacity": 6, "window": 3, "sampler": sampler,
+                          "seed": 11}
+    fast, full = sr.ReplayBuffer(spec, **kw), sr.ReplayBuffer(spec, **kw)
+    assert testing.shard(fast).use_one_step()
+    assert not testing.shard(full).use_one_step(False)
+    return fast, full
+
+
+def _good(spec: sr.Spec, streams: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A step in the stored dtypes (the short path's kind of input)."""
+    step: dict[str, Any] = {}
+    for name, f in spec.fields.items():
+        if f.dtype.kind == "f":
+            step[name] = rng.standard_normal((streams, *f.shape)).astype(f.dtype)
+        else:
+            step[name] = rng.integers(0, 100, (streams, *f.shape)).astype(f.dtype)
+    step["step_type"] = rng.integers(0, 3, streams).astype(np.uint8)
+    if rng.random() < 0.3:
+        step["discount"] = rng.choice([0.0, 0.5, 1.0], streams).astype(np.float32)
+    return step
+
+
+def _float_field(spec: sr.Spec) -> str:
+    return next(n for n, f in spec.fields.items() if f.dtype.kind == "f" and f.finite)
+
+
+def _int_field(spec: sr.Spec) -> str:
+    return next((n for n, f in spec.fields.items() if f.dtype.kind in "iu"), spec.names[0])
+
+
+def _nan(step: dict[str, Any], spec: sr.Spec) -> None:
+    name = _float_field(spec)
+    step[name] = step[name].copy()
+    step[name].reshape(-1)[-1] = np.nan
+
+
+def _inf_where_allowed(step: dict[str, Any], spec: sr.Spec) -> None:
+    for name, f in spec.fields.items():
+        if not f.finite:
+            step[name] = np.full_like(step[name], np.inf)
+
+
+def _nested(step: dict[str, Any], spec: sr.Spec) -> None:
+    for name in [n for n in step if "." in n]:
+        head, tail = name.split(".", 1)
+        step.setdefault(head, {})[tail] = step.pop(name)
+
+
+# Each turns a good step into an unusual one (stored after a conversion) or a bad one.
+MUTATIONS: dict[str, Callable[[dict[str, Any], sr.Spec], None]] = {
+    "nan": _nan,
+    "inf where allowed": _inf_where_allowed,
+    "step type 3": lambda s, spec: s.__setitem__("step_type", np.full_like(s["step_type"], 3)),
+    "step type int64": lambda s, spec: s.__setitem__("step_type", s["step_type"].astype(np.int64)),
+    "step type list": lambda s, spec: s.__setitem__("step_type", s["step_type"].tolist()),
+    "discount 1.5": lambda s, spec: s.__setitem__("discount", np.full(len(s["step_type"]), 1.5, np.float32)),
+    "discount nan": lambda s, spec: s.__setitem__("discount",
+                                                  np.full(len(s["step_type"]), np.nan, np.float32)),
+    "discount float64": lambda s, spec: s.__setitem__("discount", np.full(len(s["step_type"]), 0.25)),
+    "discount None": lambda s, spec: s.__setitem__("discount", None),
+    "discount of other rows": lambda s, spec: s.__setitem__("discount", np.ones(len(s["step_type"]) + 1,
+                                                                                 np.float32)),
+    "extra row": lambda s, spec: s.__setitem__(spec.names[0], np.concatenate([s[spec.names[0]]] * 2)),
+    "field shape": lambda s, spec: s.__setitem__(spec.names[0], s[spec.names[0]][..., None]),
+    "step types of other rows": lambda s, spec: s.__setitem__("step_type", np.zeros(len(s["step_type"]) + 1,
+                                                                                      np.uint8)),
+    "unit axis left out": lambda s, spec: [s.__setitem__(n, s[n][..., 0]) for n, f in spec.fields.items()
+                                           if f.shape[-1:] == (1,)],
+    "float64 values": lambda s, spec: s.__setitem__(_float_field(spec),
+                                                    s[_float_field(spec)].astype(np.float64)),
+    "floats into an integer field": lambda s, spec: s.__setitem__(_int_field(spec),
+                                                                  s[_int_field(spec)].astype(np.float32)),
+    "int16 values": lambda s, spec: s.__setitem__(_int_field(spec), s[_int_field(spec)].astype(np.int16)),
+    "out of range integers": lambda s, spec: s.__setitem__(_int_field(spec),
+                                                           s[_int_field(spec)].astype(np.int64) + 2**40),
+    "strided values": lambda s, spec: s.__setitem__(spec.names[0], np.repeat(s[spec.names[0]], 2, 0)[::2]),
+    "torch values": lambda s, spec: s.__setitem__(spec.names[0], torch.from_numpy(s[spec.names[0]])),
+    "read-only values": lambda s, spec: s[spec.names[0]].setflags(write=False),
+    "missing field": lambda s, spec: s.pop(spec.names[-1]),
+    "missing step type": lambda s, spec: s.pop("step_type"),
+    "unknown field": lambda s, spec: s.__setitem__("bogus", np.zeros(1)),
+    "nested": _nested,
+}
+
+
+def _call(buf: sr.ReplayBuffer, step: dict[str, Any]) -> str | None:
+    try:
+        buf.add(step)
+    except Exception as exc:  # the type and message are what is compared
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _observed(buf: sr.ReplayBuffer) -> dict[str, Any]:
+    """What can be seen of a buffer, less its key tag (each buffer draws its own)."""
+    snap = snapshot(buf)
+    snap["state"]["meta"].pop("key_tag", None)
+    return snap
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized", "fifo"])
+@pytest.mark.parametrize("streams", [1, 3])
+@pytest.mark.parametrize("kind", sorted(SPECS))
+def test_short_path_stores_and_raises_as_the_full_path(kind: str, streams: int, sampler: str) -> None:
+    spec = SPECS[kind]
+    fast, full = _pair(spec, streams, sampler)
+    rng = np.random.default_rng([streams, len(kind), len(sampler)])
+    names = sorted(MUTATIONS)
+    seen_errors = 0
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    taken: list[bool] = []
+    take = short.add
+    short.add = lambda step: taken.append(take(step)) or taken[-1]  # type: ignore[method-assign]
+    for i in range(120):
+        step = _good(spec, streams, rng)
+        if i % 3 == 0:
+            MUTATIONS[names[(i // 3) % len(names)]](step, spec)
+        before = _observed(fast)
+        error = _call(fast, {k: v for k, v in step.items()})
+        assert error == _call(full, step), f"step {i}: {step}"
+        if error is not None:
+            seen_errors += 1
+            assert_same(_observed(fast), before, f"step {i} wrote before raising {error}")
+        assert_same(_observed(fast), _observed(full), f"step {i}")
+        if sampler == "prioritized" and i % 7 == 6 and len(full):
+            keys = full.sample(2).keys
+            prios = rng.random(2) * 4
+            fast.update_priorities(fast.sample(2).keys, prios)
+            full.update_priorities(keys, prios)
+    assert seen_errors >= 15
+    assert sum(taken) >= 70  # the good steps went the short way
+    if len(full):
+        a, b = fast.sample(5), full.sample(5)
+        assert_same(a.data, b.data)
+        assert_same(a.mask, b.mask)
+
+
+def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The short path does not go through Spec.validate; the full path still does for
+    other inputs (and then stores the same)."""
+    buf = sr.ReplayBuffer(SPECS["vector"], num_streams=2, stream_capacity=8, seed=0)
+    assert testing.shard(buf).use_one_step()
+    calls: list[int] = []
+    full_check = validation.validate
+    monkeypatch.setattr(validation, "validate", lambda *a: calls.append(1) or full_check(*a))
+    step = _good(SPECS["vector"], 2, np.random.default_rng(0))
+    step.pop("discount", None)
+    step["step_type"] = np.array([0, 0], np.uint8)
+    buf.add(step)
+    assert calls == [] and buf.num_steps == 2
+    buf.add({**step, "step_type": [1, 1]})  # a list: the full path
+    assert calls == [1] and buf.num_steps == 4
+    np.testing.assert_array_equal(testing.stored(buf, "obs")[[0, 8]], step["obs"])
+
+
+def test_the_short_path_is_built_after_many_one_step_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shard_module, "ONE_STEP_AFTER", 3)
+    step = {"obs": np.zeros((1, 4), np.float32), "action": np.zeros(1, np.int64),
+            "reward": np.zeros(1, np.float32), "step_type": np.zeros(1, np.uint8)}
+    buf = sr.ReplayBuffer(SPECS["vector"], num_streams=1, stream_capacity=8)
+    for _ in range(4):
+        assert testing.shard(buf)._one_step is None
+        buf.add(step)
+    assert testing.shard(buf)._one_step is not None
+    buf.add(step)
+    assert buf.num_steps == 5
+
+
+PIXELS = sr.Spec({"obs": sr.Field((3, 2, 4), np.uint8, frame_stack=True), "action": sr.Field((), np.int64),
+                  "reward": sr.Field((), np.float32)})
+
+
+def _stacked_step(last: np.ndarray, streams: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A step whose stacks mostly continue ``last`` (the stacks last stored), sometimes
+    not (refused unless the step is FIRST), in the stored dtypes or not."""
+    frames = rng.integers(0, 4, (streams, 1, 2, 4)).astype(np.uint8)
+    obs = np.concatenate([last[:, 1:], frames], axis=1)
+    roll = rng.random()
+    if roll < 0.1:
+        obs = rng.integers(0, 4, obs.shape).astype(np.uint8)  # continues nothing
+    step: dict[str, Any] = {"obs": obs, "action": rng.integers(0, 4, streams),
+                            "reward": rng.standard_normal(streams).astype(np.float32),
+                            "step_type": rng.choice([0, 1, 1, 1, 2], streams).astype(np.uint8)}
+    if 0.1 <= roll < 0.15:
+        step["obs"] = obs.astype(np.int64)  # converted by the full path
+    elif 0.15 <= roll < 0.2:
+        step["reward"] = np.full(streams, np.nan, np.float32)
+    elif 0.2 <= roll < 0.25:
+        step["obs"] = obs[..., None]  # wrong shape
+    elif 0.25 <= roll < 0.3:
+        step["discount"] = np.zeros(streams, np.float32)
+    return step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+@pytest.mark.parametrize("streams", [1, 2])
+def test_short_path_with_frame_stacks_stores_and_raises_as_the_full_path(streams: int, sampler: str) -> None:
+    fast, full = _pair(PIXELS, streams, sampler)
+    rng = np.random.default_rng([streams, len(sampler)])
+    last = rng.integers(0, 4, (streams, 3, 2, 4)).astype(np.uint8)
+    errors = 0
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    taken: list[bool] = []
+    take = short.add
+    short.add = lambda step: taken.append(take(step)) or taken[-1]  # type: ignore[method-assign]
+    for i in range(100):
+        step = _stacked_step(last, streams, rng)
+        before = _observed(fast)
+        error = _call(fast, dict(step))
+        assert error == _call(full, step), f"step {i}"
+        if error is None:
+            last = np.asarray(step["obs"]).reshape(last.shape).astype(np.uint8)
+        else:
+            errors += 1
+            assert_same(_observed(fast), before, f"step {i} wrote before raising {error}")
+        assert_same(_observed(fast), _observed(full), f"step {i}")
+    assert 8 <= errors <= 80
+    assert sum(taken) >= 30  # the good steps went the short way
+    a, b = fast.sample(4), full.sample(4)
+    assert_same(a.data, b.data)
+
+
+@pytest.mark.parametrize("spec", [
+    sr.Spec({"obs": sr.Field((2, 4, 4), np.float32, frame_stack=True), "action": sr.Field((), np.int64)}),
+    sr.Spec({"obs": sr.Field((3,), np.float16)}),
+    sr.Spec({"obs": sr.Field((3,), np.dtype(">f4"))}),
+], ids=["float frame stack", "float16", "big-endian"])
+def test_specs_without_a_short_path_take_the_full_one(spec: sr.Spec) -> None:
+    buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=8)
+    assert not testing.shard(buf).use_one_step()
