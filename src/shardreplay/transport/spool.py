@@ -43,6 +43,7 @@ from shardreplay.transport._atomic import fsync_dir, temp_name
 from shardreplay.transport.base import (
     DEFAULT_MAX_CHUNK_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
+    Backlog,
     Intake,
     ReaderStats,
     check_max_chunks,
@@ -113,6 +114,30 @@ class SpoolTransport:
         except OSError as exc:
             raise TransportError(f"cannot create spool directories under {self.path}: {exc}") from exc
         return ready, tmp
+
+    def channel(self, shard: int, run_id: str = "") -> str:
+        """The spool directory of ``shard``'s chunks: ``<path>/<run_id>/shard-<k>``
+        (``<path>/shard-<k>`` without a run id)."""
+        return str(self.path / run_id / f"shard-{shard}" if run_id else self.path / f"shard-{shard}")
+
+    def channels(self, shard: int) -> list[str]:
+        """The spool directories of ``shard`` under this one that hold a ``ready/``."""
+        found = [self.path / f"shard-{shard}", *sorted(self.path.glob(f"*/shard-{shard}"))]
+        return [str(d) for d in found if (d / "ready").is_dir()]
+
+    def backlog(self, channel: str | None = None) -> Backlog:
+        """The chunk files in ``ready/`` of spool directory ``channel`` (None: this one),
+        temp names excluded, and their sizes; a missing directory holds none."""
+        ready = Path(channel if channel is not None else self.path) / "ready"
+        chunks = nbytes = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(ready):
+                if _is_temp_name(entry.name):
+                    continue
+                with contextlib.suppress(FileNotFoundError):  # consumed meanwhile
+                    nbytes += entry.stat().st_size
+                    chunks += 1
+        return Backlog(chunks, nbytes)
 
     def writer(self) -> SpoolWriter:
         """A writer end; call it in the actor process."""
