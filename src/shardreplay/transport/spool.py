@@ -37,9 +37,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from shardreplay._io import atomic_write_bytes
 from shardreplay.errors import ConfigError, CorruptChunkError, TransportError, TransportTimeout
 from shardreplay.spec import Spec
-from shardreplay.transport._atomic import fsync_dir, temp_name
 from shardreplay.transport.base import (
     DEFAULT_MAX_CHUNK_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
@@ -174,32 +174,11 @@ class SpoolWriter:
         data = encode(chunk, self._t.spec)
         pending = self._wait_for_room(chunk.actor_id, timeout_s)
         name = chunk_file_name(chunk.actor_id, chunk.sequence)
-        tmp = self._tmp / temp_name(name)
-        try:
-            self._write(tmp, data)
-            os.replace(tmp, self._ready / name)
+        try:  # written in tmp/, renamed into ready/: a reader never sees half a chunk
+            atomic_write_bytes(self._ready / name, data, fsync=self._t.fsync, tmp_dir=self._tmp)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise TransportError(f"cannot write chunk {name} to spool {self._t.path}: {exc}") from exc
-        if self._t.fsync:
-            fsync_dir(self._ready)
         pending.append(name)
-
-    def _write(self, tmp: Path, data: bytes) -> None:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if self._t.fsync:
-                os.fsync(fd)
-        except OSError as exc:
-            if exc.filename is None:
-                exc.filename = str(tmp)  # os.write names no file: say which one
-            raise
-        finally:
-            os.close(fd)
 
     def _wait_for_room(self, actor_id: int, timeout_s: float | None) -> deque[str]:
         pending = self._pending.get(actor_id)
