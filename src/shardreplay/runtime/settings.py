@@ -298,7 +298,7 @@ class TrainSettings:
         for name, cls in GROUPS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"TrainSettings.{name} must be a {cls.__name__}")
-        if self.actors.remote and self.transport.url in ("", "local", "local://"):
+        if self.actors.remote and parse_medium(self.transport.url).kind == "local":
             raise ConfigError("remote_actors need a transport they can reach: "
                               "--transport file:///shared/dir or redis://host:port/db")
         self.streams  # noqa: B018  (raises ConfigError when a shard would get no stream)
