@@ -22,7 +22,8 @@ def test_a_temp_dir_and_no_fsync_still_replace_whole(tmp_path: Path) -> None:
     atomic_write_bytes(tmp_path / "a", b"old")
     atomic_write_bytes(tmp_path / "a", memoryview(b"new"), fsync=False, tmp_dir=tmp_path / "tmp")
     assert (tmp_path / "a").read_bytes() == b"new"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "tmp"] and not any((tmp_path / "tmp").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "tmp"]
+    assert not any((tmp_path / "tmp").iterdir())
 
 
 def test_a_refused_write_leaves_nothing_and_names_a_file(tmp_path: Path) -> None:
