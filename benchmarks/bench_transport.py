@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
+from shardreplay._io import fsync_dir
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import Chunk, decode, encode, open_transport
-from shardreplay.transport._atomic import fsync_dir
 from shardreplay.transport.shm_ring import ShmRing
 
 S, T, ACTORS = 8, 32, 2

@@ -66,14 +66,25 @@ def temp_name(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: Path) -> Iterator[BinaryIO]:
-    """Open a temporary file; on success fsync it and rename it to ``path``.
+def atomic_writer(path: Path, *, fsync: bool = True, tmp_dir: Path | None = None) -> Iterator[BinaryIO]:
+    """Open a temporary file; on success fsync it, rename it to ``path`` and fsync
+    ``path``'s directory: readers of ``path`` see the old file or all of the new one.
+    The project's one atomic write: every file written whole goes through here.
 
-    On an exception the temporary file is removed (its space is free again) and
-    ``path`` is untouched; an OSError names ``path``.
+    Args:
+        path: the destination.
+        fsync: flush file and directory to disk (off only for data a machine crash
+            may lose: throw-away spools, run notes rewritten at each start).
+        tmp_dir: where the temporary file goes (same file system as ``path``; readers
+            there must skip ``.*`` / ``*.tmp`` names); default ``path``'s directory.
+
+    Raises:
+        OSError: the write or rename failed (it names ``path``); the temporary file
+            is removed (its space is free again) and ``path`` is untouched. Callers
+            turn a refused write into :class:`StorageError` with :func:`storage_error`.
     """
     path = Path(path)
-    tmp = temp_name(path)
+    tmp = temp_name(path) if tmp_dir is None else Path(tmp_dir) / temp_name(path).name
     try:
         f = open(tmp, "wb")  # noqa: SIM115 - closed below on every path
     except OSError as exc:
@@ -81,10 +92,12 @@ def atomic_writer(path: Path) -> Iterator[BinaryIO]:
     try:
         yield f
         f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            os.fsync(f.fileno())
         f.close()
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if fsync:
+            fsync_dir(path.parent)
     except BaseException as exc:
         with contextlib.suppress(OSError):  # a full disk fails the close's flush again
             f.close()
@@ -95,7 +108,12 @@ def atomic_writer(path: Path) -> Iterator[BinaryIO]:
         raise
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically and durably."""
-    with atomic_writer(path) as f:
+def atomic_write_bytes(path: Path, data: bytes | bytearray | memoryview, *, fsync: bool = True,
+                       tmp_dir: Path | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (durably with ``fsync``); see :func:`atomic_writer`.
+
+    Raises:
+        OSError: as :func:`atomic_writer`.
+    """
+    with atomic_writer(path, fsync=fsync, tmp_dir=tmp_dir) as f:
         f.write(data)

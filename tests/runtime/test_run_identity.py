@@ -34,14 +34,20 @@ from shardreplay.runtime.launch.launcher import prepare_run_dir
 from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.resume import commit_resume
 from shardreplay.runtime.learner.sync import agreed_settings
-from shardreplay.runtime.routing import foreign_backlog, redis_stream, shard_transport
+from shardreplay.runtime.routing import foreign_backlog, shard_transport
 from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
+from shardreplay.transport.redis import RedisTransport
 from tests.runtime.runtime_helpers import CARTPOLE_SPEC, IDENT_SPEC, make_chunk, wait_for
 from tests.runtime.train_harness import FAST, TrainRun
 
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
+
+
+def redis_stream(shard: int, run_id: str = "") -> str:
+    """The stream the Redis transport names for ``shard`` of ``run_id`` (no connection made)."""
+    return RedisTransport("redis://127.0.0.1:1/0", CARTPOLE_SPEC).channel(shard, run_id)
 
 
 pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # conftest.py

@@ -8,24 +8,18 @@ import circle, and redis is imported only when a ``redis://`` URL is opened.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlparse
 
 from shardreplay.errors import ConfigError
 from shardreplay.policy.broadcast import PolicyPublisher, PolicySubscriber
-from shardreplay.transport.urls import POLICY_KEY, pop_query
+from shardreplay.transport.urls import POLICY_KEY, parse_medium, pop_query
 
 __all__ = ["open_publisher", "open_subscriber"]
 
 
 def _split(url: str) -> tuple[str, str]:
-    parsed = urlparse(url)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost") or not parsed.path:
-            raise ConfigError(f"policy broadcast needs file:///absolute/dir, got {url!r}")
-        return "file", parsed.path
-    if parsed.scheme in ("redis", "rediss", "unix"):
-        return "redis", url  # a ``key`` option is the backend's (see _redis_options)
-    raise ConfigError(f"unknown policy broadcast URL {url!r}: use 'file:///dir' or 'redis://host:port/db'")
+    medium = parse_medium(url, kinds=("file", "redis"), what="policy broadcast")
+    # a Redis URL's ``key`` option is the backend's (see _redis_options)
+    return (medium.kind, medium.path) if medium.kind == "file" else (medium.kind, url)
 
 
 def _redis_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:

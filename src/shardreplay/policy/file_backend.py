@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from shardreplay._io import atomic_write_bytes
 from shardreplay.errors import ConfigError, TransportError
 from shardreplay.policy.broadcast import (
     PolicyUpdate,
@@ -40,14 +41,15 @@ from shardreplay.policy.broadcast import (
     run_id_of,
     serialize,
 )
-from shardreplay.transport._atomic import write_atomic
 
 __all__ = ["FilePublisher", "FileSubscriber"]
 
 NOTE = "policy.version"
 _WEIGHTS = re.compile(r"^policy-(\d{20})\.safetensors$")
-# write_atomic's temp names of the files a publisher writes here.
-_TEMP = re.compile(r"^(policy-\d{20}\.safetensors|policy\.version)\.\d+\.[0-9a-f]+\.tmp$")
+# atomic_write_bytes's temp names of the files a publisher writes here.
+# ``.NAME.<hex>.tmp``; ``NAME.<pid>.<hex>.tmp`` is what earlier versions left.
+_TEMP = re.compile(r"^(\.(policy-\d{20}\.safetensors|policy\.version)\.[0-9a-f]+"
+                   r"|(policy-\d{20}\.safetensors|policy\.version)\.\d+\.[0-9a-f]+)\.tmp$")
 
 
 def weights_name(version: int) -> str:
@@ -104,9 +106,9 @@ class FilePublisher:
         note = json.dumps({"version": version, "file": name, "crc32": zlib.crc32(data),
                            "run": run_id_of(meta or {})}).encode()
         try:
-            write_atomic(self.path / name, data, fsync=self.fsync)
+            atomic_write_bytes(self.path / name, data, fsync=self.fsync)
             try:
-                write_atomic(self.path / NOTE, note, fsync=self.fsync)
+                atomic_write_bytes(self.path / NOTE, note, fsync=self.fsync)
             except OSError:
                 # Unannounced weights only take space (a full disk wants it back).
                 (self.path / name).unlink(missing_ok=True)

@@ -18,17 +18,17 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
 
 import numpy as np
 
 from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, StorageError
+from shardreplay.runtime.envs import transition_spec
 from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.spec import Spec
 from shardreplay.transport import Chunk, encode, open_transport
 from shardreplay.transport.base import Transport
+from shardreplay.transport.urls import file_url, parse_medium
 
 
 def scheme_of(url: str) -> str:
@@ -37,14 +37,7 @@ def scheme_of(url: str) -> str:
     Raises:
         ConfigError: another scheme.
     """
-    if url in ("", "local", "local://"):
-        return "local"
-    scheme = urlparse(url).scheme
-    if scheme == "file":
-        return scheme
-    if scheme in ("redis", "rediss", "unix"):  # every URL the redis transport opens
-        return "redis"
-    raise ConfigError(f"transport URL {url!r}: use 'local', 'file:///dir' or 'redis://host:port/db'")
+    return parse_medium(url).kind
 
 
 def check_reachable(url: str, timeout_s: float = 5.0) -> None:
@@ -71,7 +64,7 @@ def check_writable(url: str) -> None:
     """
     if not url or scheme_of(url) != "file":
         return
-    directory = Path(urlparse(url).path)
+    directory = Path(parse_medium(url).path)
     while not directory.exists() and directory != directory.parent:
         directory = directory.parent
     if not directory.is_dir():
@@ -103,17 +96,6 @@ def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:
     return len(encode(chunk, spec)) + 64
 
 
-def redis_stream(shard: int, run_id: str = "") -> str:
-    """The Redis stream of ``shard``'s chunks in run ``run_id``."""
-    return f"shardreplay:{check_run_id(run_id)}:chunks:{shard}" if run_id else f"shardreplay:chunks:{shard}"
-
-
-def spool_dir(url: str, shard: int, run_id: str = "") -> str:
-    """The ``file://`` spool URL of ``shard``'s chunks in run ``run_id``."""
-    base = url.rstrip("/")
-    return f"{base}/{check_run_id(run_id)}/shard-{shard}" if run_id else f"{base}/shard-{shard}"
-
-
 def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
                     queued_chunks_per_actor: int | None = None, actors: int = 1,
                     chunk_size_bytes: int | None = None) -> Transport:
@@ -129,14 +111,14 @@ def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
     Raises:
         ConfigError: a bad URL or run id.
     """
-    scheme = scheme_of(url)
+    kind, run_id = scheme_of(url), check_run_id(run_id)
     bound = queued_chunks_per_actor
-    if scheme == "file":
+    if kind == "file":  # the spool names its shard directories (nothing is created here)
         opts = {} if bound is None else {"queued_chunks_per_actor": bound}
-        return open_transport(spool_dir(url, shard, run_id), spec, **opts)
-    if scheme == "redis":
+        return open_transport(file_url(open_transport(url, spec).channel(shard, run_id)), spec, **opts)
+    if kind == "redis":
         opts = {} if bound is None else {"max_len": bound * max(actors, 1)}
-        return open_transport(url, spec, stream=redis_stream(shard, run_id), **opts)
+        return open_transport(url, spec, stream=open_transport(url, spec).channel(shard, run_id), **opts)
     if bound is None or chunk_size_bytes is None:
         return open_transport("local", spec)
     # Room for exactly the chunks asked for (a ring record is 8 bytes + the chunk): a
@@ -158,51 +140,13 @@ def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:
     Raises:
         TransportError / TransportTimeout: Redis could not be asked.
     """
-    scheme = scheme_of(url)
+    if scheme_of(url) == "local":
+        return {}  # another run's rings live in its own processes
+    # Names and counts only: no chunk is decoded, so any spec does.
+    medium = open_transport(url, transition_spec(1))
+    mine = medium.channel(shard, check_run_id(run_id))
     found: dict[str, int] = {}
-    if scheme == "file":
-        base, mine = Path(urlparse(url).path), Path(urlparse(spool_dir(url, shard, run_id)).path)
-        for ready in [base / f"shard-{shard}" / "ready", *base.glob(f"*/shard-{shard}/ready")]:
-            if ready.parent == mine or not ready.is_dir():
-                continue
-            n = sum(1 for p in ready.iterdir() if not p.name.endswith(".tmp"))
-            if n:
-                found[str(ready.parent)] = n
-        return found
-    if scheme == "redis":
-        import time
-
-        from shardreplay.transport.redis_link import RedisLink
-
-        link = RedisLink(url)
-        try:
-            def count(r: Any) -> dict[str, int]:
-                out: dict[str, int] = {}
-                for pattern in (f"shardreplay:chunks:{shard}", f"shardreplay:*:chunks:{shard}"):
-                    for key in r.scan_iter(match=pattern, _type="stream"):
-                        name = key.decode() if isinstance(key, bytes) else str(key)
-                        if name != redis_stream(shard, run_id) and (n := _unconsumed(r, name)):
-                            out[name] = n
-                return out
-
-            found = link.call(count, what="SCAN chunk streams", deadline=time.monotonic() + 10.0)
-        finally:
-            link.close()
+    for channel in medium.channels(shard):
+        if channel != mine and (waiting := medium.backlog(channel).chunks):
+            found[channel] = waiting
     return found
-
-
-def _unconsumed(r: Any, stream: str) -> int:
-    """Entries of ``stream`` some consumer group has not acknowledged: pending plus not yet
-    delivered (``lag``); the stream's length where that is unknown (no group: nobody
-    read it; a server before Redis 7, or a lag Redis cannot tell: an upper bound)."""
-    length = int(r.xlen(stream))
-    groups = r.xinfo_groups(stream) if length else []
-    if not groups:
-        return length
-    waiting = 0
-    for group in groups:
-        lag = group.get("lag")
-        if lag is None:
-            return length
-        waiting = max(waiting, int(group["pending"]) + int(lag))
-    return min(waiting, length)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardreplay._io import atomic_write_bytes
 from shardreplay.errors import ConfigError
 
 __all__ = ["RUN_FILE", "RunIdentity", "read_identity", "upcoming_life", "write_life"]
@@ -98,6 +99,5 @@ def write_life(run_dir: Path, ident: RunIdentity, config: dict[str, Any]) -> Non
     """
     for name, content in ((RUN_FILE, {"run_id": ident.run_id, "life": ident.life}),
                           ("config.json", config)):
-        tmp = Path(run_dir) / f".{name}.tmp"
-        tmp.write_text(json.dumps(content, indent=1))
-        tmp.replace(Path(run_dir) / name)
+        # Not fsynced, as before: rewritten at each start, and a lost one is rebuilt.
+        atomic_write_bytes(Path(run_dir) / name, json.dumps(content, indent=1).encode(), fsync=False)

@@ -24,12 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.runtime.stream_layout import StreamLayout
-from shardreplay.transport.urls import with_policy_key
+from shardreplay.transport.urls import file_url, parse_medium, with_policy_key
 
 
 def _flag(default: Any, flat: str) -> Any:
@@ -249,10 +248,11 @@ class TransportSettings:
     def __post_init__(self) -> None:
         _validate(self)
         check_run_id(self.run_id)
-        if self.url not in ("", "local", "local://") and \
-                urlparse(self.url).scheme not in ("file", "redis", "rediss", "unix"):
+        try:
+            parse_medium(self.url)
+        except ConfigError:
             raise ConfigError(f"transport must be local, file:///dir or redis://host:port/db, "
-                              f"got {self.url!r}")
+                              f"got {self.url!r}") from None
 
 
 @dataclass(frozen=True)
@@ -298,7 +298,7 @@ class TrainSettings:
         for name, cls in GROUPS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"TrainSettings.{name} must be a {cls.__name__}")
-        if self.actors.remote and self.transport.url in ("", "local", "local://"):
+        if self.actors.remote and parse_medium(self.transport.url).kind == "local":
             raise ConfigError("remote_actors need a transport they can reach: "
                               "--transport file:///shared/dir or redis://host:port/db")
         self.streams  # noqa: B018  (raises ConfigError when a shard would get no stream)
@@ -363,11 +363,11 @@ class TrainSettings:
 
     def with_run_dir(self, run_dir: Path) -> TrainSettings:
         """A copy with ``run_dir`` set (and the default policy URL resolved)."""
-        redis = self.transport.url.startswith(("redis://", "rediss://", "unix://"))
+        redis = parse_medium(self.transport.url).kind == "redis"
         named = self.transport.run_id
         policy = self.transport.policy_url or \
             (with_policy_key(self.transport.url, f"shardreplay:{named}:policy") if redis and named
-             else self.transport.url if redis else f"file://{Path(run_dir).resolve()}/policy")
+             else self.transport.url if redis else file_url(f"{Path(run_dir).resolve()}/policy"))
         return self.updated({"run_dir": str(run_dir), "policy_url": policy})
 
 

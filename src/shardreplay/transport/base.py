@@ -51,6 +51,7 @@ __all__ = [
     "DEFAULT_MAX_CHUNK_BYTES",
     "DEFAULT_SEND_TIMEOUT_S",
     "DUPLICATE",
+    "Backlog",
     "ChunkReader",
     "ChunkWriter",
     "Intake",
@@ -127,6 +128,31 @@ class Transport(Protocol):
     url: str
     spec: Spec
 
+    def channel(self, shard: int, run_id: str = "") -> str:
+        """The name, on this transport's medium, of learner shard ``shard``'s channel in
+        run ``run_id`` ("" = the names of before run ids): a spool directory, a Redis
+        stream, a local ring. Names only; nothing is created. ``run_id`` is taken as
+        given (the runtime checks it)."""
+        ...
+
+    def channels(self, shard: int) -> list[str]:
+        """Every channel of ``shard`` that exists on this medium, of any run (for the
+        learner's report of chunks other runs left behind).
+
+        Raises:
+            TransportError / TransportTimeout: the medium could not be asked.
+        """
+        ...
+
+    def backlog(self, channel: str | None = None) -> Backlog:
+        """The chunks waiting in ``channel`` (a name from :meth:`channel`; None: this
+        transport's own), not yet consumed by a reader.
+
+        Raises:
+            TransportError / TransportTimeout: the medium could not be asked.
+        """
+        ...
+
     def writer(self) -> ChunkWriter:
         """A new writer end (call it in the actor process)."""
         ...
@@ -134,6 +160,15 @@ class Transport(Protocol):
     def reader(self) -> ChunkReader:
         """A new reader end (call it in the learner process)."""
         ...
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """What waits in a channel: ``chunks``, and their encoded ``bytes`` where the medium
+    can tell cheaply (None: Redis)."""
+
+    chunks: int
+    bytes: int | None
 
 
 @dataclass

@@ -9,11 +9,11 @@ opened.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlparse
 
 from shardreplay.errors import ConfigError
 from shardreplay.spec import Spec
 from shardreplay.transport.base import Transport
+from shardreplay.transport.urls import parse_medium
 
 __all__ = ["open_transport"]
 
@@ -30,23 +30,18 @@ def open_transport(url: str, spec: Spec, **options: Any) -> Transport:
     Raises:
         ConfigError: an unknown scheme, a malformed URL or an unknown option.
     """
-    parsed = urlparse(url)
-    scheme = parsed.scheme or url
+    medium = parse_medium(url, what="transport")
     try:
-        if scheme in ("local", ""):
+        if medium.kind == "local":
             from shardreplay.transport.local import LocalTransport
 
             return LocalTransport(spec, **options)
-        if scheme == "file":
-            if parsed.netloc not in ("", "localhost") or not parsed.path:
-                raise ConfigError(f"file transport needs file:///absolute/dir, got {url!r}")
+        if medium.kind == "file":
             from shardreplay.transport.spool import SpoolTransport
 
-            return SpoolTransport(parsed.path, spec, **options)
-        if scheme in ("redis", "rediss", "unix"):
-            from shardreplay.transport.redis import RedisTransport
+            return SpoolTransport(medium.path, spec, **options)
+        from shardreplay.transport.redis import RedisTransport
 
-            return RedisTransport(url, spec, **options)
+        return RedisTransport(url, spec, **options)
     except TypeError as exc:  # an unknown keyword option
         raise ConfigError(f"bad option for transport {url!r}: {exc}") from exc
-    raise ConfigError(f"unknown transport {url!r}: use 'local', 'file:///dir' or 'redis://host:port/db'")

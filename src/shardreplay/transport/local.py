@@ -28,6 +28,7 @@ from shardreplay.spec import Spec
 from shardreplay.transport.base import (
     DEFAULT_MAX_CHUNK_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
+    Backlog,
     Intake,
     ReaderStats,
     check_max_chunks,
@@ -67,6 +68,26 @@ class LocalTransport:
         self.max_chunk_bytes = max_chunk_bytes
         self.dedup_window = dedup_window
         self._ring = ShmRing(capacity_bytes, mp.get_context("spawn"))
+
+    def channel(self, shard: int, run_id: str = "") -> str:
+        """``local:shard-<k>``: each shard has its own ring, which no other run can reach."""
+        return f"local:shard-{shard}"
+
+    def channels(self, shard: int) -> list[str]:
+        """None to list: another run's rings live in its own processes."""
+        return []
+
+    def backlog(self, channel: str | None = None) -> Backlog:
+        """Chunks waiting in this transport's ring (``channel`` must be None: a ring of
+        another transport is not reachable from this one).
+
+        Raises:
+            ConfigError: ``channel`` given.
+        """
+        if channel is not None:
+            raise ConfigError(f"the local transport reports only its own ring's backlog, not {channel!r}")
+        chunks, nbytes = self._ring.backlog()
+        return Backlog(chunks, nbytes)
 
     def writer(self) -> LocalWriter:
         """A writer end; call it in the actor process."""

@@ -71,6 +71,7 @@ from shardreplay.transport.base import (
     DEFAULT_MAX_CHUNK_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
     DUPLICATE,
+    Backlog,
     Intake,
     ReaderStats,
     check_max_chunks,
@@ -140,6 +141,46 @@ class RedisTransport:
         """A new connection to this transport's server."""
         return RedisLink(self._url, socket_timeout_s=self.socket_timeout_s)
 
+    def channel(self, shard: int, run_id: str = "") -> str:
+        """The stream of ``shard``'s chunks: ``shardreplay:<run_id>:chunks:<k>``
+        (``shardreplay:chunks:<k>`` without a run id)."""
+        return f"shardreplay:{run_id}:chunks:{shard}" if run_id else f"shardreplay:chunks:{shard}"
+
+    def channels(self, shard: int) -> list[str]:
+        """The chunk streams of ``shard`` on the server, of every run (``SCAN``).
+
+        Raises:
+            TransportError / TransportTimeout: the server could not be asked.
+        """
+        def scan(r: Any) -> list[str]:
+            names = {key.decode() if isinstance(key, bytes) else str(key)
+                     for pattern in (self.channel(shard), self.channel(shard, "*"))
+                     for key in r.scan_iter(match=pattern, _type="stream")}
+            return sorted(names)
+
+        return self._ask(scan, "SCAN chunk streams")
+
+    def backlog(self, channel: str | None = None) -> Backlog:
+        """Entries of stream ``channel`` (None: this transport's) that some consumer
+        group has not acknowledged: pending plus not yet delivered (``lag``); the
+        stream's length where that is unknown (no group: nobody read it; a server
+        before Redis 7, or a lag Redis cannot tell: an upper bound). Entries a reader
+        acknowledged but did not trim yet are not counted. Bytes are not reported.
+
+        Raises:
+            TransportError / TransportTimeout: the server could not be asked.
+        """
+        stream = self.stream if channel is None else channel
+        return Backlog(self._ask(lambda r: _unconsumed(r, stream), f"XINFO {stream}"), None)
+
+    def _ask(self, fn: Callable[[Any], T], what: str) -> T:
+        """``fn(client)`` on a new connection, retried for up to 10 s."""
+        link = self.link()
+        try:
+            return link.call(fn, what=what, deadline=time.monotonic() + 10.0)
+        finally:
+            link.close()
+
     def writer(self) -> RedisWriter:
         """A writer end; call it in the actor process."""
         return RedisWriter(self)
@@ -151,6 +192,21 @@ class RedisTransport:
             TransportTimeout: the server is unreachable for ``reconnect_timeout_s``.
         """
         return RedisReader(self)
+
+
+def _unconsumed(r: Any, stream: str) -> int:
+    """See :meth:`RedisTransport.backlog`."""
+    length = int(r.xlen(stream))
+    groups = r.xinfo_groups(stream) if length else []
+    if not groups:
+        return length
+    waiting = 0
+    for group in groups:
+        lag = group.get("lag")
+        if lag is None:
+            return length
+        waiting = max(waiting, int(group["pending"]) + int(lag))
+    return min(waiting, length)
 
 
 class RedisWriter:

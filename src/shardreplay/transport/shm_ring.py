@@ -210,6 +210,27 @@ class ShmRing:
                 return out
             self._items.acquire(timeout=min(left, 0.1))
 
+    def backlog(self) -> tuple[int, int]:
+        """Records waiting and their bytes (without the length words), read under the
+        read lock (already held by this process while it lends records) and the ring lock."""
+        lent = self._lent is not None
+        if not lent:
+            self._acquire(self._read_lock, _READER)
+        try:
+            self._acquire()
+            try:
+                head, tail = self._meta[_HEAD], self._meta[_TAIL]
+            finally:
+                self._release()
+            records, nbytes, pos = 0, 0, tail
+            while head > pos:  # nobody moves tail or overwrites these bytes: read lock held
+                (n,) = _LEN.unpack(self._read(pos, _LEN.size))
+                records, nbytes, pos = records + 1, nbytes + n, pos + _LEN.size + n
+            return records, nbytes
+        finally:
+            if not lent:
+                self._release(self._read_lock, _READER)
+
     def give_back(self) -> None:
         """End the loan of the last ``take(borrow=True)``: writers may now reuse those
         records' bytes (views of them then show whatever is written next)."""

@@ -37,12 +37,13 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from shardreplay._io import atomic_write_bytes
 from shardreplay.errors import ConfigError, CorruptChunkError, TransportError, TransportTimeout
 from shardreplay.spec import Spec
-from shardreplay.transport._atomic import fsync_dir, temp_name
 from shardreplay.transport.base import (
     DEFAULT_MAX_CHUNK_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
+    Backlog,
     Intake,
     ReaderStats,
     check_max_chunks,
@@ -115,6 +116,30 @@ class SpoolTransport:
             raise TransportError(f"cannot create spool directories under {self.path}: {exc}") from exc
         return ready, tmp
 
+    def channel(self, shard: int, run_id: str = "") -> str:
+        """The spool directory of ``shard``'s chunks: ``<path>/<run_id>/shard-<k>``
+        (``<path>/shard-<k>`` without a run id)."""
+        return str(self.path / run_id / f"shard-{shard}" if run_id else self.path / f"shard-{shard}")
+
+    def channels(self, shard: int) -> list[str]:
+        """The spool directories of ``shard`` under this one that hold a ``ready/``."""
+        found = [self.path / f"shard-{shard}", *sorted(self.path.glob(f"*/shard-{shard}"))]
+        return [str(d) for d in found if (d / "ready").is_dir()]
+
+    def backlog(self, channel: str | None = None) -> Backlog:
+        """The chunk files in ``ready/`` of spool directory ``channel`` (None: this one),
+        temp names excluded, and their sizes; a missing directory holds none."""
+        ready = Path(channel if channel is not None else self.path) / "ready"
+        chunks = nbytes = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(ready):
+                if _is_temp_name(entry.name):
+                    continue
+                with contextlib.suppress(FileNotFoundError):  # consumed meanwhile
+                    nbytes += entry.stat().st_size
+                    chunks += 1
+        return Backlog(chunks, nbytes)
+
     def writer(self) -> SpoolWriter:
         """A writer end; call it in the actor process."""
         ready, tmp = self._dirs()
@@ -152,32 +177,11 @@ class SpoolWriter:
         enc.write_into(data)
         pending = self._wait_for_room(chunk.actor_id, timeout_s)
         name = chunk_file_name(chunk.actor_id, chunk.sequence)
-        tmp = self._tmp / temp_name(name)
-        try:
-            self._write(tmp, data)
-            os.replace(tmp, self._ready / name)
+        try:  # written in tmp/, renamed into ready/: a reader never sees half a chunk
+            atomic_write_bytes(self._ready / name, data, fsync=self._t.fsync, tmp_dir=self._tmp)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise TransportError(f"cannot write chunk {name} to spool {self._t.path}: {exc}") from exc
-        if self._t.fsync:
-            fsync_dir(self._ready)
         pending.append(name)
-
-    def _write(self, tmp: Path, data: bytes | bytearray) -> None:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if self._t.fsync:
-                os.fsync(fd)
-        except OSError as exc:
-            if exc.filename is None:
-                exc.filename = str(tmp)  # os.write names no file: say which one
-            raise
-        finally:
-            os.close(fd)
 
     def _wait_for_room(self, actor_id: int, timeout_s: float | None) -> deque[str]:
         pending = self._pending.get(actor_id)

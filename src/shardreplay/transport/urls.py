@@ -1,5 +1,6 @@
-"""Options that shardreplay itself reads from a medium's URL query (the rest of the query
-goes to redis-py as it is).
+"""Medium URLs: the one parser of ``local``, ``file://`` and ``redis://`` URLs
+(:func:`parse_medium`), and the options shardreplay itself reads from a URL's query (the
+rest of the query goes to redis-py as it is).
 
 ``key``: the Redis hash a policy is published under (``redis://host/0?key=NAME``;
 default ``shardreplay:policy``). A run named with ``--run-id ID`` publishes under
@@ -8,9 +9,14 @@ default ``shardreplay:policy``). A run named with ``--run-id ID`` publishes unde
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import parse_qsl, urlencode, urlparse, urlsplit, urlunsplit
 
-__all__ = ["POLICY_KEY", "pop_query", "with_policy_key"]
+from shardreplay.errors import ConfigError
+
+__all__ = ["POLICY_KEY", "MediumURL", "accepted_forms", "file_url", "parse_medium", "pop_query",
+           "with_policy_key"]
 
 POLICY_KEY = "key"
 
@@ -32,3 +38,67 @@ def with_policy_key(url: str, key: str) -> str:
     parts = urlsplit(base)
     query = "&".join(q for q in (parts.query, urlencode([(POLICY_KEY, key)], safe=":")) if q)
     return urlunsplit(parts._replace(query=query))
+
+
+# The one table of medium URLs: every scheme a transport or a policy broadcast opens.
+_KINDS = {"file": "file", "redis": "redis", "rediss": "redis", "unix": "redis"}
+_LOCAL = ("", "local", "local://")
+_FORMS = {"local": "'local'", "file": "'file:///dir'", "redis": "'redis://host:port/db'"}
+MediumKind = Literal["local", "file", "redis"]
+
+
+@dataclass(frozen=True)
+class MediumURL:
+    """A parsed medium URL.
+
+    Attributes:
+        kind: ``"local"``, ``"file"`` or ``"redis"`` (``redis``, ``rediss`` and ``unix``
+            URLs, all opened by redis-py).
+        url: the URL as given (a Redis URL keeps its query and any password).
+        path: a ``file://`` URL's directory (as ``urlparse`` gives it); ``""`` otherwise.
+    """
+
+    kind: MediumKind
+    url: str
+    path: str = ""
+
+
+def accepted_forms(kinds: tuple[MediumKind, ...] = ("local", "file", "redis")) -> str:
+    """The URL forms of ``kinds``, for messages: "'local', 'file:///dir' or 'redis://host:port/db'"."""
+    forms = [_FORMS[k] for k in kinds]
+    return forms[0] if len(forms) == 1 else f"{', '.join(forms[:-1])} or {forms[-1]}"
+
+
+def parse_medium(url: str, *, kinds: tuple[MediumKind, ...] = ("local", "file", "redis"),
+                 what: str = "transport") -> MediumURL:
+    """Parse a transport or policy-broadcast URL.
+
+    Args:
+        url: ``local`` (also ``""``, ``local://``), ``file:///absolute/dir`` (or
+            ``file://localhost/dir``), ``redis://``, ``rediss://`` or ``unix://`` URLs.
+        kinds: the kinds the caller accepts.
+        what: the caller's name for the URL in messages ("transport", "policy broadcast").
+
+    Raises:
+        ConfigError: another scheme, a kind the caller does not accept, or a ``file://``
+            URL with a host or without a path; the message lists the accepted forms.
+    """
+    if url in _LOCAL:
+        kind: str | None = "local"
+        parsed = None
+    else:
+        parsed = urlparse(url)
+        kind = _KINDS.get(parsed.scheme)
+    if kind not in kinds:
+        raise ConfigError(f"unknown {what} URL {url!r}: use {accepted_forms(kinds)}")
+    if kind == "file":
+        assert parsed is not None
+        if parsed.netloc not in ("", "localhost") or not parsed.path:
+            raise ConfigError(f"{what} needs file:///absolute/dir, got {url!r}")
+        return MediumURL("file", url, parsed.path)
+    return MediumURL("local" if kind == "local" else "redis", url)
+
+
+def file_url(path: str) -> str:
+    """The ``file://`` URL whose :func:`parse_medium` path is the absolute ``path``."""
+    return f"file://{path}"
