@@ -24,6 +24,7 @@ import psutil
 from shardreplay.runtime.envs import transition_spec
 from shardreplay.spec import Field, Spec
 from shardreplay.transport.codec import Chunk
+from shardreplay.transport.redis import RedisTransport
 
 # The actors' CartPole spec plus the identity of the chunk each step came in.
 IDENT_SPEC = Spec({**transition_spec(4).fields, "ident": Field((2,), np.int64)})
@@ -174,3 +175,8 @@ def kill9(pid: int) -> None:
 def rss_bytes(pid: int | None = None) -> int:
     """Resident set size of a process (this one by default)."""
     return int(psutil.Process(pid or os.getpid()).memory_info().rss)
+
+
+def redis_stream(shard: int, run_id: str = "") -> str:
+    """The stream the Redis transport names for ``shard`` of ``run_id`` (no connection made)."""
+    return RedisTransport("redis://127.0.0.1:1/0", CARTPOLE_SPEC).channel(shard, run_id)

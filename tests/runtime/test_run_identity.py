@@ -38,16 +38,10 @@ from shardreplay.runtime.routing import foreign_backlog, shard_transport
 from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
-from shardreplay.transport.redis import RedisTransport
-from tests.runtime.runtime_helpers import CARTPOLE_SPEC, IDENT_SPEC, make_chunk, wait_for
+from tests.runtime.runtime_helpers import CARTPOLE_SPEC, IDENT_SPEC, make_chunk, redis_stream, wait_for
 from tests.runtime.train_harness import FAST, TrainRun
 
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
-
-
-def redis_stream(shard: int, run_id: str = "") -> str:
-    """The stream the Redis transport names for ``shard`` of ``run_id`` (no connection made)."""
-    return RedisTransport("redis://127.0.0.1:1/0", CARTPOLE_SPEC).channel(shard, run_id)
 
 
 pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # conftest.py

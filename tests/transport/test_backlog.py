@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transport_helpers import SPEC, make_chunk
 
 from shardreplay.errors import ConfigError
 from shardreplay.transport import open_transport
 from shardreplay.transport.base import Backlog
 from shardreplay.transport.codec import encode
+from tests.transport.transport_helpers import SPEC, make_chunk
 
 
 def _sizes(count: int, actor_id: int = 1) -> int:

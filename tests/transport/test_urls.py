@@ -6,13 +6,13 @@ import re
 from pathlib import Path
 
 import pytest
-from transport_helpers import SPEC
 
 from shardreplay.errors import ConfigError
 from shardreplay.policy.factory import _redis_options
 from shardreplay.runtime.run_identity import upcoming_life, write_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport.urls import file_url, parse_medium, pop_query, with_policy_key
+from tests.transport.transport_helpers import SPEC
 
 
 def test_the_policy_key_rides_in_the_url_and_the_rest_goes_to_redis_py() -> None:

@@ -17,9 +17,8 @@ import psutil
 import pytest
 import redis
 
-from shardreplay.runtime.routing import redis_stream
 from shardreplay.runtime.run_identity import read_identity
-from tests.runtime.runtime_helpers import kill9
+from tests.runtime.runtime_helpers import kill9, redis_stream
 from tests.runtime.train_harness import FAST, TrainRun, metrics_rows, training, wait_until
 
 pytestmark = pytest.mark.distributed
