@@ -1,16 +1,100 @@
-"""Gymnasium environments for actors: checked, vectorised, and the matching Spec.
+"""Gymnasium environments for actors and evaluation: what ``shardreplay train`` makes of
+an environment id (Atari, MinAtar, anything registered), and the matching Spec.
 
-gymnasium is imported here only, when an environment is made.
+- ``ALE/...`` ids (the ``atari`` extra: ale-py, its ROMs included): ale-py's envs are
+  registered, made with ``frameskip=1`` and wrapped in the standard DQN preprocessing,
+  gymnasium's ``AtariPreprocessing`` (84x84 grayscale, frame skip 4 with max-pooling of
+  the last two frames, up to 30 no-op starts) and ``FrameStackObservation(4)``: uint8
+  stacks ``[4, 84, 84]``, oldest frame first, stored once per frame in replay
+  (``Field(frame_stack=True)``).
+- ``MinAtar/...`` ids (the ``minatar`` extra): registered, and their ``[10, 10, C]`` bool
+  observations turned channels-first uint8 ``[C, 10, 10]``.
+- any other id: made as registered; ``--env-import MODULE`` imports a module first (one
+  that registers its ids), ``--env-kwargs JSON`` passes keyword arguments to
+  ``gymnasium.make``. Image observations ``[H, W, C]`` with C in (1, 3, 4) are turned
+  channels first.
+
+Observations are flat float vectors or uint8/bool images; actions are Discrete.
+gymnasium (and ale-py, minatar) are imported only when an environment is made.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from shardreplay.errors import ConfigError
 from shardreplay.spec import Field, Spec
+
+__all__ = ["EnvInfo", "EnvSource", "describe_env", "env_source", "make_env", "make_vector_env",
+           "parse_env_kwargs", "transition_spec"]
+
+ATARI_STACK = 4
+
+
+@dataclass(frozen=True)
+class EnvSource:
+    """How to make an environment: its id, the modules that register it, ``make`` kwargs."""
+
+    env_id: str
+    imports: tuple[str, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    """What the spec, the network and the actors need to know of an environment.
+
+    Attributes:
+        obs_shape: one observation's shape (channels first for images).
+        obs_dtype: float32 for vectors, uint8 for images.
+        num_actions: size of the Discrete action space.
+        frame_stack: frames per observation stack (0: not a stack of frames).
+    """
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    num_actions: int
+    frame_stack: int = 0
+
+    @property
+    def is_image(self) -> bool:
+        """True for images ``[C, H, W]``."""
+        return len(self.obs_shape) == 3
+
+
+def env_source(env_id: str, env_import: str = "", env_kwargs: str = "") -> EnvSource:
+    """The :class:`EnvSource` of ``--env-id``, ``--env-import`` (comma-separated module
+    names) and ``--env-kwargs`` (a JSON object).
+
+    Raises:
+        ConfigError: ``env_kwargs`` is not a JSON object.
+    """
+    modules = tuple(m.strip() for m in env_import.split(",") if m.strip())
+    return EnvSource(env_id, modules, parse_env_kwargs(env_kwargs))
+
+
+def parse_env_kwargs(text: str) -> dict[str, Any]:
+    """``--env-kwargs``: a JSON object (``''``: none).
+
+    Raises:
+        ConfigError: not a JSON object.
+    """
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--env-kwargs must be a JSON object, e.g. '{{\"max_episode_steps\": 500}}': {exc}"
+                          ) from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"--env-kwargs must be a JSON object, got {text!r}")
+    return value
 
 
 def _gym() -> Any:
@@ -21,41 +105,112 @@ def _gym() -> Any:
     return gymnasium
 
 
-def env_spaces(env_id: str) -> tuple[int, int]:
-    """``(observation size, number of actions)`` of a gymnasium environment id.
+def _import(module: str, extra: str = "") -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        hint = f": pip install 'shardreplay[{extra}]'" if extra else " (--env-import names it)"
+        raise ConfigError(f"cannot import {module}{hint}: {exc}") from exc
+
+
+def _register(source: EnvSource) -> None:
+    gym = _gym()
+    for module in source.imports:
+        _import(module)
+    if source.env_id.startswith("ALE/"):
+        gym.register_envs(_import("ale_py", "atari"))
+    elif source.env_id.startswith("MinAtar/") and source.env_id not in gym.registry:
+        _import("minatar.gym", "minatar").register_envs()
+
+
+def make_env(source: EnvSource) -> Any:
+    """One environment, wrapped as the module docstring says.
 
     Raises:
-        ConfigError: an unknown id, a non-discrete action space, or an observation that
-            is not a flat vector.
+        ConfigError: an unknown id, a package that is missing, bad kwargs.
     """
     gym = _gym()
+    _register(source)
+    kwargs = dict(source.kwargs)
+    atari = source.env_id.startswith("ALE/")
+    if atari:
+        kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips frames itself
     try:
-        env = gym.make(env_id)
+        env = gym.make(source.env_id, **kwargs)
     except gym.error.Error as exc:
-        raise ConfigError(f"unknown gymnasium environment {env_id!r}: {exc}") from exc
+        raise ConfigError(f"unknown gymnasium environment {source.env_id!r}: {exc}") from exc
+    except TypeError as exc:
+        raise ConfigError(f"{source.env_id}: bad --env-kwargs {json.dumps(source.kwargs)}: {exc}") from exc
+    if atari:
+        from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+        try:
+            env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        except gym.error.DependencyNotInstalled as exc:
+            raise ConfigError(f"Atari preprocessing needs opencv: pip install 'shardreplay[atari]' ({exc})"
+                              ) from exc
+        return FrameStackObservation(env, ATARI_STACK)
+    return _channels_first(env)
+
+
+def _channels_first(env: Any) -> Any:
+    """Images ``[H, W, C]`` (C in 1, 3, 4; MinAtar's any C on 10x10) become uint8 ``[C, H, W]``."""
+    gym = _gym()
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
+        return env
+    h, w, c = space.shape
+    minatar = env.spec is not None and env.spec.id.startswith("MinAtar/")
+    if not (minatar or (c in (1, 3, 4) and h > 4 and w > 4)):
+        return env  # already channels first
+    high = 1 if space.dtype == np.bool_ else 255
+    new = gym.spaces.Box(0, high, (c, h, w), np.uint8)
+    return gym.wrappers.TransformObservation(
+        env, lambda o: np.ascontiguousarray(np.moveaxis(np.asarray(o, np.uint8), -1, 0)), new)
+
+
+def describe_env(source: EnvSource) -> EnvInfo:
+    """The :class:`EnvInfo` of the environment ``source`` makes.
+
+    Raises:
+        ConfigError: as :func:`make_env`; a non-Discrete action space; an observation
+            that is neither a flat vector nor an image.
+    """
+    gym = _gym()
+    env = make_env(source)
     try:
         obs, act = env.observation_space, env.action_space
     finally:
         env.close()
+    name = source.env_id
     if not isinstance(act, gym.spaces.Discrete):
-        raise ConfigError(f"{env_id}: the action space is {act}; shardreplay train needs a Discrete one")
-    if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
-        raise ConfigError(f"{env_id}: the observation space is {obs}; a flat vector Box is needed")
-    return int(obs.shape[0]), int(act.n)
+        raise ConfigError(f"{name}: the action space is {act}; shardreplay train needs a Discrete one")
+    if not isinstance(obs, gym.spaces.Box) or len(obs.shape) not in (1, 3):
+        raise ConfigError(f"{name}: the observation space is {obs}; a flat vector Box or an image "
+                          "[C, H, W] is needed")
+    if len(obs.shape) == 1:
+        return EnvInfo((int(obs.shape[0]),), np.dtype(np.float32), int(act.n))
+    if obs.dtype not in (np.uint8, np.bool_):
+        raise ConfigError(f"{name}: image observations of {obs.dtype}; uint8 (or bool) pixels are needed")
+    stack = ATARI_STACK if name.startswith("ALE/") else 0
+    return EnvInfo(tuple(int(d) for d in obs.shape), np.dtype(np.uint8), int(act.n), stack)
 
 
-def transition_spec(obs_size: int) -> Spec:
-    """The Spec actors write: ``obs`` float32[obs_size], ``action`` int64, ``reward`` float32."""
-    return Spec({"obs": Field((obs_size,), np.float32), "action": Field((), np.int64),
-                 "reward": Field((), np.float32)})
-
-
-def make_vector_env(env_id: str, num_envs: int, seed: int | None) -> Any:
-    """A synchronous vector env (autoreset NEXT_STEP), reset with ``seed``.
-
-    Returns the env and its first observations.
-    """
+def make_vector_env(source: EnvSource, num_envs: int, seed: int | None) -> tuple[Any, np.ndarray]:
+    """A synchronous vector env of :func:`make_env` envs (autoreset NEXT_STEP), reset
+    with ``seed``; returns the env and its first observations."""
     gym = _gym()
-    env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+    env = gym.vector.SyncVectorEnv([lambda: make_env(source) for _ in range(num_envs)])
     obs, _info = env.reset(seed=seed)
     return env, obs
+
+
+def transition_spec(obs: int | EnvInfo) -> Spec:
+    """The Spec actors write: ``obs`` (float32[obs] for a vector size; for an
+    :class:`EnvInfo`, its shape and dtype, ``frame_stack`` for Atari's stacks), ``action``
+    int64, ``reward`` float32."""
+    if isinstance(obs, EnvInfo):
+        obs_field = Field(obs.obs_shape, obs.obs_dtype, frame_stack=obs.frame_stack > 0)
+    else:
+        obs_field = Field((int(obs),), np.float32)
+    return Spec({"obs": obs_field, "action": Field((), np.int64), "reward": Field((), np.float32)})

@@ -20,10 +20,10 @@ from torch import nn
 
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.qnet import QNetwork
+from shardreplay.runtime.settings import NETWORKS
 
 __all__ = ["NETWORKS", "MinAtarQNetwork", "NatureQNetwork", "choose_network", "make_q_network"]
 
-NETWORKS = ("auto", "mlp", "nature", "minatar")
 _NATURE_MIN_SIDE = 36  # the smallest side the Nature network's three convolutions accept
 
 

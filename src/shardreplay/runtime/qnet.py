@@ -28,7 +28,7 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values ``[B, num_actions]`` for observations ``[B, obs_size]``."""
-        return self.net(obs)
+        return self.net(obs.to(torch.float32))
 
 
 def apex_epsilons(num_streams: int, first: int, total: int, base: float = 0.4,

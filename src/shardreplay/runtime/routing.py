@@ -18,6 +18,7 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.spec import Spec
 from shardreplay.transport import Chunk, encode, open_transport
 from shardreplay.transport.base import Transport
+from shardreplay.transport.codec import spec_has_frame_stacks
 from shardreplay.transport.urls import file_url, parse_medium
 
 
@@ -98,8 +100,12 @@ def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:
 
 def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
                     queued_chunks_per_actor: int | None = None, actors: int = 1,
-                    chunk_size_bytes: int | None = None) -> Transport:
+                    chunk_size_bytes: int | None = None, compression: str = "auto") -> Transport:
     """The transport of learner shard ``shard`` of run ``run_id`` (see the module docstring).
+
+    ``compression`` applies to what writers send on ``file://`` and ``redis://`` (readers
+    recognise packed chunks by themselves): ``auto`` is ``lz4`` for a spec with a
+    ``frame_stack`` field (its new frames then travel once) and ``none`` otherwise.
 
     ``queued_chunks_per_actor`` bounds the chunks that wait in the medium for each of the
     shard's ``actors`` (None: the medium's default); each medium turns it into its own
@@ -113,11 +119,17 @@ def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
     """
     kind, run_id = scheme_of(url), check_run_id(run_id)
     bound = queued_chunks_per_actor
+    if compression == "auto":
+        compression = "lz4" if spec_has_frame_stacks(spec) else "none"
     if kind == "file":  # the spool names its shard directories (nothing is created here)
-        opts = {} if bound is None else {"queued_chunks_per_actor": bound}
+        opts: dict[str, Any] = {"compression": compression}
+        if bound is not None:
+            opts["queued_chunks_per_actor"] = bound
         return open_transport(file_url(open_transport(url, spec).channel(shard, run_id)), spec, **opts)
     if kind == "redis":
-        opts = {} if bound is None else {"max_len": bound * max(actors, 1)}
+        opts = {"compression": compression}
+        if bound is not None:
+            opts["max_len"] = bound * max(actors, 1)
         return open_transport(url, spec, stream=open_transport(url, spec).channel(shard, run_id), **opts)
     if bound is None or chunk_size_bytes is None:
         return open_transport("local", spec)

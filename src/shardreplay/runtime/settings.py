@@ -26,9 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from shardreplay.errors import ConfigError
+from shardreplay.runtime.envs import EnvSource, env_source
 from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.transport.urls import file_url, parse_medium, with_policy_key
+
+# The Q-networks of runtime/networks.py and the chunk compressions of the transports
+# (kept here, free of torch, so settings check them without importing either).
+NETWORKS = ("auto", "mlp", "nature", "minatar")
+COMPRESSIONS = ("auto", "none", "lz4", "zstd")
 
 
 def _flag(default: Any, flat: str) -> Any:
@@ -89,7 +95,9 @@ class RunSettings:
     """What the run does and when it stops.
 
     Attributes:
-        env_id: gymnasium id (Discrete actions, flat vector observations).
+        env_id: gymnasium id, Discrete actions, vector or image observations (docs/atari.md).
+        env_import: modules that register the id, comma-separated.
+        env_kwargs: gymnasium.make keyword arguments, a JSON object.
         run_dir: where config, metrics, checkpoints and the plot go ('' = runs/<time>).
         total_env_steps: stop after this many environment steps (all actors).
         max_minutes: stop after this wall time.
@@ -103,6 +111,8 @@ class RunSettings:
     """
 
     env_id: str = "CartPole-v1"
+    env_import: str = ""
+    env_kwargs: str = ""
     run_dir: str = ""
     total_env_steps: int = 200_000
     max_minutes: float = 10.0
@@ -116,6 +126,12 @@ class RunSettings:
     def __post_init__(self) -> None:
         _validate(self, positive=("total_env_steps", "max_minutes", "eval_episodes",
                                   "eval_interval_updates", "quick_eval_episodes"))
+        env_source(self.env_id, self.env_import, self.env_kwargs)  # a bad JSON object fails here
+
+    @property
+    def source(self) -> EnvSource:
+        """How actors and evaluation make the environment."""
+        return env_source(self.env_id, self.env_import, self.env_kwargs)
 
 
 @dataclass(frozen=True)
@@ -129,7 +145,8 @@ class LearnerSettings:
         gamma: discount, in (0, 1].
         lr: Adam learning rate.
         target_update_interval: updates between target-network copies.
-        hidden: hidden layer sizes of the Q-network.
+        hidden: hidden layer sizes of the MLP Q-network.
+        network: Q-network: auto (by observation shape), mlp, nature or minatar.
         publish_interval_updates: updates between weight broadcasts to the actors.
         collective_timeout_s: how long ranks wait for each other.
     """
@@ -141,6 +158,7 @@ class LearnerSettings:
     lr: float = 2.3e-3
     target_update_interval: int = 10
     hidden: tuple[int, ...] = (256, 256)
+    network: str = "auto"
     publish_interval_updates: int = 25
     collective_timeout_s: float = 300.0
 
@@ -149,6 +167,8 @@ class LearnerSettings:
                                   "publish_interval_updates", "collective_timeout_s"))
         if not 0 < self.gamma <= 1:
             raise ConfigError(f"gamma must lie in (0, 1], got {self.gamma}")
+        if self.network not in NETWORKS:
+            raise ConfigError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
 
 
 @dataclass(frozen=True)
@@ -164,11 +184,10 @@ class ReplaySettings:
         samples_per_insert: how often each inserted step is sampled on average.
         min_replay: global windows before learning starts.
         sample_mode: exact (one global distribution) or local (own shard, weighted).
-        prefetch: batches each rank draws per replay exchange; k > 1 makes 1/k of the
-            collectives, and a batch may miss the priority updates of k - 1 updates.
-        pipeline: run each rank's replay exchanges on a background thread over the
-            buffer's own process group, so the next batch is drawn while this one trains:
-            a batch misses the priority updates of at most one update (k with prefetch k).
+        prefetch: batches per replay exchange (k: 1/k of the collectives; a batch may
+            miss k - 1 updates' priorities).
+        pipeline: draw the next batch on a thread while this one trains (a batch
+            misses at most one update's priorities).
     """
 
     capacity: int = _flag(100_000, "replay_capacity")
@@ -239,15 +258,20 @@ class TransportSettings:
         policy_url: where weights are published ('' = file://<run_dir>/policy, or the
             transport's Redis URL).
         run_id: names the run's Redis keys shardreplay:<run_id>:* ('' = random).
+        compression: of chunks on file:// and redis://: auto, none, lz4, zstd.
     """
 
     url: str = _flag("local", "transport")
     policy_url: str = ""
     run_id: str = ""
+    compression: str = "auto"
 
     def __post_init__(self) -> None:
         _validate(self)
         check_run_id(self.run_id)
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"compression must be one of {', '.join(COMPRESSIONS)}, "
+                              f"got {self.compression!r}")
         try:
             parse_medium(self.url)
         except ConfigError:

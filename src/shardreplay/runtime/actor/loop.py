@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
@@ -37,7 +38,8 @@ from shardreplay.runtime.actor.settings import (  # re-exported: the actor's pub
     actor_seed,
     resolve,
 )
-from shardreplay.runtime.envs import env_spaces, make_vector_env, transition_spec
+from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env, transition_spec
+from shardreplay.runtime.networks import choose_network, make_q_network
 from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
 from shardreplay.runtime.routing import scheme_of, shard_transport
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
@@ -123,8 +125,9 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
     env_id, envs = s.env_id, s.envs_per_actor
     if env_id is None or envs is None or s.num_shards is None or s.num_actors is None:
         raise ShardReplayError(f"actor {s.actor_id}: settings not resolved before serving (a bug)")
-    obs_size, num_actions = env_spaces(env_id)
-    spec = transition_spec(obs_size)
+    source = env_source(env_id, s.env_import or "", s.env_kwargs or "")
+    env_info = describe_env(source)
+    spec = transition_spec(env_info)
     layout = StreamLayout(s.num_actors, envs, s.num_shards)
     groups = layout.groups(s.actor_id)
     if given is None and scheme_of(s.transport) == "local":
@@ -137,22 +140,22 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
     run_id = info.run_id if info is not None else ""
     transports = {k: given[k] if given is not None else shard_transport(
         s.transport, spec, k, run_id=run_id, queued_chunks_per_actor=s.queued_chunks_per_actor,
-        actors=layout.actors_of_shard(k)) for k in groups}
+        actors=layout.actors_of_shard(k), compression=s.compression or "none") for k in groups}
     if info is not None:
         log.info("actor %d: serving run %s (life %d) on %s, shard(s) %s", s.actor_id, info.run_id, info.life,
                  s.transport, ", ".join(str(k) for k in groups))
-    env, obs = make_vector_env(env_id, envs, s.seed)
+    env, obs = make_vector_env(source, envs, s.seed)
     try:
-        return _loop(s, info, first, env, obs, num_actions, transports, groups, subscriber, stop, counters)
+        return _loop(s, info, first, env, obs, env_info, transports, groups, subscriber, stop, counters)
     finally:
         env.close()
 
 
-def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, num_actions: int,
+def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, env_info: EnvInfo,
           transports: dict[int, Transport], groups: dict[int, np.ndarray], subscriber: Any, stop: StopFlag,
           counters: dict[str, int]) -> Any:
     feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
-    net = QNetwork(obs.shape[1], num_actions, _hidden_of(first.weights, obs.shape[1], num_actions, s))
+    net = _network(first.weights, env_info, s)
     version = _load(net, first)
     rng = np.random.default_rng(s.seed)
     eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor, s.num_actors * s.envs_per_actor,
@@ -195,7 +198,7 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, n
                 counters["policy_updates"] += 1
             with torch.no_grad():
                 explore = _warmup(eps, run_steps + played * s.num_actors, s.epsilon_warmup_steps)
-                actions = epsilon_greedy(net(torch.as_tensor(obs, dtype=torch.float32)), explore, rng)
+                actions = epsilon_greedy(net(torch.as_tensor(obs)), explore, rng)
             obs, reward, terminated, truncated, info_ = env.step(actions)
             counters["env_steps"] += s.envs_per_actor
             played += s.envs_per_actor
@@ -295,6 +298,27 @@ def _first_policy(subscriber: Any, s: ActorSettings, stop: StopFlag) -> Any:
     return None
 
 
+def _network(weights: dict[str, Any], env: EnvInfo, s: ActorSettings) -> nn.Module:
+    """The Q-network the published ``weights`` fit: the run's kind (an MLP's hidden sizes
+    read from the weights).
+
+    Raises:
+        ConfigError: the weights are not such a network for this environment.
+    """
+    kind = choose_network(env.obs_shape, s.network or "auto")
+    if kind == "mlp":
+        size = env.obs_shape[0]
+        return QNetwork(size, env.num_actions, _hidden_of(weights, size, env.num_actions, s))
+    net = make_q_network(env.obs_shape, env.num_actions, kind)
+    mine = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in weights.items() if k != FINISHED}
+    if mine != theirs:
+        raise ConfigError(f"the policy at {s.policy_url} is not a {kind} Q-network for {s.env_id} "
+                          f"(observations {list(env.obs_shape)}, {env.num_actions} actions): do the learners "
+                          "train the same --env-id and --network?")
+    return net
+
+
 def _hidden_of(weights: dict[str, Any], obs_size: int, num_actions: int, s: ActorSettings) -> tuple[int, ...]:
     """The hidden sizes of the published Q-network (its Linear weights ``net.<i>.weight``).
 
@@ -314,7 +338,7 @@ def _hidden_of(weights: dict[str, Any], obs_size: int, num_actions: int, s: Acto
     return hidden
 
 
-def _load(net: QNetwork, update: Any) -> int:
+def _load(net: nn.Module, update: Any) -> int:
     net.load_state_dict({k: torch.as_tensor(v) for k, v in update.weights.items()})
     return int(update.version)
 

@@ -22,10 +22,12 @@ log = logging.getLogger("shardreplay.actor")
 # with every policy (RUN_KEY metadata); an actor takes those it leaves None, and one it
 # was given otherwise is an error (a remote actor with its own chunk size, queue or
 # epsilon schedule trains the learner on data it does not expect).
-AGREED = ("num_actors", "num_shards", "env_id", "envs_per_actor", "chunk_steps", "queued_chunks_per_actor",
-          "epsilon_base", "epsilon_exponent", "epsilon_warmup_steps")
+AGREED = ("num_actors", "num_shards", "env_id", "env_import", "env_kwargs", "network", "compression",
+          "envs_per_actor", "chunk_steps", "queued_chunks_per_actor", "epsilon_base", "epsilon_exponent",
+          "epsilon_warmup_steps")
 # Used for a policy that publishes no settings (a publisher that names no run).
-_UNPUBLISHED = {"env_id": "CartPole-v1", "envs_per_actor": 4, "chunk_steps": 16,
+_UNPUBLISHED = {"env_id": "CartPole-v1", "env_import": "", "env_kwargs": "", "network": "mlp",
+                "compression": "none", "envs_per_actor": 4, "chunk_steps": 16,
                 "queued_chunks_per_actor": None, "epsilon_base": 0.4, "epsilon_exponent": 7.0,
                 "epsilon_warmup_steps": 0}
 
@@ -42,7 +44,11 @@ class ActorSettings:
         actor_id: this actor's id (0-based); also picks its learner shard.
         num_actors: actors in the run (for the Ape-X epsilon of each stream).
         num_shards: learner shards (ranks).
-        env_id: gymnasium id (discrete actions, flat vector observations).
+        env_id: gymnasium id (discrete actions; vector or image observations).
+        env_import: modules to import before making the env, comma-separated.
+        env_kwargs: keyword arguments of gymnasium.make, a JSON object.
+        network: the Q-network kind (auto, mlp, nature, minatar).
+        compression: chunk compression on file:// and redis:// (auto, none, lz4, zstd).
         envs_per_actor: vector env size = streams of this actor.
         chunk_steps: steps per stream in one chunk.
         transport: ``local``, ``file:///dir`` or ``redis://host:port/db`` ('' = the
@@ -72,6 +78,10 @@ class ActorSettings:
     num_actors: int | None = None
     num_shards: int | None = None
     env_id: str | None = None
+    env_import: str | None = None
+    env_kwargs: str | None = None
+    network: str | None = None
+    compression: str | None = None
     envs_per_actor: int | None = None
     chunk_steps: int | None = None
     transport: str = ""

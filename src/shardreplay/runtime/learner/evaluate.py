@@ -6,18 +6,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from shardreplay.runtime.envs import make_vector_env
+from shardreplay.runtime.envs import EnvSource, make_vector_env
 
 
-def evaluate(net: nn.Module, env_id: str, episodes: int, seed: int) -> list[float]:
-    """Returns of ``episodes`` greedy episodes, run side by side (one env each)."""
-    env, obs = make_vector_env(env_id, episodes, seed)
+def evaluate(net: nn.Module, source: EnvSource | str, episodes: int, seed: int) -> list[float]:
+    """Returns of ``episodes`` greedy episodes, run side by side (one env each), of the
+    environment ``source`` makes (a bare id: as registered)."""
+    env, obs = make_vector_env(EnvSource(source) if isinstance(source, str) else source, episodes, seed)
     returns = np.zeros(episodes)
     done = np.zeros(episodes, bool)
     try:
         while not done.all():
             with torch.no_grad():
-                actions = net(torch.as_tensor(obs, dtype=torch.float32)).argmax(dim=1).numpy()
+                actions = net(torch.as_tensor(obs)).argmax(dim=1).numpy()
             obs, reward, terminated, truncated, _info = env.step(actions)
             returns += np.where(done, 0.0, reward)
             done |= np.asarray(terminated) | np.asarray(truncated)

@@ -36,7 +36,7 @@ from shardreplay.policy import open_publisher
 from shardreplay.policy.broadcast import pack_version
 from shardreplay.runtime.actor.loop import FINISHED, RunInfo
 from shardreplay.runtime.actor.processes import ActorPool
-from shardreplay.runtime.envs import env_spaces, transition_spec
+from shardreplay.runtime.envs import describe_env, transition_spec
 from shardreplay.runtime.learner.dqn import DoubleDqn, DqnSettings
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.ingest import Ingestor
@@ -60,7 +60,7 @@ from shardreplay.runtime.learner.sync import (
     learner_trigger,
     make_limiter,
 )
-from shardreplay.runtime.qnet import QNetwork
+from shardreplay.runtime.networks import make_q_network
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
@@ -91,10 +91,11 @@ class Learner:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.run_dir = Path(settings.run.run_dir)
         self.trigger = learner_trigger(settings, self.run_dir)  # signals, requests, periodic saves
-        obs_size, num_actions = env_spaces(settings.run.env_id)
-        spec = transition_spec(obs_size)
+        env = describe_env(settings.run.source)
+        spec = transition_spec(env)
         self.buffer = make_shard_buffer(settings, spec, self.rank)
-        net: nn.Module = QNetwork(obs_size, num_actions, settings.learners.hidden)
+        net: nn.Module = make_q_network(env.obs_shape, env.num_actions, settings.learners.network,
+                                        settings.learners.hidden)
         if self.world > 1:
             net = DistributedDataParallel(net)
         self.agent = DoubleDqn(net, DqnSettings(gamma=settings.learners.gamma, lr=settings.learners.lr,
@@ -399,7 +400,7 @@ class Learner:
             self.publisher.publish(self.policy_version + 1, state, meta=self._run_meta())
 
     def _evaluate(self, episodes: int | None = None) -> float:
-        returns = evaluate(self.agent.module, self.s.run.env_id, episodes or self.s.run.eval_episodes,
+        returns = evaluate(self.agent.module, self.s.run.source, episodes or self.s.run.eval_episodes,
                            seed=10_000 + self.progress.counters["updates"])
         self.progress.last_eval = float(np.mean(returns))
         self.progress.evals += 1

@@ -120,6 +120,8 @@ def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
     """
     a = settings.actors
     values = {"num_actors": settings.total_actors, "num_shards": world, "env_id": settings.run.env_id,
+              "env_import": settings.run.env_import, "env_kwargs": settings.run.env_kwargs,
+              "network": settings.learners.network, "compression": settings.transport.compression,
               "envs_per_actor": a.envs_per_actor, "chunk_steps": a.chunk_steps,
               "queued_chunks_per_actor": a.queued_chunks_per_actor, "epsilon_base": a.epsilon_base,
               "epsilon_exponent": a.epsilon_exponent, "epsilon_warmup_steps": a.epsilon_warmup_steps}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.env_kinds import EnvSource, describe_env, make_vector_env, parse_env_kwargs
+from shardreplay.runtime.envs import EnvSource, describe_env, make_vector_env, parse_env_kwargs
 from shardreplay.runtime.networks import (
     MinAtarQNetwork,
     NatureQNetwork,
