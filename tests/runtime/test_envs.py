@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,48 +19,15 @@ from shardreplay.runtime.networks import (
     make_q_network,
 )
 from shardreplay.runtime.qnet import QNetwork
-
-PIXEL_ENV = '''
-import gymnasium as gym
-import numpy as np
-
-
-class Blink(gym.Env):
-    """A 12x12 RGB image env (channels last): reward 1 for the action matching the lit corner."""
-
-    observation_space = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self, length=20):
-        self.length = length
-
-    def _obs(self):
-        o = np.zeros((12, 12, 3), np.uint8)
-        o[0 if self.side == 0 else 11, :, :] = 255
-        return o
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t, self.side = 0, int(self.np_random.integers(2))
-        return self._obs(), {}
-
-    def step(self, action):
-        r = float(action == self.side)
-        self.t += 1
-        self.side = int(self.np_random.integers(2))
-        return self._obs(), r, False, self.t >= self.length, {}
-
-
-gym.register("Blink-v0", entry_point=Blink)
-'''
+from tests.support.gym_envs import write_blink_env
 
 
 @pytest.fixture
 def pixel_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A module that registers ``Blink-v0`` when imported (what ``--env-import`` names)."""
-    (tmp_path / "blink_env.py").write_text(textwrap.dedent(PIXEL_ENV))
+    module = write_blink_env(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    yield "blink_env"
+    yield module
     sys.modules.pop("blink_env", None)
 
 
