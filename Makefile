@@ -1,5 +1,6 @@
 # shardreplay developer tasks. Everything runs inside .venv (created on first use).
 #   make demo    shardreplay train: distributed Ape-X DQN on CartPole, end to end
+#   make demo-pixels  shardreplay train on MinAtar Breakout (pixels, 15 minutes on 2 cores)
 #   make test    the test suite (installs redis-server with apt-get if missing), on
 #                TEST_WORKERS pytest-xdist workers (TEST_WORKERS=0: in this process)
 #   make test-fast  the tests not marked slow: the edit loop (about 95 CPU-seconds in all:
@@ -28,7 +29,7 @@ BENCH_ARGS  ?=
 DEMO_ARGS   ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test test-fast demo lint typecheck bench redis-server clean
+.PHONY: install test test-fast demo demo-pixels lint typecheck bench redis-server clean
 
 install: $(STAMP)
 
@@ -58,6 +59,14 @@ redis-server:
 # transport, no server to start. DEMO_ARGS adds flags (e.g. DEMO_ARGS="--learners 2").
 demo: install
 	$(BIN)/shardreplay train $(DEMO_ARGS)
+
+# Pixels on two cores: MinAtar Breakout (10x10x4 images, the MinAtar network), 15 minutes.
+# Its curve and the return it reaches are in benchmarks/RESULTS-demo.md; docs/atari.md.
+demo-pixels: install
+	$(BIN)/python -m pip install -q -e ".[minatar]"
+	$(BIN)/shardreplay train --env-id MinAtar/Breakout-v1 --max-minutes 15 --total-env-steps 2000000 \
+	  --lr 0.001 --batch-size 64 --target-update-interval 250 --samples-per-insert 16 --min-replay 2000 \
+	  --epsilon-warmup-steps 20000 --eval-interval-updates 1000 --eval-episodes 10 $(DEMO_ARGS)
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples
