@@ -73,8 +73,8 @@ $(BENCH_STAMP): $(STAMP)
 # sources the wheel itself ships when it does not load (scratch files under .bench/).
 bench: $(BENCH_STAMP)
 	@$(BIN)/python -c "import torchrl._torchrl" 2>/dev/null \
-	  || benchmarks/build_torchrl_ext.sh $(BIN)/python .bench/torchrl-ext
-	$(BIN)/python benchmarks/bench_replay.py --out .bench/bench_replay.json $(BENCH_ARGS)
+	  || benchmarks/replay/build_torchrl_ext.sh $(BIN)/python .bench/torchrl-ext
+	$(BIN)/python benchmarks/replay/bench_replay.py --out .bench/bench_replay.json $(BENCH_ARGS)
 
 clean:
 	rm -rf .bench build dist .pytest_cache .ruff_cache .mypy_cache

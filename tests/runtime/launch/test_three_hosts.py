@@ -1,6 +1,6 @@
 """A whole run across three hosts, and a lost host survived (issue 25, item 1).
 
-Three network namespaces stand for three machines (``benchmarks/netns.py``, :func:`netns.hosts`:
+Three network namespaces stand for three machines (``benchmarks/net/netns.py``, :func:`netns.hosts`:
 own addresses on one routed network, own host names, so no shared-memory shortcut between
 the learners): learner hosts A and B run the commands of docs/multi-machine.md under
 ``torchrun --nnodes 2`` (c10d rendezvous at A), host C runs ``redis-server`` and four
