@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -117,6 +118,13 @@ def commit() -> str | None:
                               cwd=BENCHMARKS, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a gloo group or a redis-server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- the JSON line

@@ -35,7 +35,6 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
-import socket
 import statistics
 import sys
 import time
@@ -312,17 +311,11 @@ def _child(kind: str, rank: int, world: int, port: int, args: argparse.Namespace
         out.put((rank, "error", f"{type(exc).__name__}: {exc}"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_config(kind: str, world: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run one configuration in fresh spawned processes; every child is joined or killed."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = common.free_port()
     from shardreplay.runtime.actor.processes import reap_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_child, args=(kind, r, world, port, args, out), daemon=True)

@@ -42,7 +42,6 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
-import socket
 import sys
 import time
 from contextlib import ExitStack
@@ -218,9 +217,7 @@ def run_ranks(args: argparse.Namespace, link: netns.Link | None) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     if link is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = common.free_port()
         places = [("127.0.0.1", "lo", "")] * WORLD
     else:
         port = 29_500 + os.getpid() % 1000  # a fresh namespace has every port free

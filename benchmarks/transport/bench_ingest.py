@@ -29,7 +29,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -95,12 +94,6 @@ def writer_main(transport: Any, actor: int, obs: np.ndarray, types: np.ndarray, 
         writer.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def medium(kind: str, scratch: Path, writers: int, chunk_bytes: int) -> Any:
     """The transport for one case (a redis-server of its own for ``redis``)."""
@@ -116,7 +109,7 @@ def medium(kind: str, scratch: Path, writers: int, chunk_bytes: int) -> Any:
                              fsync=False)
         shutil.rmtree(d, ignore_errors=True)
         return
-    port = free_port()
+    port = common.free_port()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
     try:

@@ -36,7 +36,6 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -241,9 +240,7 @@ class RedisServer:
     """A throw-away redis-server on a free loopback port (no persistence)."""
 
     def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = common.free_port()
         self.dir = tempfile.mkdtemp(prefix="bench-redis-")
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",

@@ -42,6 +42,7 @@ import pytest
 
 from shardreplay import checkpoint
 from tests.runtime.train_harness import TrainRun, manifest_counters, manifest_steps, metrics_rows, wait_until
+from tests.support.env import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.redis, pytest.mark.slow]
 DELAY_MS = 1.0
@@ -51,7 +52,7 @@ DELAY_MS = 1.0
 SOLVED = 200.0
 A, B, C = 0, 1, 2
 NETNS = str(Path(netns.__file__).resolve())
-DOC = Path(__file__).resolve().parents[2] / "docs" / "multi-machine.md"
+DOC = REPO / "docs" / "multi-machine.md"
 # Small and quick, the same on every host, after the page's flags (the last one counts).
 SMALL = ("--hidden", "64", "64", "--eval-episodes", "10", "--quick-eval-episodes", "5",
          "--eval-interval-updates", "250", "--checkpoint-interval-updates", "250", "--min-replay", "500",
