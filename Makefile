@@ -61,7 +61,7 @@ demo: install
 	$(BIN)/shardreplay train $(DEMO_ARGS)
 
 # Pixels on two cores: MinAtar Breakout (10x10x4 images, the MinAtar network), 15 minutes.
-# Its curve and the return it reaches are in benchmarks/RESULTS-demo.md; docs/atari.md.
+# Its curve and the return it reaches are in benchmarks/train/RESULTS-demo.md; docs/atari.md.
 demo-pixels: install
 	$(BIN)/python -m pip install -q -e ".[minatar]"
 	$(BIN)/shardreplay train --env-id MinAtar/Breakout-v1 --max-minutes 15 --total-env-steps 2000000 \
@@ -82,8 +82,8 @@ $(BENCH_STAMP): $(STAMP)
 # sources the wheel itself ships when it does not load (scratch files under .bench/).
 bench: $(BENCH_STAMP)
 	@$(BIN)/python -c "import torchrl._torchrl" 2>/dev/null \
-	  || benchmarks/build_torchrl_ext.sh $(BIN)/python .bench/torchrl-ext
-	$(BIN)/python benchmarks/bench_replay.py --out .bench/bench_replay.json $(BENCH_ARGS)
+	  || benchmarks/replay/build_torchrl_ext.sh $(BIN)/python .bench/torchrl-ext
+	$(BIN)/python benchmarks/replay/bench_replay.py --out .bench/bench_replay.json $(BENCH_ARGS)
 
 clean:
 	rm -rf .bench build dist .pytest_cache .ruff_cache .mypy_cache

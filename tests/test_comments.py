@@ -1,7 +1,7 @@
 """Comments and docstrings state invariants and reasons, not timing diaries: no measured
 figures ("~0.2 us cheaper", "2.8 -> ~4.2M steps/s", "took 0.87 s"), no paths or documents
 outside the repository (the repository's own docs/ are linked instead). Figures belong in
-``benchmarks/RESULTS*.md``.
+``benchmarks/*/RESULTS*.md``.
 
 Checked: every module of src/shardreplay. benchmarks/ and examples/ may state figures
 (they measure them) but not cite paths or documents outside the repository.
@@ -45,7 +45,7 @@ def checked_files() -> list[Path]:
 
 def script_files() -> list[Path]:
     """The benchmark and example scripts (checked for outside paths only)."""
-    return sorted([*(ROOT / "benchmarks").glob("*.py"), *(ROOT / "examples").rglob("*.py")])
+    return sorted([*(ROOT / "benchmarks").rglob("*.py"), *(ROOT / "examples").rglob("*.py")])
 
 
 def prose(source: str) -> list[tuple[int, str]]:
@@ -110,7 +110,7 @@ def test_no_timing_diaries_in_the_package() -> None:
     files = checked_files()
     assert len(files) > 100, "the package moved?"
     bad = [f"{p.relative_to(PACKAGE)}:{d}" for p in files for d in diaries(p.read_text())]
-    assert not bad, "timing diaries in comments (figures go to benchmarks/RESULTS*.md):\n" + "\n".join(bad)
+    assert not bad, "timing diaries in comments (figures go to benchmarks/*/RESULTS*.md):\n" + "\n".join(bad)
 
 
 def test_no_outside_paths_in_benchmarks_and_examples() -> None:

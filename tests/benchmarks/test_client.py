@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.support.env import BENCHMARKS
+
+BENCH_DIR = BENCHMARKS / "train"
 
 import bench_client  # noqa: E402
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fastpaths.py"
+from tests.support.env import BENCHMARKS
+
+BENCH = BENCHMARKS / "transport" / "bench_fastpaths.py"
 
 import bench_fastpaths  # noqa: E402
 import bench_transport  # noqa: E402

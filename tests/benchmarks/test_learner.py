@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_learner.py"
+from tests.support.env import BENCHMARKS
+
+BENCH = BENCHMARKS / "train" / "bench_learner.py"
 
 
 @pytest.mark.slow

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+from tests.support.env import BENCHMARKS
+
+BENCH_DIR = BENCHMARKS / "replay"
 
 import bench_replay  # noqa: E402
 import replay_workload as W  # noqa: E402

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from shardreplay import testing
+from tests.support.env import BENCHMARKS
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH_DIR = BENCHMARKS / "replay"
 
 import replay_frames as F  # noqa: E402
 import replay_workload as W  # noqa: E402

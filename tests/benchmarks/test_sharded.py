@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_sharded.py"
+from tests.support.env import BENCHMARKS
+
+BENCH = BENCHMARKS / "sharded" / "bench_sharded.py"
 
 
 @pytest.mark.slow

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_transport.py"
+from tests.support.env import BENCHMARKS
+
+BENCH = BENCHMARKS / "transport" / "bench_transport.py"
 
 import bench_transport  # noqa: E402
 

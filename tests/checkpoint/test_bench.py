@@ -1,4 +1,4 @@
-"""Smoke run of benchmarks/bench_checkpoint.py: one JSON line with every figure."""
+"""Smoke run of benchmarks/checkpoint/bench_checkpoint.py: one JSON line with every figure."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_checkpoint.py"
+from tests.support.env import BENCHMARKS
+
+BENCH = BENCHMARKS / "checkpoint" / "bench_checkpoint.py"
 
 
 @pytest.mark.slow  # five interpreters importing torch: ~30 s on 2 busy cores

@@ -1,6 +1,6 @@
 """Sharded sampling between two network namespaces joined by a link with 1 ms of delay each
 way (two hosts' worth of TCP stack, not loopback): ``tc netem`` on a veth pair where the
-kernel has netem, else the TUN relay of ``benchmarks/tunrelay.py``.
+kernel has netem, else the TUN relay of ``benchmarks/net/tunrelay.py``.
 
 Runs the strict checks of :mod:`test_sharded_distribution` and the pipelined checks of
 :mod:`test_sharded_pipeline` (K = 2) with each rank in its own namespace and under its own

@@ -1,4 +1,4 @@
-"""The TUN relay (``benchmarks/tunrelay.py``, netem's delay in a process): packets arrive
+"""The TUN relay (``benchmarks/net/tunrelay.py``, netem's delay in a process): packets arrive
 unchanged, each once, in order, each at least the asked delay late; the relay and its
 devices are gone when the link is closed, also after an error in the block.
 

@@ -27,7 +27,7 @@ def _child(fn: Callable, rank: int, world: int, port: int, args: tuple, out: Any
 
     try:
         if namespace:
-            from netns import enter  # benchmarks/ is on sys.path (pyproject: pythonpath)
+            from netns import enter  # benchmarks/net/ is on sys.path (pyproject: pythonpath)
 
             enter(namespace)
         dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=rank,
@@ -46,7 +46,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
 
     ``places`` (one per rank): ``(network namespace, rank 0's address, interface)`` to run
-    the ranks in network namespaces (``benchmarks/netns.py``); default loopback.
+    the ranks in network namespaces (``benchmarks/net/netns.py``); default loopback.
 
     Raises:
         AssertionError: a rank raised (its traceback is in the message) or timed out.

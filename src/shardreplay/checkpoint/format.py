@@ -139,7 +139,7 @@ def advise_hugepages(arr: np.ndarray) -> None:
     A loader writes every byte of the buffer's arrays. ``np.zeros`` memory comes from
     calloc without the transparent-huge-page hint numpy gives ``np.empty``, so each 4 KiB
     page faults on its own, and filling it costs several times the CPU of filling hinted
-    memory (see benchmarks/RESULTS-checkpoint.md). A no-op where unsupported (other
+    memory (see benchmarks/checkpoint/RESULTS-checkpoint.md). A no-op where unsupported (other
     systems, file-backed arrays, small ones).
     """
     if arr.nbytes < 2 * _HUGE_BYTES or not arr.flags.c_contiguous or not sys.platform.startswith("linux"):

@@ -55,8 +55,8 @@ _STUCK_S = 0.5
 # lock before the reader sleeps, so a writer either sees it empty (and wakes the reader)
 # or the reader sees the writer's record. Other machines take the lock for both. Why not
 # take it everywhere: writers encode a whole chunk under it, so a reader that takes it
-# queues behind every encode (benchmarks/bench_fastpaths.py measures both readers;
-# figures in benchmarks/RESULTS-transport.md).
+# queues behind every encode (benchmarks/transport/bench_fastpaths.py measures both readers;
+# figures in benchmarks/transport/RESULTS-transport.md).
 _ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64")
 
 

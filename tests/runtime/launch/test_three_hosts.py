@@ -1,6 +1,6 @@
 """A whole run across three hosts, and a lost host survived (issue 25, item 1).
 
-Three network namespaces stand for three machines (``benchmarks/netns.py``, :func:`netns.hosts`:
+Three network namespaces stand for three machines (``benchmarks/net/netns.py``, :func:`netns.hosts`:
 own addresses on one routed network, own host names, so no shared-memory shortcut between
 the learners): learner hosts A and B run the commands of docs/multi-machine.md under
 ``torchrun --nnodes 2`` (c10d rendezvous at A), host C runs ``redis-server`` and four
@@ -42,6 +42,7 @@ import pytest
 
 from shardreplay import checkpoint
 from tests.runtime.train_harness import TrainRun, manifest_counters, manifest_steps, metrics_rows, wait_until
+from tests.support.env import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.redis, pytest.mark.slow]
 DELAY_MS = 1.0
@@ -51,7 +52,7 @@ DELAY_MS = 1.0
 SOLVED = 200.0
 A, B, C = 0, 1, 2
 NETNS = str(Path(netns.__file__).resolve())
-DOC = Path(__file__).resolve().parents[2] / "docs" / "multi-machine.md"
+DOC = REPO / "docs" / "multi-machine.md"
 # Small and quick, the same on every host, after the page's flags (the last one counts).
 SMALL = ("--hidden", "64", "64", "--eval-episodes", "10", "--quick-eval-episodes", "5",
          "--eval-interval-updates", "250", "--checkpoint-interval-updates", "250", "--min-replay", "500",

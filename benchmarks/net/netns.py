@@ -10,7 +10,7 @@ each direction (the round trip gets twice it), made one of two ways (:attr:`Link
 * ``"tun-relay"``: where it has not (:attr:`Link.netem_error` says why), a TUN device in each
   namespace and a relay process (``tunrelay.py``) that writes every packet read from one into
   the other ``delay_ms`` late, unchanged and in order. Its own latency and throughput come on
-  top (``linkprobe.py`` measures them; ``benchmarks/RESULTS-learner.md`` has the figures).
+  top (``linkprobe.py`` measures them; ``benchmarks/train/RESULTS-learner.md`` has the figures).
 
 With no delay asked it is a plain veth pair (``"none"``). :func:`veth_pair` is the veth pair
 with netem or nothing.

@@ -29,9 +29,9 @@ the buffer, for comparison. One JSON line on stdout.
 
 Usage::
 
-    python benchmarks/bench_checkpoint.py                  # ~2 GB (needs ~5 GB free disk)
-    python benchmarks/bench_checkpoint.py --gb 0.05        # smoke run
-    python benchmarks/bench_checkpoint.py --dir /tmp/ckbench --out .bench/bench_checkpoint.json
+    python benchmarks/checkpoint/bench_checkpoint.py                  # ~2 GB (needs ~5 GB free disk)
+    python benchmarks/checkpoint/bench_checkpoint.py --gb 0.05        # smoke run
+    python benchmarks/checkpoint/bench_checkpoint.py --dir /tmp/ckbench --out .bench/bench_checkpoint.json
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -49,6 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+import common
 
 OBS_SHAPE = (4, 84, 84)
 STREAMS = 8
@@ -151,9 +154,9 @@ def child_main(args: argparse.Namespace) -> None:
     files = sorted(args.root.rglob("*.safetensors" if args.child == "ours" else "*.npy"))
     warmup_s = 0.0
     if args.child == "ours":
-        started = time.perf_counter()
-        warm_up(args.root.parent / "warmup")  # imports and compiled kernels, before any timing
-        warmup_s = time.perf_counter() - started
+        with common.timed() as warm:
+            warm_up(args.root.parent / "warmup")  # imports and compiled kernels, before any timing
+        warmup_s = warm.wall_s
     times: dict[str, list[float]] = {"cold": [], "warm": [], "cold_cpu": [], "warm_cpu": [],
                                      "cold_total": [], "warm_total": []}
     rss = steps = 0
@@ -163,9 +166,9 @@ def child_main(args: argparse.Namespace) -> None:
                 evict(files)
             gc.collect()
             base = reset_peak_rss()
-            cpu = time.process_time()  # every thread of this process, user + system
-            seconds, steps, create_s = _load_once(args)
-            times[f"{mode}_cpu"].append(time.process_time() - cpu)
+            with common.timed() as load:  # CPU: every thread of this process, user + system
+                seconds, steps, create_s = _load_once(args)
+            times[f"{mode}_cpu"].append(load.cpu_s)
             times[f"{mode}_total"].append(create_s + seconds)
             if r == 0 and mode == "cold":
                 rss = _status("VmHWM") - base
@@ -179,15 +182,14 @@ def _load_once(args: argparse.Namespace) -> tuple[float, int, float]:
     if args.child == "ours":
         from shardreplay import checkpoint
 
-        started = time.perf_counter()
-        buf = make_buffer(args.capacity)  # its RAM is touched at creation (storage/allocate.py)
-        create_s = time.perf_counter() - started
-        started = time.perf_counter()
-        report = checkpoint.load(args.root, buf)
-        return time.perf_counter() - started, report.steps, create_s
-    started = time.perf_counter()
-    arrays = [np.load(p) for p in sorted(args.root.glob("*.npy"))]
-    return time.perf_counter() - started, int(arrays[0].shape[0]), 0.0
+        with common.timed() as create:
+            buf = make_buffer(args.capacity)  # its RAM is touched at creation (storage/allocate.py)
+        with common.timed() as load:
+            report = checkpoint.load(args.root, buf)
+        return load.wall_s, report.steps, create.wall_s
+    with common.timed() as load:
+        arrays = [np.load(p) for p in sorted(args.root.glob("*.npy"))]
+    return load.wall_s, int(arrays[0].shape[0]), 0.0
 
 
 def warm_up(root: Path) -> None:
@@ -213,14 +215,12 @@ def run_child(kind: str, root: Path, capacity: int, repeat: int) -> dict[str, An
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, reps=2, reps_flag="--repeat",
+                      reps_help="timed saves, and loads (cold and warm) per child; two children each")
     p.add_argument("--gb", type=float, default=2.0, help="data size in GB (10^9 bytes)")
     p.add_argument("--dir", type=Path, default=Path(".bench/bench_checkpoint"),
                    help="scratch directory (removed afterwards)")
-    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
     p.add_argument("--keep", action="store_true", help="keep the scratch files")
-    p.add_argument("--repeat", type=int, default=2,
-                   help="timed saves, and loads (cold and warm) per child; two children each")
     p.add_argument("--child", choices=("ours", "numpy"), help=argparse.SUPPRESS)
     p.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--capacity", type=int, help=argparse.SUPPRESS)
@@ -244,16 +244,16 @@ def parent_main(args: argparse.Namespace) -> None:
     try:
         warm_up(args.dir / "warmup")
         buf = make_buffer(capacity)
-        started = time.perf_counter()
-        fill(buf, capacity + capacity // 10)  # wrapped once: two pieces per row
-        fill_s = time.perf_counter() - started
+        with common.timed() as filled:
+            fill(buf, capacity + capacity // 10)  # wrapped once: two pieces per row
+        fill_s = filled.wall_s
         save_times, npsave_times = [], []
         for _ in range(args.repeat):  # alternate, each into fresh files
             for d in (ours_root, npy_root):
                 shutil.rmtree(d, ignore_errors=True)
-            started = time.perf_counter()
-            checkpoint.save(buf, ours_root, 1)
-            save_times.append(time.perf_counter() - started)
+            with common.timed() as saved:
+                checkpoint.save(buf, ours_root, 1)
+            save_times.append(saved.wall_s)
             npsave_times.append(np_save(stored_arrays(buf), npy_root))
         del buf
         gc.collect()
@@ -298,16 +298,12 @@ def parent_main(args: argparse.Namespace) -> None:
         "all_times_s": {"save": save_times, "npsave": npsave_times,
                         **{f"{k}_{m}": [t for run in v for t in run[m]] for k, v in runs.items()
                            for m in modes}},
-        "targets": TARGETS, "cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2),
-        "python": platform.python_version(), "dir": str(args.dir),
+        "targets": TARGETS, "cpus": common.cpus(), "loadavg_1m": common.loadavg()[0],
+        "python": common.python(), "dir": str(args.dir),
     }
     line["meets_targets"] = all(line[k] >= v if k != "load_rss_ratio" else line[k] <= v
                                 for k, v in TARGETS.items())
-    text = json.dumps(line)
-    print(text, flush=True)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    common.emit_line(line, args.out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,19 +24,17 @@ single process even with free communication; ``aggregate`` ratios add all ranks'
 
 Usage::
 
-    python benchmarks/bench_sharded.py                 # full run, about three minutes on 2 cores
-    python benchmarks/bench_sharded.py --quick         # smoke run
+    python benchmarks/sharded/bench_sharded.py                 # full run, about three minutes on 2 cores
+    python benchmarks/sharded/bench_sharded.py --quick         # smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import multiprocessing as mp
 import os
 import queue
-import socket
 import statistics
 import sys
 import time
@@ -46,6 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+import common
 
 STREAMS = 32
 OBS_DIM = 64
@@ -59,7 +61,7 @@ QUICK = {"capacity": 16_000, "blocks": 2, "steps": 20, "warmup": 5, "profile_ste
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, quick="smoke run with small defaults")
     p.add_argument("--ranks", default="2,4", help="comma-separated world sizes (default 2,4)")
     p.add_argument("--prefetch", default="1,32,128,256",
                    help="comma-separated prefetch depths of the sharded buffer (default 1,32,128,256)")
@@ -69,10 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="untimed learner steps before timing (default 30)")
     p.add_argument("--profile-steps", type=int, help="steps of the phase-timing pass (default 100)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="limit for each configuration")
-    p.add_argument("--quick", action="store_true", help="smoke run with small defaults")
     p.add_argument("--exact-gloo", action="store_true",
                    help="also time exact mode with shared_memory=False (records through all_to_all)")
-    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
     args = p.parse_args(argv)
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
@@ -134,13 +134,13 @@ def time_blocks(step: Callable[[int], None], args: argparse.Namespace,
     rates, cpu, k = [], [], warmup
     for _ in range(args.blocks):
         sync()
-        start, start_cpu = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            step(k)
-            k += 1
-        rates.append(steps / (time.perf_counter() - start))
-        cpu.append(1e3 * (time.process_time() - start_cpu) / steps)
-    CPU_MS_PER_STEP.append(statistics.median(cpu))
+        with common.timed() as block:
+            for _ in range(steps):
+                step(k)
+                k += 1
+        rates.append(steps / block.wall_s)
+        cpu.append(1e3 * block.cpu_s / steps)
+    CPU_MS_PER_STEP.append(common.median(cpu))
     return rates
 
 
@@ -208,7 +208,7 @@ def _single(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     for i in range(args.profile_steps):
         step(i)
-    return {"steps_per_s": round(statistics.median(rates), 1),
+    return {"steps_per_s": common.median(rates, 1),
             "cpu_ms_per_step": round(CPU_MS_PER_STEP[-1], 4),
             "steps_per_s_range": [round(min(rates), 1), round(max(rates), 1)],
             "phases_ms_per_step": timer.per_step_ms(args.profile_steps, time.perf_counter() - start)}
@@ -245,7 +245,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[st
 
                 rates = time_blocks(step, args, sync=dist.barrier, multiple=depth)
                 out[f"{name}_p{depth}"] = {
-                    "steps_per_s": statistics.median(rates), "range": [min(rates), max(rates)],
+                    "steps_per_s": common.median(rates), "range": [min(rates), max(rates)],
                     "cpu_ms_per_step": CPU_MS_PER_STEP[-1],
                     "phases_ms_per_step": _profile(buf, step, args, dist.barrier, depth)}
                 # Use up the prefetched batches and route queued updates: the next
@@ -274,7 +274,7 @@ def _floor(comm: Any, calls: int = 200) -> dict[str, float]:
             start = time.perf_counter()
             op()
             times.append(time.perf_counter() - start)
-        out[name] = round(1e3 * statistics.median(times[calls // 10:]), 3)
+        out[name] = round(1e3 * common.median(times[calls // 10:]), 3)
     return out
 
 
@@ -311,17 +311,11 @@ def _child(kind: str, rank: int, world: int, port: int, args: argparse.Namespace
         out.put((rank, "error", f"{type(exc).__name__}: {exc}"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_config(kind: str, world: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run one configuration in fresh spawned processes; every child is joined or killed."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = common.free_port()
     from shardreplay.runtime.actor.processes import reap_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_child, args=(kind, r, world, port, args, out), daemon=True)
@@ -381,27 +375,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ["OMP_NUM_THREADS"] = "1"  # ranks share the cores; no intra-op thread pools
-    load_before = os.getloadavg()
+    load_before = common.loadavg()
     start = time.perf_counter()
     singles = [run_config("single", 1, args)[0]]
     worlds = {k: run_config("sharded", k, args) for k in args.ranks}
     singles.append(run_config("single", 1, args)[0])
     result = {
-        "benchmark": "bench_sharded", "cpu_cores": os.cpu_count(),
-        "note": (f"{os.cpu_count()} cores: with K ranks > cores the ranks share cores, so a per-rank "
+        "benchmark": "bench_sharded", "cpu_cores": common.cpus(),
+        "note": (f"{common.cpus()} cores: with K ranks > cores the ranks share cores, so a per-rank "
                  f"figure is bounded by about cores/K of the single process; ranks run gloo on loopback"),
         "capacity_per_rank": args.capacity, "obs": f"float32[{OBS_DIM}]", "batch": BATCH,
         "learner_step": "prioritized sample(256) + update_priorities(256)",
         "blocks": args.blocks, "steps_per_block": args.steps, "targets_per_rank": TARGETS,
         **summarize(singles, worlds),
-        "load_avg_before": [round(x, 2) for x in load_before],
-        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-        "seconds": round(time.perf_counter() - start, 1), "python": sys.version.split()[0],
+        "load_avg_before": load_before, "load_avg_after": common.loadavg(),
+        "seconds": round(time.perf_counter() - start, 1), "python": common.python(),
     }
-    line = json.dumps(result)
-    print(line, flush=True)
-    if args.out:
-        args.out.write_text(line + "\n")
+    common.emit_line(result, args.out)
     return result
 
 

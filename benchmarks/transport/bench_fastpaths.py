@@ -17,25 +17,22 @@ redis-server) the same way, which other load on the machine moves less. One JSON
 
 Usage::
 
-    python benchmarks/bench_fastpaths.py                  # both paths, 3 repetitions
-    python benchmarks/bench_fastpaths.py --paths ring --reps 5 --chunks 1000
+    python benchmarks/transport/bench_fastpaths.py                  # both paths, 3 repetitions
+    python benchmarks/transport/bench_fastpaths.py --paths ring --reps 5 --chunks 1000
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import shutil
-import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import bench_transport
+import common  # bench_transport put benchmarks/ on sys.path
 import numpy as np
-from bench_output import emit_line
 from bench_transport import (
     ACTORS,
     SPEC,
@@ -115,7 +112,7 @@ def _cpu_us(case: dict[str, float]) -> float:
 
 def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     """Medians per variant; ``gain`` (wall clock) and ``cpu_gain`` of fast over plain."""
-    med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
+    med = {v: {k: common.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
     gain = med["fast"]["steps_per_s"] / med["plain"]["steps_per_s"] - 1
     cpu_gain = _cpu_us(med["plain"]) / _cpu_us(med["fast"]) - 1
     return {"steps_per_s": {v: round(m["steps_per_s"]) for v, m in med.items()},
@@ -126,11 +123,9 @@ def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, reps=3, reps_help="repetitions of each variant (default 3)")
     p.add_argument("--paths", default=",".join(PATHS))
     p.add_argument("--chunks", type=int, default=600, help="chunks per actor (default 600)")
-    p.add_argument("--reps", type=int, default=3, help="repetitions of each variant (default 3)")
-    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
     args = p.parse_args(argv)
     args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
     if set(args.paths) - set(PATHS):
@@ -140,7 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    load_start = common.loadavg()
     results: dict[str, Any] = {}
     server = None
     try:
@@ -162,14 +157,14 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if server is not None:
             server.stop()
-    emit_line({
+    common.emit_line({
         "bench": "fastpaths",
         "workload": {"actors": ACTORS, "chunk_bytes": len(encode(make_chunks(0)[0], SPEC)),
                      "chunks_per_actor": args.chunks, "reps": args.reps, "threshold": THRESHOLD},
         "results": results,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+        "machine": {"python": common.python(), "cpus": common.cpus(),
                     "machine": platform.machine(), "loadavg_start": load_start,
-                    "loadavg_end": [round(x, 2) for x in os.getloadavg()], "time": time.strftime("%H:%M")},
+                    "loadavg_end": common.loadavg(), "time": time.strftime("%H:%M")},
     }, args.out)
 
 

@@ -10,8 +10,8 @@ process, so one clock for both ends), so the caller's namespace is left alone.
 
 Usage (root; prints one JSON line per link)::
 
-    python benchmarks/linkprobe.py                       # veth, then the relay at 0, 0.25, 1 ms
-    python benchmarks/linkprobe.py --delays 1 --kinds auto
+    python benchmarks/net/linkprobe.py                       # veth, then the relay at 0, 0.25, 1 ms
+    python benchmarks/net/linkprobe.py --delays 1 --kinds auto
 """
 
 from __future__ import annotations
@@ -26,11 +26,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import netns
+import netns  # this folder: Python puts a script's own folder on sys.path
 
 _MESSAGE_BYTES = 64
 _CHUNK_BYTES = 1 << 20

@@ -7,17 +7,19 @@ cuts it into chunks of ``--steps`` steps the way an actor does, and for each cod
 and decodes every chunk (:mod:`shardreplay.transport.packing`), checking the round trip.
 Prints one JSON line. Needs the ``atari`` extra (``pip install -e .[atari]``).
 
-    python benchmarks/bench_wire_frames.py [--frames 4000] [--steps 64] [--rounds 3]
+    python benchmarks/transport/bench_wire_frames.py [--frames 4000] [--steps 64] [--rounds 3]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+import common
 
 from shardreplay import Field, Spec
 from shardreplay.transport.codec import Chunk, decode, encode
@@ -62,24 +64,24 @@ def chunks_of(obs: np.ndarray, step_type: np.ndarray, steps: int, spec: Spec) ->
 
 def measure(chunks: list[bytes], spec: Spec, codec: str) -> dict[str, float]:
     """Packed bytes and CPU microseconds per chunk to pack and to decode, for one codec."""
-    t0 = time.process_time()
-    packed = [pack(c, spec, codec) for c in chunks]
-    t1 = time.process_time()
-    decoded = [decode(p, spec, max_bytes=1 << 30) for p in packed]
-    t2 = time.process_time()
+    with common.timed() as packing:
+        packed = [pack(c, spec, codec) for c in chunks]
+    with common.timed() as decoding:
+        decoded = [decode(p, spec, max_bytes=1 << 30) for p in packed]
     for back, c in zip(decoded, chunks, strict=True):  # bit for bit, outside the timing
         assert back.steps["obs"].tobytes() == decode(c, spec, max_bytes=1 << 30).steps["obs"].tobytes()
     n = len(chunks)
-    return {"bytes": sum(map(len, packed)), "pack_us": (t1 - t0) / n * 1e6, "decode_us": (t2 - t1) / n * 1e6}
+    return {"bytes": sum(map(len, packed)), "pack_us": packing.cpu_s / n * 1e6,
+            "decode_us": decoding.cpu_s / n * 1e6}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = common.parser(__doc__)
     ap.add_argument("--frames", type=int, default=4000, help="Pong steps to record (default 4000)")
     ap.add_argument("--steps", type=int, default=64, help="steps per chunk (default 64)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per codec, the median kept (default 3)")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     spec = Spec({"obs": Field((4, 84, 84), np.uint8, frame_stack=True), "action": Field((), np.int64),
                  "reward": Field((), np.float32)})
     obs, step_type = record_pong(args.frames, args.seed)
@@ -90,18 +92,18 @@ def main() -> None:
     plain = sum(map(len, chunks))
     out: dict[str, object] = {"bench": "wire_frames", "env": "ALE/Pong-v5", "steps": steps,
                               "steps_per_chunk": args.steps, "whole_stack_bytes_per_step": plain / steps}
-    t0 = time.process_time()
-    for c in chunks:
-        decode(c, spec, max_bytes=1 << 30)
-    out["decode_whole_stacks_us_per_chunk"] = round((time.process_time() - t0) / len(chunks) * 1e6, 1)
+    with common.timed() as whole:
+        for c in chunks:
+            decode(c, spec, max_bytes=1 << 30)
+    out["decode_whole_stacks_us_per_chunk"] = round(whole.cpu_s / len(chunks) * 1e6, 1)
     for codec in CODECS:
         rounds = [measure(chunks, spec, codec) for _ in range(args.rounds)]
         size = rounds[0]["bytes"]
         out[codec] = {"bytes_per_step": round(size / steps, 1),
                       "ratio_vs_whole_stacks": round(size / plain, 5),
-                      "pack_us_per_chunk": round(statistics.median(r["pack_us"] for r in rounds), 1),
-                      "decode_us_per_chunk": round(statistics.median(r["decode_us"] for r in rounds), 1)}
-    print(json.dumps(out))
+                      "pack_us_per_chunk": common.median((r["pack_us"] for r in rounds), 1),
+                      "decode_us_per_chunk": common.median((r["decode_us"] for r in rounds), 1)}
+    common.emit_line(out, args.out)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ the learner's RSS at the start and end of the timed part, lost chunks (sent and
 acknowledged by the medium but never received after the writers stop and the reader
 drains; must be 0) and fairness (per-writer accepted steps, max over min).
 
-    python benchmarks/bench_ingest.py --quick                 # seconds: 8 writers, local
-    python benchmarks/bench_ingest.py                         # 8, 32, 128 writers x local, file, redis
-    python benchmarks/bench_ingest.py --writers 32 --transports local --seconds 600   # RSS over 10 min
+    python benchmarks/transport/bench_ingest.py --quick       # seconds: 8 writers, local
+    python benchmarks/transport/bench_ingest.py               # 8, 32, 128 writers x local, file, redis
+    python benchmarks/transport/bench_ingest.py --writers 32 --transports local --seconds 600  # RSS, 10 min
 
 Needs the ``atari`` extra for the frames (``pip install -e .[atari]``; recorded once into
 ``.bench/pong_frames.npz``) and ``redis-server`` on the PATH for ``redis``.
@@ -25,13 +25,10 @@ Needs the ``atari`` extra for the frames (``pip install -e .[atari]``; recorded 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import multiprocessing as mp
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,8 +38,12 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+import common
+
 HERE = Path(__file__).resolve().parent
-FRAMES = HERE.parent / ".bench" / "pong_frames.npz"
+FRAMES = common.REPO / ".bench" / "pong_frames.npz"
 
 
 def spec() -> Any:
@@ -55,7 +56,6 @@ def spec() -> Any:
 def trajectory(frames: int) -> tuple[np.ndarray, np.ndarray]:
     """The recorded Pong stacks and step types (recorded once, then read from .bench/)."""
     if not FRAMES.exists():
-        sys.path.insert(0, str(HERE))
         from bench_wire_frames import record_pong
 
         FRAMES.parent.mkdir(exist_ok=True)
@@ -94,12 +94,6 @@ def writer_main(transport: Any, actor: int, obs: np.ndarray, types: np.ndarray, 
         writer.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def medium(kind: str, scratch: Path, writers: int, chunk_bytes: int) -> Any:
     """The transport for one case (a redis-server of its own for ``redis``)."""
@@ -115,7 +109,7 @@ def medium(kind: str, scratch: Path, writers: int, chunk_bytes: int) -> Any:
                              fsync=False)
         shutil.rmtree(d, ignore_errors=True)
         return
-    port = free_port()
+    port = common.free_port()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
     try:
@@ -235,7 +229,7 @@ def run_case(kind: str, writers: int, seconds: float, chunk_steps: int, batch: i
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = common.parser(__doc__, quick="8 writers, local, 5 s")
     ap.add_argument("--writers", default="8,32,128", help="comma-separated writer counts (default 8,32,128)")
     ap.add_argument("--transports", default="local,file,redis", help="default local,file,redis")
     ap.add_argument("--seconds", type=float, default=20.0, help="timed seconds per case (default 20)")
@@ -244,7 +238,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--capacity", type=int, default=200_000, help="replay steps in all (default 200,000)")
     ap.add_argument("--ingest-ms", type=float, default=20.0,
                     help="the learner receives for up to this long between two sampled batches (default 20)")
-    ap.add_argument("--quick", action="store_true", help="8 writers, local, 5 s")
     args = ap.parse_args(argv)
     if args.quick:
         args.writers, args.transports, args.seconds = "8", "local", 5.0
@@ -257,8 +250,8 @@ def main(argv: list[str] | None = None) -> None:
                                 Path(scratch), obs, types, args.ingest_ms)
                 print(json.dumps(case), file=sys.stderr, flush=True)
                 results.append(case)
-    print(json.dumps({"bench": "ingest", "frames": "ALE/Pong-v5 84x84x4 uint8", "cores": os.cpu_count(),
-                      "load_avg": os.getloadavg(), "cases": results}))
+    common.emit_line({"bench": "ingest", "frames": "ALE/Pong-v5 84x84x4 uint8", "cores": common.cpus(),
+                      "load_avg": common.loadavg(), "cases": results}, args.out)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ line says which (``delay_kind``) and the link's measured TCP round trip (``link_
 
 Usage::
 
-    python benchmarks/bench_learner.py                  # full run (minutes on 2 cores)
-    python benchmarks/bench_learner.py --quick          # smoke run
-    python benchmarks/bench_learner.py --link-delay-ms 0.25
+    python benchmarks/train/bench_learner.py                  # full run (minutes on 2 cores)
+    python benchmarks/train/bench_learner.py --quick          # smoke run
+    python benchmarks/train/bench_learner.py --link-delay-ms 0.25
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
-import socket
-import statistics
 import sys
 import time
 from contextlib import ExitStack
@@ -52,11 +50,14 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
-import linkprobe
-import netns
-from bench_output import emit_line
+import common
+
+common.use("net")  # the network namespaces and the link probe
+
+import linkprobe  # noqa: E402
+import netns  # noqa: E402
 
 WORLD, BATCH, N_STEP, ACTIONS, STREAMS = 2, 256, 3, 18, 8
 SAMPLINGS = ("own", "strict", "pipelined")
@@ -70,7 +71,7 @@ QUICK = {"blocks": 1, "steps": {"mlp": 3, "conv": 1}, "warmup": {"mlp": 1, "conv
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, quick="smoke run")
     p.add_argument("--nets", default="mlp,conv", help="comma-separated networks (default mlp,conv)")
     p.add_argument("--blocks", type=int, help="timing blocks per figure (default 10)")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // WORLD),
@@ -82,8 +83,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how --link-delay-ms is made: auto (netem, else the TUN relay; default), "
                         "netem or tun-relay")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run")
-    p.add_argument("--quick", action="store_true", help="smoke run")
-    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
     args = p.parse_args(argv)
     plan = QUICK if args.quick else FULL
     args.blocks = args.blocks or plan["blocks"]
@@ -187,8 +186,8 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
                 rates[sampling].append(args.steps[name] / float(times[0]))
                 replay_ms[sampling].append(1e3 * float(times[1]) / args.steps[name])
     piped.close()
-    return {"rates": {s: statistics.median(r) for s, r in rates.items()},
-            "replay_ms": {s: statistics.median(r) for s, r in replay_ms.items()}}
+    return {"rates": {s: common.median(r) for s, r in rates.items()},
+            "replay_ms": {s: common.median(r) for s, r in replay_ms.items()}}
 
 
 def _rank(rank: int, args: argparse.Namespace, addr: str, port: int, ifname: str, namespace: str,
@@ -218,9 +217,7 @@ def run_ranks(args: argparse.Namespace, link: netns.Link | None) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     if link is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = common.free_port()
         places = [("127.0.0.1", "lo", "")] * WORLD
     else:
         port = 29_500 + os.getpid() % 1000  # a fresh namespace has every port free
@@ -259,9 +256,9 @@ def main(argv: list[str] | None = None) -> dict:
             link = stack.enter_context(netns.delayed_link(args.link_delay_ms, kind=args.link_kind))
             rtt = {k: round(v, 3) for k, v in linkprobe.rtt_ms(link).items() if k != "count"}
         relay_cpu_s = netns.cpu_s(link.relay_pid) if link is not None and link.relay_pid else None
-        start = time.perf_counter()
-        figures = run_ranks(args, link)
-        wall_s = time.perf_counter() - start
+        with common.timed() as ran:
+            figures = run_ranks(args, link)
+        wall_s = ran.wall_s
         if link is not None and relay_cpu_s is not None:  # the relay's share of the cores while the ranks ran
             relay_cpu_s = netns.cpu_s(link.relay_pid) - relay_cpu_s
     nets = {}
@@ -283,9 +280,9 @@ def main(argv: list[str] | None = None) -> dict:
             "link_rtt_ms": rtt, "wall_s": round(wall_s, 1),
             "relay_cpu_s": None if relay_cpu_s is None else round(relay_cpu_s, 1),
             "netem_error": None if link is None else (link.netem_error or None),
-            "cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
+            "cores": common.cpus(), "loadavg": common.loadavg(),
             "cuda_nccl": "not run (no GPU in this session)", "nets": nets}
-    emit_line(line, args.out)
+    common.emit_line(line, args.out)
     return line
 
 

@@ -19,8 +19,8 @@ line: per run figures, ``ratio`` = port seconds / original seconds summed over t
 
 Usage::
 
-    python benchmarks/bench_client.py                  # 3 seeds x 20,000 steps
-    python benchmarks/bench_client.py --quick          # 3 seeds x 3,000 steps
+    python benchmarks/train/bench_client.py                  # 3 seeds x 20,000 steps
+    python benchmarks/train/bench_client.py --quick          # 3 seeds x 3,000 steps
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import platform
 import random
 import subprocess
 import sys
@@ -37,11 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
 import cleanrl_dqn as port
-from bench_output import emit_line
+import common
 
 TARGET = 1.05
 WARMUP_STEPS = 1_200  # past learning_starts (1,000): every replay call runs at least once
@@ -159,11 +157,9 @@ def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """Parent: run every (loop, seed) in a child and print one JSON line; child: one run."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, quick="3,000 steps per run")
     p.add_argument("--steps", type=int, default=20_000, help="env steps per run (default 20,000)")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
-    p.add_argument("--quick", action="store_true", help="3,000 steps per run")
-    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
     p.add_argument("--child", choices=LOOPS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     steps = 3_000 if args.quick else args.steps
@@ -171,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(run_child(args.child, steps, seeds[0])), flush=True)
         return
-    started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S"), [round(x, 2) for x in os.getloadavg()]
+    started, load_start = common.now(), common.loadavg()
     # One short untimed run of each loop first: numba compiles shardreplay's kernels once
     # per installation (after that every process loads them from its cache), and that
     # one-time cost is not what a training run pays. It is reported as "warmup".
@@ -182,13 +178,13 @@ def main(argv: list[str] | None = None) -> None:
             runs[loop].append(spawn(loop, steps, seed))
     settings = dataclasses.asdict(bench_args(steps, seeds[0]))
     settings.pop("seed")
-    line = {"benchmark": "client", "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    line = {"benchmark": "client", "started": started, "finished": common.now(),
             "started_loadavg": load_start,
-            "finished_loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
-            "python": platform.python_version(), "seeds": seeds, "settings": settings, "warmup": warmup,
+            "finished_loadavg": common.loadavg(), "cpus": common.cpus(),
+            "python": common.python(), "seeds": seeds, "settings": settings, "warmup": warmup,
             "runs": runs,
             **summary(runs)}
-    emit_line(line, args.out)
+    common.emit_line(line, args.out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/replay_table.py .bench/bench_replay.json
+    python benchmarks/replay/replay_table.py .bench/bench_replay.json
 """
 
 from __future__ import annotations

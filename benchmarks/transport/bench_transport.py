@@ -24,21 +24,18 @@ favour the lighter, mostly sleeping bare processes). One JSON line on stdout.
 
 Usage::
 
-    python benchmarks/bench_transport.py                    # about two minutes on 2 cores
-    python benchmarks/bench_transport.py --quick            # seconds
-    python benchmarks/bench_transport.py --transports local,redis --reps 5
+    python benchmarks/transport/bench_transport.py                    # about two minutes on 2 cores
+    python benchmarks/transport/bench_transport.py --quick            # seconds
+    python benchmarks/transport/bench_transport.py --transports local,redis --reps 5
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
 import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +44,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+import common
 
 from shardreplay._io import fsync_dir
 from shardreplay.spec import Field, Spec
@@ -239,9 +240,7 @@ class RedisServer:
     """A throw-away redis-server on a free loopback port (no persistence)."""
 
     def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = common.free_port()
         self.dir = tempfile.mkdtemp(prefix="bench-redis-")
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
@@ -335,7 +334,7 @@ def summarize(reps: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
     the machine does not move. ``meets_target`` judges ``ratio_ingest`` (chunks written
     into a buffer) when that case ran, else ``ratio``.
     """
-    med = {case: {k: statistics.median(r[case][k] for r in reps) for k in reps[0][case]} for case in reps[0]}
+    med = {case: {k: common.median(r[case][k] for r in reps) for k in reps[0][case]} for case in reps[0]}
     bare_cases = [c for c in med if c.startswith("bare_")]
     best = max(bare_cases, key=lambda c: med[c]["steps_per_s"])
     cheapest = min(_cpu_us(med[c]) for c in bare_cases)
@@ -354,15 +353,13 @@ def summarize(reps: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, quick="smoke run: 150 chunks per actor, 1 repetition")
     p.add_argument("--transports", default=",".join(TRANSPORTS))
     p.add_argument("--chunks", type=int, default=None, help="chunks per actor (default 1500, quick 150)")
     p.add_argument("--reps", type=int, default=None, help="repetitions, median reported (default 3, quick 1)")
     p.add_argument("--no-ingest", action="store_true", help="skip the ReplayBuffer ingest figure")
     p.add_argument("--scratch", default=None, help="directory for spool files (default: a temp dir)")
     p.add_argument("--ring-mb", type=int, default=64, help="local ring size, ours and bare (default 64)")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
     args = p.parse_args(argv)
     args.chunks = args.chunks or (150 if args.quick else 1500)
     args.reps = args.reps or (1 if args.quick else 3)
@@ -375,7 +372,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     scratch = args.scratch or tempfile.mkdtemp(prefix="bench-transport-")
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    load_start = common.loadavg()
     results: dict[str, Any] = {}
     server = None
     try:
@@ -401,15 +398,11 @@ def main(argv: list[str] | None = None) -> None:
                      "reps": args.reps},
         "results": results,
         "target_ratio": TARGET,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+        "machine": {"python": common.python(), "cpus": common.cpus(),
                     "platform": platform.platform(), "loadavg_start": load_start,
-                    "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
+                    "loadavg_end": common.loadavg()},
     }
-    text = json.dumps(line)
-    print(text, flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    common.emit_line(line, args.out)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ with ``cpu_count`` and ``loadavg`` in mind. One JSON line on stdout.
 
 Usage::
 
-    python benchmarks/bench_train.py                          # 4 cases, a few minutes
-    python benchmarks/bench_train.py --steps 5000 --cases 1:exact,2:exact
+    python benchmarks/train/bench_train.py                          # 4 cases, a few minutes
+    python benchmarks/train/bench_train.py --steps 5000 --cases 1:exact,2:exact
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+import common
 
 CASES = ("1:exact", "1:local", "2:exact", "2:local")
 
@@ -93,29 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the JSON line here")
     args = p.parse_args(argv)
     cases = [(int(c.split(":")[0]), c.split(":")[1]) for c in args.cases.split(",")]
-    load_before = os.getloadavg()
+    load_before = common.loadavg()
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         results = [run_case(n, mode, args.steps, args.batch_size, Path(tmp), args.seed, args.timeout_s)
                    for n, mode in cases]
-    line = json.dumps({
+    common.emit_line({
         "bench": "train", "env_id": "CartPole-v1", "actors": 2, "envs_per_actor": 4,
         "steps_budget": args.steps, "batch_size": args.batch_size, "results": results,
-        "cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
-        "commit": _commit(),
-    })
-    print(line)
-    if args.out is not None:
-        args.out.write_text(line + "\n")
+        "cpu_count": common.cpus(), "loadavg_before": load_before,
+        "loadavg_after": common.loadavg(), "python": common.python(), "commit": common.commit(),
+    }, args.out)
     return 0
-
-
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 if __name__ == "__main__":

@@ -17,12 +17,12 @@ first write into each stream row faults a 2 MiB page in each array).
 
 Usage::
 
-    python benchmarks/bench_replay.py                 # full run, a few minutes on 2 cores
-    python benchmarks/bench_replay.py --quick         # smoke run, seconds
-    python benchmarks/bench_replay.py --libs shardreplay,cpprb --mode prioritized
-    python benchmarks/bench_replay.py --mode single_env  # one env, 1 step per add (vs SB3)
-    python benchmarks/bench_replay.py --workload atari  # Nature-DQN frames (replay_frames.py)
-    python benchmarks/bench_replay.py --workload atari --interleave  # learner steps, A/B blocks
+    python benchmarks/replay/bench_replay.py                 # full run, a few minutes on 2 cores
+    python benchmarks/replay/bench_replay.py --quick         # smoke run, seconds
+    python benchmarks/replay/bench_replay.py --libs shardreplay,cpprb --mode prioritized
+    python benchmarks/replay/bench_replay.py --mode single_env  # one env, 1 step per add (vs SB3)
+    python benchmarks/replay/bench_replay.py --workload atari  # Nature-DQN frames (replay_frames.py)
+    python benchmarks/replay/bench_replay.py --workload atari --interleave  # learner steps, A/B blocks
 """
 
 from __future__ import annotations
@@ -32,18 +32,17 @@ import gc
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
+import common
 import replay_frames as F
 import replay_workload as W
-from bench_output import emit_line
 
 LIBRARIES = ("shardreplay", "torchrl", "cpprb", "sb3")
 MODES = ("uniform", "prioritized")
@@ -82,7 +81,9 @@ SUMMARY = (("insert_vs_cpprb", ("uniform_insert_vs_cpprb", "prioritized_insert_v
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (options as the peer benchmarks')."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.parser(__doc__, quick="smoke run: defaults --n-insert 64000 --blocks 3 --calls 50 --warmup 5",
+                      reps=1, reps_flag="--repeat",
+                      reps_help="rounds of all cases; each figure is the median over rounds (noisy machines)")
     p.add_argument("--workload", choices=["mlp", "atari"], default="mlp",
                    help="mlp: 64-float observations (default); atari: 4x84x84 uint8 frame stacks")
     p.add_argument("--atari-capacity", type=int,
@@ -102,11 +103,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall time (as the peer benchmarks) or this thread's CPU time (steadier on a "
                         "busy machine; leaves out helper threads, which favours TorchRL)")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="rounds of all cases; each figure is the median over rounds (noisy machines)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: defaults --n-insert 64000 --blocks 3 --calls 50 --warmup 5")
-    p.add_argument("--out", type=Path, help="also write the JSON line to this file")
     p.add_argument("--child", choices=sorted({*LIBRARIES, *F.CASE_NAMES, FILL_SWEEP}), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     defaults = QUICK if args.quick else FULL
@@ -138,9 +134,9 @@ def run_case(library: str, mode: str, args: argparse.Namespace) -> dict[str, Any
     out: dict[str, Any] = {**case.versions()}
     case.prepare(W.make_pool(args.seed), args.seed)
     before = W.rss_mib()
-    start = time.perf_counter()
-    warm_up(case, mode)
-    out["warmup_seconds"] = round(time.perf_counter() - start, 3)
+    with common.timed() as warm:
+        warm_up(case, mode)
+    out["warmup_seconds"] = round(warm.wall_s, 3)
     # The baseline holds imports, data in native format and the library's loaded code
     # (shardreplay's compiled kernels, ~50 MiB of numba/LLVM); rss_mib_code shows that part.
     out["rss_mib_baseline"] = W.rss_mib()
@@ -265,7 +261,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key, first in runs[0].items():
         values = [r.get(key) for r in runs]
         if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-            out[key] = round(statistics.median(values), 1)
+            out[key] = common.median(values, 1)
             out[key + "_runs"] = values
         elif key.endswith("_range") and all(isinstance(v, list) for v in values):
             out[key] = [min(v[0] for v in values), max(v[1] for v in values)]
@@ -331,23 +327,23 @@ def parent_main(args: argparse.Namespace) -> None:
     import numpy as np
 
     if args.workload == "atari":
-        started = time.strftime("%Y-%m-%dT%H:%M:%S")
-        load_start = [round(x, 2) for x in os.getloadavg()]
+        started = common.now()
+        load_start = common.loadavg()
         if args.interleave:
             W.set_clock(args.clock)
             body = {"interleaved": F.interleaved_learner_steps(args), "clock": args.clock}
         else:
             body = frames_parent_main(args)
-        finished = time.strftime("%Y-%m-%dT%H:%M:%S")
+        finished = common.now()
         line = {"benchmark": "replay_atari", "started": started, "finished": finished,
-                "python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
-                "loadavg_start": load_start, "loadavg_end": [round(x, 2) for x in os.getloadavg()], **body}
-        _emit(line, args)
+                "python": common.python(), "numpy": np.__version__, "cpus": common.cpus(),
+                "loadavg_start": load_start, "loadavg_end": common.loadavg(), **body}
+        common.emit_line(line, args.out)
         return
 
     modes = {"both": MODES, "all": (*MODES, SINGLE_ENV)}.get(args.mode, (args.mode,))
-    started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    load_start = [round(x, 2) for x in os.getloadavg()]  # other work on the machine skews rates
+    started = common.now()
+    load_start = common.loadavg()  # other work on the machine skews rates
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(args.repeat):  # rounds interleave the libraries, so noise hits them alike
         for mode in modes:
@@ -363,13 +359,13 @@ def parent_main(args: argparse.Namespace) -> None:
     line = {
         "benchmark": "replay",
         "started": started,
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "python": platform.python_version(),
+        "finished": common.now(),
+        "python": common.python(),
         "numpy": np.__version__,
-        "cpus": os.cpu_count(),
+        "cpus": common.cpus(),
         "machine": platform.machine(),
         "loadavg_start": load_start,
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_end": common.loadavg(),
         "workload": {"capacity": W.CAPACITY, "obs_dim": W.OBS_DIM, "add_batch": W.ADD_BATCH,
                      "sample_batch": W.SAMPLE_BATCH, "alpha": W.ALPHA, "beta": W.BETA,
                      "n_insert": args.n_insert, "blocks": args.blocks, "calls_per_block": args.calls,
@@ -383,12 +379,7 @@ def parent_main(args: argparse.Namespace) -> None:
     }
     if sweep is not None:
         line["fill_sweep"] = sweep
-    _emit(line, args)
-
-
-def _emit(line: dict[str, Any], args: argparse.Namespace) -> None:
-    """Print the JSON line (and write it to ``--out``)."""
-    emit_line(line, args.out)
+    common.emit_line(line, args.out)
 
 
 def main(argv: list[str] | None = None) -> None:

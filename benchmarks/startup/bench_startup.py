@@ -10,8 +10,8 @@ JSON line; a benchmark, never a timed assertion in the tests.
 
 Usage::
 
-    python benchmarks/bench_startup.py               # 5 fresh processes
-    python benchmarks/bench_startup.py --reps 9 --out .bench/startup.json
+    python benchmarks/startup/bench_startup.py               # 5 fresh processes
+    python benchmarks/startup/bench_startup.py --reps 9 --out .bench/startup.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench_output import emit_line
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import emit_line
 
 # Run in each fresh interpreter: one line of seconds per phase.
 CHILD = """
