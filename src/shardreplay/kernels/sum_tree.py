@@ -22,8 +22,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-BLOCK = 16
-ARITY = 8
+from shardreplay.kernels.codes import ARITY, BLOCK
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
