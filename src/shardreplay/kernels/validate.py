@@ -16,10 +16,6 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["BAD_DISCOUNT", "BAD_STEP_TYPE", "DISCOUNTS", "FINITE_F32", "FINITE_F64", "MAX_STEP_TYPE",
-           "STEPS_OK", "STEP_TYPES", "discount_ok", "max_masked", "max_masked_ref", "step_type_ok",
-           "steps_ok", "steps_ok_ref", "values_ok", "values_ok_ref"]
-
 from shardreplay.kernels.codes import (
     BAD_DISCOUNT,
     BAD_STEP_TYPE,
@@ -32,6 +28,10 @@ from shardreplay.kernels.codes import (
     STEP_TYPES,
     STEPS_OK,
 )
+
+__all__ = ["BAD_DISCOUNT", "BAD_STEP_TYPE", "DISCOUNTS", "FINITE_F32", "FINITE_F64", "MAX_STEP_TYPE",
+           "STEPS_OK", "STEP_TYPES", "discount_ok", "max_masked", "max_masked_ref", "step_type_ok",
+           "steps_ok", "steps_ok_ref", "values_ok", "values_ok_ref"]
 
 
 @numba.njit(inline="always")
