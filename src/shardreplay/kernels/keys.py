@@ -13,15 +13,16 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from shardreplay.kernels.codes import (
-    GEN_MASK,
-    LOCAL_MASK,
-    PLACE_MASK,
-    PLACE_SHIFT,
-    SHARD_SHIFT,
-    TAG_MASK,
-    TAG_SHIFT,
-)
+from shardreplay.kernels import codes
+
+# The bit layout is defined in codes.py (numba-free: modules above read it at import).
+SHARD_BITS, TAG_BITS = codes.SHARD_BITS, codes.TAG_BITS
+PLACE_BITS, GEN_BITS = codes.PLACE_BITS, codes.GEN_BITS
+MAX_SHARDS, MAX_PLACES, NUM_TAGS = codes.MAX_SHARDS, codes.MAX_PLACES, codes.NUM_TAGS
+GEN_MASK, PLACE_MASK = codes.GEN_MASK, codes.PLACE_MASK
+TAG_MASK, SHARD_MASK = codes.TAG_MASK, codes.SHARD_MASK
+PLACE_SHIFT, TAG_SHIFT, SHARD_SHIFT = codes.PLACE_SHIFT, codes.TAG_SHIFT, codes.SHARD_SHIFT
+LOCAL_MASK = codes.LOCAL_MASK
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

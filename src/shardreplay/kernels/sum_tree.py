@@ -22,7 +22,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from shardreplay.kernels.codes import ARITY, BLOCK
+from shardreplay.kernels import codes
+
+BLOCK, ARITY = codes.BLOCK, codes.ARITY  # defined in codes.py (numba-free: read at import above)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
