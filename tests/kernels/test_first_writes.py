@@ -4,12 +4,15 @@ window length) of many shapes; the value checks over valid and invalid inputs.""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from shardreplay.kernels import first_writes as fw
 from shardreplay.kernels import storage as kern
 from shardreplay.kernels import validate
+from shardreplay.kernels.lazy import LazyKernels
 
 FIRST, MID, LAST = 0, 1, 2
 _BOOKKEEPING = ("step_type", "episode_id", "generation", "priority", "valid", "pos", "counters")
@@ -96,3 +99,16 @@ def test_value_checks_match_the_compiled_kernels() -> None:
         types = rng.integers(-1, 4, int(rng.integers(0, 6))).astype(rng.choice([np.int64, np.uint8, np.int8]))
         discount = rng.choice([0.0, 1.0, 0.5, -0.1, 1.1, np.nan], int(rng.integers(0, 6))).astype(np.float32)
         assert fw.steps_ok(types, discount) == validate.steps_ok(types, discount)
+
+
+def test_twins_serve_only_before_numba_loads_and_lazy_modules_resolve() -> None:
+    assert "numba" in sys.modules  # this module imported the compiled kernels
+    left = fw._writes_left
+    assert not fw.numpy_first(spend=True) and fw._writes_left == left  # compiled from now on
+    proxy = LazyKernels("shardreplay.kernels.storage")
+    assert proxy.loaded and proxy.write_steps is kern.write_steps
+    assert "write_steps" in vars(proxy)  # kept: later reads are plain attribute lookups
+    with pytest.raises(AttributeError):
+        proxy.__wrapped__  # noqa: B018 - dunder probes (copy, inspect) never import
+    with pytest.raises(AttributeError):
+        proxy.no_such_kernel  # noqa: B018
