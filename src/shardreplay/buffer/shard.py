@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,13 +23,20 @@ from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.state import export_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
-from shardreplay.kernels.keys import keys_fit, resolve_keys
-from shardreplay.kernels.storage import rows_distinct_in_range
+from shardreplay.kernels import first_writes
+from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler, UniformSampler
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
 from shardreplay.storage import STEP_ARRAYS, ArrayAllocator, StreamStorage
 from shardreplay.storage.one_step import OneStepAdd, one_step_add
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import keys as key_kernels
+    from shardreplay.kernels import storage as storage_kernels
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    storage_kernels = lazy("shardreplay.kernels.storage")
+    key_kernels = lazy("shardreplay.kernels.keys")
 
 # One-step adds on the full path before the short one is built (see Shard.__init__).
 ONE_STEP_AFTER = 1000
@@ -158,7 +165,7 @@ class Shard:
         if stream_ids is None:
             rows = storage.all_rows
         elif (type(stream_ids) is np.ndarray and stream_ids.dtype == np.int64 and stream_ids.ndim == 1
-              and rows_distinct_in_range(stream_ids, storage.num_streams, storage.row_marks)):
+              and _rows_distinct(stream_ids, storage.num_streams, storage.row_marks)):
             rows = stream_ids  # the usual case, checked in one compiled pass
         else:
             rows = check_stream_ids(stream_ids, storage.num_streams)  # converts, or raises why
@@ -254,7 +261,7 @@ class Shard:
             Nothing changes when an error is raised.
         """
         storage = self.storage
-        status, bad, slots, current = resolve_keys(keys, prios, storage.generation, storage.size,
+        status, bad, slots, current = key_kernels.resolve_keys(keys, prios, storage.generation, storage.size,
                                                    storage.key_epoch, storage.key_tag)
         if status == 1:
             check_priorities(prios, keys.shape)  # raises with the precise reason
@@ -272,7 +279,7 @@ class Shard:
         """:meth:`apply_priorities` of updates routed here by other ranks: keys that fit no
         slot of this shard (another tag or place) are counted in ``invalid_keys`` and skipped."""
         keys = np.ascontiguousarray(keys, np.int64)
-        fits = keys_fit(keys, self.storage.key_tag, self.capacity)
+        fits = key_kernels.keys_fit(keys, self.storage.key_tag, self.capacity)
         if not fits.all():
             self.invalid_keys += int((~fits).sum())
             keys, prios = keys[fits], prios[fits]
@@ -348,3 +355,9 @@ def _make_sampler(name: str, storage: StreamStorage, alpha: float, beta: Schedul
     if name == "fifo":
         return FifoSampler(storage)
     return UniformSampler(storage)
+
+
+def _rows_distinct(rows: np.ndarray, num_streams: int, marks: np.ndarray) -> bool:
+    """Every row in ``[0, num_streams)`` and none twice (numpy in a process's first writes)."""
+    run = first_writes if first_writes.numpy_first() else storage_kernels
+    return bool(run.rows_distinct_in_range(rows, num_streams, marks))

@@ -26,8 +26,14 @@ import torch
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import _check_gamma, nstep_transitions
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.kernels.nstep import nstep_scalar
-from shardreplay.kernels.storage import window_indices
+from shardreplay.kernels.lazy import lazy
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import nstep as nstep_kernels
+    from shardreplay.kernels import storage as storage_kernels
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    storage_kernels = lazy("shardreplay.kernels.storage")
+    nstep_kernels = lazy("shardreplay.kernels.nstep")
 
 if TYPE_CHECKING:
     from shardreplay.buffer.shard import Shard
@@ -115,7 +121,7 @@ def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | Non
         raise SpecMismatchError(f"reward field {reward!r} is frame-stacked; a reward must be a plain field")
     draw = shard.draw(batch_size)
     storage = shard.storage
-    idx, mask, keys = window_indices(draw.starts, storage.step_type, storage.generation,
+    idx, mask, keys = storage_kernels.window_indices(draw.starts, storage.step_type, storage.generation,
                                      storage.stream_capacity, storage.window, storage.key_epoch,
                                      storage.key_tag)
     rewards = storage.fields[reward]
@@ -152,7 +158,7 @@ def _returns_scalar(idx: np.ndarray, mask: np.ndarray, rewards: np.ndarray, disc
     boot = np.empty(batch, dtype)
     m = np.empty(batch, np.int64)
     last = np.empty(batch, np.int64)
-    nstep_scalar(idx, mask, rewards, discount, float(gamma), n, ret, boot, m, last)
+    nstep_kernels.nstep_scalar(idx, mask, rewards, discount, float(gamma), n, ret, boot, m, last)
     return ret, boot, m, last
 
 

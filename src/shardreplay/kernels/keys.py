@@ -13,18 +13,16 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-SHARD_BITS, TAG_BITS, PLACE_BITS, GEN_BITS = 10, 14, 28, 11
-MAX_SHARDS = 1 << SHARD_BITS
-MAX_PLACES = 1 << PLACE_BITS
-NUM_TAGS = (1 << TAG_BITS) - 1  # tags are 1 .. NUM_TAGS: 0 would make small integers keys
-GEN_MASK = (1 << GEN_BITS) - 1
-PLACE_MASK = (1 << PLACE_BITS) - 1
-TAG_MASK = (1 << TAG_BITS) - 1
-SHARD_MASK = (1 << SHARD_BITS) - 1
-PLACE_SHIFT = GEN_BITS
-TAG_SHIFT = GEN_BITS + PLACE_BITS
-SHARD_SHIFT = GEN_BITS + PLACE_BITS + TAG_BITS
-LOCAL_MASK = (1 << SHARD_SHIFT) - 1  # tag, place and generation: a key without its shard
+from shardreplay.kernels import codes
+
+# The bit layout is defined in codes.py (numba-free: modules above read it at import).
+SHARD_BITS, TAG_BITS = codes.SHARD_BITS, codes.TAG_BITS
+PLACE_BITS, GEN_BITS = codes.PLACE_BITS, codes.GEN_BITS
+MAX_SHARDS, MAX_PLACES, NUM_TAGS = codes.MAX_SHARDS, codes.MAX_PLACES, codes.NUM_TAGS
+GEN_MASK, PLACE_MASK = codes.GEN_MASK, codes.PLACE_MASK
+TAG_MASK, SHARD_MASK = codes.TAG_MASK, codes.SHARD_MASK
+PLACE_SHIFT, TAG_SHIFT, SHARD_SHIFT = codes.PLACE_SHIFT, codes.TAG_SHIFT, codes.SHARD_SHIFT
+LOCAL_MASK = codes.LOCAL_MASK
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

@@ -22,8 +22,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-BLOCK = 16
-ARITY = 8
+from shardreplay.kernels import codes
+
+BLOCK, ARITY = codes.BLOCK, codes.ARITY  # defined in codes.py (numba-free: read at import above)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")

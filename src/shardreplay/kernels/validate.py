@@ -16,18 +16,22 @@ from typing import Any
 import numba
 import numpy as np
 
+from shardreplay.kernels.codes import (
+    BAD_DISCOUNT,
+    BAD_STEP_TYPE,
+    DISCOUNTS,
+    F32_EXPONENT,
+    F64_EXPONENT,
+    FINITE_F32,
+    FINITE_F64,
+    MAX_STEP_TYPE,
+    STEP_TYPES,
+    STEPS_OK,
+)
+
 __all__ = ["BAD_DISCOUNT", "BAD_STEP_TYPE", "DISCOUNTS", "FINITE_F32", "FINITE_F64", "MAX_STEP_TYPE",
            "STEPS_OK", "STEP_TYPES", "discount_ok", "max_masked", "max_masked_ref", "step_type_ok",
            "steps_ok", "steps_ok_ref", "values_ok", "values_ok_ref"]
-
-MAX_STEP_TYPE = 2  # StepType.LAST
-
-# Plan row kinds.
-FINITE_F32, FINITE_F64, STEP_TYPES, DISCOUNTS = 0, 1, 2, 3
-F32_EXPONENT, F64_EXPONENT = 0x7F800000, 0x7FF0000000000000  # all exponent bits: NaN or inf
-
-# What steps_ok finds.
-STEPS_OK, BAD_STEP_TYPE, BAD_DISCOUNT = 0, 1, 2
 
 
 @numba.njit(inline="always")

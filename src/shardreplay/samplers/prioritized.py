@@ -15,15 +15,20 @@ updates), unless the writer supplies one. ``beta`` may follow a schedule over ca
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardreplay.kernels.sum_tree import leaves_from_priorities
+from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers.base import Draw, check_state_keys, state_error
 from shardreplay.samplers.schedules import Schedule, is_real
 from shardreplay.samplers.sum_tree import SumMinTree
 from shardreplay.storage import StreamStorage
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import sum_tree as tree_kernels
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    tree_kernels = lazy("shardreplay.kernels.sum_tree")
 
 
 class PrioritizedSampler:
@@ -89,7 +94,8 @@ class PrioritizedSampler:
     def rebuild(self) -> None:
         """Recompute every leaf from stored priorities and validity."""
         # p > 0 as in the write path: with alpha = 0, 0**0 = 1 would make priority 0 drawable.
-        self.tree.rebuild(leaves_from_priorities(self.storage.valid, self.storage.priority, self.alpha))
+        leaves = tree_kernels.leaves_from_priorities(self.storage.valid, self.storage.priority, self.alpha)
+        self.tree.rebuild(leaves)
 
     def state_dict(self) -> dict[str, Any]:
         """Max priority, schedule position, alpha and beta schedule."""

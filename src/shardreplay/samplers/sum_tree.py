@@ -14,9 +14,17 @@ ones, +inf when none).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from shardreplay.kernels.sum_tree import ARITY, BLOCK, draw_weighted, rebuild_sums, set_from_priorities
+from shardreplay.kernels.codes import ARITY, BLOCK
+from shardreplay.kernels.lazy import lazy
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import sum_tree as kernels
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    kernels = lazy("shardreplay.kernels.sum_tree")
 
 
 def tree_size(n_leaves: int) -> int:
@@ -71,18 +79,18 @@ class SumMinTree:
                             alpha: float) -> None:
         """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the
         priority is positive, else 0 (so priority 0 is never drawn, also with alpha 0)."""
-        set_from_priorities(self.sums, self.mins, self.sizes, self.offsets, self.min_base, slots,
+        kernels.set_from_priorities(self.sums, self.mins, self.sizes, self.offsets, self.min_base, slots,
                             valid, priority, alpha)
 
     def draw(self, uniforms: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Leaves for ``uniforms`` in [0, 1): (leaf index, probability, importance weight)."""
-        return draw_weighted(self.sums, self.mins, self.sizes, self.offsets, uniforms, beta)
+        return kernels.draw_weighted(self.sums, self.mins, self.sizes, self.offsets, uniforms, beta)
 
     def rebuild(self, values: np.ndarray) -> None:
         """Set every leaf at once from ``values`` (length ``n_leaves``), bottom up."""
         self.sums[:] = 0.0
         self.sums[self.leaf_offset:self.leaf_offset + self.n_leaves] = values
-        rebuild_sums(self.sums, self.sizes, self.offsets)
+        kernels.rebuild_sums(self.sums, self.sizes, self.offsets)
         padded = np.full(self.min_base * BLOCK, np.inf)
         padded[:self.n_leaves] = np.where(values > 0, values, np.inf)
         self.mins[:] = np.inf

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardreplay.kernels.sampling import accept_written
+from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers.base import Draw, check_state_keys
 from shardreplay.storage import StreamStorage
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import sampling as kernels
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    kernels = lazy("shardreplay.kernels.sampling")
 
 # Below this fraction of valid slots, rejection sampling would waste draws: list them.
 _MIN_ACCEPTANCE = 0.05
@@ -73,7 +78,7 @@ class UniformSampler:
         while got < n:
             need = n - got
             ordinals = rng.integers(0, total, size=int(need / acceptance * 1.1) + 8)
-            got = accept_written(ordinals, ends, storage.stream_capacity, valid, out, got)
+            got = kernels.accept_written(ordinals, ends, storage.stream_capacity, valid, out, got)
         return out
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:

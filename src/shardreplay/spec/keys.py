@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import TypeGuard
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 
-from shardreplay.kernels import keys as codec
-from shardreplay.kernels.keys import (
+from shardreplay.kernels.codes import (
     GEN_BITS,
     GEN_MASK,
     LOCAL_MASK,
@@ -50,6 +49,12 @@ from shardreplay.kernels.keys import (
     TAG_MASK,
     TAG_SHIFT,
 )
+from shardreplay.kernels.lazy import lazy
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import keys as codec
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    codec = lazy("shardreplay.kernels.keys")
 
 # The codec (bit layout, encode, decode, checks) lives in kernels/keys.py, beside the
 # compiled code that reads keys; these are its Python-facing names.

@@ -14,15 +14,21 @@ the same spec then accepts again without a second check.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.kernels import validate as kernels
+from shardreplay.kernels import codes, first_writes
+from shardreplay.kernels.lazy import lazy
 from shardreplay.spec.fields import Field
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE, RecordLayout
 from shardreplay.spec.names import flatten
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import validate as kernels
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    kernels = lazy("shardreplay.kernels.validate")
 
 __all__ = ["PackedSteps", "ValidatedSteps", "check_step_values", "packed_steps", "validate",
            "validated", "validated_packed"]
@@ -48,9 +54,9 @@ DISCOUNT_RULE = ("field 'discount': values must be finite and in [0, 1] "
 _SEAL = object()
 _COMPILED_INTS = (np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64))
 _EXPONENT_MASKS: dict[np.dtype, tuple[np.dtype, np.unsignedinteger]] = {
-    np.dtype(np.float32): (np.dtype(np.uint32), np.uint32(kernels.F32_EXPONENT)),
-    np.dtype(np.float64): (np.dtype(np.uint64), np.uint64(kernels.F64_EXPONENT))}
-_FINITE_KINDS = {np.dtype(np.float32): kernels.FINITE_F32, np.dtype(np.float64): kernels.FINITE_F64}
+    np.dtype(np.float32): (np.dtype(np.uint32), np.uint32(codes.F32_EXPONENT)),
+    np.dtype(np.float64): (np.dtype(np.uint64), np.uint64(codes.F64_EXPONENT))}
+_FINITE_KINDS = {np.dtype(np.float32): codes.FINITE_F32, np.dtype(np.float64): codes.FINITE_F64}
 _ONES: dict[tuple[int, ...], np.ndarray] = {}
 
 
@@ -142,7 +148,10 @@ def _is_finite(arr: np.ndarray) -> bool:
     exponent = _EXPONENT_MASKS.get(arr.dtype)
     if exponent is not None:
         bits_dtype, mask = exponent
-        return bool(kernels.max_masked(arr.reshape(-1).view(bits_dtype), mask) != mask)
+        words = arr.reshape(-1).view(bits_dtype)
+        if first_writes.numpy_first():  # a process's first writes: no numba to load
+            return first_writes.is_finite(words, mask)
+        return bool(kernels.max_masked(words, mask) != mask)
     return bool(np.isfinite(arr).all())
 
 
@@ -199,10 +208,11 @@ def _check_rule(types: np.ndarray, discount: np.ndarray, exc: type[Exception], w
     float32 ``discount`` follow the step rule."""
     if types.dtype not in _COMPILED_INTS:  # one compiled form per dtype: widen the rare ones
         types = types.astype(np.int64)  # uint64 beyond int64 wraps negative: refused as well
-    found = kernels.steps_ok(types.reshape(-1), discount.reshape(-1))
-    if found == kernels.BAD_STEP_TYPE:
+    run = first_writes if first_writes.numpy_first() else kernels
+    found = run.steps_ok(types.reshape(-1), discount.reshape(-1))
+    if found == codes.BAD_STEP_TYPE:
         raise exc(where + STEP_TYPE_RULE)
-    if found == kernels.BAD_DISCOUNT:
+    if found == codes.BAD_DISCOUNT:
         raise exc(where + DISCOUNT_RULE)
 
 
@@ -304,9 +314,9 @@ def packed_steps(spec: SpecParts, layout: RecordLayout, prefix: str,
 def _check_kind(dtype: np.dtype, finite: bool, reserved: str | None) -> int | None:
     """The compiled check a field needs: a kind, -1 for none, None for no compiled form."""
     if reserved == "step_type":
-        return kernels.STEP_TYPES if dtype == STEP_TYPE_DTYPE else None
+        return codes.STEP_TYPES if dtype == STEP_TYPE_DTYPE else None
     if reserved == "discount":
-        return kernels.DISCOUNTS if dtype == DISCOUNT_DTYPE else None
+        return codes.DISCOUNTS if dtype == DISCOUNT_DTYPE else None
     if not finite:
         return -1
     if dtype.byteorder == ">":  # big-endian floats: their bits are not the kernel's words

@@ -16,13 +16,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shardreplay.errors import SpecMismatchError
-from shardreplay.kernels import frames as fk
+from shardreplay.kernels.lazy import lazy
 from shardreplay.spec import Field
 from shardreplay.storage.allocate import ArrayAllocator
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import frames as fk
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    fk = lazy("shardreplay.kernels.frames")
 
 # Steps per piece of lazily built stacks (84x84x4 uint8: ~28 MiB).
 PIECE_STEPS = 1024

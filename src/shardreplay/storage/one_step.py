@@ -23,9 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardreplay.kernels import add_step as kernel
-from shardreplay.kernels import frames as fk
+from shardreplay.kernels.lazy import lazy
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import add_step as kernel
+    from shardreplay.kernels import frames as fk
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    kernel = lazy("shardreplay.kernels.add_step")
+    fk = lazy("shardreplay.kernels.frames")
 
 if TYPE_CHECKING:
     from shardreplay.storage.streams import StreamStorage

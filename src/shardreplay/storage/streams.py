@@ -9,15 +9,22 @@ whether a window starting there is valid.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardreplay.kernels import storage as kernels
+from shardreplay.kernels import first_writes
+from shardreplay.kernels.lazy import lazy
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 from shardreplay.storage.allocate import ArrayAllocator
 from shardreplay.storage.frames import FrameStore, StackPieces
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import storage as kernels
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    kernels = lazy("shardreplay.kernels.storage")
 
 # Per-slot arrays saved with the steps (beside the user's fields), with their dtypes.
 STEP_ARRAYS: dict[str, np.dtype] = {
@@ -174,13 +181,15 @@ class StreamStorage:
         frame_plans = [(store, stacks, store.plan(stacks, types, rows, pos, self.step_type).copy())
                        for store, stacks in ((store, store.as_frame_bytes(steps[name], t_len))
                                              for name, store in self.stacked.items())] if self.stacked else ()
+        # A process's first writes run numpy twins of the kernels (no numba to load).
+        run = first_writes if first_writes.numpy_first(spend=True) else kernels
         if priorities is None:
-            n_out, delta = kernels.write_steps(
+            n_out, delta = run.write_steps(
                 self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,
                 self.counters, rows, types, _NO_PRIORITIES, False, default_priority,
                 self.stream_capacity, self.window, out_slots, out_flags)
         else:
-            n_out, delta = kernels.write_steps(
+            n_out, delta = run.write_steps(
                 self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,
                 self.counters, rows, types, priorities.reshape(n_rows, t_len), True,
                 default_priority, self.stream_capacity, self.window, out_slots, out_flags)
@@ -196,8 +205,8 @@ class StreamStorage:
             if flat.shape[0]:
                 pairs = tuple((rows, _c_bytes(steps[name]) if as_bytes else _c_order(steps[name]))
                               for name, as_bytes, rows in self._scatter_fields)
-                kernels.scatter_fields(pairs, flat)
-            self._refresh_alignment()
+                run.scatter_fields(pairs, flat)
+            self._aligned = bool(run.all_equal(self.pos))
         for store, stacks, counts in frame_plans:
             store.append(stacks, rows, out_slots[0, :n_rows * t_len], counts)
         self.num_valid += delta

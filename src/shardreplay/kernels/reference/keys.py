@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardreplay.kernels.keys import GEN_BITS, PLACE_BITS, SHARD_BITS, TAG_BITS
+from shardreplay.kernels.codes import GEN_BITS, PLACE_BITS, SHARD_BITS, TAG_BITS
 
 _WIDTHS = (("shard", SHARD_BITS), ("tag", TAG_BITS), ("place", PLACE_BITS), ("generation", GEN_BITS))
 

@@ -1,0 +1,33 @@
+"""Constants of the kernels that modules above read at import time, without numba.
+
+Each kernel module imports its constants from here (and re-exports them), so that the
+modules above can read them while the kernels themselves load lazily (kernels/lazy.py).
+"""
+
+from __future__ import annotations
+
+# -- kernels/validate.py ---------------------------------------------------------------
+MAX_STEP_TYPE = 2  # StepType.LAST
+# Plan row kinds.
+FINITE_F32, FINITE_F64, STEP_TYPES, DISCOUNTS = 0, 1, 2, 3
+F32_EXPONENT, F64_EXPONENT = 0x7F800000, 0x7FF0000000000000  # all exponent bits: NaN or inf
+# What steps_ok finds.
+STEPS_OK, BAD_STEP_TYPE, BAD_DISCOUNT = 0, 1, 2
+
+# -- kernels/keys.py: the key bit layout -------------------------------------------------
+SHARD_BITS, TAG_BITS, PLACE_BITS, GEN_BITS = 10, 14, 28, 11
+MAX_SHARDS = 1 << SHARD_BITS
+MAX_PLACES = 1 << PLACE_BITS
+NUM_TAGS = (1 << TAG_BITS) - 1  # tags are 1 .. NUM_TAGS: 0 would make small integers keys
+GEN_MASK = (1 << GEN_BITS) - 1
+PLACE_MASK = (1 << PLACE_BITS) - 1
+TAG_MASK = (1 << TAG_BITS) - 1
+SHARD_MASK = (1 << SHARD_BITS) - 1
+PLACE_SHIFT = GEN_BITS
+TAG_SHIFT = GEN_BITS + PLACE_BITS
+SHARD_SHIFT = GEN_BITS + PLACE_BITS + TAG_BITS
+LOCAL_MASK = (1 << SHARD_SHIFT) - 1  # tag, place and generation: a key without its shard
+
+# -- kernels/sum_tree.py -------------------------------------------------------------------
+BLOCK = 16
+ARITY = 8
