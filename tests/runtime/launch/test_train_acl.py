@@ -16,10 +16,11 @@ import redis
 
 from shardreplay.secrets import ENV
 from tests.runtime.train_harness import FAST, TrainRun
+from tests.support.env import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "multi-machine.md"
+DOC = REPO / "docs" / "multi-machine.md"
 
 
 def documented_acl(run_id: str, password: str) -> list[str]:
