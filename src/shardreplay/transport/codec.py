@@ -48,7 +48,7 @@ import numpy as np
 from shardreplay._hashing import xxh3_64
 from shardreplay.errors import CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
-from shardreplay.transport.packing import PACKED_MAGIC, check_codec, pack, unpack
+from shardreplay.transport.packing import PACKED_MAGIC, pack, unpack
 from shardreplay.transport.wire import (
     _DIGEST,
     _DIGEST_AT,
@@ -244,14 +244,6 @@ def spec_has_frame_stacks(spec: Spec) -> bool:
     """True when a field of ``spec`` is ``frame_stack``."""
     return any(f.frame_stack for f in spec.fields.values())
 
-
-def check_compression(compression: str) -> str:
-    """``compression`` when it is ``none``, ``lz4`` or ``zstd`` with its package installed.
-
-    Raises:
-        ConfigError: otherwise, saying what to install or choose.
-    """
-    return check_codec(compression)
 
 
 def _exact(steps: Mapping[str, Any], exact: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]) -> bool:

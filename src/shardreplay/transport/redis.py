@@ -76,7 +76,8 @@ from shardreplay.transport.base import (
     ReaderStats,
     check_max_chunks,
 )
-from shardreplay.transport.codec import Chunk, check_compression, wire_encoding
+from shardreplay.transport.codec import Chunk, wire_encoding
+from shardreplay.transport.packing import check_codec
 from shardreplay.transport.redis_link import (
     RedisLink,
     XaddPacker,
@@ -130,7 +131,7 @@ class RedisTransport:
         self._url = url  # may hold a password: only for connecting
         self.url, self.spec = redact(url), spec  # what messages show
         self.stream, self.group, self.consumer = stream, group, consumer
-        self.compression = check_compression(compression)
+        self.compression = check_codec(compression)
         self.max_len = max_len
         self.max_chunk_bytes, self.dedup_window = max_chunk_bytes, dedup_window
         self.claim_idle_s, self.reconnect_timeout_s = claim_idle_s, reconnect_timeout_s

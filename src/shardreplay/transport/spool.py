@@ -48,7 +48,8 @@ from shardreplay.transport.base import (
     ReaderStats,
     check_max_chunks,
 )
-from shardreplay.transport.codec import Chunk, check_compression, decode, wire_encoding
+from shardreplay.transport.codec import Chunk, decode, wire_encoding
+from shardreplay.transport.packing import check_codec
 
 __all__ = ["SpoolReader", "SpoolTransport", "SpoolWriter", "chunk_file_name", "iter_archive"]
 
@@ -105,7 +106,7 @@ class SpoolTransport:
         self.poll_interval_s = poll_interval_s
         self.fsync = fsync
         self.stale_tmp_s = stale_tmp_s
-        self.compression = check_compression(compression)
+        self.compression = check_codec(compression)
 
     def _dirs(self) -> tuple[Path, Path]:
         ready, tmp = self.path / "ready", self.path / "tmp"
