@@ -26,13 +26,19 @@ only): a veth pair with ``tc netem`` where the kernel has netem, else a TUN rela
 line says which (``delay_kind``) and the link's measured TCP round trip (``link_rtt_ms``,
 :mod:`linkprobe`). ``--link-kind tun-relay`` takes the relay even where netem exists (with
 ``--link-delay-ms 0``: what the relay alone costs). Records then go through the link
-(``shared_memory=False``), not ``/dev/shm``. Only CPU/gloo is run here.
+(``shared_memory=False``), not ``/dev/shm``.
+
+``--device cuda`` puts the networks, optimizers and batches on the GPU (batches pinned
+and copied without blocking; the replay exchange stays on gloo, on the CPU). The two
+ranks then share GPU 0 when there is one GPU (NCCL refuses that, so DDP all-reduces over
+gloo: ``ddp_backend`` in the line); ``--batch`` sets the batch (512 on a GPU: issue 21).
 
 Usage::
 
     python benchmarks/train/bench_learner.py                  # full run (minutes on 2 cores)
     python benchmarks/train/bench_learner.py --quick          # smoke run
     python benchmarks/train/bench_learner.py --link-delay-ms 0.25
+    python benchmarks/train/bench_learner.py --device cuda --batch 512 --nets conv
 """
 
 from __future__ import annotations
@@ -83,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how --link-delay-ms is made: auto (netem, else the TUN relay; default), "
                         "netem or tun-relay")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where networks and batches live")
+    p.add_argument("--batch", type=int, default=BATCH, help=f"windows per rank per step (default {BATCH})")
     args = p.parse_args(argv)
     plan = QUICK if args.quick else FULL
     args.blocks = args.blocks or plan["blocks"]
@@ -117,7 +125,7 @@ def make_net(name: str) -> Any:
     return NatureDqn()
 
 
-def make_shard(name: str, capacity: int, seed: int) -> Any:
+def make_shard(name: str, capacity: int, seed: int, device: str = "cpu") -> Any:
     """A prioritized shard of ``capacity`` steps of random observations and episodes."""
     import shardreplay as sr
 
@@ -125,7 +133,7 @@ def make_shard(name: str, capacity: int, seed: int) -> Any:
     spec = sr.Spec({"obs": obs, "action": sr.Field((), np.int64), "reward": sr.Field((), np.float32)})
     per_stream = capacity // STREAMS
     buf = sr.ReplayBuffer(spec, num_streams=STREAMS, stream_capacity=per_stream, window=N_STEP + 1,
-                          sampler="prioritized", alpha=0.6, beta=0.4, seed=seed)
+                          sampler="prioritized", alpha=0.6, beta=0.4, seed=seed, device=device)
     rng = np.random.default_rng(seed)
     chunk = min(per_stream, 250)
     for start in range(0, per_stream, chunk):
@@ -143,24 +151,27 @@ def make_shard(name: str, capacity: int, seed: int) -> Any:
 def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: bool) -> dict:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     from shardreplay.distributed import ShardedReplayBuffer
+    from shardreplay.runtime.learner.devices import place, wrap
     from shardreplay.runtime.learner.dqn import DoubleDqn, DqnSettings
 
     torch.manual_seed(0)
-    agent = DoubleDqn(DistributedDataParallel(make_net(name)), DqnSettings(lr=1e-4))
-    local = make_shard(name, args.capacity[name], seed=100 + rank)
-    strict = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, shared_memory=shared_memory)
+    placement = place(args.device, rank, WORLD)
+    agent = DoubleDqn(wrap(make_net(name), placement, WORLD), DqnSettings(lr=1e-4))
+    local = make_shard(name, args.capacity[name], seed=100 + rank, device=args.device)
+    strict = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, shared_memory=shared_memory,
+                                 device=args.device)
     piped = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, shared_memory=shared_memory,
-                                pipeline=True)
+                                pipeline=True, device=args.device)
+    sync = torch.cuda.synchronize if placement.device.type == "cuda" else (lambda: None)
     buffers = {"own": local, "strict": strict, "pipelined": piped}
 
     replay_s = [0.0]  # the learner thread's time inside sample() and update_priorities()
 
     def step(buf: Any) -> None:
         t0 = time.perf_counter()
-        batch = buf.sample(BATCH)
+        batch = buf.sample(args.batch)
         t1 = time.perf_counter()
         prios, _loss = agent.learn(batch)
         t2 = time.perf_counter()
@@ -179,6 +190,7 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
             start, replay_s[0] = time.perf_counter(), 0.0
             for _ in range(args.steps[name]):
                 step(buf)
+            sync()  # the GPU's queued work belongs to this block
             times = torch.tensor([time.perf_counter() - start, replay_s[0]], dtype=torch.float64)
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
             piped.settle()  # its thread stays idle while the others are timed
@@ -187,7 +199,14 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
                 replay_ms[sampling].append(1e3 * float(times[1]) / args.steps[name])
     piped.close()
     return {"rates": {s: common.median(r) for s, r in rates.items()},
-            "replay_ms": {s: common.median(r) for s, r in replay_ms.items()}}
+            "replay_ms": {s: common.median(r) for s, r in replay_ms.items()},
+            "ddp_backend": placement.ddp_backend, "gpu": _gpu_name(placement.device)}
+
+
+def _gpu_name(device: Any) -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def _rank(rank: int, args: argparse.Namespace, addr: str, port: int, ifname: str, namespace: str,
@@ -270,7 +289,9 @@ def main(argv: list[str] | None = None) -> dict:
                       "strict_over_own": round(rates["strict"] / rates["own"], 3),
                       "target_pipelined_over_own": TARGETS[name],
                       "met": rates["pipelined"] / rates["own"] >= TARGETS[name]}
-    line = {"bench": "learner", "ranks": WORLD, "backend": "gloo", "device": "cpu", "batch": BATCH,
+    first = next(iter(figures.values()))
+    line = {"bench": "learner", "ranks": WORLD, "backend": "gloo", "device": args.device, "batch": args.batch,
+            "ddp_backend": first["ddp_backend"], "gpu": first["gpu"],
             "n_step": N_STEP, "threads_per_rank": args.threads, "blocks": args.blocks,
             "steps_per_block": {n: args.steps[n] for n in args.nets}, "quick": args.quick,
             "link": "loopback" if link is None else ("tun" if link.delay_kind == "tun-relay" else "veth"),
@@ -281,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
             "relay_cpu_s": None if relay_cpu_s is None else round(relay_cpu_s, 1),
             "netem_error": None if link is None else (link.netem_error or None),
             "cores": common.cpus(), "loadavg": common.loadavg(),
-            "cuda_nccl": "not run (no GPU in this session)", "nets": nets}
+            "nets": nets}
     common.emit_line(line, args.out)
     return line
 

@@ -61,6 +61,7 @@ def add_parser(subparsers: Any) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=text)
     p.add_argument("--queued-per-actor", dest="queued_chunks_per_actor", type=int, action=_Deprecated,
                    help="deprecated name of --queued-chunks-per-actor")
+    p.add_argument("--device", default="cpu", help="where this actor runs its network: cpu, cuda or cuda:N")
     p.add_argument("--delivery-log", default=None, metavar="FILE", help=_HELP.get("delivery_log"))
     p.add_argument("--redis-password-file", metavar="FILE", default=None,
                    help="read the Redis password from FILE's first line (or set SHARDREPLAY_REDIS_PASSWORD, "

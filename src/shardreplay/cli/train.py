@@ -45,12 +45,11 @@ def add_parser(subparsers: Any) -> None:
                       help="continue RUN_DIR from its newest complete checkpoint (flags override its "
                            "settings)")
     ckpt.add_argument("--checkpoint-id", type=int, metavar="N",
-                      help="with --resume: continue from checkpoint N (a complete one) instead of the "
-                           "newest; newer checkpoints are moved to checkpoints/incomplete/")
+                      help="with --resume: from complete checkpoint N, not the newest (newer ones go "
+                           "to checkpoints/incomplete/)")
     ckpt.add_argument("--auto-resume", action="store_true",
-                      help="continue --run-dir from its newest complete checkpoint, else start it afresh "
-                           "(incomplete checkpoints are moved to checkpoints/incomplete/): one command "
-                           "for a job that a scheduler may restart")
+                      help="continue --run-dir from its newest complete checkpoint, else start it "
+                           "(for a job a scheduler may restart; docs/train.md)")
     p.set_defaults(func=run)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,8 @@ from shardreplay.transport.urls import file_url, parse_medium, with_policy_key
 # (kept here, free of torch, so settings check them without importing either).
 NETWORKS = ("auto", "mlp", "nature", "minatar")
 COMPRESSIONS = ("auto", "none", "lz4", "zstd")
+# Where learners and actors compute (checked here without importing torch).
+DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
 
 
 def _flag(default: Any, flat: str) -> Any:
@@ -53,6 +56,12 @@ def _validate(group: Any, positive: tuple[str, ...] = (), non_negative: tuple[st
     for name in non_negative:
         if getattr(group, name) < 0:
             raise ConfigError(f"{flat_name(_field(group, name))} must be >= 0, got {getattr(group, name)}")
+
+
+def check_device_name(flat: str, value: str) -> None:
+    """Raises ConfigError unless ``value`` is ``cpu``, ``cuda`` or ``cuda:N``."""
+    if not DEVICE_PATTERN.fullmatch(value):
+        raise ConfigError(f"{flat} must be cpu, cuda or cuda:N, got {value!r}")
 
 
 def _field(group: Any, name: str) -> dataclasses.Field:
@@ -147,6 +156,7 @@ class LearnerSettings:
         target_update_interval: updates between target-network copies.
         hidden: hidden layer sizes of the MLP Q-network.
         network: Q-network: auto (by observation shape), mlp, nature or minatar.
+        device: where learners train: cpu, cuda or cuda:N.
         publish_interval_updates: updates between weight broadcasts to the actors.
         collective_timeout_s: how long ranks wait for each other.
     """
@@ -159,6 +169,7 @@ class LearnerSettings:
     target_update_interval: int = 10
     hidden: tuple[int, ...] = (256, 256)
     network: str = "auto"
+    device: str = "cpu"
     publish_interval_updates: int = 25
     collective_timeout_s: float = 300.0
 
@@ -169,6 +180,7 @@ class LearnerSettings:
             raise ConfigError(f"gamma must lie in (0, 1], got {self.gamma}")
         if self.network not in NETWORKS:
             raise ConfigError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
+        check_device_name("device", self.device)
 
 
 @dataclass(frozen=True)
@@ -228,6 +240,7 @@ class ActorPoolSettings:
         epsilon_exponent: the exponent of the Ape-X epsilon.
         epsilon_warmup_steps: environment steps (all actors) over which epsilon falls
             from 1 to each stream's Ape-X epsilon.
+        device: where actors act: cpu, cuda or cuda:N.
         max_restarts: restarts per actor after a crash.
         delivery_log_dir: each actor started here appends a JSON line per chunk its
             transport accepted to DIR/actor-<id>.jsonl ('' = none).
@@ -241,12 +254,14 @@ class ActorPoolSettings:
     epsilon_base: float = 0.4
     epsilon_exponent: float = 7.0
     epsilon_warmup_steps: int = 8000
+    device: str = _flag("cpu", "actor_device")
     max_restarts: int = _flag(3, "max_actor_restarts")
     delivery_log_dir: str = ""
 
     def __post_init__(self) -> None:
         _validate(self, positive=("envs_per_actor", "chunk_steps", "queued_chunks_per_actor"),
                   non_negative=("count", "remote", "epsilon_warmup_steps", "max_restarts"))
+        check_device_name("actor_device", self.device)
 
 
 @dataclass(frozen=True)

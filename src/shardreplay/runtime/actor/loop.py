@@ -42,6 +42,7 @@ from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vec
 from shardreplay.runtime.networks import choose_network, make_q_network
 from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
 from shardreplay.runtime.routing import scheme_of, shard_transport
+from shardreplay.runtime.settings import check_device_name
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
@@ -155,7 +156,8 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, e
           transports: dict[int, Transport], groups: dict[int, np.ndarray], subscriber: Any, stop: StopFlag,
           counters: dict[str, int]) -> Any:
     feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
-    net = _network(first.weights, env_info, s)
+    device = actor_device(s.device)
+    net = _network(first.weights, env_info, s).to(device)
     version = _load(net, first)
     rng = np.random.default_rng(s.seed)
     eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor, s.num_actors * s.envs_per_actor,
@@ -198,7 +200,7 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, e
                 counters["policy_updates"] += 1
             with torch.no_grad():
                 explore = _warmup(eps, run_steps + played * s.num_actors, s.epsilon_warmup_steps)
-                actions = epsilon_greedy(net(torch.as_tensor(obs)), explore, rng)
+                actions = epsilon_greedy(net(torch.as_tensor(obs, device=device)), explore, rng)
             obs, reward, terminated, truncated, info_ = env.step(actions)
             counters["env_steps"] += s.envs_per_actor
             played += s.envs_per_actor
@@ -336,6 +338,18 @@ def _hidden_of(weights: dict[str, Any], obs_size: int, num_actions: int, s: Acto
     if hidden != tuple(s.hidden):
         log.info("actor %d: hidden sizes %s from the published policy", s.actor_id, hidden)
     return hidden
+
+
+def actor_device(name: str) -> torch.device:
+    """The torch device of ``ActorSettings.device``.
+
+    Raises:
+        ConfigError: not cpu/cuda/cuda:N, or CUDA asked for where none is available.
+    """
+    check_device_name("device", name)
+    if name != "cpu" and not torch.cuda.is_available():
+        raise ConfigError(f"actor device {name!r} asked for, but CUDA is not available here: use cpu")
+    return torch.device(name)
 
 
 def _load(net: nn.Module, update: Any) -> int:

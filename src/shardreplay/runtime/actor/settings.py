@@ -69,6 +69,8 @@ class ActorSettings:
         queued_chunks_per_actor: chunks that may wait in the medium per actor (the
             queue bound; None from an unnamed policy: the medium's default).
         policy_check_interval_s: how often to look for new weights.
+        device: where the actor runs its network (cpu, cuda or cuda:N): a setting of
+            this machine, not agreed with the learners.
         delivery_log: a file to which one JSON line ``{"actor_id", "sequence", "steps"}``
             is appended for every chunk the transport accepted (an audit of what this
             actor was told was delivered); None: no log.
@@ -97,6 +99,7 @@ class ActorSettings:
     queued_chunks_per_actor: int | None = None
     policy_check_interval_s: float = 0.2
     delivery_log: str | None = None
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.actor_id < 0 or (self.num_actors is not None and self.actor_id >= self.num_actors):

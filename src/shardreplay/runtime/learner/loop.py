@@ -22,8 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from shardreplay import checkpoint
 from shardreplay._io import atomic_write_bytes
@@ -37,6 +35,7 @@ from shardreplay.policy.broadcast import pack_version
 from shardreplay.runtime.actor.loop import FINISHED, RunInfo
 from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.envs import describe_env, transition_spec
+from shardreplay.runtime.learner.devices import place, wrap
 from shardreplay.runtime.learner.dqn import DoubleDqn, DqnSettings
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.ingest import Ingestor
@@ -93,11 +92,10 @@ class Learner:
         self.trigger = learner_trigger(settings, self.run_dir)  # signals, requests, periodic saves
         env = describe_env(settings.run.source)
         spec = transition_spec(env)
-        self.buffer = make_shard_buffer(settings, spec, self.rank)
-        net: nn.Module = make_q_network(env.obs_shape, env.num_actions, settings.learners.network,
-                                        settings.learners.hidden)
-        if self.world > 1:
-            net = DistributedDataParallel(net)
+        self.placement = place(settings.learners.device, self.rank, self.world)
+        self.buffer = make_shard_buffer(settings, spec, self.rank, self.placement.device)
+        net = wrap(make_q_network(env.obs_shape, env.num_actions, settings.learners.network,
+                                  settings.learners.hidden), self.placement, self.world)
         self.agent = DoubleDqn(net, DqnSettings(gamma=settings.learners.gamma, lr=settings.learners.lr,
                                                 target_update_interval=settings.learners.target_update_interval))
         self.progress = Progress()
@@ -401,7 +399,7 @@ class Learner:
 
     def _evaluate(self, episodes: int | None = None) -> float:
         returns = evaluate(self.agent.module, self.s.run.source, episodes or self.s.run.eval_episodes,
-                           seed=10_000 + self.progress.counters["updates"])
+                           seed=10_000 + self.progress.counters["updates"], device=self.placement.device)
         self.progress.last_eval = float(np.mean(returns))
         self.progress.evals += 1
         self.progress.best_eval = max(self.progress.best_eval, self.progress.last_eval)

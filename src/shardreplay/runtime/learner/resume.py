@@ -77,7 +77,9 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank
     """
     report = checkpoint.load(ckpt_root, buffer, checkpoint_id=checkpoint_id, fallback=checkpoint_id is None,
                              files=(LEARNER_STATE,))  # verified against the manifest
-    state = torch.load(io.BytesIO(report.files[LEARNER_STATE]), weights_only=True)
+    # On the CPU first: a run saved on a GPU resumes anywhere (load_state_dict then copies
+    # into the agent's own device).
+    state = torch.load(io.BytesIO(report.files[LEARNER_STATE]), weights_only=True, map_location="cpu")
     agent.load_state_dict(state["agent"])
     best = report.extra.get("best_eval")
     assert report.manifest is not None  # load always carries it

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError, ShardReplayError
@@ -23,9 +25,11 @@ from shardreplay.spec import Spec
 log = logging.getLogger("shardreplay.learner")
 
 
-def make_shard_buffer(settings: TrainSettings, spec: Spec, rank: int) -> ShardedReplayBuffer:
+def make_shard_buffer(settings: TrainSettings, spec: Spec, rank: int,
+                      device: torch.device | None = None) -> ShardedReplayBuffer:
     """Rank ``rank``'s shard: a prioritized buffer of this shard's streams, sampled as part
-    of the one buffer of all ranks (a collective: every rank of the group calls it).
+    of the one buffer of all ranks (a collective: every rank of the group calls it), its
+    batches returned on ``device`` (None: the CPU; CUDA: pinned, copied without blocking).
 
     Raises:
         ConfigError: replay settings the buffer rejects.
@@ -38,7 +42,7 @@ def make_shard_buffer(settings: TrainSettings, spec: Spec, rank: int) -> Sharded
                          beta=LinearSchedule(r.beta_start, r.beta_end, r.beta_updates),
                          seed=s.run.seed * 1000 + rank)
     return ShardedReplayBuffer(local, timeout_s=s.learners.collective_timeout_s, prefetch=r.prefetch,
-                               pipeline=r.pipeline, mode=r.sample_mode)
+                               pipeline=r.pipeline, mode=r.sample_mode, device=device)
 
 
 def actor_settings_of_shard(settings: TrainSettings, rank: int, world: int,
@@ -50,6 +54,7 @@ def actor_settings_of_shard(settings: TrainSettings, rank: int, world: int,
     agreed = agreed_settings(s, world)
     return [ActorSettings(actor_id=a, transport=s.transport.url, policy_url=s.transport.policy_url,
                           hidden=s.learners.hidden, seed=actor_seed(s.run.seed, a, env_steps), **agreed,
+                          device=s.actors.device,
                           delivery_log=(str(Path(s.actors.delivery_log_dir) / f"actor-{a}.jsonl")
                                         if s.actors.delivery_log_dir else None))
             for a in mine]

@@ -1,0 +1,100 @@
+"""Where a learner rank computes: its device, and the process group its DDP all-reduce uses.
+
+The default process group of a run is always gloo on the CPU: it carries the loop's
+agreement (one small all-reduce per iteration) and the replay exchange, whose records
+are host memory (a CPU buffer) and are gathered there before one pinned copy to the GPU.
+With ``--device cuda`` the network, the optimizer and every sampled batch live on the
+GPU, and DDP's gradient all-reduce gets a group of its own:
+
+* NCCL when every rank has a GPU to itself (the fast path on GPU machines);
+* the default gloo group when ranks share a GPU (NCCL refuses two ranks on one device:
+  "Duplicate GPU detected"), so a one-GPU machine can still run several learners.
+
+Which GPU: ``cuda`` takes the rank's local index (``LOCAL_RANK`` under torchrun, else
+the rank) modulo the GPUs the process sees; ``cuda:N`` names one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from shardreplay.errors import ConfigError
+from shardreplay.runtime.settings import check_device_name
+
+log = logging.getLogger("shardreplay.learner")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A rank's device and the group of its DDP all-reduce (None: the default group)."""
+
+    device: torch.device
+    ddp_group: dist.ProcessGroup | None
+    ddp_backend: str
+
+
+def resolve_device(name: str, rank: int) -> torch.device:
+    """The torch device ``name`` (``cpu``, ``cuda``, ``cuda:N``) means for rank ``rank``;
+    for CUDA it also becomes the process's current device.
+
+    Raises:
+        ConfigError: a name other than those, or CUDA asked for where none is available.
+    """
+    check_device_name("device", name)
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} asked for, but CUDA is not available here: use --device cpu")
+    count = torch.cuda.device_count()
+    index = int(name.split(":")[1]) if ":" in name else int(os.environ.get("LOCAL_RANK", rank)) % count
+    if index >= count:
+        raise ConfigError(f"device {name!r}: this process sees {count} GPU(s) (cuda:0 .. cuda:{count - 1})")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _gpu_id(device: torch.device) -> torch.Tensor:
+    """This rank's GPU as one number, equal on two ranks iff they share it: a hash of the
+    GPU's UUID (or, where torch gives none, of the host name and device index)."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    name = str(uuid) if uuid is not None else f"{os.uname().nodename}/{device.index}"
+    return torch.tensor([int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "little")])
+
+
+def place(name: str, rank: int, world: int) -> Placement:
+    """This rank's :class:`Placement` (a collective when ``world > 1`` and CUDA: every rank
+    calls it at the same point, and all create the NCCL group or none does).
+
+    Raises:
+        ConfigError: see :func:`resolve_device`.
+    """
+    device = resolve_device(name, rank)
+    if world == 1 or device.type == "cpu":
+        return Placement(device, None, str(dist.get_backend()) if world > 1 else "none")
+    # Every rank must take the same decision: gather who sits on which GPU (gloo, CPU).
+    mine = _gpu_id(device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    own_gpu = len({int(t) for t in every}) == world
+    if own_gpu and dist.is_nccl_available():
+        return Placement(device, dist.new_group(backend="nccl"), "nccl")
+    if rank == 0:
+        log.info("learner ranks share a GPU (NCCL refuses that): DDP all-reduces over gloo")
+    return Placement(device, None, str(dist.get_backend()))
+
+
+def wrap(net: nn.Module, placement: Placement, world: int) -> nn.Module:
+    """``net`` moved to the rank's device, in DDP over the placement's group when ``world > 1``."""
+    net = net.to(placement.device)
+    if world == 1:
+        return net
+    ids = [placement.device] if placement.device.type == "cuda" else None
+    return DistributedDataParallel(net, device_ids=ids, process_group=placement.ddp_group)
