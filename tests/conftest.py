@@ -62,7 +62,8 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Skip the tests marked ``cuda`` where no GPU is; mark every ``distributed`` test ``slow`` as well: each starts processes that import
+    """Skip the tests marked ``cuda`` where no GPU is. Mark every ``distributed`` test
+    ``slow`` as well: each starts processes that import
     torch and form a gloo group (tens of seconds on 2 cores), so ``make test-fast``
     (``-m "not slow"``) leaves them to ``make test``. Then put the files of
     :data:`HEAVY_FIRST` first (a stable sort: the same order on every xdist worker)."""
@@ -70,7 +71,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("distributed") is not None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
     if any(item.get_closest_marker("cuda") is not None for item in items) and not _cuda_available():
-        skip = pytest.mark.skip(reason="needs a CUDA device (benchmarks/gpu_check.sh runs these on a GPU machine)")
+        skip = pytest.mark.skip(reason="needs a CUDA device (benchmarks/gpu_check.sh runs these on a GPU)")
         for item in items:
             if item.get_closest_marker("cuda") is not None:
                 item.add_marker(skip)

@@ -2,10 +2,11 @@
 without a GPU; ``benchmarks/gpu_check.sh`` runs them on a GPU machine).
 
 Two gloo ranks sharing one GPU draw the same batches on ``device="cuda"`` as on the CPU
-(strict, pipelined, exact, local, prefetch 2, with priority updates given as CUDA
-tensors in between except when pipelined, whose updates land at a moment that timing decides): the GPU changes where a batch lands, never what is drawn. Over NCCL, a group
-of every GPU there is (one rank on a one-GPU machine, since NCCL refuses two ranks on
-one device) samples and updates as a gloo group of the same size does.
+(strict, local, prefetch 2 and pipelined, with priority updates given as CUDA tensors in
+between, except when pipelined: there timing decides which draw an update reaches
+first). The GPU changes where a batch lands, never what is drawn. Over NCCL, a group of
+every GPU there is (one rank on a one-GPU machine: NCCL refuses two ranks on one device)
+samples and updates as a gloo group of the same size does.
 """
 
 from __future__ import annotations
