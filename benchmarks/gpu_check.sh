@@ -13,6 +13,8 @@ set -u
 OUT=${OUT:-/tmp/gpu_check}
 PY=${PYTHON:-python3}
 PONG_MINUTES=${PONG_MINUTES:-2}
+TESTS_S=${TESTS_S:-240}
+LEARNER_S=${LEARNER_S:-200}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
@@ -27,7 +29,7 @@ section env
   nproc; } 2>&1 | tee "$OUT/env.txt"
 
 section tests
-timeout 240 $PY -m pytest -q -p no:cacheprovider -n 4 -o addopts="-ra --import-mode=importlib" --timeout 220 \
+timeout $TESTS_S $PY -m pytest -q -p no:cacheprovider -n 4 -o addopts="-ra --import-mode=importlib" --timeout 220 \
   tests/buffer/test_device.py tests/runtime/learner/test_devices.py tests/distributed/test_sharded_cuda.py \
   tests/runtime/launch/test_train_cuda.py --durations=10 2>&1 | tee "$OUT/tests.txt" | tail -25
 
@@ -55,7 +57,7 @@ if __name__ == "__main__":
 EOF
 
 section learner
-timeout 200 $PY benchmarks/train/bench_learner.py --device cuda --batch 512 --nets conv,mlp --threads 4 \
+timeout $LEARNER_S $PY benchmarks/train/bench_learner.py --device cuda --batch 512 --nets conv,mlp --threads 4 \
   --out "$OUT/learner.json" 2>&1 | tail -3
 
 section pong
