@@ -52,6 +52,18 @@ class Resumed:
     report: dict[str, Any]
 
 
+def _on_cpu(state: Any) -> Any:
+    """``state`` (nested dicts and lists of tensors) with every tensor on the CPU: a run
+    trained on a GPU leaves a checkpoint any machine reads (a no-op for CPU runs)."""
+    if isinstance(state, torch.Tensor):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {k: _on_cpu(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_on_cpu(v) for v in state)
+    return state
+
+
 def learner_state_files(agent: DoubleDqn) -> dict[str, bytes]:
     """The agent's state as the checkpoint file :data:`LEARNER_STATE` (rank 0 passes it
     to ``checkpoint.save(files=...)``, which writes it before the part, atomically, and
@@ -61,7 +73,7 @@ def learner_state_files(agent: DoubleDqn) -> dict[str, bytes]:
     without the OS error, and leaves its temporary file behind.
     """
     data = io.BytesIO()
-    torch.save({"agent": agent.state_dict()}, data)
+    torch.save({"agent": _on_cpu(agent.state_dict())}, data)
     return {LEARNER_STATE: data.getvalue()}
 
 
