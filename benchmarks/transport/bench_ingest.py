@@ -303,20 +303,22 @@ def run_case(kind: str, writers: int, seconds: float, args: Any, scratch: Path, 
     ctx = mp.get_context("fork")  # the writers share the trajectory's pages with this process
     load0 = common.loadavg()
     with medium(kind, scratch, writers, chunk_bytes) as (transport, server):
-        rows = max(args.capacity // writers, 4 * t_len)
-        buffer = ReplayBuffer(sp, num_streams=writers, stream_capacity=rows, window=2, sampler="prioritized",
-                              seed=0)
-        if not args.no_prefault:
-            prefault(buffer)
         go, stop = ctx.Event(), ctx.Event()
         sent, wcpu = ctx.Array("q", writers, lock=False), ctx.Array("d", writers, lock=False)
         procs = [ctx.Process(target=writer_main, args=(transport, a, obs, types, t_len, go, stop, sent, wcpu),
                              daemon=True) for a in range(writers)]
         for p in procs:
             p.start()
-        reader = transport.reader()
-        learner = Ingest(reader, buffer, writers, args.batch, args.ingest_ms)
         try:
+            # The buffer after the fork: pages it writes are then not shared copy-on-write
+            # with the writers (each would be copied at its first write, as a fault).
+            rows = max(args.capacity // writers, 4 * t_len)
+            buffer = ReplayBuffer(sp, num_streams=writers, stream_capacity=rows, window=2,
+                                  sampler="prioritized", seed=0)
+            if not args.no_prefault:
+                prefault(buffer)
+            reader = transport.reader()
+            learner = Ingest(reader, buffer, writers, args.batch, args.ingest_ms)
             go.set()
             learner.run(time.monotonic() + min(5.0, max(1.0, seconds / 4)))  # fills the medium
             learner.reset(writers)
@@ -331,8 +333,10 @@ def run_case(kind: str, writers: int, seconds: float, args: Any, scratch: Path, 
             left = learner.drain()  # the writers stop while this drains, never blocked
         finally:
             stop.set()
+            go.set()  # writers still waiting to start see stop and end
+            end = time.monotonic() + 60
             for p in procs:
-                p.join(60)
+                p.join(max(0.1, end - time.monotonic()))
                 if p.is_alive():
                     p.kill()
                     p.join()
