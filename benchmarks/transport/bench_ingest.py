@@ -96,6 +96,7 @@ def writer_main(transport: Any, actor: int, obs: np.ndarray, types: np.ndarray, 
     from shardreplay.errors import TransportTimeout
     from shardreplay.transport.codec import Chunk
 
+    _die_with_parent()  # a killed benchmark leaves no writer behind
     writer = transport.writer()
     n = len(obs) - chunk_steps
     at, seq = (actor * 997) % n, 0
@@ -119,7 +120,7 @@ def writer_main(transport: Any, actor: int, obs: np.ndarray, types: np.ndarray, 
 
 
 def _die_with_parent() -> None:
-    """Linux: the server gets SIGTERM if this process dies, so no redis-server outlives a run."""
+    """Linux: SIGTERM when the parent dies, so no writer or redis-server outlives a run."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -247,7 +248,7 @@ def warm_kernels(sp: Any, obs: np.ndarray, types: np.ndarray, chunk_steps: int, 
 
     buf = ReplayBuffer(sp, num_streams=2, stream_capacity=max(batch, 8 * chunk_steps), window=2,
                        sampler="prioritized", seed=0)
-    for i in range(max(80, 2 * batch // chunk_steps)):  # past the numpy first writes
+    for i in range(2 * batch // chunk_steps + 2):  # enough steps to sample a batch
         c = decode(encode(Chunk(i % 2, i // 2, 0, np.array([0]), steps_at(obs, types, 0, chunk_steps, True)),
                           sp), sp, max_bytes=1 << 30)
         buf.extend(c.steps, stream_ids=np.array([i % 2]))
