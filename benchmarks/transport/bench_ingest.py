@@ -90,13 +90,15 @@ def steps_at(obs: np.ndarray, types: np.ndarray, at: int, t: int, first: bool) -
 
 
 def writer_main(transport: Any, actor: int, obs: np.ndarray, types: np.ndarray, chunk_steps: int,
-                go: Any, stop: Any, sent: Any, cpu: Any) -> None:
+                go: Any, stop: Any, sent: Any, cpu: Any, nice: int) -> None:
     """Send chunks of the trajectory (from this writer's own offset) until ``stop``; count
     the chunks the medium took in ``sent[actor]`` and this process's CPU seconds in ``cpu``."""
     from shardreplay.errors import TransportTimeout
     from shardreplay.transport.codec import Chunk
 
     _die_with_parent()  # a killed benchmark leaves no writer behind
+    if nice:
+        os.nice(nice)
     writer = transport.writer()
     n = len(obs) - chunk_steps
     at, seq = (actor * 997) % n, 0
@@ -306,7 +308,8 @@ def run_case(kind: str, writers: int, seconds: float, args: Any, scratch: Path, 
     with medium(kind, scratch, writers, chunk_bytes) as (transport, server):
         go, stop = ctx.Event(), ctx.Event()
         sent, wcpu = ctx.Array("q", writers, lock=False), ctx.Array("d", writers, lock=False)
-        procs = [ctx.Process(target=writer_main, args=(transport, a, obs, types, t_len, go, stop, sent, wcpu),
+        procs = [ctx.Process(target=writer_main, args=(transport, a, obs, types, t_len, go, stop, sent, wcpu,
+                                                               args.writer_nice),
                              daemon=True) for a in range(writers)]
         for p in procs:
             p.start()
@@ -346,7 +349,7 @@ def run_case(kind: str, writers: int, seconds: float, args: Any, scratch: Path, 
     steps, per = learner.steps, learner.per_writer
     learner_us = learner.ingest_cpu / max(steps, 1) * 1e6  # receive, decode, extend, ack
     writers_us = float(sum(wcpu)) / max(int(sum(sent)) * t_len, 1) * 1e6
-    server_us = srv / max(sent_timed * t_len, 1) * 1e6
+    server_us = srv / (sent_timed * t_len) * 1e6 if sent_timed else None  # None: no send ended in time
     return {"transport": kind, "writers": writers, "seconds": round(wall, 1),
             "load_avg": [load0, common.loadavg()],
             "steps_per_s": round(steps / wall),
@@ -360,16 +363,17 @@ def run_case(kind: str, writers: int, seconds: float, args: Any, scratch: Path, 
             "learner_sample_update_cpu_ms_per_batch": round(
                 learner.sample_cpu / max(learner.batches, 1) * 1e3, 2),
             "writers_cpu_us_per_step": round(writers_us, 1),
-            "server_cpu_us_per_step": round(server_us, 1),
+            "server_cpu_us_per_step": None if server_us is None else round(server_us, 1),
             # What the machine's cores would sustain with nothing else running: all of
             # them divided by the CPU every step costs (learner's ingest + writers, their
             # waits for room included, + server); the learner's sampling comes on top.
-            "cpu_bound_steps_per_s": round((common.cpus() or 1) * 1e6
-                                           / max(learner_us + writers_us + server_us, 1e-9)),
+            "cpu_bound_steps_per_s": None if server_us is None else round(
+                (common.cpus() or 1) * 1e6 / max(learner_us + writers_us + server_us, 1e-9)),
             **rss_summary(learner.rss),
             "writer_steps_per_s_min_median_max": [round(float(x) / wall) for x in
                                                   (per.min(), np.median(per), per.max())],
-            "fairness_max_over_min": round(float(per.max() / max(int(per.min()), 1)), 2),
+            # None: a writer had no step accepted in the timed part (starved)
+            "fairness_max_over_min": round(float(per.max() / per.min()), 2) if per.min() > 0 else None,
             "sent_chunks": int(sum(sent)), "stored_chunks": learner.stored_chunks, "drained_after_stop": left,
             "lost_chunks": int(sum(sent)) - learner.stored_chunks,
             "reader_stats": reader.stats.as_dict()}
@@ -445,6 +449,30 @@ def ab_packing(obs: np.ndarray, types: np.ndarray, chunk_steps: int, rounds: int
             for name in variants for what in ("pack", "decode")} | {"rounds": rounds}
 
 
+_COLUMNS = ("transport", "writers", "steps/s", "MB/s on the medium", "MB/s as stacks",
+            "learner batches/s (x512)", "learner ingest CPU us/step", "writers CPU us/step",
+            "redis-server CPU us/step", "CPU-bound steps/s",
+            "RSS MB start/end/max", "sent = stored, lost", "writer steps/s min/median/max", "max/min",
+            "load avg at start")
+
+
+def table(line: dict[str, Any]) -> str:
+    """The markdown table of one run's JSON line (RESULTS-ingest.md)."""
+    rows = ["| " + " | ".join(_COLUMNS) + " |", "|" + " --- |" * len(_COLUMNS)]
+    for c in line["cases"]:
+        cells = [c["transport"], c["writers"], f"{c['steps_per_s']:,}", c["wire_mb_per_s"],
+                 c["stack_mb_per_s"], c["learner_batches_per_s"], c["learner_ingest_cpu_us_per_step"],
+                 c["writers_cpu_us_per_step"],
+                 c["server_cpu_us_per_step"] if c["transport"] == "redis" else "-",
+                 f"{c['cpu_bound_steps_per_s']:,}" if c["cpu_bound_steps_per_s"] is not None else "-",
+                 f"{c['rss_mb_start']}/{c['rss_mb_end']}/{c['rss_mb_max']}",
+                 f"{c['sent_chunks']:,} = {c['stored_chunks']:,}, {c['lost_chunks']}",
+                 "/".join(str(x) for x in c["writer_steps_per_s_min_median_max"]),
+                 c["fairness_max_over_min"], c["load_avg"][0][0]]
+        rows.append("| " + " | ".join(str(x) for x in cells) + " |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = common.parser(__doc__, quick="8 writers, local, 3 s, a 600-step trajectory")
     ap.add_argument("--writers", default="8,32,128", help="comma-separated writer counts (default 8,32,128)")
@@ -456,11 +484,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--capacity", type=int, default=200_000, help="replay steps in all (default 200,000)")
     ap.add_argument("--ingest-ms", type=float, default=20.0,
                     help="the learner receives for up to this long between two sampled batches (default 20)")
+    ap.add_argument("--writer-nice", type=int, default=10,
+                    help="writers' nice value (default 10): the learner under test gets the CPU it would "
+                         "have on its own core; 0 shares it equally with every writer")
+    ap.add_argument("--table", type=Path, help="print the markdown table of a saved JSON line, run nothing")
     ap.add_argument("--no-prefault", action="store_true",
                     help="leave the frame rings' pages to the first fill (timed part then includes it)")
     ap.add_argument("--ab", action="store_true", help="only the packing before/after comparison, alternated")
     ap.add_argument("--ab-rounds", type=int, default=10, help="rounds of --ab (default 10)")
     args = ap.parse_args(argv)
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text().strip().splitlines()[-1])))
+        return
     if args.minutes is not None:
         args.seconds = args.minutes * 60
     frames = FULL_FRAMES
@@ -485,7 +520,8 @@ def main(argv: list[str] | None = None) -> None:
                 case = run_case(kind, writers, args.seconds, args, Path(scratch), obs, types)
                 print(json.dumps(case), file=sys.stderr, flush=True)
                 results.append(case)
-    common.emit_line(head | {"load_avg": common.loadavg(), "cases": results}, args.out)
+    common.emit_line(head | {"writer_nice": args.writer_nice, "load_avg": common.loadavg(), "cases": results},
+                     args.out)
 
 
 if __name__ == "__main__":
