@@ -485,8 +485,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ingest-ms", type=float, default=20.0,
                     help="the learner receives for up to this long between two sampled batches (default 20)")
     ap.add_argument("--writer-nice", type=int, default=10,
-                    help="writers' nice value (default 10): the learner under test gets the CPU it would "
-                         "have on its own core; 0 shares it equally with every writer")
+                    help="writers' nice value (default 10): the learner under test is not outcompeted by "
+                         "its own writers; 0 shares the cores equally with every writer")
     ap.add_argument("--table", type=Path, help="print the markdown table of a saved JSON line, run nothing")
     ap.add_argument("--no-prefault", action="store_true",
                     help="leave the frame rings' pages to the first fill (timed part then includes it)")
