@@ -242,3 +242,51 @@ def test_unknown_compression_is_refused_when_the_transport_opens(tmp_path: Path)
 
     with pytest.raises(ConfigError, match="none, lz4, zstd"):
         open_transport(tmp_path.absolute().as_uri(), _spec(2), compression="brotli")
+
+
+def _pong_sized_chunk(seed: int) -> tuple[Spec, Chunk]:
+    """32 steps of 4x84x84 stacks, the size a Pong actor ships (about 0.9 MB plain)."""
+    spec = _spec(4, (84, 84))
+    rng = np.random.default_rng(seed)
+    obs, step_type = _episodes(rng, 1, 32, 4, (84, 84), 0.0)
+    return spec, _chunk(obs, step_type, False, rng)
+
+
+def _peak_bytes(fn: object) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        fn()  # type: ignore[operator]
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_packed_encoding_is_pack_of_encode_and_its_scratch_is_not_shared() -> None:
+    from shardreplay.transport.codec import PackedEncoding
+
+    spec, first = _pong_sized_chunk(0)
+    _, second = _pong_sized_chunk(1)
+    a = PackedEncoding(first, spec, "lz4")
+    b = PackedEncoding(second, spec, "lz4")  # reuses the scratch buffer a was packed from
+    for enc, chunk in ((a, first), (b, second)):
+        out = bytearray(enc.nbytes)
+        enc.write_into(out)
+        assert bytes(out) == pack(encode(chunk, spec), spec, "lz4")
+
+
+def test_packing_and_unpacking_allocate_no_extra_chunk_sized_copies() -> None:
+    # An actor packs a chunk without new chunk-sized objects (it allocated the plain
+    # encoding twice, then packed it), and the learner rebuilds it once (np.take's
+    # default mode copied the rebuilt stacks through a temporary as large as the chunk).
+    from shardreplay.transport.codec import PackedEncoding
+
+    spec, chunk = _pong_sized_chunk(2)
+    plain = len(encode(chunk, spec))
+    PackedEncoding(chunk, spec, "lz4")  # the thread's scratch buffer exists from here on (was: 2x)
+    # Left: the frame comparison's booleans (3/4 of the chunk) and the body (1/4).
+    assert _peak_bytes(lambda: PackedEncoding(chunk, spec, "lz4")) < 1.5 * plain
+    packed = pack(encode(chunk, spec), spec, "lz4")
+    assert _peak_bytes(lambda: unpack(packed, spec, max_bytes=MAX)) < 1.5 * plain  # was: 2.3x

@@ -38,6 +38,7 @@ come from :class:`~shardreplay.spec.layout.RecordLayout`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -218,7 +219,14 @@ class PackedEncoding:
     __slots__ = ("_data", "nbytes")
 
     def __init__(self, chunk: Chunk, spec: Spec, codec: str) -> None:
-        self._data = pack(encode(chunk, spec), spec, codec)
+        enc = Encoding(chunk, spec)
+        # The plain encoding only feeds pack(), which copies what it keeps: it goes to a
+        # scratch buffer of this thread, reused chunk after chunk, instead of two new
+        # chunk-sized objects (allocating, faulting and copying them cost an actor more
+        # than packing a Pong chunk; benchmarks/transport/bench_ingest.py --ab).
+        scratch = _scratch(enc.nbytes)
+        enc.write_into(scratch)
+        self._data = pack(scratch[:enc.nbytes], spec, codec)
         self.nbytes = len(self._data)
 
     def write_into(self, out: bytearray | memoryview | np.ndarray) -> None:
@@ -238,6 +246,18 @@ def wire_encoding(chunk: Chunk, spec: Spec, compression: str) -> Encoding | Pack
     if compression == "none" and not spec_has_frame_stacks(spec):
         return Encoding(chunk, spec)
     return PackedEncoding(chunk, spec, compression)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(nbytes: int) -> memoryview:
+    """A writable buffer of at least ``nbytes``, this thread's own, reused by the next
+    call (it keeps the largest size asked for)."""
+    buf: bytearray | None = getattr(_SCRATCH, "buf", None)
+    if buf is None or len(buf) < nbytes:
+        buf = _SCRATCH.buf = bytearray(nbytes)
+    return memoryview(buf)
 
 
 def spec_has_frame_stacks(spec: Spec) -> bool:
