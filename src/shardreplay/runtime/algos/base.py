@@ -104,7 +104,7 @@ class Algorithm(Protocol):
         ...
 
     def make_policy(self, weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings) -> ActorPolicy:
-        """The policy of actor ``s`` for the published ``weights``.
+        """The policy of actor ``s``, holding the published ``weights``.
 
         Raises:
             ConfigError: the weights are not this algorithm's network for ``env``.

@@ -194,7 +194,9 @@ class DqnAlgorithm:
         Raises:
             ConfigError: the weights are not such a network for this environment.
         """
-        return EpsilonGreedyPolicy(q_network_of(weights, env, s), s)
+        policy = EpsilonGreedyPolicy(q_network_of(weights, env, s), s)
+        policy.load({k: v for k, v in weights.items() if k != FINISHED})
+        return policy
 
     def greedy(self, module: nn.Module) -> Any:
         """argmax_a Q(o, a)."""

@@ -373,7 +373,9 @@ class SacAlgorithm:
             raise ConfigError(f"the policy at {s.policy_url} is not a SAC policy for {s.env_id} "
                               f"(observations {list(env.obs_shape)}, actions {list(env.action_shape)}): "
                               "do the learners train the same --env-id with --algo sac?")
-        return SampledPolicy(actor, s)
+        policy = SampledPolicy(actor, s)
+        policy.load({k: v for k, v in weights.items() if k != FINISHED})
+        return policy
 
     def greedy(self, module: nn.Module) -> Any:
         """The squashed mean action."""
