@@ -19,6 +19,13 @@ for every algorithm; an algorithm is one module that provides an :class:`Algorit
 
 Exploration belongs to the policy: DQN's epsilon-greedy over Ape-X epsilons, SAC's
 sampling from its Gaussian (uniform random actions during the warm-up).
+
+Where R2D2 plugs in (not built here): its policy returns its LSTM state from ``act`` and
+zeroes the ended rows in ``end_episodes``; its ``transition_spec`` adds the fields the
+actors store with each step (the state at a sequence's first step), and the learner's
+shard buffer becomes the sequence replay (today ``learner.setup.make_shard_buffer``, the
+n-step window buffer every algorithm here uses); ``learn`` takes its sequence batches and
+returns one priority per sequence.
 """
 
 from __future__ import annotations
