@@ -59,6 +59,8 @@ def test_dqn_learner_state_keeps_its_keys() -> None:
     agent = algorithm("dqn").make_agent(describe_env(EnvSource("CartPole-v1")), TrainSettings(), world=1)
     assert isinstance(agent, DoubleDqn) and agent.settings == DqnSettings()
     assert set(agent.state_dict()) == {"online", "target", "optimizer", "updates"}
+    with pytest.raises(ConfigError, match="--algo"):  # a SAC learner's state
+        agent.load_state_dict({"actor": {}, "critic": {}, "critic_target": {}, "updates": 0})
 
 
 def test_dqn_policy_acts_as_the_actor_loop_did() -> None:

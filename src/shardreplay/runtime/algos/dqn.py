@@ -121,7 +121,14 @@ class DoubleDqn:
                 "optimizer": self.optimizer.state_dict(), "updates": self.updates}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        """Inverse of :meth:`state_dict`."""
+        """Inverse of :meth:`state_dict`.
+
+        Raises:
+            ConfigError: ``state`` is not a DQN learner's (a checkpoint of another --algo).
+        """
+        if "online" not in state:
+            raise ConfigError("the checkpoint holds another algorithm's learner (not --algo dqn): "
+                              "resume it with the --algo it was trained with")
         self.module.load_state_dict(state["online"])  # type: ignore[arg-type]
         self.target.load_state_dict(state["target"])  # type: ignore[arg-type]
         self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
