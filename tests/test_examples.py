@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -69,3 +70,39 @@ def test_cleanrl_dqn_port_learns_cartpole(replay):
     assert number(r"^eval_return\s+(\S+)", out) >= 100
     assert number(r"^last_returns\s+(\S+)", out) >= 3 * number(r"^first_returns\s+(\S+)", out)
     assert out.rstrip().endswith("done")
+
+
+@pytest.mark.slow
+def test_cleanrl_sac_port_runs_a_tiny_budget():
+    """400 steps of CleanRL's SAC loop on shardreplay with prioritized replay: every step
+    stored, one critic step per step after learning starts, the temperature tuned
+    (about 12 s of CPU; minutes of wall time at load 50 on 2 cores)."""
+    out = run_example("cleanrl_sac.py", "--total-timesteps", "400", "--learning-starts", "300",
+                      "--batch-size", "32", "--eval-episodes", "1", "--prioritized", timeout_s=600)
+    assert re.search(r"^replay\s+prioritized$", out, re.MULTILINE)
+    assert number(r"^stored_steps\s+(\S+)", out) == 400
+    # Pendulum's episodes are 200 steps; the autoreset takes the 201st: the 2nd ends at 401
+    assert number(r"^episodes\s+(\S+)", out) == 1
+    assert number(r"^gradient_steps\s+(\S+)", out) == len(range(301, 400))
+    assert 0 < number(r"^alpha\s+(\S+)", out) < 1  # autotuned down from 1
+    assert -2000 < number(r"^eval_return\s+(\S+)", out) <= 0
+    assert out.rstrip().endswith("done")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ddp_sac_ranks_end_with_equal_networks():
+    """examples/ddp_sac.py on 2 gloo ranks (torchrun), a tiny budget: both ranks end with
+    the same checksum of policy, critics, targets and temperature."""
+    from tests.support import child_env, torchrun
+
+    cmd = torchrun(2, str(EXAMPLES / "ddp_sac.py"), "--steps", "200", "--learning-starts", "100",
+                   "--batch-size", "16", "--hidden", "16", "--log-every", "100")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=child_env())
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    summary = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert summary["world_size"] == 2 and summary["updates"] >= 100
+    first, second = summary["checksums"]
+    assert first == second
+    assert summary["replay_steps"] == 2 * 2 * 200  # 2 ranks x 2 envs x 200 steps
+    assert proc.stdout.rstrip().endswith("done")

@@ -1,6 +1,6 @@
 """Learner benchmark: DDP over 2 gloo ranks training a DQN network from sharded replay.
 
-Each rank holds a prioritized shard and trains Double DQN (``shardreplay.runtime.learner.dqn``,
+Each rank holds a prioritized shard and trains Double DQN (``shardreplay.runtime.algos.dqn``,
 n-step windows, Adam, DDP all-reducing the gradients on the default group) on batches of
 256, with one of three ways of sampling per learner step:
 
@@ -153,8 +153,8 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
     import torch.distributed as dist
 
     from shardreplay.distributed import ShardedReplayBuffer
-    from shardreplay.runtime.learner.devices import place, wrap
-    from shardreplay.runtime.learner.dqn import DoubleDqn, DqnSettings
+    from shardreplay.runtime.algos.dqn import DoubleDqn, DqnSettings
+    from shardreplay.runtime.devices import place, wrap
 
     torch.manual_seed(0)
     placement = place(args.device, rank, WORLD)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from shardreplay.runtime.settings import GROUPS, flat_name
+from shardreplay.runtime.settings import ALGOS, GROUPS, flat_name
 
 _GROUP_TITLES = {
     "run": "run (what runs, when it stops, evaluation)",
@@ -26,7 +26,7 @@ _GROUP_TITLES = {
 }
 _METAVARS = {"env_id": "ID", "run_dir": "DIR", "transport": "URL", "policy_url": "URL",
              "delivery_log_dir": "DIR"}
-_CHOICES = {"sample_mode": ("exact", "local")}
+_CHOICES = {"sample_mode": ("exact", "local"), "algo": ALGOS}
 _ENTRY = re.compile(r"^ {8}(\w+): (.*(?:\n {12}.*)*)", re.M)
 
 

@@ -14,7 +14,8 @@ an environment id (Atari, MinAtar, anything registered), and the matching Spec.
   ``gymnasium.make``. Image observations ``[H, W, C]`` with C in (1, 3, 4) are turned
   channels first.
 
-Observations are flat float vectors or uint8/bool images; actions are Discrete.
+Observations are flat float vectors or uint8/bool images; actions are Discrete (or, for
+an algorithm that asks for them, such as SAC, a flat ``Box``).
 gymnasium (and ale-py, minatar) are imported only when an environment is made.
 """
 
@@ -53,14 +54,25 @@ class EnvInfo:
     Attributes:
         obs_shape: one observation's shape (channels first for images).
         obs_dtype: float32 for vectors, uint8 for images.
-        num_actions: size of the Discrete action space.
+        num_actions: size of the Discrete action space (0 for a Box).
         frame_stack: frames per observation stack (0: not a stack of frames).
+        action_shape: a Box's action shape ``(d,)`` (``()``: Discrete actions).
+        action_low: a Box's lower bounds, one per dimension.
+        action_high: a Box's upper bounds, one per dimension.
     """
 
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
     num_actions: int
     frame_stack: int = 0
+    action_shape: tuple[int, ...] = ()
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+
+    @property
+    def continuous(self) -> bool:
+        """True for Box (real-valued) actions."""
+        return bool(self.action_shape)
 
     @property
     def is_image(self) -> bool:
@@ -169,12 +181,17 @@ def _channels_first(env: Any) -> Any:
         env, lambda o: np.ascontiguousarray(np.moveaxis(np.asarray(o, np.uint8), -1, 0)), new)
 
 
-def describe_env(source: EnvSource) -> EnvInfo:
+def describe_env(source: EnvSource, actions: str = "discrete") -> EnvInfo:
     """The :class:`EnvInfo` of the environment ``source`` makes.
 
+    Args:
+        source: the environment.
+        actions: the action space the algorithm takes: ``discrete`` or ``box`` (a flat,
+            bounded Box; vector observations only).
+
     Raises:
-        ConfigError: as :func:`make_env`; a non-Discrete action space; an observation
-            that is neither a flat vector nor an image.
+        ConfigError: as :func:`make_env`; an action space of another kind than
+            ``actions``; an observation that is neither a flat vector nor an image.
     """
     gym = _gym()
     env = make_env(source)
@@ -183,8 +200,11 @@ def describe_env(source: EnvSource) -> EnvInfo:
     finally:
         env.close()
     name = source.env_id
+    if actions == "box":
+        return _describe_box(name, obs, act)
     if not isinstance(act, gym.spaces.Discrete):
-        raise ConfigError(f"{name}: the action space is {act}; shardreplay train needs a Discrete one")
+        hint = " (--algo sac takes Box actions)" if isinstance(act, gym.spaces.Box) else ""
+        raise ConfigError(f"{name}: the action space is {act}; shardreplay train needs a Discrete one{hint}")
     if not isinstance(obs, gym.spaces.Box) or len(obs.shape) not in (1, 3):
         raise ConfigError(f"{name}: the observation space is {obs}; a flat vector Box or an image "
                           "[C, H, W] is needed")
@@ -194,6 +214,27 @@ def describe_env(source: EnvSource) -> EnvInfo:
         raise ConfigError(f"{name}: image observations of {obs.dtype}; uint8 (or bool) pixels are needed")
     stack = ATARI_STACK if name.startswith("ALE/") else 0
     return EnvInfo(tuple(int(d) for d in obs.shape), np.dtype(np.uint8), int(act.n), stack)
+
+
+def _describe_box(name: str, obs: Any, act: Any) -> EnvInfo:
+    """The :class:`EnvInfo` of an env with flat Box actions and flat vector observations.
+
+    Raises:
+        ConfigError: other spaces, or unbounded actions (a tanh policy needs bounds).
+    """
+    gym = _gym()
+    if not isinstance(act, gym.spaces.Box) or len(act.shape) != 1:
+        raise ConfigError(f"{name}: the action space is {act}; --algo sac needs a flat Box "
+                          "(use --algo dqn for Discrete actions)")
+    low, high = np.asarray(act.low, np.float64), np.asarray(act.high, np.float64)
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise ConfigError(f"{name}: the action space {act} is unbounded; --algo sac needs finite bounds "
+                          "(wrap the env in gymnasium.wrappers.RescaleAction)")
+    if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
+        raise ConfigError(f"{name}: the observation space is {obs}; --algo sac needs a flat vector Box")
+    return EnvInfo((int(obs.shape[0]),), np.dtype(np.float32), 0,
+                   action_shape=(int(act.shape[0]),), action_low=tuple(float(v) for v in low),
+                   action_high=tuple(float(v) for v in high))
 
 
 def make_vector_env(source: EnvSource, num_envs: int, seed: int | None) -> tuple[Any, np.ndarray]:
@@ -208,9 +249,12 @@ def make_vector_env(source: EnvSource, num_envs: int, seed: int | None) -> tuple
 def transition_spec(obs: int | EnvInfo) -> Spec:
     """The Spec actors write: ``obs`` (float32[obs] for a vector size; for an
     :class:`EnvInfo`, its shape and dtype, ``frame_stack`` for Atari's stacks), ``action``
-    int64, ``reward`` float32."""
+    (int64; float32 ``[d]`` for Box actions), ``reward`` float32."""
+    action = Field((), np.int64)
     if isinstance(obs, EnvInfo):
         obs_field = Field(obs.obs_shape, obs.obs_dtype, frame_stack=obs.frame_stack > 0)
+        if obs.continuous:
+            action = Field(obs.action_shape, np.float32)
     else:
         obs_field = Field((int(obs),), np.float32)
-    return Spec({"obs": obs_field, "action": Field((), np.int64), "reward": Field((), np.float32)})
+    return Spec({"obs": obs_field, "action": action, "reward": Field((), np.float32)})

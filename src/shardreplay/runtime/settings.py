@@ -35,6 +35,8 @@ from shardreplay.transport.urls import file_url, parse_medium, with_policy_key
 # The Q-networks of runtime/networks.py and the chunk compressions of the transports
 # (kept here, free of torch, so settings check them without importing either).
 NETWORKS = ("auto", "mlp", "nature", "minatar")
+# The algorithms of runtime/algos (by --algo name; each one module there).
+ALGOS = ("dqn", "sac")
 COMPRESSIONS = ("auto", "none", "lz4", "zstd")
 # Where learners and actors compute (checked here without importing torch).
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
@@ -104,7 +106,7 @@ class RunSettings:
     """What the run does and when it stops.
 
     Attributes:
-        env_id: gymnasium id, Discrete actions, vector or image observations (docs/atari.md).
+        env_id: gymnasium id: Discrete actions (Box for sac), vector or image observations.
         env_import: modules that register the id, comma-separated.
         env_kwargs: gymnasium.make keyword arguments, a JSON object.
         run_dir: where config, metrics, checkpoints and the plot go ('' = runs/<time>).
@@ -148,6 +150,7 @@ class LearnerSettings:
     """The learner ranks and their Q-learning.
 
     Attributes:
+        algo: dqn or sac (Box actions).
         count: learner ranks (shards of the replay buffer).
         batch_size: windows sampled per rank per update.
         n_step: n of the n-step return (the window is n + 1 steps).
@@ -161,6 +164,7 @@ class LearnerSettings:
         collective_timeout_s: how long ranks wait for each other.
     """
 
+    algo: str = "dqn"
     count: int = _flag(1, "learners")
     batch_size: int = 64
     n_step: int = 3
@@ -181,6 +185,8 @@ class LearnerSettings:
         if self.network not in NETWORKS:
             raise ConfigError(f"network must be one of {', '.join(NETWORKS)}, got {self.network!r}")
         check_device_name("device", self.device)
+        if self.algo not in ALGOS:
+            raise ConfigError(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.actor.loop import actor_device
-from shardreplay.runtime.learner.devices import place, resolve_device, wrap
+from shardreplay.runtime.devices import actor_device, place, resolve_device, wrap
 from shardreplay.runtime.settings import TrainSettings
 from tests.support import run_ranks
 

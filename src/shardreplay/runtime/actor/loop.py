@@ -1,6 +1,7 @@
 """The actor: steps a gymnasium vector env with a recent policy and ships chunks.
 
-Each of its streams (one per env) explores with its own Ape-X epsilon. Steps go into
+It acts with the policy of the run's algorithm (:mod:`shardreplay.runtime.algos`: DQN's
+streams explore with their own Ape-X epsilons, SAC's sample its Gaussian). Steps go into
 chunks of ``chunk_steps`` steps, sent to the transport of the learner shard that owns
 each stream (:mod:`shardreplay.runtime.stream_layout`: one shard, or with fewer actors
 than shards, one chunk per shard its streams feed). New weights are
@@ -23,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
@@ -33,16 +33,17 @@ from shardreplay.policy.broadcast import describe_version, split_version, wait_f
 from shardreplay.runtime.actor.chunker import Chunker
 from shardreplay.runtime.actor.settings import (  # re-exported: the actor's public names
     AGREED,
+    FINISHED,
     ActorSettings,
     RunInfo,
     actor_seed,
     resolve,
 )
-from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env, transition_spec
-from shardreplay.runtime.networks import choose_network, make_q_network
-from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
+from shardreplay.runtime.algos import algorithm
+from shardreplay.runtime.algos.base import Algorithm
+from shardreplay.runtime.devices import actor_device
+from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env
 from shardreplay.runtime.routing import scheme_of, shard_transport
-from shardreplay.runtime.settings import check_device_name
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
@@ -51,8 +52,6 @@ __all__ = ["AGREED", "FINISHED", "ActorSettings", "RunInfo", "StopFlag", "actor_
 
 log = logging.getLogger("shardreplay.actor")
 _SAID_FULL: set[int] = set()  # actors that logged their spool full (once per process)
-# A tensor of this name in a published policy says: training is over, actors may exit.
-FINISHED = "shardreplay.finished"
 
 
 class StopFlag:
@@ -127,8 +126,9 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
     if env_id is None or envs is None or s.num_shards is None or s.num_actors is None:
         raise ShardReplayError(f"actor {s.actor_id}: settings not resolved before serving (a bug)")
     source = env_source(env_id, s.env_import or "", s.env_kwargs or "")
-    env_info = describe_env(source)
-    spec = transition_spec(env_info)
+    algo = algorithm(s.algo or "dqn")
+    env_info = describe_env(source, algo.actions)
+    spec = algo.transition_spec(env_info)
     layout = StreamLayout(s.num_actors, envs, s.num_shards)
     groups = layout.groups(s.actor_id)
     if given is None and scheme_of(s.transport) == "local":
@@ -147,21 +147,22 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
                  s.transport, ", ".join(str(k) for k in groups))
     env, obs = make_vector_env(source, envs, s.seed)
     try:
-        return _loop(s, info, first, env, obs, env_info, transports, groups, subscriber, stop, counters)
+        return _loop(s, info, first, env, obs, (algo, env_info), transports, groups, subscriber, stop,
+                     counters)
     finally:
         env.close()
 
 
-def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, env_info: EnvInfo,
-          transports: dict[int, Transport], groups: dict[int, np.ndarray], subscriber: Any, stop: StopFlag,
+def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
+          algo_env: tuple[Algorithm, EnvInfo], transports: dict[int, Transport],
+          groups: dict[int, np.ndarray], subscriber: Any, stop: StopFlag,
           counters: dict[str, int]) -> Any:
     feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
-    device = actor_device(s.device)
-    net = _network(first.weights, env_info, s).to(device)
-    version = _load(net, first)
-    rng = np.random.default_rng(s.seed)
-    eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor, s.num_actors * s.envs_per_actor,
-                        s.epsilon_base, s.epsilon_exponent)
+    algo, env_info = algo_env
+    actor_device(s.device)  # refused here, before any network is made, when CUDA is missing
+    policy = algo.make_policy(first.weights, env_info, s)
+    version = _load(policy, first)
+    state = policy.initial_state(s.envs_per_actor)
     run_steps = info.env_steps if info is not None else 0  # the run's steps when this actor joined
     played = 0
     converter = GymStepConverter.from_env(env)
@@ -196,12 +197,11 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray, e
                 break
             if update is not None:
                 _warn_if_back(s.actor_id, version, update.version)
-                version = _load(net, update)
+                version = _load(policy, update)
                 counters["policy_updates"] += 1
-            with torch.no_grad():
-                explore = _warmup(eps, run_steps + played * s.num_actors, s.epsilon_warmup_steps)
-                actions = epsilon_greedy(net(torch.as_tensor(obs, device=device)), explore, rng)
+            actions, state = policy.act(obs, state, run_steps + played * s.num_actors)
             obs, reward, terminated, truncated, info_ = env.step(actions)
+            state = policy.end_episodes(state, np.asarray(terminated) | np.asarray(truncated))
             counters["env_steps"] += s.envs_per_actor
             played += s.envs_per_actor
             for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info_):
@@ -224,13 +224,6 @@ def _warn_if_back(actor_id: int, held: int, new: int) -> None:
         log.warning("actor %d: the learner went back from policy version %s to %s (it resumed from an "
                     "older checkpoint); following it", actor_id, describe_version(held),
                     describe_version(new))
-
-
-def _warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:
-    """Exploration during warm-up: from 1 down to ``eps`` over ``warmup_steps``."""
-    if warmup_steps <= 0 or run_steps >= warmup_steps:
-        return eps
-    return np.maximum(eps, 1.0 - run_steps / warmup_steps)
 
 
 class _PolicyFeed:
@@ -300,60 +293,8 @@ def _first_policy(subscriber: Any, s: ActorSettings, stop: StopFlag) -> Any:
     return None
 
 
-def _network(weights: dict[str, Any], env: EnvInfo, s: ActorSettings) -> nn.Module:
-    """The Q-network the published ``weights`` fit: the run's kind (an MLP's hidden sizes
-    read from the weights).
-
-    Raises:
-        ConfigError: the weights are not such a network for this environment.
-    """
-    kind = choose_network(env.obs_shape, s.network or "auto")
-    if kind == "mlp":
-        size = env.obs_shape[0]
-        return QNetwork(size, env.num_actions, _hidden_of(weights, size, env.num_actions, s))
-    net = make_q_network(env.obs_shape, env.num_actions, kind)
-    mine = {k: tuple(v.shape) for k, v in net.state_dict().items()}
-    theirs = {k: tuple(v.shape) for k, v in weights.items() if k != FINISHED}
-    if mine != theirs:
-        raise ConfigError(f"the policy at {s.policy_url} is not a {kind} Q-network for {s.env_id} "
-                          f"(observations {list(env.obs_shape)}, {env.num_actions} actions): do the learners "
-                          "train the same --env-id and --network?")
-    return net
-
-
-def _hidden_of(weights: dict[str, Any], obs_size: int, num_actions: int, s: ActorSettings) -> tuple[int, ...]:
-    """The hidden sizes of the published Q-network (its Linear weights ``net.<i>.weight``).
-
-    Raises:
-        ConfigError: the weights are not a Q-network for this environment.
-    """
-    layers = sorted((int(k.split(".")[1]), tuple(v.shape)) for k, v in weights.items()
-                    if k.startswith("net.") and k.endswith(".weight") and len(v.shape) == 2)
-    shapes = [shape for _i, shape in layers]
-    if not shapes or shapes[0][1] != obs_size or shapes[-1][0] != num_actions:
-        raise ConfigError(f"the policy at {s.policy_url} (layers {shapes}) is not a Q-network for "
-                          f"{s.env_id} ({obs_size} observations, {num_actions} actions): do the learners "
-                          "train the same --env-id?")
-    hidden = tuple(int(out) for out, _in in shapes[:-1])
-    if hidden != tuple(s.hidden):
-        log.info("actor %d: hidden sizes %s from the published policy", s.actor_id, hidden)
-    return hidden
-
-
-def actor_device(name: str) -> torch.device:
-    """The torch device of ``ActorSettings.device``.
-
-    Raises:
-        ConfigError: not cpu/cuda/cuda:N, or CUDA asked for where none is available.
-    """
-    check_device_name("device", name)
-    if name != "cpu" and not torch.cuda.is_available():
-        raise ConfigError(f"actor device {name!r} asked for, but CUDA is not available here: use cpu")
-    return torch.device(name)
-
-
-def _load(net: nn.Module, update: Any) -> int:
-    net.load_state_dict({k: torch.as_tensor(v) for k, v in update.weights.items()})
+def _load(policy: Any, update: Any) -> int:
+    policy.load(update.weights)
     return int(update.version)
 
 

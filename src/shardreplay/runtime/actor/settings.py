@@ -17,16 +17,18 @@ from shardreplay.errors import ConfigError
 from shardreplay.policy.broadcast import RUN_KEY
 
 log = logging.getLogger("shardreplay.actor")
+# A tensor of this name in a published policy says: training is over, actors may exit.
+FINISHED = "shardreplay.finished"
 
 # Settings an actor must share with the learners it serves. The learners publish them
 # with every policy (RUN_KEY metadata); an actor takes those it leaves None, and one it
 # was given otherwise is an error (a remote actor with its own chunk size, queue or
 # epsilon schedule trains the learner on data it does not expect).
-AGREED = ("num_actors", "num_shards", "env_id", "env_import", "env_kwargs", "network", "compression",
+AGREED = ("algo", "num_actors", "num_shards", "env_id", "env_import", "env_kwargs", "network", "compression",
           "envs_per_actor", "chunk_steps", "queued_chunks_per_actor", "epsilon_base", "epsilon_exponent",
           "epsilon_warmup_steps")
 # Used for a policy that publishes no settings (a publisher that names no run).
-_UNPUBLISHED = {"env_id": "CartPole-v1", "env_import": "", "env_kwargs": "", "network": "mlp",
+_UNPUBLISHED = {"algo": "dqn", "env_id": "CartPole-v1", "env_import": "", "env_kwargs": "", "network": "mlp",
                 "compression": "none", "envs_per_actor": 4, "chunk_steps": 16,
                 "queued_chunks_per_actor": None, "epsilon_base": 0.4, "epsilon_exponent": 7.0,
                 "epsilon_warmup_steps": 0}
@@ -42,6 +44,7 @@ class ActorSettings:
 
     Attributes:
         actor_id: this actor's id (0-based); also picks its learner shard.
+        algo: the run's algorithm (dqn, sac): how the actor builds its policy.
         num_actors: actors in the run (for the Ape-X epsilon of each stream).
         num_shards: learner shards (ranks).
         env_id: gymnasium id (discrete actions; vector or image observations).
@@ -77,6 +80,7 @@ class ActorSettings:
     """
 
     actor_id: int
+    algo: str | None = None
     num_actors: int | None = None
     num_shards: int | None = None
     env_id: str | None = None

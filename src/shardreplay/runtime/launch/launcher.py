@@ -53,7 +53,8 @@ from shardreplay.runtime.actor.processes import (
     stop_processes,
     stop_resource_tracker,
 )
-from shardreplay.runtime.envs import describe_env, transition_spec
+from shardreplay.runtime.algos import ACTIONS, algorithm
+from shardreplay.runtime.envs import describe_env
 from shardreplay.runtime.log_lines import configure_logging
 from shardreplay.runtime.routing import (
     check_reachable,
@@ -159,7 +160,8 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
     for url in {settings.transport.url, settings.transport.policy_url}:
         check_reachable(url)  # an unreachable Redis fails here, in seconds
         check_writable(url)  # an unwritable spool too, before the run directory is made
-    describe_env(settings.run.source)  # a bad environment fails here, before any process starts
+    # a bad environment fails here, before any process starts
+    describe_env(settings.run.source, ACTIONS[settings.learners.algo])
     if under_torchrun() and settings.learners.count != int(os.environ["WORLD_SIZE"]):
         # torchrun decides the number of learner ranks; shards and stream rows follow it.
         if settings.learners.count != 1:
@@ -290,7 +292,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    spec = transition_spec(describe_env(settings.run.source))
+    algo = algorithm(settings.learners.algo)
+    spec = algo.transition_spec(describe_env(settings.run.source, algo.actions))
     local = scheme_of(settings.transport.url) == "local"
     # Kept referenced here while children run: Process.start() drops its args, and a
     # collected ring would unlink its semaphores before a child has opened them.

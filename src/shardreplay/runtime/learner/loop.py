@@ -34,9 +34,9 @@ from shardreplay.policy import open_publisher
 from shardreplay.policy.broadcast import pack_version
 from shardreplay.runtime.actor.loop import FINISHED, RunInfo
 from shardreplay.runtime.actor.processes import ActorPool
-from shardreplay.runtime.envs import describe_env, transition_spec
-from shardreplay.runtime.learner.devices import place, wrap
-from shardreplay.runtime.learner.dqn import DoubleDqn, DqnSettings
+from shardreplay.runtime.algos import algorithm
+from shardreplay.runtime.devices import place
+from shardreplay.runtime.envs import describe_env
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.journal import IngestJournal, LossLog, read_old_journals
@@ -59,7 +59,6 @@ from shardreplay.runtime.learner.sync import (
     learner_trigger,
     make_limiter,
 )
-from shardreplay.runtime.networks import make_q_network
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
@@ -70,7 +69,8 @@ _ACTOR_STOP_S = 10.0  # actors get this long to send what they hold and exit
 
 
 class Learner:
-    """This rank's shard, Q-learning, actors and bookkeeping (see the module docstring).
+    """This rank's shard, its algorithm's learning (:mod:`shardreplay.runtime.algos`), actors
+    and bookkeeping (see the module docstring).
 
     Args:
         settings: the run's settings (``run_dir`` and ``policy_url`` resolved).
@@ -90,14 +90,12 @@ class Learner:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.run_dir = Path(settings.run.run_dir)
         self.trigger = learner_trigger(settings, self.run_dir)  # signals, requests, periodic saves
-        env = describe_env(settings.run.source)
-        spec = transition_spec(env)
+        self.algo = algorithm(settings.learners.algo)
+        env = describe_env(settings.run.source, self.algo.actions)
+        spec = self.algo.transition_spec(env)
         self.placement = place(settings.learners.device, self.rank, self.world)
         self.buffer = make_shard_buffer(settings, spec, self.rank, self.placement.device)
-        net = wrap(make_q_network(env.obs_shape, env.num_actions, settings.learners.network,
-                                  settings.learners.hidden), self.placement, self.world)
-        self.agent = DoubleDqn(net, DqnSettings(gamma=settings.learners.gamma, lr=settings.learners.lr,
-                                                target_update_interval=settings.learners.target_update_interval))
+        self.agent = self.algo.make_agent(env, settings, self.world, self.placement)
         self.progress = Progress()
         self.storage = StorageGuard(self.rank)
         restored = "none"
@@ -398,7 +396,8 @@ class Learner:
             self.publisher.publish(self.policy_version + 1, state, meta=self._run_meta())
 
     def _evaluate(self, episodes: int | None = None) -> float:
-        returns = evaluate(self.agent.module, self.s.run.source, episodes or self.s.run.eval_episodes,
+        returns = evaluate(self.algo.greedy(self.agent.module), self.s.run.source,
+                           episodes or self.s.run.eval_episodes,
                            seed=10_000 + self.progress.counters["updates"], device=self.placement.device)
         self.progress.last_eval = float(np.mean(returns))
         self.progress.evals += 1

@@ -18,7 +18,7 @@ from shardreplay import checkpoint
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError
-from shardreplay.runtime.learner.dqn import DoubleDqn
+from shardreplay.runtime.algos.base import Agent
 from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
 from shardreplay.runtime.run_identity import RunIdentity, write_life
 from shardreplay.runtime.settings import TrainSettings
@@ -64,7 +64,7 @@ def _on_cpu(state: Any) -> Any:
     return state
 
 
-def learner_state_files(agent: DoubleDqn) -> dict[str, bytes]:
+def learner_state_files(agent: Agent) -> dict[str, bytes]:
     """The agent's state as the checkpoint file :data:`LEARNER_STATE` (rank 0 passes it
     to ``checkpoint.save(files=...)``, which writes it before the part, atomically, and
     covers it by the manifest).
@@ -77,7 +77,7 @@ def learner_state_files(agent: DoubleDqn) -> dict[str, bytes]:
     return {LEARNER_STATE: data.getvalue()}
 
 
-def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: DoubleDqn, rank: int,
+def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: int,
             world: int, checkpoint_id: int | None = None) -> Resumed:
     """Restore checkpoint ``checkpoint_id`` (None: the newest complete one) under
     ``ckpt_root`` into ``buffer`` and ``agent`` (a collective: every rank calls it).

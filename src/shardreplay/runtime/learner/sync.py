@@ -119,7 +119,8 @@ def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
         ShardReplayError: the names differ from ``AGREED`` (a bug).
     """
     a = settings.actors
-    values = {"num_actors": settings.total_actors, "num_shards": world, "env_id": settings.run.env_id,
+    values = {"algo": settings.learners.algo, "num_actors": settings.total_actors, "num_shards": world,
+              "env_id": settings.run.env_id,
               "env_import": settings.run.env_import, "env_kwargs": settings.run.env_kwargs,
               "network": settings.learners.network, "compression": settings.transport.compression,
               "envs_per_actor": a.envs_per_actor, "chunk_steps": a.chunk_steps,

@@ -1,4 +1,5 @@
-"""Where a learner rank computes: its device, and the process group its DDP all-reduce uses.
+"""Where learners and actors compute: a learner rank's device and the process group of
+its DDP all-reduce (:func:`place`), an actor's device (:func:`actor_device`).
 
 The default process group of a run is always gloo on the CPU: it carries the loop's
 agreement (one small all-reduce per iteration) and the replay exchange, whose records
@@ -39,6 +40,9 @@ class Placement:
     device: torch.device
     ddp_group: dist.ProcessGroup | None
     ddp_backend: str
+
+
+CPU = Placement(torch.device("cpu"), None, "default")  # what a learner without a placement uses
 
 
 def resolve_device(name: str, rank: int) -> torch.device:
@@ -98,3 +102,15 @@ def wrap(net: nn.Module, placement: Placement, world: int) -> nn.Module:
         return net
     ids = [placement.device] if placement.device.type == "cuda" else None
     return DistributedDataParallel(net, device_ids=ids, process_group=placement.ddp_group)
+
+
+def actor_device(name: str) -> torch.device:
+    """The torch device of an actor's ``device`` setting (``cpu``, ``cuda``, ``cuda:N``).
+
+    Raises:
+        ConfigError: another name, or CUDA asked for where none is available.
+    """
+    check_device_name("device", name)
+    if name != "cpu" and not torch.cuda.is_available():
+        raise ConfigError(f"actor device {name!r} asked for, but CUDA is not available here: use cpu")
+    return torch.device(name)

@@ -1,0 +1,38 @@
+"""The algorithms of ``shardreplay train``, one module each behind :mod:`.base`'s interface.
+
+:func:`algorithm` gives the one ``--algo`` names (``dqn``, ``sac``); :data:`ACTIONS` the
+action space each takes (read without importing torch). A new algorithm (R2D2) is one
+module with an :class:`~.base.Algorithm`, its name in ``settings.ALGOS`` and here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shardreplay.errors import ConfigError
+from shardreplay.runtime.settings import ALGOS
+
+if TYPE_CHECKING:
+    from shardreplay.runtime.algos.base import Algorithm
+
+__all__ = ["ACTIONS", "algorithm"]
+
+# --algo name -> the action space it takes (describe_env's ``actions``)
+ACTIONS = {"dqn": "discrete", "sac": "box"}
+
+
+def algorithm(name: str) -> Algorithm:
+    """The algorithm ``--algo name`` runs.
+
+    Raises:
+        ConfigError: an unknown name.
+    """
+    if name == "dqn":
+        from shardreplay.runtime.algos.dqn import DQN
+
+        return DQN
+    if name == "sac":
+        from shardreplay.runtime.algos.sac import SAC
+
+        return SAC
+    raise ConfigError(f"--algo must be one of {', '.join(ALGOS)}, got {name!r}")

@@ -1,0 +1,134 @@
+"""The algorithm interface: what ``shardreplay train`` needs of an algorithm.
+
+The runtime (actors, transports, sharded replay, checkpoints, M -> N resume) is the same
+for every algorithm; an algorithm is one module that provides an :class:`Algorithm`:
+
+- what it trains on: the action space it takes (``discrete`` or ``box``) and the
+  :class:`~shardreplay.spec.Spec` actors write (``transition_spec``);
+- for the learner ranks, an :class:`Agent`: ``learn(batch) -> (priorities, loss)`` on
+  one sampled batch (the target update is part of the step, identical on every rank),
+  ``module`` (the network published to actors and evaluated) and
+  ``state_dict`` / ``load_state_dict`` (the whole learner state, saved by rank 0 in
+  every checkpoint and loaded by every rank of a resumed life, whatever its size);
+- for the actors, an :class:`ActorPolicy` built from the published weights:
+  ``act(obs, state, run_steps) -> (actions, state)``. ``state`` is the policy's
+  per-env recurrent state (None for feed-forward policies); ``end_episodes`` resets
+  the rows of envs whose episode ended. A recurrent algorithm (R2D2) keeps its LSTM
+  state there and learns from sequence batches through the same ``learn``;
+- for evaluation, ``greedy``: the deterministic actions of the published network.
+
+Exploration belongs to the policy: DQN's epsilon-greedy over Ape-X epsilons, SAC's
+sampling from its Gaussian (uniform random actions during the warm-up).
+
+Where R2D2 plugs in (not built here): its policy returns its LSTM state from ``act`` and
+zeroes the ended rows in ``end_episodes``; its ``transition_spec`` adds the fields the
+actors store with each step (the state at a sequence's first step), and the learner's
+shard buffer becomes the sequence replay (today ``learner.setup.make_shard_buffer``, the
+n-step window buffer every algorithm here uses); ``learn`` takes its sequence batches and
+returns one priority per sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from shardreplay.buffer.batch import Batch
+from shardreplay.runtime.actor.settings import ActorSettings
+from shardreplay.runtime.devices import Placement
+from shardreplay.runtime.envs import EnvInfo
+from shardreplay.runtime.settings import TrainSettings
+from shardreplay.spec import Spec
+
+__all__ = ["ActorPolicy", "Agent", "Algorithm", "warmup"]
+
+
+class Agent(Protocol):
+    """One learner rank's learning state (all ranks hold the same, kept in step)."""
+
+    updates: int
+
+    @property
+    def module(self) -> nn.Module:
+        """The network actors act with (published) and evaluation runs, without DDP."""
+        ...
+
+    def learn(self, batch: Batch) -> tuple[torch.Tensor, float]:
+        """One update on ``batch`` (a collective when ranks > 1); returns the new
+        priorities ``[B]`` and the loss."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs (networks, targets, optimizers, counts)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        ...
+
+
+class ActorPolicy(Protocol):
+    """What an actor acts with: the published network and its exploration."""
+
+    def load(self, weights: Mapping[str, Any]) -> None:
+        """Take newly published weights."""
+        ...
+
+    def initial_state(self, num_envs: int) -> Any:
+        """The recurrent state at the start (None: a feed-forward policy)."""
+        ...
+
+    def act(self, obs: np.ndarray, state: Any, run_steps: int) -> tuple[np.ndarray, Any]:
+        """Actions for observations ``[num_envs, ...]`` and the next state;
+        ``run_steps``: the run's environment steps so far (for warm-up schedules)."""
+        ...
+
+    def end_episodes(self, state: Any, done: np.ndarray) -> Any:
+        """``state`` with the rows of envs whose episode ended reset."""
+        ...
+
+
+class Algorithm(Protocol):
+    """An algorithm of ``shardreplay train`` (see the module docstring)."""
+
+    name: str
+    actions: str  # "discrete" or "box": the action space it takes (EnvInfo)
+
+    def transition_spec(self, env: EnvInfo) -> Spec:
+        """The Spec actors write and the shards store."""
+        ...
+
+    def make_agent(self, env: EnvInfo, settings: TrainSettings, world: int,
+                   placement: Placement | None = None) -> Agent:
+        """The learner state of one rank of ``world`` (a collective when ``world`` > 1:
+        every rank starts from rank 0's weights), on the placement's device, its gradients
+        all-reduced over the placement's group (None: the CPU and the default group).
+
+        Raises:
+            ConfigError: settings or an environment the algorithm cannot take.
+        """
+        ...
+
+    def make_policy(self, weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings) -> ActorPolicy:
+        """The policy of actor ``s``, holding the published ``weights``, on ``s.device``.
+
+        Raises:
+            ConfigError: the weights are not this algorithm's network for ``env``.
+        """
+        ...
+
+    def greedy(self, module: nn.Module) -> Any:
+        """A function from observations ``[B, ...]`` (a tensor) to the evaluation's
+        deterministic actions (numpy) of the published ``module``."""
+        ...
+
+
+def warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:
+    """Exploration during warm-up: from 1 down to ``eps`` over ``warmup_steps``."""
+    if warmup_steps <= 0 or run_steps >= warmup_steps:
+        return eps
+    return np.maximum(eps, 1.0 - run_steps / warmup_steps)
