@@ -69,3 +69,17 @@ def test_cleanrl_dqn_port_learns_cartpole(replay):
     assert number(r"^eval_return\s+(\S+)", out) >= 100
     assert number(r"^last_returns\s+(\S+)", out) >= 3 * number(r"^first_returns\s+(\S+)", out)
     assert out.rstrip().endswith("done")
+
+
+@pytest.mark.slow  # a fresh interpreter importing torchrl: about 10 s of CPU
+def test_torchrl_dqn_loss_tiny():
+    pytest.importorskip("torchrl")
+    out = run_example("torchrl_dqn_loss.py", "--frames", "400", "--frames-per-batch", "200",
+                      "--updates-per-batch", "2", "--batch-size", "32", timeout_s=300)
+    episodes = number(r"^collected\s+400 transitions, (\d+) episodes ended", out)
+    assert episodes >= 5  # random CartPole episodes last about 20 steps
+    assert number(r"^stored\s+(\d+) steps", out) == 400 + episodes  # one LAST step per episode end
+    assert re.search(r"^losses\s+.*all finite True", out, re.MULTILINE)
+    assert number(r"^priorities\s+(\d+) updated over 4 batches", out) == 4 * 32
+    assert number(r"^steps_to_next_obs max (\d+)", out) == 3
+    assert out.rstrip().endswith("done")
