@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -76,8 +76,42 @@ from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.spec import Spec
 from shardreplay.spec.fields import StepType
 
-if TYPE_CHECKING:
-    from shardreplay.buffer.transitions import Transitions
+
+class TransitionsLike(Protocol):
+    """What :func:`transitions_to_tensordict` reads of a ``Transitions`` (the class
+    imports this module: a Protocol keeps the two apart)."""
+
+    @property
+    def obs(self) -> torch.Tensor | dict[str, torch.Tensor]: ...
+
+    @property
+    def action(self) -> torch.Tensor: ...
+
+    @property
+    def reward(self) -> torch.Tensor: ...
+
+    @property
+    def next_obs(self) -> torch.Tensor | dict[str, torch.Tensor]: ...
+
+    @property
+    def bootstrap_discount(self) -> torch.Tensor: ...
+
+    @property
+    def weights(self) -> torch.Tensor: ...
+
+    @property
+    def keys(self) -> torch.Tensor: ...
+
+    @property
+    def num_steps(self) -> torch.Tensor: ...
+
+    @property
+    def terminated(self) -> torch.Tensor | None: ...
+
+    @property
+    def truncated(self) -> torch.Tensor | None: ...
+
+    def __len__(self) -> int: ...
 
 __all__ = ["is_tensordict", "tensordict_gamma", "tensordict_writes", "transition_names",
            "transitions_to_tensordict"]
@@ -283,7 +317,7 @@ def _squeeze(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 # -- out --------------------------------------------------------------------------------------
 
-def transitions_to_tensordict(tr: Transitions) -> Any:
+def transitions_to_tensordict(tr: TransitionsLike) -> Any:
     """``tr`` as a TensorDict with TorchRL's names (module docstring).
 
     Raises:
