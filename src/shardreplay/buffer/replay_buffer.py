@@ -146,7 +146,9 @@ class ReplayBuffer:
     def extend(self, chunk: Mapping[str, Any], stream_ids: Any = None, priorities: Any = None) -> None:
         """Write ``T`` consecutive steps for each of several streams (the actor-chunk case).
 
-        Same as :meth:`add` with leading axes ``[S, T]``; ``T <= stream_capacity``.
+        Same as :meth:`add` with leading axes ``[S, T]``; ``T <= stream_capacity``. A
+        TensorDict of TorchRL transitions is ``[S, T]`` (time last: ``data.unsqueeze(0)``
+        for a collector's ``[T]``); successive calls continue each stream.
 
         Raises:
             SpecMismatchError, InvalidPriorityError: as :meth:`add`; nothing is written.
