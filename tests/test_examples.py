@@ -106,3 +106,17 @@ def test_ddp_sac_ranks_end_with_equal_networks():
     assert first == second
     assert summary["replay_steps"] == 2 * 2 * 200  # 2 ranks x 2 envs x 200 steps
     assert proc.stdout.rstrip().endswith("done")
+
+
+@pytest.mark.slow  # a fresh interpreter importing torchrl: about 10 s of CPU
+def test_torchrl_dqn_loss_tiny():
+    pytest.importorskip("torchrl")
+    out = run_example("torchrl_dqn_loss.py", "--frames", "400", "--frames-per-batch", "200",
+                      "--updates-per-batch", "2", "--batch-size", "32", timeout_s=300)
+    episodes = number(r"^collected\s+400 transitions, (\d+) episodes ended", out)
+    assert episodes >= 5  # random CartPole episodes last about 20 steps
+    assert number(r"^stored\s+(\d+) steps", out) == 400 + episodes  # one LAST step per episode end
+    assert re.search(r"^losses\s+.*all finite True", out, re.MULTILINE)
+    assert number(r"^priorities\s+(\d+) updated over 4 batches", out) == 4 * 32
+    assert number(r"^steps_to_next_obs max (\d+)", out) == 3
+    assert out.rstrip().endswith("done")

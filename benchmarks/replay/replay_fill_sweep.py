@@ -177,7 +177,7 @@ class _Steps:
         self.infos: list[dict[str, Any]] = [{}]
         self.via = via
         if via == "writer":
-            self.writer = sr.GymStepWriter(ours)
+            self.writer = sr.GymStepWriter(ours, autoreset_mode="next_step")
             self.writer.reset(pool["obs"][0])
         self.zero = np.zeros(1, np.bool_)
         self.types = [np.array([t], np.uint8) for t in (0, 1, 2)]

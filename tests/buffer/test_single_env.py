@@ -207,7 +207,7 @@ def test_a_one_element_action_given_as_num_envs_is_taken_as_sb3_takes_it() -> No
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((11, envs, 3), dtype=np.float32)
     actions = rng.uniform(-2, 2, (10, envs)).astype(np.float32)
-    writers = [sr.GymStepWriter(b) for b in bufs[2:]]
+    writers = [sr.GymStepWriter(b, autoreset_mode="next_step") for b in bufs[2:]]
     for w in writers:
         w.reset(obs[0])
     for t in range(10):

@@ -66,7 +66,7 @@ def test_writer_stores_what_the_converter_and_add_store(mode, sampler):
 
 def test_bad_inputs_raise_and_write_nothing():
     buf = ReplayBuffer(SPEC, num_streams=2, stream_capacity=8, window=2)
-    writer = GymStepWriter(buf)
+    writer = GymStepWriter(buf, autoreset_mode="next_step")
     ok = (np.zeros(2, np.int64), np.zeros((2, 4), np.float32), np.ones(2), np.zeros(2, bool),
           np.zeros(2, bool))
     with pytest.raises(ConfigError, match="reset"):
@@ -89,7 +89,8 @@ def test_bad_inputs_raise_and_write_nothing():
 
 def test_an_int64_action_into_a_uint8_field_is_range_checked_every_call():
     spec = Spec({"obs": Field((4,), np.float32), "action": Field((), np.uint8), "reward": Field(())})
-    writer = GymStepWriter(ReplayBuffer(spec, num_streams=1, stream_capacity=8, window=2))
+    writer = GymStepWriter(ReplayBuffer(spec, num_streams=1, stream_capacity=8, window=2),
+                           autoreset_mode="next_step")
     writer.reset(np.zeros((1, 4), np.float32))
     args = (np.zeros((1, 4), np.float32), np.ones(1), np.zeros(1, bool), np.zeros(1, bool))
     writer.step(np.array([3]), *args)
@@ -123,7 +124,7 @@ def test_inputs_of_other_kinds_store_the_same_steps():
     """int32 actions, float32 rewards, lists and strided views: each kind is checked once
     (or every call, for lists) and stores what the usual kind stores."""
     bufs = [ReplayBuffer(SPEC, num_streams=2, stream_capacity=16, window=2) for _ in range(2)]
-    writers = [GymStepWriter(b) for b in bufs]
+    writers = [GymStepWriter(b, autoreset_mode="next_step") for b in bufs]
     rng = np.random.default_rng(5)
     obs = rng.standard_normal((2, 4)).astype(np.float32)
     for w in writers:
@@ -151,5 +152,5 @@ def test_inputs_of_other_kinds_store_the_same_steps():
 def test_specs_the_writer_cannot_fill_are_refused_with_the_way_out(spec):
     buffer = ReplayBuffer(spec, num_streams=2, stream_capacity=50, window=2, seed=0)
     with pytest.raises(ConfigError, match=r"GymStepConverter with ReplayBuffer\.add"):
-        GymStepWriter(buffer)
+        GymStepWriter(buffer, autoreset_mode="next_step")
     assert len(buffer) == 0

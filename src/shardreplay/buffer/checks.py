@@ -47,12 +47,15 @@ def check_stream_ids(value: Any, num_streams: int) -> np.ndarray:
 
 
 def as_priority_array(value: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """Priorities as float32 of ``shape`` (values are checked by the caller).
+    """Priorities as float32 of ``shape`` (values are checked by the caller). A trailing
+    unit axis is dropped: ``[B, 1]``, as TorchRL's losses write ``td_error``, is ``[B]``.
 
     Raises:
         InvalidPriorityError: wrong shape or not numbers.
     """
     arr = _numpy(value)
+    if arr.shape == (*shape, 1):
+        arr = arr.reshape(shape)
     if arr.shape != shape:
         raise InvalidPriorityError(f"priorities must have shape {shape}, got {arr.shape}")
     if arr.size and arr.dtype.kind not in "biuf":

@@ -4,23 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
 
 from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.checks import as_index_array, as_priority_array, not_prioritized
+from shardreplay.buffer.checks import as_index_array, as_priority_array, check_stream_ids, not_prioritized
 from shardreplay.buffer.device import batch_on, check_device
 from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.shard import Shard
 from shardreplay.buffer.state import export_state, import_state, state_as_tensors
+from shardreplay.buffer.tensordicts import (
+    is_tensordict,
+    tensordict_gamma,
+    tensordict_writes,
+    transition_names,
+)
 from shardreplay.buffer.transitions import Transitions, sample_transitions
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.samplers import SAMPLER_NAMES, PrioritizedSampler, as_schedule
 from shardreplay.samplers.schedules import Schedule, is_real
 from shardreplay.spec import Spec
+from shardreplay.spec.fields import StepType
 from shardreplay.spec.keys import MAX_PLACES
+
+LAST = int(StepType.LAST)
 
 
 class ReplayBuffer:
@@ -107,7 +116,12 @@ class ReplayBuffer:
 
         Args:
             step: every spec field plus ``"step_type"`` (and optionally ``"discount"``),
-                each with first axis = stream (all streams, or those in ``stream_ids``).
+                each with first axis = stream (all streams, or those in ``stream_ids``);
+                or a ``tensordict.TensorDict`` of those, or of TorchRL transitions
+                (``observation``, ``action``, ``("next", "reward" / "observation" /
+                "terminated" / "truncated")``), ``batch_size [S]``, stored by the rule
+                of :mod:`shardreplay.buffer.tensordicts` (an ended episode's LAST step
+                is written after its row).
             stream_ids: which streams these rows are (None: all, in order).
             priorities: initial priorities ``[S]`` of the windows starting at these steps.
 
@@ -124,30 +138,90 @@ class ReplayBuffer:
             if not fast.add(step):
                 shard.write_full(step, None, None, None)
             return
+        if is_tensordict(step):
+            self._write_tensordict(step, stream_ids, priorities, 1)
+            return
         shard.write(step, stream_ids, priorities, None)
 
     def extend(self, chunk: Mapping[str, Any], stream_ids: Any = None, priorities: Any = None) -> None:
         """Write ``T`` consecutive steps for each of several streams (the actor-chunk case).
 
-        Same as :meth:`add` with leading axes ``[S, T]``; ``T <= stream_capacity``.
+        Same as :meth:`add` with leading axes ``[S, T]``; ``T <= stream_capacity``. A
+        TensorDict of TorchRL transitions is ``[S, T]`` (time last: ``data.unsqueeze(0)``
+        for a collector's ``[T]``); successive calls continue each stream.
 
         Raises:
             SpecMismatchError, InvalidPriorityError: as :meth:`add`; nothing is written.
         """
+        if is_tensordict(chunk):
+            self._write_tensordict(chunk, stream_ids, priorities, 2)
+            return
         st = chunk.get("step_type") if isinstance(chunk, Mapping) else None
         shape = np.shape(st) if st is not None else ()
         if len(shape) != 2:
             raise SpecMismatchError(f"extend needs 'step_type' shaped [S, T], got shape {shape}")
         self._shard.write(chunk, stream_ids, priorities, int(shape[1]))
 
+    def _write_tensordict(self, td: Any, stream_ids: Any, priorities: Any, lead_ndim: int) -> None:
+        """Store a TensorDict (:mod:`shardreplay.buffer.tensordicts` says how)."""
+        rows = None if stream_ids is None else check_stream_ids(stream_ids, self.num_streams)
+
+        def fresh() -> np.ndarray:
+            return self._fresh_streams() if rows is None else self._fresh_streams()[rows]
+
+        writes = []
+        for steps, ids, prios in tensordict_writes(td, self.spec, lead_ndim, priorities, fresh):
+            lead = steps["step_type"].shape
+            # Every write checked before the first is made (sealed: not checked again), so
+            # that a bad value in any stream writes nothing.
+            writes.append((self.spec.validated(steps, lead), rows if ids is None else
+                           (ids if rows is None else rows[ids]), prios, None if lead_ndim == 1 else lead[1]))
+        for checked, target, prios, t_len in writes:
+            self._shard.write_full(checked, target, prios, t_len)
+
+    def _fresh_streams(self) -> np.ndarray:
+        """Per stream, whether its next step starts an episode: nothing stored yet, or its
+        latest step is a LAST."""
+        storage = self._shard.storage
+        pos, cap = storage.pos, storage.stream_capacity
+        latest = np.arange(len(pos)) * cap + (pos - 1) % cap
+        return (pos == 0) | (storage.step_type[latest] == LAST)
+
     # -- sampling -------------------------------------------------------------------------
-    def sample(self, batch_size: int) -> Batch:
-        """Draw ``batch_size`` windows (fifo: at most that many, oldest first).
+    @overload
+    def sample(self, batch_size: int, *, as_tensordict: Literal[False] = False,
+               gamma: None = None) -> Batch: ...
+
+    @overload
+    def sample(self, batch_size: int, *, as_tensordict: Literal[True], gamma: float | None = None) -> Any: ...
+
+    def sample(self, batch_size: int, *, as_tensordict: bool = False, gamma: float | None = None) -> Any:
+        """Draw ``batch_size`` windows (fifo: at most that many, oldest first) as a
+        :class:`Batch`, or with ``as_tensordict=True`` as one TensorDict of n-step
+        transitions (``n = window - 1``) with TorchRL's names, which a TorchRL loss
+        (``DQNLoss``, ``SACLoss``) built with the same ``gamma`` takes unchanged (keys in
+        :mod:`shardreplay.buffer.tensordicts`; needs the ``tensordict`` package).
+
+        Args:
+            batch_size: windows to draw.
+            as_tensordict: return a TensorDict instead of a Batch.
+            gamma: the discount of the n-step return (as_tensordict only); needed for
+                ``window > 2`` (1-step rewards need none).
 
         Raises:
-            ConfigError: ``batch_size`` < 1.
+            ConfigError: ``batch_size`` < 1; ``as_tensordict`` without ``gamma`` for
+                ``window > 2``, or without the tensordict package.
             EmptyBufferError: no valid window can be drawn.
         """
+        if as_tensordict:
+            gamma = tensordict_gamma(gamma, self.window)
+            names = transition_names(self.spec)
+            tr = self.sample_transitions(batch_size, gamma, self.window - 1, **names)
+            if self.device.type != "cpu":
+                tr = tr.to(self.device, non_blocking=True)
+            return tr.to_tensordict()
+        if gamma is not None:
+            raise ConfigError("gamma is for sample(..., as_tensordict=True); sample_transitions takes it too")
         shard = self._shard
         draw = shard.draw(batch_size)
         data, mask, keys = shard.gather(draw.starts)

@@ -27,6 +27,7 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import _check_gamma, nstep_transitions
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels.lazy import lazy
+from shardreplay.spec.fields import StepType
 
 if TYPE_CHECKING:
     from shardreplay.kernels import nstep as nstep_kernels
@@ -60,6 +61,9 @@ class Transitions:
         weights: importance weights float32 ``[B]`` (all ones unless prioritized).
         keys: int64 ``[B]``, for :meth:`ReplayBuffer.update_priorities`.
         num_steps: ``m``, int64 ``[B]``: how many rewards ``reward`` sums (1 .. n).
+        terminated: bool ``[B]``, ``o_m`` ends its episode by a termination (LAST with
+            discount 0); None where not known (built by hand).
+        truncated: bool ``[B]``, ``o_m`` ends its episode by a truncation; None likewise.
     """
 
     obs: Observation
@@ -70,9 +74,25 @@ class Transitions:
     weights: torch.Tensor
     keys: torch.Tensor
     num_steps: torch.Tensor
+    terminated: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
+
+    def to_tensordict(self) -> Any:
+        """These transitions as a ``tensordict.TensorDict`` with TorchRL's names
+        (``observation``, ``action``, ``("next", "observation" / "reward" / "done" /
+        "terminated" / "truncated")``, ``steps_to_next_obs``, ``priority_weight``,
+        ``index``: :mod:`shardreplay.buffer.tensordicts`), which a TorchRL loss built
+        with the same gamma takes unchanged.
+
+        Raises:
+            ConfigError: the tensordict package is not installed.
+        """
+        from shardreplay.buffer.tensordicts import transitions_to_tensordict
+
+        return transitions_to_tensordict(self)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Transitions:
         """A copy with every tensor on ``device`` (``keys`` too: update_priorities takes them
@@ -86,7 +106,9 @@ class Transitions:
         return Transitions(obs=move_obs(self.obs), action=move(self.action), reward=move(self.reward),
                            next_obs=move_obs(self.next_obs),
                            bootstrap_discount=move(self.bootstrap_discount), weights=move(self.weights),
-                           keys=move(self.keys), num_steps=move(self.num_steps))
+                           keys=move(self.keys), num_steps=move(self.num_steps),
+                           terminated=None if self.terminated is None else move(self.terminated),
+                           truncated=None if self.truncated is None else move(self.truncated))
 
 
 def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | None = None, *,
@@ -140,7 +162,16 @@ def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | Non
                        reward=torch.from_numpy(returns), next_obs=next_obs,
                        bootstrap_discount=torch.from_numpy(boot),
                        weights=torch.from_numpy(draw.weights), keys=torch.from_numpy(keys),
-                       num_steps=torch.from_numpy(m))
+                       num_steps=torch.from_numpy(m),
+                       **_ends(torch.from_numpy(storage.step_type[last]),
+                               torch.from_numpy(storage.discount[last])))
+
+
+def _ends(step_type: torch.Tensor, discount: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``terminated`` and ``truncated`` of the bootstrap steps (their step types and
+    discounts): a LAST with discount 0 terminates, a LAST with another one truncates."""
+    is_last = step_type == int(StepType.LAST)
+    return {"terminated": is_last & (discount == 0), "truncated": is_last & (discount != 0)}
 
 
 def _steps_of(storage: StreamStorage, name: str, slots: np.ndarray) -> np.ndarray:
@@ -193,9 +224,12 @@ def transitions_from_batch(batch: Batch, gamma: float, n: int | None = None, *,
                       keys=batch.keys, weights=batch.weights, probabilities=batch.probabilities)
     t = nstep_transitions(batch, gamma, observation=observation, action=action, reward=reward,
                           validate=False)
+    rows = torch.arange(len(t.num_steps), device=t.num_steps.device)
     return Transitions(obs=t.observation, action=t.action, reward=t.reward, next_obs=t.next_observation,
                        bootstrap_discount=t.bootstrap_discount, weights=batch.weights, keys=batch.keys,
-                       num_steps=t.num_steps)
+                       num_steps=t.num_steps,
+                       **_ends(batch.data["step_type"][rows, t.num_steps],
+                               batch.data["discount"][rows, t.num_steps]))
 
 
 def _check_n(n: Any, window: int) -> int:

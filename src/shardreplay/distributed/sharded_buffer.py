@@ -42,7 +42,7 @@ needs the masses after they land.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -52,6 +52,7 @@ from shardreplay.buffer.device import pinned
 from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
+from shardreplay.buffer.tensordicts import tensordict_gamma, transition_names
 from shardreplay.buffer.transitions import Transitions, transitions_from_batch
 from shardreplay.distributed.agreement import SAMPLE_MODES, check_agreed, settings_of
 from shardreplay.distributed.drawn import Drawn, drawn_weights
@@ -219,9 +220,18 @@ class ShardedReplayBuffer:
         """Capacity in steps over all shards (collective)."""
         return self.global_sizes()[2]
 
-    def sample(self, batch_size: int) -> Batch:
+    @overload
+    def sample(self, batch_size: int, *, as_tensordict: Literal[False] = False,
+               gamma: None = None) -> Batch: ...
+
+    @overload
+    def sample(self, batch_size: int, *, as_tensordict: Literal[True], gamma: float | None = None) -> Any: ...
+
+    def sample(self, batch_size: int, *, as_tensordict: bool = False, gamma: float | None = None) -> Any:
         """Draw ``batch_size`` windows for this rank from the global distribution (in the
-        buffer's ``mode``).
+        buffer's ``mode``); ``as_tensordict=True`` returns them as a TensorDict of n-step
+        transitions with TorchRL's names, as :meth:`ReplayBuffer.sample` does (``gamma``
+        likewise).
 
         With ``prefetch=k`` one exchange draws ``k`` batches, and the next ``k - 1`` calls
         are served from them without any collective (they must ask for the same
@@ -230,15 +240,24 @@ class ShardedReplayBuffer:
         and starts the next exchange when it returns the last prefetched one.
 
         Raises:
-            ConfigError: bad batch size (raised before any collective); a call that differs
-                from the prefetched batches' size.
+            ConfigError: bad batch size, or ``as_tensordict`` without a needed ``gamma``
+                (raised before any collective); a call that differs from the prefetched
+                batches' size.
             EmptyBufferError: no shard has a window to draw (on every rank alike).
             CollectiveTimeout: a peer rank did not join in time.
             SamplerFailed: the background thread stopped after an error (pipeline).
         """
         if not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-        return self._runner.next((int(batch_size), self.mode), self._serve)
+        if not as_tensordict:
+            if gamma is not None:
+                raise ConfigError("gamma is for sample(..., as_tensordict=True)")
+            return self._runner.next((int(batch_size), self.mode), self._serve)
+        window = self.local.window
+        gamma = tensordict_gamma(gamma, window)  # checked before the collective: ranks raise alike
+        batch = self._runner.next((int(batch_size), self.mode), self._serve)
+        return transitions_from_batch(batch, gamma, window - 1, **transition_names(self.local.spec)
+                                      ).to_tensordict()
 
     def sample_transitions(self, batch_size: int, gamma: float, n: int | None = None,
                            **names: str) -> Transitions:

@@ -15,6 +15,8 @@ Differences from the converter: a bad observation raises in the call that hands 
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +31,10 @@ from shardreplay.kernels.gym_step import allow_inputs, compiled_gym_write
 from shardreplay.spec import Field, Spec, StepType
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from shardreplay.buffer.replay_buffer import ReplayBuffer
+    from shardreplay.distributed.sharded_buffer import ShardedReplayBuffer
 
 __all__ = ["GymStepWriter", "spec_from_env"]
 
@@ -78,38 +83,62 @@ def _field_of(space: Any, name: str) -> Any:
     return Field(tuple(shape), np.dtype(dtype))
 
 
+def _local_buffer(buffer: Any) -> tuple[ReplayBuffer, AbstractContextManager[Any] | None]:
+    """The ReplayBuffer a writer fills, and the lock its writes hold: a sharded buffer's
+    local shard, with its ``write_lock`` when a background exchange reads the shard
+    (``pipeline=True``); a plain buffer itself, with none."""
+    module = sys.modules.get("shardreplay.distributed.sharded_buffer")
+    # Not imported: then ``buffer`` cannot be a sharded one (nothing to import for a plain buffer).
+    if module is None or not isinstance(buffer, module.ShardedReplayBuffer):
+        return buffer, None
+    return buffer.local, (buffer.write_lock if buffer.pipeline else None)
+
+
 class GymStepWriter:
     """Writes a gymnasium vector env's outputs into a buffer, one stream per env.
 
-    Usage (a one-env loop as CleanRL's)::
+    Usage (a one-env loop as CleanRL's); :meth:`from_env` is the constructor to call, as
+    it reads the env's autoreset mode::
 
         rb = ReplayBuffer(spec_from_env(envs), num_streams=envs.num_envs, stream_capacity=N)
-        writer = GymStepWriter.from_env(envs, rb)
+        rb_writer = GymStepWriter.from_env(envs, rb)
         obs, _ = envs.reset(seed=0)
-        writer.reset(obs)
+        rb_writer.reset(obs)
         while ...:
             next_obs, reward, terminated, truncated, info = envs.step(action)
-            writer.step(action, next_obs, reward, terminated, truncated, info)
+            rb_writer.step(action, next_obs, reward, terminated, truncated, info)
             obs = next_obs
 
+    On a :class:`~shardreplay.ShardedReplayBuffer` each rank makes its own writer over its
+    own envs (``num_streams`` of its local shard = its ``envs.num_envs``) and writes into
+    its shard (holding the buffer's ``write_lock``, so a ``pipeline=True`` exchange never
+    reads a step half written); sampling stays global.
+
     Args:
-        buffer: a :class:`ReplayBuffer` with one stream per env and a flat (not nested)
-            observation field.
-        autoreset_mode: ``"next_step"`` (gymnasium's default) or ``"same_step"``, or a
-            ``gymnasium.vector.AutoresetMode``.
+        buffer: a :class:`ReplayBuffer` (or :class:`~shardreplay.ShardedReplayBuffer`)
+            with one stream per env and a flat (not nested) observation field.
+        autoreset_mode: the env's mode, required: ``"next_step"`` (gymnasium's default)
+            or ``"same_step"``, or a ``gymnasium.vector.AutoresetMode``. A wrong mode
+            would store wrong steps at episode ends, so it is never assumed.
         observation, action, reward: the spec's field names.
 
     Raises:
-        ConfigError: an unsupported mode, a field name the spec lacks, a spec with other
-            fields or a frame-stacked action or reward (or a nested observation: use
+        ConfigError: no or an unsupported mode (``GymStepWriter.from_env(envs, buffer)``
+            reads it), a field name the spec lacks, a spec with other fields or a
+            frame-stacked action or reward (or a nested observation: use
             ``GymStepConverter`` with ``ReplayBuffer.add`` for those).
 
     A frame-stacked observation (``spec_from_env(envs, frame_stack=True)``) is taken:
     its steps go through ``ReplayBuffer.add``, which stores each frame once.
     """
 
-    def __init__(self, buffer: ReplayBuffer, *, autoreset_mode: Any = "next_step", observation: str = "obs",
-                 action: str = "action", reward: str = "reward") -> None:
+    def __init__(self, buffer: ReplayBuffer | ShardedReplayBuffer, *, autoreset_mode: Any = None,
+                 observation: str = "obs", action: str = "action", reward: str = "reward") -> None:
+        if autoreset_mode is None:
+            raise ConfigError("GymStepWriter needs the env's autoreset mode: build it with "
+                              "GymStepWriter.from_env(envs, buffer), which reads it from the env, or pass "
+                              "autoreset_mode='next_step' (gymnasium's default) or 'same_step'")
+        buffer, self._lock = _local_buffer(buffer)
         for name in (observation, action, reward):
             if name not in buffer.spec:
                 raise ConfigError(f"the buffer's spec has no (flat) field {name!r}; it has "
@@ -181,15 +210,19 @@ class GymStepWriter:
         return int(self._state[7])
 
     @classmethod
-    def from_env(cls, env: Any, buffer: ReplayBuffer, **kwargs: Any) -> GymStepWriter:
-        """A writer for ``env``'s autoreset mode (``autoreset_mode=`` overrides it).
+    def from_env(cls, env: Any, buffer: ReplayBuffer | ShardedReplayBuffer, **kwargs: Any) -> GymStepWriter:
+        """A writer for ``env``'s autoreset mode (``autoreset_mode=`` overrides it): the
+        documented way to make one. ``buffer`` may be a ShardedReplayBuffer: this rank's
+        ``env`` then writes into this rank's shard.
 
         Raises:
             ConfigError: as the constructor; the env does not say its mode (gymnasium >= 1.0);
-                its ``num_envs`` differs from the buffer's ``num_streams``.
+                its ``num_envs`` differs from the buffer's (this rank's shard's) ``num_streams``.
         """
-        if int(env.num_envs) != buffer.num_streams:
-            raise ConfigError(f"the env has {env.num_envs} envs but the buffer {buffer.num_streams} "
+        local, _ = _local_buffer(buffer)
+        if int(env.num_envs) != local.num_streams:
+            shard = " (this rank's shard)" if local is not buffer else ""
+            raise ConfigError(f"the env has {env.num_envs} envs but the buffer{shard} {local.num_streams} "
                               "streams: make the buffer with num_streams=env.num_envs")
         if "autoreset_mode" not in kwargs:
             kwargs["autoreset_mode"] = env_autoreset_mode(env)
@@ -210,7 +243,9 @@ class GymStepWriter:
         self._state[_HELD:_HELD + self.num_envs] = FIRST
         self._fstate[1:] = 1.0
         self._is_reset = True
-        self._plain = self._is_uniform and not self._same_step
+        # The inline path of step() holds no lock: a pipelined sharded buffer's writes take
+        # _write_all, which does.
+        self._plain = self._is_uniform and not self._same_step and self._lock is None
 
     def step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
              info: Mapping[str, Any] | None = None) -> None:
@@ -224,9 +259,10 @@ class GymStepWriter:
                 ``info["final_obs"]``. Nothing is written then.
         """
         if self._stacked is not None:
-            self._stacked.step(action, obs, reward, terminated, truncated, info)
+            with self._lock or contextlib.nullcontext():
+                self._stacked.step(action, obs, reward, terminated, truncated, info)
             return
-        if self._plain and not info:
+        if self._plain and not info:  # never with a lock to hold (reset() says)
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
             try:
                 n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
@@ -250,6 +286,15 @@ class GymStepWriter:
     def _write_all(self, action: np.ndarray, obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
                    truncated: np.ndarray, info: Mapping[str, Any] | None) -> None:
         """The compiled write of arrays (shapes checked in it), their kind accepted first."""
+        if self._lock is not None:
+            with self._lock:
+                self._write_unlocked(action, obs, reward, terminated, truncated, info)
+        else:
+            self._write_unlocked(action, obs, reward, terminated, truncated, info)
+
+    def _write_unlocked(self, action: np.ndarray, obs: np.ndarray, reward: np.ndarray,
+                        terminated: np.ndarray, truncated: np.ndarray,
+                        info: Mapping[str, Any] | None) -> None:
         if not self._is_reset:
             raise ConfigError("call reset(obs) with the env's reset observation before step()")
         done_ids = None

@@ -1,0 +1,361 @@
+"""TensorDicts in and out (TorchRL's layout), with ``tensordict`` an optional extra.
+
+Nothing here imports ``tensordict`` until a TensorDict is handed in (it is then
+imported already) or one is asked for (:func:`transitions_to_tensordict`): the core
+imports and runs without it (``pip install shardreplay[tensordict]``).
+
+**In** (``ReplayBuffer.add(td)``: ``td.batch_size == [S]``, one row per stream;
+``extend(td)``: ``[S, T]``). Two layouts, told apart by a ``"step_type"`` key:
+
+* *Steps* (``"step_type"`` present): the step dict of ``add``/``extend`` as a
+  TensorDict. Every leaf is a spec field, a nested key joined with dots
+  (``("obs", "pos")`` is field ``"obs.pos"``), plus ``"step_type"`` and optionally
+  ``"discount"``.
+* *TorchRL transitions* (no ``"step_type"``): row ``t`` of a stream is
+  ``(o_t, a_t, r_t, o_t+1, done flags)`` as TorchRL's collectors and envs write it, and
+  becomes step ``t`` (``docs/semantics.md``: a step holds the reward that followed its
+  action). The rule, key by key:
+
+  ===========================  ============================================================
+  TorchRL key                  stored as
+  ===========================  ============================================================
+  ``"observation"``            the observation field of step ``t``: ``"obs"`` (or
+                               ``"obs.*"``), or ``"observation"`` when the spec names it so
+  ``"action"``                 field ``"action"`` of step ``t``
+  ``("next", "reward")``       field ``"reward"`` of step ``t``
+  ``("next", "terminated")``   ends the episode after row ``t``: a LAST step follows it,
+                               discount 0
+  ``("next", "truncated")``    ends it too, discount 1 (bootstrap from the final obs)
+  ``("next", "done")``         read only without ``"terminated"``: a done is a termination
+  ``("next", K)``              field ``K`` (observation renamed as above) of that LAST
+                               step; where the episode goes on it must equal row ``t+1``'s
+                               ``K`` (checked within the call)
+  another key naming a field   that field of step ``t`` (nested keys joined with dots)
+  anything else                ignored (``"collector"``, root ``"done"``, ...)
+  ===========================  ============================================================
+
+  Row ``t`` is ``FIRST`` when its stream's previous step is a ``LAST`` (or the stream
+  is empty), else ``MID``. The LAST step's action and reward are zeros (padding); its
+  other fields without a ``("next", K)`` entry copy row ``t``. A trailing unit axis
+  (``[..., 1]``, as TorchRL keeps on rewards and flags) is dropped for a scalar field.
+  ``priorities`` (``[S]`` / ``[S, T]``) give each row's window its priority; a LAST
+  step takes its row's.
+
+**Out** (:func:`transitions_to_tensordict`, ``Transitions.to_tensordict()``,
+``sample(..., as_tensordict=True)``): TorchRL's names, ``batch_size [B]``::
+
+    "observation"              o_0 (a nested TensorDict for nested fields "obs.*")
+    "action"                   a_0
+    ("next", "observation")    o_m
+    ("next", "reward")         R, the n-step return, [B, 1] for a scalar reward
+    ("next", "done")           o_m is its episode's LAST step, [B, 1] bool
+    ("next", "terminated")     ... by a termination (no bootstrap), [B, 1] bool
+    ("next", "truncated")      ... by a truncation, [B, 1] bool
+    "steps_to_next_obs"        m, [B, 1] int64 (TorchRL's value estimators then
+                               discount the bootstrap by gamma ** m)
+    "bootstrap_discount"       gamma^m * prod d_i, [B] (ours; TorchRL ignores it)
+    "priority_weight"          importance weights, [B] float32
+    "index"                    keys for update_priorities, [B] int64
+
+so a TorchRL loss (``DQNLoss``, ``SACLoss``) built with the same gamma takes the batch
+unchanged, and ``buffer.update_priorities(td["index"], td["td_error"])`` returns the
+TD errors it wrote.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from shardreplay.buffer.nstep import _check_gamma
+from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.spec import Spec
+from shardreplay.spec.fields import StepType
+
+
+class TransitionsLike(Protocol):
+    """What :func:`transitions_to_tensordict` reads of a ``Transitions`` (the class
+    imports this module: a Protocol keeps the two apart)."""
+
+    @property
+    def obs(self) -> torch.Tensor | dict[str, torch.Tensor]: ...
+
+    @property
+    def action(self) -> torch.Tensor: ...
+
+    @property
+    def reward(self) -> torch.Tensor: ...
+
+    @property
+    def next_obs(self) -> torch.Tensor | dict[str, torch.Tensor]: ...
+
+    @property
+    def bootstrap_discount(self) -> torch.Tensor: ...
+
+    @property
+    def weights(self) -> torch.Tensor: ...
+
+    @property
+    def keys(self) -> torch.Tensor: ...
+
+    @property
+    def num_steps(self) -> torch.Tensor: ...
+
+    @property
+    def terminated(self) -> torch.Tensor | None: ...
+
+    @property
+    def truncated(self) -> torch.Tensor | None: ...
+
+    def __len__(self) -> int: ...
+
+__all__ = ["is_tensordict", "tensordict_gamma", "tensordict_writes", "transition_names",
+           "transitions_to_tensordict"]
+
+FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+INSTALL = "pip install 'shardreplay[tensordict]' (or tensordict itself)"
+
+# One write for the buffer: (step dict [S', ...] or [S', T'], stream ids or None, priorities or None).
+Write = tuple[dict[str, np.ndarray], np.ndarray | None, np.ndarray | None]
+
+
+def is_tensordict(value: Any) -> bool:
+    """Whether ``value`` is a TensorDict (without importing ``tensordict``: a TensorDict
+    can exist only once its module is imported)."""
+    module = sys.modules.get("tensordict")
+    return module is not None and isinstance(value, module.TensorDictBase)
+
+
+def tensordict_gamma(gamma: float | None, window: int) -> float:
+    """The gamma of ``sample(..., as_tensordict=True)``: 1-step windows need none (their
+    reward is one reward; 1.0 keeps the termination in ``bootstrap_discount``).
+
+    Raises:
+        ConfigError: no ``gamma`` for windows of more than 2 steps, or one outside [0, 1].
+    """
+    if gamma is not None:
+        _check_gamma(gamma)
+        return gamma
+    if window > 2:
+        raise ConfigError(f"sample(..., as_tensordict=True) of windows of {window} steps sums "
+                          f"{window - 1}-step returns: pass gamma= (the loss's gamma)")
+    return 1.0
+
+
+def transition_names(spec: Spec) -> dict[str, str]:
+    """The spec's observation, action and reward field names, as ``sample_transitions``
+    takes them: the observation is ``"obs"`` (or ``"obs.*"``), else ``"observation"``."""
+    return {"observation": _observation_name(spec), "action": "action", "reward": "reward"}
+
+
+def _observation_name(spec: Spec) -> str:
+    for name in ("observation", "obs"):
+        if any(f == name or f.startswith(name + ".") for f in spec.names):
+            return name
+    return "obs"
+
+
+# -- in ---------------------------------------------------------------------------------------
+
+def tensordict_writes(td: Any, spec: Spec, lead_ndim: int, priorities: Any,
+                      fresh: Callable[[], np.ndarray]) -> list[Write]:
+    """The writes that store ``td`` (module docstring: the two layouts).
+
+    Args:
+        td: a TensorDict with ``lead_ndim`` batch dims (1: ``add``, 2: ``extend``).
+        spec: the buffer's spec.
+        lead_ndim: 1 or 2.
+        priorities: the caller's priorities for the rows (or None).
+        fresh: returns, per stream, whether its next step starts an episode.
+
+    Raises:
+        SpecMismatchError: the batch dims, a missing field or ``("next", ...)`` entry,
+            or next observations that do not continue the stream.
+    """
+    if len(td.batch_size) != lead_ndim:
+        what = "[S] (one row per stream) for add" if lead_ndim == 1 else "[S, T] for extend"
+        raise SpecMismatchError(f"a TensorDict's batch_size must be {what}, got {list(td.batch_size)}")
+    leaves = _leaves(td)
+    if ("step_type",) in leaves:
+        return [({".".join(k): v for k, v in leaves.items()}, None, priorities)]
+    rows, nexts, term, trunc = _transition_rows(leaves, spec, td.batch_size)
+    if lead_ndim == 1:  # one row per stream: as [S, 1]
+        rows = {k: v[:, None] for k, v in rows.items()}
+        nexts = {k: v[:, None] for k, v in nexts.items()}
+        term, trunc = term[:, None], trunc[:, None]
+        priorities = None if priorities is None else np.asarray(priorities)[:, None]
+    return _steps_of_rows(spec, rows, nexts, term, trunc, priorities, fresh(), lead_ndim == 1)
+
+
+def _leaves(td: Any) -> dict[tuple[str, ...], np.ndarray]:
+    """Every leaf of ``td`` by key tuple, as a CPU numpy array."""
+    out = {}
+    for key, value in td.items(include_nested=True, leaves_only=True):
+        if not isinstance(value, torch.Tensor):
+            continue  # non-tensor data (TorchRL's NonTensorData): no field can hold it
+        out[key if isinstance(key, tuple) else (key,)] = value.detach().cpu().numpy()
+    return out
+
+
+def _transition_rows(leaves: dict[tuple[str, ...], np.ndarray], spec: Spec, lead: Any
+                     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Each spec field's rows, its ``("next", ...)`` values, and the two end flags."""
+    obs = _observation_name(spec)
+    lead = tuple(lead)
+
+    def key_of(name: str) -> tuple[str, ...]:
+        parts = tuple(name.split("."))
+        if parts[0] == obs:
+            return ("observation", *parts[1:])
+        return ("next", "reward") if name == "reward" else parts
+
+    rows: dict[str, np.ndarray] = {}
+    nexts: dict[str, np.ndarray] = {}
+    for name, field in spec.fields.items():
+        key = key_of(name)
+        if key not in leaves:
+            raise SpecMismatchError(f"the TensorDict has no {_show(key)} for field {name!r}; it has "
+                                    f"{sorted(_show(k) for k in leaves)} (the rule: "
+                                    "shardreplay.buffer.tensordicts)")
+        rows[name] = _fit(leaves[key], lead, field.shape, _show(key))
+        if key[0] != "next" and ("next", *key) in leaves:
+            nexts[name] = _fit(leaves[("next", *key)], lead, field.shape, _show(("next", *key)))
+    flags = {k: _fit(leaves[("next", k)], lead, (), f"('next', {k!r})").astype(bool)
+             for k in ("done", "terminated", "truncated") if ("next", k) in leaves}
+    if "terminated" not in flags and "done" not in flags:
+        raise SpecMismatchError("the TensorDict has neither ('next', 'terminated') nor ('next', 'done'); "
+                                "TorchRL transitions need one (steps: give 'step_type' instead)")
+    term = flags.get("terminated", flags.get("done"))
+    assert term is not None
+    trunc = flags.get("truncated", np.zeros(lead, bool))
+    if "terminated" in flags and "done" in flags:  # a done that is neither: a truncation
+        trunc = trunc | (flags["done"] & ~term)
+    return rows, nexts, term, trunc & ~term
+
+
+def _show(key: tuple[str, ...]) -> str:
+    return repr(key[0]) if len(key) == 1 else repr(key)
+
+
+def _fit(value: np.ndarray, lead: tuple[int, ...], shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``value`` as ``lead + shape``: a trailing unit axis dropped for a scalar."""
+    if value.shape == (*lead, *shape):
+        return value
+    if shape == () and value.shape == (*lead, 1):
+        return value.reshape(lead)
+    raise SpecMismatchError(f"TensorDict entry {what} must be shaped {[*lead, *shape]}, got "
+                            f"{list(value.shape)}")
+
+
+def _steps_of_rows(spec: Spec, rows: dict[str, np.ndarray], nexts: dict[str, np.ndarray],
+                   term: np.ndarray, trunc: np.ndarray, priorities: Any, fresh: np.ndarray,
+                   one_step: bool) -> list[Write]:
+    """Rows ``[S, T]`` as steps, a LAST step after each row whose episode ended."""
+    done = term | trunc
+    s, t = done.shape
+    for name, nxt in nexts.items():  # o_t+1 must be the next row's o where the episode goes on
+        goes_on = ~done[:, :-1]
+        if t > 1 and not np.array_equal(nxt[:, :-1][goes_on], rows[name][:, 1:][goes_on]):
+            raise SpecMismatchError(
+                f"('next', ...) of field {name!r} differs from the next row's value where no episode "
+                "ended: the rows of each stream must be consecutive steps ([S, T], time last)")
+    types = np.full((s, t), MID, np.uint8)
+    types[:, 1:][done[:, :-1]] = FIRST
+    types[:, 0][fresh] = FIRST
+    steps = {**rows, "step_type": types, "discount": np.ones((s, t), np.float32)}
+    prios = None if priorities is None else np.broadcast_to(np.asarray(priorities), (s, t))
+    if not done.any():
+        return [(_squeeze(steps) if one_step else steps, None,
+                 None if prios is None else (prios[:, 0] if one_step else prios))]
+    last = _last_steps(spec, rows, nexts, term)
+    if one_step:  # every row, then the LAST steps of the streams that ended
+        ids = np.flatnonzero(done[:, 0]).astype(np.int64)
+        return [(_squeeze(steps), None, None if prios is None else prios[:, 0]),
+                ({k: v[ids, 0] for k, v in last.items()}, ids, None if prios is None else prios[ids, 0])]
+    writes: list[Write] = []
+    going = np.flatnonzero(~done.any(axis=1)).astype(np.int64)
+    if going.size:
+        writes.append(({k: v[going] for k, v in steps.items()}, going,
+                       None if prios is None else prios[going]))
+    for row in np.flatnonzero(done.any(axis=1)):
+        at = np.flatnonzero(done[row]) + 1  # insert each LAST after its row
+        chunk = {k: np.insert(v[row], at, last[k][row][at - 1], axis=0)[None] for k, v in steps.items()}
+        writes.append((chunk, np.array([row], np.int64),
+                       None if prios is None else np.insert(prios[row], at, prios[row][at - 1])[None]))
+    return writes
+
+
+def _last_steps(spec: Spec, rows: dict[str, np.ndarray], nexts: dict[str, np.ndarray],
+                term: np.ndarray) -> dict[str, np.ndarray]:
+    """The LAST step that would follow each row: ``("next", K)`` values, zero action and
+    reward (padding), the row's other fields, discount 0 after a termination."""
+    last = {}
+    for name, value in rows.items():
+        if name in nexts:
+            last[name] = nexts[name]
+        elif name in ("action", "reward"):
+            last[name] = np.zeros_like(value)
+        else:
+            last[name] = value
+    obs = _observation_name(spec)
+    missing = [n for n in rows if (n == obs or n.startswith(obs + ".")) and n not in nexts]
+    if missing:
+        raise SpecMismatchError(f"an episode ended but the TensorDict has no ('next', 'observation') "
+                                f"entry for {missing}: the LAST step needs the final observation")
+    last["step_type"] = np.full(term.shape, LAST, np.uint8)
+    last["discount"] = np.where(term, 0.0, 1.0).astype(np.float32)
+    return last
+
+
+def _squeeze(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v[:, 0] for k, v in steps.items()}
+
+
+# -- out --------------------------------------------------------------------------------------
+
+def transitions_to_tensordict(tr: TransitionsLike) -> Any:
+    """``tr`` as a TensorDict with TorchRL's names (module docstring).
+
+    Raises:
+        ConfigError: ``tensordict`` is not installed.
+    """
+    try:
+        from tensordict import TensorDict
+    except ImportError as exc:
+        raise ConfigError(f"as_tensordict / to_tensordict need the tensordict package: {INSTALL}") from exc
+    batch = len(tr)
+    boot = tr.bootstrap_discount
+    terminated = tr.terminated if tr.terminated is not None else boot == 0
+    truncated = tr.truncated if tr.truncated is not None else torch.zeros_like(terminated)
+
+    def col(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(batch, 1)
+
+    reward = tr.reward.unsqueeze(-1) if tr.reward.dim() == 1 else tr.reward
+    return TensorDict({
+        "observation": _observation(tr.obs, batch),
+        "action": tr.action,
+        "next": TensorDict({"observation": _observation(tr.next_obs, batch), "reward": reward,
+                            "done": col(terminated | truncated), "terminated": col(terminated),
+                            "truncated": col(truncated)}, batch_size=[batch]),
+        "steps_to_next_obs": col(tr.num_steps),
+        "bootstrap_discount": boot,
+        "priority_weight": tr.weights,
+        "index": tr.keys,
+    }, batch_size=[batch], device=tr.keys.device)
+
+
+def _observation(obs: torch.Tensor | Mapping[str, torch.Tensor], batch: int) -> Any:
+    """An observation tensor, or nested fields ``"obs.a.b"`` as nested TensorDicts."""
+    if isinstance(obs, torch.Tensor):
+        return obs
+    from tensordict import TensorDict
+
+    out = TensorDict({}, batch_size=[batch])
+    for name, value in obs.items():
+        out.set(tuple(name.split(".")[1:]), value)
+    return out
