@@ -60,14 +60,17 @@ def redis_server(redis_factory: Callable[..., RedisServer]) -> RedisServer:
     return redis_factory()
 
 
-# The files whose tests take minutes (measured with --durations on 2 cores), heaviest first:
-# run first, so that under pytest-xdist the longest tests start at once and the short ones
-# fill the other workers around them, instead of one long test ending the run alone.
+# The files whose tests take minutes, the longest single tests first (CPU-seconds measured
+# with SHARDREPLAY_CPU_LOG, see tests/support/cpu_time.py: three hosts 212, the fault matrix
+# 173 and 96, the signal chains 128 and 102, the layouts 115, 90, 51, the evidence 97): run
+# first, so that under pytest-xdist the longest tests start at once and the short ones fill
+# the other workers around them, instead of one long test ending the run alone.
 HEAVY_FIRST = (
     "tests/runtime/launch/test_three_hosts.py",
-    "tests/runtime/launch/test_train_signals.py",
     "tests/runtime/launch/test_e2e_faults.py",
+    "tests/runtime/launch/test_train_signals.py",
     "tests/runtime/launch/test_train_layouts.py",
+    "tests/runtime/launch/test_train_evidence.py",
 )
 
 
