@@ -3,13 +3,29 @@ Tests on real torch.distributed groups also count as slow (see the hook below)."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.cpu_time import LOG_ENV
 from tests.support.redis import RedisServer, start_redis
 from tests.support.warm import cache_is_cold, warm_kernel_cache
+
+# One torch (OpenMP) thread in every process of the run: the xdist workers, and the ranks,
+# learners and actors they start (children inherit the environment), share 2 cores, and a
+# second thread per process only adds spinning and switching (the learners and actors of
+# ``shardreplay train`` take one thread themselves, but only after importing torch).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``SHARDREPLAY_CPU_LOG=path``: log CPU-seconds per test (:mod:`tests.support.cpu_time`)."""
+    if os.environ.get(LOG_ENV):
+        from tests.support import cpu_time
+
+        config.pluginmanager.register(cpu_time, "shardreplay-cpu-time")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -44,14 +60,17 @@ def redis_server(redis_factory: Callable[..., RedisServer]) -> RedisServer:
     return redis_factory()
 
 
-# The files whose tests take minutes (measured with --durations on 2 cores), heaviest first:
-# run first, so that under pytest-xdist the longest tests start at once and the short ones
-# fill the other workers around them, instead of one long test ending the run alone.
+# The files whose tests take minutes, the longest single tests first (CPU-seconds measured
+# with SHARDREPLAY_CPU_LOG, see tests/support/cpu_time.py: three hosts 212, the fault matrix
+# 173 and 96, the signal chains 128 and 102, the layouts 115, 90, 51, the evidence 97): run
+# first, so that under pytest-xdist the longest tests start at once and the short ones fill
+# the other workers around them, instead of one long test ending the run alone.
 HEAVY_FIRST = (
     "tests/runtime/launch/test_three_hosts.py",
-    "tests/runtime/launch/test_train_signals.py",
     "tests/runtime/launch/test_e2e_faults.py",
+    "tests/runtime/launch/test_train_signals.py",
     "tests/runtime/launch/test_train_layouts.py",
+    "tests/runtime/launch/test_train_evidence.py",
 )
 
 

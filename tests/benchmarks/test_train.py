@@ -12,6 +12,8 @@ import pytest
 from tests.support.env import BENCHMARKS
 
 BENCH = BENCHMARKS / "train" / "bench_train.py"
+# min-replay (1000) and then enough learning for several one-second metrics rows.
+STEPS = 4000
 
 import bench_train  # noqa: E402
 
@@ -29,14 +31,14 @@ def test_steady_rates_skip_the_warm_up_rows() -> None:
 @pytest.mark.timeout(400)
 def test_tiny_run_prints_one_json_line(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--steps", "6000", "--cases", "1:exact",
+    proc = subprocess.run([sys.executable, str(BENCH), "--steps", str(STEPS), "--cases", "1:exact",
                            "--out", str(out)], capture_output=True, text=True, timeout=380, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert line == json.loads(out.read_text())
     (result,) = line["results"]
     assert (result["learners"], result["sample_mode"]) == (1, "exact")
-    assert result["env_steps"] >= 6000 and result["updates"] > 0
+    assert result["env_steps"] >= STEPS and result["updates"] > 0
     assert result["steady"]["updates_per_s"] > 0 and result["overall"]["env_steps_per_s"] > 0
     steady = result["steady"]
     assert steady["samples_per_s"] == pytest.approx(steady["updates_per_s"] * 64, rel=1e-3)

@@ -1,12 +1,19 @@
-"""reap_processes: started processes get a grace period, then SIGTERM, then SIGKILL."""
+"""reap_processes: started processes get a grace period, then SIGTERM, then SIGKILL;
+descendant_pids: the process tree as psutil sees it, from the tree's own /proc files."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
 import signal
+import subprocess
+import threading
 import time
 
-from shardreplay.runtime.actor.processes import reap_processes
+import psutil
+
+from shardreplay.runtime.actor.processes import ProcessTree, descendant_pids, reap_processes
 
 
 def _ignore_sigterm_and_sleep() -> None:
@@ -29,3 +36,34 @@ def test_each_process_ends_by_the_gentlest_step_that_works() -> None:
     assert [p.exitcode for p in procs] == [0, -signal.SIGTERM, -signal.SIGKILL]
     assert not any(p.is_alive() for p in procs)
     assert took < 10  # one shared grace period, not one per process
+
+
+def test_descendant_pids_is_the_tree_psutil_sees_children_of_threads_included() -> None:
+    """Grandchildren, and a child started by a thread other than the main one (the
+    kernel lists it under that thread's task), are found; a process killed is gone."""
+    shell = ["sh", "-c", "sleep 30 & sleep 30 & wait"]
+    started: list[subprocess.Popen[bytes]] = [subprocess.Popen(shell)]
+    thread = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
+    thread.start()
+    thread.join()
+    try:
+        expected = {started[0].pid, started[1].pid}
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(started[0].pid).children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the shell starts its two sleeps
+        expected |= {c.pid for c in psutil.Process(started[0].pid).children()}
+        assert len(expected) == 4
+        found = descendant_pids(os.getpid())
+        assert found is not None, "this Linux lists no /proc/<pid>/task/<tid>/children"
+        assert set(found) == expected == {c.pid for c in psutil.Process().children(recursive=True)}
+        tree = ProcessTree()
+        tree.scan()
+        assert {p.pid for p in tree.alive()} == expected
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
+    for c in expected - {p.pid for p in started}:  # the shell's sleeps, reparented
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(c).kill()
+    assert set(descendant_pids(os.getpid()) or []) & expected == set()

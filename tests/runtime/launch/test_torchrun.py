@@ -61,7 +61,7 @@ def test_torchrun_learners_with_remote_actors_through_redis(tmp_path: Path, redi
                         "--seed", str(a)], tmp_path, prefix=f"actor{a}-") for a in range(2)]
     try:
         with TrainRun(_torchrun("--run-dir", str(run_dir), *FAST, "--actors", "0", "--remote-actors", "2",
-                                "--transport", url, "--total-env-steps", "2000"),
+                                "--transport", url, "--total-env-steps", "2000", "--hidden", "256", "256"),
                       tmp_path, module="torch.distributed.run") as learners:
             assert learners.wait(240) == 0, learners.explain()
             summary = learners.summary()

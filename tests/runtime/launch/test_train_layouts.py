@@ -28,8 +28,9 @@ from tests.runtime.train_harness import FAST, TrainRun, manifest_counters, manif
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-COMMON = [*FAST, "--hidden", "32", "32", "--envs-per-actor", "4", "--chunk-steps", "4"]
-STEPS = 1600  # per life: enough for every shard to take chunks, little training
+COMMON = [*FAST, "--hidden", "32", "32", "--envs-per-actor", "4", "--chunk-steps", "4",
+          "--samples-per-insert", "8"]
+STEPS = 1600  # per life: enough for every shard to take chunks, little training (2x4: 80-90 updates)
 
 
 def _finish(args: list[str], log_dir: Path, timeout_s: float = 300) -> dict:

@@ -102,7 +102,8 @@ def test_resume_continues_counters_and_replay_on_another_number_of_learners(tmp_
     # --auto-resume starts a new run when there is nothing to continue ... (with
     # prefetched sampling: queued priority updates are flushed before each agreed save)
     first = _finished_run(_train_args(run_dir, "--auto-resume", "--learners", "2", "--prefetch", "4",
-                                      "--total-env-steps", str(budget)), tmp_path / "a")
+                                      "--samples-per-insert", "8", "--total-env-steps", str(budget)),
+                          tmp_path / "a")  # 8 samples per insert: fewer updates, kept by the resumes
     assert first["resumed_from"] is None
     previous = first
     for step, learners in enumerate((1, 2), start=1):  # 2 -> 1, then 1 -> 2

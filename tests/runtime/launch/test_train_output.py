@@ -13,8 +13,11 @@ import pytest
 
 from tests.runtime.train_harness import FAST, TrainRun
 
-# Short runs that evaluate often (every 40 updates, 2 episodes) and never stop as solved.
-SHORT = (*FAST, "--min-replay", "200", "--eval-interval-updates", "40", "--stop-return", "0")
+# Short runs that evaluate often (every 40 updates, 2 episodes) and never stop as solved;
+# 8 samples per insert: the step budgets take a quarter of the default's updates (still
+# several evaluations each).
+SHORT = (*FAST, "--min-replay", "200", "--eval-interval-updates", "40", "--stop-return", "0",
+         "--samples-per-insert", "8")
 
 
 def _rows(run_dir: Path) -> list[dict[str, str]]:

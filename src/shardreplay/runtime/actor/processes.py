@@ -225,6 +225,44 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+def _children_files() -> bool:
+    """Whether this kernel lists each thread's children in ``/proc/<pid>/task/<tid>/children``
+    (``CONFIG_PROC_CHILDREN``, Linux 3.5 on)."""
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+_HAS_CHILDREN_FILES = _children_files()
+
+
+def descendant_pids(root: int) -> list[int] | None:
+    """The pids under ``root`` now (children, theirs, ...), or None where the kernel does
+    not list children in ``/proc`` (the caller then asks ``psutil``).
+
+    Reads the tree's own ``/proc/<pid>/task/<tid>/children`` files: a few reads per
+    process of the tree, where ``psutil``'s ``children(recursive=True)`` reads the stat
+    file of every process on the machine (2.5 ms a call with 120 processes; a launcher
+    calling it ten times a second spent 2.5% of a core on it for the whole run).
+    """
+    if not _HAS_CHILDREN_FILES:
+        return None
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:  # gone meanwhile
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:  # the thread or the process ended meanwhile
+                continue
+            found += children
+            todo += children
+    return found
+
+
 class ProcessTree:
     """Every descendant of this process ever seen, by pid and start time.
 
@@ -251,10 +289,13 @@ class ProcessTree:
         """Record the descendants alive now."""
         if self._psutil is None:
             return
-        with contextlib.suppress(self._psutil.Error):
-            for child in self._psutil.Process().children(recursive=True):
-                with contextlib.suppress(self._psutil.Error):
-                    self._seen[child.pid] = child.create_time()  # a reused pid: the newest
+        pids = descendant_pids(os.getpid())
+        if pids is None:
+            with contextlib.suppress(self._psutil.Error):
+                pids = [child.pid for child in self._psutil.Process().children(recursive=True)]
+        for pid in pids or []:
+            with contextlib.suppress(self._psutil.Error):
+                self._seen[pid] = self._psutil.Process(pid).create_time()  # a reused pid: the newest
 
     def alive(self) -> list[Any]:
         """The recorded processes still running (not zombies, not excluded)."""
