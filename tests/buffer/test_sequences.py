@@ -1,0 +1,217 @@
+"""Sequence windows (R2D2): starts every ``period`` steps of an episode, burn-in, stored
+start state and sequence priorities (docs/semantics.md, "Sequence windows").
+
+The window starts are checked against a plain-Python reference over random streams
+(episode ends, abandoned episodes, wrapped rings, chunks and single steps); priorities
+against the formula and, statistically, the draw (chi-square, fixed seeds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+import shardreplay as sr
+from shardreplay import testing
+from shardreplay.buffer.sequences import learn_mask
+from shardreplay.errors import ConfigError, SpecMismatchError
+
+FIRST, MID, LAST = 0, 1, 2
+SPEC = sr.Spec({"obs": sr.Field((2,), np.int64), "h": sr.Field((3,), np.float32)})
+
+
+def _timelines(rng: np.random.Generator, streams: int, steps: int) -> list[list[int]]:
+    """Random step types per stream: episode ends, and episodes abandoned by a FIRST."""
+    out = []
+    for _ in range(streams):
+        types, prev = [], LAST
+        for _t in range(steps):
+            u = rng.random()
+            t = FIRST if prev == LAST else (LAST if u < 0.12 else FIRST if u > 0.95 else MID)
+            types.append(t)
+            prev = t
+        out.append(types)
+    return out
+
+
+def _step(rows: np.ndarray, t: np.ndarray, types: np.ndarray, lead: tuple[int, ...]) -> dict:
+    """Steps whose ``obs`` is ``(row, time)`` and whose state ``h`` derives from both."""
+    obs = np.stack(np.broadcast_arrays(rows.reshape(-1, *([1] * (len(lead) - 1))), t), -1).reshape(*lead, 2)
+    h = (obs[..., :1] * 1000 + obs[..., 1:] + np.array([0.25, 0.5, 0.75])).astype(np.float32)
+    return {"obs": obs, "h": h, "step_type": types.reshape(lead)}
+
+
+def _write(buf: sr.ReplayBuffer, timelines: list[list[int]], rng: np.random.Generator) -> None:
+    """Write the timelines in random pieces: chunks of every stream, or single steps of some."""
+    streams, steps = len(timelines), len(timelines[0])
+    types = np.array(timelines, np.uint8)
+    t = 0
+    while t < steps:
+        if rng.random() < 0.5:
+            n = int(rng.integers(1, min(steps - t, buf.stream_capacity) + 1))
+            rows = np.arange(streams)
+            buf.extend(_step(rows, np.arange(t, t + n)[None], types[:, t:t + n], (streams, n)))
+            t += n
+        else:  # one step of every stream, in two calls over disjoint stream subsets
+            order = rng.permutation(streams)
+            for part in np.array_split(order, 2):
+                if part.size:
+                    buf.add(_step(part, np.full(part.shape, t), types[part, t], (part.shape[0],)),
+                            stream_ids=part)
+            t += 1
+
+
+def reference_starts(timelines: list[list[int]], cap: int, window: int, period: int
+                     ) -> dict[tuple[int, int], int]:
+    """Valid starts ``(row, time) -> unmasked steps``, from the rules, in plain Python."""
+    out = {}
+    for row, types in enumerate(timelines):
+        n = len(types)
+        episode, offset = [], []
+        for t, st_t in enumerate(types):
+            new = t == 0 or st_t == FIRST or types[t - 1] == LAST
+            episode.append(t if new else episode[-1])
+            offset.append(0 if new else offset[-1] + 1)
+        for q in range(max(0, n - cap), n):
+            if offset[q] % period or (window > 1 and types[q] == LAST):
+                continue
+            length = None
+            for k in range(1, window):
+                if q + k >= n or episode[q + k] != episode[q]:
+                    break
+                if types[q + k] == LAST:
+                    length = k + 1
+                    break
+            else:
+                length = window
+            if length is not None:
+                out[(row, q)] = length
+    return out
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(window=st.integers(1, 6), period_frac=st.floats(0, 1), cap_extra=st.integers(0, 8),
+       streams=st.integers(1, 3), steps=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_starts_match_the_reference(window: int, period_frac: float, cap_extra: int, streams: int,
+                                    steps: int, seed: int) -> None:
+    period = 1 + int(period_frac * (window - 1))
+    cap = window + cap_extra
+    rng = np.random.default_rng(seed)
+    timelines = _timelines(rng, streams, steps)
+    buf = sr.ReplayBuffer(SPEC, num_streams=streams, stream_capacity=cap, window=window, period=period,
+                          sampler="prioritized", seed=seed)
+    _write(buf, timelines, rng)
+    want = reference_starts(timelines, cap, window, period)
+    valid = testing.valid(buf)
+    got = {(row, int(q)) for row in range(streams) for q in range(max(0, steps - cap), steps)
+           if valid[row * cap + q % cap]}
+    assert got == set(want)
+    assert len(buf) == len(want) == testing.sampler_counters(buf)["samplable"]
+    if want:  # every drawn window is a reference window, with its mask
+        batch = buf.sample(64)
+        obs, mask = batch.data["obs"].numpy(), batch.mask.numpy()
+        for b in range(obs.shape[0]):
+            start = (int(obs[b, 0, 0]), int(obs[b, 0, 1]))
+            assert mask[b].sum() == want[start]
+            np.testing.assert_array_equal(obs[b, :want[start], 1], start[1] + np.arange(want[start]))
+
+
+def test_state_dict_keeps_the_grid_and_refuses_another_period() -> None:
+    rng = np.random.default_rng(3)
+    timelines = _timelines(rng, 2, 50)
+    buf = sr.ReplayBuffer(SPEC, num_streams=2, stream_capacity=16, window=5, period=3, seed=1)
+    _write(buf, timelines, rng)
+    state = buf.state_dict()
+    again = sr.ReplayBuffer(SPEC, num_streams=2, stream_capacity=16, window=5, period=3, seed=1)
+    again.load_state_dict(state)
+    np.testing.assert_array_equal(testing.valid(again), testing.valid(buf))
+    # The grid goes on: the next writes validate the same starts in both.
+    more = _timelines(np.random.default_rng(4), 2, 9)
+    _write(buf, more, np.random.default_rng(5))
+    _write(again, more, np.random.default_rng(5))
+    np.testing.assert_array_equal(testing.valid(again), testing.valid(buf))
+    other = sr.ReplayBuffer(SPEC, num_streams=2, stream_capacity=16, window=5, period=2)
+    with pytest.raises(ConfigError, match="period"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("period", [0, 6, 2.0, True])
+def test_period_out_of_range_is_refused(period: object) -> None:
+    with pytest.raises(ConfigError, match="period"):
+        sr.ReplayBuffer(SPEC, num_streams=1, stream_capacity=16, window=5, period=period)  # type: ignore[arg-type]
+
+
+def test_sample_sequences_gives_start_state_and_burn_in_mask() -> None:
+    buf = sr.ReplayBuffer(SPEC, num_streams=2, stream_capacity=64, window=6, period=3, seed=0)
+    timelines = [[FIRST] + [MID] * 9 + [LAST], [FIRST] + [MID] * 30]
+    _write(buf, [tl + [FIRST] * (31 - len(tl)) for tl in timelines], np.random.default_rng(0))
+    seq = sr.sample_sequences(buf, 256, burn_in=2, state=("h",))
+    data = seq.batch.data
+    torch.testing.assert_close(seq.start_state["h"], data["h"][:, 0], rtol=0, atol=0)
+    assert not seq.learn_mask[:, :2].any()
+    assert torch.equal(seq.learn_mask[:, 2:], seq.batch.mask[:, 2:])
+    # The episode of row 0 ends (LAST) at time 10: starts 0, 3, 6, 9 only; the last two
+    # windows end at the LAST (5 and 2 steps unmasked), and 9's is all burn-in and padding.
+    start_t = data["obs"][:, 0, 1]
+    row0 = data["obs"][:, 0, 0] == 0
+    assert set(start_t[row0].tolist()) == {0, 3, 6, 9}
+    for t, unmasked, learned in ((6, 5, 3), (9, 2, 0), (0, 6, 4)):
+        rows = row0 & (start_t == t)
+        assert (seq.batch.mask[rows].sum(1) == unmasked).all()
+        assert (seq.learn_mask[rows].sum(1) == learned).all()
+    with pytest.raises(ConfigError, match="burn_in"):
+        sr.sample_sequences(buf, 4, burn_in=6)
+    with pytest.raises(SpecMismatchError, match="state fields"):
+        sr.sample_sequences(buf, 4, burn_in=1, state=("core",))
+    with pytest.raises(ConfigError, match="burn_in"):
+        learn_mask(torch.ones(2, 6, dtype=torch.bool), -1)
+
+
+def test_sequence_priorities_formula() -> None:
+    rng = np.random.default_rng(0)
+    td = rng.normal(size=(5, 7))
+    mask = rng.random((5, 7)) < 0.6
+    mask[4] = False
+    got = sr.sequence_priorities(torch.from_numpy(td), torch.from_numpy(mask)).numpy()
+    for b in range(4):
+        d = np.abs(td[b][mask[b]])
+        want = 0.9 * d.max() + 0.1 * d.mean() if d.size else 0.0
+        assert got[b] == pytest.approx(want, rel=1e-6)
+    assert got[4] == 0.0 and got.dtype == np.float32
+    half = sr.sequence_priorities(torch.from_numpy(td), torch.from_numpy(mask), eta=0.5).numpy()
+    d = np.abs(td[0][mask[0]])
+    assert half[0] == pytest.approx(0.5 * d.max() + 0.5 * d.mean(), rel=1e-6)
+    with pytest.raises(ConfigError, match="NaN"):
+        sr.sequence_priorities(torch.tensor([[float("nan")]]), torch.tensor([[True]]))
+    with pytest.raises(ConfigError, match="shape|\\[B, T\\]"):
+        sr.sequence_priorities(torch.zeros(2, 3), torch.ones(2, 4, dtype=torch.bool))
+
+
+def test_sequence_priorities_set_the_draw_chi_square() -> None:
+    """Priorities set through update_priorities: the draw is p^alpha over the grid's starts."""
+    alpha = 0.7
+    buf = sr.ReplayBuffer(SPEC, num_streams=3, stream_capacity=40, window=8, period=4,
+                          sampler="prioritized", alpha=alpha, seed=11)
+    rng = np.random.default_rng(12)
+    timelines = _timelines(rng, 3, 60)
+    _write(buf, timelines, rng)
+    want = reference_starts(timelines, 40, 8, 4)
+    # Give every start a priority of its own through sampled keys.
+    prio = {start: float(rng.uniform(0.1, 3.0)) for start in want}
+    for _ in range(20):
+        batch = buf.sample(256)
+        obs = batch.data["obs"].numpy()[:, 0]
+        buf.update_priorities(batch.keys, np.array([prio[(r, t)] for r, t in obs], np.float32))
+    starts = sorted(want)
+    index = {s: i for i, s in enumerate(starts)}
+    counts = np.zeros(len(starts))
+    for _ in range(40):
+        obs = buf.sample(1024).data["obs"].numpy()[:, 0]
+        np.add.at(counts, [index[(r, t)] for r, t in obs], 1)
+    p = np.array([prio[s] for s in starts], np.float32).astype(np.float64) ** alpha
+    expected = counts.sum() * p / p.sum()
+    assert stats.chisquare(counts, expected).pvalue > 1e-3
