@@ -19,78 +19,10 @@ import shardreplay as sr
 from shardreplay import testing
 from shardreplay.buffer.sequences import learn_mask
 from shardreplay.errors import ConfigError, SpecMismatchError
+from tests.support.sequences import FIRST, LAST, MID, SPEC, reference_starts, timelines, write
 
-FIRST, MID, LAST = 0, 1, 2
-SPEC = sr.Spec({"obs": sr.Field((2,), np.int64), "h": sr.Field((3,), np.float32)})
-
-
-def _timelines(rng: np.random.Generator, streams: int, steps: int) -> list[list[int]]:
-    """Random step types per stream: episode ends, and episodes abandoned by a FIRST."""
-    out = []
-    for _ in range(streams):
-        types, prev = [], LAST
-        for _t in range(steps):
-            u = rng.random()
-            t = FIRST if prev == LAST else (LAST if u < 0.12 else FIRST if u > 0.95 else MID)
-            types.append(t)
-            prev = t
-        out.append(types)
-    return out
-
-
-def _step(rows: np.ndarray, t: np.ndarray, types: np.ndarray, lead: tuple[int, ...]) -> dict:
-    """Steps whose ``obs`` is ``(row, time)`` and whose state ``h`` derives from both."""
-    obs = np.stack(np.broadcast_arrays(rows.reshape(-1, *([1] * (len(lead) - 1))), t), -1).reshape(*lead, 2)
-    h = (obs[..., :1] * 1000 + obs[..., 1:] + np.array([0.25, 0.5, 0.75])).astype(np.float32)
-    return {"obs": obs, "h": h, "step_type": types.reshape(lead)}
-
-
-def _write(buf: sr.ReplayBuffer, timelines: list[list[int]], rng: np.random.Generator) -> None:
-    """Write the timelines in random pieces: chunks of every stream, or single steps of some."""
-    streams, steps = len(timelines), len(timelines[0])
-    types = np.array(timelines, np.uint8)
-    t = 0
-    while t < steps:
-        if rng.random() < 0.5:
-            n = int(rng.integers(1, min(steps - t, buf.stream_capacity) + 1))
-            rows = np.arange(streams)
-            buf.extend(_step(rows, np.arange(t, t + n)[None], types[:, t:t + n], (streams, n)))
-            t += n
-        else:  # one step of every stream, in two calls over disjoint stream subsets
-            order = rng.permutation(streams)
-            for part in np.array_split(order, 2):
-                if part.size:
-                    buf.add(_step(part, np.full(part.shape, t), types[part, t], (part.shape[0],)),
-                            stream_ids=part)
-            t += 1
-
-
-def reference_starts(timelines: list[list[int]], cap: int, window: int, period: int
-                     ) -> dict[tuple[int, int], int]:
-    """Valid starts ``(row, time) -> unmasked steps``, from the rules, in plain Python."""
-    out = {}
-    for row, types in enumerate(timelines):
-        n = len(types)
-        episode, offset = [], []
-        for t, st_t in enumerate(types):
-            new = t == 0 or st_t == FIRST or types[t - 1] == LAST
-            episode.append(t if new else episode[-1])
-            offset.append(0 if new else offset[-1] + 1)
-        for q in range(max(0, n - cap), n):
-            if offset[q] % period or (window > 1 and types[q] == LAST):
-                continue
-            length = None
-            for k in range(1, window):
-                if q + k >= n or episode[q + k] != episode[q]:
-                    break
-                if types[q + k] == LAST:
-                    length = k + 1
-                    break
-            else:
-                length = window
-            if length is not None:
-                out[(row, q)] = length
-    return out
+# Named by the tests below as they read.
+_timelines, _write, reference_starts = timelines, write, reference_starts
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -187,7 +119,7 @@ def test_sequence_priorities_formula() -> None:
     assert half[0] == pytest.approx(0.5 * d.max() + 0.5 * d.mean(), rel=1e-6)
     with pytest.raises(ConfigError, match="NaN"):
         sr.sequence_priorities(torch.tensor([[float("nan")]]), torch.tensor([[True]]))
-    with pytest.raises(ConfigError, match="shape|\\[B, T\\]"):
+    with pytest.raises(ConfigError, match=r"\[B, T\]"):
         sr.sequence_priorities(torch.zeros(2, 3), torch.ones(2, 4, dtype=torch.bool))
 
 
