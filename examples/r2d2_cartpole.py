@@ -49,17 +49,17 @@ class Settings:
     """Env steps at most."""
     time_limit_s: float = 900.0
     """Wall-clock limit of the run (evaluations included)."""
-    target_return: float = 475.0
+    target_return: float = 200.0
     """Stop once the mean greedy evaluation return reaches it."""
     stream_capacity: int = 10_000
     """Steps kept per stream."""
-    seq_len: int = 20
+    seq_len: int = 16
     """Steps per sampled sequence (the window)."""
-    period: int = 10
+    period: int = 8
     """Steps between sequence starts in an episode (overlap = seq_len - period)."""
-    burn_in: int = 5
+    burn_in: int = 4
     """Steps unrolled from the stored state without loss."""
-    n_step: int = 3
+    n_step: int = 5
     """n of the n-step double-Q targets."""
     gamma: float = 0.99
     """Discount factor."""
@@ -67,19 +67,19 @@ class Settings:
     """LSTM units."""
     batch_size: int = 32
     """Sequences per learner step."""
-    learning_rate: float = 1e-3
+    learning_rate: float = 2e-3
     """Adam's learning rate."""
     learning_starts: int = 2_000
     """Env steps before the first learner step."""
     updates_per_iteration: int = 1
     """Learner steps per vector-env step (num_envs env steps)."""
-    target_period: int = 200
+    target_period: int = 100
     """Learner steps between hard target-network copies."""
     alpha: float = 0.9
     """Priority exponent (R2D2's 0.9)."""
     beta: float = 0.6
     """Importance-weight exponent."""
-    eval_every: int = 10_000
+    eval_every: int = 6_000
     """Env steps between greedy evaluations."""
     eval_episodes: int = 10
     """Greedy episodes per evaluation."""
