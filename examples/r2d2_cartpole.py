@@ -104,7 +104,8 @@ class RecurrentQ(nn.Module):
 
     def forward(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Q ``[B, T, A]`` and the state after ``obs`` ``[B, T, obs_dim]`` from ``state`` ``([B, H], [B, H])``."""
+        """Q-values ``[B, T, A]`` and the final state, for ``obs`` ``[B, T, obs_dim]`` from
+        ``state`` ``([B, H], [B, H])``."""
         out, (h, c) = self.lstm(F.relu(self.embed(obs)), (state[0][None], state[1][None]))
         return self.head(out), (h[0], c[0])
 

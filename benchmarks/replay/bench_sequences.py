@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-import common  # noqa: E402
+import common
 
-import shardreplay as sr  # noqa: E402
+import shardreplay as sr
 
 BATCH, SEQ, R2D2_PERIOD = 64, 80, 40
 
@@ -85,10 +85,10 @@ def build_torchrl(steps: int, streams: int, episode_len: int, prioritized: bool,
                   seed: int) -> tuple[Any, float]:
     """A TorchRL ReplayBuffer of the same steps (stream after stream, an episode id per
     step) with a (prioritized) slice sampler; returns it and the MiB it took."""
-    import torch  # noqa: PLC0415
-    from tensordict import TensorDict  # noqa: PLC0415
-    from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: PLC0415
-    from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler, SliceSampler  # noqa: PLC0415
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+    from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler, SliceSampler
 
     before = rss_mib()
     if prioritized:
@@ -138,8 +138,8 @@ def time_only(fn, reps: int, calls: int) -> float:
 def has_torchrl_ext() -> bool:
     """Whether TorchRL's C++ extension (its sum trees) loads."""
     try:
-        import torchrl._torchrl  # noqa: F401, PLC0415
-    except Exception:  # noqa: BLE001 - any failure means: no prioritized TorchRL
+        import torchrl._torchrl  # noqa: F401
+    except Exception:
         return False
     return True
 
@@ -167,7 +167,7 @@ def one_size(steps: int, args: Any) -> dict[str, Any]:
     if not args.with_torchrl:
         return out
     if not has_torchrl_ext():
-        out["prioritized"] = "skipped: torchrl._torchrl does not load (benchmarks/replay/build_torchrl_ext.sh)"
+        out["prioritized"] = "skipped: torchrl._torchrl does not load (replay/build_torchrl_ext.sh)"
         return out
     ours, rss = build_ours(steps, args.streams, args.episode_len, 1, "prioritized", 0)
     out["rss_mib_shardreplay_prioritized"] = round(rss, 1)
@@ -188,11 +188,11 @@ def main() -> None:
     sizes = [100_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     if args.quick:
         args.reps, args.calls = 2, 3
-    import torch  # noqa: PLC0415
+    import torch
 
     torch.set_num_threads(1)  # one core each: the comparison is per core, on a shared machine
     try:
-        import torchrl  # noqa: PLC0415 - the bench extra; without it only shardreplay is timed
+        import torchrl
         version = torchrl.__version__
     except ImportError:
         version = None

@@ -94,6 +94,7 @@ __all__ = [
     "LinearSchedule",
     "NStepTransition",
     "ReplayBuffer",
+    "SequenceBatch",
     "ShardReplayError",
     "ShardedReplayBuffer",
     "Spec",
@@ -103,6 +104,8 @@ __all__ = [
     "__version__",
     "nstep_returns",
     "nstep_transitions",
+    "sample_sequences",
+    "sequence_priorities",
     "spec_from_env",
     "transitions_from_batch",
 ]

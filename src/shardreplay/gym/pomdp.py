@@ -30,7 +30,7 @@ def mask_velocities(env: Any) -> Any:
     Raises:
         ConfigError: the env's observation space is not CartPole's 4-vector box.
     """
-    import gymnasium as gym  # noqa: PLC0415 - optional and slow: only when an env is made
+    import gymnasium as gym
 
     space = env.observation_space
     if not isinstance(space, gym.spaces.Box) or space.shape != (4,):
@@ -43,14 +43,14 @@ def mask_velocities(env: Any) -> Any:
 def make_masked_cartpole(**kwargs: Any) -> Any:
     """A ``CartPole-v1`` (500 steps, keyword arguments as ``gymnasium.make``'s) whose
     observations hide both velocities."""
-    import gymnasium as gym  # noqa: PLC0415 - optional and slow: only when an env is made
+    import gymnasium as gym
 
     return mask_velocities(gym.make("CartPole-v1", **kwargs))
 
 
 def register_masked_cartpole() -> str:
     """Register :data:`ENV_ID` with gymnasium (idempotent); returns the id."""
-    import gymnasium as gym  # noqa: PLC0415 - optional and slow: only when an env is made
+    import gymnasium as gym
 
     if ENV_ID not in gym.registry:
         gym.register(ENV_ID, entry_point=make_masked_cartpole, max_episode_steps=None)
