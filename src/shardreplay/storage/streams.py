@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+import shardreplay.storage.sequences as sequences
 from shardreplay.kernels import first_writes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
-from shardreplay.storage import sequences
 from shardreplay.storage.allocate import ArrayAllocator
 from shardreplay.storage.frames import FrameStore, StackPieces
 
