@@ -147,3 +147,24 @@ def test_sequence_priorities_set_the_draw_chi_square() -> None:
     p = np.array([prio[s] for s in starts], np.float32).astype(np.float64) ** alpha
     expected = counts.sum() * p / p.sum()
     assert stats.chisquare(counts, expected).pvalue > 1e-3
+
+
+def test_uniform_sequences_draw_without_listing_the_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With period 40 about 1 slot in 40 starts a sequence: the uniform draw still rejects
+    (cost independent of capacity) instead of listing every valid slot (O(capacity))."""
+    from shardreplay.samplers import uniform
+
+    buf = sr.ReplayBuffer(SPEC, num_streams=2, stream_capacity=4000, window=80, period=40, seed=0)
+    t = np.arange(4000) % 500
+    types = np.where(t == 0, FIRST, np.where(t == 499, LAST, MID)).astype(np.uint8)
+    times = np.broadcast_to(t, (2, 4000))
+    buf.extend({"obs": np.stack([np.zeros_like(times), times], -1), "h": np.zeros((2, 4000, 3), np.float32),
+                "step_type": np.broadcast_to(types, (2, 4000))})
+    assert len(buf) / buf.num_steps < 0.05  # below the rejection threshold of plain windows
+
+    def listed(*_args: object) -> np.ndarray:
+        raise AssertionError("listed every valid slot")
+
+    monkeypatch.setattr(uniform, "_written_valid", listed)
+    starts = buf.sample(256).data["obs"][:, 0, 1].numpy()
+    assert (starts % 40 == 0).all()
