@@ -67,7 +67,7 @@ class Settings:
     """LSTM units."""
     batch_size: int = 32
     """Sequences per learner step."""
-    learning_rate: float = 2e-3
+    learning_rate: float = 3e-3
     """Adam's learning rate."""
     learning_starts: int = 2_000
     """Env steps before the first learner step."""
