@@ -25,6 +25,7 @@ from tests.support.sequences import FIRST, LAST, MID, SPEC, reference_starts, ti
 _timelines, _write, reference_starts = timelines, write, reference_starts
 
 
+@pytest.mark.slow  # 20 examples, numba compiles on the first: 20-110 s on a loaded machine
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(window=st.integers(1, 6), period_frac=st.floats(0, 1), cap_extra=st.integers(0, 8),
        streams=st.integers(1, 3), steps=st.integers(1, 40), seed=st.integers(0, 2**16))

@@ -1,6 +1,6 @@
 """Sequence windows over 2 real gloo ranks: the exact draw is the single-buffer one over
 every rank's sequence starts, with priorities set through ``update_priorities`` (chi-square,
-fixed seeds). One launch, about 10-20 s on a loaded 2-core machine."""
+fixed seeds). One launch of two ranks (spawn and imports dominate)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def _rank(rank: int, world: int) -> dict:
     return {"starts": sorted(starts), "drawn": drawn, "len": len(buf)}
 
 
+@pytest.mark.slow  # two spawned ranks: 20-80 s on a loaded machine
 def test_sharded_sequences_draw_the_single_buffer_distribution() -> None:
     results = run_ranks(_rank, 2)
     starts = results[0]["starts"] + results[1]["starts"]
