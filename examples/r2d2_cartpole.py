@@ -49,7 +49,7 @@ class Settings:
     """Env steps at most."""
     time_limit_s: float = 900.0
     """Wall-clock limit of the run (evaluations included)."""
-    target_return: float = 200.0
+    target_return: float = 475.0
     """Stop once the mean greedy evaluation return reaches it."""
     stream_capacity: int = 10_000
     """Steps kept per stream."""
