@@ -36,7 +36,11 @@ def _rank(rank: int, world: int) -> dict:
         buf.update_priorities(batch.keys, np.array([_priority(i, t) for i, t in obs], np.float32))
     drawn: dict[tuple[int, int], int] = {}
     for _ in range(20):
-        for i, t in buf.sample(1024).data["obs"].numpy()[:, 0].tolist():
+        seq = sr.sample_sequences(buf, 1024, burn_in=2, state=("h",))  # the learner's call, sharded
+        first = seq.batch.data["obs"].numpy()[:, 0]
+        assert np.array_equal(seq.start_state["h"].numpy(), seq.batch.data["h"].numpy()[:, 0])
+        assert not seq.learn_mask[:, :2].any()
+        for i, t in first.tolist():
             drawn[(i, t)] = drawn.get((i, t), 0) + 1
     starts = reference_starts(lines, CAP, WINDOW, PERIOD, id_base=10 * rank)
     return {"starts": sorted(starts), "drawn": drawn, "len": len(buf)}
