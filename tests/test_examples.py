@@ -119,4 +119,16 @@ def test_torchrl_dqn_loss_tiny():
     assert re.search(r"^losses\s+.*all finite True", out, re.MULTILINE)
     assert number(r"^priorities\s+(\d+) updated over 4 batches", out) == 4 * 32
     assert number(r"^steps_to_next_obs max (\d+)", out) == 3
+
+@pytest.mark.slow  # a tiny budget: imports and a few dozen learner steps (20-90 s on a loaded machine)
+def test_r2d2_cartpole_tiny_budget():
+    out = run_example("r2d2_cartpole.py", "--num-envs", "4", "--total-env-steps", "800",
+                      "--learning-starts", "400", "--eval-every", "800", "--eval-episodes", "2",
+                      "--stream-capacity", "400", "--seq-len", "12", "--period", "6", "--burn-in", "4",
+                      "--batch-size", "8", timeout_s=300)
+    assert "period=6" in out
+    assert number(r"^env_steps\s+(\d+)", out) == 800
+    assert number(r"^updates\s+(\d+)", out) == 101  # one per 4-env step from 400 to 800 env steps
+    assert number(r"^sequences\s+(\d+) drawable", out) > 0
+    assert number(r"^eval\s+env_steps 800 .* return (\S+)", out) >= 8  # CartPole lasts >= 8 steps
     assert out.rstrip().endswith("done")

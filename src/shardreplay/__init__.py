@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from shardreplay.buffer.info import BufferInfo
     from shardreplay.buffer.nstep import NStepTransition, nstep_returns, nstep_transitions
     from shardreplay.buffer.replay_buffer import ReplayBuffer
+    from shardreplay.buffer.sequences import SequenceBatch, sample_sequences, sequence_priorities
     from shardreplay.buffer.transitions import Transitions, transitions_from_batch
     from shardreplay.distributed import ShardedReplayBuffer
     from shardreplay.errors import (
@@ -46,6 +47,7 @@ _HOMES = {
     "LinearSchedule": "shardreplay.samplers.schedules",
     "NStepTransition": "shardreplay.buffer.nstep",
     "ReplayBuffer": "shardreplay.buffer.replay_buffer",
+    "SequenceBatch": "shardreplay.buffer.sequences",
     "ShardReplayError": "shardreplay.errors",
     "ShardedReplayBuffer": "shardreplay.distributed",
     "Spec": "shardreplay.spec",
@@ -54,6 +56,8 @@ _HOMES = {
     "Transitions": "shardreplay.buffer.transitions",
     "nstep_returns": "shardreplay.buffer.nstep",
     "nstep_transitions": "shardreplay.buffer.nstep",
+    "sample_sequences": "shardreplay.buffer.sequences",
+    "sequence_priorities": "shardreplay.buffer.sequences",
     "spec_from_env": "shardreplay.gym.writer",
     "transitions_from_batch": "shardreplay.buffer.transitions",
 }
@@ -90,6 +94,7 @@ __all__ = [
     "LinearSchedule",
     "NStepTransition",
     "ReplayBuffer",
+    "SequenceBatch",
     "ShardReplayError",
     "ShardedReplayBuffer",
     "Spec",
@@ -99,6 +104,8 @@ __all__ = [
     "__version__",
     "nstep_returns",
     "nstep_transitions",
+    "sample_sequences",
+    "sequence_priorities",
     "spec_from_env",
     "transitions_from_batch",
 ]

@@ -26,7 +26,7 @@ def test_stats_rows_round_trip_exactly() -> None:
 
 
 def test_settings_round_trip_and_refuse_a_flat_tensor() -> None:
-    mine = SamplingSettings(-BIG, 40, 1, 0.6, 0.4, 1.0, 1000, 2, 1, 32, 0, BIG, BIG - 5)
+    mine = SamplingSettings(-BIG, 40, 1, 0.6, 0.4, 1.0, 1000, 2, 1, 1, 32, 0, BIG, BIG - 5)
     row = mine.to_tensor()
     assert row.dtype == torch.int64 and row.tolist()[-5:] == [1, 32, 0, BIG, BIG - 5]
     assert row.tolist()[0] == -BIG

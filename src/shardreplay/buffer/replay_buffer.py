@@ -43,7 +43,12 @@ class ReplayBuffer:
         spec: the fields of a step.
         num_streams: number of streams (environments) writing into this buffer.
         stream_capacity: steps kept per stream (the oldest are overwritten).
-        window: steps per sampled window ``L`` (2 for 1-step transitions, n+1 for n-step).
+        window: steps per sampled window ``L`` (2 for 1-step transitions, n+1 for n-step,
+            the sequence length for recurrent learners).
+        period: window starts lie every ``period`` steps of an episode (its first step,
+            ``period``, ``2 * period``, ...): R2D2's sequences overlapping by
+            ``window - period`` steps. 1 (default): every step starts a window.
+            ``1 <= period <= window``. See docs/semantics.md, "Sequence windows".
         sampler: ``"uniform"``, ``"prioritized"`` or ``"fifo"``.
         alpha: prioritization exponent (prioritized only).
         beta: importance-weight exponent, a number or a ``LinearSchedule`` over calls.
@@ -60,10 +65,14 @@ class ReplayBuffer:
     def __init__(self, spec: Spec, *, num_streams: int, stream_capacity: int, window: int = 2,
                  sampler: str = "uniform", alpha: float = 0.6, beta: float | Schedule = 0.4,
                  seed: int | None = None, storage: str = "memory",
-                 directory: str | Path | None = None, device: torch.device | str | None = None) -> None:
+                 directory: str | Path | None = None, device: torch.device | str | None = None,
+                 period: int = 1) -> None:
         if not isinstance(spec, Spec):
             raise ConfigError(f"spec must be a shardreplay.Spec, got {type(spec).__name__}")
         _check_sizes(num_streams, stream_capacity, window)
+        if not isinstance(period, int | np.integer) or isinstance(period, bool) or not 1 <= period <= window:
+            raise ConfigError(f"period must be an integer in [1, window={window}], got {period!r} "
+                              "(windows start every `period` steps of an episode)")
         if sampler not in SAMPLER_NAMES:
             raise ConfigError(f"sampler must be one of {SAMPLER_NAMES}, got {sampler!r}")
         if not is_real(alpha) or not 0.0 <= float(alpha) <= 10.0:
@@ -74,7 +83,7 @@ class ReplayBuffer:
         self.seed = seed
         # Storage, sampler, RNG and keys: the internal seam (see buffer/shard.py).
         self._shard = Shard(spec, int(num_streams), int(stream_capacity), self.window, sampler, alpha,
-                            as_schedule(beta, "beta", 0.0, 1.0), seed, storage, directory)
+                            as_schedule(beta, "beta", 0.0, 1.0), seed, storage, directory, int(period))
 
     # -- sizes ----------------------------------------------------------------------------
     @property
@@ -98,6 +107,11 @@ class ReplayBuffer:
         return self._shard.num_steps
 
     @property
+    def period(self) -> int:
+        """Steps between window starts within an episode (1: every step)."""
+        return self._shard.period
+
+    @property
     def sampler_name(self) -> str:
         """``"uniform"``, ``"prioritized"`` or ``"fifo"``."""
         return self._shard.sampler.name
@@ -107,8 +121,9 @@ class ReplayBuffer:
         return self._shard.samplable()
 
     def __repr__(self) -> str:
+        period = f", period={self.period}" if self.period > 1 else ""
         return (f"ReplayBuffer({self.sampler_name}, streams={self.num_streams}x{self.stream_capacity}, "
-                f"window={self.window}, len={len(self)}, steps={self.num_steps})")
+                f"window={self.window}{period}, len={len(self)}, steps={self.num_steps})")
 
     # -- writing --------------------------------------------------------------------------
     def add(self, step: Mapping[str, Any], stream_ids: Any = None, priorities: Any = None) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from shardreplay.errors import CheckpointError
 from shardreplay.samplers import PrioritizedSampler, Sampler
-from shardreplay.storage import STEP_ARRAYS, StreamStorage
+from shardreplay.storage import StreamStorage
 
 _OPEN, _FINISHED, _CLOSED = "open", "finished", "closed"
 
@@ -106,7 +106,7 @@ class RestoreSession:
         self._check(_OPEN, "placing steps")
         storage = self._shard.storage
         out = {f"field.{k}": v for k, v in storage.fields.items()}
-        out.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+        out.update({k: getattr(storage, k) for k in storage.step_arrays})
         return out
 
     def frame_stores(self) -> Mapping[str, Any]:

@@ -28,7 +28,7 @@ from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler, UniformSampler
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
-from shardreplay.storage import STEP_ARRAYS, ArrayAllocator, StreamStorage
+from shardreplay.storage import SEQUENCE_STEP_ARRAYS, STEP_ARRAYS, ArrayAllocator, StreamStorage
 from shardreplay.storage.one_step import OneStepAdd, one_step_add
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
 # One-step adds on the full path before the short one is built (see Shard.__init__).
 ONE_STEP_AFTER = 1000
 
-__all__ = ["STEP_ARRAYS", "Draw", "Shard", "ShardStats", "shard_of_buffer"]
+__all__ = ["SEQUENCE_STEP_ARRAYS", "STEP_ARRAYS", "Draw", "Shard", "ShardStats", "shard_of_buffer"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,11 @@ class Shard:
 
     def __init__(self, spec: Spec, num_streams: int, stream_capacity: int, window: int, sampler: str,
                  alpha: float, beta: Schedule, seed: int | None, storage: str,
-                 directory: str | Path | None) -> None:
+                 directory: str | Path | None, period: int = 1) -> None:
         self.spec = spec
         self.window = window
         self.storage = StreamStorage(spec, num_streams, stream_capacity, window,
-                                     ArrayAllocator(storage, directory))
+                                     ArrayAllocator(storage, directory), period)
         self.sampler: Sampler = _make_sampler(sampler, self.storage, alpha, beta)
         self.rng = np.random.default_rng(seed)
         self.stale_updates = 0  # updates whose window was overwritten since it was sampled
@@ -102,6 +102,11 @@ class Shard:
     def stream_capacity(self) -> int:
         """Steps per row."""
         return self.storage.stream_capacity
+
+    @property
+    def period(self) -> int:
+        """Steps between window starts in an episode (1: every step; see storage/sequences.py)."""
+        return self.storage.period
 
     @property
     def capacity(self) -> int:
@@ -187,7 +192,7 @@ class Shard:
         cache, once), or with ``enabled=False`` never take it (every add then takes the
         full path: tests compare the two). Returns whether the short path is in use (False
         when this spec has none: see ``storage/one_step.py``)."""
-        if not enabled:
+        if not enabled or self.storage.period > 1:  # sequence offsets: full path (sequences.py)
             self._one_step = None
         elif self._one_step is None:
             # Uniform sampling records priority 1.0 and keeps no state per start.

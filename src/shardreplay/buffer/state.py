@@ -18,7 +18,7 @@ from shardreplay.samplers import Sampler
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import is_key_tag
 from shardreplay.spec.validation import check_step_values
-from shardreplay.storage import STEP_ARRAYS, StreamStorage
+from shardreplay.storage import StreamStorage
 
 STATE_VERSION = 1
 
@@ -73,6 +73,8 @@ def export_state(shard: ShardParts, field_views: bool = False) -> dict[str, Any]
         "key_tag": int(storage.key_tag),
         "rng": rng.bit_generator.state,
     }
+    if storage.period > 1:  # only then: a state without sequence windows is as it was
+        meta["period"] = storage.period
     return {"meta": meta, "arrays": arrays}
 
 
@@ -138,6 +140,9 @@ def _check_layout(shard: ShardParts, meta: Mapping[str, Any]) -> None:
         if int(meta[name]) != getattr(shard, name):
             raise ConfigError(f"the state has {name}={meta[name]}, the buffer {getattr(shard, name)}; "
                               "restore onto another layout with shardreplay.checkpoint.load")
+    if int(meta.get("period", 1)) != shard.storage.period:
+        raise ConfigError(f"the state has period={meta.get('period', 1)}, the buffer "
+                          f"{shard.storage.period}; make the buffer with the state's period")
     if meta["sampler"] != shard.sampler.name:
         raise ConfigError(f"the state is of a {meta['sampler']} sampler, the buffer "
                           f"{shard.sampler.name}")
@@ -185,7 +190,7 @@ def _check_arrays(shard: ShardParts, arrays: Mapping[str, np.ndarray]) -> None:
         raise ConfigError("state arrays: row_length does not match row_pos and stream_capacity")
     n = int(lengths.sum())
     expected = {f"field.{k}": (f.shape, f.dtype) for k, f in shard.spec.fields.items()}
-    expected.update({k: ((), dt) for k, dt in STEP_ARRAYS.items()})
+    expected.update({k: ((), dt) for k, dt in shard.storage.step_arrays.items()})
     for name, (shape, dtype) in expected.items():
         arr = arrays.get(name)
         if arr is None or arr.shape != (n, *shape) or arr.dtype != dtype:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from shardreplay.buffer.shard import STEP_ARRAYS
+from shardreplay.buffer.shard import SEQUENCE_STEP_ARRAYS
 from shardreplay.errors import ConfigError
 from shardreplay.spec import StepType
 
@@ -96,7 +96,7 @@ def apply_partial_policy(arrays: Mapping[str, Any], policy: str
     keep[np.repeat(eps.start[eps.partial], eps.length[eps.partial])
          + _ranges(eps.length[eps.partial])] = False
     for name, arr in arrays.items():
-        if name.startswith("field.") or name in STEP_ARRAYS:
+        if name.startswith("field.") or name in SEQUENCE_STEP_ARRAYS:
             out[name] = (np.concatenate(arr) if isinstance(arr, list) else arr)[keep]
     dropped_per_row = np.bincount(eps.row[eps.partial], weights=eps.length[eps.partial],
                                   minlength=arrays["row_length"].shape[0]).astype(np.int64)

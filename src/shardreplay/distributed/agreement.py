@@ -37,6 +37,7 @@ _AGREED = (
     ("beta_end", "beta schedules (end)", "pass the same beta= to every rank's ReplayBuffer"),
     ("beta_steps", "beta schedules (steps)", "pass the same beta= to every rank's ReplayBuffer"),
     ("window", "windows", "pass the same window= to every rank's ReplayBuffer"),
+    ("period", "periods", "pass the same period= to every rank's ReplayBuffer"),
     ("mode", "modes", "pass the same mode= to every rank's ShardedReplayBuffer"),
     ("prefetch", "prefetch depths", "pass the same prefetch= to every rank's ShardedReplayBuffer"),
     ("pipeline", "pipeline settings", "pass the same pipeline= to every rank's ShardedReplayBuffer"),
@@ -59,7 +60,7 @@ def settings_of(local: ReplayBuffer, mode: str, prefetch: int, pipeline: bool, h
     return SamplingSettings(
         spec_fp=np.uint64(int(spec_hex, 16)).view(np.int64), spec_len=len(_spec_bytes(local)),
         sampler=_SAMPLERS.index(local.sampler_name), alpha=alpha, beta_start=beta_start,
-        beta_end=beta_end, beta_steps=beta_steps, window=local.window,
+        beta_end=beta_end, beta_steps=beta_steps, window=local.window, period=local.period,
         mode=SAMPLE_MODES.index(mode), prefetch=prefetch, pipeline=int(pipeline), host_key=host,
         nonce=region_nonce)
 

@@ -67,6 +67,7 @@ class SamplingSettings(_Row):
     """What every rank tells the others once, at construction (:mod:`agreement` checks
     it): its spec fingerprint (int64 bits) and description length, its sampler (an index
     of ``("uniform", "prioritized")``), alpha and beta schedule (0 for uniform), window,
+    sequence period,
     sampling mode (an index of ``SAMPLE_MODES``), prefetch depth and
     pipeline flag, and its host key and region nonce for the same-host exchange
     (:mod:`shared_records`), which may differ."""
@@ -81,6 +82,7 @@ class SamplingSettings(_Row):
     beta_end: Any
     beta_steps: Any
     window: Any
+    period: Any
     mode: Any
     prefetch: Any
     pipeline: Any

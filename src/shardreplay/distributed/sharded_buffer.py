@@ -174,6 +174,16 @@ class ShardedReplayBuffer:
         return self._runner.pipeline
 
     @property
+    def window(self) -> int:
+        """Steps per sampled window (every rank's is the same: checked at construction)."""
+        return self.local.window
+
+    @property
+    def period(self) -> int:
+        """Steps between window starts in an episode (the same on every rank)."""
+        return self.local.period
+
+    @property
     def write_lock(self) -> contextlib.AbstractContextManager:
         """Hold this while writing to ``local`` directly (e.g. an ingest loop calling
         ``buffer.local.extend``): with ``pipeline=True`` the background thread draws from

@@ -71,7 +71,10 @@ class UniformSampler:
         ends = np.cumsum(storage.written_per_row())
         total = int(ends[-1])
         acceptance = count / total
-        if acceptance < _MIN_ACCEPTANCE:
+        # Sequence windows start at most every ``period`` steps: an acceptance near
+        # 1 / period is their normal, and rejection still costs O(n * period) draws,
+        # where listing the valid slots would cost O(capacity).
+        if acceptance < _MIN_ACCEPTANCE / storage.period:
             return rng.choice(_written_valid(valid, ends, storage.stream_capacity), size=n)
         out = np.empty(n, np.int64)
         got = 0

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from shardreplay.storage.allocate import STORAGE_KINDS, ArrayAllocator
-from shardreplay.storage.streams import STEP_ARRAYS, StreamStorage
+from shardreplay.storage.streams import SEQUENCE_STEP_ARRAYS, STEP_ARRAYS, StreamStorage
 
-__all__ = ["STEP_ARRAYS", "STORAGE_KINDS", "ArrayAllocator", "StreamStorage"]
+__all__ = ["SEQUENCE_STEP_ARRAYS", "STEP_ARRAYS", "STORAGE_KINDS", "ArrayAllocator", "StreamStorage"]

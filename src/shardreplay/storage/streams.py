@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+import shardreplay.storage.sequences as sequences
 from shardreplay.kernels import first_writes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.spec import Spec
@@ -34,6 +35,10 @@ STEP_ARRAYS: dict[str, np.dtype] = {
     "generation": np.dtype(np.uint32),
     "priority": np.dtype(np.float32),
 }
+
+EPISODE_STEP_DTYPE = np.dtype(np.int32)
+# ... and with sequence windows (period > 1), each step's offset in its episode.
+SEQUENCE_STEP_ARRAYS: dict[str, np.dtype] = {**STEP_ARRAYS, "episode_step": EPISODE_STEP_DTYPE}
 
 
 # Fields of at most this many bytes per step share the per-slot record (see __init__).
@@ -73,12 +78,17 @@ class StreamStorage:
     """
 
     def __init__(self, spec: Spec, num_streams: int, stream_capacity: int, window: int,
-                 allocator: ArrayAllocator) -> None:
+                 allocator: ArrayAllocator, period: int = 1) -> None:
         self.spec = spec
         self.num_streams = num_streams
         self.stream_capacity = stream_capacity
         self.window = window
         n = num_streams * stream_capacity
+        # Sequence windows (period > 1) start only at steps whose offset in their episode
+        # is a multiple of ``period``; the offsets live beside the records (not in them,
+        # so buffers without a period keep their layout and checkpoints byte for byte).
+        self.period = period
+        self.episode_step = allocator.zeros("episode_step", (n if period > 1 else 0,), EPISODE_STEP_DTYPE)
         # Frame-stacked fields keep their frames apart (frames.py); ``fields`` holds the others.
         self.stacked = {name: FrameStore(name, f, num_streams, stream_capacity, allocator)
                         for name, f in spec.fields.items() if f.frame_stack}
@@ -176,6 +186,7 @@ class StreamStorage:
         types = steps["step_type"]
         if types.ndim != 2:
             types = types.reshape(n_rows, t_len)
+        before = sequences.previous_steps(self, rows) if self.period > 1 else None
         # Frame-stacked fields are checked against the stored stacks first (this may
         # raise: nothing is written yet).
         frame_plans = [(store, stacks, store.plan(stacks, types, rows, pos, self.step_type).copy())
@@ -209,6 +220,9 @@ class StreamStorage:
             self._aligned = bool(run.all_equal(self.pos))
         for store, stacks, counts in frame_plans:
             store.append(stacks, rows, out_slots[0, :n_rows * t_len], counts)
+        if before is not None:
+            delta -= sequences.after_write(self, before, out_slots[0, :n_rows * t_len].reshape(n_rows, t_len),
+                                           out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out])
         self.num_valid += delta
         # Views of scratch arrays: valid until the next write (the sampler uses them at once).
         return out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out]
@@ -313,6 +327,10 @@ class StreamStorage:
         episode_id[slots] = steps["episode_id"]
         valid = np.zeros(self.size, np.bool_)
         kernels.recompute_validity(step_type, episode_id, valid, pos, self.stream_capacity, self.window)
+        if self.period > 1:
+            offsets = np.zeros(self.size, EPISODE_STEP_DTYPE)
+            offsets[slots] = steps["episode_step"]
+            valid &= offsets % self.period == 0
         return valid
 
     def row_pieces(self, arr: np.ndarray) -> list[np.ndarray]:
@@ -339,15 +357,21 @@ class StreamStorage:
         for name, store in self.stacked.items():
             lazy = not copy_fields and slots.shape[0]
             out[f"field.{name}"] = StackPieces.split(store, slots) if lazy else store.gather(slots)
-        for name in STEP_ARRAYS:
+        for name in self.step_arrays:
             out[name] = getattr(self, name)[slots]
         out["row_length"] = lengths
         out["row_pos"] = self.pos.copy()
         return out
 
+    @property
+    def step_arrays(self) -> dict[str, np.dtype]:
+        """The per-slot arrays saved beside the fields: :data:`STEP_ARRAYS`, plus
+        ``episode_step`` for sequence windows (``period > 1``)."""
+        return SEQUENCE_STEP_ARRAYS if self.period > 1 else STEP_ARRAYS
+
     def clear(self) -> None:
         """Forget every step: positions, bookkeeping and validity back to zero."""
-        for name in STEP_ARRAYS:
+        for name in self.step_arrays:
             getattr(self, name)[:] = 0
         self.valid[:] = False
         for store in self.stacked.values():
@@ -372,8 +396,14 @@ class StreamStorage:
         self.pos[:] = pos
         self._refresh_alignment()
         self.counters[0] = next_episode_id
+        self._recompute_validity()
+
+    def _recompute_validity(self) -> None:
+        """Validity of every stored start from the bookkeeping (after a load), and the count."""
         self.num_valid = int(kernels.recompute_validity(
             self.step_type, self.episode_id, self.valid, self.pos, self.stream_capacity, self.window))
+        if self.period > 1:
+            self.num_valid -= sequences.off_grid(self)
 
     def import_steps(self, steps: Mapping[str, np.ndarray]) -> None:
         """Inverse of :meth:`export_steps` (arrays already checked by the caller)."""
@@ -384,10 +414,9 @@ class StreamStorage:
         for name, arr in self.fields.items():
             arr[slots] = steps[f"field.{name}"]
         self.load_stacks(slots, lengths, {name: steps[f"field.{name}"] for name in self.stacked})
-        for name in STEP_ARRAYS:
+        for name in self.step_arrays:
             getattr(self, name)[slots] = steps[name]
-        self.num_valid = int(kernels.recompute_validity(
-            self.step_type, self.episode_id, self.valid, self.pos, self.stream_capacity, self.window))
+        self._recompute_validity()
 
 
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)

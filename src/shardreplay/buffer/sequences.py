@@ -1,0 +1,143 @@
+"""Sequence batches for recurrent learners (R2D2): burn-in, stored start state, priorities.
+
+A buffer made with ``window=L, period=P`` draws windows of ``L`` steps that start every
+``P`` steps of an episode (docs/semantics.md, "Sequence windows"). What a recurrent
+learner does with one (Kapturowski et al. 2019, R2D2):
+
+- it starts its network from the recurrent state the actor had at the window's first
+  step (a field of the spec the actor wrote; :func:`sample_sequences` returns its value
+  at each window's first step),
+- it unrolls the first ``burn_in`` steps without loss (``learn_mask`` is False there, and
+  on padding after the episode's end),
+- it sets the window's priority to ``eta * max_t |delta_t| + (1 - eta) * mean_t |delta_t|``
+  over the learning part (:func:`sequence_priorities`, ``eta = 0.9``).
+
+Works with any buffer whose ``sample(batch_size)`` returns a :class:`Batch`
+(``ReplayBuffer``, ``ShardedReplayBuffer``), so the draw is the buffer's: exact over the
+shards of a sharded buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from shardreplay.buffer.batch import Batch
+from shardreplay.errors import ConfigError, SpecMismatchError
+
+__all__ = ["SequenceBatch", "learn_mask", "sample_sequences", "sequence_priorities"]
+
+ETA = 0.9  # R2D2's mix of the max and the mean absolute TD error
+
+
+class SamplesBatches(Protocol):
+    """A buffer that draws windows: ``ReplayBuffer`` or ``ShardedReplayBuffer``."""
+
+    window: int
+
+    def sample(self, batch_size: int) -> Batch:
+        """Draw ``batch_size`` windows."""
+
+
+@dataclass(frozen=True)
+class SequenceBatch:
+    """``B`` sequences of ``L`` steps for a recurrent learner.
+
+    Attributes:
+        batch: the sampled windows (data ``[B, L, ...]``, mask, keys, weights).
+        start_state: each named state field at the window's first step ``[B, ...]``:
+            what the actor's recurrent network held there.
+        burn_in: the first steps of every window that the learner unrolls without loss.
+        learn_mask: bool ``[B, L]``: positions that enter the loss (not burn-in, not
+            padding after the episode's end).
+    """
+
+    batch: Batch
+    start_state: dict[str, torch.Tensor]
+    burn_in: int
+    learn_mask: torch.Tensor
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """The windows' keys, for ``update_priorities``."""
+        return self.batch.keys
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """The windows' importance weights ``[B]``."""
+        return self.batch.weights
+
+
+def learn_mask(mask: torch.Tensor, burn_in: int) -> torch.Tensor:
+    """``mask`` ``[B, L]`` with its first ``burn_in`` positions set False.
+
+    Raises:
+        ConfigError: ``burn_in`` is negative or leaves no step to learn from.
+    """
+    length = int(mask.shape[-1])
+    if not isinstance(burn_in, int) or isinstance(burn_in, bool) or not 0 <= burn_in < length:
+        raise ConfigError(f"burn_in must be an integer in [0, window={length}), got {burn_in!r}")
+    out = mask.clone()
+    out[..., :burn_in] = False
+    return out
+
+
+def sample_sequences(buffer: SamplesBatches, batch_size: int, *, burn_in: int,
+                     state: Sequence[str] = ()) -> SequenceBatch:
+    """Draw ``batch_size`` sequences from ``buffer`` (a collective on a sharded buffer).
+
+    Args:
+        buffer: a buffer made with ``window=L`` (and ``period=P`` for R2D2's overlap).
+        batch_size: sequences to draw.
+        burn_in: steps at the start of each sequence that are not learned from.
+        state: the spec fields that hold the actor's recurrent state at each step
+            (returned at each window's first step).
+
+    Raises:
+        ConfigError: ``burn_in`` outside ``[0, L)``, or the buffer's errors.
+        SpecMismatchError: a state field is not in the buffer's spec.
+        EmptyBufferError: no sequence can be drawn yet.
+    """
+    learn_mask(torch.ones(1, buffer.window, dtype=torch.bool), burn_in)  # checks burn_in first
+    batch = buffer.sample(batch_size)
+    missing = [name for name in state if name not in batch.data]
+    if missing:
+        raise SpecMismatchError(f"state fields {missing} are not in the buffer's spec; name the fields "
+                                f"the actor writes its recurrent state to (spec has {sorted(batch.data)})")
+    return SequenceBatch(batch=batch, start_state={name: batch.data[name][:, 0] for name in state},
+                         burn_in=burn_in, learn_mask=learn_mask(batch.mask, burn_in))
+
+
+def sequence_priorities(td_errors: torch.Tensor, mask: torch.Tensor, eta: float = ETA) -> torch.Tensor:
+    """R2D2's sequence priority ``eta * max |delta| + (1 - eta) * mean |delta|`` per row.
+
+    Args:
+        td_errors: ``[B, T]`` TD errors (any float dtype; not differentiated).
+        mask: bool ``[B, T]``: the positions that count (the learning part: pass
+            ``SequenceBatch.learn_mask`` cut to the positions ``td_errors`` covers).
+        eta: the weight of the maximum, in [0, 1].
+
+    Returns:
+        float32 ``[B]``, finite and >= 0; 0 for a row with no position in ``mask``.
+
+    Raises:
+        ConfigError: shapes differ, ``eta`` outside [0, 1], or a TD error is NaN or inf.
+    """
+    if td_errors.shape != mask.shape or td_errors.dim() != 2:
+        raise ConfigError(f"td_errors and mask must both be [B, T]; got {tuple(td_errors.shape)} "
+                          f"and {tuple(mask.shape)}")
+    if not 0.0 <= float(eta) <= 1.0:
+        raise ConfigError(f"eta must lie in [0, 1], got {eta!r}")
+    delta = td_errors.detach().abs().to(torch.float64)
+    if not torch.isfinite(delta).all():
+        raise ConfigError("td_errors hold NaN or inf: a diverging loss; fix the learner before "
+                          "updating priorities")
+    m = mask.to(torch.bool)
+    count = m.sum(dim=1)
+    masked = torch.where(m, delta, torch.zeros_like(delta))
+    mean = masked.sum(dim=1) / count.clamp(min=1)
+    peak = masked.max(dim=1).values
+    return (eta * peak + (1.0 - eta) * mean).to(torch.float32)
