@@ -285,9 +285,9 @@ class CheckpointSettings:
     periodic ones are written in the background and incrementally).
 
     Attributes:
-        interval_updates: updates between checkpoints (0: none by updates).
-        interval_minutes: minutes between checkpoints (0: none by time).
-        keep_last: complete checkpoints kept (and the files they read from).
+        interval_updates: every N updates (0: off).
+        interval_minutes: every X minutes (0: off).
+        keep_last: complete checkpoints kept.
     """
 
     interval_updates: int = _flag(0, "checkpoint_interval_updates")
