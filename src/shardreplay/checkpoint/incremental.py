@@ -57,7 +57,8 @@ class Chain:
     segments: Segments
 
 
-_CHAINS: weakref.WeakKeyDictionary[Shard, Chain] = weakref.WeakKeyDictionary()
+# Per shard, the chain under each checkpoint root (resolved path) it saved to.
+_CHAINS: weakref.WeakKeyDictionary[Shard, dict[str, Chain]] = weakref.WeakKeyDictionary()
 
 
 def full_segments(hi: np.ndarray, cap: int) -> Segments:
@@ -72,8 +73,8 @@ def full_segments(hi: np.ndarray, cap: int) -> Segments:
 
 def chain_of(shard: Shard, root: Path) -> Chain | None:
     """The chain a part of ``shard`` under ``root`` can continue (None: save it full)."""
-    chain = _CHAINS.get(shard)
-    if chain is None or chain.root != str(Path(root).resolve()) or chain.clears != shard.storage.clears:
+    chain = _CHAINS.get(shard, {}).get(str(Path(root).resolve()))
+    if chain is None or chain.clears != shard.storage.clears:
         return None
     # A part of an incomplete checkpoint may be set aside (moved) at the next resume.
     directory = Path(root) / chain.own.checkpoint
@@ -85,12 +86,13 @@ def chain_of(shard: Shard, root: Path) -> Chain | None:
 def remember(shard: Shard, root: Path, directory: Path, file: str, info: dict, segments: Segments) -> None:
     """After a part was written: the next part of ``shard`` may continue from it."""
     own = RefSource(Path(directory).name, file, int(info["bytes"]), tuple(info["block_xxh64"]))
-    _CHAINS[shard] = Chain(str(Path(root).resolve()), shard.storage.clears, own, segments)
+    key = str(Path(root).resolve())
+    _CHAINS.setdefault(shard, {})[key] = Chain(key, shard.storage.clears, own, segments)
 
 
-def forget(shard: Shard) -> None:
-    """The next part of ``shard`` is full."""
-    _CHAINS.pop(shard, None)
+def forget(shard: Shard, root: Path) -> None:
+    """The next part of ``shard`` under ``root`` is full."""
+    _CHAINS.get(shard, {}).pop(str(Path(root).resolve()), None)
 
 
 def plan(chain: Chain, hi: np.ndarray, cap: int) -> tuple[Segments, np.ndarray]:

@@ -252,16 +252,14 @@ def run(job: SaveJob) -> Path:
         desc = _write_part(job, written)
         wrote_manifest = _maybe_write_manifest(directory, job.num_shards, desc)
     except OSError as exc:
-        forget(shard)
+        forget(shard, directory.parent)
         raise CheckpointError(f"cannot write checkpoint {directory}: {exc}") from exc
     finally:
         if job.fence is not None:
             shard.release_fence(job.fence)
     root = directory.parent
-    if job.segments is not None:
+    if job.segments is not None:  # an incremental save: the next one continues from this part
         remember(shard, root, directory, desc["file"], desc, job.segments)
-    else:
-        forget(shard)
     log.info("checkpoint %s: shard %d/%d saved %d steps, %d episodes in %.2f s (%s%s)%s", directory.name,
              job.index, job.num_shards, desc["steps"], desc["episodes"], time.perf_counter() - started,
              _partial_text(desc["partial"]), _refs_text(desc), _restored_text(job.counts))
