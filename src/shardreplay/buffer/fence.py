@@ -22,6 +22,7 @@ Internal: not part of the public API.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 
@@ -117,13 +118,11 @@ class WriteFence:
         """Pieces of at most ``PIECE_BYTES`` covering each row's steps from ``start`` to
         ``hi`` of field ``name``, in (row, time) order."""
         arr = self._arrays[name]
-        row_bytes = max(1, arr.dtype.itemsize * int(np.prod(arr.shape[1:])))
+        row_bytes = max(1, arr.dtype.itemsize * math.prod(arr.shape[1:]))
         step = max(1, PIECE_BYTES // row_bytes)
-        out = []
-        for r in range(self.hi.shape[0]):
-            for a in range(int(self.start[r]), int(self.hi[r]), step):
-                out.append(FencedPiece(self, name, r, a, min(a + step, int(self.hi[r]))))
-        return out
+        return [FencedPiece(self, name, r, a, min(a + step, hi))
+                for r, (start, hi) in enumerate(zip(self.start.tolist(), self.hi.tolist(), strict=True))
+                for a in range(start, hi, step)]
 
     # -- end -------------------------------------------------------------------------------
     def release(self) -> None:
@@ -153,7 +152,7 @@ class FencedPiece:
         self.shape = (b - a, *arr.shape[1:])
         self.dtype = arr.dtype
         self.ndim = len(self.shape)
-        self.size = int(np.prod(self.shape))
+        self.size = math.prod(self.shape)  # not np.prod: a shard has thousands of pieces
         self.nbytes = self.size * self.dtype.itemsize
 
     def __len__(self) -> int:
