@@ -102,7 +102,7 @@ def test_a_missing_referred_file_makes_the_checkpoint_incomplete(tmp_path: Path)
     assert checkpoint.damage(checkpoint.checkpoint_dir(tmp_path, 2)) is not None
     part.unlink()
     assert not checkpoint.is_complete(checkpoint.checkpoint_dir(tmp_path, 2))
-    with pytest.raises(CheckpointError, match="refers to|reads rows from"):
+    with pytest.raises(CheckpointError, match="reads rows from"):
         checkpoint.load(tmp_path, make_buffer(STREAMS, CAPACITY), checkpoint_id=2)
 
 
