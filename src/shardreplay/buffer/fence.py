@@ -11,11 +11,11 @@ those slots: a fence costs nothing until a write reaches fenced steps, and then 
 copy of each step it replaces.
 
 The reader (:class:`FencedPiece`, converted with ``np.asarray``) takes the steps of one
-field and row in time order, under the fence's lock: the ones announced as replaced
-from the copies, the rest from the live slots (no write can touch them meanwhile: a
-write announces itself under the same lock first), and moves the frontier past them,
-so a step is copied at most once, by whichever comes first. The lock is held for one
-piece's copy (at most ``PIECE_BYTES``), never for a disk write.
+field and row in time order: the ones announced as replaced from the copies, the rest
+from the live slots, copied without the lock and checked after the copy (a write
+announces itself under the lock before it writes: steps announced during the copy are
+taken from their copies), and moves the frontier past them. The lock is held for
+bookkeeping only, never for a piece's copy or a disk write.
 
 Internal: not part of the public API.
 """
@@ -87,31 +87,47 @@ class WriteFence:
     # -- the reader's side (the checkpoint's thread) -------------------------------------
     def read(self, name: str, row: int, a: int, b: int) -> np.ndarray:
         """The steps ``[a, b)`` of ``row`` of field ``name`` as they were at the fence;
-        ``a`` must be the frontier (pieces are read in time order)."""
+        ``a`` must be the frontier (pieces are read in time order).
+
+        The live slots are copied *without* the lock (a writer preempted while holding
+        it would stall the buffer's writes): steps announced as replaced meanwhile were
+        copied aside before being overwritten (the frontier had not passed them), and
+        their copies replace what was read of them; steps not announced by the end of
+        the copy were not written during it.
+        """
         with self._lock:
             if a != self._front[name][row]:
-                raise ShardReplayError(f"internal: fence of {name!r} row {row}: read {a}..{b} out of order "
-                                   f"(frontier {self._front[name][row]})")
-            m = int(min(max(self._replaced[row], a), b))
-            parts = self._take_kept(name, row, a, m)
-            if b > m:
-                parts.append(self._live(name, row, m, b))
+                raise ShardReplayError(f"internal: fence of {name!r} row {row}: read {a}..{b} out of "
+                                       f"order (frontier {self._front[name][row]})")
+            m0 = self._announced(row, a, b)
+            parts = self._take_kept(name, row, a, m0, drop=False)
+        live = self._live(name, row, m0, b) if b > m0 else None
+        with self._lock:
+            m1 = self._announced(row, a, b)
+            if live is not None and m1 > m0:  # overwritten during the copy: take the copies
+                fixed = self._take_kept(name, row, m0, m1, drop=False)
+                live[:m1 - m0] = np.concatenate(fixed) if len(fixed) > 1 else fixed[0]
             self._front[name][row] = b
+            self._take_kept(name, row, b, b, drop=True)  # forget what is read
+        if live is not None:
+            parts.append(live)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def _take_kept(self, name: str, row: int, a: int, m: int) -> list[np.ndarray]:
-        """The copies of steps ``[a, m)`` (in order), forgetting those no longer needed."""
-        if m <= a:
-            return []
+    def _announced(self, row: int, a: int, b: int) -> int:
+        """The end of the steps of ``[a, b)`` announced as replaced (copied aside)."""
+        return int(min(max(self._replaced[row], a), b))
+
+    def _take_kept(self, name: str, row: int, a: int, m: int, *, drop: bool) -> list[np.ndarray]:
+        """The copies of steps ``[a, m)`` (in order); with ``drop``, forget the copies of
+        steps before ``m`` (read already)."""
         chunks = self._kept.get((name, row), [])
-        out, rest = [], []
+        out = []
         for start, data in chunks:
             lo, hi = max(start, a), min(start + data.shape[0], m)
             if hi > lo:
                 out.append(data[lo - start:hi - start])
-            if start + data.shape[0] > m:
-                rest.append((start, data))
-        self._kept[(name, row)] = rest
+        if drop and chunks:
+            self._kept[(name, row)] = [(st, d) for st, d in chunks if st + d.shape[0] > m]
         return out
 
     def pieces(self, name: str) -> list[FencedPiece]:
