@@ -82,6 +82,7 @@ def _overwrite(buf: sr.ReplayBuffer, seed: int, steps: int = CAPACITY) -> None:
         buf.extend(_chunk(rng, -t))
 
 
+@pytest.mark.slow  # ~11 s on 2 busy cores (compiled kernels of a first write included)
 def test_background_save_racing_overwrites_restores_the_buffer_at_the_call(tmp_path: Path) -> None:
     buf = _buffer(0)
     fill_random(buf, CAPACITY + 120, seed=1)  # rings wrapped: a row is written in two pieces
