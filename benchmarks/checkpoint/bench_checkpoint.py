@@ -27,9 +27,15 @@ peak increase over the bytes loaded. Our timed load fills a buffer created just 
 and faults its arrays inside its time: ``create_load_ratio_*`` also counts creating
 the buffer, for comparison. One JSON line on stdout.
 
+``--stall`` measures instead what a checkpoint costs a training learner
+(:mod:`stall`): its steps timed while a checkpoint is written, synchronously as before
+and in the background as ``train`` does now, and the bytes of an incremental checkpoint
+against the data ingested since the previous one. One JSON line too.
+
 Usage::
 
     python benchmarks/checkpoint/bench_checkpoint.py                  # ~2 GB (needs ~5 GB free disk)
+    python benchmarks/checkpoint/bench_checkpoint.py --stall          # learner stall, incremental bytes
     python benchmarks/checkpoint/bench_checkpoint.py --gb 0.05        # smoke run
     python benchmarks/checkpoint/bench_checkpoint.py --dir /tmp/ckbench --out .bench/bench_checkpoint.json
 """
@@ -52,6 +58,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
 import common
+import stall
 
 OBS_SHAPE = (4, 84, 84)
 STREAMS = 8
@@ -221,6 +228,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dir", type=Path, default=Path(".bench/bench_checkpoint"),
                    help="scratch directory (removed afterwards)")
     p.add_argument("--keep", action="store_true", help="keep the scratch files")
+    p.add_argument("--stall", action="store_true",
+                   help="time learner steps during a checkpoint, and incremental bytes (see stall.py)")
+    p.add_argument("--steps", type=int, default=300, help="--stall: baseline steps timed")
+    p.add_argument("--ingest-frac", type=float, default=0.1,
+                   help="--stall: capacity share ingested between incremental checkpoints")
     p.add_argument("--child", choices=("ours", "numpy"), help=argparse.SUPPRESS)
     p.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--capacity", type=int, help=argparse.SUPPRESS)
@@ -306,11 +318,37 @@ def parent_main(args: argparse.Namespace) -> None:
     common.emit_line(line, args.out)
 
 
+def stall_main(args: argparse.Namespace) -> None:
+    """``--stall``: the learner's steps during a checkpoint, and incremental bytes."""
+    _spec, step_bytes = spec_and_step_bytes()
+    capacity = max(64, int(args.gb * 1e9 / step_bytes / STREAMS))
+    root = args.dir / "stall"
+    args.dir.mkdir(parents=True, exist_ok=True)
+    try:
+        warm_up(args.dir / "warmup")
+        buf = make_buffer(capacity)
+        fill(buf, capacity + capacity // 10)
+        line: dict[str, Any] = {"benchmark": "bench_checkpoint_stall",
+                                "data_bytes": capacity * STREAMS * step_bytes,
+                                "steps": capacity * STREAMS, "step_bytes": step_bytes,
+                                "ingest_steps_per_learner_step": STREAMS * stall.INGEST_T}
+        line.update(stall.measure_stall(buf, root, STREAMS, OBS_SHAPE, args.steps))
+        line.update(stall.measure_incremental(buf, root, STREAMS, step_bytes, args.ingest_frac))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    line.update({"cpus": common.cpus(), "loadavg_1m": common.loadavg()[0], "python": common.python(),
+                 "dir": str(args.dir)})
+    common.emit_line(line, args.out)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark (or, with the hidden ``--child``, one load)."""
     args = parse_args(argv)
     if args.child:
         child_main(args)
+    elif args.stall:
+        stall_main(args)
     else:
         parent_main(args)
 

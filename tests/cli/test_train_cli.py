@@ -218,3 +218,15 @@ def test_an_unwritable_spool_is_refused_before_anything_is_made(tmp_path: Path) 
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="transport"):  # a file where a directory should be
         check_writable((tmp_path / "file" / "spool").as_uri())
+
+
+def test_checkpoints_are_periodic_by_time_by_default_and_keep_two() -> None:
+    settings, _resume = _settings(build_parser().parse_args(["train"]))
+    assert (settings.checkpoints.interval_minutes, settings.checkpoints.keep_last) == (10.0, 2)
+    args = build_parser().parse_args(["train", "--checkpoint-interval-minutes", "0.5", "--keep-last", "3",
+                                      "--checkpoint-interval-updates", "100"])
+    settings, _resume = _settings(args)
+    assert (settings.checkpoints.interval_minutes, settings.checkpoints.keep_last,
+            settings.checkpoints.interval_updates) == (0.5, 3, 100)
+    with pytest.raises(ConfigError, match="keep_last must be > 0"):
+        _settings(build_parser().parse_args(["train", "--keep-last", "0"]))

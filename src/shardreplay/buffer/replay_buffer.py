@@ -147,7 +147,8 @@ class ReplayBuffer:
         """
         shard = self._shard
         fast = shard._one_step  # read on every step: an attribute, not the property
-        if fast is not None and stream_ids is None and priorities is None and type(step) is dict:
+        if fast is not None and stream_ids is None and priorities is None and type(step) is dict \
+                and shard._fence is None:
             # One step of every stream in the stored dtypes: one compiled call
             # (storage/one_step.py); anything else takes the full validation.
             if not fast.add(step):
@@ -313,7 +314,10 @@ class ReplayBuffer:
                 use ``shardreplay.checkpoint.load`` to restore onto another layout.
             SpecMismatchError: the state's spec differs from this buffer's.
             Nothing changes when an error is raised.
+
+        Waits first for a background checkpoint of this buffer to finish writing.
         """
+        self._shard.wait_fence()
         import_state(self._shard, state)
 
 

@@ -11,6 +11,7 @@ Internal: not part of the public API (no name here is exported from ``shardrepla
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from shardreplay.buffer.checks import check_priorities, check_stream_ids, foreign_key
+from shardreplay.buffer.fence import WriteFence
 from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.state import export_state
@@ -86,6 +88,8 @@ class Shard:
         self._one_step: OneStepAdd | None = None
         self._full_adds = 0
         self._restoring: RestoreSession | None = None  # a restore not finished (save refuses)
+        self._fence: WriteFence | None = None  # a background checkpoint's view (buffer/fence.py)
+        self._fence_lock = threading.Lock()
 
     @property
     def one_step(self) -> OneStepAdd | None:
@@ -148,7 +152,8 @@ class Shard:
         Raises:
             SpecMismatchError, InvalidPriorityError: as ``ReplayBuffer.add``; nothing is written.
         """
-        if t_len is None and stream_ids is None and priorities is None and type(step) is dict:
+        if t_len is None and stream_ids is None and priorities is None and type(step) is dict \
+                and self._fence is None:  # a fence sees every write: the full path announces it
             fast = self._one_step
             if fast is not None:
                 if fast.add(step):
@@ -183,6 +188,9 @@ class Shard:
         sampler = self.sampler
         if prios is not None and isinstance(sampler, PrioritizedSampler):
             sampler.note_priorities(prios)
+        fence = self._fence
+        if fence is not None:  # checked: nothing below fails, so the copies are never wasted
+            fence.before_write(storage.pos, rows, 1 if t_len is None else t_len)
         slots, valid, newly = storage.write(steps, rows, 1 if t_len is None else t_len, prios,
                                             sampler.default_priority())
         sampler.on_write(slots, valid, newly)
@@ -310,6 +318,34 @@ class Shard:
         until the next write)."""
         return export_state(self, field_views=True)
 
+    def take_fence(self, names: list[str], start: np.ndarray) -> WriteFence:
+        """Fence the stored steps of the plain fields ``names`` from absolute step
+        ``start[r]`` of each row on (see :mod:`shardreplay.buffer.fence`): they stay
+        readable through the fence while writes go on, until :meth:`release_fence`. One
+        fence at a time: this waits until a previous one is released."""
+        while True:
+            with self._fence_lock:
+                held = self._fence
+                if held is None:
+                    self._fence = WriteFence(self.storage, names, start)
+                    return self._fence
+            held.wait_released()
+
+    def release_fence(self, fence: WriteFence) -> None:
+        """The fence's reader is done (any thread): writes no longer copy for it."""
+        with self._fence_lock:
+            fence.release()
+            if self._fence is fence:
+                self._fence = None
+
+    def wait_fence(self) -> None:
+        """Wait until no fence is held (a background checkpoint's write finished): the
+        content must not be replaced under a reader."""
+        held = self._fence
+        while held is not None:
+            held.wait_released()
+            held = self._fence
+
     @property
     def fields(self) -> Mapping[str, np.ndarray]:
         """The stored user fields by flat slot (templates of their dtypes and shapes)."""
@@ -331,7 +367,10 @@ class Shard:
         Args:
             source: what is restored (named when a save is refused).
             key_epoch_floor: the key epoch the emptied shard keeps at least.
+
+        Waits first for a background checkpoint of this shard to finish writing.
         """
+        self.wait_fence()
         return RestoreSession(self, source, key_epoch_floor)
 
     @property

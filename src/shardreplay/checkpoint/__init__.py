@@ -1,12 +1,16 @@
 """Sharded checkpoints: every rank saves its part, any M parts restore onto N ranks.
 
 Use as ``shardreplay.checkpoint.save(buffer, path, checkpoint_id)`` and
-``shardreplay.checkpoint.load(path, buffer)``; :class:`CheckpointTrigger` decides when
+``shardreplay.checkpoint.load(path, buffer)``; ``save_in_background`` returns at once
+and writes from a thread (the checkpoint is the buffer at the call), and
+``incremental=True`` writes only the rows new since the previous checkpoint;
+:class:`CheckpointTrigger` decides when
 (periodic, on request, on SIGTERM, after a crash).
 """
 
 from __future__ import annotations
 
+from shardreplay.checkpoint.background import PendingSave, save_in_background
 from shardreplay.checkpoint.episodes import PARTIAL_POLICIES
 from shardreplay.checkpoint.load import LoadReport, load
 from shardreplay.checkpoint.manifest import (
@@ -35,6 +39,7 @@ __all__ = [
     "LoadReport",
     "Manifest",
     "ManifestPart",
+    "PendingSave",
     "RestoreCounts",
     "checkpoint_dir",
     "damage",
@@ -46,6 +51,7 @@ __all__ = [
     "load_manifest",
     "read_manifest",
     "save",
+    "save_in_background",
     "set_aside",
     "set_aside_incomplete",
 ]

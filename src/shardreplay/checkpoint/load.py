@@ -32,10 +32,11 @@ import torch
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.shard import shard_of_buffer
-from shardreplay.checkpoint.format import PartReader, advise_hugepages
+from shardreplay.checkpoint.format import advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, list_checkpoints, load_manifest, read_covered
 from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan_shard
 from shardreplay.checkpoint.records import Manifest, PartMeta
+from shardreplay.checkpoint.refs import AnyPartReader, open_part
 from shardreplay.checkpoint.save import shard_of
 from shardreplay.checkpoint.stacked import read_stacks
 from shardreplay.distributed import ShardedReplayBuffer
@@ -264,7 +265,10 @@ def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, s
     files = {name: read_covered(manifest, name) for name in names}
     parts = manifest.parts
     with ExitStack() as stack:
-        readers = [stack.enter_context(PartReader(directory / p.file, p.entry)) for p in parts]
+        readers: list[AnyPartReader] = []
+        for p in parts:
+            readers.append(open_part(directory, p))
+            stack.callback(readers[-1].close)
         episodes = _episode_table(readers)
         metas = [PartMeta.parse(r.metadata.get("buffer_meta", "{}"), r.path) for r in readers]
         positions = [_row_pos(r) for r in readers]
@@ -317,7 +321,7 @@ def _report(manifest: Manifest, shard: int, num_shards: int, plan: ShardPlan, ep
                       exact=exact, key_epoch=epoch, manifest=manifest, files=files)
 
 
-def _row_pos(reader: PartReader) -> np.ndarray:
+def _row_pos(reader: AnyPartReader) -> np.ndarray:
     """A part's saved row positions (absolute: steps ever written to each row)."""
     pos = reader.array("row_pos").astype(np.int64)
     if pos.shape != reader.array("row_length").shape or (pos < 0).any():
@@ -345,7 +349,7 @@ def writes_per_slot(pos: np.ndarray, cap: int) -> int:
     return int(-(-int(pos.max()) // cap)) if pos.shape[0] else 0
 
 
-def _same_layout(readers: list[PartReader], metas: list[PartMeta], positions: list[np.ndarray],
+def _same_layout(readers: list[AnyPartReader], metas: list[PartMeta], positions: list[np.ndarray],
                  layout: NewLayout) -> bool:
     """Whether the restore can put every part back as it was: as many shards as saved
     parts, each new shard with its part's rows and row capacity, and every stored step
@@ -369,7 +373,7 @@ def _identity_plan(episodes: EpisodeTable, shard: int, pos: np.ndarray, cap: int
     return ShardPlan(ids, episodes.row[ids], zeros, zeros, np.minimum(pos, cap), 0, 0)
 
 
-def _read_as_saved(reader: PartReader, pos: np.ndarray, session: RestoreSession) -> None:
+def _read_as_saved(reader: AnyPartReader, pos: np.ndarray, session: RestoreSession) -> None:
     """Read a part into the slots its steps had (positions as saved, ring order), with
     its episode ids, generations and priorities, and the step types and discounts that
     sealing changed put back."""
@@ -407,7 +411,7 @@ def _read_as_saved(reader: PartReader, pos: np.ndarray, session: RestoreSession)
         targets["discount"][slots[index]] = discounts
 
 
-def _episode_table(readers: list[PartReader]) -> EpisodeTable:
+def _episode_table(readers: list[AnyPartReader]) -> EpisodeTable:
     """The episode tables of all parts, checked against their rows, as one table."""
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("part", "start", "length", "row", "age")}
     for k, reader in enumerate(readers):
@@ -426,7 +430,7 @@ def _episode_table(readers: list[PartReader]) -> EpisodeTable:
     return EpisodeTable(**{k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in cols.items()})
 
 
-def _read_placements(readers: list[PartReader], plan: ShardPlan, episodes: EpisodeTable,
+def _read_placements(readers: list[AnyPartReader], plan: ShardPlan, episodes: EpisodeTable,
                      session: RestoreSession, spec: Spec) -> None:
     """Read this shard's episodes into the storage, then check every block read.
 

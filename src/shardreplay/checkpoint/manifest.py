@@ -36,7 +36,7 @@ from typing import Any
 from shardreplay._hashing import xxh64
 from shardreplay._io import atomic_write_bytes
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.checkpoint.records import FileEntry, Manifest, ManifestPart
+from shardreplay.checkpoint.records import FileEntry, Manifest, ManifestPart, RefSource
 from shardreplay.errors import (
     CheckpointDamagedError,
     CheckpointError,
@@ -45,7 +45,10 @@ from shardreplay.errors import (
 )
 
 FORMAT = "shardreplay-checkpoint"
-FORMAT_VERSION = 2  # 2: XXH64 block hashes (1 had CRC32)
+FORMAT_VERSION = 2  # 2: XXH64 block hashes (1 had CRC32); what a full save writes
+# 3: an incremental checkpoint (a part refers to earlier part files: checkpoint/refs.py)
+INCREMENTAL_VERSION = 3
+READ_VERSIONS = (FORMAT_VERSION, INCREMENTAL_VERSION)
 _DIR_RE = re.compile(r"^ckpt-(\d+)$")
 INCOMPLETE_DIR = "incomplete"  # under a checkpoint root: incomplete checkpoints set aside
 
@@ -128,10 +131,10 @@ def parse_checked(path: Path, raw: bytes) -> dict[str, Any]:
         raise CheckpointFormatError(f"{path}: not a shardreplay checkpoint JSON file ({exc})") from exc
     if zlib.crc32(text.encode()) != crc or not isinstance(body, dict):
         raise CheckpointFormatError(f"{path}: checksum mismatch (the file was changed or corrupted)")
-    if body.get("format") != FORMAT or body.get("version") != FORMAT_VERSION:
+    if body.get("format") != FORMAT or body.get("version") not in READ_VERSIONS:
         raise CheckpointFormatError(f"{path}: format {body.get('format')!r} version "
                                     f"{body.get('version')!r}; this shardreplay reads {FORMAT!r} "
-                                    f"version {FORMAT_VERSION}")
+                                    f"versions {', '.join(map(str, READ_VERSIONS))}")
     return body
 
 
@@ -200,6 +203,26 @@ def _check_part(manifest: Manifest, part: ManifestPart) -> None:
     if any(desc.get(k) != v for k, v in part.entry.items()):
         raise CheckpointFormatError(f"{desc_path}: does not match the manifest's "
                                     "entry for this part (saved again after the manifest?)")
+    for ref in part.refs:  # the earlier files an incremental part reads rows from
+        _check_ref(directory, ref)
+
+
+def _check_ref(directory: Path, ref: RefSource) -> None:
+    """An earlier part file that an incremental part refers to: present, of the size
+    recorded (its blocks are hashed as they are read, or by :func:`check_complete`)."""
+    file = ref.path(directory.parent)
+    if not file.exists():
+        raise IncompleteCheckpointError(f"{file}: missing, and {directory.name} reads rows from it "
+                                        "(an incremental checkpoint needs the files it refers to)")
+    if file.stat().st_size != ref.bytes:
+        raise CheckpointFormatError(f"{file}: {file.stat().st_size} bytes, {directory.name} refers "
+                                    f"to it as {ref.bytes} (replaced?)")
+
+
+def referenced_checkpoints(manifest: Manifest) -> set[str]:
+    """The directory names of the earlier checkpoints whose files ``manifest``'s parts
+    read rows from (pruning keeps them)."""
+    return {ref.checkpoint for part in manifest.parts for ref in part.refs}
 
 
 def read_covered(manifest: Manifest, name: str) -> bytes:
@@ -247,6 +270,9 @@ def check_complete(directory: Path, *, hashes: bool = True) -> Manifest:
     for part in manifest.parts:
         with PartReader(directory / part.file, part.entry) as reader:
             reader.verify_all()
+        for ref in part.refs:
+            with PartReader(ref.path(directory.parent), ref.as_json()) as reader:
+                reader.verify_all()
     descriptions = {f"{part_name(p.shard, manifest.num_shards)}.json" for p in manifest.parts}
     for name in sorted(set(manifest.files) - descriptions):  # the descriptions were checked above
         read_covered(manifest, name)
@@ -263,7 +289,8 @@ _VERIFIED: dict[str, tuple[tuple[str, int, int], ...]] = {}
 
 def _stamp(manifest: Manifest) -> tuple[tuple[str, int, int], ...]:
     names = ["manifest.json", *sorted(manifest.files)] + \
-        [n for p in manifest.parts for n in (p.file, p.file.replace(".safetensors", ".json"))]
+        [n for p in manifest.parts for n in (p.file, p.file.replace(".safetensors", ".json"))] + \
+        [f"../{r.checkpoint}/{r.file}" for p in manifest.parts for r in p.refs]
     out = []
     for name in dict.fromkeys(names):
         st = (manifest.directory / name).stat()

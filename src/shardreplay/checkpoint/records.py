@@ -56,6 +56,43 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class RefSource:
+    """A part file of an earlier checkpoint that an incremental part reads rows from:
+    ``<root>/<checkpoint>/<file>``, with its size and block hashes (as that checkpoint's
+    manifest lists them)."""
+
+    checkpoint: str
+    file: str
+    bytes: int
+    block_xxh64: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, value: Any, where: Path) -> RefSource:
+        """Parse ``{"checkpoint", "file", "bytes", "block_xxh64"}``.
+
+        Raises:
+            CheckpointFormatError: malformed, or a name that is not a plain one.
+        """
+        if not isinstance(value, Mapping):
+            raise CheckpointFormatError(f"{where}: a 'refs' entry is not a JSON object")
+        ckpt, file, hashes = value.get("checkpoint"), value.get("file"), value.get("block_xxh64")
+        if not isinstance(ckpt, str) or not ckpt.startswith("ckpt-") or "/" in ckpt or \
+                not isinstance(file, str) or not file.startswith("part-") or "/" in file or \
+                not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+            raise CheckpointFormatError(f"{where}: malformed 'refs' entry {value!r}")
+        return cls(ckpt, file, _count(value.get("bytes"), "a reference's size", where), tuple(hashes))
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON form (as stored), which ``PartReader`` takes as its expectation."""
+        return {"checkpoint": self.checkpoint, "file": self.file, "bytes": self.bytes,
+                "block_xxh64": list(self.block_xxh64)}
+
+    def path(self, root: Path) -> Path:
+        """The file under checkpoint root ``root``."""
+        return Path(root) / self.checkpoint / self.file
+
+
+@dataclass(frozen=True)
 class RestoreCounts:
     """What a restore kept and lost (``LoadReport.counts()``; recorded in the next save):
     the source checkpoint, its shards and steps, then this shard's (or, in a manifest,
@@ -131,6 +168,7 @@ class ManifestPart:
     extra: Mapping[str, Any]
     files: Mapping[str, FileEntry]
     entry: Mapping[str, Any]  # the JSON entry as listed (compared with the description)
+    refs: tuple[RefSource, ...] = ()  # an incremental part's earlier files (none: a full part)
 
     @classmethod
     def parse(cls, entry: Any, where: Path) -> ManifestPart:
@@ -147,16 +185,18 @@ class ManifestPart:
         if not isinstance(partial, Mapping) or not isinstance(extra, Mapping) or \
                 not isinstance(entry.get("file"), str) or not isinstance(entry.get("partial_policy"), str):
             raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r} is malformed")
-        files = entry.get("files", {})
-        if not isinstance(files, Mapping):
-            raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r}: 'files' is malformed")
+        files, refs = entry.get("files", {}), entry.get("refs", [])
+        if not isinstance(files, Mapping) or not isinstance(refs, list):
+            raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r}: 'files' or 'refs' "
+                                        "is malformed")
         return cls(_count(entry.get("shard"), "a part's shard", where), entry["file"],
                    _count(entry.get("bytes"), "a part's size", where), tuple(hashes),
                    _count(entry.get("steps"), "a part's steps", where),
                    _count(entry.get("episodes"), "a part's episodes", where), entry["partial_policy"],
                    {str(k): _count(v, f"partial.{k}", where) for k, v in partial.items()},
                    RestoreCounts.parse(entry.get("restored"), where), dict(extra),
-                   {str(k): FileEntry.parse(k, v, where) for k, v in files.items()}, dict(entry))
+                   {str(k): FileEntry.parse(k, v, where) for k, v in files.items()}, dict(entry),
+                   tuple(RefSource.parse(r, where) for r in refs))
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardreplay.buffer.restore import RestoreSession
-from shardreplay.checkpoint.format import PartReader
+from shardreplay.checkpoint.refs import AnyPartReader
 
 # Steps read per piece: bounds the temporary stacks (84x84x4 uint8: ~28 MiB).
 PIECE_STEPS = 1024
 
 
-def read_stacks(readers: Sequence[PartReader], runs: Sequence[tuple[int, int, int, int]],
+def read_stacks(readers: Sequence[AnyPartReader], runs: Sequence[tuple[int, int, int, int]],
                 session: RestoreSession) -> None:
     """Fill the frame rings of the shard ``session`` restores from ``runs`` of saved steps.
 

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from shardreplay.buffer.shard import STEP_ARRAYS
-from shardreplay.checkpoint.format import PartReader
 from shardreplay.checkpoint.load import _episode_table
 from shardreplay.checkpoint.manifest import (
     check_complete,
@@ -26,6 +25,7 @@ from shardreplay.checkpoint.manifest import (
     load_manifest,
 )
 from shardreplay.checkpoint.records import ManifestPart
+from shardreplay.checkpoint.refs import AnyPartReader, open_part
 from shardreplay.errors import CheckpointError, CheckpointFormatError
 from shardreplay.spec import Spec
 
@@ -72,7 +72,7 @@ def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
                                "bytes": part.bytes, "partial": dict(part.partial),
                                "restored": None if part.restored is None else part.restored.as_dict()}
         if priorities:
-            with PartReader(directory / part.file, part.entry) as reader:
+            with open_part(directory, part) as reader:
                 prio = reader.array("priority")
             row["priority"] = _stats(prio)
             stats.append(prio)
@@ -119,7 +119,7 @@ def verify(directory: Path) -> dict[str, Any]:
     manifest = check_complete(directory)  # the rule train --resume uses
     blocks = 0
     for part in manifest.parts:
-        with PartReader(directory / part.file, part.entry) as reader:
+        with open_part(directory, part) as reader:
             blocks += len(part.block_xxh64)
             _check_arrays(reader, manifest.spec, part)
     total = sum(p.steps for p in manifest.parts)
@@ -130,7 +130,7 @@ def verify(directory: Path) -> dict[str, Any]:
             "files": len(manifest.files)}
 
 
-def _check_arrays(reader: PartReader, spec: Spec, part: ManifestPart) -> None:
+def _check_arrays(reader: AnyPartReader, spec: Spec, part: ManifestPart) -> None:
     steps = part.steps
     expected = {f"field.{n}": (f.dtype, (steps, *f.shape)) for n, f in spec.fields.items()}
     expected.update({k: (np.dtype(dt), (steps,)) for k, dt in STEP_ARRAYS.items()})

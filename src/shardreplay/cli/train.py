@@ -45,8 +45,8 @@ def add_parser(subparsers: Any) -> None:
                       help="continue RUN_DIR from its newest complete checkpoint (flags override its "
                            "settings)")
     ckpt.add_argument("--checkpoint-id", type=int, metavar="N",
-                      help="with --resume: from complete checkpoint N, not the newest (newer ones go "
-                           "to checkpoints/incomplete/)")
+                      help="with --resume: continue from complete checkpoint N, not the newest "
+                           "(newer ones move to checkpoints/incomplete/)")
     ckpt.add_argument("--auto-resume", action="store_true",
                       help="continue --run-dir from its newest complete checkpoint, else start it "
                            "(for a job a scheduler may restart; docs/train.md)")

@@ -302,16 +302,21 @@ class TransportSettings:
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    """When the replay and the learner are checkpointed (always at the end of a run).
+    """When the replay and the learner are checkpointed (always at the end of a run;
+    periodic ones are written in the background and incrementally).
 
     Attributes:
-        interval_updates: updates between checkpoints (0: only at the end).
+        interval_updates: every N updates (0: off).
+        interval_minutes: every X minutes (0: off).
+        keep_last: complete checkpoints kept.
     """
 
     interval_updates: int = _flag(0, "checkpoint_interval_updates")
+    interval_minutes: float = _flag(10.0, "checkpoint_interval_minutes")
+    keep_last: int = _flag(2, "keep_last")
 
     def __post_init__(self) -> None:
-        _validate(self, non_negative=("interval_updates",))
+        _validate(self, positive=("keep_last",), non_negative=("interval_updates", "interval_minutes"))
 
 
 # The groups of TrainSettings, in the order of ``shardreplay train --help``.

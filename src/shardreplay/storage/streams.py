@@ -123,6 +123,7 @@ class StreamStorage:
         # The key tag of every key handed out (spec/keys.py): rejects keys of other buffers.
         self.key_tag = new_key_tag()
         self.num_valid = 0
+        self.clears = 0  # times emptied (restores): a checkpoint chain of older content ends
         # The write path's per-call constants, built once: [S, C, ...] views of every
         # field (discount last) for plain-slice writes, and the kernel's result scratch.
         grid = (num_streams, stream_capacity)
@@ -371,6 +372,7 @@ class StreamStorage:
 
     def clear(self) -> None:
         """Forget every step: positions, bookkeeping and validity back to zero."""
+        self.clears += 1
         for name in self.step_arrays:
             getattr(self, name)[:] = 0
         self.valid[:] = False

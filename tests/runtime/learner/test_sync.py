@@ -11,7 +11,7 @@ import torch
 from shardreplay.checkpoint.triggers import periodic_save_due
 from shardreplay.errors import ShardReplayError
 from shardreplay.runtime.learner.report import MetricsWindow, RunCounts
-from shardreplay.runtime.learner.sync import MAX_UPDATES_PER_ITERATION, LoopSync
+from shardreplay.runtime.learner.sync import MAX_UPDATES_PER_ITERATION, LoopSync, minutes_due
 
 
 def test_round_trip_keeps_64_bit_integers_exact() -> None:
@@ -73,3 +73,10 @@ def test_a_periodic_checkpoint_is_due_once_per_interval_whatever_the_iteration_s
     assert not periodic_save_due(0, 0, 10_000)  # 0: only at the end
     assert not periodic_save_due(250, 4000, 4007)  # a resumed life counts from where it began
     assert periodic_save_due(250, 4000, 4250)
+
+
+def test_a_checkpoint_is_due_once_the_interval_in_minutes_passed() -> None:
+    assert not minutes_due(10.0, saved_at=100.0, now=100.0 + 599.9)
+    assert minutes_due(10.0, saved_at=100.0, now=100.0 + 600.0)
+    assert minutes_due(0.5, saved_at=0.0, now=31.0)
+    assert not minutes_due(0.0, saved_at=0.0, now=1e9)  # 0: off

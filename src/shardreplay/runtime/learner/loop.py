@@ -58,6 +58,7 @@ from shardreplay.runtime.learner.sync import (
     agreed_settings,
     learner_trigger,
     make_limiter,
+    minutes_due,
 )
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
@@ -98,6 +99,9 @@ class Learner:
         self.agent = self.algo.make_agent(env, settings, self.world, self.placement)
         self.progress = Progress()
         self.storage = StorageGuard(self.rank)
+        self._pending: checkpoint.PendingSave | None = None  # a background save in flight
+        self._complete: int | None = None  # the newest checkpoint this life saw complete
+        self._saved_at = time.monotonic()  # the last save (rank 0's clock times periodic ones)
         restored = "none"
         # A resumed life is recorded (run.json, config.json) only once every rank restored;
         # until then every rank takes the life that comes next from the files as they are.
@@ -158,9 +162,13 @@ class Learner:
         self.lineage.restored, self.lineage.resumed = r.restored_counts, r.report
         return str(r.checkpoint_id)
 
-    def save(self) -> Path:
+    def save(self, background: bool = False) -> Path:
         """Save a checkpoint: rank 0 writes the learner state first, every rank its part
-        (no collective, so it also works from a stopping or failing rank).
+        (no collective, so it also works from a stopping or failing rank). Incremental
+        (only the rows new since this run's previous checkpoint are written); with
+        ``background`` the content is fixed now and a thread writes it while training
+        goes on (:func:`shardreplay.checkpoint.save_in_background`). A save still in
+        flight is finished first: two never overlap.
 
         A write the file system refuses leaves this checkpoint incomplete (rank 0 writes
         no part without the learner state, so it cannot complete without it) and the
@@ -170,14 +178,28 @@ class Learner:
         found, when no update happened since (stopping during warm-up, or right after
         a resume): every rank derives it from the same agreed counters.
         """
+        self._finish_save(wait=True)
         cid = max(self.progress.counters["updates"], self.lineage.last_checkpoint + 1)
         self.lineage.last_checkpoint = cid
+        self._saved_at = time.monotonic()
         directory = checkpoint_dir(self._ckpt_root, cid)
         with self.storage.writing():
-            self._save(directory, cid)
+            self._save(directory, cid, background)
         return directory
 
-    def _save(self, directory: Path, cid: int) -> None:
+    def _finish_save(self, wait: bool) -> None:
+        """Collect the background save in flight once it is written (``wait``: wait for
+        it); a write the file system refused is kept as any other refused write."""
+        pending = self._pending
+        if pending is None or not (wait or pending.done()):
+            return
+        self._pending = None
+        with self.storage.writing():
+            pending.wait()
+            if checkpoint.is_complete(pending.directory, hashes=False):
+                self._complete = pending.checkpoint_id
+
+    def _save(self, directory: Path, cid: int, background: bool) -> None:
         # Rank 0 saves the agent with its part (written first, covered by the manifest).
         files = learner_state_files(self.agent) if self.rank == 0 else None
         # None, not -inf, before any evaluation: the manifest stays standard JSON.
@@ -187,8 +209,16 @@ class Learner:
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
         if self.lineage.old_journals.files:  # what the medium gave back by now was not lost
             self.losses.report_lost(self.lineage.old_journals)
-        checkpoint.save(self.buffer, self._ckpt_root, cid, extra=extra, restored=self.lineage.restored,
-                        files=files)
+        kwargs: dict[str, Any] = {"extra": extra, "restored": self.lineage.restored, "files": files,
+                                  "keep_last": self.s.checkpoints.keep_last, "incremental": True}
+        if background:
+            self._pending = checkpoint.save_in_background(self.buffer, self._ckpt_root, cid, **kwargs)
+            # Chunks stored from now on are not in this checkpoint: a new journal file; the
+            # files of the newest checkpoint known complete go.
+            if self.ingestor.journal is not None:
+                self.ingestor.journal.rotate(cid, self._complete)
+            return
+        checkpoint.save(self.buffer, self._ckpt_root, cid, **kwargs)
         if self.ingestor.journal is not None:
             self.ingestor.journal.rotate(cid, checkpoint.latest_complete(self._ckpt_root))
 
@@ -203,7 +233,8 @@ class Learner:
             self._loop(started)
         except BaseException as exc:
             self._stop_actors()
-            self.save()  # local only: every rank keeps its part even when a peer is gone
+            # Local only (after the one in flight): every rank keeps its part even when a peer is gone.
+            self.save()
             self._close_reader()
             self.buffer.close()
             if peer_lost(exc):  # DDP's all-reduce in backward: gloo's raw text otherwise
@@ -248,12 +279,12 @@ class Learner:
                            elapsed_s=time.monotonic() - started, max_minutes=self.s.run.max_minutes,
                            storage=self.storage.stop)
 
-    def _agreed_save(self) -> Path:
+    def _agreed_save(self, background: bool = False) -> Path:
         """A save every rank makes at the same point: queued priority updates (prefetch >
         1 or pipeline) reach their owners first, so the checkpoint holds them."""
         if self.s.replay.prefetch > 1 or self.s.replay.pipeline:
             self.buffer.flush_updates()
-        return self.save()
+        return self.save(background)
 
     def _close_reader(self) -> None:
         try:
@@ -294,8 +325,9 @@ class Learner:
                 limiter.insert(min(g.steps, limiter.max_insert_size))
             if g.should_stop:
                 break
+            self._finish_save(wait=False)
             if g.should_save or self.trigger.periodic_due(self.progress.counters["updates"]):
-                self._agreed_save()
+                self._agreed_save(background=True)  # training goes on while it is written
             for _ in range(MAX_UPDATES_PER_ITERATION):
                 if not limiter.can_sample(per_update):
                     break
@@ -328,7 +360,9 @@ class Learner:
         st = self.ingestor.take_stats()
         refused = self.storage.error is not None
         stop = self.trigger.stop_requested or self._budget_reached(started) or self._solved() or refused
-        request = self.trigger.request_pending()
+        # Periodic by time: rank 0's clock decides, the vote makes every rank save together.
+        request = self.trigger.request_pending() or (self.rank == 0 and minutes_due(
+            self.s.checkpoints.interval_minutes, self._saved_at, time.monotonic()))
         # The ingestor sums whole version differences, so its float lag sum is an integer.
         mine = LoopSync(steps=st.steps, replay_size=len(self.buffer.local), stop_votes=int(stop),
                         save_votes=int(request), lag_sum=int(st.lag_sum), lag_count=st.lag_count,

@@ -111,6 +111,12 @@ def learner_trigger(settings: TrainSettings, run_dir: Path) -> CheckpointTrigger
     return trigger
 
 
+def minutes_due(interval_minutes: float, saved_at: float, now: float) -> bool:
+    """Whether a periodic checkpoint is due by time: ``interval_minutes`` (0: never)
+    passed since the last save at ``saved_at`` (``time.monotonic()`` seconds)."""
+    return interval_minutes > 0 and now - saved_at >= interval_minutes * 60
+
+
 def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
     """The settings every actor of a run on ``world`` learner ranks must share with them
     (:data:`shardreplay.runtime.actor.loop.AGREED`), as the learners publish them.

@@ -1,0 +1,132 @@
+"""The learner's stall during a checkpoint, and the bytes of an incremental one
+(``bench_checkpoint.py --stall``).
+
+A learner step here is what the training loop does with its shard each iteration:
+ingest one actor chunk (``extend`` of 8 streams x ``INGEST_T`` Atari steps, which
+overwrites the oldest rows of the full rings), draw a batch of 64 windows and update
+their priorities. Steps are timed:
+
+* ``baseline``: no checkpoint;
+* ``sync`` (before: what ``train`` did): one step also calls ``checkpoint.save``, so it
+  waits for the whole write;
+* ``background`` (now): one step calls ``checkpoint.save_in_background``; the steps go on
+  while the thread writes, and every step until it is written counts as *during* it.
+
+Longest step during the checkpoint against the median step without one (target: at most
+the median + 50 ms), and the longest ``extend`` during it (ingest is never blocked on
+the write: an ``extend`` pays at most the copy of the rows it replaces).
+
+Then the incremental figure: a full (first) incremental save, ``--ingest-frac`` of the
+capacity ingested, and the next incremental save: bytes it wrote (its part file and
+description) against the bytes of the steps ingested since the previous one (target
+<= 1.1), and against a full part.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+INGEST_T = 8
+BATCH = 64
+TARGET_STALL_S = 0.050
+TARGET_INCREMENTAL = 1.1
+
+
+class Learner:
+    """The shard side of a learner step (see the module docstring)."""
+
+    def __init__(self, buf: Any, streams: int, obs_shape: tuple[int, ...]) -> None:
+        self.buf = buf
+        rng = np.random.default_rng(1)
+        self.rng = rng
+        self.chunk = {"obs": rng.integers(0, 255, (streams, INGEST_T, *obs_shape), dtype=np.uint8),
+                      "action": rng.integers(0, 18, (streams, INGEST_T)),
+                      "reward": rng.random((streams, INGEST_T), dtype=np.float32),
+                      "step_type": np.ones((streams, INGEST_T), np.uint8)}
+        self.extend_s: list[float] = []
+
+    def step(self) -> float:
+        """One step; returns its seconds (the ``extend`` alone goes to ``extend_s``)."""
+        started = time.perf_counter()
+        self.buf.extend(self.chunk)
+        self.extend_s.append(time.perf_counter() - started)
+        batch = self.buf.sample(BATCH)
+        self.buf.update_priorities(batch.keys, self.rng.uniform(0.01, 2.0, BATCH).astype(np.float32))
+        return time.perf_counter() - started
+
+
+def _steps(learner: Learner, n: int) -> list[float]:
+    return [learner.step() for _ in range(n)]
+
+
+def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...],
+                  steps: int) -> dict[str, Any]:
+    """Baseline, sync and background phases (see the module docstring)."""
+    from shardreplay import checkpoint
+
+    learner = Learner(buf, streams, obs_shape)
+    _steps(learner, 20)  # warm: kernels, caches
+    baseline = _steps(learner, steps)
+    median = statistics.median(baseline)
+    shutil.rmtree(root, ignore_errors=True)
+    started = time.perf_counter()
+    checkpoint.save(buf, root, 1, keep_last=None)
+    sync_step = learner.step() + time.perf_counter() - started
+    learner.extend_s.clear()
+    during: list[float] = []
+    started = time.perf_counter()
+    pending = checkpoint.save_in_background(buf, root, 2, keep_last=None)
+    call_s = time.perf_counter() - started
+    during.append(call_s + learner.step())
+    while not pending.done():
+        during.append(learner.step())
+    pending.wait()
+    write_s = time.perf_counter() - started
+    extend_during = max(learner.extend_s)
+    return {"median_step_s": round(median, 4), "p99_step_s": round(float(np.quantile(baseline, 0.99)), 4),
+            "max_baseline_step_s": round(max(baseline), 4),
+            "sync_longest_step_s": round(sync_step, 4),
+            "background_call_s": round(call_s, 4), "background_write_s": round(write_s, 3),
+            "background_steps_during": len(during),
+            "background_longest_step_s": round(max(during), 4),
+            "background_stall_over_median_s": round(max(during) - median, 4),
+            "sync_stall_over_median_s": round(sync_step - median, 4),
+            "longest_extend_during_s": round(extend_during, 4),
+            "stall_target_s": TARGET_STALL_S,
+            "meets_stall_target": max(during) - median <= TARGET_STALL_S}
+
+
+def measure_incremental(buf: Any, root: Path, streams: int, step_bytes: int,
+                        ingest_frac: float) -> dict[str, Any]:
+    """Bytes of an incremental checkpoint after ``ingest_frac`` of the capacity came in."""
+    from shardreplay import checkpoint
+
+    shutil.rmtree(root, ignore_errors=True)
+    checkpoint.save(buf, root, 1, incremental=True, keep_last=None)
+    full = _written(checkpoint.checkpoint_dir(root, 1))
+    learner = Learner(buf, streams, buf.spec["obs"].shape)
+    rounds = max(1, int(buf.stream_capacity * ingest_frac) // INGEST_T)
+    for _ in range(rounds):
+        learner.step()
+    ingested = rounds * INGEST_T * streams * step_bytes
+    with_time = time.perf_counter()
+    checkpoint.save(buf, root, 2, incremental=True, keep_last=None)
+    inc_s = time.perf_counter() - with_time
+    inc = _written(checkpoint.checkpoint_dir(root, 2))
+    return {"full_checkpoint_bytes": full, "incremental_checkpoint_bytes": inc,
+            "ingested_bytes": ingested, "ingest_frac": ingest_frac,
+            "incremental_over_ingested": round(inc / ingested, 4),
+            "incremental_over_full": round(inc / full, 4), "incremental_save_s": round(inc_s, 3),
+            "incremental_target": TARGET_INCREMENTAL,
+            "meets_incremental_target": inc / ingested <= TARGET_INCREMENTAL}
+
+
+def _written(directory: Path) -> int:
+    """Bytes of the files in a checkpoint directory (what that save wrote)."""
+    return sum(p.stat().st_size for p in directory.iterdir() if p.is_file())

@@ -1,0 +1,116 @@
+"""Incremental checkpoints: a chain of parts that refer to earlier files restores M -> N
+exactly as full saves of the same content do, and pruning keeps every file a kept
+checkpoint reads from (and removes them once no kept checkpoint does)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardreplay as sr
+from shardreplay import checkpoint, testing
+from shardreplay.buffer.shard import STEP_ARRAYS
+from shardreplay.checkpoint.format import PartReader
+from shardreplay.checkpoint.load import _load_one
+from shardreplay.checkpoint.manifest import check_complete, referenced_checkpoints
+from shardreplay.errors import CheckpointError
+from tests.checkpoint.helpers import as_shard, fill_random, make_buffer
+
+STREAMS, CAPACITY = 3, 40
+
+
+def _arrays(local: sr.ReplayBuffer) -> dict[str, np.ndarray]:
+    out = {name: testing.stored(local, name) for name in STEP_ARRAYS}
+    out.update({f"field.{k}": testing.stored(local, k) for k in testing.shard(local).fields})
+    out["pos"] = testing.positions(local)
+    return out
+
+
+def _restored(root: Path, cid: int, n: int, capacity: int) -> list[dict[str, np.ndarray]]:
+    """Every one of ``n`` new shards restored in-process from checkpoint ``cid``."""
+    out = []
+    for rank in range(n):
+        local = make_buffer(STREAMS, capacity)
+        _load_one(checkpoint.checkpoint_dir(root, cid), local, rank, n)
+        out.append(_arrays(local))
+    return out
+
+
+def _assert_equal(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for name in x:
+            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
+
+
+def _own_field_rows(root: Path, cid: int) -> list[int]:
+    """The rows of ``field.ctr`` each part of ``cid`` holds in its own file."""
+    manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(root, cid))
+    out = []
+    for part in manifest.parts:
+        with PartReader(manifest.directory / part.file, part.entry) as reader:
+            out.append(reader.entry("field.ctr")[1][0])
+    return out
+
+
+@pytest.mark.slow  # ~6 s: 6 checkpoints of 2 shards, each restored onto 3 and onto 2 shards
+def test_incremental_chain_restores_m_to_n_as_full_saves_and_pruning_keeps_referenced(tmp_path: Path) -> None:
+    inc, full = tmp_path / "inc", tmp_path / "full"
+    locals_ = [make_buffer(STREAMS, CAPACITY, seed=k) for k in range(2)]
+    for k, local in enumerate(locals_):
+        fill_random(local, 30, shard=k, seed=k)
+    for cid in range(1, 7):
+        steps = 12 if cid < 5 else 60  # 5 and 6: every row wraps past what 1..4 saved
+        for k, local in enumerate(locals_):
+            fill_random(local, steps, shard=k, seed=10 * cid + k)
+            checkpoint.save(as_shard(local, k, 2), inc, cid, incremental=True, keep_last=2)
+            checkpoint.save(as_shard(local, k, 2), full, cid, keep_last=None)
+        manifest = check_complete(checkpoint.checkpoint_dir(inc, cid))  # every block, referred files too
+        assert manifest.body["version"] == (2 if cid == 1 else 3)
+        if 1 < cid < 5:  # the 12 new steps of each row, of 40 stored
+            assert _own_field_rows(inc, cid) == [12 * STREAMS] * 2
+            assert _own_field_rows(full, cid) == [CAPACITY * STREAMS] * 2
+        _assert_equal(_restored(inc, cid, 3, CAPACITY * 2), _restored(full, cid, 3, CAPACITY * 2))
+        exact = _restored(inc, cid, 2, CAPACITY)
+        _assert_equal(exact, [_arrays(local) for local in locals_])
+        kept = checkpoint.list_checkpoints(inc)
+        needed = {c for c in kept if c >= cid - 1}
+        for c in sorted(needed):
+            refs = referenced_checkpoints(checkpoint.load_manifest(checkpoint.checkpoint_dir(inc, c)))
+            assert {checkpoint.checkpoint_dir(inc, x).name for x in kept} >= refs
+            needed = needed | {int(r.split("-")[1]) for r in refs}
+        assert set(kept) == needed  # nothing else survives pruning
+        if cid == 4:
+            assert 1 in kept  # not among the last two, but their rows are in its file
+    assert checkpoint.list_checkpoints(inc) == [5, 6]  # rows of 1..4 all overwritten: pruned
+
+
+def test_a_missing_referred_file_makes_the_checkpoint_incomplete(tmp_path: Path) -> None:
+    local = make_buffer(STREAMS, CAPACITY)
+    fill_random(local, 30)
+    checkpoint.save(local, tmp_path, 1, incremental=True)
+    fill_random(local, 5, seed=3)
+    checkpoint.save(local, tmp_path, 2, incremental=True, keep_last=None)
+    assert checkpoint.is_complete(checkpoint.checkpoint_dir(tmp_path, 2))
+    # A flipped byte in the earlier file is found by verify (its blocks are listed twice).
+    part = checkpoint.checkpoint_dir(tmp_path, 1) / "part-00000-of-00001.safetensors"
+    data = bytearray(part.read_bytes())
+    data[-3] ^= 0xFF
+    part.write_bytes(bytes(data))
+    assert checkpoint.damage(checkpoint.checkpoint_dir(tmp_path, 2)) is not None
+    part.unlink()
+    assert not checkpoint.is_complete(checkpoint.checkpoint_dir(tmp_path, 2))
+    with pytest.raises(CheckpointError, match="reads rows from"):
+        checkpoint.load(tmp_path, make_buffer(STREAMS, CAPACITY), checkpoint_id=2)
+
+
+def test_a_restore_starts_a_new_chain(tmp_path: Path) -> None:
+    local = make_buffer(STREAMS, CAPACITY)
+    fill_random(local, 30)
+    checkpoint.save(local, tmp_path, 1, incremental=True)
+    checkpoint.load(tmp_path, local)
+    fill_random(local, 5, seed=4)
+    checkpoint.save(local, tmp_path, 2, incremental=True)
+    assert checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, 2))["version"] == 2  # full
