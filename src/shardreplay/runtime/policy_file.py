@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,8 +36,10 @@ from shardreplay.runtime.envs import EnvSource, describe_env, env_source
 from shardreplay.runtime.networks import choose_network, make_q_network
 from shardreplay.runtime.settings import TrainSettings
 
-__all__ = ["BEST", "POLICY_FORMAT", "Policy", "best_path", "load_policy", "policy_bytes", "policy_metadata",
-           "policy_of_run", "save_policy"]
+__all__ = ["BEST", "POLICY_FORMAT", "Policy", "best_path", "best_return", "keep_if_best", "load_policy",
+           "policy_bytes", "policy_metadata", "policy_of_run", "save_policy"]
+
+log = logging.getLogger("shardreplay.learner")
 
 POLICY_FORMAT = "shardreplay-q-network/1"
 BEST = "best"
@@ -96,6 +99,35 @@ def save_policy(path: Path, net: nn.Module, meta: Mapping[str, str]) -> None:
     """
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(Path(path), policy_bytes(net, meta))
+
+
+def keep_if_best(run_dir: Path, net: nn.Module, meta: Mapping[str, str], eval_return: float,
+                 best_so_far: float) -> bool:
+    """Write ``net`` to :func:`best_path` (atomically) when ``eval_return`` beats
+    ``best_so_far``; returns whether it did. ``meta`` gets ``eval_return``.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    if not eval_return > best_so_far:  # NaN never wins
+        return False
+    save_policy(best_path(run_dir), net, {**meta, "eval_return": repr(float(eval_return))})
+    return True
+
+
+def best_return(run_dir: Path) -> float:
+    """The evaluation recorded with ``best/`` (-inf: none, or unreadable: then the next
+    better evaluation replaces it), so that a resumed run replaces it only with a better one."""
+    from safetensors import SafetensorError, safe_open
+
+    path = best_path(run_dir)
+    try:
+        with safe_open(str(path), "pt") as f:
+            return float((f.metadata() or {}).get("eval_return", "-inf"))
+    except (OSError, ValueError, SafetensorError) as exc:
+        if path.exists():
+            log.warning("%s: unreadable (%s); the next better evaluation replaces it", path, exc)
+        return -math.inf
 
 
 def load_policy(path: Path) -> Policy:

@@ -62,7 +62,7 @@ from shardreplay.runtime.learner.sync import (
 )
 from shardreplay.runtime.learner.wal import IngestLog, LogScan, log_files, read_logs
 from shardreplay.runtime.networks import make_q_network
-from shardreplay.runtime.policy_file import best_path, policy_metadata, save_policy
+from shardreplay.runtime.policy_file import best_return, keep_if_best, policy_metadata
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
@@ -113,7 +113,7 @@ class Learner:
         if resume:
             restored = self._resume(checkpoint_id)
             if self.rank == 0:
-                self.progress.best_eval = max(self.progress.best_eval, _best_on_disk(self.run_dir))
+                self.progress.best_eval = max(self.progress.best_eval, best_return(self.run_dir))
                 commit_resume(self.run_dir, self.lineage.identity, settings.to_dict(),
                               newer_than=checkpoint_id)
         # Before this life opens its journal: the chunks earlier lives acknowledged that
@@ -456,23 +456,21 @@ class Learner:
                            seed=10_000 + self.progress.counters["updates"])
         self.progress.last_eval = float(np.mean(returns))
         self.progress.evals += 1
-        if self.progress.last_eval > self.progress.best_eval:
-            self._keep_best(len(returns))
+        self._keep_best(self.progress.last_eval, len(returns))
         self.progress.best_eval = max(self.progress.best_eval, self.progress.last_eval)
         log.info("evaluation after %d updates: mean return %.1f over %d episodes",
                  self.progress.counters["updates"], self.progress.last_eval, len(returns))
         return self.progress.last_eval
 
-    def _keep_best(self, episodes: int) -> None:
-        """``best/policy.safetensors``: the network that just beat the best evaluation,
-        written atomically (rank 0), with its evaluation and update."""
+    def _keep_best(self, eval_return: float, episodes: int) -> None:
+        """``best/policy.safetensors``: the network of the evaluation just made when it
+        beat the best so far, written atomically (rank 0), with its evaluation and update."""
         c = self.progress.counters
         meta = policy_metadata(self.s, self.env.obs_shape, self.env.num_actions, updates=c["updates"],
-                               env_steps=c["env_steps"], eval_return=self.progress.last_eval,
-                               eval_episodes=episodes, source="best evaluation",
+                               env_steps=c["env_steps"], eval_episodes=episodes, source="best evaluation",
                                run_id=self.lineage.identity.run_id)
         with self.storage.writing():
-            save_policy(best_path(self.run_dir), self.agent.module, meta)
+            keep_if_best(self.run_dir, self.agent.module, meta, eval_return, self.progress.best_eval)
 
     def _record(self, g: LoopSync | None, window: MetricsWindow | None) -> None:
         """One metrics row over ``window`` (rates, loss, policy lag; None: a row without
@@ -526,17 +524,3 @@ class Learner:
             self._write_summary(summary)
         return summary
 
-
-def _best_on_disk(run_dir: Path) -> float:
-    """The evaluation of ``best/`` (-inf: none, or unreadable), so that a resumed run
-    replaces it only with a better one."""
-    from safetensors import SafetensorError, safe_open
-
-    path = best_path(run_dir)
-    try:
-        with safe_open(str(path), "pt") as f:
-            return float((f.metadata() or {}).get("eval_return", "-inf"))
-    except (OSError, ValueError, SafetensorError) as exc:
-        if path.exists():
-            log.warning("%s: unreadable (%s); the next better evaluation replaces it", path, exc)
-        return -math.inf
