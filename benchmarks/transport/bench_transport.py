@@ -39,6 +39,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import platform
@@ -417,8 +418,12 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 server = RedisServer()
         for kind in args.transports:
-            reps = [run_rep(kind, args.chunks, not args.no_ingest, scratch, server, args.ring_mb << 20,
-                            wal=args.wal) for _ in range(args.reps)]
+            reps = []
+            for _ in range(args.reps):  # each repetition on stderr as it ends (a run cut short keeps them)
+                reps.append(run_rep(kind, args.chunks, not args.no_ingest, scratch, server,
+                                    args.ring_mb << 20, wal=args.wal))
+                print(json.dumps({kind: {c: round(v["steps_per_s"]) for c, v in reps[-1].items()}}),
+                      file=sys.stderr, flush=True)
             results[kind] = summarize(reps)
     finally:
         if server is not None:
