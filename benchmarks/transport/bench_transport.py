@@ -19,9 +19,10 @@ Bare media move the same encoded bytes with nothing of ours in the path:
 With ``--wal``, two more ingest cases write every received batch to the learner's
 ingest write-ahead log (:class:`~shardreplay.runtime.learner.wal.IngestLog`) before
 acknowledging it, as ``shardreplay train`` does: ``transport_ingest_wal`` (one
-``writev`` per batch, no fsync) and ``transport_ingest_wal_fsync`` (plus ``fdatasync``
-per batch: the default). The three ingest cases run alternated within each repetition;
-``wal_cost`` and ``wal_fsync_cost`` are 1 - their steps/s over plain ingest's.
+``writev`` per batch, no fsync), ``transport_ingest_wal_fsync`` (plus ``fdatasync`` per
+batch) and ``transport_ingest_wal_fsync1s`` (``fdatasync`` at most once a second: what
+``train`` does). The ingest cases run alternated within each repetition; ``wal_cost``,
+``wal_fsync_cost`` and ``wal_fsync1s_cost`` are 1 - their steps/s over plain ingest's.
 
 Every case runs ``--reps`` times in the same run; medians are reported. ``ratio`` is the
 wall-clock rate of the transport over that of the best bare medium (target >= 0.7);
@@ -280,7 +281,7 @@ class RedisServer:
 
 
 def ours(transport: Any, n: int, ingest: bool, wal_dir: Path | None = None,
-         fsync: bool = False) -> dict[str, float]:
+         fsync: float | None = None) -> dict[str, float]:
     from shardreplay.runtime.learner.wal import IngestLog
 
     decode(encode(make_chunks(0)[0], SPEC), SPEC, max_bytes=1 << 30)  # compiled kernels loaded
@@ -288,7 +289,8 @@ def ours(transport: Any, n: int, ingest: bool, wal_dir: Path | None = None,
     buffer = make_buffer() if ingest else None
     if wal_dir is not None:
         shutil.rmtree(wal_dir, ignore_errors=True)
-    wal = IngestLog(wal_dir, 0, 1, fsync=fsync) if wal_dir is not None else None
+    wal = IngestLog(wal_dir, 0, 1, fsync=fsync is not None, fsync_every_s=fsync or 0.0) \
+        if wal_dir is not None else None
     try:
         return timed(actor_transport, lambda a: (transport, a, n),
                      lambda: read_transport(reader, ACTORS * n, buffer, wal), ACTORS * n)
@@ -335,14 +337,16 @@ def run_rep(kind: str, n: int, ingest: bool, scratch: str,
         server.flush()
         make = lambda: open_transport(server.url, SPEC)  # noqa: E731
     out["transport"] = ours(make(), n, ingest=False)
-    cases: list[tuple[str, bool | None]] = [("transport_ingest", None)]
+    # (case, WAL or not, fdatasync at most every so many seconds: None never)
+    cases: list[tuple[str, bool, float | None]] = [("transport_ingest", False, None)]
     if wal:
-        cases += [("transport_ingest_wal_fsync", True), ("transport_ingest_wal", False)]
-    for name, fsync in cases if ingest else []:
+        cases += [("transport_ingest_wal_fsync", True, 0.0), ("transport_ingest_wal", True, None),
+                  ("transport_ingest_wal_fsync1s", True, 1.0)]
+    for name, logged, fsync in cases if ingest else []:
         if server is not None:
             server.flush()
-        where = None if fsync is None else Path(scratch) / "wal"
-        out[name] = ours(make(), n, ingest=True, wal_dir=where, fsync=bool(fsync))
+        where = Path(scratch) / "wal" if logged else None
+        out[name] = ours(make(), n, ingest=True, wal_dir=where, fsync=fsync)
     return out
 
 
@@ -372,7 +376,8 @@ def summarize(reps: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
         if case in med:
             result["ratio" + suffix] = round(med[case]["steps_per_s"] / med[best]["steps_per_s"], 3)
             result["cpu_ratio" + suffix] = round(cheapest / _cpu_us(med[case]), 3)
-    for case, key in (("transport_ingest_wal", "wal_cost"), ("transport_ingest_wal_fsync", "wal_fsync_cost")):
+    for case, key in (("transport_ingest_wal", "wal_cost"), ("transport_ingest_wal_fsync", "wal_fsync_cost"),
+                      ("transport_ingest_wal_fsync1s", "wal_fsync1s_cost")):
         if case in med:
             result[key] = round(1 - med[case]["steps_per_s"] / med["transport_ingest"]["steps_per_s"], 3)
             result[key.replace("cost", "cpu_cost")] = round(

@@ -70,6 +70,9 @@ from shardreplay.transport.base import Transport
 
 log = logging.getLogger("shardreplay.learner")
 _ACTOR_STOP_S = 10.0  # actors get this long to send what they hold and exit
+# fdatasync the ingest log at most this often: every batch cost Redis ingest 20-29 % of its
+# rate (docs/semantics.md); once a second costs nothing measurable, as Redis's everysec.
+_FSYNC_EVERY_S = 1.0
 _TRIM_EVERY_S = 2.0  # how often sealed log segments look for the complete checkpoint that frees them
 
 
@@ -179,7 +182,7 @@ class Learner:
                     "again, %d already held; %d torn and %d damaged record(s) ignored", total[0], total[1],
                     total[2], total[3], total[4])
         self.ingestor.wal = IngestLog(directory, self.rank, self.world, fsync=True,
-                                      inherited=old if self.rank == 0 else ())
+                                      fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else ())
         return counts, scan
 
     @property
