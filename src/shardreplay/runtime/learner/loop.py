@@ -364,8 +364,12 @@ class Learner:
                 (not force and time.monotonic() - self._trimmed_at < _TRIM_EVERY_S):
             return
         self._trimmed_at = time.monotonic()
+        # Complete = manifest written (the last rank writes it once every part is there);
+        # not re-hashing a large checkpoint here keeps the loop from stalling on it.
+        newest = next((c for c in reversed(checkpoint.list_checkpoints(self._ckpt_root))
+                       if checkpoint.is_complete(checkpoint_dir(self._ckpt_root, c), hashes=False)), None)
         with self.storage.writing():
-            wal.trim(checkpoint.latest_complete(self._ckpt_root))
+            wal.trim(newest)
 
     def _drain(self, wait_s: float) -> None:
         """Take chunks in. A refused journal write leaves them stored but unacknowledged
