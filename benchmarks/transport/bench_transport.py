@@ -16,6 +16,14 @@ Bare media move the same encoded bytes with nothing of ours in the path:
   spool does the same durable steps).
 - ``redis``: redis-py pipelined ``XADD`` (8 per round trip), reader ``XREAD``.
 
+With ``--wal``, two more ingest cases write every received batch to the learner's
+ingest write-ahead log (:class:`~shardreplay.runtime.learner.wal.IngestLog`) before
+acknowledging it, as ``shardreplay train`` does: ``transport_ingest_wal`` (one
+``writev`` per batch, no fsync), ``transport_ingest_wal_fsync`` (plus ``fdatasync`` per
+batch) and ``transport_ingest_wal_fsync1s`` (``fdatasync`` at most once a second: what
+``train`` does). The ingest cases run alternated within each repetition; ``wal_cost``,
+``wal_fsync_cost`` and ``wal_fsync1s_cost`` are 1 - their steps/s over plain ingest's.
+
 Every case runs ``--reps`` times in the same run; medians are reported. ``ratio`` is the
 wall-clock rate of the transport over that of the best bare medium (target >= 0.7);
 ``cpu_ratio`` compares CPU microseconds per chunk (reader + actors, + redis-server for
@@ -32,6 +40,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import platform
@@ -58,6 +67,7 @@ S, T, ACTORS = 8, 32, 2
 SPEC = Spec({"obs": Field((64,), np.float32), "action": Field((), np.int64), "reward": Field((), np.float32)})
 TRANSPORTS = ("local", "file", "redis")
 TARGET = 0.7
+BATCH = 64  # chunks per receive (--batch; the learner takes 16: runtime.learner.sync.DRAIN_CHUNKS)
 
 
 def make_chunks(actor: int, n_distinct: int = 4) -> list[Chunk]:
@@ -142,14 +152,16 @@ def make_buffer() -> Any:
     return ReplayBuffer(SPEC, num_streams=ACTORS * S, stream_capacity=4096, window=2)
 
 
-def read_transport(reader: Any, total: int, buffer: Any) -> None:
+def read_transport(reader: Any, total: int, buffer: Any, wal: Any = None) -> None:
     got = 0
     while got < total:
         # Writing at once, ingest borrows the chunks as the learner's Ingestor does.
-        chunks = reader.receive(64, timeout_s=1.0, borrow=buffer is not None)
+        chunks = reader.receive(BATCH, timeout_s=1.0, borrow=buffer is not None)
         if buffer is not None:
             for c in chunks:
                 buffer.extend(c.steps, stream_ids=c.stream_ids + S * c.actor_id)
+        if wal is not None:  # logged before the acknowledgement, as the learner does
+            wal.append([(c.wire, c.actor_id, c.sequence, c.sequence - 1, S * T) for c in chunks])
         reader.ack(chunks)
         got += len(chunks)
 
@@ -268,15 +280,25 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def ours(transport: Any, n: int, ingest: bool) -> dict[str, float]:
+def ours(transport: Any, n: int, ingest: bool, wal_dir: Path | None = None,
+         fsync: float | None = None) -> dict[str, float]:
+    from shardreplay.runtime.learner.wal import IngestLog
+
     decode(encode(make_chunks(0)[0], SPEC), SPEC, max_bytes=1 << 30)  # compiled kernels loaded
     reader = transport.reader()
     buffer = make_buffer() if ingest else None
+    if wal_dir is not None:
+        shutil.rmtree(wal_dir, ignore_errors=True)
+    wal = IngestLog(wal_dir, 0, 1, fsync=fsync is not None, fsync_every_s=fsync or 0.0) \
+        if wal_dir is not None else None
     try:
         return timed(actor_transport, lambda a: (transport, a, n),
-                     lambda: read_transport(reader, ACTORS * n, buffer), ACTORS * n)
+                     lambda: read_transport(reader, ACTORS * n, buffer, wal), ACTORS * n)
     finally:
         reader.close()
+        if wal is not None:
+            wal.close()
+            shutil.rmtree(wal_dir, ignore_errors=True)
 
 
 def bare(kind: str, medium: Any, n: int) -> dict[str, float]:
@@ -293,7 +315,8 @@ def fresh_dir(root: str, name: str) -> Path:
 
 
 def run_rep(kind: str, n: int, ingest: bool, scratch: str,
-            server: RedisServer | None, ring_bytes: int = 64 << 20) -> dict[str, dict[str, float]]:
+            server: RedisServer | None, ring_bytes: int = 64 << 20,
+            wal: bool = False) -> dict[str, dict[str, float]]:
     """One repetition of every case of one transport: the figures of :func:`timed` per case."""
     global SERVER_PID
     SERVER_PID = server.proc.pid if kind == "redis" and server is not None else 0
@@ -314,10 +337,16 @@ def run_rep(kind: str, n: int, ingest: bool, scratch: str,
         server.flush()
         make = lambda: open_transport(server.url, SPEC)  # noqa: E731
     out["transport"] = ours(make(), n, ingest=False)
-    if ingest:
+    # (case, WAL or not, fdatasync at most every so many seconds: None never)
+    cases: list[tuple[str, bool, float | None]] = [("transport_ingest", False, None)]
+    if wal:
+        cases += [("transport_ingest_wal_fsync", True, 0.0), ("transport_ingest_wal", True, None),
+                  ("transport_ingest_wal_fsync1s", True, 1.0)]
+    for name, logged, fsync in cases if ingest else []:
         if server is not None:
             server.flush()
-        out["transport_ingest"] = ours(make(), n, ingest=True)
+        where = Path(scratch) / "wal" if logged else None
+        out[name] = ours(make(), n, ingest=True, wal_dir=where, fsync=fsync)
     return out
 
 
@@ -347,6 +376,12 @@ def summarize(reps: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
         if case in med:
             result["ratio" + suffix] = round(med[case]["steps_per_s"] / med[best]["steps_per_s"], 3)
             result["cpu_ratio" + suffix] = round(cheapest / _cpu_us(med[case]), 3)
+    for case, key in (("transport_ingest_wal", "wal_cost"), ("transport_ingest_wal_fsync", "wal_fsync_cost"),
+                      ("transport_ingest_wal_fsync1s", "wal_fsync1s_cost")):
+        if case in med:
+            result[key] = round(1 - med[case]["steps_per_s"] / med["transport_ingest"]["steps_per_s"], 3)
+            result[key.replace("cost", "cpu_cost")] = round(
+                _cpu_us(med[case]) / _cpu_us(med["transport_ingest"]) - 1, 3)
     # The issue's figure is steps/s ingested into the buffer: ratio_ingest when measured.
     result["meets_target"] = result.get("ratio_ingest", result["ratio"]) >= TARGET
     return result
@@ -360,6 +395,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-ingest", action="store_true", help="skip the ReplayBuffer ingest figure")
     p.add_argument("--scratch", default=None, help="directory for spool files (default: a temp dir)")
     p.add_argument("--ring-mb", type=int, default=64, help="local ring size, ours and bare (default 64)")
+    p.add_argument("--batch", type=int, default=64, help="chunks per receive (default 64; the learner's 16)")
+    p.add_argument("--wal", action="store_true", help="also ingest through the learner's write-ahead log "
+                   "(with and without fdatasync per batch)")
     args = p.parse_args(argv)
     args.chunks = args.chunks or (150 if args.quick else 1500)
     args.reps = args.reps or (1 if args.quick else 3)
@@ -371,6 +409,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    global BATCH
+    BATCH = args.batch
     scratch = args.scratch or tempfile.mkdtemp(prefix="bench-transport-")
     load_start = common.loadavg()
     results: dict[str, Any] = {}
@@ -383,8 +423,12 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 server = RedisServer()
         for kind in args.transports:
-            reps = [run_rep(kind, args.chunks, not args.no_ingest, scratch, server, args.ring_mb << 20)
-                    for _ in range(args.reps)]
+            reps = []
+            for _ in range(args.reps):  # each repetition on stderr as it ends (a run cut short keeps them)
+                reps.append(run_rep(kind, args.chunks, not args.no_ingest, scratch, server,
+                                    args.ring_mb << 20, wal=args.wal))
+                print(json.dumps({kind: {c: round(v["steps_per_s"]) for c, v in reps[-1].items()}}),
+                      file=sys.stderr, flush=True)
             results[kind] = summarize(reps)
     finally:
         if server is not None:
@@ -395,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
         "bench": "transport",
         "workload": {"actors": ACTORS, "streams": S, "steps": T, "obs": "float32[64]",
                      "chunk_bytes": len(encode(make_chunks(0)[0], SPEC)), "chunks_per_actor": args.chunks,
-                     "reps": args.reps},
+                     "reps": args.reps, "batch": args.batch, "wal": args.wal},
         "results": results,
         "target_ratio": TARGET,
         "machine": {"python": common.python(), "cpus": common.cpus(),

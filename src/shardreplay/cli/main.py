@@ -16,6 +16,8 @@ _SUBCOMMANDS = (
     "shardreplay.cli.train",
     "shardreplay.cli.actor",
     "shardreplay.cli.checkpoint",
+    "shardreplay.cli.evaluate",
+    "shardreplay.cli.export",
 )
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -89,6 +89,9 @@ class Chunk:
         steps: every user field of the Spec (dotted names) plus ``"step_type"`` (uint8)
             and ``"discount"`` (float32), each shaped ``[S, T, *field_shape]``.
         priorities: optional float32 ``[S, T]`` initial priorities, finite and >= 0.
+        wire: the bytes the chunk was decoded from, as received (packed or not; a view
+            valid as long as the arrays are), so a learner can log them unchanged
+            (:mod:`shardreplay.runtime.learner.wal`); None for a chunk built in memory.
     """
 
     actor_id: int
@@ -97,6 +100,7 @@ class Chunk:
     stream_ids: np.ndarray
     steps: Mapping[str, np.ndarray]
     priorities: np.ndarray | None = None
+    wire: memoryview | None = field(default=None, repr=False)
 
     @property
     def num_streams(self) -> int:
@@ -348,6 +352,7 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     mv = memoryview(data)
     if mv.ndim != 1 or mv.itemsize != 1:
         mv = mv.cast("B")
+    received = mv
     if mv[:4] == PACKED_MAGIC:
         mv = memoryview(unpack(mv, spec, max_bytes=max_bytes))
     if not mv.readonly:
@@ -399,7 +404,7 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
             steps = spec.validated(layout.record.arrays(payload, _STEP_PREFIX), (layout.s, layout.t))
     except SpecMismatchError as exc:
         raise CorruptChunkError(f"chunk values do not fit the spec: {exc}", reason="values") from exc
-    return Chunk(actor, sequence, policy, ids, steps, prio)
+    return Chunk(actor, sequence, policy, ids, steps, prio, received)
 
 
 def _format_error(magic: bytes, version: int) -> CorruptChunkError:

@@ -9,6 +9,9 @@ must then exit non-zero and leave no process. A final launch ends cleanly (its t
 budget), and then every chunk an actor logged as delivered (``--delivery-log-dir``)
 must be in the final complete checkpoint or in ``lost_chunks.jsonl`` with a reason,
 none stored twice, and the checkpoint's step count the sum of the stored chunks'.
+No chunk may be lost with reason ``acknowledged_then_learner_crashed``: a learner
+acknowledges a chunk only once its write-ahead log holds it, and the next life replays
+that log (:mod:`shardreplay.runtime.learner.wal`); the final launch leaves no log behind.
 
 The counts per trial (chunks delivered during that launch, and where they went) are
 printed (``pytest -s``) for the record. ``SHARDREPLAY_E2E_TRIALS`` lowers the number of
@@ -26,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from shardreplay.runtime.learner.journal import CRASHED
 from tests.runtime.e2e_helpers import (
     account,
     final_checkpoint,
@@ -153,11 +157,18 @@ def test_nothing_lost_nothing_stuck_under_sigkills(tmp_path: Path, kind: str, re
     for name, identities in trials:
         print(account(identities, held, lost).line(f"{kind} {name}"))
     steps, unlogged = stored_steps(held, delivered_steps, ENVS * CHUNK_STEPS)
+    reasons: dict[str, int] = {}
+    for r in lost:
+        reasons[r.reason] = reasons.get(r.reason, 0) + r.last - r.first + 1
     print(total.line(f"{kind} all"), f"duplicate_steps={manifest['steps'] - steps}",
           f"stored_unlogged={unlogged} checkpoint={manifest['checkpoint_id']} steps={manifest['steps']}",
-          f"partial={manifest['partial']}", f"env_steps={summary['env_steps']}")
+          f"partial={manifest['partial']}", f"env_steps={summary['env_steps']}", f"lost_by_reason={reasons}",
+          f"log_replayed={summary['ingest_log_replayed']} log_bytes_peak={summary['ingest_log_peak_bytes']}")
     left = pending_in_spool(spool) if kind == "file" else set()
     assert not [r for r in lost if not r.reason], f"lost chunks without a reason: {lost}"
+    assert reasons.get(CRASHED, 0) == 0, f"acknowledged chunks lost with a crashed learner: {reasons}"
+    # The final checkpoint is complete and holds everything: no log is left to replay.
+    assert summary["ingest_log_bytes"] == 0, summary
     assert total.unexplained == [], (
         f"{len(total.unexplained)} delivered chunks are neither in the final checkpoint nor "
         f"lost with a reason, e.g. {total.unexplained[:5]}; still in the spool: "

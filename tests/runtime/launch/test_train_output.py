@@ -1,6 +1,7 @@
 """What ``shardreplay train`` leaves a user: one closing sentence on stdout, metrics.csv
 ending with the final evaluation (one row per evaluation), TensorBoard events with it, a
-time axis that goes on across ``--resume``, and summary.json on disk."""
+time axis that goes on across ``--resume``, summary.json on disk, and the best evaluated
+policy in ``best/`` (what ``shardreplay evaluate`` and ``export`` take by default)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shardreplay.runtime.policy_file import best_path, load_policy
 from tests.runtime.train_harness import FAST, TrainRun
 
 # Short runs that evaluate often (every 40 updates, 2 episodes) and never stop as solved;
@@ -60,6 +62,10 @@ def test_a_run_ends_with_one_sentence_and_its_final_evaluation_in_the_metrics(tm
     assert int(last["env_steps"]) == summary["env_steps"] and int(last["updates"]) == summary["updates"]
     assert (run_dir / "learning_curve.png").exists()
     _assert_final_in_tensorboard(run_dir, summary)
+    best = load_policy(best_path(run_dir))  # the best of the evaluations, the final one included
+    assert float(best.meta["eval_return"]) == pytest.approx(summary["best_eval_return"])
+    assert summary["best_eval_return"] == pytest.approx(max(logged), abs=0.051)
+    assert int(best.meta["updates"]) <= summary["updates"]
 
     # --resume: the time axis goes on from the checkpoint's wall time.
     first_life = [float(r["wall_s"]) for r in rows]

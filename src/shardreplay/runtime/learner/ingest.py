@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,20 +36,21 @@ from typing import Any
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.errors import ShardReplayError
+from shardreplay.errors import CorruptChunkError, ShardReplayError
 from shardreplay.kernels.returns import track_returns
 from shardreplay.policy.broadcast import split_version
 from shardreplay.runtime.learner.journal import IngestJournal, LossLog, OldJournals
 from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
+from shardreplay.runtime.learner.wal import IngestLog, LogRecord
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import StepType
 from shardreplay.transport.base import ChunkReader
-from shardreplay.transport.codec import Chunk
+from shardreplay.transport.codec import Chunk, decode
 
 log = logging.getLogger("shardreplay.learner")
 _FIRST, _MID, _LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 
-__all__ = ["IngestStats", "Ingestor", "merge_stored"]
+__all__ = ["IngestStats", "Ingestor", "ReplayCounts", "merge_stored"]
 
 
 @dataclass
@@ -63,6 +64,25 @@ class IngestStats:
     lag_sum: float = 0.0
     lag_count: int = 0
     returns: list[float] = field(default_factory=list)
+
+
+@dataclass
+class ReplayCounts:
+    """What :meth:`Ingestor.replay` did with the logged chunks it read.
+
+    Attributes:
+        stored: chunks written into the shard (all or some of their streams).
+        held: chunks the restored checkpoint (or this replay) holds already: skipped.
+        foreign: chunks none of whose streams are this shard's now (another rank's).
+        rejected: chunks that could not be written (recorded in the loss log).
+        steps: steps written.
+    """
+
+    stored: int = 0
+    held: int = 0
+    foreign: int = 0
+    rejected: int = 0
+    steps: int = 0
 
 
 class Ingestor:
@@ -93,12 +113,14 @@ class Ingestor:
             stored again are cleared from it.
         write_lock: held around each write into ``buffer`` (a pipelined sharded
             buffer's ``write_lock``: its background thread draws from the shard).
+        wal: the shard's write-ahead log: stored chunks are appended to it before they
+            are acknowledged; None keeps none.
     """
 
     def __init__(self, reader: ChunkReader, buffer: ReplayBuffer, settings: TrainSettings,
                  stored: StoredIds | None = None, *, shard: int = 0, journal: IngestJournal | None = None,
                  losses: LossLog | None = None, suspects: OldJournals | None = None,
-                 write_lock: AbstractContextManager | None = None) -> None:
+                 write_lock: AbstractContextManager | None = None, wal: IngestLog | None = None) -> None:
         self.reader = reader
         self.buffer = buffer
         self.settings = settings
@@ -108,6 +130,7 @@ class Ingestor:
         self.journal = journal
         self.losses = losses
         self.suspects = suspects
+        self.wal = wal
         self._write_lock = write_lock or contextlib.nullcontext()
         self._last_written: dict[int, int] = {}  # per actor: the sequence this life wrote last
         self._unacked: list[Chunk] = []
@@ -124,8 +147,8 @@ class Ingestor:
     def drain(self, max_chunks: int, timeout_s: float, policy_version: int, *, ack: bool = True) -> int:
         """Receive up to ``max_chunks`` chunks and write them; returns steps written.
 
-        The identities of the chunks written go to the journal (if any) before any
-        acknowledgement is sent.
+        The chunks written go to the write-ahead log, and their identities to the
+        journal (each if any), before any acknowledgement is sent.
 
         Args:
             max_chunks: chunks to take at most.
@@ -136,7 +159,9 @@ class Ingestor:
 
         Raises:
             TransportError: the medium failed for good (see ``ChunkReader.receive``).
-            OSError: the journal could not be written (nothing is acknowledged then).
+            OSError: the log or the journal could not be written (nothing is
+                acknowledged then; the chunks are in the buffer, and the medium delivers
+                them again to the next life).
         """
         # Borrowed: written into the buffer below, before the next receive (the local
         # ring then decodes in place); held chunks are only acknowledged later.
@@ -144,11 +169,17 @@ class Ingestor:
         self._record_dropped()
         written = 0
         records: list[tuple[int, int, int]] = []
+        logged: list[tuple[memoryview, int, int, int, int]] = []
         for chunk in chunks:
+            prev = self._last_written.get(chunk.actor_id, -1)
             steps = self._write(chunk, policy_version)
             written += steps
             if steps:
                 records.append((chunk.actor_id, chunk.sequence, steps))
+                if self.wal is not None:
+                    logged.append((self._wire(chunk), chunk.actor_id, chunk.sequence, prev, steps))
+        if logged and self.wal is not None:
+            self.wal.append(logged)
         if records and self.journal is not None:
             self.journal.append(records)
         if chunks and ack:
@@ -157,6 +188,60 @@ class Ingestor:
             self._unacked.extend(chunks)
         return written
 
+    def replay(self, records: Iterable[LogRecord], policy_version: int) -> ReplayCounts:
+        """Write the logged chunks that ``stored`` lacks (the restored checkpoint's
+        record), in the order logged; call it before the first :meth:`drain`.
+
+        Each chunk follows its logged predecessor as it did when first written (episode
+        boundaries come out the same). After a resume on another number of shards, a
+        logged chunk may hold streams of several shards now: this shard writes the ones
+        it owns, and every rank reads every log. Nothing is acknowledged: the log holds
+        these chunks until a checkpoint of this life is complete.
+        """
+        counts = ReplayCounts()
+        for rec in records:
+            if (rec.actor_id, rec.sequence) in self.stored:
+                counts.held += 1
+                continue
+            try:
+                # Checksummed when logged and when read: no size guard needed here.
+                chunk = decode(rec.data, self.buffer.spec, max_bytes=1 << 40)
+            except CorruptChunkError as exc:  # checksummed twice over: a different spec
+                counts.rejected += 1
+                self._lost_in_replay(rec, f"rejected in log replay: {exc}")
+                continue
+            mine = self._streams.shards(chunk.actor_id)[chunk.stream_ids] == self.shard \
+                if int(chunk.stream_ids.max()) < self.settings.actors.envs_per_actor else None
+            if mine is not None and not mine.any():
+                counts.foreign += 1
+                continue
+            if mine is not None and not mine.all():
+                chunk = _streams_of(chunk, mine)
+            if rec.prev >= 0:
+                self._last_written[rec.actor_id] = rec.prev
+            else:
+                self._last_written.pop(rec.actor_id, None)
+            steps = self._write(chunk, policy_version)
+            if steps:
+                counts.stored += 1
+                counts.steps += steps
+            else:
+                counts.rejected += 1
+        return counts
+
+    def _lost_in_replay(self, rec: LogRecord, reason: str) -> None:
+        log.warning("rank %d: logged chunk %s not replayed: %s", self.shard, (rec.actor_id, rec.sequence),
+                    reason)
+        if self.losses is not None:
+            self.losses.record(rec.actor_id, rec.sequence, rec.sequence, 1, rec.steps, reason)
+
+    @staticmethod
+    def _wire(chunk: Chunk) -> memoryview:
+        if chunk.wire is None:
+            raise ShardReplayError(f"chunk {chunk.identity} carries no received bytes to log: its "
+                                   "transport reader must decode with transport.codec.decode")
+        return chunk.wire
+
     def ack_stored(self) -> int:
         """Acknowledge the chunks ``drain(ack=False)`` wrote since the last call; returns how many."""
         chunks, self._unacked = self._unacked, []
@@ -164,15 +249,36 @@ class Ingestor:
             self.reader.ack(chunks)
         return len(chunks)
 
+    def checkpointed(self, checkpoint_id: int, latest_complete: int | None) -> None:
+        """This shard saved its part of ``checkpoint_id``: seal the log segment and rotate
+        the journal (both then cover it), and free what the complete checkpoint
+        ``latest_complete`` holds.
+
+        Raises:
+            OSError: a new log segment or journal file cannot be created.
+        """
+        if self.journal is not None:
+            self.journal.rotate(checkpoint_id, latest_complete)
+        if self.wal is not None:
+            self.wal.seal(checkpoint_id)
+            self.wal.trim(latest_complete)
+
+    def log_full(self) -> bool:
+        """Whether the log's open segment holds a shard's capacity of steps (older ones
+        are overwritten in the ring by then): time for a checkpoint, which trims it."""
+        return self.wal is not None and self.wal.segment_steps >= self.buffer.capacity
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready state to save with a checkpoint: ``{"stored": {actor: [[lo, hi], ...]}}``."""
         return self.stored.state_dict()
 
     def close(self) -> None:
-        """Close the reader (sends acknowledgements it still queues) and the journal."""
+        """Close the reader (sends acknowledgements it still queues), the log and the journal."""
         try:
             self.reader.close()
         finally:
+            if self.wal is not None:
+                self.wal.close()
             if self.journal is not None:
                 self.journal.close()
 
@@ -271,3 +377,10 @@ class Ingestor:
         """The counters since the last call (and reset them)."""
         stats, self.stats = self.stats, IngestStats()
         return stats
+
+
+def _streams_of(chunk: Chunk, keep: np.ndarray) -> Chunk:
+    """The chunk with only the streams where ``keep`` is True (a copy of the identity)."""
+    return Chunk(chunk.actor_id, chunk.sequence, chunk.policy_version, chunk.stream_ids[keep],
+                 {k: v[keep] for k, v in chunk.steps.items()},
+                 None if chunk.priorities is None else chunk.priorities[keep], chunk.wire)

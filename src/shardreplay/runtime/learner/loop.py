@@ -38,7 +38,7 @@ from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.devices import place
 from shardreplay.runtime.envs import describe_env
 from shardreplay.runtime.learner.evaluate import evaluate
-from shardreplay.runtime.learner.ingest import Ingestor
+from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts
 from shardreplay.runtime.learner.journal import IngestJournal, LossLog, read_old_journals
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.learner.report import MetricsWindow, RunCounts, metrics_row, stop_reason
@@ -60,6 +60,8 @@ from shardreplay.runtime.learner.sync import (
     make_limiter,
     minutes_due,
 )
+from shardreplay.runtime.learner.wal import IngestLog, LogScan, log_files, read_logs
+from shardreplay.runtime.policy_file import best_return, keep_if_best, policy_metadata
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
@@ -67,6 +69,10 @@ from shardreplay.transport.base import Transport
 
 log = logging.getLogger("shardreplay.learner")
 _ACTOR_STOP_S = 10.0  # actors get this long to send what they hold and exit
+# fdatasync the ingest log at most this often: every batch cost Redis ingest 20-29 % of its
+# rate (docs/semantics.md); once a second costs nothing measurable, as Redis's everysec.
+_FSYNC_EVERY_S = 1.0
+_TRIM_EVERY_S = 2.0  # how often sealed log segments look for the complete checkpoint that frees them
 
 
 class Learner:
@@ -92,7 +98,7 @@ class Learner:
         self.run_dir = Path(settings.run.run_dir)
         self.trigger = learner_trigger(settings, self.run_dir)  # signals, requests, periodic saves
         self.algo = algorithm(settings.learners.algo)
-        env = describe_env(settings.run.source, self.algo.actions)
+        env = self.env = describe_env(settings.run.source, self.algo.actions)
         spec = self.algo.transition_spec(env)
         self.placement = place(settings.learners.device, self.rank, self.world)
         self.buffer = make_shard_buffer(settings, spec, self.rank, self.placement.device)
@@ -110,6 +116,7 @@ class Learner:
         if resume:
             restored = self._resume(checkpoint_id)
             if self.rank == 0:
+                self.progress.best_eval = max(self.progress.best_eval, best_return(self.run_dir))
                 commit_resume(self.run_dir, self.lineage.identity, settings.to_dict(),
                               newer_than=checkpoint_id)
         # Before this life opens its journal: the chunks earlier lives acknowledged that
@@ -129,6 +136,9 @@ class Learner:
                                  shard=self.rank, journal=IngestJournal(self.run_dir / "ingest", self.rank),
                                  losses=self.losses, suspects=self.lineage.old_journals,
                                  write_lock=self.buffer.write_lock)
+        self.replayed, self.log_scan = self._open_log(scheme_of(settings.transport.url) != "local",
+                                                      resume_newest=checkpoint_id is None)
+        self._trimmed_at = time.monotonic()
         if self.rank == 0:
             warn_if_taking_over(settings.transport.policy_url, self.lineage.identity.run_id)
         self.publisher = open_publisher(settings.transport.policy_url) if self.rank == 0 else None
@@ -142,6 +152,38 @@ class Learner:
         if local:
             check_rings_reach(settings, actors, reach)
         self.actors = ActorPool(actors, reach if local else None, settings.actors.max_restarts)
+
+    def _open_log(self, durable: bool, resume_newest: bool) -> tuple[ReplayCounts, LogScan]:
+        """Replay the write-ahead logs earlier lives left (on top of the restored
+        checkpoint, or of an empty buffer when none was complete), then open this life's
+        (a collective: every rank lists the old files before any rank opens its new one).
+
+        A ``local`` medium acknowledges nothing that outlives the learner (its actors
+        die with it): no log. ``--resume --checkpoint-id N`` goes back to an older
+        checkpoint on purpose: the logs, newer than the newest one, are not replayed.
+        """
+        counts, scan = ReplayCounts(), LogScan()
+        if not durable:
+            return counts, scan
+        directory = self.run_dir / "ingest"
+        old = log_files(directory)
+        if resume_newest:
+            counts = self.ingestor.replay(read_logs(old, scan, skip_shards_of=(self.rank, self.world)),
+                                          self.policy_version)
+        elif old:
+            log.warning("rank %d: resuming from an older checkpoint on purpose: the %d ingest log file(s) "
+                        "of later chunks are not replayed", self.rank, len(old))
+        mine = torch.tensor([counts.stored, counts.steps, counts.held, len(scan.torn), len(scan.damaged)],
+                            dtype=torch.int64)
+        total = [int(v) for v in internals_of(self.buffer).collectives.all_reduce_sum(mine, "log replay")]
+        if self.rank == 0 and (total[0] or total[2] or total[3] or total[4]):
+            log.log(logging.WARNING if total[3] or total[4] else logging.INFO,
+                    "ingest logs replayed: %d chunks (%d steps) acknowledged after the checkpoint stored "
+                    "again, %d already held; %d torn and %d damaged record(s) ignored", total[0], total[1],
+                    total[2], total[3], total[4])
+        self.ingestor.wal = IngestLog(directory, self.rank, self.world, fsync=True,
+                                      fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else ())
+        return counts, scan
 
     @property
     def policy_version(self) -> int:
@@ -215,12 +257,10 @@ class Learner:
             self._pending = checkpoint.save_in_background(self.buffer, self._ckpt_root, cid, **kwargs)
             # Chunks stored from now on are not in this checkpoint: a new journal file; the
             # files of the newest checkpoint known complete go.
-            if self.ingestor.journal is not None:
-                self.ingestor.journal.rotate(cid, self._complete)
+            self.ingestor.checkpointed(cid, self._complete)
             return
         checkpoint.save(self.buffer, self._ckpt_root, cid, **kwargs)
-        if self.ingestor.journal is not None:
-            self.ingestor.journal.rotate(cid, checkpoint.latest_complete(self._ckpt_root))
+        self.ingestor.checkpointed(cid, checkpoint.latest_complete(self._ckpt_root))
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -335,11 +375,28 @@ class Learner:
                 limiter.sample(per_update)
                 window.updates += 1
             self.actors.check()
+            self._trim_log()
             # A row a second, and one right after each evaluation (its point on the curve).
             evaluated = self.progress.evals > self.progress.evals_recorded
             if self.rank == 0 and (evaluated or time.monotonic() - last_metrics >= 1.0):
                 self._record(g, window)
                 last_metrics = time.monotonic()
+
+    def _trim_log(self, force: bool = False) -> None:
+        """Free sealed log segments once the checkpoint that holds them is complete (the
+        other ranks may finish their parts after this one sealed); at most every
+        :data:`_TRIM_EVERY_S` unless ``force``."""
+        wal = self.ingestor.wal
+        if wal is None or not wal.trimmable or \
+                (not force and time.monotonic() - self._trimmed_at < _TRIM_EVERY_S):
+            return
+        self._trimmed_at = time.monotonic()
+        # Complete = manifest written (the last rank writes it once every part is there);
+        # not re-hashing a large checkpoint here keeps the loop from stalling on it.
+        newest = next((c for c in reversed(checkpoint.list_checkpoints(self._ckpt_root))
+                       if checkpoint.is_complete(checkpoint_dir(self._ckpt_root, c), hashes=False)), None)
+        with self.storage.writing():
+            wal.trim(newest)
 
     def _drain(self, wait_s: float) -> None:
         """Take chunks in. A refused journal write leaves them stored but unacknowledged
@@ -361,8 +418,10 @@ class Learner:
         refused = self.storage.error is not None
         stop = self.trigger.stop_requested or self._budget_reached(started) or self._solved() or refused
         # Periodic by time: rank 0's clock decides, the vote makes every rank save together.
-        request = self.trigger.request_pending() or (self.rank == 0 and minutes_due(
-            self.s.checkpoints.interval_minutes, self._saved_at, time.monotonic()))
+        # A log holding a shard's capacity of steps asks for one too (which trims it).
+        due = self.rank == 0 and minutes_due(self.s.checkpoints.interval_minutes, self._saved_at,
+                                             time.monotonic())
+        request = self.trigger.request_pending() or self.ingestor.log_full() or due
         # The ingestor sums whole version differences, so its float lag sum is an integer.
         mine = LoopSync(steps=st.steps, replay_size=len(self.buffer.local), stop_votes=int(stop),
                         save_votes=int(request), lag_sum=int(st.lag_sum), lag_count=st.lag_count,
@@ -435,10 +494,21 @@ class Learner:
                            seed=10_000 + self.progress.counters["updates"], device=self.placement.device)
         self.progress.last_eval = float(np.mean(returns))
         self.progress.evals += 1
+        self._keep_best(self.progress.last_eval, len(returns))
         self.progress.best_eval = max(self.progress.best_eval, self.progress.last_eval)
         log.info("evaluation after %d updates: mean return %.1f over %d episodes",
                  self.progress.counters["updates"], self.progress.last_eval, len(returns))
         return self.progress.last_eval
+
+    def _keep_best(self, eval_return: float, episodes: int) -> None:
+        """``best/policy.safetensors``: the network of the evaluation just made when it
+        beat the best so far, written atomically (rank 0), with its evaluation and update."""
+        c = self.progress.counters
+        meta = policy_metadata(self.s, self.env.obs_shape, self.env.num_actions, updates=c["updates"],
+                               env_steps=c["env_steps"], eval_episodes=episodes, source="best evaluation",
+                               run_id=self.lineage.identity.run_id)
+        with self.storage.writing():
+            keep_if_best(self.run_dir, self.agent.module, meta, eval_return, self.progress.best_eval)
 
     def _record(self, g: LoopSync | None, window: MetricsWindow | None) -> None:
         """One metrics row over ``window`` (rates, loss, policy lag; None: a row without
@@ -459,11 +529,19 @@ class Learner:
 
     def _summary(self, started: float, checkpoint_path: Path) -> dict[str, Any]:
         ing, got = self.ingestor, self.ingestor.reader.stats
+        # Once every rank saved (this all-reduce), the final checkpoint is complete: the
+        # log segments it holds go now, not at the next life's first checkpoint.
+        internals_of(self.buffer).collectives.all_reduce_sum(torch.zeros(1, dtype=torch.int64), "saved")
+        self._trim_log(force=True)
         counts = RunCounts(actor_restarts=sum(self.actors.restarts.values()),
                            actors_given_up=len(self.actors.given_up),
                            chunks_rejected=got.total_rejected + ing.total_rejected,
                            chunks_duplicate=got.duplicates + ing.total_duplicates,
-                           foreign_chunks_ignored=sum(self.foreign.values())
+                           foreign_chunks_ignored=sum(self.foreign.values()),
+                           ingest_log_replayed=self.replayed.stored,
+                           ingest_log_torn=len(self.log_scan.torn) + len(self.log_scan.damaged),
+                           ingest_log_peak_bytes=0 if ing.wal is None else ing.wal.peak_bytes,
+                           ingest_log_bytes=0 if ing.wal is None else ing.wal.size_bytes,
                            ).summed(internals_of(self.buffer).collectives).as_dict()
         summary: dict[str, Any] = {"rank": self.rank, **self.progress.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
@@ -483,3 +561,4 @@ class Learner:
             summary["run_dir"] = str(self.run_dir)
             self._write_summary(summary)
         return summary
+

@@ -4,6 +4,7 @@ the row itself, and the run-wide counts of the final summary.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -72,6 +73,12 @@ class RunCounts:
         chunks_rejected: chunks refused (corrupt, outside the shard, ...).
         chunks_duplicate: chunks received again and dropped.
         foreign_chunks_ignored: chunks of other runs left on the medium.
+        ingest_log_replayed: chunks this life replayed from the write-ahead logs.
+        ingest_log_torn: torn or damaged log records ignored at the replay.
+        ingest_log_peak_bytes: the logs' largest size over this life (summed over shards).
+        ingest_log_bytes: the logs' size at the end (the chunks newer than the newest
+            complete checkpoint, and sealed segments whose checkpoint other ranks were
+            still finishing).
     """
 
     actor_restarts: int = 0
@@ -79,18 +86,19 @@ class RunCounts:
     chunks_rejected: int = 0
     chunks_duplicate: int = 0
     foreign_chunks_ignored: int = 0
+    ingest_log_replayed: int = 0
+    ingest_log_torn: int = 0
+    ingest_log_peak_bytes: int = 0
+    ingest_log_bytes: int = 0
 
     def summed(self, collectives: Any) -> RunCounts:
         """These counts summed over all ranks (a collective: every rank calls it)."""
-        mine = torch.tensor([self.actor_restarts, self.actors_given_up, self.chunks_rejected,
-                             self.chunks_duplicate, self.foreign_chunks_ignored], dtype=torch.int64)
+        mine = torch.tensor([getattr(self, f.name) for f in dataclasses.fields(self)], dtype=torch.int64)
         return RunCounts(*(int(v) for v in collectives.all_reduce_sum(mine, "summary").tolist()))
 
     def as_dict(self) -> dict[str, int]:
         """The counts under their summary names."""
-        return {"actor_restarts": self.actor_restarts, "actors_given_up": self.actors_given_up,
-                "chunks_rejected": self.chunks_rejected, "chunks_duplicate": self.chunks_duplicate,
-                "foreign_chunks_ignored": self.foreign_chunks_ignored}
+        return dataclasses.asdict(self)
 
 
 def stop_reason(*, solved: bool, env_steps: int, total_env_steps: int, elapsed_s: float,

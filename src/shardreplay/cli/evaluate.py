@@ -1,0 +1,67 @@
+"""``shardreplay evaluate RUN``: greedy episodes of a run's policy, as one JSON line.
+
+``--which best`` (the default when the run has one) takes ``RUN/best/policy.safetensors``,
+the best evaluated policy so far; ``latest`` the newest complete checkpoint's network; a
+number the checkpoint of that id. Exit codes: 0 done, 2 no such run or policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from shardreplay.errors import ShardReplayError
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``evaluate`` on argparse subparsers."""
+    p = subparsers.add_parser("evaluate", help="greedy episodes of a run's best or a checkpoint's policy",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory (--run-dir of train)")
+    add_which(p)
+    p.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the first environment (default 0)")
+    p.set_defaults(func=run_evaluate)
+
+
+def add_which(p: argparse.ArgumentParser) -> None:
+    """``--which`` (shared with ``export``)."""
+    p.add_argument("--which", default=None, metavar="best|latest|ID",
+                   help="best evaluated policy, newest complete checkpoint, or a checkpoint id "
+                        "(default: best when the run has one, else latest)")
+
+
+def resolve_which(run_dir: Path, which: str | None) -> str:
+    """``which``, or ``best`` when the run has a best policy, else ``latest``."""
+    from shardreplay.runtime.policy_file import best_path
+
+    if which is not None:
+        return which
+    return "best" if best_path(run_dir).exists() else "latest"
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """``shardreplay evaluate``; returns the exit code."""
+    import numpy as np
+
+    from shardreplay.runtime.learner.evaluate import evaluate
+    from shardreplay.runtime.policy_file import policy_of_run
+
+    if args.episodes < 1:
+        print("error: --episodes must be >= 1", file=sys.stderr)
+        return 2
+    which = resolve_which(args.run_dir, args.which)
+    try:
+        policy = policy_of_run(args.run_dir, which)
+    except (ShardReplayError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    returns = evaluate(policy.net, policy.source, args.episodes, seed=args.seed)
+    out = {"run_dir": str(args.run_dir), "which": which, "episodes": args.episodes,
+           "mean_return": float(np.mean(returns)), "returns": returns,
+           **{k: v for k, v in policy.meta.items() if k in ("updates", "env_steps", "eval_return", "source")}}
+    print(json.dumps(out))
+    return 0

@@ -1,0 +1,358 @@
+"""The ingest write-ahead log: what a shard acknowledged survives the learner's death.
+
+A durable medium (``file://`` spool, Redis stream) forgets a chunk once it is
+acknowledged, and a checkpoint holds only what was stored before it. So each shard
+appends the chunks it stored, as received, to its log *before* acknowledging them; a
+learner that starts over a run directory replays the log on top of the checkpoint it
+restored (:meth:`shardreplay.runtime.learner.ingest.Ingestor.replay`), skipping the
+chunks that checkpoint holds already (its stored-chunk record,
+:class:`~shardreplay.runtime.learner.stored_ids.StoredIds`). Nothing acknowledged is lost,
+and nothing is stored twice.
+
+Files: ``<run_dir>/ingest/shard-<k>.<life>.wal`` is the segment this life appends to; at
+each checkpoint ``<id>`` the shard seals it (renamed ``shard-<k>.<life>.upto-<id>.wal``)
+and starts a new one. A sealed segment is deleted once a complete checkpoint ``>= <id>``
+exists (the log holds only chunks newer than the newest complete checkpoint); segments
+of earlier lives are deleted by rank 0 once a checkpoint of this life is complete (it
+holds what they replayed).
+
+Record (little-endian; never pickle)::
+
+    offset 0   magic b"SRWL", version (uint8), 3 zero bytes              8 bytes
+           8   shard, world (uint32 each): who wrote it, of how many       8 bytes
+          16   length of the chunk bytes (uint64)                          8 bytes
+          24   actor id, sequence (int64)                                 16 bytes
+          40   previous sequence this shard wrote of that actor (-1: none) 8 bytes
+          48   steps in the chunk (int64)                                  8 bytes
+          56   XXH3-64 of the chunk bytes                                  8 bytes
+          64   XXH64 of bytes 0..63                                        8 bytes
+          72   the chunk bytes, as received (a transport chunk, packed or not)
+
+A record is valid only whole with both checksums right. The first invalid record ends
+the reading of its file: at the end of the file it is *torn* (the process died inside
+the write; that chunk was never acknowledged, so the medium delivers it again); with
+bytes after it, the file is damaged. Both are reported (:class:`LogScan`), never used.
+
+Durability (``fsync``): the bytes of each batch go out in one ``os.writev`` before the
+acknowledgement, so they survive the learner's process (SIGKILL, OOM) at once, in the
+page cache. With ``fsync=True`` the log is also ``fdatasync``-ed before a batch is
+acknowledged, at most every ``fsync_every_s`` (``shardreplay train``: 1 s, as Redis's
+``appendfsync everysec``), so a crash of the machine loses at most the chunks
+acknowledged in that last second; see docs/semantics.md for the measured costs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from shardreplay._hashing import xxh3_64, xxh64
+from shardreplay._io import fsync_dir
+
+__all__ = ["IngestLog", "LogRecord", "LogScan", "read_logs"]
+
+log = logging.getLogger("shardreplay.learner")
+MAGIC = b"SRWL"
+VERSION = 1
+_HEAD = struct.Struct("<4sB3xIIQqqqqQ")  # through the chunk's checksum (64 bytes)
+_DIGEST = struct.Struct("<Q")
+HEADER_BYTES = _HEAD.size + _DIGEST.size  # 72
+_FILE = re.compile(r"^shard-(\d+)\.(\d+)-(\d+)(?:\.upto-(\d+))?\.wal$")
+_IOV_MAX = 512  # buffers per writev (Linux allows 1024)
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One logged chunk.
+
+    Attributes:
+        shard: the shard that wrote it; world: of how many shards.
+        actor_id, sequence: the chunk's identity.
+        prev: the sequence that shard wrote of the actor just before (-1: none), so a
+            replay rebuilds episode boundaries as the first write did.
+        steps: steps in the chunk (``S * T``).
+        data: the chunk's bytes as received (decode with the transport codec).
+    """
+
+    shard: int
+    world: int
+    actor_id: int
+    sequence: int
+    prev: int
+    steps: int
+    data: bytes
+
+
+@dataclass
+class LogScan:
+    """What reading the logs found besides records: torn tails and damaged files."""
+
+    files: list[Path] = field(default_factory=list)
+    bytes: int = 0
+    records: int = 0
+    torn: list[tuple[Path, int, int]] = field(default_factory=list)  # path, offset, bytes ignored
+    damaged: list[tuple[Path, int, int]] = field(default_factory=list)
+
+
+def pack_header(shard: int, world: int, actor_id: int, sequence: int, prev: int, steps: int,
+                data: memoryview | bytes) -> bytes:
+    """The 72-byte header of one record (see the module docstring)."""
+    head = _HEAD.pack(MAGIC, VERSION, shard, world, len(data), actor_id, sequence, prev, steps, xxh3_64(data))
+    return head + _DIGEST.pack(xxh64(head))
+
+
+class IngestLog:
+    """The log one shard appends to in this life (see the module docstring).
+
+    Args:
+        directory: ``<run_dir>/ingest`` (created if missing).
+        shard: this shard's index; world: the number of shards.
+        fsync: ``fdatasync`` the log before a batch is acknowledged, at most every
+            ``fsync_every_s`` (0: every batch; a batch appended sooner is acknowledged
+            on the page cache alone).
+        fsync_every_s: see ``fsync``.
+        inherited: files of earlier lives (replayed by this life); rank 0 passes them,
+            to delete them once a checkpoint of this life is complete.
+
+    Raises:
+        OSError: the directory or the file cannot be created.
+    """
+
+    def __init__(self, directory: Path, shard: int, world: int, *, fsync: bool = True,
+                 fsync_every_s: float = 0.0, inherited: Sequence[Path] = ()) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.shard, self.world, self.fsync = shard, world, fsync
+        self.fsync_every_s = fsync_every_s
+        self._synced_at = -math.inf
+        self._life = f"{time.time_ns()}-{os.getpid()}"
+        self._inherited = list(inherited)
+        self._sealed: list[tuple[int, Path, int]] = []  # checkpoint id, path, bytes
+        self._first_sealed: int | None = None
+        self.segment_bytes = 0  # in the open segment
+        self.segment_steps = 0
+        self.inherited_bytes = sum(_size(p) for p in self._inherited)
+        self.peak_bytes = self.size_bytes
+        self.appended = 0  # records over this life
+        self._fd = -1
+        self._open()
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if self.fsync:  # the new name must survive a machine crash as its synced bytes do
+            fsync_dir(self.directory)
+
+    @property
+    def path(self) -> Path:
+        """The open segment."""
+        return self.directory / f"shard-{self.shard}.{self._life}.wal"
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes this log keeps on disk now: the open and sealed segments (and, on rank 0,
+        the earlier lives' files it is to delete)."""
+        return self.segment_bytes + sum(b for _, _, b in self._sealed) + self.inherited_bytes
+
+    def append(self, chunks: Sequence[tuple[memoryview, int, int, int, int]]) -> None:
+        """Append ``(data, actor_id, sequence, prev, steps)`` records in one write (and
+        ``fdatasync`` with ``fsync``). Call it before acknowledging them.
+
+        Raises:
+            OSError: the write failed (the caller must not acknowledge then).
+        """
+        if not chunks:
+            return
+        parts: list[bytes | memoryview] = []
+        steps = 0
+        for data, actor, seq, prev, n in chunks:
+            parts.append(pack_header(self.shard, self.world, actor, seq, prev, n, data))
+            parts.append(data)
+            steps += n
+        total = sum(len(p) for p in parts)
+        try:
+            self._write_all(parts)
+            if self.fsync and time.monotonic() - self._synced_at >= self.fsync_every_s:
+                os.fdatasync(self._fd)
+                self._synced_at = time.monotonic()
+        except OSError as exc:
+            if exc.filename is None:
+                exc.filename = str(self.path)  # os.write names no file: say which one
+            raise
+        self.segment_bytes += total
+        self.segment_steps += steps
+        self.appended += len(chunks)
+        self.peak_bytes = max(self.peak_bytes, self.size_bytes)
+
+    def _write_all(self, parts: list[bytes | memoryview]) -> None:
+        for at in range(0, len(parts), _IOV_MAX):
+            group = parts[at:at + _IOV_MAX]
+            want = sum(len(p) for p in group)
+            done = os.writev(self._fd, group)
+            if done < want:  # a short write (a signal, a full disk): finish it byte-wise
+                rest = memoryview(b"".join(group))[done:]
+                while rest:
+                    rest = rest[os.write(self._fd, rest):]
+
+    def seal(self, checkpoint_id: int) -> None:
+        """Close the open segment as covered by ``checkpoint_id`` (this shard saved its
+        part of it) and open a new one.
+
+        Raises:
+            OSError: the new segment cannot be created.
+        """
+        self._sync()
+        os.close(self._fd)
+        self._fd = -1
+        sealed = self.path.with_name(self.path.name.replace(".wal", f".upto-{checkpoint_id}.wal"))
+        try:
+            os.replace(self.path, sealed)
+        except OSError as exc:  # it then stays the open segment: kept longer, never lost
+            log.warning("shard %d: could not seal the ingest log %s: %s", self.shard, self.path, exc)
+        else:
+            self._sealed.append((checkpoint_id, sealed, self.segment_bytes))
+            self.segment_bytes = self.segment_steps = 0
+            if self._first_sealed is None:
+                self._first_sealed = checkpoint_id
+        self._open()
+
+    @property
+    def trimmable(self) -> bool:
+        """Whether sealed or inherited files wait for a complete checkpoint."""
+        return bool(self._sealed or self._inherited)
+
+    def trim(self, latest_complete: int | None) -> int:
+        """Delete what the complete checkpoint ``latest_complete`` holds: sealed segments
+        up to it and, once it is one of this life's, the inherited files. Returns the
+        bytes freed (a file that cannot be deleted is logged and kept)."""
+        if latest_complete is None:
+            return 0
+        freed = 0
+        keep = []
+        for cid, path, size in self._sealed:
+            if cid <= latest_complete and _unlink(path):
+                freed += size
+            else:
+                keep.append((cid, path, size))
+        self._sealed = keep
+        if self._inherited and self._first_sealed is not None and latest_complete >= self._first_sealed:
+            self._inherited = [p for p in self._inherited if not _unlink(p)]
+            freed += self.inherited_bytes - sum(_size(p) for p in self._inherited)
+            self.inherited_bytes = sum(_size(p) for p in self._inherited)
+        return freed
+
+    def _sync(self) -> None:
+        if self.fsync and self._fd >= 0:
+            os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        """Close the open segment (it stays for the next life to replay), synced first.
+
+        Raises:
+            OSError: the sync failed.
+        """
+        if self._fd >= 0:
+            self._sync()
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink(missing_ok=True)
+        return True
+    except OSError as exc:
+        log.warning("cannot delete the trimmed ingest log %s: %s", path, exc)
+        return False
+
+
+def log_files(directory: Path) -> list[Path]:
+    """Every shard's log files under ``directory``, oldest life first, each life's
+    segments in the order written (sealed by checkpoint id, then the open one)."""
+    found = []
+    if Path(directory).is_dir():
+        for path in Path(directory).iterdir():
+            m = _FILE.match(path.name)
+            if m is not None:
+                upto = m.group(4)
+                found.append(((int(m.group(2)), int(m.group(3)), int(m.group(1)),
+                               int(upto) if upto is not None else 2**63), path))
+    return [p for _, p in sorted(found)]
+
+
+def read_logs(paths: Sequence[Path], scan: LogScan, *, skip_shards_of: tuple[int, int] | None = None
+              ) -> Iterator[LogRecord]:
+    """The valid records of ``paths`` in order; torn and damaged tails go to ``scan``.
+
+    Args:
+        paths: files from :func:`log_files`.
+        scan: collects the files, counts and what was not usable.
+        skip_shards_of: ``(rank, world)``: records written by another shard of the same
+            number of shards are skipped unread (their streams are not this rank's).
+    """
+    for path in paths:
+        scan.files.append(path)
+        try:
+            with open(path, "rb") as f:
+                yield from _records(path, f, scan, skip_shards_of)
+        except FileNotFoundError:  # trimmed meanwhile by rank 0 (after a complete checkpoint)
+            continue
+
+
+def _records(path: Path, f: BinaryIO, scan: LogScan, skip: tuple[int, int] | None) -> Iterator[LogRecord]:
+    size = os.fstat(f.fileno()).st_size
+    scan.bytes += size
+    at = 0
+    while at < size:
+        head = f.read(HEADER_BYTES)
+        bad, end = _check_head(head), size
+        if bad is None:
+            _m, _v, shard, world, length, actor, seq, prev, steps, digest = _HEAD.unpack_from(head)
+            end = at + HEADER_BYTES + length
+            if end > size:
+                bad = "truncated chunk bytes"
+            elif skip is not None and world == skip[1] and shard != skip[0]:
+                f.seek(length, os.SEEK_CUR)
+                at = end
+                continue
+            else:
+                data = f.read(length)
+                if xxh3_64(data) != digest:
+                    bad = "chunk checksum"
+        if bad is not None:
+            # Torn: the bad record reaches the end of the file (the write stopped inside
+            # it). Anything after it means damage on disk.
+            torn = end >= size and (bad != "header checksum" or size - at <= HEADER_BYTES)
+            (scan.torn if torn else scan.damaged).append((path, at, size - at))
+            log.warning("ingest log %s: %s record at byte %d (%s); its last %d bytes ignored", path,
+                        "torn" if torn else "damaged", at, bad, size - at)
+            return
+        scan.records += 1
+        at = end
+        yield LogRecord(shard, world, actor, seq, prev, steps, data)
+
+
+def _check_head(head: bytes) -> str | None:
+    """Why ``head`` is not a valid record header (None: it is)."""
+    if len(head) < HEADER_BYTES:
+        return "truncated header"
+    if _DIGEST.unpack_from(head, _HEAD.size)[0] != xxh64(head[:_HEAD.size]):
+        return "header checksum"
+    magic, version = head[:4], head[4]
+    if magic != MAGIC or version != VERSION:
+        return f"not a version {VERSION} record"
+    return None

@@ -1,0 +1,232 @@
+"""A trained Q-network as one ``.safetensors`` file, and the policies a run keeps.
+
+The file holds the network's weights (the online network's ``state_dict``) and, in the
+safetensors metadata (strings only), everything needed to rebuild it without the run:
+``format`` (:data:`POLICY_FORMAT`), ``network`` (``mlp``, ``nature`` or ``minatar``),
+``obs_shape``, ``num_actions`` and ``hidden`` (JSON), the environment (``env_id``,
+``env_import``, ``env_kwargs``, to evaluate it), and where it came from (``updates``,
+``env_steps``, ``eval_return``, ``eval_episodes``, ``source``). :func:`load_policy`
+rebuilds the network from it; no pickle anywhere.
+
+A run directory keeps ``best/policy.safetensors``: the policy of the best evaluation so
+far, replaced atomically whenever an evaluation beats it (a run that collapses after
+reaching its goal keeps what reached it). :func:`policy_of_run` takes that one, the
+newest complete checkpoint's (``latest``) or a checkpoint's by id.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardreplay import checkpoint
+from shardreplay._io import atomic_write_bytes
+from shardreplay.checkpoint.manifest import incomplete_reason, load_manifest, read_covered
+from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigError
+from shardreplay.runtime.envs import EnvSource, describe_env, env_source
+from shardreplay.runtime.networks import choose_network, make_q_network
+from shardreplay.runtime.settings import TrainSettings
+
+__all__ = ["BEST", "POLICY_FORMAT", "Policy", "best_path", "best_return", "keep_if_best", "load_policy",
+           "policy_bytes", "policy_metadata", "policy_of_run", "save_policy"]
+
+log = logging.getLogger("shardreplay.learner")
+
+POLICY_FORMAT = "shardreplay-q-network/1"
+BEST = "best"
+_LEARNER_STATE = "learner_state.pt"  # runtime.learner.resume.LEARNER_STATE (a layer above)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A rebuilt network and the metadata it came with (all strings, as stored)."""
+
+    net: nn.Module
+    meta: dict[str, str]
+
+    @property
+    def source(self) -> EnvSource:
+        """The environment it was trained on."""
+        m = self.meta
+        return env_source(m["env_id"], m.get("env_import", ""), m.get("env_kwargs", ""))
+
+
+def best_path(run_dir: Path) -> Path:
+    """``<run_dir>/best/policy.safetensors``."""
+    return Path(run_dir) / BEST / "policy.safetensors"
+
+
+def policy_metadata(settings: TrainSettings, obs_shape: tuple[int, ...], num_actions: int,
+                    **origin: Any) -> dict[str, str]:
+    """The metadata that rebuilds the network of a run with ``settings`` (plus ``origin``:
+    ``updates``, ``eval_return``, ...; None values are left out).
+
+    Raises:
+        ConfigError: the settings' network cannot take ``obs_shape``.
+    """
+    lrn, run = settings.learners, settings.run
+    meta = {"format": POLICY_FORMAT, "algo": lrn.algo, "network": choose_network(obs_shape, lrn.network),
+            "obs_shape": json.dumps(list(obs_shape)), "num_actions": str(int(num_actions)),
+            "hidden": json.dumps([int(h) for h in lrn.hidden]), "env_id": run.env_id,
+            "env_import": run.env_import, "env_kwargs": run.env_kwargs}
+    meta.update({k: str(v) for k, v in origin.items() if v is not None})
+    return meta
+
+
+def policy_bytes(net: nn.Module, meta: Mapping[str, str]) -> bytes:
+    """The ``.safetensors`` bytes of ``net``'s weights with ``meta``."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    return save(tensors, metadata=dict(meta))
+
+
+def save_policy(path: Path, net: nn.Module, meta: Mapping[str, str]) -> None:
+    """Write :func:`policy_bytes` to ``path`` atomically (a reader sees the old file or
+    the new one, whole).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(Path(path), policy_bytes(net, meta))
+
+
+def keep_if_best(run_dir: Path, net: nn.Module, meta: Mapping[str, str], eval_return: float,
+                 best_so_far: float) -> bool:
+    """Write ``net`` to :func:`best_path` (atomically) when ``eval_return`` beats
+    ``best_so_far``; returns whether it did. ``meta`` gets ``eval_return``.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    if not eval_return > best_so_far:  # NaN never wins
+        return False
+    save_policy(best_path(run_dir), net, {**meta, "eval_return": repr(float(eval_return))})
+    return True
+
+
+def best_return(run_dir: Path) -> float:
+    """The evaluation recorded with ``best/`` (-inf: none, or unreadable: then the next
+    better evaluation replaces it), so that a resumed run replaces it only with a better one."""
+    from safetensors import SafetensorError, safe_open
+
+    path = best_path(run_dir)
+    try:
+        with safe_open(str(path), "pt") as f:
+            return float((f.metadata() or {}).get("eval_return", "-inf"))
+    except (OSError, ValueError, SafetensorError) as exc:
+        if path.exists():
+            log.warning("%s: unreadable (%s); the next better evaluation replaces it", path, exc)
+        return -math.inf
+
+
+def load_policy(path: Path) -> Policy:
+    """Rebuild the network saved in ``path`` (by :func:`save_policy` or ``shardreplay
+    export``) and load its weights.
+
+    Raises:
+        CheckpointFormatError: not a readable safetensors file, not one of
+            :data:`POLICY_FORMAT`, another algorithm's policy than DQN's, or weights that do not fit the described network.
+        FileNotFoundError: no such file.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    data = Path(path).read_bytes()
+    try:
+        tensors = load(data)
+        meta = _metadata(data)
+    except (SafetensorError, ValueError) as exc:
+        raise CheckpointFormatError(f"{path}: not a readable safetensors file ({exc}); export one with "
+                                    "shardreplay export RUN --out FILE") from exc
+    if meta.get("format") != POLICY_FORMAT:
+        raise CheckpointFormatError(f"{path}: metadata format {meta.get('format')!r}, expected "
+                                    f"{POLICY_FORMAT!r}: not a shardreplay policy file")
+    if meta.get("algo", "dqn") != "dqn":  # files of DQN runs before --algo carry none
+        raise CheckpointFormatError(f"{path}: a policy of --algo {meta['algo']}: only DQN's Q-networks are "
+                                    "rebuilt here; the file holds its policy's state_dict (safetensors)")
+    try:
+        net = make_q_network(tuple(json.loads(meta["obs_shape"])), int(meta["num_actions"]), meta["network"],
+                             tuple(json.loads(meta["hidden"])))
+        net.load_state_dict(tensors)
+    except (KeyError, ValueError, RuntimeError, ConfigError) as exc:
+        raise CheckpointFormatError(f"{path}: its weights do not rebuild the network it describes: {exc}") \
+            from exc
+    return Policy(net.eval(), meta)
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of safetensors bytes (the header is 8-byte length + JSON)."""
+    n = int.from_bytes(data[:8], "little")
+    if n <= 0 or n > len(data) - 8:
+        raise ValueError("header length out of range")
+    head = json.loads(data[8:8 + n])
+    meta = head.get("__metadata__") or {}
+    return {str(k): str(v) for k, v in meta.items()}
+
+
+def policy_of_run(run_dir: Path, which: str = "best") -> Policy:
+    """The policy ``which`` of a run directory: ``best`` (the best evaluated one),
+    ``latest`` (the newest complete checkpoint's online network) or a checkpoint id.
+
+    Raises:
+        ConfigError: ``which`` is none of these, or the run has no such policy (the
+            message says which ones it has).
+        CheckpointError: the checkpoint is damaged or incomplete.
+        CheckpointFormatError: the best policy's file is damaged.
+    """
+    run_dir = Path(run_dir)
+    if which == BEST:
+        path = best_path(run_dir)
+        if not path.exists():
+            raise ConfigError(f"{run_dir} has no best policy yet ({path}: written at the first evaluation); "
+                              "use --which latest or a checkpoint id")
+        return load_policy(path)
+    root = run_dir / "checkpoints"
+    if which == "latest":
+        cid = checkpoint.latest_complete(root)
+        if cid is None:
+            raise ConfigError(f"{run_dir} holds no complete checkpoint under {root}")
+    else:
+        try:
+            cid = int(which)
+        except ValueError:
+            raise ConfigError(f"--which {which!r}: use best, latest or a checkpoint id "
+                              f"({checkpoint.list_checkpoints(root)})") from None
+    return _checkpoint_policy(run_dir, checkpoint.checkpoint_dir(root, cid), cid)
+
+
+def _checkpoint_policy(run_dir: Path, directory: Path, cid: int) -> Policy:
+    if not directory.is_dir():
+        ids = checkpoint.list_checkpoints(directory.parent)
+        raise ConfigError(f"{run_dir}: no checkpoint {cid} (it has {ids or 'none'})")
+    reason = incomplete_reason(directory)
+    if reason is not None:
+        raise CheckpointError(f"{directory}: {reason}")
+    manifest = load_manifest(directory)
+    raw = read_covered(manifest, _LEARNER_STATE)  # verified against the manifest
+    state = torch.load(io.BytesIO(raw), weights_only=True)
+    extra = dict(manifest.extra)
+    settings = TrainSettings.from_dict(extra["settings"]) if "settings" in extra else \
+        TrainSettings.from_dict(json.loads((run_dir / "config.json").read_text()))
+    online = state["agent"]["online"]
+    env = describe_env(settings.run.source)  # the shapes the network was built for
+    obs_shape, num_actions = tuple(env.obs_shape), int(env.num_actions)
+    counters = extra.get("counters") or {}
+    best = extra.get("best_eval")
+    meta = policy_metadata(settings, obs_shape, num_actions, updates=counters.get("updates"),
+                           env_steps=counters.get("env_steps"), source=f"checkpoint {cid}",
+                           best_eval_so_far=best if best is None or math.isfinite(best) else None)
+    net = make_q_network(obs_shape, num_actions, meta["network"], settings.learners.hidden)
+    net.load_state_dict(online)
+    return Policy(net.eval(), meta)

@@ -1,0 +1,137 @@
+"""The ingest write-ahead log: what a learner acknowledged survives its SIGKILL.
+
+A learner life (a forked process: the real Ingestor over a ``file://`` spool, with a
+log) stores chunks, checkpoints, stores more, acknowledges all, and is SIGKILLed; a
+torn record (a crash inside an append) is added to its log. The next life restores the
+checkpoint and replays the log: every chunk is stored exactly once, the torn record is
+ignored and reported, and the segment the checkpoint covers was trimmed.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardreplay import checkpoint
+from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
+from shardreplay.runtime.learner.wal import HEADER_BYTES, IngestLog, LogScan, log_files, read_logs
+from shardreplay.runtime.settings import TrainSettings
+from shardreplay.transport import open_transport
+from shardreplay.transport.codec import encode
+from tests.runtime.runtime_helpers import IDENT_SPEC, children, ident_counts, kill9, make_chunk, wait_for
+
+SETTINGS = TrainSettings.from_dict(dict(learners=1, actors=2, envs_per_actor=2, transport="file:///unused"))
+CTX = mp.get_context("fork")  # starts at once; the child uses no torch operation
+
+
+def _buffer() -> ReplayBuffer:
+    return ReplayBuffer(IDENT_SPEC, num_streams=4, stream_capacity=256, window=2)
+
+
+def _learner_life(spool: str, run_dir: str, progress: str, save_after: int) -> None:
+    """Store and acknowledge chunks forever; checkpoint 0 once ``save_after`` are stored."""
+    transport = open_transport(spool, IDENT_SPEC, fsync=False)
+    buffer, root = _buffer(), Path(run_dir) / "checkpoints"
+    ingestor = Ingestor(transport.reader(), buffer, SETTINGS,
+                        wal=IngestLog(Path(run_dir) / "ingest", 0, 1, fsync=True))
+    saved = False
+    while True:
+        ingestor.drain(4, 0.05, 0)
+        if not saved and buffer.num_steps >= save_after * 8:
+            checkpoint.save(buffer, root, 0, extra={"ingest": ingestor.state_dict()})
+            ingestor.checkpointed(0, checkpoint.latest_complete(root))
+            saved = True
+        tmp = Path(progress + ".tmp")
+        tmp.write_text(json.dumps({"acked": ingestor.reader.stats.acked, "saved": saved}))
+        tmp.replace(progress)
+
+
+def _progress(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+@pytest.mark.timeout(120)
+def test_a_sigkilled_learner_loses_no_acknowledged_chunk_and_stores_none_twice(tmp_path: Path) -> None:
+    spool, run_dir, progress = f"file://{tmp_path}/spool", tmp_path / "run", tmp_path / "life.json"
+    writer = open_transport(spool, IDENT_SPEC, fsync=False).writer()
+    first = [(a, q) for q in range(5) for a in (0, 1)]  # 10 chunks, then checkpoint 0
+    later = [(a, q) for q in range(5, 10) for a in (0, 1)]  # 10 more, only in the log
+    for a, q in first:
+        writer.send(make_chunk(a, q))
+    with children() as kids:
+        proc = kids.track(CTX.Process(target=_learner_life, args=(spool, str(run_dir), str(progress), 10),
+                                      daemon=True))
+        proc.start()
+        wait_for(lambda: _progress(progress).get("saved"), 60, "checkpoint 0")
+        for a, q in later:
+            writer.send(make_chunk(a, q))
+        wait_for(lambda: _progress(progress).get("acked") == 20, 60, "20 chunks acknowledged")
+        kill9(proc.pid)
+        proc.join(10)
+    assert not list((tmp_path / "spool").rglob("*.chunk")), "acknowledged: the spool forgot them"
+    files = log_files(run_dir / "ingest")
+    # Trimmed at the checkpoint: the segment it holds is gone, the open one remains.
+    assert len(files) == 1 and ".upto-" not in files[0].name, files
+    # A crash inside an append: the start of a record, never acknowledged.
+    with open(files[0], "rb") as f:
+        head = f.read(HEADER_BYTES)
+    with open(files[0], "ab") as f:
+        f.write(head[:40])
+
+    buffer = _buffer()
+    report = checkpoint.load(run_dir / "checkpoints", buffer)
+    parts = checkpoint.read_manifest(report.directory)["parts"]
+    stored = merge_stored(p["extra"].get("ingest") for p in parts)
+    ingestor = Ingestor(open_transport(spool, IDENT_SPEC, fsync=False).reader(), buffer, SETTINGS, stored)
+    scan = LogScan()
+    counts = ingestor.replay(read_logs(files, scan), 0)
+    assert (counts.stored, counts.held, counts.rejected) == (10, 0, 0)
+    assert [(p.name, size) for p, _at, size in scan.torn] == [(files[0].name, 40)] and scan.damaged == []
+    # A chunk delivered again after the replay (its ack never reached the medium) is dropped.
+    writer.send(make_chunk(0, 7))
+    ingestor.drain(8, 1.0, 0)
+    assert ingestor.total_duplicates == 1
+    counts_by_chunk = ident_counts(buffer.state_dict()["arrays"]["field.ident"])
+    assert counts_by_chunk == {ident: 8 for ident in first + later}, "every chunk exactly once"
+
+
+def test_a_record_damaged_before_the_end_is_reported_and_the_rest_of_its_file_unused(tmp_path: Path) -> None:
+    wal = IngestLog(tmp_path, 0, 1, fsync=False)
+    data = [memoryview(encode(make_chunk(0, q), IDENT_SPEC)) for q in range(3)]
+    wal.append([(d, 0, q, q - 1, 8) for q, d in enumerate(data)])
+    wal.close()
+    raw = bytearray(wal.path.read_bytes())
+    raw[HEADER_BYTES + len(data[0]) + HEADER_BYTES + 100] ^= 0xFF  # inside the second chunk's bytes
+    wal.path.write_bytes(bytes(raw))
+    scan = LogScan()
+    got = [(r.actor_id, r.sequence, r.prev) for r in read_logs([wal.path], scan)]
+    assert got == [(0, 0, -1)]
+    assert scan.torn == [] and [at for _, at, _ in scan.damaged] == [HEADER_BYTES + len(data[0])]
+
+
+def test_sealed_segments_go_once_their_checkpoint_is_complete(tmp_path: Path) -> None:
+    old = tmp_path / "shard-1.5-7.wal"  # an earlier life's segment (another shard)
+    old.write_bytes(b"x" * 10)
+    wal = IngestLog(tmp_path, 0, 2, fsync=False, inherited=[old])
+    chunk = memoryview(encode(make_chunk(0, 0), IDENT_SPEC))
+    wal.append([(chunk, 0, 0, -1, 8)])
+    assert wal.size_bytes == HEADER_BYTES + len(chunk) + 10
+    wal.seal(3)
+    sealed = tmp_path / wal.path.name.replace(".wal", ".upto-3.wal")
+    assert sealed.exists() and wal.path.exists() and wal.trimmable
+    assert wal.trim(None) == 0 and wal.trim(2) == 0 and sealed.exists() and old.exists()
+    assert wal.trim(3) == HEADER_BYTES + len(chunk) + 10
+    assert not sealed.exists() and not old.exists() and not wal.trimmable
+    assert wal.size_bytes == 0 and wal.peak_bytes == HEADER_BYTES + len(chunk) + 10
+    assert log_files(tmp_path) == [wal.path]
+    wal.close()
+    assert os.path.exists(wal.path)
