@@ -136,7 +136,8 @@ def load_policy(path: Path) -> Policy:
 
     Raises:
         CheckpointFormatError: not a readable safetensors file, not one of
-            :data:`POLICY_FORMAT`, another algorithm's policy than DQN's, or weights that do not fit the described network.
+            :data:`POLICY_FORMAT`, another algorithm's policy than DQN's, or weights that
+            do not fit the described network.
         FileNotFoundError: no such file.
     """
     from safetensors import SafetensorError
