@@ -28,6 +28,8 @@ from shardreplay.runtime.actor.processes import descendant_pids
 
 # A small network (flags given after these win): a step budget's updates with the default
 # 256x256 MLP cost the learners about 10 CPU-seconds more per 2x2 run of 1,500 steps.
+_YOUNG_S = 3.0  # how long a new descendant's command line is read again
+
 FAST = ("--no-progress", "--eval-episodes", "2", "--eval-interval-updates", "100000",
         "--min-replay", "200", "--collective-timeout-s", "60", "--max-minutes", "4", "--hidden", "32", "32")
 
@@ -102,7 +104,10 @@ class TrainRun:
     def _collect(self) -> None:
         for pid in _descendant_pids(self.proc.pid):
             with contextlib.suppress(psutil.Error), self._lock:
-                if pid not in self.seen:
+                known = self.seen.get(pid)
+                # A process seen between its fork and its exec shows its parent's command
+                # line (or none): read it again while it is young.
+                if known is None or time.time() - known[0] < _YOUNG_S:
                     c = psutil.Process(pid)
                     self.seen[pid] = (c.create_time(), " ".join(c.cmdline()))
 
