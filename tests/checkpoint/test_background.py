@@ -110,7 +110,9 @@ def test_saves_of_one_shard_never_overlap(tmp_path: Path) -> None:
     first = checkpoint.save_in_background(buf, tmp_path, 1)
     at_second = _snapshot(buf)
     second = checkpoint.save_in_background(buf, tmp_path, 2)  # waits until the first is written
-    assert first.done()
+    # The first one's part and manifest are in place (its thread may not have returned yet).
+    assert (first.directory / "manifest.json").exists()
+    first.wait(60)
     _overwrite(buf, seed=4)
     second.wait(60)
     restored = _buffer(1)

@@ -80,45 +80,39 @@ def test_temp_files_are_never_read(tmp_path: Path) -> None:
 
 
 KILL_WRITER = textwrap.dedent("""
-    import sys, numpy as np
+    import os, signal, sys, numpy as np
+    from shardreplay._io import atomic_writer
     from shardreplay.spec import Field, Spec
-    from shardreplay.transport import Chunk, open_transport
+    from shardreplay.transport import Chunk, open_transport, spool
     spec = Spec({"obs": Field((4096,), np.float32)})
     w = open_transport(sys.argv[1], spec, queued_chunks_per_actor=10_000).writer()
     s, t = 8, 64
-    steps = {"obs": np.ones((s, t, 4096), np.float32), "step_type": np.ones((s, t), np.uint8)}
-    seq = 0
-    while True:
+    rng = np.random.default_rng(0)  # incompressible: the file is large
+    steps = {"obs": rng.random((s, t, 4096), np.float32), "step_type": np.ones((s, t), np.uint8)}
+
+    def half_then_killed(path, data, *, fsync=True, tmp_dir=None):
+        with atomic_writer(path, fsync=fsync, tmp_dir=tmp_dir) as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)  # a real kill, in the middle of the write
+
+    for seq in range(4):
+        if seq == 3:
+            spool.atomic_write_bytes = half_then_killed
         w.send(Chunk(7, seq, 0, np.arange(s), steps))
-        seq += 1
 """)
 
 
 def test_writer_killed_mid_write_leaves_nothing_half_ingested(tmp_path: Path) -> None:
     big = Spec({"obs": Field((4096,), np.float32)})
     url = tmp_path.absolute().as_uri()
-    full_size = None
-    caught_partial = False
-    for _attempt in range(8):
-        proc = subprocess.Popen([sys.executable, "-c", KILL_WRITER, url])
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:  # wait until a temp file is being written
-                temps = list((tmp_path / "tmp").glob("*.tmp")) if (tmp_path / "tmp").exists() else []
-                if temps and len(os.listdir(tmp_path / "ready")) >= 1:
-                    break
-                time.sleep(0.001)
-            proc.send_signal(signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait(timeout=30)
-        ready = sorted(os.listdir(tmp_path / "ready"))
-        full_size = full_size or (tmp_path / "ready" / ready[0]).stat().st_size
-        temps = list((tmp_path / "tmp").glob("*.tmp"))
-        if any(p.stat().st_size < full_size for p in temps):
-            caught_partial = True
-            break
-    assert caught_partial, "never killed the writer in the middle of a write"
+    proc = subprocess.run([sys.executable, "-c", KILL_WRITER, url], timeout=120, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    ready = sorted(os.listdir(tmp_path / "ready"))
+    assert len(ready) == 3
+    full_size = (tmp_path / "ready" / ready[0]).stat().st_size
+    temps = list((tmp_path / "tmp").glob("*.tmp"))
+    assert len(temps) == 1 and 0 < temps[0].stat().st_size < full_size
     transport = open_transport(url, big, stale_tmp_s=3600)
     reader = transport.reader()
     got = receive_all(reader, len(ready), timeout_s=10)

@@ -243,9 +243,17 @@ def run(job: SaveJob) -> Path:
         CheckpointError: the files could not be written (the previous complete
             checkpoints are untouched).
     """
-    shard, directory = job.shard, job.directory
+    shard = job.shard
     assert shard is not None
-    started = time.perf_counter()
+    try:
+        return _write(job, shard)
+    finally:  # released last: the next save of this shard sees this one's chain and pruning done
+        if job.fence is not None:
+            shard.release_fence(job.fence)
+
+
+def _write(job: SaveJob, shard: Shard) -> Path:
+    directory, started = job.directory, time.perf_counter()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         written = {name: _write_file(directory / name, data) for name, data in job.files.items()}
@@ -254,9 +262,6 @@ def run(job: SaveJob) -> Path:
     except OSError as exc:
         forget(shard, directory.parent)
         raise CheckpointError(f"cannot write checkpoint {directory}: {exc}") from exc
-    finally:
-        if job.fence is not None:
-            shard.release_fence(job.fence)
     root = directory.parent
     if job.segments is not None:  # an incremental save: the next one continues from this part
         remember(shard, root, directory, desc["file"], desc, job.segments)

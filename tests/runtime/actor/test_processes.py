@@ -41,6 +41,8 @@ def test_each_process_ends_by_the_gentlest_step_that_works() -> None:
 def test_descendant_pids_is_the_tree_psutil_sees_children_of_threads_included() -> None:
     """Grandchildren, and a child started by a thread other than the main one (the
     kernel lists it under that thread's task), are found; a process killed is gone."""
+    # An xdist worker may hold children of earlier tests (a session's redis-server).
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
     shell = ["sh", "-c", "sleep 30 & sleep 30 & wait"]
     started: list[subprocess.Popen[bytes]] = [subprocess.Popen(shell)]
     thread = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
@@ -62,7 +64,7 @@ def test_descendant_pids_is_the_tree_psutil_sees_children_of_threads_included() 
         assert all(_zombie_or_gone(pid) for pid in others), others
         tree = ProcessTree()
         tree.scan()
-        assert {p.pid for p in tree.alive()} == expected
+        assert {p.pid for p in tree.alive()} - before == expected
     finally:
         for p in started:
             p.kill()
