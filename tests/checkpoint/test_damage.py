@@ -19,7 +19,7 @@ import pytest
 import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.checkpoint.format import BLOCK_BYTES
-from shardreplay.checkpoint.load import _load_one
+from shardreplay.checkpoint.loading import _load_one
 from shardreplay.checkpoint.manifest import dump_checked, load_checked
 from shardreplay.errors import CheckpointError, CheckpointFormatError, IncompleteCheckpointError
 from tests.checkpoint.helpers import SPEC, as_shard, fill_random, make_buffer, step_multiset

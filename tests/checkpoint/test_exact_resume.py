@@ -20,7 +20,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
-from shardreplay.checkpoint.load import _load_one
+from shardreplay.checkpoint.loading import _load_one
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import InvalidKeyError
 from shardreplay.spec.keys import GEN_MASK

@@ -11,7 +11,7 @@ import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint import format as ckfmt
-from shardreplay.checkpoint.load import _load_one
+from shardreplay.checkpoint.loading import _load_one
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointFormatError
 from tests.checkpoint.helpers import (

@@ -57,7 +57,7 @@ from hypothesis import strategies as st
 import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
-from shardreplay.checkpoint.load import LoadReport, _load_one
+from shardreplay.checkpoint.loading import LoadReport, _load_one
 from shardreplay.checkpoint.plan import NewLayout
 from tests.checkpoint.helpers import (
     ALPHA,

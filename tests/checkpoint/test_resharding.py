@@ -19,7 +19,7 @@ import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint import format as ckfmt
-from shardreplay.checkpoint.load import _load_one
+from shardreplay.checkpoint.loading import _load_one
 from tests.checkpoint.helpers import (
     T_SCALE,
     as_shard,

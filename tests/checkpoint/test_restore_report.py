@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardreplay import checkpoint, testing
-from shardreplay.checkpoint.load import _load_one
+from shardreplay.checkpoint.loading import _load_one
 from shardreplay.checkpoint.summary import summarize
 from shardreplay.errors import CheckpointError, ConfigError
 from tests.checkpoint.helpers import as_shard, fill_random, make_buffer

@@ -11,7 +11,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
-from shardreplay.checkpoint.load import _load_one
+from shardreplay.checkpoint.loading import _load_one
 from shardreplay.errors import ShardReplayError
 from tests.checkpoint.helpers import as_shard
 from tests.support.sequences import SPEC, timelines, write

@@ -16,9 +16,8 @@ from shardreplay.cli.main import build_parser, main
 from shardreplay.cli.train import _settings, final_line
 from shardreplay.cli.train_flags import field_help
 from shardreplay.errors import ConfigError, TransportError
-from shardreplay.runtime.learner.resume import settings_for_resume
 from shardreplay.runtime.routing import check_reachable
-from shardreplay.runtime.settings import FLAT, GROUPS, TrainSettings
+from shardreplay.runtime.settings import FLAT, GROUPS, TrainSettings, settings_for_resume
 from tests.support import free_port
 
 

@@ -10,25 +10,63 @@ and writes from a thread (the checkpoint is the buffer at the call), and
 
 from __future__ import annotations
 
-from shardreplay.checkpoint.background import PendingSave, save_in_background
-from shardreplay.checkpoint.episodes import PARTIAL_POLICIES
-from shardreplay.checkpoint.load import LoadReport, load
-from shardreplay.checkpoint.manifest import (
-    INCOMPLETE_DIR,
-    checkpoint_dir,
-    damage,
-    incomplete_checkpoints,
-    is_complete,
-    latest_complete,
-    list_checkpoints,
-    load_manifest,
-    read_manifest,
-    set_aside,
-    set_aside_incomplete,
-)
-from shardreplay.checkpoint.records import FileEntry, Manifest, ManifestPart, RestoreCounts
-from shardreplay.checkpoint.save import save
-from shardreplay.checkpoint.triggers import REQUEST_FILE, CheckpointTrigger
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardreplay.checkpoint.background import PendingSave, save_in_background
+    from shardreplay.checkpoint.episodes import PARTIAL_POLICIES
+    from shardreplay.checkpoint.loading import LoadReport, load
+    from shardreplay.checkpoint.manifest import (
+        INCOMPLETE_DIR,
+        checkpoint_dir,
+        damage,
+        incomplete_checkpoints,
+        is_complete,
+        latest_complete,
+        list_checkpoints,
+        load_manifest,
+        read_manifest,
+        set_aside,
+        set_aside_incomplete,
+    )
+    from shardreplay.checkpoint.records import FileEntry, Manifest, ManifestPart, RestoreCounts
+    from shardreplay.checkpoint.saving import save
+    from shardreplay.checkpoint.triggers import REQUEST_FILE, CheckpointTrigger
+
+# Public names load on first use (PEP 562), as in the package root: the launcher reads
+# manifests without importing the buffer (and with it torch: seconds per process).
+_HOMES = {
+    **dict.fromkeys(["PendingSave", "save_in_background"], "shardreplay.checkpoint.background"),
+    "PARTIAL_POLICIES": "shardreplay.checkpoint.episodes",
+    **dict.fromkeys(["LoadReport", "load"], "shardreplay.checkpoint.loading"),
+    **dict.fromkeys(["INCOMPLETE_DIR", "checkpoint_dir", "damage", "incomplete_checkpoints", "is_complete",
+                     "latest_complete", "list_checkpoints", "load_manifest", "read_manifest", "set_aside",
+                     "set_aside_incomplete"], "shardreplay.checkpoint.manifest"),
+    **dict.fromkeys(["FileEntry", "Manifest", "ManifestPart", "RestoreCounts"],
+                    "shardreplay.checkpoint.records"),
+    "save": "shardreplay.checkpoint.saving",
+    **dict.fromkeys(["REQUEST_FILE", "CheckpointTrigger"], "shardreplay.checkpoint.triggers"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (then cached here).
+
+    Raises:
+        AttributeError: ``name`` is not a public name of the package.
+    """
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'shardreplay.checkpoint' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
 
 __all__ = [
     "INCOMPLETE_DIR",

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.checkpoint.save import SaveJob, prepare, run
+from shardreplay.checkpoint.saving import SaveJob, prepare, run
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointError
 

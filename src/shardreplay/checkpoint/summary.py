@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.buffer.shard import STEP_ARRAYS
-from shardreplay.checkpoint.load import _episode_table
+from shardreplay.checkpoint.loading import _episode_table
 from shardreplay.checkpoint.manifest import (
     check_complete,
     checkpoint_dir,

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from shardreplay.errors import ConfigError, ShardReplayError
-from shardreplay.runtime.actor.loop import AGREED, ActorSettings
+from shardreplay.runtime.actor.settings import AGREED, ActorSettings
 
 # "name: text" lines of the ActorSettings docstring, for --help.
 _HELP = {name: " ".join(text.split()) for names, text in

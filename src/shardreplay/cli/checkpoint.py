@@ -20,8 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from shardreplay.checkpoint.manifest import checkpoint_dir, latest_complete, list_checkpoints
-from shardreplay.checkpoint.summary import is_checkpoint_dir, list_status, summarize, verify
 from shardreplay.errors import CheckpointError
+
+
+def _summary() -> Any:
+    # Imported when a command runs: it loads the buffer (and torch), which every other
+    # ``shardreplay`` command (``train``'s launcher among them) would otherwise pay for.
+    from shardreplay.checkpoint import summary
+
+    return summary
 
 
 def add_parser(subparsers: Any) -> None:
@@ -44,7 +51,7 @@ def add_parser(subparsers: Any) -> None:
 def _kind(path: Path) -> str | None:
     if not path.is_dir():
         return None
-    if is_checkpoint_dir(path):
+    if _summary().is_checkpoint_dir(path):
         return "checkpoint"
     return "root" if list_checkpoints(path) else None
 
@@ -63,12 +70,14 @@ def run_inspect(args: argparse.Namespace) -> int:
     priorities = not args.no_priorities
     try:
         if kind == "checkpoint":
-            doc: dict[str, Any] = summarize(args.path, priorities=priorities)
+            doc: dict[str, Any] = _summary().summarize(args.path, priorities=priorities)
         else:
             newest = latest_complete(args.path)
-            doc = {"root": str(args.path), "checkpoints": list_status(args.path), "newest_complete": newest,
-                   "newest": None if newest is None else summarize(checkpoint_dir(args.path, newest),
-                                                                   priorities=priorities)}
+            summary = _summary()
+            doc = {"root": str(args.path), "checkpoints": summary.list_status(args.path),
+                   "newest_complete": newest,
+                   "newest": None if newest is None else summary.summarize(checkpoint_dir(args.path, newest),
+                                                                           priorities=priorities)}
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -91,7 +100,7 @@ def run_verify(args: argparse.Namespace) -> int:
     results = []
     for directory in dirs:
         try:
-            results.append({"directory": str(directory), "ok": True, **verify(directory)})
+            results.append({"directory": str(directory), "ok": True, **_summary().verify(directory)})
         except CheckpointError as exc:
             results.append({"directory": str(directory), "ok": False, "reason": str(exc)})
     bad = [r for r in results if not r["ok"]]

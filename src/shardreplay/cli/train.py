@@ -85,7 +85,7 @@ def _given_or_resumed(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
         _check_resumable(args.resume, args.checkpoint_id)
     resume_dir = args.resume or _resumable(args)
     if resume_dir is not None:
-        from shardreplay.runtime.learner.resume import settings_for_resume
+        from shardreplay.runtime.settings import settings_for_resume
 
         return settings_for_resume(resume_dir, given), True
     base = TrainSettings()

@@ -19,6 +19,7 @@ either shape, also mixed: flat names (``alpha: 0.6``) and group sections
 from __future__ import annotations
 
 import dataclasses
+import json
 import numbers
 import re
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardreplay.errors import ConfigError
+from shardreplay.errors import ConfigError, IncompleteCheckpointError
 from shardreplay.runtime.envs import EnvSource, env_source
 from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.runtime.stream_layout import StreamLayout
@@ -451,3 +452,16 @@ def _flatten(d: Any) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; see shardreplay train --help")
     return flat
+
+
+def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettings:
+    """The settings a run was started with (``config.json``), with ``overrides`` applied.
+
+    Raises:
+        IncompleteCheckpointError: ``run_dir`` holds no config.
+    """
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise IncompleteCheckpointError(f"{path}: missing; is {run_dir} a shardreplay run directory?")
+    saved = TrainSettings.from_dict(json.loads(path.read_text()))
+    return saved.updated({**overrides, "run_dir": str(run_dir)})

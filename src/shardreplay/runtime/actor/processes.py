@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from shardreplay.runtime.actor.loop import ActorSettings
+from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.log_lines import configure_logging, write_line
 from shardreplay.transport.base import Transport
 

@@ -7,18 +7,35 @@ module with an :class:`~.base.Algorithm`, its name in ``settings.ALGOS`` and her
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shardreplay.errors import ConfigError
+from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.settings import ALGOS
+from shardreplay.spec import Spec
 
 if TYPE_CHECKING:
     from shardreplay.runtime.algos.base import Algorithm
 
-__all__ = ["ACTIONS", "algorithm"]
+__all__ = ["ACTIONS", "algorithm", "spec_of"]
 
 # --algo name -> the action space it takes (describe_env's ``actions``)
 ACTIONS = {"dqn": "discrete", "sac": "box"}
+# --algo name -> the Spec its actors write (its Algorithm.transition_spec), built without
+# torch: the launcher sizes the local rings with it and imports no torch itself.
+SPECS: dict[str, Callable[[EnvInfo], Spec]] = {"dqn": transition_spec, "sac": transition_spec}
+
+
+def spec_of(name: str, env: EnvInfo) -> Spec:
+    """The transition Spec of ``--algo name`` for ``env``, without importing torch.
+
+    Raises:
+        ConfigError: an unknown name.
+    """
+    if name not in SPECS:
+        raise ConfigError(f"--algo must be one of {', '.join(ALGOS)}, got {name!r}")
+    return SPECS[name](env)
 
 
 def algorithm(name: str) -> Algorithm:

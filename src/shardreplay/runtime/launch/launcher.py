@@ -53,7 +53,7 @@ from shardreplay.runtime.actor.processes import (
     stop_processes,
     stop_resource_tracker,
 )
-from shardreplay.runtime.algos import ACTIONS, algorithm
+from shardreplay.runtime.algos import ACTIONS, spec_of
 from shardreplay.runtime.envs import describe_env
 from shardreplay.runtime.log_lines import configure_logging
 from shardreplay.runtime.routing import (
@@ -292,8 +292,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    algo = algorithm(settings.learners.algo)
-    spec = algo.transition_spec(describe_env(settings.run.source, algo.actions))
+    name = settings.learners.algo
+    spec = spec_of(name, describe_env(settings.run.source, ACTIONS[name]))
     local = scheme_of(settings.transport.url) == "local"
     # Kept referenced here while children run: Process.start() drops its args, and a
     # collected ring would unlink its semaphores before a child has opened them.

@@ -5,7 +5,6 @@ takes it back (the buffer, the agent, the counters and the stored-chunk record).
 from __future__ import annotations
 
 import io
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -17,11 +16,10 @@ import torch
 from shardreplay import checkpoint
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
-from shardreplay.errors import CheckpointError, IncompleteCheckpointError
+from shardreplay.errors import CheckpointError
 from shardreplay.runtime.algos.base import Agent
 from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
 from shardreplay.runtime.run_identity import RunIdentity, write_life
-from shardreplay.runtime.settings import TrainSettings
 
 log = logging.getLogger("shardreplay.learner")
 LEARNER_STATE = "learner_state.pt"
@@ -155,16 +153,3 @@ def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any], *,
                     "moved to %s", run_dir, len(moved), names, where)
     write_life(run_dir, ident, config)
     log.info("%s: run %s, learner life %d recorded", run_dir, ident.run_id, ident.life)
-
-
-def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettings:
-    """The settings a run was started with (``config.json``), with ``overrides`` applied.
-
-    Raises:
-        IncompleteCheckpointError: ``run_dir`` holds no config.
-    """
-    path = Path(run_dir) / "config.json"
-    if not path.exists():
-        raise IncompleteCheckpointError(f"{path}: missing; is {run_dir} a shardreplay run directory?")
-    saved = TrainSettings.from_dict(json.loads(path.read_text()))
-    return saved.updated({**overrides, "run_dir": str(run_dir)})

@@ -46,7 +46,7 @@ from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("shardreplay.checkpoint.save")  # the name users filter on
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

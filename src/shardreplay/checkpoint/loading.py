@@ -37,7 +37,7 @@ from shardreplay.checkpoint.manifest import checkpoint_dir, list_checkpoints, lo
 from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan_shard
 from shardreplay.checkpoint.records import Manifest, PartMeta
 from shardreplay.checkpoint.refs import AnyPartReader, open_part
-from shardreplay.checkpoint.save import shard_of
+from shardreplay.checkpoint.saving import shard_of
 from shardreplay.checkpoint.stacked import read_stacks
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
@@ -51,7 +51,7 @@ from shardreplay.errors import (
 from shardreplay.spec import Spec, StepType
 from shardreplay.spec.validation import check_step_values
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("shardreplay.checkpoint.load")  # the name users filter on
 
 
 @dataclass(frozen=True)
