@@ -119,8 +119,9 @@ class TrainRun:
         return []
 
     def children_of(self, pid: int) -> list[psutil.Process]:
-        """Live spawned children of ``pid`` (learners or actors: not the multiprocessing
-        resource tracker, nor a child still between fork and exec)."""
+        """Live started children of ``pid`` (learners or actors: not the multiprocessing
+        resource tracker, nor a child still between fork and exec): spawned ones, and
+        those forked from a fork server that ``pid`` started (the launcher's learners)."""
         found: list[psutil.Process] = []
         try:
             children = psutil.Process(pid).children()
@@ -128,12 +129,15 @@ class TrainRun:
             return found
         for c in children:
             with contextlib.suppress(psutil.Error):
-                if "spawn_main" in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+                cmd = " ".join(c.cmdline())
+                if "forkserver import main" in cmd:
+                    found += [g for g in c.children() if g.status() != psutil.STATUS_ZOMBIE]
+                elif "spawn_main" in cmd and c.status() != psutil.STATUS_ZOMBIE:
                     found.append(c)
         return found
 
     def learners(self) -> list[psutil.Process]:
-        """The launcher's learner processes (its spawned children)."""
+        """The launcher's learner processes."""
         return self.children_of(self.proc.pid)
 
     def actors(self) -> list[psutil.Process]:

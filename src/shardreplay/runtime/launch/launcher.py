@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -55,6 +54,13 @@ from shardreplay.runtime.actor.processes import (
 )
 from shardreplay.runtime.algos import ACTIONS, spec_of
 from shardreplay.runtime.envs import describe_env
+from shardreplay.runtime.forkserver import (
+    parent_or_exit,
+    preloaded_context,
+    release_server,
+    server_pid,
+    stop_server,
+)
 from shardreplay.runtime.log_lines import configure_logging
 from shardreplay.runtime.routing import (
     check_reachable,
@@ -211,11 +217,13 @@ def _free_port() -> int:
 
 def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any] | None, resume: bool,
                   out: Any, launcher_pid: int, checkpoint_id: int | None = None) -> None:
-    die_with_parent(launcher_pid)
+    release_server()  # the fork server now ends with the launcher, and this rank learns of it
+    die_with_parent()
+    parent = parent_or_exit(launcher_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
     # Born with SIGTERM blocked (see _spawn_learners): take it from here on (the Learner's
     # loop stops on it, however early it came), then let it in.
-    stop_signals.take_over(launcher_pid)
+    stop_signals.take_over(parent)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     configure_logging(logging.INFO if rank == 0 else logging.WARNING,
                       f"%(asctime)s rank {rank} %(name)s: %(message)s")
@@ -289,7 +297,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     # A tracker already running belongs to the caller (its other resources depend on
     # it); otherwise the queue's semaphores start one here, and it is ours to stop.
     own_tracker = resource_tracker_pid() is None
-    ctx = mp.get_context("spawn")
+    ctx = preloaded_context(_learner_preload(settings.learners.count))
     out = ctx.Queue()
     port = _free_port()
     name = settings.learners.algo
@@ -305,7 +313,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
              for r in range(settings.learners.count)]
     stopping = {"asked": False}
     # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.
-    tree = ProcessTree(exclude=lambda: {pid for pid in [resource_tracker_pid()] if pid is not None})
+    tree = ProcessTree(exclude=lambda: {pid for pid in [resource_tracker_pid(), server_pid()] if pid is not None})
     outcome: dict[str, Any] | ShardReplayError | None = None
 
     def terminate_started() -> None:
@@ -356,6 +364,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
         out.close()
         out.join_thread()
         del out
+        stop_server()
         if own_tracker:
             stop_resource_tracker()
     if isinstance(outcome, ShardReplayError):
@@ -363,6 +372,14 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
         # released before the tracker stops.
         raise outcome
     return outcome  # set: _collect returned
+
+
+def _learner_preload(count: int) -> list[str]:
+    """What the learners' fork server imports once: torch, the learner and its kernels'
+    compiler; with several ranks also torch._dynamo, which DDP's constructor imports
+    (1.7 CPU-seconds a rank)."""
+    modules = ["torch", "torch.distributed", "shardreplay.runtime.learner.loop", "shardreplay.kernels.routing"]
+    return [*modules, "torch._dynamo"] if count > 1 else modules
 
 
 def _start_learners(procs: list[Any], stopping: dict[str, bool]) -> list[Any]:
