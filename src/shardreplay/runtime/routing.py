@@ -27,9 +27,9 @@ from shardreplay.errors import ConfigError, StorageError
 from shardreplay.runtime.envs import transition_spec
 from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.spec import Spec
-from shardreplay.transport import Chunk, encode, open_transport
+from shardreplay.transport import Chunk, open_transport
 from shardreplay.transport.base import Transport
-from shardreplay.transport.codec import spec_has_frame_stacks
+from shardreplay.transport.codec import Encoding, spec_has_frame_stacks
 from shardreplay.transport.urls import file_url, parse_medium
 
 
@@ -95,7 +95,9 @@ def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:
     chunk = Chunk(actor_id=big, sequence=big, policy_version=big,
                   stream_ids=np.arange(big - streams + 1, big + 1, dtype=np.int64), steps=arrays,
                   priorities=np.ones(full, np.float32))
-    return len(encode(chunk, spec)) + 64
+    # The size only: writing it would load the validation kernels (numba, 4 CPU-seconds
+    # in a launcher that otherwise never needs them).
+    return Encoding(chunk, spec).nbytes + 64
 
 
 def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
