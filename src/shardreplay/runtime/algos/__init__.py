@@ -1,7 +1,7 @@
 """The algorithms of ``shardreplay train``, one module each behind :mod:`.base`'s interface.
 
-:func:`algorithm` gives the one ``--algo`` names (``dqn``, ``sac``); :data:`ACTIONS` the
-action space each takes (read without importing torch). A new algorithm (R2D2) is one
+:func:`algorithm` gives the one ``--algo`` names (``dqn``, ``sac``, ``r2d2``); :data:`ACTIONS`
+the action space each takes (read without importing torch). A new algorithm is one
 module with an :class:`~.base.Algorithm`, its name in ``settings.ALGOS`` and here.
 """
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["ACTIONS", "algorithm"]
 
 # --algo name -> the action space it takes (describe_env's ``actions``)
-ACTIONS = {"dqn": "discrete", "sac": "box"}
+ACTIONS = {"dqn": "discrete", "sac": "box", "r2d2": "discrete"}
 
 
 def algorithm(name: str) -> Algorithm:
@@ -35,4 +35,8 @@ def algorithm(name: str) -> Algorithm:
         from shardreplay.runtime.algos.sac import SAC
 
         return SAC
+    if name == "r2d2":
+        from shardreplay.runtime.algos.r2d2 import R2D2
+
+        return R2D2
     raise ConfigError(f"--algo must be one of {', '.join(ALGOS)}, got {name!r}")

@@ -293,7 +293,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     out = ctx.Queue()
     port = _free_port()
     algo = algorithm(settings.learners.algo)
-    spec = algo.transition_spec(describe_env(settings.run.source, algo.actions))
+    spec = algo.transition_spec(describe_env(settings.run.source, algo.actions), settings.learners.hidden)
     local = scheme_of(settings.transport.url) == "local"
     # Kept referenced here while children run: Process.start() drops its args, and a
     # collected ring would unlink its semaphores before a child has opened them.
