@@ -40,7 +40,7 @@ from shardreplay.runtime.actor.settings import (  # re-exported: the actor's pub
     resolve,
 )
 from shardreplay.runtime.algos import algorithm
-from shardreplay.runtime.algos.base import Algorithm, published_hidden
+from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, published_hidden
 from shardreplay.runtime.devices import actor_device
 from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env
 from shardreplay.runtime.routing import scheme_of, shard_transport
@@ -200,17 +200,13 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
                 _warn_if_back(s.actor_id, version, update.version)
                 version = _load(policy, update)
                 counters["policy_updates"] += 1
-            held = policy.stored(state)  # the state each env's step is acted from (R2D2 stores it)
-            actions, state = policy.act(obs, state, run_steps + played * s.num_actors)
-            obs, reward, terminated, truncated, info_ = env.step(actions)
+            obs, state, steps = play_step(policy, env, converter, obs, state,
+                                          run_steps + played * s.num_actors)
             counters["env_steps"] += s.envs_per_actor
             played += s.envs_per_actor
-            for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info_):
+            for step in steps:
                 for k, chunker in chunkers.items():
-                    send(k, chunker.add({**step, **held}, version))
-            # NEXT_STEP envs show an episode's final observation one step after its end:
-            # the state restarts where the next observation is an episode's first.
-            state = policy.end_episodes(state, converter.next_step_types == StepType.FIRST)
+                    send(k, chunker.add(step, version))
         for k, chunker in chunkers.items():
             send(k, chunker.flush())
     finally:
@@ -218,6 +214,21 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
             writer.close()
         delivered.close()
     return feed.next_run
+
+
+def play_step(policy: ActorPolicy, env: Any, converter: GymStepConverter, obs: np.ndarray, state: Any,
+              run_steps: int) -> tuple[np.ndarray, Any, list[dict[str, Any]]]:
+    """One vector-env step acted by ``policy`` from ``state``; returns the next
+    observations, the next state and the completed steps of every stream, each with the
+    fields ``policy.stored`` gives for the state it was acted from (R2D2's ``h``, ``c``)."""
+    held = policy.stored(state)
+    actions, state = policy.act(obs, state, run_steps)
+    obs, reward, terminated, truncated, info = env.step(actions)
+    written = converter.step(actions, obs, reward, terminated, truncated, info)
+    steps = [{**step, **held} for step, _ids in written]
+    # NEXT_STEP envs show an episode's final observation one step after its end: the
+    # state restarts where the next observation is an episode's first, not at the end.
+    return obs, policy.end_episodes(state, converter.next_step_types == StepType.FIRST), steps
 
 
 def _warn_if_back(actor_id: int, held: int, new: int) -> None:
