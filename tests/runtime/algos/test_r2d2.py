@@ -8,6 +8,7 @@ Cost: about 3 CPU-s.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.r2d2 import R2d2, R2d2Settings, RecurrentPolicy, RecurrentQ, sequence_loss
 from shardreplay.runtime.envs import EnvInfo, env_source, make_vector_env
 from shardreplay.runtime.settings import TrainSettings
+from tests.support import run_ranks
 
 ENV = EnvInfo((2,), np.dtype(np.float32), 2)
 FIRST, MID, LAST = 0, 1, 2
@@ -172,3 +174,35 @@ def test_spec_settings_and_published_weights() -> None:
         TrainSettings.from_dict({"algo": "r2d2", "seq_len": 8, "seq_period": 9, "burn_in": 1})
     with pytest.raises(ConfigError, match="not an R2D2 network"):
         _actor({"net.0.weight": torch.zeros(4, 2)})
+
+
+def _checksum(agent: R2d2) -> str:
+    digest = hashlib.sha256()
+    for net in (agent.module, agent.target):
+        for t in net.state_dict().values():
+            digest.update(t.detach().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _ddp_updates(rank: int, world: int, updates: int) -> dict[str, object]:
+    torch.manual_seed(100 + rank)  # different starting networks: DDP must unify them
+    settings = TrainSettings.from_dict({"algo": "r2d2", "hidden": [H], "n_step": 2, "seq_len": 10,
+                                        "seq_period": 5, "burn_in": 3, "target_update_interval": 4})
+    agent = algorithm("r2d2").make_agent(ENV, settings, world=world)
+    assert isinstance(agent, R2d2)
+    start = _checksum(agent)
+    buf = _buffer(10 + rank)  # each rank its own data, as its own shard
+    for _ in range(updates):
+        batch = buf.sample(8)
+        priorities, _loss = agent.learn(batch)
+        buf.update_priorities(batch.keys, priorities)
+    return {"start": start, "end": _checksum(agent), "updates": agent.updates}
+
+
+@pytest.mark.distributed
+def test_two_ranks_keep_equal_networks_and_targets() -> None:
+    """DDP over 2 gloo ranks learning from different sequences: online and target
+    networks bitwise equal after 10 updates (two target copies), and moved."""
+    r0, r1 = run_ranks(_ddp_updates, 2, 10, timeout_s=120)
+    assert r0["start"] == r1["start"] and r0["end"] == r1["end"]
+    assert r0["end"] != r0["start"] and r0["updates"] == 10
