@@ -224,8 +224,11 @@ def play_step(policy: ActorPolicy, env: Any, converter: GymStepConverter, obs: n
     held = policy.stored(state)
     actions, state = policy.act(obs, state, run_steps)
     obs, reward, terminated, truncated, info = env.step(actions)
-    written = converter.step(actions, obs, reward, terminated, truncated, info)
-    steps = [{**step, **held} for step, _ids in written]
+    steps = []
+    for step, ids in converter.step(actions, obs, reward, terminated, truncated, info):
+        # SAME_STEP envs: the LAST steps of the streams ``ids`` follow, acted from the new state
+        extra = held if ids is None else {k: v[ids] for k, v in policy.stored(state).items()}
+        steps.append({**step, **extra})
     # NEXT_STEP envs show an episode's final observation one step after its end: the
     # state restarts where the next observation is an episode's first, not at the end.
     return obs, policy.end_episodes(state, converter.next_step_types == StepType.FIRST), steps
