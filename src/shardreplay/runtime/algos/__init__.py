@@ -1,7 +1,7 @@
 """The algorithms of ``shardreplay train``, one module each behind :mod:`.base`'s interface.
 
-:func:`algorithm` gives the one ``--algo`` names (``dqn``, ``sac``); :data:`ACTIONS` the
-action space each takes (read without importing torch). A new algorithm (R2D2) is one
+:func:`algorithm` gives the one ``--algo`` names (``dqn``, ``sac``, ``r2d2``); :data:`ACTIONS`
+the action space each takes (read without importing torch). A new algorithm is one
 module with an :class:`~.base.Algorithm`, its name in ``settings.ALGOS`` and here.
 """
 
@@ -10,32 +10,56 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.settings import ALGOS
-from shardreplay.spec import Spec
+from shardreplay.spec import Field, Spec
 
 if TYPE_CHECKING:
     from shardreplay.runtime.algos.base import Algorithm
 
-__all__ = ["ACTIONS", "algorithm", "spec_of"]
+__all__ = ["ACTIONS", "algorithm", "recurrent_spec", "spec_of"]
 
 # --algo name -> the action space it takes (describe_env's ``actions``)
-ACTIONS = {"dqn": "discrete", "sac": "box"}
-# --algo name -> the Spec its actors write (its Algorithm.transition_spec), built without
-# torch: the launcher sizes the local rings with it and imports no torch itself.
-SPECS: dict[str, Callable[[EnvInfo], Spec]] = {"dqn": transition_spec, "sac": transition_spec}
+ACTIONS = {"dqn": "discrete", "sac": "box", "r2d2": "discrete"}
 
 
-def spec_of(name: str, env: EnvInfo) -> Spec:
-    """The transition Spec of ``--algo name`` for ``env``, without importing torch.
+def recurrent_spec(env: EnvInfo, hidden: tuple[int, ...]) -> Spec:
+    """R2D2's Spec: obs, int64 action, reward, and the actor's LSTM state ``h``, ``c``
+    (float32 ``[hidden[-1]]``) at each step.
 
     Raises:
-        ConfigError: an unknown name.
+        ConfigError: no ``hidden`` size, or images (the LSTM takes flat vectors).
+    """
+    if not hidden:
+        raise ConfigError("--algo r2d2 needs --hidden (its last size is the LSTM's)")
+    if len(env.obs_shape) != 1:
+        raise ConfigError(f"--algo r2d2 takes flat vector observations, got shape {list(env.obs_shape)}")
+    state = Field((int(hidden[-1]),), np.float32)
+    return Spec({**transition_spec(env).fields, "h": state, "c": state})
+
+
+# --algo name -> the Spec its actors write (its Algorithm.transition_spec), built without
+# torch: the launcher sizes the local rings with it and imports no torch itself.
+SPECS: dict[str, Callable[[EnvInfo, tuple[int, ...]], Spec]] = {
+    "dqn": lambda env, _hidden: transition_spec(env),
+    "sac": lambda env, _hidden: transition_spec(env),
+    "r2d2": recurrent_spec,
+}
+
+
+def spec_of(name: str, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
+    """The transition Spec of ``--algo name`` for ``env`` (and ``--hidden``), without
+    importing torch.
+
+    Raises:
+        ConfigError: an unknown name, or a Spec the algorithm refuses for ``env``.
     """
     if name not in SPECS:
         raise ConfigError(f"--algo must be one of {', '.join(ALGOS)}, got {name!r}")
-    return SPECS[name](env)
+    return SPECS[name](env, tuple(hidden))
 
 
 def algorithm(name: str) -> Algorithm:
@@ -52,4 +76,8 @@ def algorithm(name: str) -> Algorithm:
         from shardreplay.runtime.algos.sac import SAC
 
         return SAC
+    if name == "r2d2":
+        from shardreplay.runtime.algos.r2d2 import R2D2
+
+        return R2D2
     raise ConfigError(f"--algo must be one of {', '.join(ALGOS)}, got {name!r}")
