@@ -11,8 +11,10 @@ a feed-forward Q-network: the policy must remember. This is R2D2 (Kapturowski et
   (overlapping by ``seq_len - period``);
 * the learner starts its network from the stored state at each sequence's first step,
   unrolls ``burn_in`` steps without loss, and learns double-Q ``n_step`` targets on the
-  rest (:func:`shardreplay.sample_sequences`, ``learn_mask``); it sets each sequence's
-  priority to ``0.9 max |delta| + 0.1 mean |delta|`` (:func:`shardreplay.sequence_priorities`).
+  rest (:func:`shardreplay.sample_sequences`, ``learn_mask``; the network and the loss
+  are ``shardreplay.runtime.algos.r2d2``'s, which ``shardreplay train --algo r2d2`` runs
+  over many processes); it sets each sequence's priority to
+  ``0.9 max |delta| + 0.1 mean |delta|`` (:func:`shardreplay.sequence_priorities`).
 
 It stops when the mean return of ``eval_episodes`` greedy episodes reaches
 ``target_return``, or after ``time_limit_s`` / ``total_env_steps``.
@@ -30,11 +32,12 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shardreplay import Field, ReplayBuffer, Spec, StepType, sample_sequences, sequence_priorities
 from shardreplay.gym.pomdp import make_masked_cartpole
+from shardreplay.runtime.algos.r2d2 import RecurrentQ, sequence_loss
+from shardreplay.runtime.qnet import apex_epsilons
 
 
 @dataclass(frozen=True)
@@ -93,28 +96,6 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     return Settings(**vars(parser.parse_args(argv)))
 
 
-class RecurrentQ(nn.Module):
-    """Observation -> ReLU layer -> LSTM -> Q-values, unrolled over ``[B, T]``."""
-
-    def __init__(self, obs_dim: int, num_actions: int, hidden: int) -> None:
-        super().__init__()
-        self.embed = nn.Linear(obs_dim, hidden)
-        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, num_actions)
-
-    def forward(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Q-values ``[B, T, A]`` and the final state, for ``obs`` ``[B, T, obs_dim]`` from
-        ``state`` ``([B, H], [B, H])``."""
-        out, (h, c) = self.lstm(F.relu(self.embed(obs)), (state[0][None], state[1][None]))
-        return self.head(out), (h[0], c[0])
-
-
-def ape_x_epsilons(n: int) -> np.ndarray:
-    """Ape-X's fixed per-actor epsilons ``0.4 ** (1 + 7 i / (n - 1))``."""
-    return 0.4 ** (1 + 7 * np.arange(n) / max(n - 1, 1))
-
-
 def make_buffer(s: Settings, hidden: int) -> ReplayBuffer:
     """The sequence buffer: obs, action, reward and the actor's LSTM state per step."""
     spec = Spec({"obs": Field((2,), np.float32), "action": Field((), np.int64),
@@ -124,66 +105,16 @@ def make_buffer(s: Settings, hidden: int) -> ReplayBuffer:
                         period=s.period, sampler="prioritized", alpha=s.alpha, beta=s.beta, seed=s.seed)
 
 
-def nstep_targets(s: Settings, data: dict[str, torch.Tensor], mask: torch.Tensor, q_online: torch.Tensor,
-                  q_target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Double-Q n-step targets for positions ``0 .. L-n-1`` and which of them count.
-
-    Returns ``G_t + gamma^m d_{t+m} Q_target(o_{t+m}, argmax_a Q_online(o_{t+m}, a))`` with
-    ``m = min(n, steps to the episode's LAST)`` (dm_env: the LAST step's discount is 0
-    after a termination, 1 after a truncation) and the positions that are stored steps
-    with an action (not LAST, not padding).
-    """
-    n, length = s.n_step, mask.shape[1]
-    span = length - n
-    reward, discount = data["reward"], data["discount"]
-    is_last = (data["step_type"] == StepType.LAST) & mask
-    ret = torch.zeros(mask.shape[0], span)
-    scale = torch.ones(mask.shape[0], span)
-    ended = torch.zeros(mask.shape[0], span, dtype=torch.bool)
-    boot = torch.full((mask.shape[0], span), n, dtype=torch.long) + torch.arange(span)
-    boot_scale = torch.zeros(mask.shape[0], span)
-    for k in range(n):
-        ret = ret + torch.where(ended, 0.0, scale * reward[:, k:k + span])
-        scale = torch.where(ended, scale, scale * s.gamma)
-        last_next = is_last[:, k + 1:k + 1 + span] & ~ended
-        boot = torch.where(last_next, torch.arange(span) + k + 1, boot)
-        boot_scale = torch.where(last_next, scale * discount[:, k + 1:k + 1 + span], boot_scale)
-        ended = ended | last_next
-    boot_scale = torch.where(ended, boot_scale, scale * discount.gather(1, boot))
-    best = q_online.gather(1, boot[..., None].expand(-1, -1, q_online.shape[-1])).argmax(-1)
-    q_next = q_target.gather(1, boot[..., None].expand(-1, -1, q_target.shape[-1]))
-    q_next = q_next.gather(2, best[..., None])[..., 0]
-    counts = mask[:, :span] & (data["step_type"][:, :span] != StepType.LAST)
-    return ret + boot_scale * q_next, counts
-
-
 def learn(s: Settings, buffer: ReplayBuffer, online: RecurrentQ, target: RecurrentQ,
           optimizer: torch.optim.Optimizer) -> float:
     """One R2D2 learner step; returns the loss."""
     seq = sample_sequences(buffer, s.batch_size, burn_in=s.burn_in, state=("h", "c"))
-    data, mask = seq.batch.data, seq.batch.mask
-    obs = data["obs"]
-    start = (seq.start_state["h"], seq.start_state["c"])
-    with torch.no_grad():
-        _q, burned = online(obs[:, :s.burn_in], start) if s.burn_in else (None, start)
-        q_tgt, _ = target(obs, start)
-    q_learn, _ = online(obs[:, s.burn_in:], burned)
-    # Positions before burn_in get no loss: their online Q is a placeholder (no gradient).
-    q_on = torch.cat([q_learn.new_zeros(obs.shape[0], s.burn_in, q_learn.shape[-1]), q_learn], dim=1)
-    with torch.no_grad():
-        targets, counts = nstep_targets(s, data, mask, q_on.detach(), q_tgt)
-    span = targets.shape[1]
-    learn_here = seq.learn_mask[:, :span] & counts
-    q_taken = q_on[:, :span].gather(2, data["action"][:, :span, None])[..., 0]
-    td = q_taken - targets
-    per_step = F.smooth_l1_loss(q_taken, targets, reduction="none") * learn_here
-    per_seq = per_step.sum(1) / learn_here.sum(1).clamp(min=1)
-    loss = (seq.weights * per_seq).mean()
+    loss, td, learn_here = sequence_loss(online, target, seq, s.n_step, s.gamma)
     optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(online.parameters(), 10.0)
     optimizer.step()
-    priorities = sequence_priorities(td.detach(), learn_here) + 1e-3
+    priorities = sequence_priorities(td, learn_here) + 1e-3
     buffer.update_priorities(seq.keys, priorities)
     return float(loss.detach())
 
@@ -222,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     target.load_state_dict(online.state_dict())
     optimizer = torch.optim.Adam(online.parameters(), lr=s.learning_rate, eps=1e-4)
     buffer = make_buffer(s, s.hidden)
-    eps = ape_x_epsilons(s.num_envs)
+    eps = apex_epsilons(s.num_envs, 0, s.num_envs)  # Ape-X's 0.4 ** (1 + 7 i / (n - 1))
     obs, _ = envs.reset(seed=s.seed)
     h = torch.zeros(s.num_envs, s.hidden)
     c = torch.zeros(s.num_envs, s.hidden)

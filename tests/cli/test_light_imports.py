@@ -34,7 +34,8 @@ def test_the_cli_and_the_launcher_import_neither_torch_nor_numba() -> None:
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize(("name", "env_id"), [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1")])
+@pytest.mark.parametrize(("name", "env_id"), [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1"),
+                                             ("r2d2", "CartPole-v1")])
 def test_the_launchers_spec_is_the_algorithms(name: str, env_id: str) -> None:
     env = describe_env(env_source(env_id), ACTIONS[name])
-    assert spec_of(name, env) == algorithm(name).transition_spec(env)
+    assert spec_of(name, env, (32, 16)) == algorithm(name).transition_spec(env, (32, 16))

@@ -28,7 +28,7 @@ import torch
 from shardreplay.buffer.batch import Batch
 from shardreplay.errors import ConfigError, SpecMismatchError
 
-__all__ = ["SequenceBatch", "learn_mask", "sample_sequences", "sequence_priorities"]
+__all__ = ["SequenceBatch", "learn_mask", "sample_sequences", "sequence_batch", "sequence_priorities"]
 
 ETA = 0.9  # R2D2's mix of the max and the mean absolute TD error
 
@@ -102,7 +102,17 @@ def sample_sequences(buffer: SamplesBatches, batch_size: int, *, burn_in: int,
         EmptyBufferError: no sequence can be drawn yet.
     """
     learn_mask(torch.ones(1, buffer.window, dtype=torch.bool), burn_in)  # checks burn_in first
-    batch = buffer.sample(batch_size)
+    return sequence_batch(buffer.sample(batch_size), burn_in=burn_in, state=state)
+
+
+def sequence_batch(batch: Batch, *, burn_in: int, state: Sequence[str] = ()) -> SequenceBatch:
+    """``batch`` (windows a buffer drew) as a :class:`SequenceBatch`: what
+    :func:`sample_sequences` returns, for a learner handed the batch (``train``'s).
+
+    Raises:
+        ConfigError: ``burn_in`` outside ``[0, L)``.
+        SpecMismatchError: a state field is not in the batch.
+    """
     missing = [name for name in state if name not in batch.data]
     if missing:
         raise SpecMismatchError(f"state fields {missing} are not in the buffer's spec; name the fields "

@@ -109,6 +109,13 @@ class GymStepConverter:
             kwargs["autoreset_mode"] = _env_autoreset_mode(env)
         return cls(int(env.num_envs), **kwargs)
 
+    @property
+    def next_step_types(self) -> np.ndarray:
+        """The step type (``StepType``) each stream's next written step will have: FIRST
+        where the observation just returned starts an episode (where a recurrent policy
+        starts from its initial state). A copy."""
+        return self._types.copy()
+
     def reset(self, obs: Any) -> None:
         """Start every stream anew at ``obs`` (from ``env.reset()``): the next step is FIRST.
 

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from shardreplay.errors import ConfigError
+from shardreplay.gym.pomdp import ENV_ID as MASKED_CARTPOLE
+from shardreplay.gym.pomdp import register_masked_cartpole
 from shardreplay.spec import Field, Spec
 
 __all__ = ["EnvInfo", "EnvSource", "describe_env", "env_source", "make_env", "make_vector_env",
@@ -133,6 +135,8 @@ def _register(source: EnvSource) -> None:
         gym.register_envs(_import("ale_py", "atari"))
     elif source.env_id.startswith("MinAtar/") and source.env_id not in gym.registry:
         _import("minatar.gym", "minatar").register_envs()
+    elif source.env_id == MASKED_CARTPOLE:
+        register_masked_cartpole()
 
 
 def make_env(source: EnvSource) -> Any:

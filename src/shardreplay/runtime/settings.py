@@ -37,7 +37,7 @@ from shardreplay.transport.urls import file_url, parse_medium, with_policy_key
 # (kept here, free of torch, so settings check them without importing either).
 NETWORKS = ("auto", "mlp", "nature", "minatar")
 # The algorithms of runtime/algos (by --algo name; each one module there).
-ALGOS = ("dqn", "sac")
+ALGOS = ("dqn", "sac", "r2d2")
 COMPRESSIONS = ("auto", "none", "lz4", "zstd")
 # Where learners and actors compute (checked here without importing torch).
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
@@ -151,18 +151,21 @@ class LearnerSettings:
     """The learner ranks and their Q-learning.
 
     Attributes:
-        algo: dqn or sac (Box actions).
+        algo: dqn, sac (Box actions) or r2d2 (LSTM, sequences).
         count: learner ranks (shards of the replay buffer).
         batch_size: windows sampled per rank per update.
         n_step: n of the n-step return (the window is n + 1 steps).
         gamma: discount, in (0, 1].
         lr: Adam learning rate.
         target_update_interval: updates between target-network copies.
-        hidden: hidden layer sizes of the MLP Q-network.
+        hidden: hidden layer sizes of the MLP Q-network (r2d2: the last is the LSTM's).
         network: Q-network: auto (by observation shape), mlp, nature or minatar.
         device: where learners train: cpu, cuda or cuda:N.
         publish_interval_updates: updates between weight broadcasts to the actors.
         collective_timeout_s: how long ranks wait for each other.
+        seq_len: r2d2: steps per sampled sequence.
+        seq_period: r2d2: steps between sequence starts in an episode.
+        burn_in: r2d2: steps unrolled from the stored state without loss.
     """
 
     algo: str = "dqn"
@@ -177,10 +180,14 @@ class LearnerSettings:
     device: str = "cpu"
     publish_interval_updates: int = 25
     collective_timeout_s: float = 300.0
+    seq_len: int = 16
+    seq_period: int = 8
+    burn_in: int = 4
 
     def __post_init__(self) -> None:
         _validate(self, positive=("count", "batch_size", "n_step", "lr", "target_update_interval",
-                                  "publish_interval_updates", "collective_timeout_s"))
+                                  "publish_interval_updates", "collective_timeout_s", "seq_len",
+                                  "seq_period"), non_negative=("burn_in",))
         if not 0 < self.gamma <= 1:
             raise ConfigError(f"gamma must lie in (0, 1], got {self.gamma}")
         if self.network not in NETWORKS:
@@ -188,6 +195,19 @@ class LearnerSettings:
         check_device_name("device", self.device)
         if self.algo not in ALGOS:
             raise ConfigError(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
+        if self.algo == "r2d2":
+            self._check_sequences()
+
+    def _check_sequences(self) -> None:
+        """R2D2's sequences leave steps to learn from: ``burn_in + n_step < seq_len``
+        (a target looks ``n_step`` ahead) and starts no further apart than a sequence."""
+        if self.seq_period > self.seq_len:
+            raise ConfigError(f"seq_period ({self.seq_period}) must be <= seq_len ({self.seq_len}): "
+                              "sequences would leave steps of an episode out")
+        if self.burn_in + self.n_step >= self.seq_len:
+            raise ConfigError(f"--algo r2d2 needs burn_in + n_step < seq_len (a sequence learns from "
+                              f"its steps after the burn-in whose n-step target lies inside it), got "
+                              f"{self.burn_in} + {self.n_step} >= {self.seq_len}: raise --seq-len")
 
 
 @dataclass(frozen=True)
@@ -356,8 +376,13 @@ class TrainSettings:
 
     @property
     def window(self) -> int:
-        """Steps per sampled window: ``n_step + 1``."""
-        return self.learners.n_step + 1
+        """Steps per sampled window: ``n_step + 1`` (r2d2: ``seq_len``)."""
+        return self.learners.seq_len if self.learners.algo == "r2d2" else self.learners.n_step + 1
+
+    @property
+    def period(self) -> int:
+        """Steps between window starts in an episode: 1 (r2d2: ``seq_period``)."""
+        return self.learners.seq_period if self.learners.algo == "r2d2" else 1
 
     @property
     def total_actors(self) -> int:

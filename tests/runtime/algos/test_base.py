@@ -21,7 +21,7 @@ from shardreplay.runtime.settings import ALGOS, TrainSettings
 
 
 def test_every_algo_name_has_a_module_and_an_action_space() -> None:
-    assert set(ACTIONS) == set(ALGOS) == {"dqn", "sac"}
+    assert set(ACTIONS) == set(ALGOS) == {"dqn", "sac", "r2d2"}
     for name in ALGOS:
         algo = algorithm(name)
         assert algo.name == name and algo.actions == ACTIONS[name]

@@ -40,11 +40,12 @@ from shardreplay.runtime.actor.settings import (  # re-exported: the actor's pub
     resolve,
 )
 from shardreplay.runtime.algos import algorithm
-from shardreplay.runtime.algos.base import Algorithm
+from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, published_hidden
 from shardreplay.runtime.devices import actor_device
 from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env
 from shardreplay.runtime.routing import scheme_of, shard_transport
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
+from shardreplay.spec import StepType
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
@@ -128,7 +129,7 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
     source = env_source(env_id, s.env_import or "", s.env_kwargs or "")
     algo = algorithm(s.algo or "dqn")
     env_info = describe_env(source, algo.actions)
-    spec = algo.transition_spec(env_info)
+    spec = algo.transition_spec(env_info, published_hidden(first.weights, s.hidden))
     layout = StreamLayout(s.num_actors, envs, s.num_shards)
     groups = layout.groups(s.actor_id)
     if given is None and scheme_of(s.transport) == "local":
@@ -199,12 +200,11 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
                 _warn_if_back(s.actor_id, version, update.version)
                 version = _load(policy, update)
                 counters["policy_updates"] += 1
-            actions, state = policy.act(obs, state, run_steps + played * s.num_actors)
-            obs, reward, terminated, truncated, info_ = env.step(actions)
-            state = policy.end_episodes(state, np.asarray(terminated) | np.asarray(truncated))
+            obs, state, steps = play_step(policy, env, converter, obs, state,
+                                          run_steps + played * s.num_actors)
             counters["env_steps"] += s.envs_per_actor
             played += s.envs_per_actor
-            for step, _ids in converter.step(actions, obs, reward, terminated, truncated, info_):
+            for step in steps:
                 for k, chunker in chunkers.items():
                     send(k, chunker.add(step, version))
         for k, chunker in chunkers.items():
@@ -214,6 +214,24 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
             writer.close()
         delivered.close()
     return feed.next_run
+
+
+def play_step(policy: ActorPolicy, env: Any, converter: GymStepConverter, obs: np.ndarray, state: Any,
+              run_steps: int) -> tuple[np.ndarray, Any, list[dict[str, Any]]]:
+    """One vector-env step acted by ``policy`` from ``state``; returns the next
+    observations, the next state and the completed steps of every stream, each with the
+    fields ``policy.stored`` gives for the state it was acted from (R2D2's ``h``, ``c``)."""
+    held = policy.stored(state)
+    actions, state = policy.act(obs, state, run_steps)
+    obs, reward, terminated, truncated, info = env.step(actions)
+    steps = []
+    for step, ids in converter.step(actions, obs, reward, terminated, truncated, info):
+        # SAME_STEP envs: the LAST steps of the streams ``ids`` follow, acted from the new state
+        extra = held if ids is None else {k: v[ids] for k, v in policy.stored(state).items()}
+        steps.append({**step, **extra})
+    # NEXT_STEP envs show an episode's final observation one step after its end: the
+    # state restarts where the next observation is an episode's first, not at the end.
+    return obs, policy.end_episodes(state, converter.next_step_types == StepType.FIRST), steps
 
 
 def _warn_if_back(actor_id: int, held: int, new: int) -> None:

@@ -1,19 +1,17 @@
 """The algorithms of ``shardreplay train``, one module each behind :mod:`.base`'s interface.
 
-:func:`algorithm` gives the one ``--algo`` names (``dqn``, ``sac``); :data:`ACTIONS` the
-action space each takes (read without importing torch). A new algorithm (R2D2) is one
+:func:`algorithm` gives the one ``--algo`` names (``dqn``, ``sac``, ``r2d2``); :data:`ACTIONS`
+the action space each takes (read without importing torch). A new algorithm is one
 module with an :class:`~.base.Algorithm`, its name in ``settings.ALGOS`` and here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.envs import EnvInfo, transition_spec
+from shardreplay.runtime.algos.specs import spec_of
 from shardreplay.runtime.settings import ALGOS
-from shardreplay.spec import Spec
 
 if TYPE_CHECKING:
     from shardreplay.runtime.algos.base import Algorithm
@@ -21,21 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["ACTIONS", "algorithm", "spec_of"]
 
 # --algo name -> the action space it takes (describe_env's ``actions``)
-ACTIONS = {"dqn": "discrete", "sac": "box"}
-# --algo name -> the Spec its actors write (its Algorithm.transition_spec), built without
-# torch: the launcher sizes the local rings with it and imports no torch itself.
-SPECS: dict[str, Callable[[EnvInfo], Spec]] = {"dqn": transition_spec, "sac": transition_spec}
-
-
-def spec_of(name: str, env: EnvInfo) -> Spec:
-    """The transition Spec of ``--algo name`` for ``env``, without importing torch.
-
-    Raises:
-        ConfigError: an unknown name.
-    """
-    if name not in SPECS:
-        raise ConfigError(f"--algo must be one of {', '.join(ALGOS)}, got {name!r}")
-    return SPECS[name](env)
+ACTIONS = {"dqn": "discrete", "sac": "box", "r2d2": "discrete"}
 
 
 def algorithm(name: str) -> Algorithm:
@@ -52,4 +36,8 @@ def algorithm(name: str) -> Algorithm:
         from shardreplay.runtime.algos.sac import SAC
 
         return SAC
+    if name == "r2d2":
+        from shardreplay.runtime.algos.r2d2 import R2D2
+
+        return R2D2
     raise ConfigError(f"--algo must be one of {', '.join(ALGOS)}, got {name!r}")

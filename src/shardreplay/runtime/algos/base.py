@@ -13,19 +13,18 @@ for every algorithm; an algorithm is one module that provides an :class:`Algorit
 - for the actors, an :class:`ActorPolicy` built from the published weights:
   ``act(obs, state, run_steps) -> (actions, state)``. ``state`` is the policy's
   per-env recurrent state (None for feed-forward policies); ``end_episodes`` resets
-  the rows of envs whose episode ended. A recurrent algorithm (R2D2) keeps its LSTM
-  state there and learns from sequence batches through the same ``learn``;
-- for evaluation, ``greedy``: the deterministic actions of the published network.
+  the rows of envs whose next observation starts an episode; ``stored(state)`` gives the
+  spec fields the actor writes with each step (the state it acted from: R2D2's ``h``
+  and ``c``; nothing for feed-forward policies). A recurrent algorithm (R2D2) keeps
+  its LSTM state there and learns from sequence batches through the same ``learn``
+  (its buffer windows are ``TrainSettings.window`` steps starting every
+  ``TrainSettings.period`` steps of an episode);
+- for evaluation, ``greedy``: the deterministic actions of the published network (a
+  recurrent one keeps its state between calls of the function it returns).
 
 Exploration belongs to the policy: DQN's epsilon-greedy over Ape-X epsilons, SAC's
 sampling from its Gaussian (uniform random actions during the warm-up).
 
-Where R2D2 plugs in (not built here): its policy returns its LSTM state from ``act`` and
-zeroes the ended rows in ``end_episodes``; its ``transition_spec`` adds the fields the
-actors store with each step (the state at a sequence's first step), and the learner's
-shard buffer becomes the sequence replay (today ``learner.setup.make_shard_buffer``, the
-n-step window buffer every algorithm here uses); ``learn`` takes its sequence batches and
-returns one priority per sequence.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 
-__all__ = ["ActorPolicy", "Agent", "Algorithm", "warmup"]
+__all__ = ["ActorPolicy", "Agent", "Algorithm", "published_hidden", "warmup"]
 
 
 class Agent(Protocol):
@@ -87,8 +86,14 @@ class ActorPolicy(Protocol):
         ``run_steps``: the run's environment steps so far (for warm-up schedules)."""
         ...
 
-    def end_episodes(self, state: Any, done: np.ndarray) -> Any:
-        """``state`` with the rows of envs whose episode ended reset."""
+    def end_episodes(self, state: Any, starting: np.ndarray) -> Any:
+        """``state`` with the rows of envs whose next observation starts an episode
+        (bool ``[num_envs]``) reset."""
+        ...
+
+    def stored(self, state: Any) -> dict[str, np.ndarray]:
+        """The spec fields (``[num_envs, ...]``, copies) written with the steps acted
+        from ``state``: ``{}`` for a policy that stores no recurrent state."""
         ...
 
 
@@ -98,8 +103,9 @@ class Algorithm(Protocol):
     name: str
     actions: str  # "discrete" or "box": the action space it takes (EnvInfo)
 
-    def transition_spec(self, env: EnvInfo) -> Spec:
-        """The Spec actors write and the shards store."""
+    def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
+        """The Spec actors write and the shards store (``hidden``: the run's
+        ``--hidden``, which sizes a recurrent state)."""
         ...
 
     def make_agent(self, env: EnvInfo, settings: TrainSettings, world: int,
@@ -132,3 +138,14 @@ def warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:
     if warmup_steps <= 0 or run_steps >= warmup_steps:
         return eps
     return np.maximum(eps, 1.0 - run_steps / warmup_steps)
+
+
+RECURRENT_KEY = "lstm.weight_hh_l0"  # a recurrent policy's LSTM weights [4H, H] (R2D2)
+
+
+def published_hidden(weights: Mapping[str, Any], default: tuple[int, ...]) -> tuple[int, ...]:
+    """The ``--hidden`` an actor sizes the spec by: a published recurrent policy's LSTM
+    size ``(H,)`` (a remote actor does not know the learners' ``--hidden``), else
+    ``default``."""
+    w = weights.get(RECURRENT_KEY)
+    return (int(w.shape[1]),) if w is not None else tuple(default)

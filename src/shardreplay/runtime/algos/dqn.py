@@ -172,9 +172,13 @@ class EpsilonGreedyPolicy:
             explore = warmup(self.eps, run_steps, self.warmup_steps)
             return epsilon_greedy(self.net(torch.as_tensor(obs, device=self.device)), explore, self.rng), None
 
-    def end_episodes(self, state: None, done: np.ndarray) -> None:
+    def end_episodes(self, state: None, starting: np.ndarray) -> None:
         """No recurrent state."""
         return None
+
+    def stored(self, state: None) -> dict[str, np.ndarray]:
+        """Nothing stored beside the steps."""
+        return {}
 
 
 class DqnAlgorithm:
@@ -183,7 +187,7 @@ class DqnAlgorithm:
     name = "dqn"
     actions = "discrete"
 
-    def transition_spec(self, env: EnvInfo) -> Spec:
+    def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
         """obs, int64 action, reward."""
         return transition_spec(env)
 

@@ -330,9 +330,13 @@ class SampledPolicy:
             actions[rows] = self.rng.uniform(lo, hi, size=(int(rows.sum()), actions.shape[1]))
         return actions, None
 
-    def end_episodes(self, state: None, done: np.ndarray) -> None:
+    def end_episodes(self, state: None, starting: np.ndarray) -> None:
         """No recurrent state."""
         return None
+
+    def stored(self, state: None) -> dict[str, np.ndarray]:
+        """Nothing stored beside the steps."""
+        return {}
 
 
 class SacAlgorithm:
@@ -347,7 +351,7 @@ class SacAlgorithm:
     name = "sac"
     actions = "box"
 
-    def transition_spec(self, env: EnvInfo) -> Spec:
+    def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
         """obs, float32 action ``[d]``, reward."""
         return transition_spec(env)
 

@@ -301,7 +301,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     out = ctx.Queue()
     port = _free_port()
     name = settings.learners.algo
-    spec = spec_of(name, describe_env(settings.run.source, ACTIONS[name]))
+    spec = spec_of(name, describe_env(settings.run.source, ACTIONS[name]), settings.learners.hidden)
     local = scheme_of(settings.transport.url) == "local"
     # Kept referenced here while children run: Process.start() drops its args, and a
     # collected ring would unlink its semaphores before a child has opened them.

@@ -99,7 +99,7 @@ class Learner:
         self.trigger = learner_trigger(settings, self.run_dir)  # signals, requests, periodic saves
         self.algo = algorithm(settings.learners.algo)
         env = self.env = describe_env(settings.run.source, self.algo.actions)
-        spec = self.algo.transition_spec(env)
+        spec = self.algo.transition_spec(env, settings.learners.hidden)
         self.placement = place(settings.learners.device, self.rank, self.world)
         self.buffer = make_shard_buffer(settings, spec, self.rank, self.placement.device)
         self.agent = self.algo.make_agent(env, settings, self.world, self.placement)

@@ -38,7 +38,7 @@ def make_shard_buffer(settings: TrainSettings, spec: Spec, rank: int,
     streams = s.streams_of_shard(rank)
     capacity = max(r.capacity // streams, s.window)
     local = ReplayBuffer(spec, num_streams=streams, stream_capacity=capacity, window=s.window,
-                         sampler="prioritized", alpha=r.alpha,
+                         period=s.period, sampler="prioritized", alpha=r.alpha,
                          beta=LinearSchedule(r.beta_start, r.beta_end, r.beta_updates),
                          seed=s.run.seed * 1000 + rank)
     return ShardedReplayBuffer(local, timeout_s=s.learners.collective_timeout_s, prefetch=r.prefetch,

@@ -1,0 +1,360 @@
+"""R2D2 (Kapturowski et al. 2019): a recurrent Q-network learning from stored sequences.
+
+Actors act with an LSTM Q-network (Ape-X's per-env epsilons, as DQN's) and keep its
+state per env, zeroed where an episode starts; each step is written with the state
+``(h, c)`` the actor acted from (spec fields ``h`` and ``c``). The learner's shards hold
+windows of ``seq_len`` steps that start every ``seq_period`` steps of an episode
+(``TrainSettings.window`` / ``period``). On each sampled sequence the learner::
+
+    state  = (h, c) stored at the sequence's first step
+    unroll = online LSTM over the first burn_in steps from state   (no loss, no gradient)
+    q_t    = online Q over the rest, from the burned-in state
+    target = G_t^(n) + gamma^m d Q_target(o_{t+m}, argmax_a q_{t+m})  (double Q, n-step;
+             m = min(n, steps to the episode's LAST); the target net unrolls from state)
+    loss   = mean_b( w_b * mean_t huber(q_t(a_t) - target_t) )       over learn_mask steps
+    priority_b = 0.9 max_t |delta_t| + 0.1 mean_t |delta_t| + priority_eps
+
+No value rescaling (``examples/r2d2_cartpole.py`` solves masked CartPole without it).
+The target network is a hard copy every ``--target-update-interval`` updates. With
+several learner ranks the online network is in DDP (gradients averaged), so every rank
+takes the same steps and copies the same target.
+
+:data:`R2D2` is the algorithm ``train --algo r2d2`` runs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shardreplay.buffer.batch import Batch
+from shardreplay.buffer.sequences import SequenceBatch, sequence_batch, sequence_priorities
+from shardreplay.errors import ConfigError
+from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
+from shardreplay.runtime.algos.base import warmup
+from shardreplay.runtime.algos.specs import recurrent_spec
+from shardreplay.runtime.devices import CPU, Placement, wrap
+from shardreplay.runtime.envs import EnvInfo
+from shardreplay.runtime.qnet import apex_epsilons, epsilon_greedy
+from shardreplay.runtime.settings import TrainSettings
+from shardreplay.spec import Spec, StepType
+
+__all__ = ["R2D2", "R2d2", "R2d2Algorithm", "R2d2Settings", "RecurrentPolicy", "RecurrentQ",
+           "nstep_targets", "sequence_loss"]
+
+State = tuple[torch.Tensor, torch.Tensor]
+STATE_FIELDS = ("h", "c")  # the spec fields holding the actor's LSTM state at each step
+
+
+class RecurrentQ(nn.Module):
+    """Observation -> ReLU layer -> LSTM -> Q-values, unrolled over ``[B, T]``.
+
+    Args:
+        obs_dim: length of the observation vector.
+        num_actions: number of discrete actions.
+        hidden: units of the embedding and of the LSTM.
+    """
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: int) -> None:
+        super().__init__()
+        self.embed = nn.Linear(obs_dim, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, num_actions)
+
+    @property
+    def hidden(self) -> int:
+        """Units of the LSTM state."""
+        return int(self.lstm.hidden_size)
+
+    def initial_state(self, batch: int, device: torch.device | None = None) -> State:
+        """The zero state ``([B, H], [B, H])`` an episode starts from."""
+        zeros = torch.zeros(batch, self.hidden, device=device)
+        return zeros, zeros.clone()
+
+    def forward(self, obs: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """Q-values ``[B, T, A]`` and the final state, for ``obs`` ``[B, T, obs_dim]`` from
+        ``state`` ``([B, H], [B, H])``."""
+        out, (h, c) = self.lstm(F.relu(self.embed(obs.float())), (state[0][None], state[1][None]))
+        return self.head(out), (h[0], c[0])
+
+
+def nstep_targets(data: Mapping[str, torch.Tensor], mask: torch.Tensor, q_online: torch.Tensor,
+                  q_target: torch.Tensor, n: int, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Double-Q n-step targets for positions ``0 .. L-n-1`` of ``[B, L]`` sequences and
+    which of them count.
+
+    Returns ``G_t + gamma^m d_{t+m} Q_target(o_{t+m}, argmax_a Q_online(o_{t+m}, a))`` with
+    ``m = min(n, steps to the episode's LAST)`` (dm_env: the LAST step's discount is 0
+    after a termination, 1 after a truncation) and the positions that are stored steps
+    with an action (not LAST, not padding). ``q_online`` / ``q_target``: ``[B, L, A]``.
+    """
+    device = mask.device
+    rows, length = mask.shape
+    span = length - n
+    reward, discount = data["reward"].float(), data["discount"].float()
+    is_last = (data["step_type"] == StepType.LAST) & mask
+    steps = torch.arange(span, device=device)
+    ret = torch.zeros(rows, span, device=device)
+    scale = torch.ones(rows, span, device=device)
+    ended = torch.zeros(rows, span, dtype=torch.bool, device=device)
+    boot = torch.full((rows, span), n, dtype=torch.long, device=device) + steps
+    boot_scale = torch.zeros(rows, span, device=device)
+    for k in range(n):
+        ret = ret + torch.where(ended, 0.0, scale * reward[:, k:k + span])
+        scale = torch.where(ended, scale, scale * gamma)
+        last_next = is_last[:, k + 1:k + 1 + span] & ~ended
+        boot = torch.where(last_next, steps + k + 1, boot)
+        boot_scale = torch.where(last_next, scale * discount[:, k + 1:k + 1 + span], boot_scale)
+        ended = ended | last_next
+    boot_scale = torch.where(ended, boot_scale, scale * discount.gather(1, boot))
+    best = q_online.gather(1, boot[..., None].expand(-1, -1, q_online.shape[-1])).argmax(-1)
+    q_next = q_target.gather(1, boot[..., None].expand(-1, -1, q_target.shape[-1]))
+    q_next = q_next.gather(2, best[..., None])[..., 0]
+    counts = mask[:, :span] & (data["step_type"][:, :span] != StepType.LAST)
+    return ret + boot_scale * q_next, counts
+
+
+def sequence_loss(online: nn.Module, target: nn.Module, seq: SequenceBatch, n: int,
+                  gamma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """R2D2's loss on ``seq`` (see the module docstring).
+
+    Args:
+        online: the learning network (may be in DDP): unrolls the burn-in without
+            gradient, then the learning part with it.
+        target: the target network (no gradient).
+        seq: sequences with the stored start state in ``start_state["h"]``, ``["c"]``.
+        n, gamma: the n-step return's n and discount.
+
+    Returns:
+        ``(loss, td, learn_here)``: the importance-weighted loss; TD errors ``[B, L - n]``
+        and the positions of them that are learned from (burn-in, padding, LAST and the
+        last ``n`` positions are not).
+    """
+    data, mask, burn = seq.batch.data, seq.batch.mask, seq.burn_in
+    obs = data["obs"]
+    start = (seq.start_state["h"].float(), seq.start_state["c"].float())
+    with torch.no_grad():
+        burned = online(obs[:, :burn], start)[1] if burn else start
+        q_tgt, _ = target(obs, start)
+    q_learn, _ = online(obs[:, burn:], burned)
+    # Burn-in positions get no loss: their online Q is a placeholder (no gradient).
+    q_on = torch.cat([q_learn.new_zeros(obs.shape[0], burn, q_learn.shape[-1]), q_learn], dim=1)
+    with torch.no_grad():
+        targets, counts = nstep_targets(data, mask, q_on.detach(), q_tgt, n, gamma)
+    span = targets.shape[1]
+    learn_here = seq.learn_mask[:, :span] & counts
+    q_taken = q_on[:, :span].gather(2, data["action"][:, :span, None].long())[..., 0]
+    per_step = F.smooth_l1_loss(q_taken, targets, reduction="none") * learn_here
+    per_seq = per_step.sum(1) / learn_here.sum(1).clamp(min=1)
+    loss = (seq.weights.float() * per_seq).mean()
+    return loss, (q_taken - targets).detach(), learn_here
+
+
+@dataclass(frozen=True)
+class R2d2Settings:
+    """R2D2's learning settings.
+
+    Attributes:
+        n_step: n of the n-step targets.
+        gamma: discount.
+        lr: Adam's learning rate.
+        burn_in: steps of each sequence unrolled without loss.
+        target_update_interval: updates between hard target copies.
+        grad_clip: the gradient norm clipped to.
+        priority_eps: added to the new priorities.
+    """
+
+    n_step: int = 5
+    gamma: float = 0.99
+    lr: float = 3e-3
+    burn_in: int = 4
+    target_update_interval: int = 100
+    grad_clip: float = 10.0
+    priority_eps: float = 1e-3
+
+
+class R2d2:
+    """Online and target recurrent Q-networks, the optimizer and one learning step.
+
+    Args:
+        online: the recurrent Q-network that learns (may be wrapped in DDP).
+        settings: learning settings.
+    """
+
+    def __init__(self, online: nn.Module, settings: R2d2Settings) -> None:
+        self.online = online
+        self.target = copy.deepcopy(_unwrap(online)).requires_grad_(False)
+        self.settings = settings
+        # eps 1e-4: examples/r2d2_cartpole.py's (R2D2's Adam epsilon is 1e-3; 1e-8 is noisier here)
+        self.optimizer = torch.optim.Adam(online.parameters(), lr=settings.lr, eps=1e-4)
+        self.updates = 0
+
+    @property
+    def module(self) -> nn.Module:
+        """The bare recurrent Q-network (without DDP)."""
+        return _unwrap(self.online)
+
+    def learn(self, batch: Batch) -> tuple[torch.Tensor, float]:
+        """One gradient step on sampled sequences; returns (new priorities ``[B]``, loss).
+
+        Raises:
+            ConfigError: the batch has no stored state (``h``, ``c``) or too short windows.
+        """
+        s = self.settings
+        if batch.mask.shape[1] <= s.burn_in + s.n_step:
+            raise ConfigError(f"R2D2 needs windows longer than burn_in + n_step ({s.burn_in} + {s.n_step}), "
+                              f"got {batch.mask.shape[1]}: raise --seq-len")
+        seq = sequence_batch(batch, burn_in=s.burn_in, state=STATE_FIELDS)
+        loss, td, learn_here = sequence_loss(self.online, self.target, seq, s.n_step, s.gamma)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.online.parameters(), s.grad_clip)
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % s.target_update_interval == 0:
+            self.target.load_state_dict(self.module.state_dict())
+        return sequence_priorities(td, learn_here) + s.priority_eps, float(loss.detach())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Online, target and optimizer state, and the update count."""
+        return {"recurrent_online": self.module.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`.
+
+        Raises:
+            ConfigError: ``state`` is not an R2D2 learner's (a checkpoint of another --algo).
+        """
+        if "recurrent_online" not in state:
+            raise ConfigError("the checkpoint holds another algorithm's learner (not --algo r2d2): "
+                              "resume it with the --algo it was trained with")
+        self.module.load_state_dict(state["recurrent_online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
+
+
+class RecurrentPolicy:
+    """An actor's recurrent Q-network acting epsilon-greedily with Ape-X's epsilons
+    (as :class:`~shardreplay.runtime.algos.dqn.EpsilonGreedyPolicy`), its LSTM state
+    kept per env.
+
+    Args:
+        net: the recurrent Q-network (weights loaded by :meth:`load`).
+        s: the actor's resolved settings.
+    """
+
+    def __init__(self, net: RecurrentQ, s: ActorSettings) -> None:
+        assert s.envs_per_actor is not None and s.num_actors is not None
+        self.device = torch.device(s.device)
+        self.net = net.to(self.device)
+        self.rng = np.random.default_rng(s.seed)
+        self.eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor,
+                                 s.num_actors * s.envs_per_actor, s.epsilon_base or 0.4,
+                                 s.epsilon_exponent if s.epsilon_exponent is not None else 7.0)
+        self.warmup_steps = s.epsilon_warmup_steps or 0
+
+    def load(self, weights: Mapping[str, Any]) -> None:
+        """Take newly published weights (the state held per env is kept)."""
+        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+
+    def initial_state(self, num_envs: int) -> State:
+        """Zeros: every env starts an episode."""
+        return self.net.initial_state(num_envs, self.device)
+
+    def act(self, obs: np.ndarray, state: State, run_steps: int) -> tuple[np.ndarray, State]:
+        """Epsilon-greedy actions and the LSTM state after this observation."""
+        with torch.no_grad():
+            q, nxt = self.net(torch.as_tensor(obs, device=self.device)[:, None], state)
+        return epsilon_greedy(q[:, 0], warmup(self.eps, run_steps, self.warmup_steps), self.rng), nxt
+
+    def end_episodes(self, state: State, starting: np.ndarray) -> State:
+        """``state`` with the rows of envs that start an episode zeroed."""
+        keep = torch.as_tensor(~np.asarray(starting, bool), dtype=torch.float32, device=self.device)[:, None]
+        return state[0] * keep, state[1] * keep
+
+    def stored(self, state: State) -> dict[str, np.ndarray]:
+        """``h`` and ``c`` ``[num_envs, H]`` (copies), written with the steps acted from them."""
+        return {name: t.detach().cpu().numpy().copy() for name, t in zip(STATE_FIELDS, state, strict=True)}
+
+
+class R2d2Algorithm:
+    """``--algo r2d2``: a recurrent Q-network on sequences (see the module docstring).
+
+    From the train settings: ``--hidden`` (its last size is the LSTM's), ``--n-step``,
+    ``--gamma``, ``--lr``, ``--target-update-interval``, ``--seq-len``, ``--seq-period``
+    and ``--burn-in``; ``--alpha`` is the sequence priorities' exponent (R2D2's 0.9).
+    """
+
+    name = "r2d2"
+    actions = "discrete"
+
+    def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
+        """:func:`~shardreplay.runtime.algos.recurrent_spec`: obs, action, reward, ``h``, ``c``.
+
+        Raises:
+            ConfigError: no ``hidden`` size, or images (the LSTM takes flat vectors).
+        """
+        return recurrent_spec(env, hidden)
+
+    def make_agent(self, env: EnvInfo, settings: TrainSettings, world: int,
+                   placement: Placement | None = None) -> R2d2:
+        """The recurrent Q-network (in DDP over the placement's group on several ranks)
+        and its learner.
+
+        Raises:
+            ConfigError: ``--network`` other than auto or mlp, or image observations.
+        """
+        ls = settings.learners
+        if ls.network not in ("auto", "mlp") or len(env.obs_shape) != 1:
+            raise ConfigError(f"--algo r2d2 takes flat vector observations (got {list(env.obs_shape)}, "
+                              f"--network {ls.network}): leave --network out")
+        net = wrap(RecurrentQ(env.obs_shape[0], env.num_actions, ls.hidden[-1]), placement or CPU, world)
+        return R2d2(net, R2d2Settings(n_step=ls.n_step, gamma=ls.gamma, lr=ls.lr, burn_in=ls.burn_in,
+                                      target_update_interval=ls.target_update_interval))
+
+    def make_policy(self, weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings) -> RecurrentPolicy:
+        """The recurrent Q-network the published weights fit (its size read from them).
+
+        Raises:
+            ConfigError: the weights are not such a network for this environment.
+        """
+        shapes = {k: tuple(v.shape) for k, v in weights.items() if k != FINISHED}
+        hidden = shapes.get("lstm.weight_hh_l0", (0, 0))[1]
+        net = RecurrentQ(env.obs_shape[0], env.num_actions, max(int(hidden), 1))
+        if {k: tuple(v.shape) for k, v in net.state_dict().items()} != shapes:
+            raise ConfigError(f"the policy at {s.policy_url} is not an R2D2 network for {s.env_id} "
+                              f"(observations {list(env.obs_shape)}, {env.num_actions} actions): do the "
+                              "learners train the same --env-id with --algo r2d2?")
+        policy = RecurrentPolicy(net, s)
+        policy.load({k: v for k, v in weights.items() if k != FINISHED})
+        return policy
+
+    def greedy(self, module: nn.Module) -> Any:
+        """argmax_a Q(o, a) of the recurrent network, its state kept between calls (one
+        evaluation: every env starts an episode at the first call)."""
+        assert isinstance(module, RecurrentQ)
+        held: list[State] = []
+
+        def act(obs: torch.Tensor) -> np.ndarray:
+            if not held:
+                held.append(module.initial_state(obs.shape[0], obs.device))
+            q, held[0] = module(obs[:, None], held[0])
+            return q[:, 0].argmax(-1).cpu().numpy()
+
+        return act
+
+
+R2D2 = R2d2Algorithm()
