@@ -313,7 +313,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
              for r in range(settings.learners.count)]
     stopping = {"asked": False}
     # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.
-    tree = ProcessTree(exclude=lambda: {pid for pid in [resource_tracker_pid(), server_pid()] if pid is not None})
+    tree = ProcessTree(exclude=lambda: {pid for pid in [resource_tracker_pid(), server_pid()]
+                                        if pid is not None})
     outcome: dict[str, Any] | ShardReplayError | None = None
 
     def terminate_started() -> None:
@@ -378,7 +379,8 @@ def _learner_preload(count: int) -> list[str]:
     """What the learners' fork server imports once: torch, the learner and its kernels'
     compiler; with several ranks also torch._dynamo, which DDP's constructor imports
     (1.7 CPU-seconds a rank)."""
-    modules = ["torch", "torch.distributed", "shardreplay.runtime.learner.loop", "shardreplay.kernels.routing"]
+    modules = ["torch", "torch.distributed", "shardreplay.runtime.learner.loop",
+               "shardreplay.kernels.routing"]
     return [*modules, "torch._dynamo"] if count > 1 else modules
 
 
