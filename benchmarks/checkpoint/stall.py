@@ -50,15 +50,21 @@ class Learner:
                       "reward": rng.random((streams, INGEST_T), dtype=np.float32),
                       "step_type": np.ones((streams, INGEST_T), np.uint8)}
         self.extend_s: list[float] = []
+        self.parts: list[tuple[float, float, float]] = []  # (extend, sample, update) of each step
 
     def step(self) -> float:
-        """One step; returns its seconds (the ``extend`` alone goes to ``extend_s``)."""
+        """One step; returns its seconds (the ``extend`` alone goes to ``extend_s``, the
+        three parts to ``parts``)."""
         started = time.perf_counter()
         self.buf.extend(self.chunk)
-        self.extend_s.append(time.perf_counter() - started)
+        extended = time.perf_counter()
+        self.extend_s.append(extended - started)
         batch = self.buf.sample(BATCH)
+        sampled = time.perf_counter()
         self.buf.update_priorities(batch.keys, self.rng.uniform(0.01, 2.0, BATCH).astype(np.float32))
-        return time.perf_counter() - started
+        ended = time.perf_counter()
+        self.parts.append((extended - started, sampled - extended, ended - sampled))
+        return ended - started
 
 
 def _steps(learner: Learner, n: int) -> list[float]:
@@ -79,6 +85,7 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
     checkpoint.save(buf, root, 1, keep_last=None)
     sync_step = learner.step() + time.perf_counter() - started
     learner.extend_s.clear()
+    learner.parts.clear()
     during: list[float] = []
     started = time.perf_counter()
     pending = checkpoint.save_in_background(buf, root, 2, keep_last=None)
@@ -89,6 +96,7 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
     pending.wait()
     write_s = time.perf_counter() - started
     extend_during = max(learner.extend_s)
+    worst = learner.parts[int(np.argmax(during))]  # the longest step's extend, sample, update
     return {"median_step_s": round(median, 4), "p99_step_s": round(float(np.quantile(baseline, 0.99)), 4),
             "max_baseline_step_s": round(max(baseline), 4),
             "sync_longest_step_s": round(sync_step, 4),
@@ -98,6 +106,10 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
             "background_stall_over_median_s": round(max(during) - median, 4),
             "sync_stall_over_median_s": round(sync_step - median, 4),
             "longest_extend_during_s": round(extend_during, 4),
+            "longest_step_parts_s": {k: round(v, 4) for k, v in zip(("extend", "sample", "update"), worst,
+                                                                      strict=True)},
+            "steps_over_50ms": {"baseline": sum(t > TARGET_STALL_S for t in baseline),
+                                "during": sum(t > TARGET_STALL_S for t in during)},
             "stall_target_s": TARGET_STALL_S,
             "meets_stall_target": max(during) - median <= TARGET_STALL_S}
 

@@ -23,6 +23,8 @@ import torch.distributed as dist
 import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.fence import WriteFence
+from shardreplay.checkpoint.save import prepare as prepare_save
+from shardreplay.checkpoint.save import run as run_save
 from shardreplay.distributed import ShardedReplayBuffer
 from tests.support import run_ranks
 
@@ -188,3 +190,92 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint_newest
     report = checkpoint.load(tmp_path, buf)
     assert report.checkpoint_id == 1 and report.steps == 8 * 3000
     assert report.skipped and report.skipped[0].startswith("2:")
+
+
+# -- frame-stacked fields: the frame rings are fenced too ----------------------------------
+K, FRAME = 4, (6, 7)
+STACKED = sr.Spec({"obs": sr.Field((K, *FRAME), np.uint8, frame_stack=True), "ctr": sr.Field((), np.int64)})
+
+
+def _stacked_buffer(seed: int) -> sr.ReplayBuffer:
+    return sr.ReplayBuffer(STACKED, num_streams=STREAMS, stream_capacity=CAPACITY, window=2,
+                           sampler="prioritized", alpha=0.7, seed=seed)
+
+
+class _Frames:
+    """Stacks of every stream that shift one new random frame in per step (a reset stack
+    repeats its first frame); ``p_done`` ends episodes (short ones store more frames)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.stack = np.zeros((STREAMS, K, *FRAME), np.uint8)
+        self.ended = np.ones(STREAMS, bool)
+        self.t = 0
+
+    def chunk(self, n: int, p_done: float) -> dict[str, np.ndarray]:
+        obs = np.empty((STREAMS, n, K, *FRAME), np.uint8)
+        types = np.empty((STREAMS, n), np.uint8)
+        for t in range(n):
+            frame = self.rng.integers(0, 256, (STREAMS, *FRAME), dtype=np.uint8)
+            done = self.rng.random(STREAMS) < p_done
+            types[:, t] = np.where(self.ended, 0, np.where(done, 2, 1))
+            shifted = np.concatenate([self.stack[:, 1:], frame[:, None]], axis=1)
+            self.stack = np.where(self.ended[:, None, None, None], frame[:, None], shifted)
+            obs[:, t] = self.stack
+            self.ended = types[:, t] == 2
+        self.t += n
+        ctr = self.t * 1000 + np.arange(STREAMS * n, dtype=np.int64).reshape(STREAMS, n)
+        return {"obs": obs, "ctr": ctr, "step_type": types,
+                "discount": np.where(types == 2, 0.0, 1.0).astype(np.float32)}
+
+
+def _fill_stacked(buf: sr.ReplayBuffer, env: _Frames, steps: int, p_done: float) -> None:
+    for _ in range(0, steps, 25):
+        prios = env.rng.uniform(0.1, 2.0, (STREAMS, 25)).astype(np.float32)
+        buf.extend(env.chunk(25, p_done), priorities=prios)
+
+
+@pytest.mark.parametrize("when", ["before_the_write", "racing_the_write"])
+def test_frame_stacked_background_save_restores_the_buffer_at_the_call(tmp_path: Path, when: str) -> None:
+    """Writes after the call overwrite the oldest frames (short episodes: reset stacks of K
+    frames, so the rings also grow); the checkpoint still holds the stacks at the call."""
+    buf, env = _stacked_buffer(0), _Frames(1)
+    _fill_stacked(buf, env, CAPACITY + 100, p_done=0.02)  # rings wrapped
+    saved = _snapshot(buf)
+    frames = testing.shard(buf).storage.stacked["obs"]
+    ring = frames.frame_capacity
+    if when == "before_the_write":  # deterministic: every overwrite lands before any read
+        job = prepare_save(buf, tmp_path, 1, partial="seal", extra=None, keep_last=2, restored=None,
+                           files=None, incremental=False, background=True)
+        assert job.fence is not None
+        _fill_stacked(buf, env, CAPACITY, p_done=0.3)
+        assert frames.frame_capacity > ring  # the ring grew meanwhile
+        assert job.fence._frames["obs"].copied_frames > 0
+        run_save(job)
+    else:
+        pending = checkpoint.save_in_background(buf, tmp_path, 1)
+        _fill_stacked(buf, env, CAPACITY, p_done=0.3)
+        pending.wait(60)
+    assert frames.on_append is None and testing.shard(buf)._fence is None
+    restored = _stacked_buffer(5)
+    assert checkpoint.load(tmp_path, restored).exact
+    _assert_same(_snapshot(restored), saved)
+
+
+def test_frame_fence_read_half_way_then_overwritten_reads_the_stacks_at_the_fence() -> None:
+    """The reader's frontier: rows read before the writes need no copies, the rest are
+    copied aside once (no frame twice, although the ring grows in between)."""
+    buf, env = _stacked_buffer(0), _Frames(2)
+    _fill_stacked(buf, env, CAPACITY + 100, p_done=0.02)
+    want = _snapshot(buf)["arrays"]["field.obs"]
+    shard = testing.shard(buf)
+    pos = testing.positions(buf)
+    fence = shard.take_fence(["obs"], pos - np.minimum(pos, CAPACITY))
+    pieces = fence.pieces("obs")
+    got = [np.asarray(p) for p in pieces[:2]]  # rows 0 and 1 read
+    _fill_stacked(buf, env, CAPACITY, p_done=0.3)
+    frames = fence._frames["obs"]
+    assert 0 < frames.copied_frames <= int((frames.fhi - frames._front)[2:].sum())
+    got += [np.asarray(p) for p in pieces[2:]]
+    shard.release_fence(fence)
+    np.testing.assert_array_equal(np.concatenate(got), want)

@@ -15,7 +15,8 @@ field and row in time order: the ones announced as replaced from the copies, the
 from the live slots, copied without the lock and checked after the copy (a write
 announces itself under the lock before it writes: steps announced during the copy are
 taken from their copies), and moves the frontier past them. The lock is held for
-bookkeeping only, never for a piece's copy or a disk write.
+bookkeeping only, never for a piece's copy or a disk write. Frame-stacked fields are
+fenced the same way over their frame rings (:mod:`shardreplay.buffer.frame_fence`).
 
 Internal: not part of the public API.
 """
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
+from shardreplay.buffer.frame_fence import FrameFence
 from shardreplay.errors import ShardReplayError
 from shardreplay.storage import StreamStorage
 
@@ -35,16 +38,21 @@ PIECE_BYTES = 4 << 20  # one piece's copy under the lock: about a millisecond
 
 
 class WriteFence:
-    """The stored steps of ``names`` (plain user fields) of ``storage`` at this moment,
-    kept readable from ``start[r]`` (an absolute step of each row) on."""
+    """The stored steps of user fields ``names`` of ``storage`` at this moment, kept
+    readable from ``start[r]`` (an absolute step of each row) on. Frame-stacked fields
+    are fenced by a :class:`~shardreplay.buffer.frame_fence.FrameFence` each (their frame
+    rings are overwritten by appends, not by step writes)."""
 
     def __init__(self, storage: StreamStorage, names: Sequence[str], start: np.ndarray) -> None:
         self.cap = storage.stream_capacity
         self.hi = storage.pos.copy()
         self.lo = self.hi - np.minimum(self.hi, self.cap)
         self.start = np.clip(np.asarray(start, np.int64), self.lo, self.hi)
-        self._arrays = {name: storage.fields[name] for name in names}
-        self._front = {name: self.start.copy() for name in names}
+        self._arrays = {name: storage.fields[name] for name in names if name not in storage.stacked}
+        self._front = {name: self.start.copy() for name in self._arrays}
+        # Frame-stacked fields: their frame rings are fenced apart (they hook their stores).
+        self._frames = {name: FrameFence(storage.stacked[name], self.start, self.hi)
+                        for name in names if name in storage.stacked}
         # Steps below replaced[r] were announced as overwritten: read from the copies.
         self._replaced = self.hi - self.cap
         self._kept: dict[tuple[str, int], list[tuple[int, np.ndarray]]] = {}
@@ -131,14 +139,20 @@ class WriteFence:
         return out
 
     def pieces(self, name: str) -> list[FencedPiece]:
-        """Pieces of at most ``PIECE_BYTES`` covering each row's steps from ``start`` to
-        ``hi`` of field ``name``, in (row, time) order."""
+        """Pieces of at most ``PIECE_BYTES`` (frame-stacked fields: ``PIECE_STEPS``
+        steps) covering each row's steps from ``start`` to ``hi`` of field ``name``, in
+        (row, time) order."""
+        frames = self._frames.get(name)
+        if frames is not None:
+            field = frames.store.field
+            return [FencedPiece(partial(frames.read, r, a, b), (b - a, *field.shape), field.dtype)
+                    for r, a, b in frames.ranges()]
         arr = self._arrays[name]
         row_bytes = max(1, arr.dtype.itemsize * math.prod(arr.shape[1:]))
         step = max(1, PIECE_BYTES // row_bytes)
-        return [FencedPiece(self, name, r, a, min(a + step, hi))
+        return [FencedPiece(partial(self.read, name, r, a, b), (b - a, *arr.shape[1:]), arr.dtype)
                 for r, (start, hi) in enumerate(zip(self.start.tolist(), self.hi.tolist(), strict=True))
-                for a in range(start, hi, step)]
+                for a in range(start, hi, step) for b in (min(a + step, hi),)]
 
     # -- end -------------------------------------------------------------------------------
     def release(self) -> None:
@@ -146,6 +160,8 @@ class WriteFence:
         with self._lock:
             self._released.set()
             self._kept.clear()
+        for frames in self._frames.values():
+            frames.release()
 
     @property
     def released(self) -> bool:
@@ -158,15 +174,14 @@ class WriteFence:
 
 
 class FencedPiece:
-    """Steps ``[a, b)`` of one row of one field as at the fence, read when converted
-    (``np.asarray``). Has ``shape``, ``dtype``, ``size`` and ``nbytes`` like the array it
-    stands for; pieces of one field and row must be converted in order."""
+    """Steps of one row of one field as at the fence, read when converted
+    (``np.asarray``) by ``read``. Has ``shape``, ``dtype``, ``size`` and ``nbytes`` like
+    the array it stands for; pieces of one field and row must be converted in order."""
 
-    def __init__(self, fence: WriteFence, name: str, row: int, a: int, b: int) -> None:
-        arr = fence._arrays[name]
-        self._fence, self._name, self._row, self._a, self._b = fence, name, row, a, b
-        self.shape = (b - a, *arr.shape[1:])
-        self.dtype = arr.dtype
+    def __init__(self, read: Callable[[], np.ndarray], shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self._read = read
+        self.shape = shape
+        self.dtype = dtype
         self.ndim = len(self.shape)
         self.size = math.prod(self.shape)  # not np.prod: a shard has thousands of pieces
         self.nbytes = self.size * self.dtype.itemsize
@@ -175,5 +190,5 @@ class FencedPiece:
         return self.shape[0]
 
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
-        arr = self._fence.read(self._name, self._row, self._a, self._b)
+        arr = self._read()
         return arr if dtype is None else arr.astype(dtype, copy=False)

@@ -319,7 +319,7 @@ class Shard:
         return export_state(self, field_views=True)
 
     def take_fence(self, names: list[str], start: np.ndarray) -> WriteFence:
-        """Fence the stored steps of the plain fields ``names`` from absolute step
+        """Fence the stored steps of the user fields ``names`` from absolute step
         ``start[r]`` of each row on (see :mod:`shardreplay.buffer.fence`): they stay
         readable through the fence while writes go on, until :meth:`release_fence`. One
         fence at a time: this waits until a previous one is released."""

@@ -3,7 +3,7 @@
 ``save_in_background(buffer, path, id)`` takes what :func:`~shardreplay.checkpoint.save`
 would write at that moment (small arrays copied: step types, discounts, episode ids,
 generations, priorities, positions, episode tables, sampler, RNG and counters; the
-user fields fenced, see :mod:`shardreplay.buffer.fence`) and returns a
+user fields, frame-stacked ones included, fenced, see :mod:`shardreplay.buffer.fence`) and returns a
 :class:`PendingSave` at once; a thread writes the part, the manifest when it is the last
 one, and prunes. Writes to the buffer go on meanwhile: a write that would replace a
 fenced step the thread has not read yet copies that step aside first.
@@ -86,8 +86,8 @@ def save_in_background(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | P
     checkpoint holds the buffer as it is at this call, however it is written meanwhile.
 
     Arguments as ``save``. ``files`` are bytes already (e.g. the learner's state at this
-    update), so they are as of this call too. A buffer with frame-stacked fields, whose
-    frames writes reuse, is written before this returns (then the returned save is done).
+    update), so they are as of this call too. Frame-stacked fields are fenced too: a
+    write that would overwrite a frame the save still needs copies it aside first.
 
     Returns:
         A :class:`PendingSave` (``wait()`` for the directory, or the error).
@@ -98,7 +98,4 @@ def save_in_background(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | P
     """
     job = prepare(buffer, path, checkpoint_id, partial=partial, extra=extra, keep_last=keep_last,
                   restored=restored, files=files, incremental=incremental, background=True)
-    if not job.skip and job.fence is None:  # nothing fenced (frame stacks): write it now
-        run(job)
-        job.skip = True
     return PendingSave(job)

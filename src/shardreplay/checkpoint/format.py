@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from shardreplay._hashing import xxh64
+from shardreplay._hashing import Xxh64Stream, xxh64
 from shardreplay._io import atomic_writer
 from shardreplay.errors import CheckpointDamagedError, CheckpointFormatError
 
@@ -51,13 +51,16 @@ MAX_HEADER_BYTES = 64 << 20
 class _BlockHasher:
     """XXH64 of each BLOCK_BYTES block of a byte stream, fed in arbitrary pieces.
 
-    A block that lies inside one piece is hashed in place; one that straddles pieces
-    is gathered in a block-sized staging buffer first.
+    A block that lies inside one piece is hashed in place; one that straddles pieces is
+    hashed by a streaming state fed each of its parts in place. Never copied: a copy
+    into a staging ``bytearray`` holds the GIL for the whole copy, and a background
+    checkpoint's thread doing that for nearly every block (pieces are not block-aligned)
+    stalled the training thread (see benchmarks/checkpoint/RESULTS-checkpoint.md).
     """
 
     def __init__(self) -> None:
         self.hashes: list[str] = []
-        self._stage = bytearray(BLOCK_BYTES)
+        self._state: Xxh64Stream | None = None
         self._fill = 0
 
     def feed(self, data: memoryview) -> None:
@@ -67,17 +70,22 @@ class _BlockHasher:
                 data = data[BLOCK_BYTES:]
                 continue
             take = min(len(data), BLOCK_BYTES - self._fill)
-            self._stage[self._fill:self._fill + take] = data[:take]
+            if self._state is None:
+                self._state = Xxh64Stream()
+            self._state.update(data[:take])
             self._fill += take
             data = data[take:]
             if self._fill == BLOCK_BYTES:
-                self.hashes.append(f"{xxh64(self._stage):016x}")
-                self._fill = 0
+                self._end_block()
+
+    def _end_block(self) -> None:
+        assert self._state is not None
+        self.hashes.append(f"{self._state.intdigest():016x}")
+        self._state, self._fill = None, 0
 
     def finish(self) -> list[str]:
         if self._fill:
-            self.hashes.append(f"{xxh64(memoryview(self._stage)[:self._fill]):016x}")
-            self._fill = 0
+            self._end_block()
         return self.hashes
 
 

@@ -193,7 +193,8 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
         job.segments = full_segments(hi, shard.stream_capacity) if incremental and chained else None
         start = hi - np.minimum(hi, shard.stream_capacity)
     names = list(shard.fields)
-    if background and not shard.storage.stacked:
+    if background:  # frame-stacked fields too: their frame rings are fenced (buffer/frame_fence.py)
+        names += list(shard.storage.stacked)
         job.fence = shard.take_fence(names, start)
         state["arrays"].update({f"field.{n}": job.fence.pieces(n) for n in names})
     elif chain is not None:

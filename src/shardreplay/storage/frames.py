@@ -15,6 +15,7 @@ needs more grows every stream's ring, so no stored step ever loses its frames.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,9 @@ class FrameStore:
             stream_capacity, self.stack), self.frame_bytes), np.dtype(np.uint8))
         self.ref = np.zeros(num_streams * stream_capacity, np.int64)
         self.fpos = np.zeros(num_streams, np.int64)  # frames appended per stream, ever
+        # Called as ``on_append(rows, counts)`` before frames are appended (a background
+        # checkpoint's fence copies aside the frames an append replaces: buffer/frame_fence.py).
+        self.on_append: Callable[[np.ndarray, np.ndarray], None] | None = None
         self._counts = fk.empty_counts(num_streams, 1)
 
     @property
@@ -112,6 +116,9 @@ class FrameStore:
     def append(self, values: np.ndarray, rows: np.ndarray, written: np.ndarray, counts: np.ndarray) -> None:
         """Append the frames planned by :meth:`plan` for steps written to flat slots
         ``written`` (row-major ``[n * T]``)."""
+        hook = self.on_append
+        if hook is not None:
+            hook(rows, counts)
         fk.append_frames(values, rows, written, counts, self.frames, self.ref, self.fpos)
 
     def grow(self, need: int) -> None:

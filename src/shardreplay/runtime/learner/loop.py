@@ -168,7 +168,7 @@ class Learner:
         directory = self.run_dir / "ingest"
         old = log_files(directory)
         if resume_newest:
-            counts = self.ingestor.replay(read_logs(old, scan, skip_shards_of=(self.rank, self.world)),
+            counts = self.ingestor.replay(read_logs(old, scan, owns_actor=self._owns_actor),
                                           self.policy_version)
         elif old:
             log.warning("rank %d: resuming from an older checkpoint on purpose: the %d ingest log file(s) "
@@ -184,6 +184,10 @@ class Learner:
         self.ingestor.wal = IngestLog(directory, self.rank, self.world, fsync=True,
                                       fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else ())
         return counts, scan
+
+    def _owns_actor(self, actor_id: int) -> bool:
+        """Whether this rank holds any of ``actor_id``'s streams in this life's routing."""
+        return bool((self.s.streams.shards(actor_id) == self.rank).any())
 
     @property
     def policy_version(self) -> int:

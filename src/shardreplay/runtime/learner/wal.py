@@ -49,7 +49,7 @@ import os
 import re
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -294,26 +294,30 @@ def log_files(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def read_logs(paths: Sequence[Path], scan: LogScan, *, skip_shards_of: tuple[int, int] | None = None
+def read_logs(paths: Sequence[Path], scan: LogScan, *, owns_actor: Callable[[int], bool] | None = None
               ) -> Iterator[LogRecord]:
     """The valid records of ``paths`` in order; torn and damaged tails go to ``scan``.
 
     Args:
         paths: files from :func:`log_files`.
         scan: collects the files, counts and what was not usable.
-        skip_shards_of: ``(rank, world)``: records written by another shard of the same
-            number of shards are skipped unread (their streams are not this rank's).
+        owns_actor: whether this shard owns any stream of an actor now (by the routing
+            of this life); the records of other actors are skipped unread. By actor, not
+            by the shard that wrote the record: a life with the same number of shards
+            may route otherwise (another number of actors), and a skip by writer would
+            lose the streams that moved to this shard.
     """
     for path in paths:
         scan.files.append(path)
         try:
             with open(path, "rb") as f:
-                yield from _records(path, f, scan, skip_shards_of)
+                yield from _records(path, f, scan, owns_actor)
         except FileNotFoundError:  # trimmed meanwhile by rank 0 (after a complete checkpoint)
             continue
 
 
-def _records(path: Path, f: BinaryIO, scan: LogScan, skip: tuple[int, int] | None) -> Iterator[LogRecord]:
+def _records(path: Path, f: BinaryIO, scan: LogScan, owns: Callable[[int], bool] | None
+             ) -> Iterator[LogRecord]:
     size = os.fstat(f.fileno()).st_size
     scan.bytes += size
     at = 0
@@ -325,7 +329,7 @@ def _records(path: Path, f: BinaryIO, scan: LogScan, skip: tuple[int, int] | Non
             end = at + HEADER_BYTES + length
             if end > size:
                 bad = "truncated chunk bytes"
-            elif skip is not None and world == skip[1] and shard != skip[0]:
+            elif owns is not None and not owns(actor):
                 f.seek(length, os.SEEK_CUR)
                 at = end
                 continue
