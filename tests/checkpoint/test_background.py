@@ -23,8 +23,8 @@ import torch.distributed as dist
 import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.fence import WriteFence
-from shardreplay.checkpoint.save import prepare as prepare_save
-from shardreplay.checkpoint.save import run as run_save
+from shardreplay.checkpoint.saving import prepare as prepare_save
+from shardreplay.checkpoint.saving import run as run_save
 from shardreplay.distributed import ShardedReplayBuffer
 from tests.support import run_ranks
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import shardreplay as sr
 from shardreplay import checkpoint
-save_impl = sys.modules["shardreplay.checkpoint.save"]  # the module (the package exports save())
+import shardreplay.checkpoint.saving as save_impl
 from shardreplay.runtime.learner.loop import Learner
 from shardreplay.runtime.learner.state import StorageGuard
 from shardreplay.runtime.learner.sync import learner_trigger
