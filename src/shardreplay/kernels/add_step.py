@@ -141,13 +141,15 @@ def add_step(records, pos_and_counters, state, step_types, values):  # pragma: n
         return 0
     out = state[out_at:discount_at].reshape(4, n_rows * window)
     default_prio = state[PRIORITY:PRIORITY + 1].view(np.float64)[0]
-    n_out, delta = _write_steps(
-        records[:, state[AT_STEP_TYPE]], records[:, state[AT_EPISODE]:state[AT_EPISODE] + 8].view(np.int64)[:, 0],
-        records[:, state[AT_GENERATION]:state[AT_GENERATION] + 4].view(np.uint32)[:, 0],
-        records[:, state[AT_PRIORITY]:state[AT_PRIORITY] + 4].view(np.float32)[:, 0],
-        records[:, state[AT_VALID]:state[AT_VALID] + 1].view(np.bool_)[:, 0],
-        pos_and_counters[:n_rows], pos_and_counters[n_rows:], state[rows_at:out_at],
-        step_types.reshape(n_rows, 1), _NO_PRIORITIES, False, default_prio, state[CAP], window, out[:2], out[2:])
+    # The bookkeeping columns of the records, as strided views.
+    episode_id = records[:, state[AT_EPISODE]:state[AT_EPISODE] + 8].view(np.int64)[:, 0]
+    generation = records[:, state[AT_GENERATION]:state[AT_GENERATION] + 4].view(np.uint32)[:, 0]
+    priority = records[:, state[AT_PRIORITY]:state[AT_PRIORITY] + 4].view(np.float32)[:, 0]
+    valid = records[:, state[AT_VALID]:state[AT_VALID] + 1].view(np.bool_)[:, 0]
+    n_out, delta = _write_steps(records[:, state[AT_STEP_TYPE]], episode_id, generation, priority, valid,
+                                pos_and_counters[:n_rows], pos_and_counters[n_rows:], state[rows_at:out_at],
+                                step_types.reshape(n_rows, 1), _NO_PRIORITIES, False, default_prio,
+                                state[CAP], window, out[:2], out[2:])
     state[N_OUT] = n_out
     record_bytes = records.shape[1]
     at_discount = state[AT_DISCOUNT]
@@ -218,7 +220,7 @@ def add_step_n(records, pos_and_counters, state, step_types, *values):  # pragma
     return add_step(records, pos_and_counters, state, step_types, values)
 
 
-_ENTRIES = (None, add_step_1, add_step_2, add_step_3, add_step_4, add_step_5, add_step_6, add_step_7,
+_ENTRIES = (add_step_n, add_step_1, add_step_2, add_step_3, add_step_4, add_step_5, add_step_6, add_step_7,
             add_step_8)
 
 
@@ -229,7 +231,7 @@ def compiled_add_step(args: tuple[Any, ...]) -> Any:
     compiled. ``args`` = (records as uint8 rows, positions and counters, state, step
     types, *values)."""
     n_fields = len(args) - 4
-    entry = _ENTRIES[n_fields] if n_fields <= MAX_ARITY else add_step_n
+    entry = _ENTRIES[n_fields] if 0 < n_fields <= MAX_ARITY else add_step_n
     # A dispatcher of its own per spec (each compiles one signature and then refuses
     # others); it shares the entry's function, so numba's cache serves every spec.
     dispatcher = numba.njit(**_OPTIONS)(entry.py_func)

@@ -52,7 +52,7 @@ def one_step_add(storage: StreamStorage, default_priority: Callable[[], float] |
     ``on_write``: told the recomputed starts of every write (None: nobody is).
     """
     spec = storage.spec
-    parts = storage.records.dtype.fields or {}
+    parts: Mapping[str, Any] = storage.records.dtype.fields or {}
     if any(parts[name][0] != dtype for name, dtype in _RECORD_PARTS.items()):
         return None  # the kernel reads the bookkeeping in these dtypes
     if any(not _kernel_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM
