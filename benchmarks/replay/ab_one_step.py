@@ -27,6 +27,7 @@ def _load(name: str, path: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # numba's cache imports a cached kernel's module by name
     spec.loader.exec_module(module)
     return module
 
