@@ -272,3 +272,32 @@ def test_short_path_with_frame_stacks_stores_and_raises_as_the_full_path(streams
 def test_specs_without_a_short_path_take_the_full_one(spec: sr.Spec) -> None:
     buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=8)
     assert not testing.shard(buf).use_one_step()
+
+
+# More fields than the kernel has fixed-arity entry points for (kernels/add_step.py):
+# the ``*values`` entry.
+WIDE = sr.Spec({f"f{i}": sr.Field((2,) if i % 2 else (), np.float32 if i % 3 else np.int16)
+                for i in range(10)})
+
+
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+@pytest.mark.parametrize("spec", [SPECS["float"], WIDE], ids=["float", "ten fields"])
+def test_short_path_of_any_arity_and_storage_stores_as_the_full_path(
+        spec: sr.Spec, storage: str, tmp_path: Any) -> None:
+    """The records reach the kernel as plain uint8 rows (memory-mapped ones too)."""
+    kw: dict[str, Any] = {"num_streams": 2, "stream_capacity": 5, "window": 2, "seed": 3, "storage": storage}
+    fast = sr.ReplayBuffer(spec, **kw, **({"directory": tmp_path / "a"} if storage == "memmap" else {}))
+    full = sr.ReplayBuffer(spec, **kw, **({"directory": tmp_path / "b"} if storage == "memmap" else {}))
+    assert testing.shard(fast).use_one_step()
+    assert not testing.shard(full).use_one_step(False)
+    rng = np.random.default_rng(5)
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    for i in range(12):
+        step = _good(spec, 2, rng)
+        if i == 6:
+            _nan(step, spec)
+        assert short.add(dict(step)) == (i != 6)  # taken, but for the NaN (refused, nothing written)
+        if i != 6:
+            full.add(step)
+        assert_same(_observed(fast), _observed(full), f"step {i}")

@@ -58,6 +58,8 @@ def test_sample_transitions_equals_nstep_transitions_of_the_same_windows(sampler
         torch.testing.assert_close(got.reward, want.reward, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(got.bootstrap_discount, want.bootstrap_discount, rtol=1e-6, atol=0)
         assert got.reward.dtype == torch.float32 and got.bootstrap_discount.dtype == torch.float32
+        assert got.terminated is not None and want.terminated is not None and got.terminated.any()
+        assert torch.equal(got.terminated, want.terminated) and torch.equal(got.truncated, want.truncated)
         if n == 3:  # the full window: the same as nstep_transitions itself
             full = nstep_transitions(batch, 0.9)
             torch.testing.assert_close(got.reward, full.reward, rtol=1e-6, atol=1e-6)

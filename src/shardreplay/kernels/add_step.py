@@ -1,11 +1,21 @@
 """The compiled one-step add: every check and write of ``ReplayBuffer.add`` of one step
 of every stream, in one call (storage/one_step.py holds the plan that calls it).
 
-The values come as separate arguments (``*values``): each is typed by numba's
-dispatcher in its C fast path, and a dispatcher compiled for the stored dtypes only
-(:func:`compiled_add_step`) refuses anything else with ``TypeError``, so the types
-numba reads at dispatch are the dtype and layout check; the shapes and values are
-checked here before anything is written.
+The call itself is most of the cost of one small step, so the kernel is shaped for
+numba's dispatcher:
+
+* The values come as separate arguments, typed in the dispatcher's C fast path; a
+  dispatcher compiled for the stored dtypes only (:func:`compiled_add_step`) refuses
+  anything else with ``TypeError``, so the types numba reads at dispatch are the dtype
+  and layout check; the shapes and values are checked here before anything is written.
+  Specs of up to ``MAX_ARITY`` fields get an entry point of exactly their arity (a
+  ``*values`` entry costs the dispatcher a tuple per call); larger ones take ``*values``.
+* The per-slot records come as plain ``uint8`` rows, not as the structured array: numba
+  types a structured array off its fast path (about 0.2 us per call).
+* It is compiled without numba's reference counting (``_nrt=False``): it allocates
+  nothing, and the counting costs an allocation per array argument plus an atomic
+  increment and decrement per array view, about 1 us per call in all here.
+* It returns one integer, not a tuple.
 """
 
 from __future__ import annotations
@@ -15,46 +25,78 @@ from typing import Any
 import numba
 import numpy as np
 from numba import literal_unroll, types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
+from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.copy import copy_small_or_at
 from shardreplay.kernels.storage import write_steps
 from shardreplay.kernels.validate import STEPS_OK, steps_ok
 
-# The int64 ``state`` array: a header (the priority of new steps as float64 bits), then
-# per field ``FIELD_WORDS`` words, then the rows 0 .. S-1, the result scratch
-# ``[4, S * window]`` and the discounts of the step (float32, ``ceil(S / 2)`` words).
-# ``CHECK_ONLY``: 1 to check and return without writing (a caller with frame stacks plans
-# them between the check and the write).
-CAP, WINDOW, ROWS, FIELDS, PRIORITY, CHECK_ONLY, PLAN = 0, 1, 2, 3, 4, 5, 6
+__all__ = ["BAD_INPUT", "CHECK_ONLY", "FIELD_WORDS", "MAX_FIELD_NDIM", "N_OUT", "PLAN", "PRIORITY",
+           "compiled_add_step", "state_parts"]
+
+# The int64 ``state`` array: a header (the priority of new steps as float64 bits; the
+# byte offsets of the bookkeeping in a record), then per field ``FIELD_WORDS`` words,
+# then the rows 0 .. S-1, the result scratch ``[4, S * window]`` and the discounts of the
+# step (float32, ``ceil(S / 2)`` words). ``CHECK_ONLY``: 1 to check and return without
+# writing (a caller with frame stacks plans them between the check and the write).
+# ``N_OUT``: the kernel leaves there how many starts it recomputed (``write_steps``'s n).
+CAP, WINDOW, ROWS, FIELDS, PRIORITY, CHECK_ONLY, N_OUT = 0, 1, 2, 3, 4, 5, 6
+AT_STEP_TYPE, AT_DISCOUNT, AT_EPISODE, AT_GENERATION, AT_PRIORITY, AT_VALID = 7, 8, 9, 10, 11, 12
+PLAN = 13
+RECORD_PARTS = ("step_type", "discount", "episode_id", "generation", "priority", "valid")  # AT_* order
 MAX_FIELD_NDIM = 8
 # Per field: byte offset in the record (-1: a field of its own array, written by the
 # caller), bytes per row, whether it must be finite, then the field's own shape.
 OFFSET, ROW_BYTES, FINITE, DIMS = 0, 1, 2, 3
 FIELD_WORDS = DIMS + MAX_FIELD_NDIM
-BAD_INPUT = -1  # what the kernel returns (with 0) when an input fails a check
+MAX_ARITY = 8
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)
-# The same bookkeeping as every other write, inlined here: a call passing its sixteen
-# arguments costs about as much as the work of one step (their reference counts).
+# The same bookkeeping as every other write, inlined here (and so compiled without
+# reference counting too).
 _write_steps = numba.njit(nogil=True, inline="always")(write_steps.py_func)
-_FIXED_ARGS = 4  # the arguments of add_step before *values
+# Compiled without reference counting: nothing here allocates or keeps an array.
+_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "_nrt": False}
 
 
-def _all_finite(values: Any) -> bool:  # pragma: no cover - replaced when compiled
-    """No NaN or inf among ``values`` (integers: always)."""
-    return bool(np.isfinite(values).all())
+@intrinsic
+def _flat_item(typingctx, array, index):  # pragma: no cover - compiled
+    """Element ``index`` of a C-contiguous ``array`` in memory order (no reshape: numba's
+    reshape calls a C helper)."""
+    if not isinstance(array, types.Array) or array.layout != "C":
+        raise numba.core.errors.TypingError(f"_flat_item takes a C-contiguous array, got {array}")
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.load(builder.gep(data, [args[1]]))
+    return array.dtype(array, types.intp), codegen
 
 
-@overload(_all_finite)
-def _all_finite_compiled(values):  # pragma: no cover - compiling
-    if isinstance(values.dtype, types.Float):
-        def impl(values):
-            for x in values.reshape(values.size):  # noqa: SIM110 - a view (C order), not a copy
-                if not np.isfinite(x):
-                    return False
-            return True
-        return impl
-    return lambda values: True
+def _value_ok(value: Any, state: Any, j: int, n_rows: int) -> bool:  # pragma: no cover - compiled
+    """``value`` has ``n_rows`` rows of the field shape in ``state[j:]`` and, when that
+    field must be finite, no NaN or inf."""
+    raise NotImplementedError("compiled only")
+
+
+@overload(_value_ok, inline="always")
+def _value_ok_compiled(value, state, j, n_rows):  # pragma: no cover - compiling
+    ndim = value.ndim
+    floats = isinstance(value.dtype, types.Float)
+
+    def impl(value, state, j, n_rows):
+        shape = value.shape
+        if shape[0] != n_rows:
+            return False
+        for d in range(1, ndim):
+            if shape[d] != state[j + DIMS + d - 1]:
+                return False
+        if floats and state[j + FINITE]:
+            ok = True
+            for i in range(value.size):  # no early exit: vectorised
+                ok &= np.isfinite(_flat_item(value, i))
+            return ok
+        return True
+    return impl
 
 
 @numba.njit(cache=True, nogil=True)
@@ -67,49 +109,52 @@ def state_parts(n_rows: int, n_fields: int, window: int) -> tuple[int, int, int,
     return rows_at, out_at, discount_at, discount_at + (n_rows + 1) // 2
 
 
-def add_step(records, pos_and_counters, state, step_types, *values):  # pragma: no cover - compiled
+@numba.njit(**_OPTIONS)
+def add_step(records, pos_and_counters, state, step_types, values):  # pragma: no cover - compiled
     """Check one step of every stream, then write it: the bookkeeping
-    (``kernels.storage.write_steps``), the discount and every field held in ``records``.
+    (``kernels.storage.write_steps``), the discount and every field held in the records.
 
-    ``values`` are the user fields in spec order, each ``[S, *shape]`` C-contiguous in
-    its stored dtype; ``step_types`` is ``[S]``; ``pos_and_counters`` is the storage's
+    ``records`` is the storage's per-slot records as uint8 ``[N, record bytes]``;
+    ``values`` the user fields in spec order, each ``[S, *shape]`` C-contiguous in its
+    stored dtype; ``step_types`` is ``[S]``; ``pos_and_counters`` is the storage's
     positions ``[S]`` then its counters; ``state`` (int64) is laid out as the constants
-    above and :func:`state_parts` say. The arguments are few on purpose: each costs the
-    dispatcher time on every call.
+    above and :func:`state_parts` say.
 
-    Returns ``(n_out, delta)`` as ``write_steps`` (the written slots are in row 0 of the
-    scratch; ``(0, 0)`` when ``state[CHECK_ONLY]``), or ``(BAD_INPUT, 0)`` with nothing
-    changed when a shape, a value of a finite field, a step type or a discount is wrong
-    (the caller's full check then says which)."""
+    Returns the change in the number of valid starts (0 when ``state[CHECK_ONLY]``), with
+    the written slots in row 0 of the scratch and ``write_steps``'s n in
+    ``state[N_OUT]``; or :data:`BAD_INPUT` with nothing changed when a shape, a value of
+    a finite field, a step type or a discount is wrong (the caller's full check then
+    says which)."""
     n_rows, window = state[ROWS], state[WINDOW]
     rows_at, out_at, discount_at, end = state_parts(n_rows, state[FIELDS], window)
     discount = state[discount_at:end].view(np.float32)[:n_rows]
     if step_types.shape[0] != n_rows:
-        return BAD_INPUT, 0
+        return BAD_INPUT
     j = PLAN
     for v in literal_unroll(values):
-        if v.shape[0] != n_rows:
-            return BAD_INPUT, 0
-        for d in range(1, v.ndim):
-            if v.shape[d] != state[j + DIMS + d - 1]:
-                return BAD_INPUT, 0
-        if state[j + FINITE] and not _all_finite(v):
-            return BAD_INPUT, 0
+        if not _value_ok(v, state, j, n_rows):
+            return BAD_INPUT
         j += FIELD_WORDS
     if steps_ok(step_types, discount) != STEPS_OK:
-        return BAD_INPUT, 0
+        return BAD_INPUT
     if state[CHECK_ONLY]:
-        return 0, 0
+        return 0
     out = state[out_at:discount_at].reshape(4, n_rows * window)
     default_prio = state[PRIORITY:PRIORITY + 1].view(np.float64)[0]
-    n_out, delta = _write_steps(records.step_type, records.episode_id, records.generation, records.priority,
-                                records.valid, pos_and_counters[:n_rows], pos_and_counters[n_rows:],
-                                state[rows_at:out_at], step_types.reshape(n_rows, 1), _NO_PRIORITIES, False,
-                                default_prio, state[CAP], window, out[:2], out[2:])
-    disc_store = records.discount
-    record_bytes = records.strides[0]
+    # The bookkeeping columns of the records, as strided views.
+    episode_id = records[:, state[AT_EPISODE]:state[AT_EPISODE] + 8].view(np.int64)[:, 0]
+    generation = records[:, state[AT_GENERATION]:state[AT_GENERATION] + 4].view(np.uint32)[:, 0]
+    priority = records[:, state[AT_PRIORITY]:state[AT_PRIORITY] + 4].view(np.float32)[:, 0]
+    valid = records[:, state[AT_VALID]:state[AT_VALID] + 1].view(np.bool_)[:, 0]
+    n_out, delta = _write_steps(records[:, state[AT_STEP_TYPE]], episode_id, generation, priority, valid,
+                                pos_and_counters[:n_rows], pos_and_counters[n_rows:], state[rows_at:out_at],
+                                step_types.reshape(n_rows, 1), _NO_PRIORITIES, False, default_prio,
+                                state[CAP], window, out[:2], out[2:])
+    state[N_OUT] = n_out
+    record_bytes = records.shape[1]
+    at_discount = state[AT_DISCOUNT]
     for i in range(n_rows):
-        disc_store[out[0, i]] = discount[i]
+        copy_small_or_at(records, out[0, i] * record_bytes + at_discount, discount, 4 * i, 4)
     j = PLAN
     for v in literal_unroll(values):
         offset, size = state[j + OFFSET], state[j + ROW_BYTES]
@@ -117,16 +162,81 @@ def add_step(records, pos_and_counters, state, step_types, *values):  # pragma: 
             for i in range(n_rows):
                 copy_small_or_at(records, out[0, i] * record_bytes + offset, v, i * size, size)
         j += FIELD_WORDS
-    return n_out, delta
+    return delta
+
+
+# Entry points by the number of fields (see the module docstring).
+@numba.njit(**_OPTIONS)
+def add_step_1(records, pos_and_counters, state, step_types, a):  # pragma: no cover - compiled
+    """:func:`add_step` of a spec of 1 field."""
+    return add_step(records, pos_and_counters, state, step_types, (a,))
+
+
+@numba.njit(**_OPTIONS)
+def add_step_2(records, pos_and_counters, state, step_types, a, b):  # pragma: no cover - compiled
+    """:func:`add_step` of a spec of 2 fields."""
+    return add_step(records, pos_and_counters, state, step_types, (a, b))
+
+
+@numba.njit(**_OPTIONS)
+def add_step_3(records, pos_and_counters, state, step_types, a, b, c):  # pragma: no cover - compiled
+    """:func:`add_step` of a spec of 3 fields."""
+    return add_step(records, pos_and_counters, state, step_types, (a, b, c))
+
+
+@numba.njit(**_OPTIONS)
+def add_step_4(records, pos_and_counters, state, step_types, a, b, c, d):  # pragma: no cover - compiled
+    """:func:`add_step` of a spec of 4 fields."""
+    return add_step(records, pos_and_counters, state, step_types, (a, b, c, d))
+
+
+@numba.njit(**_OPTIONS)
+def add_step_5(records, pos_and_counters, state, step_types, a, b, c, d, e):  # pragma: no cover - compiled
+    """:func:`add_step` of a spec of 5 fields."""
+    return add_step(records, pos_and_counters, state, step_types, (a, b, c, d, e))
+
+
+@numba.njit(**_OPTIONS)
+def add_step_6(records, pos_and_counters, state, step_types, a, b, c, d, e, f):  # pragma: no cover
+    """:func:`add_step` of a spec of 6 fields."""
+    return add_step(records, pos_and_counters, state, step_types, (a, b, c, d, e, f))
+
+
+@numba.njit(**_OPTIONS)
+def add_step_7(records, pos_and_counters, state, step_types, a, b, c, d, e, f, g):  # pragma: no cover
+    """:func:`add_step` of a spec of 7 fields."""
+    return add_step(records, pos_and_counters, state, step_types, (a, b, c, d, e, f, g))
+
+
+@numba.njit(**_OPTIONS)
+def add_step_8(records, pos_and_counters, state, step_types, a, b, c, d, e, f, g, h):  # pragma: no cover
+    """:func:`add_step` of a spec of 8 fields."""
+    return add_step(records, pos_and_counters, state, step_types, (a, b, c, d, e, f, g, h))
+
+
+@numba.njit(**_OPTIONS)
+def add_step_n(records, pos_and_counters, state, step_types, *values):  # pragma: no cover - compiled
+    """:func:`add_step` of a spec of any number of fields."""
+    return add_step(records, pos_and_counters, state, step_types, values)
+
+
+_ENTRIES = (add_step_n, add_step_1, add_step_2, add_step_3, add_step_4, add_step_5, add_step_6, add_step_7,
+            add_step_8)
 
 
 def compiled_add_step(args: tuple[Any, ...]) -> Any:
-    """A dispatcher of :func:`add_step` compiled (or loaded from numba's cache) for
-    arguments of the types of ``args`` only: arguments of any other type raise
-    ``TypeError`` at dispatch, and nothing more is compiled."""
-    fixed = [numba.typeof(x) for x in args[:_FIXED_ARGS]]
-    values = numba.typeof(tuple(args[_FIXED_ARGS:]))  # the C dispatcher passes *values so
-    dispatcher = numba.njit(cache=True, nogil=True)(add_step)
-    dispatcher.compile((*fixed, values))
+    """A dispatcher of :func:`add_step` (the entry point of ``len(args) - 4`` fields)
+    compiled (or loaded from numba's cache) for arguments of the types of ``args`` only:
+    arguments of any other type raise ``TypeError`` at dispatch, and nothing more is
+    compiled. ``args`` = (records as uint8 rows, positions and counters, state, step
+    types, *values)."""
+    n_fields = len(args) - 4
+    entry = _ENTRIES[n_fields] if 0 < n_fields <= MAX_ARITY else add_step_n
+    # A dispatcher of its own per spec (each compiles one signature and then refuses
+    # others); it shares the entry's function, so numba's cache serves every spec.
+    dispatcher = numba.njit(**_OPTIONS)(entry.py_func)
+    sig = [numba.typeof(x) for x in args[:4]]
+    values = [numba.typeof(x) for x in args[4:]]
+    dispatcher.compile((*sig, *values) if entry is not add_step_n else (*sig, numba.typeof(tuple(args[4:]))))
     dispatcher.disable_compile()
     return dispatcher

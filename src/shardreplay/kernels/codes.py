@@ -14,6 +14,10 @@ F32_EXPONENT, F64_EXPONENT = 0x7F800000, 0x7FF0000000000000  # all exponent bits
 # What steps_ok finds.
 STEPS_OK, BAD_STEP_TYPE, BAD_DISCOUNT = 0, 1, 2
 
+# -- kernels/add_step.py: what the one-step add returns for an input it refuses (any
+# change in the number of valid starts is far smaller).
+ADD_STEP_BAD_INPUT = -(1 << 62)
+
 # -- kernels/keys.py: the key bit layout -------------------------------------------------
 SHARD_BITS, TAG_BITS, PLACE_BITS, GEN_BITS = 10, 14, 28, 11
 MAX_SHARDS = 1 << SHARD_BITS

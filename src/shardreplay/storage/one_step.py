@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.lazy import lazy
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
@@ -51,10 +52,19 @@ def one_step_add(storage: StreamStorage, default_priority: Callable[[], float] |
     ``on_write``: told the recomputed starts of every write (None: nobody is).
     """
     spec = storage.spec
+    parts: Mapping[str, Any] = storage.records.dtype.fields or {}
+    if any(parts[name][0] != dtype for name, dtype in _RECORD_PARTS.items()):
+        return None  # the kernel reads the bookkeeping in these dtypes
     if any(not _kernel_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM
            or (f.frame_stack and f.dtype.kind == "f") for f in spec.fields.values()):
         return None
     return OneStepAdd(storage, default_priority, on_write)
+
+
+# The bookkeeping in each record, as the kernel reads it (kernels/add_step.py, AT_*).
+_RECORD_PARTS = {"step_type": np.dtype(np.uint8), "discount": np.dtype(np.float32),
+                 "episode_id": np.dtype(np.int64), "generation": np.dtype(np.uint32),
+                 "priority": np.dtype(np.float32), "valid": np.dtype(np.bool_)}
 
 
 def _kernel_takes(dtype: np.dtype) -> bool:
@@ -94,7 +104,8 @@ class OneStepAdd:
                 self._own.append((i + 1, storage.fields[name]))
         rows_at, out_at, discount_at, end = kernel.state_parts(s, len(names), window)
         self._state = np.zeros(end, np.int64)
-        self._state[:kernel.PLAN] = [storage.stream_capacity, window, s, len(names), 0, 0]
+        self._state[:kernel.AT_STEP_TYPE] = [storage.stream_capacity, window, s, len(names), 0, 0, 0]
+        self._state[kernel.AT_STEP_TYPE:kernel.PLAN] = [record_fields[n][1] for n in kernel.RECORD_PARTS]
         self._state[kernel.PLAN:rows_at] = plan
         self._state[rows_at:out_at] = np.arange(s)
         self._priority = self._state[kernel.PRIORITY:kernel.PRIORITY + 1].view(np.float64)
@@ -103,7 +114,10 @@ class OneStepAdd:
         self._discount[:] = 1.0  # the discount of a step without one
         self._out = self._state[out_at:discount_at].reshape(4, s * window)  # the kernel's results
         self._rows = (s,)
-        self._head = (storage.records, storage.pos_and_counters, self._state)
+        # The records as plain uint8 rows (a plain ndarray even when they are memory-mapped):
+        # numba types a structured array, or a subclass, off its fast path.
+        rows = np.asarray(storage.records).view(np.uint8).reshape(storage.records.shape[0], -1)
+        self._head = (rows, storage.pos_and_counters, self._state)
         canonical = (np.zeros(s, STEP_TYPE_DTYPE),
                      *(np.zeros((s, *spec[n].shape), spec[n].dtype) for n in names))
         self._kernel = kernel.compiled_add_step((*self._head, *canonical))
@@ -120,11 +134,10 @@ class OneStepAdd:
         if n == self._n_keys and self._simple:
             # The common case: no discount, uniform sampling, every field in the record.
             try:
-                values = self._get(step)
-                n_out, delta = self._kernel(*self._head, *values)
+                delta = self._kernel(*self._head, *self._get(step))
             except (KeyError, TypeError):  # a name missing, or inputs of another kind
                 return False
-            if n_out < 0:
+            if delta == BAD_INPUT:
                 return False
             self._storage.num_valid += delta
             return True
@@ -140,16 +153,16 @@ class OneStepAdd:
             values = self._get(step)
             if self._stacked:
                 return self._add_stacked(step, values)
-            n_out, delta = self._kernel(*self._head, *values)
+            delta = self._kernel(*self._head, *values)
         except (KeyError, TypeError):  # a name missing, or inputs of another kind
             return False
         finally:
             if n != self._n_keys:
                 self._discount[:] = 1.0
-        if n_out < 0:
+        if delta == BAD_INPUT:
             return False
         if self._own or self._on_write is not None:
-            self._after_write(values, n_out, delta)
+            self._after_write(values, delta)
         else:
             self._storage.num_valid += delta
         return True
@@ -168,10 +181,10 @@ class OneStepAdd:
         state = self._state
         state[kernel.CHECK_ONLY] = 1
         try:
-            n_out, _ = self._kernel(*self._head, *values)
+            checked = self._kernel(*self._head, *values)
         finally:
             state[kernel.CHECK_ONLY] = 0
-        if n_out < 0:
+        if checked == BAD_INPUT:
             return False
         storage = self._storage
         types, rows, pos = values[0].reshape(-1, 1), storage.all_rows, storage.pos
@@ -182,16 +195,16 @@ class OneStepAdd:
                 return False  # the full path raises, naming the stream and step
             if need > store.frame_capacity:
                 store.grow(int(need))
-        n_out, delta = self._kernel(*self._head, *values)
+        delta = self._kernel(*self._head, *values)
         written = self._out[0, :self._rows[0]]
         for store, frames, counts in plans:
             fk.append_frames(frames, rows, written, counts, store.frames, store.ref, store.fpos)
-        self._after_write(values, n_out, delta)
+        self._after_write(values, delta)
         return True
 
-    def _after_write(self, values: tuple[Any, ...], n_out: int, delta: int) -> None:
+    def _after_write(self, values: tuple[Any, ...], delta: int) -> None:
         """Fields of their own arrays, the valid count, the sampler."""
-        out = self._out
+        out, n_out = self._out, int(self._state[kernel.N_OUT])
         if self._own:
             slots = out[0, :self._rows[0]]
             for i, arr in self._own:
