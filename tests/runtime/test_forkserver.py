@@ -33,6 +33,7 @@ def _report(starter: int, out: object) -> None:
 
 
 def test_a_child_starts_with_the_preloaded_modules_and_the_server_as_parent() -> None:
+    stop_server()  # one this worker started for other tests (tests/support/ranks.py): ours preloads
     ctx = preloaded_context(["xml.dom.minidom"])
     out = ctx.Queue()
     p = ctx.Process(target=_report, args=(os.getpid(), out))

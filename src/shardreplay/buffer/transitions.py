@@ -167,8 +167,8 @@ def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | Non
 
 
 def _stored_ends(step_type: np.ndarray, discount: np.ndarray) -> dict[str, torch.Tensor]:
-    """:func:`_ends` of stored arrays, computed in numpy: four small torch operations cost
-    ~60 us a batch here (a third of a 256-transition sample), numpy's ~5 us."""
+    """:func:`_ends` of stored arrays, computed in numpy: for a batch this small, four torch
+    operations cost several times what numpy's do (figures: benchmarks/replay/RESULTS-single-env.md)."""
     is_last = step_type == int(StepType.LAST)
     ends = discount == 0
     return {"terminated": torch.from_numpy(is_last & ends), "truncated": torch.from_numpy(is_last & ~ends)}

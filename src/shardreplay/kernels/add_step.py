@@ -11,10 +11,11 @@ numba's dispatcher:
   Specs of up to ``MAX_ARITY`` fields get an entry point of exactly their arity (a
   ``*values`` entry costs the dispatcher a tuple per call); larger ones take ``*values``.
 * The per-slot records come as plain ``uint8`` rows, not as the structured array: numba
-  types a structured array off its fast path (about 0.2 us per call).
-* It is compiled without numba's reference counting (``_nrt=False``): it allocates
+  types a structured array off its fast path.
+* It is compiled without numba's reference counting (``_nrt=False``, where the installed
+  numba has that private option; otherwise with it: slower, same results): it allocates
   nothing, and the counting costs an allocation per array argument plus an atomic
-  increment and decrement per array view, about 1 us per call in all here.
+  increment and decrement per array view (figures: benchmarks/replay/RESULTS-single-env.md).
 * It returns one integer, not a tuple.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 import numba
 import numpy as np
 from numba import literal_unroll, types
+from numba.core.cpu import CPUTargetOptions
 from numba.extending import intrinsic, overload
 
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
@@ -56,7 +58,8 @@ _NO_PRIORITIES = np.zeros((1, 1), np.float32)
 # reference counting too).
 _write_steps = numba.njit(nogil=True, inline="always")(write_steps.py_func)
 # Compiled without reference counting: nothing here allocates or keeps an array.
-_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "_nrt": False}
+_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True,
+                            **({"_nrt": False} if hasattr(CPUTargetOptions, "_nrt") else {})}
 
 
 @intrinsic

@@ -297,6 +297,9 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     # A tracker already running belongs to the caller (its other resources depend on
     # it); otherwise the queue's semaphores start one here, and it is ours to stop.
     own_tracker = resource_tracker_pid() is None
+    # Likewise a fork server already running is the caller's (then without our preload,
+    # only slower): ours is stopped at the end, the caller's left alone.
+    own_server = server_pid() is None
     ctx = preloaded_context(_learner_preload(settings.learners.count))
     out = ctx.Queue()
     port = _free_port()
@@ -365,7 +368,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
         out.close()
         out.join_thread()
         del out
-        stop_server()
+        if own_server:
+            stop_server()
         if own_tracker:
             stop_resource_tracker()
     if isinstance(outcome, ShardReplayError):
