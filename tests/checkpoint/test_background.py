@@ -146,10 +146,11 @@ def test_gloo_background_saves_restore_each_shard_as_at_the_call(tmp_path: Path)
 
 
 _CHILD = r"""
-import os, sys, time
+import contextlib, sys, threading, time
 import numpy as np
 import shardreplay as sr
 from shardreplay import checkpoint
+from shardreplay.checkpoint import format as fmt
 
 root = sys.argv[1]
 spec = sr.Spec({"obs": sr.Field((4096,), np.uint8)})
@@ -158,15 +159,36 @@ chunk = {"obs": np.full((8, 100, 4096), 7, np.uint8), "step_type": np.ones((8, 1
 for _ in range(30):
     buf.extend(chunk)
 checkpoint.save(buf, root, 1)
+real_writer = fmt.atomic_writer
+
+
+class Held:
+    # The background thread's part file: its header and first block are written, then the
+    # thread waits (for the SIGKILL) in the middle of the part, whatever the disk's speed.
+    def __init__(self, f):
+        self.f, self.writes = f, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == 4:
+            self.f.flush()
+            print("writing", flush=True)
+            time.sleep(600)
+        return self.f.write(data)
+
+
+@contextlib.contextmanager
+def held_writer(path, **kwargs):
+    with real_writer(path, **kwargs) as f:
+        on_save_thread = threading.current_thread().name.startswith("shardreplay-save")
+        yield Held(f) if on_save_thread else f
+
+
+fmt.atomic_writer = held_writer
 pending = checkpoint.save_in_background(buf, root, 2)
-directory = checkpoint.checkpoint_dir(root, 2)
-while True:  # the part's temporary file is being written: tell the parent
-    tmp = [p for p in directory.glob(".part-*.tmp") if p.stat().st_size > 0] if directory.is_dir() else []
-    if tmp:
-        print("writing", flush=True)
-        break
+for _ in range(3):  # writes go on meanwhile
     buf.extend(chunk)
-time.sleep(60)
+time.sleep(600)
 """
 
 
@@ -182,8 +204,9 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint_newest
     finally:
         child.kill()
         child.wait(30)
-    assert checkpoint.checkpoint_dir(tmp_path, 2).is_dir()
-    assert not checkpoint.is_complete(checkpoint.checkpoint_dir(tmp_path, 2))
+    second = checkpoint.checkpoint_dir(tmp_path, 2)
+    assert [p for p in second.iterdir() if p.name.endswith(".tmp")], "not killed mid-write"
+    assert not checkpoint.is_complete(second)
     assert checkpoint.latest_complete(tmp_path) == 1
     spec = sr.Spec({"obs": sr.Field((4096,), np.uint8)})
     buf = sr.ReplayBuffer(spec, num_streams=8, stream_capacity=3000, window=1, sampler="uniform")
