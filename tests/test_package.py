@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     "spec": 0,
     "_io": 0,
     "_hashing": 0,
+    "_lazy": 0,
     "secrets": 0,  # Redis passwords: light (os, urllib), used from transport up
     "metrics": 0,
     "storage": 1,

@@ -10,8 +10,9 @@ and writes from a thread (the checkpoint is the buffer at the call), and
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shardreplay._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from shardreplay.checkpoint.background import PendingSave, save_in_background
@@ -50,22 +51,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (then cached here).
-
-    Raises:
-        AttributeError: ``name`` is not a public name of the package.
-    """
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'shardreplay.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_exports("shardreplay.checkpoint", globals(), _HOMES)
 
 
 __all__ = [
