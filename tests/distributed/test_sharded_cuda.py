@@ -4,7 +4,8 @@ without a GPU; ``benchmarks/gpu_check.sh`` runs them on a GPU machine).
 Two gloo ranks sharing one GPU draw the same batches on ``device="cuda"`` as on the CPU
 (strict, local, prefetch 2 and pipelined, with priority updates given as CUDA tensors in
 between, except when pipelined: there timing decides which draw an update reaches
-first). The GPU changes where a batch lands, never what is drawn. Over NCCL, a group of
+first). The GPU changes where a batch lands, never what is drawn; in exact mode the
+records cross in one copy (every field a view of them on the GPU). Over NCCL, a group of
 every GPU there is (one rank on a one-GPU machine: NCCL refuses two ranks on one device)
 samples and updates as a gloo group of the same size does.
 """
@@ -47,6 +48,10 @@ def _draws(rank: int, device: str, **kwargs: object) -> list[dict[str, np.ndarra
         batch = buf.sample(BATCH)
         assert batch.data["obs"].device.type == torch.device(device).type
         assert batch.keys.device.type == torch.device(device).type
+        if device == "cuda" and kwargs.get("mode", "exact") == "exact":
+            # The exchanged records crossed in one copy: every field is a view of them.
+            block = batch.keys.untyped_storage().data_ptr()
+            assert {v.untyped_storage().data_ptr() for v in (*batch.data.values(), batch.mask)} == {block}
         shard, _tag, place, generation = unpack_keys(batch.keys.cpu().numpy())  # tags differ per buffer
         out.append({"obs": batch.data["obs"].cpu().numpy(), "key_place": np.stack([shard, place, generation]),
                     "weights": batch.weights.cpu().numpy(), "mask": batch.mask.cpu().numpy()})

@@ -30,6 +30,9 @@ class Drawn:
     total: float
     low: float
     factor: float  # 1 exact, K mass_k / total local, 0 padding
+    # The batch's rows of the exact exchange's records (contiguous uint8 [n, record_bytes],
+    # page-locked when batches go to a GPU): moved to the GPU as one block, not per field.
+    records: torch.Tensor | None = None
 
 
 def drawn_weights(prob: torch.Tensor, total: float, low: float, beta: float,
@@ -42,9 +45,9 @@ def drawn_weights(prob: torch.Tensor, total: float, low: float, beta: float,
 
 def split_batches(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch.Tensor,
                   prob: torch.Tensor, n: int, total: float, low: float, factor: float,
-                  beta: float) -> list[Drawn]:
+                  beta: float, records: torch.Tensor | None = None) -> list[Drawn]:
     """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies), weighted for
-    ``beta`` in one vectorised pass."""
+    ``beta`` in one vectorised pass; ``records``: the records the views read, if any."""
     w = drawn_weights(prob, total, low, beta, factor)
     k = keys.shape[0] // n
 
@@ -53,10 +56,11 @@ def split_batches(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch
         return v.view(k, n, *v.shape[1:]).unbind(0)
 
     columns = {name: batches(v) for name, v in data.items()}
-    rest = zip(batches(mask), batches(keys), batches(prob), batches(w), strict=True)
+    blocks = batches(records) if records is not None else (None,) * k
+    rest = zip(batches(mask), batches(keys), batches(prob), batches(w), blocks, strict=True)
     return [Drawn({name: parts[j] for name, parts in columns.items()}, m, key, p, weight, beta,
-                  total, low, factor)
-            for j, (m, key, p, weight) in enumerate(rest)]
+                  total, low, factor, block)
+            for j, (m, key, p, weight, block) in enumerate(rest)]
 
 
 def padding(layout: RecordLayout, window: int, n: int) -> Drawn:

@@ -45,16 +45,19 @@ class ExactExchange:
         hosts: every rank's host key (equal on ranks that share ``/dev/shm`` and offer the
             same-host exchange: see ``shared_records.host_key``).
         nonces: every rank's nonce, naming its shared-memory regions.
+        pin: draw into page-locked memory (batches go to a GPU: one non-blocking copy
+            of the records per batch, no copy on the host).
     """
 
     def __init__(self, local: Shard, comm: Collectives, layout: RecordLayout, hosts: np.ndarray,
-                 nonces: np.ndarray) -> None:
+                 nonces: np.ndarray, pin: bool = False) -> None:
         self.local = local
         self._comm = comm
         self._layout = layout
         self.rank, self.world_size = comm.rank, comm.world_size
         self._hosts, self._nonces = np.asarray(hosts, np.int64), np.asarray(nonces, np.int64)
         self.nonce = int(self._nonces[self.rank])  # names this rank's regions
+        self._pin = pin
         # Decided at the first refill, alike on every rank (None: not yet; False: all_to_all).
         self._shared: SharedRecords | bool | None = None
 
@@ -83,7 +86,8 @@ class ExactExchange:
         own_rows, foreign_rows = _result_rows(counts[me], n, me)
         asked = counts.sum(axis=1).T.copy()  # asked[o, q]: items of owner o for requester q
         np.fill_diagonal(asked, 0)  # nothing is sent to oneself
-        out = np.empty((k * n, self._layout.record_bytes), np.uint8)
+        records = torch.empty((k * n, self._layout.record_bytes), dtype=torch.uint8, pin_memory=self._pin)
+        out = records.numpy()
         share = float(masses[me]) / total
         shared = self._shared_records(asked.sum(axis=1))
         send = self._send_buffer(shared, int(asked[me].sum()))
@@ -92,7 +96,7 @@ class ExactExchange:
                                                        own_prob, share)
         if shared is not None:
             if self._read_shared(shared, send is not None, out, foreign_rows, asked, write_own, released):
-                return self._split(out, n, total, low)
+                return self._split(records, n, total, low)
             write_own = None  # done while the ranks agreed to fall back
         if send is None:  # this rank's region failed: draw the others' items again
             send = np.empty((int(asked[me].sum()), self._layout.record_bytes), np.uint8)
@@ -104,18 +108,18 @@ class ExactExchange:
                                      released=released)
         if recv.numel():
             out[foreign_rows] = recv.cpu().numpy().reshape(-1, rb)
-        return self._split(out, n, total, low)
+        return self._split(records, n, total, low)
 
     @property
     def uses_shared_memory(self) -> bool | None:
         """Whether refills go through shared memory (None before the first refill)."""
         return None if self._shared is None else self._shared is not False
 
-    def _split(self, out: np.ndarray, n: int, total: float, low: float) -> list[Drawn]:
-        parts = torch_views(self._layout, torch.from_numpy(out))
+    def _split(self, records: torch.Tensor, n: int, total: float, low: float) -> list[Drawn]:
+        parts = torch_views(self._layout, records)
         data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
         return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
-                             1.0, self.local.current_beta())
+                             1.0, self.local.current_beta(), records)
 
     def _shared_records(self, sent: np.ndarray) -> SharedRecords | None:
         """The same-host regions sized for this refill (rank ``r`` sends ``sent[r]``

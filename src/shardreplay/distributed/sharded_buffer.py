@@ -57,7 +57,7 @@ from shardreplay.buffer.transitions import Transitions, transitions_from_batch
 from shardreplay.distributed.agreement import SAMPLE_MODES, check_agreed, settings_of
 from shardreplay.distributed.drawn import Drawn, drawn_weights
 from shardreplay.distributed.exact_exchange import ExactExchange
-from shardreplay.distributed.exchange import window_layout
+from shardreplay.distributed.exchange import DATA, window_layout
 from shardreplay.distributed.exchange_stats import SamplingSettings
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.internals import ShardedInternals
@@ -68,6 +68,7 @@ from shardreplay.distributed.runner import BackgroundRunner, InlineRunner
 from shardreplay.distributed.shared_records import host_key, nonce
 from shardreplay.errors import ConfigError
 from shardreplay.spec.keys import MAX_SHARDS
+from shardreplay.spec.torch_dtypes import torch_views
 
 __all__ = ["SAMPLE_MODES", "ShardedReplayBuffer"]
 
@@ -159,13 +160,15 @@ class ShardedReplayBuffer:
         xcomm = comm.private_copy() if pipeline else comm  # the background thread's own group
         layout = window_layout(local_buffer.spec, local_buffer.window)
         strategy: ExchangeStrategy = (
-            ExactExchange(shard, xcomm, layout, agreed.host_key, agreed.nonce) if mode == "exact"
+            ExactExchange(shard, xcomm, layout, agreed.host_key, agreed.nonce,
+                          pin=self.device.type == "cuda" and torch.cuda.is_available()) if mode == "exact"
             else LocalExchange(shard, layout, local_buffer.window, self.rank, self.world_size))
         router = PriorityRouter(shard, xcomm)
         refill = Refill(shard, xcomm, router, strategy, self.prefetch, choice)
         runner = (BackgroundRunner(refill, router, xcomm, f"shardreplay-exchange-r{self.rank}")
                   if pipeline else InlineRunner(refill, router))
         self._shard, self._comm, self._router, self._runner = shard, comm, router, runner
+        self._layout = layout
         self._internals = ShardedInternals(comm, xcomm, router, choice, runner, strategy)
 
     @property
@@ -379,5 +382,19 @@ class ShardedReplayBuffer:
         if batch.keys.device == self.device:
             return batch
         if self.device.type == "cuda" and batch.keys.device.type == "cpu":
+            if d.records is not None:
+                return self._records_on_gpu(d.records, weights)
             return pinned(batch).to(self.device, non_blocking=True)
         return batch.to(self.device)
+
+    def _records_on_gpu(self, records: torch.Tensor, weights: torch.Tensor) -> Batch:
+        """A batch of exchanged records on the GPU: the rows go in one non-blocking copy
+        (page-locked already when the exchange drew them) and the fields are views of
+        them there. Copying the fields one by one would stage each strided view through
+        pageable memory on the learner's thread."""
+        gpu = records.to(self.device, non_blocking=records.is_pinned())
+        parts = torch_views(self._layout, gpu)
+        data = {name[len(DATA):]: v for name, v in parts.items() if name.startswith(DATA)}
+        return Batch(data=data, mask=parts["mask"], keys=parts["key"],
+                     weights=weights.pin_memory().to(self.device, non_blocking=True),
+                     probabilities=parts["probability"])
