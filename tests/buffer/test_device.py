@@ -1,8 +1,8 @@
 """``ReplayBuffer(..., device=)``: where sampled batches land.
 
-Only CPU runs here. The CUDA path (pinned host batch, ``non_blocking`` copy) is the one
-of ``ShardedReplayBuffer`` and is checked by reading, plus the refusal of CUDA where
-CUDA is not available.
+Here the CPU paths and the refusal of CUDA where CUDA is missing; on a GPU
+(``benchmarks/gpu_check.sh``) the CUDA path: windows gathered into page-locked records
+that cross in one copy, equal to the CPU's batch.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from shardreplay import ConfigError, Field, ReplayBuffer, Spec
+from shardreplay.spec.keys import unpack_keys
 
 SPEC = Spec({"obs": Field((2,), np.float32)})
 
@@ -50,7 +51,19 @@ def test_cuda_without_cuda_is_refused_with_one_line() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_batches_land_on_the_gpu() -> None:
-    buf = _buffer(device="cuda")
-    batch = buf.sample(16)
+    buf, plain = _buffer(device="cuda"), _buffer()
+    batch, expected = buf.sample(16), plain.sample(16)
     assert batch.data["obs"].is_cuda and batch.keys.is_cuda and batch.weights.is_cuda
+    for name, want in [*expected.data.items(), ("mask", expected.mask), ("weights", expected.weights),
+                       ("probabilities", expected.probabilities)]:
+        got = batch.data[name] if name in batch.data else getattr(batch, name)
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got.cpu().numpy(), want.numpy(), err_msg=name)
+    shard, _tag, place, generation = unpack_keys(batch.keys.cpu().numpy())  # tags differ per buffer
+    want_shard, _, want_place, want_generation = unpack_keys(expected.keys.numpy())
+    np.testing.assert_array_equal(np.stack([shard, place, generation]),
+                                  np.stack([want_shard, want_place, want_generation]))
+    # One copy of the records: every field is a view of the same GPU block.
+    assert {v.untyped_storage().data_ptr() for v in (*batch.data.values(), batch.mask)} == \
+        {batch.keys.untyped_storage().data_ptr()}
     assert buf.update_priorities(batch.keys, torch.full((16,), 2.0, device="cuda")) == 16

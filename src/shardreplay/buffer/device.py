@@ -4,14 +4,24 @@ Batches are gathered on the host (numpy). For a CUDA target they are pinned firs
 the copy to the GPU runs asynchronously (``non_blocking=True``) on the current stream;
 kernels queued after it on that stream see the data, as with any CUDA tensor.
 Pinning needs a CUDA runtime, so it is only done when ``torch.cuda.is_available()``.
+Windows bound for a GPU are gathered straight into page-locked records
+(:mod:`shardreplay.spec.windows`) and cross in one copy; the fields are views of the
+records on the GPU. Pinning strided per-field views instead would stage each through
+pageable memory on the caller's thread.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.errors import ConfigError
+from shardreplay.spec.layout import RecordLayout
+from shardreplay.spec.torch_dtypes import torch_views
+from shardreplay.spec.windows import DATA
 
 
 def check_device(device: torch.device | str | None) -> torch.device:
@@ -49,3 +59,35 @@ def batch_on(batch: Batch, device: torch.device) -> Batch:
     if device.type == "cuda" and torch.cuda.is_available():
         return pinned(batch).to(device, non_blocking=True)
     return batch.to(device)
+
+
+def pins(device: torch.device) -> bool:
+    """Whether batches for ``device`` are drawn into page-locked host memory."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
+def records_on(records: torch.Tensor, layout: RecordLayout, weights: torch.Tensor,
+               device: torch.device) -> Batch:
+    """A batch of window ``records`` (host uint8 ``[B, record bytes]`` of ``layout``) on
+    ``device``: the rows in one copy (non-blocking when they are page-locked), every field
+    a view of them there; ``weights`` (float32 ``[B]``) come along."""
+    on = records.to(device, non_blocking=records.is_pinned())
+    parts = torch_views(layout, on)
+    data = {name[len(DATA):]: v for name, v in parts.items() if name.startswith(DATA)}
+    if device.type == "cuda":
+        weights = weights.pin_memory()
+    return Batch(data=data, mask=parts["mask"], keys=parts["key"],
+                 weights=weights.to(device, non_blocking=True), probabilities=parts["probability"])
+
+
+def gathered_on(shard: Any, draw: Any, layout: RecordLayout, device: torch.device) -> Batch:
+    """The windows of ``draw`` (a shard's draw: ``starts``, ``weights``, ``probabilities``)
+    gathered straight into page-locked records of ``layout`` and moved to ``device`` in
+    one copy (:func:`records_on`)."""
+    n = draw.starts.shape[0]
+    records = torch.empty((n, layout.record_bytes), dtype=torch.uint8, pin_memory=True)
+    out = records.numpy()
+    mask, keys = shard.gather(draw.starts, into=(out, layout.offsets(DATA), np.arange(n)))
+    views = layout.views(out)
+    views["mask"][:], views["key"][:], views["probability"][:] = mask, keys, draw.probabilities
+    return records_on(records, layout, torch.from_numpy(draw.weights), device)

@@ -11,7 +11,7 @@ import torch
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.checks import as_index_array, as_priority_array, check_stream_ids, not_prioritized
-from shardreplay.buffer.device import batch_on, check_device
+from shardreplay.buffer.device import batch_on, check_device, gathered_on, pins
 from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.shard import Shard
 from shardreplay.buffer.state import export_state, import_state, state_as_tensors
@@ -28,6 +28,7 @@ from shardreplay.samplers.schedules import Schedule, is_real
 from shardreplay.spec import Spec
 from shardreplay.spec.fields import StepType
 from shardreplay.spec.keys import MAX_PLACES
+from shardreplay.spec.windows import window_layout
 
 LAST = int(StepType.LAST)
 
@@ -84,6 +85,8 @@ class ReplayBuffer:
         # Storage, sampler, RNG and keys: the internal seam (see buffer/shard.py).
         self._shard = Shard(spec, int(num_streams), int(stream_capacity), self.window, sampler, alpha,
                             as_schedule(beta, "beta", 0.0, 1.0), seed, storage, directory, int(period))
+        # Batches for a GPU are gathered into page-locked records of this layout.
+        self._gpu_records = window_layout(self.spec, self.window) if pins(self.device) else None
 
     # -- sizes ----------------------------------------------------------------------------
     @property
@@ -240,6 +243,8 @@ class ReplayBuffer:
             raise ConfigError("gamma is for sample(..., as_tensordict=True); sample_transitions takes it too")
         shard = self._shard
         draw = shard.draw(batch_size)
+        if self._gpu_records is not None:
+            return gathered_on(shard, draw, self._gpu_records, self.device)
         data, mask, keys = shard.gather(draw.starts)
         batch = Batch(data={k: torch.from_numpy(v) for k, v in data.items()},
                       mask=torch.from_numpy(mask), keys=torch.from_numpy(keys),

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from shardreplay.distributed.exchange import DATA
 from shardreplay.spec.fields import StepType
 from shardreplay.spec.layout import RecordLayout
 from shardreplay.spec.torch_dtypes import torch_dtype
+from shardreplay.spec.windows import DATA
 
 
 @dataclass

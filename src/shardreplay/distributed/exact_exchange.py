@@ -22,13 +22,13 @@ import torch
 import shardreplay.distributed.global_sampling as gs
 from shardreplay.buffer.shard import Shard
 from shardreplay.distributed.drawn import Drawn, split_batches
-from shardreplay.distributed.exchange import DATA
 from shardreplay.distributed.exchange_stats import ExchangeStats
 from shardreplay.distributed.group import Collectives, Released
 from shardreplay.distributed.shared_records import SharedRecords
 from shardreplay.spec.keys import with_shard
 from shardreplay.spec.layout import RecordLayout
 from shardreplay.spec.torch_dtypes import torch_views
+from shardreplay.spec.windows import DATA
 
 _LOG = logging.getLogger(__name__)
 

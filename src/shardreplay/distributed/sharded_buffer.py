@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.device import pinned
+from shardreplay.buffer.device import pinned, pins, records_on
 from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
@@ -57,7 +57,6 @@ from shardreplay.buffer.transitions import Transitions, transitions_from_batch
 from shardreplay.distributed.agreement import SAMPLE_MODES, check_agreed, settings_of
 from shardreplay.distributed.drawn import Drawn, drawn_weights
 from shardreplay.distributed.exact_exchange import ExactExchange
-from shardreplay.distributed.exchange import DATA, window_layout
 from shardreplay.distributed.exchange_stats import SamplingSettings
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.internals import ShardedInternals
@@ -68,7 +67,7 @@ from shardreplay.distributed.runner import BackgroundRunner, InlineRunner
 from shardreplay.distributed.shared_records import host_key, nonce
 from shardreplay.errors import ConfigError
 from shardreplay.spec.keys import MAX_SHARDS
-from shardreplay.spec.torch_dtypes import torch_views
+from shardreplay.spec.windows import window_layout
 
 __all__ = ["SAMPLE_MODES", "ShardedReplayBuffer"]
 
@@ -161,7 +160,7 @@ class ShardedReplayBuffer:
         layout = window_layout(local_buffer.spec, local_buffer.window)
         strategy: ExchangeStrategy = (
             ExactExchange(shard, xcomm, layout, agreed.host_key, agreed.nonce,
-                          pin=self.device.type == "cuda" and torch.cuda.is_available()) if mode == "exact"
+                          pin=pins(self.device)) if mode == "exact"
             else LocalExchange(shard, layout, local_buffer.window, self.rank, self.world_size))
         router = PriorityRouter(shard, xcomm)
         refill = Refill(shard, xcomm, router, strategy, self.prefetch, choice)
@@ -383,18 +382,6 @@ class ShardedReplayBuffer:
             return batch
         if self.device.type == "cuda" and batch.keys.device.type == "cpu":
             if d.records is not None:
-                return self._records_on_gpu(d.records, weights)
+                return records_on(d.records, self._layout, weights, self.device)
             return pinned(batch).to(self.device, non_blocking=True)
         return batch.to(self.device)
-
-    def _records_on_gpu(self, records: torch.Tensor, weights: torch.Tensor) -> Batch:
-        """A batch of exchanged records on the GPU: the rows go in one non-blocking copy
-        (page-locked already when the exchange drew them) and the fields are views of
-        them there. Copying the fields one by one would stage each strided view through
-        pageable memory on the learner's thread."""
-        gpu = records.to(self.device, non_blocking=records.is_pinned())
-        parts = torch_views(self._layout, gpu)
-        data = {name[len(DATA):]: v for name, v in parts.items() if name.startswith(DATA)}
-        return Batch(data=data, mask=parts["mask"], keys=parts["key"],
-                     weights=weights.pin_memory().to(self.device, non_blocking=True),
-                     probabilities=parts["probability"])

@@ -1,4 +1,5 @@
-"""Window records as fixed-size byte rows, for exchanging sampled items between ranks.
+"""Window records as fixed-size byte rows: how sampled windows cross between ranks and
+onto a GPU (one copy of the rows instead of one per field).
 
 One record holds one window: every user field ``[L, *shape]``, ``step_type``,
 ``discount``, ``episode_id``, the mask, the key and the owner's local probability.
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardreplay.spec import Spec
 from shardreplay.spec.layout import RecordLayout, step_parts
+from shardreplay.spec.spec import Spec
 
 __all__ = ["DATA", "window_layout"]
 
