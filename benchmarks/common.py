@@ -97,7 +97,10 @@ def loadavg() -> list[float]:
 
 
 def cpus() -> int | None:
-    """The logical cores of this machine."""
+    """The logical cores this process may run on (its affinity: ``taskset -c 0,1`` on a
+    larger machine reports 2), else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
     return os.cpu_count()
 
 
