@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import shardreplay.storage.sequences as sequences
+from shardreplay.errors import ShardReplayError
 from shardreplay.kernels import first_writes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.spec import Spec
@@ -428,12 +429,45 @@ class StreamStorage:
                 a, b = row_start[r], row_start[r + 1]
                 store.load_row(r, slots[a:b], values[name][a:b], -1)
 
-    def finish_restore(self, pos: np.ndarray, next_episode_id: int) -> None:
-        """After arrays were filled directly (checkpoint load): set positions, rebuild validity."""
+    def finish_restore(self, pos: np.ndarray, next_episode_id: int,
+                       starts: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        """After arrays were filled directly (checkpoint load): set positions, keep the
+        start rows ``starts[name] = (slots, rows)`` of ``at_starts`` fields (each stored
+        start step's row among them), rebuild validity.
+
+        Raises:
+            ShardReplayError: a stored start step has no row in ``starts``; nothing of
+                the start rows is kept then.
+        """
         self.pos[:] = pos
         self._refresh_alignment()
         self.counters[0] = next_episode_id
+        if self.starts:
+            self._place_starts(starts or {})
         self._recompute_validity()
+
+    def _place_starts(self, starts: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Keep the rows of ``starts`` (by slot) of every stored start step."""
+        slots, lengths = self.stored_slots()
+        is_start = self.is_start(slots)
+        wanted = slots[is_start]
+        picks = {}
+        for name in self.starts:
+            placed, rows = starts.get(name, (np.zeros(0, np.int64), None))
+            index = np.full(self.size, -1, np.int64)
+            index[placed] = np.arange(placed.shape[0])
+            pick = index[wanted]
+            if pick.shape[0] and (rows is None or int(pick.min()) < 0):
+                for store in self.starts.values():
+                    store.clear()
+                raise ShardReplayError(f"field {name!r}: {int((pick < 0).sum())} start steps have no "
+                                       "saved start row")
+            picks[name] = (pick, rows)
+        for name, (pick, rows) in picks.items():
+            store = self.starts[name]
+            store.clear()
+            store.load(slots, lengths, is_start, np.asarray(rows)[pick] if pick.shape[0] else
+                       np.zeros((0, *store.field.shape), store.field.dtype))
 
     def _recompute_validity(self) -> None:
         """Validity of every stored start from the bookkeeping (after a load), and the count."""
