@@ -53,7 +53,7 @@ def test_start_rows_match_the_dense_field(streams: int, cap: int, window: int, p
     np.testing.assert_array_equal(got["h"][:, 0], state_of(got["obs"][:, 0]))
     np.testing.assert_array_equal(mask, want_mask)
     # One row per stored step on the grid, no more (the rings grew where episodes were short).
-    store = storage.starts["h"]
+    store = storage.start_rows
     np.testing.assert_array_equal(store.live, _grid_steps(starts))
     assert int((store.ref >= 0).sum()) == int(_grid_steps(starts).sum())
     batch = starts.sample(64)
@@ -91,7 +91,7 @@ def test_memory_per_stored_step_r2d2_sizes() -> None:
     bufs = {name: sr.ReplayBuffer(sr.Spec({"obs": sr.Field((4,)), "hc": f}), num_streams=4,
                                   stream_capacity=4000, window=80, period=40) for name, f in spec.items()}
     dense = testing.shard(bufs["dense"]).storage.fields["hc"].nbytes / bufs["dense"].capacity
-    starts = testing.shard(bufs["starts"]).storage.starts["hc"].nbytes / bufs["starts"].capacity
+    starts = testing.shard(bufs["starts"]).storage.start_rows.nbytes / bufs["starts"].capacity
     assert dense == 512
     assert starts < 40  # 512 / 40 per grid step, one row per 64-step episode, 8 B reference
 

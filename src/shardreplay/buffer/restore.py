@@ -132,7 +132,7 @@ class RestoreSession:
             CheckpointError: the session is not open.
         """
         self._check(_OPEN, "placing start rows")
-        return {name: store.field for name, store in self._shard.storage.starts.items()}
+        return dict(self._shard.storage.starts)
 
     def place_starts(self, name: str, slots: np.ndarray, values: np.ndarray) -> None:
         """The rows ``values`` of ``at_starts`` field ``name`` for the steps placed at flat

@@ -95,8 +95,8 @@ class StreamStorage:
         self.stacked = {name: FrameStore(name, f, num_streams, stream_capacity, allocator)
                         for name, f in spec.fields.items() if f.frame_stack}
         # ``at_starts`` fields keep a row per window start only (starts.py).
-        self.starts = {name: StartStore(name, f, num_streams, stream_capacity, period, allocator)
-                       for name, f in spec.fields.items() if f.at_starts}
+        self.starts = {name: f for name, f in spec.fields.items() if f.at_starts}
+        self.start_rows = StartStore(self.starts, num_streams, stream_capacity, period, allocator)
         plain = {name: f for name, f in spec.fields.items() if not (f.frame_stack or f.at_starts)}
         small = [name for name, f in plain.items() if _nbytes(f.dtype, f.shape) <= SMALL_FIELD_BYTES]
         # One packed record per slot for the bookkeeping and the small fields: a sampled
@@ -238,10 +238,7 @@ class StreamStorage:
     def _write_starts(self, steps: Mapping[str, np.ndarray], rows: np.ndarray, written: np.ndarray) -> None:
         """Keep the ``at_starts`` fields of the start steps among the ``written`` slots
         ``[n, T]`` (their episode offsets are set already)."""
-        is_start = self.is_start(written)
-        for name, store in self.starts.items():
-            value = steps[name]
-            store.write(value.reshape(*written.shape, *store.field.shape), rows, written, is_start)
+        self.start_rows.write(steps, rows, written, self.is_start(written))
 
     def is_start(self, slots: np.ndarray) -> np.ndarray:
         """Whether each stored step at ``slots`` can start a window by its episode offset
@@ -268,8 +265,8 @@ class StreamStorage:
                 for name, arr in self.fields.items()}
         for name, store in self.stacked.items():
             data[name] = store.gather(idx)
-        for name, starts_store in self.starts.items():
-            data[name] = starts_store.gather(starts)[:, None]
+        for name in self.starts:
+            data[name] = self.start_rows.gather(name, starts)[:, None]
         for name in ("step_type", "discount", "episode_id"):
             data[name] = rec[name].copy()
         return data, mask, keys
@@ -299,7 +296,7 @@ class StreamStorage:
             store = self.stacked[name]
             extent = max(extent, offset + self.window * store.stack * store.frame_bytes)
         for name, offset in at_starts.items():
-            extent = max(extent, offset + self.starts[name].row_bytes)
+            extent = max(extent, offset + self.start_rows.row_bytes[name])
         if extent > out.shape[1]:
             raise ValueError("offsets must leave room for a window of every part in a record")
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
@@ -312,7 +309,7 @@ class StreamStorage:
         for name, offset in stacked.items():
             self.stacked[name].gather_into(idx, rows, out, int(offset))
         for name, offset in at_starts.items():
-            self.starts[name].gather_into(starts, rows, out, int(offset))
+            self.start_rows.gather_into(name, starts, rows, out, int(offset))
         return mask, keys
 
     def _gather_plan(self, offsets: Mapping[str, int]) -> _GatherPlan:
@@ -390,8 +387,8 @@ class StreamStorage:
         for name, store in self.stacked.items():
             lazy = not copy_fields and slots.shape[0]
             out[f"field.{name}"] = StackPieces.split(store, slots) if lazy else store.gather(slots)
-        for name, starts_store in self.starts.items():
-            out[f"field.{name}"] = starts_store.export(slots)
+        for name in self.starts:
+            out[f"field.{name}"] = self.start_rows.export(name, slots)
         for name in self.step_arrays:
             out[name] = getattr(self, name)[slots]
         out["row_length"] = lengths
@@ -412,8 +409,7 @@ class StreamStorage:
         self.valid[:] = False
         for store in self.stacked.values():
             store.clear()
-        for starts_store in self.starts.values():
-            starts_store.clear()
+        self.start_rows.clear()
         self.pos[:] = 0
         self._aligned = True
         self.counters[:] = 0
@@ -451,23 +447,18 @@ class StreamStorage:
         slots, lengths = self.stored_slots()
         is_start = self.is_start(slots)
         wanted = slots[is_start]
-        picks = {}
-        for name in self.starts:
-            placed, rows = starts.get(name, (np.zeros(0, np.int64), None))
+        values = {}
+        for name, field in self.starts.items():
+            placed, rows = starts.get(name, (np.zeros(0, np.int64), np.zeros((0, *field.shape), field.dtype)))
             index = np.full(self.size, -1, np.int64)
             index[placed] = np.arange(placed.shape[0])
             pick = index[wanted]
-            if pick.shape[0] and (rows is None or int(pick.min()) < 0):
-                for store in self.starts.values():
-                    store.clear()
+            if pick.shape[0] and int(pick.min()) < 0:
+                self.start_rows.clear()
                 raise ShardReplayError(f"field {name!r}: {int((pick < 0).sum())} start steps have no "
                                        "saved start row")
-            picks[name] = (pick, rows)
-        for name, (pick, rows) in picks.items():
-            store = self.starts[name]
-            store.clear()
-            store.load(slots, lengths, is_start, np.asarray(rows)[pick] if pick.shape[0] else
-                       np.zeros((0, *store.field.shape), store.field.dtype))
+            values[name] = np.asarray(rows)[pick]
+        self.start_rows.load(slots, lengths, is_start, values)
 
     def _recompute_validity(self) -> None:
         """Validity of every stored start from the bookkeeping (after a load), and the count."""
@@ -500,10 +491,8 @@ class StreamStorage:
         """
         if not self.starts:
             return
-        is_start = self.is_start(slots)
-        for name, store in self.starts.items():
-            store.clear()
-            store.load(slots, lengths, is_start, np.asarray(values[name]))
+        self.start_rows.load(slots, lengths, self.is_start(slots), {name: np.asarray(values[name])
+                                                                    for name in self.starts})
 
 
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)
