@@ -84,6 +84,19 @@ def test_state_dict_holds_start_rows_only_and_restores_them() -> None:
         again.load_state_dict({"meta": state["meta"], "arrays": bad})
 
 
+def test_single_steps_take_the_full_path() -> None:
+    """One step of every stream (the vector-env case) with period 1: no short path (it
+    would write the field as a per-step column the storage does not have)."""
+    buf = sr.ReplayBuffer(START_SPEC, num_streams=2, stream_capacity=8, window=2, sampler="prioritized")
+    assert not testing.shard(buf).use_one_step()
+    ids = np.arange(2)
+    for t in range(20):
+        obs = np.stack([ids, np.full(2, t)], -1)
+        buf.add({"obs": obs, "h": state_of(obs), "step_type": np.full(2, 0 if t == 0 else 1, np.uint8)})
+    batch = buf.sample(16)
+    np.testing.assert_array_equal(batch.data["h"][:, 0].numpy(), state_of(batch.data["obs"][:, 0].numpy()))
+
+
 def test_memory_per_stored_step_r2d2_sizes() -> None:
     """H=64 (h and c: 512 B per step dense), period 40: the start rows cost a few percent."""
     spec = {name: sr.Field((2, 64), np.float32, at_starts=at) for name, at in (("dense", False),
