@@ -6,13 +6,15 @@ single steps), through ``state_dict`` and in memory use. About 2 CPU-s."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import shardreplay as sr
 from shardreplay import testing
 from shardreplay.errors import ConfigError
-from tests.support.sequences import SPEC, START_SPEC, state_of, timelines, write
+from tests.support.sequences import FIRST, LAST, MID, SPEC, START_SPEC, state_of, timelines, write
 
 
 def _pair(streams: int, cap: int, window: int, period: int, steps: int, seed: int
@@ -117,3 +119,19 @@ def test_at_starts_is_refused_with_frame_stack_or_env_id() -> None:
     assert sr.Field((3,), at_starts=True).to_dict()["at_starts"] is True
     assert "at_starts" not in sr.Field((3,)).to_dict()  # plain fields keep their fingerprint
     assert sr.Field.from_dict(sr.Field((3,), at_starts=True).to_dict()).at_starts
+
+
+def test_memmap_rings_grow_as_files(tmp_path: Path) -> None:
+    """Episodes of 1-3 steps need more start rows than the first rings hold: the rings
+    grow (new files, the old ones removed) and keep every live row."""
+    buf = sr.ReplayBuffer(START_SPEC, num_streams=2, stream_capacity=64, window=2, period=2,
+                          storage="memmap", directory=tmp_path)
+    store = testing.shard(buf).storage.start_rows
+    first = store.capacity
+    lines = [[FIRST, MID, LAST] * 60 for _ in range(2)]
+    write(buf, [line[:150] for line in lines], np.random.default_rng(0))
+    assert store.capacity > first
+    assert sorted(p.name for p in tmp_path.glob("starts.*")) == [f"starts.h.{store._grown}.bin"]
+    valid = np.flatnonzero(testing.valid(buf))
+    got = testing.shard(buf).storage.windows(valid)[0]
+    np.testing.assert_array_equal(got["h"][:, 0], state_of(got["obs"][:, 0]))
