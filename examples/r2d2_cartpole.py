@@ -5,7 +5,8 @@ a feed-forward Q-network: the policy must remember. This is R2D2 (Kapturowski et
 2019) at CartPole scale, in one process:
 
 * an LSTM Q-network acts in ``num_envs`` envs with Ape-X's per-env epsilons, and writes
-  every step with the recurrent state ``(h, c)`` it held there (spec fields ``h``, ``c``);
+  every step with the recurrent state ``(h, c)`` it held there (spec fields ``h``, ``c``,
+  which the buffer keeps at the sequence starts only: ``Field(..., at_starts=True)``);
 * a prioritized :class:`shardreplay.ReplayBuffer` with ``window=seq_len`` and
   ``period=period`` draws sequences that start every ``period`` steps of an episode
   (overlapping by ``seq_len - period``);
@@ -98,9 +99,10 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 
 def make_buffer(s: Settings, hidden: int) -> ReplayBuffer:
     """The sequence buffer: obs, action, reward and the actor's LSTM state per step."""
+    # h and c are kept at the sequence starts only (at_starts): the learner reads nothing else.
+    state = Field((hidden,), np.float32, at_starts=True)
     spec = Spec({"obs": Field((2,), np.float32), "action": Field((), np.int64),
-                 "reward": Field((), np.float32), "h": Field((hidden,), np.float32),
-                 "c": Field((hidden,), np.float32)})
+                 "reward": Field((), np.float32), "h": state, "c": state})
     return ReplayBuffer(spec, num_streams=s.num_envs, stream_capacity=s.stream_capacity, window=s.seq_len,
                         period=s.period, sampler="prioritized", alpha=s.alpha, beta=s.beta, seed=s.seed)
 

@@ -11,6 +11,13 @@ import shardreplay as sr
 FIRST, MID, LAST = 0, 1, 2
 # obs = (stream id, time); h = a recurrent state derived from both (distinct per step).
 SPEC = sr.Spec({"obs": sr.Field((2,), np.int64), "h": sr.Field((3,), np.float32)})
+# The same with ``h`` kept once per window start (``at_starts``): samples hold it [B, 1, 3].
+START_SPEC = sr.Spec({"obs": sr.Field((2,), np.int64), "h": sr.Field((3,), np.float32, at_starts=True)})
+
+
+def state_of(obs: np.ndarray) -> np.ndarray:
+    """The ``h`` that :func:`step` writes for steps ``obs [..., 2]`` (stream id, time)."""
+    return (obs[..., :1] * 1000 + obs[..., 1:] + np.array([0.25, 0.5, 0.75])).astype(np.float32)
 
 
 def timelines(rng: np.random.Generator, streams: int, steps: int, p_abandon: float = 0.05,
@@ -34,7 +41,7 @@ def timelines(rng: np.random.Generator, streams: int, steps: int, p_abandon: flo
 def step(ids: np.ndarray, t: np.ndarray, types: np.ndarray, lead: tuple[int, ...]) -> dict:
     """Steps whose ``obs`` is ``(stream id, time)`` and whose state ``h`` derives from both."""
     obs = np.stack(np.broadcast_arrays(ids.reshape(-1, *([1] * (len(lead) - 1))), t), -1).reshape(*lead, 2)
-    h = (obs[..., :1] * 1000 + obs[..., 1:] + np.array([0.25, 0.5, 0.75])).astype(np.float32)
+    h = state_of(obs)
     return {"obs": obs, "h": h, "step_type": types.reshape(lead),
             "discount": np.where(types == LAST, 0.0, 1.0).astype(np.float32).reshape(lead)}
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from shardreplay.errors import CheckpointError
+from shardreplay.errors import CheckpointError, ShardReplayError
 from shardreplay.samplers import PrioritizedSampler, Sampler
 from shardreplay.storage import StreamStorage
 
@@ -62,6 +62,7 @@ class RestoreSession:
         self._floor = int(key_epoch_floor)
         self._state = _CLOSED
         self.source = source
+        self._starts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # see place_starts
 
     def __enter__(self) -> RestoreSession:
         if self._state != _CLOSED or self._shard._restoring is self:
@@ -118,6 +119,32 @@ class RestoreSession:
         self._check(_OPEN, "placing frames")
         return self._shard.storage.stacked
 
+    @property
+    def period(self) -> int:
+        """The shard's sequence period (1: every step starts a window)."""
+        return self._shard.storage.period
+
+    def start_fields(self) -> Mapping[str, Any]:
+        """The ``at_starts`` fields of the shard's spec (``Field`` by name): placed
+        through :meth:`place_starts`.
+
+        Raises:
+            CheckpointError: the session is not open.
+        """
+        self._check(_OPEN, "placing start rows")
+        return dict(self._shard.storage.starts)
+
+    def place_starts(self, name: str, slots: np.ndarray, values: np.ndarray) -> None:
+        """The rows ``values`` of ``at_starts`` field ``name`` for the steps placed at flat
+        ``slots`` (at least every step that starts a window under this shard's period);
+        kept when :meth:`finish` sets the positions.
+
+        Raises:
+            CheckpointError: the session is not open.
+        """
+        self._check(_OPEN, "placing start rows")
+        self._starts[name] = (np.asarray(slots, np.int64), values)
+
     def finish(self, pos: np.ndarray, next_episode_id: int, *, max_priority: float, draws: int,
                rng_state: Mapping[str, Any] | None, stale_updates: int, key_epoch: int,
                key_tag: int | None) -> None:
@@ -130,7 +157,10 @@ class RestoreSession:
         """
         self._check(_OPEN, "finish()")
         shard = self._shard
-        shard.storage.finish_restore(pos, next_episode_id)
+        try:
+            shard.storage.finish_restore(pos, next_episode_id, self._starts)
+        except ShardReplayError as exc:  # a start step without its row
+            raise CheckpointError(f"cannot restore {self.source}: {exc}") from exc
         shard.sampler.rebuild()
         if isinstance(shard.sampler, PrioritizedSampler):
             shard.sampler.load_state_dict({"max_priority": float(max_priority), "draws": int(draws)})
@@ -152,6 +182,7 @@ class RestoreSession:
         if self._state == _CLOSED:
             raise CheckpointError(f"restore session of {self.source}: reset() outside its with-block")
         shard = self._shard
+        self._starts = {}
         shard.storage.clear()
         shard.storage.finish_restore(shard.storage.pos, 0)
         shard.sampler.rebuild()

@@ -189,14 +189,24 @@ def _check_arrays(shard: ShardParts, arrays: Mapping[str, np.ndarray]) -> None:
     if not np.array_equal(np.asarray(arrays.get("row_length", ())), lengths):
         raise ConfigError("state arrays: row_length does not match row_pos and stream_capacity")
     n = int(lengths.sum())
-    expected = {f"field.{k}": (f.shape, f.dtype) for k, f in shard.spec.fields.items()}
-    expected.update({k: ((), dt) for k, dt in shard.storage.step_arrays.items()})
-    for name, (shape, dtype) in expected.items():
+    expected = {f"field.{k}": (n, f.shape, f.dtype) for k, f in shard.spec.fields.items() if not f.at_starts}
+    expected.update({k: (n, (), dt) for k, dt in shard.storage.step_arrays.items()})
+    _check_shapes(arrays, expected)
+    # at_starts fields hold a row per start step only (storage/starts.py).
+    period = shard.storage.period
+    starts = n if period == 1 else int((np.asarray(arrays["episode_step"]) % period == 0).sum())
+    _check_shapes(arrays, {f"field.{k}": (starts, f.shape, f.dtype)
+                           for k, f in shard.spec.fields.items() if f.at_starts})
+    _check_step_values(arrays)
+
+
+def _check_shapes(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, tuple[int, ...], Any]]
+                  ) -> None:
+    for name, (n, shape, dtype) in expected.items():
         arr = arrays.get(name)
         if arr is None or arr.shape != (n, *shape) or arr.dtype != dtype:
             got = None if arr is None else f"{arr.dtype}{list(arr.shape)}"
             raise ConfigError(f"state array {name!r}: expected {np.dtype(dtype)}{[n, *shape]}, got {got}")
-    _check_step_values(arrays)
 
 
 def _check_step_values(arrays: Mapping[str, np.ndarray]) -> None:

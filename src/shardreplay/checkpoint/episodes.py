@@ -14,7 +14,7 @@ with discount 1 (a truncation); ``drop`` removes it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,12 +60,15 @@ def find_episodes(step_type: np.ndarray, episode_id: np.ndarray, row_length: np.
                     partial)
 
 
-def apply_partial_policy(arrays: Mapping[str, Any], policy: str
+def apply_partial_policy(arrays: Mapping[str, Any], policy: str, start_fields: Collection[str] = (),
+                         is_start: np.ndarray | None = None
                          ) -> tuple[dict[str, Any], Episodes, dict[str, int]]:
     """Seal or drop partial episodes in a copy of exported step arrays.
 
     User fields (``field.*``) may be lists of pieces (views): sealing leaves them as
-    they are; dropping concatenates and filters them.
+    they are; dropping concatenates and filters them. The ``start_fields`` (``at_starts``
+    fields) hold a row per step where ``is_start`` (bool, per exported step) only:
+    dropping filters them by the kept start steps.
 
     Returns the new arrays (``row_length`` adjusted for drops), their episode table,
     and counts ``{partial_episodes, partial_steps}`` plus ``sealed_*`` or ``dropped_*``.
@@ -96,7 +99,10 @@ def apply_partial_policy(arrays: Mapping[str, Any], policy: str
     keep[np.repeat(eps.start[eps.partial], eps.length[eps.partial])
          + _ranges(eps.length[eps.partial])] = False
     for name, arr in arrays.items():
-        if name.startswith("field.") or name in SEQUENCE_STEP_ARRAYS:
+        if name in start_fields:
+            assert is_start is not None  # given with start_fields
+            out[name] = np.asarray(arr)[keep[is_start]]
+        elif name.startswith("field.") or name in SEQUENCE_STEP_ARRAYS:
             out[name] = (np.concatenate(arr) if isinstance(arr, list) else arr)[keep]
     dropped_per_row = np.bincount(eps.row[eps.partial], weights=eps.length[eps.partial],
                                   minlength=arrays["row_length"].shape[0]).astype(np.int64)

@@ -39,6 +39,7 @@ from shardreplay.checkpoint.records import Manifest, PartMeta
 from shardreplay.checkpoint.refs import AnyPartReader, open_part
 from shardreplay.checkpoint.saving import shard_of
 from shardreplay.checkpoint.stacked import read_stacks
+from shardreplay.checkpoint.starts import read_starts
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import (
@@ -276,10 +277,10 @@ def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, s
         exact = _same_layout(readers, metas, positions, layout)
         if exact:
             plan = _identity_plan(episodes, shard, positions[shard], local.stream_capacity)
-            _read_as_saved(readers[shard], positions[shard], session)
+            _read_as_saved(readers[shard], positions[shard], session, metas[shard].period)
         else:
             plan = plan_shard(episodes, layout, shard)
-            _read_placements(readers, plan, episodes, session, local.spec)
+            _read_placements(readers, plan, episodes, session, local.spec, [m.period for m in metas])
     mine = metas[shard] if shard < len(metas) else None
     session.finish(positions[shard] if exact else plan.row_lengths,
                    mine.next_episode_id if exact and mine is not None else len(episodes),
@@ -373,10 +374,10 @@ def _identity_plan(episodes: EpisodeTable, shard: int, pos: np.ndarray, cap: int
     return ShardPlan(ids, episodes.row[ids], zeros, zeros, np.minimum(pos, cap), 0, 0)
 
 
-def _read_as_saved(reader: AnyPartReader, pos: np.ndarray, session: RestoreSession) -> None:
-    """Read a part into the slots its steps had (positions as saved, ring order), with
-    its episode ids, generations and priorities, and the step types and discounts that
-    sealing changed put back."""
+def _read_as_saved(reader: AnyPartReader, pos: np.ndarray, session: RestoreSession, period: int) -> None:
+    """Read a part (saved with sequence ``period``) into the slots its steps had
+    (positions as saved, ring order), with its episode ids, generations and priorities,
+    and the step types and discounts that sealing changed put back."""
     cap = session.stream_capacity
     length = np.minimum(pos, cap)
     src_first = np.cumsum(length) - length
@@ -399,6 +400,7 @@ def _read_as_saved(reader: AnyPartReader, pos: np.ndarray, session: RestoreSessi
     reader.check_pending()
     runs = [(0, s, d, c) for s, d, c in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True)]
     read_stacks([reader], runs, session)
+    read_starts([reader], [period], runs, session)
     if "seal.index" in reader.names():
         slots = _ranges(dst, n)  # the slot of each saved step, in saved order
         index = reader.array("seal.index")
@@ -431,8 +433,9 @@ def _episode_table(readers: list[AnyPartReader]) -> EpisodeTable:
 
 
 def _read_placements(readers: list[AnyPartReader], plan: ShardPlan, episodes: EpisodeTable,
-                     session: RestoreSession, spec: Spec) -> None:
-    """Read this shard's episodes into the storage, then check every block read.
+                     session: RestoreSession, spec: Spec, periods: list[int]) -> None:
+    """Read this shard's episodes into the storage (from parts saved with sequence
+    ``periods``), then check every block read.
 
     Placements that continue each other both in their part file and in the flat
     storage (a saved stream restored whole, or runs of it) are read as one range: few
@@ -455,6 +458,7 @@ def _read_placements(readers: list[AnyPartReader], plan: ShardPlan, episodes: Ep
     for reader in readers:  # every block read is verified before anything is derived from it
         reader.check_pending()
     read_stacks(readers, sorted(runs, key=lambda run: run[2]), session)  # new rows start at slot 0
+    read_starts(readers, periods, runs, session)
     slots = _ranges(dst, length)
     targets["episode_id"][slots] = np.repeat(ids, length)
     targets["generation"][slots] = 1

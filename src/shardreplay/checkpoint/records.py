@@ -273,7 +273,8 @@ class PartMeta:
     ``num_streams``/``stream_capacity``/``key_epoch`` are None when a part from an older
     version carries none (it is then never restored as saved, and adds nothing to the
     new key epoch); ``key_tag`` None keeps the buffer's tag; ``max_priority``/``draws``
-    are the prioritized sampler's (1.0 and 0 when the part has none).
+    are the prioritized sampler's (1.0 and 0 when the part has none); ``period`` the
+    saving buffer's sequence period (1 when the part has none).
     """
 
     num_streams: int | None
@@ -286,6 +287,7 @@ class PartMeta:
     draws: int
     rng: Mapping[str, Any] | None
     sharding: Mapping[str, Any] | None
+    period: int = 1
 
     @classmethod
     def parse(cls, text: str, where: Path) -> PartMeta:
@@ -308,12 +310,15 @@ class PartMeta:
             raise CheckpointFormatError(f"{where}: malformed sampler state ({exc})") from exc
         rng, sharding = meta.get("rng"), meta.get("sharding")
         tag = meta.get("key_tag")
+        period = _positive(meta.get("period", 1))
+        if period is None:
+            raise CheckpointFormatError(f"{where}: malformed buffer metadata 'period'")
         return cls(_positive(meta.get("num_streams")), _positive(meta.get("stream_capacity")),
                    _optional_count(meta.get("key_epoch", 0)), int(tag) if is_key_tag(tag) else None,
                    _count(meta.get("next_episode_id", 0), "buffer metadata 'next_episode_id'", where),
                    _count(meta.get("stale_updates", 0), "buffer metadata 'stale_updates'", where),
                    max_priority, draws, rng if isinstance(rng, dict) else None,
-                   sharding if isinstance(sharding, dict) else None)
+                   sharding if isinstance(sharding, dict) else None, period)
 
 
 def _positive(value: Any) -> int | None:

@@ -185,7 +185,8 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
     assert shard is not None
     state = shard.export()
     hi = state["arrays"]["row_pos"]
-    chained = partial == "seal" and not shard.storage.stacked  # frame stacks: full parts
+    # Frame stacks and start rows (not one row per step): full parts.
+    chained = partial == "seal" and not shard.storage.stacked and not shard.storage.starts
     chain = chain_of(shard, root) if incremental and chained else None
     if chain is not None:
         job.segments, start = plan_increment(chain, hi, shard.stream_capacity)
@@ -200,7 +201,9 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
     elif chain is not None:
         state["arrays"].update({f"field.{n}": _views(shard.fields[n], start, hi, shard.stream_capacity)
                                 for n in names})
-    arrays, episodes, report = apply_partial_policy(state["arrays"], partial)
+    starts = [f"field.{n}" for n in shard.storage.starts]
+    is_start = shard.storage.is_start(shard.storage.stored_slots()[0]) if starts else None
+    arrays, episodes, report = apply_partial_policy(state["arrays"], partial, starts, is_start)
     arrays.update(episodes.as_arrays())
     if partial == "seal":
         arrays.update(_seal_undo(state["arrays"], arrays))

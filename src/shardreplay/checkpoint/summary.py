@@ -24,8 +24,9 @@ from shardreplay.checkpoint.manifest import (
     load_checked,
     load_manifest,
 )
-from shardreplay.checkpoint.records import ManifestPart
+from shardreplay.checkpoint.records import ManifestPart, PartMeta
 from shardreplay.checkpoint.refs import AnyPartReader, open_part
+from shardreplay.checkpoint.starts import start_mask
 from shardreplay.errors import CheckpointError, CheckpointFormatError
 from shardreplay.spec import Spec
 
@@ -132,7 +133,12 @@ def verify(directory: Path) -> dict[str, Any]:
 
 def _check_arrays(reader: AnyPartReader, spec: Spec, part: ManifestPart) -> None:
     steps = part.steps
-    expected = {f"field.{n}": (f.dtype, (steps, *f.shape)) for n, f in spec.fields.items()}
+    expected = {f"field.{n}": (f.dtype, (steps, *f.shape)) for n, f in spec.fields.items() if not f.at_starts}
+    if any(f.at_starts for f in spec.fields.values()):  # a row per saved start step only
+        period = PartMeta.parse(reader.metadata.get("buffer_meta", "{}"), reader.path).period
+        starts = int(start_mask(reader, period, steps).sum())
+        expected.update({f"field.{n}": (f.dtype, (starts, *f.shape)) for n, f in spec.fields.items()
+                         if f.at_starts})
     expected.update({k: (np.dtype(dt), (steps,)) for k, dt in STEP_ARRAYS.items()})
     for name, (dtype, shape) in expected.items():
         got = reader.entry(name)

@@ -40,10 +40,16 @@ class Field:
             oldest first (``Field((4, 84, 84), np.uint8, frame_stack=True)``). Writes and
             samples carry whole stacks; the buffer stores each frame once and rebuilds
             the stacks at sample time (docs/semantics.md, "Frame-stacked fields").
+        at_starts: the field matters only where a window starts (a recurrent state the
+            actor had there, R2D2): writes carry it at every step, the buffer keeps it
+            only for steps that can start a window (offset in the episode a multiple of
+            the buffer's ``period``), and samples hold it at the window's first step,
+            shaped ``[B, 1, *shape]`` (docs/semantics.md, "Start-state fields").
 
     Raises:
-        ConfigError: a negative dimension, an unsupported dtype, or ``frame_stack``
-            on a field with fewer than one axis or an empty stack or frame.
+        ConfigError: a negative dimension, an unsupported dtype, ``frame_stack`` on a
+            field with fewer than one axis or an empty stack or frame, or ``at_starts``
+            with ``frame_stack`` or ``env_id``.
     """
 
     shape: tuple[int, ...] = ()
@@ -51,6 +57,7 @@ class Field:
     finite: bool = True
     env_id: bool = False
     frame_stack: bool = False
+    at_starts: bool = False
 
     def __post_init__(self) -> None:
         shape = tuple(int(d) for d in self.shape)
@@ -67,6 +74,9 @@ class Field:
         if self.frame_stack and (len(shape) < 2 or 0 in shape or self.env_id):
             raise ConfigError(f"a frame_stack field needs a shape (frames, *frame) with no empty "
                               f"axis, at least 2 axes and no env_id; got {shape}")
+        if self.at_starts and (self.frame_stack or self.env_id):
+            raise ConfigError("an at_starts field cannot be frame_stack or env_id: it holds a value "
+                              "per window start (a recurrent state), not per step")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype)
 
@@ -83,8 +93,8 @@ class Field:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (used in fingerprints, checkpoints and chunk headers).
 
-        ``frame_stack`` appears only when set, so plain fields keep their description
-        (and fingerprint) of earlier versions.
+        ``frame_stack`` and ``at_starts`` appear only when set, so plain fields keep
+        their description (and fingerprint) of earlier versions.
         """
         d = {
             "shape": list(self.shape),
@@ -94,10 +104,12 @@ class Field:
         }
         if self.frame_stack:
             d["frame_stack"] = True
+        if self.at_starts:
+            d["at_starts"] = True
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Field:
         """Inverse of :meth:`to_dict`."""
         return cls(tuple(d["shape"]), np.dtype(d["dtype"]), bool(d["finite"]), bool(d["env_id"]),
-                   bool(d.get("frame_stack", False)))
+                   bool(d.get("frame_stack", False)), bool(d.get("at_starts", False)))

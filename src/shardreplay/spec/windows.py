@@ -25,12 +25,16 @@ DATA = "data."  # prefix of the parts the storage fills: user fields, step_type,
 def window_layout(spec: Spec, window: int) -> RecordLayout:
     """The record of one sampled window of ``spec`` and length ``window``: parts
     ``data.<field>`` ``[L, *shape]`` (user fields, ``step_type``, ``discount``,
-    ``episode_id``), ``mask`` ``[L]``, ``key`` and ``probability``.
+    ``episode_id``; ``[1, *shape]`` for an ``at_starts`` field), ``mask`` ``[L]``,
+    ``key`` and ``probability``.
 
     ``layout.offsets(DATA)`` is what ``gather_into`` takes; ``layout.views(records)``
     and ``torch_views(layout, records)`` read the parts back.
     """
-    parts = step_parts(spec.fields, (window,), DATA)
+    per_window = {name: f for name, f in spec.fields.items() if not f.at_starts}
+    parts = step_parts(per_window, (window,), DATA)
+    # An at_starts field is sampled at the window's first step only: [1, *shape].
+    parts += [(DATA + name, f.dtype, (1, *f.shape)) for name, f in spec.fields.items() if f.at_starts]
     parts += [(DATA + "episode_id", np.dtype(np.int64), (window,)),
               ("mask", np.dtype(np.bool_), (window,)),
               ("key", np.dtype(np.int64), ()),

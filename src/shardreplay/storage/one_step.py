@@ -11,8 +11,9 @@ the same or raises today's error; nothing is written by this path then.
 
 A frame-stacked field (integers) takes it too: its stacks are checked against the stored
 ones (``FrameStore.plan``) between the kernel's check and its write, and appended after.
-Specs with a frame-stacked float field, a dtype numba does not take (float16, non-native
-byte order) or a field of more than ``MAX_FIELD_NDIM`` axes have no short path.
+Specs with a frame-stacked float field, an ``at_starts`` field, a dtype numba does not
+take (float16, non-native byte order) or a field of more than ``MAX_FIELD_NDIM`` axes
+have no short path.
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ def one_step_add(storage: StreamStorage, default_priority: Callable[[], float] |
     parts: Mapping[str, Any] = storage.records.dtype.fields or {}
     if any(parts[name][0] != dtype for name, dtype in _RECORD_PARTS.items()):
         return None  # the kernel reads the bookkeeping in these dtypes
-    if any(not _kernel_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM
+    if any(not _kernel_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM or f.at_starts
            or (f.frame_stack and f.dtype.kind == "f") for f in spec.fields.values()):
-        return None
+        return None  # at_starts fields are kept by the full path (storage/starts.py)
     return OneStepAdd(storage, default_priority, on_write)
 
 

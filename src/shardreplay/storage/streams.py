@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import shardreplay.storage.sequences as sequences
+from shardreplay.errors import ShardReplayError
 from shardreplay.kernels import first_writes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.spec import Spec
@@ -21,6 +22,7 @@ from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 from shardreplay.storage.allocate import ArrayAllocator
 from shardreplay.storage.frames import FrameStore, StackPieces
+from shardreplay.storage.starts import StartStore
 
 if TYPE_CHECKING:
     from shardreplay.kernels import storage as kernels
@@ -92,7 +94,10 @@ class StreamStorage:
         # Frame-stacked fields keep their frames apart (frames.py); ``fields`` holds the others.
         self.stacked = {name: FrameStore(name, f, num_streams, stream_capacity, allocator)
                         for name, f in spec.fields.items() if f.frame_stack}
-        plain = {name: f for name, f in spec.fields.items() if not f.frame_stack}
+        # ``at_starts`` fields keep a row per window start only (starts.py).
+        self.starts = {name: f for name, f in spec.fields.items() if f.at_starts}
+        self.start_rows = StartStore(self.starts, num_streams, stream_capacity, period, allocator)
+        plain = {name: f for name, f in spec.fields.items() if not (f.frame_stack or f.at_starts)}
         small = [name for name, f in plain.items() if _nbytes(f.dtype, f.shape) <= SMALL_FIELD_BYTES]
         # One packed record per slot for the bookkeeping and the small fields: a sampled
         # window then costs one cache miss for all of them instead of one per array.
@@ -224,15 +229,30 @@ class StreamStorage:
         if before is not None:
             delta -= sequences.after_write(self, before, out_slots[0, :n_rows * t_len].reshape(n_rows, t_len),
                                            out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out])
+        if self.starts:
+            self._write_starts(steps, rows, out_slots[0, :n_rows * t_len].reshape(n_rows, t_len))
         self.num_valid += delta
         # Views of scratch arrays: valid until the next write (the sampler uses them at once).
         return out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out]
 
+    def _write_starts(self, steps: Mapping[str, np.ndarray], rows: np.ndarray, written: np.ndarray) -> None:
+        """Keep the ``at_starts`` fields of the start steps among the ``written`` slots
+        ``[n, T]`` (their episode offsets are set already)."""
+        self.start_rows.write(steps, rows, written, self.is_start(written))
+
+    def is_start(self, slots: np.ndarray) -> np.ndarray:
+        """Whether each stored step at ``slots`` can start a window by its episode offset
+        (a multiple of ``period``; every step when ``period`` is 1)."""
+        if self.period == 1:
+            return np.ones(slots.shape, np.bool_)
+        return self.episode_step[slots] % self.period == 0
+
     def windows(self, starts: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Gather the windows starting at flat slots ``starts``.
 
-        Returns arrays ``[B, L, ...]`` (user fields, step_type, discount, episode_id), the
-        mask ``[B, L]`` and the keys ``[B]`` (shard 0).
+        Returns arrays ``[B, L, ...]`` (user fields, step_type, discount, episode_id;
+        ``[B, 1, ...]`` for ``at_starts`` fields: their value at the window's first
+        step), the mask ``[B, L]`` and the keys ``[B]`` (shard 0).
         """
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
                                                  self.stream_capacity, self.window, self.key_epoch,
@@ -245,6 +265,8 @@ class StreamStorage:
                 for name, arr in self.fields.items()}
         for name, store in self.stacked.items():
             data[name] = store.gather(idx)
+        for name in self.starts:
+            data[name] = self.start_rows.gather(name, starts)[:, None]
         for name in ("step_type", "discount", "episode_id"):
             data[name] = rec[name].copy()
         return data, mask, keys
@@ -267,10 +289,14 @@ class StreamStorage:
         if dst_rows.size and (dst_rows.min() < 0 or dst_rows.max() >= out.shape[0]):
             raise ValueError("dst_rows must name rows of out")
         stacked = {name: offsets[name] for name in self.stacked if name in offsets}
-        columns, extent = self._gather_plan({k: v for k, v in offsets.items() if k not in stacked})
+        at_starts = {name: offsets[name] for name in self.starts if name in offsets}
+        columns, extent = self._gather_plan({k: v for k, v in offsets.items()
+                                             if k not in stacked and k not in at_starts})
         for name, offset in stacked.items():
             store = self.stacked[name]
             extent = max(extent, offset + self.window * store.stack * store.frame_bytes)
+        for name, offset in at_starts.items():
+            extent = max(extent, offset + self.start_rows.row_bytes[name])
         if extent > out.shape[1]:
             raise ValueError("offsets must leave room for a window of every part in a record")
         idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
@@ -282,6 +308,8 @@ class StreamStorage:
             kernels.gather_window_parts(sources, out_offsets, idx, rows, out)
         for name, offset in stacked.items():
             self.stacked[name].gather_into(idx, rows, out, int(offset))
+        for name, offset in at_starts.items():
+            self.start_rows.gather_into(name, starts, rows, out, int(offset))
         return mask, keys
 
     def _gather_plan(self, offsets: Mapping[str, int]) -> _GatherPlan:
@@ -352,12 +380,15 @@ class StreamStorage:
         """Every stored step in (row, time) order: user fields and per-step arrays, plus
         ``row_length`` and ``row_pos``. Without ``copy_fields`` plain fields are left out
         and frame-stacked fields come as lists of :class:`StackPieces` (whole stacks,
-        built when each piece is read)."""
+        built when each piece is read). An ``at_starts`` field comes as the rows of the
+        start steps only (in the same order), always copied."""
         slots, lengths = self.stored_slots()
         out = {f"field.{name}": arr[slots] for name, arr in self.fields.items()} if copy_fields else {}
         for name, store in self.stacked.items():
             lazy = not copy_fields and slots.shape[0]
             out[f"field.{name}"] = StackPieces.split(store, slots) if lazy else store.gather(slots)
+        for name in self.starts:
+            out[f"field.{name}"] = self.start_rows.export(name, slots)
         for name in self.step_arrays:
             out[name] = getattr(self, name)[slots]
         out["row_length"] = lengths
@@ -378,6 +409,7 @@ class StreamStorage:
         self.valid[:] = False
         for store in self.stacked.values():
             store.clear()
+        self.start_rows.clear()
         self.pos[:] = 0
         self._aligned = True
         self.counters[:] = 0
@@ -393,12 +425,40 @@ class StreamStorage:
                 a, b = row_start[r], row_start[r + 1]
                 store.load_row(r, slots[a:b], values[name][a:b], -1)
 
-    def finish_restore(self, pos: np.ndarray, next_episode_id: int) -> None:
-        """After arrays were filled directly (checkpoint load): set positions, rebuild validity."""
+    def finish_restore(self, pos: np.ndarray, next_episode_id: int,
+                       starts: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        """After arrays were filled directly (checkpoint load): set positions, keep the
+        start rows ``starts[name] = (slots, rows)`` of ``at_starts`` fields (each stored
+        start step's row among them), rebuild validity.
+
+        Raises:
+            ShardReplayError: a stored start step has no row in ``starts``; nothing of
+                the start rows is kept then.
+        """
         self.pos[:] = pos
         self._refresh_alignment()
         self.counters[0] = next_episode_id
+        if self.starts:
+            self._place_starts(starts or {})
         self._recompute_validity()
+
+    def _place_starts(self, starts: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Keep the rows of ``starts`` (by slot) of every stored start step."""
+        slots, lengths = self.stored_slots()
+        is_start = self.is_start(slots)
+        wanted = slots[is_start]
+        values = {}
+        for name, field in self.starts.items():
+            placed, rows = starts.get(name, (np.zeros(0, np.int64), np.zeros((0, *field.shape), field.dtype)))
+            index = np.full(self.size, -1, np.int64)
+            index[placed] = np.arange(placed.shape[0])
+            pick = index[wanted]
+            if pick.shape[0] and int(pick.min()) < 0:
+                self.start_rows.clear()
+                raise ShardReplayError(f"field {name!r}: {int((pick < 0).sum())} start steps have no "
+                                       "saved start row")
+            values[name] = np.asarray(rows)[pick]
+        self.start_rows.load(slots, lengths, is_start, values)
 
     def _recompute_validity(self) -> None:
         """Validity of every stored start from the bookkeeping (after a load), and the count."""
@@ -418,7 +478,21 @@ class StreamStorage:
         self.load_stacks(slots, lengths, {name: steps[f"field.{name}"] for name in self.stacked})
         for name in self.step_arrays:
             getattr(self, name)[slots] = steps[name]
+        self.load_starts(slots, lengths, {name: steps[f"field.{name}"] for name in self.starts})
         self._recompute_validity()
+
+    def load_starts(self, slots: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
+        """Store the start rows ``values[name]`` of ``at_starts`` fields for the stored steps
+        at ``slots`` (in (row, time) order, ``lengths`` steps per row; their episode offsets
+        already set), forgetting every start row.
+
+        Raises:
+            ShardReplayError: a field has another number of rows than there are start steps.
+        """
+        if not self.starts:
+            return
+        self.start_rows.load(slots, lengths, self.is_start(slots), {name: np.asarray(values[name])
+                                                                    for name in self.starts})
 
 
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)

@@ -18,7 +18,8 @@ __all__ = ["SPECS", "recurrent_spec", "spec_of"]
 
 def recurrent_spec(env: EnvInfo, hidden: tuple[int, ...]) -> Spec:
     """R2D2's Spec: obs, int64 action, reward, and the actor's LSTM state ``h``, ``c``
-    (float32 ``[hidden[-1]]``) at each step.
+    (float32 ``[hidden[-1]]``), written at each step and kept by the buffer at the
+    sequence starts only (``at_starts``: docs/semantics.md, "Start-state fields").
 
     Raises:
         ConfigError: no ``hidden`` size, or images (the LSTM takes flat vectors).
@@ -27,7 +28,7 @@ def recurrent_spec(env: EnvInfo, hidden: tuple[int, ...]) -> Spec:
         raise ConfigError("--algo r2d2 needs --hidden (its last size is the LSTM's)")
     if len(env.obs_shape) != 1:
         raise ConfigError(f"--algo r2d2 takes flat vector observations, got shape {list(env.obs_shape)}")
-    state = Field((int(hidden[-1]),), np.float32)
+    state = Field((int(hidden[-1]),), np.float32, at_starts=True)
     return Spec({**transition_spec(env).fields, "h": state, "c": state})
 
 
