@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import gymnasium
 import netns
 import pytest
 
@@ -46,17 +47,18 @@ from tests.support.env import REPO
 
 pytestmark = [pytest.mark.distributed, pytest.mark.redis, pytest.mark.slow]
 DELAY_MS = 1.0
-# CartPole-v1's stop_return is 475; one full-suite run at load ~10 stayed below it for 200k
-# steps (DQN dips and recovers), so the test asks for a clearly learned policy (a random one
-# scores about 20) and the reaching of 475 is left to the demo's own figures.
-SOLVED = 200.0
+# "Solves CartPole": gymnasium's threshold for CartPole-v1 (475), reached by a 20-episode mean.
+SOLVED = float(gymnasium.spec("CartPole-v1").reward_threshold or 475.0)
 A, B, C = 0, 1, 2
 NETNS = str(Path(netns.__file__).resolve())
 DOC = REPO / "docs" / "multi-machine.md"
-# Small and quick, the same on every host, after the page's flags (the last one counts).
-SMALL = ("--hidden", "64", "64", "--eval-episodes", "10", "--quick-eval-episodes", "5",
-         "--eval-interval-updates", "250", "--checkpoint-interval-updates", "250", "--min-replay", "500",
-         "--samples-per-insert", "8", "--collective-timeout-s", "60", "--max-minutes", "8", "--seed", "3")
+# The demo's learning settings (256x256 network, 32 samples per insert: it solves CartPole in
+# 10-25k env steps, benchmarks/train/RESULTS-demo.md), every evaluation the full 20-episode one
+# (so an evaluation of SOLVED is the run's own criterion), a checkpoint every 250 updates.
+# Added after the page's flags (the last one counts) on every host.
+SMALL = ("--eval-episodes", "20", "--quick-eval-episodes", "20", "--eval-interval-updates", "250",
+         "--checkpoint-interval-updates", "250", "--collective-timeout-s", "60", "--max-minutes", "8",
+         "--seed", "3")
 
 
 def _doc_commands() -> list[list[str]]:
