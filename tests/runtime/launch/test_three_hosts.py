@@ -6,16 +6,18 @@ the learners): learner hosts A and B run the commands of docs/multi-machine.md u
 ``torchrun --nnodes 2`` (c10d rendezvous at A), host C runs ``redis-server`` and four
 ``shardreplay actor`` processes; C's link has 1 ms of delay each way (netem, else the TUN relay).
 
-1. The two learner hosts train until an evaluation reaches 200 (CartPole's 475: see SOLVED) (``--stop-return``
-   above 500, so that the run goes on: the host loss must come mid-run) and a complete
-   checkpoint is made after it.
+1. The two learner hosts train until CartPole is solved: an evaluation of 20 greedy episodes
+   averages at least 475 (gymnasium's ``reward_threshold`` for CartPole-v1; every periodic
+   evaluation is the full 20-episode one here), and a complete checkpoint is made after it.
+   ``--stop-return`` is above 500 so that the run goes on: the host loss must come mid-run (a
+   run that stops on its return publishes "finished", and the actors would end with it).
 2. Every process of host B is killed (SIGKILL): A's rank stops within 60 s with one line that
    names the lost node (``shardreplay train: lost learner node HOST (ADDRESS): ...``), nothing
    is left running on A, the actors on C keep waiting.
 3. The page's command for the node left (``torchrun --nnodes 1``, ``--auto-resume``) on A
    continues from the newest complete checkpoint with every step back (both shards onto one
-   rank); every actor on C follows its new life and feeds it; a step budget ends it, and the
-   actors exit 0 with it.
+   rank); every actor on C follows its new life and feeds it; a step budget (4,000 steps)
+   ends it, and the actors exit 0 with it.
 
 Small settings (``SMALL``: a 64x64 network, 8 samples per insert, a checkpoint every 250
 updates). Measured on the shared 2-core machine: 150-165 s in all at load average 2-6 (solved after
@@ -59,6 +61,9 @@ DOC = REPO / "docs" / "multi-machine.md"
 SMALL = ("--eval-episodes", "20", "--quick-eval-episodes", "20", "--eval-interval-updates", "250",
          "--checkpoint-interval-updates", "250", "--collective-timeout-s", "60", "--max-minutes", "8",
          "--seed", "3")
+# The resumed life's step budget: enough for every actor to follow it (they join within seconds),
+# short at 32 samples per insert (one rank learns 2,000 updates in it).
+RESUMED_STEPS = 4000
 
 
 def _doc_commands() -> list[list[str]]:
@@ -186,8 +191,8 @@ def test_three_hosts_solve_lose_a_learner_host_and_resume(net: netns.Hosts, tmp_
             saved = manifest_counters(manifest)["env_steps"]
             resumed_at = time.monotonic()
             # A step budget (not the inherited 501) ends it, long enough for every actor to follow.
-            alone = _torchrun([*resume, "--total-env-steps", str(saved + 8000)], net, A, run_dir, tmp_path,
-                              "a-alone")
+            budget = ["--total-env-steps", str(saved + RESUMED_STEPS)]
+            alone = _torchrun([*resume, *budget], net, A, run_dir, tmp_path, "a-alone")
             runs.append(alone)
             assert alone.wait(240) == 0, alone.explain()
             timings["resume_s"] = time.monotonic() - resumed_at
