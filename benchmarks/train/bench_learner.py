@@ -18,7 +18,8 @@ the slower rank's time counts). One JSON line is printed with the figures and th
 ``pipelined/own`` (targets: conv >= 0.95, mlp >= 0.85) and ``strict/own``, and for each
 sampling the learner thread's time per step inside ``sample`` and ``update_priorities``
 (``replay_ms_per_step``, the slower rank's; the median of the blocks): the cost pipelining
-hides, less noisy than the rates on a loaded machine.
+hides, less noisy than the rates on a loaded machine; ``..._min``: the quickest block's, the
+figure least disturbed by other load.
 
 ``--link-delay-ms D`` (old name ``--netem-delay-ms``) runs the two ranks in two network
 namespaces joined by a link with D ms of delay each way (:func:`netns.delayed_link`, root
@@ -227,6 +228,7 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
     piped.close()
     return {"rates": {s: common.median(r) for s, r in rates.items()},
             "replay_ms": {s: common.median(r) for s, r in replay_ms.items()},
+            "replay_ms_min": {s: min(r) for s, r in replay_ms.items()},
             "ddp_backend": placement.ddp_backend, "gpu": _gpu_name(placement.device)}
 
 
@@ -338,6 +340,7 @@ def main(argv: list[str] | None = None) -> dict:
         rates = fig["rates"]
         nets[name] = {**{f"{s}_steps_per_s": round(r, 3) for s, r in rates.items()},
                       **{f"{s}_replay_ms_per_step": round(r, 3) for s, r in fig["replay_ms"].items()},
+                      **{f"{s}_replay_ms_per_step_min": round(r, 3) for s, r in fig["replay_ms_min"].items()},
                       "pipelined_over_own": round(rates["pipelined"] / rates["own"], 3),
                       "strict_over_own": round(rates["strict"] / rates["own"], 3),
                       "target_pipelined_over_own": TARGETS[name],
