@@ -21,10 +21,10 @@ the learners): learner hosts A and B run the commands of docs/multi-machine.md u
 
 Settings (``SMALL``): the demo's learning settings (``train``'s defaults: a 256x256 network, 32
 samples per insert), every evaluation the full 20-episode one, a checkpoint every 250 updates.
-Measured on the shared 2-core machine at load average 10-17, three runs: 199-286 s in all
-(solved, a 20-episode mean of 494-500, 139-228 s after the start: 3,500-6,000 updates and
-18-28k env steps; A stopped 2.8-3.9 s after the kill; the resumed life took 47-52 s, 13 s of
-it restoring). The earlier settings (a 64x64 network, 8 samples per insert: four times the env
+Measured on the shared 2-core machine at load average 8-17, four runs: 144-286 s in all
+(solved, a 20-episode mean of 475-500, 102-228 s after the start: 3,250-6,000 updates and
+17-28k env steps; A stopped 1.6-3.9 s after the kill; the resumed life took 35-52 s, up to
+13 s of it restoring). The earlier settings (a 64x64 network, 8 samples per insert: four times the env
 steps per update) let a loaded run use up the page's 200k-step budget without an evaluation of
 475 (at load 2-6 they reached a 5-episode 475 after 99-133 s), hence an earlier threshold of 200.
 
