@@ -198,6 +198,7 @@ class Hosts:
     delay_kind: str  # "netem", "tun-relay" or "none"
     netem_error: str  # why netem could not be used ('' when it was, or was not tried)
     ifname: str = "eth0"
+    relay_pids: tuple[int, ...] = ()  # the TUN relays' process ids (none: no relay)
 
 
 @contextmanager
@@ -252,7 +253,7 @@ def hosts(count: int, delay_ms: float = 0.0, delayed: tuple[int, ...] = (), subn
         delay_kind = "tun-relay" if relay else "netem" if want and not error else "none"
         _hosts_files(names, addresses, made_etc)
         yield Hosts(names, tuple(addresses), hub, tuple(want), delay_ms if delay_kind != "none" else 0.0,
-                    delay_kind, error)
+                    delay_kind, error, relay_pids=tuple(proc.pid for proc in relays))
     finally:
         for proc in relays:
             _stop_relay(proc)

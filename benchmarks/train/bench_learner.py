@@ -1,4 +1,4 @@
-"""Learner benchmark: DDP over 2 gloo ranks training a DQN network from sharded replay.
+"""Learner benchmark: DDP over K gloo ranks (default 2) training a DQN network from sharded replay.
 
 Each rank holds a prioritized shard and trains Double DQN (``shardreplay.runtime.algos.dqn``,
 n-step windows, Adam, DDP all-reducing the gradients on the default group) on batches of
@@ -18,7 +18,8 @@ the slower rank's time counts). One JSON line is printed with the figures and th
 ``pipelined/own`` (targets: conv >= 0.95, mlp >= 0.85) and ``strict/own``, and for each
 sampling the learner thread's time per step inside ``sample`` and ``update_priorities``
 (``replay_ms_per_step``, the slower rank's; the median of the blocks): the cost pipelining
-hides, less noisy than the rates on a loaded machine.
+hides, less noisy than the rates on a loaded machine; ``..._min``: the quickest block's, the
+figure least disturbed by other load.
 
 ``--link-delay-ms D`` (old name ``--netem-delay-ms``) runs the two ranks in two network
 namespaces joined by a link with D ms of delay each way (:func:`netns.delayed_link`, root
@@ -27,6 +28,17 @@ line says which (``delay_kind``) and the link's measured TCP round trip (``link_
 :mod:`linkprobe`). ``--link-kind tun-relay`` takes the relay even where netem exists (with
 ``--link-delay-ms 0``: what the relay alone costs). Records then go through the link
 (``shared_memory=False``), not ``/dev/shm``.
+
+``--ranks K`` runs K ranks. With ``--link-delay-ms`` and K other than 2 (or ``--hub``) the
+ranks run in K namespaces on one routed network (:func:`netns.hosts`), each host's link to
+the hub delayed by D/2 each way, so that any two ranks are again D apart each way (two
+relays on the way, where it is the relay: ``link_rtt_ms`` says what the round trip is).
+
+``--gpu-step-ms X`` measures the sampling alone against a GPU learner step: instead of
+training, each step waits X ms (the CPU is free meanwhile, as while a GPU computes) and
+returns random priorities; no network is trained, no DDP. So K ranks on fewer cores measure
+the link and the exchange, not the contention of K trainings (``--nets mlp`` gives the records'
+layout).
 
 ``--device cuda`` puts the networks, optimizers and batches on the GPU (batches pinned
 and copied without blocking; the replay exchange stays on gloo, on the CPU). The two
@@ -39,6 +51,7 @@ Usage::
     python benchmarks/train/bench_learner.py --quick          # smoke run
     python benchmarks/train/bench_learner.py --link-delay-ms 0.25
     python benchmarks/train/bench_learner.py --device cuda --batch 512 --nets conv
+    python benchmarks/train/bench_learner.py --ranks 4 --link-delay-ms 0.25 --gpu-step-ms 5 --nets mlp
 """
 
 from __future__ import annotations
@@ -80,14 +93,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = common.parser(__doc__, quick="smoke run")
     p.add_argument("--nets", default="mlp,conv", help="comma-separated networks (default mlp,conv)")
     p.add_argument("--blocks", type=int, help="timing blocks per figure (default 10)")
-    p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // WORLD),
-                   help="torch threads per rank (default: cores / 2)")
+    p.add_argument("--ranks", type=int, default=WORLD, help=f"gloo ranks (default {WORLD})")
+    p.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks, at least 1)")
     p.add_argument("--link-delay-ms", "--netem-delay-ms", type=float, default=None, dest="link_delay_ms",
                    help="run the ranks in two network namespaces joined by a link with this one-way "
                         "delay: netem, else a TUN relay (root)")
     p.add_argument("--link-kind", choices=netns.KINDS, default="auto",
                    help="how --link-delay-ms is made: auto (netem, else the TUN relay; default), "
                         "netem or tun-relay")
+    p.add_argument("--hub", action="store_true",
+                   help="with --link-delay-ms: namespaces on a routed network (netns.hosts) also for 2 ranks")
+    p.add_argument("--gpu-step-ms", type=float, default=None,
+                   help="instead of training, each step waits this long (an emulated GPU step) and "
+                        "returns random priorities")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run")
     p.add_argument("--device", default="cpu", help="cpu or cuda: where networks and batches live")
     p.add_argument("--batch", type=int, default=BATCH, help=f"windows per rank per step (default {BATCH})")
@@ -96,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.blocks = args.blocks or plan["blocks"]
     args.steps, args.warmup, args.capacity = plan["steps"], plan["warmup"], plan["capacity"]
     args.nets = [n for n in args.nets.split(",") if n]
+    if args.ranks < 2:
+        p.error("--ranks must be at least 2")
+    args.threads = args.threads or max(1, (os.cpu_count() or 2) // args.ranks)
     if not set(args.nets) <= set(TARGETS):
         p.error(f"--nets must name some of {sorted(TARGETS)}")
     return args
@@ -157,8 +178,11 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
     from shardreplay.runtime.devices import place, wrap
 
     torch.manual_seed(0)
-    placement = place(args.device, rank, WORLD)
-    agent = DoubleDqn(wrap(make_net(name), placement, WORLD), DqnSettings(lr=1e-4))
+    world = args.ranks
+    placement = place(args.device, rank, world)
+    emulated = args.gpu_step_ms is not None
+    agent = None if emulated else DoubleDqn(wrap(make_net(name), placement, world), DqnSettings(lr=1e-4))
+    rng = np.random.default_rng(rank)
     local = make_shard(name, args.capacity[name], seed=100 + rank, device=args.device)
     strict = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, shared_memory=shared_memory,
                                  device=args.device)
@@ -173,7 +197,11 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
         t0 = time.perf_counter()
         batch = buf.sample(args.batch)
         t1 = time.perf_counter()
-        prios, _loss = agent.learn(batch)
+        if agent is None:  # the GPU's step: the CPU waits, free for the exchange's thread
+            time.sleep(args.gpu_step_ms / 1e3)
+            prios: Any = rng.uniform(0.1, 2.0, len(batch.keys)).astype(np.float32)
+        else:
+            prios, _loss = agent.learn(batch)
         t2 = time.perf_counter()
         buf.update_priorities(batch.keys, prios)
         replay_s[0] += t1 - t0 + time.perf_counter() - t2
@@ -200,6 +228,7 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
     piped.close()
     return {"rates": {s: common.median(r) for s, r in rates.items()},
             "replay_ms": {s: common.median(r) for s, r in replay_ms.items()},
+            "replay_ms_min": {s: min(r) for s, r in replay_ms.items()},
             "ddp_backend": placement.ddp_backend, "gpu": _gpu_name(placement.device)}
 
 
@@ -219,7 +248,7 @@ def _rank(rank: int, args: argparse.Namespace, addr: str, port: int, ifname: str
         import torch.distributed as dist
 
         torch.set_num_threads(args.threads)
-        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=WORLD,
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=args.ranks,
                                 timeout=datetime.timedelta(seconds=300))
         results = {name: _net_results(name, rank, args, shared_memory=not namespace)
                    for name in args.nets}
@@ -231,26 +260,28 @@ def _rank(rank: int, args: argparse.Namespace, addr: str, port: int, ifname: str
         out.put((rank, "error", f"{exc!r}\n{traceback.format_exc()}"))
 
 
-def run_ranks(args: argparse.Namespace, link: netns.Link | None) -> dict:
-    """Start the two ranks (in the link's namespaces when given), return rank 0's figures."""
+def run_ranks(args: argparse.Namespace, link: netns.Link | netns.Hosts | None) -> dict:
+    """Start the ranks (in the link's or hosts' namespaces when given), return rank 0's figures."""
+    world = args.ranks
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     if link is None:
         port = common.free_port()
-        places = [("127.0.0.1", "lo", "")] * WORLD
+        places = [("127.0.0.1", "lo", "")] * world
     else:
         port = 29_500 + os.getpid() % 1000  # a fresh namespace has every port free
-        places = [(link.addresses[0], link.ifnames[r], link.namespaces[r]) for r in range(WORLD)]
+        ifnames = link.ifnames if isinstance(link, netns.Link) else (link.ifname,) * world
+        places = [(link.addresses[0], ifnames[r], link.namespaces[r]) for r in range(world)]
     from shardreplay.runtime.actor.processes import reap_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_rank, args=(r, args, places[r][0], port, places[r][1], places[r][2], out))
-             for r in range(WORLD)]
+             for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
     try:
         deadline = time.monotonic() + args.timeout_s
-        while len(results) < WORLD:
+        while len(results) < world:
             rank, status, value = out.get(timeout=max(1.0, deadline - time.monotonic()))
             if status != "ok":
                 raise RuntimeError(f"rank {rank} failed: {value}")
@@ -258,45 +289,73 @@ def run_ranks(args: argparse.Namespace, link: netns.Link | None) -> dict:
     except queue.Empty as exc:
         raise RuntimeError(f"timed out after {args.timeout_s} s") from exc
     finally:
-        reap_processes(procs, grace_s=30 if len(results) == WORLD else 1)
+        reap_processes(procs, grace_s=30 if len(results) == world else 1)
     return results[0]
+
+
+def _open_link(args: argparse.Namespace, stack: ExitStack) -> netns.Link | netns.Hosts:
+    """The namespaces the ranks run in: a pair (2 ranks) or hosts on a hub (``--hub``, K != 2)."""
+    why = netns.unavailable()
+    if why:
+        raise SystemExit(f"--link-delay-ms needs network namespaces: {why}")
+    if args.ranks == 2 and not args.hub:
+        return stack.enter_context(netns.delayed_link(args.link_delay_ms, kind=args.link_kind))
+    # Half the delay on each host's link: two ranks are D apart each way, as on the pair.
+    every = tuple(range(args.ranks))
+    hosts = netns.hosts(args.ranks, args.link_delay_ms / 2, delayed=every, kind=args.link_kind)
+    return stack.enter_context(hosts)
+
+
+def _probe_link(link: netns.Link | netns.Hosts) -> netns.Link:
+    """The link between the first two ranks, as :mod:`linkprobe` takes it."""
+    if isinstance(link, netns.Link):
+        return link
+    (a, b), (addr_a, addr_b) = link.namespaces[:2], link.addresses[:2]
+    return netns.Link((a, b), (addr_a, addr_b), (link.ifname, link.ifname), 2 * link.delay_ms,
+                      link.netem_error, link.delay_kind)
+
+
+def _relay_cpu_s(link: netns.Link | netns.Hosts | None) -> float | None:
+    """CPU seconds the link's relays have used so far (None: no relay)."""
+    pids = () if link is None else (link.relay_pid,) if isinstance(link, netns.Link) else link.relay_pids
+    pids = tuple(p for p in pids if p)
+    return sum(netns.cpu_s(p) for p in pids) if pids else None
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; print (and optionally write) one JSON line."""
     args = parse_args(argv)
     with ExitStack() as stack:
-        link = None
-        rtt = None
-        if args.link_delay_ms is not None:
-            why = netns.unavailable()
-            if why:
-                raise SystemExit(f"--link-delay-ms needs network namespaces: {why}")
-            link = stack.enter_context(netns.delayed_link(args.link_delay_ms, kind=args.link_kind))
-            rtt = {k: round(v, 3) for k, v in linkprobe.rtt_ms(link).items() if k != "count"}
-        relay_cpu_s = netns.cpu_s(link.relay_pid) if link is not None and link.relay_pid else None
+        link = None if args.link_delay_ms is None else _open_link(args, stack)
+        probed = {} if link is None else linkprobe.rtt_ms(_probe_link(link))
+        rtt = {k: round(v, 3) for k, v in probed.items() if k != "count"} or None
+        relay_cpu_s = _relay_cpu_s(link)
         with common.timed() as ran:
             figures = run_ranks(args, link)
         wall_s = ran.wall_s
-        if link is not None and relay_cpu_s is not None:  # the relay's share of the cores while the ranks ran
-            relay_cpu_s = netns.cpu_s(link.relay_pid) - relay_cpu_s
+        if relay_cpu_s is not None:  # the relays' share of the cores while the ranks ran
+            relay_cpu_s = (_relay_cpu_s(link) or 0.0) - relay_cpu_s
     nets = {}
     for name, fig in figures.items():
         rates = fig["rates"]
         nets[name] = {**{f"{s}_steps_per_s": round(r, 3) for s, r in rates.items()},
                       **{f"{s}_replay_ms_per_step": round(r, 3) for s, r in fig["replay_ms"].items()},
+                      **{f"{s}_replay_ms_per_step_min": round(r, 3) for s, r in fig["replay_ms_min"].items()},
                       "pipelined_over_own": round(rates["pipelined"] / rates["own"], 3),
                       "strict_over_own": round(rates["strict"] / rates["own"], 3),
                       "target_pipelined_over_own": TARGETS[name],
                       "met": rates["pipelined"] / rates["own"] >= TARGETS[name]}
     first = next(iter(figures.values()))
-    line = {"bench": "learner", "ranks": WORLD, "backend": "gloo", "device": args.device, "batch": args.batch,
+    line = {"bench": "learner", "ranks": args.ranks, "backend": "gloo", "device": args.device,
+            "batch": args.batch,
             "ddp_backend": first["ddp_backend"], "gpu": first["gpu"],
             "n_step": N_STEP, "threads_per_rank": args.threads, "blocks": args.blocks,
             "steps_per_block": {n: args.steps[n] for n in args.nets}, "quick": args.quick,
             "link": "loopback" if link is None else ("tun" if link.delay_kind == "tun-relay" else "veth"),
+            "topology": None if link is None else "pair" if isinstance(link, netns.Link) else "hub",
+            "gpu_step_ms": args.gpu_step_ms,
             "link_delay_ms_asked": args.link_delay_ms,
-            "link_delay_ms_applied": None if link is None else link.delay_ms,
+            "link_delay_ms_applied": None if link is None else _probe_link(link).delay_ms,
             "delay_kind": None if link is None else link.delay_kind,
             "link_rtt_ms": rtt, "wall_s": round(wall_s, 1),
             "relay_cpu_s": None if relay_cpu_s is None else round(relay_cpu_s, 1),

@@ -38,3 +38,21 @@ def test_the_link_delay_flag_keeps_its_old_name() -> None:
         args = bench_learner.parse_args([flag, "0.25", "--quick"])
         assert (args.link_delay_ms, args.link_kind) == (0.25, "auto")
     assert bench_learner.parse_args(["--link-kind", "tun-relay"]).link_kind == "tun-relay"
+
+
+def test_ranks_hub_and_an_emulated_gpu_step_are_options() -> None:
+    """``--ranks K`` sizes the threads per rank; a hub's first two hosts are the probed link,
+    D apart each way when each host's link has D/2."""
+    import bench_learner
+    import netns
+
+    args = bench_learner.parse_args(["--ranks", "4", "--gpu-step-ms", "5", "--hub", "--quick"])
+    assert (args.ranks, args.gpu_step_ms, args.hub, args.threads) == (4, 5.0, True, 1)
+    hosts = netns.Hosts(("h0", "h1", "h2", "h3"), ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"), "hub",
+                        (0, 1, 2, 3), 0.125, "tun-relay", "", relay_pids=(11, 12, 13, 14))
+    probed = bench_learner._probe_link(hosts)
+    assert (probed.namespaces, probed.addresses, probed.ifnames) == (("h0", "h1"), ("10.0.0.1", "10.0.0.2"),
+                                                                     ("eth0", "eth0"))
+    assert probed.delay_ms == 0.25
+    with pytest.raises(SystemExit):
+        bench_learner.parse_args(["--ranks", "1"])
