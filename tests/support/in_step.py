@@ -1,0 +1,48 @@
+"""Data-parallel learners kept in step: a checksum of a learner's tensors, and the check
+that gloo ranks learning from different data end with the same networks.
+
+Import as ``from tests.support.in_step import ...`` (torch is imported here, not by
+``tests.support``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from tests.support.ranks import run_ranks
+
+
+def checksum(tensors: Iterable[torch.Tensor]) -> str:
+    """SHA-256 of the tensors' bytes, in order (bitwise equal tensors: equal checksums)."""
+    digest = hashlib.sha256()
+    for t in tensors:
+        digest.update(t.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def assert_ranks_in_step(fn: Callable[..., dict[str, Any]], updates: int, world: int = 2,
+                         timeout_s: float = 120.0) -> dict[str, Any]:
+    """Run ``fn(rank, world, updates)`` on ``world`` gloo ranks and check they stayed in step.
+
+    ``fn`` builds a learner from its own seed, takes ``updates`` updates on its own data and
+    returns ``start`` and ``end`` (checksums of the networks before and after), ``updates``
+    (its count) and any other value that must match over ranks (a temperature, ...).
+
+    Returns:
+        Rank 0's result.
+
+    Raises:
+        AssertionError: a rank's result differs from rank 0's (it did not start from rank 0's
+            networks, or the ranks drifted apart), the networks did not move, or the count
+            is not ``updates``.
+    """
+    results = run_ranks(fn, world, updates, timeout_s=timeout_s)
+    first = results[0]
+    for rank, result in enumerate(results[1:], start=1):
+        assert result == first, f"rank {rank} is out of step with rank 0: {result} != {first}"
+    assert first["end"] != first["start"] and first["updates"] == updates
+    return first
