@@ -24,13 +24,28 @@ def checksum(tensors: Iterable[torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def learn_on_own_data(agent: Any, buffer: Any, batch_size: int, updates: int,
+                      checksum_of: Callable[[Any], str]) -> dict[str, Any]:
+    """``updates`` learner steps of ``agent`` on batches of ``batch_size`` from ``buffer``
+    (this rank's own data, as its own shard), the new priorities written back; returns
+    ``start`` and ``end`` (``checksum_of(agent)`` before and after) and ``updates`` (the
+    agent's count), as :func:`assert_ranks_in_step` takes them."""
+    start = checksum_of(agent)
+    for _ in range(updates):
+        batch = buffer.sample(batch_size)
+        priorities, _loss = agent.learn(batch)
+        buffer.update_priorities(batch.keys, priorities)
+    return {"start": start, "end": checksum_of(agent), "updates": agent.updates}
+
+
 def assert_ranks_in_step(fn: Callable[..., dict[str, Any]], updates: int, world: int = 2,
                          timeout_s: float = 120.0) -> dict[str, Any]:
     """Run ``fn(rank, world, updates)`` on ``world`` gloo ranks and check they stayed in step.
 
-    ``fn`` builds a learner from its own seed, takes ``updates`` updates on its own data and
-    returns ``start`` and ``end`` (checksums of the networks before and after), ``updates``
-    (its count) and any other value that must match over ranks (a temperature, ...).
+    ``fn`` builds a learner from its own seed, takes ``updates`` updates on its own data
+    (:func:`learn_on_own_data`) and returns ``start`` and ``end`` (checksums of the networks
+    before and after), ``updates`` (its count) and any other value that must match over
+    ranks (a temperature, ...).
 
     Returns:
         Rank 0's result.

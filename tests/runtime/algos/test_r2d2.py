@@ -26,7 +26,7 @@ from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.r2d2 import R2d2, R2d2Settings, RecurrentPolicy, RecurrentQ, sequence_loss
 from shardreplay.runtime.envs import EnvInfo, env_source, make_vector_env
 from shardreplay.runtime.settings import TrainSettings
-from tests.support.in_step import assert_ranks_in_step, checksum
+from tests.support.in_step import assert_ranks_in_step, checksum, learn_on_own_data
 
 ENV = EnvInfo((2,), np.dtype(np.float32), 2)
 FIRST, MID, LAST = 0, 1, 2
@@ -185,13 +185,7 @@ def _ddp_updates(rank: int, world: int, updates: int) -> dict[str, object]:
                                         "seq_period": 5, "burn_in": 3, "target_update_interval": 4})
     agent = algorithm("r2d2").make_agent(ENV, settings, world=world)
     assert isinstance(agent, R2d2)
-    start = _checksum(agent)
-    buf = _buffer(10 + rank)  # each rank its own data, as its own shard
-    for _ in range(updates):
-        batch = buf.sample(8)
-        priorities, _loss = agent.learn(batch)
-        buf.update_priorities(batch.keys, priorities)
-    return {"start": start, "end": _checksum(agent), "updates": agent.updates}
+    return learn_on_own_data(agent, _buffer(10 + rank), 8, updates, _checksum)  # its own data: its shard
 
 
 @pytest.mark.distributed

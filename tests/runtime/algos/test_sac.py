@@ -17,7 +17,7 @@ from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.sac import Sac, SacSettings, SquashedGaussianActor, TwinQ
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
-from tests.support.in_step import assert_ranks_in_step, checksum
+from tests.support.in_step import assert_ranks_in_step, checksum, learn_on_own_data
 
 ENV = EnvInfo((3,), np.dtype(np.float32), 0, action_shape=(1,), action_low=(-2.0,), action_high=(2.0,))
 FIRST, MID, LAST = 0, 1, 2
@@ -147,13 +147,8 @@ def _ddp_updates(rank: int, world: int, updates: int) -> dict[str, object]:
     torch.manual_seed(100 + rank)  # different starting networks: the broadcast must unify them
     agent = Sac(SquashedGaussianActor(3, (-2.0,), (2.0,), (16, 16)), TwinQ(3, 1, (16, 16)), SacSettings(),
                 world=world)
-    start = _checksum(agent)
-    buf = _buffer(10 + rank)  # each rank its own data, as its own shard
-    for _ in range(updates):
-        batch = buf.sample(16)
-        priorities, _loss = agent.learn(batch)
-        buf.update_priorities(batch.keys, priorities)
-    return {"start": start, "end": _checksum(agent), "alpha": agent.alpha, "updates": agent.updates}
+    state = learn_on_own_data(agent, _buffer(10 + rank), 16, updates, _checksum)
+    return {**state, "alpha": agent.alpha}
 
 
 @pytest.mark.distributed
