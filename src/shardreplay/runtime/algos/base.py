@@ -41,10 +41,11 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.devices import Placement
 from shardreplay.runtime.envs import EnvInfo
+from shardreplay.runtime.qnet import apex_epsilons
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 
-__all__ = ["ActorPolicy", "Agent", "Algorithm", "LearnerState", "published_hidden", "warmup"]
+__all__ = ["ActorPolicy", "Agent", "Algorithm", "ApexActor", "LearnerState", "published_hidden", "warmup"]
 
 
 class Agent(Protocol):
@@ -188,6 +189,32 @@ class LearnerState:
             else:
                 part.load_state_dict(state[name])
         self.updates = int(state["updates"])
+
+
+class ApexActor:
+    """What the epsilon-greedy actor policies (DQN's, R2D2's) share: their network on the
+    actor's device, loaded from published weights, and Ape-X's exploration: stream ``i``
+    of ``N`` acts greedily except with probability ``base^(1 + exponent i/(N-1))`` (from
+    1 during warm-up).
+
+    Args:
+        net: the Q-network (weights loaded by :meth:`load`).
+        s: the actor's resolved settings.
+    """
+
+    def __init__(self, net: nn.Module, s: ActorSettings) -> None:
+        assert s.envs_per_actor is not None and s.num_actors is not None
+        self.device = torch.device(s.device)
+        self.net = net.to(self.device)
+        self.rng = np.random.default_rng(s.seed)
+        self.eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor,
+                                 s.num_actors * s.envs_per_actor, s.epsilon_base or 0.4,
+                                 s.epsilon_exponent if s.epsilon_exponent is not None else 7.0)
+        self.warmup_steps = s.epsilon_warmup_steps or 0
+
+    def load(self, weights: Mapping[str, Any]) -> None:
+        """Take newly published weights (a recurrent state held per env is kept)."""
+        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 
 
 def warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:

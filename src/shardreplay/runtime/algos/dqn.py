@@ -30,11 +30,11 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
-from shardreplay.runtime.algos.base import LearnerState, Part, warmup
+from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, warmup
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.networks import choose_network, make_q_network
-from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
+from shardreplay.runtime.qnet import QNetwork, epsilon_greedy
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 
@@ -127,28 +127,13 @@ def _unwrap(module: nn.Module) -> nn.Module:
     return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
 
 
-class EpsilonGreedyPolicy:
-    """An actor's Q-network with Ape-X exploration: stream ``i`` of ``N`` acts greedily
-    except with probability ``base^(1 + exponent i/(N-1))`` (from 1 during warm-up).
+class EpsilonGreedyPolicy(ApexActor):
+    """An actor's Q-network with Ape-X exploration (:class:`~.base.ApexActor`).
 
     Args:
         net: the Q-network (weights loaded by :meth:`load`).
         s: the actor's resolved settings.
     """
-
-    def __init__(self, net: nn.Module, s: ActorSettings) -> None:
-        assert s.envs_per_actor is not None and s.num_actors is not None
-        self.device = torch.device(s.device)
-        self.net = net.to(self.device)
-        self.rng = np.random.default_rng(s.seed)
-        self.eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor,
-                                 s.num_actors * s.envs_per_actor, s.epsilon_base or 0.4,
-                                 s.epsilon_exponent if s.epsilon_exponent is not None else 7.0)
-        self.warmup_steps = s.epsilon_warmup_steps or 0
-
-    def load(self, weights: Mapping[str, Any]) -> None:
-        """Take newly published weights."""
-        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 
     def initial_state(self, num_envs: int) -> None:
         """No recurrent state."""

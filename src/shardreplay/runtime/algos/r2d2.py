@@ -38,11 +38,11 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.sequences import SequenceBatch, sequence_batch, sequence_priorities
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
-from shardreplay.runtime.algos.base import LearnerState, Part, warmup
+from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, warmup
 from shardreplay.runtime.algos.specs import recurrent_spec
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo
-from shardreplay.runtime.qnet import apex_epsilons, epsilon_greedy
+from shardreplay.runtime.qnet import epsilon_greedy
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec, StepType
 
@@ -234,29 +234,19 @@ def _unwrap(module: nn.Module) -> nn.Module:
     return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
 
 
-class RecurrentPolicy:
+class RecurrentPolicy(ApexActor):
     """An actor's recurrent Q-network acting epsilon-greedily with Ape-X's epsilons
-    (as :class:`~shardreplay.runtime.algos.dqn.EpsilonGreedyPolicy`), its LSTM state
-    kept per env.
+    (:class:`~.base.ApexActor`, as DQN's), its LSTM state kept per env.
 
     Args:
         net: the recurrent Q-network (weights loaded by :meth:`load`).
         s: the actor's resolved settings.
     """
 
-    def __init__(self, net: RecurrentQ, s: ActorSettings) -> None:
-        assert s.envs_per_actor is not None and s.num_actors is not None
-        self.device = torch.device(s.device)
-        self.net = net.to(self.device)
-        self.rng = np.random.default_rng(s.seed)
-        self.eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor,
-                                 s.num_actors * s.envs_per_actor, s.epsilon_base or 0.4,
-                                 s.epsilon_exponent if s.epsilon_exponent is not None else 7.0)
-        self.warmup_steps = s.epsilon_warmup_steps or 0
+    net: RecurrentQ
 
-    def load(self, weights: Mapping[str, Any]) -> None:
-        """Take newly published weights (the state held per env is kept)."""
-        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+    def __init__(self, net: RecurrentQ, s: ActorSettings) -> None:
+        super().__init__(net, s)
 
     def initial_state(self, num_envs: int) -> State:
         """Zeros: every env starts an episode."""
