@@ -36,8 +36,9 @@ import torch
 from torch import nn
 
 from shardreplay import Field, ReplayBuffer, Spec, StepType, sample_sequences, sequence_priorities
-from shardreplay.gym.pomdp import make_masked_cartpole
-from shardreplay.runtime.algos.r2d2 import RecurrentQ, sequence_loss
+from shardreplay.gym.pomdp import ENV_ID, make_masked_cartpole
+from shardreplay.runtime.algos.r2d2 import R2D2, RecurrentQ, sequence_loss
+from shardreplay.runtime.learner.evaluate import evaluate as evaluate_policy
 from shardreplay.runtime.qnet import apex_epsilons
 
 
@@ -121,24 +122,11 @@ def learn(s: Settings, buffer: ReplayBuffer, online: RecurrentQ, target: Recurre
     return float(loss.detach())
 
 
-def evaluate(s: Settings, net: RecurrentQ, episodes: int, seed: int) -> float:
-    """Mean return of ``episodes`` greedy episodes, run side by side."""
-    envs = gym.vector.SyncVectorEnv([make_masked_cartpole for _ in range(episodes)])
-    try:
-        obs, _ = envs.reset(seed=seed)
-        h = torch.zeros(episodes, s.hidden)
-        c = torch.zeros(episodes, s.hidden)
-        total = np.zeros(episodes)
-        running = np.ones(episodes, bool)
-        while running.any():
-            with torch.no_grad():
-                q, (h, c) = net(torch.as_tensor(obs)[:, None], (h, c))
-            obs, reward, term, trunc, _ = envs.step(q[:, 0].argmax(-1).numpy())
-            total += reward * running
-            running &= ~(term | trunc)
-    finally:
-        envs.close()
-    return float(total.mean())
+def evaluate(net: RecurrentQ, episodes: int, seed: int) -> float:
+    """Mean return of ``episodes`` greedy episodes, run side by side: the package's
+    evaluation with R2D2's greedy actions (the LSTM unrolled over each episode from a
+    zero state), as ``shardreplay train --algo r2d2`` and ``shardreplay evaluate`` run it."""
+    return float(np.mean(evaluate_policy(R2D2.greedy(net), ENV_ID, episodes, seed=seed)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -195,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
                         target.load_state_dict(online.state_dict())
             if env_steps >= next_eval:
                 next_eval += s.eval_every
-                last_eval = evaluate(s, online, s.eval_episodes, seed=s.seed + 10_000 + env_steps)
+                last_eval = evaluate(online, s.eval_episodes, seed=s.seed + 10_000 + env_steps)
                 best = max(best, last_eval)
                 elapsed = time.perf_counter() - began
                 print(f"eval          env_steps {env_steps} updates {updates} episodes {episodes} "

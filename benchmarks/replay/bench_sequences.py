@@ -16,9 +16,12 @@ fields):
   trajectory boundaries: valid only while the storage does not change);
 * ``r2d2``: shardreplay with ``period=40`` (R2D2's overlap of 40), uniform and
   prioritized (alpha 0.9, a sum tree over the sequence starts);
-* ``prioritized``: shardreplay ``period=1`` prioritized against
-  ``PrioritizedSliceSampler(alpha=0.9, beta=0.6)`` (needs TorchRL's C++ extension;
-  skipped with a note when it does not load).
+* ``prioritized``: shardreplay ``period=1`` prioritized (alpha 0.9) against
+  ``PrioritizedSliceSampler(alpha=0.9, beta=0.6, slice_len=80, traj_key="episode")``
+  (default, and ``cache_values=True``: ``prioritized_cached``). It needs TorchRL's C++
+  extension (its sum trees): the wheel's, or one rebuilt for the installed torch by
+  ``build_torchrl_ext.sh PYTHON DIR --keep`` and loaded with ``--torchrl-ext FILE``;
+  skipped with a note when none loads.
 
 The machine is shared and loaded, so the libraries are timed alternately in one process
 (block of one, block of the other, ``--reps`` times) and the JSON line reports each
@@ -29,12 +32,14 @@ Usage::
 
     python benchmarks/replay/bench_sequences.py               # 1M and 10M steps (needs ~6 GiB)
     python benchmarks/replay/bench_sequences.py --quick       # 100k steps, a few calls
+    python benchmarks/replay/bench_sequences.py --torchrl-ext DIR/torchrl/_torchrl.<suffix>.so
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +140,22 @@ def time_only(fn, reps: int, calls: int) -> float:
     return round(common.median(out) * 1e3, 3)
 
 
+def load_torchrl_ext(path: Path) -> None:
+    """Load a rebuilt ``torchrl._torchrl`` (``build_torchrl_ext.sh ... --keep``) from ``path``
+    in place of the wheel's, before anything imports torchrl: its samplers then find it in
+    ``sys.modules`` (the installed package is not touched)."""
+    import importlib.util
+
+    import torch  # noqa: F401  (the extension links against libtorch)
+
+    spec = importlib.util.spec_from_file_location("torchrl._torchrl", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--torchrl-ext {path}: not a loadable extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["torchrl._torchrl"] = module
+
+
 def has_torchrl_ext() -> bool:
     """Whether TorchRL's C++ extension (its sum trees) loads."""
     try:
@@ -144,36 +165,50 @@ def has_torchrl_ext() -> bool:
     return True
 
 
-def one_size(steps: int, args: Any) -> dict[str, Any]:
-    """Every case at ``steps`` stored steps."""
+def unprioritized(steps: int, args: Any) -> dict[str, Any]:
+    """The uniform cases (against ``SliceSampler``) and the R2D2 starts (shardreplay only)."""
     out: dict[str, Any] = {}
     reps, calls = args.reps, args.calls
     ours, rss = build_ours(steps, args.streams, args.episode_len, 1, "uniform", 0)
     out["rss_mib_shardreplay"] = round(rss, 1)
     if not args.with_torchrl:
-        out["uniform"] = {"shardreplay_ms": time_only(lambda: ours.sample(BATCH), reps, calls)}
+        out["uniform"] = {"shardreplay_ms": time_only(partial(ours.sample, BATCH), reps, calls)}
     for cache in (False, True) if args.with_torchrl else ():
         theirs, rss = build_torchrl(steps, args.streams, args.episode_len, False, cache, 0)
         out[f"rss_mib_torchrl{'_cached' if cache else ''}"] = round(rss, 1)
-        out[f"uniform{'_cached' if cache else ''}"] = alternate(lambda: ours.sample(BATCH), theirs.sample,
+        out[f"uniform{'_cached' if cache else ''}"] = alternate(partial(ours.sample, BATCH), theirs.sample,
                                                                   reps, calls)
         del theirs
     del ours
     for sampler in ("uniform", "prioritized"):
         ours, rss = build_ours(steps, args.streams, args.episode_len, R2D2_PERIOD, sampler, 0)
-        out[f"r2d2_{sampler}_ms"] = time_only(lambda: ours.sample(BATCH), reps, calls)  # noqa: B023
+        out[f"r2d2_{sampler}_ms"] = time_only(partial(ours.sample, BATCH), reps, calls)
         out[f"rss_mib_shardreplay_r2d2_{sampler}"] = round(rss, 1)
         del ours
+    return out
+
+
+def one_size(steps: int, args: Any) -> dict[str, Any]:
+    """Every case at ``steps`` stored steps (``--prioritized-only``: the prioritized ones)."""
+    out: dict[str, Any] = {}
+    if not args.prioritized_only:
+        out.update(unprioritized(steps, args))
     if not args.with_torchrl:
         return out
+    reps, calls = args.reps, args.calls
     if not has_torchrl_ext():
         out["prioritized"] = "skipped: torchrl._torchrl does not load (replay/build_torchrl_ext.sh)"
         return out
     ours, rss = build_ours(steps, args.streams, args.episode_len, 1, "prioritized", 0)
     out["rss_mib_shardreplay_prioritized"] = round(rss, 1)
-    theirs, rss = build_torchrl(steps, args.streams, args.episode_len, True, False, 0)
-    out["rss_mib_torchrl_prioritized"] = round(rss, 1)
-    out["prioritized"] = alternate(lambda: ours.sample(BATCH), theirs.sample, reps, calls)
+    for cache in (False, True):
+        name = f"prioritized{'_cached' if cache else ''}"
+        began = time.perf_counter()
+        theirs, rss = build_torchrl(steps, args.streams, args.episode_len, True, cache, 0)
+        out[f"fill_s_torchrl_{name}"] = round(time.perf_counter() - began, 1)
+        out[f"rss_mib_torchrl_{name}"] = round(rss, 1)
+        out[name] = alternate(partial(ours.sample, BATCH), theirs.sample, reps, calls)
+        del theirs
     return out
 
 
@@ -184,7 +219,13 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=100, help="streams (rows) the steps are spread over")
     p.add_argument("--episode-len", type=int, default=500, help="steps per episode")
     p.add_argument("--calls", type=int, default=20, help="sample calls per timed block")
+    p.add_argument("--torchrl-ext", type=Path,
+                   help="a rebuilt torchrl._torchrl to load (build_torchrl_ext.sh ... --keep)")
+    p.add_argument("--prioritized-only", action="store_true",
+                   help="only the prioritized cases (shardreplay against PrioritizedSliceSampler)")
     args = p.parse_args()
+    if args.torchrl_ext is not None:
+        load_torchrl_ext(args.torchrl_ext)
     sizes = [100_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     if args.quick:
         args.reps, args.calls = 2, 3

@@ -1,5 +1,8 @@
 """``shardreplay evaluate RUN``: greedy episodes of a run's policy, as one JSON line.
 
+Any ``--algo``: DQN acts by argmax Q, SAC by its tanh-squashed mean action, R2D2 by argmax
+Q with its LSTM unrolled over each episode from a zero state.
+
 ``--which best`` (the default when the run has one) takes ``RUN/best/policy.safetensors``,
 the best evaluated policy so far; ``latest`` the newest complete checkpoint's network; a
 number the checkpoint of that id. Exit codes: 0 done, 2 no such run or policy.
@@ -59,8 +62,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     except (ShardReplayError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    returns = evaluate(policy.net, policy.source, args.episodes, seed=args.seed)
-    out = {"run_dir": str(args.run_dir), "which": which, "episodes": args.episodes,
+    returns = evaluate(policy.greedy(), policy.source, args.episodes, seed=args.seed)
+    out = {"run_dir": str(args.run_dir), "which": which, "algo": policy.algo, "episodes": args.episodes,
            "mean_return": float(np.mean(returns)), "returns": returns,
            **{k: v for k, v in policy.meta.items() if k in ("updates", "env_steps", "eval_return", "source")}}
     print(json.dumps(out))

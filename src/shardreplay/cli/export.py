@@ -1,8 +1,10 @@
-"""``shardreplay export RUN --out policy.safetensors``: a run's Q-network as one file.
+"""``shardreplay export RUN --out policy.safetensors``: a run's policy network as one file.
 
-The weights, with the settings that rebuild the network (its kind, observation shape,
-action count, hidden sizes, environment) and its origin (updates, evaluation) in the
-safetensors metadata; ``shardreplay.runtime.policy_file.load_policy(path)`` rebuilds it.
+The weights of the network actors act with (DQN's Q-network, SAC's tanh-Gaussian policy,
+R2D2's recurrent Q-network), with the settings that rebuild it (``algo``, network kind,
+observation shape, action count or Box bounds, hidden sizes, environment) and its origin
+(updates, evaluation) in the safetensors metadata;
+``shardreplay.runtime.policy_file.load_policy(path)`` rebuilds it.
 ``--which`` as for ``shardreplay evaluate``. Exit codes: 0 written, 2 no such run or policy.
 """
 

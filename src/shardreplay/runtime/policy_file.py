@@ -1,12 +1,15 @@
-"""A trained Q-network as one ``.safetensors`` file, and the policies a run keeps.
+"""A trained policy as one ``.safetensors`` file, and the policies a run keeps.
 
-The file holds the network's weights (the online network's ``state_dict``) and, in the
-safetensors metadata (strings only), everything needed to rebuild it without the run:
-``format`` (:data:`POLICY_FORMAT`), ``network`` (``mlp``, ``nature`` or ``minatar``),
-``obs_shape``, ``num_actions`` and ``hidden`` (JSON), the environment (``env_id``,
-``env_import``, ``env_kwargs``, to evaluate it), and where it came from (``updates``,
-``env_steps``, ``eval_return``, ``eval_episodes``, ``source``). :func:`load_policy`
-rebuilds the network from it; no pickle anywhere.
+The file holds the weights of the network actors act with (the algorithm's published
+module: DQN's online Q-network, SAC's tanh-Gaussian policy, R2D2's recurrent Q-network)
+and, in the safetensors metadata (strings only), everything needed to rebuild it without
+the run: ``format`` (:data:`POLICY_FORMAT`), ``algo`` (``dqn``, ``sac`` or ``r2d2``;
+none: ``dqn``), ``network`` (``mlp``, ``nature`` or ``minatar``), ``obs_shape``,
+``num_actions`` (0 for Box actions), ``action_low`` / ``action_high`` (Box actions only)
+and ``hidden`` (JSON), the environment (``env_id``, ``env_import``, ``env_kwargs``, to
+evaluate it), and where it came from (``updates``, ``env_steps``, ``eval_return``,
+``eval_episodes``, ``source``). :func:`load_policy` rebuilds the network from it and
+:meth:`Policy.greedy` gives its evaluation actions; no pickle anywhere.
 
 A run directory keeps ``best/policy.safetensors``: the policy of the best evaluation so
 far, replaced atomically whenever an evaluation beats it (a run that collapses after
@@ -20,11 +23,12 @@ import io
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -32,8 +36,9 @@ from shardreplay import checkpoint
 from shardreplay._io import atomic_write_bytes
 from shardreplay.checkpoint.manifest import incomplete_reason, load_manifest, read_covered
 from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigError
-from shardreplay.runtime.envs import EnvSource, describe_env, env_source
-from shardreplay.runtime.networks import choose_network, make_q_network
+from shardreplay.runtime.algos import algorithm
+from shardreplay.runtime.envs import EnvInfo, EnvSource, describe_env, env_source
+from shardreplay.runtime.networks import choose_network
 from shardreplay.runtime.settings import TrainSettings
 
 __all__ = ["BEST", "POLICY_FORMAT", "Policy", "best_path", "best_return", "keep_if_best", "load_policy",
@@ -41,7 +46,7 @@ __all__ = ["BEST", "POLICY_FORMAT", "Policy", "best_path", "best_return", "keep_
 
 log = logging.getLogger("shardreplay.learner")
 
-POLICY_FORMAT = "shardreplay-q-network/1"
+POLICY_FORMAT = "shardreplay-q-network/1"  # the first files held DQN's only; ``algo`` tells them apart
 BEST = "best"
 _LEARNER_STATE = "learner_state.pt"  # runtime.learner.resume.LEARNER_STATE (a layer above)
 
@@ -59,27 +64,58 @@ class Policy:
         m = self.meta
         return env_source(m["env_id"], m.get("env_import", ""), m.get("env_kwargs", ""))
 
+    @property
+    def algo(self) -> str:
+        """The ``--algo`` it was trained with (files without one: ``dqn``)."""
+        return self.meta.get("algo", "dqn")
+
+    def greedy(self) -> Callable[[torch.Tensor], np.ndarray]:
+        """A new function from observations ``[B, ...]`` to the evaluation's deterministic
+        actions: DQN's argmax, SAC's squashed mean, R2D2's argmax with the LSTM unrolled
+        from a zero state over the calls (one function per evaluation)."""
+        act: Callable[[torch.Tensor], np.ndarray] = algorithm(self.algo).greedy(self.net)
+        return act
+
 
 def best_path(run_dir: Path) -> Path:
     """``<run_dir>/best/policy.safetensors``."""
     return Path(run_dir) / BEST / "policy.safetensors"
 
 
-def policy_metadata(settings: TrainSettings, obs_shape: tuple[int, ...], num_actions: int,
-                    **origin: Any) -> dict[str, str]:
-    """The metadata that rebuilds the network of a run with ``settings`` (plus ``origin``:
-    ``updates``, ``eval_return``, ...; None values are left out).
+def policy_metadata(settings: TrainSettings, env: EnvInfo, **origin: Any) -> dict[str, str]:
+    """The metadata that rebuilds the network of a run with ``settings`` on ``env`` (plus
+    ``origin``: ``updates``, ``eval_return``, ...; None values are left out).
 
     Raises:
-        ConfigError: the settings' network cannot take ``obs_shape``.
+        ConfigError: the settings' network cannot take ``env``'s observations.
     """
     lrn, run = settings.learners, settings.run
-    meta = {"format": POLICY_FORMAT, "algo": lrn.algo, "network": choose_network(obs_shape, lrn.network),
-            "obs_shape": json.dumps(list(obs_shape)), "num_actions": str(int(num_actions)),
+    meta = {"format": POLICY_FORMAT, "algo": lrn.algo, "network": choose_network(env.obs_shape, lrn.network),
+            "obs_shape": json.dumps(list(env.obs_shape)), "num_actions": str(int(env.num_actions)),
             "hidden": json.dumps([int(h) for h in lrn.hidden]), "env_id": run.env_id,
             "env_import": run.env_import, "env_kwargs": run.env_kwargs}
+    if env.continuous:  # the bounds size and scale SAC's policy
+        meta.update(action_low=json.dumps([float(x) for x in env.action_low]),
+                    action_high=json.dumps([float(x) for x in env.action_high]))
     meta.update({k: str(v) for k, v in origin.items() if v is not None})
     return meta
+
+
+def _env_of(meta: Mapping[str, str], tensors: Mapping[str, torch.Tensor]) -> EnvInfo:
+    """The :class:`EnvInfo` a policy file's network was built for (shapes and bounds;
+    Box bounds of files written before they were in the metadata: from the policy's
+    ``action_bias`` +- ``action_scale``)."""
+    obs_shape = tuple(int(x) for x in json.loads(meta["obs_shape"]))
+    if "action_low" in meta:
+        low, high = json.loads(meta["action_low"]), json.loads(meta["action_high"])
+    elif "action_scale" in tensors:
+        bias, scale = tensors["action_bias"], tensors["action_scale"]
+        low, high = (bias - scale).tolist(), (bias + scale).tolist()
+    else:
+        low = high = []
+    dtype = np.dtype(np.uint8 if len(obs_shape) == 3 else np.float32)
+    return EnvInfo(obs_shape, dtype, int(meta["num_actions"]), action_shape=(len(low),) if low else (),
+                   action_low=tuple(low), action_high=tuple(high))
 
 
 def policy_bytes(net: nn.Module, meta: Mapping[str, str]) -> bytes:
@@ -136,8 +172,8 @@ def load_policy(path: Path) -> Policy:
 
     Raises:
         CheckpointFormatError: not a readable safetensors file, not one of
-            :data:`POLICY_FORMAT`, another algorithm's policy than DQN's, or weights that
-            do not fit the described network.
+            :data:`POLICY_FORMAT`, an unknown ``algo``, or weights that do not fit the
+            described network.
         FileNotFoundError: no such file.
     """
     from safetensors import SafetensorError
@@ -153,14 +189,11 @@ def load_policy(path: Path) -> Policy:
     if meta.get("format") != POLICY_FORMAT:
         raise CheckpointFormatError(f"{path}: metadata format {meta.get('format')!r}, expected "
                                     f"{POLICY_FORMAT!r}: not a shardreplay policy file")
-    if meta.get("algo", "dqn") != "dqn":  # files of DQN runs before --algo carry none
-        raise CheckpointFormatError(f"{path}: a policy of --algo {meta['algo']}: only DQN's Q-networks are "
-                                    "rebuilt here; the file holds its policy's state_dict (safetensors)")
     try:
-        net = make_q_network(tuple(json.loads(meta["obs_shape"])), int(meta["num_actions"]), meta["network"],
-                             tuple(json.loads(meta["hidden"])))
+        algo = algorithm(meta.get("algo", "dqn"))  # files of DQN runs before --algo carry none
+        net = algo.policy_network(_env_of(meta, tensors), meta["network"], tuple(json.loads(meta["hidden"])))
         net.load_state_dict(tensors)
-    except (KeyError, ValueError, RuntimeError, ConfigError) as exc:
+    except (KeyError, ValueError, IndexError, RuntimeError, ConfigError) as exc:
         raise CheckpointFormatError(f"{path}: its weights do not rebuild the network it describes: {exc}") \
             from exc
     return Policy(net.eval(), meta)
@@ -184,7 +217,8 @@ def policy_of_run(run_dir: Path, which: str = "best") -> Policy:
         ConfigError: ``which`` is none of these, or the run has no such policy (the
             message says which ones it has).
         CheckpointError: the checkpoint is damaged or incomplete.
-        CheckpointFormatError: the best policy's file is damaged.
+        CheckpointFormatError: the best policy's file is damaged, or the checkpoint's
+            learner state has no network of the run's ``--algo``.
     """
     run_dir = Path(run_dir)
     if which == BEST:
@@ -220,14 +254,17 @@ def _checkpoint_policy(run_dir: Path, directory: Path, cid: int) -> Policy:
     extra = dict(manifest.extra)
     settings = TrainSettings.from_dict(extra["settings"]) if "settings" in extra else \
         TrainSettings.from_dict(json.loads((run_dir / "config.json").read_text()))
-    online = state["agent"]["online"]
-    env = describe_env(settings.run.source)  # the shapes the network was built for
-    obs_shape, num_actions = tuple(env.obs_shape), int(env.num_actions)
+    algo = algorithm(settings.learners.algo)
+    weights = state["agent"].get(algo.policy_key)
+    if weights is None:
+        raise CheckpointFormatError(f"{directory}: its learner state has no {algo.policy_key!r} (the "
+                                    f"published network of --algo {algo.name}, as its settings say)")
+    env = describe_env(settings.run.source, algo.actions)  # the shapes the network was built for
     counters = extra.get("counters") or {}
     best = extra.get("best_eval")
-    meta = policy_metadata(settings, obs_shape, num_actions, updates=counters.get("updates"),
+    meta = policy_metadata(settings, env, updates=counters.get("updates"),
                            env_steps=counters.get("env_steps"), source=f"checkpoint {cid}",
                            best_eval_so_far=best if best is None or math.isfinite(best) else None)
-    net = make_q_network(obs_shape, num_actions, meta["network"], settings.learners.hidden)
-    net.load_state_dict(online)
+    net = algo.policy_network(env, settings.learners.network, settings.learners.hidden)
+    net.load_state_dict(weights)
     return Policy(net.eval(), meta)

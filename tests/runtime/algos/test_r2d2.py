@@ -8,7 +8,6 @@ Cost: about 3 CPU-s.
 from __future__ import annotations
 
 import copy
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,7 +26,7 @@ from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.r2d2 import R2d2, R2d2Settings, RecurrentPolicy, RecurrentQ, sequence_loss
 from shardreplay.runtime.envs import EnvInfo, env_source, make_vector_env
 from shardreplay.runtime.settings import TrainSettings
-from tests.support import run_ranks
+from tests.support.in_step import assert_ranks_in_step, checksum, learn_on_own_data
 
 ENV = EnvInfo((2,), np.dtype(np.float32), 2)
 FIRST, MID, LAST = 0, 1, 2
@@ -177,11 +176,7 @@ def test_spec_settings_and_published_weights() -> None:
 
 
 def _checksum(agent: R2d2) -> str:
-    digest = hashlib.sha256()
-    for net in (agent.module, agent.target):
-        for t in net.state_dict().values():
-            digest.update(t.detach().numpy().tobytes())
-    return digest.hexdigest()
+    return checksum([*agent.module.state_dict().values(), *agent.target.state_dict().values()])
 
 
 def _ddp_updates(rank: int, world: int, updates: int) -> dict[str, object]:
@@ -190,19 +185,11 @@ def _ddp_updates(rank: int, world: int, updates: int) -> dict[str, object]:
                                         "seq_period": 5, "burn_in": 3, "target_update_interval": 4})
     agent = algorithm("r2d2").make_agent(ENV, settings, world=world)
     assert isinstance(agent, R2d2)
-    start = _checksum(agent)
-    buf = _buffer(10 + rank)  # each rank its own data, as its own shard
-    for _ in range(updates):
-        batch = buf.sample(8)
-        priorities, _loss = agent.learn(batch)
-        buf.update_priorities(batch.keys, priorities)
-    return {"start": start, "end": _checksum(agent), "updates": agent.updates}
+    return learn_on_own_data(agent, _buffer(10 + rank), 8, updates, _checksum)  # its own data: its shard
 
 
 @pytest.mark.distributed
 def test_two_ranks_keep_equal_networks_and_targets() -> None:
     """DDP over 2 gloo ranks learning from different sequences: online and target
     networks bitwise equal after 10 updates (two target copies), and moved."""
-    r0, r1 = run_ranks(_ddp_updates, 2, 10, timeout_s=120)
-    assert r0["start"] == r1["start"] and r0["end"] == r1["end"]
-    assert r0["end"] != r0["start"] and r0["updates"] == 10
+    assert_ranks_in_step(_ddp_updates, 10)

@@ -6,8 +6,6 @@ Cost: about 5 s (the two-rank test spawns two interpreters).
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import pytest
 import torch
@@ -19,7 +17,7 @@ from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.sac import Sac, SacSettings, SquashedGaussianActor, TwinQ
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
-from tests.support import run_ranks
+from tests.support.in_step import assert_ranks_in_step, checksum, learn_on_own_data
 
 ENV = EnvInfo((3,), np.dtype(np.float32), 0, action_shape=(1,), action_low=(-2.0,), action_high=(2.0,))
 FIRST, MID, LAST = 0, 1, 2
@@ -141,31 +139,20 @@ def test_actor_policy_from_published_weights_explores_uniformly_in_warmup() -> N
 
 
 def _checksum(agent: Sac) -> str:
-    h = hashlib.sha256()
-    for t in [*agent.actor.state_dict().values(), *agent.critic.state_dict().values(),
-              *agent.critic_target.state_dict().values(), agent.log_alpha.detach()]:
-        h.update(t.detach().numpy().tobytes())
-    return h.hexdigest()
+    return checksum([*agent.actor.state_dict().values(), *agent.critic.state_dict().values(),
+                     *agent.critic_target.state_dict().values(), agent.log_alpha])
 
 
 def _ddp_updates(rank: int, world: int, updates: int) -> dict[str, object]:
     torch.manual_seed(100 + rank)  # different starting networks: the broadcast must unify them
     agent = Sac(SquashedGaussianActor(3, (-2.0,), (2.0,), (16, 16)), TwinQ(3, 1, (16, 16)), SacSettings(),
                 world=world)
-    start = _checksum(agent)
-    buf = _buffer(10 + rank)  # each rank its own data, as its own shard
-    for _ in range(updates):
-        batch = buf.sample(16)
-        priorities, _loss = agent.learn(batch)
-        buf.update_priorities(batch.keys, priorities)
-    return {"start": start, "end": _checksum(agent), "alpha": agent.alpha, "updates": agent.updates}
+    state = learn_on_own_data(agent, _buffer(10 + rank), 16, updates, _checksum)
+    return {**state, "alpha": agent.alpha}
 
 
 @pytest.mark.distributed
 def test_two_ranks_stay_bitwise_equal_after_soft_target_updates() -> None:
     """Networks, target critics and temperature: equal checksums on both gloo ranks after
     20 updates on different batches (and different from where they started)."""
-    r0, r1 = run_ranks(_ddp_updates, 2, 20, timeout_s=120)
-    assert r0["start"] == r1["start"]  # rank 0's networks everywhere
-    assert r0["end"] == r1["end"] and r0["alpha"] == r1["alpha"]
-    assert r0["end"] != r0["start"] and r0["updates"] == 20
+    assert_ranks_in_step(_ddp_updates, 20)  # rank 0's networks everywhere, then in step

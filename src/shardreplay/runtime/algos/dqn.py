@@ -30,11 +30,11 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
-from shardreplay.runtime.algos.base import warmup
+from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, warmup
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.networks import choose_network, make_q_network
-from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
+from shardreplay.runtime.qnet import QNetwork, epsilon_greedy
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 
@@ -55,13 +55,16 @@ class DqnSettings:
     priority_eps: float = 1e-3
 
 
-class DoubleDqn:
-    """Online and target Q-networks, the optimizer, and one learning step.
+class DoubleDqn(LearnerState):
+    """Online and target Q-networks, the optimizer, and one learning step; its
+    ``state_dict`` holds ``online``, ``target``, ``optimizer`` and ``updates``.
 
     Args:
         online: the Q-network that learns (may be wrapped in DDP).
         settings: learning settings.
     """
+
+    algo, state_key = "dqn", "online"
 
     def __init__(self, online: nn.Module, settings: DqnSettings) -> None:
         self.online = online
@@ -115,52 +118,22 @@ class DoubleDqn:
             for t, o in zip(self.target.parameters(), self.module.parameters(), strict=True):
                 t.mul_(1.0 - tau).add_(o, alpha=tau)
 
-    def state_dict(self) -> dict[str, object]:
-        """Online, target and optimizer state, and the update count."""
-        return {"online": self.module.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        """Inverse of :meth:`state_dict`.
-
-        Raises:
-            ConfigError: ``state`` is not a DQN learner's (a checkpoint of another --algo).
-        """
-        if "online" not in state:
-            raise ConfigError("the checkpoint holds another algorithm's learner (not --algo dqn): "
-                              "resume it with the --algo it was trained with")
-        self.module.load_state_dict(state["online"])  # type: ignore[arg-type]
-        self.target.load_state_dict(state["target"])  # type: ignore[arg-type]
-        self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
-        self.updates = int(state["updates"])  # type: ignore[call-overload]
+    def _state_parts(self) -> dict[str, Part]:
+        """Online, target and optimizer state (then the update count)."""
+        return {"online": self.module, "target": self.target, "optimizer": self.optimizer}
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
     return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
 
 
-class EpsilonGreedyPolicy:
-    """An actor's Q-network with Ape-X exploration: stream ``i`` of ``N`` acts greedily
-    except with probability ``base^(1 + exponent i/(N-1))`` (from 1 during warm-up).
+class EpsilonGreedyPolicy(ApexActor):
+    """An actor's Q-network with Ape-X exploration (:class:`~.base.ApexActor`).
 
     Args:
         net: the Q-network (weights loaded by :meth:`load`).
         s: the actor's resolved settings.
     """
-
-    def __init__(self, net: nn.Module, s: ActorSettings) -> None:
-        assert s.envs_per_actor is not None and s.num_actors is not None
-        self.device = torch.device(s.device)
-        self.net = net.to(self.device)
-        self.rng = np.random.default_rng(s.seed)
-        self.eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor,
-                                 s.num_actors * s.envs_per_actor, s.epsilon_base or 0.4,
-                                 s.epsilon_exponent if s.epsilon_exponent is not None else 7.0)
-        self.warmup_steps = s.epsilon_warmup_steps or 0
-
-    def load(self, weights: Mapping[str, Any]) -> None:
-        """Take newly published weights."""
-        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 
     def initial_state(self, num_envs: int) -> None:
         """No recurrent state."""
@@ -186,6 +159,15 @@ class DqnAlgorithm:
 
     name = "dqn"
     actions = "discrete"
+    policy_key = "online"
+
+    def policy_network(self, env: EnvInfo, network: str, hidden: tuple[int, ...]) -> nn.Module:
+        """The Q-network of ``network`` (``auto``: by the observations) and ``hidden``.
+
+        Raises:
+            ConfigError: a network that cannot take these observations.
+        """
+        return make_q_network(env.obs_shape, env.num_actions, network, hidden)
 
     def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
         """obs, int64 action, reward."""
@@ -196,8 +178,7 @@ class DqnAlgorithm:
         """The Q-network of ``--network`` on the placement's device (in DDP over its group
         on several ranks) and its learner."""
         ls = settings.learners
-        net = wrap(make_q_network(env.obs_shape, env.num_actions, ls.network, ls.hidden),
-                   placement or CPU, world)
+        net = wrap(self.policy_network(env, ls.network, ls.hidden), placement or CPU, world)
         return DoubleDqn(net, DqnSettings(gamma=ls.gamma, lr=ls.lr,
                                           target_update_interval=ls.target_update_interval))
 

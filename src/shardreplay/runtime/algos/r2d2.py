@@ -38,11 +38,11 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.sequences import SequenceBatch, sequence_batch, sequence_priorities
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
-from shardreplay.runtime.algos.base import warmup
+from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, warmup
 from shardreplay.runtime.algos.specs import recurrent_spec
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo
-from shardreplay.runtime.qnet import apex_epsilons, epsilon_greedy
+from shardreplay.runtime.qnet import epsilon_greedy
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec, StepType
 
@@ -180,13 +180,16 @@ class R2d2Settings:
     priority_eps: float = 1e-3
 
 
-class R2d2:
-    """Online and target recurrent Q-networks, the optimizer and one learning step.
+class R2d2(LearnerState):
+    """Online and target recurrent Q-networks, the optimizer and one learning step; its
+    ``state_dict`` holds ``recurrent_online``, ``target``, ``optimizer`` and ``updates``.
 
     Args:
         online: the recurrent Q-network that learns (may be wrapped in DDP).
         settings: learning settings.
     """
+
+    algo, state_key = "r2d2", "recurrent_online"
 
     def __init__(self, online: nn.Module, settings: R2d2Settings) -> None:
         self.online = online
@@ -222,53 +225,28 @@ class R2d2:
             self.target.load_state_dict(self.module.state_dict())
         return sequence_priorities(td, learn_here) + s.priority_eps, float(loss.detach())
 
-    def state_dict(self) -> dict[str, Any]:
-        """Online, target and optimizer state, and the update count."""
-        return {"recurrent_online": self.module.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict`.
-
-        Raises:
-            ConfigError: ``state`` is not an R2D2 learner's (a checkpoint of another --algo).
-        """
-        if "recurrent_online" not in state:
-            raise ConfigError("the checkpoint holds another algorithm's learner (not --algo r2d2): "
-                              "resume it with the --algo it was trained with")
-        self.module.load_state_dict(state["recurrent_online"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = int(state["updates"])
+    def _state_parts(self) -> dict[str, Part]:
+        """Online, target and optimizer state (then the update count)."""
+        return {"recurrent_online": self.module, "target": self.target, "optimizer": self.optimizer}
 
 
 def _unwrap(module: nn.Module) -> nn.Module:
     return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
 
 
-class RecurrentPolicy:
+class RecurrentPolicy(ApexActor):
     """An actor's recurrent Q-network acting epsilon-greedily with Ape-X's epsilons
-    (as :class:`~shardreplay.runtime.algos.dqn.EpsilonGreedyPolicy`), its LSTM state
-    kept per env.
+    (:class:`~.base.ApexActor`, as DQN's), its LSTM state kept per env.
 
     Args:
         net: the recurrent Q-network (weights loaded by :meth:`load`).
         s: the actor's resolved settings.
     """
 
-    def __init__(self, net: RecurrentQ, s: ActorSettings) -> None:
-        assert s.envs_per_actor is not None and s.num_actors is not None
-        self.device = torch.device(s.device)
-        self.net = net.to(self.device)
-        self.rng = np.random.default_rng(s.seed)
-        self.eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor,
-                                 s.num_actors * s.envs_per_actor, s.epsilon_base or 0.4,
-                                 s.epsilon_exponent if s.epsilon_exponent is not None else 7.0)
-        self.warmup_steps = s.epsilon_warmup_steps or 0
+    net: RecurrentQ
 
-    def load(self, weights: Mapping[str, Any]) -> None:
-        """Take newly published weights (the state held per env is kept)."""
-        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+    def __init__(self, net: RecurrentQ, s: ActorSettings) -> None:
+        super().__init__(net, s)
 
     def initial_state(self, num_envs: int) -> State:
         """Zeros: every env starts an episode."""
@@ -300,6 +278,18 @@ class R2d2Algorithm:
 
     name = "r2d2"
     actions = "discrete"
+    policy_key = "recurrent_online"
+
+    def policy_network(self, env: EnvInfo, network: str, hidden: tuple[int, ...]) -> RecurrentQ:
+        """The recurrent Q-network: an LSTM of ``hidden[-1]`` units.
+
+        Raises:
+            ConfigError: ``network`` other than auto or mlp, or image observations.
+        """
+        if network not in ("auto", "mlp") or len(env.obs_shape) != 1:
+            raise ConfigError(f"--algo r2d2 takes flat vector observations (got {list(env.obs_shape)}, "
+                              f"--network {network}): leave --network out")
+        return RecurrentQ(env.obs_shape[0], env.num_actions, hidden[-1])
 
     def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
         """:func:`~shardreplay.runtime.algos.recurrent_spec`: obs, action, reward, ``h``, ``c``.
@@ -318,10 +308,7 @@ class R2d2Algorithm:
             ConfigError: ``--network`` other than auto or mlp, or image observations.
         """
         ls = settings.learners
-        if ls.network not in ("auto", "mlp") or len(env.obs_shape) != 1:
-            raise ConfigError(f"--algo r2d2 takes flat vector observations (got {list(env.obs_shape)}, "
-                              f"--network {ls.network}): leave --network out")
-        net = wrap(RecurrentQ(env.obs_shape[0], env.num_actions, ls.hidden[-1]), placement or CPU, world)
+        net = wrap(self.policy_network(env, ls.network, ls.hidden), placement or CPU, world)
         return R2d2(net, R2d2Settings(n_step=ls.n_step, gamma=ls.gamma, lr=ls.lr, burn_in=ls.burn_in,
                                       target_update_interval=ls.target_update_interval))
 

@@ -47,7 +47,7 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
-from shardreplay.runtime.algos.base import warmup
+from shardreplay.runtime.algos.base import LearnerState, Part, warmup
 from shardreplay.runtime.devices import CPU, Placement
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.settings import TrainSettings
@@ -163,9 +163,10 @@ class SacSettings:
     priority_eps: float = 1e-3
 
 
-class Sac:
+class Sac(LearnerState):
     """Policy, twin critics, their targets, the temperature, the optimizers and one
-    learning step (see the module docstring).
+    learning step (see the module docstring); its ``state_dict`` holds ``actor``,
+    ``critic``, ``critic_target``, ``log_alpha``, the three optimizers and ``updates``.
 
     Args:
         actor: the policy.
@@ -176,6 +177,8 @@ class Sac:
         placement: the device and the gradient all-reduce's group (None: the CPU and the
             default group).
     """
+
+    algo, state_key = "sac", "critic_target"
 
     def __init__(self, actor: SquashedGaussianActor, critic: TwinQ, settings: SacSettings,
                  world: int = 1, placement: Placement | None = None) -> None:
@@ -263,32 +266,11 @@ class Sac:
             for t, o in zip(self.critic_target.parameters(), self.critic.parameters(), strict=True):
                 t.mul_(1.0 - tau).add_(o, alpha=tau)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Networks, target critics, temperature, optimizers and the update count."""
-        return {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(),
-                "critic_target": self.critic_target.state_dict(),
-                "log_alpha": self.log_alpha.detach().clone(),
-                "actor_opt": self.actor_opt.state_dict(), "critic_opt": self.critic_opt.state_dict(),
-                "alpha_opt": self.alpha_opt.state_dict(), "updates": self.updates}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict`.
-
-        Raises:
-            ConfigError: ``state`` is not a SAC learner's (a checkpoint of another --algo).
-        """
-        if "critic_target" not in state:
-            raise ConfigError("the checkpoint holds another algorithm's learner (not --algo sac): "
-                              "resume it with the --algo it was trained with")
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.critic_target.load_state_dict(state["critic_target"])
-        with torch.no_grad():
-            self.log_alpha.copy_(torch.as_tensor(state["log_alpha"]))
-        self.actor_opt.load_state_dict(state["actor_opt"])
-        self.critic_opt.load_state_dict(state["critic_opt"])
-        self.alpha_opt.load_state_dict(state["alpha_opt"])
-        self.updates = int(state["updates"])
+    def _state_parts(self) -> dict[str, Part]:
+        """Networks, target critics, temperature and optimizers (then the update count)."""
+        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
+                "log_alpha": self.log_alpha, "actor_opt": self.actor_opt, "critic_opt": self.critic_opt,
+                "alpha_opt": self.alpha_opt}
 
 
 class SampledPolicy:
@@ -350,6 +332,18 @@ class SacAlgorithm:
 
     name = "sac"
     actions = "box"
+    policy_key = "actor"
+
+    def policy_network(self, env: EnvInfo, network: str, hidden: tuple[int, ...]) -> SquashedGaussianActor:
+        """The tanh-Gaussian policy of ``hidden`` sizes in the env's action bounds.
+
+        Raises:
+            ConfigError: ``network`` other than auto or mlp (SAC takes vectors).
+        """
+        if network not in ("auto", "mlp"):
+            raise ConfigError(f"--algo sac takes flat vector observations with an MLP: --network "
+                              f"{network} is for images (leave --network out)")
+        return SquashedGaussianActor(env.obs_shape[0], env.action_low, env.action_high, hidden)
 
     def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
         """obs, float32 action ``[d]``, reward."""
@@ -363,10 +357,7 @@ class SacAlgorithm:
             ConfigError: ``--network`` other than auto or mlp (SAC takes vectors).
         """
         ls = settings.learners
-        if ls.network not in ("auto", "mlp"):
-            raise ConfigError(f"--algo sac takes flat vector observations with an MLP: --network "
-                              f"{ls.network} is for images (leave --network out)")
-        actor = SquashedGaussianActor(env.obs_shape[0], env.action_low, env.action_high, ls.hidden)
+        actor = self.policy_network(env, ls.network, ls.hidden)
         critic = TwinQ(env.obs_shape[0], env.action_shape[0], ls.hidden)
         return Sac(actor, critic, SacSettings(gamma=ls.gamma, actor_lr=ls.lr / 3, critic_lr=ls.lr,
                                               alpha_lr=ls.lr), world=world, placement=placement)

@@ -508,7 +508,7 @@ class Learner:
         """``best/policy.safetensors``: the network of the evaluation just made when it
         beat the best so far, written atomically (rank 0), with its evaluation and update."""
         c = self.progress.counters
-        meta = policy_metadata(self.s, self.env.obs_shape, self.env.num_actions, updates=c["updates"],
+        meta = policy_metadata(self.s, self.env, updates=c["updates"],
                                env_steps=c["env_steps"], eval_episodes=episodes, source="best evaluation",
                                run_id=self.lineage.identity.run_id)
         with self.storage.writing():
