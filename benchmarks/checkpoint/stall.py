@@ -14,7 +14,9 @@ their priorities. Steps are timed:
 
 Longest step during the checkpoint against the median step without one (target: at most
 the median + 50 ms), and the longest ``extend`` during it (ingest is never blocked on
-the write: an ``extend`` pays at most the copy of the rows it replaces).
+the write: an ``extend`` pays at most the copy of the rows it replaces). Then as many
+steps again without a checkpoint (``after_*``): on a shared machine a window of
+thousands of steps has its own rare long steps, save or not.
 
 ``--frame-stack`` stores ``obs`` as a frame-stacked field (``Field((4, 84, 84), uint8,
 frame_stack=True)``, as Atari runs do): each stream plays a cyclic sequence of random
@@ -133,6 +135,9 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
     write_s = time.perf_counter() - started
     extend_during = max(learner.extend_s)
     worst = learner.parts[int(np.argmax(during))]  # the longest step's extend, sample, update
+    # As many steps again without a checkpoint: the longest step of a window as long as
+    # the save's (rare scheduler delays show up in long windows, save or not).
+    after = _steps(learner, len(during))
     return {"median_step_s": round(median, 4), "p99_step_s": round(float(np.quantile(baseline, 0.99)), 4),
             "max_baseline_step_s": round(max(baseline), 4),
             "sync_longest_step_s": round(sync_step, 4),
@@ -145,7 +150,11 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
             "longest_step_parts_s": {k: round(v, 4) for k, v in zip(("extend", "sample", "update"), worst,
                                                                       strict=True)},
             "steps_over_50ms": {"baseline": sum(t > TARGET_STALL_S for t in baseline),
-                                "during": sum(t > TARGET_STALL_S for t in during)},
+                                "during": sum(t > TARGET_STALL_S for t in during),
+                                "after_same_count": sum(t > TARGET_STALL_S for t in after)},
+            "after_longest_step_s": round(max(after), 4),
+            "after_median_step_s": round(statistics.median(after), 4),
+            "during_median_step_s": round(statistics.median(during), 4),
             "stall_target_s": TARGET_STALL_S,
             "meets_stall_target": max(during) - median <= TARGET_STALL_S}
 
