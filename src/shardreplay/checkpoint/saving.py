@@ -45,7 +45,6 @@ from shardreplay.checkpoint.records import FileEntry, RestoreCounts
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
-from shardreplay.storage.frames import FrameStore, StackPieces
 
 log = logging.getLogger("shardreplay.checkpoint.save")  # the name users filter on
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -201,8 +200,7 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
     elif chain is not None:
         state["arrays"].update({f"field.{n}": _views(shard.fields[n], start, hi, shard.stream_capacity)
                                 for n in names})
-        state["arrays"].update({f"field.{n}": _stacks(store, start, hi, shard.stream_capacity)
-                                for n, store in shard.storage.stacked.items()})
+        state["arrays"].update({f"field.{n}": pieces for n, pieces in shard.stacked_since(start).items()})
     arrays, episodes, report = apply_partial_policy(state["arrays"], partial)
     arrays.update(episodes.as_arrays())
     if partial == "seal":
@@ -214,8 +212,7 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
         meta["sharding"] = sharding
     job.arrays, job.meta = _ordered(arrays), meta
     job.empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
-    job.empty_like.update({f"field.{k}": np.empty((0, *store.field.shape), store.field.dtype)
-                           for k, store in shard.storage.stacked.items()})
+    job.empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.storage.stacked})
     name = part_name(job.index, job.num_shards)
     job.desc = {
         "format": FORMAT, "version": FORMAT_VERSION, "checkpoint_id": job.checkpoint_id,
@@ -239,14 +236,6 @@ def _views(arr: np.ndarray, start: np.ndarray, hi: np.ndarray, cap: int) -> list
         head = min(n, cap - s)
         pieces += [arr[r * cap + s:r * cap + s + head], arr[r * cap:r * cap + n - head]]
     return [p for p in pieces if p.shape[0]]
-
-
-def _stacks(store: FrameStore, start: np.ndarray, hi: np.ndarray, cap: int) -> list[Any]:
-    """The stacks of steps ``[start_r, hi_r)`` of each row in time order, as pieces built
-    when each is written (:class:`StackPieces`: no copy of them all at once)."""
-    rows = [r * cap + np.arange(int(a), int(b)) % cap for r, (a, b) in enumerate(zip(start, hi, strict=True))]
-    slots = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
-    return StackPieces.split(store, slots) if slots.shape[0] else [store.gather(slots)]
 
 
 def run(job: SaveJob) -> Path:
