@@ -36,6 +36,7 @@ Usage::
 
     python benchmarks/checkpoint/bench_checkpoint.py                  # ~2 GB (needs ~5 GB free disk)
     python benchmarks/checkpoint/bench_checkpoint.py --stall          # learner stall, incremental bytes
+    python benchmarks/checkpoint/bench_checkpoint.py --stall --frame-stack  # the same, Atari frame stacks
     python benchmarks/checkpoint/bench_checkpoint.py --gb 0.05        # smoke run
     python benchmarks/checkpoint/bench_checkpoint.py --dir /tmp/ckbench --out .bench/bench_checkpoint.json
 """
@@ -66,28 +67,38 @@ CHUNK_T = 128
 TARGETS = {"save_ratio": 0.7, "load_ratio_cold": 0.7, "load_ratio_warm": 0.7, "load_rss_ratio": 1.3}
 
 
-def spec_and_step_bytes() -> tuple[Any, int]:
-    """The benchmark's Spec and the bytes one stored step takes (fields + bookkeeping)."""
+def spec_and_step_bytes(frame_stack: bool = False) -> tuple[Any, int]:
+    """The benchmark's Spec and the bytes one stored step takes in a checkpoint (fields +
+    bookkeeping; a frame-stacked ``obs`` is saved as whole stacks too)."""
     import shardreplay as sr
     from shardreplay.storage import STEP_ARRAYS
 
-    spec = sr.Spec({"obs": sr.Field(OBS_SHAPE, np.uint8), "action": sr.Field((), np.int64),
-                    "reward": sr.Field((), np.float32)})
+    spec = sr.Spec({"obs": sr.Field(OBS_SHAPE, np.uint8, frame_stack=frame_stack),
+                    "action": sr.Field((), np.int64), "reward": sr.Field((), np.float32)})
     per = sum(int(np.prod(f.shape)) * f.dtype.itemsize for f in spec.fields.values())
     return spec, per + sum(np.dtype(d).itemsize for d in STEP_ARRAYS.values())
 
 
-def make_buffer(capacity: int) -> Any:
+def stacked_memory_step_bytes() -> float:
+    """RAM per stored step of the frame-stacked layout: the initial frame ring's
+    ``1 + (K-1)/16`` frames, the frame position and the other fields (docs/semantics.md)."""
+    _spec, saved = spec_and_step_bytes(frame_stack=True)
+    frame = int(np.prod(OBS_SHAPE[1:]))
+    return saved - OBS_SHAPE[0] * frame + frame * (1 + (OBS_SHAPE[0] - 1) / 16) + 8
+
+
+def make_buffer(capacity: int, frame_stack: bool = False) -> Any:
     """An empty buffer of the benchmark layout (arrays allocated lazily by the OS)."""
     import shardreplay as sr
 
-    spec, _ = spec_and_step_bytes()
+    spec, _ = spec_and_step_bytes(frame_stack)
     return sr.ReplayBuffer(spec, num_streams=STREAMS, stream_capacity=capacity, window=4,
                            sampler="prioritized", seed=0)
 
 
-def fill(buf: Any, steps_per_stream: int, seed: int = 0) -> None:
-    """Episodes of 200..2000 steps in every stream, random priorities."""
+def fill(buf: Any, steps_per_stream: int, seed: int = 0, frames: stall.FrameCycle | None = None) -> None:
+    """Episodes of 200..2000 steps in every stream, random priorities (``frames``: the
+    stacks of that cycle, from step 0)."""
     rng = np.random.default_rng(seed)
     types = np.ones((STREAMS, steps_per_stream), np.uint8)
     for s in range(STREAMS):
@@ -101,7 +112,7 @@ def fill(buf: Any, steps_per_stream: int, seed: int = 0) -> None:
     obs = np.empty((STREAMS, chunk, *OBS_SHAPE), np.uint8)
     for t0 in range(0, steps_per_stream, chunk):
         n = min(chunk, steps_per_stream - t0)
-        obs[:, :n] = (t0 // chunk) % 251
+        obs[:, :n] = (t0 // chunk) % 251 if frames is None else frames.obs(t0, n)
         buf.extend({"obs": obs[:, :n], "action": rng.integers(0, 18, (STREAMS, n)),
                     "reward": rng.random((STREAMS, n), dtype=np.float32),
                     "step_type": types[:, t0:t0 + n]},
@@ -231,6 +242,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stall", action="store_true",
                    help="time learner steps during a checkpoint, and incremental bytes (see stall.py)")
     p.add_argument("--steps", type=int, default=300, help="--stall: baseline steps timed")
+    p.add_argument("--frame-stack", action="store_true",
+                   help="--stall: obs frame-stacked (Atari); --gb is then the shard's RAM")
     p.add_argument("--ingest-frac", type=float, default=0.1,
                    help="--stall: capacity share ingested between incremental checkpoints")
     p.add_argument("--child", choices=("ours", "numpy"), help=argparse.SUPPRESS)
@@ -320,20 +333,26 @@ def parent_main(args: argparse.Namespace) -> None:
 
 def stall_main(args: argparse.Namespace) -> None:
     """``--stall``: the learner's steps during a checkpoint, and incremental bytes."""
-    _spec, step_bytes = spec_and_step_bytes()
-    capacity = max(64, int(args.gb * 1e9 / step_bytes / STREAMS))
+    _spec, step_bytes = spec_and_step_bytes(args.frame_stack)
+    ram_step = stacked_memory_step_bytes() if args.frame_stack else step_bytes
+    capacity = max(64, int(args.gb * 1e9 / ram_step / STREAMS))
     root = args.dir / "stall"
     args.dir.mkdir(parents=True, exist_ok=True)
+    frames = stall.FrameCycle(STREAMS, OBS_SHAPE) if args.frame_stack else None
+    filled = -(-(capacity + capacity // 10) // frames.period) * frames.period if frames else \
+        capacity + capacity // 10
     try:
         warm_up(args.dir / "warmup")
-        buf = make_buffer(capacity)
-        fill(buf, capacity + capacity // 10)
-        line: dict[str, Any] = {"benchmark": "bench_checkpoint_stall",
-                                "data_bytes": capacity * STREAMS * step_bytes,
+        buf = make_buffer(capacity, args.frame_stack)
+        fill(buf, filled, frames=frames)
+        learner = stall.Learner(buf, STREAMS, OBS_SHAPE, frames, start=filled)
+        line: dict[str, Any] = {"benchmark": "bench_checkpoint_stall", "frame_stack": args.frame_stack,
+                                "data_bytes": int(capacity * STREAMS * ram_step),
+                                "saved_bytes_per_step": step_bytes,
                                 "steps": capacity * STREAMS, "step_bytes": step_bytes,
                                 "ingest_steps_per_learner_step": STREAMS * stall.INGEST_T}
-        line.update(stall.measure_stall(buf, root, STREAMS, OBS_SHAPE, args.steps))
-        line.update(stall.measure_incremental(buf, root, STREAMS, step_bytes, args.ingest_frac))
+        line.update(stall.measure_stall(buf, root, STREAMS, OBS_SHAPE, args.steps, learner))
+        line.update(stall.measure_incremental(buf, root, STREAMS, step_bytes, args.ingest_frac, learner))
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -14,7 +14,15 @@ their priorities. Steps are timed:
 
 Longest step during the checkpoint against the median step without one (target: at most
 the median + 50 ms), and the longest ``extend`` during it (ingest is never blocked on
-the write: an ``extend`` pays at most the copy of the rows it replaces).
+the write: an ``extend`` pays at most the copy of the rows it replaces). Then as many
+steps again without a checkpoint (``after_*``): on a shared machine a window of
+thousands of steps has its own rare long steps, save or not.
+
+``--frame-stack`` stores ``obs`` as a frame-stacked field (``Field((4, 84, 84), uint8,
+frame_stack=True)``, as Atari runs do): each stream plays a cyclic sequence of random
+frames, so every chunk's stacks continue the stream's previous step (one new frame per
+step) and the frame rings never grow while timed; the background save fences the frame
+rings instead of the step rows.
 
 Then the incremental figure: a full (first) incremental save, ``--ingest-frac`` of the
 capacity ingested, and the next incremental save: bytes it wrote (its part file and
@@ -38,10 +46,30 @@ TARGET_STALL_S = 0.050
 TARGET_INCREMENTAL = 1.1
 
 
-class Learner:
-    """The shard side of a learner step (see the module docstring)."""
+class FrameCycle:
+    """Stacks of ``K`` frames of a cyclic sequence of ``period`` random frames per stream:
+    the stack at step ``p`` holds frames ``p-K+1 .. p`` (mod ``period``), so consecutive
+    steps continue each other's stacks whatever chunks they are written in."""
 
-    def __init__(self, buf: Any, streams: int, obs_shape: tuple[int, ...]) -> None:
+    def __init__(self, streams: int, obs_shape: tuple[int, ...], period: int = 64, seed: int = 7) -> None:
+        self.k = obs_shape[0]
+        self.period = period
+        self.frames = np.random.default_rng(seed).integers(0, 256, (streams, period, *obs_shape[1:]),
+                                                           dtype=np.uint8)
+
+    def obs(self, start: int, n: int) -> np.ndarray:
+        """``[streams, n, K, *frame]``: the stacks of steps ``start .. start+n-1``."""
+        at = (np.arange(start, start + n)[:, None] + np.arange(1 - self.k, 1)[None, :]) % self.period
+        return self.frames[:, at]
+
+
+class Learner:
+    """The shard side of a learner step (see the module docstring). With ``frames``, the
+    chunks continue those stacks from step ``start`` of every stream (``start`` and the
+    cycle's period multiples of ``INGEST_T``: the chunks repeat, precomputed)."""
+
+    def __init__(self, buf: Any, streams: int, obs_shape: tuple[int, ...],
+                 frames: FrameCycle | None = None, start: int = 0) -> None:
         self.buf = buf
         rng = np.random.default_rng(1)
         self.rng = rng
@@ -49,14 +77,23 @@ class Learner:
                       "action": rng.integers(0, 18, (streams, INGEST_T)),
                       "reward": rng.random((streams, INGEST_T), dtype=np.float32),
                       "step_type": np.ones((streams, INGEST_T), np.uint8)}
+        self.chunks = [self.chunk]
+        if frames is not None:
+            assert start % INGEST_T == 0 and frames.period % INGEST_T == 0
+            starts = range(start, start + frames.period, INGEST_T)
+            self.chunks = [{**self.chunk, "obs": np.ascontiguousarray(frames.obs(t, INGEST_T))}
+                           for t in starts]
+        self.n = 0
         self.extend_s: list[float] = []
         self.parts: list[tuple[float, float, float]] = []  # (extend, sample, update) of each step
 
     def step(self) -> float:
         """One step; returns its seconds (the ``extend`` alone goes to ``extend_s``, the
         three parts to ``parts``)."""
+        chunk = self.chunks[self.n % len(self.chunks)]
+        self.n += 1
         started = time.perf_counter()
-        self.buf.extend(self.chunk)
+        self.buf.extend(chunk)
         extended = time.perf_counter()
         self.extend_s.append(extended - started)
         batch = self.buf.sample(BATCH)
@@ -72,11 +109,12 @@ def _steps(learner: Learner, n: int) -> list[float]:
 
 
 def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...],
-                  steps: int) -> dict[str, Any]:
-    """Baseline, sync and background phases (see the module docstring)."""
+                  steps: int, learner: Learner | None = None) -> dict[str, Any]:
+    """Baseline, sync and background phases (see the module docstring); ``learner``
+    (default: plain chunks) steps the buffer."""
     from shardreplay import checkpoint
 
-    learner = Learner(buf, streams, obs_shape)
+    learner = learner or Learner(buf, streams, obs_shape)
     _steps(learner, 20)  # warm: kernels, caches
     baseline = _steps(learner, steps)
     median = statistics.median(baseline)
@@ -97,6 +135,9 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
     write_s = time.perf_counter() - started
     extend_during = max(learner.extend_s)
     worst = learner.parts[int(np.argmax(during))]  # the longest step's extend, sample, update
+    # As many steps again without a checkpoint: the longest step of a window as long as
+    # the save's (rare scheduler delays show up in long windows, save or not).
+    after = _steps(learner, len(during))
     return {"median_step_s": round(median, 4), "p99_step_s": round(float(np.quantile(baseline, 0.99)), 4),
             "max_baseline_step_s": round(max(baseline), 4),
             "sync_longest_step_s": round(sync_step, 4),
@@ -109,20 +150,25 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
             "longest_step_parts_s": {k: round(v, 4) for k, v in zip(("extend", "sample", "update"), worst,
                                                                       strict=True)},
             "steps_over_50ms": {"baseline": sum(t > TARGET_STALL_S for t in baseline),
-                                "during": sum(t > TARGET_STALL_S for t in during)},
+                                "during": sum(t > TARGET_STALL_S for t in during),
+                                "after_same_count": sum(t > TARGET_STALL_S for t in after)},
+            "after_longest_step_s": round(max(after), 4),
+            "after_median_step_s": round(statistics.median(after), 4),
+            "during_median_step_s": round(statistics.median(during), 4),
             "stall_target_s": TARGET_STALL_S,
             "meets_stall_target": max(during) - median <= TARGET_STALL_S}
 
 
 def measure_incremental(buf: Any, root: Path, streams: int, step_bytes: int,
-                        ingest_frac: float) -> dict[str, Any]:
-    """Bytes of an incremental checkpoint after ``ingest_frac`` of the capacity came in."""
+                        ingest_frac: float, learner: Learner | None = None) -> dict[str, Any]:
+    """Bytes of an incremental checkpoint after ``ingest_frac`` of the capacity came in;
+    ``step_bytes``: the bytes a checkpoint holds per step."""
     from shardreplay import checkpoint
 
     shutil.rmtree(root, ignore_errors=True)
     checkpoint.save(buf, root, 1, incremental=True, keep_last=None)
     full = _written(checkpoint.checkpoint_dir(root, 1))
-    learner = Learner(buf, streams, buf.spec["obs"].shape)
+    learner = learner or Learner(buf, streams, buf.spec["obs"].shape)
     rounds = max(1, int(buf.stream_capacity * ingest_frac) // INGEST_T)
     for _ in range(rounds):
         learner.step()

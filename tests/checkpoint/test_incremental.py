@@ -114,3 +114,73 @@ def test_a_restore_starts_a_new_chain(tmp_path: Path) -> None:
     fill_random(local, 5, seed=4)
     checkpoint.save(local, tmp_path, 2, incremental=True)
     assert checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, 2))["version"] == 2  # full
+
+
+# -- frame-stacked fields: chained too (an Atari run's checkpoints write its new stacks only)
+K, FRAME = 4, (5, 6)
+STACKED = sr.Spec({"obs": sr.Field((K, *FRAME), np.uint8, frame_stack=True), "ctr": sr.Field((), np.int64)})
+
+
+def _stacked(capacity: int) -> sr.ReplayBuffer:
+    return sr.ReplayBuffer(STACKED, num_streams=STREAMS, stream_capacity=capacity, window=2,
+                           sampler="prioritized", seed=0)
+
+
+class _Frames:
+    """Stacks that shift one new random frame in per step; episodes end at random."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.stack = np.zeros((STREAMS, K, *FRAME), np.uint8)
+        self.ended = np.ones(STREAMS, bool)
+        self.t = 0
+
+    def fill(self, buf: sr.ReplayBuffer, steps: int) -> None:
+        obs = np.empty((STREAMS, steps, K, *FRAME), np.uint8)
+        types = np.empty((STREAMS, steps), np.uint8)
+        for t in range(steps):
+            frame = self.rng.integers(0, 256, (STREAMS, *FRAME), dtype=np.uint8)
+            types[:, t] = np.where(self.ended, 0, np.where(self.rng.random(STREAMS) < 0.05, 2, 1))
+            shifted = np.concatenate([self.stack[:, 1:], frame[:, None]], axis=1)
+            self.stack = np.where(self.ended[:, None, None, None], frame[:, None], shifted)
+            obs[:, t] = self.stack
+            self.ended = types[:, t] == 2
+        ctr = self.t + np.arange(STREAMS * steps, dtype=np.int64).reshape(STREAMS, steps)
+        self.t += STREAMS * steps
+        buf.extend({"obs": obs, "ctr": ctr, "step_type": types},
+                   priorities=self.rng.uniform(0.1, 2.0, (STREAMS, steps)).astype(np.float32))
+
+
+def _stacked_restored(root: Path, cid: int, n: int, capacity: int) -> list[dict[str, np.ndarray]]:
+    out = []
+    for rank in range(n):
+        local = _stacked(capacity)
+        _load_one(checkpoint.checkpoint_dir(root, cid), local, rank, n)
+        arrays = local.state_dict()["arrays"]
+        out.append({k: v.numpy() for k, v in arrays.items() if k != "priority"})
+    return out
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["save", "save_in_background"])
+def test_frame_stacked_chain_writes_the_new_stacks_and_restores_m_to_n(tmp_path: Path,
+                                                                       background: bool) -> None:
+    """Before, a frame-stacked field made every part full (the whole buffer each time)."""
+    inc, full = tmp_path / "inc", tmp_path / "full"
+    buf, env = _stacked(CAPACITY), _Frames(1)
+    env.fill(buf, 30)
+    for cid in range(1, 5):
+        for _ in range(1 if cid < 4 else 2):  # 4: every row wraps past what 1..3 saved
+            env.fill(buf, 12 if cid < 4 else 30)
+        if background:
+            pending = checkpoint.save_in_background(buf, inc, cid, incremental=True, keep_last=2)
+            pending.wait(60)
+        else:
+            checkpoint.save(buf, inc, cid, incremental=True, keep_last=2)
+        checkpoint.save(buf, full, cid, keep_last=None)
+        assert check_complete(checkpoint.checkpoint_dir(inc, cid)).body["version"] == (2 if cid == 1 else 3)
+        manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(inc, cid))
+        with PartReader(manifest.directory / manifest.parts[0].file, manifest.parts[0].entry) as reader:
+            own = reader.entry("field.obs")[1][0]
+        assert own == (12 * STREAMS if 1 < cid < 4 else CAPACITY * STREAMS)
+        for n, capacity in ((1, CAPACITY), (2, CAPACITY)):  # 1 -> 1 (exact) and 1 -> 2 shards
+            _assert_equal(_stacked_restored(inc, cid, n, capacity), _stacked_restored(full, cid, n, capacity))

@@ -86,3 +86,9 @@ def test_the_sequences_an_actor_sends_to_different_shards_never_meet() -> None:
 def test_bad_scheme_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         scheme_of("ftp://host/dir")
+
+
+def test_an_actor_the_routing_no_longer_runs_stands_in_for_an_actor_it_runs() -> None:
+    layout = StreamLayout(3, 2, 2)  # 3 actors now; an earlier life had more
+    assert [layout.stand_in(a) for a in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert StreamLayout(0, 2, 1).stand_in(4) is None

@@ -31,6 +31,7 @@ from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler,
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
 from shardreplay.storage import SEQUENCE_STEP_ARRAYS, STEP_ARRAYS, ArrayAllocator, StreamStorage
+from shardreplay.storage.frames import StackPieces
 from shardreplay.storage.one_step import OneStepAdd, one_step_add
 
 if TYPE_CHECKING:
@@ -350,6 +351,21 @@ class Shard:
     def fields(self) -> Mapping[str, np.ndarray]:
         """The stored user fields by flat slot (templates of their dtypes and shapes)."""
         return self.storage.fields
+
+    def stacked_since(self, start: np.ndarray) -> dict[str, list[Any]]:
+        """Each frame-stacked field's stacks of steps ``[start[r], position[r])`` of every
+        row ``r``, in (row, time) order: pieces built when each is read (no copy of them
+        all at once), valid until the next write; one empty array when there are none."""
+        cap, hi = self.stream_capacity, self.storage.pos
+        slots = np.concatenate([r * cap + np.arange(int(start[r]), int(hi[r])) % cap
+                                for r in range(hi.shape[0])] or [np.zeros(0, np.int64)]).astype(np.int64)
+        return {name: StackPieces.split(store, slots) if slots.shape[0] else [store.gather(slots)]
+                for name, store in self.storage.stacked.items()}
+
+    def stacked_template(self, name: str) -> np.ndarray:
+        """An empty array of frame-stacked field ``name``'s dtype and stack shape."""
+        field = self.storage.stacked[name].field
+        return np.empty((0, *field.shape), field.dtype)
 
     @property
     def positions(self) -> np.ndarray:

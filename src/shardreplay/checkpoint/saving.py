@@ -185,8 +185,8 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
     assert shard is not None
     state = shard.export()
     hi = state["arrays"]["row_pos"]
-    # Frame stacks and start rows (not one row per step): full parts.
-    chained = partial == "seal" and not shard.storage.stacked and not shard.storage.starts
+    # Start rows (not one row per step): full parts.
+    chained = partial == "seal" and not shard.storage.starts
     chain = chain_of(shard, root) if incremental and chained else None
     if chain is not None:
         job.segments, start = plan_increment(chain, hi, shard.stream_capacity)
@@ -201,6 +201,7 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
     elif chain is not None:
         state["arrays"].update({f"field.{n}": _views(shard.fields[n], start, hi, shard.stream_capacity)
                                 for n in names})
+        state["arrays"].update({f"field.{n}": pieces for n, pieces in shard.stacked_since(start).items()})
     starts = [f"field.{n}" for n in shard.storage.starts]
     is_start = shard.storage.is_start(shard.storage.stored_slots()[0]) if starts else None
     arrays, episodes, report = apply_partial_policy(state["arrays"], partial, starts, is_start)
@@ -214,6 +215,7 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
         meta["sharding"] = sharding
     job.arrays, job.meta = _ordered(arrays), meta
     job.empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
+    job.empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.storage.stacked})
     name = part_name(job.index, job.num_shards)
     job.desc = {
         "format": FORMAT, "version": FORMAT_VERSION, "checkpoint_id": job.checkpoint_id,

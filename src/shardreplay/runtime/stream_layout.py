@@ -86,6 +86,15 @@ class StreamLayout:
         first = -(-(g * k // self.num_streams) * self.num_streams // k)
         return g - first
 
+    def stand_in(self, actor_id: int) -> int | None:
+        """The actor whose streams take ``actor_id``'s: itself while this routing runs it;
+        for an actor it no longer runs (a resume with fewer actors), actor
+        ``actor_id % num_actors`` (env ``e`` to its env ``e``), so the chunks an earlier
+        life acknowledged of it are replayed, not lost. None when the run has no actors."""
+        if actor_id < self.num_actors:
+            return actor_id
+        return actor_id % self.num_actors if self.num_actors else None
+
     def home_shard(self, actor_id: int) -> int:
         """The shard whose learner starts ``actor_id`` (the shard of its first env)."""
         return int(self.shards(actor_id)[0])

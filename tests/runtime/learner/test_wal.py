@@ -135,3 +135,32 @@ def test_sealed_segments_go_once_their_checkpoint_is_complete(tmp_path: Path) ->
     assert log_files(tmp_path) == [wal.path]
     wal.close()
     assert os.path.exists(wal.path)
+
+
+def test_a_log_holding_a_shards_capacity_asks_for_the_checkpoint_that_trims_it(tmp_path: Path) -> None:
+    """The bound on the log's size: once the open segment holds the shard's capacity of
+    steps, ``log_full`` asks the loop for a checkpoint; after it the log is empty again."""
+    spool, root = f"file://{tmp_path}/spool", tmp_path / "checkpoints"
+    buffer = ReplayBuffer(IDENT_SPEC, num_streams=4, stream_capacity=16, window=2)  # 64 steps
+    ingestor = Ingestor(open_transport(spool, IDENT_SPEC, fsync=False).reader(), buffer, SETTINGS,
+                        wal=IngestLog(tmp_path / "ingest", 0, 1, fsync=False))
+    writer = open_transport(spool, IDENT_SPEC, fsync=False).writer()
+    try:
+        sizes = []
+        for q in range(10):  # 8 steps per chunk (2 streams x 4): full after 8 chunks
+            writer.send(make_chunk(q % 2, q))
+            while ingestor.drain(1, 5.0, 0) == 0:
+                pass
+            assert ingestor.wal is not None
+            sizes.append(ingestor.wal.size_bytes)
+            if ingestor.log_full():
+                break
+        assert q == 7 and ingestor.wal.segment_steps == 64 == buffer.capacity
+        assert sizes == sorted(sizes) and sizes[-1] > 0
+        checkpoint.save(buffer, root, 1, extra={"ingest": ingestor.state_dict()})
+        ingestor.checkpointed(1, checkpoint.latest_complete(root))
+        assert not ingestor.log_full() and ingestor.wal.size_bytes == 0
+        assert ingestor.wal.peak_bytes == sizes[-1]
+    finally:
+        writer.close()
+        ingestor.close()

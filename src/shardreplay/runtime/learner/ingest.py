@@ -49,6 +49,8 @@ from shardreplay.transport.codec import Chunk, decode
 
 log = logging.getLogger("shardreplay.learner")
 _FIRST, _MID, _LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+# A "last written" sequence no chunk follows: the actor's next chunk starts new episodes.
+_AFTER_ANOTHER = -(2**62)
 
 __all__ = ["IngestStats", "Ingestor", "ReplayCounts", "merge_stored"]
 
@@ -76,6 +78,9 @@ class ReplayCounts:
         foreign: chunks none of whose streams are this shard's now (another rank's).
         rejected: chunks that could not be written (recorded in the loss log).
         steps: steps written.
+        rerouted: of ``stored``, chunks of actors this life no longer runs (a resume with
+            fewer actors), written to the streams of their stand-in
+            (:meth:`~shardreplay.runtime.stream_layout.StreamLayout.stand_in`).
     """
 
     stored: int = 0
@@ -83,6 +88,7 @@ class ReplayCounts:
     foreign: int = 0
     rejected: int = 0
     steps: int = 0
+    rerouted: int = 0
 
 
 class Ingestor:
@@ -199,6 +205,10 @@ class Ingestor:
         these chunks until a checkpoint of this life is complete.
         """
         counts = ReplayCounts()
+        # The actor whose replayed chunk each row got last (-1: none yet): where that is
+        # not the actor now writing (an actor this life no longer runs shares its stand-in's
+        # rows), the new chunk starts new episodes instead of continuing another's steps.
+        writers = np.full(self.buffer.num_streams, -1, np.int64)
         for rec in records:
             if (rec.actor_id, rec.sequence) in self.stored:
                 counts.held += 1
@@ -210,24 +220,53 @@ class Ingestor:
                 counts.rejected += 1
                 self._lost_in_replay(rec, f"rejected in log replay: {exc}")
                 continue
-            mine = self._streams.shards(chunk.actor_id)[chunk.stream_ids] == self.shard \
-                if int(chunk.stream_ids.max()) < self.settings.actors.envs_per_actor else None
-            if mine is not None and not mine.any():
-                counts.foreign += 1
-                continue
-            if mine is not None and not mine.all():
-                chunk = _streams_of(chunk, mine)
-            if rec.prev >= 0:
-                self._last_written[rec.actor_id] = rec.prev
-            else:
-                self._last_written.pop(rec.actor_id, None)
-            steps = self._write(chunk, policy_version)
-            if steps:
-                counts.stored += 1
-                counts.steps += steps
-            else:
+            route = self._streams.stand_in(rec.actor_id)
+            if route is None:
                 counts.rejected += 1
+                self._lost_in_replay(rec, "rejected in log replay: this life runs no actor to take it")
+                continue
+            self._replay_chunk(rec, chunk, route, writers, counts, policy_version)
+        self._after_replay(writers)
         return counts
+
+    def _replay_chunk(self, rec: LogRecord, chunk: Chunk, route: int, writers: np.ndarray,
+                      counts: ReplayCounts, policy_version: int) -> None:
+        """Write this shard's streams of a logged chunk into the rows of actor ``route``
+        (its own, or its stand-in's), after its logged predecessor; count it."""
+        valid = int(chunk.stream_ids.min()) >= 0 and \
+            int(chunk.stream_ids.max()) < self.settings.actors.envs_per_actor
+        mine = self._streams.shards(route)[chunk.stream_ids] == self.shard if valid else None
+        if mine is not None and not mine.any():
+            counts.foreign += 1
+            return
+        if mine is not None and not mine.all():
+            chunk = _streams_of(chunk, mine)
+        if rec.prev >= 0:
+            self._last_written[rec.actor_id] = rec.prev
+        else:
+            self._last_written.pop(rec.actor_id, None)
+        rows = self._streams.rows(route, chunk.stream_ids) if valid else None
+        if rows is not None and int(rows.max()) >= writers.shape[0]:
+            rows = None  # _write rejects it
+        if rows is not None and _others(writers[rows], rec.actor_id):
+            self._last_written[rec.actor_id] = _AFTER_ANOTHER
+        steps = self._write(chunk, policy_version, route=route)
+        if not steps:
+            counts.rejected += 1
+            return
+        counts.stored += 1
+        counts.steps += steps
+        counts.rerouted += route != rec.actor_id
+        if rows is not None:
+            writers[rows] = rec.actor_id
+
+    def _after_replay(self, writers: np.ndarray) -> None:
+        """The next chunk of an actor whose rows last got another actor's replayed chunk
+        starts new episodes there (it does not continue that actor's steps)."""
+        for actor in range(self._streams.num_actors):
+            envs = np.flatnonzero(self._streams.shards(actor) == self.shard)
+            if envs.size and _others(writers[self._streams.rows(actor, envs)], actor):
+                self._last_written[actor] = _AFTER_ANOTHER
 
     def _lost_in_replay(self, rec: LogRecord, reason: str) -> None:
         log.warning("rank %d: logged chunk %s not replayed: %s", self.shard, (rec.actor_id, rec.sequence),
@@ -282,7 +321,9 @@ class Ingestor:
             if self.journal is not None:
                 self.journal.close()
 
-    def _write(self, chunk: Chunk, policy_version: int) -> int:
+    def _write(self, chunk: Chunk, policy_version: int, route: int | None = None) -> int:
+        """Write ``chunk`` into the shard (the streams of actor ``route``, default its
+        own); returns its steps, 0 when it is a duplicate or rejected (counted, logged)."""
         if chunk.identity in self.stored:
             self.stats.duplicates += 1
             self.total_duplicates += 1
@@ -291,8 +332,9 @@ class Ingestor:
                     "restart)", chunk.actor_id, chunk.sequence)
             return 0
         try:
-            self._check_owner(chunk)
-            rows = self._streams.rows(chunk.actor_id, chunk.stream_ids)
+            route = chunk.actor_id if route is None else route
+            self._check_owner(chunk, route)
+            rows = self._streams.rows(route, chunk.stream_ids)
             if rows.max() >= self.buffer.num_streams:
                 raise ShardReplayError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
                                        f"beyond this shard's {self.buffer.num_streams}")
@@ -332,8 +374,10 @@ class Ingestor:
             return chunk.steps
         step_type = step_type.copy()
         step_type[step_type[:, 0] == _MID, 0] = _FIRST
-        log.log(self._level(chunk.actor_id, "order"), "actor %d chunk %d follows its chunk %d here: its "
-                "streams start new (headless) episodes", chunk.actor_id, chunk.sequence, last)
+        after = "another actor's replayed chunk in its rows" if last == _AFTER_ANOTHER \
+            else f"its chunk {last}"
+        log.log(self._level(chunk.actor_id, "order"), "actor %d chunk %d follows %s here: its "
+                "streams start new (headless) episodes", chunk.actor_id, chunk.sequence, after)
         return {**chunk.steps, "step_type": step_type}
 
     def _record_dropped(self) -> None:
@@ -344,12 +388,12 @@ class Ingestor:
             if self.losses is not None:
                 self.losses.record(actor, seq, seq, count, -1, reason)
 
-    def _check_owner(self, chunk: Chunk) -> None:
+    def _check_owner(self, chunk: Chunk, route: int) -> None:
         s = self.settings
         if int(chunk.stream_ids.min()) < 0 or int(chunk.stream_ids.max()) >= s.actors.envs_per_actor:
             raise ShardReplayError(f"actor {chunk.actor_id} sent streams {chunk.stream_ids.tolist()}; the "
                                    f"learners take {s.actors.envs_per_actor} per actor (--envs-per-actor)")
-        owners = self._streams.shards(chunk.actor_id)[chunk.stream_ids]
+        owners = self._streams.shards(route)[chunk.stream_ids]
         if (owners != self.shard).any():
             shards = s.learners.count
             raise ShardReplayError(f"actor {chunk.actor_id} streams {chunk.stream_ids.tolist()} belong to "
@@ -377,6 +421,11 @@ class Ingestor:
         """The counters since the last call (and reset them)."""
         stats, self.stats = self.stats, IngestStats()
         return stats
+
+
+def _others(writers: np.ndarray, actor_id: int) -> bool:
+    """Whether any of these rows last got a replayed chunk of an actor other than ``actor_id``."""
+    return bool(((writers >= 0) & (writers != actor_id)).any())
 
 
 def _streams_of(chunk: Chunk, keep: np.ndarray) -> Chunk:

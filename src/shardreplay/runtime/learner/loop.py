@@ -173,21 +173,24 @@ class Learner:
         elif old:
             log.warning("rank %d: resuming from an older checkpoint on purpose: the %d ingest log file(s) "
                         "of later chunks are not replayed", self.rank, len(old))
-        mine = torch.tensor([counts.stored, counts.steps, counts.held, len(scan.torn), len(scan.damaged)],
-                            dtype=torch.int64)
+        mine = torch.tensor([counts.stored, counts.steps, counts.held, len(scan.torn), len(scan.damaged),
+                             counts.rerouted], dtype=torch.int64)
         total = [int(v) for v in internals_of(self.buffer).collectives.all_reduce_sum(mine, "log replay")]
         if self.rank == 0 and (total[0] or total[2] or total[3] or total[4]):
             log.log(logging.WARNING if total[3] or total[4] else logging.INFO,
                     "ingest logs replayed: %d chunks (%d steps) acknowledged after the checkpoint stored "
-                    "again, %d already held; %d torn and %d damaged record(s) ignored", total[0], total[1],
-                    total[2], total[3], total[4])
+                    "again (%d of them of actors this life no longer runs, written to the streams of "
+                    "actor id %% --actors), %d already held; %d torn and %d damaged record(s) ignored",
+                    total[0], total[1], total[5], total[2], total[3], total[4])
         self.ingestor.wal = IngestLog(directory, self.rank, self.world, fsync=True,
                                       fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else ())
         return counts, scan
 
     def _owns_actor(self, actor_id: int) -> bool:
-        """Whether this rank holds any of ``actor_id``'s streams in this life's routing."""
-        return bool((self.s.streams.shards(actor_id) == self.rank).any())
+        """Whether this rank holds any of ``actor_id``'s streams in this life's routing
+        (an actor it no longer runs: those of its stand-in, which take its logged chunks)."""
+        route = self.s.streams.stand_in(actor_id)
+        return route is not None and bool((self.s.streams.shards(route) == self.rank).any())
 
     @property
     def policy_version(self) -> int:
@@ -543,6 +546,7 @@ class Learner:
                            chunks_duplicate=got.duplicates + ing.total_duplicates,
                            foreign_chunks_ignored=sum(self.foreign.values()),
                            ingest_log_replayed=self.replayed.stored,
+                           ingest_log_rerouted=self.replayed.rerouted,
                            ingest_log_torn=len(self.log_scan.torn) + len(self.log_scan.damaged),
                            ingest_log_peak_bytes=0 if ing.wal is None else ing.wal.peak_bytes,
                            ingest_log_bytes=0 if ing.wal is None else ing.wal.size_bytes,

@@ -74,6 +74,8 @@ class RunCounts:
         chunks_duplicate: chunks received again and dropped.
         foreign_chunks_ignored: chunks of other runs left on the medium.
         ingest_log_replayed: chunks this life replayed from the write-ahead logs.
+        ingest_log_rerouted: of those, chunks of actors this life no longer runs (a
+            resume with fewer actors), written to the streams of their stand-in.
         ingest_log_torn: torn or damaged log records ignored at the replay.
         ingest_log_peak_bytes: the logs' largest size over this life (summed over shards).
         ingest_log_bytes: the logs' size at the end (the chunks newer than the newest
@@ -87,6 +89,7 @@ class RunCounts:
     chunks_duplicate: int = 0
     foreign_chunks_ignored: int = 0
     ingest_log_replayed: int = 0
+    ingest_log_rerouted: int = 0
     ingest_log_torn: int = 0
     ingest_log_peak_bytes: int = 0
     ingest_log_bytes: int = 0
