@@ -158,8 +158,8 @@ def test_specs_the_writer_cannot_fill_are_refused_with_the_way_out(spec):
 
 def test_fields_of_any_shape_and_strided_inputs_store_what_the_converter_stores():
     """The compiled write copies rows of a field of its own array (over 32 bytes a step)
-    and of a record field, from dense inputs and from strided ones with casts (float64
-    obs into float32, float32 actions into float64), as ``ReplayBuffer.add`` stores them."""
+    and of a record field, from dense inputs and from strided ones, with a cast (float64
+    obs into float32) or without (the action), as ``ReplayBuffer.add`` stores them."""
     spec = Spec({"obs": Field((17,), np.float32), "action": Field((2,), np.float64),
                  "reward": Field((), np.float32)})
     a, b = (ReplayBuffer(spec, num_streams=2, stream_capacity=16, window=3, seed=0) for _ in range(2))
@@ -171,8 +171,8 @@ def test_fields_of_any_shape_and_strided_inputs_store_what_the_converter_stores(
     conv.reset(obs)
     for t in range(40):
         wide, action = rng.standard_normal((2, 17, 2)), rng.standard_normal((2, 2, 3))
-        if t % 2:  # strided, and of other dtypes than the stored ones
-            obs, action, reward = wide[..., 0], action.astype(np.float32)[..., 1], rng.random(2)
+        if t % 2:  # strided: obs and reward of other dtypes than the stored ones, the action not
+            obs, action, reward = wide[..., 0], action[..., 1], rng.random(2)
         else:  # the stored dtypes, dense
             obs, action = np.ascontiguousarray(wide[..., 0], np.float32), np.ascontiguousarray(action[..., 1])
             reward = rng.random(2).astype(np.float32)
