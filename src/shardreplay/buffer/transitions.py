@@ -170,7 +170,7 @@ class _Plan:
     obs_field: tuple[np.dtype, tuple[int, ...]] | None = None
     act_field: tuple[np.dtype, tuple[int, ...]] | None = None
     # Per batch size: (params with the output blocks, output bytes).
-    layouts: dict[int, tuple[np.ndarray, int]] = field(default_factory=dict)
+    layouts: dict[int, tuple[np.ndarray, int, tuple[Any, ...]]] = field(default_factory=dict)
 
 
 # Plans per storage and (observation, action, reward, n); a storage's arrays are fixed
@@ -251,41 +251,45 @@ def _draw(shard: Shard, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     drawn alone (the same draws; its probabilities are not needed here)."""
     sampler = shard.sampler
     if type(sampler) is UniformSampler and type(batch_size) is int and batch_size >= 1 \
-            and sampler.num_samplable() > 0:
+            and sampler.storage.num_valid > 0:
         return sampler.draw_starts(batch_size, shard.rng), np.ones(batch_size, np.float32)
     draw = shard.draw(batch_size)  # the checks and errors, and every other sampler
     return draw.starts, draw.weights
 
 
-def _layout(plan: _Plan, batch: int) -> tuple[np.ndarray, int]:
-    """The kernel's params for ``batch`` transitions (each gathered field's output block)
-    and the output bytes, cached per batch size."""
+# Where a gathered field lies in the output bytes: (start, stop, dtype, [B, *shape]).
+_Block = tuple[int, int, np.dtype, tuple[int, ...]]
+
+
+def _layout(plan: _Plan, batch: int) -> tuple[np.ndarray, int, tuple[_Block | None, ...]]:
+    """The kernel's params for ``batch`` transitions (each gathered field's output block),
+    the output bytes and each gathered field's block, cached per batch size."""
     got = plan.layouts.get(batch)
     if got is None:
         assert plan.params is not None
         params = plan.params.copy()
         total = 0
-        for g in range(3):
+        blocks: list[_Block | None] = []
+        for g, f in enumerate((plan.obs_field, plan.obs_field, plan.act_field)):
             at = transition_kernels.GATHER + g * transition_kernels.GATHER_WORDS
+            size = int(params[at + transition_kernels.BYTES]) * batch
             params[at + transition_kernels.DST] = total
-            total += -(-params[at + transition_kernels.BYTES] * batch // _ALIGN) * _ALIGN
-        got = plan.layouts[batch] = (params, int(total))
+            blocks.append(None if f is None else (total, total + size, f[0], (batch, *f[1])))
+            total += -(-size // _ALIGN) * _ALIGN
+        got = plan.layouts[batch] = (params, total, tuple(blocks))
     return got
 
 
-def _block(dst: np.ndarray, params: np.ndarray, g: int, batch: int,
-           field: tuple[np.dtype, tuple[int, ...]]) -> torch.Tensor:
-    at = transition_kernels.GATHER + g * transition_kernels.GATHER_WORDS
-    start = int(params[at + transition_kernels.DST])
-    size = int(params[at + transition_kernels.BYTES]) * batch
-    return torch.from_numpy(dst[start:start + size].view(field[0]).reshape(batch, *field[1]))
+def _block(dst: np.ndarray, block: _Block) -> torch.Tensor:
+    start, stop, dtype, shape = block
+    return torch.from_numpy(dst[start:stop].view(dtype).reshape(shape))
 
 
 def _sample_compiled(storage: StreamStorage, plan: _Plan, starts: np.ndarray, weights: np.ndarray,
                      gamma: float) -> Transitions:
     """The transitions of ``starts`` in one compiled call (kernels/transitions.py)."""
     batch = starts.shape[0]
-    params, total = _layout(plan, batch)
+    params, total, (obs_block, next_block, act_block) = _layout(plan, batch)
     # The key epoch and tag change on a restore: read each time.
     params[transition_kernels.EPOCH] = storage.key_epoch
     params[transition_kernels.TAG] = storage.key_tag
@@ -296,15 +300,13 @@ def _sample_compiled(storage: StreamStorage, plan: _Plan, starts: np.ndarray, we
     transition_kernels.scalar_transitions(starts, storage.step_type, storage.discount, storage.generation,
                                           storage.fields[plan.reward], params, float(gamma), floats, ints,
                                           flags, plan.obs_src, plan.act_src, dst)
-    last = ints[1]
     obs: Observation
     next_obs: Observation
-    if plan.obs_field is not None:
-        obs = _block(dst, params, 0, batch, plan.obs_field)
-        next_obs = _block(dst, params, 1, batch, plan.obs_field)
+    if obs_block is not None and next_block is not None:
+        obs, next_obs = _block(dst, obs_block), _block(dst, next_block)
     else:
-        obs, next_obs = _observations(storage, plan, starts, last)
-    act = _block(dst, params, 2, batch, plan.act_field) if plan.act_field is not None else \
+        obs, next_obs = _observations(storage, plan, starts, ints[1])
+    act = _block(dst, act_block) if act_block is not None else \
         torch.from_numpy(_steps_of(storage, plan.action, starts))
     return Transitions(obs=obs, action=act, reward=torch.from_numpy(floats[0]), next_obs=next_obs,
                        bootstrap_discount=torch.from_numpy(floats[1]), weights=torch.from_numpy(weights),
