@@ -126,3 +126,76 @@ def test_to_moves_every_tensor_and_keys_still_update_priorities():
     tr = fast.sample_transitions(16, gamma=0.9).to("cpu", non_blocking=True)
     assert tr.obs.device.type == "cpu" and len(tr) == 16
     assert fast.update_priorities(tr.keys, (tr.reward.abs() + 0.1)) == 16  # torch tensors accepted
+
+
+# Specs whose fields the compiled path reads each way it can: an observation and action
+# of their own arrays (over 32 bytes) with a float64 reward, nested observations (read in
+# steps, the action compiled), frame-stacked pixels (stacks rebuilt, the action compiled).
+KIND_SPECS = {
+    "own_arrays": Spec({"obs": Field((17,)), "action": Field((6,)), "reward": Field((), np.float64)}),
+    "nested": Spec({"obs": {"a": Field((2,)), "b": Field((3,), np.int16)}, "action": Field((), np.int64),
+                    "reward": Field(())}),
+    "pixels": Spec({"obs": Field((4, 3, 3), np.uint8, frame_stack=True), "action": Field((2,), np.int32),
+                    "reward": Field(())}),
+}
+
+
+def kind_episodes(buffer: ReplayBuffer, steps: int, seed: int) -> None:
+    """Random steps of every field of the buffer's spec (stacks that roll frame by frame),
+    episodes ending by terminations and truncations, streams at different positions."""
+    rng = np.random.default_rng(seed)
+    spec, s = buffer.spec, buffer.num_streams
+    types = np.zeros(s, np.uint8)
+    stacks: dict[str, np.ndarray] = {}
+    for t in range(steps):
+        ends = rng.random(s) < 0.15
+        new = np.where(types == L, F, np.where(ends & (types != F), L, M)).astype(np.uint8)
+        step: dict = {"step_type": new,
+                      "discount": np.where((new == L) & (rng.random(s) < 0.5), 0.0, 1.0).astype(np.float32)}
+        for name, f in spec.fields.items():
+            if f.frame_stack:
+                frame = rng.integers(0, 255, (s, 1, *f.shape[1:])).astype(f.dtype)
+                old = stacks.setdefault(name, np.repeat(frame, f.shape[0], 1))
+                value = np.where((new == F)[:, None, None, None], np.repeat(frame, f.shape[0], 1),
+                                 np.concatenate([old[:, 1:], frame], 1))
+            else:
+                value = (rng.standard_normal((s, *f.shape)) * 50).astype(f.dtype)
+            *parents, leaf = name.split(".")
+            node = step
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        rows = np.arange(s) if t % 4 else np.arange(s - 1)  # the last stream falls behind
+        buffer.add({k: ({kk: vv[rows] for kk, vv in v.items()} if isinstance(v, dict) else v[rows])
+                    for k, v in step.items()}, stream_ids=rows)
+        types[rows] = new[rows]
+        for name in stacks:  # the streams written hold their new stacks
+            stacks[name][rows] = step[name][rows]
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_SPECS))
+@pytest.mark.parametrize("sampler", ["uniform", "fifo"])
+def test_every_field_kind_equals_the_transitions_of_the_same_windows(kind, sampler):
+    """The compiled path (one kernel for the returns, keys, ends and the gathers it can
+    make) gives exactly what ``transitions_from_batch`` computes from the same windows."""
+    bufs = tuple(ReplayBuffer(KIND_SPECS[kind], num_streams=3, stream_capacity=40, window=4, sampler=sampler,
+                              seed=5) for _ in range(2))
+    for b in bufs:
+        kind_episodes(b, 70, seed=2)
+    bufs[1].load_state_dict(bufs[0].state_dict())
+    for n in (1, 3):
+        got = bufs[0].sample_transitions(32, gamma=0.8, n=n)
+        batch = bufs[1].sample(32)
+        want = transitions_from_batch(batch, 0.8, n)
+        assert torch.equal(got.keys, batch.keys) and torch.equal(got.weights, batch.weights)
+        for part in ("obs", "next_obs"):
+            a, b = getattr(got, part), getattr(want, part)
+            pairs = [(a[k], b[k]) for k in b] if isinstance(b, dict) else [(a, b)]
+            assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in pairs), part
+        assert got.action.dtype == want.action.dtype and torch.equal(got.action, want.action)
+        assert torch.equal(got.num_steps, want.num_steps)
+        assert got.reward.dtype == want.reward.dtype  # rewards up to ~200: float32 sums differ in ulps
+        torch.testing.assert_close(got.reward, want.reward, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got.bootstrap_discount, want.bootstrap_discount, rtol=1e-6, atol=0)
+        assert torch.equal(got.terminated, want.terminated) and torch.equal(got.truncated, want.truncated)
+    assert (got.num_steps < 3).any() and got.terminated.any()

@@ -154,3 +154,33 @@ def test_specs_the_writer_cannot_fill_are_refused_with_the_way_out(spec):
     with pytest.raises(ConfigError, match=r"GymStepConverter with ReplayBuffer\.add"):
         GymStepWriter(buffer, autoreset_mode="next_step")
     assert len(buffer) == 0
+
+
+def test_fields_of_any_shape_and_strided_inputs_store_what_the_converter_stores():
+    """The compiled write copies rows of a field of its own array (over 32 bytes a step)
+    and of a record field, from dense inputs and from strided ones, with a cast (float64
+    obs into float32) or without (the action), as ``ReplayBuffer.add`` stores them."""
+    spec = Spec({"obs": Field((17,), np.float32), "action": Field((2,), np.float64),
+                 "reward": Field((), np.float32)})
+    a, b = (ReplayBuffer(spec, num_streams=2, stream_capacity=16, window=3, seed=0) for _ in range(2))
+    writer = GymStepWriter(a, autoreset_mode="next_step")
+    conv = GymStepConverter(2, autoreset_mode="next_step")
+    rng = np.random.default_rng(4)
+    obs = rng.standard_normal((2, 17)).astype(np.float32)
+    writer.reset(obs)
+    conv.reset(obs)
+    for t in range(40):
+        wide, action = rng.standard_normal((2, 17, 2)), rng.standard_normal((2, 2, 3))
+        if t % 2:  # strided: obs and reward of other dtypes than the stored ones, the action not
+            obs, action, reward = wide[..., 0], action[..., 1], rng.random(2)
+        else:  # the stored dtypes, dense
+            obs, action = np.ascontiguousarray(wide[..., 0], np.float32), np.ascontiguousarray(action[..., 1])
+            reward = rng.random(2).astype(np.float32)
+        term, trunc = rng.random(2) < 0.1, rng.random(2) < 0.1
+        writer.step(action, obs, reward, term, trunc)
+        for step, ids in conv.step(action, obs, reward, term, trunc, {}):
+            b.add(step, stream_ids=ids)
+    sa, sb = a.state_dict()["arrays"], b.state_dict()["arrays"]
+    for name, arr in sa.items():
+        np.testing.assert_array_equal(arr, sb[name], err_msg=name)
+    assert writer.num_steps == conv.num_steps == 80 and writer.num_episodes == conv.num_episodes > 2

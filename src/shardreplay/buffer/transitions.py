@@ -17,7 +17,9 @@ The formulas are those of :mod:`shardreplay.buffer.nstep` (``m`` is the bootstra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,13 +29,17 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import _check_gamma, nstep_transitions
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels.lazy import lazy
+from shardreplay.samplers.uniform import UniformSampler
 from shardreplay.spec.fields import StepType
+from shardreplay.storage.streams import _nbytes, _numba_takes
 
 if TYPE_CHECKING:
     from shardreplay.kernels import nstep as nstep_kernels
     from shardreplay.kernels import storage as storage_kernels
+    from shardreplay.kernels import transitions as transition_kernels
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     storage_kernels = lazy("shardreplay.kernels.storage")
+    transition_kernels = lazy("shardreplay.kernels.transitions")
     nstep_kernels = lazy("shardreplay.kernels.nstep")
 
 if TYPE_CHECKING:
@@ -132,36 +138,209 @@ def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | Non
         SpecMismatchError: a named field is not in the spec.
         EmptyBufferError: no valid window can be drawn.
     """
-    _check_gamma(gamma)
+    if type(gamma) is not float or not 0.0 <= gamma <= 1.0:  # the common case checked inline
+        _check_gamma(gamma)
     n = _check_n(n, shard.window)
-    obs_names = _obs_names(shard.spec, observation)
-    for name in (action, reward):
-        if name not in shard.spec:
-            raise SpecMismatchError(f"the buffer's spec has no field {name!r}; it has "
-                                    f"{sorted(shard.spec.fields)}")
-    if shard.spec[reward].frame_stack:
-        raise SpecMismatchError(f"reward field {reward!r} is frame-stacked; a reward must be a plain field")
-    draw = shard.draw(batch_size)
+    plan = _plan_of(shard, observation, action, reward, n)
+    starts, weights = _draw(shard, batch_size)
+    if plan.params is None:
+        return _sample_in_steps(shard.storage, plan, starts, weights, gamma, n)
+    return _sample_compiled(shard.storage, plan, starts, weights, gamma)
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What :func:`sample_transitions` resolves once per storage and names: the checked
+    names, and for the compiled path the kernel's parameters and where each gathered
+    field comes from."""
+
+    observation: str
+    action: str
+    reward: str
+    obs_names: tuple[str, ...]
+    # The compiled path (None: the path in steps): params (kernels/transitions.py), the
+    # float dtype of the return, the gathered fields' sources and (name, dtype, shape).
+    params: np.ndarray | None = None
+    float_dtype: np.dtype = _FLOAT32
+    obs_src: np.ndarray | None = None
+    act_src: np.ndarray | None = None
+    obs_field: tuple[np.dtype, tuple[int, ...]] | None = None
+    act_field: tuple[np.dtype, tuple[int, ...]] | None = None
+    # Per batch size: (params with the output blocks, output bytes).
+    layouts: dict[int, tuple[np.ndarray, int, tuple[Any, ...]]] = field(default_factory=dict)
+
+
+# Plans per storage and (observation, action, reward, n); a storage's arrays are fixed
+# for its life, so its plans are too.
+_PLANS: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str, int], _Plan]] = weakref.WeakKeyDictionary()
+_ALIGN = 64  # each gathered field's output block starts on a cache line
+
+
+def _plan_of(shard: Shard, observation: str, action: str, reward: str, n: int) -> _Plan:
+    """The cached plan of these names (checked, and raising, on the first call only)."""
     storage = shard.storage
-    idx, mask, keys = storage_kernels.window_indices(draw.starts, storage.step_type, storage.generation,
-                                     storage.stream_capacity, storage.window, storage.key_epoch,
-                                     storage.key_tag)
+    plans = _PLANS.get(storage)
+    if plans is None:
+        plans = _PLANS.setdefault(storage, {})
+    key = (observation, action, reward, n)
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = _new_plan(shard, observation, action, reward, n)
+    return plan
+
+
+def _new_plan(shard: Shard, observation: str, action: str, reward: str, n: int) -> _Plan:
+    spec = shard.spec
+    obs_names = tuple(_obs_names(spec, observation))
+    for name in (action, reward):
+        if name not in spec:
+            raise SpecMismatchError(f"the buffer's spec has no field {name!r}; it has "
+                                    f"{sorted(spec.fields)}")
+    if spec[reward].frame_stack:
+        raise SpecMismatchError(f"reward field {reward!r} is frame-stacked; a reward must be a plain field")
+    storage = shard.storage
     rewards = storage.fields[reward]
+    plan = _Plan(observation, action, reward, obs_names)
+    if rewards.ndim != 1 or not _numba_takes(rewards.dtype):
+        return plan  # a reward with a shape (or of a dtype numba does not take): in steps
+    params = np.zeros(transition_kernels.PARAMS, np.int64)
+    params[transition_kernels.CAP] = storage.stream_capacity
+    params[transition_kernels.WINDOW] = storage.window
+    params[transition_kernels.N] = n
+    obs = _gathered(storage, observation, params, (0, 1)) \
+        if obs_names == (observation,) else None
+    act = _gathered(storage, action, params, (2,))
+    return replace(plan, params=params,
+                   float_dtype=np.dtype(np.float64 if rewards.dtype == np.float64 else np.float32),
+                   obs_src=obs[0] if obs else _NO_BYTES, act_src=act[0] if act else _NO_BYTES,
+                   obs_field=obs[1] if obs else None, act_field=act[1] if act else None)
+
+
+_NO_BYTES = np.zeros(0, np.uint8)
+
+
+def _gathered(storage: StreamStorage, name: str, params: np.ndarray, gathers: tuple[int, ...]
+              ) -> tuple[np.ndarray, tuple[np.dtype, tuple[int, ...]]] | None:
+    """The source bytes and (dtype, shape) of plain field ``name`` for the kernel's
+    ``gathers`` (their stride, offset and size set in ``params``), or None for a field
+    read in steps (frame-stacked, no bytes, a dtype numba does not take)."""
+    f = storage.spec[name]
+    size = _nbytes(f.dtype, f.shape)
+    if name in storage.stacked or size == 0:
+        return None
+    parts: Mapping[str, Any] = storage.records.dtype.fields or {}
+    record_part = parts.get(f"field.{name}")
+    if record_part is not None:
+        src, stride, offset = storage.records, storage.records.dtype.itemsize, int(record_part[1])
+    else:
+        src, stride, offset = storage.fields[name], size, 0
+    for g in gathers:
+        at = transition_kernels.GATHER + g * transition_kernels.GATHER_WORDS
+        params[at + transition_kernels.STRIDE] = stride
+        params[at + transition_kernels.OFFSET] = offset
+        params[at + transition_kernels.BYTES] = size
+    # A plain ndarray's bytes (memory-mapped storage too), flat: the kernel reads rows by stride.
+    return np.asarray(src).reshape(-1).view(np.uint8), (np.dtype(f.dtype), tuple(f.shape))
+
+
+def _draw(shard: Shard, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Window starts and their weights: ``shard.draw``'s, with a uniform sampler's starts
+    drawn alone (the same draws; its probabilities are not needed here)."""
+    sampler = shard.sampler
+    if type(sampler) is UniformSampler and type(batch_size) is int and batch_size >= 1 \
+            and sampler.storage.num_valid > 0:
+        return sampler.draw_starts(batch_size, shard.rng), np.ones(batch_size, np.float32)
+    draw = shard.draw(batch_size)  # the checks and errors, and every other sampler
+    return draw.starts, draw.weights
+
+
+# Where a gathered field lies in the output bytes: (start, stop, dtype, [B, *shape]).
+_Block = tuple[int, int, np.dtype, tuple[int, ...]]
+
+
+def _layout(plan: _Plan, batch: int) -> tuple[np.ndarray, int, tuple[_Block | None, ...]]:
+    """The kernel's params for ``batch`` transitions (each gathered field's output block),
+    the output bytes and each gathered field's block, cached per batch size."""
+    got = plan.layouts.get(batch)
+    if got is None:
+        assert plan.params is not None
+        params = plan.params.copy()
+        total = 0
+        blocks: list[_Block | None] = []
+        for g, f in enumerate((plan.obs_field, plan.obs_field, plan.act_field)):
+            at = transition_kernels.GATHER + g * transition_kernels.GATHER_WORDS
+            size = int(params[at + transition_kernels.BYTES]) * batch
+            params[at + transition_kernels.DST] = total
+            blocks.append(None if f is None else (total, total + size, f[0], (batch, *f[1])))
+            total += -(-size // _ALIGN) * _ALIGN
+        got = plan.layouts[batch] = (params, total, tuple(blocks))
+    return got
+
+
+def _block(dst: np.ndarray, block: _Block) -> torch.Tensor:
+    start, stop, dtype, shape = block
+    return torch.from_numpy(dst[start:stop].view(dtype).reshape(shape))
+
+
+def _sample_compiled(storage: StreamStorage, plan: _Plan, starts: np.ndarray, weights: np.ndarray,
+                     gamma: float) -> Transitions:
+    """The transitions of ``starts`` in one compiled call (kernels/transitions.py)."""
+    batch = starts.shape[0]
+    params, total, (obs_block, next_block, act_block) = _layout(plan, batch)
+    # The key epoch and tag change on a restore: read each time.
+    params[transition_kernels.EPOCH] = storage.key_epoch
+    params[transition_kernels.TAG] = storage.key_tag
+    floats = np.empty((2, batch), plan.float_dtype)
+    ints = np.empty((3, batch), np.int64)
+    flags = np.empty((2, batch), np.bool_)
+    dst = np.empty(total, np.uint8)
+    transition_kernels.scalar_transitions(starts, storage.step_type, storage.discount, storage.generation,
+                                          storage.fields[plan.reward], params, float(gamma), floats, ints,
+                                          flags, plan.obs_src, plan.act_src, dst)
+    obs: Observation
+    next_obs: Observation
+    if obs_block is not None and next_block is not None:
+        obs, next_obs = _block(dst, obs_block), _block(dst, next_block)
+    else:
+        obs, next_obs = _observations(storage, plan, starts, ints[1])
+    act = _block(dst, act_block) if act_block is not None else \
+        torch.from_numpy(_steps_of(storage, plan.action, starts))
+    return Transitions(obs=obs, action=act, reward=torch.from_numpy(floats[0]), next_obs=next_obs,
+                       bootstrap_discount=torch.from_numpy(floats[1]), weights=torch.from_numpy(weights),
+                       keys=torch.from_numpy(ints[2]), num_steps=torch.from_numpy(ints[0]),
+                       terminated=torch.from_numpy(flags[0]), truncated=torch.from_numpy(flags[1]))
+
+
+def _observations(storage: StreamStorage, plan: _Plan, first: np.ndarray, last: np.ndarray
+                  ) -> tuple[Observation, Observation]:
+    """The observations at ``first`` and ``last`` read in steps (one field, or a dict of
+    nested ones)."""
+    if plan.obs_names == (plan.observation,):
+        return (torch.from_numpy(_steps_of(storage, plan.observation, first)),
+                torch.from_numpy(_steps_of(storage, plan.observation, last)))
+    return ({k: torch.from_numpy(_steps_of(storage, k, first)) for k in plan.obs_names},
+            {k: torch.from_numpy(_steps_of(storage, k, last)) for k in plan.obs_names})
+
+
+def _sample_in_steps(storage: StreamStorage, plan: _Plan, starts: np.ndarray, weights: np.ndarray,
+                     gamma: float, n: int) -> Transitions:
+    """The transitions of ``starts`` for a reward the compiled path does not take."""
+    idx, mask, keys = storage_kernels.window_indices(starts, storage.step_type, storage.generation,
+                                                     storage.stream_capacity, storage.window,
+                                                     storage.key_epoch, storage.key_tag)
+    rewards = storage.fields[plan.reward]
     if rewards.ndim == 1:
         returns, boot, m, last = _returns_scalar(idx, mask, rewards, storage.discount, gamma, n)
     else:
         returns, boot, m, last = _returns_any(idx, mask, rewards, storage.discount, gamma, n)
-    first = draw.starts
-    if len(obs_names) == 1 and obs_names[0] == observation:
-        obs: Observation = torch.from_numpy(_steps_of(storage, observation, first))
-        next_obs: Observation = torch.from_numpy(_steps_of(storage, observation, last))
-    else:
-        obs = {k: torch.from_numpy(_steps_of(storage, k, first)) for k in obs_names}
-        next_obs = {k: torch.from_numpy(_steps_of(storage, k, last)) for k in obs_names}
-    return Transitions(obs=obs, action=torch.from_numpy(_steps_of(storage, action, first)),
+    obs, next_obs = _observations(storage, plan, starts, last)
+    return Transitions(obs=obs, action=torch.from_numpy(_steps_of(storage, plan.action, starts)),
                        reward=torch.from_numpy(returns), next_obs=next_obs,
                        bootstrap_discount=torch.from_numpy(boot),
-                       weights=torch.from_numpy(draw.weights), keys=torch.from_numpy(keys),
+                       weights=torch.from_numpy(weights), keys=torch.from_numpy(keys),
                        num_steps=torch.from_numpy(m),
                        **_stored_ends(storage.step_type[last], storage.discount[last]))
 

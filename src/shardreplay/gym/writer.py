@@ -26,7 +26,7 @@ from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.gym.modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
 from shardreplay.gym.stacked import StackedSteps
-from shardreplay.kernels.gym_step import HELD as _HELD
+from shardreplay.kernels import gym_step as gk
 from shardreplay.kernels.gym_step import allow_inputs, compiled_gym_write
 from shardreplay.spec import Field, Spec, StepType
 
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["GymStepWriter", "spec_from_env"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+# What the compiled write returns at most for an input it refuses (kernels/gym_step.py).
+_REFUSED = gk.FAILED - 1
 # (action, obs, reward, terminated, truncated) as the compiled write takes them.
 _Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -173,15 +175,19 @@ class GymStepWriter:
         self._unit_action = buffer.spec[action].shape[-1:] == (1,)
         self._held_obs = np.zeros((s, *buffer.spec[observation].shape), buffer.spec[observation].dtype)
         self._same_step = self.autoreset_mode == "same_step"
+        parts: Mapping[str, Any] = st.records.dtype.fields or {}
         self._state = np.array([st.stream_capacity, st.window, self._same_step,
-                                *(buffer.spec[k].checks_finite for k in self._names), 0, 0]
+                                *(buffer.spec[k].checks_finite for k in self._names), 0, 0, 0,
+                                *(parts[name][1] for name in gk.RECORD_PARTS)]
                                + [FIRST] * s + list(range(s)) + [0] * (4 * s * st.window), np.int64)
         self._fstate = np.ones(1 + s, np.float64)
-        self._out = self._state[_HELD + 2 * s:].reshape(4, s * st.window)  # a view, filled by each write
+        self._out = self._state[gk.HELD + 2 * s:].reshape(4, s * st.window)  # a view, filled by each write
         self._is_uniform = buffer.sampler_name == "uniform"
         # Every array the compiled write takes, bound once: the storage changes them in
         # place (restores included), never replaces them.
-        self._head = (st.records, st.pos, st.counters, self._state, self._fstate,
+        # The records go as plain uint8 rows (a plain ndarray even when memory-mapped).
+        self._head = (np.asarray(st.records).view(np.uint8).reshape(n, -1), st.pos_and_counters,
+                      self._state, self._fstate,
                       st.fields[observation].reshape(n, *buffer.spec[observation].shape),
                       st.fields[action].reshape(n, *buffer.spec[action].shape),
                       st.fields[reward].reshape(n), self._held_obs)
@@ -200,14 +206,14 @@ class GymStepWriter:
         """Steps written so far (over all envs)."""
         if self._stacked is not None:
             return self._stacked.num_steps
-        return int(self._state[6])
+        return int(self._state[gk.STEPS])
 
     @property
     def num_episodes(self) -> int:
         """Episodes ended so far (over all envs)."""
         if self._stacked is not None:
             return self._stacked.num_episodes
-        return int(self._state[7])
+        return int(self._state[gk.EPISODES])
 
     @classmethod
     def from_env(cls, env: Any, buffer: ReplayBuffer | ShardedReplayBuffer, **kwargs: Any) -> GymStepWriter:
@@ -240,7 +246,7 @@ class GymStepWriter:
         name = self._names[0]
         arr = self.buffer.spec.validate(self._probe(obs, None, None), (self.num_envs,))[name]
         self._held_obs[...] = arr
-        self._state[_HELD:_HELD + self.num_envs] = FIRST
+        self._state[gk.HELD:gk.HELD + self.num_envs] = FIRST
         self._fstate[1:] = 1.0
         self._is_reset = True
         # The inline path of step() holds no lock: a pipelined sharded buffer's writes take
@@ -265,7 +271,7 @@ class GymStepWriter:
         if self._plain and not info:  # never with a lock to hold (reset() says)
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
             try:
-                n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
+                delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
             except TypeError:  # inputs of a kind not accepted yet (or not arrays)
                 if self._unit_action and getattr(action, "shape", None) == self._act_shape[:-1]:
                     # A (1,) Box action given as [num_envs] (as SB3 takes it): its unit axis
@@ -274,8 +280,8 @@ class GymStepWriter:
                     return
                 self._write_all(*self._accept(action, obs, reward, terminated, truncated), info)
                 return
-            if n_out < 0:
-                self._raise_for(n_out, action, obs, reward, terminated, truncated)
+            if delta <= _REFUSED:
+                self._raise_for(delta, action, obs, reward, terminated, truncated)
             self._storage.num_valid += delta
             return
         if not all(type(x) is np.ndarray for x in (action, obs, reward, terminated, truncated)):
@@ -308,26 +314,27 @@ class GymStepWriter:
         if not self._is_uniform:
             self._fstate[0] = self._shard.sampler.default_priority()
         try:
-            n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
+            delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
         except TypeError:  # inputs of a kind not accepted yet
             action, obs, reward, terminated, truncated = self._accept(action, obs, reward, terminated,
                                                                       truncated)
-            n_out, delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
-        if n_out < 0:
-            self._raise_for(n_out, action, obs, reward, terminated, truncated)
+            delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
+        if delta <= _REFUSED:
+            self._raise_for(delta, action, obs, reward, terminated, truncated)
         self._storage.num_valid += delta
         if not self._is_uniform:  # as ReplayBuffer._write tells its sampler (same layer)
-            out = self._out
+            out, n_out = self._out, int(self._state[gk.N_OUT])
             self._shard.sampler.on_write(out[1, :n_out], out[2, :n_out].astype(bool),
                                           out[3, :n_out].astype(bool))
         if done_ids is not None:
             self._write_last(done_ids, last_obs, terminated, action)
 
-    def _raise_for(self, code: int, *inputs: np.ndarray) -> None:
-        """Raise the error the compiled write's ``code`` stands for."""
-        if code == -4:
+    def _raise_for(self, result: int, *inputs: np.ndarray) -> None:
+        """Raise the error the compiled write's refusal ``result`` stands for."""
+        code = gk.FAILED - result  # 1 .. 3: NaN or inf in obs, action, reward; 4: a shape
+        if code == 4:
             self._accept(*inputs)  # raises, naming the input of the wrong shape
-        raise SpecMismatchError(f"field {self._names[-1 - code]!r} holds NaN or inf; the spec's "
+        raise SpecMismatchError(f"field {self._names[code - 1]!r} holds NaN or inf; the spec's "
                                 "Field(finite=True) rejects them")
 
     def _write_last(self, ids: np.ndarray, last_obs: Any, terminated: np.ndarray, action: np.ndarray) -> None:
@@ -338,7 +345,7 @@ class GymStepWriter:
                 "step_type": np.full(len(ids), LAST, np.uint8),
                 "discount": np.where(terminated[ids], 0.0, 1.0).astype(np.float32)}
         self.buffer.add(step, stream_ids=ids)
-        self._state[6] += len(ids)
+        self._state[gk.STEPS] += len(ids)
 
     def _probe(self, obs: Any, action: Any, reward: Any) -> dict[str, Any]:
         """A step dict for the spec's full check (missing parts as zeros of the stored dtype)."""

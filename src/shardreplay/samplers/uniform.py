@@ -62,13 +62,21 @@ class UniformSampler:
         prob = np.full(n, 1.0 / self.storage.num_valid)
         return Draw(starts, prob, np.ones(n, np.float32))
 
+    def draw_starts(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """The starts of :meth:`draw` alone (the same draws from ``rng``), for a caller
+        that needs no probabilities (every weight is 1). ``n`` >= 1 and a valid start
+        exist (the caller checks)."""
+        return self._starts(n, rng)
+
     def _starts(self, n: int, rng: np.random.Generator) -> np.ndarray:
         storage = self.storage
         valid, count = storage.valid, storage.num_valid
         # Only written slots can be valid: each row's first min(pos, C) slots. Drawing
         # over those (not the whole ring) keeps the cost independent of the capacity
         # while the buffer fills; the rejection of invalid ones keeps it exact.
-        ends = np.cumsum(storage.written_per_row())
+        ends = storage.written_per_row()
+        if ends.shape[0] > 1:  # one row's count is its cumulative count
+            ends = np.cumsum(ends)
         total = int(ends[-1])
         acceptance = count / total
         # Sequence windows start at most every ``period`` steps: an acceptance near
