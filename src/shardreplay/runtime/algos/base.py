@@ -38,14 +38,15 @@ from torch import nn
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.actor.settings import ActorSettings
+from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
 from shardreplay.runtime.devices import Placement
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.qnet import apex_epsilons
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 
-__all__ = ["ActorPolicy", "Agent", "Algorithm", "ApexActor", "LearnerState", "published_hidden", "warmup"]
+__all__ = ["ActorPolicy", "Agent", "Algorithm", "ApexActor", "LearnerState", "fits", "network_weights",
+           "published_hidden", "warmup"]
 
 
 class Agent(Protocol):
@@ -233,3 +234,14 @@ def published_hidden(weights: Mapping[str, Any], default: tuple[int, ...]) -> tu
     ``default``."""
     w = weights.get(RECURRENT_KEY)
     return (int(w.shape[1]),) if w is not None else tuple(default)
+
+
+def network_weights(weights: Mapping[str, Any]) -> dict[str, Any]:
+    """A published policy's tensors, without the run's ``FINISHED`` flag beside them."""
+    return {k: v for k, v in weights.items() if k != FINISHED}
+
+
+def fits(net: nn.Module, weights: Mapping[str, Any]) -> bool:
+    """Whether published ``weights`` have exactly ``net``'s tensor names and shapes."""
+    return ({k: tuple(v.shape) for k, v in net.state_dict().items()}
+            == {k: tuple(v.shape) for k, v in network_weights(weights).items()})

@@ -29,8 +29,8 @@ from torch import nn
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
-from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, warmup
+from shardreplay.runtime.actor.settings import ActorSettings
+from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, fits, network_weights, warmup
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.networks import choose_network, make_q_network
@@ -189,7 +189,7 @@ class DqnAlgorithm:
             ConfigError: the weights are not such a network for this environment.
         """
         policy = EpsilonGreedyPolicy(q_network_of(weights, env, s), s)
-        policy.load({k: v for k, v in weights.items() if k != FINISHED})
+        policy.load(network_weights(weights))
         return policy
 
     def greedy(self, module: nn.Module) -> Any:
@@ -212,9 +212,7 @@ def q_network_of(weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings) -> 
         size = env.obs_shape[0]
         return QNetwork(size, env.num_actions, _hidden_of(weights, size, env.num_actions, s))
     net = make_q_network(env.obs_shape, env.num_actions, kind)
-    mine = {k: tuple(v.shape) for k, v in net.state_dict().items()}
-    theirs = {k: tuple(v.shape) for k, v in weights.items() if k != FINISHED}
-    if mine != theirs:
+    if not fits(net, weights):
         raise ConfigError(f"the policy at {s.policy_url} is not a {kind} Q-network for {s.env_id} "
                           f"(observations {list(env.obs_shape)}, {env.num_actions} actions): do the learners "
                           "train the same --env-id and --network?")

@@ -37,8 +37,8 @@ from torch import nn
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.sequences import SequenceBatch, sequence_batch, sequence_priorities
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
-from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, warmup
+from shardreplay.runtime.actor.settings import ActorSettings
+from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, fits, network_weights, warmup
 from shardreplay.runtime.algos.specs import recurrent_spec
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo
@@ -318,15 +318,15 @@ class R2d2Algorithm:
         Raises:
             ConfigError: the weights are not such a network for this environment.
         """
-        shapes = {k: tuple(v.shape) for k, v in weights.items() if k != FINISHED}
-        hidden = shapes.get("lstm.weight_hh_l0", (0, 0))[1]
-        net = RecurrentQ(env.obs_shape[0], env.num_actions, max(int(hidden), 1))
-        if {k: tuple(v.shape) for k, v in net.state_dict().items()} != shapes:
+        hh = weights.get("lstm.weight_hh_l0")
+        hidden = int(hh.shape[1]) if hh is not None and len(hh.shape) == 2 else 0
+        net = RecurrentQ(env.obs_shape[0], env.num_actions, max(hidden, 1))
+        if not fits(net, weights):
             raise ConfigError(f"the policy at {s.policy_url} is not an R2D2 network for {s.env_id} "
                               f"(observations {list(env.obs_shape)}, {env.num_actions} actions): do the "
                               "learners train the same --env-id with --algo r2d2?")
         policy = RecurrentPolicy(net, s)
-        policy.load({k: v for k, v in weights.items() if k != FINISHED})
+        policy.load(network_weights(weights))
         return policy
 
     def greedy(self, module: nn.Module) -> Any:

@@ -46,8 +46,8 @@ from torch import nn
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
-from shardreplay.runtime.algos.base import LearnerState, Part, warmup
+from shardreplay.runtime.actor.settings import ActorSettings
+from shardreplay.runtime.algos.base import LearnerState, Part, fits, network_weights, warmup
 from shardreplay.runtime.devices import CPU, Placement
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.settings import TrainSettings
@@ -368,18 +368,17 @@ class SacAlgorithm:
         Raises:
             ConfigError: the weights are not a SAC policy for this environment.
         """
-        shapes = {k: tuple(v.shape) for k, v in weights.items() if k != FINISHED}
+        shapes = {k: tuple(v.shape) for k, v in network_weights(weights).items()}
         layers = sorted((int(k.split(".")[1]), shape) for k, shape in shapes.items()
                         if k.startswith("net.") and k.endswith(".weight"))
         hidden = tuple(out for _i, (out, _in) in layers)
         actor = SquashedGaussianActor(env.obs_shape[0], env.action_low, env.action_high, hidden)
-        mine = {k: tuple(v.shape) for k, v in actor.state_dict().items()}
-        if not hidden or mine != shapes:
+        if not hidden or not fits(actor, weights):
             raise ConfigError(f"the policy at {s.policy_url} is not a SAC policy for {s.env_id} "
                               f"(observations {list(env.obs_shape)}, actions {list(env.action_shape)}): "
                               "do the learners train the same --env-id with --algo sac?")
         policy = SampledPolicy(actor, s)
-        policy.load({k: v for k, v in weights.items() if k != FINISHED})
+        policy.load(network_weights(weights))
         return policy
 
     def greedy(self, module: nn.Module) -> Any:
