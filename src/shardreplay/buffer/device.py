@@ -19,9 +19,10 @@ import torch
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.errors import ConfigError
+from shardreplay.spec.keys import with_shard
 from shardreplay.spec.layout import RecordLayout
 from shardreplay.spec.torch_dtypes import torch_views
-from shardreplay.spec.windows import DATA
+from shardreplay.spec.windows import DATA, data_parts
 
 
 def check_device(device: torch.device | str | None) -> torch.device:
@@ -73,7 +74,7 @@ def records_on(records: torch.Tensor, layout: RecordLayout, weights: torch.Tenso
     a view of them there; ``weights`` (float32 ``[B]``) come along."""
     on = records.to(device, non_blocking=records.is_pinned())
     parts = torch_views(layout, on)
-    data = {name[len(DATA):]: v for name, v in parts.items() if name.startswith(DATA)}
+    data = data_parts(parts)
     if device.type == "cuda":
         weights = weights.pin_memory()
     return Batch(data=data, mask=parts["mask"], keys=parts["key"],
@@ -86,8 +87,19 @@ def gathered_on(shard: Any, draw: Any, layout: RecordLayout, device: torch.devic
     one copy (:func:`records_on`)."""
     n = draw.starts.shape[0]
     records = torch.empty((n, layout.record_bytes), dtype=torch.uint8, pin_memory=True)
-    out = records.numpy()
-    mask, keys = shard.gather(draw.starts, into=(out, layout.offsets(DATA), np.arange(n)))
-    views = layout.views(out)
-    views["mask"][:], views["key"][:], views["probability"][:] = mask, keys, draw.probabilities
+    write_records(shard, layout, records.numpy(), np.arange(n), draw.starts, draw.probabilities)
     return records_on(records, layout, torch.from_numpy(draw.weights), device)
+
+
+def write_records(shard: Any, layout: RecordLayout, out: np.ndarray, rows: np.ndarray,
+                  starts: np.ndarray, probabilities: np.ndarray, shard_index: int = 0) -> None:
+    """Write the windows at flat ``starts`` of ``shard`` into rows ``rows`` of the window
+    records ``out`` (uint8 ``[N, record bytes]`` of ``layout``): their data, mask, keys
+    (with ``shard_index`` as their shard) and ``probabilities``."""
+    if not rows.size:
+        return
+    mask, keys = shard.gather(starts, into=(out, layout.offsets(DATA), rows))
+    views = layout.views(out)
+    views["mask"][rows] = mask
+    views["key"][rows] = with_shard(keys, shard_index)
+    views["probability"][rows] = probabilities

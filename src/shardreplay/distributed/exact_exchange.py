@@ -20,15 +20,15 @@ import numpy as np
 import torch
 
 import shardreplay.distributed.global_sampling as gs
+from shardreplay.buffer.device import write_records
 from shardreplay.buffer.shard import Shard
 from shardreplay.distributed.drawn import Drawn, split_batches
 from shardreplay.distributed.exchange_stats import ExchangeStats
 from shardreplay.distributed.group import Collectives, Released
 from shardreplay.distributed.shared_records import SharedRecords
-from shardreplay.spec.keys import with_shard
 from shardreplay.spec.layout import RecordLayout
 from shardreplay.spec.torch_dtypes import torch_views
-from shardreplay.spec.windows import DATA
+from shardreplay.spec.windows import data_parts
 
 _LOG = logging.getLogger(__name__)
 
@@ -117,9 +117,8 @@ class ExactExchange:
 
     def _split(self, records: torch.Tensor, n: int, total: float, low: float) -> list[Drawn]:
         parts = torch_views(self._layout, records)
-        data = {name[len("data."):]: v for name, v in parts.items() if name.startswith("data.")}
-        return split_batches(data, parts["mask"], parts["key"], parts["probability"], n, total, low,
-                             1.0, self.local.current_beta(), records)
+        return split_batches(data_parts(parts), parts["mask"], parts["key"], parts["probability"], n,
+                             total, low, 1.0, self.local.current_beta(), records)
 
     def _shared_records(self, sent: np.ndarray) -> SharedRecords | None:
         """The same-host regions sized for this refill (rank ``r`` sends ``sent[r]``
@@ -190,13 +189,7 @@ class ExactExchange:
 
     def _write_records(self, out: np.ndarray, rows: np.ndarray, starts: np.ndarray,
                        prob: np.ndarray, share: float) -> None:
-        if not rows.size:
-            return
-        mask, keys = self.local.gather(starts, into=(out, self._layout.offsets(DATA), rows))
-        views = self._layout.views(out)
-        views["mask"][rows] = mask
-        views["key"][rows] = with_shard(keys, self.rank)
-        views["probability"][rows] = prob * share
+        write_records(self.local, self._layout, out, rows, starts, prob * share, self.rank)
 
 
 def _result_rows(mine: np.ndarray, n: int, me: int) -> tuple[np.ndarray, np.ndarray]:

@@ -12,12 +12,15 @@ receiver reads each part as a strided view of the received bytes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 import numpy as np
 
 from shardreplay.spec.layout import RecordLayout, step_parts
 from shardreplay.spec.spec import Spec
 
-__all__ = ["DATA", "window_layout"]
+__all__ = ["DATA", "data_parts", "window_layout"]
 
 DATA = "data."  # prefix of the parts the storage fills: user fields, step_type, discount, episode_id
 
@@ -40,3 +43,11 @@ def window_layout(spec: Spec, window: int) -> RecordLayout:
               ("key", np.dtype(np.int64), ()),
               ("probability", np.dtype(np.float64), ())]
     return RecordLayout.pack(parts)
+
+
+_V = TypeVar("_V")
+
+
+def data_parts(parts: Mapping[str, _V]) -> dict[str, _V]:
+    """The ``data.<field>`` parts of a window record's views, by field name."""
+    return {name[len(DATA):]: v for name, v in parts.items() if name.startswith(DATA)}
