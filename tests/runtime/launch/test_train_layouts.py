@@ -46,13 +46,19 @@ def _tree_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*"))}
 
 
-def _every_shard_fed(manifest: dict, learners: int) -> None:
-    parts = sorted(manifest["parts"], key=lambda p: p["shard"])
-    assert len(parts) == learners
-    for p in parts:
+def _unfed(manifest: dict) -> list[str]:
+    """Why each shard without a step it took itself (beyond those restored) counts as unfed."""
+    out = []
+    for p in sorted(manifest["parts"], key=lambda p: p["shard"]):
         restored = (p.get("restored") or {}).get("steps", 0)
-        assert p["steps"] > restored, f"shard {p['shard']} took no chunk: {p['steps']} steps, " \
-            f"{restored} of them restored"
+        if p["steps"] <= restored:
+            out.append(f"shard {p['shard']} took no chunk: {p['steps']} steps, {restored} of them restored")
+    return out
+
+
+def _every_shard_fed(manifest: dict, learners: int) -> None:
+    assert len(manifest["parts"]) == learners
+    assert not (unfed := _unfed(manifest)), unfed
 
 
 def _refused_resume_changes_nothing(run_dir: Path, log_dir: Path) -> None:
@@ -86,13 +92,8 @@ def _newest_complete(run_dir: Path, after: int) -> dict | None:
 def _fed(manifest: dict | None, learners: int, env_steps: int) -> bool:
     """Whether ``manifest`` has a part per learner, each holding steps its shard took
     itself, and counts ``env_steps`` or more."""
-    if manifest is None or len(manifest["parts"]) != learners:
-        return False
-    try:
-        _every_shard_fed(manifest, learners)
-    except AssertionError:
-        return False
-    return manifest_counters(manifest)["env_steps"] >= env_steps
+    return (manifest is not None and len(manifest["parts"]) == learners and not _unfed(manifest)
+            and manifest_counters(manifest)["env_steps"] >= env_steps)
 
 
 def _until_every_shard_fed(args: list[str], run_dir: Path, log_dir: Path, learners: int,
