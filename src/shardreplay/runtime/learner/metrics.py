@@ -177,14 +177,14 @@ def plot_learning_curve(run_dir: Path) -> Path | None:
     path = Path(run_dir) / "metrics.csv"
     if not path.exists():
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A bare Figure, not pyplot: no backend to choose, no global figure registry, and a
+    # third less import time (0.2 CPU-s of every run's end).
+    from matplotlib.figure import Figure
 
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
     xs_spec = ((axes[0], "env_steps", "environment steps"), (axes[1], "wall_s", "wall time (s)"))
     ys_spec = (("recent_return", "training episodes (recent mean)"), ("eval_return", "greedy evaluation"))
     for ax, xkey, xlabel in xs_spec:
@@ -205,7 +205,6 @@ def plot_learning_curve(run_dir: Path) -> Path | None:
     fig.tight_layout()
     out = Path(run_dir) / "learning_curve.png"
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     return out
 
 
