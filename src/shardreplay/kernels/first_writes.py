@@ -8,6 +8,11 @@ instead while numba is not loaded yet; each gives exactly what its compiled twin
 compares them over many writes), vectorised over steps and rows. After that budget the
 compiled kernels load (kernels/lazy.py) and serve every call, as they do in any process
 that imported numba already.
+
+A process whose compiled calls are few and small may :func:`stay_numpy` for good: an actor
+checks one chunk every ``chunk_steps`` steps (about 15 us more per CartPole chunk than
+compiled, under 1% of its steps' cost), and loading numba would cost it about a CPU-second
+and 60 MiB at start-up.
 """
 
 from __future__ import annotations
@@ -18,9 +23,20 @@ from typing import Any
 import numpy as np
 
 __all__ = ["NUMPY_WRITES", "all_equal", "numpy_first", "rows_distinct_in_range", "scatter_fields",
-           "steps_ok", "write_steps"]
+           "stay_numpy", "steps_ok", "values_ok", "write_steps"]
 
-from shardreplay.kernels.codes import BAD_DISCOUNT, BAD_STEP_TYPE, MAX_STEP_TYPE, STEPS_OK
+from shardreplay.kernels.codes import (
+    BAD_DISCOUNT,
+    BAD_STEP_TYPE,
+    DISCOUNTS,
+    F32_EXPONENT,
+    F64_EXPONENT,
+    FINITE_F32,
+    FINITE_F64,
+    MAX_STEP_TYPE,
+    STEP_TYPES,
+    STEPS_OK,
+)
 
 FIRST, LAST = 0, 2
 
@@ -28,14 +44,29 @@ FIRST, LAST = 0, 2
 # script's or an actor's first steps, few enough that a long run soon runs compiled.
 NUMPY_WRITES = 64
 _writes_left = NUMPY_WRITES
+_stay = False  # stay_numpy() was called: no budget
+
+
+def stay_numpy() -> None:
+    """Let the numpy twins serve every call of this process while numba is not loaded, not
+    only its first :data:`NUMPY_WRITES` writes: for a process (an actor) whose compiled
+    calls are too few and small to repay loading numba. Another part of the process that
+    imports numba still gets the compiled kernels from then on."""
+    global _stay
+    _stay = True
 
 
 def numpy_first(spend: bool = False) -> bool:
     """Whether the numpy twins serve this call: numba is not imported yet and fewer than
-    :data:`NUMPY_WRITES` writes were served. ``spend`` (a write, not a check) counts the
-    call. Threads may race on the count: either answer gives the same results."""
+    :data:`NUMPY_WRITES` writes were served (or :func:`stay_numpy` was called). ``spend``
+    (a write, not a check) counts the call. Threads may race on the count: either answer
+    gives the same results."""
     global _writes_left
-    if _writes_left <= 0 or "numba" in sys.modules:
+    if "numba" in sys.modules:
+        return False
+    if _stay:
+        return True
+    if _writes_left <= 0:
         return False
     if spend:
         _writes_left -= 1
@@ -145,6 +176,30 @@ def steps_ok(types: np.ndarray, discount: np.ndarray) -> int:
     if discount.size and not ((discount >= 0) & (discount <= 1)).all():
         return BAD_DISCOUNT
     return STEPS_OK
+
+
+def values_ok(payload: np.ndarray, plan: np.ndarray) -> int:
+    """``kernels.validate.values_ok`` in numpy: the index of the first row of ``plan``
+    (``(kind, byte offset, count)``) whose values fail in the uint8 ``payload`` (its
+    length a multiple of 8), or -1."""
+    u8 = payload[:payload.shape[0] - payload.shape[0] % 8]
+    for j, (kind, off, n) in enumerate(plan.tolist()):
+        if n == 0:
+            continue
+        if kind == FINITE_F32:
+            bad = not is_finite(u8.view(np.uint32)[off // 4:off // 4 + n], np.uint32(F32_EXPONENT))
+        elif kind == FINITE_F64:
+            bad = not is_finite(u8.view(np.uint64)[off // 8:off // 8 + n], np.uint64(F64_EXPONENT))
+        elif kind == STEP_TYPES:
+            bad = bool((u8[off:off + n] > MAX_STEP_TYPE).any())  # uint8: never below FIRST
+        elif kind == DISCOUNTS:
+            discounts = u8.view(np.float32)[off // 4:off // 4 + n]
+            bad = not ((discounts >= 0) & (discounts <= 1)).all()  # NaN fails both
+        else:
+            bad = False
+        if bad:
+            return j
+    return -1
 
 
 def is_finite(words: np.ndarray, mask: Any) -> bool:

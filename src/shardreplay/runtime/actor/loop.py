@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -23,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
 from shardreplay.gym.steps import GymStepConverter
+from shardreplay.kernels import first_writes
 from shardreplay.policy import open_subscriber
 from shardreplay.policy.broadcast import describe_version, split_version, wait_for_policy
 from shardreplay.runtime.actor.chunker import Chunker
@@ -41,15 +42,16 @@ from shardreplay.runtime.actor.settings import (  # re-exported: the actor's pub
 )
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, published_hidden
-from shardreplay.runtime.devices import actor_device
 from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env
 from shardreplay.runtime.routing import scheme_of, shard_transport
+from shardreplay.runtime.settings import check_device_name
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
 from shardreplay.spec import StepType
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
-__all__ = ["AGREED", "FINISHED", "ActorSettings", "RunInfo", "StopFlag", "actor_seed", "resolve", "run"]
+__all__ = ["AGREED", "FINISHED", "ActorSettings", "RunInfo", "StopFlag", "actor_process", "actor_seed",
+           "resolve", "run"]
 
 log = logging.getLogger("shardreplay.actor")
 _SAID_FULL: set[int] = set()  # actors that logged their spool full (once per process)
@@ -73,6 +75,16 @@ class StopFlag:
         """Route ``signals`` (default SIGTERM and SIGINT) here (main thread only)."""
         for sig in signals:
             signal.signal(sig, self.set)
+
+
+def actor_process() -> None:
+    """Set up a process that runs one actor and nothing else (the ``train`` launcher's
+    actors, ``shardreplay actor``): its chunk checks stay on the NumPy twins of the
+    compiled kernels (:func:`shardreplay.kernels.first_writes.stay_numpy`), so numba
+    never loads. A chunk's check costs about 15 us more that way (under 1% of the
+    steps in it); numba would cost the actor about a CPU-second and 60 MiB at start-up.
+    """
+    first_writes.stay_numpy()
 
 
 def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport | None = None,
@@ -99,9 +111,10 @@ def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport 
         stop = StopFlag()
         stop.install()
     given = {0: transport} if isinstance(transport, Transport) else transport
-    torch.set_num_threads(1)
     counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
-    subscriber = open_subscriber(settings.policy_url, check_interval_s=settings.policy_check_interval_s)
+    # numpy weights: a policy that needs torch converts them (torch.as_tensor shares them)
+    subscriber = open_subscriber(settings.policy_url, check_interval_s=settings.policy_check_interval_s,
+                                 as_numpy=True)
     try:
         first = _first_policy(subscriber, settings, stop)
         if first is None:  # stopped before any policy came: nothing was played, nothing to send
@@ -160,8 +173,9 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
           counters: dict[str, int]) -> Any:
     feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
     algo, env_info = algo_env
-    actor_device(s.device)  # refused here, before any network is made, when CUDA is missing
+    _check_device(s.device)  # refused here, before any network is made, when CUDA is missing
     policy = algo.make_policy(first.weights, env_info, s)
+    _one_torch_thread()
     version = _load(policy, first)
     state = policy.initial_state(s.envs_per_actor)
     run_steps = info.env_steps if info is not None else 0  # the run's steps when this actor joined
@@ -214,6 +228,29 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
             writer.close()
         delivered.close()
     return feed.next_run
+
+
+def _check_device(name: str) -> None:
+    """Refuse a device name other than cpu, cuda, cuda:N, or CUDA where none is available
+    (torch is imported only to ask that: a CPU actor may never need it).
+
+    Raises:
+        ConfigError: as described.
+    """
+    check_device_name("device", name)
+    if name != "cpu":
+        from shardreplay.runtime.devices import actor_device
+
+        actor_device(name)
+
+
+def _one_torch_thread() -> None:
+    """An actor acts on a few observations at a time: one torch thread (more would only
+    contend with the other actors of the machine). Nothing when its policy did not
+    import torch (the default NumPy one)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def play_step(policy: ActorPolicy, env: Any, converter: GymStepConverter, obs: np.ndarray, state: Any,
