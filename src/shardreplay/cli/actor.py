@@ -93,11 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from shardreplay.runtime.log_lines import configure_logging
 
     configure_logging(logging.INFO, "%(asctime)s %(name)s: %(message)s")  # masks the Redis password
-    from shardreplay.runtime.actor.loop import actor_process
     from shardreplay.runtime.actor.loop import run as run_actor
     from shardreplay.secrets import adopt, read_password_file
-
-    actor_process()
 
     names = {f.name for f in dataclasses.fields(ActorSettings)}
     values = {k: v for k, v in vars(args).items() if k in names}

@@ -9,10 +9,10 @@ compares them over many writes), vectorised over steps and rows. After that budg
 compiled kernels load (kernels/lazy.py) and serve every call, as they do in any process
 that imported numba already.
 
-A process whose compiled calls are few and small may :func:`stay_numpy` for good: an actor
-checks one chunk every ``chunk_steps`` steps (about 15 us more per CartPole chunk than
-compiled, under 1% of its steps' cost), and loading numba would cost it about a CPU-second
-and 60 MiB at start-up.
+Checks (:func:`values_ok`, :func:`steps_ok`, :func:`is_finite`) do not spend that budget:
+a process that only checks, such as an actor checking each chunk it sends, never loads
+numba. That costs an actor about 15 us per CartPole chunk (under 1% of its steps' cost)
+and saves it about a CPU-second and 60 MiB at start-up.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["NUMPY_WRITES", "all_equal", "numpy_first", "rows_distinct_in_range", "scatter_fields",
-           "stay_numpy", "steps_ok", "values_ok", "write_steps"]
+           "steps_ok", "values_ok", "write_steps"]
 
 from shardreplay.kernels.codes import (
     BAD_DISCOUNT,
@@ -44,29 +44,14 @@ FIRST, LAST = 0, 2
 # script's or an actor's first steps, few enough that a long run soon runs compiled.
 NUMPY_WRITES = 64
 _writes_left = NUMPY_WRITES
-_stay = False  # stay_numpy() was called: no budget
-
-
-def stay_numpy() -> None:
-    """Let the numpy twins serve every call of this process while numba is not loaded, not
-    only its first :data:`NUMPY_WRITES` writes: for a process (an actor) whose compiled
-    calls are too few and small to repay loading numba. Another part of the process that
-    imports numba still gets the compiled kernels from then on."""
-    global _stay
-    _stay = True
 
 
 def numpy_first(spend: bool = False) -> bool:
     """Whether the numpy twins serve this call: numba is not imported yet and fewer than
-    :data:`NUMPY_WRITES` writes were served (or :func:`stay_numpy` was called). ``spend``
-    (a write, not a check) counts the call. Threads may race on the count: either answer
-    gives the same results."""
+    :data:`NUMPY_WRITES` writes were served. ``spend`` (a write, not a check) counts the
+    call. Threads may race on the count: either answer gives the same results."""
     global _writes_left
-    if "numba" in sys.modules:
-        return False
-    if _stay:
-        return True
-    if _writes_left <= 0:
+    if _writes_left <= 0 or "numba" in sys.modules:
         return False
     if spend:
         _writes_left -= 1

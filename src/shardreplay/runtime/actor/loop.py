@@ -28,7 +28,6 @@ import numpy as np
 from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
 from shardreplay.gym.steps import GymStepConverter
-from shardreplay.kernels import first_writes
 from shardreplay.policy import open_subscriber
 from shardreplay.policy.broadcast import describe_version, split_version, wait_for_policy
 from shardreplay.runtime.actor.chunker import Chunker
@@ -50,8 +49,7 @@ from shardreplay.spec import StepType
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
-__all__ = ["AGREED", "FINISHED", "ActorSettings", "RunInfo", "StopFlag", "actor_process", "actor_seed",
-           "resolve", "run"]
+__all__ = ["AGREED", "FINISHED", "ActorSettings", "RunInfo", "StopFlag", "actor_seed", "resolve", "run"]
 
 log = logging.getLogger("shardreplay.actor")
 _SAID_FULL: set[int] = set()  # actors that logged their spool full (once per process)
@@ -75,16 +73,6 @@ class StopFlag:
         """Route ``signals`` (default SIGTERM and SIGINT) here (main thread only)."""
         for sig in signals:
             signal.signal(sig, self.set)
-
-
-def actor_process() -> None:
-    """Set up a process that runs one actor and nothing else (the ``train`` launcher's
-    actors, ``shardreplay actor``): its chunk checks stay on the NumPy twins of the
-    compiled kernels (:func:`shardreplay.kernels.first_writes.stay_numpy`), so numba
-    never loads. A chunk's check costs about 15 us more that way (under 1% of the
-    steps in it); numba would cost the actor about a CPU-second and 60 MiB at start-up.
-    """
-    first_writes.stay_numpy()
 
 
 def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport | None = None,

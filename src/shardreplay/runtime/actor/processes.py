@@ -112,9 +112,8 @@ def reap_processes(procs: list[Any], grace_s: float, timeout_s: float = 5.0) -> 
 def _actor_main(settings: ActorSettings, transports: Mapping[int, Transport] | None, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     configure_logging(logging.WARNING, "%(asctime)s actor %(message)s")
-    from shardreplay.runtime.actor.loop import StopFlag, actor_process, run
+    from shardreplay.runtime.actor.loop import StopFlag, run
 
-    actor_process()
     stop = StopFlag()
 
     def on_sigterm(*_args: Any) -> None:
