@@ -9,6 +9,7 @@ Cost: about 2 CPU-s (the fresh interpreter: 0.5 s).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -99,22 +100,28 @@ def test_images_keep_the_torch_policy_and_other_layers_are_refused() -> None:
         DQN.make_policy(_weights(QNetwork(5, 2, (16,))), CARTPOLE, _settings())
 
 
-def test_the_default_actor_runs_without_torch_or_numba(tmp_path: Path) -> None:
+def test_the_default_actor_runs_without_torch_or_numba_on_one_blas_thread(tmp_path: Path) -> None:
     """The spawned actor's entry, its policy built from published weights, and more than
-    the first-writes budget of chunks checked and sent: neither torch nor numba loads."""
+    the first-writes budget of chunks checked and sent: neither torch nor numba loads, and
+    numpy's OpenBLAS (one thread per core when it loads) is down to one thread."""
     publish_cartpole_policy(f"file://{tmp_path}/policy", 1)  # no run description: DQN, CartPole, MLP
     code = textwrap.dedent(f"""
         import json, sys
         from shardreplay.runtime.actor.processes import _actor_main  # what spawn unpickles
         from shardreplay.runtime.actor.loop import ActorSettings, StopFlag, run
+        from shardreplay.runtime.actor.threads import openblas_threads
+        before = openblas_threads()
         s = ActorSettings(actor_id=0, num_actors=1, num_shards=1, transport="file://{tmp_path}/spool",
                           policy_url="file://{tmp_path}/policy", hidden=(16,), seed=1,
                           queued_chunks_per_actor=256, max_env_steps=4 * 16 * 70)
         counters = run(s, stop=StopFlag())
-        print(json.dumps([counters["chunks"], [m for m in ("torch", "numba") if m in sys.modules]]))
+        loaded = [m for m in ("torch", "numba") if m in sys.modules]
+        print(json.dumps([counters["chunks"], loaded, before, openblas_threads()]))
     """)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          check=False)
+                          check=False, env=env)
     assert proc.returncode == 0, proc.stderr
-    chunks, loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    chunks, loaded, before, after = json.loads(proc.stdout.strip().splitlines()[-1])
     assert chunks == 70 and loaded == []
+    assert after == (None if before is None else 1), (before, after)  # None: numpy without OpenBLAS

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from shardreplay.runtime.actor.settings import (  # re-exported: the actor's pub
     actor_seed,
     resolve,
 )
+from shardreplay.runtime.actor.threads import one_compute_thread
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, published_hidden
 from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env
@@ -163,7 +163,7 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
     algo, env_info = algo_env
     _check_device(s.device)  # refused here, before any network is made, when CUDA is missing
     policy = algo.make_policy(first.weights, env_info, s)
-    _one_torch_thread()
+    one_compute_thread()  # after the policy: it may have loaded torch
     version = _load(policy, first)
     state = policy.initial_state(s.envs_per_actor)
     run_steps = info.env_steps if info is not None else 0  # the run's steps when this actor joined
@@ -230,15 +230,6 @@ def _check_device(name: str) -> None:
         from shardreplay.runtime.devices import actor_device
 
         actor_device(name)
-
-
-def _one_torch_thread() -> None:
-    """An actor acts on a few observations at a time: one torch thread (more would only
-    contend with the other actors of the machine). Nothing when its policy did not
-    import torch (the default NumPy one)."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
 
 
 def play_step(policy: ActorPolicy, env: Any, converter: GymStepConverter, obs: np.ndarray, state: Any,
