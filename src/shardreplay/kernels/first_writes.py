@@ -11,8 +11,9 @@ that imported numba already.
 
 Checks (:func:`values_ok`, :func:`steps_ok`, :func:`is_finite`) do not spend that budget:
 a process that only checks, such as an actor checking each chunk it sends, never loads
-numba. That costs an actor about 15 us per CartPole chunk (under 1% of its steps' cost)
-and saves it about a CPU-second and 60 MiB at start-up.
+numba. A chunk's numpy check costs an actor a small fraction of the steps in the chunk,
+numba's loading a large part of its start-up
+(benchmarks/startup/RESULTS-actor.md).
 """
 
 from __future__ import annotations

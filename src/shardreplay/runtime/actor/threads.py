@@ -3,8 +3,8 @@
 An actor acts on a few observations at a time, and a machine runs many actors: a second
 thread only contends with the other actors. numpy's OpenBLAS starts one thread per core
 when it loads (before the actor's code runs: the actor's modules import numpy) and, on a
-busy machine, its threads spin: a ``[64, 256] @ [256, 256]`` float32 product cost 1.2 ms
-of CPU on 2 loaded cores instead of 71 us on one thread. ``OPENBLAS_NUM_THREADS`` is read
+busy machine, its threads spin: a matrix product of a policy's size costs many times the
+CPU of one thread's (benchmarks/startup/RESULTS-actor.md). ``OPENBLAS_NUM_THREADS`` is read
 only when the library loads, so the running library is asked directly (its
 ``*openblas_set_num_threads*`` function, found among the process's mapped libraries on
 Linux); a numpy built on another BLAS is left as it is.

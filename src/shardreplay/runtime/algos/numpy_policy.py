@@ -8,9 +8,10 @@ weights (the names and shapes of :class:`~shardreplay.runtime.qnet.QNetwork`'s
 actions equal the torch network's argmax except where two Q-values tie to within float32
 rounding (the two libraries sum the products in other orders).
 
-Why: an actor that imports torch spends about 2 CPU-seconds and 300 MiB on it before its
-first step, and such a small network gains nothing from it (a NumPy forward pass of a few
-observations is also faster than torch's per-call overhead).
+Why: importing torch is most of what an actor that acts with it costs in CPU before its
+first step and in memory, and such a small network gains nothing from it (a NumPy forward
+pass of a few observations also costs less than a torch call;
+benchmarks/startup/RESULTS-actor.md).
 """
 
 from __future__ import annotations
