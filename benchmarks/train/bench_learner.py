@@ -174,7 +174,7 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
     import torch.distributed as dist
 
     from shardreplay.distributed import ShardedReplayBuffer
-    from shardreplay.runtime.algos.dqn import DoubleDqn, DqnSettings
+    from shardreplay.runtime.algos.dqn_torch import DoubleDqn, DqnSettings
     from shardreplay.runtime.devices import place, wrap
 
     torch.manual_seed(0)

@@ -1,11 +1,14 @@
-"""The compiled value checks agree with their plain-numpy references (fixed seeds, random
-and edge inputs: NaN/inf, negatives, out-of-range step types, empty arrays)."""
+"""The compiled value checks agree with their plain-numpy references and with the numpy
+twins a process runs before numba loads (kernels/first_writes.py: an actor's chunk checks)
+(fixed seeds, random and edge inputs: NaN/inf, negatives, out-of-range step types, empty
+arrays)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from shardreplay.kernels import first_writes
 from shardreplay.kernels import validate as k
 
 SPECIALS_F32 = np.array([0.0, -0.0, 1.0, np.nextafter(np.float32(1), np.float32(2)), -1e-45, 1e-45, 0.5,
@@ -101,7 +104,7 @@ def test_values_ok_agrees_with_the_reference() -> None:
                 block = payload[off:off + count * dtype.itemsize].view(dtype)
                 block[rng.integers(count)] = rng.choice(specials[int(kind)])
             got = k.values_ok(payload, plan)
-            assert got == k.values_ok_ref(payload, plan)
+            assert got == k.values_ok_ref(payload, plan) == first_writes.values_ok(payload, plan)
             outcomes.add(got)
     assert -1 in outcomes and len(outcomes) >= 4  # clean payloads and failures in every kind
 
@@ -110,3 +113,4 @@ def test_values_ok_on_an_empty_plan_and_payload() -> None:
     empty = np.zeros(0, np.uint8)
     plan = np.zeros((0, 3), np.int64)
     assert k.values_ok(empty, plan) == k.values_ok_ref(empty, plan) == -1
+    assert first_writes.values_ok(empty, plan) == -1

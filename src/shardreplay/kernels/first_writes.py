@@ -8,6 +8,12 @@ instead while numba is not loaded yet; each gives exactly what its compiled twin
 compares them over many writes), vectorised over steps and rows. After that budget the
 compiled kernels load (kernels/lazy.py) and serve every call, as they do in any process
 that imported numba already.
+
+Checks (:func:`values_ok`, :func:`steps_ok`, :func:`is_finite`) do not spend that budget:
+a process that only checks, such as an actor checking each chunk it sends, never loads
+numba. A chunk's numpy check costs an actor a small fraction of the steps in the chunk,
+numba's loading a large part of its start-up
+(benchmarks/startup/RESULTS-actor.md).
 """
 
 from __future__ import annotations
@@ -18,9 +24,20 @@ from typing import Any
 import numpy as np
 
 __all__ = ["NUMPY_WRITES", "all_equal", "numpy_first", "rows_distinct_in_range", "scatter_fields",
-           "steps_ok", "write_steps"]
+           "steps_ok", "values_ok", "write_steps"]
 
-from shardreplay.kernels.codes import BAD_DISCOUNT, BAD_STEP_TYPE, MAX_STEP_TYPE, STEPS_OK
+from shardreplay.kernels.codes import (
+    BAD_DISCOUNT,
+    BAD_STEP_TYPE,
+    DISCOUNTS,
+    F32_EXPONENT,
+    F64_EXPONENT,
+    FINITE_F32,
+    FINITE_F64,
+    MAX_STEP_TYPE,
+    STEP_TYPES,
+    STEPS_OK,
+)
 
 FIRST, LAST = 0, 2
 
@@ -145,6 +162,30 @@ def steps_ok(types: np.ndarray, discount: np.ndarray) -> int:
     if discount.size and not ((discount >= 0) & (discount <= 1)).all():
         return BAD_DISCOUNT
     return STEPS_OK
+
+
+def values_ok(payload: np.ndarray, plan: np.ndarray) -> int:
+    """``kernels.validate.values_ok`` in numpy: the index of the first row of ``plan``
+    (``(kind, byte offset, count)``) whose values fail in the uint8 ``payload`` (its
+    length a multiple of 8), or -1."""
+    u8 = payload[:payload.shape[0] - payload.shape[0] % 8]
+    for j, (kind, off, n) in enumerate(plan.tolist()):
+        if n == 0:
+            continue
+        if kind == FINITE_F32:
+            bad = not is_finite(u8.view(np.uint32)[off // 4:off // 4 + n], np.uint32(F32_EXPONENT))
+        elif kind == FINITE_F64:
+            bad = not is_finite(u8.view(np.uint64)[off // 8:off // 8 + n], np.uint64(F64_EXPONENT))
+        elif kind == STEP_TYPES:
+            bad = bool((u8[off:off + n] > MAX_STEP_TYPE).any())  # uint8: never below FIRST
+        elif kind == DISCOUNTS:
+            discounts = u8.view(np.float32)[off // 4:off // 4 + n]
+            bad = not ((discounts >= 0) & (discounts <= 1)).all()  # NaN fails both
+        else:
+            bad = False
+        if bad:
+            return j
+    return -1
 
 
 def is_finite(words: np.ndarray, mask: Any) -> bool:

@@ -18,6 +18,9 @@ Weights travel as safetensors (never pickle) with the version in their metadata:
     if update is not None:
         model.load_state_dict(update.weights)
 
+A subscriber opened with ``as_numpy=True`` gives numpy arrays (read with
+``safetensors.numpy``: it never imports torch, as the default actor does).
+
 ``poll`` looks at the version at most every ``check_interval_s`` (Redis: at once when a
 notification arrived; a lost notification costs at most one interval) and loads weights
 only when the version grew or the run changed. A damaged or inconsistent copy is
@@ -47,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from shardreplay.errors import ConfigError, TransportTimeout
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 __all__ = [
@@ -111,12 +115,13 @@ class PolicyUpdate:
 
     Attributes:
         version: its version.
-        weights: name -> CPU tensor, ready for ``load_state_dict``.
+        weights: name -> CPU tensor, ready for ``load_state_dict`` (numpy arrays from a
+            subscriber opened with ``as_numpy=True``).
         meta: the publisher's string metadata (:data:`RUN_KEY` describes the run).
     """
 
     version: int
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor] | dict[str, np.ndarray]
     meta: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -248,9 +253,13 @@ def read_metadata(data: bytes) -> dict[str, str]:
 
 
 def deserialize(data: bytes, expect_crc: int | None, stats: SubscriberStats,
-                origin: str) -> PolicyUpdate | None:
-    """Checked weights from safetensors bytes; None (logged, counted) when damaged."""
-    from safetensors.torch import load
+                origin: str, as_numpy: bool = False) -> PolicyUpdate | None:
+    """Checked weights from safetensors bytes; None (logged, counted) when damaged.
+    ``as_numpy``: numpy arrays instead of torch tensors (torch is then not imported)."""
+    if as_numpy:
+        from safetensors.numpy import load
+    else:
+        from safetensors.torch import load  # type: ignore[assignment]
 
     if expect_crc is not None and zlib.crc32(data) != expect_crc:
         stats.reject("checksum", f"{origin}: weights do not match their checksum")

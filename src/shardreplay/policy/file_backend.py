@@ -139,16 +139,19 @@ class FileSubscriber:
     Args:
         path: the publisher's directory.
         check_interval_s: ``poll`` reads the version note at most this often.
+        as_numpy: give the weights as numpy arrays, not torch tensors (torch never loads).
 
     Raises:
         ConfigError: a negative interval.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, check_interval_s: float = 1.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, check_interval_s: float = 1.0,
+                 as_numpy: bool = False) -> None:
         if check_interval_s < 0:
             raise ConfigError(f"check_interval_s must be >= 0, got {check_interval_s}")
         self.path = Path(path)
         self.check_interval_s = check_interval_s
+        self.as_numpy = as_numpy
         self.version: int | None = None
         self.run_id: str | None = None
         self.stats = SubscriberStats()
@@ -183,7 +186,7 @@ class FileSubscriber:
             data = (self.path / name).read_bytes()
         except FileNotFoundError:
             return None  # superseded and pruned since the note was read: look again later
-        update = deserialize(data, crc, self.stats, str(self.path / name))
+        update = deserialize(data, crc, self.stats, str(self.path / name), self.as_numpy)
         if update is None:
             self._bad_note = raw
             return None

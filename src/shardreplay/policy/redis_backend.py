@@ -83,14 +83,20 @@ class RedisSubscriber:
         url: ``redis://host:port/db``.
         key: the publisher's key.
         check_interval_s: longest time between version checks without a hint.
+        as_numpy: give the weights as numpy arrays, not torch tensors (torch never loads).
+
+    Raises:
+        ConfigError: a negative interval.
     """
 
-    def __init__(self, url: str, *, key: str = "shardreplay:policy", check_interval_s: float = 1.0) -> None:
+    def __init__(self, url: str, *, key: str = "shardreplay:policy", check_interval_s: float = 1.0,
+                 as_numpy: bool = False) -> None:
         if check_interval_s < 0:
             raise ConfigError(f"check_interval_s must be >= 0, got {check_interval_s}")
         self._link = RedisLink(url)
         self._key = key
         self.check_interval_s = check_interval_s
+        self.as_numpy = as_numpy
         self.version: int | None = None
         self.run_id: str | None = None
         self.stats = SubscriberStats()
@@ -133,7 +139,7 @@ class RedisSubscriber:
             self._bad = marker
             self.stats.reject("format", f"policy hash lacks a field or is malformed: {exc}")
             return None
-        update = deserialize(data, crc, self.stats, f"redis key {self._key}")
+        update = deserialize(data, crc, self.stats, f"redis key {self._key}", self.as_numpy)
         if update is None or update.version != version:
             self._bad = marker
             if update is not None:

@@ -18,13 +18,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from shardreplay.errors import ConfigError
+from shardreplay.runtime.network_kinds import choose_network
 from shardreplay.runtime.qnet import QNetwork
 from shardreplay.runtime.settings import NETWORKS
 
 __all__ = ["NETWORKS", "MinAtarQNetwork", "NatureQNetwork", "choose_network", "make_q_network"]
-
-_NATURE_MIN_SIDE = 36  # the smallest side the Nature network's three convolutions accept
 
 
 class NatureQNetwork(nn.Module):
@@ -69,32 +67,6 @@ class MinAtarQNetwork(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values ``[B, num_actions]``."""
         return self.head(self.conv(obs.to(torch.float32)))
-
-
-def choose_network(obs_shape: Sequence[int], network: str = "auto") -> str:
-    """The network for observations of ``obs_shape``: ``network`` itself when it is not
-    ``auto``, else ``mlp`` for vectors, ``nature`` for images of 36x36 or more and
-    ``minatar`` for smaller ones.
-
-    Raises:
-        ConfigError: an unknown name, or a network that cannot take these observations.
-    """
-    if network not in NETWORKS:
-        raise ConfigError(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
-    shape = tuple(int(d) for d in obs_shape)
-    if network == "auto":
-        if len(shape) == 1:
-            return "mlp"
-        if len(shape) == 3:
-            return "nature" if min(shape[1:]) >= _NATURE_MIN_SIDE else "minatar"
-        raise ConfigError(f"observations shaped {list(shape)}: train takes flat vectors or images "
-                          "[C, H, W]; wrap the env to produce one of them")
-    need = 1 if network == "mlp" else 3
-    if len(shape) != need or (network == "nature" and min(shape[1:]) < _NATURE_MIN_SIDE) \
-            or (network == "minatar" and min(shape[1:]) < 3):
-        raise ConfigError(f"--network {network} cannot take observations shaped {list(shape)}"
-                          + (" (it needs images of 36x36 or more)" if network == "nature" else ""))
-    return network
 
 
 def make_q_network(obs_shape: Sequence[int], num_actions: int, network: str = "auto",

@@ -1,4 +1,8 @@
-"""The Q-network and the per-stream exploration rates (Ape-X)."""
+"""The Q-network (torch) and the per-stream exploration rates (Ape-X).
+
+The exploration itself is torch-free (:mod:`shardreplay.runtime.algos.apex`);
+:func:`apex_epsilons` is re-exported here for the scripts that import it from this module.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from shardreplay.runtime.algos.apex import apex_epsilons, explore
+
+__all__ = ["QNetwork", "apex_epsilons", "epsilon_greedy"]
+
 
 class QNetwork(nn.Module):
     """An MLP from a flat observation to one Q-value per action.
+
+    Its twin without torch, :class:`~shardreplay.runtime.algos.numpy_policy.NumpyQNetwork`,
+    acts from the same weights (``net.<2i>.weight`` / ``net.<2i>.bias``).
 
     Args:
         obs_size: length of the observation vector.
@@ -31,18 +42,7 @@ class QNetwork(nn.Module):
         return self.net(obs.to(torch.float32))
 
 
-def apex_epsilons(num_streams: int, first: int, total: int, base: float = 0.4,
-                  exponent: float = 7.0) -> np.ndarray:
-    """Ape-X exploration rates ``base^(1 + exponent * i / (total - 1))`` for global
-    streams ``first .. first + num_streams - 1`` of ``total`` (one stream: ``base``)."""
-    i = np.arange(first, first + num_streams, dtype=np.float64)
-    frac = i / (total - 1) if total > 1 else np.zeros_like(i)
-    return base ** (1.0 + exponent * frac)
-
-
 def epsilon_greedy(q: torch.Tensor, epsilons: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Greedy actions, replaced by uniform random ones with probability ``epsilons[i]``."""
-    actions = q.argmax(dim=1).cpu().numpy()
-    explore = rng.random(actions.shape[0]) < epsilons
-    actions[explore] = rng.integers(0, q.shape[1], size=int(explore.sum()))
-    return actions
+    """Greedy actions, replaced by uniform random ones with probability ``epsilons[i]``
+    (the draws of :func:`~shardreplay.runtime.algos.apex.explore`)."""
+    return explore(q.argmax(dim=1).cpu().numpy(), int(q.shape[1]), epsilons, rng)

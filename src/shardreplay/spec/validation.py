@@ -276,7 +276,8 @@ class PackedSteps:
         Raises:
             SpecMismatchError: a value the spec forbids, named by its field.
         """
-        if kernels.values_ok(payload, self.plan) >= 0:
+        run = first_writes if first_writes.numpy_first() else kernels
+        if run.values_ok(payload, self.plan) >= 0:
             validate(spec, steps, self.lead_shape)  # raises, naming the field
             raise SpecMismatchError("steps hold a value the spec forbids")  # pragma: no cover
 

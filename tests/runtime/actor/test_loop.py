@@ -26,7 +26,7 @@ from shardreplay.spec import StepType
 from shardreplay.transport.codec import Chunk, encode
 from tests.runtime.runtime_helpers import CARTPOLE_SPEC, children, publish_cartpole_policy, wait_for
 
-START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
+START_S = 90.0  # a child imports gymnasium (and torch for some policies): seconds on a loaded machine
 
 
 pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # conftest.py

@@ -13,7 +13,7 @@ import torch
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import AGREED, ActorSettings, resolve
 from shardreplay.runtime.algos import ACTIONS, algorithm
-from shardreplay.runtime.algos.dqn import DoubleDqn, DqnSettings
+from shardreplay.runtime.algos.dqn_torch import DoubleDqn, DqnSettings
 from shardreplay.runtime.envs import EnvSource, describe_env
 from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy

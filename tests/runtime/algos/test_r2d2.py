@@ -122,7 +122,7 @@ def _actor(weights: Mapping[str, Any], envs: int = 3) -> RecurrentPolicy:
 def test_actor_stores_the_state_it_acted_from_and_restarts_it_with_each_episode() -> None:
     torch.manual_seed(1)
     net = RecurrentQ(2, 2, H)
-    policy = _actor(net.state_dict())
+    policy = _actor({k: v.numpy() for k, v in net.state_dict().items()})  # as actors get them
     env, obs = make_vector_env(env_source("shardreplay/MaskedCartPole-v1"), 3, seed=0)
     converter = GymStepConverter.from_env(env)
     converter.reset(obs)

@@ -120,7 +120,7 @@ def test_actor_policy_from_published_weights_explores_uniformly_in_warmup() -> N
     settings = TrainSettings.from_dict({"algo": "sac", "env_id": "Pendulum-v1", "hidden": [16, 16]})
     torch.manual_seed(0)  # the initial networks, whatever ran before
     agent = algorithm("sac").make_agent(ENV, settings, world=1)
-    weights = {k: v.clone() for k, v in agent.module.state_dict().items()}
+    weights = {k: v.numpy().copy() for k, v in agent.module.state_dict().items()}  # as actors get them
     s = ActorSettings(actor_id=0, algo="sac", num_actors=1, envs_per_actor=4000, policy_url="file:///x",
                       epsilon_warmup_steps=1000, seed=3, env_id="Pendulum-v1")
     policy = algorithm("sac").make_policy(weights, ENV, s)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
@@ -39,11 +38,12 @@ from shardreplay.runtime.actor.settings import (  # re-exported: the actor's pub
     actor_seed,
     resolve,
 )
+from shardreplay.runtime.actor.threads import one_compute_thread
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, published_hidden
-from shardreplay.runtime.devices import actor_device
 from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env
 from shardreplay.runtime.routing import scheme_of, shard_transport
+from shardreplay.runtime.settings import check_device_name
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
 from shardreplay.spec import StepType
 from shardreplay.transport.base import Transport
@@ -99,9 +99,10 @@ def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport 
         stop = StopFlag()
         stop.install()
     given = {0: transport} if isinstance(transport, Transport) else transport
-    torch.set_num_threads(1)
     counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
-    subscriber = open_subscriber(settings.policy_url, check_interval_s=settings.policy_check_interval_s)
+    # numpy weights: a policy that needs torch converts them (torch.as_tensor shares them)
+    subscriber = open_subscriber(settings.policy_url, check_interval_s=settings.policy_check_interval_s,
+                                 as_numpy=True)
     try:
         first = _first_policy(subscriber, settings, stop)
         if first is None:  # stopped before any policy came: nothing was played, nothing to send
@@ -160,8 +161,9 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
           counters: dict[str, int]) -> Any:
     feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
     algo, env_info = algo_env
-    actor_device(s.device)  # refused here, before any network is made, when CUDA is missing
+    _check_device(s.device)  # refused here, before any network is made, when CUDA is missing
     policy = algo.make_policy(first.weights, env_info, s)
+    one_compute_thread()  # after the policy: it may have loaded torch
     version = _load(policy, first)
     state = policy.initial_state(s.envs_per_actor)
     run_steps = info.env_steps if info is not None else 0  # the run's steps when this actor joined
@@ -214,6 +216,20 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
             writer.close()
         delivered.close()
     return feed.next_run
+
+
+def _check_device(name: str) -> None:
+    """Refuse a device name other than cpu, cuda, cuda:N, or CUDA where none is available
+    (torch is imported only to ask that: a CPU actor may never need it).
+
+    Raises:
+        ConfigError: as described.
+    """
+    check_device_name("device", name)
+    if name != "cpu":
+        from shardreplay.runtime.devices import actor_device
+
+        actor_device(name)
 
 
 def play_step(policy: ActorPolicy, env: Any, converter: GymStepConverter, obs: np.ndarray, state: Any,

@@ -30,23 +30,23 @@ sampling from its Gaussian (uniform random actions during the warm-up).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
-from torch import nn
 
-from shardreplay.buffer.batch import Batch
-from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
-from shardreplay.runtime.devices import Placement
 from shardreplay.runtime.envs import EnvInfo
-from shardreplay.runtime.qnet import apex_epsilons
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 
-__all__ = ["ActorPolicy", "Agent", "Algorithm", "ApexActor", "LearnerState", "fits", "network_weights",
-           "published_hidden", "warmup"]
+if TYPE_CHECKING:  # torch only types these: an actor that acts without torch never imports it
+    import torch
+    from torch import nn
+
+    from shardreplay.buffer.batch import Batch
+    from shardreplay.runtime.devices import Placement
+
+__all__ = ["ActorPolicy", "Agent", "Algorithm", "fits", "network_weights", "published_hidden", "warmup"]
 
 
 class Agent(Protocol):
@@ -144,78 +144,6 @@ class Algorithm(Protocol):
         """A function from observations ``[B, ...]`` (a tensor) to the evaluation's
         deterministic actions (numpy) of the published ``module``."""
         ...
-
-
-Part = nn.Module | torch.optim.Optimizer | torch.Tensor
-
-
-class LearnerState:
-    """``state_dict`` / ``load_state_dict`` of a learner made of named parts (networks,
-    optimizers, tensors) and an update count, for the algorithms' :class:`Agent`.
-
-    A subclass sets ``algo`` (its ``--algo``) and ``state_key`` (an entry that only its
-    own state has, so that a checkpoint of another algorithm is refused by name), and
-    lists its parts in :meth:`_state_parts`, in the order they are saved (checkpoints
-    keep that order: the same learner state, the same bytes).
-    """
-
-    algo: ClassVar[str]
-    state_key: ClassVar[str]
-    updates: int
-
-    def _state_parts(self) -> dict[str, Part]:
-        """The parts saved, by entry name."""
-        raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        """Every part's state (a tensor: a detached copy), then ``updates``."""
-        state: dict[str, Any] = {name: part.detach().clone() if isinstance(part, torch.Tensor)
-                                 else part.state_dict() for name, part in self._state_parts().items()}
-        state["updates"] = self.updates
-        return state
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Inverse of :meth:`state_dict`.
-
-        Raises:
-            ConfigError: ``state`` is another algorithm's learner (a checkpoint of another --algo).
-        """
-        if self.state_key not in state:
-            raise ConfigError(f"the checkpoint holds another algorithm's learner (not --algo {self.algo}): "
-                              "resume it with the --algo it was trained with")
-        for name, part in self._state_parts().items():
-            if isinstance(part, torch.Tensor):
-                with torch.no_grad():
-                    part.copy_(torch.as_tensor(state[name]))
-            else:
-                part.load_state_dict(state[name])
-        self.updates = int(state["updates"])
-
-
-class ApexActor:
-    """What the epsilon-greedy actor policies (DQN's, R2D2's) share: their network on the
-    actor's device, loaded from published weights, and Ape-X's exploration: stream ``i``
-    of ``N`` acts greedily except with probability ``base^(1 + exponent i/(N-1))`` (from
-    1 during warm-up).
-
-    Args:
-        net: the Q-network (weights loaded by :meth:`load`).
-        s: the actor's resolved settings.
-    """
-
-    def __init__(self, net: nn.Module, s: ActorSettings) -> None:
-        assert s.envs_per_actor is not None and s.num_actors is not None
-        self.device = torch.device(s.device)
-        self.net = net.to(self.device)
-        self.rng = np.random.default_rng(s.seed)
-        self.eps = apex_epsilons(s.envs_per_actor, s.actor_id * s.envs_per_actor,
-                                 s.num_actors * s.envs_per_actor, s.epsilon_base or 0.4,
-                                 s.epsilon_exponent if s.epsilon_exponent is not None else 7.0)
-        self.warmup_steps = s.epsilon_warmup_steps or 0
-
-    def load(self, weights: Mapping[str, Any]) -> None:
-        """Take newly published weights (a recurrent state held per env is kept)."""
-        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 
 
 def warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:

@@ -1,161 +1,36 @@
-"""Double DQN with n-step returns and prioritized replay, on sampled windows.
+"""``--algo dqn``: Double DQN with n-step returns and prioritized replay (the learner,
+in torch, is :mod:`.dqn_torch`), and actors that act epsilon-greedily with their streams'
+Ape-X epsilons.
 
-::
-
-    a*     = argmax_a Q_online(o_m, a)
-    target = R + gamma_m * Q_target(o_m, a*)         (gamma_m = 0 after a termination)
-    td     = target - Q_online(o_0, a_0)
-    loss   = mean_b( w_b * huber(td_b) )             (w: importance weights)
-
-New priorities are ``|td| + priority_eps``.
-
-:data:`DQN` is the algorithm ``train --algo dqn`` runs (:mod:`.base`): this learner, and
-actors that act epsilon-greedily with their streams' Ape-X epsilons.
+This module imports no torch: the default actor (an MLP Q-network on the CPU) acts with
+:class:`~.numpy_policy.NumpyEpsilonGreedyPolicy` and never loads torch; the learner, image
+Q-networks and ``--actor-device cuda`` import :mod:`.dqn_torch` when they are made.
 """
 
 from __future__ import annotations
 
-import copy
-import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.nstep import nstep_transitions
-from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, fits, network_weights, warmup
-from shardreplay.runtime.devices import CPU, Placement, wrap
+from shardreplay.runtime.algos.base import ActorPolicy, network_weights
+from shardreplay.runtime.algos.numpy_policy import NumpyEpsilonGreedyPolicy, NumpyQNetwork, mlp_hidden
 from shardreplay.runtime.envs import EnvInfo, transition_spec
-from shardreplay.runtime.networks import choose_network, make_q_network
-from shardreplay.runtime.qnet import QNetwork, epsilon_greedy
+from shardreplay.runtime.network_kinds import choose_network
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 
-__all__ = ["DQN", "DoubleDqn", "DqnAlgorithm", "DqnSettings", "EpsilonGreedyPolicy"]
+if TYPE_CHECKING:
+    from torch import nn
 
-log = logging.getLogger("shardreplay.actor")
+    from shardreplay.runtime.algos.dqn_torch import DoubleDqn
+    from shardreplay.runtime.devices import Placement
 
-
-@dataclass(frozen=True)
-class DqnSettings:
-    """Learning settings (documented in ``shardreplay train --help``)."""
-
-    gamma: float = 0.99
-    lr: float = 2.3e-3
-    grad_clip: float = 10.0
-    target_update_interval: int = 10
-    tau: float = 1.0
-    priority_eps: float = 1e-3
-
-
-class DoubleDqn(LearnerState):
-    """Online and target Q-networks, the optimizer, and one learning step; its
-    ``state_dict`` holds ``online``, ``target``, ``optimizer`` and ``updates``.
-
-    Args:
-        online: the Q-network that learns (may be wrapped in DDP).
-        settings: learning settings.
-    """
-
-    algo, state_key = "dqn", "online"
-
-    def __init__(self, online: nn.Module, settings: DqnSettings) -> None:
-        self.online = online
-        self.target = copy.deepcopy(_unwrap(online)).requires_grad_(False)
-        self.settings = settings
-        self.optimizer = torch.optim.Adam(online.parameters(), lr=settings.lr)
-        self.updates = 0
-
-    @property
-    def module(self) -> nn.Module:
-        """The bare Q-network (without DDP)."""
-        return _unwrap(self.online)
-
-    def learn(self, batch: Batch) -> tuple[torch.Tensor, float]:
-        """One gradient step on ``batch``; returns (new priorities ``[B]``, loss).
-
-        A padding batch (an empty shard in local mode: weights 0, well-formed windows)
-        takes the normal path, so DDP sees the same forward and backward on every rank.
-
-        Raises:
-            ConfigError: the batch's observations are nested (a dict), not one tensor.
-        """
-        s = self.settings
-        tr = nstep_transitions(batch, s.gamma, validate=False)
-        if not isinstance(tr.observation, torch.Tensor) or not isinstance(tr.next_observation, torch.Tensor):
-            raise ConfigError("DoubleDqn learns from flat observations (one tensor), not nested ones")
-        obs = tr.observation.float()
-        next_obs = tr.next_observation.float()
-        q = self.online(obs).gather(1, tr.action.long().reshape(-1, 1)).squeeze(1)
-        with torch.no_grad():
-            best = self.online(next_obs).argmax(dim=1, keepdim=True)
-            bootstrap = self.target(next_obs).gather(1, best).squeeze(1)
-            target = tr.reward.float() + tr.bootstrap_discount.float() * bootstrap
-        td = target - q
-        loss = (batch.weights.float() * F.smooth_l1_loss(q, target, reduction="none")).mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(self.online.parameters(), s.grad_clip)
-        self.optimizer.step()
-        self._after_step()
-        return td.detach().abs() + s.priority_eps, float(loss.detach())
-
-    def _after_step(self) -> None:
-        """Count the update; move the target network (a copy every
-        ``target_update_interval`` updates, blended by ``tau``: 1 is a hard copy)."""
-        self.updates += 1
-        if self.updates % self.settings.target_update_interval:
-            return
-        tau = self.settings.tau
-        with torch.no_grad():
-            for t, o in zip(self.target.parameters(), self.module.parameters(), strict=True):
-                t.mul_(1.0 - tau).add_(o, alpha=tau)
-
-    def _state_parts(self) -> dict[str, Part]:
-        """Online, target and optimizer state (then the update count)."""
-        return {"online": self.module, "target": self.target, "optimizer": self.optimizer}
-
-
-def _unwrap(module: nn.Module) -> nn.Module:
-    return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
-
-
-class EpsilonGreedyPolicy(ApexActor):
-    """An actor's Q-network with Ape-X exploration (:class:`~.base.ApexActor`).
-
-    Args:
-        net: the Q-network (weights loaded by :meth:`load`).
-        s: the actor's resolved settings.
-    """
-
-    def initial_state(self, num_envs: int) -> None:
-        """No recurrent state."""
-        return None
-
-    def act(self, obs: np.ndarray, state: None, run_steps: int) -> tuple[np.ndarray, None]:
-        """Epsilon-greedy actions."""
-        with torch.no_grad():
-            explore = warmup(self.eps, run_steps, self.warmup_steps)
-            return epsilon_greedy(self.net(torch.as_tensor(obs, device=self.device)), explore, self.rng), None
-
-    def end_episodes(self, state: None, starting: np.ndarray) -> None:
-        """No recurrent state."""
-        return None
-
-    def stored(self, state: None) -> dict[str, np.ndarray]:
-        """Nothing stored beside the steps."""
-        return {}
+__all__ = ["DQN", "DqnAlgorithm"]
 
 
 class DqnAlgorithm:
-    """``--algo dqn``: Double DQN with n-step returns (see the module docstring)."""
+    """``--algo dqn``: Double DQN with n-step returns (see :mod:`.dqn_torch`)."""
 
     name = "dqn"
     actions = "discrete"
@@ -167,6 +42,8 @@ class DqnAlgorithm:
         Raises:
             ConfigError: a network that cannot take these observations.
         """
+        from shardreplay.runtime.networks import make_q_network
+
         return make_q_network(env.obs_shape, env.num_actions, network, hidden)
 
     def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
@@ -177,18 +54,31 @@ class DqnAlgorithm:
                    placement: Placement | None = None) -> DoubleDqn:
         """The Q-network of ``--network`` on the placement's device (in DDP over its group
         on several ranks) and its learner."""
+        from shardreplay.runtime.algos.dqn_torch import DoubleDqn, DqnSettings
+        from shardreplay.runtime.devices import CPU, wrap
+
         ls = settings.learners
         net = wrap(self.policy_network(env, ls.network, ls.hidden), placement or CPU, world)
         return DoubleDqn(net, DqnSettings(gamma=ls.gamma, lr=ls.lr,
                                           target_update_interval=ls.target_update_interval))
 
-    def make_policy(self, weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings) -> EpsilonGreedyPolicy:
-        """The Q-network the weights fit, acting epsilon-greedily.
+    def make_policy(self, weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings) -> ActorPolicy:
+        """The Q-network the weights fit, acting epsilon-greedily: an MLP on the CPU in
+        NumPy (no torch in the actor), any other network or device with torch.
 
         Raises:
             ConfigError: the weights are not such a network for this environment.
         """
-        policy = EpsilonGreedyPolicy(q_network_of(weights, env, s), s)
+        kind = choose_network(env.obs_shape, s.network or "auto")
+        policy: ActorPolicy
+        if kind == "mlp" and s.device == "cpu":
+            size = env.obs_shape[0]
+            net = NumpyQNetwork(size, env.num_actions, mlp_hidden(weights, size, env.num_actions, s))
+            policy = NumpyEpsilonGreedyPolicy(net, s)
+        else:
+            from shardreplay.runtime.algos.dqn_torch import EpsilonGreedyPolicy, q_network_of
+
+            policy = EpsilonGreedyPolicy(q_network_of(weights, env, s, kind), s)
         policy.load(network_weights(weights))
         return policy
 
@@ -198,42 +88,3 @@ class DqnAlgorithm:
 
 
 DQN = DqnAlgorithm()
-
-
-def q_network_of(weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings) -> nn.Module:
-    """The Q-network the published ``weights`` fit: the run's kind (an MLP's hidden sizes
-    read from the weights).
-
-    Raises:
-        ConfigError: the weights are not such a network for this environment.
-    """
-    kind = choose_network(env.obs_shape, s.network or "auto")
-    if kind == "mlp":
-        size = env.obs_shape[0]
-        return QNetwork(size, env.num_actions, _hidden_of(weights, size, env.num_actions, s))
-    net = make_q_network(env.obs_shape, env.num_actions, kind)
-    if not fits(net, weights):
-        raise ConfigError(f"the policy at {s.policy_url} is not a {kind} Q-network for {s.env_id} "
-                          f"(observations {list(env.obs_shape)}, {env.num_actions} actions): do the learners "
-                          "train the same --env-id and --network?")
-    return net
-
-
-def _hidden_of(weights: Mapping[str, Any], obs_size: int, num_actions: int,
-               s: ActorSettings) -> tuple[int, ...]:
-    """The hidden sizes of the published Q-network (its Linear weights ``net.<i>.weight``).
-
-    Raises:
-        ConfigError: the weights are not a Q-network for this environment.
-    """
-    layers = sorted((int(k.split(".")[1]), tuple(v.shape)) for k, v in weights.items()
-                    if k.startswith("net.") and k.endswith(".weight") and len(v.shape) == 2)
-    shapes = [shape for _i, shape in layers]
-    if not shapes or shapes[0][1] != obs_size or shapes[-1][0] != num_actions:
-        raise ConfigError(f"the policy at {s.policy_url} (layers {shapes}) is not a Q-network for "
-                          f"{s.env_id} ({obs_size} observations, {num_actions} actions): do the learners "
-                          "train the same --env-id?")
-    hidden = tuple(int(out) for out, _in in shapes[:-1])
-    if hidden != tuple(s.hidden):
-        log.info("actor %d: hidden sizes %s from the published policy", s.actor_id, hidden)
-    return hidden

@@ -38,11 +38,11 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.sequences import SequenceBatch, sequence_batch, sequence_priorities
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import ApexActor, LearnerState, Part, fits, network_weights, warmup
+from shardreplay.runtime.algos.base import fits, network_weights
 from shardreplay.runtime.algos.specs import recurrent_spec
+from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo
-from shardreplay.runtime.qnet import epsilon_greedy
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec, StepType
 
@@ -236,7 +236,7 @@ def _unwrap(module: nn.Module) -> nn.Module:
 
 class RecurrentPolicy(ApexActor):
     """An actor's recurrent Q-network acting epsilon-greedily with Ape-X's epsilons
-    (:class:`~.base.ApexActor`, as DQN's), its LSTM state kept per env.
+    (:class:`~.torch_parts.ApexActor`, as DQN's), its LSTM state kept per env.
 
     Args:
         net: the recurrent Q-network (weights loaded by :meth:`load`).
@@ -256,7 +256,8 @@ class RecurrentPolicy(ApexActor):
         """Epsilon-greedy actions and the LSTM state after this observation."""
         with torch.no_grad():
             q, nxt = self.net(torch.as_tensor(obs, device=self.device)[:, None], state)
-        return epsilon_greedy(q[:, 0], warmup(self.eps, run_steps, self.warmup_steps), self.rng), nxt
+        greedy = q[:, 0].argmax(dim=1).cpu().numpy()
+        return self.exploration.actions(greedy, int(q.shape[-1]), run_steps), nxt
 
     def end_episodes(self, state: State, starting: np.ndarray) -> State:
         """``state`` with the rows of envs that start an episode zeroed."""

@@ -47,7 +47,8 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import LearnerState, Part, fits, network_weights, warmup
+from shardreplay.runtime.algos.base import fits, network_weights, warmup
+from shardreplay.runtime.algos.torch_parts import LearnerState, Part
 from shardreplay.runtime.devices import CPU, Placement
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.settings import TrainSettings

@@ -1,0 +1,40 @@
+"""Which Q-network an observation shape takes (``--network``), decided without torch:
+an actor picks its policy (a NumPy forward pass for an MLP on the CPU) before anything
+is built, and imports torch only for the networks that need it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shardreplay.errors import ConfigError
+from shardreplay.runtime.settings import NETWORKS
+
+__all__ = ["NATURE_MIN_SIDE", "choose_network"]
+
+NATURE_MIN_SIDE = 36  # the smallest side the Nature network's three convolutions accept
+
+
+def choose_network(obs_shape: Sequence[int], network: str = "auto") -> str:
+    """The network for observations of ``obs_shape``: ``network`` itself when it is not
+    ``auto``, else ``mlp`` for vectors, ``nature`` for images of 36x36 or more and
+    ``minatar`` for smaller ones.
+
+    Raises:
+        ConfigError: an unknown name, or a network that cannot take these observations.
+    """
+    if network not in NETWORKS:
+        raise ConfigError(f"--network must be one of {', '.join(NETWORKS)}, got {network!r}")
+    shape = tuple(int(d) for d in obs_shape)
+    if network == "auto":
+        if len(shape) == 1:
+            return "mlp"
+        if len(shape) == 3:
+            return "nature" if min(shape[1:]) >= NATURE_MIN_SIDE else "minatar"
+        raise ConfigError(f"observations shaped {list(shape)}: train takes flat vectors or images "
+                          "[C, H, W]; wrap the env to produce one of them")
+    need = 1 if network == "mlp" else 3
+    if len(shape) != need or (network == "nature" and min(shape[1:]) < NATURE_MIN_SIDE) \
+            or (network == "minatar" and min(shape[1:]) < 3):
+        raise ConfigError(f"--network {network} cannot take observations shaped {list(shape)}"
+                          + (" (it needs images of 36x36 or more)" if network == "nature" else ""))
+    return network
