@@ -109,14 +109,14 @@ def test_the_default_actor_runs_without_torch_or_numba_on_one_blas_thread(tmp_pa
         import json, sys
         from shardreplay.runtime.actor.processes import _actor_main  # what spawn unpickles
         from shardreplay.runtime.actor.loop import ActorSettings, StopFlag, run
-        from shardreplay.runtime.actor.threads import openblas_threads
-        before = openblas_threads()
+        from shardreplay.runtime.actor.threads import blas_threads
+        before = blas_threads()
         s = ActorSettings(actor_id=0, num_actors=1, num_shards=1, transport="file://{tmp_path}/spool",
                           policy_url="file://{tmp_path}/policy", hidden=(16,), seed=1,
                           queued_chunks_per_actor=256, max_env_steps=4 * 16 * 70)
         counters = run(s, stop=StopFlag())
         loaded = [m for m in ("torch", "numba") if m in sys.modules]
-        print(json.dumps([counters["chunks"], loaded, before, openblas_threads()]))
+        print(json.dumps([counters["chunks"], loaded, before, blas_threads()]))
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -124,4 +124,4 @@ def test_the_default_actor_runs_without_torch_or_numba_on_one_blas_thread(tmp_pa
     assert proc.returncode == 0, proc.stderr
     chunks, loaded, before, after = json.loads(proc.stdout.strip().splitlines()[-1])
     assert chunks == 70 and loaded == []
-    assert after == (None if before is None else 1), (before, after)  # None: numpy without OpenBLAS
+    assert after == (None if before is None else 1), (before, after)  # None: no BLAS loaded
