@@ -39,7 +39,7 @@ from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
 from tests.runtime.runtime_helpers import CARTPOLE_SPEC, IDENT_SPEC, make_chunk, redis_stream, wait_for
-from tests.runtime.train_harness import FAST, TrainRun
+from tests.support.train_runs import FAST, TrainRun
 
 START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machine
 

@@ -3,7 +3,7 @@
 ``--algo r2d2`` add their own on what it returns.
 
 Import as ``from tests.support.resume_runs import ...`` (it launches ``shardreplay train``
-through :mod:`tests.runtime.train_harness`).
+through :mod:`tests.support.train_runs`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from shardreplay.cli.main import main as cli_main
 from shardreplay.runtime.policy_file import load_policy
-from tests.runtime.train_harness import TrainRun, manifest_counters, newest_checkpoint
+from tests.support.train_runs import TrainRun, manifest_counters, newest_checkpoint
 
 
 @dataclass(frozen=True)

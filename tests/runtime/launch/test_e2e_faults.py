@@ -41,7 +41,7 @@ from tests.runtime.e2e_helpers import (
     stored_steps,
 )
 from tests.runtime.runtime_helpers import kill9
-from tests.runtime.train_harness import TrainRun, wait_until
+from tests.support.train_runs import TrainRun, wait_until
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

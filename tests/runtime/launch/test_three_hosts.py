@@ -48,8 +48,8 @@ import netns
 import pytest
 
 from shardreplay import checkpoint
-from tests.runtime.train_harness import TrainRun, manifest_counters, manifest_steps, metrics_rows, wait_until
 from tests.support.env import REPO
+from tests.support.train_runs import TrainRun, manifest_counters, manifest_steps, metrics_rows, wait_until
 
 pytestmark = [pytest.mark.distributed, pytest.mark.redis, pytest.mark.slow]
 DELAY_MS = 1.0

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.train_harness import (
+from tests.support import free_port
+from tests.support.train_runs import (
     FAST,
     TrainRun,
     manifest_counters,
@@ -17,7 +18,6 @@ from tests.runtime.train_harness import (
     training,
     wait_until,
 )
-from tests.support import free_port
 
 pytestmark = pytest.mark.distributed
 

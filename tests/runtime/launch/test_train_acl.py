@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from shardreplay.secrets import ENV
-from tests.runtime.train_harness import FAST, TrainRun
 from tests.support.env import REPO
+from tests.support.train_runs import FAST, TrainRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

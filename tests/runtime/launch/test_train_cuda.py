@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.train_harness import FAST, TrainRun
+from tests.support.train_runs import FAST, TrainRun
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 

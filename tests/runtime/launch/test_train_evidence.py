@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from shardreplay.runtime.learner.evaluate import evaluate
-from tests.runtime.train_harness import TrainRun, manifest_counters, newest_checkpoint
+from tests.support.train_runs import TrainRun, manifest_counters, newest_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 EPISODES = 20

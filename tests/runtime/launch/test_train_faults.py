@@ -5,7 +5,7 @@ Training goes on through all of it and ends with exit 0: the killed actor is res
 nothing partial is ingested (the summary counts exactly the one chunk we corrupted), the
 learner and the actors reconnect to the restarted server (policies go through it too),
 the final acknowledgements reach the server, ``metrics.csv`` carries a sensible
-``policy_lag``, and no process is left (``train_harness.TrainRun``).
+``policy_lag``, and no process is left (``tests.support.train_runs.TrainRun``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import redis
 
 from shardreplay.runtime.run_identity import read_identity
 from tests.runtime.runtime_helpers import kill9, redis_stream
-from tests.runtime.train_harness import FAST, TrainRun, metrics_rows, training, wait_until
+from tests.support.train_runs import FAST, TrainRun, metrics_rows, training, wait_until
 
 pytestmark = pytest.mark.distributed
 START_S = 150.0

@@ -24,7 +24,7 @@ import pytest
 
 from shardreplay import checkpoint
 from shardreplay.runtime.run_identity import read_identity
-from tests.runtime.train_harness import (
+from tests.support.train_runs import (
     FAST,
     TrainRun,
     manifest_counters,

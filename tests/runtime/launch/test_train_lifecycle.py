@@ -2,7 +2,7 @@
 
 Each test runs the real command in its own session, signals it as a terminal user
 would, and checks with psutil that no process of its tree is left; the harness kills
-the whole tree whatever happens (see ``train_harness.py``).
+the whole tree whatever happens (see ``tests/support/train_runs.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.runtime.train_harness import (
+from tests.support.train_runs import (
     FAST,
     TrainRun,
     manifest_counters,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shardreplay.runtime.policy_file import best_path, load_policy
-from tests.runtime.train_harness import FAST, TrainRun
+from tests.support.train_runs import FAST, TrainRun
 
 # Short runs that evaluate often (every 40 updates, 2 episodes) and never stop as solved;
 # 8 samples per insert: the step budgets take a quarter of the default's updates (still

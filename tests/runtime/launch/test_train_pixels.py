@@ -14,8 +14,8 @@ import pytest
 from shardreplay.checkpoint import load_manifest
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.routing import shard_transport
-from tests.runtime.train_harness import FAST, TrainRun
 from tests.support.gym_envs import write_blink_env
+from tests.support.train_runs import FAST, TrainRun
 
 
 def _env_with_path(directory: Path) -> dict[str, str]:

@@ -14,7 +14,7 @@ import pytest
 
 from shardreplay import checkpoint
 from shardreplay.checkpoint.manifest import part_name
-from tests.runtime.train_harness import FAST, TrainRun, training, wait_until
+from tests.support.train_runs import FAST, TrainRun, training, wait_until
 
 pytestmark = pytest.mark.distributed
 START_S = 150.0  # the machine may be loaded: imports alone take seconds per process

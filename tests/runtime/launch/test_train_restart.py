@@ -36,7 +36,7 @@ from shardreplay.runtime.learner.resume import commit_resume
 from shardreplay.runtime.learner.sync import DRAIN_CHUNKS, MAX_UPDATES_PER_ITERATION, make_limiter
 from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
-from tests.runtime.train_harness import (
+from tests.support.train_runs import (
     FAST,
     TrainRun,
     manifest_counters,

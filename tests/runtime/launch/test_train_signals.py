@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from shardreplay import checkpoint
-from tests.runtime.train_harness import FAST, TrainRun, manifest_counters, newest_checkpoint, training
+from tests.support.train_runs import FAST, TrainRun, manifest_counters, newest_checkpoint, training
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 STOP_S = 30.0  # issue 19: the whole tree stops within 30 s of the signal

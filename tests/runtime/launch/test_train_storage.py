@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from shardreplay import checkpoint
-from tests.runtime.train_harness import FAST, TrainRun, wait_until
+from tests.support.train_runs import FAST, TrainRun, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
