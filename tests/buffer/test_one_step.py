@@ -21,6 +21,7 @@ import shardreplay as sr
 import shardreplay.spec.validation as validation
 from shardreplay import testing
 from shardreplay.buffer import shard as shard_module
+from shardreplay.storage import one_step as one_step_module
 from tests.support.buffers import assert_same, snapshot
 
 SPECS = {
@@ -301,3 +302,67 @@ def test_short_path_of_any_arity_and_storage_stores_as_the_full_path(
         if i != 6:
             full.add(step)
         assert_same(_observed(fast), _observed(full), f"step {i}")
+
+
+# One frame-stacked field takes one compiled call (kernels/add_stacked.py). Frames of
+# 8 bytes (uint8) and of 18 (int16: bytes past the last whole 8-byte word), a plain
+# field of its own array (over 32 bytes a step), rings that must grow (many resets in
+# 4-step streams), prioritized sampling (the sampler told of every write).
+STACKED = {
+    "uint8": sr.Spec({"obs": sr.Field((3, 2, 4), np.uint8, frame_stack=True), "action": sr.Field((), np.int64),
+                      "reward": sr.Field((), np.float32)}),
+    "int16, own field": sr.Spec({"obs": sr.Field((2, 3, 3), np.int16, frame_stack=True),
+                                 "wide": sr.Field((9,), np.float32), "reward": sr.Field((), np.float32)}),
+}
+
+
+def _continued(spec: sr.Spec, last: np.ndarray, streams: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A step in the stored dtypes whose stacks continue ``last``, or (half the time) do
+    not: refused unless the step is FIRST or follows a LAST."""
+    f = spec["obs"]
+    obs = np.concatenate([last[:, 1:], rng.integers(0, 3, (streams, 1, *f.shape[1:]))], axis=1).astype(f.dtype)
+    if rng.random() < 0.5:
+        obs = rng.integers(0, 3, obs.shape).astype(f.dtype)
+    step = {name: rng.standard_normal((streams, *spec[name].shape)).astype(spec[name].dtype)
+            for name in spec.names if name != "obs"}
+    step["obs"] = obs
+    step["step_type"] = rng.choice([0, 0, 1, 2], streams).astype(np.uint8)
+    return step
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+@pytest.mark.parametrize("kind", sorted(STACKED))
+def test_one_frame_stacked_field_stores_and_raises_as_the_full_path(kind: str, sampler: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = STACKED[kind]
+    kw: dict[str, Any] = {"num_streams": 2, "stream_capacity": 4, "window": 2, "sampler": sampler, "seed": 2}
+    fast, full = sr.ReplayBuffer(spec, **kw), sr.ReplayBuffer(spec, **kw)
+    assert testing.shard(fast).use_one_step() and not testing.shard(full).use_one_step(False)
+    short = testing.shard(fast)._one_step
+    assert short is not None and short._fused
+    frames, full_frames = (testing.shard(b).storage.stacked["obs"] for b in (fast, full))
+    # One compiled call: the three-call path's frame kernels are not reached.
+    monkeypatch.setattr(one_step_module.fk, "plan_write", None)
+    monkeypatch.setattr(one_step_module.fk, "append_frames", None)
+    rng = np.random.default_rng(len(kind) + len(sampler))
+    last = np.zeros((2, *spec["obs"].shape), spec["obs"].dtype)
+    taken = errors = 0
+    for i in range(60):
+        step = _continued(spec, last, 2, rng)
+        before = _observed(fast)
+        took = short.add(dict(step))
+        error = None if took else _call(fast, dict(step))
+        assert error == _call(full, step), f"step {i}"
+        taken += took
+        if error is None:
+            last = step["obs"]
+        else:
+            errors += 1
+            assert_same(_observed(fast), before, f"step {i} wrote before raising {error}")
+        assert_same(_observed(fast), _observed(full), f"step {i}")
+        # The same frames appended (one for a continued stack, else K), at the same places.
+        np.testing.assert_array_equal(frames.fpos, full_frames.fpos)
+        np.testing.assert_array_equal(frames.ref, full_frames.ref)
+    assert taken >= 30 and errors >= 3
+    assert frames._grown >= 1  # a ring grew on the short path (NEED_FRAMES, then again)
+    assert_same(fast.sample(4).data, full.sample(4).data)
