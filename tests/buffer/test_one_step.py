@@ -309,8 +309,8 @@ def test_short_path_of_any_arity_and_storage_stores_as_the_full_path(
 # field of its own array (over 32 bytes a step), rings that must grow (many resets in
 # 4-step streams), prioritized sampling (the sampler told of every write).
 STACKED = {
-    "uint8": sr.Spec({"obs": sr.Field((3, 2, 4), np.uint8, frame_stack=True), "action": sr.Field((), np.int64),
-                      "reward": sr.Field((), np.float32)}),
+    "uint8": sr.Spec({"obs": sr.Field((3, 2, 4), np.uint8, frame_stack=True),
+                      "action": sr.Field((), np.int64), "reward": sr.Field((), np.float32)}),
     "int16, own field": sr.Spec({"obs": sr.Field((2, 3, 3), np.int16, frame_stack=True),
                                  "wide": sr.Field((9,), np.float32), "reward": sr.Field((), np.float32)}),
 }
@@ -320,7 +320,8 @@ def _continued(spec: sr.Spec, last: np.ndarray, streams: int, rng: np.random.Gen
     """A step in the stored dtypes whose stacks continue ``last``, or (half the time) do
     not: refused unless the step is FIRST or follows a LAST."""
     f = spec["obs"]
-    obs = np.concatenate([last[:, 1:], rng.integers(0, 3, (streams, 1, *f.shape[1:]))], axis=1).astype(f.dtype)
+    new = rng.integers(0, 3, (streams, 1, *f.shape[1:]))
+    obs = np.concatenate([last[:, 1:], new], axis=1).astype(f.dtype)
     if rng.random() < 0.5:
         obs = rng.integers(0, 3, obs.shape).astype(f.dtype)
     step = {name: rng.standard_normal((streams, *spec[name].shape)).astype(spec[name].dtype)

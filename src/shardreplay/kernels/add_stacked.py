@@ -213,6 +213,7 @@ def compiled_add_stacked(args: tuple[Any, ...]) -> Any:
     dispatcher = numba.njit(**_OPTIONS)(entry.py_func)
     sig = [numba.typeof(x) for x in args[:9]]
     values = [numba.typeof(x) for x in args[9:]]
-    dispatcher.compile((*sig, *values) if entry is not add_stacked_n else (*sig, numba.typeof(tuple(args[9:]))))
+    dispatcher.compile((*sig, *values) if entry is not add_stacked_n
+                       else (*sig, numba.typeof(tuple(args[9:]))))
     dispatcher.disable_compile()
     return dispatcher

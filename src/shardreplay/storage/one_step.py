@@ -203,7 +203,7 @@ class OneStepAdd:
             self._store.grow(int(self._state[kernel.N_OUT]))
             head = self._fused_head = self._fused_head_now()
             delta = self._kernel(*head, *values)
-        return delta  # type: ignore[no-any-return]
+        return delta
 
     def _add_stacked(self, step: Mapping[str, Any], values: tuple[Any, ...]) -> bool:
         """:meth:`add` with frame stacks: check, plan the stacks against the stored ones
