@@ -55,6 +55,9 @@ class StackedSteps:
         self._all_ones = np.ones(n, np.float32)
         self.discounts = self._all_ones
         self._none_done = bytes(n)
+        self._none = np.zeros(n, np.bool_)  # done when no env is (never changed)
+        self._unit_action = self.act_shape[-1:] == (1,)  # a (1,) action may come as [n]
+        self._act_lead = self.act_shape[:-1]
         self.num_steps = 0
         self.num_episodes = 0
 
@@ -104,14 +107,15 @@ class StackedSteps:
             raise ConfigError("call reset(obs) with the env's reset observation before step()")
         n = self.num_envs
         action = np.asarray(action)
-        if action.shape == self.act_shape[:-1] and self.act_shape[-1:] == (1,):
+        if self._unit_action and action.shape == self._act_lead:
             action = action.reshape(self.act_shape)
         reward = np.asarray(reward, dtype=np.float32)
         term, trunc = _flags(terminated, n, "terminated"), _flags(truncated, n, "truncated")
-        done = term | trunc
-        # Any env done: the bool array's bytes not all zero (ndarray.any goes through a
+        # Any env done: the bool arrays' bytes not all zero (ndarray.any goes through a
         # Python wrapper: ~1-2 us, most of a pixel step's Python).
-        any_done = done.tobytes() != self._none_done
+        none = self._none_done
+        any_done = term.tobytes() != none or trunc.tobytes() != none
+        done = term | trunc if any_done else self._none
         if not self.same_step and any_done and info and has_final_obs(info):
             raise SpecMismatchError(
                 "the env reset in the same step (info holds final observations) but the writer "
