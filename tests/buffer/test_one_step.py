@@ -10,6 +10,8 @@ then loaded from numba's cache), a few seconds after.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -367,3 +369,24 @@ def test_one_frame_stacked_field_stores_and_raises_as_the_full_path(kind: str, s
     assert taken >= 30 and errors >= 3
     assert frames._grown >= 1  # a ring grew on the short path (NEED_FRAMES, then again)
     assert_same(fast.sample(4).data, full.sample(4).data)
+
+
+def test_the_short_path_keeps_no_frame_ring_that_a_full_write_replaced() -> None:
+    """A ring grown by a write of the full path (``extend``) is freed: the one-step path
+    reads the ring at each call and keeps none (a kept one would hold its memory)."""
+    spec = STACKED["uint8"]
+    buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=4, window=2, seed=0)
+    assert testing.shard(buf).use_one_step()
+    rng = np.random.default_rng(0)
+    step = _continued(spec, np.zeros((1, *spec["obs"].shape), np.uint8), 1, rng)
+    step["step_type"] = np.zeros(1, np.uint8)
+    assert testing.shard(buf)._one_step.add(step)  # type: ignore[union-attr]
+    store = testing.shard(buf).storage.stacked["obs"]
+    old = weakref.ref(store.frames)
+    chunk = {"obs": rng.integers(0, 9, (1, 4, *spec["obs"].shape), dtype=np.uint8),  # K frames each
+             "action": np.zeros((1, 4), np.int64), "reward": np.zeros((1, 4), np.float32),
+             "step_type": np.zeros((1, 4), np.uint8)}
+    buf.extend(chunk)
+    assert store._grown >= 1
+    gc.collect()
+    assert old() is None

@@ -136,9 +136,8 @@ class OneStepAdd:
             self._fstate = sk.fstate_of(store.stream_capacity, store.frame_bytes, shape)
             self._get = operator.itemgetter("step_type", name, *names)
             self._own = [(i + 1, arr) for i, arr in self._own]  # the stack is value 1
-            self._fused_head = self._fused_head_now()
-            self._kernel = sk.compiled_add_stacked((*self._fused_head, canonical[0], np.zeros(shape, dtype),
-                                                    *canonical[1:]))
+            example = (*self._fused_head_now(), canonical[0], np.zeros(shape, dtype), *canonical[1:])
+            self._kernel = sk.compiled_add_stacked(example)
         self._default_priority = default_priority
         self._on_write = on_write
         self._simple = not self._own and not self._stacked and default_priority is None and on_write is None
@@ -188,6 +187,8 @@ class OneStepAdd:
         return True
 
     def _fused_head_now(self) -> tuple[Any, ...]:
+        # Read each call, never kept: a write of the full path may grow (replace) the
+        # ring, and a kept reference would hold the old one's memory.
         store = self._store
         return (*self._head, store.ref, store.frames, store.fpos, self._fstate)
 
@@ -195,14 +196,10 @@ class OneStepAdd:
         """The one compiled call of a spec with one frame-stacked field: the change in
         valid starts, or BAD_INPUT (nothing written). Grows the ring when the kernel says
         it must (nothing written then), and calls again."""
-        head = self._fused_head
-        if head[4] is not self._store.frames:  # grown by a write of the full path
-            head = self._fused_head = self._fused_head_now()
-        delta = self._kernel(*head, *values)
+        delta = self._kernel(*self._fused_head_now(), *values)
         if delta == NEED_FRAMES:
             self._store.grow(int(self._state[kernel.N_OUT]))
-            head = self._fused_head = self._fused_head_now()
-            delta = self._kernel(*head, *values)
+            delta = self._kernel(*self._fused_head_now(), *values)
         return delta
 
     def _add_stacked(self, step: Mapping[str, Any], values: tuple[Any, ...]) -> bool:
