@@ -14,6 +14,10 @@ shardreplay's median over SB3's (a time ratio: <= 1.0 is as fast as SB3 or faste
   (Breakout: ``Field((4, 84, 84), np.uint8, frame_stack=True)``, SB3 storing the stacks
   of obs and next obs). shardreplay through ``GymStepWriter.step`` (the documented path)
   and ``ReplayBuffer.add``; and each kind's samples (256 steps of vectors, 32 of pixels).
+  Pixels also against a **warm** SB3 buffer (``add_writer_warm``, ``add_add_warm``): in
+  the rows above SB3 fills a fresh 100k-step buffer, first-touching two 28 KiB stacks
+  per step; a long run has every page touched. Both libraries' buffers of
+  ``WARM_PIXEL_CAPACITY`` steps are filled past a wrap before the timed blocks.
 * ``build``: seconds to construct a 1M-step pixel buffer.
 
 Only what the sweep measures is imported at module level (numpy); the libraries are
@@ -38,6 +42,7 @@ PIXEL_BATCH = 32
 PIXEL_CAPACITY = 100_000  # SB3 reserves (never touches) 2 stacks per step: 5.6 GB
 BUILD_CAPACITY = 1_000_000
 PIXEL_FILL = 10_000
+WARM_PIXEL_CAPACITY = 3_000  # steps; filled past a wrap (every page touched) before timing
 POOL = 4_000  # a whole number of episodes: the pool cycles at an episode end
 EPISODE = 50  # steps per episode in the pools
 ONE_STEP_WARMUP = 1_100  # > the adds after which a buffer builds its one-step path (shard.py)
@@ -237,8 +242,24 @@ def add_sweep(sr: Any, sb3_cls: Any, spaces: Any, settings: dict[str, Any]) -> l
                 row["steps_stored"] = ours.num_steps
             ours = theirs = steps = None
             gc.collect()
+            if kind == "pixel":
+                row[f"add_{via}_warm"] = _warm_pixel_adds(sr, sb3_cls, spaces, pool, via, kw)
         rows.append(row)
     return rows
+
+
+def _warm_pixel_adds(sr: Any, sb3_cls: Any, spaces: Any, pool: dict[str, np.ndarray], via: str,
+                     kw: dict[str, int]) -> dict[str, float]:
+    """Pixel adds into buffers of ``WARM_PIXEL_CAPACITY`` steps that have wrapped (SB3's
+    arrays all touched, as in a long run; ours too), in alternating blocks."""
+    ours = sr.ReplayBuffer(_kind_spec(sr, "pixel"), num_streams=1, stream_capacity=WARM_PIXEL_CAPACITY,
+                           seed=0)
+    theirs = _sb3_for("pixel", sb3_cls, spaces, WARM_PIXEL_CAPACITY)
+    steps = _Steps(sr, "pixel", pool, ours, theirs, via)
+    got = interleaved(steps.add_ours, steps.add_theirs, blocks=kw["blocks"], calls=max(kw["calls"], 500),
+                      warmup=WARM_PIXEL_CAPACITY + ONE_STEP_WARMUP)
+    got["sb3_wrapped"] = bool(theirs.full)
+    return got
 
 
 def build_seconds(sr: Any) -> float:

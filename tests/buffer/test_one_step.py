@@ -10,6 +10,8 @@ then loaded from numba's cache), a few seconds after.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,7 @@ import shardreplay as sr
 import shardreplay.spec.validation as validation
 from shardreplay import testing
 from shardreplay.buffer import shard as shard_module
+from shardreplay.storage import one_step as one_step_module
 from tests.support.buffers import assert_same, snapshot
 
 SPECS = {
@@ -301,3 +304,89 @@ def test_short_path_of_any_arity_and_storage_stores_as_the_full_path(
         if i != 6:
             full.add(step)
         assert_same(_observed(fast), _observed(full), f"step {i}")
+
+
+# One frame-stacked field takes one compiled call (kernels/add_stacked.py). Frames of
+# 8 bytes (uint8) and of 18 (int16: bytes past the last whole 8-byte word), a plain
+# field of its own array (over 32 bytes a step), rings that must grow (many resets in
+# 4-step streams), prioritized sampling (the sampler told of every write).
+STACKED = {
+    "uint8": sr.Spec({"obs": sr.Field((3, 2, 4), np.uint8, frame_stack=True),
+                      "action": sr.Field((), np.int64), "reward": sr.Field((), np.float32)}),
+    "int16, own field": sr.Spec({"obs": sr.Field((2, 3, 3), np.int16, frame_stack=True),
+                                 "wide": sr.Field((9,), np.float32), "reward": sr.Field((), np.float32)}),
+}
+
+
+def _continued(spec: sr.Spec, last: np.ndarray, streams: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A step in the stored dtypes whose stacks continue ``last``, or (half the time) do
+    not: refused unless the step is FIRST or follows a LAST."""
+    f = spec["obs"]
+    new = rng.integers(0, 3, (streams, 1, *f.shape[1:]))
+    obs = np.concatenate([last[:, 1:], new], axis=1).astype(f.dtype)
+    if rng.random() < 0.5:
+        obs = rng.integers(0, 3, obs.shape).astype(f.dtype)
+    step = {name: rng.standard_normal((streams, *spec[name].shape)).astype(spec[name].dtype)
+            for name in spec.names if name != "obs"}
+    step["obs"] = obs
+    step["step_type"] = rng.choice([0, 0, 1, 2], streams).astype(np.uint8)
+    return step
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+@pytest.mark.parametrize("kind", sorted(STACKED))
+def test_one_frame_stacked_field_stores_and_raises_as_the_full_path(kind: str, sampler: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = STACKED[kind]
+    kw: dict[str, Any] = {"num_streams": 2, "stream_capacity": 4, "window": 2, "sampler": sampler, "seed": 2}
+    fast, full = sr.ReplayBuffer(spec, **kw), sr.ReplayBuffer(spec, **kw)
+    assert testing.shard(fast).use_one_step() and not testing.shard(full).use_one_step(False)
+    short = testing.shard(fast)._one_step
+    assert short is not None and short._fused
+    frames, full_frames = (testing.shard(b).storage.stacked["obs"] for b in (fast, full))
+    # One compiled call: the three-call path's frame kernels are not reached.
+    monkeypatch.setattr(one_step_module.fk, "plan_write", None)
+    monkeypatch.setattr(one_step_module.fk, "append_frames", None)
+    rng = np.random.default_rng(len(kind) + len(sampler))
+    last = np.zeros((2, *spec["obs"].shape), spec["obs"].dtype)
+    taken = errors = 0
+    for i in range(60):
+        step = _continued(spec, last, 2, rng)
+        before = _observed(fast)
+        took = short.add(dict(step))
+        error = None if took else _call(fast, dict(step))
+        assert error == _call(full, step), f"step {i}"
+        taken += took
+        if error is None:
+            last = step["obs"]
+        else:
+            errors += 1
+            assert_same(_observed(fast), before, f"step {i} wrote before raising {error}")
+        assert_same(_observed(fast), _observed(full), f"step {i}")
+        # The same frames appended (one for a continued stack, else K), at the same places.
+        np.testing.assert_array_equal(frames.fpos, full_frames.fpos)
+        np.testing.assert_array_equal(frames.ref, full_frames.ref)
+    assert taken >= 30 and errors >= 3
+    assert frames._grown >= 1  # a ring grew on the short path (NEED_FRAMES, then again)
+    assert_same(fast.sample(4).data, full.sample(4).data)
+
+
+def test_the_short_path_keeps_no_frame_ring_that_a_full_write_replaced() -> None:
+    """A ring grown by a write of the full path (``extend``) is freed: the one-step path
+    reads the ring at each call and keeps none (a kept one would hold its memory)."""
+    spec = STACKED["uint8"]
+    buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=4, window=2, seed=0)
+    assert testing.shard(buf).use_one_step()
+    rng = np.random.default_rng(0)
+    step = _continued(spec, np.zeros((1, *spec["obs"].shape), np.uint8), 1, rng)
+    step["step_type"] = np.zeros(1, np.uint8)
+    assert testing.shard(buf)._one_step.add(step)  # type: ignore[union-attr]
+    store = testing.shard(buf).storage.stacked["obs"]
+    old = weakref.ref(store.frames)
+    chunk = {"obs": rng.integers(0, 9, (1, 4, *spec["obs"].shape), dtype=np.uint8),  # K frames each
+             "action": np.zeros((1, 4), np.int64), "reward": np.zeros((1, 4), np.float32),
+             "step_type": np.zeros((1, 4), np.uint8)}
+    buf.extend(chunk)
+    assert store._grown >= 1
+    gc.collect()
+    assert old() is None

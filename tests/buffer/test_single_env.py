@@ -228,11 +228,18 @@ def test_a_one_element_action_given_as_num_envs_is_taken_as_sb3_takes_it() -> No
                  "step_type": np.zeros(envs, np.uint8)})
 
 
+@pytest.mark.parametrize("short", [False, True], ids=["full path", "one-step path, obs array reused"])
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])
-def test_the_writer_takes_frame_stacks_and_stores_what_the_converter_and_add_store(mode: str) -> None:
+def test_the_writer_takes_frame_stacks_and_stores_what_the_converter_and_add_store(mode: str,
+                                                                                  short: bool) -> None:
+    """Also on the compiled one-step path (built at once here), with the env writing each
+    observation into the same array (the writer must copy what it holds)."""
     spec = sr.spec_from_env(_PixelEnv(), frame_stack=True)
     envs = 2
     a, b = (sr.ReplayBuffer(spec, num_streams=envs, stream_capacity=60, window=3, seed=0) for _ in range(2))
+    assert shard_of_buffer(a).use_one_step(short) == short
+    env_obs = np.zeros((envs, *spec["obs"].shape), np.uint8)
+    held_arrays = set()
     writer, conv = sr.GymStepWriter(a, autoreset_mode=mode), sr.GymStepConverter(envs, autoreset_mode=mode)
     rng = np.random.default_rng(4)
 
@@ -259,7 +266,10 @@ def test_the_writer_takes_frame_stacks_and_stores_what_the_converter_and_add_sto
             term, trunc = term & ~ended, trunc & ~ended
             ended = done
         action, reward = rng.integers(0, 4, envs), rng.random(envs)
-        writer.step(action, nxt, reward, term, trunc, info)
+        if short:
+            env_obs[...] = nxt
+        writer.step(action, env_obs if short else nxt, reward, term, trunc, info)
+        held_arrays.add(id(writer._stacked.held))
         for step, ids in conv.step(action, nxt, reward, term, trunc, info):
             b.add(step, stream_ids=ids)
         obs = nxt
@@ -267,5 +277,7 @@ def test_the_writer_takes_frame_stacks_and_stores_what_the_converter_and_add_sto
     for name in sb:
         assert torch.equal(sa[name], sb[name]), name
     assert writer.num_steps == conv.num_steps and writer.num_episodes == conv.num_episodes > 0
+    if short:  # the held observation is copied into one of two arrays, never a new one
+        assert len(held_arrays) == 2
     got = a.sample_transitions(16, gamma=0.9)
     assert got.obs.shape == (16, 4, 6, 5)

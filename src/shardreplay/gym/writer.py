@@ -15,7 +15,6 @@ Differences from the converter: a bad observation raises in the call that hands 
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -265,8 +264,11 @@ class GymStepWriter:
                 ``info["final_obs"]``. Nothing is written then.
         """
         if self._stacked is not None:
-            with self._lock or contextlib.nullcontext():
+            if self._lock is None:  # no context manager to enter (a pixel step counts microseconds)
                 self._stacked.step(action, obs, reward, terminated, truncated, info)
+            else:
+                with self._lock:
+                    self._stacked.step(action, obs, reward, terminated, truncated, info)
             return
         if self._plain and not info:  # never with a lock to hold (reset() says)
             # The common case inline: NEXT_STEP, uniform sampling, no info to look at.

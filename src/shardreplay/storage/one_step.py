@@ -9,8 +9,11 @@ uint8, ``discount`` float32). Anything else, and any input that fails a check, i
 to the full validation (``Spec.validate`` and ``StreamStorage.write``), which stores
 the same or raises today's error; nothing is written by this path then.
 
-A frame-stacked field (integers) takes it too: its stacks are checked against the stored
-ones (``FrameStore.plan``) between the kernel's check and its write, and appended after.
+A frame-stacked field (integers) takes it too. With one such field (and at least one
+plain one) the whole add is one compiled call (``kernels/add_stacked.py``: check, the
+stacks checked against the stored ones, write, frames appended); with more, the stacks
+are planned (``FrameStore.plan``'s compiled step) between the kernel's check and its
+write, and appended after.
 Specs with a frame-stacked float field, an ``at_starts`` field, a dtype numba does not
 take (float16, non-native byte order) or a field of more than ``MAX_FIELD_NDIM`` axes
 have no short path.
@@ -25,15 +28,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
+from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.lazy import lazy
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
+    from shardreplay.kernels import add_stacked as sk
     from shardreplay.kernels import add_step as kernel
     from shardreplay.kernels import frames as fk
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     kernel = lazy("shardreplay.kernels.add_step")
     fk = lazy("shardreplay.kernels.frames")
+    sk = lazy("shardreplay.kernels.add_stacked")
 
 if TYPE_CHECKING:
     from shardreplay.storage.streams import StreamStorage
@@ -123,6 +129,15 @@ class OneStepAdd:
                      *(np.zeros((s, *spec[n].shape), spec[n].dtype) for n in names))
         self._kernel = kernel.compiled_add_step((*self._head, *canonical))
         self._storage = storage
+        self._fused = len(self._stacked) == 1 and len(names) >= 1
+        if self._fused:  # one compiled call per add (kernels/add_stacked.py)
+            name, store, dtype, shape, _bytes, _counts = self._stacked[0]
+            self._store = store
+            self._fstate = sk.fstate_of(store.stream_capacity, store.frame_bytes, shape)
+            self._get = operator.itemgetter("step_type", name, *names)
+            self._own = [(i + 1, arr) for i, arr in self._own]  # the stack is value 1
+            example = (*self._fused_head_now(), canonical[0], np.zeros(shape, dtype), *canonical[1:])
+            self._kernel = sk.compiled_add_stacked(example)
         self._default_priority = default_priority
         self._on_write = on_write
         self._simple = not self._own and not self._stacked and default_priority is None and on_write is None
@@ -152,9 +167,12 @@ class OneStepAdd:
             self._priority[0] = self._default_priority()
         try:
             values = self._get(step)
-            if self._stacked:
+            if self._fused:
+                delta = self._add_fused(values)
+            elif self._stacked:
                 return self._add_stacked(step, values)
-            delta = self._kernel(*self._head, *values)
+            else:
+                delta = self._kernel(*self._head, *values)
         except (KeyError, TypeError):  # a name missing, or inputs of another kind
             return False
         finally:
@@ -167,6 +185,22 @@ class OneStepAdd:
         else:
             self._storage.num_valid += delta
         return True
+
+    def _fused_head_now(self) -> tuple[Any, ...]:
+        # Read each call, never kept: a write of the full path may grow (replace) the
+        # ring, and a kept reference would hold the old one's memory.
+        store = self._store
+        return (*self._head, store.ref, store.frames, store.fpos, self._fstate)
+
+    def _add_fused(self, values: tuple[Any, ...]) -> int:
+        """The one compiled call of a spec with one frame-stacked field: the change in
+        valid starts, or BAD_INPUT (nothing written). Grows the ring when the kernel says
+        it must (nothing written then), and calls again."""
+        delta = self._kernel(*self._fused_head_now(), *values)
+        if delta == NEED_FRAMES:
+            self._store.grow(int(self._state[kernel.N_OUT]))
+            delta = self._kernel(*self._fused_head_now(), *values)
+        return delta
 
     def _add_stacked(self, step: Mapping[str, Any], values: tuple[Any, ...]) -> bool:
         """:meth:`add` with frame stacks: check, plan the stacks against the stored ones

@@ -26,8 +26,10 @@ from shardreplay.storage.starts import StartStore
 
 if TYPE_CHECKING:
     from shardreplay.kernels import storage as kernels
+    from shardreplay.kernels import windows as window_kernels
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     kernels = lazy("shardreplay.kernels.storage")
+    window_kernels = lazy("shardreplay.kernels.windows")
 
 # Per-slot arrays saved with the steps (beside the user's fields), with their dtypes.
 STEP_ARRAYS: dict[str, np.dtype] = {
@@ -49,6 +51,10 @@ SMALL_FIELD_BYTES = 32
 
 # A layout's gather plan: ((byte rows of each part, record offset of each part), extent).
 _GatherPlan = tuple[tuple[tuple[np.ndarray, ...], np.ndarray], int]
+# The windows of a batch size (kernels/windows.py): its params, its output bytes, and each
+# record part's (name, dtype, shape [B, L, *field shape], byte offset in the output).
+_WindowsPlan = tuple[np.ndarray, int, tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]]
+_BLOCK_ALIGN = 64  # each block of the windows' output bytes starts on a cache line
 
 _NUMBA_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -145,6 +151,10 @@ class StreamStorage:
         self._scatter_fields = tuple((name, not _numba_takes(dtype), rows) for name, dtype, rows in byte_rows)
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
         self._gather_plans: dict[tuple, _GatherPlan] = {}  # see _gather_plan
+        self._windows_plans: dict[int, _WindowsPlan] = {}  # see _windows_plan
+        # The records as plain uint8 rows (memory-mapped ones too: numba types a structured
+        # array, or a subclass, off its fast path).
+        self._record_rows = np.asarray(self.records).view(np.uint8).reshape(n, -1)
 
     def _as_byte_rows(self, name: str) -> np.ndarray:
         """A ``[S*C, k]`` uint8 view of field ``name`` (a record field is a strided view)."""
@@ -252,24 +262,57 @@ class StreamStorage:
 
         Returns arrays ``[B, L, ...]`` (user fields, step_type, discount, episode_id;
         ``[B, 1, ...]`` for ``at_starts`` fields: their value at the window's first
-        step), the mask ``[B, L]`` and the keys ``[B]`` (shard 0).
+        step), the mask ``[B, L]`` and the keys ``[B]`` (shard 0). The record fields,
+        the mask and the keys are views of one array, filled in one compiled call
+        (``kernels/windows.py``).
         """
-        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
-                                                 self.stream_capacity, self.window, self.key_epoch,
-                                                 self.key_tag)
-        # One gather of whole records, then dense copies of the fields the batch needs
-        # (np.take on a strided field view would first copy the whole column; .copy()
-        # also gives empty results plain strides, which torch requires).
-        rec = self.records.take(idx, axis=0)
-        data = {name: (rec[f"field.{name}"].copy() if name in self._small else arr.take(idx, axis=0))
+        starts = np.ascontiguousarray(starts, np.int64)
+        n, window = starts.shape[0], self.window
+        params, total, blocks = self._windows_plan(n)
+        # The key epoch and tag change on a restore: read each time.
+        params[window_kernels.EPOCH] = self.key_epoch
+        params[window_kernels.TAG] = self.key_tag
+        dst = np.empty(total, np.uint8)
+        idx = np.empty((n, window), np.int64)
+        window_kernels.gather_windows(starts, self.step_type, self.generation, self._record_rows, params, dst,
+                                      idx.reshape(-1))
+        parts = {name: np.ndarray(shape, dtype, dst, offset) for name, dtype, shape, offset in blocks}
+        data = {name: (parts[name] if name in self._small else arr.take(idx, axis=0))
                 for name, arr in self.fields.items()}
         for name, store in self.stacked.items():
             data[name] = store.gather(idx)
         for name in self.starts:
             data[name] = self.start_rows.gather(name, starts)[:, None]
         for name in ("step_type", "discount", "episode_id"):
-            data[name] = rec[name].copy()
-        return data, mask, keys
+            data[name] = parts[name]
+        return data, parts["mask"], parts["keys"]
+
+    def _windows_plan(self, n: int) -> _WindowsPlan:
+        """The plan of :meth:`windows` for batches of ``n`` windows (built once per size)."""
+        plan = self._windows_plans.get(n)
+        if plan is None:
+            window = self.window
+            fields: Mapping[str, Any] = self.records.dtype.fields or {}
+            parts = [(name, f"field.{name}", self.spec[name].dtype, self.spec[name].shape)
+                     for name in self.fields if name in self._small]
+            parts += [(name, name, STEP_ARRAYS[name], ()) for name in ("step_type", "discount", "episode_id")]
+            words: list[int] = []
+            blocks: list[tuple[str, np.dtype, tuple[int, ...], int]] = []
+            total = 0
+            for name, key, dtype, shape in parts:
+                size = _nbytes(dtype, shape)
+                blocks.append((name, dtype, (n, window, *shape), total))
+                if size:
+                    words += [int(fields[key][1]), size, total]
+                total += -(-n * window * size // _BLOCK_ALIGN) * _BLOCK_ALIGN
+            mask_at, keys_at = total, total + -(-n * window // _BLOCK_ALIGN) * _BLOCK_ALIGN
+            blocks += [("mask", np.dtype(np.bool_), (n, window), mask_at),
+                       ("keys", np.dtype(np.int64), (n,), keys_at)]
+            total = keys_at + 8 * n
+            params = np.array([self.stream_capacity, window, 0, 0, mask_at, keys_at, len(words) // 3, *words],
+                              np.int64)
+            plan = self._windows_plans[n] = (params, total, tuple(blocks))
+        return plan
 
     def windows_into(self, starts: np.ndarray, out: np.ndarray, offsets: Mapping[str, int],
                      dst_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,219 @@
+"""The compiled one-step add of a spec with one frame-stacked field, in one call.
+
+``kernels/add_step.py`` checks and writes the plain fields; a frame-stacked field also
+needs its stacks checked against the stored ones, the ring grown when full, and the new
+frames appended (``kernels/frames.py``). Done as three compiled calls with Python between
+them (and reference counting in two), that cost a warm pixel add more than SB3's two
+28 KiB copies; here the four steps are one call without numba's reference counting:
+
+1. :func:`~shardreplay.kernels.add_step.add_step` in check-only mode (shapes, finiteness,
+   step types, discounts of the plain fields),
+2. the stack's shape, and whether it continues the stored stack where its episode goes
+   on (``plan_write``'s rule for one step: equal bytes of the overlapping ``K - 1``
+   frames), and the frames each stream's ring must hold after the write,
+3. the write of the plain fields and the bookkeeping (``add_step`` again, writing),
+4. the new frames appended to the rings, each slot's ``ref`` and each ring's ``fpos``.
+
+Nothing is written before every check passed; a ring too small is reported
+(:data:`NEED_FRAMES`, the frames needed in ``state[N_OUT]``) before anything is written,
+and the caller grows it and calls again.
+
+``fstate`` (int64): ``[stream capacity, K, frame bytes, ndim of a step's stack,
+*its shape (ndim words), counts (S words: frames each stream appends)]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from shardreplay.kernels.add_step import (
+    _OPTIONS,
+    AT_STEP_TYPE,
+    CHECK_ONLY,
+    FIELDS,
+    N_OUT,
+    ROWS,
+    WINDOW,
+    add_step,
+    state_parts,
+)
+from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
+from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
+from shardreplay.kernels.copy import _byte_pointer, _check_arrays, copy_at
+
+__all__ = ["BAD_INPUT", "F_CAP", "F_DIMS", "F_FRAME_BYTES", "F_NDIM", "F_STACK", "MAX_ARITY", "NEED_FRAMES",
+           "compiled_add_stacked", "fstate_of"]
+
+F_CAP, F_STACK, F_FRAME_BYTES, F_NDIM, F_DIMS = 0, 1, 2, 3, 4
+FIRST, LAST = 0, 2
+MAX_ARITY = 4
+_ENTRY_FIELDS = range(1, MAX_ARITY + 1)
+
+
+def _loader(bits: int) -> Any:
+    """An intrinsic reading an unsigned integer of ``bits`` at a byte offset of an array
+    (unaligned: frames start at any byte)."""
+    @intrinsic
+    def load(typingctx, array, offset):  # pragma: no cover - compiled
+        _check_arrays(array)
+
+        def codegen(context, builder, signature, args):
+            ptr = _byte_pointer(context, builder, signature.args[0], args[0], args[1])
+            return builder.load(builder.bitcast(ptr, ir.IntType(bits).as_pointer()), align=1)
+        return getattr(types, f"uint{bits}")(array, types.intp), codegen
+    return load
+
+
+_u64_at, _u8_at = _loader(64), _loader(8)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _bytes_equal(a, a_off, b, b_off, n):  # pragma: no cover - compiled
+    """Bytes ``a[a_off:a_off+n]`` equal ``b[b_off:b_off+n]`` (8 at a time, no early exit:
+    the loop vectorises)."""
+    diff = numba.uint64(0)
+    whole = n - n % 8
+    for x in range(0, whole, 8):
+        diff |= _u64_at(a, a_off + x) ^ _u64_at(b, b_off + x)
+    for x in range(whole, n):
+        diff |= numba.uint64(_u8_at(a, a_off + x) ^ _u8_at(b, b_off + x))
+    return diff == 0
+
+
+@numba.njit(**_OPTIONS)
+def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
+                values):  # pragma: no cover - compiled
+    """Check and write one step of every stream of a spec with one frame-stacked field
+    (``stack``: ``[S, K, *frame]``, C-contiguous, its stored dtype) and the plain fields
+    ``values`` (as :func:`~shardreplay.kernels.add_step.add_step`). ``ref``, ``frames``
+    (uint8 ``[S, F, frame bytes]``) and ``fpos`` are the field's ``FrameStore`` arrays.
+
+    Returns the change in valid starts; :data:`BAD_INPUT` with nothing changed for an
+    input the full path must judge (it raises the error, or converts the input); or
+    :data:`NEED_FRAMES` with nothing changed and the frames each ring must hold in
+    ``state[N_OUT]``."""
+    n_rows = state[ROWS]
+    ndim = fstate[F_NDIM]
+    if stack.ndim != ndim or stack.shape[0] != n_rows:
+        return BAD_INPUT
+    for d in range(1, ndim):
+        if stack.shape[d] != fstate[F_DIMS + d - 1]:
+            return BAD_INPUT
+    state[CHECK_ONLY] = 1
+    checked = add_step(records, pos_and_counters, state, step_types, values)
+    state[CHECK_ONLY] = 0
+    if checked == BAD_INPUT:
+        return BAD_INPUT
+    cap, k, fb = fstate[F_CAP], fstate[F_STACK], fstate[F_FRAME_BYTES]
+    counts = fstate[F_DIMS + ndim - 1:]
+    rows_at, out_at, _discount_at, _end = state_parts(n_rows, state[FIELDS], state[WINDOW])
+    record_bytes = records.shape[1]
+    at_step_type = state[AT_STEP_TYPE]
+    cap_frames = frames.shape[1]
+    row_stride, frame_stride = frames.strides[0], frames.strides[1]
+    need = 0
+    for i in range(n_rows):  # plan_write's rule, for one step per stream
+        r = state[rows_at + i]
+        p0 = pos_and_counters[r]
+        prev_slot = r * cap + (p0 - 1) % cap
+        same = p0 > 0
+        if same:
+            first = ref[prev_slot] - k + 2
+            for j in range(k - 1):
+                same &= _bytes_equal(stack, (i * k + j) * fb, frames,
+                                     r * row_stride + ((first + j) % cap_frames) * frame_stride, fb)
+            prev_type = _u8_at(records, prev_slot * record_bytes + at_step_type)
+            if not same and step_types[i] != FIRST and prev_type != LAST:
+                return BAD_INPUT  # the full path names the stream and step
+        counts[i] = 1 if same else k
+        q = max(p0 + 1 - cap, 0)  # the oldest step stored after the write
+        oldest_frame = fpos[r] + counts[i] - k if q >= p0 else ref[r * cap + q % cap] - k + 1
+        need = max(need, fpos[r] + counts[i] - oldest_frame)
+    if need > cap_frames:
+        state[N_OUT] = need
+        return NEED_FRAMES
+    delta = add_step(records, pos_and_counters, state, step_types, values)
+    for i in range(n_rows):  # append_frames
+        r = state[rows_at + i]
+        p = fpos[r]
+        for j in range(k - counts[i], k):
+            copy_at(frames, r * row_stride + (p % cap_frames) * frame_stride, stack, (i * k + j) * fb, fb)
+            p += 1
+        ref[state[out_at + i]] = p - 1
+        fpos[r] = p
+    return delta
+
+
+# Entry points by the number of plain fields (a ``*values`` entry costs a tuple per call).
+@numba.njit(**_OPTIONS)
+def add_stacked_1(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
+                  a):  # pragma: no cover - compiled
+    """:func:`add_stacked` with 1 plain field."""
+    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, (a,))
+
+
+@numba.njit(**_OPTIONS)
+def add_stacked_2(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, a,
+                  b):  # pragma: no cover - compiled
+    """:func:`add_stacked` with 2 plain fields."""
+    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, (a, b))
+
+
+@numba.njit(**_OPTIONS)
+def add_stacked_3(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, a, b,
+                  c):  # pragma: no cover - compiled
+    """:func:`add_stacked` with 3 plain fields."""
+    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
+                       (a, b, c))
+
+
+@numba.njit(**_OPTIONS)
+def add_stacked_4(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, a, b, c,
+                  d):  # pragma: no cover - compiled
+    """:func:`add_stacked` with 4 plain fields."""
+    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
+                       (a, b, c, d))
+
+
+@numba.njit(**_OPTIONS)
+def add_stacked_n(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
+                  *values):  # pragma: no cover - compiled
+    """:func:`add_stacked` with any number (>= 1) of plain fields."""
+    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, values)
+
+
+_ENTRIES = (add_stacked_n, add_stacked_1, add_stacked_2, add_stacked_3, add_stacked_4)
+
+
+def fstate_of(stream_capacity: int, frame_bytes: int, stack_shape: tuple[int, ...]) -> np.ndarray:
+    """The ``fstate`` array of a field whose steps' stacks are ``stack_shape``
+    (``[S, K, *frame]``); see the module docstring."""
+    import numpy as np
+
+    n_rows, ndim = stack_shape[0], len(stack_shape)
+    return np.array([stream_capacity, stack_shape[1], frame_bytes, ndim, *stack_shape[1:]]
+                    + [0] * n_rows, np.int64)
+
+
+def compiled_add_stacked(args: tuple[Any, ...]) -> Any:
+    """A dispatcher of :func:`add_stacked` compiled (or loaded from numba's cache) for
+    arguments of the types of ``args`` only (others raise ``TypeError`` at dispatch);
+    ``args`` = (records as uint8 rows, positions and counters, state, ref, frames, fpos,
+    fstate, step types, stack, *plain values), at least one plain value."""
+    n_fields = len(args) - 9
+    if n_fields < 1:
+        raise ValueError("compiled_add_stacked needs at least one plain field")
+    entry = _ENTRIES[n_fields] if n_fields in _ENTRY_FIELDS else add_stacked_n
+    dispatcher = numba.njit(**_OPTIONS)(entry.py_func)
+    sig = [numba.typeof(x) for x in args[:9]]
+    values = [numba.typeof(x) for x in args[9:]]
+    dispatcher.compile((*sig, *values) if entry is not add_stacked_n
+                       else (*sig, numba.typeof(tuple(args[9:]))))
+    dispatcher.disable_compile()
+    return dispatcher

@@ -1,0 +1,108 @@
+"""The compiled gather of whole windows from the per-slot records (``StreamStorage.windows``).
+
+One call does what ``window_indices``, a ``take`` of whole records and a copy per record
+field did in eight: per start it walks the window (the slots, the mask after an
+episode's LAST and the key exactly as ``kernels/storage.py:window_indices``) and copies
+each record part's bytes of every position into that part's block of one output array,
+which the caller views as ``[B, L, *shape]`` arrays. Fields outside the records (large
+fields, frame stacks, ``at_starts`` fields) are gathered by the caller from the slots it
+also writes.
+
+Shaped for a small batch, where numba's dispatch is much of the cost: nothing allocated,
+a few array arguments (the scalars packed in one int64 array), compiled without numba's
+reference counting where numba has that option (as ``kernels/add_step.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from numba.core.cpu import CPUTargetOptions
+
+from shardreplay.kernels.copy import copy_1, copy_2, copy_4, copy_8
+from shardreplay.kernels.keys import encode_key
+
+__all__ = ["CAP", "DST", "EPOCH", "KEYS_AT", "MASK_AT", "OFFSET", "PARTS", "PART_WORDS", "SIZE", "TAG",
+           "WINDOW", "gather_windows"]
+
+LAST = 2
+# ``params`` (int64): the ring, the window, the key epoch and tag, where the mask
+# ([B, L] bool) and the keys ([B] int64) start in the output bytes, the number of record
+# parts; then per part its byte offset in a record, its bytes per step, and where its
+# block ([B, L, bytes]) starts in the output bytes.
+CAP, WINDOW, EPOCH, TAG, MASK_AT, KEYS_AT, N_PARTS = 0, 1, 2, 3, 4, 5, 6
+PARTS = 7
+OFFSET, SIZE, DST = 0, 1, 2
+PART_WORDS = 3
+_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "boundscheck": False,
+                            **({"_nrt": False} if hasattr(CPUTargetOptions, "_nrt") else {})}
+
+
+@numba.njit(inline="always", **_OPTIONS)
+def _row_base(s, cap, inv_cap):  # pragma: no cover - compiled
+    """``s - s % cap`` without an integer division (tens of cycles each, three per
+    window before): a float estimate of ``s // cap``, corrected by one either way."""
+    row = np.int64(s * inv_cap)
+    if row * cap > s:
+        row -= 1
+    elif (row + 1) * cap <= s:
+        row += 1
+    return row * cap
+
+
+@numba.njit(inline="always", **_OPTIONS)
+def _copy_small(dst, dst_at, src, src_at, size):  # pragma: no cover - compiled
+    """Copy ``size`` bytes (a record part: at most ``SMALL_FIELD_BYTES``) as 8-, 4-, 2-
+    and 1-byte moves: a ``memcpy`` call of a size not known when compiling costs more
+    than the copy."""
+    o = 0
+    while o + 8 <= size:
+        copy_8(dst, dst_at + o, src, src_at + o)
+        o += 8
+    if o + 4 <= size:
+        copy_4(dst, dst_at + o, src, src_at + o)
+        o += 4
+    if o + 2 <= size:
+        copy_2(dst, dst_at + o, src, src_at + o)
+        o += 2
+    if o < size:
+        copy_1(dst, dst_at + o, src, src_at + o)
+
+
+@numba.njit(**_OPTIONS)
+def gather_windows(starts, step_type, generation, records, params, dst, idx):  # pragma: no cover - compiled
+    """Gather the windows starting at flat slots ``starts [B]`` from ``records`` (the
+    per-slot records as uint8 rows ``[N, record bytes]``; ``step_type`` and
+    ``generation`` are their columns) into ``dst`` (uint8, laid out by ``params``), and
+    write each window's slots into ``idx [B * L]`` (positions after a LAST repeat its
+    slot, as the mask says)."""
+    n, window, cap = starts.shape[0], params[WINDOW], params[CAP]
+    epoch, tag = params[EPOCH], params[TAG]
+    inv_cap = 1.0 / cap
+    mask_at = params[MASK_AT]
+    keys = dst[params[KEYS_AT]:params[KEYS_AT] + 8 * n].view(np.int64)
+    for b in range(n):
+        s = starts[b]
+        keys[b] = encode_key(0, tag, s, np.int64(generation[s]) + epoch)
+        base = _row_base(s, cap, inv_cap)
+        slot = s - base
+        ended = False
+        cur = s
+        for k in range(window):
+            if ended:
+                dst[mask_at + b * window + k] = 0
+            else:
+                dst[mask_at + b * window + k] = 1
+                q = slot + k  # < 2 * cap: the window fits the ring
+                cur = base + (q - cap if q >= cap else q)
+                if 0 < k < window - 1:
+                    ended = step_type[cur] == LAST
+            idx[b * window + k] = cur
+    record_bytes = records.shape[1]
+    for p in range(params[N_PARTS]):  # a part at a time: its size fixed in the inner loop
+        at = PARTS + p * PART_WORDS
+        offset, size, block = params[at + OFFSET], params[at + SIZE], params[at + DST]
+        for j in range(n * window):
+            _copy_small(dst, block + j * size, records, idx[j] * record_bytes + offset, size)
