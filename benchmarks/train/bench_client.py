@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     p = common.parser(__doc__, quick="3,000 steps per run")
     p.add_argument("--steps", type=int, default=20_000, help="env steps per run (default 20,000)")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
+    p.add_argument("--warmup-steps", type=int, default=WARMUP_STEPS,
+                   help=f"steps of the untimed first run of each loop (default {WARMUP_STEPS:,}; 0: none)")
     p.add_argument("--child", choices=LOOPS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     steps = 3_000 if args.quick else args.steps
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     # One short untimed run of each loop first: numba compiles shardreplay's kernels once
     # per installation (after that every process loads them from its cache), and that
     # one-time cost is not what a training run pays. It is reported as "warmup".
-    warmup = {loop: spawn(loop, WARMUP_STEPS, seeds[0]) for loop in LOOPS}
+    warmup = {loop: spawn(loop, args.warmup_steps, seeds[0]) for loop in LOOPS if args.warmup_steps > 0}
     runs: dict[str, list[dict[str, Any]]] = {loop: [] for loop in LOOPS}
     for seed in seeds:
         for loop in LOOPS:
