@@ -6,7 +6,7 @@ stream's consumer group in place (a server restarted without its data loses it);
 :func:`trim_acknowledged` drops what every group acknowledged (see
 :mod:`shardreplay.transport.redis`, back-pressure point 1); :class:`HintChannel` is a
 pub/sub channel read as hints; :class:`XaddPacker` builds a writer's ``XADD`` + ``XLEN``
-packets.
+packets; :class:`RoomTokens` wakes writers blocked at a stream's cap (back-pressure point 2).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from shardreplay.errors import ConfigError, TransportError, TransportTimeout
 from shardreplay.secrets import connect_args, redact
 from shardreplay.transport.codec import Encoding, PackedEncoding
 
-__all__ = ["HintChannel", "RedisLink", "XaddPacker", "check_reachable", "ensure_group", "trim_acknowledged",
-           "waiting_entries", "with_group"]
+__all__ = ["HintChannel", "RedisLink", "RoomTokens", "XaddPacker", "check_reachable", "ensure_group",
+           "trim_acknowledged", "waiting_entries", "with_group"]
 
 logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
@@ -178,6 +178,73 @@ def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
     """
     script = client.register_script(_TRIM_ACKED)
     return int(script(keys=[stream], args=["1" if exact else "0"]))
+
+
+class RoomTokens:
+    """Wake-ups for writers waiting at a stream's cap: a list ``<stream>:room`` of tokens.
+
+    The reader pushes one token per entry it acknowledges (in the round trip of the
+    ``XACK``); a writer at the cap waits in ``BLPOP`` on the list instead of sleeping, so
+    it costs no CPU while it waits, and Redis hands each token to the writer that has
+    waited longest (one writer wakes per freed entry, oldest first). Tokens are hints: a
+    woken writer still trims and reads the stream's length before it adds, a stale token
+    costs one look, and the list holds ``cap`` tokens at most. A user whose ACL lacks
+    ``BLPOP`` / ``RPUSH`` / ``LTRIM`` (or the key) gets one warning, then the polling of before.
+
+    Args:
+        stream: the chunk stream.
+        cap: the stream's ``max_len``: the most tokens kept.
+    """
+
+    def __init__(self, stream: str, cap: int) -> None:
+        self.key, self.cap = f"{stream}:room", cap
+        self.enabled = True
+
+    def queue(self, pipe: Any, freed: int) -> int:
+        """Queue on ``pipe`` the tokens for ``freed`` acknowledged entries; how many
+        commands were queued (their replies go to :meth:`check`)."""
+        if not self.enabled or freed <= 0:
+            return 0
+        pipe.rpush(self.key, *([b"1"] * min(freed, self.cap)))
+        pipe.ltrim(self.key, -self.cap, -1)  # stale tokens stay bounded
+        return 2
+
+    def check(self, replies: list[Any]) -> None:
+        """Look at the replies of :meth:`queue`'s commands (``raise_on_error=False``):
+        a refusal by the ACL turns tokens off.
+
+        Raises:
+            redis.RedisError: any other error among them.
+        """
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.NoPermissionError):
+                self._refused(reply)
+            elif isinstance(reply, Exception):
+                raise reply
+
+    def wait(self, client: redis.Redis, timeout_s: float) -> bool:
+        """Block until a token comes or ``timeout_s`` passes (at least 1 ms: ``BLPOP 0``
+        would block for ever). False, at once, when tokens are off.
+
+        Raises:
+            redis.ConnectionError / redis.TimeoutError: the connection failed.
+            redis.RedisError: Redis refused the command for another reason than the ACL.
+        """
+        if not self.enabled:
+            return False
+        try:
+            client.blpop([self.key], timeout=round(max(timeout_s, 0.001), 3))
+        except redis.exceptions.NoPermissionError as exc:
+            self._refused(exc)
+            return False
+        return True
+
+    def _refused(self, exc: Exception) -> None:
+        if self.enabled:
+            logger.warning("redis: waiting for room by polling (%s): grant the user +blpop +rpush +ltrim on "
+                           "%r to let writers wait without polling (docs/multi-machine.md)",
+                           _first_line(exc), self.key)
+        self.enabled = False
 
 
 class XaddPacker:
