@@ -32,7 +32,7 @@ whether or not they were read, so it is never used. Instead:
    chunk. At the cap it trims exactly (``MINID`` without ``~``: approximate trimming
    keeps a partly acknowledged node, which could hold a small stream at the cap
    forever) and, while the stream is still full, waits in ``BLPOP`` on ``<stream>:room``
-   (50 ms at most), where the reader pushes a token per entry it acknowledges, in the
+   (100 ms at most), where the reader pushes a token per entry it acknowledges, in the
    round trip of the ``XACK``: the writer that waited longest wakes for each freed entry
    and looks again, until there is room or ``timeout_s`` passes. While the stream is
    over half full a writer then adds one chunk per token (it takes a token before each
@@ -104,7 +104,7 @@ _FIELD = b"d"
 _ACK_BATCH = 256
 _WINDOW = 8  # adds a writer has in flight at most
 _POLL_CAP_S = 0.005  # a writer without room tokens looks this often at most
-_TOKEN_WAIT_S = 0.05  # with tokens, a look every 50 ms only covers a token never pushed
+_TOKEN_WAIT_S = 0.1  # with tokens, a look every 100 ms only covers a token lost on the way
 
 
 class RedisTransport:
@@ -349,6 +349,10 @@ class RedisWriter:
                 raise TransportTimeout(f"redis stream {t.stream!r} held {n} unacknowledged entries "
                                        f"(max_len={t.max_len}) for {timeout_s} s: the learner is not "
                                        "draining it (is it alive?)")
+            if self._sent:  # maybe only our own adds, counted twice: confirm them, look again
+                self._settle(deadline, wait=True)
+                in_line = False
+                continue
             in_line = self._room.enabled
             if not in_line:  # no tokens (ACL): poll, as before them
                 time.sleep(pause if deadline is None else max(min(pause, deadline - time.monotonic()), 0.0))
