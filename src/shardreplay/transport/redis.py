@@ -333,10 +333,7 @@ class RedisWriter:
         t, pause = self._t, 0.0005
         in_line = self._credit is not None and self._room.enabled
         while True:
-            if in_line:  # a token (or the safety timeout), then look
-                self._await_token(deadline)
-            n = self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=True), what="XTRIM",
-                                deadline=deadline)
+            n = self._look(deadline, in_line)
             # Our adds in flight count as not yet in ``n`` (those the server did take
             # count twice: a stricter cap, never a looser one).
             if n + len(self._sent) < t.max_len:
@@ -358,12 +355,20 @@ class RedisWriter:
                 time.sleep(pause if deadline is None else max(min(pause, deadline - time.monotonic()), 0.0))
                 pause = min(pause * 2, _POLL_CAP_S)
 
-    def _await_token(self, deadline: float | None) -> None:
-        """Wait in ``BLPOP`` for a room token, ``_TOKEN_WAIT_S`` at most (less near the deadline)."""
+    def _look(self, deadline: float | None, in_line: bool) -> int:
+        """Trim what is acknowledged and return the stream's length; ``in_line``: first
+        wait in ``BLPOP`` for a room token, ``_TOKEN_WAIT_S`` at most (less near the
+        deadline), in the same round trip."""
         t = self._t
-        left = _TOKEN_WAIT_S if deadline is None else deadline - time.monotonic()
-        wait = min(_TOKEN_WAIT_S, left, t.socket_timeout_s / 2)
-        self._link.call(lambda r: self._room.wait(r, wait), what="BLPOP", deadline=deadline)
+        n: int | None = None
+        if in_line:
+            left = _TOKEN_WAIT_S if deadline is None else deadline - time.monotonic()
+            wait = min(_TOKEN_WAIT_S, left, t.socket_timeout_s / 2)
+            n = self._link.call(lambda r: self._room.wait_then_trim(r, wait), what="BLPOP", deadline=deadline)
+        if n is None:  # not in line, or tokens refused by the ACL
+            n = self._link.call(lambda r: trim_acknowledged(r, t.stream, exact=True), what="XTRIM",
+                                deadline=deadline)
+        return n
 
     def close(self) -> None:
         """Wait (up to ``socket_timeout_s``) for the chunks in flight, then close.

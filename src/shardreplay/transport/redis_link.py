@@ -12,6 +12,7 @@ packets; :class:`RoomTokens` wakes writers blocked at a stream's cap (back-press
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -170,6 +171,9 @@ return redis.call('XLEN', KEYS[1])
 """
 
 
+_TRIM_SHA = hashlib.sha1(_TRIM_ACKED.encode()).hexdigest()  # the name EVALSHA knows it by
+
+
 def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
     """Delete entries every consumer group of ``stream`` has acknowledged (one Lua script).
 
@@ -197,7 +201,7 @@ class RoomTokens:
     """
 
     def __init__(self, stream: str, cap: int) -> None:
-        self.key, self.cap = f"{stream}:room", cap
+        self.stream, self.key, self.cap = stream, f"{stream}:room", cap
         self.enabled = True
 
     def queue(self, pipe: Any, freed: int) -> int:
@@ -222,22 +226,34 @@ class RoomTokens:
             elif isinstance(reply, Exception):
                 raise reply
 
-    def wait(self, client: redis.Redis, timeout_s: float) -> bool:
+    def wait_then_trim(self, client: redis.Redis, timeout_s: float) -> int | None:
         """Block until a token comes or ``timeout_s`` passes (at least 1 ms: ``BLPOP 0``
-        would block for ever). False, at once, when tokens are off.
+        would block for ever), then :func:`trim_acknowledged` exactly, in one round trip
+        (Redis runs the script once the ``BLPOP`` returns). None, without waiting, when
+        tokens are off (or the ACL just refused them).
+
+        Returns:
+            The stream's length after the trim, or None.
 
         Raises:
             redis.ConnectionError / redis.TimeoutError: the connection failed.
-            redis.RedisError: Redis refused the command for another reason than the ACL.
+            redis.RedisError: Redis refused a command for another reason than the ACL.
         """
         if not self.enabled:
-            return False
-        try:
-            client.blpop([self.key], timeout=round(max(timeout_s, 0.001), 3))
-        except redis.exceptions.NoPermissionError as exc:
-            self._refused(exc)
-            return False
-        return True
+            return None
+        pipe = client.pipeline(transaction=False)
+        pipe.blpop([self.key], timeout=round(max(timeout_s, 0.001), 3))
+        pipe.evalsha(_TRIM_SHA, 1, self.stream, "1")  # not a Script: a pipeline asks SCRIPT EXISTS first
+        token, length = pipe.execute(raise_on_error=False)
+        if isinstance(token, redis.exceptions.NoPermissionError):
+            self._refused(token)
+            return None
+        if isinstance(length, redis.exceptions.NoScriptError):  # a restarted server: load it
+            return trim_acknowledged(client, self.stream, exact=True)
+        for reply in (token, length):
+            if isinstance(reply, Exception):
+                raise reply
+        return int(length)
 
     def _refused(self, exc: Exception) -> None:
         if self.enabled:
