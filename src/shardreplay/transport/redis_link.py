@@ -187,21 +187,26 @@ def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
 class RoomTokens:
     """Wake-ups for writers waiting at a stream's cap: a list ``<stream>:room`` of tokens.
 
-    The reader pushes one token per entry it acknowledges (in the round trip of the
-    ``XACK``); a writer at the cap waits in ``BLPOP`` on the list instead of sleeping, so
-    it costs no CPU while it waits, and Redis hands each token to the writer that has
-    waited longest (one writer wakes per freed entry, oldest first). Tokens are hints: a
-    woken writer still trims and reads the stream's length before it adds, a stale token
-    costs one look, and the list holds ``cap`` tokens at most. A user whose ACL lacks
+    The reader pushes a token per :attr:`grant` entries it acknowledges (rounded up, in
+    the round trip of the ``XACK``); a writer at the cap waits in ``BLPOP`` on the list
+    instead of sleeping, so it costs no CPU while it waits, and Redis hands each token
+    to the writer that has waited longest, which may then add ``grant`` chunks (one
+    wake-up per ``grant`` freed entries, writers served oldest first). Tokens are hints:
+    a woken writer still trims and reads the stream's length before it adds, a stale
+    token costs one look, and the list holds ``cap / grant`` tokens at most. A user whose ACL lacks
     ``BLPOP`` / ``RPUSH`` / ``LTRIM`` (or the key) gets one warning, then the polling of before.
 
     Args:
         stream: the chunk stream.
-        cap: the stream's ``max_len``: the most tokens kept.
+        cap: the stream's ``max_len``.
     """
 
     def __init__(self, stream: str, cap: int) -> None:
-        self.stream, self.key, self.cap = stream, f"{stream}:room", cap
+        self.stream, self.key = stream, f"{stream}:room"
+        # Adds per token: 4 on streams of 32 entries and more (fewer wake-ups a chunk),
+        # less on short ones, where a grant would be a large part of the stream.
+        self.grant = max(1, min(4, cap // 8))
+        self.cap = max(1, cap // self.grant)  # tokens kept at most
         self.enabled = True
 
     def queue(self, pipe: Any, freed: int) -> int:
@@ -209,7 +214,7 @@ class RoomTokens:
         commands were queued (their replies go to :meth:`check`)."""
         if not self.enabled or freed <= 0:
             return 0
-        pipe.rpush(self.key, *([b"1"] * min(freed, self.cap)))
+        pipe.rpush(self.key, *([b"1"] * min(-(-freed // self.grant), self.cap)))
         pipe.ltrim(self.key, -self.cap, -1)  # stale tokens stay bounded
         return 2
 
