@@ -32,7 +32,7 @@ whether or not they were read, so it is never used. Instead:
    chunk. At the cap it trims exactly (``MINID`` without ``~``: approximate trimming
    keeps a partly acknowledged node, which could hold a small stream at the cap
    forever) and, while the stream is still full, waits in ``BLPOP`` on ``<stream>:room``
-   (1 s at most), where the reader pushes a token per 4 entries it acknowledges
+   (3 s at most), where the reader pushes a token per 4 entries it acknowledges
    (``RoomTokens.grant``: fewer on streams under 32 entries), in the round trip of the
    ``XACK``: the writer that waited longest wakes and looks again, until there is room
    or ``timeout_s`` passes. While the stream is over half full a writer then adds up to
@@ -105,8 +105,10 @@ _FIELD = b"d"
 _ACK_BATCH = 256
 _WINDOW = 8  # adds a writer has in flight at most
 _POLL_CAP_S = 0.005  # a writer without room tokens looks this often at most
-_TOKEN_WAIT_S = 1.0  # with tokens, a look a second covers a token lost on the way (a writer that
-# times out loses its place in line: 128 writers at 100 ms had a max/min rate of 11)
+# With tokens, a look every 3 s covers a token lost on the way; a writer that times out
+# loses its place in line, so this is longer than a turn in line (128 writers sharing
+# 600 chunks/s, 4 a token: 0.9 s; at 100 ms their max/min rates were 11, at 1 s 2.4).
+_TOKEN_WAIT_S = 3.0
 
 
 class RedisTransport:
