@@ -267,7 +267,7 @@ def test_a_writer_at_the_cap_waits_for_a_room_token_instead_of_polling(redis_ser
     writer, reader, r = transport.writer(), transport.reader(), client(redis_server)
     for q in range(2):
         writer.send(make_chunk(0, q), timeout_s=1)
-    held = receive_all(reader, 2, timeout_s=5)  # delivered, not acknowledged: the stream stays full
+    held = receive_all(reader, 2, timeout_s=5, ack=False)  # delivered, unacknowledged: the stream is full
     done = threading.Event()
     thread = threading.Thread(target=lambda: (writer.send(make_chunk(0, 2), timeout_s=10), done.set()))
     looks0 = _looks(r)
@@ -299,7 +299,7 @@ def test_writers_poll_for_room_when_the_acl_refuses_room_tokens(redis_server, ca
     writer, reader = transport.writer(), transport.reader()
     for q in range(2):
         writer.send(make_chunk(0, q), timeout_s=1)
-    held = receive_all(reader, 2, timeout_s=5)
+    held = receive_all(reader, 2, timeout_s=5, ack=False)
     thread = threading.Thread(target=writer.send, args=(make_chunk(0, 2),), kwargs={"timeout_s": 10})
     thread.start()
     time.sleep(0.2)
@@ -311,5 +311,19 @@ def test_writers_poll_for_room_when_the_acl_refuses_room_tokens(redis_server, ca
     refusals = [rec for rec in caplog.records if "waiting for room by polling" in rec.getMessage()]
     assert len(refusals) == 2, [rec.getMessage() for rec in refusals]  # writer BLPOP, reader RPUSH
     assert client(redis_server).exists(f"{STREAM}:room") == 0
+    writer.close()
+    reader.close()
+
+
+def test_the_reader_takes_half_the_stream_at_a_time(redis_server) -> None:
+    # What the reader holds unacknowledged counts against max_len: taking all of it left
+    # the writers no room until the next read (8 writers into a 32-entry stream: the
+    # learner waited ~8 ms a read for them); half lets them refill while it stores.
+    transport = make(redis_server, max_len=4)
+    writer, reader = transport.writer(), transport.reader()
+    for q in range(4):
+        writer.send(make_chunk(0, q), timeout_s=1)
+    assert [c.sequence for c in reader.receive(64, timeout_s=1)] == [0, 1]
+    assert [c.sequence for c in reader.receive(64, timeout_s=1)] == [2, 3]
     writer.close()
     reader.close()

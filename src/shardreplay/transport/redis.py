@@ -418,7 +418,8 @@ class RedisReader:
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
         """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first
-        (``borrow`` changes nothing here: every entry arrives in its own bytes).
+        (``borrow`` changes nothing here: every entry arrives in its own bytes); new
+        entries are read ``max_len / 2`` at a time at most.
 
         Raises:
             TransportTimeout: the server has been unreachable for ``reconnect_timeout_s``.
@@ -460,6 +461,10 @@ class RedisReader:
                 return [(eid, fields) for eid, fields in claim[1]]
         block_ms = int(min(max(deadline - now, 0.0), 1.0, t.socket_timeout_s / 2) * 1000)
         acks = list(self._to_ack)
+        # Half the stream at most: what we hold unacknowledged counts against max_len, so
+        # taking all of it would leave the writers no room until our next read (they
+        # refill one half while we store the other).
+        count = min(count, max(1, t.max_len // 2))
 
         def ack_and_read(r: redis.Redis) -> Any:
             pipe = r.pipeline(transaction=False)
