@@ -327,3 +327,21 @@ def test_the_reader_takes_half_the_stream_at_a_time(redis_server) -> None:
     assert [c.sequence for c in reader.receive(64, timeout_s=1)] == [2, 3]
     writer.close()
     reader.close()
+
+
+def test_a_room_token_wait_loads_the_trim_script_again_after_a_flush(redis_server) -> None:
+    # The token wait runs the trim by its SHA in the same round trip; a server that lost
+    # its scripts (restarted) answers NOSCRIPT, and the look loads it instead of failing.
+    from shardreplay.transport.redis_link import RoomTokens
+
+    r = client(redis_server)
+    for _ in range(3):
+        r.xadd(STREAM, {"d": b"x"})
+    room = RoomTokens(STREAM, 8)
+    r.script_flush()
+    r.rpush(room.key, b"1")
+    assert room.wait_then_trim(r, 1.0) == 3  # no group: nothing trimmed, the length
+    assert r.llen(room.key) == 0  # the token was taken
+    t0 = time.monotonic()
+    assert room.wait_then_trim(r, 0.05) == 3  # no token: back after the timeout
+    assert time.monotonic() - t0 >= 0.04
