@@ -6,10 +6,12 @@ Connections, group handling, trimming and pub/sub hints live in
 Chunks are entries ``{d: <encoded chunk>}`` of one stream (default ``shardreplay:chunks``),
 read through a consumer group (default ``learners``), so delivery is at-least-once:
 
-- The reader gets new entries with ``XREADGROUP ... >``; they stay in the group's pending
-  list until acknowledged. ``ack`` (called once the chunks are in the buffer) queues the
-  ``XACK``, which goes out in the same round trip as the next read (or at ``close``, or
-  once 256 are queued).
+- The reader gets new entries with ``XREADGROUP ... >``, ``max_len / 2`` at a time at
+  most (what it holds counts against ``max_len``: the writers refill one half while it
+  stores the other); they stay in the group's pending list until acknowledged. ``ack``
+  (called once the chunks are in the buffer) queues the ``XACK``, which goes out in the
+  same round trip as the next read (or at ``close``, or once 256 are queued), with the
+  room tokens of back-pressure point 2.
 - A restarted reader (same ``consumer`` name) first re-reads its own pending entries
   (``XREADGROUP ... 0``), and ``XAUTOCLAIM`` takes over entries that another consumer left
   pending for ``claim_idle_s`` (a reader that died under another name).
