@@ -90,9 +90,11 @@ def steps_at(obs: np.ndarray, types: np.ndarray, at: int, t: int, first: bool) -
 
 
 def writer_main(transport: Any, actor: int, obs: np.ndarray, types: np.ndarray, chunk_steps: int,
-                go: Any, stop: Any, sent: Any, cpu: Any, nice: int) -> None:
+                go: Any, stop: Any, sent: Any, cpu: Any, nice: int, send_timeout_s: float) -> None:
     """Send chunks of the trajectory (from this writer's own offset) until ``stop``; count
-    the chunks the medium took in ``sent[actor]`` and this process's CPU seconds in ``cpu``."""
+    the chunks the medium took in ``sent[actor]`` and this process's CPU seconds in ``cpu``.
+    As an actor does (``runtime/actor/loop.py``), a chunk is built once and sent again,
+    the same object, after a ``TransportTimeout`` (each attempt waits ``send_timeout_s``)."""
     from shardreplay.errors import TransportTimeout
     from shardreplay.transport.codec import Chunk
 
@@ -104,12 +106,15 @@ def writer_main(transport: Any, actor: int, obs: np.ndarray, types: np.ndarray, 
     at, seq = (actor * 997) % n, 0
     go.wait()
     c0 = time.process_time()
+    chunk = None
     while not stop.is_set():
+        if chunk is None:
+            chunk = Chunk(actor, seq, 0, np.array([0]), steps_at(obs, types, at, chunk_steps, seq == 0))
         try:
-            writer.send(Chunk(actor, seq, 0, np.array([0]), steps_at(obs, types, at, chunk_steps, seq == 0)),
-                        timeout_s=0.2)
+            writer.send(chunk, timeout_s=send_timeout_s)
         except TransportTimeout:
             continue  # back-pressure: try the same chunk again (or stop)
+        chunk = None
         seq += 1
         sent[actor] = seq
         # Back to the start (an episode's first step) before the trajectory runs out.
@@ -309,7 +314,7 @@ def run_case(kind: str, writers: int, seconds: float, args: Any, scratch: Path, 
         go, stop = ctx.Event(), ctx.Event()
         sent, wcpu = ctx.Array("q", writers, lock=False), ctx.Array("d", writers, lock=False)
         procs = [ctx.Process(target=writer_main, args=(transport, a, obs, types, t_len, go, stop, sent, wcpu,
-                                                               args.writer_nice),
+                                                               args.writer_nice, args.send_timeout),
                              daemon=True) for a in range(writers)]
         for p in procs:
             p.start()
@@ -487,6 +492,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--writer-nice", type=int, default=10,
                     help="writers' nice value (default 10): the learner under test is not outcompeted by "
                          "its own writers; 0 shares the cores equally with every writer")
+    ap.add_argument("--send-timeout", type=float, default=5.0,
+                    help="seconds a writer's send waits for room before it tries again (default 5.0, "
+                         "the actors' send_timeout_s; runs before 2026-11-27 12:00 used 0.2)")
     ap.add_argument("--table", type=Path, help="print the markdown table of a saved JSON line, run nothing")
     ap.add_argument("--no-prefault", action="store_true",
                     help="leave the frame rings' pages to the first fill (timed part then includes it)")
@@ -520,7 +528,8 @@ def main(argv: list[str] | None = None) -> None:
                 case = run_case(kind, writers, args.seconds, args, Path(scratch), obs, types)
                 print(json.dumps(case), file=sys.stderr, flush=True)
                 results.append(case)
-    common.emit_line(head | {"writer_nice": args.writer_nice, "load_avg": common.loadavg(), "cases": results},
+    common.emit_line(head | {"writer_nice": args.writer_nice, "send_timeout_s": args.send_timeout,
+                             "load_avg": common.loadavg(), "cases": results},
                      args.out)
 
 

@@ -252,3 +252,96 @@ def test_writer_packets_are_what_redis_py_sends_and_land_as_entries(redis_server
     assert [c.sequence for c in got] == list(range(20))
     assert client(redis_server).xlen("流-ü 1") == 20
     writer.close()
+
+
+def _looks(r: redis.Redis) -> int:
+    """Trim-and-length looks the server ran so far (the trim script, ``EVALSHA``)."""
+    return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_a_writer_at_the_cap_waits_for_a_room_token_instead_of_polling(redis_server) -> None:
+    # Writers at max_len used to trim-and-look every 0.5-5 ms (at 32 writers that cost
+    # more CPU than their sends); now they wait in BLPOP for the token the reader pushes
+    # with each XACK, looking only when one comes (or every 100 ms without one).
+    transport = make(redis_server, max_len=2)
+    writer, reader, r = transport.writer(), transport.reader(), client(redis_server)
+    for q in range(2):
+        writer.send(make_chunk(0, q), timeout_s=1)
+    held = receive_all(reader, 2, timeout_s=5, ack=False)  # delivered, unacknowledged: the stream is full
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (writer.send(make_chunk(0, 2), timeout_s=10), done.set()))
+    looks0 = _looks(r)
+    thread.start()
+    time.sleep(0.5)
+    looks = _looks(r) - looks0
+    assert not done.is_set()
+    assert looks <= 12, f"{looks} looks in 0.5 s: the blocked writer polls"  # polling: ~100
+    reader.ack(held)
+    reader.flush()  # the XACK and its tokens
+    thread.join(timeout=10)
+    assert done.is_set()
+    assert [c.sequence for c in receive_all(reader, 1, timeout_s=5)] == [2]
+    for q in range(3, 12):  # tokens no writer takes stay bounded by max_len
+        writer.send(make_chunk(0, q), timeout_s=5)
+        reader.ack(receive_all(reader, 1, timeout_s=5))
+        reader.flush()
+    assert 1 <= r.llen(f"{STREAM}:room") <= 2
+    writer.close()
+    reader.close()
+
+
+def test_writers_poll_for_room_when_the_acl_refuses_room_tokens(redis_server, caplog) -> None:
+    # An ACL made for an older release (no BLPOP/RPUSH/LTRIM): one warning per end,
+    # then back-pressure works as before, by polling.
+    client(redis_server).acl_setuser("old", enabled=True, passwords=["+pw"], keys=["*"],
+                                     commands=["+@all", "-blpop", "-rpush", "-ltrim"])
+    transport = open_transport(redis_server.url.replace("redis://", "redis://old:pw@"), SPEC, max_len=2)
+    writer, reader = transport.writer(), transport.reader()
+    for q in range(2):
+        writer.send(make_chunk(0, q), timeout_s=1)
+    held = receive_all(reader, 2, timeout_s=5, ack=False)
+    thread = threading.Thread(target=writer.send, args=(make_chunk(0, 2),), kwargs={"timeout_s": 10})
+    thread.start()
+    time.sleep(0.2)
+    reader.ack(held)
+    reader.flush()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert [c.sequence for c in receive_all(reader, 1, timeout_s=5)] == [2]
+    refusals = [rec for rec in caplog.records if "waiting for room by polling" in rec.getMessage()]
+    assert len(refusals) == 2, [rec.getMessage() for rec in refusals]  # writer BLPOP, reader RPUSH
+    assert client(redis_server).exists(f"{STREAM}:room") == 0
+    writer.close()
+    reader.close()
+
+
+def test_the_reader_takes_half_the_stream_at_a_time(redis_server) -> None:
+    # What the reader holds unacknowledged counts against max_len: taking all of it left
+    # the writers no room until the next read (8 writers into a 32-entry stream: the
+    # learner waited ~8 ms a read for them); half lets them refill while it stores.
+    transport = make(redis_server, max_len=4)
+    writer, reader = transport.writer(), transport.reader()
+    for q in range(4):
+        writer.send(make_chunk(0, q), timeout_s=1)
+    assert [c.sequence for c in reader.receive(64, timeout_s=1)] == [0, 1]
+    assert [c.sequence for c in reader.receive(64, timeout_s=1)] == [2, 3]
+    writer.close()
+    reader.close()
+
+
+def test_a_room_token_wait_loads_the_trim_script_again_after_a_flush(redis_server) -> None:
+    # The token wait runs the trim by its SHA in the same round trip; a server that lost
+    # its scripts (restarted) answers NOSCRIPT, and the look loads it instead of failing.
+    from shardreplay.transport.redis_link import RoomTokens
+
+    r = client(redis_server)
+    for _ in range(3):
+        r.xadd(STREAM, {"d": b"x"})
+    room = RoomTokens(STREAM, 8)
+    r.script_flush()
+    r.rpush(room.key, b"1")
+    assert room.wait_then_trim(r, 1.0) == 3  # no group: nothing trimmed, the length
+    assert r.llen(room.key) == 0  # the token was taken
+    t0 = time.monotonic()
+    assert room.wait_then_trim(r, 0.05) == 3  # no token: back after the timeout
+    assert time.monotonic() - t0 >= 0.04

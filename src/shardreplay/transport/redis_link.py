@@ -6,12 +6,13 @@ stream's consumer group in place (a server restarted without its data loses it);
 :func:`trim_acknowledged` drops what every group acknowledged (see
 :mod:`shardreplay.transport.redis`, back-pressure point 1); :class:`HintChannel` is a
 pub/sub channel read as hints; :class:`XaddPacker` builds a writer's ``XADD`` + ``XLEN``
-packets.
+packets; :class:`RoomTokens` wakes writers blocked at a stream's cap (back-pressure point 2).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -27,8 +28,8 @@ from shardreplay.errors import ConfigError, TransportError, TransportTimeout
 from shardreplay.secrets import connect_args, redact
 from shardreplay.transport.codec import Encoding, PackedEncoding
 
-__all__ = ["HintChannel", "RedisLink", "XaddPacker", "check_reachable", "ensure_group", "trim_acknowledged",
-           "waiting_entries", "with_group"]
+__all__ = ["HintChannel", "RedisLink", "RoomTokens", "XaddPacker", "check_reachable", "ensure_group",
+           "trim_acknowledged", "waiting_entries", "with_group"]
 
 logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
@@ -170,6 +171,9 @@ return redis.call('XLEN', KEYS[1])
 """
 
 
+_TRIM_SHA = hashlib.sha1(_TRIM_ACKED.encode()).hexdigest()  # the name EVALSHA knows it by
+
+
 def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
     """Delete entries every consumer group of ``stream`` has acknowledged (one Lua script).
 
@@ -178,6 +182,90 @@ def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
     """
     script = client.register_script(_TRIM_ACKED)
     return int(script(keys=[stream], args=["1" if exact else "0"]))
+
+
+class RoomTokens:
+    """Wake-ups for writers waiting at a stream's cap: a list ``<stream>:room`` of tokens.
+
+    The reader pushes a token per :attr:`grant` entries it acknowledges (rounded up, in
+    the round trip of the ``XACK``); a writer at the cap waits in ``BLPOP`` on the list
+    instead of sleeping, so it costs no CPU while it waits, and Redis hands each token
+    to the writer that has waited longest, which may then add ``grant`` chunks (one
+    wake-up per ``grant`` freed entries, writers served oldest first). Tokens are hints:
+    a woken writer still trims and reads the stream's length before it adds, a stale
+    token costs one look, and the list holds ``cap / grant`` tokens at most. A user whose ACL lacks
+    ``BLPOP`` / ``RPUSH`` / ``LTRIM`` (or the key) gets one warning, then the polling of before.
+
+    Args:
+        stream: the chunk stream.
+        cap: the stream's ``max_len``.
+    """
+
+    def __init__(self, stream: str, cap: int) -> None:
+        self.stream, self.key = stream, f"{stream}:room"
+        # Adds per token: 4 on streams of 32 entries and more (fewer wake-ups a chunk),
+        # less on short ones, where a grant would be a large part of the stream.
+        self.grant = max(1, min(4, cap // 8))
+        self.cap = max(1, cap // self.grant)  # tokens kept at most
+        self.enabled = True
+
+    def queue(self, pipe: Any, freed: int) -> int:
+        """Queue on ``pipe`` the tokens for ``freed`` acknowledged entries; how many
+        commands were queued (their replies go to :meth:`check`)."""
+        if not self.enabled or freed <= 0:
+            return 0
+        pipe.rpush(self.key, *([b"1"] * min(-(-freed // self.grant), self.cap)))
+        pipe.ltrim(self.key, -self.cap, -1)  # stale tokens stay bounded
+        return 2
+
+    def check(self, replies: list[Any]) -> None:
+        """Look at the replies of :meth:`queue`'s commands (``raise_on_error=False``):
+        a refusal by the ACL turns tokens off.
+
+        Raises:
+            redis.RedisError: any other error among them.
+        """
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.NoPermissionError):
+                self._refused(reply)
+            elif isinstance(reply, Exception):
+                raise reply
+
+    def wait_then_trim(self, client: redis.Redis, timeout_s: float) -> int | None:
+        """Block until a token comes or ``timeout_s`` passes (at least 1 ms: ``BLPOP 0``
+        would block for ever), then :func:`trim_acknowledged` exactly, in one round trip
+        (Redis runs the script once the ``BLPOP`` returns). None, without waiting, when
+        tokens are off (or the ACL just refused them).
+
+        Returns:
+            The stream's length after the trim, or None.
+
+        Raises:
+            redis.ConnectionError / redis.TimeoutError: the connection failed.
+            redis.RedisError: Redis refused a command for another reason than the ACL.
+        """
+        if not self.enabled:
+            return None
+        pipe = client.pipeline(transaction=False)
+        pipe.blpop([self.key], timeout=round(max(timeout_s, 0.001), 3))
+        pipe.evalsha(_TRIM_SHA, 1, self.stream, "1")  # not a Script: a pipeline asks SCRIPT EXISTS first
+        token, length = pipe.execute(raise_on_error=False)
+        if isinstance(token, redis.exceptions.NoPermissionError):
+            self._refused(token)
+            return None
+        if isinstance(length, redis.exceptions.NoScriptError):  # a restarted server: load it
+            return trim_acknowledged(client, self.stream, exact=True)
+        for reply in (token, length):
+            if isinstance(reply, Exception):
+                raise reply
+        return int(length)
+
+    def _refused(self, exc: Exception) -> None:
+        if self.enabled:
+            logger.warning("redis: waiting for room by polling (%s): grant the user +blpop +rpush +ltrim on "
+                           "%r to let writers wait without polling (docs/multi-machine.md)",
+                           _first_line(exc), self.key)
+        self.enabled = False
 
 
 class XaddPacker:
