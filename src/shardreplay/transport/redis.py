@@ -41,7 +41,7 @@ whether or not they were read, so it is never used. Instead:
    ``grant`` chunks per token and takes a token before its next look, so waiting
    writers share the freed entries in turn.
    (Sleeping and trimming every 0.5-5 ms instead cost waiting writers more CPU than
-   their sends: 34 of 66 us a step at 32 writers, 120 of 206 at 128.) Without ACL
+   their sends, the more so the more writers: benchmarks/transport/RESULTS-ingest.md.) Without ACL
    permission for the tokens writers poll as before (0.5 to 5 ms).
    With one writer the stream never holds more than ``max_len`` entries; ``W``
    writers can overshoot by at most ``8 (W - 1)`` (memory stays bounded). (A Lua
@@ -108,8 +108,8 @@ _ACK_BATCH = 256
 _WINDOW = 8  # adds a writer has in flight at most
 _POLL_CAP_S = 0.005  # a writer without room tokens looks this often at most
 # With tokens, a look every 3 s covers a token lost on the way; a writer that times out
-# loses its place in line, so this is longer than a turn in line (128 writers sharing
-# 600 chunks/s, 4 a token: 0.9 s; at 100 ms their max/min rates were 11, at 1 s 2.4).
+# loses its place in line, so this is longer than a turn in line at 128 writers (shorter
+# looks made the writers' rates unfair: RESULTS-ingest.md).
 _TOKEN_WAIT_S = 3.0
 
 
