@@ -21,7 +21,8 @@ STAMP       := $(VENV)/.shardreplay-install
 BENCH_STAMP := $(VENV)/.shardreplay-bench
 PYTEST_ARGS ?=
 # Most tests wait on child processes and sockets, so more workers than cores keep 2 cores
-# busy: on 2 quiet cores the whole suite took 13:28 with 4 workers and 12:55 with 6.
+# busy: on 2 quiet cores the whole suite took 13:28 with 4 workers and 12:55 with 6, and
+# 11:16 with 6 and the bytecode caches below (make test-fast: 54 s).
 # loadgroup keeps the tests of a module that share one expensive launch (xdist_group) on one worker.
 TEST_WORKERS ?= 6
 XDIST       := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
