@@ -194,8 +194,6 @@ _ENTRIES = (add_stacked_n, add_stacked_1, add_stacked_2, add_stacked_3, add_stac
 def fstate_of(stream_capacity: int, frame_bytes: int, stack_shape: tuple[int, ...]) -> np.ndarray:
     """The ``fstate`` array of a field whose steps' stacks are ``stack_shape``
     (``[S, K, *frame]``); see the module docstring."""
-    import numpy as np
-
     n_rows, ndim = stack_shape[0], len(stack_shape)
     return np.array([stream_capacity, stack_shape[1], frame_bytes, ndim, *stack_shape[1:]]
                     + [0] * n_rows, np.int64)

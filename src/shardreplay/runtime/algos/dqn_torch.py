@@ -33,7 +33,7 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.base import fits
 from shardreplay.runtime.algos.numpy_policy import mlp_hidden
-from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part
+from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part, unwrap
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.networks import make_q_network
 from shardreplay.runtime.qnet import QNetwork
@@ -66,7 +66,7 @@ class DoubleDqn(LearnerState):
 
     def __init__(self, online: nn.Module, settings: DqnSettings) -> None:
         self.online = online
-        self.target = copy.deepcopy(_unwrap(online)).requires_grad_(False)
+        self.target = copy.deepcopy(unwrap(online)).requires_grad_(False)
         self.settings = settings
         self.optimizer = torch.optim.Adam(online.parameters(), lr=settings.lr)
         self.updates = 0
@@ -74,7 +74,7 @@ class DoubleDqn(LearnerState):
     @property
     def module(self) -> nn.Module:
         """The bare Q-network (without DDP)."""
-        return _unwrap(self.online)
+        return unwrap(self.online)
 
     def learn(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """One gradient step on ``batch``; returns (new priorities ``[B]``, loss).
@@ -119,10 +119,6 @@ class DoubleDqn(LearnerState):
     def _state_parts(self) -> dict[str, Part]:
         """Online, target and optimizer state (then the update count)."""
         return {"online": self.module, "target": self.target, "optimizer": self.optimizer}
-
-
-def _unwrap(module: nn.Module) -> nn.Module:
-    return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
 
 
 class EpsilonGreedyPolicy(ApexActor):

@@ -40,7 +40,7 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.base import fits, network_weights
 from shardreplay.runtime.algos.specs import recurrent_spec
-from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part
+from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part, unwrap
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
@@ -193,7 +193,7 @@ class R2d2(LearnerState):
 
     def __init__(self, online: nn.Module, settings: R2d2Settings) -> None:
         self.online = online
-        self.target = copy.deepcopy(_unwrap(online)).requires_grad_(False)
+        self.target = copy.deepcopy(unwrap(online)).requires_grad_(False)
         self.settings = settings
         # eps 1e-4: examples/r2d2_cartpole.py's (R2D2's Adam epsilon is 1e-3; 1e-8 is noisier here)
         self.optimizer = torch.optim.Adam(online.parameters(), lr=settings.lr, eps=1e-4)
@@ -202,7 +202,7 @@ class R2d2(LearnerState):
     @property
     def module(self) -> nn.Module:
         """The bare recurrent Q-network (without DDP)."""
-        return _unwrap(self.online)
+        return unwrap(self.online)
 
     def learn(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """One gradient step on sampled sequences; returns (new priorities ``[B]``, loss).
@@ -228,10 +228,6 @@ class R2d2(LearnerState):
     def _state_parts(self) -> dict[str, Part]:
         """Online, target and optimizer state (then the update count)."""
         return {"recurrent_online": self.module, "target": self.target, "optimizer": self.optimizer}
-
-
-def _unwrap(module: nn.Module) -> nn.Module:
-    return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
 
 
 class RecurrentPolicy(ApexActor):

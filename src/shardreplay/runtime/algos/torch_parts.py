@@ -16,9 +16,15 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.apex import ApexExploration
 
-__all__ = ["ApexActor", "LearnerState", "Part"]
+__all__ = ["ApexActor", "LearnerState", "Part", "unwrap"]
 
 Part = nn.Module | torch.optim.Optimizer | torch.Tensor
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The bare network inside a ``DistributedDataParallel`` wrapper (``module`` itself
+    when it is not wrapped)."""
+    return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
 
 
 class LearnerState:
