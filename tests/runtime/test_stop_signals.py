@@ -42,7 +42,14 @@ def test_a_signal_taken_early_is_recorded_and_reaches_the_learner_trigger() -> N
 
 def test_redeliver_gives_the_signal_its_default_effect() -> None:
     proc = _run("""
-        import os, signal
+        import os, signal, sys
+        # The effect "it would have had" is the one the process started with: make that
+        # the default. A suite started as a background job (`make test &` in a script)
+        # passes SIGINT ignored down to this child, which then rightly prints nothing.
+        inherited = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        print("inherited", inherited, file=sys.stderr)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         from shardreplay.runtime import stop_signals
         restore = stop_signals.take_over()
         os.kill(os.getpid(), signal.SIGINT)
@@ -51,7 +58,7 @@ def test_redeliver_gives_the_signal_its_default_effect() -> None:
         except KeyboardInterrupt:
             print("interrupted")
     """)
-    assert proc.stdout.strip() == "interrupted", proc.stderr
+    assert proc.stdout.strip() == "interrupted", (proc.returncode, proc.stderr)
 
 
 def test_a_child_whose_parent_is_gone_exits_on_the_signal() -> None:

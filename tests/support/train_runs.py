@@ -87,6 +87,7 @@ class TrainRun:
         self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create time, command line)
         self._lock = threading.Lock()
         self._done = threading.Event()
+        self.started_at = time.time()  # wall clock, to compare with the run's file times
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen([*(wrap or []), sys.executable, "-m", module, *args], stdout=out,
                                          stderr=err, start_new_session=True,
