@@ -26,10 +26,15 @@ PYTEST_ARGS ?=
 # loadgroup keeps the tests of a module that share one expensive launch (xdist_group) on one worker.
 TEST_WORKERS ?= 6
 XDIST       := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
-# Bytecode caches on for the tests even where the environment turns them off
+# Bytecode caches on for the tests and the demo even where the environment turns them off
 # (PYTHONDONTWRITEBYTECODE): otherwise every xdist worker rewrites and compiles every test
 # module again (4 CPU-s a worker) and every process a test starts compiles the package.
-PYTEST      := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
+# The install compiles none (pip --no-compile: 48 of its 92 CPU-seconds went to compiling
+# every file of every package); a module's bytecode is written when it is first imported,
+# and before the workers start the tests import the heaviest once (tests/support/warm.py).
+WITH_PYC    := env -u PYTHONDONTWRITEBYTECODE
+PYTEST      := $(WITH_PYC) $(BIN)/python -m pytest
+PIP_INSTALL := $(BIN)/python -m pip install --no-compile
 BENCH_ARGS  ?=
 DEMO_ARGS   ?=
 SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -41,8 +46,8 @@ install: $(STAMP)
 # The stamp is newer than pyproject.toml once the install succeeded, so re-runs are quick.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -e ".[test]"
+	$(PIP_INSTALL) $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PIP_INSTALL) -e ".[test]"
 	touch $@
 
 test: install
@@ -63,14 +68,14 @@ redis-server:
 # The main job on its embedded defaults: distributed Ape-X DQN on CartPole-v1, local
 # transport, no server to start. DEMO_ARGS adds flags (e.g. DEMO_ARGS="--learners 2").
 demo: install
-	$(BIN)/shardreplay train $(DEMO_ARGS)
+	$(WITH_PYC) $(BIN)/shardreplay train $(DEMO_ARGS)
 
 # Pixels on two cores: MinAtar Breakout (10x10x4 images, the MinAtar network) to a mean return
 # of 6 (random: about 0.5) within 15 minutes.
 # Its curve and the return it reaches are in benchmarks/train/RESULTS-demo.md; docs/atari.md.
 demo-pixels: install
-	$(BIN)/python -m pip install -q -e ".[minatar]"
-	$(BIN)/shardreplay train --env-id MinAtar/Breakout-v1 --max-minutes 15 --total-env-steps 2000000 \
+	$(PIP_INSTALL) -q -e ".[minatar]"
+	$(WITH_PYC) $(BIN)/shardreplay train --env-id MinAtar/Breakout-v1 --max-minutes 15 --total-env-steps 2000000 \
 	  --lr 0.001 --batch-size 64 --target-update-interval 250 --samples-per-insert 16 --min-replay 2000 \
 	  --epsilon-warmup-steps 20000 --eval-interval-updates 1000 --eval-episodes 10 --stop-return 6 $(DEMO_ARGS)
 
@@ -81,7 +86,7 @@ typecheck: install
 	$(BIN)/mypy
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -e ".[test,bench]"
+	$(PIP_INSTALL) -e ".[test,bench]"
 	touch $@
 
 # TorchRL's wheel ships a C++ extension built against another torch; rebuild it from the

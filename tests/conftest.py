@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.cpu_time import LOG_ENV
 from tests.support.redis import RedisServer, start_redis
-from tests.support.warm import cache_is_cold, warm_kernel_cache
+from tests.support.warm import warm_caches
 
 # One torch (OpenMP) thread in every process of the run: the xdist workers, and the ranks,
 # learners and actors they start (children inherit the environment), share 2 cores, and a
@@ -30,12 +30,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under pytest-xdist, the controller warms a cold numba cache before the workers start
-    (see :mod:`tests.support.warm`); a run in one process compiles as it goes."""
+    """Under pytest-xdist, the controller warms a cold numba cache and bytecode cache before
+    the workers start (see :mod:`tests.support.warm`); a run in one process compiles as it goes."""
     config = session.config
     workers = getattr(config.option, "numprocesses", None)
-    if workers and not hasattr(config, "workerinput") and cache_is_cold():
-        warm_kernel_cache()
+    if workers and not hasattr(config, "workerinput"):
+        warm_caches(config.rootpath)
 
 
 @pytest.fixture

@@ -26,6 +26,10 @@ from shardreplay.buffer import shard as shard_module
 from shardreplay.storage import one_step as one_step_module
 from tests.support.buffers import assert_same, snapshot
 
+# One worker for the whole module: its cases compile the same specialised kernels, which
+# several workers would otherwise compile at once on a cold numba cache (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("one-step-kernels")
+
 SPECS = {
     "vector": sr.Spec({"obs": sr.Field((4,), np.float32), "action": sr.Field((), np.int64),
                        "reward": sr.Field((), np.float32)}),

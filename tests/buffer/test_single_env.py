@@ -22,6 +22,10 @@ from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.buffer.transitions import transitions_from_batch
 from shardreplay.errors import SpecMismatchError
 
+# One worker for the whole module: its cases compile the same specialised kernels, which
+# several workers would otherwise compile at once on a cold numba cache (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("single-env-kernels")
+
 MID, FIRST, LAST = int(sr.StepType.MID), int(sr.StepType.FIRST), int(sr.StepType.LAST)
 
 

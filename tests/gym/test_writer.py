@@ -18,6 +18,10 @@ from shardreplay import (
 )
 from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT
 
+# One worker for the whole module: its cases compile the same specialised kernels, which
+# several workers would otherwise compile at once on a cold numba cache (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("gym-step-kernels")
+
 SPEC = Spec({"obs": Field((4,), np.float32), "action": Field((), np.int64), "reward": Field((), np.float32)})
 
 

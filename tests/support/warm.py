@@ -1,18 +1,37 @@
-"""Warm numba's on-disk cache once, before pytest-xdist starts its workers.
+"""Warm the caches that every process of a run shares, once, before pytest-xdist starts
+its workers: numba's kernel cache and Python's bytecode cache.
 
 Every kernel is compiled with ``cache=True`` into ``src/shardreplay/kernels/__pycache__``
 (or ``NUMBA_CACHE_DIR``), which all processes share. On a fresh checkout the cache is
 empty, and each xdist worker would compile the same kernels at the same time on the same
 cores; compiled once here, every worker (and every process a test starts) loads them.
+
+``make install`` installs without compiling bytecode (``pip --no-compile``: compiling
+every file of every package took 48 CPU-seconds; the suite imports a fraction of them).
+The first process to import a module writes its ``.pyc``; six workers importing torch at
+once would each compile it, so one process here imports what the suite imports most.
+
+Both run as child processes, side by side (``python -m tests.support.warm kernels|modules``),
+so the controller itself stays free of torch and numba.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+
+# What most tests or the processes they start import: torch._dynamo comes with DDP and
+# every torch optimizer step.
+HEAVY_MODULES = ("torch", "torch.distributed", "torch._dynamo", "numba", "scipy.stats", "gymnasium",
+                 "matplotlib.figure", "psutil", "redis", "hypothesis", "safetensors.numpy", "msgpack",
+                 "tensordict", "torchrl")
+_WARM_TIMEOUT_S = 600.0
 
 
 def cache_is_cold() -> bool:
@@ -24,6 +43,43 @@ def cache_is_cold() -> bool:
     if spec is None or spec.origin is None:
         return True
     return not any((Path(spec.origin).parent / "__pycache__").glob("*.nbi"))
+
+
+def bytecode_is_cold() -> bool:
+    """torch has no bytecode cache yet (installed without compiling it) and this process
+    may write one (no ``PYTHONDONTWRITEBYTECODE``)."""
+    if sys.dont_write_bytecode:
+        return False
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return False
+    pyc = Path(spec.origin).parent / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"
+    return not pyc.exists()
+
+
+def warm_caches(root: Path) -> None:
+    """Warm whichever of the two caches is cold, in child processes side by side; a child
+    that fails or hangs costs only speed (the tests compile what is missing), so this
+    says so on stderr and returns."""
+    jobs = [job for job, cold in (("kernels", cache_is_cold()), ("modules", bytecode_is_cold())) if cold]
+    procs = {job: subprocess.Popen([sys.executable, "-m", "tests.support.warm", job], cwd=root,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for job in jobs}
+    for job, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=_WARM_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        if proc.returncode != 0:
+            sys.stderr.write(f"warming the {job} cache failed (exit {proc.returncode}); the tests "
+                             f"compile as they go:\n{err[-2000:]}\n")
+
+
+def import_heavy_modules() -> None:
+    """Import :data:`HEAVY_MODULES`, writing their bytecode."""
+    for name in HEAVY_MODULES:
+        importlib.import_module(name)
 
 
 def warm_kernel_cache() -> None:
@@ -41,3 +97,7 @@ def warm_kernel_cache() -> None:
         batch = buf.sample(8)
         if sampler == "prioritized":
             buf.update_priorities(batch.keys, np.ones(8, np.float32))
+
+
+if __name__ == "__main__":
+    {"kernels": warm_kernel_cache, "modules": import_heavy_modules}[sys.argv[1]]()
