@@ -32,6 +32,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.add_step import (
     _OPTIONS,
     AT_STEP_TYPE,

@@ -29,6 +29,7 @@ from numba import literal_unroll, types
 from numba.core.cpu import CPUTargetOptions
 from numba.extending import intrinsic, overload
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.copy import copy_small_or_at
 from shardreplay.kernels.storage import write_steps

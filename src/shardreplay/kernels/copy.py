@@ -16,6 +16,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
+
 _BYTE_PTR = ir.IntType(8).as_pointer()
 STREAM_BYTES = 16  # the width of one non-temporal store
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.copy import STREAM_BYTES, copy_at, misalignment, store_fence, stream_copy_at
 
 FIRST, LAST = 0, 2

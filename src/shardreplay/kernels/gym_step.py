@@ -17,6 +17,7 @@ import numpy as np
 from numba.core.cpu import CPUTargetOptions
 from numba.extending import overload
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.copy import copy_at
 from shardreplay.kernels.storage import write_steps
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from shardreplay.kernels import codes
+from shardreplay.kernels import (
+    cache_lock,  # noqa: F401  (numba's cache, safe across processes)
+    codes,
+)
 
 # The bit layout is defined in codes.py (numba-free: modules above read it at import).
 SHARD_BITS, TAG_BITS = codes.SHARD_BITS, codes.TAG_BITS

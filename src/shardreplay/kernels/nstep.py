@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numba
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
+
 
 @numba.njit(cache=True, nogil=True)
 def nstep_scalar(idx, mask, reward, discount, gamma, n, ret, boot, m_out, last):

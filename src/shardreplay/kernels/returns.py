@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numba
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
+
 FIRST, LAST = 0, 2
 
 

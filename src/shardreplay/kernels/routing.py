@@ -6,6 +6,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.keys import LOCAL_MASK, key_place_of, key_shard_of, key_tag_of
 
 OK, BAD_PRIORITY, BAD_KEY = 0, 1, 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
+
 
 @numba.njit(cache=True, nogil=True)
 def accept_valid(candidates, valid, out, got):

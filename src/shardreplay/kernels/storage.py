@@ -21,6 +21,7 @@ import numba
 import numpy as np
 from numba import literal_unroll
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.copy import copy_small_or_at
 from shardreplay.kernels.keys import encode_key
 

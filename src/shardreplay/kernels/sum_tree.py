@@ -22,7 +22,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from shardreplay.kernels import codes
+from shardreplay.kernels import (
+    cache_lock,  # noqa: F401  (numba's cache, safe across processes)
+    codes,
+)
 
 BLOCK, ARITY = codes.BLOCK, codes.ARITY  # defined in codes.py (numba-free: read at import above)
 

@@ -19,6 +19,7 @@ from typing import Any
 import numba
 from numba.core.cpu import CPUTargetOptions
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.copy import copy_small_or_at
 from shardreplay.kernels.keys import encode_key
 

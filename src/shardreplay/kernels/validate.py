@@ -16,6 +16,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.codes import (
     BAD_DISCOUNT,
     BAD_STEP_TYPE,

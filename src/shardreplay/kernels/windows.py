@@ -21,6 +21,7 @@ import numba
 import numpy as np
 from numba.core.cpu import CPUTargetOptions
 
+from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.copy import copy_1, copy_2, copy_4, copy_8
 from shardreplay.kernels.keys import encode_key
 

@@ -381,10 +381,10 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
 
 def _learner_preload(count: int) -> list[str]:
     """What the learners' fork server imports once: torch, the learner and its kernels'
-    compiler; with several ranks also torch._dynamo, which DDP's constructor imports
-    (1.7 CPU-seconds a rank)."""
+    compiler, readied (:mod:`shardreplay.kernels.ready`); with several ranks also
+    torch._dynamo, which DDP's constructor imports (1.7 CPU-seconds a rank)."""
     modules = ["torch", "torch.distributed", "shardreplay.runtime.learner.loop",
-               "shardreplay.kernels.routing"]
+               "shardreplay.kernels.routing", "shardreplay.kernels.ready"]
     return [*modules, "torch._dynamo"] if count > 1 else modules
 
 

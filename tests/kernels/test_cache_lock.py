@@ -1,0 +1,104 @@
+"""kernels/cache_lock: two processes that compile different signatures of one kernel at
+the same moment both find their code in numba's cache afterwards.
+
+numba reads a kernel's index, picks the first free data file, writes the index, then the
+data; the children here sleep inside that window (numba's own ``_save_index``, slowed) so
+that their saves overlap for certain. Without the lock both pick data file 1 and one
+signature is lost from the index (or, worse, named with the other's code: the "can't unbox
+array" the suite once met); with it, the saves take turns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # six fresh interpreters that import numba
+
+KERNEL = """
+import numba
+
+@numba.njit(cache=True)
+def double(x):
+    return x * 2
+"""
+
+COMPILE = """
+import os, sys, time
+import numpy as np
+directory, locked, dtype = sys.argv[1], sys.argv[2] == "locked", sys.argv[3]
+sys.path.insert(0, directory)
+if locked:
+    import shardreplay.kernels.cache_lock  # noqa: F401
+from numba.core import caching
+
+save_index = caching.IndexDataCacheFile._save_index
+
+def slow_save_index(self, overloads):
+    time.sleep(3.0)  # between numba's reading of the index and its writing
+    save_index(self, overloads)
+
+caching.IndexDataCacheFile._save_index = slow_save_index
+while not os.path.exists(os.path.join(directory, "go")):
+    time.sleep(0.01)
+import kern
+print(kern.double(np.arange(3, dtype=dtype)).tolist())
+"""
+
+LOAD = """
+import json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import shardreplay.kernels.cache_lock  # noqa: F401
+import kern
+out = {d: kern.double(np.arange(3, dtype=d)).tolist() for d in ("int64", "float64")}
+out["misses"] = sum(kern.double.stats.cache_misses.values())
+print(json.dumps(out))
+"""
+
+
+def _compile_concurrently(directory: Path, mode: str) -> None:
+    (directory / "kern.py").write_text(KERNEL)
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(COMPILE), str(directory), mode, dtype],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "NUMBA_CACHE_DIR": str(directory / "cache")})
+             for dtype in ("int64", "float64")]
+    time.sleep(0.5)
+    (directory / "go").touch()
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+
+
+def _index_entries(directory: Path) -> int:
+    from numba.core import caching  # our own cache files, read to count their entries
+
+    (index,) = (directory / "cache").rglob("*.nbi")
+    with open(index, "rb") as f:
+        caching.pickle.load(f)
+        _stamp, overloads = caching.pickle.loads(f.read())
+    return len(overloads)
+
+
+def test_without_the_lock_overlapping_saves_lose_a_signature(tmp_path: Path) -> None:
+    """The control: the scenario does hit numba's race (so the next test means something)."""
+    _compile_concurrently(tmp_path, "unlocked")
+    assert _index_entries(tmp_path) == 1
+
+
+def test_with_the_lock_both_signatures_load_with_their_own_code(tmp_path: Path) -> None:
+    _compile_concurrently(tmp_path, "locked")
+    assert _index_entries(tmp_path) == 2
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD), str(tmp_path)], capture_output=True,
+                          text=True, timeout=180, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out == {"int64": [0, 2, 4], "float64": [0.0, 2.0, 4.0], "misses": 0}
