@@ -29,12 +29,16 @@ _LOAD = _FILE.load
 
 def _lock(index_path: str, mode: int) -> int | None:
     """An open lock file beside ``index_path``, locked (``mode``: ``fcntl.LOCK_EX`` or
-    ``LOCK_SH``), or None where it cannot be created."""
+    ``LOCK_SH``), or None where it cannot be created or locked."""
     try:
         fd = os.open(index_path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         return None
-    fcntl.flock(fd, mode)
+    try:
+        fcntl.flock(fd, mode)
+    except OSError:  # a file system without locks: numba's own, unlocked behaviour
+        os.close(fd)
+        return None
     return fd
 
 
