@@ -3,6 +3,7 @@ Tests on real torch.distributed groups also count as slow (see the hook below)."
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,6 +37,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     workers = getattr(config.option, "numprocesses", None)
     if workers and not hasattr(config, "workerinput"):
         warm_caches(config.rootpath)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection() -> Iterator[None]:
+    """Collect with the cyclic garbage collector paused, then freeze what was imported:
+    importing the test modules (torch, scipy, ...) allocates objects by the hundred
+    thousand and none is garbage, and the tests' own collections then skip them (as the
+    learners' fork server does: :mod:`shardreplay.runtime.launch.learner_preload`)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+    gc.freeze()
 
 
 @pytest.fixture

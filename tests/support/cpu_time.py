@@ -32,11 +32,13 @@ def _cpu_s() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
-    """Append ``{"test", "cpu_s", "wall_s"}`` for ``item`` to the log file."""
-    cpu, wall = _cpu_s(), time.monotonic()
+    """Append ``{"test", "cpu_s", "wall_s", "start", "worker"}`` for ``item`` to the log
+    file (``start``: Unix time; with ``wall_s`` it places the test on the run's timeline)."""
+    cpu, wall, start = _cpu_s(), time.monotonic(), time.time()
     yield
     line = {"test": item.nodeid, "cpu_s": round(_cpu_s() - cpu, 2),
-            "wall_s": round(time.monotonic() - wall, 2)}
+            "wall_s": round(time.monotonic() - wall, 2), "start": round(start, 2),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
     with open(os.environ[LOG_ENV], "a") as f:
         f.write(json.dumps(line) + "\n")
 

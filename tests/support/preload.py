@@ -1,17 +1,16 @@
 """Imported once by the test ranks' fork server (:func:`tests.support.ranks.rank_context`):
 torch, torch.distributed, DDP's compiler hooks and shardreplay's compiled kernels are
-loaded there, so each rank forked from it starts without paying for them again."""
+loaded there, so each rank forked from it starts without paying for them again. They are
+imported as the learners' fork server imports them (the garbage collector paused, then
+everything frozen: :mod:`shardreplay.runtime.launch.learner_preload`)."""
 
 from __future__ import annotations
 
-import torch
-import torch._dynamo  # DDP's constructor imports it (1.7 CPU-seconds)
-import torch.distributed
-import torch.nn.parallel
+from importlib import import_module
 
-import shardreplay.checkpoint
-import shardreplay.distributed  # noqa: F401
+from shardreplay.runtime.launch.learner_preload import import_paused  # torch and the learner, first
 from tests.support.warm import warm_kernel_cache
 
-torch.set_num_threads(1)  # no OpenMP pool exists yet; a forked child must not inherit one
+import_paused(("torch.nn.parallel", "shardreplay.checkpoint", "shardreplay.distributed"))
+import_module("torch").set_num_threads(1)  # no OpenMP pool exists yet; a forked child must not inherit one
 warm_kernel_cache()

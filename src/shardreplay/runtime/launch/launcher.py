@@ -77,6 +77,7 @@ log = logging.getLogger("shardreplay.train")
 # actors (the learner gives its actors 10 s at most) before they are killed.
 _FAILURE_GRACE_S = 20.0
 _POLL_S = 0.1  # how soon a dead learner is noticed
+LEARNER_PRELOAD = "shardreplay.runtime.launch.learner_preload"
 
 
 def under_torchrun() -> bool:
@@ -195,6 +196,9 @@ def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
 
 
 def _torchrun_rank(settings: TrainSettings, resume: bool, checkpoint_id: int | None) -> dict[str, Any]:
+    import importlib
+
+    importlib.import_module(LEARNER_PRELOAD)  # what a learner imports, imported as the fork server does
     import torch.distributed as dist
 
     # gloo even on GPU machines: the learner keeps its network and batches on the CPU,
@@ -300,7 +304,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     # Likewise a fork server already running is the caller's (then without our preload,
     # only slower): ours is stopped at the end, the caller's left alone.
     own_server = server_pid() is None
-    ctx = preloaded_context(_learner_preload(settings.learners.count))
+    # What every learner imports, imported once (see learner_preload).
+    ctx = preloaded_context([LEARNER_PRELOAD])
     out = ctx.Queue()
     port = _free_port()
     name = settings.learners.algo
@@ -377,15 +382,6 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
         # released before the tracker stops.
         raise outcome
     return outcome  # set: _collect returned
-
-
-def _learner_preload(count: int) -> list[str]:
-    """What the learners' fork server imports once: torch, the learner and its kernels'
-    compiler, readied (:mod:`shardreplay.kernels.ready`); with several ranks also
-    torch._dynamo, which DDP's constructor imports (1.7 CPU-seconds a rank)."""
-    modules = ["torch", "torch.distributed", "shardreplay.runtime.learner.loop",
-               "shardreplay.kernels.routing", "shardreplay.kernels.ready"]
-    return [*modules, "torch._dynamo"] if count > 1 else modules
 
 
 def _start_learners(procs: list[Any], stopping: dict[str, bool]) -> list[Any]:
