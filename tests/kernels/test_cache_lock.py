@@ -1,5 +1,6 @@
 """kernels/cache_lock: two processes that compile different signatures of one kernel at
-the same moment both find their code in numba's cache afterwards.
+the same moment both find their code in numba's cache afterwards; two that need the same
+signature at the same moment compile it once.
 
 numba reads a kernel's index, picks the first free data file, writes the index, then the
 data; the children here sleep inside that window (numba's own ``_save_index``, slowed) so
@@ -50,6 +51,7 @@ while not os.path.exists(os.path.join(directory, "go")):
     time.sleep(0.01)
 import kern
 print(kern.double(np.arange(3, dtype=dtype)).tolist())
+print(sum(kern.double.stats.cache_misses.values()))  # 1: compiled here, 0: loaded
 """
 
 LOAD = """
@@ -64,17 +66,21 @@ print(json.dumps(out))
 """
 
 
-def _compile_concurrently(directory: Path, mode: str) -> None:
+def _compile_concurrently(directory: Path, mode: str,
+                          dtypes: tuple[str, str] = ("int64", "float64")) -> list[int]:
+    """Two processes compile ``double`` for ``dtypes`` at once; returns how many
+    signatures each compiled (the others it loaded from the cache)."""
     (directory / "kern.py").write_text(KERNEL)
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(COMPILE), str(directory), mode, dtype],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "NUMBA_CACHE_DIR": str(directory / "cache")})
-             for dtype in ("int64", "float64")]
+             for dtype in dtypes]
     time.sleep(0.5)
     (directory / "go").touch()
     outs = [p.communicate(timeout=180) for p in procs]
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
+    return sorted(int(out.split()[-1]) for out, _err in outs)
 
 
 def _data_files(directory: Path) -> int:
@@ -97,3 +103,14 @@ def test_with_the_lock_both_signatures_load_with_their_own_code(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out == {"int64": [0, 2, 4], "float64": [0.0, 2.0, 4.0], "misses": 0}
+
+
+@pytest.mark.parametrize("mode", ["unlocked", "locked"])
+def test_one_signature_needed_by_two_processes_at_once_is_compiled_once_with_the_lock(
+        tmp_path: Path, mode: str) -> None:
+    """The first to take the signature's lock compiles and saves it (its save slowed to
+    3 s, so the other asks meanwhile); the other waits, then loads it. Unlocked (the
+    control) both compile."""
+    compiled = _compile_concurrently(tmp_path, mode, ("int64", "int64"))
+    assert compiled == ([0, 1] if mode == "locked" else [1, 1])
+    assert _data_files(tmp_path) == 1

@@ -12,26 +12,40 @@ Importing this module (every kernel module does) makes each save hold an exclusi
 on a file beside the kernel's index, and each load a shared one, so that a save and
 another save or load of the same kernel never interleave. A cache directory this process
 cannot write to is read without a lock, as numba reads it.
+
+It also makes a process that is about to compile a signature no process has cached yet
+wait while another process compiles that same signature, then load it from the cache:
+on a fresh install the ranks of a run, or the workers of the test suite, otherwise each
+compile the same kernels at the same time (a few CPU-seconds per kernel and process; in
+the suite's buffer, gym, kernel and checkpoint tests 127 of the 276 CPU-seconds of
+compiling on a cold cache were such repeats). The lock is one file per kernel and
+signature, beside the index, held while compiling; a process killed while holding it
+releases it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 from typing import Any
 
-from numba.core import caching
+from numba.core import caching, sigutils
+from numba.core.compiler_lock import global_compiler_lock
+from numba.core.dispatcher import Dispatcher
 
 _FILE: Any = caching.IndexDataCacheFile
 _SAVE = _FILE.save
 _LOAD = _FILE.load
+_COMPILE = Dispatcher.compile
+_compiling: set[str] = set()  # the compile locks this process holds (flock is per open file)
 
 
-def _lock(index_path: str, mode: int) -> int | None:
-    """An open lock file beside ``index_path``, locked (``mode``: ``fcntl.LOCK_EX`` or
+def _lock(index_path: str, mode: int, suffix: str = ".lock") -> int | None:
+    """An open lock file ``index_path + suffix``, locked (``mode``: ``fcntl.LOCK_EX`` or
     ``LOCK_SH``), or None where it cannot be created or locked."""
     try:
-        fd = os.open(index_path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(index_path + suffix, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         return None
     try:
@@ -60,6 +74,33 @@ def _locked_load(self: Any, key: Any) -> Any:
             os.close(fd)
 
 
+def _locked_compile(self: Any, sig: Any) -> Any:
+    """``Dispatcher.compile`` of a cached kernel, holding the lock of ``sig`` across the
+    cache lookup, the compile and the save, unless this dispatcher holds ``sig`` already.
+
+    The process's compiler lock is taken first, as numba's own compile takes it: one
+    thread of a process at a time then waits for a file lock, and a kernel's compile
+    waits only for the kernels it calls (a call graph has no cycles), so no wait closes
+    a loop."""
+    index = getattr(getattr(self._cache, "_cache_file", None), "_index_path", None)
+    args, _ = sigutils.normalize_signature(sig)
+    if index is None or tuple(args) in self.overloads:
+        return _COMPILE(self, sig)
+    suffix = "." + hashlib.sha1(str(tuple(args)).encode()).hexdigest()[:16] + ".compiling"
+    with global_compiler_lock:
+        if index + suffix in _compiling:  # compiling it already, further up this stack
+            return _COMPILE(self, sig)
+        fd = _lock(index, fcntl.LOCK_EX, suffix)
+        _compiling.add(index + suffix)
+        try:
+            return _COMPILE(self, sig)
+        finally:
+            _compiling.discard(index + suffix)
+            if fd is not None:
+                os.close(fd)
+
+
 if not getattr(_FILE, "_shardreplay_locked", False):
     _FILE.save, _FILE.load = _locked_save, _locked_load
     _FILE._shardreplay_locked = True
+    Dispatcher.compile = _locked_compile
