@@ -103,4 +103,4 @@ def _locked_compile(self: Any, sig: Any) -> Any:
 if not getattr(_FILE, "_shardreplay_locked", False):
     _FILE.save, _FILE.load = _locked_save, _locked_load
     _FILE._shardreplay_locked = True
-    Dispatcher.compile = _locked_compile
+    Dispatcher.compile = _locked_compile  # type: ignore[method-assign]
