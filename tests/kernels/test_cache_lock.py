@@ -34,10 +34,12 @@ def double(x):
 COMPILE = """
 import os, sys, time
 import numpy as np
-directory, locked, dtype = sys.argv[1], sys.argv[2] == "locked", sys.argv[3]
+directory, locked, dtype = sys.argv[1], sys.argv[2] != "unlocked", sys.argv[3]
 sys.path.insert(0, directory)
 if locked:
-    import shardreplay.kernels.cache_lock  # noqa: F401
+    import shardreplay.kernels.cache_lock as cache_lock
+    if sys.argv[2] == "impatient":
+        cache_lock.COMPILE_WAIT_S = 0.5
 from numba.core import caching
 
 save_index = caching.IndexDataCacheFile._save_index
@@ -105,12 +107,13 @@ def test_with_the_lock_both_signatures_load_with_their_own_code(tmp_path: Path) 
     assert out == {"int64": [0, 2, 4], "float64": [0.0, 2.0, 4.0], "misses": 0}
 
 
-@pytest.mark.parametrize("mode", ["unlocked", "locked"])
+@pytest.mark.parametrize("mode", ["unlocked", "locked", "impatient"])
 def test_one_signature_needed_by_two_processes_at_once_is_compiled_once_with_the_lock(
         tmp_path: Path, mode: str) -> None:
     """The first to take the signature's lock compiles and saves it (its save slowed to
     3 s, so the other asks meanwhile); the other waits, then loads it. Unlocked (the
-    control) both compile."""
+    control) both compile; so do two that wait at most 0.5 s for the lock (a holder that
+    never lets go costs the others their own compile, not a hang)."""
     compiled = _compile_concurrently(tmp_path, mode, ("int64", "int64"))
     assert compiled == ([0, 1] if mode == "locked" else [1, 1])
     assert _data_files(tmp_path) == 1

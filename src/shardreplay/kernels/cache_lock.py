@@ -20,7 +20,8 @@ compile the same kernels at the same time (a few CPU-seconds per kernel and proc
 the suite's buffer, gym, kernel and checkpoint tests 127 of the 276 CPU-seconds of
 compiling on a cold cache were such repeats). The lock is one file per kernel and
 signature, beside the index, held while compiling; a process killed while holding it
-releases it.
+releases it, and a process that waited :data:`COMPILE_WAIT_S` for it (its holder stopped,
+say) compiles on its own, as without the lock.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import time
 from typing import Any
 
 from numba.core import caching, sigutils
@@ -39,21 +41,32 @@ _SAVE = _FILE.save
 _LOAD = _FILE.load
 _COMPILE = Dispatcher.compile
 _compiling: set[str] = set()  # the compile locks this process holds (flock is per open file)
+COMPILE_WAIT_S = 300.0  # the longest a process waits for another's compile of a signature
+_POLL_S = 0.05
 
 
-def _lock(index_path: str, mode: int, suffix: str = ".lock") -> int | None:
+def _lock(index_path: str, mode: int, suffix: str = ".lock", wait_s: float | None = None) -> int | None:
     """An open lock file ``index_path + suffix``, locked (``mode``: ``fcntl.LOCK_EX`` or
-    ``LOCK_SH``), or None where it cannot be created or locked."""
+    ``LOCK_SH``), or None where it cannot be created or locked, or (``wait_s``) is still
+    held by another after that long."""
     try:
         fd = os.open(index_path + suffix, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, mode)
-    except OSError:  # a file system without locks: numba's own, unlocked behaviour
-        os.close(fd)
-        return None
-    return fd
+    deadline = None if wait_s is None else time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, mode if deadline is None else mode | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if deadline is not None and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+                continue
+            os.close(fd)
+            return None
+        except OSError:  # a file system without locks: numba's own, unlocked behaviour
+            os.close(fd)
+            return None
 
 
 def _locked_save(self: Any, key: Any, data: Any) -> None:
@@ -90,7 +103,7 @@ def _locked_compile(self: Any, sig: Any) -> Any:
     with global_compiler_lock:
         if index + suffix in _compiling:  # compiling it already, further up this stack
             return _COMPILE(self, sig)
-        fd = _lock(index, fcntl.LOCK_EX, suffix)
+        fd = _lock(index, fcntl.LOCK_EX, suffix, COMPILE_WAIT_S)
         _compiling.add(index + suffix)
         try:
             return _COMPILE(self, sig)
