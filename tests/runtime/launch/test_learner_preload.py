@@ -13,11 +13,15 @@ import pytest
 pytestmark = pytest.mark.slow  # a fresh interpreter that imports torch
 
 PROBE = """
-import gc, json, sys
+import gc, importlib.util, json, sys
 import shardreplay.runtime.launch  # its parents (numpy, ...): imported before the preload runs
+name = "shardreplay.runtime.launch.learner_preload"
+spec = importlib.util.find_spec(name)
+code = spec.loader.get_code(name)  # compiled here, when it has no bytecode yet: not counted
 collections = []
 gc.callbacks.append(lambda phase, info: collections.append(info["generation"]) if phase == "start" else None)
-import shardreplay.runtime.launch.learner_preload as preload
+preload = sys.modules[name] = importlib.util.module_from_spec(spec)
+exec(code, preload.__dict__)
 missing = [m for m in preload.MODULES if m not in sys.modules]
 print(json.dumps({"collections": len(collections), "enabled": gc.isenabled(),
                   "frozen": gc.get_freeze_count(), "missing": missing}))
