@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import os
 import queue
@@ -33,7 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from shardreplay._io import storage_error
+from shardreplay._io import atomic_write_bytes, storage_error
 from shardreplay.checkpoint import (
     INCOMPLETE_DIR,
     checkpoint_dir,
@@ -429,7 +430,19 @@ def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: Proces
         return _stopped_during_startup(run_dir)
     # A rank whose file system refused a write: the run's last line names the first.
     refused = [r.get("storage_error") for _, r in sorted(results.items()) if r.get("storage_error")]
+    if refused and not results[0].get("storage_error"):
+        _name_refusal_in_summary(run_dir, refused[0])
     return {**results[0], "storage_error": refused[0] if refused else None}
+
+
+def _name_refusal_in_summary(run_dir: str, error: str) -> None:
+    """Add to rank 0's summary.json the write another rank's file system refused (rank 0
+    names only its own; which rank meets a full disk first is a matter of timing). Without
+    a summary, or where it cannot be rewritten, the run's last line still names it."""
+    path = Path(run_dir) / "summary.json"
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads(path.read_text())
+        atomic_write_bytes(path, json.dumps({**summary, "storage_error": error}, indent=1).encode())
 
 
 _STORAGE = f"{StorageError.__name__}: "
