@@ -3,13 +3,13 @@ Tests on real torch.distributed groups also count as slow (see the hook below)."
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from shardreplay.runtime.forkserver import collector_paused
 from tests.support.cpu_time import LOG_ENV
 from tests.support.redis import RedisServer, start_redis
 from tests.support.warm import warm_caches
@@ -45,12 +45,8 @@ def pytest_collection() -> Iterator[None]:
     importing the test modules (torch, scipy, ...) allocates objects by the hundred
     thousand and none is garbage, and the tests' own collections then skip them (as the
     learners' fork server does: :mod:`shardreplay.runtime.launch.learner_preload`)."""
-    gc.disable()
-    try:
+    with collector_paused():
         yield
-    finally:
-        gc.enable()
-    gc.freeze()
 
 
 @pytest.fixture

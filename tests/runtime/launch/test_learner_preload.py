@@ -15,6 +15,7 @@ pytestmark = pytest.mark.slow  # a fresh interpreter that imports torch
 PROBE = """
 import gc, importlib.util, json, sys
 import shardreplay.runtime.launch  # its parents (numpy, ...): imported before the preload runs
+import shardreplay.runtime.forkserver  # the pause itself (multiprocessing: the fork server has it)
 name = "shardreplay.runtime.launch.learner_preload"
 spec = importlib.util.find_spec(name)
 code = spec.loader.get_code(name)  # compiled here, when it has no bytecode yet: not counted

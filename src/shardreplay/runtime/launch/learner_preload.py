@@ -16,8 +16,9 @@ optimizers import it, so a learner imports it anyway, also a single one.
 
 from __future__ import annotations
 
-import gc
 import importlib
+
+from shardreplay.runtime.forkserver import collector_paused
 
 MODULES = ("torch", "torch.distributed", "torch._dynamo", "shardreplay.runtime.learner.loop",
            "shardreplay.kernels.routing", "shardreplay.kernels.ready")
@@ -25,14 +26,11 @@ MODULES = ("torch", "torch.distributed", "torch._dynamo", "shardreplay.runtime.l
 
 def import_paused(names: tuple[str, ...]) -> None:
     """Import ``names`` with the cyclic garbage collector paused, then freeze every object
-    alive (:func:`gc.freeze`). Raises what an import raises (the collector is back on)."""
-    gc.disable()
-    try:
+    alive (:func:`~shardreplay.runtime.forkserver.collector_paused`). Raises what an import
+    raises (the collector is back on)."""
+    with collector_paused():
         for name in names:
             importlib.import_module(name)
-    finally:
-        gc.enable()
-    gc.freeze()
 
 
 import_paused(MODULES)
