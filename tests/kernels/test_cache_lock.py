@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # six fresh interpreters that import numba
+pytestmark = pytest.mark.slow  # fresh interpreters (two or three a test) that import numba
 
 KERNEL = """
 import numba

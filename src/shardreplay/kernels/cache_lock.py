@@ -100,15 +100,16 @@ def _locked_compile(self: Any, sig: Any) -> Any:
     if index is None or tuple(args) in self.overloads:
         return _COMPILE(self, sig)
     suffix = "." + hashlib.sha1(str(tuple(args)).encode()).hexdigest()[:16] + ".compiling"
+    key = index + suffix
     with global_compiler_lock:
-        if index + suffix in _compiling:  # compiling it already, further up this stack
+        if key in _compiling:  # compiling it already, further up this stack
             return _COMPILE(self, sig)
         fd = _lock(index, fcntl.LOCK_EX, suffix, COMPILE_WAIT_S)
-        _compiling.add(index + suffix)
+        _compiling.add(key)
         try:
             return _COMPILE(self, sig)
         finally:
-            _compiling.discard(index + suffix)
+            _compiling.discard(key)
             if fd is not None:
                 os.close(fd)
 
