@@ -178,6 +178,9 @@ def test_a_run_ends_with_one_sentence_saying_how_it_went() -> None:
     never = final_line({**base, "stopped_by": "env_steps", "stop_return": 0.0})
     assert never.startswith("Not solved (step budget used up) after 12,345 environment steps: final "
                             "evaluation 500.0 (mean return of 20 greedy episodes). Files in runs/x/")
+    assert solved.endswith("(summary.json, metrics.csv, learning_curve.png, checkpoints/).")
+    unplotted = final_line({**base, "stopped_by": "solved", "learning_curve": None})  # --no-plot
+    assert unplotted.endswith("Files in runs/x/ (summary.json, metrics.csv, checkpoints/).")
 
 
 def test_a_refused_write_is_one_line_naming_the_path_and_the_os_error(tmp_path: Path) -> None:

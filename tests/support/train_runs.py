@@ -27,10 +27,12 @@ from shardreplay import checkpoint
 from shardreplay.runtime.actor.processes import descendant_pids
 
 # A small network (flags given after these win): a step budget's updates with the default
-# 256x256 MLP cost the learners about 10 CPU-seconds more per 2x2 run of 1,500 steps.
+# 256x256 MLP cost the learners about 10 CPU-seconds more per 2x2 run of 1,500 steps. No
+# learning curve (about a CPU-second of matplotlib at each run's end): the tests that look
+# at it (test_train_output, test_torchrun) ask for it with --plot.
 _YOUNG_S = 3.0  # how long a new descendant's command line is read again
 
-FAST = ("--no-progress", "--eval-episodes", "2", "--eval-interval-updates", "100000",
+FAST = ("--no-progress", "--no-plot", "--eval-episodes", "2", "--eval-interval-updates", "100000",
         "--min-replay", "200", "--collective-timeout-s", "60", "--max-minutes", "4", "--hidden", "32", "32")
 
 

@@ -311,5 +311,6 @@ def final_line(summary: dict[str, Any]) -> str:
            "storage": "Stopped: the file system refused a write (not solved)",
            "env_steps": "Not solved (step budget used up)", "time": "Not solved (time limit reached)"}
     head = why.get(str(summary.get("stopped_by")), "Finished")
+    plot = "" if "learning_curve" in summary and summary["learning_curve"] is None else "learning_curve.png, "
     return f"{head} after {steps}: {evaluation}. Files in {run_dir}/ (summary.json, metrics.csv, " \
-           "learning_curve.png, checkpoints/)."
+           f"{plot}checkpoints/)."

@@ -120,6 +120,8 @@ class RunSettings:
             stop_return is followed by a full one, which decides.
         seed: base seed.
         progress: show a live progress bar (rank 0).
+        plot: draw learning_curve.png at the end of the run (rank 0; about a CPU-second
+            of matplotlib; metrics.csv holds the same numbers).
     """
 
     env_id: str = "CartPole-v1"
@@ -134,6 +136,7 @@ class RunSettings:
     quick_eval_episodes: int = 5
     seed: int = 0
     progress: bool = True
+    plot: bool = True
 
     def __post_init__(self) -> None:
         _validate(self, positive=("total_env_steps", "max_minutes", "eval_episodes",

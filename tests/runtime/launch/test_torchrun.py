@@ -37,7 +37,8 @@ def _assert_two_shard_checkpoint(run_dir: Path, env_steps: int) -> None:
 @pytest.mark.timeout(300)
 def test_torchrun_two_ranks_with_local_actors(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    with TrainRun(_torchrun("--run-dir", str(run_dir), *FAST, "--actors", "2", "--total-env-steps", "2000"),
+    with TrainRun(_torchrun("--run-dir", str(run_dir), *FAST, "--plot", "--actors", "2",
+                            "--total-env-steps", "2000"),
                   tmp_path, module="torch.distributed.run") as run:
         assert run.wait(240) == 0, run.explain()
         summary = run.summary()

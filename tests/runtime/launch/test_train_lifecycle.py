@@ -155,9 +155,9 @@ def test_a_solved_run_stops_and_keeps_the_agent_that_passed(tmp_path: Path) -> N
 
     run_dir = tmp_path / "run"
     every = 44  # not a multiple of the 8 updates an iteration may run: the solving one is mid-way
-    summary = _finished_run(["train", "--run-dir", str(run_dir), "--no-progress", "--learners", "1",
-                             "--actors", "1", "--min-replay", "200", "--eval-interval-updates", str(every),
-                             "--samples-per-insert", "128",
+    summary = _finished_run(["train", "--run-dir", str(run_dir), "--no-progress", "--no-plot",
+                             "--learners", "1", "--actors", "1", "--min-replay", "200",
+                             "--eval-interval-updates", str(every), "--samples-per-insert", "128",
                              "--quick-eval-episodes", "3", "--eval-episodes", "5", "--stop-return", "15",
                              "--total-env-steps", "200000", "--max-minutes", "4"], tmp_path)
     assert summary["solved"] and summary["env_steps"] < 200_000

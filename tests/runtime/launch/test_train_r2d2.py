@@ -17,9 +17,9 @@ from tests.support.resume_runs import export_and_evaluate, train_then_resume
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-COMMON = ["--algo", "r2d2", "--env-id", "shardreplay/MaskedCartPole-v1", "--no-progress", "--hidden", "16",
-          "--n-step", "2", "--seq-len", "8", "--seq-period", "4", "--burn-in", "2", "--batch-size", "8",
-          "--min-replay", "20", "--eval-episodes", "1", "--quick-eval-episodes", "1",
+COMMON = ["--algo", "r2d2", "--env-id", "shardreplay/MaskedCartPole-v1", "--no-progress", "--no-plot",
+          "--hidden", "16", "--n-step", "2", "--seq-len", "8", "--seq-period", "4", "--burn-in", "2",
+          "--batch-size", "8", "--min-replay", "20", "--eval-episodes", "1", "--quick-eval-episodes", "1",
           "--eval-interval-updates", "100000", "--stop-return", "0", "--max-minutes", "4", "--seed", "3"]
 
 

@@ -17,7 +17,7 @@ from tests.support.resume_runs import export_and_evaluate, train_then_resume
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-COMMON = ["--algo", "sac", "--env-id", "Pendulum-v1", "--no-progress", "--hidden", "32", "32",
+COMMON = ["--algo", "sac", "--env-id", "Pendulum-v1", "--no-progress", "--no-plot", "--hidden", "32", "32",
           "--min-replay", "200", "--epsilon-warmup-steps", "200", "--eval-episodes", "2",
           "--quick-eval-episodes", "1", "--eval-interval-updates", "100", "--stop-return", "0",
           "--max-minutes", "4", "--seed", "3"]

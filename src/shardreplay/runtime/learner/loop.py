@@ -303,8 +303,10 @@ class Learner:
             self._record(self.progress.last_sync, self.progress.window)
             with self.storage.writing():
                 self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
-            with self.storage.writing():
-                summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
+            summary["learning_curve"] = None
+            if self.s.run.plot:
+                with self.storage.writing():
+                    summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
             self._write_summary(summary)
         # What the run could not write: the launcher and the command's last line say it
         # (a rank that only agreed to stop says so: under torchrun it reports alone).
