@@ -62,9 +62,9 @@ DOC = REPO / "docs" / "multi-machine.md"
 # 10-25k env steps, benchmarks/train/RESULTS-demo.md), every evaluation the full 20-episode one
 # (so an evaluation of SOLVED is the run's own criterion), a checkpoint every 250 updates.
 # Added after the page's flags (the last one counts) on every host.
-SMALL = ("--no-plot", "--eval-episodes", "20", "--quick-eval-episodes", "20", "--eval-interval-updates", "250",
-         "--checkpoint-interval-updates", "250", "--collective-timeout-s", "60", "--max-minutes", "8",
-         "--seed", "3")
+SMALL = ("--no-plot", "--eval-episodes", "20", "--quick-eval-episodes", "20",
+         "--eval-interval-updates", "250", "--checkpoint-interval-updates", "250",
+         "--collective-timeout-s", "60", "--max-minutes", "8", "--seed", "3")
 # The resumed life's step budget: enough for every actor to follow it (they join within seconds),
 # short at 32 samples per insert (one rank learns 2,000 updates in it).
 RESUMED_STEPS = 4000
