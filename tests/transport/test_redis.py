@@ -64,6 +64,35 @@ def test_restarted_reader_rereads_unacknowledged_entries_only(redis_server) -> N
     assert transport.reader().receive(10, timeout_s=0.2) == []
 
 
+def test_a_read_whose_reply_was_lost_is_read_again_at_once(redis_server, monkeypatch) -> None:
+    """The server ran ``XREADGROUP >`` (the entry is now pending at this reader) but the reply
+    never came (a socket timeout, a server killed before answering): the reader's retry
+    reads only new entries, so it must look at its own pending list again, not wait
+    ``claim_idle_s`` (60 s) for XAUTOCLAIM. Found by the Redis fault matrix (an actor's
+    chunk missing after a redis-server SIGKILL); this test lost the entry for 60 s before."""
+    from redis.client import Pipeline
+
+    transport = make(redis_server, claim_idle_s=60.0)
+    writer, reader = transport.writer(), transport.reader()
+    assert reader.receive(10, timeout_s=0.2) == []  # its start-up re-read of pending entries
+    writer.send(make_chunk(0, 0))
+    execute, lost = Pipeline.execute, []
+
+    def reply_lost_once(self, *args, **kwargs):
+        replies = execute(self, *args, **kwargs)  # the server ran it
+        if not lost:
+            lost.append(replies)
+            raise redis.ConnectionError("reply lost (test)")
+        return replies
+
+    monkeypatch.setattr(Pipeline, "execute", reply_lost_once)
+    got = receive_all(reader, 1, timeout_s=5)
+    assert lost and [c.sequence for c in got] == [0]
+    assert reader.receive(10, timeout_s=0.2) == []  # once: no duplicate (receive_all acknowledged it)
+    assert reader.receive(10, timeout_s=0.05) == []  # that read carried the XACK
+    assert client(redis_server).xpending(STREAM, "learners")["pending"] == 0
+
+
 def test_entries_left_by_a_dead_consumer_are_claimed(redis_server) -> None:
     writer = make(redis_server).writer()
     for q in range(2):

@@ -13,8 +13,10 @@ read through a consumer group (default ``learners``), so delivery is at-least-on
   same round trip as the next read (or at ``close``, or once 256 are queued), with the
   room tokens of back-pressure point 2.
 - A restarted reader (same ``consumer`` name) first re-reads its own pending entries
-  (``XREADGROUP ... 0``), and ``XAUTOCLAIM`` takes over entries that another consumer left
-  pending for ``claim_idle_s`` (a reader that died under another name).
+  (``XREADGROUP ... 0``), as does a reader whose ``XREADGROUP >`` had to be sent again (its
+  first reply, lost, may have delivered entries), and ``XAUTOCLAIM`` takes over entries
+  that another consumer left pending for ``claim_idle_s`` (a reader that died under another
+  name).
 - A chunk whose ``(actor_id, sequence)`` was seen recently is dropped (a writer retries an
   ``XADD`` whose reply was lost, so duplicates do happen) and acknowledged, unless its
   entry is the very one still in flight.
@@ -477,7 +479,13 @@ class RedisReader:
             pipe.xreadgroup(t.group, t.consumer, {t.stream: ">"}, count=count, block=block_ms or None)
             return self._replies(pipe, tokens)[-1]
 
+        failed = self._link.failed_calls
         entries = _stream_entries(self._group_call(ack_and_read, "XREADGROUP >", deadline))
+        if self._link.failed_calls != failed:
+            # A lost reply may have delivered entries to us that we never saw: they wait in
+            # our pending list (XAUTOCLAIM would give them back only after claim_idle_s).
+            # Re-read it; the intake drops what we already hold.
+            self._pending_cursor = b"0"
         del self._to_ack[:len(acks)]
         self._waiting = max(self._waiting - len(entries), 0)  # delivered: no longer waiting
         return entries

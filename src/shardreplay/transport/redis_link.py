@@ -54,6 +54,9 @@ class RedisLink:
         except ValueError as exc:
             raise ConfigError(f"bad redis URL {self.url!r}: {exc}") from exc
         self._down_since: float | None = None
+        # Calls that failed on the connection and were tried again: a command may have run
+        # on the server although its reply was lost (a caller that reads can then look again).
+        self.failed_calls = 0
 
     def down_for_s(self) -> float:
         """Seconds since the server stopped answering (0 while it answers)."""
@@ -74,6 +77,7 @@ class RedisLink:
                 self._down_since = None
                 return result
             except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self.failed_calls += 1
                 if self._down_since is None:
                     self._down_since = time.monotonic()
                     logger.warning("redis %s: %s failed (%s); reconnecting", self.url, what, exc)
