@@ -289,6 +289,12 @@ class RedisWriter:
         if self._broken:  # replies are otherwise read 8 adds at a time, by the loop above
             self._settle(deadline, wait=True)
 
+    @property
+    def in_flight(self) -> int:
+        """How many of the chunks sent last are not confirmed yet (their replies not read):
+        a process killed now may not have delivered them (its connection may be dead)."""
+        return len(self._sent)
+
     def flush(self, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
         """Wait until every chunk sent is confirmed by the server.
 

@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -284,6 +285,37 @@ def test_signal_stops_an_actor_blocked_by_back_pressure(tmp_path: Path) -> None:
 
 def _delivery_lines(path: Path) -> list[dict[str, int]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+class _Pipelining:
+    """A writer with ``in_flight`` chunks on the wire, their replies not read (as Redis's)."""
+
+    in_flight = 0
+
+
+def test_delivery_log_waits_until_a_pipelining_writer_confirms(tmp_path: Path) -> None:
+    """The Redis fault matrix lost a chunk its actor had logged: ``send`` had returned with
+    the add still in flight on a connection to a server just killed, and the actor was
+    killed before the writer read the reply. A chunk is logged once the writer no longer
+    has it in flight, and one it never confirms is never logged."""
+    log_path = tmp_path / "actor-0.jsonl"
+    log, writer, plain = actor_module._DeliveryLog(str(log_path)), _Pipelining(), object()
+    chunks = [SimpleNamespace(actor_id=0, sequence=q, num_streams=1, num_steps=2) for q in range(4)]
+    writer.in_flight = 1
+    log.record(chunks[0], writer)
+    assert _delivery_lines(log_path) == []  # sent, not confirmed
+    writer.in_flight = 2
+    log.record(chunks[1], writer)
+    assert _delivery_lines(log_path) == []
+    writer.in_flight = 1  # the reply of chunk 0 was read
+    log.record(chunks[2], writer)
+    assert [r["sequence"] for r in _delivery_lines(log_path)] == [0, 1]
+    log.record(chunks[3], plain)  # a writer without in_flight confirms as it sends
+    assert [r["sequence"] for r in _delivery_lines(log_path)] == [0, 1, 3]
+    writer.in_flight = 0
+    log.confirm(writer)  # closed: everything confirmed
+    assert [r["sequence"] for r in _delivery_lines(log_path)] == [0, 1, 3, 2]
+    log.close()
 
 
 @pytest.mark.parametrize("kind", ["file", pytest.param("redis", marks=pytest.mark.redis)])

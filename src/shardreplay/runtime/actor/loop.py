@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -213,7 +214,8 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
             send(k, chunker.flush())
     finally:
         for writer in writers.values():
-            writer.close()
+            writer.close()  # waits for what is in flight (Redis)
+            delivered.confirm(writer)
         delivered.close()
     return feed.next_run
 
@@ -333,13 +335,18 @@ def _load(policy: Any, update: Any) -> int:
 
 
 class _DeliveryLog:
-    """``ActorSettings.delivery_log``: one line per chunk the transport accepted.
+    """``ActorSettings.delivery_log``: one line per chunk the transport confirmed.
 
-    One ``write`` on an ``O_APPEND`` descriptor per line: a line is whole or absent
-    after the actor is killed (not fsynced: a machine crash may lose the tail).
+    A writer that pipelines (Redis: ``in_flight`` chunks on the wire, their replies not read)
+    has not delivered its last chunks when ``send`` returns: after a server restart they
+    may sit in a dead connection until the writer reads replies, and an actor killed
+    then never delivered them. Their lines wait here until the writer's ``in_flight``
+    drops below them. One ``write`` on an ``O_APPEND`` descriptor per line: a line is
+    whole or absent after the actor is killed (not fsynced: a machine crash may lose the tail).
     """
 
     def __init__(self, path: str | None) -> None:
+        self._waiting: dict[Any, deque[bytes]] = {}  # per writer, oldest first
         self._fd: int | None = None
         if path:
             try:
@@ -349,11 +356,20 @@ class _DeliveryLog:
                 raise ConfigError(f"cannot open the delivery log {path}: {exc}; "
                                   "give a writable --delivery-log path") from exc
 
-    def record(self, chunk: Chunk) -> None:
+    def record(self, chunk: Chunk, writer: Any) -> None:
+        """``chunk`` was sent through ``writer``: log it once ``writer`` confirms it."""
         if self._fd is not None:
             line = {"actor_id": chunk.actor_id, "sequence": chunk.sequence,
                     "steps": chunk.num_streams * chunk.num_steps}
-            os.write(self._fd, (json.dumps(line) + "\n").encode())
+            self._waiting.setdefault(writer, deque()).append((json.dumps(line) + "\n").encode())
+            self.confirm(writer)
+
+    def confirm(self, writer: Any) -> None:
+        """Log the chunks sent through ``writer`` that it no longer has in flight."""
+        lines = self._waiting.get(writer)
+        keep = int(getattr(writer, "in_flight", 0))
+        while self._fd is not None and lines and len(lines) > keep:
+            os.write(self._fd, lines.popleft())
 
     def close(self) -> None:
         if self._fd is not None:
@@ -370,7 +386,7 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, count
             # Stopping: a short wait, the learner (if still there) is draining for us.
             writer.send(chunk, timeout_s=min(timeout_s, 2.0) if stop.is_set() else timeout_s)
             counters["chunks"] += 1
-            delivered.record(chunk)  # after the transport took it: what the actor was told
+            delivered.record(chunk, writer)  # logged once the transport confirms it
             return writer
         except TransportTimeout:
             counters["send_retries"] += 1  # the learner is busy: back-pressure (or gone)
@@ -388,6 +404,7 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, count
             time.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
             writer.close()
+            delivered.confirm(writer)
             writer = transport.writer()
         if stop.is_set() or feed.next_run is not None:
             return writer  # stopping: give up on a chunk the learner does not take now
