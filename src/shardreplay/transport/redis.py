@@ -13,8 +13,8 @@ read through a consumer group (default ``learners``), so delivery is at-least-on
   same round trip as the next read (or at ``close``, or once 256 are queued), with the
   room tokens of back-pressure point 2.
 - A restarted reader (same ``consumer`` name) first re-reads its own pending entries
-  (``XREADGROUP ... 0``), as does a reader whose ``XREADGROUP >`` had to be sent again (its
-  first reply, lost, may have delivered entries), and ``XAUTOCLAIM`` takes over entries
+  (``XREADGROUP ... 0``), as does a reader whose ``XREADGROUP >`` or ``XAUTOCLAIM`` had to be
+  sent again (its first reply, lost, may have delivered entries), and ``XAUTOCLAIM`` takes over entries
   that another consumer left pending for ``claim_idle_s`` (a reader that died under another
   name).
 - A chunk whose ``(actor_id, sequence)`` was seen recently is dropped (a writer retries an
@@ -462,7 +462,7 @@ class RedisReader:
         if now - self._last_claim >= max(t.claim_idle_s / 2, 0.05):
             self._last_claim = now
             cursor, idle_ms = self._claim_cursor, int(t.claim_idle_s * 1000)
-            claim: list[Any] = self._group_call(
+            claim: list[Any] = self._delivering_call(
                 lambda r: r.xautoclaim(t.stream, t.group, t.consumer, idle_ms, cursor, count=count),
                 "XAUTOCLAIM", deadline)
             self._claim_cursor = claim[0]  # RESP2: [next cursor, entries, deleted ids]
@@ -485,13 +485,7 @@ class RedisReader:
             pipe.xreadgroup(t.group, t.consumer, {t.stream: ">"}, count=count, block=block_ms or None)
             return self._replies(pipe, tokens)[-1]
 
-        failed = self._link.failed_calls
-        entries = _stream_entries(self._group_call(ack_and_read, "XREADGROUP >", deadline))
-        if self._link.failed_calls != failed:
-            # A lost reply may have delivered entries to us that we never saw: they wait in
-            # our pending list (XAUTOCLAIM would give them back only after claim_idle_s).
-            # Re-read it; the intake drops what we already hold.
-            self._pending_cursor = b"0"
+        entries = _stream_entries(self._delivering_call(ack_and_read, "XREADGROUP >", deadline))
         del self._to_ack[:len(acks)]
         self._waiting = max(self._waiting - len(entries), 0)  # delivered: no longer waiting
         return entries
@@ -508,6 +502,18 @@ class RedisReader:
             if isinstance(reply, Exception):
                 raise reply
         return list(replies)
+
+    def _delivering_call(self, fn: Callable[[redis.Redis], T], what: str, deadline: float) -> T:
+        """:meth:`_group_call` of a command that moves entries into our pending list
+        (``XREADGROUP >``, ``XAUTOCLAIM``). Sent again after a lost reply, it may have
+        delivered entries we never saw: they wait there (XAUTOCLAIM would give them back
+        only after ``claim_idle_s``), so the next fetch re-reads our pending list; the
+        intake drops what we already hold."""
+        failed = self._link.failed_calls
+        result = self._group_call(fn, what, deadline)
+        if self._link.failed_calls != failed:
+            self._pending_cursor = b"0"
+        return result
 
     def _group_call(self, fn: Callable[[redis.Redis], T], what: str, deadline: float) -> T:
         t = self._t
