@@ -40,6 +40,16 @@ if locked:
     import shardreplay.kernels.cache_lock as cache_lock
     if sys.argv[2] == "impatient":
         cache_lock.COMPILE_WAIT_S = 0.5
+        # The holder keeps the lock 3 s before anything is saved, so the one that gives up
+        # after 0.5 s finds nothing to load even when it started a few seconds later.
+        from numba.core import dispatcher
+        compile_now = dispatcher._FunctionCompiler.compile
+
+        def slow_compile(self, args, return_type):
+            time.sleep(3.0)
+            return compile_now(self, args, return_type)
+
+        dispatcher._FunctionCompiler.compile = slow_compile
 from numba.core import caching
 
 save_index = caching.IndexDataCacheFile._save_index
