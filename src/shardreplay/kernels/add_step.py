@@ -114,31 +114,16 @@ def state_parts(n_rows: int, n_fields: int, window: int) -> tuple[int, int, int,
 
 
 @numba.njit(**_OPTIONS)
-def add_step(records, pos_and_counters, state, step_types, values):  # pragma: no cover - compiled
-    """Check one step of every stream, then write it: the bookkeeping
-    (``kernels.storage.write_steps``), the discount and every field held in the records.
+def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no cover - compiled
+    """The part of :func:`add_step` that no field's type changes: check the step types and
+    discounts, then (unless ``state[CHECK_ONLY]``) the bookkeeping and the discount.
 
-    ``records`` is the storage's per-slot records as uint8 ``[N, record bytes]``;
-    ``values`` the user fields in spec order, each ``[S, *shape]`` C-contiguous in its
-    stored dtype; ``step_types`` is ``[S]``; ``pos_and_counters`` is the storage's
-    positions ``[S]`` then its counters; ``state`` (int64) is laid out as the constants
-    above and :func:`state_parts` say.
-
-    Returns the change in the number of valid starts (0 when ``state[CHECK_ONLY]``), with
-    the written slots in row 0 of the scratch and ``write_steps``'s n in
-    ``state[N_OUT]``; or :data:`BAD_INPUT` with nothing changed when a shape, a value of
-    a finite field, a step type or a discount is wrong (the caller's full check then
-    says which)."""
+    A function of its own, not inlined: its signature is the same for every spec, so
+    numba compiles it once and every spec's entry point only types its fields (a cold
+    compile of an entry point took 10-12 CPU-s with this inlined, most of it here)."""
     n_rows, window = state[ROWS], state[WINDOW]
     rows_at, out_at, discount_at, end = state_parts(n_rows, state[FIELDS], window)
     discount = state[discount_at:end].view(np.float32)[:n_rows]
-    if step_types.shape[0] != n_rows:
-        return BAD_INPUT
-    j = PLAN
-    for v in literal_unroll(values):
-        if not _value_ok(v, state, j, n_rows):
-            return BAD_INPUT
-        j += FIELD_WORDS
     if steps_ok(step_types, discount) != STEPS_OK:
         return BAD_INPUT
     if state[CHECK_ONLY]:
@@ -159,12 +144,44 @@ def add_step(records, pos_and_counters, state, step_types, values):  # pragma: n
     at_discount = state[AT_DISCOUNT]
     for i in range(n_rows):
         copy_small_or_at(records, out[0, i] * record_bytes + at_discount, discount, 4 * i, 4)
+    return delta
+
+
+@numba.njit(**_OPTIONS)
+def add_step(records, pos_and_counters, state, step_types, values):  # pragma: no cover - compiled
+    """Check one step of every stream, then write it: the bookkeeping
+    (``kernels.storage.write_steps``), the discount and every field held in the records.
+
+    ``records`` is the storage's per-slot records as uint8 ``[N, record bytes]``;
+    ``values`` the user fields in spec order, each ``[S, *shape]`` C-contiguous in its
+    stored dtype; ``step_types`` is ``[S]``; ``pos_and_counters`` is the storage's
+    positions ``[S]`` then its counters; ``state`` (int64) is laid out as the constants
+    above and :func:`state_parts` say.
+
+    Returns the change in the number of valid starts (0 when ``state[CHECK_ONLY]``), with
+    the written slots in row 0 of the scratch and ``write_steps``'s n in
+    ``state[N_OUT]``; or :data:`BAD_INPUT` with nothing changed when a shape, a value of
+    a finite field, a step type or a discount is wrong (the caller's full check then
+    says which)."""
+    n_rows = state[ROWS]
+    if step_types.shape[0] != n_rows:
+        return BAD_INPUT
+    j = PLAN
+    for v in literal_unroll(values):
+        if not _value_ok(v, state, j, n_rows):
+            return BAD_INPUT
+        j += FIELD_WORDS
+    delta = _check_and_book(records, pos_and_counters, state, step_types)
+    if delta == BAD_INPUT or state[CHECK_ONLY]:
+        return delta
+    out_at = state_parts(n_rows, state[FIELDS], state[WINDOW])[1]
+    record_bytes = records.shape[1]
     j = PLAN
     for v in literal_unroll(values):
         offset, size = state[j + OFFSET], state[j + ROW_BYTES]
         if offset >= 0:
             for i in range(n_rows):
-                copy_small_or_at(records, out[0, i] * record_bytes + offset, v, i * size, size)
+                copy_small_or_at(records, state[out_at + i] * record_bytes + offset, v, i * size, size)
         j += FIELD_WORDS
     return delta
 
