@@ -99,6 +99,32 @@ def _put_compiled(store, slot, src, i):  # pragma: no cover - compiling
     return cast
 
 
+@numba.njit(**_OPTIONS)
+def _book(records, pos_and_counters, state, fstate):  # pragma: no cover - compiled
+    """The part of :func:`gym_write` that no input's type changes: the bookkeeping of every
+    env's held step and its discount; returns the change in valid starts.
+
+    A kernel of its own, not inlined: its signature is the same for every writer, so numba
+    compiles it once and each kind of inputs only types the field copies."""
+    num_envs = fstate.shape[0] - 1
+    types = state[HELD:HELD + num_envs].reshape(num_envs, 1)
+    rows = state[HELD + num_envs:HELD + 2 * num_envs]
+    out = state[HELD + 2 * num_envs:].reshape(4, num_envs * state[WINDOW])
+    # The bookkeeping columns of the records, as strided views.
+    episode_id = records[:, state[AT_EPISODE]:state[AT_EPISODE] + 8].view(np.int64)[:, 0]
+    generation = records[:, state[AT_GENERATION]:state[AT_GENERATION] + 4].view(np.uint32)[:, 0]
+    priority = records[:, state[AT_PRIORITY]:state[AT_PRIORITY] + 4].view(np.float32)[:, 0]
+    valid = records[:, state[AT_VALID]:state[AT_VALID] + 1].view(np.bool_)[:, 0]
+    disc_store = records[:, state[AT_DISCOUNT]:state[AT_DISCOUNT] + 4].view(np.float32)[:, 0]
+    n_out, delta = _write_steps(records[:, state[AT_STEP_TYPE]], episode_id, generation, priority, valid,
+                                pos_and_counters[:num_envs], pos_and_counters[num_envs:], rows, types,
+                                _NO_PRIORITIES, False, fstate[0], state[CAP], state[WINDOW], out[:2], out[2:])
+    state[N_OUT] = n_out
+    for i in range(num_envs):
+        disc_store[out[0, i]] = fstate[1 + i]
+    return delta
+
+
 def gym_write(records, pos_and_counters, state, fstate, obs_store, act_store, rew_store, held_obs,
               action, obs, reward, terminated, truncated):  # pragma: no cover - compiled
     """Write every env's held step, then hold the new observation, step type and discount.
@@ -125,24 +151,13 @@ def gym_write(records, pos_and_counters, state, fstate, obs_store, act_store, re
         return FAILED - 2
     if state[FINITE_REWARD] and not _all_finite(reward):
         return FAILED - 3
-    types = state[HELD:HELD + num_envs].reshape(num_envs, 1)
-    rows = state[HELD + num_envs:HELD + 2 * num_envs]
-    out = state[HELD + 2 * num_envs:].reshape(4, num_envs * state[WINDOW])
-    # The bookkeeping columns of the records, as strided views.
-    episode_id = records[:, state[AT_EPISODE]:state[AT_EPISODE] + 8].view(np.int64)[:, 0]
-    generation = records[:, state[AT_GENERATION]:state[AT_GENERATION] + 4].view(np.uint32)[:, 0]
-    priority = records[:, state[AT_PRIORITY]:state[AT_PRIORITY] + 4].view(np.float32)[:, 0]
-    valid = records[:, state[AT_VALID]:state[AT_VALID] + 1].view(np.bool_)[:, 0]
-    disc_store = records[:, state[AT_DISCOUNT]:state[AT_DISCOUNT] + 4].view(np.float32)[:, 0]
-    n_out, delta = _write_steps(records[:, state[AT_STEP_TYPE]], episode_id, generation, priority, valid,
-                                pos_and_counters[:num_envs], pos_and_counters[num_envs:], rows, types,
-                                _NO_PRIORITIES, False, fstate[0], state[CAP], state[WINDOW], out[:2], out[2:])
-    state[N_OUT] = n_out
+    delta = _book(records, pos_and_counters, state, fstate)
+    out_at = HELD + 2 * num_envs  # row 0 of write_steps' results: the written slots
     same_step = state[SAME_STEP] != 0
     n_done = 0
     for i in range(num_envs):
-        slot = out[0, i]
-        was_last = types[i, 0] == LAST
+        slot = state[out_at + i]
+        was_last = state[HELD + i] == LAST
         _put(obs_store, slot, held_obs, i)
         if was_last:  # the env ignored this action (NEXT_STEP reset): padding
             act_store[slot] = 0
@@ -150,7 +165,6 @@ def gym_write(records, pos_and_counters, state, fstate, obs_store, act_store, re
         else:
             _put(act_store, slot, action, i)
             rew_store[slot] = reward[i]
-        disc_store[slot] = fstate[1 + i]
         done = terminated[i] or truncated[i]
         n_done += done
         if same_step:
