@@ -315,6 +315,7 @@ def test_delivery_log_waits_until_a_pipelining_writer_confirms(tmp_path: Path) -
     writer.in_flight = 0
     log.confirm(writer)  # closed: everything confirmed
     assert [r["sequence"] for r in _delivery_lines(log_path)] == [0, 1, 3, 2]
+    assert log._waiting == {}  # writers with nothing waiting are not kept (one per actor life)
     log.close()
 
 

@@ -370,6 +370,8 @@ class _DeliveryLog:
         keep = int(getattr(writer, "in_flight", 0))
         while self._fd is not None and lines and len(lines) > keep:
             os.write(self._fd, lines.popleft())
+        if lines is not None and not lines:
+            del self._waiting[writer]  # a writer of an earlier life is not kept
 
     def close(self) -> None:
         if self._fd is not None:

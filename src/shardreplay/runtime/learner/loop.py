@@ -306,7 +306,8 @@ class Learner:
             summary["learning_curve"] = None
             if self.s.run.plot:
                 with self.storage.writing():
-                    summary["learning_curve"] = str(plot_learning_curve(self.run_dir))
+                    curve = plot_learning_curve(self.run_dir)  # None: no metrics to draw
+                summary["learning_curve"] = None if curve is None else str(curve)
             self._write_summary(summary)
         # What the run could not write: the launcher and the command's last line say it
         # (a rank that only agreed to stop says so: under torchrun it reports alone).
