@@ -33,7 +33,7 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.base import fits
 from shardreplay.runtime.algos.numpy_policy import mlp_hidden
-from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part, unwrap
+from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part, flat_observations, unwrap
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.networks import make_q_network
 from shardreplay.runtime.qnet import QNetwork
@@ -87,10 +87,7 @@ class DoubleDqn(LearnerState):
         """
         s = self.settings
         tr = nstep_transitions(batch, s.gamma, validate=False)
-        if not isinstance(tr.observation, torch.Tensor) or not isinstance(tr.next_observation, torch.Tensor):
-            raise ConfigError("DoubleDqn learns from flat observations (one tensor), not nested ones")
-        obs = tr.observation.float()
-        next_obs = tr.next_observation.float()
+        obs, next_obs = flat_observations(tr, "DoubleDqn")
         q = self.online(obs).gather(1, tr.action.long().reshape(-1, 1)).squeeze(1)
         with torch.no_grad():
             best = self.online(next_obs).argmax(dim=1, keepdim=True)

@@ -48,7 +48,7 @@ from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.base import fits, network_weights, warmup
-from shardreplay.runtime.algos.torch_parts import LearnerState, Part
+from shardreplay.runtime.algos.torch_parts import LearnerState, Part, flat_observations
 from shardreplay.runtime.devices import CPU, Placement
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.settings import TrainSettings
@@ -221,9 +221,7 @@ class Sac(LearnerState):
         """
         s = self.settings
         tr = nstep_transitions(batch, s.gamma, validate=False)
-        if not isinstance(tr.observation, torch.Tensor) or not isinstance(tr.next_observation, torch.Tensor):
-            raise ConfigError("Sac learns from flat observations (one tensor), not nested ones")
-        obs, next_obs = tr.observation.float(), tr.next_observation.float()
+        obs, next_obs = flat_observations(tr, "Sac")
         action, weights = tr.action.float(), batch.weights.float()
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad():

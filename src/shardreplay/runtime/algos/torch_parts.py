@@ -16,9 +16,23 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.apex import ApexExploration
 
-__all__ = ["ApexActor", "LearnerState", "Part", "unwrap"]
+__all__ = ["ApexActor", "LearnerState", "Part", "flat_observations", "unwrap"]
 
 Part = nn.Module | torch.optim.Optimizer | torch.Tensor
+
+
+def flat_observations(transitions: Any, learner: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The observations and next observations of ``transitions`` (``nstep_transitions``'
+    result) as float tensors, for a learner that takes one observation tensor.
+
+    Raises:
+        ConfigError: the observations are nested (a dict of tensors); ``learner`` names
+            the learner in the message.
+    """
+    obs, next_obs = transitions.observation, transitions.next_observation
+    if not isinstance(obs, torch.Tensor) or not isinstance(next_obs, torch.Tensor):
+        raise ConfigError(f"{learner} learns from flat observations (one tensor), not nested ones")
+    return obs.float(), next_obs.float()
 
 
 def unwrap(module: nn.Module) -> nn.Module:
