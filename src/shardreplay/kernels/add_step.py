@@ -119,8 +119,8 @@ def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no
     discounts, then (unless ``state[CHECK_ONLY]``) the bookkeeping and the discount.
 
     A function of its own, not inlined: its signature is the same for every spec, so
-    numba compiles it once and every spec's entry point only types its fields (a cold
-    compile of an entry point took 10-12 CPU-s with this inlined, most of it here)."""
+    numba compiles it once (the larger part of a cold compile) and every spec's entry
+    point only types its fields."""
     n_rows, window = state[ROWS], state[WINDOW]
     rows_at, out_at, discount_at, end = state_parts(n_rows, state[FIELDS], window)
     discount = state[discount_at:end].view(np.float32)[:n_rows]
