@@ -329,10 +329,12 @@ def test_delivery_log_lists_exactly_the_chunks_the_transport_accepted(tmp_path: 
     log_path = tmp_path / "audit" / "actor-1.jsonl"
     s = _settings(tmp_path, url, queued_chunks_per_actor=2, send_timeout_s=0.2, delivery_log=str(log_path))
     stop = StopFlag()
+    logged_while_blocked: list[int] = []
 
     def stop_once_blocked() -> None:  # the queue holds 2: the actor then waits in send
         try:
             wait_for(lambda: log_path.exists() and len(_delivery_lines(log_path)) >= 2, START_S, "2 chunks")
+            logged_while_blocked.append(len(_delivery_lines(log_path)))
             time.sleep(1.5)
         finally:
             stop.set()
@@ -344,6 +346,9 @@ def test_delivery_log_lists_exactly_the_chunks_the_transport_accepted(tmp_path: 
     finally:
         stop.set()
         stopper.join(timeout=START_S)
+    # The chunks the queue took are logged while the actor waits to send the next (a
+    # pipelining writer confirms them as it waits), not only once a send returns.
+    assert logged_while_blocked, "the queued chunks were not logged while the actor waited in send"
     lines = _delivery_lines(log_path)
     assert len(lines) == counters["chunks"] >= 1
     assert counters["send_retries"] >= 1, counters  # the queue was full: some chunks waited or were refused

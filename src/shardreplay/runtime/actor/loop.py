@@ -392,6 +392,7 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, count
             return writer
         except TransportTimeout:
             counters["send_retries"] += 1  # the learner is busy: back-pressure (or gone)
+            delivered.confirm(writer)  # the wait read the replies of the chunks before
             feed.refresh()
         except TransportError as exc:
             counters["send_retries"] += 1
