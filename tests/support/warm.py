@@ -5,6 +5,10 @@ Every kernel is compiled with ``cache=True`` into ``src/shardreplay/kernels/__py
 (or ``NUMBA_CACHE_DIR``), which all processes share. On a fresh checkout the cache is
 empty, and each xdist worker would compile the same kernels at the same time on the same
 cores; compiled once here, every worker (and every process a test starts) loads them.
+Besides a small buffer of each sampler, one short ``shardreplay train`` launch runs here
+(:data:`LAUNCH_ARGS`): the kernels its learners compile are those of most launches in the
+suite, whose collectives must not wait on a cold compile (one failed so, its peer rank
+20 s late at the first sync).
 
 ``make install`` installs without compiling bytecode (``pip --no-compile``: compiling
 every file of every package took 48 CPU-seconds; the suite imports a fraction of them).
@@ -22,6 +26,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +37,15 @@ HEAVY_MODULES = ("torch", "torch.distributed", "torch._dynamo", "numba", "scipy.
                  "matplotlib.figure", "psutil", "redis", "hypothesis", "safetensors.numpy", "msgpack",
                  "tensordict", "torchrl")
 _WARM_TIMEOUT_S = 600.0
+# A short launch of the demo's kind (DQN on CartPole, 2 learners, 1 actor). Its learners
+# compile what every launch's learners run (the chunk ingest, prioritized sampling, the
+# sharded exchange of keys and priorities); left cold, the first tests' launches, all
+# starting at once on a loaded machine, compile them within collective timeouts of 20-60 s.
+LAUNCH_ARGS = ("train", "--learners", "2", "--actors", "1", "--total-env-steps", "400",
+               "--min-replay", "200", "--hidden", "32", "32", "--eval-episodes", "1",
+               "--eval-interval-updates", "100000", "--no-progress", "--no-plot", "--max-minutes", "5",
+               "--collective-timeout-s", "300")
+_LAUNCH_TIMEOUT_S = 400.0
 
 
 def cache_is_cold() -> bool:
@@ -99,5 +113,24 @@ def warm_kernel_cache() -> None:
             buf.update_priorities(batch.keys, np.ones(8, np.float32))
 
 
+def warm_launch_kernels() -> None:
+    """Run :data:`LAUNCH_ARGS` to its end. Raises ``RuntimeError`` when it fails (its
+    output in the message), ``subprocess.TimeoutExpired`` past ``_LAUNCH_TIMEOUT_S``; its
+    process tree is stopped either way."""
+    from tests.support.train_runs import TrainRun
+
+    with tempfile.TemporaryDirectory() as tmp, \
+            TrainRun([*LAUNCH_ARGS, "--run-dir", f"{tmp}/run"], Path(tmp)) as run:
+        code = run.wait(_LAUNCH_TIMEOUT_S)
+        if code != 0:
+            raise RuntimeError(f"the warming launch exited {code}" + run.explain())
+
+
+def warm_kernels() -> None:
+    """:func:`warm_kernel_cache`, then :func:`warm_launch_kernels`."""
+    warm_kernel_cache()
+    warm_launch_kernels()
+
+
 if __name__ == "__main__":
-    {"kernels": warm_kernel_cache, "modules": import_heavy_modules}[sys.argv[1]]()
+    {"kernels": warm_kernels, "modules": import_heavy_modules}[sys.argv[1]]()
