@@ -3,6 +3,7 @@ what it preloaded, and none outlives a starter that is SIGKILLed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -93,3 +94,44 @@ def test_no_child_outlives_a_starter_killed_by_sigkill(tmp_path: Path) -> None:
     for pid in alive:  # leave nothing behind, then fail
         os.kill(pid, signal.SIGKILL)
     assert alive == [], f"left running after the starter was killed: {alive} (server {server}, child {child})"
+
+
+WAIT = """
+import json, os, sys, time
+from shardreplay.runtime.forkserver import (_alive, preloaded_context, server_pid, start_server, stop_server,
+                                            wait_until_ready)
+preloaded_context([sys.argv[1]])
+path = start_server()
+t0 = time.monotonic()
+ready = wait_until_ready(path, lambda: time.monotonic() - t0 > float(sys.argv[2]))  # a stop asked then
+waited = time.monotonic() - t0
+pid = server_pid()
+stop_server()
+alive = _alive(pid)  # after the stop: killed and reaped, or ended
+print(json.dumps({"ready": ready, "waited": waited, "alive": alive, "stopped": time.monotonic() - t0,
+                  "file_left": os.path.exists(path)}))
+"""
+
+
+def test_a_stop_while_the_server_imports_its_preload_ends_the_wait_and_the_server(tmp_path: Path) -> None:
+    """The launcher waits for the learners' fork server to import torch with its signal
+    handlers free to run: a stop asked meanwhile kills the server (no child forked yet)
+    at once, instead of waiting for an import that takes 30 s and more on a loaded
+    machine. A server whose preload ends first is waited for and used as before."""
+    (tmp_path / "slow_preload.py").write_text(
+        "import time\nfrom shardreplay.runtime.forkserver import mark_ready\ntime.sleep(120)\nmark_ready()\n")
+    (tmp_path / "quick_preload.py").write_text(
+        "from shardreplay.runtime.forkserver import mark_ready\nmark_ready()\n")
+    results = {}
+    for module, stop_after_s in (("slow_preload", "1.0"), ("quick_preload", "60.0")):
+        # On PYTHONPATH: the server imports its preload with the environment's path.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run([sys.executable, "-c", WAIT, module, stop_after_s], env=env,
+                              capture_output=True, text=True, timeout=100, check=False)
+        assert proc.returncode == 0, proc.stderr
+        results[module] = json.loads(proc.stdout.strip().splitlines()[-1])
+    slow, quick = results["slow_preload"], results["quick_preload"]
+    assert slow["ready"] is False and not slow["alive"], slow
+    assert slow["stopped"] < 10.0, slow  # not the preload's 120 s
+    assert quick["ready"] is True and quick["waited"] < 60.0, quick
+    assert not slow["file_left"] and not quick["file_left"]

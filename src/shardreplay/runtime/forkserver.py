@@ -27,7 +27,11 @@ import contextlib
 import gc
 import multiprocessing as mp
 import os
-from collections.abc import Iterator
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from multiprocessing import forkserver
 from typing import Any
 
@@ -56,6 +60,64 @@ def collector_paused() -> Iterator[None]:
     finally:
         gc.enable()
     gc.freeze()
+
+
+# Set only while a server starts (it inherits the environment then): the file its preload
+# creates once imported. The server removes it from its own environment, so its children
+# never see it.
+READY_ENV = "SHARDREPLAY_FORKSERVER_READY"
+
+
+def start_server() -> str | None:
+    """Start this process's fork server now (it inherits this moment's signal mask) without
+    waiting for its preload; returns the file :func:`mark_ready` creates once the preload
+    is imported, or None when a server was running already."""
+    if server_pid() is not None:
+        return None
+    path = os.path.join(tempfile.gettempdir(), f"shardreplay-forkserver-{os.getpid()}-{uuid.uuid4().hex}")
+    os.environ[READY_ENV] = path
+    try:
+        forkserver.ensure_running()
+    finally:
+        del os.environ[READY_ENV]
+    return path
+
+
+def mark_ready() -> None:
+    """In a fork server started by :func:`start_server`: say the preload is imported (call
+    it at the end of the last preload module). Elsewhere it does nothing."""
+    path = os.environ.pop(READY_ENV, None)
+    if path:
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+
+
+def wait_until_ready(path: str | None, stop: Callable[[], bool], poll_s: float = 0.05,
+                     timeout_s: float = 600.0) -> bool:
+    """Wait, with signal handlers free to run, until the server of :func:`start_server`
+    has imported its preload (``path`` exists) or has died (the first ``start()`` then
+    raises as usual), at most ``timeout_s`` (a preload module the server cannot find is
+    skipped by it silently, and nothing marks it ready: ``start()`` then serves as before).
+    Returns False when ``stop()`` became true first: the server, still importing and with
+    no child yet, is killed (:func:`stop_server` then reaps it), so a stop asked while a
+    loaded machine imports torch takes effect at once."""
+    if path is None:
+        return True
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            pid = server_pid()
+            if pid is None or not _alive(pid):
+                return True
+            if stop():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                return False
+            time.sleep(poll_s)
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def server_pid() -> int | None:

@@ -60,7 +60,9 @@ from shardreplay.runtime.forkserver import (
     preloaded_context,
     release_server,
     server_pid,
+    start_server,
     stop_server,
+    wait_until_ready,
 )
 from shardreplay.runtime.log_lines import configure_logging
 from shardreplay.runtime.routing import (
@@ -391,11 +393,18 @@ def _start_learners(procs: list[Any], stopping: dict[str, bool]) -> list[Any]:
     (A function of its own: a loop variable left in the caller would keep a process
     never started, and the ring and queue its arguments hold, alive.)
     """
+    # SIGTERM too stays pending in a learner until its handler is in place: a learner
+    # killed by it while importing would leave the others waiting to meet it. The learners
+    # are forked by the server, so it is the server that starts with both blocked.
+    with children_block_signals({signal.SIGINT, signal.SIGTERM}):
+        ready = start_server()
+    # Its preload (torch) is waited for here, where this process's handlers run: inside
+    # start() a stop would wait for it, 30 s and more on a loaded machine.
+    if not wait_until_ready(ready, lambda: stopping["asked"]):
+        return []
     for p in procs:
         if stopping["asked"]:
             break
-        # SIGTERM too stays pending until the learner's handler is in place: a learner
-        # killed by it while importing would leave the others waiting to meet it.
         with children_block_signals({signal.SIGINT, signal.SIGTERM}):
             p.start()
     return [p for p in procs if p.pid is not None]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-from shardreplay.runtime.forkserver import collector_paused
+from shardreplay.runtime.forkserver import collector_paused, mark_ready
 
 MODULES = ("torch", "torch.distributed", "torch._dynamo", "shardreplay.runtime.learner.loop",
            "shardreplay.kernels.routing", "shardreplay.kernels.ready")
@@ -33,4 +33,9 @@ def import_paused(names: tuple[str, ...]) -> None:
             importlib.import_module(name)
 
 
-import_paused(MODULES)
+try:
+    import_paused(MODULES)
+finally:
+    # The launcher waits for this with its stop signals free to run (forkserver.start_server);
+    # also after a failed import, which the server ignores (ImportError) or dies of.
+    mark_ready()
