@@ -14,6 +14,7 @@ here only compute them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -39,6 +40,19 @@ def use(*areas: str) -> None:
         path = str(BENCHMARKS / area)
         if path not in sys.path:
             sys.path.insert(0, path)
+
+
+def load_module(name: str, path: str) -> Any:
+    """Import the file ``path`` as module ``name`` (an older copy of a package module, for
+    a before/after in one process). It is registered in ``sys.modules``: numba's cache
+    imports a cached kernel's module by name. Raises what the import raises."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 # ------------------------------------------------------------------------------- arguments

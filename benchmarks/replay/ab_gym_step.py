@@ -13,27 +13,21 @@ median microseconds per step of each, and the median and range of new / old over
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
+
 KINDS = {"vector": (4, (4,), np.float32), "pixel": (2, (4, 84, 84), np.uint8)}
-
-
-def _load(name: str, path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # numba's cache imports a cached kernel's module by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def _writer_step(kind: str, kernel: ModuleType) -> Callable[[], None]:
@@ -66,7 +60,7 @@ def main(old_gym_step: str, rounds: int = 15, calls: int = 2000) -> dict[str, An
     """Time both writers per kind (see the module docstring)."""
     from shardreplay.kernels import gym_step as new
 
-    old = _load("old_gym_step", old_gym_step)
+    old = common.load_module("old_gym_step", old_gym_step)
     out: dict[str, Any] = {}
     for kind in KINDS:
         steps = {"old": _writer_step(kind, old), "new": _writer_step(kind, new)}

@@ -11,25 +11,19 @@ Prints JSON: per kind, the median and range over the blocks of each time ratio v
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 import replay_fill_sweep as F
-
-
-def _load(name: str, path: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # numba's cache imports a cached kernel's module by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(old_one_step: str, old_add_step: str, rounds: int = 11, calls: int = 300) -> dict[str, Any]:
@@ -39,8 +33,8 @@ def main(old_one_step: str, old_add_step: str, rounds: int = 11, calls: int = 30
 
     import shardreplay as sr
 
-    old_kernel = _load("old_add_step", old_add_step)
-    old = _load("old_one_step", old_one_step)
+    old_kernel = common.load_module("old_add_step", old_add_step)
+    old = common.load_module("old_one_step", old_one_step)
     old.kernel = old_kernel
     clock = time.thread_time
     out: dict[str, Any] = {"load_before": os.getloadavg()}
