@@ -107,7 +107,6 @@ logger = logging.getLogger("shardreplay.transport")
 T = TypeVar("T")
 _FIELD = b"d"
 _ACK_BATCH = 256
-_WINDOW = 8  # adds a writer has in flight at most
 _POLL_CAP_S = 0.005  # a writer without room tokens looks this often at most
 # With tokens, a look every 3 s covers a token lost on the way; a writer that times out
 # loses its place in line, so this is longer than a turn in line at 128 writers (shorter
@@ -233,12 +232,16 @@ class RedisWriter:
     """Actor end of a :class:`RedisTransport`.
 
     Adds are pipelined: ``send`` writes ``XADD`` + ``XLEN`` to the connection and returns;
-    their replies are read by a later call, all at once when ``_WINDOW`` adds are in
+    their replies are read by a later call, all at once when :attr:`MAX_IN_FLIGHT` adds are in
     flight or the last known length plus the adds in flight reach ``max_len`` (reading
     the replies of each add as they came cost a poll and two reads a chunk). A chunk is on the
     wire when ``send`` returns; a lost connection re-sends, in order, every add whose
     reply was not read (a copy that did land is dropped as a duplicate by the reader).
     """
+
+    #: Adds a writer has in flight at most (their replies not read): an actor killed with
+    #: this many sent may not have delivered them.
+    MAX_IN_FLIGHT = 8
 
     def __init__(self, transport: RedisTransport) -> None:
         self._t = transport
@@ -272,7 +275,7 @@ class RedisWriter:
             self._has_group = True
         while True:
             full = self._length is None or self._length + len(self._sent) >= t.max_len
-            if len(self._sent) >= _WINDOW or (self._sent and full and self._credit is None):
+            if len(self._sent) >= self.MAX_IN_FLIGHT or (self._sent and full and self._credit is None):
                 self._settle(deadline, wait=True)  # the replies say the length after our adds
             elif full or self._credit == 0:
                 self._length = self._wait_for_room(deadline, timeout_s)

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from shardreplay.runtime.learner.journal import CRASHED
-from shardreplay.transport.redis import _WINDOW as REDIS_WINDOW
+from shardreplay.transport.redis import RedisWriter
 from tests.runtime.e2e_helpers import (
     account,
     final_checkpoint,
@@ -178,7 +178,7 @@ def test_nothing_lost_nothing_stuck_under_sigkills(tmp_path: Path, kind: str, re
     # At most the chunks in flight of each actor life a trial ends (the one killed, the two
     # stopped by a learner's death): one for the spool, the writer's window for Redis,
     # whose delivery log waits for XADD's replies.
-    in_flight = 1 if kind == "file" else REDIS_WINDOW
+    in_flight = 1 if kind == "file" else RedisWriter.MAX_IN_FLIGHT
     assert unlogged <= 3 * in_flight * len(trials), f"{unlogged} stored chunks no actor logged as delivered"
     assert manifest["steps"] == steps, (
         f"the checkpoint holds {manifest['steps']} steps, its distinct stored chunks {steps}: "
