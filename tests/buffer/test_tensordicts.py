@@ -185,7 +185,7 @@ def test_torchrl_dqn_loss_takes_our_n_step_batch_unchanged_and_its_targets_are_o
 def test_torchrl_sac_loss_runs_forward_and_backward_on_our_batch() -> None:
     from tensordict.nn import NormalParamExtractor, TensorDictModule
     from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
-    from torchrl.objectives import SACLoss
+    from torchrl.objectives import SACLoss, SoftUpdate
 
     torch.manual_seed(0)
     spec = sr.Spec({"obs": sr.Field((3,), np.float32), "action": sr.Field((1,), np.float32),
@@ -204,12 +204,14 @@ def test_torchrl_sac_loss_runs_forward_and_backward_on_our_batch() -> None:
                            in_keys=["observation", "action"])
     loss = SACLoss(actor, qvalue, num_qvalue_nets=2, target_entropy=-1.0)
     loss.make_value_estimator(gamma=0.99)
+    updater = SoftUpdate(loss, eps=0.995)  # what a training loop pairs with the loss
     out = loss(batch)
     total = out["loss_actor"] + out["loss_qvalue"] + out["loss_alpha"]
     total.backward()
     assert torch.isfinite(total)
     grads = [p.grad for p in loss.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
+    updater.step()  # the target networks move toward the trained ones
 
 
 def test_without_tensordict_the_buffer_works_and_as_tensordict_says_what_to_install() -> None:

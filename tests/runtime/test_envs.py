@@ -29,6 +29,9 @@ def pixel_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     monkeypatch.syspath_prepend(str(tmp_path))
     yield module
     sys.modules.pop("blink_env", None)
+    import gymnasium
+
+    gymnasium.registry.pop("Blink-v0", None)  # the next import registers it afresh, no warning
 
 
 @pytest.mark.parametrize(("shape", "auto"), [((4,), "mlp"), ((4, 84, 84), "nature"), ((3, 36, 40), "nature"),

@@ -130,7 +130,8 @@ def test_actor_policy_from_published_weights_explores_uniformly_in_warmup() -> N
     assert warm.dtype == np.float32 and warm.shape == (4000, 1)
     assert ((counts - 500) ** 2 / 500).sum() < 24.3  # chi-square, 7 dof, p = 0.001
     late, _ = policy.act(obs, None, 1000)  # the policy's own samples: around its squashed mean
-    mean = float(agent.module.deterministic(torch.zeros(1, 3))[0, 0])
+    with torch.no_grad():
+        mean = float(agent.module.deterministic(torch.zeros(1, 3))[0, 0])
     counts, _ = np.histogram(late[:, 0], bins=8, range=(-2, 2))
     assert ((counts - 500) ** 2 / 500).sum() > 1000  # far from uniform
     assert abs(float(np.median(late[:, 0])) - mean) < 0.2
