@@ -78,7 +78,10 @@ class StopFlag:
 
 def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport | None = None,
         stop: StopFlag | None = None) -> dict[str, int]:
-    """Run one actor until stopped or ``max_env_steps``; returns counters.
+    """Run one actor until stopped or ``max_env_steps``; returns counters: ``env_steps``,
+    ``chunks`` (sent: on the wire when the writer's ``send`` returned; the delivery log,
+    ``--delivery-log-dir``, lists those the medium confirmed), ``send_retries`` (back-pressure
+    waits and transport failures) and ``policy_updates``.
 
     The first policy decides the run served (:class:`RunInfo`: its settings, its channel
     on the medium). When the policy at ``policy_url`` turns out to belong to another run
