@@ -40,8 +40,6 @@ from typing import Any
 import numpy as np
 import replay_workload as W
 
-from shardreplay import testing
-
 STACK = 4
 FRAME = (84, 84)
 STREAMS = 32
@@ -137,6 +135,8 @@ class ShardReplayFrames:
 
     def extras(self) -> dict[str, Any]:
         """The filled buffer's frame rings: their size now, and its arrays' bytes."""
+        from shardreplay import testing  # here: bench_replay's parent process imports no torch
+
         store = testing.shard(self.buf).storage.stacked["obs"]
         return {"frame_capacity": store.frame_capacity, "frame_rings_grown": store._grown,
                 "filled_layout_bytes": _array_bytes(self.buf)}
@@ -145,6 +145,8 @@ class ShardReplayFrames:
 def _array_bytes(buf: Any) -> int:
     """Bytes of a shardreplay buffer's arrays: per-slot records, fields that own their
     arrays (small fields are views of the records), frame rings, sum and min trees."""
+    from shardreplay import testing
+
     storage = testing.shard(buf).storage
     arrays = [storage.records, storage.pos, *testing.tree_sums(buf)]
     arrays += [a for name, a in storage.fields.items() if name not in storage._small]
