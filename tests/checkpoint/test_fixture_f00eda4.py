@@ -1,0 +1,124 @@
+"""A checkpoint written by main at f00eda4 (``fixtures/f00eda4``) still loads, as saved
+and onto other shard counts, with the runtime learner's state beside it.
+
+The fixture (``fixtures/make_f00eda4.py`` in that commit's tree wrote it) is two shards of
+3 rows x 40 steps, prioritized, with episodes open at the save: checkpoint 4 full,
+checkpoint 5 incremental (reading rows from checkpoint 4's files).
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import shardreplay as sr
+from shardreplay import checkpoint, testing
+from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.plan import NewLayout
+from shardreplay.spec import StepType
+from tests.checkpoint.helpers import fill_random, make_buffer, stored_steps
+
+FIXTURES = Path(__file__).parent / "fixtures"
+STREAMS, CAPACITY = 3, 40
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A copy of the fixture (a load must find it as saved, and never change it)."""
+    return Path(shutil.copytree(FIXTURES / "f00eda4", tmp_path / "f00eda4"))
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / "f00eda4-expected.npz", allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _steps(ctr: np.ndarray, priority: np.ndarray) -> Counter[tuple[int, float]]:
+    """Steps as (ctr, priority) pairs, counted (the two fills reused their clocks, so a
+    ``ctr`` can occur twice in a row)."""
+    return Counter(zip(ctr.tolist(), priority.tolist(), strict=True))
+
+
+def _union(expected: dict[str, np.ndarray]) -> Counter[tuple[int, float]]:
+    return sum((_steps(expected[f"{s}.ctr"], expected[f"{s}.priority"]) for s in (0, 1)), Counter())
+
+
+def _filled(streams: int, capacity: int, seed: int) -> sr.ReplayBuffer:
+    local = make_buffer(streams, capacity, seed=seed)
+    fill_random(local, 7, seed=seed)  # content a load replaces
+    return local
+
+
+def test_fixture_has_what_it_claims(expected: dict[str, np.ndarray]) -> None:
+    for s in (0, 1):  # episodes open at the save (an exact load must put them back open)
+        types, rows = expected[f"{s}.step_type"], expected[f"{s}.row"]
+        last = np.array([types[rows == r][-1] for r in range(STREAMS)])
+        assert (last != StepType.LAST).any()
+        assert expected[f"{s}.draws"] > 0 and len(np.unique(expected[f"{s}.priority"])) > 10
+
+
+def test_both_checkpoints_are_complete(root: Path) -> None:
+    assert checkpoint.list_checkpoints(root) == [4, 5]
+    assert checkpoint.latest_complete(root) == 5
+    assert all(checkpoint.is_complete(checkpoint.checkpoint_dir(root, c)) for c in (4, 5))
+
+
+def test_loads_as_saved_on_two_shards(root: Path, expected: dict[str, np.ndarray]) -> None:
+    for s in (0, 1):
+        local = _filled(STREAMS, CAPACITY, seed=50 + s)
+        report = _load_one(checkpoint.checkpoint_dir(root, 5), local, s, 2)
+        assert report.exact and (report.checkpoint_id, report.saved_shards) == (5, 2)
+        assert report.saved_steps == sum(expected[f"{k}.ctr"].shape[0] for k in (0, 1))
+        got = stored_steps(local)
+        for name, values in got.items():
+            np.testing.assert_array_equal(values, expected[f"{s}.{name}"], err_msg=name)
+        np.testing.assert_array_equal(testing.positions(local), expected[f"{s}.positions"])
+        counters = testing.sampler_counters(local)
+        assert counters["max_priority"] == pytest.approx(float(expected[f"{s}.max_priority"]))
+        assert counters["draws"] == int(expected[f"{s}.draws"])
+        local.sample(8)  # the restored shard samples
+
+
+@pytest.mark.parametrize(("n", "capacity"), [(1, 3 * CAPACITY), (3, CAPACITY)])
+def test_loads_onto_other_shard_counts(root: Path, expected: dict[str, np.ndarray], n: int,
+                                       capacity: int) -> None:
+    layout = NewLayout.even(n, STREAMS, capacity)
+    steps: Counter[tuple[int, float]] = Counter()
+    for s in range(n):
+        local = _filled(STREAMS, capacity, seed=60 + s)
+        report = _load_one(checkpoint.checkpoint_dir(root, 5), local, s, n, layout=layout)
+        assert not report.exact and report.dropped_steps == 0
+        got = stored_steps(local)
+        steps += _steps(got["ctr"], got["priority"])
+    assert steps == _union(expected)
+
+
+def test_public_load_with_the_learner_state(root: Path, expected: dict[str, np.ndarray]) -> None:
+    local = make_buffer(STREAMS, 3 * CAPACITY, seed=3)
+    report = checkpoint.load(root, local, files=("learner_state.pt",))
+    assert report.checkpoint_id == 5 and report.steps == sum(_union(expected).values())
+    state = torch.load(io.BytesIO(report.files["learner_state.pt"]), weights_only=True)
+    torch.testing.assert_close(state["agent"]["q"]["weight"], torch.arange(6.0).reshape(2, 3))
+    assert int(state["agent"]["updates"]) == 37
+    # The runtime learner's record: counters, best evaluation, wall time, stored chunks.
+    assert report.extra["counters"] == {"env_steps": 5000, "updates": 5, "version": 15}
+    assert (report.extra["best_eval"], report.extra["wall_s"]) == (12.5, 16.25)
+    assert report.manifest is not None
+    ingest = [p.extra["ingest"] for p in report.manifest.parts]
+    assert ingest == [{"stored": {"7": [[0, 9]], "9": [[2, 3]]}}, {"stored": {"8": [[0, 9]], "10": [[2, 3]]}}]
+    restored = report.manifest.restored
+    assert restored is not None and (restored.checkpoint_id, restored.steps) == (2, 82)
+
+
+def test_the_older_full_checkpoint_loads_too(root: Path) -> None:
+    local = make_buffer(STREAMS, 3 * CAPACITY, seed=4)
+    report = checkpoint.load(root, local, checkpoint_id=4)
+    assert report.checkpoint_id == 4 and report.dropped_steps == 0
+    assert report.steps == report.saved_steps > 0
