@@ -4,7 +4,7 @@ Three rooms, each importing only the ones before it (and the shared modules):
 
 - ``actor/``: an actor process (``loop``: step a vector env, ship chunks), its settings,
   the chunker, and ``processes`` (actor pools and child processes that always end).
-- ``learner/``: one learner rank (``loop.Learner``) and its parts: ingest and the journal,
+- ``learner/``: one learner rank (``loop.Learner``) and its parts: ingest and its log,
   stored ids, the DQN, evaluation, metrics, the per-iteration sync, reports, resume.
 - ``launch/``: ``launcher.train``, which starts learner ranks (spawned or under torchrun).
 

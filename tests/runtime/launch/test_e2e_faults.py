@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from shardreplay.runtime.learner.journal import CRASHED
+from shardreplay.runtime.learner.wal import CRASHED
 from shardreplay.transport.redis import RedisWriter
 from tests.runtime.e2e_helpers import (
     account,

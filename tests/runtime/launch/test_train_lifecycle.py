@@ -138,7 +138,7 @@ def test_resume_continues_counters_and_replay_on_another_number_of_learners(tmp_
         previous = summary
     assert previous["env_steps"] >= 3 * budget
     # Every life stopped cleanly: no chunk was acknowledged and then lost (no false report
-    # from the journals that each resume reads).
+    # from the logs that each resume reads).
     assert not (run_dir / "lost_chunks.jsonl").exists()
 
 

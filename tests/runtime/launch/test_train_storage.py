@@ -4,7 +4,7 @@ and the file-system half of the fault sweep).
 Each cell puts one target of the run on its own tiny tmpfs and makes a real write fail
 there: no mocks, no hooks. A checkpoint part and the manifest fail by running out of
 inodes (tmpfs answers ENOSPC; a checkpoint of one rank creates exactly five files, so the
-count picks the write), the policy and the ingest journal by filling their file system
+count picks the write), the policy and the ingest log by filling their file system
 once the run has a complete checkpoint, a spool by being smaller than the actors' queue.
 A read-only run directory and a read-only spool are read-only tmpfs mounts (root ignores
 ``chmod``). Every failing cell must end with exit code 2, exactly one stderr line naming
@@ -175,16 +175,16 @@ def test_a_full_policy_directory_ends_the_run_with_one_line_and_resumes(
     _auto_resume_completes(run_dir, tmp_path)
 
 
-def test_a_full_journal_on_one_of_two_ranks_stops_both_and_resumes(
+def test_a_full_ingest_log_on_one_of_two_ranks_stops_both_and_resumes(
         tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
-    # A checkpoint starts a new journal file: its first record needs a new page, which a
+    # A checkpoint starts a new log segment: its first record needs a new page, which a
     # full file system refuses (on one rank or both; the first refusal is reported).
     run_dir = tmp_path / "run"
     ingest = tmpfs(run_dir / "ingest", "size=256k")
     args = ["--run-dir", str(run_dir), *SMALL, "--learners", "2", "--actors", "2", *LONG]
     with TrainRun(["train", *args], tmp_path, prefix="full-") as run:
         first = _first_complete(run_dir)
-        filler = _keep_full(ingest, run)  # a checkpoint deletes the journals it covers
+        filler = _keep_full(ingest, run)  # a checkpoint deletes the segments it covers
         assert run.leftovers() == [], run.explain()
     _assert_one_line(run, str(ingest / "shard-"), NO_SPACE)
     _assert_stopped_cleanly(run, run_dir, first)

@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import redis
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
-from shardreplay.runtime.learner.journal import CRASHED, IngestJournal, LossLog, read_old_journals
+from shardreplay.runtime.learner.wal import CRASHED, IngestLog, LogScan, LossLog, log_files, read_logs
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
 from shardreplay.transport.spool import chunk_file_name
@@ -178,40 +179,93 @@ def test_a_redis_restart_without_persistence_counts_the_entries_lost(redis_facto
     ingestor.close()
 
 
+def _read_back(ingestor: Ingestor, directory: Path, checkpoint: str) -> LogScan:
+    """What a new life does first: read the earlier lives' logs into ``ingestor``."""
+    scan = LogScan()
+    ingestor.replay(read_logs(log_files(directory), scan), 0, checkpoint=checkpoint)
+    return scan
+
+
 def test_chunks_acknowledged_after_the_checkpoint_of_a_crashed_learner_are_reported(tmp_path: Path) -> None:
-    """Life 1 stores 0..4, checkpoints, stores 5..9 (9 not acknowledged yet) and dies.
-    Life 2 restores the checkpoint: 9 comes again and is stored, 5..8 are reported lost."""
+    """Life 1 logs headers only (a medium whose chunks die with the learner), stores 0..4,
+    checkpoints, stores 5..9 (9 not acknowledged yet) and dies. Life 2 restores the
+    checkpoint: 9 comes again and is stored, 5..8 are reported lost."""
     run, transport = tmp_path / "run", _spool(tmp_path)
+    ingest = run / "ingest"
     writer = transport.writer()
-    life1 = _ingestor(transport.reader(), journal=IngestJournal(run / "ingest", 0))
+    life1 = _ingestor(transport.reader(), wal=IngestLog(ingest, 0, 1, keep_chunks=False, fsync=False))
     for q in range(5):
         writer.send(make_chunk(0, q))
     _drain_until(life1, 5, timeout_s=5)
     saved = life1.state_dict()  # checkpoint 3, complete
-    life1.journal.rotate(3, latest_complete=3)
+    life1.checkpointed(3, latest_complete=3)
     for q in range(5, 9):
         writer.send(make_chunk(0, q))
     _drain_until(life1, 9, timeout_s=5)
     writer.send(make_chunk(0, 9))
     while (0, 9) not in life1.stored:
-        life1.drain(8, 1.0, 0, ack=False)  # stored and journaled; its acknowledgement never goes out
-    life1.journal.close()  # SIGKILL: the kernel closes its files, the journal's writes are in
+        life1.drain(8, 1.0, 0, ack=False)  # stored and logged; its acknowledgement never goes out
+    assert life1.wal is not None and life1.wal.segment_bytes == 5 * 72  # headers, no chunk bytes
+    life1.wal.close()  # SIGKILL: the kernel closes its files, the log's writes are in
     life1.reader.close()  # ... and its spool lock; chunk 9 was never acknowledged
 
     stored = merge_stored([saved])
-    old = read_old_journals(run / "ingest", lambda k: k == 0, stored, "3")
-    assert old.suspects == {(0, q): 8 for q in range(5, 10)}
     losses = LossLog(run, 0)
-    life2 = _ingestor(transport.reader(), journal=IngestJournal(run / "ingest", 0), losses=losses,
-                      suspects=old, stored=stored)
+    old = log_files(ingest)
+    life2 = _ingestor(transport.reader(), losses=losses, stored=stored)
+    _read_back(life2, ingest, "3")
+    assert life2.suspects.chunks == {(0, q): 8 for q in range(5, 10)}
+    life2.wal = IngestLog(ingest, 0, 1, keep_chunks=False, fsync=False, inherited=old)
     _drain_until(life2, 1, timeout_s=5)
     assert _stored(life2) == {(0, 9): 8}
-    assert losses.report_lost(old) == (4, 32)
+    assert life2.report_lost() == (4, 32)
     records = [json.loads(line) for line in (run / "lost_chunks.jsonl").read_text().splitlines()]
     assert records == [{"actor_id": 0, "first": 5, "last": 8, "chunks": 4, "steps": 32, "reason": CRASHED,
                         "rank": 0}]
-    assert [p.name for p in (run / "ingest").iterdir()] == [life2.journal.path.name]
+    life2.checkpointed(4, latest_complete=4)  # a complete checkpoint of this life: the old files go
+    assert [p.name for p in ingest.iterdir()] == [life2.wal.path.name]
     life2.close()
     # The next life finds only life 2's record of chunk 9, which its checkpoint would hold.
     stored.add(0, 9)
-    assert read_old_journals(run / "ingest", lambda k: k == 0, stored, "4").suspects == {}
+    life3 = _ingestor(transport.reader(), stored=stored)
+    _read_back(life3, ingest, "4")
+    assert life3.suspects.chunks == {}
+    life3.close()
+
+
+def test_the_journal_of_a_run_written_before_the_one_log_is_read_on_resume(tmp_path: Path) -> None:
+    """A run directory from before the journal was folded into the ingest log (main at
+    f00eda4) holds ``shard-<k>.<life>[.upto-<id>].journal`` files of 24-byte records
+    (actor id, sequence, steps). A resume reads them as header-only records: what the
+    checkpoint lacks and the medium does not deliver again is reported lost, what it
+    delivers again is not, a torn last record is ignored, and the files go with the
+    first complete checkpoint of the new life."""
+    run, transport = tmp_path / "run", _spool(tmp_path)
+    ingest = run / "ingest"
+    ingest.mkdir(parents=True)
+    record = struct.Struct("<qqq")
+    life = "1764990000000000000-4242"
+    # Sealed at checkpoint 3 (chunks 0..4, in the checkpoint), then the open file: 5..9
+    # and a torn tail (the process died inside a write).
+    (ingest / f"shard-0.{life}.upto-3.journal").write_bytes(b"".join(record.pack(0, q, 8) for q in range(5)))
+    (ingest / f"shard-0.{life}.journal").write_bytes(
+        b"".join(record.pack(0, q, 8) for q in range(5, 10)) + record.pack(0, 10, 8)[:11])
+    # Shard 1 of a two-shard life: rank 0 takes the shards that no longer exist.
+    (ingest / f"shard-1.{life}.journal").write_bytes(record.pack(1, 0, 8))
+    stored = merge_stored([{"stored": {"0": [[0, 4]]}}])
+    old = log_files(ingest)
+    assert len(old) == 3
+    life2 = _ingestor(transport.reader(), losses=LossLog(run, 0), stored=stored,
+                      wal=IngestLog(ingest, 0, 1, keep_chunks=False, fsync=False, inherited=old))
+    scan = _read_back(life2, ingest, "3")
+    assert scan.records == 11 and not scan.damaged
+    assert life2.suspects.chunks == {**{(0, q): 8 for q in range(5, 10)}, (1, 0): 8}
+    transport.writer().send(make_chunk(0, 9))  # delivered again: stored, not lost
+    _drain_until(life2, 1, timeout_s=5)
+    assert life2.report_lost() == (5, 40)
+    records = [json.loads(line) for line in (run / "lost_chunks.jsonl").read_text().splitlines()]
+    assert [(r["actor_id"], r["first"], r["last"], r["reason"]) for r in records] == \
+        [(0, 5, 8, CRASHED), (1, 0, 0, CRASHED)]
+    life2.checkpointed(4, latest_complete=4)
+    assert life2.wal is not None and [p.name for p in ingest.iterdir()] == [life2.wal.path.name]
+    life2.close()

@@ -9,8 +9,8 @@ import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
-from shardreplay.runtime.learner.journal import LossLog
 from shardreplay.runtime.learner.stored_ids import StoredIds
+from shardreplay.runtime.learner.wal import LossLog
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
 from tests.runtime.runtime_helpers import IDENT_SPEC, ident_counts, make_chunk

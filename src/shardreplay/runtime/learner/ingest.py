@@ -19,29 +19,31 @@ once in the buffer that survives any number of crashes: a chunk acknowledged is 
 checkpoint; one not acknowledged is delivered again and stored, or dropped because
 the restored record shows it is in the checkpoint already. The learner of
 ``shardreplay train`` acknowledges right after writing instead (holding
-acknowledgements until the next checkpoint would stall every actor on back-pressure):
-after a crash it never stores a chunk twice, and the chunks acknowledged since its last
-checkpoint are lost with it, counted (see :mod:`shardreplay.runtime.learner.journal`).
+acknowledgements until the next checkpoint would stall every actor on back-pressure),
+once the chunk is in the shard's ingest log (:mod:`shardreplay.runtime.learner.wal`):
+after a crash the next life replays the log on top of the checkpoint (:meth:`Ingestor.replay`),
+so it neither stores a chunk twice nor loses one it acknowledged. A chunk is *lost* only
+when it was logged and is in no checkpoint and no replay (a header-only log, kept for the
+``local`` ring whose actors die with the learner, or a resume that goes back to an older
+checkpoint on purpose); each one is counted in ``lost_chunks.jsonl``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CorruptChunkError, ShardReplayError
 from shardreplay.kernels.returns import track_returns
 from shardreplay.policy.broadcast import split_version
-from shardreplay.runtime.learner.journal import IngestJournal, LossLog, OldJournals
 from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
-from shardreplay.runtime.learner.wal import IngestLog, LogRecord
+from shardreplay.runtime.learner.wal import IngestLog, LogRecord, LossLog, Suspects
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import StepType
 from shardreplay.transport.base import ChunkReader
@@ -106,55 +108,50 @@ class Ingestor:
 
     Args:
         reader: this shard's transport reader.
-        buffer: this shard's buffer.
+        buffer: the buffer it writes to: this shard's ``ReplayBuffer``, or the rank's
+            ``ShardedReplayBuffer`` (it writes into the local shard under the buffer's
+            lock: a pipelined buffer's background thread draws from the shard meanwhile).
         settings: the run's settings (rows of streams).
         stored: the chunks already in ``buffer`` (restored from a checkpoint with
             :func:`merge_stored`); None for none.
         shard: this shard's index (its rank).
-        journal: where to journal stored identities before acknowledging them
-            (:class:`IngestJournal`); None keeps no journal.
-        losses: where rejected chunks and entries the medium lost are recorded
-            (:class:`LossLog`); None only logs and counts them.
-        suspects: chunks an earlier life acknowledged that the checkpoint lacks; those
-            stored again are cleared from it.
-        write_lock: held around each write into ``buffer`` (a pipelined sharded
-            buffer's ``write_lock``: its background thread draws from the shard).
-        wal: the shard's write-ahead log: stored chunks are appended to it before they
-            are acknowledged; None keeps none.
+        losses: where rejected chunks, entries the medium lost and, at the first
+            checkpoint, the suspects still missing are recorded (:class:`LossLog`); None
+            only logs and counts them.
+        wal: the shard's ingest log: stored chunks (or their headers) are appended to it
+            before they are acknowledged; None keeps none.
     """
 
-    def __init__(self, reader: ChunkReader, buffer: ReplayBuffer, settings: TrainSettings,
-                 stored: StoredIds | None = None, *, shard: int = 0, journal: IngestJournal | None = None,
-                 losses: LossLog | None = None, suspects: OldJournals | None = None,
-                 write_lock: AbstractContextManager | None = None, wal: IngestLog | None = None) -> None:
+    def __init__(self, reader: ChunkReader, buffer: ReplayBuffer | ShardedReplayBuffer,
+                 settings: TrainSettings, stored: StoredIds | None = None, *, shard: int = 0,
+                 losses: LossLog | None = None, wal: IngestLog | None = None) -> None:
         self.reader = reader
-        self.buffer = buffer
+        self._sink = buffer  # writes go through it (a sharded buffer takes its lock)
+        self.buffer = buffer.local if isinstance(buffer, ShardedReplayBuffer) else buffer
         self.settings = settings
         self._streams = settings.streams  # the routing, built once (used per chunk)
         self.shard = shard
         self.stored = stored if stored is not None else StoredIds()
-        self.journal = journal
         self.losses = losses
-        self.suspects = suspects
+        self.suspects = Suspects()
         self.wal = wal
-        self._write_lock = write_lock or contextlib.nullcontext()
         self._last_written: dict[int, int] = {}  # per actor: the sequence this life wrote last
         self._unacked: list[Chunk] = []
         self.total_rejected = 0  # over the ingestor's life (``stats`` are per window)
         self.total_duplicates = 0
         self._warned: set[tuple[int, str]] = set()
-        self._running = np.zeros(buffer.num_streams, np.float64)
+        self._running = np.zeros(self.buffer.num_streams, np.float64)
         self.stats = IngestStats()
         # The last finished episode of each stream: a recent mean over all streams that
         # near-random streams (short episodes, many of them) can not dominate.
-        self.last_return = np.full(buffer.num_streams, np.nan)
+        self.last_return = np.full(self.buffer.num_streams, np.nan)
         self._finished = np.empty(0, np.float64)  # scratch: returns finished in one chunk
 
     def drain(self, max_chunks: int, timeout_s: float, policy_version: int, *, ack: bool = True) -> int:
         """Receive up to ``max_chunks`` chunks and write them; returns steps written.
 
-        The chunks written go to the write-ahead log, and their identities to the
-        journal (each if any), before any acknowledgement is sent.
+        The chunks written go to the ingest log (if any) before any acknowledgement
+        is sent.
 
         Args:
             max_chunks: chunks to take at most.
@@ -165,36 +162,34 @@ class Ingestor:
 
         Raises:
             TransportError: the medium failed for good (see ``ChunkReader.receive``).
-            OSError: the log or the journal could not be written (nothing is
-                acknowledged then; the chunks are in the buffer, and the medium delivers
-                them again to the next life).
+            OSError: the log could not be written (nothing is acknowledged then; the
+                chunks are in the buffer, and the medium delivers them again to the next
+                life).
         """
         # Borrowed: written into the buffer below, before the next receive (the local
         # ring then decodes in place); held chunks are only acknowledged later.
         chunks = self.reader.receive(max_chunks, timeout_s=timeout_s, borrow=True)
         self._record_dropped()
         written = 0
-        records: list[tuple[int, int, int]] = []
-        logged: list[tuple[memoryview, int, int, int, int]] = []
+        keep = self.wal is not None and self.wal.keep_chunks
+        logged: list[tuple[memoryview | None, int, int, int, int]] = []
         for chunk in chunks:
             prev = self._last_written.get(chunk.actor_id, -1)
             steps = self._write(chunk, policy_version)
             written += steps
             if steps:
-                records.append((chunk.actor_id, chunk.sequence, steps))
-                if self.wal is not None:
-                    logged.append((self._wire(chunk), chunk.actor_id, chunk.sequence, prev, steps))
+                logged.append((self._wire(chunk) if keep else None, chunk.actor_id, chunk.sequence, prev,
+                               steps))
         if logged and self.wal is not None:
             self.wal.append(logged)
-        if records and self.journal is not None:
-            self.journal.append(records)
         if chunks and ack:
             self.reader.ack(chunks)
         elif chunks:
             self._unacked.extend(chunks)
         return written
 
-    def replay(self, records: Iterable[LogRecord], policy_version: int) -> ReplayCounts:
+    def replay(self, records: Iterable[LogRecord], policy_version: int, *, write: bool = True,
+               checkpoint: str = "none") -> ReplayCounts:
         """Write the logged chunks that ``stored`` lacks (the restored checkpoint's
         record), in the order logged; call it before the first :meth:`drain`.
 
@@ -203,15 +198,27 @@ class Ingestor:
         logged chunk may hold streams of several shards now: this shard writes the ones
         it owns, and every rank reads every log. Nothing is acknowledged: the log holds
         these chunks until a checkpoint of this life is complete.
+
+        A record this shard cannot replay (header-only, or every one with ``write``
+        False: a resume that goes back to checkpoint ``checkpoint`` on purpose) that
+        ``stored`` lacks is a *suspect* (:attr:`suspects`), counted by the shard that
+        wrote it (rank 0 also takes the shards that no longer exist): lost, unless the
+        medium delivers it again before :meth:`report_lost`.
         """
         counts = ReplayCounts()
+        self.suspects.checkpoint = checkpoint
         # The actor whose replayed chunk each row got last (-1: none yet): where that is
         # not the actor now writing (an actor this life no longer runs shares its stand-in's
         # rows), the new chunk starts new episodes instead of continuing another's steps.
         writers = np.full(self.buffer.num_streams, -1, np.int64)
+        world = self.settings.learners.count
         for rec in records:
             if (rec.actor_id, rec.sequence) in self.stored:
                 counts.held += 1
+                continue
+            if rec.data is None or not write:
+                if rec.shard == self.shard or (self.shard == 0 and rec.shard >= world):
+                    self.suspects.chunks[(rec.actor_id, rec.sequence)] = rec.steps
                 continue
             try:
                 # Checksummed when logged and when read: no size guard needed here.
@@ -288,38 +295,43 @@ class Ingestor:
             self.reader.ack(chunks)
         return len(chunks)
 
+    def report_lost(self) -> tuple[int, int]:
+        """Record the suspects the medium did not deliver again as lost (call it when a
+        checkpoint of this life is saved: they are in no checkpoint and no replay).
+        Returns ``(chunks, steps)``; (0, 0) without a loss log."""
+        if self.losses is None or not self.suspects.chunks:
+            return 0, 0
+        return self.losses.report_lost(self.suspects)
+
     def checkpointed(self, checkpoint_id: int, latest_complete: int | None) -> None:
-        """This shard saved its part of ``checkpoint_id``: seal the log segment and rotate
-        the journal (both then cover it), and free what the complete checkpoint
-        ``latest_complete`` holds.
+        """This shard saved its part of ``checkpoint_id``: seal the log segment (it then
+        covers it) and free what the complete checkpoint ``latest_complete`` holds.
 
         Raises:
-            OSError: a new log segment or journal file cannot be created.
+            OSError: a new log segment cannot be created.
         """
-        if self.journal is not None:
-            self.journal.rotate(checkpoint_id, latest_complete)
         if self.wal is not None:
             self.wal.seal(checkpoint_id)
             self.wal.trim(latest_complete)
 
     def log_full(self) -> bool:
-        """Whether the log's open segment holds a shard's capacity of steps (older ones
-        are overwritten in the ring by then): time for a checkpoint, which trims it."""
-        return self.wal is not None and self.wal.segment_steps >= self.buffer.capacity
+        """Whether the log's open segment keeps a shard's capacity of steps in chunks
+        (older ones are overwritten in the ring by then): time for a checkpoint, which
+        trims it. A header-only log never fills."""
+        wal = self.wal
+        return wal is not None and wal.keep_chunks and wal.segment_steps >= self.buffer.capacity
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready state to save with a checkpoint: ``{"stored": {actor: [[lo, hi], ...]}}``."""
         return self.stored.state_dict()
 
     def close(self) -> None:
-        """Close the reader (sends acknowledgements it still queues), the log and the journal."""
+        """Close the reader (sends acknowledgements it still queues) and the log."""
         try:
             self.reader.close()
         finally:
             if self.wal is not None:
                 self.wal.close()
-            if self.journal is not None:
-                self.journal.close()
 
     def _write(self, chunk: Chunk, policy_version: int, route: int | None = None) -> int:
         """Write ``chunk`` into the shard (the streams of actor ``route``, default its
@@ -339,8 +351,7 @@ class Ingestor:
                 raise ShardReplayError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
                                        f"beyond this shard's {self.buffer.num_streams}")
             steps = self._steps_in_order(chunk)
-            with self._write_lock:  # a pipelined sharded buffer draws from it meanwhile
-                self.buffer.extend(steps, stream_ids=rows, priorities=chunk.priorities)
+            self._sink.extend(steps, stream_ids=rows, priorities=chunk.priorities)
         except ShardReplayError as exc:
             self.stats.rejected += 1
             self.total_rejected += 1
@@ -352,8 +363,7 @@ class Ingestor:
             return 0
         self.stored.add(chunk.actor_id, chunk.sequence)
         self._last_written[chunk.actor_id] = chunk.sequence
-        if self.suspects is not None:
-            self.suspects.discard(chunk.identity)
+        self.suspects.discard(chunk.identity)
         self._track_returns(rows, steps["reward"], steps["step_type"])
         n = chunk.num_streams * chunk.num_steps
         self.stats.steps += n

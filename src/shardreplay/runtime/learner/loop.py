@@ -39,7 +39,6 @@ from shardreplay.runtime.devices import place
 from shardreplay.runtime.envs import describe_env
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts
-from shardreplay.runtime.learner.journal import IngestJournal, LossLog, read_old_journals
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.learner.report import MetricsWindow, RunCounts, metrics_row, stop_reason
 from shardreplay.runtime.learner.resume import commit_resume, learner_state_files, restore
@@ -60,7 +59,7 @@ from shardreplay.runtime.learner.sync import (
     make_limiter,
     minutes_due,
 )
-from shardreplay.runtime.learner.wal import IngestLog, LogScan, log_files, read_logs
+from shardreplay.runtime.learner.wal import IngestLog, LogScan, LossLog, log_files, read_logs
 from shardreplay.runtime.policy_file import best_return, keep_if_best, policy_metadata
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
@@ -108,22 +107,17 @@ class Learner:
         self._pending: checkpoint.PendingSave | None = None  # a background save in flight
         self._complete: int | None = None  # the newest checkpoint this life saw complete
         self._saved_at = time.monotonic()  # the last save (rank 0's clock times periodic ones)
-        restored = "none"
+        self.restored = "none"  # the id of the checkpoint restored (for loss reports)
         # A resumed life is recorded (run.json, config.json) only once every rank restored;
         # until then every rank takes the life that comes next from the files as they are.
         self.lineage = Lineage((upcoming_life(self.run_dir, settings.transport.run_id) if resume
                                 else read_identity(self.run_dir)) or RunIdentity("", 0))
         if resume:
-            restored = self._resume(checkpoint_id)
+            self.restored = self._resume(checkpoint_id)
             if self.rank == 0:
                 self.progress.best_eval = max(self.progress.best_eval, best_return(self.run_dir))
                 commit_resume(self.run_dir, self.lineage.identity, settings.to_dict(),
                               newer_than=checkpoint_id)
-        # Before this life opens its journal: the chunks earlier lives acknowledged that
-        # the checkpoint lacks (rank 0 also takes the shards that no longer exist).
-        self.lineage.old_journals = read_old_journals(
-            self.run_dir / "ingest", lambda k: k == self.rank or (self.rank == 0 and k >= self.world),
-            self.lineage.stored, restored)
         self.losses = LossLog(self.run_dir, self.rank)
         self.foreign = log_foreign_backlog(settings.transport.url, self.rank, self.lineage.identity.run_id)
         transport = transport or shard_transport(
@@ -132,10 +126,8 @@ class Learner:
             actors=settings.actors_of_shard(self.rank),
             chunk_size_bytes=chunk_bytes(spec, settings.actors.envs_per_actor,
                                          settings.actors.chunk_steps))
-        self.ingestor = Ingestor(transport.reader(), self.buffer.local, settings, self.lineage.stored,
-                                 shard=self.rank, journal=IngestJournal(self.run_dir / "ingest", self.rank),
-                                 losses=self.losses, suspects=self.lineage.old_journals,
-                                 write_lock=self.buffer.write_lock)
+        self.ingestor = Ingestor(transport.reader(), self.buffer, settings, self.lineage.stored,
+                                 shard=self.rank, losses=self.losses)
         self.replayed, self.log_scan = self._open_log(scheme_of(settings.transport.url) != "local",
                                                       resume_newest=checkpoint_id is None)
         self._trimmed_at = time.monotonic()
@@ -154,25 +146,25 @@ class Learner:
         self.actors = ActorPool(actors, reach if local else None, settings.actors.max_restarts)
 
     def _open_log(self, durable: bool, resume_newest: bool) -> tuple[ReplayCounts, LogScan]:
-        """Replay the write-ahead logs earlier lives left (on top of the restored
-        checkpoint, or of an empty buffer when none was complete), then open this life's
-        (a collective: every rank lists the old files before any rank opens its new one).
+        """Replay the ingest logs earlier lives left (on top of the restored checkpoint,
+        or of an empty buffer when none was complete), then open this life's (a
+        collective: every rank lists the old files before any rank opens its new one).
 
         A ``local`` medium acknowledges nothing that outlives the learner (its actors
-        die with it): no log. ``--resume --checkpoint-id N`` goes back to an older
-        checkpoint on purpose: the logs, newer than the newest one, are not replayed.
+        die with it): its log keeps headers only, for the loss report.
+        ``--resume --checkpoint-id N`` goes back to an older checkpoint on purpose: the
+        logs, newer than the newest one, are not replayed (what they hold is reported
+        lost unless the medium delivers it again).
         """
         counts, scan = ReplayCounts(), LogScan()
-        if not durable:
-            return counts, scan
         directory = self.run_dir / "ingest"
         old = log_files(directory)
-        if resume_newest:
-            counts = self.ingestor.replay(read_logs(old, scan, owns_actor=self._owns_actor),
-                                          self.policy_version)
-        elif old:
+        if not resume_newest and old:
             log.warning("rank %d: resuming from an older checkpoint on purpose: the %d ingest log file(s) "
                         "of later chunks are not replayed", self.rank, len(old))
+        counts = self.ingestor.replay(
+            read_logs(old, scan, owns_actor=self._owns_actor if resume_newest else None), self.policy_version,
+            write=resume_newest, checkpoint=self.restored)
         mine = torch.tensor([counts.stored, counts.steps, counts.held, len(scan.torn), len(scan.damaged),
                              counts.rerouted], dtype=torch.int64)
         total = [int(v) for v in internals_of(self.buffer).collectives.all_reduce_sum(mine, "log replay")]
@@ -182,7 +174,7 @@ class Learner:
                     "again (%d of them of actors this life no longer runs, written to the streams of "
                     "actor id %% --actors), %d already held; %d torn and %d damaged record(s) ignored",
                     total[0], total[1], total[5], total[2], total[3], total[4])
-        self.ingestor.wal = IngestLog(directory, self.rank, self.world, fsync=True,
+        self.ingestor.wal = IngestLog(directory, self.rank, self.world, keep_chunks=durable, fsync=durable,
                                       fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else ())
         return counts, scan
 
@@ -256,14 +248,13 @@ class Learner:
         extra = {"counters": dict(self.progress.counters), "best_eval": best,
                  "wall_s": self.progress.wall_s(),
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
-        if self.lineage.old_journals.files:  # what the medium gave back by now was not lost
-            self.losses.report_lost(self.lineage.old_journals)
+        self.ingestor.report_lost()  # what the medium gave back by now was not lost
         kwargs: dict[str, Any] = {"extra": extra, "restored": self.lineage.restored, "files": files,
                                   "keep_last": self.s.checkpoints.keep_last, "incremental": True}
         if background:
             self._pending = checkpoint.save_in_background(self.buffer, self._ckpt_root, cid, **kwargs)
-            # Chunks stored from now on are not in this checkpoint: a new journal file; the
-            # files of the newest checkpoint known complete go.
+            # Chunks stored from now on are not in this checkpoint: a new log segment; the
+            # segments of the newest checkpoint known complete go.
             self.ingestor.checkpointed(cid, self._complete)
             return
         checkpoint.save(self.buffer, self._ckpt_root, cid, **kwargs)
@@ -409,7 +400,7 @@ class Learner:
             wal.trim(newest)
 
     def _drain(self, wait_s: float) -> None:
-        """Take chunks in. A refused journal write leaves them stored but unacknowledged
+        """Take chunks in. A refused log write leaves them stored but unacknowledged
         (the medium gives them again to the next life; the checkpoint's record drops
         those it holds): nothing is lost, and the rank votes to stop."""
         with self.storage.writing():

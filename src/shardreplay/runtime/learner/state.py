@@ -2,7 +2,7 @@
 
 - :class:`Progress`: what the run did so far (counters, evaluations, the metrics window).
 - :class:`Lineage`: where this life comes from (identity, the restored checkpoint, the
-  chunks it holds, what earlier lives' journals say).
+  chunks it holds).
 - :class:`StorageGuard`: the first write the file system refused, kept instead of raised.
 """
 
@@ -18,7 +18,6 @@ from typing import Any
 
 from shardreplay._io import storage_error
 from shardreplay.errors import ShardReplayError, StorageError
-from shardreplay.runtime.learner.journal import OldJournals
 from shardreplay.runtime.learner.report import MetricsWindow
 from shardreplay.runtime.learner.stored_ids import StoredIds
 from shardreplay.runtime.learner.sync import LoopSync
@@ -77,7 +76,6 @@ class Lineage:
         resumed: the restore report (None: a fresh run).
         last_checkpoint: the newest checkpoint id saved or found: ids only grow, so a save
             never meets a complete one.
-        old_journals: chunks earlier lives acknowledged that the checkpoint lacks.
     """
 
     identity: RunIdentity
@@ -85,7 +83,6 @@ class Lineage:
     restored: dict[str, int] | None = None
     resumed: dict[str, Any] | None = None
     last_checkpoint: int = -1
-    old_journals: OldJournals = field(default_factory=OldJournals)
 
 
 class StorageGuard:

@@ -1,4 +1,4 @@
-"""The ingest write-ahead log: what a shard acknowledged survives the learner's death.
+"""The ingest log: what a shard acknowledged survives the learner's death, or is counted.
 
 A durable medium (``file://`` spool, Redis stream) forgets a chunk once it is
 acknowledged, and a checkpoint holds only what was stored before it. So each shard
@@ -9,18 +9,28 @@ chunks that checkpoint holds already (its stored-chunk record,
 :class:`~shardreplay.runtime.learner.stored_ids.StoredIds`). Nothing acknowledged is lost,
 and nothing is stored twice.
 
+*Header-only records.* With the ``local`` ring nothing outlives the learner (its actors
+die with it), so the log keeps only each chunk's header (``keep_chunks=False``): a chunk
+logged and in no checkpoint and no replay is *lost*, and :class:`LossLog` records it
+(``reason: "acknowledged_then_learner_crashed"``) at the next life's first checkpoint,
+unless the medium delivered it again by then. The same holds for the records a
+``--resume --checkpoint-id N`` does not replay (it goes back on purpose).
+
 Files: ``<run_dir>/ingest/shard-<k>.<life>.wal`` is the segment this life appends to; at
 each checkpoint ``<id>`` the shard seals it (renamed ``shard-<k>.<life>.upto-<id>.wal``)
 and starts a new one. A sealed segment is deleted once a complete checkpoint ``>= <id>``
-exists (the log holds only chunks newer than the newest complete checkpoint); segments
-of earlier lives are deleted by rank 0 once a checkpoint of this life is complete (it
-holds what they replayed).
+exists (the log holds only chunks newer than the newest complete checkpoint); files of
+earlier lives are deleted by rank 0 once a checkpoint of this life is complete (it holds
+what they replayed). Runs written before this log took over the loss accounting also
+left an identity journal, ``shard-<k>.<life>[.upto-<id>].journal`` (24-byte records: actor
+id, sequence, steps): a resume reads it as header-only records of shard ``k`` and deletes
+it as any file of an earlier life.
 
 Record (little-endian; never pickle)::
 
-    offset 0   magic b"SRWL", version (uint8), 3 zero bytes              8 bytes
+    offset 0   magic b"SRWL", version (uint8), flags (uint8), 2 zero bytes 8 bytes
            8   shard, world (uint32 each): who wrote it, of how many       8 bytes
-          16   length of the chunk bytes (uint64)                          8 bytes
+          16   length of the chunk bytes (uint64; 0 in a header-only record) 8 bytes
           24   actor id, sequence (int64)                                 16 bytes
           40   previous sequence this shard wrote of that actor (-1: none) 8 bytes
           48   steps in the chunk (int64)                                  8 bytes
@@ -28,10 +38,11 @@ Record (little-endian; never pickle)::
           64   XXH64 of bytes 0..63                                        8 bytes
           72   the chunk bytes, as received (a transport chunk, packed or not)
 
-A record is valid only whole with both checksums right. The first invalid record ends
-the reading of its file: at the end of the file it is *torn* (the process died inside
-the write; that chunk was never acknowledged, so the medium delivers it again); with
-bytes after it, the file is damaged. Both are reported (:class:`LogScan`), never used.
+Flags: bit 0 set = header-only (the chunk bytes were not kept). A record is valid only
+whole with both checksums right. The first invalid record ends the reading of its file:
+at the end of the file it is *torn* (the process died inside the write; that chunk was
+never acknowledged, so the medium delivers it again); with bytes after it, the file is
+damaged. Both are reported (:class:`LogScan`), never used.
 
 Durability (``fsync``): the bytes of each batch go out in one ``os.writev`` before the
 acknowledgement, so they survive the learner's process (SIGKILL, OOM) at once, in the
@@ -43,6 +54,7 @@ acknowledged in that last second; see docs/semantics.md for the measured costs.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -57,16 +69,21 @@ from typing import BinaryIO
 from shardreplay._hashing import xxh3_64, xxh64
 from shardreplay._io import fsync_dir
 
-__all__ = ["IngestLog", "LogRecord", "LogScan", "read_logs"]
+__all__ = ["CRASHED", "IngestLog", "LogRecord", "LogScan", "LossLog", "Suspects", "log_files", "read_logs"]
 
 log = logging.getLogger("shardreplay.learner")
 MAGIC = b"SRWL"
 VERSION = 1
-_HEAD = struct.Struct("<4sB3xIIQqqqqQ")  # through the chunk's checksum (64 bytes)
+HEADER_ONLY = 1  # flags bit 0: the chunk bytes were not kept
+_HEAD = struct.Struct("<4sBB2xIIQqqqqQ")  # through the chunk's checksum (64 bytes)
 _DIGEST = struct.Struct("<Q")
 HEADER_BYTES = _HEAD.size + _DIGEST.size  # 72
-_FILE = re.compile(r"^shard-(\d+)\.(\d+)-(\d+)(?:\.upto-(\d+))?\.wal$")
+_EMPTY_DIGEST = xxh3_64(b"")
+_FILE = re.compile(r"^shard-(\d+)\.(\d+)-(\d+)(?:\.upto-(\d+))?\.(wal|journal)$")
+_JOURNAL = struct.Struct("<qqq")  # the identity journal of earlier versions: actor id, sequence, steps
 _IOV_MAX = 512  # buffers per writev (Linux allows 1024)
+LOST_FILE = "lost_chunks.jsonl"
+CRASHED = "acknowledged_then_learner_crashed"
 
 
 @dataclass(frozen=True)
@@ -74,12 +91,14 @@ class LogRecord:
     """One logged chunk.
 
     Attributes:
-        shard: the shard that wrote it; world: of how many shards.
+        shard: the shard that wrote it; world: of how many shards (-1: not recorded, an
+            earlier version's journal).
         actor_id, sequence: the chunk's identity.
         prev: the sequence that shard wrote of the actor just before (-1: none), so a
             replay rebuilds episode boundaries as the first write did.
         steps: steps in the chunk (``S * T``).
-        data: the chunk's bytes as received (decode with the transport codec).
+        data: the chunk's bytes as received (decode with the transport codec); None in a
+            header-only record.
     """
 
     shard: int
@@ -88,7 +107,7 @@ class LogRecord:
     sequence: int
     prev: int
     steps: int
-    data: bytes
+    data: bytes | None
 
 
 @dataclass
@@ -103,9 +122,15 @@ class LogScan:
 
 
 def pack_header(shard: int, world: int, actor_id: int, sequence: int, prev: int, steps: int,
-                data: memoryview | bytes) -> bytes:
-    """The 72-byte header of one record (see the module docstring)."""
-    head = _HEAD.pack(MAGIC, VERSION, shard, world, len(data), actor_id, sequence, prev, steps, xxh3_64(data))
+                data: memoryview | bytes | None) -> bytes:
+    """The 72-byte header of one record (see the module docstring); ``data`` None: a
+    header-only record."""
+    if data is None:
+        head = _HEAD.pack(MAGIC, VERSION, HEADER_ONLY, shard, world, 0, actor_id, sequence, prev, steps,
+                          _EMPTY_DIGEST)
+    else:
+        head = _HEAD.pack(MAGIC, VERSION, 0, shard, world, len(data), actor_id, sequence, prev, steps,
+                          xxh3_64(data))
     return head + _DIGEST.pack(xxh64(head))
 
 
@@ -115,22 +140,25 @@ class IngestLog:
     Args:
         directory: ``<run_dir>/ingest`` (created if missing).
         shard: this shard's index; world: the number of shards.
+        keep_chunks: log each chunk's bytes after its header (False: header-only
+            records, for a medium whose chunks die with the learner).
         fsync: ``fdatasync`` the log before a batch is acknowledged, at most every
             ``fsync_every_s`` (0: every batch; a batch appended sooner is acknowledged
             on the page cache alone).
         fsync_every_s: see ``fsync``.
-        inherited: files of earlier lives (replayed by this life); rank 0 passes them,
-            to delete them once a checkpoint of this life is complete.
+        inherited: files of earlier lives (read by this life); rank 0 passes them, to
+            delete them once a checkpoint of this life is complete.
 
     Raises:
         OSError: the directory or the file cannot be created.
     """
 
-    def __init__(self, directory: Path, shard: int, world: int, *, fsync: bool = True,
-                 fsync_every_s: float = 0.0, inherited: Sequence[Path] = ()) -> None:
+    def __init__(self, directory: Path, shard: int, world: int, *, keep_chunks: bool = True,
+                 fsync: bool = True, fsync_every_s: float = 0.0, inherited: Sequence[Path] = ()) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.shard, self.world, self.fsync = shard, world, fsync
+        self.keep_chunks = keep_chunks
         self.fsync_every_s = fsync_every_s
         self._synced_at = -math.inf
         self._life = f"{time.time_ns()}-{os.getpid()}"
@@ -161,9 +189,10 @@ class IngestLog:
         the earlier lives' files it is to delete)."""
         return self.segment_bytes + sum(b for _, _, b in self._sealed) + self.inherited_bytes
 
-    def append(self, chunks: Sequence[tuple[memoryview, int, int, int, int]]) -> None:
+    def append(self, chunks: Sequence[tuple[memoryview | None, int, int, int, int]]) -> None:
         """Append ``(data, actor_id, sequence, prev, steps)`` records in one write (and
-        ``fdatasync`` with ``fsync``). Call it before acknowledging them.
+        ``fdatasync`` with ``fsync``). Call it before acknowledging them. Without
+        ``keep_chunks`` only the headers are written (``data`` may be None).
 
         Raises:
             OSError: the write failed (the caller must not acknowledge then).
@@ -173,8 +202,10 @@ class IngestLog:
         parts: list[bytes | memoryview] = []
         steps = 0
         for data, actor, seq, prev, n in chunks:
-            parts.append(pack_header(self.shard, self.world, actor, seq, prev, n, data))
-            parts.append(data)
+            kept = data if self.keep_chunks else None
+            parts.append(pack_header(self.shard, self.world, actor, seq, prev, n, kept))
+            if kept is not None:
+                parts.append(kept)
             steps += n
         total = sum(len(p) for p in parts)
         try:
@@ -302,18 +333,35 @@ def read_logs(paths: Sequence[Path], scan: LogScan, *, owns_actor: Callable[[int
         paths: files from :func:`log_files`.
         scan: collects the files, counts and what was not usable.
         owns_actor: whether this shard owns any stream of an actor now (by the routing
-            of this life); the records of other actors are skipped unread. By actor, not
-            by the shard that wrote the record: a life with the same number of shards
+            of this life); the kept chunks of other actors are skipped unread. By actor,
+            not by the shard that wrote the record: a life with the same number of shards
             may route otherwise (another number of actors), and a skip by writer would
-            lose the streams that moved to this shard.
+            lose the streams that moved to this shard. Header-only records are all
+            yielded (the caller counts them by the shard that wrote them).
     """
     for path in paths:
         scan.files.append(path)
         try:
             with open(path, "rb") as f:
-                yield from _records(path, f, scan, owns_actor)
+                if path.name.endswith(".journal"):
+                    yield from _journal_records(path, f, scan)
+                else:
+                    yield from _records(path, f, scan, owns_actor)
         except FileNotFoundError:  # trimmed meanwhile by rank 0 (after a complete checkpoint)
             continue
+
+
+def _journal_records(path: Path, f: BinaryIO, scan: LogScan) -> Iterator[LogRecord]:
+    """An earlier version's identity journal as header-only records of its shard (a torn
+    last record, the process dying inside a write, is ignored as that version did)."""
+    m = _FILE.match(path.name)
+    shard = int(m.group(1)) if m is not None else -1
+    data = f.read()
+    scan.bytes += len(data)
+    usable = len(data) - len(data) % _JOURNAL.size
+    for actor, seq, steps in _JOURNAL.iter_unpack(data[:usable]):
+        scan.records += 1
+        yield LogRecord(shard, -1, actor, seq, -1, steps, None)
 
 
 def _records(path: Path, f: BinaryIO, scan: LogScan, owns: Callable[[int], bool] | None
@@ -325,10 +373,13 @@ def _records(path: Path, f: BinaryIO, scan: LogScan, owns: Callable[[int], bool]
         head = f.read(HEADER_BYTES)
         bad, end = _check_head(head), size
         if bad is None:
-            _m, _v, shard, world, length, actor, seq, prev, steps, digest = _HEAD.unpack_from(head)
+            _m, _v, flags, shard, world, length, actor, seq, prev, steps, digest = _HEAD.unpack_from(head)
             end = at + HEADER_BYTES + length
+            data: bytes | None = None
             if end > size:
                 bad = "truncated chunk bytes"
+            elif flags & HEADER_ONLY:
+                f.seek(length, os.SEEK_CUR)
             elif owns is not None and not owns(actor):
                 f.seek(length, os.SEEK_CUR)
                 at = end
@@ -360,3 +411,74 @@ def _check_head(head: bytes) -> str | None:
     if magic != MAGIC or version != VERSION:
         return f"not a version {VERSION} record"
     return None
+
+
+@dataclass
+class Suspects:
+    """The chunks earlier lives logged that neither the restored checkpoint holds nor
+    this life replayed (header-only records, or a resume that goes back on purpose):
+    lost unless the medium delivers them again before this life's first checkpoint."""
+
+    chunks: dict[tuple[int, int], int] = field(default_factory=dict)  # identity -> steps
+    checkpoint: str = "none"  # the checkpoint restored (for the report)
+
+    def discard(self, identity: tuple[int, int]) -> None:
+        """The medium delivered it again and it is stored now: not lost."""
+        self.chunks.pop(identity, None)
+
+
+class LossLog:
+    """Appends to ``<run_dir>/lost_chunks.jsonl`` one JSON object per run of consecutive
+    sequences, ``{"actor_id", "first", "last", "chunks", "steps", "reason", "rank"}``
+    (one ``os.write`` per record, so several ranks can append to the same file): the
+    chunks lost with a crashed learner (:class:`Suspects`), those rejected (removed from
+    the medium unstored) and the entries a medium lost (``actor_id`` -1 where the
+    identities are unknown, ``steps`` -1 where the count is).
+
+    Args:
+        run_dir: the run directory.
+        rank: the rank recorded with each entry.
+    """
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.path = Path(run_dir) / LOST_FILE
+        self.rank = rank
+
+    def record(self, actor_id: int, first: int, last: int, chunks: int, steps: int, reason: str) -> None:
+        """Append one entry (a file that cannot be written is logged, not raised: the
+        loss is in the log then)."""
+        line = json.dumps({"actor_id": actor_id, "first": first, "last": last, "chunks": chunks,
+                           "steps": steps, "reason": reason, "rank": self.rank}) + "\n"
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.error("cannot record a loss in %s (%s): %s", self.path, exc, line.strip())
+
+    def report_lost(self, suspects: Suspects) -> tuple[int, int]:
+        """Record the suspects still missing as lost (runs of consecutive sequences) and
+        log one line; clears them. Returns ``(chunks, steps)``."""
+        chunks, steps = len(suspects.chunks), sum(suspects.chunks.values())
+        for actor, first, last, n, s in _runs(suspects.chunks):
+            self.record(actor, first, last, n, s, CRASHED)
+        if chunks:
+            log.warning("rank %d: %d chunks (%d steps) acknowledged after checkpoint %s were lost with the "
+                        "crashed learner (listed in %s)", self.rank, chunks, steps, suspects.checkpoint,
+                        self.path)
+        suspects.chunks.clear()
+        return chunks, steps
+
+
+def _runs(chunks: dict[tuple[int, int], int]) -> list[tuple[int, int, int, int, int]]:
+    """``(actor, first, last, chunks, steps)`` per run of consecutive sequences."""
+    out: list[tuple[int, int, int, int, int]] = []
+    for (actor, seq), steps in sorted(chunks.items()):
+        if out and out[-1][0] == actor and out[-1][2] == seq - 1:
+            a, first, _, n, s = out[-1]
+            out[-1] = (a, first, seq, n + 1, s + steps)
+        else:
+            out.append((actor, seq, seq, 1, steps))
+    return out
