@@ -23,7 +23,8 @@ import yaml
 
 from shardreplay.cli.main import build_parser
 from shardreplay.cli.train import _settings
-from shardreplay.runtime.actor.loop import ActorSettings, RunInfo, resolve
+from shardreplay.policy.broadcast import RunInfo
+from shardreplay.runtime.actor.loop import ActorSettings, resolve
 from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.settings import TrainSettings
 from tests.support import environ

@@ -20,7 +20,7 @@ from shardreplay import (
     SpecMismatchError,
     testing,
 )
-from shardreplay.errors import InvalidKeyError
+from shardreplay.errors import IngestRejectedError, InvalidKeyError
 from tests.support.buffers import assert_same, snapshot
 
 # Overflowing casts are the point of some cases; numpy's warning about them is expected.
@@ -256,6 +256,6 @@ def test_bad_spec_and_schedule() -> None:
 
 
 def test_error_types_are_the_documented_builtin_subclasses() -> None:
-    for err in (ConfigError, SpecMismatchError, InvalidPriorityError, InvalidKeyError):
+    for err in (ConfigError, SpecMismatchError, InvalidPriorityError, InvalidKeyError, IngestRejectedError):
         assert issubclass(err, ValueError) and issubclass(err, ShardReplayError)
     assert issubclass(EmptyBufferError, RuntimeError) and issubclass(EmptyBufferError, ShardReplayError)

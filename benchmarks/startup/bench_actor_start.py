@@ -33,7 +33,7 @@ from common import cpus, emit_line, loadavg, median, parser, python
 PUBLISH = """
 import sys, torch
 from shardreplay.policy import open_publisher
-from shardreplay.runtime.qnet import QNetwork
+from shardreplay.runtime.algos.qnet import QNetwork
 torch.manual_seed(0)
 net = QNetwork(4, 2, tuple(int(h) for h in sys.argv[2:]))
 open_publisher(sys.argv[1]).publish(1, {k: v.detach() for k, v in net.state_dict().items()})

@@ -128,7 +128,7 @@ def make_net(name: str) -> Any:
     import torch
     from torch import nn
 
-    from shardreplay.runtime.qnet import QNetwork
+    from shardreplay.runtime.algos.qnet import QNetwork
 
     if name == "mlp":
         return QNetwork(64, ACTIONS, (512, 512, 512))

@@ -14,6 +14,7 @@ also from the built-in type a caller would reach for (``ValueError`` for bad inp
     │   └── PeerLost                               a peer's connection broke (it died?)
     ├── SamplerFailed               (RuntimeError) a background exchange failed earlier
     ├── StorageError                (RuntimeError) the file system refused a write (full, read-only)
+    ├── IngestRejectedError         (ValueError)   a learner shard cannot take an actor's chunk
     ├── CheckpointError             (RuntimeError)
     │   ├── IncompleteCheckpointError              a part or the manifest is missing
     │   └── CheckpointFormatError                  corrupt, truncated, wrong spec/version
@@ -37,6 +38,7 @@ __all__ = [
     "CorruptChunkError",
     "EmptyBufferError",
     "IncompleteCheckpointError",
+    "IngestRejectedError",
     "InvalidKeyError",
     "InvalidPriorityError",
     "PeerLost",
@@ -102,6 +104,14 @@ class StorageError(ShardReplayError, RuntimeError):
         super().__init__(message)
         self.path = path
         self.errno = errno
+
+
+class IngestRejectedError(ShardReplayError, ValueError):
+    """A learner shard cannot take a chunk an actor sent: streams routed to another shard
+    (the actor's ``--num-shards``), more streams than ``--envs-per-actor``, rows outside
+    the shard, or steps its buffer refuses. The learner removes it from the medium
+    unstored and records it in ``lost_chunks.jsonl``; restart the actor with the
+    learners' settings (leave them out: it takes the published ones)."""
 
 
 class CheckpointError(ShardReplayError, RuntimeError):

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.envs import EnvSource, describe_env, make_vector_env, parse_env_kwargs
-from shardreplay.runtime.networks import (
+from shardreplay.runtime.algos.networks import (
     MinAtarQNetwork,
     NatureQNetwork,
     choose_network,
     make_q_network,
 )
-from shardreplay.runtime.qnet import QNetwork
+from shardreplay.runtime.algos.qnet import QNetwork
+from shardreplay.runtime.envs import EnvSource, describe_env, make_vector_env, parse_env_kwargs
 from tests.support.gym_envs import write_blink_env
 
 

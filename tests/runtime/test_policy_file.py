@@ -23,9 +23,9 @@ from shardreplay.cli.main import main
 from shardreplay.errors import CheckpointFormatError, ConfigError
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.base import Agent
+from shardreplay.runtime.algos.networks import make_q_network
 from shardreplay.runtime.envs import EnvInfo, describe_env
 from shardreplay.runtime.learner.evaluate import evaluate
-from shardreplay.runtime.networks import make_q_network
 from shardreplay.runtime.policy_file import (
     POLICY_FORMAT,
     best_path,

@@ -27,9 +27,9 @@ import redis
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.errors import ConfigError
 from shardreplay.policy import open_publisher, open_subscriber
-from shardreplay.policy.broadcast import RUN_KEY, pack_version, split_version
+from shardreplay.policy.broadcast import RUN_KEY, RunInfo, pack_version, split_version
 from shardreplay.policy.file_backend import FilePublisher, weights_name
-from shardreplay.runtime.actor.loop import ActorSettings, RunInfo, StopFlag, run
+from shardreplay.runtime.actor.loop import ActorSettings, StopFlag, run
 from shardreplay.runtime.launch.launcher import prepare_run_dir
 from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.resume import commit_resume
@@ -220,7 +220,7 @@ def _run_meta(run_id: str, life: int, **settings: Any) -> dict[str, str]:
 def _publish(url: str, version: int, meta: dict[str, str], publisher: Any = None) -> Any:
     import torch
 
-    from shardreplay.runtime.qnet import QNetwork
+    from shardreplay.runtime.algos.qnet import QNetwork
 
     torch.manual_seed(version % 1000)
     publisher = publisher or open_publisher(url)

@@ -38,6 +38,7 @@ version (a new run on the same medium starts again from version 0).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import struct
@@ -54,9 +55,11 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "FINISHED",
     "PolicyPublisher",
     "PolicySubscriber",
     "PolicyUpdate",
+    "RunInfo",
     "SubscriberStats",
     "describe_version",
     "pack_version",
@@ -66,8 +69,10 @@ __all__ = [
 
 logger = logging.getLogger("shardreplay.policy")
 VERSION_KEY = "shardreplay.policy_version"
-# The JSON run description a training run publishes with its weights (see runtime.learner).
+# The JSON run description a training run publishes with its weights (:class:`RunInfo`).
 RUN_KEY = "shardreplay.run"
+# A tensor of this name in a published policy says: training is over, actors may exit.
+FINISHED = "shardreplay.finished"
 # A version's learner life sits above this many bits of update count.
 LIFE_SHIFT = 32
 
@@ -107,6 +112,47 @@ def run_id_of(meta: Mapping[str, str]) -> str:
     except ValueError:
         return ""
     return str(info.get("run_id", "")) if isinstance(info, dict) else ""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a training run publishes with its policy (:data:`RUN_KEY`).
+
+    Attributes:
+        run_id: the run (names its channels on the medium).
+        life: the learner life that published it.
+        env_steps: the run's environment steps at publishing (warm-up, seeds).
+        seed: the run's base seed.
+        transport: the learners' transport URL.
+        settings: the settings actors must share with the learners
+            (``shardreplay.runtime.actor.settings.AGREED``).
+    """
+
+    run_id: str
+    life: int
+    env_steps: int
+    seed: int | None
+    transport: str
+    settings: dict[str, Any]
+
+    def to_meta(self) -> dict[str, str]:
+        """Policy metadata carrying it."""
+        return {RUN_KEY: json.dumps(dataclasses.asdict(self), sort_keys=True)}
+
+    @classmethod
+    def of(cls, update: Any) -> RunInfo | None:
+        """The run description of a policy update; None when it has none (or a bad one)."""
+        raw = getattr(update, "meta", {}).get(RUN_KEY)
+        if not raw:
+            return None
+        try:
+            d = json.loads(raw)
+            return cls(str(d["run_id"]), int(d["life"]), int(d["env_steps"]),
+                       None if d.get("seed") is None else int(d["seed"]), str(d.get("transport", "")),
+                       dict(d.get("settings", {})))
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("policy: its run description is malformed (%s); ignoring it", exc)
+            return None
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ from shardreplay._io import atomic_write_bytes
 from shardreplay.checkpoint.manifest import incomplete_reason, load_manifest, read_covered
 from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigError
 from shardreplay.runtime.algos import algorithm
+from shardreplay.runtime.algos.networks import choose_network
 from shardreplay.runtime.envs import EnvInfo, EnvSource, describe_env, env_source
-from shardreplay.runtime.networks import choose_network
 from shardreplay.runtime.settings import TrainSettings
 
 __all__ = ["BEST", "POLICY_FORMAT", "Policy", "best_path", "best_return", "keep_if_best", "load_policy",

@@ -33,7 +33,7 @@ from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.transport.urls import file_url, parse_medium, with_policy_key
 
-# The Q-networks of runtime/networks.py and the chunk compressions of the transports
+# The Q-networks of runtime/algos/networks.py and the chunk compressions of the transports
 # (kept here, free of torch, so settings check them without importing either).
 NETWORKS = ("auto", "mlp", "nature", "minatar")
 # The algorithms of runtime/algos (by --algo name; each one module there).

@@ -14,9 +14,9 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import AGREED, ActorSettings, resolve
 from shardreplay.runtime.algos import ACTIONS, algorithm
 from shardreplay.runtime.algos.dqn_torch import DoubleDqn, DqnSettings
+from shardreplay.runtime.algos.qnet import QNetwork, apex_epsilons, epsilon_greedy
 from shardreplay.runtime.envs import EnvSource, describe_env
 from shardreplay.runtime.learner.sync import agreed_settings
-from shardreplay.runtime.qnet import QNetwork, apex_epsilons, epsilon_greedy
 from shardreplay.runtime.settings import ALGOS, TrainSettings
 
 
@@ -45,7 +45,7 @@ def test_algo_is_agreed_with_actors_and_a_contradiction_is_refused() -> None:
     settings = TrainSettings.from_dict({"algo": "sac", "env_id": "Pendulum-v1"})
     agreed = agreed_settings(settings, world=1)
     assert "algo" in AGREED and agreed["algo"] == "sac"
-    from shardreplay.runtime.actor.settings import RunInfo
+    from shardreplay.policy.broadcast import RunInfo
 
     info = RunInfo("r", 0, 0, 0, "local", agreed)
     assert resolve(ActorSettings(actor_id=0, policy_url="file:///p"), info).algo == "sac"

@@ -24,8 +24,8 @@ from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.dqn import DQN
 from shardreplay.runtime.algos.dqn_torch import EpsilonGreedyPolicy, q_network_of
 from shardreplay.runtime.algos.numpy_policy import NumpyEpsilonGreedyPolicy, NumpyQNetwork
+from shardreplay.runtime.algos.qnet import QNetwork
 from shardreplay.runtime.envs import EnvInfo
-from shardreplay.runtime.qnet import QNetwork
 from tests.runtime.runtime_helpers import publish_cartpole_policy
 
 CARTPOLE = EnvInfo((4,), np.dtype(np.float32), 2)

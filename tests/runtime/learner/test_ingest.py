@@ -116,6 +116,7 @@ def test_chunks_of_a_misconfigured_actor_never_enter_other_actors_rows(tmp_path:
         [(-1, -1, -1, 1, 0), (1, 0, 0, 1, 0), (0, 5, 5, 1, 0)]
     assert "not a chunk file name" not in lost[0]["reason"] and "name" in lost[0]["reason"]
     assert "--num-shards 2" in lost[1]["reason"] and "--envs-per-actor" in lost[2]["reason"]
+    assert lost[1]["reason"].startswith("rejected: actor 1 streams")  # an IngestRejectedError's message
     assert [r["steps"] for r in lost] == [-1, 8, 12]
     assert ident_counts(buffer.state_dict()["arrays"]["field.ident"]) == {(0, 0): 8, (2, 1): 8}
     assert ingestor.state_dict() == {"stored": {"0": [[0, 0]], "2": [[1, 1]]}}

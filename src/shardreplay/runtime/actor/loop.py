@@ -29,13 +29,11 @@ from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
 from shardreplay.gym.steps import GymStepConverter
 from shardreplay.policy import open_subscriber
-from shardreplay.policy.broadcast import describe_version, split_version, wait_for_policy
+from shardreplay.policy.broadcast import FINISHED, RunInfo, describe_version, split_version, wait_for_policy
 from shardreplay.runtime.actor.chunker import Chunker
 from shardreplay.runtime.actor.settings import (  # re-exported: the actor's public names
     AGREED,
-    FINISHED,
     ActorSettings,
-    RunInfo,
     actor_seed,
     resolve,
 )
@@ -50,7 +48,7 @@ from shardreplay.spec import StepType
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
-__all__ = ["AGREED", "FINISHED", "ActorSettings", "RunInfo", "StopFlag", "actor_seed", "resolve", "run"]
+__all__ = ["AGREED", "ActorSettings", "StopFlag", "actor_seed", "resolve", "run"]
 
 log = logging.getLogger("shardreplay.actor")
 _SAID_FULL: set[int] = set()  # actors that logged their spool full (once per process)

@@ -1,5 +1,7 @@
-"""What an actor needs to know of the run it serves: its settings, and the run
-description the learners publish with every policy (the settings actors must share).
+"""What an actor needs to know of the run it serves: its settings, and how the run
+description the learners publish with every policy
+(:class:`~shardreplay.policy.broadcast.RunInfo`) fills them in (the settings actors must
+share).
 
 Kept apart from the actor loop (:mod:`shardreplay.runtime.actor.loop`, which re-exports these
 names) so the learner and the CLI can build and check settings without the loop.
@@ -8,18 +10,14 @@ names) so the learner and the CLI can build and check settings without the loop.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from shardreplay.errors import ConfigError
-from shardreplay.policy.broadcast import RUN_KEY
+from shardreplay.policy.broadcast import RunInfo
 
 log = logging.getLogger("shardreplay.actor")
-# A tensor of this name in a published policy says: training is over, actors may exit.
-FINISHED = "shardreplay.finished"
-
 # Settings an actor must share with the learners it serves. The learners publish them
 # with every policy (RUN_KEY metadata); an actor takes those it leaves None, and one it
 # was given otherwise is an error (a remote actor with its own chunk size, queue or
@@ -114,46 +112,6 @@ class ActorSettings:
                               "must be >= 1")
         if not self.policy_url:
             raise ConfigError("policy_url is required (file:///dir or redis://host:port/db)")
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What a training run publishes with its policy (:data:`RUN_KEY`).
-
-    Attributes:
-        run_id: the run (names its channels on the medium).
-        life: the learner life that published it.
-        env_steps: the run's environment steps at publishing (warm-up, seeds).
-        seed: the run's base seed.
-        transport: the learners' transport URL.
-        settings: the values of :data:`AGREED`.
-    """
-
-    run_id: str
-    life: int
-    env_steps: int
-    seed: int | None
-    transport: str
-    settings: dict[str, Any]
-
-    def to_meta(self) -> dict[str, str]:
-        """Policy metadata carrying it."""
-        return {RUN_KEY: json.dumps(dataclasses.asdict(self), sort_keys=True)}
-
-    @classmethod
-    def of(cls, update: Any) -> RunInfo | None:
-        """The run description of a policy update; None when it has none (or a bad one)."""
-        raw = getattr(update, "meta", {}).get(RUN_KEY)
-        if not raw:
-            return None
-        try:
-            d = json.loads(raw)
-            return cls(str(d["run_id"]), int(d["life"]), int(d["env_steps"]),
-                       None if d.get("seed") is None else int(d["seed"]), str(d.get("transport", "")),
-                       dict(d.get("settings", {})))
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("policy: its run description is malformed (%s); ignoring it", exc)
-            return None
 
 
 def resolve(s: ActorSettings, info: RunInfo | None) -> ActorSettings:

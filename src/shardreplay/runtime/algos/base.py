@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from shardreplay.runtime.actor.settings import FINISHED, ActorSettings
+from shardreplay.policy.broadcast import FINISHED
+from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.base import ActorPolicy, network_weights
+from shardreplay.runtime.algos.network_kinds import choose_network
 from shardreplay.runtime.algos.numpy_policy import NumpyEpsilonGreedyPolicy, NumpyQNetwork, mlp_hidden
 from shardreplay.runtime.envs import EnvInfo, transition_spec
-from shardreplay.runtime.network_kinds import choose_network
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 
@@ -42,7 +42,7 @@ class DqnAlgorithm:
         Raises:
             ConfigError: a network that cannot take these observations.
         """
-        from shardreplay.runtime.networks import make_q_network
+        from shardreplay.runtime.algos.networks import make_q_network
 
         return make_q_network(env.obs_shape, env.num_actions, network, hidden)
 

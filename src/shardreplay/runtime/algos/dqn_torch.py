@@ -32,11 +32,11 @@ from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.base import fits
+from shardreplay.runtime.algos.networks import make_q_network
 from shardreplay.runtime.algos.numpy_policy import mlp_hidden
+from shardreplay.runtime.algos.qnet import QNetwork
 from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part, flat_observations, unwrap
 from shardreplay.runtime.envs import EnvInfo
-from shardreplay.runtime.networks import make_q_network
-from shardreplay.runtime.qnet import QNetwork
 
 __all__ = ["DoubleDqn", "DqnSettings", "EpsilonGreedyPolicy", "q_network_of"]
 

@@ -2,7 +2,7 @@
 
 The default actor (``--algo dqn``, an MLP Q-network, ``--actor-device cpu``) acts with
 :class:`NumpyEpsilonGreedyPolicy`: float32 Linear + ReLU layers read from the published
-weights (the names and shapes of :class:`~shardreplay.runtime.qnet.QNetwork`'s
+weights (the names and shapes of :class:`~shardreplay.runtime.algos.qnet.QNetwork`'s
 ``state_dict``), the argmax, and Ape-X's epsilon-greedy draws
 (:class:`~.apex.ApexExploration`, the same generator calls as the torch policy). Its
 actions equal the torch network's argmax except where two Q-values tie to within float32
@@ -72,7 +72,7 @@ def _float32(value: Any) -> np.ndarray:
 
 
 class NumpyQNetwork:
-    """:class:`~shardreplay.runtime.qnet.QNetwork`'s forward pass in NumPy:
+    """:class:`~shardreplay.runtime.algos.qnet.QNetwork`'s forward pass in NumPy:
     ``x -> relu(x W_i^T + b_i) -> ... -> x W_n^T + b_n`` in float32.
 
     Args:

@@ -39,7 +39,7 @@ import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import CorruptChunkError, ShardReplayError
+from shardreplay.errors import CorruptChunkError, IngestRejectedError, ShardReplayError, TransportError
 from shardreplay.kernels.returns import track_returns
 from shardreplay.policy.broadcast import split_version
 from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
@@ -284,7 +284,7 @@ class Ingestor:
     @staticmethod
     def _wire(chunk: Chunk) -> memoryview:
         if chunk.wire is None:
-            raise ShardReplayError(f"chunk {chunk.identity} carries no received bytes to log: its "
+            raise TransportError(f"chunk {chunk.identity} carries no received bytes to log: its "
                                    "transport reader must decode with transport.codec.decode")
         return chunk.wire
 
@@ -348,18 +348,20 @@ class Ingestor:
             self._check_owner(chunk, route)
             rows = self._streams.rows(route, chunk.stream_ids)
             if rows.max() >= self.buffer.num_streams:
-                raise ShardReplayError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
+                raise IngestRejectedError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
                                        f"beyond this shard's {self.buffer.num_streams}")
             steps = self._steps_in_order(chunk)
-            self._sink.extend(steps, stream_ids=rows, priorities=chunk.priorities)
-        except ShardReplayError as exc:
+            try:
+                self._sink.extend(steps, stream_ids=rows, priorities=chunk.priorities)
+            except ShardReplayError as exc:  # steps the buffer refuses (another spec's values)
+                raise IngestRejectedError(f"{type(exc).__name__}: {exc}") from exc
+        except IngestRejectedError as exc:
             self.stats.rejected += 1
             self.total_rejected += 1
             log.log(self._level(chunk.actor_id, "rejected"), "chunk %s rejected: %s", chunk.identity, exc)
             if self.losses is not None:
                 n = chunk.num_streams * chunk.num_steps
-                self.losses.record(chunk.actor_id, chunk.sequence, chunk.sequence, 1, n,
-                                   f"rejected: {type(exc).__name__}: {exc}")
+                self.losses.record(chunk.actor_id, chunk.sequence, chunk.sequence, 1, n, f"rejected: {exc}")
             return 0
         self.stored.add(chunk.actor_id, chunk.sequence)
         self._last_written[chunk.actor_id] = chunk.sequence
@@ -401,12 +403,12 @@ class Ingestor:
     def _check_owner(self, chunk: Chunk, route: int) -> None:
         s = self.settings
         if int(chunk.stream_ids.min()) < 0 or int(chunk.stream_ids.max()) >= s.actors.envs_per_actor:
-            raise ShardReplayError(f"actor {chunk.actor_id} sent streams {chunk.stream_ids.tolist()}; the "
+            raise IngestRejectedError(f"actor {chunk.actor_id} sent streams {chunk.stream_ids.tolist()}; the "
                                    f"learners take {s.actors.envs_per_actor} per actor (--envs-per-actor)")
         owners = self._streams.shards(route)[chunk.stream_ids]
         if (owners != self.shard).any():
             shards = s.learners.count
-            raise ShardReplayError(f"actor {chunk.actor_id} streams {chunk.stream_ids.tolist()} belong to "
+            raise IngestRejectedError(f"actor {chunk.actor_id} streams {chunk.stream_ids.tolist()} belong to "
                                    f"shards {owners.tolist()} of {shards}, not to shard {self.shard}: start "
                                    f"it with --num-shards {shards}")
 

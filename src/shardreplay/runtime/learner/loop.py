@@ -25,14 +25,12 @@ import torch.distributed as dist
 
 from shardreplay import checkpoint
 from shardreplay._io import atomic_write_bytes
-from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.checkpoint.manifest import checkpoint_dir
 from shardreplay.distributed.group import lost_peer_error, peer_lost
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import ShardReplayError
 from shardreplay.policy import open_publisher
-from shardreplay.policy.broadcast import pack_version
-from shardreplay.runtime.actor.loop import FINISHED, RunInfo
+from shardreplay.policy.broadcast import FINISHED, RunInfo, pack_version
 from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.devices import place
@@ -40,6 +38,7 @@ from shardreplay.runtime.envs import describe_env
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
+from shardreplay.runtime.learner.rate_limiter import RateLimiter
 from shardreplay.runtime.learner.report import MetricsWindow, RunCounts, metrics_row, stop_reason
 from shardreplay.runtime.learner.resume import commit_resume, learner_state_files, restore
 from shardreplay.runtime.learner.setup import (

@@ -15,7 +15,8 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.policy import open_subscriber
-from shardreplay.runtime.actor.loop import FINISHED, ActorSettings, actor_seed
+from shardreplay.policy.broadcast import FINISHED
+from shardreplay.runtime.actor.loop import ActorSettings, actor_seed
 from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.routing import foreign_backlog, scheme_of
 from shardreplay.runtime.settings import TrainSettings

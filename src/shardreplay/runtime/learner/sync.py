@@ -17,11 +17,11 @@ from typing import Any, Protocol
 
 import torch
 
-from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.checkpoint.triggers import CheckpointTrigger
 from shardreplay.errors import ShardReplayError
 from shardreplay.runtime import stop_signals
 from shardreplay.runtime.actor.loop import AGREED
+from shardreplay.runtime.learner.rate_limiter import RateLimiter
 from shardreplay.runtime.settings import TrainSettings
 
 DRAIN_CHUNKS = 16  # chunks one rank takes in per iteration at most

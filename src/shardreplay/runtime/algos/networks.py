@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from shardreplay.runtime.network_kinds import choose_network
-from shardreplay.runtime.qnet import QNetwork
+from shardreplay.runtime.algos.network_kinds import choose_network
+from shardreplay.runtime.algos.qnet import QNetwork
 from shardreplay.runtime.settings import NETWORKS
 
 __all__ = ["NETWORKS", "MinAtarQNetwork", "NatureQNetwork", "choose_network", "make_q_network"]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardreplay.buffer.rate_limiter import RateLimiter
 from shardreplay.errors import ConfigError
+from shardreplay.runtime.learner.rate_limiter import RateLimiter
 
 
 def test_docstring_timeline() -> None:
