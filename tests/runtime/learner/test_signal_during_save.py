@@ -4,7 +4,7 @@ A child process installs the learner's signal handlers (``learner_trigger``), st
 background save and trains on (writes that overwrite the oldest rows). The save's thread
 is held mid-write by a hook until the stop signal has arrived, so the signal always lands
 during the write (no sleep race). The child then stops as the learner does: its
-``Learner._finish_save`` waits for the save in flight, then it makes the final save and
+``LearnerCheckpoints.finish`` waits for the save in flight, then it makes the final save and
 exits 0. Checked here: exit status 0, the checkpoint taken before the signal complete,
 hash-verified and restoring the buffer as at its call, the final one complete too.
 """
@@ -30,7 +30,7 @@ import numpy as np
 import shardreplay as sr
 from shardreplay import checkpoint
 import shardreplay.checkpoint.saving as save_impl
-from shardreplay.runtime.learner.loop import Learner
+from shardreplay.runtime.learner.checkpoints import LearnerCheckpoints
 from shardreplay.runtime.learner.state import StorageGuard
 from shardreplay.runtime.learner.sync import learner_trigger
 from shardreplay.runtime.settings import TrainSettings
@@ -57,15 +57,16 @@ def held_write_part(job, files):  # the thread is mid-write: hold it until the s
 save_impl._write_part = held_write_part
 
 root = run_dir / "checkpoints"
-learner = types.SimpleNamespace(_pending=checkpoint.save_in_background(buf, root, 1),
-                                storage=StorageGuard(0), _complete=None)
+# No collective is made by a save: the learners' collectives are not needed here.
+ckpts = LearnerCheckpoints(run_dir, 0, 1, types.SimpleNamespace(), StorageGuard(0), keep_last=3)
+ckpts.pending = checkpoint.save_in_background(buf, root, 1)
 t = 100
 while not trigger.stop_requested:  # the learner trains on meanwhile
     buf.extend(chunk(1000 * t))
     t += 1
 save_impl._write_part = real_write_part
-Learner._finish_save(learner, wait=True)  # what Learner.save does first on a stop
-assert learner._pending is None and learner._complete == 1, learner.__dict__
+ckpts.finish(wait=True)  # what a save does first on a stop
+assert ckpts.pending is None and ckpts.complete == 1, ckpts.__dict__
 checkpoint.save(buf, root, 2)
 print("stopped", flush=True)
 """

@@ -4,8 +4,10 @@ All ranks run the same loop in lock-step. Every decision that leads into a colle
 (learn now? how many updates? stop? save?) is taken from a :class:`LoopSync` summed over
 ranks by one all-reduce per iteration, so all ranks issue the same collectives in the
 same order (:mod:`shardreplay.runtime.learner.sync`). Rank 0 publishes weights, evaluates
-and records metrics (:mod:`shardreplay.runtime.learner.report`); checkpoints and resuming
-are in :mod:`shardreplay.runtime.learner.resume`.
+and records metrics (:mod:`shardreplay.runtime.learner.report`). The learner decides when
+to save and what its state is; saving, resuming and the ingest log's replay, sealing and
+trimming are :class:`~shardreplay.runtime.learner.checkpoints.LearnerCheckpoints`'. The
+ranks agree over collectives of their own (not the buffer's).
 """
 
 from __future__ import annotations
@@ -23,11 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from shardreplay import checkpoint
 from shardreplay._io import atomic_write_bytes
-from shardreplay.checkpoint.manifest import checkpoint_dir
-from shardreplay.distributed.group import lost_peer_error, peer_lost
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.group import Collectives, lost_peer_error, peer_lost
 from shardreplay.errors import ShardReplayError
 from shardreplay.policy import open_publisher
 from shardreplay.policy.broadcast import FINISHED, RunInfo, pack_version
@@ -35,12 +34,13 @@ from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.devices import place
 from shardreplay.runtime.envs import describe_env
+from shardreplay.runtime.learner.checkpoints import LearnerCheckpoints
 from shardreplay.runtime.learner.evaluate import evaluate
-from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts
+from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.learner.rate_limiter import RateLimiter
 from shardreplay.runtime.learner.report import MetricsWindow, RunCounts, metrics_row, stop_reason
-from shardreplay.runtime.learner.resume import commit_resume, learner_state_files, restore
+from shardreplay.runtime.learner.resume import commit_resume, learner_state_files
 from shardreplay.runtime.learner.setup import (
     actor_settings_of_shard,
     check_rings_reach,
@@ -58,7 +58,7 @@ from shardreplay.runtime.learner.sync import (
     make_limiter,
     minutes_due,
 )
-from shardreplay.runtime.learner.wal import IngestLog, LogScan, LossLog, log_files, read_logs
+from shardreplay.runtime.learner.wal import LossLog
 from shardreplay.runtime.policy_file import best_return, keep_if_best, policy_metadata
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
@@ -67,10 +67,6 @@ from shardreplay.transport.base import Transport
 
 log = logging.getLogger("shardreplay.learner")
 _ACTOR_STOP_S = 10.0  # actors get this long to send what they hold and exit
-# fdatasync the ingest log at most this often: every batch cost Redis ingest 20-29 % of its
-# rate (docs/semantics.md); once a second costs nothing measurable, as Redis's everysec.
-_FSYNC_EVERY_S = 1.0
-_TRIM_EVERY_S = 2.0  # how often sealed log segments look for the complete checkpoint that frees them
 
 
 class Learner:
@@ -93,6 +89,9 @@ class Learner:
                  checkpoint_id: int | None = None) -> None:
         self.s = settings
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        # The learners' own collectives (the loop's sync, resume, log replay, summaries),
+        # beside the buffer's: its exchanges and checkpoint loads keep theirs.
+        self.comm = Collectives(None, settings.learners.collective_timeout_s)
         self.run_dir = Path(settings.run.run_dir)
         self.trigger = learner_trigger(settings, self.run_dir)  # signals, requests, periodic saves
         self.algo = algorithm(settings.learners.algo)
@@ -103,16 +102,15 @@ class Learner:
         self.agent = self.algo.make_agent(env, settings, self.world, self.placement)
         self.progress = Progress()
         self.storage = StorageGuard(self.rank)
-        self._pending: checkpoint.PendingSave | None = None  # a background save in flight
-        self._complete: int | None = None  # the newest checkpoint this life saw complete
-        self._saved_at = time.monotonic()  # the last save (rank 0's clock times periodic ones)
-        self.restored = "none"  # the id of the checkpoint restored (for loss reports)
+        self.ckpts = LearnerCheckpoints(self.run_dir, self.rank, self.world, self.comm, self.storage,
+                                        settings.checkpoints.keep_last)
+        restored = "none"  # the id of the checkpoint restored (for loss reports)
         # A resumed life is recorded (run.json, config.json) only once every rank restored;
         # until then every rank takes the life that comes next from the files as they are.
         self.lineage = Lineage((upcoming_life(self.run_dir, settings.transport.run_id) if resume
                                 else read_identity(self.run_dir)) or RunIdentity("", 0))
         if resume:
-            self.restored = self._resume(checkpoint_id)
+            restored = self._resume(checkpoint_id)
             if self.rank == 0:
                 self.progress.best_eval = max(self.progress.best_eval, best_return(self.run_dir))
                 commit_resume(self.run_dir, self.lineage.identity, settings.to_dict(),
@@ -127,9 +125,10 @@ class Learner:
                                          settings.actors.chunk_steps))
         self.ingestor = Ingestor(transport.reader(), self.buffer, settings, self.lineage.stored,
                                  shard=self.rank, losses=self.losses)
-        self.replayed, self.log_scan = self._open_log(scheme_of(settings.transport.url) != "local",
-                                                      resume_newest=checkpoint_id is None)
-        self._trimmed_at = time.monotonic()
+        self.replayed, self.log_scan = self.ckpts.open_log(
+            self.ingestor, durable=scheme_of(settings.transport.url) != "local",
+            resume_newest=checkpoint_id is None, restored=restored, owns_actor=self._owns_actor,
+            policy_version=self.policy_version)
         if self.rank == 0:
             warn_if_taking_over(settings.transport.policy_url, self.lineage.identity.run_id)
         self.publisher = open_publisher(settings.transport.policy_url) if self.rank == 0 else None
@@ -144,39 +143,6 @@ class Learner:
             check_rings_reach(settings, actors, reach)
         self.actors = ActorPool(actors, reach if local else None, settings.actors.max_restarts)
 
-    def _open_log(self, durable: bool, resume_newest: bool) -> tuple[ReplayCounts, LogScan]:
-        """Replay the ingest logs earlier lives left (on top of the restored checkpoint,
-        or of an empty buffer when none was complete), then open this life's (a
-        collective: every rank lists the old files before any rank opens its new one).
-
-        A ``local`` medium acknowledges nothing that outlives the learner (its actors
-        die with it): its log keeps headers only, for the loss report.
-        ``--resume --checkpoint-id N`` goes back to an older checkpoint on purpose: the
-        logs, newer than the newest one, are not replayed (what they hold is reported
-        lost unless the medium delivers it again).
-        """
-        counts, scan = ReplayCounts(), LogScan()
-        directory = self.run_dir / "ingest"
-        old = log_files(directory)
-        if not resume_newest and old:
-            log.warning("rank %d: resuming from an older checkpoint on purpose: the %d ingest log file(s) "
-                        "of later chunks are not replayed", self.rank, len(old))
-        counts = self.ingestor.replay(
-            read_logs(old, scan, owns_actor=self._owns_actor if resume_newest else None), self.policy_version,
-            write=resume_newest, checkpoint=self.restored)
-        mine = torch.tensor([counts.stored, counts.steps, counts.held, len(scan.torn), len(scan.damaged),
-                             counts.rerouted], dtype=torch.int64)
-        total = [int(v) for v in internals_of(self.buffer).collectives.all_reduce_sum(mine, "log replay")]
-        if self.rank == 0 and (total[0] or total[2] or total[3] or total[4]):
-            log.log(logging.WARNING if total[3] or total[4] else logging.INFO,
-                    "ingest logs replayed: %d chunks (%d steps) acknowledged after the checkpoint stored "
-                    "again (%d of them of actors this life no longer runs, written to the streams of "
-                    "actor id %% --actors), %d already held; %d torn and %d damaged record(s) ignored",
-                    total[0], total[1], total[5], total[2], total[3], total[4])
-        self.ingestor.wal = IngestLog(directory, self.rank, self.world, keep_chunks=durable, fsync=durable,
-                                      fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else ())
-        return counts, scan
-
     def _owns_actor(self, actor_id: int) -> bool:
         """Whether this rank holds any of ``actor_id``'s streams in this life's routing
         (an actor it no longer runs: those of its stand-in, which take its logged chunks)."""
@@ -188,58 +154,30 @@ class Learner:
         """The published version of the current weights: (learner life, updates) packed."""
         return pack_version(self.lineage.identity.life, self.progress.counters["version"])
 
-    # -- checkpoints ----------------------------------------------------------------------
-    @property
-    def _ckpt_root(self) -> Path:
-        return self.run_dir / "checkpoints"
-
+    # -- checkpoints (how: :class:`LearnerCheckpoints`) -----------------------------------
     def _resume(self, checkpoint_id: int | None) -> str:
         """Restore the newest complete checkpoint; returns its id (for loss reports)."""
-        r = restore(self._ckpt_root, self.buffer, self.agent, self.rank, self.world, checkpoint_id)
+        r = self.ckpts.resume(self.buffer, self.agent, checkpoint_id)
         self.progress.counters.update(r.counters)
         self.progress.best_eval, self.progress.wall_offset_s = r.best_eval, r.wall_offset_s
-        self.lineage.stored, self.lineage.last_checkpoint = r.stored, r.last_checkpoint
+        self.lineage.stored = r.stored
         self.lineage.restored, self.lineage.resumed = r.restored_counts, r.report
         return str(r.checkpoint_id)
 
     def save(self, background: bool = False) -> Path:
         """Save a checkpoint: rank 0 writes the learner state first, every rank its part
-        (no collective, so it also works from a stopping or failing rank). Incremental
-        (only the rows new since this run's previous checkpoint are written); with
-        ``background`` the content is fixed now and a thread writes it while training
-        goes on (:func:`shardreplay.checkpoint.save_in_background`). A save still in
-        flight is finished first: two never overlap.
+        (no collective, so it also works from a stopping or failing rank), incremental,
+        on a thread with ``background`` (:meth:`LearnerCheckpoints.save`).
 
         A write the file system refuses leaves this checkpoint incomplete (rank 0 writes
         no part without the learner state, so it cannot complete without it) and the
-        newest complete one as it was; it is kept in :attr:`storage_error`.
+        newest complete one as it was; it is kept in :attr:`storage`.
 
         The id is the update count, or one more than the last id this run saved or
         found, when no update happened since (stopping during warm-up, or right after
         a resume): every rank derives it from the same agreed counters.
         """
-        self._finish_save(wait=True)
-        cid = max(self.progress.counters["updates"], self.lineage.last_checkpoint + 1)
-        self.lineage.last_checkpoint = cid
-        self._saved_at = time.monotonic()
-        directory = checkpoint_dir(self._ckpt_root, cid)
-        with self.storage.writing():
-            self._save(directory, cid, background)
-        return directory
-
-    def _finish_save(self, wait: bool) -> None:
-        """Collect the background save in flight once it is written (``wait``: wait for
-        it); a write the file system refused is kept as any other refused write."""
-        pending = self._pending
-        if pending is None or not (wait or pending.done()):
-            return
-        self._pending = None
-        with self.storage.writing():
-            pending.wait()
-            if checkpoint.is_complete(pending.directory, hashes=False):
-                self._complete = pending.checkpoint_id
-
-    def _save(self, directory: Path, cid: int, background: bool) -> None:
+        cid = max(self.progress.counters["updates"], self.ckpts.last_id + 1)
         # Rank 0 saves the agent with its part (written first, covered by the manifest).
         files = learner_state_files(self.agent) if self.rank == 0 else None
         # None, not -inf, before any evaluation: the manifest stays standard JSON.
@@ -248,16 +186,8 @@ class Learner:
                  "wall_s": self.progress.wall_s(),
                  "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
         self.ingestor.report_lost()  # what the medium gave back by now was not lost
-        kwargs: dict[str, Any] = {"extra": extra, "restored": self.lineage.restored, "files": files,
-                                  "keep_last": self.s.checkpoints.keep_last, "incremental": True}
-        if background:
-            self._pending = checkpoint.save_in_background(self.buffer, self._ckpt_root, cid, **kwargs)
-            # Chunks stored from now on are not in this checkpoint: a new log segment; the
-            # segments of the newest checkpoint known complete go.
-            self.ingestor.checkpointed(cid, self._complete)
-            return
-        checkpoint.save(self.buffer, self._ckpt_root, cid, **kwargs)
-        self.ingestor.checkpointed(cid, checkpoint.latest_complete(self._ckpt_root))
+        return self.ckpts.save(cid, self.buffer, self.ingestor, background=background, extra=extra,
+                               restored=self.lineage.restored, files=files)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -365,7 +295,7 @@ class Learner:
                 limiter.insert(min(g.steps, limiter.max_insert_size))
             if g.should_stop:
                 break
-            self._finish_save(wait=False)
+            self.ckpts.finish(wait=False)
             if g.should_save or self.trigger.periodic_due(self.progress.counters["updates"]):
                 self._agreed_save(background=True)  # training goes on while it is written
             for _ in range(MAX_UPDATES_PER_ITERATION):
@@ -375,28 +305,12 @@ class Learner:
                 limiter.sample(per_update)
                 window.updates += 1
             self.actors.check()
-            self._trim_log()
+            self.ckpts.trim(self.ingestor.wal)
             # A row a second, and one right after each evaluation (its point on the curve).
             evaluated = self.progress.evals > self.progress.evals_recorded
             if self.rank == 0 and (evaluated or time.monotonic() - last_metrics >= 1.0):
                 self._record(g, window)
                 last_metrics = time.monotonic()
-
-    def _trim_log(self, force: bool = False) -> None:
-        """Free sealed log segments once the checkpoint that holds them is complete (the
-        other ranks may finish their parts after this one sealed); at most every
-        :data:`_TRIM_EVERY_S` unless ``force``."""
-        wal = self.ingestor.wal
-        if wal is None or not wal.trimmable or \
-                (not force and time.monotonic() - self._trimmed_at < _TRIM_EVERY_S):
-            return
-        self._trimmed_at = time.monotonic()
-        # Complete = manifest written (the last rank writes it once every part is there);
-        # not re-hashing a large checkpoint here keeps the loop from stalling on it.
-        newest = next((c for c in reversed(checkpoint.list_checkpoints(self._ckpt_root))
-                       if checkpoint.is_complete(checkpoint_dir(self._ckpt_root, c), hashes=False)), None)
-        with self.storage.writing():
-            wal.trim(newest)
 
     def _drain(self, wait_s: float) -> None:
         """Take chunks in. A refused log write leaves them stored but unacknowledged
@@ -419,14 +333,14 @@ class Learner:
         stop = self.trigger.stop_requested or self._budget_reached(started) or self._solved() or refused
         # Periodic by time: rank 0's clock decides, the vote makes every rank save together.
         # A log holding a shard's capacity of steps asks for one too (which trims it).
-        due = self.rank == 0 and minutes_due(self.s.checkpoints.interval_minutes, self._saved_at,
+        due = self.rank == 0 and minutes_due(self.s.checkpoints.interval_minutes, self.ckpts.saved_at,
                                              time.monotonic())
         request = self.trigger.request_pending() or self.ingestor.log_full() or due
         # The ingestor sums whole version differences, so its float lag sum is an integer.
         mine = LoopSync(steps=st.steps, replay_size=len(self.buffer.local), stop_votes=int(stop),
                         save_votes=int(request), lag_sum=int(st.lag_sum), lag_count=st.lag_count,
                         storage_votes=int(refused))
-        g = mine.summed(internals_of(self.buffer).collectives)
+        g = mine.summed(self.comm)
         self.progress.last_sync = g
         self.storage.stop = self.storage.stop or g.storage_votes > 0
         if g.should_save:  # every rank clears its flag; rank 0 removes the request file
@@ -531,8 +445,8 @@ class Learner:
         ing, got = self.ingestor, self.ingestor.reader.stats
         # Once every rank saved (this all-reduce), the final checkpoint is complete: the
         # log segments it holds go now, not at the next life's first checkpoint.
-        internals_of(self.buffer).collectives.all_reduce_sum(torch.zeros(1, dtype=torch.int64), "saved")
-        self._trim_log(force=True)
+        self.comm.all_reduce_sum(torch.zeros(1, dtype=torch.int64), "saved")
+        self.ckpts.trim(ing.wal, force=True)
         counts = RunCounts(actor_restarts=sum(self.actors.restarts.values()),
                            actors_given_up=len(self.actors.given_up),
                            chunks_rejected=got.total_rejected + ing.total_rejected,
@@ -543,7 +457,7 @@ class Learner:
                            ingest_log_torn=len(self.log_scan.torn) + len(self.log_scan.damaged),
                            ingest_log_peak_bytes=0 if ing.wal is None else ing.wal.peak_bytes,
                            ingest_log_bytes=0 if ing.wal is None else ing.wal.size_bytes,
-                           ).summed(internals_of(self.buffer).collectives).as_dict()
+                           ).summed(self.comm).as_dict()
         summary: dict[str, Any] = {"rank": self.rank, **self.progress.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
                                    "checkpoint": str(checkpoint_path), **counts,

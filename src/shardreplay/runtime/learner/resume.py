@@ -15,7 +15,7 @@ import torch
 
 from shardreplay import checkpoint
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.group import Collectives
 from shardreplay.errors import CheckpointError
 from shardreplay.runtime.algos.base import Agent
 from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
@@ -76,9 +76,10 @@ def learner_state_files(agent: Agent) -> dict[str, bytes]:
 
 
 def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: int,
-            world: int, checkpoint_id: int | None = None) -> Resumed:
+            world: int, comm: Collectives, checkpoint_id: int | None = None) -> Resumed:
     """Restore checkpoint ``checkpoint_id`` (None: the newest complete one) under
-    ``ckpt_root`` into ``buffer`` and ``agent`` (a collective: every rank calls it).
+    ``ckpt_root`` into ``buffer`` and ``agent`` (a collective over ``comm``, the
+    learners' collectives: every rank calls it).
 
     Raises:
         IncompleteCheckpointError: no complete checkpoint to restore.
@@ -96,8 +97,7 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: in
     parts = report.manifest.parts
     mine = [report.steps, report.dropped_episodes, report.dropped_steps, report.sealed_episodes,
             report.sealed_steps]
-    total = internals_of(buffer).collectives.all_reduce_sum(torch.tensor(mine, dtype=torch.int64),
-                                                        "resume steps")
+    total = comm.all_reduce_sum(torch.tensor(mine, dtype=torch.int64), "resume steps")
     steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps = (int(x) for x in total.tolist())
     if steps + dropped_steps != report.saved_steps:
         raise CheckpointError(f"resume from {report.directory}: {steps} steps restored and "

@@ -74,15 +74,12 @@ class Lineage:
         stored: chunks already in the restored checkpoint.
         restored: this shard's restore counts, passed to every save (None: a fresh run).
         resumed: the restore report (None: a fresh run).
-        last_checkpoint: the newest checkpoint id saved or found: ids only grow, so a save
-            never meets a complete one.
     """
 
     identity: RunIdentity
     stored: StoredIds = field(default_factory=StoredIds)
     restored: dict[str, int] | None = None
     resumed: dict[str, Any] | None = None
-    last_checkpoint: int = -1
 
 
 class StorageGuard:
