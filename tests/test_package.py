@@ -143,6 +143,50 @@ def layer_problems(package_dir: Path) -> list[str]:
     return problems
 
 
+# Attributes of the Shard's insides that only buffer/ may read (the attribute twin of
+# FORBIDDEN): elsewhere ``x.storage``, ``x.sampler`` and ``x._one_step`` are reach-ins,
+# unless ``x`` is ``self`` (a sampler's own storage, a learner's storage guard).
+SHARD_INSIDES = ("storage", "sampler", "_one_step", "_storage", "_sampler")
+
+
+def reach_in_problems(package_dir: Path) -> list[str]:
+    """Every read of a Shard's storage, sampler or one-step writer outside buffer/."""
+    problems: list[str] = []
+    for path in sorted(package_dir.rglob("*.py")):
+        if _layer_name(_module_name(path, package_dir)) == "buffer":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr in SHARD_INSIDES
+                    and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+                problems.append(f"{path.relative_to(package_dir.parent)}:{node.lineno}: reads "
+                                f".{node.attr} of {ast.unparse(node.value)}: reach a buffer's storage "
+                                "and sampler only through the Shard's methods (buffer/shard.py)")
+    return problems
+
+
+def test_nothing_outside_buffer_reaches_into_a_shard() -> None:
+    problems = reach_in_problems(PACKAGE_DIR)
+    assert not problems, "\n".join(problems)
+
+
+def test_reach_in_check_catches_attribute_reads(tmp_path: Path) -> None:
+    pkg = tmp_path / "shardreplay"
+    files = {
+        "gym/writer.py": "def f(shard):\n    return shard.storage.records, shard._one_step\n",
+        "checkpoint/x.py": "def g(self):\n    return self._shard.sampler.name\n",
+        "samplers/own.py": "class S:\n    def f(self):\n        return self.storage.valid\n",  # its own
+        "buffer/shard.py": "def h(shard):\n    return shard._storage\n",  # inside buffer/: fine
+    }
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    problems = reach_in_problems(pkg)
+    assert len(problems) == 3, problems
+    for text in ("gym/writer.py:2: reads .storage of shard", "gym/writer.py:2: reads ._one_step of shard",
+                 "checkpoint/x.py:2: reads .sampler of self._shard"):
+        assert any(text in p for p in problems), (text, problems)
+
+
 def test_layers_import_downwards_only() -> None:
     assert list(PACKAGE_DIR.rglob("*.py")), "no sources found"
     problems = layer_problems(PACKAGE_DIR)

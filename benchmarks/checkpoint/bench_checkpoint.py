@@ -124,7 +124,7 @@ def stored_arrays(buf: Any) -> dict[str, np.ndarray]:
     from shardreplay import testing
     from shardreplay.buffer.shard import STEP_ARRAYS
 
-    storage = testing.shard(buf).storage
+    storage = testing.shard(buf)._storage
     out = {f"field.{k}": v for k, v in storage.fields.items()}
     out.update({k: getattr(storage, k) for k in STEP_ARRAYS})
     return out

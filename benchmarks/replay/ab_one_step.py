@@ -48,7 +48,7 @@ def main(old_one_step: str, old_add_step: str, rounds: int = 11, calls: int = 30
             shard = buf._shard
             assert shard.use_one_step()
             if version == "old":
-                shard._one_step = old.one_step_add(shard.storage, None, None)
+                shard._one_step = old.one_step_add(shard._storage, None, None)
             steps[version] = F._Steps(sr, kind, pool, buf, theirs, "add")
         runs = {"old": steps["old"].add_ours, "new": steps["new"].add_ours, "sb3": steps["old"].add_theirs}
         for f in runs.values():

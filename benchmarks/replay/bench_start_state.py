@@ -56,7 +56,7 @@ def _variant(at_starts: bool, steps: int, hidden: int) -> dict:
     for t in range(0, cap, CHUNK):
         buf.extend({**row, "step_type": types[:, t:t + CHUNK]})
     rss = _rss_bytes() - before
-    storage = testing.shard(buf).storage
+    storage = testing.shard(buf)._storage
     state_bytes = (storage.start_rows.nbytes if at_starts else
                    storage.fields["h"].nbytes + storage.fields["c"].nbytes)
     chunk = Chunk(0, 0, 0, np.arange(STREAMS), {**row, "step_type": types[:, :CHUNK],

@@ -137,7 +137,7 @@ class ShardReplayFrames:
         """The filled buffer's frame rings: their size now, and its arrays' bytes."""
         from shardreplay import testing  # here: bench_replay's parent process imports no torch
 
-        store = testing.shard(self.buf).storage.stacked["obs"]
+        store = testing.shard(self.buf)._storage.stacked["obs"]
         return {"frame_capacity": store.frame_capacity, "frame_rings_grown": store._grown,
                 "filled_layout_bytes": _array_bytes(self.buf)}
 
@@ -147,7 +147,7 @@ def _array_bytes(buf: Any) -> int:
     arrays (small fields are views of the records), frame rings, sum and min trees."""
     from shardreplay import testing
 
-    storage = testing.shard(buf).storage
+    storage = testing.shard(buf)._storage
     arrays = [storage.records, storage.pos, *testing.tree_sums(buf)]
     arrays += [a for name, a in storage.fields.items() if name not in storage._small]
     for store in storage.stacked.values():

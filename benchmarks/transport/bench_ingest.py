@@ -269,7 +269,7 @@ def prefault(buffer: Any) -> None:
     measures the steady state of a long run (storage allocates lazily: during the first
     fill every frame written also faults its page in, which at this capacity would be
     most of a short case)."""
-    for store in buffer._shard.storage.stacked.values():
+    for store in buffer._shard._storage.stacked.values():
         store.frames.fill(0)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.buffer.shard import STEP_ARRAYS, Shard, shard_of_buffer
+from shardreplay.buffer.shard import Shard, shard_of_buffer
 
 __all__ = ["leaf_masses", "positions", "rng_state", "sampler_counters", "shard", "stored",
            "stored_steps", "tree_sums", "valid"]
@@ -38,7 +38,7 @@ def shard(buffer: Any) -> Shard:
 
 def valid(buffer: Any) -> np.ndarray:
     """Per flat slot (bool ``[S*C]``): whether a window may start there."""
-    return shard(buffer).storage.valid.copy()
+    return shard(buffer).arrays()["valid"].copy()
 
 
 def positions(buffer: Any) -> np.ndarray:
@@ -54,9 +54,8 @@ def stored(buffer: Any, name: str) -> np.ndarray:
     Raises:
         KeyError: no such array (frame-stacked fields: use :func:`stored_steps`).
     """
-    storage = shard(buffer).storage
-    targets = {f"field.{k}": v for k, v in storage.fields.items()}
-    targets.update({k: getattr(storage, k) for k in STEP_ARRAYS})
+    targets = shard(buffer).arrays()
+    targets.pop("valid")
     key = name if name in targets else f"field.{name}"
     if key not in targets:
         raise KeyError(f"no stored array {name!r}; there are {sorted(targets)}")
@@ -67,7 +66,7 @@ def stored_steps(buffer: Any) -> dict[str, np.ndarray]:
     """Every stored step, row after row in time order: ``field.<name>`` per field
     (frame-stacked ones as whole stacks), the per-step arrays, ``row_length`` and
     ``row_pos``."""
-    return shard(buffer).storage.export_steps()
+    return shard(buffer).export_steps()
 
 
 def sampler_counters(buffer: Any) -> dict[str, Any]:
@@ -76,14 +75,14 @@ def sampler_counters(buffer: Any) -> dict[str, Any]:
     the importance-weight exponent now, the sampling mass and the samplable windows."""
     inner = shard(buffer)
     st = inner.stats()
-    draws = inner.sampler.state_dict().get("draws", 0)
+    draws = inner.sampler_state().get("draws", 0)
     return {"max_priority": st.max_priority, "draws": int(draws), "beta": st.beta, "mass": st.mass,
             "samplable": st.samplable}
 
 
 def tree_sums(buffer: Any) -> tuple[np.ndarray, np.ndarray] | None:
     """The prioritized sampler's sum and min trees (copies), or None without one."""
-    tree = getattr(shard(buffer).sampler, "tree", None)
+    tree = shard(buffer).sum_tree
     return None if tree is None else (tree.sums.copy(), tree.mins.copy())
 
 
@@ -96,6 +95,6 @@ def leaf_masses(buffer: Any, starts: np.ndarray) -> np.ndarray:
     """The sampling mass of each flat start: its tree leaf ``p^alpha`` for a prioritized
     buffer, 1.0 otherwise (0 where the start cannot be drawn, prioritized only)."""
     inner = shard(buffer)
-    tree = getattr(inner.sampler, "tree", None)
+    tree = inner.sum_tree
     starts = np.asarray(starts, np.int64)
     return np.ones(starts.shape[0]) if tree is None else np.asarray(tree.leaves(starts))

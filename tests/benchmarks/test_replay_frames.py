@@ -40,7 +40,7 @@ def test_a_stacked_buffer_takes_the_pool_twice_round() -> None:
         case.add(i)
     batch = case.sample()
     assert tuple(batch.data["obs"].shape) == (F.SAMPLE_BATCH, 2, F.STACK, *F.FRAME)
-    store = testing.shard(case.buf).storage.stacked["obs"]
+    store = testing.shard(case.buf)._storage.stacked["obs"]
     assert store.frame_capacity == store.frames.shape[1]
 
 

@@ -347,7 +347,7 @@ def test_one_frame_stacked_field_stores_and_raises_as_the_full_path(kind: str, s
     assert testing.shard(fast).use_one_step() and not testing.shard(full).use_one_step(False)
     short = testing.shard(fast)._one_step
     assert short is not None and short._fused
-    frames, full_frames = (testing.shard(b).storage.stacked["obs"] for b in (fast, full))
+    frames, full_frames = (testing.shard(b)._storage.stacked["obs"] for b in (fast, full))
     # One compiled call: the three-call path's frame kernels are not reached.
     monkeypatch.setattr(one_step_module.fk, "plan_write", None)
     monkeypatch.setattr(one_step_module.fk, "append_frames", None)
@@ -385,7 +385,7 @@ def test_the_short_path_keeps_no_frame_ring_that_a_full_write_replaced() -> None
     step = _continued(spec, np.zeros((1, *spec["obs"].shape), np.uint8), 1, rng)
     step["step_type"] = np.zeros(1, np.uint8)
     assert testing.shard(buf)._one_step.add(step)  # type: ignore[union-attr]
-    store = testing.shard(buf).storage.stacked["obs"]
+    store = testing.shard(buf)._storage.stacked["obs"]
     old = weakref.ref(store.frames)
     chunk = {"obs": rng.integers(0, 9, (1, 4, *spec["obs"].shape), dtype=np.uint8),  # K frames each
              "action": np.zeros((1, 4), np.int64), "reward": np.zeros((1, 4), np.float32),

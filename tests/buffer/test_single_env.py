@@ -63,7 +63,7 @@ def test_uniform_draws_are_uniform_over_valid_starts_at_every_fill(fill: float, 
         share = (row + 1) / streams if unequal else 1.0
         n = max(3, int(cap * fill * share)) if fill < 1 else cap + 37 * row
         _write_row(buf, row, n, rng)
-    storage = shard_of_buffer(buf).storage
+    storage = shard_of_buffer(buf)._storage
     valid = np.flatnonzero(storage.valid)
     assert valid.size == len(buf) > 0
     draws = 12 * valid.size
@@ -186,7 +186,7 @@ def test_lazy_construction_changes_no_result() -> None:
     def run(touch: bool) -> list[Any]:
         buf = sr.ReplayBuffer(_pixel_specs(), num_streams=1, stream_capacity=50_000, window=3, seed=9)
         if touch:
-            storage = shard_of_buffer(buf).storage
+            storage = shard_of_buffer(buf)._storage
             frame_rings = [s.frames for s in storage.stacked.values()]
             for arr in (storage.records, *storage.fields.values(), *frame_rings):
                 if arr.flags.c_contiguous:  # small fields are views of the records
@@ -222,7 +222,7 @@ def test_a_one_element_action_given_as_num_envs_is_taken_as_sb3_takes_it() -> No
         done = np.zeros(envs, bool)
         writers[0].step(actions[t][:, None], obs[t + 1], np.ones(envs), done, done, {})
         writers[1].step(actions[t], obs[t + 1], np.ones(envs), done, done, {})
-    stored = [shard_of_buffer(b).storage.fields["action"].copy() for b in bufs]
+    stored = [shard_of_buffer(b)._storage.fields["action"].copy() for b in bufs]
     assert np.array_equal(stored[0], stored[1]) and np.array_equal(stored[2], stored[3])
     assert np.array_equal(stored[0][:10], actions[:, 0, None])
     # Where the reshape would guess (a (2,) field given [num_envs]), the error says what to pass.
@@ -273,7 +273,7 @@ def test_the_writer_takes_frame_stacks_and_stores_what_the_converter_and_add_sto
         if short:
             env_obs[...] = nxt
         writer.step(action, env_obs if short else nxt, reward, term, trunc, info)
-        held_arrays.add(id(writer._stacked.held))
+        held_arrays.add(id(writer._held))
         for step, ids in conv.step(action, nxt, reward, term, trunc, info):
             b.add(step, stream_ids=ids)
         obs = nxt

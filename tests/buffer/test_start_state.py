@@ -32,7 +32,7 @@ def _pair(streams: int, cap: int, window: int, period: int, steps: int, seed: in
 
 def _grid_steps(buf: sr.ReplayBuffer) -> np.ndarray:
     """Per row: the stored steps whose episode offset is on the period grid (numpy reference)."""
-    storage = testing.shard(buf).storage
+    storage = testing.shard(buf)._storage
     slots, lengths = storage.stored_slots()
     on = np.ones(slots.shape, bool) if buf.period == 1 else storage.episode_step[slots] % buf.period == 0
     return np.bincount(np.repeat(np.arange(lengths.shape[0]), lengths)[on], minlength=lengths.shape[0])
@@ -44,12 +44,12 @@ def _grid_steps(buf: sr.ReplayBuffer) -> np.ndarray:
 def test_start_rows_match_the_dense_field(streams: int, cap: int, window: int, period: int, steps: int,
                                           seed: int) -> None:
     dense, starts, _lines = _pair(streams, cap, window, period, steps, seed)
-    storage = testing.shard(starts).storage
+    storage = testing.shard(starts)._storage
     np.testing.assert_array_equal(testing.valid(starts), testing.valid(dense))
     valid = np.flatnonzero(testing.valid(starts))
     assert valid.size
     got, mask, _keys = storage.windows(valid)
-    want, want_mask, _ = testing.shard(dense).storage.windows(valid)
+    want, want_mask, _ = testing.shard(dense)._storage.windows(valid)
     assert got["h"].shape == (valid.size, 1, 3)
     np.testing.assert_array_equal(got["h"][:, 0], want["h"][:, 0])  # bit for bit
     np.testing.assert_array_equal(got["h"][:, 0], state_of(got["obs"][:, 0]))
@@ -78,8 +78,8 @@ def test_state_dict_holds_start_rows_only_and_restores_them() -> None:
         write(b, more, np.random.default_rng(10), id_base=0)
     valid = np.flatnonzero(testing.valid(buf))
     np.testing.assert_array_equal(valid, np.flatnonzero(testing.valid(again)))
-    a = testing.shard(buf).storage.windows(valid)[0]["h"]
-    b = testing.shard(again).storage.windows(valid)[0]["h"]
+    a = testing.shard(buf)._storage.windows(valid)[0]["h"]
+    b = testing.shard(again)._storage.windows(valid)[0]["h"]
     np.testing.assert_array_equal(a, b)
     bad = dict(state["arrays"], **{"field.h": state["arrays"]["field.h"][1:]})
     with pytest.raises(ConfigError, match=r"field\.h"):
@@ -105,8 +105,8 @@ def test_memory_per_stored_step_r2d2_sizes() -> None:
                                                                                ("starts", True))}
     bufs = {name: sr.ReplayBuffer(sr.Spec({"obs": sr.Field((4,)), "hc": f}), num_streams=4,
                                   stream_capacity=4000, window=80, period=40) for name, f in spec.items()}
-    dense = testing.shard(bufs["dense"]).storage.fields["hc"].nbytes / bufs["dense"].capacity
-    starts = testing.shard(bufs["starts"]).storage.start_rows.nbytes / bufs["starts"].capacity
+    dense = testing.shard(bufs["dense"])._storage.fields["hc"].nbytes / bufs["dense"].capacity
+    starts = testing.shard(bufs["starts"])._storage.start_rows.nbytes / bufs["starts"].capacity
     assert dense == 512
     assert starts < 40  # 512 / 40 per grid step, one row per 64-step episode, 8 B reference
 
@@ -126,12 +126,12 @@ def test_memmap_rings_grow_as_files(tmp_path: Path) -> None:
     grow (new files, the old ones removed) and keep every live row."""
     buf = sr.ReplayBuffer(START_SPEC, num_streams=2, stream_capacity=64, window=2, period=2,
                           storage="memmap", directory=tmp_path)
-    store = testing.shard(buf).storage.start_rows
+    store = testing.shard(buf)._storage.start_rows
     first = store.capacity
     lines = [[FIRST, MID, LAST] * 60 for _ in range(2)]
     write(buf, [line[:150] for line in lines], np.random.default_rng(0))
     assert store.capacity > first
     assert sorted(p.name for p in tmp_path.glob("starts.*")) == [f"starts.h.{store._grown}.bin"]
     valid = np.flatnonzero(testing.valid(buf))
-    got = testing.shard(buf).storage.windows(valid)[0]
+    got = testing.shard(buf)._storage.windows(valid)[0]
     np.testing.assert_array_equal(got["h"][:, 0], state_of(got["obs"][:, 0]))

@@ -39,8 +39,8 @@ def state(buf):
     sd = buf.state_dict()
     out = {k: v.numpy().tolist() for k, v in sd["arrays"].items()}
     out["next_episode_id"] = sd["meta"]["next_episode_id"]
-    out["valid"] = buf._shard.storage.valid.tolist()
-    out["num_valid"] = buf._shard.storage.num_valid
+    out["valid"] = buf._shard._storage.valid.tolist()
+    out["num_valid"] = buf._shard._storage.num_valid
     return out
 
 kw = dict(num_streams=3, stream_capacity=7, window=3)  # the uniform sampler: no kernel on writes

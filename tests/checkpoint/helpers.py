@@ -82,7 +82,7 @@ def window_table(buf: sr.ReplayBuffer) -> dict[int, tuple[tuple[int, ...], float
     The leaf is the sampler's own tree leaf (``p^alpha``) for prioritized buffers, 1 for
     uniform ones; starts with leaf 0 cannot be drawn and are left out.
     """
-    storage = testing.shard(buf).storage
+    storage = testing.shard(buf)._storage
     starts = np.flatnonzero(storage.valid)
     if buf.sampler_name == "prioritized":
         leaves = testing.leaf_masses(buf, starts)

@@ -265,7 +265,7 @@ def test_frame_stacked_background_save_restores_the_buffer_at_the_call(tmp_path:
     buf, env = _stacked_buffer(0), _Frames(1)
     _fill_stacked(buf, env, CAPACITY + 100, p_done=0.02)  # rings wrapped
     saved = _snapshot(buf)
-    frames = testing.shard(buf).storage.stacked["obs"]
+    frames = testing.shard(buf)._storage.stacked["obs"]
     ring = frames.frame_capacity
     if when == "before_the_write":  # deterministic: every overwrite lands before any read
         job = prepare_save(buf, tmp_path, 1, partial="seal", extra=None, keep_last=2, restored=None,

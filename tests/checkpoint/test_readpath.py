@@ -31,7 +31,7 @@ def _big_checkpoint(root: Path) -> tuple[Path, sr.ReplayBuffer]:
 
 
 def _stored(buf: sr.ReplayBuffer) -> dict[str, np.ndarray]:
-    slots, _lengths = testing.shard(buf).storage.stored_slots()
+    slots, _lengths = testing.shard(buf)._storage.stored_slots()
     return {name: arr[slots] for name, arr in testing.shard(buf).fields.items()}
 
 

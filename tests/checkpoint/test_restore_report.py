@@ -51,7 +51,7 @@ def test_restore_reports_drops_and_seals_and_the_next_save_records_them(
     assert all(r.saved_steps == saved["steps"] for r in reports)
     assert sum(r.dropped_episodes for r in reports) > 0 and sum(r.sealed_episodes for r in reports) > 0
     for rep, local in zip(reports, shards, strict=True):
-        assert len(testing.shard(local).storage.stored_slots()[0]) == rep.steps
+        assert len(testing.shard(local)._storage.stored_slots()[0]) == rep.steps
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="shardreplay.checkpoint"):
@@ -110,7 +110,7 @@ def test_a_buffer_a_failed_load_emptied_is_never_saved_as_a_complete_checkpoint(
     fill_random(buf, 20, seed=4)
     with pytest.raises(CheckpointError):
         checkpoint.load(tmp_path, buf, checkpoint_id=1)
-    assert len(testing.shard(buf).storage.stored_slots()[0]) == 0  # the load emptied it, as documented
+    assert len(testing.shard(buf)._storage.stored_slots()[0]) == 0  # the load emptied it, as documented
     with pytest.raises(CheckpointError, match="does not hold what its run restored"):
         checkpoint.save(buf, tmp_path, 2, keep_last=None)
     assert checkpoint.latest_complete(tmp_path) is None

@@ -28,7 +28,7 @@ def _buffer(streams: int, cap: int, seed: int, period: int = PERIOD, spec: sr.Sp
 
 def _windows(buf: sr.ReplayBuffer) -> dict[tuple[int, int], tuple[tuple[int, ...], bytes, float]]:
     """Every drawable window: start (stream id, time) -> (unmasked times, h bytes at the start, leaf)."""
-    storage = testing.shard(buf).storage
+    storage = testing.shard(buf)._storage
     starts = np.flatnonzero(storage.valid)
     leaves = testing.leaf_masses(buf, starts)
     data, mask, _keys = storage.windows(starts)

@@ -103,7 +103,7 @@ def test_storage_windows_equal_the_take_and_copy_path(window: int) -> None:
                  "none": np.zeros((2, 0), np.float32), "action": rng.integers(0, 5, 2),
                  "reward": rng.random(2).astype(np.float32),
                  "step_type": np.array([0 if t % 6 == 0 else (LAST if t % 6 == 5 else 1)] * 2, np.uint8)})
-    storage = testing.shard(buf).storage
+    storage = testing.shard(buf)._storage
     for starts in (np.flatnonzero(storage.valid), np.flatnonzero(storage.valid)[:0]):
         data, mask, keys = storage.windows(starts)
         idx, want_mask, want_keys = kern.window_indices(starts, storage.step_type, storage.generation,

@@ -154,7 +154,7 @@ def test_a_stack_that_does_not_continue_its_episode_is_rejected_and_nothing_chan
 
 def test_each_frame_is_stored_once_and_rings_grow_for_short_episodes() -> None:
     stacked, plain = pair(2, 64, seed=0)
-    store = testing.shard(stacked).storage.stacked["obs"]
+    store = testing.shard(stacked)._storage.stacked["obs"]
     assert store.frame_capacity == initial_frame_capacity(64, K) == 64 + 3 * 5
     envs = Envs(2, seed=0, p_done=0.0)
     for _ in range(100):
@@ -183,9 +183,9 @@ def test_memory_mapped_rings_and_validated_chunks(tmp_path: Path) -> None:
         chunk = envs.chunk(5)
         stacked.extend(stacked.spec.validated(chunk, (2, 5)))  # read-only arrays, as decoded chunks
         plain.extend(chunk)
-    assert testing.shard(stacked).storage.stacked["obs"].frame_capacity > initial_frame_capacity(16, K)
+    assert testing.shard(stacked)._storage.stacked["obs"].frame_capacity > initial_frame_capacity(16, K)
     assert sorted(p.name for p in tmp_path.glob("frames.*")) == [
-        f"frames.obs.{testing.shard(stacked).storage.stacked['obs']._grown}.bin"]
+        f"frames.obs.{testing.shard(stacked)._storage.stacked['obs']._grown}.bin"]
     assert_same_samples(stacked, plain)
 
 
@@ -232,7 +232,7 @@ def test_windows_into_packed_records_match_windows(frame: tuple[int, int],
     envs = Envs(2, seed=9, p_done=0.2)
     for _ in range(25):
         stacked.add(envs.step())
-    storage = testing.shard(stacked).storage
+    storage = testing.shard(stacked)._storage
     starts = testing.shard(stacked).draw(16).starts
     data, mask, keys = storage.windows(starts)
     obs_bytes = data["obs"][0].nbytes
@@ -302,7 +302,7 @@ def test_rings_never_grow_beyond_a_stack_per_step() -> None:
         step = envs.step()
         stacked.add(step)
         plain.add(step)
-    assert testing.shard(stacked).storage.stacked["obs"].frame_capacity == K * 6
+    assert testing.shard(stacked)._storage.stacked["obs"].frame_capacity == K * 6
     assert_same_samples(stacked, plain)
     for _ in range(10):
         step = envs.step()

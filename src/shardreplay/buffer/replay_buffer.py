@@ -117,7 +117,7 @@ class ReplayBuffer:
     @property
     def sampler_name(self) -> str:
         """``"uniform"``, ``"prioritized"`` or ``"fifo"``."""
-        return self._shard.sampler.name
+        return self._shard._sampler.name
 
     def __len__(self) -> int:
         """Valid window starts (for fifo: windows not yet drained)."""
@@ -148,19 +148,10 @@ class ReplayBuffer:
             InvalidPriorityError: priorities of the wrong shape, negative, NaN or inf.
             Nothing is written when an error is raised.
         """
-        shard = self._shard
-        fast = shard._one_step  # read on every step: an attribute, not the property
-        if fast is not None and stream_ids is None and priorities is None and type(step) is dict \
-                and shard._fence is None:
-            # One step of every stream in the stored dtypes: one compiled call
-            # (storage/one_step.py); anything else takes the full validation.
-            if not fast.add(step):
-                shard.write_full(step, None, None, None)
-            return
-        if is_tensordict(step):
+        if type(step) is not dict and is_tensordict(step):
             self._write_tensordict(step, stream_ids, priorities, 1)
             return
-        shard.write(step, stream_ids, priorities, None)
+        self._shard.write(step, stream_ids, priorities, None)
 
     def extend(self, chunk: Mapping[str, Any], stream_ids: Any = None, priorities: Any = None) -> None:
         """Write ``T`` consecutive steps for each of several streams (the actor-chunk case).
@@ -201,7 +192,7 @@ class ReplayBuffer:
     def _fresh_streams(self) -> np.ndarray:
         """Per stream, whether its next step starts an episode: nothing stored yet, or its
         latest step is a LAST."""
-        storage = self._shard.storage
+        storage = self._shard._storage
         pos, cap = storage.pos, storage.stream_capacity
         latest = np.arange(len(pos)) * cap + (pos - 1) % cap
         return (pos == 0) | (storage.step_type[latest] == LAST)
@@ -287,7 +278,7 @@ class ReplayBuffer:
             Nothing changes when an error is raised.
         """
         shard = self._shard
-        if not isinstance(shard.sampler, PrioritizedSampler):
+        if not isinstance(shard._sampler, PrioritizedSampler):
             raise ConfigError(not_prioritized(self.sampler_name))
         keys = as_index_array(keys, "keys")
         return shard.apply_priorities(keys, as_priority_array(priorities, keys.shape))

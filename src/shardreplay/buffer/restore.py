@@ -36,8 +36,8 @@ class Restorable(Protocol):
     """What a session restores of a :class:`~shardreplay.buffer.shard.Shard`, typed by
     these members so that the Shard's module (which builds sessions) is not imported back."""
 
-    storage: StreamStorage
-    sampler: Sampler
+    _storage: StreamStorage
+    _sampler: Sampler
     rng: np.random.Generator
     stale_updates: int
     _restoring: RestoreSession | None
@@ -105,7 +105,7 @@ class RestoreSession:
             CheckpointError: the session is not open (finished, or outside its block).
         """
         self._check(_OPEN, "placing steps")
-        storage = self._shard.storage
+        storage = self._shard._storage
         out = {f"field.{k}": v for k, v in storage.fields.items()}
         out.update({k: getattr(storage, k) for k in storage.step_arrays})
         return out
@@ -117,12 +117,12 @@ class RestoreSession:
             CheckpointError: the session is not open.
         """
         self._check(_OPEN, "placing frames")
-        return self._shard.storage.stacked
+        return self._shard._storage.stacked
 
     @property
     def period(self) -> int:
         """The shard's sequence period (1: every step starts a window)."""
-        return self._shard.storage.period
+        return self._shard._storage.period
 
     def start_fields(self) -> Mapping[str, Any]:
         """The ``at_starts`` fields of the shard's spec (``Field`` by name): placed
@@ -132,7 +132,7 @@ class RestoreSession:
             CheckpointError: the session is not open.
         """
         self._check(_OPEN, "placing start rows")
-        return dict(self._shard.storage.starts)
+        return dict(self._shard._storage.starts)
 
     def place_starts(self, name: str, slots: np.ndarray, values: np.ndarray) -> None:
         """The rows ``values`` of ``at_starts`` field ``name`` for the steps placed at flat
@@ -158,18 +158,18 @@ class RestoreSession:
         self._check(_OPEN, "finish()")
         shard = self._shard
         try:
-            shard.storage.finish_restore(pos, next_episode_id, self._starts)
+            shard._storage.finish_restore(pos, next_episode_id, self._starts)
         except ShardReplayError as exc:  # a start step without its row
             raise CheckpointError(f"cannot restore {self.source}: {exc}") from exc
-        shard.sampler.rebuild()
-        if isinstance(shard.sampler, PrioritizedSampler):
-            shard.sampler.load_state_dict({"max_priority": float(max_priority), "draws": int(draws)})
+        shard._sampler.rebuild()
+        if isinstance(shard._sampler, PrioritizedSampler):
+            shard._sampler.load_state_dict({"max_priority": float(max_priority), "draws": int(draws)})
         if rng_state is not None:
             shard.rng.bit_generator.state = dict(rng_state)
         shard.stale_updates = int(stale_updates)
-        shard.storage.key_epoch = int(key_epoch)
+        shard._storage.key_epoch = int(key_epoch)
         if key_tag is not None:
-            shard.storage.key_tag = int(key_tag)
+            shard._storage.key_tag = int(key_tag)
         self._state = _FINISHED
 
     def reset(self) -> None:
@@ -183,10 +183,10 @@ class RestoreSession:
             raise CheckpointError(f"restore session of {self.source}: reset() outside its with-block")
         shard = self._shard
         self._starts = {}
-        shard.storage.clear()
-        shard.storage.finish_restore(shard.storage.pos, 0)
-        shard.sampler.rebuild()
-        if isinstance(shard.sampler, PrioritizedSampler):
-            shard.sampler.load_state_dict({"max_priority": 1.0, "draws": 0})
-        shard.storage.key_epoch = max(shard.storage.key_epoch, self._floor)
+        shard._storage.clear()
+        shard._storage.finish_restore(shard._storage.pos, 0)
+        shard._sampler.rebuild()
+        if isinstance(shard._sampler, PrioritizedSampler):
+            shard._sampler.load_state_dict({"max_priority": 1.0, "draws": 0})
+        shard._storage.key_epoch = max(shard._storage.key_epoch, self._floor)
         self._state = _OPEN

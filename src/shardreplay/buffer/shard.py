@@ -76,9 +76,9 @@ class Shard:
                  directory: str | Path | None, period: int = 1) -> None:
         self.spec = spec
         self.window = window
-        self.storage = StreamStorage(spec, num_streams, stream_capacity, window,
+        self._storage = StreamStorage(spec, num_streams, stream_capacity, window,
                                      ArrayAllocator(storage, directory), period)
-        self.sampler: Sampler = _make_sampler(sampler, self.storage, alpha, beta)
+        self._sampler: Sampler = _make_sampler(sampler, self._storage, alpha, beta)
         self.rng = np.random.default_rng(seed)
         self.stale_updates = 0  # updates whose window was overwritten since it was sampled
         self.updates_applied = 0  # updates applied to this shard, from any caller
@@ -92,59 +92,105 @@ class Shard:
         self._fence: WriteFence | None = None  # a background checkpoint's view (buffer/fence.py)
         self._fence_lock = threading.Lock()
 
-    @property
-    def one_step(self) -> OneStepAdd | None:
-        """The short path of one-step adds, once built (see :meth:`use_one_step`)."""
-        return self._one_step
-
     # -- sizes ------------------------------------------------------------------------------
     @property
     def num_streams(self) -> int:
         """Rows (streams)."""
-        return self.storage.num_streams
+        return self._storage.num_streams
 
     @property
     def stream_capacity(self) -> int:
         """Steps per row."""
-        return self.storage.stream_capacity
+        return self._storage.stream_capacity
 
     @property
     def period(self) -> int:
         """Steps between window starts in an episode (1: every step; see storage/sequences.py)."""
-        return self.storage.period
+        return self._storage.period
 
     @property
     def capacity(self) -> int:
         """Slots in all: ``num_streams * stream_capacity``."""
-        return self.storage.size
+        return self._storage.size
 
     @property
     def num_steps(self) -> int:
         """Steps stored now."""
-        return self.storage.num_steps
+        return self._storage.num_steps
 
     def samplable(self) -> int:
         """Windows that can be drawn now (fifo: not yet drained; others: valid starts)."""
-        if isinstance(self.sampler, FifoSampler):
-            return self.sampler.num_samplable()
-        return self.storage.num_valid
+        if isinstance(self._sampler, FifoSampler):
+            return self._sampler.num_samplable()
+        return self._storage.num_valid
 
     @property
     def key_tag(self) -> int:
         """The tag every key of this shard carries (see ``spec/keys.py``)."""
-        return self.storage.key_tag
+        return self._storage.key_tag
 
     @property
     def key_epoch(self) -> int:
         """Added to every slot's write count in a key: raised by restores."""
-        return self.storage.key_epoch
+        return self._storage.key_epoch
+
+    @property
+    def sampler_name(self) -> str:
+        """``"uniform"``, ``"prioritized"`` or ``"fifo"``."""
+        return self._sampler.name
+
+    def prioritized_settings(self) -> tuple[float, Schedule] | None:
+        """``(alpha, beta schedule)`` of a prioritized sampler, None for the others."""
+        s = self._sampler
+        return (s.alpha, s.beta) if isinstance(s, PrioritizedSampler) else None
+
+    def sampler_state(self) -> dict[str, Any]:
+        """The sampler's counters (``state_dict``: prioritized ``max_priority``, ``draws``)."""
+        return self._sampler.state_dict()
+
+    @property
+    def sum_tree(self) -> Any:
+        """The prioritized sampler's sum tree, None for the others."""
+        return getattr(self._sampler, "tree", None)
+
+    @property
+    def clears(self) -> int:
+        """Times the storage was emptied (restores): a checkpoint chain of older content ends."""
+        return self._storage.clears
+
+    @property
+    def start_names(self) -> tuple[str, ...]:
+        """The ``at_starts`` fields (kept at window starts only)."""
+        return tuple(self._storage.starts)
+
+    @property
+    def stacked_names(self) -> tuple[str, ...]:
+        """The frame-stacked fields."""
+        return tuple(self._storage.stacked)
+
+    def stored_start_flags(self) -> np.ndarray:
+        """Per stored slot (in ``stored_slots`` order): whether it can start a window."""
+        storage = self._storage
+        return storage.is_start(storage.stored_slots()[0])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Views of the stored arrays by flat slot: ``field.<name>`` of every field not
+        frame-stacked, the per-step arrays and ``valid``."""
+        storage = self._storage
+        out = {f"field.{k}": v for k, v in storage.fields.items()}
+        out.update({k: getattr(storage, k) for k in (*STEP_ARRAYS, "valid")})
+        return out
+
+    def export_steps(self) -> dict[str, np.ndarray]:
+        """Every stored step, row after row in time order (``StreamStorage.export_steps``)."""
+        return self._storage.export_steps()
 
     def info(self) -> BufferInfo:
         """Sizes and counters as one record."""
-        return BufferInfo(sampler=self.sampler.name, num_steps=self.num_steps, samplable=self.samplable(),
+        return BufferInfo(sampler=self._sampler.name, num_steps=self.num_steps, samplable=self.samplable(),
                           capacity=self.capacity, stale_updates=self.stale_updates,
                           updates_applied=self.updates_applied, invalid_keys=self.invalid_keys,
-                          max_priority=self.sampler.default_priority(), key_tag=self.key_tag)
+                          max_priority=self._sampler.default_priority(), key_tag=self.key_tag)
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, step: Mapping[str, Any], stream_ids: Any, priorities: Any, t_len: int | None) -> None:
@@ -153,13 +199,13 @@ class Shard:
         Raises:
             SpecMismatchError, InvalidPriorityError: as ``ReplayBuffer.add``; nothing is written.
         """
-        if t_len is None and stream_ids is None and priorities is None and type(step) is dict \
+        if stream_ids is None and priorities is None and type(step) is dict \
                 and self._fence is None:  # a fence sees every write: the full path announces it
             fast = self._one_step
-            if fast is not None:
-                if fast.add(step):
+            if fast is not None:  # one step of every stream: the one-step writer, or the full path
+                if fast.add(step if t_len is None else _one_step_of(step, t_len)):
                     return
-            elif self._full_adds <= ONE_STEP_AFTER:
+            elif t_len in (None, 1) and self._full_adds <= ONE_STEP_AFTER:
                 self._full_adds += 1
                 if self._full_adds > ONE_STEP_AFTER:
                     self.use_one_step()
@@ -172,7 +218,7 @@ class Shard:
         Raises:
             SpecMismatchError, InvalidPriorityError: as ``ReplayBuffer.add``; nothing is written.
         """
-        storage = self.storage
+        storage = self._storage
         if stream_ids is None:
             rows = storage.all_rows
         elif (type(stream_ids) is np.ndarray and stream_ids.dtype == np.int64 and stream_ids.ndim == 1
@@ -186,7 +232,7 @@ class Shard:
         lead = (rows.shape[0],) if t_len is None else (rows.shape[0], t_len)
         steps = self.spec.validate(step, lead)
         prios = None if priorities is None else check_priorities(priorities, lead)
-        sampler = self.sampler
+        sampler = self._sampler
         if prios is not None and isinstance(sampler, PrioritizedSampler):
             sampler.note_priorities(prios)
         fence = self._fence
@@ -201,23 +247,30 @@ class Shard:
         cache, once), or with ``enabled=False`` never take it (every add then takes the
         full path: tests compare the two). Returns whether the short path is in use (False
         when this spec has none: see ``storage/one_step.py``)."""
-        if not enabled or self.storage.period > 1:  # sequence offsets: full path (sequences.py)
+        if not enabled or self._storage.period > 1:  # sequence offsets: full path (sequences.py)
             self._one_step = None
         elif self._one_step is None:
             # Uniform sampling records priority 1.0 and keeps no state per start.
-            uniform = isinstance(self.sampler, UniformSampler)
-            self._one_step = one_step_add(self.storage, None if uniform else self.sampler.default_priority,
-                                          None if uniform else self.sampler.on_write)
+            uniform = isinstance(self._sampler, UniformSampler)
+            self._one_step = one_step_add(self._storage, None if uniform else self._sampler.default_priority,
+                                          None if uniform else self._sampler.on_write)
         self._full_adds = ONE_STEP_AFTER + 2  # decided: built once, whatever the outcome
         return self._one_step is not None
+
+    def prepare_one_step(self) -> None:
+        """Build the short path of one-step adds now unless :meth:`use_one_step` decided
+        already (a writer of one-step adds only, such as ``GymStepWriter``, compiles when
+        it is made rather than in its first steps)."""
+        if self._full_adds <= ONE_STEP_AFTER:
+            self.use_one_step()
 
     # -- sampling ---------------------------------------------------------------------------
     def stats(self) -> ShardStats:
         """Mass, samplable count, smallest leaf, beta, max priority and key tag now."""
-        s = self.sampler
+        s = self._sampler
         count = s.num_samplable()
         return ShardStats(s.mass(), count, s.min_leaf() if count else math.inf, s.current_beta(),
-                          s.default_priority(), self.storage.key_tag)
+                          s.default_priority(), self._storage.key_tag)
 
     def draw(self, n: int, *, advance_schedule: bool = True) -> Draw:
         """Choose ``n`` window starts (fifo: at most ``n``, oldest first).
@@ -231,20 +284,20 @@ class Shard:
         """
         if not isinstance(n, int | np.integer) or n < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {n!r}")
-        if self.sampler.num_samplable() == 0:
+        if self._sampler.num_samplable() == 0:
             raise EmptyBufferError(
                 f"nothing to sample: {self.num_steps} steps stored, 0 valid windows of {self.window} "
                 "steps (write more steps, or check that priorities are not all 0)")
-        return self.sampler.draw(int(n), self.rng, advance_schedule)
+        return self._sampler.draw(int(n), self.rng, advance_schedule)
 
     def advance_schedule(self) -> None:
         """Move the beta schedule one sample call forward without drawing."""
-        if isinstance(self.sampler, PrioritizedSampler):
-            self.sampler.draws += 1
+        if isinstance(self._sampler, PrioritizedSampler):
+            self._sampler.draws += 1
 
     def current_beta(self) -> float:
         """The importance-weight exponent of the next draw (0 when unweighted)."""
-        return self.sampler.current_beta()
+        return self._sampler.current_beta()
 
     def gather(self, starts: np.ndarray,
                into: tuple[np.ndarray, Mapping[str, int], np.ndarray] | None = None) -> tuple[Any, ...]:
@@ -256,9 +309,9 @@ class Shard:
         ``offsets[f]``), and ``(mask, keys)`` is returned.
         """
         if into is None:
-            return self.storage.windows(starts)
+            return self._storage.windows(starts)
         out, offsets, rows = into
-        return self.storage.windows_into(starts, out, offsets, rows)
+        return self._storage.windows_into(starts, out, offsets, rows)
 
     # -- priorities -------------------------------------------------------------------------
     def apply_priorities(self, keys: np.ndarray, prios: np.ndarray) -> int:
@@ -274,7 +327,7 @@ class Shard:
             InvalidKeyError: a key is not a key of this shard.
             Nothing changes when an error is raised.
         """
-        storage = self.storage
+        storage = self._storage
         status, bad, slots, current = key_kernels.resolve_keys(keys, prios, storage.generation, storage.size,
                                                    storage.key_epoch, storage.key_tag)
         if status == 1:
@@ -285,7 +338,7 @@ class Shard:
         self.stale_updates += keys.shape[0] - n_current
         if n_current < keys.shape[0]:
             slots, prios = slots[current], prios[current]
-        self.sampler.update(slots, prios)
+        self._sampler.update(slots, prios)
         self.updates_applied += int(slots.shape[0])
         return int(slots.shape[0])
 
@@ -293,7 +346,7 @@ class Shard:
         """:meth:`apply_priorities` of updates routed here by other ranks: keys that fit no
         slot of this shard (another tag or place) are counted in ``invalid_keys`` and skipped."""
         keys = np.ascontiguousarray(keys, np.int64)
-        fits = key_kernels.keys_fit(keys, self.storage.key_tag, self.capacity)
+        fits = key_kernels.keys_fit(keys, self._storage.key_tag, self.capacity)
         if not fits.all():
             self.invalid_keys += int((~fits).sum())
             keys, prios = keys[fits], prios[fits]
@@ -303,12 +356,12 @@ class Shard:
     def max_priority(self) -> float:
         """The priority a start written without one gets: the largest seen so far
         (prioritized), 1.0 for uniform and fifo sampling."""
-        return self.sampler.default_priority()
+        return self._sampler.default_priority()
 
     def raise_max_priority(self, value: float) -> None:
         """Raise the running maximum priority to ``value`` when larger (no effect without
         priorities): a sharded buffer agrees on the global maximum this way."""
-        sampler = self.sampler
+        sampler = self._sampler
         if isinstance(sampler, PrioritizedSampler) and math.isfinite(value) and value > sampler.max_priority:
             sampler.max_priority = float(value)
 
@@ -328,7 +381,7 @@ class Shard:
             with self._fence_lock:
                 held = self._fence
                 if held is None:
-                    self._fence = WriteFence(self.storage, names, start)
+                    self._fence = WriteFence(self._storage, names, start)
                     return self._fence
             held.wait_released()
 
@@ -350,27 +403,27 @@ class Shard:
     @property
     def fields(self) -> Mapping[str, np.ndarray]:
         """The stored user fields by flat slot (templates of their dtypes and shapes)."""
-        return self.storage.fields
+        return self._storage.fields
 
     def stacked_since(self, start: np.ndarray) -> dict[str, list[Any]]:
         """Each frame-stacked field's stacks of steps ``[start[r], position[r])`` of every
         row ``r``, in (row, time) order: pieces built when each is read (no copy of them
         all at once), valid until the next write; one empty array when there are none."""
-        cap, hi = self.stream_capacity, self.storage.pos
+        cap, hi = self.stream_capacity, self._storage.pos
         slots = np.concatenate([r * cap + np.arange(int(start[r]), int(hi[r])) % cap
                                 for r in range(hi.shape[0])] or [np.zeros(0, np.int64)]).astype(np.int64)
         return {name: StackPieces.split(store, slots) if slots.shape[0] else [store.gather(slots)]
-                for name, store in self.storage.stacked.items()}
+                for name, store in self._storage.stacked.items()}
 
     def stacked_template(self, name: str) -> np.ndarray:
         """An empty array of frame-stacked field ``name``'s dtype and stack shape."""
-        field = self.storage.stacked[name].field
+        field = self._storage.stacked[name].field
         return np.empty((0, *field.shape), field.dtype)
 
     @property
     def positions(self) -> np.ndarray:
         """Steps ever written to each row (read only: a copy)."""
-        return self.storage.pos.copy()
+        return self._storage.pos.copy()
 
     # -- restoring --------------------------------------------------------------------------
     def restore(self, source: str, key_epoch_floor: int = 0) -> RestoreSession:
@@ -415,6 +468,14 @@ def _make_sampler(name: str, storage: StreamStorage, alpha: float, beta: Schedul
     if name == "fifo":
         return FifoSampler(storage)
     return UniformSampler(storage)
+
+
+def _one_step_of(chunk: dict[str, Any], t_len: int) -> dict[str, Any]:
+    """A chunk of one step per stream (``[S, 1, ...]`` arrays) as one step (``[S, ...]``
+    views); empty (which the one-step writer refuses) for longer chunks."""
+    if t_len != 1:
+        return {}
+    return {k: v[:, 0] if type(v) is np.ndarray and v.ndim >= 2 else v for k, v in chunk.items()}
 
 
 def _rows_distinct(rows: np.ndarray, num_streams: int, marks: np.ndarray) -> bool:

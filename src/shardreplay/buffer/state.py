@@ -30,8 +30,8 @@ class ShardParts(Protocol):
 
     spec: Spec
     window: int
-    storage: StreamStorage
-    sampler: Sampler
+    _storage: StreamStorage
+    _sampler: Sampler
     rng: np.random.Generator
     stale_updates: int
 
@@ -49,7 +49,7 @@ def export_state(shard: ShardParts, field_views: bool = False) -> dict[str, Any]
 
     With ``field_views`` each user field is a list of views into storage (no copy).
     """
-    storage, sampler, rng = shard.storage, shard.sampler, shard.rng
+    storage, sampler, rng = shard._storage, shard._sampler, shard.rng
     arrays: dict[str, Any] = storage.export_steps(copy_fields=not field_views)
     if field_views:
         arrays.update({f"field.{k}": storage.row_pieces(v) for k, v in storage.fields.items()})
@@ -86,7 +86,7 @@ def state_as_tensors(state: dict[str, Any]) -> dict[str, Any]:
 
 def import_state(shard: ShardParts, state: Mapping[str, Any]) -> None:
     """Check ``state`` fully, then restore it into a buffer's ``shard`` (all or nothing)."""
-    storage, sampler, rng = shard.storage, shard.sampler, shard.rng
+    storage, sampler, rng = shard._storage, shard._sampler, shard.rng
     meta, arrays = _split(state)
     _check_layout(shard, meta)
     _check_arrays(shard, arrays)
@@ -140,12 +140,12 @@ def _check_layout(shard: ShardParts, meta: Mapping[str, Any]) -> None:
         if int(meta[name]) != getattr(shard, name):
             raise ConfigError(f"the state has {name}={meta[name]}, the buffer {getattr(shard, name)}; "
                               "restore onto another layout with shardreplay.checkpoint.load")
-    if int(meta.get("period", 1)) != shard.storage.period:
+    if int(meta.get("period", 1)) != shard._storage.period:
         raise ConfigError(f"the state has period={meta.get('period', 1)}, the buffer "
-                          f"{shard.storage.period}; make the buffer with the state's period")
-    if meta["sampler"] != shard.sampler.name:
+                          f"{shard._storage.period}; make the buffer with the state's period")
+    if meta["sampler"] != shard._sampler.name:
         raise ConfigError(f"the state is of a {meta['sampler']} sampler, the buffer "
-                          f"{shard.sampler.name}")
+                          f"{shard._sampler.name}")
 
 
 def _check_counters(meta: Mapping[str, Any], rng: np.random.Generator) -> tuple[int, int, int]:
@@ -190,10 +190,10 @@ def _check_arrays(shard: ShardParts, arrays: Mapping[str, np.ndarray]) -> None:
         raise ConfigError("state arrays: row_length does not match row_pos and stream_capacity")
     n = int(lengths.sum())
     expected = {f"field.{k}": (n, f.shape, f.dtype) for k, f in shard.spec.fields.items() if not f.at_starts}
-    expected.update({k: (n, (), dt) for k, dt in shard.storage.step_arrays.items()})
+    expected.update({k: (n, (), dt) for k, dt in shard._storage.step_arrays.items()})
     _check_shapes(arrays, expected)
     # at_starts fields hold a row per start step only (storage/starts.py).
-    period = shard.storage.period
+    period = shard._storage.period
     starts = n if period == 1 else int((np.asarray(arrays["episode_step"]) % period == 0).sum())
     _check_shapes(arrays, {f"field.{k}": (starts, f.shape, f.dtype)
                            for k, f in shard.spec.fields.items() if f.at_starts})

@@ -144,8 +144,8 @@ def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | Non
     plan = _plan_of(shard, observation, action, reward, n)
     starts, weights = _draw(shard, batch_size)
     if plan.params is None:
-        return _sample_in_steps(shard.storage, plan, starts, weights, gamma, n)
-    return _sample_compiled(shard.storage, plan, starts, weights, gamma)
+        return _sample_in_steps(shard._storage, plan, starts, weights, gamma, n)
+    return _sample_compiled(shard._storage, plan, starts, weights, gamma)
 
 
 _FLOAT32 = np.dtype(np.float32)
@@ -181,7 +181,7 @@ _ALIGN = 64  # each gathered field's output block starts on a cache line
 
 def _plan_of(shard: Shard, observation: str, action: str, reward: str, n: int) -> _Plan:
     """The cached plan of these names (checked, and raising, on the first call only)."""
-    storage = shard.storage
+    storage = shard._storage
     plans = _PLANS.get(storage)
     if plans is None:
         plans = _PLANS.setdefault(storage, {})
@@ -201,7 +201,7 @@ def _new_plan(shard: Shard, observation: str, action: str, reward: str, n: int) 
                                     f"{sorted(spec.fields)}")
     if spec[reward].frame_stack:
         raise SpecMismatchError(f"reward field {reward!r} is frame-stacked; a reward must be a plain field")
-    storage = shard.storage
+    storage = shard._storage
     rewards = storage.fields[reward]
     plan = _Plan(observation, action, reward, obs_names)
     if rewards.ndim != 1 or not _numba_takes(rewards.dtype):
@@ -249,7 +249,7 @@ def _gathered(storage: StreamStorage, name: str, params: np.ndarray, gathers: tu
 def _draw(shard: Shard, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Window starts and their weights: ``shard.draw``'s, with a uniform sampler's starts
     drawn alone (the same draws; its probabilities are not needed here)."""
-    sampler = shard.sampler
+    sampler = shard._sampler
     if type(sampler) is UniformSampler and type(batch_size) is int and batch_size >= 1 \
             and sampler.storage.num_valid > 0:
         return sampler.draw_starts(batch_size, shard.rng), np.ones(batch_size, np.float32)

@@ -74,7 +74,7 @@ def full_segments(hi: np.ndarray, cap: int) -> Segments:
 def chain_of(shard: Shard, root: Path) -> Chain | None:
     """The chain a part of ``shard`` under ``root`` can continue (None: save it full)."""
     chain = _CHAINS.get(shard, {}).get(str(Path(root).resolve()))
-    if chain is None or chain.clears != shard.storage.clears:
+    if chain is None or chain.clears != shard.clears:
         return None
     # A part of an incomplete checkpoint may be set aside (moved) at the next resume.
     directory = Path(root) / chain.own.checkpoint
@@ -87,7 +87,7 @@ def remember(shard: Shard, root: Path, directory: Path, file: str, info: dict, s
     """After a part was written: the next part of ``shard`` may continue from it."""
     own = RefSource(Path(directory).name, file, int(info["bytes"]), tuple(info["block_xxh64"]))
     key = str(Path(root).resolve())
-    _CHAINS.setdefault(shard, {})[key] = Chain(key, shard.storage.clears, own, segments)
+    _CHAINS.setdefault(shard, {})[key] = Chain(key, shard.clears, own, segments)
 
 
 def forget(shard: Shard, root: Path) -> None:

@@ -186,7 +186,7 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
     state = shard.export()
     hi = state["arrays"]["row_pos"]
     # Start rows (not one row per step): full parts.
-    chained = partial == "seal" and not shard.storage.starts
+    chained = partial == "seal" and not shard.start_names
     chain = chain_of(shard, root) if incremental and chained else None
     if chain is not None:
         job.segments, start = plan_increment(chain, hi, shard.stream_capacity)
@@ -195,15 +195,15 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
         start = hi - np.minimum(hi, shard.stream_capacity)
     names = list(shard.fields)
     if background:  # frame-stacked fields too: their frame rings are fenced (buffer/frame_fence.py)
-        names += list(shard.storage.stacked)
+        names += list(shard.stacked_names)
         job.fence = shard.take_fence(names, start)
         state["arrays"].update({f"field.{n}": job.fence.pieces(n) for n in names})
     elif chain is not None:
         state["arrays"].update({f"field.{n}": _views(shard.fields[n], start, hi, shard.stream_capacity)
                                 for n in names})
         state["arrays"].update({f"field.{n}": pieces for n, pieces in shard.stacked_since(start).items()})
-    starts = [f"field.{n}" for n in shard.storage.starts]
-    is_start = shard.storage.is_start(shard.storage.stored_slots()[0]) if starts else None
+    starts = [f"field.{n}" for n in shard.start_names]
+    is_start = shard.stored_start_flags() if starts else None
     arrays, episodes, report = apply_partial_policy(state["arrays"], partial, starts, is_start)
     arrays.update(episodes.as_arrays())
     if partial == "seal":
@@ -215,7 +215,7 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
         meta["sharding"] = sharding
     job.arrays, job.meta = _ordered(arrays), meta
     job.empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
-    job.empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.storage.stacked})
+    job.empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
     name = part_name(job.index, job.num_shards)
     job.desc = {
         "format": FORMAT, "version": FORMAT_VERSION, "checkpoint_id": job.checkpoint_id,

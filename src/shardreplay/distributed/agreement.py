@@ -48,10 +48,10 @@ def settings_of(local: ReplayBuffer, mode: str, prefetch: int, pipeline: bool, h
                 region_nonce: int) -> SamplingSettings:
     """This rank's :class:`SamplingSettings` (alpha and beta are 0 for uniform shards,
     where they change nothing)."""
-    sampler: Any = shard_of_buffer(local).sampler
+    prioritized: Any = shard_of_buffer(local).prioritized_settings()
     alpha, beta_start, beta_end, beta_steps = 0.0, 0.0, 0.0, 0
-    if local.sampler_name == "prioritized":
-        alpha, beta = float(sampler.alpha), sampler.beta
+    if prioritized is not None:
+        alpha, beta = float(prioritized[0]), prioritized[1]
         if hasattr(beta, "steps"):  # a LinearSchedule (samplers are reached only through the Shard)
             beta_start, beta_end, beta_steps = float(beta.start), float(beta.end), int(beta.steps)
         else:

@@ -119,7 +119,7 @@ class PriorityRouter:
             ConfigError: the shards are not prioritized.
             InvalidKeyError / InvalidPriorityError: bad input (nothing was changed).
         """
-        sampler = self._shard.sampler.name
+        sampler = self._shard.sampler_name
         if sampler != "prioritized":
             raise ConfigError(not_prioritized(sampler))
         keys_np = np.ascontiguousarray(as_index_array(keys, "keys"))

@@ -2,12 +2,10 @@
 
 It stores exactly what :class:`shardreplay.gym.steps.GymStepConverter` followed by
 :meth:`ReplayBuffer.add` stores (the converter's module docstring draws the timelines of
-both autoreset modes), without building a step dict per call: the first call with a new
-kind of inputs (types, dtypes, dimensions) is checked against the spec in full; later
-calls of that kind go straight to one compiled call, which checks shapes and NaN/inf in
-finite fields and then writes the held observation, the action, reward, step type and
-discount of every env and the buffer's bookkeeping. Inputs whose values need a check on
-every call (an int64 action into a uint8 field) take the full check every time.
+both autoreset modes), through the buffer's one write path (the shard's one-step writer,
+``storage/one_step.py``, built when the writer is made): each call hands one step dict
+of every env to it, reusing the step-type and discount arrays while every env goes on.
+Frame-stacked observations (pixels) take the same path, which stores each frame once.
 
 Differences from the converter: a bad observation raises in the call that hands it over
 (the converter raises one call later, when it writes it); nothing is written then.
@@ -15,6 +13,7 @@ Differences from the converter: a bad observation raises in the call that hands 
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -24,9 +23,6 @@ import numpy as np
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.gym.modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
-from shardreplay.gym.stacked import StackedSteps
-from shardreplay.kernels import gym_step as gk
-from shardreplay.kernels.gym_step import allow_inputs, compiled_gym_write
 from shardreplay.spec import Field, Spec, StepType
 
 if TYPE_CHECKING:
@@ -38,10 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["GymStepWriter", "spec_from_env"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
-# What the compiled write returns at most for an input it refuses (kernels/gym_step.py).
-_REFUSED = gk.FAILED - 1
-# (action, obs, reward, terminated, truncated) as the compiled write takes them.
-_Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
@@ -130,7 +122,7 @@ class GymStepWriter:
             ``GymStepConverter`` with ``ReplayBuffer.add`` for those).
 
     A frame-stacked observation (``spec_from_env(envs, frame_stack=True)``) is taken:
-    its steps go through ``ReplayBuffer.add``, which stores each frame once.
+    each frame is stored once.
     """
 
     def __init__(self, buffer: ReplayBuffer | ShardedReplayBuffer, *, autoreset_mode: Any = None,
@@ -156,63 +148,32 @@ class GymStepWriter:
                               f"{buffer.spec[reward].shape}")
         self.buffer = buffer
         self.autoreset_mode = mode_name(autoreset_mode)
-        # A frame-stacked observation (pixels) is written through ReplayBuffer.add, which
-        # alone fills frame rings (gym_stacked.py); plain fields take the compiled write.
-        self._stacked = (StackedSteps(buffer, self.autoreset_mode == "same_step",
-                                      (observation, action, reward))
-                         if buffer.spec[observation].frame_stack else None)
-        if self._stacked is not None:
-            self.num_envs = buffer.num_streams
-            return
-        self.num_envs = buffer.num_streams
+        self._same_step = self.autoreset_mode == "same_step"
         self._names = (observation, action, reward)
         self._shard = shard_of_buffer(buffer)
-        st = self._shard.storage
-        n, s = st.size, self.num_envs
-        self._obs_shape = (s, *buffer.spec[observation].shape)
-        self._act_shape = (s, *buffer.spec[action].shape)
-        self._unit_action = buffer.spec[action].shape[-1:] == (1,)
-        self._held_obs = np.zeros((s, *buffer.spec[observation].shape), buffer.spec[observation].dtype)
-        self._same_step = self.autoreset_mode == "same_step"
-        parts: Mapping[str, Any] = st.records.dtype.fields or {}
-        self._state = np.array([st.stream_capacity, st.window, self._same_step,
-                                *(buffer.spec[k].checks_finite for k in self._names), 0, 0, 0,
-                                *(parts[name][1] for name in gk.RECORD_PARTS)]
-                               + [FIRST] * s + list(range(s)) + [0] * (4 * s * st.window), np.int64)
-        self._fstate = np.ones(1 + s, np.float64)
-        self._out = self._state[gk.HELD + 2 * s:].reshape(4, s * st.window)  # a view, filled by each write
-        self._is_uniform = buffer.sampler_name == "uniform"
-        # Every array the compiled write takes, bound once: the storage changes them in
-        # place (restores included), never replaces them.
-        # The records go as plain uint8 rows (a plain ndarray even when memory-mapped).
-        self._head = (np.asarray(st.records).view(np.uint8).reshape(n, -1), st.pos_and_counters,
-                      self._state, self._fstate,
-                      st.fields[observation].reshape(n, *buffer.spec[observation].shape),
-                      st.fields[action].reshape(n, *buffer.spec[action].shape),
-                      st.fields[reward].reshape(n), self._held_obs)
-        # Compiled (or loaded from numba's cache) for inputs in the stored dtypes now, so the
-        # one-time cost lands where the writer is made, not in the first step.
-        spec = buffer.spec
-        canonical = (np.zeros(self._act_shape, spec[action].dtype), self._held_obs.copy(),
-                     np.zeros(s, spec[reward].dtype), np.zeros(s, bool), np.zeros(s, bool))
-        self._kernel = compiled_gym_write(self._head, canonical)
-        self._plain = False  # reset, NEXT_STEP and uniform: step() writes inline
-        self._is_reset = False
-        self._storage = st
-
-    @property
-    def num_steps(self) -> int:
-        """Steps written so far (over all envs)."""
-        if self._stacked is not None:
-            return self._stacked.num_steps
-        return int(self._state[gk.STEPS])
-
-    @property
-    def num_episodes(self) -> int:
-        """Episodes ended so far (over all envs)."""
-        if self._stacked is not None:
-            return self._stacked.num_episodes
-        return int(self._state[gk.EPISODES])
+        # Built now (compiled, or loaded from numba's cache), not in the first step.
+        self._shard.prepare_one_step()
+        spec, n = buffer.spec, buffer.num_streams
+        self.num_envs = n
+        self._obs_field, self._reward_dtype = spec[observation], spec[reward].dtype
+        # A bad observation raises when handed over (see the module docstring).
+        self._check_finite = self._obs_field.checks_finite and self._obs_field.dtype.kind == "f"
+        self._act_shape = (n, *spec[action].shape)
+        self._unit_action = self._act_shape[-1:] == (1,)  # a (1,) action may come as [n]
+        self._held: np.ndarray | None = None
+        self._spare = np.empty(0)  # the next held copy goes here (reset() shapes it)
+        self._any_last = False  # some held step is LAST
+        # Step types and discounts of the held steps: replaced (never changed in place)
+        # after each write, so that the arrays handed to the write are never changed later
+        # (``_all_ones``: no discount is handed over, which then means 1.0).
+        self._types = np.full(n, FIRST, np.uint8)
+        self._all_mid = np.full(n, MID, np.uint8)
+        self._all_ones = np.ones(n, np.float32)
+        self._discounts = self._all_ones
+        self._none_done = bytes(n)
+        self._none = np.zeros(n, np.bool_)  # done when no env is (never changed)
+        self.num_steps = 0
+        self.num_episodes = 0
 
     @classmethod
     def from_env(cls, env: Any, buffer: ReplayBuffer | ShardedReplayBuffer, **kwargs: Any) -> GymStepWriter:
@@ -239,18 +200,36 @@ class GymStepWriter:
         Raises:
             SpecMismatchError: ``obs`` does not fit the spec's observation field (one row per env).
         """
-        if self._stacked is not None:
-            self._stacked.reset(obs)
-            return
-        name = self._names[0]
-        arr = self.buffer.spec.validate(self._probe(obs, None, None), (self.num_envs,))[name]
-        self._held_obs[...] = arr
-        self._state[gk.HELD:gk.HELD + self.num_envs] = FIRST
-        self._fstate[1:] = 1.0
-        self._is_reset = True
-        # The inline path of step() holds no lock: a pipelined sharded buffer's writes take
-        # _write_all, which does.
-        self._plain = self._is_uniform and not self._same_step and self._lock is None
+        held = self._checked_obs(obs)
+        self._held, self._spare = held, np.empty_like(held)
+        self._types = np.full(self.num_envs, FIRST, np.uint8)
+        self._discounts = self._all_ones
+        self._any_last = False
+
+    def _checked_obs(self, obs: Any) -> np.ndarray:
+        """A copy of ``obs`` in the stored dtype, checked by the spec's full check."""
+        spec, s = self.buffer.spec, self.num_envs
+        probe = {name: np.zeros((s, *spec[name].shape), spec[name].dtype) for name in spec.fields}
+        probe[self._names[0]] = obs
+        probe["step_type"] = np.zeros(s, np.uint8)
+        return np.array(spec.validate(probe, (s,))[self._names[0]], copy=True)
+
+    def _hold(self, obs: Any) -> np.ndarray:
+        """A copy of ``obs`` to hold until the next step (the env may reuse its array):
+        into the spare array when ``obs`` is one of the stored dtype and shape (no
+        allocation), else checked by the spec's full check.
+
+        Raises:
+            SpecMismatchError: ``obs`` does not fit the observation field.
+        """
+        spare = self._spare
+        if type(obs) is np.ndarray and obs.dtype == spare.dtype and obs.shape == spare.shape:
+            if self._check_finite and not math.isfinite(obs.sum()) and not np.isfinite(obs).all():
+                raise SpecMismatchError(f"field {self._names[0]!r} holds NaN or inf; the spec's "
+                                        "Field(finite=True) rejects them")
+            np.copyto(spare, obs)
+            return spare
+        return self._checked_obs(obs)
 
     def step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
              info: Mapping[str, Any] | None = None) -> None:
@@ -263,141 +242,76 @@ class GymStepWriter:
                 final observations (a SAME_STEP env), or a SAME_STEP env's done without
                 ``info["final_obs"]``. Nothing is written then.
         """
-        if self._stacked is not None:
-            if self._lock is None:  # no context manager to enter (a pixel step counts microseconds)
-                self._stacked.step(action, obs, reward, terminated, truncated, info)
-            else:
-                with self._lock:
-                    self._stacked.step(action, obs, reward, terminated, truncated, info)
-            return
-        if self._plain and not info:  # never with a lock to hold (reset() says)
-            # The common case inline: NEXT_STEP, uniform sampling, no info to look at.
-            try:
-                delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
-            except TypeError:  # inputs of a kind not accepted yet (or not arrays)
-                if self._unit_action and getattr(action, "shape", None) == self._act_shape[:-1]:
-                    # A (1,) Box action given as [num_envs] (as SB3 takes it): its unit axis
-                    # added here, so the compiled write takes it (checked only on this path).
-                    self.step(np.reshape(action, self._act_shape), obs, reward, terminated, truncated, info)
-                    return
-                self._write_all(*self._accept(action, obs, reward, terminated, truncated), info)
-                return
-            if delta <= _REFUSED:
-                self._raise_for(delta, action, obs, reward, terminated, truncated)
-            self._storage.num_valid += delta
-            return
-        if not all(type(x) is np.ndarray for x in (action, obs, reward, terminated, truncated)):
-            action, obs, reward, terminated, truncated = self._accept(action, obs, reward, terminated,
-                                                                      truncated)
-        self._write_all(action, obs, reward, terminated, truncated, info)
-
-    def _write_all(self, action: np.ndarray, obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
-                   truncated: np.ndarray, info: Mapping[str, Any] | None) -> None:
-        """The compiled write of arrays (shapes checked in it), their kind accepted first."""
-        if self._lock is not None:
-            with self._lock:
-                self._write_unlocked(action, obs, reward, terminated, truncated, info)
+        if self._lock is None:  # no context manager to enter (a step counts microseconds)
+            self._step(action, obs, reward, terminated, truncated, info)
         else:
-            self._write_unlocked(action, obs, reward, terminated, truncated, info)
+            with self._lock:
+                self._step(action, obs, reward, terminated, truncated, info)
 
-    def _write_unlocked(self, action: np.ndarray, obs: np.ndarray, reward: np.ndarray,
-                        terminated: np.ndarray, truncated: np.ndarray,
-                        info: Mapping[str, Any] | None) -> None:
-        if not self._is_reset:
+    def _step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
+              info: Mapping[str, Any] | None) -> None:
+        held = self._held
+        if held is None:
             raise ConfigError("call reset(obs) with the env's reset observation before step()")
-        done_ids = None
-        if info and has_final_obs(info) and not self._same_step and (terminated.any() or truncated.any()):
+        n = self.num_envs
+        if type(action) is not np.ndarray:
+            action = np.asarray(action)
+        if self._unit_action and action.shape == self._act_shape[:-1]:
+            action = action.reshape(self._act_shape)
+        if type(reward) is not np.ndarray or reward.dtype != self._reward_dtype:
+            reward = np.asarray(reward, self._reward_dtype)
+        term, trunc = _flags(terminated, n, "terminated"), _flags(truncated, n, "truncated")
+        # Any env done: the bool arrays' bytes not all zero (ndarray.any goes through a
+        # Python wrapper, most of a step's Python: RESULTS-single-env.md).
+        none = self._none_done
+        any_done = term.tobytes() != none or trunc.tobytes() != none
+        done = term | trunc if any_done else self._none
+        if not self._same_step and any_done and info and has_final_obs(info):
             raise SpecMismatchError(
                 "the env reset in the same step (info holds final observations) but the writer "
                 "expects NEXT_STEP autoreset: build it with autoreset_mode='same_step'")
-        if self._same_step and (terminated.any() or truncated.any()):
-            done_ids = np.flatnonzero(terminated | truncated)
-            last_obs = final_obs(info, done_ids)  # raises before anything is written
-        if not self._is_uniform:
-            self._fstate[0] = self._shard.sampler.default_priority()
-        try:
-            delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
-        except TypeError:  # inputs of a kind not accepted yet
-            action, obs, reward, terminated, truncated = self._accept(action, obs, reward, terminated,
-                                                                      truncated)
-            delta = self._kernel(*self._head, action, obs, reward, terminated, truncated)
-        if delta <= _REFUSED:
-            self._raise_for(delta, action, obs, reward, terminated, truncated)
-        self._storage.num_valid += delta
-        if not self._is_uniform:  # as ReplayBuffer._write tells its sampler (same layer)
-            out, n_out = self._out, int(self._state[gk.N_OUT])
-            self._shard.sampler.on_write(out[1, :n_out], out[2, :n_out].astype(bool),
-                                          out[3, :n_out].astype(bool))
-        if done_ids is not None:
-            self._write_last(done_ids, last_obs, terminated, action)
-
-    def _raise_for(self, result: int, *inputs: np.ndarray) -> None:
-        """Raise the error the compiled write's refusal ``result`` stands for."""
-        code = gk.FAILED - result  # 1 .. 3: NaN or inf in obs, action, reward; 4: a shape
-        if code == 4:
-            self._accept(*inputs)  # raises, naming the input of the wrong shape
-        raise SpecMismatchError(f"field {self._names[code - 1]!r} holds NaN or inf; the spec's "
-                                "Field(finite=True) rejects them")
-
-    def _write_last(self, ids: np.ndarray, last_obs: Any, terminated: np.ndarray, action: np.ndarray) -> None:
-        """SAME_STEP: the LAST steps of the envs that ended (action, reward: padding)."""
+        last_obs = final_obs(info, np.flatnonzero(done)) if self._same_step and any_done else None
+        next_held = self._hold(obs)
+        any_last = self._any_last
         obs_name, action_name, reward_name = self._names
-        step = {obs_name: last_obs, action_name: np.zeros_like(action[ids]),
-                reward_name: np.zeros(len(ids), np.float32),
-                "step_type": np.full(len(ids), LAST, np.uint8),
-                "discount": np.where(terminated[ids], 0.0, 1.0).astype(np.float32)}
-        self.buffer.add(step, stream_ids=ids)
-        self._state[gk.STEPS] += len(ids)
+        step = {obs_name: held, action_name: action, reward_name: reward, "step_type": self._types}
+        if any_last:  # at LAST (NEXT_STEP) the env ignored the action and returned reward 0: padding
+            is_last = self._types == LAST
+            step[action_name] = np.where(is_last.reshape((n,) + (1,) * (action.ndim - 1)), 0,
+                                         action).astype(action.dtype)
+            step[reward_name] = np.where(is_last, np.float32(0), reward)
+        if self._discounts is not self._all_ones:  # a step without a discount has 1.0
+            step["discount"] = self._discounts
+        self._shard.write(step, None, None, None)
+        self.num_steps += n
+        if last_obs is not None:
+            ids = np.flatnonzero(done)
+            discount = np.where(term, 0.0, 1.0).astype(np.float32)
+            self._shard.write({obs_name: last_obs, action_name: np.zeros_like(step[action_name][ids]),
+                               reward_name: np.zeros(len(ids), self._reward_dtype),
+                               "step_type": np.full(len(ids), LAST, np.uint8), "discount": discount[ids]},
+                              ids, None, None)
+            self.num_steps += len(ids)
+            self.num_episodes += len(ids)
+            self._types = np.where(done, np.uint8(FIRST), np.uint8(MID))
+            self._discounts = self._all_ones
+            self._any_last = False
+        elif not (any_last or any_done):  # the common step: every stream goes on
+            if self._types is not self._all_mid:
+                self._types, self._discounts = self._all_mid, self._all_ones
+        else:
+            is_last = self._types == LAST
+            self.num_episodes += int(done.sum())
+            discount = np.where(term, 0.0, 1.0).astype(np.float32)
+            self._types = np.where(done, np.uint8(LAST), np.where(is_last, np.uint8(FIRST), np.uint8(MID)))
+            self._discounts = np.where(done, discount, np.float32(1.0))
+            self._any_last = any_done
+        # The array held so far was copied into the buffer: the next step's copy reuses it.
+        self._spare, self._held = held, next_held
 
-    def _probe(self, obs: Any, action: Any, reward: Any) -> dict[str, Any]:
-        """A step dict for the spec's full check (missing parts as zeros of the stored dtype)."""
-        spec, s = self.buffer.spec, self.num_envs
-        obs_name, action_name, reward_name = self._names
-        step = {name: np.zeros((s, *spec[name].shape), spec[name].dtype) for name in spec.fields}
-        step[obs_name] = obs
-        if action is not None:
-            step[action_name] = action
-        if reward is not None:
-            step[reward_name] = reward
-        step["step_type"] = np.zeros(s, np.uint8)
-        return step
 
-    def _accept(self, action: Any, obs: Any, reward: Any, terminated: Any,
-                truncated: Any) -> _Inputs:
-        """Check inputs of a new kind against the spec once; arrays the fast path takes.
-
-        Raises:
-            ConfigError: called before :meth:`reset`.
-            SpecMismatchError: as :meth:`step`.
-        """
-        if not self._is_reset:
-            raise ConfigError("call reset(obs) with the env's reset observation before step()")
-        action, obs, reward = np.asarray(action), np.asarray(obs), np.asarray(reward)
-        if self._unit_action and action.shape == self._act_shape[:-1]:
-            action = action.reshape(self._act_shape)
-        flags = []
-        for name, value in (("terminated", terminated), ("truncated", truncated)):
-            arr = np.asarray(value, dtype=bool)
-            if arr.shape != (self.num_envs,):
-                raise SpecMismatchError(f"{name} must have shape ({self.num_envs},), got {arr.shape}")
-            flags.append(arr)
-        self.buffer.spec.validate(self._probe(obs, action, reward), (self.num_envs,))
-        if obs.shape != self._obs_shape or action.shape != self._act_shape:
-            raise SpecMismatchError(f"obs {obs.shape} and action {action.shape} must be shaped "
-                                    f"{self._obs_shape} and {self._act_shape}")
-        spec = self.buffer.spec
-        inputs: _Inputs = (action, obs, reward, flags[0], flags[1])
-        # An integer narrowing (int64 -> uint8) is checked for its values on every call:
-        # such inputs go on as copies in the stored dtypes, whose kind is compiled instead.
-        if not all(np.can_cast(arr.dtype, spec[name].dtype, casting="same_kind")
-                   and not (arr.dtype.kind in "iub" and not np.can_cast(arr.dtype, spec[name].dtype, "safe"))
-                   for name, arr in zip(self._names, (obs, action, reward), strict=True)):
-            inputs = (action.astype(spec[self._names[1]].dtype), obs.astype(spec[self._names[0]].dtype),
-                      reward.astype(spec[self._names[2]].dtype), flags[0], flags[1])
-        self._compile_for(inputs)
-        return inputs
-
-    def _compile_for(self, inputs: tuple[np.ndarray, ...]) -> None:
-        """Let the compiled write take inputs of these types from now on."""
-        allow_inputs(self._kernel, (*self._head, *inputs))
-
+def _flags(value: Any, n: int, name: str) -> np.ndarray:
+    arr = value if type(value) is np.ndarray and value.dtype == np.bool_ else np.asarray(value, dtype=bool)
+    if arr.shape != (n,):
+        raise SpecMismatchError(f"{name} must have shape ({n},), got {arr.shape}")
+    return arr
