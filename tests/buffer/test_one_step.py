@@ -23,7 +23,7 @@ import shardreplay as sr
 import shardreplay.spec.validation as validation
 from shardreplay import testing
 from shardreplay.buffer import shard as shard_module
-from shardreplay.storage import one_step as one_step_module
+from shardreplay.storage import frames as frames_module
 from tests.support.buffers import assert_same, snapshot
 
 # One worker for the whole module: its cases compile the same specialised kernels, which
@@ -130,9 +130,21 @@ MUTATIONS: dict[str, Callable[[dict[str, Any], sr.Spec], None]] = {
 }
 
 
-def _call(buf: sr.ReplayBuffer, step: dict[str, Any]) -> str | None:
+def _as_chunk(value: Any) -> Any:
+    """A step's value with a time axis of one step (``[S, 1, ...]``), for ``extend``."""
+    if isinstance(value, dict):
+        return {k: _as_chunk(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray | torch.Tensor):
+        return value[:, None]
+    return [[x] for x in value] if isinstance(value, list) else value
+
+
+def _call(buf: sr.ReplayBuffer, step: dict[str, Any], entry: str = "add") -> str | None:
     try:
-        buf.add(step)
+        if entry == "add":
+            buf.add(step)
+        else:
+            buf.extend({k: _as_chunk(v) for k, v in step.items()})
     except Exception as exc:  # the type and message are what is compared
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -146,10 +158,13 @@ def _observed(buf: sr.ReplayBuffer) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("entry", ["add", "extend"], ids=["add", "extend of one step"])
 @pytest.mark.parametrize("sampler", ["uniform", "prioritized", "fifo"])
 @pytest.mark.parametrize("streams", [1, 3])
 @pytest.mark.parametrize("kind", sorted(SPECS))
-def test_short_path_stores_and_raises_as_the_full_path(kind: str, streams: int, sampler: str) -> None:
+def test_short_path_stores_and_raises_as_the_full_path(kind: str, streams: int, sampler: str,
+                                                       entry: str) -> None:
+    """``add`` and ``extend`` of one step per stream both take the one-step writer."""
     spec = SPECS[kind]
     fast, full = _pair(spec, streams, sampler)
     rng = np.random.default_rng([streams, len(kind), len(sampler)])
@@ -165,8 +180,8 @@ def test_short_path_stores_and_raises_as_the_full_path(kind: str, streams: int, 
         if i % 3 == 0:
             MUTATIONS[names[(i // 3) % len(names)]](step, spec)
         before = _observed(fast)
-        error = _call(fast, {k: v for k, v in step.items()})
-        assert error == _call(full, step), f"step {i}: {step}"
+        error = _call(fast, {k: v for k, v in step.items()}, entry)
+        assert error == _call(full, step, entry), f"step {i}: {step}"
         if error is not None:
             seen_errors += 1
             assert_same(_observed(fast), before, f"step {i} wrote before raising {error}")
@@ -275,7 +290,10 @@ def test_short_path_with_frame_stacks_stores_and_raises_as_the_full_path(streams
     sr.Spec({"obs": sr.Field((2, 4, 4), np.float32, frame_stack=True), "action": sr.Field((), np.int64)}),
     sr.Spec({"obs": sr.Field((3,), np.float16)}),
     sr.Spec({"obs": sr.Field((3,), np.dtype(">f4"))}),
-], ids=["float frame stack", "float16", "big-endian"])
+    sr.Spec({"obs": sr.Field((2, 4), np.uint8, frame_stack=True),
+             "goal": sr.Field((2, 4), np.uint8, frame_stack=True), "action": sr.Field((), np.int64)}),
+    sr.Spec({"obs": sr.Field((2, 4), np.uint8, frame_stack=True)}),
+], ids=["float frame stack", "float16", "big-endian", "two frame stacks", "a frame stack alone"])
 def test_specs_without_a_short_path_take_the_full_one(spec: sr.Spec) -> None:
     buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=8)
     assert not testing.shard(buf).use_one_step()
@@ -346,11 +364,10 @@ def test_one_frame_stacked_field_stores_and_raises_as_the_full_path(kind: str, s
     fast, full = sr.ReplayBuffer(spec, **kw), sr.ReplayBuffer(spec, **kw)
     assert testing.shard(fast).use_one_step() and not testing.shard(full).use_one_step(False)
     short = testing.shard(fast)._one_step
-    assert short is not None and short._fused
+    assert short is not None
     frames, full_frames = (testing.shard(b)._storage.stacked["obs"] for b in (fast, full))
-    # One compiled call: the three-call path's frame kernels are not reached.
-    monkeypatch.setattr(one_step_module.fk, "plan_write", None)
-    monkeypatch.setattr(one_step_module.fk, "append_frames", None)
+    # One compiled call: the full path's frame planning is not reached.
+    monkeypatch.setattr(frames_module.FrameStore, "plan", None)
     rng = np.random.default_rng(len(kind) + len(sampler))
     last = np.zeros((2, *spec["obs"].shape), spec["obs"].dtype)
     taken = errors = 0

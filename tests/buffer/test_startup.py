@@ -1,5 +1,5 @@
 """A fresh process imports ``ReplayBuffer`` and makes its first writes without numba
-(kernels/lazy.py, kernels/first_writes.py), and writes that cross from the numpy twins to
+(kernels/lazy.py, kernels/reference/), and writes that cross from the numpy twins to
 the compiled kernels leave exactly the state that compiled writes alone leave."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json, sys
 import numpy as np
 import shardreplay
 from shardreplay import ReplayBuffer
-from shardreplay.kernels import first_writes
+from shardreplay.kernels import reference
 
 seen = {"import": "numba" in sys.modules}
 spec = shardreplay.Spec({"obs": shardreplay.Field((3,), np.float32), "act": shardreplay.Field((), np.int64)})
@@ -45,11 +45,11 @@ def state(buf):
 
 kw = dict(num_streams=3, stream_capacity=7, window=3)  # the uniform sampler: no kernel on writes
 a = ReplayBuffer(spec, **kw)
-feed(a, first_writes.NUMPY_WRITES + 20)  # numpy twins, then the compiled kernels
+feed(a, reference.NUMPY_WRITES + 20)  # numpy twins, then the compiled kernels
 seen["after_budget"] = "numba" in sys.modules
 rng = np.random.default_rng(7)
 b = ReplayBuffer(spec, **kw)
-feed(b, first_writes.NUMPY_WRITES + 20)  # compiled throughout
+feed(b, reference.NUMPY_WRITES + 20)  # compiled throughout
 seen["same_state"] = state(a) == state(b)
 seen["compared"] = len(state(a))
 print(json.dumps(seen))

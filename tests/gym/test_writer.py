@@ -68,6 +68,24 @@ def test_writer_stores_what_the_converter_and_add_store(mode, sampler):
     assert ta.reward.tolist() == tb.reward.tolist()
 
 
+def test_the_writer_builds_the_buffers_one_step_writer_when_made():
+    """Compiled (or loaded from numba's cache) in the constructor, not in the first steps;
+    every step then takes that one write path."""
+    buf = ReplayBuffer(SPEC, num_streams=2, stream_capacity=8, window=2)
+    assert testing.shard(buf)._one_step is None  # a buffer alone builds it after many adds
+    writer = GymStepWriter(buf, autoreset_mode="next_step")
+    short = testing.shard(buf)._one_step
+    assert short is not None
+    taken: list[bool] = []
+    take = short.add
+    short.add = lambda step: taken.append(take(step)) or taken[-1]
+    writer.reset(np.zeros((2, 4), np.float32))
+    for _ in range(3):
+        writer.step(np.zeros(2, np.int64), np.ones((2, 4), np.float32), np.ones(2, np.float32),
+                    np.zeros(2, bool), np.zeros(2, bool))
+    assert taken == [True] * 3 and buf.num_steps == 6
+
+
 def test_bad_inputs_raise_and_write_nothing():
     buf = ReplayBuffer(SPEC, num_streams=2, stream_capacity=8, window=2)
     writer = GymStepWriter(buf, autoreset_mode="next_step")

@@ -1,12 +1,17 @@
-"""kernels/storage.py against kernels/reference/storage.py: random writes (empty, single
-row, wrap-around), window indices and keys, byte scatters and gathers."""
+"""kernels/storage.py against its numpy twin (kernels/reference/storage.py, which a
+process's first writes run): random writes (empty, single row, wrap-around, every window
+length), window indices and keys, byte scatters and gathers."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
 
+from shardreplay.kernels import reference
 from shardreplay.kernels import storage as kern
+from shardreplay.kernels.lazy import LazyKernels
 from shardreplay.kernels.reference import keys as ref_keys
 from shardreplay.kernels.reference import storage as ref
 
@@ -25,50 +30,63 @@ def _copy(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v.copy() for k, v in state.items()}
 
 
-def _random_write(rng: np.random.Generator, streams: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    n_rows = int(rng.integers(0, streams + 1))  # 0: an empty write
+def _random_write(rng: np.random.Generator, streams: int, cap: int,
+                  step: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (0: an empty write) and step types of a write; of steps of no length, and
+    of types in int64, at some ``step``s."""
+    n_rows = int(rng.integers(0, streams + 1))
     rows = rng.permutation(streams)[:n_rows].astype(np.int64)
-    t_len = int(rng.integers(1, cap + 1))
-    types = rng.choice([FIRST, MID, MID, MID, LAST], (n_rows, t_len)).astype(np.uint8)
+    t_len = int(rng.integers(0 if step % 7 == 3 else 1, cap + 1))
+    kinds = [[FIRST, MID, MID, MID, LAST], [MID], [LAST, FIRST], [MID, LAST]][step % 4]
+    types = rng.choice(kinds, (n_rows, t_len)).astype([np.uint8, np.int64][step % 2])
     return rows, types
 
 
 @pytest.mark.parametrize(("streams", "cap", "window"),
-                         [(1, 1, 1), (1, 3, 2), (3, 5, 3), (4, 6, 4), (2, 8, 1)])
-def test_write_steps_matches_the_reference(streams: int, cap: int, window: int) -> None:
+                         [(1, 1, 1), (1, 3, 2), (3, 5, 3), (4, 6, 4), (2, 8, 1), (5, 4, 4), (3, 9, 6),
+                          (6, 2, 2), (2, 7, 7)])
+def test_write_steps_matches_its_twin_and_the_definition(streams: int, cap: int, window: int) -> None:
+    """The compiled write and its numpy twin (a process's first writes) change the same
+    arrays alike and return the same results; validity is the module docstring's rule."""
     rng = np.random.default_rng(streams * 100 + cap * 10 + window)
-    fast, slow = _arrays(streams, cap), _arrays(streams, cap)
-    out_slots = np.zeros((2, streams * (cap + window)), np.int64)
-    out_flags = np.zeros((2, streams * (cap + window)), bool)
-    for step in range(60):
-        rows, types = _random_write(rng, streams, cap)
-        has_prios = bool(step % 2)
-        prios = rng.random(types.shape).astype(np.float32)
+    fast, twin = _arrays(streams, cap), _arrays(streams, cap)
+    width = streams * (cap + window)
+    outs = [(np.full((2, width), -7, np.int64), np.zeros((2, width), bool)) for _ in range(2)]
+    for step in range(80):
+        rows, types = _random_write(rng, streams, cap, step)
+        has_prios = bool(step % 3)
+        prios = rng.random(types.shape).astype([np.float32, np.float64][step % 2])
+        default = float(rng.random())  # not a float32: both round it the same way
         was_valid = fast["valid"].copy()
-        n_out, delta = kern.write_steps(*(fast[k] for k in _BOOKKEEPING),
-                                        rows, types, prios, has_prios, 0.5, cap, window, out_slots, out_flags)
-        written, recomputed, want_delta = ref.write_steps(*(slow[k] for k in _BOOKKEEPING),
-                                                          rows, types, prios, has_prios, 0.5, cap, window)
+        got = [run.write_steps(*(state[k] for k in _BOOKKEEPING), rows, types,
+                               prios if has_prios else np.zeros((1, 1), np.float32), has_prios, default,
+                               cap, window, *out)
+               for run, state, out in ((kern, fast, outs[0]), (ref, twin, outs[1]))]
+        assert got[0] == got[1], f"(n_out, delta) of write {step}"
         for name in fast:
-            np.testing.assert_array_equal(fast[name], slow[name], err_msg=f"{name} after write {step}")
-        assert delta == want_delta
-        np.testing.assert_array_equal(out_slots[0, :types.size], written)
-        np.testing.assert_array_equal(out_slots[1, :n_out], recomputed)
-        np.testing.assert_array_equal(out_flags[0, :n_out], slow["valid"][recomputed])
+            np.testing.assert_array_equal(twin[name], fast[name], err_msg=f"{name} after write {step}")
+        n_out = got[0][0]
+        written, recomputed = outs[0][0][0, :types.size], outs[0][0][1, :n_out]
+        np.testing.assert_array_equal(outs[1][0][0, :types.size], written)
+        np.testing.assert_array_equal(outs[1][0][1, :n_out], recomputed)
+        np.testing.assert_array_equal(outs[1][1][:, :n_out], outs[0][1][:, :n_out])
+        definition = ref.validity(fast["step_type"], fast["episode_id"], fast["pos"], cap, window)
+        np.testing.assert_array_equal(fast["valid"], definition, err_msg=f"validity after write {step}")
+        np.testing.assert_array_equal(outs[0][1][0, :n_out], definition[recomputed])
         # "became valid" is relative to before the write, except for slots just overwritten.
-        fresh = np.isin(recomputed, written)
-        became = slow["valid"][recomputed] & (fresh | ~was_valid[recomputed])
-        np.testing.assert_array_equal(out_flags[1, :n_out], became)
+        became = definition[recomputed] & (np.isin(recomputed, written) | ~was_valid[recomputed])
+        np.testing.assert_array_equal(outs[0][1][1, :n_out], became)
         # The full recompute after a load agrees too.
         valid = np.zeros_like(fast["valid"])
         count = kern.recompute_validity(fast["step_type"], fast["episode_id"], valid, fast["pos"], cap,
                                         window)
-        np.testing.assert_array_equal(valid, slow["valid"])
-        assert count == slow["valid"].sum()
+        np.testing.assert_array_equal(valid, definition)
+        assert count == definition.sum()
         # A slot's generation is its write count: what keys carry and the fifo compares.
-        writes = ref_keys.writes(slow["pos"], np.arange(streams * cap), cap)
+        writes = ref_keys.writes(fast["pos"], np.arange(streams * cap), cap)
         np.testing.assert_array_equal(fast["generation"], writes)
-    assert slow["pos"].max() > 2 * cap  # the rings wrapped
+    assert fast["pos"].max() > 2 * cap  # the rings wrapped
+    assert fast["counters"][0] > streams  # episodes happened
 
 
 @pytest.mark.parametrize(("cap", "window"), [(5, 1), (5, 2), (7, 3), (6, 5)])
@@ -101,8 +119,22 @@ def test_rows_distinct_in_range_and_all_equal() -> None:
         want = ref.rows_distinct_in_range(rows, 6)
         assert kern.rows_distinct_in_range(rows.astype(np.int64), 6, marks) == want
         assert not marks.any()
-    for pos in ([1], [3, 3, 3], [3, 3, 4], [0, 1]):
-        assert kern.all_equal(np.array(pos, np.int64)) == (len(set(pos)) == 1)
+    for pos in ([1], [3, 3, 3], [3, 3, 4], [0, 1], [2, 2, 2, 2, 1]):
+        arr = np.array(pos, np.int64)
+        assert kern.all_equal(arr) == ref.all_equal(arr) == (len(set(pos)) == 1)
+
+
+def test_twins_serve_only_before_numba_loads_and_lazy_modules_resolve() -> None:
+    assert "numba" in sys.modules  # this module imported the compiled kernels
+    left = reference._writes_left
+    assert not reference.numpy_first(spend=True) and reference._writes_left == left  # compiled now
+    proxy = LazyKernels("shardreplay.kernels.storage")
+    assert proxy.loaded and proxy.write_steps is kern.write_steps
+    assert "write_steps" in vars(proxy)  # kept: later reads are plain attribute lookups
+    with pytest.raises(AttributeError):
+        proxy.__wrapped__  # noqa: B018 - dunder probes (copy, inspect) never import
+    with pytest.raises(AttributeError):
+        proxy.no_such_kernel  # noqa: B018
 
 
 def _record_views(rng: np.random.Generator, n: int) -> tuple[np.ndarray, list[np.ndarray]]:

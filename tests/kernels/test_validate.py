@@ -1,5 +1,5 @@
 """The compiled value checks agree with their plain-numpy references and with the numpy
-twins a process runs before numba loads (kernels/first_writes.py: an actor's chunk checks)
+twins a process runs before numba loads (kernels/reference/validate.py: an actor's chunk checks)
 (fixed seeds, random and edge inputs: NaN/inf, negatives, out-of-range step types, empty
 arrays)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardreplay.kernels import first_writes
 from shardreplay.kernels import validate as k
+from shardreplay.kernels.reference import validate as twin
 
 SPECIALS_F32 = np.array([0.0, -0.0, 1.0, np.nextafter(np.float32(1), np.float32(2)), -1e-45, 1e-45, 0.5,
                          np.nan, -np.nan, np.inf, -np.inf, 3.4e38, -3.4e38], np.float32)
@@ -32,8 +32,8 @@ def test_max_masked_finds_nan_and_inf_as_the_reference(dtype: type) -> None:
         for _ in range(20):
             arr = _one_bad(rng, rng.standard_normal(n).astype(dtype), SPECIALS_F32.astype(dtype))
             words = arr.view(bits)
-            got, want = k.max_masked(words, mask), k.max_masked_ref(words, mask)
-            assert got == want
+            got, want = k.max_masked(words, mask), twin.max_masked(words, mask)
+            assert got == want and twin.is_finite(words, mask) == (got != mask)
             assert (got == mask) == (not np.isfinite(arr).all())
             flagged += got == mask
     assert 0 < flagged < 120  # both outcomes were exercised
@@ -53,21 +53,21 @@ def test_steps_ok_agrees_with_the_reference(types_dtype: type) -> None:
             if rng.random() < 0.5:
                 discount = _one_bad(rng, discount, np.array([*SPECIALS_F32, -0.5, 2.0], np.float32))
             got = k.steps_ok(types, discount)
-            assert got == k.steps_ok_ref(types, discount), (types, discount)
+            assert got == twin.steps_ok(types, discount), (types, discount)
             outcomes.add(got)
     assert outcomes == {k.STEPS_OK, k.BAD_STEP_TYPE, k.BAD_DISCOUNT}
 
 
 def test_steps_ok_edges() -> None:
     empty_t, empty_d = np.zeros(0, np.uint8), np.zeros(0, np.float32)
-    assert k.steps_ok(empty_t, empty_d) == k.steps_ok_ref(empty_t, empty_d) == k.STEPS_OK
+    assert k.steps_ok(empty_t, empty_d) == twin.steps_ok(empty_t, empty_d) == k.STEPS_OK
     for value, want in ((0.0, k.STEPS_OK), (-0.0, k.STEPS_OK), (1.0, k.STEPS_OK), (np.nan, k.BAD_DISCOUNT),
                         (np.inf, k.BAD_DISCOUNT), (-1e-45, k.BAD_DISCOUNT), (1.0000001, k.BAD_DISCOUNT)):
         d = np.array([value], np.float32)
-        assert k.steps_ok(empty_t, d) == k.steps_ok_ref(empty_t, d) == want, value
+        assert k.steps_ok(empty_t, d) == twin.steps_ok(empty_t, d) == want, value
     for value, want in ((0, k.STEPS_OK), (2, k.STEPS_OK), (3, k.BAD_STEP_TYPE), (-1, k.BAD_STEP_TYPE)):
         t = np.array([value], np.int64)
-        assert k.steps_ok(t, empty_d) == k.steps_ok_ref(t, empty_d) == want, value
+        assert k.steps_ok(t, empty_d) == twin.steps_ok(t, empty_d) == want, value
 
 
 def _packed(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,7 +104,7 @@ def test_values_ok_agrees_with_the_reference() -> None:
                 block = payload[off:off + count * dtype.itemsize].view(dtype)
                 block[rng.integers(count)] = rng.choice(specials[int(kind)])
             got = k.values_ok(payload, plan)
-            assert got == k.values_ok_ref(payload, plan) == first_writes.values_ok(payload, plan)
+            assert got == twin.values_ok(payload, plan)
             outcomes.add(got)
     assert -1 in outcomes and len(outcomes) >= 4  # clean payloads and failures in every kind
 
@@ -112,5 +112,5 @@ def test_values_ok_agrees_with_the_reference() -> None:
 def test_values_ok_on_an_empty_plan_and_payload() -> None:
     empty = np.zeros(0, np.uint8)
     plan = np.zeros((0, 3), np.int64)
-    assert k.values_ok(empty, plan) == k.values_ok_ref(empty, plan) == -1
-    assert first_writes.values_ok(empty, plan) == -1
+    assert k.values_ok(empty, plan) == twin.values_ok(empty, plan) == -1
+    assert twin.values_ok(empty, plan) == -1

@@ -25,8 +25,9 @@ from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.state import export_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
-from shardreplay.kernels import first_writes
+from shardreplay.kernels import reference
 from shardreplay.kernels.lazy import lazy
+from shardreplay.kernels.reference import storage as twins
 from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler, UniformSampler
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
@@ -480,5 +481,5 @@ def _one_step_of(chunk: dict[str, Any], t_len: int) -> dict[str, Any]:
 
 def _rows_distinct(rows: np.ndarray, num_streams: int, marks: np.ndarray) -> bool:
     """Every row in ``[0, num_streams)`` and none twice (numpy in a process's first writes)."""
-    run = first_writes if first_writes.numpy_first() else storage_kernels
+    run = twins if reference.numpy_first() else storage_kernels
     return bool(run.rows_distinct_in_range(rows, num_streams, marks))

@@ -42,6 +42,7 @@ from shardreplay.kernels.add_step import (
     ROWS,
     WINDOW,
     add_step,
+    compiled_for,
     state_parts,
 )
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
@@ -54,7 +55,6 @@ __all__ = ["BAD_INPUT", "F_CAP", "F_DIMS", "F_FRAME_BYTES", "F_NDIM", "F_STACK",
 F_CAP, F_STACK, F_FRAME_BYTES, F_NDIM, F_DIMS = 0, 1, 2, 3, 4
 FIRST, LAST = 0, 2
 MAX_ARITY = 4
-_ENTRY_FIELDS = range(1, MAX_ARITY + 1)
 
 
 def _loader(bits: int) -> Any:
@@ -205,14 +205,6 @@ def compiled_add_stacked(args: tuple[Any, ...]) -> Any:
     arguments of the types of ``args`` only (others raise ``TypeError`` at dispatch);
     ``args`` = (records as uint8 rows, positions and counters, state, ref, frames, fpos,
     fstate, step types, stack, *plain values), at least one plain value."""
-    n_fields = len(args) - 9
-    if n_fields < 1:
+    if len(args) < 10:
         raise ValueError("compiled_add_stacked needs at least one plain field")
-    entry = _ENTRIES[n_fields] if n_fields in _ENTRY_FIELDS else add_stacked_n
-    dispatcher = numba.njit(**_OPTIONS)(entry.py_func)
-    sig = [numba.typeof(x) for x in args[:9]]
-    values = [numba.typeof(x) for x in args[9:]]
-    dispatcher.compile((*sig, *values) if entry is not add_stacked_n
-                       else (*sig, numba.typeof(tuple(args[9:]))))
-    dispatcher.disable_compile()
-    return dispatcher
+    return compiled_for(_ENTRIES, 9, args)

@@ -36,7 +36,7 @@ from shardreplay.kernels.storage import write_steps
 from shardreplay.kernels.validate import STEPS_OK, steps_ok
 
 __all__ = ["BAD_INPUT", "CHECK_ONLY", "FIELD_WORDS", "MAX_FIELD_NDIM", "N_OUT", "PLAN", "PRIORITY",
-           "compiled_add_step", "state_parts"]
+           "compiled_add_step", "compiled_for", "state_parts"]
 
 # The int64 ``state`` array: a header (the priority of new steps as float64 bits; the
 # byte offsets of the bookkeeping in a record), then per field ``FIELD_WORDS`` words,
@@ -251,13 +251,21 @@ def compiled_add_step(args: tuple[Any, ...]) -> Any:
     arguments of any other type raise ``TypeError`` at dispatch, and nothing more is
     compiled. ``args`` = (records as uint8 rows, positions and counters, state, step
     types, *values)."""
-    n_fields = len(args) - 4
-    entry = _ENTRIES[n_fields] if 0 < n_fields <= MAX_ARITY else add_step_n
+    return compiled_for(_ENTRIES, 4, args)
+
+
+def compiled_for(entries: tuple[Any, ...], n_head: int, args: tuple[Any, ...]) -> Any:
+    """A dispatcher of the entry of ``entries`` for ``len(args) - n_head`` values
+    (``entries[0]`` takes ``*values``, ``entries[k]`` exactly ``k``), compiled for the
+    types of ``args`` only."""
+    n_values = len(args) - n_head
+    entry = entries[n_values] if 0 < n_values < len(entries) else entries[0]
     # A dispatcher of its own per spec (each compiles one signature and then refuses
     # others); it shares the entry's function, so numba's cache serves every spec.
     dispatcher = numba.njit(**_OPTIONS)(entry.py_func)
-    sig = [numba.typeof(x) for x in args[:4]]
-    values = [numba.typeof(x) for x in args[4:]]
-    dispatcher.compile((*sig, *values) if entry is not add_step_n else (*sig, numba.typeof(tuple(args[4:]))))
+    head = [numba.typeof(x) for x in args[:n_head]]
+    values = [numba.typeof(x) for x in args[n_head:]] if entry is not entries[0] else \
+        [numba.typeof(tuple(args[n_head:]))]
+    dispatcher.compile((*head, *values))
     dispatcher.disable_compile()
     return dispatcher

@@ -31,8 +31,7 @@ from shardreplay.kernels.codes import (
 )
 
 __all__ = ["BAD_DISCOUNT", "BAD_STEP_TYPE", "DISCOUNTS", "FINITE_F32", "FINITE_F64", "MAX_STEP_TYPE",
-           "STEPS_OK", "STEP_TYPES", "discount_ok", "max_masked", "max_masked_ref", "step_type_ok",
-           "steps_ok", "steps_ok_ref", "values_ok", "values_ok_ref"]
+           "STEPS_OK", "STEP_TYPES", "discount_ok", "max_masked", "step_type_ok", "steps_ok", "values_ok"]
 
 
 @numba.njit(inline="always")
@@ -98,43 +97,6 @@ def values_ok(payload: np.ndarray, plan: np.ndarray) -> int:  # pragma: no cover
             discounts = f32[off // 4:off // 4 + n]
             for i in range(n):
                 bad |= not discount_ok(discounts[i])
-        if bad:
-            return j
-    return -1
-
-
-# -- plain-numpy references (for the differential tests) ------------------------------
-
-def max_masked_ref(words: np.ndarray, mask: Any) -> Any:
-    """Reference of :func:`max_masked`."""
-    return np.bitwise_and(words, mask).max()
-
-
-def steps_ok_ref(types: np.ndarray, discount: np.ndarray) -> int:
-    """Reference of :func:`steps_ok`."""
-    if types.size and not ((types >= 0) & (types <= MAX_STEP_TYPE)).all():
-        return BAD_STEP_TYPE
-    if discount.size and not ((discount >= 0) & (discount <= 1)).all():
-        return BAD_DISCOUNT
-    return STEPS_OK
-
-
-def values_ok_ref(payload: np.ndarray, plan: np.ndarray) -> int:
-    """Reference of :func:`values_ok`."""
-    for j, (kind, off, n) in enumerate(plan.tolist()):
-        if n == 0:
-            continue
-        raw = payload[off:]
-        if kind == FINITE_F32:
-            bad = not np.isfinite(raw[:4 * n].view(np.float32)).all()
-        elif kind == FINITE_F64:
-            bad = not np.isfinite(raw[:8 * n].view(np.float64)).all()
-        elif kind == STEP_TYPES:
-            bad = steps_ok_ref(raw[:n], raw[:0].view(np.float32)) != STEPS_OK
-        elif kind == DISCOUNTS:
-            bad = steps_ok_ref(raw[:0], raw[:4 * n].view(np.float32)) != STEPS_OK
-        else:
-            bad = False
         if bad:
             return j
     return -1

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.kernels import codes, first_writes
+from shardreplay.kernels import codes, reference
 from shardreplay.kernels.lazy import lazy
+from shardreplay.kernels.reference import validate as twins
 from shardreplay.spec.fields import Field
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE, RecordLayout
 from shardreplay.spec.names import flatten
@@ -149,8 +150,8 @@ def _is_finite(arr: np.ndarray) -> bool:
     if exponent is not None:
         bits_dtype, mask = exponent
         words = arr.reshape(-1).view(bits_dtype)
-        if first_writes.numpy_first():  # a process's first writes: no numba to load
-            return first_writes.is_finite(words, mask)
+        if reference.numpy_first():  # a process's first writes: no numba to load
+            return twins.is_finite(words, mask)
         return bool(kernels.max_masked(words, mask) != mask)
     return bool(np.isfinite(arr).all())
 
@@ -208,7 +209,7 @@ def _check_rule(types: np.ndarray, discount: np.ndarray, exc: type[Exception], w
     float32 ``discount`` follow the step rule."""
     if types.dtype not in _COMPILED_INTS:  # one compiled form per dtype: widen the rare ones
         types = types.astype(np.int64)  # uint64 beyond int64 wraps negative: refused as well
-    run = first_writes if first_writes.numpy_first() else kernels
+    run = twins if reference.numpy_first() else kernels
     found = run.steps_ok(types.reshape(-1), discount.reshape(-1))
     if found == codes.BAD_STEP_TYPE:
         raise exc(where + STEP_TYPE_RULE)
@@ -276,7 +277,7 @@ class PackedSteps:
         Raises:
             SpecMismatchError: a value the spec forbids, named by its field.
         """
-        run = first_writes if first_writes.numpy_first() else kernels
+        run = twins if reference.numpy_first() else kernels
         if run.values_ok(payload, self.plan) >= 0:
             validate(spec, steps, self.lead_shape)  # raises, naming the field
             raise SpecMismatchError("steps hold a value the spec forbids")  # pragma: no cover

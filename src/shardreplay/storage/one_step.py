@@ -1,7 +1,9 @@
-"""The short path of ``ReplayBuffer.add`` for one step of every stream.
+"""The one-step writer: one step of every stream in one compiled call.
 
-A :class:`OneStepAdd` is built once per storage: the field order, the stored dtypes and
-shapes, where each field sits in the per-slot record, and a compiled kernel
+Every write of one step per stream goes through it (``ReplayBuffer.add``, ``extend`` of
+one-step chunks, ``GymStepWriter``; ``Shard.write`` decides). A :class:`OneStepAdd` is
+built once per storage and owns the record layout: the field order, the stored dtypes
+and shapes, where each field sits in the per-slot record, and a compiled kernel
 (``kernels/add_step.py``) that checks and writes a step in one call. A step takes it
 when it is a plain ``dict`` of exactly the spec's flat names plus ``step_type`` (and
 ``discount``), every value a C-contiguous numpy array in its stored dtype (``step_type``
@@ -9,14 +11,12 @@ uint8, ``discount`` float32). Anything else, and any input that fails a check, i
 to the full validation (``Spec.validate`` and ``StreamStorage.write``), which stores
 the same or raises today's error; nothing is written by this path then.
 
-A frame-stacked field (integers) takes it too. With one such field (and at least one
-plain one) the whole add is one compiled call (``kernels/add_stacked.py``: check, the
-stacks checked against the stored ones, write, frames appended); with more, the stacks
-are planned (``FrameStore.plan``'s compiled step) between the kernel's check and its
-write, and appended after.
-Specs with a frame-stacked float field, an ``at_starts`` field, a dtype numba does not
-take (float16, non-native byte order) or a field of more than ``MAX_FIELD_NDIM`` axes
-have no short path.
+A spec with one frame-stacked field (integers) and at least one plain one takes it too,
+in one compiled call (``kernels/add_stacked.py``: check, the stacks checked against the
+stored ones, write, frames appended). Specs with more frame-stacked fields (or only
+one), a frame-stacked float field, an ``at_starts`` field, a dtype numba does not take
+(float16, non-native byte order) or a field of more than ``MAX_FIELD_NDIM`` axes have
+no short path.
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 if TYPE_CHECKING:
     from shardreplay.kernels import add_stacked as sk
     from shardreplay.kernels import add_step as kernel
-    from shardreplay.kernels import frames as fk
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     kernel = lazy("shardreplay.kernels.add_step")
-    fk = lazy("shardreplay.kernels.frames")
     sk = lazy("shardreplay.kernels.add_stacked")
 
 if TYPE_CHECKING:
@@ -65,6 +63,8 @@ def one_step_add(storage: StreamStorage, default_priority: Callable[[], float] |
     if any(not _kernel_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM or f.at_starts
            or (f.frame_stack and f.dtype.kind == "f") for f in spec.fields.values()):
         return None  # at_starts fields are kept by the full path (storage/starts.py)
+    if storage.stacked and (len(storage.stacked) > 1 or len(spec.fields) == 1):
+        return None  # the compiled stacked write takes one stack beside plain fields
     return OneStepAdd(storage, default_priority, on_write)
 
 
@@ -92,11 +92,6 @@ class OneStepAdd:
         names = tuple(n for n in spec.names if not spec[n].frame_stack)
         self._get = operator.itemgetter("step_type", *names)
         self._n_keys = len(spec.names) + 1  # a step without "discount"
-        # Frame-stacked fields: (name, store, dtype, shape of a step's stacks, their shape
-        # as frame bytes, the planned frame counts) of each.
-        self._stacked = tuple((n, store, spec[n].dtype, (s, *spec[n].shape),
-                               (s, 1, store.stack, store.frame_bytes), fk.empty_counts(s, 1))
-                              for n, store in storage.stacked.items())
         record_fields: Mapping[str, Any] = storage.records.dtype.fields or {}
         plan: list[int] = []
         # Fields of their own array (not in the record) are written here after the kernel.
@@ -127,20 +122,23 @@ class OneStepAdd:
         self._head = (rows, storage.pos_and_counters, self._state)
         canonical = (np.zeros(s, STEP_TYPE_DTYPE),
                      *(np.zeros((s, *spec[n].shape), spec[n].dtype) for n in names))
-        self._kernel = kernel.compiled_add_step((*self._head, *canonical))
         self._storage = storage
-        self._fused = len(self._stacked) == 1 and len(names) >= 1
-        if self._fused:  # one compiled call per add (kernels/add_stacked.py)
-            name, store, dtype, shape, _bytes, _counts = self._stacked[0]
+        self._store: Any = None  # the FrameStore of a frame-stacked field
+        if not storage.stacked:
+            self._kernel = kernel.compiled_add_step((*self._head, *canonical))
+        else:  # one compiled call with the frames (kernels/add_stacked.py)
+            (name, store), = storage.stacked.items()
+            shape = (s, *spec[name].shape)
             self._store = store
             self._fstate = sk.fstate_of(store.stream_capacity, store.frame_bytes, shape)
             self._get = operator.itemgetter("step_type", name, *names)
             self._own = [(i + 1, arr) for i, arr in self._own]  # the stack is value 1
-            example = (*self._fused_head_now(), canonical[0], np.zeros(shape, dtype), *canonical[1:])
-            self._kernel = sk.compiled_add_stacked(example)
+            stack = np.zeros(shape, spec[name].dtype)
+            types, *plain = canonical
+            self._kernel = sk.compiled_add_stacked((*self._fused_head_now(), types, stack, *plain))
         self._default_priority = default_priority
         self._on_write = on_write
-        self._simple = not self._own and not self._stacked and default_priority is None and on_write is None
+        self._simple = not self._own and self._store is None and default_priority is None and on_write is None
 
     def add(self, step: Mapping[str, Any]) -> bool:
         """Check and write ``step`` (a dict; see the module docstring) and tell the
@@ -167,10 +165,8 @@ class OneStepAdd:
             self._priority[0] = self._default_priority()
         try:
             values = self._get(step)
-            if self._fused:
-                delta = self._add_fused(values)
-            elif self._stacked:
-                return self._add_stacked(step, values)
+            if self._store is not None:
+                delta = self._add_stacked(values)
             else:
                 delta = self._kernel(*self._head, *values)
         except (KeyError, TypeError):  # a name missing, or inputs of another kind
@@ -192,8 +188,8 @@ class OneStepAdd:
         store = self._store
         return (*self._head, store.ref, store.frames, store.fpos, self._fstate)
 
-    def _add_fused(self, values: tuple[Any, ...]) -> int:
-        """The one compiled call of a spec with one frame-stacked field: the change in
+    def _add_stacked(self, values: tuple[Any, ...]) -> int:
+        """The one compiled call of a spec with a frame-stacked field: the change in
         valid starts, or BAD_INPUT (nothing written). Grows the ring when the kernel says
         it must (nothing written then), and calls again."""
         delta = self._kernel(*self._fused_head_now(), *values)
@@ -201,41 +197,6 @@ class OneStepAdd:
             self._store.grow(int(self._state[kernel.N_OUT]))
             delta = self._kernel(*self._fused_head_now(), *values)
         return delta
-
-    def _add_stacked(self, step: Mapping[str, Any], values: tuple[Any, ...]) -> bool:
-        """:meth:`add` with frame stacks: check, plan the stacks against the stored ones
-        (``FrameStore.plan``'s compiled step, called directly), write, append the frames."""
-        plans = []
-        for name, store, dtype, shape, as_bytes, counts in self._stacked:
-            value = step[name]
-            if (type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape
-                    or not value.flags.c_contiguous):
-                return False
-            plans.append((store, value.reshape(as_bytes) if dtype == np.uint8 else
-                          value.view(np.uint8).reshape(as_bytes), counts))
-        state = self._state
-        state[kernel.CHECK_ONLY] = 1
-        try:
-            checked = self._kernel(*self._head, *values)
-        finally:
-            state[kernel.CHECK_ONLY] = 0
-        if checked == BAD_INPUT:
-            return False
-        storage = self._storage
-        types, rows, pos = values[0].reshape(-1, 1), storage.all_rows, storage.pos
-        for store, frames, counts in plans:
-            status, _i, _t, need = fk.plan_write(frames, types, rows, pos, storage.step_type, store.ref,
-                                                 store.frames, store.fpos, store.stream_capacity, counts)
-            if status != fk.OK:
-                return False  # the full path raises, naming the stream and step
-            if need > store.frame_capacity:
-                store.grow(int(need))
-        delta = self._kernel(*self._head, *values)
-        written = self._out[0, :self._rows[0]]
-        for store, frames, counts in plans:
-            fk.append_frames(frames, rows, written, counts, store.frames, store.ref, store.fpos)
-        self._after_write(values, delta)
-        return True
 
     def _after_write(self, values: tuple[Any, ...], delta: int) -> None:
         """Fields of their own arrays, the valid count, the sampler."""

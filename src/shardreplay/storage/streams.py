@@ -15,8 +15,9 @@ import numpy as np
 
 import shardreplay.storage.sequences as sequences
 from shardreplay.errors import ShardReplayError
-from shardreplay.kernels import first_writes
+from shardreplay.kernels import reference
 from shardreplay.kernels.lazy import lazy
+from shardreplay.kernels.reference import storage as twins
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
@@ -209,7 +210,7 @@ class StreamStorage:
                        for store, stacks in ((store, store.as_frame_bytes(steps[name], t_len))
                                              for name, store in self.stacked.items())] if self.stacked else ()
         # A process's first writes run numpy twins of the kernels (no numba to load).
-        run = first_writes if first_writes.numpy_first(spend=True) else kernels
+        run = twins if reference.numpy_first(spend=True) else kernels
         if priorities is None:
             n_out, delta = run.write_steps(
                 self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,

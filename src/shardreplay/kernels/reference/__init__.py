@@ -1,9 +1,40 @@
-"""Plain-numpy references of the compiled kernels, one module per kernel module.
+"""Plain-numpy twins of the compiled kernels, one module per kernel module.
 
-They follow each kernel's documented contract directly, without its speed tricks
-(increment-and-wrap slots, incremental validity, level-by-level tree walks, raw
-copies), and exist for the differential tests in tests/kernels/. The compiled gym
-step write (``gym_step.gym_write``) has its reference above this layer instead:
-``GymStepConverter`` followed by ``ReplayBuffer.add``, which
-tests/gym/test_writer.py compares it with.
+Each twin gives exactly what its compiled kernel gives (the same arrays, in place, and
+the same results), vectorised over steps and rows rather than with the kernel's speed
+tricks (increment-and-wrap slots, raw copies). They serve twice: the differential tests
+in tests/kernels/ compare each kernel with its twin, and a process's first writes run
+the twins of the write kernels while numba is not loaded yet.
+
+Importing numba and its one-time set-up on the first compiled call cost about half a
+second: a process that writes a few steps (a script, a test, an actor's first chunk) would
+pay it all on its first write. The first :data:`NUMPY_WRITES` writes of a process run the
+twins instead; after that budget the compiled kernels load (kernels/lazy.py) and serve
+every call, as they do in any process that imported numba already. Checks
+(``validate.values_ok``, ``steps_ok``, ``max_masked``) do not spend that budget: a
+process that only checks, such as an actor checking each chunk it sends, never loads
+numba (benchmarks/startup/RESULTS-actor.md).
 """
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["NUMPY_WRITES", "numpy_first"]
+
+# Writes of a process served by numpy before the compiled kernels load: enough for a
+# script's or an actor's first steps, few enough that a long run soon runs compiled.
+NUMPY_WRITES = 64
+_writes_left = NUMPY_WRITES
+
+
+def numpy_first(spend: bool = False) -> bool:
+    """Whether the numpy twins serve this call: numba is not imported yet and fewer than
+    :data:`NUMPY_WRITES` writes were served. ``spend`` (a write, not a check) counts the
+    call. Threads may race on the count: either answer gives the same results."""
+    global _writes_left
+    if _writes_left <= 0 or "numba" in sys.modules:
+        return False
+    if spend:
+        _writes_left -= 1
+    return True

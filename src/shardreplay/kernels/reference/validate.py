@@ -1,0 +1,64 @@
+"""Twins of kernels/validate.py: step types, discounts and NaN/inf in packed payloads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shardreplay.kernels.codes import (
+    BAD_DISCOUNT,
+    BAD_STEP_TYPE,
+    DISCOUNTS,
+    F32_EXPONENT,
+    F64_EXPONENT,
+    FINITE_F32,
+    FINITE_F64,
+    MAX_STEP_TYPE,
+    STEP_TYPES,
+    STEPS_OK,
+)
+
+
+def max_masked(words: np.ndarray, mask: Any) -> Any:
+    """``kernels.validate.max_masked``: the largest ``word & mask`` (a non-empty array)."""
+    return np.bitwise_and(words, mask).max()
+
+
+def is_finite(words: np.ndarray, mask: Any) -> bool:
+    """Whether ``max_masked(words, mask) != mask`` (no float whose exponent bits are all
+    set: no NaN or inf), for a non-empty array."""
+    return bool(not (np.bitwise_and(words, mask) == mask).any())
+
+
+def steps_ok(types: np.ndarray, discount: np.ndarray) -> int:
+    """``kernels.validate.steps_ok``."""
+    if types.size and not ((types >= 0) & (types <= MAX_STEP_TYPE)).all():
+        return BAD_STEP_TYPE
+    if discount.size and not ((discount >= 0) & (discount <= 1)).all():
+        return BAD_DISCOUNT
+    return STEPS_OK
+
+
+def values_ok(payload: np.ndarray, plan: np.ndarray) -> int:
+    """``kernels.validate.values_ok``: the index of the first row of ``plan``
+    (``(kind, byte offset, count)``) whose values fail in the uint8 ``payload`` (its
+    length a multiple of 8), or -1."""
+    u8 = payload[:payload.shape[0] - payload.shape[0] % 8]
+    for j, (kind, off, n) in enumerate(plan.tolist()):
+        if n == 0:
+            continue
+        if kind == FINITE_F32:
+            bad = not is_finite(u8.view(np.uint32)[off // 4:off // 4 + n], np.uint32(F32_EXPONENT))
+        elif kind == FINITE_F64:
+            bad = not is_finite(u8.view(np.uint64)[off // 8:off // 8 + n], np.uint64(F64_EXPONENT))
+        elif kind == STEP_TYPES:
+            bad = bool((u8[off:off + n] > MAX_STEP_TYPE).any())  # uint8: never below FIRST
+        elif kind == DISCOUNTS:
+            discounts = u8.view(np.float32)[off // 4:off // 4 + n]
+            bad = not ((discounts >= 0) & (discounts <= 1)).all()  # NaN fails both
+        else:
+            bad = False
+        if bad:
+            return j
+    return -1
