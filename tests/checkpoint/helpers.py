@@ -15,8 +15,8 @@ import numpy as np
 import shardreplay as sr
 from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.exchange import ShardChoice
 from shardreplay.distributed.internals import ShardedInternals
-from shardreplay.distributed.refill import ShardChoice
 from shardreplay.distributed.runner import InlineRunner
 from shardreplay.spec import StepType
 

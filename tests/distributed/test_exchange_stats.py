@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardreplay.distributed.exchange_stats import ExchangeStats, SamplingSettings
+from shardreplay.distributed.exchange import ExchangeStats, SamplingSettings
 from shardreplay.errors import ConfigError
 
 BIG = (1 << 63) - 1  # not representable in a float64

@@ -20,8 +20,8 @@ import pytest
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.exact_exchange import SHM_DIR, SharedRecords
 from shardreplay.distributed.internals import internals_of
-from shardreplay.distributed.shared_records import SHM_DIR, SharedRecords
 from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT, key_shard
 from tests.support import run_ranks
 

@@ -19,7 +19,7 @@ import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
-from shardreplay.distributed.exchange_stats import SamplingSettings
+from shardreplay.distributed.exchange import SamplingSettings
 from shardreplay.distributed.group import Collectives
 from shardreplay.errors import ConfigError
 

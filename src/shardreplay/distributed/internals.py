@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from shardreplay.distributed.exchange import ExchangeStrategy, ShardChoice
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.priorities import PriorityRouter
-from shardreplay.distributed.refill import ExchangeStrategy, ShardChoice
 from shardreplay.distributed.runner import InlineRunner
 
 

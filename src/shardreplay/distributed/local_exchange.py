@@ -10,13 +10,14 @@ from typing import Any
 
 import torch
 
-import shardreplay.distributed.global_sampling as gs
 from shardreplay.buffer.shard import Shard
-from shardreplay.distributed.drawn import Drawn, padding, split_batches
-from shardreplay.distributed.exchange_stats import ExchangeStats
+from shardreplay.distributed.exchange import Drawn, ExchangeStats, split_batches
 from shardreplay.distributed.group import Released
+from shardreplay.spec.fields import StepType
 from shardreplay.spec.keys import with_shard
 from shardreplay.spec.layout import RecordLayout
+from shardreplay.spec.torch_dtypes import torch_dtype
+from shardreplay.spec.windows import DATA
 
 
 class LocalExchange:
@@ -51,7 +52,7 @@ class LocalExchange:
         if mass_k <= 0:
             return [padding(self._layout, self._window, n) for _ in range(k)]
         draw, data, mask, keys = early if early is not None else self._draw_windows(k * n)
-        prob = gs.global_probabilities(draw.probabilities, mass_k, total)
+        prob = draw.probabilities * mass_k / total  # P(i) = q * mass_k / sum(mass)
         tensors = {name: torch.from_numpy(v) for name, v in data.items()}
         return split_batches(tensors, torch.from_numpy(mask), torch.from_numpy(with_shard(keys, self.rank)),
                              torch.from_numpy(prob), n, total, low, self.world_size * mass_k / total,
@@ -70,4 +71,22 @@ class LocalExchange:
         return (draw, *self.local.gather(draw.starts))
 
 
+def padding(layout: RecordLayout, window: int, n: int) -> Drawn:
+    """Zero-weight stand-in for an empty shard in local mode (keys -1 are skipped).
 
+    Each window is a well-formed terminated episode of zeros (FIRST, then LAST with
+    discount 0, mask True on those two positions), so the rank's training step (n-step
+    targets, forward, backward) runs on it as on real data and takes part in the DDP
+    gradient all-reduce; weight 0 makes its contribution nothing. An all-False mask would
+    make ``nstep_transitions`` raise on this rank alone and leave the others waiting in
+    the all-reduce.
+    """
+    data = {p.name[len(DATA):]: torch.zeros((n, *p.shape), dtype=torch_dtype(p.dtype))
+            for p in layout.parts if p.name.startswith(DATA)}
+    data["step_type"][:, 1:] = int(StepType.LAST)
+    data["discount"][:, 1:] = 0.0
+    data["episode_id"][:] = -1
+    mask = torch.zeros((n, window), dtype=torch.bool)
+    mask[:, :2] = True
+    return split_batches(data, mask, torch.full((n,), -1, dtype=torch.int64),
+                         torch.zeros(n, dtype=torch.float64), n, 1.0, 1.0, 0.0, 0.0)[0]

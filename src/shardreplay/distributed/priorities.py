@@ -3,8 +3,9 @@ that owns its key. It owns the queue of updates for other shards and every shard
 
 Strict (``prefetch=1``, no pipeline): updates for other shards travel at once, in two
 all_to_alls (counts, then records) and, when a routed priority may be a new maximum, one
-all_gather of the owners' maxima. Lazy (``prefetch > 1`` or ``pipeline=True``): they are
-queued (:class:`PendingUpdates`) and travel with the next exchange (:mod:`refill`).
+all_gather of the owners' maxima. Lazy (``prefetch > 1`` or ``pipeline=True``): updates for
+this shard apply at once and the others wait in :class:`PendingUpdates` until the next
+exchange (:mod:`exchange`), where they travel in one all_to_all for many learner steps.
 """
 
 from __future__ import annotations
@@ -23,9 +24,55 @@ from shardreplay.buffer.checks import (
 )
 from shardreplay.buffer.shard import Shard
 from shardreplay.distributed.group import Collectives, Released
-from shardreplay.distributed.pending import PendingUpdates
 from shardreplay.errors import ConfigError, InvalidKeyError, ShardReplayError
 from shardreplay.kernels.routing import BAD_KEY, BAD_PRIORITY, split_updates
+from shardreplay.spec.keys import key_shard, with_shard
+
+
+class PendingUpdates:
+    """Foreign ``(key, priority)`` pairs in call order, grouped by owner when taken.
+
+    Args:
+        world_size: number of shards (owners).
+    """
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self._keys: list[np.ndarray] = []
+        self._prios: list[np.ndarray] = []
+        self.counts = np.zeros(world_size, np.int64)
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def add(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        """Queue checked keys (owner bits set) and their priorities."""
+        if keys.size:
+            self._keys.append(keys)
+            self._prios.append(priorities)
+            self.counts += np.bincount(key_shard(keys), minlength=self.world_size)
+
+    def detach(self) -> PendingUpdates:
+        """Everything queued, moved into a new queue (this one is left empty)."""
+        moved = PendingUpdates(self.world_size)
+        moved._keys, moved._prios, moved.counts = self._keys, self._prios, self.counts
+        self._keys, self._prios, self.counts = [], [], np.zeros(self.world_size, np.int64)
+        return moved
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """Everything queued as ``([n, 2] int64 payload rows, per-owner counts)`` and clear.
+
+        A payload row is ``(key with shard bits 0, float64 priority bits)``, rows sorted by
+        owner (stably, so a key updated twice keeps its last priority at the owner).
+        """
+        moved = self.detach()
+        if not moved._keys:
+            return np.empty((0, 2), np.int64), moved.counts
+        keys, prios = np.concatenate(moved._keys), np.concatenate(moved._prios)
+        order = np.argsort(key_shard(keys), kind="stable")
+        payload = np.stack([with_shard(keys[order], 0),
+                            prios[order].astype(np.float64).view(np.int64)], axis=1)
+        return payload, moved.counts
 
 
 class PriorityRouter:

@@ -4,7 +4,7 @@ Every rank of a ``torch.distributed`` group owns one shard (a :class:`ReplayBuff
 writes stay local. ``sample`` and ``update_priorities`` are collective: every rank calls
 them in the same order, also when its own shard is empty (docs/semantics.md, sampling
 rules 5-6). The buffer is a facade over parts that own their state: the priority router
-(:mod:`priorities`: queued updates, key tags), the exchange (:mod:`refill`, with the mode's
+(:mod:`priorities`: queued updates, key tags), the exchange (:mod:`exchange`, with the mode's
 strategy: :mod:`exact_exchange` or :mod:`local_exchange`) and the runner (:mod:`runner`:
 inline, or a background thread with the shard's lock). Checkpoint code reaches the rest
 through :func:`~shardreplay.distributed.internals.internals_of`.
@@ -55,16 +55,20 @@ from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.buffer.tensordicts import tensordict_gamma, transition_names
 from shardreplay.buffer.transitions import Transitions, transitions_from_batch
 from shardreplay.distributed.agreement import SAMPLE_MODES, check_agreed, settings_of
-from shardreplay.distributed.drawn import Drawn, drawn_weights
-from shardreplay.distributed.exact_exchange import ExactExchange
-from shardreplay.distributed.exchange_stats import SamplingSettings
+from shardreplay.distributed.exact_exchange import ExactExchange, host_key, nonce
+from shardreplay.distributed.exchange import (
+    Drawn,
+    ExchangeStrategy,
+    Refill,
+    SamplingSettings,
+    ShardChoice,
+    drawn_weights,
+)
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.internals import ShardedInternals
 from shardreplay.distributed.local_exchange import LocalExchange
 from shardreplay.distributed.priorities import PriorityRouter
-from shardreplay.distributed.refill import ExchangeStrategy, Refill, ShardChoice
 from shardreplay.distributed.runner import BackgroundRunner, InlineRunner
-from shardreplay.distributed.shared_records import host_key, nonce
 from shardreplay.errors import ConfigError
 from shardreplay.spec.keys import MAX_SHARDS
 from shardreplay.spec.windows import window_layout

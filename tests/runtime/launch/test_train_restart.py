@@ -26,8 +26,8 @@ import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.cli.train import _resumable
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.exchange import ShardChoice
 from shardreplay.distributed.internals import ShardedInternals
-from shardreplay.distributed.refill import ShardChoice
 from shardreplay.distributed.runner import InlineRunner
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.envs import transition_spec

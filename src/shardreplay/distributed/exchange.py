@@ -1,0 +1,275 @@
+"""One exchange of a :class:`ShardedReplayBuffer`: route the queued priority updates,
+agree on the global picture, and draw ``prefetch`` batches with the mode's strategy
+(:mod:`exact_exchange`, :mod:`local_exchange`).
+
+The ranks gather typed records (:class:`SamplingSettings` once, :class:`ExchangeStats` per
+exchange), each as one int64 tensor row: floats go as their IEEE bits, so every value,
+64-bit integers included, arrives exactly. From every rank's ``(mass_k, N_k, min_leaf_k)``
+(sampling mass: the valid count for uniform, ``sum p^alpha`` for prioritized; valid count;
+smallest positive leaf), an item drawn from shard ``k`` with local probability ``q`` has
+(docs/semantics.md, sampling rule 5)::
+
+    P(i)  = q * mass_k / sum(mass)                    (global probability)
+    w_i   = (P(i) / P_min)^-beta,  P_min = min_k(min_leaf_k) / sum(mass)
+    local mode:  w_i *= K * mass_k / sum(mass)        (shard factor)
+
+(``(N P(i))^-beta / max_j (N P(j))^-beta`` reduces to the first weight line: ``N``
+cancels.) An exchange draws ``k * n`` windows at once, cut into ``k`` batches
+(:class:`Drawn`: views, no copies) weighted in one vectorised pass for the beta of the
+moment; a batch served at another beta (a schedule moved on) is reweighted then. The
+shard-choice RNG the seed proposals come from (:class:`ShardChoice`) is the part of a
+sharded buffer a checkpoint saves beside the shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from shardreplay.buffer.shard import Shard
+from shardreplay.distributed.group import Collectives, Released
+from shardreplay.distributed.priorities import PendingUpdates, PriorityRouter
+from shardreplay.errors import ConfigError, EmptyBufferError
+
+_R = TypeVar("_R", bound="_Row")
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A record of scalar fields (``_FLOATS`` name the float64 ones, the others are int64)
+    and an optional trailing int64 vector ``tail``."""
+
+    _FLOATS: ClassVar[frozenset[str]] = frozenset()
+
+    def to_tensor(self) -> torch.Tensor:
+        """This record as one int64 row: scalars in field order, then ``tail``."""
+        names = self._scalar_names()
+        row = np.empty(len(names) + len(self._tail()), np.int64)
+        for i, name in enumerate(names):
+            value = getattr(self, name)
+            row[i] = np.float64(value).view(np.int64) if name in self._FLOATS else int(value)
+        row[len(names):] = self._tail()
+        return torch.from_numpy(row)
+
+    @classmethod
+    def from_tensor(cls: type[_R], rows: torch.Tensor) -> _R:
+        """The rows of every rank (``[K, n]`` from ``all_gather``, any device) as one record
+        whose fields are ``[K]`` columns (``tail``: ``[K, m]``).
+
+        Raises:
+            ConfigError: ``rows`` is not two-dimensional.
+        """
+        if rows.ndim != 2:
+            raise ConfigError(f"{cls.__name__}.from_tensor takes the gathered [ranks, n] rows")
+        names = cls._scalar_names()
+        table = rows.cpu().numpy().astype(np.int64, copy=False)
+        cols: dict[str, Any] = {
+            name: table[:, i].view(np.float64) if name in cls._FLOATS else table[:, i].copy()
+            for i, name in enumerate(names)}
+        if "tail" in {f.name for f in fields(cls)}:
+            cols["tail"] = table[:, len(names):].copy()
+        return cls(**cols)
+
+    @classmethod
+    def _scalar_names(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name != "tail"]
+
+    def _tail(self) -> np.ndarray:
+        return np.asarray(getattr(self, "tail", ()), np.int64).reshape(-1)
+
+
+@dataclass(frozen=True)
+class SamplingSettings(_Row):
+    """What every rank tells the others once, at construction (:mod:`agreement` checks
+    it): its spec fingerprint (int64 bits) and description length, its sampler (an index
+    of ``("uniform", "prioritized")``), alpha and beta schedule (0 for uniform), window,
+    sequence period, sampling mode (an index of ``SAMPLE_MODES``), prefetch depth and
+    pipeline flag, and its host key and region nonce for the same-host exchange
+    (:mod:`exact_exchange`), which may differ."""
+
+    _FLOATS: ClassVar[frozenset[str]] = frozenset({"alpha", "beta_start", "beta_end"})
+
+    spec_fp: Any
+    spec_len: Any
+    sampler: Any
+    alpha: Any
+    beta_start: Any
+    beta_end: Any
+    beta_steps: Any
+    window: Any
+    period: Any
+    mode: Any
+    prefetch: Any
+    pipeline: Any
+    host_key: Any
+    nonce: Any
+
+
+@dataclass(frozen=True)
+class ExchangeStats(_Row):
+    """One rank's part of a sampling exchange: its shard's mass, samplable windows and
+    smallest leaf (inf when empty), the batch size it asks for, a seed proposal (rank 0's
+    is shared: see ``ExactExchange.draw``), the largest priority seen here, its key tag,
+    and in ``tail`` the count of its queued priority updates for each owner shard."""
+
+    _FLOATS: ClassVar[frozenset[str]] = frozenset({"mass", "min_leaf", "max_priority"})
+
+    mass: Any
+    samplable: Any
+    min_leaf: Any
+    batch_size: Any
+    seed: Any
+    max_priority: Any
+    key_tag: Any
+    tail: Any = ()
+
+
+@dataclass
+class Drawn:
+    """A drawn batch, weighted for ``beta`` (reweighted when served at another beta)."""
+
+    data: dict[str, torch.Tensor]
+    mask: torch.Tensor
+    keys: torch.Tensor
+    prob: torch.Tensor  # global P(i), float64
+    weights: torch.Tensor  # float32, for beta
+    beta: float
+    total: float
+    low: float
+    factor: float  # 1 exact, K mass_k / total local, 0 padding
+    # The batch's rows of the exact exchange's records (contiguous uint8 [n, record_bytes],
+    # page-locked when batches go to a GPU): moved to the GPU as one block, not per field.
+    records: torch.Tensor | None = None
+
+
+def drawn_weights(prob: torch.Tensor, total: float, low: float, beta: float,
+                  factor: float) -> torch.Tensor:
+    """``(P / P_min)^-beta * factor`` with ``P_min = low / total`` (float32; 0 for padding)."""
+    if factor == 0.0:
+        return torch.zeros(prob.shape, dtype=torch.float32, device=prob.device)
+    return ((prob * (total / low)) ** -beta * factor).to(torch.float32)
+
+
+def split_batches(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch.Tensor,
+                  prob: torch.Tensor, n: int, total: float, low: float, factor: float,
+                  beta: float, records: torch.Tensor | None = None) -> list[Drawn]:
+    """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies), weighted for
+    ``beta`` in one vectorised pass; ``records``: the records the views read, if any."""
+    w = drawn_weights(prob, total, low, beta, factor)
+    k = keys.shape[0] // n
+
+    def batches(v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # One C++ call per array (views), not a Python slice per batch and array.
+        return v.view(k, n, *v.shape[1:]).unbind(0)
+
+    columns = {name: batches(v) for name, v in data.items()}
+    blocks = batches(records) if records is not None else (None,) * k
+    rest = zip(batches(mask), batches(keys), batches(prob), batches(w), blocks, strict=True)
+    return [Drawn({name: parts[j] for name, parts in columns.items()}, m, key, p, weight, beta,
+                  total, low, factor, block)
+            for j, (m, key, p, weight, block) in enumerate(rest)]
+
+
+class ExchangeStrategy(Protocol):
+    """How a mode draws a rank's batches once the ranks' stats are known."""
+
+    def start(self, n: int, k: int) -> Callable[[], Any] | None:
+        """Work to run while the stats are in flight (its result goes to ``draw``)."""
+
+    def draw(self, stats: ExchangeStats, n: int, k: int, early: Any = None,
+             released: Released | None = None) -> list[Drawn]:
+        """``k`` batches of ``n`` windows for this rank (collective for exact mode; its
+        collectives wait inside ``released()``)."""
+
+
+class ShardChoice:
+    """The shard-choice RNG: one seed proposal per exchange (rank 0's is shared).
+
+    Args:
+        rng: the generator (seeded with the buffer's seed and the rank).
+    """
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def proposal(self) -> int:
+        """The next seed proposal."""
+        return int(self.rng.integers(0, 1 << 63))
+
+    def state(self) -> dict[str, Any]:
+        """The shard-choice RNG's state, JSON-ready."""
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state` returned.
+
+        Raises:
+            ConfigError: ``state`` is not from :meth:`state` (nothing changes).
+        """
+        try:
+            scratch = type(self.rng.bit_generator)()
+            scratch.state = dict(state["rng"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError("not a sharding state from internals_of(buffer).sharding_state(): "
+                              f"{exc!r}") from exc
+        self.rng.bit_generator.state = scratch.state
+
+
+class Refill:
+    """Draws ``prefetch`` batches per call (collective on the exchange group).
+
+    Args:
+        shard: this rank's shard.
+        comm: the exchange group's collectives.
+        router: the priority router (its queue travels with the exchange).
+        strategy: the mode's :class:`ExchangeStrategy`.
+        prefetch: batches per exchange.
+        choice: the shard-choice RNG.
+    """
+
+    def __init__(self, shard: Shard, comm: Collectives, router: PriorityRouter,
+                 strategy: ExchangeStrategy, prefetch: int, choice: ShardChoice) -> None:
+        self._shard, self._comm = shard, comm
+        self._router, self.strategy = router, strategy
+        self.prefetch = prefetch
+        self._choice = choice
+
+    def __call__(self, n: int, pending: PendingUpdates, released: Released | None = None) -> list[Drawn]:
+        """One exchange: route ``pending`` (and the others' queued updates), agree on the
+        global picture, draw ``prefetch`` batches of ``n``. Collectives: one all_gather of
+        the stats; when any rank had updates queued, one all_to_all routing them and a
+        second all_gather of the stats (the draw must see them); then the strategy's.
+        Every collective waits inside ``released()`` (the runner's lock let go).
+
+        Raises:
+            EmptyBufferError: no shard has a window to draw (on every rank alike).
+            CollectiveTimeout: a peer rank did not join in time.
+        """
+        k = self.prefetch
+        early = self.strategy.start(n, k) if not len(pending) else None
+        box: list[Any] = []
+        run = None if early is None else lambda: box.append(early())
+        stats = self._gather_stats(n, pending, released, run)
+        self._router.learn_key_tags(stats.key_tag)
+        if stats.tail.any():  # queued priority updates first, so the draw sees them
+            self._router.route(pending.take()[0], stats.tail, released)
+            stats, box = self._gather_stats(n, pending, released), []
+        self._shard.raise_max_priority(float(stats.max_priority.max()))
+        if stats.samplable.sum() == 0 or stats.mass.sum() <= 0:
+            raise EmptyBufferError("no shard has a window to sample: write more steps first")
+        return self.strategy.draw(stats, n, k, box[0] if box else None, released)
+
+    def _gather_stats(self, batch_size: int, pending: PendingUpdates, released: Released | None,
+                      while_waiting: Callable[[], Any] | None = None) -> ExchangeStats:
+        """Every rank's :class:`ExchangeStats` (as ``[K]`` columns)."""
+        st = self._shard.stats()
+        mine = ExchangeStats(st.mass, st.samplable, st.min_leaf, batch_size,
+                             self._choice.proposal(), self._shard.max_priority, st.key_tag,
+                             pending.counts)
+        rows = self._comm.all_gather(mine.to_tensor(), "ShardedReplayBuffer.sample(all_gather stats)",
+                                     while_waiting=while_waiting, released=released)
+        return ExchangeStats.from_tensor(rows)
