@@ -5,8 +5,7 @@ the first free data-file number, writing the index, then the data file, with no 
 Two processes that compile different signatures of one kernel at the same moment take
 the same number: the index then names one data file for both signatures, and a later
 load hands out a kernel compiled for other types (numba fails with "can't unbox array
-from PyObject into native value"). Two learners of different runs on a fresh install can
-meet this, and the test suite's workers did.
+from PyObject into native value").
 
 Importing this module (every kernel module does) makes each save hold an exclusive lock
 on a file beside the kernel's index, and each load a shared one, so that a save and
@@ -14,14 +13,12 @@ another save or load of the same kernel never interleave. A cache directory this
 cannot write to is read without a lock, as numba reads it.
 
 It also makes a process that is about to compile a signature no process has cached yet
-wait while another process compiles that same signature, then load it from the cache:
-on a fresh install the ranks of a run, or the workers of the test suite, otherwise each
-compile the same kernels at the same time (a few CPU-seconds per kernel and process; in
-the suite's buffer, gym, kernel and checkpoint tests 127 of the 276 CPU-seconds of
-compiling on a cold cache were such repeats). The lock is one file per kernel and
-signature, beside the index, held while compiling; a process killed while holding it
-releases it, and a process that waited :data:`COMPILE_WAIT_S` for it (its holder stopped,
-say) compiles on its own, as without the lock.
+wait while another process compiles that same signature, then load it from the cache,
+instead of compiling it a second time (the ranks of a run, or the workers of the test
+suite, otherwise compile the same kernels at the same time on a fresh install). The lock
+is one file per kernel and signature, beside the index, held while compiling; a process
+killed while holding it releases it, and a process that waited :data:`COMPILE_WAIT_S` for
+it (its holder stopped, say) compiles on its own, as without the lock.
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@ what every learner imports, so that each forked learner starts with it.
 
 Two things make that cheaper than importing the same modules in a plain process:
 
-- Python's cyclic garbage collector is paused while importing. Importing torch and its
-  compiler hooks leaves about 300,000 objects, none of them garbage, and starts some 700
-  collections on the way, the later ones walking most of them: pausing it took the
-  server of a 2-learner launch from 5.3-6.4 to 3.2-3.4 CPU-seconds (alternated runs).
+- Python's cyclic garbage collector is paused while importing: the imports create many
+  long-lived objects and no garbage, so every collection they would trigger is work
+  wasted walking them.
 - Afterwards every object imported is frozen (:func:`gc.freeze`): the forked learners'
   collections skip them, and do not touch (copy) the pages they share with the server.
 
