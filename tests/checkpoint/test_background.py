@@ -89,15 +89,15 @@ def test_background_save_racing_overwrites_restores_the_buffer_at_the_call(tmp_p
     buf = _buffer(0)
     fill_random(buf, CAPACITY + 120, seed=1)  # rings wrapped: a row is written in two pieces
     saved = _snapshot(buf)
-    pending = checkpoint.save_in_background(buf, tmp_path, 1, extra={"at": 1})
+    pending = checkpoint.save_in_background(buf, tmp_path, 1, files={"at": b"1"})
     fence = testing.shard(buf)._fence
     _overwrite(buf, seed=2)  # every fenced step is replaced while the thread writes
     assert pending.wait(60) == checkpoint.checkpoint_dir(tmp_path, 1)
     assert isinstance(fence, WriteFence) and fence.released
     assert testing.shard(buf)._fence is None
     restored = _buffer(5)
-    report = checkpoint.load(tmp_path, restored)
-    assert report.exact and report.extra == {"at": 1}
+    report = checkpoint.load(tmp_path, restored, files=("at",))
+    assert report.exact and report.files == {"at": b"1"}
     _assert_same(_snapshot(restored), saved)
     # The buffer went on: a second save (the first one is finished) holds the new rows.
     checkpoint.save_in_background(buf, tmp_path, 2).wait(60)
@@ -268,8 +268,8 @@ def test_frame_stacked_background_save_restores_the_buffer_at_the_call(tmp_path:
     frames = testing.shard(buf)._storage.stacked["obs"]
     ring = frames.frame_capacity
     if when == "before_the_write":  # deterministic: every overwrite lands before any read
-        job = prepare_save(buf, tmp_path, 1, partial="seal", extra=None, keep_last=2, restored=None,
-                           files=None, incremental=False, background=True)
+        job = prepare_save(buf, tmp_path, 1, partial="seal", keep_last=2, files=None, incremental=False,
+                           background=True)
         assert job.fence is not None
         _fill_stacked(buf, env, CAPACITY, p_done=0.3)
         assert frames.frame_capacity > ring  # the ring grew meanwhile

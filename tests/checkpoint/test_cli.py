@@ -27,7 +27,8 @@ def _save(root: Path, cid: int, partial: str = "seal") -> None:
     for k in range(2):
         local = make_buffer(3, 40, seed=k)
         fill_random(local, 60, shard=k, seed=cid + k)
-        checkpoint.save(as_shard(local, k, 2), root, cid, extra={"step": cid * 100}, partial=partial,
+        step = b'{"step": %d}' % (cid * 100)
+        checkpoint.save(as_shard(local, k, 2), root, cid, files={f"step-{k}.json": step}, partial=partial,
                         keep_last=None)
 
 
@@ -45,16 +46,17 @@ def test_inspect_root_and_checkpoint(tmp_path: Path) -> None:
     assert text.returncode == 0, text.stderr
     assert "3 checkpoint(s)" in text.stdout and "newest complete: 2" in text.stdout
     assert "INCOMPLETE" in text.stdout and "part-00001-of-00002.safetensors: part missing" in text.stdout
-    assert '"step": 200' in text.stdout and "priorities  min" in text.stdout
+    assert "files       step-0.json, step-1.json" in text.stdout and "priorities  min" in text.stdout
 
     doc = json.loads(_cli("inspect", "--json", str(tmp_path)).stdout)
     assert [(c["checkpoint_id"], c["complete"]) for c in doc["checkpoints"]] == \
         [(1, True), (2, True), (3, False)]
     newest = doc["newest"]
-    manifest = checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, 2))
-    assert newest["steps"] == manifest["steps"] == prios.size
-    assert newest["num_shards"] == 2 and newest["extra"] == {"step": 200}
-    assert newest["partial"] == manifest["partial"] and newest["partial"]["dropped_episodes"] > 0
+    manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 2))
+    assert newest["steps"] == manifest.steps == prios.size
+    assert newest["num_shards"] == 2 and sorted(newest["files"]) == sorted(manifest.files)
+    assert {"step-0.json", "step-1.json"} <= set(manifest.files)
+    assert newest["partial"] == manifest.partial and newest["partial"]["dropped_episodes"] > 0
     assert newest["partial_policy"] == ["drop"]
     assert newest["priority"]["count"] == prios.size
     np.testing.assert_allclose([newest["priority"][k] for k in ("min", "mean", "max")],

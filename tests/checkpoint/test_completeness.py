@@ -6,6 +6,7 @@ rule."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,8 @@ def test_a_bit_flipped_newest_checkpoint_is_incomplete_and_passed_over(
 
     assert not checkpoint.is_complete(checkpoint.checkpoint_dir(tmp_path, 3))
     assert checkpoint.latest_complete(tmp_path) == 1
-    assert checkpoint.incomplete_checkpoints(tmp_path) == [2, 3]
+    assert [c for c in checkpoint.list_checkpoints(tmp_path)
+            if not checkpoint.is_complete(checkpoint.checkpoint_dir(tmp_path, c))] == [2, 3]
     for fallback in (False, True):
         buf = make_buffer(2, 48)
         caplog.clear()
@@ -92,6 +94,22 @@ def test_verify_resume_and_auto_resume_use_the_same_rule(tmp_path: Path) -> None
     # train --resume refuses before anything starts, saying it is damaged (not incomplete).
     with pytest.raises(CheckpointFormatError, match=r"checkpoint 1 is damaged .*checksum mismatch in block"):
         _check_resumable(run_dir)
-    moved, where = checkpoint.set_aside_incomplete(root)  # what --auto-resume does first
+    moved, where = checkpoint.set_aside(root)  # what --auto-resume does first
     assert moved == [1] and where is not None and (where / "ckpt-0000000001").is_dir()
     assert checkpoint.list_checkpoints(root) == []
+
+
+def test_a_file_changed_after_a_check_is_found_by_the_next(tmp_path: Path) -> None:
+    """Every check reads what it checks: nothing verified earlier in the process is taken
+    on trust (a part replaced with the same size and modification time is found too)."""
+    _save(tmp_path, 1)
+    directory = checkpoint.checkpoint_dir(tmp_path, 1)
+    assert checkpoint.is_complete(directory)
+    part = directory / "part-00001-of-00002.safetensors"
+    before = part.stat()
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    part.write_bytes(bytes(data))
+    os.utime(part, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert not checkpoint.is_complete(directory)
+    assert checkpoint.latest_complete(tmp_path) is None

@@ -33,7 +33,7 @@ def _save_two_shards(root: Path, cid: int, steps: int = 12) -> dict[int, float]:
     for k in range(2):
         local = make_buffer(2, 8, seed=k)
         fill_random(local, steps + 3 * cid, shard=k, seed=cid * 10 + k)
-        checkpoint.save(as_shard(local, k, 2), root, cid, extra={"step": cid}, keep_last=None)
+        checkpoint.save(as_shard(local, k, 2), root, cid, files={f"step-{k}": b"%d" % cid}, keep_last=None)
         expected.update(step_multiset(local))
     return expected
 
@@ -146,8 +146,8 @@ def test_fallback_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
     # A flipped bit makes 3 incomplete (checksums are part of completeness): with or
     # without fallback, the newest complete one is loaded and both newer ones are named.
     for fallback in (False, True):
-        report, buf = _load(tmp_path, fallback=fallback)
-        assert report.checkpoint_id == 1 and report.extra == {"step": 1}
+        report, buf = _load(tmp_path, fallback=fallback, files=("step-1",))
+        assert report.checkpoint_id == 1 and report.files == {"step-1": b"1"}
         assert step_multiset(buf) == older
         assert [s.split(":")[0] for s in report.skipped] == ["3", "2"]
         assert "checksum mismatch" in report.skipped[0] and "part missing" in report.skipped[1]

@@ -3,7 +3,7 @@
 Each rank runs 2 CartPole envs into its shard (GymStepConverter), trains a tiny MLP
 under DDP on 2-step transitions (nstep_transitions) sampled exactly from the sharded
 prioritized buffer, and feeds |TD| back as priorities. A CheckpointTrigger saves every
-150 steps, with the global step in ``extra`` (rank 0 also writes the model weights).
+150 steps, with the global step in a file of each part (rank 0 also writes the model weights).
 The resumed worlds restore the global step and the model, hold exactly the saved
 steps with their priorities, and train on.
 """
@@ -54,8 +54,8 @@ def _train(rank: int, world: int, run_dir: str, phase: int, capacity: int, steps
     out: dict = {}
     start = 0
     if phase > 1:
-        report = checkpoint.load(root, buf, checkpoint_id=SAVED_AT)
-        start = int(report.extra["global_step"])
+        report = checkpoint.load(root, buf, checkpoint_id=SAVED_AT, files=("step-0",))
+        start = int(report.files["step-0"])
         q.load_state_dict(torch.load(report.directory / "model.pt", weights_only=True))
         out.update(restored=_content(local), restored_step=start, saved_shards=report.saved_shards)
     target = copy.deepcopy(q)
@@ -68,7 +68,7 @@ def _train(rank: int, world: int, run_dir: str, phase: int, capacity: int, steps
         if rank == 0:  # the model next to the replay parts (loaded with weights_only)
             checkpoint.checkpoint_dir(root, step).mkdir(parents=True, exist_ok=True)
             torch.save(q.state_dict(), checkpoint.checkpoint_dir(root, step) / "model.pt")
-        checkpoint.save(buf, root, step, extra={"global_step": step}, keep_last=None)
+        checkpoint.save(buf, root, step, files={f"step-{rank}": b"%d" % step}, keep_last=None)
         saves.append(step)
         if step == SAVED_AT and phase == 1:
             out["saved"] = _content(local)
@@ -138,8 +138,9 @@ def test_dqn_three_ranks_resumes_on_two_and_on_four(tmp_path: Path) -> None:
     for r in first:
         assert r["saves"] == [INTERVAL, SAVED_AT] and r["final_step"] == SAVED_AT
         assert r["losses"] and all(math.isfinite(x) for x in r["losses"])
-    manifest = checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, SAVED_AT))
-    assert manifest["num_shards"] == 3 and manifest["extra"] == {"global_step": SAVED_AT}
+    directory = checkpoint.checkpoint_dir(tmp_path, SAVED_AT)
+    assert checkpoint.load_manifest(directory).num_shards == 3
+    assert [(directory / f"step-{k}").read_bytes() for k in range(3)] == [b"%d" % SAVED_AT] * 3
     saved_live = {u: v for r in first for u, v in r["saved"].items()}
     on_disk = _files_content(tmp_path)
     assert len(on_disk) == len(saved_live) == 3 * ENVS * 200  # full rings

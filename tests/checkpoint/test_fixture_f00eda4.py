@@ -20,7 +20,12 @@ import torch
 import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.manifest import load_checked
 from shardreplay.checkpoint.plan import NewLayout
+from shardreplay.checkpoint.records import ManifestPart, PartMeta
+from shardreplay.checkpoint.refs import open_part
+from shardreplay.runtime.learner.stored_ids import merge_stored
+from shardreplay.runtime.policy_file import learner_records
 from shardreplay.spec import StepType
 from tests.checkpoint.helpers import fill_random, make_buffer, stored_steps
 
@@ -68,6 +73,9 @@ def test_both_checkpoints_are_complete(root: Path) -> None:
     assert checkpoint.list_checkpoints(root) == [4, 5]
     assert checkpoint.latest_complete(root) == 5
     assert all(checkpoint.is_complete(checkpoint.checkpoint_dir(root, c)) for c in (4, 5))
+    manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(root, 5))
+    assert manifest.version == 3 and all(p.refs for p in manifest.parts)  # incremental
+    assert sorted(manifest.files) == ["learner_state.pt", *(f"part-0000{k}-of-00002.json" for k in (0, 1))]
 
 
 def test_loads_as_saved_on_two_shards(root: Path, expected: dict[str, np.ndarray]) -> None:
@@ -107,12 +115,17 @@ def test_public_load_with_the_learner_state(root: Path, expected: dict[str, np.n
     state = torch.load(io.BytesIO(report.files["learner_state.pt"]), weights_only=True)
     torch.testing.assert_close(state["agent"]["q"]["weight"], torch.arange(6.0).reshape(2, 3))
     assert int(state["agent"]["updates"]) == 37
-    # The runtime learner's record: counters, best evaluation, wall time, stored chunks.
-    assert report.extra["counters"] == {"env_steps": 5000, "updates": 5, "version": 15}
-    assert (report.extra["best_eval"], report.extra["wall_s"]) == (12.5, 16.25)
+    # The runtime learner's record (saved as ``extra`` then): counters, best evaluation,
+    # wall time, settings, stored chunks, as a resume reads them.
     assert report.manifest is not None
-    ingest = [p.extra["ingest"] for p in report.manifest.parts]
+    records = learner_records(report.manifest)
+    assert [dict(r.counters) for r in records] == [{"env_steps": 5000, "updates": 5, "version": 15}] * 2
+    assert (records[0].best_eval, records[0].wall_s) == (12.5, 16.25)
+    assert records[0].settings == {"run": {"total_env_steps": 5000}}
+    ingest = [r.ingest for r in records]
     assert ingest == [{"stored": {"7": [[0, 9]], "9": [[2, 3]]}}, {"stored": {"8": [[0, 9]], "10": [[2, 3]]}}]
+    assert merge_stored(ingest).state_dict() == {"stored": {"7": [[0, 9]], "8": [[0, 9]], "9": [[2, 3]],
+                                                            "10": [[2, 3]]}}
     restored = report.manifest.restored
     assert restored is not None and (restored.checkpoint_id, restored.steps) == (2, 82)
 
@@ -122,3 +135,21 @@ def test_the_older_full_checkpoint_loads_too(root: Path) -> None:
     report = checkpoint.load(root, local, checkpoint_id=4)
     assert report.checkpoint_id == 4 and report.dropped_steps == 0
     assert report.steps == report.saved_steps > 0
+
+
+def test_records_write_what_they_read(root: Path) -> None:
+    """The typed records read the fixture and write it back as it is on disk: manifest,
+    part descriptions and buffer metadata (one schema both ways)."""
+    for cid in (4, 5):
+        directory = checkpoint.checkpoint_dir(root, cid)
+        manifest = checkpoint.load_manifest(directory)
+        assert manifest.as_json() == load_checked(directory / "manifest.json")
+        assert checkpoint.Manifest.parse(directory, manifest.as_json()) == manifest
+        for part in manifest.parts:
+            desc = load_checked(directory / part.file.replace(".safetensors", ".json"))
+            assert part.description(manifest.spec) == desc
+            assert ManifestPart.parse(desc, directory) == part
+            with open_part(directory, part) as reader:
+                meta = PartMeta.parse(reader.metadata["buffer_meta"], reader.path)
+            assert PartMeta.parse(meta.as_text(), reader.path) == meta
+            assert meta.max_priority > 1.0 and meta.draws > 0 and meta.sharding is not None

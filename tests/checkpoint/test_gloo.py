@@ -44,7 +44,7 @@ def _save_rank(rank: int, world: int, root: str, cid: int) -> dict:
     buf = ShardedReplayBuffer(local, timeout_s=30)
     buf.sample(8)
     table, steps = window_table(local), step_multiset(local)
-    checkpoint.save(buf, root, cid, extra={"global_step": 1000 + cid})
+    checkpoint.save(buf, root, cid, files={f"step-{rank}.json": b"%d" % (1000 + cid)})
     return {"table": table, "steps": steps}
 
 
@@ -52,10 +52,10 @@ def _load_rank(rank: int, world: int, root: str, capacity: int) -> dict:
     local = make_buffer(STREAMS, capacity, seed=10 + rank)
     fill_random(local, 5, seed=rank)  # old content is replaced
     buf = ShardedReplayBuffer(local, timeout_s=30)
-    report = checkpoint.load(root, buf)
+    report = checkpoint.load(root, buf, files=("step-0.json",))
     s = stored_steps(local)
     out = {"table": window_table(local), "steps": step_multiset(local), "arrays": _storage_arrays(local),
-           "report": (report.checkpoint_id, report.extra, report.saved_shards, report.steps),
+           "report": (report.checkpoint_id, report.files["step-0.json"], report.saved_shards, report.steps),
            "env_is_row": bool((s["env"] == s["row"]).all())}
     batch = buf.sample(16)  # the restored group samples and updates priorities
     out["applied"] = buf.update_priorities(batch.keys, np.full(16, 0.5, np.float32))
@@ -65,7 +65,8 @@ def _load_rank(rank: int, world: int, root: str, capacity: int) -> dict:
 @pytest.mark.parametrize(("m", "n"), [(3, 2), (2, 4)])
 def test_gloo_save_on_m_ranks_load_on_n_ranks(tmp_path: Path, m: int, n: int) -> None:
     saved = run_ranks(_save_rank, m, str(tmp_path), 7)
-    assert checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, 7))["num_shards"] == m
+    manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 7))
+    assert manifest.num_shards == m and {f"step-{r}.json" for r in range(m)} <= set(manifest.files)
     capacity = CAPACITY if m <= n else CAPACITY * (m + 1)
     loaded = run_ranks(_load_rank, n, str(tmp_path), capacity)
 
@@ -76,7 +77,7 @@ def test_gloo_save_on_m_ranks_load_on_n_ranks(tmp_path: Path, m: int, n: int) ->
     assert after == before and sum(len(r["steps"]) for r in loaded) == len(before)
     assert sum(r["applied"] for r in loaded) == n * 16
     for rank, r in enumerate(loaded):
-        assert r["report"][:3] == (7, {"global_step": 1007}, m)
+        assert r["report"][:3] == (7, b"1007", m)
         assert r["env_is_row"]
         # Every machine computes the same layout: the rank equals an in-process restore.
         local = make_buffer(STREAMS, capacity)

@@ -14,7 +14,7 @@ from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint.format import PartReader
 from shardreplay.checkpoint.loading import _load_one
-from shardreplay.checkpoint.manifest import check_complete, referenced_checkpoints
+from shardreplay.checkpoint.manifest import check_complete, damage, referenced_checkpoints
 from shardreplay.errors import CheckpointError
 from tests.checkpoint.helpers import as_shard, fill_random, make_buffer
 
@@ -50,7 +50,7 @@ def _own_field_rows(root: Path, cid: int) -> list[int]:
     manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(root, cid))
     out = []
     for part in manifest.parts:
-        with PartReader(manifest.directory / part.file, part.entry) as reader:
+        with PartReader(manifest.directory / part.file, part) as reader:
             out.append(reader.entry("field.ctr")[1][0])
     return out
 
@@ -68,7 +68,7 @@ def test_incremental_chain_restores_m_to_n_as_full_saves_and_pruning_keeps_refer
             checkpoint.save(as_shard(local, k, 2), inc, cid, incremental=True, keep_last=2)
             checkpoint.save(as_shard(local, k, 2), full, cid, keep_last=None)
         manifest = check_complete(checkpoint.checkpoint_dir(inc, cid))  # every block, referred files too
-        assert manifest.body["version"] == (2 if cid == 1 else 3)
+        assert manifest.version == (2 if cid == 1 else 3)
         if 1 < cid < 5:  # the 12 new steps of each row, of 40 stored
             assert _own_field_rows(inc, cid) == [12 * STREAMS] * 2
             assert _own_field_rows(full, cid) == [CAPACITY * STREAMS] * 2
@@ -99,7 +99,7 @@ def test_a_missing_referred_file_makes_the_checkpoint_incomplete(tmp_path: Path)
     data = bytearray(part.read_bytes())
     data[-3] ^= 0xFF
     part.write_bytes(bytes(data))
-    assert checkpoint.damage(checkpoint.checkpoint_dir(tmp_path, 2)) is not None
+    assert damage(checkpoint.checkpoint_dir(tmp_path, 2)) is not None
     part.unlink()
     assert not checkpoint.is_complete(checkpoint.checkpoint_dir(tmp_path, 2))
     with pytest.raises(CheckpointError, match="reads rows from"):
@@ -113,7 +113,7 @@ def test_a_restore_starts_a_new_chain(tmp_path: Path) -> None:
     checkpoint.load(tmp_path, local)
     fill_random(local, 5, seed=4)
     checkpoint.save(local, tmp_path, 2, incremental=True)
-    assert checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, 2))["version"] == 2  # full
+    assert checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 2)).version == 2  # full
 
 
 # -- frame-stacked fields: chained too (an Atari run's checkpoints write its new stacks only)
@@ -177,9 +177,9 @@ def test_frame_stacked_chain_writes_the_new_stacks_and_restores_m_to_n(tmp_path:
         else:
             checkpoint.save(buf, inc, cid, incremental=True, keep_last=2)
         checkpoint.save(buf, full, cid, keep_last=None)
-        assert check_complete(checkpoint.checkpoint_dir(inc, cid)).body["version"] == (2 if cid == 1 else 3)
+        assert check_complete(checkpoint.checkpoint_dir(inc, cid)).version == (2 if cid == 1 else 3)
         manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(inc, cid))
-        with PartReader(manifest.directory / manifest.parts[0].file, manifest.parts[0].entry) as reader:
+        with PartReader(manifest.directory / manifest.parts[0].file, manifest.parts[0]) as reader:
             own = reader.entry("field.obs")[1][0]
         assert own == (12 * STREAMS if 1 < cid < 4 else CAPACITY * STREAMS)
         for n, capacity in ((1, CAPACITY), (2, CAPACITY)):  # 1 -> 1 (exact) and 1 -> 2 shards

@@ -57,10 +57,10 @@ def _by_ctr(buf) -> dict[int, tuple[int, float]]:
 def _counts_everywhere(root: Path, expected: dict[str, int]) -> None:
     directory = checkpoint.checkpoint_dir(root, 1)
     part = load_checked(directory / "part-00000-of-00001.json")
-    manifest = checkpoint.read_manifest(directory)
+    manifest = checkpoint.load_manifest(directory)
     assert part["partial"] == expected
-    assert manifest["parts"][0]["partial"] == expected
-    assert manifest["partial"] == expected
+    assert manifest.parts[0].partial == expected
+    assert manifest.partial == expected
 
 
 def test_seal_marks_first_surviving_step_first_and_last_stored_step_last(
@@ -117,7 +117,7 @@ def test_drop_removes_partial_episodes_and_counts_them(tmp_path: Path,
     expected = {**PARTIAL, "sealed_episodes": 0, "sealed_steps": 0, "dropped_episodes": 4,
                 "dropped_steps": 14}
     _counts_everywhere(root, expected)
-    assert checkpoint.read_manifest(checkpoint.checkpoint_dir(root, 1))["steps"] == 9
+    assert checkpoint.load_manifest(checkpoint.checkpoint_dir(root, 1)).steps == 9
     assert "partial episodes: 4 (14 steps), sealed 0 (0 steps), dropped 4 (14 steps)" in caplog.text
 
     restored = make_buffer(4, 6)
@@ -137,9 +137,9 @@ def test_no_partial_episodes_means_zero_counts(tmp_path: Path) -> None:
     buf = make_buffer(2, 8)
     write_timelines(buf, [[F, M, L], [F, L, F, M, M, L]])
     checkpoint.save(buf, tmp_path, 1, partial="drop")
-    part = checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, 1))["parts"][0]
-    assert part["partial"] == dict.fromkeys(part["partial"], 0)
-    assert part["steps"] == 9 and part["episodes"] == 3
+    part = checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 1)).parts[0]
+    assert part.partial == dict.fromkeys(part.partial, 0)
+    assert part.steps == 9 and part.episodes == 3
 
 
 def test_smaller_rows_keep_the_newest_steps_of_a_long_episode(

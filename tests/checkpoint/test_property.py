@@ -232,11 +232,11 @@ def _assert_same_table(expected: Table, got: Table, what: str) -> None:
 
 def _check_counts(case: Case, saved: Saved, restored: list[sr.ReplayBuffer], reports: list[LoadReport]
                   ) -> None:
-    manifest = checkpoint.read_manifest(saved.directory)
+    manifest = checkpoint.load_manifest(saved.directory)
     saved_steps = sum(ep["ctr"].shape[0] for ep in saved.episodes)
-    assert manifest["partial"]["dropped_steps"] == saved.policy_dropped
-    assert manifest["steps"] == saved.stored - saved.policy_dropped == saved_steps
-    assert manifest["episodes"] == len(saved.episodes)
+    assert manifest.partial["dropped_steps"] == saved.policy_dropped
+    assert manifest.steps == saved.stored - saved.policy_dropped == saved_steps
+    assert manifest.episodes == len(saved.episodes)
     assert all(r.saved_steps == saved_steps and r.saved_shards == len(case.saved_rows) for r in reports)
     assert [r.steps for r in reports] == [b.num_steps for b in restored]
     assert sum(r.steps for r in reports) + sum(r.dropped_steps for r in reports) == saved_steps

@@ -94,8 +94,8 @@ def test_pending_checks_are_waited_for_on_close(tmp_path: Path) -> None:
     """A reader closed with deferred checks outstanding (an error elsewhere) waits for
     its hash thread and forgets them: nothing is left running."""
     directory, _saved = _big_checkpoint(tmp_path)
-    desc = checkpoint.read_manifest(directory)["parts"][0]
-    with ckfmt.PartReader(directory / desc["file"], desc) as reader:
+    part = checkpoint.load_manifest(directory).parts[0]
+    with ckfmt.PartReader(directory / part.file, part) as reader:
         out = np.empty((CAP, 1024), np.float32)
         reader.rows_into("field.obs", 0, out, defer=True)
         assert reader._pending

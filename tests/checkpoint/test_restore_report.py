@@ -16,7 +16,7 @@ import pytest
 from shardreplay import checkpoint, testing
 from shardreplay.checkpoint.loading import _load_one
 from shardreplay.checkpoint.summary import summarize
-from shardreplay.errors import CheckpointError, ConfigError
+from shardreplay.errors import CheckpointError
 from tests.checkpoint.helpers import as_shard, fill_random, make_buffer
 
 STREAMS = 3
@@ -28,7 +28,7 @@ def _source(root: Path) -> dict:
         # Long episodes (p_end small) so rows of 12 steps must cut some of them.
         fill_random(local, 90, shard=k, seed=7 + k, p_end=0.04, p_abandon=0.0)
         checkpoint.save(as_shard(local, k, 2), root, 1, keep_last=None)
-    return checkpoint.read_manifest(checkpoint.checkpoint_dir(root, 1))
+    return checkpoint.load_manifest(checkpoint.checkpoint_dir(root, 1))
 
 
 def test_restore_reports_drops_and_seals_and_the_next_save_records_them(
@@ -47,36 +47,36 @@ def test_restore_reports_drops_and_seals_and_the_next_save_records_them(
         assert f"dropped its {rep.dropped_episodes} oldest episodes ({rep.dropped_steps} steps)" in line
         assert f"sealed {rep.sealed_episodes} episodes ({rep.sealed_steps} steps kept)" in line
     # Every saved step is restored or counted as dropped; this layout must lose some.
-    assert sum(r.steps + r.dropped_steps for r in reports) == saved["steps"]
-    assert all(r.saved_steps == saved["steps"] for r in reports)
+    assert sum(r.steps + r.dropped_steps for r in reports) == saved.steps
+    assert all(r.saved_steps == saved.steps for r in reports)
     assert sum(r.dropped_episodes for r in reports) > 0 and sum(r.sealed_episodes for r in reports) > 0
     for rep, local in zip(reports, shards, strict=True):
         assert len(testing.shard(local)._storage.stored_slots()[0]) == rep.steps
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="shardreplay.checkpoint"):
-        for n, (rep, local) in enumerate(zip(reports, shards, strict=True)):
-            checkpoint.save(as_shard(local, n, 3), tmp_path, 2, keep_last=None, restored=rep.counts())
-    manifest = checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, 2))
-    by_shard = {int(p["shard"]): p for p in manifest["parts"]}
+        for n, local in enumerate(shards):
+            # The shard remembers what it was restored from: every save records it.
+            checkpoint.save(as_shard(local, n, 3), tmp_path, 2, keep_last=None)
+    manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 2))
     for n, rep in enumerate(reports):
-        assert by_shard[n]["restored"] == rep.counts()
-    total = manifest["restored"]
-    assert total["checkpoint_id"] == 1 and total["saved_shards"] == 2
-    assert total["saved_steps"] == saved["steps"] == total["steps"] + total["dropped_steps"]
-    assert total["steps"] == manifest["steps"]
-    assert total["dropped_episodes"] == sum(r.dropped_episodes for r in reports)
-    assert total["sealed_steps"] == sum(r.sealed_steps for r in reports)
+        assert manifest.parts[n].restored == rep.counts()
+    total = manifest.restored
+    assert total is not None and total.checkpoint_id == 1 and total.saved_shards == 2
+    assert total.saved_steps == saved.steps == total.steps + total.dropped_steps
+    assert total.steps == manifest.steps
+    assert total.dropped_episodes == sum(r.dropped_episodes for r in reports)
+    assert total.sealed_steps == sum(r.sealed_steps for r in reports)
     complete = [r.getMessage() for r in caplog.records if "complete:" in r.getMessage()]
     assert len(complete) == 1
-    assert (f"dropped {total['dropped_episodes']} episodes ({total['dropped_steps']} steps), "
-            f"sealed {total['sealed_episodes']} episodes ({total['sealed_steps']} steps)") in complete[0]
+    assert (f"dropped {total.dropped_episodes} episodes ({total.dropped_steps} steps), "
+            f"sealed {total.sealed_episodes} episodes ({total.sealed_steps} steps)") in complete[0]
     # The partial-episode policy of the save itself is in the same line, with steps.
-    part = manifest["partial"]
+    part = manifest.partial
     assert f"sealed {part['sealed_episodes']} ({part['sealed_steps']} steps)" in complete[0]
     summary = summarize(checkpoint.checkpoint_dir(tmp_path, 2), priorities=False)
-    assert summary["restored"] == total
-    assert [row["restored"] for row in summary["parts"]] == [r.counts() for r in reports]
+    assert summary["restored"] == total.as_dict()
+    assert [row["restored"] for row in summary["parts"]] == [r.counts().as_dict() for r in reports]
 
 
 def test_a_lossless_restore_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -84,17 +84,24 @@ def test_a_lossless_restore_says_so(tmp_path: Path, caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.INFO, logger="shardreplay.checkpoint"):
         reports = [_load_one(checkpoint.checkpoint_dir(tmp_path, 1), make_buffer(STREAMS, 60), n, 3)
                    for n in range(3)]
-    assert sum(r.steps for r in reports) == saved["steps"]
+    assert sum(r.steps for r in reports) == saved.steps
     lines = [r.getMessage() for r in caplog.records if "restored" in r.getMessage()]
     assert len(lines) == 3 and all("dropped its 0 oldest episodes (0 steps)" in line for line in lines), lines
 
 
-def test_save_refuses_restore_counts_that_are_not_a_load_report(tmp_path: Path) -> None:
-    local = make_buffer(STREAMS, 20)
-    fill_random(local, 10)
-    with pytest.raises(ConfigError, match=r"LoadReport\.counts"):
-        checkpoint.save(local, tmp_path, 1, restored={"steps": 3})
-    assert not checkpoint.list_checkpoints(tmp_path)  # nothing written
+def test_content_replaced_after_a_load_records_no_restore(tmp_path: Path) -> None:
+    """The restore a save records is the one its content came from: content replaced
+    since (``load_state_dict``) came from elsewhere."""
+    _source(tmp_path)
+    local = make_buffer(STREAMS, 60, seed=3)
+    report = checkpoint.load(tmp_path, local)
+    checkpoint.save(local, tmp_path, 2, keep_last=None)
+    assert checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 2)).restored == report.counts()
+    other = make_buffer(STREAMS, 60, seed=4)
+    fill_random(other, 10)
+    local.load_state_dict(other.state_dict())
+    checkpoint.save(local, tmp_path, 3, keep_last=None)
+    assert checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 3)).restored is None
 
 
 def test_a_buffer_a_failed_load_emptied_is_never_saved_as_a_complete_checkpoint(tmp_path: Path) -> None:
@@ -118,5 +125,6 @@ def test_a_buffer_a_failed_load_emptied_is_never_saved_as_a_complete_checkpoint(
 
     checkpoint.save(good, tmp_path, 3, keep_last=None)  # a good one appears; loading it clears the mark
     report = checkpoint.load(tmp_path, buf, checkpoint_id=3)
-    checkpoint.save(buf, tmp_path, 4, keep_last=None, restored=report.counts())
-    assert checkpoint.read_manifest(checkpoint.checkpoint_dir(tmp_path, 4))["steps"] == report.steps > 0
+    checkpoint.save(buf, tmp_path, 4, keep_last=None)
+    manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 4))
+    assert manifest.steps == report.steps > 0 and manifest.restored == report.counts()

@@ -33,11 +33,11 @@ def test_round_trip_keeps_distribution_priorities_and_counters(tmp_path: Path, s
     before = union_distribution([window_table(buf)])
     steps_before = step_multiset(buf)
 
-    checkpoint.save(buf, tmp_path, 7, extra={"step": 70})
+    checkpoint.save(buf, tmp_path, 7, files={"step.json": b'{"step": 70}'})
     restored = make_buffer(3, 40, sampler=sampler, seed=99)
-    report = checkpoint.load(tmp_path, restored)
+    report = checkpoint.load(tmp_path, restored, files=("step.json",))
 
-    assert report.checkpoint_id == 7 and report.extra == {"step": 70}
+    assert report.checkpoint_id == 7 and json.loads(report.files["step.json"]) == {"step": 70}
     assert report.steps == buf.num_steps == restored.num_steps
     assert step_multiset(restored) == steps_before
     assert_same_distribution(before, union_distribution([window_table(restored)]))
@@ -92,19 +92,20 @@ def test_part_is_a_plain_safetensors_file(tmp_path: Path) -> None:
     np.testing.assert_array_equal(arrays["row_length"], np.minimum(testing.positions(buf), 16))
 
 
-def test_manifest_records_ids_counts_and_extra(tmp_path: Path) -> None:
+def test_manifest_records_ids_counts_and_files(tmp_path: Path) -> None:
     buf = make_buffer(2, 16)
     fill_random(buf, 30)
-    directory = checkpoint.save(buf, tmp_path, 12, extra={"step": 30, "note": "x"})
+    directory = checkpoint.save(buf, tmp_path, 12, files={"note.json": b'{"step": 30, "note": "x"}'})
     assert directory == checkpoint_dir(tmp_path, 12)
-    manifest = checkpoint.read_manifest(directory)
-    assert manifest["checkpoint_id"] == 12 and manifest["num_shards"] == 1
-    assert manifest["steps"] == buf.num_steps
-    assert manifest["extra"] == {"step": 30, "note": "x"}
-    assert manifest["spec_fingerprint"] == SPEC.fingerprint
+    manifest = checkpoint.load_manifest(directory)
+    assert manifest.checkpoint_id == 12 and manifest.num_shards == 1
+    assert manifest.steps == buf.num_steps
+    assert manifest.files["note.json"].bytes == len(b'{"step": 30, "note": "x"}') and not manifest.extra
+    assert manifest.spec_fingerprint == SPEC.fingerprint
     assert checkpoint.is_complete(directory) and checkpoint.latest_complete(tmp_path) == 12
     body = json.loads((directory / "manifest.json").read_text())["body"]
-    assert body == manifest
+    assert body == manifest.as_json()  # what it reads is what it wrote
+    assert checkpoint.Manifest.parse(directory, body) == manifest
 
 
 def test_keep_last_prunes_older_complete_checkpoints(tmp_path: Path) -> None:
@@ -124,7 +125,7 @@ def test_bad_arguments_write_nothing(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         checkpoint.save(buf, tmp_path, 1, partial="keep")
     with pytest.raises(ConfigError):
-        checkpoint.save(buf, tmp_path, 1, extra={"x": object()})
+        checkpoint.save(buf, tmp_path, 1, files={"x.json": object()})  # type: ignore[dict-item]
     with pytest.raises(ConfigError):
         checkpoint.save("not a buffer", tmp_path, 1)  # type: ignore[arg-type]
     assert checkpoint.list_checkpoints(tmp_path) == []

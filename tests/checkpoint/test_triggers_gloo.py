@@ -8,6 +8,7 @@ then an agreed crash on every rank; and, in a second world, SIGTERM to every ran
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -21,6 +22,7 @@ import torch
 import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.checkpoint import CheckpointTrigger
+from shardreplay.checkpoint.triggers import REQUEST_FILE
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CollectiveTimeout
@@ -51,7 +53,8 @@ def _rank_loop(rank: int, world: int, run_dir: str, timeout_s: float) -> dict:
 
     def save(step: int) -> None:
         reason = "crash" if sys.exc_info()[0] is not None else trigger.reason
-        checkpoint.save(buf, root, step, extra={"step": step, "reason": reason}, keep_last=None)
+        record = json.dumps({"step": step, "reason": reason}).encode()
+        checkpoint.save(buf, root, step, files={f"why-{rank}.json": record}, keep_last=None)
         saves.append((step, reason))
 
     outcome = "max steps"
@@ -129,9 +132,9 @@ def _requests_then_crash(d: _Driver) -> None:
     os.kill(d.pid(1), signal.SIGUSR1)  # rank 1 only
     d.wait_for("the requested checkpoint", lambda: set(d.complete()) - seen - _periodic(d))
     seen = set(d.complete())
-    (d.root / checkpoint.REQUEST_FILE).touch()
+    (d.root / REQUEST_FILE).touch()
     d.wait_for("the file request", lambda: set(d.complete()) - seen - _periodic(d))
-    assert not (d.root / checkpoint.REQUEST_FILE).exists()
+    assert not (d.root / REQUEST_FILE).exists()
     # Crash at a later step than the requested checkpoint: a crash at the step of a
     # complete checkpoint is (rightly) not saved again, which is not what this tests.
     # Nor near a periodic step: the ranks see the finish file a few steps after the driver
@@ -162,8 +165,8 @@ def test_periodic_requested_and_crash_checkpoints_on_every_rank(tmp_path: Path) 
         assert all(r["parts"].values())
     for step, reason in saves[0]:
         directory = checkpoint.checkpoint_dir(tmp_path, step)
-        manifest = checkpoint.read_manifest(directory)
-        assert manifest["num_shards"] == WORLD and manifest["extra"] == {"step": step, "reason": reason}
+        assert checkpoint.load_manifest(directory).num_shards == WORLD
+        assert json.loads((directory / "why-0.json").read_bytes()) == {"step": step, "reason": reason}
     crash_step = saves[0][-1][0]
     assert results[0]["outcome"] == f"planned crash at step {crash_step}"
 

@@ -4,7 +4,7 @@ Three records are compared, each identity being ``(actor_id, sequence)``:
 
 - delivered: the actors' delivery logs (``--delivery-log-dir``), one line per chunk a
   transport accepted;
-- stored: ``extra["ingest"]["stored"]`` of every part of the final complete checkpoint,
+- stored: ``ingest["stored"]`` of every part's learner record of the final complete checkpoint,
   ``{"<actor_id>": [[lo, hi], ...]}`` inclusive sequence intervals;
 - lost: ``<run_dir>/lost_chunks.jsonl``, one ``{"actor_id", "first", "last", "chunks",
   "steps", "reason", "rank"}`` per line, written by learners on resume.
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from shardreplay import checkpoint
+from shardreplay.runtime.policy_file import learner_records
 
 Identity = tuple[int, int]
 
@@ -47,29 +48,29 @@ def read_delivery_logs(log_dir: Path) -> dict[Identity, int]:
     return steps
 
 
-def final_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
+def final_checkpoint(run_dir: Path) -> tuple[Path, checkpoint.Manifest]:
     """The newest complete checkpoint of a run and its manifest (library API)."""
     root = run_dir / "checkpoints"
     newest = checkpoint.latest_complete(root)
     assert newest is not None, f"no complete checkpoint under {root}: {checkpoint.list_checkpoints(root)}"
     directory = checkpoint.checkpoint_dir(root, newest)
-    return directory, checkpoint.read_manifest(directory)
+    return directory, checkpoint.load_manifest(directory)
 
 
-def stored_identities(manifest: dict[str, Any]) -> set[Identity]:
-    """The union of the parts' ``extra["ingest"]["stored"]`` records.
+def stored_identities(manifest: checkpoint.Manifest) -> set[Identity]:
+    """The union of the parts' stored-chunk records (``ingest["stored"]`` of each
+    part's learner record).
 
     A union, not a sum: a resumed rank starts from the merged record of all parts (its
     shard may receive any saved shard's episodes), so parts of a later checkpoint can
     list the same chunk. Duplicates show in the step count instead (:func:`stored_steps`).
     """
     held: set[Identity] = set()
-    for part in manifest["parts"]:
-        ingest = part.get("extra", {}).get("ingest", {})
+    for shard, record in enumerate(learner_records(manifest)):
+        ingest = record.ingest or {}
         assert "stored" in ingest, (
-            f"part {part['shard']} of the checkpoint records no stored chunk intervals "
-            f"(extra['ingest'] = {json.dumps(ingest)[:200]}): the Ingestor does not yet keep "
-            "identity-based dedupe state (issue 10, item a)")
+            f"part {shard} of the checkpoint records no stored chunk intervals "
+            f"(ingest = {json.dumps(ingest)[:200]})")
         for actor, intervals in ingest["stored"].items():
             for lo, hi in intervals:
                 assert lo <= hi, f"bad stored interval {lo}..{hi} of actor {actor}"

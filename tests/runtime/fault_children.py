@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.spec import Field, Spec
-from tests.runtime.runtime_helpers import IDENT_SPEC, make_chunk
+from tests.runtime.runtime_helpers import IDENT_SPEC, ingest_record, make_chunk
 
 
 def big_spec(obs_size: int) -> Spec:
@@ -65,6 +65,7 @@ def reader_life(transport: Any, root: str, num_actors: int, capacity: int, life_
     from shardreplay import checkpoint
     from shardreplay.buffer.replay_buffer import ReplayBuffer
     from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
+    from shardreplay.runtime.policy_file import learner_records
     from shardreplay.runtime.settings import TrainSettings
 
     settings = TrainSettings.from_dict(dict(learners=1, actors=num_actors, envs_per_actor=2, transport="file:///unused"))
@@ -75,8 +76,8 @@ def reader_life(transport: Any, root: str, num_actors: int, capacity: int, life_
     if any(checkpoint.is_complete(checkpoint.checkpoint_dir(Path(root), i)) for i in ids):
         report = checkpoint.load(root, buffer, fallback=True)
         restored = report.checkpoint_id
-        parts = checkpoint.read_manifest(report.directory)["parts"]
-        stored = merge_stored(p["extra"].get("ingest") for p in parts)
+        assert report.manifest is not None
+        stored = merge_stored(r.ingest for r in learner_records(report.manifest))
     ingestor = Ingestor(transport.reader(), buffer, settings, stored)
     next_id = max(ids, default=-1) + 1
     progress = {"pid": os.getpid(), "restored": restored, "saves": 0, "steps": buffer.num_steps,
@@ -87,7 +88,7 @@ def reader_life(transport: Any, root: str, num_actors: int, capacity: int, life_
         if ingestor.take_stats().duplicates:
             progress["duplicates"] = ingestor.total_duplicates
         if ingestor._unacked:
-            checkpoint.save(buffer, root, next_id, extra={"ingest": ingestor.state_dict()}, keep_last=2)
+            checkpoint.save(buffer, root, next_id, files=ingest_record(ingestor), keep_last=2)
             next_id += 1
             progress["saves"] += 1
             if die_after_save:

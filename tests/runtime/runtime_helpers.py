@@ -55,6 +55,14 @@ def make_chunk(actor_id: int, sequence: int, *, s: int = 2, t: int = 4, version:
                  stream_ids=np.arange(s, dtype=np.int64), steps=steps)
 
 
+def ingest_record(ingestor: Any) -> dict[str, bytes]:
+    """The learner record of a one-shard run holding ``ingestor``'s stored chunks, as
+    ``checkpoint.save(files=...)`` takes it (what a learner rank saves beside its part)."""
+    from shardreplay.runtime.policy_file import LearnerRecord, record_file
+
+    return {record_file(0, 1): LearnerRecord({}, None, 0.0, None, ingestor.state_dict()).as_bytes()}
+
+
 def ident_counts(idents: np.ndarray) -> Counter[tuple[int, int]]:
     """How many stored steps name each ``(actor_id, sequence)`` (``idents`` is ``[N, 2]``)."""
     return Counter(map(tuple, np.asarray(idents).reshape(-1, 2).tolist()))

@@ -20,7 +20,7 @@ import torch
 from shardreplay import checkpoint
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.cli.main import main
-from shardreplay.errors import CheckpointFormatError, ConfigError
+from shardreplay.errors import CheckpointDamagedError, CheckpointFormatError, ConfigError
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.base import Agent
 from shardreplay.runtime.algos.networks import make_q_network
@@ -28,12 +28,15 @@ from shardreplay.runtime.envs import EnvInfo, describe_env
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.policy_file import (
     POLICY_FORMAT,
+    LearnerRecord,
     best_path,
     best_return,
     keep_if_best,
+    learner_records,
     load_policy,
     policy_metadata,
     policy_of_run,
+    record_file,
     save_policy,
 )
 from shardreplay.runtime.settings import TrainSettings
@@ -90,9 +93,9 @@ def _run_dir(tmp_path: Path, agents: dict[int, dict], settings: TrainSettings = 
     for cid, agent in agents.items():
         data = io.BytesIO()
         torch.save({"agent": agent}, data)
-        checkpoint.save(buffer, run / "checkpoints", cid, files={"learner_state.pt": data.getvalue()},
-                        extra={"settings": settings.to_dict(),
-                               "counters": {"updates": cid, "env_steps": 7 * cid}})
+        record = LearnerRecord({"updates": cid, "env_steps": 7 * cid}, None, 0.0, settings.to_dict(), None)
+        checkpoint.save(buffer, run / "checkpoints", cid,
+                        files={"learner_state.pt": data.getvalue(), record_file(0, 1): record.as_bytes()})
     (run / "config.json").write_text(json.dumps(settings.to_dict()))
     return run
 
@@ -198,3 +201,14 @@ def test_the_loader_names_an_unknown_algorithm_and_weights_that_do_not_fit(tmp_p
     save_policy(path, torch.nn.Linear(3, 2), policy_metadata(SAC, env))
     with pytest.raises(CheckpointFormatError, match="do not rebuild the network"):
         load_policy(path)
+
+
+def test_a_learner_record_is_read_back_typed_and_verified(tmp_path: Path) -> None:
+    buffer = ReplayBuffer(CARTPOLE_SPEC, num_streams=1, stream_capacity=8, window=2)
+    record = LearnerRecord({"updates": 3, "env_steps": 21}, 4.5, 12.0, SETTINGS.to_dict(),
+                           {"stored": {"2": [[0, 4]]}})
+    directory = checkpoint.save(buffer, tmp_path, 3, files={record_file(0, 1): record.as_bytes()})
+    assert learner_records(checkpoint.load_manifest(directory)) == [record]
+    (directory / record_file(0, 1)).write_bytes(record.as_bytes().replace(b"21", b"22"))
+    with pytest.raises(CheckpointDamagedError, match="checksum mismatch"):
+        learner_records(checkpoint.load_manifest(directory))

@@ -54,7 +54,7 @@ def train_then_resume(tmp_path: Path, algo_args: list[str], steps: int, more_ste
                        "--total-env-steps", str(steps), *algo_args], tmp_path / "first")
     directory, manifest = newest_checkpoint(run_dir)
     saved = manifest_counters(manifest)
-    assert manifest["num_shards"] == 2 and first["updates"] > 0
+    assert manifest.num_shards == 2 and first["updates"] > 0
     # counted over both ranks' shards: the budget is the run's, not each rank's
     assert steps <= first["env_steps"] == saved["env_steps"]
     agent = torch.load(io.BytesIO((directory / "learner_state.pt").read_bytes()), weights_only=True)["agent"]

@@ -25,6 +25,7 @@ import psutil
 
 from shardreplay import checkpoint
 from shardreplay.runtime.actor.processes import descendant_pids
+from shardreplay.runtime.policy_file import learner_records
 
 # A small network (flags given after these win): a step budget's updates with the default
 # 256x256 MLP cost the learners about 10 CPU-seconds more per 2x2 run of 1,500 steps. No
@@ -259,23 +260,23 @@ def training(run_dir: Path, min_updates: int = 1) -> bool:
     return bool(rows) and int(rows[-1]["env_steps"]) > 0 and int(rows[-1]["updates"]) >= min_updates
 
 
-def newest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """The newest checkpoint directory and its manifest body (it must be complete)."""
+def newest_checkpoint(run_dir: Path) -> tuple[Path, checkpoint.Manifest]:
+    """The newest checkpoint directory and its manifest (it must be complete)."""
     root = run_dir / "checkpoints"
     ids = checkpoint.list_checkpoints(root)
     assert ids, f"no checkpoint under {root}"
     directory = checkpoint.checkpoint_dir(root, ids[-1])
     assert checkpoint.is_complete(directory), f"{directory} is not complete: {sorted(os.listdir(directory))}"
-    return directory, checkpoint.read_manifest(directory)
+    return directory, checkpoint.load_manifest(directory)
 
 
-def manifest_steps(manifest: dict[str, Any]) -> int:
+def manifest_steps(manifest: checkpoint.Manifest) -> int:
     """Steps stored in all parts of a checkpoint."""
-    return sum(int(p["steps"]) for p in manifest["parts"])
+    return sum(p.steps for p in manifest.parts)
 
 
-def manifest_counters(manifest: dict[str, Any]) -> dict[str, int]:
-    """The learner counters saved with a checkpoint (identical in every part)."""
-    counters = [p["extra"]["counters"] for p in manifest["parts"]]
+def manifest_counters(manifest: checkpoint.Manifest) -> dict[str, int]:
+    """The learner counters saved with a checkpoint (identical in every part's record)."""
+    counters = [dict(r.counters) for r in learner_records(manifest)]
     assert all(c == counters[0] for c in counters), counters
-    return {k: int(v) for k, v in counters[0].items()}
+    return counters[0]

@@ -90,6 +90,10 @@ class Shard:
         self._one_step: OneStepAdd | None = None
         self._full_adds = 0
         self._restoring: RestoreSession | None = None  # a restore not finished (save refuses)
+        # What shardreplay.checkpoint keeps with this shard's content (the restore it came
+        # from, the incremental chain of its saved parts), each entry stamped with the
+        # ``clears`` it holds for: replaced content ends them.
+        self.checkpoint_notes: dict[str, Any] = {}
         self._fence: WriteFence | None = None  # a background checkpoint's view (buffer/fence.py)
         self._fence_lock = threading.Lock()
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.saving import SaveJob, prepare, run
@@ -79,8 +78,7 @@ class PendingSave:
 
 
 def save_in_background(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int,
-                       *, partial: str = "seal", extra: dict[str, Any] | None = None,
-                       keep_last: int | None = 2, restored: Mapping[str, int] | None = None,
+                       *, partial: str = "seal", keep_last: int | None = 2,
                        files: Mapping[str, bytes] | None = None, incremental: bool = False) -> PendingSave:
     """:func:`~shardreplay.checkpoint.save` whose files are written by a thread: the
     checkpoint holds the buffer as it is at this call, however it is written meanwhile.
@@ -96,6 +94,6 @@ def save_in_background(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | P
         ConfigError, CheckpointError: as ``save``, before anything is written. Errors
             of the write itself are raised by ``PendingSave.wait``.
     """
-    job = prepare(buffer, path, checkpoint_id, partial=partial, extra=extra, keep_last=keep_last,
-                  restored=restored, files=files, incremental=incremental, background=True)
+    job = prepare(buffer, path, checkpoint_id, partial=partial, keep_last=keep_last, files=files,
+                  incremental=incremental, background=True)
     return PendingSave(job)

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -171,6 +171,17 @@ def _hash_blocks(dest: memoryview, valid: int, skip: frozenset[int]) -> list[int
     return out
 
 
+class Expected(Protocol):
+    """What a reader checks a part file against (a ``ManifestPart`` or ``RefSource``):
+    its size and the XXH64 of each block."""
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def block_xxh64(self) -> tuple[str, ...]: ...
+
+
 class PartReader:
     """Read arrays (or row ranges of them) from a part file, verifying touched blocks.
 
@@ -183,11 +194,11 @@ class PartReader:
         CheckpointFormatError: unreadable, truncated or corrupt file, with its name.
     """
 
-    def __init__(self, path: Path, expected: Mapping[str, Any]) -> None:
+    def __init__(self, path: Path, expected: Expected) -> None:
         self.path = Path(path)
         try:
-            self._hashes = [int(h, 16) for h in expected["block_xxh64"]]
-        except (KeyError, TypeError, ValueError) as exc:
+            self._hashes = [int(h, 16) for h in expected.block_xxh64]
+        except (TypeError, ValueError) as exc:
             raise CheckpointFormatError(f"{path}: the description has no valid block hashes") from exc
         try:
             self._size = self.path.stat().st_size
@@ -204,8 +215,8 @@ class PartReader:
         try:
             self._scratch = bytearray(min(BLOCK_BYTES, self._size))  # small files, small scratch
             self._view = memoryview(self._scratch)
-            if self._size != int(expected["bytes"]):
-                raise self._fail(f"{self._size} bytes, the manifest says {expected['bytes']} "
+            if self._size != expected.bytes:
+                raise self._fail(f"{self._size} bytes, the manifest says {expected.bytes} "
                                  "(truncated or replaced)")
             if len(self._hashes) != -(-self._size // BLOCK_BYTES):
                 raise self._fail("the manifest's block hashes do not cover the file")

@@ -1,7 +1,8 @@
 """Incremental saves: which field rows a part writes, and which it takes from earlier files.
 
-A shard remembers (in this process) where its last saved part put each stored step's
-field rows (:class:`Chain`: a segment table, see :mod:`shardreplay.checkpoint.refs`).
+A shard remembers (in ``Shard.checkpoint_notes``, in this process) where its last saved
+part put each stored step's field rows (:class:`Chain`: a segment table, see
+:mod:`shardreplay.checkpoint.refs`).
 Rows are append-only rings: a stored absolute step's field data never changes, so the
 next part refers to the earlier files for every step it still stores that an earlier
 part holds, and writes only the steps written since. Step types, discounts, episode
@@ -16,7 +17,6 @@ part is full, and the chain starts again from it.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,10 +57,6 @@ class Chain:
     segments: Segments
 
 
-# Per shard, the chain under each checkpoint root (resolved path) it saved to.
-_CHAINS: weakref.WeakKeyDictionary[Shard, dict[str, Chain]] = weakref.WeakKeyDictionary()
-
-
 def full_segments(hi: np.ndarray, cap: int) -> Segments:
     """The table of a full part of rows at positions ``hi``: every step in its own file."""
     lo = hi - np.minimum(hi, cap)
@@ -73,8 +69,8 @@ def full_segments(hi: np.ndarray, cap: int) -> Segments:
 
 def chain_of(shard: Shard, root: Path) -> Chain | None:
     """The chain a part of ``shard`` under ``root`` can continue (None: save it full)."""
-    chain = _CHAINS.get(shard, {}).get(str(Path(root).resolve()))
-    if chain is None or chain.clears != shard.clears:
+    chain = shard.checkpoint_notes.get(_key(root))
+    if not isinstance(chain, Chain) or chain.clears != shard.clears:
         return None
     # A part of an incomplete checkpoint may be set aside (moved) at the next resume.
     directory = Path(root) / chain.own.checkpoint
@@ -83,16 +79,19 @@ def chain_of(shard: Shard, root: Path) -> Chain | None:
     return chain
 
 
-def remember(shard: Shard, root: Path, directory: Path, file: str, info: dict, segments: Segments) -> None:
-    """After a part was written: the next part of ``shard`` may continue from it."""
-    own = RefSource(Path(directory).name, file, int(info["bytes"]), tuple(info["block_xxh64"]))
-    key = str(Path(root).resolve())
-    _CHAINS.setdefault(shard, {})[key] = Chain(key, shard.clears, own, segments)
+def _key(root: Path) -> str:
+    """The note of the chain under checkpoint root ``root`` (its resolved path)."""
+    return f"chain:{Path(root).resolve()}"
+
+
+def remember(shard: Shard, root: Path, own: RefSource, segments: Segments) -> None:
+    """After part file ``own`` was written: the next part of ``shard`` may continue from it."""
+    shard.checkpoint_notes[_key(root)] = Chain(str(Path(root).resolve()), shard.clears, own, segments)
 
 
 def forget(shard: Shard, root: Path) -> None:
     """The next part of ``shard`` under ``root`` is full."""
-    _CHAINS.get(shard, {}).pop(str(Path(root).resolve()), None)
+    shard.checkpoint_notes.pop(_key(root), None)
 
 
 def plan(chain: Chain, hi: np.ndarray, cap: int) -> tuple[Segments, np.ndarray]:

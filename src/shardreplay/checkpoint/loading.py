@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -35,9 +34,9 @@ from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.checkpoint.format import advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, list_checkpoints, load_manifest, read_covered
 from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan_shard
-from shardreplay.checkpoint.records import Manifest, PartMeta
+from shardreplay.checkpoint.records import Manifest, PartMeta, RestoreCounts
 from shardreplay.checkpoint.refs import AnyPartReader, open_part
-from shardreplay.checkpoint.saving import shard_of
+from shardreplay.checkpoint.saving import note_restore, shard_of
 from shardreplay.checkpoint.stacked import read_stacks
 from shardreplay.checkpoint.starts import read_starts
 from shardreplay.distributed import ShardedReplayBuffer
@@ -78,7 +77,6 @@ class LoadReport:
     episodes: int
     dropped_episodes: int
     dropped_steps: int
-    extra: dict[str, Any] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     sealed_episodes: int = 0
     sealed_steps: int = 0
@@ -88,13 +86,12 @@ class LoadReport:
     manifest: Manifest | None = None
     files: Mapping[str, bytes] = field(default_factory=dict)
 
-    def counts(self) -> dict[str, int]:
-        """This rank's restore as JSON-ready numbers (what ``checkpoint.save(...,
-        restored=...)`` records in the next checkpoint)."""
-        return {"checkpoint_id": self.checkpoint_id, "saved_shards": self.saved_shards,
-                "saved_steps": self.saved_steps, "steps": self.steps, "episodes": self.episodes,
-                "dropped_episodes": self.dropped_episodes, "dropped_steps": self.dropped_steps,
-                "sealed_episodes": self.sealed_episodes, "sealed_steps": self.sealed_steps}
+    def counts(self) -> RestoreCounts:
+        """This rank's restore (what every later save of this shard records, until its
+        content is replaced otherwise)."""
+        return RestoreCounts(self.checkpoint_id, self.saved_shards, self.saved_steps, self.steps,
+                             self.episodes, self.dropped_episodes, self.dropped_steps, self.sealed_episodes,
+                             self.sealed_steps)
 
 
 def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
@@ -170,6 +167,7 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
             tried = tried or all_complete  # the same on every rank: they go on or stop together
             if not failed_ranks:
                 _log_passed_over(root, cid, skipped)
+                note_restore(inner, report.counts())
                 return replace(report, skipped=skipped)
             reason = str(error) if error is not None else f"rank(s) {failed_ranks} could not load it"
             if error is None:
@@ -242,9 +240,12 @@ def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
     """Restore ``directory`` into ``local`` as shard ``shard`` of ``num_shards`` in one
     restore session, without any collective (a rank's part of :func:`load`, for tests;
     ``layout`` gives every new shard's rows, None: all shaped like ``local``)."""
-    with shard_of_buffer(local).restore(str(directory), floor_epoch) as session:
-        return _restore(load_manifest(directory), session, local, shard, num_shards, buffer, floor_epoch,
-                        layout, ())
+    inner = shard_of_buffer(local)
+    with inner.restore(str(directory), floor_epoch) as session:
+        report = _restore(load_manifest(directory), session, local, shard, num_shards, buffer, floor_epoch,
+                          layout, ())
+    note_restore(inner, report.counts())
+    return report
 
 
 def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, shard: int,
@@ -317,8 +318,8 @@ def _report(manifest: Manifest, shard: int, num_shards: int, plan: ShardPlan, ep
             num_shards, steps, len(plan), how, saved_steps, plan.dropped_episodes, plan.dropped_steps,
             sealed_eps, sealed_steps)
     return LoadReport(manifest.checkpoint_id, manifest.directory, len(manifest.parts), steps, len(plan),
-                      plan.dropped_episodes, plan.dropped_steps, dict(manifest.extra),
-                      sealed_episodes=sealed_eps, sealed_steps=sealed_steps, saved_steps=saved_steps,
+                      plan.dropped_episodes, plan.dropped_steps, sealed_episodes=sealed_eps,
+                      sealed_steps=sealed_steps, saved_steps=saved_steps,
                       exact=exact, key_epoch=epoch, manifest=manifest, files=files)
 
 

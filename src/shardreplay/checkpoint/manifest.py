@@ -36,7 +36,7 @@ from typing import Any
 from shardreplay._hashing import xxh64
 from shardreplay._io import atomic_write_bytes
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.checkpoint.records import FileEntry, Manifest, ManifestPart, RefSource
+from shardreplay.checkpoint.records import FORMAT, READ_VERSIONS, FileEntry, Manifest, ManifestPart, RefSource
 from shardreplay.errors import (
     CheckpointDamagedError,
     CheckpointError,
@@ -44,11 +44,6 @@ from shardreplay.errors import (
     IncompleteCheckpointError,
 )
 
-FORMAT = "shardreplay-checkpoint"
-FORMAT_VERSION = 2  # 2: XXH64 block hashes (1 had CRC32); what a full save writes
-# 3: an incremental checkpoint (a part refers to earlier part files: checkpoint/refs.py)
-INCREMENTAL_VERSION = 3
-READ_VERSIONS = (FORMAT_VERSION, INCREMENTAL_VERSION)
 _DIR_RE = re.compile(r"^ckpt-(\d+)$")
 INCOMPLETE_DIR = "incomplete"  # under a checkpoint root: incomplete checkpoints set aside
 
@@ -147,16 +142,6 @@ def list_checkpoints(root: Path) -> list[int]:
     return sorted(ids)
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """The manifest of a checkpoint directory as JSON (for tools), checked as
-    :func:`load_manifest` checks it.
-
-    Raises:
-        IncompleteCheckpointError, CheckpointFormatError: as :func:`load_manifest`.
-    """
-    return dict(load_manifest(directory).body)
-
-
 def load_manifest(directory: Path) -> Manifest:
     """The manifest of a checkpoint directory, parsed once, checked for shape, part files
     (present, of the recorded size) and part descriptions (present, of the recorded size
@@ -199,8 +184,7 @@ def _check_part(manifest: Manifest, part: ManifestPart) -> None:
         if entry is None:
             raise CheckpointFormatError(f"{path}: does not cover {desc_path.name}")
         check_bytes(desc_path, raw, entry)
-    desc = parse_checked(desc_path, raw)
-    if any(desc.get(k) != v for k, v in part.entry.items()):
+    if ManifestPart.parse(parse_checked(desc_path, raw), desc_path) != part:
         raise CheckpointFormatError(f"{desc_path}: does not match the manifest's "
                                     "entry for this part (saved again after the manifest?)")
     for ref in part.refs:  # the earlier files an incremental part reads rows from
@@ -248,9 +232,7 @@ def check_complete(directory: Path, *, hashes: bool = True) -> Manifest:
     ``hashes``) every block of every part and every other file against its recorded
     XXH64 hash.
 
-    Hashing reads every byte once (at disk speed: XXH64 is faster than the reads); a
-    checkpoint verified before in this process, whose files have the same sizes and
-    modification times, is not read again.
+    Hashing reads every byte once (at disk speed: XXH64 is faster than the reads).
 
     Raises:
         IncompleteCheckpointError: the manifest, a part or a description is missing.
@@ -261,41 +243,16 @@ def check_complete(directory: Path, *, hashes: bool = True) -> Manifest:
     manifest = load_manifest(directory)
     if not hashes:
         return manifest
-    try:
-        stamp: tuple[tuple[str, int, int], ...] | None = _stamp(manifest)
-    except FileNotFoundError:
-        stamp = None  # a covered file is missing: read_covered below says which
-    if stamp is not None and _VERIFIED.get(str(directory.resolve())) == stamp:
-        return manifest
     for part in manifest.parts:
-        with PartReader(directory / part.file, part.entry) as reader:
+        with PartReader(directory / part.file, part) as reader:
             reader.verify_all()
         for ref in part.refs:
-            with PartReader(ref.path(directory.parent), ref.as_json()) as reader:
+            with PartReader(ref.path(directory.parent), ref) as reader:
                 reader.verify_all()
     descriptions = {f"{part_name(p.shard, manifest.num_shards)}.json" for p in manifest.parts}
     for name in sorted(set(manifest.files) - descriptions):  # the descriptions were checked above
         read_covered(manifest, name)
-    if stamp is not None:
-        _VERIFIED[str(directory.resolve())] = stamp
     return manifest
-
-
-# Checkpoints whose every block was verified in this process, with the sizes and
-# modification times of their files then: restarts check the same checkpoint several
-# times, and reading a large one again would cost seconds.
-_VERIFIED: dict[str, tuple[tuple[str, int, int], ...]] = {}
-
-
-def _stamp(manifest: Manifest) -> tuple[tuple[str, int, int], ...]:
-    names = ["manifest.json", *sorted(manifest.files)] + \
-        [n for p in manifest.parts for n in (p.file, p.file.replace(".safetensors", ".json"))] + \
-        [f"../{r.checkpoint}/{r.file}" for p in manifest.parts for r in p.refs]
-    out = []
-    for name in dict.fromkeys(names):
-        st = (manifest.directory / name).stat()
-        out.append((name, st.st_size, st.st_mtime_ns))
-    return tuple(out)
 
 
 def incomplete_reason(directory: Path, *, hashes: bool = True) -> str | None:
@@ -340,18 +297,15 @@ def latest_complete(root: Path, before: int | None = None) -> int | None:
     return None
 
 
-def incomplete_checkpoints(root: Path) -> list[int]:
-    """Ids of the checkpoints under ``root`` that are not complete (checksums included:
-    a damaged one counts as incomplete), oldest first."""
-    return [c for c in list_checkpoints(root) if not is_complete(checkpoint_dir(root, c))]
-
-
-def set_aside_incomplete(root: Path) -> tuple[list[int], Path | None]:
-    """Move every incomplete checkpoint under ``root`` to ``root/incomplete/<UTC time>/``.
+def set_aside(root: Path, ids: list[int] | None = None) -> tuple[list[int], Path | None]:
+    """Move the checkpoints ``ids`` under ``root`` (None: every incomplete one, checksums
+    included: a damaged one counts as incomplete) to ``root/incomplete/<UTC time>/``.
 
     Nothing is deleted: the parts a crash left stay readable there (``shardreplay
     checkpoint inspect`` takes that directory as a root), out of the way of the ids a new
-    or resumed run saves. Call it only while no run writes under ``root``.
+    or resumed run saves (``train --resume --checkpoint-id`` also sets aside the ones
+    newer than the checkpoint it continues from). Call it only while no run writes under
+    ``root``.
 
     Returns:
         The ids moved and the directory they went to (None when there were none).
@@ -359,20 +313,8 @@ def set_aside_incomplete(root: Path) -> tuple[list[int], Path | None]:
     Raises:
         CheckpointError: a directory could not be moved (the message says which).
     """
-    return set_aside(root, incomplete_checkpoints(root))
-
-
-def set_aside(root: Path, ids: list[int]) -> tuple[list[int], Path | None]:
-    """Move the checkpoints ``ids`` under ``root`` to ``root/incomplete/<UTC time>/``
-    (see :func:`set_aside_incomplete`; ``train --resume --checkpoint-id`` sets aside the
-    ones newer than the checkpoint it continues from).
-
-    Returns:
-        The ids moved and the directory they went to (None when there were none).
-
-    Raises:
-        CheckpointError: a directory could not be moved (the message says which).
-    """
+    if ids is None:
+        ids = [c for c in list_checkpoints(root) if not is_complete(checkpoint_dir(root, c))]
     if not ids:
         return [], None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

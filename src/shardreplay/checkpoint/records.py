@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from shardreplay.errors import CheckpointFormatError, ConfigError
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import is_key_tag
+
+FORMAT = "shardreplay-checkpoint"
+FORMAT_VERSION = 2  # 2: XXH64 block hashes (1 had CRC32); what a full save writes
+# 3: an incremental checkpoint (a part refers to earlier part files: checkpoint/refs.py)
+INCREMENTAL_VERSION = 3
+READ_VERSIONS = (FORMAT_VERSION, INCREMENTAL_VERSION)
 
 
 def _count(value: Any, what: str, where: Path | str) -> int:
@@ -83,7 +89,7 @@ class RefSource:
         return cls(ckpt, file, _count(value.get("bytes"), "a reference's size", where), tuple(hashes))
 
     def as_json(self) -> dict[str, Any]:
-        """The JSON form (as stored), which ``PartReader`` takes as its expectation."""
+        """The JSON form (as stored)."""
         return {"checkpoint": self.checkpoint, "file": self.file, "bytes": self.bytes,
                 "block_xxh64": list(self.block_xxh64)}
 
@@ -122,21 +128,6 @@ class RestoreCounts:
         return cls(**{f.name: _count(value.get(f.name), f"restored.{f.name}", where) for f in fields(cls)})
 
     @classmethod
-    def from_counts(cls, value: Mapping[str, Any]) -> RestoreCounts:
-        """The counts a caller passes to ``save(restored=...)``.
-
-        Raises:
-            ConfigError: a key is missing or not an integer.
-        """
-        missing = sorted({f.name for f in fields(cls)} - set(value))
-        if missing:
-            raise ConfigError(f"restored must be LoadReport.counts() (missing {missing})")
-        try:
-            return cls(**{f.name: int(value[f.name]) for f in fields(cls)})
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"restored must hold integers (LoadReport.counts()): {exc}") from exc
-
-    @classmethod
     def total(cls, parts: list[RestoreCounts | None]) -> RestoreCounts | None:
         """The parts' counts summed (None when no part was restored). Every new shard of
         one restore records the same source checkpoint and total."""
@@ -154,9 +145,14 @@ class RestoreCounts:
 
 @dataclass(frozen=True)
 class ManifestPart:
-    """One part's entry in the manifest (what its description file says too)."""
+    """One part: its entry in the manifest, and its description file (``part-*.json``),
+    which says the same with the format, version and spec. :meth:`parse` reads what
+    :meth:`as_json` writes (and what older versions wrote: ``extra``, see
+    :attr:`Manifest.extra`)."""
 
+    checkpoint_id: int
     shard: int
+    num_shards: int
     file: str
     bytes: int
     block_xxh64: tuple[str, ...]
@@ -165,14 +161,21 @@ class ManifestPart:
     partial_policy: str
     partial: Mapping[str, int]
     restored: RestoreCounts | None
-    extra: Mapping[str, Any]
-    files: Mapping[str, FileEntry]
-    entry: Mapping[str, Any]  # the JSON entry as listed (compared with the description)
-    refs: tuple[RefSource, ...] = ()  # an incremental part's earlier files (none: a full part)
+    spec_fingerprint: str
+    created_unix_ms: int | None = None  # when the part was written (None: not recorded)
+    files: Mapping[str, FileEntry] = field(default_factory=dict)  # this rank's other files
+    refs: tuple[RefSource, ...] = ()  # the earlier files an incremental part reads rows from
+    extra: Mapping[str, Any] = field(default_factory=dict)  # as saved before named files
+    chained: bool = False  # an incremental part (a segment table; refs may be empty)
+
+    @property
+    def version(self) -> int:
+        """The format version of the part (and of a manifest listing it)."""
+        return INCREMENTAL_VERSION if self.chained else FORMAT_VERSION
 
     @classmethod
     def parse(cls, entry: Any, where: Path) -> ManifestPart:
-        """Parse a part's entry.
+        """Parse a part's entry (or its description: the same keys and more).
 
         Raises:
             CheckpointFormatError: a field is missing or malformed.
@@ -183,20 +186,46 @@ class ManifestPart:
         if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
             raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r} has no valid block hashes")
         if not isinstance(partial, Mapping) or not isinstance(extra, Mapping) or \
-                not isinstance(entry.get("file"), str) or not isinstance(entry.get("partial_policy"), str):
+                not all(isinstance(entry.get(k), str) for k in ("file", "partial_policy",
+                                                                "spec_fingerprint")):
             raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r} is malformed")
-        files, refs = entry.get("files", {}), entry.get("refs", [])
+        files, refs, created = entry.get("files", {}), entry.get("refs", []), entry.get("created_unix_ms")
         if not isinstance(files, Mapping) or not isinstance(refs, list):
             raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r}: 'files' or 'refs' "
                                         "is malformed")
-        return cls(_count(entry.get("shard"), "a part's shard", where), entry["file"],
+        return cls(_count(entry.get("checkpoint_id"), "a part's checkpoint_id", where),
+                   _count(entry.get("shard"), "a part's shard", where),
+                   _count(entry.get("num_shards"), "a part's num_shards", where), entry["file"],
                    _count(entry.get("bytes"), "a part's size", where), tuple(hashes),
                    _count(entry.get("steps"), "a part's steps", where),
                    _count(entry.get("episodes"), "a part's episodes", where), entry["partial_policy"],
                    {str(k): _count(v, f"partial.{k}", where) for k, v in partial.items()},
-                   RestoreCounts.parse(entry.get("restored"), where), dict(extra),
-                   {str(k): FileEntry.parse(k, v, where) for k, v in files.items()}, dict(entry),
-                   tuple(RefSource.parse(r, where) for r in refs))
+                   RestoreCounts.parse(entry.get("restored"), where), entry["spec_fingerprint"],
+                   None if created is None else _count(created, "a part's created_unix_ms", where),
+                   {str(k): FileEntry.parse(k, v, where) for k, v in files.items()},
+                   tuple(RefSource.parse(r, where) for r in refs), dict(extra), "refs" in entry)
+
+    def as_json(self) -> dict[str, Any]:
+        """The manifest's entry (as :meth:`parse` reads it)."""
+        out: dict[str, Any] = {
+            "checkpoint_id": self.checkpoint_id, "shard": self.shard, "num_shards": self.num_shards,
+            "file": self.file, "bytes": self.bytes, "block_xxh64": list(self.block_xxh64),
+            "steps": self.steps, "episodes": self.episodes, "partial_policy": self.partial_policy,
+            "partial": dict(self.partial), "spec_fingerprint": self.spec_fingerprint,
+            "restored": None if self.restored is None else self.restored.as_dict()}
+        if self.created_unix_ms is not None:
+            out["created_unix_ms"] = self.created_unix_ms
+        if self.files:  # only then: a part without files is described as before
+            out["files"] = {k: v.as_json() for k, v in sorted(self.files.items())}
+        if self.chained:  # only then: a full part is described as before
+            out["refs"] = [r.as_json() for r in self.refs]
+        if self.extra:
+            out["extra"] = dict(self.extra)
+        return out
+
+    def description(self, spec: Spec) -> dict[str, Any]:
+        """The part's description file (its entry with the format, version and spec)."""
+        return {**self.as_json(), "format": FORMAT, "version": self.version, "spec": spec.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -208,7 +237,9 @@ class Manifest:
     files (covered block by block by ``parts``): the part descriptions and the files
     saved with ``save(files=...)`` such as the runtime's ``learner_state.pt``.
     ``covers_files`` is False for a manifest written before that table existed (it still
-    loads; those files are then read unchecked). ``body`` is the JSON as read.
+    loads; those files are then read unchecked). ``extra`` is what saves before named
+    files stored beside the buffer (``save(extra=...)``; each part's ``extra`` too):
+    empty in a checkpoint written since.
     """
 
     directory: Path
@@ -220,16 +251,35 @@ class Manifest:
     episodes: int
     partial: Mapping[str, int]
     restored: RestoreCounts | None
-    extra: Mapping[str, Any]
     parts: tuple[ManifestPart, ...]
     files: Mapping[str, FileEntry]
-    covers_files: bool
-    body: Mapping[str, Any]
+    covers_files: bool = True
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
         """The manifest file."""
         return self.directory / "manifest.json"
+
+    @property
+    def version(self) -> int:
+        """The format version: 3 when a part is incremental, else 2."""
+        return max(p.version for p in self.parts) if self.parts else FORMAT_VERSION
+
+    @classmethod
+    def of_parts(cls, directory: Path, spec: Spec, parts: list[ManifestPart],
+                 files: Mapping[str, FileEntry]) -> Manifest:
+        """The manifest of ``parts`` (in shard order, one checkpoint's), covering ``files``
+        (the part descriptions) and every file the parts list."""
+        first = parts[0]
+        covered = dict(files)
+        for part in parts:
+            covered.update(part.files)
+        return cls(Path(directory), first.checkpoint_id, first.num_shards, spec, first.spec_fingerprint,
+                   sum(p.steps for p in parts), sum(p.episodes for p in parts),
+                   {k: sum(p.partial[k] for p in parts) for k in first.partial},
+                   RestoreCounts.total([p.restored for p in parts]), tuple(parts),
+                   dict(sorted(covered.items())))
 
     @classmethod
     def parse(cls, directory: Path, body: Mapping[str, Any]) -> Manifest:
@@ -261,9 +311,24 @@ class Manifest:
                    body["spec_fingerprint"], _count(body.get("steps"), "steps", where),
                    _count(body.get("episodes"), "episodes", where),
                    {str(k): _count(v, f"partial.{k}", where) for k, v in partial.items()},
-                   RestoreCounts.parse(body.get("restored"), where), dict(extra), parts,
+                   RestoreCounts.parse(body.get("restored"), where), parts,
                    {str(k): FileEntry.parse(k, v, where) for k, v in (files or {}).items()},
-                   files is not None, body)
+                   files is not None, dict(extra))
+
+    def as_json(self) -> dict[str, Any]:
+        """The manifest's JSON body (as :meth:`parse` reads it; the part entries without
+        their spec, format and version)."""
+        out: dict[str, Any] = {
+            "format": FORMAT, "version": self.version, "checkpoint_id": self.checkpoint_id,
+            "num_shards": self.num_shards, "spec": self.spec.to_dict(),
+            "spec_fingerprint": self.spec_fingerprint,
+            "steps": self.steps, "episodes": self.episodes, "partial": dict(self.partial),
+            "restored": None if self.restored is None else self.restored.as_dict(),
+            "parts": [p.as_json() for p in self.parts],
+            "files": {k: v.as_json() for k, v in sorted(self.files.items())}}
+        if self.extra:
+            out["extra"] = dict(self.extra)
+        return out
 
 
 @dataclass(frozen=True)
@@ -273,8 +338,10 @@ class PartMeta:
     ``num_streams``/``stream_capacity``/``key_epoch`` are None when a part from an older
     version carries none (it is then never restored as saved, and adds nothing to the
     new key epoch); ``key_tag`` None keeps the buffer's tag; ``max_priority``/``draws``
-    are the prioritized sampler's (1.0 and 0 when the part has none); ``period`` the
-    saving buffer's sequence period (1 when the part has none).
+    are the prioritized sampler's (1.0 and 0 when the part has none); ``rng`` the
+    sampling RNG's state, ``sharding`` the sharded buffer's own (None: none saved);
+    ``period`` the saving buffer's sequence period (1 when the part has none).
+    :meth:`parse` reads what :meth:`as_text` writes.
     """
 
     num_streams: int | None
@@ -288,6 +355,29 @@ class PartMeta:
     rng: Mapping[str, Any] | None
     sharding: Mapping[str, Any] | None
     period: int = 1
+
+    @classmethod
+    def of_state(cls, meta: Mapping[str, Any], sharding: Mapping[str, Any] | None) -> PartMeta:
+        """The metadata of a shard's exported state (``Shard.export()["meta"]``) and, for a
+        sharded buffer, its sharding state."""
+        sampler = meta["sampler_state"]
+        return cls(int(meta["num_streams"]), int(meta["stream_capacity"]), int(meta["key_epoch"]),
+                   int(meta["key_tag"]), int(meta["next_episode_id"]), int(meta["stale_updates"]),
+                   float(sampler.get("max_priority", 1.0)), int(sampler.get("draws", 0)), dict(meta["rng"]),
+                   None if sharding is None else dict(sharding), int(meta.get("period", 1)))
+
+    def as_text(self) -> str:
+        """The ``buffer_meta`` JSON text (as :meth:`parse` reads it)."""
+        out: dict[str, Any] = {
+            "num_streams": self.num_streams, "stream_capacity": self.stream_capacity,
+            "key_epoch": self.key_epoch, "key_tag": self.key_tag, "next_episode_id": self.next_episode_id,
+            "stale_updates": self.stale_updates, "period": self.period,
+            "sampler_state": {"max_priority": self.max_priority, "draws": self.draws}}
+        if self.rng is not None:
+            out["rng"] = dict(self.rng)
+        if self.sharding is not None:
+            out["sharding"] = dict(self.sharding)
+        return json.dumps(out)
 
     @classmethod
     def parse(cls, text: str, where: Path) -> PartMeta:

@@ -38,7 +38,7 @@ def open_part(directory: Path, part: ManifestPart) -> PartReader | ChainedReader
     Raises:
         CheckpointFormatError: an unreadable or malformed file or segment table.
     """
-    own = PartReader(directory / part.file, part.entry)
+    own = PartReader(directory / part.file, part)
     if not part.refs:
         return own
     try:
@@ -78,7 +78,7 @@ class ChainedReader:
         reader = self._opened.get(source)
         if reader is None:
             ref = self._refs[source]
-            reader = self._stack.enter_context(PartReader(ref.path(self._root), ref.as_json()))
+            reader = self._stack.enter_context(PartReader(ref.path(self._root), ref))
             self._opened[source] = reader
         return reader
 

@@ -6,13 +6,12 @@ SIGTERM handler); the checkpoint becomes complete when the last part is written.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +26,6 @@ from shardreplay.checkpoint.format import write_part
 from shardreplay.checkpoint.incremental import Segments, chain_of, forget, full_segments, remember
 from shardreplay.checkpoint.incremental import plan as plan_increment
 from shardreplay.checkpoint.manifest import (
-    FORMAT,
-    FORMAT_VERSION,
-    INCREMENTAL_VERSION,
     checkpoint_dir,
     dump_checked,
     file_entry,
@@ -41,10 +37,18 @@ from shardreplay.checkpoint.manifest import (
     read_file,
     referenced_checkpoints,
 )
-from shardreplay.checkpoint.records import FileEntry, RestoreCounts
+from shardreplay.checkpoint.records import (
+    FileEntry,
+    Manifest,
+    ManifestPart,
+    PartMeta,
+    RefSource,
+    RestoreCounts,
+)
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
+from shardreplay.spec import Spec
 
 log = logging.getLogger("shardreplay.checkpoint.save")  # the name users filter on
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -60,15 +64,17 @@ def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, 
 
 
 def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
-         partial: str = "seal", extra: dict[str, Any] | None = None,
-         keep_last: int | None = 2, restored: Mapping[str, int] | None = None,
-         files: Mapping[str, bytes] | None = None, incremental: bool = False) -> Path:
+         partial: str = "seal", keep_last: int | None = 2, files: Mapping[str, bytes] | None = None,
+         incremental: bool = False) -> Path:
     """Write this shard's part of checkpoint ``checkpoint_id`` under ``path``.
 
     Only stored steps are written (not the allocated capacity), with their priorities,
     step types, discounts, episode ids and generations, the stream bookkeeping, the
     sampler state, the RNG state and counters. Partial episodes are sealed or dropped
-    (``partial``); the counts are logged and recorded in the manifest. The last shard
+    (``partial``); the counts are logged and recorded in the manifest, as is what this
+    shard's content was restored from, when a :func:`~shardreplay.checkpoint.load` put
+    it there (``LoadReport.counts()``; summed over the parts in the manifest, so a
+    checkpoint says what its run lost on the way from the one it came from). The last shard
     to finish writes the manifest, which completes the checkpoint, and then removes
     complete checkpoints older than the newest ``keep_last`` (None keeps all), except
     those whose files a kept checkpoint refers to.
@@ -78,15 +84,11 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
         path: the checkpoint root directory (shared by all ranks).
         checkpoint_id: a non-negative integer, usually the training step.
         partial: ``"seal"`` (default) or ``"drop"``.
-        extra: JSON-ready data stored with the checkpoint (e.g. the training step).
         keep_last: complete checkpoints to keep.
-        restored: what this shard's content was restored from, when it was
-            (``LoadReport.counts()``): recorded in its part and summed in the manifest,
-            so a checkpoint says what its run lost on the way from the one it came from.
-        files: other files to store in the checkpoint (name -> bytes; plain names, e.g.
-            the runtime's ``learner_state.pt``), written before this rank's part and
-            covered by the manifest (size and XXH64): ``load(..., files=...)`` returns
-            them verified.
+        files: what to store beside the buffer, as named files (name -> bytes; plain
+            names, e.g. the runtime's ``learner_state.pt`` and ``learner-*.json``),
+            written before this rank's part and covered by the manifest (size and
+            XXH64): ``load(..., files=...)`` returns them verified.
         incremental: write only the user-field rows stored since this shard's previous
             part under ``path`` (when that checkpoint is complete and this process saved
             it), referring to the earlier part files for the rest (format version 3;
@@ -108,8 +110,8 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     run should hold. A background save of this shard still writing
     (:func:`~shardreplay.checkpoint.background.save_in_background`) is waited for first.
     """
-    job = prepare(buffer, path, checkpoint_id, partial=partial, extra=extra, keep_last=keep_last,
-                  restored=restored, files=files, incremental=incremental, background=False)
+    job = prepare(buffer, path, checkpoint_id, partial=partial, keep_last=keep_last, files=files,
+                  incremental=incremental, background=False)
     return job.directory if job.skip else run(job)
 
 
@@ -125,18 +127,17 @@ class SaveJob:
     checkpoint_id: int = 0
     arrays: dict[str, Any] = field(default_factory=dict)
     empty_like: dict[str, np.ndarray] = field(default_factory=dict)
-    desc: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    part: ManifestPart | None = None  # its size, hashes and files are filled in when written
+    spec: Spec | None = None
+    meta: PartMeta | None = None
     files: dict[str, bytes] = field(default_factory=dict)
     keep_last: int | None = 2
-    counts: RestoreCounts | None = None
     segments: Segments | None = None  # the part's segment table, when it may start or continue a chain
     fence: WriteFence | None = None
 
 
 def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
-            partial: str, extra: dict[str, Any] | None, keep_last: int | None,
-            restored: Mapping[str, int] | None, files: Mapping[str, bytes] | None,
+            partial: str, keep_last: int | None, files: Mapping[str, bytes] | None,
             incremental: bool, background: bool) -> SaveJob:
     """Check the arguments and fix the content of this shard's part now (in the calling
     thread); :func:`run` writes it. With ``background`` the user fields are read later
@@ -150,11 +151,6 @@ def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkp
         raise ConfigError(f"checkpoint_id must be a non-negative integer, got {checkpoint_id!r}")
     if partial not in PARTIAL_POLICIES:
         raise ConfigError(f"partial must be one of {PARTIAL_POLICIES}, got {partial!r}")
-    if extra is not None and not isinstance(extra, Mapping):
-        raise ConfigError(f"extra must be a dict of JSON-ready values, got {type(extra).__name__}")
-    extra = dict(extra or {})
-    _check_json(extra)
-    counts = None if restored is None else RestoreCounts.from_counts(restored)
     extra_files = _check_files(files)
     shard = shard_of_buffer(local)
     shard.wait_fence()  # one save of a shard at a time: the next waits for the previous
@@ -173,13 +169,25 @@ def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkp
         return SaveJob(directory, True)
     sharding = internals_of(buffer).sharding_state() if isinstance(buffer, ShardedReplayBuffer) else None
     job = SaveJob(directory, False, shard, index, num_shards, int(checkpoint_id), files=extra_files,
-                  keep_last=keep_last, counts=counts)
-    _fix_content(job, root, partial, extra, sharding, incremental, background)
+                  keep_last=keep_last)
+    _fix_content(job, root, partial, sharding, incremental, background)
     return job
 
 
-def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
-                 sharding: dict[str, Any] | None, incremental: bool, background: bool) -> None:
+def note_restore(shard: Shard, counts: RestoreCounts) -> None:
+    """``shard``'s content was restored (``counts``): every save of it records that,
+    until its content is replaced otherwise."""
+    shard.checkpoint_notes["restored"] = (shard.clears, counts)
+
+
+def restored_from(shard: Shard) -> RestoreCounts | None:
+    """The restore ``shard``'s content came from (None: not restored, or replaced since)."""
+    clears, counts = shard.checkpoint_notes.get("restored", (None, None))
+    return counts if clears == shard.clears else None
+
+
+def _fix_content(job: SaveJob, root: Path, partial: str, sharding: dict[str, Any] | None,
+                 incremental: bool, background: bool) -> None:
     """The part's arrays and description (all but its size and hashes), as of now."""
     shard = job.shard
     assert shard is not None
@@ -210,24 +218,17 @@ def _fix_content(job: SaveJob, root: Path, partial: str, extra: dict[str, Any],
         arrays.update(_seal_undo(state["arrays"], arrays))
     if chain is not None and job.segments is not None:
         arrays.update(job.segments.as_arrays())
-    meta = dict(state["meta"])
-    if sharding is not None:
-        meta["sharding"] = sharding
-    job.arrays, job.meta = _ordered(arrays), meta
+    job.arrays, job.meta = _ordered(arrays), PartMeta.of_state(state["meta"], sharding)
     job.empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
     job.empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
-    name = part_name(job.index, job.num_shards)
-    job.desc = {
-        "format": FORMAT, "version": FORMAT_VERSION, "checkpoint_id": job.checkpoint_id,
-        "shard": job.index, "num_shards": job.num_shards, "file": f"{name}.safetensors",
-        "steps": int(arrays["row_length"].sum()), "episodes": int(episodes.start.shape[0]),
-        "partial_policy": partial, "partial": report,
-        "restored": None if job.counts is None else job.counts.as_dict(), "spec": shard.spec.to_dict(),
-        "spec_fingerprint": shard.spec.fingerprint, "extra": extra,
-    }
-    if chain is not None and job.segments is not None:  # only then: a full part is described as before
-        job.desc["version"] = INCREMENTAL_VERSION
-        job.desc["refs"] = [s.as_json() for s in job.segments.sources]
+    job.spec = shard.spec
+    chained_part = chain is not None and job.segments is not None
+    job.part = ManifestPart(
+        job.checkpoint_id, job.index, job.num_shards, f"{part_name(job.index, job.num_shards)}.safetensors",
+        0, (), int(arrays["row_length"].sum()), int(episodes.start.shape[0]), partial, report,
+        restored_from(shard), shard.spec.fingerprint,
+        # Only a chained part refers to earlier files (a full part is described as before).
+        refs=job.segments.sources if chained_part and job.segments is not None else (), chained=chained_part)
 
 
 def _views(arr: np.ndarray, start: np.ndarray, hi: np.ndarray, cap: int) -> list[np.ndarray]:
@@ -263,26 +264,27 @@ def _write(job: SaveJob, shard: Shard) -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         written = {name: _write_file(directory / name, data) for name, data in job.files.items()}
-        desc = _write_part(job, written)
-        wrote_manifest = _maybe_write_manifest(directory, job.num_shards, desc)
+        part, entry = _write_part(job, written)
+        wrote_manifest = _maybe_write_manifest(directory, job.spec, part, entry)
     except OSError as exc:
         forget(shard, directory.parent)
         raise CheckpointError(f"cannot write checkpoint {directory}: {exc}") from exc
     root = directory.parent
     if job.segments is not None:  # an incremental save: the next one continues from this part
-        remember(shard, root, directory, desc["file"], desc, job.segments)
+        own = RefSource(directory.name, part.file, part.bytes, part.block_xxh64)
+        remember(shard, root, own, job.segments)
     log.info("checkpoint %s: shard %d/%d saved %d steps, %d episodes in %.2f s (%s%s)%s", directory.name,
-             job.index, job.num_shards, desc["steps"], desc["episodes"], time.perf_counter() - started,
-             _partial_text(desc["partial"]), _refs_text(desc), _restored_text(job.counts))
+             job.index, job.num_shards, part.steps, part.episodes, time.perf_counter() - started,
+             _partial_text(part.partial), _refs_text(part), _restored_text(part.restored))
     if wrote_manifest and job.keep_last is not None:
         _prune(root, job.checkpoint_id, job.keep_last)
     return directory
 
 
-def _refs_text(desc: dict[str, Any]) -> str:
-    if not desc.get("refs"):
+def _refs_text(part: ManifestPart) -> str:
+    if not part.refs:
         return ""
-    return f"; incremental: {desc['bytes']} bytes, other rows in {len(desc['refs'])} earlier file(s)"
+    return f"; incremental: {part.bytes} bytes, other rows in {len(part.refs)} earlier file(s)"
 
 
 def _check_files(files: Mapping[str, bytes] | None) -> dict[str, bytes]:
@@ -308,21 +310,17 @@ def _write_file(path: Path, data: bytes) -> FileEntry:
     return file_entry(data)
 
 
-def _write_part(job: SaveJob, files: dict[str, FileEntry]) -> dict[str, Any]:
-    name = part_name(job.index, job.num_shards)
-    info = write_part(job.directory / f"{name}.safetensors", job.arrays,
-                      {"buffer_meta": json.dumps(job.meta)}, empty_like=job.empty_like)
-    desc = dict(job.desc)
-    refs = desc.pop("refs", None)
-    desc.update(bytes=info["bytes"], block_xxh64=info["block_xxh64"])
-    if refs is not None:
-        desc["refs"] = refs
+def _write_part(job: SaveJob, files: dict[str, FileEntry]) -> tuple[ManifestPart, FileEntry]:
+    """Write the part file, then its description; the part as described, and the
+    description's size and hash (for the manifest's ``files``)."""
+    assert job.part is not None and job.meta is not None and job.spec is not None
+    info = write_part(job.directory / job.part.file, job.arrays, {"buffer_meta": job.meta.as_text()},
+                      empty_like=job.empty_like)
     # An integer: a float's last digit can change without changing its value.
-    desc["created_unix_ms"] = int(time.time() * 1000)
-    if files:  # only then: a part without files is described as before
-        desc["files"] = {k: v.as_json() for k, v in sorted(files.items())}
-    desc["_entry"] = dump_checked(job.directory / f"{name}.json", desc)
-    return desc
+    part = replace(job.part, bytes=int(info["bytes"]), block_xxh64=tuple(info["block_xxh64"]),
+                   created_unix_ms=int(time.time() * 1000), files=dict(sorted(files.items())))
+    stem = part_name(job.index, job.num_shards)
+    return part, dump_checked(job.directory / f"{stem}.json", part.description(job.spec))
 
 
 def _seal_undo(before: dict[str, Any], after: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -343,47 +341,35 @@ def _ordered(arrays: dict[str, Any]) -> dict[str, Any]:
     return {k: arrays[k] for k in small + [k for k in arrays if k.startswith("field.")]}
 
 
-def _maybe_write_manifest(directory: Path, num_shards: int, mine: dict[str, Any]) -> bool:
-    parts = []
+def _maybe_write_manifest(directory: Path, spec: Spec | None, mine: ManifestPart, entry: FileEntry) -> bool:
+    """Write the manifest when every other part's description is there (this rank
+    finished last), listing each as its description says; False when one is missing,
+    unreadable, or of another checkpoint id or spec (that rank writes it, or nobody)."""
+    assert spec is not None
+    parts: list[ManifestPart] = []
     covered: dict[str, FileEntry] = {}
-    for shard in range(num_shards):
-        stem = part_name(shard, num_shards)
-        if shard == mine["shard"]:
-            parts.append({k: v for k, v in mine.items() if k != "_entry"})
-            covered[f"{stem}.json"] = mine["_entry"]
+    for shard in range(mine.num_shards):
+        path = directory / f"{part_name(shard, mine.num_shards)}.json"
+        if shard == mine.shard:
+            parts.append(mine)
+            covered[path.name] = entry
             continue
-        path = directory / f"{stem}.json"
         try:
             raw = read_file(path)
-            other = parse_checked(path, raw)
+            other = ManifestPart.parse(parse_checked(path, raw), path)
         except ShardReplayError:
             return False  # that shard has not finished (or failed): it writes the manifest
-        if (other.get("checkpoint_id"), other.get("spec_fingerprint")) != \
-                (mine["checkpoint_id"], mine["spec_fingerprint"]):
+        if (other.checkpoint_id, other.spec_fingerprint, other.shard) != \
+                (mine.checkpoint_id, mine.spec_fingerprint, shard):
             log.warning("checkpoint %s: part %d was saved with another id or spec; no manifest",
                         directory.name, shard)
             return False
         parts.append(other)
         covered[path.name] = file_entry(raw)
-    manifest = {key: mine[key] for key in ("format", "version", "checkpoint_id", "num_shards", "spec",
-                                           "spec_fingerprint", "extra")}
-    # Version 3 when a part is incremental (a full checkpoint stays version 2, as before).
-    manifest["version"] = max(int(p.get("version", FORMAT_VERSION)) for p in parts)
-    manifest["parts"] = [{k: v for k, v in p.items() if k not in ("spec", "format", "version")}
-                         for p in parts]
-    manifest["steps"] = sum(p["steps"] for p in parts)
-    manifest["episodes"] = sum(p["episodes"] for p in parts)
-    manifest["partial"] = {k: sum(int(p["partial"][k]) for p in parts) for k in mine["partial"]}
-    total = RestoreCounts.total([RestoreCounts.parse(p.get("restored"), directory) for p in parts])
-    manifest["restored"] = None if total is None else total.as_dict()
-    # Every file of the checkpoint but this one and the part files (hashed block by block).
-    for p in parts:
-        files = p.get("files", {})
-        covered.update({k: FileEntry(int(v["bytes"]), str(v["xxh64"])) for k, v in files.items()})
-    manifest["files"] = {k: v.as_json() for k, v in sorted(covered.items())}
-    dump_checked(directory / "manifest.json", manifest)
-    log.info("checkpoint %s complete: %d shards, %d steps (%s)%s", directory.name, num_shards,
-             manifest["steps"], _partial_text(manifest["partial"]), _restored_text(total))
+    manifest = Manifest.of_parts(directory, spec, parts, covered)
+    dump_checked(manifest.path, manifest.as_json())
+    log.info("checkpoint %s complete: %d shards, %d steps (%s)%s", directory.name, manifest.num_shards,
+             manifest.steps, _partial_text(manifest.partial), _restored_text(manifest.restored))
     return True
 
 
@@ -420,15 +406,7 @@ def _referenced(root: Path, keep: set[int]) -> set[str]:
     return out
 
 
-def _partial_text(report: dict[str, int]) -> str:
+def _partial_text(report: Mapping[str, int]) -> str:
     return (f"partial episodes: {report['partial_episodes']} ({report['partial_steps']} steps), "
             f"sealed {report['sealed_episodes']} ({report['sealed_steps']} steps), "
             f"dropped {report['dropped_episodes']} ({report['dropped_steps']} steps)")
-
-
-def _check_json(extra: dict[str, Any]) -> None:
-    try:
-        json.dumps(extra)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"extra must be JSON-ready (numbers, strings, lists, dicts): {exc}") from exc
-

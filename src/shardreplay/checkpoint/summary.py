@@ -56,7 +56,8 @@ def list_status(root: Path) -> list[dict[str, Any]]:
 
 def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
     """A description of one checkpoint: shards, steps, episodes, partial-episode counts,
-    priority summary (min/mean/max of stored priorities), extra data, completeness.
+    priority summary (min/mean/max of stored priorities), the files saved beside the
+    buffer, completeness.
 
     An incomplete checkpoint is described from the part descriptions that exist.
     """
@@ -83,7 +84,7 @@ def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
            "episodes": manifest.episodes, "partial_policy": sorted({p.partial_policy for p in parts}),
            "partial": dict(manifest.partial) or _sum_partial(parts),
            "restored": None if manifest.restored is None else manifest.restored.as_dict(),
-           "extra": dict(manifest.extra), "spec": manifest.spec.to_dict(),
+           "spec": manifest.spec.to_dict(),
            "spec_fingerprint": manifest.spec_fingerprint,
            "bytes": sum(p.bytes for p in parts), "files": {k: v.as_json() for k, v in manifest.files.items()},
            "parts": rows}

@@ -7,7 +7,7 @@ every step::
     trigger.install_signal_handlers()        # SIGUSR1: request; SIGTERM/SIGINT: stop
 
     def save(step):
-        checkpoint.save(sharded_buffer, run_dir, step, extra={"step": step})
+        checkpoint.save(sharded_buffer, run_dir, step)
 
     with trigger.save_on_exception(save):    # a crash saves this rank's part, then re-raises
         for step in range(start_step, total_steps):

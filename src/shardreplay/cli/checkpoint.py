@@ -3,8 +3,8 @@
 PATH is one checkpoint (``.../ckpt-<id>``) or a checkpoint root holding several.
 
 * ``inspect``: shards, steps, episodes, sealed/dropped partial episodes, a priority
-  summary (min/mean/max of the stored priorities), extra data and completeness; for a
-  root, every checkpoint id with its completeness, then the newest complete one.
+  summary (min/mean/max of the stored priorities), the files saved beside the buffer
+  and completeness; for a root, every checkpoint id with its completeness, then the newest complete one.
 * ``verify``: reads every block of every part and checks its hash, the descriptions and
   the arrays; exits 1 with the reason on any problem (for a root: any checkpoint).
 
@@ -158,7 +158,7 @@ def _describe(d: dict[str, Any]) -> list[str]:
     if "priority" in d:
         lines.append(f"  priorities  {_prio(d['priority'])}")
     lines += [f"  bytes       {d['bytes']}",
-              f"  extra       {json.dumps(d['extra'], sort_keys=True)[:300]}",
+              f"  files       {', '.join(n for n in d['files'] if not n.startswith('part-')) or '-'}",
               f"  spec        {_spec(d['spec'])}  (fingerprint {d['spec_fingerprint']})",
               "  shard      steps   episodes        bytes  sealed/dropped  priorities"]
     for p in d["parts"]:

@@ -198,8 +198,9 @@ def _refuse_damaged(run_dir: Path, newest_complete: int | None) -> None:
 
 def _damaged_newer(root: Path, newest_complete: int | None) -> tuple[int, str] | None:
     """The newest checkpoint newer than ``newest_complete`` that is damaged (not merely
-    incomplete), with why (:func:`shardreplay.checkpoint.damage`), or None."""
-    from shardreplay.checkpoint import checkpoint_dir, damage, list_checkpoints
+    incomplete), with why (:func:`shardreplay.checkpoint.manifest.damage`), or None."""
+    from shardreplay.checkpoint import checkpoint_dir, list_checkpoints
+    from shardreplay.checkpoint.manifest import damage
 
     for cid in reversed(list_checkpoints(root)):
         if newest_complete is not None and cid <= newest_complete:

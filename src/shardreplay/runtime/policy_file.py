@@ -41,14 +41,81 @@ from shardreplay.runtime.algos.networks import choose_network
 from shardreplay.runtime.envs import EnvInfo, EnvSource, describe_env, env_source
 from shardreplay.runtime.settings import TrainSettings
 
-__all__ = ["BEST", "POLICY_FORMAT", "Policy", "best_path", "best_return", "keep_if_best", "load_policy",
-           "policy_bytes", "policy_metadata", "policy_of_run", "save_policy"]
+__all__ = ["BEST", "LEARNER_STATE", "POLICY_FORMAT", "LearnerRecord", "Policy", "best_path", "best_return",
+           "keep_if_best", "learner_records", "load_policy", "policy_bytes", "policy_metadata",
+           "policy_of_run", "record_file", "save_policy"]
 
 log = logging.getLogger("shardreplay.learner")
 
 POLICY_FORMAT = "shardreplay-q-network/1"  # the first files held DQN's only; ``algo`` tells them apart
 BEST = "best"
-_LEARNER_STATE = "learner_state.pt"  # runtime.learner.resume.LEARNER_STATE (a layer above)
+LEARNER_STATE = "learner_state.pt"  # the agent's state in a checkpoint (rank 0's file)
+
+
+@dataclass(frozen=True)
+class LearnerRecord:
+    """What a learner rank saves beside its checkpoint part, in the covered JSON file
+    :func:`record_file`: the run's counters, best evaluation (None: none yet), wall
+    time over all lives and settings (the same on every rank), and this rank's stored
+    chunks (``Ingestor.state_dict()``: resent ones are dropped after a resume).
+    """
+
+    counters: Mapping[str, int]
+    best_eval: float | None
+    wall_s: float
+    settings: Mapping[str, Any] | None
+    ingest: Mapping[str, Any] | None
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> LearnerRecord:
+        """Parse a record (or, for a checkpoint saved before these files, a part's ``extra``).
+
+        Raises:
+            CheckpointFormatError: a field is missing or malformed.
+        """
+        try:
+            counters = {str(k): int(v) for k, v in value["counters"].items()}
+            best, wall = value.get("best_eval"), float(value.get("wall_s") or 0.0)
+            settings, ingest = value.get("settings"), value.get("ingest")
+            if not (settings is None or isinstance(settings, Mapping)) or \
+                    not (ingest is None or isinstance(ingest, Mapping)):
+                raise TypeError("settings or ingest is not a JSON object")
+            return cls(counters, None if best is None else float(best), wall, settings, ingest)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointFormatError(f"{where}: malformed learner record ({exc!r})") from exc
+
+    def as_bytes(self) -> bytes:
+        """The file's bytes (as :meth:`parse` reads them)."""
+        settings, ingest = (None if v is None else dict(v) for v in (self.settings, self.ingest))
+        body = {"counters": dict(self.counters), "best_eval": self.best_eval, "wall_s": self.wall_s,
+                "settings": settings, "ingest": ingest}
+        return json.dumps(body, sort_keys=True).encode()
+
+
+def record_file(shard: int, num_shards: int) -> str:
+    """The name of shard ``shard``'s :class:`LearnerRecord` in a checkpoint of ``num_shards``."""
+    return f"learner-{shard:05d}-of-{num_shards:05d}.json"
+
+
+def learner_records(manifest: checkpoint.Manifest) -> list[LearnerRecord]:
+    """Every saved part's :class:`LearnerRecord`, in shard order, verified against the
+    manifest (a checkpoint saved before these files: each part's ``extra``).
+
+    Raises:
+        CheckpointError: a record is missing, damaged or malformed.
+    """
+    out = []
+    for part in manifest.parts:
+        name = record_file(part.shard, manifest.num_shards)
+        if name not in part.files and part.extra:
+            out.append(LearnerRecord.parse(part.extra, f"{manifest.path} (part {part.shard})"))
+            continue
+        try:
+            value = json.loads(read_covered(manifest, name))
+        except ValueError as exc:
+            raise CheckpointFormatError(f"{manifest.directory / name}: not JSON ({exc})") from exc
+        out.append(LearnerRecord.parse(value, str(manifest.directory / name)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -249,10 +316,10 @@ def _checkpoint_policy(run_dir: Path, directory: Path, cid: int) -> Policy:
     if reason is not None:
         raise CheckpointError(f"{directory}: {reason}")
     manifest = load_manifest(directory)
-    raw = read_covered(manifest, _LEARNER_STATE)  # verified against the manifest
+    raw = read_covered(manifest, LEARNER_STATE)  # verified against the manifest
     state = torch.load(io.BytesIO(raw), weights_only=True)
-    extra = dict(manifest.extra)
-    settings = TrainSettings.from_dict(extra["settings"]) if "settings" in extra else \
+    record = learner_records(manifest)[0]
+    settings = TrainSettings.from_dict(dict(record.settings)) if record.settings is not None else \
         TrainSettings.from_dict(json.loads((run_dir / "config.json").read_text()))
     algo = algorithm(settings.learners.algo)
     weights = state["agent"].get(algo.policy_key)
@@ -260,10 +327,9 @@ def _checkpoint_policy(run_dir: Path, directory: Path, cid: int) -> Policy:
         raise CheckpointFormatError(f"{directory}: its learner state has no {algo.policy_key!r} (the "
                                     f"published network of --algo {algo.name}, as its settings say)")
     env = describe_env(settings.run.source, algo.actions)  # the shapes the network was built for
-    counters = extra.get("counters") or {}
-    best = extra.get("best_eval")
-    meta = policy_metadata(settings, env, updates=counters.get("updates"),
-                           env_steps=counters.get("env_steps"), source=f"checkpoint {cid}",
+    best = record.best_eval
+    meta = policy_metadata(settings, env, updates=record.counters.get("updates"),
+                           env_steps=record.counters.get("env_steps"), source=f"checkpoint {cid}",
                            best_eval_so_far=best if best is None or math.isfinite(best) else None)
     net = algo.policy_network(env, settings.learners.network, settings.learners.hidden)
     net.load_state_dict(weights)

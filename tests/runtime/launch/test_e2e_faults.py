@@ -161,9 +161,9 @@ def test_nothing_lost_nothing_stuck_under_sigkills(tmp_path: Path, kind: str, re
     reasons: dict[str, int] = {}
     for r in lost:
         reasons[r.reason] = reasons.get(r.reason, 0) + r.last - r.first + 1
-    print(total.line(f"{kind} all"), f"duplicate_steps={manifest['steps'] - steps}",
-          f"stored_unlogged={unlogged} checkpoint={manifest['checkpoint_id']} steps={manifest['steps']}",
-          f"partial={manifest['partial']}", f"env_steps={summary['env_steps']}", f"lost_by_reason={reasons}",
+    print(total.line(f"{kind} all"), f"duplicate_steps={manifest.steps - steps}",
+          f"stored_unlogged={unlogged} checkpoint={manifest.checkpoint_id} steps={manifest.steps}",
+          f"partial={manifest.partial}", f"env_steps={summary['env_steps']}", f"lost_by_reason={reasons}",
           f"log_replayed={summary['ingest_log_replayed']} log_bytes_peak={summary['ingest_log_peak_bytes']}")
     left = pending_in_spool(spool) if kind == "file" else set()
     assert not [r for r in lost if not r.reason], f"lost chunks without a reason: {lost}"
@@ -174,12 +174,12 @@ def test_nothing_lost_nothing_stuck_under_sigkills(tmp_path: Path, kind: str, re
         f"{len(total.unexplained)} delivered chunks are neither in the final checkpoint nor "
         f"lost with a reason, e.g. {total.unexplained[:5]}; still in the spool: "
         f"{len(left & set(total.unexplained))}")
-    assert manifest["partial"]["dropped_steps"] == 0, manifest["partial"]
+    assert manifest.partial["dropped_steps"] == 0, manifest.partial
     # At most the chunks in flight of each actor life a trial ends (the one killed, the two
     # stopped by a learner's death): one for the spool, the writer's window for Redis,
     # whose delivery log waits for XADD's replies.
     in_flight = 1 if kind == "file" else RedisWriter.MAX_IN_FLIGHT
     assert unlogged <= 3 * in_flight * len(trials), f"{unlogged} stored chunks no actor logged as delivered"
-    assert manifest["steps"] == steps, (
-        f"the checkpoint holds {manifest['steps']} steps, its distinct stored chunks {steps}: "
+    assert manifest.steps == steps, (
+        f"the checkpoint holds {manifest.steps} steps, its distinct stored chunks {steps}: "
         "duplicates or lost steps inside it")

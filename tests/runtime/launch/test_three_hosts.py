@@ -191,7 +191,7 @@ def test_three_hosts_solve_lose_a_learner_host_and_resume(net: netns.Hosts, tmp_
             root = run_dir / "checkpoints"
             newest = checkpoint.latest_complete(root)
             assert newest is not None
-            manifest = checkpoint.read_manifest(checkpoint.checkpoint_dir(root, newest))
+            manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(root, newest))
             saved = manifest_counters(manifest)["env_steps"]
             resumed_at = time.monotonic()
             # A step budget (not the inherited 501) ends it, long enough for every actor to follow.
@@ -203,7 +203,7 @@ def test_three_hosts_solve_lose_a_learner_host_and_resume(net: netns.Hosts, tmp_
             summary = alone.summary()
             back = summary["resumed_from"]
             assert back["checkpoint_id"] == newest and back["saved_shards"] == 2 and back["shards"] == 1, back
-            assert back["steps"] == back["saved_steps"] == manifest_steps(manifest), (back, manifest["parts"])
+            assert back["steps"] == back["saved_steps"] == manifest_steps(manifest), (back, manifest.parts)
             assert summary["env_steps"] > saved, summary  # C's actors fed it
             for actor in actors:  # each followed the new life, and ended with it ("finished")
                 assert actor.wait(60) == 0, actor.explain()

@@ -29,8 +29,8 @@ def _torchrun(*train_args: str) -> list[str]:
 
 def _assert_two_shard_checkpoint(run_dir: Path, env_steps: int) -> None:
     _directory, manifest = newest_checkpoint(run_dir)
-    assert manifest["num_shards"] == 2
-    assert all(int(p["steps"]) > 0 for p in manifest["parts"]), manifest["parts"]  # both shards fed
+    assert manifest.num_shards == 2
+    assert all(p.steps > 0 for p in manifest.parts), manifest.parts  # both shards fed
     assert manifest_counters(manifest)["env_steps"] == env_steps == manifest_steps(manifest)
 
 
@@ -88,7 +88,7 @@ def test_torchrun_ctrl_c_checkpoints_both_ranks(tmp_path: Path) -> None:
         run.ctrl_c()
         run.wait(120)  # torchrun itself reports the signal (exit 1, SignalException)
         _directory, manifest = newest_checkpoint(run_dir)
-        assert manifest["num_shards"] == 2
+        assert manifest.num_shards == 2
         assert manifest_steps(manifest) == manifest_counters(manifest)["env_steps"] > 0
         assert run.leftovers() == [], run.explain()
 

@@ -54,7 +54,7 @@ def test_two_learners_then_one_learn_cartpole_beyond_a_random_policy(tmp_path: P
     first = _run(["train", "--run-dir", str(run_dir), "--learners", "2", "--actors", "2",
                   "--total-env-steps", "4000", *common], tmp_path / "first")
     _directory, manifest = newest_checkpoint(run_dir)
-    assert manifest["num_shards"] == 2
+    assert manifest.num_shards == 2
     saved = manifest_counters(manifest)
     second = _run(["train", "--resume", str(run_dir), "--learners", "1",
                    "--total-env-steps", str(saved["env_steps"] + 5000)], tmp_path / "second")

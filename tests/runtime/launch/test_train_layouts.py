@@ -46,18 +46,18 @@ def _tree_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*"))}
 
 
-def _unfed(manifest: dict) -> list[str]:
+def _unfed(manifest: checkpoint.Manifest) -> list[str]:
     """Why each shard without a step it took itself (beyond those restored) counts as unfed."""
     out = []
-    for p in sorted(manifest["parts"], key=lambda p: p["shard"]):
-        restored = (p.get("restored") or {}).get("steps", 0)
-        if p["steps"] <= restored:
-            out.append(f"shard {p['shard']} took no chunk: {p['steps']} steps, {restored} of them restored")
+    for p in manifest.parts:
+        restored = 0 if p.restored is None else p.restored.steps
+        if p.steps <= restored:
+            out.append(f"shard {p.shard} took no chunk: {p.steps} steps, {restored} of them restored")
     return out
 
 
-def _every_shard_fed(manifest: dict, learners: int) -> None:
-    assert len(manifest["parts"]) == learners
+def _every_shard_fed(manifest: checkpoint.Manifest, learners: int) -> None:
+    assert len(manifest.parts) == learners
     assert not (unfed := _unfed(manifest)), unfed
 
 
@@ -79,20 +79,20 @@ def _refused_resume_changes_nothing(run_dir: Path, log_dir: Path) -> None:
     assert read_identity(run_dir) == life
 
 
-def _newest_complete(run_dir: Path, after: int) -> dict | None:
+def _newest_complete(run_dir: Path, after: int) -> checkpoint.Manifest | None:
     """The manifest of the newest complete checkpoint with an id above ``after``, if any."""
     root = run_dir / "checkpoints"
     for cid in reversed(checkpoint.list_checkpoints(root)):
         directory = checkpoint.checkpoint_dir(root, cid)
         if cid > after and checkpoint.is_complete(directory):
-            return checkpoint.read_manifest(directory)
+            return checkpoint.load_manifest(directory)
     return None
 
 
-def _fed(manifest: dict | None, learners: int, env_steps: int) -> bool:
+def _fed(manifest: checkpoint.Manifest | None, learners: int, env_steps: int) -> bool:
     """Whether ``manifest`` has a part per learner, each holding steps its shard took
     itself, and counts ``env_steps`` or more."""
-    return (manifest is not None and len(manifest["parts"]) == learners and not _unfed(manifest)
+    return (manifest is not None and len(manifest.parts) == learners and not _unfed(manifest)
             and manifest_counters(manifest)["env_steps"] >= env_steps)
 
 
@@ -135,7 +135,7 @@ def test_uneven_layouts_feed_every_shard_and_resume_with_every_step(
     assert restored["steps"] == restored["saved_steps"] == manifest_steps(saved)
     assert restored["dropped_steps"] == 0
     _new_dir, new = newest_checkpoint(run_dir)
-    assert new["num_shards"] == resumed and summary["updates"] > manifest_counters(saved)["updates"]
-    assert new["restored"]["steps"] == manifest_steps(saved)
+    assert new.num_shards == resumed and summary["updates"] > manifest_counters(saved)["updates"]
+    assert new.restored is not None and new.restored.steps == manifest_steps(saved)
     _every_shard_fed(new, resumed)
     assert manifest_steps(new) == manifest_steps(saved) + summary["env_steps"] - before

@@ -42,8 +42,8 @@ def _assert_stopped_cleanly(run: TrainRun, run_dir: Path, learners: int) -> dict
     assert rc == 0, run.explain()
     summary = run.summary()
     directory, manifest = newest_checkpoint(run_dir)
-    assert manifest["num_shards"] == learners
-    assert sorted(int(p["shard"]) for p in manifest["parts"]) == list(range(learners))
+    assert manifest.num_shards == learners
+    assert sorted(p.shard for p in manifest.parts) == list(range(learners))
     assert Path(summary["checkpoint"]) == directory
     assert (directory / "learner_state.pt").exists()
     counters = manifest_counters(manifest)
@@ -129,7 +129,7 @@ def test_resume_continues_counters_and_replay_on_another_number_of_learners(tmp_
         assert all(int(r["updates"]) >= saved_counters["updates"] for r in new_rows)
         # The new checkpoint: one part per new learner, old steps plus new ones.
         new_dir, new = newest_checkpoint(run_dir)
-        assert new_dir != saved_dir and new["num_shards"] == learners
+        assert new_dir != saved_dir and new.num_shards == learners
         assert manifest_counters(new)["env_steps"] == summary["env_steps"]
         added = summary["env_steps"] - saved_counters["env_steps"]
         assert manifest_steps(new) == manifest_steps(saved) + added

@@ -24,6 +24,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import checkpoint
+from shardreplay.checkpoint.manifest import INCOMPLETE_DIR
 from shardreplay.cli.train import _resumable
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.exchange import ShardChoice
@@ -126,7 +127,7 @@ def test_auto_resume_sets_incomplete_checkpoints_aside_and_starts_afresh(
         settings = TrainSettings.from_dict(dict(learners=2, run_dir=str(run_dir)))
         prepare_run_dir(settings, False, auto_resume=True)
     assert checkpoint.list_checkpoints(root) == []
-    moved = sorted((root / checkpoint.INCOMPLETE_DIR).iterdir())
+    moved = sorted((root / INCOMPLETE_DIR).iterdir())
     assert len(moved) == 1 and sorted(p.name for p in (moved[0] / first.name).iterdir()) == files
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "starting the run afresh" in lines[0] and "ckpt-0000000000" in lines[0] \
@@ -134,7 +135,7 @@ def test_auto_resume_sets_incomplete_checkpoints_aside_and_starts_afresh(
     # The loop goes round again: the next crash's leftovers go beside, nothing is overwritten.
     _incomplete_checkpoint(run_dir, 0)
     prepare_run_dir(TrainSettings.from_dict(dict(learners=2, run_dir=str(run_dir))), False, auto_resume=True)
-    again = sorted((root / checkpoint.INCOMPLETE_DIR).iterdir())
+    again = sorted((root / INCOMPLETE_DIR).iterdir())
     assert len(again) == 2 and all((d / first.name).is_dir() for d in again)
 
 
@@ -213,5 +214,5 @@ def test_a_restart_loop_after_rank_kills_converges(tmp_path: Path) -> None:
     assert summary["resumed_from"] is None and summary["env_steps"] >= 1500
     _directory, manifest = newest_checkpoint(run_dir)
     assert manifest_steps(manifest) == manifest_counters(manifest)["env_steps"]
-    kept = sorted((run_dir / "checkpoints" / checkpoint.INCOMPLETE_DIR).iterdir())
+    kept = sorted((run_dir / "checkpoints" / INCOMPLETE_DIR).iterdir())
     assert len(kept) == 2  # each crash's parts, set aside, not deleted

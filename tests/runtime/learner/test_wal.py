@@ -21,10 +21,19 @@ from shardreplay import checkpoint
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
 from shardreplay.runtime.learner.wal import HEADER_BYTES, IngestLog, LogScan, log_files, read_logs
+from shardreplay.runtime.policy_file import learner_records
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
 from shardreplay.transport.codec import encode
-from tests.runtime.runtime_helpers import IDENT_SPEC, children, ident_counts, kill9, make_chunk, wait_for
+from tests.runtime.runtime_helpers import (
+    IDENT_SPEC,
+    children,
+    ident_counts,
+    ingest_record,
+    kill9,
+    make_chunk,
+    wait_for,
+)
 
 SETTINGS = TrainSettings.from_dict(dict(learners=1, actors=2, envs_per_actor=2, transport="file:///unused"))
 CTX = mp.get_context("fork")  # starts at once; the child uses no torch operation
@@ -44,7 +53,7 @@ def _learner_life(spool: str, run_dir: str, progress: str, save_after: int) -> N
     while True:
         ingestor.drain(4, 0.05, 0)
         if not saved and buffer.num_steps >= save_after * 8:
-            checkpoint.save(buffer, root, 0, extra={"ingest": ingestor.state_dict()})
+            checkpoint.save(buffer, root, 0, files=ingest_record(ingestor))
             ingestor.checkpointed(0, checkpoint.latest_complete(root))
             saved = True
         tmp = Path(progress + ".tmp")
@@ -89,8 +98,8 @@ def test_a_sigkilled_learner_loses_no_acknowledged_chunk_and_stores_none_twice(t
 
     buffer = _buffer()
     report = checkpoint.load(run_dir / "checkpoints", buffer)
-    parts = checkpoint.read_manifest(report.directory)["parts"]
-    stored = merge_stored(p["extra"].get("ingest") for p in parts)
+    assert report.manifest is not None
+    stored = merge_stored(r.ingest for r in learner_records(report.manifest))
     ingestor = Ingestor(open_transport(spool, IDENT_SPEC, fsync=False).reader(), buffer, SETTINGS, stored)
     scan = LogScan()
     counts = ingestor.replay(read_logs(files, scan), 0)
@@ -157,7 +166,7 @@ def test_a_log_holding_a_shards_capacity_asks_for_the_checkpoint_that_trims_it(t
                 break
         assert q == 7 and ingestor.wal.segment_steps == 64 == buffer.capacity
         assert sizes == sorted(sizes) and sizes[-1] > 0
-        checkpoint.save(buffer, root, 1, extra={"ingest": ingestor.state_dict()})
+        checkpoint.save(buffer, root, 1, files=ingest_record(ingestor))
         ingestor.checkpointed(1, checkpoint.latest_complete(root))
         assert not ingestor.log_full() and ingestor.wal.size_bytes == 0
         assert ingestor.wal.peak_bytes == sizes[-1]

@@ -35,13 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from shardreplay._io import atomic_write_bytes, storage_error
-from shardreplay.checkpoint import (
-    INCOMPLETE_DIR,
-    checkpoint_dir,
-    latest_complete,
-    list_checkpoints,
-    set_aside_incomplete,
-)
+from shardreplay.checkpoint import checkpoint_dir, latest_complete, list_checkpoints, set_aside
+from shardreplay.checkpoint.manifest import INCOMPLETE_DIR
 from shardreplay.errors import CheckpointError, ConfigError, PeerLost, ShardReplayError, StorageError
 from shardreplay.runtime import stop_signals
 from shardreplay.runtime.actor.processes import (
@@ -126,7 +121,7 @@ def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool 
         _refuse_fresh_start(run_dir, auto_resume)
     if auto_resume and first_rank:
         # One rank moves them, before the ranks meet (nobody saves before that).
-        moved, where = set_aside_incomplete(root)
+        moved, where = set_aside(root)
         if moved:
             names = ", ".join(checkpoint_dir(root, c).name for c in moved)
             log.warning("%s: no complete checkpoint: starting the run afresh; %d incomplete "

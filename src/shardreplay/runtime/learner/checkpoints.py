@@ -113,7 +113,7 @@ class LearnerCheckpoints:
     def save(self, cid: int, buffer: ShardedReplayBuffer, ingestor: Ingestor, *, background: bool,
              **content: Any) -> Path:
         """Save checkpoint ``cid`` of ``buffer`` with ``content`` (``checkpoint.save``'s
-        ``extra``, ``restored`` and ``files``), incremental (only the rows new since this
+        ``files``: the learner's record and state), incremental (only the rows new since this
         run's previous checkpoint are written); with ``background`` the content is fixed
         now and a thread writes it while training goes on. A save still in flight is
         finished first: two never overlap. No collective, so it also works from a

@@ -40,7 +40,7 @@ from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.learner.rate_limiter import RateLimiter
 from shardreplay.runtime.learner.report import MetricsWindow, RunCounts, metrics_row, stop_reason
-from shardreplay.runtime.learner.resume import commit_resume, learner_state_files
+from shardreplay.runtime.learner.resume import commit_resume, learner_files
 from shardreplay.runtime.learner.setup import (
     actor_settings_of_shard,
     check_rings_reach,
@@ -59,7 +59,7 @@ from shardreplay.runtime.learner.sync import (
     minutes_due,
 )
 from shardreplay.runtime.learner.wal import LossLog
-from shardreplay.runtime.policy_file import best_return, keep_if_best, policy_metadata
+from shardreplay.runtime.policy_file import LearnerRecord, best_return, keep_if_best, policy_metadata
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
@@ -161,7 +161,7 @@ class Learner:
         self.progress.counters.update(r.counters)
         self.progress.best_eval, self.progress.wall_offset_s = r.best_eval, r.wall_offset_s
         self.lineage.stored = r.stored
-        self.lineage.restored, self.lineage.resumed = r.restored_counts, r.report
+        self.lineage.resumed = r.report
         return str(r.checkpoint_id)
 
     def save(self, background: bool = False) -> Path:
@@ -178,16 +178,14 @@ class Learner:
         a resume): every rank derives it from the same agreed counters.
         """
         cid = max(self.progress.counters["updates"], self.ckpts.last_id + 1)
-        # Rank 0 saves the agent with its part (written first, covered by the manifest).
-        files = learner_state_files(self.agent) if self.rank == 0 else None
-        # None, not -inf, before any evaluation: the manifest stays standard JSON.
+        # None, not -inf, before any evaluation: the record stays standard JSON.
         best = self.progress.best_eval if math.isfinite(self.progress.best_eval) else None
-        extra = {"counters": dict(self.progress.counters), "best_eval": best,
-                 "wall_s": self.progress.wall_s(),
-                 "settings": self.s.to_dict(), "ingest": self.ingestor.state_dict()}
+        record = LearnerRecord(dict(self.progress.counters), best, self.progress.wall_s(), self.s.to_dict(),
+                               self.ingestor.state_dict())
+        # Every rank its record, rank 0 the agent too (written before its part, covered by the manifest).
+        files = learner_files(record, self.rank, self.world, self.agent if self.rank == 0 else None)
         self.ingestor.report_lost()  # what the medium gave back by now was not lost
-        return self.ckpts.save(cid, self.buffer, self.ingestor, background=background, extra=extra,
-                               restored=self.lineage.restored, files=files)
+        return self.ckpts.save(cid, self.buffer, self.ingestor, background=background, files=files)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -19,10 +19,10 @@ from shardreplay.distributed.group import Collectives
 from shardreplay.errors import CheckpointError
 from shardreplay.runtime.algos.base import Agent
 from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
+from shardreplay.runtime.policy_file import LEARNER_STATE, LearnerRecord, learner_records, record_file
 from shardreplay.runtime.run_identity import RunIdentity, write_life
 
 log = logging.getLogger("shardreplay.learner")
-LEARNER_STATE = "learner_state.pt"
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,6 @@ class Resumed:
         wall_offset_s: wall time of the earlier lives, so the time axis goes on.
         stored: the chunks the checkpoint holds (so that resent ones are dropped).
         last_checkpoint: the newest checkpoint id in the directory (ids only grow).
-        restored_counts: this shard's restore counts, recorded with every later save.
         report: the run-wide restore figures (steps restored, dropped and sealed).
     """
 
@@ -46,7 +45,6 @@ class Resumed:
     wall_offset_s: float
     stored: StoredIds
     last_checkpoint: int
-    restored_counts: dict[str, int]
     report: dict[str, Any]
 
 
@@ -62,17 +60,20 @@ def _on_cpu(state: Any) -> Any:
     return state
 
 
-def learner_state_files(agent: Agent) -> dict[str, bytes]:
-    """The agent's state as the checkpoint file :data:`LEARNER_STATE` (rank 0 passes it
-    to ``checkpoint.save(files=...)``, which writes it before the part, atomically, and
-    covers it by the manifest).
+def learner_files(record: LearnerRecord, rank: int, world: int, agent: Agent | None) -> dict[str, bytes]:
+    """What a rank saves beside its part (``checkpoint.save(files=...)`` writes them
+    before the part, atomically, covered by the manifest): its :class:`LearnerRecord`,
+    and with ``agent`` (rank 0) the agent's state as :data:`LEARNER_STATE`.
 
     Serialised in memory: ``torch.save`` to a file turns a full disk into a RuntimeError
     without the OS error, and leaves its temporary file behind.
     """
-    data = io.BytesIO()
-    torch.save({"agent": _on_cpu(agent.state_dict())}, data)
-    return {LEARNER_STATE: data.getvalue()}
+    files = {record_file(rank, world): record.as_bytes()}
+    if agent is not None:
+        data = io.BytesIO()
+        torch.save({"agent": _on_cpu(agent.state_dict())}, data)
+        files[LEARNER_STATE] = data.getvalue()
+    return files
 
 
 def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: int,
@@ -92,9 +93,8 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: in
     # into the agent's own device).
     state = torch.load(io.BytesIO(report.files[LEARNER_STATE]), weights_only=True, map_location="cpu")
     agent.load_state_dict(state["agent"])
-    best = report.extra.get("best_eval")
     assert report.manifest is not None  # load always carries it
-    parts = report.manifest.parts
+    records = learner_records(report.manifest)  # every part's (each rank's ingest record)
     mine = [report.steps, report.dropped_episodes, report.dropped_steps, report.sealed_episodes,
             report.sealed_steps]
     total = comm.all_reduce_sum(torch.tensor(mine, dtype=torch.int64), "resume steps")
@@ -105,13 +105,12 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: in
                               f"{report.saved_steps}; not continuing")
     resumed = Resumed(
         checkpoint_id=report.checkpoint_id,
-        counters={k: int(v) for k, v in report.extra["counters"].items()},
-        best_eval=-math.inf if best is None else float(best),
-        wall_offset_s=float(report.extra.get("wall_s") or 0.0),
-        stored=merge_stored(p.extra.get("ingest") for p in parts),
+        counters=dict(records[0].counters),
+        best_eval=-math.inf if records[0].best_eval is None else records[0].best_eval,
+        wall_offset_s=records[0].wall_s,
+        stored=merge_stored(r.ingest for r in records),
         # Every rank lists the same directory before anyone saves again, so all agree.
         last_checkpoint=max(checkpoint.list_checkpoints(ckpt_root), default=-1),
-        restored_counts=report.counts(),
         report={"checkpoint": report.directory.name, "checkpoint_id": report.checkpoint_id,
                 "saved_shards": report.saved_shards, "shards": world,
                 "saved_steps": report.saved_steps, "steps": steps,
@@ -146,7 +145,7 @@ def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any], *,
         if newer:
             log.warning("%s: continuing from checkpoint %d; the newer checkpoint(s) %s moved to %s", run_dir,
                         newer_than, ", ".join(map(str, newer)), into)
-    moved, where = checkpoint.set_aside_incomplete(root)
+    moved, where = checkpoint.set_aside(root)
     if moved:
         names = ", ".join(checkpoint.checkpoint_dir(root, c).name for c in moved)
         log.warning("%s: resumed from the newest complete checkpoint; %d incomplete checkpoint(s) (%s) "

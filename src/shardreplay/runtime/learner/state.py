@@ -72,13 +72,11 @@ class Lineage:
     Attributes:
         identity: the run id and this life's number.
         stored: chunks already in the restored checkpoint.
-        restored: this shard's restore counts, passed to every save (None: a fresh run).
         resumed: the restore report (None: a fresh run).
     """
 
     identity: RunIdentity
     stored: StoredIds = field(default_factory=StoredIds)
-    restored: dict[str, int] | None = None
     resumed: dict[str, Any] | None = None
 
 
