@@ -132,3 +132,156 @@ def test_bool_nan_and_text_beta_are_refused_with_one_line(beta: object, says: st
     message = str(info.value)
     assert "\n" not in message and message.startswith("beta must be a number in [0.0, 1.0]")
     assert says in message
+
+
+# -- every natural input: converted once, stored as the typed input, on the short path -----
+
+NATURAL_SPEC = Spec({"obs": Field((3,), np.float32), "action": Field((), np.int64),
+                     "count": Field((), np.int32), "reward": Field((), np.float32)})
+
+
+def _typed_steps(envs: int, n: int = 6) -> list[dict[str, np.ndarray]]:
+    """``n`` typed steps of ``envs`` streams: FIRST, MID..., LAST (with a discount 0 at LAST)."""
+    rng = np.random.default_rng(1)
+    steps = []
+    for t in range(n):
+        kind = 0 if t == 0 else (2 if t == n - 1 else 1)
+        steps.append({"obs": rng.standard_normal((envs, 3)).astype(np.float32),
+                      "action": rng.integers(0, 5, envs), "count": rng.integers(-9, 9, envs).astype(np.int32),
+                      "reward": rng.standard_normal(envs).astype(np.float32),
+                      "step_type": np.full(envs, kind, np.uint8),
+                      "discount": np.full(envs, 0.0 if kind == 2 else 1.0, np.float32)})
+    return steps
+
+
+def _observed(buf: ReplayBuffer) -> dict[str, object]:
+    """What can be seen of a buffer, less its key tag (each buffer draws its own)."""
+    snap = snapshot(buf)
+    snap["state"]["meta"].pop("key_tag", None)
+    return snap
+
+
+def _scalars(step: dict[str, np.ndarray]) -> dict[str, object]:
+    return {k: (v[0].tolist() if v.ndim > 1 else v.item()) for k, v in step.items()}
+
+
+NATURAL_KINDS = {
+    "int64_step_types": lambda s: {**s, "step_type": s["step_type"].astype(np.int64)},
+    "uint64_step_types": lambda s: {**s, "step_type": s["step_type"].astype(np.uint64)},
+    "int8_step_types": lambda s: {**s, "step_type": s["step_type"].astype(np.int8)},
+    "int_fields_of_other_dtypes": lambda s: {**s, "action": s["action"].astype(np.uint8),
+                                             "count": s["count"].astype(np.int64)},
+    "float64": lambda s: {**s, "obs": s["obs"].astype(np.float64), "reward": s["reward"].astype(np.float64)},
+    "bool_discount": lambda s: {**s, "discount": s["discount"].astype(bool)},
+    "float64_discount": lambda s: {**s, "discount": s["discount"].astype(np.float64)},
+    "strided": lambda s: {**s, "obs": np.repeat(s["obs"], 2, axis=-1)[..., ::2],
+                          "reward": np.repeat(s["reward"], 2, axis=-1)[..., ::2]},
+    "fortran": lambda s: {**s, "obs": np.asfortranarray(s["obs"])},
+    "read_only": lambda s: {k: np.frombuffer(v.tobytes(), v.dtype).reshape(v.shape) for k, v in s.items()},
+    "lists": lambda s: {k: v.tolist() for k, v in s.items()},
+    "torch": lambda s: {k: torch.from_numpy(v.copy()) for k, v in s.items()},
+    "torch_requires_grad": lambda s: {**s, "obs": torch.from_numpy(s["obs"].copy()).requires_grad_()},
+}
+
+
+def _filled(steps: list[dict[str, object]], envs: int, short_path: bool) -> ReplayBuffer:
+    buf = ReplayBuffer(NATURAL_SPEC, num_streams=envs, stream_capacity=8, window=2, seed=0)
+    if short_path:
+        shard = testing.shard(buf)
+        assert shard.use_one_step()
+
+        def no_full_path(*args: object) -> None:
+            raise AssertionError("a natural input fell back to the full validation")
+        shard.write_full = no_full_path  # type: ignore[method-assign]
+    for step in steps:
+        buf.add(step)
+    return buf
+
+
+@pytest.mark.parametrize("kind", sorted(NATURAL_KINDS))
+@pytest.mark.parametrize("envs", [1, 3])
+def test_natural_inputs_take_the_short_path_and_store_what_typed_inputs_store(kind: str, envs: int) -> None:
+    """Each kind is converted before the compiled write (the full validation would raise
+    here) and the buffer then holds exactly what the typed steps give."""
+    typed = _typed_steps(envs)
+    expected = _observed(_filled(typed, envs, short_path=False))
+    got = _filled([NATURAL_KINDS[kind](s) for s in typed], envs, short_path=True)
+    assert_same(expected, _observed(got))
+    full = _filled([NATURAL_KINDS[kind](s) for s in typed], envs, short_path=False)
+    assert_same(expected, _observed(full))  # the full validation converts the same way
+
+
+def test_python_scalars_of_one_env_take_the_short_path() -> None:
+    typed = _typed_steps(1)
+    got = _filled([_scalars(s) for s in typed], 1, short_path=True)
+    assert_same(_observed(_filled(typed, 1, short_path=False)), _observed(got))
+    assert _scalars(typed[1])["step_type"] == 1  # plain ints, as StepType.MID is
+
+
+@pytest.mark.parametrize("kind", sorted(NATURAL_KINDS))
+def test_natural_chunks_store_what_typed_chunks_store(kind: str) -> None:
+    typed = _typed_steps(2)
+    chunk = {k: np.stack([s[k] for s in typed], axis=1) for k in typed[0]}
+    expected, got = _buffer_for_chunks(), _buffer_for_chunks()
+    expected.extend(chunk)
+    got.extend(NATURAL_KINDS[kind](chunk))
+    assert_same(_observed(expected), _observed(got))
+
+
+def _buffer_for_chunks() -> ReplayBuffer:
+    return ReplayBuffer(NATURAL_SPEC, num_streams=2, stream_capacity=8, window=2, seed=0)
+
+
+BAD_INPUTS = {
+    "step type 300": (lambda s: {**s, "step_type": np.full(2, 300)}, "values must be FIRST=0"),
+    "step type -1": (lambda s: {**s, "step_type": np.full(2, -1, np.int8)}, "values must be FIRST=0"),
+    "step type 3": (lambda s: {**s, "step_type": [3, 1]}, "values must be FIRST=0"),
+    "float step types": (lambda s: {**s, "step_type": np.ones(2)}, "expected integers"),
+    "count out of int32": (lambda s: {**s, "count": np.full(2, 2**40)}, "outside the range of int32"),
+    "uint64 beyond int64": (lambda s: {**s, "action": np.full(2, 2**63, np.uint64)},
+                            "outside the range of int64"),
+    "float action": (lambda s: {**s, "action": np.ones(2)}, "cannot cast float64 to int64"),
+    "short obs": (lambda s: {**s, "obs": s["obs"][:, :2]}, "expected shape"),
+    "obs list of 2 rows of 2": (lambda s: {**s, "obs": [[0.0, 1.0], [2.0, 3.0]]}, "expected shape"),
+    "torch obs of 3 rows": (lambda s: {**s, "obs": torch.zeros(3, 3)}, "expected shape"),
+    "discount 2": (lambda s: {**s, "discount": np.full(2, 2.0)}, "field 'discount'"),
+    "text": (lambda s: {**s, "reward": ["a", "b"]}, "cannot cast"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+@pytest.mark.parametrize("short_path", [True, False])
+def test_inputs_that_cannot_be_stored_are_refused_in_one_line_with_nothing_stored(bad: str,
+                                                                                  short_path: bool) -> None:
+    buf = ReplayBuffer(NATURAL_SPEC, num_streams=2, stream_capacity=8, window=2, seed=0)
+    testing.shard(buf).use_one_step(short_path)
+    typed = _typed_steps(2)
+    buf.add(typed[0])
+    before = _observed(buf)
+    make, says = BAD_INPUTS[bad]
+    with pytest.raises(SpecMismatchError) as info:
+        buf.add(make(typed[1]))
+    assert says in str(info.value) and "\n" not in str(info.value)
+    assert_same(before, _observed(buf))
+    with pytest.raises(SpecMismatchError):  # a chunk of it too (a time axis of 1)
+        buf.extend({k: np.asarray(v)[:, None] for k, v in make(typed[1]).items()})
+    assert_same(before, _observed(buf))
+
+
+def test_add_of_a_collectors_time_major_tensordict_is_refused_in_one_line() -> None:
+    tensordict = pytest.importorskip("tensordict")
+    spec = Spec({"obs": Field((4,), np.float32), "action": Field((), np.int64),
+                 "reward": Field((), np.float32)})
+    buf = ReplayBuffer(spec, num_streams=1, stream_capacity=32, window=2, seed=0)
+    t = 10
+    obs = torch.arange(4 * (t + 1), dtype=torch.float32).view(t + 1, 4)
+    td = tensordict.TensorDict({
+        "observation": obs[:-1], "action": torch.zeros(t, dtype=torch.int64),
+        "next": {"observation": obs[1:], "reward": torch.zeros(t, 1),
+                 "terminated": torch.zeros(t, 1, dtype=torch.bool),
+                 "truncated": torch.zeros(t, 1, dtype=torch.bool)}}, batch_size=[t])
+    with pytest.raises(SpecMismatchError, match=r"extend\(td.unsqueeze\(0\)\)") as info:
+        buf.add(td)
+    assert "\n" not in str(info.value) and buf.num_steps == 0
+    buf.extend(td.unsqueeze(0))  # what the message says
+    assert buf.num_steps == t

@@ -199,8 +199,8 @@ def test_short_path_stores_and_raises_as_the_full_path(kind: str, streams: int, 
 
 
 def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The short path does not go through Spec.validate; the full path still does for
-    other inputs (and then stores the same)."""
+    """The short path does not go through Spec.validate, also for inputs it converts
+    first; the full path still does for the rest (and says what is wrong)."""
     buf = sr.ReplayBuffer(SPECS["vector"], num_streams=2, stream_capacity=8, seed=0)
     assert testing.shard(buf).use_one_step()
     calls: list[int] = []
@@ -211,7 +211,10 @@ def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest
     step["step_type"] = np.array([0, 0], np.uint8)
     buf.add(step)
     assert calls == [] and buf.num_steps == 2
-    buf.add({**step, "step_type": [1, 1]})  # a list: the full path
+    buf.add({**step, "step_type": [1, 1]})  # a list: converted, then the short path
+    assert calls == [] and buf.num_steps == 4
+    with pytest.raises(sr.SpecMismatchError, match="expected shape"):  # the full path says why
+        buf.add({**step, "obs": step["obs"][:, :3]})
     assert calls == [1] and buf.num_steps == 4
     np.testing.assert_array_equal(testing.stored(buf, "obs")[[0, 8]], step["obs"])
 

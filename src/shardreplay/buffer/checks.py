@@ -7,12 +7,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.errors import InvalidKeyError, InvalidPriorityError, SpecMismatchError
-
-
-def _numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # torch tensor, without importing torch here
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
+from shardreplay.spec.coerce import to_numpy as _numpy
 
 
 def as_index_array(value: Any, name: str) -> np.ndarray:

@@ -182,13 +182,19 @@ def tensordict_writes(td: Any, spec: Spec, lead_ndim: int, priorities: Any,
     leaves = _leaves(td)
     if ("step_type",) in leaves:
         return [({".".join(k): v for k, v in leaves.items()}, None, priorities)]
+    starts = fresh()
+    if td.batch_size[0] != starts.shape[0]:
+        call = "add" if lead_ndim == 1 else "extend"
+        raise SpecMismatchError(
+            f"{call}(td) takes one row per stream written ({starts.shape[0]}), got batch_size "
+            f"{list(td.batch_size)}; a collector's [T] rollout of one env is extend(td.unsqueeze(0))")
     rows, nexts, term, trunc = _transition_rows(leaves, spec, td.batch_size)
     if lead_ndim == 1:  # one row per stream: as [S, 1]
         rows = {k: v[:, None] for k, v in rows.items()}
         nexts = {k: v[:, None] for k, v in nexts.items()}
         term, trunc = term[:, None], trunc[:, None]
         priorities = None if priorities is None else np.asarray(priorities)[:, None]
-    return _steps_of_rows(spec, rows, nexts, term, trunc, priorities, fresh(), lead_ndim == 1)
+    return _steps_of_rows(spec, rows, nexts, term, trunc, priorities, starts, lead_ndim == 1)
 
 
 def _leaves(td: Any) -> dict[tuple[str, ...], np.ndarray]:

@@ -22,6 +22,7 @@ from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels import codes, reference
 from shardreplay.kernels.lazy import lazy
 from shardreplay.kernels.reference import validate as twins
+from shardreplay.spec.coerce import STEP_TYPE_RULE, as_stored, to_numpy
 from shardreplay.spec.fields import Field
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE, RecordLayout
 from shardreplay.spec.names import flatten
@@ -48,7 +49,6 @@ class SpecParts(Protocol):
         """``(name, dtype, shape, checks_finite)`` of every field, in order."""
 
 
-STEP_TYPE_RULE = "field 'step_type': values must be FIRST=0, MID=1 or LAST=2"
 DISCOUNT_RULE = ("field 'discount': values must be finite and in [0, 1] "
                  "(0 at a termination, 1 at a truncation and elsewhere)")
 
@@ -84,10 +84,10 @@ def validate(spec: SpecParts, step: Mapping[str, Any], lead_shape: tuple[int, ..
     out = {}
     for (name, dtype, shape, finite), value in zip(spec._plan, values, strict=True):
         out[name] = _checked(name, value, dtype, lead_shape + shape, finite, len(shape))
-    types = _step_type_array(types, lead_shape)
+    types = as_stored("step_type", types, STEP_TYPE_DTYPE, lead_shape)  # integers, range-checked
     discount = _discount_array(step.get("discount"), lead_shape)
     _check_rule(types, discount, SpecMismatchError, "")
-    out["step_type"] = types.astype(STEP_TYPE_DTYPE, copy=False)
+    out["step_type"] = types
     out["discount"] = discount
     return out
 
@@ -117,31 +117,12 @@ def _check_names(spec: SpecParts, step: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...], finite: bool,
-             field_ndim: int = -1) -> np.ndarray:
-    arr = value if isinstance(value, np.ndarray) else _to_numpy(value)
-    if arr.shape != shape:
-        arr = _unit_axis_added(name, arr, shape, field_ndim)
-    if arr.dtype != dtype:
-        arr = _cast(name, arr, dtype)
+             field_ndim: int) -> np.ndarray:
+    arr = as_stored(name, value, dtype, shape, field_ndim)
     if finite and arr.size and not _is_finite(arr):
         raise SpecMismatchError(f"field {name!r} contains NaN or inf; it was declared finite "
                                 "(Field(finite=False) allows them)")
     return arr
-
-
-def _unit_axis_added(name: str, arr: np.ndarray, shape: tuple[int, ...], field_ndim: int) -> np.ndarray:
-    """``arr`` reshaped to ``shape`` when only the field's own one-element last axis is
-    missing (a ``(1,)`` Box action given as ``[num_envs]``, as most scripts produce it and
-    SB3 takes it): the reshape is unambiguous then. ``field_ndim``: the field's own axes
-    (the last ones of ``shape``; -1 when unknown: no reshape).
-
-    Raises:
-        SpecMismatchError: any other shape, saying what to pass.
-    """
-    if field_ndim > 0 and shape[-1] == 1 and arr.shape == shape[:-1]:
-        return arr.reshape(shape)
-    raise SpecMismatchError(f"field {name!r}: expected shape {shape} (leading axes, then the field's "
-                            f"shape), got {arr.shape}")
 
 
 def _is_finite(arr: np.ndarray) -> bool:
@@ -156,36 +137,6 @@ def _is_finite(arr: np.ndarray) -> bool:
     return bool(np.isfinite(arr).all())
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # a torch tensor, without importing torch here
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
-def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    # Integers go into any integer field whose range holds the values (int64 -> uint8 is
-    # the common case of Python ints); numpy's same_kind would refuse signed -> unsigned.
-    int_to_int = dtype.kind in "iu" and arr.dtype.kind in "iub"
-    if not int_to_int and not np.can_cast(arr.dtype, dtype, casting="same_kind"):
-        raise SpecMismatchError(f"field {name!r}: cannot cast {arr.dtype} to {dtype} safely "
-                                f"(expected {dtype})")
-    if int_to_int and arr.size and not np.can_cast(arr.dtype, dtype, casting="safe"):
-        info = np.iinfo(dtype)
-        if arr.min() < info.min or arr.max() > info.max:
-            raise SpecMismatchError(f"field {name!r}: values outside the range of {dtype}")
-    return arr.astype(dtype)
-
-
-def _step_type_array(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
-    """Step types as an integer array of ``lead_shape`` (values checked by the caller)."""
-    arr = value if isinstance(value, np.ndarray) else _to_numpy(value)
-    if arr.shape != lead_shape:
-        raise SpecMismatchError(f"field 'step_type': expected shape {lead_shape}, got {arr.shape}")
-    if arr.dtype.kind not in "iu":
-        raise SpecMismatchError(f"field 'step_type': expected integers 0/1/2 (StepType), got {arr.dtype}")
-    return arr
-
-
 def _discount_array(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
     """Discounts as float32 of ``lead_shape``, 1 where not given (values checked by the caller)."""
     if value is None:
@@ -194,12 +145,10 @@ def _discount_array(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
             ones = _ONES[lead_shape] = np.ones(lead_shape, DISCOUNT_DTYPE)
             ones.flags.writeable = False
         return ones
-    arr = value if isinstance(value, np.ndarray) else _to_numpy(value)
-    if arr.shape != lead_shape:
-        raise SpecMismatchError(f"field 'discount': expected shape {lead_shape}, got {arr.shape}")
+    arr = to_numpy(value)
     if arr.dtype.kind not in "biuf":
         raise SpecMismatchError(f"field 'discount': expected numbers in [0, 1], got {arr.dtype}")
-    return arr.astype(DISCOUNT_DTYPE, copy=False)
+    return as_stored("discount", arr, DISCOUNT_DTYPE, lead_shape)
 
 
 # -- the step rule, for every entry point -------------------------------------------------

@@ -6,10 +6,12 @@ built once per storage and owns the record layout: the field order, the stored d
 and shapes, where each field sits in the per-slot record, and a compiled kernel
 (``kernels/add_step.py``) that checks and writes a step in one call. A step takes it
 when it is a plain ``dict`` of exactly the spec's flat names plus ``step_type`` (and
-``discount``), every value a C-contiguous numpy array in its stored dtype (``step_type``
-uint8, ``discount`` float32). Anything else, and any input that fails a check, is left
-to the full validation (``Spec.validate`` and ``StreamStorage.write``), which stores
-the same or raises today's error; nothing is written by this path then.
+``discount``); values in another form than the stored one (another dtype or layout,
+lists, scalars, torch tensors) are converted first (``spec/coerce.py``), so the kernel
+is only ever called with the stored dtypes. Anything else (nested names), and any input
+that fails a check, is left to the full validation (``Spec.validate`` and
+``StreamStorage.write``), which stores the same or raises today's error; nothing is
+written by this path then.
 
 A spec with one frame-stacked field (integers) and at least one plain one takes it too,
 in one compiled call (``kernels/add_stacked.py``: check, the stacks checked against the
@@ -27,9 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardreplay.errors import SpecMismatchError
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.lazy import lazy
+from shardreplay.spec.coerce import StoredValues, as_stored
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
@@ -136,6 +140,12 @@ class OneStepAdd:
             stack = np.zeros(shape, spec[name].dtype)
             types, *plain = canonical
             self._kernel = sk.compiled_add_stacked((*self._fused_head_now(), types, stack, *plain))
+        # The values in the order of self._get, converted to the stored dtypes when they
+        # come in another form (spec/coerce.py): never a failed compiled dispatch.
+        stacked = tuple(storage.stacked)
+        self._inputs = StoredValues([(n, STEP_TYPE_DTYPE, (s,), 0) if n == "step_type" else
+                                     (n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape))
+                                     for n in ("step_type", *stacked, *names)])
         self._default_priority = default_priority
         self._on_write = on_write
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
@@ -148,8 +158,11 @@ class OneStepAdd:
         if n == self._n_keys and self._simple:
             # The common case: no discount, uniform sampling, every field in the record.
             try:
-                delta = self._kernel(*self._head, *self._get(step))
-            except (KeyError, TypeError):  # a name missing, or inputs of another kind
+                values = self._inputs(self._get(step))
+                if values is None:  # a value that cannot be stored: the full path says why
+                    return False
+                delta = self._kernel(*self._head, *values)
+            except (KeyError, TypeError):  # a name missing
                 return False
             if delta == BAD_INPUT:
                 return False
@@ -157,19 +170,27 @@ class OneStepAdd:
             return True
         if n != self._n_keys:
             discount = step.get("discount")
-            if (n != self._n_keys + 1 or type(discount) is not np.ndarray
-                    or discount.dtype != DISCOUNT_DTYPE or discount.shape != self._rows):
+            if n != self._n_keys + 1 or discount is None:
+                return False
+            if type(discount) is not np.ndarray or discount.dtype != DISCOUNT_DTYPE:
+                try:
+                    discount = as_stored("discount", discount, DISCOUNT_DTYPE, self._rows)
+                except SpecMismatchError:
+                    return False
+            if discount.shape != self._rows:
                 return False
             self._discount[:] = discount
         if self._default_priority is not None:
             self._priority[0] = self._default_priority()
         try:
-            values = self._get(step)
+            values = self._inputs(self._get(step))
+            if values is None:
+                return False
             if self._store is not None:
                 delta = self._add_stacked(values)
             else:
                 delta = self._kernel(*self._head, *values)
-        except (KeyError, TypeError):  # a name missing, or inputs of another kind
+        except (KeyError, TypeError):  # a name missing
             return False
         finally:
             if n != self._n_keys:
