@@ -1,43 +1,53 @@
-"""The small kernels against kernels/reference/small.py: uniform acceptance, n-step
+"""The small kernels against kernels/reference/small.py: uniform draws, n-step
 returns, restore-plan balancing, running episode returns."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from shardreplay.kernels.nstep import nstep_scalar
 from shardreplay.kernels.plan import balance_longest_first
 from shardreplay.kernels.reference import small as ref
 from shardreplay.kernels.returns import track_returns
-from shardreplay.kernels.sampling import accept_valid, accept_written
+from shardreplay.kernels.sampling import draw_written, written_total
 
 FIRST, MID, LAST = 0, 1, 2
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_accept_valid(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    valid = rng.random(50) < 0.4
-    for size, got0, n_cand in ((10, 0, 40), (10, 7, 40), (10, 10, 5), (1, 0, 1), (5, 0, 0)):
-        cand = rng.integers(0, 50, n_cand)
-        fast, slow = np.full(size, -1), np.full(size, -1)
-        assert accept_valid(cand, valid, fast, got0) == ref.accept_valid(cand, valid, slow, got0)
-        np.testing.assert_array_equal(fast, slow)
-
-
-@pytest.mark.parametrize("lengths", [[7], [5, 5, 5], [3, 0, 6, 1], [0, 4], [6, 6, 6, 2]])
-def test_accept_written(lengths: list[int]) -> None:
-    rng = np.random.default_rng(len(lengths))
+@pytest.mark.parametrize("pos", [[7], [5, 5, 5], [3, 0, 6, 1], [0, 4], [9, 9, 9, 2], [1], [0, 0], [8, 11]])
+def test_draw_written(pos: list[int]) -> None:
+    rng = np.random.default_rng(len(pos) + sum(pos))
     cap = 6
-    valid = rng.random(cap * len(lengths) + 2) < 0.6
-    ends = np.cumsum(np.minimum(lengths, cap))
-    for size, got0 in ((10, 0), (10, 4), (3, 3)):
-        cand = rng.integers(0, ends[-1], 40)
+    valid = rng.random(cap * len(pos) + 2) < 0.6
+    positions = np.array(pos, np.int64)
+    for size, got0, n_raw in ((10, 0, 40), (10, 4, 40), (3, 3, 5), (10, 0, 0), (200, 0, 64)):
+        raw = rng.bit_generator.random_raw(n_raw)
         fast, slow = np.full(size, -1), np.full(size, -1)
-        assert (accept_written(cand, ends, cap, valid, fast, got0)
-                == ref.accept_written(cand, ends, cap, valid, slow, got0))
+        assert (draw_written(raw, positions, cap, valid, fast, got0)
+                == ref.draw_written(raw, positions, cap, valid, slow, got0))
         np.testing.assert_array_equal(fast, slow)
+        written = np.concatenate([r * cap + np.arange(min(p, cap)) for r, p in enumerate(pos)])
+        assert np.isin(fast[got0:][fast[got0:] >= 0], written[valid[written]]).all()
+
+
+def test_draw_written_is_uniform_over_valid_written_slots() -> None:
+    """Unequal rows (a search per draw) and a written count far from a power of two
+    (many words rejected): every valid written slot as likely, chi-square."""
+    rng = np.random.default_rng(5)
+    cap, pos = 40, np.array([40, 13, 0, 33, 57], np.int64)
+    valid = rng.random(cap * pos.shape[0]) < 0.7
+    out = np.empty(200_000, np.int64)
+    got = 0
+    while got < out.shape[0]:
+        got = draw_written(rng.bit_generator.random_raw(100_000), pos, cap, valid, out, got)
+    assert written_total(pos, cap) == 40 + 13 + 33 + 40
+    allowed = np.concatenate([r * cap + np.arange(min(p, cap)) for r, p in enumerate(pos)])
+    allowed = allowed[valid[allowed]]
+    counts = np.bincount(out, minlength=valid.shape[0])
+    assert counts.sum() == counts[allowed].sum()  # nothing outside the valid written slots
+    assert stats.chisquare(counts[allowed]).pvalue > 1e-3
 
 
 @pytest.mark.parametrize(("window", "n", "dtype"),

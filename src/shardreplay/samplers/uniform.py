@@ -59,8 +59,11 @@ class UniformSampler:
     def draw(self, n: int, rng: np.random.Generator, advance: bool = True) -> Draw:
         """``n`` i.i.d. uniform valid starts."""
         starts = self._starts(n, rng)
-        prob = np.full(n, 1.0 / self.storage.num_valid)
-        return Draw(starts, prob, np.ones(n, np.float32))
+        prob = np.empty(n)
+        prob.fill(1.0 / self.storage.num_valid)  # fill: np.full's argument handling costs more
+        weights = np.empty(n, np.float32)
+        weights.fill(1.0)
+        return Draw(starts, prob, weights)
 
     def draw_starts(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """The starts of :meth:`draw` alone (the same draws from ``rng``), for a caller
@@ -70,26 +73,28 @@ class UniformSampler:
 
     def _starts(self, n: int, rng: np.random.Generator) -> np.ndarray:
         storage = self.storage
-        valid, count = storage.valid, storage.num_valid
+        count, cap = storage.num_valid, storage.stream_capacity
         # Only written slots can be valid: each row's first min(pos, C) slots. Drawing
         # over those (not the whole ring) keeps the cost independent of the capacity
         # while the buffer fills; the rejection of invalid ones keeps it exact.
-        ends = storage.written_per_row()
-        if ends.shape[0] > 1:  # one row's count is its cumulative count
-            ends = np.cumsum(ends)
-        total = int(ends[-1])
-        acceptance = count / total
+        total = kernels.written_total(storage.pos, cap)
         # Sequence windows start at most every ``period`` steps: an acceptance near
         # 1 / period is their normal, and rejection still costs O(n * period) draws,
         # where listing the valid slots would cost O(capacity).
-        if acceptance < _MIN_ACCEPTANCE / storage.period:
-            return rng.choice(_written_valid(valid, ends, storage.stream_capacity), size=n)
+        if count * storage.period < total * _MIN_ACCEPTANCE:
+            ends = np.cumsum(storage.written_per_row())
+            return rng.choice(_written_valid(storage.valid, ends, cap), size=n)
+        # The kernel maps raw 64-bit words of the generator to slots (numpy's
+        # ``integers`` costs more in argument handling than the draws themselves). Words
+        # per accepted start: past the written count (the count rounded up to a power of
+        # two), then invalid; a function of the state alone, so that a restored buffer
+        # draws as the saved one.
+        per_start = 1.1 * (1 << (total - 1).bit_length()) / count
         out = np.empty(n, np.int64)
         got = 0
         while got < n:
-            need = n - got
-            ordinals = rng.integers(0, total, size=int(need / acceptance * 1.1) + 8)
-            got = kernels.accept_written(ordinals, ends, storage.stream_capacity, valid, out, got)
+            raw = rng.bit_generator.random_raw(int((n - got) * per_start) + 8)
+            got = kernels.draw_written(raw, storage.pos, cap, storage.valid, out, got)
         return out
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:

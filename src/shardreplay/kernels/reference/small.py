@@ -9,20 +9,23 @@ import numpy as np
 FIRST, LAST = 0, 2
 
 
-def accept_valid(candidates: np.ndarray, valid: np.ndarray, out: np.ndarray, got: int) -> int:
-    """Valid candidates appended in order to ``out[got:]`` until it is full."""
-    take = candidates[valid[candidates]][:out.shape[0] - got]
+def draw_written(raw: np.ndarray, pos: np.ndarray, cap: int, valid: np.ndarray, out: np.ndarray,
+                 got: int) -> int:
+    """Valid written slots of the raw words' top bits appended in order to ``out[got:]``
+    until it is full; the new fill count."""
+    lengths = np.minimum(pos, cap)
+    total = int(lengths.sum())
+    if total == 0:
+        return got
+    bits = (total - 1).bit_length()
+    ordinals = (raw >> np.uint64(64 - bits)).astype(np.int64) if bits else np.zeros(raw.shape, np.int64)
+    ordinals = ordinals[ordinals < total]
+    ends = np.cumsum(lengths)
+    row = np.searchsorted(ends, ordinals, side="right")
+    slots = row * cap + ordinals - (ends - lengths)[row]
+    take = slots[valid[slots]][:out.shape[0] - got]
     out[got:got + take.shape[0]] = take
     return got + take.shape[0]
-
-
-def accept_written(ordinals: np.ndarray, ends: np.ndarray, cap: int, valid: np.ndarray, out: np.ndarray,
-                   got: int) -> int:
-    """:func:`accept_valid` of the flat slots of written-slot ordinals (row ``r`` holds
-    ordinals ``ends[r-1] .. ends[r] - 1``, from slot ``r * cap``)."""
-    row = np.searchsorted(ends, ordinals, side="right")
-    starts = np.concatenate([[0], ends[:-1]])
-    return accept_valid(row * cap + ordinals - starts[row], valid, out, got)
 
 
 def nstep_scalar(idx, mask, reward, discount, gamma, n):
