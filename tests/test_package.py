@@ -24,8 +24,8 @@ LAYERS: dict[str, int] = {
     "_io": 0,
     "_hashing": 0,
     "_lazy": 0,
+    "_signals": 0,  # the one module that installs signal handlers
     "secrets": 0,  # Redis passwords: light (os, urllib), used from transport up
-    "metrics": 0,
     "storage": 1,
     "samplers": 2,
     "buffer": 3,
@@ -185,6 +185,29 @@ def test_reach_in_check_catches_attribute_reads(tmp_path: Path) -> None:
     for text in ("gym/writer.py:2: reads .storage of shard", "gym/writer.py:2: reads ._one_step of shard",
                  "checkpoint/x.py:2: reads .sampler of self._shard"):
         assert any(text in p for p in problems), (text, problems)
+
+
+def test_contributing_draws_the_layers_as_listed_here() -> None:
+    """CONTRIBUTING.md's drawing ``a -> b/c -> ...`` names every public layer of LAYERS
+    once, each group one layer, in increasing order."""
+    text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
+    start = text.index("Layers import downwards only")
+    drawing = text[text.index(":", start) + 1:text.index(".\n", start)]
+    groups = [[n.strip().strip("`") for n in g.split("/")] for g in drawing.split("->")]
+    assert [sorted({LAYERS[n] for n in g}) for g in groups] == [[LAYERS[g[0]]] for g in groups], groups
+    levels = [LAYERS[g[0]] for g in groups]
+    assert levels == sorted(set(levels)), groups
+    public = {n for n in LAYERS if not n.startswith("_") or n == "__main__"}
+    assert sorted(n for g in groups for n in g) == sorted(public)
+
+
+def test_only_one_module_installs_signal_handlers() -> None:
+    """Handlers are installed through ``shardreplay._signals.install`` alone."""
+    package_dir = Path(shardreplay.__file__).parent
+    calls = [str(path.relative_to(package_dir)) for path in sorted(package_dir.rglob("*.py"))
+             if path.name != "_signals.py" and ("signal.signal(" in path.read_text()
+                                                 or "signal.getsignal(" in path.read_text())]
+    assert calls == []
 
 
 def test_layers_import_downwards_only() -> None:

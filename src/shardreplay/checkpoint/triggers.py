@@ -61,6 +61,7 @@ from typing import Any
 
 import torch
 
+from shardreplay import _signals
 from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives
@@ -122,7 +123,7 @@ class CheckpointTrigger:
         self._start_step: int | None = None
         self._periodic_from: int | None = None  # the step of the last periodic save, or the first
         self._repeat_interrupt = True
-        self._previous: dict[int, Any] = {}
+        self._restores: list[Callable[[], None]] = []  # newest last
         self.last_step: int | None = None
         self.reason = ""
 
@@ -245,21 +246,14 @@ class CheckpointTrigger:
         Raises:
             ConfigError: not called from the main thread (Python's rule for handlers).
         """
-        if threading.current_thread() is not threading.main_thread():
-            raise ConfigError("install_signal_handlers must be called from the main thread")
+        self._restores.append(_signals.install({**dict.fromkeys(request_signals, self._on_request),
+                                                **dict.fromkeys(stop_signals, self._on_stop)}))
         self._repeat_interrupt = repeat_interrupt
-        for sig in request_signals:
-            self._previous.setdefault(sig, signal.getsignal(sig))
-            signal.signal(sig, self._on_request)
-        for sig in stop_signals:
-            self._previous.setdefault(sig, signal.getsignal(sig))
-            signal.signal(sig, self._on_stop)
 
     def restore_signal_handlers(self) -> None:
         """Put back the handlers that :meth:`install_signal_handlers` replaced."""
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
+        while self._restores:
+            self._restores.pop()()
 
     def _on_request(self, signum: int, frame: FrameType | None) -> None:
         self._request.set()

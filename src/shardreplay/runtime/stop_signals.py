@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from shardreplay import _signals
 from shardreplay.runtime.log_lines import write_line
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -49,13 +50,7 @@ def take_over(parent_pid: int | None = None) -> Callable[[], None] | None:
             os._exit(1)
         _record(signum, frame)
 
-    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-
-    def restore() -> None:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-    return restore
+    return _signals.install(dict.fromkeys(STOP_SIGNALS, on_signal))
 
 
 def requested() -> int | None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from shardreplay import _signals
 from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, ShardReplayError, TransportError, TransportTimeout
 from shardreplay.gym.steps import GymStepConverter
@@ -69,9 +70,12 @@ class StopFlag:
         return self._event.is_set()
 
     def install(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
-        """Route ``signals`` (default SIGTERM and SIGINT) here (main thread only)."""
-        for sig in signals:
-            signal.signal(sig, self.set)
+        """Route ``signals`` (default SIGTERM and SIGINT) here.
+
+        Raises:
+            ConfigError: not called from the main thread.
+        """
+        _signals.install(dict.fromkeys(signals, self.set))
 
 
 def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport | None = None,

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from shardreplay import _signals
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.log_lines import configure_logging, write_line
 from shardreplay.transport.base import Transport
@@ -127,7 +128,7 @@ def _actor_main(settings: ActorSettings, transports: Mapping[int, Transport] | N
             os._exit(1)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_sigterm)  # SIGINT stays blocked: the learner stops its actors
+    _signals.install({signal.SIGTERM: on_sigterm})  # SIGINT stays blocked: the learner stops its actors
     run(settings, transports, stop)
 
 

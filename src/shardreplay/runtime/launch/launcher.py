@@ -34,6 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from shardreplay import _signals
 from shardreplay._io import atomic_write_bytes, storage_error
 from shardreplay.checkpoint import checkpoint_dir, latest_complete, list_checkpoints, set_aside
 from shardreplay.checkpoint.manifest import INCOMPLETE_DIR
@@ -222,7 +223,7 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
     release_server()  # the fork server now ends with the launcher, and this rank learns of it
     die_with_parent()
     parent = parent_or_exit(launcher_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher turns Ctrl-C into SIGTERM
+    _signals.install({signal.SIGINT: signal.SIG_IGN})  # the launcher turns Ctrl-C into SIGTERM
     # Born with SIGTERM blocked (see _spawn_learners): take it from here on (the Learner's
     # loop stops on it, however early it came), then let it in.
     stop_signals.take_over(parent)
@@ -335,7 +336,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
             log.warning("stopping: every learner checkpoints, then exits")
             terminate_started()
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    restore = _signals.install({signal.SIGINT: forward, signal.SIGTERM: forward})
     if stop_signals.requested() is not None:  # taken before this handler was there
         forward()
     try:
@@ -353,8 +354,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
                 terminate_started()
             outcome = _collect(started, out, stopping, tree, settings.run.run_dir)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore()
         tree.scan()
         # After a failure the ranks had their grace already: what is left is killed.
         failed = isinstance(outcome, ShardReplayError)
