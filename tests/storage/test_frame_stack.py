@@ -164,12 +164,30 @@ def test_each_frame_is_stored_once_and_rings_grow_for_short_episodes() -> None:
     assert store.fpos.tolist() == [100 + K - 1] * 2  # one reset stack, then one frame a step
     assert store.frame_capacity == 64 + 15  # no growth
     assert "obs" not in testing.shard(stacked).fields  # no [S*C, K, ...] array
+    ring = store.frames.ctypes.data
     envs.p_done = 0.9  # episodes of one or two steps: a reset stack every other step
     for _ in range(100):
         step = envs.step()
         stacked.add(step)
         plain.add(step)
     assert store.frame_capacity > 64 + 15
+    assert store.frames.ctypes.data == ring  # wrapped rings grown in place (frames moved within)
+    assert_same_samples(stacked, plain)
+
+
+def test_rings_that_have_not_wrapped_grow_without_moving_a_frame() -> None:
+    """The first fill of a buffer of short episodes: each growth only lengthens the
+    rings' views of one allocation made at the start (no copy, no new memory)."""
+    stacked, plain = pair(2, 64, seed=0)
+    store = testing.shard(stacked)._storage.stacked["obs"]
+    ring = store.frames.ctypes.data
+    envs = Envs(2, seed=3, p_done=0.6)
+    for _ in range(60):  # fewer steps than the capacity: nothing overwritten yet
+        step = envs.step()
+        stacked.add(step)
+        plain.add(step)
+        assert store.fpos.max() <= store.frame_capacity  # no ring wrapped
+    assert store._grown >= 2 and store.frames.ctypes.data == ring
     assert_same_samples(stacked, plain)
 
 
@@ -184,8 +202,7 @@ def test_memory_mapped_rings_and_validated_chunks(tmp_path: Path) -> None:
         stacked.extend(stacked.spec.validated(chunk, (2, 5)))  # read-only arrays, as decoded chunks
         plain.extend(chunk)
     assert testing.shard(stacked)._storage.stacked["obs"].frame_capacity > initial_frame_capacity(16, K)
-    assert sorted(p.name for p in tmp_path.glob("frames.*")) == [
-        f"frames.obs.{testing.shard(stacked)._storage.stacked['obs']._grown}.bin"]
+    assert sorted(p.name for p in tmp_path.glob("frames.*")) == ["frames.obs.bin"]  # grown in place
     assert_same_samples(stacked, plain)
 
 

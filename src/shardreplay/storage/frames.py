@@ -9,7 +9,11 @@ bit.
 
 The ring of a stream holds ``frame_capacity`` frames, at first
 :func:`initial_frame_capacity` (room for one reset stack per 16 steps); a write that
-needs more grows every stream's ring, so no stored step ever loses its frames.
+needs more grows every stream's ring, so no stored step ever loses its frames. The rings
+are views into one allocation of the most any stream can need (``K`` frames per stored
+step), made once: its pages are mapped only when written, so memory follows the frames
+written, and growing allocates and copies nothing until a ring has wrapped (then only
+the frames whose place in the longer ring differs move).
 """
 
 from __future__ import annotations
@@ -62,8 +66,13 @@ class FrameStore:
         self.stream_capacity = stream_capacity
         self._allocator = allocator
         self._grown = 0
-        self.frames = allocator.zeros(f"frames.{name}", (num_streams, initial_frame_capacity(
-            stream_capacity, self.stack), self.frame_bytes), np.dtype(np.uint8))
+        # The most frames a ring can need, plus one: every ring is then a view of fewer
+        # frames than a row of the allocation, whatever it grows to, so its type (layout)
+        # stays the one compiled kernels were given.
+        self._most = self.stack * stream_capacity
+        self._reserve = allocator.zeros(f"frames.{name}", (num_streams, self._most + 1, self.frame_bytes),
+                                        np.dtype(np.uint8))
+        self.frames = self._reserve[:, :min(initial_frame_capacity(stream_capacity, self.stack), self._most)]
         self.ref = np.zeros(num_streams * stream_capacity, np.int64)
         self.fpos = np.zeros(num_streams, np.int64)  # frames appended per stream, ever
         # Called as ``on_append(rows, counts)`` before frames are appended (a background
@@ -124,20 +133,27 @@ class FrameStore:
     def grow(self, need: int) -> None:
         """Make every stream's ring hold at least ``need`` frames (and ``GROWTH`` times
         more than now, up to ``K`` per step), keeping each stream's last frames at their
-        positions."""
+        positions: in place, moving only the frames of a wrapped ring whose position
+        changes; into a new allocation when a fence's reader may be copying a wrapped
+        ring meanwhile (``on_append`` set: buffer/frame_fence.py)."""
         old = self.frames
         cap = old.shape[1]
-        # No stream ever needs more than K frames per stored step.
-        new_cap = max(int(need), min(int(cap * GROWTH) + 1, self.stack * self.stream_capacity))
+        new_cap = max(int(need), min(int(cap * GROWTH) + 1, self._most))
         self._grown += 1
-        new = self._allocator.zeros(f"frames.{self.name}.{self._grown}",
-                                    (old.shape[0], new_cap, old.shape[2]), np.dtype(np.uint8))
+        fresh = self.on_append is not None and bool((self.fpos > cap).any())
+        if fresh:
+            self._reserve = self._allocator.zeros(f"frames.{self.name}.{self._grown}", self._reserve.shape,
+                                                  np.dtype(np.uint8))
+        new = self._reserve[:, :new_cap]
         for r in range(old.shape[0]):
             end = int(self.fpos[r])
-            keep = np.arange(end - min(cap, end), end)
-            new[r, keep % new_cap] = old[r, keep % cap]
+            keep = np.arange(max(end - cap, 0), end)  # frames p < end - cap are gone
+            if not fresh:
+                keep = keep[keep % cap != keep % new_cap]
+            if keep.shape[0]:
+                new[r, keep % new_cap] = old[r, keep % cap]  # the source is gathered first
         self.frames = new
-        if isinstance(old, np.memmap) and old.filename:
+        if fresh and isinstance(old, np.memmap) and old.filename:
             Path(old.filename).unlink(missing_ok=True)  # the old ring's file (mapped until freed)
 
     def gather_into(self, idx: np.ndarray, dst_rows: np.ndarray, out: np.ndarray, offset: int) -> None:
