@@ -267,7 +267,7 @@ def test_the_command_starts_without_torch() -> None:
     import them (issue 19, item 4). The public names still load on first use."""
     code = (
         "import json, sys\n"
-        "import shardreplay, shardreplay.cli.main, shardreplay.runtime.stop_signals\n"
+        "import shardreplay, shardreplay.cli.main, shardreplay._signals\n"
         "before = [m for m in ('torch', 'numba', 'numpy') if m in sys.modules]\n"
         "shardreplay.ReplayBuffer\n"
         "print(json.dumps([before, 'torch' in sys.modules]))\n"

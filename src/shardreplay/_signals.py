@@ -1,15 +1,26 @@
-"""The one place shardreplay installs signal handlers.
+"""The one place shardreplay installs signal handlers, and the stop requests (SIGINT,
+SIGTERM) it takes from a process's first moments on.
 
 A handler is process-wide and only the main thread may install one (Python's rule), so
-every part that wants one (a process's stop record from its first moments,
-``runtime.stop_signals``; a checkpoint trigger; an actor's stop flag; the launcher's
+every part that wants one (a checkpoint trigger, an actor's stop flag, the launcher's
 forwarding to its learners) asks :func:`install`, which checks the thread and returns
-how to put the replaced handlers back. ``tests/test_package.py`` checks that no other
+how to put the replaced handlers back; ``tests/test_package.py`` checks that no other
 module calls ``signal.signal``.
+
+A signal's default action at the wrong moment loses it or makes a mess: SIGINT raises
+KeyboardInterrupt wherever the process happens to be (inside an import of torch, say,
+where a library may swallow it, or as a traceback), SIGTERM kills the process before it
+could say or save anything, and a process started in the background inherits SIGINT
+ignored. :func:`take_over` replaces that, as early as a process can, by a record of the
+first signal; the code that knows how to stop (the launcher, a learner's loop) asks
+:func:`requested` at its own points, or installs its own handler and asks once whether
+a signal came before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -17,7 +28,10 @@ from typing import Any
 
 from shardreplay.errors import ConfigError
 
-__all__ = ["install"]
+__all__ = ["STOP_SIGNALS", "install", "redeliver", "requested", "take_over"]
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_received: list[int] = []  # the stop signals taken so far, in order
 
 
 def install(handlers: Mapping[int, Any]) -> Callable[[], None]:
@@ -39,3 +53,44 @@ def install(handlers: Mapping[int, Any]) -> Callable[[], None]:
             signal.signal(sig, handler)
 
     return restore
+
+
+def take_over(parent_pid: int | None = None) -> Callable[[], None] | None:
+    """Record SIGINT and SIGTERM from now on instead of their default actions.
+
+    Args:
+        parent_pid: a child's parent as the parent saw it: a signal that comes once the
+            parent is gone (``PR_SET_PDEATHSIG``) ends this process at once, as being
+            killed would; there is nobody left to stop for.
+
+    Returns:
+        A function that puts the previous handlers back, or None when this is not the
+        main thread (nothing was installed).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if parent_pid is not None and os.getppid() != parent_pid:
+            line = f"process {os.getpid()}: its parent (pid {parent_pid}) is gone: exiting\n"
+            with contextlib.suppress(OSError):  # no logging: this process is about to _exit
+                os.write(2, line.encode())
+            os._exit(1)
+        _received.append(signum)
+
+    return install(dict.fromkeys(STOP_SIGNALS, on_signal))
+
+
+def requested() -> int | None:
+    """The first stop signal taken since :func:`take_over`, or None."""
+    return _received[0] if _received else None
+
+
+def redeliver(restore: Callable[[], None] | None) -> None:
+    """Put the previous handlers back (``restore`` from :func:`take_over`), then raise
+    the signal taken meanwhile, if any, so it has the effect it would have had."""
+    if restore is None:
+        return
+    restore()
+    if _received:
+        signal.raise_signal(_received.pop(0))

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from shardreplay.runtime import stop_signals
+from shardreplay import _signals
 
 _SUBCOMMANDS = (
     "shardreplay.cli.train",
@@ -36,14 +36,14 @@ def main(argv: list[str] | None = None) -> int:
 
     Ctrl-C and SIGTERM are recorded from here on, before the subcommands' imports
     (torch, numba: seconds): ``train`` stops at its own points, at any moment of its
-    start-up (see :mod:`shardreplay.runtime.stop_signals`); any other command gets the
+    start-up (see :mod:`shardreplay._signals`); any other command gets the
     default handlers back, and a signal taken meanwhile then acts as it would have.
     """
-    restore = stop_signals.take_over()
+    restore = _signals.take_over()
     try:
         args = build_parser().parse_args(argv)
         if args.command != "train":
-            stop_signals.redeliver(restore)
+            _signals.redeliver(restore)
             restore = None
         return int(args.func(args))
     finally:

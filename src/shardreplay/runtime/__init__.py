@@ -10,6 +10,6 @@ Three rooms, each importing only the ones before it (and the shared modules):
 
 Shared small modules stay at this level because more than one room uses them:
 ``settings`` (TrainSettings), ``routing`` (shard transports), ``stream_layout``,
-``run_identity``, ``envs``, ``qnet``, ``log_lines`` and ``stop_signals``.
+``run_identity``, ``envs`` and ``log_lines``.
 The gymnasium adapters are not part of the runtime: they live in :mod:`shardreplay.gym`.
 """

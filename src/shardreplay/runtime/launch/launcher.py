@@ -39,7 +39,6 @@ from shardreplay._io import atomic_write_bytes, storage_error
 from shardreplay.checkpoint import checkpoint_dir, latest_complete, list_checkpoints, set_aside
 from shardreplay.checkpoint.manifest import INCOMPLETE_DIR
 from shardreplay.errors import CheckpointError, ConfigError, PeerLost, ShardReplayError, StorageError
-from shardreplay.runtime import stop_signals
 from shardreplay.runtime.actor.processes import (
     ProcessTree,
     children_block_signals,
@@ -174,8 +173,8 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
             log.warning("--learners %d ignored: torchrun started %s ranks", settings.learners.count,
                         os.environ["WORLD_SIZE"])
         settings = settings.updated({"learners": int(os.environ["WORLD_SIZE"])})
-    if stop_signals.requested() is not None and not under_torchrun():
-        # Ctrl-C or SIGTERM while the command was starting (stop_signals took it): the
+    if _signals.requested() is not None and not under_torchrun():
+        # Ctrl-C or SIGTERM while the command was starting (_signals.take_over took it): the
         # run directory is left as it was. (A torchrun rank goes on to meet the others
         # and stops with them: leaving alone would make them wait for it.)
         return _stopped_during_startup(settings.run.run_dir)
@@ -226,7 +225,7 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
     _signals.install({signal.SIGINT: signal.SIG_IGN})  # the launcher turns Ctrl-C into SIGTERM
     # Born with SIGTERM blocked (see _spawn_learners): take it from here on (the Learner's
     # loop stops on it, however early it came), then let it in.
-    stop_signals.take_over(parent)
+    _signals.take_over(parent)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     configure_logging(logging.INFO if rank == 0 else logging.WARNING,
                       f"%(asctime)s rank {rank} %(name)s: %(message)s")
@@ -283,7 +282,7 @@ def _stop_agreed_on_meeting() -> bool:
     import torch
     import torch.distributed as dist
 
-    votes = torch.tensor([int(stop_signals.requested() is not None)], dtype=torch.int64)
+    votes = torch.tensor([int(_signals.requested() is not None)], dtype=torch.int64)
     dist.all_reduce(votes)
     return int(votes.item()) > 0
 
@@ -337,7 +336,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
             terminate_started()
 
     restore = _signals.install({signal.SIGINT: forward, signal.SIGTERM: forward})
-    if stop_signals.requested() is not None:  # taken before this handler was there
+    if _signals.requested() is not None:  # taken before this handler was there
         forward()
     try:
         started = _start_learners(procs, stopping)

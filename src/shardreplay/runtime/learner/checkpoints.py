@@ -1,9 +1,6 @@
-"""A learner rank's durability, beside its training loop (as a checkpointing runner wraps
-a learner): resuming from a checkpoint, replaying and opening the ingest log, saving
-(in the foreground or on a thread) and freeing the log segments a complete checkpoint
-holds. The learner decides *when* and *what* (its counters, its agent's state); this
-decides *how*, with the learner's own collectives.
-"""
+"""A learner rank's checkpoints and ingest log, beside its loop (as a checkpointing
+runner wraps a learner): the learner decides *when* to save and *what* its state is;
+:class:`LearnerCheckpoints` resumes, replays and opens the log, saves and trims."""
 
 from __future__ import annotations
 
@@ -33,22 +30,15 @@ _TRIM_EVERY_S = 2.0  # how often sealed log segments look for the complete check
 
 
 class LearnerCheckpoints:
-    """One rank's checkpoints under ``<run_dir>/checkpoints`` and its ingest log under
-    ``<run_dir>/ingest``.
-
-    Args:
-        run_dir: the run directory.
-        rank, world: this rank and the number of ranks.
-        comm: the learner's collectives (resume and log replay agree over them).
-        storage: where a write the file system refuses is kept instead of raised.
-        keep_last: complete checkpoints to keep (older ones are deleted by each save).
+    """One rank's ``<run_dir>/checkpoints`` and ``<run_dir>/ingest``; ``comm`` is the
+    learners' collectives, ``storage`` keeps a refused write, ``keep_last`` complete
+    checkpoints stay.
 
     Attributes:
         pending: the background save in flight (None: none).
         complete: the newest checkpoint this life saw complete (None: none yet).
         saved_at: when the last save started (monotonic; rank 0's clock times periodic saves).
-        last_id: the newest checkpoint id saved or found: ids only grow, so a save never
-            meets a complete one.
+        last_id: the newest checkpoint id saved or found (ids only grow).
     """
 
     def __init__(self, run_dir: Path, rank: int, world: int, comm: Collectives, storage: StorageGuard,

@@ -165,17 +165,10 @@ class Learner:
         return str(r.checkpoint_id)
 
     def save(self, background: bool = False) -> Path:
-        """Save a checkpoint: rank 0 writes the learner state first, every rank its part
-        (no collective, so it also works from a stopping or failing rank), incremental,
-        on a thread with ``background`` (:meth:`LearnerCheckpoints.save`).
-
-        A write the file system refuses leaves this checkpoint incomplete (rank 0 writes
-        no part without the learner state, so it cannot complete without it) and the
-        newest complete one as it was; it is kept in :attr:`storage`.
-
-        The id is the update count, or one more than the last id this run saved or
-        found, when no update happened since (stopping during warm-up, or right after
-        a resume): every rank derives it from the same agreed counters.
+        """Save a checkpoint (:meth:`LearnerCheckpoints.save`; a refused write is kept in
+        :attr:`storage` and leaves the newest complete one as it was). Its id is the
+        update count, or one more than the last id saved or found when no update happened
+        since: every rank derives it from the same agreed counters.
         """
         cid = max(self.progress.counters["updates"], self.ckpts.last_id + 1)
         # None, not -inf, before any evaluation: the record stays standard JSON.

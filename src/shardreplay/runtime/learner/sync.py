@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import torch
 
+from shardreplay import _signals
 from shardreplay.checkpoint.triggers import CheckpointTrigger
 from shardreplay.errors import ShardReplayError
-from shardreplay.runtime import stop_signals
 from shardreplay.runtime.actor.loop import AGREED
 from shardreplay.runtime.learner.rate_limiter import RateLimiter
 from shardreplay.runtime.settings import TrainSettings
@@ -97,7 +97,7 @@ def learner_trigger(settings: TrainSettings, run_dir: Path) -> CheckpointTrigger
     and save), SIGUSR1 or ``<run_dir>/checkpoint.request`` ask for a checkpoint, and one
     is due every ``checkpoints.interval_updates`` updates (0: only at the end). The
     request is agreed in the loop's :class:`LoopSync`, not by the trigger's own
-    collective. A stop signal :mod:`~shardreplay.runtime.stop_signals` took earlier
+    collective. A stop signal :func:`shardreplay._signals.take_over` took earlier
     (while the process was starting) is not lost.
 
     Raises:
@@ -106,7 +106,7 @@ def learner_trigger(settings: TrainSettings, run_dir: Path) -> CheckpointTrigger
     trigger = CheckpointTrigger(run_dir / "checkpoints", request_dir=run_dir,
                                 interval_steps=settings.checkpoints.interval_updates or None)
     trigger.install_signal_handlers(repeat_interrupt=False)
-    if stop_signals.requested() is not None:  # after the handlers: none falls between
+    if _signals.requested() is not None:  # after the handlers: none falls between
         trigger.request_stop()
     return trigger
 

@@ -114,8 +114,6 @@ class LogRecord:
 class LogScan:
     """What reading the logs found besides records: torn tails and damaged files."""
 
-    files: list[Path] = field(default_factory=list)
-    bytes: int = 0
     records: int = 0
     torn: list[tuple[Path, int, int]] = field(default_factory=list)  # path, offset, bytes ignored
     damaged: list[tuple[Path, int, int]] = field(default_factory=list)
@@ -169,7 +167,6 @@ class IngestLog:
         self.segment_steps = 0
         self.inherited_bytes = sum(_size(p) for p in self._inherited)
         self.peak_bytes = self.size_bytes
-        self.appended = 0  # records over this life
         self._fd = -1
         self._open()
 
@@ -219,7 +216,6 @@ class IngestLog:
             raise
         self.segment_bytes += total
         self.segment_steps += steps
-        self.appended += len(chunks)
         self.peak_bytes = max(self.peak_bytes, self.size_bytes)
 
     def _write_all(self, parts: list[bytes | memoryview]) -> None:
@@ -331,7 +327,7 @@ def read_logs(paths: Sequence[Path], scan: LogScan, *, owns_actor: Callable[[int
 
     Args:
         paths: files from :func:`log_files`.
-        scan: collects the files, counts and what was not usable.
+        scan: counts the records and collects what was not usable.
         owns_actor: whether this shard owns any stream of an actor now (by the routing
             of this life); the kept chunks of other actors are skipped unread. By actor,
             not by the shard that wrote the record: a life with the same number of shards
@@ -340,7 +336,6 @@ def read_logs(paths: Sequence[Path], scan: LogScan, *, owns_actor: Callable[[int
             yielded (the caller counts them by the shard that wrote them).
     """
     for path in paths:
-        scan.files.append(path)
         try:
             with open(path, "rb") as f:
                 if path.name.endswith(".journal"):
@@ -357,7 +352,6 @@ def _journal_records(path: Path, f: BinaryIO, scan: LogScan) -> Iterator[LogReco
     m = _FILE.match(path.name)
     shard = int(m.group(1)) if m is not None else -1
     data = f.read()
-    scan.bytes += len(data)
     usable = len(data) - len(data) % _JOURNAL.size
     for actor, seq, steps in _JOURNAL.iter_unpack(data[:usable]):
         scan.records += 1
@@ -367,7 +361,6 @@ def _journal_records(path: Path, f: BinaryIO, scan: LogScan) -> Iterator[LogReco
 def _records(path: Path, f: BinaryIO, scan: LogScan, owns: Callable[[int], bool] | None
              ) -> Iterator[LogRecord]:
     size = os.fstat(f.fileno()).st_size
-    scan.bytes += size
     at = 0
     while at < size:
         head = f.read(HEADER_BYTES)

@@ -1,4 +1,4 @@
-"""runtime/stop_signals: a stop signal taken while a process starts is kept for the code
+"""shardreplay._signals: a stop signal taken while a process starts is kept for the code
 that knows how to stop (issue 19, item 4). Each case runs in a child process of its own:
 the record is process-wide."""
 
@@ -21,12 +21,12 @@ def test_a_signal_taken_early_is_recorded_and_reaches_the_learner_trigger() -> N
     proc = _run("""
         import os, signal
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job starts
-        from shardreplay.runtime import stop_signals
-        restore = stop_signals.take_over()
-        assert stop_signals.requested() is None
+        from shardreplay import _signals
+        restore = _signals.take_over()
+        assert _signals.requested() is None
         os.kill(os.getpid(), signal.SIGINT)  # ignored before: now recorded
         os.kill(os.getpid(), signal.SIGTERM)  # would have killed the process
-        assert stop_signals.requested() == signal.SIGINT, stop_signals.requested()
+        assert _signals.requested() == signal.SIGINT, _signals.requested()
         import pathlib, tempfile
         from shardreplay.runtime.learner.sync import learner_trigger
         from shardreplay.runtime.settings import TrainSettings
@@ -50,11 +50,11 @@ def test_redeliver_gives_the_signal_its_default_effect() -> None:
         print("inherited", inherited, file=sys.stderr)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        from shardreplay.runtime import stop_signals
-        restore = stop_signals.take_over()
+        from shardreplay import _signals
+        restore = _signals.take_over()
         os.kill(os.getpid(), signal.SIGINT)
         try:
-            stop_signals.redeliver(restore)
+            _signals.redeliver(restore)
         except KeyboardInterrupt:
             print("interrupted")
     """)
@@ -64,8 +64,8 @@ def test_redeliver_gives_the_signal_its_default_effect() -> None:
 def test_a_child_whose_parent_is_gone_exits_on_the_signal() -> None:
     proc = _run("""
         import os, signal
-        from shardreplay.runtime import stop_signals
-        stop_signals.take_over(parent_pid=os.getppid() + 1_000_000)  # not its parent
+        from shardreplay import _signals
+        _signals.take_over(parent_pid=os.getppid() + 1_000_000)  # not its parent
         os.kill(os.getpid(), signal.SIGTERM)
         print("still running")
     """)
