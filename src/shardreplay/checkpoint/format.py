@@ -27,13 +27,16 @@ import sys
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardreplay._hashing import Xxh64Stream, xxh64
 from shardreplay._io import atomic_writer
 from shardreplay.errors import CheckpointDamagedError, CheckpointFormatError
+
+if TYPE_CHECKING:  # the records a reader checks a file against (its size and block hashes)
+    from shardreplay.checkpoint.records import ManifestPart, RefSource
 
 BLOCK_BYTES = 1 << 20
 # Whole blocks read per system call: large reads keep cold reads as fast as one read of
@@ -171,17 +174,6 @@ def _hash_blocks(dest: memoryview, valid: int, skip: frozenset[int]) -> list[int
     return out
 
 
-class Expected(Protocol):
-    """What a reader checks a part file against (a ``ManifestPart`` or ``RefSource``):
-    its size and the XXH64 of each block."""
-
-    @property
-    def bytes(self) -> int: ...
-
-    @property
-    def block_xxh64(self) -> tuple[str, ...]: ...
-
-
 class PartReader:
     """Read arrays (or row ranges of them) from a part file, verifying touched blocks.
 
@@ -194,7 +186,7 @@ class PartReader:
         CheckpointFormatError: unreadable, truncated or corrupt file, with its name.
     """
 
-    def __init__(self, path: Path, expected: Expected) -> None:
+    def __init__(self, path: Path, expected: ManifestPart | RefSource) -> None:
         self.path = Path(path)
         try:
             self._hashes = [int(h, 16) for h in expected.block_xxh64]

@@ -193,12 +193,10 @@ class ManifestPart:
         if not isinstance(files, Mapping) or not isinstance(refs, list):
             raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r}: 'files' or 'refs' "
                                         "is malformed")
-        return cls(_count(entry.get("checkpoint_id"), "a part's checkpoint_id", where),
-                   _count(entry.get("shard"), "a part's shard", where),
-                   _count(entry.get("num_shards"), "a part's num_shards", where), entry["file"],
-                   _count(entry.get("bytes"), "a part's size", where), tuple(hashes),
-                   _count(entry.get("steps"), "a part's steps", where),
-                   _count(entry.get("episodes"), "a part's episodes", where), entry["partial_policy"],
+        n = {k: _count(entry.get(k), f"a part's {k}", where)
+             for k in ("checkpoint_id", "shard", "num_shards", "bytes", "steps", "episodes")}
+        return cls(n["checkpoint_id"], n["shard"], n["num_shards"], entry["file"], n["bytes"], tuple(hashes),
+                   n["steps"], n["episodes"], entry["partial_policy"],
                    {str(k): _count(v, f"partial.{k}", where) for k, v in partial.items()},
                    RestoreCounts.parse(entry.get("restored"), where), entry["spec_fingerprint"],
                    None if created is None else _count(created, "a part's created_unix_ms", where),

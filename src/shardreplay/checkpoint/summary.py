@@ -94,14 +94,15 @@ def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
 
 
 def _summarize_incomplete(directory: Path, reason: str) -> dict[str, Any]:
-    present = []
+    present: list[dict[str, Any]] = []
     for path in sorted(directory.glob("part-*.json")):
         m = _PART_JSON.match(path.name)
         if not m:
             continue
         try:
-            desc = load_checked(path)
-            present.append({k: desc.get(k) for k in ("shard", "num_shards", "steps", "episodes", "bytes")})
+            part = ManifestPart.parse(load_checked(path), path)
+            present.append({"shard": part.shard, "num_shards": part.num_shards, "steps": part.steps,
+                            "episodes": part.episodes, "bytes": part.bytes})
         except CheckpointError as exc:
             present.append({"file": path.name, "error": str(exc)})
     return {"directory": str(directory), "complete": False, "reason": reason, "parts_present": present}

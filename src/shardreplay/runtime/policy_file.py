@@ -24,7 +24,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,23 +73,16 @@ class LearnerRecord:
         Raises:
             CheckpointFormatError: a field is missing or malformed.
         """
-        try:
-            counters = {str(k): int(v) for k, v in value["counters"].items()}
-            best, wall = value.get("best_eval"), float(value.get("wall_s") or 0.0)
-            settings, ingest = value.get("settings"), value.get("ingest")
-            if not (settings is None or isinstance(settings, Mapping)) or \
-                    not (ingest is None or isinstance(ingest, Mapping)):
-                raise TypeError("settings or ingest is not a JSON object")
-            return cls(counters, None if best is None else float(best), wall, settings, ingest)
+        try:  # settings and ingest are checked where they are read (TrainSettings, merge_stored)
+            counters, best = {str(k): int(v) for k, v in value["counters"].items()}, value.get("best_eval")
+            return cls(counters, None if best is None else float(best), float(value.get("wall_s") or 0.0),
+                       value.get("settings"), value.get("ingest"))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise CheckpointFormatError(f"{where}: malformed learner record ({exc!r})") from exc
 
     def as_bytes(self) -> bytes:
         """The file's bytes (as :meth:`parse` reads them)."""
-        settings, ingest = (None if v is None else dict(v) for v in (self.settings, self.ingest))
-        body = {"counters": dict(self.counters), "best_eval": self.best_eval, "wall_s": self.wall_s,
-                "settings": settings, "ingest": ingest}
-        return json.dumps(body, sort_keys=True).encode()
+        return json.dumps(asdict(self), sort_keys=True).encode()
 
 
 def record_file(shard: int, num_shards: int) -> str:
