@@ -288,13 +288,9 @@ def is_complete(directory: Path, *, hashes: bool = True) -> bool:
     return incomplete_reason(directory, hashes=hashes) is None
 
 
-def latest_complete(root: Path, before: int | None = None) -> int | None:
-    """Newest complete checkpoint id under ``root`` (older than ``before`` if given),
-    checksums included (:func:`check_complete`)."""
-    for cid in reversed(list_checkpoints(root)):
-        if (before is None or cid < before) and is_complete(checkpoint_dir(root, cid)):
-            return cid
-    return None
+def latest_complete(root: Path) -> int | None:
+    """Newest complete checkpoint id under ``root``, checksums included (:func:`check_complete`)."""
+    return next((c for c in reversed(list_checkpoints(root)) if is_complete(checkpoint_dir(root, c))), None)
 
 
 def set_aside(root: Path, ids: list[int] | None = None) -> tuple[list[int], Path | None]:
