@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -25,7 +26,8 @@ from shardreplay.transport.spool import chunk_file_name
 from tests.runtime.fault_children import write_n
 from tests.runtime.runtime_helpers import IDENT_SPEC, children, ident_counts, make_chunk
 
-CTX = mp.get_context("fork")  # the writers use no torch: forking is safe and starts at once
+CTX = mp.get_context("fork")
+FIXTURES = Path(__file__).parent / "fixtures"  # the writers use no torch: forking is safe and starts at once
 
 
 def _ingestor(reader: Any, *, capacity: int = 64, **options: Any) -> Ingestor:
@@ -234,24 +236,19 @@ def test_chunks_acknowledged_after_the_checkpoint_of_a_crashed_learner_are_repor
 
 
 def test_the_journal_of_a_run_written_before_the_one_log_is_read_on_resume(tmp_path: Path) -> None:
-    """A run directory from before the journal was folded into the ingest log (main at
-    f00eda4) holds ``shard-<k>.<life>[.upto-<id>].journal`` files of 24-byte records
-    (actor id, sequence, steps). A resume reads them as header-only records: what the
-    checkpoint lacks and the medium does not deliver again is reported lost, what it
-    delivers again is not, a torn last record is ignored, and the files go with the
-    first complete checkpoint of the new life."""
+    """A run directory from before the journal was folded into the ingest log holds
+    ``shard-<k>.<life>[.upto-<id>].journal`` files of 24-byte records (actor id, sequence,
+    steps). The fixture's were written by main at f00eda4's ``IngestJournal`` (shard 0:
+    chunks 0..4, ``rotate(3)``, chunks 5..9; shard 1 of that two-shard life: chunk 0).
+    A resume reads them as header-only records: what the checkpoint lacks and the medium
+    does not deliver again is reported lost, what it delivers again is not, a torn last
+    record is ignored, and the files go with the first complete checkpoint of the new life."""
     run, transport = tmp_path / "run", _spool(tmp_path)
     ingest = run / "ingest"
-    ingest.mkdir(parents=True)
-    record = struct.Struct("<qqq")
-    life = "1764990000000000000-4242"
-    # Sealed at checkpoint 3 (chunks 0..4, in the checkpoint), then the open file: 5..9
-    # and a torn tail (the process died inside a write).
-    (ingest / f"shard-0.{life}.upto-3.journal").write_bytes(b"".join(record.pack(0, q, 8) for q in range(5)))
-    (ingest / f"shard-0.{life}.journal").write_bytes(
-        b"".join(record.pack(0, q, 8) for q in range(5, 10)) + record.pack(0, 10, 8)[:11])
-    # Shard 1 of a two-shard life: rank 0 takes the shards that no longer exist.
-    (ingest / f"shard-1.{life}.journal").write_bytes(record.pack(1, 0, 8))
+    shutil.copytree(FIXTURES / "journal-f00eda4", ingest)
+    (live,) = (p for p in ingest.glob("shard-0.*.journal") if ".upto-" not in p.name)
+    with open(live, "ab") as f:  # the process died inside its next write
+        f.write(struct.pack("<qqq", 0, 10, 8)[:11])
     stored = merge_stored([{"stored": {"0": [[0, 4]]}}])
     old = log_files(ingest)
     assert len(old) == 3
