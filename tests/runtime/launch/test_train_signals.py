@@ -10,10 +10,14 @@ checkpoint, or afresh when the stop came before any). The chain's last run is si
 by nobody and must complete. Every moment's row (moment, signal, seconds to stop, exit
 code, resumed) is printed and written to ``signal_matrix.txt`` in the test's directory.
 
-Seeds fix the timed moments (5 in the first 10 s of a run) and the small delays after
-the events. Cost (slow suite): the whole file used 213 s of CPU (all processes); its wall
-time was 9 min on 2 cores shared with a load average of 11, so about 2-3 min on 2 free
-cores.
+Each layout's chain runs once more with ``train``'s defaults for the progress bar and
+the learning curve (both on), as a user types the command (issue 40), with one timed
+moment instead of several: those fall in the start-up, which the two do not change.
+
+Seeds fix the timed moments (5 in the first 10 s of a run, 2 in the defaults chains) and
+the small delays after the events. Cost (slow suite): the fast chains used 213 s of CPU
+(all processes); the defaults chains 163 s (measured at a load average of 16-20 on 2
+cores, 6 min wall).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from shardreplay import checkpoint
-from tests.support.train_runs import FAST, TrainRun, manifest_counters, newest_checkpoint, training
+from tests.support.train_runs import DEFAULTS, FAST, TrainRun, manifest_counters, newest_checkpoint, training
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 STOP_S = 30.0  # issue 19: the whole tree stops within 30 s of the signal
@@ -99,11 +103,12 @@ def moments(rng: random.Random, early: int) -> list[Moment]:
     ]
 
 
-def _args(run_dir: Path, layout: tuple[str, ...], extra: tuple[str, ...]) -> list[str]:
+def _args(run_dir: Path, flags: tuple[str, ...], layout: tuple[str, ...],
+          extra: tuple[str, ...]) -> list[str]:
     """An ``--auto-resume`` run of ``run_dir``; BUDGET in ``extra``: a few steps more than saved."""
     budget = str(_env_steps(run_dir) + 100)
     extra = tuple(budget if e == "BUDGET" else e for e in extra)
-    return ["train", "--run-dir", str(run_dir), "--auto-resume", *FAST, *layout,
+    return ["train", "--run-dir", str(run_dir), "--auto-resume", *flags, *layout,
             "--total-env-steps", "100000000", "--max-minutes", "2", *extra]
 
 
@@ -131,15 +136,15 @@ class Outcome:
     took_up: str
 
 
-def _checked_run(run_dir: Path, log_dir: Path, layout: tuple[str, ...], m: Moment | None,
-                 extra: tuple[str, ...] = ()) -> Outcome:
+def _checked_run(run_dir: Path, log_dir: Path, flags: tuple[str, ...], layout: tuple[str, ...],
+                 m: Moment | None, extra: tuple[str, ...] = ()) -> Outcome:
     """One run of the chain, signalled at ``m`` (None: left to finish), checked: exit 0
     within 30 s of the signal, one final line, no traceback, no process left, and the
     directory taken up from its newest complete checkpoint (or afresh without one)."""
     newest, before = _newest(run_dir), _env_steps(run_dir)
     (run_dir / "summary.json").unlink(missing_ok=True)  # written again when the learners end
     what = m.name if m else "the last run"
-    with TrainRun(_args(run_dir, layout, (m.extra if m else ()) + extra), log_dir,
+    with TrainRun(_args(run_dir, flags, layout, (m.extra if m else ()) + extra), log_dir,
                   prefix=f"{time.monotonic_ns()}-") as run:
         if m is not None:
             _signal_at(run, run_dir, m)
@@ -168,16 +173,18 @@ def _checked_run(run_dir: Path, log_dir: Path, layout: tuple[str, ...], m: Momen
         return Outcome(stop_s, code, "afresh" if newest is None else f"ckpt {newest}")
 
 
-def _run_chain(tmp_path: Path, layout: tuple[str, ...], early: int, seed: int) -> list[str]:
+def _run_chain(tmp_path: Path, flags: tuple[str, ...], layout: tuple[str, ...], early: int,
+               seed: int) -> list[str]:
     """The chain's runs; returns the matrix as Markdown rows (each moment's run, and how
     the next run took its directory up)."""
     run_dir = tmp_path / "run"
     marks = moments(random.Random(seed), early)
-    outcomes = [_checked_run(run_dir, tmp_path, layout, m) for m in marks]
-    last = _checked_run(run_dir, tmp_path, layout, None,
+    outcomes = [_checked_run(run_dir, tmp_path, flags, layout, m) for m in marks]
+    last = _checked_run(run_dir, tmp_path, flags, layout, None,
                         ("--total-env-steps", str(_env_steps(run_dir) + 300)))
     nexts = [o.took_up for o in outcomes[1:]] + [f"{last.took_up}, completed"]
-    return [f"| {' '.join(layout)} | {m.name} | {m.sig.name} | {o.stop_s:.1f} | {o.code} | {n} |"
+    shown = " ".join(layout) + ("" if flags == FAST else " (defaults)")
+    return [f"| {shown} | {m.name} | {m.sig.name} | {o.stop_s:.1f} | {o.code} | {n} |"
             for m, o, n in zip(marks, outcomes, nexts, strict=True)]
 
 
@@ -203,13 +210,18 @@ def test_a_signal_4_s_after_the_start_stops_a_background_job(tmp_path: Path, how
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("layout", "early", "seed"), [
-    (("--learners", "1", "--actors", "1"), 3, SEED),
-    (("--learners", "2", "--actors", "2"), 2, SEED + 1),
-], ids=["1x1", "2x2"])
+@pytest.mark.parametrize(("flags", "layout", "early", "seed"), [
+    (FAST, ("--learners", "1", "--actors", "1"), 3, SEED),
+    (FAST, ("--learners", "2", "--actors", "2"), 2, SEED + 1),
+    # Issue 40: each event once more with train's defaults (progress bar and learning curve
+    # on, as a user runs it); one timed moment each (those fall in the start-up, which the
+    # two do not change), to keep the slow suite's CPU in bounds.
+    (DEFAULTS, ("--learners", "1", "--actors", "1"), 1, SEED + 2),
+    (DEFAULTS, ("--learners", "2", "--actors", "2"), 1, SEED + 3),
+], ids=["1x1", "2x2", "1x1-defaults", "2x2-defaults"])
 def test_signals_at_seeded_moments_stop_cleanly_and_auto_resume_completes(
-        tmp_path: Path, layout: tuple[str, ...], early: int, seed: int) -> None:
-    rows = _run_chain(tmp_path, layout, early, seed)
+        tmp_path: Path, flags: tuple[str, ...], layout: tuple[str, ...], early: int, seed: int) -> None:
+    rows = _run_chain(tmp_path, flags, layout, early, seed)
     text = "\n".join(["| layout | moment (seeded) | signal | s to stop | exit | next --auto-resume took up |",
                       "| --- | --- | --- | --- | --- | --- |", *rows])
     (tmp_path / "signal_matrix.txt").write_text(text + "\n")

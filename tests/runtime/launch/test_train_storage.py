@@ -12,7 +12,14 @@ the path and the OS error, no traceback, summary.json and the closing sentence w
 run got that far, the newest complete checkpoint still complete, and, once space is
 freed, ``--auto-resume`` completing the run.
 
-Mounting needs root; elsewhere every cell is skipped, saying why. About 3 minutes on 2 cores.
+Each cell runs twice: with ``FAST`` (no progress bar, no learning curve), and once more
+with ``train``'s defaults for them (the bar and the curve on), as a user types the command:
+issue 40 found the curve's drawing on a full disk ending such a run in a traceback. The
+defaults run checks the failing run only; the ``--auto-resume`` after it is the fast
+cell's (the same continuation, and a run to completion with the curve is tested elsewhere).
+
+Mounting needs root; elsewhere every cell is skipped, saying why. About 3 minutes on 2 cores;
+the defaults cells add about 100 CPU-seconds.
 """
 
 from __future__ import annotations
@@ -28,16 +35,29 @@ from pathlib import Path
 import pytest
 
 from shardreplay import checkpoint
-from tests.support.train_runs import FAST, TrainRun, wait_until
+from tests.support.train_runs import DEFAULTS, FAST, TrainRun, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 # Small, quick runs: a tiny network (its learner state and weights are a few KB), a
 # checkpoint every 50 updates, a budget the failures cut short.
-SMALL = (*FAST, "--hidden", "16", "--checkpoint-interval-updates", "50", "--max-minutes", "1")
+_SMALLER = ("--hidden", "16", "--checkpoint-interval-updates", "50", "--max-minutes", "1")
+SMALL = (*FAST, *_SMALLER)
+SMALL_DEFAULTS = (*DEFAULTS, *_SMALLER)
 LONG = ("--total-env-steps", "100000")
 NO_SPACE = "No space left on device (ENOSPC)"
 READ_ONLY = "Read-only file system (EROFS)"
+
+
+@pytest.fixture(params=[SMALL, SMALL_DEFAULTS], ids=["fast", "defaults"])
+def flags(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """The cell's ``train`` flags: ``SMALL``, or the same with the bar and the curve on."""
+    return tuple(request.param)
+
+
+def _resumes(flags: tuple[str, ...]) -> bool:
+    """Whether the cell goes on to its ``--auto-resume`` (the fast one; see the docstring)."""
+    return flags == SMALL
 
 
 @pytest.fixture
@@ -143,62 +163,84 @@ def _auto_resume_completes(run_dir: Path, log_dir: Path, extra: tuple[str, ...] 
                          [(8, "part-00000-of-00001.safetensors"), (10, "manifest.json")],
                          ids=["checkpoint-part", "manifest"])
 def test_a_full_disk_during_a_checkpoint_keeps_the_older_one_and_resumes(
-        tmp_path: Path, tmpfs: Callable[..., Path], inodes: int, refused: str) -> None:
+        tmp_path: Path, tmpfs: Callable[..., Path], flags: tuple[str, ...], inodes: int,
+        refused: str) -> None:
     # One rank's checkpoint creates five inodes (its directory, the learner state, the
     # part, its description, the manifest); the mount's root takes one. So the second
     # checkpoint runs out at its part (8) or at its manifest (10).
     run_dir = tmp_path / "run"
     ckpts = tmpfs(run_dir / "checkpoints", f"size=4m,nr_inodes={inodes}")
-    run = _train(["--run-dir", str(run_dir), *SMALL, *LONG], tmp_path, "full-")
+    run = _train(["--run-dir", str(run_dir), *flags, *LONG], tmp_path, "full-")
     line = _assert_one_line(run, refused, NO_SPACE)
     first = checkpoint.list_checkpoints(ckpts)[0]
     assert f"the newest complete checkpoint is {checkpoint.checkpoint_dir(ckpts, first).name}" in line
     _assert_stopped_cleanly(run, run_dir, first)
     assert checkpoint.latest_complete(ckpts) == first  # the failed one is not complete
-    _remount(ckpts, "nr_inodes=10000")
-    summary = _auto_resume_completes(run_dir, tmp_path)
-    assert summary["resumed_from"]["checkpoint_id"] == first
+    if _resumes(flags):
+        _remount(ckpts, "nr_inodes=10000")
+        summary = _auto_resume_completes(run_dir, tmp_path)
+        assert summary["resumed_from"]["checkpoint_id"] == first
 
 
 def test_a_full_policy_directory_ends_the_run_with_one_line_and_resumes(
-        tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
+        tmp_path: Path, tmpfs: Callable[..., Path], flags: tuple[str, ...]) -> None:
     run_dir = tmp_path / "run"
     policy = tmpfs(run_dir / "policy", "size=256k")
-    with TrainRun(["train", "--run-dir", str(run_dir), *SMALL, *LONG], tmp_path, prefix="full-") as run:
+    with TrainRun(["train", "--run-dir", str(run_dir), *flags, *LONG], tmp_path, prefix="full-") as run:
         first = _first_complete(run_dir)
         filler = _fill(policy)
         run.wait(90)
         assert run.leftovers() == [], run.explain()
     _assert_one_line(run, str(policy / "policy-"), NO_SPACE)
     _assert_stopped_cleanly(run, run_dir, first)
-    filler.unlink()
-    _auto_resume_completes(run_dir, tmp_path)
+    if _resumes(flags):
+        filler.unlink()
+        _auto_resume_completes(run_dir, tmp_path)
+
+
+def test_a_full_run_directory_ends_the_run_with_one_line_and_resumes(
+        tmp_path: Path, tmpfs: Callable[..., Path], flags: tuple[str, ...]) -> None:
+    # Issue 40: the whole run directory full once the run has a checkpoint, so that every
+    # write of the run's end is refused too (metrics, summary.json, the learning curve):
+    # with the curve on, its drawing ended the run in a traceback (UnboundLocalError).
+    run_dir = tmpfs(tmp_path / "run", "size=2m")
+    with TrainRun(["train", "--run-dir", str(run_dir), *flags, *LONG], tmp_path, prefix="full-") as run:
+        first = _first_complete(run_dir)
+        filler = _keep_full(run_dir, run)
+        assert run.leftovers() == [], run.explain()
+    _assert_one_line(run, str(run_dir), NO_SPACE)
+    assert run.stdout().startswith("Stopped: the file system refused a write"), run.explain()
+    assert checkpoint.latest_complete(run_dir / "checkpoints") >= first  # type: ignore[operator]
+    if _resumes(flags):
+        filler.unlink()
+        _auto_resume_completes(run_dir, tmp_path)
 
 
 def test_a_full_ingest_log_on_one_of_two_ranks_stops_both_and_resumes(
-        tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
+        tmp_path: Path, tmpfs: Callable[..., Path], flags: tuple[str, ...]) -> None:
     # A checkpoint starts a new log segment: its first record needs a new page, which a
     # full file system refuses (on one rank or both; the first refusal is reported).
     run_dir = tmp_path / "run"
     ingest = tmpfs(run_dir / "ingest", "size=256k")
-    args = ["--run-dir", str(run_dir), *SMALL, "--learners", "2", "--actors", "2", *LONG]
+    args = ["--run-dir", str(run_dir), *flags, "--learners", "2", "--actors", "2", *LONG]
     with TrainRun(["train", *args], tmp_path, prefix="full-") as run:
         first = _first_complete(run_dir)
         filler = _keep_full(ingest, run)  # a checkpoint deletes the segments it covers
         assert run.leftovers() == [], run.explain()
     _assert_one_line(run, str(ingest / "shard-"), NO_SPACE)
     _assert_stopped_cleanly(run, run_dir, first)
-    filler.unlink()
-    _auto_resume_completes(run_dir, tmp_path, ("--learners", "2", "--actors", "2"))
+    if _resumes(flags):
+        filler.unlink()
+        _auto_resume_completes(run_dir, tmp_path, ("--learners", "2", "--actors", "2"))
 
 
 def test_a_full_spool_makes_actors_back_off_and_loses_no_chunk(
-        tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
+        tmp_path: Path, tmpfs: Callable[..., Path], flags: tuple[str, ...]) -> None:
     # Two pages: fewer than the four chunks two actors may queue, so sends fail with
     # ENOSPC until the learner has read (and deleted) some.
     spool = tmpfs(tmp_path / "spool", "size=8k")
     run_dir = tmp_path / "run"
-    run = _train(["--run-dir", str(run_dir), *SMALL, "--actors", "2", "--transport", spool.as_uri(),
+    run = _train(["--run-dir", str(run_dir), *flags, "--actors", "2", "--transport", spool.as_uri(),
                   "--total-env-steps", "2500"], tmp_path, "spool-")
     assert run.proc.returncode == 0, run.explain()
     err = run.stderr()
@@ -211,25 +253,27 @@ def test_a_full_spool_makes_actors_back_off_and_loses_no_chunk(
 
 
 def test_a_read_only_run_directory_is_one_line_and_auto_resume_starts_it_later(
-        tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
+        tmp_path: Path, tmpfs: Callable[..., Path], flags: tuple[str, ...]) -> None:
     run_dir = tmpfs(tmp_path / "run", "size=4m,ro")
-    run = _train(["--run-dir", str(run_dir), *SMALL, *LONG], tmp_path, "ro-")
+    run = _train(["--run-dir", str(run_dir), *flags, *LONG], tmp_path, "ro-")
     _assert_one_line(run, str(run_dir), READ_ONLY)
     assert run.stdout() == "" and os.listdir(run_dir) == []
-    _remount(run_dir, "rw")
-    _auto_resume_completes(run_dir, tmp_path)
+    if _resumes(flags):
+        _remount(run_dir, "rw")
+        _auto_resume_completes(run_dir, tmp_path)
 
 
 def test_an_unwritable_spool_is_one_line_and_leaves_no_run_directory(
-        tmp_path: Path, tmpfs: Callable[..., Path]) -> None:
+        tmp_path: Path, tmpfs: Callable[..., Path], flags: tuple[str, ...]) -> None:
     spool = tmpfs(tmp_path / "spool", "size=1m,ro")
     run_dir = tmp_path / "run"
-    args = ["--run-dir", str(run_dir), *SMALL, "--transport", spool.as_uri()]
+    args = ["--run-dir", str(run_dir), *flags, "--transport", spool.as_uri()]
     run = _train([*args, *LONG], tmp_path, "ro-spool-")
     line = _assert_one_line(run, f"cannot write {spool}", READ_ONLY)
     assert "resume" not in line and not run_dir.exists(), run.explain()
-    _remount(spool, "rw")
-    _auto_resume_completes(run_dir, tmp_path, ("--transport", spool.as_uri()))
+    if _resumes(flags):
+        _remount(spool, "rw")
+        _auto_resume_completes(run_dir, tmp_path, ("--transport", spool.as_uri()))
 
 
 def test_a_damaged_part_is_named_and_the_older_checkpoint_offered(tmp_path: Path) -> None:

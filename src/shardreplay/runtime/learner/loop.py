@@ -214,11 +214,11 @@ class Learner:
             self._record(self.progress.last_sync, self.progress.window)
             with self.storage.writing():
                 self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
-            summary["learning_curve"] = None
+            summary["learning_curve"] = None  # also when the file system refused the drawing
             if self.s.run.plot:
                 with self.storage.writing():
                     curve = plot_learning_curve(self.run_dir)  # None: no metrics to draw
-                summary["learning_curve"] = None if curve is None else str(curve)
+                    summary["learning_curve"] = None if curve is None else str(curve)
             self._write_summary(summary)
         # What the run could not write: the launcher and the command's last line say it
         # (a rank that only agreed to stop says so: under torchrun it reports alone).
