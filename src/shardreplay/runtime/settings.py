@@ -199,6 +199,9 @@ class LearnerSettings:
         if self.algo not in ALGOS:
             raise ConfigError(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
         if self.algo == "r2d2":
+            if self.network not in ("auto", "mlp"):
+                raise ConfigError(f"--algo r2d2 takes flat vector observations through an LSTM, not "
+                                  f"--network {self.network}: leave --network out")
             self._check_sequences()
 
     def _check_sequences(self) -> None:
@@ -375,6 +378,10 @@ class TrainSettings:
         if self.actors.remote and parse_medium(self.transport.url).kind == "local":
             raise ConfigError("remote_actors need a transport they can reach: "
                               "--transport file:///shared/dir or redis://host:port/db")
+        if self.total_actors == 0:
+            raise ConfigError("actors 0 and remote_actors 0: no actor would feed the learners; give "
+                              "--actors N (actor processes started here) or --remote-actors N "
+                              "(shardreplay actor processes started elsewhere)")
         self.streams  # noqa: B018  (raises ConfigError when a shard would get no stream)
 
     @property

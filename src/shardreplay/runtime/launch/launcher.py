@@ -165,8 +165,7 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
     for url in {settings.transport.url, settings.transport.policy_url}:
         check_reachable(url)  # an unreachable Redis fails here, in seconds
         check_writable(url)  # an unwritable spool too, before the run directory is made
-    # a bad environment fails here, before any process starts
-    describe_env(settings.run.source, ACTIONS[settings.learners.algo])
+    refuse_before_start(settings)
     if under_torchrun() and settings.learners.count != int(os.environ["WORLD_SIZE"]):
         # torchrun decides the number of learner ranks; shards and stream rows follow it.
         if settings.learners.count != 1:
@@ -185,6 +184,32 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
     if under_torchrun():
         return _torchrun_rank(settings, resume, checkpoint_id)
     return _spawn_learners(settings, resume, checkpoint_id)
+
+
+def refuse_before_start(settings: TrainSettings) -> None:
+    """What the settings alone cannot tell, refused before a run directory or process
+    exists: an environment the algorithm cannot train on (a bad id, the wrong action
+    space, images for ``--algo r2d2``), and a CUDA device this machine does not have
+    (torch is imported for that only when a device other than ``cpu`` is asked for).
+
+    Raises:
+        ConfigError: one of those, saying what to give instead.
+    """
+    name = settings.learners.algo
+    spec_of(name, describe_env(settings.run.source, ACTIONS[name]), settings.learners.hidden)
+    asked = [(flag, device) for flag, device in (("--device", settings.learners.device),
+                                                 ("--actor-device", settings.actors.device))
+             if device != "cpu"]
+    if not asked:
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for flag, device in asked:
+        if (int(device.split(":")[1]) if ":" in device else 0) >= count:
+            seen = "CUDA is not available here" if count == 0 else \
+                f"this machine has {count} GPU(s) (cuda:0 .. cuda:{count - 1})"
+            raise ConfigError(f"{flag} {device}: {seen}; use {flag} cpu (the default)")
 
 
 def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
