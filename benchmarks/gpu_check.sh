@@ -64,7 +64,7 @@ timeout $LEARNER_S $PY benchmarks/train/bench_learner.py --device cuda --batch 5
 section pong
 [ "$PONG_MINUTES" -gt 0 ] && timeout $((PONG_MINUTES * 60 + 90)) $PY -m shardreplay train --env-id ALE/Pong-v5 --device cuda \
   --run-dir /tmp/pong --actors 12 --envs-per-actor 2 --batch-size 512 --replay-capacity 200000 \
-  --min-replay 5000 --samples-per-insert 8 --max-minutes "$PONG_MINUTES" --stop-return 0 \
+  --min-replay 5000 --samples-per-insert 8 --max-minutes "$PONG_MINUTES" --stop-return none \
   --eval-interval-updates 1000000 --eval-episodes 1 --env-kwargs '{"max_num_frames_per_episode": 4000}' \
   --no-progress 2>&1 | tail -5 | tee "$OUT/pong.txt"
 cp /tmp/pong/summary.json "$OUT/pong_summary.json" 2>/dev/null

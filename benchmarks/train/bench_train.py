@@ -60,7 +60,7 @@ def run_case(learners: int, mode: str, steps: int, batch: int, work: Path, seed:
     cmd = [sys.executable, "-m", "shardreplay", "train", "--run-dir", str(run_dir), "--no-progress",
            "--learners", str(learners), "--actors", "2", "--sample-mode", mode,
            "--total-env-steps", str(steps), "--batch-size", str(batch), "--seed", str(seed),
-           "--eval-episodes", "1", "--eval-interval-updates", "1000000000", "--stop-return", "0"]
+           "--eval-episodes", "1", "--eval-interval-updates", "1000000000", "--stop-return", "none"]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:

@@ -168,16 +168,19 @@ def test_actor_refuses_the_local_transport(tmp_path: Path, capsys: pytest.Captur
 # -- the closing sentence -------------------------------------------------------------------------
 def test_a_run_ends_with_one_sentence_saying_how_it_went() -> None:
     base = {"env_steps": 12345, "final_eval_return": 500.0, "eval_episodes": 20, "run_dir": "runs/x",
-            "stop_return": 475.0}
+            "stop_return": 475.0, "stop_return_from": "CartPole-v1's reward_threshold"}
     solved = final_line({**base, "stopped_by": "solved"})
     assert solved.startswith("Solved after 12,345 environment steps: final evaluation 500.0 (mean return "
-                             "of 20 greedy episodes, stop_return 475). Files in runs/x/")
+                             "of 20 greedy episodes; target 475 from CartPole-v1's reward_threshold). "
+                             "Files in runs/x/")
     assert "summary.json" in solved and "\n" not in solved
     assert final_line({**base, "stopped_by": "time"}).startswith("Not solved (time limit reached) after")
     assert final_line({**base, "stopped_by": "signal"}).startswith("Stopped on request (not solved) after")
-    never = final_line({**base, "stopped_by": "env_steps", "stop_return": 0.0})
+    never = final_line({**base, "stopped_by": "env_steps", "stop_return": None,
+                        "stop_return_from": "--stop-return none"})
     assert never.startswith("Not solved (step budget used up) after 12,345 environment steps: final "
-                            "evaluation 500.0 (mean return of 20 greedy episodes). Files in runs/x/")
+                            "evaluation 500.0 (mean return of 20 greedy episodes; no target: --stop-return "
+                            "none). Files in runs/x/")
     assert solved.endswith("(summary.json, metrics.csv, learning_curve.png, checkpoints/).")
     unplotted = final_line({**base, "stopped_by": "solved", "learning_curve": None})  # --no-plot
     assert unplotted.endswith("Files in runs/x/ (summary.json, metrics.csv, checkpoints/).")
@@ -205,7 +208,7 @@ def test_a_refused_write_is_one_line_naming_the_path_and_the_os_error(tmp_path: 
     assert storage_error(OSError(errno.EINVAL, "Invalid argument")) is None  # not a refused write
     assert storage_error(ValueError("x")) is None
     summary = {"run_dir": str(tmp_path), "storage_error": str(refused), "stopped_by": "storage",
-               "env_steps": 10, "final_eval_return": 9.0, "eval_episodes": 2, "stop_return": 0.0}
+               "env_steps": 10, "final_eval_return": 9.0, "eval_episodes": 2, "stop_return": None}
     advice = storage_advice(summary)
     assert "no complete checkpoint yet" in advice and f"--run-dir {tmp_path} --auto-resume" in advice
     assert final_line(summary).startswith("Stopped: the file system refused a write (not solved) after 10 ")
@@ -232,3 +235,55 @@ def test_checkpoints_are_periodic_by_time_by_default_and_keep_two() -> None:
             settings.checkpoints.interval_updates) == (0.5, 3, 100)
     with pytest.raises(ConfigError, match="keep_last must be > 0"):
         _settings(build_parser().parse_args(["train", "--keep-last", "0"]))
+
+
+# -- issue 40: targets that fit the env, paths relative to the run directory -------------------
+@pytest.mark.parametrize(("flags", "target"), [
+    ((), (475.0, "CartPole-v1's reward_threshold")),
+    (("--env-id", "Acrobot-v1"), (-100.0, "Acrobot-v1's reward_threshold")),
+    (("--env-id", "LunarLander-v3", "--stop-return", "auto"), (200.0, "LunarLander-v3's reward_threshold")),
+    (("--algo", "sac", "--env-id", "Pendulum-v1"), (None, "Pendulum-v1 has no reward_threshold")),
+    (("--algo", "sac", "--env-id", "Pendulum-v1", "--stop-return", "-200"), (-200.0, "--stop-return")),
+    (("--stop-return", "0"), (0.0, "--stop-return")),
+    (("--stop-return", "none"), (None, "--stop-return none")),
+])
+def test_any_number_is_a_target_none_is_never_and_the_default_is_the_envs_threshold(
+        flags: tuple[str, ...], target: tuple[float | None, str]) -> None:
+    from shardreplay.runtime.envs import reward_threshold
+
+    settings, _resume = _settings(build_parser().parse_args(["train", *flags]))
+    assert settings.run.stop_target(reward_threshold(settings.run.source)) == target
+    assert TrainSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+
+
+def test_a_stop_return_that_is_neither_a_number_nor_none_is_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--stop-return", "never"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stop_return must be a number (the target mean return), none" in err
+    with pytest.raises(ConfigError, match="stop_return must be a number"):
+        TrainSettings.from_dict({"stop_return": float("nan")})
+
+
+def test_paths_under_the_run_directory_are_stored_relative_and_resolved_where_it_is_now(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "op"
+    elsewhere = (tmp_path / "spool").as_uri()
+    given = {"run_dir": str(run_dir), "transport": (run_dir / "spool").as_uri(),
+             "delivery_log_dir": str(run_dir / "deliveries")}
+    settings = TrainSettings.from_dict(given).with_run_dir(run_dir)
+    stored = settings.stored()
+    assert (stored["run"]["run_dir"], stored["transport"]["url"], stored["transport"]["policy_url"],
+            stored["actors"]["delivery_log_dir"]) == ("{run_dir}", "file://{run_dir}/spool",
+                                                      "file://{run_dir}/policy", "{run_dir}/deliveries")
+    outside = TrainSettings.from_dict({"run_dir": str(run_dir), "transport": elsewhere}).with_run_dir(run_dir)
+    assert outside.stored()["transport"]["url"] == elsewhere  # not under the run directory: as given
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(stored))
+    moved = tmp_path / "runs" / "op-moved"
+    run_dir.rename(moved)
+    again = settings_for_resume(moved, {})
+    assert again.transport.policy_url == (moved / "policy").resolve().as_uri()
+    assert again.transport.url == (moved / "spool").resolve().as_uri()
+    assert again.actors.delivery_log_dir == str((moved / "deliveries").resolve())
+    assert again.run.run_dir == str(moved)

@@ -116,12 +116,13 @@ def test_export_and_evaluate_take_best_latest_or_an_id(tmp_path: Path,
         policy_of_run(run, "best")
 
     code, out = _cli(capsys, "export", str(run), "--out", str(tmp_path / "x.safetensors"))
-    assert code == 0 and out["which"] == "latest" and out["updates"] == "20"  # no best yet: latest
+    assert code == 0 and out["which"] == "latest" and out["updates"] == 20  # no best yet: latest
+    assert out["obs_shape"] == [4] and out["hidden"] == [16, 8] and out["env_id"] == "CartPole-v1"
     assert torch.equal(load_policy(tmp_path / "x.safetensors").net(OBS), nets[20](OBS))
 
     keep_if_best(run, nets[10], policy_metadata(SETTINGS, CARTPOLE, updates=10), 42.0, -math.inf)
     code, out = _cli(capsys, "export", str(run), "--out", str(tmp_path / "b.safetensors"))
-    assert code == 0 and out["which"] == "best" and out["eval_return"] == "42.0"
+    assert code == 0 and out["which"] == "best" and out["eval_return"] == 42.0
     assert torch.equal(load_policy(tmp_path / "b.safetensors").net(OBS), nets[10](OBS))
 
     code, out = _cli(capsys, "evaluate", str(run), "--which", "20", "--episodes", "2")
@@ -164,15 +165,17 @@ def test_export_and_evaluate_rebuild_sac_and_r2d2_policies(settings: TrainSettin
     run = _run_dir(tmp_path, {10: first.state_dict(), 20: second.state_dict()}, settings)
     obs = torch.randn(6, 5, *env.obs_shape)
     code, out = _cli(capsys, "export", str(run), "--out", str(tmp_path / "latest.safetensors"))
-    assert code == 0 and out["which"] == "latest" and out["algo"] == algo.name and out["updates"] == "20"
+    assert code == 0 and out["which"] == "latest" and out["algo"] == algo.name and out["updates"] == 20
     policy = load_policy(tmp_path / "latest.safetensors")
     assert type(policy.net) is type(second.module) and policy.algo == algo.name
     _same_actions(policy.greedy(), algo.greedy(second.module), obs)
+    # numpy observations, as docs/train.md shows them, act the same (issue 40)
+    np.testing.assert_array_equal(policy.greedy()(obs[:, 0].numpy()), policy.greedy()(obs[:, 0]))
 
     meta = policy_metadata(settings, env, updates=10)
     keep_if_best(run, first.module, meta, -5.0, -math.inf)
     code, out = _cli(capsys, "evaluate", str(run), "--episodes", "2", "--seed", "4")
-    assert code == 0 and out["which"] == "best" and out["algo"] == algo.name and out["updates"] == "10"
+    assert code == 0 and out["which"] == "best" and out["algo"] == algo.name and out["updates"] == 10
     assert out["returns"] == evaluate(algo.greedy(first.module), settings.run.source, 2, seed=4)
     _same_actions(policy_of_run(run, "best").greedy(), algo.greedy(first.module), obs)
 

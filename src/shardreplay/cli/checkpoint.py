@@ -1,6 +1,7 @@
 """``shardreplay checkpoint inspect|verify PATH``: look at and check replay checkpoints.
 
-PATH is one checkpoint (``.../ckpt-<id>``) or a checkpoint root holding several.
+PATH is one checkpoint (``.../ckpt-<id>``), a checkpoint root holding several, or a run
+directory (``train --run-dir``: its ``checkpoints/``).
 
 * ``inspect``: shards, steps, episodes, sealed/dropped partial episodes, a priority
   summary (min/mean/max of the stored priorities), the files saved beside the buffer
@@ -31,21 +32,30 @@ def _summary() -> Any:
     return summary
 
 
+_PATH_HELP = "a checkpoint directory (ckpt-<id>), a checkpoint root or a run directory"
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``checkpoint`` (with ``inspect`` and ``verify``) on argparse subparsers."""
     p = subparsers.add_parser("checkpoint", help="inspect or verify replay checkpoints",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="checkpoint_command", required=True, metavar="ACTION")
     ins = sub.add_parser("inspect", help="describe a checkpoint, or every checkpoint under a root")
-    ins.add_argument("path", type=Path, help="a checkpoint directory (ckpt-<id>) or a checkpoint root")
+    ins.add_argument("path", type=Path, help=_PATH_HELP)
     ins.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     ins.add_argument("--no-priorities", action="store_true",
                      help="skip the priority summary (reads each part's priority array)")
     ins.set_defaults(func=run_inspect)
     ver = sub.add_parser("verify", help="check every block of every part; exit 1 on any problem")
-    ver.add_argument("path", type=Path, help="a checkpoint directory (ckpt-<id>) or a checkpoint root")
+    ver.add_argument("path", type=Path, help=_PATH_HELP)
     ver.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     ver.set_defaults(func=run_verify)
+
+
+def _checkpoints_of(path: Path) -> Path:
+    """``path``, or a run directory's ``checkpoints/`` root."""
+    root = path / "checkpoints"
+    return root if root.is_dir() and not _summary().is_checkpoint_dir(path) else path
 
 
 def _kind(path: Path) -> str | None:
@@ -57,26 +67,27 @@ def _kind(path: Path) -> str | None:
 
 
 def _not_found(path: Path) -> int:
-    print(f"error: {path} is neither a checkpoint directory (ckpt-<id>) nor a directory holding "
-          "checkpoints", file=sys.stderr)
+    print(f"error: {path} is neither a checkpoint directory (ckpt-<id>), nor a directory holding "
+          "checkpoints, nor a run directory with checkpoints/", file=sys.stderr)
     return 2
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     """``shardreplay checkpoint inspect``; returns the exit code."""
-    kind = _kind(args.path)
+    path = _checkpoints_of(args.path)
+    kind = _kind(path)
     if kind is None:
         return _not_found(args.path)
     priorities = not args.no_priorities
     try:
         if kind == "checkpoint":
-            doc: dict[str, Any] = _summary().summarize(args.path, priorities=priorities)
+            doc: dict[str, Any] = _summary().summarize(path, priorities=priorities)
         else:
-            newest = latest_complete(args.path)
+            newest = latest_complete(path)
             summary = _summary()
-            doc = {"root": str(args.path), "checkpoints": summary.list_status(args.path),
+            doc = {"root": str(path), "checkpoints": summary.list_status(path),
                    "newest_complete": newest,
-                   "newest": None if newest is None else summary.summarize(checkpoint_dir(args.path, newest),
+                   "newest": None if newest is None else summary.summarize(checkpoint_dir(path, newest),
                                                                            priorities=priorities)}
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -92,11 +103,12 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     """``shardreplay checkpoint verify``; returns the exit code (1 on any problem)."""
-    kind = _kind(args.path)
+    path = _checkpoints_of(args.path)
+    kind = _kind(path)
     if kind is None:
         return _not_found(args.path)
-    dirs = [args.path] if kind == "checkpoint" else \
-        [checkpoint_dir(args.path, c) for c in list_checkpoints(args.path)]
+    dirs = [path] if kind == "checkpoint" else \
+        [checkpoint_dir(path, c) for c in list_checkpoints(path)]
     results = []
     for directory in dirs:
         try:

@@ -59,12 +59,14 @@ def run_evaluate(args: argparse.Namespace) -> int:
     which = resolve_which(args.run_dir, args.which)
     try:
         policy = policy_of_run(args.run_dir, which)
+        # Also makes the environment (its --env-import module may be missing here).
+        returns = evaluate(policy.greedy(), policy.source, args.episodes, seed=args.seed)
     except (ShardReplayError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    returns = evaluate(policy.greedy(), policy.source, args.episodes, seed=args.seed)
     out = {"run_dir": str(args.run_dir), "which": which, "algo": policy.algo, "episodes": args.episodes,
            "mean_return": float(np.mean(returns)), "returns": returns,
-           **{k: v for k, v in policy.meta.items() if k in ("updates", "env_steps", "eval_return", "source")}}
+           **{k: v for k, v in policy.described().items() if k in ("updates", "env_steps", "eval_return",
+                                                                    "source")}}
     print(json.dumps(out))
     return 0

@@ -41,5 +41,5 @@ def run_export(args: argparse.Namespace) -> int:
     except (ShardReplayError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"out": str(args.out), "which": which, **policy.meta}))
+    print(json.dumps({"out": str(args.out), "which": which, **policy.described()}))
     return 0

@@ -305,7 +305,9 @@ def final_line(summary: dict[str, Any]) -> str:
     run_dir = summary.get("run_dir") or str(Path(summary.get("checkpoint", ".")).parents[2])
     steps = f"{summary.get('env_steps', 0):,} environment steps"
     final, target = summary.get("final_eval_return"), summary.get("stop_return")
-    goal = f", stop_return {target:g}" if target is not None and target > 0 else ""
+    where = summary.get("stop_return_from")
+    goal = "" if where is None and target is None else f"; no target: {where}" if target is None else \
+        f"; target {target:g}" + (f" from {where}" if where else "")
     evaluation = "no final evaluation" if final is None else \
         f"final evaluation {final:.1f} (mean return of {summary.get('eval_episodes')} greedy episodes{goal})"
     why = {"solved": "Solved", "signal": "Stopped on request (not solved)",

@@ -24,8 +24,8 @@ _GROUP_TITLES = {
     "transport": "transport (where chunks and weights travel)",
     "checkpoints": "checkpoints",
 }
-_METAVARS = {"env_id": "ID", "run_dir": "DIR", "transport": "URL", "policy_url": "URL",
-             "delivery_log_dir": "DIR"}
+_METAVARS = {"env_id": "ID", "run_dir": "DIR", "stop_return": "X|none|auto", "transport": "URL",
+             "policy_url": "URL", "delivery_log_dir": "DIR"}
 _CHOICES = {"sample_mode": ("exact", "local"), "algo": ALGOS}
 _ENTRY = re.compile(r"^ {8}(\w+): (.*(?:\n {12}.*)*)", re.M)
 

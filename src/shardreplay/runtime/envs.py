@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +37,7 @@ from shardreplay.gym.pomdp import register_masked_cartpole
 from shardreplay.spec import Field, Spec
 
 __all__ = ["EnvInfo", "EnvSource", "describe_env", "env_source", "make_env", "make_vector_env",
-           "parse_env_kwargs", "transition_spec"]
+           "parse_env_kwargs", "reward_threshold", "transition_spec"]
 
 ATARI_STACK = 4
 
@@ -120,10 +122,26 @@ def _gym() -> Any:
 
 
 def _import(module: str, extra: str = "") -> Any:
+    """``module``; an ``--env-import`` module that is not on ``sys.path`` is also looked
+    for in the current directory (``python -m`` puts it on the path, the ``shardreplay``
+    console script does not), appended to the path so it shadows nothing installed.
+
+    Raises:
+        ConfigError: it cannot be imported (saying where it was looked for, or what to install).
+    """
     try:
         return importlib.import_module(module)
     except ImportError as exc:
+        here, top = os.getcwd(), module.split(".")[0]
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name == top and not extra
+        if missing and here not in sys.path and (os.path.isfile(os.path.join(here, f"{top}.py"))
+                                                 or os.path.isdir(os.path.join(here, top))):
+            sys.path.append(here)
+            return _import(module, extra)
         hint = f": pip install 'shardreplay[{extra}]'" if extra else " (--env-import names it)"
+        if missing:
+            hint = f" (--env-import names it; not on sys.path nor in the current directory {here}: put " \
+                   "the directory that holds it on PYTHONPATH)"
         raise ConfigError(f"cannot import {module}{hint}: {exc}") from exc
 
 
@@ -137,6 +155,21 @@ def _register(source: EnvSource) -> None:
         _import("minatar.gym", "minatar").register_envs()
     elif source.env_id == MASKED_CARTPOLE:
         register_masked_cartpole()
+
+
+def reward_threshold(source: EnvSource) -> float | None:
+    """The ``reward_threshold`` the env's gymnasium registration gives (None: none).
+
+    Raises:
+        ConfigError: as :func:`make_env` (a module that is missing, an unknown id).
+    """
+    gym = _gym()
+    _register(source)
+    try:
+        threshold = gym.spec(source.env_id).reward_threshold
+    except gym.error.Error as exc:
+        raise ConfigError(f"unknown gymnasium environment {source.env_id!r}: {exc}") from exc
+    return None if threshold is None else float(threshold)
 
 
 def make_env(source: EnvSource) -> Any:

@@ -39,7 +39,7 @@ from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigErr
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.networks import choose_network
 from shardreplay.runtime.envs import EnvInfo, EnvSource, describe_env, env_source
-from shardreplay.runtime.settings import TrainSettings
+from shardreplay.runtime.settings import TrainSettings, from_stored
 
 __all__ = ["BEST", "LEARNER_STATE", "POLICY_FORMAT", "LearnerRecord", "Policy", "best_path", "best_return",
            "keep_if_best", "learner_records", "load_policy", "policy_bytes", "policy_metadata",
@@ -129,12 +129,31 @@ class Policy:
         """The ``--algo`` it was trained with (files without one: ``dqn``)."""
         return self.meta.get("algo", "dqn")
 
-    def greedy(self) -> Callable[[torch.Tensor], np.ndarray]:
-        """A new function from observations ``[B, ...]`` to the evaluation's deterministic
-        actions: DQN's argmax, SAC's squashed mean, R2D2's argmax with the LSTM unrolled
-        from a zero state over the calls (one function per evaluation)."""
+    def greedy(self) -> Callable[[torch.Tensor | np.ndarray], np.ndarray]:
+        """A new function from observations ``[B, ...]`` (a tensor or a numpy array; no
+        gradients are taken) to the evaluation's deterministic actions: DQN's argmax, SAC's
+        squashed mean, R2D2's argmax with the LSTM unrolled from a zero state over the calls
+        (one function per evaluation)."""
         act: Callable[[torch.Tensor], np.ndarray] = algorithm(self.algo).greedy(self.net)
-        return act
+
+        def greedy(obs: torch.Tensor | np.ndarray) -> np.ndarray:
+            with torch.no_grad():  # acting, not learning: also outside the caller's no_grad
+                return act(torch.as_tensor(obs))
+
+        return greedy
+
+    def described(self) -> dict[str, Any]:
+        """The metadata as JSON values: numbers and lists as such (the file keeps text)."""
+        return {k: _json_value(v) for k, v in self.meta.items()}
+
+
+def _json_value(text: str) -> Any:
+    """``text`` as the number, list or object it spells, else as it is."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, int | float | list | dict) and not isinstance(value, bool) else text
 
 
 def best_path(run_dir: Path) -> Path:
@@ -313,7 +332,7 @@ def _checkpoint_policy(run_dir: Path, directory: Path, cid: int) -> Policy:
     state = torch.load(io.BytesIO(raw), weights_only=True)
     record = learner_records(manifest)[0]
     settings = TrainSettings.from_dict(dict(record.settings)) if record.settings is not None else \
-        TrainSettings.from_dict(json.loads((run_dir / "config.json").read_text()))
+        from_stored(json.loads((run_dir / "config.json").read_text()), run_dir)
     algo = algorithm(settings.learners.algo)
     weights = state["agent"].get(algo.policy_key)
     if weights is None:

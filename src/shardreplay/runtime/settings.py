@@ -18,8 +18,10 @@ either shape, also mixed: flat names (``alpha: 0.6``) and group sections
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import numbers
 import re
 from collections.abc import Mapping
@@ -95,11 +97,28 @@ def _typed(flat: str, kind: Any, value: Any) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{flat} must be a string, got {value!r}")
+    if kind == "float | str":  # stop_return: a number, none or auto
+        return _target(flat, value)
     # tuple[int, ...]: the hidden layer sizes
     if isinstance(value, list | tuple) and value and all(
             isinstance(v, numbers.Integral) and not isinstance(v, bool) and int(v) >= 1 for v in value):
         return tuple(int(v) for v in value)
     raise ConfigError(f"{flat} must be a list of whole numbers >= 1, got {value!r}")
+
+
+def _target(flat: str, value: Any) -> float | str:
+    """A stop target: a number (also given as text, as a flag is), ``none`` or ``auto``."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    if isinstance(value, str):
+        if value.strip().lower() in ("none", "auto"):
+            return value.strip().lower()
+        with contextlib.suppress(ValueError):
+            number = float(value)
+            if math.isfinite(number):
+                return number
+    raise ConfigError(f"{flat} must be a number (the target mean return), none (never stop on a return) "
+                      f"or auto (the env's reward_threshold), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -113,7 +132,8 @@ class RunSettings:
         run_dir: where config, metrics, checkpoints and the plot go ('' = runs/<time>).
         total_env_steps: stop after this many environment steps (all actors).
         max_minutes: stop after this wall time.
-        stop_return: stop when the evaluation mean return reaches this (<= 0: never).
+        stop_return: stop when the evaluation mean return reaches this number; none:
+            never; auto: the env's gymnasium reward_threshold where it has one, else never.
         eval_episodes: episodes of the greedy policy per full evaluation.
         eval_interval_updates: learner updates between quick evaluations.
         quick_eval_episodes: episodes of a quick evaluation; one that reaches
@@ -130,7 +150,7 @@ class RunSettings:
     run_dir: str = ""
     total_env_steps: int = 200_000
     max_minutes: float = 10.0
-    stop_return: float = 475.0
+    stop_return: float | str = "auto"
     eval_episodes: int = 20
     eval_interval_updates: int = 500
     quick_eval_episodes: int = 5
@@ -147,6 +167,17 @@ class RunSettings:
     def source(self) -> EnvSource:
         """How actors and evaluation make the environment."""
         return env_source(self.env_id, self.env_import, self.env_kwargs)
+
+    def stop_target(self, reward_threshold: float | None) -> tuple[float | None, str]:
+        """The mean return that stops the run (None: none does) and where it came from,
+        given the env's gymnasium ``reward_threshold`` (None where it has none)."""
+        if isinstance(self.stop_return, float):
+            return self.stop_return, "--stop-return"
+        if self.stop_return == "none":
+            return None, "--stop-return none"
+        if reward_threshold is None:
+            return None, f"{self.env_id} has no reward_threshold"
+        return float(reward_threshold), f"{self.env_id}'s reward_threshold"
 
 
 @dataclass(frozen=True)
@@ -447,6 +478,20 @@ class TrainSettings:
             grouped[group][field_name] = value
         return TrainSettings(**{g: GROUPS[g](**kw) for g, kw in grouped.items()})
 
+    def stored(self) -> dict[str, Any]:
+        """What ``config.json`` holds: :meth:`to_dict`, with every path under the run
+        directory (the run directory itself, the default ``file://`` policy, a spool or a
+        delivery log kept there) written relative to it, as ``{run_dir}/...``:
+        :func:`settings_for_resume` resolves them against the run directory of each
+        start, so a moved run directory (or one mounted elsewhere on another host)
+        resumes into itself."""
+        d = self.to_dict()
+        root = Path(self.run.run_dir).resolve()
+        for flat in _PATHS:
+            group, name = FLAT[flat]
+            d[group][name] = _relative(d[group][name], root)
+        return d
+
     def with_run_dir(self, run_dir: Path) -> TrainSettings:
         """A copy with ``run_dir`` set (and the default policy URL resolved)."""
         redis = parse_medium(self.transport.url).kind == "redis"
@@ -455,6 +500,45 @@ class TrainSettings:
             (with_policy_key(self.transport.url, f"shardreplay:{named}:policy") if redis and named
              else self.transport.url if redis else file_url(f"{Path(run_dir).resolve()}/policy"))
         return self.updated({"run_dir": str(run_dir), "policy_url": policy})
+
+
+# The settings that may name a path under the run directory (see TrainSettings.stored).
+_PATHS = ("run_dir", "transport", "policy_url", "delivery_log_dir")
+RUN_DIR_MARK = "{run_dir}"
+
+
+def _relative(value: str, root: Path) -> str:
+    """``value`` (a directory, or a ``file://`` URL) with ``root`` written as ``{run_dir}``
+    when it lies under ``root``; other values as they are."""
+    url = value.startswith("file:///")
+    path, query = (value[len("file://"):].partition("?")[::2]) if url else (value, "")
+    if not path:
+        return value
+    try:
+        rel = Path(path).resolve().relative_to(root)
+    except ValueError:
+        return value
+    marked = RUN_DIR_MARK if rel == Path() else f"{RUN_DIR_MARK}/{rel.as_posix()}"
+    return f"file://{marked}" + (f"?{query}" if query else "") if url else marked
+
+
+def from_stored(d: Mapping[str, Any], run_dir: Path) -> TrainSettings:
+    """The settings a ``config.json`` holds (:meth:`TrainSettings.stored`), with the paths
+    it gives relative to the run directory resolved against ``run_dir``.
+
+    Raises:
+        ConfigError: as :meth:`TrainSettings.from_dict`.
+    """
+    root = str(Path(run_dir).resolve())
+
+    def resolved(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: resolved(v) for k, v in value.items()}
+        if isinstance(value, str) and RUN_DIR_MARK in value:
+            return value.replace(RUN_DIR_MARK, root, 1)
+        return value
+
+    return TrainSettings.from_dict(resolved(d))
 
 
 def _flatten(d: Any) -> dict[str, Any]:
@@ -490,7 +574,8 @@ def _flatten(d: Any) -> dict[str, Any]:
 
 
 def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettings:
-    """The settings a run was started with (``config.json``), with ``overrides`` applied.
+    """The settings a run was started with (``config.json``, its paths under the run
+    directory resolved against ``run_dir``: see :func:`from_stored`), with ``overrides`` applied.
 
     Raises:
         IncompleteCheckpointError: ``run_dir`` holds no config.
@@ -498,5 +583,5 @@ def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettin
     path = Path(run_dir) / "config.json"
     if not path.exists():
         raise IncompleteCheckpointError(f"{path}: missing; is {run_dir} a shardreplay run directory?")
-    saved = TrainSettings.from_dict(json.loads(path.read_text()))
+    saved = from_stored(json.loads(path.read_text()), run_dir)
     return saved.updated({**overrides, "run_dir": str(run_dir)})

@@ -64,7 +64,7 @@ def _args(run_dir: Path, transport: str, logs: Path, max_minutes: float) -> list
             "--samples-per-insert", "2", "--min-replay", "200", "--publish-interval-updates", "10",
             # Big enough that no step is overwritten: the step count then checks duplicates.
             "--replay-capacity", "400000", "--total-env-steps", "100000000",
-            "--max-minutes", str(max_minutes), "--stop-return", "0", "--no-progress", "--no-plot",
+            "--max-minutes", str(max_minutes), "--stop-return", "none", "--no-progress", "--no-plot",
             "--eval-episodes", "1", "--eval-interval-updates", "1000000",
             "--collective-timeout-s", "20", "--max-actor-restarts", "5"]
 

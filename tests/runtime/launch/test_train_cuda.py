@@ -19,7 +19,7 @@ def _train(tmp_path: Path, run_dir: Path, *extra: str) -> dict:
     """One run (``extra`` may be ``--resume RUN_DIR``); its summary."""
     where = [] if "--resume" in extra else ["--run-dir", str(run_dir)]
     args = ["train", *where, *FAST, "--total-env-steps", "3000", "--min-replay", "300",
-            "--checkpoint-interval-updates", "50", "--stop-return", "0", *extra]
+            "--checkpoint-interval-updates", "50", "--stop-return", "none", *extra]
     with TrainRun(args, tmp_path) as run:
         assert run.wait(400) == 0, run.explain()
         assert run.leftovers() == [], run.explain()

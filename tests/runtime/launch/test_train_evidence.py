@@ -47,10 +47,10 @@ def test_two_learners_then_one_learn_cartpole_beyond_a_random_policy(tmp_path: P
     random_mean = float(np.mean(evaluate(_RandomQ(2, seed=0), "CartPole-v1", EPISODES, seed=10_000)))
     assert 15 < random_mean < 35  # the baseline is what it should be
     run_dir = tmp_path / "run"
-    # --stop-return 0: both runs use their whole step budget (an early "solved" stop would
+    # --stop-return none: both runs use their whole step budget (an early "solved" stop would
     # end the second run before the budget this test checks).
     common = ["--no-progress", "--no-plot", "--eval-episodes", str(EPISODES), "--seed", "1",
-              "--max-minutes", "3", "--stop-return", "0"]
+              "--max-minutes", "3", "--stop-return", "none"]
     first = _run(["train", "--run-dir", str(run_dir), "--learners", "2", "--actors", "2",
                   "--total-env-steps", "4000", *common], tmp_path / "first")
     _directory, manifest = newest_checkpoint(run_dir)

@@ -18,7 +18,7 @@ from tests.support.train_runs import FAST, TrainRun
 # Short runs that evaluate often (every 40 updates, 2 episodes) and never stop as solved;
 # 8 samples per insert: the step budgets take a quarter of the default's updates (still
 # several evaluations each).
-SHORT = (*FAST, "--plot", "--min-replay", "200", "--eval-interval-updates", "40", "--stop-return", "0",
+SHORT = (*FAST, "--plot", "--min-replay", "200", "--eval-interval-updates", "40", "--stop-return", "none",
          "--samples-per-insert", "8")
 
 

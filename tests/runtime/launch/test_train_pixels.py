@@ -55,7 +55,7 @@ def test_atari_trains_on_frame_stacked_replay(tmp_path: Path) -> None:
     args = ["train", "--env-id", "ALE/Pong-v5", "--env-kwargs", '{"max_num_frames_per_episode": 400}',
             "--transport", (tmp_path / "spool").absolute().as_uri(), "--run-dir", str(run_dir), *FAST,
             "--actors", "1", "--envs-per-actor", "2", "--total-env-steps", "400", "--min-replay", "100",
-            "--batch-size", "8", "--replay-capacity", "2000", "--eval-episodes", "1", "--stop-return", "0"]
+            "--batch-size", "8", "--replay-capacity", "2000", "--eval-episodes", "1", "--stop-return", "none"]
     with TrainRun(args, tmp_path) as run:
         assert run.wait(500) == 0, run.explain()
         assert run.leftovers() == [], run.explain()

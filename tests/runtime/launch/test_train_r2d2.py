@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 COMMON = ["--algo", "r2d2", "--env-id", "shardreplay/MaskedCartPole-v1", "--no-progress", "--no-plot",
           "--hidden", "16", "--n-step", "2", "--seq-len", "8", "--seq-period", "4", "--burn-in", "2",
           "--batch-size", "8", "--min-replay", "20", "--eval-episodes", "1", "--quick-eval-episodes", "1",
-          "--eval-interval-updates", "100000", "--stop-return", "0", "--max-minutes", "4", "--seed", "3"]
+          "--eval-interval-updates", "100000", "--stop-return", "none", "--max-minutes", "4", "--seed", "3"]
 
 
 @pytest.mark.timeout(700)

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 COMMON = ["--algo", "sac", "--env-id", "Pendulum-v1", "--no-progress", "--no-plot", "--hidden", "32", "32",
           "--min-replay", "200", "--epsilon-warmup-steps", "200", "--eval-episodes", "2",
-          "--quick-eval-episodes", "1", "--eval-interval-updates", "100", "--stop-return", "0",
+          "--quick-eval-episodes", "1", "--eval-interval-updates", "100", "--stop-return", "none",
           "--max-minutes", "4", "--seed", "3"]
 
 

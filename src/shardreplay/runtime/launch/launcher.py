@@ -131,7 +131,7 @@ def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool 
         # Before the ranks meet: every learner reads it once they have (Learner.__init__).
         ident = upcoming_life(run_dir, settings.transport.run_id)
         log.info("%s: run %s, learner life %d", run_dir, ident.run_id, ident.life)
-        write_life(run_dir, ident, settings.to_dict())
+        write_life(run_dir, ident, settings.stored())
     return settings
 
 

@@ -33,7 +33,7 @@ from shardreplay.policy.broadcast import FINISHED, RunInfo, pack_version
 from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.devices import place
-from shardreplay.runtime.envs import describe_env
+from shardreplay.runtime.envs import describe_env, reward_threshold
 from shardreplay.runtime.learner.checkpoints import LearnerCheckpoints
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.ingest import Ingestor
@@ -96,6 +96,8 @@ class Learner:
         self.trigger = learner_trigger(settings, self.run_dir)  # signals, requests, periodic saves
         self.algo = algorithm(settings.learners.algo)
         env = self.env = describe_env(settings.run.source, self.algo.actions)
+        # The mean return that solves the run (None: none does), and where it came from.
+        self.target, self.target_from = settings.run.stop_target(reward_threshold(settings.run.source))
         spec = self.algo.transition_spec(env, settings.learners.hidden)
         self.placement = place(settings.learners.device, self.rank, self.world)
         self.buffer = make_shard_buffer(settings, spec, self.rank, self.placement.device)
@@ -113,7 +115,7 @@ class Learner:
             restored = self._resume(checkpoint_id)
             if self.rank == 0:
                 self.progress.best_eval = max(self.progress.best_eval, best_return(self.run_dir))
-                commit_resume(self.run_dir, self.lineage.identity, settings.to_dict(),
+                commit_resume(self.run_dir, self.lineage.identity, settings.stored(),
                               newer_than=checkpoint_id)
         self.losses = LossLog(self.run_dir, self.rank)
         self.foreign = log_foreign_backlog(settings.transport.url, self.rank, self.lineage.identity.run_id)
@@ -361,13 +363,18 @@ class Learner:
         return loss
 
     def _periodic_evaluation(self) -> None:
-        """A quick evaluation; when it reaches ``stop_return``, the full one decides."""
+        """A quick evaluation; when it reaches the target or beats the best so far, a full
+        one decides (whether the run is solved, and whether ``best/`` takes this network:
+        a few episodes' luck would otherwise make a network "best")."""
         s = self.s
-        quick = self._evaluate(min(s.run.quick_eval_episodes, s.run.eval_episodes))
-        if s.run.stop_return > 0 and quick >= s.run.stop_return:
-            self.progress.solved = self._evaluate(s.run.eval_episodes) >= s.run.stop_return
-            if self.progress.solved:  # the ranks stop a few updates later: keep what passed
-                self.progress.solved_state = copy.deepcopy(self.agent.state_dict())
+        episodes = min(s.run.quick_eval_episodes, s.run.eval_episodes)
+        result = self._evaluate(episodes)
+        reached = self.target is not None and result >= self.target
+        if episodes < s.run.eval_episodes and (reached or result > self.progress.best_eval):
+            result = self._evaluate(s.run.eval_episodes)
+        if self.target is not None and result >= self.target:
+            self.progress.solved = True  # the ranks stop a few updates later: keep what passed
+            self.progress.solved_state = copy.deepcopy(self.agent.state_dict())
 
     def _run_meta(self) -> dict[str, str]:
         """The run description published with the weights (actors take their settings,
@@ -399,8 +406,9 @@ class Learner:
                            seed=10_000 + self.progress.counters["updates"], device=self.placement.device)
         self.progress.last_eval = float(np.mean(returns))
         self.progress.evals += 1
-        self._keep_best(self.progress.last_eval, len(returns))
-        self.progress.best_eval = max(self.progress.best_eval, self.progress.last_eval)
+        if len(returns) >= self.s.run.eval_episodes:  # best/ is chosen on full evaluations only
+            self._keep_best(self.progress.last_eval, len(returns))
+            self.progress.best_eval = max(self.progress.best_eval, self.progress.last_eval)
         log.info("evaluation after %d updates: mean return %.1f over %d episodes",
                  self.progress.counters["updates"], self.progress.last_eval, len(returns))
         return self.progress.last_eval
@@ -462,7 +470,7 @@ class Learner:
             summary["best_eval_return"] = best if math.isfinite(best) else None
             summary["solved"] = self.progress.solved
             summary["eval_episodes"] = self.s.run.eval_episodes
-            summary["stop_return"] = self.s.run.stop_return
+            summary["stop_return"], summary["stop_return_from"] = self.target, self.target_from
             summary["stopped_by"] = self._stop_reason(started)
             summary["run_dir"] = str(self.run_dir)
             self._write_summary(summary)
