@@ -20,8 +20,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from shardreplay.errors import ConfigError
 
-__all__ = ["ENV", "MASK", "adopt", "connect_args", "mask", "needs_password",
+__all__ = ["ENV", "MASK", "adopt", "connect_args", "mask", "needs_password", "password_source",
            "read_password_file", "redact"]
+# Where this process's password came from, for messages (see password_source).
+_source: str | None = None
 
 ENV = "SHARDREPLAY_REDIS_PASSWORD"
 MASK = "***"
@@ -76,6 +78,8 @@ def adopt(url: str) -> str:
         raise ConfigError(f"{redact(url)}: its password differs from ${ENV}: give the password once "
                           f"(in ${ENV}, --redis-password-file or the URL)")
     os.environ[ENV] = password
+    global _source
+    _source = "the URL's password"
     return redact(url)
 
 
@@ -94,6 +98,18 @@ def read_password_file(path: str) -> None:
         raise ConfigError(f"--redis-password-file {path}: the file is empty; its first line must be the "
                           "password")
     os.environ[ENV] = lines[0]
+    global _source
+    _source = f"the password of --redis-password-file {path}"
+
+
+def password_source() -> str:
+    """Where the Redis password this process connects with came from, for a message:
+    the URL, ``--redis-password-file FILE``, ``$SHARDREPLAY_REDIS_PASSWORD``, or none."""
+    if _source is not None:
+        return _source
+    if ENV in os.environ:
+        return f"the password of ${ENV}"
+    return f"no password (none in the URL, no --redis-password-file, ${ENV} unset)"
 
 
 def connect_args(url: str) -> tuple[str, str | None]:

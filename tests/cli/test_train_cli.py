@@ -287,3 +287,31 @@ def test_paths_under_the_run_directory_are_stored_relative_and_resolved_where_it
     assert again.transport.url == (moved / "spool").resolve().as_uri()
     assert again.actors.delivery_log_dir == str((moved / "deliveries").resolve())
     assert again.run.run_dir == str(moved)
+
+
+@pytest.mark.redis
+def test_a_refused_redis_password_names_its_source_and_where_to_give_it(
+        tmp_path: Path, redis_factory, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """No password, a wrong one in the URL, a wrong file: each one line naming the password
+    used and --redis-password-file / $SHARDREPLAY_REDIS_PASSWORD (issue 40; before: "cannot
+    reach redis ...: start redis-server there or give the right URL")."""
+    from shardreplay import secrets
+
+    server = redis_factory(password="right-one")
+    host = server.url.split("//", 1)[1]
+    wrong = tmp_path / "pw"
+    wrong.write_text("wrong-one\n")
+    cases = [([f"redis://{host}"], "with no password (none in the URL"),
+             ([f"redis://:wrong-one@{host}"], "with the URL's password"),
+             ([f"redis://{host}", "--redis-password-file", str(wrong)],
+              f"with the password of --redis-password-file {wrong}")]
+    for args, source in cases:
+        monkeypatch.delenv(secrets.ENV, raising=False)
+        monkeypatch.setattr(secrets, "_source", None)
+        run_dir = tmp_path / "run"
+        assert main(["train", "--run-dir", str(run_dir), "--transport", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "refused the connection" in err and source in err, err
+        assert "--redis-password-file FILE or $SHARDREPLAY_REDIS_PASSWORD" in err and "wrong-one" not in err
+        assert not run_dir.exists()

@@ -17,11 +17,12 @@ import re
 import sys
 from typing import Any
 
+from shardreplay.cli import plain
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.actor.settings import AGREED, ActorSettings
 
 # "name: text" lines of the ActorSettings docstring, for --help.
-_HELP = {name: " ".join(text.split()) for names, text in
+_HELP = {name: plain(" ".join(text.split())) for names, text in
          re.findall(r"^\s{8}(\w+(?:, \w+)*): (.+?)(?=\n\s{8}\w+(?:, \w+)*:|\n\s*$)",
                     ActorSettings.__doc__ or "", flags=re.M | re.S)
          for name in names.split(", ")}
@@ -43,7 +44,8 @@ class _Deprecated(argparse.Action):
 def add_parser(subparsers: Any) -> None:
     """Register ``actor`` on an argparse subparsers object."""
     p = subparsers.add_parser("actor", help="run one actor (environments + policy) for a learner",
-                              description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              description=plain(__doc__),
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     defaults = {f.name: f.default for f in dataclasses.fields(ActorSettings)}
     p.add_argument("--actor-id", type=int, required=True, help="this actor's id, 0 .. num-actors-1")
     p.add_argument("--policy-url", required=True, help="where the learner publishes weights")

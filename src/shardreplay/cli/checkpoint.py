@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shardreplay.checkpoint.manifest import checkpoint_dir, latest_complete, list_checkpoints
+from shardreplay.cli import plain
 from shardreplay.errors import CheckpointError
 
 
@@ -38,7 +39,8 @@ _PATH_HELP = "a checkpoint directory (ckpt-<id>), a checkpoint root or a run dir
 def add_parser(subparsers: Any) -> None:
     """Register ``checkpoint`` (with ``inspect`` and ``verify``) on argparse subparsers."""
     p = subparsers.add_parser("checkpoint", help="inspect or verify replay checkpoints",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="checkpoint_command", required=True, metavar="ACTION")
     ins = sub.add_parser("inspect", help="describe a checkpoint, or every checkpoint under a root")
     ins.add_argument("path", type=Path, help=_PATH_HELP)

@@ -16,13 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardreplay.cli import plain
 from shardreplay.errors import ShardReplayError
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``evaluate`` on argparse subparsers."""
     p = subparsers.add_parser("evaluate", help="greedy episodes of a run's best or a checkpoint's policy",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory (--run-dir of train)")
     add_which(p)
     p.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardreplay.cli import plain
 from shardreplay.cli.evaluate import add_which, resolve_which
 from shardreplay.errors import ShardReplayError
 
@@ -23,7 +24,8 @@ from shardreplay.errors import ShardReplayError
 def add_parser(subparsers: Any) -> None:
     """Register ``export`` on argparse subparsers."""
     p = subparsers.add_parser("export", help="write a run's policy (weights + network) as .safetensors",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory (--run-dir of train)")
     p.add_argument("--out", type=Path, required=True, help="the .safetensors file to write")
     add_which(p)

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _SUBCOMMANDS:
         importlib.import_module(name).add_parser(sub)
+    parser.set_defaults(command_parsers=sub.choices)  # whose usage an unknown flag shows
     return parser
 
 
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     restore = _signals.take_over()
     try:
-        args = build_parser().parse_args(argv)
+        args, unknown = build_parser().parse_known_args(argv)
+        if unknown:  # the subcommand's usage, not the top level's
+            args.command_parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
         if args.command != "train":
             _signals.redeliver(restore)
             restore = None

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from shardreplay.cli import plain
 from shardreplay.runtime.settings import ALGOS, GROUPS, flat_name
 
 _GROUP_TITLES = {
@@ -34,7 +35,7 @@ def field_help(cls: type) -> dict[str, str]:
     """Each field's text in the ``Attributes:`` section of ``cls``'s docstring (one
     ``name: text`` entry per field, continued on deeper-indented lines)."""
     doc = (cls.__doc__ or "").split("Attributes:", 1)[-1]
-    return {name: re.sub(r"``([^`]*)``", r"\1", " ".join(text.split())).rstrip(".")
+    return {name: plain(" ".join(text.split())).rstrip(".")
             for name, text in _ENTRY.findall(doc)}
 
 

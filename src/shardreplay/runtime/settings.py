@@ -131,7 +131,8 @@ class RunSettings:
         env_kwargs: gymnasium.make keyword arguments, a JSON object.
         run_dir: where config, metrics, checkpoints and the plot go ('' = runs/<time>).
         total_env_steps: stop after this many environment steps (all actors).
-        max_minutes: stop after this wall time.
+        max_minutes: stop training after this wall time (the final checkpoint and
+            evaluation come after it: about eval_episodes more episodes).
         stop_return: stop when the evaluation mean return reaches this number; none:
             never; auto: the env's gymnasium reward_threshold where it has one, else never.
         eval_episodes: episodes of the greedy policy per full evaluation.

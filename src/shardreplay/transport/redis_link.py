@@ -25,7 +25,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from shardreplay.errors import ConfigError, TransportError, TransportTimeout
-from shardreplay.secrets import connect_args, redact
+from shardreplay.secrets import ENV, connect_args, password_source, redact
 from shardreplay.transport.codec import Encoding, PackedEncoding
 
 __all__ = ["HintChannel", "RedisLink", "RoomTokens", "XaddPacker", "check_reachable", "ensure_group",
@@ -362,13 +362,18 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
     """Ping the Redis server of ``url`` once, waiting ``timeout_s`` at most.
 
     Raises:
-        TransportError: no answer ("cannot reach redis at host:port ..."), or the server
-            refused the ping (a password, say).
+        TransportError: no answer ("cannot reach redis at host:port ..."), the password
+            refused (naming where it came from, and where to give it), or the server refused
+            the ping.
         ConfigError: a malformed URL.
     """
     link = RedisLink(url, socket_timeout_s=timeout_s)
     try:
         link.client.ping()
+    except redis.AuthenticationError as exc:  # a ConnectionError too: not "unreachable"
+        raise TransportError(f"redis at {_address(url)} refused the connection ({_first_line(exc)}) with "
+                             f"{password_source()}: give its password with --redis-password-file FILE or "
+                             f"${ENV} (a resumed run's URL holds none)") from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise TransportError(f"cannot reach redis at {_address(url)} ({_first_line(exc)}): start "
                              f"redis-server there or give the right URL") from None

@@ -42,7 +42,7 @@ class ActorSettings:
 
     Attributes:
         actor_id: this actor's id (0-based); also picks its learner shard.
-        algo: the run's algorithm (dqn, sac): how the actor builds its policy.
+        algo: the run's algorithm (dqn, sac, r2d2): how the actor builds its policy.
         num_actors: actors in the run (for the Ape-X epsilon of each stream).
         num_shards: learner shards (ranks).
         env_id: gymnasium id (discrete actions; vector or image observations).
