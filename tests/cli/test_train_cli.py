@@ -306,6 +306,7 @@ def test_a_refused_redis_password_names_its_source_and_where_to_give_it(
              ([f"redis://:wrong-one@{host}"], "with the URL's password"),
              ([f"redis://{host}", "--redis-password-file", str(wrong)],
               f"with the password of --redis-password-file {wrong}")]
+    monkeypatch.setenv(secrets.ENV, "")  # recorded as unset before: undone after the test
     for args, source in cases:
         monkeypatch.delenv(secrets.ENV, raising=False)
         monkeypatch.setattr(secrets, "_source", None)

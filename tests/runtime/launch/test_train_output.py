@@ -48,8 +48,8 @@ def test_a_run_ends_with_one_sentence_and_its_final_evaluation_in_the_metrics(tm
     assert len(lines) == 1, run.explain()
     final = summary["final_eval_return"]
     assert lines[0].startswith(f"Not solved (step budget used up) after {summary['env_steps']:,} environment "
-                               f"steps: final evaluation {final:.1f} (mean return of 2 greedy episodes). "
-                               "Files in")
+                               f"steps: final evaluation {final:.1f} (mean return of 2 greedy episodes; "
+                               "no target: --stop-return none). Files in")
     assert f"{run_dir}/" in lines[0]
     rows = _rows(run_dir)
     # Every evaluation is in exactly one row, in order, the final one in the last row.

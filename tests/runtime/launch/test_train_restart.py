@@ -57,6 +57,10 @@ def test_limiter_settings_are_valid_and_never_stall_for_any_number_of_ranks(
         world: int, actors: int, remote: int) -> None:
     values = dict(learners=world, actors=actors, remote_actors=remote,
                   transport="local" if not remote else "file:///tmp/unused")
+    if actors + remote == 0:  # nothing would feed the learners: refused before anything starts
+        with pytest.raises(ConfigError, match="no actor would feed the learners"):
+            TrainSettings.from_dict(values)
+        return
     if 0 < (actors + remote) * 4 < world:  # a shard would get no stream: refused (4 envs each)
         with pytest.raises(ConfigError, match="needs at least"):
             TrainSettings.from_dict(values)
