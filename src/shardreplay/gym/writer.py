@@ -158,7 +158,10 @@ class GymStepWriter:
         self._obs_field, self._reward_dtype = spec[observation], spec[reward].dtype
         # A bad observation raises when handed over (see the module docstring).
         self._check_finite = self._obs_field.checks_finite and self._obs_field.dtype.kind == "f"
+        # vdot with zeros is NaN exactly when a value is NaN or inf (0 * inf is NaN).
+        self._zeros = np.zeros((n, *self._obs_field.shape), self._obs_field.dtype)
         self._act_shape = (n, *spec[action].shape)
+        self._rows = (n,)
         self._unit_action = self._act_shape[-1:] == (1,)  # a (1,) action may come as [n]
         self._held: np.ndarray | None = None
         self._spare = np.empty(0)  # the next held copy goes here (reset() shapes it)
@@ -224,7 +227,7 @@ class GymStepWriter:
         """
         spare = self._spare
         if type(obs) is np.ndarray and obs.dtype == spare.dtype and obs.shape == spare.shape:
-            if self._check_finite and not math.isfinite(obs.sum()) and not np.isfinite(obs).all():
+            if self._check_finite and not math.isfinite(np.vdot(obs, self._zeros)):
                 raise SpecMismatchError(f"field {self._names[0]!r} holds NaN or inf; the spec's "
                                         "Field(finite=True) rejects them")
             np.copyto(spare, obs)
@@ -260,7 +263,10 @@ class GymStepWriter:
             action = action.reshape(self._act_shape)
         if type(reward) is not np.ndarray or reward.dtype != self._reward_dtype:
             reward = np.asarray(reward, self._reward_dtype)
-        term, trunc = _flags(terminated, n, "terminated"), _flags(truncated, n, "truncated")
+        term = terminated if type(terminated) is np.ndarray and terminated.dtype == np.bool_ \
+            and terminated.shape == self._rows else _flags(terminated, n, "terminated")
+        trunc = truncated if type(truncated) is np.ndarray and truncated.dtype == np.bool_ \
+            and truncated.shape == self._rows else _flags(truncated, n, "truncated")
         # Any env done: the bool arrays' bytes not all zero (ndarray.any goes through a
         # Python wrapper, most of a step's Python: RESULTS-single-env.md).
         none = self._none_done
@@ -311,7 +317,7 @@ class GymStepWriter:
 
 
 def _flags(value: Any, n: int, name: str) -> np.ndarray:
-    arr = value if type(value) is np.ndarray and value.dtype == np.bool_ else np.asarray(value, dtype=bool)
+    arr = np.asarray(value, dtype=bool)
     if arr.shape != (n,):
         raise SpecMismatchError(f"{name} must have shape ({n},), got {arr.shape}")
     return arr
