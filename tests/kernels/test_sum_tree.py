@@ -26,7 +26,11 @@ def _set(tree: SumMinTree, slots: np.ndarray, priority: np.ndarray, valid: np.nd
 def _check(tree: SumMinTree, leaves: np.ndarray) -> None:
     for got, want in zip(_levels(tree), ref.level_sums(leaves, tree.sizes), strict=True):
         np.testing.assert_array_equal(got, want)
+    mins = [tree.mins[tree.offsets[i]:tree.offsets[i] + tree.sizes[i]] for i in range(len(tree.sizes) - 1)]
+    for got, want in zip(mins, ref.level_mins(leaves, tree.sizes), strict=True):
+        np.testing.assert_array_equal(got, want)
     assert tree.min_positive == ref.min_positive(leaves)
+    assert tree.sums.ctypes.data % 64 == 0  # a node's 8 children: one cache line
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -35,8 +39,10 @@ def test_sums_equal_the_leaf_sums_after_updates(n: int) -> None:
     tree = SumMinTree(n)
     priority = np.zeros(n, np.float32)
     valid = np.zeros(n, bool)
-    for _ in range(30):
-        slots = np.sort(rng.integers(0, n, int(rng.integers(0, n + 1))))  # empty, repeated slots too
+    for i in range(30):
+        slots = rng.integers(0, n, int(rng.integers(0, n + 1)))  # empty, repeated slots too
+        if i % 2:  # in order (ancestors shared by neighbours), and in any order (sorted first)
+            slots.sort()
         priority[slots] = rng.choice([0.0, 0.5, 1.0, 3.0], slots.shape[0]) * rng.random(slots.shape[0])
         valid[slots] = rng.random(slots.shape[0]) < 0.8
         _set(tree, slots, priority, valid, 0.6)
@@ -74,7 +80,7 @@ def test_prefix_search_at_boundaries_and_past_zero_leaves(n: int) -> None:
     cum = np.cumsum(leaves)
     targets = np.concatenate([[0.0], cum, cum - 0.5, cum + 0.5, [cum[-1], cum[-1] * 2]])  # every boundary
     targets = targets[targets >= 0]
-    got = kern.find_prefix(tree.sums, tree.sizes, tree.offsets, targets)
+    got = kern.find_prefix(tree.sums, tree.offsets, tree.levels, targets)
     assert (leaves[got] > 0).all()  # also for targets at or past the total
     below = targets < cum[-1]
     np.testing.assert_array_equal(got[below], ref.find_prefix(leaves, targets[below]))
@@ -88,7 +94,7 @@ def test_prefix_search_on_float_leaves_lands_in_the_targets_range(seed: int) -> 
     tree = SumMinTree(5000)
     tree.rebuild(leaves)
     targets = rng.random(20000) * tree.total
-    got = kern.find_prefix(tree.sums, tree.sizes, tree.offsets, targets)
+    got = kern.find_prefix(tree.sums, tree.offsets, tree.levels, targets)
     cum = np.cumsum(leaves)
     slack = 1e-9 * tree.total  # the tree adds in another order than cumsum
     assert (leaves[got] > 0).all()

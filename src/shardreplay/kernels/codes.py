@@ -36,5 +36,4 @@ SHARD_SHIFT = GEN_BITS + PLACE_BITS + TAG_BITS
 LOCAL_MASK = (1 << SHARD_SHIFT) - 1  # tag, place and generation: a key without its shard
 
 # -- kernels/sum_tree.py -------------------------------------------------------------------
-BLOCK = 16
 ARITY = 8

@@ -1,20 +1,23 @@
-"""The 8-ary sum tree with a blocked min tree over flat arrays: compiled kernels.
+"""The 8-ary sum and min tree over flat arrays: compiled kernels.
 
 Sums: level ``D`` holds the ``n`` leaves, each level above holds the sums of groups of
 ``ARITY`` nodes of the level below, up to the root (level 0, the total); level ``l``
-starts at ``offsets[l]`` of ``sums`` and has ``sizes[l]`` nodes. The 8 children of a
-node are contiguous (one cache line of float64). A parent is always recomputed as the
-sum of its children in order (never by adding a delta), so the tree is the same
-whatever order its leaves were set in: a restored buffer samples exactly as the saved
-one did.
+starts at ``offsets[l]`` of ``sums`` and has ``sizes[l]`` nodes, padded with zeros to a
+multiple of ``ARITY``. The 8 children of a node are contiguous: one cache line of
+float64 (the caller aligns ``sums`` to 64 bytes). A parent is always recomputed as the
+in-order sum of its children (never by adding a delta), so sums cannot drift and the
+tree is the same whatever order its leaves were set in: a restored buffer samples
+exactly as the saved one did.
 
-The min tree ``mins`` is a binary heap (root at 1, leaves from ``min_base``) whose
-leaves are blocks of ``BLOCK`` sum-tree leaves: the minimum over the positive ones,
-+inf when none.
+Mins: ``mins`` has the layout of the levels above the leaves (``offsets[:D]``); each
+node holds the smallest positive leaf below it, +inf when none (padding too), so the
+root's is the smallest positive leaf that importance weights need.
 
-The kernels walk all items one tree level at a time rather than one item to the root
-and back: loads of different items are independent, so the CPU overlaps their cache
-misses.
+The kernels work on a whole batch one tree level at a time rather than one item to the
+root and back: loads of different items are independent, so the CPU overlaps their
+cache misses. A descent picks a child by counting the prefix sums at or below its
+target (no branch on the data); updates sort the changed leaves, so that a parent
+shared by several of them is recomputed once per level.
 """
 
 from __future__ import annotations
@@ -27,65 +30,48 @@ from shardreplay.kernels import (
     codes,
 )
 
-BLOCK, ARITY = codes.BLOCK, codes.ARITY  # defined in codes.py (numba-free: read at import above)
+ARITY = codes.ARITY  # defined in codes.py (numba-free: read at import above)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _group_sum(sums, child_offset, child_size, parent):
-    first = parent * ARITY
+def _recompute(sums, mins, level, parent, offsets, leaf_level):
+    """Sum and min of node ``parent`` of ``level`` from its children."""
+    child = offsets[level + 1] + parent * ARITY
     total = 0.0
-    for c in range(first, min(first + ARITY, child_size)):
-        total += sums[child_offset + c]
-    return total
+    low = np.inf
+    if level + 1 == leaf_level:
+        for c in range(child, child + ARITY):
+            v = sums[c]
+            total += v
+            if 0.0 < v < low:
+                low = v
+    else:
+        for c in range(child, child + ARITY):
+            total += sums[c]
+            low = min(low, mins[c])
+    sums[offsets[level] + parent] = total
+    mins[offsets[level] + parent] = low
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _touch(values, offset, node, width):
+    """Load ``values[offset + node * width]`` for every node, in a loop of its own: with
+    nothing else to wait for, the CPU keeps many of these cache misses in flight, and the
+    work that follows finds the lines in cache (about twice as fast as taking the misses
+    one node at a time). Returns their sum, for the caller to keep the loads."""
+    sink = 0.0
+    for j in range(node.shape[0]):
+        sink += values[offset + node[j] * width]
+    return sink
 
 
 @numba.njit(cache=True, nogil=True)
-def rebuild_sums(sums, sizes, offsets):
-    """Recompute every level above the leaves from the leaves."""
-    for level in range(sizes.shape[0] - 2, -1, -1):
+def rebuild(sums, mins, sizes, offsets):
+    """Recompute every level above the leaves (sums and mins) from the leaves."""
+    leaf_level = sizes.shape[0] - 1
+    for level in range(leaf_level - 1, -1, -1):
         for node in range(sizes[level]):
-            sums[offsets[level] + node] = _group_sum(sums, offsets[level + 1], sizes[level + 1], node)
-
-
-@numba.njit(cache=True, nogil=True)
-def _propagate(sums, mins, sizes, offsets, min_base, leaves):
-    """Recompute the ancestors of ``leaves`` (leaf indices) in both trees."""
-    # Leaves come mostly in increasing order, so equal ancestors are neighbours: a node
-    # equal to the previous item's is recomputed once per level, not once per leaf.
-    n = leaves.shape[0]
-    node = leaves.copy()
-    for level in range(sizes.shape[0] - 2, -1, -1):
-        prev = -1
-        for j in range(n):
-            parent = node[j] // ARITY
-            node[j] = parent
-            if parent != prev:
-                sums[offsets[level] + parent] = _group_sum(sums, offsets[level + 1], sizes[level + 1],
-                                                           parent)
-                prev = parent
-    leaf_offset = offsets[sizes.shape[0] - 1]
-    n_leaves = sizes[sizes.shape[0] - 1]
-    prev = -1
-    for j in range(n):
-        block = leaves[j] // BLOCK
-        node[j] = (min_base + block) >> 1
-        if block == prev:
-            continue
-        prev = block
-        m = np.inf
-        for k in range(block * BLOCK, min(block * BLOCK + BLOCK, n_leaves)):
-            v = sums[leaf_offset + k]
-            if 0.0 < v < m:
-                m = v
-        mins[min_base + block] = m
-    while node[0] >= 1:
-        prev = -1
-        for j in range(n):
-            i = node[j]
-            node[j] = i >> 1
-            if i != prev:
-                mins[i] = min(mins[2 * i], mins[2 * i + 1])
-                prev = i
+            _recompute(sums, mins, level, node, offsets, leaf_level)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -102,13 +88,20 @@ def leaves_from_priorities(valid, priority, alpha):
 
 
 @numba.njit(cache=True, nogil=True)
-def set_from_priorities(sums, mins, sizes, offsets, min_base, slots, valid, priority, alpha):
+def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alpha):
     """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the priority
-    is positive, else 0 (``0**0 == 1`` must not make a priority-0 start drawable)."""
-    leaf_offset = offsets[sizes.shape[0] - 1]
+    is positive, else 0 (``0**0 == 1`` must not make a priority-0 start drawable); then
+    the ancestors of the changed leaves, each once per level. Returns a number of no
+    meaning (it keeps the loads of _touch)."""
+    leaf_level = sizes.shape[0] - 1
+    leaf_offset = offsets[leaf_level]
+    sink = 0.0
+    for s in slots:  # the leaves' cache lines requested together (see _touch)
+        sink += sums[leaf_offset + s]
     changed = np.empty(slots.shape[0], np.int64)
-    n_changed = 0
+    n = 0
     last_p, last_leaf = -1.0, 0.0  # new steps share one priority: one pow for all of them
+    ordered = True
     for j in range(slots.shape[0]):
         s = slots[j]
         p = float(priority[s])
@@ -120,53 +113,80 @@ def set_from_priorities(sums, mins, sizes, offsets, min_base, slots, valid, prio
         # Parents are pure functions of their children: unchanged leaves need no walk up.
         if sums[leaf_offset + s] != leaf:
             sums[leaf_offset + s] = leaf
-            changed[n_changed] = s
-            n_changed += 1
-    if n_changed:
-        _propagate(sums, mins, sizes, offsets, min_base, changed[:n_changed])
+            if n and s < changed[n - 1]:
+                ordered = False
+            changed[n] = s
+            n += 1
+    if n == 0:
+        return sink
+    node = changed[:n]
+    if not ordered:
+        node.sort()
+    for level in range(leaf_level - 1, -1, -1):
+        # Parents of sorted nodes are sorted: equal ones are neighbours, kept once.
+        m = 0
+        for j in range(n):
+            parent = node[j] // ARITY
+            if m == 0 or parent != node[m - 1]:
+                node[m] = parent
+                m += 1
+        n = m
+        sink += _touch(sums, offsets[level], node[:n], 1) + _touch(mins, offsets[level], node[:n], 1)
+        for j in range(n):
+            _recompute(sums, mins, level, node[j], offsets, leaf_level)
+    return sink
 
 
 @numba.njit(cache=True, nogil=True)
-def find_prefix(sums, sizes, offsets, targets):
+def find_prefix(sums, offsets, levels, targets):
     """For each target, descend to the leaf whose prefix range contains it.
 
-    Zero-mass children are never entered; when rounding leaves a target at or past the
+    A child is chosen by counting the prefix sums of its group at or below the target,
+    so a zero-mass child is never entered; when rounding leaves a target at or past the
     end of a group, the last child with mass is taken.
     """
     n = targets.shape[0]
     node = np.zeros(n, np.int64)
     u = targets.copy()
-    for level in range(1, sizes.shape[0]):
-        offset, size = offsets[level], sizes[level]
+    sink = 0.0
+    for level in range(1, levels):
+        offset = offsets[level]
+        sink += _touch(sums, offset, node, ARITY)
         for j in range(n):
-            first = node[j] * ARITY
-            chosen, last_positive = -1, first
-            for c in range(first, min(first + ARITY, size)):
-                v = sums[offset + c]
-                if v > 0.0:
-                    last_positive = c
-                    if u[j] < v:
-                        chosen = c
-                        break
-                    u[j] -= v
-            if chosen < 0:
-                chosen = last_positive
-                u[j] = sums[offset + chosen] * 0.5
-            node[j] = chosen
+            first = offset + node[j] * ARITY
+            acc = 0.0
+            below = 0.0  # prefix sum before the chosen child
+            count = 0
+            last_positive = 0
+            for c in range(ARITY):
+                v = sums[first + c]
+                acc += v
+                step = acc <= u[j]
+                count += step
+                below = acc if step else below
+                last_positive = c if v > 0.0 else last_positive
+            if count > last_positive:  # rounding: past the group's last mass
+                count = last_positive
+                u[j] = sums[first + count] * 0.5
+            else:
+                u[j] -= below
+            node[j] = node[j] * ARITY + count
+    if sink != sink:  # never (sums are not NaN): keeps the loads of _touch
+        node[0] = 0
     return node
 
 
 @numba.njit(cache=True, nogil=True)
-def draw_weighted(sums, mins, sizes, offsets, uniforms, beta):
+def draw_weighted(sums, mins, offsets, levels, uniforms, beta):
     """Leaves for uniforms in [0, 1), their probabilities and importance weights.
 
     ``w = (leaf / min_positive_leaf)^-beta``, which equals ``(N P(i))^-beta`` divided by
     its maximum over all drawable leaves.
     """
     total = sums[0]
-    low = mins[1]
-    starts = find_prefix(sums, sizes, offsets, uniforms * total)
-    leaf_offset = offsets[sizes.shape[0] - 1]
+    low = mins[0]
+    starts = find_prefix(sums, offsets, levels, uniforms * total)
+    leaf_offset = offsets[levels - 1]
     n = uniforms.shape[0]
     prob = np.empty(n, np.float64)
     weights = np.empty(n, np.float32)

@@ -1,15 +1,14 @@
-"""An 8-ary sum tree with a blocked min tree, as compiled kernels over flat arrays.
+"""An 8-ary sum and min tree, as compiled kernels over flat arrays.
 
 Sums: level ``D`` holds the ``n`` leaves, each level above holds the sums of groups of
 8 nodes of the level below, up to the root (level 0, the total). The 8 children of a
-node are contiguous (one cache line of float64), so a prefix search touches one cache
-line per level, and the tree holds about 8/7 n values instead of 2 n.
-The tree is the same whatever order its leaves were set in (kernels/sum_tree.py), so a
-restored buffer samples exactly as the saved one did.
-
-The min tree serves importance weights, which need the smallest positive leaf. It is a
-binary tree whose leaves are blocks of ``BLOCK`` sum-tree leaves (min over the positive
-ones, +inf when none).
+node are contiguous and 64-byte aligned (one cache line of float64), so a prefix search
+touches one cache line per level (7 levels at 1M leaves, 9 at 100M), and the tree holds
+about 8/7 n values instead of 2 n. Mins: each node above the leaves also holds the
+smallest positive leaf below it, for importance weights. Parents are recomputed from
+their children, never adjusted by deltas, so float64 sums do not drift, and the tree is
+the same whatever order its leaves were set in (kernels/sum_tree.py): a restored buffer
+samples exactly as the saved one did.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardreplay.kernels.codes import ARITY, BLOCK
+from shardreplay.kernels.codes import ARITY
 from shardreplay.kernels.lazy import lazy
 
 if TYPE_CHECKING:
@@ -27,9 +26,12 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     kernels = lazy("shardreplay.kernels.sum_tree")
 
 
-def tree_size(n_leaves: int) -> int:
-    """Number of leaves rounded up to a power of two (at least 1)."""
-    return 1 << max(0, int(n_leaves - 1).bit_length())
+def _aligned_zeros(n: int, fill: float = 0.0) -> np.ndarray:
+    """A float64 array of ``n`` values starting on a 64-byte boundary (a group of 8
+    children is then one cache line)."""
+    raw = np.zeros(n + 8) if fill == 0.0 else np.full(n + 8, fill)  # zeros: pages untouched until written
+    skip = (-raw.ctypes.data % 64) // 8
+    return raw[skip:skip + n]
 
 
 def _levels(n_leaves: int) -> tuple[np.ndarray, np.ndarray]:
@@ -56,10 +58,10 @@ class SumMinTree:
     def __init__(self, n_leaves: int) -> None:
         self.n_leaves = n_leaves
         self.sizes, self.offsets = _levels(n_leaves)
-        self.sums = np.zeros(int(self.offsets[-1]), np.float64)
+        self.levels = int(self.sizes.shape[0])
+        self.sums = _aligned_zeros(int(self.offsets[-1]))
         self.leaf_offset = int(self.offsets[-2])
-        self.min_base = tree_size(-(-n_leaves // BLOCK))
-        self.mins = np.full(2 * self.min_base, np.inf, np.float64)
+        self.mins = _aligned_zeros(self.leaf_offset, np.inf)  # the levels above the leaves
 
     @property
     def total(self) -> float:
@@ -69,7 +71,7 @@ class SumMinTree:
     @property
     def min_positive(self) -> float:
         """Smallest positive leaf (inf when every leaf is 0)."""
-        return float(self.mins[1])
+        return float(self.mins[0])
 
     def leaves(self, idx: np.ndarray) -> np.ndarray:
         """Values of leaves ``idx``."""
@@ -79,24 +81,16 @@ class SumMinTree:
                             alpha: float) -> None:
         """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the
         priority is positive, else 0 (so priority 0 is never drawn, also with alpha 0)."""
-        kernels.set_from_priorities(self.sums, self.mins, self.sizes, self.offsets, self.min_base, slots,
-                            valid, priority, alpha)
+        kernels.set_from_priorities(self.sums, self.mins, self.sizes, self.offsets, slots, valid, priority,
+                                    alpha)
 
     def draw(self, uniforms: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Leaves for ``uniforms`` in [0, 1): (leaf index, probability, importance weight)."""
-        return kernels.draw_weighted(self.sums, self.mins, self.sizes, self.offsets, uniforms, beta)
+        return kernels.draw_weighted(self.sums, self.mins, self.offsets, self.levels, uniforms, beta)
 
     def rebuild(self, values: np.ndarray) -> None:
         """Set every leaf at once from ``values`` (length ``n_leaves``), bottom up."""
         self.sums[:] = 0.0
         self.sums[self.leaf_offset:self.leaf_offset + self.n_leaves] = values
-        kernels.rebuild_sums(self.sums, self.sizes, self.offsets)
-        padded = np.full(self.min_base * BLOCK, np.inf)
-        padded[:self.n_leaves] = np.where(values > 0, values, np.inf)
         self.mins[:] = np.inf
-        self.mins[self.min_base:] = padded.reshape(self.min_base, BLOCK).min(axis=1)
-        level = self.min_base
-        while level > 1:
-            child = self.mins[level:2 * level]
-            self.mins[level // 2:level] = np.minimum(child[0::2], child[1::2])
-            level //= 2
+        kernels.rebuild(self.sums, self.mins, self.sizes, self.offsets)

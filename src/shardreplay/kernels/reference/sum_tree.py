@@ -1,5 +1,5 @@
-"""References of kernels/sum_tree.py: level sums by in-order accumulation, prefix search
-by a cumulative sum over the leaves."""
+"""References of kernels/sum_tree.py: level sums by in-order accumulation, level mins,
+prefix search by a cumulative sum over the leaves."""
 
 from __future__ import annotations
 
@@ -17,6 +17,17 @@ def level_sums(leaves: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
         padded[:child.shape[0]] = child
         levels.insert(0, np.cumsum(padded.reshape(-1, ARITY), axis=1)[:, -1])
     return levels
+
+
+def level_mins(leaves: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """Every level above the leaves, root first: each node the smallest positive leaf
+    below it, inf when none."""
+    levels = [np.where(np.asarray(leaves, np.float64) > 0, leaves, np.inf)]
+    for size in sizes[-2::-1]:
+        padded = np.full(int(size) * ARITY, np.inf)
+        padded[:levels[0].shape[0]] = levels[0]
+        levels.insert(0, padded.reshape(-1, ARITY).min(axis=1))
+    return levels[:-1]
 
 
 def find_prefix(leaves: np.ndarray, targets: np.ndarray) -> np.ndarray:
