@@ -24,6 +24,7 @@ from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.gym.modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
 from shardreplay.spec import Field, Spec, StepType
+from shardreplay.spec.coerce import as_stored, to_numpy
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -203,36 +204,31 @@ class GymStepWriter:
         Raises:
             SpecMismatchError: ``obs`` does not fit the spec's observation field (one row per env).
         """
-        held = self._checked_obs(obs)
+        field = self._obs_field
+        self._spare = np.empty((self.num_envs, *field.shape), field.dtype)
+        held = self._hold(obs)
         self._held, self._spare = held, np.empty_like(held)
         self._types = np.full(self.num_envs, FIRST, np.uint8)
         self._discounts = self._all_ones
         self._any_last = False
 
-    def _checked_obs(self, obs: Any) -> np.ndarray:
-        """A copy of ``obs`` in the stored dtype, checked by the spec's full check."""
-        spec, s = self.buffer.spec, self.num_envs
-        probe = {name: np.zeros((s, *spec[name].shape), spec[name].dtype) for name in spec.fields}
-        probe[self._names[0]] = obs
-        probe["step_type"] = np.zeros(s, np.uint8)
-        return np.array(spec.validate(probe, (s,))[self._names[0]], copy=True)
-
     def _hold(self, obs: Any) -> np.ndarray:
-        """A copy of ``obs`` to hold until the next step (the env may reuse its array):
-        into the spare array when ``obs`` is one of the stored dtype and shape (no
-        allocation), else checked by the spec's full check.
+        """A copy of ``obs`` in the stored form to hold until the next step (the env may
+        reuse its array), in the spare array (no allocation); any other dtype, a list or
+        a tensor converted first (``spec/coerce.py``).
 
         Raises:
-            SpecMismatchError: ``obs`` does not fit the observation field.
+            SpecMismatchError: ``obs`` does not fit the observation field, or holds NaN or
+                inf where the field is finite.
         """
         spare = self._spare
-        if type(obs) is np.ndarray and obs.dtype == spare.dtype and obs.shape == spare.shape:
-            if self._check_finite and not math.isfinite(np.vdot(obs, self._zeros)):
-                raise SpecMismatchError(f"field {self._names[0]!r} holds NaN or inf; the spec's "
-                                        "Field(finite=True) rejects them")
-            np.copyto(spare, obs)
-            return spare
-        return self._checked_obs(obs)
+        if type(obs) is not np.ndarray or obs.dtype != spare.dtype or obs.shape != spare.shape:
+            obs = as_stored(self._names[0], obs, spare.dtype, spare.shape, len(self._obs_field.shape))
+        if self._check_finite and not math.isfinite(np.vdot(obs, self._zeros)):
+            raise SpecMismatchError(f"field {self._names[0]!r} holds NaN or inf; the spec's "
+                                    "Field(finite=True) rejects them")
+        np.copyto(spare, obs)
+        return spare
 
     def step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
              info: Mapping[str, Any] | None = None) -> None:
@@ -258,7 +254,7 @@ class GymStepWriter:
             raise ConfigError("call reset(obs) with the env's reset observation before step()")
         n = self.num_envs
         if type(action) is not np.ndarray:
-            action = np.asarray(action)
+            action = to_numpy(action)  # a list, a tensor (its dtype: converted by the write)
         if self._unit_action and action.shape == self._act_shape[:-1]:
             action = action.reshape(self._act_shape)
         if type(reward) is not np.ndarray or reward.dtype != self._reward_dtype:

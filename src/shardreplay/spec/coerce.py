@@ -7,7 +7,7 @@ raises a one-line :class:`SpecMismatchError`: integers go into any integer field
 range holds them (checked), floats into float fields, bools and integers into float
 fields; a float into an integer field, a value out of range, a wrong shape are refused.
 
-:class:`StoredValues` does the same for the arguments of a compiled write (the one-step
+:func:`stored_values` does the same for the arguments of a compiled write (the one-step
 add), cheaply enough to sit in front of every call: arguments already in the stored
 dtypes pass with one comparison of numba's own type key of the call (so a compiled call
 never fails its dispatch on them), numpy arrays of another kind take a conversion planned
@@ -24,7 +24,7 @@ import numpy as np
 
 from shardreplay.errors import SpecMismatchError
 
-__all__ = ["StoredValues", "as_stored", "to_numpy"]
+__all__ = ["as_stored", "stored_values", "to_numpy"]
 
 STEP_TYPE_RULE = "field 'step_type': values must be FIRST=0, MID=1 or LAST=2"
 
@@ -35,7 +35,8 @@ try:
 except (TypeError, ValueError):  # pragma: no cover - older numpy
     _SAME_VALUE = False
 
-_PLANS_KEPT = 64  # input kinds remembered per StoredValues (beyond: converted unplanned)
+_PLANS_KEPT = 64  # input kinds planned per stored_values (beyond: planned each call)
+_MEMO_BYTES, _MEMO_KEPT = 64, 1024  # small integer arrays whose casts are remembered, how many
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -136,70 +137,76 @@ def _narrowed(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 # (name, stored dtype, shape with the leading axes, the field's own number of axes)
 Target = tuple[str, np.dtype, tuple[int, ...], int]
-_Plan = tuple[tuple[int, Callable[[Any], np.ndarray]], ...]
+_Plan = tuple[tuple[int, Callable[[Any], np.ndarray]], ...]  # (index, conversion) of each value
 
 
-class StoredValues:
-    """The arguments of a compiled write as it takes them: each value of ``targets`` (in
-    call order) as a C-contiguous, writable array of the stored dtype.
+def stored_values(targets: Sequence[Target]) -> Callable[[tuple[Any, ...]], tuple[Any, ...] | None]:
+    """The conversion of the arguments of a compiled write to the form it takes: each
+    value of ``targets`` (in call order) as a C-contiguous, writable array of the stored
+    dtype.
 
-    Calling it with a tuple of values returns them converted, or the same tuple when all
-    are in the stored form already, or None when a value cannot be stored (the caller's
-    full validation then raises why). Shapes are checked by the compiled write only
-    (except where a conversion must reshape).
+    The function returned takes a tuple of values and returns the same tuple when all
+    are in the stored form already (one compare of numba's own type key of the call),
+    them converted otherwise (numpy arrays by a conversion planned once per kind of
+    input; lists, scalars and tensors read as arrays first), or None when a value cannot
+    be stored (the caller's full validation then raises why). Shapes are checked by the
+    compiled write only (except where a conversion adds unit axes).
     """
+    # numba's dispatcher keys its compiled forms by this fingerprint of the arguments'
+    # types (dtype, dimensions, layout, writability): equal keys, same compiled call.
+    from numba._dispatcher import compute_fingerprint as fingerprint
 
-    __slots__ = ("_fingerprint", "_plans", "_targets", "typed")
+    targets = tuple(targets)
+    typed = fingerprint(tuple(np.zeros(shape, dtype) for _n, dtype, shape, _d in targets))
+    plans: dict[bytes, _Plan] = {}
 
-    def __init__(self, targets: Sequence[Target]) -> None:
-        # numba's dispatcher keys its compiled forms by this fingerprint of the arguments'
-        # types (dtype, dimensions, layout, writability): equal keys, same compiled call.
-        from numba._dispatcher import compute_fingerprint
-
-        self._fingerprint: Callable[[Any], bytes] = compute_fingerprint
-        self._targets = tuple(targets)
-        self.typed = compute_fingerprint(tuple(np.zeros(shape, dtype) for _n, dtype, shape, _d in targets))
-        self._plans: dict[bytes, _Plan] = {}
-
-    def __call__(self, values: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        fingerprint = self._fingerprint
+    def stored(values: tuple[Any, ...]) -> tuple[Any, ...] | None:
         try:
             key = fingerprint(values)
         except (NotImplementedError, ValueError, TypeError):  # a tensor, or another object
             key = b""
-        if key == self.typed:
+        if key == typed:
             return values
+        steps = plans.get(key)
+        if steps is not None and len(steps) == 1:  # the usual case: one value in another dtype
+            i, convert = steps[0]
+            try:
+                return values[:i] + (convert(values[i]),) + values[i + 1:]  # noqa: RUF005 (fewer steps)
+            except (SpecMismatchError, ValueError, TypeError):
+                return None  # refused: the full validation says why
         try:
-            plan = self._plans.get(key)
-            if plan is None:  # not numpy arrays, or arrays of a kind not seen yet
+            if steps is None:  # not numpy arrays, or arrays of a kind not seen yet
                 values = tuple(map(to_numpy, values))  # tensors and lists as arrays, no cast yet
                 key = fingerprint(values)
-                if key == self.typed:
+                if key == typed:
                     return values
-                plan = self._plans.get(key)
-                if plan is None:
-                    return self._plan(values, key)
+                steps = plans.get(key)
+                if steps is None:
+                    converted, steps = _planned(targets, values)
+                    if len(plans) < _PLANS_KEPT:
+                        plans[key] = steps
+                    return converted
             out = list(values)
-            for i, convert in plan:
+            for i, convert in steps:
                 out[i] = convert(values[i])
+            return tuple(out)
         except (SpecMismatchError, ValueError, TypeError, NotImplementedError):
             return None  # refused (or no numba type: text): the full validation says why
-        return tuple(out)
+    return stored
 
-    def _plan(self, arrays: tuple[np.ndarray, ...], key: bytes) -> tuple[np.ndarray, ...]:
-        """``arrays`` converted, and what was done to each kept for arrays of this kind
-        (the key says their dtypes, dimensions and layouts). Raises what
-        :func:`as_stored` raises."""
-        plan: list[tuple[int, Callable[[Any], np.ndarray]]] = []
-        out = []
-        for i, ((name, dtype, shape, ndim), arr) in enumerate(zip(self._targets, arrays, strict=True)):
-            stored = _compiled_form(as_stored(name, arr, dtype, shape, ndim))  # raises if it never fits
-            out.append(stored)
-            if stored is not arr:
-                plan.append((i, _array_plan(name, arr, dtype, shape, ndim)))
-        if len(self._plans) < _PLANS_KEPT:
-            self._plans[key] = tuple(plan)
-        return tuple(out)
+
+def _planned(targets: tuple[Target, ...],
+             arrays: tuple[np.ndarray, ...]) -> tuple[tuple[np.ndarray, ...], _Plan]:
+    """``arrays`` converted, and what was done to each, for arrays of this kind (their
+    dtypes, dimensions and layouts). Raises what :func:`as_stored` raises."""
+    steps: list[tuple[int, Callable[[Any], np.ndarray]]] = []
+    out = []
+    for i, ((name, dtype, shape, ndim), arr) in enumerate(zip(targets, arrays, strict=True)):
+        stored = _compiled_form(as_stored(name, arr, dtype, shape, ndim))  # raises if it never fits
+        out.append(stored)
+        if stored is not arr:
+            steps.append((i, _array_plan(name, arr, dtype, shape, ndim)))
+    return tuple(out), tuple(steps)
 
 
 def _generic(name: str, dtype: np.dtype, shape: tuple[int, ...], ndim: int) -> Callable[[Any], np.ndarray]:
@@ -212,12 +219,54 @@ def _array_plan(name: str, arr: np.ndarray, dtype: np.dtype, shape: tuple[int, .
                 ndim: int) -> Callable[[Any], np.ndarray]:
     """The fewest numpy calls that store arrays of ``arr``'s kind (dtype, dimensions,
     layout, writability), which :func:`as_stored` took once."""
-    if arr.ndim != len(shape):  # a reshape: checked each time
-        return _generic(name, dtype, shape, ndim)
+    if arr.ndim != len(shape):  # unit axes added: for arrays of exactly this shape
+        then = _array_plan(name, arr.reshape(shape), dtype, shape, ndim)
+        return _reshape_then(arr.shape, shape, then)
+    if _in_stored_form(arr, dtype):
+        return _keep
     if arr.dtype == dtype:  # layout or writability only
         return operator.methodcaller("copy", order="C")
     if dtype.kind in "iu" and arr.dtype.kind in "iub":
-        if _SAME_VALUE:  # the range checked in the cast (ValueError: refused)
-            return operator.methodcaller("astype", dtype, order="C", casting="same_value")
-        return _generic(name, dtype, shape, ndim)  # pragma: no cover - older numpy
+        if not _SAME_VALUE:  # pragma: no cover - older numpy
+            return _generic(name, dtype, shape, ndim)
+        if arr.ndim == 1 and arr.nbytes <= _MEMO_BYTES:
+            return _memo_cast(dtype)
+        return operator.methodcaller("astype", dtype, order="C", casting="same_value")
     return operator.methodcaller("astype", dtype, order="C")
+
+
+def _in_stored_form(arr: np.ndarray, dtype: np.dtype) -> bool:
+    """``arr`` is of ``dtype``, C-contiguous and writable (as the compiled writes take it)."""
+    return arr.dtype == dtype and arr.flags.c_contiguous and arr.flags.writeable
+
+
+def _keep(arr: np.ndarray) -> np.ndarray:
+    return arr
+
+
+def _reshape_then(source: tuple[int, ...], shape: tuple[int, ...],
+                  then: Callable[[Any], np.ndarray]) -> Callable[[Any], np.ndarray]:
+    def convert(arr: np.ndarray) -> np.ndarray:
+        if arr.shape != source:
+            raise ValueError("another shape: the full validation says whether it fits")
+        return then(arr.reshape(shape))
+    return convert
+
+
+def _memo_cast(dtype: np.dtype) -> Callable[[Any], np.ndarray]:
+    """A range-checked cast of small 1-D integer arrays (step types, a few envs' discrete
+    actions) that remembers its results by the input's bytes: such arrays take few
+    distinct values, and a lookup costs less than a cast. The arrays it returns are only
+    read by the compiled writes."""
+    done: dict[bytes, np.ndarray] = {}
+
+    def cast(arr: np.ndarray) -> np.ndarray:
+        key = arr.tobytes()
+        got = done.get(key)
+        if got is None:
+            got = arr.astype(dtype, order="C", casting="same_value")  # ValueError: out of range
+            if len(done) >= _MEMO_KEPT:
+                done.clear()
+            done[key] = got
+        return got
+    return cast

@@ -33,7 +33,7 @@ from shardreplay.errors import SpecMismatchError
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.lazy import lazy
-from shardreplay.spec.coerce import StoredValues, as_stored
+from shardreplay.spec.coerce import as_stored, stored_values
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class OneStepAdd:
         # The values in the order of self._get, converted to the stored dtypes when they
         # come in another form (spec/coerce.py): never a failed compiled dispatch.
         stacked = tuple(storage.stacked)
-        self._inputs = StoredValues([(n, STEP_TYPE_DTYPE, (s,), 0) if n == "step_type" else
+        self._inputs = stored_values([(n, STEP_TYPE_DTYPE, (s,), 0) if n == "step_type" else
                                      (n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape))
                                      for n in ("step_type", *stacked, *names)])
         self._default_priority = default_priority
