@@ -38,7 +38,6 @@ from shardreplay.runtime.learner.checkpoints import LearnerCheckpoints
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
-from shardreplay.runtime.learner.rate_limiter import RateLimiter
 from shardreplay.runtime.learner.report import MetricsWindow, RunCounts, metrics_row, stop_reason
 from shardreplay.runtime.learner.resume import commit_resume, learner_files
 from shardreplay.runtime.learner.setup import (
@@ -210,7 +209,7 @@ class Learner:
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
         if self.publisher is not None and not self.storage.stop and \
-                (self._budget_reached(started) or self._solved()):
+                (self._budget_reached(started) or self.progress.solved):
             self._publish_finished()
         if self.metrics is not None:  # the final evaluation is the run's last row
             self._record(self.progress.last_sync, self.progress.window)
@@ -266,14 +265,10 @@ class Learner:
 
         self.actors.stop(timeout_s=_ACTOR_STOP_S, while_waiting=drain)
 
-    def _make_limiter(self) -> RateLimiter:
-        limiter = make_limiter(self.s, self.world)
-        limiter.inserts = self.progress.counters["env_steps"]
-        limiter.samples = self.progress.counters["samples"]
-        return limiter
-
     def _loop(self, started: float) -> None:
-        limiter = self._make_limiter()
+        limiter = make_limiter(self.s, self.world)
+        c = self.progress.counters
+        limiter.inserts, limiter.samples = c["env_steps"], c["samples"]
         per_update = self.s.learners.batch_size * self.world
         drain_steps = DRAIN_CHUNKS * self.s.actors.chunk_steps * self.s.actors.envs_per_actor
         last_metrics = time.monotonic()
@@ -323,7 +318,7 @@ class Learner:
     def _sync(self, started: float) -> LoopSync:
         st = self.ingestor.take_stats()
         refused = self.storage.error is not None
-        stop = self.trigger.stop_requested or self._budget_reached(started) or self._solved() or refused
+        stop = self.trigger.stop_requested or self._budget_reached(started) or self.progress.solved or refused
         # Periodic by time: rank 0's clock decides, the vote makes every rank save together.
         # A log holding a shard's capacity of steps asks for one too (which trims it).
         due = self.rank == 0 and minutes_due(self.s.checkpoints.interval_minutes, self.ckpts.saved_at,
@@ -344,9 +339,6 @@ class Learner:
     def _budget_reached(self, started: float) -> bool:
         return (self.progress.counters["env_steps"] >= self.s.run.total_env_steps
                 or time.monotonic() - started >= self.s.run.max_minutes * 60)
-
-    def _solved(self) -> bool:
-        return self.progress.solved
 
     def _update(self) -> float:
         batch = self.buffer.sample(self.s.learners.batch_size)

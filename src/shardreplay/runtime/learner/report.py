@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardreplay.distributed.group import Collectives
 from shardreplay.runtime.learner.sync import LoopSync
 
 
@@ -94,7 +95,7 @@ class RunCounts:
     ingest_log_peak_bytes: int = 0
     ingest_log_bytes: int = 0
 
-    def summed(self, collectives: Any) -> RunCounts:
+    def summed(self, collectives: Collectives) -> RunCounts:
         """These counts summed over all ranks (a collective: every rank calls it)."""
         mine = torch.tensor([getattr(self, f.name) for f in dataclasses.fields(self)], dtype=torch.int64)
         return RunCounts(*(int(v) for v in collectives.all_reduce_sum(mine, "summary").tolist()))

@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from shardreplay import _signals
 from shardreplay.checkpoint.triggers import CheckpointTrigger
+from shardreplay.distributed.group import Collectives
 from shardreplay.errors import ShardReplayError
 from shardreplay.runtime.actor.loop import AGREED
 from shardreplay.runtime.learner.rate_limiter import RateLimiter
@@ -26,10 +27,6 @@ from shardreplay.runtime.settings import TrainSettings
 
 DRAIN_CHUNKS = 16  # chunks one rank takes in per iteration at most
 MAX_UPDATES_PER_ITERATION = 8
-
-
-class _Collectives(Protocol):
-    def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ class LoopSync:
                                    f"{tuple(tensor.shape)}: do all ranks run the same shardreplay?")
         return cls(*(int(v) for v in tensor.tolist()))
 
-    def summed(self, collectives: _Collectives) -> LoopSync:
+    def summed(self, collectives: Collectives) -> LoopSync:
         """This record summed over all ranks (a collective: every rank calls it)."""
         return LoopSync.from_tensor(collectives.all_reduce_sum(self.to_tensor(), "train loop sync").cpu())
 
