@@ -126,7 +126,9 @@ def test_uneven_layouts_feed_every_shard_and_resume_with_every_step(
     _every_shard_fed(saved, learners)
     if (learners, actors) == (2, 4):
         _refused_resume_changes_nothing(run_dir, tmp_path / "refused")
-    before = manifest_counters(saved)["env_steps"]
+    # Read now: the resumed run's pruning deletes this checkpoint and its learner records.
+    saved_counters = manifest_counters(saved)
+    before = saved_counters["env_steps"]
     summary = _until_every_shard_fed(["train", "--resume", str(run_dir), "--learners", str(resumed),
                                       "--actors", str(resumed_actors)], run_dir, tmp_path / "second",
                                      resumed, before + STEPS)
@@ -135,7 +137,7 @@ def test_uneven_layouts_feed_every_shard_and_resume_with_every_step(
     assert restored["steps"] == restored["saved_steps"] == manifest_steps(saved)
     assert restored["dropped_steps"] == 0
     _new_dir, new = newest_checkpoint(run_dir)
-    assert new.num_shards == resumed and summary["updates"] > manifest_counters(saved)["updates"]
+    assert new.num_shards == resumed and summary["updates"] > saved_counters["updates"]
     assert new.restored is not None and new.restored.steps == manifest_steps(saved)
     _every_shard_fed(new, resumed)
     assert manifest_steps(new) == manifest_steps(saved) + summary["env_steps"] - before
