@@ -213,3 +213,94 @@ def test_the_porting_diff_and_the_dqn_example_leave_cleanrls_summary_writer_alon
                    and "SummaryWriter" not in line]
         assert not rebound, f"{where} binds the step writer to CleanRL's name 'writer': {rebound}"
         assert any("rb_writer.step(" in line for line in lines), where
+
+
+# -- issue 40: every command of the documents runs in the suite, or says why not -----------------
+COMMAND_DOCS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
+BASH = re.compile(r"^(?P<indent>[ \t]*)```bash[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
+MARK = re.compile(r"<!-- (?:runs in (?P<test>tests/\S+\.py)[^>]*|not runnable here: (?P<why>[^>]+?)) -->\s*$")
+BARE = re.compile(r"^ {4}(shardreplay|make|torchrun|python) ", re.M)  # an indented, unfenced command
+
+
+def bash_blocks(doc: str) -> list[tuple[str, str, str]]:
+    """(the line before the block, body, doc) of every ``bash`` block of ``doc``."""
+    text = (ROOT / doc).read_text()
+    found = []
+    for m in BASH.finditer(text):
+        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        found.append((before, m.group("body"), doc))
+    return found
+
+
+def commands(body: str) -> list[str]:
+    """A block's commands: comments dropped, continued lines joined."""
+    text = re.sub(r"(?m)\s*#.*$", "", body).replace("\\\n", " ")
+    return [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+
+
+def test_every_bash_block_of_the_documents_runs_in_a_test_or_says_why_not() -> None:
+    """Each ``bash`` block of README.md and docs/*.md is preceded by ``<!-- runs in
+    tests/X.py ... -->`` (that test reads the document and runs its commands) or ``<!-- not
+    runnable here: REASON -->``; no command hides in an unfenced indented block."""
+    blocks = [b for doc in COMMAND_DOCS for b in bash_blocks(doc)]
+    assert len(blocks) >= 14, blocks
+    runs, skipped = [], []
+    for before, body, doc in blocks:
+        mark = MARK.search(before)
+        assert mark, f"{doc}: a bash block without a runs-in or not-runnable mark: {commands(body)}"
+        if mark["test"]:
+            test = ROOT / mark["test"]
+            assert test.is_file() and Path(doc).name in test.read_text(), (doc, mark["test"])
+            runs.append(doc)
+        else:
+            skipped.append((doc, mark["why"]))
+    assert runs and skipped
+    for doc in COMMAND_DOCS:
+        assert not BARE.search(prose((ROOT / doc).read_text())), f"{doc}: a command outside a bash block"
+
+
+def _doc_commands_run_here() -> list[str]:
+    """The commands of the blocks marked ``runs in tests/test_docs.py`` (README.md and
+    docs/train.md), each once."""
+    found: list[str] = []
+    for doc in ("README.md", "docs/train.md"):
+        for before, body, _doc in bash_blocks(doc):
+            mark = MARK.search(before)
+            if mark and mark["test"] == "tests/test_docs.py":
+                found += [c for c in commands(body) if c not in found]
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.timeout(900)
+def test_the_documents_train_commands_run_with_a_small_step_budget(tmp_path: Path, redis_server) -> None:
+    """README.md's and docs/train.md's commands as typed, in a fresh directory, each
+    ``train`` with a step budget appended (flags given last win): train's own defaults
+    otherwise, progress bar and learning curve included. ``runs/RUN`` is the first run's
+    directory, ``my.yaml`` a settings file, the Redis at 127.0.0.1:6379 the test's server."""
+    import shlex
+    import sys
+
+    cmds = _doc_commands_run_here()
+    assert len(cmds) == 7 and cmds[0].startswith("shardreplay train --learners 2"), cmds
+    (tmp_path / "my.yaml").write_text("replay:\n  alpha: 0.6\nactors: 1\n")
+    budget = ["--total-env-steps", "300", "--min-replay", "100", "--max-minutes", "3", "--eval-episodes", "2"]
+    env = child_env()
+    for i, line in enumerate(cmds):
+        runs = sorted((tmp_path / "runs").iterdir()) if (tmp_path / "runs").is_dir() else []
+        line = line.replace("redis://127.0.0.1:6379/0", redis_server.url)
+        if runs:
+            line = line.replace("runs/RUN", str(runs[0].relative_to(tmp_path)))
+        argv = shlex.split(line)
+        assert argv[0] == "shardreplay", line
+        if argv[1] == "train":
+            argv += budget if "--resume" not in argv else [*budget[:1], "600", *budget[2:]]
+        done = subprocess.run([sys.executable, "-m", "shardreplay", *argv[1:]], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=400)
+        assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+        assert "Traceback" not in done.stderr, f"{line}\n{done.stderr}"
+        if argv[1] == "train":
+            (last,) = done.stdout.splitlines()
+            assert last.startswith(("Solved", "Not solved")) and "learning_curve.png" in last, (line, last)
+        assert i > 0 or len(list((tmp_path / "runs").iterdir())) == 1
