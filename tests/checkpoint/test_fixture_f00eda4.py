@@ -1,9 +1,12 @@
 """A checkpoint written by main at f00eda4 (``fixtures/f00eda4``) still loads, as saved
 and onto other shard counts, with the runtime learner's state beside it.
 
-The fixture (``fixtures/make_f00eda4.py`` in that commit's tree wrote it) is two shards of
-3 rows x 40 steps, prioritized, with episodes open at the save: checkpoint 4 full,
-checkpoint 5 incremental (reading rows from checkpoint 4's files).
+The fixture is two shards of 3 rows x 40 steps, prioritized, with episodes open at the
+save: checkpoint 4 full, checkpoint 5 incremental (reading rows from checkpoint 4's
+files), with the runtime learner's state as that version saved it (``extra`` and
+``learner_state.pt``). It was written, with f00eda4's code, by
+``tests/checkpoint/fixtures/make_f00eda4.py`` of commit 24907ac (removed since: the API it
+calls is gone, and the fixture must never be rewritten by a newer version).
 """
 
 from __future__ import annotations
