@@ -56,6 +56,21 @@ def test_sums_equal_the_leaf_sums_after_updates(n: int) -> None:
     np.testing.assert_array_equal(rebuilt.mins, tree.mins)
 
 
+def test_new_priorities_are_stored_in_order_and_their_maximum_returned() -> None:
+    tree = SumMinTree(20)
+    priority = np.zeros(20, np.float32)
+    valid = np.ones(20, bool)
+    valid[12] = False
+    top = tree.set_from_priorities(np.array([3, 7, 3, 12]), valid, priority, 0.6,
+                                   np.array([5.0, 1.0, 2.0, 0.5], np.float32))
+    assert top == 5.0
+    assert priority[[3, 7, 12]].tolist() == [2.0, 1.0, 0.5]  # a repeated slot keeps its last
+    leaves = ref.leaves_from_priorities(valid, priority, 0.6)
+    np.testing.assert_array_equal(tree.leaves(np.arange(20)), leaves)
+    _check(tree, leaves)
+    assert tree.set_from_priorities(np.array([3]), valid, priority, 0.6) == 0.0  # nothing new
+
+
 def test_priority_zero_and_invalid_slots_get_no_mass_even_with_alpha_zero() -> None:
     tree = SumMinTree(10)
     priority = np.array([0, 1, 2, 0, 5, 0, 0, 0, 0, 7], np.float32)

@@ -88,16 +88,22 @@ def leaves_from_priorities(valid, priority, alpha):
 
 
 @numba.njit(cache=True, nogil=True)
-def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alpha):
-    """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the priority
-    is positive, else 0 (``0**0 == 1`` must not make a priority-0 start drawable); then
-    the ancestors of the changed leaves, each once per level. Returns a number of no
-    meaning (it keeps the loads of _touch)."""
+def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alpha, new):
+    """Store ``new[j]`` as ``priority[slots[j]]`` first when ``new`` is not empty (in
+    order: a repeated slot keeps its last); then leaf of each slot = ``priority[slot]^alpha``
+    where ``valid[slot]`` and the priority is positive, else 0 (``0**0 == 1`` must not
+    make a priority-0 start drawable), and the ancestors of the changed leaves, each once
+    per level. Returns the largest of ``new`` (0 when empty) and a number of no meaning
+    (it keeps the loads of _touch)."""
     leaf_level = sizes.shape[0] - 1
     leaf_offset = offsets[leaf_level]
     sink = 0.0
     for s in slots:  # the leaves' cache lines requested together (see _touch)
         sink += sums[leaf_offset + s]
+    top = 0.0
+    for j in range(new.shape[0]):
+        priority[slots[j]] = new[j]
+        top = max(top, float(new[j]))
     changed = np.empty(slots.shape[0], np.int64)
     n = 0
     last_p, last_leaf = -1.0, 0.0  # new steps share one priority: one pow for all of them
@@ -118,7 +124,7 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
             changed[n] = s
             n += 1
     if n == 0:
-        return sink
+        return top, sink
     node = changed[:n]
     if not ordered:
         node.sort()
@@ -134,7 +140,7 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
         sink += _touch(sums, offsets[level], node[:n], 1) + _touch(mins, offsets[level], node[:n], 1)
         for j in range(n):
             _recompute(sums, mins, level, node[j], offsets, leaf_level)
-    return sink
+    return top, sink
 
 
 @numba.njit(cache=True, nogil=True)

@@ -87,9 +87,9 @@ class PrioritizedSampler:
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Store new raw priorities and refresh the leaves of valid slots."""
-        self.storage.priority[slots] = priorities
-        self.note_priorities(priorities)
-        self.tree.set_from_priorities(slots, self.storage.valid, self.storage.priority, self.alpha)
+        top = self.tree.set_from_priorities(slots, self.storage.valid, self.storage.priority, self.alpha,
+                                            np.ascontiguousarray(priorities, np.float32))  # stores them too
+        self.max_priority = max(self.max_priority, top)
 
     def rebuild(self) -> None:
         """Recompute every leaf from stored priorities and validity."""

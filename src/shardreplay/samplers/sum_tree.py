@@ -26,6 +26,9 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     kernels = lazy("shardreplay.kernels.sum_tree")
 
 
+_NONE = np.zeros(0, np.float32)  # set_from_priorities without new priorities
+
+
 def _aligned_zeros(n: int, fill: float = 0.0) -> np.ndarray:
     """A float64 array of ``n`` values starting on a 64-byte boundary (a group of 8
     children is then one cache line)."""
@@ -78,11 +81,13 @@ class SumMinTree:
         return self.sums[self.leaf_offset + idx]
 
     def set_from_priorities(self, slots: np.ndarray, valid: np.ndarray, priority: np.ndarray,
-                            alpha: float) -> None:
+                            alpha: float, new: np.ndarray = _NONE) -> float:
         """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the
-        priority is positive, else 0 (so priority 0 is never drawn, also with alpha 0)."""
-        kernels.set_from_priorities(self.sums, self.mins, self.sizes, self.offsets, slots, valid, priority,
-                                    alpha)
+        priority is positive, else 0 (so priority 0 is never drawn, also with alpha 0).
+        ``new`` (float32, one per slot) is stored in ``priority`` first; returns its
+        largest value (0 when none)."""
+        return kernels.set_from_priorities(self.sums, self.mins, self.sizes, self.offsets, slots, valid,
+                                           priority, alpha, new)[0]
 
     def draw(self, uniforms: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Leaves for ``uniforms`` in [0, 1): (leaf index, probability, importance weight)."""
