@@ -116,6 +116,7 @@ def _lazy(rank: int, mode: str, prefetch: int, pipeline: bool) -> dict[str, int]
 def _cases(rank: int, world: int) -> dict[str, dict[str, int]]:
     return {"exact": _strict(rank, shm=False), "exact shm": _strict(rank, shm=True),
             "exact prefetch 2": _lazy(rank, "exact", 2, False),
+            "local": _lazy(rank, "local", 1, False),
             "local prefetch 2": _lazy(rank, "local", 2, False),
             "exact pipeline": _lazy(rank, "exact", 1, True)}
 
@@ -134,6 +135,10 @@ DOCUMENTED = {
     "exact prefetch 2": {"first sample": 2, "sample": 2, "served sample": 0, "update_priorities": 0,
                          "sample (updates queued)": 4, "flush_updates (none queued)": 1,
                          "flush_updates": 2},
+    # local mode routes nothing at update: every key a rank samples is its own, and another
+    # rank's keys (passed here on purpose) travel with the next exchange, as with prefetch.
+    "local": {"first sample": 1, "sample": 1, "update_priorities": 0, "sample (updates queued)": 3,
+              "flush_updates (none queued)": 1, "flush_updates": 2},
     "local prefetch 2": {"first sample": 1, "sample": 1, "served sample": 0, "update_priorities": 0,
                          "sample (updates queued)": 3, "flush_updates (none queued)": 1,
                          "flush_updates": 2},

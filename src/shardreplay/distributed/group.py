@@ -163,8 +163,15 @@ class Collectives:
         """
         tensor = tensor.to(self.device).contiguous()
         out = torch.empty((self.world_size * tensor.numel(),), dtype=tensor.dtype, device=self.device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        work = gather(out, tensor.reshape(-1), group=self.group, async_op=True)
+        if self.backend == "gloo":
+            # gloo's all_gather is a ring: K-1 dependent steps, each a round trip (a send
+            # waits for the receiver's "ready", posted once its previous step is done). Its
+            # all_to_all sends to every peer at once: one round trip at any K.
+            copies = tensor.reshape(1, -1).expand(self.world_size, -1).contiguous().reshape(-1)
+            work = dist.all_to_all_single(out, copies, group=self.group, async_op=True)
+        else:
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            work = gather(out, tensor.reshape(-1), group=self.group, async_op=True)
         self._overlap(work, op, while_waiting, released)
         return out.reshape(self.world_size, *tensor.shape)
 

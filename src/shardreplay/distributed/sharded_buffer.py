@@ -10,10 +10,12 @@ inline, or a background thread with the shard's lock). Checkpoint code reaches t
 through :func:`~shardreplay.distributed.internals.internals_of`.
 
 Collectives per call (on the group's collectives; ``tests/distributed/test_sharded_collectives.py``
-counts them). An *exchange* is::
+counts them, ``test_exchange_round_trips.py`` their round trips at K = 4 and 8). On gloo each
+is one round trip at any K (an all_gather goes as an all_to_all: see ``Collectives``). An
+*exchange* is::
 
     all_gather  stats (mass, windows, min leaf, seed, max priority, key tag, queued counts)
-    + when any rank has priority updates queued (prefetch > 1 or pipeline):
+    + when any rank has priority updates queued (prefetch > 1, pipeline, local mode):
       all_to_all  the queued updates to their owners
       all_gather  stats again (the draw must see the updates)
     + exact mode, ranks on several hosts: all_to_all  records
@@ -30,9 +32,9 @@ needs the masses after they land.
 * ``sample``: one exchange when no batch is prefetched, else none; ``prefetch=k`` makes every
   k-th call an exchange. With ``pipeline=True`` the exchange runs on the background thread
   over the buffer's own group (none on the caller's).
-* ``update_priorities``: strict (``prefetch=1``, no pipeline): 2 all_to_alls (counts, then
-  records), plus 1 all_gather of the owners' maxima when a routed priority exceeds every
-  shard's maximum; lazy: none.
+* ``update_priorities``: exact mode, ``prefetch=1``, no pipeline: 2 all_to_alls (counts,
+  then records), plus 1 all_gather of the owners' maxima when a routed priority exceeds
+  every shard's maximum; otherwise (``local`` mode, ``prefetch > 1``, pipeline) none.
 * ``flush_updates``: 1 all_gather of the counts, plus 1 all_to_all when any rank has some.
 * ``len()``, ``num_steps``, ``capacity``, ``global_sizes``: 1 all_reduce each.
 * ``add``, ``extend``, ``info``, ``settle``, ``discard_prefetched``, ``close``: none
@@ -290,28 +292,30 @@ class ShardedReplayBuffer:
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Route each priority to the shard that owns its key.
 
-        With ``prefetch=1`` and no pipeline this is collective (every rank calls it, in
-        the same order) and every update has landed on its owner when it returns. With
-        ``prefetch > 1`` or ``pipeline=True`` it is local: updates for this rank's shard
-        are applied at once, the others are queued and routed by the next exchange (the
-        next refill :meth:`sample` starts, or :meth:`flush_updates`), before it draws.
+        In exact mode with ``prefetch=1`` and no pipeline this is collective (every rank
+        calls it, in the same order) and every update has landed on its owner when it
+        returns. Otherwise it is local (no collective): updates for this rank's shard are
+        applied at once, the others are queued and routed by the next exchange (the next
+        refill :meth:`sample` starts, or :meth:`flush_updates`), before it draws. In
+        ``local`` mode every key a rank samples is its own, so nothing is queued unless a
+        rank passes keys another rank sampled.
 
         Keys of -1 (padding from an empty shard in local mode) are skipped. Stale keys
         are ignored and counted on the owner (its ``info().stale_updates``).
 
         Returns:
             The number of updates this rank's shard applied in this call (from any rank
-            when strict; its own when lazy).
+            when collective; its own otherwise).
 
         Raises:
             ConfigError: the shards are not prioritized (priorities would change nothing).
             InvalidPriorityError / InvalidKeyError: this rank's input was bad (keys must
-                be this buffer's: see ``spec/keys.py``); it still joined the exchange
-                (with nothing to send) so no peer hangs, and nothing of its input was
+                be this buffer's: see ``spec/keys.py``); when collective it still joined the
+                exchange (with nothing to send) so no peer hangs; nothing of its input was
                 applied or queued.
             CollectiveTimeout: a peer rank did not join in time.
         """
-        if self.prefetch == 1 and not self.pipeline:
+        if self.prefetch == 1 and not self.pipeline and self.mode == "exact":
             return self._router.update_now(keys, priorities)
         with self._runner.guard():  # the background exchange reads and writes the shard too
             return self._router.queue(keys, priorities)

@@ -1,0 +1,145 @@
+"""Collectives, messages and round trips per exchange at K = 4 and 8, on real gloo ranks.
+
+Every ``torch.distributed`` collective the buffer's groups issue is counted by wrapping the
+module's functions in each rank (so a collective issued outside ``Collectives`` counts too).
+Messages and round trips follow from gloo's algorithms over TCP, where a send waits for the
+receiver's "ready" (gloo/transport/tcp/pair.cc):
+
+* ``all_to_all_single``: each rank sends to every peer at once (gloo/alltoall.cc,
+  alltoallv.cc): K-1 messages, one round trip at any K;
+* ``all_gather_into_tensor``: a ring (gloo/allgather.cc), 2 (K-1) messages in K-1 dependent
+  steps, each waiting for the receiver's "ready" of its previous step: K-1 round trips;
+* ``all_reduce``: a ring of 2 (K-1) steps: 2 (K-1) messages and round trips.
+
+The round trips an exchange pays across hosts are then the sum over its collectives. They
+must not grow with K: the ring all_gathers made a pipelined exact exchange (4 collectives)
+pay 2 (K-1) + 2, 16 at K = 8. ``local`` mode's ``update_priorities`` issues none (every key
+it samples is its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+import shardreplay as sr
+from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.internals import internals_of
+from shardreplay.spec.keys import key_shard
+from tests.support import run_ranks
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+SPEC = sr.Spec({"obs": sr.Field((), np.float32)})
+BATCH = 16
+STEPS = 3  # counted learner steps per case (after one that warms the exchange up)
+
+# name in torch.distributed -> (messages per rank, round trips) at world size k
+ALGORITHMS: dict[str, Callable[[int], tuple[int, int]]] = {
+    "all_to_all_single": lambda k: (k - 1, 1),
+    "all_gather_into_tensor": lambda k: (2 * (k - 1), k - 1),
+    "all_gather_single": lambda k: (2 * (k - 1), k - 1),
+    "all_reduce": lambda k: (2 * (k - 1), 2 * (k - 1)),
+}
+
+
+def _shard(rank: int) -> sr.ReplayBuffer:
+    local = sr.ReplayBuffer(SPEC, num_streams=2, stream_capacity=64, window=2,
+                            sampler="prioritized", seed=rank)
+    steps = 40
+    chunk = {"obs": np.ones((2, steps), np.float32), "step_type": np.ones((2, steps), np.uint8),
+             "discount": np.ones((2, steps), np.float32)}
+    chunk["step_type"][:, 0] = 0  # FIRST
+    local.extend(chunk, priorities=np.full((2, steps), 1.0, np.float32))
+    return local
+
+
+class Counter:
+    """Every collective this process issues, with its group, by ``torch.distributed`` function
+    (installed once per process)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        for name in ALGORITHMS:
+            if hasattr(dist, name):
+                setattr(dist, name, self._wrap(name, getattr(dist, name)))
+
+    def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, kwargs.get("group")))
+            return fn(*args, **kwargs)
+        return counted
+
+    def during(self, buf: ShardedReplayBuffer, call: Callable[[], Any]) -> list[str]:
+        """The collectives ``call`` issued on ``buf``'s groups (a pipelined exchange it
+        started included)."""
+        parts = internals_of(buf)
+        groups = (parts.collectives.group, parts.exchange_group.group)
+        buf.settle()
+        first = len(self.calls)
+        call()
+        buf.settle()
+        return [name for name, group in self.calls[first:] if any(group is g for g in groups)]
+
+
+def _figures(calls: list[list[str]], k: int) -> dict[str, float]:
+    """Per call (mean over the counted calls): collectives, messages per rank, round trips."""
+    per = [[ALGORITHMS[name](k) for name in call] for call in calls]
+    return {"collectives": sum(map(len, calls)) / len(calls),
+            "messages": sum(m for call in per for m, _ in call) / len(calls),
+            "round_trips": sum(r for call in per for _, r in call) / len(calls),
+            "names": sorted({name for call in calls for name in call})}
+
+
+def _case(rank: int, world: int, counter: Counter, mode: str, pipeline: bool) -> dict[str, Any]:
+    buf = ShardedReplayBuffer(_shard(rank), timeout_s=120, shared_memory=False, mode=mode,
+                              pipeline=pipeline)
+    rng = np.random.default_rng(rank)
+    samples, updates, foreign = [], [], 0
+    for step in range(STEPS + 1):
+        batch: list[Any] = []
+        sampled = counter.during(buf, lambda b=batch: b.append(buf.sample(BATCH)))
+        keys = batch[0].keys
+        foreign += int((key_shard(keys.numpy()) != rank).sum())
+        prios = rng.uniform(0.2, 0.9, len(keys)).astype(np.float32)  # below the max: no new maximum
+        updated = counter.during(buf, lambda k=keys, p=prios: buf.update_priorities(k, p))
+        if step:  # the first exchange routes nothing (and pipelined runs two): not counted
+            samples.append(sampled)
+            updates.append(updated)
+    buf.close()
+    return {"sample": _figures(samples, world), "update": _figures(updates, world), "foreign": foreign}
+
+
+def _cases(rank: int, world: int) -> dict[str, Any]:
+    counter = Counter()
+    return {"exact": _case(rank, world, counter, "exact", False),
+            "exact pipelined": _case(rank, world, counter, "exact", True),
+            "local": _case(rank, world, counter, "local", False)}
+
+
+# Per learner step: (collectives, round trips) of sample and of update_priorities. The
+# pipelined exchange a sample starts carries the updates queued by the step before: stats,
+# the updates to their owners, stats again (the draw sees them), records.
+EXPECTED = {
+    "exact": {"sample": (2, 2), "update": (2, 2)},
+    "exact pipelined": {"sample": (4, 4), "update": (0, 0)},
+    "local": {"sample": (1, 1), "update": (0, 0)},
+}
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_round_trips_per_exchange_do_not_grow_with_the_ranks(world: int) -> None:
+    results = run_ranks(_cases, world, timeout_s=600)
+    for rank, cases in enumerate(results):
+        assert cases["exact"]["foreign"] > 0  # exact batches hold other shards' keys: they travel
+        assert cases["local"]["foreign"] == 0  # local batches hold only this rank's keys
+        for case, calls in EXPECTED.items():
+            for call, (collectives, round_trips) in calls.items():
+                got = cases[case][call]
+                assert got["collectives"] == collectives, (rank, case, call, got)
+                assert got["round_trips"] == round_trips, (rank, case, call, got)
+                assert got["messages"] == collectives * (world - 1), (rank, case, call, got)
