@@ -160,14 +160,14 @@ def _auto_resume_completes(run_dir: Path, log_dir: Path, extra: tuple[str, ...] 
 
 
 @pytest.mark.parametrize(("inodes", "refused"),
-                         [(8, "part-00000-of-00001.safetensors"), (10, "manifest.json")],
+                         [(10, "part-00000-of-00001.safetensors"), (12, "manifest.json")],
                          ids=["checkpoint-part", "manifest"])
 def test_a_full_disk_during_a_checkpoint_keeps_the_older_one_and_resumes(
         tmp_path: Path, tmpfs: Callable[..., Path], flags: tuple[str, ...], inodes: int,
         refused: str) -> None:
-    # One rank's checkpoint creates five inodes (its directory, the learner state, the
-    # part, its description, the manifest); the mount's root takes one. So the second
-    # checkpoint runs out at its part (8) or at its manifest (10).
+    # One rank's checkpoint creates six inodes (its directory, its learner record, the
+    # learner state, the part, its description, the manifest); the mount's root takes one.
+    # So the second checkpoint runs out at its part (10) or at its manifest (12).
     run_dir = tmp_path / "run"
     ckpts = tmpfs(run_dir / "checkpoints", f"size=4m,nr_inodes={inodes}")
     run = _train(["--run-dir", str(run_dir), *flags, *LONG], tmp_path, "full-")
