@@ -3,7 +3,8 @@ directory given on the command line, e.g. a ``git worktree`` of main).
 
 Each round starts one child process per checkout, in alternating order, so that load
 from other work hits both alike; a child builds one writer per field kind (vector: 4 envs
-of 4 float32; pixel: 2 envs of 4x84x84 uint8), warms it past its one-time costs and times
+of 4 float32, a discrete action; float: 1 env of 17 float32, 6 float32 actions; pixel: 2 envs
+of 4x84x84 uint8), warms it past its one-time costs and times
 its steps (CPU time of its thread). Prints one JSON line: per kind, the median
 microseconds per step of each checkout, and the median and range of new / old over rounds.
 
@@ -24,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-KINDS = {"vector": (4, (4,), np.float32), "pixel": (2, (4, 84, 84), np.uint8)}
+# kind: envs, observation shape and dtype, action shape and dtype (float: a MuJoCo-like env).
+KINDS = {"vector": (4, (4,), np.float32, (), np.int64), "float": (1, (17,), np.float32, (6,), np.float32),
+         "pixel": (2, (4, 84, 84), np.uint8, (), np.int64)}
 HERE = Path(__file__).resolve()
 
 
@@ -33,14 +36,15 @@ def child(calls: int) -> dict[str, float]:
     import shardreplay as sr
 
     out = {}
-    for kind, (envs, shape, dtype) in KINDS.items():
-        spec = sr.Spec({"obs": sr.Field(shape, dtype), "action": sr.Field((), np.int64),
+    for kind, (envs, shape, dtype, act_shape, act_dtype) in KINDS.items():
+        spec = sr.Spec({"obs": sr.Field(shape, dtype), "action": sr.Field(act_shape, act_dtype),
                         "reward": sr.Field((), np.float32)})
         buf = sr.ReplayBuffer(spec, num_streams=envs, stream_capacity=4096, window=2, seed=0)
         writer = sr.GymStepWriter(buf, autoreset_mode="next_step")
         obs = np.ones((envs, *shape), dtype)
         writer.reset(obs)
-        action, reward, no = np.zeros(envs, np.int64), np.ones(envs, np.float32), np.zeros(envs, np.bool_)
+        action = np.zeros((envs, *act_shape), act_dtype)
+        reward, no = np.ones(envs, np.float32), np.zeros(envs, np.bool_)
         for _ in range(1100):  # past a buffer's lazily built one-step path
             writer.step(action, obs, reward, no, no, {})
         start = time.thread_time()

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["GymStepWriter", "spec_from_env"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+_BOOL = np.dtype(np.bool_)
 
 
 def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
@@ -222,7 +223,8 @@ class GymStepWriter:
                 inf where the field is finite.
         """
         spare = self._spare
-        if type(obs) is not np.ndarray or obs.dtype != spare.dtype or obs.shape != spare.shape:
+        # ``is``: a dtype of the stored kind is numpy's one object for it (else: converted).
+        if type(obs) is not np.ndarray or obs.dtype is not spare.dtype or obs.shape != spare.shape:
             obs = as_stored(self._names[0], obs, spare.dtype, spare.shape, len(self._obs_field.shape))
         if self._check_finite and not math.isfinite(np.vdot(obs, self._zeros)):
             raise SpecMismatchError(f"field {self._names[0]!r} holds NaN or inf; the spec's "
@@ -255,13 +257,14 @@ class GymStepWriter:
         n = self.num_envs
         if type(action) is not np.ndarray:
             action = to_numpy(action)  # a list, a tensor (its dtype: converted by the write)
-        if self._unit_action and action.shape == self._act_shape[:-1]:
+        if self._unit_action and action.shape == self._rows:
             action = action.reshape(self._act_shape)
-        if type(reward) is not np.ndarray or reward.dtype != self._reward_dtype:
+        if type(reward) is not np.ndarray or reward.dtype is not self._reward_dtype:
             reward = np.asarray(reward, self._reward_dtype)
-        term = terminated if type(terminated) is np.ndarray and terminated.dtype == np.bool_ \
+        # ``dtype is _BOOL``: comparing with ``np.bool_`` builds a dtype in every call.
+        term = terminated if type(terminated) is np.ndarray and terminated.dtype is _BOOL \
             and terminated.shape == self._rows else _flags(terminated, n, "terminated")
-        trunc = truncated if type(truncated) is np.ndarray and truncated.dtype == np.bool_ \
+        trunc = truncated if type(truncated) is np.ndarray and truncated.dtype is _BOOL \
             and truncated.shape == self._rows else _flags(truncated, n, "truncated")
         # Any env done: the bool arrays' bytes not all zero (ndarray.any goes through a
         # Python wrapper, most of a step's Python: RESULTS-single-env.md).

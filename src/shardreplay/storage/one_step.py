@@ -224,8 +224,12 @@ class OneStepAdd:
         out, n_out = self._out, int(self._state[kernel.N_OUT])
         if self._own:
             slots = out[0, :self._rows[0]]
+            one = self._rows[0] == 1  # one row: basic indexing, a third of a fancy index's cost
             for i, arr in self._own:
-                arr[slots] = values[i]
+                if one:
+                    arr[slots[0]] = values[i][0]
+                else:
+                    arr[slots] = values[i]
         self._storage.num_valid += delta
         if self._on_write is not None:
             self._on_write(out[1, :n_out], out[2, :n_out].astype(bool), out[3, :n_out].astype(bool))
