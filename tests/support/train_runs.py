@@ -260,7 +260,12 @@ def wait_until(predicate: Any, timeout_s: float, what: str, run: TrainRun | None
 def training(run_dir: Path, min_updates: int = 1) -> bool:
     """True once metrics.csv shows environment steps and ``min_updates`` updates."""
     rows = metrics_rows(run_dir)
-    return bool(rows) and int(rows[-1]["env_steps"]) > 0 and int(rows[-1]["updates"]) >= min_updates
+    # The last line may be read while the learner appends it: a row not yet whole counts as none.
+    last = rows[-1] if rows else {}
+    steps, updates = last.get("env_steps"), last.get("updates")
+    if not steps or not updates or not steps.isdigit() or not updates.isdigit():
+        return False
+    return int(steps) > 0 and int(updates) >= min_updates
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[Path, checkpoint.Manifest]:

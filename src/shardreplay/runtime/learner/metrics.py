@@ -39,8 +39,9 @@ class MetricsRecorder:
         is_new = not path.exists()
         self._file = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
         self._csv = csv.DictWriter(self._file, fieldnames=COLUMNS)
-        if is_new:
+        if is_new:  # on disk at once: a reader never finds rows before their header
             self._csv.writeheader()
+            self._file.flush()
         self._tb = _tensorboard(self.run_dir / "tb")
         self._bar = _Bar(total_env_steps) if progress else None
 
