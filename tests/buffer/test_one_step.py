@@ -219,6 +219,28 @@ def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest
     np.testing.assert_array_equal(testing.stored(buf, "obs")[[0, 8]], step["obs"])
 
 
+def test_steps_in_the_stored_form_skip_the_conversion() -> None:
+    """Steps in the stored dtypes go to the kernel without the conversion's check; after a
+    converted step the next is checked once, then again handed over as is. Each stores
+    what the full path stores."""
+    fast, full = _pair(SPECS["vector"], 2, "uniform")
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    checked: list[int] = []
+    convert = short._inputs
+    short._inputs = lambda values: checked.append(1) or convert(values)  # type: ignore[method-assign]
+    step = _good(SPECS["vector"], 2, np.random.default_rng(1))
+    step.pop("discount", None)
+    step["step_type"] = np.array([0, 1], np.uint8)
+    natural = {**step, "action": step["action"].tolist()}
+    for given, checks in ((step, 0), (step, 0), (natural, 1), (step, 2), (step, 2), (natural, 3)):
+        fast.add(given)
+        full.add(given)
+        assert len(checked) == checks
+        assert_same(_observed(fast), _observed(full))
+    assert fast.num_steps == 12
+
+
 def test_the_short_path_is_built_after_many_one_step_adds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shard_module, "ONE_STEP_AFTER", 3)
     step = {"obs": np.zeros((1, 4), np.float32), "action": np.zeros(1, np.int64),

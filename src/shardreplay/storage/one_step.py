@@ -148,6 +148,9 @@ class OneStepAdd:
                                      for n in ("step_type", *stacked, *names)])
         self._default_priority = default_priority
         self._on_write = on_write
+        # Whether the last step came in the stored form: the next one is then handed to the
+        # kernel as is (its dispatcher refuses other types), without the conversion's check.
+        self._typed = True
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
 
     def add(self, step: Mapping[str, Any]) -> bool:
@@ -158,10 +161,19 @@ class OneStepAdd:
         if n == self._n_keys and self._simple:
             # The common case: no discount, uniform sampling, every field in the record.
             try:
-                values = self._inputs(self._get(step))
-                if values is None:  # a value that cannot be stored: the full path says why
-                    return False
-                delta = self._kernel(*self._head, *values)
+                values = self._get(step)
+                if self._typed:  # the last step was in the stored form: no conversion asked
+                    try:
+                        delta = self._kernel(*self._head, *values)
+                    except TypeError:  # the kernel takes only the stored dtypes: convert
+                        self._typed = False
+                        return self.add(step)
+                else:
+                    converted = self._inputs(values)
+                    if converted is None:  # a value that cannot be stored: the full path says why
+                        return False
+                    self._typed = converted is values
+                    delta = self._kernel(*self._head, *converted)
             except (KeyError, TypeError):  # a name missing
                 return False
             if delta == BAD_INPUT:
