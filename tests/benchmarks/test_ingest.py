@@ -3,15 +3,12 @@ every writer counted); no timed assertion."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.support.env import BENCHMARKS
+from tests.support.env import BENCHMARKS, quick_bench
 
 BENCH = BENCHMARKS / "transport" / "bench_ingest.py"
 
@@ -39,12 +36,7 @@ def test_a_writer_s_first_step_starts_an_episode_without_touching_the_trajectory
 @pytest.mark.slow
 def test_quick_run_prints_one_json_line_and_loses_nothing(tmp_path: Path) -> None:
     pytest.importorskip("ale_py")  # the frames are recorded from Pong (the atari extra)
-    out = tmp_path / "ingest.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert line == json.loads(out.read_text())
+    line = quick_bench(BENCH, tmp_path / "ingest.json", timeout_s=600)
     (case,) = line["cases"]
     assert (case["transport"], case["writers"]) == ("local", 8)
     assert case["sent_chunks"] > 0 and case["lost_chunks"] == 0

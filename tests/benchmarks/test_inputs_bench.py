@@ -3,14 +3,13 @@ every path and the peers it could import, and its table names them (no timed ass
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.env import BENCHMARKS
+from tests.support.env import BENCHMARKS, quick_bench
 
 BENCH = BENCHMARKS / "replay" / "bench_inputs.py"
 
@@ -19,11 +18,7 @@ BENCH = BENCHMARKS / "replay" / "bench_inputs.py"
 @pytest.mark.timeout(300)
 def test_quick_run_prints_one_json_line_and_its_table(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--out", str(out)], capture_output=True,
-                          text=True, timeout=280, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert line == json.loads(out.read_text())
+    line = quick_bench(BENCH, out)
     kinds = {(c["path"], c["spec"], c["envs"]): set() for c in line["cases"]}
     for c in line["cases"]:
         kinds[(c["path"], c["spec"], c["envs"])].add(c["kind"])
