@@ -415,6 +415,9 @@ class RedisReader:
         self._inflight: dict[tuple[int, int], bytes] = {}
         self._inflight_ids: set[bytes] = set()
         self._to_ack: list[bytes] = []
+        # Entries refused and not yet acknowledged: a re-read of our pending list (after a
+        # retried call or a reconnect) returns them again before the queued XACK goes out.
+        self._refused: set[bytes] = set()
         self._room = RoomTokens(t.stream, t.max_len)  # wakes writers waiting for what we ack
         self._pending_cursor: bytes | None = b"0"  # re-read our own pending entries first
         self._claim_cursor: bytes = b"0-0"
@@ -490,6 +493,7 @@ class RedisReader:
 
         entries = _stream_entries(self._delivering_call(ack_and_read, "XREADGROUP >", deadline))
         del self._to_ack[:len(acks)]
+        self._refused.difference_update(acks)
         self._waiting = max(self._waiting - len(entries), 0)  # delivered: no longer waiting
         return entries
 
@@ -538,10 +542,13 @@ class RedisReader:
         self._waiting = 0
 
     def _take(self, entry_id: bytes, fields: dict[bytes, bytes] | None, out: list[Chunk]) -> None:
+        if entry_id in self._refused:  # refused once already: counted then, its XACK is queued
+            return
         data = fields.get(_FIELD) if fields else None
         if data is None:
             if fields:  # an entry someone else wrote; never ours
                 self._intake.reject("malformed_entry", f"entry {entry_id!r} has fields {list(fields)[:4]}")
+                self._refused.add(entry_id)
             self._to_ack.append(entry_id)  # else: deleted while pending; nothing to deliver
             return
         result = self._intake.admit(data, f"entry {entry_id.decode()}")
@@ -551,6 +558,8 @@ class RedisReader:
             out.append(result)
         elif not (result == DUPLICATE and entry_id in self._inflight_ids):
             self._to_ack.append(entry_id)  # rejected or an extra copy: never deliver again
+            if result != DUPLICATE:
+                self._refused.add(entry_id)
 
     def ack(self, chunks: Iterable[Chunk]) -> None:
         """Queue the ``XACK`` of stored chunks; it goes out with the next read (or at ``close``)."""
@@ -581,6 +590,7 @@ class RedisReader:
             logger.warning("redis %s: %d acknowledgements wait for the server", t.url, len(ids))
             return
         del self._to_ack[:len(ids)]
+        self._refused.difference_update(ids)
 
     def _maybe_trim(self, deadline: float) -> None:
         t = self._t
