@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "testing": 4,
     "transport": 5,
     "policy": 5,
+    "offline": 5,  # Minari export/import: over checkpoint and the sharded buffer, under runtime
     "runtime": 6,
     "cli": 7,
     "__main__": 7,
@@ -48,7 +49,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 # Imported by `import shardreplay` only on demand (optional extras, slow imports).
-HEAVY_OPTIONAL = ("redis", "gymnasium", "matplotlib", "rich")
+HEAVY_OPTIONAL = ("redis", "gymnasium", "matplotlib", "rich", "minari")
 
 
 def test_all_is_sorted_and_every_name_exists() -> None:

@@ -19,7 +19,7 @@ import pytest
 import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.checkpoint.format import BLOCK_BYTES
-from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import dump_checked, load_checked
 from shardreplay.errors import CheckpointError, CheckpointFormatError, IncompleteCheckpointError
 from tests.checkpoint.helpers import SPEC, as_shard, fill_random, make_buffer, step_multiset
@@ -236,7 +236,7 @@ def test_corrupt_block_read_straight_into_the_buffer_is_caught(tmp_path: Path) -
     # load() checks every block before it reads (completeness); the read path checks the
     # blocks it reads again (damage after that check), as here.
     with pytest.raises(CheckpointFormatError, match="checksum mismatch in block 5 "):
-        _load_one(directory, restored, 0, 1)
+        load_shard(directory, restored, 0, 1)
     assert restored.num_steps == 0
     with pytest.raises(CheckpointFormatError, match="checksum mismatch in block 5 "):
         checkpoint.load(tmp_path, restored)

@@ -20,7 +20,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
-from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.loading import load_shard
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import InvalidKeyError
 from shardreplay.spec.keys import GEN_MASK
@@ -167,7 +167,7 @@ def test_keys_sampled_before_a_save_are_stale_after_any_restore(tmp_path: Path, 
     applied = 0
     for shard in range(n):
         restored = make_buffer(STREAMS, 40, seed=50)
-        report = _load_one(checkpoint.checkpoint_dir(tmp_path, 1), restored, shard, n)
+        report = load_shard(checkpoint.checkpoint_dir(tmp_path, 1), restored, shard, n)
         assert report.exact == (m == n)
         for k, saved in enumerate(keys):
             if k == shard:

@@ -22,7 +22,7 @@ import torch
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
-from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import load_checked
 from shardreplay.checkpoint.plan import NewLayout
 from shardreplay.checkpoint.records import ManifestPart, PartMeta
@@ -84,7 +84,7 @@ def test_both_checkpoints_are_complete(root: Path) -> None:
 def test_loads_as_saved_on_two_shards(root: Path, expected: dict[str, np.ndarray]) -> None:
     for s in (0, 1):
         local = _filled(STREAMS, CAPACITY, seed=50 + s)
-        report = _load_one(checkpoint.checkpoint_dir(root, 5), local, s, 2)
+        report = load_shard(checkpoint.checkpoint_dir(root, 5), local, s, 2)
         assert report.exact and (report.checkpoint_id, report.saved_shards) == (5, 2)
         assert report.saved_steps == sum(expected[f"{k}.ctr"].shape[0] for k in (0, 1))
         got = stored_steps(local)
@@ -104,7 +104,7 @@ def test_loads_onto_other_shard_counts(root: Path, expected: dict[str, np.ndarra
     steps: Counter[tuple[int, float]] = Counter()
     for s in range(n):
         local = _filled(STREAMS, capacity, seed=60 + s)
-        report = _load_one(checkpoint.checkpoint_dir(root, 5), local, s, n, layout=layout)
+        report = load_shard(checkpoint.checkpoint_dir(root, 5), local, s, n, layout=layout)
         assert not report.exact and report.dropped_steps == 0
         got = stored_steps(local)
         steps += _steps(got["ctr"], got["priority"])

@@ -11,7 +11,7 @@ import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint import format as ckfmt
-from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.loading import load_shard
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointFormatError
 from tests.checkpoint.helpers import (
@@ -81,7 +81,7 @@ def test_gloo_save_on_m_ranks_load_on_n_ranks(tmp_path: Path, m: int, n: int) ->
         assert r["env_is_row"]
         # Every machine computes the same layout: the rank equals an in-process restore.
         local = make_buffer(STREAMS, capacity)
-        _load_one(checkpoint.checkpoint_dir(tmp_path, 7), local, rank, n)
+        load_shard(checkpoint.checkpoint_dir(tmp_path, 7), local, rank, n)
         for name, arr in _storage_arrays(local).items():
             np.testing.assert_array_equal(arr, r["arrays"][name], err_msg=name)
 

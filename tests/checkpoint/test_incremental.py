@@ -13,7 +13,7 @@ import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import check_complete, damage, referenced_checkpoints
 from shardreplay.errors import CheckpointError
 from tests.checkpoint.helpers import as_shard, fill_random, make_buffer
@@ -33,7 +33,7 @@ def _restored(root: Path, cid: int, n: int, capacity: int) -> list[dict[str, np.
     out = []
     for rank in range(n):
         local = make_buffer(STREAMS, capacity)
-        _load_one(checkpoint.checkpoint_dir(root, cid), local, rank, n)
+        load_shard(checkpoint.checkpoint_dir(root, cid), local, rank, n)
         out.append(_arrays(local))
     return out
 
@@ -155,7 +155,7 @@ def _stacked_restored(root: Path, cid: int, n: int, capacity: int) -> list[dict[
     out = []
     for rank in range(n):
         local = _stacked(capacity)
-        _load_one(checkpoint.checkpoint_dir(root, cid), local, rank, n)
+        load_shard(checkpoint.checkpoint_dir(root, cid), local, rank, n)
         arrays = local.state_dict()["arrays"]
         out.append({k: v.numpy() for k, v in arrays.items() if k != "priority"})
     return out

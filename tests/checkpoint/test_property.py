@@ -57,7 +57,7 @@ from hypothesis import strategies as st
 import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
-from shardreplay.checkpoint.loading import LoadReport, _load_one
+from shardreplay.checkpoint.loading import LoadReport, load_shard
 from shardreplay.checkpoint.plan import NewLayout
 from tests.checkpoint.helpers import (
     ALPHA,
@@ -169,7 +169,7 @@ def _save(case: Case, root: Path) -> Saved:
 def _restore_shard(directory: Path, local: sr.ReplayBuffer, shard: int, layout: NewLayout) -> LoadReport:
     """Restore ``directory`` as shard ``shard`` of ``layout`` (what rank ``shard`` of a
     sharded ``checkpoint.load`` does once it has gathered the layout)."""
-    return _load_one(directory, local, shard, layout.num_shards, layout=layout)
+    return load_shard(directory, local, shard, layout.num_shards, layout=layout)
 
 
 def _restore(case: Case, saved: Saved) -> tuple[list[sr.ReplayBuffer], list[LoadReport]]:

@@ -19,7 +19,7 @@ import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint import format as ckfmt
-from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.loading import load_shard
 from tests.checkpoint.helpers import (
     T_SCALE,
     as_shard,
@@ -50,7 +50,7 @@ def _restore(root: Path, num_shards: int, capacity: int, cid: int = 1) -> list[s
     out = []
     for n in range(num_shards):
         local = make_buffer(STREAMS, capacity, seed=50 + n)
-        _load_one(checkpoint.checkpoint_dir(root, cid), local, n, num_shards)
+        load_shard(checkpoint.checkpoint_dir(root, cid), local, n, num_shards)
         out.append(local)
     return out
 
@@ -136,7 +136,7 @@ def test_each_rank_reads_only_its_episodes(tmp_path: Path, monkeypatch: pytest.M
     seen: set[tuple[str, int]] = set()
     for n in range(3):
         buf = make_buffer(STREAMS, CAPACITY)
-        _load_one(checkpoint.checkpoint_dir(tmp_path, 1), buf, n, 3)
+        load_shard(checkpoint.checkpoint_dir(tmp_path, 1), buf, n, 3)
         mine = {(f, i) for f, s, k in reads for i in range(s, s + k)}
         reads.clear()
         assert len(mine) == buf.num_steps > 0, f"shard {n} read steps it does not hold"
@@ -176,7 +176,7 @@ def test_each_rank_reads_only_the_blocks_of_its_episodes(tmp_path: Path,
     union: set[int] = set()
     for n in range(4):
         local = sr.ReplayBuffer(spec, num_streams=2, stream_capacity=1200, sampler="prioritized")
-        _load_one(directory, local, n, 4)
+        load_shard(directory, local, n, 4)
         assert local.num_steps == 600
         assert len(set(touched)) <= blocks // 4 + 5, f"shard {n} read blocks {sorted(set(touched))}"
         union |= set(touched)

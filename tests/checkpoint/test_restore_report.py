@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardreplay import checkpoint, testing
-from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.summary import summarize
 from shardreplay.errors import CheckpointError
 from tests.checkpoint.helpers import as_shard, fill_random, make_buffer
@@ -38,7 +38,7 @@ def test_restore_reports_drops_and_seals_and_the_next_save_records_them(
     with caplog.at_level(logging.INFO, logger="shardreplay.checkpoint"):
         for n in range(3):
             local = make_buffer(STREAMS, 12, seed=50 + n)
-            reports.append(_load_one(checkpoint.checkpoint_dir(tmp_path, 1), local, n, 3))
+            reports.append(load_shard(checkpoint.checkpoint_dir(tmp_path, 1), local, n, 3))
             shards.append(local)
     lines = [r.getMessage() for r in caplog.records if "restored" in r.getMessage()]
     assert len(lines) == 3, lines  # one line per shard
@@ -82,7 +82,7 @@ def test_restore_reports_drops_and_seals_and_the_next_save_records_them(
 def test_a_lossless_restore_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     saved = _source(tmp_path)
     with caplog.at_level(logging.INFO, logger="shardreplay.checkpoint"):
-        reports = [_load_one(checkpoint.checkpoint_dir(tmp_path, 1), make_buffer(STREAMS, 60), n, 3)
+        reports = [load_shard(checkpoint.checkpoint_dir(tmp_path, 1), make_buffer(STREAMS, 60), n, 3)
                    for n in range(3)]
     assert sum(r.steps for r in reports) == saved.steps
     lines = [r.getMessage() for r in caplog.records if "restored" in r.getMessage()]

@@ -18,7 +18,7 @@ import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import Shard
 from shardreplay.checkpoint import format as ckfmt
-from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import damage, dump_checked, load_checked
 from shardreplay.errors import CheckpointError
 from tests.checkpoint.helpers import as_shard
@@ -131,7 +131,7 @@ def test_a_rank_hashes_no_step_block_of_a_part_it_does_not_restore(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     directory = _save(tmp_path)
     hashed, reads = _count_reads(monkeypatch, directory)
-    report = _load_one(directory, _buffer(), 0, 2)  # rank 0 of 2, as saved: its own part only
+    report = load_shard(directory, _buffer(), 0, 2)  # rank 0 of 2, as saved: its own part only
     assert report.exact and reads["manifest.json"] == 1
     # Its own part whole; of the other only block 0 (header and episode tables: every
     # rank plans with all of them), none of its steps.

@@ -12,7 +12,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
-from shardreplay.checkpoint.loading import _load_one
+from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.summary import verify
 from shardreplay.errors import CheckpointError, ShardReplayError
 from tests.checkpoint.helpers import as_shard
@@ -67,7 +67,7 @@ def test_m_to_n_keeps_starts_state_and_distribution(tmp_path: Path, m: int, n: i
     after: dict = {}
     for k in range(n):
         local = _buffer(STREAMS, CAP * 3, seed=50 + k, spec=spec)
-        _load_one(checkpoint.checkpoint_dir(tmp_path, 1), local, k, n)
+        load_shard(checkpoint.checkpoint_dir(tmp_path, 1), local, k, n)
         after.update(_windows(local))
     assert set(after) == set(before)
     norm_before, norm_after = _normalised(before), _normalised(after)
@@ -83,7 +83,7 @@ def test_checkpoint_without_offsets_is_refused_by_a_sequence_buffer(tmp_path: Pa
     checkpoint.save(as_shard(local, 0, 1), tmp_path, 1)
     target = _buffer(STREAMS, CAP, seed=0)
     with pytest.raises(ShardReplayError, match="episode_step"):
-        _load_one(checkpoint.checkpoint_dir(tmp_path, 1), target, 0, 1)
+        load_shard(checkpoint.checkpoint_dir(tmp_path, 1), target, 0, 1)
     assert len(target) == 0  # a failed load leaves the buffer empty
 
 
@@ -116,7 +116,7 @@ def test_at_starts_parts_hold_start_rows_only_and_restore_as_saved(tmp_path: Pat
     after: dict = {}
     for k in range(2):
         local = _buffer(STREAMS, CAP, seed=k, spec=START_SPEC)
-        report = _load_one(directory, local, k, 2)
+        report = load_shard(directory, local, k, 2)
         assert report.exact == (partial == "seal")  # dropped steps: re-planned
         after.update(_windows(local))
     # Sealing closes open episodes (more windows end at the new LAST); dropping removes them.
@@ -125,13 +125,13 @@ def test_at_starts_parts_hold_start_rows_only_and_restore_as_saved(tmp_path: Pat
     for start, (_times, state, _p) in after.items():  # bit for bit what the step wrote
         assert state == _state_bytes(start)
     coarse = _buffer(STREAMS, CAP * 3, seed=9, period=2 * PERIOD, spec=START_SPEC)
-    _load_one(directory, coarse, 0, 1)
+    load_shard(directory, coarse, 0, 1)
     windows = _windows(coarse)
     assert windows  # fewer starts (every 6 steps), each with its row
     assert all(state == _state_bytes(start) for start, (_t, state, _p) in windows.items())
     finer = _buffer(STREAMS, CAP * 3, seed=9, period=2, spec=START_SPEC)
     with pytest.raises(CheckpointError, match="period"):
-        _load_one(directory, finer, 0, 1)
+        load_shard(directory, finer, 0, 1)
     assert len(finer) == 0
 
 
@@ -144,5 +144,5 @@ def test_at_starts_background_save_keeps_the_rows_of_the_fence(tmp_path: Path) -
     write(local, timelines(rng, STREAMS, 30), rng, id_base=50)  # overwrites steps the save holds
     pending.wait(60)
     again = _buffer(STREAMS, CAP, seed=3, spec=START_SPEC)
-    _load_one(checkpoint.checkpoint_dir(tmp_path, 1), again, 0, 1)
+    load_shard(checkpoint.checkpoint_dir(tmp_path, 1), again, 0, 1)
     assert {k: v[:2] for k, v in _windows(again).items()} == {k: v[:2] for k, v in before.items()}

@@ -234,12 +234,17 @@ def _new_layout(buffer: ReplayBuffer | ShardedReplayBuffer) -> NewLayout:
     return NewLayout(tuple(int(n) for n, _c in rows), tuple(int(c) for _n, c in rows))
 
 
-def _load_one(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
-              buffer: ReplayBuffer | ShardedReplayBuffer | None = None, floor_epoch: int = 0,
-              layout: NewLayout | None = None) -> LoadReport:
-    """Restore ``directory`` into ``local`` as shard ``shard`` of ``num_shards`` in one
-    restore session, without any collective (a rank's part of :func:`load`, for tests;
-    ``layout`` gives every new shard's rows, None: all shaped like ``local``)."""
+def load_shard(directory: Path, local: ReplayBuffer, shard: int, num_shards: int,
+               buffer: ReplayBuffer | ShardedReplayBuffer | None = None, floor_epoch: int = 0,
+               layout: NewLayout | None = None) -> LoadReport:
+    """Restore the checkpoint ``directory`` into ``local`` as shard ``shard`` of
+    ``num_shards`` in one restore session, without any collective (a rank's part of
+    :func:`load`; the Minari export reads each saved part as saved with it). ``layout``
+    gives every new shard's rows, None: all shaped like ``local``.
+
+    Raises:
+        CheckpointError: as :func:`load` (no fallback to an older checkpoint).
+    """
     inner = shard_of_buffer(local)
     with inner.restore(str(directory), floor_epoch) as session:
         report = _restore(load_manifest(directory), session, local, shard, num_shards, buffer, floor_epoch,

@@ -1,0 +1,226 @@
+"""Checkpoint -> Minari dataset -> replay: the steps come back bit for bit with their
+priorities; the prioritized draw after the import follows them (chi-square); M = 2
+saved shards import into N = 3; TorchRL's MinariExperienceReplay samples an export; a
+killed export leaves nothing under its id. Every dataset lives in a tmp
+MINARI_DATASETS_PATH."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardreplay as sr
+from shardreplay import checkpoint
+from shardreplay.distributed.runner import InlineRunner
+from shardreplay.errors import ConfigError
+from shardreplay.spec import StepType
+from tests.checkpoint.helpers import as_shard
+
+minari = pytest.importorskip("minari")
+gym = pytest.importorskip("gymnasium")
+from shardreplay.offline import episodes_of_checkpoint, export_checkpoint, prefill  # noqa: E402
+
+FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+SPEC = sr.Spec({"obs": sr.Field((3,), np.float32), "action": sr.Field((), np.int64),
+                "reward": sr.Field((), np.float32)})
+SPACES = {"observation_space": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+          "action_space": gym.spaces.Discrete(4)}
+ALPHA = 0.7
+ROWS, CAP, STEPS = 2, 64, 100  # the ring overwrites: partial heads and open tails to seal
+
+
+@pytest.fixture(autouse=True)
+def datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    return tmp_path / "datasets"
+
+
+def _save_run(root: Path, num_shards: int = 2) -> None:
+    """Checkpoint 1 of ``num_shards`` parts; obs[0] counts steps (unique), episodes of
+    random lengths, the LAST step's action and reward zero (as the gym writer stores)."""
+    rng = np.random.default_rng(7)
+    ctr = 0
+    for k in range(num_shards):
+        buf = sr.ReplayBuffer(SPEC, num_streams=ROWS, stream_capacity=CAP, sampler="prioritized",
+                              alpha=ALPHA, seed=k)
+        pos, length = np.zeros(ROWS, np.int64), rng.integers(2, 20, ROWS)
+        for _ in range(STEPS):
+            types = np.where(pos == 0, FIRST, np.where(pos == length - 1, LAST, MID)).astype(np.uint8)
+            pos += 1
+            done = types == LAST
+            pos[done], length[done] = 0, rng.integers(2, 20, int(done.sum()))
+            obs = np.stack([np.full(3, ctr + i, np.float32) for i in range(ROWS)])
+            ctr += ROWS
+            last = types == LAST
+            buf.add({"obs": obs, "action": np.where(last, 0, rng.integers(0, 4, ROWS)),
+                     "reward": np.where(last, 0, rng.random(ROWS)).astype(np.float32), "step_type": types,
+                     "discount": np.where(last & (rng.random(ROWS) < 0.7), 0.0, 1.0).astype(np.float32)},
+                    priorities=rng.random(ROWS) * 3 + 0.01)
+        checkpoint.save(as_shard(buf, k, num_shards), root, 1)
+
+
+def _by_first_obs(arrays: dict[str, np.ndarray]) -> dict[float, dict[str, np.ndarray]]:
+    """Episodes of exported steps keyed by their first obs (unique)."""
+    out = {}
+    st = arrays["step_type"]
+    starts = np.flatnonzero(st == FIRST)
+    ends = np.append(starts[1:], st.shape[0])
+    for s, e in zip(starts, ends, strict=True):
+        out[float(arrays["field.obs"][s, 0])] = {k: arrays[k][s:e] for k in
+                                                 ("field.obs", "field.action", "field.reward", "step_type",
+                                                  "discount", "priority")}
+    return out
+
+
+def _steps(buf: sr.ReplayBuffer) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in buf.state_dict()["arrays"].items()}
+
+
+def _source_episodes(root: Path) -> dict[float, dict[str, np.ndarray]]:
+    """The checkpoint's episodes as the export sees them (sealed), as stored steps."""
+    eps = {}
+    for ep in episodes_of_checkpoint(root):
+        k = ep.obs.shape[0]
+        st = np.full(k, MID, np.uint8)
+        st[0], st[-1] = FIRST, LAST
+        disc = np.ones(k, np.float32)
+        disc[-1] = 0.0 if ep.terminated else 1.0
+        action, reward = ep.action.copy(), ep.reward.copy()
+        action[-1], reward[-1] = 0, 0  # a sealed tail's last action leads nowhere: padding
+        eps[float(ep.obs[0, 0])] = {"field.obs": ep.obs, "field.action": action, "field.reward": reward,
+                                    "step_type": st, "discount": disc, "priority": ep.priority}
+    return eps
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
+def test_round_trip_is_bit_for_bit_with_priorities_and_the_prioritized_draw(tmp_path: Path, fmt: str) -> None:
+    from scipy import stats
+
+    _save_run(tmp_path / "ck")
+    summary = export_checkpoint(tmp_path / "ck", "sr/roundtrip-v0", **SPACES, data_format=fmt)
+    counts = summary["counts"]
+    assert counts["saved_steps"] == 2 * ROWS * CAP
+    assert counts["sealed_episodes"] > 0  # the ring cut heads and tails: sealed and counted
+    assert summary["steps"] + summary["episodes"] + counts.get("short_steps", 0) == counts["saved_steps"]
+    dataset = minari.load_dataset("sr/roundtrip-v0")
+    assert dataset.storage.metadata["shardreplay"]["counts"] == counts
+    assert dataset.total_episodes == summary["episodes"]
+    for ep in dataset.iterate_episodes():
+        t = len(ep.rewards)
+        assert ep.observations.shape == (t + 1, 3) and ep.actions.shape == (t,)
+        assert ep.terminations[-1] != ep.truncations[-1]
+        assert not (ep.terminations[:-1] | ep.truncations[:-1]).any()
+        assert np.asarray(ep.infos["priority"]).shape == (t + 1,)
+
+    buf = sr.ReplayBuffer(SPEC, num_streams=4, stream_capacity=4 * CAP, sampler="prioritized", alpha=ALPHA,
+                          seed=3)
+    report = prefill(buf, "sr/roundtrip-v0")
+    assert report == {"episodes": summary["episodes"], "steps": summary["steps"] + summary["episodes"]}
+    source, imported = _source_episodes(tmp_path / "ck"), _by_first_obs(_steps(buf))
+    assert source.keys() == imported.keys()
+    for key, ep in source.items():
+        for name, values in ep.items():
+            got = imported[key][name]
+            assert got.dtype == values.dtype and got.tobytes() == values.tobytes(), (key, name)
+
+    # The prioritized draw after the import: P(start) = p^alpha / sum over valid starts.
+    steps = _steps(buf)
+    valid = steps["step_type"] != LAST
+    ids, prio = steps["field.obs"][valid, 0], steps["priority"][valid].astype(np.float64)
+    expected = prio ** ALPHA / (prio ** ALPHA).sum()
+    draws = np.concatenate([buf.sample(256).data["obs"][:, 0, 0].numpy() for _ in range(200)])
+    counts_drawn = np.bincount(np.searchsorted(np.sort(ids), draws), minlength=ids.shape[0])
+    order = np.argsort(ids)
+    _, p_value = stats.chisquare(counts_drawn, expected[order] * draws.shape[0])
+    assert p_value > 1e-3, p_value
+
+
+def test_two_saved_shards_import_into_three(tmp_path: Path) -> None:
+    _save_run(tmp_path / "ck", num_shards=2)
+    summary = export_checkpoint(tmp_path / "ck", "sr/m2n3-v0", **SPACES)
+    shards = []
+    for rank in range(3):
+        local = sr.ReplayBuffer(SPEC, num_streams=2, stream_capacity=2 * CAP, sampler="prioritized",
+                                alpha=ALPHA)
+        stub = as_shard(local, rank, 3)
+        stub._runner = InlineRunner(None, None)  # what write_lock holds (nothing, inline)
+        prefill(stub, "sr/m2n3-v0")
+        shards.append(_steps(local))
+    merged: dict[float, dict[str, np.ndarray]] = {}
+    for steps in shards:
+        eps = _by_first_obs(steps)
+        assert not merged.keys() & eps.keys()  # each episode in one shard only
+        merged.update(eps)
+    assert merged.keys() == _source_episodes(tmp_path / "ck").keys()
+    sizes = [int(s["row_length"].sum()) for s in shards]
+    assert sum(sizes) == summary["steps"] + summary["episodes"]
+    assert max(sizes) - min(sizes) <= 20  # dealt by steps: at most one episode apart
+    for s in shards:  # and within a shard, across its streams
+        assert np.ptp(s["row_length"]) <= 20
+
+
+def test_torchrl_samples_the_export(tmp_path: Path, datasets: Path) -> None:
+    pytest.importorskip("torchrl")
+    from torchrl.data.datasets.minari_data import MinariExperienceReplay
+
+    _save_run(tmp_path / "ck")
+    summary = export_checkpoint(tmp_path / "ck", "sr/torchrl-v0", **SPACES, data_format="hdf5")
+    data = MinariExperienceReplay("sr/torchrl-v0", batch_size=32, root=tmp_path / "torchrl",
+                                  load_from_local_minari=True, download=True)
+    batch = data.sample()
+    assert len(data) == summary["steps"]  # every transition, N + 1 observations read as obs/next obs
+    assert batch["observation"].shape == (32, 3) and batch["next", "observation"].shape == (32, 3)
+    assert batch["action"].shape == (32,) and batch["next", "reward"].shape == (32, 1)
+    assert int(batch["episode"].max()) < summary["episodes"]
+    # Not checked: the values. torchrl 0.14.1 fills its tensordict, then replaces it by
+    # `memmap_like` of it (contentless), so every value it samples is 0; the same for a
+    # dataset Minari's create_dataset_from_buffers wrote (checked by hand, docs/offline.md).
+
+
+def test_an_existing_id_or_a_bad_format_is_refused(tmp_path: Path) -> None:
+    _save_run(tmp_path / "ck")
+    export_checkpoint(tmp_path / "ck", "sr/twice-v0", **SPACES)
+    with pytest.raises(ConfigError, match="exists already"):
+        export_checkpoint(tmp_path / "ck", "sr/twice-v0", **SPACES)
+    with pytest.raises(ConfigError, match="hdf5 or arrow"):
+        export_checkpoint(tmp_path / "ck", "sr/other-v0", **SPACES, data_format="csv")
+    assert not minari.storage.get_dataset_path("sr/other-v0").exists()
+
+
+def test_a_killed_export_leaves_no_dataset(tmp_path: Path, datasets: Path) -> None:
+    _save_run(tmp_path / "ck")
+    code = textwrap.dedent(f"""
+        import sys, time, numpy as np, gymnasium as gym
+        from shardreplay.offline import episodes_of_checkpoint, write_dataset
+        def slow():
+            for i, ep in enumerate(episodes_of_checkpoint({str(tmp_path / "ck")!r})):
+                if i == 5:
+                    print("writing", flush=True)
+                    time.sleep(60)
+                yield ep
+        box = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        write_dataset(slow(), "sr/killed-v0", observation_space=box, action_space=gym.spaces.Discrete(4))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
+        leftovers = list((datasets / "sr").glob(".killed-v0.partial-*"))
+        assert leftovers and any(leftovers[0].rglob("*.hdf5"))  # episodes were being written
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert not minari.storage.get_dataset_path("sr/killed-v0").exists()
+    assert "sr/killed-v0" not in minari.list_local_datasets()
+    with pytest.raises(FileNotFoundError):
+        minari.load_dataset("sr/killed-v0")
+    # The next export of the id writes it and removes the dead one's leftovers.
+    export_checkpoint(tmp_path / "ck", "sr/killed-v0", **SPACES)
+    assert minari.load_dataset("sr/killed-v0").total_episodes > 0
+    assert not list((datasets / "sr").glob(".killed-v0.partial-*"))
