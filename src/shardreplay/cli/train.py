@@ -47,6 +47,8 @@ def add_parser(subparsers: Any) -> None:
     ckpt.add_argument("--checkpoint-id", type=int, metavar="N",
                       help="with --resume: continue from complete checkpoint N, not the newest "
                            "(newer ones move to checkpoints/incomplete/)")
+    ckpt.add_argument("--no-replay", action="store_true",
+                      help="with --resume: weights and counters, no replay")
     ckpt.add_argument("--auto-resume", action="store_true",
                       help="continue --run-dir from its newest complete checkpoint, else start it "
                            "(for a job a scheduler may restart; docs/train.md)")
@@ -81,6 +83,9 @@ def _given_or_resumed(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
     given = given_settings(args)
     if args.checkpoint_id is not None and args.resume is None:
         raise ConfigError("--checkpoint-id needs --resume RUN_DIR (the run to continue from that checkpoint)")
+    if args.no_replay and args.resume is None:
+        raise ConfigError("--no-replay needs --resume RUN_DIR (the run whose weights to continue without "
+                          "its replay)")
     if args.resume is not None:
         _check_resumable(args.resume, args.checkpoint_id)
     resume_dir = args.resume or _resumable(args)
@@ -265,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
         from shardreplay.runtime.launch.launcher import train
 
         summary = train(settings, resume, auto_resume=bool(args.auto_resume),
-                        checkpoint_id=args.checkpoint_id)
+                        checkpoint_id=args.checkpoint_id, replay=not args.no_replay)
     except ShardReplayError as exc:
         from shardreplay.secrets import mask
 

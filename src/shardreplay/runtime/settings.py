@@ -368,14 +368,19 @@ class CheckpointSettings:
         interval_updates: every N updates (0: off).
         interval_minutes: every X minutes (0: off).
         keep_last: complete checkpoints kept.
+        keep_rollouts: keep every stored chunk (<run_dir>/rollouts).
+        keep_rollouts_max_gb: its cap in GB, oldest dropped.
     """
 
     interval_updates: int = _flag(0, "checkpoint_interval_updates")
     interval_minutes: float = _flag(10.0, "checkpoint_interval_minutes")
     keep_last: int = _flag(2, "keep_last")
+    keep_rollouts: bool = _flag(False, "keep_rollouts")
+    keep_rollouts_max_gb: float = _flag(0.0, "keep_rollouts_max_gb")
 
     def __post_init__(self) -> None:
-        _validate(self, positive=("keep_last",), non_negative=("interval_updates", "interval_minutes"))
+        _validate(self, positive=("keep_last",),
+                  non_negative=("interval_updates", "interval_minutes", "keep_rollouts_max_gb"))
 
 
 # The groups of TrainSettings, in the order of ``shardreplay train --help``.

@@ -19,7 +19,15 @@ import redis
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
-from shardreplay.runtime.learner.wal import CRASHED, IngestLog, LogScan, LossLog, log_files, read_logs
+from shardreplay.runtime.learner.wal import (
+    CRASHED,
+    HEADER_BYTES,
+    IngestLog,
+    LogScan,
+    LossLog,
+    log_files,
+    read_logs,
+)
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
 from shardreplay.transport.spool import chunk_file_name
@@ -207,7 +215,7 @@ def test_chunks_acknowledged_after_the_checkpoint_of_a_crashed_learner_are_repor
     writer.send(make_chunk(0, 9))
     while (0, 9) not in life1.stored:
         life1.drain(8, 1.0, 0, ack=False)  # stored and logged; its acknowledgement never goes out
-    assert life1.wal is not None and life1.wal.segment_bytes == 5 * 72  # headers, no chunk bytes
+    assert life1.wal is not None and life1.wal.segment_bytes == 5 * HEADER_BYTES  # headers, no chunk bytes
     life1.wal.close()  # SIGKILL: the kernel closes its files, the log's writes are in
     life1.reader.close()  # ... and its spool lock; chunk 9 was never acknowledged
 

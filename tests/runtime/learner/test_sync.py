@@ -54,8 +54,9 @@ def test_metrics_window_counts_syncs_and_resets() -> None:
 def test_run_counts_name_their_fields() -> None:
     counts = RunCounts(actor_restarts=1, actors_given_up=2, chunks_rejected=3, chunks_duplicate=4,
                        foreign_chunks_ignored=5, ingest_log_replayed=6, ingest_log_rerouted=10,
-                       ingest_log_torn=7, ingest_log_peak_bytes=8, ingest_log_bytes=9)
-    assert list(counts.as_dict().values()) == [1, 2, 3, 4, 5, 6, 10, 7, 8, 9]
+                       ingest_log_torn=7, ingest_log_peak_bytes=8, ingest_log_bytes=9,
+                       rollouts_dropped_segments=11)
+    assert list(counts.as_dict().values()) == [1, 2, 3, 4, 5, 6, 10, 7, 8, 9, 11]
     assert set(counts.as_dict()) == {f.name for f in dataclasses.fields(RunCounts)}
 
 

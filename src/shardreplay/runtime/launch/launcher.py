@@ -151,8 +151,11 @@ def _refuse_fresh_start(run_dir: Path, auto_resume: bool) -> None:
 
 
 def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = False,
-          checkpoint_id: int | None = None) -> dict[str, Any]:
+          checkpoint_id: int | None = None, replay: bool = True) -> dict[str, Any]:
     """Run a training job to its end; returns rank 0's summary.
+
+    ``replay`` False (``--resume R --no-replay``): the learners take back weights,
+    optimizer and counters, not the replay.
 
     ``auto_resume`` (a new run under ``--auto-resume``): incomplete checkpoints left in
     the run directory are set aside instead of refused (see :func:`prepare_run_dir`).
@@ -182,8 +185,8 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
     except OSError as exc:  # a read-only or full run directory: one line, no traceback
         raise storage_error(exc, settings.run.run_dir) or exc from None
     if under_torchrun():
-        return _torchrun_rank(settings, resume, checkpoint_id)
-    return _spawn_learners(settings, resume, checkpoint_id)
+        return _torchrun_rank(settings, resume, checkpoint_id, replay)
+    return _spawn_learners(settings, resume, checkpoint_id, replay)
 
 
 def refuse_before_start(settings: TrainSettings) -> None:
@@ -218,7 +221,8 @@ def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
     return {"stopped_during_startup": True, "run_dir": run_dir}
 
 
-def _torchrun_rank(settings: TrainSettings, resume: bool, checkpoint_id: int | None) -> dict[str, Any]:
+def _torchrun_rank(settings: TrainSettings, resume: bool, checkpoint_id: int | None,
+                   replay: bool = True) -> dict[str, Any]:
     import importlib
 
     importlib.import_module(LEARNER_PRELOAD)  # what a learner imports, imported as the fork server does
@@ -231,7 +235,7 @@ def _torchrun_rank(settings: TrainSettings, resume: bool, checkpoint_id: int | N
     try:
         from shardreplay.runtime.learner.loop import Learner
 
-        return Learner(settings, None, resume, checkpoint_id=checkpoint_id).run()
+        return Learner(settings, None, resume, checkpoint_id=checkpoint_id, replay=replay).run()
     finally:
         dist.destroy_process_group()
 
@@ -243,7 +247,7 @@ def _free_port() -> int:
 
 
 def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any] | None, resume: bool,
-                  out: Any, launcher_pid: int, checkpoint_id: int | None = None) -> None:
+                  out: Any, launcher_pid: int, checkpoint_id: int | None = None, replay: bool = True) -> None:
     release_server()  # the fork server now ends with the launcher, and this rank learns of it
     die_with_parent()
     parent = parent_or_exit(launcher_pid)
@@ -271,7 +275,7 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
         from shardreplay.runtime.learner.loop import Learner
 
         summary = Learner(settings, rings[rank] if rings else None, resume, rings=rings,
-                          checkpoint_id=checkpoint_id).run()
+                          checkpoint_id=checkpoint_id, replay=replay).run()
         out.put((rank, "ok", summary))
     except BaseException as exc:
         code = 1
@@ -320,7 +324,8 @@ def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
                            chunk_size_bytes=chunk_bytes(spec, a.envs_per_actor, a.chunk_steps))
 
 
-def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | None) -> dict[str, Any]:
+def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | None,
+                    replay: bool = True) -> dict[str, Any]:
     # A tracker already running belongs to the caller (its other resources depend on
     # it); otherwise the queue's semaphores start one here, and it is ours to stop.
     own_tracker = resource_tracker_pid() is None
@@ -340,7 +345,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
                   for r in range(settings.learners.count)]
     procs = [ctx.Process(target=_learner_main, name=f"learner-{r}", daemon=False,
                          args=(r, settings, port, transports if local else None, resume, out,
-                               os.getpid(), checkpoint_id))
+                               os.getpid(), checkpoint_id, replay))
              for r in range(settings.learners.count)]
     stopping = {"asked": False}
     # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.

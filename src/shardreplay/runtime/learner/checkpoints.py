@@ -20,7 +20,7 @@ from shardreplay.runtime.algos.base import Agent
 from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts
 from shardreplay.runtime.learner.resume import Resumed, restore
 from shardreplay.runtime.learner.state import StorageGuard
-from shardreplay.runtime.learner.wal import IngestLog, LogScan, log_files, read_logs
+from shardreplay.runtime.learner.wal import IngestLog, LogScan, Retention, log_files, read_logs
 
 log = logging.getLogger("shardreplay.learner")
 # fdatasync the ingest log at most this often: every batch cost Redis ingest 20-29 % of its
@@ -53,19 +53,21 @@ class LearnerCheckpoints:
         self.last_id = -1
         self._trimmed_at = time.monotonic()
 
-    def resume(self, buffer: ShardedReplayBuffer, agent: Agent, checkpoint_id: int | None) -> Resumed:
+    def resume(self, buffer: ShardedReplayBuffer, agent: Agent, checkpoint_id: int | None,
+               replay: bool = True) -> Resumed:
         """Restore checkpoint ``checkpoint_id`` (None: the newest complete one) into
-        ``buffer`` and ``agent`` (a collective).
+        ``buffer`` (unless not ``replay``) and ``agent`` (a collective).
 
         Raises:
             IncompleteCheckpointError, CheckpointError: see :func:`~.resume.restore`.
         """
-        r = restore(self.root, buffer, agent, self.rank, self.world, self.comm, checkpoint_id)
+        r = restore(self.root, buffer, agent, self.rank, self.world, self.comm, checkpoint_id, replay=replay)
         self.last_id = r.last_checkpoint
         return r
 
     def open_log(self, ingestor: Ingestor, *, durable: bool, resume_newest: bool, restored: str,
-                 owns_actor: Callable[[int], bool], policy_version: int) -> tuple[ReplayCounts, LogScan]:
+                 owns_actor: Callable[[int], bool], policy_version: int,
+                 retention: Retention | None = None, replay: bool = True) -> tuple[ReplayCounts, LogScan]:
         """Replay the ingest logs earlier lives left into ``ingestor`` (on top of the
         restored checkpoint ``restored``, or of an empty buffer when none was complete),
         then open this life's log (a collective: every rank lists the old files before
@@ -75,7 +77,10 @@ class LearnerCheckpoints:
         learner (its actors die with it): its log keeps headers only, for the loss report.
         ``--resume --checkpoint-id N`` (not ``resume_newest``) goes back to an older
         checkpoint on purpose: the logs, newer than the newest one, are not replayed (what
-        they hold is reported lost unless the medium delivers it again).
+        they hold is reported lost unless the medium delivers it again). With
+        ``retention`` (``--keep-rollouts``) the log keeps its segments as the rollouts
+        archive (chunk bytes kept on any medium). Without ``replay`` (``--no-replay``)
+        the logs are not read: what they hold stays out of this life on purpose.
 
         Raises:
             OSError: this life's log cannot be created.
@@ -85,7 +90,8 @@ class LearnerCheckpoints:
         if not resume_newest and old:
             log.warning("rank %d: resuming from an older checkpoint on purpose: the %d ingest log file(s) "
                         "of later chunks are not replayed", self.rank, len(old))
-        counts = ingestor.replay(read_logs(old, scan, owns_actor=owns_actor if resume_newest else None),
+        counts = ingestor.replay(read_logs(old if replay else [], scan,
+                                           owns_actor=owns_actor if resume_newest else None),
                                  policy_version, write=resume_newest, checkpoint=restored)
         mine = torch.tensor([counts.stored, counts.steps, counts.held, len(scan.torn), len(scan.damaged),
                              counts.rerouted], dtype=torch.int64)
@@ -97,7 +103,8 @@ class LearnerCheckpoints:
                     "actor id %% --actors), %d already held; %d torn and %d damaged record(s) ignored",
                     total[0], total[1], total[5], total[2], total[3], total[4])
         ingestor.wal = IngestLog(self.ingest_dir, self.rank, self.world, keep_chunks=durable, fsync=durable,
-                                 fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else ())
+                                 fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else (),
+                                 retention=retention)
         return counts, scan
 
     def save(self, cid: int, buffer: ShardedReplayBuffer, ingestor: Ingestor, *, background: bool,

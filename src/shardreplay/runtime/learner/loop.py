@@ -13,6 +13,7 @@ ranks agree over collectives of their own (not the buffer's).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import math
@@ -57,12 +58,14 @@ from shardreplay.runtime.learner.sync import (
     make_limiter,
     minutes_due,
 )
-from shardreplay.runtime.learner.wal import LossLog
+from shardreplay.runtime.learner.wal import ROLLOUTS_DIR, SPEC_FILE, LossLog, Retention
 from shardreplay.runtime.policy_file import LearnerRecord, best_return, keep_if_best, policy_metadata
 from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.spec import Spec
 from shardreplay.transport.base import Transport
+from shardreplay.transport.packing import pack
 
 log = logging.getLogger("shardreplay.learner")
 _ACTOR_STOP_S = 10.0  # actors get this long to send what they hold and exit
@@ -81,11 +84,13 @@ class Learner:
         checkpoint_id: with ``resume``, the checkpoint to continue from (None: the newest
             complete one); newer ones are set aside once every rank restored.
         resume: restore the newest complete checkpoint of ``run_dir`` first.
+        replay: with ``resume``, restore the replay too (False, ``--no-replay``: weights,
+            optimizer and counters only; the ingest logs are not replayed either).
     """
 
     def __init__(self, settings: TrainSettings, transport: Transport | None = None,
                  resume: bool = False, *, rings: Sequence[Transport] | None = None,
-                 checkpoint_id: int | None = None) -> None:
+                 checkpoint_id: int | None = None, replay: bool = True) -> None:
         self.s = settings
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # The learners' own collectives (the loop's sync, resume, log replay, summaries),
@@ -111,7 +116,7 @@ class Learner:
         self.lineage = Lineage((upcoming_life(self.run_dir, settings.transport.run_id) if resume
                                 else read_identity(self.run_dir)) or RunIdentity("", 0))
         if resume:
-            restored = self._resume(checkpoint_id)
+            restored = self._resume(checkpoint_id, replay)
             if self.rank == 0:
                 self.progress.best_eval = max(self.progress.best_eval, best_return(self.run_dir))
                 commit_resume(self.run_dir, self.lineage.identity, settings.stored(),
@@ -129,7 +134,8 @@ class Learner:
         self.replayed, self.log_scan = self.ckpts.open_log(
             self.ingestor, durable=scheme_of(settings.transport.url) != "local",
             resume_newest=checkpoint_id is None, restored=restored, owns_actor=self._owns_actor,
-            policy_version=self.policy_version)
+            policy_version=self.policy_version, retention=_retention(settings, self.run_dir, spec),
+            replay=replay)
         if self.rank == 0:
             warn_if_taking_over(settings.transport.policy_url, self.lineage.identity.run_id)
         self.publisher = open_publisher(settings.transport.policy_url) if self.rank == 0 else None
@@ -156,9 +162,9 @@ class Learner:
         return pack_version(self.lineage.identity.life, self.progress.counters["version"])
 
     # -- checkpoints (how: :class:`LearnerCheckpoints`) -----------------------------------
-    def _resume(self, checkpoint_id: int | None) -> str:
+    def _resume(self, checkpoint_id: int | None, replay: bool) -> str:
         """Restore the newest complete checkpoint; returns its id (for loss reports)."""
-        r = self.ckpts.resume(self.buffer, self.agent, checkpoint_id)
+        r = self.ckpts.resume(self.buffer, self.agent, checkpoint_id, replay)
         self.progress.counters.update(r.counters)
         self.progress.best_eval, self.progress.wall_offset_s = r.best_eval, r.wall_offset_s
         self.lineage.stored = r.stored
@@ -448,6 +454,7 @@ class Learner:
                            ingest_log_torn=len(self.log_scan.torn) + len(self.log_scan.damaged),
                            ingest_log_peak_bytes=0 if ing.wal is None else ing.wal.peak_bytes,
                            ingest_log_bytes=0 if ing.wal is None else ing.wal.size_bytes,
+                           rollouts_dropped_segments=0 if ing.wal is None else ing.wal.dropped_segments,
                            ).summed(self.comm).as_dict()
         summary: dict[str, Any] = {"rank": self.rank, **self.progress.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
@@ -468,3 +475,15 @@ class Learner:
             self._write_summary(summary)
         return summary
 
+
+def _retention(settings: TrainSettings, run_dir: Path, spec: Spec) -> Retention | None:
+    """``--keep-rollouts``: the ingest log keeps its segments in ``<run_dir>/rollouts``,
+    chunks that came unpacked packed with LZ4 (None: not asked for)."""
+    c = settings.checkpoints
+    if not c.keep_rollouts:
+        return None
+    (run_dir / ROLLOUTS_DIR).mkdir(exist_ok=True)
+    # Not sorted: a reader decodes the chunks with the fields in this order.
+    atomic_write_bytes(run_dir / ROLLOUTS_DIR / SPEC_FILE, json.dumps(spec.to_dict()).encode())
+    return Retention(run_dir / ROLLOUTS_DIR, int(c.keep_rollouts_max_gb * 1e9),
+                     pack=functools.partial(pack, spec=spec, codec="lz4"))

@@ -82,6 +82,8 @@ class RunCounts:
         ingest_log_bytes: the logs' size at the end (the chunks newer than the newest
             complete checkpoint, and sealed segments whose checkpoint other ranks were
             still finishing).
+        rollouts_dropped_segments: rollouts archive segments deleted beyond
+            ``--keep-rollouts-max-gb`` in this life.
     """
 
     actor_restarts: int = 0
@@ -94,6 +96,7 @@ class RunCounts:
     ingest_log_torn: int = 0
     ingest_log_peak_bytes: int = 0
     ingest_log_bytes: int = 0
+    rollouts_dropped_segments: int = 0
 
     def summed(self, collectives: Collectives) -> RunCounts:
         """These counts summed over all ranks (a collective: every rank calls it)."""

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 
 from shardreplay import checkpoint
+from shardreplay.checkpoint.manifest import read_covered
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives
-from shardreplay.errors import CheckpointError
+from shardreplay.errors import CheckpointError, IncompleteCheckpointError
 from shardreplay.runtime.algos.base import Agent
 from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
 from shardreplay.runtime.policy_file import LEARNER_STATE, LearnerRecord, learner_records, record_file
@@ -77,16 +78,20 @@ def learner_files(record: LearnerRecord, rank: int, world: int, agent: Agent | N
 
 
 def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: int,
-            world: int, comm: Collectives, checkpoint_id: int | None = None) -> Resumed:
+            world: int, comm: Collectives, checkpoint_id: int | None = None, *,
+            replay: bool = True) -> Resumed:
     """Restore checkpoint ``checkpoint_id`` (None: the newest complete one) under
     ``ckpt_root`` into ``buffer`` and ``agent`` (a collective over ``comm``, the
-    learners' collectives: every rank calls it).
+    learners' collectives: every rank calls it). ``replay`` False (``--no-replay``):
+    the agent and the counters only; ``buffer`` stays empty (no collective then).
 
     Raises:
         IncompleteCheckpointError: no complete checkpoint to restore.
         CheckpointError: the restored and dropped steps do not add up to the saved ones
             (a bug that must not be saved over the checkpoint it came from).
     """
+    if not replay:
+        return _restore_without_replay(ckpt_root, agent, rank, world, checkpoint_id)
     report = checkpoint.load(ckpt_root, buffer, checkpoint_id=checkpoint_id, fallback=checkpoint_id is None,
                              files=(LEARNER_STATE,))  # verified against the manifest
     # On the CPU first: a run saved on a GPU resumes anywhere (load_state_dict then copies
@@ -124,6 +129,31 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: in
                 "fit a row; counters %s", report.directory.name, report.saved_shards, world,
                 steps, report.saved_steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps,
                 resumed.counters)
+    return resumed
+
+
+def _restore_without_replay(ckpt_root: Path, agent: Agent, rank: int, world: int,
+                            checkpoint_id: int | None) -> Resumed:
+    """``--no-replay``: the agent, counters and stored-chunk record of checkpoint
+    ``checkpoint_id`` (None: the newest complete one), its parts not read."""
+    cid = checkpoint_id if checkpoint_id is not None else checkpoint.latest_complete(ckpt_root)
+    if cid is None:
+        raise IncompleteCheckpointError(f"no complete checkpoint under {ckpt_root}")
+    manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(ckpt_root, cid))
+    state = torch.load(io.BytesIO(read_covered(manifest, LEARNER_STATE)), weights_only=True,
+                       map_location="cpu")
+    agent.load_state_dict(state["agent"])
+    records = learner_records(manifest)
+    resumed = Resumed(
+        checkpoint_id=cid, counters=dict(records[0].counters),
+        best_eval=-math.inf if records[0].best_eval is None else records[0].best_eval,
+        wall_offset_s=records[0].wall_s, stored=merge_stored(r.ingest for r in records),
+        last_checkpoint=max(checkpoint.list_checkpoints(ckpt_root), default=-1),
+        report={"checkpoint": manifest.directory.name, "checkpoint_id": cid, "replay": False,
+                "saved_shards": len(manifest.parts), "shards": world, "steps": 0})
+    if rank == 0:
+        log.info("resumed from %s without its replay (--no-replay): weights, optimizer and counters "
+                 "restored, the replay starts empty; counters %s", manifest.directory.name, resumed.counters)
     return resumed
 
 

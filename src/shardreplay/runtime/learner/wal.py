@@ -34,9 +34,22 @@ Record (little-endian; never pickle)::
           24   actor id, sequence (int64)                                 16 bytes
           40   previous sequence this shard wrote of that actor (-1: none) 8 bytes
           48   steps in the chunk (int64)                                  8 bytes
-          56   XXH3-64 of the chunk bytes                                  8 bytes
-          64   XXH64 of bytes 0..63                                        8 bytes
-          72   the chunk bytes, as received (a transport chunk, packed or not)
+          56   insert time (int64, ns since the epoch)                     8 bytes
+          64   XXH3-64 of the chunk bytes                                  8 bytes
+          72   XXH64 of bytes 0..71                                        8 bytes
+          80   the chunk bytes: a transport chunk as received, or packed (LZ4) when kept
+
+Version 1 records (no insert time: its 8 bytes are absent, the header is 72 bytes) are
+still read, as -1.
+
+*Kept rollouts* (``shardreplay train --keep-rollouts``, :class:`Retention`): the same
+segments are the run's rollout archive. Instead of deleting a segment the complete
+checkpoint holds, the log moves it to ``<run_dir>/rollouts/`` (same name; a rename, no
+copy), and rank 0 deletes whole oldest segments there beyond the size cap (a log line
+and ``rollouts_dropped_segments`` in the metrics say so). Kept chunks that came
+uncompressed are packed with LZ4 (:func:`shardreplay.transport.packing.pack`) before
+they are logged. :func:`iter_rollouts` reads the archive back (and the segments not yet
+moved), :func:`archive_summary` describes it.
 
 Flags: bit 0 set = header-only (the chunk bytes were not kept). A record is valid only
 whole with both checksums right. The first invalid record ends the reading of its file:
@@ -64,20 +77,29 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from shardreplay._hashing import xxh3_64, xxh64
 from shardreplay._io import fsync_dir
+from shardreplay.errors import ConfigError, CorruptChunkError
+from shardreplay.spec import Spec
+from shardreplay.transport.codec import Chunk, decode
+from shardreplay.transport.packing import is_packed
 
-__all__ = ["CRASHED", "IngestLog", "LogRecord", "LogScan", "LossLog", "Suspects", "log_files", "read_logs"]
+__all__ = ["CRASHED", "IngestLog", "KeptChunk", "LogRecord", "LogScan", "LossLog", "Retention", "Suspects",
+           "archive_summary", "iter_rollouts", "log_files", "read_logs", "run_spec"]
 
 log = logging.getLogger("shardreplay.learner")
 MAGIC = b"SRWL"
-VERSION = 1
+VERSION = 2
 HEADER_ONLY = 1  # flags bit 0: the chunk bytes were not kept
-_HEAD = struct.Struct("<4sBB2xIIQqqqqQ")  # through the chunk's checksum (64 bytes)
+_HEAD = struct.Struct("<4sBB2xIIQqqqqqQ")  # through the chunk's checksum (72 bytes)
+_HEAD_V1 = struct.Struct("<4sBB2xIIQqqqqQ")  # version 1: no insert time (64 bytes)
 _DIGEST = struct.Struct("<Q")
-HEADER_BYTES = _HEAD.size + _DIGEST.size  # 72
+HEADER_BYTES = _HEAD.size + _DIGEST.size  # 80
+_V1_BYTES = _HEAD_V1.size + _DIGEST.size  # 72
+ROLLOUTS_DIR = "rollouts"
+SPEC_FILE = "spec.json"  # the run's transition spec, fields in the chunks' order
 _EMPTY_DIGEST = xxh3_64(b"")
 _FILE = re.compile(r"^shard-(\d+)\.(\d+)-(\d+)(?:\.upto-(\d+))?\.(wal|journal)$")
 _JOURNAL = struct.Struct("<qqq")  # the identity journal of earlier versions: actor id, sequence, steps
@@ -97,8 +119,10 @@ class LogRecord:
         prev: the sequence that shard wrote of the actor just before (-1: none), so a
             replay rebuilds episode boundaries as the first write did.
         steps: steps in the chunk (``S * T``).
-        data: the chunk's bytes as received (decode with the transport codec); None in a
-            header-only record.
+        data: the chunk's bytes as received, or packed when kept (decode with the
+            transport codec); None in a header-only record.
+        insert_ns: when the shard stored it (ns since the epoch; -1: not recorded, a
+            version 1 record or a journal).
     """
 
     shard: int
@@ -108,6 +132,7 @@ class LogRecord:
     prev: int
     steps: int
     data: bytes | None
+    insert_ns: int = -1
 
 
 @dataclass
@@ -120,15 +145,15 @@ class LogScan:
 
 
 def pack_header(shard: int, world: int, actor_id: int, sequence: int, prev: int, steps: int,
-                data: memoryview | bytes | None) -> bytes:
-    """The 72-byte header of one record (see the module docstring); ``data`` None: a
+                data: memoryview | bytes | None, insert_ns: int = -1) -> bytes:
+    """The 80-byte header of one record (see the module docstring); ``data`` None: a
     header-only record."""
     if data is None:
         head = _HEAD.pack(MAGIC, VERSION, HEADER_ONLY, shard, world, 0, actor_id, sequence, prev, steps,
-                          _EMPTY_DIGEST)
+                          insert_ns, _EMPTY_DIGEST)
     else:
         head = _HEAD.pack(MAGIC, VERSION, 0, shard, world, len(data), actor_id, sequence, prev, steps,
-                          xxh3_64(data))
+                          insert_ns, xxh3_64(data))
     return head + _DIGEST.pack(xxh64(head))
 
 
@@ -146,17 +171,24 @@ class IngestLog:
         fsync_every_s: see ``fsync``.
         inherited: files of earlier lives (read by this life); rank 0 passes them, to
             delete them once a checkpoint of this life is complete.
+        retention: keep the segments as the run's rollout archive instead of deleting
+            them (chunk bytes kept, packed if they came unpacked).
 
     Raises:
         OSError: the directory or the file cannot be created.
     """
 
     def __init__(self, directory: Path, shard: int, world: int, *, keep_chunks: bool = True,
-                 fsync: bool = True, fsync_every_s: float = 0.0, inherited: Sequence[Path] = ()) -> None:
+                 fsync: bool = True, fsync_every_s: float = 0.0, inherited: Sequence[Path] = (),
+                 retention: Retention | None = None) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.shard, self.world, self.fsync = shard, world, fsync
-        self.keep_chunks = keep_chunks
+        self.retention = retention
+        self.keep_chunks = keep_chunks or retention is not None
+        self.dropped_segments = 0  # archive segments rank 0 deleted beyond the cap
+        if retention is not None:
+            retention.directory.mkdir(parents=True, exist_ok=True)
         self.fsync_every_s = fsync_every_s
         self._synced_at = -math.inf
         self._life = f"{time.time_ns()}-{os.getpid()}"
@@ -198,9 +230,13 @@ class IngestLog:
             return
         parts: list[bytes | memoryview] = []
         steps = 0
+        now = time.time_ns()
+        squeeze = None if self.retention is None else self.retention.pack
         for data, actor, seq, prev, n in chunks:
-            kept = data if self.keep_chunks else None
-            parts.append(pack_header(self.shard, self.world, actor, seq, prev, n, kept))
+            kept: memoryview | bytes | None = data if self.keep_chunks else None
+            if kept is not None and squeeze is not None and not is_packed(kept):
+                kept = squeeze(kept)  # a rollout kept for good: stored compressed
+            parts.append(pack_header(self.shard, self.world, actor, seq, prev, n, kept, now))
             if kept is not None:
                 parts.append(kept)
             steps += n
@@ -264,16 +300,33 @@ class IngestLog:
         freed = 0
         keep = []
         for cid, path, size in self._sealed:
-            if cid <= latest_complete and _unlink(path):
+            if cid <= latest_complete and self._retire(path):
                 freed += size
             else:
                 keep.append((cid, path, size))
         self._sealed = keep
         if self._inherited and self._first_sealed is not None and latest_complete >= self._first_sealed:
-            self._inherited = [p for p in self._inherited if not _unlink(p)]
+            self._inherited = [p for p in self._inherited if not self._retire(p)]
             freed += self.inherited_bytes - sum(_size(p) for p in self._inherited)
             self.inherited_bytes = sum(_size(p) for p in self._inherited)
+        r = self.retention
+        if freed and r is not None and r.max_bytes > 0 and self.shard == 0:
+            self.dropped_segments += drop_oldest(r.directory, r.max_bytes)
         return freed
+
+    def _retire(self, path: Path) -> bool:
+        """Delete a file the complete checkpoint holds, or move it into the archive
+        (with a retention; a journal is deleted: it holds no chunk). False: it stays."""
+        if self.retention is None or not path.name.endswith(".wal"):
+            return _unlink(path)
+        try:
+            os.replace(path, self.retention.directory / path.name)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            log.warning("cannot move the ingest log %s into the rollouts archive: %s", path, exc)
+            return False
 
     def _sync(self) -> None:
         if self.fsync and self._fd >= 0:
@@ -296,6 +349,49 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How an :class:`IngestLog` keeps its segments as the rollout archive.
+
+    Attributes:
+        directory: ``<run_dir>/rollouts``.
+        max_bytes: the archive's cap: rank 0 deletes whole oldest segments beyond it
+            (0: no cap).
+        pack: compresses a chunk that came unpacked (``transport.packing.pack`` with the
+            run's spec); None: kept as received.
+    """
+
+    directory: Path
+    max_bytes: int = 0
+    pack: Callable[[memoryview | bytes], bytes] | None = None
+
+
+def _age(path: Path) -> tuple[int, int, int, int]:
+    """Sort key of a segment: its life, then its checkpoint (the open one last), then shard."""
+    m = _FILE.match(path.name)
+    assert m is not None
+    upto = m.group(4)
+    return int(m.group(2)), int(m.group(3)), int(upto) if upto is not None else 2**63, int(m.group(1))
+
+
+def drop_oldest(directory: Path, max_bytes: int) -> int:
+    """Delete whole oldest segments of the archive ``directory`` until it holds at most
+    ``max_bytes``; says so in one log line. Returns the segments deleted."""
+    files = sorted(log_files(directory), key=_age)
+    sizes = [_size(p) for p in files]
+    total, dropped, freed = sum(sizes), 0, 0
+    for path, size in zip(files, sizes, strict=True):
+        if total - freed <= max_bytes:
+            break
+        if _unlink(path):
+            dropped += 1
+            freed += size
+    if dropped:
+        log.warning("rollouts archive %s over its cap of %d bytes: dropped its %d oldest segment(s) "
+                    "(%d bytes); %d bytes kept", directory, max_bytes, dropped, freed, total - freed)
+    return dropped
 
 
 def _unlink(path: Path) -> bool:
@@ -363,11 +459,19 @@ def _records(path: Path, f: BinaryIO, scan: LogScan, owns: Callable[[int], bool]
     size = os.fstat(f.fileno()).st_size
     at = 0
     while at < size:
-        head = f.read(HEADER_BYTES)
+        head = f.read(_V1_BYTES)
+        if len(head) == _V1_BYTES and head[4] == VERSION:
+            head += f.read(HEADER_BYTES - _V1_BYTES)
         bad, end = _check_head(head), size
         if bad is None:
-            _m, _v, flags, shard, world, length, actor, seq, prev, steps, digest = _HEAD.unpack_from(head)
-            end = at + HEADER_BYTES + length
+            if head[4] == VERSION:
+                _m, _v, flags, shard, world, length, actor, seq, prev, steps, when, digest = \
+                    _HEAD.unpack_from(head)
+            else:
+                _m, _v, flags, shard, world, length, actor, seq, prev, steps, digest = \
+                    _HEAD_V1.unpack_from(head)
+                when = -1
+            end = at + len(head) + length
             data: bytes | None = None
             if end > size:
                 bad = "truncated chunk bytes"
@@ -391,19 +495,129 @@ def _records(path: Path, f: BinaryIO, scan: LogScan, owns: Callable[[int], bool]
             return
         scan.records += 1
         at = end
-        yield LogRecord(shard, world, actor, seq, prev, steps, data)
+        yield LogRecord(shard, world, actor, seq, prev, steps, data, when)
 
 
 def _check_head(head: bytes) -> str | None:
     """Why ``head`` is not a valid record header (None: it is)."""
-    if len(head) < HEADER_BYTES:
+    if len(head) < _V1_BYTES or (head[4] == VERSION and len(head) < HEADER_BYTES):
         return "truncated header"
-    if _DIGEST.unpack_from(head, _HEAD.size)[0] != xxh64(head[:_HEAD.size]):
+    fixed = _HEAD.size if head[4] == VERSION else _HEAD_V1.size
+    if _DIGEST.unpack_from(head, fixed)[0] != xxh64(head[:fixed]):
         return "header checksum"
     magic, version = head[:4], head[4]
-    if magic != MAGIC or version != VERSION:
-        return f"not a version {VERSION} record"
+    if magic != MAGIC or version not in (1, VERSION):
+        return f"not a version 1 or {VERSION} record"
     return None
+
+
+@dataclass(frozen=True)
+class KeptChunk:
+    """One chunk of a run's rollout archive (:func:`iter_rollouts`).
+
+    Attributes:
+        shard: the learner shard that stored it.
+        insert_ns: when it stored it (ns since the epoch; -1: not recorded).
+        chunk: the decoded chunk: ``actor_id``, ``sequence``, ``policy_version``,
+            ``stream_ids`` ``[S]``, ``steps`` (each field ``[S, T, ...]``, read-only) and
+            ``priorities`` (``[S, T]`` or None) as the actor sent them.
+    """
+
+    shard: int
+    insert_ns: int
+    chunk: Chunk
+
+
+def _archive_files(run_dir: Path) -> list[Path]:
+    """The archive's segments, then those not yet moved there (``ingest/``), oldest first."""
+    files = log_files(Path(run_dir) / ROLLOUTS_DIR) + [p for p in log_files(Path(run_dir) / "ingest")
+                                                       if p.name.endswith(".wal")]
+    return sorted(files, key=_age)
+
+
+def _kept_records(run_dir: Path, scan: LogScan | None) -> Iterator[tuple[Path, LogRecord]]:
+    """Each kept chunk's record once (first copy: a chunk delivered again after a resume
+    to an older checkpoint is logged twice), in the order stored; damage raises without
+    ``scan``."""
+    seen: set[tuple[int, int]] = set()
+    for path in _archive_files(run_dir):
+        mine = LogScan()
+        for rec in read_logs([path], mine):
+            if rec.data is not None and (rec.actor_id, rec.sequence) not in seen:
+                seen.add((rec.actor_id, rec.sequence))
+                yield path, rec
+        if scan is None and mine.damaged:
+            _where, at, left = mine.damaged[0]
+            raise CorruptChunkError(f"rollouts archive {path}: damaged record at byte {at} (its last {left} "
+                                    "bytes fail their checksums); delete that segment, or pass a LogScan "
+                                    "to read past it", reason="checksum")
+        if scan is not None:
+            scan.records += mine.records
+            scan.torn += mine.torn
+            scan.damaged += mine.damaged
+
+
+def iter_rollouts(run_dir: str | os.PathLike[str], spec: Spec | None = None, *,
+                  scan: LogScan | None = None) -> Iterator[KeptChunk]:
+    """The chunks a ``--keep-rollouts`` run kept, decoded, each once, per segment in the
+    order stored (segments oldest first: by learner life, then checkpoint, then shard).
+
+    Args:
+        run_dir: the run directory (its ``rollouts/`` and the ``ingest/`` segments not yet
+            moved there).
+        spec: the run's transition spec; None: the archive's (:func:`run_spec`).
+        scan: collects torn and damaged records (then skipped: the rest of that segment);
+            None: a damaged record raises. A torn tail (a learner killed inside a write:
+            that chunk was never acknowledged) never raises.
+
+    Raises:
+        CorruptChunkError: a damaged segment (checksum), or a chunk of another spec.
+        ConfigError: no ``spec``, and the archive has none.
+    """
+    spec = spec if spec is not None else run_spec(Path(run_dir))
+    for _path, rec in _kept_records(Path(run_dir), scan):
+        assert rec.data is not None
+        yield KeptChunk(rec.shard, rec.insert_ns, decode(rec.data, spec, max_bytes=1 << 40))
+
+
+def run_spec(run_dir: Path) -> Spec:
+    """The transition spec of the run at ``run_dir``'s rollouts archive (its
+    ``rollouts/spec.json``, written when the run started keeping them; its field order is
+    the chunks' array order).
+
+    Raises:
+        ConfigError: the run keeps no rollouts (no ``rollouts/spec.json``).
+    """
+    path = Path(run_dir) / ROLLOUTS_DIR / SPEC_FILE
+    try:
+        return Spec.from_dict(json.loads(path.read_bytes()))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file: {run_dir} keeps no rollouts (train --keep-rollouts)"
+                          ) from None
+
+
+def archive_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What a run's rollout archive holds, every record's checksums checked: ``segments``,
+    ``bytes`` (on disk), ``chunks``, ``steps``, ``first_insert`` and ``last_insert`` (Unix
+    seconds; None: no time recorded), ``span_s``, ``torn`` and ``damaged`` (``"path@byte"``
+    each). None when the run keeps no rollouts (no ``rollouts/`` directory)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / ROLLOUTS_DIR).is_dir():
+        return None
+    scan = LogScan()
+    chunks = steps = 0
+    first, last = math.inf, -math.inf
+    for _path, rec in _kept_records(run_dir, scan):
+        chunks += 1
+        steps += rec.steps
+        if rec.insert_ns >= 0:
+            first, last = min(first, rec.insert_ns / 1e9), max(last, rec.insert_ns / 1e9)
+    sizes = [s for s in map(_size, _archive_files(run_dir)) if s]
+    timed = math.isfinite(first)
+    return {"segments": len(sizes), "bytes": sum(sizes), "chunks": chunks, "steps": steps,
+            "first_insert": first if timed else None, "last_insert": last if timed else None,
+            "span_s": last - first if timed else None, "torn": [f"{p}@{at}" for p, at, _ in scan.torn],
+            "damaged": [f"{p}@{at}" for p, at, _ in scan.damaged]}
 
 
 @dataclass
