@@ -194,7 +194,7 @@ def test_spool_sends_frames_once(tmp_path: Path, compression: str) -> None:
     from shardreplay.transport import open_transport
 
     spec = _spec(4)
-    transport = open_transport(tmp_path.absolute().as_uri(), spec, compression=compression, archive=True)
+    transport = open_transport(tmp_path.absolute().as_uri(), spec, compression=compression)
     sent = _stacked_chunks(spec, 6)
     writer = transport.writer()
     for c in sent:

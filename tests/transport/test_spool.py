@@ -1,4 +1,4 @@
-"""The file spool: atomic publication, quarantine, archive, back-pressure, killed writers."""
+"""The file spool: atomic publication, quarantine, back-pressure, killed writers."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardreplay.errors import CorruptChunkError, TransportError, TransportTimeout
+from shardreplay.errors import TransportError, TransportTimeout
 from shardreplay.spec import Field, Spec
-from shardreplay.transport import iter_archive, open_transport
+from shardreplay.transport import open_transport
 from shardreplay.transport.codec import encode
 from shardreplay.transport.spool import SpoolTransport, chunk_file_name
 from tests.transport.transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all
@@ -39,7 +39,7 @@ def test_round_trip_in_order_per_actor(tmp_path: Path) -> None:
         assert [c.sequence for c in got if c.actor_id == actor] == [0, 1, 2, 10, 11]
     for c in got:
         assert_same_chunk(c, make_chunk(c.actor_id, c.sequence, priorities=True))
-    assert os.listdir(tmp_path / "ready") == [] and os.listdir(tmp_path / "archive") == []
+    assert os.listdir(tmp_path / "ready") == []
     assert reader.stats.acked == 10
 
 
@@ -188,27 +188,6 @@ def test_oversized_files_are_quarantined_unread(tmp_path: Path) -> None:
     reader = transport.reader()
     assert reader.receive(10, timeout_s=0.1) == []
     assert reader.stats.rejected == {"too_large": 1}
-
-
-def test_archive_keeps_consumed_chunks_and_reads_them_back(tmp_path: Path) -> None:
-    transport = spool(tmp_path, archive=True)
-    writer = transport.writer()
-    sent = [make_chunk(a, q, priorities=True) for a in (0, 1) for q in range(3)]
-    for c in sent:
-        writer.send(c)
-    reader = transport.reader()
-    got = receive_all(reader, 6, timeout_s=5)
-    assert len(got) == 6 and os.listdir(tmp_path / "ready") == []
-    assert len(os.listdir(tmp_path / "archive")) == 6
-    back = list(iter_archive(tmp_path, SPEC))
-    assert [c.identity for c in back] == [c.identity for c in sent]
-    for a, b in zip(sent, back, strict=True):
-        assert_same_chunk(a, b)
-    victim = tmp_path / "archive" / chunk_file_name(1, 1)
-    victim.write_bytes(victim.read_bytes()[:-1])
-    with pytest.raises(CorruptChunkError, match="archive file"):
-        list(iter_archive(tmp_path / "archive", SPEC))
-    assert len(list(iter_archive(tmp_path, SPEC, skip_corrupt=True))) == 5
 
 
 def test_back_pressure_per_actor(tmp_path: Path) -> None:

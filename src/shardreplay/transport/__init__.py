@@ -14,7 +14,6 @@ from shardreplay.transport.base import (
 )
 from shardreplay.transport.codec import Chunk, decode, encode
 from shardreplay.transport.factory import open_transport
-from shardreplay.transport.spool import iter_archive
 
 __all__ = [
     "Chunk",
@@ -24,6 +23,5 @@ __all__ = [
     "Transport",
     "decode",
     "encode",
-    "iter_archive",
     "open_transport",
 ]

@@ -5,7 +5,6 @@ Layout::
     dir/ready/<actor>-<seq>.chunk   complete chunks, zero-padded names (actor 10, seq 20 digits)
     dir/tmp/                        writers' temp files: never read
     dir/quarantine/                 rejected files, each with a ``.reason`` note beside it
-    dir/archive/                    consumed chunks when ``archive=True``
     dir/reader.lock                 held (flock) by the one reader of this spool
 
 A writer encodes the chunk to ``tmp/``, fsyncs, renames it into ``ready/`` and fsyncs the
@@ -20,9 +19,10 @@ actors; a second listing catches chunks renamed in during the first, see
 spec), moves bad ones to ``quarantine/`` and counts them by reason. A temp-named file
 in ``ready/`` (``*.tmp``, ``.*``: a tool copying chunks in and renaming them when done)
 is left alone until it has been unchanged for ``stale_tmp_s``, then quarantined
-(``stale_temp``). A chunk stays in ``ready/`` until ``ack``, then is deleted or moved
-to ``archive/``; a reader that dies before ``ack`` leaves it for the next reader
-(at-least-once). :func:`iter_archive` reads an archive back for offline use.
+(``stale_temp``). A chunk stays in ``ready/`` until ``ack``, then is deleted; a reader
+that dies before ``ack`` leaves it for the next reader (at-least-once). A run's
+rollouts are kept, on any transport, by the learners' ingest log
+(``train --keep-rollouts``: :mod:`shardreplay.runtime.learner.wal`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from shardreplay._io import atomic_write_bytes
-from shardreplay.errors import ConfigError, CorruptChunkError, TransportError, TransportTimeout
+from shardreplay.errors import ConfigError, TransportError, TransportTimeout
 from shardreplay.spec import Spec
 from shardreplay.transport.base import (
     DEFAULT_MAX_CHUNK_BYTES,
@@ -48,10 +48,10 @@ from shardreplay.transport.base import (
     ReaderStats,
     check_max_chunks,
 )
-from shardreplay.transport.codec import Chunk, decode, wire_encoding
+from shardreplay.transport.codec import Chunk, wire_encoding
 from shardreplay.transport.packing import check_codec
 
-__all__ = ["SpoolReader", "SpoolTransport", "SpoolWriter", "chunk_file_name", "iter_archive"]
+__all__ = ["SpoolReader", "SpoolTransport", "SpoolWriter", "chunk_file_name"]
 
 logger = logging.getLogger("shardreplay.transport")
 
@@ -59,7 +59,7 @@ _NAME = re.compile(r"^(\d{10})-(\d{20})\.chunk$")
 
 
 def chunk_file_name(actor_id: int, sequence: int) -> str:
-    """The file name of a chunk in ``ready/`` and ``archive/``."""
+    """The file name of a chunk in ``ready/``."""
     return f"{actor_id:010d}-{sequence:020d}.chunk"
 
 
@@ -76,7 +76,6 @@ class SpoolTransport:
         spec: the spec every chunk must follow.
         queued_chunks_per_actor: a writer waits while ``ready/`` holds this many of its
             chunks (the queue bound, named as in ``TrainSettings``).
-        archive: keep consumed chunks in ``archive/`` instead of deleting them.
         max_chunk_bytes: larger files are quarantined without being read.
         dedup_window: sequences remembered per actor for duplicate detection.
         poll_interval_s: how often a waiting reader or writer looks again.
@@ -89,7 +88,7 @@ class SpoolTransport:
     """
 
     def __init__(self, path: str | os.PathLike[str], spec: Spec, *, queued_chunks_per_actor: int = 64,
-                 archive: bool = False, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
                  dedup_window: int = 4096, poll_interval_s: float = 0.005, fsync: bool = True,
                  stale_tmp_s: float = 600.0, compression: str = "none") -> None:
         if queued_chunks_per_actor < 1:
@@ -100,7 +99,6 @@ class SpoolTransport:
         self.url = self.path.absolute().as_uri()
         self.spec = spec
         self.queued_chunks_per_actor = queued_chunks_per_actor
-        self.archive = archive
         self.max_chunk_bytes = max_chunk_bytes
         self.dedup_window = dedup_window
         self.poll_interval_s = poll_interval_s
@@ -111,7 +109,7 @@ class SpoolTransport:
     def _dirs(self) -> tuple[Path, Path]:
         ready, tmp = self.path / "ready", self.path / "tmp"
         try:
-            for d in (ready, tmp, self.path / "quarantine", self.path / "archive"):
+            for d in (ready, tmp, self.path / "quarantine"):
                 d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise TransportError(f"cannot create spool directories under {self.path}: {exc}") from exc
@@ -219,7 +217,6 @@ class SpoolReader:
         self._t = transport
         self._ready = transport.path / "ready"
         self._quarantine = transport.path / "quarantine"
-        self._archive = transport.path / "archive"
         self._lock_fd: int | None = _take_lock(transport.path / "reader.lock")
         self._intake = Intake(transport.spec, max_chunk_bytes=transport.max_chunk_bytes,
                               dedup_window=transport.dedup_window, medium=f"spool {transport.path}")
@@ -317,7 +314,7 @@ class SpoolReader:
         return result
 
     def ack(self, chunks: Iterable[Chunk]) -> None:
-        """Delete (or archive) the files of stored chunks. Unknown chunks are ignored."""
+        """Delete the files of stored chunks. Unknown chunks are ignored."""
         for chunk in chunks:
             name = self._inflight.pop(chunk.identity, None)
             if name is not None:
@@ -325,11 +322,8 @@ class SpoolReader:
                 self._intake.stats.acked += 1
 
     def _consume(self, name: str) -> None:
-        if self._t.archive:
-            self._move(name, self._archive, None)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                (self._ready / name).unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (self._ready / name).unlink()
 
     def _set_aside(self, name: str, reason: str, detail: str) -> None:
         self._intake.reject(reason, f"{name}: {detail}")
@@ -398,35 +392,3 @@ def _take_lock(path: Path) -> int:
         raise TransportError(f"another reader holds {path}: one reader per spool directory "
                              "(give each learner rank its own directory)") from exc
     return fd
-
-
-def iter_archive(path: str | os.PathLike[str], spec: Spec, *, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
-                 skip_corrupt: bool = False) -> Iterator[Chunk]:
-    """Decoded chunks of an archive directory, by actor then sequence.
-
-    Args:
-        path: an ``archive/`` directory (or a spool directory that has one).
-        spec: the spec the chunks must follow.
-        max_chunk_bytes: larger files count as corrupt.
-        skip_corrupt: log and skip bad files instead of raising.
-
-    Raises:
-        CorruptChunkError: a bad file, unless ``skip_corrupt``.
-        ConfigError: ``path`` is not a directory.
-    """
-    root = Path(path)
-    if (root / "archive").is_dir():
-        root = root / "archive"
-    if not root.is_dir():
-        raise ConfigError(f"{root} is not an archive directory")
-    names = sorted(n for n in os.listdir(root) if _parse_name(n) is not None)
-    for name in names:
-        try:
-            data = _read_at_most(root / name, max_chunk_bytes)
-            if data is None:
-                raise CorruptChunkError(f"{name} exceeds max_chunk_bytes", reason="too_large")
-            yield decode(data, spec, max_bytes=max_chunk_bytes)
-        except CorruptChunkError as exc:
-            if not skip_corrupt:
-                raise CorruptChunkError(f"archive file {root / name}: {exc}", reason=exc.reason) from exc
-            logger.warning("archive: skipped %s: %s", root / name, exc)
