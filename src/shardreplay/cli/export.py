@@ -6,6 +6,12 @@ observation shape, action count or Box bounds, hidden sizes, environment) and it
 (updates, evaluation) in the safetensors metadata;
 ``shardreplay.runtime.policy_file.load_policy(path)`` rebuilds it.
 ``--which`` as for ``shardreplay evaluate``. Exit codes: 0 written, 2 no such run or policy.
+
+``shardreplay export RUN --minari ID`` writes instead the run's experience as the Minari
+dataset ``ID`` (under ``MINARI_DATASETS_PATH``): the steps of its newest complete
+checkpoint (``--which ID``: that one), episodes per actor stream, priorities and actor
+and stream ids in the step infos (docs/offline.md). Exit code 2 also for an id that
+exists, or a run without a checkpoint.
 """
 
 from __future__ import annotations
@@ -27,13 +33,28 @@ def add_parser(subparsers: Any) -> None:
                               description=plain(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path, metavar="RUN", help="the run directory (--run-dir of train)")
-    p.add_argument("--out", type=Path, required=True, help="the .safetensors file to write")
+    p.add_argument("--out", type=Path, help="the .safetensors file to write")
     add_which(p)
+    m = p.add_argument_group("Minari dataset (pip install 'shardreplay[minari]')")
+    m.add_argument("--minari", metavar="ID", help="write the run's experience as this Minari dataset instead")
+    m.add_argument("--from", dest="source", choices=("checkpoint",), default="checkpoint",
+                   help="what to read: the steps a checkpoint holds (default)")
+    m.add_argument("--format", choices=("hdf5", "arrow"), default="hdf5",
+                   help="Minari's storage: hdf5 (default; what TorchRL reads) or arrow")
+    m.add_argument("--unstack", action="store_true", help="frame stacks: keep each stack's newest frame only")
+    m.add_argument("--partial", choices=("seal", "drop"), default="seal",
+                   help="episodes a shard holds only in part: sealed as truncated (default) or dropped; "
+                        "counted in the dataset's metadata either way")
     p.set_defaults(func=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
     """``shardreplay export``; returns the exit code."""
+    if args.minari is not None:
+        return _export_minari(args)
+    if args.out is None:
+        print("error: give --out FILE (the policy) or --minari ID (the experience)", file=sys.stderr)
+        return 2
     from shardreplay.runtime.policy_file import policy_of_run, save_policy
 
     which = resolve_which(args.run_dir, args.which)
@@ -44,4 +65,47 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({"out": str(args.out), "which": which, **policy.described()}))
+    return 0
+
+
+def _export_minari(args: argparse.Namespace) -> int:
+    """``export --minari ID``: a checkpoint's steps as a Minari dataset."""
+    import numpy as np
+
+    from shardreplay.offline import export_checkpoint
+    from shardreplay.runtime.envs import make_env
+    from shardreplay.runtime.settings import settings_for_resume
+
+    try:
+        settings = settings_for_resume(args.run_dir, {})
+        which = args.which or "latest"
+        if which == "best" or not (which == "latest" or which.isdigit()):
+            raise ShardReplayError(f"--which {which!r}: with --minari, latest or a checkpoint id")
+        layout = settings.streams
+        homes: dict[tuple[int, int], tuple[int, int]] = {}  # (shard, row) -> (actor, stream)
+        for actor in range(layout.num_actors):
+            envs = np.arange(layout.envs_per_actor)
+            for env, (shard, row) in enumerate(zip(layout.shards(actor).tolist(),
+                                                   layout.rows(actor, envs).tolist(), strict=True)):
+                homes[(shard, row)] = (actor, env)
+
+        def origin(shard: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            pairs = np.array([homes.get((shard, int(r)), (-1, -1)) for r in rows], np.int64).reshape(-1, 2)
+            return pairs[:, 0], pairs[:, 1]
+
+        env = make_env(settings.run.source)
+        try:
+            spaces = {"observation_space": env.observation_space, "action_space": env.action_space,
+                      "env_spec": env.spec}
+        finally:
+            env.close()
+        summary = export_checkpoint(
+            args.run_dir / "checkpoints", args.minari, **spaces, checkpoint_id=None if which == "latest" else
+            int(which), partial=args.partial, origin=origin, data_format=args.format, unstack=args.unstack,
+            metadata={"run_dir": str(args.run_dir), "env_id": settings.run.env_id,
+                      "algo": settings.learners.algo})
+    except (ShardReplayError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
     return 0
