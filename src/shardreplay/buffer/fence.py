@@ -15,8 +15,18 @@ field and row in time order: the ones announced as replaced from the copies, the
 from the live slots, copied without the lock and checked after the copy (a write
 announces itself under the lock before it writes: steps announced during the copy are
 taken from their copies), and moves the frontier past them. The lock is held for
-bookkeeping only, never for a piece's copy or a disk write. Frame-stacked fields are
-fenced the same way over their frame rings (:mod:`shardreplay.buffer.frame_fence`).
+bookkeeping only, never for a piece's copy or a disk write.
+
+A frame-stacked field keeps one ring of frames per row (``storage/frames.py``): a step
+records ``ref``, the absolute position of its newest frame, and its stack is the ``K``
+frames ending there. Its :class:`FrameFence` copies each slot's ``ref`` at the fence (the
+slots are overwritten by later steps) and, per row, knows the frames the fenced steps
+use: absolute positions ``[first frame of the oldest fenced step's stack, frames
+appended)``. Frames are appended in order, so appending ``n`` frames to a ring of ``F``
+replaces positions ``[fpos - F, fpos + n - F)`` and nothing else. The frame store calls
+:meth:`FrameFence.before_append` before it appends (after a ring grew: growing copies,
+it never replaces a frame): the same copy-on-overwrite, announcement and frontier,
+counted in frames instead of steps.
 
 Internal: not part of the public API.
 """
@@ -30,18 +40,73 @@ from functools import partial
 
 import numpy as np
 
-from shardreplay.buffer.frame_fence import FrameFence
 from shardreplay.errors import ShardReplayError
 from shardreplay.storage import StreamStorage
+from shardreplay.storage.frames import PIECE_STEPS, FrameStore
 
 PIECE_BYTES = 4 << 20  # one piece's copy under the lock: about a millisecond
 
 
-class WriteFence:
+class _CopiesAside:
+    """The copies of ring ranges set aside before writes replaced them, by key (a field
+    and row, or a row of frames), and ``replaced[row]``: positions below it were
+    announced as overwritten (read from the copies)."""
+
+    def __init__(self, replaced: np.ndarray) -> None:
+        self._replaced = replaced
+        self._kept: dict[object, list[tuple[int, np.ndarray]]] = {}
+        self._lock = threading.Lock()
+
+    def _announced(self, row: int, a: int, b: int) -> int:
+        """The end of the positions of ``[a, b)`` announced as replaced (copied aside)."""
+        return int(min(max(self._replaced[row], a), b))
+
+    def _take_kept(self, key: object, a: int, m: int) -> list[np.ndarray]:
+        """The copies of positions ``[a, m)`` (in order)."""
+        out = []
+        for start, data in self._kept.get(key, []):
+            lo, hi = max(start, a), min(start + data.shape[0], m)
+            if hi > lo:
+                out.append(data[lo - start:hi - start])
+        return out
+
+    def _read(self, key: object, row: int, a: int, b: int, ring: np.ndarray, front: np.ndarray,
+              after: int | None = None) -> list[np.ndarray]:
+        """Positions ``[a, b)`` of ``ring`` (row ``row``'s) as at the fence, in pieces;
+        ``a`` must be the frontier ``front[row]``, which moves to ``after`` (None: ``b``).
+
+        The live positions are copied *without* the lock (a writer preempted while
+        holding it would stall the buffer's writes): positions announced as replaced
+        meanwhile were copied aside before being overwritten (the frontier had not
+        passed them), and their copies replace what was read of them; positions not
+        announced by the end of the copy were not written during it.
+        """
+        after = b if after is None else after
+        with self._lock:
+            if a != front[row]:
+                raise ShardReplayError(f"internal: fence {key!r}: read {a}..{b} out of order "
+                                       f"(frontier {front[row]})")
+            m0 = self._announced(row, a, b)
+            parts = self._take_kept(key, a, m0)
+        live = _ring(ring, m0, b) if b > m0 else None
+        with self._lock:
+            m1 = self._announced(row, a, b)
+            if live is not None and m1 > m0:  # overwritten during the copy: take the copies
+                fixed = self._take_kept(key, m0, m1)
+                live[:m1 - m0] = np.concatenate(fixed) if len(fixed) > 1 else fixed[0]
+            front[row] = after
+            if key in self._kept:  # forget what is read
+                self._kept[key] = [(s, d) for s, d in self._kept[key] if s + d.shape[0] > after]
+        if live is not None:
+            parts.append(live)
+        return parts
+
+
+class WriteFence(_CopiesAside):
     """The stored steps of user fields ``names`` of ``storage`` at this moment, kept
     readable from ``start[r]`` (an absolute step of each row) on. Frame-stacked fields
-    are fenced by a :class:`~shardreplay.buffer.frame_fence.FrameFence` each (their frame
-    rings are overwritten by appends, not by step writes)."""
+    are fenced by a :class:`FrameFence` each (their frame rings are overwritten by
+    appends, not by step writes)."""
 
     def __init__(self, storage: StreamStorage, names: Sequence[str], start: np.ndarray) -> None:
         self.cap = storage.stream_capacity
@@ -53,10 +118,7 @@ class WriteFence:
         # Frame-stacked fields: their frame rings are fenced apart (they hook their stores).
         self._frames = {name: FrameFence(storage.stacked[name], self.start, self.hi)
                         for name in names if name in storage.stacked}
-        # Steps below replaced[r] were announced as overwritten: read from the copies.
-        self._replaced = self.hi - self.cap
-        self._kept: dict[tuple[str, int], list[tuple[int, np.ndarray]]] = {}
-        self._lock = threading.Lock()
+        super().__init__(self.hi - self.cap)
         self._released = threading.Event()
         self.copied_steps = 0  # steps copied aside because a write reached them
 
@@ -74,69 +136,21 @@ class WriteFence:
                 a = np.maximum(first, front[rows])
                 b = np.minimum(end, self.hi[rows])
                 for k in np.flatnonzero(b > a).tolist():
-                    self._keep(name, int(rows[k]), int(a[k]), int(b[k]))
+                    row, lo, hi = int(rows[k]), int(a[k]), int(b[k])
+                    self._kept.setdefault((name, row), []).append((lo, _ring(self._row(name, row), lo, hi)))
+                    self.copied_steps += hi - lo
             np.maximum.at(self._replaced, rows, end)
 
-    def _keep(self, name: str, row: int, a: int, b: int) -> None:
-        self._kept.setdefault((name, row), []).append((a, self._live(name, row, a, b)))
-        self.copied_steps += b - a
-
-    def _live(self, name: str, row: int, a: int, b: int) -> np.ndarray:
-        """A copy of the stored steps ``[a, b)`` of ``row`` (at most two ring slices)."""
-        arr, cap = self._arrays[name], self.cap
-        s = a % cap
-        n = b - a
-        head = min(n, cap - s)
-        out = np.empty((n, *arr.shape[1:]), arr.dtype)
-        out[:head] = arr[row * cap + s:row * cap + s + head]
-        out[head:] = arr[row * cap:row * cap + n - head]
-        return out
+    def _row(self, name: str, row: int) -> np.ndarray:
+        """Row ``row``'s ring of slots of field ``name``."""
+        return self._arrays[name][row * self.cap:(row + 1) * self.cap]
 
     # -- the reader's side (the checkpoint's thread) -------------------------------------
     def read(self, name: str, row: int, a: int, b: int) -> np.ndarray:
         """The steps ``[a, b)`` of ``row`` of field ``name`` as they were at the fence;
-        ``a`` must be the frontier (pieces are read in time order).
-
-        The live slots are copied *without* the lock (a writer preempted while holding
-        it would stall the buffer's writes): steps announced as replaced meanwhile were
-        copied aside before being overwritten (the frontier had not passed them), and
-        their copies replace what was read of them; steps not announced by the end of
-        the copy were not written during it.
-        """
-        with self._lock:
-            if a != self._front[name][row]:
-                raise ShardReplayError(f"internal: fence of {name!r} row {row}: read {a}..{b} out of "
-                                       f"order (frontier {self._front[name][row]})")
-            m0 = self._announced(row, a, b)
-            parts = self._take_kept(name, row, a, m0, drop=False)
-        live = self._live(name, row, m0, b) if b > m0 else None
-        with self._lock:
-            m1 = self._announced(row, a, b)
-            if live is not None and m1 > m0:  # overwritten during the copy: take the copies
-                fixed = self._take_kept(name, row, m0, m1, drop=False)
-                live[:m1 - m0] = np.concatenate(fixed) if len(fixed) > 1 else fixed[0]
-            self._front[name][row] = b
-            self._take_kept(name, row, b, b, drop=True)  # forget what is read
-        if live is not None:
-            parts.append(live)
+        ``a`` must be the frontier (pieces are read in time order; see ``_read``)."""
+        parts = self._read((name, row), row, a, b, self._row(name, row), self._front[name])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def _announced(self, row: int, a: int, b: int) -> int:
-        """The end of the steps of ``[a, b)`` announced as replaced (copied aside)."""
-        return int(min(max(self._replaced[row], a), b))
-
-    def _take_kept(self, name: str, row: int, a: int, m: int, *, drop: bool) -> list[np.ndarray]:
-        """The copies of steps ``[a, m)`` (in order); with ``drop``, forget the copies of
-        steps before ``m`` (read already)."""
-        chunks = self._kept.get((name, row), [])
-        out = []
-        for start, data in chunks:
-            lo, hi = max(start, a), min(start + data.shape[0], m)
-            if hi > lo:
-                out.append(data[lo - start:hi - start])
-        if drop and chunks:
-            self._kept[(name, row)] = [(st, d) for st, d in chunks if st + d.shape[0] > m]
-        return out
 
     def pieces(self, name: str) -> list[FencedPiece]:
         """Pieces of at most ``PIECE_BYTES`` (frame-stacked fields: ``PIECE_STEPS``
@@ -192,3 +206,86 @@ class FencedPiece:
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         arr = self._read()
         return arr if dtype is None else arr.astype(dtype, copy=False)
+
+
+class FrameFence(_CopiesAside):
+    """The stacks of steps ``[start[r], hi[r])`` of each row ``r`` of ``store``'s field as
+    at this moment (``hi``: the rows' positions now). Hooks itself into ``store`` until
+    :meth:`release`."""
+
+    def __init__(self, store: FrameStore, start: np.ndarray, hi: np.ndarray) -> None:
+        self.store = store
+        self.k = store.stack
+        self.cap = store.stream_capacity
+        self.start, self.hi = start.copy(), hi.copy()
+        self.ref = store.ref.copy()  # slots are reused by later steps: their frames' positions now
+        self.fhi = store.fpos.copy()
+        rows = np.arange(hi.shape[0], dtype=np.int64)
+        first = self.ref[rows * self.cap + self.start % self.cap] - self.k + 1
+        self._front = np.where(self.start < self.hi, first, self.fhi)  # frames the reader still needs
+        super().__init__(self.fhi - store.frame_capacity)
+        self._released = False
+        self.copied_frames = 0  # frames copied aside because a write reached them
+        store.on_append = self.before_append
+
+    # -- the writer's side -------------------------------------------------------------------
+    def before_append(self, rows: np.ndarray, counts: np.ndarray) -> None:
+        """Copy aside what appending ``counts[i].sum()`` frames to each row ``rows[i]``
+        will replace and the reader still needs (the rings have their final size)."""
+        store = self.store
+        rows = np.asarray(rows, np.int64)
+        added = np.asarray(counts, np.int64).reshape(rows.shape[0], -1).sum(axis=1)
+        first = store.fpos[rows] - store.frame_capacity
+        end = first + added
+        with self._lock:
+            if self._released:
+                return
+            # Not below replaced: those were copied already (a grown ring would now
+            # map positions that no longer exist to free slots).
+            a = np.maximum(np.maximum(first, self._replaced[rows]), self._front[rows])
+            b = np.minimum(end, self.fhi[rows])
+            for i in np.flatnonzero(b > a).tolist():
+                row, lo, hi = int(rows[i]), int(a[i]), int(b[i])
+                self._kept.setdefault(row, []).append((lo, _ring(store.frames[row], lo, hi)))
+                self.copied_frames += hi - lo
+            np.maximum.at(self._replaced, rows, end)
+
+    # -- the reader's side -------------------------------------------------------------------
+    def read(self, row: int, a: int, b: int) -> np.ndarray:
+        """The stacks of steps ``[a, b)`` of ``row`` as at the fence (``[n, K, *frame]``);
+        pieces of a row are read in time order (frames as :meth:`WriteFence.read` reads steps)."""
+        cap, k = self.cap, self.k
+        refs = self.ref[row * cap + np.arange(a, b, dtype=np.int64) % cap]
+        fa, fb = int(refs[0]) - k + 1, int(refs[-1]) + 1
+        nxt = int(self.ref[row * cap + b % cap]) - k + 1 if b < self.hi[row] else int(self.fhi[row])
+        parts = self._read(row, row, fa, fb, self.store.frames[row], self._front, nxt)
+        frames = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        idx = (refs - fa)[:, None] + np.arange(1 - k, 1, dtype=np.int64)[None, :]
+        field = self.store.field
+        return frames[idx].view(field.dtype).reshape(b - a, *field.shape)
+
+    def ranges(self) -> list[tuple[int, int, int]]:
+        """``(row, a, b)`` of pieces of at most ``PIECE_STEPS`` steps covering the fenced
+        steps, in (row, time) order."""
+        return [(r, a, min(a + PIECE_STEPS, hi))
+                for r, (start, hi) in enumerate(zip(self.start.tolist(), self.hi.tolist(), strict=True))
+                for a in range(start, hi, PIECE_STEPS)]
+
+    def release(self) -> None:
+        """The reader is done: appends stop copying, the copies are dropped."""
+        with self._lock:
+            self._released = True
+            self._kept.clear()
+            if self.store.on_append == self.before_append:
+                self.store.on_append = None
+
+
+def _ring(ring: np.ndarray, a: int, b: int) -> np.ndarray:
+    """A copy of absolute positions ``[a, b)`` of one row's ring (at most two slices)."""
+    f = ring.shape[0]
+    s, n = a % f, b - a
+    head = min(n, f - s)
+    out = np.empty((n, *ring.shape[1:]), ring.dtype)
+    out[:head] = ring[s:s + head]
+    out[head:] = ring[:n - head]
+    return out

@@ -76,7 +76,7 @@ class FrameStore:
         self.ref = np.zeros(num_streams * stream_capacity, np.int64)
         self.fpos = np.zeros(num_streams, np.int64)  # frames appended per stream, ever
         # Called as ``on_append(rows, counts)`` before frames are appended (a background
-        # checkpoint's fence copies aside the frames an append replaces: buffer/frame_fence.py).
+        # checkpoint's fence copies aside the frames an append replaces: buffer/fence.py).
         self.on_append: Callable[[np.ndarray, np.ndarray], None] | None = None
         self._counts = fk.empty_counts(num_streams, 1)
 
@@ -135,7 +135,7 @@ class FrameStore:
         more than now, up to ``K`` per step), keeping each stream's last frames at their
         positions: in place, moving only the frames of a wrapped ring whose position
         changes; into a new allocation when a fence's reader may be copying a wrapped
-        ring meanwhile (``on_append`` set: buffer/frame_fence.py)."""
+        ring meanwhile (``on_append`` set: buffer/fence.py)."""
         old = self.frames
         cap = old.shape[1]
         new_cap = max(int(need), min(int(cap * GROWTH) + 1, self._most))
