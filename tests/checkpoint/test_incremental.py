@@ -14,7 +14,7 @@ from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint.format import PartReader
 from shardreplay.checkpoint.loading import load_shard
-from shardreplay.checkpoint.manifest import check_complete, damage, referenced_checkpoints
+from shardreplay.checkpoint.manifest import check_complete, incomplete_reason, referenced_checkpoints
 from shardreplay.errors import CheckpointError
 from tests.checkpoint.helpers import as_shard, fill_random, make_buffer
 
@@ -99,7 +99,7 @@ def test_a_missing_referred_file_makes_the_checkpoint_incomplete(tmp_path: Path)
     data = bytearray(part.read_bytes())
     data[-3] ^= 0xFF
     part.write_bytes(bytes(data))
-    assert damage(checkpoint.checkpoint_dir(tmp_path, 2)) is not None
+    assert incomplete_reason(checkpoint.checkpoint_dir(tmp_path, 2), missing=False) is not None
     part.unlink()
     assert not checkpoint.is_complete(checkpoint.checkpoint_dir(tmp_path, 2))
     with pytest.raises(CheckpointError, match="reads rows from"):

@@ -19,7 +19,7 @@ from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import Shard
 from shardreplay.checkpoint import format as ckfmt
 from shardreplay.checkpoint.loading import load_shard
-from shardreplay.checkpoint.manifest import damage, dump_checked, load_checked
+from shardreplay.checkpoint.manifest import dump_checked, incomplete_reason, load_checked
 from shardreplay.errors import CheckpointError
 from tests.checkpoint.helpers import as_shard
 
@@ -74,7 +74,7 @@ def test_the_manifest_covers_every_file_and_names_the_damaged_one(tmp_path: Path
         shutil.copytree(tmp_path / "good", root)
         bad = checkpoint.checkpoint_dir(root, 1) / path.name
         _flip(bad, bad.stat().st_size // 2)
-        reason = damage(bad.parent)
+        reason = incomplete_reason(bad.parent, missing=False)
         assert reason is not None and path.name in reason, (path.name, reason)
         with pytest.raises(CheckpointError, match=path.name.replace(".", r"\.")):
             checkpoint.load(root, _buffer(), files=("learner_state.pt",))
@@ -85,7 +85,7 @@ def test_a_manifest_without_the_files_table_still_loads(tmp_path: Path) -> None:
     body = load_checked(directory / "manifest.json")
     del body["files"]  # as written before the table existed
     dump_checked(directory / "manifest.json", body)
-    assert damage(directory) is None
+    assert incomplete_reason(directory, missing=False) is None
     report = checkpoint.load(tmp_path, _buffer(), files=("learner_state.pt",))
     assert report.files["learner_state.pt"] == LEARNER
     assert report.steps + report.dropped_steps == 2 * ROWS * CAP

@@ -397,16 +397,8 @@ def _read_as_saved(reader: AnyPartReader, pos: np.ndarray, session: RestoreSessi
     src, dst, n = src[order], dst[order], n[order]
     keep = n > 0
     src, dst, n = src[keep], dst[keep], n[keep]
-    targets = session.targets()
-    for arr in targets.values():
-        advise_hugepages(arr)
-    for name, arr in targets.items():
-        for first, lo, count in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True):
-            reader.rows_into(name, first, arr[lo:lo + count], defer=True)
-    reader.check_pending()
     runs = [(0, s, d, c) for s, d, c in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True)]
-    read_stacks([reader], runs, session)
-    read_starts([reader], [period], runs, session)
+    targets = _read_runs([reader], runs, runs, session, [period])
     if "seal.index" in reader.names():
         slots = _ranges(dst, n)  # the slot of each saved step, in saved order
         index = reader.array("seal.index")
@@ -454,17 +446,9 @@ def _read_placements(readers: list[AnyPartReader], plan: ShardPlan, episodes: Ep
     part, src = episodes.part[ids], episodes.start[ids] + skip
     dst = row * cap + plan.offset[order]
     length = episodes.length[ids] - skip
-    targets = session.targets()
-    for arr in targets.values():
-        advise_hugepages(arr)
     runs = _runs(part, src, dst, length)
-    for name, arr in targets.items():
-        for k, first, lo, n in runs:
-            readers[k].rows_into(name, first, arr[lo:lo + n], defer=True)
-    for reader in readers:  # every block read is verified before anything is derived from it
-        reader.check_pending()
-    read_stacks(readers, sorted(runs, key=lambda run: run[2]), session)  # new rows start at slot 0
-    read_starts(readers, periods, runs, session)
+    # New rows start at slot 0: the stacks are read in slot order.
+    targets = _read_runs(readers, runs, sorted(runs, key=lambda run: run[2]), session, periods)
     slots = _ranges(dst, length)
     targets["episode_id"][slots] = np.repeat(ids, length)
     targets["generation"][slots] = 1
@@ -473,6 +457,25 @@ def _read_placements(readers: list[AnyPartReader], plan: ShardPlan, episodes: Ep
     for name in spec.env_id_fields:
         arr = targets[f"field.{name}"]
         arr[slots] = rows.reshape(-1, *([1] * (arr.ndim - 1))).astype(arr.dtype)
+
+
+def _read_runs(readers: list[AnyPartReader], runs: list[tuple[int, int, int, int]],
+               stack_runs: list[tuple[int, int, int, int]], session: RestoreSession,
+               periods: list[int]) -> dict[str, np.ndarray]:
+    """Read ``runs`` (part, first saved step, first flat slot, steps) of every array into
+    the session's targets, check every block read before anything is derived from it,
+    then the frame stacks (in ``stack_runs``' order) and start-only fields; the targets."""
+    targets = session.targets()
+    for arr in targets.values():
+        advise_hugepages(arr)
+    for name, arr in targets.items():
+        for k, first, lo, n in runs:
+            readers[k].rows_into(name, first, arr[lo:lo + n], defer=True)
+    for reader in readers:
+        reader.check_pending()
+    read_stacks(readers, stack_runs, session)
+    read_starts(readers, periods, runs, session)
+    return targets
 
 
 def _runs(part: np.ndarray, src: np.ndarray, dst: np.ndarray, length: np.ndarray

@@ -255,26 +255,18 @@ def check_complete(directory: Path, *, hashes: bool = True) -> Manifest:
     return manifest
 
 
-def incomplete_reason(directory: Path, *, hashes: bool = True) -> str | None:
-    """None for a complete checkpoint (:func:`check_complete`), else why it is not."""
+def incomplete_reason(directory: Path, *, hashes: bool = True, missing: bool = True) -> str | None:
+    """None for a complete checkpoint (:func:`check_complete`), else why it is not.
+
+    ``missing=False`` asks only whether it is *damaged* (its files are all there, but one
+    fails its checks: a block's checksum, a size, a description; the message names the
+    file and the block): None also when it is merely incomplete (a part or the manifest
+    missing: a run stopped before every rank saved).
+    """
     try:
         check_complete(directory, hashes=hashes)
-    except (IncompleteCheckpointError, CheckpointFormatError) as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"cannot read it ({exc})"
-    return None
-
-
-def damage(directory: Path) -> str | None:
-    """Why a checkpoint is *damaged* (its files are all there, but one fails its checks:
-    a block's checksum, a size, a description; the message names the file and the
-    block), or None when it is complete or merely incomplete (a part or the manifest
-    missing: a run stopped before every rank saved)."""
-    try:
-        check_complete(directory)
-    except IncompleteCheckpointError:
-        return None
+    except IncompleteCheckpointError as exc:
+        return str(exc) if missing else None
     except CheckpointFormatError as exc:
         return str(exc)
     except OSError as exc:

@@ -121,14 +121,11 @@ class SaveJob:
 
     directory: Path
     skip: bool  # already complete: nothing to write
+    checkpoint_id: int
     shard: Shard | None = None
-    index: int = 0
-    num_shards: int = 1
-    checkpoint_id: int = 0
     arrays: dict[str, Any] = field(default_factory=dict)
     empty_like: dict[str, np.ndarray] = field(default_factory=dict)
     part: ManifestPart | None = None  # its size, hashes and files are filled in when written
-    spec: Spec | None = None
     meta: PartMeta | None = None
     files: dict[str, bytes] = field(default_factory=dict)
     keep_last: int | None = 2
@@ -166,11 +163,10 @@ def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkp
         # (sizes and hashes no longer match its manifest) if a rank died half-way.
         log.warning("checkpoint %s under %s is already complete: not saved again (use a new "
                     "checkpoint_id to save the current content)", directory.name, path)
-        return SaveJob(directory, True)
+        return SaveJob(directory, True, int(checkpoint_id))
     sharding = internals_of(buffer).sharding_state() if isinstance(buffer, ShardedReplayBuffer) else None
-    job = SaveJob(directory, False, shard, index, num_shards, int(checkpoint_id), files=extra_files,
-                  keep_last=keep_last)
-    _fix_content(job, root, partial, sharding, incremental, background)
+    job = SaveJob(directory, False, int(checkpoint_id), shard, files=extra_files, keep_last=keep_last)
+    _fix_content(job, root, partial, sharding, incremental, background, index, num_shards)
     return job
 
 
@@ -187,7 +183,7 @@ def restored_from(shard: Shard) -> RestoreCounts | None:
 
 
 def _fix_content(job: SaveJob, root: Path, partial: str, sharding: dict[str, Any] | None,
-                 incremental: bool, background: bool) -> None:
+                 incremental: bool, background: bool, index: int, num_shards: int) -> None:
     """The part's arrays and description (all but its size and hashes), as of now."""
     shard = job.shard
     assert shard is not None
@@ -202,7 +198,7 @@ def _fix_content(job: SaveJob, root: Path, partial: str, sharding: dict[str, Any
         job.segments = full_segments(hi, shard.stream_capacity) if incremental and chained else None
         start = hi - np.minimum(hi, shard.stream_capacity)
     names = list(shard.fields)
-    if background:  # frame-stacked fields too: their frame rings are fenced (buffer/frame_fence.py)
+    if background:  # frame-stacked fields too: their frame rings are fenced (buffer/fence.py)
         names += list(shard.stacked_names)
         job.fence = shard.take_fence(names, start)
         state["arrays"].update({f"field.{n}": job.fence.pieces(n) for n in names})
@@ -221,10 +217,9 @@ def _fix_content(job: SaveJob, root: Path, partial: str, sharding: dict[str, Any
     job.arrays, job.meta = _ordered(arrays), PartMeta.of_state(state["meta"], sharding)
     job.empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
     job.empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
-    job.spec = shard.spec
     chained_part = chain is not None and job.segments is not None
     job.part = ManifestPart(
-        job.checkpoint_id, job.index, job.num_shards, f"{part_name(job.index, job.num_shards)}.safetensors",
+        job.checkpoint_id, index, num_shards, f"{part_name(index, num_shards)}.safetensors",
         0, (), int(arrays["row_length"].sum()), int(episodes.start.shape[0]), partial, report,
         restored_from(shard), shard.spec.fingerprint,
         # Only a chained part refers to earlier files (a full part is described as before).
@@ -265,7 +260,7 @@ def _write(job: SaveJob, shard: Shard) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         written = {name: _write_file(directory / name, data) for name, data in job.files.items()}
         part, entry = _write_part(job, written)
-        wrote_manifest = _maybe_write_manifest(directory, job.spec, part, entry)
+        wrote_manifest = _maybe_write_manifest(directory, shard.spec, part, entry)
     except OSError as exc:
         forget(shard, directory.parent)
         raise CheckpointError(f"cannot write checkpoint {directory}: {exc}") from exc
@@ -274,7 +269,7 @@ def _write(job: SaveJob, shard: Shard) -> Path:
         own = RefSource(directory.name, part.file, part.bytes, part.block_xxh64)
         remember(shard, root, own, job.segments)
     log.info("checkpoint %s: shard %d/%d saved %d steps, %d episodes in %.2f s (%s%s)%s", directory.name,
-             job.index, job.num_shards, part.steps, part.episodes, time.perf_counter() - started,
+             part.shard, part.num_shards, part.steps, part.episodes, time.perf_counter() - started,
              _partial_text(part.partial), _refs_text(part), _restored_text(part.restored))
     if wrote_manifest and job.keep_last is not None:
         _prune(root, job.checkpoint_id, job.keep_last)
@@ -313,14 +308,14 @@ def _write_file(path: Path, data: bytes) -> FileEntry:
 def _write_part(job: SaveJob, files: dict[str, FileEntry]) -> tuple[ManifestPart, FileEntry]:
     """Write the part file, then its description; the part as described, and the
     description's size and hash (for the manifest's ``files``)."""
-    assert job.part is not None and job.meta is not None and job.spec is not None
+    assert job.part is not None and job.meta is not None and job.shard is not None
     info = write_part(job.directory / job.part.file, job.arrays, {"buffer_meta": job.meta.as_text()},
                       empty_like=job.empty_like)
     # An integer: a float's last digit can change without changing its value.
     part = replace(job.part, bytes=int(info["bytes"]), block_xxh64=tuple(info["block_xxh64"]),
                    created_unix_ms=int(time.time() * 1000), files=dict(sorted(files.items())))
-    stem = part_name(job.index, job.num_shards)
-    return part, dump_checked(job.directory / f"{stem}.json", part.description(job.spec))
+    stem = part_name(part.shard, part.num_shards)
+    return part, dump_checked(job.directory / f"{stem}.json", part.description(job.shard.spec))
 
 
 def _seal_undo(before: dict[str, Any], after: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -341,11 +336,10 @@ def _ordered(arrays: dict[str, Any]) -> dict[str, Any]:
     return {k: arrays[k] for k in small + [k for k in arrays if k.startswith("field.")]}
 
 
-def _maybe_write_manifest(directory: Path, spec: Spec | None, mine: ManifestPart, entry: FileEntry) -> bool:
+def _maybe_write_manifest(directory: Path, spec: Spec, mine: ManifestPart, entry: FileEntry) -> bool:
     """Write the manifest when every other part's description is there (this rank
     finished last), listing each as its description says; False when one is missing,
     unreadable, or of another checkpoint id or spec (that rank writes it, or nobody)."""
-    assert spec is not None
     parts: list[ManifestPart] = []
     covered: dict[str, FileEntry] = {}
     for shard in range(mine.num_shards):

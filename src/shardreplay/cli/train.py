@@ -203,14 +203,14 @@ def _refuse_damaged(run_dir: Path, newest_complete: int | None) -> None:
 
 def _damaged_newer(root: Path, newest_complete: int | None) -> tuple[int, str] | None:
     """The newest checkpoint newer than ``newest_complete`` that is damaged (not merely
-    incomplete), with why (:func:`shardreplay.checkpoint.manifest.damage`), or None."""
+    incomplete), with why (:func:`shardreplay.checkpoint.manifest.incomplete_reason`), or None."""
     from shardreplay.checkpoint import checkpoint_dir, list_checkpoints
-    from shardreplay.checkpoint.manifest import damage
+    from shardreplay.checkpoint.manifest import incomplete_reason
 
     for cid in reversed(list_checkpoints(root)):
         if newest_complete is not None and cid <= newest_complete:
             return None
-        why = damage(checkpoint_dir(root, cid))
+        why = incomplete_reason(checkpoint_dir(root, cid), missing=False)
         if why is not None:
             return cid, why
     return None
