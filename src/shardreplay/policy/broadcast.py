@@ -321,6 +321,48 @@ def deserialize(data: bytes, expect_crc: int | None, stats: SubscriberStats,
     return PolicyUpdate(version, weights, {str(k): str(v) for k, v in meta.items() if k != VERSION_KEY})
 
 
+class PollingSubscriber:
+    """What the subscribers share: their settings and state, the check interval, and
+    taking checked weights (a copy that fails is not read again until the next publish).
+
+    Raises:
+        ConfigError: a negative interval.
+    """
+
+    def __init__(self, check_interval_s: float, as_numpy: bool) -> None:
+        if check_interval_s < 0:
+            raise ConfigError(f"check_interval_s must be >= 0, got {check_interval_s}")
+        self.check_interval_s = check_interval_s
+        self.as_numpy = as_numpy
+        self.version: int | None = None
+        self.run_id: str | None = None
+        self.stats = SubscriberStats()
+        self._next_check = 0.0
+        self._bad: object = None  # the marker of the copy rejected last
+
+    def _due(self, hinted: bool = False) -> bool:
+        """Whether to check now (``check_interval_s`` passed, or a hint came); counted."""
+        now = time.monotonic()
+        if not hinted and now < self._next_check:
+            return False
+        self._next_check = now + self.check_interval_s
+        self.stats.checks += 1
+        return True
+
+    def _take(self, data: bytes, crc: int, version: int, run: str, origin: str, marker: object
+              ) -> PolicyUpdate | None:
+        """The update in ``data`` when it is whole and of ``version`` (then the current
+        one, of run ``run``); else None, and ``marker`` is remembered as rejected."""
+        update = deserialize(data, crc, self.stats, origin, self.as_numpy)
+        if update is None or update.version != version:
+            self._bad = marker
+            if update is not None:
+                self.stats.reject("version", f"{origin}: listed as {version}, weights say {update.version}")
+            return None
+        self.version, self.run_id = version, run
+        return update
+
+
 def wait_for_policy(subscriber: PolicySubscriber, timeout_s: float) -> PolicyUpdate:
     """Block until ``subscriber`` loads a policy newer than its current one.
 

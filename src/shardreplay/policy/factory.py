@@ -7,6 +7,7 @@ import circle, and redis is imported only when a ``redis://`` URL is opened.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from shardreplay.errors import ConfigError
@@ -16,19 +17,21 @@ from shardreplay.transport.urls import POLICY_KEY, parse_medium, pop_query
 __all__ = ["open_publisher", "open_subscriber"]
 
 
-def _split(url: str) -> tuple[str, str]:
+def _open(url: str, role: str, options: dict[str, Any]) -> Any:
+    """``File<role>(dir)`` or ``Redis<role>(url)``, the backend imported now; a Redis
+    URL's ``key`` query option (:mod:`shardreplay.transport.urls`) names the policy hash
+    unless ``key`` is given."""
     medium = parse_medium(url, kinds=("file", "redis"), what="policy broadcast")
-    # a Redis URL's ``key`` option is the backend's (see _redis_options)
-    return (medium.kind, medium.path) if medium.kind == "file" else (medium.kind, url)
-
-
-def _redis_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The URL for redis-py and the backend's options: the URL's ``key`` query option
-    (:mod:`shardreplay.transport.urls`) names the policy hash unless ``key`` is given."""
-    bare, key = pop_query(url, POLICY_KEY)
-    if key and "key" not in options:
-        options = {**options, "key": key}
-    return bare, options
+    where = medium.path if medium.kind == "file" else url
+    if medium.kind == "redis":
+        where, key = pop_query(url, POLICY_KEY)
+        if key and "key" not in options:
+            options = {**options, "key": key}
+    module = importlib.import_module(f"shardreplay.policy.{medium.kind}_backend")
+    try:
+        return getattr(module, f"{medium.kind.capitalize()}{role.capitalize()}")(where, **options)
+    except TypeError as exc:
+        raise ConfigError(f"bad option for policy {role} {url!r}: {exc}") from exc
 
 
 def open_publisher(url: str, **options: Any) -> PolicyPublisher:
@@ -37,18 +40,8 @@ def open_publisher(url: str, **options: Any) -> PolicyPublisher:
     Raises:
         ConfigError: an unknown URL or option.
     """
-    kind, where = _split(url)
-    try:
-        if kind == "file":
-            from shardreplay.policy.file_backend import FilePublisher
-
-            return FilePublisher(where, **options)
-        from shardreplay.policy.redis_backend import RedisPublisher
-
-        where, options = _redis_options(where, options)
-        return RedisPublisher(where, **options)
-    except TypeError as exc:
-        raise ConfigError(f"bad option for policy publisher {url!r}: {exc}") from exc
+    publisher: PolicyPublisher = _open(url, "publisher", options)
+    return publisher
 
 
 def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
@@ -57,15 +50,5 @@ def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
     Raises:
         ConfigError: an unknown URL or option.
     """
-    kind, where = _split(url)
-    try:
-        if kind == "file":
-            from shardreplay.policy.file_backend import FileSubscriber
-
-            return FileSubscriber(where, **options)
-        from shardreplay.policy.redis_backend import RedisSubscriber
-
-        where, options = _redis_options(where, options)
-        return RedisSubscriber(where, **options)
-    except TypeError as exc:
-        raise ConfigError(f"bad option for policy subscriber {url!r}: {exc}") from exc
+    subscriber: PolicySubscriber = _open(url, "subscriber", options)
+    return subscriber

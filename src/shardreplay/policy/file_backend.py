@@ -34,9 +34,8 @@ from shardreplay._io import atomic_write_bytes
 from shardreplay.errors import ConfigError, TransportError
 from shardreplay.policy.broadcast import (
     PolicyUpdate,
-    SubscriberStats,
+    PollingSubscriber,
     check_version,
-    deserialize,
     is_news,
     run_id_of,
     serialize,
@@ -133,7 +132,7 @@ class FilePublisher:
         """Nothing to release; present for the interface."""
 
 
-class FileSubscriber:
+class FileSubscriber(PollingSubscriber):
     """Polls a directory for new policies.
 
     Args:
@@ -147,29 +146,18 @@ class FileSubscriber:
 
     def __init__(self, path: str | os.PathLike[str], *, check_interval_s: float = 1.0,
                  as_numpy: bool = False) -> None:
-        if check_interval_s < 0:
-            raise ConfigError(f"check_interval_s must be >= 0, got {check_interval_s}")
+        super().__init__(check_interval_s, as_numpy)
         self.path = Path(path)
-        self.check_interval_s = check_interval_s
-        self.as_numpy = as_numpy
-        self.version: int | None = None
-        self.run_id: str | None = None
-        self.stats = SubscriberStats()
-        self._next_check = 0.0
-        self._bad_note: bytes | None = None
 
     def poll(self) -> PolicyUpdate | None:
         """The newest policy if it is newer than ``version`` or another run's; else None."""
-        now = time.monotonic()
-        if now < self._next_check:
+        if not self._due():
             return None
-        self._next_check = now + self.check_interval_s
-        self.stats.checks += 1
         try:
             raw = (self.path / NOTE).read_bytes()
         except FileNotFoundError:
             return None  # nothing published yet
-        if raw == self._bad_note:
+        if raw == self._bad:
             return None  # already rejected; wait for the next publish
         try:
             note = json.loads(raw)
@@ -178,7 +166,8 @@ class FileSubscriber:
             if not _WEIGHTS.match(name):
                 raise ValueError(f"bad weights file name {name!r}")
         except (ValueError, KeyError, TypeError) as exc:
-            self._reject(raw, "format", f"{self.path / NOTE}: {exc}")
+            self._bad = raw
+            self.stats.reject("format", f"{self.path / NOTE}: {exc}")
             return None
         if not is_news(version, run, self.version, self.run_id):
             return None
@@ -186,19 +175,8 @@ class FileSubscriber:
             data = (self.path / name).read_bytes()
         except FileNotFoundError:
             return None  # superseded and pruned since the note was read: look again later
-        update = deserialize(data, crc, self.stats, str(self.path / name), self.as_numpy)
-        if update is None:
-            self._bad_note = raw
-            return None
-        if update.version != version:
-            self._reject(raw, "version", f"note says {version}, weights say {update.version}")
-            return None
-        self.version, self.run_id = version, run  # the note's run: what the next check compares
-        return update
-
-    def _reject(self, raw: bytes, reason: str, detail: str) -> None:
-        self._bad_note = raw
-        self.stats.reject(reason, detail)
+        # The note's run: what the next check compares.
+        return self._take(data, crc, version, run, str(self.path / name), raw)
 
     def pause(self, timeout_s: float) -> None:
         """Sleep ``timeout_s`` (files give no hints) and allow the next check at once."""

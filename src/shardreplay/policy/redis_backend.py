@@ -17,12 +17,11 @@ import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from shardreplay.errors import ConfigError, TransportTimeout
+from shardreplay.errors import TransportTimeout
 from shardreplay.policy.broadcast import (
     PolicyUpdate,
-    SubscriberStats,
+    PollingSubscriber,
     check_version,
-    deserialize,
     is_news,
     run_id_of,
     serialize,
@@ -76,7 +75,7 @@ class RedisPublisher:
         self._link.close()
 
 
-class RedisSubscriber:
+class RedisSubscriber(PollingSubscriber):
     """Polls a Redis hash for new policies.
 
     Args:
@@ -91,30 +90,19 @@ class RedisSubscriber:
 
     def __init__(self, url: str, *, key: str = "shardreplay:policy", check_interval_s: float = 1.0,
                  as_numpy: bool = False) -> None:
-        if check_interval_s < 0:
-            raise ConfigError(f"check_interval_s must be >= 0, got {check_interval_s}")
+        super().__init__(check_interval_s, as_numpy)
         self._link = RedisLink(url)
         self._key = key
-        self.check_interval_s = check_interval_s
-        self.as_numpy = as_numpy
-        self.version: int | None = None
-        self.run_id: str | None = None
-        self.stats = SubscriberStats()
         self._hints = HintChannel(self._link, key + ":news")
-        self._next_check = 0.0
-        self._bad: tuple[bytes, bytes] | None = None
 
     def poll(self) -> PolicyUpdate | None:
         """The newest policy if it is newer than ``version`` or another run's; else None.
 
         A server that does not answer counts as "nothing new" (logged by the link).
         """
-        now = time.monotonic()
-        hinted = self._hints.wait(0.0)
-        if not hinted and now < self._next_check:
+        if not self._due(self._hints.wait(0.0)):
             return None
-        self._next_check = now + self.check_interval_s
-        self.stats.checks += 1
+        now = time.monotonic()
         try:
             raw, run = self._link.call(lambda r: r.hmget(self._key, "version", "run"), what="HMGET version",
                                        deadline=now)
@@ -139,15 +127,9 @@ class RedisSubscriber:
             self._bad = marker
             self.stats.reject("format", f"policy hash lacks a field or is malformed: {exc}")
             return None
-        update = deserialize(data, crc, self.stats, f"redis key {self._key}", self.as_numpy)
-        if update is None or update.version != version:
-            self._bad = marker
-            if update is not None:
-                self.stats.reject("version", f"hash says {version}, weights say {update.version}")
-            return None
-        # the hash's run: what the next check compares
-        self.version, self.run_id = version, fields.get(b"run", b"").decode(errors="replace")
-        return update
+        # The hash's run: what the next check compares.
+        return self._take(data, crc, version, fields.get(b"run", b"").decode(errors="replace"),
+                          f"redis key {self._key}", marker)
 
     def pause(self, timeout_s: float) -> None:
         """Sleep up to ``timeout_s``, waking at once on a hint."""

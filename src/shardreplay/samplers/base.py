@@ -79,6 +79,27 @@ class Sampler(Protocol):
         """Inverse of :meth:`state_dict` (the caller ran :meth:`check_state` first)."""
 
 
+class Unweighted:
+    """What a sampler that ignores priorities does for them: steps record 1.0, every
+    drawable start weighs 1, weights are 1 (no importance weighting), updates change
+    nothing."""
+
+    def default_priority(self) -> float:
+        """Priorities are ignored; steps record 1.0."""
+        return 1.0
+
+    def min_leaf(self) -> float:
+        """Every drawable start weighs 1."""
+        return 1.0
+
+    def current_beta(self) -> float:
+        """No importance weighting: weights are 1."""
+        return 0.0
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """Priorities do not change the draws (they are still stored per step)."""
+
+
 def check_state_keys(name: str, state: Mapping[str, Any], required: tuple[str, ...],
                      optional: tuple[str, ...] = ()) -> None:
     """Raise unless ``state`` has every ``required`` key and no key outside both tuples.

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from shardreplay.samplers.base import Draw, check_state_keys, state_error
+from shardreplay.samplers.base import Draw, Unweighted, check_state_keys, state_error
 from shardreplay.storage import StreamStorage
 
 
-class FifoSampler:
+class FifoSampler(Unweighted):
     """Returns each valid window once, oldest first.
 
     A window enters the queue when it becomes valid; one that was overwritten before
@@ -27,10 +27,6 @@ class FifoSampler:
         self.storage = storage
         self._queue: deque[tuple[np.ndarray, np.ndarray]] = deque()  # (slots, generations)
         self._waiting = 0
-
-    def default_priority(self) -> float:
-        """FIFO ignores priorities; steps record 1.0."""
-        return 1.0
 
     def on_write(self, slots: np.ndarray, valid: np.ndarray, newly: np.ndarray) -> None:
         """Queue the windows that became valid, in slot order of this write."""
@@ -54,14 +50,6 @@ class FifoSampler:
                 waiting += int(live.sum())
         self._queue, self._waiting = kept, waiting
 
-    def min_leaf(self) -> float:
-        """Every drawable start weighs 1."""
-        return 1.0
-
-    def current_beta(self) -> float:
-        """No importance weighting: weights are 1."""
-        return 0.0
-
     def mass(self) -> float:
         """Number of waiting windows."""
         return float(self.num_samplable())
@@ -82,13 +70,13 @@ class FifoSampler:
         starts = np.concatenate(taken) if taken else np.empty(0, np.int64)
         return Draw(starts, np.full(count, 1.0 / max(waiting, 1)), np.ones(count, np.float32))
 
-    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        """Priorities do not change FIFO order (they are still stored per step)."""
-
     def rebuild(self) -> None:
         """After a load: every valid window waits, oldest (by row, time) first."""
         slots, _ = self.storage.stored_slots()
-        slots = slots[self.storage.valid[slots]]
+        self._wait_for(slots[self.storage.valid[slots]])
+
+    def _wait_for(self, slots: np.ndarray) -> None:
+        """Only ``slots`` wait, in this order."""
         self._queue = deque([(slots, self.storage.generation[slots].copy())]) if slots.size else deque()
         self._waiting = int(slots.size)
 
@@ -125,6 +113,4 @@ class FifoSampler:
         """Restore the waiting queue saved by :meth:`state_dict`."""
         if "waiting_slots" not in state:
             return  # keep what rebuild() queued
-        slots = np.asarray(state["waiting_slots"], np.int64)
-        self._queue = deque([(slots, self.storage.generation[slots].copy())]) if slots.size else deque()
-        self._waiting = int(slots.size)
+        self._wait_for(np.asarray(state["waiting_slots"], np.int64))

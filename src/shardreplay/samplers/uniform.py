@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardreplay.kernels.lazy import lazy
-from shardreplay.samplers.base import Draw, check_state_keys
+from shardreplay.samplers.base import Draw, Unweighted, check_state_keys
 from shardreplay.storage import StreamStorage
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
 _MIN_ACCEPTANCE = 0.05
 
 
-class UniformSampler:
+class UniformSampler(Unweighted):
     """``P(i) = 1 / N`` over the ``N`` valid starts; weights are all 1.
 
     Draws slots uniformly over the whole ring and rejects invalid ones, which keeps the
@@ -33,24 +33,12 @@ class UniformSampler:
     def __init__(self, storage: StreamStorage) -> None:
         self.storage = storage
 
-    def default_priority(self) -> float:
-        """Uniform sampling ignores priorities; steps record 1.0."""
-        return 1.0
-
     def on_write(self, slots: np.ndarray, valid: np.ndarray, newly: np.ndarray) -> None:
         """Nothing to maintain: the storage keeps the valid flags."""
 
     def num_samplable(self) -> int:
         """Number of valid starts."""
         return self.storage.num_valid
-
-    def min_leaf(self) -> float:
-        """Every drawable start weighs 1."""
-        return 1.0
-
-    def current_beta(self) -> float:
-        """No importance weighting: weights are 1."""
-        return 0.0
 
     def mass(self) -> float:
         """The valid count."""
@@ -96,9 +84,6 @@ class UniformSampler:
             raw = rng.bit_generator.random_raw(int((n - got) * per_start) + 8)
             got = kernels.draw_written(raw, storage.pos, cap, storage.valid, out, got)
         return out
-
-    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        """Priorities do not change uniform sampling (they are still stored per step)."""
 
     def rebuild(self) -> None:
         """Nothing derived to rebuild."""

@@ -276,7 +276,7 @@ class RedisWriter:
         while True:
             full = self._length is None or self._length + len(self._sent) >= t.max_len
             if len(self._sent) >= self.MAX_IN_FLIGHT or (self._sent and full and self._credit is None):
-                self._settle(deadline, wait=True)  # the replies say the length after our adds
+                self._settle(deadline)  # the replies say the length after our adds
             elif full or self._credit == 0:
                 self._length = self._wait_for_room(deadline, timeout_s)
             else:
@@ -290,7 +290,7 @@ class RedisWriter:
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 self._broken = True
         if self._broken:  # replies are otherwise read 8 adds at a time, by the loop above
-            self._settle(deadline, wait=True)
+            self._settle(deadline)
 
     @property
     def in_flight(self) -> int:
@@ -305,7 +305,7 @@ class RedisWriter:
             TransportTimeout: no server within ``timeout_s``.
             TransportError: Redis refused a write.
         """
-        self._settle(None if timeout_s is None else time.monotonic() + timeout_s, wait=True)
+        self._settle(None if timeout_s is None else time.monotonic() + timeout_s)
 
     def _connection(self) -> Any:
         if self._conn is None:
@@ -315,8 +315,8 @@ class RedisWriter:
     def _push(self, data: memoryview) -> None:
         self._connection().send_packed_command([data])  # XADD then XLEN, one send
 
-    def _settle(self, deadline: float | None, *, wait: bool) -> None:
-        """Read the replies of adds in flight: all of them (``wait``) or those already here."""
+    def _settle(self, deadline: float | None) -> None:
+        """Read the replies of every add in flight."""
 
         def settle(_: redis.Redis) -> None:
             conn = self._connection()
@@ -326,7 +326,7 @@ class RedisWriter:
                     for data in self._sent:
                         self._push(data)
                     self._broken = False
-                while self._sent and (wait or conn.can_read(timeout=0)):
+                while self._sent:
                     conn.read_response()  # the entry id
                     self._length = int(conn.read_response())
                     self._sent.popleft()
@@ -364,7 +364,7 @@ class RedisWriter:
                                        f"(max_len={t.max_len}) for {timeout_s} s: the learner is not "
                                        "draining it (is it alive?)")
             if self._sent:  # maybe only our own adds, counted twice: confirm them, look again
-                self._settle(deadline, wait=True)
+                self._settle(deadline)
                 in_line = False
                 continue
             in_line = self._room.enabled
