@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import shardreplay.gym.writer as writer_module
 import shardreplay.spec.validation as validation
 from shardreplay import (
     ConfigError,
@@ -18,12 +19,14 @@ from shardreplay import (
     spec_from_env,
     testing,
 )
+from shardreplay.spec import StepType
 from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT
 
 # One worker for the whole module: its cases compile the same specialised kernels, which
 # several workers would otherwise compile at once on a cold numba cache (--dist loadgroup).
 pytestmark = pytest.mark.xdist_group("gym-step-kernels")
 
+LAST = int(StepType.LAST)
 SPEC = Spec({"obs": Field((4,), np.float32), "action": Field((), np.int64), "reward": Field((), np.float32)})
 
 
@@ -242,3 +245,66 @@ def test_natural_inputs_take_the_one_step_writer_and_store_what_typed_inputs_sto
     for name, arr in a.items():
         np.testing.assert_array_equal(arr, b[name], err_msg=name)
     assert writers[1].num_steps == 40
+
+
+def _pixel_run(spec: Spec, mode: str, num_envs: int, steps: int, seed: int):
+    """Gym outputs of ``num_envs`` envs of 4-frame stacks (a reset stack repeats its first
+    frame; episodes of 1-4 steps, ended by termination or truncation) into a writer's
+    buffer of ``spec`` and, through the converter, into a buffer of plain storage."""
+    plain = Spec({"obs": Field(spec["obs"].shape, np.uint8), **{k: spec[k] for k in ("action", "reward")}})
+    a = ReplayBuffer(spec, num_streams=num_envs, stream_capacity=24, window=2, seed=0)
+    b = ReplayBuffer(plain, num_streams=num_envs, stream_capacity=24, window=2, seed=0)
+    writer, conv = GymStepWriter(a, autoreset_mode=mode), GymStepConverter(num_envs, autoreset_mode=mode)
+    rng = np.random.default_rng(seed)
+    frame = spec["obs"].shape[1:]
+
+    def reset_stack() -> np.ndarray:
+        return np.repeat(rng.integers(0, 256, (1, *frame), dtype=np.uint8), 4, axis=0)
+    obs = np.stack([reset_stack() for _ in range(num_envs)])
+    writer.reset(obs)
+    conv.reset(obs)
+    ended = np.zeros(num_envs, bool)  # NEXT_STEP: the env resets in its next step
+    for _ in range(steps):
+        obs = obs.copy()
+        term, trunc = rng.random(num_envs) < 0.2, rng.random(num_envs) < 0.15
+        term[ended], trunc[ended] = False, False
+        finals = []
+        for e in range(num_envs):
+            if ended[e]:
+                obs[e] = reset_stack()
+            else:
+                obs[e] = np.concatenate([obs[e, 1:], rng.integers(0, 256, (1, *frame), dtype=np.uint8)])
+            finals.append(obs[e].copy() if term[e] or trunc[e] else None)
+            if mode == "same_step" and (term[e] or trunc[e]):
+                obs[e] = reset_stack()
+        ended = (term | trunc) & (mode == "next_step")
+        info = {"final_obs": np.array([*finals, None], dtype=object)[:-1]} if mode == "same_step" else {}
+        action, reward = rng.integers(0, 4, num_envs), rng.random(num_envs).astype(np.float32)
+        writer.step(action, obs, reward, term, trunc, info)
+        for step, ids in conv.step(action, obs, reward, term, trunc, info):
+            b.add(step, stream_ids=ids)
+    return a, b, writer, conv
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+@pytest.mark.parametrize(("num_envs", "patterns"),
+                         [(1, writer_module.PATTERNS), (3, writer_module.PATTERNS), (3, 2)])
+def test_frame_stacks_across_short_episodes_store_what_the_converter_stores(mode, num_envs, patterns,
+                                                                           monkeypatch):
+    """Pixels with episodes of 1-4 steps, past the wrap of a 24-step stream: each slot's
+    stack rebuilt bit for bit, and the step types, discounts and episode counts of every
+    boundary as the converter gives them; also when the writer forgets its remembered
+    boundary patterns (``patterns=2``: cleared every few steps)."""
+    monkeypatch.setattr(writer_module, "PATTERNS", patterns)
+    spec = Spec({"obs": Field((4, 3, 5), np.uint8, frame_stack=True), "action": Field((), np.int64),
+                 "reward": Field((), np.float32)})
+    a, b, writer, conv = _pixel_run(spec, mode, num_envs, steps=90, seed=num_envs)
+    sa, sb = a.state_dict()["arrays"], b.state_dict()["arrays"]
+    assert sa.keys() == sb.keys()
+    for name, arr in sa.items():
+        np.testing.assert_array_equal(arr, sb[name], err_msg=name)
+    assert (writer.num_steps, writer.num_episodes) == (conv.num_steps, conv.num_episodes)
+    assert writer.num_episodes > 20 * num_envs
+    assert len(writer._after) <= patterns
+    types = sa["step_type"].numpy()
+    assert (types == LAST).sum() >= 3 and (sa["discount"].numpy() == 0).any()

@@ -6,6 +6,8 @@ into one with plain storage, with the same seed, and compares what they sample.
 
 from __future__ import annotations
 
+import os
+import resource
 import sys
 from pathlib import Path
 from typing import Any
@@ -338,3 +340,28 @@ def test_an_empty_frame_stacked_buffer_exports_and_loads_its_state() -> None:
     other = sr.ReplayBuffer(spec, num_streams=2, stream_capacity=4)
     other.load_state_dict(state)
     assert other.num_steps == 0
+
+
+def test_rings_reserved_for_more_frames_than_the_machine_has_memory() -> None:
+    """The rings' one allocation holds K frames per step (the worst case: 1M steps of
+    84x84x4 reserve 26 GiB). It reserves address space only, so it is made on a machine
+    with less memory (``np.zeros`` refused it: MemoryError under Linux's default
+    overcommit), and only the frames written take memory."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    frame = (256, 256)  # large frames: few steps (arrays per step stay small)
+    cap = 2 * ram // (K * frame[0] * frame[1]) + 1  # the reserve: twice the machine's memory
+    spec = sr.Spec({"obs": sr.Field((K, *frame), np.uint8, frame_stack=True), "act": sr.Field((), np.int64),
+                    "rew": sr.Field((), np.float32)})
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=cap, seed=0)
+    store = testing.shard(buf)._storage.stacked["obs"]
+    assert store._reserve.nbytes > ram
+    stack = np.arange(K * frame[0] * frame[1], dtype=np.int64).astype(np.uint8).reshape(1, K, *frame)
+    written = []
+    for t in range(20):
+        buf.add({"obs": stack, "act": np.array([t]), "rew": np.zeros(1, np.float32),
+                 "step_type": np.array([0 if t == 0 else 1], np.uint8)})
+        written.append(stack[0])
+        stack = np.concatenate([stack[:, 1:], stack[:, :1] + 1], axis=1)
+    np.testing.assert_array_equal(store.gather(np.arange(20)), np.stack(written))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 2**20  # KiB: under 1 GiB more

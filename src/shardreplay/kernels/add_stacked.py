@@ -126,9 +126,11 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, ste
         same = p0 > 0
         if same:
             first = ref[prev_slot] - k + 2
-            for j in range(k - 1):
-                same &= _bytes_equal(stack, (i * k + j) * fb, frames,
-                                     r * row_stride + ((first + j) % cap_frames) * frame_stride, fb)
+            for j in range(k - 1):  # a reset stack differs in its first frame: one compared
+                same = _bytes_equal(stack, (i * k + j) * fb, frames,
+                                    r * row_stride + ((first + j) % cap_frames) * frame_stride, fb)
+                if not same:
+                    break
             prev_type = _u8_at(records, prev_slot * record_bytes + at_step_type)
             if not same and step_types[i] != FIRST and prev_type != LAST:
                 return BAD_INPUT  # the full path names the stream and step

@@ -70,8 +70,8 @@ class FrameStore:
         # frames than a row of the allocation, whatever it grows to, so its type (layout)
         # stays the one compiled kernels were given.
         self._most = self.stack * stream_capacity
-        self._reserve = allocator.zeros(f"frames.{name}", (num_streams, self._most + 1, self.frame_bytes),
-                                        np.dtype(np.uint8))
+        self._reserve = allocator.reserve(f"frames.{name}", (num_streams, self._most + 1, self.frame_bytes),
+                                          np.dtype(np.uint8))
         self.frames = self._reserve[:, :min(initial_frame_capacity(stream_capacity, self.stack), self._most)]
         self.ref = np.zeros(num_streams * stream_capacity, np.int64)
         self.fpos = np.zeros(num_streams, np.int64)  # frames appended per stream, ever
@@ -142,8 +142,8 @@ class FrameStore:
         self._grown += 1
         fresh = self.on_append is not None and bool((self.fpos > cap).any())
         if fresh:
-            self._reserve = self._allocator.zeros(f"frames.{self.name}.{self._grown}", self._reserve.shape,
-                                                  np.dtype(np.uint8))
+            self._reserve = self._allocator.reserve(f"frames.{self.name}.{self._grown}", self._reserve.shape,
+                                                    np.dtype(np.uint8))
         new = self._reserve[:, :new_cap]
         for r in range(old.shape[0]):
             end = int(self.fpos[r])
