@@ -5,7 +5,9 @@ directory (``train --run-dir``: its ``checkpoints/``).
 
 * ``inspect``: shards, steps, episodes, sealed/dropped partial episodes, a priority
   summary (min/mean/max of the stored priorities), the files saved beside the buffer
-  and completeness; for a root, every checkpoint id with its completeness, then the newest complete one.
+  and completeness; for a root, every checkpoint id with its completeness, then the newest complete one,
+  and the run's rollouts archive (``train --keep-rollouts``): segments, bytes, steps, the
+  time span of the chunks' insertion, every record's checksums checked (exit 1 on damage).
 * ``verify``: reads every block of every part and checks its hash, the descriptions and
   the arrays; exits 1 with the reason on any problem (for a root: any checkpoint).
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +93,8 @@ def run_inspect(args: argparse.Namespace) -> int:
             doc = {"root": str(path), "checkpoints": summary.list_status(path),
                    "newest_complete": newest,
                    "newest": None if newest is None else summary.summarize(checkpoint_dir(path, newest),
-                                                                           priorities=priorities)}
+                                                                           priorities=priorities),
+                   "rollouts": _rollouts(path)}
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -100,7 +104,14 @@ def run_inspect(args: argparse.Namespace) -> int:
         print("\n".join(_describe(doc)))
     else:
         print("\n".join(_describe_root(doc)))
-    return 0
+    return 1 if (doc.get("rollouts") or {}).get("damaged") else 0
+
+
+def _rollouts(root: Path) -> dict[str, Any] | None:
+    """The rollouts archive of the run whose checkpoint root is ``root`` (None: none)."""
+    from shardreplay.runtime.learner.wal import archive_summary
+
+    return archive_summary(root.parent)
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -144,7 +155,18 @@ def _describe_root(doc: dict[str, Any]) -> list[str]:
         lines.append("no complete checkpoint")
     else:
         lines += ["", f"newest complete: {doc['newest_complete']}", *_describe(doc["newest"])]
+    r = doc["rollouts"]
+    if r is not None:
+        when = "no insert times" if r["first_insert"] is None else \
+            f"inserted {_utc(r['first_insert'])} .. {_utc(r['last_insert'])} ({r['span_s']:.1f} s)"
+        lines += ["", f"rollouts archive: {r['segments']} segment(s), {r['bytes']} bytes, "
+                  f"{r['chunks']} chunks, {r['steps']} steps, {when}"]
+        lines += [f"  DAMAGED {d} (the rest of that segment is unreadable)" for d in r["damaged"]]
     return lines
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def _describe(d: dict[str, Any]) -> list[str]:

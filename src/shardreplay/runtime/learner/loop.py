@@ -92,6 +92,7 @@ class Learner:
                  resume: bool = False, *, rings: Sequence[Transport] | None = None,
                  checkpoint_id: int | None = None, replay: bool = True) -> None:
         self.s = settings
+        self.replay_restored = replay  # False: the rate limiter fills the empty replay first
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # The learners' own collectives (the loop's sync, resume, log replay, summaries),
         # beside the buffer's: its exchanges and checkpoint loads keep theirs.
@@ -274,7 +275,8 @@ class Learner:
     def _loop(self, started: float) -> None:
         limiter = make_limiter(self.s, self.world)
         c = self.progress.counters
-        limiter.inserts, limiter.samples = c["env_steps"], c["samples"]
+        if self.replay_restored:  # --no-replay: this life fills its empty replay first, as a new run
+            limiter.inserts, limiter.samples = c["env_steps"], c["samples"]
         per_update = self.s.learners.batch_size * self.world
         drain_steps = DRAIN_CHUNKS * self.s.actors.chunk_steps * self.s.actors.envs_per_actor
         last_metrics = time.monotonic()
