@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,8 +18,13 @@ from shardreplay.cli.main import main
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import StepType
 from tests.checkpoint.helpers import as_shard
+from tests.support.train_runs import FAST, TrainRun
 
 minari = pytest.importorskip("minari")
+from shardreplay.offline import ChunkEpisodes, prefill  # noqa: E402
+
+F, M, L = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+LAST = L
 
 SPEC = sr.Spec({"obs": sr.Field((4,), np.float32), "action": sr.Field((), np.int64),
                 "reward": sr.Field((), np.float32)})
@@ -57,3 +63,58 @@ def test_export_names_actor_and_stream_and_counts(tmp_path: Path, monkeypatch: p
     assert "exists already" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "run"), "--minari", "sr/other-v0", "--which", "best"]) == 2
     assert main(["export", str(tmp_path / "run")]) == 2  # neither --out nor --minari
+
+
+def _chunk(actor: int, streams: list[int], types: list[list[int]], version: int, start: float
+           ) -> SimpleNamespace:
+    """A stand-in of transport.codec.Chunk: obs[.., 0] = start + t + 100 * stream."""
+    t = np.asarray(types, np.uint8)
+    obs = start + np.arange(t.shape[1])[None, :, None] + 100 * np.asarray(streams)[:, None, None]
+    steps = {"obs": np.repeat(obs, 4, 2).astype(np.float32), "step_type": t,
+             "action": np.ones(t.shape, np.int64), "reward": np.ones(t.shape, np.float32),
+             "discount": np.where(t == LAST, 0, 1).astype(np.float32)}
+    return SimpleNamespace(actor_id=actor, stream_ids=np.asarray(streams), policy_version=version,
+                           priorities=None, steps=steps)
+
+
+@pytest.mark.parametrize("partial", ["seal", "drop"])
+def test_chunks_reassemble_into_episodes_per_actor_and_stream(partial: str) -> None:
+    """Two actors' chunks interleaved; an episode spans chunks; a head and a tail partial."""
+    chunks = [_chunk(0, [0, 1], [[M, M, L, F], [F, M, M, M]], 1, 0),   # actor 0 stream 0 starts headless
+              _chunk(1, [0], [[F, M, M, M]], 1, 0),
+              _chunk(0, [0, 1], [[M, L, F, M], [M, L, F, L]], 2, 4),   # stream 0 ends open
+              _chunk(1, [0], [[M, L, F, M]], 3, 4)]                      # actor 1 ends open
+    episodes = ChunkEpisodes(chunks, partial)
+    got = {(e.actor, e.stream, int(e.obs[0, 0])): (e.obs.shape[0], e.policy_version.tolist(), e.terminated)
+           for e in episodes}
+    whole = {(0, 0, 3): (3, [1, 2, 2], True), (0, 1, 100): (6, [1, 1, 1, 1, 2, 2], True),
+             (0, 1, 106): (2, [2, 2], True), (1, 0, 0): (6, [1, 1, 1, 1, 3, 3], True)}
+    partial_eps = {(0, 0, 0): (3, [1, 1, 1], True), (0, 0, 6): (2, [2, 2], False),
+                   (1, 0, 6): (2, [3, 3], False)}
+    assert got == (whole | partial_eps if partial == "seal" else whole)
+    assert episodes.counts[f"{'sealed' if partial == 'seal' else 'dropped'}_episodes"] == 3
+    assert episodes.counts["partial_steps"] == 7 and episodes.counts["saved_steps"] == 24
+
+
+@pytest.mark.slow
+def test_train_keep_rollouts_then_export_both_ways_and_prefill(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real 2-learner run (about 15 CPU-s): its rollouts and its checkpoint both export,
+    every kept step once; the checkpoint's export imports back into 3 shards' worth."""
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    run_dir = tmp_path / "run"
+    args = ["train", "--run-dir", str(run_dir), "--keep-rollouts", "--total-env-steps", "1500",
+            "--actors", "2", "--learners", "2", "--envs-per-actor", "2", *FAST]
+    with TrainRun(args, tmp_path) as run:
+        assert run.wait(240) == 0, run.explain()
+    assert main(["export", str(run_dir), "--minari", "sr/kept-v0", "--from", "rollouts",
+                 "--format", "arrow"]) == 0
+    assert main(["export", str(run_dir), "--minari", "sr/ckpt-v0"]) == 0
+    kept, ckpt = minari.load_dataset("sr/kept-v0"), minari.load_dataset("sr/ckpt-v0")
+    meta = kept.storage.metadata["shardreplay"]
+    assert kept.total_steps + kept.total_episodes + meta["counts"].get("short_steps", 0) == \
+        meta["counts"]["saved_steps"] >= 1500
+    assert {int(v) for e in kept.iterate_episodes() for v in e.infos["policy_version"]} != {-1}
+    buf = sr.ReplayBuffer(SPEC, num_streams=6, stream_capacity=2000, sampler="prioritized")
+    report = prefill(buf, "sr/ckpt-v0")
+    assert report["steps"] == ckpt.total_steps + ckpt.total_episodes == buf.num_steps

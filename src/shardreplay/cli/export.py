@@ -9,8 +9,9 @@ observation shape, action count or Box bounds, hidden sizes, environment) and it
 
 ``shardreplay export RUN --minari ID`` writes instead the run's experience as the Minari
 dataset ``ID`` (under ``MINARI_DATASETS_PATH``): the steps of its newest complete
-checkpoint (``--which ID``: that one), episodes per actor stream, priorities and actor
-and stream ids in the step infos (docs/offline.md). Exit code 2 also for an id that
+checkpoint (``--which ID``: that one), or with ``--from rollouts`` every chunk a
+``train --keep-rollouts`` run kept; episodes per actor stream, priorities, policy
+version, actor and stream ids in the step infos (docs/offline.md). Exit code 2 also for an id that
 exists, or a run without a checkpoint.
 """
 
@@ -37,8 +38,9 @@ def add_parser(subparsers: Any) -> None:
     add_which(p)
     m = p.add_argument_group("Minari dataset (pip install 'shardreplay[minari]')")
     m.add_argument("--minari", metavar="ID", help="write the run's experience as this Minari dataset instead")
-    m.add_argument("--from", dest="source", choices=("checkpoint",), default="checkpoint",
-                   help="what to read: the steps a checkpoint holds (default)")
+    m.add_argument("--from", dest="source", choices=("checkpoint", "rollouts"), default="checkpoint",
+                   help="what to read: the steps a checkpoint holds (default), or every chunk a "
+                        "train --keep-rollouts run kept (with each chunk's policy version)")
     m.add_argument("--format", choices=("hdf5", "arrow"), default="hdf5",
                    help="Minari's storage: hdf5 (default; what TorchRL reads) or arrow")
     m.add_argument("--unstack", action="store_true", help="frame stacks: keep each stack's newest frame only")
@@ -72,8 +74,9 @@ def _export_minari(args: argparse.Namespace) -> int:
     """``export --minari ID``: a checkpoint's steps as a Minari dataset."""
     import numpy as np
 
-    from shardreplay.offline import export_checkpoint
+    from shardreplay.offline import ChunkEpisodes, export_checkpoint, write_dataset
     from shardreplay.runtime.envs import make_env
+    from shardreplay.runtime.learner.wal import iter_rollouts
     from shardreplay.runtime.settings import settings_for_resume
 
     try:
@@ -99,11 +102,17 @@ def _export_minari(args: argparse.Namespace) -> int:
                       "env_spec": env.spec}
         finally:
             env.close()
-        summary = export_checkpoint(
-            args.run_dir / "checkpoints", args.minari, **spaces, checkpoint_id=None if which == "latest" else
-            int(which), partial=args.partial, origin=origin, data_format=args.format, unstack=args.unstack,
-            metadata={"run_dir": str(args.run_dir), "env_id": settings.run.env_id,
-                      "algo": settings.learners.algo})
+        meta = {"run_dir": str(args.run_dir), "env_id": settings.run.env_id, "algo": settings.learners.algo,
+                "from": args.source}
+        if args.source == "rollouts":
+            episodes = ChunkEpisodes((kept.chunk for kept in iter_rollouts(args.run_dir)), args.partial)
+            summary = write_dataset(episodes, args.minari, **spaces, data_format=args.format,
+                                    unstack=args.unstack, metadata=meta, counts=episodes.counts)
+        else:
+            summary = export_checkpoint(
+                args.run_dir / "checkpoints", args.minari, **spaces, checkpoint_id=None if which == "latest"
+                else int(which), partial=args.partial, origin=origin, data_format=args.format,
+                unstack=args.unstack, metadata=meta)
     except (ShardReplayError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

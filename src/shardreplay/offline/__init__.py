@@ -17,6 +17,7 @@ from shardreplay._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from shardreplay.offline.minari_io import (
+        ChunkEpisodes,
         Episode,
         episodes_of_checkpoint,
         export_checkpoint,
@@ -24,9 +25,9 @@ if TYPE_CHECKING:
         write_dataset,
     )
 
-_HOMES = dict.fromkeys(["Episode", "episodes_of_checkpoint", "export_checkpoint", "prefill", "write_dataset"],
-                       "shardreplay.offline.minari_io")
+__all__ = ["ChunkEpisodes", "Episode", "episodes_of_checkpoint", "export_checkpoint", "prefill",
+           "write_dataset"]
+
+_HOMES = dict.fromkeys(__all__, "shardreplay.offline.minari_io")
 
 __getattr__, __dir__ = lazy_exports("shardreplay.offline", globals(), _HOMES)
-
-__all__ = ["Episode", "episodes_of_checkpoint", "export_checkpoint", "prefill", "write_dataset"]

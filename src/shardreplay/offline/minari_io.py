@@ -42,7 +42,8 @@ from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError, IncompleteCheckpointError
 from shardreplay.spec import StepType
 
-__all__ = ["Episode", "episodes_of_checkpoint", "export_checkpoint", "prefill", "write_dataset"]
+__all__ = ["ChunkEpisodes", "Episode", "episodes_of_checkpoint", "export_checkpoint", "prefill",
+           "write_dataset"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 INFO_KEYS = ("priority", "policy_version", "actor", "stream")
@@ -110,6 +111,73 @@ class CheckpointEpisodes:
                 e = slice(s, s + n)
                 yield Episode(obs[e], action[e], reward[e], bool(out["discount"][s + n - 1] == 0),
                               out["priority"][e], np.full(n, -1, np.int64), int(actor[k]), int(stream[k]))
+
+
+@dataclass
+class ChunkEpisodes:
+    """Episodes reassembled from actor chunks (``actor_id``, ``stream_ids`` ``[S]``,
+    ``steps`` ``{field: [S, T, ...]}`` with ``step_type`` and ``discount``, ``priorities``
+    ``[S, T]`` or None, ``policy_version``), as ``train --keep-rollouts`` keeps them:
+    consecutive chunks of one (actor, stream) continue each other. An episode is yielded
+    at its LAST; one without its FIRST (the archive's cap dropped its head) or its LAST
+    (the run stopped in it) is partial: sealed (a truncation) or dropped by ``partial``,
+    and counted in ``counts`` as :class:`CheckpointEpisodes` counts."""
+
+    chunks: Iterable[Any]
+    partial: str = "seal"
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Episode]:
+        if self.partial not in ("seal", "drop"):
+            raise ConfigError(f"partial must be seal or drop, got {self.partial!r}")
+        pending: dict[tuple[int, int], list[tuple[dict[str, np.ndarray], int]]] = {}
+        for chunk in self.chunks:
+            types_all = chunk.steps["step_type"]
+            prios = chunk.priorities
+            self._count("saved_steps", int(types_all.size))
+            for i, stream in enumerate(np.asarray(chunk.stream_ids).tolist()):
+                key, types = (int(chunk.actor_id), int(stream)), types_all[i]
+                lo = 0
+                for hi in [*(np.flatnonzero(types == LAST) + 1).tolist(), types.shape[0]]:
+                    if hi <= lo:
+                        continue
+                    piece = {name: chunk.steps[name][i, lo:hi] for name in (*FIELDS, "step_type", "discount")}
+                    if prios is not None:
+                        piece["priority"] = prios[i, lo:hi]
+                    if types[lo] == FIRST and key in pending:  # the one before never ended
+                        yield from self._close(key, pending.pop(key))
+                    pending.setdefault(key, []).append((piece, int(chunk.policy_version)))
+                    if types[hi - 1] == LAST:
+                        yield from self._close(key, pending.pop(key))
+                    lo = hi
+        for key, pieces in pending.items():
+            yield from self._close(key, pieces)
+
+    def _count(self, name: str, value: int) -> None:
+        self.counts[name] = self.counts.get(name, 0) + value
+
+    def _close(self, key: tuple[int, int], pieces: list[tuple[dict[str, np.ndarray], int]]
+               ) -> Iterator[Episode]:
+        ep = {name: np.concatenate([p[name] for p, _v in pieces]) for name in pieces[0][0]}
+        if any(("priority" in p) != ("priority" in pieces[0][0]) for p, _v in pieces):
+            ep.pop("priority", None)
+        n = ep["step_type"].shape[0]
+        ended = ep["step_type"][-1] == LAST
+        if ep["step_type"][0] != FIRST or not ended:
+            self._count("partial_episodes", 1)
+            self._count("partial_steps", n)
+            verb = "sealed" if self.partial == "seal" else "dropped"
+            self._count(f"{verb}_episodes", 1)
+            self._count(f"{verb}_steps", n)
+            if self.partial == "drop":
+                return
+        if n < 2:
+            self._count("short_episodes", 1)
+            self._count("short_steps", n)
+            return
+        version = np.concatenate([np.full(p["step_type"].shape[0], v, np.int64) for p, v in pieces])
+        yield Episode(ep["obs"], ep["action"], ep["reward"], bool(ended and ep["discount"][-1] == 0),
+                      ep.get("priority"), version, key[0], key[1])
 
 
 def episodes_of_checkpoint(root: str | Path, checkpoint_id: int | None = None, *, partial: str = "seal",
@@ -227,9 +295,10 @@ def write_dataset(episodes: Iterable[Episode], dataset_id: str, *, observation_s
             t = ep.obs.shape[0] - 1
             done = np.zeros(t, np.bool_)
             done[-1] = True
-            infos = {"priority": ep.priority if ep.priority is not None else np.zeros(t + 1, np.float32),
-                     "policy_version": ep.policy_version, "actor": np.full(t + 1, ep.actor, np.int64),
+            infos = {"policy_version": ep.policy_version, "actor": np.full(t + 1, ep.actor, np.int64),
                      "stream": np.full(t + 1, ep.stream, np.int64)}
+            if ep.priority is not None:  # none known: none written (an import gives the max)
+                infos["priority"] = ep.priority
             if lists:
                 infos = {k: v.tolist() for k, v in infos.items()}
             batch.append(EpisodeBuffer(id=n_eps, observations=obs, actions=ep.action[:t],
