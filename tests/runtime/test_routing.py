@@ -100,7 +100,7 @@ def test_actor_and_learner_open_the_same_channel(tmp_path: Path, num_actors: int
         shard = StreamLayout(num_actors, 4, num_shards).home_shard(actor.actor_id)
         mine = shard_transport(url, CARTPOLE_SPEC, shard)
         theirs = shard_transport(url, CARTPOLE_SPEC, rank, queued_chunks_per_actor=2,
-                                 actors=learner.actors_of_shard(rank))
+                                 actors=learner.streams.actors_of_shard(rank))
         assert (mine.path == theirs.path) == (shard == rank)
 
 

@@ -246,21 +246,14 @@ def _resumable(args: argparse.Namespace) -> Path | None:
 def run(args: argparse.Namespace) -> int:
     """Run ``train``; returns the exit code (a rank under torchrun exits here instead)."""
     from shardreplay.runtime.launch.launcher import under_torchrun
-    from shardreplay.runtime.log_lines import configure_logging
+    from shardreplay.runtime.log_lines import configure_logging, exit_directly
 
     # Under torchrun every rank writes to the same terminal: its lines say which rank.
     rank = f" rank {os.environ['RANK']}" if under_torchrun() else ""
     configure_logging(logging.INFO, f"%(asctime)s{rank} %(name)s: %(message)s")
     code = _run(args)
-    if under_torchrun():
-        # torch 2.13's gloo threads can abort the interpreter at exit after the group was
-        # destroyed (pytorch#190489; seen here as SIGABRT "terminate called without an
-        # active exception" on a rank that finished first): flush, then leave directly,
-        # as the spawned learner ranks do.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    if under_torchrun():  # as the spawned learner ranks do (see exit_directly)
+        exit_directly(code)
     return code
 
 

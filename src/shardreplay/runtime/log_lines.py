@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from shardreplay.secrets import mask
 
@@ -53,3 +53,14 @@ def write_line(text: str, fd: int = 2) -> None:
     prefix = CLEAR_LINE if os.isatty(fd) else ""
     with contextlib.suppress(OSError):
         os.write(fd, (prefix + text.rstrip("\n") + "\n").encode())
+
+
+def exit_directly(code: int) -> NoReturn:
+    """Flush the logs and the standard streams, then leave at once (``os._exit``): torch
+    2.13's gloo threads can abort the interpreter at exit while DDP still holds a process
+    group, or after it was destroyed (pytorch#190489; seen as SIGABRT "terminate called
+    without an active exception" on a rank that finished first)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -26,6 +26,7 @@ from shardreplay._io import storage_error
 from shardreplay.errors import ConfigError, StorageError
 from shardreplay.runtime.envs import transition_spec
 from shardreplay.runtime.run_identity import check_run_id
+from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 from shardreplay.transport import Chunk, open_transport
 from shardreplay.transport.base import Transport
@@ -139,6 +140,16 @@ def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
     # floor of 64 KiB here once let a CartPole actor queue ~45 chunks instead of 2.
     ring = bound * max(actors, 1) * (chunk_size_bytes + 8)
     return open_transport("local", spec, capacity_bytes=ring)
+
+
+def settings_transport(settings: TrainSettings, spec: Spec, shard: int, run_id: str = "") -> Transport:
+    """Shard ``shard``'s transport on the run's medium, sized for a short queue of its
+    actors' chunks (:func:`shard_transport`); a ``local`` ring is made, the other media opened."""
+    a = settings.actors
+    return shard_transport(settings.transport.url, spec, shard, run_id=run_id,
+                           queued_chunks_per_actor=a.queued_chunks_per_actor,
+                           actors=settings.streams.actors_of_shard(shard),
+                           chunk_size_bytes=chunk_bytes(spec, a.envs_per_actor, a.chunk_steps))
 
 
 def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:

@@ -441,14 +441,6 @@ class TrainSettings:
         """Which shard and row each actor stream feeds (:mod:`shardreplay.runtime.stream_layout`)."""
         return StreamLayout(self.total_actors, self.actors.envs_per_actor, self.learners.count)
 
-    def streams_of_shard(self, shard: int) -> int:
-        """Streams (rows) learner ``shard`` holds (at least one actor's worth)."""
-        return self.streams.streams_of_shard(shard)
-
-    def actors_of_shard(self, shard: int) -> int:
-        """Actors (local and remote) with streams in learner ``shard``."""
-        return self.streams.actors_of_shard(shard)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON/YAML-ready settings, grouped (``{"replay": {"capacity": ...}, ...}``)."""
         d = dataclasses.asdict(self)

@@ -40,8 +40,8 @@ FIXTURES = Path(__file__).parent / "fixtures"  # the writers use no torch: forki
 
 def _ingestor(reader: Any, *, capacity: int = 64, **options: Any) -> Ingestor:
     settings = TrainSettings.from_dict(dict(learners=1, actors=2, envs_per_actor=2, transport="file:///unused"))
-    buffer = ReplayBuffer(IDENT_SPEC, num_streams=settings.streams_of_shard(0), stream_capacity=capacity,
-                          window=2)
+    buffer = ReplayBuffer(IDENT_SPEC, num_streams=settings.streams.streams_of_shard(0),
+                          stream_capacity=capacity, window=2)
     return Ingestor(reader, buffer, settings, **options)
 
 

@@ -67,7 +67,7 @@ def _ingestor(transport: Any, spec: Spec, num_actors: int, capacity: int = 256) 
     envs = BIG_S if spec is not IDENT_SPEC else 2
     settings = TrainSettings.from_dict(dict(learners=1, actors=num_actors, envs_per_actor=envs,
                                             transport="file:///unused"))
-    streams = settings.streams_of_shard(0)
+    streams = settings.streams.streams_of_shard(0)
     return Ingestor(transport.reader(), ReplayBuffer(spec, num_streams=streams, stream_capacity=capacity,
                                                      window=2), settings)
 

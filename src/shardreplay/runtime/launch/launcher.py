@@ -28,7 +28,6 @@ import os
 import queue
 import signal
 import socket
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -59,14 +58,8 @@ from shardreplay.runtime.forkserver import (
     stop_server,
     wait_until_ready,
 )
-from shardreplay.runtime.log_lines import configure_logging
-from shardreplay.runtime.routing import (
-    check_reachable,
-    check_writable,
-    chunk_bytes,
-    scheme_of,
-    shard_transport,
-)
+from shardreplay.runtime.log_lines import configure_logging, exit_directly
+from shardreplay.runtime.routing import check_reachable, check_writable, scheme_of, settings_transport
 from shardreplay.runtime.run_identity import upcoming_life, write_life
 from shardreplay.runtime.settings import TrainSettings
 
@@ -295,14 +288,9 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
         out.put((rank, "error", f"{type(exc).__name__}: {exc}"))
     finally:
         dist.destroy_process_group()
-        # torch 2.13's gloo threads can abort the interpreter at exit while DDP still
-        # holds the group (pytorch#190489): flush what matters, then leave directly.
         out.close()
         out.join_thread()
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_directly(code)
 
 
 def _stop_agreed_on_meeting() -> bool:
@@ -314,14 +302,6 @@ def _stop_agreed_on_meeting() -> bool:
     votes = torch.tensor([int(_signals.requested() is not None)], dtype=torch.int64)
     dist.all_reduce(votes)
     return int(votes.item()) > 0
-
-
-def local_transport(settings: TrainSettings, spec: Any, shard: int) -> Any:
-    """The ``local`` ring of one shard, sized for a short queue of its actors' chunks."""
-    a = settings.actors
-    return shard_transport("local", spec, shard, queued_chunks_per_actor=a.queued_chunks_per_actor,
-                           actors=settings.actors_of_shard(shard),
-                           chunk_size_bytes=chunk_bytes(spec, a.envs_per_actor, a.chunk_steps))
 
 
 def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | None,
@@ -341,7 +321,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     local = scheme_of(settings.transport.url) == "local"
     # Kept referenced here while children run: Process.start() drops its args, and a
     # collected ring would unlink its semaphores before a child has opened them.
-    transports = [local_transport(settings, spec, r) if local else None
+    transports = [settings_transport(settings, spec, r) if local else None
                   for r in range(settings.learners.count)]
     procs = [ctx.Process(target=_learner_main, name=f"learner-{r}", daemon=False,
                          args=(r, settings, port, transports if local else None, resume, out,

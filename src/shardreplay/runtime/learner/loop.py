@@ -4,7 +4,7 @@ All ranks run the same loop in lock-step. Every decision that leads into a colle
 (learn now? how many updates? stop? save?) is taken from a :class:`LoopSync` summed over
 ranks by one all-reduce per iteration, so all ranks issue the same collectives in the
 same order (:mod:`shardreplay.runtime.learner.sync`). Rank 0 publishes weights, evaluates
-and records metrics (:mod:`shardreplay.runtime.learner.report`). The learner decides when
+and records metrics (its :class:`~shardreplay.runtime.learner.lead.Lead`). The learner decides when
 to save and what its state is; saving, resuming and the ingest log's replay, sealing and
 trimming are :class:`~shardreplay.runtime.learner.checkpoints.LearnerCheckpoints`'. The
 ranks agree over collectives of their own (not the buffer's).
@@ -12,7 +12,6 @@ ranks agree over collectives of their own (not the buffer's).
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import logging
@@ -22,45 +21,40 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from shardreplay._io import atomic_write_bytes
 from shardreplay.distributed.group import Collectives, lost_peer_error, peer_lost
 from shardreplay.errors import ShardReplayError
-from shardreplay.policy import open_publisher
-from shardreplay.policy.broadcast import FINISHED, RunInfo, pack_version
+from shardreplay.policy.broadcast import pack_version
 from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.devices import place
-from shardreplay.runtime.envs import describe_env, reward_threshold
+from shardreplay.runtime.envs import describe_env
 from shardreplay.runtime.learner.checkpoints import LearnerCheckpoints
-from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.ingest import Ingestor
-from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
-from shardreplay.runtime.learner.report import MetricsWindow, RunCounts, metrics_row, stop_reason
+from shardreplay.runtime.learner.lead import Lead
+from shardreplay.runtime.learner.report import MetricsWindow, RunCounts
 from shardreplay.runtime.learner.resume import commit_resume, learner_files
 from shardreplay.runtime.learner.setup import (
     actor_settings_of_shard,
     check_rings_reach,
     log_foreign_backlog,
     make_shard_buffer,
-    warn_if_taking_over,
 )
 from shardreplay.runtime.learner.state import Lineage, Progress, StorageGuard
 from shardreplay.runtime.learner.sync import (
     DRAIN_CHUNKS,
     MAX_UPDATES_PER_ITERATION,
     LoopSync,
-    agreed_settings,
     learner_trigger,
     make_limiter,
     minutes_due,
 )
 from shardreplay.runtime.learner.wal import ROLLOUTS_DIR, SPEC_FILE, LossLog, Retention
-from shardreplay.runtime.policy_file import LearnerRecord, best_return, keep_if_best, policy_metadata
-from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
+from shardreplay.runtime.policy_file import LearnerRecord
+from shardreplay.runtime.routing import scheme_of, settings_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
@@ -100,13 +94,11 @@ class Learner:
         self.run_dir = Path(settings.run.run_dir)
         self.trigger = learner_trigger(settings, self.run_dir)  # signals, requests, periodic saves
         self.algo = algorithm(settings.learners.algo)
-        env = self.env = describe_env(settings.run.source, self.algo.actions)
-        # The mean return that solves the run (None: none does), and where it came from.
-        self.target, self.target_from = settings.run.stop_target(reward_threshold(settings.run.source))
+        env = describe_env(settings.run.source, self.algo.actions)
         spec = self.algo.transition_spec(env, settings.learners.hidden)
-        self.placement = place(settings.learners.device, self.rank, self.world)
-        self.buffer = make_shard_buffer(settings, spec, self.rank, self.placement.device)
-        self.agent = self.algo.make_agent(env, settings, self.world, self.placement)
+        placement = place(settings.learners.device, self.rank, self.world)
+        self.buffer = make_shard_buffer(settings, spec, self.rank, placement.device)
+        self.agent = self.algo.make_agent(env, settings, self.world, placement)
         self.progress = Progress()
         self.storage = StorageGuard(self.rank)
         self.ckpts = LearnerCheckpoints(self.run_dir, self.rank, self.world, self.comm, self.storage,
@@ -119,17 +111,12 @@ class Learner:
         if resume:
             restored = self._resume(checkpoint_id, replay)
             if self.rank == 0:
-                self.progress.best_eval = max(self.progress.best_eval, best_return(self.run_dir))
                 commit_resume(self.run_dir, self.lineage.identity, settings.stored(),
                               newer_than=checkpoint_id)
         self.losses = LossLog(self.run_dir, self.rank)
-        self.foreign = log_foreign_backlog(settings.transport.url, self.rank, self.lineage.identity.run_id)
-        transport = transport or shard_transport(
-            settings.transport.url, spec, self.rank, run_id=self.lineage.identity.run_id,
-            queued_chunks_per_actor=settings.actors.queued_chunks_per_actor,
-            actors=settings.actors_of_shard(self.rank),
-            chunk_size_bytes=chunk_bytes(spec, settings.actors.envs_per_actor,
-                                         settings.actors.chunk_steps))
+        run_id = self.lineage.identity.run_id
+        self.foreign = log_foreign_backlog(settings.transport.url, self.rank, run_id)
+        transport = transport or settings_transport(settings, spec, self.rank, run_id=run_id)
         self.ingestor = Ingestor(transport.reader(), self.buffer, settings, self.lineage.stored,
                                  shard=self.rank, losses=self.losses)
         self.replayed, self.log_scan = self.ckpts.open_log(
@@ -137,11 +124,8 @@ class Learner:
             resume_newest=checkpoint_id is None, restored=restored, owns_actor=self._owns_actor,
             policy_version=self.policy_version, retention=_retention(settings, self.run_dir, spec),
             replay=replay)
-        if self.rank == 0:
-            warn_if_taking_over(settings.transport.policy_url, self.lineage.identity.run_id)
-        self.publisher = open_publisher(settings.transport.policy_url) if self.rank == 0 else None
-        self.metrics = MetricsRecorder(self.run_dir, settings.run.total_env_steps, settings.run.progress) \
-            if self.rank == 0 else None
+        self.lead = Lead(settings, self.world, self.algo, env, self.agent, placement, self.progress,
+                         self.storage, self.lineage, resume) if self.rank == 0 else None
         # A local ring exists only in this process tree: its actors must get this very
         # object (under torchrun nobody passed one in); other media are opened by URL.
         local = scheme_of(settings.transport.url) == "local"
@@ -215,38 +199,16 @@ class Learner:
         self.buffer.close()  # its background thread and process group (pipeline)
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
-        if self.publisher is not None and not self.storage.stop and \
-                (self._budget_reached(started) or self.progress.solved):
-            self._publish_finished()
-        if self.metrics is not None:  # the final evaluation is the run's last row
-            self._record(self.progress.last_sync, self.progress.window)
-            with self.storage.writing():
-                self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
-            summary["learning_curve"] = None  # also when the file system refused the drawing
-            if self.s.run.plot:
-                with self.storage.writing():
-                    curve = plot_learning_curve(self.run_dir)  # None: no metrics to draw
-                    summary["learning_curve"] = None if curve is None else str(curve)
-            self._write_summary(summary)
+        if self.lead is not None:
+            if not self.storage.stop and (self._budget_reached(started) or self.progress.solved):
+                # Not saved in the counters: a resumed run publishes from its saved version again.
+                self.lead.publish(self.policy_version + 1, finished=True)
+            self.lead.close(summary, self.ingestor.last_return)  # the final evaluation is the last row
         # What the run could not write: the launcher and the command's last line say it
         # (a rank that only agreed to stop says so: under torchrun it reports alone).
         summary["storage_error"] = None if self.storage.error is None else str(self.storage.error)
         summary["storage_stop"] = self.storage.stop or self.storage.error is not None
         return summary
-
-    def _write_summary(self, summary: dict[str, Any]) -> None:
-        """``summary.json`` (rank 0), with the refused write named when there was one."""
-        if self.storage.error is not None:
-            summary = {**summary, "storage_error": str(self.storage.error)}
-        with self.storage.writing():
-            atomic_write_bytes(self.run_dir / "summary.json", json.dumps(summary, indent=1).encode())
-
-    def _stop_reason(self, started: float) -> str:
-        """Why the run ended (rank 0's view): solved, env_steps, time or signal."""
-        return stop_reason(solved=self.progress.solved, env_steps=self.progress.counters["env_steps"],
-                           total_env_steps=self.s.run.total_env_steps,
-                           elapsed_s=time.monotonic() - started, max_minutes=self.s.run.max_minutes,
-                           storage=self.storage.stop)
 
     def _agreed_save(self, background: bool = False) -> Path:
         """A save every rank makes at the same point: queued priority updates (prefetch >
@@ -279,7 +241,6 @@ class Learner:
             limiter.inserts, limiter.samples = c["env_steps"], c["samples"]
         per_update = self.s.learners.batch_size * self.world
         drain_steps = DRAIN_CHUNKS * self.s.actors.chunk_steps * self.s.actors.envs_per_actor
-        last_metrics = time.monotonic()
         window = self.progress.window = MetricsWindow()
         while True:
             # Not draining while the learner is behind is the back-pressure actors feel.
@@ -302,11 +263,8 @@ class Learner:
                 window.updates += 1
             self.actors.check()
             self.ckpts.trim(self.ingestor.wal)
-            # A row a second, and one right after each evaluation (its point on the curve).
-            evaluated = self.progress.evals > self.progress.evals_recorded
-            if self.rank == 0 and (evaluated or time.monotonic() - last_metrics >= 1.0):
-                self._record(g, window)
-                last_metrics = time.monotonic()
+            if self.lead is not None:  # a row a second, and one right after each evaluation
+                self.lead.record(g, window, self.ingestor.last_return, due=False)
 
     def _drain(self, wait_s: float) -> None:
         """Take chunks in. A refused log write leaves them stored but unacknowledged
@@ -358,87 +316,13 @@ class Learner:
         if u % self.s.learners.publish_interval_updates == 0:
             self.progress.counters["version"] = u
             self._publish()
-        if self.rank == 0 and u % self.s.run.eval_interval_updates == 0:
-            self._periodic_evaluation()
+        if self.lead is not None and u % self.s.run.eval_interval_updates == 0:
+            self.lead.periodic_evaluation()
         return loss
 
-    def _periodic_evaluation(self) -> None:
-        """A quick evaluation; when it reaches the target or beats the best so far, a full
-        one decides (whether the run is solved, and whether ``best/`` takes this network:
-        a few episodes' luck would otherwise make a network "best")."""
-        s = self.s
-        episodes = min(s.run.quick_eval_episodes, s.run.eval_episodes)
-        result = self._evaluate(episodes)
-        reached = self.target is not None and result >= self.target
-        if episodes < s.run.eval_episodes and (reached or result > self.progress.best_eval):
-            result = self._evaluate(s.run.eval_episodes)
-        if self.target is not None and result >= self.target:
-            self.progress.solved = True  # the ranks stop a few updates later: keep what passed
-            self.progress.solved_state = copy.deepcopy(self.agent.state_dict())
-
-    def _run_meta(self) -> dict[str, str]:
-        """The run description published with the weights (actors take their settings,
-        channel and seed from it)."""
-        return RunInfo(run_id=self.lineage.identity.run_id, life=self.lineage.identity.life,
-                       env_steps=self.progress.counters["env_steps"], seed=self.s.run.seed,
-                       transport=self.s.transport.url,
-                       settings=agreed_settings(self.s, self.world)).to_meta()
-
     def _publish(self) -> None:
-        if self.publisher is not None:
-            state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
-            with self.storage.writing():
-                self.publisher.publish(self.policy_version, state, meta=self._run_meta())
-
-    def _publish_finished(self) -> None:
-        """Tell remote actors that training reached its end (not after a stop signal: the
-        run may be resumed, and its actors should wait for it)."""
-        assert self.publisher is not None
-        state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
-        state[FINISHED] = torch.ones(1)
-        # Not saved in the counters: a resumed run publishes from its saved version again.
-        with self.storage.writing():
-            self.publisher.publish(self.policy_version + 1, state, meta=self._run_meta())
-
-    def _evaluate(self, episodes: int | None = None) -> float:
-        returns = evaluate(self.algo.greedy(self.agent.module), self.s.run.source,
-                           episodes or self.s.run.eval_episodes,
-                           seed=10_000 + self.progress.counters["updates"], device=self.placement.device)
-        self.progress.last_eval = float(np.mean(returns))
-        self.progress.evals += 1
-        if len(returns) >= self.s.run.eval_episodes:  # best/ is chosen on full evaluations only
-            self._keep_best(self.progress.last_eval, len(returns))
-            self.progress.best_eval = max(self.progress.best_eval, self.progress.last_eval)
-        log.info("evaluation after %d updates: mean return %.1f over %d episodes",
-                 self.progress.counters["updates"], self.progress.last_eval, len(returns))
-        return self.progress.last_eval
-
-    def _keep_best(self, eval_return: float, episodes: int) -> None:
-        """``best/policy.safetensors``: the network of the evaluation just made when it
-        beat the best so far, written atomically (rank 0), with its evaluation and update."""
-        c = self.progress.counters
-        meta = policy_metadata(self.s, self.env, updates=c["updates"],
-                               env_steps=c["env_steps"], eval_episodes=episodes, source="best evaluation",
-                               run_id=self.lineage.identity.run_id)
-        with self.storage.writing():
-            keep_if_best(self.run_dir, self.agent.module, meta, eval_return, self.progress.best_eval)
-
-    def _record(self, g: LoopSync | None, window: MetricsWindow | None) -> None:
-        """One metrics row over ``window`` (rates, loss, policy lag; None: a row without
-        them). An evaluation appears in the first row after it, only there; the final
-        row comes after the final evaluation."""
-        assert self.metrics is not None
-        now = time.monotonic()
-        evaluated = self.progress.evals > self.progress.evals_recorded
-        with self.storage.writing():
-            self.metrics.record(metrics_row(window, g, now=now, wall_s=self.progress.wall_s(),
-                                            counters=self.progress.counters,
-                                            recent_returns=self.ingestor.last_return,
-                                            eval_return=self.progress.last_eval if evaluated else None),
-                                last_eval=self.progress.last_eval)
-        self.progress.evals_recorded = self.progress.evals
-        if window is not None:
-            window.reset(now)
+        if self.lead is not None:
+            self.lead.publish(self.policy_version)
 
     def _summary(self, started: float, checkpoint_path: Path) -> dict[str, Any]:
         ing, got = self.ingestor, self.ingestor.reader.stats
@@ -465,16 +349,8 @@ class Learner:
                                    "run_id": self.lineage.identity.run_id,
                                    "learner_life": self.lineage.identity.life,
                                    "policy_version": self.policy_version}
-        if self.rank == 0:
-            summary["final_eval_return"] = self._evaluate(self.s.run.eval_episodes)
-            best = self.progress.best_eval
-            summary["best_eval_return"] = best if math.isfinite(best) else None
-            summary["solved"] = self.progress.solved
-            summary["eval_episodes"] = self.s.run.eval_episodes
-            summary["stop_return"], summary["stop_return_from"] = self.target, self.target_from
-            summary["stopped_by"] = self._stop_reason(started)
-            summary["run_dir"] = str(self.run_dir)
-            self._write_summary(summary)
+        if self.lead is not None:
+            self.lead.final(summary, started)
         return summary
 
 

@@ -119,7 +119,6 @@ class _Bar:
         self._handlers = _log_through(self._console)
 
     def update(self, row: dict[str, Any], last_eval: float | None) -> None:
-        self._last = (row, last_eval)
         width = max(self._console.width - self._FIXED, 20)
         self._progress.update(self._task, completed=row["env_steps"], text=status_text(row, last_eval, width))
 

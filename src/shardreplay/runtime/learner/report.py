@@ -8,13 +8,11 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-import torch
 
-from shardreplay.distributed.group import Collectives
-from shardreplay.runtime.learner.sync import LoopSync
+from shardreplay.runtime.learner.sync import LoopSync, SummedRecord
 
 
 @dataclass
@@ -65,7 +63,7 @@ def metrics_row(window: MetricsWindow | None, sync: LoopSync | None, *, now: flo
 
 
 @dataclass(frozen=True)
-class RunCounts:
+class RunCounts(SummedRecord):
     """Run-wide counts for the summary, summed over ranks.
 
     Attributes:
@@ -97,11 +95,7 @@ class RunCounts:
     ingest_log_peak_bytes: int = 0
     ingest_log_bytes: int = 0
     rollouts_dropped_segments: int = 0
-
-    def summed(self, collectives: Collectives) -> RunCounts:
-        """These counts summed over all ranks (a collective: every rank calls it)."""
-        mine = torch.tensor([getattr(self, f.name) for f in dataclasses.fields(self)], dtype=torch.int64)
-        return RunCounts(*(int(v) for v in collectives.all_reduce_sum(mine, "summary").tolist()))
+    what: ClassVar[str] = "summary"
 
     def as_dict(self) -> dict[str, int]:
         """The counts under their summary names."""

@@ -36,7 +36,7 @@ def make_shard_buffer(settings: TrainSettings, spec: Spec, rank: int,
         ConfigError: replay settings the buffer rejects.
     """
     s, r = settings, settings.replay
-    streams = s.streams_of_shard(rank)
+    streams = s.streams.streams_of_shard(rank)
     capacity = max(r.capacity // streams, s.window)
     local = ReplayBuffer(spec, num_streams=streams, stream_capacity=capacity, window=s.window,
                          period=s.period, sampler="prioritized", alpha=r.alpha,

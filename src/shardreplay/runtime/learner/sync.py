@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -29,8 +29,41 @@ DRAIN_CHUNKS = 16  # chunks one rank takes in per iteration at most
 MAX_UPDATES_PER_ITERATION = 8
 
 
+class SummedRecord:
+    """A dataclass of integer fields that travels as one int64 vector (exact at any size)
+    and is summed over ranks field by field."""
+
+    what: ClassVar[str] = "record"  # names it in errors and as the collective's operation
+
+    def to_tensor(self) -> torch.Tensor:
+        """The fields in declaration order, as an int64 tensor of shape ``[fields]``."""
+        return torch.tensor([getattr(self, f.name) for f in dataclasses.fields(self)],  # type: ignore[arg-type]
+                            dtype=torch.int64)
+
+    @classmethod
+    def from_tensor(cls: type[_R], tensor: torch.Tensor) -> _R:
+        """Inverse of :meth:`to_tensor`.
+
+        Raises:
+            ShardReplayError: ``tensor`` is not an int64 vector of this record's length
+                (ranks of different versions, a bug).
+        """
+        width = len(dataclasses.fields(cls))  # type: ignore[arg-type]
+        if tensor.dtype != torch.int64 or tuple(tensor.shape) != (width,):
+            raise ShardReplayError(f"a {cls.what} is an int64 vector of {width}, got {tensor.dtype} "
+                                   f"{tuple(tensor.shape)}: do all ranks run the same shardreplay?")
+        return cls(*(int(v) for v in tensor.tolist()))
+
+    def summed(self: _R, collectives: Collectives) -> _R:
+        """This record summed over all ranks (a collective: every rank calls it)."""
+        return self.from_tensor(collectives.all_reduce_sum(self.to_tensor(), self.what).cpu())
+
+
+_R = TypeVar("_R", bound=SummedRecord)
+
+
 @dataclass(frozen=True)
-class LoopSync:
+class LoopSync(SummedRecord):
     """One rank's counts for an iteration of the loop; summed over ranks, the run's.
 
     Every field is an integer and travels as int64, so sums are exact at any size.
@@ -53,6 +86,7 @@ class LoopSync:
     lag_sum: int = 0
     lag_count: int = 0
     storage_votes: int = 0
+    what: ClassVar[str] = "train loop sync"
 
     @property
     def should_stop(self) -> bool:
@@ -63,28 +97,6 @@ class LoopSync:
     def should_save(self) -> bool:
         """Whether some rank asked for a checkpoint."""
         return self.save_votes > 0
-
-    def to_tensor(self) -> torch.Tensor:
-        """The fields in declaration order, as an int64 tensor of shape ``[fields]``."""
-        return torch.tensor([getattr(self, f.name) for f in dataclasses.fields(self)], dtype=torch.int64)
-
-    @classmethod
-    def from_tensor(cls, tensor: torch.Tensor) -> LoopSync:
-        """Inverse of :meth:`to_tensor`.
-
-        Raises:
-            ShardReplayError: ``tensor`` is not an int64 vector of this record's length
-                (ranks of different versions, a bug).
-        """
-        width = len(dataclasses.fields(cls))
-        if tensor.dtype != torch.int64 or tuple(tensor.shape) != (width,):
-            raise ShardReplayError(f"a loop sync is an int64 vector of {width}, got {tensor.dtype} "
-                                   f"{tuple(tensor.shape)}: do all ranks run the same shardreplay?")
-        return cls(*(int(v) for v in tensor.tolist()))
-
-    def summed(self, collectives: Collectives) -> LoopSync:
-        """This record summed over all ranks (a collective: every rank calls it)."""
-        return LoopSync.from_tensor(collectives.all_reduce_sum(self.to_tensor(), "train loop sync").cpu())
 
 
 def learner_trigger(settings: TrainSettings, run_dir: Path) -> CheckpointTrigger:

@@ -1,0 +1,169 @@
+"""Rank 0's duties in a training run: publishing the weights, evaluating them (and keeping
+the best), the metrics rows and progress bar, the learning curve and ``summary.json``.
+
+The :class:`~shardreplay.runtime.learner.loop.Learner` of rank 0 owns one :class:`Lead`
+(the other ranks none) and tells it when; none of it takes a collective, so the ranks'
+lock-step is the loop's alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardreplay._io import atomic_write_bytes
+from shardreplay.policy import open_publisher
+from shardreplay.policy.broadcast import FINISHED, RunInfo
+from shardreplay.runtime.algos.base import Algorithm
+from shardreplay.runtime.devices import Placement
+from shardreplay.runtime.envs import EnvInfo, reward_threshold
+from shardreplay.runtime.learner.evaluate import evaluate
+from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
+from shardreplay.runtime.learner.report import MetricsWindow, metrics_row, stop_reason
+from shardreplay.runtime.learner.setup import warn_if_taking_over
+from shardreplay.runtime.learner.state import Lineage, Progress, StorageGuard
+from shardreplay.runtime.learner.sync import LoopSync, agreed_settings
+from shardreplay.runtime.policy_file import best_return, keep_if_best, policy_metadata
+from shardreplay.runtime.settings import TrainSettings
+
+log = logging.getLogger("shardreplay.learner")
+
+
+class Lead:
+    """What rank 0 does besides learning (see the module docstring). Every write goes
+    through ``storage`` (a refused one is kept there, not raised).
+
+    Args:
+        settings: the run's settings.
+        world: learner ranks (for the settings published to actors).
+        algo, env, agent, placement: the rank's algorithm, environment, agent and device.
+        progress, storage, lineage: the rank's state, shared with its Learner.
+        resume: a resumed run: the best evaluation so far comes from ``best/``.
+    """
+
+    def __init__(self, settings: TrainSettings, world: int, algo: Algorithm, env: EnvInfo, agent: Any,
+                 placement: Placement, progress: Progress, storage: StorageGuard, lineage: Lineage,
+                 resume: bool) -> None:
+        self.s, self.world, self.algo, self.env, self.agent = settings, world, algo, env, agent
+        self.device, self.progress, self.storage, self.lineage = placement.device, progress, storage, lineage
+        self.run_dir = Path(settings.run.run_dir)
+        # The mean return that solves the run (None: none does), and where it came from.
+        self.target, self.target_from = settings.run.stop_target(reward_threshold(settings.run.source))
+        if resume:
+            progress.best_eval = max(progress.best_eval, best_return(self.run_dir))
+        warn_if_taking_over(settings.transport.policy_url, lineage.identity.run_id)
+        self.publisher = open_publisher(settings.transport.policy_url)
+        self.metrics = MetricsRecorder(self.run_dir, settings.run.total_env_steps, settings.run.progress)
+        self.recorded_at = time.monotonic()
+
+    def publish(self, version: int, finished: bool = False) -> None:
+        """Publish the agent's weights as ``version`` with the run description actors take
+        their settings, channel and seed from; ``finished`` tells remote actors the run
+        reached its end (not after a stop signal: a resumed run's actors should wait)."""
+        state = {k: v.detach().cpu() for k, v in self.agent.module.state_dict().items()}
+        if finished:
+            state[FINISHED] = torch.ones(1)
+        identity, s = self.lineage.identity, self.s
+        meta = RunInfo(run_id=identity.run_id, life=identity.life,
+                       env_steps=self.progress.counters["env_steps"], seed=s.run.seed,
+                       transport=s.transport.url, settings=agreed_settings(s, self.world)).to_meta()
+        with self.storage.writing():
+            self.publisher.publish(version, state, meta=meta)
+
+    def periodic_evaluation(self) -> None:
+        """A quick evaluation; when it reaches the target or beats the best so far, a full
+        one decides (whether the run is solved, and whether ``best/`` takes this network:
+        a few episodes' luck would otherwise make a network "best")."""
+        s = self.s
+        episodes = min(s.run.quick_eval_episodes, s.run.eval_episodes)
+        result = self.evaluate(episodes)
+        reached = self.target is not None and result >= self.target
+        if episodes < s.run.eval_episodes and (reached or result > self.progress.best_eval):
+            result = self.evaluate(s.run.eval_episodes)
+        if self.target is not None and result >= self.target:
+            self.progress.solved = True  # the ranks stop a few updates later: keep what passed
+            self.progress.solved_state = copy.deepcopy(self.agent.state_dict())
+
+    def evaluate(self, episodes: int) -> float:
+        """The greedy policy's mean return over ``episodes``; a full evaluation that beats
+        the best so far writes ``best/policy.safetensors`` (atomically, with its evaluation
+        and update)."""
+        c, progress = self.progress.counters, self.progress
+        returns = evaluate(self.algo.greedy(self.agent.module), self.s.run.source, episodes,
+                           seed=10_000 + c["updates"], device=self.device)
+        progress.last_eval = float(np.mean(returns))
+        progress.evals += 1
+        if len(returns) >= self.s.run.eval_episodes:  # best/ is chosen on full evaluations only
+            meta = policy_metadata(self.s, self.env, updates=c["updates"], env_steps=c["env_steps"],
+                                   eval_episodes=len(returns), source="best evaluation",
+                                   run_id=self.lineage.identity.run_id)
+            with self.storage.writing():
+                keep_if_best(self.run_dir, self.agent.module, meta, progress.last_eval, progress.best_eval)
+            progress.best_eval = max(progress.best_eval, progress.last_eval)
+        log.info("evaluation after %d updates: mean return %.1f over %d episodes",
+                 c["updates"], progress.last_eval, len(returns))
+        return progress.last_eval
+
+    def record(self, g: LoopSync | None, window: MetricsWindow | None, recent_returns: np.ndarray,
+               due: bool = True) -> None:
+        """One metrics row over ``window`` (rates, loss, policy lag; None: a row without
+        them) when ``due``, a second has passed since the last, or an evaluation came
+        since (its point on the curve). An evaluation appears in the first row after it,
+        only there; the final row comes after the final evaluation."""
+        now = time.monotonic()
+        evaluated = self.progress.evals > self.progress.evals_recorded
+        if not (due or evaluated or now - self.recorded_at >= 1.0):
+            return
+        with self.storage.writing():
+            self.metrics.record(metrics_row(window, g, now=now, wall_s=self.progress.wall_s(),
+                                            counters=self.progress.counters, recent_returns=recent_returns,
+                                            eval_return=self.progress.last_eval if evaluated else None),
+                                last_eval=self.progress.last_eval)
+        self.progress.evals_recorded = self.progress.evals
+        self.recorded_at = now
+        if window is not None:
+            window.reset(now)
+
+    def final(self, summary: dict[str, Any], started: float) -> None:
+        """Add the final evaluation and rank 0's view of the run's end to ``summary``, and
+        write it as ``summary.json`` (the first time: the files that follow may fail)."""
+        summary["final_eval_return"] = self.evaluate(self.s.run.eval_episodes)
+        best = self.progress.best_eval
+        summary["best_eval_return"] = best if math.isfinite(best) else None
+        summary["solved"] = self.progress.solved
+        summary["eval_episodes"] = self.s.run.eval_episodes
+        summary["stop_return"], summary["stop_return_from"] = self.target, self.target_from
+        summary["stopped_by"] = stop_reason(
+            solved=self.progress.solved, env_steps=self.progress.counters["env_steps"],
+            total_env_steps=self.s.run.total_env_steps, elapsed_s=time.monotonic() - started,
+            max_minutes=self.s.run.max_minutes, storage=self.storage.stop)
+        summary["run_dir"] = str(self.run_dir)
+        self.write_summary(summary)
+
+    def close(self, summary: dict[str, Any], recent_returns: np.ndarray) -> None:
+        """The run's last metrics row (after the final evaluation), the progress bar's end,
+        the learning curve (``plot``) and ``summary.json`` with the curve named."""
+        self.record(self.progress.last_sync, self.progress.window, recent_returns)
+        with self.storage.writing():
+            self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
+        summary["learning_curve"] = None  # also when the file system refused the drawing
+        if self.s.run.plot:
+            with self.storage.writing():
+                curve = plot_learning_curve(self.run_dir)  # None: no metrics to draw
+                summary["learning_curve"] = None if curve is None else str(curve)
+        self.write_summary(summary)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """``summary.json``, with the refused write named when there was one."""
+        if self.storage.error is not None:
+            summary = {**summary, "storage_error": str(self.storage.error)}
+        with self.storage.writing():
+            atomic_write_bytes(self.run_dir / "summary.json", json.dumps(summary, indent=1).encode())
