@@ -316,7 +316,7 @@ def run_config(kind: str, world: int, args: argparse.Namespace) -> list[dict[str
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = common.free_port()
-    from shardreplay.runtime.actor.processes import reap_processes  # lazily: ranks re-import this module
+    from shardreplay.runtime.actor.processes import stop_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_child, args=(kind, r, world, port, args, out), daemon=True)
              for r in range(world)]
@@ -332,7 +332,7 @@ def run_config(kind: str, world: int, args: argparse.Namespace) -> list[dict[str
     except queue.Empty as exc:
         raise RuntimeError(f"{kind} x{world} did not finish in {args.timeout_s} s") from exc
     finally:
-        reap_processes(procs, grace_s=30)
+        stop_processes(procs, timeout_s=5.0, grace_s=30)
     return [results[r] for r in range(world)]
 
 

@@ -33,7 +33,7 @@ from common import cpus, emit_line, loadavg, median, parser, python
 PUBLISH = """
 import sys, torch
 from shardreplay.policy import open_publisher
-from shardreplay.runtime.algos.qnet import QNetwork
+from shardreplay.runtime.algos.networks import QNetwork
 torch.manual_seed(0)
 net = QNetwork(4, 2, tuple(int(h) for h in sys.argv[2:]))
 open_publisher(sys.argv[1]).publish(1, {k: v.detach() for k, v in net.state_dict().items()})
@@ -41,15 +41,15 @@ open_publisher(sys.argv[1]).publish(1, {k: v.detach() for k, v in net.state_dict
 
 # One actor: argv = policy URL, spool URL, steps, hidden sizes...
 ACTOR = """
-import json, sys, time
+import json, sys, threading, time
 t0 = time.process_time()
 from shardreplay.runtime.actor.processes import _actor_main  # what spawn unpickles
-from shardreplay.runtime.actor.loop import ActorSettings, StopFlag, run
+from shardreplay.runtime.actor.loop import ActorSettings, run
 t1 = time.process_time()
 s = ActorSettings(actor_id=0, num_actors=1, num_shards=1, policy_url=sys.argv[1], transport=sys.argv[2],
                   max_env_steps=int(sys.argv[3]), hidden=tuple(int(h) for h in sys.argv[4:]), seed=1,
                   queued_chunks_per_actor=1_000_000)
-counters = run(s, stop=StopFlag())
+counters = run(s, stop=threading.Event())
 cpu = time.process_time()
 with open("/proc/self/status") as f:
     hwm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))

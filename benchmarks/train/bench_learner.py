@@ -128,7 +128,7 @@ def make_net(name: str) -> Any:
     import torch
     from torch import nn
 
-    from shardreplay.runtime.algos.qnet import QNetwork
+    from shardreplay.runtime.algos.networks import QNetwork
 
     if name == "mlp":
         return QNetwork(64, ACTIONS, (512, 512, 512))
@@ -272,7 +272,7 @@ def run_ranks(args: argparse.Namespace, link: netns.Link | netns.Hosts | None) -
         port = 29_500 + os.getpid() % 1000  # a fresh namespace has every port free
         ifnames = link.ifnames if isinstance(link, netns.Link) else (link.ifname,) * world
         places = [(link.addresses[0], ifnames[r], link.namespaces[r]) for r in range(world)]
-    from shardreplay.runtime.actor.processes import reap_processes  # lazily: ranks re-import this module
+    from shardreplay.runtime.actor.processes import stop_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_rank, args=(r, args, places[r][0], port, places[r][1], places[r][2], out))
              for r in range(world)]
@@ -289,7 +289,7 @@ def run_ranks(args: argparse.Namespace, link: netns.Link | netns.Hosts | None) -
     except queue.Empty as exc:
         raise RuntimeError(f"timed out after {args.timeout_s} s") from exc
     finally:
-        reap_processes(procs, grace_s=30 if len(results) == world else 1)
+        stop_processes(procs, timeout_s=5.0, grace_s=30 if len(results) == world else 1)
     return results[0]
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from shardreplay.cli import field_help
 from shardreplay.cli.main import build_parser, main
 from shardreplay.cli.train import _settings, final_line
-from shardreplay.cli.train_flags import field_help
 from shardreplay.errors import ConfigError, TransportError
 from shardreplay.runtime.routing import check_reachable
 from shardreplay.runtime.settings import FLAT, GROUPS, TrainSettings, settings_for_resume

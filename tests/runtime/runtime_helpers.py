@@ -165,7 +165,7 @@ def publish_cartpole_policy(url: str, version: int, hidden: tuple[int, ...] = (1
     import torch
 
     from shardreplay.policy import open_publisher
-    from shardreplay.runtime.algos.qnet import QNetwork
+    from shardreplay.runtime.algos.networks import QNetwork
 
     torch.manual_seed(seed + version)
     net = QNetwork(4, 2, hidden)

@@ -14,10 +14,10 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.algos.networks import (
     MinAtarQNetwork,
     NatureQNetwork,
+    QNetwork,
     choose_network,
     make_q_network,
 )
-from shardreplay.runtime.algos.qnet import QNetwork
 from shardreplay.runtime.envs import EnvSource, describe_env, make_vector_env, parse_env_kwargs
 from tests.support.gym_envs import write_blink_env
 

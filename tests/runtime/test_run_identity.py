@@ -29,7 +29,7 @@ from shardreplay.errors import ConfigError
 from shardreplay.policy import open_publisher, open_subscriber
 from shardreplay.policy.broadcast import RUN_KEY, RunInfo, pack_version, split_version
 from shardreplay.policy.file_backend import FilePublisher, weights_name
-from shardreplay.runtime.actor.loop import ActorSettings, StopFlag, run
+from shardreplay.runtime.actor.loop import ActorSettings, run
 from shardreplay.runtime.launch.launcher import prepare_run_dir
 from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.resume import commit_resume
@@ -47,11 +47,11 @@ START_S = 90.0  # a child imports torch and gymnasium: seconds on a loaded machi
 pytestmark = pytest.mark.usefixtures("keep_torch_threads")  # conftest.py
 
 
-def _start_actor(s: ActorSettings, caplog: pytest.LogCaptureFixture) -> tuple[StopFlag, dict[str, Any],
+def _start_actor(s: ActorSettings, caplog: pytest.LogCaptureFixture) -> tuple[threading.Event, dict[str, Any],
                                                                                threading.Thread]:
     """Run an actor on a thread of this process, its warnings captured; returns its stop
     flag, the dict its counters land in when it returns, and the thread."""
-    stop = StopFlag()
+    stop = threading.Event()
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(run(s, stop=stop)), daemon=True)
     caplog.set_level(logging.WARNING, "shardreplay.actor")
@@ -220,7 +220,7 @@ def _run_meta(run_id: str, life: int, **settings: Any) -> dict[str, str]:
 def _publish(url: str, version: int, meta: dict[str, str], publisher: Any = None) -> Any:
     import torch
 
-    from shardreplay.runtime.algos.qnet import QNetwork
+    from shardreplay.runtime.algos.networks import QNetwork
 
     torch.manual_seed(version % 1000)
     publisher = publisher or open_publisher(url)
@@ -426,7 +426,7 @@ def test_a_remote_actor_refuses_a_run_on_the_local_transport(tmp_path: Path) -> 
     _publish(policy, pack_version(0, 5), RunInfo(run_id="r", life=0, env_steps=0, seed=0, transport="local",
                                                  settings=agreed_settings(train, 1)).to_meta())
     with pytest.raises(ConfigError, match="uses the local transport"):
-        run(ActorSettings(actor_id=0, policy_url=policy, policy_wait_s=30.0), stop=StopFlag())
+        run(ActorSettings(actor_id=0, policy_url=policy, policy_wait_s=30.0), stop=threading.Event())
 
 
 @pytest.mark.slow

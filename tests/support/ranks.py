@@ -69,7 +69,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.
     out = ctx.Queue()
     port = port or free_port()
     places = places or [("", "127.0.0.1", "lo")] * world_size
-    from shardreplay.runtime.actor.processes import reap_processes  # lazily: ranks re-import this module
+    from shardreplay.runtime.actor.processes import stop_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, args, out, places[r]), daemon=True)
              for r in range(world_size)]
@@ -88,7 +88,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 180.
     except queue.Empty:
         errors.append(f"timed out after {timeout_s} s; finished ranks: {sorted(results)}")
     finally:
-        reap_processes(procs, grace_s=10 if not errors else 0.5)
+        stop_processes(procs, timeout_s=5.0, grace_s=10 if not errors else 0.5)
         out.close()
     assert not errors, "\n".join(errors)
     return [results[r] for r in range(world_size)]

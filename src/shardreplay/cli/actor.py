@@ -13,19 +13,14 @@ import argparse
 import dataclasses
 import json
 import logging
-import re
 import sys
 from typing import Any
 
-from shardreplay.cli import plain
+from shardreplay.cli import field_help, plain
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.actor.settings import AGREED, ActorSettings
 
-# "name: text" lines of the ActorSettings docstring, for --help.
-_HELP = {name: plain(" ".join(text.split())) for names, text in
-         re.findall(r"^\s{8}(\w+(?:, \w+)*): (.+?)(?=\n\s{8}\w+(?:, \w+)*:|\n\s*$)",
-                    ActorSettings.__doc__ or "", flags=re.M | re.S)
-         for name in names.split(", ")}
+_HELP = field_help(ActorSettings)
 _INT = ("num_actors", "num_shards", "envs_per_actor", "chunk_steps", "queued_chunks_per_actor",
         "epsilon_warmup_steps", "max_env_steps", "seed")
 _FLOAT = ("epsilon_base", "epsilon_exponent")

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 from collections.abc import Callable
 from typing import Any
 
-from shardreplay.cli import plain
+from shardreplay.cli import field_help
 from shardreplay.runtime.settings import ALGOS, GROUPS, flat_name
 
 _GROUP_TITLES = {
@@ -28,15 +27,6 @@ _GROUP_TITLES = {
 _METAVARS = {"env_id": "ID", "run_dir": "DIR", "stop_return": "X|none|auto", "transport": "URL",
              "policy_url": "URL", "delivery_log_dir": "DIR"}
 _CHOICES = {"sample_mode": ("exact", "local"), "algo": ALGOS}
-_ENTRY = re.compile(r"^ {8}(\w+): (.*(?:\n {12}.*)*)", re.M)
-
-
-def field_help(cls: type) -> dict[str, str]:
-    """Each field's text in the ``Attributes:`` section of ``cls``'s docstring (one
-    ``name: text`` entry per field, continued on deeper-indented lines)."""
-    doc = (cls.__doc__ or "").split("Attributes:", 1)[-1]
-    return {name: plain(" ".join(text.split())).rstrip(".")
-            for name, text in _ENTRY.findall(doc)}
 
 
 def _default_text(value: Any) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from shardreplay.runtime.actor import loop as actor_module
-from shardreplay.runtime.actor.loop import ActorSettings, StopFlag, run
+from shardreplay.runtime.actor.loop import ActorSettings, run
 from shardreplay.runtime.routing import shard_transport
 from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.spec import StepType
@@ -81,7 +81,7 @@ def test_chunks_have_shape_ids_sequences_and_version(tmp_path: Path, kind: str, 
     url = _transport_url(kind, tmp_path, redis_factory)
     publish_cartpole_policy(f"file://{tmp_path}/policy", 3)
     s = _settings(tmp_path, url, max_env_steps=3 * 23)  # 23 vector steps: 4 chunks of 5, one of 3
-    counters = run(s, stop=StopFlag())
+    counters = run(s, stop=threading.Event())
     assert counters == {"env_steps": 69, "chunks": 5, "send_retries": 0, "policy_updates": 0}
     shard = StreamLayout(2, 4, 2).home_shard(1)
     transport = shard_transport(url, CARTPOLE_SPEC, shard)
@@ -113,7 +113,7 @@ def test_an_actor_with_streams_on_several_shards_sends_each_its_own_chunks(tmp_p
     publish_cartpole_policy(f"file://{tmp_path}/policy", 3)
     s = _settings(tmp_path, url, num_actors=2, num_shards=4, max_env_steps=3 * 23)
     assert StreamLayout(2, 3, 4).shards(1).tolist() == [2, 2, 3]
-    counters = run(s, stop=StopFlag())
+    counters = run(s, stop=threading.Event())
     assert counters["env_steps"] == 69 and counters["chunks"] == 10  # 5 per shard
     assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == ["shard-2", "shard-3"]
     got = {}
@@ -145,7 +145,7 @@ def test_new_policy_versions_are_picked_up_and_loaded_once(tmp_path: Path, monke
     publisher = publish_cartpole_policy(policy, 1)
     url = f"file://{tmp_path}/spool"
     s = _settings(tmp_path, url, max_env_steps=3 * 5000, chunk_steps=2)
-    stop = StopFlag()
+    stop = threading.Event()
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(run(s, stop=stop)), daemon=True)
     thread.start()
@@ -328,7 +328,7 @@ def test_delivery_log_lists_exactly_the_chunks_the_transport_accepted(tmp_path: 
     publish_cartpole_policy(f"file://{tmp_path}/policy", 1)
     log_path = tmp_path / "audit" / "actor-1.jsonl"
     s = _settings(tmp_path, url, queued_chunks_per_actor=2, send_timeout_s=0.2, delivery_log=str(log_path))
-    stop = StopFlag()
+    stop = threading.Event()
     logged_while_blocked: list[int] = []
 
     def stop_once_blocked() -> None:  # the queue holds 2: the actor then waits in send
@@ -368,9 +368,10 @@ def test_delivery_log_is_appended_across_lives_and_off_by_default(tmp_path: Path
     log_path = tmp_path / "actor-1.jsonl"
     url = f"file://{tmp_path}/spool"
     for _life in range(2):
-        run(_settings(tmp_path, url, max_env_steps=3 * 10, delivery_log=str(log_path)), stop=StopFlag())
+        run(_settings(tmp_path, url, max_env_steps=3 * 10, delivery_log=str(log_path)),
+            stop=threading.Event())
     lines = _delivery_lines(log_path)
     assert [d["steps"] for d in lines] == [15, 15] * 2
     assert len({d["sequence"] for d in lines}) == 4
-    run(_settings(tmp_path, url, max_env_steps=3 * 10), stop=StopFlag())
+    run(_settings(tmp_path, url, max_env_steps=3 * 10), stop=threading.Event())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["actor-1.jsonl", "policy", "spool"]

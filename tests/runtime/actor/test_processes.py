@@ -1,4 +1,4 @@
-"""reap_processes: started processes get a grace period, then SIGTERM, then SIGKILL;
+"""stop_processes: started processes get a grace period, then SIGTERM, then SIGKILL;
 descendant_pids: the process tree as psutil sees it, from the tree's own /proc files."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import psutil
 
-from shardreplay.runtime.actor.processes import ProcessTree, descendant_pids, reap_processes
+from shardreplay.runtime.actor.processes import ProcessTree, descendant_pids, stop_processes
 
 
 def _ignore_sigterm_and_sleep() -> None:
@@ -31,7 +31,7 @@ def test_each_process_ends_by_the_gentlest_step_that_works() -> None:
         p.start()
     time.sleep(0.3)  # the stubborn one has installed its handler
     start = time.monotonic()
-    reap_processes(procs, grace_s=1.0, timeout_s=1.0)
+    stop_processes(procs, timeout_s=1.0, grace_s=1.0)
     took = time.monotonic() - start
     assert [p.exitcode for p in procs] == [0, -signal.SIGTERM, -signal.SIGKILL]
     assert not any(p.is_alive() for p in procs)

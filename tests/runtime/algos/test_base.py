@@ -13,8 +13,10 @@ import torch
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import AGREED, ActorSettings, resolve
 from shardreplay.runtime.algos import ACTIONS, algorithm
+from shardreplay.runtime.algos.apex import apex_epsilons
+from shardreplay.runtime.algos.apex import explore as apex_explore
 from shardreplay.runtime.algos.dqn_torch import DoubleDqn, DqnSettings
-from shardreplay.runtime.algos.qnet import QNetwork, apex_epsilons, epsilon_greedy
+from shardreplay.runtime.algos.networks import QNetwork
 from shardreplay.runtime.envs import EnvSource, describe_env
 from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.settings import ALGOS, TrainSettings
@@ -81,7 +83,7 @@ def test_dqn_policy_acts_as_the_actor_loop_did() -> None:
     for run_steps in (0, 50, 100, 400):
         explore = eps if run_steps >= 100 else np.maximum(eps, 1.0 - run_steps / 100)
         with torch.no_grad():
-            expected = epsilon_greedy(old_net(torch.as_tensor(obs)), explore, rng)
+            expected = apex_explore(old_net(torch.as_tensor(obs)).argmax(dim=1).numpy(), 2, explore, rng)
         actions, state = policy.act(obs, None, run_steps)
         assert state is None and np.array_equal(actions, expected)
 

@@ -23,8 +23,8 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.dqn import DQN
 from shardreplay.runtime.algos.dqn_torch import EpsilonGreedyPolicy, q_network_of
+from shardreplay.runtime.algos.networks import QNetwork
 from shardreplay.runtime.algos.numpy_policy import NumpyEpsilonGreedyPolicy, NumpyQNetwork
-from shardreplay.runtime.algos.qnet import QNetwork
 from shardreplay.runtime.envs import EnvInfo
 from tests.runtime.runtime_helpers import publish_cartpole_policy
 
@@ -106,15 +106,15 @@ def test_the_default_actor_runs_without_torch_or_numba_on_one_blas_thread(tmp_pa
     numpy's OpenBLAS (one thread per core when it loads) is down to one thread."""
     publish_cartpole_policy(f"file://{tmp_path}/policy", 1)  # no run description: DQN, CartPole, MLP
     code = textwrap.dedent(f"""
-        import json, sys
+        import json, sys, threading
         from shardreplay.runtime.actor.processes import _actor_main  # what spawn unpickles
-        from shardreplay.runtime.actor.loop import ActorSettings, StopFlag, run
+        from shardreplay.runtime.actor.loop import ActorSettings, run
         from shardreplay.runtime.actor.threads import blas_threads
         before = blas_threads()
         s = ActorSettings(actor_id=0, num_actors=1, num_shards=1, transport="file://{tmp_path}/spool",
                           policy_url="file://{tmp_path}/policy", hidden=(16,), seed=1,
                           queued_chunks_per_actor=256, max_env_steps=4 * 16 * 70)
-        counters = run(s, stop=StopFlag())
+        counters = run(s, stop=threading.Event())
         loaded = [m for m in ("torch", "numba") if m in sys.modules]
         print(json.dumps([counters["chunks"], loaded, before, blas_threads()]))
     """)

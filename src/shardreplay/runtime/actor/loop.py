@@ -49,37 +49,14 @@ from shardreplay.spec import StepType
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 
-__all__ = ["AGREED", "ActorSettings", "StopFlag", "actor_seed", "resolve", "run"]
+__all__ = ["AGREED", "ActorSettings", "actor_seed", "resolve", "run"]
 
 log = logging.getLogger("shardreplay.actor")
 _SAID_FULL: set[int] = set()  # actors that logged their spool full (once per process)
 
 
-class StopFlag:
-    """Set by SIGTERM / SIGINT (or by the caller) to end the actor loop."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def set(self, *_args: Any) -> None:
-        """Ask the loop to stop (usable as a signal handler)."""
-        self._event.set()
-
-    def is_set(self) -> bool:
-        """True once a stop was asked."""
-        return self._event.is_set()
-
-    def install(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
-        """Route ``signals`` (default SIGTERM and SIGINT) here.
-
-        Raises:
-            ConfigError: not called from the main thread.
-        """
-        _signals.install(dict.fromkeys(signals, self.set))
-
-
 def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport | None = None,
-        stop: StopFlag | None = None) -> dict[str, int]:
+        stop: threading.Event | None = None) -> dict[str, int]:
     """Run one actor until stopped or ``max_env_steps``; returns counters: ``env_steps``,
     ``chunks`` (sent: on the wire when the writer's ``send`` returned; the delivery log,
     ``--delivery-log-dir``, lists those the medium confirmed), ``send_retries`` (back-pressure
@@ -95,15 +72,15 @@ def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport 
         transport: the shards' transports when already open (``local`` rings are made
             by the parent and passed in), by shard; a single one serves shard 0 (a run
             of one learner); None opens them from the run's transport URL.
-        stop: a stop flag (None: a new one, wired to SIGTERM / SIGINT).
+        stop: set to end the loop (None: a new event, set by SIGTERM / SIGINT).
 
     Raises:
         ConfigError: a bad environment, or settings that contradict the learner's.
         TransportTimeout: no first policy within ``policy_wait_s``.
     """
     if stop is None:
-        stop = StopFlag()
-        stop.install()
+        stop = event = threading.Event()
+        _signals.install(dict.fromkeys((signal.SIGTERM, signal.SIGINT), lambda *_: event.set()))
     given = {0: transport} if isinstance(transport, Transport) else transport
     counters = {"env_steps": 0, "chunks": 0, "send_retries": 0, "policy_updates": 0}
     # numpy weights: a policy that needs torch converts them (torch.as_tensor shares them)
@@ -127,7 +104,7 @@ def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport 
 
 
 def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[int, Transport] | None,
-           subscriber: Any, stop: StopFlag, counters: dict[str, int]) -> Any:
+           subscriber: Any, stop: threading.Event, counters: dict[str, int]) -> Any:
     """Act for the run of ``first`` until stopped or it ends; returns the first policy of
     the next run when another run took over the policy URL, else None."""
     env_id, envs = s.env_id, s.envs_per_actor
@@ -163,7 +140,7 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
 
 def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
           algo_env: tuple[Algorithm, EnvInfo], transports: dict[int, Transport],
-          groups: dict[int, np.ndarray], subscriber: Any, stop: StopFlag,
+          groups: dict[int, np.ndarray], subscriber: Any, stop: threading.Event,
           counters: dict[str, int]) -> Any:
     feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
     algo, env_info = algo_env
@@ -274,7 +251,7 @@ class _PolicyFeed:
     resume on another number of learners), is kept in ``next_run`` (the loop switches to
     it)."""
 
-    def __init__(self, subscriber: Any, stop: StopFlag, run_id: str,
+    def __init__(self, subscriber: Any, stop: threading.Event, run_id: str,
                  settings: dict[str, Any] | None = None) -> None:
         self._subscriber = subscriber
         self._stop = stop
@@ -309,7 +286,7 @@ class _PolicyFeed:
         return update
 
 
-def _first_policy(subscriber: Any, s: ActorSettings, stop: StopFlag) -> Any:
+def _first_policy(subscriber: Any, s: ActorSettings, stop: threading.Event) -> Any:
     """The first policy to act with, or None when ``stop`` was set first. A 'finished'
     one is a previous run's last word, so wait for a newer one (a resumed or new run
     publishes soon).
@@ -384,7 +361,7 @@ class _DeliveryLog:
             self._fd = None
 
 
-def _send(chunk: Chunk, writer: Any, transport: Transport, stop: StopFlag, counters: dict[str, int],
+def _send(chunk: Chunk, writer: Any, transport: Transport, stop: threading.Event, counters: dict[str, int],
           timeout_s: float, feed: _PolicyFeed, delivered: _DeliveryLog) -> Any:
     """Send with retries; reopen the writer after a transport failure."""
     backoff = 0.1

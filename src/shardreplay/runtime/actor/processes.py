@@ -23,6 +23,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -54,24 +55,17 @@ def die_with_parent(parent_pid: int | None = None) -> None:
 
 
 @contextlib.contextmanager
-def children_block_sigint() -> Iterator[None]:
-    """Processes started inside this block have SIGINT blocked for their whole life.
-
-    The signal mask survives ``fork`` and ``exec``, so a spawned child never sees a
-    Ctrl-C, from its first instruction on (it stays pending, undelivered); its own
-    children inherit the mask too. Only the calling thread blocks SIGINT meanwhile:
-    the process's other threads, or this one after the block, still take a Ctrl-C
-    meant for the caller, so nothing is lost (an ignored disposition would lose it).
-    """
-    with children_block_signals({signal.SIGINT}):
-        yield
-
-
-@contextlib.contextmanager
 def children_block_signals(signals: set[signal.Signals]) -> Iterator[None]:
-    """Processes started inside this block are born with ``signals`` blocked (see
-    :func:`children_block_sigint`); a child unblocks one once its handler is in place
-    (``signal.pthread_sigmask(signal.SIG_UNBLOCK, ...)``), and takes it then."""
+    """Processes started inside this block are born with ``signals`` blocked; a child
+    unblocks one once its handler is in place (``signal.pthread_sigmask(signal.SIG_UNBLOCK,
+    ...)``), and takes it then.
+
+    The signal mask survives ``fork`` and ``exec``, so a spawned child never sees, say, a
+    Ctrl-C from its first instruction on (it stays pending, undelivered); its own
+    children inherit the mask too. Only the calling thread blocks them meanwhile: the
+    process's other threads, or this one after the block, still take a Ctrl-C meant for
+    the caller, so nothing is lost (an ignored disposition would lose it).
+    """
     with contextlib.suppress(Exception):
         # Starting the tracker inside the block would unblock SIGINT (it masks and
         # unmasks it around its own start), and the child would not inherit the mask.
@@ -85,8 +79,12 @@ def children_block_signals(signals: set[signal.Signals]) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
 
-def stop_processes(procs: list[Any], timeout_s: float) -> None:
-    """SIGTERM every live process, wait up to ``timeout_s``, then SIGKILL and reap."""
+def stop_processes(procs: list[Any], timeout_s: float, grace_s: float = 0.0) -> None:
+    """Give started processes up to ``grace_s`` in all to exit by themselves, then SIGTERM
+    every live one, wait up to ``timeout_s``, then SIGKILL and reap."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
     for p in procs:
         if p.is_alive():
             with contextlib.suppress(OSError, ValueError):
@@ -101,21 +99,12 @@ def stop_processes(procs: list[Any], timeout_s: float) -> None:
             p.join(5)
 
 
-def reap_processes(procs: list[Any], grace_s: float, timeout_s: float = 5.0) -> None:
-    """Give started processes up to ``grace_s`` in all to exit by themselves, then
-    :func:`stop_processes` the rest (SIGTERM, ``timeout_s``, SIGKILL)."""
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    stop_processes([p for p in procs if p.is_alive()], timeout_s)
-
-
 def _actor_main(settings: ActorSettings, transports: Mapping[int, Transport] | None, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     configure_logging(logging.WARNING, "%(asctime)s actor %(message)s")
-    from shardreplay.runtime.actor.loop import StopFlag, run
+    from shardreplay.runtime.actor.loop import run
 
-    stop = StopFlag()
+    stop = threading.Event()
 
     def on_sigterm(*_args: Any) -> None:
         if os.getppid() != parent_pid:
@@ -165,7 +154,7 @@ class ActorPool:
             settings = dataclasses.replace(settings, seed=settings.seed + 1_000_003 * self.restarts[actor_id])
         p = self._ctx.Process(target=_actor_main, name=f"actor-{actor_id}", daemon=False,
                               args=(settings, self._transports, os.getpid()))
-        with children_block_sigint():
+        with children_block_signals({signal.SIGINT}):
             p.start()
         self._procs[actor_id] = p
 

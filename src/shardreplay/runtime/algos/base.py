@@ -147,6 +147,23 @@ class Algorithm(Protocol):
         ...
 
 
+class FeedForward:
+    """The part of an :class:`ActorPolicy` without recurrent state: nothing to start,
+    reset or store beside the steps."""
+
+    def initial_state(self, num_envs: int) -> None:
+        """No recurrent state."""
+        return None
+
+    def end_episodes(self, state: None, starting: np.ndarray) -> None:
+        """No recurrent state."""
+        return None
+
+    def stored(self, state: None) -> dict[str, np.ndarray]:
+        """Nothing stored beside the steps."""
+        return {}
+
+
 def warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:
     """Exploration during warm-up: from 1 down to ``eps`` over ``warmup_steps``."""
     if warmup_steps <= 0 or run_steps >= warmup_steps:

@@ -31,10 +31,9 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import fits
-from shardreplay.runtime.algos.networks import make_q_network
+from shardreplay.runtime.algos.base import FeedForward, fits
+from shardreplay.runtime.algos.networks import QNetwork, make_q_network
 from shardreplay.runtime.algos.numpy_policy import mlp_hidden
-from shardreplay.runtime.algos.qnet import QNetwork
 from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part, flat_observations, unwrap
 from shardreplay.runtime.envs import EnvInfo
 
@@ -118,7 +117,7 @@ class DoubleDqn(LearnerState):
         return {"online": self.module, "target": self.target, "optimizer": self.optimizer}
 
 
-class EpsilonGreedyPolicy(ApexActor):
+class EpsilonGreedyPolicy(FeedForward, ApexActor):
     """An actor's torch Q-network with Ape-X exploration (:class:`~.torch_parts.ApexActor`):
     image networks and CUDA actors (an MLP on the CPU acts in NumPy, :mod:`.numpy_policy`).
 
@@ -127,23 +126,12 @@ class EpsilonGreedyPolicy(ApexActor):
         s: the actor's resolved settings.
     """
 
-    def initial_state(self, num_envs: int) -> None:
-        """No recurrent state."""
-        return None
-
     def act(self, obs: np.ndarray, state: None, run_steps: int) -> tuple[np.ndarray, None]:
         """Epsilon-greedy actions."""
         with torch.no_grad():
             q = self.net(torch.as_tensor(obs, device=self.device))
         return self.exploration.actions(q.argmax(dim=1).cpu().numpy(), int(q.shape[1]), run_steps), None
 
-    def end_episodes(self, state: None, starting: np.ndarray) -> None:
-        """No recurrent state."""
-        return None
-
-    def stored(self, state: None) -> dict[str, np.ndarray]:
-        """Nothing stored beside the steps."""
-        return {}
 
 
 def q_network_of(weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings, kind: str) -> nn.Module:

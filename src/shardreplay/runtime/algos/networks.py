@@ -19,10 +19,36 @@ import torch
 from torch import nn
 
 from shardreplay.runtime.algos.network_kinds import choose_network
-from shardreplay.runtime.algos.qnet import QNetwork
 from shardreplay.runtime.settings import NETWORKS
 
-__all__ = ["NETWORKS", "MinAtarQNetwork", "NatureQNetwork", "choose_network", "make_q_network"]
+__all__ = ["NETWORKS", "MinAtarQNetwork", "NatureQNetwork", "QNetwork", "choose_network", "make_q_network"]
+
+
+class QNetwork(nn.Module):
+    """An MLP from a flat observation to one Q-value per action.
+
+    Its twin without torch, :class:`~shardreplay.runtime.algos.numpy_policy.NumpyQNetwork`,
+    acts from the same weights (``net.<2i>.weight`` / ``net.<2i>.bias``).
+
+    Args:
+        obs_size: length of the observation vector.
+        num_actions: number of discrete actions.
+        hidden: sizes of the hidden layers.
+    """
+
+    def __init__(self, obs_size: int, num_actions: int, hidden: tuple[int, ...] = (128, 128)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_size
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        layers.append(nn.Linear(width, num_actions))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q-values ``[B, num_actions]`` for observations ``[B, obs_size]``."""
+        return self.net(obs.to(torch.float32))
 
 
 class NatureQNetwork(nn.Module):

@@ -2,7 +2,7 @@
 
 The default actor (``--algo dqn``, an MLP Q-network, ``--actor-device cpu``) acts with
 :class:`NumpyEpsilonGreedyPolicy`: float32 Linear + ReLU layers read from the published
-weights (the names and shapes of :class:`~shardreplay.runtime.algos.qnet.QNetwork`'s
+weights (the names and shapes of :class:`~shardreplay.runtime.algos.networks.QNetwork`'s
 ``state_dict``), the argmax, and Ape-X's epsilon-greedy draws
 (:class:`~.apex.ApexExploration`, the same generator calls as the torch policy). Its
 actions equal the torch network's argmax except where two Q-values tie to within float32
@@ -26,7 +26,7 @@ import numpy as np
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.apex import ApexExploration
-from shardreplay.runtime.algos.base import network_weights
+from shardreplay.runtime.algos.base import FeedForward, network_weights
 
 __all__ = ["NumpyEpsilonGreedyPolicy", "NumpyQNetwork", "mlp_hidden", "mlp_shapes"]
 
@@ -72,7 +72,7 @@ def _float32(value: Any) -> np.ndarray:
 
 
 class NumpyQNetwork:
-    """:class:`~shardreplay.runtime.algos.qnet.QNetwork`'s forward pass in NumPy:
+    """:class:`~shardreplay.runtime.algos.networks.QNetwork`'s forward pass in NumPy:
     ``x -> relu(x W_i^T + b_i) -> ... -> x W_n^T + b_n`` in float32.
 
     Args:
@@ -120,7 +120,7 @@ class NumpyQNetwork:
         return x
 
 
-class NumpyEpsilonGreedyPolicy:
+class NumpyEpsilonGreedyPolicy(FeedForward):
     """An actor's MLP Q-network in NumPy with Ape-X exploration: the
     :class:`~shardreplay.runtime.algos.base.ActorPolicy` of ``--algo dqn`` on the CPU.
 
@@ -144,19 +144,8 @@ class NumpyEpsilonGreedyPolicy:
         """
         self.net.load(weights)
 
-    def initial_state(self, num_envs: int) -> None:
-        """No recurrent state."""
-        return None
-
     def act(self, obs: np.ndarray, state: None, run_steps: int) -> tuple[np.ndarray, None]:
         """Epsilon-greedy actions (int64 ``[num_envs]``)."""
         greedy = self.net(obs).argmax(axis=1).astype(np.int64, copy=False)
         return self.exploration.actions(greedy, self.net.num_actions, run_steps), None
 
-    def end_episodes(self, state: None, starting: np.ndarray) -> None:
-        """No recurrent state."""
-        return None
-
-    def stored(self, state: None) -> dict[str, np.ndarray]:
-        """Nothing stored beside the steps."""
-        return {}

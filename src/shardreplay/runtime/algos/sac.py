@@ -47,7 +47,7 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import fits, network_weights, warmup
+from shardreplay.runtime.algos.base import FeedForward, fits, network_weights, warmup
 from shardreplay.runtime.algos.torch_parts import LearnerState, Part, flat_observations
 from shardreplay.runtime.devices import CPU, Placement
 from shardreplay.runtime.envs import EnvInfo, transition_spec
@@ -272,7 +272,7 @@ class Sac(LearnerState):
                 "alpha_opt": self.alpha_opt}
 
 
-class SampledPolicy:
+class SampledPolicy(FeedForward):
     """An actor's SAC policy: actions sampled from the published tanh-Gaussian, uniformly
     random ones with probability falling from 1 to 0 over the run's warm-up
     (``epsilon_warmup_steps``).
@@ -294,10 +294,6 @@ class SampledPolicy:
         """Take newly published weights."""
         self.actor.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
 
-    def initial_state(self, num_envs: int) -> None:
-        """No recurrent state."""
-        return None
-
     def act(self, obs: np.ndarray, state: None, run_steps: int) -> tuple[np.ndarray, None]:
         """Sampled actions ``[num_envs, d]`` (float32), random ones during warm-up."""
         with torch.no_grad():
@@ -311,13 +307,6 @@ class SampledPolicy:
             actions[rows] = self.rng.uniform(lo, hi, size=(int(rows.sum()), actions.shape[1]))
         return actions, None
 
-    def end_episodes(self, state: None, starting: np.ndarray) -> None:
-        """No recurrent state."""
-        return None
-
-    def stored(self, state: None) -> dict[str, np.ndarray]:
-        """Nothing stored beside the steps."""
-        return {}
 
 
 class SacAlgorithm:
