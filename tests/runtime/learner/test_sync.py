@@ -10,8 +10,8 @@ import torch
 
 from shardreplay.checkpoint.triggers import periodic_save_due
 from shardreplay.errors import ShardReplayError
-from shardreplay.runtime.learner.report import MetricsWindow, RunCounts
-from shardreplay.runtime.learner.sync import MAX_UPDATES_PER_ITERATION, LoopSync, minutes_due
+from shardreplay.runtime.learner.state import MetricsWindow
+from shardreplay.runtime.learner.sync import MAX_UPDATES_PER_ITERATION, LoopSync, RunCounts, minutes_due
 
 
 def test_round_trip_keeps_64_bit_integers_exact() -> None:

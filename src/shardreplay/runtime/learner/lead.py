@@ -1,5 +1,6 @@
 """Rank 0's duties in a training run: publishing the weights, evaluating them (and keeping
-the best), the metrics rows and progress bar, the learning curve and ``summary.json``.
+the best), the metrics rows (:func:`metrics_row`) and progress bar, the learning curve
+and ``summary.json``.
 
 The :class:`~shardreplay.runtime.learner.loop.Learner` of rank 0 owns one :class:`Lead`
 (the other ranks none) and tells it when; none of it takes a collective, so the ranks'
@@ -27,14 +28,37 @@ from shardreplay.runtime.devices import Placement
 from shardreplay.runtime.envs import EnvInfo, reward_threshold
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
-from shardreplay.runtime.learner.report import MetricsWindow, metrics_row, stop_reason
 from shardreplay.runtime.learner.setup import warn_if_taking_over
-from shardreplay.runtime.learner.state import Lineage, Progress, StorageGuard
+from shardreplay.runtime.learner.state import Lineage, MetricsWindow, Progress, StorageGuard
 from shardreplay.runtime.learner.sync import LoopSync, agreed_settings
 from shardreplay.runtime.policy_file import best_return, keep_if_best, policy_metadata
 from shardreplay.runtime.settings import TrainSettings
 
 log = logging.getLogger("shardreplay.learner")
+
+
+def metrics_row(window: MetricsWindow | None, sync: LoopSync | None, *, now: float, wall_s: float,
+                counters: dict[str, int], recent_returns: np.ndarray,
+                eval_return: float | None) -> dict[str, Any]:
+    """One row of ``metrics.csv`` over ``window`` (None: a row without rates, loss and
+    lag), with the buffer size of ``sync`` (None: not known yet).
+
+    ``recent_returns`` holds the last finished return of each stream (NaN: none yet).
+    """
+    if window is None:
+        steps = updates = loss = math.nan
+        dt, lag = 1.0, None
+    else:
+        steps, updates, loss = window.steps, window.updates, window.loss
+        dt = max(now - window.t, 1e-9)
+        lag = window.lag_sum / window.lag_n if window.lag_n else None
+    recent = recent_returns[~np.isnan(recent_returns)]
+    return {"wall_s": wall_s, "env_steps": counters["env_steps"], "updates": counters["updates"],
+            "replay_size": None if sync is None else sync.replay_size,
+            "env_steps_per_s": steps / dt, "updates_per_s": updates / dt,
+            "samples_per_insert": counters["samples"] / max(counters["env_steps"], 1),
+            "policy_lag": lag, "recent_return": float(recent.mean()) if recent.size else None,
+            "eval_return": eval_return, "loss": loss}
 
 
 class Lead:
@@ -141,12 +165,20 @@ class Lead:
         summary["solved"] = self.progress.solved
         summary["eval_episodes"] = self.s.run.eval_episodes
         summary["stop_return"], summary["stop_return_from"] = self.target, self.target_from
-        summary["stopped_by"] = stop_reason(
-            solved=self.progress.solved, env_steps=self.progress.counters["env_steps"],
-            total_env_steps=self.s.run.total_env_steps, elapsed_s=time.monotonic() - started,
-            max_minutes=self.s.run.max_minutes, storage=self.storage.stop)
+        summary["stopped_by"] = self._stopped_by(started)
         summary["run_dir"] = str(self.run_dir)
         self.write_summary(summary)
+
+    def _stopped_by(self, started: float) -> str:
+        """Why the run ended (rank 0's view): solved, storage (a rank's file system refused
+        a write), env_steps, time or signal."""
+        if self.progress.solved:
+            return "solved"
+        if self.storage.stop:
+            return "storage"
+        if self.progress.counters["env_steps"] >= self.s.run.total_env_steps:
+            return "env_steps"
+        return "time" if time.monotonic() - started >= self.s.run.max_minutes * 60 else "signal"
 
     def close(self, summary: dict[str, Any], recent_returns: np.ndarray) -> None:
         """The run's last metrics row (after the final evaluation), the progress bar's end,

@@ -35,7 +35,6 @@ from shardreplay.runtime.envs import describe_env
 from shardreplay.runtime.learner.checkpoints import LearnerCheckpoints
 from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.lead import Lead
-from shardreplay.runtime.learner.report import MetricsWindow, RunCounts
 from shardreplay.runtime.learner.resume import commit_resume, learner_files
 from shardreplay.runtime.learner.setup import (
     actor_settings_of_shard,
@@ -43,11 +42,12 @@ from shardreplay.runtime.learner.setup import (
     log_foreign_backlog,
     make_shard_buffer,
 )
-from shardreplay.runtime.learner.state import Lineage, Progress, StorageGuard
+from shardreplay.runtime.learner.state import Lineage, MetricsWindow, Progress, StorageGuard
 from shardreplay.runtime.learner.sync import (
     DRAIN_CHUNKS,
     MAX_UPDATES_PER_ITERATION,
     LoopSync,
+    RunCounts,
     learner_trigger,
     make_limiter,
     minutes_due,

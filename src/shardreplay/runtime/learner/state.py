@@ -1,6 +1,7 @@
 """The small parts a learner rank's state is kept in (see :class:`~.loop.Learner`).
 
-- :class:`Progress`: what the run did so far (counters, evaluations, the metrics window).
+- :class:`Progress`: what the run did so far (counters, evaluations, the metrics window:
+  :class:`MetricsWindow`).
 - :class:`Lineage`: where this life comes from (identity, the restored checkpoint, the
   chunks it holds).
 - :class:`StorageGuard`: the first write the file system refused, kept instead of raised.
@@ -18,12 +19,34 @@ from typing import Any
 
 from shardreplay._io import storage_error
 from shardreplay.errors import ShardReplayError, StorageError
-from shardreplay.runtime.learner.report import MetricsWindow
 from shardreplay.runtime.learner.stored_ids import StoredIds
 from shardreplay.runtime.learner.sync import LoopSync
 from shardreplay.runtime.run_identity import RunIdentity
 
 log = logging.getLogger("shardreplay.learner")
+
+
+@dataclass
+class MetricsWindow:
+    """Steps, updates, the last loss and policy lag since ``t`` (a metrics row's span)."""
+
+    steps: int = 0
+    updates: int = 0
+    t: float = field(default_factory=time.monotonic)
+    loss: float = math.nan
+    lag_sum: int = 0
+    lag_n: int = 0
+
+    def count(self, sync: LoopSync) -> None:
+        """Add the run-wide steps and policy lag of one loop sync."""
+        self.steps += sync.steps
+        self.lag_sum += sync.lag_sum
+        self.lag_n += sync.lag_count
+
+    def reset(self, now: float) -> None:
+        """Start the next window at ``now`` (the last loss stays until a new one)."""
+        self.steps = self.updates = self.lag_sum = self.lag_n = 0
+        self.t = now
 
 
 def _zero_counters() -> dict[str, int]:

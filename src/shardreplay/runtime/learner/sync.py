@@ -1,6 +1,7 @@
-"""What the learner ranks agree on, and how: the per-iteration sync record, the
-checkpoint trigger (signals, requests, periodic saves) that feeds it, the rate limiter
-over global counts and the settings actors share.
+"""What the learner ranks agree on, and how: the per-iteration sync record and the
+summary's run-wide counts (both summed over ranks as one int64 vector), the checkpoint
+trigger (signals, requests, periodic saves) that feeds the sync, the rate limiter over
+global counts and the settings actors share.
 
 All ranks run the training loop in lock-step. Every decision that leads into a
 collective (learn now? how many updates? stop? save?) is taken from a :class:`LoopSync`
@@ -97,6 +98,46 @@ class LoopSync(SummedRecord):
     def should_save(self) -> bool:
         """Whether some rank asked for a checkpoint."""
         return self.save_votes > 0
+
+
+@dataclass(frozen=True)
+class RunCounts(SummedRecord):
+    """Run-wide counts for the summary, summed over ranks.
+
+    Attributes:
+        actor_restarts: actor processes restarted after they died.
+        actors_given_up: actors not restarted again (too many restarts).
+        chunks_rejected: chunks refused (corrupt, outside the shard, ...).
+        chunks_duplicate: chunks received again and dropped.
+        foreign_chunks_ignored: chunks of other runs left on the medium.
+        ingest_log_replayed: chunks this life replayed from the write-ahead logs.
+        ingest_log_rerouted: of those, chunks of actors this life no longer runs (a
+            resume with fewer actors), written to the streams of their stand-in.
+        ingest_log_torn: torn or damaged log records ignored at the replay.
+        ingest_log_peak_bytes: the logs' largest size over this life (summed over shards).
+        ingest_log_bytes: the logs' size at the end (the chunks newer than the newest
+            complete checkpoint, and sealed segments whose checkpoint other ranks were
+            still finishing).
+        rollouts_dropped_segments: rollouts archive segments deleted beyond
+            ``--keep-rollouts-max-gb`` in this life.
+    """
+
+    actor_restarts: int = 0
+    actors_given_up: int = 0
+    chunks_rejected: int = 0
+    chunks_duplicate: int = 0
+    foreign_chunks_ignored: int = 0
+    ingest_log_replayed: int = 0
+    ingest_log_rerouted: int = 0
+    ingest_log_torn: int = 0
+    ingest_log_peak_bytes: int = 0
+    ingest_log_bytes: int = 0
+    rollouts_dropped_segments: int = 0
+    what: ClassVar[str] = "summary"
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts under their summary names."""
+        return dataclasses.asdict(self)
 
 
 def learner_trigger(settings: TrainSettings, run_dir: Path) -> CheckpointTrigger:
