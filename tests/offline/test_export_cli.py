@@ -118,3 +118,21 @@ def test_train_keep_rollouts_then_export_both_ways_and_prefill(tmp_path: Path,
     buf = sr.ReplayBuffer(SPEC, num_streams=6, stream_capacity=2000, sampler="prioritized")
     report = prefill(buf, "sr/ckpt-v0")
     assert report["steps"] == ckpt.total_steps + ckpt.total_episodes == buf.num_steps
+    # train --prefill: a fresh 2-learner run starts from the dataset (its final checkpoint
+    # holds the dataset's steps besides its own 300).
+    warm = tmp_path / "warm"
+    args = ["train", "--run-dir", str(warm), "--prefill", "minari:sr/ckpt-v0", "--total-env-steps", "300",
+            "--actors", "2", "--learners", "2", "--envs-per-actor", "2", "--min-replay", "50", *FAST]
+    with TrainRun(args, tmp_path, prefix="warm-") as run:
+        assert run.wait(240) == 0, run.explain()
+    root = warm / "checkpoints"
+    manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(root, checkpoint.latest_complete(root)))
+    assert sum(p.steps for p in manifest.parts) >= report["steps"] + 300
+
+
+def test_prefill_takes_a_minari_id_only() -> None:
+    from shardreplay.errors import ConfigError
+
+    assert TrainSettings().updated({"prefill": "minari:sr/x-v0"}).replay.prefill == "minari:sr/x-v0"
+    with pytest.raises(ConfigError, match="minari:ID"):
+        TrainSettings().updated({"prefill": "sr/x-v0"})

@@ -265,6 +265,8 @@ class ReplaySettings:
             miss k - 1 updates' priorities).
         pipeline: draw the next batch on a thread while this one trains (a batch
             misses at most one update's priorities).
+        prefill: minari:ID: deal that Minari dataset's episodes into the fresh shards
+            before training (priorities from its infos, else the max); docs/offline.md.
     """
 
     capacity: int = _flag(100_000, "replay_capacity")
@@ -277,8 +279,11 @@ class ReplaySettings:
     sample_mode: str = "exact"
     prefetch: int = 1
     pipeline: bool = True
+    prefill: str = ""
 
     def __post_init__(self) -> None:
+        if self.prefill and not (self.prefill.startswith("minari:") and len(self.prefill) > 7):
+            raise ConfigError(f"prefill must be minari:ID (a Minari dataset id), got {self.prefill!r}")
         _validate(self, positive=("capacity", "beta_updates", "samples_per_insert", "prefetch"),
                   non_negative=("alpha", "min_replay"))
         for name in ("beta_start", "beta_end"):

@@ -113,6 +113,8 @@ class Learner:
             if self.rank == 0:
                 commit_resume(self.run_dir, self.lineage.identity, settings.stored(),
                               newer_than=checkpoint_id)
+        if settings.replay.prefill and not (resume and replay):  # a resumed replay holds it already
+            self._prefill(settings.replay.prefill)
         self.losses = LossLog(self.run_dir, self.rank)
         run_id = self.lineage.identity.run_id
         self.foreign = log_foreign_backlog(settings.transport.url, self.rank, run_id)
@@ -145,6 +147,15 @@ class Learner:
     def policy_version(self) -> int:
         """The published version of the current weights: (learner life, updates) packed."""
         return pack_version(self.lineage.identity.life, self.progress.counters["version"])
+
+    def _prefill(self, source: str) -> None:
+        """Deal the Minari dataset ``minari:ID`` into this rank's shard (every rank reads
+        only its own episodes; no collective)."""
+        from shardreplay.offline import prefill
+
+        report = prefill(self.buffer, source.removeprefix("minari:"))
+        log.info("shard %d prefilled with %d episodes (%d steps) of Minari dataset %s", self.rank,
+                 report["episodes"], report["steps"], source.removeprefix("minari:"))
 
     # -- checkpoints (how: :class:`LearnerCheckpoints`) -----------------------------------
     def _resume(self, checkpoint_id: int | None, replay: bool) -> str:
