@@ -12,8 +12,6 @@ ranks agree over collectives of their own (not the buffer's).
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import math
 import time
@@ -24,7 +22,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shardreplay._io import atomic_write_bytes
 from shardreplay.distributed.group import Collectives, lost_peer_error, peer_lost
 from shardreplay.errors import ShardReplayError
 from shardreplay.policy.broadcast import pack_version
@@ -52,14 +49,13 @@ from shardreplay.runtime.learner.sync import (
     make_limiter,
     minutes_due,
 )
-from shardreplay.runtime.learner.wal import ROLLOUTS_DIR, SPEC_FILE, LossLog, Retention
+from shardreplay.runtime.learner.wal import LossLog, Retention, archive_retention
 from shardreplay.runtime.policy_file import LearnerRecord
 from shardreplay.runtime.routing import scheme_of, settings_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 from shardreplay.transport.base import Transport
-from shardreplay.transport.packing import pack
 
 log = logging.getLogger("shardreplay.learner")
 _ACTOR_STOP_S = 10.0  # actors get this long to send what they hold and exit
@@ -366,13 +362,7 @@ class Learner:
 
 
 def _retention(settings: TrainSettings, run_dir: Path, spec: Spec) -> Retention | None:
-    """``--keep-rollouts``: the ingest log keeps its segments in ``<run_dir>/rollouts``,
-    chunks that came unpacked packed with LZ4 (None: not asked for)."""
+    """``--keep-rollouts``: the ingest log keeps its segments in ``<run_dir>/rollouts``
+    (None: not asked for)."""
     c = settings.checkpoints
-    if not c.keep_rollouts:
-        return None
-    (run_dir / ROLLOUTS_DIR).mkdir(exist_ok=True)
-    # Not sorted: a reader decodes the chunks with the fields in this order.
-    atomic_write_bytes(run_dir / ROLLOUTS_DIR / SPEC_FILE, json.dumps(spec.to_dict()).encode())
-    return Retention(run_dir / ROLLOUTS_DIR, int(c.keep_rollouts_max_gb * 1e9),
-                     pack=functools.partial(pack, spec=spec, codec="lz4"))
+    return archive_retention(run_dir, spec, int(c.keep_rollouts_max_gb * 1e9)) if c.keep_rollouts else None

@@ -49,7 +49,8 @@ copy), and rank 0 deletes whole oldest segments there beyond the size cap (a log
 and ``rollouts_dropped_segments`` in the metrics say so). Kept chunks that came
 uncompressed are packed with LZ4 (:func:`shardreplay.transport.packing.pack`) before
 they are logged. :func:`iter_rollouts` reads the archive back (and the segments not yet
-moved), :func:`archive_summary` describes it.
+moved), :func:`archive_summary` describes it; :class:`RolloutKeeper` keeps a custom loop's
+chunks the same way.
 
 Flags: bit 0 set = header-only (the chunk bytes were not kept). A record is valid only
 whole with both checksums right. The first invalid record ends the reading of its file:
@@ -80,14 +81,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from shardreplay._hashing import xxh3_64, xxh64
-from shardreplay._io import fsync_dir
+from shardreplay._io import atomic_write_bytes, fsync_dir
 from shardreplay.errors import ConfigError, CorruptChunkError
 from shardreplay.spec import Spec
 from shardreplay.transport.codec import Chunk, decode
 from shardreplay.transport.packing import is_packed
 
-__all__ = ["CRASHED", "IngestLog", "KeptChunk", "LogRecord", "LogScan", "LossLog", "Retention", "Suspects",
-           "archive_summary", "iter_rollouts", "log_files", "read_logs", "run_spec"]
+__all__ = ["CRASHED", "IngestLog", "KeptChunk", "LogRecord", "LogScan", "LossLog", "Retention",
+           "RolloutKeeper", "Suspects", "archive_retention", "archive_summary", "iter_rollouts", "log_files",
+           "read_logs", "run_spec"]
 
 log = logging.getLogger("shardreplay.learner")
 MAGIC = b"SRWL"
@@ -368,6 +370,21 @@ class Retention:
     pack: Callable[[memoryview | bytes], bytes] | None = None
 
 
+def archive_retention(run_dir: Path, spec: Spec, max_bytes: int = 0) -> Retention:
+    """The :class:`Retention` of ``<run_dir>/rollouts`` (created, with its ``spec.json``):
+    chunks that come unpacked are packed with LZ4.
+
+    Raises:
+        OSError: the directory or ``spec.json`` cannot be written.
+    """
+    from shardreplay.transport.packing import pack
+
+    (run_dir / ROLLOUTS_DIR).mkdir(parents=True, exist_ok=True)
+    # Not sorted: a reader decodes the chunks with the fields in this order.
+    atomic_write_bytes(run_dir / ROLLOUTS_DIR / SPEC_FILE, json.dumps(spec.to_dict()).encode())
+    return Retention(run_dir / ROLLOUTS_DIR, max_bytes, pack=lambda data: pack(data, spec, "lz4"))
+
+
 def _age(path: Path) -> tuple[int, int, int, int]:
     """Sort key of a segment: its life, then its checkpoint (the open one last), then shard."""
     m = _FILE.match(path.name)
@@ -509,6 +526,61 @@ def _check_head(head: bytes) -> str | None:
     if magic != MAGIC or version not in (1, VERSION):
         return f"not a version 1 or {VERSION} record"
     return None
+
+
+class RolloutKeeper:
+    """Keeps a custom loop's chunks as ``train --keep-rollouts`` does, in
+    ``<run_dir>/rollouts`` (:func:`iter_rollouts` and ``checkpoint inspect`` read them).
+
+    Call :meth:`keep` with the chunks a shard stored (before acknowledging them, for a
+    durable medium), :meth:`seal` where a segment may end (at a checkpoint: it moves into
+    the archive, and the cap applies), :meth:`close` at the end.
+
+    Args:
+        run_dir: the run directory.
+        spec: the chunks' spec (written to ``rollouts/spec.json``).
+        shard, world: this shard, of how many (each shard keeps its own segments).
+        max_bytes: the archive's cap (shard 0 drops whole oldest segments; 0: none).
+        fsync: ``fdatasync`` each :meth:`keep`.
+
+    Raises:
+        OSError: a directory or file cannot be created.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], spec: Spec, *, shard: int = 0, world: int = 1,
+                 max_bytes: int = 0, fsync: bool = False) -> None:
+        self.spec = spec
+        self.log = IngestLog(Path(run_dir) / "ingest", shard, world, fsync=fsync,
+                             retention=archive_retention(Path(run_dir), spec, max_bytes))
+        self._last: dict[int, int] = {}
+        self._segment = 0
+
+    def keep(self, chunks: Sequence[Chunk]) -> None:
+        """Append ``chunks`` (encoded unless they carry their received bytes) in one write.
+
+        Raises:
+            OSError: the write failed.
+        """
+        from shardreplay.transport.codec import encode
+
+        batch: list[tuple[memoryview | None, int, int, int, int]] = []
+        for c in chunks:
+            data = c.wire if c.wire is not None else memoryview(encode(c, self.spec))
+            batch.append((data, c.actor_id, c.sequence, self._last.get(c.actor_id, -1),
+                          c.num_streams * c.num_steps))
+            self._last[c.actor_id] = c.sequence
+        self.log.append(batch)
+
+    def seal(self) -> None:
+        """End the open segment and move it into the archive (the cap applies)."""
+        self.log.seal(self._segment)
+        self.log.trim(self._segment)
+        self._segment += 1
+
+    def close(self) -> None:
+        """Seal and close (the last, empty segment stays in ``ingest/``)."""
+        self.seal()
+        self.log.close()
 
 
 @dataclass(frozen=True)
