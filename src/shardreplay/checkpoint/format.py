@@ -24,10 +24,10 @@ import math
 import os
 import struct
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -174,7 +174,34 @@ def _hash_blocks(dest: memoryview, valid: int, skip: frozenset[int]) -> list[int
     return out
 
 
-class PartReader:
+class WholeReads:
+    """``rows``, ``array`` and the context of a part reader (:class:`PartReader`, and
+    ``refs.ChainedReader`` of an incremental part), from its ``entry``, ``rows_into``
+    and ``close``."""
+
+    entry: Callable[[str], tuple[np.dtype, tuple[int, ...]]]
+    rows_into: Callable[..., None]
+    close: Callable[[], None]
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of array ``name`` (a new verified array)."""
+        dtype, shape = self.entry(name)
+        out = np.empty((stop - start, *shape[1:]), dtype)
+        self.rows_into(name, start, out)
+        return out
+
+    def array(self, name: str) -> np.ndarray:
+        """The whole array ``name`` (a verified copy)."""
+        return self.rows(name, 0, self.entry(name)[1][0])
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PartReader(WholeReads):
     """Read arrays (or row ranges of them) from a part file, verifying touched blocks.
 
     Read row ranges in increasing file order where possible: the reader keeps the
@@ -381,17 +408,6 @@ class PartReader:
         lo = self.data_start + begin + start * row_bytes
         self.read_bytes(lo, lo + out.shape[0] * row_bytes, out.data.cast("B"), defer=defer)
 
-    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` of array ``name`` (a new verified array)."""
-        dtype, shape = self.entry(name)
-        out = np.empty((stop - start, *shape[1:]), dtype)
-        self.rows_into(name, start, out)
-        return out
-
-    def array(self, name: str) -> np.ndarray:
-        """The whole array ``name`` (a verified copy)."""
-        return self.rows(name, 0, self.entry(name)[1][0])
-
     def close(self) -> None:
         """Close the file (and stop the checksum thread)."""
         if self._pool is not None:
@@ -401,9 +417,3 @@ class PartReader:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def __enter__(self) -> PartReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -20,7 +20,7 @@ checkpoint they restored.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,8 +37,6 @@ from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan
 from shardreplay.checkpoint.records import Manifest, PartMeta, RestoreCounts
 from shardreplay.checkpoint.refs import AnyPartReader, open_part
 from shardreplay.checkpoint.saving import note_restore, shard_of
-from shardreplay.checkpoint.stacked import read_stacks
-from shardreplay.checkpoint.starts import read_starts
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import (
@@ -52,6 +50,8 @@ from shardreplay.spec import Spec, StepType
 from shardreplay.spec.validation import check_step_values
 
 log = logging.getLogger("shardreplay.checkpoint.load")  # the name users filter on
+# Steps of a frame-stacked field read per piece: bounds the temporary stacks (84x84x4 uint8: ~28 MiB).
+PIECE_STEPS = 1024
 
 
 @dataclass(frozen=True)
@@ -473,8 +473,8 @@ def _read_runs(readers: list[AnyPartReader], runs: list[tuple[int, int, int, int
             readers[k].rows_into(name, first, arr[lo:lo + n], defer=True)
     for reader in readers:
         reader.check_pending()
-    read_stacks(readers, stack_runs, session)
-    read_starts(readers, periods, runs, session)
+    _read_stacks(readers, stack_runs, session)
+    _read_starts(readers, periods, runs, session)
     return targets
 
 
@@ -496,3 +496,101 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``[s0, s0+1, .., s0+l0-1, s1, ..]``: the slots of runs."""
     offsets = np.cumsum(lengths) - lengths
     return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+def _read_stacks(readers: Sequence[AnyPartReader], runs: Sequence[tuple[int, int, int, int]],
+                session: RestoreSession) -> None:
+    """Fill the frame rings of the shard ``session`` restores from ``runs`` of saved steps.
+
+    A checkpoint stores a frame-stacked field as whole stacks per step (the format of
+    every other field), so any layout can read it; they are read in bounded pieces, row
+    by row in time order, and each frame is stored once again (``FrameStore.load_row``).
+
+    Each run is ``(part, first saved step, first flat slot, steps)``, and must not cross
+    the end of its row's ring. The runs must come in (row, time) order of the storage:
+    a row's frames are kept in time order (the oldest are the ones a later write
+    overwrites).
+
+    Raises:
+        CheckpointFormatError: a block of a part is missing or corrupt.
+    """
+    stores = session.frame_stores()
+    if not stores:
+        return
+    cap = session.stream_capacity
+    for name, store in stores.items():
+        store.clear()
+        prev_slot = -2
+        for part, first, lo, n in runs:
+            for off in range(0, n, PIECE_STEPS):
+                m = min(PIECE_STEPS, n - off)
+                values = np.empty((m, *store.field.shape), store.field.dtype)
+                readers[part].rows_into(f"field.{name}", first + off, values)
+                slot = lo + off
+                row = slot // cap
+                # The step before continues this one's stack only when it is the previous
+                # slot of the same row (the ring's end wraps to slot 0 of the row).
+                before = slot - 1 if slot % cap else slot + cap - 1
+                store.load_row(row, np.arange(slot, slot + m, dtype=np.int64), values,
+                               prev_slot if prev_slot == before else -1)
+                prev_slot = slot + m - 1
+
+
+def start_mask(reader: AnyPartReader, period: int, steps: int) -> np.ndarray:
+    """Whether each of the ``steps`` saved steps of a part saved with ``period`` has a
+    start row (bool ``[steps]``).
+
+    Raises:
+        CheckpointFormatError: the part lacks its episode offsets, or they do not cover
+            its steps.
+    """
+    if period == 1:
+        return np.ones(steps, np.bool_)
+    offsets = reader.array("episode_step")
+    if offsets.shape != (steps,):
+        raise CheckpointFormatError(f"{reader.path}: episode_step does not cover the {steps} saved steps")
+    return np.asarray(offsets % period == 0)
+
+
+def _read_starts(readers: Sequence[AnyPartReader], periods: Sequence[int],
+                runs: Sequence[tuple[int, int, int, int]], session: RestoreSession) -> None:
+    """Read the start rows of the ``at_starts`` fields for ``runs`` of saved steps
+    (``(part, first saved step, first flat slot, steps)`` each, as for frame stacks) and
+    place those of the new buffer's start steps (``session.place_starts``).
+
+    A part holds such a field as one row per saved step that could start a window when
+    it was saved (episode offset a multiple of the saving buffer's ``period``; every
+    step when that is 1), in saved order, so a run of saved steps maps to one
+    contiguous range of those rows: the rows of the steps that start windows under the
+    new buffer's ``period`` (a multiple of the saved one, so every new start has its
+    row) are kept.
+
+    Raises:
+        CheckpointFormatError: a part was saved with a period that the new one is not a
+            multiple of, or its arrays are missing, short or corrupt.
+    """
+    stores = session.start_fields()
+    if not stores:
+        return
+    new_period = session.period
+    masks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for part in sorted({run[0] for run in runs}):
+        reader, period = readers[part], periods[part]
+        if new_period % period:
+            raise CheckpointFormatError(
+                f"{reader.path}: saved with period={period}, so its start fields "
+                f"{sorted(stores)} hold rows only every {period} steps of an episode; restore it into "
+                f"a buffer whose period is a multiple of {period} (this one has {new_period})")
+        steps = int(reader.array("row_length").sum())
+        mask = start_mask(reader, period, steps)
+        masks[part] = (mask, np.concatenate([[0], np.cumsum(mask)]))
+    for name, f in stores.items():
+        slots, values = [], []
+        for part, first, lo, n in runs:
+            mask, before = masks[part]
+            rows = np.empty((int(before[first + n] - before[first]), *f.shape), f.dtype)
+            readers[part].rows_into(f"field.{name}", int(before[first]), rows)
+            slots.append(lo + np.flatnonzero(mask[first:first + n]))
+            values.append(rows)
+        session.place_starts(name, np.concatenate(slots) if slots else np.zeros(0, np.int64),
+                             np.concatenate(values) if values else np.zeros((0, *f.shape), f.dtype))

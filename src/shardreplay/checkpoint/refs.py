@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from shardreplay.checkpoint.format import PartReader
+from shardreplay.checkpoint.format import PartReader, WholeReads
 from shardreplay.checkpoint.records import ManifestPart, RefSource
 from shardreplay.errors import CheckpointFormatError
 
@@ -48,7 +47,7 @@ def open_part(directory: Path, part: ManifestPart) -> PartReader | ChainedReader
         raise
 
 
-class ChainedReader:
+class ChainedReader(WholeReads):
     """:class:`PartReader` of an incremental part: ``field.*`` rows are read from the
     files its segment table names (opened and verified on first use), everything else
     from the part itself.
@@ -118,17 +117,6 @@ class ChainedReader:
             pos = end
             k += 1
 
-    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` of array ``name`` (a new verified array)."""
-        dtype, shape = self.entry(name)
-        out = np.empty((stop - start, *shape[1:]), dtype)
-        self.rows_into(name, start, out)
-        return out
-
-    def array(self, name: str) -> np.ndarray:
-        """The whole array ``name`` (a verified copy)."""
-        return self.rows(name, 0, self.entry(name)[1][0])
-
     def check_pending(self) -> None:
         """Wait for every deferred check, of this part and of the files it read from.
 
@@ -150,12 +138,6 @@ class ChainedReader:
         self._stack.close()
         self._opened.clear()
         self._own.close()
-
-    def __enter__(self) -> ChainedReader:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 AnyPartReader = PartReader | ChainedReader

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.buffer.shard import STEP_ARRAYS
-from shardreplay.checkpoint.loading import _episode_table
+from shardreplay.checkpoint.loading import _episode_table, start_mask
 from shardreplay.checkpoint.manifest import (
     check_complete,
     checkpoint_dir,
@@ -26,7 +26,6 @@ from shardreplay.checkpoint.manifest import (
 )
 from shardreplay.checkpoint.records import ManifestPart, PartMeta
 from shardreplay.checkpoint.refs import AnyPartReader, open_part
-from shardreplay.checkpoint.starts import start_mask
 from shardreplay.errors import CheckpointError, CheckpointFormatError
 from shardreplay.spec import Spec
 

@@ -3,10 +3,10 @@
 One interface, chosen by URL with :func:`~shardreplay.policy.open_publisher` /
 :func:`~shardreplay.policy.open_subscriber` (:mod:`shardreplay.policy.factory`):
 
-- ``file:///dir``: ``dir/policy.safetensors`` (temp name, fsync, rename) and then a small
-  ``dir/policy.version`` note with the version and the weights' CRC-32.
+- ``file:///dir``: immutable ``policy-<version>.safetensors`` files, then a small
+  ``policy.version`` note naming the newest with its CRC-32 (:mod:`.file_backend`).
 - ``redis://host:port/db``: one hash holding version, CRC-32 and weights, set by one
-  ``HSET`` (atomic), then a pub/sub message that is only a hint.
+  ``HSET`` (atomic), then a pub/sub message that is only a hint (:mod:`.redis_backend`).
 
 Weights travel as safetensors (never pickle) with the version in their metadata::
 

@@ -7,7 +7,6 @@ import circle, and redis is imported only when a ``redis://`` URL is opened.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from shardreplay.errors import ConfigError
@@ -17,17 +16,26 @@ from shardreplay.transport.urls import POLICY_KEY, parse_medium, pop_query
 __all__ = ["open_publisher", "open_subscriber"]
 
 
+def _redis_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The URL for redis-py and the backend's options: the URL's ``key`` query option
+    (:mod:`shardreplay.transport.urls`) names the policy hash unless ``key`` is given."""
+    bare, key = pop_query(url, POLICY_KEY)
+    if key and "key" not in options:
+        options = {**options, "key": key}
+    return bare, options
+
+
 def _open(url: str, role: str, options: dict[str, Any]) -> Any:
-    """``File<role>(dir)`` or ``Redis<role>(url)``, the backend imported now; a Redis
-    URL's ``key`` query option (:mod:`shardreplay.transport.urls`) names the policy hash
-    unless ``key`` is given."""
+    """``File<role>(dir)`` or ``Redis<role>(url)``, the backend imported now."""
     medium = parse_medium(url, kinds=("file", "redis"), what="policy broadcast")
-    where = medium.path if medium.kind == "file" else url
-    if medium.kind == "redis":
-        where, key = pop_query(url, POLICY_KEY)
-        if key and "key" not in options:
-            options = {**options, "key": key}
-    module = importlib.import_module(f"shardreplay.policy.{medium.kind}_backend")
+    if medium.kind == "file":
+        import shardreplay.policy.file_backend as module
+
+        where = medium.path
+    else:
+        import shardreplay.policy.redis_backend as module  # type: ignore[no-redef]
+
+        where, options = _redis_options(url, options)
     try:
         return getattr(module, f"{medium.kind.capitalize()}{role.capitalize()}")(where, **options)
     except TypeError as exc:

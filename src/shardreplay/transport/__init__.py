@@ -13,7 +13,7 @@ from shardreplay.transport.base import (
     Transport,
 )
 from shardreplay.transport.codec import Chunk, decode, encode
-from shardreplay.transport.factory import open_transport
+from shardreplay.transport.urls import open_transport
 
 __all__ = [
     "Chunk",

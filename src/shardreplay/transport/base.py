@@ -1,7 +1,7 @@
 """The transport interface: how actors' chunks reach a learner.
 
 One interface, three media, chosen by URL with
-:func:`shardreplay.transport.factory.open_transport`:
+:func:`shardreplay.transport.urls.open_transport`:
 
 ==========================  ====================================================
 ``local`` (default)         processes on one machine: a bounded shared-memory ring
@@ -55,6 +55,7 @@ __all__ = [
     "ChunkReader",
     "ChunkWriter",
     "Intake",
+    "IntakeReader",
     "ReaderStats",
     "Transport",
     "check_max_chunks",
@@ -289,6 +290,17 @@ class Intake:
         if count:
             self.stats.dropped.append((-1, -1, count, detail))
         logger.error("%s: %d chunks lost: %s", self._medium, count, detail)
+
+
+class IntakeReader:
+    """A reader whose :attr:`stats` are its :class:`Intake`'s."""
+
+    _intake: Intake
+
+    @property
+    def stats(self) -> ReaderStats:
+        """Counters of received, duplicate, rejected (quarantined on a spool) and lost chunks."""
+        return self._intake.stats
 
 
 def check_max_chunks(max_chunks: int) -> None:

@@ -30,7 +30,7 @@ from shardreplay.transport.base import (
     DEFAULT_SEND_TIMEOUT_S,
     Backlog,
     Intake,
-    ReaderStats,
+    IntakeReader,
     check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, Encoding
@@ -127,17 +127,12 @@ class LocalWriter:
         """Nothing to release; present for the interface."""
 
 
-class LocalReader:
+class LocalReader(IntakeReader):
     """Learner end of a :class:`LocalTransport`."""
 
     def __init__(self, ring: ShmRing, intake: Intake) -> None:
         self._ring = ring
         self._intake = intake
-
-    @property
-    def stats(self) -> ReaderStats:
-        """Counters of received, duplicate and rejected chunks."""
-        return self._intake.stats
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
         """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first.

@@ -86,7 +86,7 @@ from shardreplay.transport.base import (
     DUPLICATE,
     Backlog,
     Intake,
-    ReaderStats,
+    IntakeReader,
     check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, wire_encoding
@@ -404,7 +404,7 @@ class RedisWriter:
         self._link.close()
 
 
-class RedisReader:
+class RedisReader(IntakeReader):
     """Learner end of a :class:`RedisTransport`."""
 
     def __init__(self, transport: RedisTransport) -> None:
@@ -426,11 +426,6 @@ class RedisReader:
         deadline = time.monotonic() + t.reconnect_timeout_s
         self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE", deadline=deadline)
         self._run_id = self._link.call(_run_id, what="INFO", deadline=deadline)
-
-    @property
-    def stats(self) -> ReaderStats:
-        """Counters of received, duplicate and rejected chunks."""
-        return self._intake.stats
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
         """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first

@@ -45,7 +45,7 @@ from shardreplay.transport.base import (
     DEFAULT_SEND_TIMEOUT_S,
     Backlog,
     Intake,
-    ReaderStats,
+    IntakeReader,
     check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, wire_encoding
@@ -206,7 +206,7 @@ class SpoolWriter:
         """Nothing to release; present for the interface."""
 
 
-class SpoolReader:
+class SpoolReader(IntakeReader):
     """Learner end of a :class:`SpoolTransport`.
 
     Raises:
@@ -223,11 +223,6 @@ class SpoolReader:
         self._backlog: deque[str] = deque()
         self._inflight: dict[tuple[int, int], str] = {}
         self._sweep_temp(transport.path / "tmp", transport.stale_tmp_s)
-
-    @property
-    def stats(self) -> ReaderStats:
-        """Counters of received, duplicate and rejected (quarantined) chunks."""
-        return self._intake.stats
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
         """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first

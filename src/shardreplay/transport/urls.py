@@ -1,6 +1,8 @@
 """Medium URLs: the one parser of ``local``, ``file://`` and ``redis://`` URLs
-(:func:`parse_medium`), and the options shardreplay itself reads from a URL's query (the
-rest of the query goes to redis-py as it is).
+(:func:`parse_medium`), the one place that maps a URL to a transport
+(:func:`open_transport`: the transport's module, and redis, imported only then), and the
+options shardreplay itself reads from a URL's query (the rest of the query goes to
+redis-py as it is).
 
 ``key``: the Redis hash a policy is published under (``redis://host/0?key=NAME``;
 default ``shardreplay:policy``). A run named with ``--run-id ID`` publishes under
@@ -10,13 +12,17 @@ default ``shardreplay:policy``). A run named with ``--run-id ID`` publishes unde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlparse, urlsplit, urlunsplit
 
 from shardreplay.errors import ConfigError
 
-__all__ = ["POLICY_KEY", "MediumURL", "accepted_forms", "file_url", "parse_medium", "pop_query",
-           "with_policy_key"]
+if TYPE_CHECKING:
+    from shardreplay.spec import Spec
+    from shardreplay.transport.base import Transport
+
+__all__ = ["POLICY_KEY", "MediumURL", "accepted_forms", "file_url", "open_transport", "parse_medium",
+           "pop_query", "with_policy_key"]
 
 POLICY_KEY = "key"
 
@@ -102,3 +108,32 @@ def parse_medium(url: str, *, kinds: tuple[MediumKind, ...] = ("local", "file", 
 def file_url(path: str) -> str:
     """The ``file://`` URL whose :func:`parse_medium` path is the absolute ``path``."""
     return f"file://{path}"
+
+
+def open_transport(url: str, spec: Spec, **options: Any) -> Transport:
+    """Open the transport a URL names.
+
+    Args:
+        url: ``"local"``, ``"file:///abs/dir"`` or ``"redis://host:port/db"``.
+        spec: the spec every chunk must follow.
+        **options: keyword settings of the chosen transport (see ``LocalTransport``,
+            ``SpoolTransport``, ``RedisTransport``).
+
+    Raises:
+        ConfigError: an unknown scheme, a malformed URL or an unknown option.
+    """
+    medium = parse_medium(url, what="transport")
+    try:
+        if medium.kind == "local":
+            from shardreplay.transport.local import LocalTransport
+
+            return LocalTransport(spec, **options)
+        if medium.kind == "file":
+            from shardreplay.transport.spool import SpoolTransport
+
+            return SpoolTransport(medium.path, spec, **options)
+        from shardreplay.transport.redis import RedisTransport
+
+        return RedisTransport(url, spec, **options)
+    except TypeError as exc:  # an unknown keyword option
+        raise ConfigError(f"bad option for transport {url!r}: {exc}") from exc
