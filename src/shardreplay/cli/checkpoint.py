@@ -57,18 +57,18 @@ def add_parser(subparsers: Any) -> None:
     ver.set_defaults(func=run_verify)
 
 
-def _checkpoints_of(path: Path) -> Path:
-    """``path``, or a run directory's ``checkpoints/`` root."""
-    root = path / "checkpoints"
-    return root if root.is_dir() and not _summary().is_checkpoint_dir(path) else path
-
-
-def _kind(path: Path) -> str | None:
+def _resolved(path: Path) -> tuple[Path, str | None]:
+    """``path`` (a run directory: its ``checkpoints/`` root) and what it is: a
+    ``checkpoint``, a ``root`` holding checkpoints, or None (neither: :func:`_not_found`
+    says so)."""
+    summary = _summary()
+    if (path / "checkpoints").is_dir() and not summary.is_checkpoint_dir(path):
+        path = path / "checkpoints"
     if not path.is_dir():
-        return None
-    if _summary().is_checkpoint_dir(path):
-        return "checkpoint"
-    return "root" if list_checkpoints(path) else None
+        return path, None
+    if summary.is_checkpoint_dir(path):
+        return path, "checkpoint"
+    return path, "root" if list_checkpoints(path) else None
 
 
 def _not_found(path: Path) -> int:
@@ -79,8 +79,7 @@ def _not_found(path: Path) -> int:
 
 def run_inspect(args: argparse.Namespace) -> int:
     """``shardreplay checkpoint inspect``; returns the exit code."""
-    path = _checkpoints_of(args.path)
-    kind = _kind(path)
+    path, kind = _resolved(args.path)
     if kind is None:
         return _not_found(args.path)
     priorities = not args.no_priorities
@@ -116,8 +115,7 @@ def _rollouts(root: Path) -> dict[str, Any] | None:
 
 def run_verify(args: argparse.Namespace) -> int:
     """``shardreplay checkpoint verify``; returns the exit code (1 on any problem)."""
-    path = _checkpoints_of(args.path)
-    kind = _kind(path)
+    path, kind = _resolved(args.path)
     if kind is None:
         return _not_found(args.path)
     dirs = [path] if kind == "checkpoint" else \

@@ -463,12 +463,19 @@ _STORAGE = f"{StorageError.__name__}: "
 
 def _failure(deaths: list[str], errors: dict[int, str], run_dir: str) -> ShardReplayError:
     """The error to raise: a :class:`StorageError` (its one line, and what to do) when
-    every failure was a write the file system refused, else the ranks' reports."""
-    if deaths or not all(e.startswith(_STORAGE) for e in errors.values()):
-        return ShardReplayError(_failure_message(deaths, errors, run_dir))
-    first = next(iter(errors.values()))[len(_STORAGE):]
-    return StorageError(f"{first}; free space (or make it writable), then continue the run with "
-                        f"--run-dir {run_dir} --auto-resume")
+    every failure was a write the file system refused, else the deaths and the ranks'
+    reports (ranks that failed alike in one entry)."""
+    again = f"--run-dir {run_dir} --auto-resume"
+    if not deaths and all(e.startswith(_STORAGE) for e in errors.values()):
+        first = next(iter(errors.values()))[len(_STORAGE):]
+        return StorageError(f"{first}; free space (or make it writable), then continue the run with {again}")
+    by_error: dict[str, list[int]] = {}
+    for rank, error in errors.items():
+        by_error.setdefault(error, []).append(rank)
+    reports = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}: {error}"
+               for error, ranks in by_error.items()]
+    return ShardReplayError(f"training failed: {'; '.join([*deaths, *reports])}. The other ranks and every "
+                            f"actor were stopped; continue the run with {again}")
 
 
 def _stop_after_failure(procs: list[Any], out: Any, results: dict[int, Any], errors: dict[int, str],
@@ -492,17 +499,6 @@ def _stop_after_failure(procs: list[Any], out: Any, results: dict[int, Any], err
     for line in _failures(procs, results, errors, True):
         if line not in deaths:
             deaths.append(line)
-
-
-def _failure_message(deaths: list[str], errors: dict[int, str], run_dir: str) -> str:
-    by_error: dict[str, list[int]] = {}  # ranks that all refused alike get one entry
-    for rank, error in errors.items():
-        by_error.setdefault(error, []).append(rank)
-    reports = [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}: {error}"
-               for error, ranks in by_error.items()]
-    return ("training failed: " + "; ".join([*deaths, *reports])
-            + f". The other ranks and every actor were stopped; continue the run with "
-              f"--run-dir {run_dir} --auto-resume")
 
 
 def _take_rest(out: Any, results: dict[int, Any], errors: dict[int, str], timeout_s: float = 0.0) -> None:
