@@ -31,7 +31,8 @@ def _cuda_missing() -> str:
     (("--algo", "r2d2", "--env-id", "Blink-v0", "--env-import", "BLINK"),
      ("--algo r2d2 takes flat vector observations", "[3, 12, 12]")),
     (("--actors", "0"), ("no actor would feed the learners", "--remote-actors N")),
-], ids=["device", "actor-device", "r2d2-images", "no-actors"])
+    (("--no-replay",), ("--no-replay needs --resume RUN_DIR",)),
+], ids=["device", "actor-device", "r2d2-images", "no-actors", "no-replay-without-resume"])
 def test_what_cannot_run_is_refused_in_one_line_before_anything_starts(
         tmp_path: Path, extra: tuple[str, ...], expected: tuple[str, ...]) -> None:
     module = write_blink_env(tmp_path)
