@@ -128,11 +128,25 @@ def test_train_keep_rollouts_then_export_both_ways_and_prefill(tmp_path: Path,
     root = warm / "checkpoints"
     manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(root, checkpoint.latest_complete(root)))
     assert sum(p.steps for p in manifest.parts) >= report["steps"] + 300
+    # train --offline: the dataset alone, no actor; evaluation as usual; stops on time.
+    cold = tmp_path / "offline"
+    args = ["train", "--run-dir", str(cold), "--offline", "minari:sr/ckpt-v0", "--learners", "2",
+            *FAST, "--max-minutes", "0.2", "--eval-interval-updates", "100"]
+    with TrainRun(args, tmp_path, prefix="offline-") as run:
+        assert run.wait(240) == 0, run.explain()
+        assert not run.actors()
+    summary = json.loads((cold / "summary.json").read_text())
+    assert summary["env_steps"] == 0 and summary["updates"] > 100, summary
 
 
-def test_prefill_takes_a_minari_id_only() -> None:
+def test_prefill_and_offline_take_a_minari_id_and_offline_needs_no_actor() -> None:
     from shardreplay.errors import ConfigError
 
     assert TrainSettings().updated({"prefill": "minari:sr/x-v0"}).replay.prefill == "minari:sr/x-v0"
+    assert TrainSettings().updated({"offline": "minari:sr/x-v0", "actors": 0}).total_actors == 0
     with pytest.raises(ConfigError, match="minari:ID"):
         TrainSettings().updated({"prefill": "sr/x-v0"})
+    with pytest.raises(ConfigError, match="not both"):
+        TrainSettings().updated({"prefill": "minari:a-v0", "offline": "minari:a-v0"})
+    with pytest.raises(ConfigError, match="no actor would feed"):
+        TrainSettings().updated({"actors": 0})

@@ -25,7 +25,7 @@ _GROUP_TITLES = {
     "checkpoints": "checkpoints",
 }
 _METAVARS = {"env_id": "ID", "run_dir": "DIR", "stop_return": "X|none|auto", "transport": "URL",
-             "policy_url": "URL", "delivery_log_dir": "DIR", "prefill": "minari:ID"}
+             "policy_url": "URL", "delivery_log_dir": "DIR", "prefill": "minari:ID", "offline": "minari:ID"}
 _CHOICES = {"sample_mode": ("exact", "local"), "algo": ALGOS}
 
 

@@ -267,6 +267,8 @@ class ReplaySettings:
             misses at most one update's priorities).
         prefill: minari:ID: deal that Minari dataset's episodes into the fresh shards
             before training (priorities from its infos, else the max); docs/offline.md.
+        offline: minari:ID: train from that dataset alone (prefilled as --prefill; no
+            actors, no rate limit; stops on --max-minutes or --stop-return).
     """
 
     capacity: int = _flag(100_000, "replay_capacity")
@@ -280,10 +282,15 @@ class ReplaySettings:
     prefetch: int = 1
     pipeline: bool = True
     prefill: str = ""
+    offline: str = ""
 
     def __post_init__(self) -> None:
-        if self.prefill and not (self.prefill.startswith("minari:") and len(self.prefill) > 7):
-            raise ConfigError(f"prefill must be minari:ID (a Minari dataset id), got {self.prefill!r}")
+        for name in ("prefill", "offline"):
+            value = getattr(self, name)
+            if value and not (value.startswith("minari:") and len(value) > 7):
+                raise ConfigError(f"{name} must be minari:ID (a Minari dataset id), got {value!r}")
+        if self.prefill and self.offline:
+            raise ConfigError("give --prefill (then actors go on) or --offline (the dataset alone), not both")
         _validate(self, positive=("capacity", "beta_updates", "samples_per_insert", "prefetch"),
                   non_negative=("alpha", "min_replay"))
         for name in ("beta_start", "beta_end"):
@@ -420,7 +427,7 @@ class TrainSettings:
         if self.actors.remote and parse_medium(self.transport.url).kind == "local":
             raise ConfigError("remote_actors need a transport they can reach: "
                               "--transport file:///shared/dir or redis://host:port/db")
-        if self.total_actors == 0:
+        if self.total_actors == 0 and not self.replay.offline:
             raise ConfigError("actors 0 and remote_actors 0: no actor would feed the learners; give "
                               "--actors N (actor processes started here) or --remote-actors N "
                               "(shardreplay actor processes started elsewhere)")

@@ -109,8 +109,9 @@ class Learner:
             if self.rank == 0:
                 commit_resume(self.run_dir, self.lineage.identity, settings.stored(),
                               newer_than=checkpoint_id)
-        if settings.replay.prefill and not (resume and replay):  # a resumed replay holds it already
-            self._prefill(settings.replay.prefill)
+        source = settings.replay.prefill or settings.replay.offline
+        if source and not (resume and replay):  # a resumed replay holds it already
+            self._prefill(source)
         self.losses = LossLog(self.run_dir, self.rank)
         run_id = self.lineage.identity.run_id
         self.foreign = log_foreign_backlog(settings.transport.url, self.rank, run_id)
@@ -127,7 +128,8 @@ class Learner:
         # A local ring exists only in this process tree: its actors must get this very
         # object (under torchrun nobody passed one in); other media are opened by URL.
         local = scheme_of(settings.transport.url) == "local"
-        actors = actor_settings_of_shard(settings, self.rank, self.world, self.progress.counters["env_steps"])
+        actors = [] if settings.replay.offline else \
+            actor_settings_of_shard(settings, self.rank, self.world, self.progress.counters["env_steps"])
         reach = dict(enumerate(rings)) if rings is not None else {self.rank: transport}
         if local:
             check_rings_reach(settings, actors, reach)
@@ -247,11 +249,12 @@ class Learner:
         if self.replay_restored:  # --no-replay: this life fills its empty replay first, as a new run
             limiter.inserts, limiter.samples = c["env_steps"], c["samples"]
         per_update = self.s.learners.batch_size * self.world
+        offline = bool(self.s.replay.offline)  # the replay holds all there is: no actors, no limit
         drain_steps = DRAIN_CHUNKS * self.s.actors.chunk_steps * self.s.actors.envs_per_actor
         window = self.progress.window = MetricsWindow()
         while True:
             # Not draining while the learner is behind is the back-pressure actors feel.
-            if limiter.can_insert(min(drain_steps * self.world, limiter.max_insert_size)):
+            if not offline and limiter.can_insert(min(drain_steps * self.world, limiter.max_insert_size)):
                 wait = 0.0 if limiter.can_sample(per_update) else 0.02
                 self._drain(wait)
             g = self._sync_counted(started)
@@ -263,10 +266,11 @@ class Learner:
             if g.should_save or self.trigger.periodic_due(self.progress.counters["updates"]):
                 self._agreed_save(background=True)  # training goes on while it is written
             for _ in range(MAX_UPDATES_PER_ITERATION):
-                if not limiter.can_sample(per_update):
+                if not offline and not limiter.can_sample(per_update):
                     break
                 window.loss = self._update()
-                limiter.sample(per_update)
+                if not offline:
+                    limiter.sample(per_update)
                 window.updates += 1
             self.actors.check()
             self.ckpts.trim(self.ingestor.wal)
