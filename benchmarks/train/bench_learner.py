@@ -2,20 +2,25 @@
 
 Each rank holds a prioritized shard and trains Double DQN (``shardreplay.runtime.algos.dqn``,
 n-step windows, Adam, DDP all-reducing the gradients on the default group) on batches of
-256, with one of three ways of sampling per learner step:
+256, with one of four ways of sampling per learner step:
 
 * ``own``: each rank samples only its own shard (a plain ``ReplayBuffer``, no collective);
+* ``local``: ``ShardedReplayBuffer(mode="local")``: each rank draws from its own shard, the
+  weights carry the shard factor (one small all_gather per step, none in the update);
 * ``strict``: exact global sampling, ``ShardedReplayBuffer(prefetch=1)``: the exchange runs
   in the learner's thread, every update lands before the next draw;
 * ``pipelined``: exact global sampling, ``ShardedReplayBuffer(prefetch=1, pipeline=True)``:
   the exchange for the next step runs on a background thread while this one trains.
 
-Two networks: ``mlp`` (a 3-layer MLP of 512 units on a 64-float observation) and ``conv``
-(the Nature-DQN conv net on 84x84x4 uint8 frames). The three samplings of a network take
+Three networks: ``mlp`` (a 3-layer MLP of 512 units on a 64-float observation), ``conv``
+(the Nature-DQN conv net on 84x84x4 uint8 frames) and ``minatar`` (the MinAtar paper's net on
+4x10x10 0/1 frames; with ``--batch 32`` the issue-42 seed scenario). The samplings of a network take
 turns block by block (the order rotating), so a load change on the machine hits all of
 them; each figure is the median of its blocks' learner steps/s (the ranks move in lock-step,
 the slower rank's time counts). One JSON line is printed with the figures and the ratios
-``pipelined/own`` (targets: conv >= 0.95, mlp >= 0.85) and ``strict/own``, and for each
+``pipelined/own`` (targets: conv and minatar >= 0.95, mlp >= 0.85), ``strict/own`` and
+``local/own``, each sampling's CPU time per step (``cpu_ms_per_step``: the process's, its
+gloo and exchange threads included, the mean over ranks), and for each
 sampling the learner thread's time per step inside ``sample`` and ``update_priorities``
 (``replay_ms_per_step``, the slower rank's; the median of the blocks): the cost pipelining
 hides, less noisy than the rates on a loaded machine; ``..._min``: the quickest block's, the
@@ -33,6 +38,9 @@ line says which (``delay_kind``) and the link's measured TCP round trip (``link_
 ranks run in K namespaces on one routed network (:func:`netns.hosts`), each host's link to
 the hub delayed by D/2 each way, so that any two ranks are again D apart each way (two
 relays on the way, where it is the relay: ``link_rtt_ms`` says what the round trip is).
+
+``--hosts H`` (with ``--hub``) makes H namespaces instead of K and puts rank ``r`` on host
+``r * H // K``: ranks on one host talk over its loopback, undelayed, as on a real machine.
 
 ``--gpu-step-ms X`` measures the sampling alone against a GPU learner step: instead of
 training, each step waits X ms (the CPU is free meanwhile, as while a GPU computes) and
@@ -79,19 +87,25 @@ import linkprobe  # noqa: E402
 import netns  # noqa: E402
 
 WORLD, BATCH, N_STEP, ACTIONS, STREAMS = 2, 256, 3, 18, 8
-SAMPLINGS = ("own", "strict", "pipelined")
-TARGETS = {"conv": 0.95, "mlp": 0.85}
-# Many short blocks: the three samplings alternate often, so load drift hits them alike.
-FULL = {"blocks": 10, "steps": {"mlp": 20, "conv": 2}, "warmup": {"mlp": 3, "conv": 1},
-        "capacity": {"mlp": 100_000, "conv": 4_000}}
-QUICK = {"blocks": 1, "steps": {"mlp": 3, "conv": 1}, "warmup": {"mlp": 1, "conv": 1},
-         "capacity": {"mlp": 2_000, "conv": 400}}
+SAMPLINGS = ("own", "strict", "pipelined", "local")
+TARGETS = {"conv": 0.95, "mlp": 0.85, "minatar": 0.95}
+OBS = {"mlp": ((64,), np.float32), "conv": ((84, 84, 4), np.uint8), "minatar": ((4, 10, 10), np.uint8)}
+# Many short blocks: the samplings alternate often, so load drift hits them alike.
+FULL = {"blocks": 10, "steps": {"mlp": 20, "conv": 2, "minatar": 20},
+        "warmup": {"mlp": 3, "conv": 1, "minatar": 3},
+        "capacity": {"mlp": 100_000, "conv": 4_000, "minatar": 50_000}}
+QUICK = {"blocks": 1, "steps": {"mlp": 3, "conv": 1, "minatar": 3},
+         "warmup": {"mlp": 1, "conv": 1, "minatar": 1},
+         "capacity": {"mlp": 2_000, "conv": 400, "minatar": 2_000}}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     p = common.parser(__doc__, quick="smoke run")
-    p.add_argument("--nets", default="mlp,conv", help="comma-separated networks (default mlp,conv)")
+    p.add_argument("--nets", default="mlp,conv", help="comma-separated networks: mlp, conv, minatar "
+                                                        "(default mlp,conv)")
+    p.add_argument("--samplings", default=",".join(SAMPLINGS),
+                   help=f"comma-separated samplings, own first (default {','.join(SAMPLINGS)})")
     p.add_argument("--blocks", type=int, help="timing blocks per figure (default 10)")
     p.add_argument("--ranks", type=int, default=WORLD, help=f"gloo ranks (default {WORLD})")
     p.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks, at least 1)")
@@ -103,6 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "netem or tun-relay")
     p.add_argument("--hub", action="store_true",
                    help="with --link-delay-ms: namespaces on a routed network (netns.hosts) also for 2 ranks")
+    p.add_argument("--hosts", type=int, default=None,
+                   help="with --hub: this many hosts (namespaces), the ranks spread evenly over them "
+                        "(default: one per rank)")
     p.add_argument("--gpu-step-ms", type=float, default=None,
                    help="instead of training, each step waits this long (an emulated GPU step) and "
                         "returns random priorities")
@@ -114,9 +131,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.blocks = args.blocks or plan["blocks"]
     args.steps, args.warmup, args.capacity = plan["steps"], plan["warmup"], plan["capacity"]
     args.nets = [n for n in args.nets.split(",") if n]
+    args.samplings = tuple(s for s in args.samplings.split(",") if s)
+    if not args.samplings or args.samplings[0] != "own" or not set(args.samplings) <= set(SAMPLINGS):
+        p.error(f"--samplings must start with own and name some of {SAMPLINGS}")
     if args.ranks < 2:
         p.error("--ranks must be at least 2")
     args.threads = args.threads or max(1, (os.cpu_count() or 2) // args.ranks)
+    if args.hosts is not None and not (args.hub and 2 <= args.hosts <= args.ranks):
+        p.error("--hosts needs --hub and 2 <= H <= --ranks")
     if not set(args.nets) <= set(TARGETS):
         p.error(f"--nets must name some of {sorted(TARGETS)}")
     return args
@@ -124,14 +146,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # -- the workload (runs in the ranks) -------------------------------------------------------------
 def make_net(name: str) -> Any:
-    """The Q-network: the MLP of ``shardreplay train`` widened, or the Nature-DQN conv net."""
+    """The Q-network: the MLP of ``shardreplay train`` widened, the Nature-DQN conv net, or
+    the MinAtar net."""
     import torch
     from torch import nn
 
-    from shardreplay.runtime.algos.networks import QNetwork
+    from shardreplay.runtime.algos.networks import MinAtarQNetwork, QNetwork
 
     if name == "mlp":
         return QNetwork(64, ACTIONS, (512, 512, 512))
+    if name == "minatar":
+        return MinAtarQNetwork(OBS[name][0], ACTIONS)
 
     class NatureDqn(nn.Module):
         def __init__(self) -> None:
@@ -150,7 +175,7 @@ def make_shard(name: str, capacity: int, seed: int, device: str = "cpu") -> Any:
     """A prioritized shard of ``capacity`` steps of random observations and episodes."""
     import shardreplay as sr
 
-    obs = sr.Field((64,), np.float32) if name == "mlp" else sr.Field((84, 84, 4), np.uint8)
+    obs = sr.Field(*OBS[name])
     spec = sr.Spec({"obs": obs, "action": sr.Field((), np.int64), "reward": sr.Field((), np.float32)})
     per_stream = capacity // STREAMS
     buf = sr.ReplayBuffer(spec, num_streams=STREAMS, stream_capacity=per_stream, window=N_STEP + 1,
@@ -162,7 +187,7 @@ def make_shard(name: str, capacity: int, seed: int, device: str = "cpu") -> Any:
         types = np.where(t % 100 == 0, 0, np.where(t % 100 == 99, 2, 1)).astype(np.uint8)
         shape = (STREAMS, chunk, *obs.shape)
         frames = (rng.standard_normal(shape, dtype=np.float32) if name == "mlp"
-                  else rng.integers(0, 256, shape, dtype=np.uint8))
+                  else rng.integers(0, 2 if name == "minatar" else 256, shape, dtype=np.uint8))
         buf.extend({"obs": frames, "action": rng.integers(0, ACTIONS, (STREAMS, chunk)),
                     "reward": rng.standard_normal((STREAMS, chunk), dtype=np.float32),
                     "step_type": np.broadcast_to(types, (STREAMS, chunk))})
@@ -188,8 +213,10 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
                                  device=args.device)
     piped = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, shared_memory=shared_memory,
                                 pipeline=True, device=args.device)
+    local_mode = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, mode="local", device=args.device)
     sync = torch.cuda.synchronize if placement.device.type == "cuda" else (lambda: None)
-    buffers = {"own": local, "strict": strict, "pipelined": piped}
+    buffers = {"own": local, "strict": strict, "pipelined": piped, "local": local_mode}
+    samplings = args.samplings
 
     replay_s = [0.0]  # the learner thread's time inside sample() and update_priorities()
 
@@ -206,29 +233,36 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
         buf.update_priorities(batch.keys, prios)
         replay_s[0] += t1 - t0 + time.perf_counter() - t2
 
-    rates: dict[str, list[float]] = {s: [] for s in SAMPLINGS}
-    replay_ms: dict[str, list[float]] = {s: [] for s in SAMPLINGS}
+    rates: dict[str, list[float]] = {s: [] for s in samplings}
+    replay_ms: dict[str, list[float]] = {s: [] for s in samplings}
+    cpu_ms: dict[str, list[float]] = {s: [] for s in samplings}
     for block in range(args.blocks + 1):  # block 0 warms every path up, untimed
-        for i in range(len(SAMPLINGS)):
-            sampling = SAMPLINGS[(block + i) % len(SAMPLINGS)]
+        for i in range(len(samplings)):
+            sampling = samplings[(block + i) % len(samplings)]
             buf = buffers[sampling]
             for _ in range(args.warmup[name]):
                 step(buf)
             dist.barrier()
-            start, replay_s[0] = time.perf_counter(), 0.0
+            start, cpu, replay_s[0] = time.perf_counter(), time.process_time(), 0.0
             for _ in range(args.steps[name]):
                 step(buf)
             sync()  # the GPU's queued work belongs to this block
-            times = torch.tensor([time.perf_counter() - start, replay_s[0]], dtype=torch.float64)
+            wall = time.perf_counter() - start
+            piped.settle()  # its thread idle while the others are timed; its CPU is this block's
+            cpu = time.process_time() - cpu
+            times = torch.tensor([wall, replay_s[0]], dtype=torch.float64)
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
-            piped.settle()  # its thread stays idle while the others are timed
+            cpu_sum = torch.tensor([cpu], dtype=torch.float64)
+            dist.all_reduce(cpu_sum)
             if block:
                 rates[sampling].append(args.steps[name] / float(times[0]))
                 replay_ms[sampling].append(1e3 * float(times[1]) / args.steps[name])
+                cpu_ms[sampling].append(1e3 * float(cpu_sum[0]) / world / args.steps[name])
     piped.close()
     return {"rates": {s: common.median(r) for s, r in rates.items()},
             "replay_ms": {s: common.median(r) for s, r in replay_ms.items()},
             "replay_ms_min": {s: min(r) for s, r in replay_ms.items()},
+            "cpu_ms": {s: common.median(r) for s, r in cpu_ms.items()},
             "ddp_backend": placement.ddp_backend, "gpu": _gpu_name(placement.device)}
 
 
@@ -270,8 +304,12 @@ def run_ranks(args: argparse.Namespace, link: netns.Link | netns.Hosts | None) -
         places = [("127.0.0.1", "lo", "")] * world
     else:
         port = 29_500 + os.getpid() % 1000  # a fresh namespace has every port free
-        ifnames = link.ifnames if isinstance(link, netns.Link) else (link.ifname,) * world
-        places = [(link.addresses[0], ifnames[r], link.namespaces[r]) for r in range(world)]
+        if isinstance(link, netns.Link):
+            places = [(link.addresses[0], link.ifnames[r], link.namespaces[r]) for r in range(world)]
+        else:  # rank r on host r * H // K
+            count = len(link.namespaces)
+            places = [(link.addresses[0], link.ifname, link.namespaces[r * count // world])
+                      for r in range(world)]
     from shardreplay.runtime.actor.processes import stop_processes  # lazily: ranks re-import this module
 
     procs = [ctx.Process(target=_rank, args=(r, args, places[r][0], port, places[r][1], places[r][2], out))
@@ -301,8 +339,8 @@ def _open_link(args: argparse.Namespace, stack: ExitStack) -> netns.Link | netns
     if args.ranks == 2 and not args.hub:
         return stack.enter_context(netns.delayed_link(args.link_delay_ms, kind=args.link_kind))
     # Half the delay on each host's link: two ranks are D apart each way, as on the pair.
-    every = tuple(range(args.ranks))
-    hosts = netns.hosts(args.ranks, args.link_delay_ms / 2, delayed=every, kind=args.link_kind)
+    count = args.hosts or args.ranks
+    hosts = netns.hosts(count, args.link_delay_ms / 2, delayed=tuple(range(count)), kind=args.link_kind)
     return stack.enter_context(hosts)
 
 
@@ -341,10 +379,11 @@ def main(argv: list[str] | None = None) -> dict:
         nets[name] = {**{f"{s}_steps_per_s": round(r, 3) for s, r in rates.items()},
                       **{f"{s}_replay_ms_per_step": round(r, 3) for s, r in fig["replay_ms"].items()},
                       **{f"{s}_replay_ms_per_step_min": round(r, 3) for s, r in fig["replay_ms_min"].items()},
-                      "pipelined_over_own": round(rates["pipelined"] / rates["own"], 3),
-                      "strict_over_own": round(rates["strict"] / rates["own"], 3),
-                      "target_pipelined_over_own": TARGETS[name],
-                      "met": rates["pipelined"] / rates["own"] >= TARGETS[name]}
+                      **{f"{s}_cpu_ms_per_step": round(r, 3) for s, r in fig["cpu_ms"].items()},
+                      **{f"{s}_over_own": round(r / rates["own"], 3) for s, r in rates.items() if s != "own"},
+                      "target_pipelined_over_own": TARGETS[name]}
+        if "pipelined" in rates:
+            nets[name]["met"] = rates["pipelined"] / rates["own"] >= TARGETS[name]
     first = next(iter(figures.values()))
     line = {"bench": "learner", "ranks": args.ranks, "backend": "gloo", "device": args.device,
             "batch": args.batch,
@@ -353,6 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
             "steps_per_block": {n: args.steps[n] for n in args.nets}, "quick": args.quick,
             "link": "loopback" if link is None else ("tun" if link.delay_kind == "tun-relay" else "veth"),
             "topology": None if link is None else "pair" if isinstance(link, netns.Link) else "hub",
+            "hosts": None if link is None else len(link.namespaces),
             "gpu_step_ms": args.gpu_step_ms,
             "link_delay_ms_asked": args.link_delay_ms,
             "link_delay_ms_applied": None if link is None else _probe_link(link).delay_ms,
