@@ -32,7 +32,7 @@ import torch
 
 from shardreplay.buffer.shard import Shard
 from shardreplay.distributed.group import Collectives, Released
-from shardreplay.distributed.priorities import PendingUpdates, PriorityRouter
+from shardreplay.distributed.priorities import STATS_OPS, PendingUpdates, PriorityRouter
 from shardreplay.errors import ConfigError, EmptyBufferError
 
 _R = TypeVar("_R", bound="_Row")
@@ -240,10 +240,11 @@ class Refill:
 
     def __call__(self, n: int, pending: PendingUpdates, released: Released | None = None) -> list[Drawn]:
         """One exchange: route ``pending`` (and the others' queued updates), agree on the
-        global picture, draw ``prefetch`` batches of ``n``. Collectives: one all_gather of
-        the stats; when any rank had updates queued, one all_to_all routing them and a
-        second all_gather of the stats (the draw must see them); then the strategy's.
-        Every collective waits inside ``released()`` (the runner's lock let go).
+        global picture, draw ``prefetch`` batches of ``n``. Collectives: one all_to_all of
+        the stats, with the queued updates in it (:meth:`PriorityRouter.send`; a second
+        when they overflow its slot); when any rank had updates queued, an all_gather of
+        the stats again (the draw must see them); then the strategy's. Every collective
+        waits inside ``released()`` (the runner's lock let go).
 
         Raises:
             EmptyBufferError: no shard has a window to draw (on every rank alike).
@@ -253,23 +254,20 @@ class Refill:
         early = self.strategy.start(n, k) if not len(pending) else None
         box: list[Any] = []
         run = None if early is None else lambda: box.append(early())
-        stats = self._gather_stats(n, pending, released, run)
+        rows, _ = self._router.send(self._stats(n).to_tensor().numpy(), pending, STATS_OPS, released, run)
+        stats = ExchangeStats.from_tensor(torch.from_numpy(rows))  # its tail: the counts sent
         self._router.learn_key_tags(stats.key_tag)
-        if stats.tail.any():  # queued priority updates first, so the draw sees them
-            self._router.route(pending.take()[0], stats.tail, released)
-            stats, box = self._gather_stats(n, pending, released), []
+        if stats.tail.any():  # updates landed: the draw must see them
+            rows_again = self._comm.all_gather(self._stats(n).to_tensor(),
+                                               "ShardedReplayBuffer.sample(stats again)", released=released)
+            stats, box = ExchangeStats.from_tensor(rows_again), []
         self._shard.raise_max_priority(float(stats.max_priority.max()))
         if stats.samplable.sum() == 0 or stats.mass.sum() <= 0:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")
         return self.strategy.draw(stats, n, k, box[0] if box else None, released)
 
-    def _gather_stats(self, batch_size: int, pending: PendingUpdates, released: Released | None,
-                      while_waiting: Callable[[], Any] | None = None) -> ExchangeStats:
-        """Every rank's :class:`ExchangeStats` (as ``[K]`` columns)."""
+    def _stats(self, batch_size: int) -> ExchangeStats:
+        """This rank's :class:`ExchangeStats` (no tail)."""
         st = self._shard.stats()
-        mine = ExchangeStats(st.mass, st.samplable, st.min_leaf, batch_size,
-                             self._choice.proposal(), self._shard.max_priority, st.key_tag,
-                             pending.counts)
-        rows = self._comm.all_gather(mine.to_tensor(), "ShardedReplayBuffer.sample(all_gather stats)",
-                                     while_waiting=while_waiting, released=released)
-        return ExchangeStats.from_tensor(rows)
+        return ExchangeStats(st.mass, st.samplable, st.min_leaf, batch_size, self._choice.proposal(),
+                             self._shard.max_priority, st.key_tag)

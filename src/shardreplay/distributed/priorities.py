@@ -1,15 +1,20 @@
 """The priority router of a :class:`ShardedReplayBuffer`: each update goes to the shard
 that owns its key. It owns the queue of updates for other shards and every shard's key tag.
 
-Strict (``prefetch=1``, no pipeline): updates for other shards travel at once, in two
-all_to_alls (counts, then records) and, when a routed priority may be a new maximum, one
-all_gather of the owners' maxima. Lazy (``prefetch > 1`` or ``pipeline=True``): updates for
-this shard apply at once and the others wait in :class:`PendingUpdates` until the next
-exchange (:mod:`exchange`), where they travel in one all_to_all for many learner steps.
+Updates travel in :meth:`PriorityRouter.send`: one all_to_all carries a row every rank
+sends to all (its counts, and what the caller adds) together with up to ``slot`` updates
+for each owner; the slot is sized from the last such exchange (alike on every rank: every
+rank sees every count), so after the first one a second all_to_all (the rows past the
+slot) is rare. Strict (``prefetch=1``, no pipeline): updates for other shards travel at
+once, and, when a routed priority may be a new maximum, one all_gather of the owners'
+maxima follows. Lazy (``prefetch > 1`` or ``pipeline=True``): updates for this shard apply
+at once and the others wait in :class:`PendingUpdates` until the next exchange
+(:mod:`exchange`), whose statistics they travel with.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,6 +32,12 @@ from shardreplay.distributed.group import Collectives, Released
 from shardreplay.errors import ConfigError, InvalidKeyError, ShardReplayError
 from shardreplay.kernels.routing import BAD_KEY, BAD_PRIORITY, split_updates
 from shardreplay.spec.keys import key_shard, with_shard
+
+_UPDATE_OPS = ("ShardedReplayBuffer.update_priorities(counts and updates)",
+               "ShardedReplayBuffer.update_priorities(updates past the slot)")
+_FLUSH_OPS = ("ShardedReplayBuffer.flush_updates(counts)", "ShardedReplayBuffer.flush_updates(updates)")
+STATS_OPS = ("ShardedReplayBuffer.sample(stats and queued updates)",
+             "ShardedReplayBuffer.sample(queued updates past the slot)")
 
 
 class PendingUpdates:
@@ -91,6 +102,8 @@ class PriorityRouter:
         # Every shard's key tag (0: not known yet), learnt at each exchange and checkpoint
         # load, so keys that are no keys of this buffer are refused where they are passed.
         self.tags = np.zeros(self.world_size, np.int64)
+        # Updates per owner that travel in the first all_to_all of :meth:`send`, per call site.
+        self._slots: dict[str, int] = {}
 
     def learn_key_tags(self, tags: Any) -> None:
         """Note every shard's key tag (from an exchange, or a checkpoint load's agreement)."""
@@ -108,10 +121,11 @@ class PriorityRouter:
         return self._apply_own(own_keys, own_prios)
 
     def update_now(self, keys: Any, priorities: Any) -> int:
-        """Apply this shard's updates and route the others at once (collective: two
-        all_to_alls, and one all_gather when a routed priority exceeds every shard's
-        maximum). A rank whose input is bad still joins, with nothing to send, then raises.
-        Only for a buffer without a pipeline (nothing else holds the shard meanwhile).
+        """Apply this shard's updates and route the others at once (collective: one
+        all_to_all, a second when the slot overflows, and one all_gather when a routed
+        priority exceeds every shard's maximum). A rank whose input is bad still joins,
+        with nothing to send, then raises. Only for a buffer without a pipeline (nothing
+        else holds the shard meanwhile).
 
         Returns:
             The updates this shard applied, from any rank.
@@ -130,33 +144,71 @@ class PriorityRouter:
         applied = self._apply_own(own_keys, own_prios)
         pending = PendingUpdates(self.world_size)
         pending.add(foreign_keys, foreign_prios)
-        payload, send_counts = pending.take()
+        # Every rank's running maximum (new steps everywhere get the global one at once)
+        # and the largest priority routed from here.
         routed_top = float(foreign_prios.max()) if foreign_prios.size else 0.0
-        foreign, may_raise = self._exchange_counts(send_counts, routed_top)
-        applied += self.route(payload, foreign)
-        if may_raise:
+        head = np.array([self._shard.max_priority, routed_top], np.float64).view(np.int64)
+        rows, got = self.send(head, pending, _UPDATE_OPS)
+        applied += got
+        maxima = rows[:, :2].copy().view(np.float64)
+        known = float(maxima[:, 0].max())
+        self._shard.raise_max_priority(known)
+        if float(maxima[:, 1].max()) > known:
             self._agree_max()
         if error is not None:
             raise error
         return applied
 
     def flush(self, pending: PendingUpdates, released: Released | None = None) -> int:
-        """Route ``pending`` to the owners (collective: one all_gather of the counts, and
-        one all_to_all when any rank has updates queued); the number applied here. The
+        """Route ``pending`` to the owners (collective: one all_to_all of the counts, and
+        one more when any rank has updates queued); the number applied here. The
         collectives wait inside ``released()`` (the runner's lock let go)."""
-        mine = torch.from_numpy(pending.counts.copy())
-        foreign = self._comm.all_gather(mine, "ShardedReplayBuffer.flush_updates(counts)",
-                                        released=released).cpu().numpy()
-        return self.route(pending.take()[0], foreign, released) if foreign.any() else 0
+        return self.send(np.empty(0, np.int64), pending, _FLUSH_OPS, released, slot=0)[1]
 
-    def route(self, payload: np.ndarray, foreign: np.ndarray, released: Released | None = None) -> int:
-        """Send payload rows to their owners (``foreign[r, o]`` rows from rank r to owner
-        o) and apply what arrives here (one all_to_all, waiting inside ``released()``)."""
-        got = self._comm.all_to_all(torch.from_numpy(payload), foreign[self.rank].tolist(),
-                                    foreign[:, self.rank].tolist(),
-                                    "ShardedReplayBuffer.update_priorities(records)",
-                                    released=released).cpu().numpy()
-        return self._shard.apply_routed(got[:, 0], got[:, 1].view(np.float64).astype(np.float32))
+    def send(self, head: np.ndarray, pending: PendingUpdates, ops: tuple[str, str],
+             released: Released | None = None,
+             while_waiting: Callable[[], Any] | None = None, slot: int | None = None
+             ) -> tuple[np.ndarray, int]:
+        """Send ``head`` (an int64 row) and ``pending``'s counts to every rank, and each
+        owner up to ``slot`` of its updates, in one all_to_all (``slot``: by default the
+        size the last call with these ``ops`` that sent any chose); the updates past the slot follow in a
+        second all_to_all when any rank has some. What arrives here is applied, each
+        sender's in its order. ``ops`` names the two collectives (in a timeout's message);
+        they wait inside ``released()``; ``while_waiting`` runs while the first is in flight.
+
+        Returns:
+            Every rank's row (``[K, len(head) + K]``: its head, then its count per owner),
+            and the number of updates applied here.
+        """
+        k, me, h = self.world_size, self.rank, head.size
+        slot = self._slots.get(ops[0], 0) if slot is None else slot
+        payload, counts = pending.take()
+        firsts = np.cumsum(counts) - counts
+        fits = np.minimum(counts, slot)
+        block = np.zeros((k, h + k + 2 * slot), np.int64)
+        block[:, :h], block[:, h:h + k] = head, counts
+        for o in np.flatnonzero(fits):
+            block[o, h + k:h + k + 2 * fits[o]] = payload[firsts[o]:firsts[o] + fits[o]].ravel()
+        got = self._comm.all_to_all(torch.from_numpy(block), [1] * k, [1] * k, ops[0],
+                                    while_waiting=while_waiting, released=released).cpu().numpy()
+        matrix = got[:, h:h + k]  # matrix[r, o]: updates rank r sends owner o
+        # Sized for the next call from the last counts that were not all 0 (alike on every
+        # rank), with room for the counts to vary from step to step.
+        top = int(matrix.max())
+        if top:
+            self._slots[ops[0]] = top + top // 4 + 8
+        came = np.minimum(matrix[:, me], slot)
+        parts = [got[r, h + k:h + k + 2 * came[r]].reshape(-1, 2) for r in range(k)]
+        rest = np.maximum(matrix - slot, 0)
+        if rest.any():  # alike on every rank: every rank sees every count
+            send = np.concatenate([payload[firsts[o] + fits[o]:firsts[o] + counts[o]] for o in range(k)])
+            extra = self._comm.all_to_all(torch.from_numpy(send), rest[me].tolist(), rest[:, me].tolist(),
+                                          ops[1], released=released).cpu().numpy()
+            ends = np.cumsum(rest[:, me])
+            parts = [p for r in range(k) for p in (parts[r], extra[ends[r] - rest[r, me]:ends[r]])]
+        rows = np.concatenate(parts)
+        applied = self._shard.apply_routed(rows[:, 0], rows[:, 1].view(np.float64).astype(np.float32))
+        return got[:, :h + k], applied
 
     def split(self, keys: Any, priorities: Any) -> tuple[np.ndarray, ...]:
         """Checked ``(own keys with shard 0, own priorities, foreign keys, foreign
@@ -179,26 +231,6 @@ class PriorityRouter:
         if status == BAD_KEY:
             raise InvalidKeyError(foreign_key(keys_np, bad, "sharded buffer"))
         return own_k, own_p, for_k, for_p
-
-    def _exchange_counts(self, send_counts: np.ndarray, routed_top: float) -> tuple[np.ndarray, bool]:
-        """Tell every owner how many updates come from here, and every rank this shard's
-        running maximum (so new steps everywhere get the global maximum at once) and the
-        largest priority routed from here. Returns the ``[from, to]`` count matrix
-        :meth:`route` needs, and whether a routed priority exceeds every shard's maximum
-        (the same answer on every rank: every rank sees every rank's two figures)."""
-        k = self.world_size
-        mine = np.empty((k, 3), np.int64)
-        mine[:, 0] = send_counts
-        mine[:, 1] = np.float64(self._shard.max_priority).view(np.int64)
-        mine[:, 2] = np.float64(routed_top).view(np.int64)
-        got = self._comm.all_to_all(torch.from_numpy(mine.ravel()), [3] * k, [3] * k,
-                                    "ShardedReplayBuffer.update_priorities(counts)").cpu().numpy()
-        got = got.reshape(k, 3)
-        known = float(got[:, 1].view(np.float64).max())
-        self._shard.raise_max_priority(known)
-        foreign = np.zeros((k, k), np.int64)
-        foreign[self.rank], foreign[:, self.rank] = send_counts, got[:, 0]
-        return foreign, float(got[:, 2].view(np.float64).max()) > known
 
     def _agree_max(self) -> None:
         """Spread the owners' running maxima after routed updates landed: only applied

@@ -14,28 +14,29 @@ counts them, ``test_exchange_round_trips.py`` their round trips at K = 4 and 8).
 is one round trip at any K (an all_gather goes as an all_to_all: see ``Collectives``). An
 *exchange* is::
 
-    all_gather  stats (mass, windows, min leaf, seed, max priority, key tag, queued counts)
-    + when any rank has priority updates queued (prefetch > 1, pipeline, local mode):
-      all_to_all  the queued updates to their owners
-      all_gather  stats again (the draw must see the updates)
+    all_to_all  stats (mass, windows, min leaf, seed, max priority, key tag, queued counts),
+                the same to every rank, with each owner's queued priority updates in a slot
+                sized by the last exchange that carried any (:meth:`PriorityRouter.send`)
+    + when updates did not fit their slot (the first time):  all_to_all  the rest
+    + when any rank had updates queued (prefetch > 1, pipeline, local mode):
+      all_gather  stats again (the draw must see them)
     + exact mode, ranks on several hosts: all_to_all  records
       exact mode, all ranks on one host:  all_gather  "records written" (shared memory),
                                           + all_gather "regions mapped" when regions are
                                             (re)made: the first exchange, or a larger one
       local mode: nothing more
 
-so 2 per exact exchange (3 the first time on one host), 4 with queued updates (5 the first
-time on one host), 1 per local exchange, 3 with queued updates. The queued updates cannot
-travel with the first stats: owners learn how many arrive only from them, and the draw
-needs the masses after they land.
+so 2 per exact exchange (3 the first time on one host), 3 with queued updates (4 the first
+time they travel), 1 per local exchange, 2 with queued updates (3 the first time).
 
 * ``sample``: one exchange when no batch is prefetched, else none; ``prefetch=k`` makes every
   k-th call an exchange. With ``pipeline=True`` the exchange runs on the background thread
   over the buffer's own group (none on the caller's).
-* ``update_priorities``: exact mode, ``prefetch=1``, no pipeline: 2 all_to_alls (counts,
-  then records), plus 1 all_gather of the owners' maxima when a routed priority exceeds
-  every shard's maximum; otherwise (``local`` mode, ``prefetch > 1``, pipeline) none.
-* ``flush_updates``: 1 all_gather of the counts, plus 1 all_to_all when any rank has some.
+* ``update_priorities``: exact mode, ``prefetch=1``, no pipeline: 1 all_to_all (counts,
+  maxima and the updates in their slot; a second for the rest, the first time), plus 1
+  all_gather of the owners' maxima when a routed priority exceeds every shard's maximum;
+  otherwise (``local`` mode, ``prefetch > 1``, pipeline) none.
+* ``flush_updates``: 1 all_to_all of the counts, plus 1 when any rank has some.
 * ``len()``, ``num_steps``, ``capacity``, ``global_sizes``: 1 all_reduce each.
 * ``add``, ``extend``, ``info``, ``settle``, ``discard_prefetched``, ``close``: none
   (construction: 1 all_gather, and a ``new_group`` with ``pipeline=True``).
@@ -293,12 +294,12 @@ class ShardedReplayBuffer:
         """Route each priority to the shard that owns its key.
 
         In exact mode with ``prefetch=1`` and no pipeline this is collective (every rank
-        calls it, in the same order) and every update has landed on its owner when it
-        returns. Otherwise it is local (no collective): updates for this rank's shard are
-        applied at once, the others are queued and routed by the next exchange (the next
-        refill :meth:`sample` starts, or :meth:`flush_updates`), before it draws. In
-        ``local`` mode every key a rank samples is its own, so nothing is queued unless a
-        rank passes keys another rank sampled.
+        calls it, in the same order; one all_to_all, see the module's docstring) and every
+        update has landed on its owner when it returns. Otherwise it is local (no
+        collective): updates for this rank's shard are applied at once, the others are
+        queued and routed by the next exchange (the next refill :meth:`sample` starts, or
+        :meth:`flush_updates`), before it draws. In ``local`` mode every key a rank samples
+        is its own, so nothing is queued unless a rank passes keys another rank sampled.
 
         Keys of -1 (padding from an empty shard in local mode) are skipped. Stale keys
         are ignored and counted on the owner (its ``info().stale_updates``).
