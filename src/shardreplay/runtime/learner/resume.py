@@ -94,12 +94,7 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: in
         return _restore_without_replay(ckpt_root, agent, rank, world, checkpoint_id)
     report = checkpoint.load(ckpt_root, buffer, checkpoint_id=checkpoint_id, fallback=checkpoint_id is None,
                              files=(LEARNER_STATE,))  # verified against the manifest
-    # On the CPU first: a run saved on a GPU resumes anywhere (load_state_dict then copies
-    # into the agent's own device).
-    state = torch.load(io.BytesIO(report.files[LEARNER_STATE]), weights_only=True, map_location="cpu")
-    agent.load_state_dict(state["agent"])
     assert report.manifest is not None  # load always carries it
-    records = learner_records(report.manifest)  # every part's (each rank's ingest record)
     mine = [report.steps, report.dropped_episodes, report.dropped_steps, report.sealed_episodes,
             report.sealed_steps]
     total = comm.all_reduce_sum(torch.tensor(mine, dtype=torch.int64), "resume steps")
@@ -108,20 +103,11 @@ def restore(ckpt_root: Path, buffer: ShardedReplayBuffer, agent: Agent, rank: in
         raise CheckpointError(f"resume from {report.directory}: {steps} steps restored and "
                               f"{dropped_steps} dropped, but the checkpoint holds "
                               f"{report.saved_steps}; not continuing")
-    resumed = Resumed(
-        checkpoint_id=report.checkpoint_id,
-        counters=dict(records[0].counters),
-        best_eval=-math.inf if records[0].best_eval is None else records[0].best_eval,
-        wall_offset_s=records[0].wall_s,
-        stored=merge_stored(r.ingest for r in records),
-        # Every rank lists the same directory before anyone saves again, so all agree.
-        last_checkpoint=max(checkpoint.list_checkpoints(ckpt_root), default=-1),
-        report={"checkpoint": report.directory.name, "checkpoint_id": report.checkpoint_id,
-                "saved_shards": report.saved_shards, "shards": world,
-                "saved_steps": report.saved_steps, "steps": steps,
-                "dropped_episodes": dropped_eps, "dropped_steps": dropped_steps,
-                "sealed_episodes": sealed_eps, "sealed_steps": sealed_steps,
-                "skipped": report.skipped})
+    resumed = _resumed(ckpt_root, report.manifest, report.files[LEARNER_STATE], agent, {
+        "checkpoint": report.directory.name, "checkpoint_id": report.checkpoint_id,
+        "saved_shards": report.saved_shards, "shards": world, "saved_steps": report.saved_steps,
+        "steps": steps, "dropped_episodes": dropped_eps, "dropped_steps": dropped_steps,
+        "sealed_episodes": sealed_eps, "sealed_steps": sealed_steps, "skipped": report.skipped})
     if rank == 0:
         log.log(logging.WARNING if dropped_steps else logging.INFO,
                 "resumed from %s (%d shard(s) -> %d): %d of its %d steps restored; dropped %d "
@@ -140,21 +126,32 @@ def _restore_without_replay(ckpt_root: Path, agent: Agent, rank: int, world: int
     if cid is None:
         raise IncompleteCheckpointError(f"no complete checkpoint under {ckpt_root}")
     manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(ckpt_root, cid))
-    state = torch.load(io.BytesIO(read_covered(manifest, LEARNER_STATE)), weights_only=True,
-                       map_location="cpu")
-    agent.load_state_dict(state["agent"])
-    records = learner_records(manifest)
-    resumed = Resumed(
-        checkpoint_id=cid, counters=dict(records[0].counters),
-        best_eval=-math.inf if records[0].best_eval is None else records[0].best_eval,
-        wall_offset_s=records[0].wall_s, stored=merge_stored(r.ingest for r in records),
-        last_checkpoint=max(checkpoint.list_checkpoints(ckpt_root), default=-1),
-        report={"checkpoint": manifest.directory.name, "checkpoint_id": cid, "replay": False,
-                "saved_shards": len(manifest.parts), "shards": world, "steps": 0})
+    resumed = _resumed(ckpt_root, manifest, read_covered(manifest, LEARNER_STATE), agent, {
+        "checkpoint": manifest.directory.name, "checkpoint_id": cid, "replay": False,
+        "saved_shards": len(manifest.parts), "shards": world, "steps": 0})
     if rank == 0:
         log.info("resumed from %s without its replay (--no-replay): weights, optimizer and counters "
                  "restored, the replay starts empty; counters %s", manifest.directory.name, resumed.counters)
     return resumed
+
+
+def _resumed(ckpt_root: Path, manifest: checkpoint.Manifest, agent_state: bytes, agent: Agent,
+             report: dict[str, Any]) -> Resumed:
+    """Load ``agent_state`` (:data:`LEARNER_STATE`'s bytes) into ``agent``, on the CPU first
+    (a run saved on a GPU resumes anywhere; ``load_state_dict`` then copies into the
+    agent's device), and take back what the parts' records hold.
+
+    Raises:
+        CheckpointError: a record is missing, damaged or malformed.
+    """
+    agent.load_state_dict(torch.load(io.BytesIO(agent_state), weights_only=True, map_location="cpu")["agent"])
+    records = learner_records(manifest)  # every part's (each rank's ingest record)
+    first = records[0]
+    return Resumed(checkpoint_id=int(report["checkpoint_id"]), counters=dict(first.counters),
+                   best_eval=-math.inf if first.best_eval is None else first.best_eval,
+                   wall_offset_s=first.wall_s, stored=merge_stored(r.ingest for r in records),
+                   # Every rank lists the same directory before anyone saves again, so all agree.
+                   last_checkpoint=max(checkpoint.list_checkpoints(ckpt_root), default=-1), report=report)
 
 
 def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any], *,
