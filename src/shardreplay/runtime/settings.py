@@ -265,10 +265,8 @@ class ReplaySettings:
             miss k - 1 updates' priorities).
         pipeline: draw the next batch on a thread while this one trains (a batch
             misses at most one update's priorities).
-        prefill: minari:ID: deal that Minari dataset's episodes into the fresh shards
-            before training (priorities from its infos, else the max); docs/offline.md.
-        offline: minari:ID: train from that dataset alone (prefilled as --prefill; no
-            actors, no rate limit; stops on --max-minutes or --stop-return).
+        prefill: replay filled first from a Minari dataset.
+        offline: train on a Minari dataset alone (no actors).
     """
 
     capacity: int = _flag(100_000, "replay_capacity")
