@@ -41,7 +41,7 @@ imports and runs without it (``pip install shardreplay[tensordict]``).
   ``priorities`` (``[S]`` / ``[S, T]``) give each row's window its priority; a LAST
   step takes its row's.
 
-**Out** (:func:`transitions_to_tensordict`, ``Transitions.to_tensordict()``,
+**Out** (``Transitions.to_tensordict()``,
 ``sample(..., as_tensordict=True)``): TorchRL's names, ``batch_size [B]``::
 
     "observation"              o_0 (a nested TensorDict for nested fields "obs.*")
@@ -65,8 +65,8 @@ TD errors it wrote.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,45 +76,7 @@ from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.spec import Spec
 from shardreplay.spec.fields import StepType
 
-
-class TransitionsLike(Protocol):
-    """What :func:`transitions_to_tensordict` reads of a ``Transitions`` (the class
-    imports this module: a Protocol keeps the two apart)."""
-
-    @property
-    def obs(self) -> torch.Tensor | dict[str, torch.Tensor]: ...
-
-    @property
-    def action(self) -> torch.Tensor: ...
-
-    @property
-    def reward(self) -> torch.Tensor: ...
-
-    @property
-    def next_obs(self) -> torch.Tensor | dict[str, torch.Tensor]: ...
-
-    @property
-    def bootstrap_discount(self) -> torch.Tensor: ...
-
-    @property
-    def weights(self) -> torch.Tensor: ...
-
-    @property
-    def keys(self) -> torch.Tensor: ...
-
-    @property
-    def num_steps(self) -> torch.Tensor: ...
-
-    @property
-    def terminated(self) -> torch.Tensor | None: ...
-
-    @property
-    def truncated(self) -> torch.Tensor | None: ...
-
-    def __len__(self) -> int: ...
-
-__all__ = ["is_tensordict", "tensordict_gamma", "tensordict_writes", "transition_names",
-           "transitions_to_tensordict"]
+__all__ = ["is_tensordict", "tensordict_gamma", "tensordict_writes", "transition_names"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 INSTALL = "pip install 'shardreplay[tensordict]' (or tensordict itself)"
@@ -319,49 +281,3 @@ def _last_steps(spec: Spec, rows: dict[str, np.ndarray], nexts: dict[str, np.nda
 
 def _squeeze(steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v[:, 0] for k, v in steps.items()}
-
-
-# -- out --------------------------------------------------------------------------------------
-
-def transitions_to_tensordict(tr: TransitionsLike) -> Any:
-    """``tr`` as a TensorDict with TorchRL's names (module docstring).
-
-    Raises:
-        ConfigError: ``tensordict`` is not installed.
-    """
-    try:
-        from tensordict import TensorDict
-    except ImportError as exc:
-        raise ConfigError(f"as_tensordict / to_tensordict need the tensordict package: {INSTALL}") from exc
-    batch = len(tr)
-    boot = tr.bootstrap_discount
-    terminated = tr.terminated if tr.terminated is not None else boot == 0
-    truncated = tr.truncated if tr.truncated is not None else torch.zeros_like(terminated)
-
-    def col(x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(batch, 1)
-
-    reward = tr.reward.unsqueeze(-1) if tr.reward.dim() == 1 else tr.reward
-    return TensorDict({
-        "observation": _observation(tr.obs, batch),
-        "action": tr.action,
-        "next": TensorDict({"observation": _observation(tr.next_obs, batch), "reward": reward,
-                            "done": col(terminated | truncated), "terminated": col(terminated),
-                            "truncated": col(truncated)}, batch_size=[batch]),
-        "steps_to_next_obs": col(tr.num_steps),
-        "bootstrap_discount": boot,
-        "priority_weight": tr.weights,
-        "index": tr.keys,
-    }, batch_size=[batch], device=tr.keys.device)
-
-
-def _observation(obs: torch.Tensor | Mapping[str, torch.Tensor], batch: int) -> Any:
-    """An observation tensor, or nested fields ``"obs.a.b"`` as nested TensorDicts."""
-    if isinstance(obs, torch.Tensor):
-        return obs
-    from tensordict import TensorDict
-
-    out = TensorDict({}, batch_size=[batch])
-    for name, value in obs.items():
-        out.set(tuple(name.split(".")[1:]), value)
-    return out

@@ -27,6 +27,7 @@ import torch
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import _check_gamma, nstep_transitions
+from shardreplay.buffer.tensordicts import INSTALL
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers.uniform import UniformSampler
@@ -96,9 +97,31 @@ class Transitions:
         Raises:
             ConfigError: the tensordict package is not installed.
         """
-        from shardreplay.buffer.tensordicts import transitions_to_tensordict
+        try:
+            from tensordict import TensorDict
+        except ImportError as exc:
+            raise ConfigError("as_tensordict / to_tensordict need the tensordict package: "
+                              f"{INSTALL}") from exc
+        batch = len(self)
+        boot = self.bootstrap_discount
+        terminated = self.terminated if self.terminated is not None else boot == 0
+        truncated = self.truncated if self.truncated is not None else torch.zeros_like(terminated)
 
-        return transitions_to_tensordict(self)
+        def col(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(batch, 1)
+
+        reward = self.reward.unsqueeze(-1) if self.reward.dim() == 1 else self.reward
+        return TensorDict({
+            "observation": _as_tensordict(self.obs, batch),
+            "action": self.action,
+            "next": TensorDict({"observation": _as_tensordict(self.next_obs, batch), "reward": reward,
+                                "done": col(terminated | truncated), "terminated": col(terminated),
+                                "truncated": col(truncated)}, batch_size=[batch]),
+            "steps_to_next_obs": col(self.num_steps),
+            "bootstrap_discount": boot,
+            "priority_weight": self.weights,
+            "index": self.keys,
+        }, batch_size=[batch], device=self.keys.device)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Transitions:
         """A copy with every tensor on ``device`` (``keys`` too: update_priorities takes them
@@ -115,6 +138,18 @@ class Transitions:
                            keys=move(self.keys), num_steps=move(self.num_steps),
                            terminated=None if self.terminated is None else move(self.terminated),
                            truncated=None if self.truncated is None else move(self.truncated))
+
+
+def _as_tensordict(obs: Observation, batch: int) -> Any:
+    """An observation tensor, or nested fields ``"obs.a.b"`` as nested TensorDicts."""
+    if isinstance(obs, torch.Tensor):
+        return obs
+    from tensordict import TensorDict
+
+    out = TensorDict({}, batch_size=[batch])
+    for name, value in obs.items():
+        out.set(tuple(name.split(".")[1:]), value)
+    return out
 
 
 def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | None = None, *,

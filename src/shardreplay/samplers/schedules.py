@@ -83,10 +83,3 @@ def as_schedule(value: float | Schedule, name: str, low: float, high: float) -> 
     if not all(low <= v <= high for v in ends):
         raise ConfigError(f"{name} must lie in [{low}, {high}], got {value!r}")
     return sched
-
-
-def schedule_from_dict(d: dict) -> Schedule:
-    """Inverse of ``to_dict`` of either schedule."""
-    if d.get("kind") == "linear":
-        return LinearSchedule(float(d["start"]), float(d["end"]), int(d["steps"]))
-    return ConstantSchedule(float(d["value"]))

@@ -43,7 +43,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from shardreplay._hashing import xxh3_64
@@ -70,6 +69,7 @@ from shardreplay.transport.wire import (
     _info,
     _Layout,
     _layout,
+    _unpack_header,
 )
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "Encoding", "PackedEncoding", "decode", "encode",
@@ -415,17 +415,6 @@ def _format_error(magic: bytes, version: int) -> CorruptChunkError:
              if version in _OLDER else "")
     return CorruptChunkError(f"chunk of format {version}{older}; this reader reads format "
                              f"{FORMAT_VERSION} only", reason="format")
-
-
-def _unpack_header(raw: bytes) -> dict[str, Any]:
-    try:
-        head = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16,
-                               max_bin_len=0, max_array_len=1 << 16, max_map_len=64, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise CorruptChunkError(f"unreadable chunk header: {exc}", reason="header") from exc
-    if not isinstance(head, dict):
-        raise CorruptChunkError("chunk header is not a map", reason="header")
-    return head
 
 
 def _checked_layout(head: dict[str, Any], spec: Spec) -> _Layout:

@@ -38,7 +38,7 @@ import numpy as np
 from shardreplay._hashing import xxh3_64
 from shardreplay.errors import ConfigError, CorruptChunkError
 from shardreplay.spec import Spec
-from shardreplay.transport.wire import _PREFIX, _STEP_PREFIX, MAGIC, _layout
+from shardreplay.transport.wire import _PREFIX, _STEP_PREFIX, MAGIC, _layout, _unpack_header
 
 __all__ = ["CODECS", "PACKED_MAGIC", "is_packed", "pack", "unpack"]
 
@@ -190,11 +190,8 @@ def _stacked_arrays(raw: np.ndarray, spec: Spec) -> list[_StackedArray]:
 
 
 def _sizes(raw: np.ndarray, hlen: int) -> tuple[int, int, bool]:
-    import msgpack
-
+    head = _unpack_header(raw[_PREFIX.size:_PREFIX.size + hlen].tobytes())
     try:
-        head = msgpack.unpackb(raw[_PREFIX.size:_PREFIX.size + hlen].tobytes(), raw=False,
-                               strict_map_key=True, max_bin_len=0, max_ext_len=0)
         s, t, arrays = int(head["S"]), int(head["T"]), head["arrays"]
         has_prio = any(e[0] == "priorities" for e in arrays)
     except Exception as exc:  # garbage of any kind is a damaged header

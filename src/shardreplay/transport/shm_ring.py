@@ -132,6 +132,14 @@ class ShmRing:
         self._meta[slot] = 0
         (self._lock if lock is None else lock).release()
 
+    def _head_tail(self) -> tuple[int, int]:
+        """``head`` and ``tail``, read under the ring lock."""
+        self._acquire()
+        try:
+            return self._meta[_HEAD], self._meta[_TAIL]
+        finally:
+            self._release()
+
     def put(self, data: bytes, deadline: float | None) -> bool:
         """Append one record, polling for room; False when ``deadline`` passed first."""
         src = np.frombuffer(data, np.uint8)
@@ -217,11 +225,7 @@ class ShmRing:
         if not lent:
             self._acquire(self._read_lock, _READER)
         try:
-            self._acquire()
-            try:
-                head, tail = self._meta[_HEAD], self._meta[_TAIL]
-            finally:
-                self._release()
+            head, tail = self._head_tail()
             records, nbytes, pos = 0, 0, tail
             while head > pos:  # nobody moves tail or overwrites these bytes: read lock held
                 (n,) = _LEN.unpack(self._read(pos, _LEN.size))
@@ -256,17 +260,9 @@ class ShmRing:
         if _ORDERED_STORES:
             head, tail = self._meta[_HEAD], self._meta[_TAIL]  # no ring lock: see _ORDERED_STORES
             if head == tail:  # empty: look again under the lock before the caller sleeps
-                self._acquire()
-                try:
-                    head = self._meta[_HEAD]
-                finally:
-                    self._release()
+                head, _tail = self._head_tail()
         else:
-            self._acquire()
-            try:
-                head, tail = self._meta[_HEAD], self._meta[_TAIL]
-            finally:
-                self._release()
+            head, tail = self._head_tail()
         spans: list[tuple[int, int]] = []  # (offset from tail, length) of each record
         pos = tail
         stop = tail + (max_bytes if max_bytes is not None else head)

@@ -11,6 +11,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from shardreplay.errors import CorruptChunkError
 from shardreplay.spec import Spec
 from shardreplay.spec.layout import ALIGN, RecordLayout, step_parts
 from shardreplay.spec.validation import packed_steps
@@ -117,3 +118,15 @@ def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:
             info.layouts.clear()
         layout = info.layouts[key] = _Layout(info, s, t, has_priorities)
     return layout
+
+
+def _unpack_header(raw: bytes) -> dict[str, Any]:
+    """A chunk's msgpack header, bounded; CorruptChunkError (``header``) on garbage or a non-map."""
+    try:
+        head = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16,
+                               max_bin_len=0, max_array_len=1 << 16, max_map_len=64, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise CorruptChunkError(f"unreadable chunk header: {exc}", reason="header") from exc
+    if not isinstance(head, dict):
+        raise CorruptChunkError("chunk header is not a map", reason="header")
+    return head
