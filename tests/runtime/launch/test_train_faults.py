@@ -5,7 +5,8 @@ Training goes on through all of it and ends with exit 0: the killed actor is res
 nothing partial is ingested (the summary counts exactly the one chunk we corrupted), the
 learner and the actors reconnect to the restarted server (policies go through it too),
 the final acknowledgements reach the server, ``metrics.csv`` carries a sensible
-``policy_lag``, and no process is left (``tests.support.train_runs.TrainRun``).
+``policy_lag``, ``--keep-rollouts`` kept exactly the steps stored, and no process is left
+(``tests.support.train_runs.TrainRun``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import psutil
 import pytest
 import redis
 
+from shardreplay.runtime.learner.wal import iter_rollouts
 from shardreplay.runtime.run_identity import read_identity
 from tests.runtime.runtime_helpers import kill9, redis_stream
 from tests.support.train_runs import FAST, TrainRun, metrics_rows, training, wait_until
@@ -76,7 +78,7 @@ def test_training_goes_on_through_actor_kill_corrupt_chunk_and_redis_restart(
     run_dir = tmp_path / "run"
     args = ["train", "--run-dir", str(run_dir), *FAST, "--transport", transport, "--learners", "1",
             "--actors", "2", "--envs-per-actor", "2", "--hidden", "32", "32", "--samples-per-insert", "4",
-            "--total-env-steps", str(BUDGET), "--publish-interval-updates", "10"]
+            "--total-env-steps", str(BUDGET), "--publish-interval-updates", "10", "--keep-rollouts"]
     with TrainRun(args, tmp_path / "logs") as run:
         wait_until(lambda: training(run_dir) and len(run.actors()) == 2, START_S, "training", run)
         victim = run.actors()[0].pid
@@ -102,6 +104,9 @@ def test_training_goes_on_through_actor_kill_corrupt_chunk_and_redis_restart(
     assert [(r["chunks"], r["reason"].startswith("rejected by the transport")) for r in lost] == [(1, True)]
     assert "Traceback" not in run.stderr(), run.explain()
     _check_policy_lag(run_dir, publish_interval=10)
+    # --keep-rollouts through the faults: exactly the steps stored, each chunk once.
+    kept = [(k.chunk.identity, k.chunk.num_streams * k.chunk.num_steps) for k in iter_rollouts(run_dir)]
+    assert len({i for i, _ in kept}) == len(kept) and sum(n for _, n in kept) == summary["env_steps"]
     if server is not None:
         client = redis.Redis.from_url(server.url)
         # The learner's last acknowledgements went out before it exited: a resumed run
