@@ -49,12 +49,11 @@ from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.copy import _byte_pointer, _check_arrays, copy_at
 
-__all__ = ["BAD_INPUT", "F_CAP", "F_DIMS", "F_FRAME_BYTES", "F_NDIM", "F_STACK", "MAX_ARITY", "NEED_FRAMES",
+__all__ = ["BAD_INPUT", "F_CAP", "F_DIMS", "F_FRAME_BYTES", "F_NDIM", "F_STACK", "NEED_FRAMES",
            "compiled_add_stacked", "fstate_of"]
 
 F_CAP, F_STACK, F_FRAME_BYTES, F_NDIM, F_DIMS = 0, 1, 2, 3, 4
 FIRST, LAST = 0, 2
-MAX_ARITY = 4
 
 
 def _loader(bits: int) -> Any:
@@ -153,37 +152,8 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, ste
     return delta
 
 
-# Entry points by the number of plain fields (a ``*values`` entry costs a tuple per call).
-@numba.njit(**_OPTIONS)
-def add_stacked_1(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
-                  a):  # pragma: no cover - compiled
-    """:func:`add_stacked` with 1 plain field."""
-    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, (a,))
-
-
-@numba.njit(**_OPTIONS)
-def add_stacked_2(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, a,
-                  b):  # pragma: no cover - compiled
-    """:func:`add_stacked` with 2 plain fields."""
-    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, (a, b))
-
-
-@numba.njit(**_OPTIONS)
-def add_stacked_3(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, a, b,
-                  c):  # pragma: no cover - compiled
-    """:func:`add_stacked` with 3 plain fields."""
-    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
-                       (a, b, c))
-
-
-@numba.njit(**_OPTIONS)
-def add_stacked_4(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, a, b, c,
-                  d):  # pragma: no cover - compiled
-    """:func:`add_stacked` with 4 plain fields."""
-    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
-                       (a, b, c, d))
-
-
+# The entry point: one per spec whatever its number of plain fields (an entry of each
+# arity saved 0.05 us of a 7 us pixel add: the tuple ``*values`` makes).
 @numba.njit(**_OPTIONS)
 def add_stacked_n(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
                   *values):  # pragma: no cover - compiled
@@ -191,7 +161,6 @@ def add_stacked_n(records, pos_and_counters, state, ref, frames, fpos, fstate, s
     return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, values)
 
 
-_ENTRIES = (add_stacked_n, add_stacked_1, add_stacked_2, add_stacked_3, add_stacked_4)
 
 
 def fstate_of(stream_capacity: int, frame_bytes: int, stack_shape: tuple[int, ...]) -> np.ndarray:
@@ -209,4 +178,4 @@ def compiled_add_stacked(args: tuple[Any, ...]) -> Any:
     fstate, step types, stack, *plain values), at least one plain value."""
     if len(args) < 10:
         raise ValueError("compiled_add_stacked needs at least one plain field")
-    return compiled_for(_ENTRIES, 9, args)
+    return compiled_for((add_stacked_n,), 9, args)
