@@ -17,7 +17,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
-from shardreplay.checkpoint import stacked as stacked_ckpt
+from shardreplay.checkpoint import loading as loading_ckpt
 from shardreplay.errors import SpecMismatchError
 from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT
 from shardreplay.storage import frames
@@ -213,7 +213,7 @@ def test_state_dict_and_checkpoints_round_trip(tmp_path: Path, partial: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     # Small pieces: a save builds stacks 7 steps at a time, a load reads 5 at a time.
     monkeypatch.setattr(frames, "PIECE_STEPS", 7)
-    monkeypatch.setattr(stacked_ckpt, "PIECE_STEPS", 5)
+    monkeypatch.setattr(loading_ckpt, "PIECE_STEPS", 5)
     stacked, plain = pair(3, 12, window=3, sampler="prioritized", seed=7)
     envs = Envs(3, seed=5, p_done=0.15)
     for _ in range(10):
