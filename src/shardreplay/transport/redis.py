@@ -31,20 +31,15 @@ whether or not they were read, so it is never used. Instead:
    still safe). ``XTRIM MINID ~ threshold`` then drops whole radix-tree nodes below it.
 2. A writer adds only while the stream's length when it last looked, plus its own
    adds in flight, is below ``max_len``. Each add is ``XADD`` + ``XLEN`` pipelined on
-   the writer's connection (up to 8 adds in flight, replies read by later sends), so
-   the writer learns the length right after its own adds without a round trip per
-   chunk. At the cap it trims exactly (``MINID`` without ``~``: approximate trimming
-   keeps a partly acknowledged node, which could hold a small stream at the cap
-   forever) and, while the stream is still full, waits in ``BLPOP`` on ``<stream>:room``
-   (3 s at most), where the reader pushes a token per 4 entries it acknowledges
-   (``RoomTokens.grant``: fewer on streams under 32 entries), in the round trip of the
-   ``XACK``: the writer that waited longest wakes and looks again, until there is room
-   or ``timeout_s`` passes. While the stream is over half full a writer then adds up to
-   ``grant`` chunks per token and takes a token before its next look, so waiting
-   writers share the freed entries in turn.
-   (Sleeping and trimming every 0.5-5 ms instead cost waiting writers more CPU than
-   their sends, the more so the more writers: benchmarks/transport/RESULTS-ingest.md.) Without ACL
-   permission for the tokens writers poll as before (0.5 to 5 ms).
+   the writer's connection (:class:`RedisWriter`: up to 8 adds in flight), so the
+   writer learns the length right after its own adds without a round trip per chunk.
+   At the cap it trims exactly (``MINID`` without ``~``: approximate trimming keeps a
+   partly acknowledged node, which could hold a small stream at the cap forever) and,
+   while the stream is still full, waits (3 s at most, then looks again) for a room
+   token that the reader pushes as it acknowledges, in the round trip of the ``XACK``
+   (:class:`~shardreplay.transport.redis_link.RoomTokens`: oldest waiter first; over
+   half full, ``grant`` adds per token), until there is room or ``timeout_s`` passes.
+   Without ACL permission for the tokens writers poll (0.5 to 5 ms).
    With one writer the stream never holds more than ``max_len`` entries; ``W``
    writers can overshoot by at most ``8 (W - 1)`` (memory stays bounded). (A Lua
    script doing ``XLEN`` then ``XADD`` would be exact for any number of writers, but
