@@ -1,7 +1,8 @@
 """``shardreplay export RUN --minari ID`` on a run directory: the run's env gives the
 spaces, its stream layout the actor and stream of each saved row. The run is made by
 hand (its config.json and a 2-part checkpoint), not trained: the steps are what a
-training run stores, at a fraction of the CPU."""
+training run stores, at a fraction of the CPU. The slow test runs docs/offline.md's
+commands (keep, export both ways, prefill, offline) with small budgets."""
 
 from __future__ import annotations
 
