@@ -85,11 +85,6 @@ class FrameStore:
         """Frames each stream's ring holds now."""
         return int(self.frames.shape[1])
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the frame rings and the per-slot frame positions."""
-        return int(self.frames.nbytes + self.ref.nbytes + self.fpos.nbytes)
-
     def as_frame_bytes(self, values: np.ndarray, lead: int) -> np.ndarray:
         """Stacks ``[*lead_axes, K, *frame]`` as C-contiguous uint8 ``[n, T, K, frame bytes]``
         (``lead`` is T, or 0 when the values have one leading axis)."""
@@ -147,6 +142,8 @@ class FrameStore:
         new = self._reserve[:, :new_cap]
         for r in range(old.shape[0]):
             end = int(self.fpos[r])
+            if end <= cap and not fresh:  # not wrapped: every frame keeps its place (no index arrays)
+                continue
             keep = np.arange(max(end - cap, 0), end)  # frames p < end - cap are gone
             if not fresh:
                 keep = keep[keep % cap != keep % new_cap]
