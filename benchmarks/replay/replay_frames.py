@@ -138,7 +138,7 @@ class ShardReplayFrames:
         from shardreplay import testing  # here: bench_replay's parent process imports no torch
 
         store = testing.shard(self.buf)._storage.stacked["obs"]
-        return {"frame_capacity": store.frame_capacity, "frame_rings_grown": store._grown,
+        return {"frame_capacity": store.frame_capacity,
                 "filled_layout_bytes": _array_bytes(self.buf)}
 
 

@@ -1,10 +1,12 @@
 """Background saves: the checkpoint is the buffer at the call, however it is written meanwhile.
 
 The writes that race the save overwrite the oldest rows (rings wrapped), so a save that
-read the live slots late would hold the new steps; the fence's copy-on-overwrite keeps
-the old ones. Restored bit-exact (same layout: every array, position, sampler and RNG
-state), in one process and on two gloo ranks; a process SIGKILLed mid-write leaves the
-previous checkpoint the newest complete one.
+read the live slots late would hold the new steps; the forked writer's copy-on-write
+memory keeps the old ones. Restored bit-exact (same layout: every array, position,
+sampler and RNG state), in one process and on two gloo ranks; the part is byte for byte
+the one ``save`` writes at the call; the writer is reaped whether it succeeds, fails or
+is killed, and exits when its parent is killed (which leaves the previous checkpoint the
+newest complete one).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +26,9 @@ import torch.distributed as dist
 
 import shardreplay as sr
 from shardreplay import checkpoint, testing
-from shardreplay.buffer.fence import WriteFence
-from shardreplay.checkpoint.saving import prepare as prepare_save
-from shardreplay.checkpoint.saving import run as run_save
+from shardreplay.checkpoint import saving
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.errors import CheckpointError
 from tests.support import run_ranks
 
 SPEC = sr.Spec({"obs": sr.Field((64,), np.float32), "ctr": sr.Field((), np.int64),
@@ -84,17 +87,122 @@ def _overwrite(buf: sr.ReplayBuffer, seed: int, steps: int = CAPACITY) -> None:
         buf.extend(_chunk(rng, -t))
 
 
+class _Gate:
+    """Holds a forked writer (after it set itself up, before it reads the buffer) until
+    released: writes made meanwhile land before the writer reads anything."""
+
+    def __init__(self) -> None:
+        self._go_r, self._go_w = os.pipe()
+        self._at_r, self._at_w = os.pipe()
+        self._test = os.getpid()
+        self.held = False
+        self._real = saving._content
+
+    def content(self, job: Any) -> Any:
+        if self.held and os.getpid() != self._test:  # in the writer
+            os.write(self._at_w, b"a")
+            os.read(self._go_r, 1)
+        return self._real(job)
+
+    def hold(self) -> None:
+        self.held = True
+
+    def arrived(self) -> None:
+        """Wait until the writer is at the gate (its signal handlers are in place)."""
+        assert os.read(self._at_r, 1) == b"a"
+
+    def release(self) -> None:
+        if self.held:
+            os.write(self._go_w, b"x")
+            self.held = False
+
+    def close(self) -> None:
+        for fd in (self._go_r, self._go_w, self._at_r, self._at_w):
+            os.close(fd)
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Gate]:
+    g = _Gate()
+    monkeypatch.setattr(saving, "_content", g.content)
+    yield g
+    g.close()
+
+
+def _assert_reaped(pending: checkpoint.PendingSave) -> None:
+    """The writer of ``pending`` ran and was reaped (it is no child of this process any more)."""
+    assert pending.pid is not None and pending.done()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pending.pid, os.WNOHANG)
+
+
+def test_background_part_is_byte_for_byte_the_part_save_writes_at_the_call(tmp_path: Path,
+                                                                            gate: _Gate) -> None:
+    buf = _buffer(0)
+    fill_random(buf, CAPACITY + 120, seed=7)  # rings wrapped
+    sync = checkpoint.save(buf, tmp_path / "sync", 1, files={"at": b"1"})
+    gate.hold()
+    pending = checkpoint.save_in_background(buf, tmp_path / "bg", 1, files={"at": b"1"})
+    _overwrite(buf, seed=8)  # every saved step replaced before the writer reads any
+    gate.release()
+    background = pending.wait(60)
+    _assert_reaped(pending)
+    part = "part-00000-of-00001.safetensors"
+    assert (background / part).read_bytes() == (sync / part).read_bytes()
+    assert (background / "at").read_bytes() == b"1"
+    assert checkpoint.is_complete(background, hashes=True)
+
+
+def test_a_failed_background_write_raises_and_its_writer_is_reaped(tmp_path: Path) -> None:
+    buf = _buffer(0)
+    fill_random(buf, 100, seed=9)
+    checkpoint.save(buf, tmp_path, 1, incremental=True)
+    checkpoint.checkpoint_dir(tmp_path, 2).write_bytes(b"a file where the directory goes")
+    pending = checkpoint.save_in_background(buf, tmp_path, 2, incremental=True)
+    with pytest.raises(CheckpointError, match="cannot write checkpoint"):
+        pending.wait(60)
+    _assert_reaped(pending)
+    assert checkpoint.latest_complete(tmp_path) == 1
+    checkpoint.save_in_background(buf, tmp_path, 3, incremental=True).wait(60)  # the shard is free again
+    assert checkpoint.latest_complete(tmp_path) == 3
+
+
+def test_the_writer_ignores_stop_signals_and_a_killed_one_is_reaped(tmp_path: Path, gate: _Gate) -> None:
+    buf = _buffer(0)
+    fill_random(buf, 100, seed=11)
+    checkpoint.save(buf, tmp_path, 1)
+    gate.hold()
+    pending = checkpoint.save_in_background(buf, tmp_path, 2)
+    gate.arrived()
+    assert pending.pid is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the caller decides when to stop, not its writer
+        os.kill(pending.pid, sig)
+    gate.release()
+    pending.wait(60)
+    _assert_reaped(pending)
+    gate.hold()
+    killed = checkpoint.save_in_background(buf, tmp_path, 3)
+    gate.arrived()
+    assert killed.pid is not None
+    os.kill(killed.pid, signal.SIGKILL)
+    with pytest.raises(CheckpointError, match="killed by signal 9"):
+        killed.wait(60)
+    _assert_reaped(killed)
+    gate.held = False  # the killed writer took no byte
+    assert checkpoint.latest_complete(tmp_path) == 2
+    checkpoint.save_in_background(buf, tmp_path, 4).wait(60)  # the shard is free again
+    assert checkpoint.latest_complete(tmp_path) == 4
+
+
 @pytest.mark.slow  # ~11 s on 2 busy cores (compiled kernels of a first write included)
 def test_background_save_racing_overwrites_restores_the_buffer_at_the_call(tmp_path: Path) -> None:
     buf = _buffer(0)
     fill_random(buf, CAPACITY + 120, seed=1)  # rings wrapped: a row is written in two pieces
     saved = _snapshot(buf)
     pending = checkpoint.save_in_background(buf, tmp_path, 1, files={"at": b"1"})
-    fence = testing.shard(buf)._fence
-    _overwrite(buf, seed=2)  # every fenced step is replaced while the thread writes
+    _overwrite(buf, seed=2)  # every saved step is replaced while the child writes
     assert pending.wait(60) == checkpoint.checkpoint_dir(tmp_path, 1)
-    assert isinstance(fence, WriteFence) and fence.released
-    assert testing.shard(buf)._fence is None
+    _assert_reaped(pending)
     restored = _buffer(5)
     report = checkpoint.load(tmp_path, restored, files=("at",))
     assert report.exact and report.files == {"at": b"1"}
@@ -146,7 +254,7 @@ def test_gloo_background_saves_restore_each_shard_as_at_the_call(tmp_path: Path)
 
 
 _CHILD = r"""
-import contextlib, sys, threading, time
+import contextlib, os, sys, time
 import numpy as np
 import shardreplay as sr
 from shardreplay import checkpoint
@@ -162,9 +270,12 @@ checkpoint.save(buf, root, 1)
 real_writer = fmt.atomic_writer
 
 
+parent = os.getpid()
+
+
 class Held:
-    # The background thread's part file: its header and first block are written, then the
-    # thread waits (for the SIGKILL) in the middle of the part, whatever the disk's speed.
+    # The writer's part file: its header and first block are written, then the writer
+    # waits (for its parent's SIGKILL) in the middle of the part, whatever the disk's speed.
     def __init__(self, f):
         self.f, self.writes = f, 0
 
@@ -172,7 +283,7 @@ class Held:
         self.writes += 1
         if self.writes == 4:
             self.f.flush()
-            print("writing", flush=True)
+            os.write(1, f"writing {os.getpid()}\n".encode())
             time.sleep(600)
         return self.f.write(data)
 
@@ -180,8 +291,7 @@ class Held:
 @contextlib.contextmanager
 def held_writer(path, **kwargs):
     with real_writer(path, **kwargs) as f:
-        on_save_thread = threading.current_thread().name.startswith("shardreplay-save")
-        yield Held(f) if on_save_thread else f
+        yield Held(f) if os.getpid() != parent else f  # the forked writer only
 
 
 fmt.atomic_writer = held_writer
@@ -192,6 +302,15 @@ time.sleep(600)
 """
 
 
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (gone, or a zombie its new parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 @pytest.mark.slow  # writes ~200 MB (a few seconds on a busy disk)
 def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint_newest(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -199,11 +318,17 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint_newest
                              text=True, env=env)
     try:
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "writing"
+        word, writer = child.stdout.readline().split()
+        assert word == "writing"
         child.send_signal(signal.SIGKILL)
     finally:
         child.kill()
         child.wait(30)
+    # The orphaned writer notices its parent is gone and exits (polled: no time asserted).
+    deadline = time.monotonic() + 120
+    while not _ended(int(writer)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ended(int(writer)), "the writer outlived its parent"
     second = checkpoint.checkpoint_dir(tmp_path, 2)
     assert [p for p in second.iterdir() if p.name.endswith(".tmp")], "not killed mid-write"
     assert not checkpoint.is_complete(second)
@@ -259,7 +384,8 @@ def _fill_stacked(buf: sr.ReplayBuffer, env: _Frames, steps: int, p_done: float)
 
 
 @pytest.mark.parametrize("when", ["before_the_write", "racing_the_write"])
-def test_frame_stacked_background_save_restores_the_buffer_at_the_call(tmp_path: Path, when: str) -> None:
+def test_frame_stacked_background_save_restores_the_buffer_at_the_call(tmp_path: Path, when: str,
+                                                                         gate: _Gate) -> None:
     """Writes after the call overwrite the oldest frames (short episodes: reset stacks of K
     frames, so the rings also grow); the checkpoint still holds the stacks at the call."""
     buf, env = _stacked_buffer(0), _Frames(1)
@@ -267,38 +393,14 @@ def test_frame_stacked_background_save_restores_the_buffer_at_the_call(tmp_path:
     saved = _snapshot(buf)
     frames = testing.shard(buf)._storage.stacked["obs"]
     ring = frames.frame_capacity
-    if when == "before_the_write":  # deterministic: every overwrite lands before any read
-        job = prepare_save(buf, tmp_path, 1, partial="seal", keep_last=2, files=None, incremental=False,
-                           background=True)
-        assert job.fence is not None
-        _fill_stacked(buf, env, CAPACITY, p_done=0.3)
-        assert frames.frame_capacity > ring  # the ring grew meanwhile
-        assert job.fence._frames["obs"].copied_frames > 0
-        run_save(job)
-    else:
-        pending = checkpoint.save_in_background(buf, tmp_path, 1)
-        _fill_stacked(buf, env, CAPACITY, p_done=0.3)
-        pending.wait(60)
-    assert frames.on_append is None and testing.shard(buf)._fence is None
+    if when == "before_the_write":  # deterministic: every overwrite lands before the writer reads
+        gate.hold()
+    pending = checkpoint.save_in_background(buf, tmp_path, 1)
+    _fill_stacked(buf, env, CAPACITY, p_done=0.3)
+    assert frames.frame_capacity > ring  # the ring grew meanwhile
+    gate.release()
+    pending.wait(60)
+    _assert_reaped(pending)
     restored = _stacked_buffer(5)
     assert checkpoint.load(tmp_path, restored).exact
     _assert_same(_snapshot(restored), saved)
-
-
-def test_frame_fence_read_half_way_then_overwritten_reads_the_stacks_at_the_fence() -> None:
-    """The reader's frontier: rows read before the writes need no copies, the rest are
-    copied aside once (no frame twice, although the ring grows in between)."""
-    buf, env = _stacked_buffer(0), _Frames(2)
-    _fill_stacked(buf, env, CAPACITY + 100, p_done=0.02)
-    want = _snapshot(buf)["arrays"]["field.obs"]
-    shard = testing.shard(buf)
-    pos = testing.positions(buf)
-    fence = shard.take_fence(["obs"], pos - np.minimum(pos, CAPACITY))
-    pieces = fence.pieces("obs")
-    got = [np.asarray(p) for p in pieces[:2]]  # rows 0 and 1 read
-    _fill_stacked(buf, env, CAPACITY, p_done=0.3)
-    frames = fence._frames["obs"]
-    assert 0 < frames.copied_frames <= int((frames.fhi - frames._front)[2:].sum())
-    got += [np.asarray(p) for p in pieces[2:]]
-    shard.release_fence(fence)
-    np.testing.assert_array_equal(np.concatenate(got), want)

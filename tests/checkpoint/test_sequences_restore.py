@@ -135,7 +135,7 @@ def test_at_starts_parts_hold_start_rows_only_and_restore_as_saved(tmp_path: Pat
     assert len(finer) == 0
 
 
-def test_at_starts_background_save_keeps_the_rows_of_the_fence(tmp_path: Path) -> None:
+def test_at_starts_background_save_keeps_the_rows_at_the_call(tmp_path: Path) -> None:
     local = _buffer(STREAMS, CAP, seed=3, spec=START_SPEC)
     rng = np.random.default_rng(3)
     write(local, timelines(rng, STREAMS, 70, p_abandon=0.0, end_last=True), rng)

@@ -313,7 +313,7 @@ class ReplayBuffer:
 
         Waits first for a background checkpoint of this buffer to finish writing.
         """
-        self._shard.wait_fence()
+        self._shard.wait_saved()
         import_state(self._shard, state)
 
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from shardreplay.buffer.checks import check_priorities, check_stream_ids, foreign_key
-from shardreplay.buffer.fence import WriteFence
 from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.state import export_state
@@ -94,8 +93,9 @@ class Shard:
         # from, the incremental chain of its saved parts), each entry stamped with the
         # ``clears`` it holds for: replaced content ends them.
         self.checkpoint_notes: dict[str, Any] = {}
-        self._fence: WriteFence | None = None  # a background checkpoint's view (buffer/fence.py)
-        self._fence_lock = threading.Lock()
+        # Held while a background checkpoint's writer (a forked child) writes this shard's
+        # part: the next save, a restore or load_state_dict waits for it.
+        self._saving = threading.Lock()
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -204,8 +204,7 @@ class Shard:
         Raises:
             SpecMismatchError, InvalidPriorityError: as ``ReplayBuffer.add``; nothing is written.
         """
-        if stream_ids is None and priorities is None and type(step) is dict \
-                and self._fence is None:  # a fence sees every write: the full path announces it
+        if stream_ids is None and priorities is None and type(step) is dict:
             fast = self._one_step
             if fast is not None:  # one step of every stream: the one-step writer, or the full path
                 if fast.add(step if t_len is None else _one_step_of(step, t_len)):
@@ -240,9 +239,6 @@ class Shard:
         sampler = self._sampler
         if prios is not None and isinstance(sampler, PrioritizedSampler):
             sampler.note_priorities(prios)
-        fence = self._fence
-        if fence is not None:  # checked: nothing below fails, so the copies are never wasted
-            fence.before_write(storage.pos, rows, 1 if t_len is None else t_len)
         slots, valid, newly = storage.write(steps, rows, 1 if t_len is None else t_len, prios,
                                             sampler.default_priority())
         sampler.on_write(slots, valid, newly)
@@ -377,33 +373,25 @@ class Shard:
         until the next write)."""
         return export_state(self, field_views=True)
 
-    def take_fence(self, names: list[str], start: np.ndarray) -> WriteFence:
-        """Fence the stored steps of the user fields ``names`` from absolute step
-        ``start[r]`` of each row on (see :mod:`shardreplay.buffer.fence`): they stay
-        readable through the fence while writes go on, until :meth:`release_fence`. One
-        fence at a time: this waits until a previous one is released."""
-        while True:
-            with self._fence_lock:
-                held = self._fence
-                if held is None:
-                    self._fence = WriteFence(self._storage, names, start)
-                    return self._fence
-            held.wait_released()
+    @property
+    def file_backed(self) -> bool:
+        """Whether the storage is memory-mapped files (``storage="memmap"``): its pages are
+        shared with a forked process, not copied on write."""
+        return isinstance(self._storage.records, np.memmap)
 
-    def release_fence(self, fence: WriteFence) -> None:
-        """The fence's reader is done (any thread): writes no longer copy for it."""
-        with self._fence_lock:
-            fence.release()
-            if self._fence is fence:
-                self._fence = None
+    def begin_save(self) -> None:
+        """A background checkpoint's writer starts (waits for the one before to end)."""
+        self._saving.acquire()
 
-    def wait_fence(self) -> None:
-        """Wait until no fence is held (a background checkpoint's write finished): the
-        content must not be replaced under a reader."""
-        held = self._fence
-        while held is not None:
-            held.wait_released()
-            held = self._fence
+    def end_save(self) -> None:
+        """The background checkpoint's writer ended (any thread)."""
+        self._saving.release()
+
+    def wait_saved(self) -> None:
+        """Wait until no background checkpoint's writer runs: the content must not be
+        replaced, nor another part saved, before that one is written."""
+        with self._saving:
+            pass
 
     @property
     def fields(self) -> Mapping[str, np.ndarray]:
@@ -444,7 +432,7 @@ class Shard:
 
         Waits first for a background checkpoint of this shard to finish writing.
         """
-        self.wait_fence()
+        self.wait_saved()
         return RestoreSession(self, source, key_epoch_floor)
 
     @property

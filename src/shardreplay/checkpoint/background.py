@@ -1,12 +1,28 @@
-"""Background saves: the content is fixed at the call, the files are written by a thread.
+"""Background saves: the content is fixed at the call, the files are written by a
+forked child process.
 
-``save_in_background(buffer, path, id)`` takes what :func:`~shardreplay.checkpoint.save`
-would write at that moment (small arrays copied: step types, discounts, episode ids,
-generations, priorities, positions, episode tables, sampler, RNG and counters; the
-user fields, frame-stacked ones included, fenced, see :mod:`shardreplay.buffer.fence`) and returns a
-:class:`PendingSave` at once; a thread writes the part, the manifest when it is the last
-one, and prunes. Writes to the buffer go on meanwhile: a write that would replace a
-fenced step the thread has not read yet copies that step aside first.
+``save_in_background(buffer, path, id)`` checks what :func:`~shardreplay.checkpoint.save`
+checks, then forks (as Redis's ``BGSAVE``): the child's memory is the buffer as it is at
+the call, copy-on-write, so it writes exactly what ``save`` would have written then (the
+part, the manifest when it is the last one, and pruning), while the training thread
+writes on. The child shares nothing with the caller's interpreter: no GIL, no thread of
+the caller waits for it, it holds no lock the caller takes. The parent's cost is the fork
+(page tables; a few ms for GBs) and one page copy for each page it writes while the
+child runs.
+
+The child runs only the save: numpy, file writes and hashing (no torch, no collective, no
+transport). It ignores SIGINT and SIGTERM (the caller decides when to stop and waits for
+the save in flight, as for the thread this replaced), exits through ``os._exit`` on
+every path (success, error, a signal's exception: nothing of the parent's ``atexit`` or
+buffers runs twice), and exits at once when its parent is gone. It reports to the parent
+through a pipe as JSON (part size, block hashes, its log lines or its error): the parent
+never unpickles anything from it. A thread of the parent reads the pipe and reaps the
+child (``waitpid``) on every path, including a child killed by a signal (the save then
+fails with a :class:`~shardreplay.errors.CheckpointError`).
+
+A shard whose storage is memory-mapped (``storage="memmap"``) shares its pages with the
+child (file pages, not copy-on-write), so the child would see the writes made after the
+call: its part is written before ``save_in_background`` returns, as by ``save``.
 
 Overlap: a shard has at most one save in flight. The next save of it (background or
 not), a ``load`` into it and ``load_state_dict`` wait until the one in flight has
@@ -19,53 +35,103 @@ the newest complete one (pruning runs only after a manifest is written).
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import signal
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from shardreplay import _signals
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.checkpoint.saving import SaveJob, prepare, run
+from shardreplay.checkpoint.saving import SaveJob, forget, prepare, run, write, written
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import CheckpointError
+from shardreplay.errors import CheckpointError, ConfigError
+
+log = logging.getLogger("shardreplay.checkpoint.save")
+_ORPHAN_POLL_S = 0.2  # how often the child checks that its parent still runs
+_NICE = 10  # the child's niceness over its parent's
 
 
 class PendingSave:
-    """A checkpoint part being written by a background thread (non-daemon: an
-    interpreter that exits waits for it)."""
+    """A checkpoint part being written by a forked child process; a thread of this
+    process (non-daemon: an interpreter that exits waits for it) collects its result and
+    reaps it.
+
+    Attributes:
+        directory: the checkpoint directory.
+        checkpoint_id: the checkpoint's id.
+        pid: the child's process id (None: nothing to write, or written before the call
+            returned).
+    """
 
     def __init__(self, job: SaveJob) -> None:
         self.directory = job.directory
         self.checkpoint_id = job.checkpoint_id
+        self.pid: int | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
-        if job.skip:
+        shard = job.shard
+        if job.skip or shard is None:
             self._done.set()
             return
-        self._thread = threading.Thread(target=self._run, args=(job,), daemon=False,
-                                        name=f"shardreplay-save-{job.checkpoint_id}")
-        self._thread.start()
-
-    def _run(self, job: SaveJob) -> None:
+        if shard.file_backed:  # no copy-on-write snapshot of shared file pages: written now
+            try:
+                run(job)
+            except CheckpointError as exc:
+                self._error = exc
+            self._done.set()
+            return
+        shard.begin_save()
         try:
-            run(job)
+            self.pid, fd = _fork(job)
+        except BaseException:
+            shard.end_save()
+            raise
+        threading.Thread(target=self._collect, args=(job, self.pid, fd), daemon=False,
+                         name=f"shardreplay-save-{job.checkpoint_id}").start()
+
+    def _collect(self, job: SaveJob, pid: int, fd: int) -> None:
+        """Read the child's report, reap it, and record the part (or the error)."""
+        assert job.shard is not None
+        try:
+            try:
+                with os.fdopen(fd, "rb") as pipe:
+                    data = pipe.read()
+            finally:
+                _, status = os.waitpid(pid, 0)
+            self._finish(job, _report(data, status, pid))
         except BaseException as exc:  # kept for wait(): a thread has no caller to raise to
+            forget(job.shard, job.directory.parent)
             self._error = exc
         finally:
+            job.shard.end_save()
             self._done.set()
 
+    def _finish(self, job: SaveJob, report: dict[str, Any]) -> None:
+        for name, level, message in report.get("logs", []):
+            logging.getLogger(str(name)).log(int(level), "%s", message)
+        if "error" in report:
+            raise CheckpointError(f"checkpoint {self.directory.name}: the background write failed: "
+                                  f"{report['error']}")
+        written(job, str(report["file"]), int(report["bytes"]), tuple(report["block_xxh64"]))
+
     def done(self) -> bool:
-        """Whether the part is written (or the write failed)."""
+        """Whether the part is written (or the write failed) and the child reaped."""
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> Path:
-        """Wait until the part is written.
+        """Wait until the part is written and the child reaped.
 
         Returns:
             The checkpoint directory.
 
         Raises:
-            CheckpointError: the write failed (the previous complete checkpoints are
-                untouched), or ``timeout`` seconds passed first.
+            CheckpointError: the write failed or the child was killed (the previous
+                complete checkpoints are untouched), or ``timeout`` seconds passed first.
         """
         if not self._done.wait(timeout):
             raise CheckpointError(f"checkpoint {self.directory.name}: still writing after {timeout} s")
@@ -80,20 +146,107 @@ class PendingSave:
 def save_in_background(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int,
                        *, partial: str = "seal", keep_last: int | None = 2,
                        files: Mapping[str, bytes] | None = None, incremental: bool = False) -> PendingSave:
-    """:func:`~shardreplay.checkpoint.save` whose files are written by a thread: the
-    checkpoint holds the buffer as it is at this call, however it is written meanwhile.
+    """:func:`~shardreplay.checkpoint.save` whose files are written by a forked child:
+    the checkpoint holds the buffer as it is at this call, however it is written meanwhile.
 
     Arguments as ``save``. ``files`` are bytes already (e.g. the learner's state at this
-    update), so they are as of this call too. Frame-stacked fields are fenced too: a
-    write that would overwrite a frame the save still needs copies it aside first.
+    update), so they are as of this call too. A memory-mapped shard is written before
+    this returns (see the module docstring).
 
     Returns:
         A :class:`PendingSave` (``wait()`` for the directory, or the error).
 
     Raises:
-        ConfigError, CheckpointError: as ``save``, before anything is written. Errors
-            of the write itself are raised by ``PendingSave.wait``.
+        ConfigError: as ``save``, or this system cannot fork (no ``os.fork``: use ``save``).
+        CheckpointError: as ``save``, before anything is written. Errors of the write
+            itself are raised by ``PendingSave.wait``.
     """
+    if not hasattr(os, "fork"):
+        raise ConfigError("save_in_background forks a writer process, which this system cannot "
+                          "(no os.fork); use checkpoint.save")
     job = prepare(buffer, path, checkpoint_id, partial=partial, keep_last=keep_last, files=files,
-                  incremental=incremental, background=True)
+                  incremental=incremental)
     return PendingSave(job)
+
+
+def _fork(job: SaveJob) -> tuple[int, int]:
+    """Fork the writer; ``(its pid, the read end of its report pipe)`` in the parent.
+    The child never returns."""
+    read_fd, write_fd = os.pipe()
+    parent = os.getpid()
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
+    if pid == 0:  # pragma: no cover - the child (its coverage is not collected)
+        _child(job, parent, read_fd, write_fd)
+    os.close(write_fd)
+    return pid, read_fd
+
+
+def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # pragma: no cover
+    """The writer: write the part, report through ``write_fd``, ``os._exit`` (always)."""
+    code, report = 1, {}
+    logs: list[list[Any]] = []
+    try:
+        os.close(read_fd)
+        # Below the training thread: on a busy host a writer at the same priority takes a
+        # whole CPU share from it (the write may take longer; it is in the background).
+        os.nice(_NICE)
+        # The caller decides when to stop (and waits for this save); not its handlers.
+        _signals.install({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN})
+        threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
+        _capture_logs(logs)
+        part = write(job)
+        report, code = {"file": part.file, "bytes": part.bytes, "block_xxh64": list(part.block_xxh64)}, 0
+    except BaseException as exc:  # reported, never raised: the child must reach os._exit
+        report = {"error": str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"}
+    finally:
+        try:
+            data = memoryview(json.dumps({**report, "logs": logs}).encode())
+            while data:
+                data = data[os.write(write_fd, data):]
+        finally:
+            os._exit(code)
+
+
+def _exit_when_orphaned(parent: int) -> None:  # pragma: no cover - in the child
+    """A writer whose parent is gone stops (it was a part of that process's save)."""
+    while os.getppid() == parent:
+        time.sleep(_ORPHAN_POLL_S)
+    os._exit(1)
+
+
+class _Capture(logging.Handler):
+    def __init__(self, into: list[list[Any]]) -> None:
+        super().__init__(logging.DEBUG)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append([record.name, record.levelno, record.getMessage()])
+
+
+def _capture_logs(into: list[list[Any]]) -> None:  # pragma: no cover - in the child
+    """The child's log records go to the parent in its report (the parent's handlers may
+    be threads or queues that the fork did not copy)."""
+    logger = logging.getLogger("shardreplay")
+    logger.handlers = [_Capture(into)]
+    logger.propagate = False
+
+
+def _report(data: bytes, status: int, pid: int) -> dict[str, Any]:
+    """The child's report, or why there is none (killed, or exited without one)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return {"error": f"the writer process {pid} was killed by signal {sig} "
+                         f"({signal.Signals(sig).name}) before it finished"}
+    try:
+        report = json.loads(data.decode()) if data else None
+    except ValueError:
+        report = None
+    if not isinstance(report, dict) or ("error" not in report and os.waitstatus_to_exitcode(status) != 0):
+        return {"error": f"the writer process {pid} exited with status "
+                         f"{os.waitstatus_to_exitcode(status)} without a report"}
+    return report

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from shardreplay._io import atomic_write_bytes
-from shardreplay.buffer.fence import WriteFence
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import Shard, shard_of_buffer
 from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy
@@ -111,37 +110,39 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     (:func:`~shardreplay.checkpoint.background.save_in_background`) is waited for first.
     """
     job = prepare(buffer, path, checkpoint_id, partial=partial, keep_last=keep_last, files=files,
-                  incremental=incremental, background=False)
+                  incremental=incremental)
     return job.directory if job.skip else run(job)
 
 
 @dataclass
 class SaveJob:
-    """A save whose content is fixed (taken at :func:`prepare`) and not yet written."""
+    """A save checked by :func:`prepare` and not yet written: its content is read when
+    :func:`write` runs (in the caller, or in a background save's forked child, whose
+    memory is the buffer as it was at the fork)."""
 
     directory: Path
     skip: bool  # already complete: nothing to write
-    checkpoint_id: int
     shard: Shard | None = None
-    arrays: dict[str, Any] = field(default_factory=dict)
-    empty_like: dict[str, np.ndarray] = field(default_factory=dict)
-    part: ManifestPart | None = None  # its size, hashes and files are filled in when written
-    meta: PartMeta | None = None
+    index: int = 0
+    num_shards: int = 1
+    checkpoint_id: int = 0
+    partial: str = "seal"
+    sharding: dict[str, Any] | None = None
+    start: np.ndarray | None = None  # the first absolute step of each row the part writes itself
+    chained: bool = False  # the part refers to earlier files for the steps before ``start``
     files: dict[str, bytes] = field(default_factory=dict)
     keep_last: int | None = 2
     segments: Segments | None = None  # the part's segment table, when it may start or continue a chain
-    fence: WriteFence | None = None
 
 
 def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
             partial: str, keep_last: int | None, files: Mapping[str, bytes] | None,
-            incremental: bool, background: bool) -> SaveJob:
-    """Check the arguments and fix the content of this shard's part now (in the calling
-    thread); :func:`run` writes it. With ``background`` the user fields are read later
-    through a write fence (:mod:`shardreplay.buffer.fence`), which :func:`run` releases.
+            incremental: bool) -> SaveJob:
+    """Check the arguments and plan this shard's part (which rows it writes, which it
+    takes from earlier files); :func:`write` writes it.
 
     Raises:
-        ConfigError, CheckpointError: as :func:`save` (nothing is written, no fence held).
+        ConfigError, CheckpointError: as :func:`save` (nothing is written).
     """
     local, index, num_shards = shard_of(buffer)
     if not isinstance(checkpoint_id, int | np.integer) or checkpoint_id < 0:
@@ -150,7 +151,7 @@ def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkp
         raise ConfigError(f"partial must be one of {PARTIAL_POLICIES}, got {partial!r}")
     extra_files = _check_files(files)
     shard = shard_of_buffer(local)
-    shard.wait_fence()  # one save of a shard at a time: the next waits for the previous
+    shard.wait_saved()  # one save of a shard at a time: the next waits for the previous
     pending = shard.pending_restore
     if pending is not None:
         raise CheckpointError(f"not saved: this shard's buffer does not hold what its run restored (the "
@@ -163,11 +164,20 @@ def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkp
         # (sizes and hashes no longer match its manifest) if a rank died half-way.
         log.warning("checkpoint %s under %s is already complete: not saved again (use a new "
                     "checkpoint_id to save the current content)", directory.name, path)
-        return SaveJob(directory, True, int(checkpoint_id))
+        return SaveJob(directory, True)
     sharding = internals_of(buffer).sharding_state() if isinstance(buffer, ShardedReplayBuffer) else None
-    job = SaveJob(directory, False, int(checkpoint_id), shard, files=extra_files, keep_last=keep_last)
-    _fix_content(job, root, partial, sharding, incremental, background, index, num_shards)
-    return job
+    hi = shard.positions
+    # Start rows (not one row per step): full parts.
+    chainable = incremental and partial == "seal" and not shard.start_names
+    chain = chain_of(shard, root) if chainable else None
+    segments: Segments | None
+    if chain is not None:
+        segments, start = plan_increment(chain, hi, shard.stream_capacity)
+    else:
+        segments = full_segments(hi, shard.stream_capacity) if chainable else None
+        start = hi - np.minimum(hi, shard.stream_capacity)
+    return SaveJob(directory, False, shard, index, num_shards, int(checkpoint_id), partial, sharding, start,
+                   chain is not None, extra_files, keep_last, segments)
 
 
 def note_restore(shard: Shard, counts: RestoreCounts) -> None:
@@ -182,48 +192,46 @@ def restored_from(shard: Shard) -> RestoreCounts | None:
     return counts if clears == shard.clears else None
 
 
-def _fix_content(job: SaveJob, root: Path, partial: str, sharding: dict[str, Any] | None,
-                 incremental: bool, background: bool, index: int, num_shards: int) -> None:
-    """The part's arrays and description (all but its size and hashes), as of now."""
-    shard = job.shard
-    assert shard is not None
+@dataclass
+class _Content:
+    """A part's arrays and description (all but its size and hashes), as of now."""
+
+    arrays: dict[str, Any]
+    empty_like: dict[str, np.ndarray]
+    part: ManifestPart
+    meta: PartMeta
+    spec: Spec
+
+
+def _content(job: SaveJob) -> _Content:
+    """The part's arrays and description as the shard is now (views into storage: valid
+    until the next write)."""
+    shard, start = job.shard, job.start
+    assert shard is not None and start is not None
     state = shard.export()
-    hi = state["arrays"]["row_pos"]
-    # Start rows (not one row per step): full parts.
-    chained = partial == "seal" and not shard.start_names
-    chain = chain_of(shard, root) if incremental and chained else None
-    if chain is not None:
-        job.segments, start = plan_increment(chain, hi, shard.stream_capacity)
-    else:
-        job.segments = full_segments(hi, shard.stream_capacity) if incremental and chained else None
-        start = hi - np.minimum(hi, shard.stream_capacity)
-    names = list(shard.fields)
-    if background:  # frame-stacked fields too: their frame rings are fenced (buffer/fence.py)
-        names += list(shard.stacked_names)
-        job.fence = shard.take_fence(names, start)
-        state["arrays"].update({f"field.{n}": job.fence.pieces(n) for n in names})
-    elif chain is not None:
-        state["arrays"].update({f"field.{n}": _views(shard.fields[n], start, hi, shard.stream_capacity)
-                                for n in names})
+    if job.chained:
+        hi, cap = state["arrays"]["row_pos"], shard.stream_capacity
+        state["arrays"].update({f"field.{n}": _views(shard.fields[n], start, hi, cap) for n in shard.fields})
         state["arrays"].update({f"field.{n}": pieces for n, pieces in shard.stacked_since(start).items()})
     starts = [f"field.{n}" for n in shard.start_names]
     is_start = shard.stored_start_flags() if starts else None
-    arrays, episodes, report = apply_partial_policy(state["arrays"], partial, starts, is_start)
+    arrays, episodes, report = apply_partial_policy(state["arrays"], job.partial, starts, is_start)
     arrays.update(episodes.as_arrays())
-    if partial == "seal":
+    if job.partial == "seal":
         arrays.update(_seal_undo(state["arrays"], arrays))
-    if chain is not None and job.segments is not None:
+    chained = job.chained and job.segments is not None
+    if chained and job.segments is not None:
         arrays.update(job.segments.as_arrays())
-    job.arrays, job.meta = _ordered(arrays), PartMeta.of_state(state["meta"], sharding)
-    job.empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
-    job.empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
-    chained_part = chain is not None and job.segments is not None
-    job.part = ManifestPart(
-        job.checkpoint_id, index, num_shards, f"{part_name(index, num_shards)}.safetensors",
-        0, (), int(arrays["row_length"].sum()), int(episodes.start.shape[0]), partial, report,
+    empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
+    empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
+    part = ManifestPart(
+        job.checkpoint_id, job.index, job.num_shards, f"{part_name(job.index, job.num_shards)}.safetensors",
+        0, (), int(arrays["row_length"].sum()), int(episodes.start.shape[0]), job.partial, report,
         restored_from(shard), shard.spec.fingerprint,
         # Only a chained part refers to earlier files (a full part is described as before).
-        refs=job.segments.sources if chained_part and job.segments is not None else (), chained=chained_part)
+        refs=job.segments.sources if chained and job.segments is not None else (), chained=chained)
+    return _Content(_ordered(arrays), empty_like, part, PartMeta.of_state(state["meta"], job.sharding),
+                    shard.spec)
 
 
 def _views(arr: np.ndarray, start: np.ndarray, hi: np.ndarray, cap: int) -> list[np.ndarray]:
@@ -238,8 +246,8 @@ def _views(arr: np.ndarray, start: np.ndarray, hi: np.ndarray, cap: int) -> list
 
 
 def run(job: SaveJob) -> Path:
-    """Write a prepared part (any thread), the manifest when it is the last, then prune.
-    Releases the job's fence, whatever happens.
+    """Write a prepared part in this thread (:func:`write`) and let the shard's next
+    incremental save continue from it.
 
     Raises:
         CheckpointError: the files could not be written (the previous complete
@@ -248,32 +256,45 @@ def run(job: SaveJob) -> Path:
     shard = job.shard
     assert shard is not None
     try:
-        return _write(job, shard)
-    finally:  # released last: the next save of this shard sees this one's chain and pruning done
-        if job.fence is not None:
-            shard.release_fence(job.fence)
+        part = write(job)
+    except CheckpointError:
+        forget(shard, job.directory.parent)
+        raise
+    written(job, part.file, part.bytes, part.block_xxh64)
+    return job.directory
 
 
-def _write(job: SaveJob, shard: Shard) -> Path:
+def write(job: SaveJob) -> ManifestPart:
+    """Read the part's content from the shard as it is now and write it, the manifest
+    when this part is the last, then prune (no change to the shard: :func:`written`
+    records the part afterwards).
+
+    Raises:
+        CheckpointError: the files could not be written (the previous complete
+            checkpoints are untouched).
+    """
     directory, started = job.directory, time.perf_counter()
+    content = _content(job)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        written = {name: _write_file(directory / name, data) for name, data in job.files.items()}
-        part, entry = _write_part(job, written)
-        wrote_manifest = _maybe_write_manifest(directory, shard.spec, part, entry)
+        files = {name: _write_file(directory / name, data) for name, data in job.files.items()}
+        part, entry = _write_part(job, content, files)
+        wrote_manifest = _maybe_write_manifest(directory, content.spec, part, entry)
     except OSError as exc:
-        forget(shard, directory.parent)
         raise CheckpointError(f"cannot write checkpoint {directory}: {exc}") from exc
-    root = directory.parent
-    if job.segments is not None:  # an incremental save: the next one continues from this part
-        own = RefSource(directory.name, part.file, part.bytes, part.block_xxh64)
-        remember(shard, root, own, job.segments)
     log.info("checkpoint %s: shard %d/%d saved %d steps, %d episodes in %.2f s (%s%s)%s", directory.name,
              part.shard, part.num_shards, part.steps, part.episodes, time.perf_counter() - started,
              _partial_text(part.partial), _refs_text(part), _restored_text(part.restored))
     if wrote_manifest and job.keep_last is not None:
-        _prune(root, job.checkpoint_id, job.keep_last)
-    return directory
+        _prune(directory.parent, job.checkpoint_id, job.keep_last)
+    return part
+
+
+def written(job: SaveJob, file: str, size: int, block_xxh64: tuple[str, ...]) -> None:
+    """Part file ``file`` of ``job`` is written: an incremental save continues from it."""
+    if job.shard is not None and job.segments is not None:
+        own = RefSource(job.directory.name, file, size, tuple(block_xxh64))
+        remember(job.shard, job.directory.parent, own, job.segments)
 
 
 def _refs_text(part: ManifestPart) -> str:
@@ -305,17 +326,17 @@ def _write_file(path: Path, data: bytes) -> FileEntry:
     return file_entry(data)
 
 
-def _write_part(job: SaveJob, files: dict[str, FileEntry]) -> tuple[ManifestPart, FileEntry]:
+def _write_part(job: SaveJob, content: _Content,
+                files: dict[str, FileEntry]) -> tuple[ManifestPart, FileEntry]:
     """Write the part file, then its description; the part as described, and the
     description's size and hash (for the manifest's ``files``)."""
-    assert job.part is not None and job.meta is not None and job.shard is not None
-    info = write_part(job.directory / job.part.file, job.arrays, {"buffer_meta": job.meta.as_text()},
-                      empty_like=job.empty_like)
+    info = write_part(job.directory / content.part.file, content.arrays,
+                      {"buffer_meta": content.meta.as_text()}, empty_like=content.empty_like)
     # An integer: a float's last digit can change without changing its value.
-    part = replace(job.part, bytes=int(info["bytes"]), block_xxh64=tuple(info["block_xxh64"]),
+    part = replace(content.part, bytes=int(info["bytes"]), block_xxh64=tuple(info["block_xxh64"]),
                    created_unix_ms=int(time.time() * 1000), files=dict(sorted(files.items())))
-    stem = part_name(part.shard, part.num_shards)
-    return part, dump_checked(job.directory / f"{stem}.json", part.description(job.shard.spec))
+    stem = part_name(job.index, job.num_shards)
+    return part, dump_checked(job.directory / f"{stem}.json", part.description(content.spec))
 
 
 def _seal_undo(before: dict[str, Any], after: dict[str, Any]) -> dict[str, np.ndarray]:

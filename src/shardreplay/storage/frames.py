@@ -19,8 +19,6 @@ the frames whose place in the longer ring differs move).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -64,8 +62,6 @@ class FrameStore:
         self.frame_bytes = int(field.dtype.itemsize * math.prod(field.shape[1:]))
         self.num_streams = num_streams
         self.stream_capacity = stream_capacity
-        self._allocator = allocator
-        self._grown = 0
         # The most frames a ring can need, plus one: every ring is then a view of fewer
         # frames than a row of the allocation, whatever it grows to, so its type (layout)
         # stays the one compiled kernels were given.
@@ -75,9 +71,6 @@ class FrameStore:
         self.frames = self._reserve[:, :min(initial_frame_capacity(stream_capacity, self.stack), self._most)]
         self.ref = np.zeros(num_streams * stream_capacity, np.int64)
         self.fpos = np.zeros(num_streams, np.int64)  # frames appended per stream, ever
-        # Called as ``on_append(rows, counts)`` before frames are appended (a background
-        # checkpoint's fence copies aside the frames an append replaces: buffer/fence.py).
-        self.on_append: Callable[[np.ndarray, np.ndarray], None] | None = None
         self._counts = fk.empty_counts(num_streams, 1)
 
     @property
@@ -120,38 +113,26 @@ class FrameStore:
     def append(self, values: np.ndarray, rows: np.ndarray, written: np.ndarray, counts: np.ndarray) -> None:
         """Append the frames planned by :meth:`plan` for steps written to flat slots
         ``written`` (row-major ``[n * T]``)."""
-        hook = self.on_append
-        if hook is not None:
-            hook(rows, counts)
         fk.append_frames(values, rows, written, counts, self.frames, self.ref, self.fpos)
 
     def grow(self, need: int) -> None:
         """Make every stream's ring hold at least ``need`` frames (and ``GROWTH`` times
         more than now, up to ``K`` per step), keeping each stream's last frames at their
         positions: in place, moving only the frames of a wrapped ring whose position
-        changes; into a new allocation when a fence's reader may be copying a wrapped
-        ring meanwhile (``on_append`` set: buffer/fence.py)."""
+        changes."""
         old = self.frames
         cap = old.shape[1]
         new_cap = max(int(need), min(int(cap * GROWTH) + 1, self._most))
-        self._grown += 1
-        fresh = self.on_append is not None and bool((self.fpos > cap).any())
-        if fresh:
-            self._reserve = self._allocator.reserve(f"frames.{self.name}.{self._grown}", self._reserve.shape,
-                                                    np.dtype(np.uint8))
         new = self._reserve[:, :new_cap]
         for r in range(old.shape[0]):
             end = int(self.fpos[r])
-            if end <= cap and not fresh:  # not wrapped: every frame keeps its place (no index arrays)
+            if end <= cap:  # not wrapped: every frame keeps its place (no index arrays)
                 continue
             keep = np.arange(max(end - cap, 0), end)  # frames p < end - cap are gone
-            if not fresh:
-                keep = keep[keep % cap != keep % new_cap]
+            keep = keep[keep % cap != keep % new_cap]
             if keep.shape[0]:
                 new[r, keep % new_cap] = old[r, keep % cap]  # the source is gathered first
         self.frames = new
-        if fresh and isinstance(old, np.memmap) and old.filename:
-            Path(old.filename).unlink(missing_ok=True)  # the old ring's file (mapped until freed)
 
     def gather_into(self, idx: np.ndarray, dst_rows: np.ndarray, out: np.ndarray, offset: int) -> None:
         """Stacks of the windows of slots ``idx[B, L]`` into rows ``dst_rows`` of packed

@@ -1,9 +1,10 @@
 """A stop signal during a background checkpoint finishes it (issue 22, item 1).
 
 A child process installs the learner's signal handlers (``learner_trigger``), starts a
-background save and trains on (writes that overwrite the oldest rows). The save's thread
-is held mid-write by a hook until the stop signal has arrived, so the signal always lands
-during the write (no sleep race). The child then stops as the learner does: its
+background save and trains on (writes that overwrite the oldest rows). The save's forked
+writer is held mid-write by a hook until the learner has taken the stop signal (it then
+creates a file the writer waits for), so the signal always lands during the write (no
+sleep race). The child then stops as the learner does: its
 ``LearnerCheckpoints.finish`` waits for the save in flight, then it makes the final save and
 exits 0. Checked here: exit status 0, the checkpoint taken before the signal complete,
 hash-verified and restoring the buffer as at its call, the final one complete too.
@@ -24,7 +25,7 @@ import shardreplay as sr
 from shardreplay import checkpoint
 
 _CHILD = r"""
-import sys, types
+import os, sys, time, types
 from pathlib import Path
 import numpy as np
 import shardreplay as sr
@@ -49,11 +50,12 @@ for t in range(8):
 np.savez(run_dir / "at_call.npz", **{k: v.numpy() for k, v in buf.state_dict()["arrays"].items()})
 
 real_write_part = save_impl._write_part
-def held_write_part(job, files):  # the thread is mid-write: hold it until the signal is in
-    print("writing", flush=True)
-    if not trigger._stop.wait(60):
-        raise SystemExit("no stop signal came")
-    return real_write_part(job, files)
+go = run_dir / "go"
+def held_write_part(*args):  # the writer is mid-write: hold it until the learner took the signal
+    os.write(1, b"writing\n")
+    while not go.exists():
+        time.sleep(0.01)
+    return real_write_part(*args)
 save_impl._write_part = held_write_part
 
 root = run_dir / "checkpoints"
@@ -64,6 +66,7 @@ t = 100
 while not trigger.stop_requested:  # the learner trains on meanwhile
     buf.extend(chunk(1000 * t))
     t += 1
+go.touch()
 save_impl._write_part = real_write_part
 ckpts.finish(wait=True)  # what a save does first on a stop
 assert ckpts.pending is None and ckpts.complete == 1, ckpts.__dict__
