@@ -166,6 +166,7 @@ def test_two_saved_shards_import_into_three(tmp_path: Path) -> None:
         assert np.ptp(s["row_length"]) <= 20
 
 
+@pytest.mark.slow  # about 6 CPU-s: torchrl's import
 def test_torchrl_samples_the_export(tmp_path: Path, datasets: Path) -> None:
     pytest.importorskip("torchrl")
     from torchrl.data.datasets.minari_data import MinariExperienceReplay
@@ -194,6 +195,7 @@ def test_an_existing_id_or_a_bad_format_is_refused(tmp_path: Path) -> None:
     assert not minari.storage.get_dataset_path("sr/other-v0").exists()
 
 
+@pytest.mark.slow  # about 5 CPU-s: a child that imports the package and minari
 def test_a_killed_export_leaves_no_dataset(tmp_path: Path, datasets: Path) -> None:
     _save_run(tmp_path / "ck")
     code = textwrap.dedent(f"""
