@@ -329,4 +329,7 @@ def test_a_reader_waiting_on_an_empty_ring_is_woken_by_the_next_record() -> None
         waits.append(time.monotonic() - t0)
         timer.join()
         assert bytes(view) == bytes([i]) * 8
-    assert sorted(waits)[-3] < 0.06, waits  # a lost wake-up costs 0.1 s
+    # A lost wake-up makes every wait about 0.1 s (the put comes 0.01 s into the reader's
+    # 0.1 s sleep); the median, not the tail, so a loaded machine's late timer threads
+    # cannot fail it.
+    assert sorted(waits)[len(waits) // 2] < 0.08, waits
