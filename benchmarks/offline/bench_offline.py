@@ -142,7 +142,7 @@ def _case(tmp: Path, kind: str, steps: int, shards: int, fmt: str) -> dict[str, 
 def main() -> None:
     """Run every case; print the JSON line."""
     args = common.parser(__doc__, quick="a small smoke run").parse_args()
-    vector, pixel = (1_000, 200) if args.quick else (40_000, 4_000)
+    vector, pixel = (1_000, 400) if args.quick else (40_000, 4_000)  # >= one episode a row
     cases = []
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
