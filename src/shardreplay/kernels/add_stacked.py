@@ -152,8 +152,8 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, ste
     return delta
 
 
-# The entry point: one per spec whatever its number of plain fields (an entry of each
-# arity saved 0.05 us of a 7 us pixel add: the tuple ``*values`` makes).
+# The entry point, whatever the number of plain fields: an entry per arity saved only
+# the tuple ``*values`` makes (RESULTS-inputs.md, "Pixels without spikes").
 @numba.njit(**_OPTIONS)
 def add_stacked_n(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
                   *values):  # pragma: no cover - compiled

@@ -62,7 +62,7 @@ class ArrayAllocator:
         rings sized for the worst case): in RAM it is an anonymous mapping that reserves
         address space only, so it may exceed the machine's memory (``np.zeros`` refuses
         anything larger than RAM and swap), and without transparent huge pages (a huge
-        page's fault zeroes 2 MiB inside one write: 5 ms stalls every ~300 frames here).
+        page's fault zeroes 2 MiB inside one write: the longest adds of a pixel buffer).
 
         Raises:
             ConfigError: the system refuses the reservation (``vm.overcommit_memory=2``).
