@@ -239,12 +239,9 @@ class Refill:
         self._choice = choice
 
     def __call__(self, n: int, pending: PendingUpdates, released: Released | None = None) -> list[Drawn]:
-        """One exchange: route ``pending`` (and the others' queued updates), agree on the
-        global picture, draw ``prefetch`` batches of ``n``. Collectives: one all_to_all of
-        the stats, with the queued updates in it (:meth:`PriorityRouter.send`; a second
-        when they overflow its slot); when any rank had updates queued, an all_gather of
-        the stats again (the draw must see them); then the strategy's. Every collective
-        waits inside ``released()`` (the runner's lock let go).
+        """One exchange (its collectives: see :mod:`sharded_buffer`): route ``pending`` (and
+        the others' queued updates), agree on the global picture, draw ``prefetch`` batches
+        of ``n``. Every collective waits inside ``released()`` (the runner's lock let go).
 
         Raises:
             EmptyBufferError: no shard has a window to draw (on every rank alike).

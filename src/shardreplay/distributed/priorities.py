@@ -1,15 +1,11 @@
 """The priority router of a :class:`ShardedReplayBuffer`: each update goes to the shard
 that owns its key. It owns the queue of updates for other shards and every shard's key tag.
 
-Updates travel in :meth:`PriorityRouter.send`: one all_to_all carries a row every rank
-sends to all (its counts, and what the caller adds) together with up to ``slot`` updates
-for each owner; the slot is sized from the last such exchange (alike on every rank: every
-rank sees every count), so after the first one a second all_to_all (the rows past the
-slot) is rare. Strict (``prefetch=1``, no pipeline): updates for other shards travel at
-once, and, when a routed priority may be a new maximum, one all_gather of the owners'
-maxima follows. Lazy (``prefetch > 1`` or ``pipeline=True``): updates for this shard apply
-at once and the others wait in :class:`PendingUpdates` until the next exchange
-(:mod:`exchange`), whose statistics they travel with.
+Updates travel in :meth:`PriorityRouter.send`, in the all_to_all of what every rank tells
+the others. Strict (``prefetch=1``, no pipeline): updates for other shards travel at once,
+then, when a routed priority may be a new maximum, an all_gather of the owners' maxima.
+Lazy (``prefetch > 1`` or ``pipeline=True``): updates for this shard apply at once, the
+others wait in :class:`PendingUpdates` for the next exchange's statistics (:mod:`exchange`).
 """
 
 from __future__ import annotations
@@ -121,11 +117,10 @@ class PriorityRouter:
         return self._apply_own(own_keys, own_prios)
 
     def update_now(self, keys: Any, priorities: Any) -> int:
-        """Apply this shard's updates and route the others at once (collective: one
-        all_to_all, a second when the slot overflows, and one all_gather when a routed
-        priority exceeds every shard's maximum). A rank whose input is bad still joins,
-        with nothing to send, then raises. Only for a buffer without a pipeline (nothing
-        else holds the shard meanwhile).
+        """Apply this shard's updates and route the others at once (collective: :meth:`send`,
+        and one all_gather when a routed priority exceeds every shard's maximum). A rank
+        whose input is bad still joins, with nothing to send, then raises. Only for a
+        buffer without a pipeline (nothing else holds the shard meanwhile).
 
         Returns:
             The updates this shard applied, from any rank.
@@ -169,12 +164,12 @@ class PriorityRouter:
              released: Released | None = None,
              while_waiting: Callable[[], Any] | None = None, slot: int | None = None
              ) -> tuple[np.ndarray, int]:
-        """Send ``head`` (an int64 row) and ``pending``'s counts to every rank, and each
-        owner up to ``slot`` of its updates, in one all_to_all (``slot``: by default the
-        size the last call with these ``ops`` that sent any chose); the updates past the slot follow in a
-        second all_to_all when any rank has some. What arrives here is applied, each
-        sender's in its order. ``ops`` names the two collectives (in a timeout's message);
-        they wait inside ``released()``; ``while_waiting`` runs while the first is in flight.
+        """Send ``head`` (an int64 row) and ``pending``'s counts to every rank, and each owner
+        up to ``slot`` of its updates, in one all_to_all (``slot``: by default sized by the
+        last call with these ``ops`` that sent any, alike on every rank: all see every
+        count); the rest follows in a second one when any rank has some (rare after the
+        first call). What arrives is applied, each sender's in its order. ``ops`` names the
+        two collectives; they wait inside ``released()``; ``while_waiting`` runs meanwhile.
 
         Returns:
             Every rank's row (``[K, len(head) + K]``: its head, then its count per owner),

@@ -30,7 +30,7 @@ import queue
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager
@@ -123,17 +123,14 @@ class InlineRunner:
                 f"(got {asked}); discard_prefetched() on every rank drops them")
 
 
-class _Unlocked:
+@contextlib.contextmanager
+def _unlocked(lock: threading.Lock) -> Iterator[None]:
     """``lock`` let go for the span of a ``with`` (taken back on the way out)."""
-
-    def __init__(self, lock: threading.Lock) -> None:
-        self._lock = lock
-
-    def __enter__(self) -> None:
-        self._lock.release()
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.acquire()
+    lock.release()
+    try:
+        yield
+    finally:
+        lock.acquire()
 
 
 class BackgroundRunner(InlineRunner):
@@ -175,7 +172,7 @@ class BackgroundRunner(InlineRunner):
 
     def released(self) -> AbstractContextManager[Any]:
         """The lock let go while a collective of a job waits (passed to the collectives)."""
-        return _Unlocked(self._lock)
+        return _unlocked(self._lock)
 
     def next(self, asked: Asked, serve: Serve) -> Batch:
         """A batch an earlier exchange drew; starts the next exchange after the last one.

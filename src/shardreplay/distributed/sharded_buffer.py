@@ -14,12 +14,10 @@ counts them, ``test_exchange_round_trips.py`` their round trips at K = 4 and 8).
 is one round trip at any K (an all_gather goes as an all_to_all: see ``Collectives``). An
 *exchange* is::
 
-    all_to_all  stats (mass, windows, min leaf, seed, max priority, key tag, queued counts),
-                the same to every rank, with each owner's queued priority updates in a slot
-                sized by the last exchange that carried any (:meth:`PriorityRouter.send`)
-    + when updates did not fit their slot (the first time):  all_to_all  the rest
-    + when any rank had updates queued (prefetch > 1, pipeline, local mode):
-      all_gather  stats again (the draw must see them)
+    all_to_all  stats (mass, windows, min leaf, seed, max priority, key tag, queued counts)
+                with the queued updates for each owner (PriorityRouter.send; a second
+                all_to_all for those past its slot: the first time they travel)
+    + when any rank had updates queued: all_gather  stats again (the draw must see them)
     + exact mode, ranks on several hosts: all_to_all  records
       exact mode, all ranks on one host:  all_gather  "records written" (shared memory),
                                           + all_gather "regions mapped" when regions are
