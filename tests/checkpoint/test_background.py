@@ -11,6 +11,7 @@ newest complete one).
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -159,9 +160,12 @@ def test_a_failed_background_write_raises_and_its_writer_is_reaped(tmp_path: Pat
     checkpoint.save(buf, tmp_path, 1, incremental=True)
     checkpoint.checkpoint_dir(tmp_path, 2).write_bytes(b"a file where the directory goes")
     pending = checkpoint.save_in_background(buf, tmp_path, 2, incremental=True)
-    with pytest.raises(CheckpointError, match="cannot write checkpoint"):
+    with pytest.raises(CheckpointError, match="cannot write checkpoint") as failed:
         pending.wait(60)
     _assert_reaped(pending)
+    # The OSError behind it comes back too (a full disk is told apart by it: _io.storage_error).
+    cause = failed.value.__cause__
+    assert isinstance(cause, OSError) and cause.errno == errno.EEXIST
     assert checkpoint.latest_complete(tmp_path) == 1
     checkpoint.save_in_background(buf, tmp_path, 3, incremental=True).wait(60)  # the shard is free again
     assert checkpoint.latest_complete(tmp_path) == 3

@@ -115,8 +115,12 @@ class PendingSave:
         for name, level, message in report.get("logs", []):
             logging.getLogger(str(name)).log(int(level), "%s", message)
         if "error" in report:
+            # The OSError behind it, rebuilt: a caller tells a refused write (a full disk)
+            # by it (``_io.storage_error``), as from a synchronous save.
+            cause = OSError(int(report["errno"]), str(report["strerror"]), report.get("filename")) \
+                if isinstance(report.get("errno"), int) else None
             raise CheckpointError(f"checkpoint {self.directory.name}: the background write failed: "
-                                  f"{report['error']}")
+                                  f"{report['error']}") from cause
         written(job, str(report["file"]), int(report["bytes"]), tuple(report["block_xxh64"]))
 
     def done(self) -> bool:
@@ -202,7 +206,8 @@ def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # p
         part = write(job)
         report, code = {"file": part.file, "bytes": part.bytes, "block_xxh64": list(part.block_xxh64)}, 0
     except BaseException as exc:  # reported, never raised: the child must reach os._exit
-        report = {"error": str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"}
+        report = {"error": str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}",
+                  **_os_error(exc)}
     finally:
         try:
             data = memoryview(json.dumps({**report, "logs": logs}).encode())
@@ -210,6 +215,18 @@ def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # p
                 data = data[os.write(write_fd, data):]
         finally:
             os._exit(code)
+
+
+def _os_error(exc: BaseException | None) -> dict[str, Any]:
+    """The errno, message and file of the OSError that caused ``exc``, if any (JSON)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno is not None:
+            name = exc.filename if isinstance(exc.filename, str) else None
+            return {"errno": exc.errno, "strerror": exc.strerror or "", "filename": name}
+        exc = exc.__cause__ or exc.__context__
+    return {}
 
 
 def _exit_when_orphaned(parent: int) -> None:  # pragma: no cover - in the child
