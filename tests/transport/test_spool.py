@@ -207,3 +207,26 @@ def test_back_pressure_per_actor(tmp_path: Path) -> None:
     reader.ack(reader.receive(1))
     writer.send(make_chunk(0, 2), timeout_s=1)
     assert len(os.listdir(tmp_path / "ready")) == 3
+
+
+def test_a_writer_waiting_for_room_backs_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hundreds of writers blocked on a spool nobody reads must not keep the host busy: each
+    # one's pauses grow to 50 ms instead of staying at the 5 ms poll interval (200 looks a
+    # second). Counted, not timed: a loaded machine only makes the count smaller.
+    import shardreplay.transport.spool as spool_module
+
+    transport = spool(tmp_path, queued_chunks_per_actor=1)
+    writer = transport.writer()
+    writer.send(make_chunk(0, 0))
+    pauses: list[float] = []
+    real_sleep = time.sleep
+
+    def counted_sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(spool_module.time, "sleep", counted_sleep)
+    with pytest.raises(TransportTimeout):
+        writer.send(make_chunk(0, 1), timeout_s=1.0)
+    assert len(pauses) <= 30, len(pauses)
+    assert max(pauses) == pytest.approx(0.05)

@@ -68,6 +68,9 @@ def _parse_name(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+# The longest a writer waiting for room sleeps between looks (see _wait_for_room).
+_MAX_ROOM_PAUSE_S = 0.05
+
 class SpoolTransport:
     """Chunks through a spool directory.
 
@@ -78,7 +81,8 @@ class SpoolTransport:
             chunks (the queue bound, named as in ``TrainSettings``).
         max_chunk_bytes: larger files are quarantined without being read.
         dedup_window: sequences remembered per actor for duplicate detection.
-        poll_interval_s: how often a waiting reader or writer looks again.
+        poll_interval_s: how often a waiting reader looks again; a writer waiting for room
+            starts there and doubles its pause up to 50 ms.
         fsync: flush chunks to disk before they become visible (off only for scratch data).
         stale_tmp_s: a new reader deletes temp files in ``tmp/`` older than this (dead
             writers); temp-named files in ``ready/`` unchanged this long are quarantined.
@@ -189,6 +193,7 @@ class SpoolWriter:
             pending = self._pending[actor_id] = deque(
                 sorted(e.name for e in os.scandir(self._ready) if e.name.startswith(prefix)))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pause = self._t.poll_interval_s
         while len(pending) >= self._t.queued_chunks_per_actor:
             # The reader consumes each actor's chunks oldest first.
             while pending and not (self._ready / pending[0]).exists():
@@ -199,7 +204,10 @@ class SpoolWriter:
                 raise TransportTimeout(
                     f"spool {self._t.path}: {len(pending)} chunks of actor {actor_id} still unread "
                     f"after {timeout_s} s: the learner is not draining ready/ (is it alive?)")
-            time.sleep(self._t.poll_interval_s)
+            time.sleep(pause if deadline is None else min(pause, max(deadline - time.monotonic(), 0.0)))
+            # Back off: while no reader drains (a learner restarting), hundreds of writers
+            # looking at the poll interval kept every core busy (benchmarks/soak).
+            pause = min(pause * 2, max(self._t.poll_interval_s, _MAX_ROOM_PAUSE_S))
         return pending
 
     def close(self) -> None:
