@@ -220,9 +220,9 @@ def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest
 
 
 def test_steps_in_the_stored_form_skip_the_conversion() -> None:
-    """Steps in the stored dtypes go to the kernel without the conversion's check; after a
-    converted step the next is checked once, then again handed over as is. Each stores
-    what the full path stores."""
+    """Steps in the stored dtypes go to the kernel without the conversion's check, also
+    right after a converted step (numpy arrays are tried as they come); lists are
+    converted. Each stores what the full path stores."""
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
@@ -233,12 +233,49 @@ def test_steps_in_the_stored_form_skip_the_conversion() -> None:
     step.pop("discount", None)
     step["step_type"] = np.array([0, 1], np.uint8)
     natural = {**step, "action": step["action"].tolist()}
-    for given, checks in ((step, 0), (step, 0), (natural, 1), (step, 2), (step, 2), (natural, 3)):
+    for given, checks in ((step, 0), (step, 0), (natural, 1), (step, 1), (step, 1), (natural, 2)):
         fast.add(given)
         full.add(given)
         assert len(checked) == checks
         assert_same(_observed(fast), _observed(full))
     assert fast.num_steps == 12
+
+
+NUMPY_KINDS = {"int64 step types": lambda st: {**st, "step_type": st["step_type"].astype(np.int64)},
+               "float64": lambda st: {**st, "obs": st["obs"].astype(np.float64),
+                                      "reward": st["reward"].astype(float)},
+               "int32 action": lambda st: {**st, "action": st["action"].astype(np.int32)},
+               "strided": lambda st: {**st, "obs": np.repeat(st["obs"], 2, axis=-1)[..., ::2]}}
+
+
+@pytest.mark.parametrize("kind", NUMPY_KINDS)
+def test_numpy_inputs_of_other_dtypes_and_layouts_go_to_the_kernel_as_they_come(kind: str) -> None:
+    """A kind of numpy input gets a compiled form of its own (no conversion in Python, no
+    refused dispatch after the first step); each step stores what the full path stores,
+    and a value that cannot be stored is refused with the full path's error, nothing
+    written."""
+    fast, full = _pair(SPECS["vector"], 2, "uniform")
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    converted: list[int] = []
+    convert = short._inputs
+    short._inputs = lambda values: converted.append(1) or convert(values)  # type: ignore[method-assign]
+    rng = np.random.default_rng(3)
+    for t in range(6):
+        step = _good(SPECS["vector"], 2, rng)
+        step.pop("discount", None)
+        step["step_type"] = np.array([t % 3, 1], np.uint8)
+        given = NUMPY_KINDS[kind](step)
+        fast.add(given)
+        full.add(given)
+        assert_same(_observed(fast), _observed(full))
+    assert converted == [] and short._kinds == 1 and short._direct
+    bad = {**step, "action": np.full(2, 1.5)} if kind != "int64 step types" else \
+        {**given, "step_type": np.array([1, 300])}
+    before = snapshot(fast)
+    with pytest.raises(sr.SpecMismatchError):
+        fast.add(bad)
+    assert_same(snapshot(fast), before)
 
 
 def test_the_short_path_is_built_after_many_one_step_adds(monkeypatch: pytest.MonkeyPatch) -> None:

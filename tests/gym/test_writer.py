@@ -75,20 +75,26 @@ def test_writer_stores_what_the_converter_and_add_store(mode, sampler):
 
 def test_the_writer_builds_the_buffers_one_step_writer_when_made():
     """Compiled (or loaded from numba's cache) in the constructor, not in the first steps;
-    every step then takes that one write path."""
+    every common step then takes its one compiled call, typed or not, and a step that
+    ends an episode or follows one is written too (the next ones through Shard.write)."""
     buf = ReplayBuffer(SPEC, num_streams=2, stream_capacity=8, window=2)
-    assert testing.shard(buf)._one_step is None  # a buffer alone builds it after many adds
+    shard = testing.shard(buf)
+    assert shard._one_step is None  # a buffer alone builds it after many adds
     writer = GymStepWriter(buf, autoreset_mode="next_step")
-    short = testing.shard(buf)._one_step
-    assert short is not None
-    taken: list[bool] = []
-    take = short.add
-    short.add = lambda step: taken.append(take(step)) or taken[-1]
+    assert shard._one_step is not None and shard._one_step._held is not None
+    through_shard: list[int] = []
+    write = shard.write
+    shard.write = lambda *args: through_shard.append(1) or write(*args)
     writer.reset(np.zeros((2, 4), np.float32))
-    for _ in range(3):
-        writer.step(np.zeros(2, np.int64), np.ones((2, 4), np.float32), np.ones(2, np.float32),
-                    np.zeros(2, bool), np.zeros(2, bool))
-    assert taken == [True] * 3 and buf.num_steps == 6
+    no = np.zeros(2, bool)
+    for reward in (np.ones(2, np.float32), np.ones(2), [1.0, 1.0], np.ones(2, np.float32)):
+        writer.step(np.zeros(2, np.int64), np.ones((2, 4), np.float32), reward, no, no)
+    assert through_shard == [] and buf.num_steps == 8 and not writer._natural
+    ended = np.ones(2, bool)
+    writer.step(np.zeros(2, np.int64), np.ones((2, 4), np.float32), np.ones(2, np.float32), ended, no)
+    assert through_shard == [] and writer.num_episodes == 2
+    writer.step(np.zeros(2, np.int64), np.ones((2, 4), np.float32), np.ones(2, np.float32), no, no)
+    assert through_shard == [1] and buf.num_steps == 12
 
 
 def test_bad_inputs_raise_and_write_nothing():

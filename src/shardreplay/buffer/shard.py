@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -87,6 +87,7 @@ class Shard:
         # ONE_STEP_AFTER adds took the full path: a buffer that only ever takes a few
         # one-step adds (or chunks) never pays for compiling (or loading) its kernel.
         self._one_step: OneStepAdd | None = None
+        self._first: tuple[str, ...] = ()  # fields first in its order (held_writer's)
         self._full_adds = 0
         self._restoring: RestoreSession | None = None  # a restore not finished (save refuses)
         # What shardreplay.checkpoint keeps with this shard's content (the restore it came
@@ -249,12 +250,14 @@ class Shard:
         full path: tests compare the two). Returns whether the short path is in use (False
         when this spec has none: see ``storage/one_step.py``)."""
         if not enabled or self._storage.period > 1:  # sequence offsets: full path (sequences.py)
+            if self._one_step is not None:
+                self._one_step.open = False  # a writer's held_writer then takes Shard.write
             self._one_step = None
         elif self._one_step is None:
             # Uniform sampling records priority 1.0 and keeps no state per start.
             uniform = isinstance(self._sampler, UniformSampler)
             self._one_step = one_step_add(self._storage, None if uniform else self._sampler.default_priority,
-                                          None if uniform else self._sampler.on_write)
+                                          None if uniform else self._sampler.on_write, self._first)
         self._full_adds = ONE_STEP_AFTER + 2  # decided: built once, whatever the outcome
         return self._one_step is not None
 
@@ -264,6 +267,22 @@ class Shard:
         it is made rather than in its first steps)."""
         if self._full_adds <= ONE_STEP_AFTER:
             self.use_one_step()
+
+    def held_writer(self, first: tuple[str, str, str]) -> Callable[..., int] | None:
+        """``GymStepWriter``'s positional write through the one-step writer (see
+        ``OneStepAdd.held_writer``; the fields ``first`` in that order), built now; None
+        when this spec has no one-step writer or a frame-stacked field."""
+        if self._storage.stacked:
+            self.prepare_one_step()
+            return None
+        if self._first != first:
+            self._first = first
+            if self._one_step is not None:  # rebuilt in this order
+                self._one_step.open = False
+                self._one_step = None
+                self.use_one_step()
+        self.prepare_one_step()
+        return None if self._one_step is None else self._one_step.held_writer()
 
     # -- sampling ---------------------------------------------------------------------------
     def stats(self) -> ShardStats:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.gym.modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
 from shardreplay.spec import Field, Spec, StepType
-from shardreplay.spec.coerce import as_stored, to_numpy
+from shardreplay.spec.coerce import as_stored, stored_values, to_numpy
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -154,9 +154,20 @@ class GymStepWriter:
         self._same_step = self.autoreset_mode == "same_step"
         self._names = (observation, action, reward)
         self._shard = shard_of_buffer(buffer)
-        # Built now (compiled, or loaded from numba's cache), not in the first step.
-        self._shard.prepare_one_step()
         spec, n = buffer.spec, buffer.num_streams
+        # The common step's write (storage/one_step.py), built now (compiled, or loaded from
+        # numba's cache), not in the first step; none: every step takes Shard.write.
+        held = self._shard.held_writer(self._names)
+        self._write_held: Callable[..., int] = held or _refused
+        self._can_hold = held is not None
+        # The same values converted (spec/coerce.py): taken once a step came in another form.
+        self._convert = stored_values([(action, spec[action].dtype, (n, *spec[action].shape),
+                                        len(spec[action].shape)), (reward, spec[reward].dtype, (n,), 0),
+                                       (observation, spec[observation].dtype, (n, *spec[observation].shape),
+                                        len(spec[observation].shape)),
+                                       ("terminated", _BOOL, (n,), 0), ("truncated", _BOOL, (n,), 0)])
+        self._natural = False
+        self._ready = False  # the next step may take _write_held (see _set_ready)
         self.num_envs = n
         self._obs_field, self._reward_dtype = spec[observation], spec[reward].dtype
         # A bad observation raises when handed over (see the module docstring).
@@ -218,6 +229,13 @@ class GymStepWriter:
         self._types = np.full(self.num_envs, FIRST, np.uint8)
         self._discounts = self._all_ones
         self._any_last = False
+        self._set_ready()
+
+    def _set_ready(self) -> None:
+        # The compiled write takes a step when no held step is LAST and none has a discount
+        # (NEXT_STEP mode; SAME_STEP writes final observations in the same call).
+        self._ready = (self._can_hold and not self._same_step and not self._any_last
+                       and self._discounts is self._all_ones)
 
     def _hold(self, obs: Any) -> np.ndarray:
         """A copy of ``obs`` in the stored form to hold until the next step (the env may
@@ -249,6 +267,33 @@ class GymStepWriter:
                 final observations (a SAME_STEP env), or a SAME_STEP env's done without
                 ``info["final_obs"]``. Nothing is written then.
         """
+        if self._ready and not info and self._lock is None:
+            # The common step: checked and written, the next observation checked and held, in
+            # one compiled call; values of another form are converted first (and from then on).
+            natural = self._natural
+            if natural:
+                inputs = (action, reward, obs, terminated, truncated)
+                values = self._convert(inputs)
+                if values is not None:
+                    action, reward, obs, terminated, truncated = values
+            got = self._write_held(self._types, self._held, action, reward, obs, self._spare, terminated,
+                                   truncated)
+            if got:
+                if natural and values is inputs:  # all came in the stored form
+                    self._natural = False
+                self._held, self._spare = self._spare, self._held
+                self.num_steps += self.num_envs
+                if got == 2:  # some env's episode ended: the held steps' types and discounts
+                    self._types, self._discounts, ended = self._boundary(terminated, truncated)
+                    self.num_episodes += ended
+                    self._any_last, self._ready = True, False
+                else:
+                    self._types = self._all_mid
+                return
+            if not natural:  # convert, and try again
+                self._natural = True
+                self.step(action, obs, reward, terminated, truncated, info)
+                return
         if self._lock is None:  # no context manager to enter (a step counts microseconds)
             self._step(action, obs, reward, terminated, truncated, info)
         else:
@@ -324,6 +369,7 @@ class GymStepWriter:
             self._any_last = any_done
         # The array held so far was copied into the buffer: the next step's copy reuses it.
         self._spare, self._held = held, next_held
+        self._set_ready()
 
     def _boundary(self, term: np.ndarray, trunc: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """The held steps' types and discounts after a step of the held ``_types`` whose
@@ -334,6 +380,10 @@ class GymStepWriter:
         later = np.where(self._types == LAST, np.uint8(FIRST), np.uint8(MID))
         discounts = np.where(term, np.float32(0), np.float32(1)) if term.any() else self._all_ones
         return np.where(done, np.uint8(LAST), later), discounts, int(done.sum())
+
+
+def _refused(*args: Any) -> int:
+    return 0
 
 
 def _flags(value: Any, n: int, name: str) -> np.ndarray:

@@ -20,6 +20,9 @@ ADD_STEP_BAD_INPUT = -(1 << 62)
 # -- kernels/add_stacked.py: a frame ring must grow first (nothing written; the caller grows
 # it and calls again).
 ADD_STEP_NEED_FRAMES = ADD_STEP_BAD_INPUT + 1
+# -- kernels/add_step.py's add_held: added to its result when an env's episode ended (far
+# above any change in the number of valid starts).
+ADD_HELD_DONE = 1 << 40
 
 # -- kernels/keys.py: the key bit layout -------------------------------------------------
 SHARD_BITS, TAG_BITS, PLACE_BITS, GEN_BITS = 10, 14, 28, 11
