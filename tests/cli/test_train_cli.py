@@ -184,6 +184,10 @@ def test_a_run_ends_with_one_sentence_saying_how_it_went() -> None:
     assert solved.endswith("(summary.json, metrics.csv, learning_curve.png, checkpoints/).")
     unplotted = final_line({**base, "stopped_by": "solved", "learning_curve": None})  # --no-plot
     assert unplotted.endswith("Files in runs/x/ (summary.json, metrics.csv, checkpoints/).")
+    offline = final_line({**base, "env_steps": 0, "updates": 1500, "dataset_steps": 10688,
+                          "offline": "minari:sr/cartpole-v0", "stopped_by": "time"})
+    assert offline.startswith("Not solved (time limit reached) after 1,500 updates on the 10,688 steps of "
+                              "minari:sr/cartpole-v0 (offline): final evaluation 500.0"), offline
 
 
 def test_a_refused_write_is_one_line_naming_the_path_and_the_os_error(tmp_path: Path) -> None:

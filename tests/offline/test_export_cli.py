@@ -138,6 +138,10 @@ def test_train_keep_rollouts_then_export_both_ways_and_prefill(tmp_path: Path,
         assert not run.actors()
     summary = json.loads((cold / "summary.json").read_text())
     assert summary["env_steps"] == 0 and summary["updates"] > 100, summary
+    # Two ranks' loops start apart: whichever clock passes --max-minutes first, it ended on time.
+    assert summary["stopped_by"] == "time" and summary["dataset_steps"] == report["steps"], summary
+    assert f"after {summary['updates']:,} updates on the {report['steps']:,} steps of minari:sr/ckpt-v0 " \
+           "(offline)" in run.stdout(), run.stdout()
 
 
 def test_prefill_and_offline_take_a_minari_id_and_offline_needs_no_actor() -> None:

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 from shardreplay.runtime.actor.loop import ActorSettings
-from shardreplay.runtime.routing import chunk_bytes, scheme_of, shard_transport
+from shardreplay.runtime.routing import chunk_bytes, shard_transport
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.transport.codec import encode
 from shardreplay.transport.local import LocalTransport
 from shardreplay.transport.redis import RedisTransport
 from shardreplay.transport.spool import SpoolTransport
+from shardreplay.transport.urls import parse_medium
 from tests.runtime.runtime_helpers import CARTPOLE_SPEC, make_chunk
 
 
@@ -29,8 +30,8 @@ from tests.runtime.runtime_helpers import CARTPOLE_SPEC, make_chunk
                                          ("file:///x/y", "file"), ("redis://127.0.0.1:1/0", "redis"),
                                          ("rediss://127.0.0.1:1/0", "redis"),
                                          ("unix:///tmp/redis.sock", "redis")])
-def test_scheme_of_every_url_open_transport_takes(url: str, scheme: str) -> None:
-    assert scheme_of(url) == scheme
+def test_kind_of_every_url_open_transport_takes(url: str, scheme: str) -> None:
+    assert parse_medium(url).kind == scheme
 
 
 def test_file_shards_are_separate_directories(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.routing import scheme_of
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stream_layout import MAX_SHARDS, SHARD_SEQUENCE_SHIFT, StreamLayout
 
@@ -81,11 +80,6 @@ def test_the_sequences_an_actor_sends_to_different_shards_never_meet() -> None:
     per_shard = [(k << SHARD_SEQUENCE_SHIFT) + clock + np.arange(10**6) for k in range(3)]
     assert all(a.max() < b.min() for a, b in itertools.pairwise(per_shard))
     assert (MAX_SHARDS << SHARD_SEQUENCE_SHIFT) + 2 * clock < 2**63  # until about 2110
-
-
-def test_bad_scheme_is_a_config_error() -> None:
-    with pytest.raises(ConfigError):
-        scheme_of("ftp://host/dir")
 
 
 def test_an_actor_the_routing_no_longer_runs_stands_in_for_an_actor_it_runs() -> None:

@@ -71,7 +71,6 @@ def test_one_parser_refuses_with_the_accepted_forms(url: str, kinds: tuple, mess
 
 def test_every_caller_refuses_through_the_one_parser() -> None:
     from shardreplay.policy import open_subscriber
-    from shardreplay.runtime.routing import scheme_of
     from shardreplay.transport import open_transport
 
     with pytest.raises(ConfigError, match=re.escape("use 'local', 'file:///dir' or 'redis://host:port/db'")):
@@ -79,5 +78,5 @@ def test_every_caller_refuses_through_the_one_parser() -> None:
     with pytest.raises(ConfigError, match=re.escape("unknown policy broadcast URL 'local': use 'file:///dir'")):
         open_subscriber("local")
     with pytest.raises(ConfigError, match="unknown transport URL"):
-        scheme_of("gopher://x")
+        parse_medium("gopher://x")
     assert file_url("/a b/policy") == "file:///a b/policy" and parse_medium(file_url("/a b")).path == "/a b"

@@ -76,9 +76,10 @@ def _check_media(args: argparse.Namespace) -> None:
         ConfigError: ``--transport local``.
         TransportError: a Redis URL whose server does not answer within 5 s.
     """
-    from shardreplay.runtime.routing import check_reachable, scheme_of
+    from shardreplay.runtime.routing import check_reachable
+    from shardreplay.transport.urls import parse_medium
 
-    if args.transport and scheme_of(args.transport) == "local":
+    if args.transport and parse_medium(args.transport).kind == "local":
         raise ConfigError("--transport local: the local transport exists only inside shardreplay train "
                           "(for the actors it starts); give file:///shared/dir or redis://host:port/db")
     for url in {args.transport, args.policy_url}:

@@ -302,6 +302,9 @@ def final_line(summary: dict[str, Any]) -> str:
         return f"Stopped on request while starting: nothing new was trained or saved.{again}"
     run_dir = summary.get("run_dir") or str(Path(summary.get("checkpoint", ".")).parents[2])
     steps = f"{summary.get('env_steps', 0):,} environment steps"
+    if summary.get("offline"):  # no environment step: the updates on the dataset say what happened
+        steps = f"{summary.get('updates', 0):,} updates on the {summary.get('dataset_steps', 0):,} " \
+                f"steps of {summary['offline']} (offline)"
     final, target = summary.get("final_eval_return"), summary.get("stop_return")
     where = summary.get("stop_return_from")
     goal = "" if where is None and target is None else f"; no target: {where}" if target is None else \

@@ -1,5 +1,5 @@
 """Where learners and actors compute: a learner rank's device and the process group of
-its DDP all-reduce (:func:`place`), an actor's device (:func:`actor_device`).
+its DDP all-reduce (:func:`place`); :func:`check_cuda` refuses a GPU that is not here.
 
 The default process group of a run is always gloo on the CPU: it carries the loop's
 agreement (one small all-reduce per iteration) and the replay exchange, whose records
@@ -45,22 +45,35 @@ class Placement:
 CPU = Placement(torch.device("cpu"), None, "default")  # what a learner without a placement uses
 
 
+def check_cuda(flag: str, name: str) -> None:
+    """Refuse the device ``name`` of ``flag`` unless it is ``cpu``, or ``cuda`` / ``cuda:N``
+    naming a GPU this process sees.
+
+    Raises:
+        ConfigError: another name, or a GPU that is not here (the message says to use cpu).
+    """
+    check_device_name(flag, name)
+    if name == "cpu":
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if (int(name.split(":")[1]) if ":" in name else 0) >= count:
+        seen = "CUDA is not available here" if count == 0 else \
+            f"this process sees {count} GPU(s) (cuda:0 .. cuda:{count - 1})"
+        raise ConfigError(f"{flag} {name}: {seen}; use {flag} cpu (the default)")
+
+
 def resolve_device(name: str, rank: int) -> torch.device:
     """The torch device ``name`` (``cpu``, ``cuda``, ``cuda:N``) means for rank ``rank``;
     for CUDA it also becomes the process's current device.
 
     Raises:
-        ConfigError: a name other than those, or CUDA asked for where none is available.
+        ConfigError: see :func:`check_cuda`.
     """
-    check_device_name("device", name)
+    check_cuda("--device", name)
     if name == "cpu":
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} asked for, but CUDA is not available here: use --device cpu")
     count = torch.cuda.device_count()
     index = int(name.split(":")[1]) if ":" in name else int(os.environ.get("LOCAL_RANK", rank)) % count
-    if index >= count:
-        raise ConfigError(f"device {name!r}: this process sees {count} GPU(s) (cuda:0 .. cuda:{count - 1})")
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
@@ -102,15 +115,3 @@ def wrap(net: nn.Module, placement: Placement, world: int) -> nn.Module:
         return net
     ids = [placement.device] if placement.device.type == "cuda" else None
     return DistributedDataParallel(net, device_ids=ids, process_group=placement.ddp_group)
-
-
-def actor_device(name: str) -> torch.device:
-    """The torch device of an actor's ``device`` setting (``cpu``, ``cuda``, ``cuda:N``).
-
-    Raises:
-        ConfigError: another name, or CUDA asked for where none is available.
-    """
-    check_device_name("device", name)
-    if name != "cpu" and not torch.cuda.is_available():
-        raise ConfigError(f"actor device {name!r} asked for, but CUDA is not available here: use cpu")
-    return torch.device(name)

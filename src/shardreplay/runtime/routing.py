@@ -34,15 +34,6 @@ from shardreplay.transport.codec import Encoding, spec_has_frame_stacks
 from shardreplay.transport.urls import file_url, parse_medium
 
 
-def scheme_of(url: str) -> str:
-    """``"local"``, ``"file"`` or ``"redis"``.
-
-    Raises:
-        ConfigError: another scheme.
-    """
-    return parse_medium(url).kind
-
-
 def check_reachable(url: str, timeout_s: float = 5.0) -> None:
     """For a ``redis://`` URL: fail at once (within ``timeout_s``) when its server does
     not answer, instead of after the transport's retries; other URLs pass.
@@ -50,7 +41,7 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
     Raises:
         TransportError: "cannot reach redis at host:port ...".
     """
-    if url and scheme_of(url) == "redis":
+    if url and parse_medium(url).kind == "redis":
         from shardreplay.transport.redis_link import check_reachable as ping
 
         ping(url, timeout_s)
@@ -65,7 +56,7 @@ def check_writable(url: str) -> None:
         StorageError: "transport file:///x: cannot write /x: Read-only file system (EROFS)".
         ConfigError: a file stands where the directory should be.
     """
-    if not url or scheme_of(url) != "file":
+    if not url or parse_medium(url).kind != "file":
         return
     directory = Path(parse_medium(url).path)
     while not directory.exists() and directory != directory.parent:
@@ -120,7 +111,7 @@ def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
     Raises:
         ConfigError: a bad URL or run id.
     """
-    kind, run_id = scheme_of(url), check_run_id(run_id)
+    kind, run_id = parse_medium(url).kind, check_run_id(run_id)
     bound = queued_chunks_per_actor
     if compression == "auto":
         compression = "lz4" if spec_has_frame_stacks(spec) else "none"
@@ -165,7 +156,7 @@ def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:
     Raises:
         TransportError / TransportTimeout: Redis could not be asked.
     """
-    if scheme_of(url) == "local":
+    if parse_medium(url).kind == "local":
         return {}  # another run's rings live in its own processes
     # Names and counts only: no chunk is decoded, so any spec does.
     medium = open_transport(url, transition_spec(1))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.devices import actor_device, place, resolve_device, wrap
+from shardreplay.runtime.devices import check_cuda, place, resolve_device, wrap
 from shardreplay.runtime.settings import TrainSettings
 from tests.support import run_ranks
 
@@ -31,7 +31,7 @@ def test_cpu_is_the_default_and_cuda_names_are_accepted_by_the_settings() -> Non
 
 def test_cpu_places_on_the_cpu_and_wraps_nothing_on_one_rank() -> None:
     assert resolve_device("cpu", 3) == torch.device("cpu")
-    assert actor_device("cpu") == torch.device("cpu")
+    check_cuda("--actor-device", "cpu")
     net = torch.nn.Linear(2, 2)
     assert wrap(net, place("cpu", 0, 1), 1) is net
 
@@ -41,8 +41,8 @@ def test_cpu_places_on_the_cpu_and_wraps_nothing_on_one_rank() -> None:
 def test_cuda_without_a_gpu_is_one_clear_error_for_learners_and_actors(name: str) -> None:
     with pytest.raises(ConfigError, match="CUDA is not available here"):
         resolve_device(name, 0)
-    with pytest.raises(ConfigError, match="CUDA is not available here"):
-        actor_device(name)
+    with pytest.raises(ConfigError, match=f"--actor-device {name}: CUDA is not available here; use --actor"):
+        check_cuda("--actor-device", name)
 
 
 @pytest.mark.cuda
@@ -50,7 +50,7 @@ def test_cuda_takes_the_local_rank_modulo_the_gpus_and_becomes_current() -> None
     count = torch.cuda.device_count()
     assert resolve_device("cuda", count + 1) == torch.device("cuda", 1 % count)
     assert torch.cuda.current_device() == 1 % count
-    with pytest.raises(ConfigError, match="sees"):
+    with pytest.raises(ConfigError, match=r"this process sees \d+ GPU\(s\)"):
         resolve_device(f"cuda:{count}", 0)
 
 

@@ -132,17 +132,3 @@ def test_min_size_variant_and_size_checks() -> None:
         rl.can_insert(3)
     with pytest.raises(ConfigError, match="max_sample_size"):
         rl.sample(0)
-
-
-def test_state_round_trip() -> None:
-    rl = RateLimiter(2, min_size_to_sample=4, error_buffer=10)
-    rl.insert()
-    rl.insert()
-    rl.sample()
-    other = RateLimiter(2, min_size_to_sample=4, error_buffer=10)
-    other.load_state_dict(rl.state_dict())
-    assert (other.inserts, other.samples, other.diff) == (2, 1, 3.0)
-    with pytest.raises(ConfigError):
-        other.load_state_dict({"inserts": -1, "samples": 0})
-    with pytest.raises(ConfigError):
-        other.load_state_dict({"inserts": 1})

@@ -33,10 +33,19 @@ def test_sum_over_ranks_is_field_wise_and_decides_once() -> None:
     assert total.should_stop and not total.should_save
 
 
-@pytest.mark.parametrize("tensor", [torch.zeros(7, dtype=torch.float64), torch.zeros(6, dtype=torch.int64),
-                                    torch.zeros(2, 7, dtype=torch.int64)])
+def test_the_first_rank_out_of_time_stops_the_run_and_names_the_time_limit() -> None:
+    # Rank 0 starts its loop after publishing, later than the others: its clock is behind
+    # when rank 1's passes --max-minutes, and the run must still say it ended on time.
+    late = [LoopSync(steps=3), LoopSync(steps=4, time_votes=1)]
+    total = LoopSync.from_tensor(torch.stack([r.to_tensor() for r in late]).sum(0))
+    assert total.should_stop and total.time_votes == 1 and total.stop_votes == 0
+    assert not LoopSync(steps=3).should_stop
+
+
+@pytest.mark.parametrize("tensor", [torch.zeros(8, dtype=torch.float64), torch.zeros(7, dtype=torch.int64),
+                                    torch.zeros(2, 8, dtype=torch.int64)])
 def test_other_layouts_are_refused(tensor: torch.Tensor) -> None:
-    with pytest.raises(ShardReplayError, match="int64 vector of 7"):
+    with pytest.raises(ShardReplayError, match="int64 vector of 8"):
         LoopSync.from_tensor(tensor)
 
 
@@ -55,8 +64,8 @@ def test_run_counts_name_their_fields() -> None:
     counts = RunCounts(actor_restarts=1, actors_given_up=2, chunks_rejected=3, chunks_duplicate=4,
                        foreign_chunks_ignored=5, ingest_log_replayed=6, ingest_log_rerouted=10,
                        ingest_log_torn=7, ingest_log_peak_bytes=8, ingest_log_bytes=9,
-                       rollouts_dropped_segments=11)
-    assert list(counts.as_dict().values()) == [1, 2, 3, 4, 5, 6, 10, 7, 8, 9, 11]
+                       rollouts_dropped_segments=11, dataset_steps=12)
+    assert list(counts.as_dict().values()) == [1, 2, 3, 4, 5, 6, 10, 7, 8, 9, 11, 12]
     assert set(counts.as_dict()) == {f.name for f in dataclasses.fields(RunCounts)}
 
 

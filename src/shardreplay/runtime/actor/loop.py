@@ -42,12 +42,12 @@ from shardreplay.runtime.actor.threads import one_compute_thread
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, published_hidden
 from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env
-from shardreplay.runtime.routing import scheme_of, shard_transport
-from shardreplay.runtime.settings import check_device_name
+from shardreplay.runtime.routing import shard_transport
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
 from shardreplay.spec import StepType
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
+from shardreplay.transport.urls import parse_medium
 
 __all__ = ["AGREED", "ActorSettings", "actor_seed", "resolve", "run"]
 
@@ -116,7 +116,7 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
     spec = algo.transition_spec(env_info, published_hidden(first.weights, s.hidden))
     layout = StreamLayout(s.num_actors, envs, s.num_shards)
     groups = layout.groups(s.actor_id)
-    if given is None and scheme_of(s.transport) == "local":
+    if given is None and parse_medium(s.transport).kind == "local":
         raise ConfigError(f"the run at {s.policy_url} uses the local transport, which only its learners' "
                           "own actors reach: train with --transport file:///shared/dir or redis://...")
     if given is not None and not set(groups) <= set(given):
@@ -144,7 +144,10 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
           counters: dict[str, int]) -> Any:
     feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
     algo, env_info = algo_env
-    _check_device(s.device)  # refused here, before any network is made, when CUDA is missing
+    if s.device != "cpu":  # refused before any network is made; a CPU actor never imports torch for it
+        from shardreplay.runtime.devices import check_cuda
+
+        check_cuda("--device", s.device)
     policy = algo.make_policy(first.weights, env_info, s)
     one_compute_thread()  # after the policy: it may have loaded torch
     version = _load(policy, first)
@@ -200,20 +203,6 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
             delivered.confirm(writer)
         delivered.close()
     return feed.next_run
-
-
-def _check_device(name: str) -> None:
-    """Refuse a device name other than cpu, cuda, cuda:N, or CUDA where none is available
-    (torch is imported only to ask that: a CPU actor may never need it).
-
-    Raises:
-        ConfigError: as described.
-    """
-    check_device_name("device", name)
-    if name != "cpu":
-        from shardreplay.runtime.devices import actor_device
-
-        actor_device(name)
 
 
 def play_step(policy: ActorPolicy, env: Any, converter: GymStepConverter, obs: np.ndarray, state: Any,

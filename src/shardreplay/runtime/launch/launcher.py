@@ -59,9 +59,10 @@ from shardreplay.runtime.forkserver import (
     wait_until_ready,
 )
 from shardreplay.runtime.log_lines import configure_logging, exit_directly
-from shardreplay.runtime.routing import check_reachable, check_writable, scheme_of, settings_transport
+from shardreplay.runtime.routing import check_reachable, check_writable, settings_transport
 from shardreplay.runtime.run_identity import upcoming_life, write_life
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.transport.urls import parse_medium
 
 log = logging.getLogger("shardreplay.train")
 # After a rank failed, the others get this long to save their parts and stop their
@@ -193,19 +194,11 @@ def refuse_before_start(settings: TrainSettings) -> None:
     """
     name = settings.learners.algo
     spec_of(name, describe_env(settings.run.source, ACTIONS[name]), settings.learners.hidden)
-    asked = [(flag, device) for flag, device in (("--device", settings.learners.device),
-                                                 ("--actor-device", settings.actors.device))
-             if device != "cpu"]
-    if not asked:
-        return
-    import torch
+    for flag, device in (("--device", settings.learners.device), ("--actor-device", settings.actors.device)):
+        if device != "cpu":
+            from shardreplay.runtime.devices import check_cuda
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    for flag, device in asked:
-        if (int(device.split(":")[1]) if ":" in device else 0) >= count:
-            seen = "CUDA is not available here" if count == 0 else \
-                f"this machine has {count} GPU(s) (cuda:0 .. cuda:{count - 1})"
-            raise ConfigError(f"{flag} {device}: {seen}; use {flag} cpu (the default)")
+            check_cuda(flag, device)
 
 
 def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
@@ -318,7 +311,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     port = _free_port()
     name = settings.learners.algo
     spec = spec_of(name, describe_env(settings.run.source, ACTIONS[name]), settings.learners.hidden)
-    local = scheme_of(settings.transport.url) == "local"
+    local = parse_medium(settings.transport.url).kind == "local"
     # Kept referenced here while children run: Process.start() drops its args, and a
     # collected ring would unlink its semaphores before a child has opened them.
     transports = [settings_transport(settings, spec, r) if local else None

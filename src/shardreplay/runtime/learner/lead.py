@@ -156,7 +156,7 @@ class Lead:
         if window is not None:
             window.reset(now)
 
-    def final(self, summary: dict[str, Any], started: float) -> None:
+    def final(self, summary: dict[str, Any]) -> None:
         """Add the final evaluation and rank 0's view of the run's end to ``summary``, and
         write it as ``summary.json`` (the first time: the files that follow may fail)."""
         summary["final_eval_return"] = self.evaluate(self.s.run.eval_episodes)
@@ -165,20 +165,21 @@ class Lead:
         summary["solved"] = self.progress.solved
         summary["eval_episodes"] = self.s.run.eval_episodes
         summary["stop_return"], summary["stop_return_from"] = self.target, self.target_from
-        summary["stopped_by"] = self._stopped_by(started)
+        summary["stopped_by"] = self._stopped_by()
         summary["run_dir"] = str(self.run_dir)
         self.write_summary(summary)
 
-    def _stopped_by(self, started: float) -> str:
-        """Why the run ended (rank 0's view): solved, storage (a rank's file system refused
-        a write), env_steps, time or signal."""
+    def _stopped_by(self) -> str:
+        """Why the run ended, from the agreed counts: solved, storage (a rank's file system
+        refused a write), env_steps, time (some rank's clock passed ``--max-minutes``) or signal."""
         if self.progress.solved:
             return "solved"
         if self.storage.stop:
             return "storage"
         if self.progress.counters["env_steps"] >= self.s.run.total_env_steps:
             return "env_steps"
-        return "time" if time.monotonic() - started >= self.s.run.max_minutes * 60 else "signal"
+        g = self.progress.last_sync
+        return "time" if g is not None and g.time_votes else "signal"
 
     def close(self, summary: dict[str, Any], recent_returns: np.ndarray) -> None:
         """The run's last metrics row (after the final evaluation), the progress bar's end,

@@ -51,11 +51,12 @@ from shardreplay.runtime.learner.sync import (
 )
 from shardreplay.runtime.learner.wal import LossLog, Retention, archive_retention
 from shardreplay.runtime.policy_file import LearnerRecord
-from shardreplay.runtime.routing import scheme_of, settings_transport
+from shardreplay.runtime.routing import settings_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
 from shardreplay.transport.base import Transport
+from shardreplay.transport.urls import parse_medium
 
 log = logging.getLogger("shardreplay.learner")
 _ACTOR_STOP_S = 10.0  # actors get this long to send what they hold and exit
@@ -110,8 +111,9 @@ class Learner:
                 commit_resume(self.run_dir, self.lineage.identity, settings.stored(),
                               newer_than=checkpoint_id)
         source = settings.replay.prefill or settings.replay.offline
+        self.dataset_steps = 0
         if source and not (resume and replay):  # a resumed replay holds it already
-            self._prefill(source)
+            self.dataset_steps = self._prefill(source)
         self.losses = LossLog(self.run_dir, self.rank)
         run_id = self.lineage.identity.run_id
         self.foreign = log_foreign_backlog(settings.transport.url, self.rank, run_id)
@@ -119,7 +121,7 @@ class Learner:
         self.ingestor = Ingestor(transport.reader(), self.buffer, settings, self.lineage.stored,
                                  shard=self.rank, losses=self.losses)
         self.replayed, self.log_scan = self.ckpts.open_log(
-            self.ingestor, durable=scheme_of(settings.transport.url) != "local",
+            self.ingestor, durable=parse_medium(settings.transport.url).kind != "local",
             resume_newest=checkpoint_id is None, restored=restored, owns_actor=self._owns_actor,
             policy_version=self.policy_version, retention=_retention(settings, self.run_dir, spec),
             replay=replay)
@@ -127,7 +129,7 @@ class Learner:
                          self.storage, self.lineage, resume) if self.rank == 0 else None
         # A local ring exists only in this process tree: its actors must get this very
         # object (under torchrun nobody passed one in); other media are opened by URL.
-        local = scheme_of(settings.transport.url) == "local"
+        local = parse_medium(settings.transport.url).kind == "local"
         actors = [] if settings.replay.offline else \
             actor_settings_of_shard(settings, self.rank, self.world, self.progress.counters["env_steps"])
         reach = dict(enumerate(rings)) if rings is not None else {self.rank: transport}
@@ -146,14 +148,15 @@ class Learner:
         """The published version of the current weights: (learner life, updates) packed."""
         return pack_version(self.lineage.identity.life, self.progress.counters["version"])
 
-    def _prefill(self, source: str) -> None:
+    def _prefill(self, source: str) -> int:
         """Deal the Minari dataset ``minari:ID`` into this rank's shard (every rank reads
-        only its own episodes; no collective)."""
+        only its own episodes; no collective); returns the steps dealt here."""
         from shardreplay.offline import prefill
 
         report = prefill(self.buffer, source.removeprefix("minari:"))
         log.info("shard %d prefilled with %d episodes (%d steps) of Minari dataset %s", self.rank,
                  report["episodes"], report["steps"], source.removeprefix("minari:"))
+        return int(report["steps"])
 
     # -- checkpoints (how: :class:`LearnerCheckpoints`) -----------------------------------
     def _resume(self, checkpoint_id: int | None, replay: bool) -> str:
@@ -209,7 +212,7 @@ class Learner:
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
         if self.lead is not None:
-            if not self.storage.stop and (self._budget_reached(started) or self.progress.solved):
+            if summary["stopped_by"] in ("solved", "env_steps", "time"):
                 # Not saved in the counters: a resumed run publishes from its saved version again.
                 self.lead.publish(self.policy_version + 1, finished=True)
             self.lead.close(summary, self.ingestor.last_return)  # the final evaluation is the last row
@@ -295,7 +298,9 @@ class Learner:
     def _sync(self, started: float) -> LoopSync:
         st = self.ingestor.take_stats()
         refused = self.storage.error is not None
-        stop = self.trigger.stop_requested or self._budget_reached(started) or self.progress.solved or refused
+        spent = self.progress.counters["env_steps"] >= self.s.run.total_env_steps
+        stop = self.trigger.stop_requested or spent or self.progress.solved or refused
+        late = time.monotonic() - started >= self.s.run.max_minutes * 60
         # Periodic by time: rank 0's clock decides, the vote makes every rank save together.
         # A log holding a shard's capacity of steps asks for one too (which trims it).
         due = self.rank == 0 and minutes_due(self.s.checkpoints.interval_minutes, self.ckpts.saved_at,
@@ -304,7 +309,7 @@ class Learner:
         # The ingestor sums whole version differences, so its float lag sum is an integer.
         mine = LoopSync(steps=st.steps, replay_size=len(self.buffer.local), stop_votes=int(stop),
                         save_votes=int(request), lag_sum=int(st.lag_sum), lag_count=st.lag_count,
-                        storage_votes=int(refused))
+                        storage_votes=int(refused), time_votes=int(late))
         g = mine.summed(self.comm)
         self.progress.last_sync = g
         self.storage.stop = self.storage.stop or g.storage_votes > 0
@@ -312,10 +317,6 @@ class Learner:
             with self.storage.writing():
                 self.trigger.request_served(remove_file=self.rank == 0)
         return g
-
-    def _budget_reached(self, started: float) -> bool:
-        return (self.progress.counters["env_steps"] >= self.s.run.total_env_steps
-                or time.monotonic() - started >= self.s.run.max_minutes * 60)
 
     def _update(self) -> float:
         batch = self.buffer.sample(self.s.learners.batch_size)
@@ -352,16 +353,17 @@ class Learner:
                            ingest_log_peak_bytes=0 if ing.wal is None else ing.wal.peak_bytes,
                            ingest_log_bytes=0 if ing.wal is None else ing.wal.size_bytes,
                            rollouts_dropped_segments=0 if ing.wal is None else ing.wal.dropped_segments,
-                           ).summed(self.comm).as_dict()
+                           dataset_steps=self.dataset_steps).summed(self.comm).as_dict()
         summary: dict[str, Any] = {"rank": self.rank, **self.progress.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
                                    "checkpoint": str(checkpoint_path), **counts,
                                    "resumed_from": self.lineage.resumed,
                                    "run_id": self.lineage.identity.run_id,
                                    "learner_life": self.lineage.identity.life,
-                                   "policy_version": self.policy_version}
+                                   "policy_version": self.policy_version,
+                                   "offline": self.s.replay.offline or None}
         if self.lead is not None:
-            self.lead.final(summary, started)
+            self.lead.final(summary)
         return summary
 
 

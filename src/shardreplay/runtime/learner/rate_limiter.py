@@ -167,25 +167,6 @@ class RateLimiter:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit:
             raise ConfigError(f"{what} size must be an integer in 1..{limit} (max_{what}_size), got {n!r}")
 
-    # -- state ----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, int]:
-        """The counters, for a checkpoint."""
-        return {"inserts": self.inserts, "samples": self.samples}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore counters from :meth:`state_dict`.
-
-        Raises:
-            ConfigError: missing or negative counters.
-        """
-        try:
-            inserts, samples = int(state["inserts"]), int(state["samples"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"malformed rate limiter state {state!r}") from exc
-        if inserts < 0 or samples < 0:
-            raise ConfigError(f"rate limiter counters must be >= 0, got {state!r}")
-        self.inserts, self.samples = inserts, samples
-
     def __repr__(self) -> str:
         return (f"RateLimiter(samples_per_insert={self.samples_per_insert}, min_size_to_sample="
                 f"{self.min_size_to_sample}, window=[{self.min_diff}, {self.max_diff}], "

@@ -18,10 +18,11 @@ from shardreplay.policy import open_subscriber
 from shardreplay.policy.broadcast import FINISHED
 from shardreplay.runtime.actor.loop import ActorSettings, actor_seed
 from shardreplay.runtime.learner.sync import agreed_settings
-from shardreplay.runtime.routing import foreign_backlog, scheme_of
+from shardreplay.runtime.routing import foreign_backlog
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.samplers.schedules import LinearSchedule
 from shardreplay.spec import Spec
+from shardreplay.transport.urls import parse_medium
 
 log = logging.getLogger("shardreplay.learner")
 
@@ -81,7 +82,7 @@ def check_rings_reach(settings: TrainSettings, actors: list[ActorSettings], ring
 def log_foreign_backlog(url: str, rank: int, run_id: str) -> dict[str, int]:
     """Chunks other runs left for shard ``rank`` on the medium at ``url`` (never read),
     by run: logged once here. A medium that cannot be searched gives ``{}`` (logged)."""
-    if scheme_of(url) == "local":
+    if parse_medium(url).kind == "local":
         return {}
     try:
         found = foreign_backlog(url, rank, run_id)

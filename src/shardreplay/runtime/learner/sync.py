@@ -72,12 +72,14 @@ class LoopSync(SummedRecord):
     Attributes:
         steps: env steps written into the shard since the last sync.
         replay_size: windows the shard can sample (summed: the whole buffer's).
-        stop_votes: ranks asking to stop (a signal, the budget, a solved evaluation).
+        stop_votes: ranks asking to stop (a signal, the step budget, a solved evaluation).
         save_votes: ranks asking for a checkpoint (SIGUSR1 or ``checkpoint.request``).
         lag_sum: policy lag (updates behind) summed over the chunks taken in.
         lag_count: chunks that ``lag_sum`` covers.
         storage_votes: ranks whose file system refused a write (full disk, read-only):
             they also vote to stop, and the run ends saying so.
+        time_votes: ranks whose clock passed ``--max-minutes`` (the ranks' loops start a
+            little apart: the first one ends the run, and the run says it ended on time).
     """
 
     steps: int = 0
@@ -87,12 +89,13 @@ class LoopSync(SummedRecord):
     lag_sum: int = 0
     lag_count: int = 0
     storage_votes: int = 0
+    time_votes: int = 0
     what: ClassVar[str] = "train loop sync"
 
     @property
     def should_stop(self) -> bool:
-        """Whether some rank asked to stop."""
-        return self.stop_votes > 0
+        """Whether some rank asked to stop or ran out of time."""
+        return self.stop_votes > 0 or self.time_votes > 0
 
     @property
     def should_save(self) -> bool:
@@ -120,6 +123,8 @@ class RunCounts(SummedRecord):
             still finishing).
         rollouts_dropped_segments: rollouts archive segments deleted beyond
             ``--keep-rollouts-max-gb`` in this life.
+        dataset_steps: steps this life dealt into the shards from ``--prefill`` /
+            ``--offline``'s dataset.
     """
 
     actor_restarts: int = 0
@@ -133,6 +138,7 @@ class RunCounts(SummedRecord):
     ingest_log_peak_bytes: int = 0
     ingest_log_bytes: int = 0
     rollouts_dropped_segments: int = 0
+    dataset_steps: int = 0
     what: ClassVar[str] = "summary"
 
     def as_dict(self) -> dict[str, int]:
