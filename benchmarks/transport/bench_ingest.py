@@ -5,7 +5,7 @@ that replays a recorded Pong trajectory (``bench_wire_frames.record_pong``: 84x8
 grayscale, frame skip 4, 4-frame stacks, recorded once into ``.bench/``) through the real
 actor-side path: it builds chunks of ``--chunk-steps`` steps and sends them with the
 transport's writer (``local``: encoded straight into the shared ring; ``file://`` and
-Redis: packed, each new frame once, then LZ4, :mod:`shardreplay.transport.packing`; with
+Redis: packed, each new frame once, then LZ4, :mod:`shardreplay.transport.codec`; with
 back-pressure). The learner (this process) receives, decodes and writes them into a
 prioritized :class:`~shardreplay.ReplayBuffer` with a ``frame_stack`` field, one row per
 writer, and between receives samples batches of ``--batch`` and updates their
@@ -276,8 +276,7 @@ def prefault(buffer: Any) -> None:
 def wire_bytes_per_step(kind: str, sp: Any, obs: np.ndarray, types: np.ndarray, chunk_steps: int) -> float:
     """Mean bytes on the medium per step over probe chunks of the trajectory (``local``:
     whole stacks; ``file``/``redis``: packed with LZ4, the record or entry overhead aside)."""
-    from shardreplay.transport.codec import Chunk, encode
-    from shardreplay.transport.packing import pack
+    from shardreplay.transport.codec import Chunk, encode, pack
 
     sizes = []
     for at in range(0, len(obs) - chunk_steps, max(chunk_steps, (len(obs) - chunk_steps) // 32)):
@@ -389,7 +388,7 @@ def run_case(kind: str, writers: int, seconds: float, args: Any, scratch: Path, 
 def _legacy_stacks_back(body: np.ndarray, at: int, out: np.ndarray, arr: Any) -> int:
     """packing._stacks_back before this change: ``np.take`` in its default ``mode="raise"``,
     which copies through a temporary of ``out``."""
-    from shardreplay.transport.packing import _take
+    from shardreplay.transport.codec import _take
 
     flags = _take(body, at, arr.steps)
     at += arr.steps
@@ -404,8 +403,7 @@ def _legacy_stacks_back(body: np.ndarray, at: int, out: np.ndarray, arr: Any) ->
 
 def _legacy_packed(chunk: Any, sp: Any, codec: str) -> bytes:
     """PackedEncoding before this change: the plain encoding to new bytes, then packed."""
-    from shardreplay.transport.codec import encode
-    from shardreplay.transport.packing import pack
+    from shardreplay.transport.codec import encode, pack
 
     return pack(encode(chunk, sp), sp, codec)
 
@@ -423,7 +421,7 @@ def ab_packing(obs: np.ndarray, types: np.ndarray, chunk_steps: int, rounds: int
     """CPU microseconds per step for an actor to pack a Pong chunk (LZ4) and for the
     learner to decode it, with the code before and after this change, alternated round
     by round in this process (so both see the same machine load); medians over rounds."""
-    from shardreplay.transport import packing
+    from shardreplay.transport import codec as packing
     from shardreplay.transport.codec import Chunk, decode
 
     sp = spec()

@@ -40,8 +40,7 @@ import common
 
 from shardreplay import Field, ReplayBuffer, Spec
 from shardreplay.runtime.learner.wal import IngestLog, Retention
-from shardreplay.transport.codec import Chunk, decode, encode
-from shardreplay.transport.packing import pack
+from shardreplay.transport.codec import Chunk, decode, encode, pack
 
 S, T = 4, 8
 

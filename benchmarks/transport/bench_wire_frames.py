@@ -4,7 +4,7 @@ compressed with each codec), and the CPU each side pays per chunk.
 Records a Pong trajectory with ale-py and gymnasium's standard DQN preprocessing (84x84
 grayscale, frame skip 4 with max-pooling, no-op starts, 4-frame stacks; random actions),
 cuts it into chunks of ``--steps`` steps the way an actor does, and for each codec packs
-and decodes every chunk (:mod:`shardreplay.transport.packing`), checking the round trip.
+and decodes every chunk (:mod:`shardreplay.transport.codec`), checking the round trip.
 Prints one JSON line. Needs the ``atari`` extra (``pip install -e .[atari]``).
 
     python benchmarks/transport/bench_wire_frames.py [--frames 4000] [--steps 64] [--rounds 3]
@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 import common
 
 from shardreplay import Field, Spec
-from shardreplay.transport.codec import Chunk, decode, encode
-from shardreplay.transport.packing import CODECS, pack
+from shardreplay.transport.codec import CODECS, Chunk, decode, encode, pack
 
 
 def record_pong(frames: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

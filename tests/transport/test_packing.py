@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from shardreplay import Field, Spec
 from shardreplay._hashing import xxh3_64
 from shardreplay.errors import ConfigError, CorruptChunkError
-from shardreplay.transport.codec import Chunk, decode, encode
-from shardreplay.transport.packing import CODECS, is_packed, pack, unpack
+from shardreplay.transport.codec import CODECS, Chunk, decode, encode, is_packed, pack, unpack
 
 pytest.importorskip("lz4")
 pytest.importorskip("zstandard")

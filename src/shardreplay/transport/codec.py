@@ -1,4 +1,4 @@
-"""Chunks of steps and their wire format (no pickle).
+"""Chunks of steps, their wire format and its packed form (no pickle).
 
 A **chunk** is what an actor ships: ``T`` consecutive steps of each of its ``S`` streams,
 the policy version that made them and, optionally, Ape-X style initial priorities.
@@ -19,61 +19,174 @@ Wire layout (all integers little-endian)::
 The header is a map of exactly ``fp`` (spec fingerprint), ``S``, ``T`` and ``arrays``: a
 list of ``[name, dtype, shape, offset, nbytes]`` with offsets relative to ``P``. It is
 the same for every chunk of one spec and size, so a reader checks each distinct header
-once and recognises it by its bytes afterwards (the ids, which change every chunk, sit
-in the prefix). Arrays are ``stream_ids`` (int64 ``[S]``), one
-per step field (``steps/<name>``, shaped ``[S, T, *field.shape]``) and, when present,
-``priorities`` (float32 ``[S, T]``).
+once and recognises it by its bytes afterwards. Arrays are ``stream_ids`` (int64 ``[S]``),
+one per step field (``steps/<name>``, ``[S, T, *field.shape]``) and, when present,
+``priorities`` (float32 ``[S, T]``). The checksum covers header, padding and payload, and
+every prefix field is checked on its own; formats 1 (CRC-32) and 2 (XXH64) are rejected
+with a reason that says so. Sizes are checked against the spec and the bytes present
+before anything is allocated; decoded arrays are zero-copy, read-only views of the input,
+every value validated in one compiled pass (:mod:`shardreplay.spec.validation`).
 
-The checksum covers header, padding and payload, and every prefix field is checked on
-its own, so a damaged byte is detected (XXH3-64 misses a random corruption with
-probability 2^-64). Older formats (1: zlib's CRC-32, 2: XXH64) checksummed with a
-slower algorithm than XXH3 (:mod:`shardreplay._hashing`); their chunks are rejected with a
-reason that says so.
-Sizes in the header are checked against the spec and the bytes actually present before
-anything is allocated, and decoded arrays are zero-copy, read-only views of the input,
-validated once, every value in one compiled pass (:mod:`shardreplay.spec.validation`: a
-buffer's ``extend`` does not check them again). Array offsets and the payload length
-come from :class:`~shardreplay.spec.layout.RecordLayout`.
+**Packed chunks** (:func:`pack`, :func:`unpack`): of each ``frame_stack`` field's
+``[S, T, K, *frame]`` stacks only the frame a step added is kept when its stack continues
+the previous step's (its oldest ``K - 1`` frames are the previous newest ``K - 1``), the
+whole stack otherwise; the result is compressed with LZ4 or Zstandard (or not). Layout::
+
+    offset 0   magic b"SRCZ"                                     4 bytes
+           4   packing version (uint8), codec (uint8: 0 none, 1 lz4, 2 zstd), 2 zero bytes
+           8   total_len (uint64): bytes of the packed chunk     8 bytes
+          16   body_len (uint64): bytes of the body, uncompressed
+          24   chunk_len (uint64): bytes of the rebuilt chunk
+          32   XXH3-64 of every byte after offset 40 (what is sent)
+          40   the body, compressed by the codec
+
+The body is the encoded chunk with each frame-stacked field's array cut out, followed,
+for each such field in array order, by one byte per step (1: the stack continues, only
+its newest frame follows; 0: the whole stack follows) and the frames, steps in ``[S, T]``
+order. :func:`unpack` rebuilds the encoded chunk bit for bit (its own checksum proves it);
+sizes are checked against ``max_bytes`` before anything is allocated or decompressed.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from shardreplay._hashing import xxh3_64
-from shardreplay.errors import CorruptChunkError, SpecMismatchError
+from shardreplay.errors import ConfigError, CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
-from shardreplay.transport.packing import PACKED_MAGIC, pack, unpack
-from shardreplay.transport.wire import (
-    _DIGEST,
-    _DIGEST_AT,
-    _HASHED_FROM,
-    _HEADER_KEYS,
-    _IDS_DTYPE,
-    _MAX_DIM,
-    _MAX_HEADER_BYTES,
-    _MAX_ID,
-    _OLDER,
-    _PREFIX,
-    _PREFIX_READ,
-    _PRIO_DTYPE,
-    _STEP_PREFIX,
-    FORMAT_VERSION,
-    MAGIC,
-    _align8,
-    _info,
-    _Layout,
-    _layout,
-    _unpack_header,
-)
+from shardreplay.spec.layout import ALIGN, RecordLayout, step_parts
+from shardreplay.spec.validation import packed_steps
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "Chunk", "Encoding", "PackedEncoding", "decode", "encode",
-           "peek_identity", "wire_encoding"]
+__all__ = ["CODECS", "FORMAT_VERSION", "MAGIC", "PACKED_MAGIC", "Chunk", "Encoding", "PackedEncoding",
+           "check_codec", "decode", "encode", "is_packed", "pack", "peek_identity", "unpack",
+           "wire_encoding"]
+
+MAGIC = b"SRCK"
+FORMAT_VERSION = 3  # 1: CRC-32, 2: XXH64 checksums (rejected: see the module doc)
+_OLDER = {1: "CRC-32", 2: "XXH64"}
+_PREFIX = struct.Struct("<4sB3xIQ4xQQQQ")
+_PREFIX_READ = struct.Struct("<4sB3sIQ4sQQQQ")  # the same, zero bytes returned for checking
+_HEADER_KEYS = frozenset(("fp", "S", "T", "arrays"))
+_DIGEST, _DIGEST_AT, _HASHED_FROM = struct.Struct("<Q"), 24, 32  # the checksum covers the ids too
+_MAX_HEADER_BYTES = 1 << 20
+_MAX_DIM = 1 << 24  # S or T beyond this is a corrupt header, not a real chunk
+_MAX_ID = (1 << 63) - 1
+_STEP_PREFIX = "steps/"
+_IDS_DTYPE, _PRIO_DTYPE = np.dtype("<i8"), np.dtype("<f4")
+PACKED_MAGIC = b"SRCZ"
+PACKING_VERSION = 1
+CODECS = ("none", "lz4", "zstd")
+_PACKED_HEAD = struct.Struct("<4sBB2xQQQQ")
+_PACKED_FROM = 40  # the packed checksum covers every byte after it
+_ZSTD_LEVEL = 1  # level 1: most of the ratio on frames at a fraction of level 3's CPU
+
+
+def _wire_dtype(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<")  # the wire is little-endian; one-byte types stay "|"
+
+
+def _align8(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class _SpecInfo:
+    """What the codec needs of a spec, computed once per Spec object (hashing is slow)."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec  # held so that id(spec) is not reused while cached
+        self.fingerprint = spec.fingerprint
+        # Each step array's name, wire dtype and shape of one step (a chunk adds [S, T]).
+        self.fields = [(name, _wire_dtype(dtype), shape) for name, dtype, shape in
+                       step_parts(spec.fields, (), _STEP_PREFIX)]
+        self.layouts: dict[tuple[int, int, bool], _Layout] = {}  # live and die with this entry
+        self.headers: dict[bytes, _Layout] = {}  # header bytes already checked -> their layout
+
+
+_SPEC_INFO: dict[int, _SpecInfo] = {}
+
+
+def _info(spec: Spec) -> _SpecInfo:
+    info = _SPEC_INFO.get(id(spec))
+    if info is None or info.spec is not spec:
+        if len(_SPEC_INFO) > 64:
+            _SPEC_INFO.clear()
+        info = _SPEC_INFO[id(spec)] = _SpecInfo(spec)
+    return info
+
+
+class _Layout:
+    """Where every array of a chunk of one spec and size sits, computed once and cached."""
+
+    def __init__(self, info: _SpecInfo, s: int, t: int, has_priorities: bool) -> None:
+        arrays: list[tuple[str, np.dtype, tuple[int, ...]]] = [("stream_ids", _IDS_DTYPE, (s,))]
+        arrays += [(name, dtype, (s, t, *shape)) for name, dtype, shape in info.fields]
+        if has_priorities:
+            arrays.append(("priorities", _PRIO_DTYPE, (s, t)))
+        # Whole chunks are 8-byte multiples: chunks packed back to back (the local ring)
+        # keep every array aligned.
+        self.record = RecordLayout.pack(arrays)
+        parts = self.record.parts
+        self.entries: list[list[Any]] = [  # exactly what the header's "arrays" must hold
+            [p.name, p.dtype.str, list(p.shape), p.offset, p.nbytes] for p in parts]
+        self.views = [(p.name, p.dtype, p.count, p.offset, p.shape) for p in parts]
+        self.nbytes = self.record.record_bytes
+        # The steps' value checks, one compiled pass on decode (None: a field type without
+        # a compiled check, e.g. finite float16).
+        self.packed = packed_steps(info.spec, self.record, _STEP_PREFIX, (s, t))
+        self.s, self.t = s, t
+        self.ids_at = self.views[0][3]
+        self.prio_at = self.views[-1][3] if has_priorities else -1
+        self.good_ids: set[bytes] = set()  # stream ids (as bytes) that passed their checks
+        self.header = msgpack.packb({"fp": info.fingerprint, "S": s, "T": t, "arrays": self.entries})
+        self.payload_at = _align8(_PREFIX.size + len(self.header))
+        # Padding byte ranges of a whole chunk: after the header, between arrays, at the end.
+        at = self.payload_at
+        ends = [_PREFIX.size + len(self.header)]
+        ends += [at + off + c * d.itemsize for _n, d, c, off, _s in self.views]
+        starts = [at] + [at + off for _n, _d, _c, off, _s in self.views[1:]] + [at + self.nbytes]
+        gaps = [(a, b) for a, b in zip(ends, starts, strict=True) if b > a]
+        # For the encoder: the header with its zero padding as one block, the other gaps,
+        # and each array's key in a chunk (a bare step name, "stream_ids", "priorities").
+        block = np.zeros(self.payload_at - _PREFIX.size, np.uint8)
+        block[:len(self.header)] = np.frombuffer(self.header, np.uint8)
+        self.head_block = block
+        self.tail_gaps = [(a, b) for a, b in gaps if a >= self.payload_at]
+        self.copies = [(name.removeprefix(_STEP_PREFIX), dtype, at + off, shape)
+                       for name, dtype, _c, off, shape in self.views]
+        # Every step field with the spec's own dtype and full shape: steps that match
+        # these exactly need no cast, only their values checked (in the packed bytes).
+        self.exact = tuple(step_parts(info.spec.fields, (s, t)))
+
+
+def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:
+    info = _info(spec)
+    key = (s, t, has_priorities)
+    layout = info.layouts.get(key)
+    if layout is None:
+        if len(info.layouts) > 256:
+            info.layouts.clear()
+        layout = info.layouts[key] = _Layout(info, s, t, has_priorities)
+    return layout
+
+
+def _unpack_header(raw: bytes) -> dict[str, Any]:
+    """A chunk's msgpack header, bounded; CorruptChunkError (``header``) on garbage or a non-map."""
+    try:
+        head = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16,
+                               max_bin_len=0, max_array_len=1 << 16, max_map_len=64, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise CorruptChunkError(f"unreadable chunk header: {exc}", reason="header") from exc
+    if not isinstance(head, dict):
+        raise CorruptChunkError("chunk header is not a map", reason="header")
+    return head
+
 
 @dataclass(frozen=True, eq=False)
 class Chunk:
@@ -212,8 +325,8 @@ class Encoding:
 
 
 class PackedEncoding:
-    """A chunk packed for the wire (:mod:`shardreplay.transport.packing`), written where
-    the caller wants it like an :class:`Encoding`.
+    """A chunk packed for the wire (:func:`pack`), written where the caller wants it like
+    an :class:`Encoding`.
 
     Raises:
         SpecMismatchError: as :func:`encode`.
@@ -239,8 +352,8 @@ class PackedEncoding:
 
 
 def wire_encoding(chunk: Chunk, spec: Spec, compression: str) -> Encoding | PackedEncoding:
-    """How a chunk crosses a file or network transport: packed (:mod:`~shardreplay.transport.packing`)
-    when ``compression`` is not ``"none"`` or ``spec`` has a ``frame_stack`` field (its new
+    """How a chunk crosses a file or network transport: packed (:func:`pack`) when
+    ``compression`` is not ``"none"`` or ``spec`` has a ``frame_stack`` field (its new
     frames then travel once), else the plain encoding, byte for byte :func:`encode`'s.
 
     Raises:
@@ -267,7 +380,6 @@ def _scratch(nbytes: int) -> memoryview:
 def spec_has_frame_stacks(spec: Spec) -> bool:
     """True when a field of ``spec`` is ``frame_stack``."""
     return any(f.frame_stack for f in spec.fields.values())
-
 
 
 def _exact(steps: Mapping[str, Any], exact: tuple[tuple[str, np.dtype, tuple[int, ...]], ...]) -> bool:
@@ -339,7 +451,7 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     """Parse and fully validate a chunk against the learner's spec.
 
     Args:
-        data: the encoded chunk, or a packed one (:mod:`shardreplay.transport.packing`:
+        data: the encoded chunk, or a packed one (:mod:`shardreplay.transport.codec`:
             rebuilt first, and its rebuilt bytes then checked like any chunk). Decoded
             arrays are read-only views into it (into the rebuilt bytes when packed).
         spec: the learner's spec; the chunk's fingerprint, dtypes and shapes must match.
@@ -377,14 +489,7 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
         raise CorruptChunkError(f"header length {hlen} is impossible", reason="header")
     if actor > _MAX_ID or sequence > _MAX_ID or policy > _MAX_ID:  # unsigned: never negative
         _check_ids(actor, sequence, policy, exc=CorruptChunkError)  # raises, naming the id
-    info = _info(spec)
-    raw = bytes(mv[_PREFIX.size:_PREFIX.size + hlen])
-    layout = info.headers.get(raw)
-    if layout is None:  # a header not seen yet: check it in full, once
-        layout = _checked_layout(_unpack_header(raw), spec)
-        if len(info.headers) > 256:
-            info.headers.clear()
-        info.headers[raw] = layout
+    layout = _header_layout(bytes(mv[_PREFIX.size:_PREFIX.size + hlen]), spec)
     if layout.nbytes != n - payload_at:
         raise CorruptChunkError(f"the arrays need {layout.nbytes} bytes, the chunk has {n - payload_at}",
                                 reason="header")
@@ -417,6 +522,23 @@ def _format_error(magic: bytes, version: int) -> CorruptChunkError:
                              f"{FORMAT_VERSION} only", reason="format")
 
 
+def _header_layout(raw: bytes, spec: Spec) -> _Layout:
+    """The layout a chunk's header bytes name, checked against ``spec`` in full the first
+    time these bytes are seen.
+
+    Raises:
+        CorruptChunkError: ``spec`` or ``header``: the header is not one of ``spec``.
+    """
+    info = _info(spec)
+    layout = info.headers.get(raw)
+    if layout is None:
+        layout = _checked_layout(_unpack_header(raw), spec)
+        if len(info.headers) > 256:
+            info.headers.clear()
+        info.headers[raw] = layout
+    return layout
+
+
 def _checked_layout(head: dict[str, Any], spec: Spec) -> _Layout:
     """Check a header against the layout the spec expects for its sizes; return that layout."""
     if head.get("fp") != _info(spec).fingerprint:
@@ -439,3 +561,214 @@ def _checked_layout(head: dict[str, Any], spec: Spec) -> _Layout:
         raise CorruptChunkError(f"array entry {bad[0]!r} does not match the spec's {bad[1]!r}",
                                 reason="header")
     return layout
+
+
+# -- packed chunks ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _StackedArray:
+    """Where one frame-stacked field's array sits in an encoded chunk."""
+
+    offset: int  # from the start of the chunk
+    nbytes: int
+    steps: int  # S * T
+    per_stream: int  # T: every T-th step starts a stream's run, sent whole
+    stack: int  # K
+    frame_bytes: int
+
+
+def is_packed(data: bytes | bytearray | memoryview) -> bool:
+    """True when ``data`` starts like a packed chunk (cheap: reads four bytes)."""
+    return bytes(memoryview(data)[:4]) == PACKED_MAGIC
+
+
+def check_codec(codec: str) -> str:
+    """``codec`` if it is one of :data:`CODECS` and its package is installed.
+
+    Raises:
+        ConfigError: an unknown codec, or its package (``lz4``, ``zstandard``) is missing.
+    """
+    if codec not in CODECS:
+        raise ConfigError(f"compression {codec!r} is not one of {', '.join(CODECS)}")
+    if codec != "none":
+        _module(codec)
+    return codec
+
+
+def pack(chunk: bytes | bytearray | memoryview, spec: Spec, codec: str = "lz4") -> bytes:
+    """A packed form of an encoded chunk of ``spec``: frames once, then compressed.
+
+    Raises:
+        ConfigError: ``codec`` is unknown or its package is not installed.
+        CorruptChunkError: ``chunk`` is not an encoded chunk of ``spec`` (its header
+            does not parse as one).
+    """
+    check_codec(codec)
+    raw = np.frombuffer(chunk, np.uint8)
+    stacked = _stacked_arrays(raw, spec)
+    parts: list[Any] = []
+    at = 0
+    for arr in stacked:
+        parts.append(raw[at:arr.offset])
+        at = arr.offset + arr.nbytes
+    parts.append(raw[at:])
+    for arr in stacked:
+        parts.extend(_frames_once(raw[arr.offset:arr.offset + arr.nbytes], arr))
+    body = b"".join(p.tobytes() if isinstance(p, np.ndarray) else p for p in parts)
+    sent = _compress(codec, body)
+    out = bytearray(_PACKED_FROM + len(sent))
+    out[_PACKED_FROM:] = sent
+    _PACKED_HEAD.pack_into(out, 0, PACKED_MAGIC, PACKING_VERSION, CODECS.index(codec), len(out), len(body),
+                    len(raw), 0)
+    struct.pack_into("<Q", out, 32, xxh3_64(memoryview(out)[_PACKED_FROM:]))
+    return bytes(out)
+
+
+def unpack(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) -> memoryview:
+    """The encoded chunk that :func:`pack` packed into ``data``.
+
+    Args:
+        max_bytes: the largest chunk the reader accepts: neither the packed bytes, the
+            body nor the rebuilt chunk may be larger (checked before allocating).
+
+    Raises:
+        CorruptChunkError: with ``reason`` ``too_large``, ``truncated``, ``format``,
+            ``checksum`` or ``header``.
+    """
+    mv = memoryview(data).cast("B") if memoryview(data).ndim != 1 else memoryview(data)
+    n = len(mv)
+    if n > max_bytes:
+        raise CorruptChunkError(f"chunk of {n} bytes exceeds max_bytes={max_bytes}", reason="too_large")
+    if n < _PACKED_FROM:
+        raise CorruptChunkError(f"packed chunk of {n} bytes is shorter than its header", reason="truncated")
+    magic, version, codec_id, total, body_len, chunk_len, digest = _PACKED_HEAD.unpack_from(mv)
+    if magic != PACKED_MAGIC or version != PACKING_VERSION or codec_id >= len(CODECS):
+        raise CorruptChunkError(f"packed chunk of version {version}, codec {codec_id}: this reader reads "
+                                f"version {PACKING_VERSION}, codecs {', '.join(CODECS)}", reason="format")
+    if total != n:
+        raise CorruptChunkError(f"packed chunk says {total} bytes but {n} arrived", reason="truncated")
+    if xxh3_64(mv[_PACKED_FROM:]) != digest:
+        raise CorruptChunkError("checksum mismatch: the packed chunk was damaged in transit or on disk",
+                                reason="checksum")
+    # The body adds one flag byte per step of a stacked field to what it keeps of the
+    # chunk, so it never reaches twice the chunk's size.
+    if chunk_len > max_bytes or body_len > 2 * chunk_len:
+        raise CorruptChunkError(f"packed chunk rebuilds {chunk_len} bytes from a {body_len}-byte body "
+                                f"(max_bytes={max_bytes})", reason="too_large")
+    body = _decompress(CODECS[codec_id], mv[_PACKED_FROM:], body_len)
+    return _rebuild(np.frombuffer(body, np.uint8), spec, chunk_len)
+
+
+def _rebuild(body: np.ndarray, spec: Spec, chunk_len: int) -> memoryview:
+    """Put the cut-out stacks back: the inverse of :func:`pack`'s body."""
+    raw = np.empty(chunk_len, np.uint8)  # every byte is written below
+    stacked = _stacked_arrays(body, spec)  # the body starts with the chunk's prefix and header
+    src = dst = 0
+    for arr in stacked:  # the arrays between the stacked ones, in order
+        size = arr.offset - dst
+        raw[dst:arr.offset] = _take(body, src, size)
+        src, dst = src + size, arr.offset + arr.nbytes
+    size = chunk_len - dst
+    raw[dst:] = _take(body, src, size)
+    src += size
+    for arr in stacked:
+        src = _stacks_back(body, src, raw[arr.offset:arr.offset + arr.nbytes], arr)
+    if src != len(body):
+        raise CorruptChunkError(f"packed body has {len(body) - src} bytes left over", reason="header")
+    return raw.data
+
+
+def _take(body: np.ndarray, at: int, size: int) -> np.ndarray:
+    if size < 0 or at + size > len(body):
+        raise CorruptChunkError("packed body is shorter than its chunk needs", reason="truncated")
+    return body[at:at + size]
+
+
+def _stacked_arrays(raw: np.ndarray, spec: Spec) -> list[_StackedArray]:
+    """The frame-stacked arrays of an encoded chunk, by offset (read from its header)."""
+    if len(raw) < _PREFIX.size:
+        raise CorruptChunkError("not an encoded chunk: too short", reason="truncated")
+    magic, _v, hlen, *_rest = _PREFIX.unpack_from(raw[:_PREFIX.size].tobytes())
+    if magic != MAGIC:
+        raise CorruptChunkError(f"not an encoded chunk (magic {bytes(magic)!r})", reason="format")
+    layout = _header_layout(raw[_PREFIX.size:_PREFIX.size + hlen].tobytes(), spec)
+    stacks = {f"{_STEP_PREFIX}{name}": f.stack_size for name, f in spec.fields.items() if f.frame_stack}
+    out = []
+    for name, dtype, count, offset, shape in layout.views:
+        if name in stacks:
+            frame = int(np.prod(shape[3:], dtype=np.int64)) * dtype.itemsize
+            out.append(_StackedArray(layout.payload_at + offset, count * dtype.itemsize,
+                                     layout.s * layout.t, layout.t, stacks[name], frame))
+    return out
+
+
+def _frames_once(block: np.ndarray, arr: _StackedArray) -> tuple[np.ndarray, np.ndarray]:
+    """The continuation flags of every step and the frames to send, for one field."""
+    x = block.reshape(arr.steps, arr.stack, arr.frame_bytes)
+    cont = np.ones(arr.steps, np.bool_)  # one-frame stacks: every step's frame is new
+    if arr.stack > 1:
+        cont[1:] = (x[1:, :-1] == x[:-1, 1:]).all(axis=(1, 2))
+    cont[::arr.per_stream] = False  # a stream's first step in the chunk: its whole stack
+    keep = np.ones((arr.steps, arr.stack), np.bool_)
+    keep[cont, :-1] = False
+    return cont.view(np.uint8), x[keep]
+
+
+def _stacks_back(body: np.ndarray, at: int, out: np.ndarray, arr: _StackedArray) -> int:
+    """Rebuild one field's stacks into ``out`` from ``body`` at ``at``; the new offset."""
+    flags = _take(body, at, arr.steps)
+    if flags.max(initial=0) > 1 or flags[::arr.per_stream].any():
+        raise CorruptChunkError("packed stack flags are damaged", reason="header")
+    at += arr.steps
+    added = np.where(flags == 1, 1, arr.stack)
+    ends = np.cumsum(added)
+    frames = int(ends[-1]) if arr.steps else 0
+    src = _take(body, at, frames * arr.frame_bytes).reshape(frames, arr.frame_bytes)
+    idx = (ends[:, None] - arr.stack + np.arange(arr.stack)).ravel()
+    # In range by construction (every stream's first step sent its whole stack, checked
+    # above), so "clip" never clips: it only spares the copy through a temporary of
+    # ``out`` that take's default mode="raise" makes (3/4 of a packed Pong chunk's decode).
+    np.take(src, idx, axis=0, out=out.reshape(-1, arr.frame_bytes), mode="clip")
+    return at + frames * arr.frame_bytes
+
+
+def _module(codec: str) -> Any:
+    try:
+        if codec == "lz4":
+            import lz4.block
+
+            return lz4.block
+        import zstandard
+
+        return zstandard
+    except ImportError as exc:
+        package = "lz4" if codec == "lz4" else "zstandard"
+        raise ConfigError(f"compression {codec!r} needs the {package} package: pip install {package} "
+                          "(or choose --compression none)") from exc
+
+
+def _compress(codec: str, body: bytes) -> bytes:
+    if codec == "none":
+        return body
+    if codec == "lz4":
+        return _module("lz4").compress(body, store_size=False)
+    return _module("zstd").ZstdCompressor(level=_ZSTD_LEVEL).compress(body)
+
+
+def _decompress(codec: str, sent: memoryview, body_len: int) -> bytes:
+    try:
+        if codec == "none":
+            data = bytes(sent)
+        elif codec == "lz4":
+            data = _module("lz4").decompress(sent, uncompressed_size=body_len)
+        else:
+            data = _module("zstd").ZstdDecompressor().decompress(sent, max_output_size=body_len)
+    except ConfigError:
+        raise
+    except Exception as exc:  # each codec raises its own error types on damaged input
+        raise CorruptChunkError(f"packed chunk does not decompress ({codec}): {exc}",
+                                reason="format") from exc
+    if len(data) != body_len:
+        raise CorruptChunkError(f"packed body is {len(data)} bytes, its header says {body_len}",
+                                reason="truncated")
+    return data

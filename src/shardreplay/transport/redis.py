@@ -84,8 +84,7 @@ from shardreplay.transport.base import (
     IntakeReader,
     check_max_chunks,
 )
-from shardreplay.transport.codec import Chunk, wire_encoding
-from shardreplay.transport.packing import check_codec
+from shardreplay.transport.codec import Chunk, check_codec, wire_encoding
 from shardreplay.transport.redis_link import (
     RedisLink,
     RoomTokens,

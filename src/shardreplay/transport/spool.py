@@ -48,8 +48,7 @@ from shardreplay.transport.base import (
     IntakeReader,
     check_max_chunks,
 )
-from shardreplay.transport.codec import Chunk, wire_encoding
-from shardreplay.transport.packing import check_codec
+from shardreplay.transport.codec import Chunk, check_codec, wire_encoding
 
 __all__ = ["SpoolReader", "SpoolTransport", "SpoolWriter", "chunk_file_name"]
 

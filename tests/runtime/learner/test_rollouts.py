@@ -32,8 +32,7 @@ from shardreplay.runtime.learner.wal import (
     log_files,
     read_logs,
 )
-from shardreplay.transport.codec import encode
-from shardreplay.transport.packing import is_packed, pack
+from shardreplay.transport.codec import encode, is_packed, pack
 from tests.runtime.runtime_helpers import IDENT_SPEC, make_chunk
 
 

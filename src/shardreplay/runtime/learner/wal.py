@@ -47,7 +47,7 @@ segments are the run's rollout archive. Instead of deleting a segment the comple
 checkpoint holds, the log moves it to ``<run_dir>/rollouts/`` (same name; a rename, no
 copy), and rank 0 deletes whole oldest segments there beyond the size cap (a log line
 and ``rollouts_dropped_segments`` in the metrics say so). Kept chunks that came
-uncompressed are packed with LZ4 (:func:`shardreplay.transport.packing.pack`) before
+uncompressed are packed with LZ4 (:func:`shardreplay.transport.codec.pack`) before
 they are logged. :func:`iter_rollouts` reads the archive back (and the segments not yet
 moved), :func:`archive_summary` describes it; :class:`RolloutKeeper` keeps a custom loop's
 chunks the same way.
@@ -84,8 +84,7 @@ from shardreplay._hashing import xxh3_64, xxh64
 from shardreplay._io import atomic_write_bytes, fsync_dir
 from shardreplay.errors import ConfigError, CorruptChunkError
 from shardreplay.spec import Spec
-from shardreplay.transport.codec import Chunk, decode
-from shardreplay.transport.packing import is_packed
+from shardreplay.transport.codec import Chunk, decode, is_packed
 
 __all__ = ["CRASHED", "IngestLog", "KeptChunk", "LogRecord", "LogScan", "LossLog", "Retention",
            "RolloutKeeper", "Suspects", "archive_retention", "archive_summary", "iter_rollouts", "log_files",
@@ -361,7 +360,7 @@ class Retention:
         directory: ``<run_dir>/rollouts``.
         max_bytes: the archive's cap: rank 0 deletes whole oldest segments beyond it
             (0: no cap).
-        pack: compresses a chunk that came unpacked (``transport.packing.pack`` with the
+        pack: compresses a chunk that came unpacked (``transport.codec.pack`` with the
             run's spec); None: kept as received.
     """
 
@@ -377,7 +376,7 @@ def archive_retention(run_dir: Path, spec: Spec, max_bytes: int = 0) -> Retentio
     Raises:
         OSError: the directory or ``spec.json`` cannot be written.
     """
-    from shardreplay.transport.packing import pack
+    from shardreplay.transport.codec import pack
 
     (run_dir / ROLLOUTS_DIR).mkdir(parents=True, exist_ok=True)
     # Not sorted: a reader decodes the chunks with the fields in this order.
