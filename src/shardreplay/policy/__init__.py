@@ -1,7 +1,7 @@
 """Policy broadcast from the learner to actors: ``file:///dir`` or ``redis://``.
 
-See :mod:`shardreplay.policy.broadcast`. The modules import redis, torch and safetensors
-only when they are first used.
+See :mod:`shardreplay.policy.broadcast`; redis, torch and safetensors are imported only
+when first used.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from shardreplay.policy.broadcast import (
     PolicySubscriber,
     PolicyUpdate,
     SubscriberStats,
+    open_publisher,
+    open_subscriber,
     wait_for_policy,
 )
-from shardreplay.policy.factory import open_publisher, open_subscriber
 
 __all__ = [
     "PolicyPublisher",

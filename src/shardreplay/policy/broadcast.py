@@ -1,14 +1,11 @@
 """Policy broadcast: the learner publishes ``(version, weights)``, actors poll for new ones.
 
-One interface, chosen by URL with :func:`~shardreplay.policy.open_publisher` /
-:func:`~shardreplay.policy.open_subscriber` (:mod:`shardreplay.policy.factory`):
-
-- ``file:///dir``: immutable ``policy-<version>.safetensors`` files, then a small
-  ``policy.version`` note naming the newest with its CRC-32 (:mod:`.file_backend`).
-- ``redis://host:port/db``: one hash holding version, CRC-32 and weights, set by one
-  ``HSET`` (atomic), then a pub/sub message that is only a hint (:mod:`.redis_backend`).
-
-Weights travel as safetensors (never pickle) with the version in their metadata::
+One interface, chosen by URL with :func:`open_publisher` / :func:`open_subscriber`:
+``file:///dir`` (immutable ``policy-<version>.safetensors`` files, then a small
+``policy.version`` note naming the newest with its CRC-32: :mod:`.file_backend`) or
+``redis://host:port/db`` (one hash of version, CRC-32 and weights set by one ``HSET``,
+then a pub/sub hint: :mod:`.redis_backend`). Weights travel as safetensors (never pickle)
+with the version in their metadata::
 
     publisher = open_publisher("file:///run/policy")
     publisher.publish(7, model.state_dict())
@@ -18,22 +15,13 @@ Weights travel as safetensors (never pickle) with the version in their metadata:
     if update is not None:
         model.load_state_dict(update.weights)
 
-A subscriber opened with ``as_numpy=True`` gives numpy arrays (read with
-``safetensors.numpy``: it never imports torch, as the default actor does).
-
-``poll`` looks at the version at most every ``check_interval_s`` (Redis: at once when a
-notification arrived; a lost notification costs at most one interval) and loads weights
-only when the version grew or the run changed. A damaged or inconsistent copy is
-logged, counted in ``stats`` and skipped; the actor keeps its current weights.
-
-Versions stay comparable across learner lives: a training run publishes
-:func:`pack_version` ``(life, updates)``, the life (resume count of the run directory)
-in the high bits, so the first policy of a learner resumed from an older checkpoint
-(fewer updates) is still newer than everything its previous life published.
-
-A publisher may add string ``meta`` (safetensors metadata); :data:`RUN_KEY` in it names
-the run (``run_id``): a subscriber also takes a policy of another run, whatever its
-version (a new run on the same medium starts again from version 0).
+``as_numpy=True`` gives numpy arrays (torch is then never imported). ``poll`` looks at the
+version at most every ``check_interval_s`` (Redis: at once on a hint) and loads weights only
+when the version grew or the run changed; a damaged copy is logged, counted in ``stats``
+and skipped. A training run publishes :func:`pack_version` ``(life, updates)``, so a
+resumed learner's first policy is newer than all its previous life published, and names
+itself in ``meta`` (:data:`RUN_KEY`): a subscriber takes another run's policy whatever
+its version.
 """
 
 from __future__ import annotations
@@ -49,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from shardreplay.errors import ConfigError, TransportTimeout
+from shardreplay.transport.urls import POLICY_KEY, parse_medium, pop_query
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,6 +51,8 @@ __all__ = [
     "RunInfo",
     "SubscriberStats",
     "describe_version",
+    "open_publisher",
+    "open_subscriber",
     "pack_version",
     "split_version",
     "wait_for_policy",
@@ -321,6 +312,29 @@ def deserialize(data: bytes, expect_crc: int | None, stats: SubscriberStats,
     return PolicyUpdate(version, weights, {str(k): str(v) for k, v in meta.items() if k != VERSION_KEY})
 
 
+class VersionedPublisher:
+    """What the publishers share: versions that must increase, weights serialized once,
+    then written by the medium's ``_write``."""
+
+    _last: int | None = None
+
+    def publish(self, version: int, weights: Mapping[str, Any], *,
+                meta: Mapping[str, str] | None = None) -> None:
+        """Make ``weights`` the current policy, atomically (``meta``: string metadata
+        published with it).
+
+        Raises:
+            ConfigError: the version does not increase or a value is not a tensor.
+            TransportError / TransportTimeout: the medium failed.
+        """
+        version = check_version(version, self._last)
+        self._write(version, serialize(version, weights, meta), run_id_of(meta or {}))
+        self._last = version
+
+    def _write(self, version: int, data: bytes, run: str) -> None:
+        raise NotImplementedError
+
+
 class PollingSubscriber:
     """What the subscribers share: their settings and state, the check interval, and
     taking checked weights (a copy that fails is not read again until the next publish).
@@ -379,3 +393,49 @@ def wait_for_policy(subscriber: PolicySubscriber, timeout_s: float) -> PolicyUpd
             raise TransportTimeout(f"no policy newer than version {subscriber.version} within "
                                    f"{timeout_s} s: has the learner published one?")
         subscriber.pause(min(left, 0.05))
+
+
+def _redis_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The URL for redis-py and the backend's options: the URL's ``key`` query option
+    (:mod:`shardreplay.transport.urls`) names the policy hash unless ``key`` is given."""
+    bare, key = pop_query(url, POLICY_KEY)
+    if key and "key" not in options:
+        options = {**options, "key": key}
+    return bare, options
+
+
+def _open(url: str, role: str, options: dict[str, Any]) -> Any:
+    """``File<role>(dir)`` or ``Redis<role>(url)``; the backend (and redis) imported now."""
+    medium = parse_medium(url, kinds=("file", "redis"), what="policy broadcast")
+    if medium.kind == "file":
+        import shardreplay.policy.file_backend as module
+
+        where = medium.path
+    else:
+        import shardreplay.policy.redis_backend as module  # type: ignore[no-redef]
+
+        where, options = _redis_options(url, options)
+    try:
+        return getattr(module, f"{medium.kind.capitalize()}{role.capitalize()}")(where, **options)
+    except TypeError as exc:
+        raise ConfigError(f"bad option for policy {role} {url!r}: {exc}") from exc
+
+
+def open_publisher(url: str, **options: Any) -> PolicyPublisher:
+    """The learner's end for ``file:///dir`` or ``redis://...``.
+
+    Raises:
+        ConfigError: an unknown URL or option.
+    """
+    publisher: PolicyPublisher = _open(url, "publisher", options)
+    return publisher
+
+
+def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
+    """An actor's end for ``file:///dir`` or ``redis://...``.
+
+    Raises:
+        ConfigError: an unknown URL or option.
+    """
+    subscriber: PolicySubscriber = _open(url, "subscriber", options)
+    return subscriber

@@ -1,21 +1,14 @@
 """``file:///dir`` policy broadcast: immutable safetensors files plus a version note.
 
-Publishing version ``v`` writes ``policy-<v>.safetensors`` (temp name, fsync, rename),
-then replaces ``policy.version`` (``{"version", "file", "crc32"}``, same way), then
-deletes every weights file but the newest ``keep`` it wrote itself: those of an earlier
-publisher (a previous learner life, another run that used the directory) go at its first
-publish, whatever their versions. The note is written after the file it names, so a
-subscriber that reads the note and then that file gets exactly the weights of that
-version, or (if ``keep`` newer versions came in between and the file is gone) nothing,
-and tries again at its next check; a file that a new run rewrote under the same version
-fails the note's checksum (counted) and the next check reads the new note. The version
-is also in the safetensors metadata and must agree with the note,
-and so is the run id (the note's ``run``, so a subscriber sees another run's policy
-without reading weights).
-
-A publisher killed mid-write leaves its temp file (``*.tmp``): the next publisher of
-the directory deletes those when it starts (one publisher per directory: its run's
-learner rank 0).
+Publishing version ``v`` writes ``policy-<v>.safetensors`` (temp name, fsync, rename), then
+replaces ``policy.version`` (``{"version", "file", "crc32", "run"}``) the same way, then
+deletes every weights file but the newest ``keep`` it wrote itself (an earlier
+publisher's go at the first publish, whatever their versions). The note is written after
+the file it names, so a subscriber gets exactly that version's weights or, if the file was
+pruned meanwhile, nothing and tries again; a file rewritten under the same version fails
+the note's checksum (counted). The safetensors metadata must agree with the note's
+version. A publisher's first act is to delete the temp files a dead one left (one
+publisher per directory: its run's learner rank 0).
 """
 
 from __future__ import annotations
@@ -26,19 +19,15 @@ import re
 import time
 import zlib
 from collections import deque
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from shardreplay._io import atomic_write_bytes
 from shardreplay.errors import ConfigError, TransportError
 from shardreplay.policy.broadcast import (
     PolicyUpdate,
     PollingSubscriber,
-    check_version,
+    VersionedPublisher,
     is_news,
-    run_id_of,
-    serialize,
 )
 
 __all__ = ["FilePublisher", "FileSubscriber"]
@@ -56,7 +45,7 @@ def weights_name(version: int) -> str:
     return f"policy-{version:020d}.safetensors"
 
 
-class FilePublisher:
+class FilePublisher(VersionedPublisher):
     """Publishes policies into a directory.
 
     Args:
@@ -76,7 +65,6 @@ class FilePublisher:
         self.path = Path(path)
         self.keep = keep
         self.fsync = fsync
-        self._last: int | None = None
         self._published: deque[str] = deque(maxlen=keep)  # names written here, oldest first
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -91,19 +79,9 @@ class FilePublisher:
             if _TEMP.match(name):
                 (self.path / name).unlink(missing_ok=True)
 
-    def publish(self, version: int, weights: Mapping[str, Any], *,
-                meta: Mapping[str, str] | None = None) -> None:
-        """Make ``weights`` the current policy (``meta``: string metadata published with it).
-
-        Raises:
-            ConfigError: the version does not increase or a value is not a tensor.
-            TransportError: the file system refused the write.
-        """
-        version = check_version(version, self._last)
-        data = serialize(version, weights, meta)
+    def _write(self, version: int, data: bytes, run: str) -> None:
         name = weights_name(version)
-        note = json.dumps({"version": version, "file": name, "crc32": zlib.crc32(data),
-                           "run": run_id_of(meta or {})}).encode()
+        note = json.dumps({"version": version, "file": name, "crc32": zlib.crc32(data), "run": run}).encode()
         try:
             atomic_write_bytes(self.path / name, data, fsync=self.fsync)
             try:
@@ -114,7 +92,6 @@ class FilePublisher:
                 raise
         except OSError as exc:
             raise TransportError(f"cannot publish policy {version} to {self.path}: {exc}") from exc
-        self._last = version
         self._published.append(name)
         self._prune()
 

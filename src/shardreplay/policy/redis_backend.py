@@ -1,13 +1,11 @@
 """``redis://`` policy broadcast: one hash per policy key, plus a pub/sub hint.
 
-The publisher sets ``version``, ``run``, ``crc32`` and ``weights`` of the hash ``key`` in one
-``HSET`` (atomic: a reader sees all old or all new fields), then publishes the version on
-``key + ":news"``. A subscriber reads only ``HMGET version run`` on a check and the whole
-hash (one ``HGETALL``, a consistent snapshot) only when the version grew or the run
-changed. Checks happen when a
-hint arrives and at least every ``check_interval_s``, so a lost hint costs one interval,
-and a subscriber that starts late still finds the current policy (lessons from Coach's
-pub/sub data loss). Redis itself is reached through :mod:`shardreplay.transport.redis`.
+The publisher sets ``version``, ``run``, ``crc32`` and ``weights`` of hash ``key`` in one
+``HSET`` (a reader sees all old or all new fields), then publishes the version on
+``key + ":news"``. A subscriber reads ``HMGET version run`` on a check and the whole hash
+(one ``HGETALL``) only when the version grew or the run changed; it checks on a hint and
+at least every ``check_interval_s``, so a lost hint costs one interval and a late
+subscriber still finds the current policy.
 """
 
 from __future__ import annotations
@@ -21,10 +19,8 @@ from shardreplay.errors import TransportTimeout
 from shardreplay.policy.broadcast import (
     PolicyUpdate,
     PollingSubscriber,
-    check_version,
+    VersionedPublisher,
     is_news,
-    run_id_of,
-    serialize,
 )
 from shardreplay.transport.redis_link import HintChannel, RedisLink
 
@@ -34,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["RedisPublisher", "RedisSubscriber"]
 
 
-class RedisPublisher:
+class RedisPublisher(VersionedPublisher):
     """Publishes policies into a Redis hash.
 
     Args:
@@ -48,25 +44,12 @@ class RedisPublisher:
         self._key = key
         self._timeout_s = timeout_s
         self._hints = HintChannel(self._link, key + ":news")
-        self._last: int | None = None
 
-    def publish(self, version: int, weights: Mapping[str, Any], *,
-                meta: Mapping[str, str] | None = None) -> None:
-        """Atomically replace the current policy (``meta``: string metadata published with
-        it), then hint subscribers.
-
-        Raises:
-            ConfigError: the version does not increase or a value is not a tensor.
-            TransportTimeout: the server did not answer within ``timeout_s``.
-            TransportError: Redis refused the write.
-        """
-        version = check_version(version, self._last)
-        data = serialize(version, weights, meta)
-        mapping: dict[EncodableT, EncodableT] = {"version": str(version), "run": run_id_of(meta or {}),
+    def _write(self, version: int, data: bytes, run: str) -> None:
+        mapping: dict[EncodableT, EncodableT] = {"version": str(version), "run": run,
                                                  "crc32": str(zlib.crc32(data)), "weights": data}
         self._link.call(lambda r: r.hset(self._key, mapping=mapping), what="HSET policy",
                         deadline=time.monotonic() + self._timeout_s)
-        self._last = version
         self._hints.publish(str(version))
 
     def close(self) -> None:

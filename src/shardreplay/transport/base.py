@@ -1,43 +1,32 @@
 """The transport interface: how actors' chunks reach a learner.
 
-One interface, three media, chosen by URL with
-:func:`shardreplay.transport.urls.open_transport`:
-
-==========================  ====================================================
-``local`` (default)         processes on one machine: a bounded shared-memory ring
-``file:///dir``             a spool directory (shared file system), durable
-``redis://host:port/db``    Redis streams with a consumer group, durable
-==========================  ====================================================
-
-A :class:`Transport` is only configuration plus, for ``local``, the shared ring; pass
-it to child processes as a ``Process`` argument (works with the ``spawn`` start
-method), and open the live ends where they are used::
+One interface, three media, chosen by URL with :func:`~shardreplay.transport.urls.open_transport`:
+``local`` (a bounded shared-memory ring between processes of one machine), ``file:///dir``
+(a spool directory, durable) and ``redis://host:port/db`` (Redis streams with a consumer
+group, durable). A :class:`Transport` is configuration (plus, for ``local``, the ring):
+pass it to child processes as a ``Process`` argument and open the ends where they are used::
 
     transport = open_transport("file:///data/spool", spec)
-    # actor process                           # learner process
-    writer = transport.writer()               reader = transport.reader()
-    writer.send(chunk, timeout_s=30)          chunks = reader.receive(64, timeout_s=0.1)
-                                              buffer.extend(...)   # for each chunk
-                                              reader.ack(chunks)   # after they are stored
+    writer = transport.writer()                # actor process
+    writer.send(chunk, timeout_s=30)
+    reader = transport.reader()                # learner process
+    chunks = reader.receive(64, timeout_s=0.1)
+    ...                                        # store them, then
+    reader.ack(chunks)
 
-Contract:
-
-- ``send`` blocks while the medium holds its cap of unconsumed chunks (back-pressure)
-  and raises :class:`~shardreplay.errors.TransportTimeout` when ``timeout_s`` passes.
-- ``receive`` returns at most ``max_chunks`` decoded, validated chunks, as soon as at
-  least one is there or after ``timeout_s`` (then possibly none). Delivery is
-  at-least-once on the durable media: a chunk not acknowledged before the reader dies
-  is delivered again to the next reader. Chunks whose ``(actor_id, sequence)`` was seen
-  recently are dropped and counted as duplicates.
-- ``ack`` says the chunks are safely in the buffer; durable media then forget them.
-- Malformed chunks never raise: they are logged (logger ``shardreplay.transport``),
-  counted in :attr:`ChunkReader.stats` by reason and, where the medium allows, set
-  aside (spool ``quarantine/``) or acknowledged so they are not delivered again.
+``send`` blocks while the medium holds its cap of unconsumed chunks (back-pressure).
+Delivery is at-least-once on the durable media: a chunk not acknowledged before its
+reader dies is delivered to the next one; a repeated ``(actor_id, sequence)`` is dropped
+and counted as a duplicate. Malformed chunks never raise: they are logged (logger
+``shardreplay.transport``), counted in :attr:`ChunkReader.stats` by reason and, where the
+medium allows, set aside (spool ``quarantine/``) or acknowledged so they are not
+delivered again.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -58,7 +47,6 @@ __all__ = [
     "IntakeReader",
     "ReaderStats",
     "Transport",
-    "check_max_chunks",
 ]
 
 logger = logging.getLogger("shardreplay.transport")
@@ -102,12 +90,11 @@ class ChunkReader(Protocol):
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
         """Up to ``max_chunks`` valid chunks; waits up to ``timeout_s`` for the first.
-
-        ``borrow=True`` allows arrays that point into the medium's own memory, valid only
-        until the next ``receive`` or ``close``: for a caller that writes them into a
-        buffer at once (the local ring then saves a copy; other media ignore it).
+        ``borrow=True`` allows arrays into the medium's own memory, valid until the next
+        ``receive`` or ``close`` (the local ring then saves a copy; other media ignore it).
 
         Raises:
+            ConfigError: ``max_chunks`` is not an integer >= 1.
             TransportTimeout / TransportError: only for a medium that failed for good
                 (rejected chunks are counted, never raised).
         """
@@ -130,15 +117,12 @@ class Transport(Protocol):
     spec: Spec
 
     def channel(self, shard: int, run_id: str = "") -> str:
-        """The name, on this transport's medium, of learner shard ``shard``'s channel in
-        run ``run_id`` ("" = the names of before run ids): a spool directory, a Redis
-        stream, a local ring. Names only; nothing is created. ``run_id`` is taken as
-        given (the runtime checks it)."""
+        """The name of learner shard ``shard``'s channel in run ``run_id`` (a spool
+        directory, a Redis stream, a local ring; "" = no run id). Nothing is created."""
         ...
 
     def channels(self, shard: int) -> list[str]:
-        """Every channel of ``shard`` that exists on this medium, of any run (for the
-        learner's report of chunks other runs left behind).
+        """Every channel of ``shard`` on this medium, of any run (chunks others left).
 
         Raises:
             TransportError / TransportTimeout: the medium could not be asked.
@@ -146,8 +130,7 @@ class Transport(Protocol):
         ...
 
     def backlog(self, channel: str | None = None) -> Backlog:
-        """The chunks waiting in ``channel`` (a name from :meth:`channel`; None: this
-        transport's own), not yet consumed by a reader.
+        """The chunks waiting unconsumed in ``channel`` (None: this transport's own).
 
         Raises:
             TransportError / TransportTimeout: the medium could not be asked.
@@ -293,7 +276,8 @@ class Intake:
 
 
 class IntakeReader:
-    """A reader whose :attr:`stats` are its :class:`Intake`'s."""
+    """A reader end whose :attr:`stats` are its :class:`Intake`'s; :meth:`receive` checks
+    its arguments and hands the medium's ``_receive`` a deadline."""
 
     _intake: Intake
 
@@ -302,12 +286,17 @@ class IntakeReader:
         """Counters of received, duplicate, rejected (quarantined on a spool) and lost chunks."""
         return self._intake.stats
 
+    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
+        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first
+        (``borrow``: see :meth:`ChunkReader.receive`).
 
-def check_max_chunks(max_chunks: int) -> None:
-    """Reject a ``receive`` batch size below 1.
+        Raises:
+            ConfigError: ``max_chunks`` is not an integer >= 1.
+            TransportTimeout: the medium has been unreachable for too long (Redis).
+        """
+        if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
+            raise ConfigError(f"max_chunks must be an integer >= 1, got {max_chunks!r}")
+        return self._receive(max_chunks, time.monotonic() + max(timeout_s, 0.0), borrow)
 
-    Raises:
-        ConfigError: ``max_chunks`` is not a positive integer.
-    """
-    if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
-        raise ConfigError(f"max_chunks must be an integer >= 1, got {max_chunks!r}")
+    def _receive(self, max_chunks: int, deadline: float, borrow: bool) -> list[Chunk]:
+        raise NotImplementedError

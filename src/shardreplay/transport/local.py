@@ -1,20 +1,14 @@
 """``local`` transport: a bounded shared-memory ring between processes of one machine.
 
-Every encoded chunk is one record of a :class:`~shardreplay.transport.shm_ring.ShmRing` of
-``capacity_bytes``. A writer waits while the ring lacks room (back-pressure, bounded
-memory), checks its chunk's structure, then encodes it straight into the ring's memory
-(one copy of the data; :meth:`ShmRing.put_with`) where the values of steps of the spec's
-exact dtypes are checked in one compiled pass before the record is published (a bad
-one raises and leaves nothing); the reader copies a batch of records out and decodes
-them outside the ring's lock, or, with ``receive(borrow=True)`` (the learner's ingest),
-decodes them in place and gives their room back at its next ``receive``. No pickle:
-only raw bytes travel. A process killed at any point (even holding the ring's lock)
-does not wedge the others.
-
-The ring and its lock are created with the ``spawn`` context, so a :class:`LocalTransport`
-can be handed to children started with ``spawn`` (or ``fork``) as a ``Process`` argument.
-The medium is not durable: ``ack`` only counts, and chunks in the ring die with the
-processes.
+Every encoded chunk is one record of a :class:`~shardreplay.transport.shm_ring.ShmRing`.
+A writer waits while the ring lacks room, checks its chunk's structure, then encodes it
+straight into the ring (:meth:`ShmRing.put_with`), where the values of exact-dtype steps
+are checked in one compiled pass before the record is published. The reader copies a
+batch of records out and decodes them outside the ring's lock, or with
+``receive(borrow=True)`` decodes them in place. Only raw bytes travel; a process killed
+at any point does not wedge the others. Ring and lock come from the ``spawn`` context,
+so a :class:`LocalTransport` can be a ``Process`` argument. Not durable: ``ack`` only
+counts.
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ from shardreplay.transport.base import (
     Backlog,
     Intake,
     IntakeReader,
-    check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, Encoding
 from shardreplay.transport.shm_ring import ShmRing
@@ -39,9 +32,8 @@ from shardreplay.transport.shm_ring import ShmRing
 __all__ = ["LocalReader", "LocalTransport", "LocalWriter"]
 
 _LEN_SIZE = 8  # each record in the ring carries a uint64 length
-# A receive takes at most about this many bytes, fewer chunks than asked when they are
-# large: the batch copied out of the ring then stays in cache while it is decoded and
-# written into a buffer (64 chunks of 70 KB, 4.5 MB, did not).
+# A receive takes about this many bytes at most, so the batch copied out of the ring
+# stays in cache while it is decoded and stored.
 _BATCH_BYTES = 1 << 20
 
 
@@ -134,15 +126,9 @@ class LocalReader(IntakeReader):
         self._ring = ring
         self._intake = intake
 
-    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
-        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first.
-
-        ``borrow=True`` decodes the chunks where they lie in the ring (one copy of every
-        chunk less): their arrays are valid only until the next ``receive`` or ``close``
-        of this reader, and the ring keeps their room until then.
-        """
-        check_max_chunks(max_chunks)
-        deadline = time.monotonic() + max(timeout_s, 0.0)
+    def _receive(self, max_chunks: int, deadline: float, borrow: bool) -> list[Chunk]:
+        # borrow: decoded where they lie in the ring, which keeps their room until the
+        # next receive or close (one copy of every chunk less).
         while True:  # rejected or duplicate records do not end the wait
             records = self._ring.take(max_chunks, deadline, _BATCH_BYTES, borrow=borrow)
             chunks = [c for c in (self._intake.admit(r, "local ring") for r in records)

@@ -1,64 +1,40 @@
-"""``redis://`` transport: Redis streams with a consumer group.
+"""``redis://`` transport: Redis streams read through a consumer group.
 
-Connections, group handling, trimming and pub/sub hints live in
-:mod:`shardreplay.transport.redis_link`; the two are the only importers of redis.
+Connections, groups, trimming and room tokens live in :mod:`.redis_link`; the two are the
+only importers of redis. Chunks are entries ``{d: <encoded chunk>}`` of one stream (default
+``shardreplay:chunks``) read by one group (default ``learners``): at-least-once delivery.
 
-Chunks are entries ``{d: <encoded chunk>}`` of one stream (default ``shardreplay:chunks``),
-read through a consumer group (default ``learners``), so delivery is at-least-once:
+- The reader takes new entries with ``XREADGROUP ... >``, ``max_len / 2`` at most (what it
+  holds counts against ``max_len``); they stay pending until acknowledged. ``ack`` queues
+  the ``XACK``, sent with the next read (or at ``close``, or at 256 queued) together with
+  the room tokens of point 2 below.
+- A restarted reader (same ``consumer``) first re-reads its own pending entries
+  (``XREADGROUP ... 0``), as does one whose ``XREADGROUP >`` or ``XAUTOCLAIM`` was re-sent
+  (the lost reply may have delivered entries); ``XAUTOCLAIM`` takes over entries pending
+  at another consumer for ``claim_idle_s``.
+- A repeated ``(actor_id, sequence)`` (a writer re-sends an ``XADD`` whose reply was lost)
+  is dropped and acknowledged, unless its entry is the one still in flight.
 
-- The reader gets new entries with ``XREADGROUP ... >``, ``max_len / 2`` at a time at
-  most (what it holds counts against ``max_len``: the writers refill one half while it
-  stores the other); they stay in the group's pending list until acknowledged. ``ack``
-  (called once the chunks are in the buffer) queues the ``XACK``, which goes out in the
-  same round trip as the next read (or at ``close``, or once 256 are queued), with the
-  room tokens of back-pressure point 2.
-- A restarted reader (same ``consumer`` name) first re-reads its own pending entries
-  (``XREADGROUP ... 0``), as does a reader whose ``XREADGROUP >`` or ``XAUTOCLAIM`` had to be
-  sent again (its first reply, lost, may have delivered entries), and ``XAUTOCLAIM`` takes over entries
-  that another consumer left pending for ``claim_idle_s`` (a reader that died under another
-  name).
-- A chunk whose ``(actor_id, sequence)`` was seen recently is dropped (a writer retries an
-  ``XADD`` whose reply was lost, so duplicates do happen) and acknowledged, unless its
-  entry is the very one still in flight.
+Back-pressure without losing data (``XADD ... MAXLEN`` evicts unread entries: never used):
 
-Back-pressure without losing data. ``XADD ... MAXLEN`` would evict the *oldest* entries
-whether or not they were read, so it is never used. Instead:
+1. Only acknowledged entries are trimmed: below the minimum over groups of the oldest
+   pending id (else the last delivered id), ``XTRIM MINID`` (one Lua script).
+2. A writer adds while the stream's length at its last look plus its adds in flight is
+   below ``max_len``: each add is ``XADD`` + ``XLEN`` pipelined (up to 8 in flight). At the
+   cap it trims exactly (``MINID`` without ``~``, which could keep a small stream at the
+   cap) and waits in ``BLPOP`` (3 s at most, then looks again) for a room token the reader
+   pushes as it acknowledges (:class:`~.redis_link.RoomTokens`), or polls (0.5-5 ms) when
+   the ACL refuses tokens. One writer never exceeds ``max_len``; ``W`` writers by at most
+   ``8 (W - 1)``.
+3. With no group nothing is trimmed, so writers block rather than drop; writers create
+   the group (at id 0) on first use, so nothing written before the learner starts is missed.
 
-1. Only acknowledged entries are trimmed. The safe threshold is computed from the groups:
-   for each group, its oldest pending id if it has pending entries, else its last
-   delivered id; the minimum over all groups. Every entry below it was delivered to every
-   group and acknowledged (groups deliver in id order; a stale reading is only lower, so
-   still safe). ``XTRIM MINID ~ threshold`` then drops whole radix-tree nodes below it.
-2. A writer adds only while the stream's length when it last looked, plus its own
-   adds in flight, is below ``max_len``. Each add is ``XADD`` + ``XLEN`` pipelined on
-   the writer's connection (:class:`RedisWriter`: up to 8 adds in flight), so the
-   writer learns the length right after its own adds without a round trip per chunk.
-   At the cap it trims exactly (``MINID`` without ``~``: approximate trimming keeps a
-   partly acknowledged node, which could hold a small stream at the cap forever) and,
-   while the stream is still full, waits (3 s at most, then looks again) for a room
-   token that the reader pushes as it acknowledges, in the round trip of the ``XACK``
-   (:class:`~shardreplay.transport.redis_link.RoomTokens`: oldest waiter first; over
-   half full, ``grant`` adds per token), until there is room or ``timeout_s`` passes.
-   Without ACL permission for the tokens writers poll (0.5 to 5 ms).
-   With one writer the stream never holds more than ``max_len`` entries; ``W``
-   writers can overshoot by at most ``8 (W - 1)`` (memory stays bounded). (A Lua
-   script doing ``XLEN`` then ``XADD`` would be exact for any number of writers, but
-   it passes every chunk through the script's interpreter on the server.)
-3. With no group on the stream nothing is trimmed, so writers block rather than drop.
-   Writers create the group (at id 0) on first use so that nothing written before the
-   learner starts is missed.
-
-Redis errors are translated here: a lost connection (or a server still loading its
-data) is retried with backoff, reconnecting, until the caller's deadline, then becomes
-:class:`~shardreplay.errors.TransportTimeout`; other errors become ``TransportError``.
-A reader returns an empty list during a short outage and raises only when the server has
-been unreachable for ``reconnect_timeout_s``.
-
-A server restarted without persistence comes back without the stream and its group: the
-reader recreates the group, and when the server's run id changed it counts as lost (logged
-at ERROR, ``stats.lost``, queued in ``stats.dropped``) the entries that waited at its last
-look, every ``trim_interval_s``: the group's undelivered entries plus those pending at
-other consumers. Production servers need ``appendonly yes``.
+A lost connection (or a server loading its data) is retried with backoff until the
+caller's deadline, then raised as :class:`~shardreplay.errors.TransportTimeout`; a reader
+returns empty lists during an outage shorter than ``reconnect_timeout_s``. A server
+restarted without persistence loses the stream and its group: the reader recreates the
+group and, when the server's run id changed, counts as lost (``stats.lost``, logged) the
+entries that waited at its last look. Production servers need ``appendonly yes``.
 """
 
 from __future__ import annotations
@@ -82,7 +58,6 @@ from shardreplay.transport.base import (
     Backlog,
     Intake,
     IntakeReader,
-    check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, check_codec, wire_encoding
 from shardreplay.transport.redis_link import (
@@ -421,16 +396,8 @@ class RedisReader(IntakeReader):
         self._link.call(lambda r: ensure_group(r, t.stream, t.group), what="XGROUP CREATE", deadline=deadline)
         self._run_id = self._link.call(_run_id, what="INFO", deadline=deadline)
 
-    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
-        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first
-        (``borrow`` changes nothing here: every entry arrives in its own bytes); new
-        entries are read ``max_len / 2`` at a time at most.
-
-        Raises:
-            TransportTimeout: the server has been unreachable for ``reconnect_timeout_s``.
-        """
-        check_max_chunks(max_chunks)
-        deadline = time.monotonic() + max(timeout_s, 0.0)
+    def _receive(self, max_chunks: int, deadline: float, borrow: bool) -> list[Chunk]:
+        # borrow changes nothing here: every entry arrives in its own bytes.
         out: list[Chunk] = []
         try:
             while True:

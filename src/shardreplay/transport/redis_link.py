@@ -1,12 +1,7 @@
-"""Redis connections for the ``redis://`` transport and the Redis policy backend.
-
-:class:`RedisLink` retries calls across lost connections until a deadline and turns
-redis errors into shardreplay ones; :func:`ensure_group` / :func:`with_group` keep a
-stream's consumer group in place (a server restarted without its data loses it);
-:func:`trim_acknowledged` drops what every group acknowledged (see
-:mod:`shardreplay.transport.redis`, back-pressure point 1); :class:`HintChannel` is a
-pub/sub channel read as hints; :class:`XaddPacker` builds a writer's ``XADD`` + ``XLEN``
-packets; :class:`RoomTokens` wakes writers blocked at a stream's cap (back-pressure point 2).
+"""Redis connections for the ``redis://`` transport and the Redis policy backend: a
+client whose calls reconnect until a deadline and raise shardreplay errors, consumer
+groups kept in place, trimming of what every group acknowledged, room tokens, the
+writers' ``XADD`` packets and pub/sub hints (see :mod:`shardreplay.transport.redis`).
 """
 
 from __future__ import annotations
@@ -191,14 +186,12 @@ def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
 class RoomTokens:
     """Wake-ups for writers waiting at a stream's cap: a list ``<stream>:room`` of tokens.
 
-    The reader pushes a token per :attr:`grant` entries it acknowledges (rounded up, in
-    the round trip of the ``XACK``); a writer at the cap waits in ``BLPOP`` on the list
-    instead of sleeping, so it costs no CPU while it waits, and Redis hands each token
-    to the writer that has waited longest, which may then add ``grant`` chunks (one
-    wake-up per ``grant`` freed entries, writers served oldest first). Tokens are hints:
-    a woken writer still trims and reads the stream's length before it adds, a stale
-    token costs one look, and the list holds ``cap / grant`` tokens at most. A user whose ACL lacks
-    ``BLPOP`` / ``RPUSH`` / ``LTRIM`` (or the key) gets one warning, then the polling of before.
+    The reader pushes a token per :attr:`grant` entries it acknowledges (in the round trip
+    of the ``XACK``); a writer at the cap waits in ``BLPOP`` on the list, which hands each
+    token to the writer that waited longest, and may then add ``grant`` chunks. Tokens
+    are hints (a woken writer still trims and reads the length; the list holds ``cap /
+    grant`` at most). A user whose ACL lacks ``BLPOP`` / ``RPUSH`` / ``LTRIM`` (or the key)
+    gets one warning, then writers poll.
 
     Args:
         stream: the chunk stream.
@@ -274,9 +267,7 @@ class RoomTokens:
 
 class XaddPacker:
     """``XADD stream * field <chunk>`` then ``XLEN stream`` as one RESP packet, the chunk
-    encoded straight into it (redis-py's packer copies a value into new bytes, and packs
-    each command in Python): one copy of the chunk; the XLEN is the last
-    :attr:`tail_len` bytes.
+    encoded straight into it (one copy; redis-py's packer would copy it again).
 
     Args:
         stream: the stream key (encoded as redis-py encodes ``str``: UTF-8).
@@ -286,7 +277,6 @@ class XaddPacker:
     def __init__(self, stream: str, field: bytes) -> None:
         self._key, self._field = stream.encode("utf-8"), field
         self._frames: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by chunk size
-        self.tail_len = len(self._tail())  # the XLEN command at the end of every packet
 
     def _tail(self) -> bytes:
         return b"\r\n*2\r\n$4\r\nXLEN\r\n$%d\r\n%s\r\n" % (len(self._key), self._key)

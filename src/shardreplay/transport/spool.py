@@ -7,22 +7,15 @@ Layout::
     dir/quarantine/                 rejected files, each with a ``.reason`` note beside it
     dir/reader.lock                 held (flock) by the one reader of this spool
 
-A writer encodes the chunk to ``tmp/``, fsyncs, renames it into ``ready/`` and fsyncs the
-directory, so ``ready/`` only ever holds whole files; a writer killed mid-write leaves a
-temp file that no reader looks at (the reader deletes temp files older than
-``stale_tmp_s``). Back-pressure: a writer waits while ``ready/`` holds
-``queued_chunks_per_actor`` of its own chunks.
-
-The reader lists ``ready/``, takes chunks in sequence order per actor (round robin over
-actors; a second listing catches chunks renamed in during the first, see
-:meth:`SpoolReader._refill`), validates each (size before reading, then checksum and
-spec), moves bad ones to ``quarantine/`` and counts them by reason. A temp-named file
-in ``ready/`` (``*.tmp``, ``.*``: a tool copying chunks in and renaming them when done)
-is left alone until it has been unchanged for ``stale_tmp_s``, then quarantined
-(``stale_temp``). A chunk stays in ``ready/`` until ``ack``, then is deleted; a reader
-that dies before ``ack`` leaves it for the next reader (at-least-once). A run's
-rollouts are kept, on any transport, by the learners' ingest log
-(``train --keep-rollouts``: :mod:`shardreplay.runtime.learner.wal`).
+A writer writes the chunk to ``tmp/``, fsyncs and renames it into ``ready/`` (then fsyncs
+the directory), so ``ready/`` only holds whole files; a new reader deletes temp files
+older than ``stale_tmp_s``. A writer waits while ``ready/`` holds
+``queued_chunks_per_actor`` of its own chunks. The reader takes chunks in sequence order
+per actor, round robin over actors (see :meth:`SpoolReader._refill`), checks each (size
+before reading, then checksum and spec) and quarantines bad ones by reason. A temp-named
+file in ``ready/`` (``*.tmp``, ``.*``: a copy tool that renames when done) is left alone
+until unchanged for ``stale_tmp_s``, then quarantined (``stale_temp``). A chunk is deleted
+at ``ack``; one not acknowledged stays for the next reader (at-least-once).
 """
 
 from __future__ import annotations
@@ -43,10 +36,10 @@ from shardreplay.spec import Spec
 from shardreplay.transport.base import (
     DEFAULT_MAX_CHUNK_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
+    DUPLICATE,
     Backlog,
     Intake,
     IntakeReader,
-    check_max_chunks,
 )
 from shardreplay.transport.codec import Chunk, check_codec, wire_encoding
 
@@ -231,11 +224,8 @@ class SpoolReader(IntakeReader):
         self._inflight: dict[tuple[int, int], str] = {}
         self._sweep_temp(transport.path / "tmp", transport.stale_tmp_s)
 
-    def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
-        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first
-        (``borrow`` changes nothing here: every chunk is read into its own bytes)."""
-        check_max_chunks(max_chunks)
-        deadline = time.monotonic() + max(timeout_s, 0.0)
+    def _receive(self, max_chunks: int, deadline: float, borrow: bool) -> list[Chunk]:
+        # borrow changes nothing here: every chunk is read into its own bytes.
         out: list[Chunk] = []
         while True:
             if not self._backlog:
@@ -302,15 +292,14 @@ class SpoolReader(IntakeReader):
         except FileNotFoundError:  # consumed by an earlier life of this reader, or removed
             return None
         if data is None:
-            self._intake.reject("too_large", f"{name}: more than max_chunk_bytes={self._t.max_chunk_bytes}")
-            self._move(name, self._quarantine, "too_large")
+            self._set_aside(name, "too_large", f"more than max_chunk_bytes={self._t.max_chunk_bytes}")
             return None
         result = self._intake.admit(data, name)
         if isinstance(result, str):
-            if result == "duplicate":
+            if result == DUPLICATE:
                 self._consume(name)
             else:
-                self._move(name, self._quarantine, result)
+                self._quarantine_file(name, result)
             return None
         self._inflight[result.identity] = name
         return result
@@ -329,20 +318,19 @@ class SpoolReader(IntakeReader):
 
     def _set_aside(self, name: str, reason: str, detail: str) -> None:
         self._intake.reject(reason, f"{name}: {detail}")
-        self._move(name, self._quarantine, reason)
+        self._quarantine_file(name, reason)
 
-    def _move(self, name: str, dest_dir: Path, reason: str | None) -> None:
-        dest = dest_dir / name
+    def _quarantine_file(self, name: str, reason: str) -> None:
+        dest = self._quarantine / name
         if dest.exists():  # keep both: the earlier one may be the evidence someone needs
-            dest = dest_dir / f"{name}.{time.time_ns()}"
+            dest = self._quarantine / f"{name}.{time.time_ns()}"
         try:
             os.replace(self._ready / name, dest)
-            if reason is not None:
-                dest.with_name(dest.name + ".reason").write_text(reason + "\n")
+            dest.with_name(dest.name + ".reason").write_text(reason + "\n")
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise TransportError(f"cannot move {name} to {dest_dir}: {exc}") from exc
+            raise TransportError(f"cannot move {name} to {self._quarantine}: {exc}") from exc
 
     @staticmethod
     def _sweep_temp(tmp_dir: Path, stale_tmp_s: float) -> None:
@@ -368,21 +356,10 @@ def _is_temp_name(name: str) -> bool:
 
 def _read_at_most(path: Path, max_bytes: int) -> bytes | None:
     """The file's bytes, or None when it is longer than ``max_bytes`` (not read then)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        if size > max_bytes:
+    with open(path, "rb", buffering=0) as f:
+        if os.fstat(f.fileno()).st_size > max_bytes:
             return None
-        parts, left = [], size
-        while left > 0:
-            part = os.read(fd, left)
-            if not part:
-                break  # shorter than its size said: the checksum will tell
-            parts.append(part)
-            left -= len(part)
-        return b"".join(parts) if len(parts) != 1 else parts[0]
-    finally:
-        os.close(fd)
+        return f.readall()
 
 
 def _take_lock(path: Path) -> int:
