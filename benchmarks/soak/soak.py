@@ -142,19 +142,10 @@ def record_steps(count: int, seed: int) -> list[dict[str, Any]]:
     return steps
 
 
-class _NoFeed:
-    """The policy feed :func:`loop._send` asks between retries: a writer follows no policy."""
-
-    next_run = None
-
-    def refresh(self) -> None:
-        pass
-
-
 def writer_main(actor_id: int, actors: int, url: str, run_id: str, logs: Path, steps: list[dict[str, Any]],
                 chunks_per_s: float, parent: int, spec: Any) -> None:
-    """One light writer (a forked child): an actor's chunker, transports, send loop and
-    delivery log (``runtime.actor.loop``), fed recorded steps instead of an env and a
+    """One light writer (a forked child): an actor's :class:`Shipper` (chunker, transports,
+    send loop and delivery log), fed recorded steps instead of an env and a
     policy; at most ``chunks_per_s`` chunks a second (and the medium's back-pressure).
     SIGTERM: stop, wait for what is in flight, exit 0."""
     import ctypes
@@ -162,10 +153,9 @@ def writer_main(actor_id: int, actors: int, url: str, run_id: str, logs: Path, s
     import signal
     import threading
 
-    from shardreplay.runtime.actor.chunker import Chunker
-    from shardreplay.runtime.actor.loop import _DeliveryLog, _send
+    from shardreplay.runtime.actor.loop import Shipper
     from shardreplay.runtime.routing import shard_transport
-    from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
+    from shardreplay.runtime.stream_layout import StreamLayout
 
     stop = threading.Event()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the soak stops its writers itself
@@ -177,30 +167,19 @@ def writer_main(actor_id: int, actors: int, url: str, run_id: str, logs: Path, s
     groups = layout.groups(actor_id)
     transports = {k: shard_transport(url, spec, k, run_id=run_id, queued_chunks_per_actor=2,
                                      actors=layout.actors_of_shard(k), compression="none") for k in groups}
-    clock = time.time_ns() // 1000  # as an actor: a new life's sequences exceed the last life's
-    chunkers = {k: Chunker(actor_id, streams, CHUNK_STEPS, select=len(groups) > 1,
-                           first_sequence=(k << SHARD_SEQUENCE_SHIFT) + clock)
-                for k, streams in groups.items()}
-    delivered = _DeliveryLog(str(logs / f"actor-{actor_id}.jsonl"))
-    writers = {k: t.writer() for k, t in transports.items()}
     counters = {"chunks": 0, "send_retries": 0}
+    shipper = Shipper(actor_id, groups, transports, CHUNK_STEPS, stop, counters, send_timeout_s=30.0,
+                      delivery_log=str(logs / f"actor-{actor_id}.jsonl"))
     at, due = random.randrange(len(steps)), time.monotonic()
     try:
         while not stop.is_set():
-            for k, chunker in chunkers.items():
-                chunk = chunker.add(steps[at % len(steps)], 0)
-                if chunk is not None:
-                    writers[k] = _send(chunk, writers[k], transports[k], stop, counters, 30.0, _NoFeed(),
-                                       delivered)
-                    due += 1.0 / chunks_per_s
-                    stop.wait(max(due - time.monotonic(), 0.0))
-                    due = max(due, time.monotonic() - 1.0)  # no burst after a long back-pressure wait
+            for _ in range(shipper.add(steps[at % len(steps)], 0)):
+                due += 1.0 / chunks_per_s
+                stop.wait(max(due - time.monotonic(), 0.0))
+                due = max(due, time.monotonic() - 1.0)  # no burst after a long back-pressure wait
             at += 1
     finally:
-        for writer in writers.values():
-            writer.close()  # waits for what is in flight (Redis)
-            delivered.confirm(writer)
-        delivered.close()
+        shipper.close()  # waits for what is in flight (Redis)
         os._exit(0)
 
 

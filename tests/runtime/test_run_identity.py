@@ -31,8 +31,8 @@ from shardreplay.policy.broadcast import RUN_KEY, RunInfo, pack_version, split_v
 from shardreplay.policy.file_backend import FilePublisher, weights_name
 from shardreplay.runtime.actor.loop import ActorSettings, run
 from shardreplay.runtime.launch.launcher import prepare_run_dir
+from shardreplay.runtime.learner.checkpoints import commit_resume
 from shardreplay.runtime.learner.ingest import Ingestor
-from shardreplay.runtime.learner.resume import commit_resume
 from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.routing import foreign_backlog, shard_transport
 from shardreplay.runtime.run_identity import read_identity, upcoming_life

@@ -33,7 +33,7 @@ from shardreplay.distributed.runner import InlineRunner
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.envs import transition_spec
 from shardreplay.runtime.launch.launcher import prepare_run_dir
-from shardreplay.runtime.learner.resume import commit_resume
+from shardreplay.runtime.learner.checkpoints import commit_resume
 from shardreplay.runtime.learner.sync import DRAIN_CHUNKS, MAX_UPDATES_PER_ITERATION, make_limiter
 from shardreplay.runtime.run_identity import read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings

@@ -49,7 +49,7 @@ from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 from shardreplay.transport.urls import parse_medium
 
-__all__ = ["AGREED", "ActorSettings", "actor_seed", "resolve", "run"]
+__all__ = ["AGREED", "ActorSettings", "Shipper", "actor_seed", "resolve", "run"]
 
 log = logging.getLogger("shardreplay.actor")
 _SAID_FULL: set[int] = set()  # actors that logged their spool full (once per process)
@@ -156,18 +156,8 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
     played = 0
     converter = GymStepConverter.from_env(env)
     converter.reset(obs)
-    clock = time.time_ns() // 1000
-    chunkers = {k: Chunker(s.actor_id, streams, s.chunk_steps, select=len(groups) > 1,
-                           first_sequence=(k << SHARD_SEQUENCE_SHIFT) + clock)
-                for k, streams in groups.items()}
-    delivered = _DeliveryLog(s.delivery_log)
-    writers = {k: t.writer() for k, t in transports.items()}
-
-    def send(k: int, chunk: Chunk | None) -> None:
-        if chunk is not None:
-            writers[k] = _send(chunk, writers[k], transports[k], stop, counters, s.send_timeout_s, feed,
-                               delivered)
-
+    shipper = Shipper(s.actor_id, groups, transports, s.chunk_steps, stop, counters,
+                      send_timeout_s=s.send_timeout_s, delivery_log=s.delivery_log, feed=feed)
     try:
         while not stop.is_set() and (s.max_env_steps is None or counters["env_steps"] < s.max_env_steps):
             update = feed.take()
@@ -193,15 +183,10 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
             counters["env_steps"] += s.envs_per_actor
             played += s.envs_per_actor
             for step in steps:
-                for k, chunker in chunkers.items():
-                    send(k, chunker.add(step, version))
-        for k, chunker in chunkers.items():
-            send(k, chunker.flush())
+                shipper.add(step, version)
+        shipper.flush()
     finally:
-        for writer in writers.values():
-            writer.close()  # waits for what is in flight (Redis)
-            delivered.confirm(writer)
-        delivered.close()
+        shipper.close()
     return feed.next_run
 
 
@@ -350,8 +335,63 @@ class _DeliveryLog:
             self._fd = None
 
 
+class Shipper:
+    """An actor's outgoing side: a :class:`Chunker` per shard its streams feed, the shards'
+    writers, the send loop (retries, reconnects, back-pressure) and the delivery log.
+
+    Args:
+        actor_id: the actor's id.
+        groups: its streams by shard (:meth:`StreamLayout.groups`).
+        transports: the transports of those shards, by shard.
+        chunk_steps: steps per chunk.
+        stop: set to stop retrying (what cannot be sent now is given up).
+        counters: its ``chunks`` and ``send_retries`` are counted here.
+        send_timeout_s: one send's wait for room before it counts a retry.
+        delivery_log: the delivery log's path (None: none).
+        feed: the policy feed polled between retries (None: the sender follows no policy).
+
+    Raises:
+        ConfigError: the delivery log cannot be opened.
+    """
+
+    def __init__(self, actor_id: int, groups: Mapping[int, np.ndarray], transports: Mapping[int, Transport],
+                 chunk_steps: int, stop: threading.Event, counters: dict[str, int], *, send_timeout_s: float,
+                 delivery_log: str | None = None, feed: _PolicyFeed | None = None) -> None:
+        clock = time.time_ns() // 1000  # a new life's sequences exceed the last life's
+        self.chunkers = {k: Chunker(actor_id, streams, chunk_steps, select=len(groups) > 1,
+                                    first_sequence=(k << SHARD_SEQUENCE_SHIFT) + clock)
+                         for k, streams in groups.items()}
+        self.transports, self.stop, self.counters, self.feed = transports, stop, counters, feed
+        self.send_timeout_s = send_timeout_s
+        self.delivered = _DeliveryLog(delivery_log)
+        self.writers = {k: t.writer() for k, t in transports.items()}
+
+    def add(self, step: dict[str, Any], version: int) -> int:
+        """Add one step of every stream (acted by policy ``version``); returns the chunks sent."""
+        return sum(self._send(k, chunker.add(step, version)) for k, chunker in self.chunkers.items())
+
+    def flush(self) -> None:
+        """Send the partial chunks held."""
+        for k, chunker in self.chunkers.items():
+            self._send(k, chunker.flush())
+
+    def close(self) -> None:
+        """Close the writers (waiting for what is in flight) and the delivery log."""
+        for writer in self.writers.values():
+            writer.close()
+            self.delivered.confirm(writer)
+        self.delivered.close()
+
+    def _send(self, k: int, chunk: Chunk | None) -> int:
+        if chunk is None:
+            return 0
+        self.writers[k] = _send(chunk, self.writers[k], self.transports[k], self.stop, self.counters,
+                                self.send_timeout_s, self.feed, self.delivered)
+        return 1
+
+
 def _send(chunk: Chunk, writer: Any, transport: Transport, stop: threading.Event, counters: dict[str, int],
-          timeout_s: float, feed: _PolicyFeed, delivered: _DeliveryLog) -> Any:
+          timeout_s: float, feed: _PolicyFeed | None, delivered: _DeliveryLog) -> Any:
     """Send with retries; reopen the writer after a transport failure."""
     backoff = 0.1
     while True:
@@ -364,7 +404,8 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: threading.Event
         except TransportTimeout:
             counters["send_retries"] += 1  # the learner is busy: back-pressure (or gone)
             delivered.confirm(writer)  # the wait read the replies of the chunks before
-            feed.refresh()
+            if feed is not None:
+                feed.refresh()
         except TransportError as exc:
             counters["send_retries"] += 1
             full = storage_error(exc)
@@ -380,5 +421,5 @@ def _send(chunk: Chunk, writer: Any, transport: Transport, stop: threading.Event
             writer.close()
             delivered.confirm(writer)
             writer = transport.writer()
-        if stop.is_set() or feed.next_run is not None:
+        if stop.is_set() or (feed is not None and feed.next_run is not None):
             return writer  # stopping: give up on a chunk the learner does not take now

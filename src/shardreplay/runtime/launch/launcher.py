@@ -84,7 +84,7 @@ def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool 
 
     A resumed run writes nothing here: its learners record the new life and settings,
     and set incomplete checkpoints aside, only once every rank restored
-    (:func:`shardreplay.runtime.learner.resume.commit_resume`), so a refused resume
+    (:func:`shardreplay.runtime.learner.checkpoints.commit_resume`), so a refused resume
     leaves the run directory as it was and ``--auto-resume`` can try again.
 
     Incomplete checkpoints (a run that stopped before every rank saved its part) are

@@ -1,28 +1,70 @@
 """A learner rank's checkpoints and ingest log, beside its loop (as a checkpointing
 runner wraps a learner): the learner decides *when* to save and *what* its state is;
-:class:`LearnerCheckpoints` resumes, replays and opens the log, saves and trims."""
+:class:`LearnerCheckpoints` resumes (the buffer, the agent, the counters and the
+stored-chunk record), replays and opens the log, saves and trims."""
 
 from __future__ import annotations
 
+import io
 import logging
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from shardreplay import checkpoint
-from shardreplay.checkpoint.manifest import checkpoint_dir
+from shardreplay.checkpoint.manifest import checkpoint_dir, read_covered
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives
+from shardreplay.errors import CheckpointError, IncompleteCheckpointError
 from shardreplay.runtime.algos.base import Agent
 from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts
-from shardreplay.runtime.learner.resume import Resumed, restore
 from shardreplay.runtime.learner.state import StorageGuard
+from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
 from shardreplay.runtime.learner.wal import IngestLog, LogScan, Retention, log_files, read_logs
+from shardreplay.runtime.policy_file import LEARNER_STATE, LearnerRecord, learner_records, record_file
+from shardreplay.runtime.run_identity import RunIdentity, write_life
 
 log = logging.getLogger("shardreplay.learner")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a rank took back from a checkpoint.
+
+    Attributes:
+        checkpoint_id: the id of the checkpoint restored (for loss reports).
+        counters: the learner's counters (``env_steps``, ``updates``, ...) when it saved.
+        best_eval: the best evaluation so far (``-inf``: none yet).
+        wall_offset_s: wall time of the earlier lives, so the time axis goes on.
+        stored: the chunks the checkpoint holds (so that resent ones are dropped).
+        report: the run-wide restore figures (steps restored, dropped and sealed).
+    """
+
+    checkpoint_id: int
+    counters: dict[str, int]
+    best_eval: float
+    wall_offset_s: float
+    stored: StoredIds
+    report: dict[str, Any]
+
+
+def _on_cpu(state: Any) -> Any:
+    """``state`` (nested dicts and lists of tensors) with every tensor on the CPU: a run
+    trained on a GPU leaves a checkpoint any machine reads (a no-op for CPU runs)."""
+    if isinstance(state, torch.Tensor):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {k: _on_cpu(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_on_cpu(v) for v in state)
+    return state
+
+
 # fdatasync the ingest log at most this often: every batch cost Redis ingest 20-29 % of its
 # rate (docs/semantics.md); once a second costs nothing measurable, as Redis's everysec.
 _FSYNC_EVERY_S = 1.0
@@ -56,14 +98,78 @@ class LearnerCheckpoints:
     def resume(self, buffer: ShardedReplayBuffer, agent: Agent, checkpoint_id: int | None,
                replay: bool = True) -> Resumed:
         """Restore checkpoint ``checkpoint_id`` (None: the newest complete one) into
-        ``buffer`` (unless not ``replay``) and ``agent`` (a collective).
+        ``buffer`` and ``agent`` (a collective over the learners' collectives: every rank
+        calls it). ``replay`` False (``--no-replay``): the agent and the counters only;
+        ``buffer`` stays empty (no collective then).
 
         Raises:
-            IncompleteCheckpointError, CheckpointError: see :func:`~.resume.restore`.
+            IncompleteCheckpointError: no complete checkpoint to restore.
+            CheckpointError: the restored and dropped steps do not add up to the saved ones
+                (a bug that must not be saved over the checkpoint it came from), or a
+                record is missing, damaged or malformed.
         """
-        r = restore(self.root, buffer, agent, self.rank, self.world, self.comm, checkpoint_id, replay=replay)
-        self.last_id = r.last_checkpoint
-        return r
+        if not replay:
+            return self._resume_without_replay(agent, checkpoint_id)
+        report = checkpoint.load(self.root, buffer, checkpoint_id=checkpoint_id,
+                                 fallback=checkpoint_id is None, files=(LEARNER_STATE,))  # verified
+        assert report.manifest is not None  # load always carries it
+        mine = [report.steps, report.dropped_episodes, report.dropped_steps, report.sealed_episodes,
+                report.sealed_steps]
+        total = self.comm.all_reduce_sum(torch.tensor(mine, dtype=torch.int64), "resume steps")
+        steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps = (int(x) for x in total.tolist())
+        if steps + dropped_steps != report.saved_steps:
+            raise CheckpointError(f"resume from {report.directory}: {steps} steps restored and "
+                                  f"{dropped_steps} dropped, but the checkpoint holds "
+                                  f"{report.saved_steps}; not continuing")
+        resumed = self._resumed(report.manifest, report.files[LEARNER_STATE], agent, {
+            "checkpoint": report.directory.name, "checkpoint_id": report.checkpoint_id,
+            "saved_shards": report.saved_shards, "shards": self.world, "saved_steps": report.saved_steps,
+            "steps": steps, "dropped_episodes": dropped_eps, "dropped_steps": dropped_steps,
+            "sealed_episodes": sealed_eps, "sealed_steps": sealed_steps, "skipped": report.skipped})
+        if self.rank == 0:
+            log.log(logging.WARNING if dropped_steps else logging.INFO,
+                    "resumed from %s (%d shard(s) -> %d): %d of its %d steps restored; dropped %d "
+                    "episodes (%d steps) beyond the new capacity, sealed %d episodes (%d steps) cut to "
+                    "fit a row; counters %s", report.directory.name, report.saved_shards, self.world,
+                    steps, report.saved_steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps,
+                    resumed.counters)
+        return resumed
+
+    def _resume_without_replay(self, agent: Agent, checkpoint_id: int | None) -> Resumed:
+        """``--no-replay``: the agent, counters and stored-chunk record of checkpoint
+        ``checkpoint_id`` (None: the newest complete one), its parts not read."""
+        cid = checkpoint_id if checkpoint_id is not None else checkpoint.latest_complete(self.root)
+        if cid is None:
+            raise IncompleteCheckpointError(f"no complete checkpoint under {self.root}")
+        manifest = checkpoint.load_manifest(checkpoint_dir(self.root, cid))
+        resumed = self._resumed(manifest, read_covered(manifest, LEARNER_STATE), agent, {
+            "checkpoint": manifest.directory.name, "checkpoint_id": cid, "replay": False,
+            "saved_shards": len(manifest.parts), "shards": self.world, "steps": 0})
+        if self.rank == 0:
+            log.info("resumed from %s without its replay (--no-replay): weights, optimizer and counters "
+                     "restored, the replay starts empty; counters %s", manifest.directory.name,
+                     resumed.counters)
+        return resumed
+
+    def _resumed(self, manifest: checkpoint.Manifest, agent_state: bytes, agent: Agent,
+                 report: dict[str, Any]) -> Resumed:
+        """Load ``agent_state`` (:data:`LEARNER_STATE`'s bytes) into ``agent``, on the CPU
+        first (a run saved on a GPU resumes anywhere), and take back what the parts'
+        records hold.
+
+        Raises:
+            CheckpointError: a record is missing, damaged or malformed.
+        """
+        state = torch.load(io.BytesIO(agent_state), weights_only=True, map_location="cpu")
+        agent.load_state_dict(state["agent"])
+        records = learner_records(manifest)  # every part's (each rank's ingest record)
+        first = records[0]
+        # Every rank lists the same directory before anyone saves again, so all agree.
+        self.last_id = max(checkpoint.list_checkpoints(self.root), default=-1)
+        return Resumed(checkpoint_id=int(report["checkpoint_id"]), counters=dict(first.counters),
+                       best_eval=-math.inf if first.best_eval is None else first.best_eval,
+                       wall_offset_s=first.wall_s, stored=merge_stored(r.ingest for r in records),
+                       report=report)
 
     def open_log(self, ingestor: Ingestor, *, durable: bool, resume_newest: bool, restored: str,
                  owns_actor: Callable[[int], bool], policy_version: int,
@@ -107,23 +213,31 @@ class LearnerCheckpoints:
                                  retention=retention)
         return counts, scan
 
-    def save(self, cid: int, buffer: ShardedReplayBuffer, ingestor: Ingestor, *, background: bool,
-             **content: Any) -> Path:
-        """Save checkpoint ``cid`` of ``buffer`` with ``content`` (``checkpoint.save``'s
-        ``files``: the learner's record and state), incremental (only the rows new since this
-        run's previous checkpoint are written); with ``background`` the content is fixed
-        now and a thread writes it while training goes on. A save still in flight is
-        finished first: two never overlap. No collective, so it also works from a
-        stopping or failing rank. Then the log seals its segment (chunks stored from now
-        on are not in this checkpoint) and frees what the newest complete one holds.
+    def save(self, cid: int, buffer: ShardedReplayBuffer, ingestor: Ingestor, record: LearnerRecord,
+             agent: Agent | None, *, background: bool) -> Path:
+        """Save checkpoint ``cid`` of ``buffer`` with this rank's ``record`` and, with
+        ``agent`` (rank 0), the agent's state as :data:`LEARNER_STATE` (written before the
+        part, covered by the manifest), incremental (only the rows new since this run's
+        previous checkpoint are written); with ``background`` the content is fixed now and
+        a forked writer writes it while training goes on. A save still in flight is
+        finished first: two never overlap. No collective, so it also works from a stopping
+        or failing rank. Then the log seals its segment (chunks stored from now on are not
+        in this checkpoint) and frees what the newest complete one holds.
 
         A write the file system refuses is kept in the :class:`StorageGuard`, not raised.
         """
         self.finish(wait=True)
         self.last_id = max(self.last_id, cid)
         self.saved_at = time.monotonic()
+        # Serialised in memory: torch.save to a file turns a full disk into a RuntimeError
+        # without the OS error, and leaves its temporary file behind.
+        files = {record_file(self.rank, self.world): record.as_bytes()}
+        if agent is not None:
+            data = io.BytesIO()
+            torch.save({"agent": _on_cpu(agent.state_dict())}, data)
+            files[LEARNER_STATE] = data.getvalue()
         with self.storage.writing():
-            kwargs: dict[str, Any] = {**content, "keep_last": self.keep_last, "incremental": True}
+            kwargs: dict[str, Any] = {"files": files, "keep_last": self.keep_last, "incremental": True}
             if background:
                 self.pending = checkpoint.save_in_background(buffer, self.root, cid, **kwargs)
                 ingestor.checkpointed(cid, self.complete)
@@ -158,3 +272,30 @@ class LearnerCheckpoints:
                        if checkpoint.is_complete(checkpoint_dir(self.root, c), hashes=False)), None)
         with self.storage.writing():
             wal.trim(newest)
+
+
+def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any], *,
+                  newer_than: int | None = None) -> None:
+    """Record a resumed life once every rank restored (rank 0): set incomplete checkpoints
+    aside (out of the way of the ids this life saves), and with ``newer_than`` (``--resume
+    --checkpoint-id N``) every checkpoint newer than N, then write ``run.json`` and
+    ``config.json``. Before this point a refused resume has changed nothing on disk.
+
+    Raises:
+        CheckpointError: incomplete checkpoints could not be moved aside.
+        OSError: a file could not be written.
+    """
+    root = run_dir / "checkpoints"
+    if newer_than is not None:
+        later = [c for c in checkpoint.list_checkpoints(root) if c > newer_than]
+        newer, into = checkpoint.set_aside(root, later)
+        if newer:
+            log.warning("%s: continuing from checkpoint %d; the newer checkpoint(s) %s moved to %s", run_dir,
+                        newer_than, ", ".join(map(str, newer)), into)
+    moved, where = checkpoint.set_aside(root)
+    if moved:
+        names = ", ".join(checkpoint.checkpoint_dir(root, c).name for c in moved)
+        log.warning("%s: resumed from the newest complete checkpoint; %d incomplete checkpoint(s) (%s) "
+                    "moved to %s", run_dir, len(moved), names, where)
+    write_life(run_dir, ident, config)
+    log.info("%s: run %s, learner life %d recorded", run_dir, ident.run_id, ident.life)

@@ -29,10 +29,9 @@ from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.devices import place
 from shardreplay.runtime.envs import describe_env
-from shardreplay.runtime.learner.checkpoints import LearnerCheckpoints
+from shardreplay.runtime.learner.checkpoints import LearnerCheckpoints, commit_resume
 from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.lead import Lead
-from shardreplay.runtime.learner.resume import commit_resume, learner_files
 from shardreplay.runtime.learner.setup import (
     actor_settings_of_shard,
     check_rings_reach,
@@ -179,10 +178,9 @@ class Learner:
         best = self.progress.best_eval if math.isfinite(self.progress.best_eval) else None
         record = LearnerRecord(dict(self.progress.counters), best, self.progress.wall_s(), self.s.to_dict(),
                                self.ingestor.state_dict())
-        # Every rank its record, rank 0 the agent too (written before its part, covered by the manifest).
-        files = learner_files(record, self.rank, self.world, self.agent if self.rank == 0 else None)
         self.ingestor.report_lost()  # what the medium gave back by now was not lost
-        return self.ckpts.save(cid, self.buffer, self.ingestor, background=background, files=files)
+        agent = self.agent if self.rank == 0 else None  # rank 0 saves the agent's state
+        return self.ckpts.save(cid, self.buffer, self.ingestor, record, agent, background=background)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
