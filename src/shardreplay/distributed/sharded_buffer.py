@@ -3,41 +3,28 @@
 Every rank of a ``torch.distributed`` group owns one shard (a :class:`ReplayBuffer`);
 writes stay local. ``sample`` and ``update_priorities`` are collective: every rank calls
 them in the same order, also when its own shard is empty (docs/semantics.md, sampling
-rules 5-6). The buffer is a facade over parts that own their state: the priority router
-(:mod:`priorities`: queued updates, key tags), the exchange (:mod:`exchange`, with the mode's
-strategy: :mod:`exact_exchange` or :mod:`local_exchange`) and the runner (:mod:`runner`:
-inline, or a background thread with the shard's lock). Checkpoint code reaches the rest
-through :func:`~shardreplay.distributed.internals.internals_of`.
+rules 5-6). The buffer is a facade over the priority router (:mod:`priorities`), the
+exchange (:mod:`exchange` with the mode's strategy) and the runner (:mod:`runner`:
+inline, or a background thread); checkpoints reach them through
+:func:`~shardreplay.distributed.internals.internals_of`.
 
-Collectives per call (on the group's collectives; ``tests/distributed/test_sharded_collectives.py``
-counts them, ``test_exchange_round_trips.py`` their round trips at K = 4 and 8). On gloo each
-is one round trip at any K (an all_gather goes as an all_to_all: see ``Collectives``). An
-*exchange* is::
+Collectives per call (``tests/distributed/test_sharded_collectives.py`` counts them,
+``test_exchange_round_trips.py`` their round trips; on gloo each is one round trip at any
+K; docs/multi-machine.md gives their bytes). An *exchange* is one all_to_all of the stats
+with the queued updates in a slot per owner (a second for those past it, the first time
+they travel); an all_gather of the stats again when any rank had updates queued; then in
+exact mode one all_to_all of records, or on one host one all_gather "records written"
+(plus "regions mapped" when shared-memory regions are (re)made); nothing more in local mode.
 
-    all_to_all  stats (mass, windows, min leaf, seed, max priority, key tag, queued counts)
-                with the queued updates for each owner (PriorityRouter.send; a second
-                all_to_all for those past its slot: the first time they travel)
-    + when any rank had updates queued: all_gather  stats again (the draw must see them)
-    + exact mode, ranks on several hosts: all_to_all  records
-      exact mode, all ranks on one host:  all_gather  "records written" (shared memory),
-                                          + all_gather "regions mapped" when regions are
-                                            (re)made: the first exchange, or a larger one
-      local mode: nothing more
-
-so 2 per exact exchange (3 the first time on one host), 3 with queued updates (4 the first
-time they travel), 1 per local exchange, 2 with queued updates (3 the first time).
-
-* ``sample``: one exchange when no batch is prefetched, else none; ``prefetch=k`` makes every
-  k-th call an exchange. With ``pipeline=True`` the exchange runs on the background thread
-  over the buffer's own group (none on the caller's).
-* ``update_priorities``: exact mode, ``prefetch=1``, no pipeline: 1 all_to_all (counts,
-  maxima and the updates in their slot; a second for the rest, the first time), plus 1
+* ``sample``: one exchange when no batch is prefetched (every k-th call with
+  ``prefetch=k``); with ``pipeline=True`` on the background thread's own group.
+* ``update_priorities``: exact mode, ``prefetch=1``, no pipeline: one all_to_all, plus an
   all_gather of the owners' maxima when a routed priority exceeds every shard's maximum;
-  otherwise (``local`` mode, ``prefetch > 1``, pipeline) none.
-* ``flush_updates``: 1 all_to_all of the counts, plus 1 when any rank has some.
-* ``len()``, ``num_steps``, ``capacity``, ``global_sizes``: 1 all_reduce each.
+  otherwise none.
+* ``flush_updates``: one all_to_all of the counts, plus one when any rank has some.
+* ``len()``, ``num_steps``, ``capacity``, ``global_sizes``: one all_reduce each.
 * ``add``, ``extend``, ``info``, ``settle``, ``discard_prefetched``, ``close``: none
-  (construction: 1 all_gather, and a ``new_group`` with ``pipeline=True``).
+  (construction: one all_gather, and a ``new_group`` with ``pipeline=True``).
 """
 
 from __future__ import annotations
@@ -60,6 +47,7 @@ from shardreplay.distributed.exact_exchange import ExactExchange, host_key, nonc
 from shardreplay.distributed.exchange import (
     Drawn,
     ExchangeStrategy,
+    LocalExchange,
     Refill,
     SamplingSettings,
     ShardChoice,
@@ -67,7 +55,6 @@ from shardreplay.distributed.exchange import (
 )
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.internals import ShardedInternals
-from shardreplay.distributed.local_exchange import LocalExchange
 from shardreplay.distributed.priorities import PriorityRouter
 from shardreplay.distributed.runner import BackgroundRunner, InlineRunner
 from shardreplay.errors import ConfigError
@@ -86,8 +73,8 @@ _SETTINGS_OP = ("ShardedReplayBuffer(all_gather settings) (every rank of the gro
 class ShardedReplayBuffer:
     """One global buffer over the local shards of a process group.
 
-    Not an ``nn.Module`` and holding no tensors, so keeping it as an attribute of a
-    DDP-wrapped module leaves ``named_buffers()`` and ``state_dict()`` untouched.
+    Holds no tensors: as an attribute of a DDP-wrapped module it leaves ``state_dict()``
+    untouched.
 
     Args:
         local_buffer: this rank's shard (uniform or prioritized).
@@ -103,30 +90,21 @@ class ShardedReplayBuffer:
             has the same expectation as in exact mode); the same on every rank.
         prefetch: batches drawn per exchange (the same on every rank). 1: every
             ``sample`` is one exchange and every ``update_priorities`` lands before it
-            returns. ``k > 1``: one exchange serves ``k`` calls, drawn together from the
-            distribution at that moment (a batch may miss the priority updates of up to
-            ``k - 1`` earlier steps, like a prefetching replay client), and updates for
-            other shards are queued until the next exchange: collectives cost 1/k per
-            learner step. See docs/semantics.md.
-        shared_memory: when every rank runs on one host, exchange sampled records in
-            exact mode through ``/dev/shm`` instead of the process group (a copy out of
-            the owner's memory instead of TCP loopback). Any rank passing False, or
-            unable to create a region, keeps all ranks on the process group. Only for
-            CPU (gloo) groups.
-        pipeline: run every exchange on a background thread over a process group of
-            the buffer's own (created here with ``torch.distributed.new_group``: every
-            rank of the default group must construct its buffer at the same point, as
-            with any ``new_group``; with ``group`` a subgroup, ranks outside it must
-            call ``new_group`` with its ranks at that point too). A batch is then drawn
-            one call ahead (up to ``prefetch`` calls ahead), priority updates are
-            queued as with ``prefetch > 1``, and every ``sample`` call must ask for the
-            same size as the one before. Call :meth:`close` when done. See
-            docs/semantics.md for how stale a batch can be.
+            returns. ``k > 1``: one exchange serves ``k`` calls, drawn together (a batch
+            may miss the priority updates of up to ``k - 1`` earlier steps), and updates
+            for other shards wait for the next exchange. See docs/semantics.md.
+        shared_memory: when every rank runs on one host (gloo), exchange sampled records
+            in exact mode through ``/dev/shm`` instead of the process group; any rank
+            passing False, or unable to create a region, keeps all on the group.
+        pipeline: run every exchange on a background thread over a process group of the
+            buffer's own (``torch.distributed.new_group``: every rank of the default group
+            must construct its buffer at the same point). A batch is then drawn one call
+            ahead (up to ``prefetch``), updates are queued as with ``prefetch > 1``, and
+            every ``sample`` must ask for the size of the one before. Call :meth:`close`
+            when done. See docs/semantics.md for how stale a batch can be.
 
     Construction is collective: the ranks agree once on the spec, sampler, alpha, beta,
-    window, ``mode``, ``prefetch`` and ``pipeline`` (``num_streams`` and ``stream_capacity``
-    may differ; see :mod:`agreement`), and on what the same-host exchange needs, so every
-    rank of the group must construct its buffer at the same point.
+    window, ``mode``, ``prefetch`` and ``pipeline`` (see :mod:`agreement`).
 
     Raises:
         ConfigError: torch.distributed not initialised, a fifo shard, too many ranks,
@@ -246,15 +224,10 @@ class ShardedReplayBuffer:
 
     def sample(self, batch_size: int, *, as_tensordict: bool = False, gamma: float | None = None) -> Any:
         """Draw ``batch_size`` windows for this rank from the global distribution (in the
-        buffer's ``mode``); ``as_tensordict=True`` returns them as a TensorDict of n-step
-        transitions with TorchRL's names, as :meth:`ReplayBuffer.sample` does (``gamma``
-        likewise).
-
-        With ``prefetch=k`` one exchange draws ``k`` batches, and the next ``k - 1`` calls
-        are served from them without any collective (they must ask for the same
-        ``batch_size``). With ``pipeline=True`` the exchange runs on the background
-        thread: this call returns a batch the exchange started by an earlier call drew,
-        and starts the next exchange when it returns the last prefetched one.
+        buffer's ``mode``); ``as_tensordict`` and ``gamma`` as in :meth:`ReplayBuffer.sample`.
+        With ``prefetch=k`` the next ``k - 1`` calls are served from the batches one
+        exchange drew (same ``batch_size``); with ``pipeline=True`` the exchange an earlier
+        call started drew it.
 
         Raises:
             ConfigError: bad batch size, or ``as_tensordict`` without a needed ``gamma``
@@ -291,16 +264,11 @@ class ShardedReplayBuffer:
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Route each priority to the shard that owns its key.
 
-        In exact mode with ``prefetch=1`` and no pipeline this is collective (every rank
-        calls it, in the same order; one all_to_all, see the module's docstring) and every
-        update has landed on its owner when it returns. Otherwise it is local (no
-        collective): updates for this rank's shard are applied at once, the others are
-        queued and routed by the next exchange (the next refill :meth:`sample` starts, or
-        :meth:`flush_updates`), before it draws. In ``local`` mode every key a rank samples
-        is its own, so nothing is queued unless a rank passes keys another rank sampled.
-
-        Keys of -1 (padding from an empty shard in local mode) are skipped. Stale keys
-        are ignored and counted on the owner (its ``info().stale_updates``).
+        In exact mode with ``prefetch=1`` and no pipeline this is collective (every rank,
+        same order) and every update has landed when it returns. Otherwise it is local:
+        this shard's updates apply at once, the others are queued for the next exchange
+        (or :meth:`flush_updates`), before it draws. Keys of -1 (padding) are skipped;
+        stale keys are ignored and counted on the owner (``info().stale_updates``).
 
         Returns:
             The number of updates this rank's shard applied in this call (from any rank
@@ -308,10 +276,8 @@ class ShardedReplayBuffer:
 
         Raises:
             ConfigError: the shards are not prioritized (priorities would change nothing).
-            InvalidPriorityError / InvalidKeyError: this rank's input was bad (keys must
-                be this buffer's: see ``spec/keys.py``); when collective it still joined the
-                exchange (with nothing to send) so no peer hangs; nothing of its input was
-                applied or queued.
+            InvalidPriorityError / InvalidKeyError: this rank's input was bad (nothing of
+                it applied or queued; when collective it still joined, so no peer hangs).
             CollectiveTimeout: a peer rank did not join in time.
         """
         if self.prefetch == 1 and not self.pipeline and self.mode == "exact":
@@ -326,10 +292,8 @@ class ShardedReplayBuffer:
         return len(self._router.pending)
 
     def flush_updates(self) -> int:
-        """Route the queued updates of ``prefetch > 1`` / ``pipeline=True`` to their
-        owners now (collective: every rank calls it at the same point, e.g. before a
-        checkpoint). With a pipeline, the exchange in flight finishes first (its batches
-        stay prefetched) and the flush runs on the background thread.
+        """Route the queued updates to their owners now (collective, e.g. before a
+        checkpoint); with a pipeline the exchange in flight finishes first.
 
         Returns:
             The number of updates this rank's shard applied.
@@ -346,30 +310,22 @@ class ShardedReplayBuffer:
         return self._runner.prefetched
 
     def discard_prefetched(self) -> None:
-        """Drop the prefetched batches and the queued updates (no collective): what they
-        name is gone once the shard's content is replaced, e.g. by a checkpoint load.
-        With ``pipeline=True`` the exchange in flight is waited for and dropped too
-        (every rank must call this at the same point, as a load does)."""
+        """Drop the prefetched batches and the queued updates (no collective), e.g. when a
+        checkpoint load replaces the shard. With ``pipeline=True`` the exchange in flight
+        is waited for and dropped too (every rank at the same point, as a load does)."""
         self._runner.discard()
 
     def settle(self) -> None:
         """Wait for the background exchange in flight, if any (its batches stay
-        prefetched); afterwards nothing touches the shard until the next call. Not
-        collective, and it raises nothing: an error that stopped the thread is raised by
-        the next call that needs it; one every rank meets alike (an empty buffer) goes
-        with its exchange, and the next ``sample`` draws anew. A checkpoint save does
-        this first.
-
-        Waits at most about ``timeout_s`` per collective of that exchange (a missing peer).
-        """
+        prefetched; at most about ``timeout_s`` per collective); afterwards nothing touches
+        the shard until the next call. Not collective; raises nothing (an error is raised
+        by the next call that needs it). A checkpoint save does this first."""
         self._runner.settle()
 
     def close(self) -> None:
         """Stop the background thread (after the exchange in flight) and release the
-        buffer's own process group. Idempotent; a no-op without a pipeline. Every rank
-        should close at the same point; a rank whose peers never join its last exchange
-        waits for the collective timeout first. Later ``sample`` calls raise ConfigError.
-        """
+        buffer's own process group; idempotent, a no-op without a pipeline. Every rank
+        should close at the same point. Later ``sample`` calls raise ConfigError."""
         self._runner.close()
 
     def __enter__(self) -> ShardedReplayBuffer:
