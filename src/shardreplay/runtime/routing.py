@@ -1,15 +1,9 @@
-"""Each learner shard's transport.
-
-Which shard an actor's streams go to is :mod:`shardreplay.runtime.stream_layout`'s
-(deterministic, recomputed from the new count when a run resumes with another number
-of learners; an actor may feed several shards when there are fewer actors than shards).
-Each shard has its own channel on the medium, named after the run
-(:mod:`shardreplay.runtime.run_identity`): ``file:///dir`` -> ``dir/<run_id>/shard-<k>``,
-``redis://...`` -> stream ``shardreplay:<run_id>:chunks:<k>``, ``local`` -> its own ring.
-Another run's chunks on the same medium are thus never read; :func:`foreign_backlog`
-counts them for the learner's report. An empty run id (an actor fed by a policy that
-names no run) gives the names of before run ids: ``dir/shard-<k>``,
-``shardreplay:chunks:<k>``.
+"""Each learner shard's transport: its own channel on the medium, named after the run
+(``file:///dir`` -> ``dir/<run_id>/shard-<k>``, ``redis://...`` -> stream
+``shardreplay:<run_id>:chunks:<k>``, ``local`` -> its own ring; an empty run id gives
+``dir/shard-<k>``, ``shardreplay:chunks:<k>``). Which shard an actor's streams feed is
+:mod:`shardreplay.runtime.stream_layout`'s; :func:`foreign_backlog` counts other runs'
+chunks on the same medium.
 """
 
 from __future__ import annotations

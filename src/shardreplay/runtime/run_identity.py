@@ -1,21 +1,11 @@
 """Which run a learner life belongs to: ``<run_dir>/run.json`` = ``{"run_id", "life"}``.
 
-The run id is made once per run directory (the first ``shardreplay train`` there) and
-kept by every later start of it (``--resume``, ``--auto-resume``, or a new start over a
-directory without checkpoints), so a resumed run still reads the chunks its previous
-life's actors left on the medium. Channels on a shared medium (Redis streams, spool
-directories) are named after it, so a new run never reads an old run's chunks.
-
-``life`` counts the starts of the run directory (0 for the first): the high part of
-every policy version the learner publishes (:func:`shardreplay.policy.broadcast.pack_version`),
-so versions stay ordered across resumes, also from an older checkpoint.
-
-A run directory started before run ids (``config.json`` but no ``run.json``) keeps the
-unnamed channels (run id ``""``) its actors used, and its next start is life 1.
-
-The first start may name the run (``--run-id``; else a random id), so that an operator
-can grant a Redis user exactly this run's keys, ``shardreplay:<run_id>:*``, before it
-starts (docs/multi-machine.md, *Least privilege*); later starts keep that name.
+The run id is made at the first start of a run directory (``--run-id``, else random) and
+kept by every later start; channels on a shared medium are named after it. ``life``
+counts the starts (0 for the first) and is the high part of every policy version
+(:func:`shardreplay.policy.broadcast.pack_version`). A run directory with ``config.json``
+but no ``run.json`` keeps the unnamed channels (run id ``""``). See docs/semantics.md,
+"Runs, learner lives and policy versions".
 """
 
 from __future__ import annotations

@@ -109,7 +109,10 @@ def test_the_default_actor_runs_without_torch_or_numba_on_one_blas_thread(tmp_pa
         import json, sys, threading
         from shardreplay.runtime.actor.processes import _actor_main  # what spawn unpickles
         from shardreplay.runtime.actor.loop import ActorSettings, run
-        from shardreplay.runtime.actor.threads import blas_threads
+        from threadpoolctl import threadpool_info
+        def blas_threads():  # the most threads a loaded BLAS uses (None: none loaded)
+            counts = [int(p["num_threads"]) for p in threadpool_info() if p.get("user_api") == "blas"]
+            return max(counts) if counts else None
         before = blas_threads()
         s = ActorSettings(actor_id=0, num_actors=1, num_shards=1, transport="file://{tmp_path}/spool",
                           policy_url="file://{tmp_path}/policy", hidden=(16,), seed=1,

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -38,7 +39,6 @@ from shardreplay.runtime.actor.settings import (  # re-exported: the actor's pub
     actor_seed,
     resolve,
 )
-from shardreplay.runtime.actor.threads import one_compute_thread
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, published_hidden
 from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env
@@ -188,6 +188,21 @@ def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
     finally:
         shipper.close()
     return feed.next_run
+
+
+def one_compute_thread() -> None:
+    """Run this process's numpy BLAS calls, and torch's where torch is loaded, on one
+    thread (process-wide: call it in a process that runs an actor)."""
+    # An actor acts on a few observations at a time and a machine runs many actors: a
+    # second thread only contends with them, and OpenBLAS's threads (one per core, started
+    # when numpy loads) spin on a busy machine (benchmarks/startup/RESULTS-actor.md).
+    # OPENBLAS_NUM_THREADS is read only at load, so the running library is limited.
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")  # called, not entered: the limit stays
 
 
 def play_step(policy: ActorPolicy, env: Any, converter: GymStepConverter, obs: np.ndarray, state: Any,

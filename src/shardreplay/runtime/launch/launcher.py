@@ -1,21 +1,12 @@
-"""Starting a training run: learner ranks here (spawned) or under torchrun.
+"""Starting a training run: learner ranks here (forked from a preloaded server) or under
+torchrun (``RANK`` / ``WORLD_SIZE`` set: this process is one rank).
 
-``train(settings)`` on one machine spawns ``settings.learners.count`` learner processes that
-form a gloo group on loopback; each starts the actors of its shard. Under ``torchrun``
-(``RANK`` / ``WORLD_SIZE`` set) this process is one learner rank of the group torchrun
-made (NCCL when CUDA is there, gloo otherwise).
-
-Ctrl-C / SIGTERM: the launcher forwards SIGTERM to the learners, which agree to stop,
-checkpoint (every rank), stop their actors and exit; stragglers are killed after a
-grace period.
-
-A learner that dies (a signal, or an exit without its report) is noticed within a
-fraction of a second and named with its pid and signal ("rank 1 (pid N) died with
-SIGKILL"); the other ranks get SIGTERM and a short grace to save their own parts (a
-save needs no collective), then whatever is left of the tree is killed: learners,
-every actor (also those of the dead rank, which it left to init) and the
-multiprocessing resource tracker (when the launcher started it). The launcher then
-exits non-zero. No process outlives the launcher.
+Ctrl-C / SIGTERM is forwarded to the learners as SIGTERM: they agree to stop, checkpoint
+and exit. A learner that dies is named with its pid and signal ("rank 1 (pid N) died with
+SIGKILL"); the other ranks get SIGTERM and a grace to save their parts, then whatever is
+left of the tree (learners, actors, the resource tracker) is killed and the launcher
+exits non-zero. No process outlives the launcher (docs/semantics.md, "A learner rank
+that dies").
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """Draining a shard's transport into its buffer, with episode returns and policy lag.
 
-Exactly once, across learner crashes. The durable transports deliver a chunk until it
-is acknowledged (at-least-once), so a chunk is stored twice when a learner dies after
-writing it and before its acknowledgement reached the medium, and the next life
-restores a buffer (from a checkpoint) that already holds it. The :class:`Ingestor`
-therefore records which chunks it stored, by identity (:class:`StoredIds`: per actor,
-intervals of sequences), and drops a chunk as a duplicate only when its own
-``(actor_id, sequence)`` is there. A chunk that arrives after a later one of its actor
-(a spool listing that missed it, a Redis consumer that claims a dead one's entries
-after reading new ones) is stored, never mistaken for a duplicate. The record is
-saved with each checkpoint (:meth:`Ingestor.state_dict`) and restored with it
-(:func:`merge_stored` over all saved parts, so it also holds after a resume on another
-number of shards).
-
-With ``drain(..., ack=False)`` and :meth:`Ingestor.ack_stored` after each checkpoint
-(save, then acknowledge), every valid chunk that reached the medium is stored exactly
-once in the buffer that survives any number of crashes: a chunk acknowledged is in a complete
-checkpoint; one not acknowledged is delivered again and stored, or dropped because
-the restored record shows it is in the checkpoint already. The learner of
-``shardreplay train`` acknowledges right after writing instead (holding
-acknowledgements until the next checkpoint would stall every actor on back-pressure),
-once the chunk is in the shard's ingest log (:mod:`shardreplay.runtime.learner.wal`):
-after a crash the next life replays the log on top of the checkpoint (:meth:`Ingestor.replay`),
-so it neither stores a chunk twice nor loses one it acknowledged. A chunk is *lost* only
-when it was logged and is in no checkpoint and no replay (a header-only log, kept for the
-``local`` ring whose actors die with the learner, or a resume that goes back to an older
-checkpoint on purpose); each one is counted in ``lost_chunks.jsonl``.
+The :class:`Ingestor` records which chunks it stored by identity (:class:`StoredIds`),
+saved with each checkpoint, and drops a chunk as a duplicate only when its own
+``(actor_id, sequence)`` is there (a late chunk is stored, never mistaken for one).
+``shardreplay train`` acknowledges a chunk once it is in the shard and in its ingest log
+(:mod:`shardreplay.runtime.learner.wal`), and a new life replays the log on top of the
+restored checkpoint (:meth:`Ingestor.replay`); ``drain(ack=False)`` with
+:meth:`Ingestor.ack_stored` after each save is the exactly-once mode without a log. See
+docs/semantics.md, "Chunks across crashes".
 """
 
 from __future__ import annotations
@@ -100,11 +82,10 @@ class Ingestor:
     Chunks with streams routed to another shard, with streams beyond ``envs_per_actor``,
     or whose rows fall outside the shard are rejected and counted, never half-written (they
     would land in another actor's rows and interleave its episodes).
-    Chunks whose ``(actor_id, sequence)`` is in ``stored`` are dropped as duplicates
-    (see the module docstring). A chunk that does not follow the last one this life
-    wrote of its actor (a late one, or one after a gap) starts headless episodes: its
-    first steps that are MID become FIRST, so no window joins steps that were not
-    consecutive in the actor's time.
+    Chunks whose ``(actor_id, sequence)`` is in ``stored`` are dropped as duplicates. A
+    chunk that does not follow the last one this life wrote of its actor (a late one, or
+    one after a gap) starts headless episodes: its first steps that are MID become FIRST,
+    so no window joins steps that were not consecutive in the actor's time.
 
     Args:
         reader: this shard's transport reader.

@@ -1,13 +1,7 @@
 """Run metrics: a CSV file, TensorBoard events, a live progress bar, a learning curve.
 
-Only rank 0 records. TensorBoard, rich and matplotlib are imported here, when used.
-
-``policy_lag``: over the chunks all ranks ingested since the previous row, the mean of
-(the learner's policy version when the chunk was ingested - the version that acted in
-it, the oldest one of its steps), in learner updates (the update part of the packed
-versions); empty when no chunk came in. Not clamped: a negative lag says actors acted
-with a policy of an earlier learner life that got further than the checkpoint this life
-resumed from.
+Only rank 0 records; TensorBoard, rich and matplotlib are imported when used.
+``policy_lag`` is defined in docs/semantics.md ("Runs, learner lives and policy versions").
 """
 
 from __future__ import annotations

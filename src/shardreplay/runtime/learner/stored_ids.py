@@ -1,23 +1,16 @@
 """Which chunks a shard stored: per actor, sorted inclusive intervals of sequences.
 
 A chunk is a duplicate only when its own ``(actor_id, sequence)`` was stored, never
-because a later one was (a "high-water mark" turns a chunk that arrives late into a
-"duplicate" and loses it). Actors number chunks consecutively within one life and
-start each life at a new clock reading, and chunks arrive mostly in order, so an
-actor's record is a few intervals::
+because a later one was. An actor's record is a few intervals (consecutive sequences in
+a life, a new clock reading per life)::
 
     stored 5 6 7   9 10        1_000_000 1_000_001      (2 lives, chunk 8 missing)
     -> [[5, 7], [9, 10], [1_000_000, 1_000_001]]
 
-Size bound: an actor keeps at most ``max_intervals`` intervals (1024 by default).
-Beyond it the two oldest (lowest) intervals are joined, so the sequences between them
-are presumed stored from then on; a WARNING gives how many. Old holes are the ones a
-late chunk is least likely to fill.
-
-Saved with each checkpoint part as ``{"stored": {"<actor_id>": [[lo, hi], ...]}}``;
-:func:`merge_stored` unions the parts of a checkpoint. A part written before this
-record existed holds ``{"high_water": {"<actor_id>": q}}``: it maps to
-``[[-(2**62), q]]`` (everything up to ``q`` stored, as that version presumed).
+Beyond ``max_intervals`` per actor the two oldest intervals are joined (a WARNING says
+how many). Saved with each checkpoint part as ``{"stored": {"<actor_id>": [[lo, hi],
+...]}}``; an older part's ``{"high_water": {"<actor_id>": q}}`` reads as ``[[-(2**62), q]]``
+(docs/semantics.md, "Chunks across crashes").
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
-"""The ingest log: what a shard acknowledged survives the learner's death, or is counted.
+"""The ingest log: each shard appends the chunks it stored to its log before acknowledging
+them, so what a shard acknowledged survives the learner's death, or is counted lost.
 
-A durable medium (``file://`` spool, Redis stream) forgets a chunk once it is
-acknowledged, and a checkpoint holds only what was stored before it. So each shard
-appends the chunks it stored, as received, to its log *before* acknowledging them; a
-learner that starts over a run directory replays the log on top of the checkpoint it
-restored (:meth:`shardreplay.runtime.learner.ingest.Ingestor.replay`), skipping the
-chunks that checkpoint holds already (its stored-chunk record,
-:class:`~shardreplay.runtime.learner.stored_ids.StoredIds`). Nothing acknowledged is lost,
-and nothing is stored twice.
-
-*Header-only records.* With the ``local`` ring nothing outlives the learner (its actors
-die with it), so the log keeps only each chunk's header (``keep_chunks=False``): a chunk
-logged and in no checkpoint and no replay is *lost*, and :class:`LossLog` records it
-(``reason: "acknowledged_then_learner_crashed"``) at the next life's first checkpoint,
-unless the medium delivered it again by then. The same holds for the records a
-``--resume --checkpoint-id N`` does not replay (it goes back on purpose).
-
-Files: ``<run_dir>/ingest/shard-<k>.<life>.wal`` is the segment this life appends to; at
-each checkpoint ``<id>`` the shard seals it (renamed ``shard-<k>.<life>.upto-<id>.wal``)
-and starts a new one. A sealed segment is deleted once a complete checkpoint ``>= <id>``
-exists (the log holds only chunks newer than the newest complete checkpoint); files of
-earlier lives are deleted by rank 0 once a checkpoint of this life is complete (it holds
-what they replayed). Runs written before this log took over the loss accounting also
-left an identity journal, ``shard-<k>.<life>[.upto-<id>].journal`` (24-byte records: actor
-id, sequence, steps): a resume reads it as header-only records of shard ``k`` and deletes
-it as any file of an earlier life.
+A learner that starts over a run directory replays the logs on top of the checkpoint it
+restored (:meth:`shardreplay.runtime.learner.ingest.Ingestor.replay`), skipping what that
+checkpoint's stored-chunk record holds. With the ``local`` ring the log keeps headers only
+(``keep_chunks=False``): a chunk logged and in no checkpoint and no replay is lost, and
+:class:`LossLog` records it. Segments ``<run_dir>/ingest/shard-<k>.<life>.wal`` are sealed
+at each checkpoint (``.upto-<id>.wal``) and deleted, or with ``--keep-rollouts``
+(:class:`Retention`) moved to ``<run_dir>/rollouts/``, once a complete checkpoint holds
+them; identity journals of earlier versions (``.journal``, 24-byte records) are read as
+header-only records. The rules, durability and costs: docs/semantics.md, "Chunks across
+crashes".
 
 Record (little-endian; never pickle)::
 
@@ -39,31 +25,9 @@ Record (little-endian; never pickle)::
           72   XXH64 of bytes 0..71                                        8 bytes
           80   the chunk bytes: a transport chunk as received, or packed (LZ4) when kept
 
-Version 1 records (no insert time: its 8 bytes are absent, the header is 72 bytes) are
-still read, as -1.
-
-*Kept rollouts* (``shardreplay train --keep-rollouts``, :class:`Retention`): the same
-segments are the run's rollout archive. Instead of deleting a segment the complete
-checkpoint holds, the log moves it to ``<run_dir>/rollouts/`` (same name; a rename, no
-copy), and rank 0 deletes whole oldest segments there beyond the size cap (a log line
-and ``rollouts_dropped_segments`` in the metrics say so). Kept chunks that came
-uncompressed are packed with LZ4 (:func:`shardreplay.transport.codec.pack`) before
-they are logged. :func:`iter_rollouts` reads the archive back (and the segments not yet
-moved), :func:`archive_summary` describes it; :class:`RolloutKeeper` keeps a custom loop's
-chunks the same way.
-
-Flags: bit 0 set = header-only (the chunk bytes were not kept). A record is valid only
-whole with both checksums right. The first invalid record ends the reading of its file:
-at the end of the file it is *torn* (the process died inside the write; that chunk was
-never acknowledged, so the medium delivers it again); with bytes after it, the file is
-damaged. Both are reported (:class:`LogScan`), never used.
-
-Durability (``fsync``): the bytes of each batch go out in one ``os.writev`` before the
-acknowledgement, so they survive the learner's process (SIGKILL, OOM) at once, in the
-page cache. With ``fsync=True`` the log is also ``fdatasync``-ed before a batch is
-acknowledged, at most every ``fsync_every_s`` (``shardreplay train``: 1 s, as Redis's
-``appendfsync everysec``), so a crash of the machine loses at most the chunks
-acknowledged in that last second; see docs/semantics.md for the measured costs.
+Version 1 records (no insert time; a 72-byte header) are still read, as -1. Flags bit 0:
+header-only. A record is used only whole with both checksums right; the first invalid one
+ends its file's reading: *torn* at the end of the file, else *damaged* (:class:`LogScan`).
 """
 
 from __future__ import annotations
