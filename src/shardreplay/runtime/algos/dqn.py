@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from shardreplay.runtime.actor.settings import ActorSettings
+from shardreplay.runtime.algos import choose_network
 from shardreplay.runtime.algos.base import ActorPolicy, network_weights
-from shardreplay.runtime.algos.network_kinds import choose_network
 from shardreplay.runtime.algos.numpy_policy import NumpyEpsilonGreedyPolicy, NumpyQNetwork, mlp_hidden
 from shardreplay.runtime.envs import EnvInfo, transition_spec
 from shardreplay.runtime.settings import TrainSettings

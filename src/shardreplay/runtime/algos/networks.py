@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from shardreplay.runtime.algos.network_kinds import choose_network
+from shardreplay.runtime.algos import choose_network
 from shardreplay.runtime.settings import NETWORKS
 
 __all__ = ["NETWORKS", "MinAtarQNetwork", "NatureQNetwork", "QNetwork", "choose_network", "make_q_network"]

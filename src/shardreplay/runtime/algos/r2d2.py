@@ -38,8 +38,8 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.sequences import SequenceBatch, sequence_batch, sequence_priorities
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
+from shardreplay.runtime.algos import recurrent_spec
 from shardreplay.runtime.algos.base import fits, network_weights
-from shardreplay.runtime.algos.specs import recurrent_spec
 from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part, unwrap
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo
