@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,10 +34,9 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with every tensor on ``device``."""
-        return Batch(
-            data={k: v.to(device, non_blocking=non_blocking) for k, v in self.data.items()},
-            mask=self.mask.to(device, non_blocking=non_blocking),
-            keys=self.keys.to(device, non_blocking=non_blocking),
-            weights=self.weights.to(device, non_blocking=non_blocking),
-            probabilities=self.probabilities.to(device, non_blocking=non_blocking),
-        )
+        return self.apply(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        """A batch of ``fn`` of every tensor (``pin_memory``, a move)."""
+        return Batch({k: fn(v) for k, v in self.data.items()}, fn(self.mask), fn(self.keys),
+                     fn(self.weights), fn(self.probabilities))

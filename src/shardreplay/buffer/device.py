@@ -47,9 +47,7 @@ def check_device(device: torch.device | str | None) -> torch.device:
 
 def pinned(batch: Batch) -> Batch:
     """The batch in pinned (page-locked) host memory, for non-blocking copies to a GPU."""
-    return Batch(data={k: v.pin_memory() for k, v in batch.data.items()},
-                 mask=batch.mask.pin_memory(), keys=batch.keys.pin_memory(),
-                 weights=batch.weights.pin_memory(), probabilities=batch.probabilities.pin_memory())
+    return batch.apply(torch.Tensor.pin_memory)
 
 
 def batch_on(batch: Batch, device: torch.device) -> Batch:
@@ -57,7 +55,7 @@ def batch_on(batch: Batch, device: torch.device) -> Batch:
     with ``non_blocking=True`` for CUDA."""
     if device.type == "cpu":
         return batch
-    if device.type == "cuda" and torch.cuda.is_available():
+    if pins(device):
         return pinned(batch).to(device, non_blocking=True)
     return batch.to(device)
 

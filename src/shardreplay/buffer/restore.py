@@ -1,21 +1,12 @@
-"""A restore session: the one way a loader replaces a shard's content.
+"""A restore session: the one way a loader replaces a shard's content (internal).
 
 ``with shard.restore(source, key_epoch_floor) as session:`` empties the shard and marks
-it *pending* (``Shard.pending_restore``: ``checkpoint.save`` refuses it). Inside, the
-loader places steps into :meth:`RestoreSession.targets` and
-:meth:`RestoreSession.frame_stores`, then calls :meth:`RestoreSession.finish` once
-(positions, validity, sampler, RNG, keys); :meth:`RestoreSession.reset` empties the
-shard again for another try. The order is enforced: placing after ``finish``, a second
-``finish``, or any call after the block raises.
-
-On leaving the block normally after ``finish`` the restore is final (no longer
-pending). On an exception, or on leaving without ``finish``, the shard is left
-**empty and pending**: its content was already being replaced, so it cannot be put
-back as it was; it stays writable and samplable, but ``checkpoint.save`` refuses it
-(naming ``source``) until a later restore session finishes, so no checkpoint completes
-without the data its run should hold.
-
-Internal: not part of the public API.
+it *pending* (``checkpoint.save`` refuses it, naming ``source``); the loader places steps
+(:meth:`RestoreSession.targets`, :meth:`RestoreSession.frame_stores`,
+:meth:`RestoreSession.place_starts`), then calls :meth:`RestoreSession.finish` once.
+Leaving the block after ``finish`` makes the restore final; leaving it otherwise (an
+exception, no ``finish``) leaves the shard **empty and pending** until a later session
+finishes. Calls out of that order raise.
 """
 
 from __future__ import annotations
@@ -25,26 +16,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from shardreplay.buffer.state import ShardParts
 from shardreplay.errors import CheckpointError, ShardReplayError
-from shardreplay.samplers import PrioritizedSampler, Sampler
-from shardreplay.storage import StreamStorage
+from shardreplay.samplers import PrioritizedSampler
 
 _OPEN, _FINISHED, _CLOSED = "open", "finished", "closed"
 
 
-class Restorable(Protocol):
-    """What a session restores of a :class:`~shardreplay.buffer.shard.Shard`, typed by
-    these members so that the Shard's module (which builds sessions) is not imported back."""
+class Restorable(ShardParts, Protocol):
+    """What a session restores of a :class:`~shardreplay.buffer.shard.Shard`."""
 
-    _storage: StreamStorage
-    _sampler: Sampler
-    rng: np.random.Generator
-    stale_updates: int
     _restoring: RestoreSession | None
-
-    @property
-    def stream_capacity(self) -> int:
-        """Steps per row."""
 
 
 class RestoreSession:

@@ -1,20 +1,9 @@
-"""Sequence batches for recurrent learners (R2D2): burn-in, stored start state, priorities.
-
-A buffer made with ``window=L, period=P`` draws windows of ``L`` steps that start every
-``P`` steps of an episode (docs/semantics.md, "Sequence windows"). What a recurrent
-learner does with one (Kapturowski et al. 2019, R2D2):
-
-- it starts its network from the recurrent state the actor had at the window's first
-  step (a field of the spec the actor wrote; :func:`sample_sequences` returns its value
-  at each window's first step),
-- it unrolls the first ``burn_in`` steps without loss (``learn_mask`` is False there, and
-  on padding after the episode's end),
-- it sets the window's priority to ``eta * max_t |delta_t| + (1 - eta) * mean_t |delta_t|``
-  over the learning part (:func:`sequence_priorities`, ``eta = 0.9``).
-
-Works with any buffer whose ``sample(batch_size)`` returns a :class:`Batch`
-(``ReplayBuffer``, ``ShardedReplayBuffer``), so the draw is the buffer's: exact over the
-shards of a sharded buffer.
+"""Sequence batches for recurrent learners (R2D2, Kapturowski et al. 2019; docs/semantics.md,
+"Sequence windows"): the actor's recurrent state at each window's first step
+(:func:`sample_sequences`), ``burn_in`` steps unrolled without loss (``learn_mask``), and
+the sequence priority ``eta * max |delta| + (1 - eta) * mean |delta|``
+(:func:`sequence_priorities`). Works with any buffer whose ``sample`` returns a
+:class:`Batch`, so the draw is the buffer's (exact over the shards of a sharded one).
 """
 
 from __future__ import annotations

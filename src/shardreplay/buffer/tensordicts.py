@@ -1,65 +1,20 @@
-"""TensorDicts in and out (TorchRL's layout), with ``tensordict`` an optional extra.
+"""TensorDicts in and out (TorchRL's layout), with ``tensordict`` an optional extra: nothing
+here imports it until a TensorDict is handed in or asked for.
 
-Nothing here imports ``tensordict`` until a TensorDict is handed in (it is then
-imported already) or one is asked for (:func:`transitions_to_tensordict`): the core
-imports and runs without it (``pip install shardreplay[tensordict]``).
+**In** (``add(td)``: ``batch_size [S]``, one row per stream; ``extend(td)``: ``[S, T]``):
+with a ``"step_type"`` key, the step dict of ``add``/``extend`` (nested keys joined with
+dots); without, TorchRL transitions, row ``t`` = ``(o_t, a_t, r_t, o_t+1, done flags)``
+stored as step ``t`` and a LAST step after each row that ends an episode (discount 0
+after ``terminated``, 1 after ``truncated``; its action and reward are zero padding, its
+fields without a ``("next", K)`` entry copy row ``t``). The rule key by key:
+docs/porting.md. A trailing unit axis is dropped for a scalar field; ``priorities``
+give each row's window its priority (a LAST step takes its row's).
 
-**In** (``ReplayBuffer.add(td)``: ``td.batch_size == [S]``, one row per stream;
-``extend(td)``: ``[S, T]``). Two layouts, told apart by a ``"step_type"`` key:
-
-* *Steps* (``"step_type"`` present): the step dict of ``add``/``extend`` as a
-  TensorDict. Every leaf is a spec field, a nested key joined with dots
-  (``("obs", "pos")`` is field ``"obs.pos"``), plus ``"step_type"`` and optionally
-  ``"discount"``.
-* *TorchRL transitions* (no ``"step_type"``): row ``t`` of a stream is
-  ``(o_t, a_t, r_t, o_t+1, done flags)`` as TorchRL's collectors and envs write it, and
-  becomes step ``t`` (``docs/semantics.md``: a step holds the reward that followed its
-  action). The rule, key by key:
-
-  ===========================  ============================================================
-  TorchRL key                  stored as
-  ===========================  ============================================================
-  ``"observation"``            the observation field of step ``t``: ``"obs"`` (or
-                               ``"obs.*"``), or ``"observation"`` when the spec names it so
-  ``"action"``                 field ``"action"`` of step ``t``
-  ``("next", "reward")``       field ``"reward"`` of step ``t``
-  ``("next", "terminated")``   ends the episode after row ``t``: a LAST step follows it,
-                               discount 0
-  ``("next", "truncated")``    ends it too, discount 1 (bootstrap from the final obs)
-  ``("next", "done")``         read only without ``"terminated"``: a done is a termination
-  ``("next", K)``              field ``K`` (observation renamed as above) of that LAST
-                               step; where the episode goes on it must equal row ``t+1``'s
-                               ``K`` (checked within the call)
-  another key naming a field   that field of step ``t`` (nested keys joined with dots)
-  anything else                ignored (``"collector"``, root ``"done"``, ...)
-  ===========================  ============================================================
-
-  Row ``t`` is ``FIRST`` when its stream's previous step is a ``LAST`` (or the stream
-  is empty), else ``MID``. The LAST step's action and reward are zeros (padding); its
-  other fields without a ``("next", K)`` entry copy row ``t``. A trailing unit axis
-  (``[..., 1]``, as TorchRL keeps on rewards and flags) is dropped for a scalar field.
-  ``priorities`` (``[S]`` / ``[S, T]``) give each row's window its priority; a LAST
-  step takes its row's.
-
-**Out** (``Transitions.to_tensordict()``,
-``sample(..., as_tensordict=True)``): TorchRL's names, ``batch_size [B]``::
-
-    "observation"              o_0 (a nested TensorDict for nested fields "obs.*")
-    "action"                   a_0
-    ("next", "observation")    o_m
-    ("next", "reward")         R, the n-step return, [B, 1] for a scalar reward
-    ("next", "done")           o_m is its episode's LAST step, [B, 1] bool
-    ("next", "terminated")     ... by a termination (no bootstrap), [B, 1] bool
-    ("next", "truncated")      ... by a truncation, [B, 1] bool
-    "steps_to_next_obs"        m, [B, 1] int64 (TorchRL's value estimators then
-                               discount the bootstrap by gamma ** m)
-    "bootstrap_discount"       gamma^m * prod d_i, [B] (ours; TorchRL ignores it)
-    "priority_weight"          importance weights, [B] float32
-    "index"                    keys for update_priorities, [B] int64
-
-so a TorchRL loss (``DQNLoss``, ``SACLoss``) built with the same gamma takes the batch
-unchanged, and ``buffer.update_priorities(td["index"], td["td_error"])`` returns the
-TD errors it wrote.
+**Out** (``Transitions.to_tensordict()``, ``sample(..., as_tensordict=True)``):
+TorchRL's names (``observation``, ``action``, ``("next", "observation" / "reward" /
+"done" / "terminated" / "truncated")``, ``steps_to_next_obs``, ``priority_weight``,
+``index``) plus ``bootstrap_discount``, so a TorchRL loss built with the same gamma
+takes the batch unchanged.
 """
 
 from __future__ import annotations
@@ -188,7 +143,7 @@ def _transition_rows(leaves: dict[tuple[str, ...], np.ndarray], spec: Spec, lead
         if key not in leaves:
             raise SpecMismatchError(f"the TensorDict has no {_show(key)} for field {name!r}; it has "
                                     f"{sorted(_show(k) for k in leaves)} (the rule: "
-                                    "shardreplay.buffer.tensordicts)")
+                                    "docs/porting.md)")
         rows[name] = _fit(leaves[key], lead, field.shape, _show(key))
         if key[0] != "next" and ("next", *key) in leaves:
             nexts[name] = _fit(leaves[("next", *key)], lead, field.shape, _show(("next", *key)))

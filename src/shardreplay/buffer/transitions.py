@@ -1,17 +1,8 @@
 """Sampled windows as n-step transitions, gathered in one compiled pass.
 
-:meth:`ReplayBuffer.sample_transitions` draws window starts as :meth:`ReplayBuffer.sample`
-does, but instead of copying whole windows ``[B, L, ...]`` and reducing them with torch
-(:func:`shardreplay.buffer.nstep.nstep_transitions`), it reads only what a transition
-needs: ``o_0``, ``a_0``, the rewards and discounts inside the window, and ``o_m``.
-
-The formulas are those of :mod:`shardreplay.buffer.nstep` (``m`` is the bootstrap step:
-``n``, or the episode's LAST inside the window)::
-
-    reward             = sum_{k=0}^{m-1} gamma^k * (prod_{i=1}^{k} d_i) * r_k
-    bootstrap_discount = gamma^m * prod_{i=1}^{m} d_i      (0 after a termination)
-    target             = reward + bootstrap_discount * V(next_obs)
-
+:meth:`ReplayBuffer.sample_transitions` draws window starts as ``sample`` does but reads
+only what a transition needs (``o_0``, ``a_0``, the rewards and discounts inside the
+window, ``o_m``), with the formulas of :mod:`shardreplay.buffer.nstep`.
 ``bootstrap_discount`` already holds ``gamma``: never multiply it by ``gamma`` again.
 """
 
@@ -19,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -126,18 +117,12 @@ class Transitions:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Transitions:
         """A copy with every tensor on ``device`` (``keys`` too: update_priorities takes them
         back from any device)."""
-        def move(x: torch.Tensor) -> torch.Tensor:
-            return x.to(device, non_blocking=non_blocking)
+        def move(x: Any) -> Any:
+            if isinstance(x, dict):
+                return {k: v.to(device, non_blocking=non_blocking) for k, v in x.items()}
+            return None if x is None else x.to(device, non_blocking=non_blocking)
 
-        def move_obs(x: Observation) -> Observation:
-            return {k: move(v) for k, v in x.items()} if isinstance(x, dict) else move(x)
-
-        return Transitions(obs=move_obs(self.obs), action=move(self.action), reward=move(self.reward),
-                           next_obs=move_obs(self.next_obs),
-                           bootstrap_discount=move(self.bootstrap_discount), weights=move(self.weights),
-                           keys=move(self.keys), num_steps=move(self.num_steps),
-                           terminated=None if self.terminated is None else move(self.terminated),
-                           truncated=None if self.truncated is None else move(self.truncated))
+        return Transitions(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
 
 
 def _as_tensordict(obs: Observation, batch: int) -> Any:

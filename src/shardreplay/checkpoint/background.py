@@ -1,36 +1,10 @@
 """Background saves: the content is fixed at the call, the files are written by a
-forked child process.
-
-``save_in_background(buffer, path, id)`` checks what :func:`~shardreplay.checkpoint.save`
-checks, then forks (as Redis's ``BGSAVE``): the child's memory is the buffer as it is at
-the call, copy-on-write, so it writes exactly what ``save`` would have written then (the
-part, the manifest when it is the last one, and pruning), while the training thread
-writes on. The child shares nothing with the caller's interpreter: no GIL, no thread of
-the caller waits for it, it holds no lock the caller takes. The parent's cost is the fork
-(page tables; a few ms for GBs) and one page copy for each page it writes while the
-child runs.
-
-The child runs only the save: numpy, file writes and hashing (no torch, no collective, no
-transport). It ignores SIGINT and SIGTERM (the caller decides when to stop and waits for
-the save in flight, as for the thread this replaced), exits through ``os._exit`` on
-every path (success, error, a signal's exception: nothing of the parent's ``atexit`` or
-buffers runs twice), and exits at once when its parent is gone. It reports to the parent
-through a pipe as JSON (part size, block hashes, its log lines or its error): the parent
-never unpickles anything from it. A thread of the parent reads the pipe and reaps the
-child (``waitpid``) on every path, including a child killed by a signal (the save then
-fails with a :class:`~shardreplay.errors.CheckpointError`).
-
-A shard whose storage is memory-mapped (``storage="memmap"``) shares its pages with the
-child (file pages, not copy-on-write), so the child would see the writes made after the
-call: its part is written before ``save_in_background`` returns, as by ``save``.
-
-Overlap: a shard has at most one save in flight. The next save of it (background or
-not), a ``load`` into it and ``load_state_dict`` wait until the one in flight has
-written its part (they are not coalesced: each checkpoint asked for is written).
-
-Crash safety is the format's: parts are renamed into place once whole and the manifest
-is written last, so a process killed mid-write leaves the previous complete checkpoint
-the newest complete one (pruning runs only after a manifest is written).
+forked child process (as Redis's ``BGSAVE``), whose copy-on-write memory is the buffer
+at the call. The child shares no GIL, thread or lock with the caller, ignores SIGINT
+and SIGTERM, always leaves through ``os._exit`` (also when its parent is gone), and
+reports as JSON through a pipe; a thread of the parent reaps it. A memory-mapped shard
+(file pages are shared, not copied) is written before the call returns. Semantics:
+docs/semantics.md, "Background saves" and "Never two at once".
 """
 
 from __future__ import annotations
@@ -72,7 +46,7 @@ class PendingSave:
         self.directory = job.directory
         self.checkpoint_id = job.checkpoint_id
         self.pid: int | None = None
-        self._error: BaseException | None = None
+        self._error: CheckpointError | None = None
         self._done = threading.Event()
         shard = job.shard
         if job.skip or shard is None:
@@ -106,6 +80,11 @@ class PendingSave:
             self._finish(job, _report(data, status, pid))
         except BaseException as exc:  # kept for wait(): a thread has no caller to raise to
             forget(job.shard, job.directory.parent)
+            if not isinstance(exc, CheckpointError):
+                wrapped = CheckpointError(f"checkpoint {self.directory.name}: the background write "
+                                          f"failed: {exc!r}")
+                wrapped.__cause__ = exc
+                exc = wrapped
             self._error = exc
         finally:
             job.shard.end_save()
@@ -140,10 +119,7 @@ class PendingSave:
         if not self._done.wait(timeout):
             raise CheckpointError(f"checkpoint {self.directory.name}: still writing after {timeout} s")
         if self._error is not None:
-            if isinstance(self._error, CheckpointError):
-                raise self._error
-            raise CheckpointError(f"checkpoint {self.directory.name}: the background write failed: "
-                                  f"{self._error!r}") from self._error
+            raise self._error
         return self.directory
 
 

@@ -96,8 +96,7 @@ def apply_partial_policy(arrays: Mapping[str, Any], policy: str, start_fields: C
         report.update(sealed_episodes=n_eps, sealed_steps=n_steps)
         return out, eps, report
     keep = np.ones(arrays["step_type"].shape[0], bool)
-    keep[np.repeat(eps.start[eps.partial], eps.length[eps.partial])
-         + _ranges(eps.length[eps.partial])] = False
+    keep[ranges(eps.start[eps.partial], eps.length[eps.partial])] = False
     for name, arr in arrays.items():
         if name in start_fields:
             assert is_start is not None  # given with start_fields
@@ -111,7 +110,7 @@ def apply_partial_policy(arrays: Mapping[str, Any], policy: str, start_fields: C
     return out, find_episodes(out["step_type"], out["episode_id"], out["row_length"]), report
 
 
-def _ranges(lengths: np.ndarray) -> np.ndarray:
-    """``[0..l0-1, 0..l1-1, ...]`` for run lengths."""
-    offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.arange(int(lengths.sum())) - offsets
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``[s0, s0+1, .., s0+l0-1, s1, ..]``: the indices of runs."""
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)

@@ -1,18 +1,11 @@
 """Part files: the safetensors layout, written as a stream, read block by block.
 
-A part file is a valid safetensors file (8-byte little-endian header length, a JSON
-header naming each array's dtype, shape and byte range, then raw bytes), so any
-safetensors reader can open it; nothing is pickled. We write it ourselves to stream
-arrays to disk without a second in-memory copy, and to record an XXH64 hash of every
-``BLOCK_BYTES`` block of the file (:mod:`shardreplay._hashing`: as fast as
-memory, where CRC32 was slower than reading): a reader verifies exactly the blocks it
-reads, so a rank that loads a few episodes of a large part does not read (or trust)
-the rest. Whole blocks are read straight into the destination arrays, in runs of up
-to ``_RUN_BYTES`` per system call, partial ones through one block-sized scratch buffer
-(no mmap, whose touched pages would count as resident memory twice); the hashes of a
-run are computed on a helper thread while the next run is read. A loader may defer
-the checks of many reads (``defer=True``) and wait for them all once
-(:meth:`PartReader.check_pending`) before it trusts anything it read.
+A part file is a valid safetensors file (nothing pickled) that we write ourselves, to
+stream arrays to disk without a second copy and to record an XXH64 hash of every
+``BLOCK_BYTES`` block: a reader verifies exactly the blocks it reads. Whole blocks are
+read straight into the destination, in runs of up to ``_RUN_BYTES`` per system call,
+hashed on a helper thread while the next run is read; partial ones go through one
+block-sized scratch buffer (no mmap: touched pages would count as resident twice).
 """
 
 from __future__ import annotations
@@ -52,14 +45,9 @@ MAX_HEADER_BYTES = 64 << 20
 
 
 class _BlockHasher:
-    """XXH64 of each BLOCK_BYTES block of a byte stream, fed in arbitrary pieces.
-
-    A block that lies inside one piece is hashed in place; one that straddles pieces is
-    hashed by a streaming state fed each of its parts in place. Never copied: a copy
-    into a staging ``bytearray`` holds the GIL for the whole copy, and a background
-    checkpoint's thread doing that for nearly every block (pieces are not block-aligned)
-    stalled the training thread (see benchmarks/checkpoint/RESULTS-checkpoint.md).
-    """
+    """XXH64 of each BLOCK_BYTES block of a byte stream, fed in arbitrary pieces: a
+    block inside one piece is hashed in place, one that straddles pieces by a streaming
+    state fed each of its parts (never copied into a staging buffer)."""
 
     def __init__(self) -> None:
         self.hashes: list[str] = []
@@ -145,14 +133,9 @@ _HUGE_BYTES = 2 << 20
 
 
 def advise_hugepages(arr: np.ndarray) -> None:
-    """Ask Linux to back the untouched pages of a large array with 2 MiB pages.
-
-    A loader writes every byte of the buffer's arrays. ``np.zeros`` memory comes from
-    calloc without the transparent-huge-page hint numpy gives ``np.empty``, so each 4 KiB
-    page faults on its own, and filling it costs several times the CPU of filling hinted
-    memory (see benchmarks/checkpoint/RESULTS-checkpoint.md). A no-op where unsupported (other
-    systems, file-backed arrays, small ones).
-    """
+    """Ask Linux to back the untouched pages of a large array with 2 MiB pages (a loader
+    fills every byte; ``np.zeros`` memory lacks the hint numpy gives ``np.empty``, so
+    each 4 KiB page would fault on its own). A no-op where unsupported or small."""
     if arr.nbytes < 2 * _HUGE_BYTES or not arr.flags.c_contiguous or not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(OSError, AttributeError):

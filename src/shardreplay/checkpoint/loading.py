@@ -1,20 +1,11 @@
-"""Restoring a checkpoint of M shards onto N shards (any M, N).
+"""Restoring a checkpoint of M shards onto N shards (any M, N; docs/semantics.md,
+"Checkpoints").
 
-Only complete checkpoints are loaded (block checksums included); newer ones passed
-over are named in the report and in one log line. With N = M and the same rows
-(nothing dropped at the save), each rank reads its own part back exactly as it was
-saved: rows, absolute positions, episode ids, priorities, sampler and RNG states (a
-faithful resume). Otherwise every rank reads the manifest and the small episode tables
-of all parts, computes the same deterministic plan (:mod:`shardreplay.checkpoint.plan`),
-and reads only the episodes it receives, straight into its storage. Stream ids (the
-row, and every field the spec declares ``env_id``) are rewritten to the new rows;
-priorities come back with their steps; episode ids are renumbered uniquely across the
-new shards; generations restart at 1. Either way the key epoch moves past every
-generation the saved shards handed out, and shard ``s`` takes the key tag of saved
-shard ``s`` (when there is one), so keys sampled before the save are recognised as
-keys of this buffer and found stale (not refused as foreign keys).
-With a sharded buffer the ranks agree, through one collective per try, on which
-checkpoint they restored.
+With N = M and the same rows each rank reads its own part back as saved (a faithful
+resume). Otherwise every rank reads the small episode tables of all parts, computes the
+same plan (:mod:`shardreplay.checkpoint.plan`) and reads only the episodes it receives,
+straight into its storage. A sharded buffer's ranks agree, through one collective per
+try, on which checkpoint they restored.
 """
 
 from __future__ import annotations
@@ -22,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +22,7 @@ import torch
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.shard import shard_of_buffer
+from shardreplay.checkpoint.episodes import ranges
 from shardreplay.checkpoint.format import advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, list_checkpoints, load_manifest, read_covered
 from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan_shard
@@ -60,14 +52,12 @@ class LoadReport:
 
     ``saved_steps`` is the checkpoint's total over all its parts. On this rank,
     ``dropped_*`` counts the episodes (and steps) the new capacity could not hold,
-    ``sealed_*`` the episodes kept without their oldest steps (longer than a row: the
-    first kept step becomes FIRST) and the steps kept of them; the steps cut off them
-    are counted in ``dropped_steps``. Over all ranks, ``steps + dropped_steps`` sums to
+    ``sealed_*`` the episodes kept without their oldest steps and the steps kept of them
+    (the steps cut off count as dropped): over all ranks, ``steps + dropped_steps`` is
     ``saved_steps``. ``skipped`` names the checkpoints passed over (``"<id>: <reason>"``,
-    newest first); ``exact`` is True when every part went back to its own shard as saved
-    (a faithful resume); ``key_epoch`` is the buffer's new key epoch. ``manifest`` is
-    the checkpoint's parsed manifest (read once per load); ``files`` the files asked for
-    with ``load(..., files=...)``, verified against it.
+    newest first; also logged); ``exact`` is True for a faithful resume (every part back
+    to its own shard as saved); ``key_epoch`` is the buffer's new key epoch;
+    ``manifest`` the checkpoint's parsed manifest; ``files`` those asked for, verified.
     """
 
     checkpoint_id: int
@@ -89,19 +79,14 @@ class LoadReport:
     def counts(self) -> RestoreCounts:
         """This rank's restore (what every later save of this shard records, until its
         content is replaced otherwise)."""
-        return RestoreCounts(self.checkpoint_id, self.saved_shards, self.saved_steps, self.steps,
-                             self.episodes, self.dropped_episodes, self.dropped_steps, self.sealed_episodes,
-                             self.sealed_steps)
+        return RestoreCounts(**{f.name: getattr(self, f.name) for f in fields(RestoreCounts)})
 
 
 def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
          checkpoint_id: int | None = None, fallback: bool = False,
          files: Iterable[str] = ()) -> LoadReport:
-    """Restore a checkpoint under ``path`` into ``buffer`` (this rank's shard).
-
-    A rank verifies what it reads, once: the manifest and every part description
-    (size, hash, CRC), then each block of the parts it restores from and each file of
-    ``files``, as it reads them (parts it does not read are not hashed).
+    """Restore a checkpoint under ``path`` into ``buffer`` (this rank's shard),
+    verifying what it reads, once (parts it does not read are not hashed).
 
     Args:
         path: the checkpoint root directory.
@@ -116,9 +101,7 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
             passed over like a damaged part).
 
     Returns:
-        A :class:`LoadReport`; ``skipped`` lists the checkpoints passed over and why
-        (also said in one log line). ``exact`` is True when the checkpoint was put back
-        as saved (as many shards, the same rows: see docs/semantics.md).
+        A :class:`LoadReport`.
 
     Raises:
         IncompleteCheckpointError: no (complete) checkpoint, or a part is missing.
@@ -337,12 +320,9 @@ def _row_pos(reader: AnyPartReader) -> np.ndarray:
 
 
 def _new_key_epoch(metas: list[PartMeta], positions: list[np.ndarray], floor: int) -> int:
-    """The key epoch after a restore: larger than every generation a saved shard (or the
-    buffer's replaced content, ``floor``) could have put in a key, so every key handed
-    out from now on has a larger generation than any key handed out before.
-
-    A key's generation is the slot's write count (at most ``ceil(max(row_pos) / cap)``)
-    plus its shard's epoch."""
+    """The key epoch after a restore: above every generation (a slot's write count plus
+    its shard's epoch) a saved shard or the replaced content (``floor``) put in a key,
+    so every key handed out from now on is newer than any handed out before."""
     out = floor
     for meta, pos in zip(metas, positions, strict=True):
         if meta.stream_capacity is None or meta.key_epoch is None:
@@ -400,7 +380,7 @@ def _read_as_saved(reader: AnyPartReader, pos: np.ndarray, session: RestoreSessi
     runs = [(0, s, d, c) for s, d, c in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True)]
     targets = _read_runs([reader], runs, runs, session, [period])
     if "seal.index" in reader.names():
-        slots = _ranges(dst, n)  # the slot of each saved step, in saved order
+        slots = ranges(dst, n)  # the slot of each saved step, in saved order
         index = reader.array("seal.index")
         types, discounts = reader.array("seal.step_type"), reader.array("seal.discount")
         if index.dtype.kind not in "iu" or not index.shape == types.shape == discounts.shape or \
@@ -433,12 +413,8 @@ def _episode_table(readers: list[AnyPartReader]) -> EpisodeTable:
 def _read_placements(readers: list[AnyPartReader], plan: ShardPlan, episodes: EpisodeTable,
                      session: RestoreSession, spec: Spec, periods: list[int]) -> None:
     """Read this shard's episodes into the storage (from parts saved with sequence
-    ``periods``), then check every block read.
-
-    Placements that continue each other both in their part file and in the flat
-    storage (a saved stream restored whole, or runs of it) are read as one range: few
-    large reads, like ``np.load``, and no partial block at each episode boundary.
-    """
+    ``periods``), then check every block read. Placements that continue each other both
+    in their part and in the storage are read as one range (few large reads)."""
     cap = session.stream_capacity
     ids = plan.ids
     order = np.lexsort((episodes.start[ids], episodes.part[ids]))  # file order
@@ -449,7 +425,7 @@ def _read_placements(readers: list[AnyPartReader], plan: ShardPlan, episodes: Ep
     runs = _runs(part, src, dst, length)
     # New rows start at slot 0: the stacks are read in slot order.
     targets = _read_runs(readers, runs, sorted(runs, key=lambda run: run[2]), session, periods)
-    slots = _ranges(dst, length)
+    slots = ranges(dst, length)
     targets["episode_id"][slots] = np.repeat(ids, length)
     targets["generation"][slots] = 1
     targets["step_type"][dst[skip > 0]] = StepType.FIRST
@@ -492,24 +468,13 @@ def _runs(part: np.ndarray, src: np.ndarray, dst: np.ndarray, length: np.ndarray
                     np.add.reduceat(length, first).tolist(), strict=True))
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``[s0, s0+1, .., s0+l0-1, s1, ..]``: the slots of runs."""
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
-
-
 def _read_stacks(readers: Sequence[AnyPartReader], runs: Sequence[tuple[int, int, int, int]],
                 session: RestoreSession) -> None:
-    """Fill the frame rings of the shard ``session`` restores from ``runs`` of saved steps.
-
-    A checkpoint stores a frame-stacked field as whole stacks per step (the format of
-    every other field), so any layout can read it; they are read in bounded pieces, row
-    by row in time order, and each frame is stored once again (``FrameStore.load_row``).
-
-    Each run is ``(part, first saved step, first flat slot, steps)``, and must not cross
-    the end of its row's ring. The runs must come in (row, time) order of the storage:
-    a row's frames are kept in time order (the oldest are the ones a later write
-    overwrites).
+    """Fill the frame rings of the shard ``session`` restores from ``runs`` of saved steps
+    (``(part, first saved step, first flat slot, steps)``, not crossing a ring's end, in
+    (row, time) order of the storage: a row's oldest frames are the ones overwritten
+    first). A part holds whole stacks per step; they are read in bounded pieces and
+    each frame is stored once again (``FrameStore.load_row``).
 
     Raises:
         CheckpointFormatError: a block of a part is missing or corrupt.
@@ -554,16 +519,10 @@ def start_mask(reader: AnyPartReader, period: int, steps: int) -> np.ndarray:
 
 def _read_starts(readers: Sequence[AnyPartReader], periods: Sequence[int],
                 runs: Sequence[tuple[int, int, int, int]], session: RestoreSession) -> None:
-    """Read the start rows of the ``at_starts`` fields for ``runs`` of saved steps
-    (``(part, first saved step, first flat slot, steps)`` each, as for frame stacks) and
-    place those of the new buffer's start steps (``session.place_starts``).
-
-    A part holds such a field as one row per saved step that could start a window when
-    it was saved (episode offset a multiple of the saving buffer's ``period``; every
-    step when that is 1), in saved order, so a run of saved steps maps to one
-    contiguous range of those rows: the rows of the steps that start windows under the
-    new buffer's ``period`` (a multiple of the saved one, so every new start has its
-    row) are kept.
+    """Read the start rows of the ``at_starts`` fields for ``runs`` of saved steps (as
+    for frame stacks) and place those of the new buffer's start steps. A part holds one
+    row per saved step that could start a window under its ``period`` (:func:`start_mask`),
+    so a run maps to one range of rows; the new ``period`` is a multiple of the saved one.
 
     Raises:
         CheckpointFormatError: a part was saved with a period that the new one is not a

@@ -1,27 +1,11 @@
 """Checkpoint directories, part descriptions, manifests and completeness.
 
-Layout of a checkpoint ``<root>/ckpt-<id>/`` saved from M shards::
-
-    part-00000-of-00003.safetensors   steps, priorities, episode table of shard 0
-    part-00000-of-00003.json          its description: size, block hashes, counts
-    ...
-    learner_state.pt                  files saved with save(files=...) (the runtime's)
-    manifest.json                     every part's description, every file's size and
-                                      XXH64; written last
-
-Each JSON file carries a CRC32 of its own body, so a flipped byte is caught. Each rank
-writes its files, its part and description, then the manifest if every description is
-there: the last rank to finish writes it, without any collective call. The manifest
-covers every file of the checkpoint: each part block by block (``block_xxh64``), every
-other file whole (``files``: size and XXH64). A checkpoint is **complete** when the
-manifest lists M parts, each part file has the size the manifest records, each part's
-description agrees with the manifest, and every block and file has the hash the manifest
-records: a bit flipped anywhere makes a checkpoint incomplete. ``shardreplay checkpoint
-verify``, ``train --resume`` and ``--auto-resume`` check all of it
-(:func:`check_complete`); a ``load`` checks the structure and then verifies exactly what
-it reads, once (every rank reads the descriptions, and the blocks and files it restores).
-A manifest written before the ``files`` table still loads (those files are then not
-checked).
+A checkpoint ``<root>/ckpt-<id>/`` of M shards holds ``part-<k>-of-<M>.safetensors``
+(a shard's steps, priorities and episode table), ``part-<k>-of-<M>.json`` (its
+description), the files saved with ``save(files=...)``, and ``manifest.json``, written
+last by the rank that finishes last (no collective). Each JSON file carries a CRC32 of
+its body. What *complete* means, and who checks what when: docs/semantics.md,
+"Complete means checksums too" (:func:`check_complete`).
 """
 
 from __future__ import annotations
@@ -36,7 +20,7 @@ from typing import Any
 from shardreplay._hashing import xxh64
 from shardreplay._io import atomic_write_bytes
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.checkpoint.records import FORMAT, READ_VERSIONS, FileEntry, Manifest, ManifestPart, RefSource
+from shardreplay.checkpoint.records import FORMAT, READ_VERSIONS, FileEntry, Manifest, ManifestPart
 from shardreplay.errors import (
     CheckpointDamagedError,
     CheckpointError,
@@ -63,6 +47,11 @@ def dump_checked(path: Path, body: dict[str, Any]) -> FileEntry:
     file's size and XXH64 (for the manifest's ``files``)."""
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     data = json.dumps({"body": body, "crc32": zlib.crc32(text.encode())}, sort_keys=True, indent=1).encode()
+    return write_covered(path, data)
+
+
+def write_covered(path: Path, data: bytes) -> FileEntry:
+    """Write ``data`` to ``path`` atomically; its size and XXH64 (for the manifest)."""
     atomic_write_bytes(path, data)
     return file_entry(data)
 
@@ -162,21 +151,15 @@ def load_manifest(directory: Path) -> Manifest:
 
 
 def _check_part(manifest: Manifest, part: ManifestPart) -> None:
-    """A part listed by the manifest: its file exists with the recorded size, and its
-    description (checked JSON, of the recorded hash) says what the manifest says."""
+    """A part listed by the manifest: its file exists with the recorded size, its
+    description (checked JSON, of the recorded hash) says what the manifest says (else
+    it was saved again, or damaged, after the manifest), and so do its references."""
     directory, path = manifest.directory, manifest.path
     stem = part_name(part.shard, manifest.num_shards)
     if part.file != f"{stem}.safetensors":
         raise CheckpointFormatError(f"{path}: part {part.shard} names file "
                                     f"{part.file!r}, expected {stem}.safetensors")
-    file = directory / part.file
-    if not file.exists():
-        raise IncompleteCheckpointError(f"{file}: part missing")
-    if file.stat().st_size != part.bytes:
-        raise CheckpointFormatError(f"{file}: {file.stat().st_size} bytes, the manifest says "
-                                    f"{part.bytes} (truncated or replaced)")
-    # The part's own description must agree: a difference means the part was saved
-    # again (or damaged) after the manifest was written.
+    _check_size(directory / part.file, part.bytes, "part missing", "the manifest says")
     desc_path = directory / f"{stem}.json"
     raw = read_file(desc_path)
     if manifest.covers_files:
@@ -187,20 +170,24 @@ def _check_part(manifest: Manifest, part: ManifestPart) -> None:
     if ManifestPart.parse(parse_checked(desc_path, raw), desc_path) != part:
         raise CheckpointFormatError(f"{desc_path}: does not match the manifest's "
                                     "entry for this part (saved again after the manifest?)")
-    for ref in part.refs:  # the earlier files an incremental part reads rows from
-        _check_ref(directory, ref)
+    for ref in part.refs:  # blocks are hashed as they are read, or by check_complete
+        _check_size(ref.path(directory.parent), ref.bytes,
+                    f"missing, and {directory.name} reads rows from it (an incremental checkpoint "
+                    "needs the files it refers to)", f"{directory.name} refers to it as")
 
 
-def _check_ref(directory: Path, ref: RefSource) -> None:
-    """An earlier part file that an incremental part refers to: present, of the size
-    recorded (its blocks are hashed as they are read, or by :func:`check_complete`)."""
-    file = ref.path(directory.parent)
+def _check_size(file: Path, size: int, missing: str, recorded: str) -> None:
+    """``file`` exists and has ``size`` bytes.
+
+    Raises:
+        IncompleteCheckpointError: it is missing (``missing`` says why that matters).
+        CheckpointFormatError: another size (``recorded`` names who recorded it).
+    """
     if not file.exists():
-        raise IncompleteCheckpointError(f"{file}: missing, and {directory.name} reads rows from it "
-                                        "(an incremental checkpoint needs the files it refers to)")
-    if file.stat().st_size != ref.bytes:
-        raise CheckpointFormatError(f"{file}: {file.stat().st_size} bytes, {directory.name} refers "
-                                    f"to it as {ref.bytes} (replaced?)")
+        raise IncompleteCheckpointError(f"{file}: {missing}")
+    if file.stat().st_size != size:
+        raise CheckpointFormatError(f"{file}: {file.stat().st_size} bytes, {recorded} {size} "
+                                    "(truncated or replaced)")
 
 
 def referenced_checkpoints(manifest: Manifest) -> set[str]:
@@ -229,10 +216,8 @@ def read_covered(manifest: Manifest, name: str) -> bytes:
 
 def check_complete(directory: Path, *, hashes: bool = True) -> Manifest:
     """The manifest of a complete checkpoint: :func:`load_manifest`'s checks, then (with
-    ``hashes``) every block of every part and every other file against its recorded
-    XXH64 hash.
-
-    Hashing reads every byte once (at disk speed: XXH64 is faster than the reads).
+    ``hashes``) every block of every part (and of the files it refers to) and every
+    other file against its recorded XXH64 hash.
 
     Raises:
         IncompleteCheckpointError: the manifest, a part or a description is missing.

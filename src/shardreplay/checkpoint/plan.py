@@ -1,38 +1,25 @@
-"""The M -> N restore plan: which episodes go to which new shard, row and offset.
+"""The M -> N restore plan: which episodes go to which new shard, row and offset
+(docs/semantics.md, "Checkpoints").
 
-Pure and deterministic: the same episode tables and the same N (and new layout) give
-the same plan on every machine. Episodes are whole units (never split between rows).
-The saved streams (rows of the M parts) are the starting pieces; two modes follow:
+Pure and deterministic: the same episode tables and new layout (:class:`NewLayout`:
+shards need not be alike) give the same plan on every rank, so the ranks' plans
+partition the episodes. Episodes are never split between rows; the saved streams (rows
+of the M parts) are the starting pieces:
 
-The new shards need not be alike: shard ``s`` has ``num_streams[s]`` rows of
-``stream_capacity[s]`` slots (:class:`NewLayout`; ``train`` gives 16 streams over 3
-learners 6, 5 and 5 rows). Every rank plans with the layout of *all* new shards, so
-the plans of the ranks partition the episodes: each is placed exactly once.
+* **spread** (``R_saved <= sum(num_streams)``): each new row receives one piece, a run
+  of consecutive episodes of one saved stream; while rows are left, the largest piece
+  is split at the episode boundary nearest its middle (unless its halves would overflow
+  the rows more than the whole); pieces are dealt largest first to a shard with a free
+  row that holds them whole, the least filled for its capacity. Nothing is lost when the
+  saved streams fit the rows one each.
+* **merge** (more saved streams than new rows): the oldest episodes beyond the new
+  capacity are dropped, the rest dealt largest first to the row least filled for its
+  capacity (rows of the shards interleaved), and a row that still overflows drops its
+  oldest.
 
-* **spread** (the saved streams fit one per new row: ``R_saved <= sum(num_streams)``):
-  each new row receives one piece, a run of consecutive episodes of one saved stream.
-  While rows are left over, the largest piece is split at the episode boundary nearest
-  its middle, so data spreads over all rows, unless its halves would overflow the rows
-  more than the whole (rows of unequal length: a half could land in a shorter row);
-  pieces are dealt to shards largest first, each to a shard with a free row that holds
-  it whole (none does: the longest rows), the least filled for its capacity among them.
-  Nothing is lost when the saved streams fit the rows one each (the i-th largest in the
-  i-th longest row), so whenever every ``stream_capacity`` is at least the saved one,
-  and on the same layout.
-* **merge** (more saved streams than new rows): when the steps exceed the new total
-  capacity, the oldest episodes are dropped first; the rest are dealt to all new rows
-  largest first (each to the row least filled for its capacity, rows of different
-  shards interleaved: row 0 of every shard, then row 1 of every shard that has one,
-  ...), and a row that still overflows drops its oldest episodes (while the steps fit
-  the new capacity, a row overflows by less than the longest episode).
-
-"Oldest" is measured in the saved stream's own clock: an episode's **age** is the
-number of steps stored after its end in its saved stream (0 for the newest). Within a
-new row episodes are ordered oldest first (ties: saved part, row, time), so the steps
-of each saved stream keep their time order. An episode longer than
-``stream_capacity`` keeps only its newest steps (the loader seals it to start with
-FIRST). Episodes are rows of an :class:`EpisodeTable` of arrays; only steps that
-touch pieces or rows (few) run in Python, so planning a million episodes stays cheap.
+An episode's **age** is the number of steps stored after it in its saved stream. Within
+a new row episodes are ordered oldest first, so each saved stream keeps its time order;
+an episode longer than a row keeps its newest steps (the loader seals it with FIRST).
 """
 
 from __future__ import annotations

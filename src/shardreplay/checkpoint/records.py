@@ -1,11 +1,6 @@
-"""Typed records of a checkpoint, parsed once from its JSON and part headers.
-
-:class:`Manifest` (``manifest.json``: the parts and every other file it covers),
-:class:`ManifestPart` (one part's entry), :class:`FileEntry` (size and XXH64 of a whole
-file), :class:`PartMeta` (a part's buffer metadata, from its safetensors header) and
-:class:`RestoreCounts` (what a restore kept and lost). Every check of a value's type and
-range happens in the ``parse`` functions, which raise :class:`CheckpointFormatError`
-naming the file; code downstream reads attributes, never ``.get`` with a default.
+"""Typed records of a checkpoint: each ``parse`` checks every value's type and range
+(raising :class:`CheckpointFormatError` naming the file) and reads what its ``as_json``
+(or ``as_text``) writes; code downstream reads attributes, never ``.get``.
 """
 
 from __future__ import annotations
@@ -29,9 +24,20 @@ READ_VERSIONS = (FORMAT_VERSION, INCREMENTAL_VERSION)
 
 def _count(value: Any, what: str, where: Path | str) -> int:
     """A non-negative integer (a bool or float is damage, not a count)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if _at_least(value, 0) is None:
         raise CheckpointFormatError(f"{where}: {what} is {value!r}, not a count")
     return value
+
+
+def _at_least(value: Any, low: int) -> int | None:
+    """``value`` when it is an integer (not a bool) >= ``low``, else None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return value if ok else None
+
+
+def _counts(value: Mapping[str, Any], what: str, where: Path | str) -> dict[str, int]:
+    """A JSON object of counts (``partial``)."""
+    return {str(k): _count(v, f"{what}.{k}", where) for k, v in value.items()}
 
 
 @dataclass(frozen=True)
@@ -146,9 +152,7 @@ class RestoreCounts:
 @dataclass(frozen=True)
 class ManifestPart:
     """One part: its entry in the manifest, and its description file (``part-*.json``),
-    which says the same with the format, version and spec. :meth:`parse` reads what
-    :meth:`as_json` writes (and what older versions wrote: ``extra``, see
-    :attr:`Manifest.extra`)."""
+    which says the same with the format, version and spec."""
 
     checkpoint_id: int
     shard: int
@@ -197,7 +201,7 @@ class ManifestPart:
              for k in ("checkpoint_id", "shard", "num_shards", "bytes", "steps", "episodes")}
         return cls(n["checkpoint_id"], n["shard"], n["num_shards"], entry["file"], n["bytes"], tuple(hashes),
                    n["steps"], n["episodes"], entry["partial_policy"],
-                   {str(k): _count(v, f"partial.{k}", where) for k, v in partial.items()},
+                   _counts(partial, "partial", where),
                    RestoreCounts.parse(entry.get("restored"), where), entry["spec_fingerprint"],
                    None if created is None else _count(created, "a part's created_unix_ms", where),
                    {str(k): FileEntry.parse(k, v, where) for k, v in files.items()},
@@ -230,14 +234,11 @@ class ManifestPart:
 class Manifest:
     """A checkpoint's manifest, parsed and checked against its parts' descriptions.
 
-    ``parts`` are in shard order. ``files`` gives the size and XXH64 of every file of
-    the checkpoint other than ``manifest.json`` (which has its own CRC) and the part
-    files (covered block by block by ``parts``): the part descriptions and the files
-    saved with ``save(files=...)`` such as the runtime's ``learner_state.pt``.
-    ``covers_files`` is False for a manifest written before that table existed (it still
-    loads; those files are then read unchecked). ``extra`` is what saves before named
-    files stored beside the buffer (``save(extra=...)``; each part's ``extra`` too):
-    empty in a checkpoint written since.
+    ``parts`` are in shard order. ``files`` gives the size and XXH64 of every other
+    file but ``manifest.json`` (the part descriptions and the files saved with
+    ``save(files=...)``); ``covers_files`` is False for a manifest written before that
+    table (those files are then read unchecked). ``extra`` (and each part's) is what
+    checkpoints written before named files stored beside the buffer; empty since.
     """
 
     directory: Path
@@ -308,7 +309,7 @@ class Manifest:
         return cls(Path(directory), _count(body.get("checkpoint_id"), "checkpoint_id", where), num, spec,
                    body["spec_fingerprint"], _count(body.get("steps"), "steps", where),
                    _count(body.get("episodes"), "episodes", where),
-                   {str(k): _count(v, f"partial.{k}", where) for k, v in partial.items()},
+                   _counts(partial, "partial", where),
                    RestoreCounts.parse(body.get("restored"), where), parts,
                    {str(k): FileEntry.parse(k, v, where) for k, v in (files or {}).items()},
                    files is not None, dict(extra))
@@ -333,13 +334,11 @@ class Manifest:
 class PartMeta:
     """A part's buffer metadata (``buffer_meta`` in its safetensors header), checked.
 
-    ``num_streams``/``stream_capacity``/``key_epoch`` are None when a part from an older
-    version carries none (it is then never restored as saved, and adds nothing to the
-    new key epoch); ``key_tag`` None keeps the buffer's tag; ``max_priority``/``draws``
-    are the prioritized sampler's (1.0 and 0 when the part has none); ``rng`` the
-    sampling RNG's state, ``sharding`` the sharded buffer's own (None: none saved);
-    ``period`` the saving buffer's sequence period (1 when the part has none).
-    :meth:`parse` reads what :meth:`as_text` writes.
+    None where a part of an older version carries no value: ``num_streams``,
+    ``stream_capacity``, ``key_epoch`` (never restored as saved, no key epoch),
+    ``key_tag`` (the buffer keeps its tag), ``rng``, ``sharding`` (the sharded buffer's
+    own state). ``max_priority``/``draws`` are the prioritized sampler's (1.0 and 0 when
+    absent), ``period`` the saving buffer's sequence period (1 when absent).
     """
 
     num_streams: int | None
@@ -398,22 +397,13 @@ class PartMeta:
             raise CheckpointFormatError(f"{where}: malformed sampler state ({exc})") from exc
         rng, sharding = meta.get("rng"), meta.get("sharding")
         tag = meta.get("key_tag")
-        period = _positive(meta.get("period", 1))
+        period = _at_least(meta.get("period", 1), 1)
         if period is None:
             raise CheckpointFormatError(f"{where}: malformed buffer metadata 'period'")
-        return cls(_positive(meta.get("num_streams")), _positive(meta.get("stream_capacity")),
-                   _optional_count(meta.get("key_epoch", 0)), int(tag) if is_key_tag(tag) else None,
+        return cls(_at_least(meta.get("num_streams"), 1), _at_least(meta.get("stream_capacity"), 1),
+                   _at_least(meta.get("key_epoch", 0), 0), int(tag) if is_key_tag(tag) else None,
                    _count(meta.get("next_episode_id", 0), "buffer metadata 'next_episode_id'", where),
                    _count(meta.get("stale_updates", 0), "buffer metadata 'stale_updates'", where),
                    max_priority, draws, rng if isinstance(rng, dict) else None,
                    sharding if isinstance(sharding, dict) else None, period)
 
-
-def _positive(value: Any) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    return value if ok else None
-
-
-def _optional_count(value: Any) -> int | None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return value if ok else None

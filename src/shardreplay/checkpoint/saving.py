@@ -17,13 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from shardreplay._io import atomic_write_bytes
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import Shard, shard_of_buffer
 from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy
 from shardreplay.checkpoint.format import write_part
-from shardreplay.checkpoint.incremental import Segments, chain_of, forget, full_segments, remember
-from shardreplay.checkpoint.incremental import plan as plan_increment
 from shardreplay.checkpoint.manifest import (
     checkpoint_dir,
     dump_checked,
@@ -35,6 +32,7 @@ from shardreplay.checkpoint.manifest import (
     part_name,
     read_file,
     referenced_checkpoints,
+    write_covered,
 )
 from shardreplay.checkpoint.records import (
     FileEntry,
@@ -44,6 +42,8 @@ from shardreplay.checkpoint.records import (
     RefSource,
     RestoreCounts,
 )
+from shardreplay.checkpoint.refs import Segments, chain_of, forget, full_segments, remember
+from shardreplay.checkpoint.refs import plan as plan_increment
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.internals import internals_of
 from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
@@ -67,31 +67,26 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
          incremental: bool = False) -> Path:
     """Write this shard's part of checkpoint ``checkpoint_id`` under ``path``.
 
-    Only stored steps are written (not the allocated capacity), with their priorities,
-    step types, discounts, episode ids and generations, the stream bookkeeping, the
-    sampler state, the RNG state and counters. Partial episodes are sealed or dropped
-    (``partial``); the counts are logged and recorded in the manifest, as is what this
-    shard's content was restored from, when a :func:`~shardreplay.checkpoint.load` put
-    it there (``LoadReport.counts()``; summed over the parts in the manifest, so a
-    checkpoint says what its run lost on the way from the one it came from). The last shard
-    to finish writes the manifest, which completes the checkpoint, and then removes
-    complete checkpoints older than the newest ``keep_last`` (None keeps all), except
-    those whose files a kept checkpoint refers to.
+    The stored steps (not the capacity) with their per-step arrays, the stream
+    bookkeeping, sampler and RNG states, counters, partial-episode counts and what the
+    content was restored from (``LoadReport.counts()``). The last shard to finish
+    writes the manifest, then removes complete checkpoints older than the newest
+    ``keep_last`` except those a kept one refers to. An id already complete is not
+    written again (a warning is logged); a background save of this shard in flight is
+    waited for first.
 
     Args:
         buffer: a ReplayBuffer (one shard) or this rank's ShardedReplayBuffer.
         path: the checkpoint root directory (shared by all ranks).
         checkpoint_id: a non-negative integer, usually the training step.
-        partial: ``"seal"`` (default) or ``"drop"``.
-        keep_last: complete checkpoints to keep.
-        files: what to store beside the buffer, as named files (name -> bytes; plain
-            names, e.g. the runtime's ``learner_state.pt`` and ``learner-*.json``),
-            written before this rank's part and covered by the manifest (size and
-            XXH64): ``load(..., files=...)`` returns them verified.
+        partial: ``"seal"`` (default) or ``"drop"`` partial episodes.
+        keep_last: complete checkpoints to keep (None: all).
+        files: named files to store beside the buffer (name -> bytes), written before
+            this rank's part and covered by the manifest: ``load(..., files=...)``
+            returns them verified.
         incremental: write only the user-field rows stored since this shard's previous
-            part under ``path`` (when that checkpoint is complete and this process saved
-            it), referring to the earlier part files for the rest (format version 3;
-            see :mod:`shardreplay.checkpoint.incremental`); else a full part as without it.
+            part under ``path``, referring to the earlier files for the rest
+            (:mod:`shardreplay.checkpoint.refs`); a full part when that cannot be.
 
     Returns:
         The checkpoint directory.
@@ -99,15 +94,8 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
     Raises:
         ConfigError: a bad argument (nothing is written).
         CheckpointError: the files could not be written (the previous complete
-            checkpoints are untouched).
-
-    A checkpoint id that is already complete is not written again (a warning is
-    logged): replacing its parts one by one could break the only good checkpoint.
-    A buffer whose restore did not finish (a failed or interrupted :func:`load`; it is
-    empty or holds only this rank's share of a restore the ranks did not agree on) is
-    refused with a CheckpointError, so no checkpoint completes without the data the
-    run should hold. A background save of this shard still writing
-    (:func:`~shardreplay.checkpoint.background.save_in_background`) is waited for first.
+            checkpoints are untouched), or the buffer's restore did not finish (a
+            failed or interrupted ``load``: a checkpoint of it would lose data).
     """
     job = prepare(buffer, path, checkpoint_id, partial=partial, keep_last=keep_last, files=files,
                   incremental=incremental)
@@ -219,8 +207,7 @@ def _content(job: SaveJob) -> _Content:
     arrays.update(episodes.as_arrays())
     if job.partial == "seal":
         arrays.update(_seal_undo(state["arrays"], arrays))
-    chained = job.chained and job.segments is not None
-    if chained and job.segments is not None:
+    if job.chained and job.segments is not None:  # a full part is described as before
         arrays.update(job.segments.as_arrays())
     empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
     empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
@@ -228,8 +215,7 @@ def _content(job: SaveJob) -> _Content:
         job.checkpoint_id, job.index, job.num_shards, f"{part_name(job.index, job.num_shards)}.safetensors",
         0, (), int(arrays["row_length"].sum()), int(episodes.start.shape[0]), job.partial, report,
         restored_from(shard), shard.spec.fingerprint,
-        # Only a chained part refers to earlier files (a full part is described as before).
-        refs=job.segments.sources if chained and job.segments is not None else (), chained=chained)
+        refs=job.segments.sources if job.chained and job.segments is not None else (), chained=job.chained)
     return _Content(_ordered(arrays), empty_like, part, PartMeta.of_state(state["meta"], job.sharding),
                     shard.spec)
 
@@ -277,7 +263,7 @@ def write(job: SaveJob) -> ManifestPart:
     content = _content(job)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        files = {name: _write_file(directory / name, data) for name, data in job.files.items()}
+        files = {name: write_covered(directory / name, data) for name, data in job.files.items()}
         part, entry = _write_part(job, content, files)
         wrote_manifest = _maybe_write_manifest(directory, content.spec, part, entry)
     except OSError as exc:
@@ -318,12 +304,6 @@ def _check_files(files: Mapping[str, bytes] | None) -> dict[str, bytes]:
             raise ConfigError(f"files: {name!r} must be bytes, got {type(data).__name__}")
         out[name] = bytes(data)
     return out
-
-
-def _write_file(path: Path, data: bytes) -> FileEntry:
-    """Write one of ``save``'s ``files`` atomically; its size and XXH64 for the manifest."""
-    atomic_write_bytes(path, data)
-    return file_entry(data)
 
 
 def _write_part(job: SaveJob, content: _Content,

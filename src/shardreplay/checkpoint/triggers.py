@@ -15,36 +15,18 @@ every step::
                 break                        # stopped: this rank's part is written
             train_one_step()                 # sample / update: collectives every step
 
-How each case works:
+The cases: **periodic** (once per multiple of ``interval_steps`` passed, the same
+answer on every rank: :meth:`~CheckpointTrigger.periodic_due`); **requested**
+(``SIGUSR1`` to any rank, or a file ``checkpoint.request``: combined over ranks by one
+small collective, so every rank saves at the same step); **stop** (``SIGTERM``, first
+``SIGINT``: saved at the next step with no collective, then the loop leaves); **crash**
+(:meth:`~CheckpointTrigger.save_on_exception`). Signal handlers only set flags: saves
+happen in the loop.
 
-* **periodic**: once per multiple of ``interval_steps`` passed since the first step seen
-  (not at the step the loop started from, e.g. the one just restored; a loop whose steps
-  jump, as a learner's update count does, still saves once per interval). Every rank
-  computes the same answer, no communication (:meth:`periodic_due`).
-* **requested**: ``SIGUSR1`` to *any* rank, or a file ``checkpoint.request`` (in
-  ``request_dir``, by default ``run_dir``). The local flag is combined over ranks by one
-  tiny collective (the max of one integer) inside :meth:`should_save`, so every rank saves
-  at the same step; the request file is then removed. A loop that already sums a record
-  over ranks every step can carry :meth:`request_pending` in it instead and call
-  :meth:`request_served` once the ranks agreed (what the training runtime's learner does).
-* **stop** (``SIGTERM``, first ``SIGINT``): :meth:`should_save` returns True at the next
-  step *without* any collective (a peer may be gone) and :attr:`stop_requested` turns
-  True: the rank saves its own part and leaves the loop. A second ``SIGINT`` raises
-  ``KeyboardInterrupt`` at once.
-* **crash**: :meth:`save_on_exception` saves this rank's part when an exception leaves
-  the block (``KeyboardInterrupt`` too, not ``SystemExit``), with no collective, and
-  re-raises it.
-
-Signal handlers only set flags: a collective, or a save, inside a handler could run in
-the middle of a buffer write or of another collective. Saves happen in the loop.
-
-Checkpoint ids: local saves (stop, crash) use the step of the latest
-:meth:`should_save` call. When every training step runs at least one collective (as a
-sharded ``sample`` does), no rank can be more than that one call ahead of another, so
-ranks stopped by a launcher's SIGTERM, or by a peer's disappearance (a
-``CollectiveTimeout`` on the next collective), save under the same id and the
-checkpoint completes. Keep the collectives' ``timeout_s`` below the launcher's grace
-period between SIGTERM and SIGKILL. If ids do differ, that checkpoint stays incomplete
+Local saves (stop, crash) use the step of the latest ``should_save`` call. When every
+training step runs a collective, no rank is more than one call ahead of another, so
+ranks stopped together save under the same id; keep the collectives' ``timeout_s``
+below the launcher's grace period. If ids do differ, that checkpoint stays incomplete
 and ``load`` takes the newest complete one.
 """
 
