@@ -126,12 +126,9 @@ class PendingSave:
 def save_in_background(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int,
                        *, partial: str = "seal", keep_last: int | None = 2,
                        files: Mapping[str, bytes] | None = None, incremental: bool = False) -> PendingSave:
-    """:func:`~shardreplay.checkpoint.save` whose files are written by a forked child:
-    the checkpoint holds the buffer as it is at this call, however it is written meanwhile.
-
-    Arguments as ``save``. ``files`` are bytes already (e.g. the learner's state at this
-    update), so they are as of this call too. A memory-mapped shard is written before
-    this returns (see the module docstring).
+    """:func:`~shardreplay.checkpoint.save` (same arguments) whose files are written by a
+    forked child: the checkpoint holds the buffer (and ``files``) as they are at this
+    call, however the buffer is written meanwhile.
 
     Returns:
         A :class:`PendingSave` (``wait()`` for the directory, or the error).

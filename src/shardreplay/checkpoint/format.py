@@ -185,12 +185,9 @@ class WholeReads:
 
 
 class PartReader(WholeReads):
-    """Read arrays (or row ranges of them) from a part file, verifying touched blocks.
-
-    Read row ranges in increasing file order where possible: the reader keeps the
-    last block it read, so a sequential scan reads each block once. Each block is
-    hashed at most once per reader (a block read again is not hashed again: the file is
-    taken not to change during one load).
+    """Read arrays (or row ranges of them) from a part file, verifying touched blocks,
+    each at most once per reader (the file is taken not to change during one load).
+    It keeps the last block it read: read in increasing file order where possible.
 
     Raises:
         CheckpointFormatError: unreadable, truncated or corrupt file, with its name.
@@ -248,19 +245,10 @@ class PartReader(WholeReads):
         return self._view[:self._len]
 
     def read_bytes(self, lo: int, hi: int, out: memoryview, *, defer: bool = False) -> None:
-        """Copy verified bytes ``lo:hi`` of the file into ``out`` (``len(out) == hi - lo``).
-
-        Runs of whole blocks inside the range are read straight into ``out``, up to
-        ``_RUN_BYTES`` per system call, and hashed by a helper thread while the next run
-        is read (both release the GIL); partial blocks at the ends go through the
-        scratch block (hashed whole, before any of their bytes is copied).
-
-        Args:
-            lo: first byte (file offset).
-            hi: end byte (exclusive).
-            out: destination of ``hi - lo`` bytes.
-            defer: leave the whole-block checks pending; :meth:`check_pending` waits
-                for them and raises. Until then ``out`` may hold unverified bytes.
+        """Copy verified bytes ``lo:hi`` of the file into ``out`` (``len(out) == hi - lo``);
+        with ``defer`` the whole-block checks stay pending (``out`` may hold unverified
+        bytes) until :meth:`check_pending`. Partial blocks at the ends go through the
+        scratch block, hashed whole before any of their bytes is copied.
 
         Raises:
             CheckpointFormatError: a range outside the file, or (unless deferred) a

@@ -47,8 +47,8 @@ PIECE_STEPS = 1024
 
 
 @dataclass(frozen=True)
-class LoadReport:
-    """What a load restored on this rank.
+class LoadReport(RestoreCounts):
+    """What a load restored on this rank: its :class:`RestoreCounts` and more.
 
     ``saved_steps`` is the checkpoint's total over all its parts. On this rank,
     ``dropped_*`` counts the episodes (and steps) the new capacity could not hold,
@@ -60,17 +60,8 @@ class LoadReport:
     ``manifest`` the checkpoint's parsed manifest; ``files`` those asked for, verified.
     """
 
-    checkpoint_id: int
-    directory: Path
-    saved_shards: int
-    steps: int
-    episodes: int
-    dropped_episodes: int
-    dropped_steps: int
+    directory: Path = Path()
     skipped: list[str] = field(default_factory=list)
-    sealed_episodes: int = 0
-    sealed_steps: int = 0
-    saved_steps: int = 0
     exact: bool = False
     key_epoch: int = 0
     manifest: Manifest | None = None
@@ -305,10 +296,9 @@ def _report(manifest: Manifest, shard: int, num_shards: int, plan: ShardPlan, ep
             "capacity, sealed %d episodes (%d steps kept) cut to fit a row", manifest.directory.name, shard,
             num_shards, steps, len(plan), how, saved_steps, plan.dropped_episodes, plan.dropped_steps,
             sealed_eps, sealed_steps)
-    return LoadReport(manifest.checkpoint_id, manifest.directory, len(manifest.parts), steps, len(plan),
-                      plan.dropped_episodes, plan.dropped_steps, sealed_episodes=sealed_eps,
-                      sealed_steps=sealed_steps, saved_steps=saved_steps,
-                      exact=exact, key_epoch=epoch, manifest=manifest, files=files)
+    return LoadReport(manifest.checkpoint_id, len(manifest.parts), saved_steps, steps, len(plan),
+                      plan.dropped_episodes, plan.dropped_steps, sealed_eps, sealed_steps,
+                      manifest.directory, exact=exact, key_epoch=epoch, manifest=manifest, files=files)
 
 
 def _row_pos(reader: AnyPartReader) -> np.ndarray:

@@ -132,9 +132,9 @@ def list_checkpoints(root: Path) -> list[int]:
 
 
 def load_manifest(directory: Path) -> Manifest:
-    """The manifest of a checkpoint directory, parsed once, checked for shape, part files
-    (present, of the recorded size) and part descriptions (present, of the recorded size
-    and hash, agreeing with the manifest). Block hashes are not read here.
+    """The manifest of a checkpoint directory, parsed and checked for structure: part
+    files of the recorded size, descriptions of the recorded hash that agree with it
+    (block hashes are not read here).
 
     Raises:
         IncompleteCheckpointError: the manifest, a part file or a part's description
@@ -271,14 +271,10 @@ def latest_complete(root: Path) -> int | None:
 
 
 def set_aside(root: Path, ids: list[int] | None = None) -> tuple[list[int], Path | None]:
-    """Move the checkpoints ``ids`` under ``root`` (None: every incomplete one, checksums
-    included: a damaged one counts as incomplete) to ``root/incomplete/<UTC time>/``.
-
-    Nothing is deleted: the parts a crash left stay readable there (``shardreplay
-    checkpoint inspect`` takes that directory as a root), out of the way of the ids a new
-    or resumed run saves (``train --resume --checkpoint-id`` also sets aside the ones
-    newer than the checkpoint it continues from). Call it only while no run writes under
-    ``root``.
+    """Move the checkpoints ``ids`` under ``root`` (None: every incomplete or damaged one)
+    to ``root/incomplete/<UTC time>/``, out of the way of the ids a run saves; nothing is
+    deleted (``shardreplay checkpoint inspect`` reads that directory as a root). Call it
+    only while no run writes under ``root``.
 
     Returns:
         The ids moved and the directory they went to (None when there were none).

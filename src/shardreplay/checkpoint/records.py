@@ -145,8 +145,8 @@ class RestoreCounts:
                    *(sum(getattr(p, f.name) for p in got) for f in fields(cls)[3:]))
 
     def as_dict(self) -> dict[str, int]:
-        """The JSON form (as stored, and as ``LoadReport.counts()``)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The JSON form (as stored)."""
+        return {f.name: getattr(self, f.name) for f in fields(RestoreCounts)}
 
 
 @dataclass(frozen=True)

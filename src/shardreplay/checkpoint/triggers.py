@@ -228,17 +228,15 @@ class CheckpointTrigger:
         Raises:
             ConfigError: not called from the main thread (Python's rule for handlers).
         """
-        self._restores.append(_signals.install({**dict.fromkeys(request_signals, self._on_request),
-                                                **dict.fromkeys(stop_signals, self._on_stop)}))
+        handlers = {**dict.fromkeys(request_signals, lambda *_: self._request.set()),
+                    **dict.fromkeys(stop_signals, self._on_stop)}
+        self._restores.append(_signals.install(handlers))
         self._repeat_interrupt = repeat_interrupt
 
     def restore_signal_handlers(self) -> None:
         """Put back the handlers that :meth:`install_signal_handlers` replaced."""
         while self._restores:
             self._restores.pop()()
-
-    def _on_request(self, signum: int, frame: FrameType | None) -> None:
-        self._request.set()
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self._repeat_interrupt:
