@@ -15,6 +15,12 @@ Usage::
     python benchmarks/replay/bench_scale.py                      # 1M and 10M, obs float32[4]
     python benchmarks/replay/bench_scale.py --sizes 1e6,1e7,1e8 --obs-dim 4
     python benchmarks/replay/bench_scale.py --quick              # 100k, seconds
+
+``--checkpoint DIR`` times instead the checkpoint of one prioritized memory-mapped buffer
+per size (files under DIR): a full incremental save, ``--ingest`` of the capacity written,
+the next incremental save (seconds, CPU seconds, bytes, and what the bytes are), then an
+M -> N restore of it onto ``--restore-shards`` buffers of ``capacity / N`` each (one after
+the other in this process). It stops when MemAvailable falls below ``--min-free-gib``.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> Any:
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall time, or this thread's CPU time (steadier on a busy machine)")
+    p.add_argument("--checkpoint", type=Path, help="time checkpoints of memory-mapped buffers in this folder")
+    p.add_argument("--ingest", type=float, default=0.01, help="--checkpoint: capacity written between saves")
+    p.add_argument("--restore-shards", type=int, default=2, help="--checkpoint: N of the M -> N restore")
+    p.add_argument("--min-free-gib", type=float, default=6.0, help="--checkpoint: stop below it")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -68,7 +78,7 @@ def _pool(obs_dim: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 class _Ours:
-    def __init__(self, capacity: int, mode: str, obs_dim: int) -> None:
+    def __init__(self, capacity: int, mode: str, obs_dim: int, **storage: Any) -> None:
         import torch
 
         import shardreplay as sr
@@ -77,7 +87,7 @@ class _Ours:
         spec = sr.Spec({"obs": sr.Field((obs_dim,), np.float32), "action": sr.Field((), np.int64),
                         "reward": sr.Field((), np.float32)})
         self.buf = sr.ReplayBuffer(spec, num_streams=STREAMS, stream_capacity=capacity // STREAMS, window=2,
-                                   sampler=mode, alpha=W.ALPHA, beta=W.BETA, seed=0)
+                                   sampler=mode, alpha=W.ALPHA, beta=W.BETA, seed=0, **storage)
 
     def prepare(self, pool: dict[str, np.ndarray]) -> None:
         done = pool["done"].reshape(STREAMS, CHUNK)
@@ -183,9 +193,95 @@ def run_child(lib: str, capacity: int, mode: str, args: Any) -> dict[str, Any]:
     return out
 
 
+def _available_gib(floor: float) -> float:
+    """MemAvailable in GiB; raises MemoryError below ``floor`` (the machine is shared)."""
+    with open("/proc/meminfo") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    if kib / 2**20 < floor:
+        raise MemoryError(f"MemAvailable {kib / 2**20:.1f} GiB < {floor} GiB: stopped")
+    return round(kib / 2**20, 1)
+
+
+def _timed(out: dict[str, Any], name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn(*args, **kwargs)
+    out[f"{name}_s"] = round(time.perf_counter() - wall, 2)
+    out[f"{name}_cpu_s"] = round(time.process_time() - cpu, 2)
+    return result
+
+
+def run_checkpoint(capacity: int, args: Any) -> dict[str, Any]:
+    """Save a memory-mapped prioritized buffer of ``capacity`` steps incrementally twice and
+    restore the second checkpoint onto ``--restore-shards`` buffers (see the module)."""
+    import shutil
+
+    from shardreplay import checkpoint
+    from shardreplay.checkpoint.loading import load_shard
+
+    root = args.checkpoint / str(capacity)
+    shutil.rmtree(root, ignore_errors=True)
+    out: dict[str, Any] = {"mem_available_gib_start": _available_gib(args.min_free_gib)}
+
+    def buffer(cap: int, name: str) -> _Ours:
+        case = _Ours(cap, "prioritized", args.obs_dim, storage="memmap", directory=root / name)
+        case.prepare(_pool(args.obs_dim, np.random.default_rng(0)))
+        return case
+
+    case, stored = buffer(capacity, "source"), 0
+    while stored < capacity:
+        stored += case.insert()
+        if stored % (100 * STREAMS * CHUNK) == 0:
+            _available_gib(args.min_free_gib)
+    for i in range(200):
+        case.learner_step(i)
+    ckpts = root / "checkpoints"
+    _timed(out, "save_full", checkpoint.save, case.buf, ckpts, 1, incremental=True, keep_last=None)
+    out["full_bytes"] = sum(f.stat().st_size for f in checkpoint.checkpoint_dir(ckpts, 1).iterdir())
+    ingested = 0
+    while ingested < args.ingest * capacity:
+        ingested += case.insert()
+    for i in range(200):
+        case.learner_step(i)
+    out["mem_available_gib_before_save"] = _available_gib(args.min_free_gib)
+    _timed(out, "save_incremental", checkpoint.save, case.buf, ckpts, 2, incremental=True, keep_last=None)
+    out["ingested_steps"] = ingested
+    out["ingested_field_bytes"] = ingested * (4 * args.obs_dim + 8 + 4)
+    out["incremental_bytes"] = sum(f.stat().st_size for f in checkpoint.checkpoint_dir(ckpts, 2).iterdir())
+    out["incremental_bytes_per_stored_step"] = round(out["incremental_bytes"] / capacity, 2)
+    del case
+    gc.collect()
+    n = args.restore_shards
+    for k in range(n):
+        out[f"mem_available_gib_before_restore_{k}"] = _available_gib(args.min_free_gib)
+        target = buffer(capacity // n, f"restore-{k}")
+        report = _timed(out, f"restore_1_to_{n}_shard_{k}", load_shard, checkpoint.checkpoint_dir(ckpts, 2),
+                        target.buf, k, n)
+        out[f"restore_1_to_{n}_shard_{k}_steps"] = report.steps
+        out[f"restore_1_to_{n}_shard_{k}_dropped_steps"] = report.dropped_steps
+        del target
+        gc.collect()
+    out["rss_mib_peak"] = W.peak_rss_mib()
+    shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run every case in its own child; print one JSON line."""
     args = parse_args(argv)
+    if args.checkpoint:
+        sizes = [int(float(s)) // STREAMS // CHUNK * STREAMS * CHUNK for s in args.sizes.split(",")]
+        line = {"benchmark": "replay_scale_checkpoint", "started": common.now(), "commit": common.commit(),
+                "cpus": common.cpus(), "loadavg_start": common.loadavg(), "obs_dim": args.obs_dim,
+                "ingest": args.ingest, "results": {}}
+        for capacity in sizes:
+            print(f"bench_scale: checkpoint {capacity:,}", file=sys.stderr, flush=True)
+            try:
+                line["results"][str(capacity)] = run_checkpoint(capacity, args)
+            except MemoryError as exc:
+                line["results"][str(capacity)] = {"error": str(exc)}
+        line["loadavg_end"] = common.loadavg()
+        common.emit_line(line, args.out)
+        return
     if args.child:
         lib, capacity, mode = args.child.split(":")
         try:
