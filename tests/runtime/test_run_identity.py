@@ -66,7 +66,7 @@ def _resume(run_dir: Path) -> None:
     before = read_identity(run_dir)
     settings = prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
     assert read_identity(run_dir) == before  # not yet: a refused resume changes nothing
-    commit_resume(run_dir, upcoming_life(run_dir), settings.to_dict())
+    commit_resume(run_dir, upcoming_life(run_dir), settings.to_dict(), restored=None)
 
 
 def test_the_run_id_is_kept_by_every_start_of_a_run_dir_and_lives_are_counted(tmp_path: Path) -> None:

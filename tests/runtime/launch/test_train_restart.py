@@ -156,10 +156,33 @@ def test_auto_resume_continues_from_a_complete_checkpoint(tmp_path: Path) -> Non
     # ... then the resumed life sets the newer incomplete one aside too (no later save
     # mixes with its parts) and records itself.
     upcoming_life_before = upcoming_life(run_dir)
-    commit_resume(run_dir, upcoming_life_before, settings.to_dict())
+    commit_resume(run_dir, upcoming_life_before, settings.to_dict(), restored=1)
     assert checkpoint.list_checkpoints(run_dir / "checkpoints") == [1]
     assert read_identity(run_dir) == upcoming_life_before
     assert json.loads((run_dir / "config.json").read_text())["run"]["run_dir"] == str(run_dir)
+
+
+def test_a_resumed_life_reads_no_checkpoint_older_than_the_one_restored(tmp_path: Path) -> None:
+    # Each commit used to re-hash every checkpoint of the run, each with every earlier part
+    # it refers to: past ~240 incremental checkpoints that took over the 60 s the other rank
+    # waits, and every relaunch of the soak failed. An older one is never read again, so a
+    # damaged old one stays where it is (the restore never reached it); the newer ones go.
+    run_dir = tmp_path / "run"
+    root = run_dir / "checkpoints"
+    buf = sr.ReplayBuffer(transition_spec(4), num_streams=1, stream_capacity=16, window=4)
+    for cid in (1, 2, 3):
+        checkpoint.save(buf, root, cid, keep_last=None)
+    _incomplete_checkpoint(run_dir, 5)
+    part = checkpoint.checkpoint_dir(root, 1) / "part-00000-of-00001.safetensors"
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    part.write_bytes(bytes(data))
+    assert not checkpoint.is_complete(checkpoint.checkpoint_dir(root, 1))
+    settings = prepare_run_dir(TrainSettings.from_dict(dict(run_dir=str(run_dir))), True)
+    commit_resume(run_dir, upcoming_life(run_dir), settings.to_dict(), restored=3)
+    assert checkpoint.list_checkpoints(root) == [1, 2, 3]
+    (aside,) = (root / INCOMPLETE_DIR).iterdir()
+    assert [d.name for d in aside.iterdir()] == [checkpoint.checkpoint_dir(root, 5).name]
 
 
 def _train_cli(*args: str) -> subprocess.CompletedProcess[str]:

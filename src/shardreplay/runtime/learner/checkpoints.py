@@ -274,28 +274,27 @@ class LearnerCheckpoints:
             wal.trim(newest)
 
 
-def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any], *,
-                  newer_than: int | None = None) -> None:
-    """Record a resumed life once every rank restored (rank 0): set incomplete checkpoints
-    aside (out of the way of the ids this life saves), and with ``newer_than`` (``--resume
-    --checkpoint-id N``) every checkpoint newer than N, then write ``run.json`` and
-    ``config.json``. Before this point a refused resume has changed nothing on disk.
+def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any], *, restored: int | None,
+                  chosen: bool = False) -> None:
+    """Record a resumed life once every rank restored (rank 0): set every checkpoint newer
+    than the one ``restored`` aside (out of the way of the ids this life saves: the restore
+    passed over them as incomplete or damaged, or ``chosen``, ``--resume --checkpoint-id N``,
+    went back past them on purpose; all of them when None was restored), then write
+    ``run.json`` and ``config.json``. Before this point a refused resume has changed nothing
+    on disk. Older checkpoints are not read again: the cost stays that of one restore
+    however many checkpoints the run kept.
 
     Raises:
-        CheckpointError: incomplete checkpoints could not be moved aside.
+        CheckpointError: the checkpoints could not be moved aside.
         OSError: a file could not be written.
     """
     root = run_dir / "checkpoints"
-    if newer_than is not None:
-        later = [c for c in checkpoint.list_checkpoints(root) if c > newer_than]
-        newer, into = checkpoint.set_aside(root, later)
-        if newer:
-            log.warning("%s: continuing from checkpoint %d; the newer checkpoint(s) %s moved to %s", run_dir,
-                        newer_than, ", ".join(map(str, newer)), into)
-    moved, where = checkpoint.set_aside(root)
+    later = [c for c in checkpoint.list_checkpoints(root) if restored is None or c > restored]
+    moved, where = checkpoint.set_aside(root, later)
     if moved:
         names = ", ".join(checkpoint.checkpoint_dir(root, c).name for c in moved)
-        log.warning("%s: resumed from the newest complete checkpoint; %d incomplete checkpoint(s) (%s) "
-                    "moved to %s", run_dir, len(moved), names, where)
+        why = "chosen on purpose" if chosen else "the newest complete one"
+        log.warning("%s: continuing from checkpoint %s (%s); the newer checkpoint(s) %s moved to %s", run_dir,
+                    restored, why, names, where)
     write_life(run_dir, ident, config)
     log.info("%s: run %s, learner life %d recorded", run_dir, ident.run_id, ident.life)

@@ -107,8 +107,8 @@ class Learner:
         if resume:
             restored = self._resume(checkpoint_id, replay)
             if self.rank == 0:
-                commit_resume(self.run_dir, self.lineage.identity, settings.stored(),
-                              newer_than=checkpoint_id)
+                commit_resume(self.run_dir, self.lineage.identity, settings.stored(), restored=int(restored),
+                              chosen=checkpoint_id is not None)
         source = settings.replay.prefill or settings.replay.offline
         self.dataset_steps = 0
         if source and not (resume and replay):  # a resumed replay holds it already
