@@ -1,6 +1,7 @@
-"""kernels/windows.py (the one-call gather of ``StreamStorage.windows``) against the path it
-replaced: ``window_indices`` (and its reference), a ``take`` of whole records and a copy of
-each record part; and ``StreamStorage.windows`` against that path for every kind of field.
+"""kernels/windows.py (the one-call gather of ``StreamStorage.windows``) against its
+reference: the windows' slots, mask and keys (kernels/reference/storage.py), a ``take`` of
+whole records and a copy of each record part; and ``StreamStorage.windows`` (and its walk
+alone, ``window_indices``) against that path for every kind of field.
 
 Cost: ~1 s once numba's cache is warm (the first run compiles the kernel: ~5-10 s).
 """
@@ -12,7 +13,6 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import testing
-from shardreplay.kernels import storage as kern
 from shardreplay.kernels import windows as wk
 from shardreplay.kernels.reference import storage as ref
 
@@ -49,9 +49,7 @@ def test_gather_windows_equals_indices_take_and_copies(streams: int, cap: int, w
         starts = picked.astype(np.int64)
         epoch, tag = int(rng.integers(0, 5000)), int(rng.integers(1, 16383))
         args = (starts, records["step_type"], records["generation"], cap, window, epoch, tag)
-        idx, mask, keys = kern.window_indices(*args)
-        for got, want in zip((idx, mask, keys), ref.window_indices(*args), strict=True):
-            np.testing.assert_array_equal(got, want)
+        idx, mask, keys = ref.window_indices(*args)
         n = starts.shape[0]
         params, total, blocks = _params(cap, window, n, epoch, tag)
         dst = np.full(total, 0xAB, np.uint8)
@@ -106,9 +104,11 @@ def test_storage_windows_equal_the_take_and_copy_path(window: int) -> None:
     storage = testing.shard(buf)._storage
     for starts in (np.flatnonzero(storage.valid), np.flatnonzero(storage.valid)[:0]):
         data, mask, keys = storage.windows(starts)
-        idx, want_mask, want_keys = kern.window_indices(starts, storage.step_type, storage.generation,
-                                                        storage.stream_capacity, window, storage.key_epoch,
-                                                        storage.key_tag)
+        idx, want_mask, want_keys = ref.window_indices(starts, storage.step_type, storage.generation,
+                                                       storage.stream_capacity, window, storage.key_epoch,
+                                                       storage.key_tag)
+        for got, want in zip(storage.window_indices(starts), (idx, want_mask, want_keys), strict=True):
+            np.testing.assert_array_equal(got, want)  # the walk alone (no record part)
         rec = storage.records.take(idx, axis=0)
         want = {name: arr.take(idx, axis=0) for name, arr in storage.fields.items()}
         want["frames"] = storage.stacked["frames"].gather(idx)

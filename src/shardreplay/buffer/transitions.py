@@ -27,10 +27,8 @@ from shardreplay.storage.streams import _nbytes, _numba_takes
 
 if TYPE_CHECKING:
     from shardreplay.kernels import nstep as nstep_kernels
-    from shardreplay.kernels import storage as storage_kernels
     from shardreplay.kernels import transitions as transition_kernels
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
-    storage_kernels = lazy("shardreplay.kernels.storage")
     transition_kernels = lazy("shardreplay.kernels.transitions")
     nstep_kernels = lazy("shardreplay.kernels.nstep")
 
@@ -348,9 +346,7 @@ def _observations(storage: StreamStorage, plan: _Plan, first: np.ndarray, last: 
 def _sample_in_steps(storage: StreamStorage, plan: _Plan, starts: np.ndarray, weights: np.ndarray,
                      gamma: float, n: int) -> Transitions:
     """The transitions of ``starts`` for a reward the compiled path does not take."""
-    idx, mask, keys = storage_kernels.window_indices(starts, storage.step_type, storage.generation,
-                                                     storage.stream_capacity, storage.window,
-                                                     storage.key_epoch, storage.key_tag)
+    idx, mask, keys = storage.window_indices(starts)
     rewards = storage.fields[plan.reward]
     if rewards.ndim == 1:
         returns, boot, m, last = _returns_scalar(idx, mask, rewards, storage.discount, gamma, n)

@@ -58,38 +58,29 @@ def plan_write(values, types, rows, pos, step_type, ref, frames, fpos, cap, new_
     ``values`` is uint8 ``[n, T, K, frame bytes]``, ``types`` ``[n, T]``. A step that
     continues its episode (not FIRST, and the step before it in its stream is stored
     and not LAST) must continue that step's stack. Fills ``new_counts[n, T]`` (1 or
-    ``K``) and returns ``(status, i, t, frames needed)``: status ``INCONSISTENT`` names
-    the first offending step; ``frames needed`` is the most frames any written stream
-    must keep after the write (from its oldest stored step's stack to its newest frame).
+    ``K``, by :func:`plan_load`) and returns ``(status, i, t, frames needed)``: status
+    ``INCONSISTENT`` names the first offending step; ``frames needed`` is the most frames
+    any written stream must keep after the write (from its oldest stored step's stack to
+    its newest frame).
     """
     n, t_len, k = values.shape[0], values.shape[1], values.shape[2]
-    cap_frames = frames.shape[1]
     need = 0
     for i in range(n):
         r = rows[i]
         p0 = pos[r]
-        prev_slot = r * cap + (p0 - 1) % cap
-        added = 0
+        prev_slot = r * cap + (p0 - 1) % cap if p0 > 0 else -1
+        added = plan_load(values[i], r, frames, ref, prev_slot, new_counts[i])
         for t in range(t_len):
             if t == 0:
-                has_prev = p0 > 0
-                cont = has_prev and types[i, 0] != FIRST and step_type[prev_slot] != LAST
-                same = has_prev and _overlaps_stored(values[i, 0], frames, r, ref[prev_slot], cap_frames, k)
+                cont = p0 > 0 and types[i, 0] != FIRST and step_type[prev_slot] != LAST
             else:
                 cont = types[i, t] != FIRST and types[i, t - 1] != LAST
-                same = _overlaps_value(values[i, t], values[i, t - 1], k)
-            if cont and not same:
+            if cont and new_counts[i, t] != 1:
                 return INCONSISTENT, i, t, 0
-            new_counts[i, t] = 1 if same else k
-            added += new_counts[i, t]
         # The oldest step stored after the write, and the first frame of its stack.
-        p1 = p0 + t_len
-        q = max(p1 - cap, 0)
+        q = max(p0 + t_len - cap, 0)
         if q >= p0:
-            newest = fpos[r]
-            for t in range(q - p0 + 1):
-                newest += new_counts[i, t]
-            oldest_frame = newest - 1 - k + 1
+            oldest_frame = fpos[r] + new_counts[i, :q - p0 + 1].sum() - k
         else:
             oldest_frame = ref[r * cap + q % cap] - k + 1
         need = max(need, fpos[r] + added - oldest_frame)
@@ -146,11 +137,11 @@ def gather_stacks_rows(idx, cap, ref, frames, k, dst_rows, out, offset):  # prag
 
 @numba.njit(cache=True, nogil=True)
 def plan_load(values, row, frames, ref, prev_slot, counts):  # pragma: no cover - compiled
-    """Frames each of ``n`` consecutive steps of one row appends when loaded (``values``
-    uint8 ``[n, K, frame bytes]``): one when its stack continues the step before it (the
-    first step's predecessor is ``prev_slot``, or none when ``prev_slot < 0``), else
-    ``K``. Fills ``counts[n]`` and returns their sum. Episodes do not matter here: the
-    steps were checked when they were first written."""
+    """Frames each of ``n`` consecutive steps of one row appends (``values`` uint8 ``[n, K,
+    frame bytes]``): one when its stack continues the step before it (the first step's
+    predecessor is ``prev_slot``, or none when ``prev_slot < 0``), else ``K``. Fills
+    ``counts[n]`` and returns their sum. Episodes are not looked at (:func:`plan_write`
+    checks them; a load's steps were checked when first written)."""
     n, k = values.shape[0], values.shape[1]
     cap_frames = frames.shape[1]
     total = 0

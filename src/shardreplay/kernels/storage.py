@@ -18,12 +18,10 @@ slots themselves (their old occupants are gone).
 from __future__ import annotations
 
 import numba
-import numpy as np
 from numba import literal_unroll
 
 from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.copy import copy_small_or_at
-from shardreplay.kernels.keys import encode_key
 
 FIRST, MID, LAST = 0, 1, 2
 
@@ -50,12 +48,6 @@ def _is_valid_at(step_type, episode_id, base, off, q, p1, cap, window):
         if step_type[nxt] == LAST:
             return True
     return True
-
-
-@numba.njit(cache=True, nogil=True)
-def _is_valid(step_type, episode_id, base, q, p1, cap, window):
-    """Validity of absolute start ``q`` in the row whose flat offset is ``base``."""
-    return _is_valid_at(step_type, episode_id, base, q % cap, q, p1, cap, window)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -186,15 +178,6 @@ def rows_distinct_in_range(rows, num_streams, marks):  # pragma: no cover - comp
 
 
 @numba.njit(cache=True, nogil=True)
-def all_equal(pos):  # pragma: no cover - compiled
-    """True when every entry of ``pos`` equals the first (rows aligned)."""
-    for i in range(1, pos.shape[0]):  # noqa: SIM110 - a loop numba compiles (no generators)
-        if pos[i] != pos[0]:
-            return False
-    return True
-
-
-@numba.njit(cache=True, nogil=True)
 def recompute_validity(step_type, episode_id, valid, pos, cap, window):
     """Recompute ``valid`` for every stored start (after a load); returns the count."""
     count = 0
@@ -202,45 +185,7 @@ def recompute_validity(step_type, episode_id, valid, pos, cap, window):
         base = r * cap
         p1 = pos[r]
         for q in range(max(p1 - cap, 0), p1):
-            ok = _is_valid(step_type, episode_id, base, q, p1, cap, window)
+            ok = _is_valid_at(step_type, episode_id, base, q % cap, q, p1, cap, window)
             valid[base + q % cap] = ok
             count += ok
     return count
-
-
-@numba.njit(cache=True, nogil=True)
-def window_indices(starts, step_type, generation, cap, window, epoch, tag):
-    """Flat slot indices ``[B, L]`` of each window, its mask, and its key (shard 0,
-    key ``tag``, place = the flat start; see ``kernels/keys.py``).
-
-    A key's generation is the slot's write count ``generation[start]`` plus the
-    storage's key ``epoch`` (raised by every checkpoint restore, so keys of an earlier
-    life are stale). The write count sits in the start's record, which the gather that
-    follows reads anyway.
-
-    Positions after the window's LAST repeat the LAST step's slot and are masked out.
-    A valid start is never LAST (for ``L >= 2``) and a LAST at the window's end masks
-    nothing, so only the step types strictly inside the window are read.
-    """
-    n = starts.shape[0]
-    idx = np.empty((n, window), np.int64)
-    mask = np.ones((n, window), np.bool_)
-    keys = np.empty(n, np.int64)
-    for b in range(n):
-        s = starts[b]
-        keys[b] = encode_key(0, tag, s, np.int64(generation[s]) + epoch)
-    for b in range(n):
-        s = starts[b]
-        base = s - s % cap
-        slot = s - base
-        ended = False
-        cur = s
-        for k in range(window):
-            if ended:
-                mask[b, k] = False
-            else:
-                cur = base + (slot + k) % cap
-                if 0 < k < window - 1:
-                    ended = step_type[cur] == LAST
-            idx[b, k] = cur
-    return idx, mask, keys

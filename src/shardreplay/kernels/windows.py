@@ -1,12 +1,12 @@
 """The compiled gather of whole windows from the per-slot records (``StreamStorage.windows``).
 
-One call does what ``window_indices``, a ``take`` of whole records and a copy per record
-field did in eight: per start it walks the window (the slots, the mask after an
-episode's LAST and the key exactly as ``kernels/storage.py:window_indices``) and copies
-each record part's bytes of every position into that part's block of one output array,
-which the caller views as ``[B, L, *shape]`` arrays. Fields outside the records (large
-fields, frame stacks, ``at_starts`` fields) are gathered by the caller from the slots it
-also writes.
+Per start it walks the window (its slots; positions after the episode's LAST repeat the
+LAST's slot and are masked; the key of shard 0 from the start's write count and the key
+epoch and tag, ``kernels/keys.py``) and copies each record part's bytes of every position
+into that part's block of one output array, which the caller views as ``[B, L, *shape]``
+arrays. Fields outside the records (large fields, frame stacks, ``at_starts`` fields) are
+gathered by the caller from the slots it also writes. With no record parts it is the walk
+alone (``StreamStorage.window_indices``).
 
 Shaped for a small batch, where numba's dispatch is much of the cost: nothing allocated,
 a few array arguments (the scalars packed in one int64 array), compiled without numba's

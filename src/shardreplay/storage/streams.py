@@ -126,7 +126,6 @@ class StreamStorage:
         self.pos_and_counters = np.zeros(num_streams + 1, np.int64)
         self.pos = self.pos_and_counters[:num_streams]
         self.all_rows = np.arange(num_streams, dtype=np.int64)  # pass this to write all rows
-        self._aligned = True  # every row at the same position
         self.counters = self.pos_and_counters[num_streams:]  # [next episode id]
         # Added to every slot's write count in the generation of the keys handed out:
         # a checkpoint restore raises it past every generation the saved shards could
@@ -136,20 +135,15 @@ class StreamStorage:
         self.key_tag = new_key_tag()
         self.num_valid = 0
         self.clears = 0  # times emptied (restores): a checkpoint chain of older content ends
-        # The write path's per-call constants, built once: [S, C, ...] views of every
-        # field (discount last) for plain-slice writes, and the kernel's result scratch.
-        grid = (num_streams, stream_capacity)
-        self._grids = tuple((name, arr.reshape(*grid, *arr.shape[1:]), arr.ndim)
-                            for name, arr in (*self.fields.items(), ("discount", self.discount)))
+        # The write path's result scratch, and every field (discount last) as [S*C, bytes
+        # per step] uint8 for the scatter of its values (fields with no bytes left out):
+        # (name, travels as bytes (a dtype numba cannot take: float16), destination rows).
         self._out_slots = np.empty((2, num_streams * window), np.int64)
         self._out_flags = np.empty((2, num_streams * window), np.bool_)
-        # Every field (discount last) as [S*C, bytes per step] uint8, for the compiled
-        # scatter of chunks; fields with no bytes per step are left out.
-        byte_rows = [(name, grid.dtype, self._as_byte_rows(name)) for name, grid, _n in self._grids]
-        byte_rows = [(name, dtype, rows) for name, dtype, rows in byte_rows if rows.shape[1]]
-        # Fields whose dtype numba cannot take (float16) travel as their bytes.
-        # (name, travels as bytes, destination rows) of each, for kernels.scatter_fields.
-        self._scatter_fields = tuple((name, not _numba_takes(dtype), rows) for name, dtype, rows in byte_rows)
+        scattered = ((name, arr.dtype, self._as_byte_rows(name))
+                     for name, arr in (*self.fields.items(), ("discount", self.discount)))
+        self._scatter_fields = tuple((name, not _numba_takes(dtype), rows) for name, dtype, rows in scattered
+                                     if rows.shape[1])
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
         self._gather_plans: dict[tuple, _GatherPlan] = {}  # see _gather_plan
         self._windows_plans: dict[int, _WindowsPlan] = {}  # see _windows_plan
@@ -161,9 +155,6 @@ class StreamStorage:
         """A ``[S*C, k]`` uint8 view of field ``name`` (a record field is a strided view)."""
         raw, offset, nbytes = self._byte_source(name)
         return raw[:, offset:offset + nbytes]
-
-    def _refresh_alignment(self) -> None:
-        self._aligned = bool(kernels.all_equal(self.pos))
 
     @property
     def size(self) -> int:
@@ -196,10 +187,6 @@ class StreamStorage:
             self._out_flags = np.empty((2, need), np.bool_)
         out_slots, out_flags = self._out_slots, self._out_flags
         pos = self.pos
-        # The vector-env case (one step of every stream, all at the same position):
-        # plain slices of [S, C] views write faster than fancy indices.
-        aligned_slot = int(pos[0]) % self.stream_capacity \
-            if rows is self.all_rows and t_len == 1 and self._aligned else -1
         types = steps["step_type"]
         if types.ndim != 2:
             types = types.reshape(n_rows, t_len)
@@ -223,18 +210,11 @@ class StreamStorage:
                 default_priority, self.stream_capacity, self.window, out_slots, out_flags)
         # The user's fields are written after the bookkeeping: the spec was checked
         # before, so nothing below can fail half-way.
-        if aligned_slot >= 0:
-            for name, grid, ndim in self._grids:
-                value = steps[name]
-                grid[:, aligned_slot] = value if value.ndim == ndim else value.reshape(grid.shape[:1]
-                                                                                      + grid.shape[2:])
-        else:
-            flat = out_slots[0, :n_rows * t_len]
-            if flat.shape[0]:
-                pairs = tuple((rows, _c_bytes(steps[name]) if as_bytes else _c_order(steps[name]))
-                              for name, as_bytes, rows in self._scatter_fields)
-                run.scatter_fields(pairs, flat)
-            self._aligned = bool(run.all_equal(self.pos))
+        flat = out_slots[0, :n_rows * t_len]
+        if flat.shape[0]:
+            pairs = tuple((rows, _c_bytes(steps[name]) if as_bytes else _c_order(steps[name]))
+                          for name, as_bytes, rows in self._scatter_fields)
+            run.scatter_fields(pairs, flat)
         for store, stacks, counts in frame_plans:
             store.append(stacks, rows, out_slots[0, :n_rows * t_len], counts)
         if before is not None:
@@ -315,6 +295,21 @@ class StreamStorage:
             plan = self._windows_plans[n] = (params, total, tuple(blocks))
         return plan
 
+    def window_indices(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The flat slots ``[B, L]`` of the windows at flat ``starts``, their mask ``[B, L]``
+        (positions after the episode's LAST repeat its slot, masked) and keys ``[B]``
+        (shard 0): :meth:`windows`' walk, copying no record part."""
+        starts = np.ascontiguousarray(starts, np.int64)
+        n, window = starts.shape[0], self.window
+        keys_at = -(-n * window // 8) * 8  # the mask first, then the keys
+        params = np.array([self.stream_capacity, window, self.key_epoch, self.key_tag, 0, keys_at, 0],
+                          np.int64)
+        dst = np.empty(keys_at + 8 * n, np.uint8)
+        idx = np.empty((n, window), np.int64)
+        window_kernels.gather_windows(starts, self.step_type, self.generation, self._record_rows, params, dst,
+                                      idx.reshape(-1))
+        return idx, dst[:n * window].view(np.bool_).reshape(n, window), dst[keys_at:].view(np.int64)
+
     def windows_into(self, starts: np.ndarray, out: np.ndarray, offsets: Mapping[str, int],
                      dst_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Write the windows starting at flat slots ``starts`` into rows ``dst_rows`` of
@@ -343,9 +338,7 @@ class StreamStorage:
             extent = max(extent, offset + self.start_rows.row_bytes[name])
         if extent > out.shape[1]:
             raise ValueError("offsets must leave room for a window of every part in a record")
-        idx, mask, keys = kernels.window_indices(starts, self.step_type, self.generation,
-                                                 self.stream_capacity, self.window, self.key_epoch,
-                                                 self.key_tag)
+        idx, mask, keys = self.window_indices(starts)
         rows = np.ascontiguousarray(dst_rows, np.int64)
         sources, out_offsets = columns
         if sources:
@@ -463,7 +456,6 @@ class StreamStorage:
             store.clear()
         self.start_rows.clear()
         self.pos[:] = 0
-        self._aligned = True
         self.counters[:] = 0
         self.num_valid = 0
 
@@ -488,7 +480,6 @@ class StreamStorage:
                 the start rows is kept then.
         """
         self.pos[:] = pos
-        self._refresh_alignment()
         self.counters[0] = next_episode_id
         if self.starts:
             self._place_starts(starts or {})
@@ -523,7 +514,6 @@ class StreamStorage:
         """Inverse of :meth:`export_steps` (arrays already checked by the caller)."""
         self.clear()
         self.pos[:] = steps["row_pos"]
-        self._refresh_alignment()
         slots, lengths = self.stored_slots()
         for name, arr in self.fields.items():
             arr[slots] = steps[f"field.{name}"]

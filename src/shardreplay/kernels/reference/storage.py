@@ -13,21 +13,13 @@ FIRST, LAST = 0, 2
 
 def validity(step_type: np.ndarray, episode_id: np.ndarray, pos: np.ndarray, cap: int,
              window: int) -> np.ndarray:
-    """Valid flag of every flat slot (kernels/storage.py's module docstring): a stored
-    start whose window is stored and in its episode, or ends with a LAST inside it."""
+    """Valid flag of every flat slot (kernels/storage.py's module docstring): every stored
+    start judged by :func:`_valid_starts`."""
+    lengths = np.minimum(pos, cap)
+    row = np.repeat(np.arange(pos.shape[0]), lengths)
+    q = np.repeat(pos - lengths - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
     valid = np.zeros(pos.shape[0] * cap, bool)
-    for r, p1 in enumerate(pos):
-        for q in range(max(int(p1) - cap, 0), int(p1)):
-            slots = [r * cap + (q + k) % cap for k in range(window)]
-            ok = window == 1 or step_type[slots[0]] != LAST
-            for k in range(1, window):
-                if not ok:
-                    break
-                if q + k >= p1 or episode_id[slots[k]] != episode_id[slots[0]]:
-                    ok = False
-                elif step_type[slots[k]] == LAST:
-                    break
-            valid[slots[0]] = ok
+    valid[row * cap + q % cap] = _valid_starts(step_type, episode_id, q, row * cap, pos[row], cap, window)
     return valid
 
 
@@ -116,11 +108,6 @@ def scatter_fields(pairs: tuple[tuple[np.ndarray, np.ndarray], ...], slots: np.n
         dst[slots] = value.reshape(-1).view(np.uint8).reshape(n, dst.shape[1])
 
 
-def all_equal(pos: np.ndarray) -> bool:
-    """``kernels.storage.all_equal``."""
-    return bool(pos.shape[0] == 0 or (pos == pos[0]).all())
-
-
 def rows_distinct_in_range(rows: np.ndarray, num_streams: int, marks: np.ndarray | None = None) -> bool:
     """``kernels.storage.rows_distinct_in_range``: some rows, all in range, none repeated
     (``marks`` is left untouched)."""
@@ -129,8 +116,8 @@ def rows_distinct_in_range(rows: np.ndarray, num_streams: int, marks: np.ndarray
 
 
 def window_indices(starts, step_type, generation, cap, window, epoch, tag):
-    """``(idx [B, L], mask [B, L], keys [B])`` of valid starts: positions after a LAST
-    inside the window repeat the LAST's slot and are masked."""
+    """``(idx [B, L], mask [B, L], keys [B])`` of valid starts (kernels/windows.py's walk):
+    positions after a LAST inside the window repeat the LAST's slot and are masked."""
     n = starts.shape[0]
     idx = np.empty((n, window), np.int64)
     mask = np.ones((n, window), bool)
