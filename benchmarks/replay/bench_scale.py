@@ -28,8 +28,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -202,6 +204,21 @@ def _available_gib(floor: float) -> float:
     return round(kib / 2**20, 1)
 
 
+def _stop_below(floor: float, root: Path) -> None:
+    """Exit the process (its files removed) as soon as MemAvailable falls below ``floor``,
+    also in the middle of a save or restore."""
+    import shutil
+
+    while True:
+        try:
+            _available_gib(floor)
+        except MemoryError as exc:
+            print(json.dumps({"error": str(exc)}), flush=True)
+            shutil.rmtree(root, ignore_errors=True)
+            os._exit(3)
+        time.sleep(0.5)
+
+
 def _timed(out: dict[str, Any], name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     wall, cpu = time.perf_counter(), time.process_time()
     result = fn(*args, **kwargs)
@@ -221,6 +238,7 @@ def run_checkpoint(capacity: int, args: Any) -> dict[str, Any]:
     root = args.checkpoint / str(capacity)
     shutil.rmtree(root, ignore_errors=True)
     out: dict[str, Any] = {"mem_available_gib_start": _available_gib(args.min_free_gib)}
+    threading.Thread(target=_stop_below, args=(args.min_free_gib, root), daemon=True).start()
 
     def buffer(cap: int, name: str) -> _Ours:
         case = _Ours(cap, "prioritized", args.obs_dim, storage="memmap", directory=root / name)

@@ -17,9 +17,14 @@ from shardreplay.spec.keys import is_key_tag
 
 FORMAT = "shardreplay-checkpoint"
 FORMAT_VERSION = 2  # 2: XXH64 block hashes (1 had CRC32); what a full save writes
-# 3: an incremental checkpoint (a part refers to earlier part files: checkpoint/refs.py)
+# 3: an incremental checkpoint (a part refers to earlier part files: checkpoint/refs.py);
+# 4: its episode ids and generations (and episode offsets) are chained too.
 INCREMENTAL_VERSION = 3
-READ_VERSIONS = (FORMAT_VERSION, INCREMENTAL_VERSION)
+STEPS_CHAINED_VERSION = 4
+READ_VERSIONS = (FORMAT_VERSION, INCREMENTAL_VERSION, STEPS_CHAINED_VERSION)
+# The per-step arrays that never change after their step's write (sealing changes step
+# types and discounts, updates priorities): an incremental part writes only its new rows.
+CHAINABLE_STEPS = ("episode_id", "generation", "episode_step")
 
 
 def _count(value: Any, what: str, where: Path | str) -> int:
@@ -171,10 +176,13 @@ class ManifestPart:
     refs: tuple[RefSource, ...] = ()  # the earlier files an incremental part reads rows from
     extra: Mapping[str, Any] = field(default_factory=dict)  # as saved before named files
     chained: bool = False  # an incremental part (a segment table; refs may be empty)
+    chained_steps: tuple[str, ...] = ()  # per-step arrays read through the segment table too
 
     @property
     def version(self) -> int:
         """The format version of the part (and of a manifest listing it)."""
+        if self.chained_steps:
+            return STEPS_CHAINED_VERSION
         return INCREMENTAL_VERSION if self.chained else FORMAT_VERSION
 
     @classmethod
@@ -194,9 +202,11 @@ class ManifestPart:
                                                                 "spec_fingerprint")):
             raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r} is malformed")
         files, refs, created = entry.get("files", {}), entry.get("refs", []), entry.get("created_unix_ms")
-        if not isinstance(files, Mapping) or not isinstance(refs, list):
-            raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r}: 'files' or 'refs' "
-                                        "is malformed")
+        steps = entry.get("chained_steps", [])
+        if not isinstance(files, Mapping) or not isinstance(refs, list) or not isinstance(steps, list) or \
+                not set(steps) <= set(CHAINABLE_STEPS) or (steps and "refs" not in entry):
+            raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r}: 'files', 'refs' or "
+                                        "'chained_steps' is malformed")
         n = {k: _count(entry.get(k), f"a part's {k}", where)
              for k in ("checkpoint_id", "shard", "num_shards", "bytes", "steps", "episodes")}
         return cls(n["checkpoint_id"], n["shard"], n["num_shards"], entry["file"], n["bytes"], tuple(hashes),
@@ -205,7 +215,7 @@ class ManifestPart:
                    RestoreCounts.parse(entry.get("restored"), where), entry["spec_fingerprint"],
                    None if created is None else _count(created, "a part's created_unix_ms", where),
                    {str(k): FileEntry.parse(k, v, where) for k, v in files.items()},
-                   tuple(RefSource.parse(r, where) for r in refs), dict(extra), "refs" in entry)
+                   tuple(RefSource.parse(r, where) for r in refs), dict(extra), "refs" in entry, tuple(steps))
 
     def as_json(self) -> dict[str, Any]:
         """The manifest's entry (as :meth:`parse` reads it)."""
@@ -221,6 +231,8 @@ class ManifestPart:
             out["files"] = {k: v.as_json() for k, v in sorted(self.files.items())}
         if self.chained:  # only then: a full part is described as before
             out["refs"] = [r.as_json() for r in self.refs]
+        if self.chained_steps:
+            out["chained_steps"] = list(self.chained_steps)
         if self.extra:
             out["extra"] = dict(self.extra)
         return out

@@ -1,10 +1,11 @@
-"""Incremental parts (format version 3): which field rows a part writes, and reading
+"""Incremental parts (format versions 3 and 4): which rows a part writes, and reading
 rows that live in earlier files (docs/semantics.md, "Incremental checkpoints").
 
 Rows are append-only rings: a stored absolute step's field data never changes, so a
 part continuing a shard's previous one (a :class:`Chain`, kept in
-``Shard.checkpoint_notes``) writes of each user field (``field.*``) only the steps new
-since, and everything else whole. Its segment table (:class:`Segments`, arrays
+``Shard.checkpoint_notes``) writes of each user field (``field.*``), and (version 4) of
+each array of ``records.CHAINABLE_STEPS``, only the steps new since; everything else
+whole. Its segment table (:class:`Segments`, arrays
 ``ref.*``) cuts its stored steps, in (row, time) order, into segments of ``ref.count``
 steps of row ``ref.row`` from absolute step ``ref.step``, read from ``ref.source`` (-1:
 this file; ``k``: the part's ``refs[k]``, an earlier part file) from row ``ref.first``.
@@ -46,24 +47,25 @@ def open_part(directory: Path, part: ManifestPart) -> PartReader | ChainedReader
     if not part.refs:
         return own
     try:
-        return ChainedReader(Path(directory).parent, own, part.refs)
+        return ChainedReader(Path(directory).parent, own, part.refs, part.chained_steps)
     except BaseException:
         own.close()
         raise
 
 
 class ChainedReader(WholeReads):
-    """:class:`PartReader` of an incremental part: ``field.*`` rows are read from the
-    files its segment table names (opened and verified on first use), everything else
-    from the part itself.
+    """:class:`PartReader` of an incremental part: the rows of ``field.*`` and of the
+    ``chained_steps`` arrays are read from the files its segment table names (opened and
+    verified on first use), everything else from the part itself.
 
     Raises:
         CheckpointFormatError: a malformed segment table (its counts do not add up to
             the stored steps, or a source outside ``refs``).
     """
 
-    def __init__(self, root: Path, own: PartReader, refs: tuple[RefSource, ...]) -> None:
-        self._root, self._own, self._refs = Path(root), own, refs
+    def __init__(self, root: Path, own: PartReader, refs: tuple[RefSource, ...],
+                 chained_steps: tuple[str, ...] = ()) -> None:
+        self._root, self._own, self._refs, self._steps = Path(root), own, refs, chained_steps
         self.path, self.metadata, self.header = own.path, own.metadata, own.header
         self._opened: dict[int, PartReader] = {}
         self._stack = ExitStack()
@@ -93,9 +95,12 @@ class ChainedReader(WholeReads):
     def entry(self, name: str) -> tuple[np.dtype, tuple[int, ...]]:
         """Dtype and shape of array ``name`` (a field: every stored step's rows)."""
         dtype, shape = self._own.entry(name)
-        if name.startswith("field."):
+        if self._chained(name):
             shape = (int(self._offsets[-1]), *shape[1:])
         return dtype, shape
+
+    def _chained(self, name: str) -> bool:
+        return name.startswith("field.") or name in self._steps
 
     def rows_into(self, name: str, start: int, out: np.ndarray, *, defer: bool = False) -> None:
         """Fill ``out`` with rows ``start:start+len(out)`` of ``name`` (see
@@ -104,7 +109,7 @@ class ChainedReader(WholeReads):
         Raises:
             CheckpointFormatError: rows out of range, or a missing or corrupt file or block.
         """
-        if not name.startswith("field."):
+        if not self._chained(name):
             self._own.rows_into(name, start, out, defer=defer)
             return
         stop = start + out.shape[0]

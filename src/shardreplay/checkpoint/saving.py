@@ -19,7 +19,7 @@ import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import Shard, shard_of_buffer
-from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy
+from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy, ranges
 from shardreplay.checkpoint.format import write_part
 from shardreplay.checkpoint.manifest import (
     checkpoint_dir,
@@ -35,6 +35,7 @@ from shardreplay.checkpoint.manifest import (
     write_covered,
 )
 from shardreplay.checkpoint.records import (
+    CHAINABLE_STEPS,
     FileEntry,
     Manifest,
     ManifestPart,
@@ -207,15 +208,23 @@ def _content(job: SaveJob) -> _Content:
     arrays.update(episodes.as_arrays())
     if job.partial == "seal":
         arrays.update(_seal_undo(state["arrays"], arrays))
+    chained_steps: tuple[str, ...] = ()
     if job.chained and job.segments is not None:  # a full part is described as before
         arrays.update(job.segments.as_arrays())
+        # Of the arrays fixed at their step's write, only the steps this part writes itself.
+        hi = arrays["row_pos"]
+        length = np.minimum(hi, shard.stream_capacity)
+        own = ranges(np.cumsum(length) - hi + start, hi - start)
+        chained_steps = tuple(k for k in CHAINABLE_STEPS if k in arrays)
+        arrays.update({k: arrays[k][own] for k in chained_steps})
     empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
     empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
     part = ManifestPart(
         job.checkpoint_id, job.index, job.num_shards, f"{part_name(job.index, job.num_shards)}.safetensors",
         0, (), int(arrays["row_length"].sum()), int(episodes.start.shape[0]), job.partial, report,
         restored_from(shard), shard.spec.fingerprint,
-        refs=job.segments.sources if job.chained and job.segments is not None else (), chained=job.chained)
+        refs=job.segments.sources if job.chained and job.segments is not None else (), chained=job.chained,
+        chained_steps=chained_steps)
     return _Content(_ordered(arrays), empty_like, part, PartMeta.of_state(state["meta"], job.sharding),
                     shard.spec)
 
