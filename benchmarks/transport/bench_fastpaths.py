@@ -2,7 +2,7 @@
 side by side in the same run.
 
 - ``ring``: the local ring's reader on x86-64 reads ``head`` and moves ``tail`` without
-  the ring lock (``shm_ring._ORDERED_STORES``). The plain path takes the lock for both,
+  the ring lock (``transport.local._ORDERED_STORES``). The plain path takes the lock for both,
   as on other machines. Only the reader (this process) differs; the actors are the same.
 - ``redis``: a writer's ``XADD`` + ``XLEN`` packet built by hand with the chunk encoded
   straight into it (``XaddPacker``). The plain path encodes the chunk to bytes and lets
@@ -44,7 +44,7 @@ from bench_transport import (
     timed,
 )
 
-from shardreplay.transport import decode, encode, open_transport, shm_ring
+from shardreplay.transport import decode, encode, local, open_transport
 from shardreplay.transport.codec import Encoding
 
 PATHS = ("ring", "redis")
@@ -91,7 +91,7 @@ def run_path(path: str, n: int, fast: bool, server: RedisServer | None) -> dict[
     if path == "ring":
         transport = open_transport("local", SPEC, capacity_bytes=64 << 20)
         actor = actor_transport
-        shm_ring._ORDERED_STORES = fast and platform.machine().lower() in ("x86_64", "amd64")
+        local._ORDERED_STORES = fast and platform.machine().lower() in ("x86_64", "amd64")
     else:
         assert server is not None
         server.flush()
@@ -103,7 +103,7 @@ def run_path(path: str, n: int, fast: bool, server: RedisServer | None) -> dict[
                      lambda: read_transport(reader, ACTORS * n, buffer), ACTORS * n)
     finally:
         reader.close()
-        shm_ring._ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64")
+        local._ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _cpu_us(case: dict[str, float]) -> float:

@@ -61,7 +61,7 @@ import common
 from shardreplay._io import fsync_dir
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import Chunk, decode, encode, open_transport
-from shardreplay.transport.shm_ring import ShmRing
+from shardreplay.transport.local import ShmRing
 
 S, T, ACTORS = 8, 32, 2
 SPEC = Spec({"obs": Field((64,), np.float32), "action": Field((), np.int64), "reward": Field((), np.float32)})

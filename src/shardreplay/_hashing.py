@@ -1,13 +1,8 @@
-"""Checksums (a low-level module, so both checkpoint and transport can import it), both
-from the ``xxhash`` package: XXH64, the checksum of checkpoint part blocks, and XXH3-64,
-the checksum of transport chunks (format 3).
-
-Why not CRC32: zlib's crc32 is slower than reading a file from the page cache, so
-checking every block would make loads slower than ``np.load``. XXH64 runs at memory
-speed, releases the GIL on large buffers, and its 64 bits miss a random corruption with
-probability 2^-64. It is the reference algorithm (``XXH64(data, len, seed)``), so other
-tools can check a part file too; checkpoints keep it (their own format) while chunks
-use the faster XXH3.
+"""Checksums from ``xxhash`` (low-level: checkpoint and transport both import it): XXH64,
+the reference algorithm, which other tools can check checkpoint part blocks with, and
+XXH3-64, the checksum of transport chunks. Either misses a random corruption with
+probability 2^-64.
+Why not zlib's CRC: it would make checked loads slower than ``np.load``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""The one place shardreplay installs signal handlers, and the stop requests (SIGINT,
-SIGTERM) it takes from a process's first moments on.
+"""The one place shardreplay installs signal handlers (``tests/test_package.py`` checks
+that no other module calls ``signal.signal``), and the stop requests (SIGINT, SIGTERM)
+it records from a process's first moments on.
 
-A handler is process-wide and only the main thread may install one (Python's rule), so
-every part that wants one (a checkpoint trigger, an actor's stop flag, the launcher's
-forwarding to its learners) asks :func:`install`, which checks the thread and returns
-how to put the replaced handlers back; ``tests/test_package.py`` checks that no other
-module calls ``signal.signal``.
-
-A signal's default action at the wrong moment loses it or makes a mess: SIGINT raises
-KeyboardInterrupt wherever the process happens to be (inside an import of torch, say,
-where a library may swallow it, or as a traceback), SIGTERM kills the process before it
-could say or save anything, and a process started in the background inherits SIGINT
-ignored. :func:`take_over` replaces that, as early as a process can, by a record of the
-first signal; the code that knows how to stop (the launcher, a learner's loop) asks
-:func:`requested` at its own points, or installs its own handler and asks once whether
-a signal came before.
+Only the main thread may install a handler, so every part that wants one asks
+:func:`install`. A signal's default action at the wrong moment loses it or makes a mess
+(KeyboardInterrupt inside an import, SIGTERM before anything is saved, SIGINT ignored in a
+background process): :func:`take_over` replaces it as early as possible by a record of
+the first signal, which the code that knows how to stop asks for (:func:`requested`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Redis passwords: used to connect, never written down.
 
-A password reaches shardreplay from the environment (``SHARDREPLAY_REDIS_PASSWORD``),
-a file (``--redis-password-file``, read once at start) or a URL given on the command
-line (``redis://:PASSWORD@host:6379/0``). The command line takes it out of the URL at
-once (:func:`adopt`): from then on every URL the run keeps, stores or prints is the
-redacted one, ``redis://:***@host:6379/0`` (config.json, checkpoints, summaries, logs,
-the settings published to actors, error messages), and the password itself travels
-only in the environment of the processes the run starts. :class:`RedisLink
-<shardreplay.transport.redis_link.RedisLink>` puts it back when it connects
-(:func:`connect_args`). Every log line is passed through :func:`mask` as a last
-guard (:class:`shardreplay.runtime.log_lines.LineSafeHandler`).
+A password comes from ``SHARDREPLAY_REDIS_PASSWORD``, ``--redis-password-file`` or a
+command-line URL (``redis://:PASSWORD@host:6379/0``), which :func:`adopt` takes it out of
+at once: every URL the run keeps, stores or prints is then the redacted one
+(``redis://:***@host:6379/0``), and the password travels only in the environment of the
+processes the run starts. :class:`~shardreplay.transport.redis_link.RedisLink` puts it
+back when it connects (:func:`connect_args`); every log line passes through :func:`mask`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Read-only inspection of a buffer's inner state, for tests.
-
-Tests that check what a buffer stored, which window starts are valid or what a
-priority became use these functions instead of private attributes, so the buffer's
-inside can change without touching every test. Every function takes a
-:class:`~shardreplay.ReplayBuffer` or a :class:`~shardreplay.ShardedReplayBuffer` (then
-this rank's shard, without any collective) and returns copies: changing them changes
-nothing in the buffer.
-
-Slots are flat: slot ``row * stream_capacity + position % stream_capacity``.
+"""Read-only inspection of a buffer's inner state, for tests (instead of private
+attributes). Every function takes a :class:`~shardreplay.ReplayBuffer` or a
+:class:`~shardreplay.ShardedReplayBuffer` (then this rank's shard, no collective) and
+returns copies. Slots are flat: ``row * stream_capacity + position % stream_capacity``.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_an_actor_killed_while_waiting_for_room_does_not_wedge_the_others() -> N
 
 
 def test_ring_batches_come_back_whole_in_order_and_aligned() -> None:
-    from shardreplay.transport.shm_ring import ShmRing
+    from shardreplay.transport.local import ShmRing
 
     ring = ShmRing(4096, mp.get_context("spawn"))
     records = [bytes([i]) * (8 * (i % 5 + 1)) for i in range(12)]  # 8-byte multiples, as chunks are
@@ -183,7 +183,7 @@ def test_ring_batches_come_back_whole_in_order_and_aligned() -> None:
 
 
 def test_ring_batches_stop_at_max_bytes_but_never_come_back_empty() -> None:
-    from shardreplay.transport.shm_ring import ShmRing
+    from shardreplay.transport.local import ShmRing
 
     ring = ShmRing(4096, mp.get_context("spawn"))
     for i in range(6):
@@ -197,7 +197,7 @@ def test_ring_lengths_split_by_the_ring_end_are_read_whole() -> None:
     # Odd record sizes and an odd capacity put a record's 8-byte length across the
     # ring's end at many offsets (the take reads a length in place only when it does
     # not wrap).
-    from shardreplay.transport.shm_ring import ShmRing
+    from shardreplay.transport.local import ShmRing
 
     ring = ShmRing(1001, mp.get_context("spawn"))
     rng = np.random.default_rng(5)
@@ -212,7 +212,7 @@ def test_ring_lengths_split_by_the_ring_end_are_read_whole() -> None:
 
 
 def test_borrowed_records_keep_their_room_until_given_back() -> None:
-    from shardreplay.transport.shm_ring import ShmRing
+    from shardreplay.transport.local import ShmRing
 
     ring = ShmRing(1000, mp.get_context("spawn"))
     records = [bytes([i]) * 192 for i in range(8)]  # 200 bytes a record: 5 fill the ring
@@ -281,13 +281,13 @@ def test_ring_reader_with_and_without_the_lock_gets_every_record_whole(
     # in place: every record arrives once, whole, in order per writer. Borrowed records
     # are checked again after a pause in which the writers wait for room: they must
     # not have been overwritten while lent.
-    from shardreplay.transport import shm_ring
+    from shardreplay.transport import local as ring_module
     from tests.transport.transport_helpers import put_ring_records, ring_record
 
-    if ordered_stores and not shm_ring._ORDERED_STORES:
+    if ordered_stores and not ring_module._ORDERED_STORES:
         pytest.skip("the lock-free read path runs on x86-64 only")
-    monkeypatch.setattr(shm_ring, "_ORDERED_STORES", ordered_stores)
-    ring = shm_ring.ShmRing(16 << 10, mp.get_context("spawn"))
+    monkeypatch.setattr(ring_module, "_ORDERED_STORES", ordered_stores)
+    ring = ring_module.ShmRing(16 << 10, mp.get_context("spawn"))
     ctx, count = mp.get_context("spawn"), 600
     procs = [ctx.Process(target=put_ring_records, args=(ring, w, count)) for w in range(3)]
     for p in procs:
@@ -317,7 +317,7 @@ def test_a_reader_waiting_on_an_empty_ring_is_woken_by_the_next_record() -> None
     # put after it found the ring empty must wake it at once, not at the next timeout.
     import threading
 
-    from shardreplay.transport.shm_ring import ShmRing
+    from shardreplay.transport.local import ShmRing
 
     ring = ShmRing(1 << 16, mp.get_context("spawn"))
     waits = []

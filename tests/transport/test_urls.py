@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardreplay.errors import ConfigError
-from shardreplay.policy.broadcast import _redis_options
+from shardreplay.policy import _redis_options
 from shardreplay.runtime.run_identity import upcoming_life, write_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport.urls import file_url, parse_medium, pop_query, with_policy_key

@@ -1,22 +1,14 @@
 """Exact-mode refills: every rank's batches drawn from the global distribution, each item
 fetched from the shard that owns it.
 
-Every rank derives every requester's shard counts from one shared seed, so the counts
-need no exchange of their own: one data exchange per refill. Windows are written straight
-from storage into packed records (:class:`RecordLayout`): a rank's own items into their
-final rows while the others' are in flight, the others' into a send buffer, which goes
-through ``all_to_all``.
-
-When every rank runs on one host, the send buffer is instead the owner's shared-memory
-region (:class:`SharedRecords`, in ``/dev/shm``): one small collective says the regions are
-written and each requester copies its rows straight out of the owners' regions (over
-gloo's TCP loopback the same bytes would be copied into the kernel and out again on both
-sides; NCCL does the equivalent inside a node). Every rank derives every region's size
-and generation from the same counts, so regions grow without a word exchanged. A name is
-only needed until the peers have mapped the region: in an exchange where a region is new,
-the ranks agree that all have mapped it (one more small collective, rare: regions grow a
-few times per run) and its creator removes the name, so only a run killed inside such an
-exchange can leave a region behind.
+Every rank derives every requester's shard counts from one shared seed, so only the data
+is exchanged: windows are written from storage into packed records, a rank's own into
+their final rows while the others' are in flight, the others' into a send buffer for
+``all_to_all``. When every rank runs on one host the send buffer is the owner's region in
+``/dev/shm`` (:class:`SharedRecords`): one small collective says the regions are written
+and each requester copies its rows out. Region sizes follow from the same counts on every
+rank; a new region's name is removed once all ranks agree they have mapped it (one more
+small collective), so only a run killed inside such an exchange leaves one behind.
 """
 
 from __future__ import annotations

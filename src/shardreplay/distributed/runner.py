@@ -1,26 +1,18 @@
 """Where a :class:`ShardedReplayBuffer`'s exchanges run: inline, in the caller's ``sample``,
 or on a background thread (``pipeline=True``). A runner owns the prefetched batches and,
-when pipelined, the thread, its job queue and the shard's lock.
+pipelined, the thread, its job queue and the shard's lock.
 
-Pipelined, ``sample`` collects the exchange in flight when it has no batch left, serves one,
-and starts the next exchange when it has handed out the last, so that exchange runs while
-the learner trains. Every exchange runs under the shard's lock; the runner passes
-:meth:`BackgroundRunner.released` with each job to the collectives, which let the lock go
-while they wait, so the learner's thread can write meanwhile.
+Pipelined, ``sample`` collects the exchange in flight when no batch is left, serves one,
+and starts the next exchange after handing out the last, so it runs while the learner
+trains. Each job runs under the shard's lock, which its collectives let go while they wait
+(:meth:`BackgroundRunner.released`). Every collective of the buffer's own group is issued
+from the one thread in the order the learner's thread submitted the jobs, which follows
+its collective calls, so they pair up alike on every rank; a rank waits for job j only in
+a call every rank reaches after submitting j, never holding the lock.
 
-Every collective of the buffer's own process group is issued from the one thread, job
-after job in the order the learner's thread submitted them. Every rank submits the same
-jobs in the same order (they follow its ``sample`` / ``flush_updates`` calls, which are
-collective), so the group's collectives pair up alike on every rank, whatever the
-learner's thread does meanwhile on other groups (DDP's all-reduces). No deadlock with
-those: a rank waits for job j only in a call that every rank reaches after submitting j
-(the ``sample`` after the one that submitted it, a save, a flush, a close), and the
-learner's thread never holds the shard's lock while it waits for anything remote.
-
-A job that raises hands its error to whoever waits for it. An error that every rank
-raises alike (a bad argument, an empty buffer: the ranks are still in step) leaves the
-thread running; any other error (a timeout, a lost peer, a bug) stops it, fails the jobs
-queued behind it, and every later submit raises :class:`SamplerFailed`.
+A job's error goes to whoever waits for it. One every rank raises alike (a bad argument,
+an empty buffer) leaves the thread running; any other stops it, fails the jobs queued
+behind it, and every later submit raises :class:`SamplerFailed`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,23 @@
 """Policy broadcast from the learner to actors: ``file:///dir`` or ``redis://``.
 
-See :mod:`shardreplay.policy.broadcast`; redis, torch and safetensors are imported only
+See :mod:`shardreplay.policy.broadcast`. The URL is mapped to a backend here (not in
+``broadcast``, which the backends import); redis, torch and safetensors are imported only
 when first used.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from shardreplay.errors import ConfigError
 from shardreplay.policy.broadcast import (
     PolicyPublisher,
     PolicySubscriber,
     PolicyUpdate,
     SubscriberStats,
-    open_publisher,
-    open_subscriber,
     wait_for_policy,
 )
+from shardreplay.transport.urls import POLICY_KEY, parse_medium, pop_query
 
 __all__ = [
     "PolicyPublisher",
@@ -25,3 +28,49 @@ __all__ = [
     "open_subscriber",
     "wait_for_policy",
 ]
+
+
+def _redis_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The URL for redis-py and the backend's options: the URL's ``key`` query option
+    (:mod:`shardreplay.transport.urls`) names the policy hash unless ``key`` is given."""
+    bare, key = pop_query(url, POLICY_KEY)
+    if key and "key" not in options:
+        options = {**options, "key": key}
+    return bare, options
+
+
+def _open(url: str, role: str, options: dict[str, Any]) -> Any:
+    """``File<role>(dir)`` or ``Redis<role>(url)``; the backend (and redis) imported now."""
+    medium = parse_medium(url, kinds=("file", "redis"), what="policy broadcast")
+    if medium.kind == "file":
+        import shardreplay.policy.file_backend as module
+
+        where = medium.path
+    else:
+        import shardreplay.policy.redis_backend as module  # type: ignore[no-redef]
+
+        where, options = _redis_options(url, options)
+    try:
+        return getattr(module, f"{medium.kind.capitalize()}{role.capitalize()}")(where, **options)
+    except TypeError as exc:
+        raise ConfigError(f"bad option for policy {role} {url!r}: {exc}") from exc
+
+
+def open_publisher(url: str, **options: Any) -> PolicyPublisher:
+    """The learner's end for ``file:///dir`` or ``redis://...``.
+
+    Raises:
+        ConfigError: an unknown URL or option.
+    """
+    publisher: PolicyPublisher = _open(url, "publisher", options)
+    return publisher
+
+
+def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
+    """An actor's end for ``file:///dir`` or ``redis://...``.
+
+    Raises:
+        ConfigError: an unknown URL or option.
+    """
+    subscriber: PolicySubscriber = _open(url, "subscriber", options)
+    return subscriber

@@ -1,6 +1,7 @@
 """Policy broadcast: the learner publishes ``(version, weights)``, actors poll for new ones.
 
-One interface, chosen by URL with :func:`open_publisher` / :func:`open_subscriber`:
+One interface, chosen by URL with :func:`~shardreplay.policy.open_publisher` /
+:func:`~shardreplay.policy.open_subscriber`:
 ``file:///dir`` (immutable ``policy-<version>.safetensors`` files, then a small
 ``policy.version`` note naming the newest with its CRC-32: :mod:`.file_backend`) or
 ``redis://host:port/db`` (one hash of version, CRC-32 and weights set by one ``HSET``,
@@ -37,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from shardreplay.errors import ConfigError, TransportTimeout
-from shardreplay.transport.urls import POLICY_KEY, parse_medium, pop_query
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,8 +51,6 @@ __all__ = [
     "RunInfo",
     "SubscriberStats",
     "describe_version",
-    "open_publisher",
-    "open_subscriber",
     "pack_version",
     "split_version",
     "wait_for_policy",
@@ -394,48 +392,3 @@ def wait_for_policy(subscriber: PolicySubscriber, timeout_s: float) -> PolicyUpd
                                    f"{timeout_s} s: has the learner published one?")
         subscriber.pause(min(left, 0.05))
 
-
-def _redis_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The URL for redis-py and the backend's options: the URL's ``key`` query option
-    (:mod:`shardreplay.transport.urls`) names the policy hash unless ``key`` is given."""
-    bare, key = pop_query(url, POLICY_KEY)
-    if key and "key" not in options:
-        options = {**options, "key": key}
-    return bare, options
-
-
-def _open(url: str, role: str, options: dict[str, Any]) -> Any:
-    """``File<role>(dir)`` or ``Redis<role>(url)``; the backend (and redis) imported now."""
-    medium = parse_medium(url, kinds=("file", "redis"), what="policy broadcast")
-    if medium.kind == "file":
-        import shardreplay.policy.file_backend as module
-
-        where = medium.path
-    else:
-        import shardreplay.policy.redis_backend as module  # type: ignore[no-redef]
-
-        where, options = _redis_options(url, options)
-    try:
-        return getattr(module, f"{medium.kind.capitalize()}{role.capitalize()}")(where, **options)
-    except TypeError as exc:
-        raise ConfigError(f"bad option for policy {role} {url!r}: {exc}") from exc
-
-
-def open_publisher(url: str, **options: Any) -> PolicyPublisher:
-    """The learner's end for ``file:///dir`` or ``redis://...``.
-
-    Raises:
-        ConfigError: an unknown URL or option.
-    """
-    publisher: PolicyPublisher = _open(url, "publisher", options)
-    return publisher
-
-
-def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
-    """An actor's end for ``file:///dir`` or ``redis://...``.
-
-    Raises:
-        ConfigError: an unknown URL or option.
-    """
-    subscriber: PolicySubscriber = _open(url, "subscriber", options)
-    return subscriber

@@ -4,25 +4,11 @@ Bit layout (most significant first, 63 bits used so keys stay non-negative)::
 
     | shard: 10 | tag: 14 | place: 28 | generation: 11 |
 
-- ``shard``: the rank that owns the window (0 in a single buffer); up to 1,024 shards.
-- ``tag``: the buffer's *key tag*, a number in ``1 .. 16,383`` drawn when the buffer is
-  made (a random start per process, then one more per buffer made in it, so buffers
-  made in one process share no tag until 16,383 were made; a load takes over the saved
-  buffer's tag). A key whose tag is not its owner's is not a key of
-  this buffer and is rejected with ``InvalidKeyError``: tag 0 is never used, so small
-  integers (``torch.arange(B)``, row indices) are always rejected; random int64 and keys
-  of a buffer in another process pass the tag check with probability 1 / 16,383 (and
-  must then also name a stored place of the right shard).
-- ``place``: the window start's flat index in its shard, ``row * stream_capacity + slot``,
-  so a shard holds at most ``num_streams * stream_capacity <= 2**28`` (268,435,456) steps.
-- ``generation``: the low 11 bits of the slot's write counter plus the buffer's key epoch,
-  bumped each time the slot is overwritten, so a key whose data was overwritten since it
-  was sampled is recognised as stale (counted, not an error) unless exactly a multiple
-  of 2,048 overwrites happened in between.
-
-A state dict or checkpoint carries its buffer's tag, and a restore takes it over, so
-keys sampled before a save are recognised after a restore (and found stale by the
-generation, whose epoch a checkpoint restore raises).
+``shard`` is the owning rank, ``tag`` the buffer's key tag (1 .. 16,383; a key of another
+tag is refused), ``place`` the window start's flat slot and ``generation`` the slot's write
+count plus the buffer's key epoch (an overwritten slot's key is stale). docs/semantics.md
+("Keys" and the points after it) gives the rules; the codec lives in
+:mod:`shardreplay.kernels.keys`.
 """
 
 from __future__ import annotations

@@ -13,10 +13,9 @@ import shardreplay.spec.validation as validation
 from shardreplay.errors import ConfigError
 from shardreplay.spec.fields import RESERVED_FIELDS, Field
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
-from shardreplay.spec.names import flatten, unflatten
-from shardreplay.spec.validation import PackedSteps, ValidatedSteps
+from shardreplay.spec.validation import PackedSteps, ValidatedSteps, flatten
 
-__all__ = ["DISCOUNT_DTYPE", "STEP_TYPE_DTYPE", "Spec", "ValidatedSteps", "flatten", "unflatten"]
+__all__ = ["DISCOUNT_DTYPE", "STEP_TYPE_DTYPE", "Spec", "ValidatedSteps", "flatten"]
 
 
 def _as_field(name: str, value: Any) -> Field:

@@ -25,14 +25,13 @@ from shardreplay.kernels.reference import validate as twins
 from shardreplay.spec.coerce import STEP_TYPE_RULE, as_stored, to_numpy
 from shardreplay.spec.fields import Field
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE, RecordLayout
-from shardreplay.spec.names import flatten
 
 if TYPE_CHECKING:
     from shardreplay.kernels import validate as kernels
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     kernels = lazy("shardreplay.kernels.validate")
 
-__all__ = ["PackedSteps", "ValidatedSteps", "check_step_values", "packed_steps", "validate",
+__all__ = ["PackedSteps", "ValidatedSteps", "check_step_values", "flatten", "packed_steps", "validate",
            "validated", "validated_packed"]
 
 
@@ -59,6 +58,23 @@ _EXPONENT_MASKS: dict[np.dtype, tuple[np.dtype, np.unsignedinteger]] = {
     np.dtype(np.float64): (np.dtype(np.uint64), np.uint64(codes.F64_EXPONENT))}
 _FINITE_KINDS = {np.dtype(np.float32): codes.FINITE_F32, np.dtype(np.float64): codes.FINITE_F64}
 _ONES: dict[tuple[int, ...], np.ndarray] = {}
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as ``{"a.b": leaf}`` (the dotted field names); leaves are anything else.
+
+    Raises:
+        ConfigError: a key that is not a non-empty string.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"field names must be non-empty strings, got {key!r}")
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
 
 
 # -- dict steps ---------------------------------------------------------------------------

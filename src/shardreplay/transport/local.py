@@ -1,21 +1,50 @@
 """``local`` transport: a bounded shared-memory ring between processes of one machine.
 
-Every encoded chunk is one record of a :class:`~shardreplay.transport.shm_ring.ShmRing`.
-A writer waits while the ring lacks room, checks its chunk's structure, then encodes it
-straight into the ring (:meth:`ShmRing.put_with`), where the values of exact-dtype steps
-are checked in one compiled pass before the record is published. The reader copies a
-batch of records out and decodes them outside the ring's lock, or with
-``receive(borrow=True)`` decodes them in place. Only raw bytes travel; a process killed
-at any point does not wedge the others. Ring and lock come from the ``spawn`` context,
-so a :class:`LocalTransport` can be a ``Process`` argument. Not durable: ``ack`` only
-counts.
+Every encoded chunk is one record of a :class:`ShmRing`. A writer waits while the ring
+lacks room, checks its chunk's structure, then encodes it straight into the ring
+(:meth:`ShmRing.put_with`), where the values of exact-dtype steps are checked in one
+compiled pass before the record is published. The reader copies a batch of records out
+and decodes them outside the ring's lock, or with ``receive(borrow=True)`` decodes them
+in place. Only raw bytes travel. Ring and locks come from the ``spawn`` context, so a
+:class:`LocalTransport` can be a ``Process`` argument. Not durable: ``ack`` only counts.
+
+**The ring** survives processes killed at any point. Records are ``[uint64 length][bytes]``
+in one ``RawArray``; two absolute counters, ``head`` (next write) and ``tail`` (next
+read), sit in a shared meta array (``used = head - tail``) and change only under one
+``multiprocessing.Lock``; readers take turns under a second one. Killed processes
+(SIGKILL, OOM) must not wedge the others, so:
+- A writer copies its record first and moves ``head`` last (one int64 store): a writer
+  killed mid-copy leaves nothing visible. A reader reads ``head``, copies the records
+  between ``tail`` and that ``head`` (writers only write beyond ``head`` and never past
+  ``tail``, so nobody else touches them), then moves ``tail``: a reader killed mid-copy
+  leaves the records for the next one (so does a reader killed while it lends records
+  in place, ``take(borrow=True)``: it moves ``tail`` only when it gives them back).
+  On x86-64 the reader does this without the ring lock (see ``_ORDERED_STORES``),
+  elsewhere it reads and moves under it.
+- Each lock's holder pid is kept in the meta array. A process that cannot get a lock
+  for ``_STUCK_S`` checks whether the holder still lives (``/proc``; zombies count as
+  dead) and, if not, releases the lock in its place (under a third lock, reading the
+  holder inside it, so two repairers cannot both release).
+- No ``multiprocessing.Condition``: its ``notify`` waits for every sleeper to
+  acknowledge, which hangs forever once a sleeper is killed. The reader sleeps on a
+  semaphore that a writer releases when it makes the ring non-empty (a hint: the reader
+  drains stale releases before it checks, so no wake-up is lost and counts stay small);
+  writers waiting for room poll with backoff.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import multiprocessing as mp
+import os
+import platform
+import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
 
 from shardreplay.errors import ConfigError, TransportTimeout
 from shardreplay.spec import Spec
@@ -27,11 +56,10 @@ from shardreplay.transport.base import (
     IntakeReader,
 )
 from shardreplay.transport.codec import Chunk, Encoding
-from shardreplay.transport.shm_ring import ShmRing
 
-__all__ = ["LocalReader", "LocalTransport", "LocalWriter"]
+__all__ = ["LocalReader", "LocalTransport", "LocalWriter", "ShmRing"]
 
-_LEN_SIZE = 8  # each record in the ring carries a uint64 length
+logger = logging.getLogger("shardreplay.transport")
 # A receive takes about this many bytes at most, so the batch copied out of the ring
 # stays in cache while it is decoded and stored.
 _BATCH_BYTES = 1 << 20
@@ -107,7 +135,7 @@ class LocalWriter:
             TransportTimeout: the ring stayed full for ``timeout_s``.
         """
         enc = Encoding(chunk, self._spec)  # structure checked here, outside the ring lock
-        if enc.nbytes + _LEN_SIZE > self._ring.capacity:
+        if enc.nbytes + _LEN.size > self._ring.capacity:
             raise ConfigError(f"a chunk of {enc.nbytes} bytes never fits the local ring of "
                               f"{self._ring.capacity} bytes: raise capacity_bytes or send smaller chunks")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -143,3 +171,263 @@ class LocalReader(IntakeReader):
     def close(self) -> None:
         """Give back borrowed chunks' room (see :meth:`receive`)."""
         self._ring.give_back()
+
+
+# -- the ring ---------------------------------------------------------------------------
+
+_LEN = struct.Struct("<Q")
+_HEAD, _TAIL, _HOLDER, _READER = 0, 1, 2, 3  # _HOLDER: of the lock; _READER: of the read lock
+_STUCK_S = 0.5
+# On x86-64 (total store order: stores become visible in program order, and loads are not
+# reordered with later stores) the reader needs no ring lock: a writer stores ``head``
+# after its record's bytes, so a record below a ``head`` the reader loaded is complete;
+# the reader stores ``tail`` after copying, so no writer reuses bytes still being read;
+# ``head`` only grows and only readers (under the read lock) move ``tail``, so stale values
+# mean fewer records or less room, never wrong ones. An empty ring is re-read under the
+# lock before the reader sleeps, so a writer either sees it empty (and wakes the reader)
+# or the reader sees the writer's record. Other machines take the lock for both. Why not
+# take it everywhere: writers encode a whole chunk under it, so a reader that takes it
+# queues behind every encode (benchmarks/transport/bench_fastpaths.py measures both readers;
+# figures in benchmarks/transport/RESULTS-transport.md).
+_ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: fall back to a signal probe
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+class ShmRing:
+    """Byte records in shared memory, for any number of writer and reader processes.
+
+    Args:
+        capacity: bytes of the ring; a record needs ``8 + len(data)``.
+        ctx: a multiprocessing context (``spawn`` works; so do the others).
+    """
+
+    def __init__(self, capacity: int, ctx: Any) -> None:
+        self.capacity = capacity
+        self._raw = ctx.RawArray("B", capacity)
+        self._meta = ctx.RawArray("q", 4)
+        self._lock = ctx.Lock()
+        self._read_lock = ctx.Lock()
+        self._repairing = ctx.Lock()
+        self._items = ctx.Semaphore(0)
+        self._view: np.ndarray | None = None
+        self._lent: int | None = None  # end of the records lent by take(borrow=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_view"] = None  # numpy views are rebuilt in the receiving process
+        state["_lent"] = None  # a loan is the lending process's own
+        return state
+
+    @property
+    def _buf(self) -> np.ndarray:
+        if self._view is None:
+            self._view = np.frombuffer(self._raw, dtype=np.uint8)
+        return self._view
+
+    def _acquire(self, lock: Any = None, slot: int = _HOLDER) -> None:
+        lock = self._lock if lock is None else lock
+        while not lock.acquire(timeout=_STUCK_S):
+            self._repair(lock, slot)
+        self._meta[slot] = os.getpid()
+
+    def _repair(self, lock: Any, slot: int) -> None:
+        """Release the lock of a dead holder; one repairer at a time, holder read inside."""
+        if not self._repairing.acquire(timeout=_STUCK_S):
+            return
+        try:
+            holder = self._meta[slot]
+            if holder and not _is_alive(holder):
+                logger.warning("local ring: process %d died holding a ring lock; released it", holder)
+                self._meta[slot] = 0
+                with contextlib.suppress(ValueError):  # "released too many times": nothing to do
+                    lock.release()
+        finally:
+            self._repairing.release()
+
+    def _release(self, lock: Any = None, slot: int = _HOLDER) -> None:
+        self._meta[slot] = 0
+        (self._lock if lock is None else lock).release()
+
+    def _head_tail(self) -> tuple[int, int]:
+        """``head`` and ``tail``, read under the ring lock."""
+        self._acquire()
+        try:
+            return self._meta[_HEAD], self._meta[_TAIL]
+        finally:
+            self._release()
+
+    def put(self, data: bytes, deadline: float | None) -> bool:
+        """Append one record, polling for room; False when ``deadline`` passed first."""
+        src = np.frombuffer(data, np.uint8)
+        return self.put_with(len(data), lambda dst: dst.__setitem__(slice(None), src), deadline)
+
+    def put_with(self, nbytes: int, fill: Callable[[np.ndarray], None], deadline: float | None) -> bool:
+        """Append a record of ``nbytes`` that ``fill`` writes into the ring's own memory
+        (a uint8 view; a scratch array when the record wraps around the ring's end), so an
+        encoder writes once instead of into bytes that are copied again. ``fill`` runs
+        under the ring lock; the record becomes visible only after it returned.
+
+        Returns:
+            False when ``deadline`` passed before there was room.
+        """
+        need = _LEN.size + nbytes
+        pause = 0.0002
+        while True:
+            self._acquire()
+            try:
+                head, tail = self._meta[_HEAD], self._meta[_TAIL]
+                if self.capacity - (head - tail) >= need:
+                    buf, at = self._buf, head % self.capacity
+                    if at + _LEN.size <= self.capacity:
+                        _LEN.pack_into(buf.data, at, nbytes)
+                    else:
+                        self._write(head, _LEN.pack(nbytes))
+                    start = (head + _LEN.size) % self.capacity
+                    if start + nbytes <= self.capacity:
+                        fill(buf[start:start + nbytes])
+                    else:
+                        scratch = np.empty(nbytes, np.uint8)
+                        fill(scratch)
+                        self._write(head + _LEN.size, scratch)
+                    self._meta[_HEAD] = head + need  # last: a writer killed before leaves nothing
+                    if head == tail:
+                        self._items.release()  # the ring was empty: the reader may sleep
+                    return True
+            finally:
+                self._release()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, 0.005)
+
+    def take(self, max_records: int, deadline: float, max_bytes: int | None = None, *,
+             borrow: bool = False) -> list[memoryview]:
+        """Pop up to ``max_records`` records, waiting until ``deadline`` for the first;
+        with ``max_bytes``, no more records once those taken reach that many bytes (one at least).
+
+        Args:
+            borrow: lend the records in place instead of copying them out: they stay in
+                the ring, and writers cannot reuse their bytes, until :meth:`give_back`
+                or the next ``take`` by this process (which gives back first). This
+                process keeps the read lock meanwhile, so other readers wait.
+
+        Returns:
+            Read-only views of the records: into one fresh ``bytes`` object (one copy for
+            the whole batch; keep any of them and that copy stays alive), or, borrowed,
+            into the ring (a record that wraps around the ring's end is copied).
+        """
+        self.give_back()
+        while True:
+            self._acquire(self._read_lock, _READER)
+            lent = False
+            try:
+                while self._items.acquire(False):  # drop stale hints before looking
+                    pass
+                out = self._take_turn(max_records, max_bytes, borrow)
+                lent = self._lent is not None
+            finally:
+                if not lent:
+                    self._release(self._read_lock, _READER)
+            left = deadline - time.monotonic()
+            if out or left <= 0:
+                return out
+            self._items.acquire(timeout=min(left, 0.1))
+
+    def backlog(self) -> tuple[int, int]:
+        """Records waiting and their bytes (without the length words), read under the
+        read lock (already held by this process while it lends records) and the ring lock."""
+        lent = self._lent is not None
+        if not lent:
+            self._acquire(self._read_lock, _READER)
+        try:
+            head, tail = self._head_tail()
+            records, nbytes, pos = 0, 0, tail
+            while head > pos:  # nobody moves tail or overwrites these bytes: read lock held
+                (n,) = _LEN.unpack(self._read(pos, _LEN.size))
+                records, nbytes, pos = records + 1, nbytes + n, pos + _LEN.size + n
+            return records, nbytes
+        finally:
+            if not lent:
+                self._release(self._read_lock, _READER)
+
+    def give_back(self) -> None:
+        """End the loan of the last ``take(borrow=True)``: writers may now reuse those
+        records' bytes (views of them then show whatever is written next)."""
+        if self._lent is None:
+            return
+        self._move_tail(self._lent)
+        self._lent = None
+        self._release(self._read_lock, _READER)
+
+    def _move_tail(self, pos: int) -> None:
+        if _ORDERED_STORES:
+            self._meta[_TAIL] = pos  # after the copy: loads are not reordered with later stores
+        else:
+            self._acquire()
+            try:
+                self._meta[_TAIL] = pos
+            finally:
+                self._release()
+
+    def _take_turn(self, max_records: int, max_bytes: int | None, borrow: bool) -> list[memoryview]:
+        """Copy records out between ``tail`` and ``head`` (read lock held), then move
+        ``tail``; or, with ``borrow``, lend them in place and note where ``tail`` goes."""
+        if _ORDERED_STORES:
+            head, tail = self._meta[_HEAD], self._meta[_TAIL]  # no ring lock: see _ORDERED_STORES
+            if head == tail:  # empty: look again under the lock before the caller sleeps
+                head, _tail = self._head_tail()
+        else:
+            head, tail = self._head_tail()
+        spans: list[tuple[int, int]] = []  # (offset from tail, length) of each record
+        pos = tail
+        stop = tail + (max_bytes if max_bytes is not None else head)
+        buf, capacity = self._buf, self.capacity
+        while len(spans) < max_records and head > pos and (pos < stop or not spans):
+            at = pos % capacity
+            # The length in place when it does not wrap (no bytes object per record).
+            wraps = at + _LEN.size > capacity
+            (n,) = _LEN.unpack(self._read(pos, _LEN.size)) if wraps else _LEN.unpack_from(buf.data, at)
+            spans.append((pos + _LEN.size - tail, n))
+            pos += _LEN.size + n
+        if not spans:
+            return []
+        if borrow:
+            self._lent = pos
+            ring = self._buf.data.toreadonly()
+            return [ring[start:start + n] if (start := (tail + at) % capacity) + n <= capacity
+                    else memoryview(self._read(tail + at, n)) for at, n in spans]
+        blob = memoryview(self._read(tail, pos - tail))
+        self._move_tail(pos)
+        return [blob[at:at + n] for at, n in spans]
+
+    def _write(self, pos: int, data: bytes | np.ndarray) -> None:
+        start = pos % self.capacity
+        first = min(len(data), self.capacity - start)
+        src = np.frombuffer(data, dtype=np.uint8)
+        self._buf[start:start + first] = src[:first]
+        if first < len(data):
+            self._buf[:len(data) - first] = src[first:]
+
+    def _read(self, pos: int, n: int) -> bytes:
+        start = pos % self.capacity
+        if start + n <= self.capacity:
+            return self._buf[start:start + n].tobytes()
+        first = self.capacity - start
+        return self._buf[start:].tobytes() + self._buf[:n - first].tobytes()
