@@ -117,7 +117,7 @@ class ReplayBuffer:
     @property
     def sampler_name(self) -> str:
         """``"uniform"``, ``"prioritized"`` or ``"fifo"``."""
-        return self._shard._sampler.name
+        return self._shard.sampler_name
 
     def __len__(self) -> int:
         """Valid window starts (for fifo: windows not yet drained)."""

@@ -26,7 +26,6 @@ from shardreplay.buffer.state import export_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
 from shardreplay.kernels import reference
 from shardreplay.kernels.lazy import lazy
-from shardreplay.kernels.reference import storage as twins
 from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler, UniformSampler
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
@@ -227,7 +226,8 @@ class Shard:
         if stream_ids is None:
             rows = storage.all_rows
         elif (type(stream_ids) is np.ndarray and stream_ids.dtype == np.int64 and stream_ids.ndim == 1
-              and _rows_distinct(stream_ids, storage.num_streams, storage.row_marks)):
+              and not reference.numpy_first()  # numba not loaded: check_stream_ids checks
+              and storage_kernels.rows_distinct_in_range(stream_ids, storage.num_streams, storage.row_marks)):
             rows = stream_ids  # the usual case, checked in one compiled pass
         else:
             rows = check_stream_ids(stream_ids, storage.num_streams)  # converts, or raises why
@@ -488,9 +488,3 @@ def _one_step_of(chunk: dict[str, Any], t_len: int) -> dict[str, Any]:
     if t_len != 1:
         return {}
     return {k: v[:, 0] if type(v) is np.ndarray and v.ndim >= 2 else v for k, v in chunk.items()}
-
-
-def _rows_distinct(rows: np.ndarray, num_streams: int, marks: np.ndarray) -> bool:
-    """Every row in ``[0, num_streams)`` and none twice (numpy in a process's first writes)."""
-    run = twins if reference.numpy_first() else storage_kernels
-    return bool(run.rows_distinct_in_range(rows, num_streams, marks))

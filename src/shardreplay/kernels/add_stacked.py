@@ -2,9 +2,8 @@
 
 ``kernels/add_step.py`` checks and writes the plain fields; a frame-stacked field also
 needs its stacks checked against the stored ones, the ring grown when full, and the new
-frames appended (``kernels/frames.py``). Done as three compiled calls with Python between
-them (and reference counting in two), that cost a warm pixel add more than SB3's two
-28 KiB copies; here the four steps are one call without numba's reference counting:
+frames appended (``kernels/frames.py``'s rules for one step). The four steps are one call,
+without numba's reference counting:
 
 1. :func:`~shardreplay.kernels.add_step.add_step` in check-only mode (shapes, finiteness,
    step types, discounts of the plain fields),
@@ -152,15 +151,13 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, ste
     return delta
 
 
-# The entry point, whatever the number of plain fields: an entry per arity saved only
-# the tuple ``*values`` makes (RESULTS-inputs.md, "Pixels without spikes").
+# The one entry point, whatever the number of plain fields (RESULTS-inputs.md, "Pixels
+# without spikes": an entry per arity saved only the tuple ``*values`` makes).
 @numba.njit(**_OPTIONS)
 def add_stacked_n(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
                   *values):  # pragma: no cover - compiled
     """:func:`add_stacked` with any number (>= 1) of plain fields."""
     return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, values)
-
-
 
 
 def fstate_of(stream_capacity: int, frame_bytes: int, stack_shape: tuple[int, ...]) -> np.ndarray:

@@ -198,16 +198,11 @@ class StreamStorage:
                                              for name, store in self.stacked.items())] if self.stacked else ()
         # A process's first writes run numpy twins of the kernels (no numba to load).
         run = twins if reference.numpy_first(spend=True) else kernels
-        if priorities is None:
-            n_out, delta = run.write_steps(
-                self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,
-                self.counters, rows, types, _NO_PRIORITIES, False, default_priority,
-                self.stream_capacity, self.window, out_slots, out_flags)
-        else:
-            n_out, delta = run.write_steps(
-                self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos,
-                self.counters, rows, types, priorities.reshape(n_rows, t_len), True,
-                default_priority, self.stream_capacity, self.window, out_slots, out_flags)
+        prios = _NO_PRIORITIES if priorities is None else priorities.reshape(n_rows, t_len)
+        n_out, delta = run.write_steps(
+            self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos, self.counters,
+            rows, types, prios, priorities is not None, default_priority, self.stream_capacity, self.window,
+            out_slots, out_flags)
         # The user's fields are written after the bookkeeping: the spec was checked
         # before, so nothing below can fail half-way.
         flat = out_slots[0, :n_rows * t_len]
@@ -220,16 +215,12 @@ class StreamStorage:
         if before is not None:
             delta -= sequences.after_write(self, before, out_slots[0, :n_rows * t_len].reshape(n_rows, t_len),
                                            out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out])
-        if self.starts:
-            self._write_starts(steps, rows, out_slots[0, :n_rows * t_len].reshape(n_rows, t_len))
+        if self.starts:  # their episode offsets are set already
+            written = out_slots[0, :n_rows * t_len].reshape(n_rows, t_len)
+            self.start_rows.write(steps, rows, written, self.is_start(written))
         self.num_valid += delta
         # Views of scratch arrays: valid until the next write (the sampler uses them at once).
         return out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out]
-
-    def _write_starts(self, steps: Mapping[str, np.ndarray], rows: np.ndarray, written: np.ndarray) -> None:
-        """Keep the ``at_starts`` fields of the start steps among the ``written`` slots
-        ``[n, T]`` (their episode offsets are set already)."""
-        self.start_rows.write(steps, rows, written, self.is_start(written))
 
     def is_start(self, slots: np.ndarray) -> np.ndarray:
         """Whether each stored step at ``slots`` can start a window by its episode offset
@@ -459,16 +450,6 @@ class StreamStorage:
         self.counters[:] = 0
         self.num_valid = 0
 
-    def load_stacks(self, slots: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
-        """Store the stacks ``values[name]`` of frame-stacked fields for the stored steps at
-        ``slots`` (in (row, time) order, ``lengths`` steps per row), forgetting every frame."""
-        row_start = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-        for name, store in self.stacked.items():
-            store.clear()
-            for r in range(lengths.shape[0]):
-                a, b = row_start[r], row_start[r + 1]
-                store.load_row(r, slots[a:b], values[name][a:b], -1)
-
     def finish_restore(self, pos: np.ndarray, next_episode_id: int,
                        starts: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         """After arrays were filled directly (checkpoint load): set positions, keep the
@@ -511,30 +492,28 @@ class StreamStorage:
             self.num_valid -= sequences.off_grid(self)
 
     def import_steps(self, steps: Mapping[str, np.ndarray]) -> None:
-        """Inverse of :meth:`export_steps` (arrays already checked by the caller)."""
+        """Inverse of :meth:`export_steps` (arrays already checked by the caller).
+
+        Raises:
+            ShardReplayError: an ``at_starts`` field has another number of rows than there
+                are start steps.
+        """
         self.clear()
         self.pos[:] = steps["row_pos"]
         slots, lengths = self.stored_slots()
         for name, arr in self.fields.items():
             arr[slots] = steps[f"field.{name}"]
-        self.load_stacks(slots, lengths, {name: steps[f"field.{name}"] for name in self.stacked})
+        row_start = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        for name, store in self.stacked.items():  # row by row, in time order
+            for r in range(lengths.shape[0]):
+                a, b = row_start[r], row_start[r + 1]
+                store.load_row(r, slots[a:b], steps[f"field.{name}"][a:b], -1)
         for name in self.step_arrays:
             getattr(self, name)[slots] = steps[name]
-        self.load_starts(slots, lengths, {name: steps[f"field.{name}"] for name in self.starts})
+        if self.starts:  # after the episode offsets, which say the start steps
+            self.start_rows.load(slots, lengths, self.is_start(slots),
+                                 {name: np.asarray(steps[f"field.{name}"]) for name in self.starts})
         self._recompute_validity()
-
-    def load_starts(self, slots: np.ndarray, lengths: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
-        """Store the start rows ``values[name]`` of ``at_starts`` fields for the stored steps
-        at ``slots`` (in (row, time) order, ``lengths`` steps per row; their episode offsets
-        already set), forgetting every start row.
-
-        Raises:
-            ShardReplayError: a field has another number of rows than there are start steps.
-        """
-        if not self.starts:
-            return
-        self.start_rows.load(slots, lengths, self.is_start(slots), {name: np.asarray(values[name])
-                                                                    for name in self.starts})
 
 
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)

@@ -1,19 +1,14 @@
 """Plain-numpy twins of the compiled kernels, one module per kernel module.
 
-Each twin gives exactly what its compiled kernel gives (the same arrays, in place, and
-the same results), vectorised over steps and rows rather than with the kernel's speed
-tricks (increment-and-wrap slots, raw copies). They serve twice: the differential tests
-in tests/kernels/ compare each kernel with its twin, and a process's first writes run
-the twins of the write kernels while numba is not loaded yet.
-
-Importing numba and its one-time set-up on the first compiled call cost about half a
-second: a process that writes a few steps (a script, a test, an actor's first chunk) would
-pay it all on its first write. The first :data:`NUMPY_WRITES` writes of a process run the
-twins instead; after that budget the compiled kernels load (kernels/lazy.py) and serve
-every call, as they do in any process that imported numba already. Checks
-(``validate.values_ok``, ``steps_ok``, ``max_masked``) do not spend that budget: a
-process that only checks, such as an actor checking each chunk it sends, never loads
-numba (benchmarks/startup/RESULTS-actor.md).
+Each twin gives exactly what its kernel gives (the same arrays, in place, and the same
+results), vectorised over steps and rows rather than with the kernel's speed tricks. The
+differential tests in tests/kernels/ compare each kernel with its twin, and a process's
+first :data:`NUMPY_WRITES` writes run the twins of the write kernels: importing numba and
+its set-up on the first compiled call cost about half a second, which a script, a test or
+an actor's first chunk would otherwise pay on its first write. After that budget the
+compiled kernels load (kernels/lazy.py). Checks (``validate.values_ok``, ``steps_ok``) do
+not spend the budget: a process that only checks, such as an actor checking each chunk it
+sends, never loads numba (benchmarks/startup/RESULTS-actor.md).
 """
 
 from __future__ import annotations

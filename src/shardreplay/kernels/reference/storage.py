@@ -108,13 +108,6 @@ def scatter_fields(pairs: tuple[tuple[np.ndarray, np.ndarray], ...], slots: np.n
         dst[slots] = value.reshape(-1).view(np.uint8).reshape(n, dst.shape[1])
 
 
-def rows_distinct_in_range(rows: np.ndarray, num_streams: int, marks: np.ndarray | None = None) -> bool:
-    """``kernels.storage.rows_distinct_in_range``: some rows, all in range, none repeated
-    (``marks`` is left untouched)."""
-    n = rows.shape[0]
-    return bool(n > 0 and rows.min() >= 0 and rows.max() < num_streams and np.unique(rows).shape[0] == n)
-
-
 def window_indices(starts, step_type, generation, cap, window, epoch, tag):
     """``(idx [B, L], mask [B, L], keys [B])`` of valid starts (kernels/windows.py's walk):
     positions after a LAST inside the window repeat the LAST's slot and are masked."""
