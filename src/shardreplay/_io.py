@@ -67,21 +67,15 @@ def temp_name(path: Path) -> Path:
 
 @contextlib.contextmanager
 def atomic_writer(path: Path, *, fsync: bool = True, tmp_dir: Path | None = None) -> Iterator[BinaryIO]:
-    """Open a temporary file; on success fsync it, rename it to ``path`` and fsync
-    ``path``'s directory: readers of ``path`` see the old file or all of the new one.
-    The project's one atomic write: every file written whole goes through here.
-
-    Args:
-        path: the destination.
-        fsync: flush file and directory to disk (off only for data a machine crash
-            may lose: throw-away spools, run notes rewritten at each start).
-        tmp_dir: where the temporary file goes (same file system as ``path``; readers
-            there must skip ``.*`` / ``*.tmp`` names); default ``path``'s directory.
+    """The project's one atomic write: a temporary file (in ``tmp_dir``, default ``path``'s
+    directory; readers there skip ``.*`` / ``*.tmp``), on success fsynced (``fsync=False``
+    only for data a machine crash may lose), renamed to ``path``, its directory fsynced:
+    readers of ``path`` see the old file or all of the new one.
 
     Raises:
-        OSError: the write or rename failed (it names ``path``); the temporary file
-            is removed (its space is free again) and ``path`` is untouched. Callers
-            turn a refused write into :class:`StorageError` with :func:`storage_error`.
+        OSError: the write or rename failed (it names ``path``); the temporary file is
+            removed and ``path`` is untouched (:func:`storage_error` makes it a
+            :class:`StorageError`).
     """
     path = Path(path)
     tmp = temp_name(path) if tmp_dir is None else Path(tmp_dir) / temp_name(path).name

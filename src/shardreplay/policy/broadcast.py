@@ -105,17 +105,10 @@ def run_id_of(meta: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class RunInfo:
-    """What a training run publishes with its policy (:data:`RUN_KEY`).
-
-    Attributes:
-        run_id: the run (names its channels on the medium).
-        life: the learner life that published it.
-        env_steps: the run's environment steps at publishing (warm-up, seeds).
-        seed: the run's base seed.
-        transport: the learners' transport URL.
-        settings: the settings actors must share with the learners
-            (``shardreplay.runtime.actor.settings.AGREED``).
-    """
+    """What a training run publishes with its policy (:data:`RUN_KEY`): the run id (it
+    names its channels), the publishing learner life, the run's environment steps then,
+    its base seed, the learners' transport URL and the settings actors must share with
+    the learners (``shardreplay.runtime.actor.settings.AGREED``)."""
 
     run_id: str
     life: int
@@ -334,8 +327,8 @@ class VersionedPublisher:
 
 
 class PollingSubscriber:
-    """What the subscribers share: their settings and state, the check interval, and
-    taking checked weights (a copy that fails is not read again until the next publish).
+    """What the subscribers share: settings, state, the check interval, and taking checked
+    weights (a copy that fails is not read again until the next publish).
 
     Raises:
         ConfigError: a negative interval.

@@ -111,16 +111,10 @@ class Spec:
 
     # -- validation (the route is shardreplay.spec.validation) ----------------------------
     def validate(self, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-        """Check a write and return its arrays cast to the stored dtypes.
-
-        Args:
-            step: every user field plus ``"step_type"`` and optionally ``"discount"``,
-                nested or dotted, each an array of shape ``lead_shape + field.shape``.
-            lead_shape: ``(S,)`` for :meth:`ReplayBuffer.add`, ``(S, T)`` for ``extend``.
-
-        Returns:
-            Flat dict with every user field, ``step_type`` (uint8) and ``discount``
-            (float32, 1.0 where not given).
+        """Check a write (every user field plus ``"step_type"`` and optionally
+        ``"discount"``, nested or dotted, each shaped ``lead_shape + field.shape``;
+        ``lead_shape`` ``(S,)`` for ``add``, ``(S, T)`` for ``extend``) and return its
+        arrays cast to the stored dtypes, flat, ``discount`` 1.0 where not given.
 
         Raises:
             SpecMismatchError: a missing or unknown field, wrong shape, unsafe dtype,
@@ -130,10 +124,8 @@ class Spec:
         return validation.validate(self, step, lead_shape)
 
     def validated(self, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> ValidatedSteps:
-        """:meth:`validate`, sealed: read-only arrays that this spec accepts again unchecked.
-
-        The chunk decoder uses it so that a chunk is checked once on its way from the
-        wire into a buffer (``ReplayBuffer.extend`` does not check it again).
+        """:meth:`validate`, sealed: read-only arrays that this spec accepts again unchecked
+        (a decoded chunk is checked once on its way into a buffer).
 
         Raises:
             SpecMismatchError: as :meth:`validate`.

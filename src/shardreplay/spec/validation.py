@@ -1,14 +1,10 @@
-"""The one validation route for steps entering shardreplay.
-
-Every entry point checks steps here: dict writes (:meth:`Spec.validate`, and through it
-``ReplayBuffer.add``/``extend``, the gym writer and the chunk encoder), steps packed in
-bytes (the chunk decoder, and the encoder's check of what it wrote), a buffer's state
-dict and a checkpoint's parts (:func:`check_step_values`). The value rule itself (step
-types in {0, 1, 2}, discounts in [0, 1], no NaN/inf in finite float fields) is the
-compiled one of :mod:`shardreplay.kernels.validate`.
-
-Steps checked once may be sealed as :class:`ValidatedSteps` (read-only arrays), which
-the same spec then accepts again without a second check.
+"""The one validation route for steps entering shardreplay: dict writes
+(:meth:`Spec.validate`: ``add``/``extend``, the gym writer, the chunk encoder), steps
+packed in bytes (the chunk decoder and encoder), state dicts and checkpoint parts
+(:func:`check_step_values`). The value rule (step types in {0, 1, 2}, discounts in [0, 1],
+no NaN/inf in finite float fields) is the compiled one of :mod:`shardreplay.kernels.validate`.
+Steps checked once may be sealed as :class:`ValidatedSteps`, which the same spec accepts
+again without a second check.
 """
 
 from __future__ import annotations
@@ -184,14 +180,9 @@ def _check_rule(types: np.ndarray, discount: np.ndarray, exc: type[Exception], w
 
 def check_step_values(step_type: np.ndarray, discount: np.ndarray, *, exc: type[Exception],
                       where: str) -> None:
-    """Check stored step types and discounts (a state dict's, a checkpoint part's)
-    against the step rule; nothing is changed.
-
-    Args:
-        step_type: integer step types, any shape.
-        discount: discounts (cast to float32, as stored), any shape.
-        exc: the error type to raise (ConfigError, CheckpointFormatError, ...).
-        where: what is checked, e.g. ``"state arrays: "``; starts the message.
+    """Check stored step types and discounts (a state dict's, a checkpoint part's, any
+    shape; discounts cast to float32) against the step rule, raising ``exc`` with a
+    message that starts with ``where`` (e.g. ``"state arrays: "``).
 
     Raises:
         exc: step types that are not integers or not in {0, 1, 2}, or discounts that
@@ -317,12 +308,9 @@ def _read_only(arr: np.ndarray) -> np.ndarray:
 
 
 class ValidatedSteps(Mapping[str, np.ndarray]):
-    """Steps that :meth:`Spec.validated` checked, as read-only arrays.
-
-    Only this module makes them. :meth:`Spec.validate` returns their arrays without
-    checking again when it is the same spec (or an equal one) and the same leading
-    shape. The arrays cannot be changed through these views; whoever owns the memory
-    under them must not change it either (the chunk decoder's input is immutable bytes).
+    """Steps that :meth:`Spec.validated` checked, as read-only arrays (only this module
+    makes them), which :meth:`Spec.validate` of an equal spec and leading shape returns
+    without checking again. Whoever owns the memory under them must not change it.
 
     Raises:
         TypeError: constructed directly.

@@ -433,11 +433,8 @@ def _make(exc: type[Exception], message: str, reason: str) -> Exception:
 
 
 def peek_identity(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
-    """``(actor_id, sequence)`` from a chunk's header without checking anything else.
-
-    Cheap (reads the header only); for logging and duplicate screening before a full
-    :func:`decode`. Returns None when the header cannot be read.
-    """
+    """``(actor_id, sequence)`` from a chunk's prefix without checking anything else (for
+    log lines about a chunk :func:`decode` refused); None when it cannot be read."""
     try:
         magic, version, *_, actor, sequence, _pv = _PREFIX.unpack_from(memoryview(data).cast("B"))
         if magic != MAGIC or version != FORMAT_VERSION:
@@ -451,9 +448,8 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     """Parse and fully validate a chunk against the learner's spec.
 
     Args:
-        data: the encoded chunk, or a packed one (:mod:`shardreplay.transport.codec`:
-            rebuilt first, and its rebuilt bytes then checked like any chunk). Decoded
-            arrays are read-only views into it (into the rebuilt bytes when packed).
+        data: the encoded chunk, or a packed one (rebuilt by :func:`unpack` first, then
+            checked like any chunk); decoded arrays are read-only views into the bytes.
         spec: the learner's spec; the chunk's fingerprint, dtypes and shapes must match.
         max_bytes: chunks longer than this are rejected before anything else.
 

@@ -200,12 +200,10 @@ def _unconsumed(r: Any, stream: str) -> int:
 class RedisWriter:
     """Actor end of a :class:`RedisTransport`.
 
-    Adds are pipelined: ``send`` writes ``XADD`` + ``XLEN`` to the connection and returns;
-    their replies are read by a later call, all at once when :attr:`MAX_IN_FLIGHT` adds are in
-    flight or the last known length plus the adds in flight reach ``max_len`` (reading
-    the replies of each add as they came cost a poll and two reads a chunk). A chunk is on the
-    wire when ``send`` returns; a lost connection re-sends, in order, every add whose
-    reply was not read (a copy that did land is dropped as a duplicate by the reader).
+    Adds are pipelined: ``send`` writes ``XADD`` + ``XLEN`` and returns; the replies are
+    read together by a later call, once :attr:`MAX_IN_FLIGHT` adds are in flight or the
+    last known length plus those reach ``max_len``. A lost connection re-sends, in order,
+    every add whose reply was not read (a copy that did land is dropped by the reader).
     """
 
     #: Adds a writer has in flight at most (their replies not read): an actor killed with
@@ -310,12 +308,8 @@ class RedisWriter:
             self._link.call(settle, what="XADD", deadline=deadline)
 
     def _wait_for_room(self, deadline: float | None, timeout_s: float | None) -> int:
-        """Free what every group has acknowledged until the stream is below ``max_len``;
-        a writer in line (see ``_credit``) first waits for a room token.
-
-        Returns:
-            The stream's length then.
-        """
+        """Free what every group has acknowledged until the stream is below ``max_len``
+        (a writer in line, see ``_credit``, first waits for a room token); its length then."""
         t, pause = self._t, 0.0005
         in_line = self._credit is not None and self._room.enabled
         while True:
@@ -343,8 +337,7 @@ class RedisWriter:
 
     def _look(self, deadline: float | None, in_line: bool) -> int:
         """Trim what is acknowledged and return the stream's length; ``in_line``: first
-        wait in ``BLPOP`` for a room token, ``_TOKEN_WAIT_S`` at most (less near the
-        deadline), in the same round trip."""
+        wait for a room token (``_TOKEN_WAIT_S`` at most), in the same round trip."""
         t = self._t
         n: int | None = None
         if in_line:
@@ -357,10 +350,8 @@ class RedisWriter:
         return n
 
     def close(self) -> None:
-        """Wait (up to ``socket_timeout_s``) for the chunks in flight, then close.
-
-        A chunk the server could not confirm by then is logged, not raised.
-        """
+        """Wait (up to ``socket_timeout_s``) for the chunks in flight, then close; one the
+        server could not confirm by then is logged, not raised."""
         try:
             self.flush(self._t.socket_timeout_s)
         except (TransportTimeout, TransportError) as exc:
@@ -454,9 +445,8 @@ class RedisReader(IntakeReader):
         return entries
 
     def _replies(self, pipe: Any, tokens: int) -> list[Any]:
-        """Run ``pipe``, whose commands after the first (an ``XACK``, if any) include
-        ``tokens`` room-token commands; their replies go to :class:`RoomTokens` (an ACL
-        refusal turns tokens off), any other error is raised as ``execute`` raises it."""
+        """Run ``pipe``, whose ``tokens`` commands after the first are room tokens (their
+        replies go to :class:`RoomTokens`); any other error is raised."""
         replies = pipe.execute(raise_on_error=False)
         if tokens:
             self._room.check(replies[1:1 + tokens])
@@ -468,10 +458,8 @@ class RedisReader(IntakeReader):
 
     def _delivering_call(self, fn: Callable[[redis.Redis], T], what: str, deadline: float) -> T:
         """:meth:`_group_call` of a command that moves entries into our pending list
-        (``XREADGROUP >``, ``XAUTOCLAIM``). Sent again after a lost reply, it may have
-        delivered entries we never saw: they wait there (XAUTOCLAIM would give them back
-        only after ``claim_idle_s``), so the next fetch re-reads our pending list; the
-        intake drops what we already hold."""
+        (``XREADGROUP >``, ``XAUTOCLAIM``): sent again after a lost reply, it may have
+        delivered entries we never saw, so the next fetch re-reads our pending list."""
         failed = self._link.failed_calls
         result = self._group_call(fn, what, deadline)
         if self._link.failed_calls != failed:

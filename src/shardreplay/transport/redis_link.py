@@ -230,12 +230,9 @@ class RoomTokens:
 
     def wait_then_trim(self, client: redis.Redis, timeout_s: float) -> int | None:
         """Block until a token comes or ``timeout_s`` passes (at least 1 ms: ``BLPOP 0``
-        would block for ever), then :func:`trim_acknowledged` exactly, in one round trip
-        (Redis runs the script once the ``BLPOP`` returns). None, without waiting, when
-        tokens are off (or the ACL just refused them).
-
-        Returns:
-            The stream's length after the trim, or None.
+        blocks for ever), then :func:`trim_acknowledged` exactly, in one round trip; the
+        stream's length after it, or None without waiting when tokens are off (or the ACL
+        just refused them).
 
         Raises:
             redis.ConnectionError / redis.TimeoutError: the connection failed.

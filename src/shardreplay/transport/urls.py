@@ -1,12 +1,9 @@
 """Medium URLs: the one parser of ``local``, ``file://`` and ``redis://`` URLs
-(:func:`parse_medium`), the one place that maps a URL to a transport
-(:func:`open_transport`: the transport's module, and redis, imported only then), and the
-options shardreplay itself reads from a URL's query (the rest of the query goes to
-redis-py as it is).
-
-``key``: the Redis hash a policy is published under (``redis://host/0?key=NAME``;
-default ``shardreplay:policy``). A run named with ``--run-id ID`` publishes under
-``shardreplay:ID:policy``, so a Redis user limited to ``shardreplay:ID:*`` reaches it.
+(:func:`parse_medium`), the one map from a URL to a transport (:func:`open_transport`,
+which imports the transport's module, and redis, only then), and the query options
+shardreplay reads itself (the rest goes to redis-py): ``key``, the Redis hash a policy is
+published under (default ``shardreplay:policy``; a run named ``--run-id ID`` uses
+``shardreplay:ID:policy``, within reach of a Redis user limited to ``shardreplay:ID:*``).
 """
 
 from __future__ import annotations
