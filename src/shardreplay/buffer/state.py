@@ -189,24 +189,26 @@ def _check_arrays(shard: ShardParts, arrays: Mapping[str, np.ndarray]) -> None:
     if not np.array_equal(np.asarray(arrays.get("row_length", ())), lengths):
         raise ConfigError("state arrays: row_length does not match row_pos and stream_capacity")
     n = int(lengths.sum())
-    expected = {f"field.{k}": (n, f.shape, f.dtype) for k, f in shard.spec.fields.items() if not f.at_starts}
-    expected.update({k: (n, (), dt) for k, dt in shard._storage.step_arrays.items()})
-    _check_shapes(arrays, expected)
-    # at_starts fields hold a row per start step only (storage/starts.py).
-    period = shard._storage.period
-    starts = n if period == 1 else int((np.asarray(arrays["episode_step"]) % period == 0).sum())
-    _check_shapes(arrays, {f"field.{k}": (starts, f.shape, f.dtype)
-                           for k, f in shard.spec.fields.items() if f.at_starts})
+    period, offsets = shard._storage.period, np.asarray(arrays.get("episode_step", ()))
+    starts = n if period == 1 or offsets.shape != (n,) else int((offsets % period == 0).sum())
+    for name, (dtype, shape) in expected_arrays(shard.spec, shard._storage.step_arrays, n, starts).items():
+        arr = arrays.get(name)
+        if arr is None or arr.shape != shape or arr.dtype != dtype:
+            got = None if arr is None else f"{arr.dtype}{list(arr.shape)}"
+            raise ConfigError(f"state array {name!r}: expected {dtype}{list(shape)}, got {got}")
     _check_step_values(arrays)
 
 
-def _check_shapes(arrays: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int, tuple[int, ...], Any]]
-                  ) -> None:
-    for name, (n, shape, dtype) in expected.items():
-        arr = arrays.get(name)
-        if arr is None or arr.shape != (n, *shape) or arr.dtype != dtype:
-            got = None if arr is None else f"{arr.dtype}{list(arr.shape)}"
-            raise ConfigError(f"state array {name!r}: expected {np.dtype(dtype)}{[n, *shape]}, got {got}")
+Shape = tuple[np.dtype, tuple[int, ...]]
+
+
+def expected_arrays(spec: Spec, step_arrays: Mapping[str, Any], steps: int, starts: int) -> dict[str, Shape]:
+    """The dtype and shape of every array of ``steps`` stored steps (a state's, a part's),
+    ``starts`` of them window starts: ``at_starts`` fields hold a row per start only."""
+    out: dict[str, Shape] = {k: (np.dtype(dt), (steps,)) for k, dt in step_arrays.items()}
+    out.update({f"field.{k}": (np.dtype(f.dtype), (starts if f.at_starts else steps, *f.shape))
+                for k, f in spec.fields.items()})
+    return out
 
 
 def _check_step_values(arrays: Mapping[str, np.ndarray]) -> None:

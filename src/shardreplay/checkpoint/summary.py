@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.buffer.shard import STEP_ARRAYS
+from shardreplay.buffer.state import expected_arrays
 from shardreplay.checkpoint.loading import _episode_table, start_mask
 from shardreplay.checkpoint.manifest import (
     check_complete,
@@ -133,15 +134,11 @@ def verify(directory: Path) -> dict[str, Any]:
 
 
 def _check_arrays(reader: AnyPartReader, spec: Spec, part: ManifestPart) -> None:
-    steps = part.steps
-    expected = {f"field.{n}": (f.dtype, (steps, *f.shape)) for n, f in spec.fields.items() if not f.at_starts}
+    steps = starts = part.steps
     if any(f.at_starts for f in spec.fields.values()):  # a row per saved start step only
         period = PartMeta.parse(reader.metadata.get("buffer_meta", "{}"), reader.path).period
         starts = int(start_mask(reader, period, steps).sum())
-        expected.update({f"field.{n}": (f.dtype, (starts, *f.shape)) for n, f in spec.fields.items()
-                         if f.at_starts})
-    expected.update({k: (np.dtype(dt), (steps,)) for k, dt in STEP_ARRAYS.items()})
-    for name, (dtype, shape) in expected.items():
+    for name, (dtype, shape) in expected_arrays(spec, STEP_ARRAYS, steps, starts).items():
         got = reader.entry(name)
         if got != (dtype, shape):
             raise CheckpointFormatError(f"{reader.path}: array {name!r} is {got[0]}{list(got[1])}, "
