@@ -8,14 +8,17 @@ process (CPU seconds: the machine is shared):
 * ``export``: ``shardreplay.offline.export_checkpoint`` (read the parts, reassemble the
   episodes, write), against ``minari.create_dataset_from_buffers`` writing the same
   episodes (already in memory: only its write is timed) with ``jpeg_encoding=False``;
-  both in Minari's default ``hdf5`` and in ``arrow``;
+  both in Minari's default ``hdf5`` and in ``arrow``; with 2 shards also ``jobs=2``
+  (a process per shard: CPU time of this process and its children);
 * ``import``: ``shardreplay.offline.prefill`` of the dataset into a fresh buffer,
   against Minari reading the same episodes (``iterate_episodes``) alone.
 
-Rates are steps/s and MB/s of step data (observation, action, reward: the bytes a user
-holds). ``ratio`` is Minari's CPU time over ours (>= 1: ours is as fast); bytes per step
-compare the dataset with the buffer's storage (a frame stack stored once per frame).
-One JSON line on stdout.
+Each case alternates ours and Minari's ``--rounds`` times (each round a fresh dataset)
+and reports the medians. Rates are steps/s and MB/s of step data (observation, action,
+reward: the bytes a user holds) per CPU-second, and per wall-second (``wall``: the
+neighbours' load counts there). ``ratio`` is Minari's time over ours (>= 1: ours is as
+fast); bytes per step compare the dataset with the buffer's storage (a frame stack
+stored once per frame). One JSON line on stdout.
 
 Usage::
 
@@ -26,7 +29,9 @@ Usage::
 from __future__ import annotations
 
 import os
+import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -94,7 +99,20 @@ def _checkpoint(root: Path, kind: str, steps: int, shards: int) -> list[Any]:
     return episodes
 
 
-def _case(tmp: Path, kind: str, steps: int, shards: int, fmt: str) -> dict[str, Any]:
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have ended."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _timed(fn: Any) -> tuple[float, float]:
+    """(CPU s with children, wall s) of ``fn()``."""
+    cpu, wall = _cpu(), time.perf_counter()
+    fn()
+    return _cpu() - cpu, time.perf_counter() - wall
+
+
+def _case(tmp: Path, kind: str, steps: int, shards: int, fmt: str, rounds: int) -> dict[str, Any]:
     import gymnasium as gym
     import minari
 
@@ -110,14 +128,29 @@ def _case(tmp: Path, kind: str, steps: int, shards: int, fmt: str) -> dict[str, 
     obs_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32) if kind == "vector" else \
         gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     spaces = {"observation_space": obs_space, "action_space": gym.spaces.Discrete(4)}
-    ours_id, theirs_id = f"sr/ours-{kind}-{shards}-{fmt}-v0", f"sr/theirs-{kind}-{shards}-{fmt}-v0"
-    with common.timed() as ours:
-        summary = export_checkpoint(root, ours_id, **spaces, data_format=fmt)
-    with common.timed() as theirs, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        minari.create_dataset_from_buffers(theirs_id, eps, **spaces, data_format=fmt, jpeg_encoding=False,
-                                           algorithm_name="bench", author="bench", author_email="bench",
-                                           code_permalink="bench", description="bench")
+    about = dict.fromkeys(["algorithm_name", "author", "author_email", "code_permalink", "description"],
+                          "bench")
+    times: dict[str, list[tuple[float, float]]] = {"ours": [], "jobs": [], "theirs": []}
+    summary: dict[str, Any] = {}
+    for r in range(rounds):
+        name = f"{kind}-{shards}-{fmt}-{r}-v0"
+        ours_id, theirs_id = f"sr/ours-{name}", f"sr/theirs-{name}"
+
+        def ours(dataset_id: str = ours_id, jobs: int = 1) -> None:
+            summary.update(export_checkpoint(root, dataset_id, **spaces, data_format=fmt, jobs=jobs))
+
+        def theirs(dataset_id: str = theirs_id) -> None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                minari.create_dataset_from_buffers(dataset_id, eps, **spaces, **about, data_format=fmt,
+                                                   jpeg_encoding=False)
+
+        times["ours"].append(_timed(ours))
+        times["theirs"].append(_timed(theirs))
+        if shards > 1:
+            times["jobs"].append(_timed(lambda name=name: ours(f"sr/jobs-{name}", shards)))
+    med = {k: (statistics.median(c for c, _w in v), statistics.median(w for _c, w in v))
+           for k, v in times.items() if v}
     n = summary["steps"] + summary["episodes"]  # stored steps (N + 1 observations)
     step_bytes = int(np.prod(obs_space.shape)) * obs_space.dtype.itemsize + 8 + 4
     mb = n * step_bytes / 1e6
@@ -129,28 +162,41 @@ def _case(tmp: Path, kind: str, steps: int, shards: int, fmt: str) -> dict[str, 
         for _ep in minari.load_dataset(theirs_id).iterate_episodes():
             pass
     buffer_bytes = (84 * 84 if kind == "pixel" else 16) + 8 + 4
-    return {"kind": kind, "shards": shards, "format": fmt, "steps": n,
-            "export_steps_per_s": round(n / ours.cpu_s), "export_mb_per_s": round(mb / ours.cpu_s, 1),
-            "minari_write_steps_per_s": round(n / theirs.cpu_s),
-            "export_ratio": round(theirs.cpu_s / ours.cpu_s, 2),
-            "import_steps_per_s": round(n / imp.cpu_s), "import_mb_per_s": round(mb / imp.cpu_s, 1),
-            "minari_read_steps_per_s": round(n / read.cpu_s),
-            "import_vs_read_ratio": round(read.cpu_s / imp.cpu_s, 2),
-            "dataset_bytes_per_step": round(summary["bytes"] / n, 1), "buffer_bytes_per_step": buffer_bytes}
+    (cpu, wall), (their_cpu, their_wall) = med["ours"], med["theirs"]
+    out = {"kind": kind, "shards": shards, "format": fmt, "steps": n, "rounds": rounds,
+           "export_steps_per_s": round(n / cpu), "export_mb_per_s": round(mb / cpu, 1),
+           "export_wall_steps_per_s": round(n / wall),
+           "minari_write_steps_per_s": round(n / their_cpu),
+           "minari_write_wall_steps_per_s": round(n / their_wall),
+           "export_ratio": round(their_cpu / cpu, 2), "export_wall_ratio": round(their_wall / wall, 2),
+           "import_steps_per_s": round(n / imp.cpu_s), "import_mb_per_s": round(mb / imp.cpu_s, 1),
+           "minari_read_steps_per_s": round(n / read.cpu_s),
+           "import_vs_read_ratio": round(read.cpu_s / imp.cpu_s, 2),
+           "dataset_bytes_per_step": round(summary["bytes"] / n, 1), "buffer_bytes_per_step": buffer_bytes}
+    if "jobs" in med:
+        jobs_cpu, jobs_wall = med["jobs"]
+        out.update(jobs_export_steps_per_s=round(n / jobs_cpu),
+                   jobs_export_wall_steps_per_s=round(n / jobs_wall),
+                   jobs_export_ratio=round(their_cpu / jobs_cpu, 2),
+                   jobs_export_wall_ratio=round(their_wall / jobs_wall, 2))
+    return out
 
 
 def main() -> None:
     """Run every case; print the JSON line."""
-    args = common.parser(__doc__, quick="a small smoke run").parse_args()
+    parser = common.parser(__doc__, quick="a small smoke run")
+    parser.add_argument("--rounds", type=int, default=3, help="alternated rounds per case (medians)")
+    args = parser.parse_args()
     vector, pixel = (1_000, 400) if args.quick else (40_000, 4_000)  # >= one episode a row
     cases = []
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        _case(Path(tmp) / "warmup", "vector", 400, 1, "hdf5")  # imports and compiled kernels: not timed
+        for fmt in ("hdf5", "arrow"):
+            _case(Path(tmp) / "warmup", "vector", 400, 2, fmt, 1)  # imports and compiled kernels: not timed
         for kind, steps in (("vector", vector), ("pixel", pixel)):
             for shards in (1, 2):
                 for fmt in ("hdf5", "arrow"):
-                    cases.append(_case(Path(tmp), kind, steps, shards, fmt))
+                    cases.append(_case(Path(tmp), kind, steps, shards, fmt, 1 if args.quick else args.rounds))
     common.emit_line({"bench": "offline", "cases": cases, "wall_s": round(time.time() - started, 1),
                       "loadavg": common.loadavg(), "cpus": common.cpus(), "commit": common.commit(),
                       "when": common.now()}, args.out)

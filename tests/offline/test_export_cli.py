@@ -51,7 +51,8 @@ def test_export_names_actor_and_stream_and_counts(tmp_path: Path, monkeypatch: p
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
     _run(tmp_path / "run")
-    assert main(["export", str(tmp_path / "run"), "--minari", "sr/cartpole-v0", "--partial", "drop"]) == 0
+    assert main(["export", str(tmp_path / "run"), "--minari", "sr/cartpole-v0", "--partial", "drop",
+                 "--jobs", "2"]) == 0  # a process per shard, each naming its rows' actor and stream
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["counts"]["dropped_episodes"] == 4  # each row's ring cut its oldest episode
     dataset = minari.load_dataset("sr/cartpole-v0")

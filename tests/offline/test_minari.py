@@ -1,7 +1,8 @@
 """Checkpoint -> Minari dataset -> replay: the steps come back bit for bit with their
 priorities; the prioritized draw after the import follows them (chi-square); M = 2
-saved shards import into N = 3; TorchRL's MinariExperienceReplay samples an export; a
-killed export leaves nothing under its id. Every dataset lives in a tmp
+saved shards import into N = 3; a parallel export (a process per shard) writes the
+serial one's dataset; TorchRL's MinariExperienceReplay samples an export; a killed or
+failed export leaves nothing under its id, and no process. Every dataset lives in a tmp
 MINARI_DATASETS_PATH."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ import pytest
 import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.distributed.runner import InlineRunner
-from shardreplay.errors import ConfigError
+from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.spec import StepType
 from tests.checkpoint.helpers import as_shard
 
@@ -166,20 +168,66 @@ def test_two_saved_shards_import_into_three(tmp_path: Path) -> None:
         assert np.ptp(s["row_length"]) <= 20
 
 
+def _episodes(dataset_id: str) -> list[dict[str, np.ndarray]]:
+    """Every episode of a dataset as Minari reads it, infos flattened (``info.*``)."""
+    out = []
+    for ep in minari.load_dataset(dataset_id).iterate_episodes():
+        names = ("observations", "actions", "rewards", "terminations", "truncations")
+        arrays = {k: np.asarray(getattr(ep, k)) for k in names}
+        out.append({**arrays, **{f"info.{k}": np.asarray(v) for k, v in ep.infos.items()}})
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
+def test_a_parallel_export_writes_the_serial_dataset_bit_for_bit(tmp_path: Path, fmt: str) -> None:
+    _save_run(tmp_path / "ck", num_shards=3)  # 3 shards, 2 processes: one waits for a free slot
+    serial = export_checkpoint(tmp_path / "ck", "sr/serial-v0", **SPACES, data_format=fmt, partial="drop")
+    parallel = export_checkpoint(tmp_path / "ck", "sr/parallel-v0", **SPACES, data_format=fmt, partial="drop",
+                                 jobs=2)
+    for key in ("episodes", "steps", "counts"):
+        assert serial[key] == parallel[key], key
+    assert serial["counts"]["dropped_episodes"] > 0
+    ours, theirs = _episodes("sr/serial-v0"), _episodes("sr/parallel-v0")
+    assert len(ours) == len(theirs) == serial["episodes"]
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
+    meta = minari.load_dataset("sr/parallel-v0").storage
+    assert meta.total_steps == serial["steps"] and meta.total_episodes == serial["episodes"]
+    assert next(iter(meta.get_episode_metadata([3])))["total_steps"] == len(theirs[3]["rewards"])
+
+
+def test_a_failed_shard_fails_the_parallel_export_and_leaves_nothing(tmp_path: Path) -> None:
+    _save_run(tmp_path / "ck")
+
+    def origin(shard: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # runs in each shard's process
+        if shard == 1:
+            raise OSError(28, "No space left on device")
+        return np.zeros_like(rows), rows
+
+    with pytest.raises(ShardReplayError, match=r"shard 1 failed: OSError: \[Errno 28\] No space left"):
+        export_checkpoint(tmp_path / "ck", "sr/failed-v0", **SPACES, origin=origin, jobs=2)
+    assert not minari.storage.get_dataset_path("sr/failed-v0").exists()
+    assert not list(minari.storage.get_dataset_path("sr/failed-v0").parent.glob(".failed-v0*"))
+
+
 @pytest.mark.slow  # about 6 CPU-s: torchrl's import
 def test_torchrl_samples_the_export(tmp_path: Path, datasets: Path) -> None:
     pytest.importorskip("torchrl")
     from torchrl.data.datasets.minari_data import MinariExperienceReplay
 
     _save_run(tmp_path / "ck")
-    summary = export_checkpoint(tmp_path / "ck", "sr/torchrl-v0", **SPACES, data_format="hdf5")
-    data = MinariExperienceReplay("sr/torchrl-v0", batch_size=32, root=tmp_path / "torchrl",
-                                  load_from_local_minari=True, download=True)
-    batch = data.sample()
-    assert len(data) == summary["steps"]  # every transition, N + 1 observations read as obs/next obs
-    assert batch["observation"].shape == (32, 3) and batch["next", "observation"].shape == (32, 3)
-    assert batch["action"].shape == (32,) and batch["next", "reward"].shape == (32, 1)
-    assert int(batch["episode"].max()) < summary["episodes"]
+    for jobs in (1, 2):  # the parallel one's main file links to each shard's file
+        summary = export_checkpoint(tmp_path / "ck", f"sr/torchrl{jobs}-v0", **SPACES, data_format="hdf5",
+                                    jobs=jobs)
+        data = MinariExperienceReplay(f"sr/torchrl{jobs}-v0", batch_size=32, root=tmp_path / "torchrl",
+                                      load_from_local_minari=True, download=True)
+        batch = data.sample()
+        assert len(data) == summary["steps"]  # every transition, N + 1 observations read as obs/next obs
+        assert batch["observation"].shape == (32, 3) and batch["next", "observation"].shape == (32, 3)
+        assert batch["action"].shape == (32,) and batch["next", "reward"].shape == (32, 1)
+        assert int(batch["episode"].max()) < summary["episodes"]
     # Not checked: the values. torchrl 0.14.1 fills its tensordict, then replaces it by
     # `memmap_like` of it (contentless), so every value it samples is 0; the same for a
     # dataset Minari's create_dataset_from_buffers wrote (checked by hand, docs/offline.md).
@@ -226,3 +274,40 @@ def test_a_killed_export_leaves_no_dataset(tmp_path: Path, datasets: Path) -> No
     export_checkpoint(tmp_path / "ck", "sr/killed-v0", **SPACES)
     assert minari.load_dataset("sr/killed-v0").total_episodes > 0
     assert not list((datasets / "sr").glob(".killed-v0.partial-*"))
+
+
+@pytest.mark.slow  # about 5 CPU-s: a child that imports the package and minari
+def test_a_killed_parallel_export_leaves_no_dataset_and_no_process(tmp_path: Path, datasets: Path) -> None:
+    _save_run(tmp_path / "ck")
+    code = textwrap.dedent(f"""
+        import os, time, numpy as np, gymnasium as gym
+        from shardreplay.offline import export_checkpoint
+        def origin(shard, rows):  # runs in each shard's process, before its episodes are written
+            print("writing", os.getpid(), flush=True)
+            time.sleep(60)
+        box = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        export_checkpoint({str(tmp_path / "ck")!r}, "sr/killed-v0", observation_space=box,
+                          action_space=gym.spaces.Discrete(4), origin=origin, jobs=2)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        assert proc.stdout is not None
+        children = [int(proc.stdout.readline().split()[1]) for _ in range(2)]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in children)  # PR_SET_PDEATHSIG: they died with it
+    assert not minari.storage.get_dataset_path("sr/killed-v0").exists()
+    assert "sr/killed-v0" not in minari.list_local_datasets()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

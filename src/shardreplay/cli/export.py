@@ -11,7 +11,8 @@ observation shape, action count or Box bounds, hidden sizes, environment) and it
 dataset ``ID`` (under ``MINARI_DATASETS_PATH``): the steps of its newest complete
 checkpoint (``--which ID``: that one), or with ``--from rollouts`` every chunk a
 ``train --keep-rollouts`` run kept; episodes per actor stream, priorities, policy
-version, actor and stream ids in the step infos (docs/offline.md). Exit code 2 also for an id that
+version, actor and stream ids in the step infos (docs/offline.md). ``--jobs N``: up to N
+processes write a checkpoint's shards in parallel. Exit code 2 also for an id that
 exists, or a run without a checkpoint.
 """
 
@@ -44,6 +45,8 @@ def add_parser(subparsers: Any) -> None:
     m.add_argument("--format", choices=("hdf5", "arrow"), default="hdf5",
                    help="Minari's storage: hdf5 (default; what TorchRL reads) or arrow")
     m.add_argument("--unstack", action="store_true", help="frame stacks: keep each stack's newest frame only")
+    m.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="processes writing a checkpoint's shards at once (default 1)")
     m.add_argument("--partial", choices=("seal", "drop"), default="seal",
                    help="episodes a shard holds only in part: sealed as truncated (default) or dropped; "
                         "counted in the dataset's metadata either way")
@@ -112,7 +115,7 @@ def _export_minari(args: argparse.Namespace) -> int:
             summary = export_checkpoint(
                 args.run_dir / "checkpoints", args.minari, **spaces, checkpoint_id=None if which == "latest"
                 else int(which), partial=args.partial, origin=origin, data_format=args.format,
-                unstack=args.unstack, metadata=meta)
+                unstack=args.unstack, metadata=meta, jobs=args.jobs)
     except (ShardReplayError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

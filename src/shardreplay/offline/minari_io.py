@@ -7,48 +7,60 @@ observations (Minari's N + 1), the first ``K - 1`` actions and rewards, and the 
 step's discount as ``terminations[-1]`` (0) or ``truncations[-1]`` (1). The step infos
 carry ``K`` entries each (one per observation, as Minari's own collector records):
 ``priority`` (float32), ``policy_version``, ``actor`` and ``stream`` (int64; -1 where
-the source does not know it). Images are written raw (``jpeg_encoding=False``), so a
-frame stack comes back bit for bit; ``unstack=True`` keeps only each stack's newest
-frame. docs/offline.md has the table.
+the source does not know it). Images are written raw, so a frame stack comes back bit
+for bit; ``unstack=True`` keeps only each stack's newest frame.
 
-A dataset is written under a hidden temporary directory beside its final place and
-renamed there at the end: an export that fails or is killed leaves nothing under the
-id (Minari's listing skips hidden directories; the next export of that id removes the
-leftovers of dead exports).
+The files follow Minari's own layout (docs/offline.md), written here rather than by its
+storage classes, which reopen and re-measure the dataset for every episode. A dataset
+is written under a hidden temporary directory beside its final place and renamed there
+at the end: an export that fails or is killed leaves nothing under the id (Minari's
+listing skips hidden directories; the next export of that id removes the leftovers of
+dead exports).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import json
+import multiprocessing as mp
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+import signal
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.checkpoint.episodes import apply_partial_policy
-from shardreplay.checkpoint.loading import load_shard
-from shardreplay.checkpoint.manifest import checkpoint_dir, latest_complete, load_manifest
-from shardreplay.checkpoint.plan import NewLayout
-from shardreplay.checkpoint.records import PartMeta
-from shardreplay.checkpoint.refs import open_part
+from shardreplay.checkpoint.episodes import find_episodes
+from shardreplay.checkpoint.format import PartReader
+from shardreplay.checkpoint.manifest import (
+    Manifest,
+    checkpoint_dir,
+    is_complete,
+    list_checkpoints,
+    load_manifest,
+)
+from shardreplay.checkpoint.refs import ChainedReader, open_part
 from shardreplay.checkpoint.saving import shard_of
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import ConfigError, IncompleteCheckpointError
+from shardreplay.errors import CheckpointFormatError, ConfigError, IncompleteCheckpointError, ShardReplayError
 from shardreplay.spec import StepType
 
 __all__ = ["ChunkEpisodes", "Episode", "episodes_of_checkpoint", "export_checkpoint", "prefill",
            "write_dataset"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
-INFO_KEYS = ("priority", "policy_version", "actor", "stream")
 FIELDS = ("obs", "action", "reward")  # the fields a run's transition spec has
-BATCH = 64  # episodes per write call of Minari's storage (HDF5 opens its file per call)
+STEPS = ("observations", "actions", "rewards", "terminations", "truncations")  # Minari's, in its order
+PIECE_BYTES = 64 << 20  # field rows read at once (a part need not fit in memory)
+COMPACT_BYTES = 16 << 10  # HDF5 keeps a dataset this small inside its group's header
 
 # (shard, rows) -> (actor ids, stream ids) of those saved rows.
 Origin = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -82,35 +94,104 @@ class Episode:
 
 @dataclass
 class CheckpointEpisodes:
-    """The episodes of a checkpoint's parts, read one part at a time when iterated;
-    ``counts`` holds, once iterated, the steps and episodes read and the partial
-    episodes sealed or dropped (``checkpoint/episodes.py``'s counts) plus the
-    one-step episodes left out (``short_*``: no transition to export)."""
+    """The episodes of a checkpoint's parts (``shards``: of these only), each part read
+    from its file when iterated, every block hash-checked once as it is read;
+    ``counts`` holds, once iterated, the steps read and the partial episodes sealed or
+    dropped (as ``checkpoint/episodes.py`` counts them) plus the one-step episodes left
+    out (``short_*``: no transition to export)."""
 
     root: Path
     checkpoint_id: int | None = None
     partial: str = "seal"
     origin: Origin | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    shards: Sequence[int] | None = None
 
     def __iter__(self) -> Iterator[Episode]:
-        for shard, arrays, exact in _shard_states(self.root, self.checkpoint_id):
-            out, eps, report = apply_partial_policy(arrays, self.partial)
-            for key, value in report.items():
-                self.counts[key] = self.counts.get(key, 0) + value
-            self.counts["saved_steps"] = self.counts.get("saved_steps", 0) + int(arrays["row_length"].sum())
-            actor = stream = np.full(eps.row.shape[0], -1, np.int64)
-            if self.origin is not None and exact:
-                actor, stream = self.origin(shard, eps.row)
-            obs, action, reward = (out[f"field.{name}"] for name in FIELDS)
-            for k, (s, n) in enumerate(zip(eps.start.tolist(), eps.length.tolist(), strict=True)):
-                if n < 2:
-                    self.counts["short_episodes"] = self.counts.get("short_episodes", 0) + 1
-                    self.counts["short_steps"] = self.counts.get("short_steps", 0) + n
-                    continue
-                e = slice(s, s + n)
-                yield Episode(obs[e], action[e], reward[e], bool(out["discount"][s + n - 1] == 0),
-                              out["priority"][e], np.full(n, -1, np.int64), int(actor[k]), int(stream[k]))
+        manifest = _manifest(self.root, self.checkpoint_id)
+        for shard in range(len(manifest.parts)) if self.shards is None else self.shards:
+            with open_part(manifest.directory, manifest.parts[shard]) as reader:
+                yield from self._part(reader, shard)
+
+    def _part(self, reader: PartReader | ChainedReader, shard: int) -> Iterator[Episode]:
+        steps = _step_arrays(reader)
+        start, length, row, terminated = _cut(steps, self.partial, self.counts)
+        actor = stream = np.full(start.shape[0], -1, np.int64)
+        if self.origin is not None:
+            actor, stream = self.origin(shard, row)
+        prio = steps.get("priority")
+        if not start.size:
+            return
+        entries = [reader.entry(f"field.{name}") for name in FIELDS]
+        ends = np.cumsum(length) * sum(dtype.itemsize * int(np.prod(shape[1:])) for dtype, shape in entries)
+        for piece in np.split(np.arange(ends.shape[0]), np.flatnonzero(np.diff(ends // PIECE_BYTES)) + 1):
+            lo, hi = int(start[piece[0]]), int(start[piece[-1]] + length[piece[-1]])
+            rows = {name: reader.rows(f"field.{name}", lo, hi) for name in FIELDS}
+            for k in piece.tolist():
+                e = slice(int(start[k]) - lo, int(start[k] + length[k]) - lo)
+                yield Episode(rows["obs"][e], rows["action"][e], rows["reward"][e], bool(terminated[k]),
+                              None if prio is None else prio[lo:hi][e], np.full(int(length[k]), -1, np.int64),
+                              int(actor[k]), int(stream[k]))
+
+
+def _manifest(root: Path, checkpoint_id: int | None) -> Manifest:
+    """The manifest of checkpoint ``checkpoint_id`` (None: the newest with all its files;
+    their blocks are hash-checked as the export reads them), checked for the fields."""
+    if checkpoint_id is None:
+        checkpoint_id = next((c for c in reversed(list_checkpoints(root))
+                              if is_complete(checkpoint_dir(root, c), hashes=False)), None)
+    if checkpoint_id is None:
+        raise IncompleteCheckpointError(f"no complete checkpoint under {root}: train with checkpoints on "
+                                        "(the run's --checkpoint-* flags) first")
+    manifest = load_manifest(checkpoint_dir(root, checkpoint_id))
+    missing = [name for name in FIELDS if name not in manifest.spec.fields]
+    if missing:
+        raise ConfigError(f"{manifest.directory}: the spec {manifest.spec} lacks {missing}; the Minari "
+                          f"export takes the fields {FIELDS} of a run's transitions")
+    return manifest
+
+
+def _step_arrays(reader: PartReader | ChainedReader) -> dict[str, np.ndarray]:
+    """A part's per-step arrays other than its fields, with the step types and
+    discounts its save sealed put back (``seal.*``), as a restore puts them back."""
+    names = set(reader.names())
+    wanted = ("step_type", "discount", "episode_id", "row_length", "priority")
+    out: dict[str, np.ndarray] = {n: reader.array(n) for n in wanted if n in names}
+    steps = int(out["row_length"].sum())
+    for name in FIELDS:
+        if reader.entry(f"field.{name}")[1][0] != steps:
+            raise ConfigError(f"{reader.path}: field {name!r} is kept at episode starts only; the Minari "
+                              "export takes per-step obs, action and reward")
+    if "seal.index" in names:
+        index = reader.array("seal.index")
+        if index.size and (index.min() < 0 or index.max() >= steps):
+            raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
+        out["step_type"][index], out["discount"][index] = reader.array("seal.step_type"), reader.array(
+            "seal.discount")
+    return out
+
+
+def _cut(steps: dict[str, np.ndarray], partial: str, counts: dict[str, int]) -> tuple[np.ndarray, ...]:
+    """The exported episodes of a part's steps (start, length, row, terminated; two
+    steps or more), partial ones sealed (ended as truncations) or dropped; adds what
+    it saw to ``counts``."""
+    if partial not in ("seal", "drop"):
+        raise ConfigError(f"partial must be seal or drop, got {partial!r}")
+    types, discount = steps["step_type"], steps["discount"]
+    eps = find_episodes(types, steps["episode_id"], steps["row_length"])
+    last = eps.start + eps.length - 1
+    dropped = eps.partial & (partial == "drop")
+    short = (eps.length < 2) & ~dropped
+    keep = ~short & ~dropped
+    verb = "sealed" if partial == "seal" else "dropped"
+    n_partial, partial_steps = eps.partial.sum(), eps.length[eps.partial].sum()
+    for name, value in {"saved_steps": types.shape[0], "partial_episodes": n_partial,
+                        "partial_steps": partial_steps, f"{verb}_episodes": n_partial,
+                        f"{verb}_steps": partial_steps, "short_episodes": short.sum(),
+                        "short_steps": eps.length[short].sum()}.items():
+        counts[name] = counts.get(name, 0) + int(value)
+    return (eps.start[keep], eps.length[keep], eps.row[keep],
+            ((types[last] == LAST) & (discount[last] == 0))[keep])
 
 
 @dataclass
@@ -190,84 +271,68 @@ def episodes_of_checkpoint(root: str | Path, checkpoint_id: int | None = None, *
 
     Raises (when iterated):
         IncompleteCheckpointError: no complete checkpoint under ``root``.
-        CheckpointError: a damaged part.
-        ConfigError: a spec without the ``obs``, ``action`` and ``reward`` fields, or
-            parts too old to say their layout.
+        CheckpointError: a damaged part (the block named).
+        ConfigError: a spec without per-step ``obs``, ``action`` and ``reward`` fields.
     """
     return CheckpointEpisodes(Path(root), checkpoint_id, partial, origin)
-
-
-def _shard_states(root: Path, checkpoint_id: int | None) -> Iterator[tuple[int, dict[str, np.ndarray], bool]]:
-    """(shard, exported step arrays, restored exactly as saved) for each part."""
-    cid = latest_complete(root) if checkpoint_id is None else checkpoint_id
-    if cid is None:
-        raise IncompleteCheckpointError(f"no complete checkpoint under {root}: train with checkpoints on "
-                                        "(the run's --checkpoint-* flags) first")
-    directory = checkpoint_dir(root, cid)
-    manifest = load_manifest(directory)
-    missing = [name for name in FIELDS if name not in manifest.spec.fields]
-    if missing:
-        raise ConfigError(f"{directory}: the spec {manifest.spec} lacks {missing}; the Minari export "
-                          f"takes the fields {FIELDS} of a run's transitions")
-    metas = []
-    for part in manifest.parts:
-        with open_part(directory, part) as reader:
-            metas.append(PartMeta.parse(reader.metadata.get("buffer_meta", "{}"), reader.path))
-    if any(m.num_streams is None or m.stream_capacity is None for m in metas):
-        raise ConfigError(f"{directory}: parts written before their layout was recorded; load the "
-                          "checkpoint into a ReplayBuffer and save it again")
-    layout = NewLayout(tuple(int(m.num_streams or 0) for m in metas), tuple(int(m.stream_capacity or 0)
-                                                                             for m in metas))
-    for k, meta in enumerate(metas):
-        local = ReplayBuffer(manifest.spec, num_streams=layout.num_streams[k],
-                             stream_capacity=layout.stream_capacity[k], window=max(2, meta.period),
-                             sampler="prioritized", period=meta.period)
-        report = load_shard(directory, local, k, len(metas), layout=layout)
-        arrays = {name: value.numpy() for name, value in local.state_dict()["arrays"].items()}
-        yield k, arrays, report.exact
 
 
 def export_checkpoint(root: str | Path, dataset_id: str, *, observation_space: Any, action_space: Any,
                       env_spec: Any = None, checkpoint_id: int | None = None, partial: str = "seal",
                       origin: Origin | None = None, data_format: str = "hdf5", unstack: bool = False,
-                      metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+                      metadata: dict[str, Any] | None = None, jobs: int = 1) -> dict[str, Any]:
     """Write a checkpoint's episodes (:func:`episodes_of_checkpoint`) as the Minari
-    dataset ``dataset_id`` (:func:`write_dataset`); returns its summary.
+    dataset ``dataset_id`` (:func:`write_dataset`); returns its summary. ``jobs > 1``:
+    up to that many forked processes write a saved shard each (episode ids counted
+    first from each part's step types), then this one writes the metadata and renames
+    the dataset into place: the same dataset as ``jobs=1``.
 
     Raises:
-        As :func:`episodes_of_checkpoint` and :func:`write_dataset`.
+        As :func:`episodes_of_checkpoint` and :func:`write_dataset`; ShardReplayError:
+            a shard's process failed (its error's text) or was killed.
     """
     episodes = episodes_of_checkpoint(root, checkpoint_id, partial=partial, origin=origin)
+    firsts = None
+    if jobs > 1:
+        manifest = _manifest(episodes.root, checkpoint_id)
+        episodes.checkpoint_id = manifest.checkpoint_id  # every process reads the same one
+        firsts = [0]
+        for part in manifest.parts:
+            with open_part(manifest.directory, part) as reader:
+                cut = _cut(_step_arrays(reader), partial, episodes.counts)
+            firsts.append(firsts[-1] + cut[0].shape[0])
     return write_dataset(episodes, dataset_id, observation_space=observation_space, action_space=action_space,
-                         env_spec=env_spec, data_format=data_format, unstack=unstack,
-                         metadata=metadata, counts=episodes.counts)
+                         env_spec=env_spec, data_format=data_format, unstack=unstack, metadata=metadata,
+                         counts=episodes.counts, parts=None if firsts is None else (firsts, jobs))
 
 
 def write_dataset(episodes: Iterable[Episode], dataset_id: str, *, observation_space: Any, action_space: Any,
                   env_spec: Any = None, data_format: str = "hdf5", unstack: bool = False,
-                  metadata: dict[str, Any] | None = None, counts: dict[str, int] | None = None
-                  ) -> dict[str, Any]:
+                  metadata: dict[str, Any] | None = None, counts: dict[str, int] | None = None,
+                  parts: tuple[list[int], int] | None = None) -> dict[str, Any]:
     """Write ``episodes`` as the Minari dataset ``dataset_id`` (under
     ``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``), lossless, in ``data_format``
     (``hdf5``: what TorchRL's ``MinariExperienceReplay`` reads; or ``arrow``).
     ``metadata`` and ``counts`` (filled while ``episodes`` is iterated) go into the
-    dataset's metadata under ``shardreplay``. Returns the summary (id, path, episodes,
-    steps, bytes, counts).
+    dataset's metadata under ``shardreplay``. ``parts`` (a parallel
+    :func:`export_checkpoint`): each shard's first episode id, and the processes to
+    run. Returns the summary (id, path, episodes, steps, bytes, counts).
 
     Raises:
         ConfigError: the minari extra is missing, the id exists already, an unknown
-            format, ``unstack`` on observations that are not stacks; nothing is left
-            under the id then, nor after any other error.
+            format, spaces other than Box and Discrete, ``unstack`` on observations
+            that are not stacks; nothing is left under the id then, nor after any
+            other error.
     """
+    import gymnasium as gym
+
     minari = _minari()
-    from minari.data_collector import EpisodeBuffer
     from minari.dataset.minari_storage import MinariStorage
     from minari.namespace import create_namespace, list_local_namespaces
     from minari.storage.datasets_root_dir import get_dataset_path
     from minari.utils import parse_dataset_id
 
-    fmt = {"hdf5": "hdf5", "arrow": "arrow"}.get(data_format)
-    if fmt is None:
+    if data_format not in ("hdf5", "arrow"):
         raise ConfigError(f"--format must be hdf5 or arrow, got {data_format!r}")
     final = Path(get_dataset_path(dataset_id))
     if final.exists():
@@ -275,6 +340,10 @@ def write_dataset(episodes: Iterable[Episode], dataset_id: str, *, observation_s
                           "(or version), or delete it")
     if unstack:
         observation_space = _frame_space(observation_space)
+    spaces = {"observations": observation_space, "actions": action_space}
+    for space in spaces.values():
+        if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)):
+            raise ConfigError(f"the Minari export writes Box and Discrete spaces, got {space}")
     namespace = parse_dataset_id(dataset_id)[0]
     if namespace is not None and namespace not in list_local_namespaces():
         create_namespace(namespace)  # as Minari's own writers do: its listing reads the namespace's metadata
@@ -282,42 +351,172 @@ def write_dataset(episodes: Iterable[Episode], dataset_id: str, *, observation_s
     _remove_dead_leftovers(final)
     tmp = final.parent / f".{final.name}.partial-{os.getpid()}"
     counts = {} if counts is None else counts
+    write = functools.partial(_write_episodes, tmp / "data", data_format, spaces, unstack)
     try:
         tmp.mkdir()
+        # Minari's metadata file (spaces, env spec, format); the episodes are ours to write.
         storage = MinariStorage.new(tmp / "data", observation_space=observation_space,
-                                    action_space=action_space, env_spec=env_spec, data_format=fmt,
+                                    action_space=action_space, env_spec=env_spec, data_format=data_format,
                                     jpeg_encoding=False)
-        storage.update_metadata({"dataset_id": dataset_id, "minari_version": minari.__version__})
-        lists = fmt == "arrow"  # Minari's Arrow infos take 1-d columns as lists only
-        batch: list[Any] = []
-        for n_eps, ep in enumerate(episodes):
-            obs = ep.obs[:, -1] if unstack else ep.obs
-            t = ep.obs.shape[0] - 1
-            done = np.zeros(t, np.bool_)
-            done[-1] = True
-            infos = {"policy_version": ep.policy_version, "actor": np.full(t + 1, ep.actor, np.int64),
-                     "stream": np.full(t + 1, ep.stream, np.int64)}
-            if ep.priority is not None:  # none known: none written (an import gives the max)
-                infos["priority"] = ep.priority
-            if lists:
-                infos = {k: v.tolist() for k, v in infos.items()}
-            batch.append(EpisodeBuffer(id=n_eps, observations=obs, actions=ep.action[:t],
-                                       rewards=ep.reward[:t], terminations=done & ep.terminated,
-                                       truncations=done & (not ep.terminated), infos=infos))
-            if len(batch) == BATCH:
-                storage.update_episodes(batch)
-                batch = []
-        if batch:
-            storage.update_episodes(batch)
-        summary = {"dataset_id": dataset_id, "format": fmt, "episodes": storage.total_episodes,
-                   "steps": storage.total_steps, "unstacked": unstack, "counts": dict(counts)}
-        storage.update_metadata({"shardreplay": {**(metadata or {}), **summary}})
+        if parts is None:
+            total = write(episodes, 0, None)
+        else:
+            assert isinstance(episodes, CheckpointEpisodes)  # what export_checkpoint gives
+            firsts, jobs = parts
+            _run_forked([functools.partial(write, replace(episodes, counts={}, shards=[k]), firsts[k], k)
+                         for k in range(len(firsts) - 1)], jobs)
+            total = (firsts[-1], counts["saved_steps"] - counts.get("short_steps", 0)
+                     - counts.get("dropped_steps", 0) - firsts[-1])
+            if data_format == "hdf5":
+                _link_parts(tmp / "data" / "main_data.hdf5", firsts)
+        summary = {"dataset_id": dataset_id, "format": data_format, "episodes": total[0], "steps": total[1],
+                   "unstacked": unstack, "counts": dict(counts)}
+        storage.update_metadata({"dataset_id": dataset_id, "minari_version": minari.__version__,
+                                 "total_episodes": total[0], "total_steps": total[1],
+                                 "dataset_size": storage.get_size(),
+                                 "shardreplay": {**(metadata or {}), **summary}})
         os.rename(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary["path"] = str(final)
     summary["bytes"] = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
     return summary
+
+
+def _write_episodes(data: Path, fmt: str, spaces: dict[str, Any], unstack: bool, episodes: Iterable[Episode],
+                    first: int, part: int | None) -> tuple[int, int]:
+    """Write ``episodes`` as Minari's ``MinariStorage.update_episodes`` lays them out
+    (JPEG off), ids from ``first``: HDF5 groups in ``data/main_data.hdf5`` (a parallel
+    export's ``part``: in ``part-<part>.hdf5``), or Arrow's directory per episode.
+    Returns (episodes, steps)."""
+    n = steps = 0
+    with contextlib.ExitStack() as stack:
+        if fmt == "hdf5":
+            import h5py
+
+            name = "main_data.hdf5" if part is None else f"part-{part}.hdf5"
+            file = stack.enter_context(h5py.File(data / name, "w", track_order=True))
+        for n, ep in enumerate(episodes, 1):
+            t = ep.obs.shape[0] - 1
+            done = np.arange(t) == t - 1
+            obs = ep.obs[:, -1] if unstack else ep.obs
+            arrays = {"observations": np.asarray(obs, spaces["observations"].dtype),
+                      "actions": np.asarray(ep.action[:t], spaces["actions"].dtype), "rewards": ep.reward[:t],
+                      "terminations": done & ep.terminated, "truncations": done & (not ep.terminated)}
+            infos = {"policy_version": ep.policy_version, "actor": np.full(t + 1, ep.actor, np.int64),
+                     "stream": np.full(t + 1, ep.stream, np.int64)}
+            if ep.priority is not None:  # none known: none written (an import gives the max)
+                infos["priority"] = ep.priority
+            if fmt == "hdf5":
+                _hdf5_episode(file, first + n - 1, arrays, infos)
+            else:
+                _arrow_episode(data / str(first + n - 1), arrays, infos, spaces)
+            steps += t
+    return n, steps
+
+
+_H5: dict[Any, Any] = {}  # h5py's dataset creation properties and types, made once
+
+
+def _hdf5_episode(file: Any, i: int, arrays: dict[str, np.ndarray], infos: dict[str, np.ndarray]) -> None:
+    """Episode ``i`` as Minari's HDF5 group, through h5py's low-level calls (a fraction
+    of ``create_dataset``'s cost); datasets of at most ``COMPACT_BYTES`` kept in the
+    group's header."""
+    from h5py import h5d, h5g, h5p, h5s, h5t
+
+    group = file.create_group(f"episode_{i}")
+    group.attrs["id"], group.attrs["total_steps"] = i, arrays["rewards"].shape[0]
+    info = h5g.create(group.id, b"infos")
+    for where, name, values in [*((group.id, k, v) for k, v in arrays.items()),
+                                *((info, k, v) for k, v in infos.items())]:
+        values = np.ascontiguousarray(values)
+        compact = values.nbytes <= COMPACT_BYTES
+        if compact not in _H5:
+            _H5[compact] = h5p.create(h5p.DATASET_CREATE)
+            _H5[compact].set_layout(h5d.COMPACT if compact else h5d.CONTIGUOUS)
+        if values.dtype not in _H5:
+            _H5[values.dtype] = h5t.py_create(values.dtype, logical=True)
+        h5d.create(where, name.encode(), _H5[values.dtype], h5s.create_simple(values.shape),
+                   dcpl=_H5[compact]).write(h5s.ALL, h5s.ALL, values)
+
+
+def _arrow_episode(directory: Path, arrays: dict[str, np.ndarray], infos: dict[str, np.ndarray],
+                   spaces: dict[str, Any]) -> None:
+    """Episode ``directory.name`` as Minari's Arrow directory: one record batch of the
+    N + 1 steps (Box rows as fixed-size lists; actions, rewards, terminations and
+    truncations padded with a zero row) and its ``metadata.json``."""
+    import gymnasium as gym
+    import pyarrow as pa
+
+    columns = {}
+    for name, values in arrays.items():
+        if name != "observations":
+            values = np.concatenate([values, np.zeros((1, *values.shape[1:]), values.dtype)])
+        flat, space = pa.array(values.reshape(-1)), spaces.get(name)
+        columns[name] = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(space.shape))) \
+            if isinstance(space, gym.spaces.Box) else flat
+    columns["infos"] = pa.StructArray.from_arrays([pa.array(v) for v in infos.values()], names=list(infos))
+    batch = pa.RecordBatch.from_pydict(columns)
+    directory.mkdir()
+    with pa.ipc.new_file(directory / "part-0.arrow", batch.schema) as out:
+        out.write_batch(batch)
+    (directory / "metadata.json").write_text(json.dumps({"id": int(directory.name),
+                                                          "total_steps": arrays["rewards"].shape[0]}))
+
+
+def _link_parts(main: Path, firsts: list[int]) -> None:
+    """A parallel HDF5 export's main file: a link to each episode in its shard's file
+    (HDF5 resolves them beside the main file, wherever the dataset is moved)."""
+    import h5py
+
+    with h5py.File(main, "w", track_order=True) as file:
+        for k in range(len(firsts) - 1):
+            for i in range(firsts[k], firsts[k + 1]):
+                file[f"episode_{i}"] = h5py.ExternalLink(f"part-{k}.hdf5", f"/episode_{i}")
+
+
+def _run_forked(work: list[Callable[[], Any]], jobs: int) -> None:
+    """Run each of ``work`` in a forked process, at most ``jobs`` at a time. Every child
+    ends: on success, on its error (said through a pipe as text), when this process
+    stops on an error or Ctrl-C (killed here), or when it dies (``PR_SET_PDEATHSIG``).
+
+    Raises:
+        ShardReplayError: a child failed (the first one, with its error's text).
+    """
+    ctx = mp.get_context("fork")
+    todo, running = list(enumerate(work)), dict[Any, tuple[int, Any, Any]]()
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                k, fn = todo.pop(0)
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_child, args=(fn, send, os.getpid()), daemon=True)
+                proc.start()
+                send.close()
+                running[proc.sentinel] = (k, proc, recv)
+            for sentinel in wait(list(running)):
+                k, proc, recv = running.pop(sentinel)
+                proc.join()
+                if proc.exitcode != 0:
+                    why = recv.recv_bytes().decode() if recv.poll() else f"exit code {proc.exitcode}"
+                    raise ShardReplayError(f"the export of shard {k} failed: {why}")
+    finally:
+        for _k, proc, _recv in running.values():
+            proc.kill()
+            proc.join()
+
+
+def _child(fn: Callable[[], Any], send: Any, parent: int) -> None:
+    """A forked writer: dies with ``parent``; its error goes back as text."""
+    with contextlib.suppress(AttributeError, OSError):  # Linux: killed when the exporting process dies
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+    try:
+        fn()
+    except BaseException as exc:
+        send.send_bytes(f"{type(exc).__name__}: {exc}".encode())
+        raise SystemExit(1) from exc
 
 
 def _frame_space(space: Any) -> Any:
