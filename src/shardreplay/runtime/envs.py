@@ -1,22 +1,14 @@
 """Gymnasium environments for actors and evaluation: what ``shardreplay train`` makes of
-an environment id (Atari, MinAtar, anything registered), and the matching Spec.
+an environment id, and the matching Spec.
 
-- ``ALE/...`` ids (the ``atari`` extra: ale-py, its ROMs included): ale-py's envs are
-  registered, made with ``frameskip=1`` and wrapped in the standard DQN preprocessing,
-  gymnasium's ``AtariPreprocessing`` (84x84 grayscale, frame skip 4 with max-pooling of
-  the last two frames, up to 30 no-op starts) and ``FrameStackObservation(4)``: uint8
-  stacks ``[4, 84, 84]``, oldest frame first, stored once per frame in replay
-  (``Field(frame_stack=True)``).
-- ``MinAtar/...`` ids (the ``minatar`` extra): registered, and their ``[10, 10, C]`` bool
-  observations turned channels-first uint8 ``[C, 10, 10]``.
-- any other id: made as registered; ``--env-import MODULE`` imports a module first (one
-  that registers its ids), ``--env-kwargs JSON`` passes keyword arguments to
-  ``gymnasium.make``. Image observations ``[H, W, C]`` with C in (1, 3, 4) are turned
-  channels first.
-
+``ALE/...`` ids (the ``atari`` extra) get the standard DQN preprocessing and 4-frame
+stacks stored once per frame (docs/atari.md), ``MinAtar/...`` ids (the ``minatar`` extra)
+channels-first uint8 images; any other id is made as registered (``--env-import MODULE``
+imports a module that registers it first, ``--env-kwargs JSON`` goes to
+``gymnasium.make``), images ``[H, W, C]`` (C in 1, 3, 4) turned channels first.
 Observations are flat float vectors or uint8/bool images; actions are Discrete (or, for
-an algorithm that asks for them, such as SAC, a flat ``Box``).
-gymnasium (and ale-py, minatar) are imported only when an environment is made.
+an algorithm that asks for them, such as SAC, a flat ``Box``). gymnasium (and ale-py,
+minatar) are imported only when an environment is made.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """A trained policy as one ``.safetensors`` file, and the policies a run keeps.
 
 The file holds the weights of the network actors act with (the algorithm's published
-module: DQN's online Q-network, SAC's tanh-Gaussian policy, R2D2's recurrent Q-network)
-and, in the safetensors metadata (strings only), everything needed to rebuild it without
-the run: ``format`` (:data:`POLICY_FORMAT`), ``algo`` (``dqn``, ``sac`` or ``r2d2``;
-none: ``dqn``), ``network`` (``mlp``, ``nature`` or ``minatar``), ``obs_shape``,
-``num_actions`` (0 for Box actions), ``action_low`` / ``action_high`` (Box actions only)
-and ``hidden`` (JSON), the environment (``env_id``, ``env_import``, ``env_kwargs``, to
-evaluate it), and where it came from (``updates``, ``env_steps``, ``eval_return``,
-``eval_episodes``, ``source``). :func:`load_policy` rebuilds the network from it and
-:meth:`Policy.greedy` gives its evaluation actions; no pickle anywhere.
-
-A run directory keeps ``best/policy.safetensors``: the policy of the best evaluation so
-far, replaced atomically whenever an evaluation beats it (a run that collapses after
-reaching its goal keeps what reached it). :func:`policy_of_run` takes that one, the
-newest complete checkpoint's (``latest``) or a checkpoint's by id.
+module) and, in the safetensors metadata (strings only), what rebuilds it without the
+run (:func:`policy_metadata`: format, algorithm, network, shapes, bounds, the
+environment) and where it came from; :func:`load_policy` rebuilds it and
+:meth:`Policy.greedy` gives its evaluation actions; no pickle anywhere. A run directory
+keeps ``best/policy.safetensors``, replaced atomically whenever a full evaluation beats
+it; :func:`policy_of_run` takes that one, the newest complete checkpoint's (``latest``)
+or a checkpoint's by id.
 """
 
 from __future__ import annotations

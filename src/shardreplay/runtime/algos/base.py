@@ -1,30 +1,13 @@
 """The algorithm interface: what ``shardreplay train`` needs of an algorithm.
 
 The runtime (actors, transports, sharded replay, checkpoints, M -> N resume) is the same
-for every algorithm; an algorithm is one module that provides an :class:`Algorithm`:
-
-- what it trains on: the action space it takes (``discrete`` or ``box``) and the
-  :class:`~shardreplay.spec.Spec` actors write (``transition_spec``);
-- for the learner ranks, an :class:`Agent`: ``learn(batch) -> (priorities, loss)`` on
-  one sampled batch (the target update is part of the step, identical on every rank),
-  ``module`` (the network published to actors and evaluated) and
-  ``state_dict`` / ``load_state_dict`` (the whole learner state, saved by rank 0 in
-  every checkpoint and loaded by every rank of a resumed life, whatever its size);
-- for the actors, an :class:`ActorPolicy` built from the published weights:
-  ``act(obs, state, run_steps) -> (actions, state)``. ``state`` is the policy's
-  per-env recurrent state (None for feed-forward policies); ``end_episodes`` resets
-  the rows of envs whose next observation starts an episode; ``stored(state)`` gives the
-  spec fields the actor writes with each step (the state it acted from: R2D2's ``h``
-  and ``c``; nothing for feed-forward policies). A recurrent algorithm (R2D2) keeps
-  its LSTM state there and learns from sequence batches through the same ``learn``
-  (its buffer windows are ``TrainSettings.window`` steps starting every
-  ``TrainSettings.period`` steps of an episode);
-- for evaluation, ``greedy``: the deterministic actions of the published network (a
-  recurrent one keeps its state between calls of the function it returns).
-
-Exploration belongs to the policy: DQN's epsilon-greedy over Ape-X epsilons, SAC's
-sampling from its Gaussian (uniform random actions during the warm-up).
-
+for every algorithm; an algorithm is one module that provides an :class:`Algorithm`: the
+action space and :class:`~shardreplay.spec.Spec` it takes, an :class:`Agent` per learner
+rank (one ``learn`` step per sampled batch, the target update included; its state saved
+by rank 0 and loaded by every rank of a resumed life), an :class:`ActorPolicy` built from
+the published weights (a recurrent one keeps its per-env state and stores the state it
+acted from with each step, as R2D2's ``h`` and ``c``) and ``greedy`` for evaluation.
+Exploration belongs to the policy: DQN's Ape-X epsilons, SAC's Gaussian.
 """
 
 from __future__ import annotations
@@ -102,7 +85,7 @@ class ActorPolicy(Protocol):
 
 
 class Algorithm(Protocol):
-    """An algorithm of ``shardreplay train`` (see the module docstring)."""
+    """An algorithm of ``shardreplay train``."""
 
     name: str
     actions: str  # "discrete" or "box": the action space it takes (EnvInfo)

@@ -1,13 +1,10 @@
 """One learner rank of a training run: ingest, learn, publish, evaluate, checkpoint.
 
-All ranks run the same loop in lock-step. Every decision that leads into a collective
-(learn now? how many updates? stop? save?) is taken from a :class:`LoopSync` summed over
-ranks by one all-reduce per iteration, so all ranks issue the same collectives in the
-same order (:mod:`shardreplay.runtime.learner.sync`). Rank 0 publishes weights, evaluates
-and records metrics (its :class:`~shardreplay.runtime.learner.lead.Lead`). The learner decides when
-to save and what its state is; saving, resuming and the ingest log's replay, sealing and
-trimming are :class:`~shardreplay.runtime.learner.checkpoints.LearnerCheckpoints`'. The
-ranks agree over collectives of their own (not the buffer's).
+All ranks run the same loop in lock-step, deciding from one summed :class:`LoopSync` per
+iteration (:mod:`shardreplay.runtime.learner.sync`). Rank 0's duties are its
+:class:`~shardreplay.runtime.learner.lead.Lead`'s; saving, resuming and the ingest log are
+:class:`~shardreplay.runtime.learner.checkpoints.LearnerCheckpoints`'. The ranks agree
+over collectives of their own (not the buffer's).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""What the learner ranks agree on, and how: the per-iteration sync record and the
-summary's run-wide counts (both summed over ranks as one int64 vector), the checkpoint
-trigger (signals, requests, periodic saves) that feeds the sync, the rate limiter over
-global counts and the settings actors share.
-
-All ranks run the training loop in lock-step. Every decision that leads into a
-collective (learn now? how many updates? stop? save?) is taken from a :class:`LoopSync`
-summed over ranks by one all-reduce per iteration, so all ranks issue the same
-collectives in the same order.
+"""What the learner ranks agree on, and how: the per-iteration :class:`LoopSync` (every
+decision that leads into a collective is taken from it, summed over ranks by one
+all-reduce per iteration, so all ranks issue the same collectives in the same order),
+the summary's :class:`RunCounts`, the checkpoint trigger that feeds the sync, the rate
+limiter over global counts and the settings actors share.
 """
 
 from __future__ import annotations
@@ -194,16 +190,11 @@ def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
 
 
 def make_limiter(settings: TrainSettings, world: int) -> RateLimiter:
-    """The samples-per-insert limiter of a run on ``world`` learner ranks, over GLOBAL
+    """The samples-per-insert limiter of a run on ``world`` learner ranks, over global
     counts: every rank feeds it the same all-reduced numbers, so every rank takes the
-    same decisions.
-
-    One loop iteration inserts at most ``max_insert`` steps over all ranks: each rank
-    drains at most ``DRAIN_CHUNKS`` chunks of ``chunk_steps * envs_per_actor`` steps,
-    and only ranks with actors receive any, so ``min(world, actors)`` ranks (bounded
-    here by the number of actors, which keeps the figures of runs with fewer ranks than
-    actors as they were). The window ``offset -+ slack`` is twice as wide as an insert
-    batch plus a sample batch needs, on any number of ranks.
+    same decisions. One iteration inserts at most ``DRAIN_CHUNKS`` chunks of
+    ``chunk_steps * envs_per_actor`` steps per actor; the window ``offset -+ slack`` is
+    twice as wide as such an insert batch plus a sample batch needs.
 
     Raises:
         ConfigError: settings the limiter rejects (a non-positive ratio).
