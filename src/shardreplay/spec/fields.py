@@ -34,17 +34,14 @@ class Field:
         shape: shape of one step's value; ``()`` for a scalar.
         dtype: numpy dtype (anything ``np.dtype`` accepts).
         finite: for floating fields, reject NaN and inf on write.
-        env_id: the field records the stream (environment) id of its step; a checkpoint
-            restored onto another layout rewrites it to the new stream row.
-        frame_stack: the field's first axis is a stack of the last ``shape[0]`` frames,
-            oldest first (``Field((4, 84, 84), np.uint8, frame_stack=True)``). Writes and
-            samples carry whole stacks; the buffer stores each frame once and rebuilds
-            the stacks at sample time (docs/semantics.md, "Frame-stacked fields").
-        at_starts: the field matters only where a window starts (a recurrent state the
-            actor had there, R2D2): writes carry it at every step, the buffer keeps it
-            only for steps that can start a window (offset in the episode a multiple of
-            the buffer's ``period``), and samples hold it at the window's first step,
-            shaped ``[B, 1, *shape]`` (docs/semantics.md, "Start-state fields").
+        env_id: the field records the stream (environment) id of its step (a checkpoint
+            restored onto another layout rewrites it to the new stream row).
+        frame_stack: the first axis is a stack of the last ``shape[0]`` frames, oldest
+            first; stored once per frame, whole stacks written and sampled
+            (docs/semantics.md, "Frame-stacked fields").
+        at_starts: kept only for steps that can start a window (a recurrent state, R2D2),
+            sampled at the window's first step as ``[B, 1, *shape]``
+            (docs/semantics.md, "Start-state fields").
 
     Raises:
         ConfigError: a negative dimension, an unsupported dtype, ``frame_stack`` on a
@@ -91,11 +88,9 @@ class Field:
         return self.shape[0] if self.frame_stack else 0
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description (used in fingerprints, checkpoints and chunk headers).
-
-        ``frame_stack`` and ``at_starts`` appear only when set, so plain fields keep
-        their description (and fingerprint) of earlier versions.
-        """
+        """A JSON-ready description (fingerprints, checkpoints, chunk headers);
+        ``frame_stack`` and ``at_starts`` only when set, so plain fields keep their
+        fingerprint of earlier versions."""
         d = {
             "shape": list(self.shape),
             "dtype": self.dtype.str,

@@ -1,12 +1,7 @@
 """Window records as fixed-size byte rows: how sampled windows cross between ranks and
-onto a GPU (one copy of the rows instead of one per field).
-
-One record holds one window: every user field ``[L, *shape]``, ``step_type``,
-``discount``, ``episode_id``, the mask, the key and the owner's local probability.
-All ranks derive the same layout from the spec and the window, so only counts travel
-before the data, and a batch needs one data exchange. The layout is a
-:class:`~shardreplay.spec.layout.RecordLayout` (every part 8-byte aligned), so the
-receiver reads each part as a strided view of the received bytes
+onto a GPU (one copy of the rows instead of one per field). Every rank derives the same
+:class:`~shardreplay.spec.layout.RecordLayout` from the spec and the window, so only
+counts travel before the data, and the receiver reads each part as a strided view
 (:func:`~shardreplay.spec.torch_dtypes.torch_views`) instead of copying it out.
 """
 

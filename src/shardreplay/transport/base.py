@@ -162,14 +162,11 @@ class ReaderStats:
     Attributes:
         received: chunks decoded, validated and returned by ``receive``.
         duplicates: chunks dropped because their ``(actor_id, sequence)`` was seen.
-        rejected: malformed chunks by reason (``checksum``, ``truncated``, ``spec``,
-            ``values``, ``header``, ``format``, ``too_large``, ``malformed_entry``, ...).
+        rejected: malformed chunks by reason (``checksum``, ``spec``, ``too_large``, ...).
         acked: chunks acknowledged.
-        lost: entries the medium itself lost (a Redis server restarted without
-            persistence), as far as the reader could count them.
-        dropped: ``(actor_id, sequence, chunks, reason)`` of each rejection and loss
-            not yet taken by the consumer (who pops them, e.g. into
-            ``lost_chunks.jsonl``); ids are -1 where unknown. Holds the newest 4096.
+        lost: entries the medium itself lost (a Redis server restarted without its data).
+        dropped: ``(actor_id, sequence, chunks, reason)`` of the newest 4096 rejections and
+            losses, popped by the consumer (into ``lost_chunks.jsonl``); -1: unknown id.
     """
 
     received: int = 0
@@ -191,12 +188,8 @@ class ReaderStats:
 
 
 class RecentIds:
-    """Remembers the last ``window`` sequence numbers of each actor.
-
-    Duplicates come from retried sends (a write that reached the medium but whose reply was
-    lost) and from redelivery, so they are close in sequence to the original; a bounded
-    window keeps memory flat on long runs.
-    """
+    """Remembers the last ``window`` sequence numbers of each actor: duplicates (retried
+    sends, redelivery) are close in sequence to the original, and memory stays flat."""
 
     def __init__(self, window: int = 4096) -> None:
         if window < 1:
