@@ -261,28 +261,20 @@ class Shard:
         self._full_adds = ONE_STEP_AFTER + 2  # decided: built once, whatever the outcome
         return self._one_step is not None
 
-    def prepare_one_step(self) -> None:
-        """Build the short path of one-step adds now unless :meth:`use_one_step` decided
-        already (a writer of one-step adds only, such as ``GymStepWriter``, compiles when
-        it is made rather than in its first steps)."""
-        if self._full_adds <= ONE_STEP_AFTER:
-            self.use_one_step()
-
     def held_writer(self, first: tuple[str, str, str]) -> Callable[..., int] | None:
         """``GymStepWriter``'s positional write through the one-step writer (see
-        ``OneStepAdd.held_writer``; the fields ``first`` in that order), built now; None
-        when this spec has no one-step writer or a frame-stacked field."""
-        if self._storage.stacked:
-            self.prepare_one_step()
-            return None
-        if self._first != first:
+        ``OneStepAdd.held_writer``; the fields ``first`` in that order), built now unless
+        :meth:`use_one_step` decided already (a writer of one-step adds compiles when it is
+        made, not in its first steps); None when this spec has no one-step writer or a
+        frame-stacked field."""
+        if not self._storage.stacked and self._first != first:
             self._first = first
             if self._one_step is not None:  # rebuilt in this order
-                self._one_step.open = False
-                self._one_step = None
+                self.use_one_step(False)
                 self.use_one_step()
-        self.prepare_one_step()
-        return None if self._one_step is None else self._one_step.held_writer()
+        if self._full_adds <= ONE_STEP_AFTER:
+            self.use_one_step()
+        return None if self._one_step is None or self._storage.stacked else self._one_step.held_writer()
 
     # -- sampling ---------------------------------------------------------------------------
     def stats(self) -> ShardStats:
