@@ -58,7 +58,6 @@ __all__ = ["ChunkEpisodes", "Episode", "episodes_of_checkpoint", "export_checkpo
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 FIELDS = ("obs", "action", "reward")  # the fields a run's transition spec has
-STEPS = ("observations", "actions", "rewards", "terminations", "truncations")  # Minari's, in its order
 PIECE_BYTES = 64 << 20  # field rows read at once (a part need not fit in memory)
 COMPACT_BYTES = 16 << 10  # HDF5 keeps a dataset this small inside its group's header
 
