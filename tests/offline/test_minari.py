@@ -311,3 +311,29 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_an_incremental_checkpoint_exports_as_its_full_twin(tmp_path: Path) -> None:
+    """Its field rows live partly in the checkpoint before it (refs): read through them."""
+    rng = np.random.default_rng(3)
+    buf = sr.ReplayBuffer(SPEC, num_streams=ROWS, stream_capacity=CAP, sampler="prioritized", alpha=ALPHA)
+    ctr = 0
+    for checkpoint_id in (1, 2):
+        for t in range(40):
+            types = np.full(ROWS, FIRST if t % 8 == 0 else LAST if t % 8 == 7 else MID, np.uint8)
+            buf.add({"obs": np.stack([np.full(3, ctr + i, np.float32) for i in range(ROWS)]),
+                     "action": rng.integers(0, 4, ROWS), "reward": rng.random(ROWS).astype(np.float32),
+                     "step_type": types}, priorities=rng.random(ROWS) + 0.1)
+            ctr += ROWS
+        checkpoint.save(as_shard(buf, 0, 1), tmp_path / "inc", checkpoint_id, incremental=True)
+    checkpoint.save(as_shard(buf, 0, 1), tmp_path / "full", 2)
+    from shardreplay.checkpoint.manifest import checkpoint_dir, load_manifest
+
+    assert load_manifest(checkpoint_dir(tmp_path / "inc", 2)).parts[0].refs  # rows in checkpoint 1's file
+    export_checkpoint(tmp_path / "inc", "sr/inc-v0", **SPACES)
+    export_checkpoint(tmp_path / "full", "sr/full-v0", **SPACES)
+    ours, theirs = _episodes("sr/inc-v0"), _episodes("sr/full-v0")
+    assert len(ours) == len(theirs) > 5
+    for a, b in zip(ours, theirs, strict=True):
+        for name in a:
+            assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
