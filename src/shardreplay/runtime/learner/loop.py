@@ -207,7 +207,7 @@ class Learner:
         self._close_reader()  # after the save: queued acknowledgements go out (Redis)
         summary = self._summary(started, path)
         if self.lead is not None:
-            if summary["stopped_by"] in ("solved", "env_steps", "time"):
+            if not self.storage.stop and summary["stopped_by"] in ("solved", "env_steps", "time"):
                 # Not saved in the counters: a resumed run publishes from its saved version again.
                 self.lead.publish(self.policy_version + 1, finished=True)
             self.lead.close(summary, self.ingestor.last_return)  # the final evaluation is the last row
