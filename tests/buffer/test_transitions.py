@@ -67,8 +67,10 @@ def test_sample_transitions_equals_nstep_transitions_of_the_same_windows(sampler
         assert terminal.any() and (got.num_steps < n).any() == (n > 1)
 
 
-def test_exact_values_of_one_stream():
-    spec = Spec({"obs": Field(()), "action": Field((), np.int64), "reward": Field(())})
+# float16 and big-endian rewards take the path in steps (numba takes neither).
+@pytest.mark.parametrize("reward_dtype", [np.float32, np.float16, np.dtype(">f4")])
+def test_exact_values_of_one_stream(reward_dtype):
+    spec = Spec({"obs": Field(()), "action": Field((), np.int64), "reward": Field((), reward_dtype)})
     buf = ReplayBuffer(spec, num_streams=1, stream_capacity=16, window=4, seed=0)
     # obs = t; rewards 1, 2, 4, 8 ...; a termination at t = 5, then a fresh episode.
     types = [F, M, M, M, M, L, F, M, M, M, M]

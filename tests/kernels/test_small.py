@@ -1,5 +1,5 @@
-"""The small kernels against kernels/reference/small.py: uniform draws, n-step
-returns, restore-plan balancing, running episode returns."""
+"""The small kernels against kernels/reference/small.py: uniform draws, restore-plan
+balancing, running episode returns."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shardreplay.kernels.nstep import nstep_scalar
 from shardreplay.kernels.plan import balance_longest_first
 from shardreplay.kernels.reference import small as ref
 from shardreplay.kernels.returns import track_returns
@@ -48,27 +47,6 @@ def test_draw_written_is_uniform_over_valid_written_slots() -> None:
     counts = np.bincount(out, minlength=valid.shape[0])
     assert counts.sum() == counts[allowed].sum()  # nothing outside the valid written slots
     assert stats.chisquare(counts[allowed]).pvalue > 1e-3
-
-
-@pytest.mark.parametrize(("window", "n", "dtype"),
-                         [(2, 1, np.float64), (4, 3, np.float64), (5, 2, np.float32), (2, 1, np.float32)])
-def test_nstep_scalar(window: int, n: int, dtype: type) -> None:
-    rng = np.random.default_rng(window * 10 + n)
-    batch = 64
-    idx = rng.integers(0, 100, (batch, window))
-    ends = rng.integers(1, window + 1, batch)  # steps kept: a LAST at ends - 1 (or none)
-    mask = np.arange(window)[None, :] < ends[:, None]
-    reward, discount = rng.normal(size=100).astype(dtype), rng.choice([0.0, 1.0], 100, p=[0.2, 0.8])
-    ret, boot = np.empty(batch, dtype), np.empty(batch, dtype)
-    m, last = np.empty(batch, np.int64), np.empty(batch, np.int64)
-    nstep_scalar(idx, mask, reward, discount.astype(np.float32), 0.97, n, ret, boot, m, last)
-    want = ref.nstep_scalar(idx, mask, reward, discount.astype(np.float32), 0.97, n)
-    tol = 1e-12 if dtype == np.float64 else 1e-6
-    np.testing.assert_allclose(ret, want[0], rtol=tol, atol=tol)
-    np.testing.assert_allclose(boot, want[1], rtol=tol, atol=tol)
-    np.testing.assert_array_equal(m, want[2])
-    np.testing.assert_array_equal(last, want[3])
-    assert (m < n).any() and (m == n).any()
 
 
 def test_balance_longest_first() -> None:

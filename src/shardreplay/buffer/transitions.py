@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.nstep import _check_gamma, nstep_transitions
+from shardreplay.buffer.nstep import _check_gamma, nstep_returns, nstep_transitions
 from shardreplay.buffer.tensordicts import INSTALL
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels.lazy import lazy
@@ -26,11 +26,9 @@ from shardreplay.spec.fields import StepType
 from shardreplay.storage.streams import _nbytes, _numba_takes
 
 if TYPE_CHECKING:
-    from shardreplay.kernels import nstep as nstep_kernels
     from shardreplay.kernels import transitions as transition_kernels
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     transition_kernels = lazy("shardreplay.kernels.transitions")
-    nstep_kernels = lazy("shardreplay.kernels.nstep")
 
 if TYPE_CHECKING:
     from shardreplay.buffer.shard import Shard
@@ -345,19 +343,19 @@ def _observations(storage: StreamStorage, plan: _Plan, first: np.ndarray, last: 
 
 def _sample_in_steps(storage: StreamStorage, plan: _Plan, starts: np.ndarray, weights: np.ndarray,
                      gamma: float, n: int) -> Transitions:
-    """The transitions of ``starts`` for a reward the compiled path does not take."""
+    """The transitions of ``starts`` for a reward the compiled path does not take (one with a
+    shape, or of a dtype numba does not take): :func:`nstep_returns` over ``n + 1`` steps."""
     idx, mask, keys = storage.window_indices(starts)
-    rewards = storage.fields[plan.reward]
-    if rewards.ndim == 1:
-        returns, boot, m, last = _returns_scalar(idx, mask, rewards, storage.discount, gamma, n)
-    else:
-        returns, boot, m, last = _returns_any(idx, mask, rewards, storage.discount, gamma, n)
+    cut = idx[:, :n + 1]
+    rewards = storage.fields[plan.reward][cut]
+    rewards = rewards.astype(rewards.dtype.newbyteorder("="), copy=False)  # torch takes native order only
+    returns, boot, m = nstep_returns(torch.from_numpy(rewards), torch.from_numpy(storage.discount[cut]),
+                                     torch.from_numpy(mask[:, :n + 1]), gamma, validate=False)
+    last = cut[np.arange(cut.shape[0]), m.numpy()]
     obs, next_obs = _observations(storage, plan, starts, last)
     return Transitions(obs=obs, action=torch.from_numpy(_steps_of(storage, plan.action, starts)),
-                       reward=torch.from_numpy(returns), next_obs=next_obs,
-                       bootstrap_discount=torch.from_numpy(boot),
-                       weights=torch.from_numpy(weights), keys=torch.from_numpy(keys),
-                       num_steps=torch.from_numpy(m),
+                       reward=returns, next_obs=next_obs, bootstrap_discount=boot,
+                       weights=torch.from_numpy(weights), keys=torch.from_numpy(keys), num_steps=m,
                        **_stored_ends(storage.step_type[last], storage.discount[last]))
 
 
@@ -381,30 +379,6 @@ def _steps_of(storage: StreamStorage, name: str, slots: np.ndarray) -> np.ndarra
     rebuilt from its frames, a plain field is read by index."""
     store = storage.stacked.get(name)
     return store.gather(slots) if store is not None else storage.fields[name][slots]
-
-
-def _returns_scalar(idx: np.ndarray, mask: np.ndarray, rewards: np.ndarray, discount: np.ndarray,
-                    gamma: float, n: int) -> tuple[np.ndarray, ...]:
-    batch = idx.shape[0]
-    dtype = np.float64 if rewards.dtype == np.float64 else np.float32
-    ret = np.empty(batch, dtype)
-    boot = np.empty(batch, dtype)
-    m = np.empty(batch, np.int64)
-    last = np.empty(batch, np.int64)
-    nstep_kernels.nstep_scalar(idx, mask, rewards, discount, float(gamma), n, ret, boot, m, last)
-    return ret, boot, m, last
-
-
-def _returns_any(idx: np.ndarray, mask: np.ndarray, rewards: np.ndarray, discount: np.ndarray,
-                 gamma: float, n: int) -> tuple[np.ndarray, ...]:
-    """The general case (a reward with a shape): a torch reduction over ``n + 1`` steps."""
-    from shardreplay.buffer.nstep import nstep_returns
-
-    cut = idx[:, :n + 1]
-    ret, boot, m = nstep_returns(torch.from_numpy(rewards[cut]), torch.from_numpy(discount[cut]),
-                                 torch.from_numpy(mask[:, :n + 1]), gamma, validate=False)
-    m_np = m.numpy()
-    return ret.numpy(), boot.numpy(), m_np, cut[np.arange(cut.shape[0]), m_np]
 
 
 def transitions_from_batch(batch: Batch, gamma: float, n: int | None = None, *,

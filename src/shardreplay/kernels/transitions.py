@@ -1,11 +1,9 @@
 """The compiled n-step transitions of sampled window starts (buffer/transitions.py calls it).
 
-One call does what ``window_indices``, ``nstep_scalar`` and the numpy reads around them did
-in six: per start it walks the window (stopping at the episode's LAST as their mask did),
-sums the discounted rewards, encodes the key, reads whether the bootstrap step terminates
-or truncates, and copies the bytes of the observation at the start and at the bootstrap
-step and of the action at the start. The arithmetic is that of
-``kernels/nstep.py:nstep_scalar`` in the same order, so the results are bit-identical.
+Per start it walks the window (stopping at the episode's LAST), sums the discounted rewards
+(the formulas of buffer/nstep.py), encodes the key, reads whether the bootstrap step
+terminates or truncates, and copies the bytes of the observation at the start and at the
+bootstrap step and of the action at the start.
 
 It is shaped for a small batch, where numba's dispatch is much of the cost: a few array
 arguments (the scalars packed in one int64 array), nothing allocated, and compiled without
@@ -66,8 +64,7 @@ def scalar_transitions(starts, step_type, discount, generation, reward, params, 
         s = starts[b]
         base = s - s % cap
         slot = s - base
-        # m: n, or the first LAST strictly inside the window if it comes before n (the
-        # mask of window_indices, read as nstep_scalar reads it).
+        # m: n, or the first LAST strictly inside the window if it comes before n.
         m = n
         for k in range(1, min(n, window - 2) + 1):
             if step_type[base + (slot + k) % cap] == LAST:
