@@ -10,7 +10,7 @@ from scipy import stats
 
 from shardreplay.kernels import sum_tree as kern
 from shardreplay.kernels.reference import sum_tree as ref
-from shardreplay.samplers.sum_tree import SumMinTree
+from shardreplay.samplers import SumMinTree
 
 SIZES = [1, 2, 7, 8, 9, 64, 65, 1000]
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from shardreplay.samplers.base import Draw, Sampler
 from shardreplay.samplers.fifo import FifoSampler
-from shardreplay.samplers.prioritized import PrioritizedSampler
+from shardreplay.samplers.prioritized import PrioritizedSampler, SumMinTree
 from shardreplay.samplers.schedules import ConstantSchedule, LinearSchedule, as_schedule
-from shardreplay.samplers.sum_tree import SumMinTree
 from shardreplay.samplers.uniform import UniformSampler
 
 SAMPLER_NAMES = ("uniform", "prioritized", "fifo")
