@@ -26,7 +26,7 @@ from shardreplay.buffer.checks import (
 from shardreplay.buffer.shard import Shard
 from shardreplay.distributed.group import Collectives, Released
 from shardreplay.errors import ConfigError, InvalidKeyError, ShardReplayError
-from shardreplay.kernels.routing import BAD_KEY, BAD_PRIORITY, split_updates
+from shardreplay.kernels.keys import BAD_KEY, BAD_PRIORITY, split_updates
 from shardreplay.spec.keys import key_shard, with_shard
 
 _UPDATE_OPS = ("ShardedReplayBuffer.update_priorities(counts and updates)",

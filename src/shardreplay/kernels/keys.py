@@ -1,4 +1,5 @@
-"""The key codec: the bit layout of keys and its compiled encode, decode and checks.
+"""The key codec: the bit layout of keys and its compiled encode, decode and checks, and the
+per-key work of routing priority updates.
 
 Bit layout (most significant first, 63 bits used so keys stay non-negative)::
 
@@ -26,6 +27,8 @@ GEN_MASK, PLACE_MASK = codes.GEN_MASK, codes.PLACE_MASK
 TAG_MASK, SHARD_MASK = codes.TAG_MASK, codes.SHARD_MASK
 PLACE_SHIFT, TAG_SHIFT, SHARD_SHIFT = codes.PLACE_SHIFT, codes.TAG_SHIFT, codes.SHARD_SHIFT
 LOCAL_MASK = codes.LOCAL_MASK
+# The statuses of resolve_keys and split_updates.
+OK, BAD_PRIORITY, BAD_KEY = 0, 1, 2
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -121,9 +124,10 @@ def resolve_keys(keys, priorities, generation, size, epoch, tag):
     (generation other than the slot's write count ``generation[slot]`` plus the key
     ``epoch``); the buffer has ``size`` slots.
 
-    Returns ``(status, bad, slots, current)``: status 0 when all is well, 1 when
-    priority ``bad`` is negative or not finite, 2 when key ``bad`` is not a key of this
-    buffer (negative, shard other than 0, another key ``tag``, or a place past the end).
+    Returns ``(status, bad, slots, current)``: status ``OK`` when all is well,
+    ``BAD_PRIORITY`` when priority ``bad`` is negative or not finite, ``BAD_KEY`` when key
+    ``bad`` is not a key of this buffer (negative, shard other than 0, another key ``tag``,
+    or a place past the end).
     """
     n = keys.shape[0]
     slots = np.empty(n, np.int64)
@@ -131,12 +135,55 @@ def resolve_keys(keys, priorities, generation, size, epoch, tag):
     for j in range(n):
         p = priorities[j]
         if not (p >= 0.0 and p < np.inf):
-            return 1, j, slots, current
+            return BAD_PRIORITY, j, slots, current
         k = keys[j]
         if not key_fits(k, tag, size):
-            return 2, j, slots, current
+            return BAD_KEY, j, slots, current
         s = key_place_of(k)
         slots[j] = s
         written = np.int64(generation[s])  # 0: never written, no key names it
         current[j] = written > 0 and key_gen_of(written + epoch) == key_gen_of(k)
-    return 0, -1, slots, current
+    return OK, -1, slots, current
+
+
+@numba.njit(cache=True, nogil=True)
+def split_updates(keys: np.ndarray, prios: np.ndarray, rank: int, tags: np.ndarray,
+                  size: int) -> tuple:
+    """Check every ``(key, priority)`` and split them by owner.
+
+    ``tags[o]`` is the key tag of owner shard ``o`` (0 when not known yet: no key
+    matches it); ``size`` is this shard's slot count. Keys of -1 (padding) are skipped.
+    Returns ``(status, bad, own_keys, own_prios, foreign_keys, foreign_prios)``:
+    ``status`` is ``BAD_PRIORITY`` (priority ``bad`` is NaN, inf or negative) or
+    ``BAD_KEY`` (key ``bad`` is negative, names no owner, carries another tag than its
+    owner's, or names no place of this shard) before anything is split; own keys come
+    back with their shard bits cleared.
+    """
+    n = keys.shape[0]
+    world = tags.shape[0]
+    for i in range(n):
+        p = prios[i]
+        if not (p >= 0.0 and p < np.inf):
+            return BAD_PRIORITY, i, keys[:0], prios[:0], keys[:0], prios[:0]
+        k = keys[i]
+        if k == -1:
+            continue
+        owner = key_shard_of(k)
+        if k < 0 or owner >= world or key_tag_of(k) != tags[owner]:
+            return BAD_KEY, i, keys[:0], prios[:0], keys[:0], prios[:0]
+        if owner == rank and key_place_of(k) >= size:
+            return BAD_KEY, i, keys[:0], prios[:0], keys[:0], prios[:0]
+    own_k, own_p = np.empty(n, np.int64), np.empty(n, np.float32)
+    for_k, for_p = np.empty(n, np.int64), np.empty(n, np.float32)
+    n_own = n_for = 0
+    for i in range(n):
+        k = keys[i]
+        if k == -1:
+            continue
+        if key_shard_of(k) != rank:
+            for_k[n_for], for_p[n_for] = k, prios[i]
+            n_for += 1
+            continue
+        own_k[n_own], own_p[n_own] = k & LOCAL_MASK, prios[i]
+        n_own += 1
+    return OK, -1, own_k[:n_own], own_p[:n_own], for_k[:n_for], for_p[:n_for]

@@ -20,7 +20,7 @@ import importlib
 from shardreplay.runtime.forkserver import collector_paused, mark_ready
 
 MODULES = ("torch", "torch.distributed", "torch._dynamo", "shardreplay.runtime.learner.loop",
-           "shardreplay.kernels.routing", "shardreplay.kernels.ready")
+           "shardreplay.kernels.keys", "shardreplay.kernels.ready")
 
 
 def import_paused(names: tuple[str, ...]) -> None:
