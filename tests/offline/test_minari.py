@@ -276,8 +276,10 @@ def test_a_killed_export_leaves_no_dataset(tmp_path: Path, datasets: Path) -> No
     assert not list((datasets / "sr").glob(".killed-v0.partial-*"))
 
 
-@pytest.mark.slow  # about 5 CPU-s: a child that imports the package and minari
-def test_a_killed_parallel_export_leaves_no_dataset_and_no_process(tmp_path: Path, datasets: Path) -> None:
+@pytest.mark.slow  # about 5 CPU-s each: a child that imports the package and minari
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_a_killed_or_interrupted_parallel_export_leaves_no_dataset_and_no_process(
+        tmp_path: Path, datasets: Path, sig: signal.Signals) -> None:
     _save_run(tmp_path / "ck")
     code = textwrap.dedent(f"""
         import os, time, numpy as np, gymnasium as gym
@@ -289,19 +291,33 @@ def test_a_killed_parallel_export_leaves_no_dataset_and_no_process(tmp_path: Pat
         export_checkpoint({str(tmp_path / "ck")!r}, "sr/killed-v0", observation_space=box,
                           action_space=gym.spaces.Discrete(4), origin=origin, jobs=2)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ)
+
+    def ctrl_c_acts() -> None:  # as in a terminal: SIGINT's default action, a process group of its own
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.setsid()
+
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ,
+                            preexec_fn=ctrl_c_acts)
     try:
         assert proc.stdout is not None
         children = [int(proc.stdout.readline().split()[1]) for _ in range(2)]
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # Ctrl-C reaches the whole group
+        else:
+            proc.send_signal(sig)  # the exporting process alone: its children must follow
+        proc.wait(timeout=60)
     finally:
-        proc.send_signal(signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
         proc.wait(timeout=30)
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(pid) for pid in children)  # PR_SET_PDEATHSIG: they died with it
+    assert not any(_alive(pid) for pid in children)  # SIGKILL: PR_SET_PDEATHSIG; SIGINT: killed, joined
     assert not minari.storage.get_dataset_path("sr/killed-v0").exists()
     assert "sr/killed-v0" not in minari.list_local_datasets()
+    if sig == signal.SIGINT:  # the interrupted export removed its own temporary directory
+        assert not list((datasets / "sr").glob(".killed-v0*"))
 
 
 def _alive(pid: int) -> bool:
