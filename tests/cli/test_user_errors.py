@@ -85,3 +85,12 @@ def test_help_texts_say_what_a_user_needs(capsys: pytest.CaptureFixture[str]) ->
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: shardreplay train ") and "unrecognized arguments: --bogus" in err, err
+
+
+@pytest.mark.parametrize("extra", [["--jobs", "0"], ["--from", "rollouts", "--jobs", "2"]])
+def test_export_refuses_jobs_it_cannot_use_before_reading_the_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]) -> None:
+    # tmp_path is no run directory: the refusal must come before anything is read from it.
+    assert main(["export", str(tmp_path), "--minari", "sr/x-v0", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --jobs"), err

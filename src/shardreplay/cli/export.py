@@ -82,6 +82,10 @@ def _export_minari(args: argparse.Namespace) -> int:
     from shardreplay.runtime.learner.wal import iter_rollouts
     from shardreplay.runtime.settings import settings_for_resume
 
+    if args.jobs < 1 or (args.jobs > 1 and args.source == "rollouts"):
+        print(f"error: --jobs {args.jobs}: give a count >= 1; parallel export reads a checkpoint's shards, "
+              "so with --from rollouts leave --jobs out", file=sys.stderr)
+        return 2
     try:
         settings = settings_for_resume(args.run_dir, {})
         which = args.which or "latest"
