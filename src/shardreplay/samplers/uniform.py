@@ -46,7 +46,7 @@ class UniformSampler(Unweighted):
 
     def draw(self, n: int, rng: np.random.Generator, advance: bool = True) -> Draw:
         """``n`` i.i.d. uniform valid starts."""
-        starts = self._starts(n, rng)
+        starts = self.draw_starts(n, rng)
         prob = np.empty(n)
         prob.fill(1.0 / self.storage.num_valid)  # fill: np.full's argument handling costs more
         weights = np.empty(n, np.float32)
@@ -57,9 +57,6 @@ class UniformSampler(Unweighted):
         """The starts of :meth:`draw` alone (the same draws from ``rng``), for a caller
         that needs no probabilities (every weight is 1). ``n`` >= 1 and a valid start
         exist (the caller checks)."""
-        return self._starts(n, rng)
-
-    def _starts(self, n: int, rng: np.random.Generator) -> np.ndarray:
         storage = self.storage
         count, cap = storage.num_valid, storage.stream_capacity
         # Only written slots can be valid: each row's first min(pos, C) slots. Drawing
