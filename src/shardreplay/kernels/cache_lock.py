@@ -31,6 +31,7 @@ from typing import Any
 
 from numba.core import caching, sigutils
 from numba.core.compiler_lock import global_compiler_lock
+from numba.core.cpu import CPUTargetOptions
 from numba.core.dispatcher import Dispatcher
 
 _FILE: Any = caching.IndexDataCacheFile
@@ -40,6 +41,10 @@ _COMPILE = Dispatcher.compile
 _compiling: set[str] = set()  # the compile locks this process holds (flock is per open file)
 COMPILE_WAIT_S = 300.0  # the longest a process waits for another's compile of a signature
 _POLL_S = 0.05
+# The njit options of a cached kernel shaped for a small batch, where numba's dispatch is
+# much of the cost: compiled without numba's reference counting where numba has that option.
+SMALL_CALL: dict[str, Any] = {"cache": True, "nogil": True,
+                              **({"_nrt": False} if hasattr(CPUTargetOptions, "_nrt") else {})}
 
 
 def _lock(index_path: str, mode: int, suffix: str = ".lock", wait_s: float | None = None) -> int | None:

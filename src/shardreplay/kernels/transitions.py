@@ -5,19 +5,15 @@ Per start it walks the window (stopping at the episode's LAST), sums the discoun
 terminates or truncates, and copies the bytes of the observation at the start and at the
 bootstrap step and of the action at the start.
 
-It is shaped for a small batch, where numba's dispatch is much of the cost: a few array
-arguments (the scalars packed in one int64 array), nothing allocated, and compiled without
-numba's reference counting where numba has that option (as ``kernels/add_step.py``).
+Shaped for a small batch (``cache_lock.SMALL_CALL``): a few array arguments (the scalars
+packed in one int64 array), nothing allocated.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numba
-from numba.core.cpu import CPUTargetOptions
 
-from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
+from shardreplay.kernels import cache_lock
 from shardreplay.kernels.copy import copy_small_or_at
 from shardreplay.kernels.keys import encode_key
 
@@ -33,11 +29,9 @@ GATHER = 5
 STRIDE, OFFSET, BYTES, DST = 0, 1, 2, 3
 GATHER_WORDS = 4
 PARAMS = GATHER + 3 * GATHER_WORDS
-_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True,
-                            **({"_nrt": False} if hasattr(CPUTargetOptions, "_nrt") else {})}
 
 
-@numba.njit(inline="always", **_OPTIONS)
+@numba.njit(inline="always", **cache_lock.SMALL_CALL)
 def _gather(params, g, src, slot, dst, b):  # pragma: no cover - compiled
     at = GATHER + g * GATHER_WORDS
     size = params[at + BYTES]
@@ -46,7 +40,7 @@ def _gather(params, g, src, slot, dst, b):  # pragma: no cover - compiled
         copy_small_or_at(dst, params[at + DST] + b * size, src, src_at, size)
 
 
-@numba.njit(**_OPTIONS)
+@numba.njit(**cache_lock.SMALL_CALL)
 def scalar_transitions(starts, step_type, discount, generation, reward, params, gamma, floats, ints, flags,
                        obs_src, act_src, dst):  # pragma: no cover - compiled
     """n-step transitions of the windows starting at flat slots ``starts [B]`` (a scalar

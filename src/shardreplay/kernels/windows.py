@@ -8,9 +8,8 @@ arrays. Fields outside the records (large fields, frame stacks, ``at_starts`` fi
 gathered by the caller from the slots it also writes. With no record parts it is the walk
 alone (``StreamStorage.window_indices``).
 
-Shaped for a small batch, where numba's dispatch is much of the cost: nothing allocated,
-a few array arguments (the scalars packed in one int64 array), compiled without numba's
-reference counting where numba has that option (as ``kernels/add_step.py``).
+Shaped for a small batch (``cache_lock.SMALL_CALL``): nothing allocated, a few array
+arguments (the scalars packed in one int64 array).
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ from typing import Any
 
 import numba
 import numpy as np
-from numba.core.cpu import CPUTargetOptions
 
-from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
+from shardreplay.kernels import cache_lock
 from shardreplay.kernels.copy import copy_1, copy_2, copy_4, copy_8
 from shardreplay.kernels.keys import encode_key
 
@@ -37,8 +35,7 @@ CAP, WINDOW, EPOCH, TAG, MASK_AT, KEYS_AT, N_PARTS = 0, 1, 2, 3, 4, 5, 6
 PARTS = 7
 OFFSET, SIZE, DST = 0, 1, 2
 PART_WORDS = 3
-_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "boundscheck": False,
-                            **({"_nrt": False} if hasattr(CPUTargetOptions, "_nrt") else {})}
+_OPTIONS: dict[str, Any] = {**cache_lock.SMALL_CALL, "boundscheck": False}
 
 
 @numba.njit(inline="always", **_OPTIONS)
