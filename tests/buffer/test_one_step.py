@@ -20,7 +20,9 @@ import pytest
 import torch
 
 import shardreplay as sr
+import shardreplay.spec.coerce as coerce
 import shardreplay.spec.validation as validation
+import shardreplay.storage.one_step as one_step
 from shardreplay import testing
 from shardreplay.buffer import shard as shard_module
 from tests.support.buffers import assert_same, snapshot
@@ -219,62 +221,80 @@ def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest
     np.testing.assert_array_equal(testing.stored(buf, "obs")[[0, 8]], step["obs"])
 
 
-def test_steps_in_the_stored_form_skip_the_conversion() -> None:
-    """Steps in the stored dtypes go to the kernel without the conversion's check, also
-    right after a converted step (numpy arrays are tried as they come); lists are
-    converted. Each stores what the full path stores."""
+def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
+    """Steps in the stored dtypes go to the kernel as they come, also right after a list
+    step (the one after it is read once, then handed on as it comes); lists are read as
+    arrays each time. Each stores what the full path stores."""
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
-    checked: list[int] = []
-    convert = short._inputs
-    short._inputs = lambda values: checked.append(1) or convert(values)  # type: ignore[method-assign]
+    read: list[int] = []
+    arrays = short._arrays
+    short._arrays = lambda values, targets: read.append(1) or arrays(values, targets)  # type: ignore
     step = _good(SPECS["vector"], 2, np.random.default_rng(1))
     step.pop("discount", None)
     step["step_type"] = np.array([0, 1], np.uint8)
     natural = {**step, "action": step["action"].tolist()}
-    for given, checks in ((step, 0), (step, 0), (natural, 1), (step, 1), (step, 1), (natural, 2)):
+    for given, reads in ((step, 0), (step, 0), (natural, 1), (step, 2), (step, 2), (natural, 3)):
         fast.add(given)
         full.add(given)
-        assert len(checked) == checks
+        assert len(read) == reads
         assert_same(_observed(fast), _observed(full))
     assert fast.num_steps == 12
 
 
-NUMPY_KINDS = {"int64 step types": lambda st: {**st, "step_type": st["step_type"].astype(np.int64)},
-               "float64": lambda st: {**st, "obs": st["obs"].astype(np.float64),
-                                      "reward": st["reward"].astype(float)},
-               "int32 action": lambda st: {**st, "action": st["action"].astype(np.int32)},
-               "strided": lambda st: {**st, "obs": np.repeat(st["obs"], 2, axis=-1)[..., ::2]}}
+def _counted_casts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every Python cast to a stored dtype (``spec/coerce.as_stored``) outside the full
+    validation, by field name."""
+    casts: list[str] = []
+    for module in (coerce, one_step):
+        def counted(name: str, *args: Any, _cast: Any = module.as_stored, **kwargs: Any) -> np.ndarray:
+            casts.append(name)
+            return _cast(name, *args, **kwargs)
+        monkeypatch.setattr(module, "as_stored", counted)
+    return casts
 
 
-@pytest.mark.parametrize("kind", NUMPY_KINDS)
-def test_numpy_inputs_of_other_dtypes_and_layouts_go_to_the_kernel_as_they_come(kind: str) -> None:
-    """A kind of numpy input gets a compiled form of its own (no conversion in Python, no
-    refused dispatch after the first step); each step stores what the full path stores,
-    and a value that cannot be stored is refused with the full path's error, nothing
-    written."""
+NATURAL_KINDS = {
+    "int64 step types": lambda st: {**st, "step_type": st["step_type"].astype(np.int64)},
+    "float64": lambda st: {**st, "obs": st["obs"].astype(np.float64), "reward": st["reward"].astype(float)},
+    "int32 action": lambda st: {**st, "action": st["action"].astype(np.int32)},
+    "strided": lambda st: {**st, "obs": np.repeat(st["obs"], 2, axis=-1)[..., ::2]},
+    "lists": lambda st: {k: v.tolist() for k, v in st.items()},
+    "torch": lambda st: {k: torch.from_numpy(v.copy()) for k, v in st.items()},
+    "bool discount": lambda st: {**st, "discount": st["step_type"] != 2},
+    "int discount": lambda st: {**st, "discount": (st["step_type"] != 2).astype(np.int64)},
+}
+
+
+@pytest.mark.parametrize("kind", NATURAL_KINDS)
+def test_natural_inputs_go_to_the_kernel_without_a_cast_in_python(kind: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Numpy arrays of any dtype and layout, lists, tensors and bool or integer discounts
+    reach the compiled kernel uncast (lists and tensors read as arrays only); the kernel
+    is compiled for their kind once (none for tensors of the stored dtypes). Each step
+    stores what the full path stores, and a value that cannot be stored is refused with
+    the full path's one-line error, nothing written."""
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
-    converted: list[int] = []
-    convert = short._inputs
-    short._inputs = lambda values: converted.append(1) or convert(values)  # type: ignore[method-assign]
+    casts = _counted_casts(monkeypatch)
     rng = np.random.default_rng(3)
     for t in range(6):
         step = _good(SPECS["vector"], 2, rng)
         step.pop("discount", None)
         step["step_type"] = np.array([t % 3, 1], np.uint8)
-        given = NUMPY_KINDS[kind](step)
-        fast.add(given)
+        given = NATURAL_KINDS[kind](step)
+        assert short.add(given)  # the short path took it
         full.add(given)
         assert_same(_observed(fast), _observed(full))
-    assert converted == [] and short._kinds == 1 and short._direct
-    bad = {**step, "action": np.full(2, 1.5)} if kind != "int64 step types" else \
+    assert casts == [] and short._kinds == (0 if kind == "torch" else 1)
+    bad = {**given, "action": np.full(2, 1.5)} if kind != "int64 step types" else \
         {**given, "step_type": np.array([1, 300])}
     before = snapshot(fast)
-    with pytest.raises(sr.SpecMismatchError):
+    with pytest.raises(sr.SpecMismatchError) as info:
         fast.add(bad)
+    assert "\n" not in str(info.value)
     assert_same(snapshot(fast), before)
 
 

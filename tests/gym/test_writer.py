@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import shardreplay.gym.writer as writer_module
+import shardreplay.spec.coerce as coerce
 import shardreplay.spec.validation as validation
+import shardreplay.storage.one_step as one_step
 from shardreplay import (
     ConfigError,
     Field,
@@ -89,7 +91,7 @@ def test_the_writer_builds_the_buffers_one_step_writer_when_made():
     no = np.zeros(2, bool)
     for reward in (np.ones(2, np.float32), np.ones(2), [1.0, 1.0], np.ones(2, np.float32)):
         writer.step(np.zeros(2, np.int64), np.ones((2, 4), np.float32), reward, no, no)
-    assert through_shard == [] and buf.num_steps == 8 and not writer._natural
+    assert through_shard == [] and buf.num_steps == 8
     ended = np.ones(2, bool)
     writer.step(np.zeros(2, np.int64), np.ones((2, 4), np.float32), np.ones(2, np.float32), ended, no)
     assert through_shard == [] and writer.num_episodes == 2
@@ -230,14 +232,20 @@ GYM_KINDS = {
 
 @pytest.mark.parametrize("kind", sorted(GYM_KINDS))
 def test_natural_inputs_take_the_one_step_writer_and_store_what_typed_inputs_store(kind, monkeypatch):
-    """Each kind is converted before the compiled write: no step goes through the full
-    validation (patched to raise here), and the buffer holds what typed inputs give."""
+    """Each kind goes to the compiled write uncast (lists and tensors read as arrays, the
+    kernel casts): no step goes through the full validation (patched to raise here) or a
+    cast in Python, and the buffer holds what typed inputs give."""
     bufs = [ReplayBuffer(SPEC, num_streams=2, stream_capacity=16, window=2, seed=0) for _ in range(2)]
     writers = [GymStepWriter(b, autoreset_mode="next_step") for b in bufs]
 
     def no_full_path(*args):
         raise AssertionError("a natural input went through the full validation")
     monkeypatch.setattr(validation, "validate", no_full_path)
+
+    def no_cast(*args, **kwargs):
+        raise AssertionError("a natural input was cast in Python")
+    for module in (coerce, one_step):
+        monkeypatch.setattr(module, "as_stored", no_cast)
     rng = np.random.default_rng(3)
     obs = rng.standard_normal((2, 4)).astype(np.float32)
     for w in writers:

@@ -24,7 +24,7 @@ from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.gym.modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
 from shardreplay.spec import Field, Spec, StepType
-from shardreplay.spec.coerce import as_stored, stored_values, to_numpy
+from shardreplay.spec.coerce import as_stored, to_numpy
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -155,18 +155,12 @@ class GymStepWriter:
         self._names = (observation, action, reward)
         self._shard = shard_of_buffer(buffer)
         spec, n = buffer.spec, buffer.num_streams
-        # The common step's write (storage/one_step.py), built now (compiled, or loaded from
-        # numba's cache), not in the first step; none: every step takes Shard.write.
+        # The common step's write (storage/one_step.py; it takes values of any kind), built
+        # now (compiled, or loaded from numba's cache), not in the first step; none: every
+        # step takes Shard.write.
         held = self._shard.held_writer(self._names)
         self._write_held: Callable[..., int] = held or _refused
         self._can_hold = held is not None
-        # The same values converted (spec/coerce.py): taken once a step came in another form.
-        self._convert = stored_values([(action, spec[action].dtype, (n, *spec[action].shape),
-                                        len(spec[action].shape)), (reward, spec[reward].dtype, (n,), 0),
-                                       (observation, spec[observation].dtype, (n, *spec[observation].shape),
-                                        len(spec[observation].shape)),
-                                       ("terminated", _BOOL, (n,), 0), ("truncated", _BOOL, (n,), 0)])
-        self._natural = False
         self._ready = False  # the next step may take _write_held (see _set_ready)
         self.num_envs = n
         self._obs_field, self._reward_dtype = spec[observation], spec[reward].dtype
@@ -269,30 +263,20 @@ class GymStepWriter:
         """
         if self._ready and not info and self._lock is None:
             # The common step: checked and written, the next observation checked and held, in
-            # one compiled call; values of another form are converted first (and from then on).
-            natural = self._natural
-            if natural:
-                inputs = (action, reward, obs, terminated, truncated)
-                values = self._convert(inputs)
-                if values is not None:
-                    action, reward, obs, terminated, truncated = values
+            # one compiled call.
             got = self._write_held(self._types, self._held, action, reward, obs, self._spare, terminated,
                                    truncated)
             if got:
-                if natural and values is inputs:  # all came in the stored form
-                    self._natural = False
                 self._held, self._spare = self._spare, self._held
                 self.num_steps += self.num_envs
                 if got == 2:  # some env's episode ended: the held steps' types and discounts
-                    self._types, self._discounts, ended = self._boundary(terminated, truncated)
+                    n = self.num_envs
+                    term, trunc = _flags(terminated, n, "terminated"), _flags(truncated, n, "truncated")
+                    self._types, self._discounts, ended = self._boundary(term, trunc)
                     self.num_episodes += ended
                     self._any_last, self._ready = True, False
                 else:
                     self._types = self._all_mid
-                return
-            if not natural:  # convert, and try again
-                self._natural = True
-                self.step(action, obs, reward, terminated, truncated, info)
                 return
         if self._lock is None:  # no context manager to enter (a step counts microseconds)
             self._step(action, obs, reward, terminated, truncated, info)

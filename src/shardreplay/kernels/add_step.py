@@ -74,7 +74,7 @@ _OPTIONS: dict[str, Any] = {"cache": True, "nogil": True,
 
 
 @intrinsic
-def _flat_item(typingctx, array, index):  # pragma: no cover - compiled
+def _flat_item(typingctx, array, index):  # pragma: no cover
     """Element ``index`` of a C-contiguous ``array`` in memory order (no reshape: numba's
     reshape calls a C helper)."""
     if not isinstance(array, types.Array) or array.layout != "C":
@@ -86,7 +86,7 @@ def _flat_item(typingctx, array, index):  # pragma: no cover - compiled
     return array.dtype(array, types.intp), codegen
 
 
-def _value_ok(value: Any, state: Any, j: int, n_rows: int) -> bool:  # pragma: no cover - compiled
+def _value_ok(value: Any, state: Any, j: int, n_rows: int) -> bool:  # pragma: no cover
     """``value`` has ``n_rows`` rows of the field shape in ``state[j:]`` and can be stored
     as the field's dtype: numpy's ``astype`` of it changes no value (integers in range, as
     ``casting="same_value"``; no float into integers); when the field must be finite, no
@@ -130,7 +130,7 @@ def _value_ok_compiled(value, state, j, n_rows):  # pragma: no cover - compiling
     return impl
 
 
-def _item(value: Any, k: int) -> Any:  # pragma: no cover - compiled
+def _item(value: Any, k: int) -> Any:  # pragma: no cover
     """Element ``k`` of ``value`` in C order (any layout)."""
     raise NotImplementedError("compiled only")
 
@@ -173,7 +173,7 @@ def _put_compiled(dst, at, value, i, state, j):  # pragma: no cover - compiling
 
 
 @numba.njit(inline="always")
-def _store_as(dst, at, k, x, to):  # pragma: no cover - compiled
+def _store_as(dst, at, k, x, to):  # pragma: no cover
     """``x`` as element ``k`` of dtype ``DTYPES[to]`` from byte ``at`` of ``dst``."""
     if to == 0:
         _store(dst, at + 4 * k, numba.float32(x))
@@ -211,7 +211,7 @@ def state_parts(n_rows: int, n_fields: int, window: int) -> tuple[int, int, int,
 
 
 @numba.njit(**_OPTIONS)
-def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no cover - compiled
+def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no cover
     """The part of :func:`add_step` that no field's type changes: check the step types and
     discounts, then (unless ``state[CHECK_ONLY]``) the bookkeeping and the discount.
 
@@ -245,7 +245,7 @@ def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no
 
 
 @numba.njit(**_OPTIONS)
-def add_step(records, pos_and_counters, state, step_types, values):  # pragma: no cover - compiled
+def add_step(records, pos_and_counters, state, step_types, values):  # pragma: no cover
     """Check one step of every stream, then write it: the bookkeeping
     (``kernels.storage.write_steps``), the discount and every field held in the records.
 
@@ -260,16 +260,20 @@ def add_step(records, pos_and_counters, state, step_types, values):  # pragma: n
     ``state[N_OUT]``; or :data:`BAD_INPUT` with nothing changed when a shape, a value of
     a finite field, a step type or a discount is wrong (the caller's full check then
     says which)."""
-    return _add(records, records, pos_and_counters, state, step_types, values)
+    discount_at, end = state_parts(state[ROWS], state[FIELDS], state[WINDOW])[2:]
+    discount = state[discount_at:end].view(np.float32)[:state[ROWS]]
+    return _add(records, records, pos_and_counters, state, discount, step_types, values)
 
 
 @numba.njit(**_OPTIONS)
-def _add(records, own, pos_and_counters, state, step_types, values):  # pragma: no cover - compiled
+def _add(records, own, pos_and_counters, state, discount, step_types, values):  # pragma: no cover
     """:func:`add_step`, which also writes the field planned ``OWN`` into ``own`` (its
-    own array as uint8 rows ``[N, row bytes]``), and takes values and step types of other
-    dtypes and layouts (each compiled form is one kind of input: ``OneStepAdd``)."""
+    own array as uint8 rows ``[N, row bytes]``), takes the discounts ``[S]`` as an
+    argument, and takes values, step types and discounts of other dtypes and layouts
+    (each compiled form is one kind of input: ``OneStepAdd``)."""
     n_rows = state[ROWS]
-    if step_types.ndim != 1 or step_types.shape[0] != n_rows or not _integers(step_types):
+    if step_types.ndim != 1 or step_types.shape[0] != n_rows or not _integers(step_types) or \
+            discount.ndim != 1 or discount.shape[0] != n_rows or not _numbers(discount):
         return BAD_INPUT
     j = PLAN
     for v in literal_unroll(values):
@@ -279,10 +283,13 @@ def _add(records, own, pos_and_counters, state, step_types, values):  # pragma: 
     # The step types as stored, at the end of ``state`` (any integer dtype and layout taken).
     types8 = state[state.shape[0] - (n_rows + 7) // 8:].view(np.uint8)[:n_rows]
     _stored_types(types8, step_types)
+    _rows_at, out_at, discount_at, end = state_parts(n_rows, state[FIELDS], state[WINDOW])
+    stored_discount = state[discount_at:end].view(np.float32)[:n_rows]
+    for i in range(n_rows):  # as stored (bool: 0.0 / 1.0); the step rule is checked next
+        stored_discount[i] = numba.float32(discount[i])
     delta = _check_and_book(records, pos_and_counters, state, types8)
     if delta == BAD_INPUT or state[CHECK_ONLY]:
         return delta
-    out_at = state_parts(n_rows, state[FIELDS], state[WINDOW])[1]
     record_bytes = records.shape[1]
     j = PLAN
     for v in literal_unroll(values):
@@ -296,7 +303,7 @@ def _add(records, own, pos_and_counters, state, step_types, values):  # pragma: 
     return delta
 
 
-def _integers(array: Any) -> bool:  # pragma: no cover - compiled
+def _integers(array: Any) -> bool:  # pragma: no cover
     """Whether ``array`` holds integers (the full check refuses other step types)."""
     raise NotImplementedError("compiled only")
 
@@ -307,8 +314,19 @@ def _integers_compiled(array):  # pragma: no cover - compiling
     return lambda array: integers
 
 
+def _numbers(array: Any) -> bool:  # pragma: no cover
+    """Whether ``array`` holds bools, integers or floats (as a discount may)."""
+    raise NotImplementedError("compiled only")
+
+
+@overload(_numbers, inline="always")
+def _numbers_compiled(array):  # pragma: no cover - compiling
+    numbers = isinstance(array.dtype, (types.Integer, types.Float, types.Boolean))
+    return lambda array: numbers
+
+
 @numba.njit(inline="always")
-def _stored_types(out, step_types):  # pragma: no cover - compiled
+def _stored_types(out, step_types):  # pragma: no cover
     """``step_types`` (any integer dtype and layout) into the uint8 ``out``, a value
     outside 0..2 as 255 (which the step check refuses)."""
     for i in range(out.shape[0]):
@@ -317,8 +335,8 @@ def _stored_types(out, step_types):  # pragma: no cover - compiled
 
 
 @numba.njit(**_OPTIONS)
-def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, spare, term,
-             trunc):  # pragma: no cover - compiled
+def add_held(records, own, pos_and_counters, state, discount, step_types, a, b, c, nxt, spare, term,
+             trunc):  # pragma: no cover
     """:func:`add_step` of 3 fields (``GymStepWriter``'s) that also takes the first
     field's next value: ``nxt`` checked as that field (shape, finite), then the write,
     then ``nxt`` copied into ``spare`` (the caller holds it until the next step).
@@ -329,7 +347,7 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
     n_rows = state[ROWS]
     if not _value_ok(nxt, state, PLAN, n_rows) or term.shape[0] != n_rows or trunc.shape[0] != n_rows:
         return BAD_INPUT
-    delta = _add(records, own, pos_and_counters, state, step_types, (a, b, c))
+    delta = _add(records, own, pos_and_counters, state, discount, step_types, (a, b, c))
     if delta == BAD_INPUT:
         return delta
     size = state[PLAN + ROW_BYTES]
@@ -342,7 +360,7 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
 
 
 @intrinsic
-def _load(typingctx, array, offset):  # pragma: no cover - compiled
+def _load(typingctx, array, offset):  # pragma: no cover
     """The element of ``array`` at byte ``offset`` from its first byte."""
     _check_arrays(array)
 
@@ -355,7 +373,7 @@ def _load(typingctx, array, offset):  # pragma: no cover - compiled
 
 
 @intrinsic
-def _store(typingctx, array, offset, value):  # pragma: no cover - compiled
+def _store(typingctx, array, offset, value):  # pragma: no cover
     """Store ``value`` (its own type) at byte ``offset`` of ``array``."""
     _check_arrays(array)
 
@@ -370,59 +388,59 @@ def _store(typingctx, array, offset, value):  # pragma: no cover - compiled
 
 # Entry points by the number of fields (see the module docstring).
 @numba.njit(**_OPTIONS)
-def add_step_1(records, own, pos_and_counters, state, step_types, a):  # pragma: no cover - compiled
+def add_step_1(records, own, pos, state, discount, step_types, a):  # pragma: no cover
     """:func:`add_step` of a spec of 1 field."""
-    return _add(records, own, pos_and_counters, state, step_types, (a,))
+    return _add(records, own, pos, state, discount, step_types, (a,))
 
 
 @numba.njit(**_OPTIONS)
-def add_step_2(records, own, pos_and_counters, state, step_types, a, b):  # pragma: no cover - compiled
+def add_step_2(records, own, pos, state, discount, step_types, a, b):  # pragma: no cover
     """:func:`add_step` of a spec of 2 fields."""
-    return _add(records, own, pos_and_counters, state, step_types, (a, b))
+    return _add(records, own, pos, state, discount, step_types, (a, b))
 
 
 @numba.njit(**_OPTIONS)
-def add_step_3(records, own, pos_and_counters, state, step_types, a, b, c):  # pragma: no cover - compiled
+def add_step_3(records, own, pos, state, discount, step_types, a, b, c):  # pragma: no cover
     """:func:`add_step` of a spec of 3 fields."""
-    return _add(records, own, pos_and_counters, state, step_types, (a, b, c))
+    return _add(records, own, pos, state, discount, step_types, (a, b, c))
 
 
 @numba.njit(**_OPTIONS)
-def add_step_4(records, own, pos_and_counters, state, step_types, a, b, c, d):  # pragma: no cover
+def add_step_4(records, own, pos, state, discount, step_types, a, b, c, d):  # pragma: no cover
     """:func:`add_step` of a spec of 4 fields."""
-    return _add(records, own, pos_and_counters, state, step_types, (a, b, c, d))
+    return _add(records, own, pos, state, discount, step_types, (a, b, c, d))
 
 
 @numba.njit(**_OPTIONS)
-def add_step_5(records, own, pos_and_counters, state, step_types, a, b, c, d, e):  # pragma: no cover
+def add_step_5(records, own, pos, state, discount, step_types, a, b, c, d, e):  # pragma: no cover
     """:func:`add_step` of a spec of 5 fields."""
-    return _add(records, own, pos_and_counters, state, step_types, (a, b, c, d, e))
+    return _add(records, own, pos, state, discount, step_types, (a, b, c, d, e))
 
 
 @numba.njit(**_OPTIONS)
-def add_step_6(records, own, pos_and_counters, state, step_types, a, b, c, d, e, f):  # pragma: no cover
+def add_step_6(records, own, pos, state, discount, step_types, a, b, c, d, e, f):  # pragma: no cover
     """:func:`add_step` of a spec of 6 fields."""
-    return _add(records, own, pos_and_counters, state, step_types, (a, b, c, d, e, f))
+    return _add(records, own, pos, state, discount, step_types, (a, b, c, d, e, f))
 
 
 @numba.njit(**_OPTIONS)
-def add_step_n(records, own, pos_and_counters, state, step_types, *values):  # pragma: no cover - compiled
+def add_step_n(records, own, pos, state, discount, step_types, *values):  # pragma: no cover
     """:func:`add_step` of a spec of any number of fields."""
-    return _add(records, own, pos_and_counters, state, step_types, values)
+    return _add(records, own, pos, state, discount, step_types, values)
 
 
 _ENTRIES = (add_step_n, add_step_1, add_step_2, add_step_3, add_step_4, add_step_5, add_step_6)
 
 
 def compiled_add_step(args: tuple[Any, ...], held: bool = False) -> Any:
-    """A dispatcher of the add (the entry point of ``len(args) - 5`` fields; with
+    """A dispatcher of the add (the entry point of ``len(args) - 6`` fields; with
     ``held``, :func:`add_held`) compiled (or loaded from numba's cache) for arguments of
     the types of ``args`` only: arguments of any other type raise ``TypeError`` at
-    dispatch, and nothing more is compiled. ``args`` = (records as uint8 rows, the own
-    array as uint8 rows, positions and counters, state, step types, *values)."""
+    dispatch (see :func:`compile_also`). ``args`` = (records as uint8 rows, the own array
+    as uint8 rows, positions and counters, state, discounts, step types, *values)."""
     if held:
         return _compiled(add_held, [numba.typeof(x) for x in args])
-    return compiled_for(_ENTRIES, 5, args)
+    return compiled_for(_ENTRIES, 6, args)
 
 
 def compiled_for(entries: tuple[Any, ...], n_head: int, args: tuple[Any, ...]) -> Any:

@@ -6,12 +6,12 @@ built once per storage and owns the record layout: the field order, the stored d
 and shapes, where each field sits in the per-slot record, and a compiled kernel
 (``kernels/add_step.py``) that checks and writes a step in one call. A step takes it
 when it is a plain ``dict`` of exactly the spec's flat names plus ``step_type`` (and
-``discount``); numpy arrays of another dtype or layout go to the kernel as they come (it
-is compiled for each such kind, and casts), lists, scalars and torch tensors are
-converted first (``spec/coerce.py``). Anything else (nested names), and any input
-that fails a check, is left to the full validation (``Spec.validate`` and
-``StreamStorage.write``), which stores the same or raises today's error; nothing is
-written by this path then.
+``discount``). Values of any kind go to the kernel uncast: numpy arrays as they come,
+lists, scalars and torch tensors read as arrays first (``spec/coerce.to_numpy``); the
+kernel is compiled for each kind of input it is given (any numeric dtype and layout,
+cast in the kernel). Anything else (nested names), and any input that fails a check,
+is left to the full validation (``Spec.validate`` and ``StreamStorage.write``), which
+stores the same or raises today's error; nothing is written by this path then.
 
 A spec with one frame-stacked field (integers) and at least one plain one takes it too,
 in one compiled call (``kernels/add_stacked.py``: check, the stacks checked against the
@@ -34,7 +34,7 @@ from shardreplay.kernels.codes import ADD_HELD_DONE as DONE
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.lazy import lazy
-from shardreplay.spec.coerce import as_stored, stored_values, to_numpy
+from shardreplay.spec.coerce import as_stored, to_numpy, with_unit_axes
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
@@ -98,26 +98,25 @@ class OneStepAdd:
         # The plain fields, ``first`` first (the order of add_held's values), then in spec order.
         names = tuple(n for n in (*first, *(m for m in spec.names if m not in first))
                       if not spec[n].frame_stack)
-        self._names = names
-        self._get = operator.itemgetter("step_type", *names)
-        self._n_keys = len(spec.names) + 1  # a step without "discount"
         record_fields: Mapping[str, Any] = storage.records.dtype.fields or {}
         rows = _rows_of(storage.records)
         own = rows  # the kernel's own array: the first field not in the records (none: unused)
         plan: list[int] = []
-        # Other fields of their own array are written here after the kernel.
+        # Other fields of their own array are written here after the kernel, from the values
+        # at these indices (the discount and the step types come first, then a stack).
+        at = 2 + len(storage.stacked)
         self._own: list[tuple[int, np.ndarray]] = []
         for i, name in enumerate(names):
             f = spec[name]
-            at = record_fields.get(f"field.{name}")
+            place = record_fields.get(f"field.{name}")
             row_bytes = f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
             offset = kernel.CALLER
-            if at is not None:
-                offset = at[1]
+            if place is not None:
+                offset = place[1]
             elif own is rows and not storage.stacked:
                 offset, own = kernel.OWN, _rows_of(storage.fields[name])
             else:
-                self._own.append((i + 1, storage.fields[name]))
+                self._own.append((i + at, storage.fields[name]))
             code = kernel.DTYPES.index(f.dtype) if f.dtype in kernel.DTYPES else -1
             low, high = _range_of(f.dtype)
             words = [offset, row_bytes, int(f.checks_finite), code, low, high, *f.shape]
@@ -130,133 +129,137 @@ class OneStepAdd:
         self._state[rows_at:out_at] = np.arange(s)
         self._priority = self._state[kernel.PRIORITY:kernel.PRIORITY + 1].view(np.float64)
         self._priority[0] = 1.0
-        self._discount = self._state[discount_at:end].view(DISCOUNT_DTYPE)[:s]
-        self._discount[:] = 1.0  # the discount of a step without one
+        self._discount = self._state[discount_at:end].view(DISCOUNT_DTYPE)[:s]  # the stacked kernel's
+        self._discount[:] = 1.0
         self._out = self._state[out_at:discount_at].reshape(4, s * window)  # the kernel's results
         self._rows = (s,)
-        self._canonical = (np.zeros(s, STEP_TYPE_DTYPE),
-                           *(np.zeros((s, *spec[n].shape), spec[n].dtype) for n in names))
+        self._ones = np.ones(s, DISCOUNT_DTYPE)  # the discount of a step without one
+        # The values in the kernel's order: discount, step types, a frame stack, the plain fields.
+        order = ("step_type", *storage.stacked, *names)
+        self._get = operator.itemgetter(*order)
+        self._get_discounted = operator.itemgetter("discount", *order)
+        self._n_keys = len(order)  # a step without "discount"
+        # Per value: name, stored dtype, shape with the leading axis, the field's own
+        # number of axes, whether the kernel takes only its stored form.
+        self._targets = tuple((n, DISCOUNT_DTYPE, self._rows, 0, False) if n == "discount" else
+                              (n, STEP_TYPE_DTYPE, self._rows, 0, False) if n == "step_type" else
+                              (n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape), spec[n].frame_stack)
+                              for n in ("discount", *order))
+        canonical = tuple(np.zeros(shape, dtype) for _n, dtype, shape, _d, _e in self._targets)
         self._storage = storage
         self._store: Any = None  # the FrameStore of a frame-stacked field
         if not storage.stacked:
             self._head: tuple[np.ndarray, ...] = (rows, own, storage.pos_and_counters, self._state)
-            self._kernel = kernel.compiled_add_step((*self._head, *self._canonical))
+            self._kernel = kernel.compiled_add_step((*self._head, *canonical))
         else:  # one compiled call with the frames (kernels/add_stacked.py)
             (name, store), = storage.stacked.items()
-            shape = (s, *spec[name].shape)
             self._head = (rows, storage.pos_and_counters, self._state)
             self._store = store
-            self._fstate = sk.fstate_of(store.stream_capacity, store.frame_bytes, shape)
-            self._get = operator.itemgetter("step_type", name, *names)
-            self._own = [(i + 1, arr) for i, arr in self._own]  # the stack is value 1
-            types, *plain = self._canonical
-            stack = np.zeros(shape, spec[name].dtype)
-            self._kernel = sk.compiled_add_stacked((*self._fused_head_now(), types, stack, *plain))
-        # The values in the order of self._get, converted to the stored dtypes when they
-        # come in another form (spec/coerce.py).
-        stacked = tuple(storage.stacked)
-        self._inputs = stored_values([(n, STEP_TYPE_DTYPE, (s,), 0) if n == "step_type" else
-                                     (n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape))
-                                     for n in ("step_type", *stacked, *names)])
+            self._fstate = sk.fstate_of(store.stream_capacity, store.frame_bytes, canonical[2].shape)
+            self._kernel = sk.compiled_add_stacked((*self._fused_head_now(), *canonical[1:]))
+        self._canonical = canonical
         self._default_priority = default_priority
         self._on_write = on_write
-        # Whether the last step was handed to the kernel as it came (its dispatcher takes the
-        # kinds of input it was compiled for, and refuses others at once); else converted.
+        # Whether the last values were handed to the kernel as they came (its dispatcher
+        # takes the kinds of input it was compiled for, and refuses others at once).
         self._direct = True
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
-        self._ndims = tuple(x.ndim for x in self._canonical)
         self._kinds = 0  # kinds of input compiled for beyond the stored one
         self._held: Any = None  # add_held's compiled kernel (held_writer builds it)
-        # False while the shard wants every write through Shard.write (a fence attached,
-        # or this writer replaced): held_writer's write then refuses.
+        # False once the shard replaced this writer: held_writer's write then refuses.
         self.open = True
 
     def add(self, step: Mapping[str, Any]) -> bool:
         """Check and write ``step`` (a dict; see the module docstring) and tell the
         sampler what changed. False, with nothing written, when the step needs the full
-        path (another kind of input, or a check fails)."""
+        path (a name missing or another, or a check fails)."""
         n = len(step)
-        if n == self._n_keys and self._simple:
-            # The common case: no discount, uniform sampling, every field in the kernel's arrays.
-            try:
-                values = self._get(step)
-            except KeyError:  # a name missing
-                return False
-            if self._direct:  # the last step was handed on as is: so is this one
-                try:
-                    delta = self._kernel(*self._head, *values)
-                except TypeError:  # a kind of input not compiled for
-                    delta = self._natural(values)
-            else:
-                delta = self._natural(values)
-            if delta == BAD_INPUT:
-                return False
-            self._storage.num_valid += delta
-            return True
-        if n != self._n_keys:
-            discount = step.get("discount")
-            if n != self._n_keys + 1 or discount is None:
-                return False
-            discount = to_numpy(discount)
-            if discount.shape != self._rows or discount.dtype.kind not in "biuf":
-                try:  # one env's discount without its axis, or a refusal that says why
-                    discount = as_stored("discount", discount, DISCOUNT_DTYPE, self._rows)
-                except SpecMismatchError:
-                    return False
-            self._discount[:] = discount  # cast as it is stored (bool: 0.0 / 1.0)
         try:
-            values = self._inputs(self._get(step))
-            if values is None:
+            if n == self._n_keys:
+                values = (self._ones, *self._get(step))
+            elif n == self._n_keys + 1:
+                values = self._get_discounted(step)
+            else:
                 return False
-            return self._write(values) > 0
-        except (KeyError, TypeError):  # a name missing
+        except KeyError:  # a name missing
             return False
-        finally:
-            if n != self._n_keys:
-                self._discount[:] = 1.0
-
-    def _natural(self, values: tuple[Any, ...]) -> int:
-        """The write of values of a kind the kernel is not compiled for: numpy arrays of
-        the fields' dimensions and numeric dtypes get a compiled form of their own (at
-        most ``_KINDS_KEPT``: compiled now, or loaded from numba's cache), the rest are
-        converted (``spec/coerce.py``); the next step is handed on as this one was."""
-        if self._compilable(values):
+        if not self._simple:
+            return self._write(values) > 0
+        # The common case: uniform sampling, every field in the kernel's arrays.
+        if self._direct:  # the last values were handed on as they came: so are these
             try:
                 delta = self._kernel(*self._head, *values)
-            except TypeError:  # a kind not compiled for yet
-                if self._kinds >= _KINDS_KEPT:
-                    delta = None
-                else:
-                    self._kinds += 1
-                    kernel.compile_also(self._kernel, (*self._head, *values))
-                    delta = self._kernel(*self._head, *values)
-            if delta is not None:
-                self._direct = True
-                return delta
-        converted = self._inputs(values)
-        if converted is None:  # a value that cannot be stored: the full path says why
-            return BAD_INPUT
-        self._direct = converted is values
-        return self._kernel(*self._head, *converted)
+            except TypeError:  # a kind of input not compiled for
+                delta = self._converted(self._kernel, self._head, values, self._targets)[0]
+        else:
+            delta = self._converted(self._kernel, self._head, values, self._targets)[0]
+        if delta == BAD_INPUT:
+            return False
+        self._storage.num_valid += delta
+        return True
 
-    def _compilable(self, values: tuple[Any, ...]) -> bool:
-        """All numpy arrays of the stored dimensions, of dtypes the kernel casts."""
-        return self._store is None and all(
-            type(v) is np.ndarray and v.dtype in kernel.DTYPES and v.ndim == ndim
-            for v, ndim in zip(values, self._ndims, strict=True))
+    def _call(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
+              targets: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
+        """``dispatcher(*head, *values)`` for values of any kind (see :meth:`_converted`):
+        the kernel's result and the values it took."""
+        if self._direct:
+            try:
+                return dispatcher(*head, *values), values
+            except TypeError:  # a kind of input not compiled for
+                pass
+        return self._converted(dispatcher, head, values, targets)
 
-    def _write(self, values: tuple[Any, ...], held: tuple[Any, ...] = ()) -> int:
-        """The compiled write of ``values`` (converted), and what follows it; with
-        ``held`` (next value, spare, terminated, truncated), ``held_writer``'s. Returns
-        what ``held_writer``'s write returns."""
+    def _converted(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
+                   targets: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
+        """``dispatcher(*head, *values)`` after the values were read as numpy arrays
+        (:meth:`_arrays`), the dispatcher compiled for a new kind of arrays (at most
+        ``_KINDS_KEPT``: compiled now, or loaded from numba's cache). Returns the
+        dispatcher's result (BAD_INPUT: nothing written, the full path says why) and the values it took."""
+        arrays = self._arrays(values, targets)
+        if arrays is None:
+            return BAD_INPUT, values
+        self._direct = arrays is values
+        try:
+            return dispatcher(*head, *arrays), arrays
+        except TypeError:  # a kind not compiled for yet
+            if self._kinds >= _KINDS_KEPT or any(a.dtype not in kernel.DTYPES for a in arrays):
+                return BAD_INPUT, arrays
+            self._kinds += 1
+            kernel.compile_also(dispatcher, (*head, *arrays))
+            return dispatcher(*head, *arrays), arrays
+
+    @staticmethod
+    def _arrays(values: tuple[Any, ...], targets: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """``values`` as numpy arrays: numpy arrays as they come (the kernel casts any
+        dtype and layout), lists, scalars and tensors read as arrays without a cast
+        (``to_numpy``), missing unit axes added; a frame stack or a done flag in its
+        stored form. ``values`` itself when each is one already; None when a value cannot
+        be stored (the full path says why)."""
+        out = []
+        try:
+            for v, (name, dtype, shape, ndim, exact) in zip(values, targets, strict=True):
+                a = v if type(v) is np.ndarray else to_numpy(v)
+                if exact and not (a.dtype == dtype and a.flags.c_contiguous):
+                    a = np.ascontiguousarray(as_stored(name, a, dtype, shape, ndim))
+                elif a.ndim != len(shape):
+                    a = with_unit_axes(name, a, shape, ndim)
+                out.append(a)
+        except (SpecMismatchError, ValueError, TypeError):
+            return None
+        return values if all(a is v for a, v in zip(out, values, strict=True)) else tuple(out)
+
+    def _write(self, values: tuple[Any, ...], held: bool = False) -> int:
+        """The write of ``values`` (kernel order) by the kernel, or with ``held``
+        (``values`` then end with next value, spare, terminated, truncated) by
+        ``held_writer``'s, and what follows it. Returns what ``held_writer``'s write returns."""
         if self._default_priority is not None:
             self._priority[0] = self._default_priority()
         if self._store is not None:
-            delta = self._add_stacked(values)
+            delta, values = self._add_stacked(values)
         elif held:
-            delta = self._held(*self._head, *values, *held)
+            delta, values = self._call(self._held, self._head, values, self._held_targets)
         else:
-            delta = self._kernel(*self._head, *values)
+            delta, values = self._call(self._kernel, self._head, values, self._targets)
         if delta == BAD_INPUT:
             return 0
         done = delta >= DONE // 2
@@ -272,27 +275,32 @@ class OneStepAdd:
         """``GymStepWriter``'s write (a spec of 3 plain fields, the ``first`` given):
         ``write(step_types, a, b, c, nxt, spare, terminated, truncated)`` checks ``nxt``
         as the next value of ``a``'s field, writes the step and copies ``nxt`` into
-        ``spare``. Returns 1 (written), 2 (written; some env's episode ended) or 0
-        (nothing written: a value of another form, or one the full path refuses)."""
+        ``spare``. Values of any kind are taken as :meth:`add` takes them. Returns 1
+        (written), 2 (written; some env's episode ended) or 0 (nothing written: a value
+        the full path refuses, or this writer was replaced)."""
         if self._held is None:
-            types, obs, *rest = self._canonical
+            ones, types, obs, *rest = self._canonical
             flags = np.zeros(self._rows, np.bool_)
-            args = (*self._head, types, obs, *rest, obs, obs.copy(), flags, flags)
+            args = (*self._head, ones, types, obs, *rest, obs, obs.copy(), flags, flags)
             self._held = kernel.compiled_add_step(args, held=True)
-        if self._simple:
-            return self._add_held_simple
-        return self._add_held
+            flag = ("done", np.dtype(np.bool_), self._rows, 0, True)
+            obs_target = self._targets[2]
+            self._held_targets = (*self._targets, obs_target, (*obs_target[:4], True), flag, flag)
+        return self._write_held
 
-    def _add_held_simple(self, types: Any, a: Any, b: Any, c: Any, nxt: Any, spare: Any, term: Any,
-                         trunc: Any) -> int:
+    def _write_held(self, *args: Any) -> int:
         if not self.open:
             return 0
-        try:
-            delta = self._held(*self._head, types, a, b, c, nxt, spare, term, trunc)
-        except TypeError:  # a kind of input not compiled for: compiled now, or converted by the caller
-            if not self._held_compiled((types, a, b, c, nxt, spare, term, trunc)):
-                return 0
-            delta = self._held(*self._head, types, a, b, c, nxt, spare, term, trunc)
+        values = (self._ones, *args)
+        if not self._simple:
+            return self._write(values, held=True)
+        if self._direct:
+            try:
+                delta = self._held(*self._head, *values)
+            except TypeError:  # a kind of input not compiled for
+                delta = self._converted(self._held, self._head, values, self._held_targets)[0]
+        else:
+            delta = self._converted(self._held, self._head, values, self._held_targets)[0]
         if -_SMALL < delta < _SMALL:  # the usual case: written, no episode ended
             self._storage.num_valid += delta
             return 1
@@ -301,41 +309,31 @@ class OneStepAdd:
         self._storage.num_valid += delta - DONE
         return 2
 
-    def _add_held(self, *args: Any) -> int:
-        if not self.open:
-            return 0
-        try:
-            return self._write(args[:4], args[4:])
-        except TypeError:  # a kind of input not compiled for: compiled now, or converted by the caller
-            return self._write(args[:4], args[4:]) if self._held_compiled(args) else 0
-
-    def _held_compiled(self, args: tuple[Any, ...]) -> bool:
-        """Whether ``held_writer``'s kernel now takes ``args`` (numpy arrays of the stored
-        dimensions: compiled for their kind, at most ``_KINDS_KEPT``)."""
-        values, (nxt, _spare, *flags) = args[:4], args[4:]
-        if self._kinds >= _KINDS_KEPT or not self._compilable(values) or type(nxt) is not np.ndarray \
-                or nxt.ndim != self._ndims[1] or nxt.dtype not in kernel.DTYPES \
-                or not all(type(f) is np.ndarray and f.dtype == np.bool_ and f.ndim == 1 for f in flags):
-            return False
-        self._kinds += 1
-        kernel.compile_also(self._held, (*self._head, *args))
-        return True
-
     def _fused_head_now(self) -> tuple[Any, ...]:
         # Read each call, never kept: a write of the full path may grow (replace) the
         # ring, and a kept reference would hold the old one's memory.
         store = self._store
         return (*self._head, store.ref, store.frames, store.fpos, self._fstate)
 
-    def _add_stacked(self, values: tuple[Any, ...]) -> int:
-        """The one compiled call of a spec with a frame-stacked field: the change in
-        valid starts, or BAD_INPUT (nothing written). Grows the ring when the kernel says
-        it must (nothing written then), and calls again."""
-        delta = self._kernel(*self._fused_head_now(), *values)
-        if delta == NEED_FRAMES:
-            self._store.grow(int(self._state[kernel.N_OUT]))
-            delta = self._kernel(*self._fused_head_now(), *values)
-        return delta
+    def _add_stacked(self, values: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
+        """The one compiled call of a spec with a frame-stacked field (its kernel reads
+        the discount from ``state``). Grows the ring when the kernel says it must
+        (nothing written then), and calls again."""
+        discount = values[0]
+        if discount is not self._ones:
+            try:
+                self._discount[:] = as_stored("discount", discount, DISCOUNT_DTYPE, self._rows)
+            except SpecMismatchError:
+                return BAD_INPUT, values
+        try:
+            delta, taken = self._call(self._kernel, self._fused_head_now(), values[1:], self._targets[1:])
+            if delta == NEED_FRAMES:
+                self._store.grow(int(self._state[kernel.N_OUT]))
+                delta = self._kernel(*self._fused_head_now(), *taken)
+        finally:
+            if discount is not self._ones:
+                self._discount[:] = 1.0
+        return delta, (discount, *taken)
 
     def _after_write(self, values: tuple[Any, ...], delta: int) -> None:
         """Fields of their own arrays, the valid count, the sampler."""
