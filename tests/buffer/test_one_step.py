@@ -223,22 +223,19 @@ def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest
 
 def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
     """Steps in the stored dtypes go to the kernel as they come, also right after a list
-    step (the one after it is read once, then handed on as it comes); lists are read as
-    arrays each time. Each stores what the full path stores."""
+    step (which is read as arrays first); each stores what the full path stores."""
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
-    read: list[int] = []
-    arrays = short._arrays
-    short._arrays = lambda values, targets: read.append(1) or arrays(values, targets)  # type: ignore
     step = _good(SPECS["vector"], 2, np.random.default_rng(1))
     step.pop("discount", None)
     step["step_type"] = np.array([0, 1], np.uint8)
     natural = {**step, "action": step["action"].tolist()}
-    for given, reads in ((step, 0), (step, 0), (natural, 1), (step, 2), (step, 2), (natural, 3)):
+    for given, direct in ((step, True), (step, True), (natural, False), (step, True), (step, True),
+                          (natural, False)):
         fast.add(given)
         full.add(given)
-        assert len(read) == reads
+        assert short._direct == direct
         assert_same(_observed(fast), _observed(full))
     assert fast.num_steps == 12
 

@@ -163,6 +163,7 @@ class OneStepAdd:
         # Whether the last values were handed to the kernel as they came (its dispatcher
         # takes the kinds of input it was compiled for, and refuses others at once).
         self._direct = True
+        self._fit = False  # whether the last values needed unit axes added (see _converted)
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
         self._kinds = 0  # kinds of input compiled for beyond the stored one
         self._held: Any = None  # add_held's compiled kernel (held_writer builds it)
@@ -215,10 +216,24 @@ class OneStepAdd:
         (:meth:`_arrays`), the dispatcher compiled for a new kind of arrays (at most
         ``_KINDS_KEPT``: compiled now, or loaded from numba's cache). Returns the
         dispatcher's result (BAD_INPUT: nothing written, the full path says why) and the values it took."""
+        read = None
+        if not self._fit:  # read only what is not a numpy array; the dispatch checks the rest
+            try:
+                read = tuple([v if type(v) is np.ndarray else to_numpy(v) for v in values])
+                result = dispatcher(*head, *read)
+                self._direct = all(map(operator.is_, read, values))
+                return result, read
+            except (TypeError, SpecMismatchError):  # not a kind compiled for, or unit axes missing
+                pass
         arrays = self._arrays(values, targets)
         if arrays is None:
             return BAD_INPUT, values
         self._direct = arrays is values
+        # Unit axes added (one env's scalars): the next values take this pass at once.
+        if read is not None:
+            self._fit = any(a.ndim != r.ndim for a, r in zip(arrays, read, strict=True))
+        elif arrays is values:
+            self._fit = False
         try:
             return dispatcher(*head, *arrays), arrays
         except TypeError:  # a kind not compiled for yet
