@@ -2,19 +2,12 @@
 here imports it until a TensorDict is handed in or asked for.
 
 **In** (``add(td)``: ``batch_size [S]``, one row per stream; ``extend(td)``: ``[S, T]``):
-with a ``"step_type"`` key, the step dict of ``add``/``extend`` (nested keys joined with
-dots); without, TorchRL transitions, row ``t`` = ``(o_t, a_t, r_t, o_t+1, done flags)``
-stored as step ``t`` and a LAST step after each row that ends an episode (discount 0
-after ``terminated``, 1 after ``truncated``; its action and reward are zero padding, its
-fields without a ``("next", K)`` entry copy row ``t``). The rule key by key:
-docs/porting.md. A trailing unit axis is dropped for a scalar field; ``priorities``
-give each row's window its priority (a LAST step takes its row's).
-
-**Out** (``Transitions.to_tensordict()``, ``sample(..., as_tensordict=True)``):
-TorchRL's names (``observation``, ``action``, ``("next", "observation" / "reward" /
-"done" / "terminated" / "truncated")``, ``steps_to_next_obs``, ``priority_weight``,
-``index``) plus ``bootstrap_discount``, so a TorchRL loss built with the same gamma
-takes the batch unchanged.
+with a ``"step_type"`` key, the step dict of ``add``/``extend``; without, TorchRL
+transitions, row ``t`` stored as step ``t`` and a LAST step after each row that ends an
+episode. A trailing unit axis is dropped for a scalar field; ``priorities`` give each row's
+window its priority (a LAST step takes its row's).
+**Out**: TorchRL's names plus ``bootstrap_discount``. The rules key by key:
+docs/porting.md, "From the other libraries".
 """
 
 from __future__ import annotations
