@@ -11,7 +11,7 @@ import pytest
 from shardreplay import secrets
 from shardreplay.errors import ConfigError, TransportError
 from shardreplay.runtime.log_lines import LineSafeHandler
-from shardreplay.transport.redis_link import RedisLink, check_reachable
+from shardreplay.transport.redis import RedisLink, check_reachable
 
 SECRET = "s3cr3t-Pa55"
 

@@ -4,7 +4,7 @@ A password comes from ``SHARDREPLAY_REDIS_PASSWORD``, ``--redis-password-file`` 
 command-line URL (``redis://:PASSWORD@host:6379/0``), which :func:`adopt` takes it out of
 at once: every URL the run keeps, stores or prints is then the redacted one
 (``redis://:***@host:6379/0``), and the password travels only in the environment of the
-processes the run starts. :class:`~shardreplay.transport.redis_link.RedisLink` puts it
+processes the run starts. :class:`~shardreplay.transport.redis.RedisLink` puts it
 back when it connects (:func:`connect_args`); every log line passes through :func:`mask`.
 """
 

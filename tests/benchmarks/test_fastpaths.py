@@ -33,7 +33,7 @@ def test_summary_gain_is_fast_over_plain_medians() -> None:
 
 def test_plain_redis_packets_match_the_hand_made_ones() -> None:
     redis = pytest.importorskip("redis")
-    from shardreplay.transport.redis_link import XaddPacker
+    from shardreplay.transport.redis import XaddPacker
 
     chunk = bench_transport.make_chunks(0)[0]
     hand = bytes(XaddPacker("shardreplay:chunks", b"d").packet(Encoding(chunk, bench_transport.SPEC)))

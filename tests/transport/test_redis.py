@@ -14,8 +14,7 @@ from shardreplay.errors import TransportTimeout
 from shardreplay.spec import Field, Spec
 from shardreplay.transport import open_transport
 from shardreplay.transport.codec import encode
-from shardreplay.transport.redis import RedisTransport
-from shardreplay.transport.redis_link import trim_acknowledged
+from shardreplay.transport.redis import RedisTransport, trim_acknowledged
 from tests.transport.transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all, send_chunks
 
 pytestmark = pytest.mark.redis
@@ -283,7 +282,7 @@ def test_writer_packets_are_what_redis_py_sends_and_land_as_entries(redis_server
     # The writer packs XADD + XLEN itself (the chunk encoded in place): byte for byte
     # what redis-py would send for the two commands, for any stream name.
     from shardreplay.transport.codec import Encoding
-    from shardreplay.transport.redis_link import XaddPacker
+    from shardreplay.transport.redis import XaddPacker
 
     conn = redis.Connection()
     for stream in ("shardreplay:chunks", "s", "流-ü 1"):
@@ -381,7 +380,7 @@ def test_the_reader_takes_half_the_stream_at_a_time(redis_server) -> None:
 def test_a_room_token_wait_loads_the_trim_script_again_after_a_flush(redis_server) -> None:
     # The token wait runs the trim by its SHA in the same round trip; a server that lost
     # its scripts (restarted) answers NOSCRIPT, and the look loads it instead of failing.
-    from shardreplay.transport.redis_link import RoomTokens
+    from shardreplay.transport.redis import RoomTokens
 
     r = client(redis_server)
     for _ in range(3):

@@ -25,7 +25,7 @@ import pytest
 from shardreplay.errors import TransportError
 from shardreplay.policy import open_publisher, open_subscriber, wait_for_policy
 from shardreplay.transport import open_transport
-from shardreplay.transport.redis_link import check_reachable
+from shardreplay.transport.redis import check_reachable
 from tests.support import free_port
 from tests.transport.transport_helpers import SPEC, assert_same_chunk, make_chunk, receive_all
 

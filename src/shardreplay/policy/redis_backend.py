@@ -22,7 +22,7 @@ from shardreplay.policy.broadcast import (
     VersionedPublisher,
     is_news,
 )
-from shardreplay.transport.redis_link import HintChannel, RedisLink
+from shardreplay.transport.redis import HintChannel, RedisLink
 
 if TYPE_CHECKING:
     from redis.typing import EncodableT

@@ -36,7 +36,7 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
         TransportError: "cannot reach redis at host:port ...".
     """
     if url and parse_medium(url).kind == "redis":
-        from shardreplay.transport.redis_link import check_reachable as ping
+        from shardreplay.transport.redis import check_reachable as ping
 
         ping(url, timeout_s)
 
