@@ -98,8 +98,9 @@ def test_no_child_outlives_a_starter_killed_by_sigkill(tmp_path: Path) -> None:
 
 WAIT = """
 import json, os, sys, time
-from shardreplay.runtime.forkserver import (_alive, preloaded_context, server_pid, start_server, stop_server,
+from shardreplay.runtime.forkserver import (preloaded_context, server_pid, start_server, stop_server,
                                             wait_until_ready)
+from shardreplay.transport.local import pid_alive
 preloaded_context([sys.argv[1]])
 path = start_server()
 t0 = time.monotonic()
@@ -107,7 +108,7 @@ ready = wait_until_ready(path, lambda: time.monotonic() - t0 > float(sys.argv[2]
 waited = time.monotonic() - t0
 pid = server_pid()
 stop_server()
-alive = _alive(pid)  # after the stop: killed and reaped, or ended
+alive = pid_alive(pid)  # after the stop: killed and reaped, or ended
 print(json.dumps({"ready": ready, "waited": waited, "alive": alive, "stopped": time.monotonic() - t0,
                   "file_left": os.path.exists(path)}))
 """

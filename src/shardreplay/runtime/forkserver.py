@@ -1,24 +1,14 @@
-"""Starting many processes that need torch without importing it in each.
+"""Starting many processes that need torch without importing it in each: a ``forkserver``
+context imports them once, in a server process, and forks each child from it (as clean as
+a spawned one: no threads, no CUDA, only its pickled arguments).
 
-``spawn`` starts a fresh interpreter per child, and every learner then imports torch,
-torch.distributed's compiler hooks and shardreplay's kernels again: 4-6 CPU-seconds per
-process, paid by every rank of every launch. A ``forkserver`` context imports them once,
-in a server process, and forks each child from it: the child is as clean as a spawned
-one (no threads, no CUDA, only its pickled arguments from the caller) and starts in a
-fraction of a second.
-
-Two details differ from ``spawn``, and the functions here cover them:
-
-- The server's children keep a pipe to it open, and the server stays up while any
-  holds it: a child calls :func:`release_server` first, so the server ends with the
-  process that started it, and its children then get their ``PR_SET_PDEATHSIG``.
-- The children's parent is the server: :func:`parent_or_exit` gives the pid to watch.
-
-The server inherits the signal mask, environment and ``sys.path`` of the caller at its
-start (the first ``Process.start()``): start it where the children's mask must be.
-Stop it with :func:`stop_server` once its children have exited. (Private attributes of
-``multiprocessing.forkserver`` are read through ``getattr`` here: the stdlib offers no
-public way to stop the server or to drop a child's copy of its pipe.)
+Unlike ``spawn``, the children keep a pipe to the server open (:func:`release_server`
+drops it, so the server ends with the process that started it and the children then get
+their ``PR_SET_PDEATHSIG``), and their parent is the server (:func:`parent_or_exit` gives
+the pid to watch). The server inherits the caller's signal mask, environment and
+``sys.path`` at its start (the first ``Process.start()``); :func:`stop_server` stops it.
+Private attributes of ``multiprocessing.forkserver`` are read through ``getattr``: the
+stdlib offers no public way to stop the server or to drop a child's copy of its pipe.
 """
 
 from __future__ import annotations
@@ -34,6 +24,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from multiprocessing import forkserver
 from typing import Any
+
+from shardreplay.transport.local import pid_alive
 
 
 def preloaded_context(modules: list[str]) -> Any:
@@ -107,7 +99,7 @@ def wait_until_ready(path: str | None, stop: Callable[[], bool], poll_s: float =
     try:
         while not os.path.exists(path) and time.monotonic() < deadline:
             pid = server_pid()
-            if pid is None or not _alive(pid):
+            if pid is None or not pid_alive(pid):
                 return True
             if stop():
                 with contextlib.suppress(OSError):
@@ -154,23 +146,8 @@ def parent_or_exit(starter_pid: int) -> int:
         SystemExit: ``starter_pid`` is gone already (a server exits only after it).
     """
     parent = os.getppid()
-    if parent != starter_pid and not _alive(starter_pid):
+    if parent != starter_pid and not pid_alive(starter_pid):
         raise SystemExit(f"process {os.getpid()}: the process that started it (pid {starter_pid}) "
                          "is gone: exiting")
     return parent
 
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie has ended: it only waits to be reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return state != b"Z"

@@ -192,7 +192,8 @@ _STUCK_S = 0.5
 _ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64")
 
 
-def _is_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended: it only waits to be reaped)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             state = f.read().rsplit(b")", 1)[1].split()[0]
@@ -252,7 +253,7 @@ class ShmRing:
             return
         try:
             holder = self._meta[slot]
-            if holder and not _is_alive(holder):
+            if holder and not pid_alive(holder):
                 logger.warning("local ring: process %d died holding a ring lock; released it", holder)
                 self._meta[slot] = 0
                 with contextlib.suppress(ValueError):  # "released too many times": nothing to do

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.learner.rate_limiter import RateLimiter
+from shardreplay.runtime.learner.sync import RateLimiter
 
 
 def test_docstring_timeline() -> None:
@@ -119,8 +119,9 @@ def test_the_narrowest_accepted_window_still_moves() -> None:
         RateLimiter(1, min_size_to_sample=10, error_buffer=0.5)
 
 
-def test_min_size_variant_and_size_checks() -> None:
-    rl = RateLimiter.min_size(3, max_insert_size=2, max_sample_size=256)
+def test_sizes_beyond_the_declared_maxima_are_refused() -> None:
+    rl = RateLimiter(1.0, min_size_to_sample=3, error_buffer=(-1e300, 1e300), max_insert_size=2,
+                     max_sample_size=256)
     assert not rl.can_sample(256)
     rl.insert(2)
     rl.insert(1)
