@@ -1,4 +1,4 @@
-"""kernels/frames.py against kernels/reference/frames.py: planned writes (continuing and
+"""kernels/frames.py against tests/kernels/reference.py: planned writes (continuing and
 restarting stacks, inconsistent ones), appended frames with ring wrap-around, rebuilt
 stacks (streamed and plain copies), planned loads."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardreplay.kernels import frames as kern
-from shardreplay.kernels.reference import frames as ref
+from tests.kernels import reference as ref
 
 FIRST, MID, LAST = 0, 1, 2
 

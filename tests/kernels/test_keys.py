@@ -1,5 +1,5 @@
 """The key codec on its own: round trips, bit boundaries, foreign and invalid keys,
-against the reference codec (kernels/reference/keys.py) and by hand."""
+against the reference codec (tests/kernels/reference.py) and by hand."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from shardreplay.kernels import keys as codec
-from shardreplay.kernels.reference import keys as ref
 from shardreplay.spec import keys as spec_keys
+from tests.kernels import reference as ref
 
 LIMITS = (codec.MAX_SHARDS, codec.NUM_TAGS + 1, codec.MAX_PLACES, codec.GEN_MASK + 1)
 

@@ -1,4 +1,4 @@
-"""The small kernels against kernels/reference/small.py: uniform draws, restore-plan
+"""The small kernels against tests/kernels/reference.py: uniform draws, restore-plan
 balancing, running episode returns."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 from scipy import stats
 
 from shardreplay.kernels.plan import balance_longest_first
-from shardreplay.kernels.reference import small as ref
 from shardreplay.kernels.returns import track_returns
 from shardreplay.kernels.sampling import draw_written, written_total
+from tests.kernels import reference as ref
 
 FIRST, MID, LAST = 0, 1, 2
 

@@ -12,8 +12,8 @@ import pytest
 from shardreplay.kernels import reference
 from shardreplay.kernels import storage as kern
 from shardreplay.kernels.lazy import LazyKernels
-from shardreplay.kernels.reference import keys as ref_keys
-from shardreplay.kernels.reference import storage as ref
+from shardreplay.kernels.reference import storage as twins
+from tests.kernels import reference as ref
 
 FIRST, MID, LAST = 0, 1, 2
 _BOOKKEEPING = ("step_type", "episode_id", "generation", "priority", "valid", "pos", "counters")
@@ -61,7 +61,7 @@ def test_write_steps_matches_its_twin_and_the_definition(streams: int, cap: int,
         got = [run.write_steps(*(state[k] for k in _BOOKKEEPING), rows, types,
                                prios if has_prios else np.zeros((1, 1), np.float32), has_prios, default,
                                cap, window, *out)
-               for run, state, out in ((kern, fast, outs[0]), (ref, twin, outs[1]))]
+               for run, state, out in ((kern, fast, outs[0]), (twins, twin, outs[1]))]
         assert got[0] == got[1], f"(n_out, delta) of write {step}"
         for name in fast:
             np.testing.assert_array_equal(twin[name], fast[name], err_msg=f"{name} after write {step}")
@@ -83,7 +83,7 @@ def test_write_steps_matches_its_twin_and_the_definition(streams: int, cap: int,
         np.testing.assert_array_equal(valid, definition)
         assert count == definition.sum()
         # A slot's generation is its write count: what keys carry and the fifo compares.
-        writes = ref_keys.writes(fast["pos"], np.arange(streams * cap), cap)
+        writes = ref.writes(fast["pos"], np.arange(streams * cap), cap)
         np.testing.assert_array_equal(fast["generation"], writes)
     assert fast["pos"].max() > 2 * cap  # the rings wrapped
     assert fast["counters"][0] > streams  # episodes happened
@@ -136,7 +136,7 @@ def test_scatter_fields_and_bytes_match_indexing(n_slots: int) -> None:
               rng.random(n_slots).astype(np.float32), rng.integers(-5, 5, n_slots),
               rng.random((n_slots, 10)).astype(np.float32))
     kern.scatter_fields(tuple(zip(fast, values, strict=True)), slots)
-    ref.scatter_fields(zip(slow, values, strict=True), slots)
+    twins.scatter_fields(zip(slow, values, strict=True), slots)
     for f, s in zip(fast, slow, strict=True):
         np.testing.assert_array_equal(f, s)
 

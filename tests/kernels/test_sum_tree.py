@@ -1,6 +1,6 @@
 """The sum tree on its own: sums equal the leaf sums after updates, the prefix search
 returns the right leaf (boundaries and zero leaves included), weighted draws follow p
-(chi-square, fixed seed), all against kernels/reference/sum_tree.py."""
+(chi-square, fixed seed), all against tests/kernels/reference.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from scipy import stats
 
 from shardreplay.kernels import sum_tree as kern
-from shardreplay.kernels.reference import sum_tree as ref
 from shardreplay.samplers import SumMinTree
+from tests.kernels import reference as ref
 
 SIZES = [1, 2, 7, 8, 9, 64, 65, 1000]
 

@@ -23,7 +23,7 @@ def _one_bad(rng: np.random.Generator, clean: np.ndarray, specials: np.ndarray) 
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_max_masked_finds_nan_and_inf_as_the_reference(dtype: type) -> None:
+def test_max_masked_finds_nan_and_inf_as_numpy(dtype: type) -> None:
     rng = np.random.default_rng(0)
     bits = np.dtype(np.uint32 if dtype == np.float32 else np.uint64)
     mask = bits.type(k.F32_EXPONENT if dtype == np.float32 else k.F64_EXPONENT)
@@ -32,8 +32,8 @@ def test_max_masked_finds_nan_and_inf_as_the_reference(dtype: type) -> None:
         for _ in range(20):
             arr = _one_bad(rng, rng.standard_normal(n).astype(dtype), SPECIALS_F32.astype(dtype))
             words = arr.view(bits)
-            got, want = k.max_masked(words, mask), twin.max_masked(words, mask)
-            assert got == want and twin.is_finite(words, mask) == (got != mask)
+            got = k.max_masked(words, mask)
+            assert got == np.bitwise_and(words, mask).max()
             assert (got == mask) == (not np.isfinite(arr).all())
             flagged += got == mask
     assert 0 < flagged < 120  # both outcomes were exercised

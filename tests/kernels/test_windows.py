@@ -1,5 +1,5 @@
 """kernels/windows.py (the one-call gather of ``StreamStorage.windows``) against its
-reference: the windows' slots, mask and keys (kernels/reference/storage.py), a ``take`` of
+reference: the windows' slots, mask and keys (tests/kernels/reference.py), a ``take`` of
 whole records and a copy of each record part; and ``StreamStorage.windows`` (and its walk
 alone, ``window_indices``) against that path for every kind of field.
 
@@ -14,7 +14,7 @@ import pytest
 import shardreplay as sr
 from shardreplay import testing
 from shardreplay.kernels import windows as wk
-from shardreplay.kernels.reference import storage as ref
+from tests.kernels import reference as ref
 
 LAST = 2
 # Record parts of 1, 2, 3, 4, 8, 16, 20 and 32 bytes (every branch of the small copies),

@@ -1,1 +1,1 @@
-"""Compiled (numba) kernels, each beside a plain-numpy reference; internal to shardreplay."""
+"""Compiled (numba) kernels, each tested against a plain-numpy reference; internal to shardreplay."""

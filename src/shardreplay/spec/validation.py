@@ -140,12 +140,9 @@ def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...], fin
 def _is_finite(arr: np.ndarray) -> bool:
     """No NaN or inf (compiled for float32/64: one pass over the bits, no temporary)."""
     exponent = _EXPONENT_MASKS.get(arr.dtype)
-    if exponent is not None:
+    if exponent is not None and not reference.numpy_first():  # numpy_first: no numba to load
         bits_dtype, mask = exponent
-        words = arr.reshape(-1).view(bits_dtype)
-        if reference.numpy_first():  # a process's first writes: no numba to load
-            return twins.is_finite(words, mask)
-        return bool(kernels.max_masked(words, mask) != mask)
+        return bool(kernels.max_masked(arr.reshape(-1).view(bits_dtype), mask) != mask)
     return bool(np.isfinite(arr).all())
 
 

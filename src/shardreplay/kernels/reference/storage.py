@@ -1,26 +1,11 @@
-"""Twins of kernels/storage.py: validity from its definition, the bookkeeping of a write
-(vectorised over steps and rows), window indices, and byte scatters and gathers by numpy
-indexing."""
+"""Twins of kernels/storage.py's writes: the bookkeeping of a write (vectorised over steps
+and rows) and byte scatters by numpy indexing."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from shardreplay.kernels.reference.keys import encode_keys
-
 FIRST, LAST = 0, 2
-
-
-def validity(step_type: np.ndarray, episode_id: np.ndarray, pos: np.ndarray, cap: int,
-             window: int) -> np.ndarray:
-    """Valid flag of every flat slot (kernels/storage.py's module docstring): every stored
-    start judged by :func:`_valid_starts`."""
-    lengths = np.minimum(pos, cap)
-    row = np.repeat(np.arange(pos.shape[0]), lengths)
-    q = np.repeat(pos - lengths - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-    valid = np.zeros(pos.shape[0] * cap, bool)
-    valid[row * cap + q % cap] = _valid_starts(step_type, episode_id, q, row * cap, pos[row], cap, window)
-    return valid
 
 
 def write_steps(step_type: np.ndarray, episode_id: np.ndarray, generation: np.ndarray,
@@ -106,31 +91,3 @@ def scatter_fields(pairs: tuple[tuple[np.ndarray, np.ndarray], ...], slots: np.n
     n = slots.shape[0]
     for dst, value in pairs:
         dst[slots] = value.reshape(-1).view(np.uint8).reshape(n, dst.shape[1])
-
-
-def window_indices(starts, step_type, generation, cap, window, epoch, tag):
-    """``(idx [B, L], mask [B, L], keys [B])`` of valid starts (kernels/windows.py's walk):
-    positions after a LAST inside the window repeat the LAST's slot and are masked."""
-    n = starts.shape[0]
-    idx = np.empty((n, window), np.int64)
-    mask = np.ones((n, window), bool)
-    for b, s in enumerate(starts):
-        base = s - s % cap
-        slots = base + (s - base + np.arange(window)) % cap
-        ends = np.flatnonzero(step_type[slots[1:]] == LAST)
-        if ends.size:
-            end = ends[0] + 1
-            slots[end + 1:] = slots[end]
-            mask[b, end + 1:] = False
-        idx[b] = slots
-    gens = generation[starts].astype(np.int64) + epoch
-    keys = encode_keys(np.zeros(n, np.int64), np.full(n, tag), starts.astype(np.int64), gens)
-    return idx, mask, keys
-
-
-def gather_window_parts(sources, out_offset, idx, dst_rows, out):
-    """Window ``b`` of part ``p`` (``[L, k]`` bytes) into row ``dst_rows[b]`` of ``out`` at
-    byte ``out_offset[p]``."""
-    for src, offset in zip(sources, out_offset, strict=True):
-        k = src.shape[1]
-        out[dst_rows, offset:offset + idx.shape[1] * k] = src[idx].reshape(idx.shape[0], idx.shape[1] * k)

@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from shardreplay.kernels.codes import (
     BAD_DISCOUNT,
     BAD_STEP_TYPE,
     DISCOUNTS,
-    F32_EXPONENT,
-    F64_EXPONENT,
     FINITE_F32,
     FINITE_F64,
     MAX_STEP_TYPE,
     STEP_TYPES,
     STEPS_OK,
 )
-
-
-def max_masked(words: np.ndarray, mask: Any) -> Any:
-    """``kernels.validate.max_masked``: the largest ``word & mask`` (a non-empty array)."""
-    return np.bitwise_and(words, mask).max()
-
-
-def is_finite(words: np.ndarray, mask: Any) -> bool:
-    """Whether ``max_masked(words, mask) != mask`` (no float whose exponent bits are all
-    set: no NaN or inf), for a non-empty array."""
-    return bool(not (np.bitwise_and(words, mask) == mask).any())
 
 
 def steps_ok(types: np.ndarray, discount: np.ndarray) -> int:
@@ -49,9 +34,9 @@ def values_ok(payload: np.ndarray, plan: np.ndarray) -> int:
         if n == 0:
             continue
         if kind == FINITE_F32:
-            bad = not is_finite(u8.view(np.uint32)[off // 4:off // 4 + n], np.uint32(F32_EXPONENT))
+            bad = not np.isfinite(u8.view(np.float32)[off // 4:off // 4 + n]).all()
         elif kind == FINITE_F64:
-            bad = not is_finite(u8.view(np.uint64)[off // 8:off // 8 + n], np.uint64(F64_EXPONENT))
+            bad = not np.isfinite(u8.view(np.float64)[off // 8:off // 8 + n]).all()
         elif kind == STEP_TYPES:
             bad = bool((u8[off:off + n] > MAX_STEP_TYPE).any())  # uint8: never below FIRST
         elif kind == DISCOUNTS:
