@@ -1,14 +1,6 @@
-"""The algorithm interface: what ``shardreplay train`` needs of an algorithm.
-
-The runtime (actors, transports, sharded replay, checkpoints, M -> N resume) is the same
-for every algorithm; an algorithm is one module that provides an :class:`Algorithm`: the
-action space and :class:`~shardreplay.spec.Spec` it takes, an :class:`Agent` per learner
-rank (one ``learn`` step per sampled batch, the target update included; its state saved
-by rank 0 and loaded by every rank of a resumed life), an :class:`ActorPolicy` built from
-the published weights (a recurrent one keeps its per-env state and stores the state it
-acted from with each step, as R2D2's ``h`` and ``c``) and ``greedy`` for evaluation.
-Exploration belongs to the policy: DQN's Ape-X epsilons, SAC's Gaussian.
-"""
+"""The algorithm interface: what ``shardreplay train`` needs of an algorithm (its action
+space and Spec, an :class:`Agent` per learner rank, an :class:`ActorPolicy` built from the
+published weights, ``greedy`` for evaluation; docs/train.md, "Algorithms")."""
 
 from __future__ import annotations
 
@@ -17,8 +9,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from shardreplay.errors import ConfigError
 from shardreplay.policy.broadcast import FINISHED
 from shardreplay.runtime.actor.settings import ActorSettings
+from shardreplay.runtime.algos import spec_of
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import Spec
@@ -30,7 +24,8 @@ if TYPE_CHECKING:  # torch only types these: an actor that acts without torch ne
     from shardreplay.buffer.batch import Batch
     from shardreplay.runtime.devices import Placement
 
-__all__ = ["ActorPolicy", "Agent", "Algorithm", "fits", "network_weights", "published_hidden", "warmup"]
+__all__ = ["ActorPolicy", "Agent", "Algorithm", "check_fits", "fits", "network_weights", "published_hidden",
+           "warmup"]
 
 
 class Agent(Protocol):
@@ -102,8 +97,12 @@ class Algorithm(Protocol):
 
     def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
         """The Spec actors write and the shards store (``hidden``: the run's
-        ``--hidden``, which sizes a recurrent state)."""
-        ...
+        ``--hidden``, which sizes a recurrent state): :func:`~.spec_of`.
+
+        Raises:
+            ConfigError: a Spec the algorithm refuses for ``env``.
+        """
+        return spec_of(self.name, env, hidden)
 
     def make_agent(self, env: EnvInfo, settings: TrainSettings, world: int,
                    placement: Placement | None = None) -> Agent:
@@ -162,7 +161,7 @@ def published_hidden(weights: Mapping[str, Any], default: tuple[int, ...]) -> tu
     size ``(H,)`` (a remote actor does not know the learners' ``--hidden``), else
     ``default``."""
     w = weights.get(RECURRENT_KEY)
-    return (int(w.shape[1]),) if w is not None else tuple(default)
+    return (int(w.shape[1]),) if w is not None and len(w.shape) == 2 else tuple(default)
 
 
 def network_weights(weights: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,3 +173,18 @@ def fits(net: nn.Module, weights: Mapping[str, Any]) -> bool:
     """Whether published ``weights`` have exactly ``net``'s tensor names and shapes."""
     return ({k: tuple(v.shape) for k, v in net.state_dict().items()}
             == {k: tuple(v.shape) for k, v in network_weights(weights).items()})
+
+
+def check_fits(net: nn.Module, weights: Mapping[str, Any], s: ActorSettings, env: EnvInfo, what: str,
+               hint: str, ok: bool = True) -> None:
+    """Refuse published ``weights`` that do not fit ``net`` (or ``ok`` False).
+
+    Raises:
+        ConfigError: naming the policy URL, ``what`` the network is and the learners' flags
+            to check (``hint``).
+    """
+    if not ok or not fits(net, weights):
+        actions = f"actions {list(env.action_shape)}" if env.continuous else f"{env.num_actions} actions"
+        raise ConfigError(f"the policy at {s.policy_url} is not {what} for {s.env_id} (observations "
+                          f"{list(env.obs_shape)}, {actions}): do the learners train the same --env-id "
+                          f"{hint}?")

@@ -1,10 +1,6 @@
-"""``--algo dqn``: Double DQN with n-step returns and prioritized replay (the learner,
-in torch, is :mod:`.dqn_torch`), and actors that act epsilon-greedily with their streams'
-Ape-X epsilons.
-
-This module imports no torch: the default actor (an MLP Q-network on the CPU) acts with
-:class:`~.numpy_policy.NumpyEpsilonGreedyPolicy` and never loads torch; the learner, image
-Q-networks and ``--actor-device cuda`` import :mod:`.dqn_torch` when they are made.
+"""``--algo dqn``: Double DQN with n-step returns and prioritized replay (the learner is
+:mod:`.dqn_torch`), actors acting epsilon-greedily with Ape-X epsilons. No torch here: the
+default actor (an MLP on the CPU) acts in NumPy (:mod:`.numpy_policy`).
 """
 
 from __future__ import annotations
@@ -14,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos import choose_network
-from shardreplay.runtime.algos.base import ActorPolicy, network_weights
+from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, network_weights
 from shardreplay.runtime.algos.numpy_policy import NumpyEpsilonGreedyPolicy, NumpyQNetwork, mlp_hidden
-from shardreplay.runtime.envs import EnvInfo, transition_spec
+from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
-from shardreplay.spec import Spec
 
 if TYPE_CHECKING:
     from torch import nn
@@ -29,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["DQN", "DqnAlgorithm"]
 
 
-class DqnAlgorithm:
+class DqnAlgorithm(Algorithm):
     """``--algo dqn``: Double DQN with n-step returns (see :mod:`.dqn_torch`)."""
 
     name = "dqn"
@@ -45,10 +40,6 @@ class DqnAlgorithm:
         from shardreplay.runtime.algos.networks import make_q_network
 
         return make_q_network(env.obs_shape, env.num_actions, network, hidden)
-
-    def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
-        """obs, int64 action, reward."""
-        return transition_spec(env)
 
     def make_agent(self, env: EnvInfo, settings: TrainSettings, world: int,
                    placement: Placement | None = None) -> DoubleDqn:

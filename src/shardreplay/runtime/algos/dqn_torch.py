@@ -8,16 +8,11 @@ windows, and the torch actor policy (image Q-networks, ``--actor-device cuda``).
     td     = target - Q_online(o_0, a_0)
     loss   = mean_b( w_b * huber(td_b) )             (w: importance weights)
 
-New priorities are ``|td| + priority_eps``.
-
-:data:`~.dqn.DQN` (:mod:`.dqn`, torch-free) is the algorithm ``train --algo dqn`` runs: this
-learner, and actors that act epsilon-greedily with their streams' Ape-X epsilons (an
-MLP on the CPU in NumPy, :mod:`.numpy_policy`; any other with :class:`EpsilonGreedyPolicy`).
+New priorities are ``|td| + priority_eps``. :data:`~.dqn.DQN` (torch-free) is the algorithm.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,12 +24,11 @@ from torch import nn
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
-from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import FeedForward, fits
+from shardreplay.runtime.algos.base import FeedForward, check_fits
 from shardreplay.runtime.algos.networks import QNetwork, make_q_network
 from shardreplay.runtime.algos.numpy_policy import mlp_hidden
-from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part, flat_observations, unwrap
+from shardreplay.runtime.algos.torch_parts import ApexActor, QLearner, flat_observations
 from shardreplay.runtime.envs import EnvInfo
 
 __all__ = ["DoubleDqn", "DqnSettings", "EpsilonGreedyPolicy", "q_network_of"]
@@ -42,7 +36,8 @@ __all__ = ["DoubleDqn", "DqnSettings", "EpsilonGreedyPolicy", "q_network_of"]
 
 @dataclass(frozen=True)
 class DqnSettings:
-    """Learning settings (documented in ``shardreplay train --help``)."""
+    """Learning settings (documented in ``shardreplay train --help``; ``tau`` 1: the target
+    is a hard copy every ``target_update_interval`` updates)."""
 
     gamma: float = 0.99
     lr: float = 2.3e-3
@@ -50,11 +45,13 @@ class DqnSettings:
     target_update_interval: int = 10
     tau: float = 1.0
     priority_eps: float = 1e-3
+    adam_eps: float = 1e-8
 
 
-class DoubleDqn(LearnerState):
-    """Online and target Q-networks, the optimizer, and one learning step; its
-    ``state_dict`` holds ``online``, ``target``, ``optimizer`` and ``updates``.
+class DoubleDqn(QLearner):
+    """Double DQN's learning step on online and target Q-networks
+    (:class:`~.torch_parts.QLearner`; ``state_dict``: ``online``, ``target``,
+    ``optimizer``, ``updates``).
 
     Args:
         online: the Q-network that learns (may be wrapped in DDP).
@@ -62,18 +59,6 @@ class DoubleDqn(LearnerState):
     """
 
     algo, state_key = "dqn", "online"
-
-    def __init__(self, online: nn.Module, settings: DqnSettings) -> None:
-        self.online = online
-        self.target = copy.deepcopy(unwrap(online)).requires_grad_(False)
-        self.settings = settings
-        self.optimizer = torch.optim.Adam(online.parameters(), lr=settings.lr)
-        self.updates = 0
-
-    @property
-    def module(self) -> nn.Module:
-        """The bare Q-network (without DDP)."""
-        return unwrap(self.online)
 
     def learn(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """One gradient step on ``batch``; returns (new priorities ``[B]``, loss).
@@ -94,27 +79,8 @@ class DoubleDqn(LearnerState):
             target = tr.reward.float() + tr.bootstrap_discount.float() * bootstrap
         td = target - q
         loss = (batch.weights.float() * F.smooth_l1_loss(q, target, reduction="none")).mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(self.online.parameters(), s.grad_clip)
-        self.optimizer.step()
-        self._after_step()
+        self._step(loss)
         return td.detach().abs() + s.priority_eps, float(loss.detach())
-
-    def _after_step(self) -> None:
-        """Count the update; move the target network (a copy every
-        ``target_update_interval`` updates, blended by ``tau``: 1 is a hard copy)."""
-        self.updates += 1
-        if self.updates % self.settings.target_update_interval:
-            return
-        tau = self.settings.tau
-        with torch.no_grad():
-            for t, o in zip(self.target.parameters(), self.module.parameters(), strict=True):
-                t.mul_(1.0 - tau).add_(o, alpha=tau)
-
-    def _state_parts(self) -> dict[str, Part]:
-        """Online, target and optimizer state (then the update count)."""
-        return {"online": self.module, "target": self.target, "optimizer": self.optimizer}
 
 
 class EpsilonGreedyPolicy(FeedForward, ApexActor):
@@ -133,7 +99,6 @@ class EpsilonGreedyPolicy(FeedForward, ApexActor):
         return self.exploration.actions(q.argmax(dim=1).cpu().numpy(), int(q.shape[1]), run_steps), None
 
 
-
 def q_network_of(weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings, kind: str) -> nn.Module:
     """The torch Q-network of ``kind`` (``--network`` as ``choose_network`` resolved it)
     that the published ``weights`` fit (an MLP's hidden sizes read from them).
@@ -145,8 +110,5 @@ def q_network_of(weights: Mapping[str, Any], env: EnvInfo, s: ActorSettings, kin
         size = env.obs_shape[0]
         return QNetwork(size, env.num_actions, mlp_hidden(weights, size, env.num_actions, s))
     net = make_q_network(env.obs_shape, env.num_actions, kind)
-    if not fits(net, weights):
-        raise ConfigError(f"the policy at {s.policy_url} is not a {kind} Q-network for {s.env_id} "
-                          f"(observations {list(env.obs_shape)}, {env.num_actions} actions): do the learners "
-                          "train the same --env-id and --network?")
+    check_fits(net, weights, s, env, f"a {kind} Q-network", "and --network")
     return net

@@ -1,14 +1,7 @@
-"""Q-networks for ``shardreplay train``, chosen by the observation's shape.
-
-- ``mlp``: flat vector observations (CartPole): Linear + ReLU layers of ``hidden`` sizes.
-- ``nature``: images of 36x36 or more (Atari's 4x84x84 stacks): the Nature-DQN network
-  (Mnih et al. 2015: 32 8x8/4, 64 4x4/2, 64 3x3/1 convolutions, 512 units), pixels
-  scaled by 1/255.
-- ``minatar``: small images (MinAtar's 10x10xC): the MinAtar paper's network (16 3x3/1
-  convolutions, 128 units), on 0/1 channels unscaled.
-
-Every network takes observations ``[B, *obs_shape]`` of any dtype (converted to float32
-on the way in) and returns Q-values ``[B, num_actions]``. Images are channels first.
+"""Q-networks for ``shardreplay train``, chosen by the observation's shape
+(:func:`choose_network`): an MLP for vectors, the Nature-DQN network for images of 36x36
+or more, the MinAtar network for smaller ones. Each takes observations ``[B, *obs_shape]``
+(channels first) of any dtype and returns Q-values ``[B, num_actions]``.
 """
 
 from __future__ import annotations
@@ -21,7 +14,17 @@ from torch import nn
 from shardreplay.runtime.algos import choose_network
 from shardreplay.runtime.settings import NETWORKS
 
-__all__ = ["NETWORKS", "MinAtarQNetwork", "NatureQNetwork", "QNetwork", "choose_network", "make_q_network"]
+__all__ = ["NETWORKS", "MinAtarQNetwork", "NatureQNetwork", "QNetwork", "choose_network", "make_q_network",
+           "mlp"]
+
+
+def mlp(width: int, hidden: Sequence[int]) -> tuple[nn.Sequential, int]:
+    """Linear + ReLU layers of ``hidden`` sizes from ``width`` inputs, and their output width."""
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    return nn.Sequential(*layers), width
 
 
 class QNetwork(nn.Module):
@@ -38,13 +41,8 @@ class QNetwork(nn.Module):
 
     def __init__(self, obs_size: int, num_actions: int, hidden: tuple[int, ...] = (128, 128)) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        width = obs_size
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            width = h
-        layers.append(nn.Linear(width, num_actions))
-        self.net = nn.Sequential(*layers)
+        trunk, width = mlp(obs_size, hidden)
+        self.net = nn.Sequential(*trunk, nn.Linear(width, num_actions))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q-values ``[B, num_actions]`` for observations ``[B, obs_size]``."""

@@ -1,17 +1,8 @@
-"""DQN's actor policy without torch: the published MLP Q-network's forward pass in NumPy.
-
-The default actor (``--algo dqn``, an MLP Q-network, ``--actor-device cpu``) acts with
-:class:`NumpyEpsilonGreedyPolicy`: float32 Linear + ReLU layers read from the published
-weights (the names and shapes of :class:`~shardreplay.runtime.algos.networks.QNetwork`'s
-``state_dict``), the argmax, and Ape-X's epsilon-greedy draws
-(:class:`~.apex.ApexExploration`, the same generator calls as the torch policy). Its
-actions equal the torch network's argmax except where two Q-values tie to within float32
-rounding (the two libraries sum the products in other orders).
-
-Why: importing torch is most of what an actor that acts with it costs in CPU before its
-first step and in memory, and such a small network gains nothing from it (a NumPy forward
-pass of a few observations also costs less than a torch call;
-benchmarks/startup/RESULTS-actor.md).
+"""DQN's actor policy without torch (``--algo dqn``, an MLP Q-network, ``--actor-device
+cpu``): the published weights' float32 Linear + ReLU forward pass in NumPy, the argmax and
+Ape-X's epsilon-greedy draws (the same generator calls as the torch policy). Its actions
+equal the torch network's except where two Q-values tie to within float32 rounding. Why:
+docs/train.md, "Algorithms" (an actor that never imports torch costs far less).
 """
 
 from __future__ import annotations

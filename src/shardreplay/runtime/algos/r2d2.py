@@ -14,17 +14,12 @@ windows of ``seq_len`` steps that start every ``seq_period`` steps of an episode
     loss   = mean_b( w_b * mean_t huber(q_t(a_t) - target_t) )       over learn_mask steps
     priority_b = 0.9 max_t |delta_t| + 0.1 mean_t |delta_t| + priority_eps
 
-No value rescaling (``examples/r2d2_cartpole.py`` solves masked CartPole without it).
-The target network is a hard copy every ``--target-update-interval`` updates. With
-several learner ranks the online network is in DDP (gradients averaged), so every rank
-takes the same steps and copies the same target.
-
-:data:`R2D2` is the algorithm ``train --algo r2d2`` runs.
+No value rescaling; the target network is a hard copy every ``--target-update-interval``
+updates (docs/train.md, "Algorithms"). :data:`R2D2` is the algorithm ``train --algo r2d2`` runs.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,13 +33,13 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.sequences import SequenceBatch, sequence_batch, sequence_priorities
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos import recurrent_spec
-from shardreplay.runtime.algos.base import fits, network_weights
-from shardreplay.runtime.algos.torch_parts import ApexActor, LearnerState, Part, unwrap
+from shardreplay.runtime.algos.base import Algorithm, check_fits, network_weights, published_hidden
+from shardreplay.runtime.algos.dqn_torch import DqnSettings
+from shardreplay.runtime.algos.torch_parts import ApexActor, QLearner
 from shardreplay.runtime.devices import CPU, Placement, wrap
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
-from shardreplay.spec import Spec, StepType
+from shardreplay.spec import StepType
 
 __all__ = ["R2D2", "R2d2", "R2d2Algorithm", "R2d2Settings", "RecurrentPolicy", "RecurrentQ",
            "nstep_targets", "sequence_loss"]
@@ -158,31 +153,26 @@ def sequence_loss(online: nn.Module, target: nn.Module, seq: SequenceBatch, n: i
 
 
 @dataclass(frozen=True)
-class R2d2Settings:
-    """R2D2's learning settings.
+class R2d2Settings(DqnSettings):
+    """R2D2's learning settings: DQN's (the target a hard copy every
+    ``target_update_interval`` updates), other defaults, and
 
     Attributes:
         n_step: n of the n-step targets.
-        gamma: discount.
-        lr: Adam's learning rate.
         burn_in: steps of each sequence unrolled without loss.
-        target_update_interval: updates between hard target copies.
-        grad_clip: the gradient norm clipped to.
-        priority_eps: added to the new priorities.
     """
 
-    n_step: int = 5
-    gamma: float = 0.99
     lr: float = 3e-3
-    burn_in: int = 4
     target_update_interval: int = 100
-    grad_clip: float = 10.0
-    priority_eps: float = 1e-3
+    adam_eps: float = 1e-4  # examples/r2d2_cartpole.py's (R2D2's is 1e-3; 1e-8 is noisier here)
+    n_step: int = 5
+    burn_in: int = 4
 
 
-class R2d2(LearnerState):
-    """Online and target recurrent Q-networks, the optimizer and one learning step; its
-    ``state_dict`` holds ``recurrent_online``, ``target``, ``optimizer`` and ``updates``.
+class R2d2(QLearner):
+    """R2D2's learning step on online and target recurrent Q-networks
+    (:class:`~.torch_parts.QLearner`; ``state_dict``: ``recurrent_online``, ``target``,
+    ``optimizer``, ``updates``).
 
     Args:
         online: the recurrent Q-network that learns (may be wrapped in DDP).
@@ -190,19 +180,6 @@ class R2d2(LearnerState):
     """
 
     algo, state_key = "r2d2", "recurrent_online"
-
-    def __init__(self, online: nn.Module, settings: R2d2Settings) -> None:
-        self.online = online
-        self.target = copy.deepcopy(unwrap(online)).requires_grad_(False)
-        self.settings = settings
-        # eps 1e-4: examples/r2d2_cartpole.py's (R2D2's Adam epsilon is 1e-3; 1e-8 is noisier here)
-        self.optimizer = torch.optim.Adam(online.parameters(), lr=settings.lr, eps=1e-4)
-        self.updates = 0
-
-    @property
-    def module(self) -> nn.Module:
-        """The bare recurrent Q-network (without DDP)."""
-        return unwrap(self.online)
 
     def learn(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """One gradient step on sampled sequences; returns (new priorities ``[B]``, loss).
@@ -216,18 +193,8 @@ class R2d2(LearnerState):
                               f"got {batch.mask.shape[1]}: raise --seq-len")
         seq = sequence_batch(batch, burn_in=s.burn_in, state=STATE_FIELDS)
         loss, td, learn_here = sequence_loss(self.online, self.target, seq, s.n_step, s.gamma)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(self.online.parameters(), s.grad_clip)
-        self.optimizer.step()
-        self.updates += 1
-        if self.updates % s.target_update_interval == 0:
-            self.target.load_state_dict(self.module.state_dict())
+        self._step(loss)
         return sequence_priorities(td, learn_here) + s.priority_eps, float(loss.detach())
-
-    def _state_parts(self) -> dict[str, Part]:
-        """Online, target and optimizer state (then the update count)."""
-        return {"recurrent_online": self.module, "target": self.target, "optimizer": self.optimizer}
 
 
 class RecurrentPolicy(ApexActor):
@@ -240,9 +207,6 @@ class RecurrentPolicy(ApexActor):
     """
 
     net: RecurrentQ
-
-    def __init__(self, net: RecurrentQ, s: ActorSettings) -> None:
-        super().__init__(net, s)
 
     def initial_state(self, num_envs: int) -> State:
         """Zeros: every env starts an episode."""
@@ -265,7 +229,7 @@ class RecurrentPolicy(ApexActor):
         return {name: t.detach().cpu().numpy().copy() for name, t in zip(STATE_FIELDS, state, strict=True)}
 
 
-class R2d2Algorithm:
+class R2d2Algorithm(Algorithm):
     """``--algo r2d2``: a recurrent Q-network on sequences (see the module docstring).
 
     From the train settings: ``--hidden`` (its last size is the LSTM's), ``--n-step``,
@@ -288,14 +252,6 @@ class R2d2Algorithm:
                               f"--network {network}): leave --network out")
         return RecurrentQ(env.obs_shape[0], env.num_actions, hidden[-1])
 
-    def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
-        """:func:`~shardreplay.runtime.algos.recurrent_spec`: obs, action, reward, ``h``, ``c``.
-
-        Raises:
-            ConfigError: no ``hidden`` size, or images (the LSTM takes flat vectors).
-        """
-        return recurrent_spec(env, hidden)
-
     def make_agent(self, env: EnvInfo, settings: TrainSettings, world: int,
                    placement: Placement | None = None) -> R2d2:
         """The recurrent Q-network (in DDP over the placement's group on several ranks)
@@ -315,13 +271,8 @@ class R2d2Algorithm:
         Raises:
             ConfigError: the weights are not such a network for this environment.
         """
-        hh = weights.get("lstm.weight_hh_l0")
-        hidden = int(hh.shape[1]) if hh is not None and len(hh.shape) == 2 else 0
-        net = RecurrentQ(env.obs_shape[0], env.num_actions, max(hidden, 1))
-        if not fits(net, weights):
-            raise ConfigError(f"the policy at {s.policy_url} is not an R2D2 network for {s.env_id} "
-                              f"(observations {list(env.obs_shape)}, {env.num_actions} actions): do the "
-                              "learners train the same --env-id with --algo r2d2?")
+        net = RecurrentQ(env.obs_shape[0], env.num_actions, max(published_hidden(weights, (1,))[-1], 1))
+        check_fits(net, weights, s, env, "an R2D2 network", "with --algo r2d2")
         policy = RecurrentPolicy(net, s)
         policy.load(network_weights(weights))
         return policy

@@ -11,23 +11,10 @@ Q-networks with polyak-averaged targets and a learned temperature ``alpha``::
     alpha   = mean_b( -alpha * (logp(a~|o_0) + target_entropy) )            (target_entropy = -dim A)
     Q_target <- (1 - tau) Q_target + tau Q                                  (every update)
 
-With n > 1 the return R sums the rewards of the window; the entropy bonus enters at the
-bootstrap step only (the policy's entropy along the window is not added).
-
-**Priorities** with twin critics: ``(|delta_1| + |delta_2|) / 2 + priority_eps``, the mean
-of the two critics' absolute TD errors (each critic's error counts; the max would
-follow whichever critic is worse, the min would hide a critic that is off).
-
-**Data-parallel learners.** All ranks start from rank 0's networks (broadcast), compute
-their three losses on their own batch, and average every gradient (critic, actor,
-temperature) with one all-reduce per update, as DDP does: every rank then takes the same
-Adam steps and the same soft target update, so networks, targets and the temperature stay
-bitwise equal on every rank (tests/runtime/algos compares checksums). The actor and the
-temperature learn from the critics before this update's step (one all-reduce instead of
-three). A padding batch (an empty shard in local mode: weights 0) contributes nothing.
-
-:data:`SAC` is the algorithm ``train --algo sac`` runs: actors sample from the current
-published policy, uniformly random actions while the run is in its warm-up.
+New priorities: ``(|delta_1| + |delta_2|) / 2 + priority_eps``. Learner ranks start from
+rank 0's networks and average every gradient in one all-reduce per update, so networks,
+targets and temperature stay bitwise equal (docs/train.md, "Algorithms"). :data:`SAC` is
+the algorithm ``train --algo sac`` runs.
 """
 
 from __future__ import annotations
@@ -47,25 +34,23 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import FeedForward, fits, network_weights, warmup
-from shardreplay.runtime.algos.torch_parts import LearnerState, Part, flat_observations
+from shardreplay.runtime.algos.base import Algorithm, FeedForward, check_fits, network_weights, warmup
+from shardreplay.runtime.algos.networks import mlp
+from shardreplay.runtime.algos.torch_parts import (
+    LearnerState,
+    Part,
+    TorchPolicy,
+    flat_observations,
+    soft_update,
+)
 from shardreplay.runtime.devices import CPU, Placement
-from shardreplay.runtime.envs import EnvInfo, transition_spec
+from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
-from shardreplay.spec import Spec
 
 __all__ = ["SAC", "Sac", "SacAlgorithm", "SacSettings", "SampledPolicy", "SquashedGaussianActor",
            "TwinQ"]
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # CleanRL's bounds on the policy's log standard deviation
-
-
-def _mlp(width: int, hidden: Sequence[int]) -> tuple[nn.Sequential, int]:
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        width = h
-    return nn.Sequential(*layers), width
 
 
 class SquashedGaussianActor(nn.Module):
@@ -85,7 +70,7 @@ class SquashedGaussianActor(nn.Module):
                  hidden: Sequence[int] = (256, 256)) -> None:
         super().__init__()
         lo, hi = torch.tensor(low, dtype=torch.float32), torch.tensor(high, dtype=torch.float32)
-        self.net, width = _mlp(obs_size, hidden)
+        self.net, width = mlp(obs_size, hidden)
         self.mean = nn.Linear(width, len(lo))
         self.log_std = nn.Linear(width, len(lo))
         # buffers: published with the weights, so actors act in the learners' bounds
@@ -128,8 +113,8 @@ class TwinQ(nn.Module):
 
     def __init__(self, obs_size: int, action_size: int, hidden: Sequence[int] = (256, 256)) -> None:
         super().__init__()
-        trunk1, width = _mlp(obs_size + action_size, hidden)
-        trunk2, _ = _mlp(obs_size + action_size, hidden)
+        trunk1, width = mlp(obs_size + action_size, hidden)
+        trunk2, _ = mlp(obs_size + action_size, hidden)
         self.q1 = nn.Sequential(*trunk1, nn.Linear(width, 1))
         self.q2 = nn.Sequential(*trunk2, nn.Linear(width, 1))
 
@@ -243,8 +228,9 @@ class Sac(LearnerState):
         return (d1.detach().abs() + d2.detach().abs()) / 2 + s.priority_eps, float(critic_loss.detach())
 
     def _step(self, critic_loss: torch.Tensor, actor_loss: torch.Tensor, alpha_loss: torch.Tensor) -> None:
-        """Gradients of each loss for its own parameters, averaged over ranks in one
-        all-reduce; the three Adam steps; the soft target update."""
+        """Gradients of each loss for its own parameters (the actor and the temperature
+        learn from the critics before this step), averaged over ranks in one all-reduce;
+        the three Adam steps; the soft target update."""
         groups = [list(self.critic.parameters()), list(self.actor.parameters()), [self.log_alpha]]
         grads = [torch.autograd.grad(loss, params)
                  for loss, params in zip((critic_loss, actor_loss, alpha_loss), groups, strict=True)]
@@ -260,10 +246,7 @@ class Sac(LearnerState):
         for opt in (self.critic_opt, self.actor_opt, self.alpha_opt):
             opt.step()
         self.updates += 1
-        tau = self.settings.tau
-        with torch.no_grad():
-            for t, o in zip(self.critic_target.parameters(), self.critic.parameters(), strict=True):
-                t.mul_(1.0 - tau).add_(o, alpha=tau)
+        soft_update(self.critic_target, self.critic, self.settings.tau)
 
     def _state_parts(self) -> dict[str, Part]:
         """Networks, target critics, temperature and optimizers (then the update count)."""
@@ -272,44 +255,40 @@ class Sac(LearnerState):
                 "alpha_opt": self.alpha_opt}
 
 
-class SampledPolicy(FeedForward):
+class SampledPolicy(FeedForward, TorchPolicy):
     """An actor's SAC policy: actions sampled from the published tanh-Gaussian, uniformly
     random ones with probability falling from 1 to 0 over the run's warm-up
     (``epsilon_warmup_steps``).
 
     Args:
-        actor: the policy network (weights loaded by :meth:`load`).
+        net: the policy network (weights loaded by :meth:`load`).
         s: the actor's resolved settings.
     """
 
-    def __init__(self, actor: SquashedGaussianActor, s: ActorSettings) -> None:
-        self.device = torch.device(s.device)
-        self.actor = actor.to(self.device)
+    net: SquashedGaussianActor
+
+    def __init__(self, net: SquashedGaussianActor, s: ActorSettings) -> None:
+        super().__init__(net, s)
         self.rng = np.random.default_rng(s.seed)
         self.generator = torch.Generator(self.device).manual_seed(int(self.rng.integers(2**62)))
         self.warmup_steps = s.epsilon_warmup_steps or 0
         self.zero = np.zeros(s.envs_per_actor or 1)
 
-    def load(self, weights: Mapping[str, Any]) -> None:
-        """Take newly published weights."""
-        self.actor.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
-
     def act(self, obs: np.ndarray, state: None, run_steps: int) -> tuple[np.ndarray, None]:
         """Sampled actions ``[num_envs, d]`` (float32), random ones during warm-up."""
         with torch.no_grad():
             obs_t = torch.as_tensor(obs, device=self.device)
-            actions = self.actor.sample(obs_t, self.generator)[0].cpu().numpy().astype(np.float32)
+            actions = self.net.sample(obs_t, self.generator)[0].cpu().numpy().astype(np.float32)
         explore = warmup(self.zero, run_steps, self.warmup_steps)
         rows = self.rng.random(len(actions)) < explore
         if rows.any():
-            lo = (self.actor.action_bias - self.actor.action_scale).cpu().numpy()
-            hi = (self.actor.action_bias + self.actor.action_scale).cpu().numpy()
+            lo = (self.net.action_bias - self.net.action_scale).cpu().numpy()
+            hi = (self.net.action_bias + self.net.action_scale).cpu().numpy()
             actions[rows] = self.rng.uniform(lo, hi, size=(int(rows.sum()), actions.shape[1]))
         return actions, None
 
 
-
-class SacAlgorithm:
+class SacAlgorithm(Algorithm):
     """``--algo sac``: Soft Actor-Critic on flat Box actions (see the module docstring).
 
     From the train settings: ``--gamma``, ``--hidden`` (policy and critics), ``--lr`` (the
@@ -332,10 +311,6 @@ class SacAlgorithm:
             raise ConfigError(f"--algo sac takes flat vector observations with an MLP: --network "
                               f"{network} is for images (leave --network out)")
         return SquashedGaussianActor(env.obs_shape[0], env.action_low, env.action_high, hidden)
-
-    def transition_spec(self, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
-        """obs, float32 action ``[d]``, reward."""
-        return transition_spec(env)
 
     def make_agent(self, env: EnvInfo, settings: TrainSettings, world: int,
                    placement: Placement | None = None) -> Sac:
@@ -361,10 +336,7 @@ class SacAlgorithm:
                         if k.startswith("net.") and k.endswith(".weight"))
         hidden = tuple(out for _i, (out, _in) in layers)
         actor = SquashedGaussianActor(env.obs_shape[0], env.action_low, env.action_high, hidden)
-        if not hidden or not fits(actor, weights):
-            raise ConfigError(f"the policy at {s.policy_url} is not a SAC policy for {s.env_id} "
-                              f"(observations {list(env.obs_shape)}, actions {list(env.action_shape)}): "
-                              "do the learners train the same --env-id with --algo sac?")
+        check_fits(actor, weights, s, env, "a SAC policy", "with --algo sac", ok=bool(hidden))
         policy = SampledPolicy(actor, s)
         policy.load(network_weights(weights))
         return policy

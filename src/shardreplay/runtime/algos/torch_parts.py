@@ -1,11 +1,12 @@
 """The torch parts the algorithms share: a learner's state of named parts
-(:class:`LearnerState`) and the torch actor policies' base with Ape-X exploration
-(:class:`ApexActor`). Only learners and the actors whose policy needs torch (SAC, R2D2,
-image Q-networks, ``--actor-device cuda``) import this module.
+(:class:`LearnerState`), the online/target Q-learner of DQN and R2D2 (:class:`QLearner`),
+and the torch actor policies' base (:class:`TorchPolicy`, with Ape-X exploration:
+:class:`ApexActor`). Only learners and the actors whose policy needs torch import it.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -16,7 +17,8 @@ from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.apex import ApexExploration
 
-__all__ = ["ApexActor", "LearnerState", "Part", "flat_observations", "unwrap"]
+__all__ = ["ApexActor", "LearnerState", "Part", "QLearner", "TorchPolicy", "flat_observations",
+           "soft_update", "unwrap"]
 
 Part = nn.Module | torch.optim.Optimizer | torch.Tensor
 
@@ -39,6 +41,13 @@ def unwrap(module: nn.Module) -> nn.Module:
     """The bare network inside a ``DistributedDataParallel`` wrapper (``module`` itself
     when it is not wrapped)."""
     return module.module if hasattr(module, "module") and isinstance(module.module, nn.Module) else module
+
+
+def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """``target <- (1 - tau) target + tau source``, parameter by parameter (1: a copy)."""
+    with torch.no_grad():
+        for t, o in zip(target.parameters(), source.parameters(), strict=True):
+            t.mul_(1.0 - tau).add_(o, alpha=tau)
 
 
 class LearnerState:
@@ -84,10 +93,66 @@ class LearnerState:
         self.updates = int(state["updates"])
 
 
-class ApexActor:
-    """What the torch epsilon-greedy actor policies (DQN's image and CUDA ones, R2D2's)
-    share: their network on the actor's device, loaded from published weights (tensors or
-    arrays), and Ape-X's exploration (:class:`~.apex.ApexExploration`).
+class QLearner(LearnerState):
+    """Online and target Q-networks and Adam (DQN's and R2D2's learners); its
+    ``state_dict`` holds the online network (as ``state_key``), ``target``, ``optimizer``
+    and ``updates``.
+
+    Args:
+        online: the Q-network that learns (may be wrapped in DDP).
+        settings: learning settings (:class:`~.dqn_torch.DqnSettings` or a subclass).
+    """
+
+    def __init__(self, online: nn.Module, settings: Any) -> None:
+        self.online = online
+        self.target = copy.deepcopy(unwrap(online)).requires_grad_(False)
+        self.settings = settings
+        self.optimizer = torch.optim.Adam(online.parameters(), lr=settings.lr, eps=settings.adam_eps)
+        self.updates = 0
+
+    @property
+    def module(self) -> nn.Module:
+        """The bare online Q-network (without DDP)."""
+        return unwrap(self.online)
+
+    def _step(self, loss: torch.Tensor) -> None:
+        """One Adam step on ``loss`` (gradient norm clipped to ``grad_clip``), counted; every
+        ``target_update_interval`` updates the target moves by ``tau`` (1: a hard copy)."""
+        s = self.settings
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.online.parameters(), s.grad_clip)
+        self.optimizer.step()
+        self.updates += 1
+        if self.updates % s.target_update_interval == 0:
+            soft_update(self.target, self.module, s.tau)
+
+    def _state_parts(self) -> dict[str, Part]:
+        """Online, target and optimizer state (then the update count)."""
+        return {self.state_key: self.module, "target": self.target, "optimizer": self.optimizer}
+
+
+class TorchPolicy:
+    """An actor's torch network on the actor's device (``s.device``), loaded from published
+    weights (tensors or arrays).
+
+    Args:
+        net: the network (weights loaded by :meth:`load`).
+        s: the actor's resolved settings.
+    """
+
+    def __init__(self, net: nn.Module, s: ActorSettings) -> None:
+        self.device = torch.device(s.device)
+        self.net = net.to(self.device)
+
+    def load(self, weights: Mapping[str, Any]) -> None:
+        """Take newly published weights (a recurrent state held per env is kept)."""
+        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+
+
+class ApexActor(TorchPolicy):
+    """A torch epsilon-greedy actor policy (DQN's image and CUDA ones, R2D2's) with
+    Ape-X's exploration (:class:`~.apex.ApexExploration`).
 
     Args:
         net: the Q-network (weights loaded by :meth:`load`).
@@ -99,9 +164,4 @@ class ApexActor:
 
     def __init__(self, net: nn.Module, s: ActorSettings) -> None:
         self.exploration = ApexExploration(s)
-        self.device = torch.device(s.device)
-        self.net = net.to(self.device)
-
-    def load(self, weights: Mapping[str, Any]) -> None:
-        """Take newly published weights (a recurrent state held per env is kept)."""
-        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+        super().__init__(net, s)
