@@ -1,10 +1,9 @@
 """The transport interface: how actors' chunks reach a learner.
 
-One interface, three media, chosen by URL with :func:`~shardreplay.transport.urls.open_transport`:
-``local`` (a bounded shared-memory ring between processes of one machine), ``file:///dir``
-(a spool directory, durable) and ``redis://host:port/db`` (Redis streams with a consumer
-group, durable). A :class:`Transport` is configuration (plus, for ``local``, the ring):
-pass it to child processes as a ``Process`` argument and open the ends where they are used::
+Three media, chosen by URL (:func:`~shardreplay.transport.urls.open_transport`): ``local``
+(a shared-memory ring on one machine), ``file:///dir`` (a spool directory) and
+``redis://host:port/db`` (a Redis stream). A :class:`Transport` is configuration (plus,
+for ``local``, the ring): pass it to child processes and open the ends where they are used::
 
     transport = open_transport("file:///data/spool", spec)
     writer = transport.writer()                # actor process
@@ -14,13 +13,9 @@ pass it to child processes as a ``Process`` argument and open the ends where the
     ...                                        # store them, then
     reader.ack(chunks)
 
-``send`` blocks while the medium holds its cap of unconsumed chunks (back-pressure).
-Delivery is at-least-once on the durable media: a chunk not acknowledged before its
-reader dies is delivered to the next one; a repeated ``(actor_id, sequence)`` is dropped
-and counted as a duplicate. Malformed chunks never raise: they are logged (logger
-``shardreplay.transport``), counted in :attr:`ChunkReader.stats` by reason and, where the
-medium allows, set aside (spool ``quarantine/``) or acknowledged so they are not
-delivered again.
+``send`` blocks while the medium holds its cap of unconsumed chunks. Delivery,
+duplicates and malformed chunks (never raised: logged, counted in
+:attr:`ChunkReader.stats`, set aside): docs/semantics.md, "Delivery".
 """
 
 from __future__ import annotations
@@ -280,8 +275,7 @@ class IntakeReader:
         return self._intake.stats
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
-        """Up to ``max_chunks`` valid chunks, waiting up to ``timeout_s`` for the first
-        (``borrow``: see :meth:`ChunkReader.receive`).
+        """As :meth:`ChunkReader.receive`.
 
         Raises:
             ConfigError: ``max_chunks`` is not an integer >= 1.

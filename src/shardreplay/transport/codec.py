@@ -16,16 +16,13 @@ Wire layout (all integers little-endian)::
            P   payload: the raw arrays, each 8-byte aligned, in header order,
                zero padding to a multiple of 8
 
-The header is a map of exactly ``fp`` (spec fingerprint), ``S``, ``T`` and ``arrays``: a
-list of ``[name, dtype, shape, offset, nbytes]`` with offsets relative to ``P``. It is
-the same for every chunk of one spec and size, so a reader checks each distinct header
-once and recognises it by its bytes afterwards. Arrays are ``stream_ids`` (int64 ``[S]``),
+The header is a map of exactly ``fp`` (spec fingerprint), ``S``, ``T`` and ``arrays``, a
+list of ``[name, dtype, shape, offset from P, nbytes]``: ``stream_ids`` (int64 ``[S]``),
 one per step field (``steps/<name>``, ``[S, T, *field.shape]``) and, when present,
-``priorities`` (float32 ``[S, T]``). The checksum covers header, padding and payload, and
-every prefix field is checked on its own; formats 1 (CRC-32) and 2 (XXH64) are rejected
-with a reason that says so. Sizes are checked against the spec and the bytes present
-before anything is allocated; decoded arrays are zero-copy, read-only views of the input,
-every value validated in one compiled pass (:mod:`shardreplay.spec.validation`).
+``priorities`` (float32 ``[S, T]``). One spec and size give one header, so a reader checks
+each distinct header once and recognises it by its bytes afterwards. Formats 1 (CRC-32)
+and 2 (XXH64) are rejected with a reason that says so. Decoded arrays are read-only views
+of the input, every value checked in one compiled pass (:mod:`shardreplay.spec.validation`).
 
 **Packed chunks** (:func:`pack`, :func:`unpack`): of each ``frame_stack`` field's
 ``[S, T, K, *frame]`` stacks only the frame a step added is kept when its stack continues
@@ -43,8 +40,7 @@ whole stack otherwise; the result is compressed with LZ4 or Zstandard (or not). 
 The body is the encoded chunk with each frame-stacked field's array cut out, followed,
 for each such field in array order, by one byte per step (1: the stack continues, only
 its newest frame follows; 0: the whole stack follows) and the frames, steps in ``[S, T]``
-order. :func:`unpack` rebuilds the encoded chunk bit for bit (its own checksum proves it);
-sizes are checked against ``max_bytes`` before anything is allocated or decompressed.
+order. :func:`unpack` rebuilds the encoded chunk bit for bit (its own checksum proves it).
 """
 
 from __future__ import annotations
@@ -176,18 +172,6 @@ def _layout(spec: Spec, s: int, t: int, has_priorities: bool) -> _Layout:
     return layout
 
 
-def _unpack_header(raw: bytes) -> dict[str, Any]:
-    """A chunk's msgpack header, bounded; CorruptChunkError (``header``) on garbage or a non-map."""
-    try:
-        head = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16,
-                               max_bin_len=0, max_array_len=1 << 16, max_map_len=64, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise CorruptChunkError(f"unreadable chunk header: {exc}", reason="header") from exc
-    if not isinstance(head, dict):
-        raise CorruptChunkError("chunk header is not a map", reason="header")
-    return head
-
-
 @dataclass(frozen=True, eq=False)
 class Chunk:
     """``T`` steps of each of an actor's ``S`` streams.
@@ -249,13 +233,10 @@ def encode(chunk: Chunk, spec: Spec) -> bytes:
 
 class Encoding:
     """A chunk checked and ready to be written where the caller wants it (:func:`encode`
-    writes it to new bytes; the local transport writes it straight into its ring).
-
-    Steps that are already arrays of the spec's exact dtypes and shapes (what actors
-    build) are not passed through ``spec.validate``: :meth:`write_into` checks their
-    values in the written bytes, in the one compiled pass the decoder uses, and raises
-    before the chunk is complete (``spec.validate`` then names the bad field). Anything
-    else is validated (and cast) here.
+    writes it to new bytes; the local transport straight into its ring). Steps of the
+    spec's exact dtypes and shapes (what actors build) have their values checked by
+    :meth:`write_into`, in the decoder's compiled pass; anything else is validated (and
+    cast) here.
 
     Raises:
         SpecMismatchError: as :func:`encode` (a bad value in exact-dtype steps: from
@@ -337,10 +318,8 @@ class PackedEncoding:
 
     def __init__(self, chunk: Chunk, spec: Spec, codec: str) -> None:
         enc = Encoding(chunk, spec)
-        # The plain encoding only feeds pack(), which copies what it keeps: it goes to a
-        # scratch buffer of this thread, reused chunk after chunk, instead of two new
-        # chunk-sized objects (allocating, faulting and copying them cost an actor more
-        # than packing a Pong chunk; benchmarks/transport/bench_ingest.py --ab).
+        # Only pack() reads the plain encoding (and copies what it keeps): a scratch buffer
+        # of this thread, reused, spares two chunk-sized allocations (bench_ingest.py --ab).
         scratch = _scratch(enc.nbytes)
         enc.write_into(scratch)
         self._data = pack(scratch[:enc.nbytes], spec, codec)
@@ -396,8 +375,7 @@ def _exact(steps: Mapping[str, Any], exact: tuple[tuple[str, np.dtype, tuple[int
 def _check_ids_once(layout: _Layout, ids: np.ndarray, prio: np.ndarray | None, key: bytes | None, *,
                     exc: type[Exception]) -> None:
     """:func:`_check_ids_and_priorities`, skipped for stream ids whose bytes ``key`` passed
-    before: actors send the same ids chunk after chunk, so the layout keeps a bounded set
-    of them. ``key`` None (priorities to check too): always checked, nothing kept."""
+    before (actors send the same ids chunk after chunk); ``key`` None: always checked."""
     if key is not None and key in layout.good_ids:
         return
     _check_ids_and_priorities(ids, prio, layout.s, layout.t, exc=exc)
@@ -528,7 +506,14 @@ def _header_layout(raw: bytes, spec: Spec) -> _Layout:
     info = _info(spec)
     layout = info.headers.get(raw)
     if layout is None:
-        layout = _checked_layout(_unpack_header(raw), spec)
+        try:
+            head = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16,
+                                   max_bin_len=0, max_array_len=1 << 16, max_map_len=64, max_ext_len=0)
+        except Exception as exc:  # msgpack raises several unrelated types on garbage
+            raise CorruptChunkError(f"unreadable chunk header: {exc}", reason="header") from exc
+        if not isinstance(head, dict):
+            raise CorruptChunkError("chunk header is not a map", reason="header")
+        layout = _checked_layout(head, spec)
         if len(info.headers) > 256:
             info.headers.clear()
         info.headers[raw] = layout
@@ -721,9 +706,8 @@ def _stacks_back(body: np.ndarray, at: int, out: np.ndarray, arr: _StackedArray)
     frames = int(ends[-1]) if arr.steps else 0
     src = _take(body, at, frames * arr.frame_bytes).reshape(frames, arr.frame_bytes)
     idx = (ends[:, None] - arr.stack + np.arange(arr.stack)).ravel()
-    # In range by construction (every stream's first step sent its whole stack, checked
-    # above), so "clip" never clips: it only spares the copy through a temporary of
-    # ``out`` that take's default mode="raise" makes (3/4 of a packed Pong chunk's decode).
+    # In range by construction (each stream's first step sent its whole stack, checked
+    # above): "clip" never clips, it spares the temporary copy that mode="raise" makes.
     np.take(src, idx, axis=0, out=out.reshape(-1, arr.frame_bytes), mode="clip")
     return at + frames * arr.frame_bytes
 

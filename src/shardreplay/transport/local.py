@@ -1,12 +1,10 @@
 """``local`` transport: a bounded shared-memory ring between processes of one machine.
 
-Every encoded chunk is one record of a :class:`ShmRing`. A writer waits while the ring
-lacks room, checks its chunk's structure, then encodes it straight into the ring
-(:meth:`ShmRing.put_with`), where the values of exact-dtype steps are checked in one
-compiled pass before the record is published. The reader copies a batch of records out
-and decodes them outside the ring's lock, or with ``receive(borrow=True)`` decodes them
-in place. Only raw bytes travel. Ring and locks come from the ``spawn`` context, so a
-:class:`LocalTransport` can be a ``Process`` argument. Not durable: ``ack`` only counts.
+Every encoded chunk is one record of a :class:`ShmRing`: a writer encodes it straight into
+the ring (:meth:`ShmRing.put_with`); the reader copies a batch of records out and decodes
+them outside the ring's lock, or with ``receive(borrow=True)`` decodes them in place. Ring
+and locks come from the ``spawn`` context, so a :class:`LocalTransport` can be a
+``Process`` argument. Not durable: ``ack`` only counts.
 
 **The ring** survives processes killed at any point. Records are ``[uint64 length][bytes]``
 in one ``RawArray``; two absolute counters, ``head`` (next write) and ``tail`` (next
@@ -155,8 +153,6 @@ class LocalReader(IntakeReader):
         self._intake = intake
 
     def _receive(self, max_chunks: int, deadline: float, borrow: bool) -> list[Chunk]:
-        # borrow: decoded where they lie in the ring, which keeps their room until the
-        # next receive or close (one copy of every chunk less).
         while True:  # rejected or duplicate records do not end the wait
             records = self._ring.take(max_chunks, deadline, _BATCH_BYTES, borrow=borrow)
             chunks = [c for c in (self._intake.admit(r, "local ring") for r in records)
@@ -185,10 +181,9 @@ _STUCK_S = 0.5
 # ``head`` only grows and only readers (under the read lock) move ``tail``, so stale values
 # mean fewer records or less room, never wrong ones. An empty ring is re-read under the
 # lock before the reader sleeps, so a writer either sees it empty (and wakes the reader)
-# or the reader sees the writer's record. Other machines take the lock for both. Why not
-# take it everywhere: writers encode a whole chunk under it, so a reader that takes it
-# queues behind every encode (benchmarks/transport/bench_fastpaths.py measures both readers;
-# figures in benchmarks/transport/RESULTS-transport.md).
+# or the reader sees the writer's record. Other machines take the lock for both (writers
+# encode a whole chunk under it: a reader that takes it queues behind every encode;
+# benchmarks/transport/bench_fastpaths.py measures both readers).
 _ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -279,10 +274,9 @@ class ShmRing:
         return self.put_with(len(data), lambda dst: dst.__setitem__(slice(None), src), deadline)
 
     def put_with(self, nbytes: int, fill: Callable[[np.ndarray], None], deadline: float | None) -> bool:
-        """Append a record of ``nbytes`` that ``fill`` writes into the ring's own memory
-        (a uint8 view; a scratch array when the record wraps around the ring's end), so an
-        encoder writes once instead of into bytes that are copied again. ``fill`` runs
-        under the ring lock; the record becomes visible only after it returned.
+        """Append a record of ``nbytes`` that ``fill`` writes into the ring's own memory (a
+        uint8 view; a scratch array when the record wraps around the ring's end), under the
+        ring lock; the record becomes visible after ``fill`` returned.
 
         Returns:
             False when ``deadline`` passed before there was room.
@@ -330,9 +324,8 @@ class ShmRing:
                 process keeps the read lock meanwhile, so other readers wait.
 
         Returns:
-            Read-only views of the records: into one fresh ``bytes`` object (one copy for
-            the whole batch; keep any of them and that copy stays alive), or, borrowed,
-            into the ring (a record that wraps around the ring's end is copied).
+            Read-only views of the records: into one ``bytes`` copy of the whole batch, or,
+            borrowed, into the ring (a record that wraps around the ring's end is copied).
         """
         self.give_back()
         while True:
@@ -352,8 +345,7 @@ class ShmRing:
             self._items.acquire(timeout=min(left, 0.1))
 
     def backlog(self) -> tuple[int, int]:
-        """Records waiting and their bytes (without the length words), read under the
-        read lock (already held by this process while it lends records) and the ring lock."""
+        """Records waiting and their bytes (without the length words)."""
         lent = self._lent is not None
         if not lent:
             self._acquire(self._read_lock, _READER)

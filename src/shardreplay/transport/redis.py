@@ -31,11 +31,9 @@ Back-pressure without losing data (``XADD ... MAXLEN`` evicts unread entries: ne
    the group (at id 0) on first use, so nothing written before the learner starts is missed.
 
 A lost connection (or a server loading its data) is retried with backoff until the
-caller's deadline, then raised as :class:`~shardreplay.errors.TransportTimeout`; a reader
-returns empty lists during an outage shorter than ``reconnect_timeout_s``. A server
-restarted without persistence loses the stream and its group: the reader recreates the
-group and, when the server's run id changed, counts as lost (``stats.lost``, logged) the
-entries that waited at its last look. Production servers need ``appendonly yes``.
+caller's deadline, then raised as :class:`~shardreplay.errors.TransportTimeout` (a reader
+returns empty lists for ``reconnect_timeout_s`` first). A server restarted without
+persistence: docs/semantics.md, "Losses are counted, never silent".
 """
 
 from __future__ import annotations
@@ -147,11 +145,9 @@ class RedisTransport:
         return self._ask(scan, "SCAN chunk streams")
 
     def backlog(self, channel: str | None = None) -> Backlog:
-        """Entries of stream ``channel`` (None: this transport's) that some consumer
-        group has not acknowledged: pending plus not yet delivered (``lag``); the
-        stream's length where that is unknown (no group: nobody read it; a server
-        before Redis 7, or a lag Redis cannot tell: an upper bound). Entries a reader
-        acknowledged but did not trim yet are not counted. Bytes are not reported.
+        """Entries of stream ``channel`` (None: this transport's) some consumer group has
+        not acknowledged (pending plus ``lag``); the stream's length where Redis cannot tell
+        that (no group, a server before Redis 7: an upper bound). Bytes are not reported.
 
         Raises:
             TransportError / TransportTimeout: the server could not be asked.
@@ -386,7 +382,6 @@ class RedisReader(IntakeReader):
         self._run_id = self._link.call(_run_id, what="INFO", deadline=deadline)
 
     def _receive(self, max_chunks: int, deadline: float, borrow: bool) -> list[Chunk]:
-        # borrow changes nothing here: every entry arrives in its own bytes.
         out: list[Chunk] = []
         try:
             while True:
@@ -443,16 +438,15 @@ class RedisReader(IntakeReader):
         return entries
 
     def _replies(self, pipe: Any, tokens: int) -> list[Any]:
-        """Run ``pipe``, whose ``tokens`` commands after the first are room tokens (their
-        replies go to :class:`RoomTokens`); any other error is raised."""
+        """Run ``pipe``, whose ``tokens`` commands after the first are room tokens (the ACL
+        refusing those turns tokens off); any other error is raised."""
         replies = pipe.execute(raise_on_error=False)
-        if tokens:
-            self._room.check(replies[1:1 + tokens])
-            replies = replies[:1] + replies[1 + tokens:]
-        for reply in replies:
-            if isinstance(reply, Exception):
+        for i, reply in enumerate(replies):
+            if 1 <= i <= tokens and isinstance(reply, redis.exceptions.NoPermissionError):
+                self._room.refuse(reply)
+            elif isinstance(reply, Exception):
                 raise reply
-        return list(replies)
+        return replies[:1] + replies[1 + tokens:]
 
     def _delivering_call(self, fn: Callable[[redis.Redis], T], what: str, deadline: float) -> T:
         """:meth:`_group_call` of a command that moves entries into our pending list
@@ -724,12 +718,10 @@ def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
 class RoomTokens:
     """Wake-ups for writers waiting at a stream's cap: a list ``<stream>:room`` of tokens.
 
-    The reader pushes a token per :attr:`grant` entries it acknowledges (in the round trip
-    of the ``XACK``); a writer at the cap waits in ``BLPOP`` on the list, which hands each
-    token to the writer that waited longest, and may then add ``grant`` chunks. Tokens
-    are hints (a woken writer still trims and reads the length; the list holds ``cap /
-    grant`` at most). A user whose ACL lacks ``BLPOP`` / ``RPUSH`` / ``LTRIM`` (or the key)
-    gets one warning, then writers poll.
+    The reader pushes a token per :attr:`grant` entries it acknowledges (with the ``XACK``);
+    ``BLPOP`` hands each to the writer that waited longest, which may then add ``grant``
+    chunks. Tokens are hints (a woken writer still trims and reads the length). Without
+    ``BLPOP`` / ``RPUSH`` / ``LTRIM`` in the user's ACL: one warning, then writers poll.
 
     Args:
         stream: the chunk stream.
@@ -746,25 +738,12 @@ class RoomTokens:
 
     def queue(self, pipe: Any, freed: int) -> int:
         """Queue on ``pipe`` the tokens for ``freed`` acknowledged entries; how many
-        commands were queued (their replies go to :meth:`check`)."""
+        commands were queued."""
         if not self.enabled or freed <= 0:
             return 0
         pipe.rpush(self.key, *([b"1"] * min(-(-freed // self.grant), self.cap)))
         pipe.ltrim(self.key, -self.cap, -1)  # stale tokens stay bounded
         return 2
-
-    def check(self, replies: list[Any]) -> None:
-        """Look at the replies of :meth:`queue`'s commands (``raise_on_error=False``):
-        a refusal by the ACL turns tokens off.
-
-        Raises:
-            redis.RedisError: any other error among them.
-        """
-        for reply in replies:
-            if isinstance(reply, redis.exceptions.NoPermissionError):
-                self._refused(reply)
-            elif isinstance(reply, Exception):
-                raise reply
 
     def wait_then_trim(self, client: redis.Redis, timeout_s: float) -> int | None:
         """Block until a token comes or ``timeout_s`` passes (at least 1 ms: ``BLPOP 0``
@@ -783,7 +762,7 @@ class RoomTokens:
         pipe.evalsha(_TRIM_SHA, 1, self.stream, "1")  # not a Script: a pipeline asks SCRIPT EXISTS first
         token, length = pipe.execute(raise_on_error=False)
         if isinstance(token, redis.exceptions.NoPermissionError):
-            self._refused(token)
+            self.refuse(token)
             return None
         if isinstance(length, redis.exceptions.NoScriptError):  # a restarted server: load it
             return trim_acknowledged(client, self.stream, exact=True)
@@ -792,7 +771,8 @@ class RoomTokens:
                 raise reply
         return int(length)
 
-    def _refused(self, exc: Exception) -> None:
+    def refuse(self, exc: Exception) -> None:
+        """Turn tokens off (the ACL refused them: ``exc``), with one warning."""
         if self.enabled:
             logger.warning("redis: waiting for room by polling (%s): grant the user +blpop +rpush +ltrim on "
                            "%r to let writers wait without polling (docs/multi-machine.md)",

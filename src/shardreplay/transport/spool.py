@@ -7,15 +7,11 @@ Layout::
     dir/quarantine/                 rejected files, each with a ``.reason`` note beside it
     dir/reader.lock                 held (flock) by the one reader of this spool
 
-A writer writes the chunk to ``tmp/``, fsyncs and renames it into ``ready/`` (then fsyncs
-the directory), so ``ready/`` only holds whole files; a new reader deletes temp files
-older than ``stale_tmp_s``. A writer waits while ``ready/`` holds
-``queued_chunks_per_actor`` of its own chunks. The reader takes chunks in sequence order
-per actor, round robin over actors (see :meth:`SpoolReader._refill`), checks each (size
-before reading, then checksum and spec) and quarantines bad ones by reason. A temp-named
-file in ``ready/`` (``*.tmp``, ``.*``: a copy tool that renames when done) is left alone
-until unchanged for ``stale_tmp_s``, then quarantined (``stale_temp``). A chunk is deleted
-at ``ack``; one not acknowledged stays for the next reader (at-least-once).
+A writer writes the chunk to ``tmp/`` and renames it into ``ready/`` (fsynced), and waits
+while ``ready/`` holds ``queued_chunks_per_actor`` of its own chunks. The reader takes
+chunks in sequence order per actor, round robin over actors (:meth:`SpoolReader._refill`),
+quarantines bad ones by reason, and deletes a chunk at ``ack``. Temp-named files in
+``ready/``: docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -197,8 +193,7 @@ class SpoolWriter:
                     f"spool {self._t.path}: {len(pending)} chunks of actor {actor_id} still unread "
                     f"after {timeout_s} s: the learner is not draining ready/ (is it alive?)")
             time.sleep(pause if deadline is None else min(pause, max(deadline - time.monotonic(), 0.0)))
-            # Back off: while no reader drains (a learner restarting), hundreds of writers
-            # looking at the poll interval kept every core busy (benchmarks/soak).
+            # Back off: hundreds of writers polling an undrained spool kept every core busy.
             pause = min(pause * 2, max(self._t.poll_interval_s, _MAX_ROOM_PAUSE_S))
         return pending
 
@@ -225,7 +220,6 @@ class SpoolReader(IntakeReader):
         self._sweep_temp(transport.path / "tmp", transport.stale_tmp_s)
 
     def _receive(self, max_chunks: int, deadline: float, borrow: bool) -> list[Chunk]:
-        # borrow changes nothing here: every chunk is read into its own bytes.
         out: list[Chunk] = []
         while True:
             if not self._backlog:
@@ -262,8 +256,7 @@ class SpoolReader(IntakeReader):
 
     def _list(self, inflight: set[str]) -> dict[int, list[tuple[int, str]]]:
         """Per actor, ``(sequence, name)`` of the chunk files in ``ready/``; other names
-        are set aside, except temp names (``*.tmp``, ``.*``) younger than ``stale_tmp_s``:
-        someone may still be writing them there (a copy tool that renames when done)."""
+        are set aside, except temp names younger than ``stale_tmp_s``."""
         per_actor: dict[int, list[tuple[int, str]]] = {}
         for entry in os.scandir(self._ready):
             if entry.name in inflight:

@@ -1,9 +1,8 @@
 """Medium URLs: the one parser of ``local``, ``file://`` and ``redis://`` URLs
-(:func:`parse_medium`), the one map from a URL to a transport (:func:`open_transport`,
-which imports the transport's module, and redis, only then), and the query options
+(:func:`parse_medium`), the one map from a URL to a transport (:func:`open_transport`:
+it imports the transport's module, and redis, only then), and the one query option
 shardreplay reads itself (the rest goes to redis-py): ``key``, the Redis hash a policy is
-published under (default ``shardreplay:policy``; a run named ``--run-id ID`` uses
-``shardreplay:ID:policy``, within reach of a Redis user limited to ``shardreplay:ID:*``).
+published under (default ``shardreplay:policy``; ``shardreplay:ID:policy`` for ``--run-id ID``).
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ if TYPE_CHECKING:
     from shardreplay.spec import Spec
     from shardreplay.transport.base import Transport
 
-__all__ = ["POLICY_KEY", "MediumURL", "accepted_forms", "file_url", "open_transport", "parse_medium",
-           "pop_query", "with_policy_key"]
+__all__ = ["POLICY_KEY", "MediumURL", "file_url", "open_transport", "parse_medium", "pop_query",
+           "with_policy_key"]
 
 POLICY_KEY = "key"
 
@@ -66,12 +65,6 @@ class MediumURL:
     path: str = ""
 
 
-def accepted_forms(kinds: tuple[MediumKind, ...] = ("local", "file", "redis")) -> str:
-    """The URL forms of ``kinds``, for messages: "'local', 'file:///dir' or 'redis://host:port/db'"."""
-    forms = [_FORMS[k] for k in kinds]
-    return forms[0] if len(forms) == 1 else f"{', '.join(forms[:-1])} or {forms[-1]}"
-
-
 def parse_medium(url: str, *, kinds: tuple[MediumKind, ...] = ("local", "file", "redis"),
                  what: str = "transport") -> MediumURL:
     """Parse a transport or policy-broadcast URL.
@@ -93,7 +86,9 @@ def parse_medium(url: str, *, kinds: tuple[MediumKind, ...] = ("local", "file", 
         parsed = urlparse(url)
         kind = _KINDS.get(parsed.scheme)
     if kind not in kinds:
-        raise ConfigError(f"unknown {what} URL {url!r}: use {accepted_forms(kinds)}")
+        forms = [_FORMS[k] for k in kinds]  # "'local', 'file:///dir' or 'redis://host:port/db'"
+        use = forms[0] if len(forms) == 1 else f"{', '.join(forms[:-1])} or {forms[-1]}"
+        raise ConfigError(f"unknown {what} URL {url!r}: use {use}")
     if kind == "file":
         assert parsed is not None
         if parsed.netloc not in ("", "localhost") or not parsed.path:
