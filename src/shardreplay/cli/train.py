@@ -1,11 +1,5 @@
-"""``shardreplay train``: distributed Ape-X DQN with sharded prioritized replay.
-
-Every setting is a flag, in groups (run, learners, replay, actors, transport,
-checkpoints). --config FILE reads a YAML file of the same settings: flat names
-(alpha: 0.6) or group sections (replay: {alpha: 0.6}); flags given here win.
-A run ends with one line: solved or not, the final evaluation, where its files are
-(summary.json holds the details).
-"""
+"""``shardreplay train``: distributed Ape-X DQN with sharded prioritized replay (its
+settings, output and errors: docs/train.md)."""
 
 from __future__ import annotations
 
@@ -55,11 +49,6 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
-    settings, resume = _given_or_resumed(args)
-    return without_secrets(settings, args.redis_password_file), resume
-
-
 def without_secrets(settings: TrainSettings, password_file: str | None) -> TrainSettings:
     """The settings with any Redis password taken out of their URLs (into this process's
     environment, which the learners and actors inherit), so nothing written holds it.
@@ -79,7 +68,9 @@ def without_secrets(settings: TrainSettings, password_file: str | None) -> Train
     return settings.updated({"transport": url, "policy_url": policy})
 
 
-def _given_or_resumed(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
+def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
+    """The run's settings (given, from --config, or a resumed run's with the given ones
+    over them; without secrets) and whether it resumes."""
     given = given_settings(args)
     if args.checkpoint_id is not None and args.resume is None:
         raise ConfigError("--checkpoint-id needs --resume RUN_DIR (the run to continue from that checkpoint)")
@@ -92,14 +83,16 @@ def _given_or_resumed(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
     if resume_dir is not None:
         from shardreplay.runtime.settings import settings_for_resume
 
-        return settings_for_resume(resume_dir, given), True
-    base = TrainSettings()
-    if args.config is not None:
-        try:
-            base = TrainSettings.from_dict(read_config(args.config))
-        except ConfigError as exc:
-            raise ConfigError(f"--config {args.config}: {exc}") from None
-    return base.updated(given), False
+        settings = settings_for_resume(resume_dir, given)
+    else:
+        settings = TrainSettings()
+        if args.config is not None:
+            try:
+                settings = TrainSettings.from_dict(read_config(args.config))
+            except ConfigError as exc:
+                raise ConfigError(f"--config {args.config}: {exc}") from None
+        settings = settings.updated(given)
+    return without_secrets(settings, args.redis_password_file), resume_dir is not None
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -142,18 +135,33 @@ def _check_resumable(run_dir: Path, checkpoint_id: int | None = None) -> None:
         CheckpointFormatError: the newest checkpoint is damaged (the message names the
             file and block, and the command that continues from the older complete one).
     """
-    from shardreplay.checkpoint import latest_complete, list_checkpoints
-    from shardreplay.errors import IncompleteCheckpointError
+    from shardreplay.checkpoint import checkpoint_dir, latest_complete, list_checkpoints
+    from shardreplay.checkpoint.manifest import incomplete_reason
+    from shardreplay.errors import CheckpointFormatError, IncompleteCheckpointError
 
     if not Path(run_dir).is_dir():
         raise IncompleteCheckpointError(f"--resume {run_dir}: no such run directory; start a run there "
                                         f"with --run-dir {run_dir}")
     root = Path(run_dir) / "checkpoints"
     if checkpoint_id is not None:
-        _check_chosen(run_dir, checkpoint_id)
-        return
+        directory = checkpoint_dir(root, checkpoint_id)
+        why = incomplete_reason(directory) if directory.is_dir() else "no such checkpoint"
+        if why is None:
+            return
+        complete = [c for c in list_checkpoints(root) if incomplete_reason(checkpoint_dir(root, c)) is None]
+        raise IncompleteCheckpointError(f"--resume {run_dir} --checkpoint-id {checkpoint_id}: {why}; "
+                                        f"complete checkpoints: {', '.join(map(str, complete)) or 'none'}")
     newest = latest_complete(root)
-    _refuse_damaged(run_dir, newest)
+    damaged = _damaged_newer(root, newest)
+    if damaged is not None:
+        head = f"--resume {run_dir}: checkpoint {damaged[0]} is damaged ({damaged[1]})"
+        if newest is None:
+            raise CheckpointFormatError(f"{head} and no older checkpoint is complete: start the run afresh "
+                                        f"with --run-dir {run_dir} --auto-resume (which moves it to "
+                                        f"{root / 'incomplete'}), or use another --run-dir")
+        raise CheckpointFormatError(f"{head}; the newest complete one is {newest}: continue from "
+                                    f"it with --resume {run_dir} --checkpoint-id {newest} (or "
+                                    f"--run-dir {run_dir} --auto-resume, which takes it too)")
     if newest is not None:
         return
     if not list_checkpoints(root):
@@ -163,42 +171,6 @@ def _check_resumable(run_dir: Path, checkpoint_id: int | None = None) -> None:
         f"--resume {run_dir}: no complete checkpoint under {root}, only incomplete ones (a run stopped "
         f"before every rank saved): start it again with --run-dir {run_dir} --auto-resume (which sets "
         "them aside and starts afresh), or use another --run-dir")
-
-
-def _check_chosen(run_dir: Path, checkpoint_id: int) -> None:
-    """``--resume R --checkpoint-id N``: N must be a complete checkpoint of R."""
-    from shardreplay.checkpoint import checkpoint_dir, list_checkpoints
-    from shardreplay.checkpoint.manifest import incomplete_reason
-    from shardreplay.errors import IncompleteCheckpointError
-
-    root = Path(run_dir) / "checkpoints"
-    directory = checkpoint_dir(root, checkpoint_id)
-    why = incomplete_reason(directory) if directory.is_dir() else "no such checkpoint"
-    if why is None:
-        return
-    complete = [c for c in list_checkpoints(root) if incomplete_reason(checkpoint_dir(root, c)) is None]
-    raise IncompleteCheckpointError(f"--resume {run_dir} --checkpoint-id {checkpoint_id}: {why}; complete "
-                                    f"checkpoints: {', '.join(map(str, complete)) or 'none'}")
-
-
-def _refuse_damaged(run_dir: Path, newest_complete: int | None) -> None:
-    """Refuse ``--resume`` when a checkpoint newer than the newest complete one is
-    damaged (not merely incomplete): say which file and block failed, and the command
-    that continues from the older complete checkpoint."""
-    from shardreplay.errors import CheckpointFormatError
-
-    root = Path(run_dir) / "checkpoints"
-    damaged = _damaged_newer(root, newest_complete)
-    if damaged is not None:
-        cid, why = damaged
-        head = f"--resume {run_dir}: checkpoint {cid} is damaged ({why})"
-        if newest_complete is None:
-            raise CheckpointFormatError(f"{head} and no older checkpoint is complete: start the run afresh "
-                                        f"with --run-dir {run_dir} --auto-resume (which moves it to "
-                                        f"{root / 'incomplete'}), or use another --run-dir")
-        raise CheckpointFormatError(f"{head}; the newest complete one is {newest_complete}: continue from "
-                                    f"it with --resume {run_dir} --checkpoint-id {newest_complete} (or "
-                                    f"--run-dir {run_dir} --auto-resume, which takes it too)")
 
 
 def _damaged_newer(root: Path, newest_complete: int | None) -> tuple[int, str] | None:

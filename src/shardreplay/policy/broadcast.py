@@ -1,12 +1,9 @@
 """Policy broadcast: the learner publishes ``(version, weights)``, actors poll for new ones.
 
 One interface, chosen by URL with :func:`~shardreplay.policy.open_publisher` /
-:func:`~shardreplay.policy.open_subscriber`:
-``file:///dir`` (immutable ``policy-<version>.safetensors`` files, then a small
-``policy.version`` note naming the newest with its CRC-32: :mod:`.file_backend`) or
-``redis://host:port/db`` (one hash of version, CRC-32 and weights set by one ``HSET``,
-then a pub/sub hint: :mod:`.redis_backend`). Weights travel as safetensors (never pickle)
-with the version in their metadata::
+:func:`~shardreplay.policy.open_subscriber`: ``file:///dir`` (:mod:`.file_backend`) or
+``redis://host:port/db`` (:mod:`.redis_backend`). Weights travel as safetensors (never
+pickle) with the version in their metadata::
 
     publisher = open_publisher("file:///run/policy")
     publisher.publish(7, model.state_dict())
@@ -16,14 +13,9 @@ with the version in their metadata::
     if update is not None:
         model.load_state_dict(update.weights)
 
-``as_numpy=True`` gives numpy arrays (torch is then never imported). ``poll`` looks at the
-version at most every ``check_interval_s`` (Redis: at once on a hint) and loads weights only
-when the version grew or the run changed; a damaged copy is logged, counted in ``stats``
-and skipped. A training run publishes :func:`pack_version` ``(life, updates)``, so a
-resumed learner's first policy is newer than all its previous life published, and names
-itself in ``meta`` (:data:`RUN_KEY`): a subscriber takes another run's policy whatever
-its version.
-"""
+``as_numpy=True`` gives numpy arrays (torch is then never imported). A damaged copy is
+logged, counted in ``stats`` and skipped. Versions (:func:`pack_version`) and the run a
+policy names (:data:`RUN_KEY`): docs/semantics.md, "Runs, learner lives and policy versions"."""
 
 from __future__ import annotations
 
@@ -35,7 +27,7 @@ import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from shardreplay.errors import ConfigError, TransportTimeout
 
@@ -172,71 +164,6 @@ class SubscriberStats:
         logger.warning("policy: rejected weights (%s): %s", reason, detail)
 
 
-@runtime_checkable
-class PolicyPublisher(Protocol):
-    """The learner's end."""
-
-    def publish(self, version: int, weights: Mapping[str, Any], *,
-                meta: Mapping[str, str] | None = None) -> None:
-        """Make ``weights`` the current policy, atomically.
-
-        Args:
-            version: larger than every version this publisher published before.
-            weights: name -> torch tensor or numpy array (a ``state_dict``).
-            meta: string metadata published with them (:data:`RUN_KEY`: the run).
-
-        Raises:
-            ConfigError: the version does not increase, or a value is not a tensor.
-            TransportError / TransportTimeout: the medium failed.
-        """
-        ...
-
-    def close(self) -> None:
-        """Release resources."""
-        ...
-
-
-@runtime_checkable
-class PolicySubscriber(Protocol):
-    """An actor's end."""
-
-    version: int | None
-    run_id: str | None
-    stats: SubscriberStats
-
-    def poll(self) -> PolicyUpdate | None:
-        """The newest policy if its version is above ``version`` or it belongs to another
-        run than ``run_id``, else None (cheap)."""
-        ...
-
-    def pause(self, timeout_s: float) -> None:
-        """Sleep up to ``timeout_s``, waking early when the medium hints at news."""
-        ...
-
-    def close(self) -> None:
-        """Release resources."""
-        ...
-
-
-def check_version(version: Any, last: int | None) -> int:
-    """``version`` as an int, if it is above ``last``.
-
-    Raises:
-        ConfigError: not a non-negative integer, or not above ``last``.
-    """
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ConfigError(f"a policy version must be an integer >= 0, got {version!r}")
-    if last is not None and version <= last:
-        raise ConfigError(f"policy version {version} does not increase (last published: {last})")
-    return version
-
-
-def is_news(version: int, run_id: str, current: int | None, current_run: str | None) -> bool:
-    """Whether a subscriber holding ``(current, current_run)`` takes ``(version, run_id)``:
-    the first policy, a newer version, or another run's."""
-    return current is None or version > current or run_id != current_run
-
-
 def serialize(version: int, weights: Mapping[str, Any], meta: Mapping[str, str] | None = None) -> bytes:
     """Weights as safetensors bytes with ``version`` and ``meta`` in the metadata.
 
@@ -303,32 +230,40 @@ def deserialize(data: bytes, expect_crc: int | None, stats: SubscriberStats,
     return PolicyUpdate(version, weights, {str(k): str(v) for k, v in meta.items() if k != VERSION_KEY})
 
 
-class VersionedPublisher:
-    """What the publishers share: versions that must increase, weights serialized once,
-    then written by the medium's ``_write``."""
+class PolicyPublisher:
+    """The learner's end: versions that must increase, weights serialized once, then
+    written by the medium's ``_write``."""
 
     _last: int | None = None
 
     def publish(self, version: int, weights: Mapping[str, Any], *,
                 meta: Mapping[str, str] | None = None) -> None:
-        """Make ``weights`` the current policy, atomically (``meta``: string metadata
-        published with it).
+        """Make ``weights`` (name -> torch tensor or numpy array) the current policy,
+        atomically, with string metadata ``meta`` (:data:`RUN_KEY`: the run).
 
         Raises:
-            ConfigError: the version does not increase or a value is not a tensor.
+            ConfigError: the version is not an integer above every one published before, or a
+                value is not a tensor.
             TransportError / TransportTimeout: the medium failed.
         """
-        version = check_version(version, self._last)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ConfigError(f"a policy version must be an integer >= 0, got {version!r}")
+        if self._last is not None and version <= self._last:
+            raise ConfigError(f"policy version {version} does not increase (last published: {self._last})")
         self._write(version, serialize(version, weights, meta), run_id_of(meta or {}))
         self._last = version
 
     def _write(self, version: int, data: bytes, run: str) -> None:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release resources."""
 
-class PollingSubscriber:
-    """What the subscribers share: settings, state, the check interval, and taking checked
-    weights (a copy that fails is not read again until the next publish).
+
+class PolicySubscriber:
+    """An actor's end: ``version`` and ``run_id`` of the policy held, ``stats``, the check
+    interval, and taking checked weights (a copy that fails is not read again until the
+    next publish).
 
     Raises:
         ConfigError: a negative interval.
@@ -344,6 +279,23 @@ class PollingSubscriber:
         self.stats = SubscriberStats()
         self._next_check = 0.0
         self._bad: object = None  # the marker of the copy rejected last
+
+    def poll(self) -> PolicyUpdate | None:
+        """The newest policy if its version is above ``version`` or it belongs to another
+        run than ``run_id``, else None (cheap)."""
+        raise NotImplementedError
+
+    def pause(self, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s``, waking early when the medium hints at news."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources."""
+
+    def _is_news(self, version: int, run_id: str) -> bool:
+        """Whether to take ``(version, run_id)``: the first policy, a newer version, or
+        another run's."""
+        return self.version is None or version > self.version or run_id != self.run_id
 
     def _due(self, hinted: bool = False) -> bool:
         """Whether to check now (``check_interval_s`` passed, or a hint came); counted."""

@@ -24,10 +24,9 @@ from pathlib import Path
 from shardreplay._io import atomic_write_bytes
 from shardreplay.errors import ConfigError, TransportError
 from shardreplay.policy.broadcast import (
+    PolicyPublisher,
+    PolicySubscriber,
     PolicyUpdate,
-    PollingSubscriber,
-    VersionedPublisher,
-    is_news,
 )
 
 __all__ = ["FilePublisher", "FileSubscriber"]
@@ -45,7 +44,7 @@ def weights_name(version: int) -> str:
     return f"policy-{version:020d}.safetensors"
 
 
-class FilePublisher(VersionedPublisher):
+class FilePublisher(PolicyPublisher):
     """Publishes policies into a directory.
 
     Args:
@@ -96,20 +95,14 @@ class FilePublisher(VersionedPublisher):
         self._prune()
 
     def _prune(self) -> None:
-        """Delete every weights file but the newest ``keep`` this publisher wrote. Not
-        "the highest versions": files of an earlier publisher (a previous learner life,
-        or another run that used this directory, whose versions may be higher) would
-        otherwise outrank this one's and get its current policy deleted."""
+        """Delete every weights file but the newest ``keep`` this publisher wrote, whatever
+        the versions (docs/semantics.md, "Old weights files")."""
         mine = set(self._published)
         for name in os.listdir(self.path):
             if _WEIGHTS.match(name) and name not in mine:
                 (self.path / name).unlink(missing_ok=True)
 
-    def close(self) -> None:
-        """Nothing to release; present for the interface."""
-
-
-class FileSubscriber(PollingSubscriber):
+class FileSubscriber(PolicySubscriber):
     """Polls a directory for new policies.
 
     Args:
@@ -146,7 +139,7 @@ class FileSubscriber(PollingSubscriber):
             self._bad = raw
             self.stats.reject("format", f"{self.path / NOTE}: {exc}")
             return None
-        if not is_news(version, run, self.version, self.run_id):
+        if not self._is_news(version, run):
             return None
         try:
             data = (self.path / name).read_bytes()
@@ -159,6 +152,3 @@ class FileSubscriber(PollingSubscriber):
         """Sleep ``timeout_s`` (files give no hints) and allow the next check at once."""
         time.sleep(max(timeout_s, 0.0))
         self._next_check = 0.0
-
-    def close(self) -> None:
-        """Nothing to release; present for the interface."""

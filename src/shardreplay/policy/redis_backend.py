@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from shardreplay.errors import TransportTimeout
 from shardreplay.policy.broadcast import (
+    PolicyPublisher,
+    PolicySubscriber,
     PolicyUpdate,
-    PollingSubscriber,
-    VersionedPublisher,
-    is_news,
 )
 from shardreplay.transport.redis import HintChannel, RedisLink
 
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["RedisPublisher", "RedisSubscriber"]
 
 
-class RedisPublisher(VersionedPublisher):
+class RedisPublisher(PolicyPublisher):
     """Publishes policies into a Redis hash.
 
     Args:
@@ -58,7 +57,7 @@ class RedisPublisher(VersionedPublisher):
         self._link.close()
 
 
-class RedisSubscriber(PollingSubscriber):
+class RedisSubscriber(PolicySubscriber):
     """Polls a Redis hash for new policies.
 
     Args:
@@ -89,7 +88,7 @@ class RedisSubscriber(PollingSubscriber):
         try:
             raw, run = self._link.call(lambda r: r.hmget(self._key, "version", "run"), what="HMGET version",
                                        deadline=now)
-            if raw is None or not is_news(int(raw), _text(run), self.version, self.run_id):
+            if raw is None or not self._is_news(int(raw), _text(run)):
                 return None
             fields = self._link.call(lambda r: _bytes_hash(r.hgetall(self._key)), what="HGETALL policy",
                                      deadline=now)
