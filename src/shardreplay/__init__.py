@@ -35,33 +35,21 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
-_HOMES = {
-    "Batch": "shardreplay.buffer.batch",
-    "BufferInfo": "shardreplay.buffer.info",
-    "CheckpointError": "shardreplay.errors",
-    "ConfigError": "shardreplay.errors",
-    "EmptyBufferError": "shardreplay.errors",
-    "Field": "shardreplay.spec",
-    "GymStepConverter": "shardreplay.gym.steps",
-    "GymStepWriter": "shardreplay.gym.writer",
-    "InvalidPriorityError": "shardreplay.errors",
-    "LinearSchedule": "shardreplay.samplers.schedules",
-    "NStepTransition": "shardreplay.buffer.nstep",
-    "ReplayBuffer": "shardreplay.buffer.replay_buffer",
-    "SequenceBatch": "shardreplay.buffer.sequences",
-    "ShardReplayError": "shardreplay.errors",
-    "ShardedReplayBuffer": "shardreplay.distributed",
-    "Spec": "shardreplay.spec",
-    "SpecMismatchError": "shardreplay.errors",
-    "StepType": "shardreplay.spec",
-    "Transitions": "shardreplay.buffer.transitions",
-    "nstep_returns": "shardreplay.buffer.nstep",
-    "nstep_transitions": "shardreplay.buffer.nstep",
-    "sample_sequences": "shardreplay.buffer.sequences",
-    "sequence_priorities": "shardreplay.buffer.sequences",
-    "spec_from_env": "shardreplay.gym.writer",
-    "transitions_from_batch": "shardreplay.buffer.transitions",
-}
+_HOMES = {name: module for module, names in {
+    "shardreplay.buffer.batch": ("Batch",),
+    "shardreplay.buffer.info": ("BufferInfo",),
+    "shardreplay.buffer.nstep": ("NStepTransition", "nstep_returns", "nstep_transitions"),
+    "shardreplay.buffer.replay_buffer": ("ReplayBuffer",),
+    "shardreplay.buffer.sequences": ("SequenceBatch", "sample_sequences", "sequence_priorities"),
+    "shardreplay.buffer.transitions": ("Transitions", "transitions_from_batch"),
+    "shardreplay.distributed": ("ShardedReplayBuffer",),
+    "shardreplay.errors": ("CheckpointError", "ConfigError", "EmptyBufferError", "InvalidPriorityError",
+                           "ShardReplayError", "SpecMismatchError"),
+    "shardreplay.gym.steps": ("GymStepConverter",),
+    "shardreplay.gym.writer": ("GymStepWriter", "spec_from_env"),
+    "shardreplay.samplers.schedules": ("LinearSchedule",),
+    "shardreplay.spec": ("Field", "Spec", "StepType"),
+}.items() for name in names}
 
 
 __getattr__, __dir__ = lazy_exports("shardreplay", globals(), _HOMES)

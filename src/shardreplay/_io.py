@@ -29,13 +29,10 @@ def naming(exc: OSError, path: Path | str) -> OSError:
 
 
 def storage_error(exc: BaseException | None, path: Path | str | None = None) -> StorageError | None:
-    """The :class:`StorageError` for ``exc`` when it is, or was caused by, an OSError
-    of a file system refusing a write (:data:`STORAGE_ERRNOS`); None otherwise.
-
-    ``exc`` itself when it is one already. The path is the OSError's file name, else
-    ``path``. The message is one line: "cannot write PATH: No space left on device
-    (ENOSPC)".
-    """
+    """The :class:`StorageError` for ``exc`` when it is one, or is or was caused by an
+    OSError of a file system refusing a write (:data:`STORAGE_ERRNOS`; the path is its
+    file name, else ``path``): "cannot write PATH: No space left on device (ENOSPC)".
+    None otherwise."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -60,11 +57,6 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def temp_name(path: Path) -> Path:
-    """A unique hidden temporary name beside ``path`` (readers skip names starting with '.')."""
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-
-
 @contextlib.contextmanager
 def atomic_writer(path: Path, *, fsync: bool = True, tmp_dir: Path | None = None) -> Iterator[BinaryIO]:
     """The project's one atomic write: a temporary file (in ``tmp_dir``, default ``path``'s
@@ -78,7 +70,7 @@ def atomic_writer(path: Path, *, fsync: bool = True, tmp_dir: Path | None = None
             :class:`StorageError`).
     """
     path = Path(path)
-    tmp = temp_name(path) if tmp_dir is None else Path(tmp_dir) / temp_name(path).name
+    tmp = Path(tmp_dir or path.parent) / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
     try:
         f = open(tmp, "wb")  # noqa: SIM115 - closed below on every path
     except OSError as exc:

@@ -38,7 +38,6 @@ __all__ = [
     "Backlog",
     "ChunkReader",
     "ChunkWriter",
-    "Intake",
     "IntakeReader",
     "ReaderStats",
     "Transport",
@@ -207,17 +206,25 @@ class RecentIds:
         return False
 
 
-class Intake:
-    """Decoding, validation, de-duplication and counting shared by every reader.
+class IntakeReader:
+    """What every reader end shares: decoding, validation, de-duplication and counting
+    (:attr:`stats`), and :meth:`receive`, which checks its arguments and hands the
+    medium's ``_receive`` a deadline.
 
     Args:
         spec: the learner's spec.
         max_chunk_bytes: larger chunks are rejected unread where possible.
         dedup_window: sequences remembered per actor for duplicate detection.
         medium: a label for log lines (``"spool /data"``, ``"redis ..."``).
+
+    Attributes:
+        stats: counters of received, duplicate, rejected (quarantined on a spool) and lost chunks.
+
+    Raises:
+        ConfigError: ``max_chunk_bytes`` < 64 or ``dedup_window`` < 1.
     """
 
-    def __init__(self, spec: Spec, *, max_chunk_bytes: int, dedup_window: int, medium: str) -> None:
+    def __init__(self, spec: Spec, max_chunk_bytes: int, dedup_window: int, medium: str) -> None:
         if max_chunk_bytes < 64:
             raise ConfigError(f"max_chunk_bytes must be >= 64, got {max_chunk_bytes}")
         self.spec = spec
@@ -225,54 +232,6 @@ class Intake:
         self.stats = ReaderStats()
         self._recent = RecentIds(dedup_window)
         self._medium = medium
-
-    def admit(self, data: bytes | bytearray | memoryview, origin: str) -> Chunk | str:
-        """Decode ``data``: the chunk, or why it was not admitted (logged and counted).
-
-        Returns:
-            The chunk; or ``DUPLICATE``; or the rejection reason (``checksum``, ...).
-        """
-        try:
-            chunk = decode(data, self.spec, max_bytes=self.max_chunk_bytes)
-        except CorruptChunkError as exc:
-            ident = peek_identity(data) if exc.reason not in ("too_large", "truncated") else None
-            self.reject(exc.reason, f"{exc} (from {origin}, claims actor/seq {ident})", ident)
-            return exc.reason
-        if self._recent.check_and_add(chunk.actor_id, chunk.sequence):
-            self.stats.duplicates += 1
-            logger.debug("%s: duplicate chunk actor %d seq %d from %s dropped", self._medium,
-                         chunk.actor_id, chunk.sequence, origin)
-            return DUPLICATE
-        self.stats.received += 1
-        return chunk
-
-    def reject(self, reason: str, detail: str, identity: tuple[int, int] | None = None) -> None:
-        """Count and log one rejected chunk; queue it in ``stats.dropped`` (``identity``:
-        what its header claims, if readable)."""
-        self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
-        actor, seq = identity or (-1, -1)
-        self.stats.dropped.append((actor, seq, 1, f"rejected by the transport: {reason}"))
-        logger.warning("%s: rejected a chunk (%s): %s", self._medium, reason, detail)
-
-    def lose(self, count: int, detail: str) -> None:
-        """Count and log ``count`` entries the medium lost (identities unknown); queue
-        them in ``stats.dropped`` when there are any."""
-        self.stats.lost += count
-        if count:
-            self.stats.dropped.append((-1, -1, count, detail))
-        logger.error("%s: %d chunks lost: %s", self._medium, count, detail)
-
-
-class IntakeReader:
-    """A reader end whose :attr:`stats` are its :class:`Intake`'s; :meth:`receive` checks
-    its arguments and hands the medium's ``_receive`` a deadline."""
-
-    _intake: Intake
-
-    @property
-    def stats(self) -> ReaderStats:
-        """Counters of received, duplicate, rejected (quarantined on a spool) and lost chunks."""
-        return self._intake.stats
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
         """As :meth:`ChunkReader.receive`.
@@ -287,3 +246,36 @@ class IntakeReader:
 
     def _receive(self, max_chunks: int, deadline: float, borrow: bool) -> list[Chunk]:
         raise NotImplementedError
+
+    def _admit(self, data: bytes | bytearray | memoryview, origin: str) -> Chunk | str:
+        """Decode ``data``: the chunk, or ``DUPLICATE``, or the rejection reason
+        (``checksum``, ...; logged and counted)."""
+        try:
+            chunk = decode(data, self.spec, max_bytes=self.max_chunk_bytes)
+        except CorruptChunkError as exc:
+            ident = peek_identity(data) if exc.reason not in ("too_large", "truncated") else None
+            self._reject(exc.reason, f"{exc} (from {origin}, claims actor/seq {ident})", ident)
+            return exc.reason
+        if self._recent.check_and_add(chunk.actor_id, chunk.sequence):
+            self.stats.duplicates += 1
+            logger.debug("%s: duplicate chunk actor %d seq %d from %s dropped", self._medium,
+                         chunk.actor_id, chunk.sequence, origin)
+            return DUPLICATE
+        self.stats.received += 1
+        return chunk
+
+    def _reject(self, reason: str, detail: str, identity: tuple[int, int] | None = None) -> None:
+        """Count and log one rejected chunk; queue it in ``stats.dropped`` (``identity``:
+        what its header claims, if readable)."""
+        self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+        actor, seq = identity or (-1, -1)
+        self.stats.dropped.append((actor, seq, 1, f"rejected by the transport: {reason}"))
+        logger.warning("%s: rejected a chunk (%s): %s", self._medium, reason, detail)
+
+    def _lose(self, count: int, detail: str) -> None:
+        """Count and log ``count`` entries the medium lost (identities unknown); queue
+        them in ``stats.dropped`` when there are any."""
+        self.stats.lost += count
+        if count:
+            self.stats.dropped.append((-1, -1, count, detail))
+        logger.error("%s: %d chunks lost: %s", self._medium, count, detail)

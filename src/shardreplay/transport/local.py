@@ -50,7 +50,6 @@ from shardreplay.transport.base import (
     DEFAULT_MAX_CHUNK_BYTES,
     DEFAULT_SEND_TIMEOUT_S,
     Backlog,
-    Intake,
     IntakeReader,
 )
 from shardreplay.transport.codec import Chunk, Encoding
@@ -113,8 +112,7 @@ class LocalTransport:
 
     def reader(self) -> LocalReader:
         """The reader end; call it in the learner process (one reader per transport)."""
-        return LocalReader(self._ring, Intake(self.spec, max_chunk_bytes=self.max_chunk_bytes,
-                                              dedup_window=self.dedup_window, medium="local"))
+        return LocalReader(self)
 
 
 class LocalWriter:
@@ -148,21 +146,21 @@ class LocalWriter:
 class LocalReader(IntakeReader):
     """Learner end of a :class:`LocalTransport`."""
 
-    def __init__(self, ring: ShmRing, intake: Intake) -> None:
-        self._ring = ring
-        self._intake = intake
+    def __init__(self, transport: LocalTransport) -> None:
+        super().__init__(transport.spec, transport.max_chunk_bytes, transport.dedup_window, "local")
+        self._ring = transport._ring
 
     def _receive(self, max_chunks: int, deadline: float, borrow: bool) -> list[Chunk]:
         while True:  # rejected or duplicate records do not end the wait
             records = self._ring.take(max_chunks, deadline, _BATCH_BYTES, borrow=borrow)
-            chunks = [c for c in (self._intake.admit(r, "local ring") for r in records)
+            chunks = [c for c in (self._admit(r, "local ring") for r in records)
                       if isinstance(c, Chunk)]
             if chunks or not records or time.monotonic() >= deadline:
                 return chunks
 
     def ack(self, chunks: Iterable[Chunk]) -> None:
         """Count acknowledgements; the local medium keeps nothing to forget."""
-        self._intake.stats.acked += sum(1 for _ in chunks)
+        self.stats.acked += sum(1 for _ in chunks)
 
     def close(self) -> None:
         """Give back borrowed chunks' room (see :meth:`receive`)."""

@@ -60,7 +60,6 @@ from shardreplay.transport.base import (
     DEFAULT_SEND_TIMEOUT_S,
     DUPLICATE,
     Backlog,
-    Intake,
     IntakeReader,
 )
 from shardreplay.transport.codec import Chunk, Encoding, PackedEncoding, check_codec, wire_encoding
@@ -364,8 +363,7 @@ class RedisReader(IntakeReader):
     def __init__(self, transport: RedisTransport) -> None:
         t = self._t = transport
         self._link = transport.link()
-        self._intake = Intake(t.spec, max_chunk_bytes=t.max_chunk_bytes, dedup_window=t.dedup_window,
-                              medium=f"redis {t.url} {t.stream}")
+        super().__init__(t.spec, t.max_chunk_bytes, t.dedup_window, f"redis {t.url} {t.stream}")
         self._inflight: dict[tuple[int, int], bytes] = {}
         self._inflight_ids: set[bytes] = set()
         self._to_ack: list[bytes] = []
@@ -471,7 +469,7 @@ class RedisReader(IntakeReader):
         if run_id == self._run_id:  # the group was deleted by hand; the entries are still there
             return
         self._run_id, self._claim_cursor = run_id, b"0-0"
-        self._intake.lose(self._waiting, f"redis-server {self._t.url} restarted without its data; "
+        self._lose(self._waiting, f"redis-server {self._t.url} restarted without its data; "
                           f"{self._waiting} entries of {self._t.stream!r} were waiting at the last look "
                           f"(every {self._t.trim_interval_s} s; those added since are not counted). "
                           "Run a production Redis with appendonly yes")
@@ -483,11 +481,11 @@ class RedisReader(IntakeReader):
         data = fields.get(_FIELD) if fields else None
         if data is None:
             if fields:  # an entry someone else wrote; never ours
-                self._intake.reject("malformed_entry", f"entry {entry_id!r} has fields {list(fields)[:4]}")
+                self._reject("malformed_entry", f"entry {entry_id!r} has fields {list(fields)[:4]}")
                 self._refused.add(entry_id)
             self._to_ack.append(entry_id)  # else: deleted while pending; nothing to deliver
             return
-        result = self._intake.admit(data, f"entry {entry_id.decode()}")
+        result = self._admit(data, f"entry {entry_id.decode()}")
         if isinstance(result, Chunk):
             self._inflight[result.identity] = entry_id
             self._inflight_ids.add(entry_id)
@@ -504,7 +502,7 @@ class RedisReader(IntakeReader):
             if entry_id is not None:
                 self._inflight_ids.discard(entry_id)
                 self._to_ack.append(entry_id)
-                self._intake.stats.acked += 1
+                self.stats.acked += 1
         if len(self._to_ack) >= _ACK_BATCH:
             self.flush()
 

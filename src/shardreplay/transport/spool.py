@@ -34,7 +34,6 @@ from shardreplay.transport.base import (
     DEFAULT_SEND_TIMEOUT_S,
     DUPLICATE,
     Backlog,
-    Intake,
     IntakeReader,
 )
 from shardreplay.transport.codec import Chunk, check_codec, wire_encoding
@@ -213,8 +212,8 @@ class SpoolReader(IntakeReader):
         self._ready = transport.path / "ready"
         self._quarantine = transport.path / "quarantine"
         self._lock_fd: int | None = _take_lock(transport.path / "reader.lock")
-        self._intake = Intake(transport.spec, max_chunk_bytes=transport.max_chunk_bytes,
-                              dedup_window=transport.dedup_window, medium=f"spool {transport.path}")
+        super().__init__(transport.spec, transport.max_chunk_bytes, transport.dedup_window,
+                         f"spool {transport.path}")
         self._backlog: deque[str] = deque()
         self._inflight: dict[tuple[int, int], str] = {}
         self._sweep_temp(transport.path / "tmp", transport.stale_tmp_s)
@@ -287,7 +286,7 @@ class SpoolReader(IntakeReader):
         if data is None:
             self._set_aside(name, "too_large", f"more than max_chunk_bytes={self._t.max_chunk_bytes}")
             return None
-        result = self._intake.admit(data, name)
+        result = self._admit(data, name)
         if isinstance(result, str):
             if result == DUPLICATE:
                 self._consume(name)
@@ -303,14 +302,14 @@ class SpoolReader(IntakeReader):
             name = self._inflight.pop(chunk.identity, None)
             if name is not None:
                 self._consume(name)
-                self._intake.stats.acked += 1
+                self.stats.acked += 1
 
     def _consume(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self._ready / name).unlink()
 
     def _set_aside(self, name: str, reason: str, detail: str) -> None:
-        self._intake.reject(reason, f"{name}: {detail}")
+        self._reject(reason, f"{name}: {detail}")
         self._quarantine_file(name, reason)
 
     def _quarantine_file(self, name: str, reason: str) -> None:
