@@ -1,14 +1,8 @@
-"""The actor: steps a gymnasium vector env with a recent policy and ships chunks.
-
-It acts with the policy of the run's algorithm (:mod:`shardreplay.runtime.algos`: DQN's
-streams explore with their own Ape-X epsilons, SAC's sample its Gaussian). Steps go into
-chunks of ``chunk_steps`` steps, sent to the transport of the learner shard that owns
-each stream (:mod:`shardreplay.runtime.stream_layout`: one shard, or with fewer actors
-than shards, one chunk per shard its streams feed). New weights are
-picked up with a cheap version check. A transport failure is retried with a back-off
-(the same chunk, so a duplicate is dropped by the learner); SIGTERM / SIGINT stop the
-actor after the current step, sending what it holds.
-"""
+"""The actor: steps a gymnasium vector env with the run's policy (:mod:`shardreplay.runtime.algos`)
+and ships chunks of ``chunk_steps`` steps to the transport of the learner shard that owns
+each stream (:mod:`shardreplay.runtime.stream_layout`). New weights are picked up with a
+cheap version check; a failed send is retried with a back-off (the same chunk: the learner
+drops a duplicate); SIGTERM / SIGINT stop it after the current step, sending what it holds."""
 
 from __future__ import annotations
 
@@ -32,7 +26,6 @@ from shardreplay.errors import ConfigError, ShardReplayError, TransportError, Tr
 from shardreplay.gym.steps import GymStepConverter
 from shardreplay.policy import open_subscriber
 from shardreplay.policy.broadcast import FINISHED, RunInfo, describe_version, split_version, wait_for_policy
-from shardreplay.runtime.actor.chunker import Chunker
 from shardreplay.runtime.actor.settings import (  # re-exported: the actor's public names
     AGREED,
     ActorSettings,
@@ -40,16 +33,17 @@ from shardreplay.runtime.actor.settings import (  # re-exported: the actor's pub
     resolve,
 )
 from shardreplay.runtime.algos import algorithm
-from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, published_hidden
-from shardreplay.runtime.envs import EnvInfo, describe_env, env_source, make_vector_env
+from shardreplay.runtime.algos.base import ActorPolicy, published_hidden
+from shardreplay.runtime.envs import describe_env, env_source, make_vector_env
 from shardreplay.runtime.routing import shard_transport
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT, StreamLayout
 from shardreplay.spec import StepType
+from shardreplay.spec.spec import flatten
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 from shardreplay.transport.urls import parse_medium
 
-__all__ = ["AGREED", "ActorSettings", "Shipper", "actor_seed", "resolve", "run"]
+__all__ = ["AGREED", "ActorSettings", "Chunker", "Shipper", "actor_seed", "resolve", "run"]
 
 log = logging.getLogger("shardreplay.actor")
 _SAID_FULL: set[int] = set()  # actors that logged their spool full (once per process)
@@ -62,10 +56,9 @@ def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport 
     ``--delivery-log-dir``, lists those the medium confirmed), ``send_retries`` (back-pressure
     waits and transport failures) and ``policy_updates``.
 
-    The first policy decides the run served (:class:`RunInfo`: its settings, its channel
-    on the medium). When the policy at ``policy_url`` turns out to belong to another run
-    (a new run started on the same medium), the actor sends what it holds to its old
-    run and goes on serving the new one, with the new run's settings.
+    The first policy decides the run served (:class:`RunInfo`); when another run takes the
+    policy URL over, the actor follows it (docs/semantics.md, "Runs, learner lives and
+    policy versions").
 
     Args:
         settings: what to run (see :func:`resolve`).
@@ -107,8 +100,8 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
            subscriber: Any, stop: threading.Event, counters: dict[str, int]) -> Any:
     """Act for the run of ``first`` until stopped or it ends; returns the first policy of
     the next run when another run took over the policy URL, else None."""
-    env_id, envs = s.env_id, s.envs_per_actor
-    if env_id is None or envs is None or s.num_shards is None or s.num_actors is None:
+    env_id, envs, chunk_steps = s.env_id, s.envs_per_actor, s.chunk_steps
+    if env_id is None or envs is None or chunk_steps is None or s.num_shards is None or s.num_actors is None:
         raise ShardReplayError(f"actor {s.actor_id}: settings not resolved before serving (a bug)")
     source = env_source(env_id, s.env_import or "", s.env_kwargs or "")
     algo = algorithm(s.algo or "dqn")
@@ -132,71 +125,62 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
                  s.transport, ", ".join(str(k) for k in groups))
     env, obs = make_vector_env(source, envs, s.seed)
     try:
-        return _loop(s, info, first, env, obs, (algo, env_info), transports, groups, subscriber, stop,
-                     counters)
+        feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
+        if s.device != "cpu":  # refused before any network is made; a CPU actor never imports torch for it
+            from shardreplay.runtime.devices import check_cuda
+
+            check_cuda("--device", s.device)
+        policy = algo.make_policy(first.weights, env_info, s)
+        one_compute_thread()  # after the policy: it may have loaded torch
+        policy.load(first.weights)
+        version = int(first.version)
+        state = policy.initial_state(envs)
+        run_steps = info.env_steps if info is not None else 0  # the run's steps when this actor joined
+        played = 0
+        converter = GymStepConverter.from_env(env)
+        converter.reset(obs)
+        shipper = Shipper(s.actor_id, groups, transports, chunk_steps, stop, counters,
+                          send_timeout_s=s.send_timeout_s, delivery_log=s.delivery_log, feed=feed)
+        try:
+            while not stop.is_set() and (s.max_env_steps is None or counters["env_steps"] < s.max_env_steps):
+                update = feed.take()
+                if feed.finished:
+                    log.info("actor %d: the learners finished training; stopping", s.actor_id)
+                    break
+                if feed.next_run is not None and feed.next_run.run_id != first.run_id:
+                    log.warning("actor %d: the policy at %s now belongs to run %s (this actor served run "
+                                "%s): switching to it", s.actor_id, s.policy_url,
+                                feed.next_run.run_id or "(unnamed)", first.run_id or "(unnamed)")
+                    break
+                if feed.next_run is not None:
+                    log.warning("actor %d: the learners of run %s changed settings (a resume with other "
+                                "settings, e.g. another number of learners): taking them", s.actor_id,
+                                first.run_id or "(unnamed)")
+                    break
+                if update is not None:
+                    _warn_if_back(s.actor_id, version, update.version)
+                    policy.load(update.weights)
+                    version = int(update.version)
+                    counters["policy_updates"] += 1
+                obs, state, steps = play_step(policy, env, converter, obs, state,
+                                              run_steps + played * s.num_actors)
+                counters["env_steps"] += envs
+                played += envs
+                for step in steps:
+                    shipper.add(step, version)
+            shipper.flush()
+        finally:
+            shipper.close()
+        return feed.next_run
     finally:
         env.close()
-
-
-def _loop(s: Any, info: RunInfo | None, first: Any, env: Any, obs: np.ndarray,
-          algo_env: tuple[Algorithm, EnvInfo], transports: dict[int, Transport],
-          groups: dict[int, np.ndarray], subscriber: Any, stop: threading.Event,
-          counters: dict[str, int]) -> Any:
-    feed = _PolicyFeed(subscriber, stop, first.run_id, info.settings if info is not None else None)
-    algo, env_info = algo_env
-    if s.device != "cpu":  # refused before any network is made; a CPU actor never imports torch for it
-        from shardreplay.runtime.devices import check_cuda
-
-        check_cuda("--device", s.device)
-    policy = algo.make_policy(first.weights, env_info, s)
-    one_compute_thread()  # after the policy: it may have loaded torch
-    version = _load(policy, first)
-    state = policy.initial_state(s.envs_per_actor)
-    run_steps = info.env_steps if info is not None else 0  # the run's steps when this actor joined
-    played = 0
-    converter = GymStepConverter.from_env(env)
-    converter.reset(obs)
-    shipper = Shipper(s.actor_id, groups, transports, s.chunk_steps, stop, counters,
-                      send_timeout_s=s.send_timeout_s, delivery_log=s.delivery_log, feed=feed)
-    try:
-        while not stop.is_set() and (s.max_env_steps is None or counters["env_steps"] < s.max_env_steps):
-            update = feed.take()
-            if feed.finished:
-                log.info("actor %d: the learners finished training; stopping", s.actor_id)
-                break
-            if feed.next_run is not None and feed.next_run.run_id != first.run_id:
-                log.warning("actor %d: the policy at %s now belongs to run %s (this actor served run %s): "
-                            "switching to it", s.actor_id, s.policy_url, feed.next_run.run_id or "(unnamed)",
-                            first.run_id or "(unnamed)")
-                break
-            if feed.next_run is not None:
-                log.warning("actor %d: the learners of run %s changed settings (a resume with other "
-                            "settings, e.g. another number of learners): taking them", s.actor_id,
-                            first.run_id or "(unnamed)")
-                break
-            if update is not None:
-                _warn_if_back(s.actor_id, version, update.version)
-                version = _load(policy, update)
-                counters["policy_updates"] += 1
-            obs, state, steps = play_step(policy, env, converter, obs, state,
-                                          run_steps + played * s.num_actors)
-            counters["env_steps"] += s.envs_per_actor
-            played += s.envs_per_actor
-            for step in steps:
-                shipper.add(step, version)
-        shipper.flush()
-    finally:
-        shipper.close()
-    return feed.next_run
 
 
 def one_compute_thread() -> None:
     """Run this process's numpy BLAS calls, and torch's where torch is loaded, on one
     thread (process-wide: call it in a process that runs an actor)."""
-    # An actor acts on a few observations at a time and a machine runs many actors: a
-    # second thread only contends with them, and OpenBLAS's threads (one per core, started
-    # when numpy loads) spin on a busy machine (benchmarks/startup/RESULTS-actor.md).
-    # OPENBLAS_NUM_THREADS is read only at load, so the running library is limited.
+    # A machine runs many actors, each acting on a few observations: OpenBLAS's threads (one
+    # per core) only spin (benchmarks/startup/RESULTS-actor.md). The loaded library is limited.
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
@@ -300,9 +284,56 @@ def _first_policy(subscriber: Any, s: ActorSettings, stop: threading.Event) -> A
     return None
 
 
-def _load(policy: Any, update: Any) -> int:
-    policy.load(update.weights)
-    return int(update.version)
+class Chunker:
+    """Buffers one step per stream at a time and emits a :class:`Chunk` every ``T`` steps.
+
+    Args:
+        actor_id: the actor's id (goes into every chunk).
+        stream_ids: the actor's stream numbers, ``[S]``.
+        chunk_steps: ``T``.
+        first_sequence: sequence number of the first chunk; it must exceed any number
+            this actor id used before (a restarted actor starts from a clock reading).
+        select: the steps added hold every env of the actor: keep only rows
+            ``stream_ids`` of them (an actor whose streams feed several shards has one
+            chunker per shard). False: the steps hold exactly these streams.
+    """
+
+    def __init__(self, actor_id: int, stream_ids: np.ndarray, chunk_steps: int,
+                 first_sequence: int = 0, *, select: bool = False) -> None:
+        self.actor_id = actor_id
+        self.stream_ids = np.asarray(stream_ids, np.int64)
+        self._select = select
+        self.chunk_steps = chunk_steps
+        self.sequence = first_sequence
+        self._steps: list[dict[str, np.ndarray]] = []
+        self._min_version: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(self, step: dict[str, Any], policy_version: int) -> Chunk | None:
+        """Add one step of every stream; returns a full chunk when ``T`` steps are in."""
+        self._steps.append({k: np.asarray(v)[self.stream_ids] if self._select else np.asarray(v)
+                            for k, v in flatten(step).items()})
+        self._min_version = policy_version if self._min_version is None else \
+            min(self._min_version, policy_version)
+        return self.flush() if len(self._steps) >= self.chunk_steps else None
+
+    def flush(self) -> Chunk | None:
+        """The steps gathered so far as a chunk (None when empty)."""
+        if not self._steps:
+            return None
+        names = self._steps[0].keys()
+        steps = {k: np.stack([s[k] for s in self._steps], axis=1) for k in names}
+        steps["step_type"] = steps["step_type"].astype(np.uint8)
+        if "discount" in steps:
+            steps["discount"] = steps["discount"].astype(np.float32)
+        chunk = Chunk(actor_id=self.actor_id, sequence=self.sequence,
+                      policy_version=int(self._min_version or 0), stream_ids=self.stream_ids,
+                      steps=steps, priorities=None)
+        self.sequence += 1
+        self._steps, self._min_version = [], None
+        return chunk
 
 
 class _DeliveryLog:
@@ -398,43 +429,39 @@ class Shipper:
         self.delivered.close()
 
     def _send(self, k: int, chunk: Chunk | None) -> int:
+        """Send ``chunk`` to shard ``k`` with retries, reopening the writer after a transport
+        failure; given up when stopping or another run took over. Returns 1 for a chunk."""
         if chunk is None:
             return 0
-        self.writers[k] = _send(chunk, self.writers[k], self.transports[k], self.stop, self.counters,
-                                self.send_timeout_s, self.feed, self.delivered)
-        return 1
-
-
-def _send(chunk: Chunk, writer: Any, transport: Transport, stop: threading.Event, counters: dict[str, int],
-          timeout_s: float, feed: _PolicyFeed | None, delivered: _DeliveryLog) -> Any:
-    """Send with retries; reopen the writer after a transport failure."""
-    backoff = 0.1
-    while True:
-        try:
-            # Stopping: a short wait, the learner (if still there) is draining for us.
-            writer.send(chunk, timeout_s=min(timeout_s, 2.0) if stop.is_set() else timeout_s)
-            counters["chunks"] += 1
-            delivered.record(chunk, writer)  # logged once the transport confirms it
-            return writer
-        except TransportTimeout:
-            counters["send_retries"] += 1  # the learner is busy: back-pressure (or gone)
-            delivered.confirm(writer)  # the wait read the replies of the chunks before
-            if feed is not None:
-                feed.refresh()
-        except TransportError as exc:
-            counters["send_retries"] += 1
-            full = storage_error(exc)
-            if full is None:
-                log.warning("actor %d: send failed (%s); reconnecting in %.1f s", chunk.actor_id, exc,
-                            backoff)
-            else:  # a full spool: back off, the learner frees room as it reads (said once)
-                (log.debug if chunk.actor_id in _SAID_FULL else log.warning)(
-                    "actor %d: %s; backing off until the learner frees room", chunk.actor_id, full)
-                _SAID_FULL.add(chunk.actor_id)
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-            writer.close()
-            delivered.confirm(writer)
-            writer = transport.writer()
-        if stop.is_set() or (feed is not None and feed.next_run is not None):
-            return writer  # stopping: give up on a chunk the learner does not take now
+        backoff = 0.1
+        while True:
+            writer = self.writers[k]
+            try:
+                # Stopping: a short wait, the learner (if still there) is draining for us.
+                writer.send(chunk, timeout_s=min(self.send_timeout_s, 2.0) if self.stop.is_set()
+                            else self.send_timeout_s)
+                self.counters["chunks"] += 1
+                self.delivered.record(chunk, writer)  # logged once the transport confirms it
+                return 1
+            except TransportTimeout:
+                self.counters["send_retries"] += 1  # the learner is busy: back-pressure (or gone)
+                self.delivered.confirm(writer)  # the wait read the replies of the chunks before
+                if self.feed is not None:
+                    self.feed.refresh()
+            except TransportError as exc:
+                self.counters["send_retries"] += 1
+                full = storage_error(exc)
+                if full is None:
+                    log.warning("actor %d: send failed (%s); reconnecting in %.1f s", chunk.actor_id, exc,
+                                backoff)
+                else:  # a full spool: back off, the learner frees room as it reads (said once)
+                    (log.debug if chunk.actor_id in _SAID_FULL else log.warning)(
+                        "actor %d: %s; backing off until the learner frees room", chunk.actor_id, full)
+                    _SAID_FULL.add(chunk.actor_id)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                writer.close()
+                self.delivered.confirm(writer)
+                self.writers[k] = self.transports[k].writer()
+            if self.stop.is_set() or (self.feed is not None and self.feed.next_run is not None):
+                return 1  # stopping: give up on a chunk the learner does not take now
