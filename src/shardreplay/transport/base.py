@@ -55,11 +55,8 @@ class ChunkWriter(Protocol):
     """The actor's end of a transport."""
 
     def send(self, chunk: Chunk, *, timeout_s: float | None = DEFAULT_SEND_TIMEOUT_S) -> None:
-        """Encode and ship one chunk, waiting while the medium is full.
-
-        Args:
-            chunk: the chunk to send.
-            timeout_s: how long to wait for room; None waits forever.
+        """Encode and ship one chunk, waiting up to ``timeout_s`` (None: for ever) while the
+        medium is full.
 
         Raises:
             SpecMismatchError: the chunk does not fit the transport's spec.
@@ -111,8 +108,7 @@ class Transport(Protocol):
     spec: Spec
 
     def channel(self, shard: int, run_id: str = "") -> str:
-        """The name of learner shard ``shard``'s channel in run ``run_id`` (a spool
-        directory, a Redis stream, a local ring; "" = no run id). Nothing is created."""
+        """The name of shard ``shard``'s channel in run ``run_id`` ("": none); nothing is created."""
         ...
 
     def channels(self, shard: int) -> list[str]:
@@ -182,8 +178,8 @@ class ReaderStats:
 
 
 class RecentIds:
-    """Remembers the last ``window`` sequence numbers of each actor: duplicates (retried
-    sends, redelivery) are close in sequence to the original, and memory stays flat."""
+    """The last ``window`` sequence numbers of each actor (duplicates come close in sequence
+    to the original)."""
 
     def __init__(self, window: int = 4096) -> None:
         if window < 1:

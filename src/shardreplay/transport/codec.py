@@ -374,11 +374,20 @@ def _exact(steps: Mapping[str, Any], exact: tuple[tuple[str, np.dtype, tuple[int
 
 def _check_ids_once(layout: _Layout, ids: np.ndarray, prio: np.ndarray | None, key: bytes | None, *,
                     exc: type[Exception]) -> None:
-    """:func:`_check_ids_and_priorities`, skipped for stream ids whose bytes ``key`` passed
+    """Check stream ids and priorities; skipped for stream ids whose bytes ``key`` passed
     before (actors send the same ids chunk after chunk); ``key`` None: always checked."""
     if key is not None and key in layout.good_ids:
         return
-    _check_ids_and_priorities(ids, prio, layout.s, layout.t, exc=exc)
+    s, t = layout.s, layout.t
+    listed = ids.tolist()
+    if s and (min(listed) < 0 or max(listed) > _MAX_ID or len(set(listed)) != s):
+        raise _make(exc, "stream_ids must be distinct and in [0, 2**63)", "values")
+    if prio is not None:
+        if prio.shape != (s, t) or prio.dtype.kind != "f":
+            raise _make(exc, f"priorities must be float [{s}, {t}], got {prio.dtype}{list(prio.shape)}",
+                        "values")
+        if prio.size and not (np.isfinite(prio).all() and prio.min() >= 0):
+            raise _make(exc, "priorities must be finite and >= 0", "values")
     if key is not None:
         if len(layout.good_ids) >= 1024:
             layout.good_ids.clear()
@@ -389,19 +398,6 @@ def _check_ids(actor_id: Any, sequence: Any, version: Any, *, exc: type[Exceptio
     for label, v in (("actor_id", actor_id), ("sequence", sequence), ("policy_version", version)):
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or not 0 <= int(v) <= _MAX_ID:
             raise _make(exc, f"{label} must be an integer in [0, 2**63), got {v!r}", "header")
-
-
-def _check_ids_and_priorities(ids: np.ndarray, prio: np.ndarray | None, s: int, t: int, *,
-                              exc: type[Exception]) -> None:
-    listed = ids.tolist()
-    if s and (min(listed) < 0 or max(listed) > _MAX_ID or len(set(listed)) != s):
-        raise _make(exc, "stream_ids must be distinct and in [0, 2**63)", "values")
-    if prio is None:
-        return
-    if prio.shape != (s, t) or prio.dtype.kind != "f":
-        raise _make(exc, f"priorities must be float [{s}, {t}], got {prio.dtype}{list(prio.shape)}", "values")
-    if prio.size and not (np.isfinite(prio).all() and prio.min() >= 0):
-        raise _make(exc, "priorities must be finite and >= 0", "values")
 
 
 def _make(exc: type[Exception], message: str, reason: str) -> Exception:

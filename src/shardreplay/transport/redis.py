@@ -457,10 +457,23 @@ class RedisReader(IntakeReader):
         return result
 
     def _group_call(self, fn: Callable[[redis.Redis], T], what: str, deadline: float) -> T:
+        """``fn(client)``; if the group vanished (a server restarted without its data),
+        recreate it, count what was lost (:meth:`_group_recreated`) and run ``fn`` again."""
         t = self._t
-        return self._link.call(lambda r: with_group(r, t.stream, t.group, lambda: fn(r),
-                                                    lambda: self._group_recreated(r)),
-                               what=what, deadline=deadline)
+
+        def run(r: redis.Redis) -> T:
+            try:
+                return fn(r)
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):  # redis reports a missing group only in the message
+                    raise
+                logger.warning("redis: group %r of stream %r was missing; recreated at id 0", t.group,
+                               t.stream)
+                ensure_group(r, t.stream, t.group)
+                self._group_recreated(r)
+                return fn(r)
+
+        return self._link.call(run, what=what, deadline=deadline)
 
     def _group_recreated(self, client: redis.Redis) -> None:
         """The group was missing: if the server restarted (a new run id), count what
@@ -628,22 +641,6 @@ def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
     except redis.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):  # redis reports "exists" only in the message
             raise
-
-
-def with_group(client: redis.Redis, stream: str, group: str, fn: Callable[[], T],
-               on_recreate: Callable[[], None] | None = None) -> T:
-    """Run ``fn``; if the group vanished (a server restarted without its data), recreate
-    it, call ``on_recreate`` (to count what was lost) and run ``fn`` again."""
-    try:
-        return fn()
-    except redis.ResponseError as exc:
-        if "NOGROUP" not in str(exc):  # redis reports a missing group only in the message
-            raise
-        logger.warning("redis: group %r of stream %r was missing; recreated at id 0", group, stream)
-        ensure_group(client, stream, group)
-        if on_recreate is not None:
-            on_recreate()
-        return fn()
 
 
 def waiting_entries(client: redis.Redis, stream: str, group: str, consumer: str) -> int | None:
