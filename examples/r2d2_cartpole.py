@@ -37,7 +37,7 @@ from torch import nn
 
 from shardreplay import Field, ReplayBuffer, Spec, StepType, sample_sequences, sequence_priorities
 from shardreplay.gym.pomdp import ENV_ID, make_masked_cartpole
-from shardreplay.runtime.algos.apex import apex_epsilons
+from shardreplay.runtime.algos.base import apex_epsilons
 from shardreplay.runtime.algos.r2d2 import R2D2, RecurrentQ, sequence_loss
 from shardreplay.runtime.learner.evaluate import evaluate as evaluate_policy
 

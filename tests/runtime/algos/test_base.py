@@ -13,8 +13,8 @@ import torch
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import AGREED, ActorSettings, resolve
 from shardreplay.runtime.algos import ACTIONS, algorithm
-from shardreplay.runtime.algos.apex import apex_epsilons
-from shardreplay.runtime.algos.apex import explore as apex_explore
+from shardreplay.runtime.algos.base import apex_epsilons
+from shardreplay.runtime.algos.base import explore as apex_explore
 from shardreplay.runtime.algos.dqn_torch import DoubleDqn, DqnSettings
 from shardreplay.runtime.algos.networks import QNetwork
 from shardreplay.runtime.envs import EnvSource, describe_env

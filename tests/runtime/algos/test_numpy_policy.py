@@ -1,4 +1,4 @@
-"""The default actor's policy without torch (runtime/algos/numpy_policy.py): its Q-values
+"""The default actor's policy without torch (runtime/algos/dqn.py): its Q-values
 and greedy actions are the torch QNetwork's, its epsilon-greedy draws the torch policy's
 for the same seed, and the default actor's whole path (entry, subscriber, policy, env,
 chunker, chunk checks, spool) runs in a fresh interpreter without importing torch or numba.
@@ -21,10 +21,9 @@ import torch
 
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.dqn import DQN
+from shardreplay.runtime.algos.dqn import DQN, NumpyEpsilonGreedyPolicy, NumpyQNetwork
 from shardreplay.runtime.algos.dqn_torch import EpsilonGreedyPolicy, q_network_of
 from shardreplay.runtime.algos.networks import QNetwork
-from shardreplay.runtime.algos.numpy_policy import NumpyEpsilonGreedyPolicy, NumpyQNetwork
 from shardreplay.runtime.envs import EnvInfo
 from tests.runtime.runtime_helpers import publish_cartpole_policy
 

@@ -1,17 +1,9 @@
 """Child processes that always end: actor pools and process-tree cleanup.
 
-Every child asks the kernel for SIGTERM when its parent dies (Linux ``PR_SET_PDEATHSIG``),
-so killing a learner, even with ``kill -9``, takes its actors with it: an actor whose
-learner is gone exits at once (nobody drains its ring, so waiting to send is pointless).
-Stopping sends SIGTERM, waits, then kills what is left. :class:`ProcessTree` remembers
-every descendant seen, so the launcher can also stop those a dead parent left behind
-(reparented, they are no longer its descendants), and :func:`stop_resource_tracker`
-ends the multiprocessing resource tracker before the launcher exits.
-
-Children start with SIGINT blocked: Ctrl-C reaches every process of the terminal's
-process group, and the parent, not each child, decides how its children stop (a child
-still importing would otherwise die of a KeyboardInterrupt and count as a crash).
-"""
+Every child asks for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), so killing a
+learner, even with ``kill -9``, takes its actors with it; children start with SIGINT
+blocked (the parent decides how they stop). :class:`ProcessTree` remembers every
+descendant seen, so the launcher can also stop those a dead parent left behind."""
 
 from __future__ import annotations
 
@@ -56,15 +48,10 @@ def die_with_parent(parent_pid: int | None = None) -> None:
 
 @contextlib.contextmanager
 def children_block_signals(signals: set[signal.Signals]) -> Iterator[None]:
-    """Processes started inside this block are born with ``signals`` blocked; a child
-    unblocks one once its handler is in place (``signal.pthread_sigmask(signal.SIG_UNBLOCK,
-    ...)``), and takes it then.
-
-    The signal mask survives ``fork`` and ``exec``, so a spawned child never sees, say, a
-    Ctrl-C from its first instruction on (it stays pending, undelivered); its own
-    children inherit the mask too. Only the calling thread blocks them meanwhile: the
-    process's other threads, or this one after the block, still take a Ctrl-C meant for
-    the caller, so nothing is lost (an ignored disposition would lose it).
+    """Processes started inside this block are born with ``signals`` blocked (the mask
+    survives ``fork`` and ``exec``: pending, not lost); a child unblocks one once its handler
+    is in place. Only the calling thread blocks them meanwhile, so a Ctrl-C meant for the
+    caller is still taken (an ignored disposition would lose it).
     """
     with contextlib.suppress(Exception):
         # Starting the tracker inside the block would unblock SIGINT (it masks and
@@ -211,13 +198,8 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _children_files() -> bool:
-    """Whether this kernel lists each thread's children in ``/proc/<pid>/task/<tid>/children``
-    (``CONFIG_PROC_CHILDREN``, Linux 3.5 on)."""
-    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
-
-
-_HAS_CHILDREN_FILES = _children_files()
+# Whether this kernel lists each thread's children in /proc (CONFIG_PROC_CHILDREN, Linux 3.5 on).
+_HAS_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 def descendant_pids(root: int) -> list[int] | None:
@@ -334,13 +316,10 @@ def resource_tracker_pid() -> int | None:
 
 
 def stop_resource_tracker(timeout_s: float = 5.0) -> None:
-    """End the multiprocessing resource tracker this process started, and wait for it.
-
-    Call it once every child has exited (they hold its pipe too). Collected first: the
-    semaphores still referenced only by garbage, so their finalizers unregister them
-    while the tracker listens. Closing the pipe makes the tracker unlink whatever is
-    still registered (leaked) and exit; a tracker that does not exit within
-    ``timeout_s`` is killed. Something registered later starts a new tracker.
+    """End the multiprocessing resource tracker this process started (once every child has
+    exited: they hold its pipe too), and wait up to ``timeout_s`` before killing it. Closing
+    its pipe makes it unlink whatever is still registered (leaked); garbage is collected
+    first, so semaphores referenced only by garbage unregister themselves.
     """
     from multiprocessing import resource_tracker
 

@@ -1,11 +1,6 @@
-"""What an actor needs to know of the run it serves: its settings, and how the run
-description the learners publish with every policy
-(:class:`~shardreplay.policy.broadcast.RunInfo`) fills them in (the settings actors must
-share).
-
-Kept apart from the actor loop (:mod:`shardreplay.runtime.actor.loop`, which re-exports these
-names) so the learner and the CLI can build and check settings without the loop.
-"""
+"""An actor's settings, and how the run description the learners publish with every policy
+(:class:`~shardreplay.policy.broadcast.RunInfo`) fills in those actors must share (kept
+apart from the loop, so the learner and the CLI build them without it)."""
 
 from __future__ import annotations
 
@@ -18,10 +13,9 @@ from shardreplay.errors import ConfigError
 from shardreplay.policy.broadcast import RunInfo
 
 log = logging.getLogger("shardreplay.actor")
-# Settings an actor must share with the learners it serves. The learners publish them
-# with every policy (RUN_KEY metadata); an actor takes those it leaves None, and one it
-# was given otherwise is an error (a remote actor with its own chunk size, queue or
-# epsilon schedule trains the learner on data it does not expect).
+# Settings an actor must share with the learners, published with every policy: an actor
+# takes those it leaves None; one it was given otherwise is an error (the learner would
+# train on data it does not expect).
 AGREED = ("algo", "num_actors", "num_shards", "env_id", "env_import", "env_kwargs", "network", "compression",
           "envs_per_actor", "chunk_steps", "queued_chunks_per_actor", "epsilon_base", "epsilon_exponent",
           "epsilon_warmup_steps")

@@ -1,17 +1,29 @@
 """``--algo dqn``: Double DQN with n-step returns and prioritized replay (the learner is
 :mod:`.dqn_torch`), actors acting epsilon-greedily with Ape-X epsilons. No torch here: the
-default actor (an MLP on the CPU) acts in NumPy (:mod:`.numpy_policy`).
-"""
+default actor (an MLP Q-network, ``--actor-device cpu``) acts with the published weights'
+float32 Linear + ReLU forward pass in NumPy (:class:`NumpyEpsilonGreedyPolicy`; the same
+generator calls as the torch policy, so the same actions except where two Q-values tie to
+within float32 rounding). Why: docs/train.md, "Algorithms"."""
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos import choose_network
-from shardreplay.runtime.algos.base import ActorPolicy, Algorithm, network_weights
-from shardreplay.runtime.algos.numpy_policy import NumpyEpsilonGreedyPolicy, NumpyQNetwork, mlp_hidden
+from shardreplay.runtime.algos.base import (
+    ActorPolicy,
+    Algorithm,
+    ApexExploration,
+    FeedForward,
+    network_weights,
+)
 from shardreplay.runtime.envs import EnvInfo
 from shardreplay.runtime.settings import TrainSettings
 
@@ -21,7 +33,126 @@ if TYPE_CHECKING:
     from shardreplay.runtime.algos.dqn_torch import DoubleDqn
     from shardreplay.runtime.devices import Placement
 
-__all__ = ["DQN", "DqnAlgorithm"]
+__all__ = ["DQN", "DqnAlgorithm", "NumpyEpsilonGreedyPolicy", "NumpyQNetwork", "mlp_hidden", "mlp_shapes"]
+
+log = logging.getLogger("shardreplay.actor")
+
+
+def mlp_shapes(obs_size: int, num_actions: int, hidden: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The tensor names and shapes of ``QNetwork(obs_size, num_actions, hidden)``: Linear
+    layer ``i`` is ``net.<2i>`` (a ReLU sits between two Linear layers)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    widths = (obs_size, *hidden, num_actions)
+    for i, (width_in, width_out) in enumerate(itertools.pairwise(widths)):
+        shapes[f"net.{2 * i}.weight"] = (width_out, width_in)
+        shapes[f"net.{2 * i}.bias"] = (width_out,)
+    return shapes
+
+
+def mlp_hidden(weights: Mapping[str, Any], obs_size: int, num_actions: int,
+               s: ActorSettings) -> tuple[int, ...]:
+    """The hidden sizes of a published MLP Q-network (its Linear weights ``net.<i>.weight``).
+
+    Raises:
+        ConfigError: the weights are not a Q-network for this environment.
+    """
+    layers = sorted((int(k.split(".")[1]), tuple(v.shape)) for k, v in weights.items()
+                    if k.startswith("net.") and k.endswith(".weight") and len(v.shape) == 2)
+    shapes = [shape for _i, shape in layers]
+    if not shapes or shapes[0][1] != obs_size or shapes[-1][0] != num_actions:
+        raise ConfigError(f"the policy at {s.policy_url} (layers {shapes}) is not a Q-network for "
+                          f"{s.env_id} ({obs_size} observations, {num_actions} actions): do the learners "
+                          "train the same --env-id?")
+    hidden = tuple(int(out) for out, _in in shapes[:-1])
+    if hidden != tuple(s.hidden):
+        log.info("actor %d: hidden sizes %s from the published policy", s.actor_id, hidden)
+    return hidden
+
+
+def _float32(value: Any) -> np.ndarray:
+    """A float32 copy of a published array or a CPU torch tensor (without importing torch)."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.array(value, dtype=np.float32)
+
+
+class NumpyQNetwork:
+    """:class:`~shardreplay.runtime.algos.networks.QNetwork`'s forward pass in NumPy:
+    ``x -> relu(x W_i^T + b_i) -> ... -> x W_n^T + b_n`` in float32.
+
+    Args:
+        obs_size: length of the observation vector.
+        num_actions: number of discrete actions.
+        hidden: sizes of the hidden layers.
+    """
+
+    def __init__(self, obs_size: int, num_actions: int, hidden: tuple[int, ...]) -> None:
+        self.shapes = mlp_shapes(obs_size, num_actions, hidden)
+        self.num_actions = num_actions
+        self._layers: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def load(self, weights: Mapping[str, Any]) -> None:
+        """Take published weights (arrays or tensors, by ``QNetwork``'s names; copied).
+
+        Raises:
+            ConfigError: other names or shapes than this network's.
+        """
+        arrays = {k: _float32(v) for k, v in network_weights(weights).items()}
+        got = {k: tuple(a.shape) for k, a in arrays.items()}
+        if got != self.shapes:
+            raise ConfigError(f"the published weights {got} are not this actor's Q-network {self.shapes}: "
+                              "did the learners change --hidden or --env-id? restart the actor")
+        # W^T, contiguous: x @ W^T is one float32 matrix product per layer
+        self._layers = [(np.ascontiguousarray(arrays[f"net.{2 * i}.weight"].T), arrays[f"net.{2 * i}.bias"])
+                        for i in range(len(self.shapes) // 2)]
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Q-values float32 ``[B, num_actions]`` for observations ``[B, obs_size]`` (any
+        numeric dtype: converted to float32 first, as ``QNetwork`` does).
+
+        Raises:
+            ConfigError: no weights loaded yet.
+        """
+        if not self._layers:
+            raise ConfigError("the NumPy Q-network has no weights yet: load() the published ones first")
+        x = np.asarray(obs).astype(np.float32, copy=False)
+        last = len(self._layers) - 1
+        for i, (weight_t, bias) in enumerate(self._layers):
+            x = x @ weight_t  # a new array: the caller's observations are never written
+            x += bias
+            if i < last:
+                np.maximum(x, 0.0, out=x)
+        return x
+
+
+class NumpyEpsilonGreedyPolicy(FeedForward):
+    """An actor's MLP Q-network in NumPy with Ape-X exploration: the
+    :class:`~shardreplay.runtime.algos.base.ActorPolicy` of ``--algo dqn`` on the CPU.
+
+    Args:
+        net: the Q-network (weights loaded by :meth:`load`).
+        s: the actor's resolved settings.
+
+    Raises:
+        ShardReplayError: settings not resolved (see :class:`~.base.ApexExploration`).
+    """
+
+    def __init__(self, net: NumpyQNetwork, s: ActorSettings) -> None:
+        self.net = net
+        self.exploration = ApexExploration(s)
+
+    def load(self, weights: Mapping[str, Any]) -> None:
+        """Take newly published weights.
+
+        Raises:
+            ConfigError: they are not this network's (see :meth:`NumpyQNetwork.load`).
+        """
+        self.net.load(weights)
+
+    def act(self, obs: np.ndarray, state: None, run_steps: int) -> tuple[np.ndarray, None]:
+        """Epsilon-greedy actions (int64 ``[num_envs]``)."""
+        greedy = self.net(obs).argmax(axis=1).astype(np.int64, copy=False)
+        return self.exploration.actions(greedy, self.net.num_actions, run_steps), None
 
 
 class DqnAlgorithm(Algorithm):

@@ -26,8 +26,8 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.base import FeedForward, check_fits
+from shardreplay.runtime.algos.dqn import mlp_hidden
 from shardreplay.runtime.algos.networks import QNetwork, make_q_network
-from shardreplay.runtime.algos.numpy_policy import mlp_hidden
 from shardreplay.runtime.algos.torch_parts import ApexActor, QLearner, flat_observations
 from shardreplay.runtime.envs import EnvInfo
 
@@ -85,7 +85,7 @@ class DoubleDqn(QLearner):
 
 class EpsilonGreedyPolicy(FeedForward, ApexActor):
     """An actor's torch Q-network with Ape-X exploration (:class:`~.torch_parts.ApexActor`):
-    image networks and CUDA actors (an MLP on the CPU acts in NumPy, :mod:`.numpy_policy`).
+    image networks and CUDA actors (an MLP on the CPU acts in NumPy, :class:`~.dqn.NumpyEpsilonGreedyPolicy`).
 
     Args:
         net: the Q-network (weights loaded by :meth:`load`).

@@ -30,7 +30,7 @@ def mlp(width: int, hidden: Sequence[int]) -> tuple[nn.Sequential, int]:
 class QNetwork(nn.Module):
     """An MLP from a flat observation to one Q-value per action.
 
-    Its twin without torch, :class:`~shardreplay.runtime.algos.numpy_policy.NumpyQNetwork`,
+    Its twin without torch, :class:`~shardreplay.runtime.algos.dqn.NumpyQNetwork`,
     acts from the same weights (``net.<2i>.weight`` / ``net.<2i>.bias``).
 
     Args:

@@ -15,7 +15,7 @@ from torch import nn
 
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.apex import ApexExploration
+from shardreplay.runtime.algos.base import ApexExploration
 
 __all__ = ["ApexActor", "LearnerState", "Part", "QLearner", "TorchPolicy", "flat_observations",
            "soft_update", "unwrap"]
@@ -152,14 +152,14 @@ class TorchPolicy:
 
 class ApexActor(TorchPolicy):
     """A torch epsilon-greedy actor policy (DQN's image and CUDA ones, R2D2's) with
-    Ape-X's exploration (:class:`~.apex.ApexExploration`).
+    Ape-X's exploration (:class:`~.base.ApexExploration`).
 
     Args:
         net: the Q-network (weights loaded by :meth:`load`).
         s: the actor's resolved settings.
 
     Raises:
-        ShardReplayError: settings not resolved (see :class:`~.apex.ApexExploration`).
+        ShardReplayError: settings not resolved (see :class:`~.base.ApexExploration`).
     """
 
     def __init__(self, net: nn.Module, s: ActorSettings) -> None:
