@@ -80,9 +80,8 @@ class CollectiveTimeout(ShardReplayError, RuntimeError):
 
 
 class PeerLost(CollectiveTimeout):
-    """A collective failed because the connection to a peer rank broke (reset or closed):
-    its process most likely died. A subclass of :class:`CollectiveTimeout`, so code that
-    handles a missing peer handles this too; it comes at once, not after the timeout."""
+    """The connection to a peer rank broke (reset or closed: it most likely died); raised
+    at once, not after the timeout, and handled wherever a missing peer is."""
 
 
 class SamplerFailed(ShardReplayError, RuntimeError):

@@ -788,9 +788,6 @@ class XaddPacker:
         self._key, self._field = stream.encode("utf-8"), field
         self._frames: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by chunk size
 
-    def _tail(self) -> bytes:
-        return b"\r\n*2\r\n$4\r\nXLEN\r\n$%d\r\n%s\r\n" % (len(self._key), self._key)
-
     def packet(self, enc: Encoding | PackedEncoding) -> memoryview:
         """A new packet holding ``enc`` (kept by the writer until both replies are read).
 
@@ -804,8 +801,9 @@ class XaddPacker:
 
             prefix = b"*5\r\n" + bulk(b"XADD") + bulk(self._key) + bulk(b"*") + bulk(self._field)
             prefix += b"$%d\r\n" % enc.nbytes
+            after = b"\r\n*2\r\n" + bulk(b"XLEN") + bulk(self._key)
             frames = self._frames[enc.nbytes] = (np.frombuffer(prefix, np.uint8),
-                                                 np.frombuffer(self._tail(), np.uint8))
+                                                 np.frombuffer(after, np.uint8))
         head, tail = frames
         end = len(head) + enc.nbytes
         packet = np.empty(end + len(tail), np.uint8)  # every byte is written below

@@ -50,11 +50,6 @@ def chunk_file_name(actor_id: int, sequence: int) -> str:
     return f"{actor_id:010d}-{sequence:020d}.chunk"
 
 
-def _parse_name(name: str) -> tuple[int, int] | None:
-    m = _NAME.match(name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 # The longest a writer waiting for room sleeps between looks (see _wait_for_room).
 _MAX_ROOM_PAUSE_S = 0.05
 
@@ -260,9 +255,9 @@ class SpoolReader(IntakeReader):
         for entry in os.scandir(self._ready):
             if entry.name in inflight:
                 continue
-            parsed = _parse_name(entry.name)
+            parsed = _NAME.match(entry.name)
             if parsed is not None:
-                per_actor.setdefault(parsed[0], []).append((parsed[1], entry.name))
+                per_actor.setdefault(int(parsed[1]), []).append((int(parsed[2]), entry.name))
             elif _is_temp_name(entry.name):
                 self._set_aside_if_stale(entry)
             else:
