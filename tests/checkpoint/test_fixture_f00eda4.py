@@ -27,7 +27,7 @@ from shardreplay.checkpoint.manifest import load_checked
 from shardreplay.checkpoint.plan import NewLayout
 from shardreplay.checkpoint.records import ManifestPart, PartMeta
 from shardreplay.checkpoint.refs import open_part
-from shardreplay.runtime.learner.stored_ids import merge_stored
+from shardreplay.runtime.learner.ingest import merge_stored
 from shardreplay.runtime.policy_file import learner_records
 from shardreplay.spec import StepType
 from tests.checkpoint.helpers import fill_random, make_buffer, stored_steps

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
-from shardreplay.runtime.learner.stored_ids import StoredIds
+from shardreplay.runtime.learner.ingest import Ingestor, StoredIds, merge_stored
 from shardreplay.runtime.learner.wal import LossLog
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from shardreplay.errors import CheckpointFormatError, ConfigError
-from shardreplay.runtime.learner.stored_ids import OLD_MARK_FLOOR, StoredIds, merge_stored
+from shardreplay.runtime.learner.ingest import OLD_MARK_FLOOR, StoredIds, merge_stored
 
 
 def _intervals(ids: StoredIds, actor: int = 0) -> list[tuple[int, int]]:

@@ -33,9 +33,8 @@ import numpy as np
 import pytest
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.runtime.learner.ingest import Ingestor
+from shardreplay.runtime.learner.ingest import Ingestor, StoredIds, merge_stored
 from shardreplay.runtime.learner.loop import Learner
-from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
 from shardreplay.runtime.learner.wal import IngestLog, LogScan, log_files, read_logs
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT

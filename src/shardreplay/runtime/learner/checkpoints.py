@@ -10,7 +10,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,35 +21,13 @@ from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError
 from shardreplay.runtime.algos.base import Agent
-from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts
-from shardreplay.runtime.learner.state import StorageGuard
-from shardreplay.runtime.learner.stored_ids import StoredIds, merge_stored
+from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts, merge_stored
+from shardreplay.runtime.learner.state import Lineage, Progress, StorageGuard
 from shardreplay.runtime.learner.wal import IngestLog, LogScan, Retention, log_files, read_logs
 from shardreplay.runtime.policy_file import LEARNER_STATE, LearnerRecord, learner_records, record_file
 from shardreplay.runtime.run_identity import RunIdentity, write_life
 
 log = logging.getLogger("shardreplay.learner")
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """What a rank took back from a checkpoint.
-
-    Attributes:
-        checkpoint_id: the id of the checkpoint restored (for loss reports).
-        counters: the learner's counters (``env_steps``, ``updates``, ...) when it saved.
-        best_eval: the best evaluation so far (``-inf``: none yet).
-        wall_offset_s: wall time of the earlier lives, so the time axis goes on.
-        stored: the chunks the checkpoint holds (so that resent ones are dropped).
-        report: the run-wide restore figures (steps restored, dropped and sealed).
-    """
-
-    checkpoint_id: int
-    counters: dict[str, int]
-    best_eval: float
-    wall_offset_s: float
-    stored: StoredIds
-    report: dict[str, Any]
 
 
 def _on_cpu(state: Any) -> Any:
@@ -95,12 +72,14 @@ class LearnerCheckpoints:
         self.last_id = -1
         self._trimmed_at = time.monotonic()
 
-    def resume(self, buffer: ShardedReplayBuffer, agent: Agent, checkpoint_id: int | None,
-               replay: bool = True) -> Resumed:
+    def resume(self, buffer: ShardedReplayBuffer, agent: Agent, progress: Progress, lineage: Lineage,
+               checkpoint_id: int | None, replay: bool = True) -> int:
         """Restore checkpoint ``checkpoint_id`` (None: the newest complete one) into
-        ``buffer`` and ``agent`` (a collective over the learners' collectives: every rank
-        calls it). ``replay`` False (``--no-replay``): the agent and the counters only;
-        ``buffer`` stays empty (no collective then).
+        ``buffer`` and ``agent``, its counters, best evaluation and wall time into
+        ``progress``, its stored-chunk record and the run-wide restore figures into
+        ``lineage`` (a collective over the learners' collectives: every rank calls it);
+        returns its id. ``replay`` False (``--no-replay``): ``buffer`` stays empty (no
+        collective then).
 
         Raises:
             IncompleteCheckpointError: no complete checkpoint to restore.
@@ -109,7 +88,7 @@ class LearnerCheckpoints:
                 record is missing, damaged or malformed.
         """
         if not replay:
-            return self._resume_without_replay(agent, checkpoint_id)
+            return self._resume_without_replay(agent, progress, lineage, checkpoint_id)
         report = checkpoint.load(self.root, buffer, checkpoint_id=checkpoint_id,
                                  fallback=checkpoint_id is None, files=(LEARNER_STATE,))  # verified
         assert report.manifest is not None  # load always carries it
@@ -121,7 +100,7 @@ class LearnerCheckpoints:
             raise CheckpointError(f"resume from {report.directory}: {steps} steps restored and "
                                   f"{dropped_steps} dropped, but the checkpoint holds "
                                   f"{report.saved_steps}; not continuing")
-        resumed = self._resumed(report.manifest, report.files[LEARNER_STATE], agent, {
+        self._resumed(report.manifest, report.files[LEARNER_STATE], agent, progress, lineage, {
             "checkpoint": report.directory.name, "checkpoint_id": report.checkpoint_id,
             "saved_shards": report.saved_shards, "shards": self.world, "saved_steps": report.saved_steps,
             "steps": steps, "dropped_episodes": dropped_eps, "dropped_steps": dropped_steps,
@@ -132,27 +111,28 @@ class LearnerCheckpoints:
                     "episodes (%d steps) beyond the new capacity, sealed %d episodes (%d steps) cut to "
                     "fit a row; counters %s", report.directory.name, report.saved_shards, self.world,
                     steps, report.saved_steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps,
-                    resumed.counters)
-        return resumed
+                    progress.counters)
+        return report.checkpoint_id
 
-    def _resume_without_replay(self, agent: Agent, checkpoint_id: int | None) -> Resumed:
+    def _resume_without_replay(self, agent: Agent, progress: Progress, lineage: Lineage,
+                               checkpoint_id: int | None) -> int:
         """``--no-replay``: the agent, counters and stored-chunk record of checkpoint
         ``checkpoint_id`` (None: the newest complete one), its parts not read."""
         cid = checkpoint_id if checkpoint_id is not None else checkpoint.latest_complete(self.root)
         if cid is None:
             raise IncompleteCheckpointError(f"no complete checkpoint under {self.root}")
         manifest = checkpoint.load_manifest(checkpoint_dir(self.root, cid))
-        resumed = self._resumed(manifest, read_covered(manifest, LEARNER_STATE), agent, {
+        self._resumed(manifest, read_covered(manifest, LEARNER_STATE), agent, progress, lineage, {
             "checkpoint": manifest.directory.name, "checkpoint_id": cid, "replay": False,
             "saved_shards": len(manifest.parts), "shards": self.world, "steps": 0})
         if self.rank == 0:
             log.info("resumed from %s without its replay (--no-replay): weights, optimizer and counters "
                      "restored, the replay starts empty; counters %s", manifest.directory.name,
-                     resumed.counters)
-        return resumed
+                     progress.counters)
+        return cid
 
-    def _resumed(self, manifest: checkpoint.Manifest, agent_state: bytes, agent: Agent,
-                 report: dict[str, Any]) -> Resumed:
+    def _resumed(self, manifest: checkpoint.Manifest, agent_state: bytes, agent: Agent, progress: Progress,
+                 lineage: Lineage, report: dict[str, Any]) -> None:
         """Load ``agent_state`` (:data:`LEARNER_STATE`'s bytes) into ``agent``, on the CPU
         first (a run saved on a GPU resumes anywhere), and take back what the parts'
         records hold.
@@ -166,10 +146,11 @@ class LearnerCheckpoints:
         first = records[0]
         # Every rank lists the same directory before anyone saves again, so all agree.
         self.last_id = max(checkpoint.list_checkpoints(self.root), default=-1)
-        return Resumed(checkpoint_id=int(report["checkpoint_id"]), counters=dict(first.counters),
-                       best_eval=-math.inf if first.best_eval is None else first.best_eval,
-                       wall_offset_s=first.wall_s, stored=merge_stored(r.ingest for r in records),
-                       report=report)
+        progress.counters.update(first.counters)
+        progress.best_eval = -math.inf if first.best_eval is None else first.best_eval
+        progress.wall_offset_s = first.wall_s
+        lineage.stored = merge_stored(r.ingest for r in records)
+        lineage.resumed = report
 
     def open_log(self, ingestor: Ingestor, *, durable: bool, resume_newest: bool, restored: str,
                  owns_actor: Callable[[int], bool], policy_version: int,

@@ -21,14 +21,14 @@ import numpy as np
 import torch
 
 from shardreplay._io import atomic_write_bytes
-from shardreplay.policy import open_publisher
+from shardreplay.errors import ShardReplayError
+from shardreplay.policy import open_publisher, open_subscriber
 from shardreplay.policy.broadcast import FINISHED, RunInfo
 from shardreplay.runtime.algos.base import Algorithm
 from shardreplay.runtime.devices import Placement
 from shardreplay.runtime.envs import EnvInfo, reward_threshold
 from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
-from shardreplay.runtime.learner.setup import warn_if_taking_over
 from shardreplay.runtime.learner.state import Lineage, MetricsWindow, Progress, StorageGuard
 from shardreplay.runtime.learner.sync import LoopSync, agreed_settings
 from shardreplay.runtime.policy_file import best_return, keep_if_best, policy_metadata
@@ -200,3 +200,20 @@ class Lead:
             summary = {**summary, "storage_error": str(self.storage.error)}
         with self.storage.writing():
             atomic_write_bytes(self.run_dir / "summary.json", json.dumps(summary, indent=1).encode())
+
+
+def warn_if_taking_over(policy_url: str, run_id: str) -> None:
+    """Say so when ``policy_url`` holds another run's policy that did not finish: its
+    actors will switch to this run (two runs must not share a policy URL)."""
+    subscriber = open_subscriber(policy_url, check_interval_s=0)
+    try:
+        current = subscriber.poll()
+    except ShardReplayError as exc:
+        log.warning("could not read the policy at %s: %s", policy_url, exc)
+        return
+    finally:
+        subscriber.close()
+    if current is not None and current.run_id != run_id and FINISHED not in current.weights:
+        log.warning("the policy at %s belongs to run %s, which has not finished: this run (%s) takes "
+                    "it over and that run's actors will switch to this one. Give concurrent runs "
+                    "their own --policy-url", policy_url, current.run_id or "(unnamed)", run_id)

@@ -12,16 +12,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives, lost_peer_error, peer_lost
-from shardreplay.errors import ShardReplayError
+from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.policy.broadcast import pack_version
+from shardreplay.runtime.actor.loop import ActorSettings, actor_seed
 from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.devices import place
@@ -29,27 +32,23 @@ from shardreplay.runtime.envs import describe_env
 from shardreplay.runtime.learner.checkpoints import LearnerCheckpoints, commit_resume
 from shardreplay.runtime.learner.ingest import Ingestor
 from shardreplay.runtime.learner.lead import Lead
-from shardreplay.runtime.learner.setup import (
-    actor_settings_of_shard,
-    check_rings_reach,
-    log_foreign_backlog,
-    make_shard_buffer,
-)
 from shardreplay.runtime.learner.state import Lineage, MetricsWindow, Progress, StorageGuard
 from shardreplay.runtime.learner.sync import (
     DRAIN_CHUNKS,
     MAX_UPDATES_PER_ITERATION,
     LoopSync,
     RunCounts,
+    agreed_settings,
     learner_trigger,
     make_limiter,
     minutes_due,
 )
 from shardreplay.runtime.learner.wal import LossLog, Retention, archive_retention
 from shardreplay.runtime.policy_file import LearnerRecord
-from shardreplay.runtime.routing import settings_transport
+from shardreplay.runtime.routing import foreign_backlog, settings_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.samplers.schedules import LinearSchedule
 from shardreplay.spec import Spec
 from shardreplay.transport.base import Transport
 from shardreplay.transport.urls import parse_medium
@@ -102,7 +101,8 @@ class Learner:
         self.lineage = Lineage((upcoming_life(self.run_dir, settings.transport.run_id) if resume
                                 else read_identity(self.run_dir)) or RunIdentity("", 0))
         if resume:
-            restored = self._resume(checkpoint_id, replay)
+            restored = str(self.ckpts.resume(self.buffer, self.agent, self.progress, self.lineage,
+                                             checkpoint_id, replay))
             if self.rank == 0:
                 commit_resume(self.run_dir, self.lineage.identity, settings.stored(), restored=int(restored),
                               chosen=checkpoint_id is not None)
@@ -155,15 +155,6 @@ class Learner:
         return int(report["steps"])
 
     # -- checkpoints (how: :class:`LearnerCheckpoints`) -----------------------------------
-    def _resume(self, checkpoint_id: int | None, replay: bool) -> str:
-        """Restore the newest complete checkpoint; returns its id (for loss reports)."""
-        r = self.ckpts.resume(self.buffer, self.agent, checkpoint_id, replay)
-        self.progress.counters.update(r.counters)
-        self.progress.best_eval, self.progress.wall_offset_s = r.best_eval, r.wall_offset_s
-        self.lineage.stored = r.stored
-        self.lineage.resumed = r.report
-        return str(r.checkpoint_id)
-
     def save(self, background: bool = False) -> Path:
         """Save a checkpoint (:meth:`LearnerCheckpoints.save`; a refused write is kept in
         :attr:`storage` and leaves the newest complete one as it was). Its id is the
@@ -360,6 +351,75 @@ class Learner:
         if self.lead is not None:
             self.lead.final(summary)
         return summary
+
+
+def make_shard_buffer(settings: TrainSettings, spec: Spec, rank: int,
+                      device: torch.device | None = None) -> ShardedReplayBuffer:
+    """Rank ``rank``'s shard: a prioritized buffer of this shard's streams, sampled as part
+    of the one buffer of all ranks (a collective: every rank of the group calls it), its
+    batches returned on ``device`` (None: the CPU; CUDA: pinned, copied without blocking).
+
+    Raises:
+        ConfigError: replay settings the buffer rejects.
+    """
+    s, r = settings, settings.replay
+    streams = s.streams.streams_of_shard(rank)
+    capacity = max(r.capacity // streams, s.window)
+    local = ReplayBuffer(spec, num_streams=streams, stream_capacity=capacity, window=s.window,
+                         period=s.period, sampler="prioritized", alpha=r.alpha,
+                         beta=LinearSchedule(r.beta_start, r.beta_end, r.beta_updates),
+                         seed=s.run.seed * 1000 + rank)
+    return ShardedReplayBuffer(local, timeout_s=s.learners.collective_timeout_s, prefetch=r.prefetch,
+                               pipeline=r.pipeline, mode=r.sample_mode, device=device)
+
+
+def actor_settings_of_shard(settings: TrainSettings, rank: int, world: int,
+                            env_steps: int) -> list[ActorSettings]:
+    """The settings of the actors that send to shard ``rank`` (seeded from ``env_steps``,
+    so a resumed run's actors do not repeat the episodes of the first life)."""
+    s = settings
+    mine = [a for a in range(s.actors.count) if s.streams.home_shard(a) == rank]
+    agreed = agreed_settings(s, world)
+    return [ActorSettings(actor_id=a, transport=s.transport.url, policy_url=s.transport.policy_url,
+                          hidden=s.learners.hidden, seed=actor_seed(s.run.seed, a, env_steps), **agreed,
+                          device=s.actors.device,
+                          delivery_log=(str(Path(s.actors.delivery_log_dir) / f"actor-{a}.jsonl")
+                                        if s.actors.delivery_log_dir else None))
+            for a in mine]
+
+
+def check_rings_reach(settings: TrainSettings, actors: list[ActorSettings], rings: Mapping[int, Any]) -> None:
+    """The ``local`` rings this rank can hand its actors cover every shard they feed.
+
+    Raises:
+        ConfigError: an actor feeds a shard whose ring is in another process tree (fewer
+            actors than learners under torchrun with the local transport).
+    """
+    for a in actors:
+        feeds = set(settings.streams.groups(a.actor_id))
+        missing = feeds - set(rings)
+        if missing:
+            raise ConfigError(f"actor {a.actor_id} feeds shards {sorted(feeds)}, "
+                              f"but the local rings of shards {sorted(missing)} live in other processes: "
+                              "with fewer actors than learners under torchrun use --transport file:///dir "
+                              "or redis://..., or --actors >= --learners")
+
+
+def log_foreign_backlog(url: str, rank: int, run_id: str) -> dict[str, int]:
+    """Chunks other runs left for shard ``rank`` on the medium at ``url`` (never read),
+    by run: logged once here. A medium that cannot be searched gives ``{}`` (logged)."""
+    if parse_medium(url).kind == "local":
+        return {}
+    try:
+        found = foreign_backlog(url, rank, run_id)
+    except ShardReplayError as exc:
+        log.warning("rank %d: could not look for other runs' chunks: %s", rank, exc)
+        return {}
+    if found:
+        log.warning("rank %d: %d chunk(s) of other runs wait on %s (%s); this run (%s) ignores them: "
+                    "delete them when those runs are over", rank, sum(found.values()), url,
+                    ", ".join(f"{k}: {v}" for k, v in sorted(found.items())), run_id or "unnamed")
+    return found
 
 
 def _retention(settings: TrainSettings, run_dir: Path, spec: Spec) -> Retention | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from shardreplay._io import storage_error
 from shardreplay.errors import ShardReplayError, StorageError
-from shardreplay.runtime.learner.stored_ids import StoredIds
+from shardreplay.runtime.learner.ingest import StoredIds
 from shardreplay.runtime.learner.sync import LoopSync
 from shardreplay.runtime.run_identity import RunIdentity
 

@@ -1,16 +1,12 @@
-"""The ingest log: each shard appends the chunks it stored to its log before acknowledging
-them, so what a shard acknowledged survives the learner's death, or is counted lost.
-
-A learner that starts over a run directory replays the logs on top of the checkpoint it
-restored (:meth:`shardreplay.runtime.learner.ingest.Ingestor.replay`), skipping what that
-checkpoint's stored-chunk record holds. With the ``local`` ring the log keeps headers only
-(``keep_chunks=False``): a chunk logged and in no checkpoint and no replay is lost, and
-:class:`LossLog` records it. Segments ``<run_dir>/ingest/shard-<k>.<life>.wal`` are sealed
-at each checkpoint (``.upto-<id>.wal``) and deleted, or with ``--keep-rollouts``
-(:class:`Retention`) moved to ``<run_dir>/rollouts/``, once a complete checkpoint holds
-them; identity journals of earlier versions (``.journal``, 24-byte records) are read as
-header-only records. The rules, durability and costs: docs/semantics.md, "Chunks across
-crashes".
+"""The ingest log: each shard appends the chunks it stored (headers only for the ``local``
+ring, ``keep_chunks=False``) to ``<run_dir>/ingest/shard-<k>.<life>.wal`` before
+acknowledging them. A new life replays the logs on top of the restored checkpoint
+(:meth:`shardreplay.runtime.learner.ingest.Ingestor.replay`); a chunk logged and in no
+checkpoint and no replay is lost, and :class:`LossLog` records it. Segments are sealed at
+each checkpoint (``.upto-<id>.wal``) and deleted, or archived in ``<run_dir>/rollouts/``
+(:class:`Retention`, ``--keep-rollouts``), once a complete checkpoint holds them; identity
+journals of earlier versions (``.journal``, 24-byte records) read as header-only records.
+Rules, durability and costs: docs/semantics.md, "Chunks across crashes".
 
 Record (little-endian; never pickle)::
 
@@ -350,10 +346,16 @@ def archive_retention(run_dir: Path, spec: Spec, max_bytes: int = 0) -> Retentio
 
 def _age(path: Path) -> tuple[int, int, int, int]:
     """Sort key of a segment: its life, then its checkpoint (the open one last), then shard."""
+    life, started, shard, upto = _name_key(path)
+    return life, started, upto, shard
+
+
+def _name_key(path: Path) -> tuple[int, int, int, int]:
+    """A log file's life (two numbers), shard and checkpoint (the open segment: 2**63)."""
     m = _FILE.match(path.name)
     assert m is not None
     upto = m.group(4)
-    return int(m.group(2)), int(m.group(3)), int(upto) if upto is not None else 2**63, int(m.group(1))
+    return int(m.group(2)), int(m.group(3)), int(m.group(1)), int(upto) if upto is not None else 2**63
 
 
 def drop_oldest(directory: Path, max_bytes: int) -> int:
@@ -386,15 +388,9 @@ def _unlink(path: Path) -> bool:
 def log_files(directory: Path) -> list[Path]:
     """Every shard's log files under ``directory``, oldest life first, each life's
     segments in the order written (sealed by checkpoint id, then the open one)."""
-    found = []
-    if Path(directory).is_dir():
-        for path in Path(directory).iterdir():
-            m = _FILE.match(path.name)
-            if m is not None:
-                upto = m.group(4)
-                found.append(((int(m.group(2)), int(m.group(3)), int(m.group(1)),
-                               int(upto) if upto is not None else 2**63), path))
-    return [p for _, p in sorted(found)]
+    if not Path(directory).is_dir():
+        return []
+    return sorted((p for p in Path(directory).iterdir() if _FILE.match(p.name)), key=_name_key)
 
 
 def read_logs(paths: Sequence[Path], scan: LogScan, *, owns_actor: Callable[[int], bool] | None = None
@@ -404,12 +400,10 @@ def read_logs(paths: Sequence[Path], scan: LogScan, *, owns_actor: Callable[[int
     Args:
         paths: files from :func:`log_files`.
         scan: counts the records and collects what was not usable.
-        owns_actor: whether this shard owns any stream of an actor now (by the routing
-            of this life); the kept chunks of other actors are skipped unread. By actor,
-            not by the shard that wrote the record: a life with the same number of shards
-            may route otherwise (another number of actors), and a skip by writer would
-            lose the streams that moved to this shard. Header-only records are all
-            yielded (the caller counts them by the shard that wrote them).
+        owns_actor: whether this shard owns any stream of an actor in this life's
+            routing; the kept chunks of other actors are skipped unread (by actor, not by
+            writer: another number of actors routes streams otherwise). Header-only
+            records are all yielded (the caller counts them by the shard that wrote them).
     """
     for path in paths:
         try:
@@ -616,9 +610,8 @@ def iter_rollouts(run_dir: str | os.PathLike[str], spec: Spec | None = None, *,
 
 
 def run_spec(run_dir: Path) -> Spec:
-    """The transition spec of the run at ``run_dir``'s rollouts archive (its
-    ``rollouts/spec.json``, written when the run started keeping them; its field order is
-    the chunks' array order).
+    """The transition spec of ``run_dir``'s rollouts archive (``rollouts/spec.json``; its
+    field order is the chunks' array order).
 
     Raises:
         ConfigError: the run keeps no rollouts (no ``rollouts/spec.json``).
