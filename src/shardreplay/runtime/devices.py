@@ -1,18 +1,12 @@
 """Where learners and actors compute: a learner rank's device and the process group of
 its DDP all-reduce (:func:`place`); :func:`check_cuda` refuses a GPU that is not here.
 
-The default process group of a run is always gloo on the CPU: it carries the loop's
-agreement (one small all-reduce per iteration) and the replay exchange, whose records
-are host memory (a CPU buffer) and are gathered there before one pinned copy to the GPU.
-With ``--device cuda`` the network, the optimizer and every sampled batch live on the
-GPU, and DDP's gradient all-reduce gets a group of its own:
-
-* NCCL when every rank has a GPU to itself (the fast path on GPU machines);
-* the default gloo group when ranks share a GPU (NCCL refuses two ranks on one device:
-  "Duplicate GPU detected"), so a one-GPU machine can still run several learners.
-
-Which GPU: ``cuda`` takes the rank's local index (``LOCAL_RANK`` under torchrun, else
-the rank) modulo the GPUs the process sees; ``cuda:N`` names one.
+The run's default process group is gloo on the CPU (the loop's agreement and the replay
+exchange, whose records are host memory). With ``--device cuda`` the network, optimizer
+and batches live on the GPU, and DDP's all-reduce goes over NCCL when every rank has a
+GPU to itself, else over the default gloo group (NCCL refuses two ranks on one GPU).
+``cuda`` takes the rank's local index (``LOCAL_RANK``, else the rank) modulo the GPUs
+seen; ``cuda:N`` names one.
 """
 
 from __future__ import annotations

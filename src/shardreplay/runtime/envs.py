@@ -1,14 +1,8 @@
-"""Gymnasium environments for actors and evaluation: what ``shardreplay train`` makes of
-an environment id, and the matching Spec.
-
-``ALE/...`` ids (the ``atari`` extra) get the standard DQN preprocessing and 4-frame
-stacks stored once per frame (docs/atari.md), ``MinAtar/...`` ids (the ``minatar`` extra)
-channels-first uint8 images; any other id is made as registered (``--env-import MODULE``
-imports a module that registers it first, ``--env-kwargs JSON`` goes to
-``gymnasium.make``), images ``[H, W, C]`` (C in 1, 3, 4) turned channels first.
-Observations are flat float vectors or uint8/bool images; actions are Discrete (or, for
-an algorithm that asks for them, such as SAC, a flat ``Box``). gymnasium (and ale-py,
-minatar) are imported only when an environment is made.
+"""Gymnasium environments for actors and evaluation, and the matching Spec: ``ALE/...``
+ids get the standard DQN preprocessing and 4-frame stacks (docs/atari.md), ``MinAtar/...``
+ids channels-first uint8 images; any other id is made as registered (after
+``--env-import``, with ``--env-kwargs``), images ``[H, W, C]`` turned channels first.
+gymnasium (and ale-py, minatar) are imported only when an environment is made.
 """
 
 from __future__ import annotations
@@ -114,9 +108,8 @@ def _gym() -> Any:
 
 
 def _import(module: str, extra: str = "") -> Any:
-    """``module``; an ``--env-import`` module that is not on ``sys.path`` is also looked
-    for in the current directory (``python -m`` puts it on the path, the ``shardreplay``
-    console script does not), appended to the path so it shadows nothing installed.
+    """``module``; an ``--env-import`` module not on ``sys.path`` is also looked for in the
+    current directory (as ``python -m`` would), appended to the path (it shadows nothing).
 
     Raises:
         ConfigError: it cannot be imported (saying where it was looked for, or what to install).

@@ -1,11 +1,6 @@
-"""Log lines that never glue onto the live status line another process draws.
-
-Every process of a run (the launcher, the learner ranks, the actors) writes to the same
-terminal, where rank 0 may draw a live status line that ends without a newline. A line
-another process wrote there would continue the status line. On a terminal, each log line
-therefore first returns the cursor to the start of the line and clears it; the status
-line is drawn again below the log line at its next refresh. Files and pipes get the plain
-lines.
+"""Log lines that never glue onto the live status line another process draws: on a
+terminal each line first returns the cursor to the line's start and clears it (rank 0
+redraws its status line below at the next refresh); files and pipes get plain lines.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""A trained policy as one ``.safetensors`` file, and the policies a run keeps.
-
-The file holds the weights of the network actors act with (the algorithm's published
-module) and, in the safetensors metadata (strings only), what rebuilds it without the
-run (:func:`policy_metadata`: format, algorithm, network, shapes, bounds, the
-environment) and where it came from; :func:`load_policy` rebuilds it and
-:meth:`Policy.greedy` gives its evaluation actions; no pickle anywhere. A run directory
-keeps ``best/policy.safetensors``, replaced atomically whenever a full evaluation beats
-it; :func:`policy_of_run` takes that one, the newest complete checkpoint's (``latest``)
-or a checkpoint's by id.
+"""A trained policy as one ``.safetensors`` file (no pickle): the published network's
+weights and, in the metadata, what rebuilds it without the run (:func:`policy_metadata`)
+and where it came from; :func:`load_policy` rebuilds it. A run keeps
+``best/policy.safetensors`` (replaced atomically when a full evaluation beats it);
+:func:`policy_of_run` takes that one, ``latest`` or a checkpoint's by id. The learner's
+per-checkpoint :class:`LearnerRecord` lives here too.
 """
 
 from __future__ import annotations
@@ -47,10 +43,9 @@ LEARNER_STATE = "learner_state.pt"  # the agent's state in a checkpoint (rank 0'
 
 @dataclass(frozen=True)
 class LearnerRecord:
-    """What a learner rank saves beside its checkpoint part, in the covered JSON file
-    :func:`record_file`: the run's counters, best evaluation (None: none yet), wall
-    time over all lives and settings (the same on every rank), and this rank's stored
-    chunks (``Ingestor.state_dict()``: resent ones are dropped after a resume).
+    """What a learner rank saves beside its checkpoint part (the covered JSON file
+    :func:`record_file`): the run's counters, best evaluation (None: none yet), wall
+    time over all lives, settings, and this rank's stored chunks (``Ingestor.state_dict()``).
     """
 
     counters: Mapping[str, int]
@@ -123,10 +118,9 @@ class Policy:
         return self.meta.get("algo", "dqn")
 
     def greedy(self) -> Callable[[torch.Tensor | np.ndarray], np.ndarray]:
-        """A new function from observations ``[B, ...]`` (a tensor or a numpy array; no
-        gradients are taken) to the evaluation's deterministic actions: DQN's argmax, SAC's
-        squashed mean, R2D2's argmax with the LSTM unrolled from a zero state over the calls
-        (one function per evaluation)."""
+        """A new function from observations ``[B, ...]`` (tensor or numpy; no gradients) to
+        the evaluation's deterministic actions (R2D2's unrolls its LSTM over the calls:
+        one function per evaluation)."""
         act: Callable[[torch.Tensor], np.ndarray] = algorithm(self.algo).greedy(self.net)
 
         def greedy(obs: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -224,8 +218,8 @@ def keep_if_best(run_dir: Path, net: nn.Module, meta: Mapping[str, str], eval_re
 
 
 def best_return(run_dir: Path) -> float:
-    """The evaluation recorded with ``best/`` (-inf: none, or unreadable: then the next
-    better evaluation replaces it), so that a resumed run replaces it only with a better one."""
+    """The evaluation recorded with ``best/`` (-inf: none, or unreadable), so that a
+    resumed run replaces it only with a better one."""
     from safetensors import SafetensorError, safe_open
 
     path = best_path(run_dir)

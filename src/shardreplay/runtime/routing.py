@@ -1,9 +1,7 @@
 """Each learner shard's transport: its own channel on the medium, named after the run
 (``file:///dir`` -> ``dir/<run_id>/shard-<k>``, ``redis://...`` -> stream
 ``shardreplay:<run_id>:chunks:<k>``, ``local`` -> its own ring; an empty run id gives
-``dir/shard-<k>``, ``shardreplay:chunks:<k>``). Which shard an actor's streams feed is
-:mod:`shardreplay.runtime.stream_layout`'s; :func:`foreign_backlog` counts other runs'
-chunks on the same medium.
+``dir/shard-<k>``, ``shardreplay:chunks:<k>``).
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
 
 
 def check_writable(url: str) -> None:
-    """For a ``file://`` URL: fail at once, in one line, when its directory (or the
-    nearest one of its parents that exists: nothing is created here) refuses a new file
-    (a read-only mount, no permission); other URLs pass.
+    """For a ``file://`` URL: fail at once when its directory (or its nearest existing
+    parent: nothing is created) refuses a new file; other URLs pass.
 
     Raises:
         StorageError: "transport file:///x: cannot write /x: Read-only file system (EROFS)".
@@ -90,17 +87,12 @@ def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
                     queued_chunks_per_actor: int | None = None, actors: int = 1,
                     chunk_size_bytes: int | None = None, compression: str = "auto") -> Transport:
     """The transport of learner shard ``shard`` of run ``run_id`` (see the module docstring).
-
-    ``compression`` applies to what writers send on ``file://`` and ``redis://`` (readers
-    recognise packed chunks by themselves): ``auto`` is ``lz4`` for a spec with a
-    ``frame_stack`` field (its new frames then travel once) and ``none`` otherwise.
-
-    ``queued_chunks_per_actor`` bounds the chunks that wait in the medium for each of the
-    shard's ``actors`` (None: the medium's default); each medium turns it into its own
-    bound (spool: per actor; Redis: stream length = bound x actors; local: ring bytes).
-    A short queue keeps the data fresh: actors block, then act with the newest policy,
-    instead of filling a long queue with steps of an old one. ``local`` needs
-    ``chunk_size_bytes`` to size its ring.
+    ``compression`` (of what writers send on ``file://`` and ``redis://``): ``auto`` is
+    ``lz4`` for a spec with a ``frame_stack`` field, else ``none``.
+    ``queued_chunks_per_actor`` bounds the chunks waiting per actor of the shard's
+    ``actors`` (None: the medium's default; a short queue keeps the data fresh): per
+    actor on a spool, ``bound x actors`` entries on Redis, ring bytes for ``local``
+    (sized from ``chunk_size_bytes``).
 
     Raises:
         ConfigError: a bad URL or run id.
@@ -139,13 +131,9 @@ def settings_transport(settings: TrainSettings, spec: Spec, shard: int, run_id: 
 
 def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:
     """Chunks that other runs (or runs from before run ids) left waiting for ``shard`` on
-    the medium at ``url``: channel -> chunks not yet consumed. This run never reads them;
-    the learner reports them once at start so an operator can delete them.
-
-    Waiting means: a file in a spool's ``ready/``; a Redis entry its learners' group has
-    not acknowledged (pending + not yet delivered). Entries a finished run consumed but
-    did not trim yet (trimming is approximate and keeps the last one delivered) are not
-    counted: they were not ignored, they were used.
+    the medium at ``url``, by channel (never read; reported once at start): files in a
+    spool's ``ready/``, Redis entries their group has not acknowledged (entries consumed
+    but not yet trimmed are not counted).
 
     Raises:
         TransportError / TransportTimeout: Redis could not be asked.

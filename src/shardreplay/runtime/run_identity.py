@@ -1,10 +1,5 @@
-"""Which run a learner life belongs to: ``<run_dir>/run.json`` = ``{"run_id", "life"}``.
-
-The run id is made at the first start of a run directory (``--run-id``, else random) and
-kept by every later start; channels on a shared medium are named after it. ``life``
-counts the starts (0 for the first) and is the high part of every policy version
-(:func:`shardreplay.policy.broadcast.pack_version`). A run directory with ``config.json``
-but no ``run.json`` keeps the unnamed channels (run id ``""``). See docs/semantics.md,
+"""Which run a learner life belongs to: ``<run_dir>/run.json`` = ``{"run_id", "life"}``
+(the id made at the first start, ``life`` counting the starts). See docs/semantics.md,
 "Runs, learner lives and policy versions".
 """
 
@@ -80,9 +75,7 @@ def upcoming_life(run_dir: Path, wanted: str = "") -> RunIdentity:
 
 def write_life(run_dir: Path, ident: RunIdentity, config: dict[str, Any]) -> None:
     """Record a learner life: ``run.json`` (``ident``) and ``config.json`` (``config``, the
-    settings in effect, so a later ``--resume`` continues with them), each atomically.
-    A resumed run calls it only once every rank restored, so a refused resume leaves
-    the run directory as it was. Call it on one rank.
+    settings in effect), each atomically. Call it on one rank.
 
     Raises:
         OSError: a file could not be written.

@@ -1,6 +1,5 @@
-"""TrainSettings: every setting of a training run, in groups, documented, validated, YAML-ready.
-
-A run's settings are six frozen groups (each validated on construction)::
+"""TrainSettings: every setting of a training run in six frozen groups, each validated on
+construction::
 
     TrainSettings
     ├── run          RunSettings          environment, budget, evaluation, seed, progress
@@ -10,10 +9,9 @@ A run's settings are six frozen groups (each validated on construction)::
     ├── transport    TransportSettings    where chunks and weights travel
     └── checkpoints  CheckpointSettings   when checkpoints are written
 
-Every setting also has one flat name, which is its ``shardreplay train`` flag
-(``--replay-capacity`` is ``replay.capacity``). :meth:`TrainSettings.from_dict` reads
-either shape, also mixed: flat names (``alpha: 0.6``) and group sections
-(``replay: {alpha: 0.6}``); :meth:`TrainSettings.to_dict` writes the grouped shape.
+Every setting also has one flat name, its ``shardreplay train`` flag (``--replay-capacity``
+is ``replay.capacity``); :meth:`TrainSettings.from_dict` reads flat names, group sections
+or both, :meth:`TrainSettings.to_dict` writes the grouped shape.
 """
 
 from __future__ import annotations
@@ -35,13 +33,11 @@ from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.transport.urls import file_url, parse_medium, with_policy_key
 
-# The Q-networks of runtime/algos/networks.py and the chunk compressions of the transports
-# (kept here, free of torch, so settings check them without importing either).
+# The Q-networks, algorithms (--algo) and chunk compressions, and where learners and actors
+# compute: named here, free of torch, so settings check them without importing it.
 NETWORKS = ("auto", "mlp", "nature", "minatar")
-# The algorithms of runtime/algos (by --algo name; each one module there).
 ALGOS = ("dqn", "sac", "r2d2")
 COMPRESSIONS = ("auto", "none", "lz4", "zstd")
-# Where learners and actors compute (checked here without importing torch).
 DEVICE_PATTERN = re.compile(r"cpu|cuda(:\d+)?")
 
 
@@ -488,11 +484,8 @@ class TrainSettings:
 
     def stored(self) -> dict[str, Any]:
         """What ``config.json`` holds: :meth:`to_dict`, with every path under the run
-        directory (the run directory itself, the default ``file://`` policy, a spool or a
-        delivery log kept there) written relative to it, as ``{run_dir}/...``:
-        :func:`settings_for_resume` resolves them against the run directory of each
-        start, so a moved run directory (or one mounted elsewhere on another host)
-        resumes into itself."""
+        directory written as ``{run_dir}/...`` (:func:`from_stored` resolves them), so a
+        moved run directory (or one mounted elsewhere) resumes into itself."""
         d = self.to_dict()
         root = Path(self.run.run_dir).resolve()
         for flat in _PATHS:
@@ -582,8 +575,7 @@ def _flatten(d: Any) -> dict[str, Any]:
 
 
 def settings_for_resume(run_dir: Path, overrides: dict[str, Any]) -> TrainSettings:
-    """The settings a run was started with (``config.json``, its paths under the run
-    directory resolved against ``run_dir``: see :func:`from_stored`), with ``overrides`` applied.
+    """The settings of ``run_dir``'s ``config.json`` (:func:`from_stored`), with ``overrides``.
 
     Raises:
         IncompleteCheckpointError: ``run_dir`` holds no config.

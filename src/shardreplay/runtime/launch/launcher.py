@@ -69,19 +69,12 @@ def under_torchrun() -> bool:
 
 
 def prepare_run_dir(settings: TrainSettings, resume: bool, *, auto_resume: bool = False) -> TrainSettings:
-    """Create the run directory and, for a new run, write ``config.json`` (the settings in
-    effect) and ``run.json`` (the run id and this learner life's number: see
-    :mod:`shardreplay.runtime.run_identity`).
-
-    A resumed run writes nothing here: its learners record the new life and settings,
-    and set incomplete checkpoints aside, only once every rank restored
-    (:func:`shardreplay.runtime.learner.checkpoints.commit_resume`), so a refused resume
-    leaves the run directory as it was and ``--auto-resume`` can try again.
-
-    Incomplete checkpoints (a run that stopped before every rank saved its part) are
-    moved to ``checkpoints/incomplete/<UTC time>/`` when ``auto_resume`` starts the run
-    afresh because there is no complete one; one log line says so. They never stay
-    where a new save could mix its parts with theirs.
+    """Create the run directory and, for a new run, write ``config.json`` and ``run.json``
+    (:mod:`shardreplay.runtime.run_identity`). A resumed run writes nothing here (its
+    learners do once every rank restored:
+    :func:`shardreplay.runtime.learner.checkpoints.commit_resume`). When ``auto_resume``
+    starts afresh for want of a complete checkpoint, the incomplete ones are moved to
+    ``checkpoints/incomplete/<UTC time>/`` (one log line says so).
 
     Raises:
         ConfigError: a new run (without ``auto_resume``) in a directory that already
@@ -137,13 +130,9 @@ def _refuse_fresh_start(run_dir: Path, auto_resume: bool) -> None:
 
 def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = False,
           checkpoint_id: int | None = None, replay: bool = True) -> dict[str, Any]:
-    """Run a training job to its end; returns rank 0's summary.
-
-    ``replay`` False (``--resume R --no-replay``): the learners take back weights,
-    optimizer and counters, not the replay.
-
-    ``auto_resume`` (a new run under ``--auto-resume``): incomplete checkpoints left in
-    the run directory are set aside instead of refused (see :func:`prepare_run_dir`).
+    """Run a training job to its end; returns rank 0's summary. ``replay`` False
+    (``--no-replay``): a resume takes back weights, optimizer and counters, not the
+    replay; ``auto_resume``: see :func:`prepare_run_dir`.
 
     Raises:
         ConfigError: bad settings (checked before anything starts).
@@ -175,10 +164,9 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
 
 
 def refuse_before_start(settings: TrainSettings) -> None:
-    """What the settings alone cannot tell, refused before a run directory or process
-    exists: an environment the algorithm cannot train on (a bad id, the wrong action
-    space, images for ``--algo r2d2``), and a CUDA device this machine does not have
-    (torch is imported for that only when a device other than ``cpu`` is asked for).
+    """Refuse, before a run directory or process exists, an environment the algorithm
+    cannot train on and a CUDA device this machine does not have (torch is imported only
+    when a device other than ``cpu`` is asked for).
 
     Raises:
         ConfigError: one of those, saying what to give instead.
@@ -317,17 +305,11 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
                                         if pid is not None})
     outcome: dict[str, Any] | ShardReplayError | None = None
 
-    def terminate_started() -> None:
-        for p in procs:
-            if p.pid is not None and p.exitcode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGTERM)
-
     def forward(*_args: Any) -> None:
         if not stopping["asked"]:
             stopping["asked"] = True
             log.warning("stopping: every learner checkpoints, then exits")
-            terminate_started()
+            _terminate(procs)
 
     restore = _signals.install({signal.SIGINT: forward, signal.SIGTERM: forward})
     if _signals.requested() is not None:  # taken before this handler was there
@@ -344,7 +326,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
             if stopping["asked"]:
                 # The stop may have come while a learner was being started (its handler ran
                 # before that process had a pid): tell them all again, SIGTERM is idempotent.
-                terminate_started()
+                _terminate(procs)
             outcome = _collect(started, out, stopping, tree, settings.run.run_dir)
     finally:
         restore()
@@ -377,10 +359,8 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
 
 def _start_learners(procs: list[Any], stopping: dict[str, bool]) -> list[Any]:
     """Start the learner processes in order until a stop is asked; returns those started.
-
-    (A function of its own: a loop variable left in the caller would keep a process
-    never started, and the ring and queue its arguments hold, alive.)
-    """
+    (A function of its own: a loop variable left in the caller would keep a process never
+    started, and the ring and queue its arguments hold, alive.)"""
     # SIGTERM too stays pending in a learner until its handler is in place: a learner
     # killed by it while importing would leave the others waiting to meet it. The learners
     # are forked by the server, so it is the server that starts with both blocked.
@@ -400,15 +380,9 @@ def _start_learners(procs: list[Any], stopping: dict[str, bool]) -> list[Any]:
 
 def _collect(procs: list[Any], out: Any, stopping: dict[str, bool], tree: ProcessTree,
              run_dir: str) -> dict[str, Any] | ShardReplayError:
-    """Rank 0's summary once every learner reported, or the error to raise.
-
-    A failure (a rank's error report, or a rank that exited without one: killed by a
-    signal, say) stops the others: SIGTERM, up to ``_FAILURE_GRACE_S`` for them to save
-    their parts, then the caller kills what is left.
-
-    The error (returned, for the caller to raise once the tree is stopped) names the
-    rank that failed (with pid and signal when it died), then what the others reported.
-    """
+    """Rank 0's summary once every learner reported, or the error to raise once the tree
+    is stopped (the rank that failed, with pid and signal when it died, then what the
+    others reported). A failure stops the others (:func:`_stop_after_failure`)."""
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}  # rank -> its report, in the order they came
     deaths: list[str] = []
@@ -470,10 +444,7 @@ def _stop_after_failure(procs: list[Any], out: Any, results: dict[int, Any], err
     if _STORAGE in first:  # the refused write is the command's last line: not named twice
         first = first.split(":")[0] + ": the file system refused a write"
     log.error("%s: stopping the other ranks (each saves its part) and every actor", first)
-    for p in procs:
-        if p.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGTERM)
+    _terminate(procs)
     deadline = time.monotonic() + _FAILURE_GRACE_S
     while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
         _take_rest(out, results, errors, timeout_s=_POLL_S)
@@ -483,6 +454,14 @@ def _stop_after_failure(procs: list[Any], out: Any, results: dict[int, Any], err
     for line in _failures(procs, results, errors, True):
         if line not in deaths:
             deaths.append(line)
+
+
+def _terminate(procs: list[Any]) -> None:
+    """SIGTERM the learners started and still running."""
+    for p in procs:
+        if p.pid is not None and p.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
 
 
 def _take_rest(out: Any, results: dict[int, Any], errors: dict[int, str], timeout_s: float = 0.0) -> None:

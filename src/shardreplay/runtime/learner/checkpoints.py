@@ -1,7 +1,6 @@
-"""A learner rank's checkpoints and ingest log, beside its loop (as a checkpointing
-runner wraps a learner): the learner decides *when* to save and *what* its state is;
-:class:`LearnerCheckpoints` resumes (the buffer, the agent, the counters and the
-stored-chunk record), replays and opens the log, saves and trims."""
+"""A learner rank's checkpoints and ingest log, beside its loop: the learner decides *when*
+to save and *what* its state is; :class:`LearnerCheckpoints` resumes, replays and opens
+the log, saves and trims."""
 
 from __future__ import annotations
 
@@ -156,18 +155,12 @@ class LearnerCheckpoints:
                  owns_actor: Callable[[int], bool], policy_version: int,
                  retention: Retention | None = None, replay: bool = True) -> tuple[ReplayCounts, LogScan]:
         """Replay the ingest logs earlier lives left into ``ingestor`` (on top of the
-        restored checkpoint ``restored``, or of an empty buffer when none was complete),
-        then open this life's log (a collective: every rank lists the old files before
-        any rank opens its new one).
-
-        A ``local`` medium (not ``durable``) acknowledges nothing that outlives the
-        learner (its actors die with it): its log keeps headers only, for the loss report.
-        ``--resume --checkpoint-id N`` (not ``resume_newest``) goes back to an older
-        checkpoint on purpose: the logs, newer than the newest one, are not replayed (what
-        they hold is reported lost unless the medium delivers it again). With
-        ``retention`` (``--keep-rollouts``) the log keeps its segments as the rollouts
-        archive (chunk bytes kept on any medium). Without ``replay`` (``--no-replay``)
-        the logs are not read: what they hold stays out of this life on purpose.
+        restored checkpoint ``restored``), then open this life's log (a collective: every
+        rank lists the old files before any rank opens its new one). Not ``durable`` (the
+        ``local`` ring, whose actors die with the learner): headers only, for the loss
+        report. Not ``resume_newest`` (``--checkpoint-id N``): the logs are not replayed
+        (what they hold is lost unless delivered again); nor without ``replay``
+        (``--no-replay``). ``retention`` (``--keep-rollouts``): the segments are archived.
 
         Raises:
             OSError: this life's log cannot be created.
@@ -196,16 +189,13 @@ class LearnerCheckpoints:
 
     def save(self, cid: int, buffer: ShardedReplayBuffer, ingestor: Ingestor, record: LearnerRecord,
              agent: Agent | None, *, background: bool) -> Path:
-        """Save checkpoint ``cid`` of ``buffer`` with this rank's ``record`` and, with
-        ``agent`` (rank 0), the agent's state as :data:`LEARNER_STATE` (written before the
-        part, covered by the manifest), incremental (only the rows new since this run's
-        previous checkpoint are written); with ``background`` the content is fixed now and
-        a forked writer writes it while training goes on. A save still in flight is
-        finished first: two never overlap. No collective, so it also works from a stopping
-        or failing rank. Then the log seals its segment (chunks stored from now on are not
-        in this checkpoint) and frees what the newest complete one holds.
-
-        A write the file system refuses is kept in the :class:`StorageGuard`, not raised.
+        """Save checkpoint ``cid`` of ``buffer``, incremental, with this rank's ``record``
+        and, with ``agent`` (rank 0), its state as :data:`LEARNER_STATE` (covered by the
+        manifest); ``background``: fixed now, written by a forked writer while training
+        goes on. A save in flight is finished first. No collective (a stopping or failing
+        rank saves too). Then the log seals its segment and frees what the newest complete
+        checkpoint holds. A write the file system refuses is kept in the
+        :class:`StorageGuard`, not raised.
         """
         self.finish(wait=True)
         self.last_id = max(self.last_id, cid)
@@ -258,12 +248,9 @@ class LearnerCheckpoints:
 def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any], *, restored: int | None,
                   chosen: bool = False) -> None:
     """Record a resumed life once every rank restored (rank 0): set every checkpoint newer
-    than the one ``restored`` aside (out of the way of the ids this life saves: the restore
-    passed over them as incomplete or damaged, or ``chosen``, ``--resume --checkpoint-id N``,
-    went back past them on purpose; all of them when None was restored), then write
-    ``run.json`` and ``config.json``. Before this point a refused resume has changed nothing
-    on disk. Older checkpoints are not read again: the cost stays that of one restore
-    however many checkpoints the run kept.
+    than ``restored`` aside (passed over as incomplete or damaged, or, ``chosen``, by
+    ``--checkpoint-id N``; all when None was restored), then write ``run.json`` and
+    ``config.json``. Before this a refused resume has changed nothing on disk.
 
     Raises:
         CheckpointError: the checkpoints could not be moved aside.

@@ -1,13 +1,10 @@
-"""Draining a shard's transport into its buffer, with episode returns and policy lag.
-
-The :class:`Ingestor` records which chunks it stored by identity (:class:`StoredIds`),
-saved with each checkpoint, and drops a chunk as a duplicate only when its own
-``(actor_id, sequence)`` is there (a late chunk is stored, never mistaken for one).
-``shardreplay train`` acknowledges a chunk once it is in the shard and in its ingest log
-(:mod:`shardreplay.runtime.learner.wal`), and a new life replays the log on top of the
-restored checkpoint (:meth:`Ingestor.replay`); ``drain(ack=False)`` with
-:meth:`Ingestor.ack_stored` after each save is the exactly-once mode without a log. See
-docs/semantics.md, "Chunks across crashes".
+"""Draining a shard's transport into its buffer, with episode returns and policy lag: the
+:class:`Ingestor` drops a chunk as a duplicate only when its own identity is in its
+:class:`StoredIds` (saved with each checkpoint), and acknowledges it once it is in the
+shard and in the ingest log (:mod:`shardreplay.runtime.learner.wal`), which a new life
+replays (:meth:`Ingestor.replay`); ``drain(ack=False)`` with :meth:`Ingestor.ack_stored`
+after each save is the exactly-once mode without a log. See docs/semantics.md, "Chunks
+across crashes".
 """
 
 from __future__ import annotations
@@ -229,16 +226,13 @@ class ReplayCounts:
 
 
 class Ingestor:
-    """Moves chunks from a reader into the local shard, acknowledging them after.
-
-    Rows: an actor's streams go to the rows ``settings.streams.rows(actor_id, streams)``.
-    Chunks with streams routed to another shard, with streams beyond ``envs_per_actor``,
-    or whose rows fall outside the shard are rejected and counted, never half-written (they
-    would land in another actor's rows and interleave its episodes).
-    Chunks whose ``(actor_id, sequence)`` is in ``stored`` are dropped as duplicates. A
-    chunk that does not follow the last one this life wrote of its actor (a late one, or
-    one after a gap) starts headless episodes: its first steps that are MID become FIRST,
-    so no window joins steps that were not consecutive in the actor's time.
+    """Moves chunks from a reader into the local shard (an actor's streams into the rows
+    ``settings.streams.rows(actor_id, streams)``), acknowledging them after. A chunk with
+    streams of another shard, beyond ``envs_per_actor`` or outside the shard's rows is
+    rejected and counted, never half-written; one in ``stored`` is dropped as a duplicate.
+    A chunk that does not follow the last one written of its actor starts headless
+    episodes (its leading MID steps become FIRST): no window joins steps that were not
+    consecutive in the actor's time.
 
     Args:
         reader: this shard's transport reader.
@@ -282,10 +276,8 @@ class Ingestor:
         self._finished = np.empty(0, np.float64)  # scratch: returns finished in one chunk
 
     def drain(self, max_chunks: int, timeout_s: float, policy_version: int, *, ack: bool = True) -> int:
-        """Receive up to ``max_chunks`` chunks and write them; returns steps written.
-
-        The chunks written go to the ingest log (if any) before any acknowledgement
-        is sent.
+        """Receive up to ``max_chunks`` chunks and write them, then log them (if there is a
+        log), then acknowledge them; returns steps written.
 
         Args:
             max_chunks: chunks to take at most.
@@ -324,20 +316,15 @@ class Ingestor:
 
     def replay(self, records: Iterable[LogRecord], policy_version: int, *, write: bool = True,
                checkpoint: str = "none") -> ReplayCounts:
-        """Write the logged chunks that ``stored`` lacks (the restored checkpoint's
-        record), in the order logged; call it before the first :meth:`drain`.
+        """Write the logged chunks that ``stored`` lacks, in the order logged, each after
+        its logged predecessor (episode boundaries come out as first written), and only
+        the streams this shard owns now; call it before the first :meth:`drain`. Nothing
+        is acknowledged: the log holds them until a checkpoint of this life is complete.
 
-        Each chunk follows its logged predecessor as it did when first written (episode
-        boundaries come out the same). After a resume on another number of shards, a
-        logged chunk may hold streams of several shards now: this shard writes the ones
-        it owns, and every rank reads every log. Nothing is acknowledged: the log holds
-        these chunks until a checkpoint of this life is complete.
-
-        A record this shard cannot replay (header-only, or every one with ``write``
-        False: a resume that goes back to checkpoint ``checkpoint`` on purpose) that
-        ``stored`` lacks is a *suspect* (:attr:`suspects`), counted by the shard that
-        wrote it (rank 0 also takes the shards that no longer exist): lost, unless the
-        medium delivers it again before :meth:`report_lost`.
+        A record this shard cannot replay (header-only, or any with ``write`` False: a
+        resume back to checkpoint ``checkpoint`` on purpose) is a *suspect*
+        (:attr:`suspects`) of the shard that wrote it (rank 0 also takes shards that no
+        longer exist): lost unless the medium delivers it again before :meth:`report_lost`.
         """
         counts = ReplayCounts()
         self.suspects.checkpoint = checkpoint
@@ -374,9 +361,8 @@ class Ingestor:
                       counts: ReplayCounts, policy_version: int) -> None:
         """Write this shard's streams of a logged chunk into the rows of actor ``route``
         (its own, or its stand-in's), after its logged predecessor; count it."""
-        valid = int(chunk.stream_ids.min()) >= 0 and \
-            int(chunk.stream_ids.max()) < self.settings.actors.envs_per_actor
-        mine = self._streams.shards(route)[chunk.stream_ids] == self.shard if valid else None
+        owners = self._owners(chunk, route)
+        mine = None if owners is None else owners == self.shard
         if mine is not None and not mine.any():
             counts.foreign += 1
             return
@@ -386,7 +372,7 @@ class Ingestor:
             self._last_written[rec.actor_id] = rec.prev
         else:
             self._last_written.pop(rec.actor_id, None)
-        rows = self._streams.rows(route, chunk.stream_ids) if valid else None
+        rows = None if owners is None else self._streams.rows(route, chunk.stream_ids)
         if rows is not None and int(rows.max()) >= writers.shape[0]:
             rows = None  # _write rejects it
         if rows is not None and _others(writers[rows], rec.actor_id):
@@ -483,7 +469,7 @@ class Ingestor:
             rows = self._streams.rows(route, chunk.stream_ids)
             if rows.max() >= self.buffer.num_streams:
                 raise IngestRejectedError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
-                                       f"beyond this shard's {self.buffer.num_streams}")
+                                          f"beyond this shard's {self.buffer.num_streams}")
             steps = self._steps_in_order(chunk)
             try:
                 self._sink.extend(steps, stream_ids=rows, priorities=chunk.priorities)
@@ -534,17 +520,25 @@ class Ingestor:
             if self.losses is not None:
                 self.losses.record(actor, seq, seq, count, -1, reason)
 
+    def _owners(self, chunk: Chunk, route: int) -> np.ndarray | None:
+        """The shard of each of ``chunk``'s streams as actor ``route``'s (None: a stream
+        outside ``envs_per_actor``)."""
+        ids = chunk.stream_ids
+        if int(ids.min()) < 0 or int(ids.max()) >= self.settings.actors.envs_per_actor:
+            return None
+        return self._streams.shards(route)[ids]
+
     def _check_owner(self, chunk: Chunk, route: int) -> None:
         s = self.settings
-        if int(chunk.stream_ids.min()) < 0 or int(chunk.stream_ids.max()) >= s.actors.envs_per_actor:
+        owners = self._owners(chunk, route)
+        if owners is None:
             raise IngestRejectedError(f"actor {chunk.actor_id} sent streams {chunk.stream_ids.tolist()}; the "
-                                   f"learners take {s.actors.envs_per_actor} per actor (--envs-per-actor)")
-        owners = self._streams.shards(route)[chunk.stream_ids]
+                                      f"learners take {s.actors.envs_per_actor} per actor (--envs-per-actor)")
         if (owners != self.shard).any():
             shards = s.learners.count
             raise IngestRejectedError(f"actor {chunk.actor_id} streams {chunk.stream_ids.tolist()} belong to "
-                                   f"shards {owners.tolist()} of {shards}, not to shard {self.shard}: start "
-                                   f"it with --num-shards {shards}")
+                                      f"shards {owners.tolist()} of {shards}, not to shard {self.shard}: "
+                                      f"start it with --num-shards {shards}")
 
     def _level(self, actor_id: int, what: str) -> int:
         """WARNING the first time per actor and kind, then DEBUG (a misconfigured actor

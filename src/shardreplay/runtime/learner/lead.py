@@ -1,10 +1,6 @@
-"""Rank 0's duties in a training run: publishing the weights, evaluating them (and keeping
-the best), the metrics rows (:func:`metrics_row`) and progress bar, the learning curve
-and ``summary.json``.
-
-The :class:`~shardreplay.runtime.learner.loop.Learner` of rank 0 owns one :class:`Lead`
-(the other ranks none) and tells it when; none of it takes a collective, so the ranks'
-lock-step is the loop's alone.
+"""Rank 0's duties in a training run, none of them a collective: publishing the weights,
+evaluating them (and keeping the best), the metrics rows and progress bar, the learning
+curve and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -40,11 +36,9 @@ log = logging.getLogger("shardreplay.learner")
 def metrics_row(window: MetricsWindow | None, sync: LoopSync | None, *, now: float, wall_s: float,
                 counters: dict[str, int], recent_returns: np.ndarray,
                 eval_return: float | None) -> dict[str, Any]:
-    """One row of ``metrics.csv`` over ``window`` (None: a row without rates, loss and
-    lag), with the buffer size of ``sync`` (None: not known yet).
-
-    ``recent_returns`` holds the last finished return of each stream (NaN: none yet).
-    """
+    """One row of ``metrics.csv`` over ``window`` (None: without rates, loss and lag), with
+    the buffer size of ``sync`` (None: not known yet) and the mean of ``recent_returns``
+    (each stream's last finished return; NaN: none yet)."""
     if window is None:
         steps = updates = loss = math.nan
         dt, lag = 1.0, None
@@ -104,8 +98,7 @@ class Lead:
 
     def periodic_evaluation(self) -> None:
         """A quick evaluation; when it reaches the target or beats the best so far, a full
-        one decides (whether the run is solved, and whether ``best/`` takes this network:
-        a few episodes' luck would otherwise make a network "best")."""
+        one decides whether the run is solved and whether ``best/`` takes this network."""
         s = self.s
         episodes = min(s.run.quick_eval_episodes, s.run.eval_episodes)
         result = self.evaluate(episodes)
@@ -138,10 +131,9 @@ class Lead:
 
     def record(self, g: LoopSync | None, window: MetricsWindow | None, recent_returns: np.ndarray,
                due: bool = True) -> None:
-        """One metrics row over ``window`` (rates, loss, policy lag; None: a row without
-        them) when ``due``, a second has passed since the last, or an evaluation came
-        since (its point on the curve). An evaluation appears in the first row after it,
-        only there; the final row comes after the final evaluation."""
+        """One metrics row over ``window`` (None: without rates, loss and lag) when ``due``,
+        a second has passed since the last, or an evaluation came since (shown in the
+        first row after it, only there)."""
         now = time.monotonic()
         evaluated = self.progress.evals > self.progress.evals_recorded
         if not (due or evaluated or now - self.recorded_at >= 1.0):
@@ -203,8 +195,8 @@ class Lead:
 
 
 def warn_if_taking_over(policy_url: str, run_id: str) -> None:
-    """Say so when ``policy_url`` holds another run's policy that did not finish: its
-    actors will switch to this run (two runs must not share a policy URL)."""
+    """Warn when ``policy_url`` holds another run's unfinished policy: its actors will
+    switch to this run."""
     subscriber = open_subscriber(policy_url, check_interval_s=0)
     try:
         current = subscriber.poll()

@@ -1,10 +1,7 @@
-"""One learner rank of a training run: ingest, learn, publish, evaluate, checkpoint.
-
-All ranks run the same loop in lock-step, deciding from one summed :class:`LoopSync` per
-iteration (:mod:`shardreplay.runtime.learner.sync`). Rank 0's duties are its
-:class:`~shardreplay.runtime.learner.lead.Lead`'s; saving, resuming and the ingest log are
-:class:`~shardreplay.runtime.learner.checkpoints.LearnerCheckpoints`'. The ranks agree
-over collectives of their own (not the buffer's).
+"""One learner rank of a training run: ingest, learn, publish, evaluate, checkpoint. All
+ranks run the same loop in lock-step, deciding from one summed :class:`LoopSync` per
+iteration over collectives of their own; rank 0's duties are its :class:`Lead`'s, saving,
+resuming and the ingest log :class:`LearnerCheckpoints`'.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ from shardreplay.runtime.learner.sync import (
     make_limiter,
     minutes_due,
 )
-from shardreplay.runtime.learner.wal import LossLog, Retention, archive_retention
+from shardreplay.runtime.learner.wal import LossLog, archive_retention
 from shardreplay.runtime.policy_file import LearnerRecord
 from shardreplay.runtime.routing import foreign_backlog, settings_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
@@ -116,11 +113,13 @@ class Learner:
         transport = transport or settings_transport(settings, spec, self.rank, run_id=run_id)
         self.ingestor = Ingestor(transport.reader(), self.buffer, settings, self.lineage.stored,
                                  shard=self.rank, losses=self.losses)
+        keep = settings.checkpoints  # --keep-rollouts: the log's segments become the archive
+        retention = archive_retention(self.run_dir, spec, int(keep.keep_rollouts_max_gb * 1e9)) \
+            if keep.keep_rollouts else None
         self.replayed, self.log_scan = self.ckpts.open_log(
             self.ingestor, durable=parse_medium(settings.transport.url).kind != "local",
             resume_newest=checkpoint_id is None, restored=restored, owns_actor=self._owns_actor,
-            policy_version=self.policy_version, retention=_retention(settings, self.run_dir, spec),
-            replay=replay)
+            policy_version=self.policy_version, retention=retention, replay=replay)
         self.lead = Lead(settings, self.world, self.algo, env, self.agent, placement, self.progress,
                          self.storage, self.lineage, resume) if self.rank == 0 else None
         # A local ring exists only in this process tree: its actors must get this very
@@ -157,10 +156,8 @@ class Learner:
     # -- checkpoints (how: :class:`LearnerCheckpoints`) -----------------------------------
     def save(self, background: bool = False) -> Path:
         """Save a checkpoint (:meth:`LearnerCheckpoints.save`; a refused write is kept in
-        :attr:`storage` and leaves the newest complete one as it was). Its id is the
-        update count, or one more than the last id saved or found when no update happened
-        since: every rank derives it from the same agreed counters.
-        """
+        :attr:`storage`) whose id is the update count, or one more than the last id saved
+        or found: every rank derives it from the same agreed counters."""
         cid = max(self.progress.counters["updates"], self.ckpts.last_id + 1)
         # None, not -inf, before any evaluation: the record stays standard JSON.
         best = self.progress.best_eval if math.isfinite(self.progress.best_eval) else None
@@ -420,10 +417,3 @@ def log_foreign_backlog(url: str, rank: int, run_id: str) -> dict[str, int]:
                     "delete them when those runs are over", rank, sum(found.values()), url,
                     ", ".join(f"{k}: {v}" for k, v in sorted(found.items())), run_id or "unnamed")
     return found
-
-
-def _retention(settings: TrainSettings, run_dir: Path, spec: Spec) -> Retention | None:
-    """``--keep-rollouts``: the ingest log keeps its segments in ``<run_dir>/rollouts``
-    (None: not asked for)."""
-    c = settings.checkpoints
-    return archive_retention(run_dir, spec, int(c.keep_rollouts_max_gb * 1e9)) if c.keep_rollouts else None

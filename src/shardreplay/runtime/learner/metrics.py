@@ -1,7 +1,6 @@
-"""Run metrics: a CSV file, TensorBoard events, a live progress bar, a learning curve.
-
-Only rank 0 records; TensorBoard, rich and matplotlib are imported when used.
-``policy_lag`` is defined in docs/semantics.md ("Runs, learner lives and policy versions").
+"""Run metrics (rank 0): a CSV file, TensorBoard events, a live progress bar, a learning
+curve; TensorBoard, rich and matplotlib are imported when used. ``policy_lag``:
+docs/semantics.md ("Runs, learner lives and policy versions").
 """
 
 from __future__ import annotations
@@ -203,10 +202,9 @@ def plot_learning_curve(run_dir: Path) -> Path | None:
 
 
 def curve_points(rows: list[dict[str, str]], xkey: str, ykey: str) -> tuple[list[float], list[float]]:
-    """The points of one curve: ``ykey`` against ``xkey`` over the metrics rows that
-    have a ``ykey`` value (an evaluation is in one row only), with a gap (NaN) wherever
-    x goes back: rows a run recorded after its last checkpoint are not joined to those
-    of the life that resumed from it."""
+    """The points of one curve: ``ykey`` against ``xkey`` over the rows that have a
+    ``ykey`` value, with a gap (NaN) wherever x goes back (a resumed life's rows are not
+    joined to those its predecessor recorded after its last checkpoint)."""
     points = [(float(r[xkey]), float(r[ykey])) for r in rows if r.get(ykey) not in (None, "")]
     xs: list[float] = []
     ys: list[float] = []

@@ -1,11 +1,5 @@
-"""The small parts a learner rank's state is kept in (see :class:`~.loop.Learner`).
-
-- :class:`Progress`: what the run did so far (counters, evaluations, the metrics window:
-  :class:`MetricsWindow`).
-- :class:`Lineage`: where this life comes from (identity, the restored checkpoint, the
-  chunks it holds).
-- :class:`StorageGuard`: the first write the file system refused, kept instead of raised.
-"""
+"""The parts a learner rank's state is kept in: :class:`Progress` (with its
+:class:`MetricsWindow`), :class:`Lineage` and :class:`StorageGuard`."""
 
 from __future__ import annotations
 
@@ -104,8 +98,8 @@ class Lineage:
 
 
 class StorageGuard:
-    """The first write the file system refused (full disk, read-only): the ranks agree to
-    stop, write what they still can, and the run ends naming it.
+    """The first write the file system refused (full disk, read-only), kept instead of
+    raised: the ranks agree to stop, write what they still can, and the run ends naming it.
 
     Attributes:
         error: the first refused write of this rank (None: none).
@@ -119,9 +113,8 @@ class StorageGuard:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        """Run one of this rank's writes; one the file system refuses (full disk,
-        read-only, no permission) is kept in :attr:`error`, not raised: the rank votes
-        to stop at the next sync, and the ranks end the run writing what they still can.
+        """Run one of this rank's writes; one the file system refuses is kept in
+        :attr:`error`, not raised (the rank votes to stop at the next sync).
 
         Raises:
             OSError, ShardReplayError: any error that is not a refused write.

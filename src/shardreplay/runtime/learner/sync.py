@@ -1,8 +1,8 @@
-"""What the learner ranks agree on, and how: the per-iteration :class:`LoopSync` (every
-decision that leads into a collective is taken from it, summed over ranks by one
-all-reduce per iteration, so all ranks issue the same collectives in the same order),
-the summary's :class:`RunCounts`, the checkpoint trigger that feeds the sync, the rate
-limiter over global counts and the settings actors share.
+"""What the learner ranks agree on: the per-iteration :class:`LoopSync` (summed by one
+all-reduce; every decision that leads into a collective is taken from it, so all ranks
+issue the same collectives in the same order), the summary's :class:`RunCounts`, the
+checkpoint trigger, the :class:`RateLimiter` over global counts and the settings actors
+share.
 """
 
 from __future__ import annotations
@@ -62,8 +62,6 @@ _R = TypeVar("_R", bound=SummedRecord)
 @dataclass(frozen=True)
 class LoopSync(SummedRecord):
     """One rank's counts for an iteration of the loop; summed over ranks, the run's.
-
-    Every field is an integer and travels as int64, so sums are exact at any size.
 
     Attributes:
         steps: env steps written into the shard since the last sync.
@@ -143,14 +141,11 @@ class RunCounts(SummedRecord):
 
 
 def learner_trigger(settings: TrainSettings, run_dir: Path) -> CheckpointTrigger:
-    """The checkpoint trigger of one learner rank, its signal handlers installed.
-
-    SIGTERM / SIGINT ask to stop (a repeated SIGINT too: the ranks still agree to stop
-    and save), SIGUSR1 or ``<run_dir>/checkpoint.request`` ask for a checkpoint, and one
-    is due every ``checkpoints.interval_updates`` updates (0: only at the end). The
-    request is agreed in the loop's :class:`LoopSync`, not by the trigger's own
-    collective. A stop signal :func:`shardreplay._signals.take_over` took earlier
-    (while the process was starting) is not lost.
+    """The checkpoint trigger of one learner rank, its signal handlers installed: SIGTERM /
+    SIGINT (also repeated) ask to stop, SIGUSR1 or ``<run_dir>/checkpoint.request`` for a
+    checkpoint (agreed in the loop's :class:`LoopSync`), and one is due every
+    ``checkpoints.interval_updates`` updates (0: only at the end). A stop signal taken
+    while the process was starting (:func:`shardreplay._signals.take_over`) is not lost.
 
     Raises:
         ConfigError: not called from the main thread (Python's rule for handlers).
@@ -190,11 +185,10 @@ def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
 
 
 def make_limiter(settings: TrainSettings, world: int) -> RateLimiter:
-    """The samples-per-insert limiter of a run on ``world`` learner ranks, over global
-    counts: every rank feeds it the same all-reduced numbers, so every rank takes the
-    same decisions. One iteration inserts at most ``DRAIN_CHUNKS`` chunks of
-    ``chunk_steps * envs_per_actor`` steps per actor; the window ``offset -+ slack`` is
-    twice as wide as such an insert batch plus a sample batch needs.
+    """The samples-per-insert limiter of a run on ``world`` learner ranks, fed the same
+    all-reduced counts on every rank (so all decide alike). Its window is twice as wide
+    as an iteration's largest insert (``DRAIN_CHUNKS`` chunks per actor) plus a sample
+    batch needs.
 
     Raises:
         ConfigError: settings the limiter rejects (a non-positive ratio).

@@ -253,9 +253,9 @@ class IngestLog:
         return bool(self._sealed or self._inherited)
 
     def trim(self, latest_complete: int | None) -> int:
-        """Delete what the complete checkpoint ``latest_complete`` holds: sealed segments
-        up to it and, once it is one of this life's, the inherited files. Returns the
-        bytes freed (a file that cannot be deleted is logged and kept)."""
+        """Delete (or archive) the sealed segments the complete checkpoint
+        ``latest_complete`` holds and, once it is one of this life's, the inherited files;
+        returns the bytes freed (a file that cannot be deleted is logged and kept)."""
         if latest_complete is None:
             return 0
         freed = 0
@@ -487,11 +487,8 @@ def _check_head(head: bytes) -> str | None:
 
 class RolloutKeeper:
     """Keeps a custom loop's chunks as ``train --keep-rollouts`` does, in
-    ``<run_dir>/rollouts`` (:func:`iter_rollouts` and ``checkpoint inspect`` read them).
-
-    Call :meth:`keep` with the chunks a shard stored (before acknowledging them, for a
-    durable medium), :meth:`seal` where a segment may end (at a checkpoint: it moves into
-    the archive, and the cap applies), :meth:`close` at the end.
+    ``<run_dir>/rollouts``: :meth:`keep` the chunks a shard stored (before acknowledging
+    them), :meth:`seal` where a segment may end (it moves into the archive), :meth:`close`.
 
     Args:
         run_dir: the run directory.
@@ -650,9 +647,8 @@ def archive_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 @dataclass
 class Suspects:
-    """The chunks earlier lives logged that neither the restored checkpoint holds nor
-    this life replayed (header-only records, or a resume that goes back on purpose):
-    lost unless the medium delivers them again before this life's first checkpoint."""
+    """Chunks earlier lives logged that this life neither restored nor replayed: lost
+    unless the medium delivers them again before this life's first checkpoint."""
 
     chunks: dict[tuple[int, int], int] = field(default_factory=dict)  # identity -> steps
     checkpoint: str = "none"  # the checkpoint restored (for the report)
@@ -665,10 +661,8 @@ class Suspects:
 class LossLog:
     """Appends to ``<run_dir>/lost_chunks.jsonl`` one JSON object per run of consecutive
     sequences, ``{"actor_id", "first", "last", "chunks", "steps", "reason", "rank"}``
-    (one ``os.write`` per record, so several ranks can append to the same file): the
-    chunks lost with a crashed learner (:class:`Suspects`), those rejected (removed from
-    the medium unstored) and the entries a medium lost (``actor_id`` -1 where the
-    identities are unknown, ``steps`` -1 where the count is).
+    (one ``os.write`` each: ranks share the file): chunks lost with a crashed learner,
+    rejected ones and entries a medium lost (-1: identities or steps unknown).
 
     Args:
         run_dir: the run directory.
