@@ -25,12 +25,12 @@ from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.base import Agent
 from shardreplay.runtime.algos.networks import make_q_network
 from shardreplay.runtime.envs import EnvInfo, describe_env
-from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.policy_file import (
     POLICY_FORMAT,
     LearnerRecord,
     best_path,
     best_return,
+    evaluate,
     keep_if_best,
     learner_records,
     load_policy,

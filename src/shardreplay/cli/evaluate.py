@@ -52,8 +52,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     """``shardreplay evaluate``; returns the exit code."""
     import numpy as np
 
-    from shardreplay.runtime.learner.evaluate import evaluate
-    from shardreplay.runtime.policy_file import policy_of_run
+    from shardreplay.runtime.policy_file import evaluate, policy_of_run
 
     if args.episodes < 1:
         print("error: --episodes must be >= 1", file=sys.stderr)

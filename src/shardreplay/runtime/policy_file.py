@@ -1,9 +1,9 @@
 """A trained policy as one ``.safetensors`` file (no pickle): the published network's
 weights and, in the metadata, what rebuilds it without the run (:func:`policy_metadata`)
-and where it came from; :func:`load_policy` rebuilds it. A run keeps
-``best/policy.safetensors`` (replaced atomically when a full evaluation beats it);
-:func:`policy_of_run` takes that one, ``latest`` or a checkpoint's by id. The learner's
-per-checkpoint :class:`LearnerRecord` lives here too.
+and where it came from; :func:`load_policy` rebuilds it, :func:`evaluate` plays it. A
+run keeps ``best/policy.safetensors`` (replaced atomically when a full evaluation beats
+it); :func:`policy_of_run` takes that one, ``latest`` or a checkpoint's by id. The
+learner's per-checkpoint :class:`LearnerRecord` lives here too.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from shardreplay.checkpoint.manifest import incomplete_reason, load_manifest, re
 from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigError
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.networks import choose_network
-from shardreplay.runtime.envs import EnvInfo, EnvSource, describe_env, env_source
+from shardreplay.runtime.envs import EnvInfo, EnvSource, describe_env, env_source, make_vector_env
 from shardreplay.runtime.settings import TrainSettings, from_stored
 
 __all__ = ["BEST", "LEARNER_STATE", "POLICY_FORMAT", "LearnerRecord", "Policy", "best_path", "best_return",
-           "keep_if_best", "learner_records", "load_policy", "policy_bytes", "policy_metadata",
-           "policy_of_run", "record_file", "save_policy"]
+           "evaluate", "keep_if_best", "learner_records", "load_policy", "policy_metadata", "policy_of_run",
+           "record_file", "save_policy"]
 
 log = logging.getLogger("shardreplay.learner")
 
@@ -134,6 +134,28 @@ class Policy:
         return {k: _json_value(v) for k, v in self.meta.items()}
 
 
+def evaluate(policy: nn.Module | Callable[[torch.Tensor], np.ndarray], source: EnvSource | str, episodes: int,
+             seed: int, device: torch.device | None = None) -> list[float]:
+    """Returns of ``episodes`` episodes, run side by side (one env each), of the environment
+    ``source`` makes (a bare id: as registered). ``policy``: a function from observations
+    to deterministic actions (an algorithm's ``greedy``), or a Q-network (argmax), on
+    ``device`` (None: the CPU)."""
+    act = (lambda obs: policy(obs).argmax(dim=1).cpu().numpy()) if isinstance(policy, nn.Module) else policy
+    env, obs = make_vector_env(EnvSource(source) if isinstance(source, str) else source, episodes, seed)
+    returns = np.zeros(episodes)
+    done = np.zeros(episodes, bool)
+    try:
+        while not done.all():
+            with torch.no_grad():
+                actions = act(torch.as_tensor(obs, device=device))
+            obs, reward, terminated, truncated, _info = env.step(actions)
+            returns += np.where(done, 0.0, reward)
+            done |= np.asarray(terminated) | np.asarray(truncated)
+    finally:
+        env.close()
+    return returns.tolist()
+
+
 def _json_value(text: str) -> Any:
     """``text`` as the number, list or object it spells, else as it is."""
     try:
@@ -184,23 +206,18 @@ def _env_of(meta: Mapping[str, str], tensors: Mapping[str, torch.Tensor]) -> Env
                    action_low=tuple(low), action_high=tuple(high))
 
 
-def policy_bytes(net: nn.Module, meta: Mapping[str, str]) -> bytes:
-    """The ``.safetensors`` bytes of ``net``'s weights with ``meta``."""
-    from safetensors.torch import save
-
-    tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
-    return save(tensors, metadata=dict(meta))
-
-
 def save_policy(path: Path, net: nn.Module, meta: Mapping[str, str]) -> None:
-    """Write :func:`policy_bytes` to ``path`` atomically (a reader sees the old file or
-    the new one, whole).
+    """Write ``net``'s weights with ``meta`` to ``path`` as ``.safetensors``, atomically (a
+    reader sees the old file or the new one, whole).
 
     Raises:
         OSError: the file cannot be written.
     """
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(Path(path), policy_bytes(net, meta))
+    atomic_write_bytes(Path(path), save(tensors, metadata=dict(meta)))
 
 
 def keep_if_best(run_dir: Path, net: nn.Module, meta: Mapping[str, str], eval_return: float,

@@ -78,8 +78,8 @@ def chunk_bytes(spec: Spec, streams: int, steps: int) -> int:
     chunk = Chunk(actor_id=big, sequence=big, policy_version=big,
                   stream_ids=np.arange(big - streams + 1, big + 1, dtype=np.int64), steps=arrays,
                   priorities=np.ones(full, np.float32))
-    # The size only: writing it would load the validation kernels (numba, 4 CPU-seconds
-    # in a launcher that otherwise never needs them).
+    # The size only: writing it would load the validation kernels (numba) into a launcher
+    # that otherwise never needs them.
     return Encoding(chunk, spec).nbytes + 64
 
 

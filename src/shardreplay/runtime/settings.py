@@ -230,18 +230,13 @@ class LearnerSettings:
             if self.network not in ("auto", "mlp"):
                 raise ConfigError(f"--algo r2d2 takes flat vector observations through an LSTM, not "
                                   f"--network {self.network}: leave --network out")
-            self._check_sequences()
-
-    def _check_sequences(self) -> None:
-        """R2D2's sequences leave steps to learn from: ``burn_in + n_step < seq_len``
-        (a target looks ``n_step`` ahead) and starts no further apart than a sequence."""
-        if self.seq_period > self.seq_len:
-            raise ConfigError(f"seq_period ({self.seq_period}) must be <= seq_len ({self.seq_len}): "
-                              "sequences would leave steps of an episode out")
-        if self.burn_in + self.n_step >= self.seq_len:
-            raise ConfigError(f"--algo r2d2 needs burn_in + n_step < seq_len (a sequence learns from "
-                              f"its steps after the burn-in whose n-step target lies inside it), got "
-                              f"{self.burn_in} + {self.n_step} >= {self.seq_len}: raise --seq-len")
+            if self.seq_period > self.seq_len:
+                raise ConfigError(f"seq_period ({self.seq_period}) must be <= seq_len ({self.seq_len}): "
+                                  "sequences would leave steps of an episode out")
+            if self.burn_in + self.n_step >= self.seq_len:
+                raise ConfigError(f"--algo r2d2 needs burn_in + n_step < seq_len (a sequence learns from "
+                                  f"its steps after the burn-in whose n-step target lies inside it), got "
+                                  f"{self.burn_in} + {self.n_step} >= {self.seq_len}: raise --seq-len")
 
 
 @dataclass(frozen=True)

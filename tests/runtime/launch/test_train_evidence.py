@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from shardreplay.runtime.learner.evaluate import evaluate
+from shardreplay.runtime.policy_file import evaluate
 from tests.support.train_runs import TrainRun, manifest_counters, newest_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]

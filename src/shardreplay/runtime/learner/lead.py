@@ -23,11 +23,10 @@ from shardreplay.policy.broadcast import FINISHED, RunInfo
 from shardreplay.runtime.algos.base import Algorithm
 from shardreplay.runtime.devices import Placement
 from shardreplay.runtime.envs import EnvInfo, reward_threshold
-from shardreplay.runtime.learner.evaluate import evaluate
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
 from shardreplay.runtime.learner.state import Lineage, MetricsWindow, Progress, StorageGuard
 from shardreplay.runtime.learner.sync import LoopSync, agreed_settings
-from shardreplay.runtime.policy_file import best_return, keep_if_best, policy_metadata
+from shardreplay.runtime.policy_file import best_return, evaluate, keep_if_best, policy_metadata
 from shardreplay.runtime.settings import TrainSettings
 
 log = logging.getLogger("shardreplay.learner")

@@ -170,8 +170,7 @@ def plot_learning_curve(run_dir: Path) -> Path | None:
     path = Path(run_dir) / "metrics.csv"
     if not path.exists():
         return None
-    # A bare Figure, not pyplot: no backend to choose, no global figure registry, and a
-    # third less import time (0.2 CPU-s of every run's end).
+    # A bare Figure, not pyplot: no backend to choose, no global figure registry, less to import.
     from matplotlib.figure import Figure
 
     with open(path, newline="") as f:
