@@ -109,12 +109,9 @@ def pack_header(shard: int, world: int, actor_id: int, sequence: int, prev: int,
                 data: memoryview | bytes | None, insert_ns: int = -1) -> bytes:
     """The 80-byte header of one record (see the module docstring); ``data`` None: a
     header-only record."""
-    if data is None:
-        head = _HEAD.pack(MAGIC, VERSION, HEADER_ONLY, shard, world, 0, actor_id, sequence, prev, steps,
-                          insert_ns, _EMPTY_DIGEST)
-    else:
-        head = _HEAD.pack(MAGIC, VERSION, 0, shard, world, len(data), actor_id, sequence, prev, steps,
-                          insert_ns, xxh3_64(data))
+    flags, length, digest = (HEADER_ONLY, 0, _EMPTY_DIGEST) if data is None else (0, len(data), xxh3_64(data))
+    head = _HEAD.pack(MAGIC, VERSION, flags, shard, world, length, actor_id, sequence, prev, steps, insert_ns,
+                      digest)
     return head + _DIGEST.pack(xxh64(head))
 
 
@@ -232,9 +229,7 @@ class IngestLog:
         Raises:
             OSError: the new segment cannot be created.
         """
-        self._sync()
-        os.close(self._fd)
-        self._fd = -1
+        self.close()
         sealed = self.path.with_name(self.path.name.replace(".wal", f".upto-{checkpoint_id}.wal"))
         try:
             os.replace(self.path, sealed)
@@ -289,10 +284,6 @@ class IngestLog:
             log.warning("cannot move the ingest log %s into the rollouts archive: %s", path, exc)
             return False
 
-    def _sync(self) -> None:
-        if self.fsync and self._fd >= 0:
-            os.fdatasync(self._fd)
-
     def close(self) -> None:
         """Close the open segment (it stays for the next life to replay), synced first.
 
@@ -300,7 +291,8 @@ class IngestLog:
             OSError: the sync failed.
         """
         if self._fd >= 0:
-            self._sync()
+            if self.fsync:
+                os.fdatasync(self._fd)
             os.close(self._fd)
             self._fd = -1
 
