@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from shardreplay.cli import plain
-from shardreplay.errors import ShardReplayError
+from shardreplay.errors import ConfigError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -49,22 +48,21 @@ def resolve_which(run_dir: Path, which: str | None) -> str:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    """``shardreplay evaluate``; returns the exit code."""
+    """``shardreplay evaluate``; returns the exit code.
+
+    Raises:
+        ShardReplayError: no such run or policy, or a bad flag (``main`` prints it, exit 2).
+    """
     import numpy as np
 
     from shardreplay.runtime.policy_file import evaluate, policy_of_run
 
     if args.episodes < 1:
-        print("error: --episodes must be >= 1", file=sys.stderr)
-        return 2
+        raise ConfigError("--episodes must be >= 1")
     which = resolve_which(args.run_dir, args.which)
-    try:
-        policy = policy_of_run(args.run_dir, which)
-        # Also makes the environment (its --env-import module may be missing here).
-        returns = evaluate(policy.greedy(), policy.source, args.episodes, seed=args.seed)
-    except (ShardReplayError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    policy = policy_of_run(args.run_dir, which)
+    # Also makes the environment (its --env-import module may be missing here).
+    returns = evaluate(policy.greedy(), policy.source, args.episodes, seed=args.seed)
     out = {"run_dir": str(args.run_dir), "which": which, "algo": policy.algo, "episodes": args.episodes,
            "mean_return": float(np.mean(returns)), "returns": returns,
            **{k: v for k, v in policy.described().items() if k in ("updates", "env_steps", "eval_return",

@@ -54,7 +54,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """``shardreplay export``; returns the exit code."""
+    """``shardreplay export``; returns the exit code.
+
+    Raises:
+        ShardReplayError: no such run or policy (``main`` prints it, exit 2).
+    """
     if args.minari is not None:
         return _export_minari(args)
     if args.out is None:
@@ -63,12 +67,8 @@ def run_export(args: argparse.Namespace) -> int:
     from shardreplay.runtime.policy_file import policy_of_run, save_policy
 
     which = resolve_which(args.run_dir, args.which)
-    try:
-        policy = policy_of_run(args.run_dir, which)
-        save_policy(args.out, policy.net, policy.meta)
-    except (ShardReplayError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    policy = policy_of_run(args.run_dir, which)
+    save_policy(args.out, policy.net, policy.meta)
     print(json.dumps({"out": str(args.out), "which": which, **policy.described()}))
     return 0
 

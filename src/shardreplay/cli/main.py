@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from shardreplay import _signals
+from shardreplay.errors import ShardReplayError
 
 _SUBCOMMANDS = (
     "shardreplay.cli.train",
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     Ctrl-C and SIGTERM are recorded from here on, before the subcommands' imports
     (torch, numba: seconds): ``train`` stops at its own points, at any moment of its
     start-up (see :mod:`shardreplay._signals`); any other command gets the
-    default handlers back, and a signal taken meanwhile then acts as it would have.
+    default handlers back, and a signal taken meanwhile then acts as it would have. A
+    :class:`ShardReplayError` (or a missing file) a command raises is one line
+    ``error: ...`` on stderr, exit code 2.
     """
     restore = _signals.take_over()
     try:
@@ -49,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             _signals.redeliver(restore)
             restore = None
         return int(args.func(args))
+    except (ShardReplayError, FileNotFoundError) as exc:  # a command's refusal: one line, exit 2
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         if restore is not None:
             restore()

@@ -175,7 +175,7 @@ class Sac(LearnerState):
         self.log_alpha = nn.Parameter(torch.tensor(math.log(settings.init_alpha), dtype=torch.float32,
                                                    device=device))
         if world > 1:  # every rank starts from rank 0's networks, as DDP does
-            for t in self._tensors(actor, critic):
+            for t in [*actor.parameters(), *actor.buffers(), *critic.parameters(), self.log_alpha]:
                 dist.broadcast(t.data, src=0, group=self.placement.ddp_group)  # every rank is in it
         self.critic_target = copy.deepcopy(critic).requires_grad_(False)
         self.actor_opt = torch.optim.Adam(actor.parameters(), lr=settings.actor_lr)
@@ -184,9 +184,6 @@ class Sac(LearnerState):
         dim = int(actor.mean.out_features)
         self.target_entropy = -float(dim) if settings.target_entropy is None else settings.target_entropy
         self.updates = 0
-
-    def _tensors(self, actor: nn.Module, critic: nn.Module) -> list[torch.Tensor]:
-        return [*actor.parameters(), *actor.buffers(), *critic.parameters(), self.log_alpha]
 
     @property
     def module(self) -> nn.Module:
