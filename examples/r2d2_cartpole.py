@@ -39,7 +39,7 @@ from shardreplay import Field, ReplayBuffer, Spec, StepType, sample_sequences, s
 from shardreplay.gym.pomdp import ENV_ID, make_masked_cartpole
 from shardreplay.runtime.algos.base import apex_epsilons
 from shardreplay.runtime.algos.r2d2 import R2D2, RecurrentQ, sequence_loss
-from shardreplay.runtime.learner.evaluate import evaluate as evaluate_policy
+from shardreplay.runtime.policy_file import evaluate as evaluate_policy
 
 
 @dataclass(frozen=True)
