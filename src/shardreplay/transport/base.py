@@ -204,17 +204,9 @@ class RecentIds:
 
 class IntakeReader:
     """What every reader end shares: decoding, validation, de-duplication and counting
-    (:attr:`stats`), and :meth:`receive`, which checks its arguments and hands the
-    medium's ``_receive`` a deadline.
-
-    Args:
-        spec: the learner's spec.
-        max_chunk_bytes: larger chunks are rejected unread where possible.
-        dedup_window: sequences remembered per actor for duplicate detection.
-        medium: a label for log lines (``"spool /data"``, ``"redis ..."``).
-
-    Attributes:
-        stats: counters of received, duplicate, rejected (quarantined on a spool) and lost chunks.
+    (:attr:`stats`: received, duplicate, rejected and lost chunks), and :meth:`receive`,
+    which hands the medium's ``_receive`` a deadline. ``spec``, ``max_chunk_bytes`` and
+    ``dedup_window`` as the transport has them; ``medium`` labels log lines.
 
     Raises:
         ConfigError: ``max_chunk_bytes`` < 64 or ``dedup_window`` < 1.

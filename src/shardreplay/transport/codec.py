@@ -84,10 +84,6 @@ _PACKED_FROM = 40  # the packed checksum covers every byte after it
 _ZSTD_LEVEL = 1  # level 1: most of the ratio on frames at a fraction of level 3's CPU
 
 
-def _wire_dtype(dtype: np.dtype) -> np.dtype:
-    return dtype.newbyteorder("<")  # the wire is little-endian; one-byte types stay "|"
-
-
 def _align8(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -98,8 +94,9 @@ class _SpecInfo:
     def __init__(self, spec: Spec) -> None:
         self.spec = spec  # held so that id(spec) is not reused while cached
         self.fingerprint = spec.fingerprint
-        # Each step array's name, wire dtype and shape of one step (a chunk adds [S, T]).
-        self.fields = [(name, _wire_dtype(dtype), shape) for name, dtype, shape in
+        # Each step array's name, wire dtype (little-endian; one-byte types stay "|") and
+        # shape of one step (a chunk adds [S, T]).
+        self.fields = [(name, dtype.newbyteorder("<"), shape) for name, dtype, shape in
                        step_parts(spec.fields, (), _STEP_PREFIX)]
         self.layouts: dict[tuple[int, int, bool], _Layout] = {}  # live and die with this entry
         self.headers: dict[bytes, _Layout] = {}  # header bytes already checked -> their layout
