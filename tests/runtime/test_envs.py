@@ -60,7 +60,6 @@ def test_env_import_registers_a_pixel_env_made_channels_first(pixel_module: str)
     source = EnvSource("Blink-v0", (pixel_module,), {"length": 5})
     info = describe_env(source)
     assert (info.obs_shape, info.obs_dtype, info.frame_stack) == ((3, 12, 12), np.uint8, 0)
-    assert info.is_image
     env, obs = make_vector_env(source, 2, seed=0)
     try:
         assert obs.shape == (2, 3, 12, 12) and obs.dtype == np.uint8

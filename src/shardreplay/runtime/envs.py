@@ -64,11 +64,6 @@ class EnvInfo:
         """True for Box (real-valued) actions."""
         return bool(self.action_shape)
 
-    @property
-    def is_image(self) -> bool:
-        """True for images ``[C, H, W]``."""
-        return len(self.obs_shape) == 3
-
 
 def env_source(env_id: str, env_import: str = "", env_kwargs: str = "") -> EnvSource:
     """The :class:`EnvSource` of ``--env-id``, ``--env-import`` (comma-separated module
