@@ -87,13 +87,15 @@ def run_inspect(args: argparse.Namespace) -> int:
         if kind == "checkpoint":
             doc: dict[str, Any] = _summary().summarize(path, priorities=priorities)
         else:
+            from shardreplay.runtime.learner.wal import archive_summary
+
             newest = latest_complete(path)
             summary = _summary()
             doc = {"root": str(path), "checkpoints": summary.list_status(path),
                    "newest_complete": newest,
                    "newest": None if newest is None else summary.summarize(checkpoint_dir(path, newest),
                                                                            priorities=priorities),
-                   "rollouts": _rollouts(path)}
+                   "rollouts": archive_summary(path.parent)}  # the run's (None: none)
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -104,13 +106,6 @@ def run_inspect(args: argparse.Namespace) -> int:
     else:
         print("\n".join(_describe_root(doc)))
     return 1 if (doc.get("rollouts") or {}).get("damaged") else 0
-
-
-def _rollouts(root: Path) -> dict[str, Any] | None:
-    """The rollouts archive of the run whose checkpoint root is ``root`` (None: none)."""
-    from shardreplay.runtime.learner.wal import archive_summary
-
-    return archive_summary(root.parent)
 
 
 def run_verify(args: argparse.Namespace) -> int:

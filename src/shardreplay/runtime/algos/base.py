@@ -53,7 +53,8 @@ class Agent(Protocol):
 
 
 class ActorPolicy(Protocol):
-    """What an actor acts with: the published network and its exploration."""
+    """What an actor acts with: the published network and its exploration (the recurrent
+    state's methods default to a feed-forward policy's: no state, nothing stored)."""
 
     def load(self, weights: Mapping[str, Any]) -> None:
         """Take newly published weights."""
@@ -61,7 +62,7 @@ class ActorPolicy(Protocol):
 
     def initial_state(self, num_envs: int) -> Any:
         """The recurrent state at the start (None: a feed-forward policy)."""
-        ...
+        return None
 
     def act(self, obs: np.ndarray, state: Any, run_steps: int) -> tuple[np.ndarray, Any]:
         """Actions for observations ``[num_envs, ...]`` and the next state;
@@ -71,12 +72,12 @@ class ActorPolicy(Protocol):
     def end_episodes(self, state: Any, starting: np.ndarray) -> Any:
         """``state`` with the rows of envs whose next observation starts an episode
         (bool ``[num_envs]``) reset."""
-        ...
+        return None
 
     def stored(self, state: Any) -> dict[str, np.ndarray]:
         """The spec fields (``[num_envs, ...]``, copies) written with the steps acted
         from ``state``: ``{}`` for a policy that stores no recurrent state."""
-        ...
+        return {}
 
 
 class Algorithm(Protocol):
@@ -127,23 +128,6 @@ class Algorithm(Protocol):
         """A function from observations ``[B, ...]`` (a tensor) to the evaluation's
         deterministic actions (numpy) of the published ``module``."""
         ...
-
-
-class FeedForward:
-    """The part of an :class:`ActorPolicy` without recurrent state: nothing to start,
-    reset or store beside the steps."""
-
-    def initial_state(self, num_envs: int) -> None:
-        """No recurrent state."""
-        return None
-
-    def end_episodes(self, state: None, starting: np.ndarray) -> None:
-        """No recurrent state."""
-        return None
-
-    def stored(self, state: None) -> dict[str, np.ndarray]:
-        """Nothing stored beside the steps."""
-        return {}
 
 
 def warmup(eps: np.ndarray, run_steps: int, warmup_steps: int) -> np.ndarray:

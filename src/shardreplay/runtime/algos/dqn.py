@@ -21,7 +21,6 @@ from shardreplay.runtime.algos.base import (
     ActorPolicy,
     Algorithm,
     ApexExploration,
-    FeedForward,
     network_weights,
 )
 from shardreplay.runtime.envs import EnvInfo
@@ -69,13 +68,6 @@ def mlp_hidden(weights: Mapping[str, Any], obs_size: int, num_actions: int,
     return hidden
 
 
-def _float32(value: Any) -> np.ndarray:
-    """A float32 copy of a published array or a CPU torch tensor (without importing torch)."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    return np.array(value, dtype=np.float32)
-
-
 class NumpyQNetwork:
     """:class:`~shardreplay.runtime.algos.networks.QNetwork`'s forward pass in NumPy:
     ``x -> relu(x W_i^T + b_i) -> ... -> x W_n^T + b_n`` in float32.
@@ -97,7 +89,9 @@ class NumpyQNetwork:
         Raises:
             ConfigError: other names or shapes than this network's.
         """
-        arrays = {k: _float32(v) for k, v in network_weights(weights).items()}
+        # float32 copies; a CPU torch tensor read without importing torch
+        arrays = {k: np.array(v.detach().cpu().numpy() if hasattr(v, "detach") else v, dtype=np.float32)
+                  for k, v in network_weights(weights).items()}
         got = {k: tuple(a.shape) for k, a in arrays.items()}
         if got != self.shapes:
             raise ConfigError(f"the published weights {got} are not this actor's Q-network {self.shapes}: "
@@ -125,7 +119,7 @@ class NumpyQNetwork:
         return x
 
 
-class NumpyEpsilonGreedyPolicy(FeedForward):
+class NumpyEpsilonGreedyPolicy(ActorPolicy):
     """An actor's MLP Q-network in NumPy with Ape-X exploration: the
     :class:`~shardreplay.runtime.algos.base.ActorPolicy` of ``--algo dqn`` on the CPU.
 

@@ -25,7 +25,7 @@ from torch import nn
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import FeedForward, check_fits
+from shardreplay.runtime.algos.base import check_fits
 from shardreplay.runtime.algos.dqn import mlp_hidden
 from shardreplay.runtime.algos.networks import QNetwork, make_q_network
 from shardreplay.runtime.algos.torch_parts import ApexActor, QLearner, flat_observations
@@ -83,7 +83,7 @@ class DoubleDqn(QLearner):
         return td.detach().abs() + s.priority_eps, float(loss.detach())
 
 
-class EpsilonGreedyPolicy(FeedForward, ApexActor):
+class EpsilonGreedyPolicy(ApexActor):
     """An actor's torch Q-network with Ape-X exploration (:class:`~.torch_parts.ApexActor`):
     image networks and CUDA actors (an MLP on the CPU acts in NumPy, :class:`~.dqn.NumpyEpsilonGreedyPolicy`).
 

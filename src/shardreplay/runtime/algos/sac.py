@@ -34,7 +34,7 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import Algorithm, FeedForward, check_fits, network_weights, warmup
+from shardreplay.runtime.algos.base import Algorithm, check_fits, network_weights, warmup
 from shardreplay.runtime.algos.networks import mlp
 from shardreplay.runtime.algos.torch_parts import (
     LearnerState,
@@ -252,7 +252,7 @@ class Sac(LearnerState):
                 "alpha_opt": self.alpha_opt}
 
 
-class SampledPolicy(FeedForward, TorchPolicy):
+class SampledPolicy(TorchPolicy):
     """An actor's SAC policy: actions sampled from the published tanh-Gaussian, uniformly
     random ones with probability falling from 1 to 0 over the run's warm-up
     (``epsilon_warmup_steps``).

@@ -15,7 +15,7 @@ from torch import nn
 
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import ApexExploration
+from shardreplay.runtime.algos.base import ActorPolicy, ApexExploration
 
 __all__ = ["ApexActor", "LearnerState", "Part", "QLearner", "TorchPolicy", "flat_observations",
            "soft_update", "unwrap"]
@@ -132,7 +132,7 @@ class QLearner(LearnerState):
         return {self.state_key: self.module, "target": self.target, "optimizer": self.optimizer}
 
 
-class TorchPolicy:
+class TorchPolicy(ActorPolicy):
     """An actor's torch network on the actor's device (``s.device``), loaded from published
     weights (tensors or arrays).
 
