@@ -44,7 +44,7 @@ from shardreplay._hashing import xxh3_64, xxh64
 from shardreplay._io import atomic_write_bytes, fsync_dir
 from shardreplay.errors import ConfigError, CorruptChunkError
 from shardreplay.spec import Spec
-from shardreplay.transport.codec import Chunk, decode, is_packed
+from shardreplay.transport.codec import Chunk, decode, encode, is_packed, pack
 
 __all__ = ["CRASHED", "IngestLog", "KeptChunk", "LogRecord", "LogScan", "LossLog", "Retention",
            "RolloutKeeper", "Suspects", "archive_retention", "archive_summary", "iter_rollouts", "log_files",
@@ -328,8 +328,6 @@ def archive_retention(run_dir: Path, spec: Spec, max_bytes: int = 0) -> Retentio
     Raises:
         OSError: the directory or ``spec.json`` cannot be written.
     """
-    from shardreplay.transport.codec import pack
-
     (run_dir / ROLLOUTS_DIR).mkdir(parents=True, exist_ok=True)
     # Not sorted: a reader decodes the chunks with the fields in this order.
     atomic_write_bytes(run_dir / ROLLOUTS_DIR / SPEC_FILE, json.dumps(spec.to_dict()).encode())
@@ -507,8 +505,6 @@ class RolloutKeeper:
         Raises:
             OSError: the write failed.
         """
-        from shardreplay.transport.codec import encode
-
         batch: list[tuple[memoryview | None, int, int, int, int]] = []
         for c in chunks:
             data = c.wire if c.wire is not None else memoryview(encode(c, self.spec))
