@@ -21,9 +21,6 @@ from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.actor.settings import AGREED, ActorSettings
 
 _HELP = field_help(ActorSettings)
-_INT = ("num_actors", "num_shards", "envs_per_actor", "chunk_steps", "queued_chunks_per_actor",
-        "epsilon_warmup_steps", "max_env_steps", "seed")
-_FLOAT = ("epsilon_base", "epsilon_exponent")
 
 
 class _Deprecated(argparse.Action):
@@ -50,7 +47,7 @@ def add_parser(subparsers: Any) -> None:
                         "transport exists only inside shardreplay train")
     for name in (*AGREED, "max_env_steps", "policy_wait_s", "seed", "policy_check_interval_s"):
         default = defaults[name]
-        kind = int if name in _INT else float if name in _FLOAT else str if default is None else type(default)
+        kind = {"int": int, "float": float}.get(ActorSettings.__annotations__[name].split(" |")[0], str)
         text = _HELP.get(name, "")
         if name in AGREED:
             # "%(default).0s" prints nothing; it keeps argparse from adding "(default: None)".

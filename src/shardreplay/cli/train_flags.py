@@ -1,10 +1,6 @@
-"""The flags of ``shardreplay train``: one per setting of :class:`TrainSettings`, in its groups.
-
-Each flag is a setting's flat name (``--replay-capacity`` sets ``replay.capacity``); its
-help is the setting's line of its group's docstring, with its one default. Flags default
-to None, so :func:`given_settings` knows which ones the command line gave (they win over
-``--config`` and over a resumed run's settings).
-"""
+"""The flags of ``shardreplay train``: one per setting of :class:`TrainSettings` (``--replay-capacity``
+sets ``replay.capacity``), its help the setting's line of its group's docstring. Flags
+default to None, so :func:`given_settings` knows which ones the command line gave."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """``file:///dir`` policy broadcast: immutable safetensors files plus a version note.
 
-Publishing version ``v`` writes ``policy-<v>.safetensors`` (temp name, fsync, rename), then
-replaces ``policy.version`` (``{"version", "file", "crc32", "run"}``) the same way, then
-deletes every weights file but the newest ``keep`` it wrote itself (an earlier
-publisher's go at the first publish, whatever their versions). The note is written after
-the file it names, so a subscriber gets exactly that version's weights or, if the file was
-pruned meanwhile, nothing and tries again; a file rewritten under the same version fails
-the note's checksum (counted). The safetensors metadata must agree with the note's
-version. A publisher's first act is to delete the temp files a dead one left (one
-publisher per directory: its run's learner rank 0).
-"""
+Publishing version ``v`` writes ``policy-<v>.safetensors``, then replaces ``policy.version``
+(``{"version", "file", "crc32", "run"}``), each by temp name, fsync and rename, then prunes
+old weights files. The note is written after the file it names, so a subscriber gets
+exactly that version's weights, or (the file pruned meanwhile) nothing and tries again; a
+file rewritten under the same version fails the note's checksum (counted). Crashed
+publishers' temp files and pruning: docs/semantics.md, "Runs, learner lives and policy versions"."""
 
 from __future__ import annotations
 

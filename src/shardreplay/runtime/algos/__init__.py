@@ -1,12 +1,7 @@
-"""The algorithms of ``shardreplay train``, one module each behind :mod:`.base`'s interface,
-and what the launcher and the actors decide about them without importing torch: the
-action space each takes (:data:`ACTIONS`), the Spec its actors write (:func:`spec_of`) and
-the Q-network an observation shape takes (:func:`choose_network`).
-
-:func:`algorithm` gives the one ``--algo`` names (``dqn``, ``sac``, ``r2d2``). A new
-algorithm is one module with an :class:`~.base.Algorithm` named as its module in capitals,
-its name in ``settings.ALGOS`` and here.
-"""
+"""The algorithms of ``shardreplay train`` (:func:`algorithm`: the one ``--algo`` names; one
+module each behind :mod:`.base`'s interface, its ``Algorithm`` named as the module in
+capitals), and what is decided about them without torch: the action space
+(:data:`ACTIONS`), the Spec actors write (:func:`spec_of`), the Q-network (:func:`choose_network`)."""
 
 from __future__ import annotations
 

@@ -63,14 +63,9 @@ class RecurrentQ(nn.Module):
         self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
         self.head = nn.Linear(hidden, num_actions)
 
-    @property
-    def hidden(self) -> int:
-        """Units of the LSTM state."""
-        return int(self.lstm.hidden_size)
-
     def initial_state(self, batch: int, device: torch.device | None = None) -> State:
         """The zero state ``([B, H], [B, H])`` an episode starts from."""
-        zeros = torch.zeros(batch, self.hidden, device=device)
+        zeros = torch.zeros(batch, self.lstm.hidden_size, device=device)
         return zeros, zeros.clone()
 
     def forward(self, obs: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
@@ -230,12 +225,7 @@ class RecurrentPolicy(ApexActor):
 
 
 class R2d2Algorithm(Algorithm):
-    """``--algo r2d2``: a recurrent Q-network on sequences (see the module docstring).
-
-    From the train settings: ``--hidden`` (its last size is the LSTM's), ``--n-step``,
-    ``--gamma``, ``--lr``, ``--target-update-interval``, ``--seq-len``, ``--seq-period``
-    and ``--burn-in``; ``--alpha`` is the sequence priorities' exponent (R2D2's 0.9).
-    """
+    """``--algo r2d2``: a recurrent Q-network on sequences (the flags it takes: docs/train.md)."""
 
     name = "r2d2"
     actions = "discrete"

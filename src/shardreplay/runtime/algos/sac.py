@@ -286,13 +286,8 @@ class SampledPolicy(TorchPolicy):
 
 
 class SacAlgorithm(Algorithm):
-    """``--algo sac``: Soft Actor-Critic on flat Box actions (see the module docstring).
-
-    From the train settings: ``--gamma``, ``--hidden`` (policy and critics), ``--lr`` (the
-    critics' and the temperature's learning rate; the policy learns at ``lr / 3``, as
-    CleanRL's 3e-4 against 1e-3). ``--target-update-interval`` is DQN's: SAC's targets move
-    every update by ``tau`` = 0.005.
-    """
+    """``--algo sac``: Soft Actor-Critic on flat Box actions (the flags it takes, ``--lr``
+    for the critics and the temperature, ``lr / 3`` for the policy: docs/train.md)."""
 
     name = "sac"
     actions = "box"
