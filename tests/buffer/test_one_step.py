@@ -223,7 +223,7 @@ def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest
 
 def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
     """Steps in the stored dtypes go to the kernel as they come, also right after a list
-    step (which is read as arrays first); each stores what the full path stores."""
+    step (whose values are converted first); each stores what the full path stores."""
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
@@ -235,7 +235,7 @@ def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
                           (natural, False)):
         fast.add(given)
         full.add(given)
-        assert short._direct == direct
+        assert (short._fix == ()) == direct
         assert_same(_observed(fast), _observed(full))
     assert fast.num_steps == 12
 
@@ -252,40 +252,47 @@ def _counted_casts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return casts
 
 
+# Each kind, and the values of it that are not in their stored form (converted once each).
 NATURAL_KINDS = {
-    "int64 step types": lambda st: {**st, "step_type": st["step_type"].astype(np.int64)},
-    "float64": lambda st: {**st, "obs": st["obs"].astype(np.float64), "reward": st["reward"].astype(float)},
-    "int32 action": lambda st: {**st, "action": st["action"].astype(np.int32)},
-    "strided": lambda st: {**st, "obs": np.repeat(st["obs"], 2, axis=-1)[..., ::2]},
-    "lists": lambda st: {k: v.tolist() for k, v in st.items()},
-    "torch": lambda st: {k: torch.from_numpy(v.copy()) for k, v in st.items()},
-    "bool discount": lambda st: {**st, "discount": st["step_type"] != 2},
-    "int discount": lambda st: {**st, "discount": (st["step_type"] != 2).astype(np.int64)},
+    "int64 step types": (lambda st: {**st, "step_type": st["step_type"].astype(np.int64)}, ["step_type"]),
+    "float64": (lambda st: {**st, "obs": st["obs"].astype(np.float64), "reward": st["reward"].astype(float)},
+                ["obs", "reward"]),
+    "int32 action": (lambda st: {**st, "action": st["action"].astype(np.int32)}, ["action"]),
+    "strided": (lambda st: {**st, "obs": np.repeat(st["obs"], 2, axis=-1)[..., ::2]}, ["obs"]),
+    "lists": (lambda st: {k: v.tolist() for k, v in st.items()}, ["step_type", "obs", "action", "reward"]),
+    "torch": (lambda st: {k: torch.from_numpy(v.copy()) for k, v in st.items()},
+              ["step_type", "obs", "action", "reward"]),
+    "bool discount": (lambda st: {**st, "discount": st["step_type"] != 2}, ["discount"]),
+    "int discount": (lambda st: {**st, "discount": (st["step_type"] != 2).astype(np.int64)}, ["discount"]),
 }
 
 
 @pytest.mark.parametrize("kind", NATURAL_KINDS)
-def test_natural_inputs_go_to_the_kernel_without_a_cast_in_python(kind: str,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Numpy arrays of any dtype and layout, lists, tensors and bool or integer discounts
-    reach the compiled kernel uncast (lists and tensors read as arrays only); the kernel
-    is compiled for their kind once (none for tensors of the stored dtypes). Each step
-    stores what the full path stores, and a value that cannot be stored is refused with
-    the full path's one-line error, nothing written."""
+def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Numpy arrays of another dtype or layout, lists, tensors and bool or integer
+    discounts take the short path: each value not in its stored form is converted once
+    (``as_stored``), the others are not touched, and the kernel stays compiled for the
+    stored form only (a compiled form per kind costs a compile each, seconds of a cold
+    cache). Each step stores what the full path stores, and a value that cannot be
+    stored is refused with the full path's one-line error, nothing written."""
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
     casts = _counted_casts(monkeypatch)
     rng = np.random.default_rng(3)
+    natural, converted = NATURAL_KINDS[kind]
     for t in range(6):
         step = _good(SPECS["vector"], 2, rng)
         step.pop("discount", None)
         step["step_type"] = np.array([t % 3, 1], np.uint8)
-        given = NATURAL_KINDS[kind](step)
+        given = natural(step)
         assert short.add(given)  # the short path took it
         full.add(given)
         assert_same(_observed(fast), _observed(full))
-    assert casts == [] and short._kinds == (0 if kind == "torch" else 1)
+        assert casts == converted
+        casts.clear()
+    assert len(short._kernel.overloads) == 1
     bad = {**given, "action": np.full(2, 1.5)} if kind != "int64 step types" else \
         {**given, "step_type": np.array([1, 300])}
     before = snapshot(fast)
@@ -293,6 +300,25 @@ def test_natural_inputs_go_to_the_kernel_without_a_cast_in_python(kind: str,
         fast.add(bad)
     assert "\n" not in str(info.value)
     assert_same(snapshot(fast), before)
+
+
+def test_every_kind_of_input_in_turn_keeps_one_compiled_kernel() -> None:
+    """The whole matrix of kinds through one writer, in turn: every step takes the short
+    path and the kernel has one compiled form at the end."""
+    fast, full = _pair(SPECS["vector"], 2, "uniform")
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    rng = np.random.default_rng(4)
+    kinds = [natural for natural, _ in NATURAL_KINDS.values()]
+    for t in range(3 * len(kinds)):
+        step = _good(SPECS["vector"], 2, rng)
+        step.pop("discount", None)
+        step["step_type"] = np.array([t % 3, 1], np.uint8)
+        given = kinds[t % len(kinds)](step)
+        assert short.add(given)
+        full.add(given)
+        assert_same(_observed(fast), _observed(full))
+    assert len(short._kernel.overloads) == 1
 
 
 def test_the_short_path_is_built_after_many_one_step_adds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -221,31 +221,36 @@ def test_fields_of_any_shape_and_strided_inputs_store_what_the_converter_stores(
     assert writer.num_steps == conv.num_steps == 80 and writer.num_episodes == conv.num_episodes > 2
 
 
+# Each kind, and the values of it that are not in their stored form (converted once each).
 GYM_KINDS = {
-    "list_action": lambda a, o, r: (a.tolist(), o, r),
-    "torch": lambda a, o, r: (torch.from_numpy(a.copy()), torch.from_numpy(o.copy()), r),
-    "float64_obs_and_reward": lambda a, o, r: (a, o.astype(np.float64), r.astype(np.float64)),
-    "int32_action": lambda a, o, r: (a.astype(np.int32), o, r),
-    "strided_obs": lambda a, o, r: (a, np.repeat(o, 2, axis=1)[:, ::2], r),
+    "list_action": (lambda a, o, r: (a.tolist(), o, r), {"action"}),
+    "torch": (lambda a, o, r: (torch.from_numpy(a.copy()), torch.from_numpy(o.copy()), r), {"action", "obs"}),
+    "float64_obs_and_reward": (lambda a, o, r: (a, o.astype(np.float64), r.astype(np.float64)),
+                               {"obs", "reward"}),
+    "int32_action": (lambda a, o, r: (a.astype(np.int32), o, r), {"action"}),
+    "strided_obs": (lambda a, o, r: (a, np.repeat(o, 2, axis=1)[:, ::2], r), {"obs"}),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(GYM_KINDS))
 def test_natural_inputs_take_the_one_step_writer_and_store_what_typed_inputs_store(kind, monkeypatch):
-    """Each kind goes to the compiled write uncast (lists and tensors read as arrays, the
-    kernel casts): no step goes through the full validation (patched to raise here) or a
-    cast in Python, and the buffer holds what typed inputs give."""
+    """Each kind takes the compiled write: no step goes through the full validation
+    (patched to raise here), each value not in its stored form is converted once in
+    Python and no other is, the write stays compiled for the stored form only, and the
+    buffer holds what typed inputs give."""
     bufs = [ReplayBuffer(SPEC, num_streams=2, stream_capacity=16, window=2, seed=0) for _ in range(2)]
     writers = [GymStepWriter(b, autoreset_mode="next_step") for b in bufs]
 
     def no_full_path(*args):
         raise AssertionError("a natural input went through the full validation")
     monkeypatch.setattr(validation, "validate", no_full_path)
-
-    def no_cast(*args, **kwargs):
-        raise AssertionError("a natural input was cast in Python")
+    casts = []
     for module in (coerce, one_step):
-        monkeypatch.setattr(module, "as_stored", no_cast)
+        def counted(name, *args, _cast=module.as_stored, **kwargs):
+            casts.append(name)
+            return _cast(name, *args, **kwargs)
+        monkeypatch.setattr(module, "as_stored", counted)
+    natural, converted = GYM_KINDS[kind]
     rng = np.random.default_rng(3)
     obs = rng.standard_normal((2, 4)).astype(np.float32)
     for w in writers:
@@ -254,11 +259,13 @@ def test_natural_inputs_take_the_one_step_writer_and_store_what_typed_inputs_sto
         action, obs = rng.integers(0, 3, 2), rng.standard_normal((2, 4)).astype(np.float32)
         reward, term = rng.random(2).astype(np.float32), rng.random(2) < 0.2
         writers[0].step(action, obs, reward, term, np.zeros(2, bool))
-        writers[1].step(*GYM_KINDS[kind](action, obs, reward), term, np.zeros(2, bool))
+        writers[1].step(*natural(action, obs, reward), term, np.zeros(2, bool))
     a, b = (w.buffer.state_dict()["arrays"] for w in writers)
     for name, arr in a.items():
         np.testing.assert_array_equal(arr, b[name], err_msg=name)
     assert writers[1].num_steps == 40
+    assert set(casts) <= converted and len(casts) <= 20 * len(converted)
+    assert len(writers[1]._write_held.__self__._held.overloads) == 1
 
 
 def _pixel_run(spec: Spec, mode: str, num_envs: int, steps: int, seed: int):

@@ -31,9 +31,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.add_step import (
-    _OPTIONS,
     AT_STEP_TYPE,
     CHECK_ONLY,
     FIELDS,
@@ -44,6 +42,7 @@ from shardreplay.kernels.add_step import (
     compiled_for,
     state_parts,
 )
+from shardreplay.kernels.cache_lock import SMALL_CALL  # numba's cache, safe across processes
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.copy import _byte_pointer, _check_arrays, copy_at
@@ -85,7 +84,7 @@ def _bytes_equal(a, a_off, b, b_off, n):  # pragma: no cover - compiled
     return diff == 0
 
 
-@numba.njit(**_OPTIONS)
+@numba.njit(**SMALL_CALL)
 def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
                 values):  # pragma: no cover - compiled
     """Check and write one step of every stream of a spec with one frame-stacked field
@@ -153,7 +152,7 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, ste
 
 # The one entry point, whatever the number of plain fields (RESULTS-inputs.md, "Pixels
 # without spikes": an entry per arity saved only the tuple ``*values`` makes).
-@numba.njit(**_OPTIONS)
+@numba.njit(**SMALL_CALL)
 def add_stacked_n(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
                   *values):  # pragma: no cover - compiled
     """:func:`add_stacked` with any number (>= 1) of plain fields."""

@@ -7,9 +7,9 @@ raises a one-line :class:`SpecMismatchError`: integers go into any integer field
 range holds them (checked), floats into float fields, bools and integers into float
 fields; a float into an integer field, a value out of range, a wrong shape are refused.
 
-The one-step writer (``storage/one_step.py``) casts nothing here: it reads each value
-with :func:`to_numpy` (adding missing unit axes with :func:`with_unit_axes`) and hands the
-array to its compiled kernel, which casts any numeric dtype and layout with the same rules.
+The one-step writer (``storage/one_step.py``) calls :func:`as_stored` for a value that is
+not in its stored form, and hands the array to its compiled kernel (compiled once, for
+the stored dtypes).
 """
 
 from __future__ import annotations

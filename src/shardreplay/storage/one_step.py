@@ -6,12 +6,13 @@ built once per storage and owns the record layout: the field order, the stored d
 and shapes, where each field sits in the per-slot record, and a compiled kernel
 (``kernels/add_step.py``) that checks and writes a step in one call. A step takes it
 when it is a plain ``dict`` of exactly the spec's flat names plus ``step_type`` (and
-``discount``). Values of any kind go to the kernel uncast: numpy arrays as they come,
-lists, scalars and torch tensors read as arrays first (``spec/coerce.to_numpy``); the
-kernel is compiled for each kind of input it is given (any numeric dtype and layout,
-cast in the kernel). Anything else (nested names), and any input that fails a check,
-is left to the full validation (``Spec.validate`` and ``StreamStorage.write``), which
-stores the same or raises today's error; nothing is written by this path then.
+``discount``). The kernel is compiled once, for the stored dtypes, C-contiguous: values
+in that form go to it as they come; any other (numpy arrays of another dtype or layout,
+lists, scalars, torch tensors) is converted once (``spec/coerce.as_stored``), the values
+at the places converted in the last call first. Anything else (nested names), and any
+input that fails a check, is left to the full validation (``Spec.validate`` and
+``StreamStorage.write``), which stores the same or raises today's error; nothing is
+written by this path then.
 
 A spec with one frame-stacked field (integers) and at least one plain one takes it too,
 in one compiled call (``kernels/add_stacked.py``: check, the stacks checked against the
@@ -34,7 +35,7 @@ from shardreplay.kernels.codes import ADD_HELD_DONE as DONE
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.lazy import lazy
-from shardreplay.spec.coerce import as_stored, to_numpy, with_unit_axes
+from shardreplay.spec.coerce import as_stored
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
@@ -117,9 +118,7 @@ class OneStepAdd:
                 offset, own = kernel.OWN, _rows_of(storage.fields[name])
             else:
                 self._own.append((i + at, storage.fields[name]))
-            code = kernel.DTYPES.index(f.dtype) if f.dtype in kernel.DTYPES else -1
-            low, high = _range_of(f.dtype)
-            words = [offset, row_bytes, int(f.checks_finite), code, low, high, *f.shape]
+            words = [offset, row_bytes, int(f.checks_finite), *f.shape]
             plan += words + [0] * (kernel.FIELD_WORDS - len(words))
         rows_at, out_at, discount_at, end = kernel.state_parts(s, len(names), window)
         self._state = np.zeros(end, np.int64)
@@ -139,13 +138,13 @@ class OneStepAdd:
         self._get = operator.itemgetter(*order)
         self._get_discounted = operator.itemgetter("discount", *order)
         self._n_keys = len(order)  # a step without "discount"
-        # Per value: name, stored dtype, shape with the leading axis, the field's own
-        # number of axes, whether the kernel takes only its stored form.
-        self._targets = tuple((n, DISCOUNT_DTYPE, self._rows, 0, False) if n == "discount" else
-                              (n, STEP_TYPE_DTYPE, self._rows, 0, False) if n == "step_type" else
-                              (n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape), spec[n].frame_stack)
+        # Per value: as_stored's name, stored dtype, shape with the leading axis and the
+        # field's own number of axes.
+        self._targets = tuple((n, DISCOUNT_DTYPE, self._rows, 0) if n == "discount" else
+                              (n, STEP_TYPE_DTYPE, self._rows, 0) if n == "step_type" else
+                              (n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape))
                               for n in ("discount", *order))
-        canonical = tuple(np.zeros(shape, dtype) for _n, dtype, shape, _d, _e in self._targets)
+        canonical = tuple(np.zeros(shape, dtype) for _n, dtype, shape, _d in self._targets)
         self._storage = storage
         self._store: Any = None  # the FrameStore of a frame-stacked field
         if not storage.stacked:
@@ -160,12 +159,10 @@ class OneStepAdd:
         self._canonical = canonical
         self._default_priority = default_priority
         self._on_write = on_write
-        # Whether the last values were handed to the kernel as they came (its dispatcher
-        # takes the kinds of input it was compiled for, and refuses others at once).
-        self._direct = True
-        self._fit = False  # whether the last values needed unit axes added (see _converted)
+        # The places of the values converted in the last call (none: handed on as they came).
+        self._fix: tuple[int, ...] = ()
+        self._taken: Any = ()  # the values the last call handed to a kernel
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
-        self._kinds = 0  # kinds of input compiled for beyond the stored one
         self._held: Any = None  # add_held's compiled kernel (held_writer builds it)
         # False once the shard replaced this writer: held_writer's write then refuses.
         self.open = True
@@ -186,82 +183,54 @@ class OneStepAdd:
             return False
         if not self._simple:
             return self._write(values) > 0
-        # The common case: uniform sampling, every field in the kernel's arrays.
-        if self._direct:  # the last values were handed on as they came: so are these
-            try:
-                delta = self._kernel(*self._head, *values)
-            except TypeError:  # a kind of input not compiled for
-                delta = self._converted(self._kernel, self._head, values, self._targets)[0]
-        else:
-            delta = self._converted(self._kernel, self._head, values, self._targets)[0]
+        delta = self._call(self._kernel, self._head, values, self._targets)
         if delta == BAD_INPUT:
             return False
-        self._storage.num_valid += delta
+        self._storage.num_valid += delta  # the common case: every field in the kernel's arrays
         return True
 
     def _call(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
-              targets: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
-        """``dispatcher(*head, *values)`` for values of any kind (see :meth:`_converted`):
-        the kernel's result and the values it took."""
-        if self._direct:
+              targets: tuple[Any, ...]) -> int:
+        """``dispatcher(*head, *values)``, the values not in their stored form converted
+        first (see :meth:`_converted`); the values taken are left in ``_taken``."""
+        if not self._fix:
             try:
-                return dispatcher(*head, *values), values
-            except TypeError:  # a kind of input not compiled for
+                self._taken = values
+                return dispatcher(*head, *values)
+            except TypeError:  # a value not in its stored form (the one compiled)
                 pass
         return self._converted(dispatcher, head, values, targets)
 
     def _converted(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
-                   targets: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
-        """``dispatcher(*head, *values)`` after the values were read as numpy arrays
-        (:meth:`_arrays`), the dispatcher compiled for a new kind of arrays (at most
-        ``_KINDS_KEPT``: compiled now, or loaded from numba's cache). Returns the
-        dispatcher's result (BAD_INPUT: nothing written, the full path says why) and the values it took."""
-        read = None
-        if not self._fit:  # read only what is not a numpy array; the dispatch checks the rest
+                   targets: tuple[Any, ...]) -> int:
+        """``dispatcher(*head, *values)`` after the values at the places converted last
+        time were converted (``as_stored``); when that is refused, after every value not
+        in its stored form was. Returns the dispatcher's result (BAD_INPUT: nothing
+        written, the full path says why)."""
+        taken = list(values)
+        if self._fix:  # the inputs of a user's loop keep their kinds
             try:
-                read = tuple([v if type(v) is np.ndarray else to_numpy(v) for v in values])
-                result = dispatcher(*head, *read)
-                self._direct = all(map(operator.is_, read, values))
-                return result, read
-            except (TypeError, SpecMismatchError):  # not a kind compiled for, or unit axes missing
-                pass
-        arrays = self._arrays(values, targets)
-        if arrays is None:
-            return BAD_INPUT, values
-        self._direct = arrays is values
-        # Unit axes added (one env's scalars): the next values take this pass at once.
-        if read is not None:
-            self._fit = any(a.ndim != r.ndim for a, r in zip(arrays, read, strict=True))
-        elif arrays is values:
-            self._fit = False
+                kept = 0
+                for i in self._fix:
+                    value = taken[i]
+                    taken[i] = _stored(value, targets[i])
+                    kept += taken[i] is value
+                self._taken = taken
+                if kept == len(self._fix):  # all in their stored form now: handed on as they come
+                    self._fix = ()
+                return dispatcher(*head, *taken)
+            except (TypeError, ValueError, IndexError, SpecMismatchError):  # other kinds (or places) now
+                taken = list(values)
         try:
-            return dispatcher(*head, *arrays), arrays
-        except TypeError:  # a kind not compiled for yet
-            if self._kinds >= _KINDS_KEPT or any(a.dtype not in kernel.DTYPES for a in arrays):
-                return BAD_INPUT, arrays
-            self._kinds += 1
-            kernel.compile_also(dispatcher, (*head, *arrays))
-            return dispatcher(*head, *arrays), arrays
-
-    @staticmethod
-    def _arrays(values: tuple[Any, ...], targets: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        """``values`` as numpy arrays: numpy arrays as they come (the kernel casts any
-        dtype and layout), lists, scalars and tensors read as arrays without a cast
-        (``to_numpy``), missing unit axes added; a frame stack or a done flag in its
-        stored form. ``values`` itself when each is one already; None when a value cannot
-        be stored (the full path says why)."""
-        out = []
+            taken = [_stored(v, target) for v, target in zip(values, targets, strict=True)]
+        except (TypeError, ValueError, SpecMismatchError):  # a value that cannot be stored
+            return BAD_INPUT
+        self._fix = tuple(i for i, (a, v) in enumerate(zip(taken, values, strict=True)) if a is not v)
+        self._taken = taken
         try:
-            for v, (name, dtype, shape, ndim, exact) in zip(values, targets, strict=True):
-                a = v if type(v) is np.ndarray else to_numpy(v)
-                if exact and not (a.dtype == dtype and a.flags.c_contiguous):
-                    a = np.ascontiguousarray(as_stored(name, a, dtype, shape, ndim))
-                elif a.ndim != len(shape):
-                    a = with_unit_axes(name, a, shape, ndim)
-                out.append(a)
-        except (SpecMismatchError, ValueError, TypeError):
-            return None
-        return values if all(a is v for a, v in zip(out, values, strict=True)) else tuple(out)
+            return dispatcher(*head, *taken)
+        except TypeError:  # a read-only array, say: the full path takes it
+            return BAD_INPUT
 
     def _write(self, values: tuple[Any, ...], held: bool = False) -> int:
         """The write of ``values`` (kernel order) by the kernel, or with ``held``
@@ -270,18 +239,18 @@ class OneStepAdd:
         if self._default_priority is not None:
             self._priority[0] = self._default_priority()
         if self._store is not None:
-            delta, values = self._add_stacked(values)
+            delta = self._add_stacked(values)
         elif held:
-            delta, values = self._call(self._held, self._head, values, self._held_targets)
+            delta = self._call(self._held, self._head, values, self._held_targets)
         else:
-            delta, values = self._call(self._kernel, self._head, values, self._targets)
+            delta = self._call(self._kernel, self._head, values, self._targets)
         if delta == BAD_INPUT:
             return 0
         done = delta >= DONE // 2
         if done:
             delta -= DONE
         if self._own or self._on_write is not None:
-            self._after_write(values, delta)
+            self._after_write(self._taken, delta)
         else:
             self._storage.num_valid += delta
         return 2 if done else 1
@@ -298,9 +267,8 @@ class OneStepAdd:
             flags = np.zeros(self._rows, np.bool_)
             args = (*self._head, ones, types, obs, *rest, obs, obs.copy(), flags, flags)
             self._held = kernel.compiled_add_step(args, held=True)
-            flag = ("done", np.dtype(np.bool_), self._rows, 0, True)
-            obs_target = self._targets[2]
-            self._held_targets = (*self._targets, obs_target, (*obs_target[:4], True), flag, flag)
+            flag = ("done", np.dtype(np.bool_), self._rows, 0)
+            self._held_targets = (*self._targets, self._targets[2], self._targets[2], flag, flag)
         return self._write_held
 
     def _write_held(self, *args: Any) -> int:
@@ -309,13 +277,7 @@ class OneStepAdd:
         values = (self._ones, *args)
         if not self._simple:
             return self._write(values, held=True)
-        if self._direct:
-            try:
-                delta = self._held(*self._head, *values)
-            except TypeError:  # a kind of input not compiled for
-                delta = self._converted(self._held, self._head, values, self._held_targets)[0]
-        else:
-            delta = self._converted(self._held, self._head, values, self._held_targets)[0]
+        delta = self._call(self._held, self._head, values, self._held_targets)
         if -_SMALL < delta < _SMALL:  # the usual case: written, no episode ended
             self._storage.num_valid += delta
             return 1
@@ -330,7 +292,7 @@ class OneStepAdd:
         store = self._store
         return (*self._head, store.ref, store.frames, store.fpos, self._fstate)
 
-    def _add_stacked(self, values: tuple[Any, ...]) -> tuple[int, tuple[Any, ...]]:
+    def _add_stacked(self, values: tuple[Any, ...]) -> int:
         """The one compiled call of a spec with a frame-stacked field (its kernel reads
         the discount from ``state``). Grows the ring when the kernel says it must
         (nothing written then), and calls again."""
@@ -339,16 +301,17 @@ class OneStepAdd:
             try:
                 self._discount[:] = as_stored("discount", discount, DISCOUNT_DTYPE, self._rows)
             except SpecMismatchError:
-                return BAD_INPUT, values
+                return BAD_INPUT
         try:
-            delta, taken = self._call(self._kernel, self._fused_head_now(), values[1:], self._targets[1:])
+            delta = self._call(self._kernel, self._fused_head_now(), values[1:], self._targets[1:])
             if delta == NEED_FRAMES:
                 self._store.grow(int(self._state[kernel.N_OUT]))
-                delta = self._kernel(*self._fused_head_now(), *taken)
+                delta = self._kernel(*self._fused_head_now(), *self._taken)
         finally:
             if discount is not self._ones:
                 self._discount[:] = 1.0
-        return delta, (discount, *taken)
+        self._taken = (discount, *self._taken)
+        return delta
 
     def _after_write(self, values: tuple[Any, ...], delta: int) -> None:
         """Fields of their own arrays, the valid count, the sampler."""
@@ -366,16 +329,24 @@ class OneStepAdd:
             self._on_write(out[1, :n_out], out[2, :n_out].astype(bool), out[3, :n_out].astype(bool))
 
 
-_KINDS_KEPT = 8  # kinds of input compiled for, per writer, beyond the stored one (then: converted)
 _SMALL = DONE // 2  # within +-: a change in valid starts
 
 
-def _range_of(dtype: np.dtype) -> tuple[int, int]:
-    """The values an integer dtype holds, as int64 words (uint64: up to int64's largest)."""
-    if dtype.kind not in "iu":
-        return 0, 0
-    info = np.iinfo(dtype)
-    return int(info.min), min(int(info.max), int(np.iinfo(np.int64).max))
+def _stored(value: Any, target: tuple[Any, ...]) -> Any:
+    """``value`` in the form the kernel is compiled for (``target``: as_stored's name,
+    stored dtype, shape and field axes; C-contiguous and writable): itself when it is in
+    that form already.
+
+    Raises:
+        SpecMismatchError, ValueError, TypeError: it cannot be stored (the full path says why).
+    """
+    name, dtype, shape, field_ndim = target
+    if type(value) is np.ndarray and value.dtype is dtype and value.flags.c_contiguous \
+            and value.flags.writeable:
+        return value
+    stored = as_stored(name, value, dtype, shape, field_ndim)
+    flags = stored.flags
+    return stored if flags.c_contiguous and flags.writeable else np.array(stored, order="C")
 
 
 def _rows_of(arr: np.ndarray) -> np.ndarray:
