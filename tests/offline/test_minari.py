@@ -243,6 +243,45 @@ def test_an_existing_id_or_a_bad_format_is_refused(tmp_path: Path) -> None:
     assert not minari.storage.get_dataset_path("sr/other-v0").exists()
 
 
+@pytest.mark.parametrize(("fmt", "jpeg"), [("hdf5", False), ("arrow", False), ("hdf5", True)])
+def test_prefill_reads_what_minaris_own_writer_wrote(fmt: str, jpeg: bool) -> None:
+    """Our reader of Minari's files (lossless Box/Discrete) gives the buffer the episodes
+    as written, Minari's (JPEG images) as it decodes them; priorities from the infos."""
+    from minari.data_collector import EpisodeBuffer
+
+    rng = np.random.default_rng(5)
+    shape, dtype = ((32, 32), np.uint8) if jpeg else ((3,), np.float32)
+    space = gym.spaces.Box(0, 255, shape, np.uint8) if jpeg else SPACES["observation_space"]
+    eps = []
+    for t in (5, 1, 9):
+        obs = rng.integers(0, 256, (t + 1, *shape)).astype(dtype)
+        done = np.arange(t) == t - 1
+        eps.append(EpisodeBuffer(observations=obs, actions=rng.integers(0, 4, t), rewards=rng.random(t),
+                                 terminations=done & (t != 9), truncations=done & (t == 9),
+                                 infos={"priority": rng.random(t + 1).astype(np.float32) + 0.5}))
+    about = dict.fromkeys(["algorithm_name", "author", "author_email", "code_permalink", "description"], "t")
+    minari.create_dataset_from_buffers("sr/theirs-v0", eps, observation_space=space,
+                                       action_space=SPACES["action_space"], **about, data_format=fmt,
+                                       jpeg_encoding=jpeg)
+    spec = sr.Spec({"obs": sr.Field(shape, dtype), "action": sr.Field((), np.int64),
+                    "reward": sr.Field((), np.float32)})
+    buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=64, sampler="prioritized")
+    assert prefill(buf, "sr/theirs-v0") == {"episodes": 3, "steps": 6 + 2 + 10}
+    steps = _steps(buf)
+    read = eps  # as written; JPEG images as Minari decodes them (its reader fails on arrow's 1-D infos)
+    if jpeg:
+        read = list(minari.load_dataset("sr/theirs-v0").iterate_episodes())
+    want = {"field.obs": np.concatenate([ep.observations for ep in read]),
+            "field.action": np.concatenate([np.append(ep.actions, 0) for ep in read]),
+            "field.reward": np.concatenate([np.append(ep.rewards, 0) for ep in read]).astype(np.float32),
+            "discount": np.concatenate([np.append(np.ones(len(ep.rewards)), 1.0 - ep.terminations[-1])
+                                        for ep in read]).astype(np.float32),
+            "priority": np.concatenate([np.asarray(ep.infos["priority"]).reshape(-1) for ep in read])}
+    for name, values in want.items():
+        assert steps[name].tobytes() == values.astype(steps[name].dtype).tobytes(), name
+    assert jpeg == (steps["field.obs"].tobytes() != np.concatenate([e.observations for e in eps]).tobytes())
+
+
 @pytest.mark.slow  # about 5 CPU-s: a child that imports the package and minari
 def test_a_killed_export_leaves_no_dataset(tmp_path: Path, datasets: Path) -> None:
     _save_run(tmp_path / "ck")

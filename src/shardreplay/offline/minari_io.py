@@ -60,6 +60,7 @@ FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 FIELDS = ("obs", "action", "reward")  # the fields a run's transition spec has
 PIECE_BYTES = 64 << 20  # field rows read at once (a part need not fit in memory)
 COMPACT_BYTES = 16 << 10  # HDF5 keeps a dataset this small inside its group's header
+FLUSH_BYTES = 1 << 20  # prefill writes a row's episodes together up to this many observation bytes
 
 # (shard, rows) -> (actor ids, stream ids) of those saved rows.
 Origin = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -552,9 +553,12 @@ def prefill(buffer: ReplayBuffer | ShardedReplayBuffer, dataset_id: str) -> dict
 
     Raises:
         ConfigError: the minari extra is missing, no such dataset, or a dataset whose
-            observations or actions do not fit the buffer's ``obs``/``action`` fields.
+            observations or actions are not Box or Discrete, or do not fit the buffer's
+            ``obs``/``action`` fields.
     """
-    minari = _minari()
+    import gymnasium as gym
+
+    _minari()
     local, shard, num_shards = shard_of(buffer)
     missing = [name for name in FIELDS if name not in local.spec.fields]
     if missing:
@@ -567,40 +571,115 @@ def prefill(buffer: ReplayBuffer | ShardedReplayBuffer, dataset_id: str) -> dict
         raise ConfigError(f"no Minari dataset {dataset_id!r} at {path.parent}: export one ("
                           "shardreplay export RUN --minari ID) or set MINARI_DATASETS_PATH")
     store = MinariStorage.read(path)
-    episode_ids = list(range(store.total_episodes))
-    lengths = [int(m["total_steps"]) + 1 for m in store.get_episode_metadata(episode_ids)]
-    dataset = minari.MinariDataset(store)
-    mine = _deal(np.asarray(lengths, np.int64), num_shards)
+    spaces = (store.observation_space, store.action_space)
+    if not all(isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)) for space in spaces):
+        raise ConfigError(f"dataset {dataset_id!r}: prefill reads Box and Discrete spaces, not {spaces}")
+    mine = _deal(_lengths(store), num_shards)
     rows = np.zeros(local.num_streams, np.int64)  # steps dealt to each row so far
     lock = buffer.write_lock if isinstance(buffer, ShardedReplayBuffer) else contextlib.nullcontext()
-    stored = steps = 0
-    indices = [i for i, s in zip(episode_ids, mine.tolist(), strict=True) if s == shard]
-    spec = local.spec
-    for ep in dataset.iterate_episodes(indices):
-        k = len(ep.rewards) + 1
-        if k < 2:
-            continue
-        step = {"obs": np.asarray(ep.observations), "action": _padded(np.asarray(ep.actions), spec["action"]),
-                "reward": _padded(np.asarray(ep.rewards), spec["reward"]),
-                "step_type": np.full(k, MID, np.uint8), "discount": np.ones(k, np.float32)}
-        if step["obs"].shape[1:] != spec["obs"].shape:
-            raise ConfigError(f"dataset {dataset_id!r}: observations {step['obs'].shape[1:]}, the buffer's "
-                              f"obs field {spec['obs'].shape} (an --unstack export needs a spec of "
-                              "single frames)")
-        step["step_type"][0], step["step_type"][-1] = FIRST, LAST
-        step["discount"][-1] = 0.0 if bool(np.asarray(ep.terminations)[-1]) else 1.0
-        info = ep.infos.get("priority") if isinstance(ep.infos, dict) else None
-        prio = None if info is None else np.asarray(info, np.float32).reshape(-1)[:k]
-        row = int(np.argmin(rows))
-        rows[row] += k
+    pending: dict[int, list[dict[str, np.ndarray]]] = {}  # each row's episodes not yet written
+
+    def flush(row: int) -> None:
+        eps = pending.pop(row, [])
+        if not eps:
+            return
+        step = {name: np.concatenate([ep[name] for ep in eps]) for name in eps[0]} if len(eps) > 1 else eps[0]
+        prio = step.pop("priority", None)
         cap = local.stream_capacity
         with lock:
-            for lo in range(0, k, cap):  # longer than a row: the ring keeps its newest steps
-                piece = {name: v[None, lo:lo + cap] for name, v in step.items()}
-                local.extend(piece, [row], None if prio is None else prio[None, lo:lo + cap])
+            for lo in range(0, step["reward"].shape[0], cap):  # longer than a row: the ring keeps its newest
+                local.extend({name: v[None, lo:lo + cap] for name, v in step.items()}, [row],
+                             None if prio is None else prio[None, lo:lo + cap])
+
+    stored = steps = 0
+    spec = local.spec
+    for obs, action, reward, terminated, prio in _episodes(store, np.flatnonzero(mine == shard).tolist()):
+        k = reward.shape[0] + 1
+        if k < 2:
+            continue
+        if obs.shape[1:] != spec["obs"].shape:
+            raise ConfigError(f"dataset {dataset_id!r}: observations {obs.shape[1:]}, the buffer's "
+                              f"obs field {spec['obs'].shape} (an --unstack export needs a spec of "
+                              "single frames)")
+        step = {"obs": obs, "step_type": np.full(k, MID, np.uint8), "discount": np.ones(k, np.float32),
+                "action": _padded(action, spec["action"]), "reward": _padded(reward, spec["reward"])}
+        step["step_type"][0], step["step_type"][-1] = FIRST, LAST
+        step["discount"][-1] = 0.0 if terminated else 1.0
+        if prio is not None:
+            step["priority"] = np.asarray(prio, np.float32).reshape(-1)[:k]
+        row = int(np.argmin(rows))
+        rows[row] += k
+        if pending.get(row) and pending[row][0].keys() != step.keys():
+            flush(row)  # episodes with and without priorities are written apart
+        pending.setdefault(row, []).append(step)
+        if sum(ep["obs"].nbytes for ep in pending[row]) >= FLUSH_BYTES:
+            flush(row)
         stored += 1
         steps += k
+    for row in list(pending):
+        flush(row)
     return {"episodes": stored, "steps": steps}
+
+
+def _lengths(store: Any) -> np.ndarray:
+    """Each episode's stored steps (its transitions and one) in a Minari storage."""
+    n = store.total_episodes
+    if store.FORMAT != "hdf5":
+        return np.asarray([int(m["total_steps"]) + 1 for m in store.get_episode_metadata(range(n))], np.int64)
+    import h5py
+    from h5py import h5a, h5g
+
+    out = np.zeros((n, 1), np.int64)
+    with h5py.File(Path(store.data_path) / "main_data.hdf5", "r") as file:
+        for i in range(n):
+            h5a.open(h5g.open(file.id, b"episode_%d" % i), b"total_steps").read(out[i].reshape(()))
+    return out[:, 0] + 1
+
+
+def _episodes(store: Any, ids: list[int]) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, bool, Any]]:
+    """Episodes ``ids`` of a Minari storage: (observations ``[T + 1, ...]``, actions
+    ``[T, ...]``, rewards ``[T]``, terminated, the ``priority`` info or None), read
+    straight from the HDF5 or Arrow files Minari lays out (without its reader's cost per
+    episode and dataset); JPEG-encoded images and other formats through its reader."""
+    from minari.dataset.minari_storage import is_image_space
+
+    path, spaces = Path(store.data_path), (store.observation_space, store.action_space)
+    if store.FORMAT not in ("hdf5", "arrow") or (store.jpeg_encoding and any(map(is_image_space, spaces))):
+        for ep in _minari().MinariDataset(store).iterate_episodes(ids):
+            yield (np.asarray(ep.observations), np.asarray(ep.actions), np.asarray(ep.rewards),
+                   bool(np.asarray(ep.terminations)[-1:].any()), (ep.infos or {}).get("priority"))
+    elif store.FORMAT == "hdf5":
+        import h5py
+        from h5py import h5d, h5g, h5s
+
+        def read(where: Any, name: bytes) -> np.ndarray:
+            d = h5d.open(where, name)
+            out = np.empty(d.shape, d.dtype)
+            d.read(h5s.ALL, h5s.ALL, out)
+            return out
+
+        with h5py.File(path / "main_data.hdf5", "r") as file:
+            for i in ids:
+                g = h5g.open(file.id, b"episode_%d" % i)
+                info = h5g.open(g, b"infos") if b"infos" in g else None
+                yield (read(g, b"observations"), read(g, b"actions"), read(g, b"rewards"),
+                       bool(read(g, b"terminations")[-1:].any()),
+                       read(info, b"priority") if info is not None and b"priority" in info else None)
+    else:
+        import pyarrow as pa
+
+        def flat(values: Any, space: Any = None) -> np.ndarray:  # Box rows are fixed-size lists
+            rows = values.flatten() if pa.types.is_fixed_size_list(values.type) else values
+            return rows.to_numpy(zero_copy_only=False).reshape(len(values), *getattr(space, "shape", ()))
+
+        for i in ids:
+            with pa.memory_map(str(path / str(i) / "part-0.arrow")) as source:
+                batch = pa.ipc.open_file(source).read_all().combine_chunks().to_batches()[0]
+            col = dict(zip(batch.schema.names, batch.columns, strict=True))
+            prio = "infos" in col and col["infos"].type.get_field_index("priority") >= 0
+            yield (flat(col["observations"], spaces[0]), flat(col["actions"], spaces[1])[:-1],
+                   flat(col["rewards"])[:-1], bool(flat(col["terminations"])[-2:-1].any()),
+                   flat(col["infos"].field("priority")) if prio else None)
 
 
 def _deal(lengths: np.ndarray, num_shards: int) -> np.ndarray:
