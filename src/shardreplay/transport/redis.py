@@ -701,11 +701,8 @@ _TRIM_SHA = hashlib.sha1(_TRIM_ACKED.encode()).hexdigest()  # the name EVALSHA k
 
 
 def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
-    """Delete entries every consumer group of ``stream`` has acknowledged (one Lua script).
-
-    Returns:
-        The stream length afterwards (0 when the stream does not exist).
-    """
+    """Delete entries every consumer group of ``stream`` has acknowledged (one Lua script);
+    the stream's length afterwards (0 when there is no stream)."""
     script = client.register_script(_TRIM_ACKED)
     return int(script(keys=[stream], args=["1" if exact else "0"]))
 
