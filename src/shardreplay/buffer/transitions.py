@@ -23,7 +23,8 @@ from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers.uniform import UniformSampler
 from shardreplay.spec.fields import StepType
-from shardreplay.storage.streams import _nbytes, _numba_takes
+from shardreplay.storage.one_step import numba_takes
+from shardreplay.storage.streams import _nbytes
 
 if TYPE_CHECKING:
     from shardreplay.kernels import transitions as transition_kernels
@@ -220,7 +221,7 @@ def _new_plan(shard: Shard, observation: str, action: str, reward: str, n: int) 
     storage = shard._storage
     rewards = storage.fields[reward]
     plan = _Plan(observation, action, reward, obs_names)
-    if rewards.ndim != 1 or not _numba_takes(rewards.dtype):
+    if rewards.ndim != 1 or not numba_takes(rewards.dtype):
         return plan  # a reward with a shape (or of a dtype numba does not take): in steps
     params = np.zeros(transition_kernels.PARAMS, np.int64)
     params[transition_kernels.CAP] = storage.stream_capacity

@@ -67,7 +67,7 @@ def one_step_add(storage: StreamStorage, default_priority: Callable[[], float] |
     parts: Mapping[str, Any] = storage.records.dtype.fields or {}
     if any(parts[name][0] != dtype for name, dtype in _RECORD_PARTS.items()):
         return None  # the kernel reads the bookkeeping in these dtypes
-    if any(not _kernel_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM or f.at_starts
+    if any(not numba_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM or f.at_starts
            or (f.frame_stack and f.dtype.kind == "f") for f in spec.fields.values()):
         return None  # at_starts fields are kept by the full path (storage/starts.py)
     if storage.stacked and (len(storage.stacked) > 1 or len(spec.fields) == 1):
@@ -81,8 +81,13 @@ _RECORD_PARTS = {"step_type": np.dtype(np.uint8), "discount": np.dtype(np.float3
                  "priority": np.dtype(np.float32), "valid": np.dtype(np.bool_)}
 
 
-def _kernel_takes(dtype: np.dtype) -> bool:
-    return dtype.isnative and (dtype.kind in "biu" or dtype in (np.dtype(np.float32), np.dtype(np.float64)))
+_NUMBA_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def numba_takes(dtype: np.dtype) -> bool:
+    """Whether compiled kernels accept arrays of ``dtype`` (not float16, long double or
+    non-native byte orders)."""
+    return dtype.isnative and (dtype.kind in "biu" or dtype in _NUMBA_FLOATS)
 
 
 class OneStepAdd:

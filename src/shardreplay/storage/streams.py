@@ -23,6 +23,7 @@ from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 from shardreplay.storage.allocate import ArrayAllocator
 from shardreplay.storage.frames import FrameStore, StackPieces
+from shardreplay.storage.one_step import numba_takes
 from shardreplay.storage.starts import StartStore
 
 if TYPE_CHECKING:
@@ -56,14 +57,6 @@ _GatherPlan = tuple[tuple[tuple[np.ndarray, ...], np.ndarray], int]
 # record part's (name, dtype, shape [B, L, *field shape], byte offset in the output).
 _WindowsPlan = tuple[np.ndarray, int, tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]]
 _BLOCK_ALIGN = 64  # each block of the windows' output bytes starts on a cache line
-
-_NUMBA_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _numba_takes(dtype: np.dtype) -> bool:
-    """Whether compiled kernels accept arrays of ``dtype`` (not float16, long double or
-    non-native byte orders)."""
-    return dtype.isnative and (dtype.kind in "biu" or dtype in _NUMBA_FLOATS)
 
 
 def _nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
@@ -142,7 +135,7 @@ class StreamStorage:
         self._out_flags = np.empty((2, num_streams * window), np.bool_)
         scattered = ((name, arr.dtype, self._as_byte_rows(name))
                      for name, arr in (*self.fields.items(), ("discount", self.discount)))
-        self._scatter_fields = tuple((name, not _numba_takes(dtype), rows) for name, dtype, rows in scattered
+        self._scatter_fields = tuple((name, not numba_takes(dtype), rows) for name, dtype, rows in scattered
                                      if rows.shape[1])
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
         self._gather_plans: dict[tuple, _GatherPlan] = {}  # see _gather_plan
