@@ -285,27 +285,28 @@ class ProcessTree:
         for p in procs:
             with contextlib.suppress(self._psutil.Error if self._psutil else OSError):
                 p.terminate()
-        deadline = time.monotonic() + timeout_s
-        while procs and time.monotonic() < deadline:
-            time.sleep(0.02)
-            procs = [p for p in procs if _running(p, self._psutil)]
+        procs = self._still_running(procs, timeout_s)
         killed = []
         for p in procs:
             with contextlib.suppress(self._psutil.Error):
                 killed.append(f"pid {p.pid} ({p.name()})")
                 p.kill()
-        deadline = time.monotonic() + 5.0
-        while procs and time.monotonic() < deadline:
-            time.sleep(0.02)
-            procs = [p for p in procs if _running(p, self._psutil)]
+        self._still_running(procs, 5.0)
         return killed
 
+    def _still_running(self, procs: list[Any], timeout_s: float) -> list[Any]:
+        """Wait up to ``timeout_s`` for ``procs`` to end (zombies count as ended); returns the rest."""
+        deadline = time.monotonic() + timeout_s
+        while procs and time.monotonic() < deadline:
+            time.sleep(0.02)
+            procs = [p for p in procs if self._running(p)]
+        return procs
 
-def _running(p: Any, psutil: Any) -> bool:
-    try:
-        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
-    except psutil.Error:
-        return False
+    def _running(self, p: Any) -> bool:
+        try:
+            return bool(p.is_running() and p.status() != self._psutil.STATUS_ZOMBIE)
+        except self._psutil.Error:
+            return False
 
 
 def resource_tracker_pid() -> int | None:
