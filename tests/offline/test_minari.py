@@ -392,3 +392,33 @@ def test_an_incremental_checkpoint_exports_as_its_full_twin(tmp_path: Path) -> N
     for a, b in zip(ours, theirs, strict=True):
         for name in a:
             assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
+
+
+def test_a_flipped_byte_in_a_field_stops_the_export_naming_file_and_block(tmp_path: Path) -> None:
+    """The rows go to the writer from the memory-mapped part: every block is checked
+    first (with that check skipped, this export succeeds with the flipped row)."""
+    from shardreplay.checkpoint.format import BLOCK_BYTES, PartReader
+    from shardreplay.checkpoint.manifest import checkpoint_dir, load_manifest
+    from shardreplay.errors import CheckpointDamagedError
+
+    spec = sr.Spec({"obs": sr.Field((1024,), np.float32), "action": sr.Field((), np.int64),
+                    "reward": sr.Field((), np.float32)})
+    buf = sr.ReplayBuffer(spec, num_streams=2, stream_capacity=400)
+    types = np.tile(np.array([FIRST, *[MID] * 8, LAST], np.uint8), 40)
+    buf.extend({"obs": np.ones((2, 400, 1024), np.float32), "action": np.zeros((2, 400), np.int64),
+                "reward": np.zeros((2, 400), np.float32), "step_type": np.stack([types, types])})
+    checkpoint.save(as_shard(buf, 0, 1), tmp_path / "ck", 1)  # 3.3 MB: field.obs fills whole blocks
+    manifest = load_manifest(checkpoint_dir(tmp_path / "ck", 1))
+    path = manifest.directory / manifest.parts[0].file
+    with PartReader(path, manifest.parts[0]) as reader:
+        begin, end = (reader.data_start + x for x in reader.header["field.obs"]["data_offsets"])
+    block = -(-begin // BLOCK_BYTES)  # the first block wholly inside the obs rows
+    assert (block + 1) * BLOCK_BYTES <= end
+    data = bytearray(path.read_bytes())
+    data[block * BLOCK_BYTES + 100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    box = gym.spaces.Box(-np.inf, np.inf, (1024,), np.float32)
+    with pytest.raises(CheckpointDamagedError, match=rf"{path.name}: checksum mismatch in block {block}"):
+        export_checkpoint(tmp_path / "ck", "sr/flipped-v0", observation_space=box,
+                          action_space=SPACES["action_space"])
+    assert not minari.storage.get_dataset_path("sr/flipped-v0").exists()
