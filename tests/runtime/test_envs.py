@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from shardreplay.errors import ConfigError
+from shardreplay.runtime.actor.settings import actor_seed
 from shardreplay.runtime.algos.networks import (
     MinAtarQNetwork,
     NatureQNetwork,
@@ -90,6 +91,19 @@ def test_minatar_images_are_channels_first_uint8() -> None:
     info = describe_env(EnvSource("MinAtar/Breakout-v1"))
     assert (info.obs_shape, info.obs_dtype, info.num_actions) == ((4, 10, 10), np.uint8, 3)
     assert choose_network(info.obs_shape) == "minatar"
+
+
+def test_the_actor_seed_of_a_resumed_run_is_one_minatar_takes() -> None:
+    """A run resumed after 41,011 env steps seeded its actors past 2**32, which MinAtar's
+    numpy RandomState refuses: every actor died at its start, and the learner trained on
+    no new steps."""
+    pytest.importorskip("minatar")
+    seed = actor_seed(0, 1, 150_144)
+    assert 0 <= seed < 2**32
+    assert seed != actor_seed(0, 1, 150_176)  # a later resume still plays new episodes
+    env, obs = make_vector_env(EnvSource("MinAtar/Breakout-v1"), 2, seed)
+    env.close()
+    assert obs.shape == (2, 4, 10, 10)
 
 
 def test_atari_is_preprocessed_and_stacked() -> None:

@@ -145,5 +145,6 @@ def resolve(s: ActorSettings, info: RunInfo | None) -> ActorSettings:
 
 def actor_seed(run_seed: int, actor_id: int, env_steps: int) -> int:
     """The seed of actor ``actor_id`` started when the run had ``env_steps`` steps: fixed
-    by the run's seed; a resumed run plays new episodes."""
-    return run_seed * 7919 + actor_id + 104_729 * env_steps
+    by the run's seed; a resumed run plays new episodes. Below 2**32: numpy's legacy
+    ``RandomState`` (MinAtar's envs) refuses larger seeds."""
+    return (run_seed * 7919 + actor_id + 104_729 * env_steps) % 2**32
