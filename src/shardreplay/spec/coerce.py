@@ -58,7 +58,7 @@ def as_stored(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
     """``value`` as an array of ``dtype`` and ``shape`` (the value itself when it is one
     already; a conversion gives a C-contiguous array).
 
-    Missing unit axes are added (see :func:`_reshaped`): one env's step without its
+    Missing unit axes are added (see :func:`with_unit_axes`): one env's step without its
     leading axis, a Python scalar, a ``(1,)`` Box action as ``[num_envs]`` (as SB3 takes
     it). ``field_ndim``: how many of the last axes of ``shape`` are the field's own (-1:
     unknown: no unit axis of the field's own is added).
@@ -67,10 +67,19 @@ def as_stored(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
         SpecMismatchError: a shape or dtype that cannot be stored, or integers outside the
             stored dtype's range; one line that says what was expected.
     """
-    arr = to_numpy(value)
+    if type(value) is np.ndarray:
+        arr = value
+    elif isinstance(value, (int, float)) and dtype.kind in "fiu" and (dtype.kind == "f" or not isinstance(
+            value, float)):  # a Python number (one env's scalar): read as stored in one call
+        try:
+            arr = np.array(value, dtype, ndmin=len(shape))
+        except OverflowError:  # an integer out of range: refused below, in one line
+            arr = np.asarray(value)
+    else:
+        arr = to_numpy(value)
     if arr.shape != shape:
         arr = with_unit_axes(name, arr, shape, field_ndim)
-    if arr.dtype != dtype:
+    if arr.dtype is not dtype and arr.dtype != dtype:  # ``is``: numpy's one object per builtin dtype
         arr = _cast(name, arr, dtype)
     return arr
 
@@ -83,27 +92,23 @@ def with_unit_axes(name: str, arr: np.ndarray, shape: tuple[int, ...], field_ndi
     Raises:
         SpecMismatchError: any other shape.
     """
-    lead_units = len(shape) - len(tuple(_drop_leading_ones(shape)))
-    if any(arr.shape == shape[k:] for k in range(1, lead_units + 1)) or (
-            field_ndim > 0 and shape[-1] == 1 and arr.shape == shape[:-1]):
+    k = len(shape) - arr.ndim  # the axes missing
+    if (k > 0 and shape[k:] == arr.shape and shape[:k] == (1,) * k) or (
+            k == 1 and field_ndim > 0 and shape[-1] == 1 and arr.shape == shape[:-1]):
         return arr.reshape(shape)
     raise SpecMismatchError(f"field {name!r}: expected shape {shape} (leading axes, then the field's "
                             f"shape), got {arr.shape}")
 
 
-def _drop_leading_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
-    k = 0
-    while k < len(shape) and shape[k] == 1:
-        k += 1
-    return shape[k:]
-
-
 def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     # Integers go into any integer field whose range holds the values (int64 -> uint8 is
     # the common case of Python ints); numpy's same_kind would refuse signed -> unsigned.
-    if name == "step_type" and arr.dtype.kind not in "iu":
+    kind = arr.dtype.kind
+    if name == "step_type" and kind not in "iu":
         raise SpecMismatchError(f"field 'step_type': expected integers 0/1/2 (StepType), got {arr.dtype}")
-    if dtype.kind in "iu" and arr.dtype.kind in "iub":
+    if dtype.kind == "f" and kind in "biuf":  # numpy's same_kind, without asking it
+        return arr.astype(dtype, order="C")
+    if dtype.kind in "iu" and kind in "iub":
         try:
             return _narrowed(arr, dtype)
         except ValueError:
