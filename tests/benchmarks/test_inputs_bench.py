@@ -15,12 +15,10 @@ BENCH = BENCHMARKS / "replay" / "bench_inputs.py"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 def test_quick_run_prints_one_json_line_and_its_table(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    # Cold, it compiles the writer's kernel for every input kind of every path (about 160 s of
-    # CPU on an idle core from an empty numba cache, as on a fresh clone), beside 5 other workers.
-    line = quick_bench(BENCH, out, timeout_s=560)
+    line = quick_bench(BENCH, out)
     kinds = {(c["path"], c["spec"], c["envs"]): set() for c in line["cases"]}
     for c in line["cases"]:
         kinds[(c["path"], c["spec"], c["envs"])].add(c["kind"])
