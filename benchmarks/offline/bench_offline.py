@@ -90,11 +90,10 @@ def _checkpoint(root: Path, kind: str, steps: int, shards: int) -> list[Any]:
                                               truncations=np.zeros(EP_LEN - 1, bool)))
         stub = object.__new__(ShardedReplayBuffer)  # a rank's part without a process group
         stub.local, stub.rank, stub.world_size = buf, k, shards
-        from shardreplay.distributed.exchange import ShardChoice
-        from shardreplay.distributed.internals import ShardedInternals
         from shardreplay.distributed.runner import InlineRunner
-        stub._internals = ShardedInternals(None, None, None, ShardChoice(np.random.default_rng(k)),
-                                           InlineRunner(None, None), None)
+        from shardreplay.distributed.sharded_buffer import ShardedInternals
+        rng = np.random.default_rng(k)
+        stub._internals = ShardedInternals(None, None, None, rng, InlineRunner(None, None), None)
         checkpoint.save(stub, root, 1)
     return episodes
 

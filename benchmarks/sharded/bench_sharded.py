@@ -219,7 +219,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[st
     import torch.distributed as dist
 
     from shardreplay.distributed import ShardedReplayBuffer
-    from shardreplay.distributed.internals import internals_of
+    from shardreplay.distributed.sharded_buffer import internals_of
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -283,7 +283,7 @@ def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
     """Time every collective (by operation) and local phase over ``profile_steps`` steps."""
     from shardreplay import testing
     from shardreplay.distributed import exact_exchange
-    from shardreplay.distributed.internals import internals_of
+    from shardreplay.distributed.sharded_buffer import internals_of
 
     comm, shard = internals_of(buf).collectives, testing.shard(buf)
     timer = PhaseTimer()

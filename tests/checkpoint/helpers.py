@@ -15,9 +15,8 @@ import numpy as np
 import shardreplay as sr
 from shardreplay import testing
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.exchange import ShardChoice
-from shardreplay.distributed.internals import ShardedInternals
 from shardreplay.distributed.runner import InlineRunner
+from shardreplay.distributed.sharded_buffer import ShardedInternals
 from shardreplay.spec import StepType
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
@@ -146,7 +145,7 @@ def as_shard(local: sr.ReplayBuffer, shard: int, num_shards: int) -> ShardedRepl
     # The state a part records beside the shard (internals_of(buffer).sharding_state()):
     # the shard-choice RNG, seeded as a real rank seeds it; nothing else is reached.
     rng = np.random.default_rng([0 if local.seed is None else local.seed, shard, 0x5EED])
-    stub._internals = ShardedInternals(None, None, None, ShardChoice(rng), InlineRunner(None, None), None)
+    stub._internals = ShardedInternals(None, None, None, rng, InlineRunner(None, None), None)
     return stub
 
 

@@ -24,7 +24,7 @@ from shardreplay import checkpoint
 from shardreplay.checkpoint import CheckpointTrigger
 from shardreplay.checkpoint.triggers import REQUEST_FILE
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.errors import CollectiveTimeout
 from tests.checkpoint.helpers import T_SCALE, make_buffer
 from tests.support import run_ranks

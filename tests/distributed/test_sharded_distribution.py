@@ -17,7 +17,7 @@ import torch
 import shardreplay as sr
 from shardreplay.buffer.nstep import nstep_returns
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidPriorityError
 from shardreplay.spec.keys import unpack_keys
 from tests.distributed.sharded_reference import (

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 import shardreplay as sr
 from shardreplay.checkpoint import list_checkpoints, load, save
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.errors import CollectiveTimeout, ConfigError, SamplerFailed
 from shardreplay.spec.keys import key_shard
 from tests.distributed.sharded_reference import (

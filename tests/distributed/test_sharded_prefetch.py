@@ -18,7 +18,7 @@ import torch.distributed as dist
 import shardreplay as sr
 from shardreplay.checkpoint import load, save
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.errors import ConfigError, InvalidPriorityError
 from shardreplay.spec.keys import key_shard
 from tests.distributed.sharded_reference import (

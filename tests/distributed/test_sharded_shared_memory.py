@@ -21,7 +21,7 @@ import pytest
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.exact_exchange import SHM_DIR, SharedRecords
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT, key_shard
 from tests.support import run_ranks
 

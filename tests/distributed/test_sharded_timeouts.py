@@ -17,7 +17,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.errors import CollectiveTimeout
 from tests.support import run_ranks
 

@@ -30,7 +30,7 @@ from shardreplay.checkpoint.records import Manifest, PartMeta, RestoreCounts
 from shardreplay.checkpoint.refs import AnyPartReader, open_part
 from shardreplay.checkpoint.saving import note_restore, shard_of
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.errors import (
     CheckpointDamagedError,
     CheckpointError,

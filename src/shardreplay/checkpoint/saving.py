@@ -46,7 +46,7 @@ from shardreplay.checkpoint.records import (
 from shardreplay.checkpoint.refs import Segments, chain_of, forget, full_segments, remember
 from shardreplay.checkpoint.refs import plan as plan_increment
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.errors import CheckpointError, ConfigError, ShardReplayError
 from shardreplay.spec import Spec
 

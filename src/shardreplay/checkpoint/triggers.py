@@ -47,7 +47,7 @@ from shardreplay import _signals
 from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives
-from shardreplay.distributed.internals import internals_of
+from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -45,15 +45,8 @@ class ExactExchange:
     the global distribution (collective: one all_to_all of records, or on one host one
     all_gather, plus one more while the shared-memory regions are (re)mapped).
 
-    Args:
-        local: this rank's shard (``shard_of_buffer`` of its buffer).
-        comm: the group's collectives.
-        layout: the record layout of the shard's windows.
-        hosts: every rank's host key (equal on ranks that share ``/dev/shm`` and offer the
-            same-host exchange: see :func:`host_key`).
-        nonces: every rank's nonce, naming its shared-memory regions.
-        pin: draw into page-locked memory (batches go to a GPU: one non-blocking copy
-            of the records per batch, no copy on the host).
+    ``hosts`` and ``nonces`` are every rank's :func:`host_key` and :func:`nonce`; ``pin``
+    draws into page-locked memory (batches go to a GPU: one non-blocking copy per batch).
     """
 
     def __init__(self, local: Shard, comm: Collectives, layout: RecordLayout, hosts: np.ndarray,
@@ -241,13 +234,8 @@ def nonce() -> int:
 
 
 class SharedRecords:
-    """This rank's region of packed records, and read-only maps of the peers' regions.
-
-    Args:
-        nonces: one number per rank naming its regions (agreed by a collective).
-        rank: this rank.
-        record_bytes: bytes per record.
-    """
+    """This rank's region of packed records, and read-only maps of the peers' regions
+    (named by each rank's nonce, agreed by a collective)."""
 
     def __init__(self, nonces: np.ndarray, rank: int, record_bytes: int) -> None:
         self._nonces = [int(x) for x in nonces]

@@ -18,7 +18,7 @@ reweighted then.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -186,53 +186,13 @@ class ExchangeStrategy(Protocol):
         collectives wait inside ``released()``)."""
 
 
-class ShardChoice:
-    """The shard-choice RNG: one seed proposal per exchange (rank 0's is shared).
-
-    Args:
-        rng: the generator (seeded with the buffer's seed and the rank).
-    """
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self.rng = rng
-
-    def proposal(self) -> int:
-        """The next seed proposal."""
-        return int(self.rng.integers(0, 1 << 63))
-
-    def state(self) -> dict[str, Any]:
-        """The shard-choice RNG's state, JSON-ready."""
-        return {"rng": self.rng.bit_generator.state}
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state` returned.
-
-        Raises:
-            ConfigError: ``state`` is not from :meth:`state` (nothing changes).
-        """
-        try:
-            scratch = type(self.rng.bit_generator)()
-            scratch.state = dict(state["rng"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError("not a sharding state from internals_of(buffer).sharding_state(): "
-                              f"{exc!r}") from exc
-        self.rng.bit_generator.state = scratch.state
-
-
 class Refill:
-    """Draws ``prefetch`` batches per call (collective on the exchange group).
-
-    Args:
-        shard: this rank's shard.
-        comm: the exchange group's collectives.
-        router: the priority router (its queue travels with the exchange).
-        strategy: the mode's :class:`ExchangeStrategy`.
-        prefetch: batches per exchange.
-        choice: the shard-choice RNG.
-    """
+    """Draws ``prefetch`` batches per call (collective on ``comm``, the exchange group)
+    with the mode's ``strategy``; ``choice`` (the shard-choice RNG) gives one seed
+    proposal per exchange (rank 0's is shared)."""
 
     def __init__(self, shard: Shard, comm: Collectives, router: PriorityRouter,
-                 strategy: ExchangeStrategy, prefetch: int, choice: ShardChoice) -> None:
+                 strategy: ExchangeStrategy, prefetch: int, choice: np.random.Generator) -> None:
         self._shard, self._comm = shard, comm
         self._router, self.strategy = router, strategy
         self.prefetch = prefetch
@@ -266,21 +226,16 @@ class Refill:
     def _stats(self, batch_size: int) -> ExchangeStats:
         """This rank's :class:`ExchangeStats` (no tail)."""
         st = self._shard.stats()
-        return ExchangeStats(st.mass, st.samplable, st.min_leaf, batch_size, self._choice.proposal(),
-                             self._shard.max_priority, st.key_tag)
+        seed = int(self._choice.integers(0, 1 << 63))
+        return ExchangeStats(st.mass, st.samplable, st.min_leaf, batch_size, seed, self._shard.max_priority,
+                             st.key_tag)
 
 
 class LocalExchange:
     """The exchange strategy of ``mode="local"``: each rank draws its batches from its own
     shard, each weight carrying the shard factor ``K * mass_k / sum(mass)`` (so the
     DDP-averaged gradient has the same expectation as in exact mode); no collective.
-
-    Args:
-        local: this rank's shard.
-        layout: the record layout of the shard's windows (for padding batches).
-        window: the shard's window length.
-        rank, world_size: this rank and the number of shards.
-    """
+    ``layout`` and ``window`` shape the padding batches of an empty shard."""
 
     def __init__(self, local: Shard, layout: RecordLayout, window: int, rank: int,
                  world_size: int) -> None:
@@ -324,15 +279,10 @@ class LocalExchange:
 
 
 def padding(layout: RecordLayout, window: int, n: int) -> Drawn:
-    """Zero-weight stand-in for an empty shard in local mode (keys -1 are skipped).
-
-    Each window is a well-formed terminated episode of zeros (FIRST, then LAST with
-    discount 0, mask True on those two positions), so the rank's training step (n-step
-    targets, forward, backward) runs on it as on real data and takes part in the DDP
-    gradient all-reduce; weight 0 makes its contribution nothing. An all-False mask would
-    make ``nstep_transitions`` raise on this rank alone and leave the others waiting in
-    the all-reduce.
-    """
+    """Zero-weight stand-in for an empty shard in local mode (keys -1 are skipped): each
+    window a terminated episode of zeros (FIRST, then LAST with discount 0), so the rank's
+    training step runs on it and joins the DDP all-reduce (an all-False mask would make
+    ``nstep_transitions`` raise on this rank alone and leave the others waiting)."""
     data = {p.name[len(DATA):]: torch.zeros((n, *p.shape), dtype=torch_dtype(p.dtype))
             for p in layout.parts if p.name.startswith(DATA)}
     data["step_type"][:, 1:] = int(StepType.LAST)

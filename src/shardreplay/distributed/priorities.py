@@ -37,11 +37,7 @@ STATS_OPS = ("ShardedReplayBuffer.sample(stats and queued updates)",
 
 
 class PendingUpdates:
-    """Foreign ``(key, priority)`` pairs in call order, grouped by owner when taken.
-
-    Args:
-        world_size: number of shards (owners).
-    """
+    """Foreign ``(key, priority)`` pairs in call order, grouped by owner when taken."""
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
@@ -83,12 +79,8 @@ class PendingUpdates:
 
 
 class PriorityRouter:
-    """Routes priority updates to their owner shards (collective where it says so).
-
-    Args:
-        shard: this rank's shard.
-        comm: the collectives of the group the updates travel on (the exchange group).
-    """
+    """Routes priority updates to their owner shards over ``comm`` (the exchange group;
+    collective where it says so)."""
 
     def __init__(self, shard: Shard, comm: Collectives) -> None:
         self._shard = shard

@@ -1,18 +1,9 @@
 """Where a :class:`ShardedReplayBuffer`'s exchanges run: inline, in the caller's ``sample``,
-or on a background thread (``pipeline=True``). A runner owns the prefetched batches and,
-pipelined, the thread, its job queue and the shard's lock.
-
-Pipelined, ``sample`` collects the exchange in flight when no batch is left, serves one,
-and starts the next exchange after handing out the last, so it runs while the learner
-trains. Each job runs under the shard's lock, which its collectives let go while they wait
-(:meth:`BackgroundRunner.released`). Every collective of the buffer's own group is issued
-from the one thread in the order the learner's thread submitted the jobs, which follows
-its collective calls, so they pair up alike on every rank; a rank waits for job j only in
-a call every rank reaches after submitting j, never holding the lock.
-
-A job's error goes to whoever waits for it. One every rank raises alike (a bad argument,
-an empty buffer) leaves the thread running; any other stops it, fails the jobs queued
-behind it, and every later submit raises :class:`SamplerFailed`.
+or on a background thread (``pipeline=True``; docs/semantics.md, "Sharded sampling").
+A runner owns the prefetched batches and, pipelined, the thread, its job queue and the
+shard's lock, which a job's collectives let go while they wait. The thread issues the
+jobs in the order the caller's collective calls submitted them, so they pair up alike on
+every rank; a rank waits for job j only in a call every rank reaches after submitting j.
 """
 
 from __future__ import annotations
@@ -42,12 +33,8 @@ Serve = Callable[[Drawn], Batch]
 
 
 class InlineRunner:
-    """Exchanges run in the calling thread; no lock (nothing else touches the shard).
-
-    Args:
-        refill: one exchange.
-        router: the priority router (its queue travels with each exchange).
-    """
+    """Exchanges (``refill``, with the ``router``'s queue) run in the calling thread; no
+    lock (nothing else touches the shard)."""
 
     pipeline = False
 
@@ -126,15 +113,8 @@ def _unlocked(lock: threading.Lock) -> Iterator[None]:
 
 
 class BackgroundRunner(InlineRunner):
-    """Exchanges run on one background thread over the buffer's own group, under the
-    shard's lock.
-
-    Args:
-        refill: one exchange (over ``comm``).
-        router: the priority router.
-        comm: the buffer's own group, destroyed by :meth:`close`.
-        name: the thread's name.
-    """
+    """Exchanges run on one background thread (named ``name``) over the buffer's own
+    group ``comm`` (destroyed by :meth:`close`), under the shard's lock."""
 
     pipeline = True
 
@@ -234,13 +214,8 @@ _IN_STEP = (ConfigError, EmptyBufferError)
 
 
 class Background:
-    """A single worker thread with a FIFO of jobs.
-
-    Args:
-        name: the thread's name (shows in stack dumps).
-        device: the device collectives run on (a CUDA device is made current in the
-            thread, as NCCL needs).
-    """
+    """A single worker thread with a FIFO of jobs (a CUDA ``device`` is made current in
+    it, as NCCL needs). Apart from its runner: a runner that is collected closes it."""
 
     def __init__(self, name: str, device: torch.device) -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()

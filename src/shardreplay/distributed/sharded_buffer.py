@@ -5,8 +5,7 @@ writes stay local. ``sample`` and ``update_priorities`` are collective: every ra
 them in the same order, also when its own shard is empty (docs/semantics.md, sampling
 rules 5-6). The buffer is a facade over the priority router (:mod:`priorities`), the
 exchange (:mod:`exchange` with the mode's strategy) and the runner (:mod:`runner`:
-inline, or a background thread); checkpoints reach them through
-:func:`~shardreplay.distributed.internals.internals_of`.
+inline, or a background thread); checkpoints reach them through :func:`internals_of`.
 
 Collectives per call (``tests/distributed/test_sharded_collectives.py`` counts them,
 ``test_exchange_round_trips.py`` their round trips; on gloo each is one round trip at any
@@ -30,6 +29,7 @@ exact mode one all_to_all of records, or on one host one all_gather "records wri
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -50,18 +50,16 @@ from shardreplay.distributed.exchange import (
     LocalExchange,
     Refill,
     SamplingSettings,
-    ShardChoice,
     drawn_weights,
 )
 from shardreplay.distributed.group import Collectives
-from shardreplay.distributed.internals import ShardedInternals
 from shardreplay.distributed.priorities import PriorityRouter
 from shardreplay.distributed.runner import BackgroundRunner, InlineRunner
 from shardreplay.errors import ConfigError
 from shardreplay.spec.keys import MAX_SHARDS
 from shardreplay.spec.windows import window_layout
 
-__all__ = ["SAMPLE_MODES", "ShardedReplayBuffer"]
+__all__ = ["SAMPLE_MODES", "ShardedReplayBuffer", "internals_of"]
 
 # Named in a timeout's message: a lone rank asking len() must learn why it waits.
 _SIZES_OP = ("ShardedReplayBuffer.global_sizes (len(), num_steps and capacity are collectives: every "
@@ -134,7 +132,7 @@ class ShardedReplayBuffer:
         self.device = torch.device(device) if device is not None else comm.device
         self.prefetch, self.mode = int(prefetch), mode
         seed = local_buffer.seed if seed is None else seed
-        choice = ShardChoice(np.random.default_rng(None if seed is None else [seed, self.rank, 0x5EED]))
+        choice = np.random.default_rng(None if seed is None else [seed, self.rank, 0x5EED])
         use_shm = shared_memory and comm.device.type == "cpu"  # shared memory only on gloo groups
         mine = settings_of(local_buffer, mode, self.prefetch, pipeline, host_key(use_shm), nonce())
         agreed = SamplingSettings.from_tensor(comm.all_gather(mine.to_tensor(), _SETTINGS_OP))
@@ -348,3 +346,56 @@ class ShardedReplayBuffer:
                 return records_on(d.records, self._layout, weights, self.device)
             return pinned(batch).to(self.device, non_blocking=True)
         return batch.to(self.device)
+
+
+@dataclass
+class ShardedInternals:
+    """What checkpoints, the runtime and tests reach behind a :class:`ShardedReplayBuffer`'s
+    public surface (:func:`internals_of`).
+
+    Attributes:
+        collectives: the caller's group (loads agree on it).
+        exchange_group: the group exchanges run on (the buffer's own when pipelined).
+        router: the priority router (queued updates, key tags).
+        choice: the shard-choice RNG (saved with a checkpoint part).
+        runner: inline or background (lock, thread, prefetched batches).
+        strategy: the mode's exchange strategy.
+    """
+
+    collectives: Collectives
+    exchange_group: Collectives
+    router: PriorityRouter
+    choice: np.random.Generator
+    runner: InlineRunner
+    strategy: ExchangeStrategy
+
+    def learn_key_tags(self, tags: Any) -> None:
+        """Note every shard's key tag (a checkpoint load's agreement tells them)."""
+        self.router.learn_key_tags(tags)
+
+    def sharding_state(self) -> dict[str, Any]:
+        """The shard-choice RNG's state, JSON-ready (saved with a checkpoint part; the max
+        priority is the shard's own). Waits for a background exchange first (it draws
+        from the RNG)."""
+        self.runner.settle()
+        return {"rng": self.choice.bit_generator.state}
+
+    def load_sharding_state(self, state: Any) -> None:
+        """Restore what :meth:`sharding_state` returned (the ``routed_max`` older checkpoints
+        saved beside it is ignored: docs/semantics.md, "Checkpoints").
+
+        Raises:
+            ConfigError: ``state`` is not from :meth:`sharding_state` (nothing changes).
+        """
+        try:
+            scratch = type(self.choice.bit_generator)()
+            scratch.state = dict(state["rng"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError("not a sharding state from internals_of(buffer).sharding_state(): "
+                              f"{exc!r}") from exc
+        self.choice.bit_generator.state = scratch.state
+
+
+def internals_of(buffer: ShardedReplayBuffer) -> ShardedInternals:
+    """The :class:`ShardedInternals` behind ``buffer``."""
+    return buffer._internals

@@ -27,9 +27,8 @@ from shardreplay import checkpoint
 from shardreplay.checkpoint.manifest import INCOMPLETE_DIR
 from shardreplay.cli.train import _resumable
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.exchange import ShardChoice
-from shardreplay.distributed.internals import ShardedInternals
 from shardreplay.distributed.runner import InlineRunner
+from shardreplay.distributed.sharded_buffer import ShardedInternals
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.envs import transition_spec
 from shardreplay.runtime.launch.launcher import prepare_run_dir
@@ -108,8 +107,8 @@ def _incomplete_checkpoint(run_dir: Path, cid: int) -> Path:
     stub = object.__new__(ShardedReplayBuffer)
     stub.local, stub.rank, stub.world_size = buf, 0, 2
     # Saved as its sharding_state(): the shard-choice RNG (nothing else is reached).
-    stub._internals = ShardedInternals(None, None, None, ShardChoice(np.random.default_rng(0)),
-                                       InlineRunner(None, None), None)
+    rng = np.random.default_rng(0)
+    stub._internals = ShardedInternals(None, None, None, rng, InlineRunner(None, None), None)
     directory = checkpoint.save(stub, run_dir / "checkpoints", cid)
     (run_dir / "config.json").write_text(json.dumps(TrainSettings.from_dict(dict(learners=2)).to_dict()))
     assert not checkpoint.is_complete(directory)
