@@ -21,6 +21,7 @@ from typing import Any
 
 from shardreplay import _signals
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.checkpoint.records import ManifestPart
 from shardreplay.checkpoint.saving import SaveJob, forget, prepare, run, write, written
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointError, ConfigError
@@ -100,7 +101,7 @@ class PendingSave:
                 if isinstance(report.get("errno"), int) else None
             raise CheckpointError(f"checkpoint {self.directory.name}: the background write failed: "
                                   f"{report['error']}") from cause
-        written(job, str(report["file"]), int(report["bytes"]), tuple(report["block_xxh64"]))
+        written(job, ManifestPart.parse(report["part"], self.directory))
 
     def done(self) -> bool:
         """Whether the part is written (or the write failed) and the child reaped."""
@@ -165,8 +166,7 @@ def _fork(job: SaveJob) -> tuple[int, int]:
 
 def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # pragma: no cover
     """The writer: write the part, report through ``write_fd``, ``os._exit`` (always)."""
-    code, report = 1, {}
-    logs: list[list[Any]] = []
+    code, report, logs = 1, dict[str, Any](), list[list[Any]]()
     try:
         os.close(read_fd)
         # Below the training thread: on a busy host a writer at the same priority takes a
@@ -177,7 +177,7 @@ def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # p
         threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
         _capture_logs(logs)
         part = write(job)
-        report, code = {"file": part.file, "bytes": part.bytes, "block_xxh64": list(part.block_xxh64)}, 0
+        report, code = {"part": part.as_json()}, 0
     except BaseException as exc:  # reported, never raised: the child must reach os._exit
         report = {"error": str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}",
                   **_os_error(exc)}

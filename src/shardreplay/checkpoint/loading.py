@@ -192,7 +192,7 @@ def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: b
     mine = torch.tensor([int(failed), int(complete), shard_of_buffer(buffer.local).key_tag])
     internals = internals_of(buffer)
     flags = internals.collectives.all_gather(mine, "checkpoint.load(agree)").cpu().reshape(-1, 3)
-    internals.learn_key_tags(flags[:, 2].numpy())
+    internals.router.learn_key_tags(flags[:, 2].numpy())
     return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].all())
 
 
@@ -213,8 +213,7 @@ def load_shard(directory: Path, local: ReplayBuffer, shard: int, num_shards: int
                layout: NewLayout | None = None) -> LoadReport:
     """Restore the checkpoint ``directory`` into ``local`` as shard ``shard`` of
     ``num_shards`` in one restore session, without any collective (a rank's part of
-    :func:`load`; the Minari export reads each saved part as saved with it). ``layout``
-    gives every new shard's rows, None: all shaped like ``local``.
+    :func:`load`). ``layout`` gives every new shard's rows, None: all shaped like ``local``.
 
     Raises:
         CheckpointError: as :func:`load` (no fallback to an older checkpoint).
@@ -250,7 +249,7 @@ def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, s
         for p in parts:
             readers.append(open_part(directory, p))
             stack.callback(readers[-1].close)
-        episodes = _episode_table(readers)
+        episodes = episode_table(readers)
         metas = [PartMeta.parse(r.metadata.get("buffer_meta", "{}"), r.path) for r in readers]
         positions = [_row_pos(r) for r in readers]
         epoch = _new_key_epoch(metas, positions, floor_epoch)
@@ -328,9 +327,8 @@ def writes_per_slot(pos: np.ndarray, cap: int) -> int:
 
 def _same_layout(readers: list[AnyPartReader], metas: list[PartMeta], positions: list[np.ndarray],
                  layout: NewLayout) -> bool:
-    """Whether the restore can put every part back as it was: as many shards as saved
-    parts, each new shard with its part's rows and row capacity, and every stored step
-    of every row saved (nothing dropped by ``partial="drop"``)."""
+    """Whether the restore can put every part back as it was (docs/semantics.md, "Same N:
+    a faithful resume"; nothing dropped by ``partial="drop"``)."""
     if len(readers) != layout.num_shards:
         return False
     for k, (reader, meta, pos) in enumerate(zip(readers, metas, positions, strict=True)):
@@ -343,8 +341,8 @@ def _same_layout(readers: list[AnyPartReader], metas: list[PartMeta], positions:
 
 
 def _identity_plan(episodes: EpisodeTable, shard: int, pos: np.ndarray, cap: int) -> ShardPlan:
-    """Part ``shard``'s episodes, each in its saved row (offsets as stored in the ring
-    are not needed: :func:`_read_as_saved` places the rows)."""
+    """Part ``shard``'s episodes, each in its saved row (:func:`_read_as_saved` places the
+    rows)."""
     ids = np.flatnonzero(episodes.part == shard).astype(np.int64)
     zeros = np.zeros(ids.shape[0], np.int64)
     return ShardPlan(ids, episodes.row[ids], zeros, zeros, np.minimum(pos, cap), 0, 0)
@@ -381,7 +379,7 @@ def _read_as_saved(reader: AnyPartReader, pos: np.ndarray, session: RestoreSessi
         targets["discount"][slots[index]] = discounts
 
 
-def _episode_table(readers: list[AnyPartReader]) -> EpisodeTable:
+def episode_table(readers: list[AnyPartReader]) -> EpisodeTable:
     """The episode tables of all parts, checked against their rows, as one table."""
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("part", "start", "length", "row", "age")}
     for k, reader in enumerate(readers):
@@ -428,9 +426,9 @@ def _read_placements(readers: list[AnyPartReader], plan: ShardPlan, episodes: Ep
 def _read_runs(readers: list[AnyPartReader], runs: list[tuple[int, int, int, int]],
                stack_runs: list[tuple[int, int, int, int]], session: RestoreSession,
                periods: list[int]) -> dict[str, np.ndarray]:
-    """Read ``runs`` (part, first saved step, first flat slot, steps) of every array into
-    the session's targets, check every block read before anything is derived from it,
-    then the frame stacks (in ``stack_runs``' order) and start-only fields; the targets."""
+    """Read ``runs`` of every array into the session's targets and check every block read
+    before anything is derived from it, then the frame stacks (in ``stack_runs``' order)
+    and start-only fields; the targets."""
     targets = session.targets()
     for arr in targets.values():
         advise_hugepages(arr)
@@ -460,11 +458,9 @@ def _runs(part: np.ndarray, src: np.ndarray, dst: np.ndarray, length: np.ndarray
 
 def _read_stacks(readers: Sequence[AnyPartReader], runs: Sequence[tuple[int, int, int, int]],
                 session: RestoreSession) -> None:
-    """Fill the frame rings of the shard ``session`` restores from ``runs`` of saved steps
-    (``(part, first saved step, first flat slot, steps)``, not crossing a ring's end, in
-    (row, time) order of the storage: a row's oldest frames are the ones overwritten
-    first). A part holds whole stacks per step; they are read in bounded pieces and
-    each frame is stored once again (``FrameStore.load_row``).
+    """Fill the frame rings of the shard ``session`` restores from ``runs`` (as in
+    :func:`_runs`, in the storage's (row, time) order). A part holds whole stacks per step;
+    they are read in bounded pieces and each frame is stored once again.
 
     Raises:
         CheckpointFormatError: a block of a part is missing or corrupt.
@@ -509,10 +505,9 @@ def start_mask(reader: AnyPartReader, period: int, steps: int) -> np.ndarray:
 
 def _read_starts(readers: Sequence[AnyPartReader], periods: Sequence[int],
                 runs: Sequence[tuple[int, int, int, int]], session: RestoreSession) -> None:
-    """Read the start rows of the ``at_starts`` fields for ``runs`` of saved steps (as
-    for frame stacks) and place those of the new buffer's start steps. A part holds one
-    row per saved step that could start a window under its ``period`` (:func:`start_mask`),
-    so a run maps to one range of rows; the new ``period`` is a multiple of the saved one.
+    """Read the start rows of the ``at_starts`` fields for ``runs`` of saved steps and
+    place those of the new buffer's start steps (a part holds a row per step
+    :func:`start_mask` marks, so a run maps to one range of rows).
 
     Raises:
         CheckpointFormatError: a part was saved with a period that the new one is not a

@@ -1,25 +1,13 @@
 """The M -> N restore plan: which episodes go to which new shard, row and offset
 (docs/semantics.md, "Checkpoints").
 
-Pure and deterministic: the same episode tables and new layout (:class:`NewLayout`:
-shards need not be alike) give the same plan on every rank, so the ranks' plans
-partition the episodes. Episodes are never split between rows; the saved streams (rows
-of the M parts) are the starting pieces:
-
-* **spread** (``R_saved <= sum(num_streams)``): each new row receives one piece, a run
-  of consecutive episodes of one saved stream; while rows are left, the largest piece
-  is split at the episode boundary nearest its middle (unless its halves would overflow
-  the rows more than the whole); pieces are dealt largest first to a shard with a free
-  row that holds them whole, the least filled for its capacity. Nothing is lost when the
-  saved streams fit the rows one each.
-* **merge** (more saved streams than new rows): the oldest episodes beyond the new
-  capacity are dropped, the rest dealt largest first to the row least filled for its
-  capacity (rows of the shards interleaved), and a row that still overflows drops its
-  oldest.
-
-An episode's **age** is the number of steps stored after it in its saved stream. Within
-a new row episodes are ordered oldest first, so each saved stream keeps its time order;
-an episode longer than a row keeps its newest steps (the loader seals it with FIRST).
+Pure and deterministic: the same episode tables and new layout give the same plan on
+every rank, so the ranks' plans partition the episodes. Episodes are never split between
+rows. **Spread** (no more saved streams than new rows): each new row receives one piece
+of a saved stream (:func:`_split_pieces`, :func:`_deal_pieces`); **merge** (more): the
+oldest episodes beyond the new capacity are dropped and the rest dealt to the least
+filled rows (:func:`_balance`). Within a new row episodes are ordered oldest first; an
+episode longer than a row keeps its newest steps (:func:`_fit`).
 """
 
 from __future__ import annotations

@@ -249,8 +249,9 @@ class Manifest:
     ``parts`` are in shard order. ``files`` gives the size and XXH64 of every other
     file but ``manifest.json`` (the part descriptions and the files saved with
     ``save(files=...)``); ``covers_files`` is False for a manifest written before that
-    table (those files are then read unchecked). ``extra`` (and each part's) is what
-    checkpoints written before named files stored beside the buffer; empty since.
+    table (those files are then read unchecked). ``partial`` sums the parts' (also for a
+    manifest that did not record it). ``extra`` (and each part's) is what checkpoints
+    written before named files stored beside the buffer; empty since.
     """
 
     directory: Path
@@ -288,8 +289,7 @@ class Manifest:
             covered.update(part.files)
         return cls(Path(directory), first.checkpoint_id, first.num_shards, spec, first.spec_fingerprint,
                    sum(p.steps for p in parts), sum(p.episodes for p in parts),
-                   {k: sum(p.partial[k] for p in parts) for k in first.partial},
-                   RestoreCounts.total([p.restored for p in parts]), tuple(parts),
+                   _summed_partial(parts), RestoreCounts.total([p.restored for p in parts]), tuple(parts),
                    dict(sorted(covered.items())))
 
     @classmethod
@@ -313,15 +313,15 @@ class Manifest:
             spec = Spec.from_dict(body["spec"])
         except (ConfigError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointFormatError(f"{where}: bad spec ({exc!r})") from exc
-        partial, extra, files = body.get("partial", {}), body.get("extra", {}), body.get("files")
-        if not isinstance(partial, Mapping) or not isinstance(extra, Mapping) or \
+        partial, extra, files = body.get("partial"), body.get("extra", {}), body.get("files")
+        if not (partial is None or isinstance(partial, Mapping)) or not isinstance(extra, Mapping) or \
                 not isinstance(body.get("spec_fingerprint"), str) or \
                 not (files is None or isinstance(files, Mapping)):
             raise CheckpointFormatError(f"{where}: malformed manifest")
         return cls(Path(directory), _count(body.get("checkpoint_id"), "checkpoint_id", where), num, spec,
                    body["spec_fingerprint"], _count(body.get("steps"), "steps", where),
                    _count(body.get("episodes"), "episodes", where),
-                   _counts(partial, "partial", where),
+                   _summed_partial(parts) if partial is None else _counts(partial, "partial", where),
                    RestoreCounts.parse(body.get("restored"), where), parts,
                    {str(k): FileEntry.parse(k, v, where) for k, v in (files or {}).items()},
                    files is not None, dict(extra))
@@ -340,6 +340,11 @@ class Manifest:
         if self.extra:
             out["extra"] = dict(self.extra)
         return out
+
+
+def _summed_partial(parts: tuple[ManifestPart, ...] | list[ManifestPart]) -> dict[str, int]:
+    """The parts' partial-episode counts summed."""
+    return {k: sum(p.partial[k] for p in parts) for k in (parts[0].partial if parts else {})}
 
 
 @dataclass(frozen=True)

@@ -174,10 +174,9 @@ class Segments:
 
 @dataclass(frozen=True)
 class Chain:
-    """The last part a shard saved under ``root``: its checkpoint and file, and its
-    segment table (own rows: source -1)."""
+    """The last part a shard saved under a root (``clears``: the shard's at the save): its
+    checkpoint and file, and its segment table (own rows: source -1)."""
 
-    root: str
     clears: int
     own: RefSource
     segments: Segments
@@ -212,7 +211,7 @@ def _key(root: Path) -> str:
 
 def remember(shard: Shard, root: Path, own: RefSource, segments: Segments) -> None:
     """After part file ``own`` was written: the next part of ``shard`` may continue from it."""
-    shard.checkpoint_notes[_key(root)] = Chain(str(Path(root).resolve()), shard.clears, own, segments)
+    shard.checkpoint_notes[_key(root)] = Chain(shard.clears, own, segments)
 
 
 def forget(shard: Shard, root: Path) -> None:

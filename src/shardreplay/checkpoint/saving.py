@@ -156,7 +156,7 @@ def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkp
         return SaveJob(directory, True)
     sharding = internals_of(buffer).sharding_state() if isinstance(buffer, ShardedReplayBuffer) else None
     hi = shard.positions
-    # Start rows (not one row per step): full parts.
+    # A shard with start-only fields (a row per start step, not per step) saves full parts.
     chainable = incremental and partial == "seal" and not shard.start_names
     chain = chain_of(shard, root) if chainable else None
     segments: Segments | None
@@ -255,7 +255,7 @@ def run(job: SaveJob) -> Path:
     except CheckpointError:
         forget(shard, job.directory.parent)
         raise
-    written(job, part.file, part.bytes, part.block_xxh64)
+    written(job, part)
     return job.directory
 
 
@@ -285,10 +285,10 @@ def write(job: SaveJob) -> ManifestPart:
     return part
 
 
-def written(job: SaveJob, file: str, size: int, block_xxh64: tuple[str, ...]) -> None:
-    """Part file ``file`` of ``job`` is written: an incremental save continues from it."""
+def written(job: SaveJob, part: ManifestPart) -> None:
+    """``part`` of ``job`` is written: an incremental save continues from it."""
     if job.shard is not None and job.segments is not None:
-        own = RefSource(job.directory.name, file, size, tuple(block_xxh64))
+        own = RefSource(job.directory.name, part.file, part.bytes, part.block_xxh64)
         remember(job.shard, job.directory.parent, own, job.segments)
 
 

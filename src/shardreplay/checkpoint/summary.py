@@ -8,7 +8,6 @@ needs (names, dtypes, shapes against the spec), and the episode tables.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 
 from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.buffer.state import expected_arrays
-from shardreplay.checkpoint.loading import _episode_table, start_mask
+from shardreplay.checkpoint.loading import episode_table, start_mask
 from shardreplay.checkpoint.manifest import (
     check_complete,
     checkpoint_dir,
@@ -82,7 +81,7 @@ def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
     out = {"checkpoint_id": manifest.checkpoint_id, "directory": str(directory), "complete": True,
            "num_shards": manifest.num_shards, "steps": manifest.steps,
            "episodes": manifest.episodes, "partial_policy": sorted({p.partial_policy for p in parts}),
-           "partial": dict(manifest.partial) or _sum_partial(parts),
+           "partial": dict(manifest.partial),
            "restored": None if manifest.restored is None else manifest.restored.as_dict(),
            "spec": manifest.spec.to_dict(),
            "spec_fingerprint": manifest.spec_fingerprint,
@@ -135,8 +134,8 @@ def verify(directory: Path) -> dict[str, Any]:
 
 def _check_arrays(reader: AnyPartReader, spec: Spec, part: ManifestPart) -> None:
     steps = starts = part.steps
+    period = PartMeta.parse(reader.metadata.get("buffer_meta", ""), reader.path).period
     if any(f.at_starts for f in spec.fields.values()):  # a row per saved start step only
-        period = PartMeta.parse(reader.metadata.get("buffer_meta", "{}"), reader.path).period
         starts = int(start_mask(reader, period, steps).sum())
     for name, (dtype, shape) in expected_arrays(spec, STEP_ARRAYS, steps, starts).items():
         got = reader.entry(name)
@@ -145,13 +144,9 @@ def _check_arrays(reader: AnyPartReader, spec: Spec, part: ManifestPart) -> None
                                         f"expected {dtype}{list(shape)}")
     if int(reader.array("row_length").sum()) != steps:
         raise CheckpointFormatError(f"{reader.path}: row lengths do not add up to {steps} steps")
-    episodes = _episode_table([reader])
+    episodes = episode_table([reader])
     if len(episodes) != part.episodes or int(episodes.length.sum()) != steps:
         raise CheckpointFormatError(f"{reader.path}: the episode table does not cover the {steps} steps")
-    try:
-        json.loads(reader.metadata.get("buffer_meta", ""))
-    except ValueError as exc:
-        raise CheckpointFormatError(f"{reader.path}: buffer metadata is not JSON") from exc
 
 
 def _stats(values: np.ndarray) -> dict[str, float | int | None]:
@@ -159,9 +154,4 @@ def _stats(values: np.ndarray) -> dict[str, float | int | None]:
         return {"count": 0, "min": None, "mean": None, "max": None}
     v = values.astype(np.float64)
     return {"count": int(v.size), "min": float(v.min()), "mean": float(v.mean()), "max": float(v.max())}
-
-
-def _sum_partial(parts: tuple[ManifestPart, ...]) -> dict[str, int]:
-    keys = parts[0].partial if parts else {}
-    return {k: sum(p.partial[k] for p in parts) for k in keys}
 

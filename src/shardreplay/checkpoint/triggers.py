@@ -15,19 +15,13 @@ every step::
                 break                        # stopped: this rank's part is written
             train_one_step()                 # sample / update: collectives every step
 
-The cases: **periodic** (once per multiple of ``interval_steps`` passed, the same
-answer on every rank: :meth:`~CheckpointTrigger.periodic_due`); **requested**
-(``SIGUSR1`` to any rank, or a file ``checkpoint.request``: combined over ranks by one
-small collective, so every rank saves at the same step); **stop** (``SIGTERM``, first
-``SIGINT``: saved at the next step with no collective, then the loop leaves); **crash**
-(:meth:`~CheckpointTrigger.save_on_exception`). Signal handlers only set flags: saves
-happen in the loop.
-
-Local saves (stop, crash) use the step of the latest ``should_save`` call. When every
-training step runs a collective, no rank is more than one call ahead of another, so
-ranks stopped together save under the same id; keep the collectives' ``timeout_s``
-below the launcher's grace period. If ids do differ, that checkpoint stays incomplete
-and ``load`` takes the newest complete one.
+A request (``SIGUSR1`` to any rank, or the file ``checkpoint.request``) is combined over
+ranks by one small collective, so every rank saves at the same step; a stop (``SIGTERM``,
+first ``SIGINT``) and a crash save this rank's part with no collective, under the step of
+the latest ``should_save`` call. When every training step runs a collective, no rank is
+more than one call ahead, so ranks stopped together save under the same id (keep the
+collectives' ``timeout_s`` below the launcher's grace period); if ids differ, that
+checkpoint stays incomplete and ``load`` takes the newest complete one.
 """
 
 from __future__ import annotations
@@ -65,7 +59,8 @@ def periodic_save_due(interval: int, saved_at: int, step: int) -> bool:
 
 
 class CheckpointTrigger:
-    """Decides at every training step whether this rank saves a checkpoint now.
+    """Decides at every training step whether this rank saves a checkpoint now. Signal
+    handlers only set flags: saves happen in the loop.
 
     Args:
         run_dir: the checkpoint root (where ``save`` writes ``ckpt-*``); the request file
@@ -148,8 +143,7 @@ class CheckpointTrigger:
     def periodic_due(self, step: int) -> bool:
         """Whether a periodic checkpoint is due at ``step``: a multiple of ``interval_steps``
         was passed since the last step this answered True for, or since the first step it
-        was asked about (a restored loop does not save again where it starts). Every rank
-        asking at the same steps gets the same answers."""
+        was asked about (a restored loop does not save again where it starts)."""
         step = int(step)
         if self._periodic_from is None:
             self._periodic_from = step

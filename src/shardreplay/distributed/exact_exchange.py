@@ -4,11 +4,8 @@ fetched from the shard that owns it.
 Every rank derives every requester's shard counts from one shared seed, so only the data
 is exchanged: windows are written from storage into packed records, a rank's own into
 their final rows while the others' are in flight, the others' into a send buffer for
-``all_to_all``. When every rank runs on one host the send buffer is the owner's region in
-``/dev/shm`` (:class:`SharedRecords`): one small collective says the regions are written
-and each requester copies its rows out. Region sizes follow from the same counts on every
-rank; a new region's name is removed once all ranks agree they have mapped it (one more
-small collective), so only a run killed inside such an exchange leaves one behind.
+``all_to_all``, or on one host into the owner's region in ``/dev/shm``
+(:class:`SharedRecords`; docs/semantics.md, "Sharded sampling").
 """
 
 from __future__ import annotations

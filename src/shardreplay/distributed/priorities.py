@@ -2,10 +2,8 @@
 that owns its key. It owns the queue of updates for other shards and every shard's key tag.
 
 Updates travel in :meth:`PriorityRouter.send`, in the all_to_all of what every rank tells
-the others. Strict (``prefetch=1``, no pipeline): updates for other shards travel at once,
-then, when a routed priority may be a new maximum, an all_gather of the owners' maxima.
-Lazy (``prefetch > 1`` or ``pipeline=True``): updates for this shard apply at once, the
-others wait in :class:`PendingUpdates` for the next exchange's statistics (:mod:`exchange`).
+the others: at once (:meth:`~PriorityRouter.update_now`), or queued in
+:class:`PendingUpdates` until the next exchange (docs/semantics.md, "Sharded sampling").
 """
 
 from __future__ import annotations

@@ -369,10 +369,6 @@ class ShardedInternals:
     runner: InlineRunner
     strategy: ExchangeStrategy
 
-    def learn_key_tags(self, tags: Any) -> None:
-        """Note every shard's key tag (a checkpoint load's agreement tells them)."""
-        self.router.learn_key_tags(tags)
-
     def sharding_state(self) -> dict[str, Any]:
         """The shard-choice RNG's state, JSON-ready (saved with a checkpoint part; the max
         priority is the shard's own). Waits for a background exchange first (it draws
