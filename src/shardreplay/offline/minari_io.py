@@ -1,21 +1,13 @@
 """Export a sharded checkpoint to Minari, and prefill replay from a Minari dataset.
 
-Our stored episode of ``K`` steps (dm_env order: step ``t`` holds ``obs_t``, the
-``action_t`` taken at it and the ``reward_t`` that followed; the LAST step's action and
-reward are padding) is Minari's episode of ``T = K - 1`` transitions: the ``K``
-observations (Minari's N + 1), the first ``K - 1`` actions and rewards, and the LAST
-step's discount as ``terminations[-1]`` (0) or ``truncations[-1]`` (1). The step infos
-carry ``K`` entries each (one per observation, as Minari's own collector records):
-``priority`` (float32), ``policy_version``, ``actor`` and ``stream`` (int64; -1 where
-the source does not know it). Images are written raw, so a frame stack comes back bit
-for bit; ``unstack=True`` keeps only each stack's newest frame.
-
-The files follow Minari's own layout (docs/offline.md), written here rather than by its
-storage classes, which reopen and re-measure the dataset for every episode. A dataset
-is written under a hidden temporary directory beside its final place and renamed there
-at the end: an export that fails or is killed leaves nothing under the id (Minari's
-listing skips hidden directories; the next export of that id removes the leftovers of
-dead exports).
+Our stored episode of ``K`` steps (its LAST step's action and reward are padding) is
+Minari's episode of ``K - 1`` transitions with ``K`` observations; the step infos carry
+``priority``, ``policy_version``, ``actor`` and ``stream`` (-1 where the source does not
+know it); images are written raw. docs/offline.md has the conventions table and the
+files written (Minari's own layout, written here: its storage classes reopen and
+re-measure the dataset for every episode). A dataset is written under a hidden
+directory beside its final place and renamed there at the end: a failed or killed
+export leaves nothing under the id (the next export of that id removes dead leftovers).
 """
 
 from __future__ import annotations
@@ -59,7 +51,6 @@ __all__ = ["ChunkEpisodes", "Episode", "episodes_of_checkpoint", "export_checkpo
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 FIELDS = ("obs", "action", "reward")  # the fields a run's transition spec has
-PIECE_BYTES = 64 << 20  # field rows read at once (a part need not fit in memory)
 COMPACT_BYTES = 16 << 10  # HDF5 keeps a dataset this small inside its group's header
 FLUSH_BYTES = 1 << 20  # prefill writes a row's episodes together up to this many observation bytes
 
@@ -123,18 +114,12 @@ class CheckpointEpisodes:
         prio = steps.get("priority")
         if not start.size:
             return
-        entries = [reader.entry(f"field.{name}") for name in FIELDS]
-        ends = np.cumsum(length) * sum(dtype.itemsize * int(np.prod(shape[1:])) for dtype, shape in entries)
-        mapped = _mapped(reader) if isinstance(reader, PartReader) else None
-        for piece in np.split(np.arange(ends.shape[0]), np.flatnonzero(np.diff(ends // PIECE_BYTES)) + 1):
-            lo, hi = int(start[piece[0]]), int(start[piece[-1]] + length[piece[-1]])
-            rows = {name: reader.rows(f"field.{name}", lo, hi) if mapped is None else mapped[name][lo:hi]
-                    for name in FIELDS}
-            for k in piece.tolist():
-                e = slice(int(start[k]) - lo, int(start[k] + length[k]) - lo)
-                yield Episode(rows["obs"][e], rows["action"][e], rows["reward"][e], bool(terminated[k]),
-                              None if prio is None else prio[lo:hi][e], np.full(int(length[k]), -1, np.int64),
-                              int(actor[k]), int(stream[k]))
+        mapped = _mapped(reader) if isinstance(reader, PartReader) else None  # else rows in older files
+        for k, (lo, hi) in enumerate(zip(start.tolist(), (start + length).tolist(), strict=True)):
+            obs, action, reward = (mapped[name][lo:hi] if mapped else reader.rows(f"field.{name}", lo, hi)
+                                   for name in FIELDS)
+            yield Episode(obs, action, reward, bool(terminated[k]), None if prio is None else prio[lo:hi],
+                          np.full(hi - lo, -1, np.int64), int(actor[k]), int(stream[k]))
 
 
 def _mapped(reader: PartReader) -> dict[str, np.ndarray]:
@@ -188,6 +173,17 @@ def _step_arrays(reader: PartReader | ChainedReader) -> dict[str, np.ndarray]:
     return out
 
 
+def _count(counts: dict[str, int], partial: str, saved: int, cut: Any = (), short: Any = ()) -> None:
+    """Add the steps read, the partial episodes (lengths ``cut``: sealed or dropped) and
+    the one-step episodes left out (``short``: no transition to export) to ``counts``."""
+    verb = "sealed" if partial == "seal" else "dropped"
+    cut, short = np.asarray(cut, np.int64), np.asarray(short, np.int64)
+    for name, value in {"saved_steps": saved, "partial_episodes": cut.size, "partial_steps": cut.sum(),
+                        f"{verb}_episodes": cut.size, f"{verb}_steps": cut.sum(),
+                        "short_episodes": short.size, "short_steps": short.sum()}.items():
+        counts[name] = counts.get(name, 0) + int(value)
+
+
 def _cut(steps: dict[str, np.ndarray], partial: str, counts: dict[str, int]) -> tuple[np.ndarray, ...]:
     """The exported episodes of a part's steps (start, length, row, terminated; two
     steps or more), partial ones sealed (ended as truncations) or dropped; adds what
@@ -200,13 +196,7 @@ def _cut(steps: dict[str, np.ndarray], partial: str, counts: dict[str, int]) -> 
     dropped = eps.partial & (partial == "drop")
     short = (eps.length < 2) & ~dropped
     keep = ~short & ~dropped
-    verb = "sealed" if partial == "seal" else "dropped"
-    n_partial, partial_steps = eps.partial.sum(), eps.length[eps.partial].sum()
-    for name, value in {"saved_steps": types.shape[0], "partial_episodes": n_partial,
-                        "partial_steps": partial_steps, f"{verb}_episodes": n_partial,
-                        f"{verb}_steps": partial_steps, "short_episodes": short.sum(),
-                        "short_steps": eps.length[short].sum()}.items():
-        counts[name] = counts.get(name, 0) + int(value)
+    _count(counts, partial, types.shape[0], eps.length[eps.partial], eps.length[short])
     return (eps.start[keep], eps.length[keep], eps.row[keep],
             ((types[last] == LAST) & (discount[last] == 0))[keep])
 
@@ -232,7 +222,7 @@ class ChunkEpisodes:
         for chunk in self.chunks:
             types_all = chunk.steps["step_type"]
             prios = chunk.priorities
-            self._count("saved_steps", int(types_all.size))
+            _count(self.counts, self.partial, int(types_all.size))
             for i, stream in enumerate(np.asarray(chunk.stream_ids).tolist()):
                 key, types = (int(chunk.actor_id), int(stream)), types_all[i]
                 lo = 0
@@ -251,9 +241,6 @@ class ChunkEpisodes:
         for key, pieces in pending.items():
             yield from self._close(key, pieces)
 
-    def _count(self, name: str, value: int) -> None:
-        self.counts[name] = self.counts.get(name, 0) + value
-
     def _close(self, key: tuple[int, int], pieces: list[tuple[dict[str, np.ndarray], int]]
                ) -> Iterator[Episode]:
         ep = {name: np.concatenate([p[name] for p, _v in pieces]) for name in pieces[0][0]}
@@ -261,17 +248,10 @@ class ChunkEpisodes:
             ep.pop("priority", None)
         n = ep["step_type"].shape[0]
         ended = ep["step_type"][-1] == LAST
-        if ep["step_type"][0] != FIRST or not ended:
-            self._count("partial_episodes", 1)
-            self._count("partial_steps", n)
-            verb = "sealed" if self.partial == "seal" else "dropped"
-            self._count(f"{verb}_episodes", 1)
-            self._count(f"{verb}_steps", n)
-            if self.partial == "drop":
-                return
-        if n < 2:
-            self._count("short_episodes", 1)
-            self._count("short_steps", n)
+        cut = bool(ep["step_type"][0] != FIRST or not ended)
+        short = n < 2 and not (cut and self.partial == "drop")
+        _count(self.counts, self.partial, 0, [n] * cut, [n] * short)
+        if short or (cut and self.partial == "drop"):
             return
         version = np.concatenate([np.full(p["step_type"].shape[0], v, np.int64) for p, v in pieces])
         yield Episode(ep["obs"], ep["action"], ep["reward"], bool(ended and ep["discount"][-1] == 0),
