@@ -79,9 +79,17 @@ def as_stored(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
         arr = to_numpy(value)
     if arr.shape != shape:
         arr = with_unit_axes(name, arr, shape, field_ndim)
-    if arr.dtype is not dtype and arr.dtype != dtype:  # ``is``: numpy's one object per builtin dtype
-        arr = _cast(name, arr, dtype)
-    return arr
+    if arr.dtype is dtype or arr.dtype == dtype:  # ``is``: numpy's one object per builtin dtype
+        return arr
+    kind = arr.dtype.kind
+    if dtype.kind == "f" and kind in "biuf":  # numpy's same_kind, without asking it
+        return arr.astype(dtype, order="C")
+    if _SAME_VALUE and dtype.kind in "iu" and kind in "iu":
+        try:  # range-checked in the cast (out of range: _cast says so)
+            return arr.astype(dtype, order="C", casting="same_value")
+        except ValueError:
+            pass
+    return _cast(name, arr, dtype)
 
 
 def with_unit_axes(name: str, arr: np.ndarray, shape: tuple[int, ...], field_ndim: int) -> np.ndarray:
@@ -103,12 +111,9 @@ def with_unit_axes(name: str, arr: np.ndarray, shape: tuple[int, ...], field_ndi
 def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     # Integers go into any integer field whose range holds the values (int64 -> uint8 is
     # the common case of Python ints); numpy's same_kind would refuse signed -> unsigned.
-    kind = arr.dtype.kind
-    if name == "step_type" and kind not in "iu":
+    if name == "step_type" and arr.dtype.kind not in "iu":
         raise SpecMismatchError(f"field 'step_type': expected integers 0/1/2 (StepType), got {arr.dtype}")
-    if dtype.kind == "f" and kind in "biuf":  # numpy's same_kind, without asking it
-        return arr.astype(dtype, order="C")
-    if dtype.kind in "iu" and kind in "iub":
+    if dtype.kind in "iu" and arr.dtype.kind in "iub":
         try:
             return _narrowed(arr, dtype)
         except ValueError:
