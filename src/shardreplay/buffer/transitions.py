@@ -20,10 +20,10 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import _check_gamma, nstep_returns, nstep_transitions
 from shardreplay.buffer.tensordicts import INSTALL
 from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.kernels.codes import numba_takes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers.uniform import UniformSampler
 from shardreplay.spec.fields import StepType
-from shardreplay.storage.one_step import numba_takes
 from shardreplay.storage.streams import _nbytes
 
 if TYPE_CHECKING:

@@ -6,6 +6,8 @@ modules above can read them while the kernels themselves load lazily (kernels/la
 
 from __future__ import annotations
 
+import numpy as np
+
 # -- kernels/validate.py ---------------------------------------------------------------
 MAX_STEP_TYPE = 2  # StepType.LAST
 # Plan row kinds.
@@ -40,3 +42,12 @@ LOCAL_MASK = (1 << SHARD_SHIFT) - 1  # tag, place and generation: a key without 
 
 # -- kernels/sum_tree.py -------------------------------------------------------------------
 ARITY = 8
+
+
+_NUMBA_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def numba_takes(dtype: np.dtype) -> bool:
+    """Whether compiled kernels accept arrays of ``dtype`` (not float16, long double or
+    non-native byte orders)."""
+    return dtype.isnative and (dtype.kind in "biu" or dtype in _NUMBA_FLOATS)

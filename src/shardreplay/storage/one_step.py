@@ -34,6 +34,7 @@ from shardreplay.errors import SpecMismatchError
 from shardreplay.kernels.codes import ADD_HELD_DONE as DONE
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
+from shardreplay.kernels.codes import numba_takes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.spec.coerce import as_stored
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
@@ -79,15 +80,6 @@ def one_step_add(storage: StreamStorage, default_priority: Callable[[], float] |
 _RECORD_PARTS = {"step_type": np.dtype(np.uint8), "discount": np.dtype(np.float32),
                  "episode_id": np.dtype(np.int64), "generation": np.dtype(np.uint32),
                  "priority": np.dtype(np.float32), "valid": np.dtype(np.bool_)}
-
-
-_NUMBA_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def numba_takes(dtype: np.dtype) -> bool:
-    """Whether compiled kernels accept arrays of ``dtype`` (not float16, long double or
-    non-native byte orders)."""
-    return dtype.isnative and (dtype.kind in "biu" or dtype in _NUMBA_FLOATS)
 
 
 class OneStepAdd:

@@ -16,6 +16,7 @@ import numpy as np
 import shardreplay.storage.sequences as sequences
 from shardreplay.errors import ShardReplayError
 from shardreplay.kernels import reference
+from shardreplay.kernels.codes import numba_takes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.kernels.reference import storage as twins
 from shardreplay.spec import Spec
@@ -23,7 +24,6 @@ from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 from shardreplay.storage.allocate import ArrayAllocator
 from shardreplay.storage.frames import FrameStore, StackPieces
-from shardreplay.storage.one_step import numba_takes
 from shardreplay.storage.starts import StartStore
 
 if TYPE_CHECKING:

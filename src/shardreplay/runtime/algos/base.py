@@ -4,7 +4,8 @@ published weights, ``greedy`` for evaluation; docs/train.md, "Algorithms")."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -12,10 +13,9 @@ import numpy as np
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.policy.broadcast import FINISHED
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos import spec_of
-from shardreplay.runtime.envs import EnvInfo
-from shardreplay.runtime.settings import TrainSettings
-from shardreplay.spec import Spec
+from shardreplay.runtime.envs import EnvInfo, transition_spec
+from shardreplay.runtime.settings import ALGOS, TrainSettings
+from shardreplay.spec import Field, Spec
 
 if TYPE_CHECKING:  # torch only types these: an actor that acts without torch never imports it
     import torch
@@ -24,8 +24,59 @@ if TYPE_CHECKING:  # torch only types these: an actor that acts without torch ne
     from shardreplay.buffer.batch import Batch
     from shardreplay.runtime.devices import Placement
 
-__all__ = ["ActorPolicy", "Agent", "Algorithm", "ApexExploration", "apex_epsilons", "check_fits", "explore",
-           "fits", "network_weights", "published_hidden", "warmup"]
+__all__ = ["ACTIONS", "SPECS", "ActorPolicy", "Agent", "Algorithm", "ApexExploration", "apex_epsilons",
+           "check_fits", "explore", "fits", "known_algo", "mlp_hidden", "network_weights", "published_hidden",
+           "recurrent_spec", "spec_of", "warmup"]
+
+
+# --algo name -> the action space it takes (describe_env's ``actions``)
+ACTIONS = {"dqn": "discrete", "sac": "box", "r2d2": "discrete"}
+
+
+def known_algo(name: str) -> None:
+    """Refuse an ``--algo`` name that is not one of ours.
+
+    Raises:
+        ConfigError: an unknown name.
+    """
+    if name not in ACTIONS:
+        raise ConfigError(f"--algo must be one of {', '.join(ALGOS)}, got {name!r}")
+
+
+def recurrent_spec(env: EnvInfo, hidden: tuple[int, ...]) -> Spec:
+    """R2D2's Spec: obs, int64 action, reward, and the actor's LSTM state ``h``, ``c``
+    (float32 ``[hidden[-1]]``), written at each step and kept by the buffer at the
+    sequence starts only (``at_starts``: docs/semantics.md, "Start-state fields").
+
+    Raises:
+        ConfigError: no ``hidden`` size, or images (the LSTM takes flat vectors).
+    """
+    if not hidden:
+        raise ConfigError("--algo r2d2 needs --hidden (its last size is the LSTM's)")
+    if len(env.obs_shape) != 1:
+        raise ConfigError(f"--algo r2d2 takes flat vector observations, got shape {list(env.obs_shape)}")
+    state = Field((int(hidden[-1]),), np.float32, at_starts=True)
+    return Spec({**transition_spec(env).fields, "h": state, "c": state})
+
+
+# --algo name -> the Spec its actors write (its Algorithm.transition_spec returns the same:
+# a test compares them), built without torch: the launcher sizes the local rings with it.
+SPECS: dict[str, Callable[[EnvInfo, tuple[int, ...]], Spec]] = {
+    "dqn": lambda env, _hidden: transition_spec(env),
+    "sac": lambda env, _hidden: transition_spec(env),
+    "r2d2": recurrent_spec,
+}
+
+
+def spec_of(name: str, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
+    """The transition Spec of ``--algo name`` for ``env`` (and ``--hidden``), without
+    importing torch.
+
+    Raises:
+        ConfigError: an unknown name, or a Spec the algorithm refuses for ``env``.
+    """
+    known_algo(name)
+    return SPECS[name](env, tuple(hidden))
 
 
 class Agent(Protocol):
@@ -219,3 +270,24 @@ def check_fits(net: nn.Module, weights: Mapping[str, Any], s: ActorSettings, env
         raise ConfigError(f"the policy at {s.policy_url} is not {what} for {s.env_id} (observations "
                           f"{list(env.obs_shape)}, {actions}): do the learners train the same --env-id "
                           f"{hint}?")
+
+
+def mlp_hidden(weights: Mapping[str, Any], obs_size: int, num_actions: int,
+               s: ActorSettings) -> tuple[int, ...]:
+    """The hidden sizes of a published MLP Q-network (its Linear weights ``net.<i>.weight``).
+
+    Raises:
+        ConfigError: the weights are not a Q-network for this environment.
+    """
+    layers = sorted((int(k.split(".")[1]), tuple(v.shape)) for k, v in weights.items()
+                    if k.startswith("net.") and k.endswith(".weight") and len(v.shape) == 2)
+    shapes = [shape for _i, shape in layers]
+    if not shapes or shapes[0][1] != obs_size or shapes[-1][0] != num_actions:
+        raise ConfigError(f"the policy at {s.policy_url} (layers {shapes}) is not a Q-network for "
+                          f"{s.env_id} ({obs_size} observations, {num_actions} actions): do the learners "
+                          "train the same --env-id?")
+    hidden = tuple(int(out) for out, _in in shapes[:-1])
+    if hidden != tuple(s.hidden):
+        logging.getLogger("shardreplay.actor").info("actor %d: hidden sizes %s from the published policy",
+                                                    s.actor_id, hidden)
+    return hidden

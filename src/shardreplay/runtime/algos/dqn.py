@@ -21,6 +21,7 @@ from shardreplay.runtime.algos.base import (
     ActorPolicy,
     Algorithm,
     ApexExploration,
+    mlp_hidden,
     network_weights,
 )
 from shardreplay.runtime.envs import EnvInfo
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from shardreplay.runtime.algos.dqn_torch import DoubleDqn
     from shardreplay.runtime.devices import Placement
 
-__all__ = ["DQN", "DqnAlgorithm", "NumpyEpsilonGreedyPolicy", "NumpyQNetwork", "mlp_hidden", "mlp_shapes"]
+__all__ = ["DQN", "DqnAlgorithm", "NumpyEpsilonGreedyPolicy", "NumpyQNetwork", "mlp_shapes"]
 
 log = logging.getLogger("shardreplay.actor")
 
@@ -46,26 +47,6 @@ def mlp_shapes(obs_size: int, num_actions: int, hidden: tuple[int, ...]) -> dict
         shapes[f"net.{2 * i}.weight"] = (width_out, width_in)
         shapes[f"net.{2 * i}.bias"] = (width_out,)
     return shapes
-
-
-def mlp_hidden(weights: Mapping[str, Any], obs_size: int, num_actions: int,
-               s: ActorSettings) -> tuple[int, ...]:
-    """The hidden sizes of a published MLP Q-network (its Linear weights ``net.<i>.weight``).
-
-    Raises:
-        ConfigError: the weights are not a Q-network for this environment.
-    """
-    layers = sorted((int(k.split(".")[1]), tuple(v.shape)) for k, v in weights.items()
-                    if k.startswith("net.") and k.endswith(".weight") and len(v.shape) == 2)
-    shapes = [shape for _i, shape in layers]
-    if not shapes or shapes[0][1] != obs_size or shapes[-1][0] != num_actions:
-        raise ConfigError(f"the policy at {s.policy_url} (layers {shapes}) is not a Q-network for "
-                          f"{s.env_id} ({obs_size} observations, {num_actions} actions): do the learners "
-                          "train the same --env-id?")
-    hidden = tuple(int(out) for out, _in in shapes[:-1])
-    if hidden != tuple(s.hidden):
-        log.info("actor %d: hidden sizes %s from the published policy", s.actor_id, hidden)
-    return hidden
 
 
 class NumpyQNetwork:

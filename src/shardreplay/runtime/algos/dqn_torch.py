@@ -25,8 +25,7 @@ from torch import nn
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.runtime.actor.settings import ActorSettings
-from shardreplay.runtime.algos.base import check_fits
-from shardreplay.runtime.algos.dqn import mlp_hidden
+from shardreplay.runtime.algos.base import check_fits, mlp_hidden
 from shardreplay.runtime.algos.networks import QNetwork, make_q_network
 from shardreplay.runtime.algos.torch_parts import ApexActor, QLearner, flat_observations
 from shardreplay.runtime.envs import EnvInfo
