@@ -164,8 +164,10 @@ class SubscriberStats:
         logger.warning("policy: rejected weights (%s): %s", reason, detail)
 
 
-def serialize(version: int, weights: Mapping[str, Any], meta: Mapping[str, str] | None = None) -> bytes:
-    """Weights as safetensors bytes with ``version`` and ``meta`` in the metadata.
+def serialize(version: int | None, weights: Mapping[str, Any], meta: Mapping[str, str] | None = None
+              ) -> bytes:
+    """Weights as safetensors bytes with ``version`` (None: none, as in a policy file) and
+    ``meta`` in the metadata.
 
     Raises:
         ConfigError: a value is neither a torch tensor nor a numpy array, or ``meta``
@@ -186,7 +188,7 @@ def serialize(version: int, weights: Mapping[str, Any], meta: Mapping[str, str] 
     extra = dict(meta or {})
     if VERSION_KEY in extra or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
         raise ConfigError(f"policy metadata must map strings to strings without {VERSION_KEY!r}")
-    return save(tensors, metadata={**extra, VERSION_KEY: str(version)})
+    return save(tensors, metadata=extra if version is None else {**extra, VERSION_KEY: str(version)})
 
 
 def read_metadata(data: bytes) -> dict[str, str]:

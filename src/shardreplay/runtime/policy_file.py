@@ -25,6 +25,7 @@ from shardreplay import checkpoint
 from shardreplay._io import atomic_write_bytes
 from shardreplay.checkpoint.manifest import incomplete_reason, load_manifest, read_covered
 from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigError
+from shardreplay.policy.broadcast import read_metadata, serialize
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.networks import choose_network
 from shardreplay.runtime.envs import EnvInfo, EnvSource, describe_env, env_source, make_vector_env
@@ -212,12 +213,10 @@ def save_policy(path: Path, net: nn.Module, meta: Mapping[str, str]) -> None:
 
     Raises:
         OSError: the file cannot be written.
+        ConfigError: ``meta`` maps a name to a non-string.
     """
-    from safetensors.torch import save
-
-    tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(Path(path), save(tensors, metadata=dict(meta)))
+    atomic_write_bytes(Path(path), serialize(None, net.state_dict(), meta))
 
 
 def keep_if_best(run_dir: Path, net: nn.Module, meta: Mapping[str, str], eval_return: float,
@@ -265,7 +264,7 @@ def load_policy(path: Path) -> Policy:
     data = Path(path).read_bytes()
     try:
         tensors = load(data)
-        meta = _metadata(data)
+        meta = read_metadata(data)
     except (SafetensorError, ValueError) as exc:
         raise CheckpointFormatError(f"{path}: not a readable safetensors file ({exc}); export one with "
                                     "shardreplay export RUN --out FILE") from exc
@@ -280,16 +279,6 @@ def load_policy(path: Path) -> Policy:
         raise CheckpointFormatError(f"{path}: its weights do not rebuild the network it describes: {exc}") \
             from exc
     return Policy(net.eval(), meta)
-
-
-def _metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of safetensors bytes (the header is 8-byte length + JSON)."""
-    n = int.from_bytes(data[:8], "little")
-    if n <= 0 or n > len(data) - 8:
-        raise ValueError("header length out of range")
-    head = json.loads(data[8:8 + n])
-    meta = head.get("__metadata__") or {}
-    return {str(k): str(v) for k, v in meta.items()}
 
 
 def policy_of_run(run_dir: Path, which: str = "best") -> Policy:
