@@ -86,42 +86,38 @@ def _export_minari(args: argparse.Namespace) -> int:
         print(f"error: --jobs {args.jobs}: give a count >= 1; parallel export reads a checkpoint's shards, "
               "so with --from rollouts leave --jobs out", file=sys.stderr)
         return 2
+    settings = settings_for_resume(args.run_dir, {})
+    which = args.which or "latest"
+    if which == "best" or not (which == "latest" or which.isdigit()):
+        raise ShardReplayError(f"--which {which!r}: with --minari, latest or a checkpoint id")
+    layout = settings.streams
+    homes: dict[tuple[int, int], tuple[int, int]] = {}  # (shard, row) -> (actor, stream)
+    for actor in range(layout.num_actors):
+        envs = np.arange(layout.envs_per_actor)
+        for env, (shard, row) in enumerate(zip(layout.shards(actor).tolist(),
+                                               layout.rows(actor, envs).tolist(), strict=True)):
+            homes[(shard, row)] = (actor, env)
+
+    def origin(shard: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pairs = np.array([homes.get((shard, int(r)), (-1, -1)) for r in rows], np.int64).reshape(-1, 2)
+        return pairs[:, 0], pairs[:, 1]
+
+    env = make_env(settings.run.source)
     try:
-        settings = settings_for_resume(args.run_dir, {})
-        which = args.which or "latest"
-        if which == "best" or not (which == "latest" or which.isdigit()):
-            raise ShardReplayError(f"--which {which!r}: with --minari, latest or a checkpoint id")
-        layout = settings.streams
-        homes: dict[tuple[int, int], tuple[int, int]] = {}  # (shard, row) -> (actor, stream)
-        for actor in range(layout.num_actors):
-            envs = np.arange(layout.envs_per_actor)
-            for env, (shard, row) in enumerate(zip(layout.shards(actor).tolist(),
-                                                   layout.rows(actor, envs).tolist(), strict=True)):
-                homes[(shard, row)] = (actor, env)
-
-        def origin(shard: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            pairs = np.array([homes.get((shard, int(r)), (-1, -1)) for r in rows], np.int64).reshape(-1, 2)
-            return pairs[:, 0], pairs[:, 1]
-
-        env = make_env(settings.run.source)
-        try:
-            spaces = {"observation_space": env.observation_space, "action_space": env.action_space,
-                      "env_spec": env.spec}
-        finally:
-            env.close()
-        meta = {"run_dir": str(args.run_dir), "env_id": settings.run.env_id, "algo": settings.learners.algo,
-                "from": args.source}
-        if args.source == "rollouts":
-            episodes = ChunkEpisodes((kept.chunk for kept in iter_rollouts(args.run_dir)), args.partial)
-            summary = write_dataset(episodes, args.minari, **spaces, data_format=args.format,
-                                    unstack=args.unstack, metadata=meta, counts=episodes.counts)
-        else:
-            summary = export_checkpoint(
-                args.run_dir / "checkpoints", args.minari, **spaces, checkpoint_id=None if which == "latest"
-                else int(which), partial=args.partial, origin=origin, data_format=args.format,
-                unstack=args.unstack, metadata=meta, jobs=args.jobs)
-    except (ShardReplayError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        spaces = {"observation_space": env.observation_space, "action_space": env.action_space,
+                  "env_spec": env.spec}
+    finally:
+        env.close()
+    meta = {"run_dir": str(args.run_dir), "env_id": settings.run.env_id, "algo": settings.learners.algo,
+            "from": args.source}
+    if args.source == "rollouts":
+        episodes = ChunkEpisodes((kept.chunk for kept in iter_rollouts(args.run_dir)), args.partial)
+        summary = write_dataset(episodes, args.minari, **spaces, data_format=args.format,
+                                unstack=args.unstack, metadata=meta, counts=episodes.counts)
+    else:
+        summary = export_checkpoint(
+            args.run_dir / "checkpoints", args.minari, **spaces, checkpoint_id=None if which == "latest"
+            else int(which), partial=args.partial, origin=origin, data_format=args.format,
+            unstack=args.unstack, metadata=meta, jobs=args.jobs)
     print(json.dumps(summary))
     return 0
