@@ -158,9 +158,9 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
         settings = prepare_run_dir(settings, resume, auto_resume=auto_resume)
     except OSError as exc:  # a read-only or full run directory: one line, no traceback
         raise storage_error(exc, settings.run.run_dir) or exc from None
-    if under_torchrun():
-        return _torchrun_rank(settings, resume, checkpoint_id, replay)
-    return _spawn_learners(settings, resume, checkpoint_id, replay)
+    # How every rank's Learner starts (its keyword arguments besides the transport).
+    how = {"resume": resume, "checkpoint_id": checkpoint_id, "replay": replay}
+    return _torchrun_rank(settings, how) if under_torchrun() else _spawn_learners(settings, how)
 
 
 def refuse_before_start(settings: TrainSettings) -> None:
@@ -186,8 +186,7 @@ def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
     return {"stopped_during_startup": True, "run_dir": run_dir}
 
 
-def _torchrun_rank(settings: TrainSettings, resume: bool, checkpoint_id: int | None,
-                   replay: bool = True) -> dict[str, Any]:
+def _torchrun_rank(settings: TrainSettings, how: dict[str, Any]) -> dict[str, Any]:
     import importlib
 
     importlib.import_module(LEARNER_PRELOAD)  # what a learner imports, imported as the fork server does
@@ -200,7 +199,7 @@ def _torchrun_rank(settings: TrainSettings, resume: bool, checkpoint_id: int | N
     try:
         from shardreplay.runtime.learner.loop import Learner
 
-        return Learner(settings, None, resume, checkpoint_id=checkpoint_id, replay=replay).run()
+        return Learner(settings, **how).run()
     finally:
         dist.destroy_process_group()
 
@@ -211,8 +210,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any] | None, resume: bool,
-                  out: Any, launcher_pid: int, checkpoint_id: int | None = None, replay: bool = True) -> None:
+def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any] | None, out: Any,
+                  launcher_pid: int, how: dict[str, Any]) -> None:
     release_server()  # the fork server now ends with the launcher, and this rank learns of it
     die_with_parent()
     parent = parent_or_exit(launcher_pid)
@@ -239,8 +238,7 @@ def _learner_main(rank: int, settings: TrainSettings, port: int, rings: list[Any
             return
         from shardreplay.runtime.learner.loop import Learner
 
-        summary = Learner(settings, rings[rank] if rings else None, resume, rings=rings,
-                          checkpoint_id=checkpoint_id, replay=replay).run()
+        summary = Learner(settings, rings[rank] if rings else None, rings=rings, **how).run()
         out.put((rank, "ok", summary))
     except BaseException as exc:
         code = 1
@@ -276,8 +274,7 @@ def _stop_agreed_on_meeting() -> bool:
     return int(votes.item()) > 0
 
 
-def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | None,
-                    replay: bool = True) -> dict[str, Any]:
+def _spawn_learners(settings: TrainSettings, how: dict[str, Any]) -> dict[str, Any]:
     # A tracker already running belongs to the caller (its other resources depend on
     # it); otherwise the queue's semaphores start one here, and it is ours to stop.
     own_tracker = resource_tracker_pid() is None
@@ -296,8 +293,7 @@ def _spawn_learners(settings: TrainSettings, resume: bool, checkpoint_id: int | 
     transports = [settings_transport(settings, spec, r) if local else None
                   for r in range(settings.learners.count)]
     procs = [ctx.Process(target=_learner_main, name=f"learner-{r}", daemon=False,
-                         args=(r, settings, port, transports if local else None, resume, out,
-                               os.getpid(), checkpoint_id, replay))
+                         args=(r, settings, port, transports if local else None, out, os.getpid(), how))
              for r in range(settings.learners.count)]
     stopping = {"asked": False}
     # The tracker is not signalled: closing its pipe lets it unlink what leaked, then exit.

@@ -153,7 +153,7 @@ class LearnerCheckpoints:
 
     def open_log(self, ingestor: Ingestor, *, durable: bool, resume_newest: bool, restored: str,
                  owns_actor: Callable[[int], bool], policy_version: int,
-                 retention: Retention | None = None, replay: bool = True) -> tuple[ReplayCounts, LogScan]:
+                 retention: Retention | None = None, replay: bool = True) -> ReplayCounts:
         """Replay the ingest logs earlier lives left into ``ingestor`` (on top of the
         restored checkpoint ``restored``), then open this life's log (a collective: every
         rank lists the old files before any rank opens its new one). Not ``durable`` (the
@@ -173,19 +173,18 @@ class LearnerCheckpoints:
         counts = ingestor.replay(read_logs(old if replay else [], scan,
                                            owns_actor=owns_actor if resume_newest else None),
                                  policy_version, write=resume_newest, checkpoint=restored)
-        mine = torch.tensor([counts.stored, counts.steps, counts.held, len(scan.torn), len(scan.damaged),
-                             counts.rerouted], dtype=torch.int64)
-        total = [int(v) for v in self.comm.all_reduce_sum(mine, "log replay")]
-        if self.rank == 0 and (total[0] or total[2] or total[3] or total[4]):
-            log.log(logging.WARNING if total[3] or total[4] else logging.INFO,
+        counts.torn, counts.damaged = len(scan.torn), len(scan.damaged)
+        t = counts.summed(self.comm)
+        if self.rank == 0 and (t.stored or t.held or t.torn or t.damaged):
+            log.log(logging.WARNING if t.torn or t.damaged else logging.INFO,
                     "ingest logs replayed: %d chunks (%d steps) acknowledged after the checkpoint stored "
                     "again (%d of them of actors this life no longer runs, written to the streams of "
                     "actor id %% --actors), %d already held; %d torn and %d damaged record(s) ignored",
-                    total[0], total[1], total[5], total[2], total[3], total[4])
+                    t.stored, t.steps, t.rerouted, t.held, t.torn, t.damaged)
         ingestor.wal = IngestLog(self.ingest_dir, self.rank, self.world, keep_chunks=durable, fsync=durable,
                                  fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else (),
                                  retention=retention)
-        return counts, scan
+        return counts
 
     def save(self, cid: int, buffer: ShardedReplayBuffer, ingestor: Ingestor, record: LearnerRecord,
              agent: Agent | None, *, background: bool) -> Path:

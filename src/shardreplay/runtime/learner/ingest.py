@@ -13,7 +13,7 @@ import bisect
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from shardreplay.errors import (
 )
 from shardreplay.kernels.returns import track_returns
 from shardreplay.policy.broadcast import split_version
+from shardreplay.runtime.learner.sync import SummedRecord
 from shardreplay.runtime.learner.wal import IngestLog, LogRecord, LossLog, Suspects
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.spec import StepType
@@ -203,8 +204,9 @@ class IngestStats:
 
 
 @dataclass
-class ReplayCounts:
-    """What :meth:`Ingestor.replay` did with the logged chunks it read.
+class ReplayCounts(SummedRecord):
+    """What :meth:`Ingestor.replay` did with the logged chunks it read (summed over the
+    ranks for the replay's log line).
 
     Attributes:
         stored: chunks written into the shard (all or some of their streams).
@@ -215,6 +217,8 @@ class ReplayCounts:
         rerouted: of ``stored``, chunks of actors this life no longer runs (a resume with
             fewer actors), written to the streams of their stand-in
             (:meth:`~shardreplay.runtime.stream_layout.StreamLayout.stand_in`).
+        torn, damaged: log records ignored, torn at a file's end or damaged before it
+            (set by the caller from its :class:`~shardreplay.runtime.learner.wal.LogScan`).
     """
 
     stored: int = 0
@@ -223,6 +227,9 @@ class ReplayCounts:
     rejected: int = 0
     steps: int = 0
     rerouted: int = 0
+    torn: int = 0
+    damaged: int = 0
+    what: ClassVar[str] = "log replay"
 
 
 class Ingestor:

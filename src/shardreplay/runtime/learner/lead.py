@@ -24,34 +24,12 @@ from shardreplay.runtime.algos.base import Algorithm
 from shardreplay.runtime.devices import Placement
 from shardreplay.runtime.envs import EnvInfo, reward_threshold
 from shardreplay.runtime.learner.metrics import MetricsRecorder, plot_learning_curve
-from shardreplay.runtime.learner.state import Lineage, MetricsWindow, Progress, StorageGuard
-from shardreplay.runtime.learner.sync import LoopSync, agreed_settings
+from shardreplay.runtime.learner.state import Lineage, Progress, StorageGuard
+from shardreplay.runtime.learner.sync import agreed_settings
 from shardreplay.runtime.policy_file import best_return, evaluate, keep_if_best, policy_metadata
 from shardreplay.runtime.settings import TrainSettings
 
 log = logging.getLogger("shardreplay.learner")
-
-
-def metrics_row(window: MetricsWindow | None, sync: LoopSync | None, *, now: float, wall_s: float,
-                counters: dict[str, int], recent_returns: np.ndarray,
-                eval_return: float | None) -> dict[str, Any]:
-    """One row of ``metrics.csv`` over ``window`` (None: without rates, loss and lag), with
-    the buffer size of ``sync`` (None: not known yet) and the mean of ``recent_returns``
-    (each stream's last finished return; NaN: none yet)."""
-    if window is None:
-        steps = updates = loss = math.nan
-        dt, lag = 1.0, None
-    else:
-        steps, updates, loss = window.steps, window.updates, window.loss
-        dt = max(now - window.t, 1e-9)
-        lag = window.lag_sum / window.lag_n if window.lag_n else None
-    recent = recent_returns[~np.isnan(recent_returns)]
-    return {"wall_s": wall_s, "env_steps": counters["env_steps"], "updates": counters["updates"],
-            "replay_size": None if sync is None else sync.replay_size,
-            "env_steps_per_s": steps / dt, "updates_per_s": updates / dt,
-            "samples_per_insert": counters["samples"] / max(counters["env_steps"], 1),
-            "policy_lag": lag, "recent_return": float(recent.mean()) if recent.size else None,
-            "eval_return": eval_return, "loss": loss}
 
 
 class Lead:
@@ -128,24 +106,30 @@ class Lead:
                  c["updates"], progress.last_eval, len(returns))
         return progress.last_eval
 
-    def record(self, g: LoopSync | None, window: MetricsWindow | None, recent_returns: np.ndarray,
-               due: bool = True) -> None:
-        """One metrics row over ``window`` (None: without rates, loss and lag) when ``due``,
-        a second has passed since the last, or an evaluation came since (shown in the
-        first row after it, only there)."""
+    def record(self, recent_returns: np.ndarray, due: bool = True) -> None:
+        """One metrics row over the progress's window (with the latest sync's buffer size
+        and the mean of ``recent_returns``, each stream's last finished return) when
+        ``due``, a second has passed since the last, or an evaluation came since (shown in
+        the first row after it, only there)."""
         now = time.monotonic()
-        evaluated = self.progress.evals > self.progress.evals_recorded
+        p, window, g = self.progress, self.progress.window, self.progress.last_sync
+        evaluated = p.evals > p.evals_recorded
         if not (due or evaluated or now - self.recorded_at >= 1.0):
             return
+        c, dt = p.counters, max(now - window.t, 1e-9)
+        recent = recent_returns[~np.isnan(recent_returns)]  # NaN: no episode finished yet
+        row = {"wall_s": p.wall_s(), "env_steps": c["env_steps"], "updates": c["updates"],
+               "replay_size": None if g is None else g.replay_size,
+               "env_steps_per_s": window.steps / dt, "updates_per_s": window.updates / dt,
+               "samples_per_insert": c["samples"] / max(c["env_steps"], 1),
+               "policy_lag": window.lag_sum / window.lag_n if window.lag_n else None,
+               "recent_return": float(recent.mean()) if recent.size else None,
+               "eval_return": p.last_eval if evaluated else None, "loss": window.loss}
         with self.storage.writing():
-            self.metrics.record(metrics_row(window, g, now=now, wall_s=self.progress.wall_s(),
-                                            counters=self.progress.counters, recent_returns=recent_returns,
-                                            eval_return=self.progress.last_eval if evaluated else None),
-                                last_eval=self.progress.last_eval)
-        self.progress.evals_recorded = self.progress.evals
+            self.metrics.record(row, last_eval=p.last_eval)
+        p.evals_recorded = p.evals
         self.recorded_at = now
-        if window is not None:
-            window.reset(now)
+        window.reset(now)
 
     def final(self, summary: dict[str, Any]) -> None:
         """Add the final evaluation and rank 0's view of the run's end to ``summary``, and
@@ -175,7 +159,7 @@ class Lead:
     def close(self, summary: dict[str, Any], recent_returns: np.ndarray) -> None:
         """The run's last metrics row (after the final evaluation), the progress bar's end,
         the learning curve (``plot``) and ``summary.json`` with the curve named."""
-        self.record(self.progress.last_sync, self.progress.window, recent_returns)
+        self.record(recent_returns)
         with self.storage.writing():
             self.metrics.close(summary["stopped_by"], summary["final_eval_return"])
         summary["learning_curve"] = None  # also when the file system refused the drawing

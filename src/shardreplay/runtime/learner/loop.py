@@ -6,6 +6,7 @@ resuming and the ingest log :class:`LearnerCheckpoints`'.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -116,7 +117,7 @@ class Learner:
         keep = settings.checkpoints  # --keep-rollouts: the log's segments become the archive
         retention = archive_retention(self.run_dir, spec, int(keep.keep_rollouts_max_gb * 1e9)) \
             if keep.keep_rollouts else None
-        self.replayed, self.log_scan = self.ckpts.open_log(
+        self.replayed = self.ckpts.open_log(
             self.ingestor, durable=parse_medium(settings.transport.url).kind != "local",
             resume_newest=checkpoint_id is None, restored=restored, owns_actor=self._owns_actor,
             policy_version=self.policy_version, retention=retention, replay=replay)
@@ -261,7 +262,7 @@ class Learner:
             self.actors.check()
             self.ckpts.trim(self.ingestor.wal)
             if self.lead is not None:  # a row a second, and one right after each evaluation
-                self.lead.record(g, window, self.ingestor.last_return, due=False)
+                self.lead.record(self.ingestor.last_return, due=False)
 
     def _drain(self, wait_s: float) -> None:
         """Take chunks in. A refused log write leaves them stored but unacknowledged
@@ -332,14 +333,14 @@ class Learner:
                            foreign_chunks_ignored=sum(self.foreign.values()),
                            ingest_log_replayed=self.replayed.stored,
                            ingest_log_rerouted=self.replayed.rerouted,
-                           ingest_log_torn=len(self.log_scan.torn) + len(self.log_scan.damaged),
+                           ingest_log_torn=self.replayed.torn + self.replayed.damaged,
                            ingest_log_peak_bytes=0 if ing.wal is None else ing.wal.peak_bytes,
                            ingest_log_bytes=0 if ing.wal is None else ing.wal.size_bytes,
                            rollouts_dropped_segments=0 if ing.wal is None else ing.wal.dropped_segments,
-                           dataset_steps=self.dataset_steps).summed(self.comm).as_dict()
+                           dataset_steps=self.dataset_steps).summed(self.comm)
         summary: dict[str, Any] = {"rank": self.rank, **self.progress.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
-                                   "checkpoint": str(checkpoint_path), **counts,
+                                   "checkpoint": str(checkpoint_path), **dataclasses.asdict(counts),
                                    "resumed_from": self.lineage.resumed,
                                    "run_id": self.lineage.identity.run_id,
                                    "learner_life": self.lineage.identity.life,

@@ -428,13 +428,9 @@ def _records(path: Path, f: BinaryIO, scan: LogScan, owns: Callable[[int], bool]
             head += f.read(HEADER_BYTES - _V1_BYTES)
         bad, end = _check_head(head), size
         if bad is None:
-            if head[4] == VERSION:
-                _m, _v, flags, shard, world, length, actor, seq, prev, steps, when, digest = \
-                    _HEAD.unpack_from(head)
-            else:
-                _m, _v, flags, shard, world, length, actor, seq, prev, steps, digest = \
-                    _HEAD_V1.unpack_from(head)
-                when = -1
+            _m, _v, flags, shard, world, length, actor, seq, prev, steps, *when, digest = \
+                (_HEAD if head[4] == VERSION else _HEAD_V1).unpack_from(head)
+            when = when or [-1]  # version 1: no insert time
             end = at + len(head) + length
             data: bytes | None = None
             if end > size:
@@ -459,7 +455,7 @@ def _records(path: Path, f: BinaryIO, scan: LogScan, owns: Callable[[int], bool]
             return
         scan.records += 1
         at = end
-        yield LogRecord(shard, world, actor, seq, prev, steps, data, when)
+        yield LogRecord(shard, world, actor, seq, prev, steps, data, when[0])
 
 
 def _check_head(head: bytes) -> str | None:
