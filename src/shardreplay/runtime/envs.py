@@ -125,7 +125,8 @@ def _import(module: str, extra: str = "") -> Any:
         raise ConfigError(f"cannot import {module}{hint}: {exc}") from exc
 
 
-def _register(source: EnvSource) -> None:
+def _register(source: EnvSource) -> Any:
+    """Import what registers ``source``'s id; returns gymnasium."""
     gym = _gym()
     for module in source.imports:
         _import(module)
@@ -135,6 +136,7 @@ def _register(source: EnvSource) -> None:
         _import("minatar.gym", "minatar").register_envs()
     elif source.env_id == MASKED_CARTPOLE:
         register_masked_cartpole()
+    return gym
 
 
 def reward_threshold(source: EnvSource) -> float | None:
@@ -143,8 +145,7 @@ def reward_threshold(source: EnvSource) -> float | None:
     Raises:
         ConfigError: as :func:`make_env` (a module that is missing, an unknown id).
     """
-    gym = _gym()
-    _register(source)
+    gym = _register(source)
     try:
         threshold = gym.spec(source.env_id).reward_threshold
     except gym.error.Error as exc:
@@ -158,8 +159,7 @@ def make_env(source: EnvSource) -> Any:
     Raises:
         ConfigError: an unknown id, a package that is missing, bad kwargs.
     """
-    gym = _gym()
-    _register(source)
+    gym = _register(source)
     kwargs = dict(source.kwargs)
     atari = source.env_id.startswith("ALE/")
     if atari:

@@ -22,7 +22,7 @@ import json
 import math
 import numbers
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,25 +74,20 @@ def flat_name(f: dataclasses.Field) -> str:
     return str(f.metadata.get("flat", f.name))
 
 
+# A scalar field's type -> the values it takes (a bool is no number), the error's words, the conversion.
+_SCALARS: dict[str, tuple[type, str, Callable[[Any], Any]]] = {
+    "bool": (bool, "true or false", bool), "int": (numbers.Integral, "a whole number", int),
+    "float": (numbers.Real, "a number", float), "str": (str, "a string", str)}
+
+
 def _typed(flat: str, kind: Any, value: Any) -> Any:
     """``value`` as the field type ``kind`` names (an annotation string), or ConfigError."""
     kind = str(kind)
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{flat} must be true or false, got {value!r}")
-    if kind == "int":
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            return int(value)
-        raise ConfigError(f"{flat} must be a whole number, got {value!r}")
-    if kind == "float":
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{flat} must be a number, got {value!r}")
-    if kind == "str":
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{flat} must be a string, got {value!r}")
+    if kind in _SCALARS:
+        cls, words, convert = _SCALARS[kind]
+        if not isinstance(value, cls) or (isinstance(value, bool) and cls is not bool):
+            raise ConfigError(f"{flat} must be {words}, got {value!r}")
+        return convert(value)
     if kind == "float | str":  # stop_return: a number, none or auto
         return _target(flat, value)
     # tuple[int, ...]: the hidden layer sizes

@@ -8,7 +8,6 @@ import io
 import logging
 import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +151,8 @@ class LearnerCheckpoints:
         lineage.resumed = report
 
     def open_log(self, ingestor: Ingestor, *, durable: bool, resume_newest: bool, restored: str,
-                 owns_actor: Callable[[int], bool], policy_version: int,
-                 retention: Retention | None = None, replay: bool = True) -> ReplayCounts:
+                 policy_version: int, retention: Retention | None = None,
+                 replay: bool = True) -> ReplayCounts:
         """Replay the ingest logs earlier lives left into ``ingestor`` (on top of the
         restored checkpoint ``restored``), then open this life's log (a collective: every
         rank lists the old files before any rank opens its new one). Not ``durable`` (the
@@ -171,7 +170,7 @@ class LearnerCheckpoints:
             log.warning("rank %d: resuming from an older checkpoint on purpose: the %d ingest log file(s) "
                         "of later chunks are not replayed", self.rank, len(old))
         counts = ingestor.replay(read_logs(old if replay else [], scan,
-                                           owns_actor=owns_actor if resume_newest else None),
+                                           owns_actor=ingestor.owns_actor if resume_newest else None),
                                  policy_version, write=resume_newest, checkpoint=restored)
         counts.torn, counts.damaged = len(scan.torn), len(scan.damaged)
         t = counts.summed(self.comm)

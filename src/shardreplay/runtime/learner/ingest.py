@@ -527,6 +527,12 @@ class Ingestor:
             if self.losses is not None:
                 self.losses.record(actor, seq, seq, count, -1, reason)
 
+    def owns_actor(self, actor_id: int) -> bool:
+        """Whether this shard holds any of ``actor_id``'s streams in this life's routing
+        (an actor this life no longer runs: those of its stand-in, which take its logged chunks)."""
+        route = self._streams.stand_in(actor_id)
+        return route is not None and bool((self._streams.shards(route) == self.shard).any())
+
     def _owners(self, chunk: Chunk, route: int) -> np.ndarray | None:
         """The shard of each of ``chunk``'s streams as actor ``route``'s (None: a stream
         outside ``envs_per_actor``)."""

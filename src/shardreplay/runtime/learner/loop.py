@@ -119,7 +119,7 @@ class Learner:
             if keep.keep_rollouts else None
         self.replayed = self.ckpts.open_log(
             self.ingestor, durable=parse_medium(settings.transport.url).kind != "local",
-            resume_newest=checkpoint_id is None, restored=restored, owns_actor=self._owns_actor,
+            resume_newest=checkpoint_id is None, restored=restored,
             policy_version=self.policy_version, retention=retention, replay=replay)
         self.lead = Lead(settings, self.world, self.algo, env, self.agent, placement, self.progress,
                          self.storage, self.lineage, resume) if self.rank == 0 else None
@@ -132,12 +132,6 @@ class Learner:
         if local:
             check_rings_reach(settings, actors, reach)
         self.actors = ActorPool(actors, reach if local else None, settings.actors.max_restarts)
-
-    def _owns_actor(self, actor_id: int) -> bool:
-        """Whether this rank holds any of ``actor_id``'s streams in this life's routing
-        (an actor it no longer runs: those of its stand-in, which take its logged chunks)."""
-        route = self.s.streams.stand_in(actor_id)
-        return route is not None and bool((self.s.streams.shards(route) == self.rank).any())
 
     @property
     def policy_version(self) -> int:
