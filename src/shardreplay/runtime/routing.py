@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay._io import storage_error
-from shardreplay.errors import ConfigError, StorageError
+from shardreplay.errors import ConfigError, ShardReplayError, StorageError
 from shardreplay.runtime.envs import transition_spec
 from shardreplay.runtime.run_identity import check_run_id
 from shardreplay.runtime.settings import TrainSettings
@@ -24,6 +25,8 @@ from shardreplay.transport import Chunk, open_transport
 from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Encoding, spec_has_frame_stacks
 from shardreplay.transport.urls import file_url, parse_medium
+
+log = logging.getLogger("shardreplay.learner")
 
 
 def check_reachable(url: str, timeout_s: float = 5.0) -> None:
@@ -131,20 +134,22 @@ def settings_transport(settings: TrainSettings, spec: Spec, shard: int, run_id: 
 
 def foreign_backlog(url: str, shard: int, run_id: str) -> dict[str, int]:
     """Chunks that other runs (or runs from before run ids) left waiting for ``shard`` on
-    the medium at ``url``, by channel (never read; reported once at start): files in a
-    spool's ``ready/``, Redis entries their group has not acknowledged (entries consumed
-    but not yet trimmed are not counted).
-
-    Raises:
-        TransportError / TransportTimeout: Redis could not be asked.
-    """
+    the medium at ``url``, by channel (never read), logged once here: files in a spool's
+    ``ready/``, Redis entries their group has not acknowledged (entries consumed but not
+    yet trimmed are not counted). A medium that cannot be searched gives ``{}`` (logged)."""
     if parse_medium(url).kind == "local":
         return {}  # another run's rings live in its own processes
-    # Names and counts only: no chunk is decoded, so any spec does.
-    medium = open_transport(url, transition_spec(1))
-    mine = medium.channel(shard, check_run_id(run_id))
-    found: dict[str, int] = {}
-    for channel in medium.channels(shard):
-        if channel != mine and (waiting := medium.backlog(channel).chunks):
-            found[channel] = waiting
+    try:
+        # Names and counts only: no chunk is decoded, so any spec does.
+        medium = open_transport(url, transition_spec(1))
+        mine = medium.channel(shard, check_run_id(run_id))
+        found = {channel: waiting for channel in medium.channels(shard)
+                 if channel != mine and (waiting := medium.backlog(channel).chunks)}
+    except ShardReplayError as exc:
+        log.warning("rank %d: could not look for other runs' chunks: %s", shard, exc)
+        return {}
+    if found:
+        log.warning("rank %d: %d chunk(s) of other runs wait on %s (%s); this run (%s) ignores them: "
+                    "delete them when those runs are over", shard, sum(found.values()), url,
+                    ", ".join(f"{k}: {v}" for k, v in sorted(found.items())), run_id or "unnamed")
     return found

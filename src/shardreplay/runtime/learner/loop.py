@@ -6,7 +6,6 @@ resuming and the ingest log :class:`LearnerCheckpoints`'.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -110,7 +109,7 @@ class Learner:
             self.dataset_steps = self._prefill(source)
         self.losses = LossLog(self.run_dir, self.rank)
         run_id = self.lineage.identity.run_id
-        self.foreign = log_foreign_backlog(settings.transport.url, self.rank, run_id)
+        self.foreign = foreign_backlog(settings.transport.url, self.rank, run_id)  # logged there
         transport = transport or settings_transport(settings, spec, self.rank, run_id=run_id)
         self.ingestor = Ingestor(transport.reader(), self.buffer, settings, self.lineage.stored,
                                  shard=self.rank, losses=self.losses)
@@ -331,10 +330,10 @@ class Learner:
                            ingest_log_peak_bytes=0 if ing.wal is None else ing.wal.peak_bytes,
                            ingest_log_bytes=0 if ing.wal is None else ing.wal.size_bytes,
                            rollouts_dropped_segments=0 if ing.wal is None else ing.wal.dropped_segments,
-                           dataset_steps=self.dataset_steps).summed(self.comm)
+                           dataset_steps=self.dataset_steps).summed(self.comm).as_dict()
         summary: dict[str, Any] = {"rank": self.rank, **self.progress.counters,
                                    "wall_s": round(time.monotonic() - started, 1),
-                                   "checkpoint": str(checkpoint_path), **dataclasses.asdict(counts),
+                                   "checkpoint": str(checkpoint_path), **counts,
                                    "resumed_from": self.lineage.resumed,
                                    "run_id": self.lineage.identity.run_id,
                                    "learner_life": self.lineage.identity.life,
@@ -395,20 +394,3 @@ def check_rings_reach(settings: TrainSettings, actors: list[ActorSettings], ring
                               f"but the local rings of shards {sorted(missing)} live in other processes: "
                               "with fewer actors than learners under torchrun use --transport file:///dir "
                               "or redis://..., or --actors >= --learners")
-
-
-def log_foreign_backlog(url: str, rank: int, run_id: str) -> dict[str, int]:
-    """Chunks other runs left for shard ``rank`` on the medium at ``url`` (never read),
-    by run: logged once here. A medium that cannot be searched gives ``{}`` (logged)."""
-    if parse_medium(url).kind == "local":
-        return {}
-    try:
-        found = foreign_backlog(url, rank, run_id)
-    except ShardReplayError as exc:
-        log.warning("rank %d: could not look for other runs' chunks: %s", rank, exc)
-        return {}
-    if found:
-        log.warning("rank %d: %d chunk(s) of other runs wait on %s (%s); this run (%s) ignores them: "
-                    "delete them when those runs are over", rank, sum(found.values()), url,
-                    ", ".join(f"{k}: {v}" for k, v in sorted(found.items())), run_id or "unnamed")
-    return found

@@ -135,6 +135,10 @@ class RunCounts(SummedRecord):
     dataset_steps: int = 0
     what: ClassVar[str] = "summary"
 
+    def as_dict(self) -> dict[str, int]:
+        """The counts under their summary names."""
+        return dataclasses.asdict(self)
+
 
 def learner_trigger(settings: TrainSettings, run_dir: Path) -> CheckpointTrigger:
     """The checkpoint trigger of one learner rank, its signal handlers installed: SIGTERM /
