@@ -4,8 +4,8 @@ Old shards (real Ingestors over ``file://`` spools, each with its log) store chu
 the actors send them (an actor whose streams span shards sends each shard its part, the
 shard in the sequence's high bits); a checkpoint's stored-chunk record is taken half-way,
 then more chunks are stored and logged (the learner dies before the next checkpoint).
-Each new rank replays as ``Learner._open_log`` does (every log file, the records of
-actors it holds no stream of skipped unread, ``Learner._owns_actor``) on top of the
+Each new rank replays as ``LearnerCheckpoints.open_log`` does (every log file, the records
+of actors it holds no stream of skipped unread, ``Ingestor.owns_actor``) on top of the
 merged record: every chunk the checkpoint lacks is stored exactly once over the new
 ranks, each stream's steps on the rank that owns it now, and none it holds again.
 
@@ -23,8 +23,6 @@ the stand-in's next chunk after the replay.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,6 @@ import pytest
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.learner.ingest import Ingestor, StoredIds, merge_stored
-from shardreplay.runtime.learner.loop import Learner
 from shardreplay.runtime.learner.wal import IngestLog, LogScan, log_files, read_logs
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.runtime.stream_layout import SHARD_SEQUENCE_SHIFT
@@ -113,9 +110,8 @@ def test_logs_replay_once_under_another_routing(tmp_path: Path, old: tuple[int, 
     assert sorted({p.name.split(".")[0] for p in files}) == [f"shard-{k}" for k in range(old[0])]
     got: Counter[tuple[int, int]] = Counter()
     for rank in range(new[0]):
-        owns = functools.partial(Learner._owns_actor, types.SimpleNamespace(s=after, rank=rank))
         ing = _ingestor(tmp_path, after, rank, merge_stored(record))
-        counts = ing.replay(read_logs(files, LogScan(), owns_actor=owns), 0)
+        counts = ing.replay(read_logs(files, LogScan(), owns_actor=ing.owns_actor), 0)
         assert counts.rejected == 0
         mine = ident_counts(ing.buffer.state_dict()["arrays"]["field.ident"])
         for (a, q), n in mine.items():  # each stream's steps on the rank that owns it now
@@ -136,9 +132,8 @@ def test_logs_of_removed_actors_replay_on_their_stand_ins(tmp_path: Path, old: t
     got: Counter[tuple[int, int]] = Counter()
     want_rerouted = []  # per rank: its counts, and the chunks of removed actors it holds
     for rank in range(new[0]):
-        owns = functools.partial(Learner._owns_actor, types.SimpleNamespace(s=after, rank=rank))
         ing = _ingestor(tmp_path, after, rank, merge_stored(record))
-        counts = ing.replay(read_logs(files, LogScan(), owns_actor=owns), 0)
+        counts = ing.replay(read_logs(files, LogScan(), owns_actor=ing.owns_actor), 0)
         assert counts.rejected == 0
         # The stand-in's next chunk (a remote actor that ran on) after the replay.
         nxt = make_chunk(0, (rank << SHARD_SEQUENCE_SHIFT) + 4, s=ENVS)
