@@ -173,10 +173,10 @@ def train_step(ddp: DDP, agent: DQNAgent, target: QNetwork, optimizer: torch.opt
     gradient all-reduce) are collective: every rank calls this once per training step.
     """
     t = nstep_transitions(batch, gamma)
-    q = ddp(t.observation).gather(1, t.action[:, None]).squeeze(1)
+    q = ddp(t.obs).gather(1, t.action[:, None]).squeeze(1)
     with torch.no_grad():
-        next_action = agent(t.next_observation).argmax(dim=1, keepdim=True)  # online picks
-        next_q = target(t.next_observation).gather(1, next_action).squeeze(1)  # target rates
+        next_action = agent(t.next_obs).argmax(dim=1, keepdim=True)  # online picks
+        next_q = target(t.next_obs).gather(1, next_action).squeeze(1)  # target rates
         y = t.reward + t.bootstrap_discount * next_q
     loss = (batch.weights * F.smooth_l1_loss(q, y, reduction="none")).mean()
     optimizer.zero_grad(set_to_none=True)

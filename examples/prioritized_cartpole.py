@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from shardreplay import Field, ReplayBuffer, Spec
-from shardreplay.buffer.nstep import NStepTransition, nstep_transitions
+from shardreplay.buffer.nstep import Transitions, nstep_transitions
 from shardreplay.gym.steps import GymStepConverter
 
 
@@ -88,9 +88,9 @@ def collect(settings: Settings) -> tuple[ReplayBuffer, GymStepConverter, float]:
     return buffer, converter, time.perf_counter() - start
 
 
-def td_errors(t: NStepTransition, w: torch.Tensor) -> torch.Tensor:
+def td_errors(t: Transitions, w: torch.Tensor) -> torch.Tensor:
     """TD errors of a fixed linear value function ``V(o) = o @ w``: ``R + g_m V(o_m) - V(o_0)``."""
-    return t.reward + t.bootstrap_discount * (t.next_observation @ w) - t.observation @ w
+    return t.reward + t.bootstrap_discount * (t.next_obs @ w) - t.obs @ w
 
 
 def describe(name: str, x: torch.Tensor) -> str:

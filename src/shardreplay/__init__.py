@@ -14,10 +14,9 @@ from shardreplay._lazy import lazy_exports
 if TYPE_CHECKING:
     from shardreplay.buffer.batch import Batch
     from shardreplay.buffer.info import BufferInfo
-    from shardreplay.buffer.nstep import NStepTransition, nstep_returns, nstep_transitions
+    from shardreplay.buffer.nstep import Transitions, nstep_returns, nstep_transitions
     from shardreplay.buffer.replay_buffer import ReplayBuffer
     from shardreplay.buffer.sequences import SequenceBatch, sample_sequences, sequence_priorities
-    from shardreplay.buffer.transitions import Transitions, transitions_from_batch
     from shardreplay.distributed import ShardedReplayBuffer
     from shardreplay.errors import (
         CheckpointError,
@@ -38,10 +37,9 @@ __version__ = "0.1.0"
 _HOMES = {name: module for module, names in {
     "shardreplay.buffer.batch": ("Batch",),
     "shardreplay.buffer.info": ("BufferInfo",),
-    "shardreplay.buffer.nstep": ("NStepTransition", "nstep_returns", "nstep_transitions"),
+    "shardreplay.buffer.nstep": ("Transitions", "nstep_returns", "nstep_transitions"),
     "shardreplay.buffer.replay_buffer": ("ReplayBuffer",),
     "shardreplay.buffer.sequences": ("SequenceBatch", "sample_sequences", "sequence_priorities"),
-    "shardreplay.buffer.transitions": ("Transitions", "transitions_from_batch"),
     "shardreplay.distributed": ("ShardedReplayBuffer",),
     "shardreplay.errors": ("CheckpointError", "ConfigError", "EmptyBufferError", "InvalidPriorityError",
                            "ShardReplayError", "SpecMismatchError"),
@@ -66,7 +64,6 @@ __all__ = [
     "GymStepWriter",
     "InvalidPriorityError",
     "LinearSchedule",
-    "NStepTransition",
     "ReplayBuffer",
     "SequenceBatch",
     "ShardReplayError",
@@ -81,5 +78,4 @@ __all__ = [
     "sample_sequences",
     "sequence_priorities",
     "spec_from_env",
-    "transitions_from_batch",
 ]

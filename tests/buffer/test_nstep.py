@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.nstep import NStepTransition, nstep_returns, nstep_transitions
+from shardreplay.buffer.nstep import Transitions, nstep_returns, nstep_transitions
 from shardreplay.errors import ConfigError, SpecMismatchError
 
 F, M, L = 0, 1, 2  # StepType values, written short so the tables stay readable
@@ -73,12 +73,12 @@ TABLE = [
 def test_table(types, rewards, discounts, mask, gamma, ret, boot, m):
     batch = make_batch([types], [rewards], [discounts], [mask])
     t = nstep_transitions(batch, gamma)
-    assert isinstance(t, NStepTransition)
+    assert isinstance(t, Transitions)
     assert t.reward.tolist() == pytest.approx([ret], abs=1e-6)
     assert t.bootstrap_discount.tolist() == pytest.approx([boot], abs=1e-7)
     assert t.num_steps.tolist() == [m]
-    assert t.observation.tolist() == [[0.0]]
-    assert t.next_observation.tolist() == [[float(m)]]
+    assert t.obs.tolist() == [[0.0]]
+    assert t.next_obs.tolist() == [[float(m)]]
     assert t.action.tolist() == [0]
 
 
@@ -88,7 +88,7 @@ def test_table_rows_together_match_rows_alone():
     t = nstep_transitions(batch, 0.5)
     assert t.reward.tolist() == pytest.approx([r[5] for r in rows])
     assert t.bootstrap_discount.tolist() == pytest.approx([r[6] for r in rows])
-    assert t.next_observation[:, 0].tolist() == [10.0 * b + r[7] for b, r in enumerate(rows)]
+    assert t.next_obs[:, 0].tolist() == [10.0 * b + r[7] for b, r in enumerate(rows)]
 
 
 # -- random windows against a plain loop -----------------------------------------------------
@@ -163,8 +163,8 @@ def test_matches_reference_loop(seed, length, gamma, fractional):
         assert t.reward[b].item() == pytest.approx(ret, rel=1e-9, abs=1e-9)
         assert t.bootstrap_discount[b].item() == pytest.approx(boot, rel=1e-9, abs=1e-12)
         assert int(t.num_steps[b]) == m
-        assert torch.equal(t.next_observation[b], torch.tensor(obs[i[m]]))
-        assert torch.equal(t.observation[b], torch.tensor(obs[i[0]]))
+        assert torch.equal(t.next_obs[b], torch.tensor(obs[i[m]]))
+        assert torch.equal(t.obs[b], torch.tensor(obs[i[0]]))
         assert int(t.action[b]) == i[0]
     if not fractional:  # 0/1 discounts: bootstrap is gamma^m, or 0 exactly after a termination
         last = torch.tensor(types[idx])[torch.arange(len(ws)), t.num_steps] == L
@@ -204,14 +204,14 @@ def test_nested_observation():
     data["obs.pos"], data["obs.vel"] = obs, -obs
     batch = Batch(data, batch.mask, batch.keys, batch.weights, batch.probabilities)
     t = nstep_transitions(batch, 0.5)
-    assert set(t.observation) == {"obs.pos", "obs.vel"}
-    assert t.next_observation["obs.pos"].tolist() == [[2.0]]
-    assert t.next_observation["obs.vel"].tolist() == [[-2.0]]
+    assert set(t.obs) == {"obs.pos", "obs.vel"}
+    assert t.next_obs["obs.pos"].tolist() == [[2.0]]
+    assert t.next_obs["obs.vel"].tolist() == [[-2.0]]
 
 
 def test_empty_batch():
     t = nstep_transitions(make_batch(torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0, 3)), 0.9)
-    assert t.reward.shape == (0,) and t.next_observation.shape == (0, 1)
+    assert t.reward.shape == (0,) and t.next_obs.shape == (0, 1)
 
 
 # -- validation ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Uniform draws stay uniform over the valid window starts at low, middle and full fill
 (chi-square, fixed seeds, rows of equal and of unequal lengths); ``sample_transitions``
-of a frame-stacked observation equals ``transitions_from_batch`` of the same windows;
+of a frame-stacked observation equals ``nstep_transitions`` of the same windows;
 ``spec_from_env(frame_stack=True)`` serves pixels end to end; construction is lazy (the
 resident memory follows the steps written) and changes no result; a ``(1,)`` action given
 as ``[num_envs]`` is taken as SB3 takes it. About 10 s in all.
@@ -18,8 +18,8 @@ import torch
 from scipy import stats
 
 import shardreplay as sr
+from shardreplay.buffer.nstep import nstep_transitions
 from shardreplay.buffer.shard import shard_of_buffer
-from shardreplay.buffer.transitions import transitions_from_batch
 from shardreplay.errors import SpecMismatchError
 
 # One worker for the whole module: its cases compile the same specialised kernels, which
@@ -101,14 +101,14 @@ def _write_pixels(buf: sr.ReplayBuffer, steps: int, seed: int) -> None:
 
 
 @pytest.mark.parametrize("window", [2, 4])
-def test_sample_transitions_of_frame_stacks_equal_transitions_from_batch(window: int) -> None:
+def test_sample_transitions_of_frame_stacks_equal_nstep_transitions(window: int) -> None:
     buf = sr.ReplayBuffer(_pixel_specs(), num_streams=1, stream_capacity=300, window=window, seed=3)
     _write_pixels(buf, 500, seed=5)
     rng = shard_of_buffer(buf).rng
     state = rng.bit_generator.state
     got = buf.sample_transitions(64, gamma=0.9)
     rng.bit_generator.state = state
-    want = transitions_from_batch(buf.sample(64), gamma=0.9)
+    want = nstep_transitions(buf.sample(64), gamma=0.9)
     for name in ("obs", "next_obs", "action", "weights", "keys", "num_steps"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
     for name in ("reward", "bootstrap_discount"):  # a compiled sum against torch's: rounding

@@ -13,7 +13,6 @@ from shardreplay import (
     Spec,
     SpecMismatchError,
     nstep_transitions,
-    transitions_from_batch,
 )
 
 F, M, L = 0, 1, 2
@@ -51,7 +50,7 @@ def test_sample_transitions_equals_nstep_transitions_of_the_same_windows(sampler
     for _ in range(5):
         got = fast.sample_transitions(256, gamma=0.9, n=n)
         batch = ref.sample(256)
-        want = transitions_from_batch(batch, 0.9, n)
+        want = nstep_transitions(batch, 0.9, n)
         assert torch.equal(got.keys, batch.keys) and torch.equal(got.weights, batch.weights)
         assert torch.equal(got.obs, want.obs) and torch.equal(got.next_obs, want.next_obs)
         assert torch.equal(got.action, want.action) and torch.equal(got.num_steps, want.num_steps)
@@ -179,7 +178,7 @@ def kind_episodes(buffer: ReplayBuffer, steps: int, seed: int) -> None:
 @pytest.mark.parametrize("sampler", ["uniform", "fifo"])
 def test_every_field_kind_equals_the_transitions_of_the_same_windows(kind, sampler):
     """The compiled path (one kernel for the returns, keys, ends and the gathers it can
-    make) gives exactly what ``transitions_from_batch`` computes from the same windows."""
+    make) gives exactly what ``nstep_transitions`` computes from the same windows."""
     bufs = tuple(ReplayBuffer(KIND_SPECS[kind], num_streams=3, stream_capacity=40, window=4, sampler=sampler,
                               seed=5) for _ in range(2))
     for b in bufs:
@@ -188,7 +187,7 @@ def test_every_field_kind_equals_the_transitions_of_the_same_windows(kind, sampl
     for n in (1, 3):
         got = bufs[0].sample_transitions(32, gamma=0.8, n=n)
         batch = bufs[1].sample(32)
-        want = transitions_from_batch(batch, 0.8, n)
+        want = nstep_transitions(batch, 0.8, n)
         assert torch.equal(got.keys, batch.keys) and torch.equal(got.weights, batch.weights)
         for part in ("obs", "next_obs"):
             a, b = getattr(got, part), getattr(want, part)

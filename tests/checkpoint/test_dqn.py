@@ -109,9 +109,9 @@ def _learn(buf: ShardedReplayBuffer, ddp: torch.nn.Module, q: torch.nn.Module,
            target: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
     batch = buf.sample(BATCH)
     t = nstep_transitions(batch, GAMMA)
-    q_sa = ddp(t.observation).gather(1, t.action[:, None]).squeeze(1)
+    q_sa = ddp(t.obs).gather(1, t.action[:, None]).squeeze(1)
     with torch.no_grad():
-        y = t.reward + t.bootstrap_discount * target(t.next_observation).max(1).values
+        y = t.reward + t.bootstrap_discount * target(t.next_obs).max(1).values
     td = y - q_sa
     loss = (batch.weights * td.pow(2)).mean()
     opt.zero_grad()

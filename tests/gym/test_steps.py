@@ -216,8 +216,8 @@ def test_buffer_windows_give_reference_nstep(mode):
         assert t.num_steps[b].item() == k
         assert t.reward[b].item() == pytest.approx(total, rel=1e-6)
         assert t.bootstrap_discount[b].item() == pytest.approx(scale, rel=1e-6, abs=1e-9)
-        assert t.observation[b].tolist() == pytest.approx(steps[0][0])
-        assert t.next_observation[b].tolist() == pytest.approx(steps[k][0])
+        assert t.obs[b].tolist() == pytest.approx(steps[0][0])
+        assert t.next_obs[b].tolist() == pytest.approx(steps[k][0])
     assert (t.bootstrap_discount == 0).any() and (t.num_steps < length - 1).any()
 
 

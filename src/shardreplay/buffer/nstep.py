@@ -1,4 +1,7 @@
-"""Turn sampled windows into n-step transitions.
+"""Sampled windows as n-step transitions: :class:`Transitions`, the formulas, and
+:func:`nstep_transitions` of any :class:`Batch` (``sample_transitions``' compiled gather of
+the same numbers: buffer/transitions.py). Timelines of the cases: docs/semantics.md,
+"Transitions".
 
 A window of ``L = n + 1`` steps ``s_0 .. s_n`` of one stream becomes one transition
 ``(o_0, a_0, R, gamma_m, o_m)``. Step ``t`` holds ``o_t``, the action ``a_t`` taken at
@@ -17,20 +20,6 @@ The learner's target is ``R + gamma_m * V(o_m)``. The rewards ``r_m .. r_n`` are
 summed: at a LAST ``r_m`` follows a padding action, and in a full window ``r_n``
 belongs to the next transition.
 
-Timelines for ``n = 3`` (``L = 4``), ``g = gamma``::
-
-    full window        s0 ---- s1 ---- s2 ---- s3        m = 3
-                          r0      r1      r2             R = r0 + g r1 + g^2 r2
-                                                         gamma_m = g^3 (d all 1)
-
-    termination at 2   s0 ---- s1 ---- s2:LAST  [pad]   m = 2, d2 = 0
-                          r0      r1                     R = r0 + g r1
-                                                         gamma_m = g^2 * 0 = 0
-
-    truncation at 2    s0 ---- s1 ---- s2:LAST  [pad]   m = 2, d2 = 1
-                          r0      r1                     R = r0 + g r1
-                                                         gamma_m = g^2, from o2
-
 With 0/1 discounts only the LAST step can carry a 0, and it is the bootstrap step, so
 ``R`` is the plain discounted sum and ``gamma_m`` is ``gamma^m`` or 0.
 """
@@ -39,41 +28,115 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
+import numpy as np
 import torch
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.spec.fields import StepType
 
-__all__ = ["NStepTransition", "nstep_returns", "nstep_transitions"]
+__all__ = ["Transitions", "nstep_returns", "nstep_transitions"]
 
 Observation = torch.Tensor | dict[str, torch.Tensor]
+INSTALL = "pip install 'shardreplay[tensordict]' (or tensordict itself)"
 
 
 @dataclass(frozen=True)
-class NStepTransition:
-    """A batch of ``B`` n-step transitions (see the module docstring for the formulas).
+class Transitions:
+    """A batch of ``B`` n-step transitions, as torch tensors (CPU from ``sample_transitions``,
+    on the batch's device from :func:`nstep_transitions`).
 
     Attributes:
-        observation: ``o_0``, ``[B, *obs_shape]``; a dict of such tensors (by dotted
-            name) when the observation is a nested field.
-        action: ``a_0``, ``[B, *action_shape]``.
-        reward: ``R``, ``[B, *reward_shape]``, the discounted sum of ``r_0 .. r_{m-1}``.
-        bootstrap_discount: ``gamma^m * prod_{i=1..m} d_i``, ``[B]``; 0 after a
-            termination.
-        next_observation: ``o_m``, the observation at the bootstrap step, like
-            ``observation``.
-        num_steps: ``m``, int64 ``[B]``: the number of rewards summed (1 .. n).
+        obs: ``o_0`` ``[B, *obs_shape]`` (a dict by dotted name for nested observations).
+        action: ``a_0`` ``[B, *action_shape]``, in the stored dtype.
+        reward: the discounted n-step return ``R`` ``[B, *reward_shape]``, float32 (or
+            float64 for a float64 reward field).
+        next_obs: ``o_m``, the observation to bootstrap from, like ``obs``.
+        bootstrap_discount: ``gamma^m * prod d_i`` ``[B]``, same dtype as ``reward``:
+            gamma is applied already, and it is 0 after a termination. The TD target is
+            ``reward + bootstrap_discount * V(next_obs)``.
+        weights: importance weights float32 ``[B]`` (all ones unless prioritized).
+        keys: int64 ``[B]``, for :meth:`ReplayBuffer.update_priorities`.
+        num_steps: ``m``, int64 ``[B]``: how many rewards ``reward`` sums (1 .. n).
+        terminated: bool ``[B]``, ``o_m`` ends its episode by a termination (LAST with
+            discount 0); None where not known (built by hand).
+        truncated: bool ``[B]``, ``o_m`` ends its episode by a truncation; None likewise.
     """
 
-    observation: Observation
+    obs: Observation
     action: torch.Tensor
     reward: torch.Tensor
+    next_obs: Observation
     bootstrap_discount: torch.Tensor
-    next_observation: Observation
+    weights: torch.Tensor
+    keys: torch.Tensor
     num_steps: torch.Tensor
+    terminated: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    def to_tensordict(self) -> Any:
+        """These transitions as a ``tensordict.TensorDict`` with TorchRL's names
+        (``observation``, ``action``, ``("next", "observation" / "reward" / "done" /
+        "terminated" / "truncated")``, ``steps_to_next_obs``, ``priority_weight``,
+        ``index``: :mod:`shardreplay.buffer.tensordicts`), which a TorchRL loss built
+        with the same gamma takes unchanged.
+
+        Raises:
+            ConfigError: the tensordict package is not installed.
+        """
+        try:
+            from tensordict import TensorDict
+        except ImportError as exc:
+            raise ConfigError("as_tensordict / to_tensordict need the tensordict package: "
+                              f"{INSTALL}") from exc
+        batch = len(self)
+        boot = self.bootstrap_discount
+        terminated = self.terminated if self.terminated is not None else boot == 0
+        truncated = self.truncated if self.truncated is not None else torch.zeros_like(terminated)
+
+        def col(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(batch, 1)
+
+        reward = self.reward.unsqueeze(-1) if self.reward.dim() == 1 else self.reward
+        return TensorDict({
+            "observation": _as_tensordict(self.obs, batch),
+            "action": self.action,
+            "next": TensorDict({"observation": _as_tensordict(self.next_obs, batch), "reward": reward,
+                                "done": col(terminated | truncated), "terminated": col(terminated),
+                                "truncated": col(truncated)}, batch_size=[batch]),
+            "steps_to_next_obs": col(self.num_steps),
+            "bootstrap_discount": boot,
+            "priority_weight": self.weights,
+            "index": self.keys,
+        }, batch_size=[batch], device=self.keys.device)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Transitions:
+        """A copy with every tensor on ``device`` (``keys`` too: update_priorities takes them
+        back from any device)."""
+        def move(x: Any) -> Any:
+            if isinstance(x, dict):
+                return {k: v.to(device, non_blocking=non_blocking) for k, v in x.items()}
+            return None if x is None else x.to(device, non_blocking=non_blocking)
+
+        return Transitions(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
+
+
+def _as_tensordict(obs: Observation, batch: int) -> Any:
+    """An observation tensor, or nested fields ``"obs.a.b"`` as nested TensorDicts."""
+    if isinstance(obs, torch.Tensor):
+        return obs
+    from tensordict import TensorDict
+
+    out = TensorDict({}, batch_size=[batch])
+    for name, value in obs.items():
+        out.set(tuple(name.split(".")[1:]), value)
+    return out
 
 
 def nstep_returns(reward: torch.Tensor, discount: torch.Tensor, mask: torch.Tensor, gamma: float,
@@ -124,15 +187,18 @@ def nstep_returns(reward: torch.Tensor, discount: torch.Tensor, mask: torch.Tens
     return returns, bootstrap, m
 
 
-def nstep_transitions(batch: Batch, gamma: float, *, observation: str = "obs",
-                      action: str = "action", reward: str = "reward",
-                      validate: bool = True) -> NStepTransition:
-    """The n-step transitions of a batch of windows (``n = L - 1``).
+def nstep_transitions(batch: Batch, gamma: float, n: int | None = None, *, observation: str = "obs",
+                      action: str = "action", reward: str = "reward", validate: bool = True) -> Transitions:
+    """The n-step transitions of a batch of windows (any buffer, any device): the same
+    numbers as ``ReplayBuffer.sample_transitions`` for the same windows, with the
+    batch's keys and weights.
 
     Args:
         batch: sampled windows ``[B, L, ...]`` with ``step_type``, ``discount`` and the
             named fields in ``batch.data``.
         gamma: discount factor in ``[0, 1]``.
+        n: steps summed at most (default ``L - 1``); ``n < L - 1`` uses the first
+            ``n + 1`` steps of each window.
         observation: name of the observation field; a prefix such as ``"obs"`` of
             nested fields ``"obs.pos"``, ``"obs.vel"`` gives dicts keyed by full name.
         action: name of the action field.
@@ -140,15 +206,16 @@ def nstep_transitions(batch: Batch, gamma: float, *, observation: str = "obs",
         validate: check that the mask and step types agree (two device
             synchronisations on GPU); turn off in a hot loop once the data is trusted.
 
-    Returns:
-        The transitions; see :class:`NStepTransition`.
-
     Raises:
-        ConfigError: ``gamma`` outside ``[0, 1]`` or windows shorter than 2.
+        ConfigError: ``gamma`` outside ``[0, 1]``, windows shorter than 2, or ``n``
+            outside ``1 .. L - 1``.
         SpecMismatchError: a named field is missing or has the wrong shape, the mask is
             not a prefix, or the step types disagree with the mask (a LAST before the
             bootstrap step, or a masked window whose bootstrap step is not LAST).
     """
+    if n is not None and _check_n(n, int(batch.mask.shape[1])) + 1 < batch.mask.shape[1]:
+        batch = Batch(data={k: v[:, :n + 1] for k, v in batch.data.items()}, mask=batch.mask[:, :n + 1],
+                      keys=batch.keys, weights=batch.weights, probabilities=batch.probabilities)
     data = batch.data
     for name in (action, reward, "step_type", "discount"):
         if name not in data:
@@ -159,15 +226,29 @@ def nstep_transitions(batch: Batch, gamma: float, *, observation: str = "obs",
         _check_step_types(data["step_type"], batch.mask, m)
     rows = torch.arange(len(m), device=m.device)
     obs = _select(data, observation, batch.mask.shape)
-    return NStepTransition(
-        observation={k: v[:, 0] for k, v in obs.items()} if isinstance(obs, dict) else obs[:, 0],
+    return Transitions(
+        obs={k: v[:, 0] for k, v in obs.items()} if isinstance(obs, dict) else obs[:, 0],
         action=_field(data, action, batch.mask.shape)[:, 0],
         reward=returns,
-        bootstrap_discount=bootstrap,
-        next_observation=({k: v[rows, m] for k, v in obs.items()} if isinstance(obs, dict)
-                          else obs[rows, m]),
-        num_steps=m,
-    )
+        next_obs={k: v[rows, m] for k, v in obs.items()} if isinstance(obs, dict) else obs[rows, m],
+        bootstrap_discount=bootstrap, weights=batch.weights, keys=batch.keys, num_steps=m,
+        **_ends(data["step_type"][rows, m], data["discount"][rows, m]))
+
+
+def _ends(step_type: torch.Tensor, discount: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``terminated`` and ``truncated`` of the bootstrap steps (their step types and
+    discounts): a LAST with discount 0 terminates, a LAST with another one truncates."""
+    is_last = step_type == int(StepType.LAST)
+    return {"terminated": is_last & (discount == 0), "truncated": is_last & (discount != 0)}
+
+
+def _check_n(n: Any, window: int) -> int:
+    if n is None:
+        n = window - 1
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= n <= window - 1:
+        raise ConfigError(f"n must be an integer in [1, {window - 1}] for windows of {window} steps "
+                          f"(make the buffer with window = n + 1), got {n!r}")
+    return int(n)
 
 
 def _check_gamma(gamma: float) -> None:

@@ -13,6 +13,7 @@ from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.checks import as_index_array, as_priority_array, check_stream_ids, not_prioritized
 from shardreplay.buffer.device import batch_on, check_device, gathered_on, pins
 from shardreplay.buffer.info import BufferInfo
+from shardreplay.buffer.nstep import Transitions
 from shardreplay.buffer.shard import Shard
 from shardreplay.buffer.state import export_state, import_state, state_as_tensors
 from shardreplay.buffer.tensordicts import (
@@ -21,7 +22,7 @@ from shardreplay.buffer.tensordicts import (
     tensordict_writes,
     transition_names,
 )
-from shardreplay.buffer.transitions import Transitions, sample_transitions
+from shardreplay.buffer.transitions import sample_transitions
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.samplers import SAMPLER_NAMES, PrioritizedSampler, as_schedule
 from shardreplay.samplers.schedules import Schedule, is_real

@@ -27,7 +27,6 @@ from shardreplay.spec.fields import StepType
 __all__ = ["is_tensordict", "tensordict_gamma", "tensordict_writes", "transition_names"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
-INSTALL = "pip install 'shardreplay[tensordict]' (or tensordict itself)"
 
 # One write for the buffer: (step dict [S', ...] or [S', T'], stream ids or None, priorities or None).
 Write = tuple[dict[str, np.ndarray], np.ndarray | None, np.ndarray | None]

@@ -2,7 +2,8 @@
 
 :meth:`ReplayBuffer.sample_transitions` draws window starts as ``sample`` does but reads
 only what a transition needs (``o_0``, ``a_0``, the rewards and discounts inside the
-window, ``o_m``), with the formulas of :mod:`shardreplay.buffer.nstep`.
+window, ``o_m``), with the formulas of :mod:`shardreplay.buffer.nstep` (which has
+:class:`Transitions`).
 ``bootstrap_discount`` already holds ``gamma``: never multiply it by ``gamma`` again.
 """
 
@@ -10,16 +11,14 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from shardreplay.buffer.batch import Batch
-from shardreplay.buffer.nstep import _check_gamma, nstep_returns, nstep_transitions
-from shardreplay.buffer.tensordicts import INSTALL
-from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.buffer.nstep import Observation, Transitions, _check_gamma, _check_n, nstep_returns
+from shardreplay.errors import SpecMismatchError
 from shardreplay.kernels.codes import numba_takes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers.uniform import UniformSampler
@@ -35,103 +34,7 @@ if TYPE_CHECKING:
     from shardreplay.buffer.shard import Shard
     from shardreplay.storage import StreamStorage
 
-__all__ = ["Transitions", "sample_transitions", "transitions_from_batch"]
-
-Observation = torch.Tensor | dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Transitions:
-    """A batch of ``B`` n-step transitions, as torch tensors (CPU).
-
-    Attributes:
-        obs: ``o_0`` ``[B, *obs_shape]`` (a dict by dotted name for nested observations).
-        action: ``a_0`` ``[B, *action_shape]``, in the stored dtype.
-        reward: the discounted n-step return ``R`` ``[B, *reward_shape]``, float32 (or
-            float64 for a float64 reward field).
-        next_obs: ``o_m``, the observation to bootstrap from, like ``obs``.
-        bootstrap_discount: ``gamma^m * prod d_i`` ``[B]``, same dtype as ``reward``:
-            gamma is applied already, and it is 0 after a termination. The TD target is
-            ``reward + bootstrap_discount * V(next_obs)``.
-        weights: importance weights float32 ``[B]`` (all ones unless prioritized).
-        keys: int64 ``[B]``, for :meth:`ReplayBuffer.update_priorities`.
-        num_steps: ``m``, int64 ``[B]``: how many rewards ``reward`` sums (1 .. n).
-        terminated: bool ``[B]``, ``o_m`` ends its episode by a termination (LAST with
-            discount 0); None where not known (built by hand).
-        truncated: bool ``[B]``, ``o_m`` ends its episode by a truncation; None likewise.
-    """
-
-    obs: Observation
-    action: torch.Tensor
-    reward: torch.Tensor
-    next_obs: Observation
-    bootstrap_discount: torch.Tensor
-    weights: torch.Tensor
-    keys: torch.Tensor
-    num_steps: torch.Tensor
-    terminated: torch.Tensor | None = None
-    truncated: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return int(self.keys.shape[0])
-
-    def to_tensordict(self) -> Any:
-        """These transitions as a ``tensordict.TensorDict`` with TorchRL's names
-        (``observation``, ``action``, ``("next", "observation" / "reward" / "done" /
-        "terminated" / "truncated")``, ``steps_to_next_obs``, ``priority_weight``,
-        ``index``: :mod:`shardreplay.buffer.tensordicts`), which a TorchRL loss built
-        with the same gamma takes unchanged.
-
-        Raises:
-            ConfigError: the tensordict package is not installed.
-        """
-        try:
-            from tensordict import TensorDict
-        except ImportError as exc:
-            raise ConfigError("as_tensordict / to_tensordict need the tensordict package: "
-                              f"{INSTALL}") from exc
-        batch = len(self)
-        boot = self.bootstrap_discount
-        terminated = self.terminated if self.terminated is not None else boot == 0
-        truncated = self.truncated if self.truncated is not None else torch.zeros_like(terminated)
-
-        def col(x: torch.Tensor) -> torch.Tensor:
-            return x.reshape(batch, 1)
-
-        reward = self.reward.unsqueeze(-1) if self.reward.dim() == 1 else self.reward
-        return TensorDict({
-            "observation": _as_tensordict(self.obs, batch),
-            "action": self.action,
-            "next": TensorDict({"observation": _as_tensordict(self.next_obs, batch), "reward": reward,
-                                "done": col(terminated | truncated), "terminated": col(terminated),
-                                "truncated": col(truncated)}, batch_size=[batch]),
-            "steps_to_next_obs": col(self.num_steps),
-            "bootstrap_discount": boot,
-            "priority_weight": self.weights,
-            "index": self.keys,
-        }, batch_size=[batch], device=self.keys.device)
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Transitions:
-        """A copy with every tensor on ``device`` (``keys`` too: update_priorities takes them
-        back from any device)."""
-        def move(x: Any) -> Any:
-            if isinstance(x, dict):
-                return {k: v.to(device, non_blocking=non_blocking) for k, v in x.items()}
-            return None if x is None else x.to(device, non_blocking=non_blocking)
-
-        return Transitions(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
-
-
-def _as_tensordict(obs: Observation, batch: int) -> Any:
-    """An observation tensor, or nested fields ``"obs.a.b"`` as nested TensorDicts."""
-    if isinstance(obs, torch.Tensor):
-        return obs
-    from tensordict import TensorDict
-
-    out = TensorDict({}, batch_size=[batch])
-    for name, value in obs.items():
-        out.set(tuple(name.split(".")[1:]), value)
-    return out
+__all__ = ["sample_transitions"]
 
 
 def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | None = None, *,
@@ -361,18 +264,12 @@ def _sample_in_steps(storage: StreamStorage, plan: _Plan, starts: np.ndarray, we
 
 
 def _stored_ends(step_type: np.ndarray, discount: np.ndarray) -> dict[str, torch.Tensor]:
-    """:func:`_ends` of stored arrays, computed in numpy: for a batch this small, four torch
-    operations cost several times what numpy's do (figures: benchmarks/replay/RESULTS-single-env.md)."""
+    """``terminated`` and ``truncated`` of the bootstrap steps (nstep.py's ``_ends``) in numpy:
+    for a batch this small, four torch operations cost several times what numpy's do
+    (figures: benchmarks/replay/RESULTS-single-env.md)."""
     is_last = step_type == int(StepType.LAST)
     ends = discount == 0
     return {"terminated": torch.from_numpy(is_last & ends), "truncated": torch.from_numpy(is_last & ~ends)}
-
-
-def _ends(step_type: torch.Tensor, discount: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``terminated`` and ``truncated`` of the bootstrap steps (their step types and
-    discounts): a LAST with discount 0 terminates, a LAST with another one truncates."""
-    is_last = step_type == int(StepType.LAST)
-    return {"terminated": is_last & (discount == 0), "truncated": is_last & (discount != 0)}
 
 
 def _steps_of(storage: StreamStorage, name: str, slots: np.ndarray) -> np.ndarray:
@@ -380,42 +277,6 @@ def _steps_of(storage: StreamStorage, name: str, slots: np.ndarray) -> np.ndarra
     rebuilt from its frames, a plain field is read by index."""
     store = storage.stacked.get(name)
     return store.gather(slots) if store is not None else storage.fields[name][slots]
-
-
-def transitions_from_batch(batch: Batch, gamma: float, n: int | None = None, *,
-                           observation: str = "obs", action: str = "action",
-                           reward: str = "reward") -> Transitions:
-    """The n-step transitions of a sampled :class:`Batch` (any buffer, any device).
-
-    The same numbers as :func:`sample_transitions` for the same windows; used where the
-    windows come from elsewhere (a :class:`ShardedReplayBuffer`'s global sample).
-
-    Raises:
-        ConfigError: ``gamma`` outside ``[0, 1]`` or ``n`` outside ``1 .. L - 1``.
-        SpecMismatchError: as :func:`shardreplay.buffer.nstep.nstep_transitions`.
-    """
-    length = int(batch.mask.shape[1])
-    n = _check_n(n, length)
-    if n + 1 < length:
-        batch = Batch(data={k: v[:, :n + 1] for k, v in batch.data.items()}, mask=batch.mask[:, :n + 1],
-                      keys=batch.keys, weights=batch.weights, probabilities=batch.probabilities)
-    t = nstep_transitions(batch, gamma, observation=observation, action=action, reward=reward,
-                          validate=False)
-    rows = torch.arange(len(t.num_steps), device=t.num_steps.device)
-    return Transitions(obs=t.observation, action=t.action, reward=t.reward, next_obs=t.next_observation,
-                       bootstrap_discount=t.bootstrap_discount, weights=batch.weights, keys=batch.keys,
-                       num_steps=t.num_steps,
-                       **_ends(batch.data["step_type"][rows, t.num_steps],
-                               batch.data["discount"][rows, t.num_steps]))
-
-
-def _check_n(n: Any, window: int) -> int:
-    if n is None:
-        n = window - 1
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or not 1 <= n <= window - 1:
-        raise ConfigError(f"n must be an integer in [1, {window - 1}] for windows of {window} steps "
-                          f"(make the buffer with window = n + 1), got {n!r}")
-    return int(n)
 
 
 def _obs_names(spec: Any, observation: str) -> list[str]:

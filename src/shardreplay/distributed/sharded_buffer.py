@@ -38,10 +38,10 @@ import torch
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.device import pinned, pins, records_on
 from shardreplay.buffer.info import BufferInfo
+from shardreplay.buffer.nstep import Transitions, nstep_transitions
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.buffer.tensordicts import tensordict_gamma, transition_names
-from shardreplay.buffer.transitions import Transitions, transitions_from_batch
 from shardreplay.distributed.agreement import SAMPLE_MODES, check_agreed, settings_of
 from shardreplay.distributed.exact_exchange import ExactExchange, host_key, nonce
 from shardreplay.distributed.exchange import (
@@ -244,8 +244,8 @@ class ShardedReplayBuffer:
         window = self.local.window
         gamma = tensordict_gamma(gamma, window)  # checked before the collective: ranks raise alike
         batch = self._runner.next((int(batch_size), self.mode), self._serve)
-        return transitions_from_batch(batch, gamma, window - 1, **transition_names(self.local.spec)
-                                      ).to_tensordict()
+        return nstep_transitions(batch, gamma, window - 1, **transition_names(self.local.spec),
+                                 validate=False).to_tensordict()
 
     def sample_transitions(self, batch_size: int, gamma: float, n: int | None = None,
                            **names: str) -> Transitions:
@@ -257,7 +257,7 @@ class ShardedReplayBuffer:
             ConfigError, EmptyBufferError, CollectiveTimeout: as :meth:`sample`; a bad
                 ``gamma`` or ``n`` (after the collective, on every rank alike).
         """
-        return transitions_from_batch(self.sample(batch_size), gamma, n, **names)
+        return nstep_transitions(self.sample(batch_size), gamma, n, **names, validate=False)
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Route each priority to the shard that owns its key.

@@ -93,10 +93,10 @@ def test_learners_of_one_observation_tensor_refuse_nested_observations_by_name()
 
     from shardreplay.runtime.algos.torch_parts import flat_observations
 
-    flat = SimpleNamespace(observation=torch.zeros(2, 3, dtype=torch.float64),
-                           next_observation=torch.ones(2, 3, dtype=torch.uint8))
+    flat = SimpleNamespace(obs=torch.zeros(2, 3, dtype=torch.float64),
+                           next_obs=torch.ones(2, 3, dtype=torch.uint8))
     obs, next_obs = flat_observations(flat, "Sac")
     assert obs.dtype == next_obs.dtype == torch.float32 and torch.equal(next_obs, torch.ones(2, 3))
-    nested = SimpleNamespace(observation={"pixels": torch.zeros(2, 3)}, next_observation=torch.zeros(2, 3))
+    nested = SimpleNamespace(obs={"pixels": torch.zeros(2, 3)}, next_obs=torch.zeros(2, 3))
     with pytest.raises(ConfigError, match="DoubleDqn learns from flat observations"):
         flat_observations(nested, "DoubleDqn")

@@ -84,10 +84,10 @@ def test_priorities_are_the_mean_of_the_twin_critics_abs_td_errors() -> None:
     tr = nstep_transitions(batch, 0.99, validate=False)
     torch.manual_seed(5)
     with torch.no_grad():
-        next_a, next_logp = agent.actor.sample(tr.next_observation.float())
-        tq1, tq2 = agent.critic_target(tr.next_observation.float(), next_a)
+        next_a, next_logp = agent.actor.sample(tr.next_obs.float())
+        tq1, tq2 = agent.critic_target(tr.next_obs.float(), next_a)
         target = tr.reward + tr.bootstrap_discount * (torch.min(tq1, tq2) - agent.alpha * next_logp)
-        q1, q2 = agent.critic(tr.observation.float(), tr.action.float())
+        q1, q2 = agent.critic(tr.obs.float(), tr.action.float())
     torch.manual_seed(5)  # the same draw of a'
     priorities, _ = agent.learn(batch)
     expected = ((target - q1).abs() + (target - q2).abs()) / 2 + 1e-3

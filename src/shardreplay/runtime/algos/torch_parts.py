@@ -31,7 +31,7 @@ def flat_observations(transitions: Any, learner: str) -> tuple[torch.Tensor, tor
         ConfigError: the observations are nested (a dict of tensors); ``learner`` names
             the learner in the message.
     """
-    obs, next_obs = transitions.observation, transitions.next_observation
+    obs, next_obs = transitions.obs, transitions.next_obs
     if not isinstance(obs, torch.Tensor) or not isinstance(next_obs, torch.Tensor):
         raise ConfigError(f"{learner} learns from flat observations (one tensor), not nested ones")
     return obs.float(), next_obs.float()
