@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 from shardreplay._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from shardreplay.buffer.batch import Batch
-    from shardreplay.buffer.info import BufferInfo
+    from shardreplay.buffer.batch import Batch, BufferInfo
     from shardreplay.buffer.nstep import Transitions, nstep_returns, nstep_transitions
     from shardreplay.buffer.replay_buffer import ReplayBuffer
     from shardreplay.buffer.sequences import SequenceBatch, sample_sequences, sequence_priorities
@@ -35,8 +34,7 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
 _HOMES = {name: module for module, names in {
-    "shardreplay.buffer.batch": ("Batch",),
-    "shardreplay.buffer.info": ("BufferInfo",),
+    "shardreplay.buffer.batch": ("Batch", "BufferInfo"),
     "shardreplay.buffer.nstep": ("Transitions", "nstep_returns", "nstep_transitions"),
     "shardreplay.buffer.replay_buffer": ("ReplayBuffer",),
     "shardreplay.buffer.sequences": ("SequenceBatch", "sample_sequences", "sequence_priorities"),

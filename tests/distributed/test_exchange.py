@@ -10,7 +10,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import testing
-from shardreplay.spec.windows import DATA, window_layout
+from shardreplay.spec.layout import DATA, window_layout
 
 # Big fields (own arrays), small ones (inside the per-slot record), odd sizes and offsets.
 SPEC = sr.Spec({"obs": sr.Field((64,), np.float32), "pix": sr.Field((3, 5), np.uint8),

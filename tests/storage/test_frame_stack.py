@@ -279,7 +279,7 @@ def test_plain_field_descriptions_are_unchanged() -> None:
 @pytest.mark.parametrize("frame", [(3, 5), (8, 6)])
 def test_sharded_exchange_records_carry_whole_stacks(frame: tuple[int, int],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardreplay.spec.windows import DATA, window_layout
+    from shardreplay.spec.layout import DATA, window_layout
 
     monkeypatch.setattr(sys.modules[__name__], "FRAME", frame)
     stacked, plain = pair(3, 11, window=3, seed=2)

@@ -1,4 +1,4 @@
-"""What ``sample`` returns."""
+"""What ``sample`` and ``info`` return: :class:`Batch`, :class:`BufferInfo`."""
 
 from __future__ import annotations
 
@@ -40,3 +40,34 @@ class Batch:
         """A batch of ``fn`` of every tensor (``pin_memory``, a move)."""
         return Batch({k: fn(v) for k, v in self.data.items()}, fn(self.mask), fn(self.keys),
                      fn(self.weights), fn(self.probabilities))
+
+
+@dataclass(frozen=True)
+class BufferInfo:
+    """Sizes and counters of one buffer, or of this rank's shard of a sharded buffer.
+
+    Attributes:
+        sampler: ``"uniform"``, ``"prioritized"`` or ``"fifo"``.
+        num_steps: steps stored now.
+        samplable: windows that can be drawn now (``len(buffer)``).
+        capacity: steps the buffer can hold.
+        stale_updates: priority updates ignored because their window was overwritten
+            after it was sampled (no error: see docs/semantics.md).
+        updates_applied: priority updates applied, from any caller (in a sharded buffer:
+            from any rank).
+        invalid_keys: priority updates routed here by other ranks whose key fits no
+            window of this shard (skipped; always 0 for a single buffer).
+        max_priority: the priority a window written without one gets (1.0 without
+            prioritized sampling).
+        key_tag: the tag every key of this buffer carries (see docs/semantics.md).
+    """
+
+    sampler: str
+    num_steps: int
+    samplable: int
+    capacity: int
+    stale_updates: int
+    updates_applied: int
+    invalid_keys: int
+    max_priority: float
+    key_tag: int

@@ -5,7 +5,7 @@ the copy to the GPU runs asynchronously (``non_blocking=True``) on the current s
 kernels queued after it on that stream see the data, as with any CUDA tensor.
 Pinning needs a CUDA runtime, so it is only done when ``torch.cuda.is_available()``.
 Windows bound for a GPU are gathered straight into page-locked records
-(:mod:`shardreplay.spec.windows`) and cross in one copy; the fields are views of the
+(:func:`shardreplay.spec.layout.window_layout`) and cross in one copy; the fields are views of the
 records on the GPU. Pinning strided per-field views instead would stage each through
 pageable memory on the caller's thread.
 """
@@ -20,9 +20,8 @@ import torch
 from shardreplay.buffer.batch import Batch
 from shardreplay.errors import ConfigError
 from shardreplay.spec.keys import with_shard
-from shardreplay.spec.layout import RecordLayout
+from shardreplay.spec.layout import DATA, RecordLayout, data_parts
 from shardreplay.spec.torch_dtypes import torch_views
-from shardreplay.spec.windows import DATA, data_parts
 
 
 def check_device(device: torch.device | str | None) -> torch.device:

@@ -9,10 +9,9 @@ from typing import Any, Literal, overload
 import numpy as np
 import torch
 
-from shardreplay.buffer.batch import Batch
+from shardreplay.buffer.batch import Batch, BufferInfo
 from shardreplay.buffer.checks import as_index_array, as_priority_array, check_stream_ids, not_prioritized
 from shardreplay.buffer.device import batch_on, check_device, gathered_on, pins
-from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.nstep import Transitions
 from shardreplay.buffer.shard import Shard
 from shardreplay.buffer.state import export_state, import_state, state_as_tensors
@@ -29,7 +28,7 @@ from shardreplay.samplers.schedules import Schedule, is_real
 from shardreplay.spec import Spec
 from shardreplay.spec.fields import StepType
 from shardreplay.spec.keys import MAX_PLACES
-from shardreplay.spec.windows import window_layout
+from shardreplay.spec.layout import window_layout
 
 LAST = int(StepType.LAST)
 

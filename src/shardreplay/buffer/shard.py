@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from shardreplay.buffer.batch import BufferInfo
 from shardreplay.buffer.checks import check_priorities, check_stream_ids, foreign_key
-from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.state import export_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
@@ -342,9 +342,9 @@ class Shard:
         storage = self._storage
         status, bad, slots, current = key_kernels.resolve_keys(keys, prios, storage.generation, storage.size,
                                                    storage.key_epoch, storage.key_tag)
-        if status == 1:
+        if status == key_kernels.BAD_PRIORITY:
             check_priorities(prios, keys.shape)  # raises with the precise reason
-        if status == 2:
+        if status == key_kernels.BAD_KEY:
             raise InvalidKeyError(foreign_key(keys, bad, "buffer"))
         n_current = int(current.sum())
         self.stale_updates += keys.shape[0] - n_current

@@ -28,9 +28,8 @@ from shardreplay.buffer.device import write_records
 from shardreplay.buffer.shard import Shard
 from shardreplay.distributed.exchange import Drawn, ExchangeStats, split_batches
 from shardreplay.distributed.group import Collectives, Released
-from shardreplay.spec.layout import RecordLayout
+from shardreplay.spec.layout import RecordLayout, data_parts
 from shardreplay.spec.torch_dtypes import torch_views
-from shardreplay.spec.windows import data_parts
 
 _LOG = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")

@@ -31,9 +31,8 @@ from shardreplay.distributed.priorities import STATS_OPS, PendingUpdates, Priori
 from shardreplay.errors import ConfigError, EmptyBufferError
 from shardreplay.spec.fields import StepType
 from shardreplay.spec.keys import with_shard
-from shardreplay.spec.layout import RecordLayout
+from shardreplay.spec.layout import DATA, RecordLayout
 from shardreplay.spec.torch_dtypes import torch_dtype
-from shardreplay.spec.windows import DATA
 
 _R = TypeVar("_R", bound="_Row")
 

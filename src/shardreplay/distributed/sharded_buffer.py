@@ -35,9 +35,8 @@ from typing import Any, Literal, overload
 import numpy as np
 import torch
 
-from shardreplay.buffer.batch import Batch
+from shardreplay.buffer.batch import Batch, BufferInfo
 from shardreplay.buffer.device import pinned, pins, records_on
-from shardreplay.buffer.info import BufferInfo
 from shardreplay.buffer.nstep import Transitions, nstep_transitions
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
@@ -57,7 +56,7 @@ from shardreplay.distributed.priorities import PriorityRouter
 from shardreplay.distributed.runner import BackgroundRunner, InlineRunner
 from shardreplay.errors import ConfigError
 from shardreplay.spec.keys import MAX_SHARDS
-from shardreplay.spec.windows import window_layout
+from shardreplay.spec.layout import window_layout
 
 __all__ = ["SAMPLE_MODES", "ShardedReplayBuffer", "internals_of"]
 

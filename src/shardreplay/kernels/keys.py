@@ -79,15 +79,6 @@ def keys_fit(keys, tag, size):
 
 
 @numba.njit(cache=True, nogil=True)
-def encode_keys(shard, tag, place, generation):
-    """:func:`encode_key` of every entry of the int64 arrays (one length)."""
-    out = np.empty(place.shape[0], np.int64)
-    for j in range(place.shape[0]):
-        out[j] = encode_key(shard[j], tag[j], place[j], generation[j])
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
 def decode_keys(keys):
     """``(shard, tag, place, generation)`` int64 arrays of int64 ``keys``."""
     n = keys.shape[0]

@@ -19,22 +19,7 @@ from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 
-from shardreplay.kernels.codes import (
-    GEN_BITS,
-    GEN_MASK,
-    LOCAL_MASK,
-    MAX_PLACES,
-    MAX_SHARDS,
-    NUM_TAGS,
-    PLACE_BITS,
-    PLACE_MASK,
-    PLACE_SHIFT,
-    SHARD_BITS,
-    SHARD_SHIFT,
-    TAG_BITS,
-    TAG_MASK,
-    TAG_SHIFT,
-)
+from shardreplay.kernels.codes import GEN_MASK, MAX_PLACES, MAX_SHARDS, NUM_TAGS, TAG_MASK, TAG_SHIFT
 from shardreplay.kernels.lazy import lazy
 
 if TYPE_CHECKING:
@@ -44,9 +29,8 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
 
 # The codec (bit layout, encode, decode, checks) lives in kernels/keys.py, beside the
 # compiled code that reads keys; these are its Python-facing names.
-__all__ = ["GEN_BITS", "GEN_MASK", "LOCAL_MASK", "MAX_PLACES", "MAX_SHARDS", "NUM_TAGS", "PLACE_BITS",
-           "PLACE_MASK", "PLACE_SHIFT", "SHARD_BITS", "SHARD_SHIFT", "TAG_BITS", "TAG_MASK", "TAG_SHIFT",
-           "is_key_tag", "key_shard", "new_key_tag", "unpack_keys", "with_shard"]
+__all__ = ["GEN_MASK", "MAX_PLACES", "MAX_SHARDS", "NUM_TAGS", "TAG_MASK", "TAG_SHIFT", "is_key_tag",
+           "key_shard", "new_key_tag", "unpack_keys", "with_shard"]
 
 
 def _fresh_counter() -> itertools.count:

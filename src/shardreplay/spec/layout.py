@@ -5,6 +5,10 @@ sampled item) and packed validation all place arrays the same way: in the order 
 each starting at a multiple of :data:`ALIGN` bytes, the record padded to a multiple of
 :data:`ALIGN`. Records packed back to back therefore keep every array aligned, and a
 reader takes each array as a (strided) view of the bytes instead of copying it out.
+
+A sampled window is such a record too (:func:`window_layout`): how windows cross between
+ranks and onto a GPU, one copy of the rows instead of one per field. Every rank derives the
+same layout from the spec and the window, so only counts travel before the data.
 """
 
 from __future__ import annotations
@@ -12,12 +16,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from shardreplay.spec.fields import Field
 
-__all__ = ["ALIGN", "DISCOUNT_DTYPE", "STEP_TYPE_DTYPE", "Part", "RecordLayout", "step_parts"]
+if TYPE_CHECKING:
+    from shardreplay.spec.spec import Spec
+
+__all__ = ["ALIGN", "DATA", "DISCOUNT_DTYPE", "STEP_TYPE_DTYPE", "Part", "RecordLayout", "data_parts",
+           "step_parts", "window_layout"]
 
 ALIGN = 8  # the largest itemsize: every array's view is aligned
 STEP_TYPE_DTYPE = np.dtype(np.uint8)
@@ -101,6 +110,37 @@ def step_parts(fields: Mapping[str, Field], lead_shape: tuple[int, ...],
     arrays = [(prefix + name, f.dtype, (*lead, *f.shape)) for name, f in fields.items()]
     arrays += [(prefix + "step_type", STEP_TYPE_DTYPE, lead), (prefix + "discount", DISCOUNT_DTYPE, lead)]
     return arrays
+
+
+DATA = "data."  # prefix of the parts the storage fills: user fields, step_type, discount, episode_id
+
+
+def window_layout(spec: Spec, window: int) -> RecordLayout:
+    """The record of one sampled window of ``spec`` and length ``window``: parts
+    ``data.<field>`` ``[L, *shape]`` (user fields, ``step_type``, ``discount``,
+    ``episode_id``; ``[1, *shape]`` for an ``at_starts`` field), ``mask`` ``[L]``,
+    ``key`` and ``probability``.
+
+    ``layout.offsets(DATA)`` is what ``gather_into`` takes; ``layout.views(records)``
+    and ``torch_views(layout, records)`` read the parts back.
+    """
+    per_window = {name: f for name, f in spec.fields.items() if not f.at_starts}
+    parts = step_parts(per_window, (window,), DATA)
+    # An at_starts field is sampled at the window's first step only: [1, *shape].
+    parts += [(DATA + name, f.dtype, (1, *f.shape)) for name, f in spec.fields.items() if f.at_starts]
+    parts += [(DATA + "episode_id", np.dtype(np.int64), (window,)),
+              ("mask", np.dtype(np.bool_), (window,)),
+              ("key", np.dtype(np.int64), ()),
+              ("probability", np.dtype(np.float64), ())]
+    return RecordLayout.pack(parts)
+
+
+_V = TypeVar("_V")
+
+
+def data_parts(parts: Mapping[str, _V]) -> dict[str, _V]:
+    """The ``data.<field>`` parts of a window record's views, by field name."""
+    return {name[len(DATA):]: v for name, v in parts.items() if name.startswith(DATA)}
 
 
 def _aligned(n: int) -> int:
