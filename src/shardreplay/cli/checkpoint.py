@@ -25,7 +25,7 @@ from typing import Any
 
 from shardreplay.checkpoint.manifest import checkpoint_dir, latest_complete, list_checkpoints
 from shardreplay.cli import plain
-from shardreplay.errors import CheckpointError
+from shardreplay.errors import CheckpointError, ConfigError
 
 
 def _summary() -> Any:
@@ -57,31 +57,27 @@ def add_parser(subparsers: Any) -> None:
     ver.set_defaults(func=run_verify)
 
 
-def _resolved(path: Path) -> tuple[Path, str | None]:
-    """``path`` (a run directory: its ``checkpoints/`` root) and what it is: a
-    ``checkpoint``, a ``root`` holding checkpoints, or None (neither: :func:`_not_found`
-    says so)."""
-    summary = _summary()
+def _resolved(given: Path) -> tuple[Path, str]:
+    """``given`` (a run directory: its ``checkpoints/`` root) and what it is: a
+    ``checkpoint`` or a ``root`` holding checkpoints.
+
+    Raises:
+        ConfigError: it is neither (``main`` prints it, exit 2).
+    """
+    summary, path = _summary(), given
     if (path / "checkpoints").is_dir() and not summary.is_checkpoint_dir(path):
         path = path / "checkpoints"
-    if not path.is_dir():
-        return path, None
-    if summary.is_checkpoint_dir(path):
+    if path.is_dir() and summary.is_checkpoint_dir(path):
         return path, "checkpoint"
-    return path, "root" if list_checkpoints(path) else None
-
-
-def _not_found(path: Path) -> int:
-    print(f"error: {path} is neither a checkpoint directory (ckpt-<id>), nor a directory holding "
-          "checkpoints, nor a run directory with checkpoints/", file=sys.stderr)
-    return 2
+    if path.is_dir() and list_checkpoints(path):
+        return path, "root"
+    raise ConfigError(f"{given} is neither a checkpoint directory (ckpt-<id>), nor a directory holding "
+                      "checkpoints, nor a run directory with checkpoints/")
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    """``shardreplay checkpoint inspect``; returns the exit code."""
+    """``shardreplay checkpoint inspect``; returns the exit code (ConfigError: PATH has no checkpoint)."""
     path, kind = _resolved(args.path)
-    if kind is None:
-        return _not_found(args.path)
     priorities = not args.no_priorities
     try:
         if kind == "checkpoint":
@@ -109,10 +105,8 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    """``shardreplay checkpoint verify``; returns the exit code (1 on any problem)."""
+    """``shardreplay checkpoint verify``; exit code 1 on any problem (ConfigError: PATH has no checkpoint)."""
     path, kind = _resolved(args.path)
-    if kind is None:
-        return _not_found(args.path)
     dirs = [path] if kind == "checkpoint" else \
         [checkpoint_dir(path, c) for c in list_checkpoints(path)]
     results = []
