@@ -1,11 +1,5 @@
-"""A run's experience as a Minari dataset, and Minari datasets back into replay.
-
-``export_checkpoint(root, dataset_id, ...)`` writes the steps of a sharded checkpoint
-as a Minari dataset (episodes reassembled per saved stream; Minari's N + 1
-observations; priorities, actor and stream ids in the step infos; partial episodes
-sealed or dropped and counted in the dataset's metadata); ``prefill(buffer,
-dataset_id)`` deals a dataset's episodes into a ReplayBuffer or the shards of a
-ShardedReplayBuffer. docs/offline.md has the conventions table. ``minari`` (the
+"""A run's experience as a Minari dataset (``export_checkpoint``, ``write_dataset``), and
+Minari datasets back into replay (``prefill``): docs/offline.md. ``minari`` (the
 ``shardreplay[minari]`` extra) is imported only when one of these runs.
 """
 

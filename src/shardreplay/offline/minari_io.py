@@ -86,11 +86,8 @@ class Episode:
 
 @dataclass
 class CheckpointEpisodes:
-    """The episodes of a checkpoint's parts (``shards``: of these only), each part read
-    from its file when iterated, every block hash-checked once as it is read;
-    ``counts`` holds, once iterated, the steps read and the partial episodes sealed or
-    dropped (as ``checkpoint/episodes.py`` counts them) plus the one-step episodes left
-    out (``short_*``: no transition to export)."""
+    """What :func:`episodes_of_checkpoint` returns (``shards``: these parts only);
+    ``counts`` filled as it is iterated (:func:`_count`)."""
 
     root: Path
     checkpoint_id: int | None = None
