@@ -130,9 +130,8 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
             from shardreplay.runtime.devices import check_cuda
 
             check_cuda("--device", s.device)
-        policy = algo.make_policy(first.weights, env_info, s)
+        policy = algo.make_policy(first.weights, env_info, s)  # holding the first weights
         one_compute_thread()  # after the policy: it may have loaded torch
-        policy.load(first.weights)
         version = int(first.version)
         state = policy.initial_state(envs)
         run_steps = info.env_steps if info is not None else 0  # the run's steps when this actor joined
