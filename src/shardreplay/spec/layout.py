@@ -16,14 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from shardreplay.spec.fields import Field
-
-if TYPE_CHECKING:
-    from shardreplay.spec.spec import Spec
 
 __all__ = ["ALIGN", "DATA", "DISCOUNT_DTYPE", "STEP_TYPE_DTYPE", "Part", "RecordLayout", "data_parts",
            "step_parts", "window_layout"]
@@ -115,7 +112,14 @@ def step_parts(fields: Mapping[str, Field], lead_shape: tuple[int, ...],
 DATA = "data."  # prefix of the parts the storage fills: user fields, step_type, discount, episode_id
 
 
-def window_layout(spec: Spec, window: int) -> RecordLayout:
+class HasFields(Protocol):
+    """What :func:`window_layout` reads of a :class:`~shardreplay.spec.Spec`."""
+
+    @property
+    def fields(self) -> Mapping[str, Field]: ...
+
+
+def window_layout(spec: HasFields, window: int) -> RecordLayout:
     """The record of one sampled window of ``spec`` and length ``window``: parts
     ``data.<field>`` ``[L, *shape]`` (user fields, ``step_type``, ``discount``,
     ``episode_id``; ``[1, *shape]`` for an ``at_starts`` field), ``mask`` ``[L]``,
