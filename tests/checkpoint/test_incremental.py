@@ -12,6 +12,7 @@ import pytest
 import shardreplay as sr
 from shardreplay import checkpoint, testing
 from shardreplay.buffer.shard import STEP_ARRAYS
+from shardreplay.checkpoint import saving
 from shardreplay.checkpoint.format import PartReader
 from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import check_complete, incomplete_reason, referenced_checkpoints
@@ -208,3 +209,31 @@ def test_frame_stacked_chain_writes_the_new_stacks_and_restores_m_to_n(tmp_path:
         assert own == (12 * STREAMS if 1 < cid < 4 else CAPACITY * STREAMS)
         for n, capacity in ((1, CAPACITY), (2, CAPACITY)):  # 1 -> 1 (exact) and 1 -> 2 shards
             _assert_equal(_stacked_restored(inc, cid, n, capacity), _stacked_restored(full, cid, n, capacity))
+
+
+def test_pruning_a_long_chain_checks_only_the_newest_checkpoints_and_keeps_what_the_full_scan_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Path] = []
+
+    def counted(directory: Path, *, hashes: bool = True) -> bool:
+        calls.append(directory)
+        return checkpoint.is_complete(directory, hashes=hashes)
+
+    def at(cid: int) -> Path:
+        return checkpoint.checkpoint_dir(tmp_path, cid)
+
+    monkeypatch.setattr(saving, "is_complete", counted)  # the real check, counted (issue 42)
+    local = make_buffer(STREAMS, CAPACITY)
+    at(9).mkdir(parents=True)  # a save that died: incomplete
+    for cid in [c for c in range(1, 25) if c != 9]:
+        before = checkpoint.list_checkpoints(tmp_path)
+        complete = [c for c in before if checkpoint.is_complete(at(c), hashes=False)]
+        fill_random(local, 4, seed=cid, update_rounds=0)  # rows wrap every 10 saves
+        calls.clear()
+        checkpoint.save(local, tmp_path, cid, incremental=True, keep_last=2)
+        assert len(calls) <= 1 + 2 + 1  # the save's own check, the 2 kept and the dead one
+        keep = [*complete, cid][-2:]  # the full scan's rule, the reference
+        needed = set().union(*(referenced_checkpoints(checkpoint.load_manifest(at(c))) for c in keep))
+        expected = [c for c in sorted([*before, cid]) if c >= cid or c in keep or at(c).name in needed]
+        assert checkpoint.list_checkpoints(tmp_path) == expected
+    assert 5 <= len(checkpoint.list_checkpoints(tmp_path)) < 20  # a chain kept, and pruned as rows wrap

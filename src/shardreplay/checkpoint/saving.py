@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -387,11 +388,10 @@ def _restored_text(restored: RestoreCounts | None) -> str:
 
 
 def _prune(root: Path, newest: int, keep_last: int) -> None:
-    # Structure only (no hashes): reading every kept checkpoint after each save would cost
-    # more than the save; a load still passes over a damaged one.
-    complete = [c for c in list_checkpoints(root)
-                if c <= newest and is_complete(checkpoint_dir(root, c), hashes=False)]
-    keep = set(complete[-max(keep_last, 1):])
+    # Newest first, only until keep_last complete ones (not the whole chain); no hashes: a load skips damage.
+    complete = (c for c in reversed(list_checkpoints(root))
+                if c <= newest and is_complete(checkpoint_dir(root, c), hashes=False))
+    keep = set(islice(complete, max(keep_last, 1)))
     needed = _referenced(root, keep)
     for cid in list_checkpoints(root):
         if cid < newest and cid not in keep and checkpoint_dir(root, cid).name not in needed:
