@@ -27,9 +27,9 @@ STEP_TYPE_RULE = "field 'step_type': values must be FIRST=0, MID=1 or LAST=2"
 # numpy >= 2.3 casts integers with a range check in the same pass (ValueError out of range).
 try:
     np.zeros(1, np.int64).astype(np.uint8, casting="same_value")
-    _SAME_VALUE = True
+    SAME_VALUE = True
 except (TypeError, ValueError):  # pragma: no cover - older numpy
-    _SAME_VALUE = False
+    SAME_VALUE = False
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -84,7 +84,7 @@ def as_stored(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
     kind = arr.dtype.kind
     if dtype.kind == "f" and kind in "biuf":  # numpy's same_kind, without asking it
         return arr.astype(dtype, order="C")
-    if _SAME_VALUE and dtype.kind in "iu" and kind in "iu":
+    if SAME_VALUE and dtype.kind in "iu" and kind in "iu":
         try:  # range-checked in the cast (out of range: _cast says so)
             return arr.astype(dtype, order="C", casting="same_value")
         except ValueError:
@@ -128,7 +128,7 @@ def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def _narrowed(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Integers (or bools) as ``dtype``, C-contiguous. Raises ValueError when a value
     does not fit."""
-    if _SAME_VALUE:
+    if SAME_VALUE:
         return arr.astype(dtype, order="C", casting="same_value")
     if arr.size and not np.can_cast(arr.dtype, dtype, casting="safe"):  # pragma: no cover - older numpy
         info = np.iinfo(dtype)

@@ -36,7 +36,7 @@ from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.codes import numba_takes
 from shardreplay.kernels.lazy import lazy
-from shardreplay.spec.coerce import as_stored
+from shardreplay.spec.coerce import SAME_VALUE, as_stored
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
@@ -156,8 +156,9 @@ class OneStepAdd:
         self._canonical = canonical
         self._default_priority = default_priority
         self._on_write = on_write
-        # The places of the values converted in the last call (none: handed on as they came).
-        self._fix: tuple[int, ...] = ()
+        # The places of the values converted in the last call (none: handed on as they came),
+        # each with its direct cast (``_memo``).
+        self._fix: tuple[tuple[Any, ...], ...] = ()
         self._taken: Any = ()  # the values the last call handed to a kernel
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
         self._held: Any = None  # add_held's compiled kernel (held_writer builds it)
@@ -208,8 +209,12 @@ class OneStepAdd:
         if self._fix:  # the inputs of a user's loop keep their kinds
             try:
                 kept = 0
-                for i in self._fix:
+                for i, src, shape, dtype, casting, to in self._fix:
                     value = taken[i]
+                    if type(value) is np.ndarray and value.dtype is src and value.shape == shape:
+                        cast = value.astype(dtype, order="C", casting=casting)
+                        taken[i] = cast if to is None else cast.reshape(to)
+                        continue  # the cast as_stored chose for this kind (ValueError: out of range)
                     taken[i] = _stored(value, targets[i])
                     kept += taken[i] is value
                 self._taken = taken
@@ -222,7 +227,8 @@ class OneStepAdd:
             taken = [_stored(v, target) for v, target in zip(values, targets, strict=True)]
         except (TypeError, ValueError, SpecMismatchError):  # a value that cannot be stored
             return BAD_INPUT
-        self._fix = tuple(i for i, (a, v) in enumerate(zip(taken, values, strict=True)) if a is not v)
+        pairs = enumerate(zip(taken, values, strict=True))
+        self._fix = tuple((i, *_memo(v, targets[i])) for i, (a, v) in pairs if a is not v)
         self._taken = taken
         try:
             return dispatcher(*head, *taken)
@@ -344,6 +350,16 @@ def _stored(value: Any, target: tuple[Any, ...]) -> Any:
     stored = as_stored(name, value, dtype, shape, field_ndim)
     flags = stored.flags
     return stored if flags.c_contiguous and flags.writeable else np.array(stored, order="C")
+
+
+def _memo(value: Any, target: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The cast ``as_stored`` made of an array of ``value``'s dtype and shape (source dtype
+    and shape, stored dtype, casting, stored shape when it is another); Nones for other kinds."""
+    dtype, kind = target[1], target[1].kind
+    if type(value) is not np.ndarray or (kind in "iu" and not SAME_VALUE):
+        return None, None, None, None, None
+    return value.dtype, value.shape, dtype, "same_value" if kind in "iu" else "same_kind", \
+        None if value.shape == target[2] else target[2]
 
 
 def _rows_of(arr: np.ndarray) -> np.ndarray:
