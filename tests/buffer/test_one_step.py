@@ -304,6 +304,26 @@ def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
     assert_same(snapshot(fast), before)
 
 
+def test_a_remembered_cast_keeps_the_range_check() -> None:
+    """int64 arrays into a uint8 field: after the first step the place is cast directly
+    (no as_stored), and a value out of range is still refused with nothing written."""
+    spec = sr.Spec({"obs": sr.Field((2,), np.uint8), "reward": sr.Field((), np.float32)})
+    fast, full = _pair(spec, 2, "uniform")
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    for t in range(3):
+        step = {"obs": np.array([[t, 255], [7, 0]]), "reward": np.zeros(2, np.float32),
+                "step_type": np.array([min(t, 1), 1], np.uint8)}
+        assert short.add(step)
+        full.add(step)
+        assert_same(_observed(fast), _observed(full))
+        assert [place[0] for place in short._fix] == [2]  # the obs place, remembered
+    before = snapshot(fast)
+    with pytest.raises(sr.SpecMismatchError, match="outside the range"):
+        fast.add({**step, "obs": np.array([[1, 256], [7, 0]])})
+    assert_same(snapshot(fast), before)
+
+
 def test_every_kind_of_input_in_turn_keeps_one_compiled_kernel() -> None:
     """The whole matrix of kinds through one writer, in turn: every step takes the short
     path and the kernel has one compiled form at the end."""
