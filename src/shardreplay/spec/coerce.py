@@ -86,7 +86,7 @@ def as_stored(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
         return arr.astype(dtype, order="C")
     if SAME_VALUE and dtype.kind in "iu" and kind in "iu":
         try:  # range-checked in the cast (out of range: _cast says so)
-            return arr.astype(dtype, order="C", casting="same_value")
+            return _narrowed(arr, dtype)
         except ValueError:
             pass
     return _cast(name, arr, dtype)
