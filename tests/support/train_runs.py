@@ -13,6 +13,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,6 +180,28 @@ class TrainRun:
     def wait(self, timeout_s: float) -> int:
         """Exit code; raises ``subprocess.TimeoutExpired`` after ``timeout_s``."""
         return self.proc.wait(timeout=timeout_s)
+
+    def wait_explained(self, timeout_s: float, what: str) -> int:
+        """Exit code; past ``timeout_s`` an ``AssertionError`` naming ``what``, with both
+        outputs and the Python stack of every process still running (where it hangs)."""
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{what}: still running after {timeout_s:g} s" + self.explain()
+                                 + self.stacks()) from None
+
+    def stacks(self) -> str:
+        """``py-spy dump`` of each live process of the run (nothing where py-spy is absent)."""
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        if not os.access(spy, os.X_OK):
+            return "\n(no py-spy: no stacks)"
+        dumps = []
+        for pid in [self.proc.pid, *_descendant_pids(self.proc.pid)]:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                                      timeout=20)
+                dumps.append(f"--- py-spy dump {pid} ---\n{(done.stdout + done.stderr)[-4000:]}")
+        return "\n" + "\n".join(dumps)
 
     def stdout(self) -> str:
         return self.stdout_path.read_text()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -112,11 +111,8 @@ def _trial(args: list[str], log_dir: Path, prefix: str, rng: random.Random, serv
                 done.append(f"{at:.1f}s redis-server")
             else:
                 done.append(f"{at:.1f}s {_kill_a_learner(run, rng)}")
-        try:
-            code = run.wait(EXIT_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{prefix}: the launcher did not exit within {EXIT_S} s of a learner "
-                                 "rank's death (issue 10, item d)" + run.explain()) from None
+        code = run.wait_explained(EXIT_S, f"{prefix}: the launcher did not exit after a learner rank's death "
+                                  "(issue 10, item d)")
         assert code != 0, f"{prefix}: a learner rank died, yet the launcher exited 0" + run.explain()
         left = run.leftovers()
         assert left == [], f"{prefix}: processes left after the launcher exited: {left}" + run.explain()

@@ -179,7 +179,7 @@ def test_three_hosts_solve_lose_a_learner_host_and_resume(net: netns.Hosts, tmp_
 
             killed = time.monotonic()
             b.close()  # SIGKILL to every process of host B
-            code = a.wait(60)
+            code = a.wait_explained(60, f"host A after host B was killed ({timings})")
             timings["stop_s"] = time.monotonic() - killed
             assert code != 0, a.explain()
             assert a.leftovers() == [], a.explain()
@@ -198,7 +198,7 @@ def test_three_hosts_solve_lose_a_learner_host_and_resume(net: netns.Hosts, tmp_
             budget = ["--total-env-steps", str(saved + RESUMED_STEPS)]
             alone = _torchrun([*resume, *budget], net, A, run_dir, tmp_path, "a-alone")
             runs.append(alone)
-            assert alone.wait(240) == 0, alone.explain()
+            assert alone.wait_explained(240, "the resumed run on host A alone") == 0, alone.explain()
             timings["resume_s"] = time.monotonic() - resumed_at
             summary = alone.summary()
             back = summary["resumed_from"]
