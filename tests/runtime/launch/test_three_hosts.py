@@ -11,7 +11,7 @@ the learners): learner hosts A and B run the commands of docs/multi-machine.md u
    evaluation is the full 20-episode one here), and a complete checkpoint is made after it.
    ``--stop-return`` is above 500 so that the run goes on: the host loss must come mid-run (a
    run that stops on its return publishes "finished", and the actors would end with it).
-2. Every process of host B is killed (SIGKILL): A's rank stops within 60 s with one line that
+2. Every process of host B is killed (SIGKILL): A's rank stops (within ``STOP_S``) with one line that
    names the lost node (``shardreplay train: lost learner node HOST (ADDRESS): ...``), nothing
    is left running on A, the actors on C keep waiting.
 3. The page's command for the node left (``torchrun --nnodes 1``, ``--auto-resume``) on A
@@ -56,6 +56,7 @@ DELAY_MS = 1.0
 # "Solves CartPole": gymnasium's threshold for CartPole-v1 (475), reached by a 20-episode mean.
 SOLVED = float(gymnasium.spec("CartPole-v1").reward_threshold or 475.0)
 A, B, C = 0, 1, 2
+STOP_S = 150.0  # how long host A's rank may take to stop once host B is gone
 NETNS = str(Path(netns.__file__).resolve())
 DOC = REPO / "docs" / "multi-machine.md"
 # The demo's learning settings (256x256 network, 32 samples per insert: it solves CartPole in
@@ -179,7 +180,9 @@ def test_three_hosts_solve_lose_a_learner_host_and_resume(net: netns.Hosts, tmp_
 
             killed = time.monotonic()
             b.close()  # SIGKILL to every process of host B
-            code = a.wait_explained(60, f"host A after host B was killed ({timings})")
+            # Measured 1.4-3.9 s; the bound leaves room for a save in flight on a loaded CI host
+            # (the writer runs at nice 10), and a real hang fails with every process's stack.
+            code = a.wait_explained(STOP_S, f"host A after host B was killed ({timings})")
             timings["stop_s"] = time.monotonic() - killed
             assert code != 0, a.explain()
             assert a.leftovers() == [], a.explain()
