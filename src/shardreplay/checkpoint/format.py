@@ -93,8 +93,8 @@ def _describe(pieces: list[np.ndarray], name: str, offset: int) -> dict[str, Any
 
 def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
                metadata: Mapping[str, str], empty_like: Mapping[str, np.ndarray] | None = None
-               ) -> dict[str, Any]:
-    """Write arrays as a safetensors file atomically; return its size and block hashes.
+               ) -> tuple[int, tuple[str, ...]]:
+    """Write arrays as a safetensors file atomically; its size and block hashes.
 
     An array may be given as a list of pieces (views) concatenated along axis 0; an
     empty list takes dtype and trailing shape from ``empty_like[name]``.
@@ -125,7 +125,7 @@ def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
                     chunk = view[start:start + BLOCK_BYTES]
                     f.write(chunk)
                     hasher.feed(chunk)
-    return {"bytes": 8 + len(text) + offset, "block_xxh64": hasher.finish()}
+    return 8 + len(text) + offset, tuple(hasher.finish())
 
 
 _MADV_HUGEPAGE = 14  # Linux

@@ -76,8 +76,8 @@ class LoadReport(RestoreCounts):
 def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
          checkpoint_id: int | None = None, fallback: bool = False,
          files: Iterable[str] = ()) -> LoadReport:
-    """Restore a checkpoint under ``path`` into ``buffer`` (this rank's shard),
-    verifying what it reads, once (parts it does not read are not hashed).
+    """Restore a checkpoint under ``path`` into ``buffer`` (this rank's shard), verifying
+    what it reads, once (parts it does not read are not hashed); a :class:`LoadReport`.
 
     Args:
         path: the checkpoint root directory.
@@ -90,9 +90,6 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
         files: names of files saved with ``save(..., files=...)`` to return, verified,
             in ``LoadReport.files`` (a checkpoint whose file is missing or damaged is
             passed over like a damaged part).
-
-    Returns:
-        A :class:`LoadReport`.
 
     Raises:
         IncompleteCheckpointError: no (complete) checkpoint, or a part is missing.
@@ -162,8 +159,7 @@ def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
 
 
 def _precheck(directory: Path) -> tuple[Manifest | None, CheckpointError | None]:
-    """The parsed manifest of ``directory`` (structure checked: :func:`load_manifest`),
-    or why it is not a complete checkpoint."""
+    """:func:`load_manifest` of ``directory``, or why it is not a complete checkpoint."""
     try:
         return load_manifest(directory), None
     except CheckpointError as exc:
@@ -229,9 +225,8 @@ def load_shard(directory: Path, local: ReplayBuffer, shard: int, num_shards: int
 def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, shard: int,
              num_shards: int, buffer: ReplayBuffer | ShardedReplayBuffer | None, floor_epoch: int,
              layout: NewLayout | None, names: tuple[str, ...]) -> LoadReport:
-    """Restore the checkpoint of ``manifest`` through ``session`` into ``local`` as shard
-    ``shard`` of ``num_shards`` (no collective; ``buffer`` is the sharded buffer around
-    ``local``, when there is one), reading the files ``names`` too."""
+    """:func:`load_shard` of ``manifest`` through ``session`` (``buffer``: the sharded
+    buffer around ``local``, if any), reading the files ``names`` too."""
     if layout is None:
         layout = NewLayout.even(num_shards, local.num_streams, local.stream_capacity)
     if layout.num_shards != num_shards or (layout.num_streams[shard], layout.stream_capacity[shard]) != \
@@ -341,8 +336,7 @@ def _same_layout(readers: list[AnyPartReader], metas: list[PartMeta], positions:
 
 
 def _identity_plan(episodes: EpisodeTable, shard: int, pos: np.ndarray, cap: int) -> ShardPlan:
-    """Part ``shard``'s episodes, each in its saved row (:func:`_read_as_saved` places the
-    rows)."""
+    """Part ``shard``'s episodes, each in its saved row."""
     ids = np.flatnonzero(episodes.part == shard).astype(np.int64)
     zeros = np.zeros(ids.shape[0], np.int64)
     return ShardPlan(ids, episodes.row[ids], zeros, zeros, np.minimum(pos, cap), 0, 0)

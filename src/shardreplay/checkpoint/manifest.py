@@ -177,12 +177,8 @@ def _check_part(manifest: Manifest, part: ManifestPart) -> None:
 
 
 def _check_size(file: Path, size: int, missing: str, recorded: str) -> None:
-    """``file`` exists and has ``size`` bytes.
-
-    Raises:
-        IncompleteCheckpointError: it is missing (``missing`` says why that matters).
-        CheckpointFormatError: another size (``recorded`` names who recorded it).
-    """
+    """Raise IncompleteCheckpointError (saying ``missing``) unless ``file`` exists, and
+    CheckpointFormatError (naming who ``recorded`` the size) unless it has ``size`` bytes."""
     if not file.exists():
         raise IncompleteCheckpointError(f"{file}: {missing}")
     if file.stat().st_size != size:

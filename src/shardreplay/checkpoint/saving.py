@@ -320,10 +320,10 @@ def _write_part(job: SaveJob, content: _Content,
                 files: dict[str, FileEntry]) -> tuple[ManifestPart, FileEntry]:
     """Write the part file, then its description; the part as described, and the
     description's size and hash (for the manifest's ``files``)."""
-    info = write_part(job.directory / content.part.file, content.arrays,
-                      {"buffer_meta": content.meta.as_text()}, empty_like=content.empty_like)
+    size, hashes = write_part(job.directory / content.part.file, content.arrays,
+                              {"buffer_meta": content.meta.as_text()}, empty_like=content.empty_like)
     # An integer: a float's last digit can change without changing its value.
-    part = replace(content.part, bytes=int(info["bytes"]), block_xxh64=tuple(info["block_xxh64"]),
+    part = replace(content.part, bytes=size, block_xxh64=hashes,
                    created_unix_ms=int(time.time() * 1000), files=dict(sorted(files.items())))
     stem = part_name(job.index, job.num_shards)
     return part, dump_checked(job.directory / f"{stem}.json", part.description(content.spec))

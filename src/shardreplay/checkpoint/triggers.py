@@ -15,13 +15,11 @@ every step::
                 break                        # stopped: this rank's part is written
             train_one_step()                 # sample / update: collectives every step
 
-A request (``SIGUSR1`` to any rank, or the file ``checkpoint.request``) is combined over
-ranks by one small collective, so every rank saves at the same step; a stop (``SIGTERM``,
-first ``SIGINT``) and a crash save this rank's part with no collective, under the step of
-the latest ``should_save`` call. When every training step runs a collective, no rank is
-more than one call ahead, so ranks stopped together save under the same id (keep the
-collectives' ``timeout_s`` below the launcher's grace period); if ids differ, that
-checkpoint stays incomplete and ``load`` takes the newest complete one.
+A request is combined over ranks by one small collective, so every rank saves at the same
+step; a stop and a crash save this rank's part with no collective, under the step of the
+latest ``should_save`` call. When every training step runs a collective, ranks stopped
+together save under the same id (keep the collectives' ``timeout_s`` below the launcher's
+grace period); if ids differ, that checkpoint stays incomplete and ``load`` passes it over.
 """
 
 from __future__ import annotations

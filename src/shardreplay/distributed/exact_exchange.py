@@ -64,8 +64,7 @@ class ExactExchange:
     def draw(self, stats: ExchangeStats, n: int, k: int, early: Any = None,
              released: Released | None = None) -> list[Drawn]:
         """``k`` batches of ``n`` windows for this rank, from every rank's ``stats`` (the
-        same on every rank: masses, batch sizes, and rank 0's seed); ``early`` is unused;
-        its collectives wait inside ``released()`` (the runner's lock let go).
+        same on every rank: masses, batch sizes, and rank 0's seed).
 
         Each of a requester's ``k`` batches takes Multinomial(n, mass/total) items from the
         shards, each item drawn from its shard's distribution: every batch is ``n`` i.i.d.

@@ -83,12 +83,9 @@ class _Row:
 
 @dataclass(frozen=True)
 class SamplingSettings(_Row):
-    """What every rank tells the others once, at construction (:mod:`agreement` checks
-    it): its spec fingerprint (int64 bits) and description length, its sampler (an index
-    of ``("uniform", "prioritized")``), alpha and beta schedule (0 for uniform), window,
-    sequence period, sampling mode (an index of ``SAMPLE_MODES``), prefetch depth and
-    pipeline flag, and its host key and region nonce for the same-host exchange
-    (:mod:`exact_exchange`), which may differ."""
+    """What every rank tells the others once, at construction (:func:`agreement.settings_of`
+    fills it, :func:`agreement.check_agreed` checks it; the host key and region nonce of
+    the same-host exchange may differ)."""
 
     _FLOATS: ClassVar[frozenset[str]] = frozenset({"alpha", "beta_start", "beta_end"})
 
@@ -223,7 +220,6 @@ class Refill:
         return self.strategy.draw(stats, n, k, box[0] if box else None, released)
 
     def _stats(self, batch_size: int) -> ExchangeStats:
-        """This rank's :class:`ExchangeStats` (no tail)."""
         st = self._shard.stats()
         seed = int(self._choice.integers(0, 1 << 63))
         return ExchangeStats(st.mass, st.samplable, st.min_leaf, batch_size, seed, self._shard.max_priority,
@@ -243,15 +239,13 @@ class LocalExchange:
         self.rank, self.world_size = rank, world_size
 
     def start(self, n: int, k: int) -> Callable[[], Any] | None:
-        """This shard's ``k * n`` windows, to draw while the stats are in flight (they
-        need nothing from the other ranks); what it returns goes to :meth:`draw`."""
+        """This shard's ``k * n`` windows, drawn while the stats are in flight."""
         return lambda: self._draw_own(n * k)
 
     def draw(self, stats: ExchangeStats, n: int, k: int, early: Any = None,
              released: Released | None = None) -> list[Drawn]:
         """``k`` batches of ``n`` windows of this shard (zero-weight padding when it is
-        empty), weighted with the shard factor; ``early``: what :meth:`start` drew. No
-        collective (``released`` is unused)."""
+        empty), weighted with the shard factor; ``early``: what :meth:`start` drew."""
         masses = stats.mass
         total, low = float(masses.sum()), float(stats.min_leaf.min())
         mass_k = masses[self.rank]

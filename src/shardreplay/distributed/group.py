@@ -5,7 +5,6 @@ asynchronously and waited on with a timeout, so a peer that never joins gives a
 :class:`CollectiveTimeout` naming the operation and this rank instead of a hang. A peer
 whose connection breaks (its process died: gloo reports "Connection reset by peer" at
 once) gives :class:`PeerLost`, which says so instead of blaming the timeout.
-Tensors live on ``device``: the CPU for gloo, the current CUDA device for NCCL.
 """
 
 from __future__ import annotations
@@ -56,14 +55,9 @@ def lost_node(text: str) -> str:
 
 
 def lost_peer_error(exc: BaseException, what: str) -> PeerLost:
-    """Our :class:`PeerLost` for a backend error that :func:`peer_lost` recognised, e.g.
-    one raised by DDP's all-reduce in ``backward`` (outside :class:`Collectives`). Its one
-    line starts with the node that was lost (host name and address, when gloo names it).
-
-    Args:
-        exc: the backend's error.
-        what: what failed, and where ("all_reduce failed on rank 0 of 2").
-    """
+    """Our :class:`PeerLost` for a backend error ``exc`` that :func:`peer_lost` recognised
+    (e.g. from DDP's all-reduce in ``backward``); ``what`` says what failed and where. Its
+    one line starts with the node that was lost (host name and address, when gloo names it)."""
     # The backend's text starts with a source path and ends in generic advice: keep
     # only what happened ("Connection reset by peer [127.0.0.1]:40339").
     detail = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).split(". ")[0])
@@ -125,8 +119,7 @@ class Collectives:
             dist.destroy_process_group(self.group)
 
     def _wait(self, work: Any, op: str, released: Released | None) -> None:
-        """Wait for ``work`` inside ``released()`` (e.g. a pipelined buffer's shard lock let
-        go, so the learner's thread can write meanwhile)."""
+        """Wait for ``work`` inside ``released()`` (see :meth:`all_gather`)."""
         self.issued += 1
         try:
             with released() if released is not None else nullcontext():
@@ -155,11 +148,9 @@ class Collectives:
                    released: Released | None = None) -> torch.Tensor:
         """Stack ``tensor`` from every rank: result ``[world_size, *tensor.shape]``.
 
-        ``while_waiting`` runs after the operation is issued and before it is waited on,
-        so local work overlaps the exchange; the operation is waited on even when it
-        raises (the ranks stay in step), and then its error propagates. ``released``
-        gives the context the wait runs in (the caller's lock let go: see
-        :class:`~shardreplay.distributed.runner.BackgroundRunner`); None: none.
+        ``while_waiting`` runs between issuing and waiting (:meth:`_overlap`), so local
+        work overlaps the exchange; the wait runs inside ``released()`` (a pipelined
+        buffer's shard lock let go, so the learner's thread can write meanwhile).
         """
         tensor = tensor.to(self.device).contiguous()
         out = torch.empty((self.world_size * tensor.numel(),), dtype=tensor.dtype, device=self.device)

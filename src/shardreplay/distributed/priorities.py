@@ -108,12 +108,9 @@ class PriorityRouter:
 
     def update_now(self, keys: Any, priorities: Any) -> int:
         """Apply this shard's updates and route the others at once (collective: :meth:`send`,
-        and one all_gather when a routed priority exceeds every shard's maximum). A rank
-        whose input is bad still joins, with nothing to send, then raises. Only for a
-        buffer without a pipeline (nothing else holds the shard meanwhile).
-
-        Returns:
-            The updates this shard applied, from any rank.
+        and one all_gather when a routed priority exceeds every shard's maximum); the
+        updates this shard applied, from any rank. A rank whose input is bad still joins,
+        with nothing to send, then raises. Only without a pipeline.
 
         Raises:
             ConfigError / InvalidKeyError / InvalidPriorityError: this rank's input was bad.
@@ -160,10 +157,8 @@ class PriorityRouter:
         count); the rest follows in a second one when any rank has some (rare after the
         first call). What arrives is applied, each sender's in its order. ``ops`` names the
         two collectives; they wait inside ``released()``; ``while_waiting`` runs meanwhile.
-
-        Returns:
-            Every rank's row (``[K, len(head) + K]``: its head, then its count per owner),
-            and the number of updates applied here.
+        Returns every rank's row (``[K, len(head) + K]``: its head, then its count per
+        owner), and the number of updates applied here.
         """
         k, me, h = self.world_size, self.rank, head.size
         slot = self._slots.get(ops[0], 0) if slot is None else slot

@@ -279,11 +279,8 @@ class Background:
                                 "same when a peer is missing)") from self.failure
 
     def close(self, timeout_s: float) -> bool:
-        """Stop the thread once the jobs queued so far have run; wait ``timeout_s`` for it.
-
-        Returns:
-            True when the thread has ended.
-        """
+        """Stop the thread once the jobs queued so far have run; wait ``timeout_s`` for it
+        to end (True when it has)."""
         if not self._closed:
             self._closed = True
             self._jobs.put(None)

@@ -167,10 +167,8 @@ class ShardedReplayBuffer:
 
     @property
     def write_lock(self) -> contextlib.AbstractContextManager:
-        """Hold this while writing to ``local`` directly (e.g. an ingest loop calling
-        ``buffer.local.extend``): with ``pipeline=True`` the background thread draws from
-        the shard meanwhile. A no-op context without a pipeline. Never hold it across
-        a collective."""
+        """Hold this while writing to ``local`` directly (the pipeline's thread draws from
+        the shard meanwhile; a no-op without one). Never hold it across a collective."""
         return self._runner.guard()
 
     def info(self) -> BufferInfo:
@@ -259,13 +257,10 @@ class ShardedReplayBuffer:
         return nstep_transitions(self.sample(batch_size), gamma, n, **names, validate=False)
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
-        """Route each priority to the shard that owns its key.
-
-        In exact mode with ``prefetch=1`` and no pipeline this is collective (every rank,
-        same order) and every update has landed when it returns. Otherwise it is local:
-        this shard's updates apply at once, the others are queued for the next exchange
-        (or :meth:`flush_updates`), before it draws. Keys of -1 (padding) are skipped;
-        stale keys are ignored and counted on the owner (``info().stale_updates``).
+        """Route each priority to the shard that owns its key: collective in exact mode
+        with ``prefetch=1`` and no pipeline, else local (the other shards' updates wait for
+        the next exchange or :meth:`flush_updates`; docs/semantics.md, "Sharded sampling").
+        Keys of -1 (padding) are skipped; stale keys are counted on the owner.
 
         Returns:
             The number of updates this rank's shard applied in this call (from any rank
@@ -307,16 +302,14 @@ class ShardedReplayBuffer:
         return self._runner.prefetched
 
     def discard_prefetched(self) -> None:
-        """Drop the prefetched batches and the queued updates (no collective), e.g. when a
-        checkpoint load replaces the shard. With ``pipeline=True`` the exchange in flight
-        is waited for and dropped too (every rank at the same point, as a load does)."""
+        """Drop the prefetched batches and the queued updates, and (pipeline) the exchange
+        in flight once it ends; no collective, but every rank at the same point."""
         self._runner.discard()
 
     def settle(self) -> None:
         """Wait for the background exchange in flight, if any (its batches stay
-        prefetched; at most about ``timeout_s`` per collective); afterwards nothing touches
-        the shard until the next call. Not collective; raises nothing (an error is raised
-        by the next call that needs it). A checkpoint save does this first."""
+        prefetched); then nothing touches the shard until the next call. Not collective;
+        raises nothing (the next call that needs it raises the error)."""
         self._runner.settle()
 
     def close(self) -> None:
@@ -332,8 +325,7 @@ class ShardedReplayBuffer:
         self.close()
 
     def _serve(self, d: Drawn) -> Batch:
-        """A prefetched draw as a Batch, weighted with beta at this call (the schedule
-        advances once per sample() call, prefetched or not)."""
+        """A prefetched draw as a Batch, weighted with this call's beta."""
         beta = self._shard.current_beta()
         self._shard.advance_schedule()
         weights = d.weights if beta == d.beta else drawn_weights(d.prob, d.total, d.low, beta, d.factor)
@@ -369,9 +361,8 @@ class ShardedInternals:
     strategy: ExchangeStrategy
 
     def sharding_state(self) -> dict[str, Any]:
-        """The shard-choice RNG's state, JSON-ready (saved with a checkpoint part; the max
-        priority is the shard's own). Waits for a background exchange first (it draws
-        from the RNG)."""
+        """The shard-choice RNG's state, JSON-ready (saved with a checkpoint part), once a
+        background exchange (which draws from it) has ended."""
         self.runner.settle()
         return {"rng": self.choice.bit_generator.state}
 

@@ -204,9 +204,8 @@ class RecentIds:
 
 class IntakeReader:
     """What every reader end shares: decoding, validation, de-duplication and counting
-    (:attr:`stats`: received, duplicate, rejected and lost chunks), and :meth:`receive`,
-    which hands the medium's ``_receive`` a deadline. ``spec``, ``max_chunk_bytes`` and
-    ``dedup_window`` as the transport has them; ``medium`` labels log lines.
+    (:attr:`stats`), and :meth:`receive`, which hands the medium's ``_receive`` a deadline;
+    ``medium`` labels log lines.
 
     Raises:
         ConfigError: ``max_chunk_bytes`` < 64 or ``dedup_window`` < 1.
@@ -222,12 +221,7 @@ class IntakeReader:
         self._medium = medium
 
     def receive(self, max_chunks: int = 64, timeout_s: float = 0.0, *, borrow: bool = False) -> list[Chunk]:
-        """As :meth:`ChunkReader.receive`.
-
-        Raises:
-            ConfigError: ``max_chunks`` is not an integer >= 1.
-            TransportTimeout: the medium has been unreachable for too long (Redis).
-        """
+        """As :meth:`ChunkReader.receive` (its errors too)."""
         if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
             raise ConfigError(f"max_chunks must be an integer >= 1, got {max_chunks!r}")
         return self._receive(max_chunks, time.monotonic() + max(timeout_s, 0.0), borrow)

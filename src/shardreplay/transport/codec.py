@@ -213,10 +213,8 @@ class Chunk:
 
 
 def encode(chunk: Chunk, spec: Spec) -> bytes:
-    """Serialise a chunk for the wire or a file.
-
-    The steps are validated with ``spec.validate`` first, so a bad actor fails where the
-    bug is, not at the learner.
+    """Serialise a chunk for the wire or a file, validated first (:class:`Encoding`), so a
+    bad actor fails where the bug is, not at the learner.
 
     Raises:
         SpecMismatchError: the steps, stream ids or priorities do not fit ``spec``, or an
@@ -416,13 +414,9 @@ def peek_identity(data: bytes | bytearray | memoryview) -> tuple[int, int] | Non
 
 
 def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) -> Chunk:
-    """Parse and fully validate a chunk against the learner's spec.
-
-    Args:
-        data: the encoded chunk, or a packed one (rebuilt by :func:`unpack` first, then
-            checked like any chunk); decoded arrays are read-only views into the bytes.
-        spec: the learner's spec; the chunk's fingerprint, dtypes and shapes must match.
-        max_bytes: chunks longer than this are rejected before anything else.
+    """Parse ``data`` (an encoded chunk, or a packed one: :func:`unpack` first) and fully
+    validate it against the learner's ``spec``, refusing more than ``max_bytes`` first.
+    Decoded arrays are read-only views into the bytes.
 
     Raises:
         CorruptChunkError: with ``reason`` one of ``too_large``, ``truncated``,
@@ -599,11 +593,8 @@ def pack(chunk: bytes | bytearray | memoryview, spec: Spec, codec: str = "lz4") 
 
 
 def unpack(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) -> memoryview:
-    """The encoded chunk that :func:`pack` packed into ``data``.
-
-    Args:
-        max_bytes: the largest chunk the reader accepts: neither the packed bytes, the
-            body nor the rebuilt chunk may be larger (checked before allocating).
+    """The encoded chunk that :func:`pack` packed into ``data``; neither the packed bytes,
+    the body nor the rebuilt chunk may exceed ``max_bytes`` (checked before allocating).
 
     Raises:
         CorruptChunkError: with ``reason`` ``too_large``, ``truncated``, ``format``,

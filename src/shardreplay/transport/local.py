@@ -204,12 +204,8 @@ def pid_alive(pid: int) -> bool:
 
 
 class ShmRing:
-    """Byte records in shared memory, for any number of writer and reader processes.
-
-    Args:
-        capacity: bytes of the ring; a record needs ``8 + len(data)``.
-        ctx: a multiprocessing context (``spawn`` works; so do the others).
-    """
+    """Byte records in ``capacity`` bytes of shared memory (a record takes ``8 + len(data)``)
+    from multiprocessing context ``ctx``, for any number of writer and reader processes."""
 
     def __init__(self, capacity: int, ctx: Any) -> None:
         self.capacity = capacity
@@ -274,11 +270,7 @@ class ShmRing:
     def put_with(self, nbytes: int, fill: Callable[[np.ndarray], None], deadline: float | None) -> bool:
         """Append a record of ``nbytes`` that ``fill`` writes into the ring's own memory (a
         uint8 view; a scratch array when the record wraps around the ring's end), under the
-        ring lock; the record becomes visible after ``fill`` returned.
-
-        Returns:
-            False when ``deadline`` passed before there was room.
-        """
+        ring lock, visible once ``fill`` returned; False when ``deadline`` passed first."""
         need = _LEN.size + nbytes
         pause = 0.0002
         while True:
@@ -312,19 +304,12 @@ class ShmRing:
 
     def take(self, max_records: int, deadline: float, max_bytes: int | None = None, *,
              borrow: bool = False) -> list[memoryview]:
-        """Pop up to ``max_records`` records, waiting until ``deadline`` for the first;
-        with ``max_bytes``, no more records once those taken reach that many bytes (one at least).
-
-        Args:
-            borrow: lend the records in place instead of copying them out: they stay in
-                the ring, and writers cannot reuse their bytes, until :meth:`give_back`
-                or the next ``take`` by this process (which gives back first). This
-                process keeps the read lock meanwhile, so other readers wait.
-
-        Returns:
-            Read-only views of the records: into one ``bytes`` copy of the whole batch, or,
-            borrowed, into the ring (a record that wraps around the ring's end is copied).
-        """
+        """Read-only views of up to ``max_records`` records popped (waiting until ``deadline``
+        for the first; with ``max_bytes``, none more once those taken reach that many
+        bytes), into one ``bytes`` copy of the batch. ``borrow`` lends them in place instead
+        (a record that wraps around the ring's end is copied): writers cannot reuse their
+        bytes, and this process keeps the read lock, until :meth:`give_back` or its next
+        ``take``."""
         self.give_back()
         while True:
             self._acquire(self._read_lock, _READER)

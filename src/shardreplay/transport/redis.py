@@ -20,13 +20,11 @@ Back-pressure without losing data (``XADD ... MAXLEN`` evicts unread entries: ne
 
 1. Only acknowledged entries are trimmed: below the minimum over groups of the oldest
    pending id (else the last delivered id), ``XTRIM MINID`` (one Lua script).
-2. A writer adds while the stream's length at its last look plus its adds in flight is
-   below ``max_len``: each add is ``XADD`` + ``XLEN`` pipelined (up to 8 in flight). At the
-   cap it trims exactly (``MINID`` without ``~``, which could keep a small stream at the
-   cap) and waits in ``BLPOP`` (3 s at most, then looks again) for a room token the reader
-   pushes as it acknowledges (:class:`RoomTokens`), or polls (0.5-5 ms) when the ACL
-   refuses tokens. One writer never exceeds ``max_len``; ``W`` writers by at most
-   ``8 (W - 1)``.
+2. A writer adds while the stream's length at its last look plus its adds in flight
+   (:class:`RedisWriter`) is below ``max_len``. At the cap it trims exactly (``MINID``
+   without ``~``, which could keep a small stream at the cap) and waits for a room token
+   (:class:`RoomTokens`), or polls when the ACL refuses tokens. One writer never exceeds
+   ``max_len``; ``W`` writers by at most ``8 (W - 1)``.
 3. With no group nothing is trimmed, so writers block rather than drop; writers create
    the group (at id 0) on first use, so nothing written before the learner starts is missed.
 
@@ -155,7 +153,7 @@ class RedisTransport:
         return Backlog(self._ask(lambda r: _unconsumed(r, stream), f"XINFO {stream}"), None)
 
     def _ask(self, fn: Callable[[Any], T], what: str) -> T:
-        """``fn(client)`` on a new connection, retried for up to 10 s."""
+        """``fn(client)`` on a new connection, retried for 10 s at most."""
         link = self.link()
         try:
             return link.call(fn, what=what, deadline=time.monotonic() + 10.0)
@@ -574,12 +572,8 @@ def _run_id(client: redis.Redis) -> str:
 # -- connections, groups, trimming, room tokens, packets, hints ----------------------------
 
 class RedisLink:
-    """One Redis client whose calls reconnect on failure and raise shardreplay errors.
-
-    Args:
-        url: ``redis://host:port/db`` (or ``rediss://``, ``unix://``).
-        socket_timeout_s: per-command socket timeout.
-    """
+    """One Redis client of ``url`` (``redis://``, ``rediss://``, ``unix://``) whose calls
+    reconnect on failure and raise shardreplay errors (a malformed URL: ConfigError)."""
 
     def __init__(self, url: str, *, socket_timeout_s: float = 5.0) -> None:
         self.url = redact(url)  # what messages show: never the password
@@ -708,16 +702,12 @@ def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
 
 
 class RoomTokens:
-    """Wake-ups for writers waiting at a stream's cap: a list ``<stream>:room`` of tokens.
+    """Wake-ups for writers waiting at the cap ``cap`` of ``stream``: a list ``<stream>:room``.
 
     The reader pushes a token per :attr:`grant` entries it acknowledges (with the ``XACK``);
     ``BLPOP`` hands each to the writer that waited longest, which may then add ``grant``
     chunks. Tokens are hints (a woken writer still trims and reads the length). Without
     ``BLPOP`` / ``RPUSH`` / ``LTRIM`` in the user's ACL: one warning, then writers poll.
-
-    Args:
-        stream: the chunk stream.
-        cap: the stream's ``max_len``.
     """
 
     def __init__(self, stream: str, cap: int) -> None:
@@ -774,12 +764,8 @@ class RoomTokens:
 
 class XaddPacker:
     """``XADD stream * field <chunk>`` then ``XLEN stream`` as one RESP packet, the chunk
-    encoded straight into it (one copy; redis-py's packer would copy it again).
-
-    Args:
-        stream: the stream key (encoded as redis-py encodes ``str``: UTF-8).
-        field: the entry's field name.
-    """
+    encoded straight into it (one copy; redis-py's packer would copy it again). The key is
+    UTF-8, as redis-py encodes a ``str``."""
 
     def __init__(self, stream: str, field: bytes) -> None:
         self._key, self._field = stream.encode("utf-8"), field
@@ -811,12 +797,8 @@ class XaddPacker:
 
 
 class HintChannel:
-    """A pub/sub channel read as hints: messages may be lost, so callers also poll.
-
-    Args:
-        link: the connection to use (its client opens a separate pub/sub connection).
-        channel: the channel name.
-    """
+    """Pub/sub ``channel`` over ``link`` (a connection of its own), read as hints:
+    messages may be lost, so callers also poll."""
 
     def __init__(self, link: RedisLink, channel: str) -> None:
         self._link = link

@@ -51,14 +51,9 @@ MediumKind = Literal["local", "file", "redis"]
 
 @dataclass(frozen=True)
 class MediumURL:
-    """A parsed medium URL.
-
-    Attributes:
-        kind: ``"local"``, ``"file"`` or ``"redis"`` (``redis``, ``rediss`` and ``unix``
-            URLs, all opened by redis-py).
-        url: the URL as given (a Redis URL keeps its query and any password).
-        path: a ``file://`` URL's directory (as ``urlparse`` gives it); ``""`` otherwise.
-    """
+    """A parsed medium URL: its ``kind`` (``redis`` for every URL redis-py opens), the
+    ``url`` as given (a Redis URL keeps its query and any password), and a ``file://``
+    URL's directory ``path`` (``""`` otherwise)."""
 
     kind: MediumKind
     url: str
@@ -67,13 +62,9 @@ class MediumURL:
 
 def parse_medium(url: str, *, kinds: tuple[MediumKind, ...] = ("local", "file", "redis"),
                  what: str = "transport") -> MediumURL:
-    """Parse a transport or policy-broadcast URL.
-
-    Args:
-        url: ``local`` (also ``""``, ``local://``), ``file:///absolute/dir`` (or
-            ``file://localhost/dir``), ``redis://``, ``rediss://`` or ``unix://`` URLs.
-        kinds: the kinds the caller accepts.
-        what: the caller's name for the URL in messages ("transport", "policy broadcast").
+    """Parse a transport or policy-broadcast URL: ``local`` (also ``""``, ``local://``),
+    ``file:///absolute/dir`` (or ``file://localhost/dir``), ``redis://``, ``rediss://`` or
+    ``unix://``, of one of ``kinds``; ``what`` names the URL in messages.
 
     Raises:
         ConfigError: another scheme, a kind the caller does not accept, or a ``file://``
@@ -103,13 +94,8 @@ def file_url(path: str) -> str:
 
 
 def open_transport(url: str, spec: Spec, **options: Any) -> Transport:
-    """Open the transport a URL names.
-
-    Args:
-        url: ``"local"``, ``"file:///abs/dir"`` or ``"redis://host:port/db"``.
-        spec: the spec every chunk must follow.
-        **options: keyword settings of the chosen transport (see ``LocalTransport``,
-            ``SpoolTransport``, ``RedisTransport``).
+    """Open the transport ``url`` names (:func:`parse_medium`) for chunks of ``spec``, with
+    the keyword ``options`` of ``LocalTransport``, ``SpoolTransport`` or ``RedisTransport``.
 
     Raises:
         ConfigError: an unknown scheme, a malformed URL or an unknown option.
