@@ -249,7 +249,21 @@ def _run(args: argparse.Namespace) -> int:
     if summary.get("storage_error") or summary.get("storage_stop"):
         print(f"shardreplay train: {storage_advice(summary)}", file=sys.stderr)
         return 2
+    if summary.get("stopped_by") == "actors":
+        print(f"shardreplay train: {actors_advice(summary)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def actors_advice(summary: dict[str, Any]) -> str:
+    """One line for a run that stopped because every actor gave up: why nothing more
+    would arrive, where their errors are, and the command that continues."""
+    run_dir = summary.get("run_dir")
+    return (f"every actor gave up ({summary.get('actors_given_up')} died after "
+            f"{summary.get('actor_restarts')} restarts in all; their errors are above), so no new "
+            f"experience would arrive: training stopped and saved {Path(summary['checkpoint']).name}. "
+            f"Fix what makes them fail, then continue with --run-dir {run_dir} --auto-resume "
+            "(learners that wait for actors started elsewhere take --remote-actors N)")
 
 
 def storage_advice(summary: dict[str, Any]) -> str:
@@ -285,6 +299,7 @@ def final_line(summary: dict[str, Any]) -> str:
         f"final evaluation {final:.1f} (mean return of {summary.get('eval_episodes')} greedy episodes{goal})"
     why = {"solved": "Solved", "signal": "Stopped on request (not solved)",
            "storage": "Stopped: the file system refused a write (not solved)",
+           "actors": "Stopped: every actor gave up (not solved)",
            "env_steps": "Not solved (step budget used up)", "time": "Not solved (time limit reached)"}
     head = why.get(str(summary.get("stopped_by")), "Finished")
     plot = "" if "learning_curve" in summary and summary["learning_curve"] is None else "learning_curve.png, "

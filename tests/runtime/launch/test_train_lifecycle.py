@@ -195,6 +195,48 @@ def test_crashed_actor_is_restarted_up_to_the_bound_and_training_goes_on(tmp_pat
         assert summary["actors_given_up"] == 1
 
 
+# CartPole whose reset fails in the actors (processes named actor-N) and works in the learners.
+_ACTOR_BREAKS = '''import multiprocessing
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+
+class ActorBreaks(CartPoleEnv):
+    def reset(self, *, seed=None, options=None):
+        if multiprocessing.current_process().name.startswith("actor-"):
+            raise RuntimeError("ActorBreaks-v0 cannot start in an actor")
+        return super().reset(seed=seed, options=options)
+
+
+gym.register("ActorBreaks-v0", entry_point=ActorBreaks, max_episode_steps=50)
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_run_whose_actors_all_gave_up_stops_saves_and_says_why(tmp_path: Path) -> None:
+    """Every actor of both ranks dies at its start, is restarted once, dies again: the
+    run stops at once (it trained on its replay until --max-minutes before), saves a
+    complete checkpoint, and ends with one line saying why and what to run, exit 2."""
+    (tmp_path / "actor_breaks.py").write_text(_ACTOR_BREAKS)
+    run_dir = tmp_path / "run"
+    args = _train_args(run_dir, "--env-id", "ActorBreaks-v0", "--env-import", "actor_breaks",
+                       "--learners", "2", "--actors", "2", "--max-actor-restarts", "1", *UNBOUNDED)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    with TrainRun(args, tmp_path, env={"PYTHONPATH": path}) as run:
+        assert run.wait(START_S) == 2, run.explain()  # the old code ran to --max-minutes 4
+        assert run.leftovers() == [], run.explain()
+        last = run.stderr().strip().splitlines()[-1]
+        assert last.startswith("shardreplay train: every actor gave up (2 died after 2 restarts"), \
+            run.explain()
+        assert f"--run-dir {run_dir} --auto-resume" in last and "--remote-actors N" in last
+        assert run.stdout().strip().splitlines()[-1].startswith("Stopped: every actor gave up (not solved)")
+        summary = run.summary()
+    assert (summary["stopped_by"], summary["actors_given_up"], summary["actor_restarts"]) == ("actors", 2, 2)
+    directory, manifest = newest_checkpoint(run_dir)
+    assert Path(summary["checkpoint"]) == directory and manifest.num_shards == 2
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("env_id", "message"), [
     ("NoSuchEnv-v0", "unknown gymnasium environment 'NoSuchEnv-v0'"),

@@ -42,10 +42,20 @@ def test_the_first_rank_out_of_time_stops_the_run_and_names_the_time_limit() -> 
     assert not LoopSync(steps=3).should_stop
 
 
-@pytest.mark.parametrize("tensor", [torch.zeros(8, dtype=torch.float64), torch.zeros(7, dtype=torch.int64),
-                                    torch.zeros(2, 8, dtype=torch.int64)])
+def test_the_run_stops_when_every_actor_gave_up_unless_remote_actors_may_send() -> None:
+    ranks = [LoopSync(live_actors=0, actors_given_up=1), LoopSync(live_actors=0, actors_given_up=1)]
+    total = LoopSync.from_tensor(torch.stack([r.to_tensor() for r in ranks]).sum(0))
+    assert total.actors_gone(remote=0)
+    assert not total.actors_gone(remote=2)  # actors started elsewhere: the learners wait for them
+    one_left = LoopSync.from_tensor(total.to_tensor() + LoopSync(live_actors=1).to_tensor())
+    assert not one_left.actors_gone(remote=0)
+    assert not LoopSync().actors_gone(remote=0)  # no actor started (--offline, or stopped while starting)
+
+
+@pytest.mark.parametrize("tensor", [torch.zeros(10, dtype=torch.float64), torch.zeros(7, dtype=torch.int64),
+                                    torch.zeros(2, 10, dtype=torch.int64)])
 def test_other_layouts_are_refused(tensor: torch.Tensor) -> None:
-    with pytest.raises(ShardReplayError, match="int64 vector of 8"):
+    with pytest.raises(ShardReplayError, match="int64 vector of 10"):
         LoopSync.from_tensor(tensor)
 
 

@@ -164,8 +164,8 @@ class ActorPool:
             else:
                 if p.exitcode != 0:
                     self.given_up.add(actor_id)
-                    log.warning("actor %d exited with %s after %d restarts: not restarted; training "
-                                "goes on with the others", actor_id, p.exitcode, self.restarts[actor_id])
+                    log.warning("actor %d exited with %s after %d restarts: not restarted "
+                                "(--max-actor-restarts)", actor_id, p.exitcode, self.restarts[actor_id])
                 del self._procs[actor_id]
         return sum(p.is_alive() for p in self._procs.values())
 

@@ -146,11 +146,14 @@ class Lead:
 
     def _stopped_by(self) -> str:
         """Why the run ended, from the agreed counts: solved, storage (a rank's file system
-        refused a write), env_steps, time (some rank's clock passed ``--max-minutes``) or signal."""
+        refused a write), actors (every actor gave up), env_steps, time (some rank's clock
+        passed ``--max-minutes``) or signal."""
         if self.progress.solved:
             return "solved"
         if self.storage.stop:
             return "storage"
+        if self.progress.actors_gone:
+            return "actors"
         if self.progress.counters["env_steps"] >= self.s.run.total_env_steps:
             return "env_steps"
         g = self.progress.last_sync

@@ -240,7 +240,8 @@ class Learner:
             g = self._sync_counted(started)
             if g.steps > 0:
                 limiter.insert(min(g.steps, limiter.max_insert_size))
-            if g.should_stop:
+            self.progress.actors_gone = g.actors_gone(self.s.actors.remote)
+            if g.should_stop or self.progress.actors_gone:
                 break
             self.ckpts.finish(wait=False)
             if g.should_save or self.trigger.periodic_due(self.progress.counters["updates"]):
@@ -252,7 +253,6 @@ class Learner:
                 if not offline:
                     limiter.sample(per_update)
                 window.updates += 1
-            self.actors.check()
             self.ckpts.trim(self.ingestor.wal)
             if self.lead is not None:  # a row a second, and one right after each evaluation
                 self.lead.record(self.ingestor.last_return, due=False)
@@ -283,10 +283,12 @@ class Learner:
         due = self.rank == 0 and minutes_due(self.s.checkpoints.interval_minutes, self.ckpts.saved_at,
                                              time.monotonic())
         request = self.trigger.request_pending() or self.ingestor.log_full() or due
+        live = self.actors.check()  # restarts those that died (within the bound)
         # The ingestor sums whole version differences, so its float lag sum is an integer.
         mine = LoopSync(steps=st.steps, replay_size=len(self.buffer.local), stop_votes=int(stop),
                         save_votes=int(request), lag_sum=int(st.lag_sum), lag_count=st.lag_count,
-                        storage_votes=int(refused), time_votes=int(late))
+                        storage_votes=int(refused), time_votes=int(late), live_actors=live,
+                        actors_given_up=len(self.actors.given_up))
         g = mine.summed(self.comm)
         self.progress.last_sync = g
         self.storage.stop = self.storage.stop or g.storage_votes > 0

@@ -120,7 +120,8 @@ class _Bar:
         say how it ended."""
         task = self._progress.tasks[0]
         words = {"solved": "solved", "env_steps": "step budget used", "time": "time limit",
-                 "signal": "stopped", "storage": "disk refused a write"}
+                 "signal": "stopped", "storage": "disk refused a write",
+                 "actors": "every actor gave up"}
         text = f"{words.get(outcome, 'done')}: eval {_fmt(final_eval)}"
         completed = task.total if outcome in ("solved", "env_steps") else task.completed
         self._progress.update(self._task, completed=completed, text=text,

@@ -59,6 +59,7 @@ class Progress:
         evals_recorded: ``evals`` when the latest metrics row was written.
         solved: an evaluation reached ``stop_return``.
         solved_state: rank 0: the agent that passed (saved and published at the end).
+        actors_gone: the run stopped because every actor gave up (:meth:`LoopSync.actors_gone`).
         wall_offset_s: wall time of earlier lives: a resumed run's time axis goes on.
         started: when this life's loop started (monotonic seconds).
         window: the metrics row being gathered.
@@ -72,6 +73,7 @@ class Progress:
     evals_recorded: int = 0
     solved: bool = False
     solved_state: dict[str, Any] | None = None
+    actors_gone: bool = False
     wall_offset_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
     window: MetricsWindow = field(default_factory=MetricsWindow)

@@ -74,6 +74,8 @@ class LoopSync(SummedRecord):
             they also vote to stop, and the run ends saying so.
         time_votes: ranks whose clock passed ``--max-minutes`` (the ranks' loops start a
             little apart: the first one ends the run, and the run says it ended on time).
+        live_actors: actor processes of the rank running (or just restarted).
+        actors_given_up: the rank's actors not restarted again (too many restarts).
     """
 
     steps: int = 0
@@ -84,6 +86,8 @@ class LoopSync(SummedRecord):
     lag_count: int = 0
     storage_votes: int = 0
     time_votes: int = 0
+    live_actors: int = 0
+    actors_given_up: int = 0
     what: ClassVar[str] = "train loop sync"
 
     @property
@@ -95,6 +99,11 @@ class LoopSync(SummedRecord):
     def should_save(self) -> bool:
         """Whether some rank asked for a checkpoint."""
         return self.save_votes > 0
+
+    def actors_gone(self, remote: int) -> bool:
+        """Whether every actor the learners started gave up and none will send again:
+        ``remote`` actors started elsewhere are not watched here (the run waits for them)."""
+        return self.live_actors == 0 and self.actors_given_up > 0 and remote == 0
 
 
 @dataclass(frozen=True)
