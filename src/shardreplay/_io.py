@@ -33,18 +33,24 @@ def storage_error(exc: BaseException | None, path: Path | str | None = None) -> 
     OSError of a file system refusing a write (:data:`STORAGE_ERRNOS`; the path is its
     file name, else ``path``): "cannot write PATH: No space left on device (ENOSPC)".
     None otherwise."""
+    for cause in causes(exc):
+        if isinstance(cause, StorageError):
+            return cause
+        if isinstance(cause, OSError) and cause.errno in STORAGE_ERRNOS:
+            where = cause.filename if cause.filename is not None else path
+            code = errno_codes.errorcode.get(cause.errno, str(cause.errno))
+            return StorageError(f"cannot write {where}: {cause.strerror} ({code})", path=str(where),
+                                errno=cause.errno)
+    return None
+
+
+def causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc``, then what caused it (``__cause__``, else ``__context__``), each once."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, StorageError):
-            return exc
-        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
-            where = exc.filename if exc.filename is not None else path
-            code = errno_codes.errorcode.get(exc.errno, str(exc.errno))
-            return StorageError(f"cannot write {where}: {exc.strerror} ({code})", path=str(where),
-                                errno=exc.errno)
+        yield exc
         exc = exc.__cause__ or exc.__context__
-    return None
 
 
 def fsync_dir(directory: Path) -> None:

@@ -28,10 +28,7 @@ _received: list[int] = []  # the stop signals taken so far, in order
 
 def install(handlers: Mapping[int, Any]) -> Callable[[], None]:
     """Install ``handlers`` (``{signal number: handler}``, a callable or ``signal.SIG_IGN``
-    / ``SIG_DFL``).
-
-    Returns:
-        A function that puts back the handlers these replaced.
+    / ``SIG_DFL``); a function that puts back the handlers these replaced.
 
     Raises:
         ConfigError: not called from the main thread (nothing is installed).
@@ -48,17 +45,11 @@ def install(handlers: Mapping[int, Any]) -> Callable[[], None]:
 
 
 def take_over(parent_pid: int | None = None) -> Callable[[], None] | None:
-    """Record SIGINT and SIGTERM from now on instead of their default actions.
-
-    Args:
-        parent_pid: a child's parent as the parent saw it: a signal that comes once the
-            parent is gone (``PR_SET_PDEATHSIG``) ends this process at once, as being
-            killed would; there is nobody left to stop for.
-
-    Returns:
-        A function that puts the previous handlers back, or None when this is not the
-        main thread (nothing was installed).
-    """
+    """Record SIGINT and SIGTERM from now on instead of their default actions; a function
+    that puts the previous handlers back (None off the main thread: nothing installed).
+    With ``parent_pid`` (a child's parent as the parent saw it), a signal that comes once
+    the parent is gone (``PR_SET_PDEATHSIG``) ends this process at once, as being killed
+    would: there is nobody left to stop for."""
     if threading.current_thread() is not threading.main_thread():
         return None
 

@@ -91,13 +91,8 @@ class SamplerFailed(ShardReplayError, RuntimeError):
 
 class StorageError(ShardReplayError, RuntimeError):
     """The file system refused a write or a directory (no space left, read-only, no
-    permission): the message is one line naming the path and the OS error.
-
-    Args:
-        message: that line.
-        path: the file or directory refused.
-        errno: the OS error number (``errno.ENOSPC``, ...).
-    """
+    permission): the message is one line naming the path and the OS error, also kept as
+    ``path`` and ``errno`` (``errno.ENOSPC``, ...)."""
 
     def __init__(self, message: str, *, path: str = "", errno: int = 0) -> None:
         super().__init__(message)
@@ -135,13 +130,9 @@ class TransportError(ShardReplayError, RuntimeError):
 
 
 class CorruptChunkError(TransportError):
-    """A chunk failed its checksum, header or spec validation.
-
-    Args:
-        message: what was wrong and what to do about it.
-        reason: a short stable category (``"checksum"``, ``"truncated"``, ``"spec"``, ...)
-            that transports count rejections by, so nobody has to parse messages.
-    """
+    """A chunk failed its checksum, header or spec validation; ``reason`` is a short stable
+    category (``"checksum"``, ``"truncated"``, ``"spec"``, ...) that transports count
+    rejections by, so nobody has to parse messages."""
 
     def __init__(self, message: str, *, reason: str = "corrupt") -> None:
         super().__init__(message)

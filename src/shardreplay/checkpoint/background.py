@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from shardreplay import _signals
+from shardreplay._io import causes
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.records import ManifestPart
 from shardreplay.checkpoint.saving import SaveJob, forget, prepare, run, write, written
@@ -32,16 +33,10 @@ _NICE = 10  # the child's niceness over its parent's
 
 
 class PendingSave:
-    """A checkpoint part being written by a forked child process; a thread of this
-    process (non-daemon: an interpreter that exits waits for it) collects its result and
-    reaps it.
-
-    Attributes:
-        directory: the checkpoint directory.
-        checkpoint_id: the checkpoint's id.
-        pid: the child's process id (None: nothing to write, or written before the call
-            returned).
-    """
+    """A checkpoint part (of ``checkpoint_id``, in ``directory``) being written by a forked
+    child process ``pid`` (None: nothing to write, or written before the call returned); a
+    thread of this process (non-daemon: an exiting interpreter waits for it) collects its
+    result and reaps it."""
 
     def __init__(self, job: SaveJob) -> None:
         self.directory = job.directory
@@ -108,10 +103,7 @@ class PendingSave:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> Path:
-        """Wait until the part is written and the child reaped.
-
-        Returns:
-            The checkpoint directory.
+        """Wait until the part is written and the child reaped; the checkpoint directory.
 
         Raises:
             CheckpointError: the write failed or the child was killed (the previous
@@ -129,10 +121,7 @@ def save_in_background(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | P
                        files: Mapping[str, bytes] | None = None, incremental: bool = False) -> PendingSave:
     """:func:`~shardreplay.checkpoint.save` (same arguments) whose files are written by a
     forked child: the checkpoint holds the buffer (and ``files``) as they are at this
-    call, however the buffer is written meanwhile.
-
-    Returns:
-        A :class:`PendingSave` (``wait()`` for the directory, or the error).
+    call, however the buffer is written meanwhile; ``wait()`` on the :class:`PendingSave`.
 
     Raises:
         ConfigError: as ``save``, or this system cannot fork (no ``os.fork``: use ``save``).
@@ -192,13 +181,10 @@ def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # p
 
 def _os_error(exc: BaseException | None) -> dict[str, Any]:
     """The errno, message and file of the OSError that caused ``exc``, if any (JSON)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno is not None:
-            name = exc.filename if isinstance(exc.filename, str) else None
-            return {"errno": exc.errno, "strerror": exc.strerror or "", "filename": name}
-        exc = exc.__cause__ or exc.__context__
+    for cause in causes(exc):
+        if isinstance(cause, OSError) and cause.errno is not None:
+            name = cause.filename if isinstance(cause.filename, str) else None
+            return {"errno": cause.errno, "strerror": cause.strerror or "", "filename": name}
     return {}
 
 

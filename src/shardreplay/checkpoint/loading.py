@@ -1,11 +1,7 @@
 """Restoring a checkpoint of M shards onto N shards (any M, N; docs/semantics.md,
-"Checkpoints").
-
-With N = M and the same rows each rank reads its own part back as saved (a faithful
-resume). Otherwise every rank reads the small episode tables of all parts, computes the
-same plan (:mod:`shardreplay.checkpoint.plan`) and reads only the episodes it receives,
-straight into its storage. A sharded buffer's ranks agree, through one collective per
-try, on which checkpoint they restored.
+"Checkpoints"): a faithful resume reads each part back as saved; otherwise every rank
+reads the episode tables of all parts, computes the same plan (:mod:`.plan`) and reads only
+the episodes it receives, straight into its storage.
 """
 
 from __future__ import annotations
@@ -48,16 +44,11 @@ PIECE_STEPS = 1024
 
 @dataclass(frozen=True)
 class LoadReport(RestoreCounts):
-    """What a load restored on this rank: its :class:`RestoreCounts` and more.
-
-    ``saved_steps`` is the checkpoint's total over all its parts. On this rank,
-    ``dropped_*`` counts the episodes (and steps) the new capacity could not hold,
-    ``sealed_*`` the episodes kept without their oldest steps and the steps kept of them
-    (the steps cut off count as dropped): over all ranks, ``steps + dropped_steps`` is
-    ``saved_steps``. ``skipped`` names the checkpoints passed over (``"<id>: <reason>"``,
-    newest first; also logged); ``exact`` is True for a faithful resume (every part back
-    to its own shard as saved); ``key_epoch`` is the buffer's new key epoch;
-    ``manifest`` the checkpoint's parsed manifest; ``files`` those asked for, verified.
+    """What a load restored on this rank: its :class:`RestoreCounts` (docs/semantics.md,
+    "Counts, every time") and the checkpoint ``directory``, the checkpoints ``skipped``
+    (``"<id>: <reason>"``, newest first; also logged), whether it was a faithful resume
+    (``exact``), the buffer's new ``key_epoch``, the parsed ``manifest`` and the ``files``
+    asked for, verified.
     """
 
     directory: Path = Path()
@@ -256,12 +247,11 @@ def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, s
             plan = plan_shard(episodes, layout, shard)
             _read_placements(readers, plan, episodes, session, local.spec, [m.period for m in metas])
     mine = metas[shard] if shard < len(metas) else None
+    sources = metas[shard:shard + 1] if exact else metas  # re-planned: the largest of any part's
     session.finish(positions[shard] if exact else plan.row_lengths,
                    mine.next_episode_id if exact and mine is not None else len(episodes),
-                   # As saved: this part's sampler state; re-planned: the largest of any part.
-                   max_priority=max([m.max_priority for m in (metas[shard:shard + 1] if exact else metas)]
-                                    or [1.0]),
-                   draws=max([m.draws for m in (metas[shard:shard + 1] if exact else metas)] or [0]),
+                   max_priority=max([m.max_priority for m in sources] or [1.0]),
+                   draws=max([m.draws for m in sources] or [0]),
                    rng_state=None if mine is None else mine.rng,
                    stale_updates=0 if mine is None else mine.stale_updates, key_epoch=epoch,
                    key_tag=None if mine is None else mine.key_tag)  # a part from before key tags keeps ours
@@ -454,11 +444,7 @@ def _read_stacks(readers: Sequence[AnyPartReader], runs: Sequence[tuple[int, int
                 session: RestoreSession) -> None:
     """Fill the frame rings of the shard ``session`` restores from ``runs`` (as in
     :func:`_runs`, in the storage's (row, time) order). A part holds whole stacks per step;
-    they are read in bounded pieces and each frame is stored once again.
-
-    Raises:
-        CheckpointFormatError: a block of a part is missing or corrupt.
-    """
+    they are read in bounded pieces and each frame is stored once again."""
     stores = session.frame_stores()
     if not stores:
         return
@@ -501,11 +487,8 @@ def _read_starts(readers: Sequence[AnyPartReader], periods: Sequence[int],
                 runs: Sequence[tuple[int, int, int, int]], session: RestoreSession) -> None:
     """Read the start rows of the ``at_starts`` fields for ``runs`` of saved steps and
     place those of the new buffer's start steps (a part holds a row per step
-    :func:`start_mask` marks, so a run maps to one range of rows).
-
-    Raises:
-        CheckpointFormatError: a part was saved with a period that the new one is not a
-            multiple of, or its arrays are missing, short or corrupt.
+    :func:`start_mask` marks, so a run maps to one range of rows). Raises
+    CheckpointFormatError for a part saved with a period the new one is no multiple of.
     """
     stores = session.start_fields()
     if not stores:

@@ -270,10 +270,8 @@ def set_aside(root: Path, ids: list[int] | None = None) -> tuple[list[int], Path
     """Move the checkpoints ``ids`` under ``root`` (None: every incomplete or damaged one)
     to ``root/incomplete/<UTC time>/``, out of the way of the ids a run saves; nothing is
     deleted (``shardreplay checkpoint inspect`` reads that directory as a root). Call it
-    only while no run writes under ``root``.
-
-    Returns:
-        The ids moved and the directory they went to (None when there were none).
+    only while no run writes under ``root``. Returns the ids moved and the directory they
+    went to (None when there were none).
 
     Raises:
         CheckpointError: a directory could not be moved (the message says which).

@@ -1,13 +1,7 @@
-"""The M -> N restore plan: which episodes go to which new shard, row and offset
-(docs/semantics.md, "Checkpoints").
-
-Pure and deterministic: the same episode tables and new layout give the same plan on
-every rank, so the ranks' plans partition the episodes. Episodes are never split between
-rows. **Spread** (no more saved streams than new rows): each new row receives one piece
-of a saved stream (:func:`_split_pieces`, :func:`_deal_pieces`); **merge** (more): the
-oldest episodes beyond the new capacity are dropped and the rest dealt to the least
-filled rows (:func:`_balance`). Within a new row episodes are ordered oldest first; an
-episode longer than a row keeps its newest steps (:func:`_fit`).
+"""The M -> N restore plan: which episodes go to which new shard, row and offset. Pure and
+deterministic, so the ranks' plans partition the episodes; the rules (spread: one piece of
+a saved stream per new row, :func:`_split_pieces`; merge: :func:`_balance`; each row's
+newest episodes kept, :func:`_fit`): docs/semantics.md, "Checkpoints".
 """
 
 from __future__ import annotations

@@ -275,7 +275,7 @@ class Manifest:
 
     @property
     def version(self) -> int:
-        """The format version: 3 when a part is incremental, else 2."""
+        """The format version: its newest part's (2 without parts)."""
         return max(p.version for p in self.parts) if self.parts else FORMAT_VERSION
 
     @classmethod

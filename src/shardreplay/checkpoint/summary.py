@@ -108,10 +108,8 @@ def _summarize_incomplete(directory: Path, reason: str) -> dict[str, Any]:
 
 
 def verify(directory: Path) -> dict[str, Any]:
-    """Check one checkpoint completely (every block of every part).
-
-    Returns:
-        ``{"checkpoint_id", "num_shards", "steps", "bytes", "blocks"}`` of the verified checkpoint.
+    """Check one checkpoint completely (every block of every part); its id, shards,
+    steps, bytes, blocks and files.
 
     Raises:
         IncompleteCheckpointError: the manifest, a part or a description is missing.

@@ -1,12 +1,6 @@
 """What the ranks of a :class:`ShardedReplayBuffer` agree on at construction, and the
-``ConfigError`` naming the first setting they disagree on.
-
-Must agree (a mismatch breaks the exchange or makes the global distribution no one
-buffer's): the spec, the sampler, alpha and the beta schedule (prioritized), the window,
-the mode, the prefetch depth and ``pipeline``. May differ: the shard's size, its number
-of streams (rows) and ``stream_capacity`` (``shardreplay train`` gives 16 streams over 3
-learners 6, 5 and 5 rows of equal total capacity), the seed, the storage kind, the host
-key and region nonce of the same-host exchange. docs/semantics.md gives the reasons.
+``ConfigError`` naming the first setting they disagree on (what must agree, what may
+differ, and why: docs/semantics.md, "What the ranks must agree on").
 """
 
 from __future__ import annotations

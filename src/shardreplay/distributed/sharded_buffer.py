@@ -83,22 +83,16 @@ class ShardedReplayBuffer:
             combined with the rank so ranks draw differently.
         mode: ``"exact"`` (every batch drawn from the global distribution, items fetched
             from their owners) or ``"local"`` (each rank draws from its own shard, weights
-            carry the shard factor ``K * mass_k / sum(mass)``, so the DDP-averaged gradient
-            has the same expectation as in exact mode); the same on every rank.
-        prefetch: batches drawn per exchange (the same on every rank). 1: every
-            ``sample`` is one exchange and every ``update_priorities`` lands before it
-            returns. ``k > 1``: one exchange serves ``k`` calls, drawn together (a batch
-            may miss the priority updates of up to ``k - 1`` earlier steps), and updates
-            for other shards wait for the next exchange. See docs/semantics.md.
+            carry the shard factor ``K * mass_k / sum(mass)``).
+        prefetch: batches drawn per exchange; with ``k > 1`` one exchange serves ``k``
+            calls, and updates for other shards wait for the next exchange.
         shared_memory: when every rank runs on one host (gloo), exchange sampled records
-            in exact mode through ``/dev/shm`` instead of the process group; any rank
-            passing False, or unable to create a region, keeps all on the group.
-        pipeline: run every exchange on a background thread over a process group of the
-            buffer's own (``torch.distributed.new_group``: every rank of the default group
-            must construct its buffer at the same point). A batch is then drawn one call
-            ahead (up to ``prefetch``), updates are queued as with ``prefetch > 1``, and
-            every ``sample`` must ask for the size of the one before. Call :meth:`close`
-            when done. See docs/semantics.md for how stale a batch can be.
+            in exact mode through ``/dev/shm`` instead of the process group (any rank
+            passing False, or unable to create a region, keeps all on the group).
+        pipeline: run every exchange a call ahead on a background thread, over a process
+            group of the buffer's own (``new_group``: every rank of the default group
+            builds its buffer at the same point); :meth:`close` it when done.
+            docs/semantics.md, "Sharded sampling", says how stale a batch can be.
 
     Construction is collective: the ranks agree once on the spec, sampler, alpha, beta,
     window, ``mode``, ``prefetch`` and ``pipeline`` (see :mod:`agreement`).

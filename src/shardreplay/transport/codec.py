@@ -485,11 +485,7 @@ def _format_error(magic: bytes, version: int) -> CorruptChunkError:
 
 def _header_layout(raw: bytes, spec: Spec) -> _Layout:
     """The layout a chunk's header bytes name, checked against ``spec`` in full the first
-    time these bytes are seen.
-
-    Raises:
-        CorruptChunkError: ``spec`` or ``header``: the header is not one of ``spec``.
-    """
+    time these bytes are seen (CorruptChunkError ``spec`` or ``header`` when they do not fit)."""
     info = _info(spec)
     layout = info.headers.get(raw)
     if layout is None:
