@@ -16,6 +16,7 @@ from shardreplay.checkpoint import saving
 from shardreplay.checkpoint.format import PartReader
 from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import check_complete, incomplete_reason, referenced_checkpoints
+from shardreplay.checkpoint.refs import MOST_REFS
 from shardreplay.errors import CheckpointError
 from tests.checkpoint.helpers import as_shard, fill_random, make_buffer
 
@@ -237,3 +238,22 @@ def test_pruning_a_long_chain_checks_only_the_newest_checkpoints_and_keeps_what_
         expected = [c for c in sorted([*before, cid]) if c >= cid or c in keep or at(c).name in needed]
         assert checkpoint.list_checkpoints(tmp_path) == expected
     assert 5 <= len(checkpoint.list_checkpoints(tmp_path)) < 20  # a chain kept, and pruned as rows wrap
+
+
+
+def test_a_long_chain_refers_to_at_most_most_refs_files_and_keeps_few_directories(tmp_path: Path) -> None:
+    # 60 saves that wrap no row: before issue 42's bound each part referred to every earlier one, all kept.
+    local, full = make_buffer(STREAMS, 400), tmp_path / "full"
+    own_rows = 0
+    for cid in range(1, 61):
+        fill_random(local, 2, seed=cid, update_rounds=0)
+        checkpoint.save(local, tmp_path, cid, incremental=True, keep_last=2)
+        part = checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, cid)).parts[0]
+        assert len(part.refs) <= MOST_REFS
+        assert len(checkpoint.list_checkpoints(tmp_path)) <= MOST_REFS + 2
+        own_rows += _own_field_rows(tmp_path, cid)[0]
+        if cid % 30 == 0:  # exact, onto 1 shard and onto 2 as a full save of the same content
+            checkpoint.save(local, full, cid)
+            _assert_equal(_restored(tmp_path, cid, 1, 400), [_arrays(local)])
+            _assert_equal(_restored(tmp_path, cid, 2, 400), _restored(full, cid, 2, 400))
+    assert own_rows <= 2 * 60 * 2 * STREAMS  # a step's rows written at most about twice, not once per save

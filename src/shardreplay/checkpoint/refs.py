@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from shardreplay.buffer.shard import Shard
 
 SEGMENT_ARRAYS = ("ref.row", "ref.step", "ref.count", "ref.source", "ref.first")
+MOST_REFS = 16  # earlier files a part reads rows from, at most (chosen in docs/semantics.md)
 
 
 def open_part(directory: Path, part: ManifestPart) -> PartReader | ChainedReader:
@@ -219,36 +220,35 @@ def forget(shard: Shard, root: Path) -> None:
     shard.checkpoint_notes.pop(_key(root), None)
 
 
-def plan(chain: Chain, hi: np.ndarray, cap: int) -> tuple[Segments, np.ndarray]:
+def plan(chain: Chain, hi: np.ndarray, cap: int, most: int = MOST_REFS) -> tuple[Segments, np.ndarray]:
     """The segment table of a part continuing ``chain`` at positions ``hi``, and the
-    first absolute step of each row that the part writes itself (to ``hi``)."""
+    first absolute step of each row that the part writes itself (to ``hi``). It refers
+    to at most ``most`` earlier files: past that, it writes the rows of the newest ones
+    itself, and of each next newest while that holds no more steps than the part writes
+    (docs/semantics.md, "Incremental checkpoints")."""
     lo = hi - np.minimum(hi, cap)
     prev = chain.segments
-    sources: list[RefSource] = []
-    index: dict[RefSource, int] = {}
-    cols: list[tuple[int, int, int, int, int]] = []
-    own_start = lo.copy()
-    own_first = 0
-    by_row = np.argsort(prev.row, kind="stable")
-    bounds = np.searchsorted(prev.row[by_row], np.arange(hi.shape[0] + 1))
-    for r in range(hi.shape[0]):
-        covered = int(lo[r])
-        for k in by_row[bounds[r]:bounds[r + 1]].tolist():
-            s, n = int(prev.step[k]), int(prev.count[k])
-            a, b = max(s, int(lo[r])), min(s + n, int(hi[r]))
-            if b <= a or a != covered:
-                continue  # gone from the ring (or, never, a gap: written below)
-            src = chain.own if prev.source[k] < 0 else prev.sources[int(prev.source[k])]
-            if src not in index:
-                index[src] = len(sources)
-                sources.append(src)
-            cols.append((r, a, b - a, index[src], int(prev.first[k]) + a - s))
-            covered = b
-        own_start[r] = covered
-        if hi[r] > covered:
-            cols.append((r, covered, int(hi[r]) - covered, -1, own_first))
-            own_first += int(hi[r]) - covered
-    table = np.array(cols, np.int64).reshape(-1, 5)
-    row, step, count, source, first = (np.ascontiguousarray(table[:, j]) for j in range(5))
-    segments = Segments(row, step, count, source, first, tuple(sources))
-    return segments, own_start
+    files = (*prev.sources, chain.own)  # oldest first: a row's segments come in this order
+    src = np.where(prev.source < 0, len(prev.sources), prev.source)
+    a, b = np.maximum(prev.step, lo[prev.row]), np.minimum(prev.step + prev.count, hi[prev.row])
+    live = b > a  # still in the ring
+    size = np.bincount(src[live], (b - a)[live], len(files)).astype(np.int64)
+    held = np.flatnonzero(size)
+    keep, writes = len(held), int((hi - lo).sum() - size.sum())
+    if keep > most:
+        while keep and (keep > most or size[held[keep - 1]] <= writes):
+            keep -= 1
+            writes += int(size[held[keep]])
+    index = np.full(len(files), -1, np.int64)
+    index[held[:keep]] = np.arange(keep)
+    ref = live & (index[src] >= 0)  # a prefix of each row: the files kept are the oldest
+    start = lo.copy()
+    np.maximum.at(start, prev.row[ref], b[ref])
+    own = np.flatnonzero(hi > start)
+    count = hi[own] - start[own]
+    cols = [np.concatenate((earlier[ref], mine)).astype(np.int64) for earlier, mine in (
+        (prev.row, own), (a, start[own]), (b - a, count), (index[src], np.full(own.shape, -1)),
+        (prev.first + a - prev.step, np.cumsum(count) - count))]
+    order = np.lexsort((cols[1], cols[0]))
+    row, step, n, source, first = (c[order] for c in cols)
+    return Segments(row, step, n, source, first, tuple(files[k] for k in held[:keep])), start
