@@ -10,19 +10,18 @@ their priorities. Steps are timed:
 * ``sync`` (before: what ``train`` did): one step also calls ``checkpoint.save``, so it
   waits for the whole write;
 * ``background`` (now): one step calls ``checkpoint.save_in_background``; the steps go on
-  while the thread writes, and every step until it is written counts as *during* it.
+  while the forked child writes, and every step until it is written counts as *during* it.
 
 Longest step during the checkpoint against the median step without one (target: at most
 the median + 50 ms), and the longest ``extend`` during it (ingest is never blocked on
-the write: an ``extend`` pays at most the copy of the rows it replaces). Then as many
+the write: an ``extend`` pays at most the copy on write of the pages it writes). Then as many
 steps again without a checkpoint (``after_*``): on a shared machine a window of
 thousands of steps has its own rare long steps, save or not.
 
 ``--frame-stack`` stores ``obs`` as a frame-stacked field (``Field((4, 84, 84), uint8,
 frame_stack=True)``, as Atari runs do): each stream plays a cyclic sequence of random
 frames, so every chunk's stacks continue the stream's previous step (one new frame per
-step) and the frame rings never grow while timed; the background save fences the frame
-rings instead of the step rows.
+step) and the frame rings never grow while timed.
 
 Then the incremental figure: a full (first) incremental save, ``--ingest-frac`` of the
 capacity ingested, and the next incremental save: bytes it wrote (its part file and
