@@ -1,12 +1,7 @@
 """Where learners and actors compute: a learner rank's device and the process group of
-its DDP all-reduce (:func:`place`); :func:`check_cuda` refuses a GPU that is not here.
-
-The run's default process group is gloo on the CPU (the loop's agreement and the replay
-exchange, whose records are host memory). With ``--device cuda`` the network, optimizer
-and batches live on the GPU, and DDP's all-reduce goes over NCCL when every rank has a
-GPU to itself, else over the default gloo group (NCCL refuses two ranks on one GPU).
-``cuda`` takes the rank's local index (``LOCAL_RANK``, else the rank) modulo the GPUs
-seen; ``cuda:N`` names one.
+its DDP all-reduce (:func:`place`: NCCL when every rank has a GPU to itself, else the
+default gloo group); :func:`check_cuda` refuses a GPU that is not here. Which GPU a rank
+takes and why: docs/train.md, "GPUs".
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Which learner shard, and which row of it, each actor stream feeds.
-
-A run has ``A`` actors (local and remote) of ``E`` environments each: ``S = A * E``
-streams, spread over ``K`` learner shards so that every shard is fed:
-
-* ``A >= K``: whole actors, ``actor % K`` (an actor's streams stay together: one chunk
-  per send). Shard ``k`` holds the rows of actors ``k, k + K, ...`` in that order.
-* ``A < K``: the streams themselves, in contiguous balanced blocks: stream
-  ``g = actor * E + env`` goes to shard ``g * K // S``, so shards differ by at most one
-  row and an actor feeds as few shards as possible (its streams are consecutive).
-
-Fewer streams than shards would leave a shard without data for the whole run: refused.
-Everything is recomputed from ``(A, E, K)`` alone, so a run resumed on another number
-of learners routes by the new count, and the learners and the actors (which learn
-``A``, ``E`` and ``K`` from the published settings) always agree.
+"""Which learner shard, and which row of it, each actor stream feeds: whole actors
+``actor % K`` with at least as many actors as shards, else contiguous balanced blocks of
+streams; recomputed from ``(actors, envs per actor, shards)`` alone (docs/semantics.md,
+"Chunks across crashes", Routing).
 """
 
 from __future__ import annotations

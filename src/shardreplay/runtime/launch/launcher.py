@@ -1,12 +1,6 @@
 """Starting a training run: learner ranks here (forked from a preloaded server) or under
-torchrun (``RANK`` / ``WORLD_SIZE`` set: this process is one rank).
-
-Ctrl-C / SIGTERM is forwarded to the learners as SIGTERM: they agree to stop, checkpoint
-and exit. A learner that dies is named with its pid and signal ("rank 1 (pid N) died with
-SIGKILL"); the other ranks get SIGTERM and a grace to save their parts, then whatever is
-left of the tree (learners, actors, the resource tracker) is killed and the launcher
-exits non-zero. No process outlives the launcher (docs/semantics.md, "A learner rank
-that dies").
+torchrun (``RANK`` / ``WORLD_SIZE`` set: this process is one rank). Stops, a rank that
+dies, and why no process outlives the launcher: docs/semantics.md, "A learner rank that dies".
 """
 
 from __future__ import annotations

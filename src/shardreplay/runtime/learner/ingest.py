@@ -1,10 +1,6 @@
-"""Draining a shard's transport into its buffer, with episode returns and policy lag: the
-:class:`Ingestor` drops a chunk as a duplicate only when its own identity is in its
-:class:`StoredIds` (saved with each checkpoint), and acknowledges it once it is in the
-shard and in the ingest log (:mod:`shardreplay.runtime.learner.wal`), which a new life
-replays (:meth:`Ingestor.replay`); ``drain(ack=False)`` with :meth:`Ingestor.ack_stored`
-after each save is the exactly-once mode without a log. See docs/semantics.md, "Chunks
-across crashes".
+"""Draining a shard's transport into its buffer, with episode returns and policy lag
+(:class:`Ingestor`), and the record of the chunks it stored (:class:`StoredIds`).
+Delivery, order, exactly-once and the ingest log: docs/semantics.md, "Chunks across crashes".
 """
 
 from __future__ import annotations
@@ -50,15 +46,9 @@ __all__ = ["DEFAULT_MAX_INTERVALS", "OLD_MARK_FLOOR", "IngestStats", "Ingestor",
 
 class StoredIds:
     """Which chunks a shard stored: per actor, the sequences as sorted disjoint inclusive
-    intervals. A chunk is a duplicate only when its own ``(actor_id, sequence)`` was
-    stored, never because a later one was. An actor's record is a few intervals
-    (consecutive sequences in a life, a new clock reading per life)::
-
-        stored 5 6 7   9 10        1_000_000 1_000_001      (2 lives, chunk 8 missing)
-        -> [[5, 7], [9, 10], [1_000_000, 1_000_001]]
-
-    Saved with each checkpoint part as ``{"stored": {"<actor_id>": [[lo, hi], ...]}}``;
-    an older part's ``{"high_water": {"<actor_id>": q}}`` reads as ``[[-(2**62), q]]``.
+    intervals (``stored 5 6 7 9 10`` -> ``[[5, 7], [9, 10]]``); a chunk is a duplicate only
+    when its own ``(actor_id, sequence)`` was stored. Saved form, and an older part's high
+    water mark: docs/semantics.md, "Chunks across crashes", Delivery.
 
     Args:
         max_intervals: intervals kept per actor; beyond it the two oldest are joined (a
@@ -236,10 +226,8 @@ class Ingestor:
     """Moves chunks from a reader into the local shard (an actor's streams into the rows
     ``settings.streams.rows(actor_id, streams)``), acknowledging them after. A chunk with
     streams of another shard, beyond ``envs_per_actor`` or outside the shard's rows is
-    rejected and counted, never half-written; one in ``stored`` is dropped as a duplicate.
-    A chunk that does not follow the last one written of its actor starts headless
-    episodes (its leading MID steps become FIRST): no window joins steps that were not
-    consecutive in the actor's time.
+    rejected and counted, never half-written; one in ``stored`` is dropped as a duplicate;
+    one out of order starts headless episodes (docs/semantics.md, Order).
 
     Args:
         reader: this shard's transport reader.

@@ -175,22 +175,11 @@ def minutes_due(interval_minutes: float, saved_at: float, now: float) -> bool:
 
 def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
     """The settings every actor of a run on ``world`` learner ranks must share with them
-    (:data:`shardreplay.runtime.actor.loop.AGREED`), as the learners publish them.
-
-    Raises:
-        ShardReplayError: the names differ from ``AGREED`` (a bug).
-    """
-    a = settings.actors
-    values = {"algo": settings.learners.algo, "num_actors": settings.total_actors, "num_shards": world,
-              "env_id": settings.run.env_id,
-              "env_import": settings.run.env_import, "env_kwargs": settings.run.env_kwargs,
-              "network": settings.learners.network, "compression": settings.transport.compression,
-              "envs_per_actor": a.envs_per_actor, "chunk_steps": a.chunk_steps,
-              "queued_chunks_per_actor": a.queued_chunks_per_actor, "epsilon_base": a.epsilon_base,
-              "epsilon_exponent": a.epsilon_exponent, "epsilon_warmup_steps": a.epsilon_warmup_steps}
-    if set(values) != set(AGREED):
-        raise ShardReplayError(f"agreed settings {sorted(values)} differ from {sorted(AGREED)} (a bug)")
-    return values
+    (:data:`shardreplay.runtime.actor.loop.AGREED`: flat setting names, and the numbers of
+    actors and shards), as the learners publish them."""
+    flat = settings.to_flat()
+    return {name: flat[name] for name in AGREED if name in flat} | {"num_actors": settings.total_actors,
+                                                                   "num_shards": world}
 
 
 def make_limiter(settings: TrainSettings, world: int) -> RateLimiter:

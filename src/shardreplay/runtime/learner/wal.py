@@ -1,12 +1,7 @@
-"""The ingest log: each shard appends the chunks it stored (headers only for the ``local``
-ring, ``keep_chunks=False``) to ``<run_dir>/ingest/shard-<k>.<life>.wal`` before
-acknowledging them. A new life replays the logs on top of the restored checkpoint
-(:meth:`shardreplay.runtime.learner.ingest.Ingestor.replay`); a chunk logged and in no
-checkpoint and no replay is lost, and :class:`LossLog` records it. Segments are sealed at
-each checkpoint (``.upto-<id>.wal``) and deleted, or archived in ``<run_dir>/rollouts/``
-(:class:`Retention`, ``--keep-rollouts``), once a complete checkpoint holds them; identity
-journals of earlier versions (``.journal``, 24-byte records) read as header-only records.
-Rules, durability and costs: docs/semantics.md, "Chunks across crashes".
+"""The ingest log ``<run_dir>/ingest/shard-<k>.<life>[.upto-<id>].wal``, its rollouts archive
+(``--keep-rollouts``) and :class:`LossLog`; identity journals of earlier versions
+(``.journal``, 24-byte records) read as header-only records. What is logged, replayed,
+trimmed and counted lost: docs/semantics.md, "Chunks across crashes".
 
 Record (little-endian; never pickle)::
 
@@ -116,17 +111,15 @@ def pack_header(shard: int, world: int, actor_id: int, sequence: int, prev: int,
 
 
 class IngestLog:
-    """The log one shard appends to in this life (see the module docstring).
+    """The log one shard appends to in this life, sealed at each checkpoint.
 
     Args:
         directory: ``<run_dir>/ingest`` (created if missing).
         shard: this shard's index; world: the number of shards.
         keep_chunks: log each chunk's bytes after its header (False: header-only
             records, for a medium whose chunks die with the learner).
-        fsync: ``fdatasync`` the log before a batch is acknowledged, at most every
-            ``fsync_every_s`` (0: every batch; a batch appended sooner is acknowledged
-            on the page cache alone).
-        fsync_every_s: see ``fsync``.
+        fsync, fsync_every_s: ``fdatasync`` before a batch is acknowledged, at most
+            every ``fsync_every_s`` (0: every batch; sooner: the page cache alone).
         inherited: files of earlier lives (read by this life); rank 0 passes them, to
             delete them once a checkpoint of this life is complete.
         retention: keep the segments as the run's rollout archive instead of deleting
