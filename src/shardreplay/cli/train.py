@@ -126,15 +126,9 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def _check_resumable(run_dir: Path, checkpoint_id: int | None = None) -> None:
     """``--resume``: refuse, before any process starts, a run directory without a
-    complete checkpoint, one whose newest checkpoint is damaged (a checksum failed:
-    continuing from an older one must be asked for), or a ``checkpoint_id`` that is
-    not complete.
-
-    Raises:
-        IncompleteCheckpointError: no complete checkpoint, or ``checkpoint_id`` is not one.
-        CheckpointFormatError: the newest checkpoint is damaged (the message names the
-            file and block, and the command that continues from the older complete one).
-    """
+    complete checkpoint (or ``checkpoint_id`` not complete: IncompleteCheckpointError), or
+    whose newest checkpoint is damaged (CheckpointFormatError: continuing from an older one
+    must be asked for)."""
     from shardreplay.checkpoint import checkpoint_dir, latest_complete, list_checkpoints
     from shardreplay.checkpoint.manifest import incomplete_reason
     from shardreplay.errors import CheckpointFormatError, IncompleteCheckpointError
@@ -189,13 +183,9 @@ def _damaged_newer(root: Path, newest_complete: int | None) -> tuple[int, str] |
 
 
 def _resumable(args: argparse.Namespace) -> Path | None:
-    """``--auto-resume``: the run directory when it holds a complete checkpoint (then the
-    run continues from the newest one), else None (the run starts afresh; incomplete
-    checkpoints are set aside by the launcher).
-
-    Checkpoints appear only once every learner rank runs, so under torchrun all ranks
-    see the same answer here, before they meet.
-    """
+    """``--auto-resume``: the run directory when it holds a complete checkpoint, else None
+    (the run starts afresh; the launcher sets incomplete ones aside). Checkpoints appear
+    only once every rank runs, so under torchrun all ranks see the same answer here."""
     if not args.auto_resume:
         return None
     if not args.run_dir:

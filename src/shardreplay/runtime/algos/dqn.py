@@ -1,9 +1,6 @@
 """``--algo dqn``: Double DQN with n-step returns and prioritized replay (the learner is
-:mod:`.dqn_torch`), actors acting epsilon-greedily with Ape-X epsilons. No torch here: the
-default actor (an MLP Q-network, ``--actor-device cpu``) acts with the published weights'
-float32 Linear + ReLU forward pass in NumPy (:class:`NumpyEpsilonGreedyPolicy`; the same
-generator calls as the torch policy, so the same actions except where two Q-values tie to
-within float32 rounding). Why: docs/train.md, "Algorithms"."""
+:mod:`.dqn_torch`), Ape-X epsilon-greedy actors. No torch here: the default actor acts in
+NumPy (:class:`NumpyEpsilonGreedyPolicy`; why, and how close: docs/train.md, "Algorithms")."""
 
 from __future__ import annotations
 
@@ -51,12 +48,7 @@ def mlp_shapes(obs_size: int, num_actions: int, hidden: tuple[int, ...]) -> dict
 
 class NumpyQNetwork:
     """:class:`~shardreplay.runtime.algos.networks.QNetwork`'s forward pass in NumPy:
-    ``x -> relu(x W_i^T + b_i) -> ... -> x W_n^T + b_n`` in float32.
-
-    Args:
-        obs_size: length of the observation vector.
-        num_actions: number of discrete actions.
-        hidden: sizes of the hidden layers.
+    ``x -> relu(x W_i^T + b_i) -> ... -> x W_n^T + b_n`` in float32 (arguments as ``QNetwork``'s).
     """
 
     def __init__(self, obs_size: int, num_actions: int, hidden: tuple[int, ...]) -> None:
@@ -103,10 +95,6 @@ class NumpyQNetwork:
 class NumpyEpsilonGreedyPolicy(ActorPolicy):
     """An actor's MLP Q-network in NumPy with Ape-X exploration: the
     :class:`~shardreplay.runtime.algos.base.ActorPolicy` of ``--algo dqn`` on the CPU.
-
-    Args:
-        net: the Q-network (weights loaded by :meth:`load`).
-        s: the actor's resolved settings.
 
     Raises:
         ShardReplayError: settings not resolved (see :class:`~.base.ApexExploration`).

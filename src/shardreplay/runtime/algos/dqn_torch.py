@@ -85,10 +85,6 @@ class DoubleDqn(QLearner):
 class EpsilonGreedyPolicy(ApexActor):
     """An actor's torch Q-network with Ape-X exploration (:class:`~.torch_parts.ApexActor`):
     image networks and CUDA actors (an MLP on the CPU acts in NumPy, :class:`~.dqn.NumpyEpsilonGreedyPolicy`).
-
-    Args:
-        net: the Q-network (weights loaded by :meth:`load`).
-        s: the actor's resolved settings.
     """
 
     def act(self, obs: np.ndarray, state: None, run_steps: int) -> tuple[np.ndarray, None]:

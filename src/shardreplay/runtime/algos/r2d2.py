@@ -1,10 +1,6 @@
-"""R2D2 (Kapturowski et al. 2019): a recurrent Q-network learning from stored sequences.
-
-Actors act with an LSTM Q-network (Ape-X's per-env epsilons, as DQN's) and keep its
-state per env, zeroed where an episode starts; each step is written with the state
-``(h, c)`` the actor acted from (spec fields ``h`` and ``c``). The learner's shards hold
-windows of ``seq_len`` steps that start every ``seq_period`` steps of an episode
-(``TrainSettings.window`` / ``period``). On each sampled sequence the learner::
+"""R2D2 (Kapturowski et al. 2019): a recurrent Q-network learning from stored sequences
+(actors, stored state and sequence windows: docs/train.md, "Algorithms"). On each
+sampled sequence the learner::
 
     state  = (h, c) stored at the sequence's first step
     unroll = online LSTM over the first burn_in steps from state   (no loss, no gradient)
@@ -15,7 +11,7 @@ windows of ``seq_len`` steps that start every ``seq_period`` steps of an episode
     priority_b = 0.9 max_t |delta_t| + 0.1 mean_t |delta_t| + priority_eps
 
 No value rescaling; the target network is a hard copy every ``--target-update-interval``
-updates (docs/train.md, "Algorithms"). :data:`R2D2` is the algorithm ``train --algo r2d2`` runs.
+updates. :data:`R2D2` is the algorithm ``train --algo r2d2`` runs.
 """
 
 from __future__ import annotations
@@ -195,10 +191,6 @@ class R2d2(QLearner):
 class RecurrentPolicy(ApexActor):
     """An actor's recurrent Q-network acting epsilon-greedily with Ape-X's epsilons
     (:class:`~.torch_parts.ApexActor`, as DQN's), its LSTM state kept per env.
-
-    Args:
-        net: the recurrent Q-network (weights loaded by :meth:`load`).
-        s: the actor's resolved settings.
     """
 
     net: RecurrentQ

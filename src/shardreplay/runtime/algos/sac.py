@@ -11,10 +11,8 @@ Q-networks with polyak-averaged targets and a learned temperature ``alpha``::
     alpha   = mean_b( -alpha * (logp(a~|o_0) + target_entropy) )            (target_entropy = -dim A)
     Q_target <- (1 - tau) Q_target + tau Q                                  (every update)
 
-New priorities: ``(|delta_1| + |delta_2|) / 2 + priority_eps``. Learner ranks start from
-rank 0's networks and average every gradient in one all-reduce per update, so networks,
-targets and temperature stay bitwise equal (docs/train.md, "Algorithms"). :data:`SAC` is
-the algorithm ``train --algo sac`` runs.
+New priorities: ``(|delta_1| + |delta_2|) / 2 + priority_eps``; several ranks: docs/train.md,
+"Algorithms". :data:`SAC` is the algorithm ``train --algo sac`` runs.
 """
 
 from __future__ import annotations
@@ -255,11 +253,7 @@ class Sac(LearnerState):
 class SampledPolicy(TorchPolicy):
     """An actor's SAC policy: actions sampled from the published tanh-Gaussian, uniformly
     random ones with probability falling from 1 to 0 over the run's warm-up
-    (``epsilon_warmup_steps``).
-
-    Args:
-        net: the policy network (weights loaded by :meth:`load`).
-        s: the actor's resolved settings.
+    (``epsilon_warmup_steps``). Arguments as :class:`~.torch_parts.TorchPolicy`'s.
     """
 
     net: SquashedGaussianActor

@@ -154,10 +154,6 @@ class ApexActor(TorchPolicy):
     """A torch epsilon-greedy actor policy (DQN's image and CUDA ones, R2D2's) with
     Ape-X's exploration (:class:`~.base.ApexExploration`).
 
-    Args:
-        net: the Q-network (weights loaded by :meth:`load`).
-        s: the actor's resolved settings.
-
     Raises:
         ShardReplayError: settings not resolved (see :class:`~.base.ApexExploration`).
     """
