@@ -1,14 +1,9 @@
 """Starting many processes that need torch without importing it in each: a ``forkserver``
-context imports them once, in a server process, and forks each child from it (as clean as
-a spawned one: no threads, no CUDA, only its pickled arguments).
-
-Unlike ``spawn``, the children keep a pipe to the server open (:func:`release_server`
-drops it, so the server ends with the process that started it and the children then get
-their ``PR_SET_PDEATHSIG``), and their parent is the server (:func:`parent_or_exit` gives
-the pid to watch). The server inherits the caller's signal mask, environment and
-``sys.path`` at its start (the first ``Process.start()``); :func:`stop_server` stops it.
-Private attributes of ``multiprocessing.forkserver`` are read through ``getattr``: the
-stdlib offers no public way to stop the server or to drop a child's copy of its pipe.
+context imports them once and forks each child from it (docs/semantics.md, "A learner rank
+that dies", How they start). The server inherits the caller's signal mask, environment and
+``sys.path`` at the first ``Process.start()``. Private attributes of
+``multiprocessing.forkserver`` are read through ``getattr``: the stdlib offers no public
+way to stop the server or to drop a child's copy of its pipe.
 """
 
 from __future__ import annotations

@@ -336,14 +336,10 @@ class Chunker:
 
 
 class _DeliveryLog:
-    """``ActorSettings.delivery_log``: one line per chunk the transport confirmed.
-
-    A writer that pipelines (Redis: ``in_flight`` chunks on the wire, their replies not read)
-    has not delivered its last chunks when ``send`` returns: after a server restart they
-    may sit in a dead connection until the writer reads replies, and an actor killed
-    then never delivered them. Their lines wait here until the writer's ``in_flight``
-    drops below them. One ``write`` on an ``O_APPEND`` descriptor per line: a line is
-    whole or absent after the actor is killed (not fsynced: a machine crash may lose the tail).
+    """``ActorSettings.delivery_log``: one line per chunk the transport confirmed (a
+    pipelining writer's lines wait until its ``in_flight`` drops below them: docs/semantics.md,
+    "Delivery audit"). One ``write`` on an ``O_APPEND`` descriptor per line: a line is whole
+    or absent after the actor is killed (not fsynced: a machine crash may lose the tail).
     """
 
     def __init__(self, path: str | None) -> None:
