@@ -23,6 +23,7 @@ from tests.support.train_runs import FAST, TrainRun
 
 minari = pytest.importorskip("minari")
 from shardreplay.offline import ChunkEpisodes, prefill  # noqa: E402
+from shardreplay.offline.minari_io import VERSION, versioned  # noqa: E402
 
 F, M, L = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 LAST = L
@@ -55,16 +56,32 @@ def test_export_names_actor_and_stream_and_counts(tmp_path: Path, monkeypatch: p
                  "--jobs", "2"]) == 0  # a process per shard, each naming its rows' actor and stream
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["counts"]["dropped_episodes"] == 4  # each row's ring cut its oldest episode
+    # Saved without versions (a plain buffer, or a run before they were kept): -1, counted.
+    assert summary["counts"]["unversioned_steps"] == summary["counts"]["saved_steps"] == 128
     dataset = minari.load_dataset("sr/cartpole-v0")
     assert dataset.spec.env_spec.id == "CartPole-v1" and dataset.total_episodes == 4 * 3  # 3 whole a row
     for ep in dataset.iterate_episodes():
         shard, row = divmod(int(ep.observations[0, 0]) // 10, 10)
         assert (ep.infos["actor"] == shard).all() and (ep.infos["stream"] == row).all()
         assert ep.observations.shape == (10, 4) and ep.truncations[-1]  # discount 1 at LAST
+        assert (ep.infos["policy_version"] == -1).all()
     assert main(["export", str(tmp_path / "run"), "--minari", "sr/cartpole-v0"]) == 2
     assert "exists already" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "run"), "--minari", "sr/other-v0", "--which", "best"]) == 2
     assert main(["export", str(tmp_path / "run")]) == 2  # neither --out nor --minari
+
+
+def test_a_run_resumed_from_a_checkpoint_without_versions_keeps_none(tmp_path: Path) -> None:
+    """A training run's shards store each step's policy version, unless they restore a
+    checkpoint saved without it (as saved: the restore needs the same spec)."""
+    assert versioned(SPEC) == versioned(SPEC, tmp_path) == sr.Spec({**SPEC.fields, VERSION: ((), np.int64)})
+    _run(tmp_path / "run")
+    assert versioned(SPEC, tmp_path / "run" / "checkpoints") == SPEC
+    buf = sr.ReplayBuffer(versioned(SPEC), num_streams=1, stream_capacity=8)
+    buf.add({"obs": np.zeros((1, 4), np.float32), "action": [0], "reward": [0.0], VERSION: [7],
+             "step_type": [F]})
+    checkpoint.save(buf, tmp_path / "new", 1)
+    assert versioned(SPEC, tmp_path / "new") == buf.spec
 
 
 def _chunk(actor: int, streams: list[int], types: list[list[int]], version: int, start: float
@@ -116,7 +133,18 @@ def test_train_keep_rollouts_then_export_both_ways_and_prefill(tmp_path: Path,
     meta = kept.storage.metadata["shardreplay"]
     assert kept.total_steps + kept.total_episodes + meta["counts"].get("short_steps", 0) == \
         meta["counts"]["saved_steps"] >= 1500
-    assert {int(v) for e in kept.iterate_episodes() for v in e.infos["policy_version"]} != {-1}
+    # The checkpoint's steps carry the version of the chunk that brought each (as kept).
+    made = {(int(e.infos["actor"][0]), int(e.infos["stream"][0]), o.tobytes()): int(v)
+            for e in kept.iterate_episodes()
+            for o, v in zip(e.observations, e.infos["policy_version"], strict=True)}
+    runs: dict[tuple[int, int], list[int]] = {}  # each stream's versions in time order
+    for e in ckpt.iterate_episodes():
+        key = (int(e.infos["actor"][0]), int(e.infos["stream"][0]))
+        assert e.infos["policy_version"].tolist() == [made[(*key, o.tobytes())] for o in e.observations]
+        runs.setdefault(key, []).extend(e.infos["policy_version"].tolist())
+    assert min(min(v) for v in runs.values()) >= 0 and len(runs) == 4
+    assert all(np.diff(v).min() >= 0 and v[-1] > v[0] for v in runs.values()), runs
+    assert ckpt.storage.metadata["shardreplay"]["counts"]["unversioned_steps"] == 0
     buf = sr.ReplayBuffer(SPEC, num_streams=6, stream_capacity=2000, sampler="prioritized")
     report = prefill(buf, "sr/ckpt-v0")
     assert report["steps"] == ckpt.total_steps + ckpt.total_episodes == buf.num_steps

@@ -27,7 +27,7 @@ from tests.checkpoint.helpers import as_shard
 
 minari = pytest.importorskip("minari")
 gym = pytest.importorskip("gymnasium")
-from shardreplay.offline import episodes_of_checkpoint, export_checkpoint, prefill  # noqa: E402
+from shardreplay.offline import CheckpointEpisodes, export_checkpoint, prefill  # noqa: E402
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 SPEC = sr.Spec({"obs": sr.Field((3,), np.float32), "action": sr.Field((), np.int64),
@@ -88,7 +88,7 @@ def _steps(buf: sr.ReplayBuffer) -> dict[str, np.ndarray]:
 def _source_episodes(root: Path) -> dict[float, dict[str, np.ndarray]]:
     """The checkpoint's episodes as the export sees them (sealed), as stored steps."""
     eps = {}
-    for ep in episodes_of_checkpoint(root):
+    for ep in CheckpointEpisodes(root):
         k = ep.obs.shape[0]
         st = np.full(k, MID, np.uint8)
         st[0], st[-1] = FIRST, LAST
@@ -287,9 +287,9 @@ def test_a_killed_export_leaves_no_dataset(tmp_path: Path, datasets: Path) -> No
     _save_run(tmp_path / "ck")
     code = textwrap.dedent(f"""
         import sys, time, numpy as np, gymnasium as gym
-        from shardreplay.offline import episodes_of_checkpoint, write_dataset
+        from shardreplay.offline import CheckpointEpisodes, write_dataset
         def slow():
-            for i, ep in enumerate(episodes_of_checkpoint({str(tmp_path / "ck")!r})):
+            for i, ep in enumerate(CheckpointEpisodes({str(tmp_path / "ck")!r})):
                 if i == 5:
                     print("writing", flush=True)
                     time.sleep(60)

@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> None:
     m.add_argument("--minari", metavar="ID", help="write the run's experience as this Minari dataset instead")
     m.add_argument("--from", dest="source", choices=("checkpoint", "rollouts"), default="checkpoint",
                    help="what to read: the steps a checkpoint holds (default), or every chunk a "
-                        "train --keep-rollouts run kept (with each chunk's policy version)")
+                        "train --keep-rollouts run kept")
     m.add_argument("--format", choices=("hdf5", "arrow"), default="hdf5",
                    help="Minari's storage: hdf5 (default; what TorchRL reads) or arrow")
     m.add_argument("--unstack", action="store_true", help="frame stacks: keep each stack's newest frame only")
@@ -102,22 +102,17 @@ def _export_minari(args: argparse.Namespace) -> int:
         pairs = np.array([homes.get((shard, int(r)), (-1, -1)) for r in rows], np.int64).reshape(-1, 2)
         return pairs[:, 0], pairs[:, 1]
 
-    env = make_env(settings.run.source)
-    try:
-        spaces = {"observation_space": env.observation_space, "action_space": env.action_space,
-                  "env_spec": env.spec}
-    finally:
-        env.close()
-    meta = {"run_dir": str(args.run_dir), "env_id": settings.run.env_id, "algo": settings.learners.algo,
-            "from": args.source}
+    with make_env(settings.run.source) as env:
+        options = {"observation_space": env.observation_space, "action_space": env.action_space,
+                   "env_spec": env.spec, "data_format": args.format, "unstack": args.unstack, "metadata": {
+                       "run_dir": str(args.run_dir), "env_id": settings.run.env_id,
+                       "algo": settings.learners.algo, "from": args.source}}
     if args.source == "rollouts":
         episodes = ChunkEpisodes((kept.chunk for kept in iter_rollouts(args.run_dir)), args.partial)
-        summary = write_dataset(episodes, args.minari, **spaces, data_format=args.format,
-                                unstack=args.unstack, metadata=meta, counts=episodes.counts)
+        summary = write_dataset(episodes, args.minari, counts=episodes.counts, **options)
     else:
-        summary = export_checkpoint(
-            args.run_dir / "checkpoints", args.minari, **spaces, checkpoint_id=None if which == "latest"
-            else int(which), partial=args.partial, origin=origin, data_format=args.format,
-            unstack=args.unstack, metadata=meta, jobs=args.jobs)
+        summary = export_checkpoint(args.run_dir / "checkpoints", args.minari, partial=args.partial,
+                                    checkpoint_id=None if which == "latest" else int(which), origin=origin,
+                                    jobs=args.jobs, **options)
     print(json.dumps(summary))
     return 0

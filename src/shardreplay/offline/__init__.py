@@ -11,15 +11,15 @@ from shardreplay._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from shardreplay.offline.minari_io import (
+        CheckpointEpisodes,
         ChunkEpisodes,
         Episode,
-        episodes_of_checkpoint,
         export_checkpoint,
         prefill,
         write_dataset,
     )
 
-__all__ = ["ChunkEpisodes", "Episode", "episodes_of_checkpoint", "export_checkpoint", "prefill",
+__all__ = ["CheckpointEpisodes", "ChunkEpisodes", "Episode", "export_checkpoint", "prefill",
            "write_dataset"]
 
 _HOMES = dict.fromkeys(__all__, "shardreplay.offline.minari_io")

@@ -44,18 +44,30 @@ from shardreplay.checkpoint.refs import ChainedReader, open_part
 from shardreplay.checkpoint.saving import shard_of
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointFormatError, ConfigError, IncompleteCheckpointError, ShardReplayError
-from shardreplay.spec import StepType
+from shardreplay.spec import Field, Spec, StepType
 
-__all__ = ["ChunkEpisodes", "Episode", "episodes_of_checkpoint", "export_checkpoint", "prefill",
-           "write_dataset"]
+__all__ = ["VERSION", "CheckpointEpisodes", "ChunkEpisodes", "Episode", "export_checkpoint", "prefill",
+           "versioned", "write_dataset"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 FIELDS = ("obs", "action", "reward")  # the fields a run's transition spec has
 COMPACT_BYTES = 16 << 10  # HDF5 keeps a dataset this small inside its group's header
 FLUSH_BYTES = 1 << 20  # prefill writes a row's episodes together up to this many observation bytes
+VERSION = "policy_version"  # the field of a training run's shards: each step's chunk's (packed) version
 
 # (shard, rows) -> (actor ids, stream ids) of those saved rows.
 Origin = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def versioned(spec: Spec, resumed: Path | None = None, checkpoint_id: int | None = None) -> Spec:
+    """The spec a training run's shards store: ``spec`` and the int64 field :data:`VERSION`
+    (the policy version of the chunk that brought each step, as the ingest writes it);
+    ``spec`` alone when ``resumed`` (the checkpoints a resume restores replay from) holds
+    checkpoint ``checkpoint_id`` (None: the newest complete one) saved without it."""
+    with contextlib.suppress(ShardReplayError):  # no checkpoint there: the resume says so
+        if resumed is not None and VERSION not in _manifest(resumed, checkpoint_id).spec:
+            return spec
+    return Spec({**spec.fields, VERSION: Field((), np.int64)})
 
 
 def _minari() -> Any:
@@ -86,10 +98,20 @@ class Episode:
 
 @dataclass
 class CheckpointEpisodes:
-    """What :func:`episodes_of_checkpoint` returns (``shards``: these parts only);
-    ``counts`` filled as it is iterated (:func:`_count`)."""
+    """The episodes of checkpoint ``checkpoint_id`` (None: the newest complete one) under
+    ``root``, shard after shard (``shards``: these only), each part read as saved (rows,
+    priorities, frame stacks, policy versions). ``partial`` (``seal`` or ``drop``) is
+    applied to the episodes a part holds only in part (still running, or cut by the
+    ring); ``origin`` names the actor and stream of each saved row (None: -1);
+    ``counts`` is filled as it is iterated (:func:`_count`).
 
-    root: Path
+    Raises (when iterated):
+        IncompleteCheckpointError: no complete checkpoint under ``root``.
+        CheckpointError: a damaged part (the block named).
+        ConfigError: a spec without per-step ``obs``, ``action`` and ``reward`` fields.
+    """
+
+    root: str | Path
     checkpoint_id: int | None = None
     partial: str = "seal"
     origin: Origin | None = None
@@ -97,7 +119,7 @@ class CheckpointEpisodes:
     shards: Sequence[int] | None = None
 
     def __iter__(self) -> Iterator[Episode]:
-        manifest = _manifest(self.root, self.checkpoint_id)
+        manifest = _manifest(Path(self.root), self.checkpoint_id)
         for shard in range(len(manifest.parts)) if self.shards is None else self.shards:
             with open_part(manifest.directory, manifest.parts[shard]) as reader:
                 yield from self._part(reader, shard)
@@ -105,10 +127,8 @@ class CheckpointEpisodes:
     def _part(self, reader: PartReader | ChainedReader, shard: int) -> Iterator[Episode]:
         steps = _step_arrays(reader)
         start, length, row, terminated = _cut(steps, self.partial, self.counts)
-        actor = stream = np.full(start.shape[0], -1, np.int64)
-        if self.origin is not None:
-            actor, stream = self.origin(shard, row)
-        prio = steps.get("priority")
+        actor, stream = self.origin(shard, row) if self.origin else (np.full(row.shape, -1),) * 2
+        prio, version = steps.get("priority"), steps[f"field.{VERSION}"]
         if not start.size:
             return
         mapped = _mapped(reader) if isinstance(reader, PartReader) else None  # else rows in older files
@@ -116,7 +136,7 @@ class CheckpointEpisodes:
             obs, action, reward = (mapped[name][lo:hi] if mapped else reader.rows(f"field.{name}", lo, hi)
                                    for name in FIELDS)
             yield Episode(obs, action, reward, bool(terminated[k]), None if prio is None else prio[lo:hi],
-                          np.full(hi - lo, -1, np.int64), int(actor[k]), int(stream[k]))
+                          version[lo:hi], int(actor[k]), int(stream[k]))
 
 
 def _mapped(reader: PartReader) -> dict[str, np.ndarray]:
@@ -143,41 +163,43 @@ def _manifest(root: Path, checkpoint_id: int | None) -> Manifest:
         raise IncompleteCheckpointError(f"no complete checkpoint under {root}: train with checkpoints on "
                                         "(the run's --checkpoint-* flags) first")
     manifest = load_manifest(checkpoint_dir(root, checkpoint_id))
-    missing = [name for name in FIELDS if name not in manifest.spec.fields]
+    missing = [name for name in FIELDS if name not in manifest.spec or manifest.spec[name].at_starts]
     if missing:
-        raise ConfigError(f"{manifest.directory}: the spec {manifest.spec} lacks {missing}; the Minari "
-                          f"export takes the fields {FIELDS} of a run's transitions")
+        raise ConfigError(f"{manifest.directory}: the spec {manifest.spec} lacks per-step {missing}; the "
+                          f"Minari export takes the per-step fields {FIELDS} of a run's transitions")
     return manifest
 
 
 def _step_arrays(reader: PartReader | ChainedReader) -> dict[str, np.ndarray]:
     """A part's per-step arrays other than its fields, with the step types and
-    discounts its save sealed put back (``seal.*``), as a restore puts them back."""
+    discounts its save sealed put back (``seal.*``), as a restore puts them back, and
+    the policy versions (-1 where it saved none)."""
     names = set(reader.names())
-    wanted = ("step_type", "discount", "episode_id", "row_length", "priority")
+    wanted = ("step_type", "discount", "episode_id", "row_length", "priority", f"field.{VERSION}")
     out: dict[str, np.ndarray] = {n: reader.array(n) for n in wanted if n in names}
-    steps = int(out["row_length"].sum())
-    for name in FIELDS:
-        if reader.entry(f"field.{name}")[1][0] != steps:
-            raise ConfigError(f"{reader.path}: field {name!r} is kept at episode starts only; the Minari "
-                              "export takes per-step obs, action and reward")
+    out.setdefault(f"field.{VERSION}", np.full(out["step_type"].shape[0], -1, np.int64))
     if "seal.index" in names:
         index = reader.array("seal.index")
-        if index.size and (index.min() < 0 or index.max() >= steps):
+        if index.size and (index.min() < 0 or index.max() >= out["step_type"].shape[0]):
             raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
         out["step_type"][index], out["discount"][index] = reader.array("seal.step_type"), reader.array(
             "seal.discount")
     return out
 
 
-def _count(counts: dict[str, int], partial: str, saved: int, cut: Any = (), short: Any = ()) -> None:
-    """Add the steps read, the partial episodes (lengths ``cut``: sealed or dropped) and
-    the one-step episodes left out (``short``: no transition to export) to ``counts``."""
+def _count(counts: dict[str, int], partial: str, saved: int, cut: Any = (), short: Any = (),
+           unversioned: int = 0) -> None:
+    """Add the steps read, the partial episodes (lengths ``cut``: sealed or dropped), the
+    one-step episodes left out (``short``: no transition to export) and the steps read
+    without a policy version (exported as -1) to ``counts``."""
+    if partial not in ("seal", "drop"):
+        raise ConfigError(f"partial must be seal or drop, got {partial!r}")
     verb = "sealed" if partial == "seal" else "dropped"
     cut, short = np.asarray(cut, np.int64), np.asarray(short, np.int64)
     for name, value in {"saved_steps": saved, "partial_episodes": cut.size, "partial_steps": cut.sum(),
                         f"{verb}_episodes": cut.size, f"{verb}_steps": cut.sum(),
-                        "short_episodes": short.size, "short_steps": short.sum()}.items():
+                        "short_episodes": short.size, "short_steps": short.sum(),
+                        "unversioned_steps": unversioned}.items():
         counts[name] = counts.get(name, 0) + int(value)
 
 
@@ -185,15 +207,14 @@ def _cut(steps: dict[str, np.ndarray], partial: str, counts: dict[str, int]) -> 
     """The exported episodes of a part's steps (start, length, row, terminated; two
     steps or more), partial ones sealed (ended as truncations) or dropped; adds what
     it saw to ``counts``."""
-    if partial not in ("seal", "drop"):
-        raise ConfigError(f"partial must be seal or drop, got {partial!r}")
     types, discount = steps["step_type"], steps["discount"]
     eps = find_episodes(types, steps["episode_id"], steps["row_length"])
     last = eps.start + eps.length - 1
     dropped = eps.partial & (partial == "drop")
     short = (eps.length < 2) & ~dropped
     keep = ~short & ~dropped
-    _count(counts, partial, types.shape[0], eps.length[eps.partial], eps.length[short])
+    _count(counts, partial, types.shape[0], eps.length[eps.partial], eps.length[short],
+           int((steps[f"field.{VERSION}"] < 0).sum()))
     return (eps.start[keep], eps.length[keep], eps.row[keep],
             ((types[last] == LAST) & (discount[last] == 0))[keep])
 
@@ -213,12 +234,9 @@ class ChunkEpisodes:
     counts: dict[str, int] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[Episode]:
-        if self.partial not in ("seal", "drop"):
-            raise ConfigError(f"partial must be seal or drop, got {self.partial!r}")
-        pending: dict[tuple[int, int], list[tuple[dict[str, np.ndarray], int]]] = {}
+        pending: dict[tuple[int, int], list[dict[str, np.ndarray]]] = {}
         for chunk in self.chunks:
-            types_all = chunk.steps["step_type"]
-            prios = chunk.priorities
+            types_all, prios = chunk.steps["step_type"], chunk.priorities
             _count(self.counts, self.partial, int(types_all.size))
             for i, stream in enumerate(np.asarray(chunk.stream_ids).tolist()):
                 key, types = (int(chunk.actor_id), int(stream)), types_all[i]
@@ -227,22 +245,21 @@ class ChunkEpisodes:
                     if hi <= lo:
                         continue
                     piece = {name: chunk.steps[name][i, lo:hi] for name in (*FIELDS, "step_type", "discount")}
+                    piece[VERSION] = np.full(hi - lo, chunk.policy_version, np.int64)
                     if prios is not None:
                         piece["priority"] = prios[i, lo:hi]
                     if types[lo] == FIRST and key in pending:  # the one before never ended
                         yield from self._close(key, pending.pop(key))
-                    pending.setdefault(key, []).append((piece, int(chunk.policy_version)))
+                    pending.setdefault(key, []).append(piece)
                     if types[hi - 1] == LAST:
                         yield from self._close(key, pending.pop(key))
                     lo = hi
         for key, pieces in pending.items():
             yield from self._close(key, pieces)
 
-    def _close(self, key: tuple[int, int], pieces: list[tuple[dict[str, np.ndarray], int]]
-               ) -> Iterator[Episode]:
-        ep = {name: np.concatenate([p[name] for p, _v in pieces]) for name in pieces[0][0]}
-        if any(("priority" in p) != ("priority" in pieces[0][0]) for p, _v in pieces):
-            ep.pop("priority", None)
+    def _close(self, key: tuple[int, int], pieces: list[dict[str, np.ndarray]]) -> Iterator[Episode]:
+        shared = [name for name in pieces[0] if all(name in p for p in pieces)]  # priority: in all or none
+        ep = {name: np.concatenate([p[name] for p in pieces]) for name in shared}
         n = ep["step_type"].shape[0]
         ended = ep["step_type"][-1] == LAST
         cut = bool(ep["step_type"][0] != FIRST or not ended)
@@ -250,54 +267,36 @@ class ChunkEpisodes:
         _count(self.counts, self.partial, 0, [n] * cut, [n] * short)
         if short or (cut and self.partial == "drop"):
             return
-        version = np.concatenate([np.full(p["step_type"].shape[0], v, np.int64) for p, v in pieces])
         yield Episode(ep["obs"], ep["action"], ep["reward"], bool(ended and ep["discount"][-1] == 0),
-                      ep.get("priority"), version, key[0], key[1])
+                      ep.get("priority"), ep[VERSION], key[0], key[1])
 
 
-def episodes_of_checkpoint(root: str | Path, checkpoint_id: int | None = None, *, partial: str = "seal",
-                           origin: Origin | None = None) -> CheckpointEpisodes:
-    """The episodes of checkpoint ``checkpoint_id`` (None: the newest complete one) under
-    ``root``, shard after shard, each part read as saved (rows, priorities, frame
-    stacks). ``partial`` (``seal`` or ``drop``) is applied to the episodes a part holds
-    only in part (still running, or cut by the ring); ``origin`` names the actor and
-    stream of each saved row (None: -1).
-
-    Raises (when iterated):
-        IncompleteCheckpointError: no complete checkpoint under ``root``.
-        CheckpointError: a damaged part (the block named).
-        ConfigError: a spec without per-step ``obs``, ``action`` and ``reward`` fields.
-    """
-    return CheckpointEpisodes(Path(root), checkpoint_id, partial, origin)
-
-
-def export_checkpoint(root: str | Path, dataset_id: str, *, observation_space: Any, action_space: Any,
-                      env_spec: Any = None, checkpoint_id: int | None = None, partial: str = "seal",
-                      origin: Origin | None = None, data_format: str = "hdf5", unstack: bool = False,
-                      metadata: dict[str, Any] | None = None, jobs: int = 1) -> dict[str, Any]:
-    """Write a checkpoint's episodes (:func:`episodes_of_checkpoint`) as the Minari
-    dataset ``dataset_id`` (:func:`write_dataset`); returns its summary. ``jobs > 1``:
+def export_checkpoint(root: str | Path, dataset_id: str, *, checkpoint_id: int | None = None,
+                      partial: str = "seal", origin: Origin | None = None, jobs: int = 1,
+                      **options: Any) -> dict[str, Any]:
+    """Write a checkpoint's episodes (:class:`CheckpointEpisodes`) as the Minari
+    dataset ``dataset_id`` (:func:`write_dataset`, which takes ``options``: the spaces,
+    env spec, format, unstack, metadata); returns its summary. ``jobs > 1``:
     up to that many forked processes write a saved shard each (episode ids counted
     first from each part's step types), then this one writes the metadata and renames
     the dataset into place: the same dataset as ``jobs=1``.
 
     Raises:
-        As :func:`episodes_of_checkpoint` and :func:`write_dataset`; ShardReplayError:
+        As :class:`CheckpointEpisodes` and :func:`write_dataset`; ShardReplayError:
             a shard's process failed (its error's text) or was killed.
     """
-    episodes = episodes_of_checkpoint(root, checkpoint_id, partial=partial, origin=origin)
+    episodes = CheckpointEpisodes(root, checkpoint_id, partial, origin)
     firsts = None
     if jobs > 1:
-        manifest = _manifest(episodes.root, checkpoint_id)
+        manifest = _manifest(Path(root), checkpoint_id)
         episodes.checkpoint_id = manifest.checkpoint_id  # every process reads the same one
         firsts = [0]
         for part in manifest.parts:
             with open_part(manifest.directory, part) as reader:
                 cut = _cut(_step_arrays(reader), partial, episodes.counts)
             firsts.append(firsts[-1] + cut[0].shape[0])
-    return write_dataset(episodes, dataset_id, observation_space=observation_space, action_space=action_space,
-                         env_spec=env_spec, data_format=data_format, unstack=unstack, metadata=metadata,
-                         counts=episodes.counts, parts=None if firsts is None else (firsts, jobs))
+    return write_dataset(episodes, dataset_id, counts=episodes.counts,
+                         parts=None if firsts is None else (firsts, jobs), **options)
 
 
 def write_dataset(episodes: Iterable[Episode], dataset_id: str, *, observation_space: Any, action_space: Any,
@@ -332,8 +331,11 @@ def write_dataset(episodes: Iterable[Episode], dataset_id: str, *, observation_s
     if final.exists():
         raise ConfigError(f"a Minari dataset {dataset_id!r} exists already at {final}: choose another id "
                           "(or version), or delete it")
-    if unstack:
-        observation_space = _frame_space(observation_space)
+    if unstack:  # a Box of one frame of the Box of frame stacks (their first axis)
+        box = observation_space
+        if not isinstance(box, gym.spaces.Box) or len(box.shape) < 3:
+            raise ConfigError(f"--unstack takes frame-stacked observations [stack, *frame], got {box}")
+        observation_space = gym.spaces.Box(box.low[-1], box.high[-1], box.shape[1:], box.dtype)
     spaces = {"observations": observation_space, "actions": action_space}
     for space in spaces.values():
         if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)):
@@ -513,15 +515,6 @@ def _child(fn: Callable[[], Any], send: Any, parent: int) -> None:
         raise SystemExit(1) from exc
 
 
-def _frame_space(space: Any) -> Any:
-    """The Box of one frame of a Box of frame stacks (its first axis)."""
-    import gymnasium as gym
-
-    if not isinstance(space, gym.spaces.Box) or len(space.shape) < 3:
-        raise ConfigError(f"--unstack takes frame-stacked observations [stack, *frame], got {space}")
-    return gym.spaces.Box(space.low[-1], space.high[-1], space.shape[1:], space.dtype)
-
-
 def _remove_dead_leftovers(final: Path) -> None:
     """Remove the temporary directories of exports of ``final`` whose process is gone."""
     pattern = re.compile(rf"^\.{re.escape(final.name)}\.partial-(\d+)$")
@@ -599,6 +592,8 @@ def prefill(buffer: ReplayBuffer | ShardedReplayBuffer, dataset_id: str) -> dict
                 "action": _padded(action, spec["action"]), "reward": _padded(reward, spec["reward"])}
         step["step_type"][0], step["step_type"][-1] = FIRST, LAST
         step["discount"][-1] = 0.0 if terminated else 1.0
+        if VERSION in spec:  # a training run's shard: not made by its actors
+            step[VERSION] = np.full(k, -1, np.int64)
         if prio is not None:
             step["priority"] = np.asarray(prio, np.float32).reshape(-1)[:k]
         row = int(np.argmin(rows))

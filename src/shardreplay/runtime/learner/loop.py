@@ -20,6 +20,7 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives, lost_peer_error, peer_lost
 from shardreplay.errors import ConfigError, ShardReplayError
+from shardreplay.offline.minari_io import versioned
 from shardreplay.policy.broadcast import pack_version
 from shardreplay.runtime.actor.loop import ActorSettings, actor_seed
 from shardreplay.runtime.actor.processes import ActorPool
@@ -86,7 +87,8 @@ class Learner:
         env = describe_env(settings.run.source, self.algo.actions)
         spec = self.algo.transition_spec(env, settings.learners.hidden)
         placement = place(settings.learners.device, self.rank, self.world)
-        self.buffer = make_shard_buffer(settings, spec, self.rank, placement.device)
+        stored = versioned(spec, self.run_dir / "checkpoints" if resume and replay else None, checkpoint_id)
+        self.buffer = make_shard_buffer(settings, stored, self.rank, placement.device)
         self.agent = self.algo.make_agent(env, settings, self.world, placement)
         self.progress = Progress()
         self.storage = StorageGuard(self.rank)
