@@ -1,13 +1,9 @@
 """Where sampled batches land: checked once at construction, applied per batch.
 
-Batches are gathered on the host (numpy). For a CUDA target they are pinned first, so
-the copy to the GPU runs asynchronously (``non_blocking=True``) on the current stream;
-kernels queued after it on that stream see the data, as with any CUDA tensor.
-Pinning needs a CUDA runtime, so it is only done when ``torch.cuda.is_available()``.
-Windows bound for a GPU are gathered straight into page-locked records
-(:func:`shardreplay.spec.layout.window_layout`) and cross in one copy; the fields are views of the
-records on the GPU. Pinning strided per-field views instead would stage each through
-pageable memory on the caller's thread.
+Batches are gathered on the host. Windows bound for a GPU are gathered straight into
+page-locked records (:func:`shardreplay.spec.layout.window_layout`) and cross in one
+non-blocking copy on the current stream; the fields are views of the records on the GPU
+(pinning strided per-field views instead would stage each through pageable memory).
 """
 
 from __future__ import annotations

@@ -3,25 +3,15 @@
 the same numbers: buffer/transitions.py). Timelines of the cases: docs/semantics.md,
 "Transitions".
 
-A window of ``L = n + 1`` steps ``s_0 .. s_n`` of one stream becomes one transition
-``(o_0, a_0, R, gamma_m, o_m)``. Step ``t`` holds ``o_t``, the action ``a_t`` taken at
-it, the reward ``r_t`` that followed ``a_t``, and the discount ``d_t`` of step ``t``
-(0 at a termination LAST, 1 at a truncation LAST and elsewhere; dm_env allows values
-in between). The **bootstrap step** ``m`` is the window's last valid position: ``n``
-for a full window, or the LAST inside it. ``m >= 1`` because a window never starts at
-a LAST.
+A window ``s_0 .. s_n`` becomes ``(o_0, a_0, R, gamma_m, o_m)``; step ``t`` holds ``o_t``,
+the action ``a_t``, the reward ``r_t`` that followed it and its discount ``d_t``. The
+bootstrap step ``m`` is ``n`` for a full window, or the LAST inside it (``m >= 1``)::
 
-Formulas (``prod`` over an empty range is 1)::
-
-    R     = sum_{k=0}^{m-1} gamma^k * (prod_{i=1}^{k} d_i) * r_k
+    R       = sum_{k=0}^{m-1} gamma^k * (prod_{i=1}^{k} d_i) * r_k
     gamma_m = gamma^m * prod_{i=1}^{m} d_i        (the "bootstrap discount")
 
-The learner's target is ``R + gamma_m * V(o_m)``. The rewards ``r_m .. r_n`` are never
-summed: at a LAST ``r_m`` follows a padding action, and in a full window ``r_n``
-belongs to the next transition.
-
-With 0/1 discounts only the LAST step can carry a 0, and it is the bootstrap step, so
-``R`` is the plain discounted sum and ``gamma_m`` is ``gamma^m`` or 0.
+The rewards ``r_m .. r_n`` are never summed: at a LAST ``r_m`` follows a padding action,
+and in a full window ``r_n`` belongs to the next transition.
 """
 
 from __future__ import annotations

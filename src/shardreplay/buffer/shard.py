@@ -1,11 +1,8 @@
 """Shard: one buffer's storage, sampler, RNG and key codec behind one internal seam.
 
-``ReplayBuffer`` is a thin public face over a :class:`Shard`; the sharded buffer
-(``distributed/``) and checkpoints (``checkpoint/``) are its other clients. They reach a
-buffer's shard through :func:`shard_of_buffer` and never touch storage or the sampler
-themselves, so a storage change stays inside ``buffer/``, ``storage/`` and ``samplers/``.
-
-Internal: not part of the public API (no name here is exported from ``shardreplay``).
+``ReplayBuffer`` is a thin public face over a :class:`Shard`; the sharded buffer and
+checkpoints reach it through :func:`shard_of_buffer` and never touch storage or the
+sampler themselves. Internal: no name here is exported from ``shardreplay``.
 """
 
 from __future__ import annotations
@@ -431,18 +428,10 @@ class Shard:
 
     # -- restoring --------------------------------------------------------------------------
     def restore(self, source: str, key_epoch_floor: int = 0) -> RestoreSession:
-        """The one way to replace this shard's content: ``with shard.restore(...) as s:``
-        empties it, ``s.targets()``/``s.frame_stores()`` take the placed steps, and
-        ``s.finish(...)`` sets positions, sampler, RNG and keys (see
-        :mod:`shardreplay.buffer.restore`). An exception (or no ``finish``) leaves the
-        shard empty and pending: ``checkpoint.save`` refuses it until a restore finishes.
-
-        Args:
-            source: what is restored (named when a save is refused).
-            key_epoch_floor: the key epoch the emptied shard keeps at least.
-
-        Waits first for a background checkpoint of this shard to finish writing.
-        """
+        """A :class:`RestoreSession`, the one way to replace this shard's content
+        (:mod:`shardreplay.buffer.restore` says how), of ``source`` (named when a save is
+        refused); the emptied shard keeps a key epoch of at least ``key_epoch_floor``.
+        Waits first for a background checkpoint of this shard to finish writing."""
         self.wait_saved()
         return RestoreSession(self, source, key_epoch_floor)
 

@@ -10,7 +10,6 @@ window, ``o_m``), with the formulas of :mod:`shardreplay.buffer.nstep` (which ha
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -148,22 +147,15 @@ def _gathered(storage: StreamStorage, name: str, params: np.ndarray, gathers: tu
     ``gathers`` (their stride, offset and size set in ``params``), or None for a field
     read in steps (frame-stacked, no bytes, a dtype numba does not take)."""
     f = storage.spec[name]
-    size = _nbytes(f.dtype, f.shape)
-    if name in storage.stacked or size == 0:
+    if name in storage.stacked or _nbytes(f.dtype, f.shape) == 0:
         return None
-    parts: Mapping[str, Any] = storage.records.dtype.fields or {}
-    record_part = parts.get(f"field.{name}")
-    if record_part is not None:
-        src, stride, offset = storage.records, storage.records.dtype.itemsize, int(record_part[1])
-    else:
-        src, stride, offset = storage.fields[name], size, 0
+    rows, offset, size = storage._byte_source(name)  # C-contiguous uint8 rows, memmaps too
     for g in gathers:
         at = transition_kernels.GATHER + g * transition_kernels.GATHER_WORDS
-        params[at + transition_kernels.STRIDE] = stride
+        params[at + transition_kernels.STRIDE] = rows.shape[1]
         params[at + transition_kernels.OFFSET] = offset
         params[at + transition_kernels.BYTES] = size
-    # A plain ndarray's bytes (memory-mapped storage too), flat: the kernel reads rows by stride.
-    return np.asarray(src).reshape(-1).view(np.uint8), (np.dtype(f.dtype), tuple(f.shape))
+    return rows.reshape(-1), (np.dtype(f.dtype), tuple(f.shape))
 
 
 def _draw(shard: Shard, batch_size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,6 @@ stack's last ``K - 1``) appends one frame; any other step appends its whole stac
 from __future__ import annotations
 
 import numba
-import numpy as np
 
 from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
 from shardreplay.kernels.copy import STREAM_BYTES, copy_at, misalignment, store_fence, stream_copy_at
@@ -153,8 +152,3 @@ def plan_load(values, row, frames, ref, prev_slot, counts):  # pragma: no cover 
         counts[j] = 1 if same else k
         total += counts[j]
     return total
-
-
-def empty_counts(n: int, t_len: int) -> np.ndarray:
-    """Scratch for :func:`plan_write`."""
-    return np.empty((n, t_len), np.int64)

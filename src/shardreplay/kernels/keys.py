@@ -1,12 +1,12 @@
-"""The key codec: the bit layout of keys and its compiled encode, decode and checks, and the
-per-key work of routing priority updates.
+"""The compiled key codec: encode, field reads and checks of keys, and the per-key work of
+routing priority updates.
 
-Bit layout (most significant first, 63 bits used so keys stay non-negative)::
+Bit layout (most significant first, 63 bits used so keys stay non-negative; the widths in
+codes.py)::
 
     | shard: 10 | tag: 14 | place: 28 | generation: 11 |
 
-``spec/keys.py`` is the Python-facing side (what each field means, tags, vectorised
-helpers); everything that reads or writes key bits goes through this module.
+``spec/keys.py`` is the Python-facing side (tags, vectorised numpy decoding).
 """
 
 from __future__ import annotations
@@ -75,27 +75,6 @@ def keys_fit(keys, tag, size):
     out = np.empty(keys.shape[0], np.bool_)
     for j in range(keys.shape[0]):
         out[j] = key_fits(keys[j], tag, size)
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
-def decode_keys(keys):
-    """``(shard, tag, place, generation)`` int64 arrays of int64 ``keys``."""
-    n = keys.shape[0]
-    shard, tag = np.empty(n, np.int64), np.empty(n, np.int64)
-    place, gen = np.empty(n, np.int64), np.empty(n, np.int64)
-    for j in range(n):
-        k = keys[j]
-        shard[j], tag[j], place[j], gen[j] = key_shard_of(k), key_tag_of(k), key_place_of(k), key_gen_of(k)
-    return shard, tag, place, gen
-
-
-@numba.njit(cache=True, nogil=True)
-def shards_of(keys):
-    """:func:`key_shard_of` of every key (int64 array)."""
-    out = np.empty(keys.shape[0], np.int64)
-    for j in range(keys.shape[0]):
-        out[j] = key_shard_of(keys[j])
     return out
 
 

@@ -1,11 +1,10 @@
-"""Kernel modules imported on first use, so that numba loads only when compiled code runs.
+"""Kernel modules imported on first use, so that numba (most of the cost of ``import
+shardreplay``) loads only when compiled code runs.
 
-Importing numba costs most of ``import shardreplay`` (about 0.4 s), and its one-time set-up
-most of a process's first write. A module above this layer names a kernel module as
-``kernels = lazy("shardreplay.kernels.storage")`` (typed by a ``TYPE_CHECKING`` import of
-the real module) and reads its functions as attributes: the first read imports the module,
-and each name read is then kept on the proxy, so later reads cost an attribute lookup.
-Constants that are read at import time live in numba-free modules (``key_bits.py``).
+A module above this layer names a kernel module as ``kernels = lazy("shardreplay.kernels.storage")``
+(typed by a ``TYPE_CHECKING`` import of the real module) and reads its functions as
+attributes; each name read is then kept on the proxy. Constants read at import time live in
+the numba-free ``codes.py``.
 """
 
 from __future__ import annotations

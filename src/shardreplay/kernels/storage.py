@@ -1,14 +1,5 @@
-"""Compiled kernels for per-step bookkeeping: episode ids, generations, window validity.
-
-A window start ``q`` of a stream is **valid** (docs/semantics.md, sampling rule 1) when step ``q``
-is stored, is not LAST (for ``L >= 2``), and the steps ``q .. q+L-1`` are stored and in
-``q``'s episode, or the episode ends (LAST) inside the window::
-
-    L = 3        q   q+1  q+2
-    full         MID MID  MID    valid (all three stored, one episode)
-    closed       MID LAST  .     valid (mask: T T F)
-    incomplete   MID MID  <not yet written>         invalid until q+2 arrives
-    abandoned    MID FIRST ...   invalid forever (next episode, no LAST)
+"""Compiled kernels for per-step bookkeeping: episode ids, generations, window validity
+(docs/semantics.md, sampling rule 1).
 
 Writing positions ``p0 .. p1-1`` of a stream can change validity only for starts
 ``max(p0-L+1, p1-C, 0) .. p1-1``: earlier windows that now complete, and the written

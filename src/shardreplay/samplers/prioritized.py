@@ -1,16 +1,7 @@
-"""Prioritized sampling (Schaul et al. 2016) over valid window starts.
-
-::
-
-    P(i) = p_i^alpha / sum_k p_k^alpha
-    w_i  = (N P(i))^-beta / max_j (N P(j))^-beta  =  (P(i) / P_min)^-beta
-
-with ``N`` the number of valid starts and ``P_min`` the smallest probability of a valid
-start that can be drawn (``p > 0``); a start of priority 0 is never drawn, so it does
-not enter the maximum. New starts get the largest priority seen so far (writes and
-updates), unless the writer supplies one. ``beta`` may follow a schedule over calls to
-:meth:`draw`. The draws come from :class:`SumMinTree`, the compiled 8-ary sum and min
-tree of kernels/sum_tree.py (its docstring gives the layout).
+"""Prioritized sampling (Schaul et al. 2016) over valid window starts: the rules in
+docs/semantics.md (sampling rule 3, "Priorities and weights"); ``w_i = (P(i) / P_min)^-beta``
+with ``P_min`` over the starts that can be drawn. The draws come from :class:`SumMinTree`,
+the compiled 8-ary sum and min tree of kernels/sum_tree.py (its docstring gives the layout).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Keys: one int64 that names a sampled window for later priority updates.
 
-Bit layout (most significant first, 63 bits used so keys stay non-negative)::
-
-    | shard: 10 | tag: 14 | place: 28 | generation: 11 |
-
-``shard`` is the owning rank, ``tag`` the buffer's key tag (1 .. 16,383; a key of another
-tag is refused), ``place`` the window start's flat slot and ``generation`` the slot's write
-count plus the buffer's key epoch (an overwritten slot's key is stale). docs/semantics.md
-("Keys" and the points after it) gives the rules; the codec lives in
-:mod:`shardreplay.kernels.keys`.
+The bit layout, tags, places, generations and the rules: docs/semantics.md ("Keys" and the
+points after it); the compiled codec and checks live in :mod:`shardreplay.kernels.keys`,
+``unpack_keys`` and ``key_shard`` here are plain numpy.
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 
+from shardreplay.kernels import codes
 from shardreplay.kernels.codes import GEN_MASK, MAX_PLACES, MAX_SHARDS, NUM_TAGS, TAG_MASK, TAG_SHIFT
 from shardreplay.kernels.lazy import lazy
 
@@ -27,8 +22,6 @@ if TYPE_CHECKING:
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     codec = lazy("shardreplay.kernels.keys")
 
-# The codec (bit layout, encode, decode, checks) lives in kernels/keys.py, beside the
-# compiled code that reads keys; these are its Python-facing names.
 __all__ = ["GEN_MASK", "MAX_PLACES", "MAX_SHARDS", "NUM_TAGS", "TAG_MASK", "TAG_SHIFT", "is_key_tag",
            "key_shard", "new_key_tag", "unpack_keys", "with_shard"]
 
@@ -69,17 +62,14 @@ def unpack_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 
     ``divmod(place, stream_capacity)`` gives the (row, slot) of the window start.
     """
-    keys = np.asarray(keys)
-    flat = np.ascontiguousarray(keys, np.int64).reshape(-1)
-    shard, tag, place, generation = codec.decode_keys(flat)
-    shape = keys.shape
-    return shard.reshape(shape), tag.reshape(shape), place.reshape(shape), generation.reshape(shape)
+    keys = np.asarray(keys, np.int64)
+    return (keys >> codes.SHARD_SHIFT, (keys >> TAG_SHIFT) & TAG_MASK,
+            (keys >> codes.PLACE_SHIFT) & codes.PLACE_MASK, keys & GEN_MASK)
 
 
 def key_shard(keys: np.ndarray) -> np.ndarray:
     """The shard index of each key."""
-    keys = np.asarray(keys)
-    return codec.shards_of(np.ascontiguousarray(keys, np.int64).reshape(-1)).reshape(keys.shape)
+    return np.asarray(keys, np.int64) >> codes.SHARD_SHIFT
 
 
 def with_shard(keys: np.ndarray, shard: int) -> np.ndarray:

@@ -1,19 +1,10 @@
-"""FrameStore: a frame-stacked field kept as one ring of frames per stream.
+"""FrameStore: a frame-stacked field kept as one ring of frames per stream (the rules:
+docs/semantics.md, "Frame-stacked fields"; the layout: kernels/frames.py).
 
-The field's values are stacks ``[K, *frame]`` (oldest frame first). A step whose stack
-continues the previous step's stores one new frame; a step that starts a chain (an
-episode's first step, whose stack holds the reset frames) stores its whole stack. Each
-slot records the position of its step's newest frame, and sampling rebuilds the stacks
-(``kernels/frames.py`` draws the layout). What is sampled equals what was written, bit for
-bit.
-
-The ring of a stream holds ``frame_capacity`` frames, at first
-:func:`initial_frame_capacity` (room for one reset stack per 16 steps); a write that
-needs more grows every stream's ring, so no stored step ever loses its frames. The rings
-are views into one allocation of the most any stream can need (``K`` frames per stored
-step), made once: its pages are mapped only when written, so memory follows the frames
-written, and growing allocates and copies nothing until a ring has wrapped (then only
-the frames whose place in the longer ring differs move).
+The rings are views into one allocation of the most any stream can need (``K`` frames per
+stored step), made once: its pages are mapped only when written, so memory follows the
+frames written, and growing allocates and copies nothing until a ring has wrapped (then
+only the frames whose place in the longer ring differs move).
 """
 
 from __future__ import annotations
@@ -71,7 +62,7 @@ class FrameStore:
         self.frames = self._reserve[:, :min(initial_frame_capacity(stream_capacity, self.stack), self._most)]
         self.ref = np.zeros(num_streams * stream_capacity, np.int64)
         self.fpos = np.zeros(num_streams, np.int64)  # frames appended per stream, ever
-        self._counts = fk.empty_counts(num_streams, 1)
+        self._counts = np.empty((num_streams, 1), np.int64)  # plan_write's scratch
 
     @property
     def frame_capacity(self) -> int:
@@ -96,7 +87,7 @@ class FrameStore:
         """
         n, t_len = values.shape[:2]
         if self._counts.shape != (n, t_len):
-            self._counts = fk.empty_counts(n, t_len)
+            self._counts = np.empty((n, t_len), np.int64)
         status, i, t, need = fk.plan_write(values, types, rows, pos, step_type, self.ref, self.frames,
                                            self.fpos, self.stream_capacity, self._counts)
         if status == fk.INCONSISTENT:

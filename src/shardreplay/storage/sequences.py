@@ -1,16 +1,10 @@
-"""Sequence windows: starts only every ``period`` steps of an episode (R2D2).
+"""Sequence windows: starts only every ``period`` steps of an episode (docs/semantics.md,
+"Sequence windows").
 
-A storage made with ``period > 1`` keeps, beside each slot, the step's offset in its
-episode (``episode_step``: 0 at the episode's first step, counted from the first step
-the stream wrote, so a ring that overwrote the episode's head keeps the same grid).
-A window start is valid when sampling rule 1 holds *and* its offset is a multiple of
-``period``. The compiled write and validity kernels decide rule 1 as for any window;
-the functions here then set the offsets of the written steps and clear the starts off
-the grid, in a few numpy passes over the written and recomputed slots only (never over
-the whole storage), so the cost of a write does not grow with capacity.
-
-The storage is passed in (typed by what is read), so this module imports nothing of
-``streams.py``.
+The compiled write and validity kernels decide rule 1 as for any window; the functions
+here then set the episode offsets (``episode_step``) of the written steps and clear the
+starts off the grid, in numpy passes over the written and recomputed slots only, so the
+cost of a write does not grow with capacity.
 """
 
 from __future__ import annotations

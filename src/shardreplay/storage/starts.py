@@ -1,19 +1,11 @@
-"""StartStore: ``at_starts`` fields kept once per window start, not once per step.
+"""StartStore: ``at_starts`` fields kept once per window start, not once per step
+(docs/semantics.md, "Start-state fields").
 
-R2D2's recurrent state matters only where a window starts: at steps whose offset in
-their episode is a multiple of the buffer's ``period`` (every step when ``period`` is 1).
-Writes carry the fields at every step; the store keeps the rows of start steps only, in
-one ring of rows per stream and field, appended in time order. Each slot records the
-absolute number (per stream, ever) of its start row, or -1 when its step is not a start
-(one reference for all the fields), so a sampled start finds its row with one lookup;
-nothing else is stored per step.
-
-A stream's stored steps hold its last ``live`` start rows, and a ring overwrites the
-oldest steps first, so those rows are always the last ``live`` appended: a ring of
-``capacity`` rows keeps them while ``live <= capacity``. The rings start with room for
-``ceil(C / period) + ceil(C / STEPS_PER_EPISODE) + 1`` rows (capped at ``C``) and grow
-(by ``GROWTH`` at least) when a write needs more, so no stored start loses its row.
-What is sampled equals what was written at that step, bit for bit.
+Each slot records the absolute number (per stream, ever) of its start row, or -1 when its
+step is not a start (one reference for all the fields). A stream's stored steps hold its
+last ``live`` start rows, and a ring overwrites the oldest steps first, so those rows are
+always the last ``live`` appended: a ring of ``capacity`` rows keeps them while
+``live <= capacity``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Plain-numpy twins of the write and check kernels, which a process runs before numba loads.
 
-Each twin gives exactly what its kernel gives (the same arrays, in place, and the same
-results), vectorised over steps and rows rather than with the kernel's speed tricks; the
-differential tests in tests/kernels/ compare them (tests/kernels/reference.py holds the
-references of the kernels no process runs twins of). A process's first :data:`NUMPY_WRITES`
-writes run the twins of the write kernels: importing numba and its set-up on the first
-compiled call cost about half a second, which a script, a test or an actor's first chunk
-would otherwise pay on its first write. After that budget the compiled kernels load
+Each twin gives exactly what its kernel gives (tests/kernels/ compares them). A process's
+first :data:`NUMPY_WRITES` writes run the twins of the write kernels, so a script, a test
+or an actor's first chunk does not wait for numba to load; then the compiled kernels load
 (kernels/lazy.py). Checks (``validate.values_ok``, ``steps_ok``) do not spend the budget: a
-process that only checks, such as an actor checking each chunk it sends, never loads numba
-(benchmarks/startup/RESULTS-actor.md).
+process that only checks, such as an actor checking each chunk it sends, never loads numba.
 """
 
 from __future__ import annotations
