@@ -264,9 +264,6 @@ class ReplayBuffer:
         Keys whose slot was overwritten since sampling are ignored and counted in
         ``info().stale_updates``. A key repeated in one call takes its last priority.
 
-        Only a prioritized buffer takes priority updates: on a uniform or fifo buffer
-        they would change nothing, so they are refused.
-
         Returns:
             The number of priorities applied (not stale).
 

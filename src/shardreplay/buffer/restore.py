@@ -2,11 +2,9 @@
 
 ``with shard.restore(source, key_epoch_floor) as session:`` empties the shard and marks
 it *pending* (``checkpoint.save`` refuses it, naming ``source``); the loader places steps
-(:meth:`RestoreSession.targets`, :meth:`RestoreSession.frame_stores`,
-:meth:`RestoreSession.place_starts`), then calls :meth:`RestoreSession.finish` once.
-Leaving the block after ``finish`` makes the restore final; leaving it otherwise (an
-exception, no ``finish``) leaves the shard **empty and pending** until a later session
-finishes. Calls out of that order raise.
+(``targets``, ``frame_stores``, ``place_starts``), then calls ``finish`` once. Leaving the
+block otherwise (an exception, no ``finish``) leaves the shard **empty and pending**.
+Calls out of that order raise.
 """
 
 from __future__ import annotations
@@ -70,7 +68,7 @@ class RestoreSession:
     @property
     def stream_capacity(self) -> int:
         """Steps per row of the shard."""
-        return self._shard.stream_capacity
+        return self._shard._storage.stream_capacity
 
     def _check(self, allowed: str, what: str) -> None:
         if self._state != allowed:

@@ -107,7 +107,7 @@ class Shard:
 
     @property
     def period(self) -> int:
-        """Steps between window starts in an episode (1: every step; see storage/sequences.py)."""
+        """Steps between window starts in an episode (1: every step; docs/semantics.md)."""
         return self._storage.period
 
     @property
@@ -246,7 +246,7 @@ class Shard:
         cache, once), or with ``enabled=False`` never take it (every add then takes the
         full path: tests compare the two). Returns whether the short path is in use (False
         when this spec has none: see ``storage/one_step.py``)."""
-        if not enabled or self._storage.period > 1:  # sequence offsets: full path (sequences.py)
+        if not enabled or self._storage.period > 1:  # sequence offsets: full path (streams.py)
             if self._one_step is not None:
                 self._one_step.open = False  # a writer's held_writer then takes Shard.write
             self._one_step = None

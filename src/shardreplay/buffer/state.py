@@ -35,14 +35,6 @@ class ShardParts(Protocol):
     rng: np.random.Generator
     stale_updates: int
 
-    @property
-    def num_streams(self) -> int:
-        """Rows (streams)."""
-
-    @property
-    def stream_capacity(self) -> int:
-        """Steps per row."""
-
 
 def export_state(shard: ShardParts, field_views: bool = False) -> dict[str, Any]:
     """``{"meta": ..., "arrays": ...}`` of a buffer's shard (see ``ReplayBuffer.state_dict``).
@@ -62,8 +54,8 @@ def export_state(shard: ShardParts, field_views: bool = False) -> dict[str, Any]
     meta = {
         "version": STATE_VERSION,
         "spec": shard.spec.to_dict(),
-        "num_streams": shard.num_streams,
-        "stream_capacity": shard.stream_capacity,
+        "num_streams": storage.num_streams,
+        "stream_capacity": storage.stream_capacity,
         "window": shard.window,
         "sampler": sampler.name,
         "sampler_state": sampler_meta,
@@ -121,15 +113,9 @@ def _split(state: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, np
     if meta.get("version") != STATE_VERSION:
         raise ConfigError(f"buffer state version {meta.get('version')} is not supported "
                           f"(this shardreplay reads version {STATE_VERSION})")
-    return meta, {k: _as_numpy(v) for k, v in arrays.items()}
-
-
-def _as_numpy(value: Any) -> Any:
-    """A tensor as a numpy array (a CPU tensor's memory is shared, not copied); anything
-    else as it is (checked later)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    return value
+    # A CPU tensor's memory is shared, not copied; anything else is checked later.
+    return meta, {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v
+                  for k, v in arrays.items()}
 
 
 def _check_layout(shard: ShardParts, meta: Mapping[str, Any]) -> None:
@@ -137,8 +123,9 @@ def _check_layout(shard: ShardParts, meta: Mapping[str, Any]) -> None:
         raise SpecMismatchError(f"the state's spec {Spec.from_dict(meta['spec'])} differs from the "
                                 f"buffer's {shard.spec}")
     for name in ("num_streams", "stream_capacity", "window"):
-        if int(meta[name]) != getattr(shard, name):
-            raise ConfigError(f"the state has {name}={meta[name]}, the buffer {getattr(shard, name)}; "
+        have = getattr(shard._storage, name)
+        if int(meta[name]) != have:
+            raise ConfigError(f"the state has {name}={meta[name]}, the buffer {have}; "
                               "restore onto another layout with shardreplay.checkpoint.load")
     if int(meta.get("period", 1)) != shard._storage.period:
         raise ConfigError(f"the state has period={meta.get('period', 1)}, the buffer "
@@ -183,9 +170,9 @@ def _sampler_state(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) ->
 
 def _check_arrays(shard: ShardParts, arrays: Mapping[str, np.ndarray]) -> None:
     pos = np.asarray(arrays.get("row_pos", ()))
-    if pos.shape != (shard.num_streams,) or pos.dtype.kind not in "iu" or (pos < 0).any():
+    if pos.shape != (shard._storage.num_streams,) or pos.dtype.kind not in "iu" or (pos < 0).any():
         raise ConfigError("state arrays: row_pos must be one non-negative integer position per stream")
-    lengths = np.minimum(pos, shard.stream_capacity)
+    lengths = np.minimum(pos, shard._storage.stream_capacity)
     if not np.array_equal(np.asarray(arrays.get("row_length", ())), lengths):
         raise ConfigError("state arrays: row_length does not match row_pos and stream_capacity")
     n = int(lengths.sum())

@@ -39,24 +39,8 @@ __all__ = ["sample_transitions"]
 def sample_transitions(shard: Shard, batch_size: int, gamma: float, n: int | None = None, *,
                        observation: str = "obs", action: str = "action",
                        reward: str = "reward") -> Transitions:
-    """Draw ``batch_size`` windows of a buffer's ``shard`` and return them as n-step
-    transitions (:meth:`ReplayBuffer.sample_transitions`).
-
-    Args:
-        shard: the shard to sample (its window ``L`` must be at least ``n + 1``).
-        batch_size: transitions to draw (fifo: at most that many).
-        gamma: discount factor in ``[0, 1]``.
-        n: steps summed at most (default ``L - 1``); ``n < L - 1`` uses the first
-            ``n + 1`` steps of each window.
-        observation, action, reward: the field names (an observation name may be the
-            prefix of nested fields ``obs.pos``, ``obs.vel``).
-
-    Raises:
-        ConfigError: ``gamma`` outside ``[0, 1]``, ``n`` outside ``1 .. L - 1``, or a bad
-            ``batch_size``.
-        SpecMismatchError: a named field is not in the spec.
-        EmptyBufferError: no valid window can be drawn.
-    """
+    """:meth:`ReplayBuffer.sample_transitions` of a buffer's ``shard``: its arguments,
+    results and errors (ConfigError, SpecMismatchError, EmptyBufferError)."""
     if type(gamma) is not float or not 0.0 <= gamma <= 1.0:  # the common case checked inline
         _check_gamma(gamma)
     n = _check_n(n, shard.window)

@@ -1,24 +1,17 @@
 """numba's on-disk kernel cache, made safe for several processes at once.
 
-numba saves a newly compiled signature of a kernel by reading the kernel's index, taking
-the first free data-file number, writing the index, then the data file, with no lock.
-Two processes that compile different signatures of one kernel at the same moment take
-the same number: the index then names one data file for both signatures, and a later
-load hands out a kernel compiled for other types (numba fails with "can't unbox array
-from PyObject into native value").
+numba saves a new signature of a kernel by taking the first free data-file number in the
+kernel's index, with no lock: two processes compiling different signatures at once take
+the same number, and a later load hands out a kernel compiled for other types ("can't
+unbox array from PyObject into native value"). Importing this module (every kernel module
+does) makes each save hold an exclusive lock on a file beside the index, and each load a
+shared one. A cache directory this process cannot write to is read without a lock.
 
-Importing this module (every kernel module does) makes each save hold an exclusive lock
-on a file beside the kernel's index, and each load a shared one, so that a save and
-another save or load of the same kernel never interleave. A cache directory this process
-cannot write to is read without a lock, as numba reads it.
-
-It also makes a process that is about to compile a signature no process has cached yet
-wait while another process compiles that same signature, then load it from the cache,
-instead of compiling it a second time (the ranks of a run, or the workers of the test
-suite, otherwise compile the same kernels at the same time on a fresh install). The lock
-is one file per kernel and signature, beside the index, held while compiling; a process
-killed while holding it releases it, and a process that waited :data:`COMPILE_WAIT_S` for
-it (its holder stopped, say) compiles on its own, as without the lock.
+It also makes a process about to compile a signature that another process is compiling
+wait for it (one lock file per kernel and signature, held while compiling), then load it
+from the cache instead of compiling it again (the ranks of a run, or the test workers, on
+a fresh install). A killed holder releases the lock; a process that waited
+:data:`COMPILE_WAIT_S` compiles on its own.
 """
 
 from __future__ import annotations

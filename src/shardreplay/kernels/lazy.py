@@ -10,7 +10,6 @@ the numba-free ``codes.py``.
 from __future__ import annotations
 
 import importlib
-import sys
 import threading
 from typing import Any
 
@@ -37,11 +36,6 @@ class LazyKernels:
         with _LOCK:  # threads may race here; they store the same object
             setattr(self, attr, value)
         return value
-
-    @property
-    def loaded(self) -> bool:
-        """Whether the module has been imported (by this proxy or anyone)."""
-        return self._lazy_name in sys.modules
 
     def __repr__(self) -> str:
         return f"<lazy kernels {self._lazy_name}>"

@@ -1,23 +1,17 @@
 """The 8-ary sum and min tree over flat arrays: compiled kernels.
 
-Sums: level ``D`` holds the ``n`` leaves, each level above holds the sums of groups of
-``ARITY`` nodes of the level below, up to the root (level 0, the total); level ``l``
-starts at ``offsets[l]`` of ``sums`` and has ``sizes[l]`` nodes, padded with zeros to a
-multiple of ``ARITY``. The 8 children of a node are contiguous: one cache line of
-float64 (the caller aligns ``sums`` to 64 bytes). A parent is always recomputed as the
-in-order sum of its children (never by adding a delta), so sums cannot drift and the
-tree is the same whatever order its leaves were set in: a restored buffer samples
-exactly as the saved one did.
+Sums: level ``D`` holds the ``n`` leaves, each level above the sums of groups of ``ARITY``
+nodes of the level below, up to the root (level 0); level ``l`` starts at ``offsets[l]``
+of ``sums`` and has ``sizes[l]`` nodes, zero-padded to a multiple of ``ARITY`` (the 8
+children of a node are one 64-byte cache line). A parent is always recomputed as the
+in-order sum of its children, never by adding a delta, so the tree is the same whatever
+order its leaves were set in: a restored buffer samples exactly as the saved one did.
+Mins: ``mins`` has the layout of the levels above the leaves; each node holds the smallest
+positive leaf below it, +inf when none.
 
-Mins: ``mins`` has the layout of the levels above the leaves (``offsets[:D]``); each
-node holds the smallest positive leaf below it, +inf when none (padding too), so the
-root's is the smallest positive leaf that importance weights need.
-
-The kernels work on a whole batch one tree level at a time rather than one item to the
-root and back: loads of different items are independent, so the CPU overlaps their
-cache misses. A descent picks a child by counting the prefix sums at or below its
-target (no branch on the data); updates sort the changed leaves, so that a parent
-shared by several of them is recomputed once per level.
+The kernels work on a whole batch one tree level at a time, so the CPU overlaps the cache
+misses of different items; updates sort the changed leaves, so that a parent shared by
+several of them is recomputed once per level.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The compiled n-step transitions of sampled window starts (buffer/transitions.py calls it).
-
-Per start it walks the window (stopping at the episode's LAST), sums the discounted rewards
-(the formulas of buffer/nstep.py), encodes the key, reads whether the bootstrap step
-terminates or truncates, and copies the bytes of the observation at the start and at the
-bootstrap step and of the action at the start.
-
-Shaped for a small batch (``cache_lock.SMALL_CALL``): a few array arguments (the scalars
-packed in one int64 array), nothing allocated.
+"""The compiled n-step transitions of sampled window starts (buffer/transitions.py calls it):
+the formulas of buffer/nstep.py, the key, the bootstrap step's ends, and the bytes of the
+observations at the start and the bootstrap step and of the action. Shaped for a small
+batch (``cache_lock.SMALL_CALL``): nothing allocated, the scalars in one int64 array.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Value checks of written steps: NaN/inf in float fields, step types, discounts.
 
-The step rule lives here once, in :func:`step_type_ok` and :func:`discount_ok`: a step
-type is FIRST=0, MID=1 or LAST=2, a discount lies in [0, 1] (NaN fails). Every compiled
-check inlines those two; their plain-numpy twins (kernels/reference/validate.py), which a
-process runs before numba loads, are what the differential tests compare them with.
-
-A *plan* describes steps packed in one byte buffer: int64 rows ``(kind, byte offset,
-element count)``, one per checked field, with every offset a multiple of 8.
+The step rule lives here once, in :func:`step_type_ok` and :func:`discount_ok`, which
+every compiled check inlines (their twins: kernels/reference/validate.py). A *plan*
+describes steps packed in one byte buffer: int64 rows ``(kind, byte offset, element
+count)``, one per checked field, every offset a multiple of 8.
 """
 
 from __future__ import annotations

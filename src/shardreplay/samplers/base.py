@@ -1,10 +1,15 @@
-"""What every sampler provides to the buffer."""
+"""What the samplers share.
+
+A sampler chooses valid window starts of a ``StreamStorage``; the buffer tells it about
+every validity change (``on_write``: views of the storage's scratch arrays, read at once)
+and asks it for draws; it never touches stored steps.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -22,61 +27,6 @@ class Draw:
     starts: np.ndarray
     probabilities: np.ndarray
     weights: np.ndarray
-
-
-class Sampler(Protocol):
-    """Chooses valid window starts of a :class:`StreamStorage`.
-
-    The buffer tells the sampler about every validity change (``on_write``) and asks it
-    for draws; the sampler never touches stored steps.
-    """
-
-    name: str
-
-    def default_priority(self) -> float:
-        """Priority recorded for steps written without one."""
-
-    def on_write(self, slots: np.ndarray, valid: np.ndarray, newly: np.ndarray) -> None:
-        """Slots whose validity was recomputed after a write (views of the storage's
-        scratch arrays: read them now, copy what must be kept)."""
-
-    def num_samplable(self) -> int:
-        """Number of windows that can be drawn now."""
-
-    def mass(self) -> float:
-        """Sampling mass: valid count (uniform) or sum of ``p^alpha`` (prioritized)."""
-
-    def min_leaf(self) -> float:
-        """Smallest positive per-start mass (1 for uniform; min ``p^alpha`` prioritized)."""
-
-    def current_beta(self) -> float:
-        """Importance-weight exponent now (0 where weights are all 1)."""
-
-    def draw(self, n: int, rng: np.random.Generator, advance: bool = True) -> Draw:
-        """Draw ``n`` window starts (the caller checked that something is samplable);
-        ``advance`` moves schedules (beta) one call forward."""
-
-    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        """Set new priorities for valid, current slots (validated by the caller)."""
-
-    def rebuild(self) -> None:
-        """Rebuild derived structures from storage (after a load)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Counters and settings needed for an exact restore."""
-
-    def check_state(self, state: Mapping[str, Any], steps: Mapping[str, np.ndarray]) -> None:
-        """Check a state from :meth:`state_dict` completely, changing nothing.
-
-        ``steps`` are the step arrays of the buffer state it comes with (already checked
-        for shapes and dtypes): the storage those arrays will become.
-
-        Raises:
-            ConfigError: an entry is missing, unknown, of the wrong type or out of range.
-        """
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`state_dict` (the caller ran :meth:`check_state` first)."""
 
 
 class Unweighted:

@@ -67,7 +67,7 @@ class UniformSampler(Unweighted):
         # 1 / period is their normal, and rejection still costs O(n * period) draws,
         # where listing the valid slots would cost O(capacity).
         if count * storage.period < total * _MIN_ACCEPTANCE:
-            ends = np.cumsum(storage.written_per_row())
+            ends = np.cumsum(np.minimum(storage.pos, cap))  # a row's written slots are its first
             return rng.choice(_written_valid(storage.valid, ends, cap), size=n)
         # The kernel maps raw 64-bit words of the generator to slots (numpy's
         # ``integers`` costs more in argument handling than the draws themselves). Words

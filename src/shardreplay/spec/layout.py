@@ -1,14 +1,10 @@
-"""Where named arrays sit in one fixed-size byte record: the one layout builder.
+"""Where named arrays sit in one fixed-size byte record: the one layout builder of the
+chunk wire format, the sampling exchange and packed validation.
 
-The chunk wire format (a chunk's payload), the sampling exchange (a window record per
-sampled item) and packed validation all place arrays the same way: in the order given,
-each starting at a multiple of :data:`ALIGN` bytes, the record padded to a multiple of
-:data:`ALIGN`. Records packed back to back therefore keep every array aligned, and a
-reader takes each array as a (strided) view of the bytes instead of copying it out.
-
-A sampled window is such a record too (:func:`window_layout`): how windows cross between
-ranks and onto a GPU, one copy of the rows instead of one per field. Every rank derives the
-same layout from the spec and the window, so only counts travel before the data.
+Each array starts at a multiple of :data:`ALIGN` bytes and the record is padded to one, so
+records packed back to back keep every array aligned and readers take views, not copies.
+A sampled window is such a record too (:func:`window_layout`), derived by every rank from
+the spec and the window: how windows cross between ranks and onto a GPU in one copy.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The one validation route for steps entering shardreplay: dict writes
-(:meth:`Spec.validate`: ``add``/``extend``, the gym writer, the chunk encoder), steps
-packed in bytes (the chunk decoder and encoder), state dicts and checkpoint parts
-(:func:`check_step_values`). The value rule (step types in {0, 1, 2}, discounts in [0, 1],
-no NaN/inf in finite float fields) is the compiled one of :mod:`shardreplay.kernels.validate`.
+(:meth:`Spec.validate`), steps packed in bytes (chunks), state dicts and checkpoint parts
+(:func:`check_step_values`), all by the value rule of :mod:`shardreplay.kernels.validate`.
 Steps checked once may be sealed as :class:`ValidatedSteps`, which the same spec accepts
 again without a second check.
 """
@@ -76,11 +74,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 # -- dict steps ---------------------------------------------------------------------------
 
 def validate(spec: SpecParts, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """:meth:`Spec.validate`: check a write and return its arrays cast to the stored dtypes.
-
-    Raises:
-        SpecMismatchError: as :meth:`Spec.validate`.
-    """
+    """:meth:`Spec.validate`, which says what it returns and raises."""
     if type(step) is ValidatedSteps and step.accepted_by(spec, lead_shape):
         return dict(step._arrays)
     fields = spec._fields
@@ -105,11 +99,7 @@ def validate(spec: SpecParts, step: Mapping[str, Any], lead_shape: tuple[int, ..
 
 
 def validated(spec: SpecParts, step: Mapping[str, Any], lead_shape: tuple[int, ...]) -> ValidatedSteps:
-    """:meth:`Spec.validated`: :func:`validate`, sealed as read-only arrays.
-
-    Raises:
-        SpecMismatchError: as :meth:`Spec.validate`.
-    """
+    """:meth:`Spec.validated`, which says what it returns and raises."""
     arrays = validate(spec, step, lead_shape)
     return ValidatedSteps(spec, lead_shape, {k: _read_only(v) for k, v in arrays.items()}, _SEAL)
 
@@ -280,13 +270,7 @@ def _check_kind(dtype: np.dtype, finite: bool, reserved: str | None) -> int | No
 
 
 def validated_packed(spec: SpecParts, payload: np.ndarray, packed: PackedSteps) -> ValidatedSteps:
-    """:meth:`Spec.validated_packed`: steps packed in a read-only uint8 ``payload``,
-    every value checked in one compiled pass, sealed as views without a copy.
-
-    Raises:
-        SpecMismatchError: a bad value, named by its field.
-        ConfigError: ``payload`` is writable, not uint8 or shorter than the layout.
-    """
+    """:meth:`Spec.validated_packed`, which says what it returns and raises."""
     if payload.flags.writeable or payload.dtype != np.uint8 or payload.shape[0] < packed.nbytes:
         raise ConfigError("validated_packed needs a read-only uint8 payload that holds the layout")
     arrays = packed.arrays(payload)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-import shardreplay.storage.sequences as sequences
 from shardreplay.errors import ShardReplayError
 from shardreplay.kernels import reference
 from shardreplay.kernels.codes import numba_takes
@@ -159,10 +158,6 @@ class StreamStorage:
         """Number of stored steps."""
         return int(np.minimum(self.pos, self.stream_capacity).sum())
 
-    def written_per_row(self) -> np.ndarray:
-        """Slots written in each row: ``min(pos, C)`` (a row's written slots are its first ones)."""
-        return np.minimum(self.pos, self.stream_capacity)
-
     def write(self, steps: Mapping[str, np.ndarray], rows: np.ndarray, t_len: int,
               priorities: np.ndarray | None, default_priority: float
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -183,7 +178,7 @@ class StreamStorage:
         types = steps["step_type"]
         if types.ndim != 2:
             types = types.reshape(n_rows, t_len)
-        before = sequences.previous_steps(self, rows) if self.period > 1 else None
+        before = self._previous_steps(rows) if self.period > 1 else None
         # Frame-stacked fields are checked against the stored stacks first (this may
         # raise: nothing is written yet).
         frame_plans = [(store, stacks, store.plan(stacks, types, rows, pos, self.step_type).copy())
@@ -206,14 +201,60 @@ class StreamStorage:
         for store, stacks, counts in frame_plans:
             store.append(stacks, rows, out_slots[0, :n_rows * t_len], counts)
         if before is not None:
-            delta -= sequences.after_write(self, before, out_slots[0, :n_rows * t_len].reshape(n_rows, t_len),
-                                           out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out])
+            delta -= self._after_write(before, out_slots[0, :n_rows * t_len].reshape(n_rows, t_len),
+                                       out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out])
         if self.starts:  # their episode offsets are set already
             written = out_slots[0, :n_rows * t_len].reshape(n_rows, t_len)
             self.start_rows.write(steps, rows, written, self.is_start(written))
         self.num_valid += delta
         # Views of scratch arrays: valid until the next write (the sampler uses them at once).
         return out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out]
+
+    # -- sequence windows (period > 1, docs/semantics.md "Sequence windows"): the kernels
+    # decide rule 1 as for any window; these set the episode offsets of the written steps
+    # and clear the starts off the grid, over the written and recomputed slots only.
+    def _previous_steps(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Episode id and episode offset of the stored step before the next write of each
+        of ``rows`` (id -1 where the row is empty). Read before the write: a chunk of
+        ``stream_capacity`` steps overwrites that slot."""
+        cap = self.stream_capacity
+        p0 = self.pos[rows]
+        prev = rows * cap + (p0 - 1) % cap
+        ids = np.where(p0 > 0, self.episode_id[prev], -1)
+        offsets = np.where(p0 > 0, self.episode_step[prev], -1).astype(np.int64)
+        return ids, offsets
+
+    def _after_write(self, before: tuple[np.ndarray, np.ndarray], written: np.ndarray, recomputed: np.ndarray,
+                     valid: np.ndarray, newly: np.ndarray) -> int:
+        """Set the episode offsets of the ``written`` slots ``[rows, T]`` (their episode ids
+        are already written), then clear the starts among ``recomputed`` that are off the
+        period grid (in storage and in the ``valid``/``newly`` flags the sampler is told);
+        returns how many were cleared."""
+        prev_ids, prev_offsets = before
+        ids = self.episode_id[written]
+        t_len = ids.shape[1]
+        if t_len:
+            earlier = np.concatenate([prev_ids[:, None], ids[:, :-1]], axis=1)
+            steps = np.arange(t_len)
+            # The last step of each row that began an episode (-1: the row's episode goes on).
+            began = np.maximum.accumulate(np.where(ids != earlier, steps, -1), axis=1)
+            offsets = np.where(began >= 0, steps - began, prev_offsets[:, None] + 1 + steps)
+            self.episode_step[written] = offsets
+        off_grid = valid & (self.episode_step[recomputed] % self.period != 0)
+        n = int(off_grid.sum())
+        if n:
+            self.valid[recomputed[off_grid]] = False
+            valid[off_grid] = False
+            newly[off_grid] = False
+        return n
+
+    def _clear_off_grid(self) -> int:
+        """Clear every valid start off the period grid (after validity was rebuilt from the
+        bookkeeping); returns how many were cleared."""
+        slots, _lengths = self.stored_slots()
+        bad = slots[self.valid[slots] & (self.episode_step[slots] % self.period != 0)]
+        self.valid[bad] = False
+        return int(bad.shape[0])
 
     def is_start(self, slots: np.ndarray) -> np.ndarray:
         """Whether each stored step at ``slots`` can start a window by its episode offset
@@ -482,7 +523,7 @@ class StreamStorage:
         self.num_valid = int(kernels.recompute_validity(
             self.step_type, self.episode_id, self.valid, self.pos, self.stream_capacity, self.window))
         if self.period > 1:
-            self.num_valid -= sequences.off_grid(self)
+            self.num_valid -= self._clear_off_grid()
 
     def import_steps(self, steps: Mapping[str, np.ndarray]) -> None:
         """Inverse of :meth:`export_steps` (arrays already checked by the caller).
