@@ -11,7 +11,11 @@ process (CPU seconds: the machine is shared):
   both in Minari's default ``hdf5`` and in ``arrow``; with 2 shards also ``jobs=2``
   (a process per shard: CPU time of this process and its children);
 * ``import``: ``shardreplay.offline.prefill`` of the dataset into a fresh buffer,
-  against Minari reading the same episodes (``iterate_episodes``) alone.
+  against Minari reading the same episodes (``iterate_episodes``) alone;
+* ``versions``: what the per-step ``policy_version`` field of a training run's shards
+  costs a CartPole-like prioritized buffer of 8 rows: the bytes a step of its arrays, an
+  ``extend`` of a 400-step chunk and a ``sample(64)``, without and with the field
+  (alternated, CPU time, medians).
 
 Each case alternates ours and Minari's ``--rounds`` times (each round a fresh dataset)
 and reports the medians. Rates are steps/s and MB/s of step data (observation, action,
@@ -181,6 +185,53 @@ def _case(tmp: Path, kind: str, steps: int, shards: int, fmt: str, rounds: int) 
     return out
 
 
+def _array_bytes(obj: Any, seen: set[int], depth: int = 0) -> int:
+    """Bytes of the numpy arrays reachable from ``obj`` (attributes, dicts, lists and
+    tuples, 6 levels deep; each array's base once)."""
+    while isinstance(obj, np.ndarray) and isinstance(obj.base, np.ndarray):
+        obj = obj.base
+    if id(obj) in seen or depth > 6:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list | tuple) else \
+        vars(obj).values() if hasattr(obj, "__dict__") else ()
+    return sum(_array_bytes(v, seen, depth + 1) for v in values)
+
+
+def _versions(steps: int, rounds: int) -> dict[str, Any]:
+    """The ``versions`` figures (module doc) for buffers of ``steps`` steps."""
+    import shardreplay as sr
+    from shardreplay.offline.minari_io import VERSION, versioned
+
+    types = np.ones((8, 50), np.uint8)
+    types[:, 0] = 0
+    chunk = {"obs": np.random.default_rng(0).random((8, 50, 4), np.float32), "step_type": types,
+             "action": np.zeros((8, 50), np.int64), "reward": np.ones((8, 50), np.float32)}
+    bufs = {}
+    for name, spec in (("plain", _spec("vector")), ("versioned", versioned(_spec("vector")))):
+        data = {**chunk, VERSION: np.full((8, 50), 5, np.int64)} if VERSION in spec else chunk
+        buf = sr.ReplayBuffer(spec, num_streams=8, stream_capacity=steps // 8, sampler="prioritized")
+        bufs[name] = (buf, data)
+        for _ in range(steps // 400):
+            bufs[name][0].extend(data)
+    times: dict[str, dict[str, list[float]]] = {name: {"extend_us": [], "sample64_us": []} for name in bufs}
+    for _ in range(rounds):
+        for name, (buf, data) in bufs.items():
+            with common.timed() as ext:
+                for _ in range(300):
+                    buf.extend(data)
+            with common.timed() as smp:
+                for _ in range(1000):
+                    buf.sample(64)
+            times[name]["extend_us"].append(ext.cpu_s / 300 * 1e6)
+            times[name]["sample64_us"].append(smp.cpu_s / 1000 * 1e6)
+    return {name: {"bytes_per_step": round(_array_bytes(buf, set()) / steps, 1),
+                   **{k: round(statistics.median(v), 1) for k, v in times[name].items()}}
+            for name, (buf, _data) in bufs.items()}
+
+
 def main() -> None:
     """Run every case; print the JSON line."""
     parser = common.parser(__doc__, quick="a small smoke run")
@@ -196,9 +247,10 @@ def main() -> None:
             for shards in (1, 2):
                 for fmt in ("hdf5", "arrow"):
                     cases.append(_case(Path(tmp), kind, steps, shards, fmt, 1 if args.quick else args.rounds))
-    common.emit_line({"bench": "offline", "cases": cases, "wall_s": round(time.time() - started, 1),
-                      "loadavg": common.loadavg(), "cpus": common.cpus(), "commit": common.commit(),
-                      "when": common.now()}, args.out)
+    versions = _versions(4_000 if args.quick else 400_000, 1 if args.quick else 7)
+    common.emit_line({"bench": "offline", "cases": cases, "versions": versions,
+                      "wall_s": round(time.time() - started, 1), "loadavg": common.loadavg(),
+                      "cpus": common.cpus(), "commit": common.commit(), "when": common.now()}, args.out)
 
 
 if __name__ == "__main__":

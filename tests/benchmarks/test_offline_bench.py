@@ -19,3 +19,4 @@ def test_offline_bench_quick(tmp_path: Path) -> None:
     assert line["bench"] == "offline" and len(line["cases"]) == 8
     assert {(c["kind"], c["shards"], c["format"]) for c in line["cases"]} == \
         {(k, s, f) for k in ("vector", "pixel") for s in (1, 2) for f in ("hdf5", "arrow")}
+    assert set(line["versions"]) == {"plain", "versioned"}  # the policy_version field's cost
