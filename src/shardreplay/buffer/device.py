@@ -45,16 +45,6 @@ def pinned(batch: Batch) -> Batch:
     return batch.apply(torch.Tensor.pin_memory)
 
 
-def batch_on(batch: Batch, device: torch.device) -> Batch:
-    """``batch`` (host tensors) moved to ``device``: unchanged for CPU; pinned and copied
-    with ``non_blocking=True`` for CUDA."""
-    if device.type == "cpu":
-        return batch
-    if pins(device):
-        return pinned(batch).to(device, non_blocking=True)
-    return batch.to(device)
-
-
 def pins(device: torch.device) -> bool:
     """Whether batches for ``device`` are drawn into page-locked host memory."""
     return device.type == "cuda" and torch.cuda.is_available()

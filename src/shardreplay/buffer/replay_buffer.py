@@ -11,7 +11,7 @@ import torch
 
 from shardreplay.buffer.batch import Batch, BufferInfo
 from shardreplay.buffer.checks import as_index_array, as_priority_array, check_stream_ids, not_prioritized
-from shardreplay.buffer.device import batch_on, check_device, gathered_on, pins
+from shardreplay.buffer.device import check_device, gathered_on, pins
 from shardreplay.buffer.nstep import Transitions
 from shardreplay.buffer.shard import Shard
 from shardreplay.buffer.state import export_state, import_state, state_as_tensors
@@ -212,11 +212,7 @@ class ReplayBuffer:
         (``DQNLoss``, ``SACLoss``) built with the same ``gamma`` takes unchanged (keys in
         :mod:`shardreplay.buffer.tensordicts`; needs the ``tensordict`` package).
 
-        Args:
-            batch_size: windows to draw.
-            as_tensordict: return a TensorDict instead of a Batch.
-            gamma: the discount of the n-step return (as_tensordict only); needed for
-                ``window > 2`` (1-step rewards need none).
+        ``gamma`` (as_tensordict only) is needed for ``window > 2`` (1-step rewards need none).
 
         Raises:
             ConfigError: ``batch_size`` < 1; ``as_tensordict`` without ``gamma`` for
@@ -241,7 +237,7 @@ class ReplayBuffer:
                       mask=torch.from_numpy(mask), keys=torch.from_numpy(keys),
                       weights=torch.from_numpy(draw.weights),
                       probabilities=torch.from_numpy(draw.probabilities))
-        return batch_on(batch, self.device)
+        return batch if self.device.type == "cpu" else batch.to(self.device)  # CUDA took the records above
 
     def sample_transitions(self, batch_size: int, gamma: float, n: int | None = None, **names: str
                            ) -> Transitions:

@@ -72,14 +72,9 @@ def _observation_name(spec: Spec) -> str:
 
 def tensordict_writes(td: Any, spec: Spec, lead_ndim: int, priorities: Any,
                       fresh: Callable[[], np.ndarray]) -> list[Write]:
-    """The writes that store ``td`` (module docstring: the two layouts).
-
-    Args:
-        td: a TensorDict with ``lead_ndim`` batch dims (1: ``add``, 2: ``extend``).
-        spec: the buffer's spec.
-        lead_ndim: 1 or 2.
-        priorities: the caller's priorities for the rows (or None).
-        fresh: returns, per stream, whether its next step starts an episode.
+    """The writes that store ``td``, a TensorDict with ``lead_ndim`` batch dims (1: ``add``,
+    2: ``extend``; the module docstring: the two layouts), with the caller's ``priorities``
+    of the rows (or None); ``fresh()`` says per stream whether its next step starts an episode.
 
     Raises:
         SpecMismatchError: the batch dims, a missing field or ``("next", ...)`` entry,

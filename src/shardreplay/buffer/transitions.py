@@ -9,7 +9,6 @@ window, ``o_m``), with the formulas of :mod:`shardreplay.buffer.nstep` (which ha
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -76,18 +75,13 @@ class _Plan:
     layouts: dict[int, tuple[np.ndarray, int, tuple[Any, ...]]] = field(default_factory=dict)
 
 
-# Plans per storage and (observation, action, reward, n); a storage's arrays are fixed
-# for its life, so its plans are too.
-_PLANS: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, str, int], _Plan]] = weakref.WeakKeyDictionary()
 _ALIGN = 64  # each gathered field's output block starts on a cache line
 
 
 def _plan_of(shard: Shard, observation: str, action: str, reward: str, n: int) -> _Plan:
-    """The cached plan of these names (checked, and raising, on the first call only)."""
-    storage = shard._storage
-    plans = _PLANS.get(storage)
-    if plans is None:
-        plans = _PLANS.setdefault(storage, {})
+    """The plan of these names, kept by the storage (whose arrays are fixed for its life),
+    checked, and raising, on the first call only."""
+    plans = shard._storage.transition_plans
     key = (observation, action, reward, n)
     plan = plans.get(key)
     if plan is None:

@@ -70,11 +70,10 @@ class FrameStore:
         return int(self.frames.shape[1])
 
     def as_frame_bytes(self, values: np.ndarray, lead: int) -> np.ndarray:
-        """Stacks ``[*lead_axes, K, *frame]`` as C-contiguous uint8 ``[n, T, K, frame bytes]``
-        (``lead`` is T, or 0 when the values have one leading axis)."""
+        """Stacks ``[n, T, K, *frame]`` (``[n, K, *frame]`` when ``lead``, T, is 1) as
+        C-contiguous uint8 ``[n, T, K, frame bytes]``."""
         values = np.ascontiguousarray(values)
-        n = values.shape[0]
-        return values.reshape(n, max(lead, 1), self.stack, -1).view(np.uint8)
+        return values.reshape(values.shape[0], lead, self.stack, -1).view(np.uint8)
 
     def plan(self, values: np.ndarray, types: np.ndarray, rows: np.ndarray, pos: np.ndarray,
              step_type: np.ndarray) -> np.ndarray:

@@ -139,6 +139,7 @@ class StreamStorage:
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
         self._gather_plans: dict[tuple, _GatherPlan] = {}  # see _gather_plan
         self._windows_plans: dict[int, _WindowsPlan] = {}  # see _windows_plan
+        self.transition_plans: dict[tuple, Any] = {}  # buffer/transitions.py's, by field names and n
         # The records as plain uint8 rows (memory-mapped ones too: numba types a structured
         # array, or a subclass, off its fast path).
         self._record_rows = np.asarray(self.records).view(np.uint8).reshape(n, -1)
