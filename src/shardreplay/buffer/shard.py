@@ -325,13 +325,10 @@ class Shard:
     # -- priorities -------------------------------------------------------------------------
     def apply_priorities(self, keys: np.ndarray, prios: np.ndarray) -> int:
         """Set priorities of the windows ``keys`` (int64 keys of shard 0, float32 priorities,
-        shapes checked by the caller); stale keys are counted and skipped.
-
-        Returns:
-            The number applied.
+        shapes checked by the caller; the callers refuse an unweighted sampler); stale keys
+        are counted and skipped. Returns the number applied.
 
         Raises:
-            ConfigError: the sampler is not prioritized.
             InvalidPriorityError: a priority is negative, NaN or inf.
             InvalidKeyError: a key is not a key of this shard.
             Nothing changes when an error is raised.
