@@ -22,7 +22,7 @@ from tests.checkpoint.helpers import as_shard
 from tests.support.train_runs import FAST, TrainRun
 
 minari = pytest.importorskip("minari")
-from shardreplay.offline import ChunkEpisodes, prefill  # noqa: E402
+from shardreplay.offline import CheckpointEpisodes, ChunkEpisodes, prefill  # noqa: E402
 from shardreplay.offline.minari_io import VERSION, versioned  # noqa: E402
 
 F, M, L = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
@@ -82,6 +82,26 @@ def test_a_run_resumed_from_a_checkpoint_without_versions_keeps_none(tmp_path: P
              "step_type": [F]})
     checkpoint.save(buf, tmp_path / "new", 1)
     assert versioned(SPEC, tmp_path / "new") == buf.spec
+
+
+def test_versions_move_with_their_steps_when_two_shards_restore_as_one_of_three_rows(tmp_path: Path) -> None:
+    """The version field is a per-step field: an M -> N restore places it with its step,
+    and the next checkpoint's export gives each step its own (version = obs[0] here)."""
+    for k in range(2):
+        buf = sr.ReplayBuffer(versioned(SPEC), num_streams=2, stream_capacity=16)
+        for t in range(12):
+            v = 1000 * k + 10 * np.arange(2) + t
+            st = F if t % 6 == 0 else L if t % 6 == 5 else M
+            buf.add({"obs": np.repeat(v[:, None], 4, 1).astype(np.float32), "action": [0, 0],
+                     "reward": [0.0, 0.0], VERSION: v, "step_type": [st, st]})
+        checkpoint.save(as_shard(buf, k, 2), tmp_path / "a", 1)
+    one = sr.ReplayBuffer(versioned(SPEC), num_streams=3, stream_capacity=40)
+    assert not checkpoint.load(tmp_path / "a", one).exact  # 2 parts of 2 rows -> 1 shard of 3
+    checkpoint.save(one, tmp_path / "b", 2)
+    episodes = CheckpointEpisodes(tmp_path / "b")
+    got = [(ep.obs[:, 0].astype(np.int64).tolist(), ep.policy_version.tolist()) for ep in episodes]
+    assert len(got) == 8 and all(obs == version for obs, version in got)
+    assert episodes.counts["unversioned_steps"] == 0 and episodes.counts["saved_steps"] == 48
 
 
 def _chunk(actor: int, streams: list[int], types: list[list[int]], version: int, start: float
