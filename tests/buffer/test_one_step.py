@@ -223,7 +223,8 @@ def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest
 
 def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
     """Steps in the stored dtypes go to the kernel as they come, also right after a list
-    step (whose values are converted first); each stores what the full path stores."""
+    step (whose values are converted first, the cast remembered until typed steps have
+    used none of it FORGET_AFTER times); each stores what the full path stores."""
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
@@ -231,13 +232,13 @@ def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
     step.pop("discount", None)
     step["step_type"] = np.array([0, 1], np.uint8)
     natural = {**step, "action": step["action"].tolist()}
-    for given, direct in ((step, True), (step, True), (natural, False), (step, True), (step, True),
-                          (natural, False)):
+    for given, remembered in ((step, False), (step, False), (natural, True), (step, True), (natural, True),
+                              *[(step, True)] * (one_step.FORGET_AFTER - 2), (step, False)):
         fast.add(given)
         full.add(given)
-        assert (short._fix == ()) == direct
+        assert (short._fix != ()) == remembered
+        assert (short._taken[3] is step["action"]) == (given is step)  # the action's place
         assert_same(_observed(fast), _observed(full))
-    assert fast.num_steps == 12
 
 
 def _counted_casts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -272,8 +273,8 @@ def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
         kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Numpy arrays of another dtype or layout, lists, tensors and bool or integer
     discounts take the short path: each value not in its stored form is converted
-    (``as_stored``; a numpy array's place then by the cast it chose, while its dtype and
-    shape stay), the others are not touched, and the kernel stays compiled for the
+    (``as_stored``; its place then by the cast it chose, while its kind, dtype and shape
+    stay), the others are not touched, and the kernel stays compiled for the
     stored form only (a compiled form per kind costs a compile each, seconds of a cold
     cache). Each step stores what the full path stores, and a value that cannot be
     stored is refused with the full path's one-line error, nothing written."""
@@ -291,8 +292,8 @@ def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
         assert short.add(given)  # the short path took it
         full.add(given)
         assert_same(_observed(fast), _observed(full))
-        # numpy arrays: as_stored once, then the cast it chose, remembered per place
-        assert casts == [n for n in converted if t == 0 or type(given[n]) is not np.ndarray]
+        # as_stored once, then the cast it chose, remembered per place (any kind)
+        assert casts == (converted if t == 0 else [])
         casts.clear()
     assert len(short._kernel.overloads) == 1
     bad = {**given, "action": np.full(2, 1.5)} if kind != "int64 step types" else \
@@ -304,24 +305,27 @@ def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
     assert_same(snapshot(fast), before)
 
 
-def test_a_remembered_cast_keeps_the_range_check() -> None:
-    """int64 arrays into a uint8 field: after the first step the place is cast directly
-    (no as_stored), and a value out of range is still refused with nothing written."""
-    spec = sr.Spec({"obs": sr.Field((2,), np.uint8), "reward": sr.Field((), np.float32)})
-    fast, full = _pair(spec, 2, "uniform")
+@pytest.mark.parametrize("kind", ["int64 arrays", "lists", "python ints"])
+def test_a_remembered_cast_keeps_the_range_check(kind: str) -> None:
+    """Integers into a uint8 field: after the first step the place is cast directly (no
+    as_stored), and a value out of range is still refused with nothing written."""
+    spec = sr.Spec({"obs": sr.Field((), np.uint8), "reward": sr.Field((), np.float32)})
+    fast, full = _pair(spec, 1, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
+    given = {"int64 arrays": lambda v: np.array([v]), "lists": lambda v: [v], "python ints": int}[kind]
     for t in range(3):
-        step = {"obs": np.array([[t, 255], [7, 0]]), "reward": np.zeros(2, np.float32),
-                "step_type": np.array([min(t, 1), 1], np.uint8)}
+        step = {"obs": given(255 - t), "reward": np.zeros(1, np.float32),
+                "step_type": np.array([min(t, 1)], np.uint8)}
         assert short.add(step)
         full.add(step)
         assert_same(_observed(fast), _observed(full))
-        assert [place[0] for place in short._fix] == [2]  # the obs place, remembered
+        assert [cast.at for cast in short._fix] == [2]  # the obs place, remembered
     before = snapshot(fast)
-    with pytest.raises(sr.SpecMismatchError, match="outside the range"):
-        fast.add({**step, "obs": np.array([[1, 256], [7, 0]])})
-    assert_same(snapshot(fast), before)
+    for bad in (256, -1):
+        with pytest.raises(sr.SpecMismatchError, match="outside the range"):
+            fast.add({**step, "obs": given(bad)})
+        assert_same(snapshot(fast), before)
 
 
 def test_every_kind_of_input_in_turn_keeps_one_compiled_kernel() -> None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
 
-__all__ = ["FINAL_OBS_KEYS", "env_autoreset_mode", "final_obs", "has_final_obs", "mode_name"]
+__all__ = ["FINAL_OBS_KEYS", "done_flags", "env_autoreset_mode", "final_obs", "has_final_obs", "mode_name"]
 
 _MODES = {"nextstep": "next_step", "samestep": "same_step"}
 FINAL_OBS_KEYS = ("final_obs", "final_observation")  # gymnasium >= 1.0, 0.x
@@ -56,6 +56,15 @@ def _gymnasium_major() -> int | None:
         return int(metadata.version("gymnasium").split(".")[0])
     except (metadata.PackageNotFoundError, ValueError):
         return None
+
+
+def done_flags(value: Any, n: int, name: str) -> np.ndarray:
+    """``terminated`` or ``truncated`` (``name``) as one bool per env (SpecMismatchError:
+    not ``n`` of them)."""
+    arr = np.asarray(value, dtype=bool)
+    if arr.shape != (n,):
+        raise SpecMismatchError(f"{name} must have shape ({n},), got {arr.shape}")
+    return arr
 
 
 def has_final_obs(info: Mapping[str, Any] | None) -> bool:

@@ -21,12 +21,8 @@ returns a second write, only for the streams that ended, holding their LAST step
 ``DISABLED`` is not supported (the caller resets envs itself, so no final step can be
 inferred).
 
-The mode is never guessed. :meth:`GymStepConverter.from_env` reads it from
-``env.metadata["autoreset_mode"]`` (gymnasium >= 1.0); gymnasium 0.x vector envs carry no
-such key and always reset in the same step, so with gymnasium < 1.0 installed a missing key
-means ``SAME_STEP``; with gymnasium >= 1.0 a missing key is a :class:`ConfigError` asking for
-the mode. At run time a ``NEXT_STEP`` converter that is handed an ``info`` with final
-observations (the mark of a same-step env) raises instead of storing wrong next observations.
+The mode is never guessed (:meth:`GymStepConverter.from_env` reads it; docs/semantics.md,
+"Gymnasium autoreset", says how).
 
 At LAST the action and reward are padding (zeros); the discount is 0 for a termination
 (also when truncated at the same time) and 1 for a truncation.
@@ -40,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
+from shardreplay.gym.modes import done_flags as _done_flags
 from shardreplay.gym.modes import env_autoreset_mode as _env_autoreset_mode
 from shardreplay.gym.modes import final_obs as _final_obs
 from shardreplay.gym.modes import has_final_obs as _has_final_obs
@@ -149,8 +146,8 @@ class GymStepConverter:
         n = self.num_envs
         action = np.asarray(action)
         reward = np.asarray(reward, dtype=np.float32)
-        done_term = _flags(terminated, n, "terminated")
-        done_trunc = _flags(truncated, n, "truncated")
+        done_term = _done_flags(terminated, n, "terminated")
+        done_trunc = _done_flags(truncated, n, "truncated")
         for name, arr in (("action", action), ("reward", reward)):
             if arr.shape[:1] != (n,):
                 raise SpecMismatchError(f"{name} must have {n} rows (one per env), got {arr.shape}")
@@ -192,13 +189,6 @@ class GymStepConverter:
         step = {obs_name: obs, action_name: action, reward_name: reward,
                 "step_type": types, "discount": discounts}
         return step, ids
-
-
-def _flags(value: Any, n: int, name: str) -> np.ndarray:
-    arr = np.asarray(value, dtype=bool)
-    if arr.shape != (n,):
-        raise SpecMismatchError(f"{name} must have shape ({n},), got {arr.shape}")
-    return arr
 
 
 def _copy(obs: Any, n: int, name: str) -> Any:

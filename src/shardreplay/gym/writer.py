@@ -6,9 +6,6 @@ both autoreset modes), through the buffer's one write path (the shard's one-step
 ``storage/one_step.py``, built when the writer is made): each call hands one step dict
 of every env to it, reusing the step-type and discount arrays while every env goes on.
 Frame-stacked observations (pixels) take the same path, which stores each frame once.
-
-Differences from the converter: a bad observation raises in the call that hands it over
-(the converter raises one call later, when it writes it); nothing is written then.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import numpy as np
 
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.gym.modes import env_autoreset_mode, final_obs, has_final_obs, mode_name
+from shardreplay.gym.modes import done_flags, env_autoreset_mode, final_obs, has_final_obs, mode_name
 from shardreplay.spec import Field, Spec, StepType
 from shardreplay.spec.coerce import as_stored, to_numpy
 
@@ -170,7 +167,6 @@ class GymStepWriter:
         self._zeros = np.zeros((n, *self._obs_field.shape), self._obs_field.dtype)
         self._act_shape = (n, *spec[action].shape)
         self._rows = (n,)
-        self._unit_action = self._act_shape[-1:] == (1,)  # a (1,) action may come as [n]
         self._held: np.ndarray | None = None
         self._spare = np.empty(0)  # the next held copy goes here (reset() shapes it)
         self._any_last = False  # some held step is LAST
@@ -271,7 +267,8 @@ class GymStepWriter:
                 self.num_steps += self.num_envs
                 if got == 2:  # some env's episode ended: the held steps' types and discounts
                     n = self.num_envs
-                    term, trunc = _flags(terminated, n, "terminated"), _flags(truncated, n, "truncated")
+                    term = done_flags(terminated, n, "terminated")
+                    trunc = done_flags(truncated, n, "truncated")
                     self._types, self._discounts, ended = self._boundary(term, trunc)
                     self.num_episodes += ended
                     self._any_last, self._ready = True, False
@@ -292,15 +289,11 @@ class GymStepWriter:
         n = self.num_envs
         if type(action) is not np.ndarray:
             action = to_numpy(action)  # a list, a tensor (its dtype: converted by the write)
-        if self._unit_action and action.shape == self._rows:
-            action = action.reshape(self._act_shape)
-        if type(reward) is not np.ndarray or reward.dtype is not self._reward_dtype:
-            reward = np.asarray(reward, self._reward_dtype)
         # ``dtype is _BOOL``: comparing with ``np.bool_`` builds a dtype in every call.
         term = terminated if type(terminated) is np.ndarray and terminated.dtype is _BOOL \
-            and terminated.shape == self._rows else _flags(terminated, n, "terminated")
+            and terminated.shape == self._rows else done_flags(terminated, n, "terminated")
         trunc = truncated if type(truncated) is np.ndarray and truncated.dtype is _BOOL \
-            and truncated.shape == self._rows else _flags(truncated, n, "truncated")
+            and truncated.shape == self._rows else done_flags(truncated, n, "truncated")
         # Any env done: the bool arrays' bytes not all zero (ndarray.any goes through a
         # Python wrapper, most of a step's Python: RESULTS-single-env.md).
         none = self._none_done
@@ -368,10 +361,3 @@ class GymStepWriter:
 
 def _refused(*args: Any) -> int:
     return 0
-
-
-def _flags(value: Any, n: int, name: str) -> np.ndarray:
-    arr = np.asarray(value, dtype=bool)
-    if arr.shape != (n,):
-        raise SpecMismatchError(f"{name} must have shape ({n},), got {arr.shape}")
-    return arr

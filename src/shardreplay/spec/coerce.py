@@ -6,10 +6,6 @@ numpy scalars, or torch tensors (CPU: read without a copy; CUDA: one copy to the
 raises a one-line :class:`SpecMismatchError`: integers go into any integer field whose
 range holds them (checked), floats into float fields, bools and integers into float
 fields; a float into an integer field, a value out of range, a wrong shape are refused.
-
-The one-step writer (``storage/one_step.py``) calls :func:`as_stored` for a value that is
-not in its stored form, and hands the array to its compiled kernel (compiled once, for
-the stored dtypes).
 """
 
 from __future__ import annotations
@@ -20,16 +16,16 @@ import numpy as np
 
 from shardreplay.errors import SpecMismatchError
 
-__all__ = ["as_stored", "to_numpy", "with_unit_axes"]
+__all__ = ["as_stored", "is_number", "to_numpy", "with_unit_axes"]
 
 STEP_TYPE_RULE = "field 'step_type': values must be FIRST=0, MID=1 or LAST=2"
 
 # numpy >= 2.3 casts integers with a range check in the same pass (ValueError out of range).
 try:
     np.zeros(1, np.int64).astype(np.uint8, casting="same_value")
-    SAME_VALUE = True
+    _SAME_VALUE = True
 except (TypeError, ValueError):  # pragma: no cover - older numpy
-    SAME_VALUE = False
+    _SAME_VALUE = False
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -69,8 +65,7 @@ def as_stored(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
     """
     if type(value) is np.ndarray:
         arr = value
-    elif isinstance(value, (int, float)) and dtype.kind in "fiu" and (dtype.kind == "f" or not isinstance(
-            value, float)):  # a Python number (one env's scalar): read as stored in one call
+    elif is_number(value, dtype):  # a Python number (one env's scalar): read as stored in one call
         try:
             arr = np.array(value, dtype, ndmin=len(shape))
         except OverflowError:  # an integer out of range: refused below, in one line
@@ -84,12 +79,19 @@ def as_stored(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
     kind = arr.dtype.kind
     if dtype.kind == "f" and kind in "biuf":  # numpy's same_kind, without asking it
         return arr.astype(dtype, order="C")
-    if SAME_VALUE and dtype.kind in "iu" and kind in "iu":
+    if _SAME_VALUE and dtype.kind in "iu" and kind in "iu":
         try:  # range-checked in the cast (out of range: _cast says so)
             return _narrowed(arr, dtype)
         except ValueError:
             pass
     return _cast(name, arr, dtype)
+
+
+def is_number(value: Any, dtype: np.dtype) -> bool:
+    """Whether ``value`` is a Python number that numpy reads as ``dtype`` by itself: any
+    into a float field, an int or bool into an integer one (OverflowError out of range)."""
+    return isinstance(value, (int, float)) and dtype.kind in "fiu" and (
+        dtype.kind == "f" or not isinstance(value, float))
 
 
 def with_unit_axes(name: str, arr: np.ndarray, shape: tuple[int, ...], field_ndim: int) -> np.ndarray:
@@ -128,7 +130,7 @@ def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
 def _narrowed(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Integers (or bools) as ``dtype``, C-contiguous. Raises ValueError when a value
     does not fit."""
-    if SAME_VALUE:
+    if _SAME_VALUE:
         return arr.astype(dtype, order="C", casting="same_value")
     if arr.size and not np.can_cast(arr.dtype, dtype, casting="safe"):  # pragma: no cover - older numpy
         info = np.iinfo(dtype)

@@ -8,8 +8,9 @@ and shapes, where each field sits in the per-slot record, and a compiled kernel
 when it is a plain ``dict`` of exactly the spec's flat names plus ``step_type`` (and
 ``discount``). The kernel is compiled once, for the stored dtypes, C-contiguous: values
 in that form go to it as they come; any other (numpy arrays of another dtype or layout,
-lists, scalars, torch tensors) is converted once (``spec/coerce.as_stored``), the values
-at the places converted in the last call first. Anything else (nested names), and any
+lists, scalars, torch tensors) is converted once (``spec/coerce.as_stored``), and the
+cast it chose is remembered per place, so a loop that keeps its kinds of input repeats it
+into a buffer of the stored dtype without as_stored. Anything else (nested names), and any
 input that fails a check, is left to the full validation (``Spec.validate`` and
 ``StreamStorage.write``), which stores the same or raises today's error; nothing is
 written by this path then.
@@ -36,7 +37,7 @@ from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.codes import numba_takes
 from shardreplay.kernels.lazy import lazy
-from shardreplay.spec.coerce import SAME_VALUE, as_stored
+from shardreplay.spec.coerce import as_stored, is_number, to_numpy
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
@@ -156,9 +157,9 @@ class OneStepAdd:
         self._canonical = canonical
         self._default_priority = default_priority
         self._on_write = on_write
-        # The places of the values converted in the last call (none: handed on as they came),
-        # each with its direct cast (``_memo``).
-        self._fix: tuple[tuple[Any, ...], ...] = ()
+        # The casts of the places converted last time (none: values handed on as they come).
+        self._fix: tuple[_Cast, ...] = ()
+        self._idle = 0
         self._taken: Any = ()  # the values the last call handed to a kernel
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
         self._held: Any = None  # add_held's compiled kernel (held_writer builds it)
@@ -189,46 +190,47 @@ class OneStepAdd:
 
     def _call(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
               targets: tuple[Any, ...]) -> int:
-        """``dispatcher(*head, *values)``, the values not in their stored form converted
-        first (see :meth:`_converted`); the values taken are left in ``_taken``."""
-        if not self._fix:
-            try:
+        """``dispatcher(*head, *values)``, the values at the places converted last time cast as
+        then, any other not stored converted by :meth:`_converted`; the values taken in ``_taken``."""
+        try:
+            if not self._fix:
                 self._taken = values
                 return dispatcher(*head, *values)
-            except TypeError:  # a value not in its stored form (the one compiled)
-                pass
-        return self._converted(dispatcher, head, values, targets)
+            taken, idle = list(values), True
+            for cast in self._fix:  # inline: a call per place costs as much as the copy
+                at = cast.at
+                value = taken[at]
+                if type(value) is cast.kind:
+                    if cast.src is not None and cast.kind is not np.ndarray:
+                        value = to_numpy(value)  # a list, a tensor
+                    if cast.src is None or (value.dtype is cast.src and value.shape == cast.shape):
+                        if cast.casting is None:  # a Python number as numpy reads it (ints range-checked)
+                            cast.into[...] = value
+                            taken[at] = cast.out
+                        else:  # integers range-checked (ValueError), or a tensor read in place
+                            value = value.astype(cast.dtype, order="C", casting=cast.casting, copy=False)
+                            taken[at] = value if cast.to is None else value.reshape(cast.to)
+                        idle = False
+                # Else handed on as it comes: the dispatcher takes it if it is stored, or refuses.
+            if idle:  # a loop that changed its kinds for good: forgotten after a while
+                self._idle += 1
+                self._fix = self._fix if self._idle < FORGET_AFTER else ()
+            self._taken = taken
+            return dispatcher(*head, *taken)
+        except (TypeError, ValueError, OverflowError, IndexError, SpecMismatchError):  # other kinds now
+            return self._converted(dispatcher, head, values, targets)
 
     def _converted(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
                    targets: tuple[Any, ...]) -> int:
-        """``dispatcher(*head, *values)`` after the values at the places converted last
-        time were converted (``as_stored``); when that is refused, after every value not
-        in its stored form was. Returns the dispatcher's result (BAD_INPUT: nothing
-        written, the full path says why)."""
-        taken = list(values)
-        if self._fix:  # the inputs of a user's loop keep their kinds
-            try:
-                kept = 0
-                for i, src, shape, dtype, casting, to in self._fix:
-                    value = taken[i]
-                    if type(value) is np.ndarray and value.dtype is src and value.shape == shape:
-                        cast = value.astype(dtype, order="C", casting=casting)
-                        taken[i] = cast if to is None else cast.reshape(to)
-                        continue  # the cast as_stored chose for this kind (ValueError: out of range)
-                    taken[i] = _stored(value, targets[i])
-                    kept += taken[i] is value
-                self._taken = taken
-                if kept == len(self._fix):  # all in their stored form now: handed on as they come
-                    self._fix = ()
-                return dispatcher(*head, *taken)
-            except (TypeError, ValueError, IndexError, SpecMismatchError):  # other kinds (or places) now
-                taken = list(values)
+        """``dispatcher(*head, *values)`` after every value not stored was converted (``as_stored``),
+        each such cast remembered. Returns its result (BAD_INPUT: nothing written, the full path says why)."""
         try:
             taken = [_stored(v, target) for v, target in zip(values, targets, strict=True)]
         except (TypeError, ValueError, SpecMismatchError):  # a value that cannot be stored
             return BAD_INPUT
         pairs = enumerate(zip(taken, values, strict=True))
-        self._fix = tuple((i, *_memo(v, targets[i])) for i, (a, v) in pairs if a is not v)
+        self._fix = tuple(_Cast(i, v, targets[i]) for i, (a, v) in pairs if a is not v)
+        self._idle = 0  # calls that used none of them
         self._taken = taken
         try:
             return dispatcher(*head, *taken)
@@ -333,16 +335,12 @@ class OneStepAdd:
 
 
 _SMALL = DONE // 2  # within +-: a change in valid starts
+FORGET_AFTER = 64  # calls that used none of the remembered casts (GymStepWriter's episode ends use none)
 
 
 def _stored(value: Any, target: tuple[Any, ...]) -> Any:
-    """``value`` in the form the kernel is compiled for (``target``: as_stored's name,
-    stored dtype, shape and field axes; C-contiguous and writable): itself when it is in
-    that form already.
-
-    Raises:
-        SpecMismatchError, ValueError, TypeError: it cannot be stored (the full path says why).
-    """
+    """``value`` in the form the kernel is compiled for (``target``: as_stored's arguments):
+    itself when it is in that form already. Raises as as_stored (or ValueError, TypeError)."""
     name, dtype, shape, field_ndim = target
     if type(value) is np.ndarray and value.dtype is dtype and value.flags.c_contiguous \
             and value.flags.writeable:
@@ -352,14 +350,29 @@ def _stored(value: Any, target: tuple[Any, ...]) -> Any:
     return stored if flags.c_contiguous and flags.writeable else np.array(stored, order="C")
 
 
-def _memo(value: Any, target: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The cast ``as_stored`` made of an array of ``value``'s dtype and shape (source dtype
-    and shape, stored dtype, casting, stored shape when it is another); Nones for other kinds."""
-    dtype, kind = target[1], target[1].kind
-    if type(value) is not np.ndarray or (kind in "iu" and not SAME_VALUE):
-        return None, None, None, None, None
-    return value.dtype, value.shape, dtype, "same_value" if kind in "iu" else "same_kind", \
-        None if value.shape == target[2] else target[2]
+class _Cast:
+    """The conversion ``as_stored`` made at place ``at``, which ``OneStepAdd._call`` repeats for
+    a value of the same kind: the same Python number type (written into ``out``), or an array
+    (list, tensor) of the same dtype and shape (copied into ``out``, or cast with ``casting``)."""
+
+    __slots__ = ("at", "casting", "dtype", "into", "kind", "out", "shape", "src", "to")
+
+    def __init__(self, at: int, value: Any, target: tuple[Any, ...]) -> None:
+        _name, dtype, shape, _ndim = target
+        self.at, self.kind, self.dtype = at, type(value), dtype
+        number = is_number(value, dtype)  # as_stored read it as stored (np.array)
+        arr = np.empty((), dtype) if number else to_numpy(value)
+        self.src: np.dtype | None = None if number else arr.dtype
+        self.shape = arr.shape
+        self.casting: str | None = None  # None: copied into ``out``, a view of it in the value's shape
+        if dtype.kind in "iu" and not np.can_cast(arr.dtype, dtype, "safe"):
+            self.casting = "same_value"  # range-checked (ValueError on numpy < 2.3: never repeated)
+        elif not number and self.kind is not np.ndarray and arr.dtype == dtype:
+            self.casting = "no"  # a tensor of the stored dtype: read in place
+        if self.casting is None:
+            self.out = np.empty(shape, dtype)
+            self.into = self.out.reshape(arr.shape)  # as_stored only adds unit axes
+        self.to = None if arr.shape == shape else shape  # the shape a cast is viewed in
 
 
 def _rows_of(arr: np.ndarray) -> np.ndarray:
