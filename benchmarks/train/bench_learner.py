@@ -6,7 +6,7 @@ n-step windows, Adam, DDP all-reducing the gradients on the default group) on ba
 
 * ``own``: each rank samples only its own shard (a plain ``ReplayBuffer``, no collective);
 * ``local``: ``ShardedReplayBuffer(mode="local")``: each rank draws from its own shard, the
-  weights carry the shard factor (one small all_gather per step, none in the update);
+  weights carry the shard factor (one small all_to_all every 16th step, none in the update);
 * ``strict``: exact global sampling, ``ShardedReplayBuffer(prefetch=1)``: the exchange runs
   in the learner's thread, every update lands before the next draw;
 * ``pipelined``: exact global sampling, ``ShardedReplayBuffer(prefetch=1, pipeline=True)``:

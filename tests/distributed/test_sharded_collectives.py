@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
+from shardreplay.distributed.exchange import LocalExchange
 from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.spec.keys import key_shard
 from tests.support import run_ranks
@@ -119,16 +120,33 @@ def _lazy(rank: int, mode: str, prefetch: int, pipeline: bool) -> dict[str, int]
     return out
 
 
-def _cases(rank: int, world: int) -> dict[str, dict[str, int]]:
+def _local_steady(rank: int) -> dict[str, list[int]]:
+    """Collectives and queued updates after each learner step of local mode, step after step
+    (no discard_prefetched between them): one at step 1 updates only the other shard's keys."""
+    buf = ShardedReplayBuffer(_shard(rank), timeout_s=30, mode="local")
+    out: dict[str, list[int]] = {"issued": [], "queued": []}
+    for step in range(2 * LocalExchange.agree_every + 1):
+        before = _issued(buf)
+        if step == 1:
+            _foreign_update(buf, rank, 0.25, only_foreign=True)()
+        else:
+            batch = buf.sample(BATCH)
+            buf.update_priorities(batch.keys, np.full(BATCH, 0.5, np.float32))
+        out["issued"].append(_issued(buf) - before)
+        out["queued"].append(buf.pending_updates)
+    return out
+
+
+def _cases(rank: int, world: int) -> dict[str, Any]:
     return {"exact": _strict(rank, shm=False), "exact shm": _strict(rank, shm=True),
             "exact prefetch 2": _lazy(rank, "exact", 2, False),
             "local": _lazy(rank, "local", 1, False),
             "local prefetch 2": _lazy(rank, "local", 2, False),
-            "exact pipeline": _lazy(rank, "exact", 1, True)}
+            "exact pipeline": _lazy(rank, "exact", 1, True), "local steady": _local_steady(rank)}
 
 
 @pytest.fixture(scope="module")
-def counted() -> list[dict[str, dict[str, int]]]:
+def counted() -> list[dict[str, Any]]:
     return run_ranks(_cases, 2, timeout_s=180)
 
 
@@ -165,3 +183,14 @@ DOCUMENTED = {
 def test_collectives_per_call_are_the_documented_ones(counted, case: str) -> None:
     for rank, cases in enumerate(counted):
         assert cases[case] == DOCUMENTED[case], f"rank {rank}"
+
+
+def test_local_mode_agrees_every_16th_sample(counted) -> None:
+    """Local mode agrees on the global figures at the first sample and every 16th after
+    (the old code: one collective every sample); another shard's keys wait for that
+    agreement (3 collectives: the first routing has no slot yet)."""
+    every = LocalExchange.agree_every
+    for rank, cases in enumerate(counted):
+        steady = cases["local steady"]
+        assert steady["issued"] == [1] + [0] * (every - 1) + [3] + [0] * (every - 1) + [1], f"rank {rank}"
+        assert steady["queued"] == [0] + [BATCH] * (every - 1) + [0] * (every + 1), f"rank {rank}"

@@ -45,6 +45,8 @@ class ExactExchange:
     draws into page-locked memory (batches go to a GPU: one non-blocking copy per batch).
     """
 
+    agree_every = 1  # its draw is collective: every exchange agrees
+
     def __init__(self, local: Shard, comm: Collectives, layout: RecordLayout, hosts: np.ndarray,
                  nonces: np.ndarray, pin: bool = False) -> None:
         self.local = local

@@ -53,6 +53,11 @@ class PendingUpdates:
             self._prios.append(priorities)
             self.counts += np.bincount(key_shard(keys), minlength=self.world_size)
 
+    def restore(self, older: PendingUpdates) -> None:
+        """Put back what :meth:`detach` moved out (it goes before anything queued since)."""
+        self._keys[:0], self._prios[:0] = older._keys, older._prios
+        self.counts += older.counts
+
     def detach(self) -> PendingUpdates:
         """Everything queued, moved into a new queue (this one is left empty)."""
         moved = PendingUpdates(self.world_size)
@@ -135,8 +140,11 @@ class PriorityRouter:
         maxima = rows[:, :2].copy().view(np.float64)
         known = float(maxima[:, 0].max())
         self._shard.raise_max_priority(known)
-        if float(maxima[:, 1].max()) > known:
-            self._agree_max()
+        if float(maxima[:, 1].max()) > known:  # spread the owners' maxima: an owner skips a
+            # stale key, as one buffer does, so only applied priorities count, not the sender's
+            mine = torch.tensor([np.float64(self._shard.max_priority).view(np.int64)], dtype=torch.int64)
+            owners = self._comm.all_gather(mine, "ShardedReplayBuffer.update_priorities(max priority)")
+            self._shard.raise_max_priority(float(owners.cpu().numpy().reshape(-1).view(np.float64).max()))
         if error is not None:
             raise error
         return applied
@@ -211,14 +219,6 @@ class PriorityRouter:
         if status == BAD_KEY:
             raise InvalidKeyError(foreign_key(keys_np, bad, "sharded buffer"))
         return own_k, own_p, for_k, for_p
-
-    def _agree_max(self) -> None:
-        """Spread the owners' running maxima after routed updates landed: only applied
-        priorities count (an owner skips a stale key, as one buffer does), so the sender's
-        value cannot be taken on trust."""
-        mine = torch.tensor([np.float64(self._shard.max_priority).view(np.int64)], dtype=torch.int64)
-        got = self._comm.all_gather(mine, "ShardedReplayBuffer.update_priorities(max priority)")
-        self._shard.raise_max_priority(float(got.cpu().numpy().reshape(-1).view(np.float64).max()))
 
     def _apply_own(self, keys: np.ndarray, prios: np.ndarray) -> int:
         return self._shard.apply_priorities(keys, prios) if keys.size else 0

@@ -48,16 +48,6 @@ class InlineRunner:
         """Batches drawn and not yet served."""
         return len(self._ready)
 
-    @property
-    def alive(self) -> bool:
-        """Whether a background thread runs (never inline)."""
-        return False
-
-    @property
-    def in_flight(self) -> bool:
-        """Whether an exchange was started and not yet collected (never inline)."""
-        return False
-
     def guard(self) -> AbstractContextManager[Any]:
         """What a write to the shard holds: nothing inline."""
         return contextlib.nullcontext()
@@ -70,7 +60,7 @@ class InlineRunner:
             EmptyBufferError, CollectiveTimeout: from the exchange.
         """
         if not self._ready:
-            self._ready.extend(self._refill(asked[0], self._router.pending))
+            self._ready.extend(self._refill(asked[0], self._router.pending.detach()))
             self._ready_for = asked
         self._check_asked(asked)
         return serve(self._ready.popleft())
@@ -83,11 +73,12 @@ class InlineRunner:
         """Nothing is in flight inline."""
 
     def discard(self) -> None:
-        """Drop the prefetched batches and the queued updates."""
+        """Drop the prefetched batches and the queued updates; the next exchange agrees."""
         self.settle()
         self._ready.clear()
         self._ready_for = None
         self._router.pending.take()
+        self._refill.agreed = None
 
     def close(self) -> None:
         """Nothing to stop inline."""
@@ -100,16 +91,6 @@ class InlineRunner:
                 f"{' and pipeline=True' if self.pipeline else ''} "
                 f"every sample() call must ask for the same batch_size until they are used "
                 f"(got {asked}); discard_prefetched() on every rank drops them")
-
-
-@contextlib.contextmanager
-def _unlocked(lock: threading.Lock) -> Iterator[None]:
-    """``lock`` let go for the span of a ``with`` (taken back on the way out)."""
-    lock.release()
-    try:
-        yield
-    finally:
-        lock.acquire()
 
 
 class BackgroundRunner(InlineRunner):
@@ -142,9 +123,15 @@ class BackgroundRunner(InlineRunner):
         """The shard's lock (the thread draws from the shard)."""
         return self._lock
 
-    def released(self) -> AbstractContextManager[Any]:
-        """The lock let go while a collective of a job waits (passed to the collectives)."""
-        return _unlocked(self._lock)
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        """The lock let go while a collective of a job waits (passed to the collectives),
+        taken back on the way out."""
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
 
     def next(self, asked: Asked, serve: Serve) -> Batch:
         """A batch an earlier exchange drew; starts the next exchange after the last one.

@@ -16,7 +16,9 @@ exact mode one all_to_all of records, or on one host one all_gather "records wri
 (plus "regions mapped" when shared-memory regions are (re)made); nothing more in local mode.
 
 * ``sample``: one exchange when no batch is prefetched (every k-th call with
-  ``prefetch=k``); with ``pipeline=True`` on the background thread's own group.
+  ``prefetch=k``); with ``pipeline=True`` on the background thread's own group. In local
+  mode only every 16th exchange (and the first after ``discard_prefetched``) agrees: the
+  others issue no collective.
 * ``update_priorities``: exact mode, ``prefetch=1``, no pipeline: one all_to_all, plus an
   all_gather of the owners' maxima when a routed priority exceeds every shard's maximum;
   otherwise none.
@@ -228,13 +230,13 @@ class ShardedReplayBuffer:
         """
         if not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if not as_tensordict:
-            if gamma is not None:
-                raise ConfigError("gamma is for sample(..., as_tensordict=True)")
-            return self._runner.next((int(batch_size), self.mode), self._serve)
+        if not as_tensordict and gamma is not None:
+            raise ConfigError("gamma is for sample(..., as_tensordict=True)")
         window = self.local.window
-        gamma = tensordict_gamma(gamma, window)  # checked before the collective: ranks raise alike
+        gamma = tensordict_gamma(gamma, window) if as_tensordict else None  # before the collective
         batch = self._runner.next((int(batch_size), self.mode), self._serve)
+        if gamma is None:
+            return batch
         return nstep_transitions(batch, gamma, window - 1, **transition_names(self.local.spec),
                                  validate=False).to_tensordict()
 
