@@ -140,11 +140,8 @@ class PriorityRouter:
         maxima = rows[:, :2].copy().view(np.float64)
         known = float(maxima[:, 0].max())
         self._shard.raise_max_priority(known)
-        if float(maxima[:, 1].max()) > known:  # spread the owners' maxima: an owner skips a
-            # stale key, as one buffer does, so only applied priorities count, not the sender's
-            mine = torch.tensor([np.float64(self._shard.max_priority).view(np.int64)], dtype=torch.int64)
-            owners = self._comm.all_gather(mine, "ShardedReplayBuffer.update_priorities(max priority)")
-            self._shard.raise_max_priority(float(owners.cpu().numpy().reshape(-1).view(np.float64).max()))
+        if float(maxima[:, 1].max()) > known:
+            self._agree_max()
         if error is not None:
             raise error
         return applied
@@ -219,6 +216,14 @@ class PriorityRouter:
         if status == BAD_KEY:
             raise InvalidKeyError(foreign_key(keys_np, bad, "sharded buffer"))
         return own_k, own_p, for_k, for_p
+
+    def _agree_max(self) -> None:
+        """Spread the owners' running maxima after routed updates landed: only applied
+        priorities count (an owner skips a stale key, as one buffer does), so the sender's
+        value cannot be taken on trust."""
+        mine = torch.tensor([np.float64(self._shard.max_priority).view(np.int64)], dtype=torch.int64)
+        got = self._comm.all_gather(mine, "ShardedReplayBuffer.update_priorities(max priority)")
+        self._shard.raise_max_priority(float(got.cpu().numpy().reshape(-1).view(np.float64).max()))
 
     def _apply_own(self, keys: np.ndarray, prios: np.ndarray) -> int:
         return self._shard.apply_priorities(keys, prios) if keys.size else 0
