@@ -230,13 +230,13 @@ class ShardedReplayBuffer:
         """
         if not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if not as_tensordict and gamma is not None:
-            raise ConfigError("gamma is for sample(..., as_tensordict=True)")
+        if not as_tensordict:
+            if gamma is not None:
+                raise ConfigError("gamma is for sample(..., as_tensordict=True)")
+            return self._runner.next((int(batch_size), self.mode), self._serve)
         window = self.local.window
-        gamma = tensordict_gamma(gamma, window) if as_tensordict else None  # before the collective
+        gamma = tensordict_gamma(gamma, window)  # checked before the collective: ranks raise alike
         batch = self._runner.next((int(batch_size), self.mode), self._serve)
-        if gamma is None:
-            return batch
         return nstep_transitions(batch, gamma, window - 1, **transition_names(self.local.spec),
                                  validate=False).to_tensordict()
 
