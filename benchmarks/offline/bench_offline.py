@@ -203,7 +203,8 @@ def _array_bytes(obj: Any, seen: set[int], depth: int = 0) -> int:
 def _versions(steps: int, rounds: int) -> dict[str, Any]:
     """The ``versions`` figures (module doc) for buffers of ``steps`` steps."""
     import shardreplay as sr
-    from shardreplay.offline.minari_io import VERSION, versioned
+    from shardreplay.runtime.learner.loop import versioned
+    from shardreplay.spec.fields import VERSION_FIELD as VERSION
 
     types = np.ones((8, 50), np.uint8)
     types[:, 0] = 0

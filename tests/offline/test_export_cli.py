@@ -23,7 +23,8 @@ from tests.support.train_runs import FAST, TrainRun
 
 minari = pytest.importorskip("minari")
 from shardreplay.offline import CheckpointEpisodes, ChunkEpisodes, prefill  # noqa: E402
-from shardreplay.offline.minari_io import VERSION, versioned  # noqa: E402
+from shardreplay.runtime.learner.loop import versioned  # noqa: E402
+from shardreplay.spec.fields import VERSION_FIELD as VERSION  # noqa: E402
 
 F, M, L = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 LAST = L

@@ -44,30 +44,17 @@ from shardreplay.checkpoint.refs import ChainedReader, open_part
 from shardreplay.checkpoint.saving import shard_of
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import CheckpointFormatError, ConfigError, IncompleteCheckpointError, ShardReplayError
-from shardreplay.spec import Field, Spec, StepType
+from shardreplay.spec.fields import VERSION_FIELD, StepType
 
-__all__ = ["VERSION", "CheckpointEpisodes", "ChunkEpisodes", "Episode", "export_checkpoint", "prefill",
-           "versioned", "write_dataset"]
+__all__ = ["CheckpointEpisodes", "ChunkEpisodes", "Episode", "export_checkpoint", "prefill", "write_dataset"]
 
 FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 FIELDS = ("obs", "action", "reward")  # the fields a run's transition spec has
 COMPACT_BYTES = 16 << 10  # HDF5 keeps a dataset this small inside its group's header
 FLUSH_BYTES = 1 << 20  # prefill writes a row's episodes together up to this many observation bytes
-VERSION = "policy_version"  # the field of a training run's shards: each step's chunk's (packed) version
 
 # (shard, rows) -> (actor ids, stream ids) of those saved rows.
 Origin = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
-
-
-def versioned(spec: Spec, resumed: Path | None = None, checkpoint_id: int | None = None) -> Spec:
-    """The spec a training run's shards store: ``spec`` and the int64 field :data:`VERSION`
-    (the policy version of the chunk that brought each step, as the ingest writes it);
-    ``spec`` alone when ``resumed`` (the checkpoints a resume restores replay from) holds
-    checkpoint ``checkpoint_id`` (None: the newest complete one) saved without it."""
-    with contextlib.suppress(ShardReplayError):  # no checkpoint there: the resume says so
-        if resumed is not None and VERSION not in _manifest(resumed, checkpoint_id).spec:
-            return spec
-    return Spec({**spec.fields, VERSION: Field((), np.int64)})
 
 
 def _minari() -> Any:
@@ -128,7 +115,7 @@ class CheckpointEpisodes:
         steps = _step_arrays(reader)
         start, length, row, terminated = _cut(steps, self.partial, self.counts)
         actor, stream = self.origin(shard, row) if self.origin else (np.full(row.shape, -1),) * 2
-        prio, version = steps.get("priority"), steps[f"field.{VERSION}"]
+        prio, version = steps.get("priority"), steps[f"field.{VERSION_FIELD}"]
         if not start.size:
             return
         mapped = _mapped(reader) if isinstance(reader, PartReader) else None  # else rows in older files
@@ -175,9 +162,9 @@ def _step_arrays(reader: PartReader | ChainedReader) -> dict[str, np.ndarray]:
     discounts its save sealed put back (``seal.*``), as a restore puts them back, and
     the policy versions (-1 where it saved none)."""
     names = set(reader.names())
-    wanted = ("step_type", "discount", "episode_id", "row_length", "priority", f"field.{VERSION}")
+    wanted = ("step_type", "discount", "episode_id", "row_length", "priority", f"field.{VERSION_FIELD}")
     out: dict[str, np.ndarray] = {n: reader.array(n) for n in wanted if n in names}
-    out.setdefault(f"field.{VERSION}", np.full(out["step_type"].shape[0], -1, np.int64))
+    out.setdefault(f"field.{VERSION_FIELD}", np.full(out["step_type"].shape[0], -1, np.int64))
     if "seal.index" in names:
         index = reader.array("seal.index")
         if index.size and (index.min() < 0 or index.max() >= out["step_type"].shape[0]):
@@ -214,7 +201,7 @@ def _cut(steps: dict[str, np.ndarray], partial: str, counts: dict[str, int]) -> 
     short = (eps.length < 2) & ~dropped
     keep = ~short & ~dropped
     _count(counts, partial, types.shape[0], eps.length[eps.partial], eps.length[short],
-           int((steps[f"field.{VERSION}"] < 0).sum()))
+           int((steps[f"field.{VERSION_FIELD}"] < 0).sum()))
     return (eps.start[keep], eps.length[keep], eps.row[keep],
             ((types[last] == LAST) & (discount[last] == 0))[keep])
 
@@ -245,7 +232,7 @@ class ChunkEpisodes:
                     if hi <= lo:
                         continue
                     piece = {name: chunk.steps[name][i, lo:hi] for name in (*FIELDS, "step_type", "discount")}
-                    piece[VERSION] = np.full(hi - lo, chunk.policy_version, np.int64)
+                    piece[VERSION_FIELD] = np.full(hi - lo, chunk.policy_version, np.int64)
                     if prios is not None:
                         piece["priority"] = prios[i, lo:hi]
                     if types[lo] == FIRST and key in pending:  # the one before never ended
@@ -268,7 +255,7 @@ class ChunkEpisodes:
         if short or (cut and self.partial == "drop"):
             return
         yield Episode(ep["obs"], ep["action"], ep["reward"], bool(ended and ep["discount"][-1] == 0),
-                      ep.get("priority"), ep[VERSION], key[0], key[1])
+                      ep.get("priority"), ep[VERSION_FIELD], key[0], key[1])
 
 
 def export_checkpoint(root: str | Path, dataset_id: str, *, checkpoint_id: int | None = None,
@@ -592,8 +579,8 @@ def prefill(buffer: ReplayBuffer | ShardedReplayBuffer, dataset_id: str) -> dict
                 "action": _padded(action, spec["action"]), "reward": _padded(reward, spec["reward"])}
         step["step_type"][0], step["step_type"][-1] = FIRST, LAST
         step["discount"][-1] = 0.0 if terminated else 1.0
-        if VERSION in spec:  # a training run's shard: not made by its actors
-            step[VERSION] = np.full(k, -1, np.int64)
+        if VERSION_FIELD in spec:  # a training run's shard: not made by its actors
+            step[VERSION_FIELD] = np.full(k, -1, np.int64)
         if prio is not None:
             step["priority"] = np.asarray(prio, np.float32).reshape(-1)[:k]
         row = int(np.argmin(rows))

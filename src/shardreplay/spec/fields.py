@@ -12,6 +12,8 @@ from shardreplay.errors import ConfigError
 
 # Names the buffer stores beside the user's fields; a Spec may not define them.
 RESERVED_FIELDS = ("step_type", "discount", "episode_id")
+# The int64 field a training run's shards add to its spec: each step's chunk's (packed) policy version.
+VERSION_FIELD = "policy_version"
 
 
 class StepType(enum.IntEnum):

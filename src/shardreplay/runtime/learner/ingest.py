@@ -24,12 +24,11 @@ from shardreplay.errors import (
     TransportError,
 )
 from shardreplay.kernels.returns import track_returns
-from shardreplay.offline.minari_io import VERSION
 from shardreplay.policy.broadcast import split_version
 from shardreplay.runtime.learner.sync import SummedRecord
 from shardreplay.runtime.learner.wal import IngestLog, LogRecord, LossLog, Suspects
 from shardreplay.runtime.settings import TrainSettings
-from shardreplay.spec import StepType
+from shardreplay.spec.fields import VERSION_FIELD, StepType
 from shardreplay.transport.base import ChunkReader
 from shardreplay.transport.codec import Chunk, decode
 
@@ -467,8 +466,9 @@ class Ingestor:
                 raise IngestRejectedError(f"actor {chunk.actor_id} streams map to rows {rows.tolist()}, "
                                           f"beyond this shard's {self.buffer.num_streams}")
             steps = self._steps_in_order(chunk)
-            if VERSION in self.buffer.spec:  # a training run's shard keeps each step's version
-                steps = {**steps, VERSION: np.full(chunk.steps["step_type"].shape, chunk.policy_version)}
+            if VERSION_FIELD in self.buffer.spec:  # a training run's shard keeps each step's version
+                steps = {**steps, VERSION_FIELD: np.full(chunk.steps["step_type"].shape,
+                                                         chunk.policy_version)}
             try:
                 self._sink.extend(steps, stream_ids=rows, priorities=chunk.priorities)
             except ShardReplayError as exc:  # steps the buffer refuses (another spec's values)

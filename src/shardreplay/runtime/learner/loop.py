@@ -6,6 +6,7 @@ resuming and the ingest log :class:`LearnerCheckpoints`'.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -13,14 +14,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.checkpoint import checkpoint_dir, is_complete, list_checkpoints, load_manifest
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives, lost_peer_error, peer_lost
 from shardreplay.errors import ConfigError, ShardReplayError
-from shardreplay.offline.minari_io import versioned
 from shardreplay.policy.broadcast import pack_version
 from shardreplay.runtime.actor.loop import ActorSettings, actor_seed
 from shardreplay.runtime.actor.processes import ActorPool
@@ -47,7 +49,8 @@ from shardreplay.runtime.routing import foreign_backlog, settings_transport
 from shardreplay.runtime.run_identity import RunIdentity, read_identity, upcoming_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.samplers.schedules import LinearSchedule
-from shardreplay.spec import Spec
+from shardreplay.spec import Field, Spec
+from shardreplay.spec.fields import VERSION_FIELD
 from shardreplay.transport.base import Transport
 from shardreplay.transport.urls import parse_medium
 
@@ -346,6 +349,22 @@ class Learner:
         if self.lead is not None:
             self.lead.final(summary)
         return summary
+
+
+def versioned(spec: Spec, resumed: Path | None = None, checkpoint_id: int | None = None) -> Spec:
+    """The spec a training run's shards store: ``spec`` and the int64 field
+    :data:`~shardreplay.spec.fields.VERSION_FIELD` (the policy version of the chunk that
+    brought each step, as the ingest writes it); ``spec`` alone when ``resumed`` (the
+    checkpoints a resume restores replay from) holds checkpoint ``checkpoint_id`` (None:
+    the newest complete one) saved without it."""
+    if resumed is not None and checkpoint_id is None:
+        checkpoint_id = next((c for c in reversed(list_checkpoints(resumed))
+                              if is_complete(checkpoint_dir(resumed, c), hashes=False)), None)
+    with contextlib.suppress(ShardReplayError):  # a damaged checkpoint: the resume says so
+        if resumed is not None and checkpoint_id is not None and \
+                VERSION_FIELD not in load_manifest(checkpoint_dir(resumed, checkpoint_id)).spec:
+            return spec
+    return Spec({**spec.fields, VERSION_FIELD: Field((), np.int64)})
 
 
 def make_shard_buffer(settings: TrainSettings, spec: Spec, rank: int,
