@@ -370,15 +370,6 @@ def test_a_flag_contradicting_the_learner_exits_2_with_one_line(tmp_path: Path, 
     assert time.monotonic() - started < 120
 
 
-def test_the_old_queue_flag_still_works_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
-    from shardreplay.cli.main import build_parser
-
-    args = build_parser().parse_args(["actor", "--actor-id", "0", "--policy-url", "file:///p",
-                                      "--queued-per-actor", "7"])
-    assert args.queued_chunks_per_actor == 7
-    assert "--queued-per-actor is deprecated, use --queued-chunks-per-actor" in capsys.readouterr().err
-
-
 @pytest.mark.slow
 def test_an_actor_switches_to_a_new_run_that_takes_over_the_policy_url(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -23,16 +23,6 @@ from shardreplay.runtime.actor.settings import AGREED, ActorSettings
 _HELP = field_help(ActorSettings)
 
 
-class _Deprecated(argparse.Action):
-    """An old flag name: still accepted, with a warning naming the new one."""
-
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any,
-                 option_string: Any = None) -> None:
-        new = "--" + self.dest.replace("_", "-")
-        print(f"shardreplay actor: warning: {option_string} is deprecated, use {new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
 def add_parser(subparsers: Any) -> None:
     """Register ``actor`` on an argparse subparsers object."""
     p = subparsers.add_parser("actor", help="run one actor (environments + policy) for a learner",
@@ -53,8 +43,6 @@ def add_parser(subparsers: Any) -> None:
             # "%(default).0s" prints nothing; it keeps argparse from adding "(default: None)".
             text += " (default: the learner's; another value is an error)%(default).0s"
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=text)
-    p.add_argument("--queued-per-actor", dest="queued_chunks_per_actor", type=int, action=_Deprecated,
-                   help="deprecated name of --queued-chunks-per-actor")
     p.add_argument("--device", default="cpu", help="where this actor runs its network: cpu, cuda or cuda:N")
     p.add_argument("--delivery-log", default=None, metavar="FILE", help=_HELP.get("delivery_log"))
     p.add_argument("--redis-password-file", metavar="FILE", default=None,
