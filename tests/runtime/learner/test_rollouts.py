@@ -4,8 +4,7 @@ In process, on a real :class:`IngestLog` with a :class:`Retention`: a segment th
 checkpoint holds moves into ``rollouts/`` (packed with LZ4, checksummed), the cap drops
 whole oldest segments and counts them, :func:`iter_rollouts` gives every kept chunk back
 bit for bit with its shard and insert time, :func:`archive_summary` reports steps, bytes
-and time span, a damaged byte in a kept segment is found by its checksum, and a custom
-loop keeps its chunks with :class:`RolloutKeeper`. The real
+and time span, and a damaged byte in a kept segment is found by its checksum. The real
 train runs are in tests/runtime/launch/test_train_rollouts.py.
 """
 
@@ -26,7 +25,6 @@ from shardreplay.runtime.learner.wal import (
     IngestLog,
     LogScan,
     Retention,
-    RolloutKeeper,
     archive_summary,
     iter_rollouts,
     log_files,
@@ -134,20 +132,3 @@ def test_a_damaged_kept_segment_is_found_by_its_checksum(tmp_path: Path) -> None
     assert [(p, at) for p, at, _ in scan.damaged] == [(victim, 0)]
     summary = archive_summary(tmp_path)
     assert summary is not None and summary["damaged"] == [f"{victim}@0"] and summary["chunks"] == 3
-
-
-def test_a_custom_loop_keeps_its_chunks_with_the_library_call(tmp_path: Path) -> None:
-    keeper = RolloutKeeper(tmp_path, IDENT_SPEC, max_bytes=0)
-    sent = [make_chunk(a, q) for q in range(3) for a in (0, 1)]
-    keeper.keep(sent[:4])
-    keeper.seal()
-    keeper.keep(sent[4:])
-    keeper.close()
-    assert len(log_files(tmp_path / ROLLOUTS_DIR)) == 2
-    got = list(iter_rollouts(tmp_path))  # the spec from rollouts/spec.json
-    assert [k.chunk.identity for k in got] == [c.identity for c in sent]
-    for k, c in zip(got, sent, strict=True):
-        for name, arr in c.steps.items():
-            assert np.array_equal(k.chunk.steps[name], arr), name
-    summary = archive_summary(tmp_path)
-    assert summary is not None and (summary["chunks"], summary["steps"]) == (6, 48)

@@ -39,10 +39,10 @@ from shardreplay._hashing import xxh3_64, xxh64
 from shardreplay._io import atomic_write_bytes, fsync_dir
 from shardreplay.errors import ConfigError, CorruptChunkError
 from shardreplay.spec import Spec
-from shardreplay.transport.codec import Chunk, decode, encode, is_packed, pack
+from shardreplay.transport.codec import Chunk, decode, is_packed, pack
 
 __all__ = ["CRASHED", "IngestLog", "KeptChunk", "LogRecord", "LogScan", "LossLog", "Retention",
-           "RolloutKeeper", "Suspects", "archive_retention", "archive_summary", "iter_rollouts", "log_files",
+           "Suspects", "archive_retention", "archive_summary", "iter_rollouts", "log_files",
            "read_logs", "run_spec"]
 
 log = logging.getLogger("shardreplay.learner")
@@ -462,56 +462,6 @@ def _check_head(head: bytes) -> str | None:
     if magic != MAGIC or version not in (1, VERSION):
         return f"not a version 1 or {VERSION} record"
     return None
-
-
-class RolloutKeeper:
-    """Keeps a custom loop's chunks as ``train --keep-rollouts`` does, in
-    ``<run_dir>/rollouts``: :meth:`keep` the chunks a shard stored (before acknowledging
-    them), :meth:`seal` where a segment may end (it moves into the archive), :meth:`close`.
-
-    Args:
-        run_dir: the run directory.
-        spec: the chunks' spec (written to ``rollouts/spec.json``).
-        shard, world: this shard, of how many (each shard keeps its own segments).
-        max_bytes: the archive's cap (shard 0 drops whole oldest segments; 0: none).
-        fsync: ``fdatasync`` each :meth:`keep`.
-
-    Raises:
-        OSError: a directory or file cannot be created.
-    """
-
-    def __init__(self, run_dir: str | os.PathLike[str], spec: Spec, *, shard: int = 0, world: int = 1,
-                 max_bytes: int = 0, fsync: bool = False) -> None:
-        self.spec = spec
-        self.log = IngestLog(Path(run_dir) / "ingest", shard, world, fsync=fsync,
-                             retention=archive_retention(Path(run_dir), spec, max_bytes))
-        self._last: dict[int, int] = {}
-        self._segment = 0
-
-    def keep(self, chunks: Sequence[Chunk]) -> None:
-        """Append ``chunks`` (encoded unless they carry their received bytes) in one write.
-
-        Raises:
-            OSError: the write failed.
-        """
-        batch: list[tuple[memoryview | None, int, int, int, int]] = []
-        for c in chunks:
-            data = c.wire if c.wire is not None else memoryview(encode(c, self.spec))
-            batch.append((data, c.actor_id, c.sequence, self._last.get(c.actor_id, -1),
-                          c.num_streams * c.num_steps))
-            self._last[c.actor_id] = c.sequence
-        self.log.append(batch)
-
-    def seal(self) -> None:
-        """End the open segment and move it into the archive (the cap applies)."""
-        self.log.seal(self._segment)
-        self.log.trim(self._segment)
-        self._segment += 1
-
-    def close(self) -> None:
-        """Seal and close (the last, empty segment stays in ``ingest/``)."""
-        self.seal()
-        self.log.close()
 
 
 @dataclass(frozen=True)
