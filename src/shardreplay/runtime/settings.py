@@ -546,8 +546,6 @@ def _flatten(d: Any) -> dict[str, Any]:
         flat[name] = value
 
     for key, value in d.items():
-        if key == "extra" and value == {}:
-            continue  # an unused field every config.json written before the groups holds
         if key in GROUPS and isinstance(value, Mapping):
             names = {f.name: flat_name(f) for f in dataclasses.fields(GROUPS[key])}
             for sub, v in value.items():

@@ -90,11 +90,8 @@ def test_state_round_trip_and_merge_over_shards() -> None:
         ingestor.stored.add(actor, seq)
     state = ingestor.state_dict()
     assert state == {"stored": {"0": [[4, 4]], "3": [[16, 17], [20, 20]]}}  # JSON keys are strings
-    # A part saved before stored intervals existed holds high-water marks.
-    merged = merge_stored([state, {"stored": {"3": [[18, 19]], "1": [[9, 9]]}}, None, {},
-                           {"high_water": {"5": 2}}])
-    assert merged.state_dict() == {"stored": {"0": [[4, 4]], "1": [[9, 9]], "3": [[16, 20]],
-                                              "5": [[-(2**62), 2]]}}
+    merged = merge_stored([state, {"stored": {"3": [[18, 19]], "1": [[9, 9]]}}, None, {}])
+    assert merged.state_dict() == {"stored": {"0": [[4, 4]], "1": [[9, 9]], "3": [[16, 20]]}}
 
 
 def test_chunks_of_a_misconfigured_actor_never_enter_other_actors_rows(tmp_path: Path) -> None:

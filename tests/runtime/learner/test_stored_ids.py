@@ -9,7 +9,7 @@ import random
 import pytest
 
 from shardreplay.errors import CheckpointFormatError, ConfigError
-from shardreplay.runtime.learner.ingest import OLD_MARK_FLOOR, StoredIds, merge_stored
+from shardreplay.runtime.learner.ingest import StoredIds, merge_stored
 
 
 def _intervals(ids: StoredIds, actor: int = 0) -> list[tuple[int, int]]:
@@ -71,15 +71,14 @@ def test_the_bound_joins_the_oldest_intervals_and_says_how_many_it_presumes(capl
         StoredIds(max_intervals=0)
 
 
-def test_state_round_trip_union_and_old_high_water_parts() -> None:
+def test_state_round_trip_and_union() -> None:
     a, b = StoredIds(), StoredIds()
     for q in (1, 2, 3, 7):
         a.add(0, q)
     b.add_interval(0, 4, 5)
     b.add(2, 100)
-    merged = merge_stored([a.state_dict(), b.state_dict(), None, {"high_water": {"9": 40}}])
-    assert merged.state_dict() == {"stored": {"0": [[1, 5], [7, 7]], "2": [[100, 100]],
-                                              "9": [[OLD_MARK_FLOOR, 40]]}}
-    assert (9, 0) in merged and (9, 41) not in merged
+    merged = merge_stored([a.state_dict(), b.state_dict(), None])
+    assert merged.state_dict() == {"stored": {"0": [[1, 5], [7, 7]], "2": [[100, 100]]}}
+    assert (2, 100) in merged and (2, 99) not in merged
     with pytest.raises(CheckpointFormatError, match="malformed ingest state"):
         merge_stored([{"stored": {"0": [[1]]}}])

@@ -37,18 +37,16 @@ _FIRST, _MID, _LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
 # A "last written" sequence no chunk follows: the actor's next chunk starts new episodes.
 _AFTER_ANOTHER = -(2**62)
 DEFAULT_MAX_INTERVALS = 1024
-OLD_MARK_FLOOR = -(2**62)  # the low end of an old part's high-water mark
 
-__all__ = ["DEFAULT_MAX_INTERVALS", "OLD_MARK_FLOOR", "IngestStats", "Ingestor", "ReplayCounts", "StoredIds",
+__all__ = ["DEFAULT_MAX_INTERVALS", "IngestStats", "Ingestor", "ReplayCounts", "StoredIds",
            "merge_stored"]
-
 
 
 class StoredIds:
     """Which chunks a shard stored: per actor, the sequences as sorted disjoint inclusive
     intervals (``stored 5 6 7 9 10`` -> ``[[5, 7], [9, 10]]``); a chunk is a duplicate only
-    when its own ``(actor_id, sequence)`` was stored. Saved form, and an older part's high
-    water mark: docs/semantics.md, "Chunks across crashes", Delivery.
+    when its own ``(actor_id, sequence)`` was stored. Saved form: docs/semantics.md, "Chunks
+    across crashes", Delivery.
 
     Args:
         max_intervals: intervals kept per actor; beyond it the two oldest are joined (a
@@ -140,18 +138,16 @@ class StoredIds:
                            for a in self.actors()}}
 
     def load_state(self, state: Mapping[str, Any] | None) -> None:
-        """Add what a saved part holds (this format, or an old ``high_water`` one).
+        """Add what a saved part holds (:meth:`state_dict`'s form).
 
         Raises:
-            CheckpointFormatError: the state is not one of the two shapes.
+            CheckpointFormatError: the state is not of that shape.
         """
         state = state or {}
         try:
             for actor, pairs in (state.get("stored") or {}).items():
                 for first, last in pairs:
                     self.add_interval(int(actor), int(first), int(last))
-            for actor, mark in (state.get("high_water") or {}).items():
-                self.add_interval(int(actor), OLD_MARK_FLOOR, int(mark))
         except (TypeError, ValueError, AttributeError) as exc:
             raise CheckpointFormatError(f"malformed ingest state in a checkpoint part: {exc}; expected "
                                         '{"stored": {"<actor>": [[lo, hi], ...]}}') from exc
