@@ -83,21 +83,6 @@ def test_the_run_id_is_kept_by_every_start_of_a_run_dir_and_lives_are_counted(tm
     assert other is not None and other.run_id != first.run_id and other.life == 0
 
 
-def test_a_run_dir_from_before_run_ids_keeps_its_unnamed_channels_and_counts_on(tmp_path: Path) -> None:
-    """Its actors wrote to ``shardreplay:chunks:<k>`` with plain versions (update counts):
-    a resume reads what they left and publishes versions newer than theirs."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "config.json").write_text(json.dumps(TrainSettings().to_dict()))  # no run.json
-    _resume(run_dir)
-    ident = read_identity(run_dir)
-    assert ident is not None and (ident.run_id, ident.life) == ("", 1)
-    assert redis_stream(0, ident.run_id) == "shardreplay:chunks:0"
-    assert pack_version(ident.life, 875) > 1000  # an old actor holding 1000 takes it
-    _resume(run_dir)
-    assert read_identity(run_dir) == type(ident)("", 2)
-
-
 def _old_chunks(transport: Any, count: int) -> None:
     """Valid CartPole chunks of actor 0 (what an old run's actor left behind)."""
     writer = transport.writer()

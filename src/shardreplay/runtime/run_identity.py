@@ -41,8 +41,7 @@ class RunIdentity:
 
 
 def read_identity(run_dir: Path) -> RunIdentity | None:
-    """The identity saved in ``run_dir`` (None when there is none yet or it is unreadable:
-    a run directory made before run ids existed)."""
+    """The identity saved in ``run_dir`` (None when there is none yet or it is unreadable)."""
     try:
         raw = json.loads((Path(run_dir) / RUN_FILE).read_text())
         return RunIdentity(str(raw["run_id"]), int(raw["life"]))
@@ -65,11 +64,6 @@ def upcoming_life(run_dir: Path, wanted: str = "") -> RunIdentity:
             raise ConfigError(f"{run_dir} holds run {old.run_id or '(unnamed)'}; --run-id {wanted} names "
                               "another run: drop --run-id or use another --run-dir")
         return RunIdentity(old.run_id, old.life + 1)
-    if (Path(run_dir) / "config.json").exists() and not (Path(run_dir) / RUN_FILE).exists():
-        # Started before run ids: its actors wrote to the unnamed channels, and its
-        # policies were plain update counts (life 0). Keep those channels (this life
-        # reads what they left) and count this start as life 1 (its versions are newer).
-        return RunIdentity("", 1)
     return RunIdentity(wanted or secrets.token_hex(6), 0)
 
 
