@@ -351,16 +351,24 @@ def _read_as_saved(reader: AnyPartReader, pos: np.ndarray, session: RestoreSessi
     src, dst, n = src[keep], dst[keep], n[keep]
     runs = [(0, s, d, c) for s, d, c in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True)]
     targets = _read_runs([reader], runs, runs, session, [period])
-    if "seal.index" in reader.names():
-        slots = ranges(dst, n)  # the slot of each saved step, in saved order
-        index = reader.array("seal.index")
-        types, discounts = reader.array("seal.step_type"), reader.array("seal.discount")
-        if index.dtype.kind not in "iu" or not index.shape == types.shape == discounts.shape or \
-                (index.size and (index.min() < 0 or index.max() >= slots.shape[0])):
-            raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
-        check_step_values(types, discounts, exc=CheckpointFormatError, where=f"{reader.path}: seal.*: ")
-        targets["step_type"][slots[index]] = types
-        targets["discount"][slots[index]] = discounts
+    slots = ranges(dst, n)  # the slot of each saved step, in saved order
+    index, types, discounts = saved_seals(reader, slots.shape[0])
+    targets["step_type"][slots[index]] = types
+    targets["discount"][slots[index]] = discounts
+
+
+def saved_seals(reader: AnyPartReader, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A part's ``seal.*`` arrays (empty without): which of its ``steps`` saved steps sealing
+    changed, and their step types and discounts as they were (CheckpointFormatError: malformed)."""
+    if "seal.index" not in reader.names():
+        return np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.float32)
+    index = reader.array("seal.index")
+    types, discounts = reader.array("seal.step_type"), reader.array("seal.discount")
+    if index.dtype.kind not in "iu" or not index.shape == types.shape == discounts.shape or \
+            (index.size and (index.min() < 0 or index.max() >= steps)):
+        raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
+    check_step_values(types, discounts, exc=CheckpointFormatError, where=f"{reader.path}: seal.*: ")
+    return index, types, discounts
 
 
 def episode_table(readers: list[AnyPartReader]) -> EpisodeTable:

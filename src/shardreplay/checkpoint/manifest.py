@@ -261,9 +261,11 @@ def is_complete(directory: Path, *, hashes: bool = True) -> bool:
     return incomplete_reason(directory, hashes=hashes) is None
 
 
-def latest_complete(root: Path) -> int | None:
-    """Newest complete checkpoint id under ``root``, checksums included (:func:`check_complete`)."""
-    return next((c for c in reversed(list_checkpoints(root)) if is_complete(checkpoint_dir(root, c))), None)
+def latest_complete(root: Path, *, hashes: bool = True) -> int | None:
+    """Newest complete checkpoint id under ``root`` (:func:`check_complete`; ``hashes``:
+    checksums included)."""
+    return next((c for c in reversed(list_checkpoints(root))
+                 if is_complete(checkpoint_dir(root, c), hashes=hashes)), None)
 
 
 def set_aside(root: Path, ids: list[int] | None = None) -> tuple[list[int], Path | None]:

@@ -1,19 +1,11 @@
-"""Incremental parts (format versions 3 and 4): which rows a part writes, and reading
-rows that live in earlier files (docs/semantics.md, "Incremental checkpoints").
+"""Incremental parts (format versions 3 and 4; docs/semantics.md, "Incremental
+checkpoints"): which rows a part writes, and reading rows that live in earlier files.
 
 Rows are append-only rings: a stored absolute step's field data never changes, so a
 part continuing a shard's previous one (a :class:`Chain`, kept in
-``Shard.checkpoint_notes``) writes of each user field (``field.*``), and (version 4) of
-each array of ``records.CHAINABLE_STEPS``, only the steps new since; everything else
-whole. Its segment table (:class:`Segments`, arrays
-``ref.*``) cuts its stored steps, in (row, time) order, into segments of ``ref.count``
-steps of row ``ref.row`` from absolute step ``ref.step``, read from ``ref.source`` (-1:
-this file; ``k``: the part's ``refs[k]``, an earlier part file) from row ``ref.first``.
-A reference names the file that holds the rows, never a part that refers on.
-
-A chain continues only from a *complete* checkpoint under the same root, saved from the
-same content (no restore or ``load_state_dict`` since: ``Shard.clears``) with
-``partial="seal"``; otherwise the part is full and a new chain starts from it.
+``Shard.checkpoint_notes``) writes of each user field, and (version 4) of each array of
+``records.CHAINABLE_STEPS``, only the steps new since, and says where the others are in
+its segment table (:class:`Segments`).
 """
 
 from __future__ import annotations
@@ -194,7 +186,8 @@ def full_segments(hi: np.ndarray, cap: int) -> Segments:
 
 
 def chain_of(shard: Shard, root: Path) -> Chain | None:
-    """The chain a part of ``shard`` under ``root`` can continue (None: save it full)."""
+    """The chain a part of ``shard`` under ``root`` can continue; None (save it full) when its
+    content was replaced since (``Shard.clears``) or that checkpoint is not complete."""
     chain = shard.checkpoint_notes.get(_key(root))
     if not isinstance(chain, Chain) or chain.clears != shard.clears:
         return None

@@ -1,13 +1,7 @@
 """Export a sharded checkpoint to Minari, and prefill replay from a Minari dataset.
 
-Our stored episode of ``K`` steps (its LAST step's action and reward are padding) is
-Minari's episode of ``K - 1`` transitions with ``K`` observations; the step infos carry
-``priority``, ``policy_version``, ``actor`` and ``stream`` (-1 where the source does not
-know it); images are written raw. docs/offline.md has the conventions table and the
-files written (Minari's own layout, written here: its storage classes reopen and
-re-measure the dataset for every episode). A dataset is written under a hidden
-directory beside its final place and renamed there at the end: a failed or killed
-export leaves nothing under the id (the next export of that id removes dead leftovers).
+docs/offline.md has the conventions (a stored episode of ``K`` steps is Minari's episode
+of ``K - 1`` transitions), the files written and how a failed export leaves nothing.
 """
 
 from __future__ import annotations
@@ -33,18 +27,14 @@ import numpy as np
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.episodes import find_episodes
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.checkpoint.manifest import (
-    Manifest,
-    checkpoint_dir,
-    is_complete,
-    list_checkpoints,
-    load_manifest,
-)
+from shardreplay.checkpoint.loading import saved_seals
+from shardreplay.checkpoint.manifest import Manifest, checkpoint_dir, latest_complete, load_manifest
 from shardreplay.checkpoint.refs import ChainedReader, open_part
 from shardreplay.checkpoint.saving import shard_of
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.errors import CheckpointFormatError, ConfigError, IncompleteCheckpointError, ShardReplayError
+from shardreplay.errors import ConfigError, IncompleteCheckpointError, ShardReplayError
 from shardreplay.spec.fields import VERSION_FIELD, StepType
+from shardreplay.transport.local import pid_alive
 
 __all__ = ["CheckpointEpisodes", "ChunkEpisodes", "Episode", "export_checkpoint", "prefill", "write_dataset"]
 
@@ -144,8 +134,7 @@ def _manifest(root: Path, checkpoint_id: int | None) -> Manifest:
     """The manifest of checkpoint ``checkpoint_id`` (None: the newest with all its files;
     their blocks are hash-checked as the export reads them), checked for the fields."""
     if checkpoint_id is None:
-        checkpoint_id = next((c for c in reversed(list_checkpoints(root))
-                              if is_complete(checkpoint_dir(root, c), hashes=False)), None)
+        checkpoint_id = latest_complete(root, hashes=False)
     if checkpoint_id is None:
         raise IncompleteCheckpointError(f"no complete checkpoint under {root}: train with checkpoints on "
                                         "(the run's --checkpoint-* flags) first")
@@ -165,29 +154,30 @@ def _step_arrays(reader: PartReader | ChainedReader) -> dict[str, np.ndarray]:
     wanted = ("step_type", "discount", "episode_id", "row_length", "priority", f"field.{VERSION_FIELD}")
     out: dict[str, np.ndarray] = {n: reader.array(n) for n in wanted if n in names}
     out.setdefault(f"field.{VERSION_FIELD}", np.full(out["step_type"].shape[0], -1, np.int64))
-    if "seal.index" in names:
-        index = reader.array("seal.index")
-        if index.size and (index.min() < 0 or index.max() >= out["step_type"].shape[0]):
-            raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
-        out["step_type"][index], out["discount"][index] = reader.array("seal.step_type"), reader.array(
-            "seal.discount")
+    index, types, discounts = saved_seals(reader, out["step_type"].shape[0])
+    out["step_type"][index], out["discount"][index] = types, discounts
     return out
 
 
-def _count(counts: dict[str, int], partial: str, saved: int, cut: Any = (), short: Any = (),
-           unversioned: int = 0) -> None:
-    """Add the steps read, the partial episodes (lengths ``cut``: sealed or dropped), the
-    one-step episodes left out (``short``: no transition to export) and the steps read
-    without a policy version (exported as -1) to ``counts``."""
+def _count(counts: dict[str, int], partial: str, saved: int, length: Any = (), cut: Any = (),
+           unversioned: int = 0) -> np.ndarray:
+    """Which episodes (of ``length`` steps; partial where ``cut``) are exported: not the
+    partial ones ``partial="drop"`` drops, nor one-step ones (no transition). Adds them,
+    the steps read (``saved``) and those without a policy version (exported as -1) to
+    ``counts``."""
     if partial not in ("seal", "drop"):
         raise ConfigError(f"partial must be seal or drop, got {partial!r}")
     verb = "sealed" if partial == "seal" else "dropped"
-    cut, short = np.asarray(cut, np.int64), np.asarray(short, np.int64)
-    for name, value in {"saved_steps": saved, "partial_episodes": cut.size, "partial_steps": cut.sum(),
-                        f"{verb}_episodes": cut.size, f"{verb}_steps": cut.sum(),
-                        "short_episodes": short.size, "short_steps": short.sum(),
+    length, cut = np.asarray(length, np.int64), np.asarray(cut, np.bool_)
+    dropped = cut & (partial == "drop")
+    short = (length < 2) & ~dropped
+    partial_steps = length[cut].sum()
+    for name, value in {"saved_steps": saved, "partial_episodes": cut.sum(), "partial_steps": partial_steps,
+                        f"{verb}_episodes": cut.sum(), f"{verb}_steps": partial_steps,
+                        "short_episodes": short.sum(), "short_steps": length[short].sum(),
                         "unversioned_steps": unversioned}.items():
         counts[name] = counts.get(name, 0) + int(value)
+    return ~short & ~dropped
 
 
 def _cut(steps: dict[str, np.ndarray], partial: str, counts: dict[str, int]) -> tuple[np.ndarray, ...]:
@@ -197,11 +187,8 @@ def _cut(steps: dict[str, np.ndarray], partial: str, counts: dict[str, int]) -> 
     types, discount = steps["step_type"], steps["discount"]
     eps = find_episodes(types, steps["episode_id"], steps["row_length"])
     last = eps.start + eps.length - 1
-    dropped = eps.partial & (partial == "drop")
-    short = (eps.length < 2) & ~dropped
-    keep = ~short & ~dropped
-    _count(counts, partial, types.shape[0], eps.length[eps.partial], eps.length[short],
-           int((steps[f"field.{VERSION_FIELD}"] < 0).sum()))
+    keep = _count(counts, partial, types.shape[0], eps.length, eps.partial,
+                  int((steps[f"field.{VERSION_FIELD}"] < 0).sum()))
     return (eps.start[keep], eps.length[keep], eps.row[keep],
             ((types[last] == LAST) & (discount[last] == 0))[keep])
 
@@ -247,12 +234,9 @@ class ChunkEpisodes:
     def _close(self, key: tuple[int, int], pieces: list[dict[str, np.ndarray]]) -> Iterator[Episode]:
         shared = [name for name in pieces[0] if all(name in p for p in pieces)]  # priority: in all or none
         ep = {name: np.concatenate([p[name] for p in pieces]) for name in shared}
-        n = ep["step_type"].shape[0]
         ended = ep["step_type"][-1] == LAST
-        cut = bool(ep["step_type"][0] != FIRST or not ended)
-        short = n < 2 and not (cut and self.partial == "drop")
-        _count(self.counts, self.partial, 0, [n] * cut, [n] * short)
-        if short or (cut and self.partial == "drop"):
+        cut = ep["step_type"][0] != FIRST or not ended
+        if not _count(self.counts, self.partial, 0, [ep["step_type"].shape[0]], [cut])[0]:
             return
         yield Episode(ep["obs"], ep["action"], ep["reward"], bool(ended and ep["discount"][-1] == 0),
                       ep.get("priority"), ep[VERSION_FIELD], key[0], key[1])
@@ -507,14 +491,8 @@ def _remove_dead_leftovers(final: Path) -> None:
     pattern = re.compile(rf"^\.{re.escape(final.name)}\.partial-(\d+)$")
     for path in final.parent.iterdir():
         match = pattern.match(path.name)
-        if match is None:
-            continue
-        try:
-            os.kill(int(match.group(1)), 0)
-        except ProcessLookupError:
+        if match is not None and not pid_alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, someone else's
 
 
 def prefill(buffer: ReplayBuffer | ShardedReplayBuffer, dataset_id: str) -> dict[str, int]:

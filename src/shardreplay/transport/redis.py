@@ -1,30 +1,23 @@
 """``redis://`` transport: Redis streams read through a consumer group.
 
-The one importer of redis: its connections (:class:`RedisLink`, also the policy backend's),
-groups, trimming and room tokens are at the end. Chunks are entries ``{d: <encoded chunk>}``
-of one stream (default ``shardreplay:chunks``) read by one group (default ``learners``):
-at-least-once delivery.
+The one importer of redis (:class:`RedisLink` serves the policy backend too). Chunks are
+entries ``{d: <encoded chunk>}`` of one stream read by one group: at-least-once delivery.
 
-- The reader takes new entries with ``XREADGROUP ... >``, ``max_len / 2`` at most (what it
-  holds counts against ``max_len``); they stay pending until acknowledged. ``ack`` queues
-  the ``XACK``, sent with the next read (or at ``close``, or at 256 queued) together with
-  the room tokens of point 2 below.
-- A restarted reader (same ``consumer``) first re-reads its own pending entries
-  (``XREADGROUP ... 0``), as does one whose ``XREADGROUP >`` or ``XAUTOCLAIM`` was re-sent
-  (the lost reply may have delivered entries); ``XAUTOCLAIM`` takes over entries pending
-  at another consumer for ``claim_idle_s``.
-- A repeated ``(actor_id, sequence)`` (a writer re-sends an ``XADD`` whose reply was lost)
-  is dropped and acknowledged, unless its entry is the one still in flight.
+- The reader takes new entries with ``XREADGROUP ... >``, ``max_len / 2`` at most; they
+  stay pending until acknowledged (``XACK`` goes out with the next read, with room tokens).
+- A restarted reader (same ``consumer``), or one whose ``XREADGROUP >`` or ``XAUTOCLAIM``
+  was re-sent, first re-reads its own pending entries (``XREADGROUP ... 0``);
+  ``XAUTOCLAIM`` takes over entries pending at another consumer for ``claim_idle_s``.
+- A repeated ``(actor_id, sequence)`` (a re-sent ``XADD``) is dropped and acknowledged,
+  unless its entry is the one still in flight.
 
 Back-pressure without losing data (``XADD ... MAXLEN`` evicts unread entries: never used):
 
-1. Only acknowledged entries are trimmed: below the minimum over groups of the oldest
-   pending id (else the last delivered id), ``XTRIM MINID`` (one Lua script).
-2. A writer adds while the stream's length at its last look plus its adds in flight
-   (:class:`RedisWriter`) is below ``max_len``. At the cap it trims exactly (``MINID``
-   without ``~``, which could keep a small stream at the cap) and waits for a room token
-   (:class:`RoomTokens`), or polls when the ACL refuses tokens. One writer never exceeds
-   ``max_len``; ``W`` writers by at most ``8 (W - 1)``.
+1. Only acknowledged entries are trimmed (:func:`trim_acknowledged`).
+2. A writer adds while the stream's length at its last look plus its adds in flight is
+   below ``max_len``; at the cap it trims exactly and waits for a room token
+   (:class:`RoomTokens`). One writer never exceeds ``max_len``; ``W`` writers by at most
+   ``8 (W - 1)``.
 3. With no group nothing is trimmed, so writers block rather than drop; writers create
    the group (at id 0) on first use, so nothing written before the learner starts is missed.
 
@@ -77,22 +70,13 @@ _TOKEN_WAIT_S = 3.0
 
 
 class RedisTransport:
-    """Chunks through a Redis stream read by a consumer group.
-
-    Args:
-        url: ``redis://host:port/db``.
-        spec: the spec every chunk must follow.
-        stream: the stream key.
-        group: the consumer group the learner reads in.
-        consumer: this reader's name in the group; keep it stable across restarts (one per
-            learner rank) so a restarted reader re-reads its own pending entries.
-        max_len: writers wait while the stream holds this many entries (see module doc).
-        max_chunk_bytes: the reader rejects longer entries.
-        dedup_window: sequences remembered per actor for duplicate detection.
-        claim_idle_s: entries pending this long at another consumer are taken over.
-        reconnect_timeout_s: a reader raises once the server is gone this long.
-        trim_interval_s: how often the reader trims acknowledged entries.
-        socket_timeout_s: per-command socket timeout.
+    """Chunks through the Redis stream ``stream`` of ``url`` read by consumer group
+    ``group``, as ``consumer`` (keep it stable across restarts, one per learner rank, so a
+    restarted reader re-reads its own pending entries). Writers wait while the stream
+    holds ``max_len`` entries; entries pending ``claim_idle_s`` at another consumer are
+    taken over; a reader raises once the server is gone ``reconnect_timeout_s``, and
+    trims acknowledged entries every ``trim_interval_s``. ``max_chunk_bytes``,
+    ``dedup_window`` and ``compression``: as for the other transports.
 
     Raises:
         ConfigError: a bad setting or URL.
@@ -174,7 +158,6 @@ class RedisTransport:
 
 
 def _unconsumed(r: Any, stream: str) -> int:
-    """See :meth:`RedisTransport.backlog`."""
     length = int(r.xlen(stream))
     groups = r.xinfo_groups(stream) if length else []
     if not groups:
@@ -197,8 +180,7 @@ class RedisWriter:
     every add whose reply was not read (a copy that did land is dropped by the reader).
     """
 
-    #: Adds a writer has in flight at most (their replies not read): an actor killed with
-    #: this many sent may not have delivered them.
+    #: Adds in flight at most (an actor killed with them sent may not have delivered them).
     MAX_IN_FLIGHT = 8
 
     def __init__(self, transport: RedisTransport) -> None:
@@ -274,8 +256,6 @@ class RedisWriter:
         self._connection().send_packed_command([data])  # XADD then XLEN, one send
 
     def _settle(self, deadline: float | None) -> None:
-        """Read the replies of every add in flight."""
-
         def settle(_: redis.Redis) -> None:
             conn = self._connection()
             try:
