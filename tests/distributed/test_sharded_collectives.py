@@ -160,7 +160,7 @@ DOCUMENTED = {
                   "update_priorities (new max)": 2, "update_priorities (again)": 1,
                   "global_sizes": 1, "len": 1, "extend": 0, "info": 0},
     "exact prefetch 2": {"first sample": 2, "sample": 2, "served sample": 0, "update_priorities": 0,
-                         "sample (updates queued)": 4, "sample (updates queued again)": 3,
+                         "sample (updates queued)": 3, "sample (updates queued again)": 2,
                          "flush_updates (none queued)": 1, "flush_updates": 2},
     # local mode routes nothing at update: every key a rank samples is its own, and another
     # rank's keys (passed here on purpose) travel with the next exchange, as with prefetch.
@@ -171,10 +171,10 @@ DOCUMENTED = {
                          "flush_updates (none queued)": 1, "flush_updates": 2},
     # Pipelined, a sample that hands out the last batch starts the next exchange: the first
     # call (nothing in flight) runs two exchanges, a later one one; after the updates were
-    # queued, the exchange that routes them (4, then 3 once the slot is sized) and the next
-    # (2). All on the buffer's group.
+    # queued, the exchange that routes them (3, then 2 once the slot is sized: the owners'
+    # new stats travel with the records) and the next (2). All on the buffer's group.
     "exact pipeline": {"first sample": 4, "sample": 2, "update_priorities": 0,
-                       "sample (updates queued)": 6, "sample (updates queued again)": 5,
+                       "sample (updates queued)": 5, "sample (updates queued again)": 4,
                        "flush_updates (none queued)": 1, "flush_updates": 2},
 }
 

@@ -2,10 +2,10 @@
 fetched from the shard that owns it.
 
 Every rank derives every requester's shard counts from one shared seed, so only the data
-is exchanged: windows are written from storage into packed records, a rank's own into
-their final rows while the others' are in flight, the others' into a send buffer for
-``all_to_all``, or on one host into the owner's region in ``/dev/shm``
-(:class:`SharedRecords`; docs/semantics.md, "Sharded sampling").
+is exchanged: each owner writes the windows every requester drew from it (its own
+included) into packed records, in a send buffer for ``all_to_all`` or on one host in its
+region in ``/dev/shm`` (:class:`SharedRecords`), and sends its shard's new figures with
+them (docs/semantics.md, "Sharded sampling").
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import os
 import socket
 import weakref
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,10 @@ import torch
 
 from shardreplay.buffer.device import write_records
 from shardreplay.buffer.shard import Shard
+from shardreplay.checkpoint.episodes import ranges
 from shardreplay.distributed.exchange import Drawn, ExchangeStats, split_batches
 from shardreplay.distributed.group import Collectives, Released
+from shardreplay.errors import EmptyBufferError
 from shardreplay.spec.layout import RecordLayout, data_parts
 from shardreplay.spec.torch_dtypes import torch_views
 
@@ -39,7 +40,8 @@ _KEY_BITS = 63  # host keys and nonces are non-negative int64s
 class ExactExchange:
     """The exchange strategy of ``mode="exact"``: draws a rank's prefetched batches from
     the global distribution (collective: one all_to_all of records, or on one host one
-    all_gather, plus one more while the shared-memory regions are (re)mapped).
+    all_gather, plus one more while the shared-memory regions are (re)mapped, and all of
+    it again when a batch is short of its count).
 
     ``hosts`` and ``nonces`` are every rank's :func:`host_key` and :func:`nonce`; ``pin``
     draws into page-locked memory (batches go to a GPU: one non-blocking copy per batch).
@@ -69,55 +71,80 @@ class ExactExchange:
         same on every rank: masses, batch sizes, and rank 0's seed).
 
         Each of a requester's ``k`` batches takes Multinomial(n, mass/total) items from the
-        shards, each item drawn from its shard's distribution: every batch is ``n`` i.i.d.
-        draws from the global distribution (grouped by owner inside the batch).
+        shards (:func:`_counts`), each item drawn from its shard's distribution: every batch
+        is ``n`` i.i.d. draws from the global distribution (grouped by owner inside the
+        batch). The masses are those the owners send with the records, taken when they
+        draw. When routed updates just landed (``stats.tail``), the owners do not know the
+        others' new masses yet: each draws a few spare items per batch beyond the counts of
+        ``stats``, and every requester takes its counts of the new masses from them; a
+        batch short of its count (rare) makes the ranks draw again with those masses.
 
         Raises:
+            EmptyBufferError: every shard's new mass is 0 (on every rank alike).
             CollectiveTimeout: a peer rank did not join in time.
         """
-        masses, batches, seed = stats.mass, stats.batch_size, int(stats.seed[0])
-        total, low = float(masses.sum()), float(stats.min_leaf.min())
-        me, n = self.rank, int(batches[self.rank])
-        # [K requesters, k batches, K owners]: Multinomial(batch size, mass / total) per batch.
-        counts = np.stack([np.random.default_rng([seed, r]).multinomial(int(batches[r]), masses / total,
-                                                                          size=k).astype(np.int64)
-                           for r in range(self.world_size)])
-        own_rows, foreign_rows = _result_rows(counts[me], n, me)
-        asked = counts.sum(axis=1).T.copy()  # asked[o, q]: items of owner o for requester q
-        np.fill_diagonal(asked, 0)  # nothing is sent to oneself
-        records = torch.empty((k * n, self._layout.record_bytes), dtype=torch.uint8, pin_memory=self._pin)
-        out = records.numpy()
-        share = float(masses[me]) / total
-        shared = self._shared_records(asked.sum(axis=1))
-        send = self._send_buffer(shared, int(asked[me].sum()))
-        own_starts, own_prob = self._draw_records(asked[me], own_rows.size, send, share)
-        write_own: Callable[[], None] | None = partial(self._write_records, out, own_rows, own_starts,
-                                                       own_prob, share)
+        return self._exchange(stats.mass, stats.batch_size, int(stats.seed[0]), k, bool(stats.tail.any()),
+                              released)
+
+    def _exchange(self, masses: np.ndarray, batches: np.ndarray, seed: int, k: int, spare: bool,
+                  released: Released | None, again: bool = False) -> list[Drawn]:
+        """One records collective (see :meth:`draw`): each owner draws ``planned`` items per
+        requester and batch (``spare``: more than ``masses`` give) and sends them with its
+        ``[written, mass, min leaf, max priority]``; ``again``: the counts of ``masses`` are final."""
+        me, rb, n = self.rank, self._layout.record_bytes, int(batches[self.rank])
+        counts = _counts(masses, batches, seed, k)  # [requester, batch, owner]
+        planned = counts + (counts // 8 + 1) * spare
+        sections = planned.sum(axis=1)  # [requester, owner]: rows an owner draws for a requester
+        shared = self._shared_records(sections.sum(axis=0))
+        head = 0 if shared is not None else -(-32 // rb)  # rows before each all_to_all section: post
+        sent = sections[:, me]
+        send = self._send_buffer(shared, int(sent.sum()) + head * self.world_size)
+        st = self.local.stats()
+        post = np.array([send is not None, st.mass, st.min_leaf, self.local.max_priority], np.float64)
+        firsts = np.cumsum(sent + head) - sent  # each requester's first row
+        if send is not None and st.mass > 0 and sent.any():
+            draw = self.local.draw(int(sent.sum()), advance_schedule=False)
+            write_records(self.local, self._layout, send, ranges(firsts, sent), draw.starts,
+                          draw.probabilities * st.mass, me)  # q * mass: divided by the total below
         if shared is not None:
-            if self._read_shared(shared, send is not None, out, foreign_rows, asked, write_own, released):
-                return self._split(records, n, total, low)
-            write_own = None  # done while the ranks agreed to fall back
-        if send is None:  # this rank's region failed: draw the others' items again
-            send = np.empty((int(asked[me].sum()), self._layout.record_bytes), np.uint8)
-            self._draw_records(asked[me], 0, send, share)
-        rb = self._layout.record_bytes
-        recv = self._comm.all_to_all(torch.from_numpy(send).reshape(-1), (asked[me] * rb).tolist(),
-                                     (asked[:, me] * rb).tolist(),
-                                     "ShardedReplayBuffer.sample(records)", while_waiting=write_own,
-                                     released=released)
-        if recv.numel():
-            out[foreign_rows] = recv.cpu().numpy().reshape(-1, rb)
-        return self._split(records, n, total, low)
+            post_all = self._comm.all_gather(torch.from_numpy(post),
+                                             "ShardedReplayBuffer.sample(records written)",
+                                             released=released).cpu().numpy()
+            if not post_all[:, 0].all():
+                shared.forget_names()
+                self._shared = False
+                return self._exchange(post_all[:, 1], batches, seed, k, False, released, again=True)
+            sources = self._mapped(shared, planned[:me].sum(axis=(0, 1)), sections[me], released)
+        else:
+            assert send is not None
+            for first in firsts:
+                send[first - head:first].reshape(-1)[:32] = post.view(np.uint8)
+            recv = self._comm.all_to_all(torch.from_numpy(send).reshape(-1), ((sent + head) * rb).tolist(),
+                                         ((sections[me] + head) * rb).tolist(),
+                                         "ShardedReplayBuffer.sample(records)", released=released)
+            sources = np.split(recv.cpu().numpy().reshape(-1, rb), np.cumsum(sections[me] + head)[:-1])
+            post_all = np.stack([s[:head].reshape(-1)[:32].view(np.float64) for s in sources])
+            sources = [s[head:] for s in sources]
+        final = counts if again else _counts(post_all[:, 1], batches, seed, k)
+        if (final > planned).any():  # alike on every rank: all see every count
+            return self._exchange(post_all[:, 1], batches, seed, k, False, released, again=True)
+        total = float(post_all[:, 1].sum())
+        self.local.raise_max_priority(float(post_all[:, 3].max()))
+        drawn, got = planned[me].T, final[me].T  # [owner, batch]: items drawn, items taken
+        into = np.arange(k) * n + np.cumsum(got, axis=0) - got  # each owner's first row in a batch
+        records = torch.empty((k * n, rb), dtype=torch.uint8, pin_memory=self._pin)
+        out = records.numpy()
+        for o, source in enumerate(sources):
+            out[ranges(into[o], got[o])] = source[ranges(np.cumsum(drawn[o]) - drawn[o], got[o])]
+        parts = torch_views(self._layout, records)
+        parts["probability"].div_(total)
+        return split_batches(data_parts(parts), parts["mask"], parts["key"], parts["probability"], n,
+                             total, float(post_all[:, 2].min()), 1.0, self.local.current_beta(), records)
 
     @property
     def uses_shared_memory(self) -> bool | None:
         """Whether refills go through shared memory (None before the first refill)."""
         return None if self._shared is None else self._shared is not False
-
-    def _split(self, records: torch.Tensor, n: int, total: float, low: float) -> list[Drawn]:
-        parts = torch_views(self._layout, records)
-        return split_batches(data_parts(parts), parts["mask"], parts["key"], parts["probability"], n,
-                             total, low, 1.0, self.local.current_beta(), records)
 
     def _shared_records(self, sent: np.ndarray) -> SharedRecords | None:
         """The same-host regions sized for this refill (rank ``r`` sends ``sent[r]``
@@ -144,68 +171,35 @@ class ExactExchange:
                          "through the process group from now on", self.rank, exc)
             return None
 
-    def _read_shared(self, shared: SharedRecords, written: bool, out: np.ndarray,
-                     foreign_rows: np.ndarray, asked: np.ndarray,
-                     while_waiting: Callable[[], None] | None, released: Released | None) -> bool:
-        """Agree that every region is written, then copy this rank's rows out of each
-        owner's region. False (on every rank alike) when a rank's region failed: the
-        exchange then goes through all_to_all, now and later."""
-        ready = self._comm.all_gather(torch.tensor([float(written)], dtype=torch.float64),
-                                      "ShardedReplayBuffer.sample(records written)",
-                                      while_waiting=while_waiting, released=released).cpu().numpy()
-        if not ready.all():
-            shared.forget_names()
-            self._shared = False
-            return False
+    def _mapped(self, shared: SharedRecords, first: np.ndarray, count: np.ndarray,
+                released: Released | None) -> list[np.ndarray]:
+        """Rows ``first[o] .. first[o] + count[o]`` of each owner ``o``'s region (mapped,
+        its name removed once every rank has mapped it)."""
         shared.map_peers()
         if shared.fresh:  # alike on every rank: the sizes are planned from the same counts
             self._comm.all_gather(torch.zeros(1, dtype=torch.float64),
                                   "ShardedReplayBuffer.sample(regions mapped)", released=released)
             shared.forget_names()
-        me, at = self.rank, 0
-        for owner in range(self.world_size):
-            count = int(asked[owner, me])
-            if count:
-                first = int(asked[owner, :me].sum())  # requesters before me in owner's region
-                out[foreign_rows[at:at + count]] = shared.peer_rows(owner, first, count)
-                at += count
-        return True
-
-    def _draw_records(self, asked: np.ndarray, own: int, send: np.ndarray | None,
-                      share: float) -> tuple[np.ndarray, np.ndarray]:
-        """Draw ``own`` windows of this shard for this rank and ``asked[r]`` for each other
-        requester ``r``. The others' are written packed, in rank order, into ``send`` (when
-        given); returns the starts and local probabilities of this rank's own.
-        Probabilities written are global (times ``share``)."""
-        others = int(asked.sum())
-        if others + own == 0:
-            return np.empty(0, np.int64), np.empty(0, np.float64)
-        draw = self.local.draw(others + own, advance_schedule=False)
-        if send is not None:
-            self._write_records(send, np.arange(others), draw.starts[:others],
-                                draw.probabilities[:others], share)
-        return draw.starts[others:], draw.probabilities[others:]
-
-    def _write_records(self, out: np.ndarray, rows: np.ndarray, starts: np.ndarray,
-                       prob: np.ndarray, share: float) -> None:
-        write_records(self.local, self._layout, out, rows, starts, prob * share, self.rank)
+        return [shared.peer_rows(o, int(first[o]), int(count[o])) for o in range(self.world_size)]
 
 
-def _result_rows(mine: np.ndarray, n: int, me: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of this rank's result for its own items, and for the others' in the order they
-    arrive (by owner, then batch). ``mine[j, o]`` items of owner ``o`` fill a run of rows
-    inside batch ``j`` (rows ``j*n .. j*n + n``)."""
-    first_row = np.arange(mine.shape[0])[:, None] * n + np.cumsum(mine, axis=1) - mine
-    rows = _runs(first_row.T.reshape(-1), mine.T.reshape(-1))
-    start = int(mine[:, :me].sum())
-    own = np.arange(start, start + int(mine[:, me].sum()))
-    return rows[own], np.delete(rows, own)
+def _counts(masses: np.ndarray, batches: np.ndarray, seed: int, k: int) -> np.ndarray:
+    """Items per ``[requester r, batch, owner]``: each of ``r``'s ``k`` batches takes
+    Multinomial(``batches[r]``, masses / total), by the inverse CDF of ``seed``'s uniforms
+    (so the counts of nearby masses differ only where a uniform falls between them).
 
-
-def _runs(firsts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(f, f + n) for f, n in zip(firsts, lengths)])``, vectorised."""
-    ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if ends.size else 0) + np.repeat(firsts - (ends - lengths), lengths)
+    Raises:
+        EmptyBufferError: every mass is 0.
+    """
+    world, cum = len(masses), np.cumsum(masses)
+    if not cum[-1] > 0:
+        raise EmptyBufferError("no shard has a window to sample: write more steps first")
+    u = np.random.default_rng(seed).random((world, k, int(np.max(batches))))
+    last = int(np.flatnonzero(masses > 0)[-1])  # u * total may round up to the total
+    owner = np.minimum(np.searchsorted(cum, u * cum[-1], side="right"), last)
+    slots = np.arange(world * k).reshape(world, k, 1) * world + owner
+    slots = slots[np.broadcast_to(np.arange(u.shape[2]) < np.reshape(batches, (-1, 1, 1)), slots.shape)]
+    return np.bincount(slots, minlength=world * k * world).reshape(world, k, world)
 
 
 def host_key(enabled: bool) -> int:
@@ -274,8 +268,12 @@ class SharedRecords:
         return self._own[:rows]
 
     def peer_rows(self, rank: int, start: int, count: int) -> np.ndarray:
-        """Rows ``start .. start + count`` of ``rank``'s region (read-only)."""
-        return self._peers[rank][1][start:start + count]
+        """Rows ``start .. start + count`` of ``rank``'s region (read-only but this rank's)."""
+        if not count:  # the region may not exist
+            return np.empty((0, self.record_bytes), np.uint8)
+        region = self._own if rank == self.rank else self._peers[rank][1]
+        assert region is not None
+        return region[start:start + count]
 
     def map_peers(self) -> None:
         """Map every peer region of a new generation (all of them, needed now or not:

@@ -219,7 +219,8 @@ class Refill:
         rows, _ = self._router.send(self._stats(n).to_tensor().numpy(), pending, STATS_OPS, released, run)
         stats = ExchangeStats.from_tensor(torch.from_numpy(rows))  # its tail: the counts sent
         self._router.learn_key_tags(stats.key_tag)
-        if stats.tail.any():  # updates landed: the draw must see them
+        if stats.tail.any() and self.strategy.agree_every > 1:  # updates landed: the draw must see
+            # them (exact mode's draw has every shard's new figures sent with its records)
             rows_again = self._comm.all_gather(self._stats(n).to_tensor(),
                                                "ShardedReplayBuffer.sample(stats again)", released=released)
             stats, box = ExchangeStats.from_tensor(rows_again), []

@@ -11,9 +11,10 @@ Collectives per call (``tests/distributed/test_sharded_collectives.py`` counts t
 ``test_exchange_round_trips.py`` their round trips; on gloo each is one round trip at any
 K; docs/multi-machine.md gives their bytes). An *exchange* is one all_to_all of the stats
 with the queued updates in a slot per owner (a second for those past it, the first time
-they travel); an all_gather of the stats again when any rank had updates queued; then in
-exact mode one all_to_all of records, or on one host one all_gather "records written"
-(plus "regions mapped" when shared-memory regions are (re)made); nothing more in local mode.
+they travel); then in exact mode one all_to_all of records with the owners' new stats, or
+on one host one all_gather of "records written" and the stats (plus "regions mapped" when
+shared-memory regions are (re)made; all of it again when a batch is short of its count);
+in local mode an all_gather of the stats again when any rank had updates queued.
 
 * ``sample``: one exchange when no batch is prefetched (every k-th call with
   ``prefetch=k``); with ``pipeline=True`` on the background thread's own group. In local
