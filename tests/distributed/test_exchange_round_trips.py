@@ -14,9 +14,10 @@ receiver's "ready" (gloo/transport/tcp/pair.cc):
 The round trips an exchange pays across hosts are then the sum over its collectives. They
 must not grow with K: the ring all_gathers made a pipelined exact exchange (then 4
 collectives) pay 2 (K-1) + 2, 16 at K = 8; it is 2 now (the queued updates travel with the
-first statistics, the owners' new statistics with the records). ``local`` mode's ``update_priorities`` issues none (every key
-it samples is its own), and its ``sample`` one every 16th call (the agreement; the first
-call's is not counted here, ``test_sharded_collectives.py`` counts the schedule).
+first statistics, the owners' new statistics with the records). ``local`` mode's
+``update_priorities`` issues none (every key it samples is its own), and its ``sample`` one
+every 16th call (the agreement; the first call's is not counted here,
+``test_sharded_collectives.py`` counts the schedule).
 """
 
 from __future__ import annotations
