@@ -157,7 +157,7 @@ class GymStepWriter:
         # step takes Shard.write.
         held = self._shard.held_writer(self._names)
         self._write_held: Callable[..., int] = held or _refused
-        self._can_hold = held is not None
+        self._can_hold = held is not None and self._lock is None  # no lock to hold around it
         self._ready = False  # the next step may take _write_held (see _set_ready)
         self.num_envs = n
         self._obs_field, self._reward_dtype = spec[observation], spec[reward].dtype
@@ -257,7 +257,7 @@ class GymStepWriter:
                 final observations (a SAME_STEP env), or a SAME_STEP env's done without
                 ``info["final_obs"]``. Nothing is written then.
         """
-        if self._ready and not info and self._lock is None:
+        if self._ready and not info:
             # The common step: checked and written, the next observation checked and held, in
             # one compiled call.
             got = self._write_held(self._types, self._held, action, reward, obs, self._spare, terminated,

@@ -202,11 +202,12 @@ def _add(records, own, pos_and_counters, state, discount, step_types, values):  
 
 
 @numba.njit(**SMALL_CALL)
-def add_held(records, own, pos_and_counters, state, discount, step_types, a, b, c, nxt, spare, term,
+def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, spare, term,
              trunc):  # pragma: no cover
-    """:func:`add_step` of 3 fields (``GymStepWriter``'s) that also takes the first
-    field's next value: ``nxt`` checked as that field (shape, finite), then the write,
-    then ``nxt`` copied into ``spare`` (the caller holds it until the next step).
+    """:func:`add_step` of 3 fields (``GymStepWriter``'s), every discount 1.0, that also
+    takes the first field's next value: ``nxt`` checked as that field (shape, finite),
+    then the write, then ``nxt`` copied into ``spare`` (the caller holds it until the
+    next step).
 
     Returns what :func:`add_step` returns, plus :data:`DONE` when some ``term`` or
     ``trunc`` flag (bool ``[S]``) is set; :data:`BAD_INPUT` with nothing changed when
@@ -214,6 +215,9 @@ def add_held(records, own, pos_and_counters, state, discount, step_types, a, b, 
     n_rows = state[ROWS]
     if not _value_ok(nxt, state, PLAN, n_rows) or term.shape[0] != n_rows or trunc.shape[0] != n_rows:
         return BAD_INPUT
+    discount_at, end = state_parts(n_rows, state[FIELDS], state[WINDOW])[2:]
+    discount = state[discount_at:end].view(np.float32)[:n_rows]
+    discount[:] = 1.0  # a step without a discount (an add's may be left there)
     delta = _add(records, own, pos_and_counters, state, discount, step_types, (a, b, c))
     if delta == BAD_INPUT:
         return delta
@@ -276,8 +280,8 @@ def compiled_add_step(args: tuple[Any, ...], held: bool = False) -> Any:
     """A dispatcher of the add (the entry point of ``len(args) - 6`` fields; with
     ``held``, :func:`add_held`) compiled (or loaded from numba's cache) for arguments of
     the types of ``args`` only: arguments of any other type raise ``TypeError`` at
-    dispatch. ``args`` = (records as uint8 rows, the own array
-    as uint8 rows, positions and counters, state, discounts, step types, *values)."""
+    dispatch. ``args`` = (records as uint8 rows, the own array as uint8 rows, positions
+    and counters, state, discounts (not with ``held``), step types, *values)."""
     if held:
         return _compiled(add_held, [numba.typeof(x) for x in args])
     return compiled_for(_ENTRIES, 6, args)

@@ -200,18 +200,27 @@ class OneStepAdd:
             for cast in self._fix:  # inline: a call per place costs as much as the copy
                 at = cast.at
                 value = taken[at]
-                if type(value) is cast.kind:
-                    if cast.src is not None and cast.kind is not np.ndarray:
+                if type(value) is not cast.kind:
+                    continue  # handed on as it comes: the dispatcher takes it if it is stored, or refuses
+                if cast.src is None:  # a Python number, as numpy reads it (ints range-checked)
+                    cast.flat[0] = value
+                else:
+                    if cast.kind is not np.ndarray:
                         value = to_numpy(value)  # a list, a tensor
-                    if cast.src is None or (value.dtype is cast.src and value.shape == cast.shape):
-                        if cast.casting is None:  # a Python number as numpy reads it (ints range-checked)
+                    if value.dtype is not cast.src or value.shape != cast.shape:
+                        continue
+                    if cast.casting is None:  # copied (one value: as a Python number, ints range-checked)
+                        if cast.one:
+                            cast.flat[0] = value.item()
+                        else:
                             cast.into[...] = value
-                            taken[at] = cast.out
-                        else:  # integers range-checked (ValueError), or a tensor read in place
-                            value = value.astype(cast.dtype, order="C", casting=cast.casting, copy=False)
-                            taken[at] = value if cast.to is None else value.reshape(cast.to)
+                    else:  # integers range-checked (ValueError), or a tensor read in place
+                        value = value.astype(cast.dtype, order="C", casting=cast.casting, copy=False)
+                        taken[at] = value if cast.to is None else value.reshape(cast.to)
                         idle = False
-                # Else handed on as it comes: the dispatcher takes it if it is stored, or refuses.
+                        continue
+                taken[at] = cast.out
+                idle = False
             if idle:  # a loop that changed its kinds for good: forgotten after a while
                 self._idle += 1
                 self._fix = self._fix if self._idle < FORGET_AFTER else ()
@@ -239,8 +248,8 @@ class OneStepAdd:
 
     def _write(self, values: tuple[Any, ...], held: bool = False) -> int:
         """The write of ``values`` (kernel order) by the kernel, or with ``held``
-        (``values`` then end with next value, spare, terminated, truncated) by
-        ``held_writer``'s, and what follows it. Returns what ``held_writer``'s write returns."""
+        (``values`` then have no discount and end with next value, spare, terminated,
+        truncated) by ``held_writer``'s, and what follows it. Returns what ``held_writer``'s write returns."""
         if self._default_priority is not None:
             self._priority[0] = self._default_priority()
         if self._store is not None:
@@ -255,7 +264,7 @@ class OneStepAdd:
         if done:
             delta -= DONE
         if self._own or self._on_write is not None:
-            self._after_write(self._taken, delta)
+            self._after_write((self._ones, *self._taken) if held else self._taken, delta)
         else:
             self._storage.num_valid += delta
         return 2 if done else 1
@@ -268,18 +277,17 @@ class OneStepAdd:
         (written), 2 (written; some env's episode ended) or 0 (nothing written: a value
         the full path refuses, or this writer was replaced)."""
         if self._held is None:
-            ones, types, obs, *rest = self._canonical
+            _ones, types, obs, *rest = self._canonical
             flags = np.zeros(self._rows, np.bool_)
-            args = (*self._head, ones, types, obs, *rest, obs, obs.copy(), flags, flags)
+            args = (*self._head, types, obs, *rest, obs, obs.copy(), flags, flags)
             self._held = kernel.compiled_add_step(args, held=True)
             flag = ("done", np.dtype(np.bool_), self._rows, 0)
-            self._held_targets = (*self._targets, self._targets[2], self._targets[2], flag, flag)
+            self._held_targets = (*self._targets[1:], self._targets[2], self._targets[2], flag, flag)
         return self._write_held
 
-    def _write_held(self, *args: Any) -> int:
+    def _write_held(self, *values: Any) -> int:
         if not self.open:
             return 0
-        values = (self._ones, *args)
         if not self._simple:
             return self._write(values, held=True)
         delta = self._call(self._held, self._head, values, self._held_targets)
@@ -355,7 +363,7 @@ class _Cast:
     a value of the same kind: the same Python number type (written into ``out``), or an array
     (list, tensor) of the same dtype and shape (copied into ``out``, or cast with ``casting``)."""
 
-    __slots__ = ("at", "casting", "dtype", "into", "kind", "out", "shape", "src", "to")
+    __slots__ = ("at", "casting", "dtype", "flat", "into", "kind", "one", "out", "shape", "src", "to")
 
     def __init__(self, at: int, value: Any, target: tuple[Any, ...]) -> None:
         _name, dtype, shape, _ndim = target
@@ -365,13 +373,15 @@ class _Cast:
         self.src: np.dtype | None = None if number else arr.dtype
         self.shape = arr.shape
         self.casting: str | None = None  # None: copied into ``out``, a view of it in the value's shape
-        if dtype.kind in "iu" and not np.can_cast(arr.dtype, dtype, "safe"):
+        self.one = arr.size == 1  # copied as a Python number: no array made, ints range-checked
+        if dtype.kind in "iu" and not self.one and not np.can_cast(arr.dtype, dtype, "safe"):
             self.casting = "same_value"  # range-checked (ValueError on numpy < 2.3: never repeated)
         elif not number and self.kind is not np.ndarray and arr.dtype == dtype:
             self.casting = "no"  # a tensor of the stored dtype: read in place
         if self.casting is None:
             self.out = np.empty(shape, dtype)
             self.into = self.out.reshape(arr.shape)  # as_stored only adds unit axes
+            self.flat = self.out.reshape(-1)
         self.to = None if arr.shape == shape else shape  # the shape a cast is viewed in
 
 
