@@ -157,12 +157,12 @@ def test_the_restore_session_enforces_its_order_and_guards_saving(tmp_path: Path
         pass
     assert shard.pending_restore == "again"
     with shard.restore("done") as session:
-        session.finish(np.zeros(ROWS, np.int64), 0, max_priority=2.0, draws=3, rng_state=None,
-                       stale_updates=0, key_epoch=7, key_tag=None)
+        session.finish(np.zeros(ROWS, np.int64), 0, sampler_state={"max_priority": 2.0, "draws": 3},
+                       rng_state=None, stale_updates=0, key_epoch=7, key_tag=None)
         with pytest.raises(CheckpointError, match="not allowed"):
             session.targets()  # placing after finish
         with pytest.raises(CheckpointError, match="not allowed"):
-            session.finish(np.zeros(ROWS, np.int64), 0, max_priority=1.0, draws=0, rng_state=None,
+            session.finish(np.zeros(ROWS, np.int64), 0, sampler_state={}, rng_state=None,
                            stale_updates=0, key_epoch=7, key_tag=None)
     assert shard.pending_restore is None and shard.key_epoch == 7 and buf.info().max_priority == 2.0
     with pytest.raises(CheckpointError, match="not allowed"):

@@ -14,16 +14,25 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from shardreplay.buffer.state import ShardParts
 from shardreplay.errors import CheckpointError, ShardReplayError
-from shardreplay.samplers import PrioritizedSampler
+from shardreplay.samplers import Sampler
+from shardreplay.spec import Spec
+from shardreplay.storage import StreamStorage
 
 _OPEN, _FINISHED, _CLOSED = "open", "finished", "closed"
 
 
-class Restorable(ShardParts, Protocol):
-    """What a session restores of a :class:`~shardreplay.buffer.shard.Shard`."""
+class ShardParts(Protocol):
+    """What a session and the state dict (state.py) read and restore of a
+    :class:`~shardreplay.buffer.shard.Shard`, typed by these members so that the Shard's
+    module (which uses both) is not imported back."""
 
+    spec: Spec
+    window: int
+    _storage: StreamStorage
+    _sampler: Sampler
+    rng: np.random.Generator
+    stale_updates: int
     _restoring: RestoreSession | None
 
 
@@ -37,7 +46,7 @@ class RestoreSession:
             handed out from the replaced content stay stale.
     """
 
-    def __init__(self, shard: Restorable, source: str, key_epoch_floor: int) -> None:
+    def __init__(self, shard: ShardParts, source: str, key_epoch_floor: int) -> None:
         self._shard = shard
         self._floor = int(key_epoch_floor)
         self._state = _CLOSED
@@ -125,12 +134,14 @@ class RestoreSession:
         self._check(_OPEN, "placing start rows")
         self._starts[name] = (np.asarray(slots, np.int64), values)
 
-    def finish(self, pos: np.ndarray, next_episode_id: int, *, max_priority: float, draws: int,
+    def finish(self, pos: np.ndarray, next_episode_id: int, *, sampler_state: Mapping[str, Any],
                rng_state: Mapping[str, Any] | None, stale_updates: int, key_epoch: int,
                key_tag: int | None) -> None:
         """After steps were placed: set positions, rebuild validity and the sampler's trees,
-        restore its maximum priority and schedule position (prioritized only), the RNG
-        (when given), the stale-update count, the key epoch and (when given) the key tag.
+        load ``sampler_state`` (its ``load_state_dict``: a prioritized sampler's maximum
+        priority and schedule position, a fifo's waiting windows; what a sampler does not
+        keep is ignored), the RNG (when given), the stale-update count, the key epoch and
+        (when given) the key tag.
 
         Raises:
             CheckpointError: called twice, or outside the with-block.
@@ -142,8 +153,7 @@ class RestoreSession:
         except ShardReplayError as exc:  # a start step without its row
             raise CheckpointError(f"cannot restore {self.source}: {exc}") from exc
         shard._sampler.rebuild()
-        if isinstance(shard._sampler, PrioritizedSampler):
-            shard._sampler.load_state_dict({"max_priority": float(max_priority), "draws": int(draws)})
+        shard._sampler.load_state_dict(dict(sampler_state))
         if rng_state is not None:
             shard.rng.bit_generator.state = dict(rng_state)
         shard.stale_updates = int(stale_updates)
@@ -166,7 +176,6 @@ class RestoreSession:
         shard._storage.clear()
         shard._storage.finish_restore(shard._storage.pos, 0)
         shard._sampler.rebuild()
-        if isinstance(shard._sampler, PrioritizedSampler):
-            shard._sampler.load_state_dict({"max_priority": 1.0, "draws": 0})
+        shard._sampler.load_state_dict({"max_priority": 1.0, "draws": 0})
         shard._storage.key_epoch = max(shard._storage.key_epoch, self._floor)
         self._state = _OPEN

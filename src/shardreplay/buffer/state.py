@@ -8,32 +8,18 @@ arrays wrapped without a copy). ``load_state_dict`` takes tensors or numpy array
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
+from shardreplay.buffer.restore import RestoreSession, ShardParts
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.samplers import Sampler
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import is_key_tag
 from shardreplay.spec.validation import check_step_values
-from shardreplay.storage import StreamStorage
 
 STATE_VERSION = 1
-
-
-class ShardParts(Protocol):
-    """What the state dict reads and restores of a buffer's
-    :class:`~shardreplay.buffer.shard.Shard`, typed by these members so that the Shard's
-    module (whose ``export`` uses this one) is not imported back."""
-
-    spec: Spec
-    window: int
-    _storage: StreamStorage
-    _sampler: Sampler
-    rng: np.random.Generator
-    stale_updates: int
 
 
 def export_state(shard: ShardParts, field_views: bool = False) -> dict[str, Any]:
@@ -78,11 +64,11 @@ def state_as_tensors(state: dict[str, Any]) -> dict[str, Any]:
 
 def import_state(shard: ShardParts, state: Mapping[str, Any]) -> None:
     """Check ``state`` fully, then restore it into a buffer's ``shard`` (all or nothing)."""
-    storage, sampler, rng = shard._storage, shard._sampler, shard.rng
+    storage, sampler = shard._storage, shard._sampler
     meta, arrays = _split(state)
     _check_layout(shard, meta)
     _check_arrays(shard, arrays)
-    next_episode_id, stale_updates, key_epoch = _check_counters(meta, rng)
+    next_episode_id, stale_updates, key_epoch = _check_counters(meta, shard.rng)
     key_tag = meta.get("key_tag", storage.key_tag)  # a state from before key tags keeps ours
     if not is_key_tag(key_tag):
         raise ConfigError(f"state meta: key_tag {key_tag!r} is not a key tag; "
@@ -94,14 +80,26 @@ def import_state(shard: ShardParts, state: Mapping[str, Any]) -> None:
     sampler_state = _sampler_state(meta, arrays)
     sampler.check_state(sampler_state, arrays)
     # Everything is checked: from here on nothing can fail half-way.
-    storage.import_steps(arrays)
-    storage.counters[0] = next_episode_id
-    storage.key_epoch = key_epoch
-    storage.key_tag = int(key_tag)
-    shard.stale_updates = stale_updates
-    sampler.rebuild()
-    sampler.load_state_dict(sampler_state)
-    rng.bit_generator.state = meta["rng"]
+    with RestoreSession(shard, "a state of load_state_dict()", 0) as session:
+        _place(session, storage.stored_slots(arrays["row_pos"]), arrays)
+        session.finish(arrays["row_pos"], next_episode_id, sampler_state=sampler_state, rng_state=meta["rng"],
+                       stale_updates=stale_updates, key_epoch=key_epoch, key_tag=int(key_tag))
+
+
+def _place(session: RestoreSession, stored: tuple[np.ndarray, np.ndarray], arrays: Mapping[str, Any]) -> None:
+    """Place a checked state's steps through ``session`` at the ``stored`` slots and row
+    lengths of its positions (the order of its arrays)."""
+    slots, lengths = stored
+    for name, target in session.targets().items():
+        target[slots] = arrays[name]
+    row_start = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    for name, store in session.frame_stores().items():  # row by row, in time order
+        for r in range(lengths.shape[0]):
+            a, b = row_start[r], row_start[r + 1]
+            store.load_row(r, slots[a:b], arrays[f"field.{name}"][a:b], -1)
+    starts = slots if session.period == 1 else slots[arrays["episode_step"] % session.period == 0]
+    for name in session.start_fields():
+        session.place_starts(name, starts, arrays[f"field.{name}"])
 
 
 def _split(state: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, np.ndarray]]:

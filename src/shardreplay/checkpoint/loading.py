@@ -250,8 +250,8 @@ def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, s
     sources = metas[shard:shard + 1] if exact else metas  # re-planned: the largest of any part's
     session.finish(positions[shard] if exact else plan.row_lengths,
                    mine.next_episode_id if exact and mine is not None else len(episodes),
-                   max_priority=max([m.max_priority for m in sources] or [1.0]),
-                   draws=max([m.draws for m in sources] or [0]),
+                   sampler_state={"max_priority": max([m.max_priority for m in sources] or [1.0]),
+                                  "draws": max([m.draws for m in sources] or [0])},
                    rng_state=None if mine is None else mine.rng,
                    stale_updates=0 if mine is None else mine.stale_updates, key_epoch=epoch,
                    key_tag=None if mine is None else mine.key_tag)  # a part from before key tags keeps ours

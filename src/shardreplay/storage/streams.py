@@ -401,18 +401,25 @@ class StreamStorage:
         return arr.reshape(arr.shape[0], -1).view(np.uint8), 0, _nbytes(arr.dtype, arr.shape[1:])
 
     # -- state in time order --------------------------------------------------------------
-    def stored_slots(self) -> tuple[np.ndarray, np.ndarray]:
-        """Flat slots of all stored steps, row by row in time order, and the row lengths."""
-        return _stored_slots(self.pos, self.stream_capacity)
+    def stored_slots(self, pos: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Flat slots of all stored steps, row by row in time order, and the row lengths
+        (of rows at positions ``pos``, by default the storage's)."""
+        pos, cap = self.pos if pos is None else np.asarray(pos, np.int64), self.stream_capacity
+        lengths = np.minimum(pos, cap)
+        starts = pos - lengths
+        row_of = np.repeat(np.arange(pos.shape[0]), lengths)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        within = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+        return row_of * cap + (np.repeat(starts, lengths) + within) % cap, lengths
 
     def valid_after_import(self, steps: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Validity flags ``[S*C]`` that :meth:`import_steps` of ``steps`` would give,
-        computed on scratch arrays (this storage is not touched).
+        """Validity flags ``[S*C]`` that a restore of ``steps`` (a state's arrays) would
+        give, computed on scratch arrays (this storage is not touched).
 
         ``steps`` must be checked for shapes and dtypes already.
         """
         pos = np.asarray(steps["row_pos"], np.int64)
-        slots, _lengths = _stored_slots(pos, self.stream_capacity)
+        slots, _lengths = self.stored_slots(pos)
         step_type = np.zeros(self.size, STEP_TYPE_DTYPE)
         episode_id = np.zeros(self.size, np.int64)
         step_type[slots] = steps["step_type"]
@@ -526,41 +533,6 @@ class StreamStorage:
         if self.period > 1:
             self.num_valid -= self._clear_off_grid()
 
-    def import_steps(self, steps: Mapping[str, np.ndarray]) -> None:
-        """Inverse of :meth:`export_steps` (arrays already checked by the caller).
-
-        Raises:
-            ShardReplayError: an ``at_starts`` field has another number of rows than there
-                are start steps.
-        """
-        self.clear()
-        self.pos[:] = steps["row_pos"]
-        slots, lengths = self.stored_slots()
-        for name, arr in self.fields.items():
-            arr[slots] = steps[f"field.{name}"]
-        row_start = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-        for name, store in self.stacked.items():  # row by row, in time order
-            for r in range(lengths.shape[0]):
-                a, b = row_start[r], row_start[r + 1]
-                store.load_row(r, slots[a:b], steps[f"field.{name}"][a:b], -1)
-        for name in self.step_arrays:
-            getattr(self, name)[slots] = steps[name]
-        if self.starts:  # after the episode offsets, which say the start steps
-            self.start_rows.load(slots, lengths, self.is_start(slots),
-                                 {name: np.asarray(steps[f"field.{name}"]) for name in self.starts})
-        self._recompute_validity()
-
 
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)
 
-
-def _stored_slots(pos: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Flat slots of the stored steps of rows at positions ``pos``, row by row in time
-    order, and the row lengths."""
-    lengths = np.minimum(pos, cap)
-    starts = pos - lengths
-    row_of = np.repeat(np.arange(pos.shape[0]), lengths)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    within = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
-    slots = row_of * cap + (np.repeat(starts, lengths) + within) % cap
-    return slots, lengths
