@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from shardreplay.buffer.nstep import Observation, Transitions, _check_gamma, _check_n, nstep_returns
+from shardreplay.buffer.nstep import Observation, Transitions, _check_gamma, _check_n, _ends, nstep_returns
 from shardreplay.errors import SpecMismatchError
 from shardreplay.kernels.codes import numba_takes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers.uniform import UniformSampler
-from shardreplay.spec.fields import StepType
 from shardreplay.storage.streams import _nbytes
 
 if TYPE_CHECKING:
@@ -227,19 +226,10 @@ def _sample_in_steps(storage: StreamStorage, plan: _Plan, starts: np.ndarray, we
                                      torch.from_numpy(mask[:, :n + 1]), gamma, validate=False)
     last = cut[np.arange(cut.shape[0]), m.numpy()]
     obs, next_obs = _observations(storage, plan, starts, last)
+    ends = _ends(torch.from_numpy(storage.step_type[last]), torch.from_numpy(storage.discount[last]))
     return Transitions(obs=obs, action=torch.from_numpy(_steps_of(storage, plan.action, starts)),
                        reward=returns, next_obs=next_obs, bootstrap_discount=boot,
-                       weights=torch.from_numpy(weights), keys=torch.from_numpy(keys), num_steps=m,
-                       **_stored_ends(storage.step_type[last], storage.discount[last]))
-
-
-def _stored_ends(step_type: np.ndarray, discount: np.ndarray) -> dict[str, torch.Tensor]:
-    """``terminated`` and ``truncated`` of the bootstrap steps (nstep.py's ``_ends``) in numpy:
-    for a batch this small, four torch operations cost several times what numpy's do
-    (figures: benchmarks/replay/RESULTS-single-env.md)."""
-    is_last = step_type == int(StepType.LAST)
-    ends = discount == 0
-    return {"terminated": torch.from_numpy(is_last & ends), "truncated": torch.from_numpy(is_last & ~ends)}
+                       weights=torch.from_numpy(weights), keys=torch.from_numpy(keys), num_steps=m, **ends)
 
 
 def _steps_of(storage: StreamStorage, name: str, slots: np.ndarray) -> np.ndarray:
