@@ -11,6 +11,8 @@ their priorities. Steps are timed:
   waits for the whole write;
 * ``background`` (now): one step calls ``checkpoint.save_in_background``; the steps go on
   while the forked child writes, and every step until it is written counts as *during* it.
+  An untimed background save comes first, as in a run, whose later saves fork a parent
+  whose memory the earlier ones' copy on write has changed.
 
 Longest step during the checkpoint against the median step without one (target: at most
 the median + 50 ms), and the longest ``extend`` during it (ingest is never blocked on
@@ -115,6 +117,13 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
 
     learner = learner or Learner(buf, streams, obs_shape)
     _steps(learner, 20)  # warm: kernels, caches
+    # A run's saves after its first: the steps during that one split the huge pages they
+    # wrote (copy on write), which the next fork pays for unless they are regrouped.
+    shutil.rmtree(root, ignore_errors=True)
+    first = checkpoint.save_in_background(buf, root, 0, keep_last=None)
+    while not first.done():
+        learner.step()
+    first.wait()
     baseline = _steps(learner, steps)
     median = statistics.median(baseline)
     shutil.rmtree(root, ignore_errors=True)
@@ -124,6 +133,7 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
     learner.extend_s.clear()
     learner.parts.clear()
     during: list[float] = []
+    huge_mb = _anon_huge_mb()
     started = time.perf_counter()
     pending = checkpoint.save_in_background(buf, root, 2, keep_last=None)
     call_s = time.perf_counter() - started
@@ -140,6 +150,7 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
     return {"median_step_s": round(median, 4), "p99_step_s": round(float(np.quantile(baseline, 0.99)), 4),
             "max_baseline_step_s": round(max(baseline), 4),
             "sync_longest_step_s": round(sync_step, 4),
+            "anon_huge_mb_at_fork": huge_mb,
             "background_call_s": round(call_s, 4), "background_write_s": round(write_s, 3),
             "background_steps_during": len(during),
             "background_longest_step_s": round(max(during), 4),
@@ -182,6 +193,15 @@ def measure_incremental(buf: Any, root: Path, streams: int, step_bytes: int,
             "incremental_over_full": round(inc / full, 4), "incremental_save_s": round(inc_s, 3),
             "incremental_target": TARGET_INCREMENTAL,
             "meets_incremental_target": inc / ingested <= TARGET_INCREMENTAL}
+
+
+def _anon_huge_mb() -> int | None:
+    """This process's anonymous memory on transparent huge pages, MB (None: not Linux)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            return next(int(line.split()[1]) >> 10 for line in f if line.startswith("AnonHugePages:"))
+    except OSError:
+        return None
 
 
 def _written(directory: Path) -> int:

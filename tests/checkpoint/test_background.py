@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -196,6 +197,49 @@ def test_the_writer_ignores_stop_signals_and_a_killed_one_is_reaped(tmp_path: Pa
     assert checkpoint.latest_complete(tmp_path) == 2
     checkpoint.save_in_background(buf, tmp_path, 4).wait(60)  # the shard is free again
     assert checkpoint.latest_complete(tmp_path) == 4
+
+
+def _huge_kb(arr: np.ndarray) -> int:
+    """AnonHugePages of the mappings that hold ``arr`` (kB)."""
+    total, inside, start = 0, False, arr.ctypes.data
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < start + arr.nbytes and start < hi
+            elif inside and head == "AnonHugePages:":
+                total += int(line.split()[1])
+    return total
+
+
+def test_a_background_save_puts_the_shard_back_on_huge_pages(tmp_path: Path, gate: _Gate) -> None:
+    """The writes made during a save split each shared huge page they hit (copy on write);
+    the next fork would copy a page-table entry per 4 KiB page. After the save they are
+    huge pages again."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    release = tuple(int(x) for x in platform.release().split(".")[:2] if x.isdigit())
+    if not thp.exists() or "[never]" in thp.read_text() or release < (6, 1):
+        pytest.skip("needs transparent huge pages and MADV_COLLAPSE (Linux >= 6.1)")
+    spec = sr.Spec({"obs": sr.Field((4096,), np.uint8)})
+    buf, restored = (sr.ReplayBuffer(spec, num_streams=2, stream_capacity=4096, window=1) for _ in range(2))
+    mid = np.ones((2, 4096), np.uint8)  # MID steps
+    buf.extend({"obs": np.ones((2, 4096, 4096), np.uint8), "step_type": mid})
+    obs = testing.shard(buf).fields["obs"]
+    before = _huge_kb(obs)
+    if before < 16 << 10:
+        pytest.skip(f"the kernel gave the 32 MiB array {before} kB of huge pages")
+    gate.hold()
+    pending = checkpoint.save_in_background(buf, tmp_path, 1)
+    gate.arrived()
+    buf.extend({"obs": np.full((2, 4096, 4096), 2, np.uint8), "step_type": mid})
+    split = _huge_kb(obs)
+    gate.release()
+    pending.wait(60)
+    assert split < before // 4
+    assert _huge_kb(obs) >= before - 2 * 2048  # but for a huge page across either end of it
+    checkpoint.load(tmp_path, restored)
+    assert (np.asarray(restored.sample(8).data["obs"]) == 1).all()  # the buffer at the call
 
 
 @pytest.mark.slow  # ~11 s on 2 busy cores (compiled kernels of a first write included)

@@ -1,23 +1,23 @@
-"""Background saves: the content is fixed at the call, the files are written by a
-forked child process (as Redis's ``BGSAVE``), whose copy-on-write memory is the buffer
-at the call. The child shares no GIL, thread or lock with the caller, ignores SIGINT
-and SIGTERM, always leaves through ``os._exit`` (also when its parent is gone), and
-reports as JSON through a pipe; a thread of the parent reaps it. A memory-mapped shard
-(file pages are shared, not copied) is written before the call returns. Semantics:
-docs/semantics.md, "Background saves" and "Never two at once".
+"""Background saves: a forked child process (as Redis's ``BGSAVE``) writes the part from
+its copy-on-write memory, the buffer at the call; a thread of the parent reaps it.
+Semantics: docs/semantics.md, "Background saves" and "Never two at once".
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from shardreplay import _signals
 from shardreplay._io import causes
@@ -30,13 +30,15 @@ from shardreplay.errors import CheckpointError, ConfigError
 log = logging.getLogger("shardreplay.checkpoint.save")
 _ORPHAN_POLL_S = 0.2  # how often the child checks that its parent still runs
 _NICE = 10  # the child's niceness over its parent's
+_HUGE_PAGE = 1 << 21
+_MADV_COLLAPSE = 25  # Linux >= 6.1
 
 
 class PendingSave:
     """A checkpoint part (of ``checkpoint_id``, in ``directory``) being written by a forked
     child process ``pid`` (None: nothing to write, or written before the call returned); a
     thread of this process (non-daemon: an exiting interpreter waits for it) collects its
-    result and reaps it."""
+    result, reaps it and regroups the shard's arrays on huge pages."""
 
     def __init__(self, job: SaveJob) -> None:
         self.directory = job.directory
@@ -73,6 +75,7 @@ class PendingSave:
                     data = pipe.read()
             finally:
                 _, status = os.waitpid(pid, 0)
+                _regroup(job.shard.fields.values())  # the pages are this process's alone again
             self._finish(job, _report(data, status, pid))
         except BaseException as exc:  # kept for wait(): a thread has no caller to raise to
             forget(job.shard, job.directory.parent)
@@ -155,7 +158,7 @@ def _fork(job: SaveJob) -> tuple[int, int]:
 
 def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # pragma: no cover
     """The writer: write the part, report through ``write_fd``, ``os._exit`` (always)."""
-    code, report, logs = 1, dict[str, Any](), list[list[Any]]()
+    code, report, logs = 1, dict[str, Any](), logging.handlers.BufferingHandler(sys.maxsize)
     try:
         os.close(read_fd)
         # Below the training thread: on a busy host a writer at the same priority takes a
@@ -164,7 +167,10 @@ def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # p
         # The caller decides when to stop (and waits for this save); not its handlers.
         _signals.install({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN})
         threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
-        _capture_logs(logs)
+        # Its log records go to the parent in the report (the parent's handlers may be
+        # threads or queues that the fork did not copy).
+        logger = logging.getLogger("shardreplay")
+        logger.handlers, logger.propagate = [logs], False
         part = write(job)
         report, code = {"part": part.as_json()}, 0
     except BaseException as exc:  # reported, never raised: the child must reach os._exit
@@ -172,11 +178,29 @@ def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # p
                   **_os_error(exc)}
     finally:
         try:
-            data = memoryview(json.dumps({**report, "logs": logs}).encode())
+            lines = [[r.name, r.levelno, r.getMessage()] for r in logs.buffer]
+            data = memoryview(json.dumps({**report, "logs": lines}).encode())
             while data:
                 data = data[os.write(write_fd, data):]
         finally:
             os._exit(code)
+
+
+def _regroup(arrays: Iterable[np.ndarray]) -> None:
+    """Map ``arrays`` on transparent huge pages again where the kernel can: the parent's
+    writes during a save split each shared huge page they hit, and a fork copies a
+    page-table entry per 4 KiB page (docs/semantics.md, "Background saves")."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    madvise = ctypes.CDLL(None).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    for array in arrays:  # views (the small fields, in one record array) are small: skipped
+        start = -(-array.ctypes.data // _HUGE_PAGE) * _HUGE_PAGE
+        end = (array.ctypes.data + array.nbytes) // _HUGE_PAGE * _HUGE_PAGE
+        if array.base is None and end > start:  # refused (an older kernel, THP off): unchanged
+            madvise(start, end - start, _MADV_COLLAPSE)
 
 
 def _os_error(exc: BaseException | None) -> dict[str, Any]:
@@ -193,23 +217,6 @@ def _exit_when_orphaned(parent: int) -> None:  # pragma: no cover - in the child
     while os.getppid() == parent:
         time.sleep(_ORPHAN_POLL_S)
     os._exit(1)
-
-
-class _Capture(logging.Handler):
-    def __init__(self, into: list[list[Any]]) -> None:
-        super().__init__(logging.DEBUG)
-        self.into = into
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.into.append([record.name, record.levelno, record.getMessage()])
-
-
-def _capture_logs(into: list[list[Any]]) -> None:  # pragma: no cover - in the child
-    """The child's log records go to the parent in its report (the parent's handlers may
-    be threads or queues that the fork did not copy)."""
-    logger = logging.getLogger("shardreplay")
-    logger.handlers = [_Capture(into)]
-    logger.propagate = False
 
 
 def _report(data: bytes, status: int, pid: int) -> dict[str, Any]:

@@ -44,25 +44,17 @@ class ArrayAllocator:
         self.directory = None if directory is None else Path(directory)
 
     def zeros(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """A zero-filled array of ``shape`` and ``dtype`` named ``name``.
-
-        Nothing is touched here: large arrays come as the kernel's untouched zero pages
-        (as SB3's ``np.zeros``), so construction costs no time at any capacity and the
-        resident memory follows the steps written (a page is faulted in when first written).
-        """
-        if self.kind == "memory" or self.directory is None:
+        """A zero-filled array of ``shape`` and ``dtype`` named ``name``, untouched: its
+        pages come in as written (construction costs no time at any capacity)."""
+        if self.kind == "memory" or self.directory is None or not math.prod(shape):
             return np.zeros(shape, dtype)
-        path = self.directory / f"{name}.bin"
-        if int(np.prod(shape)) == 0:
-            return np.zeros(shape, dtype)
-        return np.memmap(path, dtype=dtype, mode="w+", shape=shape)
+        return np.memmap(self.directory / f"{name}.bin", dtype=dtype, mode="w+", shape=shape)
 
     def reserve(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """As :meth:`zeros`, for an array of which only a part is ever written (frame
-        rings sized for the worst case): in RAM it is an anonymous mapping that reserves
-        address space only, so it may exceed the machine's memory (``np.zeros`` refuses
-        anything larger than RAM and swap), and without transparent huge pages (a huge
-        page's fault zeroes 2 MiB inside one write: the longest adds of a pixel buffer).
+        rings sized for the worst case): in RAM, address space only (it may exceed RAM and
+        swap, which ``np.zeros`` refuses), on 4 KiB pages (a huge page's fault zeroes 2 MiB
+        inside one write: the longest adds of a pixel buffer).
 
         Raises:
             ConfigError: the system refuses the reservation (``vm.overcommit_memory=2``).
