@@ -92,10 +92,10 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, ste
     ``values`` (as :func:`~shardreplay.kernels.add_step.add_step`). ``ref``, ``frames``
     (uint8 ``[S, F, frame bytes]``) and ``fpos`` are the field's ``FrameStore`` arrays.
 
-    Returns the change in valid starts; :data:`BAD_INPUT` with nothing changed for an
-    input the full path must judge (it raises the error, or converts the input); or
-    :data:`NEED_FRAMES` with nothing changed and the frames each ring must hold in
-    ``state[N_OUT]``."""
+    Returns the change in valid starts (added to the storage's count, as add_step
+    does); :data:`BAD_INPUT` with nothing changed for an input the full path must judge
+    (it raises the error, or converts the input); or :data:`NEED_FRAMES` with nothing
+    changed and the frames each ring must hold in ``state[N_OUT]``."""
     n_rows = state[ROWS]
     ndim = fstate[F_NDIM]
     if stack.ndim != ndim or stack.shape[0] != n_rows:

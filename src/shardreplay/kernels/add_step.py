@@ -140,6 +140,7 @@ def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no
                                 step_types.reshape(n_rows, 1), _NO_PRIORITIES, False, default_prio,
                                 state[CAP], window, out[:2], out[2:])
     state[N_OUT] = n_out
+    pos_and_counters[n_rows + 1] += delta  # the storage's num_valid
     record_bytes = records.shape[1]
     at_discount = state[AT_DISCOUNT]
     for i in range(n_rows):
@@ -155,8 +156,9 @@ def add_step(records, pos_and_counters, state, step_types, values):  # pragma: n
     ``records`` is the storage's per-slot records as uint8 ``[N, record bytes]``;
     ``values`` the user fields in plan order, each ``[S, *shape]`` C-contiguous in its
     stored dtype; ``step_types`` is ``[S]``; ``pos_and_counters`` is the storage's
-    positions ``[S]`` then its counters; ``state`` (int64) is laid out as the constants
-    above and :func:`state_parts` say.
+    positions ``[S]`` then its counters (the next episode id; the number of valid starts,
+    which this keeps); ``state`` (int64) is laid out as the constants above and
+    :func:`state_parts` say.
 
     Returns the change in the number of valid starts (0 when ``state[CHECK_ONLY]``), with
     the written slots in row 0 of the scratch and ``write_steps``'s n in

@@ -182,11 +182,7 @@ class OneStepAdd:
             return False
         if not self._simple:
             return self._write(values) > 0
-        delta = self._call(self._kernel, self._head, values, self._targets)
-        if delta == BAD_INPUT:
-            return False
-        self._storage.num_valid += delta  # the common case: every field in the kernel's arrays
-        return True
+        return self._call(self._kernel, self._head, values, self._targets) != BAD_INPUT
 
     def _call(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
               targets: tuple[Any, ...]) -> int:
@@ -260,14 +256,9 @@ class OneStepAdd:
             delta = self._call(self._kernel, self._head, values, self._targets)
         if delta == BAD_INPUT:
             return 0
-        done = delta >= DONE // 2
-        if done:
-            delta -= DONE
         if self._own or self._on_write is not None:
-            self._after_write((self._ones, *self._taken) if held else self._taken, delta)
-        else:
-            self._storage.num_valid += delta
-        return 2 if done else 1
+            self._after_write((self._ones, *self._taken) if held else self._taken)
+        return 2 if delta >= _SMALL else 1
 
     def held_writer(self) -> Callable[..., int]:
         """``GymStepWriter``'s write (a spec of 3 plain fields, the ``first`` given):
@@ -292,12 +283,8 @@ class OneStepAdd:
             return self._write(values, held=True)
         delta = self._call(self._held, self._head, values, self._held_targets)
         if -_SMALL < delta < _SMALL:  # the usual case: written, no episode ended
-            self._storage.num_valid += delta
             return 1
-        if delta == BAD_INPUT:
-            return 0
-        self._storage.num_valid += delta - DONE
-        return 2
+        return 0 if delta == BAD_INPUT else 2
 
     def _fused_head_now(self) -> tuple[Any, ...]:
         # Read each call, never kept: a write of the full path may grow (replace) the
@@ -326,8 +313,8 @@ class OneStepAdd:
         self._taken = (discount, *self._taken)
         return delta
 
-    def _after_write(self, values: tuple[Any, ...], delta: int) -> None:
-        """Fields of their own arrays, the valid count, the sampler."""
+    def _after_write(self, values: tuple[Any, ...]) -> None:
+        """Fields of their own arrays, the sampler."""
         out, n_out = self._out, int(self._state[kernel.N_OUT])
         if self._own:
             slots = out[0, :self._rows[0]]
@@ -337,7 +324,6 @@ class OneStepAdd:
                     arr[slots[0]] = values[i][0]
                 else:
                     arr[slots] = values[i]
-        self._storage.num_valid += delta
         if self._on_write is not None:
             self._on_write(out[1, :n_out], out[2, :n_out].astype(bool), out[3, :n_out].astype(bool))
 

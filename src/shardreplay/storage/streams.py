@@ -115,17 +115,16 @@ class StreamStorage:
         self.valid = self.records["valid"]
         # Positions and counters share one array, so that a compiled write takes them as
         # one argument (storage/one_step.py): ``pos`` its first ``num_streams`` entries.
-        self.pos_and_counters = np.zeros(num_streams + 1, np.int64)
+        self.pos_and_counters = np.zeros(num_streams + 2, np.int64)
         self.pos = self.pos_and_counters[:num_streams]
         self.all_rows = np.arange(num_streams, dtype=np.int64)  # pass this to write all rows
-        self.counters = self.pos_and_counters[num_streams:]  # [next episode id]
+        self.counters = self.pos_and_counters[num_streams:]  # [next episode id, num_valid]
         # Added to every slot's write count in the generation of the keys handed out:
         # a checkpoint restore raises it past every generation the saved shards could
         # have handed out, so keys sampled before the save are stale afterwards.
         self.key_epoch = 0
         # The key tag of every key handed out (spec/keys.py): rejects keys of other buffers.
         self.key_tag = new_key_tag()
-        self.num_valid = 0
         self.clears = 0  # times emptied (restores): a checkpoint chain of older content ends
         # The write path's result scratch, and every field (discount last) as [S*C, bytes
         # per step] uint8 for the scatter of its values (fields with no bytes left out):
@@ -153,6 +152,15 @@ class StreamStorage:
     def size(self) -> int:
         """Number of slots, ``num_streams * stream_capacity``."""
         return self.num_streams * self.stream_capacity
+
+    @property
+    def num_valid(self) -> int:
+        """Number of valid window starts (``counters[1]``: the one-step writer's kernel adds to it)."""
+        return int(self.counters[1])
+
+    @num_valid.setter
+    def num_valid(self, value: int) -> None:
+        self.counters[1] = value
 
     @property
     def num_steps(self) -> int:
@@ -490,7 +498,6 @@ class StreamStorage:
         self.start_rows.clear()
         self.pos[:] = 0
         self.counters[:] = 0
-        self.num_valid = 0
 
     def finish_restore(self, pos: np.ndarray, next_episode_id: int,
                        starts: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
