@@ -12,6 +12,7 @@ calls is gone, and the fixture must never be rewritten by a newer version).
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -27,6 +28,7 @@ from shardreplay.checkpoint.manifest import load_checked
 from shardreplay.checkpoint.plan import NewLayout
 from shardreplay.checkpoint.records import ManifestPart, PartMeta
 from shardreplay.checkpoint.refs import open_part
+from shardreplay.errors import CheckpointFormatError
 from shardreplay.runtime.learner.ingest import merge_stored
 from shardreplay.runtime.policy_file import learner_records
 from shardreplay.spec import StepType
@@ -156,3 +158,16 @@ def test_records_write_what_they_read(root: Path) -> None:
                 meta = PartMeta.parse(reader.metadata["buffer_meta"], reader.path)
             assert PartMeta.parse(meta.as_text(), reader.path) == meta
             assert meta.max_priority > 1.0 and meta.draws > 0 and meta.sharding is not None
+
+
+def test_buffer_meta_lacking_what_f00eda4_wrote_is_refused(root: Path) -> None:
+    """f00eda4 wrote every counter, the key tag and the RNG of a part: one without them is
+    malformed (older versions' parts are no longer read)."""
+    directory = checkpoint.checkpoint_dir(root, 4)
+    with open_part(directory, checkpoint.load_manifest(directory).parts[0]) as reader:
+        saved = json.loads(reader.metadata["buffer_meta"])
+    PartMeta.parse(json.dumps(saved), directory)
+    for key in ("num_streams", "stream_capacity", "key_epoch", "key_tag", "rng", "next_episode_id",
+                "stale_updates"):
+        with pytest.raises(CheckpointFormatError, match="buffer metadata"):
+            PartMeta.parse(json.dumps({k: v for k, v in saved.items() if k != key}), directory)

@@ -20,7 +20,7 @@ from shardreplay.buffer.shard import Shard
 from shardreplay.checkpoint import format as ckfmt
 from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import dump_checked, incomplete_reason, load_checked
-from shardreplay.errors import CheckpointError
+from shardreplay.errors import CheckpointError, CheckpointFormatError
 from tests.checkpoint.helpers import as_shard
 
 SPEC = sr.Spec({"obs": sr.Field((256,), np.float32)})
@@ -80,15 +80,15 @@ def test_the_manifest_covers_every_file_and_names_the_damaged_one(tmp_path: Path
             checkpoint.load(root, _buffer(), files=("learner_state.pt",))
 
 
-def test_a_manifest_without_the_files_table_still_loads(tmp_path: Path) -> None:
+def test_a_manifest_without_the_files_table_is_refused(tmp_path: Path) -> None:
+    """Written before f00eda4 (which wrote the table): malformed now, never read unchecked."""
     directory = _save(tmp_path, {"learner_state.pt": LEARNER})
     body = load_checked(directory / "manifest.json")
-    del body["files"]  # as written before the table existed
+    del body["files"]
     dump_checked(directory / "manifest.json", body)
-    assert incomplete_reason(directory, missing=False) is None
-    report = checkpoint.load(tmp_path, _buffer(), files=("learner_state.pt",))
-    assert report.files["learner_state.pt"] == LEARNER
-    assert report.steps + report.dropped_steps == 2 * ROWS * CAP
+    assert "malformed manifest" in (incomplete_reason(directory, missing=False) or "")
+    with pytest.raises(CheckpointFormatError, match="malformed manifest"):
+        checkpoint.load(tmp_path, _buffer(), files=("learner_state.pt",))
 
 
 def _count_reads(monkeypatch: pytest.MonkeyPatch, directory: Path

@@ -254,7 +254,7 @@ def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, s
                                   "draws": max([m.draws for m in sources] or [0])},
                    rng_state=None if mine is None else mine.rng,
                    stale_updates=0 if mine is None else mine.stale_updates, key_epoch=epoch,
-                   key_tag=None if mine is None else mine.key_tag)  # a part from before key tags keeps ours
+                   key_tag=None if mine is None else mine.key_tag)  # no saved shard k: ours stays
     if isinstance(buffer, ShardedReplayBuffer) and mine is not None and mine.sharding is not None:
         try:
             internals_of(buffer).load_sharding_state(dict(mine.sharding))
@@ -299,8 +299,6 @@ def _new_key_epoch(metas: list[PartMeta], positions: list[np.ndarray], floor: in
     so every key handed out from now on is newer than any handed out before."""
     out = floor
     for meta, pos in zip(metas, positions, strict=True):
-        if meta.stream_capacity is None or meta.key_epoch is None:
-            continue  # an older part carries no epoch
         out = max(out, meta.key_epoch + writes_per_slot(pos, meta.stream_capacity))
     return out + 1
 

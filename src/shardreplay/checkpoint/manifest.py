@@ -162,11 +162,10 @@ def _check_part(manifest: Manifest, part: ManifestPart) -> None:
     _check_size(directory / part.file, part.bytes, "part missing", "the manifest says")
     desc_path = directory / f"{stem}.json"
     raw = read_file(desc_path)
-    if manifest.covers_files:
-        entry = manifest.files.get(desc_path.name)
-        if entry is None:
-            raise CheckpointFormatError(f"{path}: does not cover {desc_path.name}")
-        check_bytes(desc_path, raw, entry)
+    entry = manifest.files.get(desc_path.name)
+    if entry is None:
+        raise CheckpointFormatError(f"{path}: does not cover {desc_path.name}")
+    check_bytes(desc_path, raw, entry)
     if ManifestPart.parse(parse_checked(desc_path, raw), desc_path) != part:
         raise CheckpointFormatError(f"{desc_path}: does not match the manifest's "
                                     "entry for this part (saved again after the manifest?)")
@@ -194,15 +193,13 @@ def referenced_checkpoints(manifest: Manifest) -> set[str]:
 
 def read_covered(manifest: Manifest, name: str) -> bytes:
     """The bytes of file ``name`` of a checkpoint, verified against the manifest's
-    ``files`` entry (read unchecked from a manifest older than that table).
+    ``files`` entry.
 
     Raises:
         IncompleteCheckpointError: the file is missing, or the manifest does not list it.
         CheckpointDamagedError: its size or hash differs from the manifest's.
     """
     path = manifest.directory / name
-    if not manifest.covers_files:
-        return read_file(path)
     entry = manifest.files.get(name)
     if entry is None:
         raise IncompleteCheckpointError(f"{path}: not part of checkpoint {manifest.directory.name} "

@@ -27,17 +27,11 @@ READ_VERSIONS = (FORMAT_VERSION, INCREMENTAL_VERSION, STEPS_CHAINED_VERSION)
 CHAINABLE_STEPS = ("episode_id", "generation", "episode_step")
 
 
-def _count(value: Any, what: str, where: Path | str) -> int:
-    """A non-negative integer (a bool or float is damage, not a count)."""
-    if _at_least(value, 0) is None:
-        raise CheckpointFormatError(f"{where}: {what} is {value!r}, not a count")
+def _count(value: Any, what: str, where: Path | str, low: int = 0) -> int:
+    """An integer >= ``low`` (a bool or float is damage, not a count)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise CheckpointFormatError(f"{where}: {what} is {value!r}, not an integer >= {low}")
     return value
-
-
-def _at_least(value: Any, low: int) -> int | None:
-    """``value`` when it is an integer (not a bool) >= ``low``, else None."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    return value if ok else None
 
 
 def _counts(value: Mapping[str, Any], what: str, where: Path | str) -> dict[str, int]:
@@ -248,10 +242,8 @@ class Manifest:
 
     ``parts`` are in shard order. ``files`` gives the size and XXH64 of every other
     file but ``manifest.json`` (the part descriptions and the files saved with
-    ``save(files=...)``); ``covers_files`` is False for a manifest written before that
-    table (those files are then read unchecked). ``partial`` sums the parts' (also for a
-    manifest that did not record it). ``extra`` (and each part's) is what checkpoints
-    written before named files stored beside the buffer; empty since.
+    ``save(files=...)``). ``extra`` (and each part's) is what checkpoints written before
+    named files stored beside the buffer; empty since.
     """
 
     directory: Path
@@ -265,7 +257,6 @@ class Manifest:
     restored: RestoreCounts | None
     parts: tuple[ManifestPart, ...]
     files: Mapping[str, FileEntry]
-    covers_files: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -314,17 +305,14 @@ class Manifest:
         except (ConfigError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointFormatError(f"{where}: bad spec ({exc!r})") from exc
         partial, extra, files = body.get("partial"), body.get("extra", {}), body.get("files")
-        if not (partial is None or isinstance(partial, Mapping)) or not isinstance(extra, Mapping) or \
-                not isinstance(body.get("spec_fingerprint"), str) or \
-                not (files is None or isinstance(files, Mapping)):
+        if not isinstance(partial, Mapping) or not isinstance(extra, Mapping) or \
+                not isinstance(body.get("spec_fingerprint"), str) or not isinstance(files, Mapping):
             raise CheckpointFormatError(f"{where}: malformed manifest")
         return cls(Path(directory), _count(body.get("checkpoint_id"), "checkpoint_id", where), num, spec,
                    body["spec_fingerprint"], _count(body.get("steps"), "steps", where),
-                   _count(body.get("episodes"), "episodes", where),
-                   _summed_partial(parts) if partial is None else _counts(partial, "partial", where),
+                   _count(body.get("episodes"), "episodes", where), _counts(partial, "partial", where),
                    RestoreCounts.parse(body.get("restored"), where), parts,
-                   {str(k): FileEntry.parse(k, v, where) for k, v in (files or {}).items()},
-                   files is not None, dict(extra))
+                   {str(k): FileEntry.parse(k, v, where) for k, v in files.items()}, dict(extra))
 
     def as_json(self) -> dict[str, Any]:
         """The manifest's JSON body (as :meth:`parse` reads it; the part entries without
@@ -349,24 +337,21 @@ def _summed_partial(parts: tuple[ManifestPart, ...] | list[ManifestPart]) -> dic
 
 @dataclass(frozen=True)
 class PartMeta:
-    """A part's buffer metadata (``buffer_meta`` in its safetensors header), checked.
-
-    None where a part of an older version carries no value: ``num_streams``,
-    ``stream_capacity``, ``key_epoch`` (never restored as saved, no key epoch),
-    ``key_tag`` (the buffer keeps its tag), ``rng``, ``sharding`` (the sharded buffer's
-    own state). ``max_priority``/``draws`` are the prioritized sampler's (1.0 and 0 when
-    absent), ``period`` the saving buffer's sequence period (1 when absent).
+    """A part's buffer metadata (``buffer_meta`` in its safetensors header), checked:
+    ``max_priority``/``draws`` are the prioritized sampler's (1.0 and 0 without it),
+    ``sharding`` the sharded buffer's own state (None: a plain buffer's part), ``period``
+    the saving buffer's sequence period.
     """
 
-    num_streams: int | None
-    stream_capacity: int | None
-    key_epoch: int | None
-    key_tag: int | None
+    num_streams: int
+    stream_capacity: int
+    key_epoch: int
+    key_tag: int
     next_episode_id: int
     stale_updates: int
     max_priority: float
     draws: int
-    rng: Mapping[str, Any] | None
+    rng: Mapping[str, Any]
     sharding: Mapping[str, Any] | None
     period: int = 1
 
@@ -386,9 +371,7 @@ class PartMeta:
             "num_streams": self.num_streams, "stream_capacity": self.stream_capacity,
             "key_epoch": self.key_epoch, "key_tag": self.key_tag, "next_episode_id": self.next_episode_id,
             "stale_updates": self.stale_updates, "period": self.period,
-            "sampler_state": {"max_priority": self.max_priority, "draws": self.draws}}
-        if self.rng is not None:
-            out["rng"] = dict(self.rng)
+            "sampler_state": {"max_priority": self.max_priority, "draws": self.draws}, "rng": dict(self.rng)}
         if self.sharding is not None:
             out["sharding"] = dict(self.sharding)
         return json.dumps(out)
@@ -398,7 +381,7 @@ class PartMeta:
         """Parse the ``buffer_meta`` JSON text of part file ``where``.
 
         Raises:
-            CheckpointFormatError: not JSON, or a counter or the sampler state malformed.
+            CheckpointFormatError: not JSON, or a value missing or malformed.
         """
         try:
             meta = json.loads(text)
@@ -412,15 +395,14 @@ class PartMeta:
             max_priority, draws = float(sampler.get("max_priority", 1.0)), int(sampler.get("draws", 0))
         except (TypeError, ValueError) as exc:
             raise CheckpointFormatError(f"{where}: malformed sampler state ({exc})") from exc
-        rng, sharding = meta.get("rng"), meta.get("sharding")
-        tag = meta.get("key_tag")
-        period = _at_least(meta.get("period", 1), 1)
-        if period is None:
-            raise CheckpointFormatError(f"{where}: malformed buffer metadata 'period'")
-        return cls(_at_least(meta.get("num_streams"), 1), _at_least(meta.get("stream_capacity"), 1),
-                   _at_least(meta.get("key_epoch", 0), 0), int(tag) if is_key_tag(tag) else None,
-                   _count(meta.get("next_episode_id", 0), "buffer metadata 'next_episode_id'", where),
-                   _count(meta.get("stale_updates", 0), "buffer metadata 'stale_updates'", where),
-                   max_priority, draws, rng if isinstance(rng, dict) else None,
-                   sharding if isinstance(sharding, dict) else None, period)
+        rng, sharding, tag = meta.get("rng"), meta.get("sharding"), meta.get("key_tag")
+        if not isinstance(rng, dict) or not isinstance(sharding, dict | None) or not is_key_tag(tag):
+            raise CheckpointFormatError(f"{where}: malformed buffer metadata (rng, sharding or key_tag)")
+
+        def count(key: str, low: int = 0, default: int | None = None) -> int:
+            return _count(meta.get(key, default), f"buffer metadata {key!r}", where, low)
+
+        return cls(count("num_streams", 1), count("stream_capacity", 1), count("key_epoch"), int(tag),
+                   count("next_episode_id"), count("stale_updates"), max_priority, draws, rng, sharding,
+                   count("period", 1, 1))
 

@@ -67,7 +67,8 @@ def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, 
 def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
          partial: str = "seal", keep_last: int | None = 2, files: Mapping[str, bytes] | None = None,
          incremental: bool = False) -> Path:
-    """Write this shard's part of checkpoint ``checkpoint_id`` under ``path``.
+    """Write this shard's part of checkpoint ``checkpoint_id`` under ``path``; returns the
+    checkpoint directory.
 
     The stored steps (not the capacity) with their per-step arrays, the stream
     bookkeeping, sampler and RNG states, counters, partial-episode counts and what the
@@ -89,9 +90,6 @@ def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoin
         incremental: write only the user-field rows stored since this shard's previous
             part under ``path``, referring to the earlier files for the rest
             (:mod:`shardreplay.checkpoint.refs`); a full part when that cannot be.
-
-    Returns:
-        The checkpoint directory.
 
     Raises:
         ConfigError: a bad argument (nothing is written).

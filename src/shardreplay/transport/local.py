@@ -63,17 +63,13 @@ _BATCH_BYTES = 1 << 20
 
 
 class LocalTransport:
-    """Chunks between processes of one machine through shared memory.
-
-    Args:
-        spec: the spec every chunk must follow.
-        capacity_bytes: ring size; writers wait while it is full. A chunk that cannot
-            fit even an empty ring is a ``ConfigError`` at ``send``.
-        max_chunk_bytes: the reader rejects longer chunks.
-        dedup_window: sequences remembered per actor for duplicate detection.
+    """Chunks of ``spec`` between processes of one machine through a shared-memory ring of
+    ``capacity_bytes`` (writers wait while it is full; a chunk that cannot fit even an
+    empty ring is a ``ConfigError`` at ``send``). The reader rejects chunks over
+    ``max_chunk_bytes`` and remembers ``dedup_window`` sequences per actor to drop duplicates.
 
     Raises:
-        ConfigError: a non-positive capacity.
+        ConfigError: a capacity under 1024 bytes.
     """
 
     def __init__(self, spec: Spec, *, capacity_bytes: int = 64 << 20,

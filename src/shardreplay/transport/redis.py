@@ -76,7 +76,8 @@ class RedisTransport:
     holds ``max_len`` entries; entries pending ``claim_idle_s`` at another consumer are
     taken over; a reader raises once the server is gone ``reconnect_timeout_s``, and
     trims acknowledged entries every ``trim_interval_s``. ``max_chunk_bytes``,
-    ``dedup_window`` and ``compression``: as for the other transports.
+    ``dedup_window`` and ``compression``: as for :class:`~.local.LocalTransport` and
+    :class:`~.spool.SpoolTransport`.
 
     Raises:
         ConfigError: a bad setting or URL.

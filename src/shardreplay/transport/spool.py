@@ -68,9 +68,10 @@ class SpoolTransport:
         fsync: flush chunks to disk before they become visible (off only for scratch data).
         stale_tmp_s: a new reader deletes temp files in ``tmp/`` older than this (dead
             writers); temp-named files in ``ready/`` unchanged this long are quarantined.
+        compression: ``none``, ``lz4`` or ``zstd``: how chunks cross (:func:`~.codec.wire_encoding`).
 
     Raises:
-        ConfigError: a bad setting.
+        ConfigError: a bad setting, or a codec whose package is missing.
     """
 
     def __init__(self, path: str | os.PathLike[str], spec: Spec, *, queued_chunks_per_actor: int = 64,
@@ -228,14 +229,9 @@ class SpoolReader(IntakeReader):
                 time.sleep(min(self._t.poll_interval_s, max(deadline - time.monotonic(), 0.0)))
 
     def _refill(self) -> None:
-        """List ``ready/``: per actor in sequence order, interleaved across actors.
-
-        A listing that takes several reads of the directory may miss a file renamed in
-        while it runs, yet show a later chunk of the same actor renamed in after it. Every
-        such file is in place before a second listing starts, so the second one adds the
-        chunks it shows below each actor's highest in the first: no actor's chunk is
-        handed out before an earlier one that was already there.
-        """
+        """List ``ready/``: per actor in sequence order, interleaved across actors. A second
+        listing adds the chunks the first missed below each actor's highest (POSIX lets a
+        listing miss a file renamed in while it shows a later one: docs/semantics.md, "Order")."""
         inflight = set(self._inflight.values())
         first = self._list(inflight)
         if not first:
