@@ -305,7 +305,7 @@ def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
     assert_same(snapshot(fast), before)
 
 
-@pytest.mark.parametrize("kind", ["int64 arrays", "lists", "python ints"])
+@pytest.mark.parametrize("kind", ["int64 arrays", "lists", "python ints", "int64 tensors"])
 def test_a_remembered_cast_keeps_the_range_check(kind: str) -> None:
     """Integers into a uint8 field: after the first step the place is cast directly (no
     as_stored), and a value out of range is still refused with nothing written."""
@@ -313,7 +313,8 @@ def test_a_remembered_cast_keeps_the_range_check(kind: str) -> None:
     fast, full = _pair(spec, 1, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
-    given = {"int64 arrays": lambda v: np.array([v]), "lists": lambda v: [v], "python ints": int}[kind]
+    given = {"int64 arrays": lambda v: np.array([v]), "lists": lambda v: [v], "python ints": int,
+             "int64 tensors": lambda v: torch.tensor([v])}[kind]
     for t in range(3):
         step = {"obs": given(255 - t), "reward": np.zeros(1, np.float32),
                 "step_type": np.array([min(t, 1)], np.uint8)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -156,7 +156,7 @@ class GymStepWriter:
         # now (compiled, or loaded from numba's cache), not in the first step; none: every
         # step takes Shard.write.
         held = self._shard.held_writer(self._names)
-        self._write_held: Callable[..., int] = held or _refused
+        self._write_held: Any = held  # called only when _ready
         self._can_hold = held is not None and self._lock is None  # no lock to hold around it
         self._ready = False  # the next step may take _write_held (see _set_ready)
         self.num_envs = n
@@ -357,7 +357,3 @@ class GymStepWriter:
         later = np.where(self._types == LAST, np.uint8(FIRST), np.uint8(MID))
         discounts = np.where(term, np.float32(0), np.float32(1)) if term.any() else self._all_ones
         return np.where(done, np.uint8(LAST), later), discounts, int(done.sum())
-
-
-def _refused(*args: Any) -> int:
-    return 0

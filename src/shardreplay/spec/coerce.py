@@ -35,8 +35,8 @@ def to_numpy(value: Any) -> np.ndarray:
     Raises:
         SpecMismatchError: a tensor of a dtype numpy has no form of (bfloat16).
     """
-    if type(value) is np.ndarray:
-        return value
+    if type(value) in (np.ndarray, list):  # a list: not by hasattr, whose miss raises inside
+        return np.asarray(value)
     if hasattr(value, "detach"):  # a torch tensor, without importing torch here
         try:
             return value.numpy()
@@ -79,11 +79,6 @@ def as_stored(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...],
     kind = arr.dtype.kind
     if dtype.kind == "f" and kind in "biuf":  # numpy's same_kind, without asking it
         return arr.astype(dtype, order="C")
-    if _SAME_VALUE and dtype.kind in "iu" and kind in "iu":
-        try:  # range-checked in the cast (out of range: _cast says so)
-            return _narrowed(arr, dtype)
-        except ValueError:
-            pass
     return _cast(name, arr, dtype)
 
 

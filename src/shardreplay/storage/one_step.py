@@ -201,7 +201,7 @@ class OneStepAdd:
                 if cast.src is None:  # a Python number, as numpy reads it (ints range-checked)
                     cast.flat[0] = value
                 else:
-                    if cast.kind is not np.ndarray:
+                    if cast.read:
                         value = to_numpy(value)  # a list, a tensor
                     if value.dtype is not cast.src or value.shape != cast.shape:
                         continue
@@ -349,20 +349,24 @@ class _Cast:
     a value of the same kind: the same Python number type (written into ``out``), or an array
     (list, tensor) of the same dtype and shape (copied into ``out``, or cast with ``casting``)."""
 
-    __slots__ = ("at", "casting", "dtype", "flat", "into", "kind", "one", "out", "shape", "src", "to")
+    __slots__ = ("at", "casting", "dtype", "flat", "into", "kind", "one", "out", "read", "shape", "src", "to")
 
     def __init__(self, at: int, value: Any, target: tuple[Any, ...]) -> None:
         _name, dtype, shape, _ndim = target
         self.at, self.kind, self.dtype = at, type(value), dtype
         number = is_number(value, dtype)  # as_stored read it as stored (np.array)
         arr = np.empty((), dtype) if number else to_numpy(value)
-        self.src: np.dtype | None = None if number else arr.dtype
-        self.shape = arr.shape
+        self.one = arr.size == 1  # copied as a Python number (item): no array made, ints range-checked
+        # Read as numpy each time: a list, or a tensor of several values (of one value, a
+        # tensor's or numpy scalar's own dtype and shape are compared, and item() reads it).
+        self.read = not number and self.kind is not np.ndarray and not (self.one and hasattr(value, "dtype"))
+        seen = arr if number or self.read else value
+        self.src: Any = None if number else seen.dtype
+        self.shape = seen.shape
         self.casting: str | None = None  # None: copied into ``out``, a view of it in the value's shape
-        self.one = arr.size == 1  # copied as a Python number: no array made, ints range-checked
         if dtype.kind in "iu" and not self.one and not np.can_cast(arr.dtype, dtype, "safe"):
             self.casting = "same_value"  # range-checked (ValueError on numpy < 2.3: never repeated)
-        elif not number and self.kind is not np.ndarray and arr.dtype == dtype:
+        elif self.read and arr.dtype == dtype:
             self.casting = "no"  # a tensor of the stored dtype: read in place
         if self.casting is None:
             self.out = np.empty(shape, dtype)
