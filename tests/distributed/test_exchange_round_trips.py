@@ -1,4 +1,4 @@
-"""Collectives, messages and round trips per exchange at K = 4 and 8, on real gloo ranks.
+"""Collectives, messages and round trips per exchange at K = 4, 8 and 16, on real gloo ranks.
 
 Every ``torch.distributed`` collective the buffer's groups issue is counted by wrapping the
 module's functions in each rank (so a collective issued outside ``Collectives`` counts too).
@@ -137,7 +137,7 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("world", [4, 8])
+@pytest.mark.parametrize("world", [4, 8, 16])
 def test_round_trips_per_exchange_do_not_grow_with_the_ranks(world: int) -> None:
     results = run_ranks(_cases, world, timeout_s=600)
     for rank, cases in enumerate(results):

@@ -1,8 +1,9 @@
 """Exact draws right after queued updates land: the owners' new masses travel with the records.
 
 An exchange that routes queued priority updates draws with masses nobody but each owner
-knows yet: every owner draws spare items per batch, and when the new masses ask some batch
-for more than that, the ranks draw again (a second records collective). Both paths must
+knows yet: every owner draws spare items per batch (near the edges of its share of the
+CDF), and when the new masses ask some batch for more than that, the ranks draw again (a
+second records collective). Both paths must
 draw the single-buffer P(i) of the priorities just updated. Real gloo ranks, the
 deterministic shards of :mod:`sharded_reference`; every round each rank flips the priority
 of some of the other shards' items it sampled (one item, or all of them) between the

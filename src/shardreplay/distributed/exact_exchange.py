@@ -58,6 +58,7 @@ class ExactExchange:
         self._hosts, self._nonces = np.asarray(hosts, np.int64), np.asarray(nonces, np.int64)
         self.nonce = int(self._nonces[self.rank])  # names this rank's regions
         self._pin = pin
+        self._widen = 1e-3  # how far the counts' CDF may move while routed updates land (see draw)
         # Decided at the first refill, alike on every rank (None: not yet; False: all_to_all).
         self._shared: SharedRecords | bool | None = None
 
@@ -75,9 +76,10 @@ class ExactExchange:
         is ``n`` i.i.d. draws from the global distribution (grouped by owner inside the
         batch). The masses are those the owners send with the records, taken when they
         draw. When routed updates just landed (``stats.tail``), the owners do not know the
-        others' new masses yet: each draws a few spare items per batch beyond the counts of
-        ``stats``, and every requester takes its counts of the new masses from them; a
-        batch short of its count (rare) makes the ranks draw again with those masses.
+        others' new masses yet: each draws the items of every uniform that falls within
+        ``_widen`` of its share of the CDF of ``stats`` (twice the CDF's last move), and
+        every requester takes its counts of the new masses from them; a batch short of its
+        count (the CDF moved further) makes the ranks draw again with those masses.
 
         Raises:
             EmptyBufferError: every shard's new mass is 0 (on every rank alike).
@@ -93,7 +95,7 @@ class ExactExchange:
         ``[written, mass, min leaf, max priority]``; ``again``: the counts of ``masses`` are final."""
         me, rb, n = self.rank, self._layout.record_bytes, int(batches[self.rank])
         counts = _counts(masses, batches, seed, k)  # [requester, batch, owner]
-        planned = counts + (counts // 8 + 1) * spare
+        planned = _counts(masses, batches, seed, k, self._widen) if spare else counts
         sections = planned.sum(axis=1)  # [requester, owner]: rows an owner draws for a requester
         shared = self._shared_records(sections.sum(axis=0))
         head = 0 if shared is not None else -(-32 // rb)  # rows before each all_to_all section: post
@@ -126,6 +128,9 @@ class ExactExchange:
             post_all = np.stack([s[:head].reshape(-1)[:32].view(np.float64) for s in sources])
             sources = [s[head:] for s in sources]
         final = counts if again else _counts(post_all[:, 1], batches, seed, k)
+        if spare and not again:  # alike on every rank: twice the last move of the CDF, next time
+            edges = [np.cumsum(m) / np.sum(m) for m in (masses, post_all[:, 1])]
+            self._widen = max(2 * float(np.abs(edges[1] - edges[0]).max()), 1e-4)
         if (final > planned).any():  # alike on every rank: all see every count
             return self._exchange(post_all[:, 1], batches, seed, k, False, released, again=True)
         total = float(post_all[:, 1].sum())
@@ -183,10 +188,12 @@ class ExactExchange:
         return [shared.peer_rows(o, int(first[o]), int(count[o])) for o in range(self.world_size)]
 
 
-def _counts(masses: np.ndarray, batches: np.ndarray, seed: int, k: int) -> np.ndarray:
+def _counts(masses: np.ndarray, batches: np.ndarray, seed: int, k: int, widen: float = 0.0) -> np.ndarray:
     """Items per ``[requester r, batch, owner]``: each of ``r``'s ``k`` batches takes
     Multinomial(``batches[r]``, masses / total), by the inverse CDF of ``seed``'s uniforms
     (so the counts of nearby masses differ only where a uniform falls between them).
+    ``widen``: each owner's share of the CDF taken that much wider on both sides, so that
+    these counts bound those of any masses whose CDF moved less than that.
 
     Raises:
         EmptyBufferError: every mass is 0.
@@ -196,10 +203,14 @@ def _counts(masses: np.ndarray, batches: np.ndarray, seed: int, k: int) -> np.nd
         raise EmptyBufferError("no shard has a window to sample: write more steps first")
     u = np.random.default_rng(seed).random((world, k, int(np.max(batches))))
     last = int(np.flatnonzero(masses > 0)[-1])  # u * total may round up to the total
-    owner = np.minimum(np.searchsorted(cum, u * cum[-1], side="right"), last)
-    slots = np.arange(world * k).reshape(world, k, 1) * world + owner
-    slots = slots[np.broadcast_to(np.arange(u.shape[2]) < np.reshape(batches, (-1, 1, 1)), slots.shape)]
-    return np.bincount(slots, minlength=world * k * world).reshape(world, k, world)
+    lo, hi = (np.minimum(np.searchsorted(cum, (u + d) * cum[-1], side="right"), last)
+              for d in (-widen, widen))
+    slots = np.arange(world * k).reshape(world, k, 1) * world + lo
+    taken = np.broadcast_to(np.arange(u.shape[2]) < np.reshape(batches, (-1, 1, 1)), slots.shape)
+    counts = np.zeros(world * k * world, np.int64)
+    for d in range(int((hi - lo).max()) + 1):  # a uniform near an edge counts for both sides
+        counts += np.bincount(slots[taken & (lo + d <= hi)] + d, minlength=counts.size)
+    return counts.reshape(world, k, world)
 
 
 def host_key(enabled: bool) -> int:
