@@ -78,11 +78,7 @@ def final_obs(info: Mapping[str, Any] | None, ids: np.ndarray) -> Any:
     Raises:
         SpecMismatchError: ``info`` lacks the final observation of one of them.
     """
-    final = None
-    for key in FINAL_OBS_KEYS:
-        if info is not None and info.get(key) is not None:
-            final = info[key]
-            break
+    final = next((info[k] for k in FINAL_OBS_KEYS if info is not None and info.get(k) is not None), None)
     if final is None or any(final[i] is None for i in ids):
         raise SpecMismatchError("SAME_STEP mode: an env ended but info['final_obs'] lacks its final "
                                 "observation; pass the info dict env.step returned")

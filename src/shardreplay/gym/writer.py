@@ -287,8 +287,7 @@ class GymStepWriter:
         if held is None:
             raise ConfigError("call reset(obs) with the env's reset observation before step()")
         n = self.num_envs
-        if type(action) is not np.ndarray:
-            action = to_numpy(action)  # a list, a tensor (its dtype: converted by the write)
+        action = to_numpy(action)  # a list, a tensor as numpy (its dtype: converted by the write)
         # ``dtype is _BOOL``: comparing with ``np.bool_`` builds a dtype in every call.
         term = terminated if type(terminated) is np.ndarray and terminated.dtype is _BOOL \
             and terminated.shape == self._rows else done_flags(terminated, n, "terminated")

@@ -282,9 +282,7 @@ class OneStepAdd:
         if not self._simple:
             return self._write(values, held=True)
         delta = self._call(self._held, self._head, values, self._held_targets)
-        if -_SMALL < delta < _SMALL:  # the usual case: written, no episode ended
-            return 1
-        return 0 if delta == BAD_INPUT else 2
+        return 1 if -_SMALL < delta < _SMALL else 0 if delta == BAD_INPUT else 2  # 1: no episode ended
 
     def _fused_head_now(self) -> tuple[Any, ...]:
         # Read each call, never kept: a write of the full path may grow (replace) the
