@@ -1,46 +1,10 @@
 """Chunks of steps, their wire format and its packed form (no pickle).
 
-A **chunk** is what an actor ships: ``T`` consecutive steps of each of its ``S`` streams,
-the policy version that made them and, optionally, Ape-X style initial priorities.
-
-Wire layout (all integers little-endian)::
-
-    offset 0   magic  b"SRCK"                                  4 bytes
-           4   format version (uint8) + 3 zero bytes           4 bytes
-           8   header_len (uint32): bytes of msgpack header    4 bytes
-          12   total_len (uint64): bytes of the whole chunk    8 bytes
-          20   4 zero bytes                                    4 bytes
-          24   XXH3-64 (seed 0) of every byte after offset 32  8 bytes
-          32   actor id, sequence, policy version (uint64)    24 bytes
-          56   msgpack header, zero padding to a multiple of 8
-           P   payload: the raw arrays, each 8-byte aligned, in header order,
-               zero padding to a multiple of 8
-
-The header is a map of exactly ``fp`` (spec fingerprint), ``S``, ``T`` and ``arrays``, a
-list of ``[name, dtype, shape, offset from P, nbytes]``: ``stream_ids`` (int64 ``[S]``),
-one per step field (``steps/<name>``, ``[S, T, *field.shape]``) and, when present,
-``priorities`` (float32 ``[S, T]``). One spec and size give one header, so a reader checks
-each distinct header once and recognises it by its bytes afterwards. Formats 1 (CRC-32)
-and 2 (XXH64) are rejected with a reason that says so. Decoded arrays are read-only views
-of the input, every value checked in one compiled pass (:mod:`shardreplay.spec.validation`).
-
-**Packed chunks** (:func:`pack`, :func:`unpack`): of each ``frame_stack`` field's
-``[S, T, K, *frame]`` stacks only the frame a step added is kept when its stack continues
-the previous step's (its oldest ``K - 1`` frames are the previous newest ``K - 1``), the
-whole stack otherwise; the result is compressed with LZ4 or Zstandard (or not). Layout::
-
-    offset 0   magic b"SRCZ"                                     4 bytes
-           4   packing version (uint8), codec (uint8: 0 none, 1 lz4, 2 zstd), 2 zero bytes
-           8   total_len (uint64): bytes of the packed chunk     8 bytes
-          16   body_len (uint64): bytes of the body, uncompressed
-          24   chunk_len (uint64): bytes of the rebuilt chunk
-          32   XXH3-64 of every byte after offset 40 (what is sent)
-          40   the body, compressed by the codec
-
-The body is the encoded chunk with each frame-stacked field's array cut out, followed,
-for each such field in array order, by one byte per step (1: the stack continues, only
-its newest frame follows; 0: the whole stack follows) and the frames, steps in ``[S, T]``
-order. :func:`unpack` rebuilds the encoded chunk bit for bit (its own checksum proves it).
+A chunk is what an actor ships: ``T`` steps of each of its ``S`` streams, with the policy
+version that made them and optional initial priorities. The byte layouts of a chunk
+(``SRCK``) and of a packed chunk (``SRCZ``), and the header's rules: docs/transports.md,
+"Chunks" and "Packed chunks". Decoded arrays are read-only views of the input, every value
+checked in one compiled pass (:mod:`shardreplay.spec.validation`).
 """
 
 from __future__ import annotations

@@ -4,30 +4,9 @@ Every encoded chunk is one record of a :class:`ShmRing`: a writer encodes it str
 the ring (:meth:`ShmRing.put_with`); the reader copies a batch of records out and decodes
 them outside the ring's lock, or with ``receive(borrow=True)`` decodes them in place. Ring
 and locks come from the ``spawn`` context, so a :class:`LocalTransport` can be a
-``Process`` argument. Not durable: ``ack`` only counts.
-
-**The ring** survives processes killed at any point. Records are ``[uint64 length][bytes]``
-in one ``RawArray``; two absolute counters, ``head`` (next write) and ``tail`` (next
-read), sit in a shared meta array (``used = head - tail``) and change only under one
-``multiprocessing.Lock``; readers take turns under a second one. Killed processes
-(SIGKILL, OOM) must not wedge the others, so:
-- A writer copies its record first and moves ``head`` last (one int64 store): a writer
-  killed mid-copy leaves nothing visible. A reader reads ``head``, copies the records
-  between ``tail`` and that ``head`` (writers only write beyond ``head`` and never past
-  ``tail``, so nobody else touches them), then moves ``tail``: a reader killed mid-copy
-  leaves the records for the next one (so does a reader killed while it lends records
-  in place, ``take(borrow=True)``: it moves ``tail`` only when it gives them back).
-  On x86-64 the reader does this without the ring lock (see ``_ORDERED_STORES``),
-  elsewhere it reads and moves under it.
-- Each lock's holder pid is kept in the meta array. A process that cannot get a lock
-  for ``_STUCK_S`` checks whether the holder still lives (``/proc``; zombies count as
-  dead) and, if not, releases the lock in its place (under a third lock, reading the
-  holder inside it, so two repairers cannot both release).
-- No ``multiprocessing.Condition``: its ``notify`` waits for every sleeper to
-  acknowledge, which hangs forever once a sleeper is killed. The reader sleeps on a
-  semaphore that a writer releases when it makes the ring non-empty (a hint: the reader
-  drains stale releases before it checks, so no wake-up is lost and counts stay small);
-  writers waiting for room poll with backoff.
+``Process`` argument. Not durable: ``ack`` only counts. How the ring survives processes
+killed at any point (record order, the pid of each lock's holder, no Condition):
+docs/transports.md, "local: a shared-memory ring".
 """
 
 from __future__ import annotations

@@ -2,29 +2,11 @@
 
 The one importer of redis (:class:`RedisLink` serves the policy backend too). Chunks are
 entries ``{d: <encoded chunk>}`` of one stream read by one group: at-least-once delivery.
-
-- The reader takes new entries with ``XREADGROUP ... >``, ``max_len / 2`` at most; they
-  stay pending until acknowledged (``XACK`` goes out with the next read, with room tokens).
-- A restarted reader (same ``consumer``), or one whose ``XREADGROUP >`` or ``XAUTOCLAIM``
-  was re-sent, first re-reads its own pending entries (``XREADGROUP ... 0``);
-  ``XAUTOCLAIM`` takes over entries pending at another consumer for ``claim_idle_s``.
-- A repeated ``(actor_id, sequence)`` (a re-sent ``XADD``) is dropped and acknowledged,
-  unless its entry is the one still in flight.
-
-Back-pressure without losing data (``XADD ... MAXLEN`` evicts unread entries: never used):
-
-1. Only acknowledged entries are trimmed (:func:`trim_acknowledged`).
-2. A writer adds while the stream's length at its last look plus its adds in flight is
-   below ``max_len``; at the cap it trims exactly and waits for a room token
-   (:class:`RoomTokens`). One writer never exceeds ``max_len``; ``W`` writers by at most
-   ``8 (W - 1)``.
-3. With no group nothing is trimmed, so writers block rather than drop; writers create
-   the group (at id 0) on first use, so nothing written before the learner starts is missed.
-
-A lost connection (or a server loading its data) is retried with backoff until the
-caller's deadline, then raised as :class:`~shardreplay.errors.TransportTimeout` (a reader
-returns empty lists for ``reconnect_timeout_s`` first). A server restarted without
-persistence: docs/semantics.md, "Losses are counted, never silent".
+How entries are read, re-read, claimed and de-duplicated, and back-pressure without losing
+data (only acknowledged entries are trimmed, :func:`trim_acknowledged`; writers wait for
+:class:`RoomTokens`): docs/transports.md, "redis://". A lost connection is retried with
+backoff until the caller's deadline, then raised as
+:class:`~shardreplay.errors.TransportTimeout`.
 """
 
 from __future__ import annotations

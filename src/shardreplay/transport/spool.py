@@ -1,17 +1,9 @@
 """``file:///dir`` transport: a spool directory on a (shared) file system.
 
-Layout::
-
-    dir/ready/<actor>-<seq>.chunk   complete chunks, zero-padded names (actor 10, seq 20 digits)
-    dir/tmp/                        writers' temp files: never read
-    dir/quarantine/                 rejected files, each with a ``.reason`` note beside it
-    dir/reader.lock                 held (flock) by the one reader of this spool
-
-A writer writes the chunk to ``tmp/`` and renames it into ``ready/`` (fsynced), and waits
-while ``ready/`` holds ``queued_chunks_per_actor`` of its own chunks. The reader takes
+A writer writes each chunk to ``tmp/`` and renames it into ``ready/``; the reader takes
 chunks in sequence order per actor, round robin over actors (:meth:`SpoolReader._refill`),
-quarantines bad ones by reason, and deletes a chunk at ``ack``. Temp-named files in
-``ready/``: docs/semantics.md.
+quarantines bad ones by reason and deletes a chunk at ``ack``. The directory's layout and
+rules: docs/transports.md, "file:///dir".
 """
 
 from __future__ import annotations
