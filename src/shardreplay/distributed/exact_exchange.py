@@ -85,17 +85,17 @@ class ExactExchange:
             EmptyBufferError: every shard's new mass is 0 (on every rank alike).
             CollectiveTimeout: a peer rank did not join in time.
         """
-        return self._exchange(stats.mass, stats.batch_size, int(stats.seed[0]), k, bool(stats.tail.any()),
-                              released)
+        shape = (self.world_size, k, int(stats.batch_size.max()))
+        u = np.random.default_rng(int(stats.seed[0])).random(shape)  # one stream for every count
+        return self._exchange(stats.mass, stats.batch_size, u, k, bool(stats.tail.any()), released)
 
-    def _exchange(self, masses: np.ndarray, batches: np.ndarray, seed: int, k: int, spare: bool,
+    def _exchange(self, masses: np.ndarray, batches: np.ndarray, u: np.ndarray, k: int, spare: bool,
                   released: Released | None, again: bool = False) -> list[Drawn]:
         """One records collective (see :meth:`draw`): each owner draws ``planned`` items per
         requester and batch (``spare``: more than ``masses`` give) and sends them with its
         ``[written, mass, min leaf, max priority]``; ``again``: the counts of ``masses`` are final."""
         me, rb, n = self.rank, self._layout.record_bytes, int(batches[self.rank])
-        counts = _counts(masses, batches, seed, k)  # [requester, batch, owner]
-        planned = _counts(masses, batches, seed, k, self._widen) if spare else counts
+        planned = _counts(masses, batches, u, self._widen if spare else 0.0)  # [requester, batch, owner]
         sections = planned.sum(axis=1)  # [requester, owner]: rows an owner draws for a requester
         shared = self._shared_records(sections.sum(axis=0))
         head = 0 if shared is not None else -(-32 // rb)  # rows before each all_to_all section: post
@@ -115,7 +115,7 @@ class ExactExchange:
             if not post_all[:, 0].all():
                 shared.forget_names()
                 self._shared = False
-                return self._exchange(post_all[:, 1], batches, seed, k, False, released, again=True)
+                return self._exchange(post_all[:, 1], batches, u, k, False, released, again=True)
             sources = self._mapped(shared, planned[:me].sum(axis=(0, 1)), sections[me], released)
         else:
             assert send is not None
@@ -127,12 +127,13 @@ class ExactExchange:
             sources = np.split(recv.cpu().numpy().reshape(-1, rb), np.cumsum(sections[me] + head)[:-1])
             post_all = np.stack([s[:head].reshape(-1)[:32].view(np.float64) for s in sources])
             sources = [s[head:] for s in sources]
-        final = counts if again else _counts(post_all[:, 1], batches, seed, k)
+        same = again or (not spare and np.array_equal(post_all[:, 1], masses))
+        final = planned if same else _counts(post_all[:, 1], batches, u)
         if spare and not again:  # alike on every rank: twice the last move of the CDF, next time
             edges = [np.cumsum(m) / np.sum(m) for m in (masses, post_all[:, 1])]
             self._widen = max(2 * float(np.abs(edges[1] - edges[0]).max()), 1e-4)
         if (final > planned).any():  # alike on every rank: all see every count
-            return self._exchange(post_all[:, 1], batches, seed, k, False, released, again=True)
+            return self._exchange(post_all[:, 1], batches, u, k, False, released, again=True)
         total = float(post_all[:, 1].sum())
         self.local.raise_max_priority(float(post_all[:, 3].max()))
         drawn, got = planned[me].T, final[me].T  # [owner, batch]: items drawn, items taken
@@ -188,20 +189,20 @@ class ExactExchange:
         return [shared.peer_rows(o, int(first[o]), int(count[o])) for o in range(self.world_size)]
 
 
-def _counts(masses: np.ndarray, batches: np.ndarray, seed: int, k: int, widen: float = 0.0) -> np.ndarray:
-    """Items per ``[requester r, batch, owner]``: each of ``r``'s ``k`` batches takes
-    Multinomial(``batches[r]``, masses / total), by the inverse CDF of ``seed``'s uniforms
-    (so the counts of nearby masses differ only where a uniform falls between them).
+def _counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float = 0.0) -> np.ndarray:
+    """Items per ``[requester r, batch, owner]``: each of ``r``'s batches takes
+    Multinomial(``batches[r]``, masses / total), by the inverse CDF of the uniforms ``u``
+    (``[requester, batch, largest batch size]``, the same on every rank; so the counts of
+    nearby masses differ only where a uniform falls between them).
     ``widen``: each owner's share of the CDF taken that much wider on both sides, so that
     these counts bound those of any masses whose CDF moved less than that.
 
     Raises:
         EmptyBufferError: every mass is 0.
     """
-    world, cum = len(masses), np.cumsum(masses)
+    (world, k, _), cum = u.shape, np.cumsum(masses)
     if not cum[-1] > 0:
         raise EmptyBufferError("no shard has a window to sample: write more steps first")
-    u = np.random.default_rng(seed).random((world, k, int(np.max(batches))))
     last = int(np.flatnonzero(masses > 0)[-1])  # u * total may round up to the total
     lo, hi = (np.minimum(np.searchsorted(cum, (u + d) * cum[-1], side="right"), last)
               for d in (-widen, widen))
