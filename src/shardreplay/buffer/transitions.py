@@ -221,7 +221,6 @@ def _sample_in_steps(storage: StreamStorage, plan: _Plan, starts: np.ndarray, we
     idx, mask, keys = storage.window_indices(starts)
     cut = idx[:, :n + 1]
     rewards = storage.fields[plan.reward][cut]
-    rewards = rewards.astype(rewards.dtype.newbyteorder("="), copy=False)  # torch takes native order only
     returns, boot, m = nstep_returns(torch.from_numpy(rewards), torch.from_numpy(storage.discount[cut]),
                                      torch.from_numpy(mask[:, :n + 1]), gamma, validate=False)
     last = cut[np.arange(cut.shape[0]), m.numpy()]

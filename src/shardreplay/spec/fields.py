@@ -34,7 +34,9 @@ class Field:
 
     Args:
         shape: shape of one step's value; ``()`` for a scalar.
-        dtype: numpy dtype (anything ``np.dtype`` accepts).
+        dtype: numpy dtype (anything ``np.dtype`` accepts); kept in this machine's byte
+            order (a big-endian ``">f4"`` is stored and sampled as ``"<f4"`` here: the same
+            values; chunks on the wire are little-endian either way).
         finite: for floating fields, reject NaN and inf on write.
         env_id: the field records the stream (environment) id of its step (a checkpoint
             restored onto another layout rewrites it to the new stream row).
@@ -66,6 +68,7 @@ class Field:
             dtype = np.dtype(self.dtype)
         except TypeError as exc:
             raise ConfigError(f"field dtype {self.dtype!r} is not a numpy dtype") from exc
+        dtype = dtype.newbyteorder("=")  # torch and numba take native order only
         if dtype.kind not in "biuf":
             raise ConfigError(f"field dtype {dtype} is not supported: use bool, int, uint or float")
         if self.env_id and dtype.kind not in "iu":
