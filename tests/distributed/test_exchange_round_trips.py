@@ -1,4 +1,5 @@
-"""Collectives, messages and round trips per exchange at K = 4, 8 and 16, on real gloo ranks.
+"""Collectives, messages and round trips per exchange at K = 4 and 8, on real gloo ranks
+(K = 16 by hand: ``ROUND_TRIP_WORLDS=16``; 16 ranks take about 37 s of the suite's 2 cores).
 
 Every ``torch.distributed`` collective the buffer's groups issue is counted by wrapping the
 module's functions in each rank (so a collective issued outside ``Collectives`` counts too).
@@ -22,6 +23,7 @@ every 16th call (the agreement; the first call's is not counted here,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -137,7 +139,7 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("world", [4, 8, 16])
+@pytest.mark.parametrize("world", [int(w) for w in os.environ.get("ROUND_TRIP_WORLDS", "4,8").split(",")])
 def test_round_trips_per_exchange_do_not_grow_with_the_ranks(world: int) -> None:
     results = run_ranks(_cases, world, timeout_s=600)
     for rank, cases in enumerate(results):
