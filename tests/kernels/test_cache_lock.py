@@ -127,3 +127,28 @@ def test_one_signature_needed_by_two_processes_at_once_is_compiled_once_with_the
     compiled = _compile_concurrently(tmp_path, mode, ("int64", "int64"))
     assert compiled == ([0, 1] if mode == "locked" else [1, 1])
     assert _data_files(tmp_path) == 1
+
+
+def test_a_kernel_cache_entry_is_stale_when_any_kernel_module_changes(tmp_path: Path) -> None:
+    """numba stamps a cache entry with its kernel's own file only; kernels inline code from
+    other files here (add_step inlines kernels/storage.py), whose change then left the old
+    compiled code in use. The stamp of every kernel module joins it."""
+    from numba.core import caching
+
+    import shardreplay.kernels.cache_lock as cache_lock
+
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 1\n")
+    before = cache_lock.modules_stamp(str(tmp_path))
+    os.utime(tmp_path / "b.py", ns=(0, 10**18))
+    assert cache_lock.modules_stamp(str(tmp_path)) != before
+    (tmp_path / "b.py").write_text("y = 22\n")
+    assert len({before, cache_lock.modules_stamp(str(tmp_path))}) == 2
+
+    kernels = Path(cache_lock.__file__).parent
+    ours = caching.InTreeCacheLocator(cache_lock.modules_stamp, str(kernels / "storage.py"))
+    plain = cache_lock._STAMP(ours)
+    assert ours.get_source_stamp() == (plain, cache_lock.modules_stamp(str(kernels)))
+    (tmp_path / "kern.py").write_text("x = 1\n")
+    other = caching.InTreeCacheLocator(cache_lock.modules_stamp, str(tmp_path / "kern.py"))
+    assert other.get_source_stamp() == cache_lock._STAMP(other)  # another library's: numba's rule

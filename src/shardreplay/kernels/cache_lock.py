@@ -12,11 +12,15 @@ wait for it (one lock file per kernel and signature, held while compiling), then
 from the cache instead of compiling it again (the ranks of a run, or the test workers, on
 a fresh install). A killed holder releases the lock; a process that waited
 :data:`COMPILE_WAIT_S` compiles on its own.
+
+A kernel's cache entry is also stale when any module of this package changes, not only
+its own file (numba's check): kernels inline each other's code across files.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import time
@@ -28,6 +32,8 @@ from numba.core.cpu import CPUTargetOptions
 from numba.core.dispatcher import Dispatcher
 
 _FILE: Any = caching.IndexDataCacheFile
+_LOCATOR: Any = caching._SourceFileBackedLocatorMixin
+_STAMP = _LOCATOR.get_source_stamp
 _SAVE = _FILE.save
 _LOAD = _FILE.load
 _COMPILE = Dispatcher.compile
@@ -62,6 +68,26 @@ def _lock(index_path: str, mode: int, suffix: str = ".lock", wait_s: float | Non
         except OSError:  # a file system without locks: numba's own, unlocked behaviour
             os.close(fd)
             return None
+
+
+def modules_stamp(directory: str) -> tuple[tuple[str, int, int], ...]:
+    """Name, mtime (ns) and size of every module of ``directory``. Raises OSError."""
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".py"))
+    stats = [os.stat(os.path.join(directory, n)) for n in names]
+    return tuple((n, s.st_mtime_ns, s.st_size) for n, s in zip(names, stats, strict=True))
+
+
+_KERNELS = os.path.dirname(os.path.abspath(__file__))
+_kernels_stamp = functools.cache(lambda: modules_stamp(_KERNELS))
+
+
+def _package_stamp(self: Any) -> Any:
+    """numba's stamp of a kernel's file; for a kernel of this package with the stamp of
+    every kernel module beside it (code inlined from another file is not in numba's)."""
+    stamp = _STAMP(self)
+    if os.path.dirname(os.path.abspath(self._py_file)) == _KERNELS:
+        return (stamp, _kernels_stamp())
+    return stamp
 
 
 def _locked_save(self: Any, key: Any, data: Any) -> None:
@@ -111,5 +137,6 @@ def _locked_compile(self: Any, sig: Any) -> Any:
 
 if not getattr(_FILE, "_shardreplay_locked", False):
     _FILE.save, _FILE.load = _locked_save, _locked_load
+    _LOCATOR.get_source_stamp = _package_stamp
     _FILE._shardreplay_locked = True
     Dispatcher.compile = _locked_compile  # type: ignore[method-assign]
