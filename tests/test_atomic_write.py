@@ -36,9 +36,8 @@ def test_a_refused_write_leaves_nothing_and_names_a_file(tmp_path: Path) -> None
 
 
 def test_a_new_publisher_removes_the_temps_a_dead_one_left(tmp_path: Path) -> None:
-    """Temps of this helper (``.NAME.<hex>.tmp``) and of earlier versions both go."""
-    dead = [".policy-00000000000000000007.safetensors.0123456789ab.tmp", ".policy.version.abcdef012345.tmp",
-            "policy-00000000000000000007.safetensors.123.abcd0123.tmp"]
+    """Temps of this helper (``.NAME.<hex>.tmp``) go; other files stay."""
+    dead = [".policy-00000000000000000007.safetensors.0123456789ab.tmp", ".policy.version.abcdef012345.tmp"]
     for name in dead:
         (tmp_path / name).write_bytes(b"half")
     (tmp_path / "notes.tmp").write_bytes(b"not ours")

@@ -433,7 +433,8 @@ def test_a_big_endian_field_is_kept_in_native_order_and_samples_what_was_written
     """A ``">f4"``/``">i4"`` field is stored as this machine's ``float32``/``int32`` (torch
     takes native order only: sampling one failed before) and takes the short path."""
     spec = sr.Spec({"obs": sr.Field((2,), np.dtype(">f4")), "action": sr.Field((), np.dtype(">i4"))})
-    assert spec["obs"].dtype == np.float32 and spec["action"].dtype == np.int32
+    assert spec["obs"].dtype is np.dtype(np.float32) and spec["action"].dtype is np.dtype(np.int32)
+    assert sr.Field((), np.float32).dtype is np.dtype(np.float32)  # the builtin descr, as before
     buf = sr.ReplayBuffer(spec, num_streams=1, stream_capacity=16, window=1, seed=0)
     assert testing.shard(buf).use_one_step()
     for i in range(8):

@@ -68,7 +68,8 @@ class Field:
             dtype = np.dtype(self.dtype)
         except TypeError as exc:
             raise ConfigError(f"field dtype {self.dtype!r} is not a numpy dtype") from exc
-        dtype = dtype.newbyteorder("=")  # torch and numba take native order only
+        if not dtype.isnative:  # torch and numba take native order only; the builtin descr
+            dtype = np.dtype(dtype.newbyteorder("=").str)  # (dtypes are compared by identity)
         if dtype.kind not in "biuf":
             raise ConfigError(f"field dtype {dtype} is not supported: use bool, int, uint or float")
         if self.env_id and dtype.kind not in "iu":
