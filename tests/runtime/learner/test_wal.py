@@ -20,6 +20,7 @@ import pytest
 from shardreplay import checkpoint
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
+from shardreplay.runtime.learner.loop import versioned
 from shardreplay.runtime.learner.wal import HEADER_BYTES, IngestLog, LogScan, log_files, read_logs
 from shardreplay.runtime.policy_file import learner_records
 from shardreplay.runtime.settings import TrainSettings
@@ -40,7 +41,9 @@ CTX = mp.get_context("fork")  # starts at once; the child uses no torch operatio
 
 
 def _buffer() -> ReplayBuffer:
-    return ReplayBuffer(IDENT_SPEC, num_streams=4, stream_capacity=256, window=2)
+    # A training run's shard: the actors' spec plus the policy version the ingest adds
+    # (replaying logged chunks against the shard's own spec lost every one of them).
+    return ReplayBuffer(versioned(IDENT_SPEC), num_streams=4, stream_capacity=256, window=2)
 
 
 def _learner_life(spool: str, run_dir: str, progress: str, save_after: int) -> None:

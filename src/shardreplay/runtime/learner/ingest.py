@@ -28,6 +28,7 @@ from shardreplay.policy.broadcast import split_version
 from shardreplay.runtime.learner.sync import SummedRecord
 from shardreplay.runtime.learner.wal import IngestLog, LogRecord, LossLog, Suspects
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.spec import Spec
 from shardreplay.spec.fields import VERSION_FIELD, StepType
 from shardreplay.transport.base import ChunkReader
 from shardreplay.transport.codec import Chunk, decode
@@ -260,6 +261,9 @@ class Ingestor:
         self.total_duplicates = 0
         self._warned: set[tuple[int, str]] = set()
         self._running = np.zeros(self.buffer.num_streams, np.float64)
+        # The spec actors encode chunks with: the shard's, less the policy version it adds.
+        fields = self.buffer.spec.fields
+        self._chunk_spec = Spec({k: f for k, f in fields.items() if k != VERSION_FIELD})
         self.stats = IngestStats()
         # The last finished episode of each stream: a recent mean over all streams that
         # near-random streams (short episodes, many of them) can not dominate.
@@ -334,7 +338,7 @@ class Ingestor:
                 continue
             try:
                 # Checksummed when logged and when read: no size guard needed here.
-                chunk = decode(rec.data, self.buffer.spec, max_bytes=1 << 40)
+                chunk = decode(rec.data, self._chunk_spec, max_bytes=1 << 40)
             except CorruptChunkError as exc:  # checksummed twice over: a different spec
                 counts.rejected += 1
                 self._lost_in_replay(rec, f"rejected in log replay: {exc}")
