@@ -237,10 +237,8 @@ class LearnerCheckpoints:
         self._trimmed_at = time.monotonic()
         # Complete = manifest written (the last rank writes it once every part is there);
         # not re-hashing a large checkpoint here keeps the loop from stalling on it.
-        newest = next((c for c in reversed(checkpoint.list_checkpoints(self.root))
-                       if checkpoint.is_complete(checkpoint_dir(self.root, c), hashes=False)), None)
         with self.storage.writing():
-            wal.trim(newest)
+            wal.trim(checkpoint.latest_complete(self.root, hashes=False))
 
 
 def commit_resume(run_dir: Path, ident: RunIdentity, config: dict[str, Any], *, restored: int | None,

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.checkpoint import checkpoint_dir, is_complete, list_checkpoints, load_manifest
+from shardreplay.checkpoint import checkpoint_dir, latest_complete, load_manifest
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives, lost_peer_error, peer_lost
 from shardreplay.errors import ConfigError, ShardReplayError
@@ -358,8 +358,7 @@ def versioned(spec: Spec, resumed: Path | None = None, checkpoint_id: int | None
     checkpoints a resume restores replay from) holds checkpoint ``checkpoint_id`` (None:
     the newest complete one) saved without it."""
     if resumed is not None and checkpoint_id is None:
-        checkpoint_id = next((c for c in reversed(list_checkpoints(resumed))
-                              if is_complete(checkpoint_dir(resumed, c), hashes=False)), None)
+        checkpoint_id = latest_complete(resumed, hashes=False)
     with contextlib.suppress(ShardReplayError):  # a damaged checkpoint: the resume says so
         if resumed is not None and checkpoint_id is not None and \
                 VERSION_FIELD not in load_manifest(checkpoint_dir(resumed, checkpoint_id)).spec:
