@@ -17,10 +17,11 @@ import sys
 from typing import Any
 
 from shardreplay.cli import field_help, plain
+from shardreplay.cli.train_flags import settings_help
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.actor.settings import AGREED, ActorSettings
 
-_HELP = field_help(ActorSettings)
+_HELP = {**settings_help(), **field_help(ActorSettings)}  # the agreed settings as train has them
 
 
 def add_parser(subparsers: Any) -> None:

@@ -41,18 +41,17 @@ def add_settings_flags(parser: argparse.ArgumentParser,
                        first: dict[str, Callable[[Any], None]] | None = None) -> dict[str, Any]:
     """Add one flag per setting, in one argument group per settings group; ``first``
     adds a group's other flags before its settings. Returns the argument groups by name."""
-    groups = {}
+    groups, texts = {}, settings_help()
     for group, cls in GROUPS.items():
         arg_group = parser.add_argument_group(_GROUP_TITLES[group])
         groups[group] = arg_group
         if first and group in first:
             first[group](arg_group)
-        texts = field_help(cls)
         defaults = cls()
         for f in dataclasses.fields(cls):
             flat = flat_name(f)
             value = getattr(defaults, f.name)
-            text = texts[f.name] + _default_text(value)
+            text = texts[flat] + _default_text(value)
             flag = "--" + flat.replace("_", "-")
             if isinstance(value, bool):
                 arg_group.add_argument(flag, dest=flat, action=argparse.BooleanOptionalAction, default=None,
@@ -67,6 +66,11 @@ def add_settings_flags(parser: argparse.ArgumentParser,
                                        metavar=None if flat in _CHOICES else _METAVARS.get(
                                            flat, {int: "N", float: "X"}.get(kind, "TEXT")))
     return groups
+
+
+def settings_help() -> dict[str, str]:
+    """Each setting's ``--help`` text (its line of its group's docstring), by flat name."""
+    return {flat_name(f): field_help(cls)[f.name] for cls in GROUPS.values() for f in dataclasses.fields(cls)}
 
 
 def given_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -32,37 +32,24 @@ class ActorSettings:
 
     The settings in :data:`AGREED` (None: take the learner's) come from the run the
     policy at ``policy_url`` belongs to; one given here that differs from it is a
-    :class:`ConfigError` naming both values.
+    :class:`ConfigError` naming both values. Those that are also ``shardreplay train``
+    settings mean what ``train --help`` says (docs/multi-machine.md); the others:
 
     Attributes:
         actor_id: this actor's id (0-based); also picks its learner shard.
-        algo: the run's algorithm (dqn, sac, r2d2): how the actor builds its policy.
         num_actors: actors in the run (for the Ape-X epsilon of each stream).
         num_shards: learner shards (ranks).
-        env_id: gymnasium id (discrete actions; vector or image observations).
-        env_import: modules to import before making the env, comma-separated.
-        env_kwargs: keyword arguments of gymnasium.make, a JSON object.
-        network: the Q-network kind (auto, mlp, nature, minatar).
-        compression: chunk compression on file:// and redis:// (auto, none, lz4, zstd).
-        envs_per_actor: vector env size = streams of this actor.
-        chunk_steps: steps per stream in one chunk.
         transport: ``local``, ``file:///dir`` or ``redis://host:port/db`` ('' = the
             learner's, as it published it; give it where this machine reaches the
             medium at another address).
         policy_url: where the learner publishes weights (``file:///dir`` or ``redis://``).
         hidden: hidden layer sizes of the Q-network; the first policy's weights decide
             (a remote actor need not know the learner's choice).
-        epsilon_base, epsilon_exponent: Ape-X exploration ``base^(1 + exponent i/(N-1))``.
-        epsilon_warmup_steps: exploration starts at 1 and falls linearly to the Ape-X
-            epsilon over this many environment steps of the whole run (each actor counts
-            its own steps times ``num_actors``, from the run's steps when it starts).
         seed: environment and exploration seed (None: derived from the run's seed, as
             for the learners' own actors).
         max_env_steps: stop after this many vector steps (None: until stopped).
         policy_wait_s: how long to wait for the first policy.
         send_timeout_s: one attempt's wait for room in the transport.
-        queued_chunks_per_actor: chunks that may wait in the medium per actor (the
-            queue bound; None from an unnamed policy: the medium's default).
         policy_check_interval_s: how often to look for new weights.
         device: where the actor runs its network (cpu, cuda or cuda:N): a setting of
             this machine, not agreed with the learners.
