@@ -1,6 +1,7 @@
 """The one place shardreplay installs signal handlers (``tests/test_package.py`` checks
-that no other module calls ``signal.signal``), and the stop requests (SIGINT, SIGTERM)
-it records from a process's first moments on.
+that no other module calls ``signal.signal``), the stop requests (SIGINT, SIGTERM) it
+records from a process's first moments on, and the signal a child asks for when its
+parent dies (:func:`die_with_parent`).
 
 Only the main thread may install a handler, so every part that wants one asks
 :func:`install`. A signal's default action at the wrong moment loses it or makes a mess
@@ -12,6 +13,7 @@ the first signal, which the code that knows how to stop asks for (:func:`request
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import threading
@@ -20,7 +22,7 @@ from typing import Any
 
 from shardreplay.errors import ConfigError
 
-__all__ = ["STOP_SIGNALS", "install", "redeliver", "requested", "take_over"]
+__all__ = ["STOP_SIGNALS", "die_with_parent", "install", "redeliver", "requested", "take_over"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []  # the stop signals taken so far, in order
@@ -77,3 +79,17 @@ def redeliver(restore: Callable[[], None] | None) -> None:
     restore()
     if _received:
         signal.raise_signal(_received.pop(0))
+
+
+def die_with_parent(parent_pid: int | None = None, signum: int = signal.SIGTERM) -> None:
+    """Ask for ``signum`` when the parent process exits (``PR_SET_PDEATHSIG``; a no-op off
+    Linux). With ``parent_pid`` (the parent as the parent saw it), exit at once when it is
+    gone already: it died before this request, so the kernel will never send the signal.
+
+    Raises:
+        SystemExit: ``parent_pid`` is given and is no longer this process's parent.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # 1: PR_SET_PDEATHSIG
+    if parent_pid is not None and os.getppid() != parent_pid:
+        raise SystemExit(f"process {os.getpid()}: its parent (pid {parent_pid}) is gone: exiting")

@@ -22,6 +22,7 @@ import numpy as np
 from shardreplay import _signals
 from shardreplay._io import causes
 from shardreplay.buffer.replay_buffer import ReplayBuffer
+from shardreplay.checkpoint.format import MADV_COLLAPSE, advise_hugepages
 from shardreplay.checkpoint.records import ManifestPart
 from shardreplay.checkpoint.saving import SaveJob, forget, prepare, run, write, written
 from shardreplay.distributed import ShardedReplayBuffer
@@ -30,8 +31,6 @@ from shardreplay.errors import CheckpointError, ConfigError
 log = logging.getLogger("shardreplay.checkpoint.save")
 _ORPHAN_POLL_S = 0.2  # how often the child checks that its parent still runs
 _NICE = 10  # the child's niceness over its parent's
-_HUGE_PAGE = 1 << 21
-_MADV_COLLAPSE = 25  # Linux >= 6.1
 
 
 class PendingSave:
@@ -190,17 +189,9 @@ def _regroup(arrays: Iterable[np.ndarray]) -> None:
     """Map ``arrays`` on transparent huge pages again where the kernel can: the parent's
     writes during a save split each shared huge page they hit, and a fork copies a
     page-table entry per 4 KiB page (docs/semantics.md, "Background saves")."""
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    madvise = ctypes.CDLL(None).madvise
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     for array in arrays:  # views (the small fields, in one record array) are small: skipped
-        start = -(-array.ctypes.data // _HUGE_PAGE) * _HUGE_PAGE
-        end = (array.ctypes.data + array.nbytes) // _HUGE_PAGE * _HUGE_PAGE
-        if array.base is None and end > start:  # refused (an older kernel, THP off): unchanged
-            madvise(start, end - start, _MADV_COLLAPSE)
+        if array.base is None:  # refused (an older kernel, THP off): unchanged
+            advise_hugepages(array, MADV_COLLAPSE)
 
 
 def _os_error(exc: BaseException | None) -> dict[str, Any]:

@@ -128,22 +128,21 @@ def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
     return 8 + len(text) + offset, tuple(hasher.finish())
 
 
-_MADV_HUGEPAGE = 14  # Linux
 _HUGE_BYTES = 2 << 20
+MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # Linux (MADV_COLLAPSE: >= 6.1)
 
 
-def advise_hugepages(arr: np.ndarray) -> None:
-    """Ask Linux to back the untouched pages of a large array with 2 MiB pages (a loader
-    fills every byte; ``np.zeros`` memory lacks the hint numpy gives ``np.empty``, so
-    each 4 KiB page would fault on its own). A no-op where unsupported or small."""
-    if arr.nbytes < 2 * _HUGE_BYTES or not arr.flags.c_contiguous or not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        start = -(-arr.ctypes.data // _HUGE_BYTES) * _HUGE_BYTES
-        end = (arr.ctypes.data + arr.nbytes) // _HUGE_BYTES * _HUGE_BYTES
-        if end > start:
-            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
+def advise_hugepages(arr: np.ndarray, advice: int = MADV_HUGEPAGE) -> None:
+    """``madvise`` the whole 2 MiB pages of a C-contiguous array: ``MADV_HUGEPAGE`` before
+    a loader fills every byte (``np.zeros`` memory lacks the hint numpy gives ``np.empty``,
+    so each 4 KiB page would fault on its own), ``MADV_COLLAPSE`` to regroup the pages a
+    fork split (docs/semantics.md, "Background saves"). A no-op where refused or unsupported."""
+    start = -(-arr.ctypes.data // _HUGE_BYTES) * _HUGE_BYTES
+    end = (arr.ctypes.data + arr.nbytes) // _HUGE_BYTES * _HUGE_BYTES
+    if end > start and arr.flags.c_contiguous and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), advice)
 
 
 def _hash_blocks(dest: memoryview, valid: int, skip: frozenset[int]) -> list[int | None]:

@@ -7,7 +7,6 @@ of ``K - 1`` transitions), the files written and how a failed export leaves noth
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import mmap
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from shardreplay._signals import die_with_parent
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.episodes import find_episodes
 from shardreplay.checkpoint.format import PartReader
@@ -475,10 +475,8 @@ def _run_forked(work: list[Callable[[], Any]], jobs: int) -> None:
 
 def _child(fn: Callable[[], Any], send: Any, parent: int) -> None:
     """A forked writer: dies with ``parent``; its error goes back as text."""
-    with contextlib.suppress(AttributeError, OSError):  # Linux: killed when the exporting process dies
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
+    # SIGKILL: a SIGTERM would only be recorded if the parent had taken it over (_signals).
+    die_with_parent(parent, signal.SIGKILL)
     try:
         fn()
     except BaseException as exc:

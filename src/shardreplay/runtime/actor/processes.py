@@ -8,7 +8,6 @@ descendant seen, so the launcher can also stop those a dead parent left behind."
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import gc
 import logging
@@ -21,29 +20,12 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from shardreplay import _signals
+from shardreplay._signals import die_with_parent  # its home: the bottom layer
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.log_lines import configure_logging, write_line
 from shardreplay.transport.base import Transport
 
 log = logging.getLogger("shardreplay.processes")
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int | None = None) -> None:
-    """Ask for SIGTERM when the parent process exits (no-op off Linux).
-
-    Args:
-        parent_pid: the parent's pid as the parent saw it. When given and the parent is
-            already gone (it died before this request, so the kernel will never send
-            the signal), exit at once.
-
-    Raises:
-        SystemExit: ``parent_pid`` is given and is no longer this process's parent.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if parent_pid is not None and os.getppid() != parent_pid:
-        raise SystemExit(f"process {os.getpid()}: its parent (pid {parent_pid}) is gone: exiting")
 
 
 @contextlib.contextmanager
