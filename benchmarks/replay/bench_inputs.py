@@ -24,7 +24,9 @@ Every value is made (and converted to its kind) before timing; the steps are MID
 after one FIRST (the gym path ends episodes at random, 2% of steps). The kinds of one
 path alternate in rounds (``--rounds`` x ``--calls`` calls each) on one buffer, so the
 ratios compare calls made under the same load; each call is timed on its own
-(``perf_counter_ns``): mean, median and worst per kind. Peers: stable-baselines3's
+(``perf_counter_ns``): mean, median and worst per kind; and each round's CPU time per
+call (``cpu_mean_us``: the median over rounds; ``ratio_cpu``), the figure a loaded
+machine disturbs least. Peers: stable-baselines3's
 ``ReplayBuffer.add`` (``add`` and ``gym`` paths, ``n_envs=S``; pixel:
 ``optimize_memory_usage=True``), TorchRL's ``ReplayBuffer.extend`` of a TensorDict
 (``extend``: 128 transitions), each with numpy inputs of its own native form, timed the
@@ -121,23 +123,30 @@ def _as_kind(step: dict[str, Any], kind: str, spec_name: str) -> dict[str, Any] 
     raise ValueError(kind)
 
 
-def _timed_calls(call: Callable[[int], Any], n: int, into: list[int]) -> None:
+def _timed_calls(call: Callable[[int], Any], n: int, into: list[int]) -> float:
+    """``n`` calls, each one's wall time appended to ``into`` (ns); returns the block's CPU
+    time per call (us, this process's: steadier than wall on a loaded machine)."""
     clock = time.perf_counter_ns
+    cpu = time.process_time()
     for i in range(n):
         t0 = clock()
         call(i)
         into.append(clock() - t0)
+    return (time.process_time() - cpu) / n * 1e6
 
 
-def _stats(ns: list[int]) -> dict[str, float]:
+def _stats(ns: list[int], cpu: list[float]) -> dict[str, float]:
     us = np.asarray(ns, np.float64) / 1e3
     return {"mean_us": round(float(us.mean()), 3), "median_us": round(float(np.median(us)), 3),
-            "worst_us": round(float(us.max()), 1), "calls": int(us.size)}
+            "worst_us": round(float(us.max()), 1), "calls": int(us.size),
+            "cpu_mean_us": round(float(np.median(cpu)), 3)}
 
 
 def _alternate(calls: dict[str, Callable[[int], Any]], rounds: int, n: int) -> dict[str, dict[str, float]]:
-    """Each call ``n`` times per round, the kinds in turn, ``rounds`` rounds (GC off)."""
+    """Each call ``n`` times per round, the kinds in turn, ``rounds`` rounds (GC off): per
+    kind the wall time of each call, and the CPU time per call of each round (its median)."""
     times: dict[str, list[int]] = {k: [] for k in calls}
+    cpu: dict[str, list[float]] = {k: [] for k in calls}
     for call in calls.values():  # warm-up, untimed
         for i in range(min(n, 200)):
             call(i)
@@ -145,10 +154,10 @@ def _alternate(calls: dict[str, Callable[[int], Any]], rounds: int, n: int) -> d
     try:
         for _ in range(rounds):
             for kind, call in calls.items():
-                _timed_calls(call, n, times[kind])
+                cpu[kind].append(_timed_calls(call, n, times[kind]))
     finally:
         gc.enable()
-    return {k: _stats(v) for k, v in times.items()}
+    return {k: _stats(v, cpu[k]) for k, v in times.items()}
 
 
 # ------------------------------------------------------------------------------------ ours
@@ -268,15 +277,15 @@ def _torchrl_call(spec_name: str, envs: int, t_len: int, capacity: int,
 
 # ------------------------------------------------------------------------------------ main
 
-def run(quick: bool, rounds: int, calls: int, capacity: int, seed: int) -> dict[str, Any]:
-    """Every case of the matrix; the JSON line's ``cases`` and ``peers``."""
+def run(quick: bool, rounds: int, calls: int, capacity: int, seed: int,
+        only: tuple[str, ...] = ("add", "extend", "gym")) -> dict[str, Any]:
+    """The matrix's cases of the paths in ``only``; the JSON line's ``cases`` and ``peers``."""
     rng = np.random.default_rng(seed)
     paths: list[tuple[str, str, int, int | None]] = [
         ("add", "vector", 1, None), ("add", "vector", 8, None), ("add", "float", 1, None),
         ("add", "float", 8, None), ("extend", "vector", 8, 16), ("extend", "float", 8, 16),
         ("gym", "vector", 1, None), ("gym", "float", 1, None), ("gym", "pixel", 1, None)]
-    if quick:
-        paths = [p for p in paths if p[1] != "float" or p[0] == "gym"]
+    paths = [p for p in paths if p[0] in only and (not quick or p[1] != "float" or p[0] == "gym")]
     cases, peers = [], []
     for path, spec_name, envs, t_len in paths:
         cap = min(capacity, 20_000) if spec_name == "pixel" else capacity
@@ -293,11 +302,13 @@ def run(quick: bool, rounds: int, calls: int, capacity: int, seed: int) -> dict[
         for kind in ours:
             row = {"path": path, "spec": spec_name, "envs": envs, "t_len": t_len, "kind": kind, **got[kind],
                    "ratio_median": round(got[kind]["median_us"] / typed["median_us"], 3),
-                   "ratio_mean": round(got[kind]["mean_us"] / typed["mean_us"], 3)}
+                   "ratio_mean": round(got[kind]["mean_us"] / typed["mean_us"], 3),
+                   "ratio_cpu": round(got[kind]["cpu_mean_us"] / typed["cpu_mean_us"], 3)}
             for name in peer:
                 if f"peer:{name}" in got:
-                    theirs = got[f"peer:{name}"]["median_us"]
-                    row[f"vs_{name}_median"] = round(got[kind]["median_us"] / theirs, 3)
+                    theirs = got[f"peer:{name}"]
+                    row[f"vs_{name}_median"] = round(got[kind]["median_us"] / theirs["median_us"], 3)
+                    row[f"vs_{name}_cpu"] = round(got[kind]["cpu_mean_us"] / theirs["cpu_mean_us"], 3)
             cases.append(row)
         for name in peer:
             if f"peer:{name}" in got:
@@ -307,7 +318,7 @@ def run(quick: bool, rounds: int, calls: int, capacity: int, seed: int) -> dict[
 
 
 def table(line: dict[str, Any]) -> str:
-    """The markdown table of a JSON line: per path, each kind's median and mean ratio to
+    """The markdown table of a JSON line: per path, each kind's median, mean and CPU ratio to
     the typed input, its median, and the README-style input against the peer."""
     kinds: list[str] = []
     for c in line["cases"]:
@@ -321,8 +332,8 @@ def table(line: dict[str, Any]) -> str:
     for (path, spec, envs, t_len), row in groups.items():
         peer = [p for p in line["peers"]
                 if (p["path"], p["spec"], p["envs"], p["t_len"]) == (path, spec, envs, t_len)]
-        cells = [f"{row[k]['ratio_median']:.2f} / {row[k]['ratio_mean']:.2f}" if k in row else ""
-                 for k in kinds]
+        cells = [f"{row[k]['ratio_median']:.2f} / {row[k]['ratio_mean']:.2f} / {row[k]['ratio_cpu']:.2f}"
+                 if k in row else "" for k in kinds]
         shape = f"{envs}x{t_len}" if t_len else str(envs)
         peer_cell = f"{peer[0]['peer']} {peer[0]['median_us']:.2f}" if peer else ""
         out.append(f"| {path} | {spec} | {shape} | {row['typed']['median_us']:.2f} | " + " | ".join(cells)
@@ -336,6 +347,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=2_000, help="calls per kind per round")
     p.add_argument("--capacity", type=int, default=1_000_000, help="steps per buffer (pixel: at most 20,000)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--paths", default="add,extend,gym", help="comma-separated paths to time")
     p.add_argument("--table", type=Path, help="print the markdown table of this JSON line file and exit")
     args = p.parse_args()
     if args.table:
@@ -348,7 +360,7 @@ def main() -> None:
     import shardreplay
 
     started = time.perf_counter()
-    got = run(args.quick, args.rounds, args.calls, args.capacity, args.seed)
+    got = run(args.quick, args.rounds, args.calls, args.capacity, args.seed, tuple(args.paths.split(",")))
     line = {"bench": "inputs", "quick": bool(args.quick), "rounds": args.rounds, "calls": args.calls,
             "capacity": args.capacity, "shardreplay": shardreplay.__version__, "commit": common.commit(),
             "python": common.python(), "cpus": common.cpus(), "loadavg": common.loadavg(), **got,

@@ -2,6 +2,8 @@
 
 Each (library, mode) case runs in a fresh child process of this interpreter, so its memory
 figures hold only its own buffer; a peer that cannot be imported is reported as missing.
+``single_env`` runs its libraries in one child, their timing blocks alternated, and its
+ratio to SB3 is the median of the block-against-block ratios.
 The parent prints one JSON line with every figure and the ratios of shardreplay to the
 peers (higher is better for rates; for ``rss_vs_cpprb`` lower is better). The workload is
 described in ``replay_workload.py``; the calls made per library in ``replay_cases.py``.
@@ -106,7 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall time (as the peer benchmarks) or this thread's CPU time (steadier on a "
                         "busy machine; leaves out helper threads, which favours TorchRL)")
-    p.add_argument("--child", choices=sorted({*LIBRARIES, *F.CASE_NAMES, FILL_SWEEP}), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=sorted({*LIBRARIES, *F.CASE_NAMES, FILL_SWEEP, SINGLE_ENV}),
+                   help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     defaults = QUICK if args.quick else FULL
     for name, value in defaults.items():  # options given explicitly win over --quick
@@ -217,13 +220,13 @@ def child_main(args: argparse.Namespace) -> None:
     try:
         if args.workload == "atari":
             result: dict[str, Any] = F.run_frames_case(args.child, args)
-        elif args.mode == SINGLE_ENV:
+        elif args.child == SINGLE_ENV:
             result = replay_single_env.run(
-                args.child, args.n_insert, calls=args.calls, blocks=args.blocks, warmup=args.warmup,
+                args.libs, args.n_insert, calls=args.calls, blocks=args.blocks, warmup=args.warmup,
                 seed=args.seed)
         else:
             result = run_case(args.child, args.mode, args)
-    except (MissingLibrary, replay_single_env.MissingPeer) as exc:
+    except MissingLibrary as exc:
         result = {"missing": str(exc)}
     print(json.dumps(result), flush=True)
 
@@ -232,6 +235,7 @@ def child_main(args: argparse.Namespace) -> None:
 def spawn_case(library: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one case in a fresh child process; its figures, or an ``error`` entry."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", library, "--mode", mode,
+           "--libs", ",".join(args.libs),
            "--n-insert", str(args.n_insert), "--blocks", str(args.blocks), "--calls", str(args.calls),
            "--warmup", str(args.warmup), "--seed", str(args.seed), "--clock", args.clock,
            "--workload", args.workload, "--atari-capacity", str(args.atari_capacity)] + (
@@ -284,9 +288,12 @@ def ratios(results: dict[str, dict[str, dict[str, Any]]], *, best: bool = False
     values: dict[str, float | None] = {}
     targets: dict[str, Any] = {}
     for name, mode, figure, peer, target, higher in RATIOS:
-        ours = _figure(results.get("shardreplay", {}).get(mode, {}), figure, best)
+        mine = results.get("shardreplay", {}).get(mode, {})
+        ours = _figure(mine, figure, best)
         theirs = _figure(results.get(peer, {}).get(mode, {}), figure, best)
         values[name] = round(ours / theirs, 3) if ours and theirs else None
+        if f"{figure}_vs_{peer}" in mine:  # measured block against block, alternated in one child
+            values[name] = mine[f"{figure}_vs_{peer}"]
         if target is not None:
             targets[name] = _target(values[name], target, higher)
     for name, parts, target, higher in SUMMARY:
@@ -350,7 +357,13 @@ def parent_main(args: argparse.Namespace) -> None:
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(args.repeat):  # rounds interleave the libraries, so noise hits them alike
         for mode in modes:
-            for lib in (lib for lib in args.libs if lib in MODE_LIBRARIES[mode]):
+            libs = [lib for lib in args.libs if lib in MODE_LIBRARIES[mode]]
+            if mode == SINGLE_ENV and libs:  # one child, the libraries' timing blocks alternated
+                both = spawn_case(SINGLE_ENV, mode, argparse.Namespace(**{**vars(args), "libs": libs}))
+                for lib in libs:
+                    runs.setdefault((lib, mode), []).append(both.get(lib, both))
+                continue
+            for lib in libs:
                 runs.setdefault((lib, mode), []).append(spawn_case(lib, mode, args))
     results: dict[str, dict[str, Any]] = {lib: {} for lib, _mode in runs}
     for (lib, mode), got in runs.items():

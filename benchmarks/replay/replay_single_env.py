@@ -122,27 +122,48 @@ class Sb3OneEnv:
 CASES = {"shardreplay": ShardReplayOneEnv, "sb3": Sb3OneEnv}
 
 
-def run(library: str, n_insert: int, *, calls: int, blocks: int, warmup: int, seed: int) -> dict[str, Any]:
-    """Time ``library``'s single-env adds (filling a buffer of ``CAPACITY`` steps, or
-    ``n_insert`` when smaller) and 128-transition samples; the figures as a dict.
-
-    Raises:
-        MissingPeer: the library cannot be imported.
+def run(libraries: list[str], n_insert: int, *, calls: int, blocks: int, warmup: int, seed: int
+        ) -> dict[str, Any]:
+    """Time each library's single-env adds (filling a buffer of ``CAPACITY`` steps, or
+    ``n_insert`` when smaller) and 128-transition samples, the libraries' blocks alternated
+    (one block of each in turn), so a change of load lands on all of them; per library its
+    figures as a dict, or ``missing`` when it cannot be imported. With ``sb3`` beside
+    shardreplay, shardreplay's figures add ``<rate>_vs_sb3``: the median over rounds of the
+    speed ratio of its block to SB3's block of the same round, with its range and quartiles.
     """
-    case = CASES[library](seed)
-    out: dict[str, Any] = {**case.versions()}
-    case.create(1_000)  # compiled code and first-call set-up, untimed
-    for i in range(1_000):
-        case.add(i)
-    case.sample(0)
+    out: dict[str, dict[str, Any]] = {}
+    cases = {}
+    for library in libraries:
+        try:
+            cases[library] = CASES[library](seed)
+        except MissingPeer as exc:
+            out[library] = {"missing": str(exc)}
+    for library, case in cases.items():
+        out[library] = {**case.versions()}
+        case.create(1_000)  # compiled code and first-call set-up, untimed
+        for i in range(1_000):
+            case.add(i)
+        case.sample(0)
     capacity = min(CAPACITY, n_insert)
-    case.create(capacity)
-    add_blocks = max(1, capacity // ADD_BLOCK_CALLS)
-    W.put_rate(out, "add_calls_per_s", W.time_calls(case.add, calls=min(ADD_BLOCK_CALLS, capacity),
-                                                    blocks=add_blocks, warmup=0))
-    out["add_us"] = round(1e6 / out["add_calls_per_s"], 2)
-    rate = W.time_calls(case.sample, calls=calls, blocks=blocks, warmup=warmup)
-    W.put_rate(out, "sample_calls_per_s", rate, SAMPLE_BATCH, "sample_transitions_per_s")
-    out["sample_us"] = round(1e6 / out["sample_calls_per_s"], 2)
-    out["capacity"] = capacity
+    for case in cases.values():
+        case.create(capacity)
+    timed = (("add", min(ADD_BLOCK_CALLS, capacity), max(1, capacity // ADD_BLOCK_CALLS), 0),
+             ("sample", calls, blocks, warmup))
+    for name, n, rounds, warm in timed:
+        rates: dict[str, list[float]] = {library: [] for library in cases}
+        for r in range(rounds):
+            for library, case in cases.items():
+                fn = getattr(case, name)
+                rates[library].append(W.time_calls(lambda i, f=fn, o=r * n: f(o + i), calls=n, blocks=1,
+                                                   warmup=warm if r == 0 else 0)[0])
+        for library, got in rates.items():
+            W.put_rate(out[library], f"{name}_calls_per_s", (np.median(got), min(got), max(got)),
+                       SAMPLE_BATCH if name == "sample" else 0, "sample_transitions_per_s")
+            out[library][f"{name}_us"] = round(1e6 / out[library][f"{name}_calls_per_s"], 2)
+            out[library]["capacity"] = capacity
+        if "shardreplay" in rates and "sb3" in rates:
+            ratio = np.asarray(rates["shardreplay"]) / np.asarray(rates["sb3"])
+            key = f"{name}_calls_per_s_vs_sb3"
+            low, q1, mid, q3, high = (round(float(q), 3) for q in np.quantile(ratio, [0, 0.25, 0.5, 0.75, 1]))
+            out["shardreplay"].update({key: mid, key + "_range": [low, high], key + "_quartiles": [q1, q3]})
     return out

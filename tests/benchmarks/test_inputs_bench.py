@@ -23,6 +23,7 @@ def test_quick_run_prints_one_json_line_and_its_table(tmp_path: Path) -> None:
     for c in line["cases"]:
         kinds[(c["path"], c["spec"], c["envs"])].add(c["kind"])
         assert c["median_us"] > 0 and c["worst_us"] >= c["median_us"] and c["calls"] > 0
+        assert c["cpu_mean_us"] > 0 and c["ratio_cpu"] > 0
     readme = {"typed", "readme", "float64", "strided", "discount_bool", "lists", "torch"}
     assert readme <= kinds[("add", "vector", 1)] and "scalars" in kinds[("add", "vector", 1)]
     assert readme <= kinds[("add", "vector", 8)] and readme <= kinds[("extend", "vector", 8)]

@@ -142,3 +142,46 @@ def test_fill_sweep_pools_cycle_at_episode_ends_and_ratios_are_time_ratios() -> 
     assert set(got) == {"shardreplay_us", "sb3_us", "ratio", "ratio_min", "ratio_max"}
     assert got["ratio"] > 1  # ours is slower here
     assert got["ratio_min"] <= got["ratio"] <= got["ratio_max"]  # the per-block range holds the median
+
+
+def test_single_env_alternates_the_libraries_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import replay_single_env as E
+
+    calls: list[tuple[str, str, int]] = []
+
+    def fake(name: str, cost: int) -> type:
+        class Case:
+            def __init__(self, seed: int) -> None:
+                pass
+
+            def versions(self) -> dict[str, str]:
+                return {"version": "0"}
+
+            def create(self, capacity: int) -> None:
+                calls.clear()
+
+            def add(self, i: int) -> None:
+                calls.append((name, "add", i))
+                sum(range(cost))
+
+            def sample(self, i: int) -> None:
+                calls.append((name, "sample", i))
+                sum(range(cost))
+        return Case
+
+    monkeypatch.setattr(E, "CASES", {"shardreplay": fake("shardreplay", 2_000), "sb3": fake("sb3", 20)})
+    monkeypatch.setattr(E, "ADD_BLOCK_CALLS", 10)
+    got = E.run(["shardreplay", "sb3"], 40, calls=5, blocks=3, warmup=0, seed=0)
+    adds = [(lib, i) for lib, op, i in calls if op == "add"]
+    # Four rounds of ten adds, ours then SB3's, each library's inputs running on.
+    assert [lib for lib, _ in adds[::10]] == ["shardreplay", "sb3"] * 4
+    assert [i for lib, i in adds if lib == "sb3"] == list(range(40))
+    assert [lib for lib, op, _ in calls if op == "sample"][::5] == ["shardreplay", "sb3"] * 3
+    ours = got["shardreplay"]
+    low, high = ours["add_calls_per_s_vs_sb3_range"]
+    assert high < 1 and low <= ours["add_calls_per_s_vs_sb3"] <= high  # ours is the slower here
+    assert got["sb3"]["add_calls_per_s"] > ours["add_calls_per_s"] and "sample_us" in got["sb3"]
+    # The parent reports the alternated median, not the ratio of the two medians.
+    results = {"shardreplay": {"single_env": {**ours, "add_calls_per_s": 1.0}},
+               "sb3": {"single_env": got["sb3"]}}
+    assert bench_replay.ratios(results)[0]["single_env_add_vs_sb3"] == ours["add_calls_per_s_vs_sb3"]
