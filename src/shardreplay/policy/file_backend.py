@@ -97,12 +97,8 @@ class FilePublisher(PolicyPublisher):
                 (self.path / name).unlink(missing_ok=True)
 
 class FileSubscriber(PolicySubscriber):
-    """Polls a directory for new policies.
-
-    Args:
-        path: the publisher's directory.
-        check_interval_s: ``poll`` reads the version note at most this often.
-        as_numpy: give the weights as numpy arrays, not torch tensors (torch never loads).
+    """Polls the publisher's directory ``path`` for new policies, reading the version note
+    at most every ``check_interval_s`` (``as_numpy``: numpy arrays, torch never loads).
 
     Raises:
         ConfigError: a negative interval.

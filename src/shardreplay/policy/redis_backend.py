@@ -30,13 +30,8 @@ __all__ = ["RedisPublisher", "RedisSubscriber"]
 
 
 class RedisPublisher(PolicyPublisher):
-    """Publishes policies into a Redis hash.
-
-    Args:
-        url: ``redis://host:port/db``.
-        key: the hash key; hints go to ``key + ":news"``.
-        timeout_s: how long a publish may wait for an unreachable server.
-    """
+    """Publishes policies into the Redis hash ``key`` (hints go to ``key + ":news"``); a
+    publish waits up to ``timeout_s`` for an unreachable server."""
 
     def __init__(self, url: str, *, key: str = "shardreplay:policy", timeout_s: float = 30.0) -> None:
         self._link = RedisLink(url)
@@ -58,13 +53,8 @@ class RedisPublisher(PolicyPublisher):
 
 
 class RedisSubscriber(PolicySubscriber):
-    """Polls a Redis hash for new policies.
-
-    Args:
-        url: ``redis://host:port/db``.
-        key: the publisher's key.
-        check_interval_s: longest time between version checks without a hint.
-        as_numpy: give the weights as numpy arrays, not torch tensors (torch never loads).
+    """Polls the publisher's Redis hash ``key`` for new policies, at least every
+    ``check_interval_s`` without a hint (``as_numpy``: numpy arrays, torch never loads).
 
     Raises:
         ConfigError: a negative interval.

@@ -1,17 +1,7 @@
-"""TrainSettings: every setting of a training run in six frozen groups, each validated on
-construction::
-
-    TrainSettings
-    ├── run          RunSettings          environment, budget, evaluation, seed, progress
-    ├── learners     LearnerSettings      learner ranks, Q-learning, weight broadcast
-    ├── replay       ReplaySettings       capacity, prioritization, sampling, rate limit
-    ├── actors       ActorPoolSettings    actors, environments, chunks, exploration
-    ├── transport    TransportSettings    where chunks and weights travel
-    └── checkpoints  CheckpointSettings   when checkpoints are written
-
-Every setting also has one flat name, its ``shardreplay train`` flag (``--replay-capacity``
-is ``replay.capacity``); :meth:`TrainSettings.from_dict` reads flat names, group sections
-or both, :meth:`TrainSettings.to_dict` writes the grouped shape.
+"""TrainSettings: every setting of a training run in six frozen groups (run, learners,
+replay, actors, transport, checkpoints), each validated on construction; every setting
+also has one flat name, its ``shardreplay train`` flag (``--replay-capacity`` is
+``replay.capacity``). The groups, names and YAML shapes: docs/train.md, "Settings".
 """
 
 from __future__ import annotations

@@ -284,12 +284,11 @@ def _first_policy(subscriber: Any, s: ActorSettings, stop: threading.Event) -> A
 
 
 class Chunker:
-    """Buffers one step per stream at a time and emits a :class:`Chunk` every ``T`` steps.
+    """Buffers one step per stream at a time and emits a :class:`Chunk` of ``actor_id``
+    every ``chunk_steps`` (``T``) steps.
 
     Args:
-        actor_id: the actor's id (goes into every chunk).
         stream_ids: the actor's stream numbers, ``[S]``.
-        chunk_steps: ``T``.
         first_sequence: sequence number of the first chunk; it must exceed any number
             this actor id used before (a restarted actor starts from a clock reading).
         select: the steps added hold every env of the actor: keep only rows
@@ -377,19 +376,12 @@ class _DeliveryLog:
 
 
 class Shipper:
-    """An actor's outgoing side: a :class:`Chunker` per shard its streams feed, the shards'
-    writers, the send loop (retries, reconnects, back-pressure) and the delivery log.
-
-    Args:
-        actor_id: the actor's id.
-        groups: its streams by shard (:meth:`StreamLayout.groups`).
-        transports: the transports of those shards, by shard.
-        chunk_steps: steps per chunk.
-        stop: set to stop retrying (what cannot be sent now is given up).
-        counters: its ``chunks`` and ``send_retries`` are counted here.
-        send_timeout_s: one send's wait for room before it counts a retry.
-        delivery_log: the delivery log's path (None: none).
-        feed: the policy feed polled between retries (None: the sender follows no policy).
+    """An actor's outgoing side: a :class:`Chunker` per shard its streams feed (``groups``:
+    :meth:`StreamLayout.groups`), the shards' writers, the send loop (retries, reconnects,
+    back-pressure) and the delivery log (``delivery_log``: its path, None: none). ``stop``
+    set: what cannot be sent now is given up; ``counters`` counts ``chunks`` and
+    ``send_retries`` (a send that waited ``send_timeout_s`` for room is one); ``feed``: the
+    policy feed polled between retries (None: the sender follows no policy).
 
     Raises:
         ConfigError: the delivery log cannot be opened.

@@ -96,14 +96,10 @@ def _actor_main(settings: ActorSettings, transports: Mapping[int, Transport] | N
 
 
 class ActorPool:
-    """The actors of one learner shard, restarted after a crash up to a bound.
-
-    Args:
-        settings: one ActorSettings per actor of this shard.
-        transports: the shards' transport objects to hand to children (``local``
-            rings, by shard: an actor may feed several), or None for each actor to open
-            its own.
-        max_restarts: restarts allowed per actor.
+    """The actors of one learner shard (one ActorSettings each), restarted after a crash
+    up to ``max_restarts`` times each. ``transports``: the shards' transport objects to hand
+    to children (``local`` rings, by shard: an actor may feed several), or None for each
+    actor to open its own.
     """
 
     def __init__(self, settings: list[ActorSettings], transports: Mapping[int, Transport] | None,
@@ -156,13 +152,10 @@ class ActorPool:
         return [p.pid for p in self._procs.values() if p.is_alive()]
 
     def stop(self, timeout_s: float = 10.0, while_waiting: Callable[[], None] | None = None) -> None:
-        """Stop every actor: SIGTERM, wait up to ``timeout_s``, then SIGKILL and reap.
-
-        Args:
-            timeout_s: how long actors may take to send what they hold and exit.
-            while_waiting: called repeatedly until they have exited (the learner drains
-                its transport there, so the actors' last chunks find room and land in
-                the shard instead of blocking the actors until they are killed).
+        """Stop every actor: SIGTERM, wait up to ``timeout_s`` for them to send what they
+        hold and exit, then SIGKILL and reap. ``while_waiting`` is called repeatedly until
+        they have exited (the learner drains its transport there, so the actors' last chunks
+        find room and land in the shard instead of blocking the actors until they are killed).
         """
         stop_processes(list(self._procs.values()), timeout_s, while_waiting=while_waiting)
         self._procs.clear()

@@ -50,12 +50,7 @@ class DqnSettings:
 class DoubleDqn(QLearner):
     """Double DQN's learning step on online and target Q-networks
     (:class:`~.torch_parts.QLearner`; ``state_dict``: ``online``, ``target``,
-    ``optimizer``, ``updates``).
-
-    Args:
-        online: the Q-network that learns (may be wrapped in DDP).
-        settings: learning settings.
-    """
+    ``optimizer``, ``updates``)."""
 
     algo, state_key = "dqn", "online"
 

@@ -28,16 +28,9 @@ def mlp(width: int, hidden: Sequence[int]) -> tuple[nn.Sequential, int]:
 
 
 class QNetwork(nn.Module):
-    """An MLP from a flat observation to one Q-value per action.
-
-    Its twin without torch, :class:`~shardreplay.runtime.algos.dqn.NumpyQNetwork`,
-    acts from the same weights (``net.<2i>.weight`` / ``net.<2i>.bias``).
-
-    Args:
-        obs_size: length of the observation vector.
-        num_actions: number of discrete actions.
-        hidden: sizes of the hidden layers.
-    """
+    """An MLP from a flat observation to one Q-value per action (``hidden``: its hidden
+    layers' sizes). Its twin without torch, :class:`~shardreplay.runtime.algos.dqn.NumpyQNetwork`,
+    acts from the same weights (``net.<2i>.weight`` / ``net.<2i>.bias``)."""
 
     def __init__(self, obs_size: int, num_actions: int, hidden: tuple[int, ...] = (128, 128)) -> None:
         super().__init__()
@@ -50,13 +43,8 @@ class QNetwork(nn.Module):
 
 
 class NatureQNetwork(nn.Module):
-    """The Nature-DQN network on ``[B, C, H, W]`` uint8 images (H, W >= 36).
-
-    Args:
-        obs_shape: ``(C, H, W)``.
-        num_actions: number of discrete actions.
-        scale: multiplies the pixels first (1/255 for 8-bit frames).
-    """
+    """The Nature-DQN network on ``[B, C, H, W]`` uint8 images (H, W >= 36), the pixels
+    multiplied by ``scale`` first (1/255 for 8-bit frames)."""
 
     def __init__(self, obs_shape: Sequence[int], num_actions: int, scale: float = 1 / 255) -> None:
         super().__init__()
@@ -74,12 +62,7 @@ class NatureQNetwork(nn.Module):
 
 
 class MinAtarQNetwork(nn.Module):
-    """The MinAtar paper's network (Young & Tian 2019) on ``[B, C, H, W]`` 0/1 images.
-
-    Args:
-        obs_shape: ``(C, H, W)``.
-        num_actions: number of discrete actions.
-    """
+    """The MinAtar paper's network (Young & Tian 2019) on ``[B, C, H, W]`` 0/1 images."""
 
     def __init__(self, obs_shape: Sequence[int], num_actions: int) -> None:
         super().__init__()

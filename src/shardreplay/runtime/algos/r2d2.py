@@ -45,13 +45,8 @@ STATE_FIELDS = ("h", "c")  # the spec fields holding the actor's LSTM state at e
 
 
 class RecurrentQ(nn.Module):
-    """Observation -> ReLU layer -> LSTM -> Q-values, unrolled over ``[B, T]``.
-
-    Args:
-        obs_dim: length of the observation vector.
-        num_actions: number of discrete actions.
-        hidden: units of the embedding and of the LSTM.
-    """
+    """Observation -> ReLU layer -> LSTM -> Q-values, unrolled over ``[B, T]`` (``hidden``:
+    units of the embedding and of the LSTM)."""
 
     def __init__(self, obs_dim: int, num_actions: int, hidden: int) -> None:
         super().__init__()
@@ -109,14 +104,9 @@ def nstep_targets(data: Mapping[str, torch.Tensor], mask: torch.Tensor, q_online
 
 def sequence_loss(online: nn.Module, target: nn.Module, seq: SequenceBatch, n: int,
                   gamma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """R2D2's loss on ``seq`` (see the module docstring).
-
-    Args:
-        online: the learning network (may be in DDP): unrolls the burn-in without
-            gradient, then the learning part with it.
-        target: the target network (no gradient).
-        seq: sequences with the stored start state in ``start_state["h"]``, ``["c"]``.
-        n, gamma: the n-step return's n and discount.
+    """R2D2's loss on ``seq``, sequences with their stored start state in
+    ``start_state["h"]``, ``["c"]`` (see the module docstring): ``online`` (maybe in DDP)
+    unrolls the burn-in without gradient, then the learning part with it.
 
     Returns:
         ``(loss, td, learn_here)``: the importance-weighted loss; TD errors ``[B, L - n]``
@@ -163,12 +153,7 @@ class R2d2Settings(DqnSettings):
 class R2d2(QLearner):
     """R2D2's learning step on online and target recurrent Q-networks
     (:class:`~.torch_parts.QLearner`; ``state_dict``: ``recurrent_online``, ``target``,
-    ``optimizer``, ``updates``).
-
-    Args:
-        online: the recurrent Q-network that learns (may be wrapped in DDP).
-        settings: learning settings.
-    """
+    ``optimizer``, ``updates``)."""
 
     algo, state_key = "r2d2", "recurrent_online"
 

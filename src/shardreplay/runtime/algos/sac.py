@@ -53,13 +53,7 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # CleanRL's bounds on the policy's log sta
 
 class SquashedGaussianActor(nn.Module):
     """The policy: an MLP to the mean and log standard deviation of a Gaussian, squashed
-    by tanh into the action bounds.
-
-    Args:
-        obs_size: length of the observation vector.
-        low, high: the action bounds, one per dimension.
-        hidden: sizes of the hidden layers.
-    """
+    by tanh into the action bounds ``low`` .. ``high`` (one per dimension)."""
 
     action_scale: torch.Tensor
     action_bias: torch.Tensor
@@ -101,13 +95,7 @@ class SquashedGaussianActor(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """Two Q-networks ``Q_i(o, a)``, MLPs of the observation and action concatenated.
-
-    Args:
-        obs_size: length of the observation vector.
-        action_size: length of the action vector.
-        hidden: sizes of the hidden layers.
-    """
+    """Two Q-networks ``Q_i(o, a)``, MLPs of the observation and action concatenated."""
 
     def __init__(self, obs_size: int, action_size: int, hidden: Sequence[int] = (256, 256)) -> None:
         super().__init__()
@@ -152,14 +140,8 @@ class Sac(LearnerState):
     learning step (see the module docstring); its ``state_dict`` holds ``actor``,
     ``critic``, ``critic_target``, ``log_alpha``, the three optimizers and ``updates``.
 
-    Args:
-        actor: the policy.
-        critic: the twin Q-networks.
-        settings: learning settings.
-        world: ranks that learn together (> 1: a collective on ``placement``'s group at
-            construction and in every :meth:`learn`).
-        placement: the device and the gradient all-reduce's group (None: the CPU and the
-            default group).
+    ``world`` ranks learn together (> 1: a collective on ``placement``'s group at
+    construction and in every :meth:`learn`); ``placement`` None: the CPU and the default group.
     """
 
     algo, state_key = "sac", "critic_target"

@@ -94,14 +94,9 @@ class LearnerState:
 
 
 class QLearner(LearnerState):
-    """Online and target Q-networks and Adam (DQN's and R2D2's learners); its
-    ``state_dict`` holds the online network (as ``state_key``), ``target``, ``optimizer``
-    and ``updates``.
-
-    Args:
-        online: the Q-network that learns (may be wrapped in DDP).
-        settings: learning settings (:class:`~.dqn_torch.DqnSettings` or a subclass).
-    """
+    """Online and target Q-networks and Adam (DQN's and R2D2's learners, ``online`` maybe
+    in DDP, ``settings`` a :class:`~.dqn_torch.DqnSettings`); its ``state_dict`` holds the
+    online network (as ``state_key``), ``target``, ``optimizer`` and ``updates``."""
 
     def __init__(self, online: nn.Module, settings: Any) -> None:
         self.online = online
@@ -133,13 +128,8 @@ class QLearner(LearnerState):
 
 
 class TorchPolicy(ActorPolicy):
-    """An actor's torch network on the actor's device (``s.device``), loaded from published
-    weights (tensors or arrays).
-
-    Args:
-        net: the network (weights loaded by :meth:`load`).
-        s: the actor's resolved settings.
-    """
+    """An actor's torch network on the actor's device (``s.device``, of its resolved
+    settings), loaded from published weights (tensors or arrays) by :meth:`load`."""
 
     def __init__(self, net: nn.Module, s: ActorSettings) -> None:
         self.device = torch.device(s.device)

@@ -33,15 +33,9 @@ log = logging.getLogger("shardreplay.learner")
 
 
 class Lead:
-    """What rank 0 does besides learning (see the module docstring). Every write goes
-    through ``storage`` (a refused one is kept there, not raised).
-
-    Args:
-        settings: the run's settings.
-        world: learner ranks (for the settings published to actors).
-        algo, env, agent, placement: the rank's algorithm, environment, agent and device.
-        progress, storage, lineage: the rank's state, shared with its Learner.
-        resume: a resumed run: the best evaluation so far comes from ``best/``.
+    """What rank 0 does besides learning (see the module docstring), with the rank's
+    state shared with its Learner. Every write goes through ``storage`` (a refused one is
+    kept there, not raised); a ``resume`` takes the best evaluation so far from ``best/``.
     """
 
     def __init__(self, settings: TrainSettings, world: int, algo: Algorithm, env: EnvInfo, agent: Any,

@@ -18,13 +18,8 @@ COLUMNS = ("wall_s", "env_steps", "updates", "replay_size", "env_steps_per_s", "
 
 
 class MetricsRecorder:
-    """Appends rows to ``metrics.csv``, TensorBoard events under ``tb/`` and a progress bar.
-
-    Args:
-        run_dir: the run directory.
-        total_env_steps: the progress bar's total.
-        progress: show the live bar (rich) on the terminal.
-    """
+    """Appends rows to ``<run_dir>/metrics.csv``, TensorBoard events under ``tb/`` and,
+    with ``progress``, a live bar (rich) up to ``total_env_steps``."""
 
     def __init__(self, run_dir: Path, total_env_steps: int, progress: bool = True) -> None:
         self.run_dir = Path(run_dir)

@@ -590,10 +590,6 @@ class LossLog:
     sequences, ``{"actor_id", "first", "last", "chunks", "steps", "reason", "rank"}``
     (one ``os.write`` each: ranks share the file): chunks lost with a crashed learner,
     rejected ones and entries a medium lost (-1: identities or steps unknown).
-
-    Args:
-        run_dir: the run directory.
-        rank: the rank recorded with each entry.
     """
 
     def __init__(self, run_dir: Path, rank: int) -> None:
