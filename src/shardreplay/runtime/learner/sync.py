@@ -108,27 +108,8 @@ class LoopSync(SummedRecord):
 
 @dataclass(frozen=True)
 class RunCounts(SummedRecord):
-    """Run-wide counts for the summary, summed over ranks.
-
-    Attributes:
-        actor_restarts: actor processes restarted after they died.
-        actors_given_up: actors not restarted again (too many restarts).
-        chunks_rejected: chunks refused (corrupt, outside the shard, ...).
-        chunks_duplicate: chunks received again and dropped.
-        foreign_chunks_ignored: chunks of other runs left on the medium.
-        ingest_log_replayed: chunks this life replayed from the write-ahead logs.
-        ingest_log_rerouted: of those, chunks of actors this life no longer runs (a
-            resume with fewer actors), written to the streams of their stand-in.
-        ingest_log_torn: torn or damaged log records ignored at the replay.
-        ingest_log_peak_bytes: the logs' largest size over this life (summed over shards).
-        ingest_log_bytes: the logs' size at the end (the chunks newer than the newest
-            complete checkpoint, and sealed segments whose checkpoint other ranks were
-            still finishing).
-        rollouts_dropped_segments: rollouts archive segments deleted beyond
-            ``--keep-rollouts-max-gb`` in this life.
-        dataset_steps: steps this life dealt into the shards from ``--prefill`` /
-            ``--offline``'s dataset.
-    """
+    """Run-wide counts for the summary, summed over ranks (what each counts:
+    docs/train.md, "What a run leaves")."""
 
     actor_restarts: int = 0
     actors_given_up: int = 0

@@ -1,24 +1,8 @@
 """The ingest log ``<run_dir>/ingest/shard-<k>.<life>[.upto-<id>].wal``, its rollouts archive
 (``--keep-rollouts``) and :class:`LossLog`; identity journals of earlier versions
 (``.journal``, 24-byte records) read as header-only records. What is logged, replayed,
-trimmed and counted lost: docs/semantics.md, "Chunks across crashes".
-
-Record (little-endian; never pickle)::
-
-    offset 0   magic b"SRWL", version (uint8), flags (uint8), 2 zero bytes 8 bytes
-           8   shard, world (uint32 each): who wrote it, of how many       8 bytes
-          16   length of the chunk bytes (uint64; 0 in a header-only record) 8 bytes
-          24   actor id, sequence (int64)                                 16 bytes
-          40   previous sequence this shard wrote of that actor (-1: none) 8 bytes
-          48   steps in the chunk (int64)                                  8 bytes
-          56   insert time (int64, ns since the epoch)                     8 bytes
-          64   XXH3-64 of the chunk bytes                                  8 bytes
-          72   XXH64 of bytes 0..71                                        8 bytes
-          80   the chunk bytes: a transport chunk as received, or packed (LZ4) when kept
-
-Version 1 records (no insert time; a 72-byte header) are still read, as -1. Flags bit 0:
-header-only. A record is used only whole with both checksums right; the first invalid one
-ends its file's reading: *torn* at the end of the file, else *damaged* (:class:`LogScan`).
+trimmed and counted lost: docs/semantics.md, "Chunks across crashes"; the record's bytes
+(never pickle): docs/transports.md, "Ingest log records".
 """
 
 from __future__ import annotations
@@ -102,8 +86,8 @@ class LogScan:
 
 def pack_header(shard: int, world: int, actor_id: int, sequence: int, prev: int, steps: int,
                 data: memoryview | bytes | None, insert_ns: int = -1) -> bytes:
-    """The 80-byte header of one record (see the module docstring); ``data`` None: a
-    header-only record."""
+    """The 80-byte header of one record (docs/transports.md); ``data`` None: a header-only
+    record."""
     flags, length, digest = (HEADER_ONLY, 0, _EMPTY_DIGEST) if data is None else (0, len(data), xxh3_64(data))
     head = _HEAD.pack(MAGIC, VERSION, flags, shard, world, length, actor_id, sequence, prev, steps, insert_ns,
                       digest)
