@@ -78,30 +78,13 @@ class StoredIds:
 
     def add(self, actor_id: int, sequence: int) -> bool:
         """Record ``(actor_id, sequence)`` as stored; False when it was already."""
-        lo = self._lo.get(actor_id)
-        if lo is None:
-            self._lo[actor_id], self._hi[actor_id] = [sequence], [sequence]
-            return True
-        hi = self._hi[actor_id]
-        if sequence == hi[-1] + 1:  # the common case: the next chunk in order
+        hi = self._hi.get(actor_id)
+        if hi and sequence == hi[-1] + 1:  # the common case: the next chunk in order
             hi[-1] = sequence
             return True
-        i = bisect.bisect_right(lo, sequence) - 1
-        if i >= 0 and sequence <= hi[i]:
+        if (actor_id, sequence) in self:
             return False
-        joins_left = i >= 0 and hi[i] == sequence - 1
-        joins_right = i + 1 < len(lo) and lo[i + 1] == sequence + 1
-        if joins_left and joins_right:  # fills the one hole between two intervals
-            hi[i] = hi[i + 1]
-            del lo[i + 1], hi[i + 1]
-        elif joins_left:
-            hi[i] = sequence
-        elif joins_right:
-            lo[i + 1] = sequence
-        else:
-            lo.insert(i + 1, sequence)
-            hi.insert(i + 1, sequence)
-            self._bound(actor_id)
+        self.add_interval(actor_id, sequence, sequence)
         return True
 
     def add_interval(self, actor_id: int, first: int, last: int) -> None:
@@ -118,11 +101,6 @@ class StoredIds:
         lo[start:end] = [first]
         hi[start:end] = [last]
         self._bound(actor_id)
-
-    def update(self, other: StoredIds) -> None:
-        """Add every interval of ``other`` (the union)."""
-        for actor, first, last in other.intervals():
-            self.add_interval(actor, first, last)
 
     def intervals(self) -> Iterator[tuple[int, int, int]]:
         """``(actor_id, first, last)`` of every interval, by actor then sequence."""
