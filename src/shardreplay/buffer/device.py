@@ -1,10 +1,5 @@
-"""Where sampled batches land: checked once at construction, applied per batch.
-
-Batches are gathered on the host. Windows bound for a GPU are gathered straight into
-page-locked records (:func:`shardreplay.spec.layout.window_layout`) and cross in one
-non-blocking copy on the current stream; the fields are views of the records on the GPU
-(pinning strided per-field views instead would stage each through pageable memory).
-"""
+"""Where sampled batches land: checked once at construction, applied per batch (GPU
+batches: docs/internals.md, "Byte records")."""
 
 from __future__ import annotations
 

@@ -1,23 +1,13 @@
 """Sampled windows as n-step transitions: :class:`Transitions`, the formulas, and
 :func:`nstep_transitions` of any :class:`Batch` (``sample_transitions``' compiled gather of
-the same numbers: buffer/transitions.py). Timelines of the cases: docs/semantics.md,
-"Transitions".
-
-A window ``s_0 .. s_n`` becomes ``(o_0, a_0, R, gamma_m, o_m)``; step ``t`` holds ``o_t``,
-the action ``a_t``, the reward ``r_t`` that followed it and its discount ``d_t``. The
-bootstrap step ``m`` is ``n`` for a full window, or the LAST inside it (``m >= 1``)::
-
-    R       = sum_{k=0}^{m-1} gamma^k * (prod_{i=1}^{k} d_i) * r_k
-    gamma_m = gamma^m * prod_{i=1}^{m} d_i        (the "bootstrap discount")
-
-The rewards ``r_m .. r_n`` are never summed: at a LAST ``r_m`` follows a padding action,
-and in a full window ``r_n`` belongs to the next transition.
-"""
+the same numbers: buffer/transitions.py). The formulas and timelines: docs/semantics.md,
+"Transitions"."""
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -71,11 +61,9 @@ class Transitions:
         return int(self.keys.shape[0])
 
     def to_tensordict(self) -> Any:
-        """These transitions as a ``tensordict.TensorDict`` with TorchRL's names
-        (``observation``, ``action``, ``("next", "observation" / "reward" / "done" /
-        "terminated" / "truncated")``, ``steps_to_next_obs``, ``priority_weight``,
-        ``index``: :mod:`shardreplay.buffer.tensordicts`), which a TorchRL loss built
-        with the same gamma takes unchanged.
+        """These transitions as a ``tensordict.TensorDict`` with TorchRL's names (docs/porting.md,
+        "From the other libraries"), which a TorchRL loss built with the same gamma takes
+        unchanged.
 
         Raises:
             ConfigError: the tensordict package is not installed.
@@ -289,10 +277,18 @@ def _field(data: dict[str, torch.Tensor], name: str, lead: torch.Size) -> torch.
 
 
 def _select(data: dict[str, torch.Tensor], name: str, lead: torch.Size) -> Observation:
-    if name in data:
-        return _field(data, name, lead)
-    nested = {k: _field(data, k, lead) for k in data if k.startswith(name + ".")}
+    names = observation_names(data, name, "batch")
+    return _field(data, name, lead) if names == [name] else {k: _field(data, k, lead) for k in names}
+
+
+def observation_names(names: Iterable[str], observation: str, owner: str) -> list[str]:
+    """``[observation]`` when ``names`` has it, else its nested fields ``observation.*``;
+    raises SpecMismatchError (naming ``owner``, what has the ``names``) when neither."""
+    names = list(names)
+    if observation in names:
+        return [observation]
+    nested = [k for k in names if k.startswith(observation + ".")]
     if not nested:
-        raise SpecMismatchError(f"batch has no observation field {name!r} (nor {name + '.*'}); "
-                                f"it has {sorted(data)}")
+        raise SpecMismatchError(f"{owner} has no observation field {observation!r} (nor "
+                                f"{observation + '.*'}); it has {sorted(names)}")
     return nested

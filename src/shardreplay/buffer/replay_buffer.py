@@ -46,10 +46,9 @@ class ReplayBuffer:
         stream_capacity: steps kept per stream (the oldest are overwritten).
         window: steps per sampled window ``L`` (2 for 1-step transitions, n+1 for n-step,
             the sequence length for recurrent learners).
-        period: window starts lie every ``period`` steps of an episode (its first step,
-            ``period``, ``2 * period``, ...): R2D2's sequences overlapping by
-            ``window - period`` steps. 1 (default): every step starts a window.
-            ``1 <= period <= window``. See docs/semantics.md, "Sequence windows".
+        period: window starts lie every ``period`` steps of an episode, ``1 <= period <=
+            window`` (1, the default: every step; R2D2's overlapping sequences:
+            docs/semantics.md, "Sequence windows").
         sampler: ``"uniform"``, ``"prioritized"`` or ``"fifo"``.
         alpha: prioritization exponent (prioritized only).
         beta: importance-weight exponent, a number or a ``LinearSchedule`` over calls.
@@ -283,15 +282,10 @@ class ReplayBuffer:
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed for an exact restore, laid out by stream and time.
-
-        Returns ``{"meta": dict of numbers, strings, lists and dicts, "arrays": dict of CPU
-        tensors}``, so ``torch.save(buffer.state_dict(), path)`` and
-        ``torch.load(path, weights_only=True)`` round-trip it. The step arrays hold only
-        stored steps, row after row in time order (``episode_id`` is contiguous within a
-        row). The buffer's key tag travels too: keys sampled before ``state_dict()`` are
-        keys of the buffer that loads it.
-        """
+        """Everything needed for an exact restore, as ``{"meta": ..., "arrays": CPU tensors}``
+        that ``torch.save`` and ``torch.load(path, weights_only=True)`` round-trip
+        (docs/semantics.md, "Saving a buffer, and where batches land"). The key tag travels
+        too: keys sampled before ``state_dict()`` are keys of the buffer that loads it."""
         return state_as_tensors(export_state(self._shard))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

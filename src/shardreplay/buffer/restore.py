@@ -1,11 +1,5 @@
-"""A restore session: the one way a loader replaces a shard's content (internal).
-
-``with shard.restore(source, key_epoch_floor) as session:`` empties the shard and marks
-it *pending* (``checkpoint.save`` refuses it, naming ``source``); the loader places steps
-(``targets``, ``frame_stores``, ``place_starts``), then calls ``finish`` once. Leaving the
-block otherwise (an exception, no ``finish``) leaves the shard **empty and pending**.
-Calls out of that order raise.
-"""
+"""A restore session: the one way a loader replaces a shard's content (internal; the
+protocol: docs/internals.md, "Restore sessions")."""
 
 from __future__ import annotations
 
@@ -37,13 +31,14 @@ class ShardParts(Protocol):
 
 
 class RestoreSession:
-    """An in-progress restore of one shard (from :meth:`Shard.restore`; see the module).
+    """An in-progress restore of ``shard`` from ``source`` (a checkpoint path, which
+    ``save``'s refusal names), made by :meth:`Shard.restore` (docs/internals.md, "Restore
+    sessions"). While empty the shard keeps a key epoch of at least ``key_epoch_floor``, so
+    keys handed out from the replaced content stay stale.
 
-    Args:
-        shard: the shard whose content is replaced.
-        source: what is restored (a checkpoint path), named by ``save``'s refusal.
-        key_epoch_floor: the key epoch the shard keeps at least while empty, so keys
-            handed out from the replaced content stay stale.
+    Raises:
+        CheckpointError: any method called out of order: outside the with-block, after
+            ``finish``, or ``finish`` twice.
     """
 
     def __init__(self, shard: ShardParts, source: str, key_epoch_floor: int) -> None:
@@ -88,11 +83,7 @@ class RestoreSession:
     def targets(self) -> dict[str, np.ndarray]:
         """Where steps are placed: every per-slot array by flat slot, named as in a state
         (``field.<name>`` for plain fields, and the per-step arrays). Frame-stacked fields
-        go through :meth:`frame_stores` instead.
-
-        Raises:
-            CheckpointError: the session is not open (finished, or outside its block).
-        """
+        go through :meth:`frame_stores` instead."""
         self._check(_OPEN, "placing steps")
         storage = self._shard._storage
         out = {f"field.{k}": v for k, v in storage.fields.items()}
@@ -100,11 +91,7 @@ class RestoreSession:
         return out
 
     def frame_stores(self) -> Mapping[str, Any]:
-        """The frame rings of frame-stacked fields (``FrameStore`` by field name).
-
-        Raises:
-            CheckpointError: the session is not open.
-        """
+        """The frame rings of frame-stacked fields (``FrameStore`` by field name)."""
         self._check(_OPEN, "placing frames")
         return self._shard._storage.stacked
 
@@ -115,22 +102,14 @@ class RestoreSession:
 
     def start_fields(self) -> Mapping[str, Any]:
         """The ``at_starts`` fields of the shard's spec (``Field`` by name): placed
-        through :meth:`place_starts`.
-
-        Raises:
-            CheckpointError: the session is not open.
-        """
+        through :meth:`place_starts`."""
         self._check(_OPEN, "placing start rows")
         return dict(self._shard._storage.starts)
 
     def place_starts(self, name: str, slots: np.ndarray, values: np.ndarray) -> None:
         """The rows ``values`` of ``at_starts`` field ``name`` for the steps placed at flat
         ``slots`` (at least every step that starts a window under this shard's period);
-        kept when :meth:`finish` sets the positions.
-
-        Raises:
-            CheckpointError: the session is not open.
-        """
+        kept when :meth:`finish` sets the positions."""
         self._check(_OPEN, "placing start rows")
         self._starts[name] = (np.asarray(slots, np.int64), values)
 
@@ -141,11 +120,7 @@ class RestoreSession:
         load ``sampler_state`` (its ``load_state_dict``: a prioritized sampler's maximum
         priority and schedule position, a fifo's waiting windows; what a sampler does not
         keep is ignored), the RNG (when given), the stale-update count, the key epoch and
-        (when given) the key tag.
-
-        Raises:
-            CheckpointError: called twice, or outside the with-block.
-        """
+        (when given) the key tag."""
         self._check(_OPEN, "finish()")
         shard = self._shard
         try:
@@ -164,11 +139,7 @@ class RestoreSession:
 
     def reset(self) -> None:
         """Empty the shard again (sampler state reset, the key epoch at least the floor)
-        for another try; the session is open again.
-
-        Raises:
-            CheckpointError: outside the with-block.
-        """
+        for another try; the session is open again."""
         if self._state == _CLOSED:
             raise CheckpointError(f"restore session of {self.source}: reset() outside its with-block")
         shard = self._shard

@@ -76,14 +76,10 @@ def learn_mask(mask: torch.Tensor, burn_in: int) -> torch.Tensor:
 
 def sample_sequences(buffer: SamplesBatches, batch_size: int, *, burn_in: int,
                      state: Sequence[str] = ()) -> SequenceBatch:
-    """Draw ``batch_size`` sequences from ``buffer`` (a collective on a sharded buffer).
-
-    Args:
-        buffer: a buffer made with ``window=L`` (and ``period=P`` for R2D2's overlap).
-        batch_size: sequences to draw.
-        burn_in: steps at the start of each sequence that are not learned from.
-        state: the spec fields that hold the actor's recurrent state at each step
-            (returned at each window's first step).
+    """Draw ``batch_size`` sequences from ``buffer`` (made with ``window=L``, and
+    ``period=P`` for R2D2's overlap; a collective on a sharded buffer), with the ``state``
+    fields at each window's first step and ``burn_in`` steps not learned from
+    (docs/semantics.md, "Sequence windows").
 
     Raises:
         ConfigError: ``burn_in`` outside ``[0, L)``, or the buffer's errors.
@@ -111,16 +107,10 @@ def sequence_batch(batch: Batch, *, burn_in: int, state: Sequence[str] = ()) -> 
 
 
 def sequence_priorities(td_errors: torch.Tensor, mask: torch.Tensor, eta: float = ETA) -> torch.Tensor:
-    """R2D2's sequence priority ``eta * max |delta| + (1 - eta) * mean |delta|`` per row.
-
-    Args:
-        td_errors: ``[B, T]`` TD errors (any float dtype; not differentiated).
-        mask: bool ``[B, T]``: the positions that count (the learning part: pass
-            ``SequenceBatch.learn_mask`` cut to the positions ``td_errors`` covers).
-        eta: the weight of the maximum, in [0, 1].
-
-    Returns:
-        float32 ``[B]``, finite and >= 0; 0 for a row with no position in ``mask``.
+    """R2D2's sequence priority ``eta * max |delta| + (1 - eta) * mean |delta|`` of each row
+    of ``td_errors`` ``[B, T]`` over the positions of bool ``mask`` ``[B, T]`` (pass
+    ``SequenceBatch.learn_mask`` cut to the positions ``td_errors`` covers): float32 ``[B]``,
+    finite and >= 0, 0 for a row with no position in ``mask``.
 
     Raises:
         ConfigError: shapes differ, ``eta`` outside [0, 1], or a TD error is NaN or inf.

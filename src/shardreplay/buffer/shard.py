@@ -1,9 +1,6 @@
-"""Shard: one buffer's storage, sampler, RNG and key codec behind one internal seam.
-
-``ReplayBuffer`` is a thin public face over a :class:`Shard`; the sharded buffer and
-checkpoints reach it through :func:`shard_of_buffer` and never touch storage or the
-sampler themselves. Internal: no name here is exported from ``shardreplay``.
-"""
+"""Shard: one buffer's storage, sampler, RNG and key codec behind one internal seam, under
+``ReplayBuffer``'s thin public face; the sharded buffer and checkpoints reach it through
+:func:`shard_of_buffer` only. Internal: no name here is exported from ``shardreplay``."""
 
 from __future__ import annotations
 
@@ -407,9 +404,7 @@ class Shard:
         """Each frame-stacked field's stacks of steps ``[start[r], position[r])`` of every
         row ``r``, in (row, time) order: pieces built when each is read (no copy of them
         all at once), valid until the next write; one empty array when there are none."""
-        cap, hi = self.stream_capacity, self._storage.pos
-        slots = np.concatenate([r * cap + np.arange(int(start[r]), int(hi[r])) % cap
-                                for r in range(hi.shape[0])] or [np.zeros(0, np.int64)]).astype(np.int64)
+        slots = self._storage.stored_slots(start=start)[0]
         return {name: StackPieces.split(store, slots) if slots.shape[0] else [store.gather(slots)]
                 for name, store in self._storage.stacked.items()}
 

@@ -1,9 +1,5 @@
-"""The buffer's state dict: layout, export and checked import.
-
-``ReplayBuffer.state_dict()`` holds only what ``torch.load(weights_only=True)`` accepts:
-``meta`` of ints, floats, strings, lists and dicts, ``arrays`` of CPU tensors (numpy
-arrays wrapped without a copy). ``load_state_dict`` takes tensors or numpy arrays.
-"""
+"""The buffer's state dict: layout, export and checked import (what it holds:
+docs/semantics.md, "Saving a buffer, and where batches land")."""
 
 from __future__ import annotations
 
@@ -29,8 +25,6 @@ def export_state(shard: ShardParts, field_views: bool = False) -> dict[str, Any]
     """
     storage, sampler, rng = shard._storage, shard._sampler, shard.rng
     arrays: dict[str, Any] = storage.export_steps(copy_fields=not field_views)
-    if field_views:
-        arrays.update({f"field.{k}": storage.row_pieces(v) for k, v in storage.fields.items()})
     sampler_meta = {}
     for key, value in sampler.state_dict().items():
         if isinstance(value, np.ndarray):

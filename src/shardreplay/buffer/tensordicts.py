@@ -1,14 +1,6 @@
 """TensorDicts in and out (TorchRL's layout), with ``tensordict`` an optional extra: nothing
-here imports it until a TensorDict is handed in or asked for.
-
-**In** (``add(td)``: ``batch_size [S]``, one row per stream; ``extend(td)``: ``[S, T]``):
-with a ``"step_type"`` key, the step dict of ``add``/``extend``; without, TorchRL
-transitions, row ``t`` stored as step ``t`` and a LAST step after each row that ends an
-episode. A trailing unit axis is dropped for a scalar field; ``priorities`` give each row's
-window its priority (a LAST step takes its row's).
-**Out**: TorchRL's names plus ``bootstrap_discount``. The rules key by key:
-docs/porting.md, "From the other libraries".
-"""
+here imports it until a TensorDict is handed in or asked for. The rules key by key:
+docs/porting.md, "From the other libraries"."""
 
 from __future__ import annotations
 
@@ -73,7 +65,7 @@ def _observation_name(spec: Spec) -> str:
 def tensordict_writes(td: Any, spec: Spec, lead_ndim: int, priorities: Any,
                       fresh: Callable[[], np.ndarray]) -> list[Write]:
     """The writes that store ``td``, a TensorDict with ``lead_ndim`` batch dims (1: ``add``,
-    2: ``extend``; the module docstring: the two layouts), with the caller's ``priorities``
+    2: ``extend``; the two layouts: docs/porting.md), with the caller's ``priorities``
     of the rows (or None); ``fresh()`` says per stream whether its next step starts an episode.
 
     Raises:

@@ -1,11 +1,7 @@
-"""Sampled windows as n-step transitions, gathered in one compiled pass.
-
-:meth:`ReplayBuffer.sample_transitions` draws window starts as ``sample`` does but reads
-only what a transition needs (``o_0``, ``a_0``, the rewards and discounts inside the
-window, ``o_m``), with the formulas of :mod:`shardreplay.buffer.nstep` (which has
-:class:`Transitions`).
-``bootstrap_discount`` already holds ``gamma``: never multiply it by ``gamma`` again.
-"""
+"""Sampled windows as n-step transitions, gathered in one compiled pass: only what a
+transition needs (``o_0``, ``a_0``, the rewards and discounts inside the window, ``o_m``),
+with the formulas of :mod:`shardreplay.buffer.nstep`. ``bootstrap_discount`` already holds
+``gamma``: never multiply it by ``gamma`` again."""
 
 from __future__ import annotations
 
@@ -15,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from shardreplay.buffer import nstep
 from shardreplay.buffer.nstep import Observation, Transitions, _check_gamma, _check_n, _ends, nstep_returns
 from shardreplay.errors import SpecMismatchError
 from shardreplay.kernels.codes import numba_takes
@@ -23,13 +20,11 @@ from shardreplay.samplers.uniform import UniformSampler
 from shardreplay.storage.streams import _nbytes
 
 if TYPE_CHECKING:
+    from shardreplay.buffer.shard import Shard
     from shardreplay.kernels import transitions as transition_kernels
+    from shardreplay.storage import StreamStorage
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     transition_kernels = lazy("shardreplay.kernels.transitions")
-
-if TYPE_CHECKING:
-    from shardreplay.buffer.shard import Shard
-    from shardreplay.storage import StreamStorage
 
 __all__ = ["sample_transitions"]
 
@@ -90,7 +85,7 @@ def _plan_of(shard: Shard, observation: str, action: str, reward: str, n: int) -
 
 def _new_plan(shard: Shard, observation: str, action: str, reward: str, n: int) -> _Plan:
     spec = shard.spec
-    obs_names = tuple(_obs_names(spec, observation))
+    obs_names = tuple(nstep.observation_names(spec.names, observation, "the buffer's spec"))
     for name in (action, reward):
         if name not in spec:
             raise SpecMismatchError(f"the buffer's spec has no field {name!r}; it has "
@@ -237,13 +232,3 @@ def _steps_of(storage: StreamStorage, name: str, slots: np.ndarray) -> np.ndarra
     store = storage.stacked.get(name)
     return store.gather(slots) if store is not None else storage.fields[name][slots]
 
-
-def _obs_names(spec: Any, observation: str) -> list[str]:
-    if observation in spec:
-        return [observation]
-    fields = spec.fields
-    nested = [k for k in fields if k.startswith(observation + ".")]
-    if not nested:
-        raise SpecMismatchError(f"the buffer's spec has no observation field {observation!r} (nor "
-                                f"{observation + '.*'}); it has {sorted(fields)}")
-    return nested

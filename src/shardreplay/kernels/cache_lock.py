@@ -1,21 +1,6 @@
-"""numba's on-disk kernel cache, made safe for several processes at once.
-
-numba saves a new signature of a kernel by taking the first free data-file number in the
-kernel's index, with no lock: two processes compiling different signatures at once take
-the same number, and a later load hands out a kernel compiled for other types ("can't
-unbox array from PyObject into native value"). Importing this module (every kernel module
-does) makes each save hold an exclusive lock on a file beside the index, and each load a
-shared one. A cache directory this process cannot write to is read without a lock.
-
-It also makes a process about to compile a signature that another process is compiling
-wait for it (one lock file per kernel and signature, held while compiling), then load it
-from the cache instead of compiling it again (the ranks of a run, or the test workers, on
-a fresh install). A killed holder releases the lock; a process that waited
-:data:`COMPILE_WAIT_S` compiles on its own.
-
-A kernel's cache entry is also stale when any module of this package changes, not only
-its own file (numba's check): kernels inline each other's code across files.
-"""
+"""numba's on-disk kernel cache, made safe for several processes at once: saves and loads
+lock the kernel's index, one process compiles a signature while the others wait for it
+(docs/internals.md, "The kernel cache across processes")."""
 
 from __future__ import annotations
 
@@ -90,22 +75,17 @@ def _package_stamp(self: Any) -> Any:
     return stamp
 
 
-def _locked_save(self: Any, key: Any, data: Any) -> None:
-    fd = _lock(self._index_path, fcntl.LOCK_EX)
-    try:
-        _SAVE(self, key, data)
-    finally:
-        if fd is not None:
-            os.close(fd)  # closing releases the lock
+def _locked(call: Any, mode: int) -> Any:
+    """numba's cache ``call`` (its save or load), holding a ``mode`` lock beside the index."""
+    def locked(self: Any, *args: Any) -> Any:
+        fd = _lock(self._index_path, mode)
+        try:
+            return call(self, *args)
+        finally:
+            if fd is not None:
+                os.close(fd)  # closing releases the lock
 
-
-def _locked_load(self: Any, key: Any) -> Any:
-    fd = _lock(self._index_path, fcntl.LOCK_SH)
-    try:
-        return _LOAD(self, key)
-    finally:
-        if fd is not None:
-            os.close(fd)
+    return locked
 
 
 def _locked_compile(self: Any, sig: Any) -> Any:
@@ -136,7 +116,7 @@ def _locked_compile(self: Any, sig: Any) -> Any:
 
 
 if not getattr(_FILE, "_shardreplay_locked", False):
-    _FILE.save, _FILE.load = _locked_save, _locked_load
+    _FILE.save, _FILE.load = _locked(_SAVE, fcntl.LOCK_EX), _locked(_LOAD, fcntl.LOCK_SH)
     _LOCATOR.get_source_stamp = _package_stamp
     _FILE._shardreplay_locked = True
     Dispatcher.compile = _locked_compile  # type: ignore[method-assign]

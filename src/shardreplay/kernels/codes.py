@@ -1,8 +1,5 @@
-"""Constants of the kernels that modules above read at import time, without numba.
-
-Each kernel module imports its constants from here (and re-exports them), so that the
-modules above can read them while the kernels themselves load lazily (kernels/lazy.py).
-"""
+"""Constants of the kernels that modules above read at import time, without numba (each
+kernel module re-exports its own: docs/internals.md, "Numpy twins and lazy kernels")."""
 
 from __future__ import annotations
 

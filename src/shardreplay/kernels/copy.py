@@ -1,11 +1,5 @@
-"""Byte copies between numpy arrays inside compiled code, at memory speed.
-
-A byte loop in numba is not vectorised (a row copy runs several times slower than
-``memcpy``), so these intrinsics emit ``memcpy`` (or non-temporal stores) directly.
-They take the arrays themselves and byte offsets from each array's first byte: pointers
-are derived from the arrays inside the compiled code, never passed around as integers.
-The caller keeps every ``offset .. offset + nbytes`` inside its array.
-"""
+"""Byte copies between numpy arrays inside compiled code, at memory speed (why, and the
+caller's duty to keep offsets in range: docs/internals.md, "Byte copies")."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Compiled kernels of frame-stacked fields: plan a write, append frames, rebuild stacks.
-
-A stream's frames live in a ring of ``F`` frames (``frames[row, position % F]``, the
-position counted from the stream's first frame). A step stores ``ref``, the position of
-its newest frame; its stack is the ``K`` frames at positions ``ref - K + 1 .. ref``::
-
-    frames   f0 f0 f0 f0 f1 f2 f3 | g0 g0 g0 g0 g1     (two episodes, reset stacks repeat
-    step       s0          s1 s2 s3 |  t0          t1      their first frame)
-    ref         3           4  5  6 | 10          11
-
-A step whose stack continues the previous step's (its first ``K - 1`` frames are that
-stack's last ``K - 1``) appends one frame; any other step appends its whole stack.
-"""
+"""Compiled kernels of frame-stacked fields: plan a write, append frames, rebuild stacks
+(the ring layout: docs/internals.md, "Frame rings")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """The compiled key codec: encode, field reads and checks of keys, and the per-key work of
-routing priority updates.
-
-Bit layout (most significant first, 63 bits used so keys stay non-negative; the widths in
-codes.py)::
-
-    | shard: 10 | tag: 14 | place: 28 | generation: 11 |
-
-``spec/keys.py`` is the Python-facing side (tags, vectorised numpy decoding).
-"""
+routing priority updates (the bit layout: docs/semantics.md, "Keys"; the widths: codes.py).
+``spec/keys.py`` is the Python-facing side."""
 
 from __future__ import annotations
 

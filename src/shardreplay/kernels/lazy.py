@@ -1,11 +1,5 @@
-"""Kernel modules imported on first use, so that numba (most of the cost of ``import
-shardreplay``) loads only when compiled code runs.
-
-A module above this layer names a kernel module as ``kernels = lazy("shardreplay.kernels.storage")``
-(typed by a ``TYPE_CHECKING`` import of the real module) and reads its functions as
-attributes; each name read is then kept on the proxy. Constants read at import time live in
-the numba-free ``codes.py``.
-"""
+"""Kernel modules imported on first use, so that numba loads only when compiled code runs
+(docs/internals.md, "Numpy twins and lazy kernels")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Compiled kernels for per-step bookkeeping: episode ids, generations, window validity
-(docs/semantics.md, sampling rule 1).
-
-Writing positions ``p0 .. p1-1`` of a stream can change validity only for starts
-``max(p0-L+1, p1-C, 0) .. p1-1``: earlier windows that now complete, and the written
-slots themselves (their old occupants are gone).
-"""
+(docs/semantics.md, sampling rule 1; which starts a write re-checks: docs/internals.md,
+"Stream storage")."""
 
 from __future__ import annotations
 

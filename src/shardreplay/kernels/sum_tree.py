@@ -1,18 +1,5 @@
-"""The 8-ary sum and min tree over flat arrays: compiled kernels.
-
-Sums: level ``D`` holds the ``n`` leaves, each level above the sums of groups of ``ARITY``
-nodes of the level below, up to the root (level 0); level ``l`` starts at ``offsets[l]``
-of ``sums`` and has ``sizes[l]`` nodes, zero-padded to a multiple of ``ARITY`` (the 8
-children of a node are one 64-byte cache line). A parent is always recomputed as the
-in-order sum of its children, never by adding a delta, so the tree is the same whatever
-order its leaves were set in: a restored buffer samples exactly as the saved one did.
-Mins: ``mins`` has the layout of the levels above the leaves; each node holds the smallest
-positive leaf below it, +inf when none.
-
-The kernels work on a whole batch one tree level at a time, so the CPU overlaps the cache
-misses of different items; updates sort the changed leaves, so that a parent shared by
-several of them is recomputed once per level.
-"""
+"""The 8-ary sum and min tree over flat arrays: compiled kernels (the layout and why it
+samples a restored buffer exactly as the saved one: docs/internals.md, "The sum tree")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The compiled n-step transitions of sampled window starts (buffer/transitions.py calls it):
 the formulas of buffer/nstep.py, the key, the bootstrap step's ends, and the bytes of the
-observations at the start and the bootstrap step and of the action. Shaped for a small
-batch (``cache_lock.SMALL_CALL``): nothing allocated, the scalars in one int64 array.
-"""
+observations at the start and the bootstrap step and of the action (shaped as the window
+gather: docs/internals.md, "Window gathers")."""
 
 from __future__ import annotations
 

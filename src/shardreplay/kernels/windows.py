@@ -1,12 +1,5 @@
-"""The compiled gather of whole windows from the per-slot records (``StreamStorage.windows``).
-
-Per start it walks the window (positions after the episode's LAST repeat the LAST's slot
-and are masked; the key of shard 0) and copies each record part's bytes of every position
-into that part's block of one output array, viewed as ``[B, L, *shape]`` arrays by the
-caller, which gathers the fields outside the records from the slots it also writes. With
-no record parts it is the walk alone (``StreamStorage.window_indices``). Shaped for a
-small batch (``cache_lock.SMALL_CALL``): nothing allocated, the scalars in one array.
-"""
+"""The compiled gather of whole windows from the per-slot records
+(``StreamStorage.windows``; docs/internals.md, "Window gathers")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Prioritized sampling (Schaul et al. 2016) over valid window starts: the rules in
 docs/semantics.md (sampling rule 3, "Priorities and weights"); ``w_i = (P(i) / P_min)^-beta``
 with ``P_min`` over the starts that can be drawn. The draws come from :class:`SumMinTree`,
-the compiled 8-ary sum and min tree of kernels/sum_tree.py (its docstring gives the layout).
+the compiled 8-ary sum and min tree of kernels/sum_tree.py (docs/internals.md, "The sum tree").
 """
 
 from __future__ import annotations

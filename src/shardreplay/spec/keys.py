@@ -1,9 +1,6 @@
-"""Keys: one int64 that names a sampled window for later priority updates.
-
-The bit layout, tags, places, generations and the rules: docs/semantics.md ("Keys" and the
-points after it); the compiled codec and checks live in :mod:`shardreplay.kernels.keys`,
-``unpack_keys`` and ``key_shard`` here are plain numpy.
-"""
+"""Keys: one int64 that names a sampled window for later priority updates (the bit layout
+and the rules: docs/semantics.md, "Keys" and the points after it; the compiled codec and
+checks: :mod:`shardreplay.kernels.keys`)."""
 
 from __future__ import annotations
 

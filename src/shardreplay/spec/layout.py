@@ -1,11 +1,6 @@
 """Where named arrays sit in one fixed-size byte record: the one layout builder of the
-chunk wire format, the sampling exchange and packed validation.
-
-Each array starts at a multiple of :data:`ALIGN` bytes and the record is padded to one, so
-records packed back to back keep every array aligned and readers take views, not copies.
-A sampled window is such a record too (:func:`window_layout`), derived by every rank from
-the spec and the window: how windows cross between ranks and onto a GPU in one copy.
-"""
+chunk wire format, the sampling exchange and packed validation (docs/internals.md, "Byte
+records")."""
 
 from __future__ import annotations
 

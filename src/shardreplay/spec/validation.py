@@ -1,9 +1,6 @@
-"""The one validation route for steps entering shardreplay: dict writes
-(:meth:`Spec.validate`), steps packed in bytes (chunks), state dicts and checkpoint parts
-(:func:`check_step_values`), all by the value rule of :mod:`shardreplay.kernels.validate`.
-Steps checked once may be sealed as :class:`ValidatedSteps`, which the same spec accepts
-again without a second check.
-"""
+"""The one validation route for steps entering shardreplay (dict writes, packed chunks,
+state dicts and checkpoint parts), by the value rule of :mod:`shardreplay.kernels.validate`;
+steps checked once may be sealed as :class:`ValidatedSteps`, not checked again."""
 
 from __future__ import annotations
 
@@ -232,8 +229,8 @@ def packed_steps(spec: SpecParts, layout: RecordLayout, prefix: str,
     field`` (every user field, ``step_type`` and ``discount``, with this spec's shapes).
 
     Returns:
-        None when a field has no compiled check (a finite float16 field, say, or a
-        big-endian float): validate views with :func:`validated` then.
+        None when a field has no compiled check (a finite float16 field, say):
+        validate views with :func:`validated` then.
 
     Raises:
         ConfigError: a step field is missing from ``layout`` or has the wrong shape, or
@@ -262,11 +259,7 @@ def _check_kind(dtype: np.dtype, finite: bool, reserved: str | None) -> int | No
         return codes.STEP_TYPES if dtype == STEP_TYPE_DTYPE else None
     if reserved == "discount":
         return codes.DISCOUNTS if dtype == DISCOUNT_DTYPE else None
-    if not finite:
-        return -1
-    if dtype.byteorder == ">":  # big-endian floats: their bits are not the kernel's words
-        return None
-    return _FINITE_KINDS.get(dtype)
+    return _FINITE_KINDS.get(dtype) if finite else -1
 
 
 def validated_packed(spec: SpecParts, payload: np.ndarray, packed: PackedSteps) -> ValidatedSteps:

@@ -1,11 +1,5 @@
 """FrameStore: a frame-stacked field kept as one ring of frames per stream (the rules:
-docs/semantics.md, "Frame-stacked fields"; the layout: kernels/frames.py).
-
-The rings are views into one allocation of the most any stream can need (``K`` frames per
-stored step), made once: its pages are mapped only when written, so memory follows the
-frames written, and growing allocates and copies nothing until a ring has wrapped (then
-only the frames whose place in the longer ring differs move).
-"""
+docs/semantics.md, "Frame-stacked fields"; the rings: docs/internals.md, "Frame rings")."""
 
 from __future__ import annotations
 

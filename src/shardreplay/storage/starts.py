@@ -1,12 +1,5 @@
 """StartStore: ``at_starts`` fields kept once per window start, not once per step
-(docs/semantics.md, "Start-state fields").
-
-Each slot records the absolute number (per stream, ever) of its start row, or -1 when its
-step is not a start (one reference for all the fields). A stream's stored steps hold its
-last ``live`` start rows, and a ring overwrites the oldest steps first, so those rows are
-always the last ``live`` appended: a ring of ``capacity`` rows keeps them while
-``live <= capacity``.
-"""
+(docs/semantics.md, "Start-state fields"; the rings: docs/internals.md, "Start rows")."""
 
 from __future__ import annotations
 
@@ -145,17 +138,7 @@ class StartStore:
              values: Mapping[str, np.ndarray]) -> None:
         """Forget every start row, then keep ``values[name]`` ``[k, *shape]`` as the start
         rows of the stored steps at ``slots`` (row by row in time order, ``lengths`` per
-        row) where ``is_start`` holds (``k`` of them, in the same order).
-
-        Raises:
-            ShardReplayError: a field has another number of rows than there are starts
-                (nothing is changed then).
-        """
-        k = int(is_start.sum())
-        for name in self.fields:
-            if values[name].shape[0] != k:
-                raise ShardReplayError(f"field {name!r}: {values[name].shape[0]} start rows for {k} "
-                                       "start steps")
+        row) where ``is_start`` holds (``k`` of them, in the same order)."""
         self.clear()
         row_of = np.repeat(np.arange(lengths.shape[0]), lengths)
         at = np.flatnonzero(is_start)

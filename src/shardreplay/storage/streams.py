@@ -1,10 +1,5 @@
-"""StreamStorage: per-stream rings of steps plus the bookkeeping beside them.
-
-Every array is ``[num_streams, stream_capacity, ...]`` (kept flat as ``[S*C, ...]``
-internally, slot ``row * C + position % C``). Beside the user's fields each slot holds
-its step type, discount, episode id, generation (write counter), raw priority and
-whether a window starting there is valid.
-"""
+"""StreamStorage: per-stream rings of steps plus the bookkeeping beside them (the slot
+layout: docs/internals.md, "Stream storage")."""
 
 from __future__ import annotations
 
@@ -85,9 +80,8 @@ class StreamStorage:
         self.stream_capacity = stream_capacity
         self.window = window
         n = num_streams * stream_capacity
-        # Sequence windows (period > 1) start only at steps whose offset in their episode
-        # is a multiple of ``period``; the offsets live beside the records (not in them,
-        # so buffers without a period keep their layout and checkpoints byte for byte).
+        # Episode offsets (period > 1) live beside the records, not in them: buffers without
+        # a period keep their layout and checkpoints byte for byte.
         self.period = period
         self.episode_step = allocator.zeros("episode_step", (n if period > 1 else 0,), EPISODE_STEP_DTYPE)
         # Frame-stacked fields keep their frames apart (frames.py); ``fields`` holds the others.
@@ -98,8 +92,7 @@ class StreamStorage:
         self.start_rows = StartStore(self.starts, num_streams, stream_capacity, period, allocator)
         plain = {name: f for name, f in spec.fields.items() if not (f.frame_stack or f.at_starts)}
         small = [name for name, f in plain.items() if _nbytes(f.dtype, f.shape) <= SMALL_FIELD_BYTES]
-        # One packed record per slot for the bookkeeping and the small fields: a sampled
-        # window then costs one cache miss for all of them instead of one per array.
+        # One packed record per slot for the bookkeeping and the small fields (docs/internals.md).
         record = np.dtype([(f"field.{name}", spec[name].dtype, spec[name].shape) for name in small]
                           + [(name, dtype) for name, dtype in STEP_ARRAYS.items()] + [("valid", np.bool_)])
         self.records = allocator.zeros("records", (n,), record)
@@ -119,9 +112,8 @@ class StreamStorage:
         self.pos = self.pos_and_counters[:num_streams]
         self.all_rows = np.arange(num_streams, dtype=np.int64)  # pass this to write all rows
         self.counters = self.pos_and_counters[num_streams:]  # [next episode id, num_valid]
-        # Added to every slot's write count in the generation of the keys handed out:
-        # a checkpoint restore raises it past every generation the saved shards could
-        # have handed out, so keys sampled before the save are stale afterwards.
+        # Added to every slot's write count in the keys handed out: a restore raises it, so
+        # keys sampled before the save are stale afterwards (docs/semantics.md, "Keys").
         self.key_epoch = 0
         # The key tag of every key handed out (spec/keys.py): rejects keys of other buffers.
         self.key_tag = new_key_tag()
@@ -219,9 +211,7 @@ class StreamStorage:
         # Views of scratch arrays: valid until the next write (the sampler uses them at once).
         return out_slots[1, :n_out], out_flags[0, :n_out], out_flags[1, :n_out]
 
-    # -- sequence windows (period > 1, docs/semantics.md "Sequence windows"): the kernels
-    # decide rule 1 as for any window; these set the episode offsets of the written steps
-    # and clear the starts off the grid, over the written and recomputed slots only.
+    # -- sequence windows (period > 1, docs/semantics.md): rule 1 is the kernels', the grid is here.
     def _previous_steps(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Episode id and episode offset of the stored step before the next write of each
         of ``rows`` (id -1 where the row is empty). Read before the write: a chunk of
@@ -256,14 +246,6 @@ class StreamStorage:
             valid[off_grid] = False
             newly[off_grid] = False
         return n
-
-    def _clear_off_grid(self) -> int:
-        """Clear every valid start off the period grid (after validity was rebuilt from the
-        bookkeeping); returns how many were cleared."""
-        slots, _lengths = self.stored_slots()
-        bad = slots[self.valid[slots] & (self.episode_step[slots] % self.period != 0)]
-        self.valid[bad] = False
-        return int(bad.shape[0])
 
     def is_start(self, slots: np.ndarray) -> np.ndarray:
         """Whether each stored step at ``slots`` can start a window by its episode offset
@@ -409,12 +391,14 @@ class StreamStorage:
         return arr.reshape(arr.shape[0], -1).view(np.uint8), 0, _nbytes(arr.dtype, arr.shape[1:])
 
     # -- state in time order --------------------------------------------------------------
-    def stored_slots(self, pos: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Flat slots of all stored steps, row by row in time order, and the row lengths
-        (of rows at positions ``pos``, by default the storage's)."""
+    def stored_slots(self, pos: np.ndarray | None = None, start: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """Flat slots of all stored steps (of steps ``start[r]`` on, when given), row by row
+        in time order, and the row lengths (of rows at positions ``pos``, by default the
+        storage's)."""
         pos, cap = self.pos if pos is None else np.asarray(pos, np.int64), self.stream_capacity
-        lengths = np.minimum(pos, cap)
-        starts = pos - lengths
+        starts = pos - np.minimum(pos, cap) if start is None else np.asarray(start, np.int64)
+        lengths = pos - starts
         row_of = np.repeat(np.arange(pos.shape[0]), lengths)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         within = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
@@ -432,12 +416,11 @@ class StreamStorage:
         episode_id = np.zeros(self.size, np.int64)
         step_type[slots] = steps["step_type"]
         episode_id[slots] = steps["episode_id"]
-        valid = np.zeros(self.size, np.bool_)
-        kernels.recompute_validity(step_type, episode_id, valid, pos, self.stream_capacity, self.window)
+        offsets = np.zeros(self.size if self.period > 1 else 0, EPISODE_STEP_DTYPE)
         if self.period > 1:
-            offsets = np.zeros(self.size, EPISODE_STEP_DTYPE)
             offsets[slots] = steps["episode_step"]
-            valid &= offsets % self.period == 0
+        valid = np.zeros(self.size, np.bool_)
+        self._validity(step_type, episode_id, offsets, valid, pos)
         return valid
 
     def row_pieces(self, arr: np.ndarray) -> list[np.ndarray]:
@@ -461,15 +444,16 @@ class StreamStorage:
 
     def export_steps(self, copy_fields: bool = True) -> dict[str, np.ndarray]:
         """Every stored step in (row, time) order: user fields and per-step arrays, plus
-        ``row_length`` and ``row_pos``. Without ``copy_fields`` plain fields are left out
-        and frame-stacked fields come as lists of :class:`StackPieces` (whole stacks,
-        built when each piece is read). An ``at_starts`` field comes as the rows of the
-        start steps only (in the same order), always copied."""
+        ``row_length`` and ``row_pos``. Without ``copy_fields`` plain fields come as
+        lists of views (:meth:`row_pieces`) and frame-stacked fields as lists of
+        :class:`StackPieces` (whole stacks, built when each piece is read). An
+        ``at_starts`` field comes as the rows of the start steps only (in the same order),
+        always copied."""
         slots, lengths = self.stored_slots()
         # Copied by ring slices, not gathered by slot (a fancy index): the same arrays, a
         # fraction of the time, which a background save spends on the training thread.
-        out: dict[str, Any] = {f"field.{name}": self._joined(arr) for name, arr in self.fields.items()} \
-            if copy_fields else {}
+        out: dict[str, Any] = {f"field.{name}": self._joined(arr) if copy_fields else self.row_pieces(arr)
+                               for name, arr in self.fields.items()}
         for name, store in self.stacked.items():
             lazy = not copy_fields and slots.shape[0]
             out[f"field.{name}"] = StackPieces.split(store, slots) if lazy else store.gather(slots)
@@ -513,7 +497,8 @@ class StreamStorage:
         self.counters[0] = next_episode_id
         if self.starts:
             self._place_starts(starts or {})
-        self._recompute_validity()
+        self.num_valid = self._validity(self.step_type, self.episode_id, self.episode_step, self.valid,
+                                        self.pos)
 
     def _place_starts(self, starts: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
         """Keep the rows of ``starts`` (by slot) of every stored start step."""
@@ -533,12 +518,17 @@ class StreamStorage:
             values[name] = np.asarray(rows)[pick]
         self.start_rows.load(slots, lengths, is_start, values)
 
-    def _recompute_validity(self) -> None:
-        """Validity of every stored start from the bookkeeping (after a load), and the count."""
-        self.num_valid = int(kernels.recompute_validity(
-            self.step_type, self.episode_id, self.valid, self.pos, self.stream_capacity, self.window))
+    def _validity(self, step_type: np.ndarray, episode_id: np.ndarray, episode_step: np.ndarray,
+                  valid: np.ndarray, pos: np.ndarray) -> int:
+        """Fill ``valid`` for every stored start of these arrays (rule 1, then the period
+        grid); returns the count."""
+        count = kernels.recompute_validity(step_type, episode_id, valid, pos, self.stream_capacity,
+                                           self.window)
         if self.period > 1:
-            self.num_valid -= self._clear_off_grid()
+            off_grid = valid & (episode_step % self.period != 0)
+            valid[off_grid] = False
+            count -= int(off_grid.sum())
+        return int(count)
 
 
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)

@@ -1,11 +1,5 @@
-"""Plain-numpy twins of the write and check kernels, which a process runs before numba loads.
-
-Each twin gives exactly what its kernel gives (tests/kernels/ compares them). A process's
-first :data:`NUMPY_WRITES` writes run the twins of the write kernels, so a script, a test
-or an actor's first chunk does not wait for numba to load; then the compiled kernels load
-(kernels/lazy.py). Checks (``validate.values_ok``, ``steps_ok``) do not spend the budget: a
-process that only checks, such as an actor checking each chunk it sends, never loads numba.
-"""
+"""Plain-numpy twins of the write and check kernels, which a process runs before numba
+loads (docs/internals.md, "Numpy twins and lazy kernels")."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def write_steps(step_type: np.ndarray, episode_id: np.ndarray, generation: np.nd
     out_slots[0, :flat.shape[0]] = flat
     p1 = p0 + t_len
     pos[rows] = p1
-    # Starts whose validity the write may change (kernels/storage.py's docstring), row by row.
+    # Starts whose validity the write may change (docs/internals.md, "Stream storage"), row by row.
     lo = np.maximum(np.maximum(p0 - window + 1, p1 - cap), 0)
     counts = p1 - lo
     n_out = int(counts.sum())
