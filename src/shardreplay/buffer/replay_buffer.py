@@ -207,11 +207,9 @@ class ReplayBuffer:
     def sample(self, batch_size: int, *, as_tensordict: bool = False, gamma: float | None = None) -> Any:
         """Draw ``batch_size`` windows (fifo: at most that many, oldest first) as a
         :class:`Batch`, or with ``as_tensordict=True`` as one TensorDict of n-step
-        transitions (``n = window - 1``) with TorchRL's names, which a TorchRL loss
-        (``DQNLoss``, ``SACLoss``) built with the same ``gamma`` takes unchanged (keys in
-        :mod:`shardreplay.buffer.tensordicts`; needs the ``tensordict`` package).
-
-        ``gamma`` (as_tensordict only) is needed for ``window > 2`` (1-step rewards need none).
+        transitions (``n = window - 1``) with TorchRL's names, which a TorchRL loss built
+        with the same ``gamma`` (needed for ``window > 2``) takes unchanged (docs/porting.md;
+        needs the ``tensordict`` package).
 
         Raises:
             ConfigError: ``batch_size`` < 1; ``as_tensordict`` without ``gamma`` for
