@@ -205,14 +205,11 @@ class Ingestor:
     one out of order starts headless episodes (docs/semantics.md, Order).
 
     Args:
-        reader: this shard's transport reader.
         buffer: the buffer it writes to: this shard's ``ReplayBuffer``, or the rank's
             ``ShardedReplayBuffer`` (it writes into the local shard under the buffer's
             lock: a pipelined buffer's background thread draws from the shard meanwhile).
-        settings: the run's settings (rows of streams).
         stored: the chunks already in ``buffer`` (restored from a checkpoint with
             :func:`merge_stored`); None for none.
-        shard: this shard's index (its rank).
         losses: where rejected chunks, entries the medium lost and, at the first
             checkpoint, the suspects still missing are recorded (:class:`LossLog`); None
             only logs and counts them.
@@ -249,15 +246,11 @@ class Ingestor:
         self._finished = np.empty(0, np.float64)  # scratch: returns finished in one chunk
 
     def drain(self, max_chunks: int, timeout_s: float, policy_version: int, *, ack: bool = True) -> int:
-        """Receive up to ``max_chunks`` chunks and write them, then log them (if there is a
-        log), then acknowledge them; returns steps written.
-
-        Args:
-            max_chunks: chunks to take at most.
-            timeout_s: how long to wait for the first one.
-            policy_version: the learner's current (packed) version, for the policy lag.
-            ack: acknowledge them now; False holds the acknowledgements until
-                :meth:`ack_stored` (call it once a checkpoint holds them).
+        """Receive up to ``max_chunks`` chunks (waiting up to ``timeout_s`` for the first) and
+        write them, then log them (if there is a log), then acknowledge them; returns steps
+        written. ``policy_version``: the learner's current (packed) version, for the policy
+        lag. ``ack`` False holds the acknowledgements until :meth:`ack_stored` (call it once
+        a checkpoint holds them).
 
         Raises:
             TransportError: the medium failed for good (see ``ChunkReader.receive``).
