@@ -199,12 +199,8 @@ def _channels_first(env: Any) -> Any:
 
 
 def describe_env(source: EnvSource, actions: str = "discrete") -> EnvInfo:
-    """The :class:`EnvInfo` of the environment ``source`` makes.
-
-    Args:
-        source: the environment.
-        actions: the action space the algorithm takes: ``discrete`` or ``box`` (a flat,
-            bounded Box; vector observations only).
+    """The :class:`EnvInfo` of the environment ``source`` makes, for an algorithm taking
+    ``actions``: ``discrete`` or ``box`` (a flat, bounded Box; vector observations only).
 
     Raises:
         ConfigError: as :func:`make_env`; an action space of another kind than

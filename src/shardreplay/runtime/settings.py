@@ -39,24 +39,21 @@ def _flag(default: Any, flat: str) -> Any:
 def _validate(group: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
     """Check (and normalise) every field's type, then the ranges; raises ConfigError
     naming the flat setting and what is allowed."""
+    flat = {f.name: flat_name(f) for f in dataclasses.fields(group)}
     for f in dataclasses.fields(group):
-        object.__setattr__(group, f.name, _typed(flat_name(f), f.type, getattr(group, f.name)))
+        object.__setattr__(group, f.name, _typed(flat[f.name], f.type, getattr(group, f.name)))
     for name in positive:
         if getattr(group, name) <= 0:
-            raise ConfigError(f"{flat_name(_field(group, name))} must be > 0, got {getattr(group, name)}")
+            raise ConfigError(f"{flat[name]} must be > 0, got {getattr(group, name)}")
     for name in non_negative:
         if getattr(group, name) < 0:
-            raise ConfigError(f"{flat_name(_field(group, name))} must be >= 0, got {getattr(group, name)}")
+            raise ConfigError(f"{flat[name]} must be >= 0, got {getattr(group, name)}")
 
 
 def check_device_name(flat: str, value: str) -> None:
     """Raises ConfigError unless ``value`` is ``cpu``, ``cuda`` or ``cuda:N``."""
     if not DEVICE_PATTERN.fullmatch(value):
         raise ConfigError(f"{flat} must be cpu, cuda or cuda:N, got {value!r}")
-
-
-def _field(group: Any, name: str) -> dataclasses.Field:
-    return next(f for f in dataclasses.fields(group) if f.name == name)
 
 
 def flat_name(f: dataclasses.Field) -> str:

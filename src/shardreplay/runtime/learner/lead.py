@@ -128,14 +128,12 @@ class Lead:
     def final(self, summary: dict[str, Any]) -> None:
         """Add the final evaluation and rank 0's view of the run's end to ``summary``, and
         write it as ``summary.json`` (the first time: the files that follow may fail)."""
-        summary["final_eval_return"] = self.evaluate(self.s.run.eval_episodes)
+        final = self.evaluate(self.s.run.eval_episodes)  # it may raise the best so far
         best = self.progress.best_eval
-        summary["best_eval_return"] = best if math.isfinite(best) else None
-        summary["solved"] = self.progress.solved
-        summary["eval_episodes"] = self.s.run.eval_episodes
-        summary["stop_return"], summary["stop_return_from"] = self.target, self.target_from
-        summary["stopped_by"] = self._stopped_by()
-        summary["run_dir"] = str(self.run_dir)
+        summary.update(final_eval_return=final, best_eval_return=best if math.isfinite(best) else None,
+                       solved=self.progress.solved, eval_episodes=self.s.run.eval_episodes,
+                       stop_return=self.target, stop_return_from=self.target_from,
+                       stopped_by=self._stopped_by(), run_dir=str(self.run_dir))
         self.write_summary(summary)
 
     def _stopped_by(self) -> str:
