@@ -95,11 +95,10 @@ def pack_header(shard: int, world: int, actor_id: int, sequence: int, prev: int,
 
 
 class IngestLog:
-    """The log one shard appends to in this life, sealed at each checkpoint.
+    """The log shard ``shard`` of ``world`` appends to in this life under ``directory``
+    (``<run_dir>/ingest``, created if missing), sealed at each checkpoint.
 
     Args:
-        directory: ``<run_dir>/ingest`` (created if missing).
-        shard: this shard's index; world: the number of shards.
         keep_chunks: log each chunk's bytes after its header (False: header-only
             records, for a medium whose chunks die with the learner).
         fsync, fsync_every_s: ``fdatasync`` before a batch is acknowledged, at most
@@ -362,16 +361,12 @@ def log_files(directory: Path) -> list[Path]:
 
 def read_logs(paths: Sequence[Path], scan: LogScan, *, owns_actor: Callable[[int], bool] | None = None
               ) -> Iterator[LogRecord]:
-    """The valid records of ``paths`` in order; torn and damaged tails go to ``scan``.
-
-    Args:
-        paths: files from :func:`log_files`.
-        scan: counts the records and collects what was not usable.
-        owns_actor: whether this shard owns any stream of an actor in this life's
-            routing; the kept chunks of other actors are skipped unread (by actor, not by
-            writer: another number of actors routes streams otherwise). Header-only
-            records are all yielded (the caller counts them by the shard that wrote them).
-    """
+    """The valid records of ``paths`` (files from :func:`log_files`) in order; ``scan``
+    counts them and collects the torn and damaged tails. ``owns_actor``: whether this shard
+    owns any stream of an actor in this life's routing; the kept chunks of other actors are
+    skipped unread (by actor, not by writer: another number of actors routes streams
+    otherwise). Header-only records are all yielded (the caller counts them by the shard
+    that wrote them)."""
     for path in paths:
         try:
             with open(path, "rb") as f:
