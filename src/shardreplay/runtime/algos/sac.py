@@ -112,18 +112,9 @@ class TwinQ(nn.Module):
 
 @dataclass(frozen=True)
 class SacSettings:
-    """SAC's learning settings.
-
-    Attributes:
-        gamma: discount.
-        actor_lr: Adam learning rate of the policy.
-        critic_lr: Adam learning rate of the twin Q-networks.
-        alpha_lr: Adam learning rate of ``log alpha``.
-        tau: polyak rate of the target critics, every update.
-        init_alpha: the temperature at the start.
-        target_entropy: the entropy the temperature aims at (None: ``-dim A``).
-        priority_eps: added to the new priorities.
-    """
+    """SAC's learning settings: the Adam learning rates of the policy, the twin critics and
+    ``log alpha``, the target critics' polyak rate ``tau`` (every update), the temperature
+    at the start and the entropy it aims at (None: ``-dim A``)."""
 
     gamma: float = 0.99
     actor_lr: float = 3e-4

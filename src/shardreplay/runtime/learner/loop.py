@@ -109,9 +109,8 @@ class Learner:
                 commit_resume(self.run_dir, self.lineage.identity, settings.stored(), restored=int(restored),
                               chosen=checkpoint_id is not None)
         source = settings.replay.prefill or settings.replay.offline
-        self.dataset_steps = 0
-        if source and not (resume and replay):  # a resumed replay holds it already
-            self.dataset_steps = self._prefill(source)
+        # A resumed replay holds the dataset already.
+        self.dataset_steps = self._prefill(source) if source and not (resume and replay) else 0
         self.losses = LossLog(self.run_dir, self.rank)
         run_id = self.lineage.identity.run_id
         self.foreign = foreign_backlog(settings.transport.url, self.rank, run_id)  # logged there
