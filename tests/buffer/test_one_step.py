@@ -327,6 +327,10 @@ def test_a_remembered_cast_keeps_the_range_check(kind: str) -> None:
         with pytest.raises(sr.SpecMismatchError, match="outside the range"):
             fast.add({**step, "obs": given(bad)})
         assert_same(snapshot(fast), before)
+    if kind != "python ints":  # one value of another shape: refused, as the full path refuses it
+        with pytest.raises(sr.SpecMismatchError, match="expected shape"):
+            fast.add({**step, "obs": [[7]] if kind == "lists" else given(7)[None]})
+        assert_same(snapshot(fast), before)
 
 
 def test_every_kind_of_input_in_turn_keeps_one_compiled_kernel() -> None:

@@ -36,11 +36,7 @@ from typing import Any
 import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.gym.modes import done_flags as _done_flags
-from shardreplay.gym.modes import env_autoreset_mode as _env_autoreset_mode
-from shardreplay.gym.modes import final_obs as _final_obs
-from shardreplay.gym.modes import has_final_obs as _has_final_obs
-from shardreplay.gym.modes import mode_name as _mode_name
+from shardreplay.gym.modes import done_flags, env_autoreset_mode, final_obs, has_final_obs, mode_name
 from shardreplay.spec.fields import StepType
 
 __all__ = ["GymStepConverter", "StepWrite"]
@@ -83,7 +79,7 @@ class GymStepConverter:
         if not all(isinstance(n, str) and n for n in (observation, action, reward)):
             raise ConfigError("field names must be non-empty strings")
         self.num_envs = num_envs
-        self.autoreset_mode = _mode_name(autoreset_mode)
+        self.autoreset_mode = mode_name(autoreset_mode)
         self._names = (observation, action, reward)
         self._obs: Any = None
         self._types = np.full(num_envs, StepType.FIRST, np.uint8)
@@ -103,7 +99,7 @@ class GymStepConverter:
                 gymnasium >= 1.0 is installed (so the mode cannot be known).
         """
         if "autoreset_mode" not in kwargs:
-            kwargs["autoreset_mode"] = _env_autoreset_mode(env)
+            kwargs["autoreset_mode"] = env_autoreset_mode(env)
         return cls(int(env.num_envs), **kwargs)
 
     @property
@@ -146,8 +142,8 @@ class GymStepConverter:
         n = self.num_envs
         action = np.asarray(action)
         reward = np.asarray(reward, dtype=np.float32)
-        done_term = _done_flags(terminated, n, "terminated")
-        done_trunc = _done_flags(truncated, n, "truncated")
+        done_term = done_flags(terminated, n, "terminated")
+        done_trunc = done_flags(truncated, n, "truncated")
         for name, arr in (("action", action), ("reward", reward)):
             if arr.shape[:1] != (n,):
                 raise SpecMismatchError(f"{name} must have {n} rows (one per env), got {arr.shape}")
@@ -159,7 +155,7 @@ class GymStepConverter:
                               self._types.copy(), self._discounts.copy(), None)]
         self.num_steps += n
         done = done_term | done_trunc
-        if self.autoreset_mode == "next_step" and done.any() and _has_final_obs(info):
+        if self.autoreset_mode == "next_step" and done.any() and has_final_obs(info):
             raise SpecMismatchError(
                 "the env reset in the same step (info holds final observations) but the converter "
                 "expects NEXT_STEP autoreset: build it with autoreset_mode='same_step' (gymnasium 0.x "
@@ -168,7 +164,7 @@ class GymStepConverter:
         new_obs = _copy(obs, n, "obs")
         if self.autoreset_mode == "same_step" and done.any():
             ids = np.flatnonzero(done)
-            final = _final_obs(info, ids)
+            final = final_obs(info, ids)
             writes.append(self._write(final, np.zeros_like(action[ids]), np.zeros(len(ids), np.float32),
                                       np.full(len(ids), StepType.LAST, np.uint8), discount[ids], ids))
             self.num_steps += len(ids)
