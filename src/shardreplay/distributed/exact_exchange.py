@@ -30,7 +30,6 @@ from shardreplay.distributed.exchange import Drawn, ExchangeStats, split_batches
 from shardreplay.distributed.group import Collectives, Released
 from shardreplay.errors import EmptyBufferError
 from shardreplay.spec.layout import RecordLayout, data_parts
-from shardreplay.spec.torch_dtypes import torch_views
 
 _LOG = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
@@ -87,6 +86,7 @@ class ExactExchange:
         """
         shape = (self.world_size, k, int(stats.batch_size.max()))
         u = np.random.default_rng(int(stats.seed[0])).random(shape)  # one stream for every count
+        np.copyto(u, np.inf, where=np.arange(shape[2]) >= stats.batch_size.reshape(-1, 1, 1))  # unused
         return self._exchange(stats.mass, stats.batch_size, u, k, bool(stats.tail.any()), released)
 
     def _exchange(self, masses: np.ndarray, batches: np.ndarray, u: np.ndarray, k: int, spare: bool,
@@ -136,14 +136,17 @@ class ExactExchange:
             return self._exchange(post_all[:, 1], batches, u, k, False, released, again=True)
         total = float(post_all[:, 1].sum())
         self.local.raise_max_priority(float(post_all[:, 3].max()))
-        drawn, got = planned[me].T, final[me].T  # [owner, batch]: items drawn, items taken
-        into = np.arange(k) * n + np.cumsum(got, axis=0) - got  # each owner's first row in a batch
+        drawn, got = planned[me], final[me]  # [batch, owner]: items drawn, items taken
+        src = (np.cumsum(drawn, axis=0) - drawn).tolist()  # a batch's first row in an owner's block
+        dst = (np.cumsum(got, axis=1) - got + np.arange(0, k * n, n).reshape(-1, 1)).tolist()
         records = torch.empty((k * n, rb), dtype=torch.uint8, pin_memory=self._pin)
         out = records.numpy()
-        for o, source in enumerate(sources):
-            out[ranges(into[o], got[o])] = source[ranges(np.cumsum(drawn[o]) - drawn[o], got[o])]
-        parts = torch_views(self._layout, records)
-        parts["probability"].div_(total)
+        for b, row in enumerate(got.tolist()):
+            for o, m in enumerate(row):
+                out[dst[b][o]:dst[b][o] + m] = sources[o][src[b][o]:src[b][o] + m]
+        views = self._layout.views(out)
+        views["probability"] /= total
+        parts = {name: torch.from_numpy(v) for name, v in views.items()}
         return split_batches(data_parts(parts), parts["mask"], parts["key"], parts["probability"], n,
                              total, float(post_all[:, 2].min()), 1.0, self.local.current_beta(), records)
 
@@ -192,26 +195,30 @@ class ExactExchange:
 def _counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float = 0.0) -> np.ndarray:
     """Items per ``[requester r, batch, owner]``: each of ``r``'s batches takes
     Multinomial(``batches[r]``, masses / total), by the inverse CDF of the uniforms ``u``
-    (``[requester, batch, largest batch size]``, the same on every rank; so the counts of
-    nearby masses differ only where a uniform falls between them).
+    (``[requester, batch, largest batch size]``, inf past ``batches[r]``, the same on every
+    rank; so the counts of nearby masses differ only where a uniform falls between them).
     ``widen``: each owner's share of the CDF taken that much wider on both sides, so that
     these counts bound those of any masses whose CDF moved less than that.
 
     Raises:
         EmptyBufferError: every mass is 0.
     """
-    (world, k, _), cum = u.shape, np.cumsum(masses)
+    cum = np.cumsum(masses)
     if not cum[-1] > 0:
         raise EmptyBufferError("no shard has a window to sample: write more steps first")
-    last = int(np.flatnonzero(masses > 0)[-1])  # u * total may round up to the total
-    lo, hi = (np.minimum(np.searchsorted(cum, (u + d) * cum[-1], side="right"), last)
-              for d in (-widen, widen))
-    slots = np.arange(world * k).reshape(world, k, 1) * world + lo
-    taken = np.broadcast_to(np.arange(u.shape[2]) < np.reshape(batches, (-1, 1, 1)), slots.shape)
-    counts = np.zeros(world * k * world, np.int64)
-    for d in range(int((hi - lo).max()) + 1):  # a uniform near an edge counts for both sides
-        counts += np.bincount(slots[taken & (lo + d <= hi)] + d, minlength=counts.size)
-    return counts.reshape(world, k, world)
+    last = int(np.flatnonzero(masses > 0)[-1])  # u * total may round up to the total: the last's
+    edges, n = cum[:last], np.reshape(batches, (-1, 1, 1))
+
+    def below(d: float) -> np.ndarray:  # uniforms (moved by d) below each owner's upper edge
+        return (((u + d) * cum[-1])[..., None] < edges).sum(axis=2)
+
+    # Owner o takes the uniforms below its upper edge (moved down) and not below its lower one
+    # (moved up): a uniform near an edge counts for both sides.
+    counts, lower = np.empty((*u.shape[:2], masses.size), np.int64), below(-widen)
+    counts[..., :last], counts[..., last:] = lower, n
+    counts[..., 1:last + 1] -= below(widen) if widen else lower
+    counts[..., last + 1:] -= n
+    return counts
 
 
 def host_key(enabled: bool) -> int:

@@ -18,6 +18,8 @@ reweighted then.
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -46,13 +48,9 @@ class _Row:
 
     def to_tensor(self) -> torch.Tensor:
         """This record as one int64 row: scalars in field order, then ``tail``."""
-        names = self._scalar_names()
-        row = np.empty(len(names) + len(self._tail()), np.int64)
-        for i, name in enumerate(names):
-            value = getattr(self, name)
-            row[i] = np.float64(value).view(np.int64) if name in self._FLOATS else int(value)
-        row[len(names):] = self._tail()
-        return torch.from_numpy(row)
+        names, codes = self._layout()
+        row = np.frombuffer(struct.pack(codes, *(getattr(self, name) for name in names)), np.int64)
+        return torch.from_numpy(np.concatenate([row, self._tail()]))
 
     @classmethod
     def from_tensor(cls: type[_R], rows: torch.Tensor) -> _R:
@@ -64,18 +62,21 @@ class _Row:
         """
         if rows.ndim != 2:
             raise ConfigError(f"{cls.__name__}.from_tensor takes the gathered [ranks, n] rows")
-        names = cls._scalar_names()
+        names, codes = cls._layout()
         table = rows.cpu().numpy().astype(np.int64, copy=False)
         cols: dict[str, Any] = {
-            name: table[:, i].view(np.float64) if name in cls._FLOATS else table[:, i].copy()
-            for i, name in enumerate(names)}
-        if "tail" in {f.name for f in fields(cls)}:
+            name: table[:, i].view(np.float64) if code == "d" else table[:, i].copy()
+            for i, (name, code) in enumerate(zip(names, codes[1:], strict=True))}
+        if "tail" in cls.__dataclass_fields__:
             cols["tail"] = table[:, len(names):].copy()
         return cls(**cols)
 
     @classmethod
-    def _scalar_names(cls) -> list[str]:
-        return [f.name for f in fields(cls) if f.name != "tail"]
+    @functools.cache
+    def _layout(cls) -> tuple[list[str], str]:
+        """The scalar fields' names, and their ``struct`` codes (float64 or int64)."""
+        names = [f.name for f in fields(cls) if f.name != "tail"]
+        return names, "=" + "".join("d" if name in cls._FLOATS else "q" for name in names)
 
     def _tail(self) -> np.ndarray:
         return np.asarray(getattr(self, "tail", ()), np.int64).reshape(-1)
