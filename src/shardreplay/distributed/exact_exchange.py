@@ -268,8 +268,9 @@ class SharedRecords:
         ``rows``, so all agree on every region's size and generation)."""
         grow = rows > self._rows
         self.fresh = bool(grow.any())  # a region is new: the ranks must agree it is mapped
-        self._rows = np.where(grow, np.maximum(rows + rows // 4, 2 * self._rows), self._rows)
-        self._gen += grow
+        if self.fresh:
+            self._rows = np.where(grow, np.maximum(rows + rows // 4, 2 * self._rows), self._rows)
+            self._gen += grow
 
     def own_region(self, rows: int) -> np.ndarray:
         """This rank's region as ``[rows, record_bytes]`` uint8, created when its planned

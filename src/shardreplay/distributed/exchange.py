@@ -50,7 +50,8 @@ class _Row:
         """This record as one int64 row: scalars in field order, then ``tail``."""
         names, codes = self._layout()
         row = np.frombuffer(struct.pack(codes, *(getattr(self, name) for name in names)), np.int64)
-        return torch.from_numpy(np.concatenate([row, self._tail()]))
+        tail = np.asarray(getattr(self, "tail", ()), np.int64).reshape(-1)
+        return torch.from_numpy(np.concatenate([row, tail]))
 
     @classmethod
     def from_tensor(cls: type[_R], rows: torch.Tensor) -> _R:
@@ -77,9 +78,6 @@ class _Row:
         """The scalar fields' names, and their ``struct`` codes (float64 or int64)."""
         names = [f.name for f in fields(cls) if f.name != "tail"]
         return names, "=" + "".join("d" if name in cls._FLOATS else "q" for name in names)
-
-    def _tail(self) -> np.ndarray:
-        return np.asarray(getattr(self, "tail", ()), np.int64).reshape(-1)
 
 
 @dataclass(frozen=True)

@@ -158,8 +158,8 @@ class Collectives:
             # gloo's all_gather is a ring: K-1 dependent steps, each a round trip (a send
             # waits for the receiver's "ready", posted once its previous step is done). Its
             # all_to_all sends to every peer at once: one round trip at any K.
-            copies = tensor.reshape(1, -1).expand(self.world_size, -1).contiguous().reshape(-1)
-            work = dist.all_to_all_single(out, copies, group=self.group, async_op=True)
+            work = dist.all_to_all_single(out, tensor.reshape(-1).repeat(self.world_size), group=self.group,
+                                          async_op=True)
         else:
             gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             work = gather(out, tensor.reshape(-1), group=self.group, async_op=True)
