@@ -71,14 +71,11 @@ class ExactExchange:
         same on every rank: masses, batch sizes, and rank 0's seed).
 
         Each of a requester's ``k`` batches takes Multinomial(n, mass/total) items from the
-        shards (:func:`_counts`), each item drawn from its shard's distribution: every batch
-        is ``n`` i.i.d. draws from the global distribution (grouped by owner inside the
-        batch). The masses are those the owners send with the records, taken when they
-        draw. When routed updates just landed (``stats.tail``), the owners do not know the
-        others' new masses yet: each draws the items of every uniform that falls within
-        ``_widen`` of its share of the CDF of ``stats`` (twice the CDF's last move), and
-        every requester takes its counts of the new masses from them; a batch short of its
-        count (the CDF moved further) makes the ranks draw again with those masses.
+        shards (:func:`_counts`), each drawn from its shard: ``n`` i.i.d. draws from the
+        global distribution, with the masses the owners send with the records. After routed
+        updates (``stats.tail``) each owner also draws the items of the uniforms within
+        ``_widen`` (twice the CDF's last move) of its share; a batch still short makes the
+        ranks draw again (docs/semantics.md, "Sharded sampling").
 
         Raises:
             EmptyBufferError: every shard's new mass is 0 (on every rank alike).
@@ -207,16 +204,14 @@ def _counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float
     if not cum[-1] > 0:
         raise EmptyBufferError("no shard has a window to sample: write more steps first")
     last = int(np.flatnonzero(masses > 0)[-1])  # u * total may round up to the total: the last's
-    edges, n = cum[:last], np.reshape(batches, (-1, 1, 1))
-
-    def below(d: float) -> np.ndarray:  # uniforms (moved by d) below each owner's upper edge
-        return (((u + d) * cum[-1])[..., None] < edges).sum(axis=2)
-
-    # Owner o takes the uniforms below its upper edge (moved down) and not below its lower one
+    edges, n = cum[:last], np.reshape(batches, (-1, 1, 1))  # edges[o]: between owners o and o + 1
+    # Owner o takes the uniforms below its upper edge (moved down) and not below its lower edge
     # (moved up): a uniform near an edge counts for both sides.
-    counts, lower = np.empty((*u.shape[:2], masses.size), np.int64), below(-widen)
-    counts[..., :last], counts[..., last:] = lower, n
-    counts[..., 1:last + 1] -= below(widen) if widen else lower
+    down = (((u - widen) * cum[-1])[..., None] < edges).sum(axis=2)
+    up = (((u + widen) * cum[-1])[..., None] < edges).sum(axis=2) if widen else down
+    counts = np.empty((*u.shape[:2], masses.size), np.int64)
+    counts[..., :last], counts[..., last:] = down, n
+    counts[..., 1:last + 1] -= up
     counts[..., last + 1:] -= n
     return counts
 

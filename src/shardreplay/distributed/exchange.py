@@ -10,10 +10,6 @@ with local probability ``q`` has (docs/semantics.md, sampling rule 5)::
     P(i)  = q * mass_k / sum(mass)                    (global probability)
     w_i   = (P(i) / P_min)^-beta,  P_min = min_k(min_leaf_k) / sum(mass)
     local mode:  w_i *= K * mass_k / sum(mass)        (shard factor)
-
-An exchange draws ``k * n`` windows at once, cut into ``k`` batches (:class:`Drawn`:
-views) weighted for the beta of the moment; a batch served at another beta is
-reweighted then.
 """
 
 from __future__ import annotations

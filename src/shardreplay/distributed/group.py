@@ -161,8 +161,7 @@ class Collectives:
             work = dist.all_to_all_single(out, tensor.reshape(-1).repeat(self.world_size), group=self.group,
                                           async_op=True)
         else:
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            work = gather(out, tensor.reshape(-1), group=self.group, async_op=True)
+            work = dist.all_gather_into_tensor(out, tensor.reshape(-1), group=self.group, async_op=True)
         self._overlap(work, op, while_waiting, released)
         return out.reshape(self.world_size, *tensor.shape)
 
