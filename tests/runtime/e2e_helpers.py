@@ -9,9 +9,13 @@ Three records are compared, each identity being ``(actor_id, sequence)``:
 - lost: ``<run_dir>/lost_chunks.jsonl``, one ``{"actor_id", "first", "last", "chunks",
   "steps", "reason", "rank"}`` per line, written by learners on resume.
 
-Every delivered identity must be stored or lost with a reason, and the checkpoint's
-step count must be the sum of the distinct stored chunks' steps (a chunk stored twice
-adds its steps twice; the replay capacity is large enough that nothing is overwritten).
+Every delivered identity must be stored, rejected on arrival or lost with a reason, and the
+checkpoint's step count must be the sum of the distinct stored chunks' steps (a chunk stored
+twice adds its steps twice; the replay capacity is large enough that nothing is overwritten).
+The reasons are told apart as docs/semantics.md ("Losses are counted, never silent") does: a
+chunk *rejected* on arrival (malformed, another spec, another shard's) was never stored; any
+other reason is a *loss*: the chunk was stored and acknowledged, then is in no checkpoint and
+no log replay (a crashed learner's, or one the replay rejected).
 """
 
 from __future__ import annotations
@@ -110,30 +114,53 @@ def pending_in_spool(spool: Path) -> set[Identity]:
     return found
 
 
+# Reasons of chunks refused on arrival, never stored: the transport's (malformed) and the
+# ingest's live path (another spec, another shard's streams). A replay's are "rejected in log
+# replay: ...", and a crashed learner's CRASHED: losses.
+ARRIVAL_REJECTIONS = ("rejected by the transport: ", "rejected: ")
+
+
+def rejected_on_arrival(reason: str) -> bool:
+    """Whether a ``lost_chunks.jsonl`` reason is a rejection on arrival (the semantics allow
+    it: the chunk was never stored), not a loss of a stored and acknowledged chunk."""
+    return reason.startswith(ARRIVAL_REJECTIONS)
+
+
 @dataclass
 class Accounting:
-    """Where each delivered chunk went. ``unexplained`` must be empty."""
+    """Where each delivered chunk went. ``unexplained`` and ``lost`` must be empty where
+    nothing may be lost (a durable medium, resumed from the newest checkpoint)."""
 
     delivered: int = 0
     stored: int = 0
-    lost_with_reason: int = 0
+    rejected: int = 0
+    lost: list[tuple[Identity, str]] = field(default_factory=list)  # with its reason
     unexplained: list[Identity] = field(default_factory=list)
 
+    @property
+    def lost_with_reason(self) -> int:
+        """Rejected on arrival or lost, with a reason either way."""
+        return self.rejected + len(self.lost)
+
     def line(self, name: str) -> str:
-        return (f"{name}: delivered={self.delivered} stored={self.stored} "
-                f"lost_with_reason={self.lost_with_reason} unexplained={len(self.unexplained)}")
+        return (f"{name}: delivered={self.delivered} stored={self.stored} rejected={self.rejected} "
+                f"lost={len(self.lost)} unexplained={len(self.unexplained)}")
 
 
 def account(delivered: set[Identity], held: set[Identity], lost: list[LostRange]) -> Accounting:
-    """Sort ``delivered`` into stored / lost with a reason / unexplained."""
+    """Sort ``delivered`` into stored / rejected on arrival / lost with a reason / unexplained."""
     out = Accounting(delivered=len(delivered))
     for ident in sorted(delivered):
         if ident in held:
             out.stored += 1
-        elif any(r.reason and r.covers(ident) for r in lost):
-            out.lost_with_reason += 1
-        else:
+            continue
+        reason = next((r.reason for r in lost if r.reason and r.covers(ident)), None)
+        if reason is None:
             out.unexplained.append(ident)
+        elif rejected_on_arrival(reason):
+            out.rejected += 1
+        else:
+            out.lost.append((ident, reason))
     return out
 
 

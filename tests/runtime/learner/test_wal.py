@@ -21,11 +21,20 @@ from shardreplay import checkpoint
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.runtime.learner.ingest import Ingestor, merge_stored
 from shardreplay.runtime.learner.loop import versioned
-from shardreplay.runtime.learner.wal import HEADER_BYTES, IngestLog, LogScan, log_files, read_logs
+from shardreplay.runtime.learner.wal import (
+    HEADER_BYTES,
+    IngestLog,
+    LogRecord,
+    LogScan,
+    LossLog,
+    log_files,
+    read_logs,
+)
 from shardreplay.runtime.policy_file import learner_records
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport import open_transport
 from shardreplay.transport.codec import encode
+from tests.runtime.e2e_helpers import read_lost, rejected_on_arrival
 from tests.runtime.runtime_helpers import (
     IDENT_SPEC,
     children,
@@ -114,6 +123,27 @@ def test_a_sigkilled_learner_loses_no_acknowledged_chunk_and_stores_none_twice(t
     assert ingestor.total_duplicates == 1
     counts_by_chunk = ident_counts(buffer.state_dict()["arrays"]["field.ident"])
     assert counts_by_chunk == {ident: 8 for ident in first + later}, "every chunk exactly once"
+
+
+def test_a_logged_chunk_the_replay_cannot_write_is_recorded_as_lost_not_as_rejected_on_arrival(
+        tmp_path: Path) -> None:
+    """A logged chunk was acknowledged: one the replay refuses is lost (docs/semantics.md), and
+    its reason must say so, or an audit counts it with the chunks refused on arrival (the
+    e2e fault matrix passed with every logged chunk lost that way)."""
+    too_wide = make_chunk(0, 5, s=3)  # 3 streams; the run takes 2 per actor
+    data = encode(too_wide, IDENT_SPEC)
+    record = LogRecord(shard=0, world=1, actor_id=0, sequence=5, prev=-1, steps=12, data=data)
+    reader = open_transport(f"file://{tmp_path}/spool", IDENT_SPEC, fsync=False).reader()
+    ingestor = Ingestor(reader, _buffer(), SETTINGS, losses=LossLog(tmp_path, 0))
+    try:
+        counts = ingestor.replay([record], 0)
+    finally:
+        ingestor.close()
+    assert (counts.stored, counts.rejected) == (0, 1)
+    [lost] = read_lost(tmp_path)
+    assert (lost.actor_id, lost.first, lost.last) == (0, 5, 5)
+    assert lost.reason.startswith("rejected in log replay: ") and "--envs-per-actor" in lost.reason, lost
+    assert not rejected_on_arrival(lost.reason)
 
 
 def test_a_record_damaged_before_the_end_is_reported_and_the_rest_of_its_file_unused(tmp_path: Path) -> None:

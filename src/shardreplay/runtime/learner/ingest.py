@@ -422,6 +422,8 @@ class Ingestor:
     def _write(self, chunk: Chunk, policy_version: int, route: int | None = None) -> int:
         """Write ``chunk`` into the shard (the streams of actor ``route``, default its
         own); returns its steps, 0 when it is a duplicate or rejected (counted, logged)."""
+        # A logged chunk (replayed: ``route`` given) that is rejected now is lost, not refused on arrival.
+        what = "rejected" if route is None else "rejected in log replay"
         if chunk.identity in self.stored:
             self.stats.duplicates += 1
             self.total_duplicates += 1
@@ -450,7 +452,7 @@ class Ingestor:
             log.log(self._level(chunk.actor_id, "rejected"), "chunk %s rejected: %s", chunk.identity, exc)
             if self.losses is not None:
                 n = chunk.num_streams * chunk.num_steps
-                self.losses.record(chunk.actor_id, chunk.sequence, chunk.sequence, 1, n, f"rejected: {exc}")
+                self.losses.record(chunk.actor_id, chunk.sequence, chunk.sequence, 1, n, f"{what}: {exc}")
             return 0
         self.stored.add(chunk.actor_id, chunk.sequence)
         self._last_written[chunk.actor_id] = chunk.sequence
