@@ -267,10 +267,11 @@ def metrics_rows(run_dir: Path) -> list[dict[str, str]]:
 
 
 def wait_until(predicate: Any, timeout_s: float, what: str, run: TrainRun | None = None,
-               poll_s: float = 0.25) -> None:
-    """Poll ``predicate`` until true; fail with ``what`` (and the run's output) after ``timeout_s``."""
+               poll_s: float = 0.25) -> Any:
+    """Poll ``predicate`` until true and return its value; fail with ``what`` (and the run's
+    output) after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not predicate():
+    while not (value := predicate()):
         if run is not None and run.proc.poll() is not None:
             raise AssertionError(f"the run exited ({run.proc.returncode}) while waiting for {what}"
                                  + run.explain())
@@ -278,6 +279,7 @@ def wait_until(predicate: Any, timeout_s: float, what: str, run: TrainRun | None
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}"
                                  + (run.explain() if run is not None else ""))
         time.sleep(poll_s)
+    return value
 
 
 def training(run_dir: Path, min_updates: int = 1) -> bool:
