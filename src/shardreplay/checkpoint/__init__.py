@@ -1,14 +1,6 @@
-"""Sharded checkpoints: every rank saves its part, any M parts restore onto N ranks.
-
-Use as ``shardreplay.checkpoint.save(buffer, path, checkpoint_id)`` and
-``shardreplay.checkpoint.load(path, buffer)``; ``save_in_background`` returns at once
-and writes from a thread (the checkpoint is the buffer at the call), and
-``incremental=True`` writes only the rows new since the previous checkpoint;
-``save(files=...)`` stores named files beside the buffer, covered by the manifest;
-:class:`CheckpointTrigger` decides when (periodic, on request, on SIGTERM, after a
-crash). :func:`load_manifest` reads a checkpoint's :class:`Manifest` (typed: its parts,
-files and counts); :func:`is_complete` and :func:`latest_complete` say which can be
-loaded, :func:`set_aside` moves the others out of the way.
+"""Sharded checkpoints: every rank saves its part (:func:`save`; :func:`save_in_background`
+from a forked child), any M parts restore onto N ranks (:func:`load`);
+:class:`CheckpointTrigger` decides when. docs/semantics.md, "Checkpoints".
 """
 
 from __future__ import annotations

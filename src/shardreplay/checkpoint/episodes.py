@@ -1,15 +1,5 @@
-"""Episodes of a shard's exported steps, and the policy for partial ones.
-
-Exported steps lie row after row in time order (``ReplayBuffer.state_dict``). An
-episode is a maximal run of one ``episode_id`` within a row. It is **partial** when
-its first stored step is not FIRST (the ring overwrote its head, or the stream began
-mid-episode) or its last stored step is not LAST (still running, or abandoned)::
-
-    row:  MID MID LAST | FIRST MID LAST | FIRST MID MID
-          head partial    complete        tail partial (ongoing)
-
-``seal`` keeps a partial episode, marking its first step FIRST and its last step LAST
-with discount 1 (a truncation); ``drop`` removes it.
+"""Episodes of a shard's exported steps (row after row in time order), and the policy for
+partial ones (``seal`` or ``drop``: docs/semantics.md, "Partial episodes").
 """
 
 from __future__ import annotations

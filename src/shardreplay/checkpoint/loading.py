@@ -67,28 +67,20 @@ class LoadReport(RestoreCounts):
 def load(path: str | Path, buffer: ReplayBuffer | ShardedReplayBuffer, *,
          checkpoint_id: int | None = None, fallback: bool = False,
          files: Iterable[str] = ()) -> LoadReport:
-    """Restore a checkpoint under ``path`` into ``buffer`` (this rank's shard), verifying
-    what it reads, once (parts it does not read are not hashed); a :class:`LoadReport`.
-
-    Args:
-        path: the checkpoint root directory.
-        buffer: a ReplayBuffer, or this rank's ShardedReplayBuffer (then every rank of
-            the group must call ``load`` together).
-        checkpoint_id: which checkpoint (None: the newest complete one: newer ones that
-            are incomplete or fail their checksums are passed over).
-        fallback: when the chosen checkpoint cannot be loaded, take the next older
-            complete one instead of raising.
-        files: names of files saved with ``save(..., files=...)`` to return, verified,
-            in ``LoadReport.files`` (a checkpoint whose file is missing or damaged is
-            passed over like a damaged part).
+    """Restore a checkpoint under the root ``path`` into ``buffer`` (a ReplayBuffer, or this
+    rank's ShardedReplayBuffer: then every rank calls ``load`` together), verifying what
+    it reads, once; a :class:`LoadReport`. ``checkpoint_id`` None: the newest complete
+    one; ``fallback``: when the chosen one cannot be loaded, take the next older complete
+    one instead of raising; ``files``: names of files saved with ``save(..., files=...)``
+    to return verified in ``LoadReport.files``. What is passed over and why, and what
+    the buffer holds after an error (nothing; ``save`` refuses it until a load
+    succeeds): docs/semantics.md, "Checkpoints".
 
     Raises:
         IncompleteCheckpointError: no (complete) checkpoint, or a part is missing.
         CheckpointFormatError: a corrupt or truncated file, or another spec or version;
             the message names the file and the reason (CheckpointDamagedError: a block
             or file differs from its recorded hash).
-        The buffer's previous content is replaced; after an error it is left empty,
-        and ``save`` refuses it until a load succeeds.
     """
     local, shard, num_shards = shard_of(buffer)
     names = tuple(files)

@@ -67,29 +67,16 @@ def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, 
 def save(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
          partial: str = "seal", keep_last: int | None = 2, files: Mapping[str, bytes] | None = None,
          incremental: bool = False) -> Path:
-    """Write this shard's part of checkpoint ``checkpoint_id`` under ``path``; returns the
-    checkpoint directory.
-
-    The stored steps (not the capacity) with their per-step arrays, the stream
-    bookkeeping, sampler and RNG states, counters, partial-episode counts and what the
-    content was restored from (``LoadReport.counts()``). The last shard to finish
-    writes the manifest, then removes complete checkpoints older than the newest
-    ``keep_last`` except those a kept one refers to. An id already complete is not
-    written again (a warning is logged); a background save of this shard in flight is
-    waited for first.
-
-    Args:
-        buffer: a ReplayBuffer (one shard) or this rank's ShardedReplayBuffer.
-        path: the checkpoint root directory (shared by all ranks).
-        checkpoint_id: a non-negative integer, usually the training step.
-        partial: ``"seal"`` (default) or ``"drop"`` partial episodes.
-        keep_last: complete checkpoints to keep (None: all).
-        files: named files to store beside the buffer (name -> bytes), written before
-            this rank's part and covered by the manifest: ``load(..., files=...)``
-            returns them verified.
-        incremental: write only the user-field rows stored since this shard's previous
-            part under ``path``, referring to the earlier files for the rest
-            (:mod:`shardreplay.checkpoint.refs`); a full part when that cannot be.
+    """Write this shard's part of checkpoint ``checkpoint_id`` (>= 0, usually the training
+    step) under the root ``path`` (shared by all ranks); the checkpoint directory.
+    ``buffer``: a ReplayBuffer or this rank's ShardedReplayBuffer; ``partial``: ``"seal"``
+    or ``"drop"`` partial episodes; ``keep_last``: complete checkpoints to keep (None:
+    all); ``files``: named files (name -> bytes) stored beside the buffer, covered by the
+    manifest (``load(..., files=...)`` returns them verified); ``incremental``: write only
+    the rows new since this shard's previous part, when that can be. What a part holds,
+    pruning and incremental parts: docs/semantics.md, "Checkpoints". An id already
+    complete is not written again (a warning); a background save of this shard in flight
+    is waited for first.
 
     Raises:
         ConfigError: a bad argument (nothing is written).

@@ -1,25 +1,6 @@
-"""When to save: periodic, requested (agreed by all ranks), on SIGTERM, on a crash.
-
-A training loop asks a :class:`CheckpointTrigger` at every step; every rank asks at
-every step::
-
-    trigger = CheckpointTrigger(run_dir, interval_steps=1000, collectives=sharded_buffer)
-    trigger.install_signal_handlers()        # SIGUSR1: request; SIGTERM/SIGINT: stop
-
-    def save(step):
-        checkpoint.save(sharded_buffer, run_dir, step)
-
-    with trigger.save_on_exception(save):    # a crash saves this rank's part, then re-raises
-        for step in range(start_step, total_steps):
-            if trigger.maybe_save(step, save):
-                break                        # stopped: this rank's part is written
-            train_one_step()                 # sample / update: collectives every step
-
-A request is combined over ranks by one small collective, so every rank saves at the same
-step; a stop and a crash save this rank's part with no collective, under the step of the
-latest ``should_save`` call. When every training step runs a collective, ranks stopped
-together save under the same id (keep the collectives' ``timeout_s`` below the launcher's
-grace period); if ids differ, that checkpoint stays incomplete and ``load`` passes it over.
+"""When to save: periodic, requested (agreed by all ranks), on SIGTERM, on a crash. How a
+training loop uses a :class:`CheckpointTrigger`, and which rank saves under which id:
+docs/semantics.md, "When to save".
 """
 
 from __future__ import annotations
@@ -57,19 +38,13 @@ def periodic_save_due(interval: int, saved_at: int, step: int) -> bool:
 
 
 class CheckpointTrigger:
-    """Decides at every training step whether this rank saves a checkpoint now. Signal
-    handlers only set flags: saves happen in the loop.
-
-    Args:
-        run_dir: the checkpoint root (where ``save`` writes ``ckpt-*``); the request file
-            is ``<run_dir>/checkpoint.request``.
-        interval_steps: save every this many steps (None: only on request, stop or crash).
-        collectives: the group to agree with on requests: a ``ShardedReplayBuffer`` (its
-            group is used) or a :class:`~shardreplay.distributed.group.Collectives`.
-            None: this process decides alone.
-        poll_interval_steps: agree on requests every this many steps (1: every step; a
-            larger value saves the small collective, and a request waits a little longer).
-        request_dir: the folder of the request file (None: ``run_dir``).
+    """Decides at every training step whether this rank saves a checkpoint now (signal
+    handlers only set flags: saves happen in the loop). ``run_dir``: the checkpoint root;
+    ``interval_steps``: save every this many steps (None: only on request, stop or crash);
+    ``collectives``: whom requests are agreed with, every ``poll_interval_steps`` steps (a
+    ``ShardedReplayBuffer``'s group, a :class:`~shardreplay.distributed.group.Collectives`,
+    or None: this process alone); the request file is ``checkpoint.request`` in
+    ``request_dir`` (None: ``run_dir``).
 
     Raises:
         ConfigError: a non-positive interval, or ``collectives`` of another type.

@@ -76,11 +76,10 @@ class Episode:
 @dataclass
 class CheckpointEpisodes:
     """The episodes of checkpoint ``checkpoint_id`` (None: the newest complete one) under
-    ``root``, shard after shard (``shards``: these only), each part read as saved (rows,
-    priorities, frame stacks, policy versions). ``partial`` (``seal`` or ``drop``) is
-    applied to the episodes a part holds only in part (still running, or cut by the
-    ring); ``origin`` names the actor and stream of each saved row (None: -1);
-    ``counts`` is filled as it is iterated (:func:`_count`).
+    ``root``, shard after shard (``shards``: these only), each part read as saved, its
+    partial episodes sealed or dropped by ``partial``; ``origin`` names the actor and
+    stream of each saved row (None: -1); ``counts`` is filled as it is iterated
+    (:func:`_count`).
 
     Raises (when iterated):
         IncompleteCheckpointError: no complete checkpoint under ``root``.
@@ -195,13 +194,11 @@ def _cut(steps: dict[str, np.ndarray], partial: str, counts: dict[str, int]) -> 
 
 @dataclass
 class ChunkEpisodes:
-    """Episodes reassembled from actor chunks (``actor_id``, ``stream_ids`` ``[S]``,
-    ``steps`` ``{field: [S, T, ...]}`` with ``step_type`` and ``discount``, ``priorities``
-    ``[S, T]`` or None, ``policy_version``), as ``train --keep-rollouts`` keeps them:
-    consecutive chunks of one (actor, stream) continue each other. An episode is yielded
-    at its LAST; one without its FIRST (the archive's cap dropped its head) or its LAST
-    (the run stopped in it) is partial: sealed (a truncation) or dropped by ``partial``,
-    and counted in ``counts`` as :class:`CheckpointEpisodes` counts."""
+    """Episodes reassembled from actor chunks (:class:`~shardreplay.transport.codec.Chunk`),
+    as ``train --keep-rollouts`` keeps them: consecutive chunks of one (actor, stream)
+    continue each other. An episode is yielded at its LAST; one without its FIRST or its
+    LAST is partial: sealed or dropped by ``partial``, and counted in ``counts`` as
+    :class:`CheckpointEpisodes` counts."""
 
     chunks: Iterable[Any]
     partial: str = "seal"
@@ -246,11 +243,9 @@ def export_checkpoint(root: str | Path, dataset_id: str, *, checkpoint_id: int |
                       partial: str = "seal", origin: Origin | None = None, jobs: int = 1,
                       **options: Any) -> dict[str, Any]:
     """Write a checkpoint's episodes (:class:`CheckpointEpisodes`) as the Minari
-    dataset ``dataset_id`` (:func:`write_dataset`, which takes ``options``: the spaces,
-    env spec, format, unstack, metadata); returns its summary. ``jobs > 1``:
-    up to that many forked processes write a saved shard each (episode ids counted
-    first from each part's step types), then this one writes the metadata and renames
-    the dataset into place: the same dataset as ``jobs=1``.
+    dataset ``dataset_id`` (:func:`write_dataset`, which takes ``options``); returns its
+    summary. ``jobs > 1``: up to that many forked processes write a saved shard each, the
+    same dataset (docs/offline.md, "Export").
 
     Raises:
         As :class:`CheckpointEpisodes` and :func:`write_dataset`; ShardReplayError:
@@ -274,13 +269,12 @@ def write_dataset(episodes: Iterable[Episode], dataset_id: str, *, observation_s
                   env_spec: Any = None, data_format: str = "hdf5", unstack: bool = False,
                   metadata: dict[str, Any] | None = None, counts: dict[str, int] | None = None,
                   parts: tuple[list[int], int] | None = None) -> dict[str, Any]:
-    """Write ``episodes`` as the Minari dataset ``dataset_id`` (under
-    ``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``), lossless, in ``data_format``
-    (``hdf5``: what TorchRL's ``MinariExperienceReplay`` reads; or ``arrow``).
+    """Write ``episodes`` as the Minari dataset ``dataset_id``, lossless, in ``data_format``
+    (``hdf5`` or ``arrow``; the files and what maps to what: docs/offline.md, "Export").
     ``metadata`` and ``counts`` (filled while ``episodes`` is iterated) go into the
     dataset's metadata under ``shardreplay``. ``parts`` (a parallel
-    :func:`export_checkpoint`): each shard's first episode id, and the processes to
-    run. Returns the summary (id, path, episodes, steps, bytes, counts).
+    :func:`export_checkpoint`): each shard's first episode id, and the processes to run.
+    Returns the summary (id, path, episodes, steps, bytes, counts).
 
     Raises:
         ConfigError: the minari extra is missing, the id exists already, an unknown
@@ -495,11 +489,9 @@ def _remove_dead_leftovers(final: Path) -> None:
 
 def prefill(buffer: ReplayBuffer | ShardedReplayBuffer, dataset_id: str) -> dict[str, int]:
     """Stream the Minari dataset ``dataset_id`` into ``buffer`` (a fresh ReplayBuffer, or
-    this rank's ShardedReplayBuffer: every rank calls it, no collective). Episodes are
-    dealt whole, each to the shard and then the stream that holds the fewest steps so
-    far (the same deal on every rank; a rank reads only its own episodes). Each step
-    gets the priority of the dataset's ``priority`` info where it has one, else the
-    buffer's largest. Returns this rank's ``{episodes, steps}``.
+    this rank's ShardedReplayBuffer: every rank calls it, no collective; how episodes are
+    dealt and prioritized: docs/offline.md, "Import and warm start"). Returns this rank's
+    ``{episodes, steps}``.
 
     Raises:
         ConfigError: the minari extra is missing, no such dataset, or a dataset whose

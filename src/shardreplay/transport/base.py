@@ -3,19 +3,10 @@
 Three media, chosen by URL (:func:`~shardreplay.transport.urls.open_transport`): ``local``
 (a shared-memory ring on one machine), ``file:///dir`` (a spool directory) and
 ``redis://host:port/db`` (a Redis stream). A :class:`Transport` is configuration (plus,
-for ``local``, the ring): pass it to child processes and open the ends where they are used::
-
-    transport = open_transport("file:///data/spool", spec)
-    writer = transport.writer()                # actor process
-    writer.send(chunk, timeout_s=30)
-    reader = transport.reader()                # learner process
-    chunks = reader.receive(64, timeout_s=0.1)
-    ...                                        # store them, then
-    reader.ack(chunks)
-
-``send`` blocks while the medium holds its cap of unconsumed chunks. Delivery,
-duplicates and malformed chunks (never raised: logged, counted in
-:attr:`ChunkReader.stats`, set aside): docs/semantics.md, "Delivery".
+for ``local``, the ring): pass it to child processes and open the ends where they are
+used (docs/transports.md, "Ends"). ``send`` blocks while the medium holds its cap of
+unconsumed chunks. Delivery, duplicates and malformed chunks (never raised: logged,
+counted in :attr:`ChunkReader.stats`, set aside): docs/semantics.md, "Delivery".
 """
 
 from __future__ import annotations

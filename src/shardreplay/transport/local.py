@@ -147,16 +147,7 @@ class LocalReader(IntakeReader):
 _LEN = struct.Struct("<Q")
 _HEAD, _TAIL, _HOLDER, _READER = 0, 1, 2, 3  # _HOLDER: of the lock; _READER: of the read lock
 _STUCK_S = 0.5
-# On x86-64 (total store order: stores become visible in program order, and loads are not
-# reordered with later stores) the reader needs no ring lock: a writer stores ``head``
-# after its record's bytes, so a record below a ``head`` the reader loaded is complete;
-# the reader stores ``tail`` after copying, so no writer reuses bytes still being read;
-# ``head`` only grows and only readers (under the read lock) move ``tail``, so stale values
-# mean fewer records or less room, never wrong ones. An empty ring is re-read under the
-# lock before the reader sleeps, so a writer either sees it empty (and wakes the reader)
-# or the reader sees the writer's record. Other machines take the lock for both (writers
-# encode a whole chunk under it: a reader that takes it queues behind every encode;
-# benchmarks/transport/bench_fastpaths.py measures both readers).
+# x86-64 readers need no ring lock: docs/transports.md, "local: a shared-memory ring".
 _ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64")
 
 

@@ -46,21 +46,14 @@ def chunk_file_name(actor_id: int, sequence: int) -> str:
 _MAX_ROOM_PAUSE_S = 0.05
 
 class SpoolTransport:
-    """Chunks through a spool directory.
-
-    Args:
-        path: the spool directory (created if missing).
-        spec: the spec every chunk must follow.
-        queued_chunks_per_actor: a writer waits while ``ready/`` holds this many of its
-            chunks (the queue bound, named as in ``TrainSettings``).
-        max_chunk_bytes: larger files are quarantined without being read.
-        dedup_window: sequences remembered per actor for duplicate detection.
-        poll_interval_s: how often a waiting reader looks again; a writer waiting for room
-            starts there and doubles its pause up to 50 ms.
-        fsync: flush chunks to disk before they become visible (off only for scratch data).
-        stale_tmp_s: a new reader deletes temp files in ``tmp/`` older than this (dead
-            writers); temp-named files in ``ready/`` unchanged this long are quarantined.
-        compression: ``none``, ``lz4`` or ``zstd``: how chunks cross (:func:`~.codec.wire_encoding`).
+    """Chunks of ``spec`` through the spool directory ``path`` (created if missing). A
+    writer waits while ``ready/`` holds ``queued_chunks_per_actor`` of its chunks, polling
+    from ``poll_interval_s`` (what a waiting reader sleeps) up to 50 ms; ``fsync`` flushes
+    chunks before they become visible (off only for scratch data); a new reader deletes
+    temp files in ``tmp/`` older than ``stale_tmp_s`` (dead writers), and quarantines
+    temp-named files in ``ready/`` unchanged this long. ``max_chunk_bytes`` (larger files
+    are quarantined unread), ``dedup_window`` and ``compression``: as for
+    :class:`~.local.LocalTransport` and :func:`~.codec.wire_encoding`.
 
     Raises:
         ConfigError: a bad setting, or a codec whose package is missing.
