@@ -132,9 +132,8 @@ def list_checkpoints(root: Path) -> list[int]:
 
 
 def load_manifest(directory: Path) -> Manifest:
-    """The manifest of a checkpoint directory, parsed and checked for structure: part
-    files of the recorded size, descriptions of the recorded hash that agree with it
-    (block hashes are not read here).
+    """The manifest of a checkpoint directory, checked for structure (:func:`_check_part`;
+    block hashes are not read here).
 
     Raises:
         IncompleteCheckpointError: the manifest, a part file or a part's description
@@ -208,14 +207,12 @@ def read_covered(manifest: Manifest, name: str) -> bytes:
 
 
 def check_complete(directory: Path, *, hashes: bool = True) -> Manifest:
-    """The manifest of a complete checkpoint: :func:`load_manifest`'s checks, then (with
-    ``hashes``) every block of every part (and of the files it refers to) and every
-    other file against its recorded XXH64 hash.
+    """The manifest of a complete checkpoint (docs/semantics.md, "Complete means checksums
+    too"; ``hashes=False``: :func:`load_manifest`'s checks only).
 
     Raises:
         IncompleteCheckpointError: the manifest, a part or a description is missing.
-        CheckpointFormatError: anything else wrong (corrupt block or file, sizes,
-            descriptions), naming the file and the reason.
+        CheckpointFormatError: anything else wrong, naming the file and the reason.
     """
     directory = Path(directory)
     manifest = load_manifest(directory)
@@ -234,13 +231,9 @@ def check_complete(directory: Path, *, hashes: bool = True) -> Manifest:
 
 
 def incomplete_reason(directory: Path, *, hashes: bool = True, missing: bool = True) -> str | None:
-    """None for a complete checkpoint (:func:`check_complete`), else why it is not.
-
-    ``missing=False`` asks only whether it is *damaged* (its files are all there, but one
-    fails its checks: a block's checksum, a size, a description; the message names the
-    file and the block): None also when it is merely incomplete (a part or the manifest
-    missing: a run stopped before every rank saved).
-    """
+    """None for a complete checkpoint (:func:`check_complete`), else why it is not;
+    ``missing=False`` asks only whether it is *damaged* (None also when a part or the
+    manifest is merely missing: a run stopped before every rank saved)."""
     try:
         check_complete(directory, hashes=hashes)
     except IncompleteCheckpointError as exc:
@@ -253,8 +246,7 @@ def incomplete_reason(directory: Path, *, hashes: bool = True, missing: bool = T
 
 
 def is_complete(directory: Path, *, hashes: bool = True) -> bool:
-    """True when the checkpoint is complete (:func:`check_complete`): manifest, every
-    part of the recorded size, and (with ``hashes``, the default) every block's hash."""
+    """True when the checkpoint is complete (:func:`check_complete`)."""
     return incomplete_reason(directory, hashes=hashes) is None
 
 

@@ -138,17 +138,12 @@ class Backlog:
 
 @dataclass
 class ReaderStats:
-    """What a reader has seen.
-
-    Attributes:
-        received: chunks decoded, validated and returned by ``receive``.
-        duplicates: chunks dropped because their ``(actor_id, sequence)`` was seen.
-        rejected: malformed chunks by reason (``checksum``, ``spec``, ``too_large``, ...).
-        acked: chunks acknowledged.
-        lost: entries the medium itself lost (a Redis server restarted without its data).
-        dropped: ``(actor_id, sequence, chunks, reason)`` of the newest 4096 rejections and
-            losses, popped by the consumer (into ``lost_chunks.jsonl``); -1: unknown id.
-    """
+    """What a reader has seen: chunks ``received`` (decoded, validated, returned),
+    ``duplicates`` dropped (their ``(actor_id, sequence)`` seen), ``acked``, ``lost`` by
+    the medium itself (a Redis server restarted without its data), ``rejected`` by reason
+    (``checksum``, ``spec``, ``too_large``, ...), and ``(actor_id, sequence, chunks,
+    reason)`` of the newest 4096 rejections and losses ``dropped``, popped by the consumer
+    (into ``lost_chunks.jsonl``; -1: unknown id)."""
 
     received: int = 0
     duplicates: int = 0

@@ -102,19 +102,15 @@ class _Layout:
         self.prio_at = self.views[-1][3] if has_priorities else -1
         self.good_ids: set[bytes] = set()  # stream ids (as bytes) that passed their checks
         self.header = msgpack.packb({"fp": info.fingerprint, "S": s, "T": t, "arrays": self.entries})
-        self.payload_at = _align8(_PREFIX.size + len(self.header))
-        # Padding byte ranges of a whole chunk: after the header, between arrays, at the end.
-        at = self.payload_at
-        ends = [_PREFIX.size + len(self.header)]
-        ends += [at + off + c * d.itemsize for _n, d, c, off, _s in self.views]
-        starts = [at] + [at + off for _n, _d, _c, off, _s in self.views[1:]] + [at + self.nbytes]
-        gaps = [(a, b) for a, b in zip(ends, starts, strict=True) if b > a]
-        # For the encoder: the header with its zero padding as one block, the other gaps,
-        # and each array's key in a chunk (a bare step name, "stream_ids", "priorities").
-        block = np.zeros(self.payload_at - _PREFIX.size, np.uint8)
-        block[:len(self.header)] = np.frombuffer(self.header, np.uint8)
-        self.head_block = block
-        self.tail_gaps = [(a, b) for a, b in gaps if a >= self.payload_at]
+        self.payload_at = at = _align8(_PREFIX.size + len(self.header))
+        # For the encoder: the header with its zero padding as one block, the zero padding
+        # between arrays and at the end, and each array's key in a chunk (a bare step
+        # name, "stream_ids", "priorities").
+        self.head_block = np.zeros(at - _PREFIX.size, np.uint8)
+        self.head_block[:len(self.header)] = np.frombuffer(self.header, np.uint8)
+        ends = [at + off + c * d.itemsize for _n, d, c, off, _s in self.views]
+        starts = [at + off for _n, _d, _c, off, _s in self.views[1:]] + [at + self.nbytes]
+        self.tail_gaps = [(a, b) for a, b in zip(ends, starts, strict=True) if b > a]
         self.copies = [(name.removeprefix(_STEP_PREFIX), dtype, at + off, shape)
                        for name, dtype, _c, off, shape in self.views]
         # Every step field with the spec's own dtype and full shape: steps that match
