@@ -1,10 +1,5 @@
-"""Checkpoint directories, part descriptions, manifests and completeness.
-
-A checkpoint ``<root>/ckpt-<id>/`` of M shards holds ``part-<k>-of-<M>.safetensors``
-(a shard's steps, priorities and episode table), ``part-<k>-of-<M>.json`` (its
-description), the files saved with ``save(files=...)``, and ``manifest.json``, written
-last by the rank that finishes last (no collective). Each JSON file carries a CRC32 of
-its body. What *complete* means, and who checks what when: docs/semantics.md,
+"""Checkpoint directories, part descriptions, manifests and completeness: the files of a
+checkpoint, and what *complete* means: docs/semantics.md, "Checkpoints" (the files) and
 "Complete means checksums too" (:func:`check_complete`).
 """
 

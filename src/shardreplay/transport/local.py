@@ -1,12 +1,7 @@
-"""``local`` transport: a bounded shared-memory ring between processes of one machine.
-
-Every encoded chunk is one record of a :class:`ShmRing`: a writer encodes it straight into
-the ring (:meth:`ShmRing.put_with`); the reader copies a batch of records out and decodes
-them outside the ring's lock, or with ``receive(borrow=True)`` decodes them in place. Ring
-and locks come from the ``spawn`` context, so a :class:`LocalTransport` can be a
-``Process`` argument. Not durable: ``ack`` only counts. How the ring survives processes
-killed at any point (record order, the pid of each lock's holder, no Condition):
-docs/transports.md, "local: a shared-memory ring".
+"""``local`` transport: a bounded shared-memory ring (:class:`ShmRing`) between processes
+of one machine; its rules: docs/transports.md, "local: a shared-memory ring". Ring and
+locks come from the ``spawn`` context, so a :class:`LocalTransport` can be a ``Process``
+argument.
 """
 
 from __future__ import annotations

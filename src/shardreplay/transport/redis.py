@@ -155,13 +155,8 @@ def _unconsumed(r: Any, stream: str) -> int:
 
 
 class RedisWriter:
-    """Actor end of a :class:`RedisTransport`.
-
-    Adds are pipelined: ``send`` writes ``XADD`` + ``XLEN`` and returns; the replies are
-    read together by a later call, once :attr:`MAX_IN_FLIGHT` adds are in flight or the
-    last known length plus those reach ``max_len``. A lost connection re-sends, in order,
-    every add whose reply was not read (a copy that did land is dropped by the reader).
-    """
+    """Actor end of a :class:`RedisTransport`; its adds are pipelined (docs/transports.md,
+    "redis://")."""
 
     #: Adds in flight at most (an actor killed with them sent may not have delivered them).
     MAX_IN_FLIGHT = 8
@@ -665,13 +660,8 @@ def trim_acknowledged(client: redis.Redis, stream: str, *, exact: bool) -> int:
 
 
 class RoomTokens:
-    """Wake-ups for writers waiting at the cap ``cap`` of ``stream``: a list ``<stream>:room``.
-
-    The reader pushes a token per :attr:`grant` entries it acknowledges (with the ``XACK``);
-    ``BLPOP`` hands each to the writer that waited longest, which may then add ``grant``
-    chunks. Tokens are hints (a woken writer still trims and reads the length). Without
-    ``BLPOP`` / ``RPUSH`` / ``LTRIM`` in the user's ACL: one warning, then writers poll.
-    """
+    """Wake-ups for writers waiting at the cap ``cap`` of ``stream``: the list
+    ``<stream>:room`` (docs/transports.md, "redis://")."""
 
     def __init__(self, stream: str, cap: int) -> None:
         self.stream, self.key = stream, f"{stream}:room"
