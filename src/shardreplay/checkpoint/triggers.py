@@ -171,13 +171,9 @@ class CheckpointTrigger:
         return agreed
 
     def maybe_save(self, step: int, save: Callable[[int], object]) -> bool:
-        """:meth:`should_save`, then ``save(step)`` when it says so.
-
-        Returns:
-            True when the loop must stop: a stop was requested and this rank's part is
-            saved. A stop signal that lands after this call's decision is acted on at the
-            next call, never answered with True before the part is written.
-        """
+        """:meth:`should_save`, then ``save(step)`` when it says so; True when the loop must
+        stop: a stop was requested and this rank's part is saved (a stop signal that lands
+        after this call's decision is acted on at the next call)."""
         if self.should_save(step):
             log.info("step %d: saving checkpoint (%s)", step, self.reason)
             save(step)
