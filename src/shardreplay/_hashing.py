@@ -21,21 +21,46 @@ def xxh64(data: bytes | bytearray | memoryview | np.ndarray, seed: int = 0) -> i
     return xxhash.xxh64_intdigest(data, seed)  # type: ignore[arg-type]
 
 
-class Xxh64Stream:
-    """XXH64 (seed 0) of bytes fed in pieces: the same value as :func:`xxh64` of their
-    concatenation, without gathering them (``update`` releases the GIL on large
-    buffers, where copying into a ``bytearray`` holds it for the whole copy)."""
+class BlockHasher:
+    """XXH64 of each ``block_bytes`` block of a byte stream (16 hex digits each), fed in
+    arbitrary pieces: a block inside one piece is hashed in place, one that straddles
+    pieces by a streaming state fed each of its parts (never gathered into a staging
+    copy: ``update`` releases the GIL on large buffers, a copy into a ``bytearray`` holds
+    it for the whole copy)."""
 
-    def __init__(self) -> None:
-        self._state = xxhash.xxh64()
+    def __init__(self, block_bytes: int) -> None:
+        self.block_bytes = block_bytes
+        self.hashes: list[str] = []
+        self._state: xxhash.xxh64 | None = None
+        self._fill = 0
 
-    def update(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
-        """Feed the next bytes (a contiguous buffer, not copied)."""
-        self._state.update(data)  # type: ignore[arg-type]  # as in xxh64
+    def feed(self, data: memoryview) -> None:
+        """Hash the next bytes (a contiguous buffer, not copied)."""
+        block = self.block_bytes
+        while len(data):
+            if self._fill == 0 and len(data) >= block:
+                self.hashes.append(f"{xxh64(data[:block]):016x}")
+                data = data[block:]
+                continue
+            take = min(len(data), block - self._fill)
+            if self._state is None:
+                self._state = xxhash.xxh64()
+            self._state.update(data[:take])
+            self._fill += take
+            data = data[take:]
+            if self._fill == block:
+                self._end_block()
 
-    def intdigest(self) -> int:
-        """XXH64 of everything fed so far."""
-        return int(self._state.intdigest())
+    def _end_block(self) -> None:
+        assert self._state is not None
+        self.hashes.append(f"{self._state.intdigest():016x}")
+        self._state, self._fill = None, 0
+
+    def finish(self) -> list[str]:
+        """The hashes of every block, the last one (possibly short) included."""
+        if self._fill:
+            self._end_block()
+        return self.hashes
 
 
 def xxh3_64(data: bytes | bytearray | memoryview | np.ndarray) -> int:

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardreplay._hashing import xxh64
-from shardreplay.checkpoint.format import BLOCK_BYTES, _BlockHasher, write_part
+from shardreplay._hashing import BlockHasher, xxh64
+from shardreplay.checkpoint.format import BLOCK_BYTES, write_part
 
 B = BLOCK_BYTES
 # Piece lengths putting boundaries before, at and after block edges, inside a block and
@@ -39,7 +39,7 @@ def _bytes(n: int, seed: int = 0) -> bytes:
 @pytest.mark.parametrize("sizes", SIZES, ids=lambda s: f"{len(s)}pieces")
 def test_blocks_fed_in_unaligned_pieces_hash_as_whole_blocks(sizes: list[int]) -> None:
     data = _bytes(sum(sizes))
-    hasher, at = _BlockHasher(), 0
+    hasher, at = BlockHasher(B), 0
     for n in sizes:
         hasher.feed(memoryview(data)[at:at + n])
         at += n
@@ -81,7 +81,7 @@ def test_straddling_pieces_are_hashed_without_a_copy(tmp_path: Path) -> None:
         at += n
 
     def feed() -> None:
-        hasher = _BlockHasher()
+        hasher = BlockHasher(B)
         for v in views:
             hasher.feed(v)
         hasher.finish()

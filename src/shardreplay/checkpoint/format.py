@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
-from shardreplay._hashing import Xxh64Stream, xxh64
+from shardreplay._hashing import BlockHasher, xxh64
 from shardreplay._io import atomic_writer
 from shardreplay.errors import CheckpointDamagedError, CheckpointFormatError
 
@@ -42,42 +42,6 @@ _DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I
            "F16": np.float16, "F32": np.float32, "F64": np.float64}
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 MAX_HEADER_BYTES = 64 << 20
-
-
-class _BlockHasher:
-    """XXH64 of each BLOCK_BYTES block of a byte stream, fed in arbitrary pieces: a
-    block inside one piece is hashed in place, one that straddles pieces by a streaming
-    state fed each of its parts (never copied into a staging buffer)."""
-
-    def __init__(self) -> None:
-        self.hashes: list[str] = []
-        self._state: Xxh64Stream | None = None
-        self._fill = 0
-
-    def feed(self, data: memoryview) -> None:
-        while len(data):
-            if self._fill == 0 and len(data) >= BLOCK_BYTES:
-                self.hashes.append(f"{xxh64(data[:BLOCK_BYTES]):016x}")
-                data = data[BLOCK_BYTES:]
-                continue
-            take = min(len(data), BLOCK_BYTES - self._fill)
-            if self._state is None:
-                self._state = Xxh64Stream()
-            self._state.update(data[:take])
-            self._fill += take
-            data = data[take:]
-            if self._fill == BLOCK_BYTES:
-                self._end_block()
-
-    def _end_block(self) -> None:
-        assert self._state is not None
-        self.hashes.append(f"{self._state.intdigest():016x}")
-        self._state, self._fill = None, 0
-
-    def finish(self) -> list[str]:
-        if self._fill:
-            self._end_block()
-        return self.hashes
 
 
 def _describe(pieces: list[np.ndarray], name: str, offset: int) -> dict[str, Any]:
@@ -111,7 +75,7 @@ def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
         offset = header[name]["data_offsets"][1]
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % _ALIGN)
-    hasher = _BlockHasher()
+    hasher = BlockHasher(BLOCK_BYTES)
     with atomic_writer(path) as f:
         for piece in (struct.pack("<Q", len(text)), text):
             f.write(piece)
