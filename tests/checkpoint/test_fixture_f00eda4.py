@@ -171,3 +171,13 @@ def test_buffer_meta_lacking_what_f00eda4_wrote_is_refused(root: Path) -> None:
                 "stale_updates"):
         with pytest.raises(CheckpointFormatError, match="buffer metadata"):
             PartMeta.parse(json.dumps({k: v for k, v in saved.items() if k != key}), directory)
+
+
+def test_a_part_entry_lacking_its_time_is_refused(root: Path) -> None:
+    """f00eda4 recorded when each part was written (``created_unix_ms``), in its
+    description and in the manifest: an entry without it is malformed."""
+    directory = checkpoint.checkpoint_dir(root, 4)
+    desc = load_checked(directory / "part-00000-of-00002.json")
+    ManifestPart.parse(desc, directory)
+    with pytest.raises(CheckpointFormatError, match="created_unix_ms"):
+        ManifestPart.parse({k: v for k, v in desc.items() if k != "created_unix_ms"}, directory)

@@ -165,7 +165,7 @@ class ManifestPart:
     partial: Mapping[str, int]
     restored: RestoreCounts | None
     spec_fingerprint: str
-    created_unix_ms: int | None = None  # when the part was written (None: not recorded)
+    created_unix_ms: int  # when the part was written
     files: Mapping[str, FileEntry] = field(default_factory=dict)  # this rank's other files
     refs: tuple[RefSource, ...] = ()  # the earlier files an incremental part reads rows from
     extra: Mapping[str, Any] = field(default_factory=dict)  # as saved before named files
@@ -195,19 +195,17 @@ class ManifestPart:
                 not all(isinstance(entry.get(k), str) for k in ("file", "partial_policy",
                                                                 "spec_fingerprint")):
             raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r} is malformed")
-        files, refs, created = entry.get("files", {}), entry.get("refs", []), entry.get("created_unix_ms")
-        steps = entry.get("chained_steps", [])
+        files, refs, steps = entry.get("files", {}), entry.get("refs", []), entry.get("chained_steps", [])
         if not isinstance(files, Mapping) or not isinstance(refs, list) or not isinstance(steps, list) or \
                 not set(steps) <= set(CHAINABLE_STEPS) or (steps and "refs" not in entry):
             raise CheckpointFormatError(f"{where}: part {entry.get('shard')!r}: 'files', 'refs' or "
                                         "'chained_steps' is malformed")
-        n = {k: _count(entry.get(k), f"a part's {k}", where)
-             for k in ("checkpoint_id", "shard", "num_shards", "bytes", "steps", "episodes")}
+        n = {k: _count(entry.get(k), f"a part's {k}", where) for k in
+             ("checkpoint_id", "shard", "num_shards", "bytes", "steps", "episodes", "created_unix_ms")}
         return cls(n["checkpoint_id"], n["shard"], n["num_shards"], entry["file"], n["bytes"], tuple(hashes),
-                   n["steps"], n["episodes"], entry["partial_policy"],
-                   _counts(partial, "partial", where),
+                   n["steps"], n["episodes"], entry["partial_policy"], _counts(partial, "partial", where),
                    RestoreCounts.parse(entry.get("restored"), where), entry["spec_fingerprint"],
-                   None if created is None else _count(created, "a part's created_unix_ms", where),
+                   n["created_unix_ms"],
                    {str(k): FileEntry.parse(k, v, where) for k, v in files.items()},
                    tuple(RefSource.parse(r, where) for r in refs), dict(extra), "refs" in entry, tuple(steps))
 
@@ -218,9 +216,8 @@ class ManifestPart:
             "file": self.file, "bytes": self.bytes, "block_xxh64": list(self.block_xxh64),
             "steps": self.steps, "episodes": self.episodes, "partial_policy": self.partial_policy,
             "partial": dict(self.partial), "spec_fingerprint": self.spec_fingerprint,
-            "restored": None if self.restored is None else self.restored.as_dict()}
-        if self.created_unix_ms is not None:
-            out["created_unix_ms"] = self.created_unix_ms
+            "restored": None if self.restored is None else self.restored.as_dict(),
+            "created_unix_ms": self.created_unix_ms}
         if self.files:  # only then: a part without files is described as before
             out["files"] = {k: v.as_json() for k, v in sorted(self.files.items())}
         if self.chained:  # only then: a full part is described as before

@@ -205,10 +205,10 @@ def _content(job: SaveJob) -> _Content:
         arrays.update({k: arrays[k][own] for k in chained_steps})
     empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
     empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
-    part = ManifestPart(
+    part = ManifestPart(  # its size, block hashes and time (0, (), 0) are set when written
         job.checkpoint_id, job.index, job.num_shards, f"{part_name(job.index, job.num_shards)}.safetensors",
         0, (), int(arrays["row_length"].sum()), int(episodes.start.shape[0]), job.partial, report,
-        restored_from(shard), shard.spec.fingerprint,
+        restored_from(shard), shard.spec.fingerprint, 0,
         refs=job.segments.sources if job.chained and job.segments is not None else (), chained=job.chained,
         chained_steps=chained_steps)
     return _Content(_ordered(arrays), empty_like, part, PartMeta.of_state(state["meta"], job.sharding),
