@@ -196,19 +196,18 @@ class OneStepAdd:
             for cast in self._fix:  # inline: a call per place costs as much as the copy
                 at = cast.at
                 value = taken[at]
-                if (cast.read or cast.src is None) and type(value) is not cast.kind:
-                    continue  # handed on as it comes (an array: told by its dtype; a list has none)
+                if type(value) is not cast.kind:
+                    continue  # handed on as it comes: the dispatcher takes it if it is stored, or refuses
                 if cast.src is None:  # a Python number, as numpy reads it (ints range-checked)
                     cast.flat[0] = value
                 else:
                     if cast.read:
                         value = to_numpy(value)  # a list, a tensor
-                    if value.dtype is not cast.src or (value.ndim != cast.ndim if cast.one else
-                                                       value.shape != cast.shape):
+                    if value.dtype is not cast.src or value.shape != cast.shape:
                         continue
                     if cast.casting is None:  # copied (one value: as a Python number, ints range-checked)
                         if cast.one:
-                            cast.flat[0] = value.item()  # ValueError unless it holds one value
+                            cast.flat[0] = value.item()
                         else:
                             cast.into[...] = value
                     else:  # integers range-checked (ValueError), or a tensor read in place
@@ -223,7 +222,7 @@ class OneStepAdd:
                 self._fix = self._fix if self._idle < FORGET_AFTER else ()
             self._taken = taken
             return dispatcher(*head, *taken)
-        except (TypeError, ValueError, OverflowError, IndexError, AttributeError, SpecMismatchError):
+        except (TypeError, ValueError, OverflowError, IndexError, SpecMismatchError):  # other kinds now
             return self._converted(dispatcher, head, values, targets)
 
     def _converted(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
@@ -348,8 +347,7 @@ class _Cast:
     a value of the same kind: the same Python number type (written into ``out``), or an array
     (list, tensor) of the same dtype and shape (copied into ``out``, or cast with ``casting``)."""
 
-    __slots__ = ("at", "casting", "dtype", "flat", "into", "kind", "ndim", "one", "out", "read", "shape",
-                 "src", "to")
+    __slots__ = ("at", "casting", "dtype", "flat", "into", "kind", "one", "out", "read", "shape", "src", "to")
 
     def __init__(self, at: int, value: Any, target: tuple[Any, ...]) -> None:
         _name, dtype, shape, _ndim = target
@@ -362,7 +360,7 @@ class _Cast:
         self.read = not number and self.kind is not np.ndarray and not (self.one and hasattr(value, "dtype"))
         seen = arr if number or self.read else value
         self.src: Any = None if number else seen.dtype
-        self.shape, self.ndim = seen.shape, len(seen.shape)
+        self.shape = seen.shape
         self.casting: str | None = None  # None: copied into ``out``, a view of it in the value's shape
         if dtype.kind in "iu" and not self.one and not np.can_cast(arr.dtype, dtype, "safe"):
             self.casting = "same_value"  # range-checked (ValueError on numpy < 2.3: never repeated)
@@ -373,7 +371,6 @@ class _Cast:
             self.into = self.out.reshape(arr.shape)  # as_stored only adds unit axes
             self.flat = self.out.reshape(-1)
         self.to = None if arr.shape == shape else shape  # the shape a cast is viewed in
-        self.one = self.one and self.casting is None  # item() reads one value: its ndim tells its shape
 
 
 def _rows_of(arr: np.ndarray) -> np.ndarray:
