@@ -1,6 +1,6 @@
 """docs/transports.md is the wire format's specification: the byte offsets it prints for a
-chunk (``SRCK``) and a packed chunk (``SRCZ``) are read back from real encoded bytes here,
-so the document cannot drift from the code."""
+chunk (``SRCK``), a packed chunk (``SRCZ``) and an ingest log record (``SRWL``) are read back
+from real encoded bytes here, so the document cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import msgpack
 
-from shardreplay._hashing import xxh3_64
+from shardreplay._hashing import xxh3_64, xxh64
+from shardreplay.runtime.learner.wal import IngestLog
 from shardreplay.transport import codec
 from shardreplay.transport.codec import encode, pack
 from tests.transport.transport_helpers import SPEC, make_chunk
@@ -71,3 +72,31 @@ def test_the_documented_packed_layout_is_the_packed_one() -> None:
     assert u64(doc["chunk_len"]) == len(data)
     assert u64(doc["XXH3-64 of every byte after offset 40"]) == xxh3_64(memoryview(packed)[40:])
     assert doc["the body, compressed by the codec"] == 40
+
+
+def test_the_documented_ingest_log_record_is_the_written_one(tmp_path: Path) -> None:
+    doc = _Layout("Ingest log records")
+    data = encode(make_chunk(actor_id=5, sequence=9), SPEC)
+    log = IngestLog(tmp_path, 1, 3, fsync=False)
+    log.append([(memoryview(data), 5, 9, 4, 12), (None, 6, 1, -1, 8)])
+    log.close()
+    (path,) = tmp_path.glob("*.wal")
+    raw = path.read_bytes()
+    i64 = lambda at: struct.unpack_from("<q", raw, at)[0]  # noqa: E731
+    start = doc["magic b\"SRWL\""]
+    assert raw[start:start + 4] == b"SRWL" and raw[start + 6:start + 8] == bytes(2)
+    assert raw[start + 5] == 0  # flags: the chunk bytes are kept
+    assert struct.unpack_from("<II", raw, doc["shard, world"]) == (1, 3)
+    assert struct.unpack_from("<Q", raw, doc["length of the chunk bytes"])[0] == len(data)
+    assert struct.unpack_from("<qq", raw, doc["actor id, sequence"]) == (5, 9)
+    assert i64(doc["previous sequence"]) == 4
+    assert i64(doc["steps in the chunk"]) == 12
+    assert abs(i64(doc["insert time"]) / 1e9 - path.stat().st_mtime) < 600
+    assert struct.unpack_from("<Q", raw, doc["XXH3-64 of the chunk bytes"])[0] == xxh3_64(data)
+    head = doc["XXH64 of bytes 0..71"]
+    assert struct.unpack_from("<Q", raw, head)[0] == xxh64(raw[:head])
+    body = doc["the chunk bytes"]
+    assert raw[body:body + len(data)] == data
+    second = raw[body + len(data):]  # a header-only record: flags bit 0, no bytes after it
+    assert len(second) == body and second[5] & 1 == 1
+    assert struct.unpack_from("<Q", second, doc["length of the chunk bytes"])[0] == 0
