@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from shardreplay._signals import die_with_parent
 from tests.support.ports import free_port
-
-
-def _die_with_parent() -> None:
-    """Linux: the server gets SIGTERM if pytest dies, so no redis-server outlives a run."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class RedisServer:
@@ -57,7 +49,7 @@ class RedisServer:
                 *(["--requirepass", self.password] if self.password else [])]
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 (closed with the process)
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)  # SIGTERM if pytest dies
         log.close()
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1,
                              password=self.password)
