@@ -291,7 +291,7 @@ def _profile(buf: Any, step: Callable[[int], None], args: argparse.Namespace,
         timer.wrap(comm, attr)
     for attr in ("draw", "gather", "apply_priorities"):
         timer.wrap(shard, attr, f"local.{attr}")
-    timer.wrap(exact_exchange, "torch_views", "records.unpack")  # received records as tensors
+    timer.wrap(exact_exchange, "split_batches", "records.unpack")  # received records as batches
     steps = _round_up(args.profile_steps, depth)
     sync()
     start = time.perf_counter()
