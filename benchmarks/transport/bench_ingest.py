@@ -31,12 +31,10 @@ on the PATH for ``redis``.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from shardreplay._signals import die_with_parent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
@@ -98,7 +98,7 @@ def writer_main(transport: Any, actor: int, obs: np.ndarray, types: np.ndarray, 
     from shardreplay.errors import TransportTimeout
     from shardreplay.transport.codec import Chunk
 
-    _die_with_parent()  # a killed benchmark leaves no writer behind
+    die_with_parent()  # a killed benchmark leaves no writer behind
     if nice:
         os.nice(nice)
     writer = transport.writer()
@@ -126,12 +126,6 @@ def writer_main(transport: Any, actor: int, obs: np.ndarray, types: np.ndarray, 
     cpu[actor] = time.process_time() - c0
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM when the parent dies, so no writer or redis-server outlives a run."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @contextlib.contextmanager
 def medium(kind: str, scratch: Path, writers: int, chunk_bytes: int) -> Iterator[tuple[Any, Any]]:
     """The transport for one case, and the redis-server process for ``redis`` (else None)."""
@@ -157,7 +151,7 @@ def medium(kind: str, scratch: Path, writers: int, chunk_bytes: int) -> Iterator
     port = common.free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
                              "no", "--dir", str(scratch)], stdout=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=die_with_parent)
     try:
         client = redis.Redis(port=port)
         for _ in range(200):
