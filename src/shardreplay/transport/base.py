@@ -63,7 +63,9 @@ class ChunkWriter(Protocol):
 
 @runtime_checkable
 class ChunkReader(Protocol):
-    """The learner's end of a transport."""
+    """The learner's end of a transport; ``spec`` is the one its chunks are decoded with."""
+
+    spec: Spec
 
     @property
     def stats(self) -> ReaderStats:

@@ -28,7 +28,6 @@ from shardreplay.policy.broadcast import split_version
 from shardreplay.runtime.learner.sync import SummedRecord
 from shardreplay.runtime.learner.wal import IngestLog, LogRecord, LossLog, Suspects
 from shardreplay.runtime.settings import TrainSettings
-from shardreplay.spec import Spec
 from shardreplay.spec.fields import VERSION_FIELD, StepType
 from shardreplay.transport.base import ChunkReader
 from shardreplay.transport.codec import Chunk, decode
@@ -236,9 +235,6 @@ class Ingestor:
         self.total_duplicates = 0
         self._warned: set[tuple[int, str]] = set()
         self._running = np.zeros(self.buffer.num_streams, np.float64)
-        # The spec actors encode chunks with: the shard's, less the policy version it adds.
-        fields = self.buffer.spec.fields
-        self._chunk_spec = Spec({k: f for k, f in fields.items() if k != VERSION_FIELD})
         self.stats = IngestStats()
         # The last finished episode of each stream: a recent mean over all streams that
         # near-random streams (short episodes, many of them) can not dominate.
@@ -308,8 +304,9 @@ class Ingestor:
                     self.suspects.chunks[(rec.actor_id, rec.sequence)] = rec.steps
                 continue
             try:
-                # Checksummed when logged and when read: no size guard needed here.
-                chunk = decode(rec.data, self._chunk_spec, max_bytes=1 << 40)
+                # Checksummed when logged and when read: no size guard needed here. The reader's
+                # spec, as a live chunk's: the shard's adds the policy version the ingest writes.
+                chunk = decode(rec.data, self.reader.spec, max_bytes=1 << 40)
             except CorruptChunkError as exc:  # checksummed twice over: a different spec
                 counts.rejected += 1
                 self._lost_in_replay(rec, f"rejected in log replay: {exc}")
