@@ -208,10 +208,10 @@ class LearnerSettings:
         check_device_name("device", self.device)
         if self.algo not in ALGOS:
             raise ConfigError(f"algo must be one of {', '.join(ALGOS)}, got {self.algo!r}")
+        if self.algo in ("r2d2", "sac") and self.network not in ("auto", "mlp"):
+            raise ConfigError(f"--algo {self.algo} takes flat vector observations, not the image network "
+                              f"--network {self.network}: leave --network out")
         if self.algo == "r2d2":
-            if self.network not in ("auto", "mlp"):
-                raise ConfigError(f"--algo r2d2 takes flat vector observations through an LSTM, not "
-                                  f"--network {self.network}: leave --network out")
             if self.seq_period > self.seq_len:
                 raise ConfigError(f"seq_period ({self.seq_period}) must be <= seq_len ({self.seq_len}): "
                                   "sequences would leave steps of an episode out")

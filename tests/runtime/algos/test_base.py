@@ -31,6 +31,9 @@ def test_every_algo_name_has_a_module_and_an_action_space() -> None:
         algorithm("ppo")
     with pytest.raises(ConfigError, match="algo must be one of"):
         TrainSettings.from_dict({"algo": "ppo"})
+    for name in ("sac", "r2d2"):  # vectors only: refused with the settings, before any network is built
+        with pytest.raises(ConfigError, match=f"--algo {name} takes flat vector .*--network nature"):
+            TrainSettings.from_dict({"algo": name, "network": "nature"})
 
 
 def test_box_actions_are_described_for_sac_and_refused_for_dqn_with_a_hint() -> None:

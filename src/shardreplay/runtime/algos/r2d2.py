@@ -209,24 +209,14 @@ class R2d2Algorithm(Algorithm):
     policy_key = "recurrent_online"
 
     def policy_network(self, env: EnvInfo, network: str, hidden: tuple[int, ...]) -> RecurrentQ:
-        """The recurrent Q-network: an LSTM of ``hidden[-1]`` units.
-
-        Raises:
-            ConfigError: ``network`` other than auto or mlp, or image observations.
-        """
-        if network not in ("auto", "mlp") or len(env.obs_shape) != 1:
-            raise ConfigError(f"--algo r2d2 takes flat vector observations (got {list(env.obs_shape)}, "
-                              f"--network {network}): leave --network out")
+        """The recurrent Q-network: an LSTM of ``hidden[-1]`` units (``network``: auto or
+        mlp, refused otherwise by the settings)."""
         return RecurrentQ(env.obs_shape[0], env.num_actions, hidden[-1])
 
     def make_agent(self, env: EnvInfo, settings: TrainSettings, world: int,
                    placement: Placement | None = None) -> R2d2:
         """The recurrent Q-network (in DDP over the placement's group on several ranks)
-        and its learner.
-
-        Raises:
-            ConfigError: ``--network`` other than auto or mlp, or image observations.
-        """
+        and its learner."""
         ls = settings.learners
         net = wrap(self.policy_network(env, ls.network, ls.hidden), placement or CPU, world)
         return R2d2(net, R2d2Settings(n_step=ls.n_step, gamma=ls.gamma, lr=ls.lr, burn_in=ls.burn_in,

@@ -30,7 +30,6 @@ from torch import nn
 
 from shardreplay.buffer.batch import Batch
 from shardreplay.buffer.nstep import nstep_transitions
-from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor.settings import ActorSettings
 from shardreplay.runtime.algos.base import Algorithm, check_fits, network_weights, warmup
 from shardreplay.runtime.algos.networks import mlp
@@ -261,23 +260,13 @@ class SacAlgorithm(Algorithm):
     policy_key = "actor"
 
     def policy_network(self, env: EnvInfo, network: str, hidden: tuple[int, ...]) -> SquashedGaussianActor:
-        """The tanh-Gaussian policy of ``hidden`` sizes in the env's action bounds.
-
-        Raises:
-            ConfigError: ``network`` other than auto or mlp (SAC takes vectors).
-        """
-        if network not in ("auto", "mlp"):
-            raise ConfigError(f"--algo sac takes flat vector observations with an MLP: --network "
-                              f"{network} is for images (leave --network out)")
+        """The tanh-Gaussian policy of ``hidden`` sizes in the env's action bounds
+        (``network``: auto or mlp, refused otherwise by the settings)."""
         return SquashedGaussianActor(env.obs_shape[0], env.action_low, env.action_high, hidden)
 
     def make_agent(self, env: EnvInfo, settings: TrainSettings, world: int,
                    placement: Placement | None = None) -> Sac:
-        """Policy and twin critics of ``--hidden`` sizes and their learner.
-
-        Raises:
-            ConfigError: ``--network`` other than auto or mlp (SAC takes vectors).
-        """
+        """Policy and twin critics of ``--hidden`` sizes and their learner."""
         ls = settings.learners
         actor = self.policy_network(env, ls.network, ls.hidden)
         critic = TwinQ(env.obs_shape[0], env.action_shape[0], ls.hidden)
