@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shardreplay.errors import ConfigError
 from shardreplay.runtime.actor import loop as actor_module
-from shardreplay.runtime.actor.loop import ActorSettings, run
+from shardreplay.runtime.actor.loop import ActorSettings, check_rings_reach, run
 from shardreplay.runtime.routing import shard_transport
 from shardreplay.runtime.stream_layout import StreamLayout
 from shardreplay.spec import StepType
@@ -130,6 +131,14 @@ def test_an_actor_with_streams_on_several_shards_sends_each_its_own_chunks(tmp_p
         _check_stream_continuity(chunks)
         got[shard] = set(seqs)
     assert not got[2] & got[3]
+
+
+def test_an_actor_handed_the_rings_of_only_some_of_its_shards_is_refused() -> None:
+    """Under torchrun with the local transport a rank holds only its own shard's ring."""
+    groups = StreamLayout(2, 3, 4).groups(1)  # shards 2 and 3
+    check_rings_reach(1, groups, {2: None, 3: None})
+    with pytest.raises(ConfigError, match=r"feeds shards \[2, 3\], but the local rings of shards \[3\]"):
+        check_rings_reach(1, groups, {2: None})
 
 
 def test_new_policy_versions_are_picked_up_and_loaded_once(tmp_path: Path, monkeypatch) -> None:

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,8 @@ from shardreplay.transport.base import Transport
 from shardreplay.transport.codec import Chunk
 from shardreplay.transport.urls import parse_medium
 
-__all__ = ["AGREED", "ActorSettings", "Chunker", "Shipper", "actor_seed", "resolve", "run"]
+__all__ = ["AGREED", "ActorSettings", "Chunker", "Shipper", "actor_seed", "check_rings_reach", "resolve",
+           "run"]
 
 log = logging.getLogger("shardreplay.actor")
 _SAID_FULL: set[int] = set()  # actors that logged their spool full (once per process)
@@ -112,10 +113,8 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
     if given is None and parse_medium(s.transport).kind == "local":
         raise ConfigError(f"the run at {s.policy_url} uses the local transport, which only its learners' "
                           "own actors reach: train with --transport file:///shared/dir or redis://...")
-    if given is not None and not set(groups) <= set(given):
-        raise ConfigError(f"actor {s.actor_id} feeds shards {sorted(groups)} but reaches only the local "
-                          f"rings of {sorted(given)}: with fewer actors than learners use a file:// or "
-                          "redis:// transport, or --actors >= --learners")
+    if given is not None:
+        check_rings_reach(s.actor_id, groups, given)
     run_id = info.run_id if info is not None else ""
     transports = {k: given[k] if given is not None else shard_transport(
         s.transport, spec, k, run_id=run_id, queued_chunks_per_actor=s.queued_chunks_per_actor,
@@ -173,6 +172,21 @@ def _serve(s: ActorSettings, info: RunInfo | None, first: Any, given: Mapping[in
         return feed.next_run
     finally:
         env.close()
+
+
+def check_rings_reach(actor_id: int, shards: Iterable[int], rings: Mapping[int, Any]) -> None:
+    """The ``local`` rings handed to actor ``actor_id`` cover every shard it feeds.
+
+    Raises:
+        ConfigError: a shard whose ring lives in another process tree (fewer actors than
+            learners under torchrun with the local transport).
+    """
+    missing = set(shards) - set(rings)
+    if missing:
+        raise ConfigError(f"actor {actor_id} feeds shards {sorted(shards)}, but the local rings of shards "
+                          f"{sorted(missing)} live in other processes: with fewer actors than learners "
+                          "under torchrun use --transport file:///dir or redis://..., or --actors >= "
+                          "--learners")
 
 
 def one_compute_thread() -> None:

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,9 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint import checkpoint_dir, latest_complete, load_manifest
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives, lost_peer_error, peer_lost
-from shardreplay.errors import ConfigError, ShardReplayError
+from shardreplay.errors import ShardReplayError
 from shardreplay.policy.broadcast import pack_version
-from shardreplay.runtime.actor.loop import ActorSettings, actor_seed
+from shardreplay.runtime.actor.loop import ActorSettings, actor_seed, check_rings_reach
 from shardreplay.runtime.actor.processes import ActorPool
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.devices import place
@@ -133,7 +133,8 @@ class Learner:
             actor_settings_of_shard(settings, self.rank, self.world, self.progress.counters["env_steps"])
         reach = dict(enumerate(rings)) if rings is not None else {self.rank: transport}
         if local:
-            check_rings_reach(settings, actors, reach)
+            for a in actors:
+                check_rings_reach(a.actor_id, settings.streams.groups(a.actor_id), reach)
         self.actors = ActorPool(actors, reach if local else None, settings.actors.max_restarts)
 
     @property
@@ -399,19 +400,3 @@ def actor_settings_of_shard(settings: TrainSettings, rank: int, world: int,
                                         if s.actors.delivery_log_dir else None))
             for a in mine]
 
-
-def check_rings_reach(settings: TrainSettings, actors: list[ActorSettings], rings: Mapping[int, Any]) -> None:
-    """The ``local`` rings this rank can hand its actors cover every shard they feed.
-
-    Raises:
-        ConfigError: an actor feeds a shard whose ring is in another process tree (fewer
-            actors than learners under torchrun with the local transport).
-    """
-    for a in actors:
-        feeds = set(settings.streams.groups(a.actor_id))
-        missing = feeds - set(rings)
-        if missing:
-            raise ConfigError(f"actor {a.actor_id} feeds shards {sorted(feeds)}, "
-                              f"but the local rings of shards {sorted(missing)} live in other processes: "
-                              "with fewer actors than learners under torchrun use --transport file:///dir "
-                              "or redis://..., or --actors >= --learners")
