@@ -5,24 +5,30 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardreplay.errors import ConfigError
-from shardreplay.policy import _redis_options
+from shardreplay.policy import open_publisher
 from shardreplay.runtime.run_identity import upcoming_life, write_life
 from shardreplay.runtime.settings import TrainSettings
 from shardreplay.transport.urls import file_url, parse_medium, pop_query, with_policy_key
 from tests.transport.transport_helpers import SPEC
 
 
-def test_the_policy_key_rides_in_the_url_and_the_rest_goes_to_redis_py() -> None:
+def test_the_policy_key_rides_in_the_url_and_the_rest_goes_to_redis_py(redis_server) -> None:
     url = "rediss://h:6380/0?ssl_ca_certs=/etc/ca.pem"
     keyed = with_policy_key(url, "shardreplay:run-a:policy")
     assert keyed == "rediss://h:6380/0?ssl_ca_certs=/etc/ca.pem&key=shardreplay:run-a:policy"
     assert pop_query(keyed, "key") == (url, "shardreplay:run-a:policy")
-    assert _redis_options(keyed, {}) == (url, {"key": "shardreplay:run-a:policy"})
-    assert _redis_options(keyed, {"key": "given"}) == (url, {"key": "given"})  # an explicit one wins
     assert pop_query("redis://h/0", "key") == ("redis://h/0", None)
+    import redis
+
+    keyed = with_policy_key(redis_server.url, "run-a:policy")
+    for publisher in (open_publisher(keyed), open_publisher(keyed, key="given")):  # an explicit one wins
+        publisher.publish(1, {"w": np.zeros(1)})
+        publisher.close()
+    assert set(redis.Redis.from_url(redis_server.url).keys()) == {b"run-a:policy", b"given"}
 
 
 def test_a_named_run_publishes_under_its_own_key(tmp_path: Path) -> None:

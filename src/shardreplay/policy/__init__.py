@@ -30,15 +30,6 @@ __all__ = [
 ]
 
 
-def _redis_options(url: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The URL for redis-py and the backend's options: the URL's ``key`` query option
-    (:mod:`shardreplay.transport.urls`) names the policy hash unless ``key`` is given."""
-    bare, key = pop_query(url, POLICY_KEY)
-    if key and "key" not in options:
-        options = {**options, "key": key}
-    return bare, options
-
-
 def _open(url: str, role: str, options: dict[str, Any]) -> Any:
     """``File<role>(dir)`` or ``Redis<role>(url)``; the backend (and redis) imported now."""
     medium = parse_medium(url, kinds=("file", "redis"), what="policy broadcast")
@@ -49,7 +40,10 @@ def _open(url: str, role: str, options: dict[str, Any]) -> Any:
     else:
         import shardreplay.policy.redis_backend as module  # type: ignore[no-redef]
 
-        where, options = _redis_options(url, options)
+        # The URL's ``key`` query option (:mod:`shardreplay.transport.urls`) names the policy
+        # hash, unless a ``key`` option is given; redis-py gets the URL without it.
+        where, key = pop_query(url, POLICY_KEY)
+        options = {"key": key, **options} if key else options
     try:
         return getattr(module, f"{medium.kind.capitalize()}{role.capitalize()}")(where, **options)
     except TypeError as exc:
