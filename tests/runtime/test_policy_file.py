@@ -131,6 +131,9 @@ def test_export_and_evaluate_take_best_latest_or_an_id(tmp_path: Path,
 
     code, out = _cli(capsys, "evaluate", str(run), "--which", "30")
     assert code == 2 and "no checkpoint 30" in out["err"]
+    (checkpoint.checkpoint_dir(run / "checkpoints", 10) / "manifest.json").unlink()
+    code, out = _cli(capsys, "evaluate", str(run), "--which", "10")
+    assert code == 2 and "manifest.json" in out["err"]  # incomplete: refused, saying why
 
 
 SAC = TrainSettings.from_dict({"algo": "sac", "env_id": "Pendulum-v1", "hidden": [16, 16],

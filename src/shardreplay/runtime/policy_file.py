@@ -23,8 +23,8 @@ from torch import nn
 
 from shardreplay import checkpoint
 from shardreplay._io import atomic_write_bytes
-from shardreplay.checkpoint.manifest import incomplete_reason, load_manifest, read_covered
-from shardreplay.errors import CheckpointError, CheckpointFormatError, ConfigError
+from shardreplay.checkpoint.manifest import check_complete, read_covered
+from shardreplay.errors import CheckpointFormatError, ConfigError
 from shardreplay.policy.broadcast import read_metadata, serialize
 from shardreplay.runtime.algos import algorithm
 from shardreplay.runtime.algos.networks import choose_network
@@ -309,10 +309,7 @@ def _checkpoint_policy(run_dir: Path, directory: Path, cid: int) -> Policy:
     if not directory.is_dir():
         ids = checkpoint.list_checkpoints(directory.parent)
         raise ConfigError(f"{run_dir}: no checkpoint {cid} (it has {ids or 'none'})")
-    reason = incomplete_reason(directory)
-    if reason is not None:
-        raise CheckpointError(f"{directory}: {reason}")
-    manifest = load_manifest(directory)
+    manifest = check_complete(directory)  # a damaged or incomplete one is refused, saying why
     raw = read_covered(manifest, LEARNER_STATE)  # verified against the manifest
     state = torch.load(io.BytesIO(raw), weights_only=True)
     record = learner_records(manifest)[0]
