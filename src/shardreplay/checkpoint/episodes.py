@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from shardreplay.buffer.shard import SEQUENCE_STEP_ARRAYS
-from shardreplay.errors import ConfigError
 from shardreplay.spec import StepType
 
 PARTIAL_POLICIES = ("seal", "drop")
@@ -53,7 +52,8 @@ def find_episodes(step_type: np.ndarray, episode_id: np.ndarray, row_length: np.
 def apply_partial_policy(arrays: Mapping[str, Any], policy: str, start_fields: Collection[str] = (),
                          is_start: np.ndarray | None = None
                          ) -> tuple[dict[str, Any], Episodes, dict[str, int]]:
-    """Seal or drop partial episodes in a copy of exported step arrays.
+    """Seal or drop (``policy``, one of :data:`PARTIAL_POLICIES`, checked by the caller)
+    partial episodes in a copy of exported step arrays.
 
     User fields (``field.*``) may be lists of pieces (views): sealing leaves them as
     they are; dropping concatenates and filters them. The ``start_fields`` (``at_starts``
@@ -62,12 +62,7 @@ def apply_partial_policy(arrays: Mapping[str, Any], policy: str, start_fields: C
 
     Returns the new arrays (``row_length`` adjusted for drops), their episode table,
     and counts ``{partial_episodes, partial_steps}`` plus ``sealed_*`` or ``dropped_*``.
-
-    Raises:
-        ConfigError: an unknown policy.
     """
-    if policy not in PARTIAL_POLICIES:
-        raise ConfigError(f"partial must be one of {PARTIAL_POLICIES}, got {policy!r}")
     out = dict(arrays)
     eps = find_episodes(arrays["step_type"], arrays["episode_id"], arrays["row_length"])
     n_eps, n_steps = int(eps.partial.sum()), int(eps.length[eps.partial].sum())

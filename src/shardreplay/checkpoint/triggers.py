@@ -30,13 +30,6 @@ REQUEST_SIGNALS = (signal.SIGUSR1,)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def periodic_save_due(interval: int, saved_at: int, step: int) -> bool:
-    """True when a multiple of ``interval`` was passed since ``saved_at`` (the step of the
-    last periodic save, or where counting began). A loop that checks between batches of
-    steps rarely sits exactly on a multiple; ``interval`` 0 means never."""
-    return interval > 0 and step // interval > saved_at // interval
-
-
 class CheckpointTrigger:
     """Decides at every training step whether this rank saves a checkpoint now (signal
     handlers only set flags: saves happen in the loop). ``run_dir``: the checkpoint root;
@@ -116,12 +109,13 @@ class CheckpointTrigger:
     def periodic_due(self, step: int) -> bool:
         """Whether a periodic checkpoint is due at ``step``: a multiple of ``interval_steps``
         was passed since the last step this answered True for, or since the first step it
-        was asked about (a restored loop does not save again where it starts)."""
+        was asked about (a restored loop does not save again where it starts). A loop that
+        checks between batches of steps rarely sits exactly on a multiple."""
         step = int(step)
         if self._periodic_from is None:
             self._periodic_from = step
         interval = self.interval_steps
-        if interval is None or not periodic_save_due(interval, self._periodic_from, step):
+        if interval is None or step // interval <= self._periodic_from // interval:
             return False
         self._periodic_from = step
         return True

@@ -13,8 +13,8 @@ import numpy as np
 
 from shardreplay.spec.fields import Field
 
-__all__ = ["ALIGN", "DATA", "DISCOUNT_DTYPE", "STEP_TYPE_DTYPE", "Part", "RecordLayout", "data_parts",
-           "step_parts", "window_layout"]
+__all__ = ["ALIGN", "DATA", "DISCOUNT_DTYPE", "STEP_TYPE_DTYPE", "Part", "RecordLayout", "aligned",
+           "data_parts", "step_parts", "window_layout"]
 
 ALIGN = 8  # the largest itemsize: every array's view is aligned
 STEP_TYPE_DTYPE = np.dtype(np.uint8)
@@ -63,12 +63,12 @@ class RecordLayout:
         for name, dtype, shape in arrays:
             dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
             count = math.prod(shape)
-            part = Part(name, dtype, shape, _aligned(offset), count, count * dtype.itemsize)
+            part = Part(name, dtype, shape, aligned(offset), count, count * dtype.itemsize)
             parts.append(part)
             offset = part.end
         if len({p.name for p in parts}) != len(parts):
             raise ValueError(f"record parts need distinct names, got {[p.name for p in parts]}")
-        return cls(tuple(parts), _aligned(offset))
+        return cls(tuple(parts), aligned(offset))
 
     def offsets(self, prefix: str = "") -> dict[str, int]:
         """``{name without prefix: byte offset}`` of the parts whose name starts with ``prefix``."""
@@ -138,5 +138,6 @@ def data_parts(parts: Mapping[str, _V]) -> dict[str, _V]:
     return {name[len(DATA):]: v for name, v in parts.items() if name.startswith(DATA)}
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
+    """``n`` rounded up to a multiple of :data:`ALIGN`."""
     return -(-n // ALIGN) * ALIGN

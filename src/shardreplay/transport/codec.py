@@ -21,7 +21,7 @@ import numpy as np
 from shardreplay._hashing import xxh3_64
 from shardreplay.errors import ConfigError, CorruptChunkError, SpecMismatchError
 from shardreplay.spec import Spec
-from shardreplay.spec.layout import ALIGN, RecordLayout, step_parts
+from shardreplay.spec.layout import RecordLayout, aligned, step_parts
 from shardreplay.spec.validation import packed_steps
 
 __all__ = ["CODECS", "FORMAT_VERSION", "MAGIC", "PACKED_MAGIC", "Chunk", "Encoding", "PackedEncoding",
@@ -46,10 +46,6 @@ CODECS = ("none", "lz4", "zstd")
 _PACKED_HEAD = struct.Struct("<4sBB2xQQQQ")
 _PACKED_FROM = 40  # the packed checksum covers every byte after it
 _ZSTD_LEVEL = 1  # level 1: most of the ratio on frames at a fraction of level 3's CPU
-
-
-def _align8(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 class _SpecInfo:
@@ -102,7 +98,7 @@ class _Layout:
         self.prio_at = self.views[-1][3] if has_priorities else -1
         self.good_ids: set[bytes] = set()  # stream ids (as bytes) that passed their checks
         self.header = msgpack.packb({"fp": info.fingerprint, "S": s, "T": t, "arrays": self.entries})
-        self.payload_at = at = _align8(_PREFIX.size + len(self.header))
+        self.payload_at = at = aligned(_PREFIX.size + len(self.header))
         # For the encoder: the header with its zero padding as one block, the zero padding
         # between arrays and at the end, and each array's key in a chunk (a bare step
         # name, "stream_ids", "priorities").
@@ -405,7 +401,7 @@ def decode(data: bytes | bytearray | memoryview, spec: Spec, *, max_bytes: int) 
     if xxh3_64(mv[_HASHED_FROM:]) != digest:
         raise CorruptChunkError("checksum mismatch: the chunk was damaged in transit or on disk",
                                 reason="checksum")
-    payload_at = _align8(_PREFIX.size + hlen)
+    payload_at = aligned(_PREFIX.size + hlen)
     if hlen > _MAX_HEADER_BYTES or payload_at > n:
         raise CorruptChunkError(f"header length {hlen} is impossible", reason="header")
     if actor > _MAX_ID or sequence > _MAX_ID or policy > _MAX_ID:  # unsigned: never negative

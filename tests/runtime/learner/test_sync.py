@@ -4,11 +4,12 @@ that are field-wise, and a refusal of tensors of another layout."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
-from shardreplay.checkpoint.triggers import periodic_save_due
+from shardreplay.checkpoint.triggers import CheckpointTrigger
 from shardreplay.errors import ShardReplayError
 from shardreplay.runtime.learner.state import MetricsWindow
 from shardreplay.runtime.learner.sync import MAX_UPDATES_PER_ITERATION, LoopSync, RunCounts, minutes_due
@@ -79,21 +80,20 @@ def test_run_counts_name_their_fields() -> None:
     assert set(counts.as_dict()) == {f.name for f in dataclasses.fields(RunCounts)}
 
 
-def test_a_periodic_checkpoint_is_due_once_per_interval_whatever_the_iteration_sizes() -> None:
+def test_a_periodic_checkpoint_is_due_once_per_interval_whatever_the_iteration_sizes(tmp_path: Path) -> None:
     # The loop checks between iterations of up to 8 updates: --checkpoint-interval-updates
     # 250 must save after 250, 500, 750 ..., not only where a check lands on a multiple
     # (every 1000 updates when each iteration makes 8).
     for step in (MAX_UPDATES_PER_ITERATION, 3, 7):
-        saved_at, saves = 0, []
-        for updates in range(0, 2001, step):
-            if periodic_save_due(250, saved_at, updates):
-                saved_at = updates
-                saves.append(updates)
+        trigger = CheckpointTrigger(tmp_path, interval_steps=250)
+        saves = [updates for updates in range(0, 2001, step) if trigger.periodic_due(updates)]
         assert len(saves) == (2000 // step * step) // 250, (step, saves)  # one per multiple passed
         assert all(0 <= s - 250 * (i + 1) < step for i, s in enumerate(saves)), (step, saves)
-    assert not periodic_save_due(0, 0, 10_000)  # 0: only at the end
-    assert not periodic_save_due(250, 4000, 4007)  # a resumed life counts from where it began
-    assert periodic_save_due(250, 4000, 4250)
+    assert not CheckpointTrigger(tmp_path).periodic_due(10_000)  # no interval: only at the end
+    resumed = CheckpointTrigger(tmp_path, interval_steps=250)
+    assert not resumed.periodic_due(4000)  # a resumed life counts from where it began
+    assert not resumed.periodic_due(4007)
+    assert resumed.periodic_due(4250)
 
 
 def test_a_checkpoint_is_due_once_the_interval_in_minutes_passed() -> None:
