@@ -3,7 +3,12 @@
 Each (library, mode) case runs in a fresh child process of this interpreter, so its memory
 figures hold only its own buffer; a peer that cannot be imported is reported as missing.
 ``single_env`` runs its libraries in one child, their timing blocks alternated, and its
-ratio to SB3 is the median of the block-against-block ratios.
+ratio to SB3 is the median of the block-against-block ratios. Sampling speed is compared the
+same way: a ``paired`` child per round holds shardreplay's uniform and prioritized buffers
+and cpprb's uniform one, filled alike, and times their ``sample(256)`` blocks in turn;
+``uniform_sample_vs_cpprb`` and ``uniform_sample_vs_prioritized`` are the medians of those
+paired ratios (each case's own child still gives its rate and memory). Insert rates time
+the buffer's creation with its fill, for every library.
 The parent prints one JSON line with every figure and the ratios of shardreplay to the
 peers (higher is better for rates; for ``rss_vs_cpprb`` lower is better). The workload is
 described in ``replay_workload.py``; the calls made per library in ``replay_cases.py``.
@@ -40,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
 import common
@@ -52,6 +59,10 @@ SINGLE_ENV = "single_env"  # one env, one step per add: replay_single_env.py (pe
 # single_env with sb3 selected also runs replay_fill_sweep.py (every fill and field kind,
 # both libraries interleaved in one child): the line's "fill_sweep" entry.
 FILL_SWEEP = "fill_sweep"
+# Child: sample blocks of shardreplay (uniform, prioritized) and cpprb (uniform) in turn.
+PAIRED = "paired"
+PAIRED_CASES = {"uniform": ("shardreplay", "uniform"), "prioritized": ("shardreplay", "prioritized"),
+                "cpprb": ("cpprb", "uniform")}
 MODE_LIBRARIES = {"uniform": LIBRARIES[:3], "prioritized": LIBRARIES[:3], SINGLE_ENV: ("shardreplay", "sb3")}
 CHILD_TIMEOUT_S = 1200
 FULL = {"n_insert": W.CAPACITY, "blocks": 7, "calls": 200, "warmup": 50}
@@ -67,6 +78,8 @@ RATIOS = (
     ("prioritized_learner_step_vs_cpprb", "prioritized", "learner_steps_per_s", "cpprb", 2.0, True),
     ("uniform_sample_vs_cpprb", "uniform", "sample_batches_per_s", "cpprb", 1.0, True),
     ("uniform_sample_vs_torchrl", "uniform", "sample_batches_per_s", "torchrl", None, True),
+    # Paired blocks only (the paired child): shardreplay's two samplers on the same data.
+    ("uniform_sample_vs_prioritized", "uniform", "sample_batches_per_s", "prioritized", 1.0, True),
     ("prioritized_sample_vs_cpprb", "prioritized", "sample_batches_per_s", "cpprb", None, True),
     ("prioritized_update_vs_cpprb", "prioritized", "update_calls_per_s", "cpprb", None, True),
     ("uniform_insert_vs_cpprb", "uniform", "insert_tps", "cpprb", None, True),
@@ -108,7 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                    help="wall time (as the peer benchmarks) or this thread's CPU time (steadier on a "
                         "busy machine; leaves out helper threads, which favours TorchRL)")
-    p.add_argument("--child", choices=sorted({*LIBRARIES, *F.CASE_NAMES, FILL_SWEEP, SINGLE_ENV}),
+    p.add_argument("--child", choices=sorted({*LIBRARIES, *F.CASE_NAMES, FILL_SWEEP, SINGLE_ENV, PAIRED}),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     defaults = QUICK if args.quick else FULL
@@ -147,16 +160,20 @@ def run_case(library: str, mode: str, args: argparse.Namespace) -> dict[str, Any
     # (shardreplay's compiled kernels, ~50 MiB of numba/LLVM); rss_mib_code shows that part.
     out["rss_mib_baseline"] = W.rss_mib()
     out["rss_mib_code"] = round(out["rss_mib_baseline"] - before, 1)
-    case.create(mode)
-    out["rss_mib_after_create"] = W.rss_mib()
     first_add: list[float] = []
 
     def add(i: int) -> None:
+        if i == 0:
+            # Creation is timed with the fill: a library that touches its storage when it
+            # creates it (cpprb) and one whose pages fault in at the first writes (numpy's
+            # zeroed arrays) then pay for the same work.
+            case.create(mode)
+            out["rss_mib_after_create"] = W.rss_mib()
         case.add(i)
         if i == 0:  # what the first call loads (compiled code, lazy imports) besides data
             first_add.append(W.rss_mib())
 
-    out.update(W.time_inserts(add, args.n_insert // W.ADD_BATCH))  # an empty buffer filled
+    out.update(W.time_inserts(add, args.n_insert // W.ADD_BATCH))  # created, then filled
     out["rss_mib_after_first_add"] = first_add[0]
     out.update(case.stored())
     out["rss_mib_after_fill"] = W.rss_mib()
@@ -202,6 +219,42 @@ def warm_up(case: Any, mode: str) -> None:
     gc.collect()
 
 
+def run_paired(args: argparse.Namespace) -> dict[str, Any]:
+    """Fill shardreplay's uniform and prioritized buffers and cpprb's uniform one (those of
+    ``args.libs``) with the same transitions, then time ``sample(256)`` in ``args.blocks``
+    rounds of one block per buffer, the order turning each round, so that a change of load
+    lands on all. Returns ``sample_batches_per_s_vs_<cpprb|prioritized>``: the median over
+    rounds of the uniform block's rate over the other's, with its range."""
+    from replay_cases import CASES
+
+    pool = W.make_pool(args.seed)
+    cases = {}
+    for key, (library, mode) in PAIRED_CASES.items():
+        if library in args.libs:
+            case = CASES[library]()
+            case.prepare(pool, args.seed)
+            warm_up(case, mode)
+            case.create(mode)
+            for i in range(args.n_insert // W.ADD_BATCH):
+                case.add(i)
+            cases[key] = case
+    rates: dict[str, list[float]] = {key: [] for key in cases}
+    for r in range(args.blocks):
+        keys = list(cases)
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+            sample = cases[key].sample
+            rates[key].append(W.time_calls(lambda i, f=sample: f(), calls=args.calls, blocks=1,
+                                           warmup=args.warmup if r == 0 else 0)[0])
+    out: dict[str, Any] = {}
+    for other in ("cpprb", "prioritized"):
+        if "uniform" in rates and other in rates:
+            ratio = np.asarray(rates["uniform"]) / np.asarray(rates[other])
+            name = f"sample_batches_per_s_vs_{other}"
+            out[name] = round(float(np.median(ratio)), 3)
+            out[name + "_range"] = [round(float(ratio.min()), 3), round(float(ratio.max()), 3)]
+    return out
+
+
 def child_main(args: argparse.Namespace) -> None:
     """Run one case and print its figures (or why it could not run) as one JSON line."""
     import replay_single_env
@@ -220,6 +273,8 @@ def child_main(args: argparse.Namespace) -> None:
     try:
         if args.workload == "atari":
             result: dict[str, Any] = F.run_frames_case(args.child, args)
+        elif args.child == PAIRED:
+            result = run_paired(args)
         elif args.child == SINGLE_ENV:
             result = replay_single_env.run(
                 args.libs, args.n_insert, calls=args.calls, blocks=args.blocks, warmup=args.warmup,
@@ -334,8 +389,6 @@ def frames_parent_main(args: argparse.Namespace) -> dict[str, Any]:
 
 def parent_main(args: argparse.Namespace) -> None:
     """Run every selected case in its own child and print the merged JSON line."""
-    import numpy as np
-
     if args.workload == "atari":
         started = common.now()
         load_start = common.loadavg()
@@ -365,6 +418,10 @@ def parent_main(args: argparse.Namespace) -> None:
                 continue
             for lib in libs:
                 runs.setdefault((lib, mode), []).append(spawn_case(lib, mode, args))
+            if mode == "uniform" and "shardreplay" in libs:  # the paired sampling blocks
+                paired = spawn_case(PAIRED, mode, args)
+                ours = runs[("shardreplay", mode)][-1]
+                ours.update({"paired": paired} if "error" in paired or "missing" in paired else paired)
     results: dict[str, dict[str, Any]] = {lib: {} for lib, _mode in runs}
     for (lib, mode), got in runs.items():
         results[lib][mode] = merge_runs(got)

@@ -185,3 +185,56 @@ def test_single_env_alternates_the_libraries_blocks(monkeypatch: pytest.MonkeyPa
     results = {"shardreplay": {"single_env": {**ours, "add_calls_per_s": 1.0}},
                "sb3": {"single_env": got["sb3"]}}
     assert bench_replay.ratios(results)[0]["single_env_add_vs_sb3"] == ours["add_calls_per_s_vs_sb3"]
+
+
+def test_paired_sampling_alternates_buffers_and_reports_paired_medians(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import replay_cases
+
+    order: list[str] = []
+
+    def fake(cost: int) -> type:
+        class Case:
+            buf = None
+
+            def prepare(self, pool: dict[str, np.ndarray], seed: int) -> None:
+                pass
+
+            def create(self, mode: str, capacity: int = 0) -> None:
+                self.mode = mode
+                order.clear()
+
+            def add(self, i: int) -> None:
+                pass
+
+            def sample(self) -> None:
+                order.append(self.mode if cost > 100 else "cpprb")
+                sum(range(cost if self.mode == "uniform" else 4 * cost))
+
+            def sample_for_update(self) -> None:
+                pass
+
+            def update(self, keys: None, i: int) -> None:
+                pass
+
+            def learner_step(self, i: int) -> None:
+                pass
+        return Case
+
+    monkeypatch.setattr(replay_cases, "CASES", {"shardreplay": fake(2_000), "cpprb": fake(20)})
+    args = bench_replay.parse_args(["--quick", "--libs", "shardreplay,cpprb", "--n-insert", "64",
+                                    "--blocks", "3", "--calls", "4", "--warmup", "0"])
+    got = bench_replay.run_paired(args)
+    # One block of each buffer per round, the first buffer turning each round.
+    assert order[::4] == ["uniform", "prioritized", "cpprb", "prioritized", "cpprb", "uniform",
+                          "cpprb", "uniform", "prioritized"]
+    low, high = got["sample_batches_per_s_vs_cpprb_range"]
+    assert high < 1 and low <= got["sample_batches_per_s_vs_cpprb"] <= high  # ours is the slower here
+    assert got["sample_batches_per_s_vs_prioritized"] > 1  # the fake prioritized sample costs 4x
+    # The parent reports the paired medians, not the ratio of the separate children's rates.
+    results = {"shardreplay": {"uniform": {**got, "sample_batches_per_s": 1.0}},
+               "cpprb": {"uniform": {"sample_batches_per_s": 1.0}}}
+    values, targets = bench_replay.ratios(results)
+    assert values["uniform_sample_vs_cpprb"] == got["sample_batches_per_s_vs_cpprb"]
+    assert values["uniform_sample_vs_prioritized"] == got["sample_batches_per_s_vs_prioritized"]
+    assert targets["uniform_sample_vs_prioritized"]["met"] is True
