@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from shardreplay.cli import plain
 from shardreplay.cli.evaluate import add_which, resolve_which
-from shardreplay.errors import ShardReplayError
+from shardreplay.errors import ConfigError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -57,13 +56,13 @@ def run_export(args: argparse.Namespace) -> int:
     """``shardreplay export``; returns the exit code.
 
     Raises:
-        ShardReplayError: no such run or policy (``main`` prints it, exit 2).
+        ShardReplayError: no such run or policy, or flags that do not go together (``main``
+            prints it, exit 2).
     """
     if args.minari is not None:
         return _export_minari(args)
     if args.out is None:
-        print("error: give --out FILE (the policy) or --minari ID (the experience)", file=sys.stderr)
-        return 2
+        raise ConfigError("give --out FILE (the policy) or --minari ID (the experience)")
     from shardreplay.runtime.policy_file import policy_of_run, save_policy
 
     which = resolve_which(args.run_dir, args.which)
@@ -83,13 +82,12 @@ def _export_minari(args: argparse.Namespace) -> int:
     from shardreplay.runtime.settings import settings_for_resume
 
     if args.jobs < 1 or (args.jobs > 1 and args.source == "rollouts"):
-        print(f"error: --jobs {args.jobs}: give a count >= 1; parallel export reads a checkpoint's shards, "
-              "so with --from rollouts leave --jobs out", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--jobs {args.jobs}: give a count >= 1; parallel export reads a checkpoint's "
+                          "shards, so with --from rollouts leave --jobs out")
     settings = settings_for_resume(args.run_dir, {})
     which = args.which or "latest"
     if which == "best" or not (which == "latest" or which.isdigit()):
-        raise ShardReplayError(f"--which {which!r}: with --minari, latest or a checkpoint id")
+        raise ConfigError(f"--which {which!r}: with --minari, latest or a checkpoint id")
     layout = settings.streams
     homes: dict[tuple[int, int], tuple[int, int]] = {}  # (shard, row) -> (actor, stream)
     for actor in range(layout.num_actors):

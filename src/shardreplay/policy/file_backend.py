@@ -39,13 +39,9 @@ def weights_name(version: int) -> str:
 
 
 class FilePublisher(PolicyPublisher):
-    """Publishes policies into a directory.
-
-    Args:
-        path: the directory (created if missing).
-        keep: weight files kept (the newest this publisher wrote); every other
-            weights file in the directory is deleted at each publish.
-        fsync: flush to disk before each rename (off only for scratch runs).
+    """Publishes policies into the directory ``path`` (created if missing), keeping the
+    newest ``keep`` weights files it wrote (every other one there is deleted at each
+    publish); ``fsync`` False skips the flush before each rename (scratch runs only).
 
     Raises:
         ConfigError: ``keep < 1``.

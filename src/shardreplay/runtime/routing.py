@@ -116,8 +116,7 @@ def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
         return open_transport(url, spec, stream=open_transport(url, spec).channel(shard, run_id), **opts)
     if bound is None or chunk_size_bytes is None:
         return open_transport("local", spec)
-    # Room for exactly the chunks asked for (a ring record is 8 bytes + the chunk): a
-    # floor of 64 KiB here once let a CartPole actor queue ~45 chunks instead of 2.
+    # Room for exactly the chunks asked for (a ring record is 8 bytes + the chunk), no floor.
     ring = bound * max(actors, 1) * (chunk_size_bytes + 8)
     return open_transport("local", spec, capacity_bytes=ring)
 

@@ -57,16 +57,12 @@ def run(settings: ActorSettings, transport: Mapping[int, Transport] | Transport 
     ``--delivery-log-dir``, lists those the medium confirmed), ``send_retries`` (back-pressure
     waits and transport failures) and ``policy_updates``.
 
-    The first policy decides the run served (:class:`RunInfo`); when another run takes the
-    policy URL over, the actor follows it (docs/semantics.md, "Runs, learner lives and
-    policy versions").
-
-    Args:
-        settings: what to run (see :func:`resolve`).
-        transport: the shards' transports when already open (``local`` rings are made
-            by the parent and passed in), by shard; a single one serves shard 0 (a run
-            of one learner); None opens them from the run's transport URL.
-        stop: set to end the loop (None: a new event, set by SIGTERM / SIGINT).
+    The first policy decides the run served (:class:`RunInfo`, which :func:`resolve` fills
+    ``settings`` from); when another run takes the policy URL over, the actor follows it
+    (docs/semantics.md, "Runs, learner lives and policy versions"). ``transport``: the
+    shards' transports by shard when already open (``local`` rings, made by the parent; a
+    single one serves shard 0), None to open them from the run's URL. ``stop``: set to end
+    the loop (None: a new event, set by SIGTERM / SIGINT).
 
     Raises:
         ConfigError: a bad environment, or settings that contradict the learner's.
@@ -298,16 +294,11 @@ def _first_policy(subscriber: Any, s: ActorSettings, stop: threading.Event) -> A
 
 
 class Chunker:
-    """Buffers one step per stream at a time and emits a :class:`Chunk` of ``actor_id``
-    every ``chunk_steps`` (``T``) steps.
-
-    Args:
-        stream_ids: the actor's stream numbers, ``[S]``.
-        first_sequence: sequence number of the first chunk; it must exceed any number
-            this actor id used before (a restarted actor starts from a clock reading).
-        select: the steps added hold every env of the actor: keep only rows
-            ``stream_ids`` of them (an actor whose streams feed several shards has one
-            chunker per shard). False: the steps hold exactly these streams.
+    """Buffers one step per stream (``stream_ids``, ``[S]``) at a time and emits a
+    :class:`Chunk` of ``actor_id`` every ``chunk_steps`` (``T``) steps, numbered from
+    ``first_sequence`` (above any number this actor id used before: a restarted actor
+    starts from a clock reading). ``select``: the steps added hold every env of the actor,
+    keep rows ``stream_ids`` of them (one chunker per shard the actor feeds).
     """
 
     def __init__(self, actor_id: int, stream_ids: np.ndarray, chunk_steps: int,

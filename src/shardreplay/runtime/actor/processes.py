@@ -161,10 +161,8 @@ class ActorPool:
         self._procs.clear()
 
 
-def describe_exit(code: int | None) -> str:
+def describe_exit(code: int) -> str:
     """How a process ended, from its ``exitcode``: "died with SIGKILL", "exited with code 3"."""
-    if code is None:
-        return "is still running"
     if code < 0:
         try:
             return f"died with {signal.Signals(-code).name}"
@@ -210,12 +208,10 @@ class ProcessTree:
 
     A process whose parent dies is reparented (to init or a subreaper) and leaves this
     process's tree: call :meth:`scan` regularly while the children run, so
-    :meth:`stop` still finds it. Without ``psutil`` (the ``train`` extra) nothing is
-    recorded and :meth:`stop` does nothing: the caller still stops its own children.
-
-    Args:
-        exclude: pids never to signal (the resource tracker: it is stopped by closing
-            its pipe, so it can still unlink what leaked).
+    :meth:`stop` still finds it. ``exclude()`` gives the pids never to signal (the
+    resource tracker: closing its pipe stops it, so it can still unlink what leaked).
+    Without ``psutil`` (the ``train`` extra) nothing is recorded and :meth:`stop` does
+    nothing: the caller still stops its own children.
     """
 
     def __init__(self, exclude: Callable[[], set[int]] = lambda: set()) -> None:

@@ -208,12 +208,9 @@ def explore(greedy: np.ndarray, num_actions: int, epsilons: np.ndarray,
 
 
 class ApexExploration:
-    """The epsilon-greedy exploration of one actor's streams: stream ``i`` of ``N`` acts
-    greedily except with probability ``base^(1 + exponent i/(N-1))`` (from 1 during the
-    warm-up), drawn from a generator seeded by the actor's seed.
-
-    Args:
-        s: the actor's resolved settings (``envs_per_actor`` and ``num_actors`` set).
+    """The epsilon-greedy exploration of the streams of actor ``s`` (resolved settings):
+    stream ``i`` of ``N`` acts greedily except with probability ``base^(1 + exponent
+    i/(N-1))`` (from 1 during the warm-up), drawn from a generator seeded by the actor's seed.
 
     Raises:
         ShardReplayError: settings not resolved (no ``envs_per_actor`` or ``num_actors``).

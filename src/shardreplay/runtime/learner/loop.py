@@ -60,19 +60,13 @@ _ACTOR_STOP_S = 10.0  # actors get this long to send what they hold and exit
 
 class Learner:
     """This rank's shard, its algorithm's learning (:mod:`shardreplay.runtime.algos`), actors
-    and bookkeeping (see the module docstring).
-
-    Args:
-        settings: the run's settings (``run_dir`` and ``policy_url`` resolved).
-        transport: this shard's transport object (``local`` rings made by the launcher)
-            or None to open it from the URL.
-        rings: every shard's ``local`` ring (made by the launcher), for the actors this
-            rank starts (one may feed several shards); None: only this rank's.
-        checkpoint_id: with ``resume``, the checkpoint to continue from (None: the newest
-            complete one); newer ones are set aside once every rank restored.
-        resume: restore the newest complete checkpoint of ``run_dir`` first.
-        replay: with ``resume``, restore the replay too (False, ``--no-replay``: weights,
-            optimizer and counters only; the ingest logs are not replayed either).
+    and bookkeeping (see the module docstring), for ``settings`` with ``run_dir`` and
+    ``policy_url`` resolved. ``transport``: this shard's (None: opened from the URL);
+    ``rings``: every shard's ``local`` ring, for actors that feed several shards (None: only
+    this rank's). ``resume`` restores checkpoint ``checkpoint_id`` (None: the newest
+    complete one; newer ones are set aside once every rank restored), with its replay
+    unless ``replay`` is False (``--no-replay``: weights, optimizer and counters; no log
+    replay either).
     """
 
     def __init__(self, settings: TrainSettings, transport: Transport | None = None,
