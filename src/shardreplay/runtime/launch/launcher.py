@@ -47,6 +47,7 @@ from shardreplay.runtime.log_lines import configure_logging, exit_directly
 from shardreplay.runtime.routing import check_reachable, check_writable, settings_transport
 from shardreplay.runtime.run_identity import upcoming_life, write_life
 from shardreplay.runtime.settings import TrainSettings
+from shardreplay.spec import Spec
 from shardreplay.transport.urls import parse_medium
 
 log = logging.getLogger("shardreplay.train")
@@ -136,7 +137,7 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
     for url in {settings.transport.url, settings.transport.policy_url}:
         check_reachable(url)  # an unreachable Redis fails here, in seconds
         check_writable(url)  # an unwritable spool too, before the run directory is made
-    refuse_before_start(settings)
+    spec = refuse_before_start(settings)
     if under_torchrun() and settings.learners.count != int(os.environ["WORLD_SIZE"]):
         # torchrun decides the number of learner ranks; shards and stream rows follow it.
         if settings.learners.count != 1:
@@ -154,24 +155,25 @@ def train(settings: TrainSettings, resume: bool = False, *, auto_resume: bool = 
         raise storage_error(exc, settings.run.run_dir) or exc from None
     # How every rank's Learner starts (its keyword arguments besides the transport).
     how = {"resume": resume, "checkpoint_id": checkpoint_id, "replay": replay}
-    return _torchrun_rank(settings, how) if under_torchrun() else _spawn_learners(settings, how)
+    return _torchrun_rank(settings, how) if under_torchrun() else _spawn_learners(settings, spec, how)
 
 
-def refuse_before_start(settings: TrainSettings) -> None:
-    """Refuse, before a run directory or process exists, an environment the algorithm
-    cannot train on and a CUDA device this machine does not have (torch is imported only
-    when a device other than ``cpu`` is asked for).
+def refuse_before_start(settings: TrainSettings) -> Spec:
+    """The Spec the run's actors write; before a run directory or process exists, it
+    refuses an environment the algorithm cannot train on and a CUDA device this machine
+    does not have (torch is imported only when a device other than ``cpu`` is asked for).
 
     Raises:
         ConfigError: one of those, saying what to give instead.
     """
     name = settings.learners.algo
-    spec_of(name, describe_env(settings.run.source, ACTIONS[name]), settings.learners.hidden)
+    spec = spec_of(name, describe_env(settings.run.source, ACTIONS[name]), settings.learners.hidden)
     for flag, device in (("--device", settings.learners.device), ("--actor-device", settings.actors.device)):
         if device != "cpu":
             from shardreplay.runtime.devices import check_cuda
 
             check_cuda(flag, device)
+    return spec
 
 
 def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
@@ -268,7 +270,7 @@ def _stop_agreed_on_meeting() -> bool:
     return int(votes.item()) > 0
 
 
-def _spawn_learners(settings: TrainSettings, how: dict[str, Any]) -> dict[str, Any]:
+def _spawn_learners(settings: TrainSettings, spec: Spec, how: dict[str, Any]) -> dict[str, Any]:
     # A tracker already running belongs to the caller (its other resources depend on
     # it); otherwise the queue's semaphores start one here, and it is ours to stop.
     own_tracker = resource_tracker_pid() is None
@@ -279,8 +281,6 @@ def _spawn_learners(settings: TrainSettings, how: dict[str, Any]) -> dict[str, A
     ctx = preloaded_context([LEARNER_PRELOAD])
     out = ctx.Queue()
     port = _free_port()
-    name = settings.learners.algo
-    spec = spec_of(name, describe_env(settings.run.source, ACTIONS[name]), settings.learners.hidden)
     local = parse_medium(settings.transport.url).kind == "local"
     # Kept referenced here while children run: Process.start() drops its args, and a
     # collected ring would unlink its semaphores before a child has opened them.
