@@ -19,7 +19,7 @@ from shardreplay.runtime.algos.networks import (
     choose_network,
     make_q_network,
 )
-from shardreplay.runtime.envs import EnvSource, describe_env, make_vector_env, parse_env_kwargs
+from shardreplay.runtime.envs import EnvSource, describe_env, env_source, make_vector_env
 from tests.support.gym_envs import write_blink_env
 
 
@@ -81,7 +81,7 @@ def test_unknown_ids_modules_and_kwargs_are_config_errors(pixel_module: str) -> 
     with pytest.raises(ConfigError, match="bad --env-kwargs"):
         describe_env(EnvSource("Blink-v0", (pixel_module,), {"colour": "red"}))
     with pytest.raises(ConfigError, match="JSON object"):
-        parse_env_kwargs("[1, 2]")
+        env_source("Blink-v0", pixel_module, "[1, 2]")
     with pytest.raises(ConfigError, match="Discrete"):
         describe_env(EnvSource("Pendulum-v1"))
 

@@ -23,7 +23,7 @@ from shardreplay.gym.pomdp import register_masked_cartpole
 from shardreplay.spec import Field, Spec
 
 __all__ = ["EnvInfo", "EnvSource", "describe_env", "env_source", "make_env", "make_vector_env",
-           "parse_env_kwargs", "reward_threshold", "transition_spec"]
+           "reward_threshold", "transition_spec"]
 
 ATARI_STACK = 4
 
@@ -67,31 +67,20 @@ class EnvInfo:
 
 def env_source(env_id: str, env_import: str = "", env_kwargs: str = "") -> EnvSource:
     """The :class:`EnvSource` of ``--env-id``, ``--env-import`` (comma-separated module
-    names) and ``--env-kwargs`` (a JSON object).
+    names) and ``--env-kwargs`` (a JSON object; ``''``: none).
 
     Raises:
         ConfigError: ``env_kwargs`` is not a JSON object.
     """
     modules = tuple(m.strip() for m in env_import.split(",") if m.strip())
-    return EnvSource(env_id, modules, parse_env_kwargs(env_kwargs))
-
-
-def parse_env_kwargs(text: str) -> dict[str, Any]:
-    """``--env-kwargs``: a JSON object (``''``: none).
-
-    Raises:
-        ConfigError: not a JSON object.
-    """
-    if not text:
-        return {}
     try:
-        value = json.loads(text)
+        kwargs = json.loads(env_kwargs) if env_kwargs else {}
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--env-kwargs must be a JSON object, e.g. '{{\"max_episode_steps\": 500}}': {exc}"
                           ) from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"--env-kwargs must be a JSON object, got {text!r}")
-    return value
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"--env-kwargs must be a JSON object, got {env_kwargs!r}")
+    return EnvSource(env_id, modules, kwargs)
 
 
 def _gym() -> Any:
