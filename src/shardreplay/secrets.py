@@ -1,11 +1,7 @@
-"""Redis passwords: used to connect, never written down.
-
-A password comes from ``SHARDREPLAY_REDIS_PASSWORD``, ``--redis-password-file`` or a
-command-line URL (``redis://:PASSWORD@host:6379/0``), which :func:`adopt` takes it out of
-at once: every URL the run keeps, stores or prints is then the redacted one
-(``redis://:***@host:6379/0``), and the password travels only in the environment of the
-processes the run starts. :class:`~shardreplay.transport.redis.RedisLink` puts it
-back when it connects (:func:`connect_args`); every log line passes through :func:`mask`.
+"""Redis passwords: used to connect, never written down (where one comes from and what is
+redacted: docs/multi-machine.md, step 1). :func:`adopt` takes it out of a command-line URL;
+:class:`~shardreplay.transport.redis.RedisLink` puts it back when it connects
+(:func:`connect_args`); every log line passes through :func:`mask`.
 """
 
 from __future__ import annotations

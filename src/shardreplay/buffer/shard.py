@@ -400,13 +400,17 @@ class Shard:
         """The stored user fields by flat slot (templates of their dtypes and shapes)."""
         return self._storage.fields
 
-    def stacked_since(self, start: np.ndarray) -> dict[str, list[Any]]:
-        """Each frame-stacked field's stacks of steps ``[start[r], position[r])`` of every
-        row ``r``, in (row, time) order: pieces built when each is read (no copy of them
-        all at once), valid until the next write; one empty array when there are none."""
-        slots = self._storage.stored_slots(start=start)[0]
-        return {name: StackPieces.split(store, slots) if slots.shape[0] else [store.gather(slots)]
-                for name, store in self._storage.stacked.items()}
+    def fields_since(self, start: np.ndarray) -> dict[str, list[Any]]:
+        """Each user field's steps ``[start[r], position[r])`` of every row ``r``, in (row,
+        time) order, as pieces valid until the next write: views of a plain field, and for a
+        frame-stacked one its stacks, built when each piece is read (one empty array when
+        there are none)."""
+        storage = self._storage
+        out: dict[str, list[Any]] = {name: storage.row_pieces(v, start) for name, v in storage.fields.items()}
+        slots = storage.stored_slots(start=start)[0]
+        out.update({name: StackPieces.split(store, slots) if slots.shape[0] else [store.gather(slots)]
+                    for name, store in storage.stacked.items()})
+        return out
 
     def stacked_template(self, name: str) -> np.ndarray:
         """An empty array of frame-stacked field ``name``'s dtype and stack shape."""

@@ -86,22 +86,16 @@ def check_bytes(path: Path, data: bytes, entry: FileEntry) -> bytes:
     return data
 
 
-def load_checked(path: Path) -> dict[str, Any]:
-    """Read a JSON file written by :func:`dump_checked`, verifying its CRC.
+def load_checked(path: Path, raw: bytes | None = None) -> dict[str, Any]:
+    """The body of the JSON file ``path`` written by :func:`dump_checked`, its CRC
+    verified (``raw``: its bytes, when read already).
 
     Raises:
         IncompleteCheckpointError: the file does not exist.
-        CheckpointFormatError: unreadable, not JSON, or CRC mismatch.
+        CheckpointFormatError: unreadable, not JSON, CRC mismatch, another format or version.
     """
-    return parse_checked(path, read_file(path))
-
-
-def parse_checked(path: Path, raw: bytes) -> dict[str, Any]:
-    """The body of a JSON file written by :func:`dump_checked` from its bytes ``raw``.
-
-    Raises:
-        CheckpointFormatError: not JSON, CRC mismatch, another format or version.
-    """
+    if raw is None:
+        raw = read_file(path)
     try:
         doc = json.loads(raw)
         body, crc = doc["body"], doc["crc32"]
@@ -138,7 +132,7 @@ def load_manifest(directory: Path) -> Manifest:
             differs from its recorded hash).
     """
     path = Path(directory) / "manifest.json"
-    manifest = Manifest.parse(Path(directory), parse_checked(path, read_file(path)))
+    manifest = Manifest.parse(Path(directory), load_checked(path))
     for part in manifest.parts:
         _check_part(manifest, part)
     return manifest
@@ -160,7 +154,7 @@ def _check_part(manifest: Manifest, part: ManifestPart) -> None:
     if entry is None:
         raise CheckpointFormatError(f"{path}: does not cover {desc_path.name}")
     check_bytes(desc_path, raw, entry)
-    if ManifestPart.parse(parse_checked(desc_path, raw), desc_path) != part:
+    if ManifestPart.parse(load_checked(desc_path, raw), desc_path) != part:
         raise CheckpointFormatError(f"{desc_path}: does not match the manifest's "
                                     "entry for this part (saved again after the manifest?)")
     for ref in part.refs:  # blocks are hashed as they are read, or by check_complete

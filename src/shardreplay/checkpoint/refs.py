@@ -1,11 +1,7 @@
 """Incremental parts (format versions 3 and 4; docs/semantics.md, "Incremental
-checkpoints"): which rows a part writes, and reading rows that live in earlier files.
-
-Rows are append-only rings: a stored absolute step's field data never changes, so a
-part continuing a shard's previous one (a :class:`Chain`, kept in
-``Shard.checkpoint_notes``) writes of each user field, and (version 4) of each array of
-``records.CHAINABLE_STEPS``, only the steps new since, and says where the others are in
-its segment table (:class:`Segments`).
+checkpoints"): which rows a part continuing a shard's :class:`Chain` (kept in
+``Shard.checkpoint_notes``) writes itself, its segment table (:class:`Segments`), and
+reading rows that live in earlier files (:class:`ChainedReader`).
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from shardreplay.checkpoint.manifest import (
     file_entry,
     is_complete,
     list_checkpoints,
+    load_checked,
     load_manifest,
-    parse_checked,
     part_name,
     read_file,
     referenced_checkpoints,
@@ -185,9 +185,7 @@ def _content(job: SaveJob) -> _Content:
     assert shard is not None and start is not None
     state = shard.export()
     if job.chained:
-        hi, cap = state["arrays"]["row_pos"], shard.stream_capacity
-        state["arrays"].update({f"field.{n}": _views(shard.fields[n], start, hi, cap) for n in shard.fields})
-        state["arrays"].update({f"field.{n}": pieces for n, pieces in shard.stacked_since(start).items()})
+        state["arrays"].update({f"field.{n}": pieces for n, pieces in shard.fields_since(start).items()})
     starts = [f"field.{n}" for n in shard.start_names]
     is_start = shard.stored_start_flags() if starts else None
     arrays, episodes, report = apply_partial_policy(state["arrays"], job.partial, starts, is_start)
@@ -213,17 +211,6 @@ def _content(job: SaveJob) -> _Content:
         chained_steps=chained_steps)
     return _Content(_ordered(arrays), empty_like, part, PartMeta.of_state(state["meta"], job.sharding),
                     shard.spec)
-
-
-def _views(arr: np.ndarray, start: np.ndarray, hi: np.ndarray, cap: int) -> list[np.ndarray]:
-    """Views of ``arr`` holding steps ``[start_r, hi_r)`` of each row in time order."""
-    pieces = []
-    for r in range(hi.shape[0]):
-        a, n = int(start[r]), int(hi[r] - start[r])
-        s = a % cap
-        head = min(n, cap - s)
-        pieces += [arr[r * cap + s:r * cap + s + head], arr[r * cap:r * cap + n - head]]
-    return [p for p in pieces if p.shape[0]]
 
 
 def run(job: SaveJob) -> Path:
@@ -346,7 +333,7 @@ def _maybe_write_manifest(directory: Path, spec: Spec, mine: ManifestPart, entry
             continue
         try:
             raw = read_file(path)
-            other = ManifestPart.parse(parse_checked(path, raw), path)
+            other = ManifestPart.parse(load_checked(path, raw), path)
         except ShardReplayError:
             return False  # that shard has not finished (or failed): it writes the manifest
         if (other.checkpoint_id, other.spec_fingerprint, other.shard) != \

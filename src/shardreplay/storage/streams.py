@@ -423,16 +423,18 @@ class StreamStorage:
         self._validity(step_type, episode_id, offsets, valid, pos)
         return valid
 
-    def row_pieces(self, arr: np.ndarray) -> list[np.ndarray]:
-        """Views of ``arr`` holding each row's stored steps in time order (ring order
-        unrolled: at most two contiguous pieces per row), for writing without a copy."""
+    def row_pieces(self, arr: np.ndarray, start: np.ndarray | None = None) -> list[np.ndarray]:
+        """Views of ``arr`` holding each row's stored steps (from step ``start[r]`` on, when
+        given) in time order (ring order unrolled: at most two contiguous pieces per row),
+        for writing without a copy."""
         cap = self.stream_capacity
         pieces = []
         for r in range(self.num_streams):
-            n = int(min(self.pos[r], cap))
-            start = int(self.pos[r] - n) % cap
-            first = min(n, cap - start)
-            pieces.append(arr[r * cap + start:r * cap + start + first])
+            pos = int(self.pos[r])
+            first_step = pos - min(pos, cap) if start is None else int(start[r])
+            at, n = first_step % cap, pos - first_step
+            first = min(n, cap - at)
+            pieces.append(arr[r * cap + at:r * cap + at + first])
             if n > first:
                 pieces.append(arr[r * cap:r * cap + n - first])
         return [p for p in pieces if p.shape[0]]

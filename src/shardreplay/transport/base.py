@@ -1,12 +1,9 @@
-"""The transport interface: how actors' chunks reach a learner.
-
-Three media, chosen by URL (:func:`~shardreplay.transport.urls.open_transport`): ``local``
-(a shared-memory ring on one machine), ``file:///dir`` (a spool directory) and
-``redis://host:port/db`` (a Redis stream). A :class:`Transport` is configuration (plus,
-for ``local``, the ring): pass it to child processes and open the ends where they are
-used (docs/transports.md, "Ends"). ``send`` blocks while the medium holds its cap of
-unconsumed chunks. Delivery, duplicates and malformed chunks (never raised: logged,
-counted in :attr:`ChunkReader.stats`, set aside): docs/semantics.md, "Delivery".
+"""The transport interface: how actors' chunks reach a learner through a medium chosen by
+URL (:func:`~shardreplay.transport.urls.open_transport`; a :class:`Transport` is
+configuration, its ends are opened where they are used: docs/transports.md, "Ends").
+``send`` blocks while the medium holds its cap of unconsumed chunks. Delivery, duplicates
+and malformed chunks (never raised: logged, counted in :attr:`ChunkReader.stats`, set
+aside): docs/semantics.md, "Delivery".
 """
 
 from __future__ import annotations
