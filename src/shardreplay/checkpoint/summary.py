@@ -1,10 +1,5 @@
-"""Describe and verify checkpoints (used by ``shardreplay checkpoint inspect|verify``).
-
-:func:`verify` reads every byte of every part and checks it: the manifest and part
-descriptions (their CRCs and that they agree), every block hash, the arrays a loader
-needs (names, dtypes, shapes against the spec), and the episode tables.
-:func:`summarize` reads only the descriptions and each part's priority array.
-"""
+"""Describe (:func:`summarize`: the descriptions and each part's priority array) and verify
+(:func:`verify`: every byte) checkpoints, for ``shardreplay checkpoint inspect|verify``."""
 
 from __future__ import annotations
 
@@ -108,8 +103,9 @@ def _summarize_incomplete(directory: Path, reason: str) -> dict[str, Any]:
 
 
 def verify(directory: Path) -> dict[str, Any]:
-    """Check one checkpoint completely (every block of every part); its id, shards,
-    steps, bytes, blocks and files.
+    """Check one checkpoint completely: the manifest and part descriptions (their CRCs and
+    that they agree), every block hash, the arrays a loader needs (names, dtypes, shapes
+    against the spec) and the episode tables; its id, shards, steps, bytes, blocks and files.
 
     Raises:
         IncompleteCheckpointError: the manifest, a part or a description is missing.

@@ -1,10 +1,8 @@
-"""Chunks of steps, their wire format and its packed form (no pickle).
-
-A chunk is what an actor ships: ``T`` steps of each of its ``S`` streams, with the policy
-version that made them and optional initial priorities. The byte layouts of a chunk
-(``SRCK``) and of a packed chunk (``SRCZ``), and the header's rules: docs/transports.md,
-"Chunks" and "Packed chunks". Decoded arrays are read-only views of the input, every value
-checked in one compiled pass (:mod:`shardreplay.spec.validation`).
+"""Chunks of steps (:class:`Chunk`: what an actor ships), their wire format and its packed
+form (no pickle). The byte layouts of a chunk (``SRCK``) and of a packed chunk (``SRCZ``),
+and the header's rules: docs/transports.md, "Chunks" and "Packed chunks". Decoded arrays
+are read-only views of the input, every value checked in one compiled pass
+(:mod:`shardreplay.spec.validation`).
 """
 
 from __future__ import annotations
