@@ -75,10 +75,8 @@ def split_version(version: int) -> tuple[int, int]:
     return version >> LIFE_SHIFT, version & ((1 << LIFE_SHIFT) - 1)
 
 
-def describe_version(version: int | None) -> str:
+def describe_version(version: int) -> str:
     """``"875 (life 1)"``: a version as a person reads it."""
-    if version is None:
-        return "none"
     life, updates = split_version(version)
     return f"{updates} (life {life})"
 

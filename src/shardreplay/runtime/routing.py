@@ -1,8 +1,5 @@
 """Each learner shard's transport: its own channel on the medium, named after the run
-(``file:///dir`` -> ``dir/<run_id>/shard-<k>``, ``redis://...`` -> stream
-``shardreplay:<run_id>:chunks:<k>``, ``local`` -> its own ring; an empty run id gives
-``dir/shard-<k>``, ``shardreplay:chunks:<k>``).
-"""
+(docs/semantics.md, "Chunks across crashes"), and the checks made before a run starts."""
 
 from __future__ import annotations
 

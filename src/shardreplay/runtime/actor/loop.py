@@ -311,9 +311,6 @@ class Chunker:
         self._steps: list[dict[str, np.ndarray]] = []
         self._min_version: int | None = None
 
-    def __len__(self) -> int:
-        return len(self._steps)
-
     def add(self, step: dict[str, Any], policy_version: int) -> Chunk | None:
         """Add one step of every stream; returns a full chunk when ``T`` steps are in."""
         self._steps.append({k: np.asarray(v)[self.stream_ids] if self._select else np.asarray(v)
