@@ -164,10 +164,8 @@ def agreed_settings(settings: TrainSettings, world: int) -> dict[str, Any]:
 
 
 def make_limiter(settings: TrainSettings, world: int) -> RateLimiter:
-    """The samples-per-insert limiter of a run on ``world`` learner ranks, fed the same
-    all-reduced counts on every rank (so all decide alike). Its window is twice as wide
-    as an iteration's largest insert (``DRAIN_CHUNKS`` chunks per actor) plus a sample
-    batch needs.
+    """The samples-per-insert limiter of a run on ``world`` learner ranks (its window:
+    docs/train.md, "The replay ratio"; ``DRAIN_CHUNKS`` chunks per actor at most per insert).
 
     Raises:
         ConfigError: settings the limiter rejects (a non-positive ratio).
@@ -191,27 +189,12 @@ def _positive_int(name: str, value: Any, minimum: int) -> int:
 class RateLimiter:
     """A samples-per-insert rate limiter (Reverb's ``SampleToInsertRatio``), as plain
     counters: it keeps items sampled per item inserted near ``samples_per_insert`` once
-    ``min_size_to_sample`` items were inserted. With ``I`` items inserted and ``N``
-    sampled, ``diff = I * samples_per_insert - N``: inserting ``n`` is allowed while
-    ``I + n <= min_size_to_sample`` or ``(I + n) * samples_per_insert - N <= max_diff``;
-    sampling ``m`` when ``I >= min_size_to_sample`` and ``diff - m >= min_diff``. E.g.
-    ``samples_per_insert=2, min_size_to_sample=2, error_buffer=4`` (diff in 0..8)::
-
-        insert 1, insert 1        I=2 N=0  diff=4   sampling now allowed
-        sample 4                  I=2 N=4  diff=0   sampling blocked (diff - 1 < 0)
-        insert 1 x 4              I=6 N=4  diff=8   inserting blocked (diff + 2 > 8)
-
-    Settings that can block both sides forever are refused (Reverb's rule, extended to
-    batches): ``max_diff - min_diff >= n * samples_per_insert + m``, and batched filling
-    must not overshoot ``max_diff`` before sampling is allowed.
-
-    Args:
-        samples_per_insert: target replay ratio, > 0.
-        min_size_to_sample: items inserted before the first sample is allowed, >= 1.
-        error_buffer: allowed deviation: a number ``e`` (``diff`` within ``offset -+ e``,
-            ``offset = min_size_to_sample * samples_per_insert``) or ``(min_diff, max_diff)``.
-        max_insert_size: the largest ``n`` ever passed to :meth:`can_insert` / :meth:`insert`.
-        max_sample_size: the largest ``m`` ever passed to :meth:`can_sample` / :meth:`sample`.
+    ``min_size_to_sample`` items were inserted, ``diff = inserted * samples_per_insert -
+    sampled`` within ``error_buffer``: a number ``e`` (``offset -+ e``, ``offset =
+    min_size_to_sample * samples_per_insert``) or ``(min_diff, max_diff)``. The rule, an
+    example and the settings refused as able to deadlock: docs/train.md, "The replay
+    ratio". ``max_insert_size`` / ``max_sample_size``: the largest ``n`` / ``m`` ever
+    passed to :meth:`can_insert` and :meth:`insert` / :meth:`can_sample` and :meth:`sample`.
 
     Raises:
         ConfigError: a non-positive ratio or size, or a configuration that can deadlock.
