@@ -9,10 +9,10 @@ import importlib
 from collections.abc import Sequence
 
 from shardreplay.errors import ConfigError
-from shardreplay.runtime.algos.base import ACTIONS, SPECS, Algorithm, known_algo, recurrent_spec, spec_of
+from shardreplay.runtime.algos.base import ACTIONS, Algorithm, known_algo, spec_of
 from shardreplay.runtime.settings import NETWORKS
 
-__all__ = ["ACTIONS", "NATURE_MIN_SIDE", "SPECS", "algorithm", "choose_network", "recurrent_spec", "spec_of"]
+__all__ = ["ACTIONS", "NATURE_MIN_SIDE", "algorithm", "choose_network", "spec_of"]
 
 NATURE_MIN_SIDE = 36  # the smallest side the Nature network's three convolutions accept
 

@@ -5,7 +5,7 @@ published weights, ``greedy`` for evaluation; docs/train.md, "Algorithms")."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -24,9 +24,9 @@ if TYPE_CHECKING:  # torch only types these: an actor that acts without torch ne
     from shardreplay.buffer.batch import Batch
     from shardreplay.runtime.devices import Placement
 
-__all__ = ["ACTIONS", "SPECS", "ActorPolicy", "Agent", "Algorithm", "ApexExploration", "apex_epsilons",
-           "check_fits", "explore", "fits", "known_algo", "mlp_hidden", "network_weights", "published_hidden",
-           "recurrent_spec", "spec_of", "warmup"]
+__all__ = ["ACTIONS", "ActorPolicy", "Agent", "Algorithm", "ApexExploration", "apex_epsilons", "check_fits",
+           "explore", "fits", "known_algo", "mlp_hidden", "network_weights", "published_hidden", "spec_of",
+           "warmup"]
 
 
 # --algo name -> the action space it takes (describe_env's ``actions``)
@@ -43,40 +43,26 @@ def known_algo(name: str) -> None:
         raise ConfigError(f"--algo must be one of {', '.join(ALGOS)}, got {name!r}")
 
 
-def recurrent_spec(env: EnvInfo, hidden: tuple[int, ...]) -> Spec:
-    """R2D2's Spec: obs, int64 action, reward, and the actor's LSTM state ``h``, ``c``
-    (float32 ``[hidden[-1]]``), written at each step and kept by the buffer at the
-    sequence starts only (``at_starts``: docs/semantics.md, "Start-state fields").
+def spec_of(name: str, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
+    """The transition Spec actors of ``--algo name`` write for ``env``, built without torch
+    (the launcher sizes the local rings with it): obs, action and reward; r2d2's adds the
+    actor's LSTM state ``h``, ``c`` (float32, ``--hidden``'s last size), written at each
+    step and kept by the buffer at the sequence starts only (``at_starts``:
+    docs/semantics.md, "Start-state fields").
 
     Raises:
-        ConfigError: no ``hidden`` size, or images (the LSTM takes flat vectors).
+        ConfigError: an unknown name; for r2d2, no ``hidden`` size or images (the LSTM
+            takes flat vectors).
     """
+    known_algo(name)
+    if name != "r2d2":
+        return transition_spec(env)
     if not hidden:
         raise ConfigError("--algo r2d2 needs --hidden (its last size is the LSTM's)")
     if len(env.obs_shape) != 1:
         raise ConfigError(f"--algo r2d2 takes flat vector observations, got shape {list(env.obs_shape)}")
     state = Field((int(hidden[-1]),), np.float32, at_starts=True)
     return Spec({**transition_spec(env).fields, "h": state, "c": state})
-
-
-# --algo name -> the Spec its actors write (its Algorithm.transition_spec returns the same:
-# a test compares them), built without torch: the launcher sizes the local rings with it.
-SPECS: dict[str, Callable[[EnvInfo, tuple[int, ...]], Spec]] = {
-    "dqn": lambda env, _hidden: transition_spec(env),
-    "sac": lambda env, _hidden: transition_spec(env),
-    "r2d2": recurrent_spec,
-}
-
-
-def spec_of(name: str, env: EnvInfo, hidden: tuple[int, ...] = ()) -> Spec:
-    """The transition Spec of ``--algo name`` for ``env`` (and ``--hidden``), without
-    importing torch.
-
-    Raises:
-        ConfigError: an unknown name, or a Spec the algorithm refuses for ``env``.
-    """
-    known_algo(name)
-    return SPECS[name](env, tuple(hidden))
 
 
 class Agent(Protocol):
