@@ -20,16 +20,17 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
 
 # Steps per piece of lazily built stacks (84x84x4 uint8: ~28 MiB).
 PIECE_STEPS = 1024
-# Steps per reset stack that the first allocation has room for; shorter episodes on
-# average make the rings grow (by GROWTH at least).
-STEPS_PER_RESET = 16
+# A ring that has not wrapped grows for free (a longer view, nothing moves) to what it needs
+# and 1/SLACK more: a full buffer's ring ends close to the frames it holds, since the
+# ring's unused tail is paged in, a fault per 4 KiB, only after the fill. A wrapped ring
+# moves frames to grow: by GROWTH.
+SLACK = 16
 GROWTH = 1.25
 
 
 def initial_frame_capacity(stream_capacity: int, stack: int) -> int:
-    """Frames per stream at first: one per step, plus ``stack - 1`` per
-    ``STEPS_PER_RESET`` steps and for the oldest step's stack."""
-    return stream_capacity + (stack - 1) * (math.ceil(stream_capacity / STEPS_PER_RESET) + 1)
+    """Frames per stream at first: one per step and the oldest step's stack."""
+    return stream_capacity + stack - 1
 
 
 class FrameStore:
@@ -100,13 +101,14 @@ class FrameStore:
         fk.append_frames(values, rows, written, counts, self.frames, self.ref, self.fpos)
 
     def grow(self, need: int) -> None:
-        """Make every stream's ring hold at least ``need`` frames (and ``GROWTH`` times
-        more than now, up to ``K`` per step), keeping each stream's last frames at their
-        positions: in place, moving only the frames of a wrapped ring whose position
-        changes."""
+        """Make every stream's ring hold at least ``need`` frames (and ``1/SLACK`` more
+        while no ring has wrapped, else ``GROWTH`` times more than now; at most ``K`` per
+        step), keeping each stream's last frames at their positions: in place, moving
+        only the frames of a wrapped ring whose position changes."""
         old = self.frames
         cap = old.shape[1]
-        new_cap = max(int(need), min(int(cap * GROWTH) + 1, self._most))
+        more = need + need // SLACK if int(self.fpos.max()) <= cap else int(cap * GROWTH) + 1
+        new_cap = max(int(need), min(more, self._most))
         new = self._reserve[:, :new_cap]
         for r in range(old.shape[0]):
             end = int(self.fpos[r])
