@@ -25,8 +25,7 @@ if TYPE_CHECKING:  # torch only types these: an actor that acts without torch ne
     from shardreplay.runtime.devices import Placement
 
 __all__ = ["ACTIONS", "ActorPolicy", "Agent", "Algorithm", "ApexExploration", "apex_epsilons", "check_fits",
-           "explore", "fits", "known_algo", "mlp_hidden", "network_weights", "published_hidden", "spec_of",
-           "warmup"]
+           "explore", "known_algo", "mlp_hidden", "network_weights", "published_hidden", "spec_of", "warmup"]
 
 
 # --algo name -> the action space it takes (describe_env's ``actions``)
@@ -234,21 +233,17 @@ def network_weights(weights: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in weights.items() if k != FINISHED}
 
 
-def fits(net: nn.Module, weights: Mapping[str, Any]) -> bool:
-    """Whether published ``weights`` have exactly ``net``'s tensor names and shapes."""
-    return ({k: tuple(v.shape) for k, v in net.state_dict().items()}
-            == {k: tuple(v.shape) for k, v in network_weights(weights).items()})
-
-
 def check_fits(net: nn.Module, weights: Mapping[str, Any], s: ActorSettings, env: EnvInfo, what: str,
                hint: str, ok: bool = True) -> None:
-    """Refuse published ``weights`` that do not fit ``net`` (or ``ok`` False).
+    """Refuse published ``weights`` without exactly ``net``'s tensor names and shapes (or
+    ``ok`` False).
 
     Raises:
         ConfigError: naming the policy URL, ``what`` the network is and the learners' flags
             to check (``hint``).
     """
-    if not ok or not fits(net, weights):
+    shapes = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    if not ok or shapes != {k: tuple(v.shape) for k, v in network_weights(weights).items()}:
         actions = f"actions {list(env.action_shape)}" if env.continuous else f"{env.num_actions} actions"
         raise ConfigError(f"the policy at {s.policy_url} is not {what} for {s.env_id} (observations "
                           f"{list(env.obs_shape)}, {actions}): do the learners train the same --env-id "

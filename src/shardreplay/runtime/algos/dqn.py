@@ -30,20 +30,9 @@ if TYPE_CHECKING:
     from shardreplay.runtime.algos.dqn_torch import DoubleDqn
     from shardreplay.runtime.devices import Placement
 
-__all__ = ["DQN", "DqnAlgorithm", "NumpyEpsilonGreedyPolicy", "NumpyQNetwork", "mlp_shapes"]
+__all__ = ["DQN", "DqnAlgorithm", "NumpyEpsilonGreedyPolicy", "NumpyQNetwork"]
 
 log = logging.getLogger("shardreplay.actor")
-
-
-def mlp_shapes(obs_size: int, num_actions: int, hidden: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-    """The tensor names and shapes of ``QNetwork(obs_size, num_actions, hidden)``: Linear
-    layer ``i`` is ``net.<2i>`` (a ReLU sits between two Linear layers)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    widths = (obs_size, *hidden, num_actions)
-    for i, (width_in, width_out) in enumerate(itertools.pairwise(widths)):
-        shapes[f"net.{2 * i}.weight"] = (width_out, width_in)
-        shapes[f"net.{2 * i}.bias"] = (width_out,)
-    return shapes
 
 
 class NumpyQNetwork:
@@ -52,7 +41,11 @@ class NumpyQNetwork:
     """
 
     def __init__(self, obs_size: int, num_actions: int, hidden: tuple[int, ...]) -> None:
-        self.shapes = mlp_shapes(obs_size, num_actions, hidden)
+        # QNetwork's tensor names and shapes: Linear layer i is net.<2i> (a ReLU sits between two).
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for i, (width_in, width_out) in enumerate(itertools.pairwise((obs_size, *hidden, num_actions))):
+            self.shapes[f"net.{2 * i}.weight"] = (width_out, width_in)
+            self.shapes[f"net.{2 * i}.bias"] = (width_out,)
         self.num_actions = num_actions
         self._layers: list[tuple[np.ndarray, np.ndarray]] = []
 
