@@ -10,8 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardreplay.checkpoint.manifest import (
+    checkpoint_dir,
+    incomplete_reason,
+    latest_complete,
+    list_checkpoints,
+)
 from shardreplay.cli.train_flags import HelpFormatter, add_settings_flags, given_settings
-from shardreplay.errors import ConfigError, ShardReplayError
+from shardreplay.errors import CheckpointFormatError, ConfigError, IncompleteCheckpointError, ShardReplayError
 from shardreplay.runtime.settings import TrainSettings
 
 _DESCRIPTION = """Distributed Ape-X DQN with sharded prioritized replay: learner ranks, actors,
@@ -129,10 +135,6 @@ def _check_resumable(run_dir: Path, checkpoint_id: int | None = None) -> None:
     complete checkpoint (or ``checkpoint_id`` not complete: IncompleteCheckpointError), or
     whose newest checkpoint is damaged (CheckpointFormatError: continuing from an older one
     must be asked for)."""
-    from shardreplay.checkpoint import checkpoint_dir, latest_complete, list_checkpoints
-    from shardreplay.checkpoint.manifest import incomplete_reason
-    from shardreplay.errors import CheckpointFormatError, IncompleteCheckpointError
-
     if not Path(run_dir).is_dir():
         raise IncompleteCheckpointError(f"--resume {run_dir}: no such run directory; start a run there "
                                         f"with --run-dir {run_dir}")
@@ -170,9 +172,6 @@ def _check_resumable(run_dir: Path, checkpoint_id: int | None = None) -> None:
 def _damaged_newer(root: Path, newest_complete: int | None) -> tuple[int, str] | None:
     """The newest checkpoint newer than ``newest_complete`` that is damaged (not merely
     incomplete), with why (:func:`shardreplay.checkpoint.manifest.incomplete_reason`), or None."""
-    from shardreplay.checkpoint import checkpoint_dir, list_checkpoints
-    from shardreplay.checkpoint.manifest import incomplete_reason
-
     for cid in reversed(list_checkpoints(root)):
         if newest_complete is not None and cid <= newest_complete:
             return None
@@ -190,8 +189,6 @@ def _resumable(args: argparse.Namespace) -> Path | None:
         return None
     if not args.run_dir:
         raise ConfigError("--auto-resume needs --run-dir (the directory to continue or start)")
-    from shardreplay.checkpoint import latest_complete
-
     run_dir = Path(args.run_dir)
     newest = latest_complete(run_dir / "checkpoints")
     damaged = _damaged_newer(run_dir / "checkpoints", newest)
@@ -259,8 +256,6 @@ def actors_advice(summary: dict[str, Any]) -> str:
 def storage_advice(summary: dict[str, Any]) -> str:
     """One line for a run that ended because its file system refused a write: what was
     refused, the checkpoint a continuation starts from, and the command that continues."""
-    from shardreplay.checkpoint import checkpoint_dir, latest_complete
-
     run_dir = Path(summary.get("run_dir") or Path(summary["checkpoint"]).parents[1])
     newest = latest_complete(run_dir / "checkpoints")
     kept = "no complete checkpoint yet (the run starts afresh)" if newest is None else \

@@ -18,6 +18,7 @@ from shardreplay.runtime.learner.sync import LoopSync
 from shardreplay.runtime.run_identity import RunIdentity
 
 log = logging.getLogger("shardreplay.learner")
+COUNTERS = ("env_steps", "updates", "version", "samples")  # a run's, saved in its checkpoints
 
 
 @dataclass
@@ -43,10 +44,6 @@ class MetricsWindow:
         self.t = now
 
 
-def _zero_counters() -> dict[str, int]:
-    return {"env_steps": 0, "updates": 0, "version": 0, "samples": 0}
-
-
 @dataclass
 class Progress:
     """What the run did so far, as this rank counts it (agreed counts where it matters).
@@ -66,7 +63,7 @@ class Progress:
         last_sync: the latest summed :class:`LoopSync`.
     """
 
-    counters: dict[str, int] = field(default_factory=_zero_counters)
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     best_eval: float = -math.inf
     last_eval: float | None = None
     evals: int = 0
