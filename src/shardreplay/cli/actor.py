@@ -20,6 +20,9 @@ from shardreplay.cli import field_help, plain
 from shardreplay.cli.train_flags import settings_help
 from shardreplay.errors import ConfigError, ShardReplayError
 from shardreplay.runtime.actor.settings import AGREED, ActorSettings
+from shardreplay.runtime.log_lines import configure_logging
+from shardreplay.secrets import adopt, mask, read_password_file
+from shardreplay.transport.urls import parse_medium
 
 _HELP = {**settings_help(), **field_help(ActorSettings)}  # the agreed settings as train has them
 
@@ -63,7 +66,6 @@ def _check_media(args: argparse.Namespace) -> None:
         TransportError: a Redis URL whose server does not answer within 5 s.
     """
     from shardreplay.runtime.routing import check_reachable
-    from shardreplay.transport.urls import parse_medium
 
     if args.transport and parse_medium(args.transport).kind == "local":
         raise ConfigError("--transport local: the local transport exists only inside shardreplay train "
@@ -74,11 +76,8 @@ def _check_media(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``actor``; returns the exit code."""
-    from shardreplay.runtime.log_lines import configure_logging
-
     configure_logging(logging.INFO, "%(asctime)s %(name)s: %(message)s")  # masks the Redis password
     from shardreplay.runtime.actor.loop import run as run_actor
-    from shardreplay.secrets import adopt, read_password_file
 
     names = {f.name for f in dataclasses.fields(ActorSettings)}
     values = {k: v for k, v in vars(args).items() if k in names}
@@ -90,8 +89,6 @@ def run(args: argparse.Namespace) -> int:
         _check_media(args)
         counters = run_actor(ActorSettings(**values))
     except ShardReplayError as exc:
-        from shardreplay.secrets import mask
-
         print(mask(f"shardreplay actor: {exc}"), file=sys.stderr)
         return 2
     print(json.dumps(counters))

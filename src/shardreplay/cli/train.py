@@ -18,7 +18,9 @@ from shardreplay.checkpoint.manifest import (
 )
 from shardreplay.cli.train_flags import HelpFormatter, add_settings_flags, given_settings
 from shardreplay.errors import CheckpointFormatError, ConfigError, IncompleteCheckpointError, ShardReplayError
-from shardreplay.runtime.settings import TrainSettings
+from shardreplay.runtime.log_lines import configure_logging, exit_directly
+from shardreplay.runtime.settings import TrainSettings, settings_for_resume
+from shardreplay.secrets import ENV, adopt, mask, needs_password, read_password_file
 
 _DESCRIPTION = """Distributed Ape-X DQN with sharded prioritized replay: learner ranks, actors,
 checkpoints. Every setting is a flag; a run ends with one line saying whether it was
@@ -63,8 +65,6 @@ def without_secrets(settings: TrainSettings, password_file: str | None) -> Train
         ConfigError: the password file cannot be read, or a URL whose password was
             redacted (a resumed run) has none to connect with.
     """
-    from shardreplay.secrets import ENV, adopt, needs_password, read_password_file
-
     if password_file:
         read_password_file(password_file)
     url, policy = adopt(settings.transport.url), adopt(settings.transport.policy_url)
@@ -87,8 +87,6 @@ def _settings(args: argparse.Namespace) -> tuple[TrainSettings, bool]:
         _check_resumable(args.resume, args.checkpoint_id)
     resume_dir = args.resume or _resumable(args)
     if resume_dir is not None:
-        from shardreplay.runtime.settings import settings_for_resume
-
         settings = settings_for_resume(resume_dir, given)
     else:
         settings = TrainSettings()
@@ -205,7 +203,6 @@ def _resumable(args: argparse.Namespace) -> Path | None:
 def run(args: argparse.Namespace) -> int:
     """Run ``train``; returns the exit code (a rank under torchrun exits here instead)."""
     from shardreplay.runtime.launch.launcher import under_torchrun
-    from shardreplay.runtime.log_lines import configure_logging, exit_directly
 
     # Under torchrun every rank writes to the same terminal: its lines say which rank.
     rank = f" rank {os.environ['RANK']}" if under_torchrun() else ""
@@ -224,8 +221,6 @@ def _run(args: argparse.Namespace) -> int:
         summary = train(settings, resume, auto_resume=bool(args.auto_resume),
                         checkpoint_id=args.checkpoint_id, replay=not args.no_replay)
     except ShardReplayError as exc:
-        from shardreplay.secrets import mask
-
         print(mask(f"shardreplay train: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before the launcher took over the signal
