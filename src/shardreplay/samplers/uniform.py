@@ -67,8 +67,7 @@ class UniformSampler(Unweighted):
         # 1 / period is their normal, and rejection still costs O(n * period) draws,
         # where listing the valid slots would cost O(capacity).
         if count * storage.period < total * _MIN_ACCEPTANCE:
-            ends = np.cumsum(np.minimum(storage.pos, cap))  # a row's written slots are its first
-            return rng.choice(_written_valid(storage.valid, ends, cap), size=n)
+            return rng.choice(_written_valid(storage.valid, np.minimum(storage.pos, cap), cap), size=n)
         # The kernel maps raw 64-bit words of the generator to slots (numpy's
         # ``integers`` costs more in argument handling than the draws themselves). Words
         # per accepted start: past the written count (the count rounded up to a power of
@@ -101,9 +100,8 @@ class UniformSampler(Unweighted):
         """No state of its own."""
 
 
-def _written_valid(valid: np.ndarray, ends: np.ndarray, cap: int) -> np.ndarray:
-    """Flat slots of the valid starts, reading only the written slots of each row
-    (``ends``: cumulative written counts per row)."""
-    lengths = np.diff(ends, prepend=0)
-    parts = [r * cap + np.flatnonzero(valid[r * cap:r * cap + int(w)]) for r, w in enumerate(lengths) if w]
+def _written_valid(valid: np.ndarray, written: np.ndarray, cap: int) -> np.ndarray:
+    """Flat slots of the valid starts, reading only the ``written[r]`` first slots of each
+    row ``r`` (a row's written slots are its first)."""
+    parts = [r * cap + np.flatnonzero(valid[r * cap:r * cap + int(w)]) for r, w in enumerate(written) if w]
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
