@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load
 from torch import nn
 
 from shardreplay import checkpoint
@@ -228,8 +230,6 @@ def keep_if_best(run_dir: Path, net: nn.Module, meta: Mapping[str, str], eval_re
 def best_return(run_dir: Path) -> float:
     """The evaluation recorded with ``best/`` (-inf: none, or unreadable), so that a
     resumed run replaces it only with a better one."""
-    from safetensors import SafetensorError, safe_open
-
     path = best_path(run_dir)
     try:
         with safe_open(str(path), "pt") as f:
@@ -250,9 +250,6 @@ def load_policy(path: Path) -> Policy:
             described network.
         FileNotFoundError: no such file.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
     data = Path(path).read_bytes()
     try:
         tensors = load(data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
 import json
 import logging
 import os
@@ -183,8 +184,6 @@ def _stopped_during_startup(run_dir: str) -> dict[str, Any]:
 
 
 def _torchrun_rank(settings: TrainSettings, how: dict[str, Any]) -> dict[str, Any]:
-    import importlib
-
     importlib.import_module(LEARNER_PRELOAD)  # what a learner imports, imported as the fork server does
     import torch.distributed as dist
 
