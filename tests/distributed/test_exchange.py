@@ -10,6 +10,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import testing
+from shardreplay.spec.keys import with_shard
 from shardreplay.spec.layout import DATA, window_layout
 
 # Big fields (own arrays), small ones (inside the per-slot record), odd sizes and offsets.
@@ -73,3 +74,65 @@ def test_windows_into_refuses_rows_or_offsets_outside_the_records(tmp_path: Path
     with pytest.raises(ValueError, match="C-contiguous"):
         testing.shard(buf).gather(starts, into=(out[:, :-8], layout.offsets(DATA), np.arange(4)))
     assert not out.any()
+
+
+def _reference_counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float) -> np.ndarray:
+    """kernels/exchange.counts by its definition: uniform ``x`` counts for owners ``a .. c``,
+    the owners of ``(x - widen) * total`` and ``(x + widen) * total`` in the masses' CDF."""
+    cum = np.cumsum(masses)
+    edges = cum[:np.flatnonzero(masses > 0)[-1]]
+    out = np.zeros((*u.shape[:2], masses.size), np.int64)
+    for r, b, j in np.ndindex(*u.shape):
+        if j < batches[r]:
+            ends = [(u[r, b, j] - widen) * cum[-1], (u[r, b, j] + widen) * cum[-1]]
+            low, high = np.searchsorted(edges, ends, side="right")
+            out[r, b, low:high + 1] += 1
+    return out
+
+
+def test_exchange_kernels_equal_their_references() -> None:
+    from shardreplay.kernels import exchange as kernels
+
+    rng = np.random.default_rng(11)
+    for trial in range(400):
+        world, k = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+        batches = rng.integers(1, 9, world)
+        masses = rng.exponential(1, world) * (rng.random(world) < 0.7)  # some shards empty
+        masses[rng.integers(world)] += 0.5
+        u = rng.random((world, k, int(batches.max())))
+        if trial % 3 == 0:
+            u[..., 0] = np.nextafter(1.0, 0)  # u * total rounds up to the total
+        widen = float(rng.choice([0.0, 1e-3, 0.05, 0.3]))
+        got = kernels.counts(masses, batches, u, widen)
+        np.testing.assert_array_equal(got, _reference_counts(masses, batches, u, widen), err_msg=str(trial))
+        if not widen:
+            np.testing.assert_array_equal(got.sum(axis=2), np.broadcast_to(batches[:, None], (world, k)))
+        after = masses * rng.uniform(0.5, 2, world)
+        move = np.abs(np.cumsum(masses) / masses.sum() - np.cumsum(after) / after.sum()).max()
+        assert kernels.cdf_move(masses, after) == pytest.approx(move, abs=1e-12)
+        drawn = rng.integers(0, 6, (k, world))
+        take = np.minimum(drawn, rng.integers(0, 6, (k, world)))
+        n = int(take.sum(axis=1).max())
+        src = np.cumsum(drawn, axis=0) - drawn
+        dst = np.cumsum(take, axis=1) - take + n * np.arange(k)[:, None]
+        want = [(o, src[b, o], dst[b, o], take[b, o]) for b, o in zip(*np.nonzero(take), strict=True)]
+        assert [tuple(row) for row in kernels.take_plan(drawn, take, n).tolist()] == want
+
+
+def test_record_columns_written_by_the_kernel_equal_the_views() -> None:
+    from shardreplay.kernels import exchange as kernels
+
+    layout = window_layout(SPEC, 3)
+    rng = np.random.default_rng(5)
+    rows = rng.permutation(20)[:12]
+    mask, keys = rng.random((12, 3)) < 0.5, rng.integers(0, 1 << 40, 12)
+    probs = rng.random(12)
+    out = np.zeros((20, layout.record_bytes), np.uint8)
+    at = layout.offsets()
+    kernels.write_columns(out, rows, mask.view(np.uint8), keys, 3, probs, 2.5,
+                          np.array([at["mask"], at["key"], at["probability"]]))
+    want = np.zeros_like(out)
+    views = layout.views(want)
+    views["mask"][rows], views["key"][rows] = mask, with_shard(keys, 3)
+    views["probability"][rows] = probs * 2.5
+    np.testing.assert_array_equal(out, want)

@@ -18,18 +18,23 @@ import socket
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from shardreplay.buffer.device import write_records
 from shardreplay.buffer.shard import Shard
 from shardreplay.checkpoint.episodes import ranges
 from shardreplay.distributed.exchange import Drawn, ExchangeStats, split_batches
 from shardreplay.distributed.group import Collectives, Released
 from shardreplay.errors import EmptyBufferError
-from shardreplay.spec.layout import RecordLayout, data_parts
+from shardreplay.kernels.lazy import lazy
+from shardreplay.spec.layout import DATA, RecordLayout, data_parts
+
+if TYPE_CHECKING:
+    from shardreplay.kernels import exchange as kernels
+else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
+    kernels = lazy("shardreplay.kernels.exchange")
 
 _LOG = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
@@ -53,6 +58,9 @@ class ExactExchange:
         self.local = local
         self._comm = comm
         self._layout = layout
+        self._data_at = layout.offsets(DATA)
+        at = layout.offsets()
+        self._columns_at = np.array([at["mask"], at["key"], at["probability"]], np.int64)
         self.rank, self.world_size = comm.rank, comm.world_size
         self._hosts, self._nonces = np.asarray(hosts, np.int64), np.asarray(nonces, np.int64)
         self.nonce = int(self._nonces[self.rank])  # names this rank's regions
@@ -83,7 +91,6 @@ class ExactExchange:
         """
         shape = (self.world_size, k, int(stats.batch_size.max()))
         u = np.random.default_rng(int(stats.seed[0])).random(shape)  # one stream for every count
-        np.copyto(u, np.inf, where=np.arange(shape[2]) >= stats.batch_size.reshape(-1, 1, 1))  # unused
         return self._exchange(stats.mass, stats.batch_size, u, k, bool(stats.tail.any()), released)
 
     def _exchange(self, masses: np.ndarray, batches: np.ndarray, u: np.ndarray, k: int, spare: bool,
@@ -102,9 +109,10 @@ class ExactExchange:
         post = np.array([send is not None, st.mass, st.min_leaf, self.local.max_priority], np.float64)
         firsts = np.cumsum(sent + head) - sent  # each requester's first row
         if send is not None and st.mass > 0 and sent.any():
-            draw = self.local.draw(int(sent.sum()), advance_schedule=False)
-            write_records(self.local, self._layout, send, ranges(firsts, sent), draw.starts,
-                          draw.probabilities * st.mass, me)  # q * mass: divided by the total below
+            draw, rows = self.local.draw(int(sent.sum()), advance_schedule=False), ranges(firsts, sent)
+            mask, keys = self.local.gather(draw.starts, into=(send, self._data_at, rows))
+            kernels.write_columns(send, rows, mask.view(np.uint8), keys, me, draw.probabilities, st.mass,
+                                  self._columns_at)  # q * mass: divided by the total below
         if shared is not None:
             post_all = self._comm.all_gather(torch.from_numpy(post),
                                              "ShardedReplayBuffer.sample(records written)",
@@ -124,23 +132,19 @@ class ExactExchange:
             sources = np.split(recv.cpu().numpy().reshape(-1, rb), np.cumsum(sections[me] + head)[:-1])
             post_all = np.stack([s[:head].reshape(-1)[:32].view(np.float64) for s in sources])
             sources = [s[head:] for s in sources]
-        same = again or (not spare and np.array_equal(post_all[:, 1], masses))
-        final = planned if same else _counts(post_all[:, 1], batches, u)
+        new = np.ascontiguousarray(post_all[:, 1])
+        same = again or (not spare and np.array_equal(new, masses))
+        final = planned if same else _counts(new, batches, u)
         if spare and not again:  # alike on every rank: twice the last move of the CDF, next time
-            edges = [np.cumsum(m) / np.sum(m) for m in (masses, post_all[:, 1])]
-            self._widen = max(2 * float(np.abs(edges[1] - edges[0]).max()), 1e-4)
+            self._widen = max(2 * float(kernels.cdf_move(np.ascontiguousarray(masses), new)), 1e-4)
         if (final > planned).any():  # alike on every rank: all see every count
-            return self._exchange(post_all[:, 1], batches, u, k, False, released, again=True)
-        total = float(post_all[:, 1].sum())
+            return self._exchange(new, batches, u, k, False, released, again=True)
+        total = float(new.sum())
         self.local.raise_max_priority(float(post_all[:, 3].max()))
-        drawn, got = planned[me], final[me]  # [batch, owner]: items drawn, items taken
-        src = (np.cumsum(drawn, axis=0) - drawn).tolist()  # a batch's first row in an owner's block
-        dst = (np.cumsum(got, axis=1) - got + np.arange(0, k * n, n).reshape(-1, 1)).tolist()
         records = torch.empty((k * n, rb), dtype=torch.uint8, pin_memory=self._pin)
         out = records.numpy()
-        for b, row in enumerate(got.tolist()):
-            for o, m in enumerate(row):
-                out[dst[b][o]:dst[b][o] + m] = sources[o][src[b][o]:src[b][o] + m]
+        for o, src, dst, m in kernels.take_plan(planned[me], final[me], n).tolist():
+            out[dst:dst + m] = sources[o][src:src + m]
         views = self._layout.views(out)
         views["probability"] /= total
         parts = {name: torch.from_numpy(v) for name, v in views.items()}
@@ -192,28 +196,18 @@ class ExactExchange:
 def _counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float = 0.0) -> np.ndarray:
     """Items per ``[requester r, batch, owner]``: each of ``r``'s batches takes
     Multinomial(``batches[r]``, masses / total), by the inverse CDF of the uniforms ``u``
-    (``[requester, batch, largest batch size]``, inf past ``batches[r]``, the same on every
-    rank; so the counts of nearby masses differ only where a uniform falls between them).
-    ``widen``: each owner's share of the CDF taken that much wider on both sides, so that
-    these counts bound those of any masses whose CDF moved less than that.
+    (``[requester, batch, largest batch size]``, the same on every rank; so the counts of
+    nearby masses differ only where a uniform falls between them). ``widen``: each owner's
+    share of the CDF taken that much wider on both sides, so that these counts bound those
+    of any masses whose CDF moved less than that.
 
     Raises:
         EmptyBufferError: every mass is 0.
     """
-    cum = np.cumsum(masses)
-    if not cum[-1] > 0:
+    if not masses.sum() > 0:
         raise EmptyBufferError("no shard has a window to sample: write more steps first")
-    last = int(np.flatnonzero(masses > 0)[-1])  # u * total may round up to the total: the last's
-    edges, n = cum[:last], np.reshape(batches, (-1, 1, 1))  # edges[o]: between owners o and o + 1
-    # Owner o takes the uniforms below its upper edge (moved down) and not below its lower edge
-    # (moved up): a uniform near an edge counts for both sides.
-    down = (((u - widen) * cum[-1])[..., None] < edges).sum(axis=2)
-    up = (((u + widen) * cum[-1])[..., None] < edges).sum(axis=2) if widen else down
-    counts = np.empty((*u.shape[:2], masses.size), np.int64)
-    counts[..., :last], counts[..., last:] = down, n
-    counts[..., 1:last + 1] -= up
-    counts[..., last + 1:] -= n
-    return counts
+    masses, batches = np.ascontiguousarray(masses), np.ascontiguousarray(batches, np.int64)
+    return kernels.counts(masses, batches, u, float(widen))
 
 
 def host_key(enabled: bool) -> int:
