@@ -10,6 +10,7 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import testing
+from shardreplay.kernels.codes import SHARD_SHIFT
 from shardreplay.spec.keys import with_shard
 from shardreplay.spec.layout import DATA, window_layout
 
@@ -136,3 +137,28 @@ def test_record_columns_written_by_the_kernel_equal_the_views() -> None:
     views["mask"][rows], views["key"][rows] = mask, with_shard(keys, 3)
     views["probability"][rows] = probs * 2.5
     np.testing.assert_array_equal(out, want)
+
+
+def test_routed_updates_packed_and_unpacked_by_the_kernels_arrive_in_order() -> None:
+    from shardreplay.kernels import exchange as kernels
+
+    rng = np.random.default_rng(8)
+    for _trial in range(200):
+        world, slot = int(rng.integers(1, 6)), int(rng.integers(0, 5))
+        sent = [(rng.integers(0, world, m), rng.integers(0, 1 << 40, m), rng.random(m).astype(np.float32))
+                for m in rng.integers(0, 9, world)]  # per sender: owners, keys of shard 0, priorities
+        head = rng.integers(0, 100, 3)
+        packed = [kernels.pack_updates(keys | (owners << SHARD_SHIFT), prios, head, world, slot)
+                  for owners, keys, prios in sent]
+        for (owners, _, _), (block, _, counts) in zip(sent, packed, strict=True):
+            assert (block[:, :3] == head).all()
+            np.testing.assert_array_equal(counts, np.bincount(owners, minlength=world))
+            assert (block[:, 3:3 + world] == counts).all()
+        for me in range(world):
+            got = np.stack([block[me] for block, _, _ in packed])
+            rest = np.maximum(got[:, 3 + me] - slot, 0)
+            extra = np.concatenate([payload[(counts.cumsum() - counts)[me] + slot:counts.cumsum()[me]]
+                                    for _, payload, counts in packed]).reshape(-1, 2)
+            keys, prios = kernels.unpack_updates(got, 3, me, slot, extra, rest)
+            np.testing.assert_array_equal(keys, np.concatenate([k[o == me] for o, k, _ in sent]))
+            np.testing.assert_array_equal(prios, np.concatenate([p[o == me] for o, _, p in sent]))

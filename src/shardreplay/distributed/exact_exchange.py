@@ -18,7 +18,7 @@ import socket
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,13 +28,8 @@ from shardreplay.checkpoint.episodes import ranges
 from shardreplay.distributed.exchange import Drawn, ExchangeStats, split_batches
 from shardreplay.distributed.group import Collectives, Released
 from shardreplay.errors import EmptyBufferError
-from shardreplay.kernels.lazy import lazy
+from shardreplay.kernels import exchange as kernels
 from shardreplay.spec.layout import DATA, RecordLayout, data_parts
-
-if TYPE_CHECKING:
-    from shardreplay.kernels import exchange as kernels
-else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
-    kernels = lazy("shardreplay.kernels.exchange")
 
 _LOG = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")

@@ -24,8 +24,9 @@ from shardreplay.buffer.checks import (
 from shardreplay.buffer.shard import Shard
 from shardreplay.distributed.group import Collectives, Released
 from shardreplay.errors import ConfigError, InvalidKeyError, ShardReplayError
+from shardreplay.kernels import exchange as kernels
 from shardreplay.kernels.keys import BAD_KEY, BAD_PRIORITY, split_updates
-from shardreplay.spec.keys import key_shard, with_shard
+from shardreplay.spec.keys import key_shard
 
 _UPDATE_OPS = ("ShardedReplayBuffer.update_priorities(counts and updates)",
                "ShardedReplayBuffer.update_priorities(updates past the slot)")
@@ -66,19 +67,11 @@ class PendingUpdates:
         return moved
 
     def take(self) -> tuple[np.ndarray, np.ndarray]:
-        """Everything queued as ``([n, 2] int64 payload rows, per-owner counts)`` and clear.
-
-        A payload row is ``(key with shard bits 0, float64 priority bits)``, rows sorted by
-        owner (stably, so a key updated twice keeps its last priority at the owner).
-        """
+        """Everything queued, in call order, as ``(int64 keys, float32 priorities)``, and clear."""
         moved = self.detach()
         if not moved._keys:
-            return np.empty((0, 2), np.int64), moved.counts
-        keys, prios = np.concatenate(moved._keys), np.concatenate(moved._prios)
-        order = np.argsort(key_shard(keys), kind="stable")
-        payload = np.stack([with_shard(keys[order], 0),
-                            prios[order].astype(np.float64).view(np.int64)], axis=1)
-        return payload, moved.counts
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        return np.concatenate(moved._keys), np.concatenate(moved._prios)
 
 
 class PriorityRouter:
@@ -167,13 +160,7 @@ class PriorityRouter:
         """
         k, me, h = self.world_size, self.rank, head.size
         slot = self._slots.get(ops[0], 0) if slot is None else slot
-        payload, counts = pending.take()
-        firsts = np.cumsum(counts) - counts
-        fits = np.minimum(counts, slot)
-        block = np.zeros((k, h + k + 2 * slot), np.int64)
-        block[:, :h], block[:, h:h + k] = head, counts
-        for o in np.flatnonzero(fits):
-            block[o, h + k:h + k + 2 * fits[o]] = payload[firsts[o]:firsts[o] + fits[o]].ravel()
+        block, payload, counts = kernels.pack_updates(*pending.take(), head, k, slot)
         got = self._comm.all_to_all(torch.from_numpy(block), [1] * k, [1] * k, ops[0],
                                     while_waiting=while_waiting, released=released).cpu().numpy()
         matrix = got[:, h:h + k]  # matrix[r, o]: updates rank r sends owner o
@@ -182,17 +169,15 @@ class PriorityRouter:
         top = int(matrix.max())
         if top:
             self._slots[ops[0]] = top + top // 4 + 8
-        came = np.minimum(matrix[:, me], slot)
-        parts = [got[r, h + k:h + k + 2 * came[r]].reshape(-1, 2) for r in range(k)]
         rest = np.maximum(matrix - slot, 0)
+        extra = np.empty((0, 2), np.int64)
         if rest.any():  # alike on every rank: every rank sees every count
-            send = np.concatenate([payload[firsts[o] + fits[o]:firsts[o] + counts[o]] for o in range(k)])
+            firsts = np.cumsum(counts) - counts
+            send = np.concatenate([payload[firsts[o] + slot:firsts[o] + counts[o]] for o in range(k)])
             extra = self._comm.all_to_all(torch.from_numpy(send), rest[me].tolist(), rest[:, me].tolist(),
                                           ops[1], released=released).cpu().numpy()
-            ends = np.cumsum(rest[:, me])
-            parts = [p for r in range(k) for p in (parts[r], extra[ends[r] - rest[r, me]:ends[r]])]
-        rows = np.concatenate(parts)
-        applied = self._shard.apply_routed(rows[:, 0], rows[:, 1].view(np.float64).astype(np.float32))
+        keys, prios = kernels.unpack_updates(got, h, me, slot, extra, np.ascontiguousarray(rest[:, me]))
+        applied = self._shard.apply_routed(keys, prios)
         return got[:, :h + k], applied
 
     def split(self, keys: Any, priorities: Any) -> tuple[np.ndarray, ...]:

@@ -1,6 +1,7 @@
-"""The exact exchange's bookkeeping (distributed/exact_exchange.py): every requester's
-shard counts, the move of the counts' CDF, the owner's write of the record columns it
-fills, and the requester's copy plan."""
+"""The sharded exchange's bookkeeping: the routed priority updates' block and what arrives
+(distributed/priorities.py); every requester's shard counts, the move of the counts' CDF,
+the owner's write of the record columns it fills, and the requester's copy plan
+(distributed/exact_exchange.py)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,57 @@ def take_plan(drawn, got, n):  # pragma: no cover - compiled
             src[o] += drawn[b, o]
             dst += got[b, o]
     return plan[:m]
+
+
+@numba.njit(cache=True, nogil=True)
+def pack_updates(keys, prios, head, world, slot):  # pragma: no cover - compiled
+    """The all_to_all block ``[world, len(head) + world + 2 * slot]`` of routed updates: row
+    ``o`` holds ``head``, the count of ``keys`` (with their shard bits) owned by each
+    shard, then up to ``slot`` of owner ``o``'s ``(key with shard 0, float64 priority
+    bits)`` pairs; and every pair, ``[m, 2]`` ordered by owner (stably), and the counts."""
+    h = head.shape[0]
+    counts = np.zeros(world, np.int64)
+    for i in range(keys.shape[0]):
+        counts[keys[i] >> SHARD_SHIFT] += 1
+    block = np.zeros((world, h + world + 2 * slot), np.int64)
+    block[:, :h] = head
+    block[:, h:h + world] = counts
+    payload = np.empty((keys.shape[0], 2), np.int64)
+    first = np.cumsum(counts) - counts
+    at = first.copy()  # where owner o's next pair goes
+    real = np.empty(1, np.float64)
+    bits = real.view(np.int64)
+    for i in range(keys.shape[0]):
+        o = keys[i] >> SHARD_SHIFT
+        real[0] = prios[i]
+        payload[at[o], 0], payload[at[o], 1] = keys[i] & LOCAL_MASK, bits[0]
+        j = at[o] - first[o]
+        if j < slot:
+            block[o, h + world + 2 * j], block[o, h + world + 2 * j + 1] = payload[at[o], 0], bits[0]
+        at[o] += 1
+    return block, payload, counts
+
+
+@numba.njit(cache=True, nogil=True)
+def unpack_updates(got, h, me, slot, extra, rest):  # pragma: no cover - compiled
+    """The updates for shard ``me`` in the gathered blocks ``got`` (see :func:`pack_updates`)
+    and in ``extra`` (``rest[r]`` pairs past the slot from each rank ``r``, in rank order):
+    keys and float32 priorities, each sender's in its order, senders in rank order."""
+    world = got.shape[0]
+    m = extra.shape[0]
+    for r in range(world):
+        m += min(got[r, h + me], slot)
+    keys, prios = np.empty(m, np.int64), np.empty(m, np.float32)
+    bits = np.empty(1, np.int64)
+    real = bits.view(np.float64)
+    i = e = 0
+    for r in range(world):
+        for j in range(min(got[r, h + me], slot)):
+            keys[i], bits[0] = got[r, h + world + 2 * j], got[r, h + world + 2 * j + 1]
+            prios[i] = real[0]
+            i += 1
+        for _ in range(rest[r]):
+            keys[i], bits[0] = extra[e, 0], extra[e, 1]
+            prios[i] = real[0]
+            i, e = i + 1, e + 1
+    return keys, prios
