@@ -24,11 +24,8 @@ from shardreplay.transport.local import pid_alive
 
 
 def preloaded_context(modules: list[str]) -> Any:
-    """A ``forkserver`` multiprocessing context whose server imports ``modules`` once.
-
-    The server starts at the first ``start()`` of a process of the context, with that
-    moment's signal mask and environment; it serves until :func:`stop_server`.
-    """
+    """A ``forkserver`` multiprocessing context whose server imports ``modules`` once (it
+    starts as the module docstring says and serves until :func:`stop_server`)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(modules)
     return ctx

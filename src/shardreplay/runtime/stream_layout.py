@@ -12,9 +12,8 @@ import numpy as np
 
 from shardreplay.errors import ConfigError
 
-# A chunk's sequence carries the shard it was made for above this bit, so the chunks an
-# actor sends to different shards never share an identity (a resumed run unions the
-# shards' records of stored chunks). Actors start their sequences at a clock reading in
+# A chunk's sequence carries the shard it was made for above this bit (docs/semantics.md,
+# "Chunks across crashes"); actors start their sequences at a clock reading in
 # microseconds (about 2**51 today), which stays below it for a century.
 SHARD_SEQUENCE_SHIFT = 52
 MAX_SHARDS = 2047  # shard << SHARD_SEQUENCE_SHIFT plus the clock stays a positive int64 (until ~2110)

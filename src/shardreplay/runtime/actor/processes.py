@@ -1,9 +1,5 @@
-"""Child processes that always end: actor pools and process-tree cleanup.
-
-Every child asks for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), so killing a
-learner, even with ``kill -9``, takes its actors with it; children start with SIGINT
-blocked (the parent decides how they stop). :class:`ProcessTree` remembers every
-descendant seen, so the launcher can also stop those a dead parent left behind."""
+"""Child processes that always end: actor pools, which die with their learner, and the
+process-tree cleanup of the launcher (docs/semantics.md, "A learner rank that dies")."""
 
 from __future__ import annotations
 
