@@ -2,26 +2,8 @@
 
 Every error the library raises on purpose derives from :class:`ShardReplayError`, and
 also from the built-in type a caller would reach for (``ValueError`` for bad input,
-``RuntimeError`` for a failed operation), so both ``except`` styles work::
-
-    ShardReplayError
-    ├── ConfigError                 (ValueError)   bad constructor / CLI setting
-    ├── SpecMismatchError           (ValueError)   data that does not fit the Spec
-    ├── InvalidPriorityError        (ValueError)   NaN, inf, negative priorities
-    ├── InvalidKeyError             (ValueError)   a key that names no slot of this buffer
-    ├── EmptyBufferError            (RuntimeError) sampling with no valid window
-    ├── CollectiveTimeout           (RuntimeError) a peer rank did not answer in time
-    │   └── PeerLost                               a peer's connection broke (it died?)
-    ├── SamplerFailed               (RuntimeError) a background exchange failed earlier
-    ├── StorageError                (RuntimeError) the file system refused a write (full, read-only)
-    ├── IngestRejectedError         (ValueError)   a learner shard cannot take an actor's chunk
-    ├── CheckpointError             (RuntimeError)
-    │   ├── IncompleteCheckpointError              a part or the manifest is missing
-    │   └── CheckpointFormatError                  corrupt, truncated, wrong spec/version
-    │       └── CheckpointDamagedError             a file's bytes differ from its recorded hash
-    └── TransportError              (RuntimeError)
-        ├── CorruptChunkError                      a chunk failed decoding or validation
-        └── TransportTimeout                       no answer from the transport in time
+``RuntimeError`` for a failed operation), so both ``except`` styles work. The tree, with
+what each error means, is drawn in docs/semantics.md, "Errors".
 
 Errors of third-party libraries (redis, the OS, torch.distributed) are translated into
 these once, at the module that talks to them.
