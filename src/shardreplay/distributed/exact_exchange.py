@@ -131,15 +131,20 @@ class ExactExchange:
         same = again or (not spare and np.array_equal(new, masses))
         final = planned if same else _counts(new, batches, u)
         if spare and not again:  # alike on every rank: twice the last move of the CDF, next time
-            self._widen = max(2 * float(kernels.cdf_move(np.ascontiguousarray(masses), new)), 1e-4)
+            edges = [np.cumsum(m) / np.sum(m) for m in (masses, new)]
+            self._widen = max(2 * float(np.abs(edges[1] - edges[0]).max()), 1e-4)
         if (final > planned).any():  # alike on every rank: all see every count
             return self._exchange(new, batches, u, k, False, released, again=True)
         total = float(new.sum())
         self.local.raise_max_priority(float(post_all[:, 3].max()))
         records = torch.empty((k * n, rb), dtype=torch.uint8, pin_memory=self._pin)
         out = records.numpy()
-        for o, src, dst, m in kernels.take_plan(planned[me], final[me], n).tolist():
-            out[dst:dst + m] = sources[o][src:src + m]
+        drawn, got = planned[me], final[me]  # [batch, owner]: items drawn, items taken
+        src = (np.cumsum(drawn, axis=0) - drawn).tolist()  # a batch's first row in an owner's block
+        dst = (np.cumsum(got, axis=1) - got + np.arange(0, k * n, n).reshape(-1, 1)).tolist()
+        for b, row in enumerate(got.tolist()):
+            for o, m in enumerate(row):
+                out[dst[b][o]:dst[b][o] + m] = sources[o][src[b][o]:src[b][o] + m]
         views = self._layout.views(out)
         views["probability"] /= total
         parts = {name: torch.from_numpy(v) for name, v in views.items()}
@@ -189,12 +194,7 @@ class ExactExchange:
 
 
 def _counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float = 0.0) -> np.ndarray:
-    """Items per ``[requester r, batch, owner]``: each of ``r``'s batches takes
-    Multinomial(``batches[r]``, masses / total), by the inverse CDF of the uniforms ``u``
-    (``[requester, batch, largest batch size]``, the same on every rank; so the counts of
-    nearby masses differ only where a uniform falls between them). ``widen``: each owner's
-    share of the CDF taken that much wider on both sides, so that these counts bound those
-    of any masses whose CDF moved less than that.
+    """:func:`kernels.exchange.counts` (``[requester, batch, owner]``).
 
     Raises:
         EmptyBufferError: every mass is 0.

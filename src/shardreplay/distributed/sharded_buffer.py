@@ -7,26 +7,9 @@ rules 5-6). The buffer is a facade over the priority router (:mod:`priorities`),
 exchange (:mod:`exchange` with the mode's strategy) and the runner (:mod:`runner`:
 inline, or a background thread); checkpoints reach them through :func:`internals_of`.
 
-Collectives per call (``tests/distributed/test_sharded_collectives.py`` counts them,
-``test_exchange_round_trips.py`` their round trips; on gloo each is one round trip at any
-K; docs/multi-machine.md gives their bytes). An *exchange* is one all_to_all of the stats
-with the queued updates in a slot per owner (a second for those past it, the first time
-they travel); then in exact mode one all_to_all of records with the owners' new stats, or
-on one host one all_gather of "records written" and the stats (plus "regions mapped" when
-shared-memory regions are (re)made; all of it again when a batch is short of its count);
-in local mode an all_gather of the stats again when any rank had updates queued.
-
-* ``sample``: one exchange when no batch is prefetched (every k-th call with
-  ``prefetch=k``); with ``pipeline=True`` on the background thread's own group. In local
-  mode only every 16th exchange (and the first after ``discard_prefetched``) agrees: the
-  others issue no collective.
-* ``update_priorities``: exact mode, ``prefetch=1``, no pipeline: one all_to_all, plus an
-  all_gather of the owners' maxima when a routed priority exceeds every shard's maximum;
-  otherwise none.
-* ``flush_updates``: one all_to_all of the counts, plus one when any rank has some.
-* ``len()``, ``num_steps``, ``capacity``, ``global_sizes``: one all_reduce each.
-* ``add``, ``extend``, ``info``, ``settle``, ``discard_prefetched``, ``close``: none
-  (construction: one all_gather, and a ``new_group`` with ``pipeline=True``).
+Every public method's docstring says whether it is collective; the collectives of an
+exchange, their bytes and round trips: docs/multi-machine.md, "How far exact sampling
+scales" (``tests/distributed/test_sharded_collectives.py`` counts them per call).
 """
 
 from __future__ import annotations
@@ -176,12 +159,12 @@ class ShardedReplayBuffer:
             return self._shard.info()
 
     def add(self, step: Any, stream_ids: Any = None, priorities: Any = None) -> None:
-        """Write one step per stream into this rank's shard (see ReplayBuffer.add)."""
+        """Write one step per stream into this rank's shard (see ReplayBuffer.add); no collective."""
         with self._runner.guard():
             self.local.add(step, stream_ids, priorities)
 
     def extend(self, chunk: Any, stream_ids: Any = None, priorities: Any = None) -> None:
-        """Write ``T`` steps per stream into this rank's shard (see ReplayBuffer.extend)."""
+        """Write ``T`` steps per stream into this rank's shard (see ReplayBuffer.extend); no collective."""
         with self._runner.guard():
             self.local.extend(chunk, stream_ids, priorities)
 

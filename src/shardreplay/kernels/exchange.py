@@ -1,7 +1,6 @@
-"""The sharded exchange's bookkeeping: the routed priority updates' block and what arrives
-(distributed/priorities.py); every requester's shard counts, the move of the counts' CDF,
-the owner's write of the record columns it fills, and the requester's copy plan
-(distributed/exact_exchange.py)."""
+"""The sharded exchange's bookkeeping: every requester's shard counts and the owner's write
+of the record columns it fills (distributed/exact_exchange.py); the block of routed
+priority updates and what arrives in it (distributed/priorities.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +13,13 @@ from shardreplay.kernels.codes import LOCAL_MASK, SHARD_SHIFT
 
 @numba.njit(cache=True, nogil=True)
 def counts(masses, batches, u, widen):  # pragma: no cover - compiled
-    """Items per ``[requester r, batch, owner]``: uniform ``u[r, b, j]`` (``j <
-    batches[r]``) goes to the owner whose share of the masses' CDF holds it; with
-    ``widen``, to every owner whose share taken ``widen`` wider on both sides holds it.
-    ``u * total`` rounded up to the total counts for the last owner of positive mass."""
+    """Items per ``[requester r, batch, owner]``: each of ``r``'s batches takes
+    Multinomial(``batches[r]``, masses / total) by the inverse CDF of the uniforms ``u``
+    (the same on every rank, so the counts of nearby masses differ only where a uniform
+    falls between them). ``widen``: each owner's share taken that much wider on both sides
+    (the counts then bound those of masses whose CDF moved less than that)."""
     cum = np.cumsum(masses)
-    last = 0
-    for o in range(masses.shape[0]):
-        if masses[o] > 0:
-            last = o
+    last = np.flatnonzero(masses > 0)[-1]  # u * total may round up to the total: the last's
     out = np.zeros((u.shape[0], u.shape[1], masses.shape[0]), np.int64)
     for r in range(u.shape[0]):
         for b in range(u.shape[1]):
@@ -34,13 +31,6 @@ def counts(masses, batches, u, widen):  # pragma: no cover - compiled
                     second += not high < cum[e]
                 out[r, b, first:second + 1] += 1
     return out
-
-
-@numba.njit(cache=True, nogil=True)
-def cdf_move(before, after):  # pragma: no cover - compiled
-    """The largest move of the normalised cumulative masses from ``before`` to ``after``."""
-    a, b = np.cumsum(before), np.cumsum(after)
-    return np.abs(a / a[-1] - b / b[-1]).max()
 
 
 @numba.njit(cache=True, nogil=True)
@@ -59,25 +49,6 @@ def write_columns(out, rows, mask, keys, shard, probs, scale, at):  # pragma: no
         row[at[1]:at[1] + 8] = word_bytes
         real[0] = probs[i] * scale
         row[at[2]:at[2] + 8] = real_bytes
-
-
-@numba.njit(cache=True, nogil=True)
-def take_plan(drawn, got, n):  # pragma: no cover - compiled
-    """The requester's copies, ``[m, 4]`` rows ``(owner, first row in the owner's block,
-    first row of the batches, count)``: batch ``b`` takes the first ``got[b, o]`` of the
-    ``drawn[b, o]`` rows owner ``o`` drew for it, owners in order, from row ``b * n``."""
-    plan = np.empty((got.size, 4), np.int64)
-    src = np.zeros(got.shape[1], np.int64)
-    m = 0
-    for b in range(got.shape[0]):
-        dst = b * n
-        for o in range(got.shape[1]):
-            if got[b, o]:
-                plan[m, 0], plan[m, 1], plan[m, 2], plan[m, 3] = o, src[o], dst, got[b, o]
-                m += 1
-            src[o] += drawn[b, o]
-            dst += got[b, o]
-    return plan[:m]
 
 
 @numba.njit(cache=True, nogil=True)
