@@ -18,9 +18,10 @@ so the pool cycles) and replayed into each case:
 
 Each case runs in its own process for ``1.5 x capacity`` adds (the fill, then half a lap
 over stored steps); each add is timed alone, in this thread's CPU time and in wall time.
-Per case: median, mean and worst add (after the first) over the run, the fill and the rest;
-medians by place at an episode's end (``ending``: the step whose env ended; ``after``: the
-next; ``reset``: the one after, the new episode's first stored step; ``normal``: the others);
+Per case: median, mean and worst add (after the first) over the run, the fill and the rest
+(and the rest's mean by tenths); medians by place at an episode's end (``ending``: the step
+whose env ended; ``after``: the next; ``reset``: the one after, the new episode's first
+stored step; ``normal``: the others);
 peak RSS above the process's before the buffer was made, and per stored step. A case
 whose memory the machine does not have (MemAvailable) is reported as not run.
 
@@ -157,6 +158,9 @@ def run_case(name: str, capacity: int, steps: int, seed: int) -> dict[str, Any]:
             c, p = cpu[sl] / 1e3, place[sl]
             out[part]["by_place_median_us"] = {k: round(float(np.median(c[p == v])), 2) for k, v in
                                                (("normal", 0), ("ending", 1), ("after", 2), ("reset", 3))}
+    if steps > fill.stop:  # the first tenths pay what a ring first writes after the fill (page faults)
+        out["after_fill"]["tenths_mean_us"] = [round(float(x.mean()) / 1e3, 2)
+                                               for x in np.array_split(cpu[fill.stop:], 10)]
     return out
 
 

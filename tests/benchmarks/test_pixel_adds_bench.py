@@ -21,5 +21,6 @@ def test_quick_run_prints_one_json_line_with_every_place(tmp_path: Path) -> None
         places = ours[part]["by_place_median_us"]
         assert set(places) == {"normal", "ending", "after", "reset"} and min(places.values()) > 0
         assert ours[part]["max_ms"] >= ours[part]["median_us"] / 1e3
+    assert len(ours["after_fill"]["tenths_mean_us"]) == 10
     sb3 = line["cases"][1]
     assert "not_run" in sb3 or sb3["all"]["median_us"] > 0
