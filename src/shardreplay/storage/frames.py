@@ -20,10 +20,8 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
 
 # Steps per piece of lazily built stacks (84x84x4 uint8: ~28 MiB).
 PIECE_STEPS = 1024
-# A ring that has not wrapped grows for free (a longer view, nothing moves) to what it needs
-# and 1/SLACK more: a full buffer's ring ends close to the frames it holds, since the
-# ring's unused tail is paged in, a fault per 4 KiB, only after the fill. A wrapped ring
-# moves frames to grow: by GROWTH.
+# Growth of a ring that has not wrapped (free) and of a wrapped one (it moves frames); why:
+# docs/internals.md, "Frame rings".
 SLACK = 16
 GROWTH = 1.25
 
