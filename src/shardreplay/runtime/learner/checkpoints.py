@@ -174,12 +174,13 @@ class LearnerCheckpoints:
                                  policy_version, write=resume_newest, checkpoint=restored)
         counts.torn, counts.damaged = len(scan.torn), len(scan.damaged)
         t = counts.summed(self.comm)
-        if self.rank == 0 and (t.stored or t.held or t.torn or t.damaged):
-            log.log(logging.WARNING if t.torn or t.damaged else logging.INFO,
+        if self.rank == 0 and (t.stored or t.held or t.rejected or t.torn or t.damaged):
+            log.log(logging.WARNING if t.rejected or t.torn or t.damaged else logging.INFO,
                     "ingest logs replayed: %d chunks (%d steps) acknowledged after the checkpoint stored "
                     "again (%d of them of actors this life no longer runs, written to the streams of "
-                    "actor id %% --actors), %d already held; %d torn and %d damaged record(s) ignored",
-                    t.stored, t.steps, t.rerouted, t.held, t.torn, t.damaged)
+                    "actor id %% --actors), %d already held, %d rejected (recorded lost); %d torn and "
+                    "%d damaged record(s) ignored", t.stored, t.steps, t.rerouted, t.held, t.rejected,
+                    t.torn, t.damaged)
         ingestor.wal = IngestLog(self.ingest_dir, self.rank, self.world, keep_chunks=durable, fsync=durable,
                                  fsync_every_s=_FSYNC_EVERY_S, inherited=old if self.rank == 0 else (),
                                  retention=retention)
