@@ -232,8 +232,10 @@ def test_chunks_acknowledged_after_the_checkpoint_of_a_crashed_learner_are_repor
     records = [json.loads(line) for line in (run / "lost_chunks.jsonl").read_text().splitlines()]
     assert records == [{"actor_id": 0, "first": 5, "last": 8, "chunks": 4, "steps": 32, "reason": CRASHED,
                         "rank": 0}]
-    life2.checkpointed(4, latest_complete=4)  # a complete checkpoint of this life: the old files go
-    assert [p.name for p in ingest.iterdir()] == [life2.wal.path.name]
+    life2.checkpointed(4, latest_complete=4)  # the old files stay: a fallback from 4 to 3 replays them
+    assert len(list(ingest.iterdir())) == 4
+    life2.checkpointed(5, latest_complete=5)  # a second complete checkpoint of this life: they go
+    assert {p.name for p in ingest.iterdir()} == {life2.wal.path.name, f"{life2.wal.path.stem}.upto-5.wal"}
     life2.close()
     # The next life finds only life 2's record of chunk 9, which its checkpoint would hold.
     stored.add(0, 9)
@@ -250,7 +252,7 @@ def test_the_journal_of_a_run_written_before_the_one_log_is_read_on_resume(tmp_p
     chunks 0..4, ``rotate(3)``, chunks 5..9; shard 1 of that two-shard life: chunk 0).
     A resume reads them as header-only records: what the checkpoint lacks and the medium
     does not deliver again is reported lost, what it delivers again is not, a torn last
-    record is ignored, and the files go with the first complete checkpoint of the new life."""
+    record is ignored, and the files go with the second complete checkpoint of the new life."""
     run, transport = tmp_path / "run", _spool(tmp_path)
     ingest = run / "ingest"
     shutil.copytree(FIXTURES / "journal-f00eda4", ingest)
@@ -272,5 +274,7 @@ def test_the_journal_of_a_run_written_before_the_one_log_is_read_on_resume(tmp_p
     assert [(r["actor_id"], r["first"], r["last"], r["reason"]) for r in records] == \
         [(0, 5, 8, CRASHED), (1, 0, 0, CRASHED)]
     life2.checkpointed(4, latest_complete=4)
-    assert life2.wal is not None and [p.name for p in ingest.iterdir()] == [life2.wal.path.name]
+    life2.checkpointed(5, latest_complete=5)
+    assert life2.wal is not None
+    assert {p.name for p in ingest.iterdir()} == {life2.wal.path.name, f"{life2.wal.path.stem}.upto-5.wal"}
     life2.close()

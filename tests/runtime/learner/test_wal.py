@@ -100,12 +100,13 @@ def test_a_sigkilled_learner_loses_no_acknowledged_chunk_and_stores_none_twice(t
         proc.join(10)
     assert not list((tmp_path / "spool").rglob("*.chunk")), "acknowledged: the spool forgot them"
     files = log_files(run_dir / "ingest")
-    # Trimmed at the checkpoint: the segment it holds is gone, the open one remains.
-    assert len(files) == 1 and ".upto-" not in files[0].name, files
+    # The segment checkpoint 0 holds stays until a newer checkpoint is complete: a resume
+    # that finds checkpoint 0 damaged would need it. The open one follows.
+    assert len(files) == 2 and ".upto-0." in files[0].name and ".upto-" not in files[1].name, files
     # A crash inside an append: the start of a record, never acknowledged.
-    with open(files[0], "rb") as f:
+    with open(files[1], "rb") as f:
         head = f.read(HEADER_BYTES)
-    with open(files[0], "ab") as f:
+    with open(files[1], "ab") as f:
         f.write(head[:40])
 
     buffer = _buffer()
@@ -115,8 +116,8 @@ def test_a_sigkilled_learner_loses_no_acknowledged_chunk_and_stores_none_twice(t
     ingestor = Ingestor(open_transport(spool, IDENT_SPEC, fsync=False).reader(), buffer, SETTINGS, stored)
     scan = LogScan()
     counts = ingestor.replay(read_logs(files, scan), 0)
-    assert (counts.stored, counts.held, counts.rejected) == (10, 0, 0)
-    assert [(p.name, size) for p, _at, size in scan.torn] == [(files[0].name, 40)] and scan.damaged == []
+    assert (counts.stored, counts.held, counts.rejected) == (10, 10, 0)
+    assert [(p.name, size) for p, _at, size in scan.torn] == [(files[1].name, 40)] and scan.damaged == []
     # A chunk delivered again after the replay (its ack never reached the medium) is dropped.
     writer.send(make_chunk(0, 7))
     ingestor.drain(8, 1.0, 0)
@@ -160,7 +161,9 @@ def test_a_record_damaged_before_the_end_is_reported_and_the_rest_of_its_file_un
     assert scan.torn == [] and [at for _, at, _ in scan.damaged] == [HEADER_BYTES + len(data[0])]
 
 
-def test_sealed_segments_go_once_their_checkpoint_is_complete(tmp_path: Path) -> None:
+def test_sealed_segments_go_once_a_checkpoint_after_theirs_is_complete(tmp_path: Path) -> None:
+    """The segment checkpoint 3 holds (and the inherited files) stay while 3 is the newest
+    complete checkpoint: a resume that finds it damaged falls back to 2 and replays them."""
     old = tmp_path / "shard-1.5-7.wal"  # an earlier life's segment (another shard)
     old.write_bytes(b"x" * 10)
     wal = IngestLog(tmp_path, 0, 2, fsync=False, inherited=[old])
@@ -170,18 +173,20 @@ def test_sealed_segments_go_once_their_checkpoint_is_complete(tmp_path: Path) ->
     wal.seal(3)
     sealed = tmp_path / wal.path.name.replace(".wal", ".upto-3.wal")
     assert sealed.exists() and wal.path.exists() and wal.trimmable
-    assert wal.trim(None) == 0 and wal.trim(2) == 0 and sealed.exists() and old.exists()
-    assert wal.trim(3) == HEADER_BYTES + len(chunk) + 10
-    assert not sealed.exists() and not old.exists() and not wal.trimmable
+    assert wal.trim(None) == 0 and wal.trim(2) == 0 and wal.trim(3) == 0 and sealed.exists() and old.exists()
+    wal.seal(4)
+    assert wal.trim(4) == HEADER_BYTES + len(chunk) + 10
+    assert not sealed.exists() and not old.exists() and wal.trimmable
     assert wal.size_bytes == 0 and wal.peak_bytes == HEADER_BYTES + len(chunk) + 10
-    assert log_files(tmp_path) == [wal.path]
+    assert log_files(tmp_path) == [sealed.with_name(sealed.name.replace("-3.", "-4.")), wal.path]
     wal.close()
     assert os.path.exists(wal.path)
 
 
 def test_a_log_holding_a_shards_capacity_asks_for_the_checkpoint_that_trims_it(tmp_path: Path) -> None:
     """The bound on the log's size: once the open segment holds the shard's capacity of
-    steps, ``log_full`` asks the loop for a checkpoint; after it the log is empty again."""
+    steps, ``log_full`` asks the loop for a checkpoint; after it the open segment is empty,
+    and after the next one the whole log: it never holds much more than two capacities."""
     spool, root = f"file://{tmp_path}/spool", tmp_path / "checkpoints"
     buffer = ReplayBuffer(IDENT_SPEC, num_streams=4, stream_capacity=16, window=2)  # 64 steps
     ingestor = Ingestor(open_transport(spool, IDENT_SPEC, fsync=False).reader(), buffer, SETTINGS,
@@ -201,8 +206,11 @@ def test_a_log_holding_a_shards_capacity_asks_for_the_checkpoint_that_trims_it(t
         assert sizes == sorted(sizes) and sizes[-1] > 0
         checkpoint.save(buffer, root, 1, files=ingest_record(ingestor))
         ingestor.checkpointed(1, checkpoint.latest_complete(root))
-        assert not ingestor.log_full() and ingestor.wal.size_bytes == 0
-        assert ingestor.wal.peak_bytes == sizes[-1]
+        assert not ingestor.log_full() and ingestor.wal.segment_bytes == 0
+        assert ingestor.wal.size_bytes == ingestor.wal.peak_bytes == sizes[-1]
+        checkpoint.save(buffer, root, 2, files=ingest_record(ingestor))
+        ingestor.checkpointed(2, checkpoint.latest_complete(root))
+        assert ingestor.wal.size_bytes == 0
     finally:
         writer.close()
         ingestor.close()

@@ -19,9 +19,9 @@ from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.group import Collectives
 from shardreplay.errors import CheckpointError, IncompleteCheckpointError
 from shardreplay.runtime.algos.base import Agent
-from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts, merge_stored
+from shardreplay.runtime.learner.ingest import Ingestor, ReplayCounts, StoredIds, merge_stored
 from shardreplay.runtime.learner.state import Lineage, Progress, StorageGuard
-from shardreplay.runtime.learner.wal import IngestLog, LogScan, Retention, log_files, read_logs
+from shardreplay.runtime.learner.wal import PASSED_OVER, IngestLog, LogScan, Retention, log_files, read_logs
 from shardreplay.runtime.policy_file import LEARNER_STATE, LearnerRecord, learner_records, record_file
 from shardreplay.runtime.run_identity import RunIdentity, write_life
 
@@ -69,6 +69,7 @@ class LearnerCheckpoints:
         self.saved_at = time.monotonic()
         self.last_id = -1
         self._trimmed_at = time.monotonic()
+        self._passed_over: StoredIds | None = None  # what the newest checkpoint a resume passed over stored
 
     def resume(self, buffer: ShardedReplayBuffer, agent: Agent, progress: Progress, lineage: Lineage,
                checkpoint_id: int | None, replay: bool = True) -> int:
@@ -90,6 +91,8 @@ class LearnerCheckpoints:
         report = checkpoint.load(self.root, buffer, checkpoint_id=checkpoint_id,
                                  fallback=checkpoint_id is None, files=(LEARNER_STATE,))  # verified
         assert report.manifest is not None  # load always carries it
+        if report.skipped:  # read before any rank moves them aside
+            self._passed_over = self._stored_after(report.checkpoint_id)
         mine = [report.steps, report.dropped_episodes, report.dropped_steps, report.sealed_episodes,
                 report.sealed_steps]
         total = self.comm.all_reduce_sum(torch.tensor(mine, dtype=torch.int64), "resume steps")
@@ -111,6 +114,31 @@ class LearnerCheckpoints:
                     steps, report.saved_steps, dropped_eps, dropped_steps, sealed_eps, sealed_steps,
                     progress.counters)
         return report.checkpoint_id
+
+    def _stored_after(self, restored: int) -> StoredIds | None:
+        """The stored-chunk record of the newest checkpoint newer than ``restored`` whose
+        records read (one the load passed over as damaged); None: none."""
+        for cid in reversed([c for c in checkpoint.list_checkpoints(self.root) if c > restored]):
+            try:
+                manifest = checkpoint.load_manifest(checkpoint_dir(self.root, cid))
+                return merge_stored(r.ingest for r in learner_records(manifest))
+            except (CheckpointError, OSError):
+                continue
+        return None
+
+    @staticmethod
+    def _record_passed_over(ingestor: Ingestor, passed_over: StoredIds) -> None:
+        """Record as lost the chunks of this shard's actors that the checkpoint passed over
+        held and that neither the one restored nor the log replay holds now (the log was
+        trimmed past them: a fallback by more than one checkpoint); steps unknown."""
+        known = ingestor.stored, ingestor.suspects.chunks  # restored or replayed; logged, not replayed
+        gone = {(a, q): -1 for a, lo, hi in passed_over.intervals() if ingestor.owns_actor(a)
+                for q in range(lo, hi + 1) if not any((a, q) in k for k in known)}
+        if gone and ingestor.losses is not None:
+            ingestor.losses.record_runs(gone, PASSED_OVER)
+            log.warning("rank %d: %d chunks stored before a damaged checkpoint the resume passed over are in "
+                        "no checkpoint restored and no ingest log (listed in %s)", ingestor.shard, len(gone),
+                        ingestor.losses.path)
 
     def _resume_without_replay(self, agent: Agent, progress: Progress, lineage: Lineage,
                                checkpoint_id: int | None) -> int:
@@ -173,6 +201,8 @@ class LearnerCheckpoints:
                                            owns_actor=ingestor.owns_actor if resume_newest else None),
                                  policy_version, write=resume_newest, checkpoint=restored)
         counts.torn, counts.damaged = len(scan.torn), len(scan.damaged)
+        if replay and resume_newest and self._passed_over is not None:
+            self._record_passed_over(ingestor, self._passed_over)
         t = counts.summed(self.comm)
         if self.rank == 0 and (t.stored or t.held or t.rejected or t.torn or t.damaged):
             log.log(logging.WARNING if t.rejected or t.torn or t.damaged else logging.INFO,

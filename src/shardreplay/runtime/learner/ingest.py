@@ -106,14 +106,10 @@ class StoredIds:
         for actor in sorted(self._lo):
             yield from ((actor, a, b) for a, b in zip(self._lo[actor], self._hi[actor], strict=True))
 
-    def actors(self) -> list[int]:
-        """The actors with something stored, sorted."""
-        return sorted(a for a, lo in self._lo.items() if lo)
-
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready: ``{"stored": {"<actor_id>": [[lo, hi], ...]}}``."""
         return {"stored": {str(a): [[x, y] for x, y in zip(self._lo[a], self._hi[a], strict=True)]
-                           for a in self.actors()}}
+                           for a in sorted(self._lo) if self._lo[a]}}
 
     def load_state(self, state: Mapping[str, Any] | None) -> None:
         """Add what a saved part holds (:meth:`state_dict`'s form).
@@ -453,7 +449,7 @@ class Ingestor:
             return 0
         self.stored.add(chunk.actor_id, chunk.sequence)
         self._last_written[chunk.actor_id] = chunk.sequence
-        self.suspects.discard(chunk.identity)
+        self.suspects.chunks.pop(chunk.identity, None)  # delivered again: not lost
         self._track_returns(rows, steps["reward"], steps["step_type"])
         n = chunk.num_streams * chunk.num_steps
         self.stats.steps += n

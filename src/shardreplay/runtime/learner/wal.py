@@ -25,7 +25,7 @@ from shardreplay.errors import ConfigError, CorruptChunkError
 from shardreplay.spec import Spec
 from shardreplay.transport.codec import Chunk, decode, is_packed, pack
 
-__all__ = ["CRASHED", "IngestLog", "KeptChunk", "LogRecord", "LogScan", "LossLog", "Retention",
+__all__ = ["CRASHED", "PASSED_OVER", "IngestLog", "KeptChunk", "LogRecord", "LogScan", "LossLog", "Retention",
            "Suspects", "archive_retention", "archive_summary", "iter_rollouts", "log_files",
            "read_logs", "run_spec"]
 
@@ -46,6 +46,7 @@ _JOURNAL = struct.Struct("<qqq")  # the identity journal of earlier versions: ac
 _IOV_MAX = 512  # buffers per writev (Linux allows 1024)
 LOST_FILE = "lost_chunks.jsonl"
 CRASHED = "acknowledged_then_learner_crashed"
+PASSED_OVER = "acknowledged_then_checkpoint_damaged"  # in a checkpoint a resume passed over, in no log
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class IngestLog:
         self._inherited = list(inherited)
         self._sealed: list[tuple[int, Path, int]] = []  # checkpoint id, path, bytes
         self._first_sealed: int | None = None
+        self._complete: tuple[int | None, int | None] = (None, None)  # the two newest seen complete
         self.segment_bytes = 0  # in the open segment
         self.segment_steps = 0
         self.inherited_bytes = sum(_size(p) for p in self._inherited)
@@ -224,20 +226,25 @@ class IngestLog:
         return bool(self._sealed or self._inherited)
 
     def trim(self, latest_complete: int | None) -> int:
-        """Delete (or archive) the sealed segments the complete checkpoint
-        ``latest_complete`` holds and, once it is one of this life's, the inherited files;
-        returns the bytes freed (a file that cannot be deleted is logged and kept)."""
-        if latest_complete is None:
+        """Delete (or archive) the sealed segments held by the complete checkpoint seen before
+        ``latest_complete`` (a resume finding that one damaged falls back to it and replays the
+        rest) and, once that is of this life, the inherited files; returns the bytes freed (a
+        file that cannot be deleted is logged and kept)."""
+        newest = self._complete[1]
+        if latest_complete is not None and (newest is None or latest_complete > newest):
+            self._complete = (newest, latest_complete)
+        floor = self._complete[0]
+        if floor is None:
             return 0
         freed = 0
         keep = []
         for cid, path, size in self._sealed:
-            if cid <= latest_complete and self._retire(path):
+            if cid <= floor and self._retire(path):
                 freed += size
             else:
                 keep.append((cid, path, size))
         self._sealed = keep
-        if self._inherited and self._first_sealed is not None and latest_complete >= self._first_sealed:
+        if self._inherited and self._first_sealed is not None and floor >= self._first_sealed:
             self._inherited = [p for p in self._inherited if not self._retire(p)]
             freed += self.inherited_bytes - sum(_size(p) for p in self._inherited)
             self.inherited_bytes = sum(_size(p) for p in self._inherited)
@@ -559,10 +566,6 @@ class Suspects:
     chunks: dict[tuple[int, int], int] = field(default_factory=dict)  # identity -> steps
     checkpoint: str = "none"  # the checkpoint restored (for the report)
 
-    def discard(self, identity: tuple[int, int]) -> None:
-        """The medium delivered it again and it is stored now: not lost."""
-        self.chunks.pop(identity, None)
-
 
 class LossLog:
     """Appends to ``<run_dir>/lost_chunks.jsonl`` one JSON object per run of consecutive
@@ -589,27 +592,26 @@ class LossLog:
         except OSError as exc:
             log.error("cannot record a loss in %s (%s): %s", self.path, exc, line.strip())
 
+    def record_runs(self, chunks: dict[tuple[int, int], int], reason: str) -> None:
+        """Record ``chunks`` (identity -> steps, -1: unknown) lost for ``reason``, an entry per
+        run of consecutive sequences."""
+        runs: list[list[int]] = []  # actor, first, last, chunks, steps
+        for (actor, seq), steps in sorted(chunks.items()):
+            if runs and runs[-1][0] == actor and runs[-1][2] == seq - 1:
+                runs[-1][2:] = [seq, runs[-1][3] + 1, runs[-1][4] + steps]
+            else:
+                runs.append([actor, seq, seq, 1, steps])
+        for actor, first, last, n, steps in runs:
+            self.record(actor, first, last, n, max(steps, -1), reason)  # -1 each sums to -n
+
     def report_lost(self, suspects: Suspects) -> tuple[int, int]:
         """Record the suspects still missing as lost (runs of consecutive sequences) and
         log one line; clears them. Returns ``(chunks, steps)``."""
         chunks, steps = len(suspects.chunks), sum(suspects.chunks.values())
-        for actor, first, last, n, s in _runs(suspects.chunks):
-            self.record(actor, first, last, n, s, CRASHED)
+        self.record_runs(suspects.chunks, CRASHED)
         if chunks:
             log.warning("rank %d: %d chunks (%d steps) acknowledged after checkpoint %s were lost with the "
                         "crashed learner (listed in %s)", self.rank, chunks, steps, suspects.checkpoint,
                         self.path)
         suspects.chunks.clear()
         return chunks, steps
-
-
-def _runs(chunks: dict[tuple[int, int], int]) -> list[tuple[int, int, int, int, int]]:
-    """``(actor, first, last, chunks, steps)`` per run of consecutive sequences."""
-    out: list[tuple[int, int, int, int, int]] = []
-    for (actor, seq), steps in sorted(chunks.items()):
-        if out and out[-1][0] == actor and out[-1][2] == seq - 1:
-            a, first, _, n, s = out[-1]
-            out[-1] = (a, first, seq, n + 1, s + steps)
-        else:
-            out.append((actor, seq, seq, 1, steps))
-    return out
