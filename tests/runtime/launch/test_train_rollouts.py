@@ -38,6 +38,12 @@ def _train(args: list[str], log_dir: Path) -> tuple[dict[str, Any], str]:
         return run.summary(), run.stderr()
 
 
+def _kept_files(run_dir: Path) -> list[Path]:
+    """The archive's segments and those the ingest log keeps still (the newest interval, for
+    a fallback past a damaged checkpoint): the readers read both."""
+    return [p for p in log_files(run_dir / ROLLOUTS_DIR) + log_files(run_dir / "ingest") if p.stat().st_size]
+
+
 def _check_kept(run_dir: Path, stored_steps: int, actors: int, since: float) -> list[Any]:
     """The archive holds ``stored_steps`` steps, each chunk once, sane ids and times."""
     kept = list(iter_rollouts(run_dir))
@@ -58,8 +64,8 @@ def test_local_run_keeps_its_rollouts_and_a_no_replay_resume_appends(tmp_path: P
     first, _ = _train(["train", "--run-dir", str(run_dir), *FAST, "--learners", "2", "--actors", "2",
                        "--total-env-steps", "600", "--keep-rollouts"], tmp_path / "first")
     _check_kept(run_dir, first["env_steps"], actors=2, since=started)
-    assert {p.name.split(".")[0] for p in log_files(run_dir / ROLLOUTS_DIR)} == {"shard-0", "shard-1"}
-    before = {p.name: p.read_bytes() for p in log_files(run_dir / ROLLOUTS_DIR)}
+    assert {p.name.split(".")[0] for p in _kept_files(run_dir)} == {"shard-0", "shard-1"}
+    before = {p.name: p.read_bytes() for p in _kept_files(run_dir)}
     _, saved_manifest = newest_checkpoint(run_dir)
     saved = manifest_counters(saved_manifest)
 
@@ -72,7 +78,7 @@ def test_local_run_keeps_its_rollouts_and_a_no_replay_resume_appends(tmp_path: P
     new_steps = second["env_steps"] - saved["env_steps"]
     assert 0 < manifest.steps <= new_steps  # the replay started empty
     # Appended: the first life's segments as they were, the second life's beside them.
-    after = {p.name: p for p in log_files(run_dir / ROLLOUTS_DIR)}
+    after = {p.name: p for p in _kept_files(run_dir)}
     assert all(after[name].read_bytes() == data for name, data in before.items())
     assert len(after) > len(before)
     _check_kept(run_dir, second["env_steps"], actors=2, since=started)
@@ -83,10 +89,10 @@ def test_local_run_keeps_its_rollouts_and_a_no_replay_resume_appends(tmp_path: P
     report = json.loads(out.getvalue())["rollouts"]
     assert report == archive_summary(run_dir)
     assert report["steps"] == second["env_steps"] and report["damaged"] == []
-    assert report["bytes"] == sum(p.stat().st_size for p in log_files(run_dir / ROLLOUTS_DIR))
+    assert report["bytes"] == sum(p.stat().st_size for p in _kept_files(run_dir))
     assert started <= report["first_insert"] < report["last_insert"] <= time.time()
 
-    victim = log_files(run_dir / ROLLOUTS_DIR)[0]  # one flipped bit inside its first chunk
+    victim = _kept_files(run_dir)[0]  # one flipped bit inside its first chunk
     raw = bytearray(victim.read_bytes())
     raw[100] ^= 0x10
     victim.write_bytes(bytes(raw))
