@@ -323,7 +323,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key, first in runs[0].items():
         values = [r.get(key) for r in runs]
         if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-            out[key] = common.median(values, 1)
+            out[key] = common.median(values, 3 if "_vs_" in key else 1)  # ratios: 3 places
             out[key + "_runs"] = values
         elif key.endswith("_range") and all(isinstance(v, list) for v in values):
             out[key] = [min(v[0] for v in values), max(v[1] for v in values)]

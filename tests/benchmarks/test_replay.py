@@ -113,6 +113,8 @@ def test_merge_runs_takes_medians_and_widest_ranges() -> None:
     assert merged["sample_batches_per_s_runs"] == [10.0, 30.0, 20.0]
     assert merged["sample_batches_per_s_range"] == [5.0, 40.0]
     assert merged["version"] == "1" and merged["repeats"] == 3
+    ratios = bench_replay.merge_runs([{"sample_batches_per_s_vs_cpprb": v} for v in (1.162, 1.205, 1.147)])
+    assert ratios["sample_batches_per_s_vs_cpprb"] == 1.162  # paired ratios keep 3 places
     assert bench_replay.merge_runs([runs[0], {"error": "child exited"}]) == {"error": "child exited"}
 
 
