@@ -26,7 +26,6 @@ from shardreplay.distributed.group import Collectives, Released
 from shardreplay.errors import ConfigError, InvalidKeyError, ShardReplayError
 from shardreplay.kernels import exchange as kernels
 from shardreplay.kernels.keys import BAD_KEY, BAD_PRIORITY, split_updates
-from shardreplay.spec.keys import key_shard
 
 _UPDATE_OPS = ("ShardedReplayBuffer.update_priorities(counts and updates)",
                "ShardedReplayBuffer.update_priorities(updates past the slot)")
@@ -36,34 +35,30 @@ STATS_OPS = ("ShardedReplayBuffer.sample(stats and queued updates)",
 
 
 class PendingUpdates:
-    """Foreign ``(key, priority)`` pairs in call order, grouped by owner when taken."""
+    """Foreign ``(key, priority)`` pairs in call order (grouped by owner when sent)."""
 
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
+    def __init__(self) -> None:
         self._keys: list[np.ndarray] = []
         self._prios: list[np.ndarray] = []
-        self.counts = np.zeros(world_size, np.int64)
 
     def __len__(self) -> int:
-        return int(self.counts.sum())
+        return sum(keys.size for keys in self._keys)
 
     def add(self, keys: np.ndarray, priorities: np.ndarray) -> None:
         """Queue checked keys (owner bits set) and their priorities."""
         if keys.size:
             self._keys.append(keys)
             self._prios.append(priorities)
-            self.counts += np.bincount(key_shard(keys), minlength=self.world_size)
 
     def restore(self, older: PendingUpdates) -> None:
         """Put back what :meth:`detach` moved out (it goes before anything queued since)."""
         self._keys[:0], self._prios[:0] = older._keys, older._prios
-        self.counts += older.counts
 
     def detach(self) -> PendingUpdates:
         """Everything queued, moved into a new queue (this one is left empty)."""
-        moved = PendingUpdates(self.world_size)
-        moved._keys, moved._prios, moved.counts = self._keys, self._prios, self.counts
-        self._keys, self._prios, self.counts = [], [], np.zeros(self.world_size, np.int64)
+        moved = PendingUpdates()
+        moved._keys, moved._prios = self._keys, self._prios
+        self._keys, self._prios = [], []
         return moved
 
     def take(self) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +77,7 @@ class PriorityRouter:
         self._shard = shard
         self._comm = comm
         self.rank, self.world_size = comm.rank, comm.world_size
-        self.pending = PendingUpdates(self.world_size)
+        self.pending = PendingUpdates()
         # Every shard's key tag (0: not known yet), learnt at each exchange and checkpoint
         # load, so keys that are no keys of this buffer are refused where they are passed.
         self.tags = np.zeros(self.world_size, np.int64)
@@ -122,7 +117,7 @@ class PriorityRouter:
             own_keys = foreign_keys = np.empty(0, np.int64)
             own_prios = foreign_prios = np.empty(0, np.float32)
         applied = self._apply_own(own_keys, own_prios)
-        pending = PendingUpdates(self.world_size)
+        pending = PendingUpdates()
         pending.add(foreign_keys, foreign_prios)
         # Every rank's running maximum (new steps everywhere get the global one at once)
         # and the largest priority routed from here.
