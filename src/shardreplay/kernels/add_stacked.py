@@ -1,24 +1,7 @@
-"""The compiled one-step add of a spec with one frame-stacked field, in one call.
-
-``kernels/add_step.py`` checks and writes the plain fields; a frame-stacked field also
-needs its stacks checked against the stored ones, the ring grown when full, and the new
-frames appended (``kernels/frames.py``'s rules for one step). The four steps are one call,
-without numba's reference counting:
-
-1. :func:`~shardreplay.kernels.add_step.add_step` in check-only mode (shapes, finiteness,
-   step types, discounts of the plain fields),
-2. the stack's shape, and whether it continues the stored stack where its episode goes
-   on (``plan_write``'s rule for one step: equal bytes of the overlapping ``K - 1``
-   frames), and the frames each stream's ring must hold after the write,
-3. the write of the plain fields and the bookkeeping (``add_step`` again, writing),
-4. the new frames appended to the rings, each slot's ``ref`` and each ring's ``fpos``.
-
-Nothing is written before every check passed; a ring too small is reported
-(:data:`NEED_FRAMES`, the frames needed in ``state[N_OUT]``) before anything is written,
-and the caller grows it and calls again.
-
-``fstate`` (int64): ``[stream capacity, K, frame bytes, ndim of a step's stack,
-*its shape (ndim words), counts (S words: frames each stream appends)]``.
+"""The compiled one-step add of a spec with one frame-stacked field, in one call: check,
+the stacks checked against the stored ones, write, frames appended; nothing is written
+before every check passed. Its four steps and ``fstate``'s layout: docs/internals.md,
+"One-step writes".
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """The compiled one-step add: every check and write of ``ReplayBuffer.add`` of one step
-of every stream, in one call (storage/one_step.py holds the plan that calls it).
-
-The call itself is most of the cost of one small step, so the kernel is shaped for
-numba's dispatcher:
-
-* The values come as separate arguments, typed in the dispatcher's C fast path. A
-  dispatcher is compiled once per spec, for the stored dtypes, C-contiguous
-  (:func:`compiled_add_step`); its caller converts anything else first (a compiled form
-  per kind of input would cost a compile each). Other types are refused at once with
-  ``TypeError``. Shapes and values are checked here before anything is written.
-  Specs of up to ``MAX_ARITY`` fields get an entry point of exactly their arity (a
-  ``*values`` entry costs the dispatcher a tuple per call); larger ones take ``*values``.
-* The per-slot records come as plain ``uint8`` rows, not as the structured array: numba
-  types a structured array off its fast path.
-* It is compiled without numba's reference counting (``_nrt=False``, where the installed
-  numba has that private option; otherwise with it: slower, same results): it allocates
-  nothing, and the counting costs an allocation per array argument plus an atomic
-  increment and decrement per array view (figures: benchmarks/replay/RESULTS-single-env.md).
-* It returns one integer, not a tuple.
+of every stream, in one call (storage/one_step.py holds the plan that calls it). Why it
+is shaped as it is for numba's dispatcher: docs/internals.md, "One-step writes".
 """
 
 from __future__ import annotations

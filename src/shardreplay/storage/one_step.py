@@ -1,26 +1,9 @@
 """The one-step writer: one step of every stream in one compiled call.
 
 Every write of one step per stream goes through it (``ReplayBuffer.add``, ``extend`` of
-one-step chunks, ``GymStepWriter``; ``Shard.write`` decides). A :class:`OneStepAdd` is
-built once per storage and owns the record layout: the field order, the stored dtypes
-and shapes, where each field sits in the per-slot record, and a compiled kernel
-(``kernels/add_step.py``) that checks and writes a step in one call. A step takes it
-when it is a plain ``dict`` of exactly the spec's flat names plus ``step_type`` (and
-``discount``). The kernel is compiled once, for the stored dtypes, C-contiguous: values
-in that form go to it as they come; any other (numpy arrays of another dtype or layout,
-lists, scalars, torch tensors) is converted once (``spec/coerce.as_stored``), and the
-cast it chose is remembered per place, so a loop that keeps its kinds of input repeats it
-into a buffer of the stored dtype without as_stored. Anything else (nested names), and any
-input that fails a check, is left to the full validation (``Spec.validate`` and
-``StreamStorage.write``), which stores the same or raises today's error; nothing is
-written by this path then.
-
-A spec with one frame-stacked field (integers) and at least one plain one takes it too,
-in one compiled call (``kernels/add_stacked.py``: check, the stacks checked against the
-stored ones, write, frames appended). Specs with more frame-stacked fields (or only
-one), a frame-stacked float field, an ``at_starts`` field, a dtype numba does not take
-(float16, non-native byte order) or a field of more than ``MAX_FIELD_NDIM`` axes have
-no short path.
+one-step chunks, ``GymStepWriter``; ``Shard.write`` decides). Which steps take it, how
+inputs in other forms are converted once, and which specs have no short path:
+docs/internals.md, "One-step writes".
 """
 
 from __future__ import annotations
