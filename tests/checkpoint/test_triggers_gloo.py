@@ -32,6 +32,7 @@ from tests.support import run_ranks
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # ~20 s per world of ranks
 
 WORLD, INTERVAL, MAX_STEPS = 3, 40, 4000
+STARTUP_S = 180.0  # within run_ranks' 240 s
 
 
 def _step(buf: sr.ReplayBuffer, rank: int, step: int) -> dict:
@@ -127,6 +128,9 @@ def _requests_then_crash(d: _Driver) -> None:
     import os
     import signal
 
+    # The ranks' start (torch, the process group) is not what is timed: it took over 60 s
+    # on a loaded 2-core CI machine.
+    d.wait_for("every rank's first step", lambda: d.progress() >= 1, timeout_s=STARTUP_S)
     d.wait_for("the first periodic checkpoint", lambda: INTERVAL in d.complete())
     seen = set(d.complete())
     os.kill(d.pid(1), signal.SIGUSR1)  # rank 1 only
@@ -175,7 +179,7 @@ def _sigterm_everyone(d: _Driver) -> None:
     import os
     import signal
 
-    d.wait_for("a few steps", lambda: d.progress() >= 5)
+    d.wait_for("a few steps", lambda: d.progress() >= 5, timeout_s=STARTUP_S)
     for rank in range(WORLD):
         os.kill(d.pid(rank), signal.SIGTERM)
 
