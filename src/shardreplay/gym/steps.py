@@ -1,31 +1,7 @@
-"""Turn a gymnasium vector env's steps into shardreplay steps (dm_env step types).
-
-gymnasium reports ``(obs, reward, terminated, truncated)`` after each action;
-shardreplay stores, per stream, step ``t`` = ``(obs_t, action_t, reward_t, step_type_t,
-discount_t)`` with ``reward_t`` the reward that followed ``action_t``. So the step of
-``obs_t`` is complete only once ``action_t`` was taken: the converter holds each
-stream's latest observation until then.
-
-Timeline of one stream, gymnasium's default autoreset mode ``NEXT_STEP`` (the call after
-a done resets that env, ignores its action and returns the reset obs with reward 0)::
-
-    gymnasium   reset -> o0 | step(a0) -> o1,r0 | step(a1) -> o2,r1,term | step(a2) -> o0',0
-    shardreplay             (o0,a0,r0,FIRST,1)   (o1,a1,r1,MID,1)        (o2,0,0,LAST,0)
-                                                                          then o0' is FIRST
-
-One vector step gives one step per stream, so every stream stays aligned.
-
-With ``SAME_STEP`` the done call already returns the reset obs and puts the final one in
-``info["final_obs"]`` (``info["final_observation"]`` in gymnasium 0.x): the converter then
-returns a second write, only for the streams that ended, holding their LAST step.
-``DISABLED`` is not supported (the caller resets envs itself, so no final step can be
-inferred).
-
-The mode is never guessed (:meth:`GymStepConverter.from_env` reads it; docs/semantics.md,
-"Gymnasium autoreset", says how).
-
-At LAST the action and reward are padding (zeros); the discount is 0 for a termination
-(also when truncated at the same time) and 1 for a truncation.
+"""Turn a gymnasium vector env's steps into shardreplay steps (dm_env step types): one
+step per stream per vector step, each stream's latest observation held until its action
+was taken. How gymnasium's ``(obs, reward, terminated, truncated)`` map onto stored steps
+in each autoreset mode, with a timeline: docs/semantics.md, "Gymnasium autoreset".
 """
 
 from __future__ import annotations
