@@ -33,6 +33,7 @@ description) against the bytes of the steps ingested since the previous one (tar
 
 from __future__ import annotations
 
+import resource
 import shutil
 import statistics
 import time
@@ -87,12 +88,16 @@ class Learner:
         self.n = 0
         self.extend_s: list[float] = []
         self.parts: list[tuple[float, float, float]] = []  # (extend, sample, update) of each step
+        # Per step: this thread's CPU seconds, page faults and involuntary context switches
+        # (a long step with little CPU waited: for a core, the host, or a lock).
+        self.costs: list[tuple[float, int, int]] = []
 
     def step(self) -> float:
         """One step; returns its seconds (the ``extend`` alone goes to ``extend_s``, the
         three parts to ``parts``)."""
         chunk = self.chunks[self.n % len(self.chunks)]
         self.n += 1
+        before, cpu = resource.getrusage(resource.RUSAGE_THREAD), time.thread_time()
         started = time.perf_counter()
         self.buf.extend(chunk)
         extended = time.perf_counter()
@@ -102,6 +107,9 @@ class Learner:
         self.buf.update_priorities(batch.keys, self.rng.uniform(0.01, 2.0, BATCH).astype(np.float32))
         ended = time.perf_counter()
         self.parts.append((extended - started, sampled - extended, ended - sampled))
+        after = resource.getrusage(resource.RUSAGE_THREAD)
+        self.costs.append((time.thread_time() - cpu, after.ru_minflt + after.ru_majflt - before.ru_minflt
+                           - before.ru_majflt, after.ru_nivcsw - before.ru_nivcsw))
         return ended - started
 
 
@@ -132,6 +140,7 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
     sync_step = learner.step() + time.perf_counter() - started
     learner.extend_s.clear()
     learner.parts.clear()
+    learner.costs.clear()
     during: list[float] = []
     huge_mb = _anon_huge_mb()
     started, cpu = time.perf_counter(), time.thread_time()
@@ -144,6 +153,8 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
     write_s = time.perf_counter() - started
     extend_during = max(learner.extend_s)
     worst = learner.parts[int(np.argmax(during))]  # the longest step's extend, sample, update
+    worst_cost = learner.costs[int(np.argmax(during))]
+    long_cpu = [c[0] for t, c in zip(during, learner.costs, strict=False) if t > TARGET_STALL_S]
     # As many steps again without a checkpoint: the longest step of a window as long as
     # the save's (rare scheduler delays show up in long windows, save or not).
     after = _steps(learner, len(during))
@@ -160,6 +171,10 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
             "longest_extend_during_s": round(extend_during, 4),
             "longest_step_parts_s": {k: round(v, 4) for k, v in zip(("extend", "sample", "update"), worst,
                                                                       strict=True)},
+            "longest_step_cpu_s": round(worst_cost[0], 4), "longest_step_faults": worst_cost[1],
+            "longest_step_preempted": worst_cost[2],
+            "over_50ms_cpu_s_median": round(statistics.median(long_cpu), 4) if long_cpu else None,
+            "during_cpu_s_median": round(statistics.median(c[0] for c in learner.costs[:len(during)]), 4),
             "steps_over_50ms": {"baseline": sum(t > TARGET_STALL_S for t in baseline),
                                 "during": sum(t > TARGET_STALL_S for t in during),
                                 "after_same_count": sum(t > TARGET_STALL_S for t in after)},
