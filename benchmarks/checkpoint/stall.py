@@ -147,8 +147,10 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
     pending = checkpoint.save_in_background(buf, root, 2, keep_last=None)
     call_s, call_cpu_s = time.perf_counter() - started, time.thread_time() - cpu
     during.append(call_s + learner.step())
+    writing = [True]  # per step during: the forked writer still running (else: reaped, regrouping)
     while not pending.done():
         during.append(learner.step())
+        writing.append(_alive(pending.pid))
     pending.wait()
     write_s = time.perf_counter() - started
     extend_during = max(learner.extend_s)
@@ -175,6 +177,10 @@ def measure_stall(buf: Any, root: Path, streams: int, obs_shape: tuple[int, ...]
             "longest_step_preempted": worst_cost[2],
             "over_50ms_cpu_s_median": round(statistics.median(long_cpu), 4) if long_cpu else None,
             "during_cpu_s_median": round(statistics.median(c[0] for c in learner.costs[:len(during)]), 4),
+            "over_50ms_while_writing_or_after": [
+                sum(t > TARGET_STALL_S and w for t, w in zip(during, writing, strict=True)),
+                sum(t > TARGET_STALL_S and not w for t, w in zip(during, writing, strict=True))],
+            "steps_after_writer_exit": writing.count(False),
             "steps_over_50ms": {"baseline": sum(t > TARGET_STALL_S for t in baseline),
                                 "during": sum(t > TARGET_STALL_S for t in during),
                                 "after_same_count": sum(t > TARGET_STALL_S for t in after)},
@@ -209,6 +215,15 @@ def measure_incremental(buf: Any, root: Path, streams: int, step_bytes: int,
             "incremental_over_full": round(inc / full, 4), "incremental_save_s": round(inc_s, 3),
             "incremental_target": TARGET_INCREMENTAL,
             "meets_incremental_target": inc / ingested <= TARGET_INCREMENTAL}
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _anon_huge_mb() -> int | None:

@@ -7,7 +7,9 @@ ratio to SB3 is the median of the block-against-block ratios. Sampling speed is 
 same way: a ``paired`` child per round holds shardreplay's uniform and prioritized buffers
 and cpprb's uniform one, filled alike, and times their ``sample(256)`` blocks in turn;
 ``uniform_sample_vs_cpprb`` and ``uniform_sample_vs_prioritized`` are the medians of those
-paired ratios (each case's own child still gives its rate and memory). Insert rates time
+paired ratios; another holds both libraries' prioritized buffers and times their learner
+steps in turn (``prioritized_learner_step_vs_cpprb``). Each case's own child still gives
+its rates and memory. Insert rates time
 the buffer's creation with its fill, for every library.
 The parent prints one JSON line with every figure and the ratios of shardreplay to the
 peers (higher is better for rates; for ``rss_vs_cpprb`` lower is better). The workload is
@@ -59,10 +61,15 @@ SINGLE_ENV = "single_env"  # one env, one step per add: replay_single_env.py (pe
 # single_env with sb3 selected also runs replay_fill_sweep.py (every fill and field kind,
 # both libraries interleaved in one child): the line's "fill_sweep" entry.
 FILL_SWEEP = "fill_sweep"
-# Child: sample blocks of shardreplay (uniform, prioritized) and cpprb (uniform) in turn.
+# Child: timing blocks of several buffers in turn. Per mode: the buffers (key -> library,
+# mode; the first is the numerator of every ratio), the call timed and its figure.
 PAIRED = "paired"
-PAIRED_CASES = {"uniform": ("shardreplay", "uniform"), "prioritized": ("shardreplay", "prioritized"),
-                "cpprb": ("cpprb", "uniform")}
+PAIRED_CASES = {
+    "uniform": ({"uniform": ("shardreplay", "uniform"), "prioritized": ("shardreplay", "prioritized"),
+                 "cpprb": ("cpprb", "uniform")}, "sample", "sample_batches_per_s"),
+    "prioritized": ({"shardreplay": ("shardreplay", "prioritized"), "cpprb": ("cpprb", "prioritized")},
+                    "learner_step", "learner_steps_per_s"),
+}
 MODE_LIBRARIES = {"uniform": LIBRARIES[:3], "prioritized": LIBRARIES[:3], SINGLE_ENV: ("shardreplay", "sb3")}
 CHILD_TIMEOUT_S = 1200
 FULL = {"n_insert": W.CAPACITY, "blocks": 7, "calls": 200, "warmup": 50}
@@ -220,16 +227,17 @@ def warm_up(case: Any, mode: str) -> None:
 
 
 def run_paired(args: argparse.Namespace) -> dict[str, Any]:
-    """Fill shardreplay's uniform and prioritized buffers and cpprb's uniform one (those of
-    ``args.libs``) with the same transitions, then time ``sample(256)`` in ``args.blocks``
-    rounds of one block per buffer, the order turning each round, so that a change of load
-    lands on all. Returns ``sample_batches_per_s_vs_<cpprb|prioritized>``: the median over
-    rounds of the uniform block's rate over the other's, with its range."""
+    """Fill the buffers of ``PAIRED_CASES[args.mode]`` (those of ``args.libs``) with the same
+    transitions, then time their call (uniform: ``sample(256)``; prioritized: a learner
+    step) in ``args.blocks`` rounds of one block per buffer, the order turning each round,
+    so that a change of load lands on all. Returns ``<figure>_vs_<other>``: the median over
+    rounds of the first buffer's block rate over the other's, with its range."""
     from replay_cases import CASES
 
+    wanted, call, figure = PAIRED_CASES[args.mode]
     pool = W.make_pool(args.seed)
     cases = {}
-    for key, (library, mode) in PAIRED_CASES.items():
+    for key, (library, mode) in wanted.items():
         if library in args.libs:
             case = CASES[library]()
             case.prepare(pool, args.seed)
@@ -242,14 +250,16 @@ def run_paired(args: argparse.Namespace) -> dict[str, Any]:
     for r in range(args.blocks):
         keys = list(cases)
         for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-            sample = cases[key].sample
-            rates[key].append(W.time_calls(lambda i, f=sample: f(), calls=args.calls, blocks=1,
+            timed = getattr(cases[key], call)
+            once = (lambda i, f=timed: f(i)) if call == "learner_step" else (lambda i, f=timed: f())
+            rates[key].append(W.time_calls(once, calls=args.calls, blocks=1,
                                            warmup=args.warmup if r == 0 else 0)[0])
+    first, *others = wanted
     out: dict[str, Any] = {}
-    for other in ("cpprb", "prioritized"):
-        if "uniform" in rates and other in rates:
-            ratio = np.asarray(rates["uniform"]) / np.asarray(rates[other])
-            name = f"sample_batches_per_s_vs_{other}"
+    for other in others:
+        if first in rates and other in rates:
+            ratio = np.asarray(rates[first]) / np.asarray(rates[other])
+            name = f"{figure}_vs_{other}"
             out[name] = round(float(np.median(ratio)), 3)
             out[name + "_range"] = [round(float(ratio.min()), 3), round(float(ratio.max()), 3)]
     return out
@@ -418,7 +428,7 @@ def parent_main(args: argparse.Namespace) -> None:
                 continue
             for lib in libs:
                 runs.setdefault((lib, mode), []).append(spawn_case(lib, mode, args))
-            if mode == "uniform" and "shardreplay" in libs:  # the paired sampling blocks
+            if "shardreplay" in libs and (mode == "uniform" or "cpprb" in libs):  # the paired blocks
                 paired = spawn_case(PAIRED, mode, args)
                 ours = runs[("shardreplay", mode)][-1]
                 ours.update({"paired": paired} if "error" in paired or "missing" in paired else paired)

@@ -225,7 +225,7 @@ def test_paired_sampling_alternates_buffers_and_reports_paired_medians(
 
     monkeypatch.setattr(replay_cases, "CASES", {"shardreplay": fake(2_000), "cpprb": fake(20)})
     args = bench_replay.parse_args(["--quick", "--libs", "shardreplay,cpprb", "--n-insert", "64",
-                                    "--blocks", "3", "--calls", "4", "--warmup", "0"])
+                                    "--blocks", "3", "--calls", "4", "--warmup", "0", "--mode", "uniform"])
     got = bench_replay.run_paired(args)
     # One block of each buffer per round, the first buffer turning each round.
     assert order[::4] == ["uniform", "prioritized", "cpprb", "prioritized", "cpprb", "uniform",
@@ -240,3 +240,48 @@ def test_paired_sampling_alternates_buffers_and_reports_paired_medians(
     assert values["uniform_sample_vs_cpprb"] == got["sample_batches_per_s_vs_cpprb"]
     assert values["uniform_sample_vs_prioritized"] == got["sample_batches_per_s_vs_prioritized"]
     assert targets["uniform_sample_vs_prioritized"]["met"] is True
+
+
+def test_paired_learner_steps_alternate_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
+    import replay_cases
+
+    order: list[str] = []
+
+    def fake(name: str, cost: int) -> type:
+        class Case:
+            def prepare(self, pool: dict[str, np.ndarray], seed: int) -> None:
+                pass
+
+            def create(self, mode: str, capacity: int = 0) -> None:
+                assert mode == "prioritized"
+                order.clear()
+
+            def add(self, i: int) -> None:
+                pass
+
+            def sample(self) -> None:
+                pass
+
+            def sample_for_update(self) -> None:
+                pass
+
+            def update(self, keys: None, i: int) -> None:
+                pass
+
+            def learner_step(self, i: int) -> None:
+                order.append(name)
+                sum(range(cost))
+        return Case
+
+    monkeypatch.setattr(replay_cases, "CASES",
+                        {"shardreplay": fake("ours", 500), "cpprb": fake("cpprb", 5_000)})
+    args = bench_replay.parse_args(["--quick", "--libs", "shardreplay,cpprb", "--n-insert", "64", "--blocks",
+                                    "4", "--calls", "3", "--warmup", "0", "--mode", "prioritized"])
+    got = bench_replay.run_paired(args)
+    assert order[::3] == ["ours", "cpprb", "cpprb", "ours", "ours", "cpprb", "cpprb", "ours"]
+    low, high = got["learner_steps_per_s_vs_cpprb_range"]
+    assert 1 < low <= got["learner_steps_per_s_vs_cpprb"] <= high  # the fake cpprb step costs 10x
+    results = {"shardreplay": {"prioritized": {**got, "learner_steps_per_s": 1.0}},
+               "cpprb": {"prioritized": {"learner_steps_per_s": 5.0}}}
+    assert bench_replay.ratios(results)[0]["prioritized_learner_step_vs_cpprb"] == got[
+        "learner_steps_per_s_vs_cpprb"]
