@@ -52,13 +52,16 @@ def _step(rows: np.ndarray, t: int, shard: int, types: np.ndarray, disc: np.ndar
 
 
 def fill_random(buf: sr.ReplayBuffer, steps: int, *, shard: int = 0, seed: int = 0,
-                p_end: float = 0.12, p_abandon: float = 0.03, update_rounds: int = 3) -> None:
+                p_end: float = 0.12, p_abandon: float = 0.03, update_rounds: int = 3, start: int = 0,
+                ongoing: bool = False) -> None:
     """Random episodes in every stream (terminations, truncations, abandoned episodes,
-    wrapped rings), random writer priorities, then a few rounds of priority updates."""
+    wrapped rings), random writer priorities, then a few rounds of priority updates.
+    ``start``: the first write time (``ctr``); ``ongoing``: the streams' episodes go on
+    from the steps before (else the first step starts one)."""
     rng = np.random.default_rng(seed)
     n = buf.num_streams
-    prev = np.full(n, LAST)
-    for t in range(steps):
+    prev = np.full(n, MID if ongoing else LAST)
+    for t in range(start, start + steps):
         u = rng.random(n)
         types = np.where(prev == LAST, FIRST, np.where(u < p_end, LAST, MID))
         types = np.where((prev != LAST) & (u > 1 - p_abandon), FIRST, types).astype(np.uint8)

@@ -70,7 +70,7 @@ def test_incremental_chain_restores_m_to_n_as_full_saves_and_pruning_keeps_refer
             checkpoint.save(as_shard(local, k, 2), inc, cid, incremental=True, keep_last=2)
             checkpoint.save(as_shard(local, k, 2), full, cid, keep_last=None)
         manifest = check_complete(checkpoint.checkpoint_dir(inc, cid))  # every block, referred files too
-        assert manifest.version == (2 if cid == 1 else 4)
+        assert manifest.version == (2 if cid == 1 else 5)
         if 1 < cid < 5:  # the 12 new steps of each row, of 40 stored
             assert _own_field_rows(inc, cid) == [12 * STREAMS] * 2
             assert _own_field_rows(full, cid) == [CAPACITY * STREAMS] * 2
@@ -109,22 +109,22 @@ def test_a_missing_referred_file_makes_the_checkpoint_incomplete(tmp_path: Path)
 
 
 def test_an_incremental_part_writes_only_new_rows_of_the_arrays_fixed_at_write(tmp_path: Path) -> None:
-    """Episode ids and generations never change once written: an incremental part holds
-    them for its new steps only, as it does the fields (before: for every stored step,
-    12 of the 21 bytes a part wrote per stored step). Step types, discounts and priorities
-    can change (sealing, updates): whole."""
+    """Every per-step array is held for the new steps only, as the fields are (version 4
+    wrote step types, discounts and priorities whole, version 3 every per-step array):
+    step types and discounts as written (sealed on reading), priorities by changed block."""
     local = make_buffer(STREAMS, CAPACITY)
     fill_random(local, 30)
     checkpoint.save(local, tmp_path, 1, incremental=True)
     fill_random(local, 5, seed=3)
     checkpoint.save(local, tmp_path, 2, incremental=True, keep_last=None)
     manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 2))
-    assert manifest.version == 4 and manifest.parts[0].chained_steps == ("episode_id", "generation")
+    assert manifest.version == 5 and manifest.parts[0].chained_steps == \
+        ("episode_id", "generation", "step_type", "discount", "priority")
     with PartReader(manifest.directory / manifest.parts[0].file, manifest.parts[0]) as reader:
         rows = {name: reader.entry(name)[1][0] for name in ("field.ctr", *STEP_ARRAYS)}
-    new, stored = 5 * STREAMS, 35 * STREAMS
-    assert rows == {"field.ctr": new, "step_type": stored, "discount": stored, "episode_id": new,
-                    "generation": new, "priority": stored}
+    new = 5 * STREAMS
+    assert rows == {"field.ctr": new, "step_type": new, "discount": new, "episode_id": new,
+                    "generation": new, "priority": 0}
     for n in (1, 2):  # as saved, and re-planned
         full = tmp_path / f"full-{n}"
         checkpoint.save(local, full, 2)
@@ -203,7 +203,7 @@ def test_frame_stacked_chain_writes_the_new_stacks_and_restores_m_to_n(tmp_path:
         else:
             checkpoint.save(buf, inc, cid, incremental=True, keep_last=2)
         checkpoint.save(buf, full, cid, keep_last=None)
-        assert check_complete(checkpoint.checkpoint_dir(inc, cid)).version == (2 if cid == 1 else 4)
+        assert check_complete(checkpoint.checkpoint_dir(inc, cid)).version == (2 if cid == 1 else 5)
         manifest = checkpoint.load_manifest(checkpoint.checkpoint_dir(inc, cid))
         with PartReader(manifest.directory / manifest.parts[0].file, manifest.parts[0]) as reader:
             own = reader.entry("field.obs")[1][0]

@@ -37,6 +37,7 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
 # One-step adds on the full path before the short one is built (see Shard.__init__).
 ONE_STEP_AFTER = 1000
 
+PRIORITY_BLOCK = 32  # slots per block of the priority changes an incremental checkpoint tracks
 __all__ = ["SEQUENCE_STEP_ARRAYS", "STEP_ARRAYS", "Draw", "Shard", "ShardStats", "shard_of_buffer"]
 
 
@@ -87,6 +88,9 @@ class Shard:
         # from, the incremental chain of its saved parts), each entry stamped with the
         # ``clears`` it holds for: replaced content ends them.
         self.checkpoint_notes: dict[str, Any] = {}
+        # Per block of slots, the priority_tick of its last update (incremental checkpoints).
+        self.priority_marks = np.zeros(-(-self._storage.size // PRIORITY_BLOCK), np.int32)
+        self.priority_tick = 1
         # Held while a background checkpoint's writer (a forked child) writes this shard's
         # part: the next save, a restore or load_state_dict waits for it.
         self._saving = threading.Lock()
@@ -342,6 +346,7 @@ class Shard:
         if n_current < keys.shape[0]:
             slots, prios = slots[current], prios[current]
         self._sampler.update(slots, prios)
+        self.priority_marks[slots // PRIORITY_BLOCK] = self.priority_tick
         self.updates_applied += int(slots.shape[0])
         return int(slots.shape[0])
 

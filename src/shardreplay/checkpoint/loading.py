@@ -23,7 +23,7 @@ from shardreplay.checkpoint.format import advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, list_checkpoints, load_manifest, read_covered
 from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan_shard
 from shardreplay.checkpoint.records import Manifest, PartMeta, RestoreCounts
-from shardreplay.checkpoint.refs import AnyPartReader, open_part
+from shardreplay.checkpoint.refs import AnyPartReader, open_part, saved_seals
 from shardreplay.checkpoint.saving import note_restore, shard_of
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.sharded_buffer import internals_of
@@ -35,7 +35,7 @@ from shardreplay.errors import (
     IncompleteCheckpointError,
 )
 from shardreplay.spec import Spec, StepType
-from shardreplay.spec.validation import check_step_values
+from shardreplay.storage.streams import ring_runs
 
 log = logging.getLogger("shardreplay.checkpoint.load")  # the name users filter on
 # Steps of a frame-stacked field read per piece: bounds the temporary stacks (84x84x4 uint8: ~28 MiB).
@@ -326,39 +326,15 @@ def _read_as_saved(reader: AnyPartReader, pos: np.ndarray, session: RestoreSessi
     """Read a part (saved with sequence ``period``) into the slots its steps had
     (positions as saved, ring order), with its episode ids, generations and priorities,
     and the step types and discounts that sealing changed put back."""
-    cap = session.stream_capacity
-    length = np.minimum(pos, cap)
-    src_first = np.cumsum(length) - length
-    ring_start = (pos - length) % cap
-    head = np.minimum(length, cap - ring_start)  # up to the ring's end, then from slot 0
-    rows = np.arange(pos.shape[0], dtype=np.int64)
-    src = np.concatenate([src_first, src_first + head])
-    dst = np.concatenate([rows * cap + ring_start, rows * cap])
-    n = np.concatenate([head, length - head])
-    order = np.argsort(src, kind="stable")
-    src, dst, n = src[order], dst[order], n[order]
-    keep = n > 0
-    src, dst, n = src[keep], dst[keep], n[keep]
-    runs = [(0, s, d, c) for s, d, c in zip(src.tolist(), dst.tolist(), n.tolist(), strict=True)]
+    runs, at = [], 0
+    for dst, n in ring_runs(pos, session.stream_capacity):  # up to the ring's end, then from slot 0
+        runs += [(0, at, dst, n)] if n else []
+        at += n
     targets = _read_runs([reader], runs, runs, session, [period])
-    slots = ranges(dst, n)  # the slot of each saved step, in saved order
+    slots = ranges(np.array([r[2] for r in runs], np.int64), np.array([r[3] for r in runs], np.int64))
     index, types, discounts = saved_seals(reader, slots.shape[0])
     targets["step_type"][slots[index]] = types
     targets["discount"][slots[index]] = discounts
-
-
-def saved_seals(reader: AnyPartReader, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A part's ``seal.*`` arrays (empty without): which of its ``steps`` saved steps sealing
-    changed, and their step types and discounts as they were (CheckpointFormatError: malformed)."""
-    if "seal.index" not in reader.names():
-        return np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.float32)
-    index = reader.array("seal.index")
-    types, discounts = reader.array("seal.step_type"), reader.array("seal.discount")
-    if index.dtype.kind not in "iu" or not index.shape == types.shape == discounts.shape or \
-            (index.size and (index.min() < 0 or index.max() >= steps)):
-        raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
-    check_step_values(types, discounts, exc=CheckpointFormatError, where=f"{reader.path}: seal.*: ")
-    return index, types, discounts
 
 
 def episode_table(readers: list[AnyPartReader]) -> EpisodeTable:

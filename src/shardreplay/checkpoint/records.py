@@ -18,13 +18,13 @@ from shardreplay.spec.keys import is_key_tag
 FORMAT = "shardreplay-checkpoint"
 FORMAT_VERSION = 2  # 2: XXH64 block hashes (1 had CRC32); what a full save writes
 # 3: an incremental checkpoint (a part refers to earlier part files: checkpoint/refs.py);
-# 4: its episode ids and generations (and episode offsets) are chained too.
+# 4: its episode ids and generations (and episode offsets) are chained too; 5: every per-step array.
 INCREMENTAL_VERSION = 3
 STEPS_CHAINED_VERSION = 4
-READ_VERSIONS = (FORMAT_VERSION, INCREMENTAL_VERSION, STEPS_CHAINED_VERSION)
-# The per-step arrays that never change after their step's write (sealing changes step
-# types and discounts, updates priorities): an incremental part writes only its new rows.
-CHAINABLE_STEPS = ("episode_id", "generation", "episode_step")
+ALL_CHAINED_VERSION = 5
+READ_VERSIONS = (FORMAT_VERSION, INCREMENTAL_VERSION, STEPS_CHAINED_VERSION, ALL_CHAINED_VERSION)
+# What an incremental part writes only the new rows of (the last three: version 5, docs/semantics.md).
+CHAINABLE_STEPS = ("episode_id", "generation", "episode_step", "step_type", "discount", "priority")
 
 
 def _count(value: Any, what: str, where: Path | str, low: int = 0) -> int:
@@ -175,6 +175,8 @@ class ManifestPart:
     @property
     def version(self) -> int:
         """The format version of the part (and of a manifest listing it)."""
+        if "priority" in self.chained_steps:
+            return ALL_CHAINED_VERSION
         if self.chained_steps:
             return STEPS_CHAINED_VERSION
         return INCREMENTAL_VERSION if self.chained else FORMAT_VERSION

@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shardreplay.buffer.shard import PRIORITY_BLOCK as BLOCK
 from shardreplay.checkpoint.format import PartReader, WholeReads
 from shardreplay.checkpoint.manifest import is_complete
-from shardreplay.checkpoint.records import ManifestPart, RefSource
+from shardreplay.checkpoint.records import ManifestPart, PartMeta, RefSource
 from shardreplay.errors import CheckpointFormatError
+from shardreplay.spec.validation import check_step_values
+from shardreplay.storage.streams import ring_runs
 
 if TYPE_CHECKING:
     from shardreplay.buffer.shard import Shard
@@ -33,7 +36,7 @@ def open_part(directory: Path, part: ManifestPart) -> PartReader | ChainedReader
         CheckpointFormatError: an unreadable or malformed file or segment table.
     """
     own = PartReader(directory / part.file, part)
-    if not part.refs:
+    if not (part.refs or part.chained_steps):
         return own
     try:
         return ChainedReader(Path(directory).parent, own, part.refs, part.chained_steps)
@@ -57,6 +60,12 @@ class ChainedReader(WholeReads):
         self._root, self._own, self._refs, self._steps = Path(root), own, refs, chained_steps
         self.path, self.metadata, self.header = own.path, own.metadata, own.header
         self._opened: dict[int, PartReader] = {}
+        self._prio: np.ndarray | None = None
+        self._undo: dict[int, tuple[np.ndarray, ...]] = {}
+        names = ("seal.index", "sealed.step_type", "sealed.discount") if "step_type" in chained_steps else ()
+        self._seals: dict[str, np.ndarray] = {k: own.array(k) for k in names if k in own.names()}
+        if len({a.shape for a in self._seals.values()}) > 1:
+            raise CheckpointFormatError(f"{self.path}: malformed sealed.* arrays")
         self._stack = ExitStack()
         seg = {name: own.array(name).astype(np.int64) for name in SEGMENT_ARRAYS}
         self._source, self._first, count = seg["ref.source"], seg["ref.first"], seg["ref.count"]
@@ -105,16 +114,57 @@ class ChainedReader(WholeReads):
         if start < 0 or stop > int(self._offsets[-1]):
             raise CheckpointFormatError(f"{self.path}: rows {start}..{stop} of {name!r} lie outside "
                                         f"its {int(self._offsets[-1])} steps")
+        if name == "priority":
+            out[...] = self._priorities()[start:stop]
+            return
+        sealed = self._seals.get(f"sealed.{name}")
+        defer = defer and sealed is None  # checked before the sealed values overwrite some
         pos = start
         k = int(np.searchsorted(self._offsets, start, side="right")) - 1
         while pos < stop:
             end = min(int(self._offsets[k + 1]), stop)
             if end > pos:
                 first = int(self._first[k]) + pos - int(self._offsets[k])
-                self._reader(int(self._source[k])).rows_into(name, first, out[pos - start:end - start],
-                                                             defer=defer)
+                src = int(self._source[k])
+                reader, piece = self._reader(src), out[pos - start:end - start]
+                reader.rows_into(name, first, piece, defer=defer)
+                if sealed is not None and "prio.block" not in reader.names():  # a full part's, as written
+                    if src not in self._undo:
+                        self._undo[src] = saved_seals(reader, reader.entry(name)[1][0])
+                    index, types, discounts = self._undo[src]
+                    _overlay(piece, first, index, types if name == "step_type" else discounts)
             pos = end
             k += 1
+        if sealed is not None:  # saved as written: sealed here (docs/semantics.md)
+            _overlay(out, start, self._seals["seal.index"], sealed)
+
+    def _priorities(self) -> np.ndarray:
+        """Every saved step's priority (read once): each block of slots from the file the
+        part's ``prio.source`` names (-1: its own ``prio.block``/``prio.values``)."""
+        if self._prio is not None:
+            return self._prio
+        cap = PartMeta.parse(self.metadata.get("buffer_meta", "{}"), self.path).stream_capacity
+        source = self._own.array("prio.source").astype(np.int64)
+        pos = self._own.array("row_pos").astype(np.int64)
+        flat = np.zeros(source.shape[0] * BLOCK, np.float32)
+        if flat.size < pos.shape[0] * cap or ((source < -1) | (source >= len(self._refs))).any():
+            raise CheckpointFormatError(f"{self.path}: malformed prio.source")
+        for k in np.unique(source).tolist():
+            reader, take = self._reader(k), np.flatnonzero(source == k)
+            if "prio.block" not in reader.names():  # a part with every step's priority, by slot here
+                whole, values, i = np.zeros(flat.size, np.float32), reader.array("priority"), 0
+                for a, n in ring_runs(reader.array("row_pos").astype(np.int64), cap):
+                    whole[a:a + n], i = values[i:i + n], i + n
+                flat.reshape(-1, BLOCK)[take] = whole.reshape(-1, BLOCK)[take]
+                continue
+            have, values = reader.array("prio.block").astype(np.int64), reader.array("prio.values")
+            at = np.searchsorted(have, take)
+            if values.shape != (have.shape[0] * BLOCK,) or (at >= have.shape[0]).any() or \
+                    not np.array_equal(have[at], take):
+                raise CheckpointFormatError(f"{reader.path}: prio.block lacks blocks {self.path} reads there")
+            flat.reshape(-1, BLOCK)[take] = values.reshape(-1, BLOCK)[at]
+        self._prio = np.concatenate([flat[:0], *(flat[a:a + n] for a, n in ring_runs(pos, cap))])
+        return self._prio
 
     def check_pending(self) -> None:
         """Wait for every deferred check, of this part and of the files it read from.
@@ -140,6 +190,26 @@ class ChainedReader(WholeReads):
 
 
 AnyPartReader = PartReader | ChainedReader
+
+
+def _overlay(out: np.ndarray, start: int, index: np.ndarray, values: np.ndarray) -> None:
+    """Put ``values`` at the rows ``index`` (sorted) that lie in ``out``'s rows from ``start``."""
+    lo, hi = np.searchsorted(index, [start, start + out.shape[0]])
+    out[index[lo:hi] - start] = values[lo:hi]
+
+
+def saved_seals(reader: AnyPartReader, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A part's ``seal.*`` arrays (empty without): which of its ``steps`` saved steps sealing
+    changed, and their step types and discounts as they were (CheckpointFormatError: malformed)."""
+    if "seal.index" not in reader.names():
+        return np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.float32)
+    index = reader.array("seal.index")
+    types, discounts = reader.array("seal.step_type"), reader.array("seal.discount")
+    if index.dtype.kind not in "iu" or not index.shape == types.shape == discounts.shape or \
+            (index.size and (index.min() < 0 or index.max() >= steps)):
+        raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
+    check_step_values(types, discounts, exc=CheckpointFormatError, where=f"{reader.path}: seal.*: ")
+    return index, types, discounts
 
 
 @dataclass(frozen=True)
@@ -169,6 +239,8 @@ class Chain:
     clears: int
     own: RefSource
     segments: Segments
+    seen: int  # the shard's priority_tick at the save: later updates are newer
+    prio: np.ndarray  # per priority block: its file (-1: own, else in segments.sources)
 
 
 def full_segments(hi: np.ndarray, cap: int) -> Segments:
@@ -199,9 +271,25 @@ def _key(root: Path) -> str:
     return f"chain:{Path(root).resolve()}"
 
 
-def remember(shard: Shard, root: Path, own: RefSource, segments: Segments) -> None:
+def remember(shard: Shard, root: Path, own: RefSource, segments: Segments, seen: int,
+             prio: np.ndarray) -> None:
     """After part file ``own`` was written: the next part of ``shard`` may continue from it."""
-    shard.checkpoint_notes[_key(root)] = Chain(shard.clears, own, segments)
+    shard.checkpoint_notes[_key(root)] = Chain(shard.clears, own, segments, seen, prio)
+
+
+def block_sources(shard: Shard, chain: Chain, segments: Segments, start: np.ndarray) -> np.ndarray:
+    """Per priority block of a part continuing ``chain`` with ``segments``, writing steps
+    from ``start`` on: the file of ``segments.sources`` holding it unchanged, or -1 (the
+    part writes it) when updated since ``chain.seen``, written since, or in no kept file."""
+    where = {f: i for i, f in enumerate(segments.sources)}
+    files = (*chain.segments.sources, chain.own)
+    out = np.array([where.get(f, -1) for f in files], np.int8)[np.where(chain.prio < 0, len(files) - 1,
+                                                                         chain.prio)]
+    out[shard.priority_marks > chain.seen] = -1
+    for a, n in ring_runs(shard.positions, shard.stream_capacity, start):
+        if n:
+            out[a // BLOCK:(a + n - 1) // BLOCK + 1] = -1
+    return out
 
 
 def forget(shard: Shard, root: Path) -> None:

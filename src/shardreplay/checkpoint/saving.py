@@ -20,6 +20,7 @@ import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import Shard, shard_of_buffer
+from shardreplay.checkpoint import refs
 from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy, ranges
 from shardreplay.checkpoint.format import write_part
 from shardreplay.checkpoint.manifest import (
@@ -104,10 +105,11 @@ class SaveJob:
     partial: str = "seal"
     sharding: dict[str, Any] | None = None
     start: np.ndarray | None = None  # the first absolute step of each row the part writes itself
-    chained: bool = False  # the part refers to earlier files for the steps before ``start``
+    chain: refs.Chain | None = None  # the chain the part continues (refers to earlier files before ``start``)
     files: dict[str, bytes] = field(default_factory=dict)
     keep_last: int | None = 2
     segments: Segments | None = None  # the part's segment table, when it may start or continue a chain
+    tick: int = 0  # the shard's priority tick at the save: later updates are newer
 
 
 def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
@@ -151,8 +153,9 @@ def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkp
     else:
         segments = full_segments(hi, shard.stream_capacity) if chainable else None
         start = hi - np.minimum(hi, shard.stream_capacity)
+    shard.priority_tick += 1  # updates from now on are newer than this part
     return SaveJob(directory, False, shard, index, num_shards, int(checkpoint_id), partial, sharding, start,
-                   chain is not None, extra_files, keep_last, segments)
+                   chain, extra_files, keep_last, segments, shard.priority_tick - 1)
 
 
 def note_restore(shard: Shard, counts: RestoreCounts) -> None:
@@ -184,7 +187,7 @@ def _content(job: SaveJob) -> _Content:
     shard, start = job.shard, job.start
     assert shard is not None and start is not None
     state = shard.export()
-    if job.chained:
+    if job.chain is not None:
         state["arrays"].update({f"field.{n}": pieces for n, pieces in shard.fields_since(start).items()})
     starts = [f"field.{n}" for n in shard.start_names]
     is_start = shard.stored_start_flags() if starts else None
@@ -193,21 +196,26 @@ def _content(job: SaveJob) -> _Content:
     if job.partial == "seal":
         arrays.update(_seal_undo(state["arrays"], arrays))
     chained_steps: tuple[str, ...] = ()
-    if job.chained and job.segments is not None:  # a full part is described as before
+    if job.chain is not None and job.segments is not None:  # a full part is described as before
         arrays.update(job.segments.as_arrays())
         # Of the arrays fixed at their step's write, only the steps this part writes itself.
         hi = arrays["row_pos"]
         length = np.minimum(hi, shard.stream_capacity)
         own = ranges(np.cumsum(length) - hi + start, hi - start)
+        if "seal.index" in arrays:  # the chained arrays hold them as written: sealed on reading
+            arrays.update({f"sealed.{k}": arrays[k][arrays["seal.index"]] for k in ("step_type", "discount")})
+        arrays.update(step_type=state["arrays"]["step_type"], discount=state["arrays"]["discount"])
+        arrays.update(_priority_blocks(job))
         chained_steps = tuple(k for k in CHAINABLE_STEPS if k in arrays)
-        arrays.update({k: arrays[k][own] for k in chained_steps})
+        arrays.update({k: arrays[k][own] for k in chained_steps if k != "priority"})
     empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
     empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
     part = ManifestPart(  # its size, block hashes and time (0, (), 0) are set when written
         job.checkpoint_id, job.index, job.num_shards, f"{part_name(job.index, job.num_shards)}.safetensors",
         0, (), int(arrays["row_length"].sum()), int(episodes.start.shape[0]), job.partial, report,
         restored_from(shard), shard.spec.fingerprint, 0,
-        refs=job.segments.sources if job.chained and job.segments is not None else (), chained=job.chained,
+        refs=job.segments.sources if job.chain is not None and job.segments is not None else (),
+        chained=job.chain is not None,
         chained_steps=chained_steps)
     return _Content(_ordered(arrays), empty_like, part, PartMeta.of_state(state["meta"], job.sharding),
                     shard.spec)
@@ -260,9 +268,25 @@ def write(job: SaveJob) -> ManifestPart:
 
 def written(job: SaveJob, part: ManifestPart) -> None:
     """``part`` of ``job`` is written: an incremental save continues from it."""
-    if job.shard is not None and job.segments is not None:
+    shard, segments, start = job.shard, job.segments, job.start
+    if shard is not None and segments is not None and start is not None:
         own = RefSource(job.directory.name, part.file, part.bytes, part.block_xxh64)
-        remember(job.shard, job.directory.parent, own, job.segments)
+        prio = np.full(shard.priority_marks.shape, -1, np.int8) if job.chain is None else \
+            refs.block_sources(shard, job.chain, segments, start)  # a superset of the part's: as good
+        remember(shard, job.directory.parent, own, segments, job.tick, prio)
+
+
+def _priority_blocks(job: SaveJob) -> dict[str, np.ndarray]:
+    """The priorities of the blocks changed since the chain's previous part (as the shard
+    is now: ``prio.block``, ``prio.values``), and where every block is (``prio.source``)."""
+    shard, chain, segments, start = job.shard, job.chain, job.segments, job.start
+    assert shard is not None and chain is not None and segments is not None and start is not None
+    source = refs.block_sources(shard, chain, segments, start)
+    blocks, prio = np.flatnonzero(source < 0), shard.arrays()["priority"]
+    short = -prio.shape[0] % refs.BLOCK  # slots missing from the last block (a copy: rare)
+    whole = np.concatenate((prio, np.zeros(short, np.float32))) if short else prio
+    return {"prio.block": blocks, "prio.values": whole.reshape(-1, refs.BLOCK)[blocks].reshape(-1),
+            "priority": prio[:0].copy(), "prio.source": source}
 
 
 def _refs_text(part: ManifestPart) -> str:

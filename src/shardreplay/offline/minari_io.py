@@ -27,9 +27,8 @@ from shardreplay._signals import die_with_parent
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.checkpoint.episodes import find_episodes
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.checkpoint.loading import saved_seals
 from shardreplay.checkpoint.manifest import Manifest, checkpoint_dir, latest_complete, load_manifest
-from shardreplay.checkpoint.refs import ChainedReader, open_part
+from shardreplay.checkpoint.refs import ChainedReader, open_part, saved_seals
 from shardreplay.checkpoint.saving import shard_of
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.errors import ConfigError, IncompleteCheckpointError, ShardReplayError

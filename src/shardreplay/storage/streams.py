@@ -53,6 +53,17 @@ _WindowsPlan = tuple[np.ndarray, int, tuple[tuple[str, np.dtype, tuple[int, ...]
 _BLOCK_ALIGN = 64  # each block of the windows' output bytes starts on a cache line
 
 
+def ring_runs(pos: np.ndarray, cap: int, start: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """``(first flat slot, steps)`` of each row's stored steps (of steps ``start[r]`` on,
+    when given) of rows at positions ``pos`` of ``cap`` slots, row after row in time
+    order: two runs per row, up to the ring's end, then from slot 0 (maybe empty)."""
+    length = np.minimum(pos, cap) if start is None else np.minimum(pos - start, cap)
+    first = (pos - length) % cap
+    head = np.minimum(length, cap - first)
+    rows = zip(first.tolist(), head.tolist(), length.tolist(), strict=True)
+    return [run for r, (f, h, n) in enumerate(rows) for run in ((r * cap + f, h), (r * cap, n - h))]
+
+
 def _nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
     return int(np.dtype(dtype).itemsize * np.prod(shape, dtype=np.int64))
 
@@ -427,17 +438,7 @@ class StreamStorage:
         """Views of ``arr`` holding each row's stored steps (from step ``start[r]`` on, when
         given) in time order (ring order unrolled: at most two contiguous pieces per row),
         for writing without a copy."""
-        cap = self.stream_capacity
-        pieces = []
-        for r in range(self.num_streams):
-            pos = int(self.pos[r])
-            first_step = pos - min(pos, cap) if start is None else int(start[r])
-            at, n = first_step % cap, pos - first_step
-            first = min(n, cap - at)
-            pieces.append(arr[r * cap + at:r * cap + at + first])
-            if n > first:
-                pieces.append(arr[r * cap:r * cap + n - first])
-        return [p for p in pieces if p.shape[0]]
+        return [arr[a:a + n] for a, n in ring_runs(self.pos, self.stream_capacity, start) if n]
 
     def _joined(self, arr: np.ndarray) -> np.ndarray:
         """A copy of ``arr``'s stored steps in (row, time) order (``arr[stored slots]``)."""
