@@ -99,3 +99,20 @@ def test_a_chain_of_small_saves_writes_what_changed_and_restores_exactly(tmp_pat
             _assert_equal(_restored(inc, cid, n), _restored(full, cid, n), f"checkpoint {cid} onto {n}")
         # A faithful resume gives back every array and leaf as the buffer holds it.
         _assert_equal(_restored(inc, cid, num_shards), [_state(local) for local in locals_], "as live")
+
+
+def test_updates_and_writes_during_a_background_part_are_in_the_next_part(tmp_path: Path) -> None:
+    """A background part holds the priorities as at its call; what changes while its child
+    writes (updates, new steps) is written by the next part, which restores the buffer."""
+    local = make_buffer(STREAMS, CAPACITY)
+    fill_random(local, 700)
+    checkpoint.save(local, tmp_path, 1, incremental=True)
+    fill_random(local, 5, seed=1, start=700, ongoing=True)
+    at_call = _state(local)
+    pending = checkpoint.save_in_background(local, tmp_path, 2, incremental=True, keep_last=None)
+    fill_random(local, 7, seed=2, update_rounds=4, start=705, ongoing=True)
+    pending.wait(60)
+    _assert_equal(_restored(tmp_path, 2, 1), [at_call], "background part")
+    checkpoint.save(local, tmp_path, 3, incremental=True, keep_last=None)
+    assert checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 3)).parts[0].refs  # chained
+    _assert_equal(_restored(tmp_path, 3, 1), [_state(local)], "the next part")
