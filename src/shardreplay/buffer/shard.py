@@ -88,9 +88,8 @@ class Shard:
         # from, the incremental chain of its saved parts), each entry stamped with the
         # ``clears`` it holds for: replaced content ends them.
         self.checkpoint_notes: dict[str, Any] = {}
-        # Per block of slots, the priority_tick of its last update (incremental checkpoints).
-        self.priority_marks = np.zeros(-(-self._storage.size // PRIORITY_BLOCK), np.int32)
-        self.priority_tick = 1
+        # Per block of slots, updates_applied after its last update (incremental checkpoints).
+        self.priority_marks = np.zeros(-(-self._storage.size // PRIORITY_BLOCK), np.int64)
         # Held while a background checkpoint's writer (a forked child) writes this shard's
         # part: the next save, a restore or load_state_dict waits for it.
         self._saving = threading.Lock()
@@ -346,8 +345,8 @@ class Shard:
         if n_current < keys.shape[0]:
             slots, prios = slots[current], prios[current]
         self._sampler.update(slots, prios)
-        self.priority_marks[slots // PRIORITY_BLOCK] = self.priority_tick
         self.updates_applied += int(slots.shape[0])
+        self.priority_marks[slots // PRIORITY_BLOCK] = self.updates_applied
         return int(slots.shape[0])
 
     def apply_routed(self, keys: np.ndarray, prios: np.ndarray) -> int:

@@ -175,10 +175,8 @@ class ManifestPart:
     @property
     def version(self) -> int:
         """The format version of the part (and of a manifest listing it)."""
-        if "priority" in self.chained_steps:
-            return ALL_CHAINED_VERSION
         if self.chained_steps:
-            return STEPS_CHAINED_VERSION
+            return ALL_CHAINED_VERSION if "priority" in self.chained_steps else STEPS_CHAINED_VERSION
         return INCREMENTAL_VERSION if self.chained else FORMAT_VERSION
 
     @classmethod

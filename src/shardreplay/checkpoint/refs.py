@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,12 +61,7 @@ class ChainedReader(WholeReads):
         self._root, self._own, self._refs, self._steps = Path(root), own, refs, chained_steps
         self.path, self.metadata, self.header = own.path, own.metadata, own.header
         self._opened: dict[int, PartReader] = {}
-        self._prio: np.ndarray | None = None
-        self._undo: dict[int, tuple[np.ndarray, ...]] = {}
-        names = ("seal.index", "sealed.step_type", "sealed.discount") if "step_type" in chained_steps else ()
-        self._seals: dict[str, np.ndarray] = {k: own.array(k) for k in names if k in own.names()}
-        if len({a.shape for a in self._seals.values()}) > 1:
-            raise CheckpointFormatError(f"{self.path}: malformed sealed.* arrays")
+        self._over: dict[int, tuple[np.ndarray, ...]] = {}  # by source: step types and discounts put over
         self._stack = ExitStack()
         seg = {name: own.array(name).astype(np.int64) for name in SEGMENT_ARRAYS}
         self._source, self._first, count = seg["ref.source"], seg["ref.first"], seg["ref.count"]
@@ -115,10 +111,10 @@ class ChainedReader(WholeReads):
             raise CheckpointFormatError(f"{self.path}: rows {start}..{stop} of {name!r} lie outside "
                                         f"its {int(self._offsets[-1])} steps")
         if name == "priority":
-            out[...] = self._priorities()[start:stop]
+            out[...] = self._priorities[start:stop]
             return
-        sealed = self._seals.get(f"sealed.{name}")
-        defer = defer and sealed is None  # checked before the sealed values overwrite some
+        over = name in ("step_type", "discount") and "step_type" in self._steps  # saved as written
+        defer = defer and not over  # checked before values are put over some
         pos = start
         k = int(np.searchsorted(self._offsets, start, side="right")) - 1
         while pos < stop:
@@ -128,21 +124,24 @@ class ChainedReader(WholeReads):
                 src = int(self._source[k])
                 reader, piece = self._reader(src), out[pos - start:end - start]
                 reader.rows_into(name, first, piece, defer=defer)
-                if sealed is not None and "prio.block" not in reader.names():  # a full part's, as written
-                    if src not in self._undo:
-                        self._undo[src] = saved_seals(reader, reader.entry(name)[1][0])
-                    index, types, discounts = self._undo[src]
-                    _overlay(piece, first, index, types if name == "step_type" else discounts)
+                if over and src >= 0 and "prio.block" not in reader.names():  # a full part's, as written
+                    _overlay(piece, first, name, self._seals(src))
             pos = end
             k += 1
-        if sealed is not None:  # saved as written: sealed here (docs/semantics.md)
-            _overlay(out, start, self._seals["seal.index"], sealed)
+        if over:  # sealed where this part's save sealed them (docs/semantics.md)
+            _overlay(out, start, name, self._seals(-1))
 
+    def _seals(self, source: int) -> tuple[np.ndarray, ...]:
+        """Put over step types and discounts from ``source``: -1 ``sealed.*``, a full part ``seal.*``."""
+        if source not in self._over:
+            reader = self._reader(source)
+            steps = int(self._offsets[-1]) if source < 0 else reader.entry("step_type")[1][0]
+            self._over[source] = saved_seals(reader, steps, "sealed" if source < 0 else "seal")
+        return self._over[source]
+
+    @cached_property
     def _priorities(self) -> np.ndarray:
-        """Every saved step's priority (read once): each block of slots from the file the
-        part's ``prio.source`` names (-1: its own ``prio.block``/``prio.values``)."""
-        if self._prio is not None:
-            return self._prio
+        """Every saved step's priority: each block from the file ``prio.source`` names (-1: own)."""
         cap = PartMeta.parse(self.metadata.get("buffer_meta", "{}"), self.path).stream_capacity
         source = self._own.array("prio.source").astype(np.int64)
         pos = self._own.array("row_pos").astype(np.int64)
@@ -163,8 +162,7 @@ class ChainedReader(WholeReads):
                     not np.array_equal(have[at], take):
                 raise CheckpointFormatError(f"{reader.path}: prio.block lacks blocks {self.path} reads there")
             flat.reshape(-1, BLOCK)[take] = values.reshape(-1, BLOCK)[at]
-        self._prio = np.concatenate([flat[:0], *(flat[a:a + n] for a, n in ring_runs(pos, cap))])
-        return self._prio
+        return np.concatenate([flat[:0], *(flat[a:a + n] for a, n in ring_runs(pos, cap))])
 
     def check_pending(self) -> None:
         """Wait for every deferred check, of this part and of the files it read from.
@@ -192,23 +190,25 @@ class ChainedReader(WholeReads):
 AnyPartReader = PartReader | ChainedReader
 
 
-def _overlay(out: np.ndarray, start: int, index: np.ndarray, values: np.ndarray) -> None:
-    """Put ``values`` at the rows ``index`` (sorted) that lie in ``out``'s rows from ``start``."""
+def _overlay(out: np.ndarray, start: int, name: str, seals: tuple[np.ndarray, ...]) -> None:
+    """Put the ``name`` values of ``seals`` (:func:`saved_seals`) over ``out``'s rows from ``start``."""
+    index, values = seals[0], seals[1 if name == "step_type" else 2]
     lo, hi = np.searchsorted(index, [start, start + out.shape[0]])
     out[index[lo:hi] - start] = values[lo:hi]
 
 
-def saved_seals(reader: AnyPartReader, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def saved_seals(reader: AnyPartReader, steps: int, kind: str = "seal") -> tuple[np.ndarray, ...]:
     """A part's ``seal.*`` arrays (empty without): which of its ``steps`` saved steps sealing
-    changed, and their step types and discounts as they were (CheckpointFormatError: malformed)."""
+    changed, and their step types and discounts as they were (``kind="sealed"``: as sealed,
+    ``sealed.*``; CheckpointFormatError: malformed)."""
     if "seal.index" not in reader.names():
         return np.empty(0, np.int64), np.empty(0, np.uint8), np.empty(0, np.float32)
     index = reader.array("seal.index")
-    types, discounts = reader.array("seal.step_type"), reader.array("seal.discount")
+    types, discounts = reader.array(f"{kind}.step_type"), reader.array(f"{kind}.discount")
     if index.dtype.kind not in "iu" or not index.shape == types.shape == discounts.shape or \
             (index.size and (index.min() < 0 or index.max() >= steps)):
         raise CheckpointFormatError(f"{reader.path}: malformed seal.* arrays")
-    check_step_values(types, discounts, exc=CheckpointFormatError, where=f"{reader.path}: seal.*: ")
+    check_step_values(types, discounts, exc=CheckpointFormatError, where=f"{reader.path}: {kind}.*: ")
     return index, types, discounts
 
 
@@ -239,7 +239,7 @@ class Chain:
     clears: int
     own: RefSource
     segments: Segments
-    seen: int  # the shard's priority_tick at the save: later updates are newer
+    seen: int  # the shard's updates_applied at the save: blocks marked later changed since
     prio: np.ndarray  # per priority block: its file (-1: own, else in segments.sources)
 
 

@@ -109,7 +109,7 @@ class SaveJob:
     files: dict[str, bytes] = field(default_factory=dict)
     keep_last: int | None = 2
     segments: Segments | None = None  # the part's segment table, when it may start or continue a chain
-    tick: int = 0  # the shard's priority tick at the save: later updates are newer
+    tick: int = 0  # the shard's updates_applied at the save: blocks marked later changed since
 
 
 def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkpoint_id: int, *,
@@ -153,9 +153,8 @@ def prepare(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | Path, checkp
     else:
         segments = full_segments(hi, shard.stream_capacity) if chainable else None
         start = hi - np.minimum(hi, shard.stream_capacity)
-    shard.priority_tick += 1  # updates from now on are newer than this part
     return SaveJob(directory, False, shard, index, num_shards, int(checkpoint_id), partial, sharding, start,
-                   chain, extra_files, keep_last, segments, shard.priority_tick - 1)
+                   chain, extra_files, keep_last, segments, shard.updates_applied)
 
 
 def note_restore(shard: Shard, counts: RestoreCounts) -> None:
