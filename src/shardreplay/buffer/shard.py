@@ -26,6 +26,7 @@ from shardreplay.spec import Spec
 from shardreplay.storage import SEQUENCE_STEP_ARRAYS, STEP_ARRAYS, ArrayAllocator, StreamStorage
 from shardreplay.storage.frames import StackPieces
 from shardreplay.storage.one_step import OneStepAdd, one_step_add
+from shardreplay.storage.streams import ring_runs
 
 if TYPE_CHECKING:
     from shardreplay.kernels import keys as key_kernels
@@ -38,7 +39,8 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
 ONE_STEP_AFTER = 1000
 
 PRIORITY_BLOCK = 32  # slots per block of the priority changes an incremental checkpoint tracks
-__all__ = ["SEQUENCE_STEP_ARRAYS", "STEP_ARRAYS", "Draw", "Shard", "ShardStats", "shard_of_buffer"]
+__all__ = ["SEQUENCE_STEP_ARRAYS", "STEP_ARRAYS", "Draw", "Shard", "ShardStats", "ring_runs",
+           "shard_of_buffer"]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.restore import RestoreSession
-from shardreplay.buffer.shard import shard_of_buffer
+from shardreplay.buffer.shard import ring_runs, shard_of_buffer
 from shardreplay.checkpoint.episodes import ranges
 from shardreplay.checkpoint.format import advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, list_checkpoints, load_manifest, read_covered
@@ -35,7 +35,6 @@ from shardreplay.errors import (
     IncompleteCheckpointError,
 )
 from shardreplay.spec import Spec, StepType
-from shardreplay.storage.streams import ring_runs
 
 log = logging.getLogger("shardreplay.checkpoint.load")  # the name users filter on
 # Steps of a frame-stacked field read per piece: bounds the temporary stacks (84x84x4 uint8: ~28 MiB).

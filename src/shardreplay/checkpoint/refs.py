@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shardreplay.buffer.shard import PRIORITY_BLOCK as BLOCK
+from shardreplay.buffer.shard import ring_runs
 from shardreplay.checkpoint.format import PartReader, WholeReads
 from shardreplay.checkpoint.manifest import is_complete
 from shardreplay.checkpoint.records import ManifestPart, PartMeta, RefSource
 from shardreplay.errors import CheckpointFormatError
 from shardreplay.spec.validation import check_step_values
-from shardreplay.storage.streams import ring_runs
 
 if TYPE_CHECKING:
     from shardreplay.buffer.shard import Shard
