@@ -68,11 +68,11 @@ def _bytes_equal(a, a_off, b, b_off, n):  # pragma: no cover - compiled
 
 
 @numba.njit(**SMALL_CALL)
-def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
+def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, discount, step_types, stack,
                 values):  # pragma: no cover - compiled
     """Check and write one step of every stream of a spec with one frame-stacked field
     (``stack``: ``[S, K, *frame]``, C-contiguous, its stored dtype) and the plain fields
-    ``values`` (as :func:`~shardreplay.kernels.add_step.add_step`). ``ref``, ``frames``
+    ``values`` (``discount`` and these as :func:`~shardreplay.kernels.add_step.add_step`). ``ref``, ``frames``
     (uint8 ``[S, F, frame bytes]``) and ``fpos`` are the field's ``FrameStore`` arrays.
 
     Returns the change in valid starts (added to the storage's count, as add_step
@@ -87,7 +87,7 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, ste
         if stack.shape[d] != fstate[F_DIMS + d - 1]:
             return BAD_INPUT
     state[CHECK_ONLY] = 1
-    checked = add_step(records, pos_and_counters, state, step_types, values)
+    checked = add_step(records, records, pos_and_counters, state, discount, step_types, values)
     state[CHECK_ONLY] = 0
     if checked == BAD_INPUT:
         return BAD_INPUT
@@ -121,7 +121,7 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, ste
     if need > cap_frames:
         state[N_OUT] = need
         return NEED_FRAMES
-    delta = add_step(records, pos_and_counters, state, step_types, values)
+    delta = add_step(records, records, pos_and_counters, state, discount, step_types, values)
     for i in range(n_rows):  # append_frames
         r = state[rows_at + i]
         p = fpos[r]
@@ -136,10 +136,11 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, ste
 # The one entry point, whatever the number of plain fields (RESULTS-inputs.md, "Pixels
 # without spikes": an entry per arity saved only the tuple ``*values`` makes).
 @numba.njit(**SMALL_CALL)
-def add_stacked_n(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack,
-                  *values):  # pragma: no cover - compiled
+def add_stacked_n(records, pos_and_counters, state, ref, frames, fpos, fstate, discount, step_types,
+                  stack, *values):  # pragma: no cover - compiled
     """:func:`add_stacked` with any number (>= 1) of plain fields."""
-    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, step_types, stack, values)
+    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, discount, step_types,
+                       stack, values)
 
 
 def fstate_of(stream_capacity: int, frame_bytes: int, stack_shape: tuple[int, ...]) -> np.ndarray:
@@ -154,7 +155,7 @@ def compiled_add_stacked(args: tuple[Any, ...]) -> Any:
     """A dispatcher of :func:`add_stacked` compiled (or loaded from numba's cache) for
     arguments of the types of ``args`` only (others raise ``TypeError`` at dispatch);
     ``args`` = (records as uint8 rows, positions and counters, state, ref, frames, fpos,
-    fstate, step types, stack, *plain values), at least one plain value."""
-    if len(args) < 10:
+    fstate, discounts, step types, stack, *plain values), at least one plain value."""
+    if len(args) < 11:
         raise ValueError("compiled_add_stacked needs at least one plain field")
-    return compiled_for((add_stacked_n,), 9, args)
+    return compiled_for((add_stacked_n,), 10, args)

@@ -132,15 +132,17 @@ def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no
 
 
 @numba.njit(**SMALL_CALL)
-def add_step(records, pos_and_counters, state, step_types, values):  # pragma: no cover
+def add_step(records, own, pos_and_counters, state, discount, step_types, values):  # pragma: no cover
     """Check one step of every stream, then write it: the bookkeeping
-    (``kernels.storage.write_steps``), the discount and every field held in the records.
+    (``kernels.storage.write_steps``), the discount and every field held in the records
+    (the field planned ``OWN`` into ``own``).
 
-    ``records`` is the storage's per-slot records as uint8 ``[N, record bytes]``;
-    ``values`` the user fields in plan order, each ``[S, *shape]`` C-contiguous in its
-    stored dtype; ``step_types`` is ``[S]``; ``pos_and_counters`` is the storage's
-    positions ``[S]`` then its counters (the next episode id; the number of valid starts,
-    which this keeps); ``state`` (int64) is laid out as the constants above and
+    ``records`` is the storage's per-slot records as uint8 ``[N, record bytes]``, ``own``
+    the own array as uint8 rows ``[N, row bytes]``; ``values`` the user fields in plan
+    order, each ``[S, *shape]`` C-contiguous in its stored dtype; ``discount`` (float32)
+    and ``step_types`` are ``[S]``; ``pos_and_counters`` is the storage's positions
+    ``[S]`` then its counters (the next episode id; the number of valid starts, which
+    this keeps); ``state`` (int64) is laid out as the constants above and
     :func:`state_parts` say.
 
     Returns the change in the number of valid starts (0 when ``state[CHECK_ONLY]``), with
@@ -148,16 +150,6 @@ def add_step(records, pos_and_counters, state, step_types, values):  # pragma: n
     ``state[N_OUT]``; or :data:`BAD_INPUT` with nothing changed when a shape, a value of
     a finite field, a step type or a discount is wrong (the caller's full check then
     says which)."""
-    discount_at, end = state_parts(state[ROWS], state[FIELDS], state[WINDOW])[2:]
-    discount = state[discount_at:end].view(np.float32)[:state[ROWS]]
-    return _add(records, records, pos_and_counters, state, discount, step_types, values)
-
-
-@numba.njit(**SMALL_CALL)
-def _add(records, own, pos_and_counters, state, discount, step_types, values):  # pragma: no cover
-    """:func:`add_step`, which also writes the field planned ``OWN`` into ``own`` (its
-    own array as uint8 rows ``[N, row bytes]``) and takes the discounts (float32 ``[S]``)
-    as an argument."""
     n_rows = state[ROWS]
     if step_types.shape[0] != n_rows or discount.shape[0] != n_rows:
         return BAD_INPUT
@@ -203,7 +195,7 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
     discount_at, end = state_parts(n_rows, state[FIELDS], state[WINDOW])[2:]
     discount = state[discount_at:end].view(np.float32)[:n_rows]
     discount[:] = 1.0  # a step without a discount (an add's may be left there)
-    delta = _add(records, own, pos_and_counters, state, discount, step_types, (a, b, c))
+    delta = add_step(records, own, pos_and_counters, state, discount, step_types, (a, b, c))
     if delta == BAD_INPUT:
         return delta
     size = state[PLAN + ROW_BYTES]
@@ -219,43 +211,43 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
 @numba.njit(**SMALL_CALL)
 def add_step_1(records, own, pos, state, discount, step_types, a):  # pragma: no cover
     """:func:`add_step` of a spec of 1 field."""
-    return _add(records, own, pos, state, discount, step_types, (a,))
+    return add_step(records, own, pos, state, discount, step_types, (a,))
 
 
 @numba.njit(**SMALL_CALL)
 def add_step_2(records, own, pos, state, discount, step_types, a, b):  # pragma: no cover
     """:func:`add_step` of a spec of 2 fields."""
-    return _add(records, own, pos, state, discount, step_types, (a, b))
+    return add_step(records, own, pos, state, discount, step_types, (a, b))
 
 
 @numba.njit(**SMALL_CALL)
 def add_step_3(records, own, pos, state, discount, step_types, a, b, c):  # pragma: no cover
     """:func:`add_step` of a spec of 3 fields."""
-    return _add(records, own, pos, state, discount, step_types, (a, b, c))
+    return add_step(records, own, pos, state, discount, step_types, (a, b, c))
 
 
 @numba.njit(**SMALL_CALL)
 def add_step_4(records, own, pos, state, discount, step_types, a, b, c, d):  # pragma: no cover
     """:func:`add_step` of a spec of 4 fields."""
-    return _add(records, own, pos, state, discount, step_types, (a, b, c, d))
+    return add_step(records, own, pos, state, discount, step_types, (a, b, c, d))
 
 
 @numba.njit(**SMALL_CALL)
 def add_step_5(records, own, pos, state, discount, step_types, a, b, c, d, e):  # pragma: no cover
     """:func:`add_step` of a spec of 5 fields."""
-    return _add(records, own, pos, state, discount, step_types, (a, b, c, d, e))
+    return add_step(records, own, pos, state, discount, step_types, (a, b, c, d, e))
 
 
 @numba.njit(**SMALL_CALL)
 def add_step_6(records, own, pos, state, discount, step_types, a, b, c, d, e, f):  # pragma: no cover
     """:func:`add_step` of a spec of 6 fields."""
-    return _add(records, own, pos, state, discount, step_types, (a, b, c, d, e, f))
+    return add_step(records, own, pos, state, discount, step_types, (a, b, c, d, e, f))
 
 
 @numba.njit(**SMALL_CALL)
 def add_step_n(records, own, pos, state, discount, step_types, *values):  # pragma: no cover
     """:func:`add_step` of a spec of any number of fields."""
-    return _add(records, own, pos, state, discount, step_types, values)
+    return add_step(records, own, pos, state, discount, step_types, values)
 
 
 _ENTRIES = (add_step_n, add_step_1, add_step_2, add_step_3, add_step_4, add_step_5, add_step_6)

@@ -49,21 +49,12 @@ def one_step_add(storage: StreamStorage, default_priority: Callable[[], float] |
     ``first``: fields to put first in the kernel's order (``held_writer``'s).
     """
     spec = storage.spec
-    parts: Mapping[str, Any] = storage.records.dtype.fields or {}
-    if any(parts[name][0] != dtype for name, dtype in _RECORD_PARTS.items()):
-        return None  # the kernel reads the bookkeeping in these dtypes
     if any(not numba_takes(f.dtype) or len(f.shape) > kernel.MAX_FIELD_NDIM or f.at_starts
            or (f.frame_stack and f.dtype.kind == "f") for f in spec.fields.values()):
         return None  # at_starts fields are kept by the full path (storage/starts.py)
     if storage.stacked and (len(storage.stacked) > 1 or len(spec.fields) == 1):
         return None  # the compiled stacked write takes one stack beside plain fields
     return OneStepAdd(storage, default_priority, on_write, first)
-
-
-# The bookkeeping in each record, as the kernel reads it (kernels/add_step.py, AT_*).
-_RECORD_PARTS = {"step_type": np.dtype(np.uint8), "discount": np.dtype(np.float32),
-                 "episode_id": np.dtype(np.int64), "generation": np.dtype(np.uint32),
-                 "priority": np.dtype(np.float32), "valid": np.dtype(np.bool_)}
 
 
 class OneStepAdd:
@@ -109,8 +100,6 @@ class OneStepAdd:
         self._state[rows_at:out_at] = np.arange(s)
         self._priority = self._state[kernel.PRIORITY:kernel.PRIORITY + 1].view(np.float64)
         self._priority[0] = 1.0
-        self._discount = self._state[discount_at:end].view(DISCOUNT_DTYPE)[:s]  # the stacked kernel's
-        self._discount[:] = 1.0
         self._out = self._state[out_at:discount_at].reshape(4, s * window)  # the kernel's results
         self._rows = (s,)
         self._ones = np.ones(s, DISCOUNT_DTYPE)  # the discount of a step without one
@@ -126,17 +115,16 @@ class OneStepAdd:
                               (n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape))
                               for n in ("discount", *order))
         canonical = tuple(np.zeros(shape, dtype) for _n, dtype, shape, _d in self._targets)
-        self._storage = storage
         self._store: Any = None  # the FrameStore of a frame-stacked field
         if not storage.stacked:
             self._head: tuple[np.ndarray, ...] = (rows, own, storage.pos_and_counters, self._state)
             self._kernel = kernel.compiled_add_step((*self._head, *canonical))
         else:  # one compiled call with the frames (kernels/add_stacked.py)
-            (name, store), = storage.stacked.items()
+            (store,) = storage.stacked.values()
             self._head = (rows, storage.pos_and_counters, self._state)
             self._store = store
             self._fstate = sk.fstate_of(store.stream_capacity, store.frame_bytes, canonical[2].shape)
-            self._kernel = sk.compiled_add_stacked((*self._fused_head_now(), *canonical[1:]))
+            self._kernel = sk.compiled_add_stacked((*self._fused_head_now(), *canonical))
         self._canonical = canonical
         self._default_priority = default_priority
         self._on_write = on_write
@@ -231,12 +219,15 @@ class OneStepAdd:
         truncated) by ``held_writer``'s, and what follows it. Returns what ``held_writer``'s write returns."""
         if self._default_priority is not None:
             self._priority[0] = self._default_priority()
-        if self._store is not None:
-            delta = self._add_stacked(values)
-        elif held:
+        if held:
             delta = self._call(self._held, self._head, values, self._held_targets)
-        else:
+        elif self._store is None:
             delta = self._call(self._kernel, self._head, values, self._targets)
+        else:  # a frame-stacked field: the ring grown when the kernel says it must (nothing written), again
+            delta = self._call(self._kernel, self._fused_head_now(), values, self._targets)
+            if delta == NEED_FRAMES:
+                self._store.grow(int(self._state[kernel.N_OUT]))
+                delta = self._kernel(*self._fused_head_now(), *self._taken)
         if delta == BAD_INPUT:
             return 0
         if self._own or self._on_write is not None:
@@ -272,27 +263,6 @@ class OneStepAdd:
         # ring, and a kept reference would hold the old one's memory.
         store = self._store
         return (*self._head, store.ref, store.frames, store.fpos, self._fstate)
-
-    def _add_stacked(self, values: tuple[Any, ...]) -> int:
-        """The one compiled call of a spec with a frame-stacked field (its kernel reads
-        the discount from ``state``). Grows the ring when the kernel says it must
-        (nothing written then), and calls again."""
-        discount = values[0]
-        if discount is not self._ones:
-            try:
-                self._discount[:] = as_stored("discount", discount, DISCOUNT_DTYPE, self._rows)
-            except SpecMismatchError:
-                return BAD_INPUT
-        try:
-            delta = self._call(self._kernel, self._fused_head_now(), values[1:], self._targets[1:])
-            if delta == NEED_FRAMES:
-                self._store.grow(int(self._state[kernel.N_OUT]))
-                delta = self._kernel(*self._fused_head_now(), *self._taken)
-        finally:
-            if discount is not self._ones:
-                self._discount[:] = 1.0
-        self._taken = (discount, *self._taken)
-        return delta
 
     def _after_write(self, values: tuple[Any, ...]) -> None:
         """Fields of their own arrays, the sampler."""

@@ -27,7 +27,8 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     kernels = lazy("shardreplay.kernels.storage")
     window_kernels = lazy("shardreplay.kernels.windows")
 
-# Per-slot arrays saved with the steps (beside the user's fields), with their dtypes.
+# Per-slot arrays saved with the steps (beside the user's fields), with their dtypes (the
+# one-step kernel, kernels/add_step.py, reads them in these).
 STEP_ARRAYS: dict[str, np.dtype] = {
     "step_type": STEP_TYPE_DTYPE,
     "discount": DISCOUNT_DTYPE,
