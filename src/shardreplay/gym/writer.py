@@ -266,11 +266,8 @@ class GymStepWriter:
                 self._held, self._spare = self._spare, self._held
                 self.num_steps += self.num_envs
                 if got == 2:  # some env's episode ended: the held steps' types and discounts
-                    n = self.num_envs
-                    term = done_flags(terminated, n, "terminated")
-                    trunc = done_flags(truncated, n, "truncated")
-                    self._types, self._discounts, ended = self._boundary(term, trunc)
-                    self.num_episodes += ended
+                    self._boundary(done_flags(terminated, self.num_envs, "terminated"),
+                                   done_flags(truncated, self.num_envs, "truncated"))
                     self._any_last, self._ready = True, False
                 else:
                     self._types = self._all_mid
@@ -336,23 +333,23 @@ class GymStepWriter:
             if self._types is not self._all_mid:
                 self._types, self._discounts = self._all_mid, self._all_ones
         else:
-            key = (self._types.tobytes(), tb, rb)
-            after = self._after.get(key)
-            if after is None:
-                after = self._after[key] = self._boundary(term, trunc)
-            self._types, self._discounts, ended = after
-            self.num_episodes += ended
+            self._boundary(term, trunc)
             self._any_last = any_done
         # The array held so far was copied into the buffer: the next step's copy reuses it.
         self._spare, self._held = held, next_held
         self._set_ready()
 
-    def _boundary(self, term: np.ndarray, trunc: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """The held steps' types and discounts after a step of the held ``_types`` whose
-        envs were done as ``term`` / ``trunc``, and the episodes it ended (NEXT_STEP)."""
-        if len(self._after) >= PATTERNS:  # many envs: most patterns never recur
-            self._after.clear()
-        done = term | trunc
-        later = np.where(self._types == LAST, np.uint8(FIRST), np.uint8(MID))
-        discounts = np.where(term, np.float32(0), np.float32(1)) if term.any() else self._all_ones
-        return np.where(done, np.uint8(LAST), later), discounts, int(done.sum())
+    def _boundary(self, term: np.ndarray, trunc: np.ndarray) -> None:
+        """Set the held steps' types and discounts after a step of the held ``_types`` whose
+        envs were done as ``term`` / ``trunc``, and count the episodes it ended (NEXT_STEP)."""
+        key = (self._types.tobytes(), term.tobytes(), trunc.tobytes())
+        after = self._after.get(key)
+        if after is None:
+            if len(self._after) >= PATTERNS:  # many envs: most patterns never recur
+                self._after.clear()
+            done = term | trunc
+            later = np.where(self._types == LAST, np.uint8(FIRST), np.uint8(MID))
+            discounts = np.where(term, np.float32(0), np.float32(1)) if term.any() else self._all_ones
+            after = self._after[key] = (np.where(done, np.uint8(LAST), later), discounts, int(done.sum()))
+        self._types, self._discounts, ended = after
+        self.num_episodes += ended

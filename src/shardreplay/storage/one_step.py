@@ -72,7 +72,7 @@ class OneStepAdd:
         names = tuple(n for n in (*first, *(m for m in spec.names if m not in first))
                       if not spec[n].frame_stack)
         record_fields: Mapping[str, Any] = storage.records.dtype.fields or {}
-        rows = _rows_of(storage.records)
+        rows = storage.record_rows
         own = rows  # the kernel's own array: the first field not in the records (none: unused)
         plan: list[int] = []
         # Other fields of their own array are written here after the kernel, from the values
@@ -87,7 +87,7 @@ class OneStepAdd:
             if place is not None:
                 offset = place[1]
             elif own is rows and not storage.stacked:
-                offset, own = kernel.OWN, _rows_of(storage.fields[name])
+                offset, own = kernel.OWN, storage.byte_rows(name)
             else:
                 self._own.append((i + at, storage.fields[name]))
             words = [offset, row_bytes, int(f.checks_finite), *f.shape]
@@ -325,8 +325,3 @@ class _Cast:
             self.flat = self.out.reshape(-1)
         self.to = None if arr.shape == shape else shape  # the shape a cast is viewed in
 
-
-def _rows_of(arr: np.ndarray) -> np.ndarray:
-    """``arr`` as plain uint8 rows ``[N, row bytes]`` (a plain ndarray even when it is
-    memory-mapped): numba types a structured array, or a subclass, off its fast path."""
-    return np.asarray(arr).view(np.uint8).reshape(arr.shape[0], -1)

@@ -108,6 +108,9 @@ class StreamStorage:
         record = np.dtype([(f"field.{name}", spec[name].dtype, spec[name].shape) for name in small]
                           + [(name, dtype) for name, dtype in STEP_ARRAYS.items()] + [("valid", np.bool_)])
         self.records = allocator.zeros("records", (n,), record)
+        # The records as plain uint8 rows (memory-mapped ones too: numba types a structured
+        # array, or a subclass, off its fast path).
+        self.record_rows = np.asarray(self.records).view(np.uint8).reshape(n, -1)
         self._small = frozenset(small)
         self.fields = {name: (self.records[f"field.{name}"] if name in small else
                               allocator.zeros(f"field.{name}", (n, *f.shape), f.dtype))
@@ -135,7 +138,7 @@ class StreamStorage:
         # (name, travels as bytes (a dtype numba cannot take: float16), destination rows).
         self._out_slots = np.empty((2, num_streams * window), np.int64)
         self._out_flags = np.empty((2, num_streams * window), np.bool_)
-        scattered = ((name, arr.dtype, self._as_byte_rows(name))
+        scattered = ((name, arr.dtype, self.byte_rows(name))
                      for name, arr in (*self.fields.items(), ("discount", self.discount)))
         self._scatter_fields = tuple((name, not numba_takes(dtype), rows) for name, dtype, rows in scattered
                                      if rows.shape[1])
@@ -143,11 +146,8 @@ class StreamStorage:
         self._gather_plans: dict[tuple, _GatherPlan] = {}  # see _gather_plan
         self._windows_plans: dict[int, _WindowsPlan] = {}  # see _windows_plan
         self.transition_plans: dict[tuple, Any] = {}  # buffer/transitions.py's, by field names and n
-        # The records as plain uint8 rows (memory-mapped ones too: numba types a structured
-        # array, or a subclass, off its fast path).
-        self._record_rows = np.asarray(self.records).view(np.uint8).reshape(n, -1)
 
-    def _as_byte_rows(self, name: str) -> np.ndarray:
+    def byte_rows(self, name: str) -> np.ndarray:
         """A ``[S*C, k]`` uint8 view of field ``name`` (a record field is a strided view)."""
         raw, offset, nbytes = self._byte_source(name)
         return raw[:, offset:offset + nbytes]
@@ -283,7 +283,7 @@ class StreamStorage:
         params[window_kernels.TAG] = self.key_tag
         dst = np.empty(total, np.uint8)
         idx = np.empty((n, window), np.int64)
-        window_kernels.gather_windows(starts, self.step_type, self.generation, self._record_rows, params, dst,
+        window_kernels.gather_windows(starts, self.step_type, self.generation, self.record_rows, params, dst,
                                       idx.reshape(-1))
         parts = {name: np.ndarray(shape, dtype, dst, offset) for name, dtype, shape, offset in blocks}
         data = {name: (parts[name] if name in self._small else arr.take(idx, axis=0))
@@ -334,7 +334,7 @@ class StreamStorage:
                           np.int64)
         dst = np.empty(keys_at + 8 * n, np.uint8)
         idx = np.empty((n, window), np.int64)
-        window_kernels.gather_windows(starts, self.step_type, self.generation, self._record_rows, params, dst,
+        window_kernels.gather_windows(starts, self.step_type, self.generation, self.record_rows, params, dst,
                                       idx.reshape(-1))
         return idx, dst[:n * window].view(np.bool_).reshape(n, window), dst[keys_at:].view(np.int64)
 
@@ -383,7 +383,7 @@ class StreamStorage:
         key = tuple(offsets.items())
         plan = self._gather_plans.get(key)
         if plan is None:
-            parts = [(self._as_byte_rows(name), offset) for name, offset in key]
+            parts = [(self.byte_rows(name), offset) for name, offset in key]
             parts = [(rows, offset) for rows, offset in parts if rows.shape[1]]
             sources = tuple(rows for rows, _offset in parts)
             out_offsets = np.array([offset for _rows, offset in parts], np.int64)
@@ -397,8 +397,7 @@ class StreamStorage:
         fields = self.records.dtype.fields  # never None: the records are a structured array
         if fields is not None and key in fields:
             dtype, offset = fields[key][:2]
-            raw = np.asarray(self.records).view(np.uint8).reshape(self.records.shape[0], -1)
-            return raw, offset, dtype.itemsize
+            return self.record_rows, offset, dtype.itemsize
         arr = np.asarray(self.fields[name])
         return arr.reshape(arr.shape[0], -1).view(np.uint8), 0, _nbytes(arr.dtype, arr.shape[1:])
 
