@@ -1,11 +1,9 @@
 """GymStepWriter: a gymnasium vector env's steps straight into a ReplayBuffer, one call each.
 
 It stores exactly what :class:`shardreplay.gym.steps.GymStepConverter` followed by
-:meth:`ReplayBuffer.add` stores (the converter's module docstring draws the timelines of
-both autoreset modes), through the buffer's one write path (the shard's one-step writer,
-``storage/one_step.py``, built when the writer is made): each call hands one step dict
-of every env to it, reusing the step-type and discount arrays while every env goes on.
-Frame-stacked observations (pixels) take the same path, which stores each frame once.
+:meth:`ReplayBuffer.add` stores (docs/semantics.md, "Gymnasium autoreset"), through the
+buffer's one write path, built when the writer is made (docs/internals.md, "One-step
+writes"); an observation that does not fit raises when it is handed over, not a step later.
 """
 
 from __future__ import annotations
@@ -161,7 +159,6 @@ class GymStepWriter:
         self._ready = False  # the next step may take _write_held (see _set_ready)
         self.num_envs = n
         self._obs_field, self._reward_dtype = spec[observation], spec[reward].dtype
-        # A bad observation raises when handed over (see the module docstring).
         self._check_finite = self._obs_field.checks_finite and self._obs_field.dtype.kind == "f"
         # vdot with zeros is NaN exactly when a value is NaN or inf (0 * inf is NaN).
         self._zeros = np.zeros((n, *self._obs_field.shape), self._obs_field.dtype)

@@ -24,20 +24,12 @@ from shardreplay.kernels.validate import STEPS_OK, steps_ok
 __all__ = ["BAD_INPUT", "CALLER", "CHECK_ONLY", "DONE", "FIELD_WORDS", "MAX_FIELD_NDIM", "N_OUT", "OWN",
            "PLAN", "PRIORITY", "compiled_add_step", "compiled_for", "state_parts"]
 
-# The int64 ``state`` array: a header (the priority of new steps as float64 bits; the
-# byte offsets of the bookkeeping in a record), then per field ``FIELD_WORDS`` words,
-# then the rows 0 .. S-1, the result scratch ``[4, S * window]`` and the discounts of the
-# step (float32, ``ceil(S / 2)`` words). ``CHECK_ONLY``: 1 to check and return without
-# writing (a caller with frame stacks plans them between the check and the write).
-# ``N_OUT``: the kernel leaves there how many starts it recomputed (``write_steps``'s n).
+# The int64 ``state`` array's layout: docs/internals.md, "One-step writes".
 CAP, WINDOW, ROWS, FIELDS, PRIORITY, CHECK_ONLY, N_OUT = 0, 1, 2, 3, 4, 5, 6
 AT_STEP_TYPE, AT_DISCOUNT, AT_EPISODE, AT_GENERATION, AT_PRIORITY, AT_VALID = 7, 8, 9, 10, 11, 12
 PLAN = 13
 RECORD_PARTS = ("step_type", "discount", "episode_id", "generation", "priority", "valid")  # AT_* order
 MAX_FIELD_NDIM = 8
-# Per field: byte offset in the record (OWN: a field of its own array, the kernel's
-# ``own``; CALLER: another one, written by the caller), bytes per row, whether it must be
-# finite; then the field's own shape.
 OFFSET, ROW_BYTES, FINITE, DIMS = 0, 1, 2, 3
 OWN, CALLER = -1, -2
 FIELD_WORDS = DIMS + MAX_FIELD_NDIM
