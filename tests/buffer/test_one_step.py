@@ -543,6 +543,39 @@ def test_one_frame_stacked_field_stores_and_raises_as_the_full_path(kind: str, s
     assert_same(fast.sample(4).data, full.sample(4).data)
 
 
+DISCOUNTS = {"float32": np.array([0.5, 0.0], np.float32), "float64": np.array([0.25, 1.0]),
+             "list": [0.5, 1.0], "bool": np.array([True, False]), "above 1": np.array([1.5, 0.5], np.float32),
+             "NaN": np.array([np.nan, 0.5], np.float32)}
+
+
+@pytest.mark.parametrize("given", sorted(DISCOUNTS))
+def test_a_frame_stacked_step_with_a_discount_stores_and_raises_as_the_full_path(given: str) -> None:
+    """The stacked kernel takes a step's discount as the plain one does: converted as the
+    full path converts it (float64, a list, bools), refused as it refuses it (above 1,
+    NaN), nothing written then."""
+    spec = STACKED["uint8"]
+    kw: dict[str, Any] = {"num_streams": 2, "stream_capacity": 4, "window": 2, "seed": 2}
+    fast, full = sr.ReplayBuffer(spec, **kw), sr.ReplayBuffer(spec, **kw)
+    assert testing.shard(fast).use_one_step() and not testing.shard(full).use_one_step(False)
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    rng = np.random.default_rng(3)
+    obs = np.zeros((2, *spec["obs"].shape), np.uint8)
+    for i in range(6):  # a FIRST step, then MID steps whose stacks continue
+        new = rng.integers(0, 9, (2, 1, *obs.shape[2:]), dtype=np.uint8)
+        obs = np.concatenate([obs[:, 1:], new], axis=1)
+        step = {"obs": obs, "action": rng.integers(0, 9, 2), "reward": np.ones(2, np.float32),
+                "step_type": np.full(2, 0 if i == 0 else 1, np.uint8), "discount": DISCOUNTS[given]}
+        before = _observed(fast)
+        took = short.add(dict(step))
+        assert took == (given not in ("above 1", "NaN")), f"step {i}"
+        error = None if took else _call(fast, dict(step))
+        assert error == _call(full, step), f"step {i}"
+        if error is not None:
+            assert_same(_observed(fast), before, f"step {i} wrote before raising {error}")
+        assert_same(_observed(fast), _observed(full), f"step {i}")
+
+
 def test_the_short_path_keeps_no_frame_ring_that_a_full_write_replaced() -> None:
     """A ring grown by a write of the full path (``extend``) is freed: the one-step path
     reads the ring at each call and keeps none (a kept one would hold its memory)."""
