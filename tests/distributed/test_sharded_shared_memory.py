@@ -20,7 +20,8 @@ import pytest
 
 import shardreplay as sr
 from shardreplay.distributed import ShardedReplayBuffer
-from shardreplay.distributed.exact_exchange import SHM_DIR, SharedRecords
+from shardreplay.distributed.exact_exchange import SharedRecords
+from shardreplay.distributed.same_host import SHM_DIR
 from shardreplay.distributed.sharded_buffer import internals_of
 from shardreplay.spec.keys import TAG_MASK, TAG_SHIFT, key_shard
 from tests.support import run_ranks
@@ -51,7 +52,7 @@ def _untagged(keys: np.ndarray) -> np.ndarray:
 
 
 def _batches(buf: ShardedReplayBuffer, log: list[str]) -> list[dict[str, np.ndarray]]:
-    comm = internals_of(buf).collectives
+    comm = internals_of(buf).exchange_group  # on one host: the shared-memory collectives
     for name in ("all_gather", "all_to_all"):
         method = getattr(comm, name)
         setattr(comm, name, lambda *a, _m=method, **kw: (log.append(a[3] if len(a) > 3 else a[1]),

@@ -10,11 +10,8 @@ them (docs/semantics.md, "Sharded sampling").
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import mmap
 import os
-import socket
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -27,13 +24,12 @@ from shardreplay.buffer.shard import Shard
 from shardreplay.checkpoint.episodes import ranges
 from shardreplay.distributed.exchange import Drawn, ExchangeStats, split_batches
 from shardreplay.distributed.group import Collectives, Released
+from shardreplay.distributed.same_host import map_file, region_path, unlink_all
 from shardreplay.errors import EmptyBufferError
 from shardreplay.kernels import exchange as kernels
 from shardreplay.spec.layout import DATA, RecordLayout, data_parts
 
 _LOG = logging.getLogger(__name__)
-SHM_DIR = Path("/dev/shm")
-_KEY_BITS = 63  # host keys and nonces are non-negative int64s
 
 
 class ExactExchange:
@@ -205,28 +201,6 @@ def _counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float
     return kernels.counts(masses, batches, u, float(widen))
 
 
-def host_key(enabled: bool) -> int:
-    """A number equal on ranks that share this host's ``/dev/shm`` (boot id, host name and
-    the tmpfs's device and inode), and unique to this process when shared memory is
-    disabled or unusable."""
-    if not enabled or not os.access(SHM_DIR, os.W_OK):
-        return nonce()
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    st = SHM_DIR.stat()
-    digest = hashlib.blake2b(f"{boot}|{socket.gethostname()}|{st.st_dev}|{st.st_ino}".encode(),
-                             digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> (64 - _KEY_BITS)
-
-
-def nonce() -> int:
-    """A fresh random 63-bit number (from the OS, not from any seeded generator, so two
-    buffers built with the same seed never pick the same region names)."""
-    return int.from_bytes(os.urandom(8), "little") >> (64 - _KEY_BITS)
-
-
 class SharedRecords:
     """This rank's region of packed records, and read-only maps of the peers' regions
     (named by each rank's nonce, agreed by a collective)."""
@@ -242,10 +216,10 @@ class SharedRecords:
         self._own: np.ndarray | None = None
         self._peers: dict[int, tuple[int, np.ndarray]] = {}
         self._named: list[Path] = []
-        weakref.finalize(self, _unlink_all, self._named)
+        weakref.finalize(self, unlink_all, self._named)
 
     def _path(self, rank: int, gen: int) -> Path:
-        return SHM_DIR / f"shardreplay-{self._nonces[rank]:016x}-r{rank}-g{gen}"
+        return region_path(self._nonces[rank], rank, f"g{gen}")
 
     def plan(self, rows: np.ndarray) -> None:
         """Size every rank's region for ``rows[r]`` records (every rank passes the same
@@ -289,24 +263,15 @@ class SharedRecords:
 
     def forget_names(self) -> None:
         """Remove the names of this rank's regions (the peers have mapped them)."""
-        _unlink_all(self._named)
+        unlink_all(self._named)
 
     def _map(self, path: Path, rows: int, create: bool) -> np.ndarray:
-        size = rows * self.record_bytes
         if create:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             self._named.append(path)
         else:
             fd = os.open(path, os.O_RDONLY)
         try:
-            if create:
-                os.posix_fallocate(fd, 0, size)  # ENOSPC now, not SIGBUS on a later write
-            view = mmap.mmap(fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if create else 0))
+            return map_file(fd, rows * self.record_bytes, create).reshape(rows, self.record_bytes)
         finally:
             os.close(fd)
-        return np.frombuffer(view, np.uint8).reshape(rows, self.record_bytes)
-
-
-def _unlink_all(paths: list[Path]) -> None:
-    while paths:
-        paths.pop().unlink(missing_ok=True)

@@ -9,16 +9,20 @@ once) gives :class:`PeerLost`, which says so instead of blaming the timeout.
 
 from __future__ import annotations
 
+import copy
 import datetime
+import math
 import re
 import socket
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from shardreplay.distributed.same_host import SameHost
 from shardreplay.errors import CollectiveTimeout, ConfigError, PeerLost, ShardReplayError
 
 # What a wait runs inside: a fresh context per collective (e.g. a lock let go).
@@ -95,6 +99,7 @@ class Collectives:
         # Collectives issued on this group so far (each counted once, when waited on):
         # the figure tests/distributed/test_sharded_collectives.py checks per call.
         self.issued = 0
+        self._shm: SameHost | None = None  # all_to_all through shared memory (shared_copy)
 
     def private_copy(self) -> Collectives:
         """The same collectives over a new process group of the same ranks and backend
@@ -113,9 +118,27 @@ class Collectives:
             raise self._failure("ShardedReplayBuffer(new_group)", exc) from exc
         return Collectives(group, self.timeout_s)
 
+    def shared_copy(self, host: SameHost, nonces: Any) -> Collectives:
+        """The same collectives through ``host``'s shared memory (collective: every rank of
+        this group, all on this host, each with its ``host`` made before they agreed on
+        ``nonces``). Like :meth:`private_copy`'s, they never pair up with this group's.
+
+        Raises:
+            CollectiveTimeout: a rank did not map the regions in time.
+        """
+        shared = copy.copy(self)
+        shared._shm, shared.issued = host, 0
+        host.join(nonces)
+        shared.all_gather(torch.zeros(1), "ShardedReplayBuffer(shared-memory collectives)")
+        host.forget_name()  # every rank has mapped every region
+        return shared
+
     def destroy(self) -> None:
-        """Destroy this group (only for a group made by :meth:`private_copy`)."""
-        if dist.is_initialized() and self.group is not None:
+        """Destroy this group (only for a group made by :meth:`private_copy` or
+        :meth:`shared_copy`)."""
+        if self._shm is not None:
+            self._shm.close()
+        elif dist.is_initialized() and self.group is not None:
             dist.destroy_process_group(self.group)
 
     def _wait(self, work: Any, op: str, released: Released | None) -> None:
@@ -135,6 +158,8 @@ class Collectives:
         text = "" if exc is None else str(exc)
         if exc is not None and peer_lost(exc):
             return lost_peer_error(exc, f"{op} failed {where}")
+        if isinstance(exc, PeerLost):  # from shared memory: a peer process of this host ended
+            return PeerLost(f"{op} failed {where}: {exc}")
         if exc is None or "timed out" in text.lower() or "timeout" in text.lower():
             detail = f" ({text})" if text else ""
             return CollectiveTimeout(
@@ -158,8 +183,7 @@ class Collectives:
             # gloo's all_gather is a ring: K-1 dependent steps, each a round trip (a send
             # waits for the receiver's "ready", posted once its previous step is done). Its
             # all_to_all sends to every peer at once: one round trip at any K.
-            work = dist.all_to_all_single(out, tensor.reshape(-1).repeat(self.world_size), group=self.group,
-                                          async_op=True)
+            work = self._all_to_all_single(out, tensor.reshape(-1).repeat(self.world_size), None, None)
         else:
             work = dist.all_gather_into_tensor(out, tensor.reshape(-1), group=self.group, async_op=True)
         self._overlap(work, op, while_waiting, released)
@@ -168,6 +192,8 @@ class Collectives:
     def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         """Element-wise sum over ranks (returns a new tensor)."""
         tensor = tensor.to(self.device).clone()
+        if self._shm is not None:
+            return self.all_gather(tensor, op).sum(0)
         self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), op, None)
         return tensor
 
@@ -180,10 +206,21 @@ class Collectives:
         """
         send = send.to(self.device)
         recv = torch.empty((sum(recv_splits), *send.shape[1:]), dtype=send.dtype, device=self.device)
-        work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group,
-                                      async_op=True)
+        work = self._all_to_all_single(recv, send, recv_splits, send_splits)
         self._overlap(work, op, while_waiting, released)
         return recv
+
+    def _all_to_all_single(self, recv: torch.Tensor, send: torch.Tensor, recv_splits: list[int] | None,
+                           send_splits: list[int] | None) -> Any:
+        """Issue ``all_to_all_single`` (splits in rows; None: equal) on the group, or
+        through shared memory."""
+        if self._shm is None:
+            return dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group,
+                                          async_op=True)
+        row, k = math.prod(send.shape[1:]) * send.element_size(), self.world_size
+        return self._shm.post(_bytes(recv), _bytes(send.contiguous()),
+                              [n * row for n in send_splits or [send.shape[0] // k] * k],
+                              [n * row for n in recv_splits or [recv.shape[0] // k] * k])
 
     def _overlap(self, work: Any, op: str, while_waiting: Callable[[], Any] | None,
                  released: Released | None) -> None:
@@ -194,3 +231,8 @@ class Collectives:
                 while_waiting()
         finally:
             self._wait(work, op, released)
+
+
+def _bytes(tensor: torch.Tensor) -> Any:
+    """A contiguous CPU tensor's bytes, as a flat uint8 numpy view."""
+    return tensor.numpy().reshape(-1).view(np.uint8)

@@ -28,7 +28,7 @@ from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.buffer.tensordicts import tensordict_gamma, transition_names
 from shardreplay.distributed.agreement import SAMPLE_MODES, check_agreed, settings_of
-from shardreplay.distributed.exact_exchange import ExactExchange, host_key, nonce
+from shardreplay.distributed.exact_exchange import ExactExchange
 from shardreplay.distributed.exchange import (
     Drawn,
     ExchangeStrategy,
@@ -40,6 +40,7 @@ from shardreplay.distributed.exchange import (
 from shardreplay.distributed.group import Collectives
 from shardreplay.distributed.priorities import PriorityRouter
 from shardreplay.distributed.runner import BackgroundRunner, InlineRunner
+from shardreplay.distributed.same_host import SameHost, host_key, nonce
 from shardreplay.errors import ConfigError
 from shardreplay.spec.keys import MAX_SHARDS
 from shardreplay.spec.layout import window_layout
@@ -72,12 +73,14 @@ class ShardedReplayBuffer:
             carry the shard factor ``K * mass_k / sum(mass)``).
         prefetch: batches drawn per exchange; with ``k > 1`` one exchange serves ``k``
             calls, and updates for other shards wait for the next exchange.
-        shared_memory: when every rank runs on one host (gloo), exchange sampled records
-            in exact mode through ``/dev/shm`` instead of the process group (any rank
-            passing False, or unable to create a region, keeps all on the group).
-        pipeline: run every exchange a call ahead on a background thread, over a process
-            group of the buffer's own (``new_group``: every rank of the default group
-            builds its buffer at the same point); :meth:`close` it when done.
+        shared_memory: when every rank runs on one host (gloo), run the exchanges'
+            collectives and move exact mode's sampled records through ``/dev/shm``
+            instead of the process group (any rank passing False, or unable to create a
+            region, keeps all on the group).
+        pipeline: run every exchange a call ahead on a background thread, through shared
+            memory or over a process group of the buffer's own (``new_group``: every
+            rank of the default group builds its buffer at the same point); :meth:`close`
+            it when done.
             docs/semantics.md, "Sharded sampling", says how stale a batch can be.
 
     Construction is collective: the ranks agree once on the spec, sampler, alpha, beta,
@@ -112,11 +115,19 @@ class ShardedReplayBuffer:
         self.prefetch, self.mode = int(prefetch), mode
         seed = local_buffer.seed if seed is None else seed
         choice = np.random.default_rng(None if seed is None else [seed, self.rank, 0x5EED])
-        use_shm = shared_memory and comm.device.type == "cpu"  # shared memory only on gloo groups
-        mine = settings_of(local_buffer, mode, self.prefetch, pipeline, host_key(use_shm), nonce())
+        region_nonce, host = nonce(), None
+        if shared_memory and comm.device.type == "cpu" and self.world_size > 1:  # gloo groups only
+            with contextlib.suppress(OSError):  # no region: this rank's host key is its own
+                host = SameHost(region_nonce, self.rank, self.world_size)
+        mine = settings_of(local_buffer, mode, self.prefetch, pipeline, host_key(host is not None),
+                           region_nonce)
         agreed = SamplingSettings.from_tensor(comm.all_gather(mine.to_tensor(), _SETTINGS_OP))
         check_agreed(agreed, local_buffer, comm)
-        xcomm = comm.private_copy() if pipeline else comm  # the background thread's own group
+        # The exchanges' own group: shared memory when every rank shares this host (then
+        # exact mode's records go through /dev/shm too), a new gloo group for the thread.
+        one_host = host is not None and bool((agreed.host_key == agreed.host_key[0]).all())
+        xcomm = (comm.shared_copy(host, agreed.nonce) if host is not None and one_host
+                 else comm.private_copy() if pipeline else comm)
         layout = window_layout(local_buffer.spec, local_buffer.window)
         strategy: ExchangeStrategy = (
             ExactExchange(shard, xcomm, layout, agreed.host_key, agreed.nonce,
