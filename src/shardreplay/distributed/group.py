@@ -127,10 +127,11 @@ class Collectives:
             CollectiveTimeout: a rank did not map the regions in time.
         """
         shared = copy.copy(self)
-        shared._shm, shared.issued = host, 0
+        shared._shm = host
         host.join(nonces)
         shared.all_gather(torch.zeros(1), "ShardedReplayBuffer(shared-memory collectives)")
         host.forget_name()  # every rank has mapped every region
+        shared.issued = 0  # as a new group's (new_group is not counted either)
         return shared
 
     def destroy(self) -> None:
