@@ -156,7 +156,9 @@ def counted() -> list[dict[str, Any]]:
 DOCUMENTED = {
     "exact": {"first sample": 2, "sample": 2, "update_priorities": 2, "update_priorities (new max)": 2,
               "update_priorities (again)": 1, "global_sizes": 1, "len": 1, "extend": 0, "info": 0},
-    "exact shm": {"first sample": 3, "sample": 2, "update_priorities": 2,
+    # On one host the first sample no longer pays a third collective to agree the regions
+    # are mapped (their names were removed): the areas grow inside the ranks' regions.
+    "exact shm": {"first sample": 2, "sample": 2, "update_priorities": 2,
                   "update_priorities (new max)": 2, "update_priorities (again)": 1,
                   "global_sizes": 1, "len": 1, "extend": 0, "info": 0},
     "exact prefetch 2": {"first sample": 2, "sample": 2, "served sample": 0, "update_priorities": 0,

@@ -59,9 +59,10 @@ def _write(local: sr.ReplayBuffer, rank: int, stream: int, start: int, stop: int
 
 def _record_collectives(buf: ShardedReplayBuffer, log: list[str]) -> None:
     """Log the name of every collective the buffer issues (to compare ranks' sequences)."""
-    comm = internals_of(buf).collectives
-    for name in ("all_gather", "all_reduce_sum", "all_to_all"):
-        setattr(comm, name, _logged(getattr(comm, name), log))
+    parts = internals_of(buf)  # the exchange group: shared memory on one host
+    for comm in {id(c): c for c in (parts.collectives, parts.exchange_group)}.values():
+        for name in ("all_gather", "all_reduce_sum", "all_to_all"):
+            setattr(comm, name, _logged(getattr(comm, name), log))
 
 
 def _logged(method, log: list[str]):

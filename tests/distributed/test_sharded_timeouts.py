@@ -39,7 +39,7 @@ def _one_rank_missing(rank: int, world: int, mode: str) -> dict:
     # seconds on a loaded machine, so it runs with a generous limit; then the short one.
     buf = ShardedReplayBuffer(local, timeout_s=120, mode=mode)
     first = len(buf.sample(4))  # everyone present: works, also on the empty shard
-    internals_of(buf).collectives.timeout_s = TIMEOUT_S
+    internals_of(buf).collectives.timeout_s = internals_of(buf).exchange_group.timeout_s = TIMEOUT_S
     if rank == ABSENT:
         time.sleep(TIMEOUT_S + 2.0)  # never joins the second sample, then exits
         return {"first": first, "pid": psutil.Process().pid}

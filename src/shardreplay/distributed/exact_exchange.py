@@ -11,10 +11,7 @@ them (docs/semantics.md, "Sharded sampling").
 from __future__ import annotations
 
 import logging
-import os
-import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +21,7 @@ from shardreplay.buffer.shard import Shard
 from shardreplay.checkpoint.episodes import ranges
 from shardreplay.distributed.exchange import Drawn, ExchangeStats, split_batches
 from shardreplay.distributed.group import Collectives, Released
-from shardreplay.distributed.same_host import map_file, region_path, unlink_all
+from shardreplay.distributed.same_host import SameHost
 from shardreplay.errors import EmptyBufferError
 from shardreplay.kernels import exchange as kernels
 from shardreplay.spec.layout import DATA, RecordLayout, data_parts
@@ -34,18 +31,16 @@ _LOG = logging.getLogger(__name__)
 
 class ExactExchange:
     """The exchange strategy of ``mode="exact"``: draws a rank's prefetched batches from
-    the global distribution (collective: one all_to_all of records, or on one host one
-    all_gather, plus one more while the shared-memory regions are (re)mapped, and all of
-    it again when a batch is short of its count).
+    the global distribution (collective: one all_to_all of records, or when ``comm`` runs
+    through shared memory one all_gather, the records in the ranks' regions; and all of it
+    again when a batch is short of its count).
 
-    ``hosts`` and ``nonces`` are every rank's :func:`host_key` and :func:`nonce`; ``pin``
-    draws into page-locked memory (batches go to a GPU: one non-blocking copy per batch).
+    ``pin`` draws into page-locked memory (batches go to a GPU: one non-blocking copy per batch).
     """
 
     agree_every = 1  # its draw is collective: every exchange agrees
 
-    def __init__(self, local: Shard, comm: Collectives, layout: RecordLayout, hosts: np.ndarray,
-                 nonces: np.ndarray, pin: bool = False) -> None:
+    def __init__(self, local: Shard, comm: Collectives, layout: RecordLayout, pin: bool = False) -> None:
         self.local = local
         self._comm = comm
         self._layout = layout
@@ -53,12 +48,10 @@ class ExactExchange:
         at = layout.offsets()
         self._columns_at = np.array([at["mask"], at["key"], at["probability"]], np.int64)
         self.rank, self.world_size = comm.rank, comm.world_size
-        self._hosts, self._nonces = np.asarray(hosts, np.int64), np.asarray(nonces, np.int64)
-        self.nonce = int(self._nonces[self.rank])  # names this rank's regions
         self._pin = pin
         self._widen = 1e-3  # how far the counts' CDF may move while routed updates land (see draw)
-        # Decided at the first refill, alike on every rank (None: not yet; False: all_to_all).
-        self._shared: SharedRecords | bool | None = None
+        # None: all_to_all (other hosts, or a region that could not grow, alike on every rank).
+        self._shared = SharedRecords(comm.same_host, layout.record_bytes) if comm.same_host else None
 
     def start(self, n: int, k: int) -> Callable[[], None] | None:
         """Work to overlap with the stats exchange: none (the draw needs every rank's counts)."""
@@ -92,7 +85,9 @@ class ExactExchange:
         me, rb, n = self.rank, self._layout.record_bytes, int(batches[self.rank])
         planned = _counts(masses, batches, u, self._widen if spare else 0.0)  # [requester, batch, owner]
         sections = planned.sum(axis=1)  # [requester, owner]: rows an owner draws for a requester
-        shared = self._shared_records(sections.sum(axis=0))
+        shared = self._shared
+        if shared is not None:
+            shared.plan(sections.sum(axis=0))
         head = 0 if shared is not None else -(-32 // rb)  # rows before each all_to_all section: post
         sent = sections[:, me]
         send = self._send_buffer(shared, int(sent.sum()) + head * self.world_size)
@@ -109,10 +104,10 @@ class ExactExchange:
                                              "ShardedReplayBuffer.sample(records written)",
                                              released=released).cpu().numpy()
             if not post_all[:, 0].all():
-                shared.forget_names()
-                self._shared = False
+                self._shared = None
                 return self._exchange(post_all[:, 1], batches, u, k, False, released, again=True)
-            sources = self._mapped(shared, planned[:me].sum(axis=(0, 1)), sections[me], released)
+            sources = [shared.peer_rows(o, int(first), int(count)) for o, (first, count)
+                       in enumerate(zip(planned[:me].sum(axis=(0, 1)), sections[me], strict=True))]
         else:
             assert send is not None
             for first in firsts:
@@ -148,22 +143,9 @@ class ExactExchange:
                              total, float(post_all[:, 2].min()), 1.0, self.local.current_beta(), records)
 
     @property
-    def uses_shared_memory(self) -> bool | None:
-        """Whether refills go through shared memory (None before the first refill)."""
-        return None if self._shared is None else self._shared is not False
-
-    def _shared_records(self, sent: np.ndarray) -> SharedRecords | None:
-        """The same-host regions sized for this refill (rank ``r`` sends ``sent[r]``
-        records), or None when the ranks exchange through all_to_all."""
-        if self._shared is None:
-            same_host = self.world_size > 1 and bool((self._hosts == self._hosts[0]).all())
-            self._shared = SharedRecords(self._nonces, self.rank, self._layout.record_bytes) \
-                if same_host else False
-        if self._shared is False:
-            return None
-        assert isinstance(self._shared, SharedRecords)
-        self._shared.plan(sent)
-        return self._shared
+    def uses_shared_memory(self) -> bool:
+        """Whether records go through shared memory (the ranks share one host)."""
+        return self._shared is not None
 
     def _send_buffer(self, shared: SharedRecords | None, rows: int) -> np.ndarray | None:
         """Where this rank writes the records it sends: its region (None if that failed),
@@ -176,17 +158,6 @@ class ExactExchange:
             _LOG.warning("rank %d: shared-memory region failed (%s); exchanging sampled records "
                          "through the process group from now on", self.rank, exc)
             return None
-
-    def _mapped(self, shared: SharedRecords, first: np.ndarray, count: np.ndarray,
-                released: Released | None) -> list[np.ndarray]:
-        """Rows ``first[o] .. first[o] + count[o]`` of each owner ``o``'s region (mapped,
-        its name removed once every rank has mapped it)."""
-        shared.map_peers()
-        if shared.fresh:  # alike on every rank: the sizes are planned from the same counts
-            self._comm.all_gather(torch.zeros(1, dtype=torch.float64),
-                                  "ShardedReplayBuffer.sample(regions mapped)", released=released)
-            shared.forget_names()
-        return [shared.peer_rows(o, int(first[o]), int(count[o])) for o in range(self.world_size)]
 
 
 def _counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float = 0.0) -> np.ndarray:
@@ -202,76 +173,30 @@ def _counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float
 
 
 class SharedRecords:
-    """This rank's region of packed records, and read-only maps of the peers' regions
-    (named by each rank's nonce, agreed by a collective)."""
+    """Every rank's records area in its same-host region (:meth:`SameHost.records`), each
+    sized alike on every rank by :meth:`plan`."""
 
-    def __init__(self, nonces: np.ndarray, rank: int, record_bytes: int) -> None:
-        self._nonces = [int(x) for x in nonces]
-        self.rank = rank
-        self.record_bytes = record_bytes
-        world = len(self._nonces)
-        self._rows = np.zeros(world, np.int64)  # capacity of each rank's region, in records
-        self._gen = np.zeros(world, np.int64)  # 0: no region yet
-        self.fresh = False
-        self._own: np.ndarray | None = None
-        self._peers: dict[int, tuple[int, np.ndarray]] = {}
-        self._named: list[Path] = []
-        weakref.finalize(self, unlink_all, self._named)
-
-    def _path(self, rank: int, gen: int) -> Path:
-        return region_path(self._nonces[rank], rank, f"g{gen}")
+    def __init__(self, host: SameHost, record_bytes: int) -> None:
+        self._host, self.rank, self.record_bytes = host, host.rank, record_bytes
+        self._rows = np.zeros(host.world, np.int64)  # capacity of each rank's area, in records
 
     def plan(self, rows: np.ndarray) -> None:
-        """Size every rank's region for ``rows[r]`` records (every rank passes the same
-        ``rows``, so all agree on every region's size and generation)."""
+        """Size every rank's area for ``rows[r]`` records (every rank passes the same ``rows``)."""
         grow = rows > self._rows
-        self.fresh = bool(grow.any())  # a region is new: the ranks must agree it is mapped
-        if self.fresh:
-            self._rows = np.where(grow, np.maximum(rows + rows // 4, 2 * self._rows), self._rows)
-            self._gen += grow
+        self._rows = np.where(grow, np.maximum(rows + rows // 4, 2 * self._rows), self._rows)
 
     def own_region(self, rows: int) -> np.ndarray:
-        """This rank's region as ``[rows, record_bytes]`` uint8, created when its planned
-        generation is new.
+        """This rank's area as ``[rows, record_bytes]`` uint8.
 
         Raises:
-            OSError: the region could not be created (e.g. ``/dev/shm`` is full).
+            OSError: it could not grow (e.g. ``/dev/shm`` is full).
         """
-        gen, cap = int(self._gen[self.rank]), int(self._rows[self.rank])
-        if gen == 0:
-            return np.empty((0, self.record_bytes), np.uint8)
-        if self._own is None or self._own.shape[0] != cap:
-            self._own = None
-            self._own = self._map(self._path(self.rank, gen), cap, create=True)
-        return self._own[:rows]
+        return self._area(self.rank)[:rows]
 
     def peer_rows(self, rank: int, start: int, count: int) -> np.ndarray:
-        """Rows ``start .. start + count`` of ``rank``'s region (read-only but this rank's)."""
-        if not count:  # the region may not exist
-            return np.empty((0, self.record_bytes), np.uint8)
-        region = self._own if rank == self.rank else self._peers[rank][1]
-        assert region is not None
-        return region[start:start + count]
+        """Rows ``start .. start + count`` of ``rank``'s area (read-only but this rank's)."""
+        return self._area(rank)[start:start + count]
 
-    def map_peers(self) -> None:
-        """Map every peer region of a new generation (all of them, needed now or not:
-        their names are removed once every rank has mapped them)."""
-        for rank, gen in enumerate(self._gen.tolist()):
-            if rank != self.rank and gen and self._peers.get(rank, (0,))[0] != gen:
-                self._peers[rank] = (gen, self._map(self._path(rank, gen), int(self._rows[rank]),
-                                                    create=False))
-
-    def forget_names(self) -> None:
-        """Remove the names of this rank's regions (the peers have mapped them)."""
-        unlink_all(self._named)
-
-    def _map(self, path: Path, rows: int, create: bool) -> np.ndarray:
-        if create:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            self._named.append(path)
-        else:
-            fd = os.open(path, os.O_RDONLY)
-        try:
-            return map_file(fd, rows * self.record_bytes, create).reshape(rows, self.record_bytes)
-        finally:
-            os.close(fd)
+    def _area(self, rank: int) -> np.ndarray:
+        cap = int(self._rows[rank])
+        return self._host.records(rank, cap * self.record_bytes).reshape(cap, self.record_bytes)

@@ -99,7 +99,7 @@ class Collectives:
         # Collectives issued on this group so far (each counted once, when waited on):
         # the figure tests/distributed/test_sharded_collectives.py checks per call.
         self.issued = 0
-        self._shm: SameHost | None = None  # all_to_all through shared memory (shared_copy)
+        self.same_host: SameHost | None = None  # where shared_copy's collectives go
 
     def private_copy(self) -> Collectives:
         """The same collectives over a new process group of the same ranks and backend
@@ -127,7 +127,7 @@ class Collectives:
             CollectiveTimeout: a rank did not map the regions in time.
         """
         shared = copy.copy(self)
-        shared._shm = host
+        shared.same_host = host
         host.join(nonces)
         shared.all_gather(torch.zeros(1), "ShardedReplayBuffer(shared-memory collectives)")
         host.forget_name()  # every rank has mapped every region
@@ -137,8 +137,8 @@ class Collectives:
     def destroy(self) -> None:
         """Destroy this group (only for a group made by :meth:`private_copy` or
         :meth:`shared_copy`)."""
-        if self._shm is not None:
-            self._shm.close()
+        if self.same_host is not None:
+            self.same_host.close()
         elif dist.is_initialized() and self.group is not None:
             dist.destroy_process_group(self.group)
 
@@ -193,7 +193,7 @@ class Collectives:
     def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         """Element-wise sum over ranks (returns a new tensor)."""
         tensor = tensor.to(self.device).clone()
-        if self._shm is not None:
+        if self.same_host is not None:
             return self.all_gather(tensor, op).sum(0)
         self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), op, None)
         return tensor
@@ -215,11 +215,11 @@ class Collectives:
                            send_splits: list[int] | None) -> Any:
         """Issue ``all_to_all_single`` (splits in rows; None: equal) on the group, or
         through shared memory."""
-        if self._shm is None:
+        if self.same_host is None:
             return dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group,
                                           async_op=True)
         row, k = math.prod(send.shape[1:]) * send.element_size(), self.world_size
-        return self._shm.post(_bytes(recv), _bytes(send.contiguous()),
+        return self.same_host.post(_bytes(recv), _bytes(send.contiguous()),
                               [n * row for n in send_splits or [send.shape[0] // k] * k],
                               [n * row for n in recv_splits or [recv.shape[0] // k] * k])
 

@@ -130,8 +130,7 @@ class ShardedReplayBuffer:
                  else comm.private_copy() if pipeline else comm)
         layout = window_layout(local_buffer.spec, local_buffer.window)
         strategy: ExchangeStrategy = (
-            ExactExchange(shard, xcomm, layout, agreed.host_key, agreed.nonce,
-                          pin=pins(self.device)) if mode == "exact"
+            ExactExchange(shard, xcomm, layout, pin=pins(self.device)) if mode == "exact"
             else LocalExchange(shard, layout, local_buffer.window, self.rank, self.world_size))
         router = PriorityRouter(shard, xcomm)
         refill = Refill(shard, xcomm, router, strategy, self.prefetch, choice)
