@@ -335,11 +335,20 @@ def test_a_killed_or_interrupted_parallel_export_leaves_no_dataset_and_no_proces
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.setsid()
 
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ,
-                            preexec_fn=ctrl_c_acts)
+    errors = tmp_path / "stderr.txt"  # a file, not a pipe: nobody reads it while the child runs
+    with open(errors, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=os.environ, preexec_fn=ctrl_c_acts)
     try:
         assert proc.stdout is not None
-        children = [int(proc.stdout.readline().split()[1]) for _ in range(2)]
+        children: list[int] = []
+        for line in proc.stdout:  # other lines (a library's notices) are not the writers'
+            if line.startswith("writing "):
+                children.append(int(line.split()[1]))
+            if len(children) == 2:
+                break
+        assert len(children) == 2, (
+            f"the export ended before both writers started:\n{errors.read_text()[-3000:]}")
         if sig == signal.SIGINT:
             os.killpg(proc.pid, sig)  # Ctrl-C reaches the whole group
         else:
