@@ -129,10 +129,13 @@ def now() -> str:
 
 
 def commit() -> str | None:
-    """The repository's short commit, or None outside a git checkout."""
+    """The short commit of the checkout the measured ``shardreplay`` is imported from (a
+    ``PYTHONPATH`` may name another tree than these scripts'), or None outside a git checkout."""
+    found = importlib.util.find_spec("shardreplay")
+    where = Path(found.origin).parent if found is not None and found.origin else BENCHMARKS
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=BENCHMARKS, check=True).stdout.strip()
+                              cwd=where, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
