@@ -20,7 +20,6 @@ import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import Shard, shard_of_buffer
-from shardreplay.checkpoint import refs
 from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy, ranges
 from shardreplay.checkpoint.format import write_part
 from shardreplay.checkpoint.manifest import (
@@ -45,7 +44,16 @@ from shardreplay.checkpoint.records import (
     RefSource,
     RestoreCounts,
 )
-from shardreplay.checkpoint.refs import Segments, chain_of, forget, full_segments, remember
+from shardreplay.checkpoint.refs import (
+    BLOCK,
+    Chain,
+    Segments,
+    block_sources,
+    chain_of,
+    forget,
+    full_segments,
+    remember,
+)
 from shardreplay.checkpoint.refs import plan as plan_increment
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.sharded_buffer import internals_of
@@ -105,7 +113,7 @@ class SaveJob:
     partial: str = "seal"
     sharding: dict[str, Any] | None = None
     start: np.ndarray | None = None  # the first absolute step of each row the part writes itself
-    chain: refs.Chain | None = None  # the chain the part continues (refers to earlier files before ``start``)
+    chain: Chain | None = None  # the chain the part continues (refers to earlier files before ``start``)
     files: dict[str, bytes] = field(default_factory=dict)
     keep_last: int | None = 2
     segments: Segments | None = None  # the part's segment table, when it may start or continue a chain
@@ -271,7 +279,7 @@ def written(job: SaveJob, part: ManifestPart) -> None:
     if shard is not None and segments is not None and start is not None:
         own = RefSource(job.directory.name, part.file, part.bytes, part.block_xxh64)
         prio = np.full(shard.priority_marks.shape, -1, np.int8) if job.chain is None else \
-            refs.block_sources(shard, job.chain, segments, start)  # a superset of the part's: as good
+            block_sources(shard, job.chain, segments, start)  # a superset of the part's: as good
         remember(shard, job.directory.parent, own, segments, job.tick, prio)
 
 
@@ -280,11 +288,11 @@ def _priority_blocks(job: SaveJob) -> dict[str, np.ndarray]:
     is now: ``prio.block``, ``prio.values``), and where every block is (``prio.source``)."""
     shard, chain, segments, start = job.shard, job.chain, job.segments, job.start
     assert shard is not None and chain is not None and segments is not None and start is not None
-    source = refs.block_sources(shard, chain, segments, start)
+    source = block_sources(shard, chain, segments, start)
     blocks, prio = np.flatnonzero(source < 0), shard.arrays()["priority"]
-    short = -prio.shape[0] % refs.BLOCK  # slots missing from the last block (a copy: rare)
+    short = -prio.shape[0] % BLOCK  # slots missing from the last block (a copy: rare)
     whole = np.concatenate((prio, np.zeros(short, np.float32))) if short else prio
-    return {"prio.block": blocks, "prio.values": whole.reshape(-1, refs.BLOCK)[blocks].reshape(-1),
+    return {"prio.block": blocks, "prio.values": whole.reshape(-1, BLOCK)[blocks].reshape(-1),
             "priority": prio[:0].copy(), "prio.source": source}
 
 
