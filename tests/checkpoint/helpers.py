@@ -8,12 +8,15 @@ traced back to where and when it was written; ``env`` is the stream id field (de
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import shardreplay as sr
-from shardreplay import testing
+from shardreplay import checkpoint, testing
+from shardreplay.buffer.shard import STEP_ARRAYS
+from shardreplay.checkpoint.loading import load_shard
 from shardreplay.distributed import ShardedReplayBuffer
 from shardreplay.distributed.runner import InlineRunner
 from shardreplay.distributed.sharded_buffer import ShardedInternals
@@ -160,3 +163,37 @@ def episodes_of(buf_steps: dict[str, np.ndarray]) -> list[np.ndarray]:
               (buf_steps["row"][1:] != buf_steps["row"][:-1])
     starts = np.flatnonzero(cut)
     return np.split(np.arange(n), starts[1:])
+
+
+def shard_arrays(local: sr.ReplayBuffer, *, trees: bool = False) -> dict[str, np.ndarray]:
+    """A buffer's stored per-step arrays, fields and write positions; with ``trees`` also
+    its sum and min trees (the leaves: each key's sampling mass)."""
+    out = {name: testing.stored(local, name) for name in STEP_ARRAYS}
+    out.update({f"field.{k}": testing.stored(local, k) for k in testing.shard(local).fields})
+    out["pos"] = testing.positions(local)
+    if trees:
+        sums = testing.tree_sums(local)
+        assert sums is not None
+        out["tree.sums"], out["tree.mins"] = sums
+    return out
+
+
+def restored_arrays(root: Path, cid: int, n: int, num_streams: int, capacity: int, *,
+                    trees: bool = False) -> list[dict[str, np.ndarray]]:
+    """:func:`shard_arrays` of every one of ``n`` new shards restored in-process from
+    checkpoint ``cid`` under ``root``."""
+    out = []
+    for rank in range(n):
+        local = make_buffer(num_streams, capacity)
+        load_shard(checkpoint.checkpoint_dir(root, cid), local, rank, n)
+        out.append(shard_arrays(local, trees=trees))
+    return out
+
+
+def assert_arrays_equal(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]],
+                        what: str = "") -> None:
+    """Every shard's arrays in ``a`` equal ``b``'s, name for name (``what`` prefixes a failure)."""
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for name in x:
+            np.testing.assert_array_equal(x[name], y[name], err_msg=f"{what}: {name}" if what else name)

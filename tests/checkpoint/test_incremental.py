@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import shardreplay as sr
-from shardreplay import checkpoint, testing
+from shardreplay import checkpoint
 from shardreplay.buffer.shard import STEP_ARRAYS
 from shardreplay.checkpoint import saving
 from shardreplay.checkpoint.format import PartReader
@@ -18,33 +18,20 @@ from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import check_complete, incomplete_reason, referenced_checkpoints
 from shardreplay.checkpoint.refs import MOST_REFS
 from shardreplay.errors import CheckpointError
-from tests.checkpoint.helpers import as_shard, fill_random, make_buffer
+from tests.checkpoint.helpers import (
+    as_shard,
+    assert_arrays_equal,
+    fill_random,
+    make_buffer,
+    restored_arrays,
+    shard_arrays,
+)
 
 STREAMS, CAPACITY = 3, 40
 
 
-def _arrays(local: sr.ReplayBuffer) -> dict[str, np.ndarray]:
-    out = {name: testing.stored(local, name) for name in STEP_ARRAYS}
-    out.update({f"field.{k}": testing.stored(local, k) for k in testing.shard(local).fields})
-    out["pos"] = testing.positions(local)
-    return out
-
-
 def _restored(root: Path, cid: int, n: int, capacity: int) -> list[dict[str, np.ndarray]]:
-    """Every one of ``n`` new shards restored in-process from checkpoint ``cid``."""
-    out = []
-    for rank in range(n):
-        local = make_buffer(STREAMS, capacity)
-        load_shard(checkpoint.checkpoint_dir(root, cid), local, rank, n)
-        out.append(_arrays(local))
-    return out
-
-
-def _assert_equal(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]]) -> None:
-    for x, y in zip(a, b, strict=True):
-        assert x.keys() == y.keys()
-        for name in x:
-            np.testing.assert_array_equal(x[name], y[name], err_msg=name)
+    return restored_arrays(root, cid, n, STREAMS, capacity)
 
 
 def _own_field_rows(root: Path, cid: int) -> list[int]:
@@ -74,9 +61,9 @@ def test_incremental_chain_restores_m_to_n_as_full_saves_and_pruning_keeps_refer
         if 1 < cid < 5:  # the 12 new steps of each row, of 40 stored
             assert _own_field_rows(inc, cid) == [12 * STREAMS] * 2
             assert _own_field_rows(full, cid) == [CAPACITY * STREAMS] * 2
-        _assert_equal(_restored(inc, cid, 3, CAPACITY * 2), _restored(full, cid, 3, CAPACITY * 2))
+        assert_arrays_equal(_restored(inc, cid, 3, CAPACITY * 2), _restored(full, cid, 3, CAPACITY * 2))
         exact = _restored(inc, cid, 2, CAPACITY)
-        _assert_equal(exact, [_arrays(local) for local in locals_])
+        assert_arrays_equal(exact, [shard_arrays(local) for local in locals_])
         kept = checkpoint.list_checkpoints(inc)
         needed = {c for c in kept if c >= cid - 1}
         for c in sorted(needed):
@@ -128,8 +115,8 @@ def test_an_incremental_part_writes_only_new_rows_of_the_arrays_fixed_at_write(t
     for n in (1, 2):  # as saved, and re-planned
         full = tmp_path / f"full-{n}"
         checkpoint.save(local, full, 2)
-        _assert_equal(_restored(tmp_path, 2, n, CAPACITY), _restored(full, 2, n, CAPACITY))
-    _assert_equal(_restored(tmp_path, 2, 1, CAPACITY), [_arrays(local)])
+        assert_arrays_equal(_restored(tmp_path, 2, n, CAPACITY), _restored(full, 2, n, CAPACITY))
+    assert_arrays_equal(_restored(tmp_path, 2, 1, CAPACITY), [shard_arrays(local)])
 
 
 def test_a_restore_starts_a_new_chain(tmp_path: Path) -> None:
@@ -209,7 +196,8 @@ def test_frame_stacked_chain_writes_the_new_stacks_and_restores_m_to_n(tmp_path:
             own = reader.entry("field.obs")[1][0]
         assert own == (12 * STREAMS if 1 < cid < 4 else CAPACITY * STREAMS)
         for n, capacity in ((1, CAPACITY), (2, CAPACITY)):  # 1 -> 1 (exact) and 1 -> 2 shards
-            _assert_equal(_stacked_restored(inc, cid, n, capacity), _stacked_restored(full, cid, n, capacity))
+            assert_arrays_equal(_stacked_restored(inc, cid, n, capacity),
+                                _stacked_restored(full, cid, n, capacity))
 
 
 def test_pruning_a_long_chain_checks_only_the_newest_checkpoints_and_keeps_what_the_full_scan_kept(
@@ -254,6 +242,6 @@ def test_a_long_chain_refers_to_at_most_most_refs_files_and_keeps_few_directorie
         own_rows += _own_field_rows(tmp_path, cid)[0]
         if cid % 30 == 0:  # exact, onto 1 shard and onto 2 as a full save of the same content
             checkpoint.save(local, full, cid)
-            _assert_equal(_restored(tmp_path, cid, 1, 400), [_arrays(local)])
-            _assert_equal(_restored(tmp_path, cid, 2, 400), _restored(full, cid, 2, 400))
+            assert_arrays_equal(_restored(tmp_path, cid, 1, 400), [shard_arrays(local)])
+            assert_arrays_equal(_restored(tmp_path, cid, 2, 400), _restored(full, cid, 2, 400))
     assert own_rows <= 2 * 60 * 2 * STREAMS  # a step's rows written at most about twice, not once per save

@@ -13,11 +13,17 @@ import numpy as np
 import pytest
 
 import shardreplay as sr
-from shardreplay import checkpoint, testing
-from shardreplay.buffer.shard import PRIORITY_BLOCK, STEP_ARRAYS
+from shardreplay import checkpoint
+from shardreplay.buffer.shard import PRIORITY_BLOCK
 from shardreplay.checkpoint.format import PartReader
-from shardreplay.checkpoint.loading import load_shard
-from tests.checkpoint.helpers import as_shard, fill_random, make_buffer
+from tests.checkpoint.helpers import (
+    as_shard,
+    assert_arrays_equal,
+    fill_random,
+    make_buffer,
+    restored_arrays,
+    shard_arrays,
+)
 
 STREAMS, CAPACITY = 4, 512
 MUTABLE = ("step_type", "discount", "priority", "prio.block", "prio.values", "prio.source",
@@ -41,29 +47,11 @@ def _mutable_bytes(directory: Path) -> tuple[int, int]:
 
 
 def _state(local: sr.ReplayBuffer) -> dict[str, np.ndarray]:
-    out = {name: testing.stored(local, name) for name in STEP_ARRAYS}
-    out.update({f"field.{k}": testing.stored(local, k) for k in testing.shard(local).fields})
-    out["pos"] = testing.positions(local)
-    sums = testing.tree_sums(local)
-    assert sums is not None
-    out["tree.sums"], out["tree.mins"] = sums  # the leaves: each key's sampling mass
-    return out
+    return shard_arrays(local, trees=True)
 
 
 def _restored(root: Path, cid: int, n: int) -> list[dict[str, np.ndarray]]:
-    out = []
-    for rank in range(n):
-        local = make_buffer(STREAMS, CAPACITY)
-        load_shard(checkpoint.checkpoint_dir(root, cid), local, rank, n)
-        out.append(_state(local))
-    return out
-
-
-def _assert_equal(a: list[dict[str, np.ndarray]], b: list[dict[str, np.ndarray]], what: str) -> None:
-    for x, y in zip(a, b, strict=True):
-        assert x.keys() == y.keys()
-        for name in x:
-            np.testing.assert_array_equal(x[name], y[name], err_msg=f"{what}: {name}")
+    return restored_arrays(root, cid, n, STREAMS, CAPACITY, trees=True)
 
 
 @pytest.mark.parametrize("num_shards", [1, 2])
@@ -96,9 +84,9 @@ def test_a_chain_of_small_saves_writes_what_changed_and_restores_exactly(tmp_pat
         if steps < 100:  # version 4 wrote 9 bytes per stored step (and the seals)
             assert bound < 9 * STREAMS * CAPACITY * num_shards / 2
         for n in (1, 2):  # as saved (n == num_shards) or re-planned
-            _assert_equal(_restored(inc, cid, n), _restored(full, cid, n), f"checkpoint {cid} onto {n}")
+            assert_arrays_equal(_restored(inc, cid, n), _restored(full, cid, n), f"checkpoint {cid} onto {n}")
         # A faithful resume gives back every array and leaf as the buffer holds it.
-        _assert_equal(_restored(inc, cid, num_shards), [_state(local) for local in locals_], "as live")
+        assert_arrays_equal(_restored(inc, cid, num_shards), [_state(local) for local in locals_], "as live")
 
 
 def test_updates_and_writes_during_a_background_part_are_in_the_next_part(tmp_path: Path) -> None:
@@ -112,7 +100,7 @@ def test_updates_and_writes_during_a_background_part_are_in_the_next_part(tmp_pa
     pending = checkpoint.save_in_background(local, tmp_path, 2, incremental=True, keep_last=None)
     fill_random(local, 7, seed=2, update_rounds=4, start=705, ongoing=True)
     pending.wait(60)
-    _assert_equal(_restored(tmp_path, 2, 1), [at_call], "background part")
+    assert_arrays_equal(_restored(tmp_path, 2, 1), [at_call], "background part")
     checkpoint.save(local, tmp_path, 3, incremental=True, keep_last=None)
     assert checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 3)).parts[0].refs  # chained
-    _assert_equal(_restored(tmp_path, 3, 1), [_state(local)], "the next part")
+    assert_arrays_equal(_restored(tmp_path, 3, 1), [_state(local)], "the next part")
