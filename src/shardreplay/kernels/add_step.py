@@ -199,50 +199,27 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
     return delta + DONE if done else delta
 
 
-# Entry points by the number of fields (see the module docstring).
-@numba.njit(**SMALL_CALL)
-def add_step_1(records, own, pos, state, discount, step_types, a):  # pragma: no cover
-    """:func:`add_step` of a spec of 1 field."""
-    return add_step(records, own, pos, state, discount, step_types, (a,))
-
-
-@numba.njit(**SMALL_CALL)
-def add_step_2(records, own, pos, state, discount, step_types, a, b):  # pragma: no cover
-    """:func:`add_step` of a spec of 2 fields."""
-    return add_step(records, own, pos, state, discount, step_types, (a, b))
-
-
-@numba.njit(**SMALL_CALL)
-def add_step_3(records, own, pos, state, discount, step_types, a, b, c):  # pragma: no cover
-    """:func:`add_step` of a spec of 3 fields."""
-    return add_step(records, own, pos, state, discount, step_types, (a, b, c))
-
-
-@numba.njit(**SMALL_CALL)
-def add_step_4(records, own, pos, state, discount, step_types, a, b, c, d):  # pragma: no cover
-    """:func:`add_step` of a spec of 4 fields."""
-    return add_step(records, own, pos, state, discount, step_types, (a, b, c, d))
-
-
-@numba.njit(**SMALL_CALL)
-def add_step_5(records, own, pos, state, discount, step_types, a, b, c, d, e):  # pragma: no cover
-    """:func:`add_step` of a spec of 5 fields."""
-    return add_step(records, own, pos, state, discount, step_types, (a, b, c, d, e))
-
-
-@numba.njit(**SMALL_CALL)
-def add_step_6(records, own, pos, state, discount, step_types, a, b, c, d, e, f):  # pragma: no cover
-    """:func:`add_step` of a spec of 6 fields."""
-    return add_step(records, own, pos, state, discount, step_types, (a, b, c, d, e, f))
-
-
 @numba.njit(**SMALL_CALL)
 def add_step_n(records, own, pos, state, discount, step_types, *values):  # pragma: no cover
     """:func:`add_step` of a spec of any number of fields."""
     return add_step(records, own, pos, state, discount, step_types, values)
 
 
-_ENTRIES = (add_step_n, add_step_1, add_step_2, add_step_3, add_step_4, add_step_5, add_step_6)
+# Entry points of exactly 1 .. MAX_ARITY fields (docs/internals.md, "One-step writes"), from one
+# template, compiled under this file's name: numba caches a function by its source file.
+_ENTRY = """
+def add_step_{k}(records, own, pos, state, discount, step_types, {args}):
+    return add_step(records, own, pos, state, discount, step_types, ({args},))
+"""
+
+
+def _entry(k: int) -> Any:
+    args = ", ".join(f"v{i}" for i in range(k))
+    exec(compile(_ENTRY.format(k=k, args=args), __file__, "exec"), globals())
+    return numba.njit(**SMALL_CALL)(globals()[f"add_step_{k}"])
+
+
+_ENTRIES = (add_step_n, *(_entry(k) for k in range(1, MAX_ARITY + 1)))
 
 
 def compiled_add_step(args: tuple[Any, ...], held: bool = False) -> Any:
