@@ -18,7 +18,6 @@ from shardreplay.buffer.checks import check_priorities, check_stream_ids, foreig
 from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.state import export_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
-from shardreplay.kernels import reference
 from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler, UniformSampler
 from shardreplay.samplers.schedules import Schedule
@@ -225,7 +224,6 @@ class Shard:
         if stream_ids is None:
             rows = storage.all_rows
         elif (type(stream_ids) is np.ndarray and stream_ids.dtype == np.int64 and stream_ids.ndim == 1
-              and not reference.numpy_first()  # numba not loaded: check_stream_ids checks
               and storage_kernels.rows_distinct_in_range(stream_ids, storage.num_streams, storage.row_marks)):
             rows = stream_ids  # the usual case, checked in one compiled pass
         else:

@@ -4,13 +4,14 @@ steps checked once may be sealed as :class:`ValidatedSteps`, not checked again."
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.kernels import codes, reference
+from shardreplay.kernels import codes
 from shardreplay.kernels.lazy import lazy
 from shardreplay.kernels.reference import validate as twins
 from shardreplay.spec.coerce import STEP_TYPE_RULE, as_stored, to_numpy
@@ -127,10 +128,16 @@ def _checked(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...], fin
 def _is_finite(arr: np.ndarray) -> bool:
     """No NaN or inf (compiled for float32/64: one pass over the bits, no temporary)."""
     exponent = _EXPONENT_MASKS.get(arr.dtype)
-    if exponent is not None and not reference.numpy_first():  # numpy_first: no numba to load
+    if exponent is not None and "numba" in sys.modules:  # else: numpy, no numba to load
         bits_dtype, mask = exponent
         return bool(kernels.max_masked(arr.reshape(-1).view(bits_dtype), mask) != mask)
     return bool(np.isfinite(arr).all())
+
+
+def _checks() -> Any:
+    """The compiled checks once numba is loaded, their numpy twins until then: a process that
+    only checks (an actor checking the chunks it sends) never loads numba."""
+    return kernels if "numba" in sys.modules else twins
 
 
 def _discount_array(value: Any, lead_shape: tuple[int, ...]) -> np.ndarray:
@@ -154,8 +161,7 @@ def _check_rule(types: np.ndarray, discount: np.ndarray, exc: type[Exception], w
     float32 ``discount`` follow the step rule."""
     if types.dtype not in _COMPILED_INTS:  # one compiled form per dtype: widen the rare ones
         types = types.astype(np.int64)  # uint64 beyond int64 wraps negative: refused as well
-    run = twins if reference.numpy_first() else kernels
-    found = run.steps_ok(types.reshape(-1), discount.reshape(-1))
+    found = _checks().steps_ok(types.reshape(-1), discount.reshape(-1))
     if found == codes.BAD_STEP_TYPE:
         raise exc(where + STEP_TYPE_RULE)
     if found == codes.BAD_DISCOUNT:
@@ -217,8 +223,7 @@ class PackedSteps:
         Raises:
             SpecMismatchError: a value the spec forbids, named by its field.
         """
-        run = twins if reference.numpy_first() else kernels
-        if run.values_ok(payload, self.plan) >= 0:
+        if _checks().values_ok(payload, self.plan) >= 0:
             validate(spec, steps, self.lead_shape)  # raises, naming the field
             raise SpecMismatchError("steps hold a value the spec forbids")  # pragma: no cover
 

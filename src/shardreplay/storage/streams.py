@@ -9,10 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardreplay.errors import ShardReplayError
-from shardreplay.kernels import reference
 from shardreplay.kernels.codes import numba_takes
 from shardreplay.kernels.lazy import lazy
-from shardreplay.kernels.reference import storage as twins
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
@@ -197,10 +195,8 @@ class StreamStorage:
         frame_plans = [(store, stacks, store.plan(stacks, types, rows, pos, self.step_type).copy())
                        for store, stacks in ((store, store.as_frame_bytes(steps[name], t_len))
                                              for name, store in self.stacked.items())] if self.stacked else ()
-        # A process's first writes run numpy twins of the kernels (no numba to load).
-        run = twins if reference.numpy_first(spend=True) else kernels
         prios = _NO_PRIORITIES if priorities is None else priorities.reshape(n_rows, t_len)
-        n_out, delta = run.write_steps(
+        n_out, delta = kernels.write_steps(
             self.step_type, self.episode_id, self.generation, self.priority, self.valid, pos, self.counters,
             rows, types, prios, priorities is not None, default_priority, self.stream_capacity, self.window,
             out_slots, out_flags)
@@ -210,7 +206,7 @@ class StreamStorage:
         if flat.shape[0]:
             pairs = tuple((rows, _c_bytes(steps[name]) if as_bytes else _c_order(steps[name]))
                           for name, as_bytes, rows in self._scatter_fields)
-            run.scatter_fields(pairs, flat)
+            kernels.scatter_fields(pairs, flat)
         for store, stacks, counts in frame_plans:
             store.append(stacks, rows, out_slots[0, :n_rows * t_len], counts)
         if before is not None:
