@@ -23,6 +23,7 @@ from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler,
 from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
 from shardreplay.storage import SEQUENCE_STEP_ARRAYS, STEP_ARRAYS, ArrayAllocator, StreamStorage
+from shardreplay.storage.allocate import advise_hugepages
 from shardreplay.storage.frames import StackPieces
 from shardreplay.storage.one_step import OneStepAdd, one_step_add
 from shardreplay.storage.streams import ring_runs
@@ -38,8 +39,8 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
 ONE_STEP_AFTER = 1000
 
 PRIORITY_BLOCK = 32  # slots per block of the priority changes an incremental checkpoint tracks
-__all__ = ["SEQUENCE_STEP_ARRAYS", "STEP_ARRAYS", "Draw", "Shard", "ShardStats", "ring_runs",
-           "shard_of_buffer"]
+__all__ = ["SEQUENCE_STEP_ARRAYS", "STEP_ARRAYS", "Draw", "Shard", "ShardStats", "advise_hugepages",
+           "ring_runs", "shard_of_buffer"]
 
 
 @dataclass(frozen=True)
@@ -384,6 +385,10 @@ class Shard:
         """Whether the storage is memory-mapped files (``storage="memmap"``): its pages are
         shared with a forked process, not copied on write."""
         return isinstance(self._storage.records, np.memmap)
+
+    def regroup(self) -> None:
+        """After a background save: its arrays on huge pages again (``StreamStorage.regroup``)."""
+        self._storage.regroup()
 
     def begin_save(self) -> None:
         """A background checkpoint's writer starts (waits for the one before to end)."""

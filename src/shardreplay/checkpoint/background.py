@@ -13,16 +13,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from shardreplay import _signals
 from shardreplay._io import causes
 from shardreplay.buffer.replay_buffer import ReplayBuffer
-from shardreplay.checkpoint.format import MADV_COLLAPSE, advise_hugepages
 from shardreplay.checkpoint.records import ManifestPart
 from shardreplay.checkpoint.saving import SaveJob, forget, prepare, run, write, written
 from shardreplay.distributed import ShardedReplayBuffer
@@ -74,7 +71,7 @@ class PendingSave:
                     data = pipe.read()
             finally:
                 _, status = os.waitpid(pid, 0)
-                _regroup(job.shard.fields.values())  # the pages are this process's alone again
+                job.shard.regroup()  # the pages are this process's alone again
             self._finish(job, _report(data, status, pid))
         except BaseException as exc:  # kept for wait(): a thread has no caller to raise to
             forget(job.shard, job.directory.parent)
@@ -183,15 +180,6 @@ def _child(job: SaveJob, parent: int, read_fd: int, write_fd: int) -> None:  # p
                 data = data[os.write(write_fd, data):]
         finally:
             os._exit(code)
-
-
-def _regroup(arrays: Iterable[np.ndarray]) -> None:
-    """Map ``arrays`` on transparent huge pages again where the kernel can: the parent's
-    writes during a save split each shared huge page they hit, and a fork copies a
-    page-table entry per 4 KiB page (docs/semantics.md, "Background saves")."""
-    for array in arrays:  # views (the small fields, in one record array) are small: skipped
-        if array.base is None:  # refused (an older kernel, THP off): unchanged
-            advise_hugepages(array, MADV_COLLAPSE)
 
 
 def _os_error(exc: BaseException | None) -> dict[str, Any]:

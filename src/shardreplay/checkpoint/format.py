@@ -11,12 +11,10 @@ block-sized scratch buffer (no mmap: touched pages would count as resident twice
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import math
 import os
 import struct
-import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -90,23 +88,6 @@ def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
                     f.write(chunk)
                     hasher.feed(chunk)
     return 8 + len(text) + offset, tuple(hasher.finish())
-
-
-_HUGE_BYTES = 2 << 20
-MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # Linux (MADV_COLLAPSE: >= 6.1)
-
-
-def advise_hugepages(arr: np.ndarray, advice: int = MADV_HUGEPAGE) -> None:
-    """``madvise`` the whole 2 MiB pages of a C-contiguous array: ``MADV_HUGEPAGE`` before
-    a loader fills every byte (``np.zeros`` memory lacks the hint numpy gives ``np.empty``,
-    so each 4 KiB page would fault on its own), ``MADV_COLLAPSE`` to regroup the pages a
-    fork split (docs/semantics.md, "Background saves"). A no-op where refused or unsupported."""
-    start = -(-arr.ctypes.data // _HUGE_BYTES) * _HUGE_BYTES
-    end = (arr.ctypes.data + arr.nbytes) // _HUGE_BYTES * _HUGE_BYTES
-    if end > start and arr.flags.c_contiguous and sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), advice)
 
 
 def _hash_blocks(dest: memoryview, valid: int, skip: frozenset[int]) -> list[int | None]:

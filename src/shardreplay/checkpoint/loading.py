@@ -17,9 +17,8 @@ import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.restore import RestoreSession
-from shardreplay.buffer.shard import ring_runs, shard_of_buffer
+from shardreplay.buffer.shard import advise_hugepages, ring_runs, shard_of_buffer
 from shardreplay.checkpoint.episodes import ranges
-from shardreplay.checkpoint.format import advise_hugepages
 from shardreplay.checkpoint.manifest import checkpoint_dir, list_checkpoints, load_manifest, read_covered
 from shardreplay.checkpoint.plan import EpisodeTable, NewLayout, ShardPlan, plan_shard
 from shardreplay.checkpoint.records import Manifest, PartMeta, RestoreCounts

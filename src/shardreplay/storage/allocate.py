@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import mmap
 import os
@@ -17,6 +19,8 @@ STORAGE_KINDS = ("memory", "memmap")
 # mmap's flag (Python >= 3.13 names it): a mapping not counted against the commit limit.
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform == "linux"
                      and platform.machine() in ("x86_64", "aarch64") else 0)
+_HUGE_BYTES = 2 << 20
+MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_COLLAPSE = 14, 15, 25  # Linux (MADV_COLLAPSE: >= 6.1)
 
 
 class ArrayAllocator:
@@ -71,3 +75,19 @@ class ArrayAllocator:
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
             area.madvise(mmap.MADV_NOHUGEPAGE)
         return np.frombuffer(area, dtype).reshape(shape)
+
+
+def advise_hugepages(arr: np.ndarray, *advice: int) -> None:
+    """``madvise`` the whole 2 MiB pages of a C-contiguous array (each ``advice`` in turn;
+    default ``MADV_HUGEPAGE``): ``MADV_HUGEPAGE`` before a loader fills every byte
+    (``np.zeros`` memory lacks the hint numpy gives ``np.empty``, so each 4 KiB page would
+    fault on its own), ``MADV_COLLAPSE`` to regroup the pages a fork split (docs/semantics.md,
+    "Background saves"). A no-op where refused or unsupported."""
+    start = -(-arr.ctypes.data // _HUGE_BYTES) * _HUGE_BYTES
+    end = (arr.ctypes.data + arr.nbytes) // _HUGE_BYTES * _HUGE_BYTES
+    if end > start and arr.flags.c_contiguous and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            for one in advice or (MADV_HUGEPAGE,):
+                libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), one)
+

@@ -62,6 +62,10 @@ class FrameStore:
         """Frames each stream's ring holds now."""
         return int(self.frames.shape[1])
 
+    def written(self) -> list[np.ndarray]:
+        """Each stream's ring up to its last frame written (all of it once it wrapped)."""
+        return [self._reserve[r, :min(int(p), self.frame_capacity)] for r, p in enumerate(self.fpos)]
+
     def as_frame_bytes(self, values: np.ndarray, lead: int) -> np.ndarray:
         """Stacks ``[n, T, K, *frame]`` (``[n, K, *frame]`` when ``lead``, T, is 1) as
         C-contiguous uint8 ``[n, T, K, frame bytes]``."""

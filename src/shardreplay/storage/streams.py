@@ -14,7 +14,13 @@ from shardreplay.kernels.lazy import lazy
 from shardreplay.spec import Spec
 from shardreplay.spec.keys import new_key_tag
 from shardreplay.spec.spec import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
-from shardreplay.storage.allocate import ArrayAllocator
+from shardreplay.storage.allocate import (
+    MADV_COLLAPSE,
+    MADV_HUGEPAGE,
+    MADV_NOHUGEPAGE,
+    ArrayAllocator,
+    advise_hugepages,
+)
 from shardreplay.storage.frames import FrameStore, StackPieces
 from shardreplay.storage.starts import StartStore
 
@@ -463,6 +469,19 @@ class StreamStorage:
         out["row_length"] = lengths
         out["row_pos"] = self.pos.copy()
         return out
+
+    def regroup(self) -> None:
+        """Map the written arrays on transparent huge pages again where the kernel can
+        (``MADV_COLLAPSE``): a write while a fork shares them splits each huge page it hits,
+        and a fork copies a page-table entry per 4 KiB page (docs/semantics.md,
+        "Background saves"). The frame rings' hint against huge pages, which collapsing
+        obeys, is lifted meanwhile: their faults stay 4 KiB ones (docs/internals.md)."""
+        for arr in self.fields.values():  # views (the small fields, in the records) are small
+            if arr.base is None:
+                advise_hugepages(arr, MADV_COLLAPSE)
+        for store in self.stacked.values():
+            for ring in store.written():
+                advise_hugepages(ring, MADV_HUGEPAGE, MADV_COLLAPSE, MADV_NOHUGEPAGE)
 
     @property
     def step_arrays(self) -> dict[str, np.dtype]:
