@@ -19,6 +19,11 @@ first statistics, the owners' new statistics with the records). ``local`` mode's
 ``update_priorities`` issues none (every key it samples is its own), and its ``sample`` one
 every 16th call (the agreement; the first call's is not counted here,
 ``test_sharded_collectives.py`` counts the schedule).
+
+Across emulated hosts (``SHARDREPLAY_HOST``; K = 4 as 2 hosts of 2, K = 6 as 3 hosts of 2,
+K = 8 as 2 hosts of 4) the exchange group is hierarchical (``distributed/hierarchy.py``):
+the same collectives per call, each one all_to_all of the hosts' leaders over gloo, so
+H (H - 1) messages cross between hosts per collective (not K (K - 1)), one round trip.
 """
 
 from __future__ import annotations
@@ -83,12 +88,15 @@ class Counter:
         """The collectives ``call`` issued on ``buf``'s groups (a pipelined exchange it
         started included)."""
         parts = internals_of(buf)
-        groups = (parts.collectives.group, parts.exchange_group.group)
+        hier = parts.exchange_group.hierarchy
+        groups = (parts.collectives.group, parts.exchange_group.group,
+                  *([hier.leaders.group] if hier is not None and hier.leaders is not None else []))
         buf.settle()
-        first = len(self.calls)
+        first, issued = len(self.calls), parts.exchange_group.issued
         call()
         buf.settle()
-        return [name for name, group in self.calls[first:] if any(group is g for g in groups)]
+        calls = [name for name, group in self.calls[first:] if any(group is g for g in groups)]
+        return calls if hier is None else [*calls, *["collective"] * (parts.exchange_group.issued - issued)]
 
 
 def _figures(calls: list[list[str]], k: int) -> dict[str, float]:
@@ -100,8 +108,9 @@ def _figures(calls: list[list[str]], k: int) -> dict[str, float]:
             "names": sorted({name for call in calls for name in call})}
 
 
-def _case(rank: int, world: int, counter: Counter, mode: str, pipeline: bool) -> dict[str, Any]:
-    buf = ShardedReplayBuffer(_shard(rank), timeout_s=120, shared_memory=False, mode=mode,
+def _case(rank: int, world: int, counter: Counter, mode: str, pipeline: bool,
+          shared_memory: bool = False) -> dict[str, Any]:
+    buf = ShardedReplayBuffer(_shard(rank), timeout_s=120, shared_memory=shared_memory, mode=mode,
                               pipeline=pipeline)
     rng = np.random.default_rng(rank)
     samples, updates, foreign = [], [], 0
@@ -118,14 +127,18 @@ def _case(rank: int, world: int, counter: Counter, mode: str, pipeline: bool) ->
             samples.append(sampled)
             updates.append(updated)
     buf.close()
+    if shared_memory:  # what each call issued: its collectives, and its gloo calls (a leader's)
+        return {"sample": samples, "update": updates, "foreign": foreign}
     return {"sample": _figures(samples, world), "update": _figures(updates, world), "foreign": foreign}
 
 
-def _cases(rank: int, world: int) -> dict[str, Any]:
+def _cases(rank: int, world: int, hosts: list[int] | None = None) -> dict[str, Any]:
     counter = Counter()
-    return {"exact": _case(rank, world, counter, "exact", False),
-            "exact pipelined": _case(rank, world, counter, "exact", True),
-            "local": _case(rank, world, counter, "local", False)}
+    if hosts is not None:
+        os.environ["SHARDREPLAY_HOST"] = f"emulated-{hosts[rank]}"
+    return {"exact": _case(rank, world, counter, "exact", False, hosts is not None),
+            "exact pipelined": _case(rank, world, counter, "exact", True, hosts is not None),
+            "local": _case(rank, world, counter, "local", False, hosts is not None)}
 
 
 # Per learner step: (collectives, round trips) of sample and of update_priorities. The
@@ -151,3 +164,23 @@ def test_round_trips_per_exchange_do_not_grow_with_the_ranks(world: int) -> None
                 assert got["collectives"] == collectives, (rank, case, call, got)
                 assert got["round_trips"] == round_trips, (rank, case, call, got)
                 assert got["messages"] == collectives * (world - 1), (rank, case, call, got)
+
+
+@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 1, 1, 1, 1]])
+def test_inter_host_messages_grow_with_the_hosts_not_the_ranks(hosts: list[int]) -> None:
+    world, count = len(hosts), len(set(hosts))
+    results = run_ranks(_cases, world, hosts, timeout_s=600)
+    assert all(cases["exact"]["foreign"] > 0 for cases in results)  # records cross hosts
+    for case, calls in EXPECTED.items():
+        for call, (collectives, _) in calls.items():
+            per_rank = [cases[case][call] for cases in results]  # [rank][counted call]: names
+            for rank, made in enumerate(per_rank):
+                leader = hosts.index(hosts[rank]) == rank
+                for names in made:
+                    assert names.count("collective") == collectives, (rank, case, call, names)
+                    gloo = [n for n in names if n != "collective"]  # only the leaders' all_to_all
+                    assert gloo == ["all_to_all_single"] * (collectives if leader else 0), (rank, case, call)
+            # Inter-host messages per counted call, summed over the ranks: H (H - 1) per collective.
+            sent = sum(names.count("all_to_all_single") for made in per_rank for names in made)
+            messages = (count - 1) * sent  # each leader's all_to_all: a message to every other leader
+            assert messages == collectives * count * (count - 1) * STEPS, (case, call)

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from shardreplay.distributed.same_host import SameHost
+from shardreplay.distributed.hierarchy import Hierarchy, host_groups
+from shardreplay.distributed.same_host import SameHost, nonce
 from shardreplay.errors import CollectiveTimeout, ConfigError, PeerLost, ShardReplayError
 
 # What a wait runs inside: a fresh context per collective (e.g. a lock let go).
@@ -100,6 +101,7 @@ class Collectives:
         # the figure tests/distributed/test_sharded_collectives.py checks per call.
         self.issued = 0
         self.same_host: SameHost | None = None  # where shared_copy's collectives go
+        self.hierarchy: Hierarchy | None = None  # or there, on several hosts
 
     def private_copy(self) -> Collectives:
         """The same collectives over a new process group of the same ranks and backend
@@ -111,24 +113,42 @@ class Collectives:
             CollectiveTimeout: a rank did not join the new group in time.
         """
         ranks = dist.get_process_group_ranks(self.group) if self.group is not None else None
+        return Collectives(self._new_group(ranks), self.timeout_s)
+
+    def _new_group(self, ranks: list[int] | None, apart: bool = False) -> Any:
+        """A new group of ``ranks`` (``apart``: only they build it)."""
         try:
-            group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=self.timeout_s),
-                                   backend=self.backend)
+            return dist.new_group(ranks, timeout=datetime.timedelta(seconds=self.timeout_s),
+                                  backend=self.backend, use_local_synchronization=apart)
         except RuntimeError as exc:
             raise self._failure("ShardedReplayBuffer(new_group)", exc) from exc
-        return Collectives(group, self.timeout_s)
 
-    def shared_copy(self, host: SameHost, nonces: Any) -> Collectives:
-        """The same collectives through ``host``'s shared memory (collective: every rank of
-        this group, all on this host, each with its ``host`` made before they agreed on
-        ``nonces``). Like :meth:`private_copy`'s, they never pair up with this group's.
+    def shared_copy(self, host: SameHost, nonces: Any, keys: Any = None) -> Collectives:
+        """The same collectives through shared memory (collective: every rank of this group,
+        each with its ``host`` made before they agreed on ``nonces`` and host ``keys``, None:
+        all on this host). On several hosts a host's ranks exchange through regions of their
+        own, and one leader per host over a gloo group of the leaders (:mod:`hierarchy`;
+        when this group spans the default group, every rank builds it at the same point as
+        any other ``new_group``). Like :meth:`private_copy`'s, they never pair up with this
+        group's.
 
         Raises:
-            CollectiveTimeout: a rank did not map the regions in time.
+            CollectiveTimeout: a rank did not map the regions (or build the group) in time.
         """
-        shared = copy.copy(self)
-        shared.same_host = host
-        host.join(nonces)
+        shared, hosts = copy.copy(self), host_groups(keys if keys is not None else [0] * self.world_size)
+        if len(hosts) == 1:
+            shared.same_host = host
+            host.join(nonces)
+        else:
+            host.close()  # made for all the ranks: a host's ranks make their own
+            mine = next(h for h in hosts if self.rank in h)
+            host = SameHost(nonce(), mine.index(self.rank), len(mine))
+            host.join(self.all_gather(torch.tensor([host.nonce]), "ShardedReplayBuffer(host regions)")
+                      .reshape(-1).numpy()[mine])
+            ranks = dist.get_process_group_ranks(self.group if self.group is not None else dist.group.WORLD)
+            apart, lead = self.world_size < dist.get_world_size(), self.rank == mine[0]
+            group = self._new_group([ranks[h[0]] for h in hosts], apart) if lead or not apart else None
+            shared.hierarchy = Hierarchy(host, hosts, self.rank, _Leaders(group) if lead else None)
         shared.all_gather(torch.zeros(1), "ShardedReplayBuffer(shared-memory collectives)")
         host.forget_name()  # every rank has mapped every region
         shared.issued = 0  # as a new group's (new_group is not counted either)
@@ -137,7 +157,9 @@ class Collectives:
     def destroy(self) -> None:
         """Destroy this group (only for a group made by :meth:`private_copy` or
         :meth:`shared_copy`)."""
-        if self.same_host is not None:
+        if self.hierarchy is not None:
+            self.hierarchy.close()
+        elif self.same_host is not None:
             self.same_host.close()
         elif dist.is_initialized() and self.group is not None:
             dist.destroy_process_group(self.group)
@@ -193,7 +215,7 @@ class Collectives:
     def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         """Element-wise sum over ranks (returns a new tensor)."""
         tensor = tensor.to(self.device).clone()
-        if self.same_host is not None:
+        if self.same_host is not None or self.hierarchy is not None:
             return self.all_gather(tensor, op).sum(0)
         self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), op, None)
         return tensor
@@ -215,13 +237,14 @@ class Collectives:
                            send_splits: list[int] | None) -> Any:
         """Issue ``all_to_all_single`` (splits in rows; None: equal) on the group, or
         through shared memory."""
-        if self.same_host is None:
+        via = self.same_host or self.hierarchy
+        if via is None:
             return dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group,
                                           async_op=True)
         row, k = math.prod(send.shape[1:]) * send.element_size(), self.world_size
-        return self.same_host.post(_bytes(recv), _bytes(send.contiguous()),
-                              [n * row for n in send_splits or [send.shape[0] // k] * k],
-                              [n * row for n in recv_splits or [recv.shape[0] // k] * k])
+        return via.post(_bytes(recv), _bytes(send.contiguous()),
+                        [n * row for n in send_splits or [send.shape[0] // k] * k],
+                        [n * row for n in recv_splits or [recv.shape[0] // k] * k])
 
     def _overlap(self, work: Any, op: str, while_waiting: Callable[[], Any] | None,
                  released: Released | None) -> None:
@@ -232,6 +255,21 @@ class Collectives:
                 while_waiting()
         finally:
             self._wait(work, op, released)
+
+
+class _Leaders:
+    """The leaders' gloo group of a :class:`Hierarchy`: an all_to_all of bytes; close."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def post(self, recv: np.ndarray, send: np.ndarray, recv_sizes: list[int], send_sizes: list[int]) -> Any:
+        return dist.all_to_all_single(torch.from_numpy(recv), torch.from_numpy(send), recv_sizes, send_sizes,
+                                      group=self.group, async_op=True)
+
+    def close(self) -> None:  # its connections close once nothing refers to it
+        if dist.is_initialized():
+            dist.destroy_process_group(self.group)
 
 
 def _bytes(tensor: torch.Tensor) -> Any:

@@ -104,6 +104,11 @@ class SameHost:
         """Remove this rank's region name (every peer has mapped it)."""
         _release(self._named, [])
 
+    def leave(self) -> None:
+        """Let this rank's region lock go: its peers see it ended (``PeerLost``)."""
+        if self._fds:
+            fcntl.flock(self._fds[self.rank], fcntl.LOCK_UN)
+
     def close(self) -> None:
         """Let the regions go (peers still waiting on this rank see it gone)."""
         self._close()
@@ -181,7 +186,7 @@ class SameHost:
         except OSError:  # its owner holds the lock: it runs
             return
         raise PeerLost(f"rank {rank} of this host's exchange group ended while this rank "
-                       "waited for it (its process died?)")
+                       "waited for it (its process died, or it lost a peer on another host?)")
 
 
 def _path(region_nonce: int, rank: int) -> Path:
@@ -207,15 +212,16 @@ def _release(named: list[Path], fds: list[int]) -> None:
 def host_key(enabled: bool) -> int:
     """A number equal on ranks that share this host's ``/dev/shm`` (boot id, host name and
     the tmpfs's device and inode), and unique to this process when shared memory is
-    disabled or unusable."""
+    disabled or unusable. ``SHARDREPLAY_HOST`` in the environment, when set, stands for the
+    host name: tests group ranks of one machine into emulated hosts with it."""
     if not enabled or not os.access(SHM_DIR, os.W_OK):
         return nonce()
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = ""
-    st = SHM_DIR.stat()
-    digest = hashlib.blake2b(f"{boot}|{socket.gethostname()}|{st.st_dev}|{st.st_ino}".encode(),
+    st, name = SHM_DIR.stat(), os.environ.get("SHARDREPLAY_HOST") or socket.gethostname()
+    digest = hashlib.blake2b(f"{boot}|{name}|{st.st_dev}|{st.st_ino}".encode(),
                              digest_size=8).digest()
     return int.from_bytes(digest, "little") >> (64 - _KEY_BITS)
 

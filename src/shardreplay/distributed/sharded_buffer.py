@@ -75,8 +75,9 @@ class ShardedReplayBuffer:
             calls, and updates for other shards wait for the next exchange.
         shared_memory: when every rank runs on one host (gloo), run the exchanges'
             collectives and move exact mode's sampled records through ``/dev/shm``
-            instead of the process group (any rank passing False, or unable to create a
-            region, keeps all on the group).
+            instead of the process group; on several hosts, a host's ranks through it and
+            one leader per host over a gloo ``new_group`` of the leaders. Any rank passing
+            False, or unable to create a region, keeps all on the group.
         pipeline: run every exchange a call ahead on a background thread, through shared
             memory or over a process group of the buffer's own (``new_group``: every
             rank of the default group builds its buffer at the same point); :meth:`close`
@@ -120,13 +121,13 @@ class ShardedReplayBuffer:
             with contextlib.suppress(OSError):  # no region: this rank's host key is its own
                 host = SameHost(region_nonce, self.rank, self.world_size)
         mine = settings_of(local_buffer, mode, self.prefetch, pipeline, host_key(host is not None),
-                           region_nonce)
+                           region_nonce if host is not None else -1)
         agreed = SamplingSettings.from_tensor(comm.all_gather(mine.to_tensor(), _SETTINGS_OP))
         check_agreed(agreed, local_buffer, comm)
-        # The exchanges' own group: shared memory when every rank shares this host (then
-        # exact mode's records go through /dev/shm too), a new gloo group for the thread.
-        one_host = host is not None and bool((agreed.host_key == agreed.host_key[0]).all())
-        xcomm = (comm.shared_copy(host, agreed.nonce) if host is not None and one_host
+        # The exchanges' own group: shared memory when every rank has a region (and shares this
+        # host: then exact mode's records go there too), else gloo (a new group for the thread).
+        xcomm = (comm.shared_copy(host, agreed.nonce, agreed.host_key)
+                 if host is not None and (agreed.nonce >= 0).all()  # every rank made a region
                  else comm.private_copy() if pipeline else comm)
         layout = window_layout(local_buffer.spec, local_buffer.window)
         strategy: ExchangeStrategy = (
