@@ -31,8 +31,8 @@ namespaces joined by a link with D ms of delay each way (:func:`netns.delayed_li
 only): a veth pair with ``tc netem`` where the kernel has netem, else a TUN relay process; the
 line says which (``delay_kind``) and the link's measured TCP round trip (``link_rtt_ms``,
 :mod:`linkprobe`). ``--link-kind tun-relay`` takes the relay even where netem exists (with
-``--link-delay-ms 0``: what the relay alone costs). Records then go through the link
-(``shared_memory=False``), not ``/dev/shm``.
+``--link-delay-ms 0``: what the relay alone costs). Records then go through the link, not
+``/dev/shm`` (each namespace has a host name of its own: ``netns.enter``).
 
 ``--ranks K`` runs K ranks. With ``--link-delay-ms`` and K other than 2 (or ``--hub``) the
 ranks run in K namespaces on one routed network (:func:`netns.hosts`), each host's link to
@@ -40,7 +40,8 @@ the hub delayed by D/2 each way, so that any two ranks are again D apart each wa
 relays on the way, where it is the relay: ``link_rtt_ms`` says what the round trip is).
 
 ``--hosts H`` (with ``--hub``) makes H namespaces instead of K and puts rank ``r`` on host
-``r * H // K``: ranks on one host talk over its loopback, undelayed, as on a real machine.
+``r * H // K``: ranks on one host exchange through its ``/dev/shm`` and their host's leader
+with the other hosts' (the hierarchical exchange), as on a real machine.
 
 ``--gpu-step-ms X`` measures the sampling alone against a GPU learner step: instead of
 training, each step waits X ms (the CPU is free meanwhile, as while a GPU computes) and
@@ -194,7 +195,7 @@ def make_shard(name: str, capacity: int, seed: int, device: str = "cpu") -> Any:
     return buf
 
 
-def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: bool) -> dict:
+def _net_results(name: str, rank: int, args: argparse.Namespace) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -209,10 +210,8 @@ def _net_results(name: str, rank: int, args: argparse.Namespace, shared_memory: 
     agent = None if emulated else DoubleDqn(wrap(make_net(name), placement, world), DqnSettings(lr=1e-4))
     rng = np.random.default_rng(rank)
     local = make_shard(name, args.capacity[name], seed=100 + rank, device=args.device)
-    strict = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, shared_memory=shared_memory,
-                                 device=args.device)
-    piped = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, shared_memory=shared_memory,
-                                pipeline=True, device=args.device)
+    strict = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, device=args.device)
+    piped = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, pipeline=True, device=args.device)
     local_mode = ShardedReplayBuffer(local, timeout_s=300, prefetch=1, mode="local", device=args.device)
     sync = torch.cuda.synchronize if placement.device.type == "cuda" else (lambda: None)
     buffers = {"own": local, "strict": strict, "pipelined": piped, "local": local_mode}
@@ -284,8 +283,7 @@ def _rank(rank: int, args: argparse.Namespace, addr: str, port: int, ifname: str
         torch.set_num_threads(args.threads)
         dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=args.ranks,
                                 timeout=datetime.timedelta(seconds=300))
-        results = {name: _net_results(name, rank, args, shared_memory=not namespace)
-                   for name in args.nets}
+        results = {name: _net_results(name, rank, args) for name in args.nets}
         dist.destroy_process_group()
         out.put((rank, "ok", results))
     except BaseException as exc:

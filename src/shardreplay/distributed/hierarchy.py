@@ -53,13 +53,10 @@ class Hierarchy:
 
     def post(self, recv: np.ndarray, send: np.ndarray, send_sizes: list[int],
              recv_sizes: list[int]) -> Hierarchy:
-        """Start an all_to_all of bytes (as :meth:`SameHost.post`): show this host's ranks
-        the sizes; :meth:`wait` runs the rest."""
-        self._op = recv, send, send_sizes
-        row = np.array([*send_sizes, *recv_sizes], np.int64).view(np.uint8)
-        n = self.local.world
-        self._got = np.empty(n * row.size, np.uint8)
-        self.local.post(self._got, np.tile(row, n), [row.size] * n, [row.size] * n)
+        """Start an all_to_all of bytes (as :meth:`SameHost.post`): the sizes to this host's ranks."""
+        self._op, row = (recv, send, send_sizes), np.array([*send_sizes, *recv_sizes]).view(np.uint8)
+        self._got = np.empty(self.local.world * row.size, np.uint8)
+        self.local.post(self._got, *_joined([[row]] * self.local.world), [row.size] * self.local.world)
         return self
 
     def wait(self, timeout: datetime.timedelta) -> bool:
@@ -126,8 +123,7 @@ class Hierarchy:
         return _split(self._got, sizes)
 
     def close(self, leave: bool = False) -> None:
-        """Let the leaders' group go (its connections close), and the region, or with ``leave``
-        only its lock (the group broke: the ranks of this host waiting on this one see it ended)."""
+        """Let the leaders' group and the region go (``leave``: only its lock, its peers see it end)."""
         self.local.leave() if leave else self.local.close()
         leaders, self.leaders = self.leaders, None
         if leaders is not None:

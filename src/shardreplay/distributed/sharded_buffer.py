@@ -124,10 +124,11 @@ class ShardedReplayBuffer:
                            region_nonce if host is not None else -1)
         agreed = SamplingSettings.from_tensor(comm.all_gather(mine.to_tensor(), _SETTINGS_OP))
         check_agreed(agreed, local_buffer, comm)
-        # The exchanges' own group: shared memory when every rank has a region (and shares this
-        # host: then exact mode's records go there too), else gloo (a new group for the thread).
-        xcomm = (comm.shared_copy(host, agreed.nonce, agreed.host_key)
-                 if host is not None and (agreed.nonce >= 0).all()  # every rank made a region
+        # The exchanges' own group: shared memory when every rank has a region and some share a
+        # host (all: exact mode's records go there too), else gloo (a new group for the thread).
+        keys = agreed.host_key.tolist()
+        xcomm = (comm.shared_copy(host, agreed.nonce, keys)
+                 if host is not None and (agreed.nonce >= 0).all() and len(set(keys)) < len(keys)
                  else comm.private_copy() if pipeline else comm)
         layout = window_layout(local_buffer.spec, local_buffer.window)
         strategy: ExchangeStrategy = (
