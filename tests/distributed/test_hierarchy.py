@@ -161,8 +161,10 @@ def _shard(rank: int) -> sr.ReplayBuffer:
     return local
 
 
-def _draws(rank: int, world: int, hierarchical: bool, pipeline: bool, prefetch: int) -> dict:
-    if hierarchical:
+def _draws(rank: int, world: int, hierarchical: bool, pipeline: bool, prefetch: int,
+           emulate: bool = True) -> dict:
+    """Exact batches and their keys; ``emulate``: hosts by ``LAYOUTS`` (else the real host names)."""
+    if hierarchical and emulate:
         os.environ["SHARDREPLAY_HOST"] = f"emulated-{LAYOUTS[world][rank]}"
     buf = ShardedReplayBuffer(_shard(rank), shared_memory=hierarchical, pipeline=pipeline, prefetch=prefetch)
     group = internals_of(buf).exchange_group

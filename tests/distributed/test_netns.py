@@ -17,6 +17,7 @@ from pathlib import Path
 
 import linkprobe
 import netns
+import numpy as np
 import pytest
 
 from tests.distributed import test_sharded_distribution as strict
@@ -65,6 +66,32 @@ def test_pipelined_sharded_sampling_across_namespaces(link: netns.Link, tmp_path
     pipelined.test_an_update_of_step_t_lands_before_the_draw_of_step_t_plus_2(world)
     pipelined.test_checkpoint_save_and_load_with_a_draw_in_flight(world)
     pipelined.test_an_error_in_one_ranks_exchange_reaches_every_rank(world)
+
+
+def _flat_and_hierarchical(rank: int, world: int) -> dict:
+    from tests.distributed.test_hierarchy import _draws
+
+    return {"flat": _draws(rank, world, False, False, 1),
+            "hier": _draws(rank, world, True, False, 1, emulate=False),
+            "piped": _draws(rank, world, True, True, 1, emulate=False)}
+
+
+def test_hierarchical_exchange_across_namespaces() -> None:
+    """4 ranks on 2 namespaces (hosts of 2, each under its own host name, an undelayed routed
+    network): the exchange group is hierarchical and draws the flat path's batches."""
+    why = netns.unavailable()
+    if why:
+        pytest.skip(f"no network namespaces here: {why}")
+    with netns.hosts(2) as hosts:
+        places = [(hosts.namespaces[r // 2], hosts.addresses[0], hosts.ifname) for r in range(4)]
+        results = run_ranks(_flat_and_hierarchical, 4, places=places, port=29_600 + os.getpid() % 300,
+                            timeout_s=300)
+    assert all(r["piped"]["hierarchy"] for r in results)
+    for rank, r in enumerate(results):
+        assert (r["flat"]["hierarchy"], r["hier"]["hierarchy"]) == (False, True), rank
+        for name in ("keys", "obs", "weights"):
+            for a, b in zip(r["flat"][name], r["hier"][name], strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"rank {rank} {name}")
 
 
 def test_the_link_is_not_loopback_and_delays_every_round_trip(link: netns.Link) -> None:
