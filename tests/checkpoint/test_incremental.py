@@ -18,6 +18,7 @@ from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import check_complete, incomplete_reason, referenced_checkpoints
 from shardreplay.checkpoint.refs import MOST_REFS
 from shardreplay.errors import CheckpointError
+from shardreplay.storage.streams import StreamStorage
 from tests.checkpoint.helpers import (
     as_shard,
     assert_arrays_equal,
@@ -117,6 +118,28 @@ def test_an_incremental_part_writes_only_new_rows_of_the_arrays_fixed_at_write(t
         checkpoint.save(local, full, 2)
         assert_arrays_equal(_restored(tmp_path, 2, n, CAPACITY), _restored(full, 2, n, CAPACITY))
     assert_arrays_equal(_restored(tmp_path, 2, 1, CAPACITY), [shard_arrays(local)])
+
+
+def test_an_incremental_save_copies_the_new_steps_of_the_per_step_arrays_it_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its time follows the steps written since, not the capacity: of the per-step arrays it
+    copies the new steps (the segment table's own rows) but for the three its episode table
+    and seals need whole (the old code copied all five whole, then kept the new rows)."""
+    local = make_buffer(STREAMS, CAPACITY)
+    fill_random(local, 30)
+    checkpoint.save(local, tmp_path, 1, incremental=True)
+    fill_random(local, 5, seed=3)
+    copied: list[int] = []
+    joined = StreamStorage._joined
+
+    def spy(self: StreamStorage, arr: np.ndarray, *start: np.ndarray | None) -> np.ndarray:
+        out = joined(self, arr, *start)
+        copied.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(StreamStorage, "_joined", spy)
+    checkpoint.save(local, tmp_path, 2, incremental=True, keep_last=None)
+    assert sorted(copied) == [5 * STREAMS] * 2 + [35 * STREAMS] * 3  # generation, priority; 3 whole
 
 
 def test_a_restore_starts_a_new_chain(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,7 +24,6 @@ from shardreplay.samplers.schedules import Schedule
 from shardreplay.spec import Spec
 from shardreplay.storage import SEQUENCE_STEP_ARRAYS, STEP_ARRAYS, ArrayAllocator, StreamStorage
 from shardreplay.storage.allocate import advise_hugepages
-from shardreplay.storage.frames import StackPieces
 from shardreplay.storage.one_step import OneStepAdd, one_step_add
 from shardreplay.storage.streams import ring_runs
 
@@ -374,11 +373,13 @@ class Shard:
             sampler.max_priority = float(value)
 
     # -- checkpoints ------------------------------------------------------------------------
-    def export(self) -> dict[str, Any]:
+    def export(self, start: np.ndarray | None = None, whole: Collection[str] = ()) -> dict[str, Any]:
         """This shard's state for a checkpoint: as ``ReplayBuffer.state_dict`` but numpy,
         each user field a list of views into storage by row in time order (no copy; valid
-        until the next write)."""
-        return export_state(self, field_views=True)
+        until the next write); with ``start``, each row's steps ``[start[r], position[r])``
+        but the per-step arrays named in ``whole`` (a frame-stacked field: its stacks, as
+        pieces built when each is read)."""
+        return export_state(self, True, start, whole)
 
     @property
     def file_backed(self) -> bool:
@@ -408,18 +409,6 @@ class Shard:
     def fields(self) -> Mapping[str, np.ndarray]:
         """The stored user fields by flat slot (templates of their dtypes and shapes)."""
         return self._storage.fields
-
-    def fields_since(self, start: np.ndarray) -> dict[str, list[Any]]:
-        """Each user field's steps ``[start[r], position[r])`` of every row ``r``, in (row,
-        time) order, as pieces valid until the next write: views of a plain field, and for a
-        frame-stacked one its stacks, built when each piece is read (one empty array when
-        there are none)."""
-        storage = self._storage
-        out: dict[str, list[Any]] = {name: storage.row_pieces(v, start) for name, v in storage.fields.items()}
-        slots = storage.stored_slots(start=start)[0]
-        out.update({name: StackPieces.split(store, slots) if slots.shape[0] else [store.gather(slots)]
-                    for name, store in storage.stacked.items()})
-        return out
 
     def stacked_template(self, name: str) -> np.ndarray:
         """An empty array of frame-stacked field ``name``'s dtype and stack shape."""

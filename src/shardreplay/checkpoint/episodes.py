@@ -34,19 +34,16 @@ class Episodes:
 
 def find_episodes(step_type: np.ndarray, episode_id: np.ndarray, row_length: np.ndarray) -> Episodes:
     """Split exported steps into episode runs (vectorised)."""
-    n = step_type.shape[0]
-    row_of = np.repeat(np.arange(row_length.shape[0]), row_length)
-    if n == 0:
-        empty = np.empty(0, np.int64)
-        return Episodes(empty, empty, empty, empty, np.empty(0, bool))
-    boundary = np.ones(n, bool)
-    boundary[1:] = (episode_id[1:] != episode_id[:-1]) | (row_of[1:] != row_of[:-1])
+    n, ends = step_type.shape[0], np.cumsum(row_length)
+    boundary = np.zeros(n, bool)
+    boundary[1:] = episode_id[1:] != episode_id[:-1]
+    boundary[(ends - row_length)[row_length > 0]] = True  # each row's first step
     start = np.flatnonzero(boundary).astype(np.int64)
     length = np.diff(np.append(start, n)).astype(np.int64)
     last = start + length - 1
     partial = (step_type[start] != StepType.FIRST) | (step_type[last] != StepType.LAST)
-    return Episodes(start, length, row_of[start].astype(np.int64), episode_id[start].astype(np.int64),
-                    partial)
+    return Episodes(start, length, np.searchsorted(ends, start, "right").astype(np.int64),
+                    episode_id[start].astype(np.int64), partial)
 
 
 def apply_partial_policy(arrays: Mapping[str, Any], policy: str, start_fields: Collection[str] = (),

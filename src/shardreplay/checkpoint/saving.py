@@ -62,6 +62,7 @@ from shardreplay.spec import Spec
 
 log = logging.getLogger("shardreplay.checkpoint.save")  # the name users filter on
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_WHOLE_STEPS = ("step_type", "discount", "episode_id")
 
 
 def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, int, int]:
@@ -193,9 +194,8 @@ def _content(job: SaveJob) -> _Content:
     until the next write)."""
     shard, start = job.shard, job.start
     assert shard is not None and start is not None
-    state = shard.export()
-    if job.chain is not None:
-        state["arrays"].update({f"field.{n}": pieces for n, pieces in shard.fields_since(start).items()})
+    # A chained part reads its own steps only, but the episode table and seals need every step's.
+    state = shard.export(None if job.chain is None else start, whole=_WHOLE_STEPS)
     starts = [f"field.{n}" for n in shard.start_names]
     is_start = shard.stored_start_flags() if starts else None
     arrays, episodes, report = apply_partial_policy(state["arrays"], job.partial, starts, is_start)
@@ -214,7 +214,7 @@ def _content(job: SaveJob) -> _Content:
         arrays.update(step_type=state["arrays"]["step_type"], discount=state["arrays"]["discount"])
         arrays.update(_priority_blocks(job))
         chained_steps = tuple(k for k in CHAINABLE_STEPS if k in arrays)
-        arrays.update({k: arrays[k][own] for k in chained_steps if k != "priority"})
+        arrays.update({k: arrays[k][own] for k in _WHOLE_STEPS})
     empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
     empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
     part = ManifestPart(  # its size, block hashes and time (0, (), 0) are set when written

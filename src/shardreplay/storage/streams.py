@@ -3,7 +3,7 @@ layout: docs/internals.md, "Stream storage")."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -442,31 +442,33 @@ class StreamStorage:
         for writing without a copy."""
         return [arr[a:a + n] for a, n in ring_runs(self.pos, self.stream_capacity, start) if n]
 
-    def _joined(self, arr: np.ndarray) -> np.ndarray:
-        """A copy of ``arr``'s stored steps in (row, time) order (``arr[stored slots]``)."""
-        pieces = self.row_pieces(arr)
+    def _joined(self, arr: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+        """A copy of ``arr``'s stored steps (from ``start``) in (row, time) order."""
+        pieces = self.row_pieces(arr, start)
         return np.concatenate(pieces) if pieces else arr[:0].copy()
 
-    def export_steps(self, copy_fields: bool = True) -> dict[str, np.ndarray]:
-        """Every stored step in (row, time) order: user fields and per-step arrays, plus
-        ``row_length`` and ``row_pos``. Without ``copy_fields`` plain fields come as
-        lists of views (:meth:`row_pieces`) and frame-stacked fields as lists of
-        :class:`StackPieces` (whole stacks, built when each piece is read). An
-        ``at_starts`` field comes as the rows of the start steps only (in the same order),
-        always copied."""
-        slots, lengths = self.stored_slots()
+    def export_steps(self, copy_fields: bool = True, start: np.ndarray | None = None,
+                     whole: Collection[str] = ()) -> dict[str, np.ndarray]:
+        """Every stored step in (row, time) order (with ``start``, each row's steps from step
+        ``start[r]`` on, but the per-step arrays named in ``whole``): user fields and per-step
+        arrays, plus ``row_length`` and ``row_pos`` (of every stored step). Without
+        ``copy_fields`` plain fields come as lists of views (:meth:`row_pieces`) and
+        frame-stacked fields as lists of :class:`StackPieces` (whole stacks, built when each
+        piece is read). An ``at_starts`` field comes as the rows of the start steps only (in
+        the same order), always copied."""
+        slots = self.stored_slots(start=start)[0] if self.stacked or self.starts else np.empty(0, np.int64)
         # Copied by ring slices, not gathered by slot (a fancy index): the same arrays, a
         # fraction of the time, which a background save spends on the training thread.
-        out: dict[str, Any] = {f"field.{name}": self._joined(arr) if copy_fields else self.row_pieces(arr)
-                               for name, arr in self.fields.items()}
+        out: dict[str, Any] = {f"field.{name}": self._joined(arr, start) if copy_fields else
+                               self.row_pieces(arr, start) for name, arr in self.fields.items()}
         for name, store in self.stacked.items():
             lazy = not copy_fields and slots.shape[0]
             out[f"field.{name}"] = StackPieces.split(store, slots) if lazy else store.gather(slots)
         for name in self.starts:
             out[f"field.{name}"] = self.start_rows.export(name, slots)
         for name in self.step_arrays:
-            out[name] = self._joined(getattr(self, name))
-        out["row_length"] = lengths
+            out[name] = self._joined(getattr(self, name), None if name in whole else start)
+        out["row_length"] = np.minimum(self.pos, self.stream_capacity)
         out["row_pos"] = self.pos.copy()
         return out
 
