@@ -106,8 +106,7 @@ class SameHost:
 
     def leave(self) -> None:
         """Let this rank's region lock go: its peers see it ended (``PeerLost``)."""
-        if self._fds:
-            fcntl.flock(self._fds[self.rank], fcntl.LOCK_UN)
+        fcntl.flock(self._fds[self.rank], fcntl.LOCK_UN)
 
     def close(self) -> None:
         """Let the regions go (peers still waiting on this rank see it gone)."""
