@@ -260,10 +260,8 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace) -> dict[st
 
 def _floor(comm: Any, calls: int = 200) -> dict[str, float]:
     """Median ms of the smallest collectives a step issues (the per-collective floor)."""
-    import torch
-
-    small = torch.zeros(4, dtype=torch.float64)
-    counts = torch.zeros(comm.world_size, dtype=torch.int64)
+    small = np.zeros(4, np.float64)
+    counts = np.zeros(comm.world_size, np.int64)
     ones = [1] * comm.world_size
     ops = {"all_gather_4xf64": lambda: comm.all_gather(small, "floor"),
            "all_to_all_1xi64": lambda: comm.all_to_all(counts, ones, ones, "floor")}

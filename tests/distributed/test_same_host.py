@@ -19,7 +19,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import torch
 import torch.distributed as dist
 
 from shardreplay.distributed.group import Collectives
@@ -38,7 +37,7 @@ def _groups(rank: int, world: int, timeout_s: float = 60.0) -> tuple[Collectives
     comm = Collectives(timeout_s=timeout_s)
     mine = nonce()
     host = SameHost(mine, rank, world)
-    nonces = comm.all_gather(torch.tensor([mine]), "nonces").reshape(-1).numpy()
+    nonces = comm.all_gather(np.array([mine]), "nonces").reshape(-1)
     return comm, comm.shared_copy(host, nonces), nonces.tolist()
 
 
@@ -46,7 +45,7 @@ def _names(nonces: list[int]) -> list[str]:
     return sorted(p.name for n in nonces for p in SHM_DIR.glob(f"shardreplay-{n:016x}-*"))
 
 
-def _calls(comm: Collectives, rank: int, world: int, log: list[str]) -> list[torch.Tensor]:
+def _calls(comm: Collectives, rank: int, world: int, log: list[str]) -> list[np.ndarray]:
     """The same collectives on ``comm`` (``log``: what ran while waiting and released)."""
 
     @contextlib.contextmanager
@@ -57,15 +56,15 @@ def _calls(comm: Collectives, rank: int, world: int, log: list[str]) -> list[tor
     big = CHUNK // 2 + 1000  # several rounds per message
     sizes = [[(s + r) % 3 for r in range(world)] for s in range(world)]  # rows s sends r (0 too)
     large = [[big + 77 * (s + r) for r in range(world)] for s in range(world)]
-    row = torch.arange(3 * sum(sizes[rank]), dtype=torch.int64).reshape(-1, 3) + 1000 * rank
-    blob = torch.from_numpy(np.random.default_rng(rank).integers(0, 256, sum(large[rank]), np.uint8))
+    row = np.arange(3 * sum(sizes[rank]), dtype=np.int64).reshape(-1, 3) + 1000 * rank
+    blob = np.random.default_rng(rank).integers(0, 256, sum(large[rank]), np.uint8)
     return [
-        comm.all_gather(torch.arange(7) + 10 * rank, "ints", while_waiting=lambda: log.append("ran")),
-        comm.all_gather(torch.full((3, 4), rank + 0.5, dtype=torch.float64), "floats", released=released),
-        comm.all_gather(torch.full((CHUNK + 1000,), rank, dtype=torch.uint8), "rounds"),
+        comm.all_gather(np.arange(7) + 10 * rank, "ints", while_waiting=lambda: log.append("ran")),
+        comm.all_gather(np.full((3, 4), rank + 0.5, np.float64), "floats", released=released),
+        comm.all_gather(np.full((CHUNK + 1000,), rank, np.uint8), "rounds"),
         comm.all_to_all(row, sizes[rank], [sizes[s][rank] for s in range(world)], "rows"),
         comm.all_to_all(blob, large[rank], [large[s][rank] for s in range(world)], "large rows"),
-        comm.all_to_all(torch.empty(0, 2), [0] * world, [0] * world, "nothing"),
+        comm.all_to_all(np.empty((0, 2)), [0] * world, [0] * world, "nothing"),
     ]
 
 
@@ -80,7 +79,7 @@ def _same_results(rank: int, world: int) -> dict:
     if rank:  # rank 0 waits past a slice: it asks whether the others live (they do)
         time.sleep(0.3)
     got = _calls(shm, rank, world, logs[1])
-    out = {"equal": [bool(torch.equal(a, b)) for a, b in zip(want, got, strict=True)],
+    out = {"equal": [a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(want, got, strict=True)],
            "shapes": [tuple(a.shape) for a in got], "issued": shm.issued, "logs": logs,
            "names_set_up": _names(nonces)}  # every rank has passed the setup
     shm.destroy()
@@ -104,7 +103,7 @@ def _absent_peer(rank: int, world: int) -> dict:
     if rank == 0:
         start = time.monotonic()
         try:
-            shm.all_gather(torch.ones(2), "the absent peer's op")
+            shm.all_gather(np.ones(2), "the absent peer's op")
         except CollectiveTimeout as exc:
             out = {"type": type(exc).__name__, "error": str(exc), "seconds": time.monotonic() - start}
     dist.barrier()  # rank 1 lives (and never joins the shared-memory collective) until then
@@ -120,13 +119,13 @@ def test_a_peer_that_never_arrives_times_out_naming_the_op_and_rank() -> None:
 
 def _killed_peer(rank: int, world: int) -> dict:
     _, shm, nonces = _groups(rank, world, timeout_s=60.0)
-    shm.all_gather(torch.ones(2), "warm-up")
+    shm.all_gather(np.ones(2), "warm-up")
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.5)
     start = time.monotonic()
     try:
-        shm.all_gather(torch.ones(2), "after the crash")
+        shm.all_gather(np.ones(2), "after the crash")
     except PeerLost as exc:
         return {"error": str(exc), "seconds": time.monotonic() - start, "nonces": nonces}
     return {"error": None}

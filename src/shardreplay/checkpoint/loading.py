@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.restore import RestoreSession
@@ -166,11 +165,11 @@ def _agree(buffer: ReplayBuffer | ShardedReplayBuffer, failed: bool, complete: b
     which also tells every rank the shards' key tags)."""
     if not isinstance(buffer, ShardedReplayBuffer):
         return ([0] if failed else []), complete
-    mine = torch.tensor([int(failed), int(complete), shard_of_buffer(buffer.local).key_tag])
+    mine = np.array([int(failed), int(complete), shard_of_buffer(buffer.local).key_tag], np.int64)
     internals = internals_of(buffer)
-    flags = internals.collectives.all_gather(mine, "checkpoint.load(agree)").cpu().reshape(-1, 3)
-    internals.router.learn_key_tags(flags[:, 2].numpy())
-    return [int(r) for r in torch.nonzero(flags[:, 0]).reshape(-1)], bool(flags[:, 1].all())
+    flags = internals.collectives.all_gather(mine, "checkpoint.load(agree)")
+    internals.router.learn_key_tags(flags[:, 2])
+    return np.flatnonzero(flags[:, 0]).tolist(), bool(flags[:, 1].all())
 
 
 def _new_layout(buffer: ReplayBuffer | ShardedReplayBuffer) -> NewLayout:
@@ -179,9 +178,8 @@ def _new_layout(buffer: ReplayBuffer | ShardedReplayBuffer) -> NewLayout:
     local, _shard, num_shards = shard_of(buffer)
     if not isinstance(buffer, ShardedReplayBuffer):
         return NewLayout.even(num_shards, local.num_streams, local.stream_capacity)
-    mine = torch.tensor([local.num_streams, local.stream_capacity], dtype=torch.int64)
-    comm = internals_of(buffer).collectives
-    rows = comm.all_gather(mine, "checkpoint.load(layout)").cpu().reshape(-1, 2).tolist()
+    mine = np.array([local.num_streams, local.stream_capacity], np.int64)
+    rows = internals_of(buffer).collectives.all_gather(mine, "checkpoint.load(layout)").tolist()
     return NewLayout(tuple(int(n) for n, _c in rows), tuple(int(c) for _n, c in rows))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import torch
+import numpy as np
 
 from shardreplay import _signals
 from shardreplay.checkpoint.manifest import checkpoint_dir, is_complete
@@ -157,9 +157,9 @@ class CheckpointTrigger:
         if self._comm is None:
             agreed = local
         else:
-            flags = self._comm.all_gather(torch.tensor([int(local)], dtype=torch.int64),
+            flags = self._comm.all_gather(np.array([int(local)], np.int64),
                                           "CheckpointTrigger.should_save(agree request)")
-            agreed = bool(flags.max().item())
+            agreed = bool(flags.max())
         if agreed:
             self.request_served()  # every rank tries: none can see it again next step
         return agreed

@@ -9,7 +9,6 @@ import json
 from typing import Any
 
 import numpy as np
-import torch
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import shard_of_buffer
@@ -94,7 +93,7 @@ def _gather_specs(local: ReplayBuffer, comm: Collectives, longest: int) -> list[
     text = _spec_bytes(local)
     mine[:8] = np.frombuffer(np.int64(len(text)).tobytes(), np.uint8)
     mine[8:8 + len(text)] = np.frombuffer(text, np.uint8)
-    rows = comm.all_gather(torch.from_numpy(mine), _SPEC_OP).cpu().numpy()
+    rows = comm.all_gather(mine, _SPEC_OP)
     out = []
     for row in rows:
         n = int(row[:8].view(np.int64)[0])

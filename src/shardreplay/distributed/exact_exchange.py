@@ -100,9 +100,8 @@ class ExactExchange:
             kernels.write_columns(send, rows, mask.view(np.uint8), keys, me, draw.probabilities, st.mass,
                                   self._columns_at)  # q * mass: divided by the total below
         if shared is not None:
-            post_all = self._comm.all_gather(torch.from_numpy(post),
-                                             "ShardedReplayBuffer.sample(records written)",
-                                             released=released).cpu().numpy()
+            post_all = self._comm.all_gather(post, "ShardedReplayBuffer.sample(records written)",
+                                             released=released)
             if not post_all[:, 0].all():
                 self._shared = None
                 return self._exchange(post_all[:, 1], batches, u, k, False, released, again=True)
@@ -112,10 +111,10 @@ class ExactExchange:
             assert send is not None
             for first in firsts:
                 send[first - head:first].reshape(-1)[:32] = post.view(np.uint8)
-            recv = self._comm.all_to_all(torch.from_numpy(send).reshape(-1), ((sent + head) * rb).tolist(),
+            recv = self._comm.all_to_all(send.reshape(-1), ((sent + head) * rb).tolist(),
                                          ((sections[me] + head) * rb).tolist(),
                                          "ShardedReplayBuffer.sample(records)", released=released)
-            sources = np.split(recv.cpu().numpy().reshape(-1, rb), np.cumsum(sections[me] + head)[:-1])
+            sources = np.split(recv.reshape(-1, rb), np.cumsum(sections[me] + head)[:-1])
             post_all = np.stack([s[:head].reshape(-1)[:32].view(np.float64) for s in sources])
             sources = [s[head:] for s in sources]
         new = np.ascontiguousarray(post_all[:, 1])

@@ -42,25 +42,25 @@ class _Row:
 
     _FLOATS: ClassVar[frozenset[str]] = frozenset()
 
-    def to_tensor(self) -> torch.Tensor:
+    def to_row(self) -> np.ndarray:
         """This record as one int64 row: scalars in field order, then ``tail``."""
         names, codes = self._layout()
         row = np.frombuffer(struct.pack(codes, *(getattr(self, name) for name in names)), np.int64)
         tail = np.asarray(getattr(self, "tail", ()), np.int64).reshape(-1)
-        return torch.from_numpy(np.concatenate([row, tail]))
+        return np.concatenate([row, tail])
 
     @classmethod
-    def from_tensor(cls: type[_R], rows: torch.Tensor) -> _R:
-        """The rows of every rank (``[K, n]`` from ``all_gather``, any device) as one record
-        whose fields are ``[K]`` columns (``tail``: ``[K, m]``).
+    def from_rows(cls: type[_R], rows: np.ndarray) -> _R:
+        """The rows of every rank (``[K, n]`` from ``all_gather``) as one record whose
+        fields are ``[K]`` columns (``tail``: ``[K, m]``).
 
         Raises:
             ConfigError: ``rows`` is not two-dimensional.
         """
         if rows.ndim != 2:
-            raise ConfigError(f"{cls.__name__}.from_tensor takes the gathered [ranks, n] rows")
+            raise ConfigError(f"{cls.__name__}.from_rows takes the gathered [ranks, n] rows")
         names, codes = cls._layout()
-        table = rows.cpu().numpy().astype(np.int64, copy=False)
+        table = rows.astype(np.int64, copy=False)
         cols: dict[str, Any] = {
             name: table[:, i].view(np.float64) if code == "d" else table[:, i].copy()
             for i, (name, code) in enumerate(zip(names, codes[1:], strict=True))}
@@ -211,14 +211,14 @@ class Refill:
         early = self.strategy.start(n, k) if not len(pending) else None
         box: list[Any] = []
         run = None if early is None else lambda: box.append(early())
-        rows, _ = self._router.send(self._stats(n).to_tensor().numpy(), pending, STATS_OPS, released, run)
-        stats = ExchangeStats.from_tensor(torch.from_numpy(rows))  # its tail: the counts sent
+        rows, _ = self._router.send(self._stats(n).to_row(), pending, STATS_OPS, released, run)
+        stats = ExchangeStats.from_rows(rows)  # its tail: the counts sent
         self._router.learn_key_tags(stats.key_tag)
         if stats.tail.any() and self.strategy.agree_every > 1:  # updates landed: the draw must see
             # them (exact mode's draw has every shard's new figures sent with its records)
-            rows_again = self._comm.all_gather(self._stats(n).to_tensor(),
+            rows_again = self._comm.all_gather(self._stats(n).to_row(),
                                                "ShardedReplayBuffer.sample(stats again)", released=released)
-            stats, box = ExchangeStats.from_tensor(rows_again), []
+            stats, box = ExchangeStats.from_rows(rows_again), []
         self._shard.raise_max_priority(float(stats.max_priority.max()))
         if stats.samplable.sum() == 0 or stats.mass.sum() <= 0:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")

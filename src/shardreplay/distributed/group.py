@@ -143,13 +143,13 @@ class Collectives:
             host.close()  # made for all the ranks: a host's ranks make their own
             mine = next(h for h in hosts if self.rank in h)
             host = SameHost(nonce(), mine.index(self.rank), len(mine))
-            host.join(self.all_gather(torch.tensor([host.nonce]), "ShardedReplayBuffer(host regions)")
-                      .reshape(-1).numpy()[mine])
+            host.join(self.all_gather(np.array([host.nonce]), "ShardedReplayBuffer(host regions)")
+                      .reshape(-1)[mine])
             ranks = dist.get_process_group_ranks(self.group if self.group is not None else dist.group.WORLD)
             apart, lead = self.world_size < dist.get_world_size(), self.rank == mine[0]
             group = self._new_group([ranks[h[0]] for h in hosts], apart) if lead or not apart else None
             shared.hierarchy = Hierarchy(host, hosts, self.rank, _Leaders(group) if lead else None)
-        shared.all_gather(torch.zeros(1), "ShardedReplayBuffer(shared-memory collectives)")
+        shared.all_gather(np.zeros(1), "ShardedReplayBuffer(shared-memory collectives)")
         host.forget_name()  # every rank has mapped every region
         shared.issued = 0  # as a new group's (new_group is not counted either)
         return shared
@@ -191,60 +191,66 @@ class Collectives:
         return CollectiveTimeout(f"{op} failed {where}: {text} (a peer rank crashed, or calls "
                                  "collectives in another order?)")
 
-    def all_gather(self, tensor: torch.Tensor, op: str,
-                   while_waiting: Callable[[], Any] | None = None,
-                   released: Released | None = None) -> torch.Tensor:
-        """Stack ``tensor`` from every rank: result ``[world_size, *tensor.shape]``.
+    def all_gather(self, array: np.ndarray, op: str, while_waiting: Callable[[], Any] | None = None,
+                   released: Released | None = None) -> np.ndarray:
+        """Stack ``array`` from every rank: ``[world_size, *array.shape]`` (numpy in and out).
 
         ``while_waiting`` runs between issuing and waiting (:meth:`_overlap`), so local
         work overlaps the exchange; the wait runs inside ``released()`` (a pipelined
         buffer's shard lock let go, so the learner's thread can write meanwhile).
         """
-        tensor = tensor.to(self.device).contiguous()
-        out = torch.empty((self.world_size * tensor.numel(),), dtype=tensor.dtype, device=self.device)
-        if self.backend == "gloo":
-            # gloo's all_gather is a ring: K-1 dependent steps, each a round trip (a send
-            # waits for the receiver's "ready", posted once its previous step is done). Its
-            # all_to_all sends to every peer at once: one round trip at any K.
-            work = self._all_to_all_single(out, tensor.reshape(-1).repeat(self.world_size), None, None)
-        else:
-            work = dist.all_gather_into_tensor(out, tensor.reshape(-1), group=self.group, async_op=True)
-        self._overlap(work, op, while_waiting, released)
-        return out.reshape(self.world_size, *tensor.shape)
+        array = np.ascontiguousarray(array)
+        out = np.empty((self.world_size, *array.shape), array.dtype)
+        # gloo's all_gather is a ring: K-1 dependent steps, each a round trip (a send waits
+        # for the receiver's "ready", posted once its previous step is done). Its
+        # all_to_all sends to every peer at once: one round trip at any K.
+        gather, k = self.backend != "gloo", self.world_size
+        send = array.reshape(1, -1) if gather else np.tile(array.reshape(1, -1), (k, 1))
+        self._run(out.reshape(k, array.size), send, None, None, op, while_waiting, released, gather)
+        return out
 
     def all_reduce_sum(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         """Element-wise sum over ranks (returns a new tensor)."""
-        tensor = tensor.to(self.device).clone()
         if self.same_host is not None or self.hierarchy is not None:
-            return self.all_gather(tensor, op).sum(0)
+            return torch.from_numpy(self.all_gather(tensor.cpu().numpy(), op).sum(0))
+        tensor = tensor.to(self.device).clone()
         self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), op, None)
         return tensor
 
-    def all_to_all(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int],
+    def all_to_all(self, send: np.ndarray, send_splits: list[int], recv_splits: list[int],
                    op: str, while_waiting: Callable[[], Any] | None = None,
-                   released: Released | None = None) -> torch.Tensor:
-        """Send rows ``send_splits[r]`` of ``send`` to rank ``r``; receive ``recv_splits``.
+                   released: Released | None = None) -> np.ndarray:
+        """Send rows ``send_splits[r]`` of ``send`` to rank ``r``; receive ``recv_splits``
+        (numpy in and out). ``while_waiting`` and ``released`` as in :meth:`all_gather`."""
+        send = np.ascontiguousarray(send)
+        recv = np.empty((sum(recv_splits), *send.shape[1:]), send.dtype)
+        return self._run(recv, send, recv_splits, send_splits, op, while_waiting, released)
 
-        ``while_waiting`` and ``released`` as in :meth:`all_gather`.
-        """
-        send = send.to(self.device)
-        recv = torch.empty((sum(recv_splits), *send.shape[1:]), dtype=send.dtype, device=self.device)
-        work = self._all_to_all_single(recv, send, recv_splits, send_splits)
-        self._overlap(work, op, while_waiting, released)
-        return recv
-
-    def _all_to_all_single(self, recv: torch.Tensor, send: torch.Tensor, recv_splits: list[int] | None,
-                           send_splits: list[int] | None) -> Any:
-        """Issue ``all_to_all_single`` (splits in rows; None: equal) on the group, or
-        through shared memory."""
+    def _run(self, recv: np.ndarray, send: np.ndarray, recv_splits: list[int] | None,
+             send_splits: list[int] | None, op: str, while_waiting: Callable[[], Any] | None,
+             released: Released | None, gather: bool = False) -> np.ndarray:
+        """Issue ``all_to_all_single`` (splits in rows; None: equal), or with ``gather``
+        ``all_gather_into_tensor``, through shared memory (and the hosts' leaders) or on the
+        group; ``recv`` filled."""
+        k = self.world_size
         via = self.same_host or self.hierarchy
-        if via is None:
-            return dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group,
-                                          async_op=True)
-        row, k = math.prod(send.shape[1:]) * send.element_size(), self.world_size
-        return via.post(_bytes(recv), _bytes(send.contiguous()),
-                        [n * row for n in send_splits or [send.shape[0] // k] * k],
-                        [n * row for n in recv_splits or [recv.shape[0] // k] * k])
+        if via is not None:
+            row = send.itemsize * math.prod(send.shape[1:])
+            work: Any = via.post(recv.reshape(-1).view(np.uint8), send.reshape(-1).view(np.uint8),
+                                 [n * row for n in send_splits or [send.shape[0] // k] * k],
+                                 [n * row for n in recv_splits or [recv.shape[0] // k] * k])
+            self._overlap(work, op, while_waiting, released)
+            return recv
+        into, out = (torch.from_numpy(a).to(self.device) for a in (recv, send))
+        group = self.group
+        if gather:
+            work = dist.all_gather_into_tensor(into.reshape(-1), out.reshape(-1), group=group, async_op=True)
+        else:
+            work = dist.all_to_all_single(into, out, recv_splits, send_splits, group=group, async_op=True)
+        self._overlap(work, op, while_waiting, released)
+        if into.device.type != "cpu":
+            recv[...] = into.cpu().numpy()
+        return recv
 
     def _overlap(self, work: Any, op: str, while_waiting: Callable[[], Any] | None,
                  released: Released | None) -> None:
@@ -271,7 +277,3 @@ class _Leaders:
         if dist.is_initialized():
             dist.destroy_process_group(self.group)
 
-
-def _bytes(tensor: torch.Tensor) -> Any:
-    """A contiguous CPU tensor's bytes, as a flat uint8 numpy view."""
-    return tensor.numpy().reshape(-1).view(np.uint8)

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from shardreplay.buffer.checks import (
     as_index_array,
@@ -156,8 +155,8 @@ class PriorityRouter:
         k, me, h = self.world_size, self.rank, head.size
         slot = self._slots.get(ops[0], 0) if slot is None else slot
         block, payload, counts = kernels.pack_updates(*pending.take(), head, k, slot)
-        got = self._comm.all_to_all(torch.from_numpy(block), [1] * k, [1] * k, ops[0],
-                                    while_waiting=while_waiting, released=released).cpu().numpy()
+        got = self._comm.all_to_all(block, [1] * k, [1] * k, ops[0], while_waiting=while_waiting,
+                                    released=released)
         matrix = got[:, h:h + k]  # matrix[r, o]: updates rank r sends owner o
         # Sized for the next call from the last counts that were not all 0 (alike on every
         # rank), with room for the counts to vary from step to step.
@@ -169,8 +168,8 @@ class PriorityRouter:
         if rest.any():  # alike on every rank: every rank sees every count
             firsts = np.cumsum(counts) - counts
             send = np.concatenate([payload[firsts[o] + slot:firsts[o] + counts[o]] for o in range(k)])
-            extra = self._comm.all_to_all(torch.from_numpy(send), rest[me].tolist(), rest[:, me].tolist(),
-                                          ops[1], released=released).cpu().numpy()
+            extra = self._comm.all_to_all(send, rest[me].tolist(), rest[:, me].tolist(), ops[1],
+                                          released=released)
         keys, prios = kernels.unpack_updates(got, h, me, slot, extra, np.ascontiguousarray(rest[:, me]))
         applied = self._shard.apply_routed(keys, prios)
         return got[:, :h + k], applied
@@ -201,9 +200,9 @@ class PriorityRouter:
         """Spread the owners' running maxima after routed updates landed: only applied
         priorities count (an owner skips a stale key, as one buffer does), so the sender's
         value cannot be taken on trust."""
-        mine = torch.tensor([np.float64(self._shard.max_priority).view(np.int64)], dtype=torch.int64)
+        mine = np.array([self._shard.max_priority], np.float64)
         got = self._comm.all_gather(mine, "ShardedReplayBuffer.update_priorities(max priority)")
-        self._shard.raise_max_priority(float(got.cpu().numpy().reshape(-1).view(np.float64).max()))
+        self._shard.raise_max_priority(float(got.max()))
 
     def _apply_own(self, keys: np.ndarray, prios: np.ndarray) -> int:
         return self._shard.apply_priorities(keys, prios) if keys.size else 0

@@ -122,7 +122,7 @@ class ShardedReplayBuffer:
                 host = SameHost(region_nonce, self.rank, self.world_size)
         mine = settings_of(local_buffer, mode, self.prefetch, pipeline, host_key(host is not None),
                            region_nonce if host is not None else -1)
-        agreed = SamplingSettings.from_tensor(comm.all_gather(mine.to_tensor(), _SETTINGS_OP))
+        agreed = SamplingSettings.from_rows(comm.all_gather(mine.to_row(), _SETTINGS_OP))
         check_agreed(agreed, local_buffer, comm)
         # The exchanges' own group: shared memory when every rank has a region and some share a
         # host (all: exact mode's records go there too), else gloo (a new group for the thread).
