@@ -83,19 +83,18 @@ class ExactExchange:
         requester and batch (``spare``: more than ``masses`` give) and sends them with its
         ``[written, mass, min leaf, max priority]``; ``again``: the counts of ``masses`` are final."""
         me, rb, n = self.rank, self._layout.record_bytes, int(batches[self.rank])
-        planned = _counts(masses, batches, u, self._widen if spare else 0.0)  # [requester, batch, owner]
-        sections = planned.sum(axis=1)  # [requester, owner]: rows an owner draws for a requester
+        # [requester, batch, owner]: items each owner draws for each requester's batches
+        planned = _counts(masses, batches, u, self._widen if spare else 0.0)
         shared = self._shared
-        if shared is not None:
-            shared.plan(sections.sum(axis=0))
         head = 0 if shared is not None else -(-32 // rb)  # rows before each all_to_all section: post
-        sent = sections[:, me]
-        send = self._send_buffer(shared, int(sent.sum()) + head * self.world_size)
+        owner_rows, sent, firsts, peer_first, mine = kernels.plan(planned, me, head)
+        if shared is not None:
+            shared.plan(owner_rows)
+        send = self._send_buffer(shared, int(owner_rows[me]) + head * self.world_size)
         st = self.local.stats()
         post = np.array([send is not None, st.mass, st.min_leaf, self.local.max_priority], np.float64)
-        firsts = np.cumsum(sent + head) - sent  # each requester's first row
-        if send is not None and st.mass > 0 and sent.any():
-            draw, rows = self.local.draw(int(sent.sum()), advance_schedule=False), ranges(firsts, sent)
+        if send is not None and st.mass > 0 and owner_rows[me]:
+            draw, rows = self.local.draw(int(owner_rows[me]), advance_schedule=False), ranges(firsts, sent)
             mask, keys = self.local.gather(draw.starts, into=(send, self._data_at, rows))
             kernels.write_columns(send, rows, mask.view(np.uint8), keys, me, draw.probabilities, st.mass,
                                   self._columns_at)  # q * mass: divided by the total below
@@ -105,41 +104,40 @@ class ExactExchange:
             if not post_all[:, 0].all():
                 self._shared = None
                 return self._exchange(post_all[:, 1], batches, u, k, False, released, again=True)
-            sources = [shared.peer_rows(o, int(first), int(count)) for o, (first, count)
-                       in enumerate(zip(planned[:me].sum(axis=(0, 1)), sections[me], strict=True))]
+            sources = [shared.peer_rows(o, first, count) for o, (first, count)
+                       in enumerate(zip(peer_first.tolist(), mine.tolist(), strict=True))]
         else:
             assert send is not None
             for first in firsts:
                 send[first - head:first].reshape(-1)[:32] = post.view(np.uint8)
             recv = self._comm.all_to_all(send.reshape(-1), ((sent + head) * rb).tolist(),
-                                         ((sections[me] + head) * rb).tolist(),
-                                         "ShardedReplayBuffer.sample(records)", released=released)
-            sources = np.split(recv.reshape(-1, rb), np.cumsum(sections[me] + head)[:-1])
+                                         ((mine + head) * rb).tolist(), "ShardedReplayBuffer.sample(records)",
+                                         released=released)
+            sources = np.split(recv.reshape(-1, rb), np.cumsum(mine + head)[:-1])
             post_all = np.stack([s[:head].reshape(-1)[:32].view(np.float64) for s in sources])
             sources = [s[head:] for s in sources]
         new = np.ascontiguousarray(post_all[:, 1])
-        same = again or (not spare and np.array_equal(new, masses))
+        same = again or (not spare and new.tolist() == masses.tolist())
         final = planned if same else _counts(new, batches, u)
         if spare and not again:  # alike on every rank: twice the last move of the CDF, next time
-            edges = [np.cumsum(m) / np.sum(m) for m in (masses, new)]
-            self._widen = max(2 * float(np.abs(edges[1] - edges[0]).max()), 1e-4)
-        if (final > planned).any():  # alike on every rank: all see every count
+            self._widen = max(2 * float(kernels.moved(masses, new)), 1e-4)
+        if not same and (final > planned).any():  # alike on every rank: all see every count
             return self._exchange(new, batches, u, k, False, released, again=True)
-        total = float(new.sum())
-        self.local.raise_max_priority(float(post_all[:, 3].max()))
+        total, low, top = float(new.sum()), float(post_all[:, 2].min()), float(post_all[:, 3].max())
+        self.local.raise_max_priority(top)
         records = torch.empty((k * n, rb), dtype=torch.uint8, pin_memory=self._pin)
         out = records.numpy()
-        drawn, got = planned[me], final[me]  # [batch, owner]: items drawn, items taken
-        src = (np.cumsum(drawn, axis=0) - drawn).tolist()  # a batch's first row in an owner's block
-        dst = (np.cumsum(got, axis=1) - got + np.arange(0, k * n, n).reshape(-1, 1)).tolist()
-        for b, row in enumerate(got.tolist()):
-            for o, m in enumerate(row):
-                out[dst[b][o]:dst[b][o] + m] = sources[o][src[b][o]:src[b][o] + m]
+        drawn, got, at = planned[me].tolist(), final[me].tolist(), [0] * self.world_size  # [batch][owner]
+        for b in range(k):  # batch b: rows b * n.. from each owner in turn; at: an owner's next drawn row
+            row = b * n
+            for o, m in enumerate(got[b]):
+                out[row:row + m] = sources[o][at[o]:at[o] + m]
+                row, at[o] = row + m, at[o] + drawn[b][o]
         views = self._layout.views(out)
         views["probability"] /= total
         parts = {name: torch.from_numpy(v) for name, v in views.items()}
         return split_batches(data_parts(parts), parts["mask"], parts["key"], parts["probability"], n,
-                             total, float(post_all[:, 2].min()), 1.0, self.local.current_beta(), records)
+                             total, low, 1.0, self.local.current_beta(), records)
 
     @property
     def uses_shared_memory(self) -> bool:

@@ -38,14 +38,16 @@ _SPIN = 20  # reads of a peer's counter before sleeping on it
 _SYS_FUTEX = {"x86_64": 202}.get(platform.machine())
 _WAIT, _WAKE, _ETIMEDOUT = 0, 1, 110
 _LIBC = ctypes.CDLL(None, use_errno=True) if _SYS_FUTEX else None
+if _LIBC is not None:  # typed once: a call converts plain ints (no c_long objects per call)
+    _LIBC.syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_long]
 
 
 def _futex(address: int, op: int, value: int, wait_s: float = 0.0) -> int:
     """One futex call on the shared word at ``address`` (ctypes lets the GIL go); its errno."""
     assert _LIBC is not None and _SYS_FUTEX is not None
-    span = (ctypes.c_long * 2)(int(wait_s), int(wait_s % 1 * 1e9))
-    rc = _LIBC.syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(address), ctypes.c_long(op),
-                       ctypes.c_long(value), ctypes.byref(span), None, ctypes.c_long(0))
+    span = ctypes.byref((ctypes.c_long * 2)(int(wait_s), int(wait_s % 1 * 1e9))) if op == _WAIT else None
+    rc = _LIBC.syscall(_SYS_FUTEX, address, op, value, span, None, 0)
     return ctypes.get_errno() if rc < 0 else 0
 
 

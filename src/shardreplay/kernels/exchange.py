@@ -34,6 +34,34 @@ def counts(masses, batches, u, widen):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def plan(planned, me, head):  # pragma: no cover - compiled
+    """Of the counts ``planned`` (:func:`counts`), per rank ``r``: the rows each owner ``r``
+    draws in all, the rows ``me`` draws for requester ``r`` and where they start in its
+    send buffer (``head`` rows before each requester's), where ``me``'s rows start in
+    owner ``r``'s area, and how many they are."""
+    world = planned.shape[0]
+    owner_rows, sent, firsts = np.zeros(world, np.int64), np.zeros(world, np.int64), np.zeros(world, np.int64)
+    peer_first, mine = np.zeros(world, np.int64), np.zeros(world, np.int64)
+    at = 0
+    for r in range(world):
+        for b in range(planned.shape[1]):
+            for o in range(world):
+                owner_rows[o] += planned[r, b, o]
+                peer_first[o] += planned[r, b, o] if r < me else 0
+                mine[o] += planned[r, b, o] if r == me else 0
+            sent[r] += planned[r, b, me]
+        firsts[r] = at + head
+        at += sent[r] + head
+    return owner_rows, sent, firsts, peer_first, mine
+
+
+@numba.njit(cache=True, nogil=True)
+def moved(old, new):  # pragma: no cover - compiled
+    """The largest move of a point of the masses' normalised CDF from ``old`` to ``new``."""
+    return np.abs(np.cumsum(new) / new.sum() - np.cumsum(old) / old.sum()).max()
+
+
+@numba.njit(cache=True, nogil=True)
 def write_columns(out, rows, mask, keys, shard, probs, scale, at):  # pragma: no cover - compiled
     """Write into rows ``rows`` of the uint8 records ``out`` the mask bytes ``mask``
     (``[m, L]`` uint8) at byte ``at[0]``, ``keys`` with shard field ``shard`` at ``at[1]``,
