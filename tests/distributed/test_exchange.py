@@ -110,6 +110,25 @@ def test_counts_kernel_equals_its_reference() -> None:
             np.testing.assert_array_equal(got.sum(axis=2), np.broadcast_to(batches[:, None], (world, k)))
 
 
+def test_plan_and_moved_kernels_equal_the_numpy_they_replace() -> None:
+    from shardreplay.kernels import exchange as kernels
+
+    rng = np.random.default_rng(12)
+    for trial in range(200):
+        world, k, head = int(rng.integers(1, 9)), int(rng.integers(1, 4)), int(rng.integers(0, 3))
+        planned = rng.integers(0, 6, (world, k, world))
+        me = int(rng.integers(world))
+        sections = planned.sum(axis=1)  # [requester, owner]
+        sent = sections[:, me]
+        want = (sections.sum(axis=0), sent, np.cumsum(sent + head) - sent, planned[:me].sum(axis=(0, 1)),
+                sections[me])
+        for got, ref in zip(kernels.plan(planned, me, head), want, strict=True):
+            np.testing.assert_array_equal(got, ref, err_msg=str(trial))
+        old, new = rng.exponential(1, world) + 0.1, rng.exponential(1, world) + 0.1
+        edges = [np.cumsum(m) / np.sum(m) for m in (old, new)]
+        assert kernels.moved(old, new) == pytest.approx(np.abs(edges[1] - edges[0]).max(), abs=1e-15)
+
+
 def test_record_columns_written_by_the_kernel_equal_the_views() -> None:
     from shardreplay.kernels import exchange as kernels
 
