@@ -342,13 +342,17 @@ def test_a_killed_or_interrupted_parallel_export_leaves_no_dataset_and_no_proces
     try:
         assert proc.stdout is not None
         children: list[int] = []
+        others: list[str] = []
         for line in proc.stdout:  # other lines (a library's notices) are not the writers'
             if line.startswith("writing "):
                 children.append(int(line.split()[1]))
+            else:
+                others.append(line)
             if len(children) == 2:
                 break
         assert len(children) == 2, (
-            f"the export ended before both writers started:\n{errors.read_text()[-3000:]}")
+            f"the export ended before both writers started; other stdout {''.join(others)[-2000:]!r}; "
+            f"stderr:\n{errors.read_text()[-3000:]}")
         if sig == signal.SIGINT:
             os.killpg(proc.pid, sig)  # Ctrl-C reaches the whole group
         else:
