@@ -269,7 +269,8 @@ class _Leaders:
     def __init__(self, group: Any) -> None:
         self.group = group
 
-    def post(self, recv: np.ndarray, send: np.ndarray, recv_sizes: list[int], send_sizes: list[int]) -> Any:
+    def post(self, recv: np.ndarray, send: np.ndarray, send_sizes: list[int], recv_sizes: list[int]) -> Any:
+        """Start the leaders' all_to_all of bytes (arguments as ``SameHost.post``'s)."""
         return dist.all_to_all_single(torch.from_numpy(recv), torch.from_numpy(send), recv_sizes, send_sizes,
                                       group=self.group, async_op=True)
 

@@ -98,8 +98,8 @@ class Hierarchy:
         mine, n = self.mine, len(self.mine)
         send = np.concatenate([np.empty(0, np.uint8), *(section(i, t) for h in self.hosts if h is not mine
                                                          for i in range(n) for t in h)])
-        sizes = [[int(m[:, h].sum()) if h is not mine else 0 for h in self.hosts] for m in (into, out)]
-        recv = np.empty(sum(sizes[0]), np.uint8)
+        sizes = [[int(m[:, h].sum()) if h is not mine else 0 for h in self.hosts] for m in (out, into)]
+        recv = np.empty(sum(sizes[1]), np.uint8)
         if self.leaders.post(recv, send, *sizes).wait(timeout=_left(deadline)) is False:
             raise TimeoutError
         order = [(s, j) for h in self.hosts if h is not mine for s in h for j in range(n)]
@@ -118,7 +118,10 @@ class Hierarchy:
 
     def close(self, leave: bool = False) -> None:
         """Let the leaders' group and the region go (``leave``: only its lock, its peers see it end)."""
-        self.local.leave() if leave else self.local.close()
+        if leave:
+            self.local.leave()
+        else:
+            self.local.close()
         leaders, self.leaders = self.leaders, None
         if leaders is not None:
             leaders.close()

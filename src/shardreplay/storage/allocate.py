@@ -90,4 +90,3 @@ def advise_hugepages(arr: np.ndarray, *advice: int) -> None:
             libc = ctypes.CDLL(None, use_errno=True)
             for one in advice or (MADV_HUGEPAGE,):
                 libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), one)
-
