@@ -273,7 +273,7 @@ def test_the_writer_takes_frame_stacks_and_stores_what_the_converter_and_add_sto
         if short:
             env_obs[...] = nxt
         writer.step(action, env_obs if short else nxt, reward, term, trunc, info)
-        held_arrays.add(id(writer._held))
+        held_arrays.add(id(writer._obs))
         for step, ids in conv.step(action, nxt, reward, term, trunc, info):
             b.add(step, stream_ids=ids)
         obs = nxt

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import shardreplay.gym.writer as writer_module
+import shardreplay.gym.steps as steps_module
 import shardreplay.spec.coerce as coerce
 import shardreplay.spec.validation as validation
 import shardreplay.storage.one_step as one_step
@@ -309,14 +309,14 @@ def _pixel_run(spec: Spec, mode: str, num_envs: int, steps: int, seed: int):
 
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])
 @pytest.mark.parametrize(("num_envs", "patterns"),
-                         [(1, writer_module.PATTERNS), (3, writer_module.PATTERNS), (3, 2)])
+                         [(1, steps_module.PATTERNS), (3, steps_module.PATTERNS), (3, 2)])
 def test_frame_stacks_across_short_episodes_store_what_the_converter_stores(mode, num_envs, patterns,
                                                                            monkeypatch):
     """Pixels with episodes of 1-4 steps, past the wrap of a 24-step stream: each slot's
     stack rebuilt bit for bit, and the step types, discounts and episode counts of every
     boundary as the converter gives them; also when the writer forgets its remembered
     boundary patterns (``patterns=2``: cleared every few steps)."""
-    monkeypatch.setattr(writer_module, "PATTERNS", patterns)
+    monkeypatch.setattr(steps_module, "PATTERNS", patterns)
     spec = Spec({"obs": Field((4, 3, 5), np.uint8, frame_stack=True), "action": Field((), np.int64),
                  "reward": Field((), np.float32)})
     a, b, writer, conv = _pixel_run(spec, mode, num_envs, steps=90, seed=num_envs)

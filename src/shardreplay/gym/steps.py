@@ -6,13 +6,14 @@ in each autoreset mode, with a timeline: docs/semantics.md, "Gymnasium autoreset
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from shardreplay.errors import ConfigError, SpecMismatchError
 from shardreplay.gym.modes import done_flags, env_autoreset_mode, final_obs, has_final_obs, mode_name
+from shardreplay.spec.coerce import to_numpy
 from shardreplay.spec.fields import StepType
 
 __all__ = ["GymStepConverter", "StepWrite"]
@@ -20,8 +21,125 @@ __all__ = ["GymStepConverter", "StepWrite"]
 # One write for ReplayBuffer.add: the step (nested dict of arrays [S', ...]) and the
 # stream ids it goes to (None: all streams, in order).
 StepWrite = tuple[dict[str, Any], np.ndarray | None]
+FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
+_BOOL = np.dtype(np.bool_)
+PATTERNS = 4096  # episode-boundary patterns a converter remembers (see Autoreset._boundary)
 
-class GymStepConverter:
+
+class Autoreset:
+    """The held step of each stream of a vector env, and how gymnasium's outputs complete
+    them in its autoreset mode (docs/semantics.md, "Gymnasium autoreset"): what
+    :class:`GymStepConverter` and :class:`~shardreplay.gym.writer.GymStepWriter` share."""
+
+    def __init__(self, num_envs: int, autoreset_mode: Any, names: tuple[str, str, str]) -> None:
+        self.num_envs = num_envs
+        self.autoreset_mode = mode_name(autoreset_mode)
+        self._same_step = self.autoreset_mode == "same_step"
+        self._names = names
+        self._obs: Any = None
+        self._spare: Any = None  # the observation held before: the next _hold may reuse it
+        self._rows = (num_envs,)
+        # Step types and discounts of the held steps: replaced (never changed in place)
+        # after each step, so that the arrays handed to a write are never changed later.
+        self._types = np.full(num_envs, FIRST, np.uint8)
+        self._all_mid = np.full(num_envs, MID, np.uint8)
+        self._all_ones = np.ones(num_envs, np.float32)
+        self._discounts = self._all_ones
+        self._any_last = False  # some held step is LAST
+        self._none_done = bytes(num_envs)
+        # The held steps' types and discounts after a step at an episode boundary, by the
+        # bytes of what decides them (few patterns recur: one env has six), so that such a
+        # step costs a dict lookup, not six numpy calls (most of such a step's cost).
+        self._after: dict[tuple[bytes, bytes, bytes], tuple[np.ndarray, np.ndarray, int]] = {}
+        self.num_episodes = 0
+        self.num_steps = 0
+
+    def reset(self, obs: Any) -> None:
+        """Start every stream anew at ``obs`` (from ``env.reset()``): the next step is FIRST.
+
+        Raises:
+            SpecMismatchError: ``obs`` does not have ``num_envs`` rows (a writer's: does not
+                fit the spec's observation field).
+        """
+        self._obs = self._hold(obs)
+        self._types = np.full(self.num_envs, FIRST, np.uint8)
+        self._discounts, self._any_last = self._all_ones, False
+
+    def _hold(self, obs: Any) -> Any:
+        """A private copy of ``obs`` (vector envs may reuse their output buffers), checked for
+        ``num_envs`` rows."""
+        return _copy(obs, self.num_envs, "obs")
+
+    def _advance(self, write: Callable[[dict[str, Any], np.ndarray | None], None], action: Any, obs: Any,
+                 reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any] | None) -> None:
+        """:meth:`step`'s steps handed to ``write(step, ids)`` in order, then the held steps
+        moved on (nothing changed when a check or the first write raises)."""
+        held = self._obs
+        if held is None:
+            raise ConfigError("call reset(obs) with the env's reset observation before step()")
+        n = self.num_envs
+        action = to_numpy(action)  # a list, a tensor as numpy (its dtype: converted by the write)
+        # ``dtype is _BOOL``: comparing with ``np.bool_`` builds a dtype in every call.
+        term = terminated if type(terminated) is np.ndarray and terminated.dtype is _BOOL \
+            and terminated.shape == self._rows else done_flags(terminated, n, "terminated")
+        trunc = truncated if type(truncated) is np.ndarray and truncated.dtype is _BOOL \
+            and truncated.shape == self._rows else done_flags(truncated, n, "truncated")
+        # Any env done: the bool arrays' bytes not all zero (ndarray.any goes through a
+        # Python wrapper, most of a step's Python: RESULTS-single-env.md).
+        any_done = term.tobytes() != self._none_done or trunc.tobytes() != self._none_done
+        if not self._same_step and any_done and info and has_final_obs(info):
+            raise SpecMismatchError(
+                "the env reset in the same step (info holds final observations) but NEXT_STEP "
+                "autoreset was given: use autoreset_mode='same_step' (gymnasium 0.x vector envs always "
+                "reset in the same step)")
+        done = term | trunc if self._same_step and any_done else None
+        last_obs = None if done is None else final_obs(info, np.flatnonzero(done))
+        next_held = self._hold(obs)
+        any_last = self._any_last
+        obs_name, action_name, reward_name = self._names
+        step = {obs_name: held, action_name: action, reward_name: reward, "step_type": self._types,
+                "discount": self._discounts}
+        if any_last:  # at LAST (NEXT_STEP) the env ignored the action and returned reward 0: padding
+            is_last = self._types == LAST
+            step[action_name] = np.where(is_last.reshape((n,) + (1,) * (action.ndim - 1)), 0,
+                                         action).astype(action.dtype)
+            step[reward_name] = np.where(is_last, np.float32(0), reward)
+        write(step, None)
+        self.num_steps += n
+        if done is not None:
+            ids = np.flatnonzero(done)
+            k = len(ids)
+            write({obs_name: last_obs, action_name: np.zeros_like(step[action_name][ids]),
+                   reward_name: np.zeros(k, np.float32), "step_type": np.full(k, LAST, np.uint8),
+                   "discount": np.where(term[ids], np.float32(0), np.float32(1))}, ids)
+            self.num_steps += k
+            self.num_episodes += k
+            self._types = np.where(done, np.uint8(FIRST), np.uint8(MID))
+            self._discounts, self._any_last = self._all_ones, False
+        elif not (any_last or any_done):  # the common step: every stream goes on
+            self._types, self._discounts = self._all_mid, self._all_ones
+        else:
+            self._boundary(term, trunc)
+            self._any_last = any_done
+        self._spare, self._obs = held, next_held
+
+    def _boundary(self, term: np.ndarray, trunc: np.ndarray) -> None:
+        """Set the held steps' types and discounts after a step of the held ``_types`` whose
+        envs were done as ``term`` / ``trunc``, and count the episodes it ended (NEXT_STEP)."""
+        key = (self._types.tobytes(), term.tobytes(), trunc.tobytes())
+        after = self._after.get(key)
+        if after is None:
+            if len(self._after) >= PATTERNS:  # many envs: most patterns never recur
+                self._after.clear()
+            done = term | trunc
+            later = np.where(self._types == LAST, np.uint8(FIRST), np.uint8(MID))
+            discounts = np.where(term, np.float32(0), np.float32(1)) if term.any() else self._all_ones
+            after = self._after[key] = (np.where(done, np.uint8(LAST), later), discounts, int(done.sum()))
+        self._types, self._discounts, ended = after
+        self.num_episodes += ended
+
+
+class GymStepConverter(Autoreset):
     """Converts a gymnasium vector env's outputs into shardreplay steps, one stream per env.
 
     Usage::
@@ -54,14 +172,7 @@ class GymStepConverter:
             raise ConfigError(f"num_envs must be an int >= 1, got {num_envs!r}")
         if not all(isinstance(n, str) and n for n in (observation, action, reward)):
             raise ConfigError("field names must be non-empty strings")
-        self.num_envs = num_envs
-        self.autoreset_mode = mode_name(autoreset_mode)
-        self._names = (observation, action, reward)
-        self._obs: Any = None
-        self._types = np.full(num_envs, StepType.FIRST, np.uint8)
-        self._discounts = np.ones(num_envs, np.float32)
-        self.num_episodes = 0
-        self.num_steps = 0
+        super().__init__(num_envs, autoreset_mode, (observation, action, reward))
 
     @classmethod
     def from_env(cls, env: Any, **kwargs: Any) -> GymStepConverter:
@@ -85,16 +196,6 @@ class GymStepConverter:
         starts from its initial state). A copy."""
         return self._types.copy()
 
-    def reset(self, obs: Any) -> None:
-        """Start every stream anew at ``obs`` (from ``env.reset()``): the next step is FIRST.
-
-        Raises:
-            SpecMismatchError: ``obs`` does not have ``num_envs`` rows.
-        """
-        self._obs = _copy(obs, self.num_envs, "obs")
-        self._types[:] = StepType.FIRST
-        self._discounts[:] = 1.0
-
     def step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
              info: Mapping[str, Any] | None = None) -> list[StepWrite]:
         """Record one vector-env step and return the completed shardreplay steps.
@@ -113,54 +214,18 @@ class GymStepConverter:
             SpecMismatchError: an input without ``num_envs`` rows, or ``SAME_STEP`` mode
                 with a done env that has no ``info["final_obs"]``.
         """
-        if self._obs is None:
-            raise ConfigError("call reset(obs) with the env's reset observation before step()")
-        n = self.num_envs
-        action = np.asarray(action)
-        reward = np.asarray(reward, dtype=np.float32)
-        done_term = done_flags(terminated, n, "terminated")
-        done_trunc = done_flags(truncated, n, "truncated")
+        action, reward = np.array(to_numpy(action)), np.array(reward, dtype=np.float32)
         for name, arr in (("action", action), ("reward", reward)):
-            if arr.shape[:1] != (n,):
-                raise SpecMismatchError(f"{name} must have {n} rows (one per env), got {arr.shape}")
-        is_last = self._types == StepType.LAST
-        # At LAST the env (NEXT_STEP) ignored the action and returned reward 0: padding.
-        padded_action = np.where(is_last.reshape((n,) + (1,) * (action.ndim - 1)), 0, action)
-        writes = [self._write(self._obs, padded_action.astype(action.dtype),
-                              np.where(is_last, 0.0, reward).astype(np.float32),
-                              self._types.copy(), self._discounts.copy(), None)]
-        self.num_steps += n
-        done = done_term | done_trunc
-        if self.autoreset_mode == "next_step" and done.any() and has_final_obs(info):
-            raise SpecMismatchError(
-                "the env reset in the same step (info holds final observations) but the converter "
-                "expects NEXT_STEP autoreset: build it with autoreset_mode='same_step' (gymnasium 0.x "
-                "vector envs always reset in the same step)")
-        discount = np.where(done_term, 0.0, 1.0).astype(np.float32)
-        new_obs = _copy(obs, n, "obs")
-        if self.autoreset_mode == "same_step" and done.any():
-            ids = np.flatnonzero(done)
-            final = final_obs(info, ids)
-            writes.append(self._write(final, np.zeros_like(action[ids]), np.zeros(len(ids), np.float32),
-                                      np.full(len(ids), StepType.LAST, np.uint8), discount[ids], ids))
-            self.num_steps += len(ids)
-            self.num_episodes += len(ids)
-            self._types = np.where(done, StepType.FIRST, StepType.MID).astype(np.uint8)
-            self._discounts[:] = 1.0
-        else:
-            self.num_episodes += int(done.sum())
-            self._types = np.select([done, is_last], [StepType.LAST, StepType.FIRST],
-                                    StepType.MID).astype(np.uint8)
-            self._discounts = np.where(done, discount, 1.0).astype(np.float32)
-        self._obs = new_obs
-        return writes
+            if arr.shape[:1] != self._rows:
+                raise SpecMismatchError(f"{name} must have {self.num_envs} rows (one per env), got "
+                                        f"{arr.shape}")
+        writes: list[StepWrite] = []
 
-    def _write(self, obs: Any, action: np.ndarray, reward: np.ndarray, types: np.ndarray,
-               discounts: np.ndarray, ids: np.ndarray | None) -> StepWrite:
-        obs_name, action_name, reward_name = self._names
-        step = {obs_name: obs, action_name: action, reward_name: reward,
-                "step_type": types, "discount": discounts}
-        return step, ids
+        def keep(step: dict[str, Any], ids: np.ndarray | None) -> None:  # later steps share these two
+            step["step_type"], step["discount"] = step["step_type"].copy(), step["discount"].copy()
+            writes.append((step, ids))
+        self._advance(keep, action, obs, reward, terminated, truncated, info)
+        return writes
 
 
 def _copy(obs: Any, n: int, name: str) -> Any:

@@ -17,9 +17,10 @@ import numpy as np
 
 from shardreplay.buffer.shard import shard_of_buffer
 from shardreplay.errors import ConfigError, SpecMismatchError
-from shardreplay.gym.modes import done_flags, env_autoreset_mode, final_obs, has_final_obs, mode_name
-from shardreplay.spec import Field, Spec, StepType
-from shardreplay.spec.coerce import as_stored, to_numpy
+from shardreplay.gym.modes import done_flags, env_autoreset_mode
+from shardreplay.gym.steps import Autoreset
+from shardreplay.spec import Field, Spec
+from shardreplay.spec.coerce import as_stored
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
     from shardreplay.distributed.sharded_buffer import ShardedReplayBuffer
 
 __all__ = ["GymStepWriter", "spec_from_env"]
-
-FIRST, MID, LAST = int(StepType.FIRST), int(StepType.MID), int(StepType.LAST)
-_BOOL = np.dtype(np.bool_)
-PATTERNS = 4096  # episode-boundary patterns a writer remembers (see GymStepWriter._after)
 
 
 def spec_from_env(env: Any, *, observation: str = "obs", action: str = "action",
@@ -85,7 +82,7 @@ def _local_buffer(buffer: Any) -> tuple[ReplayBuffer, AbstractContextManager[Any
     return buffer.local, (buffer.write_lock if buffer.pipeline else None)
 
 
-class GymStepWriter:
+class GymStepWriter(Autoreset):
     """Writes a gymnasium vector env's outputs into a buffer, one stream per env.
 
     Usage (a one-env loop as CleanRL's); :meth:`from_env` is the constructor to call, as
@@ -144,12 +141,9 @@ class GymStepWriter:
         if buffer.spec[reward].shape != ():
             raise ConfigError(f"reward field {reward!r} must be a scalar, got shape "
                               f"{buffer.spec[reward].shape}")
+        super().__init__(buffer.num_streams, autoreset_mode, (observation, action, reward))
         self.buffer = buffer
-        self.autoreset_mode = mode_name(autoreset_mode)
-        self._same_step = self.autoreset_mode == "same_step"
-        self._names = (observation, action, reward)
         self._shard = shard_of_buffer(buffer)
-        spec, n = buffer.spec, buffer.num_streams
         # The common step's write (storage/one_step.py; it takes values of any kind), built
         # now (compiled, or loaded from numba's cache), not in the first step; none: every
         # step takes Shard.write.
@@ -157,32 +151,10 @@ class GymStepWriter:
         self._write_held: Any = held  # called only when _ready
         self._can_hold = held is not None and self._lock is None  # no lock to hold around it
         self._ready = False  # the next step may take _write_held (see _set_ready)
-        self.num_envs = n
-        self._obs_field, self._reward_dtype = spec[observation], spec[reward].dtype
+        self._obs_field = buffer.spec[observation]
         self._check_finite = self._obs_field.checks_finite and self._obs_field.dtype.kind == "f"
         # vdot with zeros is NaN exactly when a value is NaN or inf (0 * inf is NaN).
-        self._zeros = np.zeros((n, *self._obs_field.shape), self._obs_field.dtype)
-        self._act_shape = (n, *spec[action].shape)
-        self._rows = (n,)
-        self._held: np.ndarray | None = None
-        self._spare = np.empty(0)  # the next held copy goes here (reset() shapes it)
-        self._any_last = False  # some held step is LAST
-        # Step types and discounts of the held steps: replaced (never changed in place)
-        # after each write, so that the arrays handed to the write are never changed later
-        # (``_all_ones``: no discount is handed over, which then means 1.0).
-        self._types = np.full(n, FIRST, np.uint8)
-        self._all_mid = np.full(n, MID, np.uint8)
-        self._all_ones = np.ones(n, np.float32)
-        self._discounts = self._all_ones
-        self._none_done = bytes(n)
-        self._all_last = bytes([LAST]) * n
-        self._padding = (np.zeros(self._act_shape, spec[action].dtype), np.zeros(n, self._reward_dtype))
-        # The held steps' types and discounts after a step at an episode boundary, by the
-        # bytes of what decides them (few patterns recur: one env has six), so that such a
-        # step costs a dict lookup, not six numpy calls (most of such a step's cost).
-        self._after: dict[tuple[bytes, bytes, bytes], tuple[np.ndarray, np.ndarray, int]] = {}
-        self.num_steps = 0
-        self.num_episodes = 0
+        self._zeros = np.zeros((self.num_envs, *self._obs_field.shape), self._obs_field.dtype)
 
     @classmethod
     def from_env(cls, env: Any, buffer: ReplayBuffer | ShardedReplayBuffer, **kwargs: Any) -> GymStepWriter:
@@ -211,11 +183,8 @@ class GymStepWriter:
         """
         field = self._obs_field
         self._spare = np.empty((self.num_envs, *field.shape), field.dtype)
-        held = self._hold(obs)
-        self._held, self._spare = held, np.empty_like(held)
-        self._types = np.full(self.num_envs, FIRST, np.uint8)
-        self._discounts = self._all_ones
-        self._any_last = False
+        super().reset(obs)
+        self._spare = np.empty_like(self._obs)
         self._set_ready()
 
     def _set_ready(self) -> None:
@@ -257,10 +226,10 @@ class GymStepWriter:
         if self._ready and not info:
             # The common step: checked and written, the next observation checked and held, in
             # one compiled call.
-            got = self._write_held(self._types, self._held, action, reward, obs, self._spare, terminated,
+            got = self._write_held(self._types, self._obs, action, reward, obs, self._spare, terminated,
                                    truncated)
             if got:
-                self._held, self._spare = self._spare, self._held
+                self._obs, self._spare = self._spare, self._obs
                 self.num_steps += self.num_envs
                 if got == 2:  # some env's episode ended: the held steps' types and discounts
                     self._boundary(done_flags(terminated, self.num_envs, "terminated"),
@@ -270,83 +239,11 @@ class GymStepWriter:
                     self._types = self._all_mid
                 return
         if self._lock is None:  # no context manager to enter (a step counts microseconds)
-            self._step(action, obs, reward, terminated, truncated, info)
+            self._advance(self._write, action, obs, reward, terminated, truncated, info)
         else:
             with self._lock:
-                self._step(action, obs, reward, terminated, truncated, info)
-
-    def _step(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
-              info: Mapping[str, Any] | None) -> None:
-        held = self._held
-        if held is None:
-            raise ConfigError("call reset(obs) with the env's reset observation before step()")
-        n = self.num_envs
-        action = to_numpy(action)  # a list, a tensor as numpy (its dtype: converted by the write)
-        # ``dtype is _BOOL``: comparing with ``np.bool_`` builds a dtype in every call.
-        term = terminated if type(terminated) is np.ndarray and terminated.dtype is _BOOL \
-            and terminated.shape == self._rows else done_flags(terminated, n, "terminated")
-        trunc = truncated if type(truncated) is np.ndarray and truncated.dtype is _BOOL \
-            and truncated.shape == self._rows else done_flags(truncated, n, "truncated")
-        # Any env done: the bool arrays' bytes not all zero (ndarray.any goes through a
-        # Python wrapper, most of a step's Python: RESULTS-single-env.md).
-        none = self._none_done
-        tb, rb = term.tobytes(), trunc.tobytes()
-        any_done = tb != none or rb != none
-        if not self._same_step and any_done and info and has_final_obs(info):
-            raise SpecMismatchError(
-                "the env reset in the same step (info holds final observations) but the writer "
-                "expects NEXT_STEP autoreset: build it with autoreset_mode='same_step'")
-        done = term | trunc if self._same_step and any_done else None
-        last_obs = None if done is None else final_obs(info, np.flatnonzero(done))
-        next_held = self._hold(obs)
-        any_last = self._any_last
-        obs_name, action_name, reward_name = self._names
-        step = {obs_name: held, action_name: action, reward_name: reward, "step_type": self._types}
-        if any_last:  # at LAST (NEXT_STEP) the env ignored the action and returned reward 0: padding
-            if self._types.tobytes() == self._all_last:
-                step[action_name], step[reward_name] = self._padding
-            else:
-                is_last = self._types == LAST
-                step[action_name] = np.where(is_last.reshape((n,) + (1,) * (action.ndim - 1)), 0,
-                                             action).astype(action.dtype)
-                step[reward_name] = np.where(is_last, np.float32(0), reward)
-        if self._discounts is not self._all_ones:  # a step without a discount has 1.0
-            step["discount"] = self._discounts
-        self._shard.write(step, None, None, None)
-        self.num_steps += n
-        if done is not None:
-            ids = np.flatnonzero(done)
-            discount = np.where(term, 0.0, 1.0).astype(np.float32)
-            self._shard.write({obs_name: last_obs, action_name: np.zeros_like(step[action_name][ids]),
-                               reward_name: np.zeros(len(ids), self._reward_dtype),
-                               "step_type": np.full(len(ids), LAST, np.uint8), "discount": discount[ids]},
-                              ids, None, None)
-            self.num_steps += len(ids)
-            self.num_episodes += len(ids)
-            self._types = np.where(done, np.uint8(FIRST), np.uint8(MID))
-            self._discounts = self._all_ones
-            self._any_last = False
-        elif not (any_last or any_done):  # the common step: every stream goes on
-            if self._types is not self._all_mid:
-                self._types, self._discounts = self._all_mid, self._all_ones
-        else:
-            self._boundary(term, trunc)
-            self._any_last = any_done
-        # The array held so far was copied into the buffer: the next step's copy reuses it.
-        self._spare, self._held = held, next_held
+                self._advance(self._write, action, obs, reward, terminated, truncated, info)
         self._set_ready()
 
-    def _boundary(self, term: np.ndarray, trunc: np.ndarray) -> None:
-        """Set the held steps' types and discounts after a step of the held ``_types`` whose
-        envs were done as ``term`` / ``trunc``, and count the episodes it ended (NEXT_STEP)."""
-        key = (self._types.tobytes(), term.tobytes(), trunc.tobytes())
-        after = self._after.get(key)
-        if after is None:
-            if len(self._after) >= PATTERNS:  # many envs: most patterns never recur
-                self._after.clear()
-            done = term | trunc
-            later = np.where(self._types == LAST, np.uint8(FIRST), np.uint8(MID))
-            discounts = np.where(term, np.float32(0), np.float32(1)) if term.any() else self._all_ones
-            after = self._after[key] = (np.where(done, np.uint8(LAST), later), discounts, int(done.sum()))
-        self._types, self._discounts, ended = after
-        self.num_episodes += ended
+    def _write(self, step: dict[str, Any], ids: np.ndarray | None) -> None:
+        self._shard.write(step, ids, None, None)
