@@ -42,6 +42,22 @@ def copy_at(typingctx, dst, dst_offset, src, src_offset, nbytes):  # pragma: no 
     return types.void(dst, types.intp, src, types.intp, types.intp), codegen
 
 
+@intrinsic
+def bytes_equal(typingctx, a, a_offset, b, b_offset, nbytes):  # pragma: no cover - compiled
+    """``nbytes`` bytes from byte ``a_offset`` of ``a`` equal those from byte ``b_offset``
+    of ``b`` (libc's ``memcmp``)."""
+    _check_arrays(a, b)
+
+    def codegen(context, builder, signature, args):
+        x, x_off, y, y_off, n = args
+        memcmp = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(32), [_BYTE_PTR, _BYTE_PTR, n.type]), "memcmp")
+        got = builder.call(memcmp, [_byte_pointer(context, builder, signature.args[0], x, x_off),
+                                    _byte_pointer(context, builder, signature.args[2], y, y_off), n])
+        return builder.icmp_signed("==", got, ir.Constant(ir.IntType(32), 0))
+    return types.boolean(a, types.intp, b, types.intp, types.intp), codegen
+
+
 def _copy_of(size: int) -> Any:
     """:func:`copy_at` of a constant ``size``: compiles to one load and store instead of
     a call (small fields are copied millions of times per exchange)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numba
 
 from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
+from shardreplay.kernels import copy as kc
 from shardreplay.kernels.copy import STREAM_BYTES, copy_at, misalignment, store_fence, stream_copy_at
 
 FIRST, LAST = 0, 2
@@ -13,28 +14,13 @@ OK, INCONSISTENT = 0, 1
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _frames_equal(a, b):  # pragma: no cover - compiled
-    """Bytes of two frames equal (no early exit: the loop vectorises)."""
-    diff = 0
-    for x in range(a.shape[0]):
-        diff |= a[x] ^ b[x]
-    return diff == 0
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _overlaps_stored(new, frames, row, ref, cap_frames, k):  # pragma: no cover - compiled
-    """``new[:K-1]`` equals the last ``K-1`` frames of the stored stack ending at ``ref``."""
-    for j in range(k - 1):  # noqa: SIM110 - a loop numba compiles (no generators)
-        if not _frames_equal(new[j], frames[row, (ref - k + 2 + j) % cap_frames]):
-            return False
-    return True
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _overlaps_value(new, prev, k):  # pragma: no cover - compiled
-    """``new[:K-1]`` equals ``prev[1:]``."""
-    for j in range(k - 1):  # noqa: SIM110 - a loop numba compiles (no generators)
-        if not _frames_equal(new[j], prev[j + 1]):
+def _overlaps_stored(values, offset, frames, row, ref, k):  # pragma: no cover - compiled
+    """The ``K-1`` frames from byte ``offset`` of ``values`` equal the last ``K-1`` frames of
+    the stored stack of ``row`` ending at ``ref``."""
+    fb, cap_frames, start = frames.shape[2], frames.shape[1], row * frames.strides[0]
+    for j in range(k - 1):
+        at = start + ((ref - k + 2 + j) % cap_frames) * frames.strides[1]
+        if not kc.bytes_equal(values, offset + j * fb, frames, at, fb):
             return False
     return True
 
@@ -43,7 +29,8 @@ def _overlaps_value(new, prev, k):  # pragma: no cover - compiled
 def plan_write(values, types, rows, pos, step_type, ref, frames, fpos, cap, new_counts):  # pragma: no cover
     """Frames each step of a write appends, checked before anything is written.
 
-    ``values`` is uint8 ``[n, T, K, frame bytes]``, ``types`` ``[n, T]``. A step that
+    ``values`` is C-contiguous ``[n, T, K, frame]`` (uint8 frame bytes, or the one-step
+    add's stacks of any dtype), ``types`` ``[n, T]``. A step that
     continues its episode (not FIRST, and the step before it in its stream is stored
     and not LAST) must continue that step's stack. Fills ``new_counts[n, T]`` (1 or
     ``K``, by :func:`plan_load`) and returns ``(status, i, t, frames needed)``: status
@@ -80,7 +67,7 @@ def append_frames(values, rows, written, new_counts, frames, ref, fpos):  # prag
     """Append the planned frames of each step and record its ``ref``: step ``(i, t)``
     went to flat slot ``written[i * T + t]``; it appends its newest frame when
     ``new_counts[i, t] == 1``, else its whole stack."""
-    n, t_len, k, fb = values.shape
+    n, t_len, k, fb = values.shape[0], values.shape[1], values.shape[2], frames.shape[2]
     cap_frames = frames.shape[1]
     row_stride, frame_stride = frames.strides[0], frames.strides[1]
     vs0, vs1, vs2 = values.strides[0], values.strides[1], values.strides[2]
@@ -123,7 +110,7 @@ def gather_stacks_rows(idx, cap, ref, frames, k, dst_rows, out, offset):  # prag
         store_fence()
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def plan_load(values, row, frames, ref, prev_slot, counts):  # pragma: no cover - compiled
     """Frames each of ``n`` consecutive steps of one row appends (``values`` uint8 ``[n, K,
     frame bytes]``): one when its stack continues the step before it (the first step's
@@ -131,13 +118,13 @@ def plan_load(values, row, frames, ref, prev_slot, counts):  # pragma: no cover 
     ``counts[n]`` and returns their sum. Episodes are not looked at (:func:`plan_write`
     checks them; a load's steps were checked when first written)."""
     n, k = values.shape[0], values.shape[1]
-    cap_frames = frames.shape[1]
+    fb, step = frames.shape[2], values.strides[0]
     total = 0
     for j in range(n):
         if j == 0:
-            same = prev_slot >= 0 and _overlaps_stored(values[0], frames, row, ref[prev_slot], cap_frames, k)
-        else:
-            same = _overlaps_value(values[j], values[j - 1], k)
+            same = prev_slot >= 0 and _overlaps_stored(values, 0, frames, row, ref[prev_slot], k)
+        else:  # its first K-1 frames are the last K-1 of the step before
+            same = kc.bytes_equal(values, j * step, values, (j - 1) * step + fb, (k - 1) * fb)
         counts[j] = 1 if same else k
         total += counts[j]
     return total

@@ -123,7 +123,7 @@ class OneStepAdd:
             (store,) = storage.stacked.values()
             self._head = (rows, storage.pos_and_counters, self._state)
             self._store = store
-            self._fstate = sk.fstate_of(store.stream_capacity, store.frame_bytes, canonical[2].shape)
+            self._fstate = sk.fstate_of(store.stream_capacity, canonical[2].shape)
             self._kernel = sk.compiled_add_stacked((*self._fused_head_now(), *canonical))
         self._canonical = canonical
         self._default_priority = default_priority
