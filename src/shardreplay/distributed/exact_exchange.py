@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from shardreplay.buffer.shard import Shard
-from shardreplay.checkpoint.episodes import ranges
 from shardreplay.distributed.exchange import Drawn, ExchangeStats, split_batches
 from shardreplay.distributed.group import Collectives, Released
 from shardreplay.distributed.same_host import SameHost
@@ -63,7 +62,7 @@ class ExactExchange:
         same on every rank: masses, batch sizes, and rank 0's seed).
 
         Each of a requester's ``k`` batches takes Multinomial(n, mass/total) items from the
-        shards (:func:`_counts`), each drawn from its shard: ``n`` i.i.d. draws from the
+        shards (:func:`kernels.exchange.counts`), each drawn from its shard: ``n`` i.i.d. draws from the
         global distribution, with the masses the owners send with the records. After routed
         updates (``stats.tail``) each owner also draws the items of the uniforms within
         ``_widen`` (twice the CDF's last move) of its share; a batch still short makes the
@@ -83,29 +82,28 @@ class ExactExchange:
         requester and batch (``spare``: more than ``masses`` give) and sends them with its
         ``[written, mass, min leaf, max priority]``; ``again``: the counts of ``masses`` are final."""
         me, rb, n = self.rank, self._layout.record_bytes, int(batches[self.rank])
-        # [requester, batch, owner]: items each owner draws for each requester's batches
-        planned = _counts(masses, batches, u, self._widen if spare else 0.0)
+        if not masses.sum() > 0:
+            raise EmptyBufferError("no shard has a window to sample: write more steps first")
         shared = self._shared
         head = 0 if shared is not None else -(-32 // rb)  # rows before each all_to_all section: post
-        owner_rows, sent, firsts, peer_first, mine = kernels.plan(planned, me, head)
+        # planned[requester, batch, owner]: items each owner draws for each requester's batches
+        planned, owner_rows, sent, firsts, peer_first, mine, rows = kernels.plan(
+            masses, batches, u, self._widen if spare else 0.0, me, head)
         if shared is not None:
             shared.plan(owner_rows)
         send = self._send_buffer(shared, int(owner_rows[me]) + head * self.world_size)
         st = self.local.stats()
         post = np.array([send is not None, st.mass, st.min_leaf, self.local.max_priority], np.float64)
-        if send is not None and st.mass > 0 and owner_rows[me]:
-            draw, rows = self.local.draw(int(owner_rows[me]), advance_schedule=False), ranges(firsts, sent)
+        if send is not None and st.mass > 0 and rows.size:
+            draw = self.local.draw(rows.size, advance_schedule=False)
             mask, keys = self.local.gather(draw.starts, into=(send, self._data_at, rows))
             kernels.write_columns(send, rows, mask.view(np.uint8), keys, me, draw.probabilities, st.mass,
                                   self._columns_at)  # q * mass: divided by the total below
         if shared is not None:
-            post_all = self._comm.all_gather(post, "ShardedReplayBuffer.sample(records written)",
-                                             released=released)
-            if not post_all[:, 0].all():
-                self._shared = None
-                return self._exchange(post_all[:, 1], batches, u, k, False, released, again=True)
-            sources = [shared.peer_rows(o, first, count) for o, (first, count)
-                       in enumerate(zip(peer_first.tolist(), mine.tolist(), strict=True))]
+            posts = self._comm.all_gather(post, "ShardedReplayBuffer.sample(records written)",
+                                          released=released)
+            sources = tuple(shared.peer_rows(o, first, count) for o, (first, count)
+                            in enumerate(zip(peer_first.tolist(), mine.tolist(), strict=True)))
         else:
             assert send is not None
             for first in firsts:
@@ -113,26 +111,20 @@ class ExactExchange:
             recv = self._comm.all_to_all(send.reshape(-1), ((sent + head) * rb).tolist(),
                                          ((mine + head) * rb).tolist(), "ShardedReplayBuffer.sample(records)",
                                          released=released)
-            sources = np.split(recv.reshape(-1, rb), np.cumsum(mine + head)[:-1])
-            post_all = np.stack([s[:head].reshape(-1)[:32].view(np.float64) for s in sources])
-            sources = [s[head:] for s in sources]
-        new = np.ascontiguousarray(post_all[:, 1])
-        same = again or (not spare and new.tolist() == masses.tolist())
-        final = planned if same else _counts(new, batches, u)
-        if spare and not again:  # alike on every rank: twice the last move of the CDF, next time
-            self._widen = max(2 * float(kernels.moved(masses, new)), 1e-4)
-        if not same and (final > planned).any():  # alike on every rank: all see every count
-            return self._exchange(new, batches, u, k, False, released, again=True)
-        total, low, top = float(new.sum()), float(post_all[:, 2].min()), float(post_all[:, 3].max())
+            sections = np.split(recv.reshape(-1, rb), np.cumsum(mine + head)[:-1])
+            posts = np.stack([s[:head].reshape(-1)[:32].view(np.float64) for s in sections])
+            sources = tuple(s[head:] for s in sections)
+        code, final, self._widen, low, top = kernels.settle(
+            posts, masses, planned, batches, u, self._widen, spare, again)
+        if code != kernels.DONE:  # alike on every rank: all see every post
+            if code == kernels.FALLBACK:
+                self._shared = None
+            return self._exchange(posts[:, 1].copy(), batches, u, k, False, released, again=True)
         self.local.raise_max_priority(top)
+        total = float(posts[:, 1].sum())  # numpy's summation order, as before
         records = torch.empty((k * n, rb), dtype=torch.uint8, pin_memory=self._pin)
         out = records.numpy()
-        drawn, got, at = planned[me].tolist(), final[me].tolist(), [0] * self.world_size  # [batch][owner]
-        for b in range(k):  # batch b: rows b * n.. from each owner in turn; at: an owner's next drawn row
-            row = b * n
-            for o, m in enumerate(got[b]):
-                out[row:row + m] = sources[o][at[o]:at[o] + m]
-                row, at[o] = row + m, at[o] + drawn[b][o]
+        kernels.assemble(out, sources, planned[me], final[me], n)
         views = self._layout.views(out)
         views["probability"] /= total
         parts = {name: torch.from_numpy(v) for name, v in views.items()}
@@ -157,18 +149,6 @@ class ExactExchange:
             return None
 
 
-def _counts(masses: np.ndarray, batches: np.ndarray, u: np.ndarray, widen: float = 0.0) -> np.ndarray:
-    """:func:`kernels.exchange.counts` (``[requester, batch, owner]``).
-
-    Raises:
-        EmptyBufferError: every mass is 0.
-    """
-    if not masses.sum() > 0:
-        raise EmptyBufferError("no shard has a window to sample: write more steps first")
-    masses, batches = np.ascontiguousarray(masses), np.ascontiguousarray(batches, np.int64)
-    return kernels.counts(masses, batches, u, float(widen))
-
-
 class SharedRecords:
     """Every rank's records area in its same-host region (:meth:`SameHost.records`), each
     sized alike on every rank by :meth:`plan`."""
@@ -191,8 +171,11 @@ class SharedRecords:
         return self._area(self.rank)[:rows]
 
     def peer_rows(self, rank: int, start: int, count: int) -> np.ndarray:
-        """Rows ``start .. start + count`` of ``rank``'s area (read-only but this rank's)."""
-        return self._area(rank)[start:start + count]
+        """Rows ``start .. start + count`` of ``rank``'s area, read-only (also this rank's:
+        every rank's alike for :func:`kernels.exchange.assemble`)."""
+        rows = self._area(rank)[start:start + count]
+        rows.flags.writeable = False
+        return rows
 
     def _area(self, rank: int) -> np.ndarray:
         cap = int(self._rows[rank])

@@ -157,20 +157,18 @@ class PriorityRouter:
         block, payload, counts = kernels.pack_updates(*pending.take(), head, k, slot)
         got = self._comm.all_to_all(block, [1] * k, [1] * k, ops[0], while_waiting=while_waiting,
                                     released=released)
-        matrix = got[:, h:h + k]  # matrix[r, o]: updates rank r sends owner o
-        # Sized for the next call from the last counts that were not all 0 (alike on every
-        # rank), with room for the counts to vary from step to step.
-        top = int(matrix.max())
+        # got[r, h + o]: updates rank r sends owner o. Sized for the next call from the last
+        # counts that were not all 0 (alike on every rank), with room to vary from step to step.
+        top = int(got[:, h:h + k].max())
         if top:
             self._slots[ops[0]] = top + top // 4 + 8
-        rest = np.maximum(matrix - slot, 0)
         extra = np.empty((0, 2), np.int64)
-        if rest.any():  # alike on every rank: every rank sees every count
-            firsts = np.cumsum(counts) - counts
+        if top > slot:  # alike on every rank: every rank sees every count
+            rest, firsts = np.maximum(got[:, h:h + k] - slot, 0), np.cumsum(counts) - counts
             send = np.concatenate([payload[firsts[o] + slot:firsts[o] + counts[o]] for o in range(k)])
             extra = self._comm.all_to_all(send, rest[me].tolist(), rest[:, me].tolist(), ops[1],
                                           released=released)
-        keys, prios = kernels.unpack_updates(got, h, me, slot, extra, np.ascontiguousarray(rest[:, me]))
+        keys, prios = kernels.unpack_updates(got, h, me, slot, extra)
         applied = self._shard.apply_routed(keys, prios)
         return got[:, :h + k], applied
 

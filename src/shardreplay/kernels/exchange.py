@@ -34,11 +34,13 @@ def counts(masses, batches, u, widen):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def plan(planned, me, head):  # pragma: no cover - compiled
-    """Of the counts ``planned`` (:func:`counts`), per rank ``r``: the rows each owner ``r``
-    draws in all, the rows ``me`` draws for requester ``r`` and where they start in its
-    send buffer (``head`` rows before each requester's), where ``me``'s rows start in
-    owner ``r``'s area, and how many they are."""
+def plan(masses, batches, u, widen, me, head):  # pragma: no cover - compiled
+    """The counts ``planned`` of ``masses`` (:func:`counts`; their total > 0), and of them,
+    per rank ``r``: the rows each owner ``r`` draws in all, the rows ``me`` draws for
+    requester ``r`` and where they start in its send buffer (``head`` rows before each
+    requester's), where ``me``'s rows start in owner ``r``'s area, and how many they are;
+    then the send buffer's rows ``me`` writes, in order."""
+    planned = counts(masses, batches, u, widen)
     world = planned.shape[0]
     owner_rows, sent, firsts = np.zeros(world, np.int64), np.zeros(world, np.int64), np.zeros(world, np.int64)
     peer_first, mine = np.zeros(world, np.int64), np.zeros(world, np.int64)
@@ -52,7 +54,47 @@ def plan(planned, me, head):  # pragma: no cover - compiled
             sent[r] += planned[r, b, me]
         firsts[r] = at + head
         at += sent[r] + head
-    return owner_rows, sent, firsts, peer_first, mine
+    rows, i = np.empty(sent.sum(), np.int64), 0
+    for r in range(world):
+        rows[i:i + sent[r]] = np.arange(firsts[r], firsts[r] + sent[r])
+        i += sent[r]
+    return planned, owner_rows, sent, firsts, peer_first, mine, rows
+
+
+DONE, REDO, FALLBACK = 0, 1, 2  # what settle makes of an exchange's posts
+
+
+@numba.njit(cache=True, nogil=True)
+def settle(posts, masses, planned, batches, u, widen, spare, again):  # pragma: no cover - compiled
+    """What the owners' ``posts`` (per rank: has a region, mass, smallest leaf, largest
+    priority) make of the counts ``planned`` of ``masses`` (``spare``: drawn ``widen``
+    wider; ``again``: final): ``(code, final counts, next widen, smallest leaf, largest
+    priority)``; ``code`` is ``DONE``, ``FALLBACK`` (a rank has no region) or
+    ``REDO`` (a batch is short of its count, or no mass is left: draw again with the new)."""
+    new, code, final = posts[:, 1], DONE, planned
+    if not (posts[:, 0] != 0).all():
+        code = FALLBACK
+    elif not again and (spare or (new != masses).any()):
+        if not new.sum() > 0:
+            code = REDO
+        else:
+            final = counts(new, batches, u, 0.0)
+            if spare:  # twice the last move of the CDF, next time
+                widen = max(2 * moved(masses, new), 1e-4)
+            code = REDO if (final > planned).any() else DONE
+    return code, final, widen, posts[:, 2].min(), posts[:, 3].max()
+
+
+@numba.njit(cache=True, nogil=True)
+def assemble(out, sources, drawn, got, n):  # pragma: no cover - compiled
+    """Batch ``b`` into rows ``b * n ..`` of ``out``: ``got[b, o]`` rows from each owner
+    ``o`` in turn, read from ``sources[o]``, where its batch ``b`` has ``drawn[b, o]`` rows."""
+    at = np.zeros(len(sources), np.int64)
+    for b in range(drawn.shape[0]):
+        row = b * n
+        for o in range(len(sources)):
+            out[row:row + got[b, o]] = sources[o][at[o]:at[o] + got[b, o]]
+            row, at[o] = row + got[b, o], at[o] + drawn[b, o]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -109,10 +151,10 @@ def pack_updates(keys, prios, head, world, slot):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def unpack_updates(got, h, me, slot, extra, rest):  # pragma: no cover - compiled
+def unpack_updates(got, h, me, slot, extra):  # pragma: no cover - compiled
     """The updates for shard ``me`` in the gathered blocks ``got`` (see :func:`pack_updates`)
-    and in ``extra`` (``rest[r]`` pairs past the slot from each rank ``r``, in rank order):
-    keys and float32 priorities, each sender's in its order, senders in rank order."""
+    and in ``extra`` (the pairs past the slot from each rank, in rank order): keys and
+    float32 priorities, each sender's in its order, senders in rank order."""
     world = got.shape[0]
     m = extra.shape[0]
     for r in range(world):
@@ -126,7 +168,7 @@ def unpack_updates(got, h, me, slot, extra, rest):  # pragma: no cover - compile
             keys[i], bits[0] = got[r, h + world + 2 * j], got[r, h + world + 2 * j + 1]
             prios[i] = real[0]
             i += 1
-        for _ in range(rest[r]):
+        for _ in range(got[r, h + me] - slot):
             keys[i], bits[0] = extra[e, 0], extra[e, 1]
             prios[i] = real[0]
             i, e = i + 1, e + 1
