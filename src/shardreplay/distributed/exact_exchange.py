@@ -86,9 +86,8 @@ class ExactExchange:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")
         shared = self._shared
         head = 0 if shared is not None else -(-32 // rb)  # rows before each all_to_all section: post
-        # planned[requester, batch, owner]: items each owner draws for each requester's batches
         planned, owner_rows, sent, firsts, peer_first, mine, rows = kernels.plan(
-            masses, batches, u, self._widen if spare else 0.0, me, head)
+            masses, batches, u, self._widen if spare else 0.0, me, head)  # planned[requester, batch, owner]
         if shared is not None:
             shared.plan(owner_rows)
         send = self._send_buffer(shared, int(owner_rows[me]) + head * self.world_size)
@@ -102,8 +101,8 @@ class ExactExchange:
         if shared is not None:
             posts = self._comm.all_gather(post, "ShardedReplayBuffer.sample(records written)",
                                           released=released)
-            sources = tuple(shared.peer_rows(o, first, count) for o, (first, count)
-                            in enumerate(zip(peer_first.tolist(), mine.tolist(), strict=True)))
+            sources = [shared.area(o)[first:first + count] for o, (first, count)
+                       in enumerate(zip(peer_first.tolist(), mine.tolist(), strict=True))]
         else:
             assert send is not None
             for first in firsts:
@@ -113,7 +112,7 @@ class ExactExchange:
                                          released=released)
             sections = np.split(recv.reshape(-1, rb), np.cumsum(mine + head)[:-1])
             posts = np.stack([s[:head].reshape(-1)[:32].view(np.float64) for s in sections])
-            sources = tuple(s[head:] for s in sections)
+            sources = [s[head:] for s in sections]
         code, final, self._widen, low, top = kernels.settle(
             posts, masses, planned, batches, u, self._widen, spare, again)
         if code != kernels.DONE:  # alike on every rank: all see every post
@@ -124,7 +123,12 @@ class ExactExchange:
         total = float(posts[:, 1].sum())  # numpy's summation order, as before
         records = torch.empty((k * n, rb), dtype=torch.uint8, pin_memory=self._pin)
         out = records.numpy()
-        kernels.assemble(out, sources, planned[me], final[me], n)
+        drawn, got, at = planned[me].tolist(), final[me].tolist(), [0] * self.world_size  # [batch][owner]
+        for b in range(k):  # batch b: rows b * n.. from each owner in turn; at: an owner's next drawn row
+            row = b * n
+            for o, m in enumerate(got[b]):
+                out[row:row + m] = sources[o][at[o]:at[o] + m]
+                row, at[o] = row + m, at[o] + drawn[b][o]
         views = self._layout.views(out)
         views["probability"] /= total
         parts = {name: torch.from_numpy(v) for name, v in views.items()}
@@ -168,15 +172,9 @@ class SharedRecords:
         Raises:
             OSError: it could not grow (e.g. ``/dev/shm`` is full).
         """
-        return self._area(self.rank)[:rows]
+        return self.area(self.rank)[:rows]
 
-    def peer_rows(self, rank: int, start: int, count: int) -> np.ndarray:
-        """Rows ``start .. start + count`` of ``rank``'s area, read-only (also this rank's:
-        every rank's alike for :func:`kernels.exchange.assemble`)."""
-        rows = self._area(rank)[start:start + count]
-        rows.flags.writeable = False
-        return rows
-
-    def _area(self, rank: int) -> np.ndarray:
+    def area(self, rank: int) -> np.ndarray:
+        """``rank``'s area as ``[rows, record_bytes]`` uint8 (read-only but this rank's)."""
         cap = int(self._rows[rank])
         return self._host.records(rank, cap * self.record_bytes).reshape(cap, self.record_bytes)

@@ -44,7 +44,7 @@ def plan(masses, batches, u, widen, me, head):  # pragma: no cover - compiled
     world = planned.shape[0]
     owner_rows, sent, firsts = np.zeros(world, np.int64), np.zeros(world, np.int64), np.zeros(world, np.int64)
     peer_first, mine = np.zeros(world, np.int64), np.zeros(world, np.int64)
-    at = 0
+    rows, at = np.empty(planned[:, :, me].sum(), np.int64), 0
     for r in range(world):
         for b in range(planned.shape[1]):
             for o in range(world):
@@ -53,11 +53,8 @@ def plan(masses, batches, u, widen, me, head):  # pragma: no cover - compiled
                 mine[o] += planned[r, b, o] if r == me else 0
             sent[r] += planned[r, b, me]
         firsts[r] = at + head
+        rows[at - r * head:at - r * head + sent[r]] = np.arange(firsts[r], firsts[r] + sent[r])
         at += sent[r] + head
-    rows, i = np.empty(sent.sum(), np.int64), 0
-    for r in range(world):
-        rows[i:i + sent[r]] = np.arange(firsts[r], firsts[r] + sent[r])
-        i += sent[r]
     return planned, owner_rows, sent, firsts, peer_first, mine, rows
 
 
@@ -66,11 +63,10 @@ DONE, REDO, FALLBACK = 0, 1, 2  # what settle makes of an exchange's posts
 
 @numba.njit(cache=True, nogil=True)
 def settle(posts, masses, planned, batches, u, widen, spare, again):  # pragma: no cover - compiled
-    """What the owners' ``posts`` (per rank: has a region, mass, smallest leaf, largest
-    priority) make of the counts ``planned`` of ``masses`` (``spare``: drawn ``widen``
-    wider; ``again``: final): ``(code, final counts, next widen, smallest leaf, largest
-    priority)``; ``code`` is ``DONE``, ``FALLBACK`` (a rank has no region) or
-    ``REDO`` (a batch is short of its count, or no mass is left: draw again with the new)."""
+    """``(code, final counts, next widen, smallest leaf, largest priority)`` of the owners'
+    ``posts`` (has a region, mass, smallest leaf, largest priority) for the counts ``planned``
+    of ``masses`` (``spare``: ``widen`` wider; ``again``: final). ``code``: ``DONE``,
+    ``FALLBACK`` (a rank has no region) or ``REDO`` (a batch short, or no mass left)."""
     new, code, final = posts[:, 1], DONE, planned
     if not (posts[:, 0] != 0).all():
         code = FALLBACK
@@ -79,28 +75,11 @@ def settle(posts, masses, planned, batches, u, widen, spare, again):  # pragma: 
             code = REDO
         else:
             final = counts(new, batches, u, 0.0)
-            if spare:  # twice the last move of the CDF, next time
-                widen = max(2 * moved(masses, new), 1e-4)
+            if spare:  # next time: twice the largest move of a point of the normalised CDF
+                widen = max(2 * np.abs(np.cumsum(new) / new.sum() - np.cumsum(masses) / masses.sum()).max(),
+                            1e-4)
             code = REDO if (final > planned).any() else DONE
     return code, final, widen, posts[:, 2].min(), posts[:, 3].max()
-
-
-@numba.njit(cache=True, nogil=True)
-def assemble(out, sources, drawn, got, n):  # pragma: no cover - compiled
-    """Batch ``b`` into rows ``b * n ..`` of ``out``: ``got[b, o]`` rows from each owner
-    ``o`` in turn, read from ``sources[o]``, where its batch ``b`` has ``drawn[b, o]`` rows."""
-    at = np.zeros(len(sources), np.int64)
-    for b in range(drawn.shape[0]):
-        row = b * n
-        for o in range(len(sources)):
-            out[row:row + got[b, o]] = sources[o][at[o]:at[o] + got[b, o]]
-            row, at[o] = row + got[b, o], at[o] + drawn[b, o]
-
-
-@numba.njit(cache=True, nogil=True)
-def moved(old, new):  # pragma: no cover - compiled
-    """The largest move of a point of the masses' normalised CDF from ``old`` to ``new``."""
-    return np.abs(np.cumsum(new) / new.sum() - np.cumsum(old) / old.sum()).max()
 
 
 @numba.njit(cache=True, nogil=True)
