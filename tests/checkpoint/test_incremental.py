@@ -12,14 +12,18 @@ import pytest
 import shardreplay as sr
 from shardreplay import checkpoint
 from shardreplay.buffer.shard import STEP_ARRAYS
-from shardreplay.checkpoint import saving
+from shardreplay.checkpoint import episodes, saving
 from shardreplay.checkpoint.format import PartReader
 from shardreplay.checkpoint.loading import load_shard
 from shardreplay.checkpoint.manifest import check_complete, incomplete_reason, referenced_checkpoints
-from shardreplay.checkpoint.refs import MOST_REFS
+from shardreplay.checkpoint.refs import MOST_REFS, open_part
 from shardreplay.errors import CheckpointError
 from shardreplay.storage.streams import StreamStorage
 from tests.checkpoint.helpers import (
+    FIRST,
+    LAST,
+    MID,
+    _step,
     as_shard,
     assert_arrays_equal,
     fill_random,
@@ -120,26 +124,87 @@ def test_an_incremental_part_writes_only_new_rows_of_the_arrays_fixed_at_write(t
     assert_arrays_equal(_restored(tmp_path, 2, 1, CAPACITY), [shard_arrays(local)])
 
 
-def test_an_incremental_save_copies_the_new_steps_of_the_per_step_arrays_it_writes(
+def test_an_incremental_save_reads_the_new_steps_of_the_per_step_arrays_only(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its time follows the steps written since, not the capacity: of the per-step arrays it
-    copies the new steps (the segment table's own rows) but for the three its episode table
-    and seals need whole (the old code copied all five whole, then kept the new rows)."""
+    """Its time follows the steps written since, not the capacity: it copies the new steps
+    (the segment table's own rows) of every per-step array and finds episodes in them only;
+    the episode table and seals go on from the previous part's (before issue 42's fix it
+    copied step types, discounts and episode ids whole and searched every stored step)."""
     local = make_buffer(STREAMS, CAPACITY)
     fill_random(local, 30)
     checkpoint.save(local, tmp_path, 1, incremental=True)
     fill_random(local, 5, seed=3)
     copied: list[int] = []
-    joined = StreamStorage._joined
+    searched: list[int] = []
+    joined, find = StreamStorage._joined, episodes.find_episodes
 
     def spy(self: StreamStorage, arr: np.ndarray, *start: np.ndarray | None) -> np.ndarray:
         out = joined(self, arr, *start)
         copied.append(out.shape[0])
         return out
 
+    def spy_find(step_type: np.ndarray, *args: np.ndarray) -> episodes.Episodes:
+        searched.append(step_type.shape[0])
+        return find(step_type, *args)
+
     monkeypatch.setattr(StreamStorage, "_joined", spy)
+    monkeypatch.setattr(episodes, "find_episodes", spy_find)
     checkpoint.save(local, tmp_path, 2, incremental=True, keep_last=None)
-    assert sorted(copied) == [5 * STREAMS] * 2 + [35 * STREAMS] * 3  # generation, priority; 3 whole
+    earlier = checkpoint.load_manifest(checkpoint.checkpoint_dir(tmp_path, 1)).parts[0].episodes
+    # Each earlier episode as its first and last step (old: 2 x 15, 3 x 105 copied; 105 searched).
+    assert copied == [5 * STREAMS] * 5 and searched == [2 * earlier + 5 * STREAMS]
+    full = tmp_path / "full"
+    checkpoint.save(local, full, 2)
+    assert_arrays_equal(_restored(tmp_path, 2, 2, CAPACITY), _restored(full, 2, 2, CAPACITY))
+
+
+def _write(local: sr.ReplayBuffer, steps: int, rng: np.random.Generator, last: np.ndarray, t: int) -> int:
+    """``steps`` steps of some streams each (stream ``r`` with chance ``1 - r / 4``; stream 0's
+    episode never ends, stream 1's mostly last a step or two), random discounts; returns the
+    next write time (``last``: each stream's latest step type, updated)."""
+    n = local.num_streams
+    for now in range(t, t + steps):
+        rows = np.flatnonzero(rng.random(n) < 1 - np.arange(n) / 4)
+        u, k = rng.random(rows.shape[0]), rows.shape[0]
+        types = np.where(u < np.array([0, 0.6, 0.1, 0.1, 0.1])[rows], LAST, MID)
+        types = np.where((last[rows] == LAST) | (u > 0.97), FIRST, types).astype(np.uint8)
+        disc = np.where(rng.random(k) < 0.5, rng.random(k), 1).astype(np.float32)
+        local.add(_step(rows, now, 0, types, disc), stream_ids=rows, priorities=rng.uniform(0.1, 2, k))
+        last[rows] = types
+    return t + steps
+
+
+_TABLES = ("episode", "seal.", "step_type", "discount")  # and episode_id
+
+
+def test_a_chain_of_parts_continues_the_episode_table_as_a_full_save_finds_it(tmp_path: Path) -> None:
+    """Across 32 parts, each taking its episode table and seals from the part before:
+    episodes that span parts or the whole ring, wraps that cut episodes, rows without new
+    steps, one-step episodes, parts that write old rows again (past MOST_REFS files) and a
+    background save. Every part's table, seals and step arrays read as a full save's of the
+    same content, and restore alike (exactly, and onto 2 shards)."""
+    local, full, inc = make_buffer(5, CAPACITY), tmp_path / "full", tmp_path / "inc"
+    rng, last, t = np.random.default_rng(5), np.full(5, LAST), 0
+    sizes = [30, 1, 0, 13, 41, 2, *[1] * 18, 90, 3, 7, 1, 39, 2, 1, 5]
+    for cid, steps in enumerate(sizes, 1):
+        t = _write(local, steps, rng, last, t)
+        if cid == 9:
+            checkpoint.save_in_background(local, inc, cid, incremental=True, keep_last=3).wait()
+        else:
+            checkpoint.save(local, inc, cid, incremental=True, keep_last=3)
+        checkpoint.save(local, full, cid, keep_last=1)
+        dirs = [checkpoint.checkpoint_dir(root, cid) for root in (inc, full)]
+        parts = [checkpoint.load_manifest(d).parts[0] for d in dirs]
+        assert parts[0].chained == (cid > 1) and parts[0].partial == parts[1].partial
+        with open_part(dirs[0], parts[0]) as a, open_part(dirs[1], parts[1]) as b:
+            names = sorted(k for k in b.names() if k.startswith(_TABLES))
+            assert names == sorted(k for k in a.names() if k.startswith(_TABLES))
+            for name in names:
+                np.testing.assert_array_equal(a.array(name), b.array(name), err_msg=f"{cid}: {name}")
+        if cid % 8 == 0:
+            assert_arrays_equal(restored_arrays(inc, cid, 1, 5, CAPACITY), [shard_arrays(local)])
+            assert_arrays_equal(restored_arrays(inc, cid, 2, 5, CAPACITY),
+                                restored_arrays(full, cid, 2, 5, CAPACITY))
 
 
 def test_a_restore_starts_a_new_chain(tmp_path: Path) -> None:

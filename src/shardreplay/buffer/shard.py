@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -373,13 +373,12 @@ class Shard:
             sampler.max_priority = float(value)
 
     # -- checkpoints ------------------------------------------------------------------------
-    def export(self, start: np.ndarray | None = None, whole: Collection[str] = ()) -> dict[str, Any]:
+    def export(self, start: np.ndarray | None = None) -> dict[str, Any]:
         """This shard's state for a checkpoint: as ``ReplayBuffer.state_dict`` but numpy,
         each user field a list of views into storage by row in time order (no copy; valid
         until the next write); with ``start``, each row's steps ``[start[r], position[r])``
-        but the per-step arrays named in ``whole`` (a frame-stacked field: its stacks, as
-        pieces built when each is read)."""
-        return export_state(self, True, start, whole)
+        (a frame-stacked field: its stacks, as pieces built when each is read)."""
+        return export_state(self, True, start)
 
     @property
     def file_backed(self) -> bool:

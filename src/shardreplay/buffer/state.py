@@ -3,7 +3,7 @@ docs/semantics.md, "Saving a buffer, and where batches land")."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,15 +18,15 @@ from shardreplay.spec.validation import check_step_values
 STATE_VERSION = 1
 
 
-def export_state(shard: ShardParts, field_views: bool = False, start: np.ndarray | None = None,
-                 whole: Collection[str] = ()) -> dict[str, Any]:
+def export_state(shard: ShardParts, field_views: bool = False, start: np.ndarray | None = None
+                 ) -> dict[str, Any]:
     """``{"meta": ..., "arrays": ...}`` of a buffer's shard (see ``ReplayBuffer.state_dict``).
 
     With ``field_views`` each user field is a list of views into storage (no copy); with
     ``start``, each row's steps from ``start[r]`` on (``StreamStorage.export_steps``).
     """
     storage, sampler, rng = shard._storage, shard._sampler, shard.rng
-    arrays: dict[str, Any] = storage.export_steps(not field_views, start, whole)
+    arrays: dict[str, Any] = storage.export_steps(not field_views, start)
     sampler_meta = {}
     for key, value in sampler.state_dict().items():
         if isinstance(value, np.ndarray):

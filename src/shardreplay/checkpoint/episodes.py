@@ -5,15 +5,17 @@ partial ones (``seal`` or ``drop``: docs/semantics.md, "Partial episodes").
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from shardreplay.buffer.shard import SEQUENCE_STEP_ARRAYS
+from shardreplay.buffer.shard import SEQUENCE_STEP_ARRAYS, Shard
+from shardreplay.checkpoint.refs import AnyPartReader, saved_seals
 from shardreplay.spec import StepType
 
 PARTIAL_POLICIES = ("seal", "drop")
+SEALS = ("seal.index", "seal.step_type", "seal.discount", "sealed.step_type", "sealed.discount")
 
 
 @dataclass(frozen=True)
@@ -57,26 +59,18 @@ def apply_partial_policy(arrays: Mapping[str, Any], policy: str, start_fields: C
     fields) hold a row per step where ``is_start`` (bool, per exported step) only:
     dropping filters them by the kept start steps.
 
-    Returns the new arrays (``row_length`` adjusted for drops), their episode table,
-    and counts ``{partial_episodes, partial_steps}`` plus ``sealed_*`` or ``dropped_*``.
+    Returns the new arrays (``row_length`` adjusted for drops; the table, :func:`seal_ends`),
+    their episode table, and counts ``{partial_episodes, partial_steps}`` plus ``sealed_*`` or ``dropped_*``.
     """
     out = dict(arrays)
     eps = find_episodes(arrays["step_type"], arrays["episode_id"], arrays["row_length"])
-    n_eps, n_steps = int(eps.partial.sum()), int(eps.length[eps.partial].sum())
-    report = {"partial_episodes": n_eps, "partial_steps": n_steps,
-              "sealed_episodes": 0, "sealed_steps": 0, "dropped_episodes": 0, "dropped_steps": 0}
-    if n_eps == 0:
-        return out, eps, report
-    if policy == "seal":
-        step_type, discount = arrays["step_type"].copy(), arrays["discount"].copy()
-        first, last = eps.start[eps.partial], (eps.start + eps.length - 1)[eps.partial]
-        open_end = last[step_type[last] != StepType.LAST]
-        step_type[first] = StepType.FIRST
-        step_type[last] = StepType.LAST
-        discount[open_end] = 1.0
-        out["step_type"], out["discount"] = step_type, discount
-        report.update(sealed_episodes=n_eps, sealed_steps=n_steps)
-        return out, eps, report
+    if policy == "seal" or not eps.partial.any():
+        ends = np.append(eps.start, eps.start + eps.length - 1)
+        seals = seal_ends(eps, arrays["step_type"][ends], arrays["discount"][ends])
+        for name in ("step_type", "discount") if seals else ():  # sealed copies
+            out[name] = arrays[name].copy()
+            out[name][seals["seal.index"]] = seals.pop(f"sealed.{name}")
+        return {**out, **eps.as_arrays(), **seals}, eps, _report(eps, "sealed")
     keep = np.ones(arrays["step_type"].shape[0], bool)
     keep[ranges(eps.start[eps.partial], eps.length[eps.partial])] = False
     for name, arr in arrays.items():
@@ -88,8 +82,61 @@ def apply_partial_policy(arrays: Mapping[str, Any], policy: str, start_fields: C
     dropped_per_row = np.bincount(eps.row[eps.partial], weights=eps.length[eps.partial],
                                   minlength=arrays["row_length"].shape[0]).astype(np.int64)
     out["row_length"] = arrays["row_length"] - dropped_per_row
-    report.update(dropped_episodes=n_eps, dropped_steps=n_steps)
-    return out, find_episodes(out["step_type"], out["episode_id"], out["row_length"]), report
+    kept = find_episodes(out["step_type"], out["episode_id"], out["row_length"])
+    return {**out, **kept.as_arrays()}, kept, _report(eps, "dropped")
+
+
+def _report(eps: Episodes, done: str) -> dict[str, int]:
+    n, steps = int(eps.partial.sum()), int(eps.length[eps.partial].sum())
+    return {"partial_episodes": n, "partial_steps": steps, "sealed_episodes": 0, "sealed_steps": 0,
+            "dropped_episodes": 0, "dropped_steps": 0, f"{done}_episodes": n, f"{done}_steps": steps}
+
+
+def seal_ends(eps: Episodes, types: np.ndarray, discounts: np.ndarray) -> dict[str, np.ndarray]:
+    """The steps sealing changes (``seal.index``), as written (``seal.*``: a restore onto the same
+    shards puts them back) and sealed (``sealed.*``), from their values at each first, then last step."""
+    n, steps = eps.start.shape[0], np.append(eps.start, eps.start + eps.length - 1)
+    sealed = np.repeat(np.array([StepType.FIRST, StepType.LAST], types.dtype), n)  # LAST: discount 1
+    change = np.tile(eps.partial, 2) & (types != sealed)
+    change[:n] &= eps.length > 1
+    take = np.flatnonzero(change)[np.argsort(steps[change])]
+    values = (steps, types, discounts, sealed, np.where(sealed == StepType.LAST, 1, discounts))
+    return {k: v[take] for k, v in zip(SEALS, values, strict=True)} if take.shape[0] else {}
+
+
+def continue_episodes(previous: AnyPartReader, own: Mapping[str, np.ndarray], start: np.ndarray,
+                      shard: Shard) -> tuple[dict[str, Any], Episodes, dict[str, int]]:
+    """:func:`apply_partial_policy` (seal) of a part continuing ``previous``: its table before ``start``
+    (as it was: the ring writes at its end), the ``own`` steps after, and the first steps the ring cut
+    read from ``shard``."""
+    first, length, row, ident, pos, lens = (previous.array(k).astype(np.int64) for k in (
+        "episode.start", "episode.length", "episode.row", "episode.id", "row_pos", "row_length"))
+    seal_at, seal_type, seal_discount = (np.append(x, pad) for x, pad in zip(  # 1: a discount no seal reads
+        saved_seals(previous, int(lens.sum())), (-1, 0, 1), strict=True))
+    hi = own["row_pos"].astype(np.int64)
+    lo, mine, shift = hi - own["row_length"], hi - start, np.cumsum(own["row_length"]) - hi  # shift: to index
+    a = first + (pos - np.cumsum(lens))[row]  # its first absolute step
+    b = np.minimum(a + length, start[row])  # its end before the own steps
+    k = np.flatnonzero(b > np.maximum(a, lo[row]))  # still stored there
+    ends = np.append(first[k], first[k] + length[k] - 1)  # as written: seal.*, else as sealed
+    at, sealed = np.searchsorted(seal_at[:-1], ends), np.append(length[k] > 1, np.zeros(k.shape, bool))
+    types = np.where(seal_at[at] == ends, seal_type[at], np.where(sealed, StepType.FIRST, StepType.LAST))
+    disc = np.where(seal_at[at] == ends, seal_discount[at], 1)
+    row, a, b = row[k], a[k], b[k]
+    read = np.flatnonzero((a < lo[row]) | (b == start[row]))
+    a = np.maximum(a, lo[row])
+    slots = row[read] * shard.stream_capacity + a[read] % shard.stream_capacity
+    types[read], disc[read] = shard.arrays()["step_type"][slots], shard.arrays()["discount"][slots]
+    # Each earlier episode as its first and last step, then the own steps: in the part's order.
+    steps = np.concatenate((a + shift[row], b - 1 + shift[row], ranges(start + shift, mine)))
+    order = np.argsort(steps, kind="stable")
+    steps, types, disc = steps[order], *(np.append(x, own[y])[order].astype(own[y].dtype) for x, y in (
+        (types, "step_type"), (disc, "discount")))
+    runs = find_episodes(types, np.append(np.tile(ident[k], 2), own["episode_id"])[order],
+                         2 * np.bincount(row, minlength=hi.shape[0]) + mine)
+    ends = np.append(runs.start, runs.start + runs.length - 1)
+    eps = replace(runs, start=steps[runs.start], length=steps[ends[len(runs.start):]] - steps[runs.start] + 1)
+    return {**own, **eps.as_arrays(), **seal_ends(eps, types[ends], disc[ends])}, eps, _report(eps, "sealed")
 
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -20,8 +20,8 @@ import numpy as np
 
 from shardreplay.buffer.replay_buffer import ReplayBuffer
 from shardreplay.buffer.shard import Shard, shard_of_buffer
-from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy, ranges
-from shardreplay.checkpoint.format import write_part
+from shardreplay.checkpoint.episodes import PARTIAL_POLICIES, apply_partial_policy, continue_episodes
+from shardreplay.checkpoint.format import PartReader, write_part
 from shardreplay.checkpoint.manifest import (
     checkpoint_dir,
     dump_checked,
@@ -62,7 +62,6 @@ from shardreplay.spec import Spec
 
 log = logging.getLogger("shardreplay.checkpoint.save")  # the name users filter on
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_WHOLE_STEPS = ("step_type", "discount", "episode_id")
 
 
 def shard_of(buffer: ReplayBuffer | ShardedReplayBuffer) -> tuple[ReplayBuffer, int, int]:
@@ -194,27 +193,15 @@ def _content(job: SaveJob) -> _Content:
     until the next write)."""
     shard, start = job.shard, job.start
     assert shard is not None and start is not None
-    # A chained part reads its own steps only, but the episode table and seals need every step's.
-    state = shard.export(None if job.chain is None else start, whole=_WHOLE_STEPS)
-    starts = [f"field.{n}" for n in shard.start_names]
-    is_start = shard.stored_start_flags() if starts else None
-    arrays, episodes, report = apply_partial_policy(state["arrays"], job.partial, starts, is_start)
-    arrays.update(episodes.as_arrays())
-    if job.partial == "seal":
-        arrays.update(_seal_undo(state["arrays"], arrays))
-    chained_steps: tuple[str, ...] = ()
+    state = shard.export(None if job.chain is None else start)  # a chained part: its own steps
     if job.chain is not None and job.segments is not None:  # a full part is described as before
-        arrays.update(job.segments.as_arrays())
-        # Of the arrays fixed at their step's write, only the steps this part writes itself.
-        hi = arrays["row_pos"]
-        length = np.minimum(hi, shard.stream_capacity)
-        own = ranges(np.cumsum(length) - hi + start, hi - start)
-        if "seal.index" in arrays:  # the chained arrays hold them as written: sealed on reading
-            arrays.update({f"sealed.{k}": arrays[k][arrays["seal.index"]] for k in ("step_type", "discount")})
-        arrays.update(step_type=state["arrays"]["step_type"], discount=state["arrays"]["discount"])
-        arrays.update(_priority_blocks(job))
-        chained_steps = tuple(k for k in CHAINABLE_STEPS if k in arrays)
-        arrays.update({k: arrays[k][own] for k in _WHOLE_STEPS})
+        with PartReader(job.chain.own.path(job.directory.parent), job.chain.own) as previous:
+            arrays, episodes, report = continue_episodes(previous, state["arrays"], start, shard)
+        arrays.update({**job.segments.as_arrays(), **_priority_blocks(job)})
+    else:
+        starts = [f"field.{n}" for n in shard.start_names]
+        is_start = shard.stored_start_flags() if starts else None
+        arrays, episodes, report = apply_partial_policy(state["arrays"], job.partial, starts, is_start)
     empty_like = {f"field.{k}": v for k, v in shard.fields.items()}
     empty_like.update({f"field.{k}": shard.stacked_template(k) for k in shard.stacked_names})
     part = ManifestPart(  # its size, block hashes and time (0, (), 0) are set when written
@@ -223,7 +210,7 @@ def _content(job: SaveJob) -> _Content:
         restored_from(shard), shard.spec.fingerprint, 0,
         refs=job.segments.sources if job.chain is not None and job.segments is not None else (),
         chained=job.chain is not None,
-        chained_steps=chained_steps)
+        chained_steps=tuple(k for k in CHAINABLE_STEPS if k in arrays) if job.chain is not None else ())
     return _Content(_ordered(arrays), empty_like, part, PartMeta.of_state(state["meta"], job.sharding),
                     shard.spec)
 
@@ -330,18 +317,6 @@ def _write_part(job: SaveJob, content: _Content,
                    created_unix_ms=int(time.time() * 1000), files=dict(sorted(files.items())))
     stem = part_name(job.index, job.num_shards)
     return part, dump_checked(job.directory / f"{stem}.json", part.description(content.spec))
-
-
-def _seal_undo(before: dict[str, Any], after: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The step types and discounts that sealing changed, as they were (``seal.*``): a
-    restore onto the same shards puts them back, so an ongoing episode goes on as if
-    no checkpoint had been taken. Empty when nothing was sealed."""
-    changed = np.flatnonzero((before["step_type"] != after["step_type"])
-                             | (before["discount"] != after["discount"])).astype(np.int64)
-    if not changed.shape[0]:
-        return {}
-    return {"seal.index": changed, "seal.step_type": before["step_type"][changed],
-            "seal.discount": before["discount"][changed]}
 
 
 def _ordered(arrays: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,7 @@ layout: docs/internals.md, "Stream storage")."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -447,15 +447,13 @@ class StreamStorage:
         pieces = self.row_pieces(arr, start)
         return np.concatenate(pieces) if pieces else arr[:0].copy()
 
-    def export_steps(self, copy_fields: bool = True, start: np.ndarray | None = None,
-                     whole: Collection[str] = ()) -> dict[str, np.ndarray]:
-        """Every stored step in (row, time) order (with ``start``, each row's steps from step
-        ``start[r]`` on, but the per-step arrays named in ``whole``): user fields and per-step
-        arrays, plus ``row_length`` and ``row_pos`` (of every stored step). Without
-        ``copy_fields`` plain fields come as lists of views (:meth:`row_pieces`) and
-        frame-stacked fields as lists of :class:`StackPieces` (whole stacks, built when each
-        piece is read). An ``at_starts`` field comes as the rows of the start steps only (in
-        the same order), always copied."""
+    def export_steps(self, copy_fields: bool = True, start: np.ndarray | None = None
+                     ) -> dict[str, np.ndarray]:
+        """Every stored step in (row, time) order (with ``start``, each row's steps from step ``start[r]``
+        on): user fields and per-step arrays, plus ``row_length`` and ``row_pos`` (of every stored step).
+        Without ``copy_fields`` plain fields come as lists of views (:meth:`row_pieces`) and frame-stacked
+        fields as lists of :class:`StackPieces` (whole stacks, built when each piece is read). An
+        ``at_starts`` field comes as the rows of the start steps only (in the same order), always copied."""
         slots = self.stored_slots(start=start)[0] if self.stacked or self.starts else np.empty(0, np.int64)
         # Copied by ring slices, not gathered by slot (a fancy index): the same arrays, a
         # fraction of the time, which a background save spends on the training thread.
@@ -467,7 +465,7 @@ class StreamStorage:
         for name in self.starts:
             out[f"field.{name}"] = self.start_rows.export(name, slots)
         for name in self.step_arrays:
-            out[name] = self._joined(getattr(self, name), None if name in whole else start)
+            out[name] = self._joined(getattr(self, name), start)
         out["row_length"] = np.minimum(self.pos, self.stream_capacity)
         out["row_pos"] = self.pos.copy()
         return out
