@@ -6,7 +6,7 @@ in each autoreset mode, with a timeline: docs/semantics.md, "Gymnasium autoreset
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,7 @@ class Autoreset:
         self._all_ones = np.ones(num_envs, np.float32)
         self._discounts = self._all_ones
         self._any_last = False  # some held step is LAST
-        self._none_done = bytes(num_envs)
+        self._none_done, self._all_last = bytes(num_envs), bytes([LAST]) * num_envs
         # The held steps' types and discounts after a step at an episode boundary, by the
         # bytes of what decides them (few patterns recur: one env has six), so that such a
         # step costs a dict lookup, not six numpy calls (most of such a step's cost).
@@ -65,14 +65,17 @@ class Autoreset:
         self._types = np.full(self.num_envs, FIRST, np.uint8)
         self._discounts, self._any_last = self._all_ones, False
 
+    def _write(self, step: dict[str, Any], ids: np.ndarray | None) -> None:
+        raise NotImplementedError  # the converter hands the step out, the writer writes it
+
     def _hold(self, obs: Any) -> Any:
         """A private copy of ``obs`` (vector envs may reuse their output buffers), checked for
         ``num_envs`` rows."""
         return _copy(obs, self.num_envs, "obs")
 
-    def _advance(self, write: Callable[[dict[str, Any], np.ndarray | None], None], action: Any, obs: Any,
-                 reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any] | None) -> None:
-        """:meth:`step`'s steps handed to ``write(step, ids)`` in order, then the held steps
+    def _advance(self, action: Any, obs: Any, reward: Any, terminated: Any, truncated: Any,
+                 info: Mapping[str, Any] | None) -> None:
+        """:meth:`step`'s steps handed to ``_write(step, ids)`` in order, then the held steps
         moved on (nothing changed when a check or the first write raises)."""
         held = self._obs
         if held is None:
@@ -97,19 +100,22 @@ class Autoreset:
         next_held = self._hold(obs)
         any_last = self._any_last
         obs_name, action_name, reward_name = self._names
-        step = {obs_name: held, action_name: action, reward_name: reward, "step_type": self._types,
-                "discount": self._discounts}
-        if any_last:  # at LAST (NEXT_STEP) the env ignored the action and returned reward 0: padding
+        step = {obs_name: held, action_name: action, reward_name: reward, "step_type": self._types}
+        if any_last and self._types.tobytes() == self._all_last:  # padding, see below
+            step[action_name], step[reward_name] = np.zeros_like(action), np.zeros(n, np.float32)
+        elif any_last:  # at LAST (NEXT_STEP) the env ignored the action and returned reward 0: padding
             is_last = self._types == LAST
             step[action_name] = np.where(is_last.reshape((n,) + (1,) * (action.ndim - 1)), 0,
                                          action).astype(action.dtype)
             step[reward_name] = np.where(is_last, np.float32(0), reward)
-        write(step, None)
+        if self._discounts is not self._all_ones:  # a step without a discount has 1.0
+            step["discount"] = self._discounts
+        self._write(step, None)
         self.num_steps += n
         if done is not None:
             ids = np.flatnonzero(done)
             k = len(ids)
-            write({obs_name: last_obs, action_name: np.zeros_like(step[action_name][ids]),
+            self._write({obs_name: last_obs, action_name: np.zeros_like(step[action_name][ids]),
                    reward_name: np.zeros(k, np.float32), "step_type": np.full(k, LAST, np.uint8),
                    "discount": np.where(term[ids], np.float32(0), np.float32(1))}, ids)
             self.num_steps += k
@@ -219,13 +225,14 @@ class GymStepConverter(Autoreset):
             if arr.shape[:1] != self._rows:
                 raise SpecMismatchError(f"{name} must have {self.num_envs} rows (one per env), got "
                                         f"{arr.shape}")
-        writes: list[StepWrite] = []
+        self._writes: list[StepWrite] = []
+        self._advance(action, obs, reward, terminated, truncated, info)
+        return self._writes
 
-        def keep(step: dict[str, Any], ids: np.ndarray | None) -> None:  # later steps share these two
-            step["step_type"], step["discount"] = step["step_type"].copy(), step["discount"].copy()
-            writes.append((step, ids))
-        self._advance(keep, action, obs, reward, terminated, truncated, info)
-        return writes
+    def _write(self, step: dict[str, Any], ids: np.ndarray | None) -> None:
+        discount = step.get("discount", self._all_ones)  # copies: later steps share these two arrays
+        step["step_type"], step["discount"] = step["step_type"].copy(), discount.copy()
+        self._writes.append((step, ids))
 
 
 def _copy(obs: Any, n: int, name: str) -> Any:

@@ -239,10 +239,10 @@ class GymStepWriter(Autoreset):
                     self._types = self._all_mid
                 return
         if self._lock is None:  # no context manager to enter (a step counts microseconds)
-            self._advance(self._write, action, obs, reward, terminated, truncated, info)
+            self._advance(action, obs, reward, terminated, truncated, info)
         else:
             with self._lock:
-                self._advance(self._write, action, obs, reward, terminated, truncated, info)
+                self._advance(action, obs, reward, terminated, truncated, info)
         self._set_ready()
 
     def _write(self, step: dict[str, Any], ids: np.ndarray | None) -> None:
