@@ -52,8 +52,8 @@ def writes(pos: np.ndarray, slots: np.ndarray, cap: int) -> np.ndarray:
 
 def resolve_keys(keys: np.ndarray, priorities: np.ndarray, generation: np.ndarray, size: int,
                  epoch: int, tag: int) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """``(status, bad, slots, current)`` as kernels.keys.resolve_keys documents (slots and
-    current are meaningful only when status is 0)."""
+    """``(status, bad, slots, current)``: as kernels.keys.resolve_keys documents, with every
+    key's slot and whether it is current (meaningful only when status is 0)."""
     bad_prio = ~(np.isfinite(priorities) & (priorities >= 0))
     bad_key = ~key_fits(keys, tag, size)
     first = np.flatnonzero(bad_prio | bad_key)

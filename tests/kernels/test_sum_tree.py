@@ -19,8 +19,11 @@ def _levels(tree: SumMinTree) -> list[np.ndarray]:
     return [tree.sums[tree.offsets[i]:tree.offsets[i] + tree.sizes[i]] for i in range(len(tree.sizes))]
 
 
-def _set(tree: SumMinTree, slots: np.ndarray, priority: np.ndarray, valid: np.ndarray, alpha: float) -> None:
-    tree.set_from_priorities(slots.astype(np.int64), valid, priority, alpha)
+def _set(tree: SumMinTree, slots: np.ndarray, priority: np.ndarray, valid: np.ndarray, alpha: float,
+         new: np.ndarray | None = None) -> float:
+    """The sampler's call: leaves of ``slots`` from ``priority`` (storing ``new`` there first)."""
+    return kern.set_from_priorities(tree.sums, tree.mins, tree.sizes, tree.offsets, slots.astype(np.int64),
+                                    valid, priority, alpha, np.zeros(0, np.float32) if new is None else new)
 
 
 def _check(tree: SumMinTree, leaves: np.ndarray) -> None:
@@ -61,14 +64,14 @@ def test_new_priorities_are_stored_in_order_and_their_maximum_returned() -> None
     priority = np.zeros(20, np.float32)
     valid = np.ones(20, bool)
     valid[12] = False
-    top = tree.set_from_priorities(np.array([3, 7, 3, 12]), valid, priority, 0.6,
-                                   np.array([5.0, 1.0, 2.0, 0.5], np.float32))
+    top = _set(tree, np.array([3, 7, 3, 12]), priority, valid, 0.6,
+               np.array([5.0, 1.0, 2.0, 0.5], np.float32))
     assert top == 5.0
     assert priority[[3, 7, 12]].tolist() == [2.0, 1.0, 0.5]  # a repeated slot keeps its last
     leaves = ref.leaves_from_priorities(valid, priority, 0.6)
     np.testing.assert_array_equal(tree.leaves(np.arange(20)), leaves)
     _check(tree, leaves)
-    assert tree.set_from_priorities(np.array([3]), valid, priority, 0.6) == 0.0  # nothing new
+    assert _set(tree, np.array([3]), priority, valid, 0.6) == 0.0  # nothing new
 
 
 def test_priority_zero_and_invalid_slots_get_no_mass_even_with_alpha_zero() -> None:
@@ -126,7 +129,8 @@ def test_weighted_draws_follow_p_chi_square() -> None:
     tree = SumMinTree(n)
     tree.rebuild(leaves)
     u = rng.random(400_000)
-    starts, prob, weights = tree.draw(u, 0.4)
+    starts, prob, weights = kern.draw_weighted(tree.sums, tree.mins, tree.offsets, tree.levels, u, 0.4,
+                                               np.zeros((0, 3), np.int64))  # no rows to prefetch
     p = leaves / leaves.sum()
     counts = np.bincount(starts, minlength=n)
     assert counts[p == 0].sum() == 0

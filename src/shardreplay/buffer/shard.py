@@ -334,20 +334,18 @@ class Shard:
             Nothing changes when an error is raised.
         """
         storage = self._storage
-        status, bad, slots, current = key_kernels.resolve_keys(keys, prios, storage.generation, storage.size,
-                                                   storage.key_epoch, storage.key_tag)
+        status, bad, slots, values, n = key_kernels.resolve_keys(
+            keys, prios, storage.generation, storage.size, storage.key_epoch, storage.key_tag)
         if status == key_kernels.BAD_PRIORITY:
             check_priorities(prios, keys.shape)  # raises with the precise reason
         if status == key_kernels.BAD_KEY:
             raise InvalidKeyError(foreign_key(keys, bad, "buffer"))
-        n_current = int(current.sum())
-        self.stale_updates += keys.shape[0] - n_current
-        if n_current < keys.shape[0]:
-            slots, prios = slots[current], prios[current]
-        self._sampler.update(slots, prios)
-        self.updates_applied += int(slots.shape[0])
+        self.stale_updates += keys.shape[0] - n
+        slots = slots[:n]
+        self._sampler.update(slots, values[:n])
+        self.updates_applied += n
         self.priority_marks[slots // PRIORITY_BLOCK] = self.updates_applied
-        return int(slots.shape[0])
+        return n
 
     def apply_routed(self, keys: np.ndarray, prios: np.ndarray) -> int:
         """:meth:`apply_priorities` of updates routed here by other ranks: keys that fit no

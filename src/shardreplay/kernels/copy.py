@@ -14,6 +14,7 @@ from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe a
 
 _BYTE_PTR = ir.IntType(8).as_pointer()
 STREAM_BYTES = 16  # the width of one non-temporal store
+_PREFETCH = ir.FunctionType(ir.VoidType(), [_BYTE_PTR, *(ir.IntType(32),) * 3])  # llvm.prefetch's type
 
 
 def _byte_pointer(context, builder, array_type, array, offset):  # pragma: no cover - compiling
@@ -129,6 +130,17 @@ def stream_copy_at(typingctx, dst, dst_offset, src, src_offset, nbytes):  # prag
             store.set_metadata("nontemporal", mark)
         return context.get_dummy_value()
     return types.void(dst, types.intp, src, types.intp, types.intp), codegen
+
+
+@intrinsic
+def prefetch(typingctx, address):  # pragma: no cover - compiled
+    """Ask for the cache line at ``address`` (an integer): a hint that never faults."""
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, _PREFETCH, "llvm.prefetch.p0i8")
+        flags = (ir.Constant(ir.IntType(32), v) for v in (0, 3, 1))  # read, keep in every cache, data
+        builder.call(fn, [builder.inttoptr(args[0], _BYTE_PTR), *flags])
+        return context.get_dummy_value()
+    return types.void(types.int64), codegen
 
 
 @intrinsic

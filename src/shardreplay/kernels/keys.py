@@ -83,30 +83,31 @@ def with_shard(keys, shard):
 
 @numba.njit(cache=True, nogil=True)
 def resolve_keys(keys, priorities, generation, size, epoch, tag):
-    """Check keys and priorities; map keys to flat slots and mark the stale ones
-    (generation other than the slot's write count ``generation[slot]`` plus the key
-    ``epoch``); the buffer has ``size`` slots.
-
-    Returns ``(status, bad, slots, current)``: status ``OK`` when all is well,
+    """Check keys and priorities; map keys to flat slots and keep those not stale (generation
+    other than the slot's write count ``generation[slot]`` plus the key ``epoch``) in order
+    in ``slots[:n]``, ``prios[:n]``; the buffer has ``size`` slots. Returns ``(status, bad,
+    slots, prios, n)``: status ``OK`` when all is well,
     ``BAD_PRIORITY`` when priority ``bad`` is negative or not finite, ``BAD_KEY`` when key
     ``bad`` is not a key of this buffer (negative, shard other than 0, another key ``tag``,
     or a place past the end).
     """
     n = keys.shape[0]
     slots = np.empty(n, np.int64)
-    current = np.empty(n, np.bool_)
+    prios = np.empty(n, np.float32)
+    m = 0
     for j in range(n):
         p = priorities[j]
         if not (p >= 0.0 and p < np.inf):
-            return BAD_PRIORITY, j, slots, current
+            return BAD_PRIORITY, j, slots, prios, 0
         k = keys[j]
         if not key_fits(k, tag, size):
-            return BAD_KEY, j, slots, current
+            return BAD_KEY, j, slots, prios, 0
         s = key_place_of(k)
-        slots[j] = s
         written = np.int64(generation[s])  # 0: never written, no key names it
-        current[j] = written > 0 and key_gen_of(written + epoch) == key_gen_of(k)
-    return OK, -1, slots, current
+        if written > 0 and key_gen_of(written + epoch) == key_gen_of(k):
+            slots[m], prios[m] = s, p
+            m += 1
+    return OK, -1, slots, prios, m
 
 
 @numba.njit(cache=True, nogil=True)

@@ -10,6 +10,7 @@ from shardreplay.kernels import (
     cache_lock,  # noqa: F401  (numba's cache, safe across processes)
     codes,
 )
+from shardreplay.kernels.copy import prefetch
 
 ARITY = codes.ARITY  # defined in codes.py (numba-free: read at import above)
 
@@ -32,18 +33,6 @@ def _recompute(sums, mins, level, parent, offsets, leaf_level):
             low = min(low, mins[c])
     sums[offsets[level] + parent] = total
     mins[offsets[level] + parent] = low
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _touch(values, offset, node, width):
-    """Load ``values[offset + node * width]`` for every node, in a loop of its own: with
-    nothing else to wait for, the CPU keeps many of these cache misses in flight, and the
-    work that follows finds the lines in cache. Returns their sum, for the caller to keep
-    the loads."""
-    sink = 0.0
-    for j in range(node.shape[0]):
-        sink += values[offset + node[j] * width]
-    return sink
 
 
 @numba.njit(cache=True, nogil=True)
@@ -74,13 +63,11 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
     order: a repeated slot keeps its last); then leaf of each slot = ``priority[slot]^alpha``
     where ``valid[slot]`` and the priority is positive, else 0 (``0**0 == 1`` must not
     make a priority-0 start drawable), and the ancestors of the changed leaves, each once
-    per level. Returns the largest of ``new`` (0 when empty) and a number of no meaning
-    (it keeps the loads of _touch)."""
+    per level. Returns the largest of ``new`` (0 when empty)."""
     leaf_level = sizes.shape[0] - 1
     leaf_offset = offsets[leaf_level]
-    sink = 0.0
-    for s in slots:  # the leaves' cache lines requested together (see _touch)
-        sink += sums[leaf_offset + s]
+    for s in slots:  # the leaves' cache lines requested together
+        prefetch(sums.ctypes.data + 8 * (leaf_offset + s))
     top = 0.0
     for j in range(new.shape[0]):
         priority[slots[j]] = new[j]
@@ -105,7 +92,7 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
             changed[n] = s
             n += 1
     if n == 0:
-        return top, sink
+        return top
     node = changed[:n]
     if not ordered:
         node.sort()
@@ -117,11 +104,12 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
             if m == 0 or parent != node[m - 1]:
                 node[m] = parent
                 m += 1
+                prefetch(sums.ctypes.data + 8 * (offsets[level] + parent))
+                prefetch(mins.ctypes.data + 8 * (offsets[level] + parent))
         n = m
-        sink += _touch(sums, offsets[level], node[:n], 1) + _touch(mins, offsets[level], node[:n], 1)
         for j in range(n):
             _recompute(sums, mins, level, node[j], offsets, leaf_level)
-    return top, sink
+    return top
 
 
 @numba.njit(cache=True, nogil=True)
@@ -130,45 +118,45 @@ def find_prefix(sums, offsets, levels, targets):
 
     A child is chosen by counting the prefix sums of its group at or below the target,
     so a zero-mass child is never entered; when rounding leaves a target at or past the
-    end of a group, the last child with mass is taken.
+    end of a group, the last child with mass is taken. Each item prefetches its next group.
     """
     n = targets.shape[0]
     node = np.zeros(n, np.int64)
     u = targets.copy()
-    sink = 0.0
     for level in range(1, levels):
         offset = offsets[level]
-        sink += _touch(sums, offset, node, ARITY)
+        below_at = sums.ctypes.data + 8 * offsets[level + 1] if level + 1 < levels else 0
         for j in range(n):
             first = offset + node[j] * ARITY
+            t = u[j]
             acc = 0.0
             below = 0.0  # prefix sum before the chosen child
             count = 0
-            last_positive = 0
             for c in range(ARITY):
-                v = sums[first + c]
-                acc += v
-                step = acc <= u[j]
+                acc += sums[first + c]
+                step = acc <= t
                 count += step
                 below = acc if step else below
-                last_positive = c if v > 0.0 else last_positive
-            if count > last_positive:  # rounding: past the group's last mass
-                count = last_positive
+            if count == ARITY:  # rounding: past the group's last mass
+                count = 0
+                for c in range(ARITY):
+                    count = c if sums[first + c] > 0.0 else count
                 u[j] = sums[first + count] * 0.5
             else:
-                u[j] -= below
+                u[j] = t - below
             node[j] = node[j] * ARITY + count
-    if sink != sink:  # never (sums are not NaN): keeps the loads of _touch
-        node[0] = 0
+            if below_at:
+                prefetch(below_at + 8 * ARITY * node[j])
     return node
 
 
 @numba.njit(cache=True, nogil=True)
-def draw_weighted(sums, mins, offsets, levels, uniforms, beta):
+def draw_weighted(sums, mins, offsets, levels, uniforms, beta, rows):
     """Leaves for uniforms in [0, 1), their probabilities and importance weights.
 
     ``w = (leaf / min_positive_leaf)^-beta``, which equals ``(N P(i))^-beta`` divided by
-    its maximum over all drawable leaves.
+    its maximum over all drawable leaves. The lines of each drawn leaf's storage ``rows``
+    (int64 ``[k, 3]``: address, bytes per leaf, bytes read from a leaf) are prefetched.
     """
     total = sums[0]
     low = mins[0]
@@ -178,7 +166,12 @@ def draw_weighted(sums, mins, offsets, levels, uniforms, beta):
     prob = np.empty(n, np.float64)
     weights = np.empty(n, np.float32)
     for j in range(n):
-        v = sums[leaf_offset + starts[j]]
+        s = starts[j]
+        for r in range(rows.shape[0]):
+            at = rows[r, 0] + s * rows[r, 1]
+            for line in range(at - at % 64, at + rows[r, 2], 64):
+                prefetch(line)
+        v = sums[leaf_offset + s]
         prob[j] = v / total
         weights[j] = (v / low) ** -beta
     return starts, prob, weights

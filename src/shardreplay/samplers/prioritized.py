@@ -77,19 +77,6 @@ class SumMinTree:
         """Values of leaves ``idx``."""
         return self.sums[self.leaf_offset + idx]
 
-    def set_from_priorities(self, slots: np.ndarray, valid: np.ndarray, priority: np.ndarray,
-                            alpha: float, new: np.ndarray = _NONE) -> float:
-        """Leaf of each slot = ``priority[slot]^alpha`` where ``valid[slot]`` and the
-        priority is positive, else 0 (so priority 0 is never drawn, also with alpha 0).
-        ``new`` (float32, one per slot) is stored in ``priority`` first; returns its
-        largest value (0 when none)."""
-        return tree_kernels.set_from_priorities(self.sums, self.mins, self.sizes, self.offsets, slots, valid,
-                                           priority, alpha, new)[0]
-
-    def draw(self, uniforms: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Leaves for ``uniforms`` in [0, 1): (leaf index, probability, importance weight)."""
-        return tree_kernels.draw_weighted(self.sums, self.mins, self.offsets, self.levels, uniforms, beta)
-
     def rebuild(self, values: np.ndarray) -> None:
         """Set every leaf at once from ``values`` (length ``n_leaves``), bottom up."""
         self.sums[:] = 0.0
@@ -110,7 +97,9 @@ class PrioritizedSampler:
         self.storage = storage
         self.alpha = float(alpha)
         self.beta = beta
-        self.tree = SumMinTree(storage.size)
+        self.tree = t = SumMinTree(storage.size)
+        self._set_args = (t.sums, t.mins, t.sizes, t.offsets)  # the kernels' tree arguments
+        self._draw_args = (t.sums, t.mins, t.offsets, t.levels)
         self.max_priority = 1.0
         self.draws = 0  # position on the beta schedule
 
@@ -125,7 +114,7 @@ class PrioritizedSampler:
 
     def on_write(self, slots: np.ndarray, valid: np.ndarray, newly: np.ndarray) -> None:
         """Set the leaves of recomputed slots from their stored priority and validity."""
-        self.tree.set_from_priorities(slots, self.storage.valid, self.storage.priority, self.alpha)
+        self.update(slots, _NONE)
 
     def num_samplable(self) -> int:
         """Valid starts, or 0 when their total priority is 0 (nothing can be drawn)."""
@@ -150,12 +139,14 @@ class PrioritizedSampler:
         """
         beta = self.current_beta()
         self.draws += int(advance)
-        return Draw(*self.tree.draw(rng.random(n), beta))
+        rows = self.storage.sample_rows  # the drawn windows' storage, prefetched for the gather
+        return Draw(*tree_kernels.draw_weighted(*self._draw_args, rng.random(n), beta, rows))
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        """Store new raw priorities and refresh the leaves of valid slots."""
-        top = self.tree.set_from_priorities(slots, self.storage.valid, self.storage.priority, self.alpha,
-                                            np.ascontiguousarray(priorities, np.float32))  # stores them too
+        """Store new raw priorities (float32) and refresh the leaves of valid slots."""
+        st = self.storage  # the kernel stores the priorities too
+        top = tree_kernels.set_from_priorities(*self._set_args, slots, st.valid, st.priority, self.alpha,
+                                               priorities)
         self.max_priority = max(self.max_priority, top)
 
     def rebuild(self) -> None:
