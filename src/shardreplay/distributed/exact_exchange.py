@@ -101,8 +101,6 @@ class ExactExchange:
         if shared is not None:
             posts = self._comm.all_gather(post, "ShardedReplayBuffer.sample(records written)",
                                           released=released)
-            sources = [shared.area(o)[first:first + count] for o, (first, count)
-                       in enumerate(zip(peer_first.tolist(), mine.tolist(), strict=True))]
         else:
             assert send is not None
             for first in firsts:
@@ -119,6 +117,8 @@ class ExactExchange:
             if code == kernels.FALLBACK:
                 self._shared = None
             return self._exchange(posts[:, 1].copy(), batches, u, k, False, released, again=True)
+        if shared is not None:  # every rank has written its area (not read before: one may have none)
+            sources = [shared.area(o)[f:f + c] for o, (f, c) in enumerate(zip(peer_first, mine, strict=True))]
         self.local.raise_max_priority(top)
         total = float(posts[:, 1].sum())  # numpy's summation order, as before
         records = torch.empty((k * n, rb), dtype=torch.uint8, pin_memory=self._pin)
