@@ -194,7 +194,7 @@ def _content(job: SaveJob) -> _Content:
     shard, start = job.shard, job.start
     assert shard is not None and start is not None
     state = shard.export(None if job.chain is None else start)  # a chained part: its own steps
-    if job.chain is not None and job.segments is not None:  # a full part is described as before
+    if job.chain is not None and job.segments is not None:  # a chained part (a chain always has segments)
         with PartReader(job.chain.own.path(job.directory.parent), job.chain.own) as previous:
             arrays, episodes, report = continue_episodes(previous, state["arrays"], start, shard)
         arrays.update({**job.segments.as_arrays(), **_priority_blocks(job)})
