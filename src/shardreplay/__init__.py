@@ -25,8 +25,9 @@ if TYPE_CHECKING:
         ShardReplayError,
         SpecMismatchError,
     )
+    from shardreplay.gym.spaces import spec_from_env
     from shardreplay.gym.steps import GymStepConverter  # numpy only: gymnasium is never imported
-    from shardreplay.gym.writer import GymStepWriter, spec_from_env
+    from shardreplay.gym.writer import GymStepWriter
     from shardreplay.samplers.schedules import LinearSchedule
     from shardreplay.spec import Field, Spec, StepType
 
@@ -42,7 +43,8 @@ _HOMES = {name: module for module, names in {
     "shardreplay.errors": ("CheckpointError", "ConfigError", "EmptyBufferError", "InvalidPriorityError",
                            "ShardReplayError", "SpecMismatchError"),
     "shardreplay.gym.steps": ("GymStepConverter",),
-    "shardreplay.gym.writer": ("GymStepWriter", "spec_from_env"),
+    "shardreplay.gym.spaces": ("spec_from_env",),
+    "shardreplay.gym.writer": ("GymStepWriter",),
     "shardreplay.samplers.schedules": ("LinearSchedule",),
     "shardreplay.spec": ("Field", "Spec", "StepType"),
 }.items() for name in names}

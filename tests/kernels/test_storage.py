@@ -1,5 +1,6 @@
 """kernels/storage.py against its numpy twin (tests/kernels/reference.py): random writes
-(empty, single row, wrap-around, every window length), byte scatters and gathers."""
+(empty, single row, wrap-around, every window length), byte scatters, and the gathers of
+kernels/windows.gather_window_parts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from shardreplay.kernels import storage as kern
+from shardreplay.kernels import windows
 from shardreplay.kernels.lazy import LazyKernels
 from tests.kernels import reference as ref
 
@@ -147,6 +149,6 @@ def test_gather_window_parts_matches_indexing(batch: int, window: int) -> None:
     dst_rows = rng.permutation(12)[:batch]
     fast = np.zeros((12, int(out_offset[-1]) + widths[-1] + 3), np.uint8)
     slow = fast.copy()
-    kern.gather_window_parts(sources, out_offset, idx, dst_rows, fast)
+    windows.gather_window_parts(sources, out_offset, idx, dst_rows, fast)
     ref.gather_window_parts(sources, out_offset, idx, dst_rows, slow)
     np.testing.assert_array_equal(fast, slow)

@@ -125,26 +125,6 @@ def scatter_fields(pairs, slots):  # pragma: no cover - compiled
             copy_small_or_at(dst, slots[i] * stride, value, i * k, k)
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def gather_window_parts(sources, out_offset, idx, dst_rows, out):  # pragma: no cover - compiled
-    """For every part ``p``, window ``b`` and position ``l``: copy row ``idx[b, l]`` of
-    ``sources[p]`` (a ``[N, k]`` uint8 view with contiguous rows) to row ``dst_rows[b]``
-    of ``out`` (C-contiguous uint8 records), at byte ``out_offset[p] + l * k``. One part
-    at a time (one access stream at a time suits the hardware prefetchers).
-
-    The caller keeps slots below ``N`` and every part inside a record."""
-    n, window = idx.shape
-    out_stride = out.strides[0]
-    p = 0
-    for src in literal_unroll(sources):
-        stride, size, offset = src.strides[0], src.shape[1], out_offset[p]
-        for b in range(n):
-            row = dst_rows[b] * out_stride + offset
-            for pos in range(window):
-                copy_small_or_at(out, row + pos * size, src, idx[b, pos] * stride, size)
-        p += 1  # noqa: SIM113 - numba cannot enumerate a literal_unroll
-
-
 @numba.njit(cache=True, nogil=True)
 def rows_distinct_in_range(rows, num_streams, marks):  # pragma: no cover - compiled
     """True when every row is in ``[0, num_streams)`` and none repeats. ``marks`` is a

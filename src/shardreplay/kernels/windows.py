@@ -7,13 +7,14 @@ from typing import Any
 
 import numba
 import numpy as np
+from numba import literal_unroll
 
 from shardreplay.kernels import cache_lock
-from shardreplay.kernels.copy import copy_1, copy_2, copy_4, copy_8
+from shardreplay.kernels.copy import copy_1, copy_2, copy_4, copy_8, copy_small_or_at
 from shardreplay.kernels.keys import encode_key
 
 __all__ = ["CAP", "DST", "EPOCH", "KEYS_AT", "MASK_AT", "OFFSET", "PARTS", "PART_WORDS", "SIZE", "TAG",
-           "WINDOW", "gather_windows"]
+           "WINDOW", "gather_window_parts", "gather_windows"]
 
 LAST = 2
 # ``params`` (int64): the ring, the window, the key epoch and tag, where the mask
@@ -93,3 +94,23 @@ def gather_windows(starts, step_type, generation, records, params, dst, idx):  #
         offset, size, block = params[at + OFFSET], params[at + SIZE], params[at + DST]
         for j in range(n * window):
             _copy_small(dst, block + j * size, records, idx[j] * record_bytes + offset, size)
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def gather_window_parts(sources, out_offset, idx, dst_rows, out):  # pragma: no cover - compiled
+    """For every part ``p``, window ``b`` and position ``l``: copy row ``idx[b, l]`` of
+    ``sources[p]`` (a ``[N, k]`` uint8 view with contiguous rows) to row ``dst_rows[b]``
+    of ``out`` (C-contiguous uint8 records), at byte ``out_offset[p] + l * k``. One part
+    at a time (one access stream at a time suits the hardware prefetchers).
+
+    The caller keeps slots below ``N`` and every part inside a record."""
+    n, window = idx.shape
+    out_stride = out.strides[0]
+    p = 0
+    for src in literal_unroll(sources):
+        stride, size, offset = src.strides[0], src.shape[1], out_offset[p]
+        for b in range(n):
+            row = dst_rows[b] * out_stride + offset
+            for pos in range(window):
+                copy_small_or_at(out, row + pos * size, src, idx[b, pos] * stride, size)
+        p += 1  # noqa: SIM113 - numba cannot enumerate a literal_unroll

@@ -377,7 +377,7 @@ class StreamStorage:
         rows = np.ascontiguousarray(dst_rows, np.int64)
         sources, out_offsets = columns
         if sources:
-            kernels.gather_window_parts(sources, out_offsets, idx, rows, out)
+            window_kernels.gather_window_parts(sources, out_offsets, idx, rows, out)
         for name, offset in stacked.items():
             self.stacked[name].gather_into(idx, rows, out, int(offset))
         for name, offset in at_starts.items():
