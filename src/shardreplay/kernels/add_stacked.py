@@ -11,18 +11,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from shardreplay.kernels import add_step as ak
 from shardreplay.kernels import frames as fk
-from shardreplay.kernels.add_step import (
-    AT_STEP_TYPE,
-    CHECK_ONLY,
-    FIELDS,
-    N_OUT,
-    ROWS,
-    WINDOW,
-    add_step,
-    compiled_for,
-    state_parts,
-)
 from shardreplay.kernels.cache_lock import SMALL_CALL  # numba's cache, safe across processes
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
@@ -47,30 +37,30 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, dis
     does); :data:`BAD_INPUT` with nothing changed for an input the full path must judge
     (it raises the error, or converts the input); or :data:`NEED_FRAMES` with nothing
     changed and the frames each ring must hold in ``state[N_OUT]``."""
-    n_rows = state[ROWS]
+    n_rows = state[ak.ROWS]
     ndim = fstate[F_NDIM]
     if stack.ndim != ndim or stack.shape[0] != n_rows:
         return BAD_INPUT
     for d in range(1, ndim):
         if stack.shape[d] != fstate[F_DIMS + d - 1]:
             return BAD_INPUT
-    state[CHECK_ONLY] = 1
-    checked = add_step(records, records, pos_and_counters, state, discount, step_types, values)
-    state[CHECK_ONLY] = 0
+    state[ak.CHECK_ONLY] = 1
+    checked = ak.add_step(records, records, pos_and_counters, state, discount, step_types, values)
+    state[ak.CHECK_ONLY] = 0
     if checked == BAD_INPUT:
         return BAD_INPUT
     stacks = stack[:, None]  # plan_write's [n, T, K, *frame] (None: numba's reshape calls a C helper)
     counts = fstate[F_DIMS + ndim - 1:][:, None]
-    rows_at, out_at, _discount_at, _end = state_parts(n_rows, state[FIELDS], state[WINDOW])
-    rows, step_type = state[rows_at:out_at], records[:, state[AT_STEP_TYPE]]
+    rows_at, out_at, _discount_at, _end = ak.state_parts(n_rows, state[ak.FIELDS], state[ak.WINDOW])
+    rows, step_type = state[rows_at:out_at], records[:, state[ak.AT_STEP_TYPE]]
     status, _i, _t, need = _plan_write(stacks, step_types[:, None], rows, pos_and_counters, step_type, ref,
                                        frames, fpos, fstate[F_CAP], counts)
     if status != fk.OK:
         return BAD_INPUT  # the full path names the stream and step
     if need > frames.shape[1]:
-        state[N_OUT] = need
+        state[ak.N_OUT] = need
         return NEED_FRAMES
-    delta = add_step(records, records, pos_and_counters, state, discount, step_types, values)
+    delta = ak.add_step(records, records, pos_and_counters, state, discount, step_types, values)
     _append_frames(stacks, rows, state[out_at:], counts, frames, ref, fpos)
     return delta
 
@@ -98,4 +88,4 @@ def compiled_add_stacked(args: tuple[Any, ...]) -> Any:
     fstate, discounts, step types, stack, *plain values), at least one plain value."""
     if len(args) < 11:
         raise ValueError("compiled_add_stacked needs at least one plain field")
-    return compiled_for((add_stacked_n,), 10, args)
+    return ak.compiled_for((add_stacked_n,), 10, args)

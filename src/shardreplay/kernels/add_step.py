@@ -10,7 +10,7 @@ from typing import Any
 import numba
 import numpy as np
 from numba import literal_unroll, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 # SMALL_CALL: compiled without reference counting (nothing here allocates or keeps an array),
 # cached (numba's cache, safe across processes).
@@ -53,29 +53,21 @@ def _flat_item(typingctx, array, index):  # pragma: no cover
     return array.dtype(array, types.intp), codegen
 
 
-def _value_ok(value: Any, state: Any, j: int, n_rows: int) -> bool:  # pragma: no cover
+@numba.njit(nogil=True, inline="always")
+def _value_ok(value, state, j, n_rows):  # pragma: no cover - compiled
     """``value`` (its field's stored dtype) has ``n_rows`` rows of the field shape in
     ``state[j:]``, and no NaN or inf when the field must be finite."""
-    raise NotImplementedError("compiled only")
-
-
-@overload(_value_ok, inline="always")
-def _value_ok_compiled(value, state, j, n_rows):  # pragma: no cover - compiling
-    ndim, floats = value.ndim, isinstance(value.dtype, types.Float)
-
-    def impl(value, state, j, n_rows):
-        shape = value.shape
-        if shape[0] != n_rows:
+    shape = value.shape
+    if shape[0] != n_rows:
+        return False
+    for d in range(1, value.ndim):
+        if shape[d] != state[j + DIMS + d - 1]:
             return False
-        for d in range(1, ndim):
-            if shape[d] != state[j + DIMS + d - 1]:
-                return False
-        ok = True
-        if floats and state[j + FINITE]:
-            for k in range(value.size):  # no early exit: vectorised
-                ok &= np.isfinite(_flat_item(value, k))
-        return ok
-    return impl
+    ok = True
+    if state[j + FINITE]:  # a float field's flag (np.isfinite of an integer: True)
+        for k in range(value.size):  # no early exit: vectorised
+            ok &= np.isfinite(_flat_item(value, k))
+    return ok
 
 
 @numba.njit(cache=True, nogil=True)
