@@ -321,7 +321,7 @@ def test_a_remembered_cast_keeps_the_range_check(kind: str) -> None:
         assert short.add(step)
         full.add(step)
         assert_same(_observed(fast), _observed(full))
-        assert [cast.at for cast in short._fix] == [2]  # the obs place, remembered
+        assert [cast[0] for cast in short._fix] == [2]  # the obs place, remembered
     before = snapshot(fast)
     for bad in (256, -1):
         with pytest.raises(sr.SpecMismatchError, match="outside the range"):

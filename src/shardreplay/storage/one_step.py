@@ -26,12 +26,10 @@ from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 if TYPE_CHECKING:
     from shardreplay.kernels import add_stacked as sk
     from shardreplay.kernels import add_step as kernel
+    from shardreplay.storage.streams import StreamStorage
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     kernel = lazy("shardreplay.kernels.add_step")
     sk = lazy("shardreplay.kernels.add_stacked")
-
-if TYPE_CHECKING:
-    from shardreplay.storage.streams import StreamStorage
 
 __all__ = ["OneStepAdd", "one_step_add"]
 
@@ -129,7 +127,7 @@ class OneStepAdd:
         self._default_priority = default_priority
         self._on_write = on_write
         # The casts of the places converted last time (none: values handed on as they come).
-        self._fix: tuple[_Cast, ...] = ()
+        self._fix: tuple[tuple[Any, ...], ...] = ()
         self._idle = 0
         self._taken: Any = ()  # the values the last call handed to a kernel
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
@@ -157,40 +155,35 @@ class OneStepAdd:
 
     def _call(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
               targets: tuple[Any, ...]) -> int:
-        """``dispatcher(*head, *values)``, the values at the places converted last time cast as
-        then, any other not stored converted by :meth:`_converted`; the values taken in ``_taken``."""
+        """``dispatcher(*head, *values)``, a value at a place converted last time cast as then when
+        it is of that kind (:func:`_cast`); when the dispatcher refuses, every value not stored
+        converted (:meth:`_converted`). The values taken go to ``_taken``.
+        Returns the dispatcher's result (BAD_INPUT: nothing written, the full path says why)."""
         try:
-            if not self._fix:
-                self._taken = values
-                return dispatcher(*head, *values)
-            taken, idle = list(values), True
-            for cast in self._fix:  # inline: a call per place costs as much as the copy
-                at = cast.at
-                value = taken[at]
-                if type(value) is not cast.kind:
-                    continue  # handed on as it comes: the dispatcher takes it if it is stored, or refuses
-                if cast.src is None:  # a Python number, as numpy reads it (ints range-checked)
-                    cast.flat[0] = value
-                else:
-                    if cast.read:
-                        value = to_numpy(value)  # a list, a tensor
-                    if value.dtype is not cast.src or value.shape != cast.shape:
-                        continue
-                    if cast.casting is None:  # copied (one value: as a Python number, ints range-checked)
-                        if cast.one:
-                            cast.flat[0] = value.item()
-                        else:
-                            cast.into[...] = value
-                    else:  # integers range-checked (ValueError), or a tensor read in place
-                        value = value.astype(cast.dtype, order="C", casting=cast.casting, copy=False)
-                        taken[at] = value if cast.to is None else value.reshape(cast.to)
-                        idle = False
-                        continue
-                taken[at] = cast.out
-                idle = False
-            if idle:  # a loop that changed its kinds for good: forgotten after a while
-                self._idle += 1
-                self._fix = self._fix if self._idle < FORGET_AFTER else ()
+            taken: Any = values
+            if self._fix:
+                taken, idle = list(values), True
+                # Inline: a call per place costs as much as the copy.
+                for at, kind, src, shape, read, one, casting, to, into, out in self._fix:
+                    value = taken[at]
+                    if type(value) is not kind:
+                        continue  # handed on as it comes: the dispatcher takes it if it is stored, or refuses
+                    if src is not None:  # not a Python number
+                        if read:
+                            value = to_numpy(value)  # a list, a tensor of several values
+                        if value.dtype is not src or value.shape != shape:
+                            continue
+                        if one:
+                            value = value.item()  # as a Python number: ints range-checked
+                        elif casting is not None:  # ints range-checked (ValueError), a tensor read in place
+                            value = value.astype(out.dtype, order="C", casting=casting, copy=False)
+                            taken[at], idle = value if to is None else value.reshape(to), False
+                            continue
+                    into[...] = value
+                    taken[at], idle = out, False
+                if idle:  # a loop that changed its kinds for good: forgotten after a while
+                    self._idle += 1
+                    self._fix = self._fix if self._idle < FORGET_AFTER else ()
             self._taken = taken
             return dispatcher(*head, *taken)
         except (TypeError, ValueError, OverflowError, IndexError, SpecMismatchError):  # other kinds now
@@ -198,16 +191,14 @@ class OneStepAdd:
 
     def _converted(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
                    targets: tuple[Any, ...]) -> int:
-        """``dispatcher(*head, *values)`` after every value not stored was converted (``as_stored``),
-        each such cast remembered. Returns its result (BAD_INPUT: nothing written, the full path says why)."""
+        """:meth:`_call` after every value not stored was converted, each cast remembered (a
+        method of its own: its comprehensions would make ``_call``'s locals cells, 5% of an add)."""
         try:
-            taken = [_stored(v, target) for v, target in zip(values, targets, strict=True)]
+            taken = [_stored(v, t) for v, t in zip(values, targets, strict=True)]
+            self._fix = tuple(_cast(i, v, targets[i]) for i, v in enumerate(values) if v is not taken[i])
         except (TypeError, ValueError, SpecMismatchError):  # a value that cannot be stored
             return BAD_INPUT
-        pairs = enumerate(zip(taken, values, strict=True))
-        self._fix = tuple(_Cast(i, v, targets[i]) for i, (a, v) in pairs if a is not v)
-        self._idle = 0  # calls that used none of them
-        self._taken = taken
+        self._idle, self._taken = 0, taken  # calls that used none of the casts
         try:
             return dispatcher(*head, *taken)
         except TypeError:  # a read-only array, say: the full path takes it
@@ -291,37 +282,27 @@ def _stored(value: Any, target: tuple[Any, ...]) -> Any:
             and value.flags.writeable:
         return value
     stored = as_stored(name, value, dtype, shape, field_ndim)
-    flags = stored.flags
-    return stored if flags.c_contiguous and flags.writeable else np.array(stored, order="C")
+    return stored if stored.flags.c_contiguous and stored.flags.writeable else np.array(stored, order="C")
 
 
-class _Cast:
-    """The conversion ``as_stored`` made at place ``at``, which ``OneStepAdd._call`` repeats for
-    a value of the same kind: the same Python number type (written into ``out``), or an array
-    (list, tensor) of the same dtype and shape (copied into ``out``, or cast with ``casting``)."""
-
-    __slots__ = ("at", "casting", "dtype", "flat", "into", "kind", "one", "out", "read", "shape", "src", "to")
-
-    def __init__(self, at: int, value: Any, target: tuple[Any, ...]) -> None:
-        _name, dtype, shape, _ndim = target
-        self.at, self.kind, self.dtype = at, type(value), dtype
-        number = is_number(value, dtype)  # as_stored read it as stored (np.array)
-        arr = np.empty((), dtype) if number else to_numpy(value)
-        self.one = arr.size == 1  # copied as a Python number (item): no array made, ints range-checked
-        # Read as numpy each time: a list, or a tensor of several values (of one value, a
-        # tensor's or numpy scalar's own dtype and shape are compared, and item() reads it).
-        self.read = not number and self.kind is not np.ndarray and not (self.one and hasattr(value, "dtype"))
-        seen = arr if number or self.read else value
-        self.src: Any = None if number else seen.dtype
-        self.shape = seen.shape
-        self.casting: str | None = None  # None: copied into ``out``, a view of it in the value's shape
-        if dtype.kind in "iu" and not self.one and not np.can_cast(arr.dtype, dtype, "safe"):
-            self.casting = "same_value"  # range-checked (ValueError on numpy < 2.3: never repeated)
-        elif self.read and arr.dtype == dtype:
-            self.casting = "no"  # a tensor of the stored dtype: read in place
-        if self.casting is None:
-            self.out = np.empty(shape, dtype)
-            self.into = self.out.reshape(arr.shape)  # as_stored only adds unit axes
-            self.flat = self.out.reshape(-1)
-        self.to = None if arr.shape == shape else shape  # the shape a cast is viewed in
-
+def _cast(at: int, value: Any, target: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The conversion ``as_stored`` made of ``value`` at place ``at``, which ``OneStepAdd._call``
+    repeats for a value of the same kind: the same Python number type, or an array (list,
+    tensor) of the same dtype and shape, written into ``out`` (one value as a Python number,
+    ints range-checked; ``into`` is ``out`` in its shape) or cast with ``casting``."""
+    _name, dtype, shape, _ndim = target
+    number = is_number(value, dtype)  # as_stored read it as stored (np.array)
+    arr = np.empty((), dtype) if number else to_numpy(value)
+    one = arr.size == 1
+    # Read as numpy each time: a list, or a tensor of several values (of one value, a
+    # tensor's or numpy scalar's own dtype and shape are compared, and item() reads it).
+    read = not number and type(value) is not np.ndarray and not (one and hasattr(value, "dtype"))
+    seen = arr if number or read else value
+    casting = None  # None: copied into ``out``
+    if not one and dtype.kind in "iu" and not np.can_cast(arr.dtype, dtype, "safe"):
+        casting = "same_value"  # range-checked (ValueError on numpy < 2.3: never repeated)
+    elif not one and read and arr.dtype == dtype:
+        casting = "no"  # a tensor of the stored dtype: read in place
+    out = np.empty(shape, dtype)
+    return (at, type(value), None if number else seen.dtype, seen.shape, read, one, casting,
+            None if arr.shape == shape else shape, out.reshape(() if one else arr.shape), out)
