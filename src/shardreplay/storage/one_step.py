@@ -179,7 +179,7 @@ class OneStepAdd:
                             value = value.astype(out.dtype, order="C", casting=casting, copy=False)
                             taken[at], idle = value if to is None else value.reshape(to), False
                             continue
-                    into[...] = value
+                    into[()] = value  # the whole array ([()]: faster than [...] for one value)
                     taken[at], idle = out, False
                 if idle:  # a loop that changed its kinds for good: forgotten after a while
                     self._idle += 1
