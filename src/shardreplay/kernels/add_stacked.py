@@ -25,9 +25,11 @@ _plan_write, _append_frames = (numba.njit(nogil=True, inline="always")(f.py_func
                                for f in (fk.plan_write, fk.append_frames))
 
 
+# One entry point, whatever the number of plain fields (RESULTS-inputs.md, "Pixels without
+# spikes": an entry per arity saved only the tuple ``*values`` makes).
 @numba.njit(**SMALL_CALL)
 def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, discount, step_types, stack,
-                values):  # pragma: no cover - compiled
+                *values):  # pragma: no cover - compiled
     """Check and write one step of every stream of a spec with one frame-stacked field
     (``stack``: ``[S, K, *frame]``, C-contiguous, its stored dtype) and the plain fields
     ``values`` (``discount`` and these as :func:`~shardreplay.kernels.add_step.add_step`). ``ref``, ``frames``
@@ -45,7 +47,7 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, dis
         if stack.shape[d] != fstate[F_DIMS + d - 1]:
             return BAD_INPUT
     state[ak.CHECK_ONLY] = 1
-    checked = ak.add_step(records, records, pos_and_counters, state, discount, step_types, values)
+    checked = ak.add_step(records, records, pos_and_counters, state, discount, step_types, *values)
     state[ak.CHECK_ONLY] = 0
     if checked == BAD_INPUT:
         return BAD_INPUT
@@ -60,19 +62,9 @@ def add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, dis
     if need > frames.shape[1]:
         state[ak.N_OUT] = need
         return NEED_FRAMES
-    delta = ak.add_step(records, records, pos_and_counters, state, discount, step_types, values)
+    delta = ak.add_step(records, records, pos_and_counters, state, discount, step_types, *values)
     _append_frames(stacks, rows, state[out_at:], counts, frames, ref, fpos)
     return delta
-
-
-# The one entry point, whatever the number of plain fields (RESULTS-inputs.md, "Pixels
-# without spikes": an entry per arity saved only the tuple ``*values`` makes).
-@numba.njit(**SMALL_CALL)
-def add_stacked_n(records, pos_and_counters, state, ref, frames, fpos, fstate, discount, step_types,
-                  stack, *values):  # pragma: no cover - compiled
-    """:func:`add_stacked` with any number (>= 1) of plain fields."""
-    return add_stacked(records, pos_and_counters, state, ref, frames, fpos, fstate, discount, step_types,
-                       stack, values)
 
 
 def fstate_of(stream_capacity: int, stack_shape: tuple[int, ...]) -> np.ndarray:
@@ -88,4 +80,4 @@ def compiled_add_stacked(args: tuple[Any, ...]) -> Any:
     fstate, discounts, step types, stack, *plain values), at least one plain value."""
     if len(args) < 11:
         raise ValueError("compiled_add_stacked needs at least one plain field")
-    return ak.compiled_for((add_stacked_n,), 10, args)
+    return ak.compiled_for((add_stacked,), 10, args)

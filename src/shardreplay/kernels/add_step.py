@@ -72,8 +72,8 @@ def _value_ok(value, state, j, n_rows):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def state_parts(n_rows: int, n_fields: int, window: int) -> tuple[int, int, int, int]:
-    """Where the rows, the result scratch and the discounts start in ``state``, and its
-    length (in int64 words)."""
+    """Where the rows, the result scratch and the held write's discounts start in ``state``,
+    and its length (in int64 words)."""
     rows_at = PLAN + FIELD_WORDS * n_fields
     out_at = rows_at + n_rows
     discount_at = out_at + 4 * n_rows * window
@@ -81,7 +81,7 @@ def state_parts(n_rows: int, n_fields: int, window: int) -> tuple[int, int, int,
 
 
 @numba.njit(**SMALL_CALL)
-def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no cover
+def _check_and_book(records, pos_and_counters, state, discount, step_types):  # pragma: no cover
     """The part of :func:`add_step` that no field's type changes: check the step types and
     discounts, then (unless ``state[CHECK_ONLY]``) the bookkeeping and the discount.
 
@@ -89,8 +89,7 @@ def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no
     numba compiles it once (the larger part of a cold compile) and every spec's entry
     point only types its fields."""
     n_rows, window = state[ROWS], state[WINDOW]
-    rows_at, out_at, discount_at, end = state_parts(n_rows, state[FIELDS], window)
-    discount = state[discount_at:end].view(np.float32)[:n_rows]
+    rows_at, out_at, discount_at, _end = state_parts(n_rows, state[FIELDS], window)
     if steps_ok(step_types, discount) != STEPS_OK:
         return BAD_INPUT
     if state[CHECK_ONLY]:
@@ -116,7 +115,7 @@ def _check_and_book(records, pos_and_counters, state, step_types):  # pragma: no
 
 
 @numba.njit(**SMALL_CALL)
-def add_step(records, own, pos_and_counters, state, discount, step_types, values):  # pragma: no cover
+def add_step(records, own, pos_and_counters, state, discount, step_types, *values):  # pragma: no cover
     """Check one step of every stream, then write it: the bookkeeping
     (``kernels.storage.write_steps``), the discount and every field held in the records
     (the field planned ``OWN`` into ``own``).
@@ -142,14 +141,10 @@ def add_step(records, own, pos_and_counters, state, discount, step_types, values
         if not _value_ok(v, state, j, n_rows):
             return BAD_INPUT
         j += FIELD_WORDS
-    _rows_at, out_at, discount_at, end = state_parts(n_rows, state[FIELDS], state[WINDOW])
-    stored = state[discount_at:end].view(np.float32)
-    for i in range(n_rows):  # as stored; the step rule is checked next
-        stored[i] = discount[i]
-    delta = _check_and_book(records, pos_and_counters, state, step_types)
+    delta = _check_and_book(records, pos_and_counters, state, discount, step_types)
     if delta == BAD_INPUT or state[CHECK_ONLY]:
         return delta
-    record_bytes = records.shape[1]
+    record_bytes, out_at = records.shape[1], state_parts(n_rows, state[FIELDS], state[WINDOW])[1]
     j = PLAN
     for v in literal_unroll(values):
         offset, size = state[j + OFFSET], state[j + ROW_BYTES]
@@ -178,8 +173,8 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
         return BAD_INPUT
     discount_at, end = state_parts(n_rows, state[FIELDS], state[WINDOW])[2:]
     discount = state[discount_at:end].view(np.float32)[:n_rows]
-    discount[:] = 1.0  # a step without a discount (an add's may be left there)
-    delta = add_step(records, own, pos_and_counters, state, discount, step_types, (a, b, c))
+    discount[:] = 1.0  # a step without a discount
+    delta = add_step(records, own, pos_and_counters, state, discount, step_types, a, b, c)
     if delta == BAD_INPUT:
         return delta
     size = state[PLAN + ROW_BYTES]
@@ -191,17 +186,11 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
     return delta + DONE if done else delta
 
 
-@numba.njit(**SMALL_CALL)
-def add_step_n(records, own, pos, state, discount, step_types, *values):  # pragma: no cover
-    """:func:`add_step` of a spec of any number of fields."""
-    return add_step(records, own, pos, state, discount, step_types, values)
-
-
 # Entry points of exactly 1 .. MAX_ARITY fields (docs/internals.md, "One-step writes"), from one
 # template, compiled under this file's name: numba caches a function by its source file.
 _ENTRY = """
 def add_step_{k}(records, own, pos, state, discount, step_types, {args}):
-    return add_step(records, own, pos, state, discount, step_types, ({args},))
+    return add_step(records, own, pos, state, discount, step_types, {args})
 """
 
 
@@ -211,7 +200,7 @@ def _entry(k: int) -> Any:
     return numba.njit(**SMALL_CALL)(globals()[f"add_step_{k}"])
 
 
-_ENTRIES = (add_step_n, *(_entry(k) for k in range(1, MAX_ARITY + 1)))
+_ENTRIES = (add_step, *(_entry(k) for k in range(1, MAX_ARITY + 1)))
 
 
 def compiled_add_step(args: tuple[Any, ...], held: bool = False) -> Any:
