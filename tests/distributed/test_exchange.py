@@ -127,7 +127,8 @@ def test_plan_and_settle_kernels_equal_the_numpy_they_replace() -> None:
         firsts = np.cumsum(sent + head) - sent
         want = (planned, sections.sum(axis=0), sent, firsts, planned[:me].sum(axis=(0, 1)), sections[me],
                 np.concatenate([np.arange(f, f + c) for f, c in zip(firsts, sent, strict=True)]))
-        for got, ref in zip(kernels.plan(masses, batches, u, widen, me, head), want, strict=True):
+        planned_got, sizes, rows = kernels.plan(masses, batches, u, widen, me, head)
+        for got, ref in zip((planned_got, *sizes, rows), want, strict=True):
             np.testing.assert_array_equal(got, ref, err_msg=str(trial))
         new = rng.exponential(1, world) + 0.1
         # settle: the final counts of the owners' new masses, and whether a batch is short
@@ -190,3 +191,4 @@ def test_routed_updates_packed_and_unpacked_by_the_kernels_arrive_in_order() -> 
             keys, prios = kernels.unpack_updates(got, 3, me, slot, extra)
             np.testing.assert_array_equal(keys, np.concatenate([k[o == me] for o, k, _ in sent]))
             np.testing.assert_array_equal(prios, np.concatenate([p[o == me] for o, _, p in sent]))
+

@@ -11,7 +11,7 @@ import torch
 from shardreplay.buffer.batch import Batch
 from shardreplay.errors import ConfigError
 from shardreplay.spec.keys import with_shard
-from shardreplay.spec.layout import DATA, RecordLayout, data_parts
+from shardreplay.spec.layout import DATA, RecordLayout
 from shardreplay.spec.torch_dtypes import torch_views
 
 
@@ -52,7 +52,7 @@ def records_on(records: torch.Tensor, layout: RecordLayout, weights: torch.Tenso
     a view of them there; ``weights`` (float32 ``[B]``) come along."""
     on = records.to(device, non_blocking=records.is_pinned())
     parts = torch_views(layout, on)
-    data = data_parts(parts)
+    data = {name[len(DATA):]: v for name, v in parts.items() if name.startswith(DATA)}
     if device.type == "cuda":
         weights = weights.pin_memory()
     return Batch(data=data, mask=parts["mask"], keys=parts["key"],

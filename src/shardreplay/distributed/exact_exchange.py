@@ -23,7 +23,7 @@ from shardreplay.distributed.group import Collectives, Released
 from shardreplay.distributed.same_host import SameHost
 from shardreplay.errors import EmptyBufferError
 from shardreplay.kernels import exchange as kernels
-from shardreplay.spec.layout import DATA, RecordLayout, data_parts
+from shardreplay.spec.layout import DATA, RecordLayout
 
 _LOG = logging.getLogger(__name__)
 
@@ -86,8 +86,8 @@ class ExactExchange:
             raise EmptyBufferError("no shard has a window to sample: write more steps first")
         shared = self._shared
         head = 0 if shared is not None else -(-32 // rb)  # rows before each all_to_all section: post
-        planned, owner_rows, sent, firsts, peer_first, mine, rows = kernels.plan(
-            masses, batches, u, self._widen if spare else 0.0, me, head)  # planned[requester, batch, owner]
+        planned, sizes, rows = kernels.plan(masses, batches, u, self._widen if spare else 0.0, me, head)
+        owner_rows, sent, firsts, peer_first, mine = sizes  # planned[requester, batch, owner]
         if shared is not None:
             shared.plan(owner_rows)
         send = self._send_buffer(shared, int(owner_rows[me]) + head * self.world_size)
@@ -131,9 +131,8 @@ class ExactExchange:
                 row, at[o] = row + m, at[o] + drawn[b][o]
         views = self._layout.views(out)
         views["probability"] /= total
-        parts = {name: torch.from_numpy(v) for name, v in views.items()}
-        return split_batches(data_parts(parts), parts["mask"], parts["key"], parts["probability"], n,
-                             total, low, 1.0, self.local.current_beta(), records)
+        return split_batches({f: views[DATA + f] for f in self._data_at}, views["mask"], views["key"],
+                             views["probability"], n, total, low, 1.0, self.local.current_beta(), records)
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -141,8 +140,7 @@ class ExactExchange:
         return self._shared is not None
 
     def _send_buffer(self, shared: SharedRecords | None, rows: int) -> np.ndarray | None:
-        """Where this rank writes the records it sends: its region (None if that failed),
-        or a plain array."""
+        """Where this rank writes the records it sends: its region (None if that failed), or an array."""
         if shared is None:
             return np.empty((rows, self._layout.record_bytes), np.uint8)
         try:
@@ -163,8 +161,7 @@ class SharedRecords:
 
     def plan(self, rows: np.ndarray) -> None:
         """Size every rank's area for ``rows[r]`` records (every rank passes the same ``rows``)."""
-        grow = rows > self._rows
-        self._rows = np.where(grow, np.maximum(rows + rows // 4, 2 * self._rows), self._rows)
+        self._rows = np.where(rows > self._rows, np.maximum(rows + rows // 4, 2 * self._rows), self._rows)
 
     def own_region(self, rows: int) -> np.ndarray:
         """This rank's area as ``[rows, record_bytes]`` uint8.

@@ -15,7 +15,7 @@ with local probability ``q`` has (docs/semantics.md, sampling rule 5)::
 from __future__ import annotations
 
 import functools
-import struct
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -30,7 +30,6 @@ from shardreplay.errors import ConfigError, EmptyBufferError
 from shardreplay.spec.fields import StepType
 from shardreplay.spec.keys import with_shard
 from shardreplay.spec.layout import DATA, RecordLayout
-from shardreplay.spec.torch_dtypes import torch_dtype
 
 _R = TypeVar("_R", bound="_Row")
 
@@ -44,8 +43,8 @@ class _Row:
 
     def to_row(self) -> np.ndarray:
         """This record as one int64 row: scalars in field order, then ``tail``."""
-        names, codes = self._layout()
-        row = np.frombuffer(struct.pack(codes, *(getattr(self, name) for name in names)), np.int64)
+        values, dtype = self._layout()
+        row = np.array(values(self), dtype).reshape(1).view(np.int64)
         tail = np.asarray(getattr(self, "tail", ()), np.int64).reshape(-1)
         return np.concatenate([row, tail])
 
@@ -59,21 +58,20 @@ class _Row:
         """
         if rows.ndim != 2:
             raise ConfigError(f"{cls.__name__}.from_rows takes the gathered [ranks, n] rows")
-        names, codes = cls._layout()
-        table = rows.astype(np.int64, copy=False)
-        cols: dict[str, Any] = {
-            name: table[:, i].view(np.float64) if code == "d" else table[:, i].copy()
-            for i, (name, code) in enumerate(zip(names, codes[1:], strict=True))}
+        _, dtype = cls._layout()
+        names, table = dtype.names or (), rows.astype(np.int64, copy=False)
+        head = table[:, :len(names)].copy().view(dtype)[:, 0]  # every scalar a field of one copy
+        cols: dict[str, Any] = {name: head[name] for name in names}
         if "tail" in cls.__dataclass_fields__:
             cols["tail"] = table[:, len(names):].copy()
         return cls(**cols)
 
     @classmethod
     @functools.cache
-    def _layout(cls) -> tuple[list[str], str]:
-        """The scalar fields' names, and their ``struct`` codes (float64 or int64)."""
+    def _layout(cls) -> tuple[Callable[[Any], tuple[Any, ...]], np.dtype]:
+        """The scalar fields' getter, and their dtype (float64 ``_FLOATS``, the others int64)."""
         names = [f.name for f in fields(cls) if f.name != "tail"]
-        return names, "=" + "".join("d" if name in cls._FLOATS else "q" for name in names)
+        return operator.attrgetter(*names), np.dtype([(n, "f8" if n in cls._FLOATS else "i8") for n in names])
 
 
 @dataclass(frozen=True)
@@ -137,33 +135,25 @@ class Drawn:
     records: torch.Tensor | None = None
 
 
-def drawn_weights(prob: torch.Tensor, total: float, low: float, beta: float,
-                  factor: float) -> torch.Tensor:
+def drawn_weights(prob: np.ndarray, total: float, low: float, beta: float, factor: float) -> torch.Tensor:
     """``(P / P_min)^-beta * factor`` with ``P_min = low / total`` (float32; 0 for padding)."""
     if factor == 0.0:
-        return torch.zeros(prob.shape, dtype=torch.float32, device=prob.device)
-    # numpy: a few times quicker than torch's per-op dispatch at batch sizes (``prob``: CPU)
-    return torch.from_numpy(((prob.numpy() * (total / low)) ** -beta * factor).astype(np.float32))
+        return torch.zeros(prob.shape, dtype=torch.float32)
+    return torch.from_numpy(((prob * (total / low)) ** -beta * factor).astype(np.float32))
 
 
-def split_batches(data: dict[str, torch.Tensor], mask: torch.Tensor, keys: torch.Tensor,
-                  prob: torch.Tensor, n: int, total: float, low: float, factor: float,
-                  beta: float, records: torch.Tensor | None = None) -> list[Drawn]:
-    """``k * n`` drawn windows as ``k`` batches of ``n`` (views, no copies), weighted for
-    ``beta`` in one vectorised pass; ``records``: the records the views read, if any."""
-    w = drawn_weights(prob, total, low, beta, factor)
-    k = keys.shape[0] // n
-
-    def batches(v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # One C++ call per array (views), not a Python slice per batch and array; none for one.
-        return v.view(k, n, *v.shape[1:]).unbind(0) if k > 1 else (v,)
-
-    columns = {name: batches(v) for name, v in data.items()}
-    blocks = batches(records) if records is not None else (None,) * k
-    rest = zip(batches(mask), batches(keys), batches(prob), batches(w), blocks, strict=True)
-    return [Drawn({name: parts[j] for name, parts in columns.items()}, m, key, p, weight, beta,
-                  total, low, factor, block)
-            for j, (m, key, p, weight, block) in enumerate(rest)]
+def split_batches(data: dict[str, np.ndarray], mask: np.ndarray, keys: np.ndarray, prob: np.ndarray, n: int,
+                  total: float, low: float, factor: float, beta: float,
+                  records: torch.Tensor | None = None) -> list[Drawn]:
+    """``k * n`` drawn windows (numpy, batch after batch) as ``k`` batches of ``n`` (tensors sharing
+    their memory), weighted for ``beta``; ``records``: the records the arrays view, if any."""
+    blocks = records.split(n) if records is not None else (None,) * (keys.shape[0] // n)
+    drawn, t = [], torch.from_numpy
+    for b, block in enumerate(blocks):
+        r = slice(b * n, (b + 1) * n)
+        drawn.append(Drawn({name: t(v[r]) for name, v in data.items()}, t(mask[r]), t(keys[r]), t(prob[r]),
+                           drawn_weights(prob[r], total, low, beta, factor), beta, total, low, factor, block))
+    return drawn
 
 
 class ExchangeStrategy(Protocol):
@@ -262,10 +252,8 @@ class LocalExchange:
         low = min(lows[:self.rank] + lows[self.rank + 1:] + [own.min_leaf])
         draw, data, mask, keys = drawn
         prob = draw.probabilities * own.mass / total  # P(i) = q * mass_k / sum(mass)
-        tensors = {name: torch.from_numpy(v) for name, v in data.items()}
-        return split_batches(tensors, torch.from_numpy(mask), torch.from_numpy(with_shard(keys, self.rank)),
-                             torch.from_numpy(prob), n, total, low, self.world_size * own.mass / total,
-                             self.local.current_beta())
+        return split_batches(data, mask, with_shard(keys, self.rank), prob, n, total, low,
+                             self.world_size * own.mass / total, self.local.current_beta())
 
     def _draw_own(self, m: int) -> tuple[Any, ...]:
         """This shard's stats, then (unless it is empty) ``m`` windows: draw, data, mask, keys."""
@@ -281,12 +269,11 @@ def padding(layout: RecordLayout, window: int, n: int) -> Drawn:
     window a terminated episode of zeros (FIRST, then LAST with discount 0), so the rank's
     training step runs on it and joins the DDP all-reduce (an all-False mask would make
     ``nstep_transitions`` raise on this rank alone and leave the others waiting)."""
-    data = {p.name[len(DATA):]: torch.zeros((n, *p.shape), dtype=torch_dtype(p.dtype))
-            for p in layout.parts if p.name.startswith(DATA)}
+    data = {p.name[len(DATA):]: np.zeros((n, *p.shape), p.dtype) for p in layout.parts
+            if p.name.startswith(DATA)}
     data["step_type"][:, 1:] = int(StepType.LAST)
     data["discount"][:, 1:] = 0.0
     data["episode_id"][:] = -1
-    mask = torch.zeros((n, window), dtype=torch.bool)
+    mask = np.zeros((n, window), np.bool_)
     mask[:, :2] = True
-    return split_batches(data, mask, torch.full((n,), -1, dtype=torch.int64),
-                         torch.zeros(n, dtype=torch.float64), n, 1.0, 1.0, 0.0, 0.0)[0]
+    return split_batches(data, mask, np.full(n, -1, np.int64), np.zeros(n), n, 1.0, 1.0, 0.0, 0.0)[0]

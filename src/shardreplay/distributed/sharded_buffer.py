@@ -320,7 +320,8 @@ class ShardedReplayBuffer:
         """A prefetched draw as a Batch, weighted with this call's beta."""
         beta = self._shard.current_beta()
         self._shard.advance_schedule()
-        weights = d.weights if beta == d.beta else drawn_weights(d.prob, d.total, d.low, beta, d.factor)
+        weights = d.weights if beta == d.beta else drawn_weights(d.prob.numpy(), d.total, d.low, beta,
+                                                                 d.factor)
         batch = Batch(data=d.data, mask=d.mask, keys=d.keys, weights=weights, probabilities=d.prob)
         if batch.keys.device == self.device:
             return batch

@@ -38,12 +38,12 @@ def plan(masses, batches, u, widen, me, head):  # pragma: no cover - compiled
     """The counts ``planned`` of ``masses`` (:func:`counts`; their total > 0), and of them,
     per rank ``r``: the rows each owner ``r`` draws in all, the rows ``me`` draws for
     requester ``r`` and where they start in its send buffer (``head`` rows before each
-    requester's), where ``me``'s rows start in owner ``r``'s area, and how many they are;
-    then the send buffer's rows ``me`` writes, in order."""
+    requester's), where ``me``'s rows start in owner ``r``'s area, and how many they are
+    (the rows of one ``[5, world]`` array); then the send buffer's rows ``me`` writes, in order."""
     planned = counts(masses, batches, u, widen)
     world = planned.shape[0]
-    owner_rows, sent, firsts = np.zeros(world, np.int64), np.zeros(world, np.int64), np.zeros(world, np.int64)
-    peer_first, mine = np.zeros(world, np.int64), np.zeros(world, np.int64)
+    sizes = np.zeros((5, world), np.int64)  # one array returned, not five (each costs a boxing)
+    owner_rows, sent, firsts, peer_first, mine = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4]
     rows, at = np.empty(planned[:, :, me].sum(), np.int64), 0
     for r in range(world):
         for b in range(planned.shape[1]):
@@ -55,7 +55,7 @@ def plan(masses, batches, u, widen, me, head):  # pragma: no cover - compiled
         firsts[r] = at + head
         rows[at - r * head:at - r * head + sent[r]] = np.arange(firsts[r], firsts[r] + sent[r])
         at += sent[r] + head
-    return planned, owner_rows, sent, firsts, peer_first, mine, rows
+    return planned, sizes, rows
 
 
 DONE, REDO, FALLBACK = 0, 1, 2  # what settle makes of an exchange's posts
