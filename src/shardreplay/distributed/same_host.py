@@ -14,7 +14,6 @@ that sees the counter sees the chunk); elsewhere the group stays on gloo.
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import fcntl
 import hashlib
@@ -29,30 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from shardreplay.errors import PeerLost
+from shardreplay.kernels import exchange as futex
 
 SHM_DIR = Path("/dev/shm")
 CHUNK = 1 << 18  # bytes a rank sends per round
 _KEY_BITS = 63  # host keys and nonces are non-negative int64s
-_SLICE_S = 0.05  # a futex wait's slice: the peers' liveness is checked between slices
-_SPIN = 20  # reads of a peer's counter before sleeping on it
-_SYS_FUTEX = {"x86_64": 202}.get(platform.machine())
-_WAIT, _WAKE, _ETIMEDOUT = 0, 1, 110
-_LIBC = ctypes.CDLL(None, use_errno=True) if _SYS_FUTEX else None
-if _LIBC is not None:  # typed once: a call converts plain ints (no c_long objects per call)
-    _LIBC.syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                              ctypes.c_void_p, ctypes.c_long]
-
-
-def _futex(address: int, op: int, value: int, wait_s: float = 0.0) -> int:
-    """One futex call on the shared word at ``address`` (ctypes lets the GIL go); its errno."""
-    assert _LIBC is not None and _SYS_FUTEX is not None
-    span = ctypes.byref((ctypes.c_long * 2)(int(wait_s), int(wait_s % 1 * 1e9))) if op == _WAIT else None
-    rc = _LIBC.syscall(_SYS_FUTEX, address, op, value, span, None, 0)
-    return ctypes.get_errno() if rc < 0 else 0
-
-
-def _reached(counter: int, gen: int) -> bool:
-    return (counter - gen) & 0xFFFFFFFF < 0x80000000  # the 32-bit counter wraps
+_SLICE_NS = 50_000_000  # a futex wait's slice: the peers' liveness is checked between slices
 
 
 class SameHost:
@@ -65,7 +46,7 @@ class SameHost:
     """
 
     def __init__(self, region_nonce: int, rank: int, world: int) -> None:
-        if _SYS_FUTEX is None:
+        if platform.machine() != "x86_64":
             raise OSError("shared-memory collectives need x86-64 Linux")
         self.rank, self.world, self.gen, self.nonce = rank, world, 0, region_nonce
         self._table = -(-8 * (world + 1) // 64) * 64  # where each receiver's section starts, the end
@@ -89,7 +70,7 @@ class SameHost:
                 self._maps.insert(rank, map_file(self._fds[rank], self._size, create=False))
         self.words = [m[:4].view(np.uint32) for m in self._maps]
         self._records = [np.empty(0, np.uint8)] * self.world
-        self._wake = self.words[self.rank].ctypes.data
+        self._addresses = np.array([word.ctypes.data for word in self.words], np.int64)
         at, n = [64, 64 + self._table + CHUNK], 8 * (self.world + 1)  # even and odd generations
         self.buffers = [[(m[a:a + n].view(np.int64), m[a + self._table:a + self._table + CHUNK]) for a in at]
                         for m in self._maps]
@@ -132,28 +113,26 @@ class SameHost:
                 (the ranks call collectives in another order).
         """
         (recv, _, _, sizes), deadline = self._op, time.monotonic() + timeout.total_seconds()
-        rounds, round_, firsts, at = 1, 0, [0] * self.world, 0
-        while True:
+        rounds, round_ = 1, 0
+        while round_ < rounds:
             if round_:
                 self._publish(round_)
             if not self._await(deadline):
                 return False
-            low = round_ * CHUNK
+            low, at = round_ * CHUNK, 0
             for rank, size in enumerate(sizes):
-                table, chunk = self.buffers[rank][self.gen & 1]
+                table, chunk = self.buffers[rank][self.gen & 1]  # the same table every round
+                first, end = int(table[self.rank]), int(table[self.rank + 1])
                 if not round_:
-                    firsts[rank], end = int(table[self.rank]), int(table[self.rank + 1])
-                    if end - firsts[rank] != size:
-                        raise RuntimeError(f"rank {rank} sends {end - firsts[rank]} bytes, {size} expected")
+                    if end - first != size:
+                        raise RuntimeError(f"rank {rank} sends {end - first} bytes, {size} expected")
                     rounds = max(rounds, -(-int(table[-1]) // CHUNK))
-                first = firsts[rank]
                 lo, hi = max(first, low), min(first + size, low + CHUNK)
                 if lo < hi:
                     recv[at + lo - first:at + hi - first] = chunk[lo - low:hi - low]
                 at += size
-            round_, at = round_ + 1, 0
-            if round_ >= rounds:
-                return True
+            round_ += 1
+        return True
 
     def _publish(self, round_: int) -> None:
         """Write this rank's table and chunk of ``round_``; show the new generation."""
@@ -164,21 +143,14 @@ class SameHost:
         part = send[round_ * CHUNK:(round_ + 1) * CHUNK]
         chunk[:part.size] = part
         self.words[self.rank][0] = self.gen & 0xFFFFFFFF
-        _futex(self._wake, _WAKE, 1 << 30)
+        futex.wake(self._addresses[self.rank])
 
     def _await(self, deadline: float) -> bool:
-        """Wait until every peer showed this rank's generation (False: ``deadline`` passed)."""
-        for rank, word in enumerate(self.words):
-            for _ in range(_SPIN):
-                if _reached(int(word[0]), self.gen):
-                    break
-            else:
-                while not _reached(seen := int(word[0]), self.gen):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    if _futex(word.ctypes.data, _WAIT, seen, min(left, _SLICE_S)) == _ETIMEDOUT:
-                        self._check_alive(rank)
+        """Wait without the GIL until every peer showed this rank's generation (False: past ``deadline``)."""
+        while (rank := futex.wait_for(self._addresses, self.gen & 0xFFFFFFFF, _SLICE_NS)) >= 0:
+            if time.monotonic() >= deadline:
+                return False
+            self._check_alive(rank)
         return True
 
     def _check_alive(self, rank: int) -> None:

@@ -1,14 +1,20 @@
 """The sharded exchange's bookkeeping: every requester's shard counts and the owner's write
 of the record columns it fills (distributed/exact_exchange.py); the block of routed
-priority updates and what arrives in it (distributed/priorities.py)."""
+priority updates and what arrives in it (distributed/priorities.py); the same-host
+collectives' wait for the peers' generation counters, without the GIL (same_host.py)."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import binding, ir
+from numba import types
+from numba.extending import intrinsic
 
-from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
+from shardreplay.kernels.cache_lock import SMALL_CALL  # numba's cache, safe across processes
 from shardreplay.kernels.codes import LOCAL_MASK, SHARD_SHIFT
+
+binding.initialize_native_asmparser()  # the futex syscall's inline assembly needs it
 
 
 @numba.njit(cache=True, nogil=True)
@@ -152,3 +158,42 @@ def unpack_updates(got, h, me, slot, extra):  # pragma: no cover - compiled
             prios[i] = real[0]
             i, e = i + 1, e + 1
     return keys, prios
+
+
+@intrinsic
+def _load(typingctx, address):  # pragma: no cover - compiled
+    """The uint32 at ``address``, read anew on every call (never hoisted out of a loop)."""
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(builder.inttoptr(args[0], ir.IntType(32).as_pointer()), "acquire", 4)
+    return types.uint32(types.int64), codegen
+
+
+@intrinsic
+def futex(typingctx, address, op, value, timespec):  # pragma: no cover - compiled
+    """The futex syscall (x86-64; inline assembly, so its callers stay cacheable): 0+ or -errno."""
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        call = ir.InlineAsm(ir.FunctionType(i64, [i64] * 7), "syscall",
+                            "={rax},{rax},{rdi},{rsi},{rdx},{r10},{r8},{r9},~{rcx},~{r11},~{memory}", True)
+        return builder.call(call, [ir.Constant(i64, 202), *args, ir.Constant(i64, 0), ir.Constant(i64, 0)])
+    return types.int64(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def wait_for(words, gen, slice_ns):  # pragma: no cover - compiled
+    """-1 once the counter at every address ``words[r]`` shows generation ``gen`` (32-bit, wrapping);
+    else the first ``r`` whose counter did not within a sleep of ``slice_ns`` (< 1 s) on it."""
+    timespec = np.array([0, slice_ns], np.int64)
+    for r in range(words.shape[0]):
+        seen = _load(words[r])
+        while (seen - gen) & 0xFFFFFFFF >= 0x80000000:
+            if futex(words[r], 0, seen, timespec.ctypes.data) == -110:  # FUTEX_WAIT timed out (-ETIMEDOUT)
+                return r
+            seen = _load(words[r])
+    return -1
+
+
+@numba.njit(**SMALL_CALL)
+def wake(address):  # pragma: no cover - compiled
+    """Wake every thread asleep on the counter at ``address``."""
+    return futex(address, 1, 1 << 30, 0)  # FUTEX_WAKE
