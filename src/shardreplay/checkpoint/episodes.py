@@ -33,6 +33,10 @@ class Episodes:
         return {"episode.start": self.start, "episode.length": self.length,
                 "episode.row": self.row, "episode.id": self.episode_id}
 
+    def ends(self) -> np.ndarray:
+        """Each episode's first step, then each one's last step (indices of exported steps)."""
+        return np.append(self.start, self.start + self.length - 1)
+
 
 def find_episodes(step_type: np.ndarray, episode_id: np.ndarray, row_length: np.ndarray) -> Episodes:
     """Split exported steps into episode runs (vectorised)."""
@@ -65,7 +69,7 @@ def apply_partial_policy(arrays: Mapping[str, Any], policy: str, start_fields: C
     out = dict(arrays)
     eps = find_episodes(arrays["step_type"], arrays["episode_id"], arrays["row_length"])
     if policy == "seal" or not eps.partial.any():
-        ends = np.append(eps.start, eps.start + eps.length - 1)
+        ends = eps.ends()
         seals = seal_ends(eps, arrays["step_type"][ends], arrays["discount"][ends])
         for name in ("step_type", "discount") if seals else ():  # sealed copies
             out[name] = arrays[name].copy()
@@ -95,7 +99,7 @@ def _report(eps: Episodes, done: str) -> dict[str, int]:
 def seal_ends(eps: Episodes, types: np.ndarray, discounts: np.ndarray) -> dict[str, np.ndarray]:
     """The steps sealing changes (``seal.index``), as written (``seal.*``: a restore onto the same
     shards puts them back) and sealed (``sealed.*``), from their values at each first, then last step."""
-    n, steps = eps.start.shape[0], np.append(eps.start, eps.start + eps.length - 1)
+    n, steps = eps.start.shape[0], eps.ends()
     sealed = np.repeat(np.array([StepType.FIRST, StepType.LAST], types.dtype), n)  # LAST: discount 1
     change = np.tile(eps.partial, 2) & (types != sealed)
     change[:n] &= eps.length > 1
@@ -126,7 +130,8 @@ def continue_episodes(previous: AnyPartReader, own: Mapping[str, np.ndarray], st
     read = np.flatnonzero((a < lo[row]) | (b == start[row]))
     a = np.maximum(a, lo[row])
     slots = row[read] * shard.stream_capacity + a[read] % shard.stream_capacity
-    types[read], disc[read] = shard.arrays()["step_type"][slots], shard.arrays()["discount"][slots]
+    stored = shard.arrays()
+    types[read], disc[read] = stored["step_type"][slots], stored["discount"][slots]
     # Each earlier episode as its first and last step, then the own steps: in the part's order.
     steps = np.concatenate((a + shift[row], b - 1 + shift[row], ranges(start + shift, mine)))
     order = np.argsort(steps, kind="stable")
@@ -134,7 +139,7 @@ def continue_episodes(previous: AnyPartReader, own: Mapping[str, np.ndarray], st
         (types, "step_type"), (disc, "discount")))
     runs = find_episodes(types, np.append(np.tile(ident[k], 2), own["episode_id"])[order],
                          2 * np.bincount(row, minlength=hi.shape[0]) + mine)
-    ends = np.append(runs.start, runs.start + runs.length - 1)
+    ends = runs.ends()
     eps = replace(runs, start=steps[runs.start], length=steps[ends[len(runs.start):]] - steps[runs.start] + 1)
     return {**own, **eps.as_arrays(), **seal_ends(eps, types[ends], disc[ends])}, eps, _report(eps, "sealed")
 
