@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shardreplay.errors import PeerLost
-from shardreplay.kernels import exchange as futex
+from shardreplay.kernels import exchange as kernels
 
 SHM_DIR = Path("/dev/shm")
 CHUNK = 1 << 18  # bytes a rank sends per round
@@ -143,11 +143,11 @@ class SameHost:
         part = send[round_ * CHUNK:(round_ + 1) * CHUNK]
         chunk[:part.size] = part
         self.words[self.rank][0] = self.gen & 0xFFFFFFFF
-        futex.wake(self._addresses[self.rank])
+        kernels.wake(self._addresses[self.rank])
 
     def _await(self, deadline: float) -> bool:
         """Wait without the GIL until every peer showed this rank's generation (False: past ``deadline``)."""
-        while (rank := futex.wait_for(self._addresses, self.gen & 0xFFFFFFFF, _SLICE_NS)) >= 0:
+        while (rank := kernels.wait_for(self._addresses, self.gen & 0xFFFFFFFF, _SLICE_NS)) >= 0:
             if time.monotonic() >= deadline:
                 return False
             self._check_alive(rank)
