@@ -205,7 +205,7 @@ class Collectives:
         # for the receiver's "ready", posted once its previous step is done). Its
         # all_to_all sends to every peer at once: one round trip at any K.
         gather, k = self.backend != "gloo", self.world_size
-        send = array.reshape(1, -1) if gather else np.tile(array.reshape(1, -1), (k, 1))
+        send = array.reshape(1, -1) if gather else array.reshape(1, -1).repeat(k, 0)
         self._run(out.reshape(k, array.size), send, None, None, op, while_waiting, released, gather)
         return out
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import fcntl
 import hashlib
+import itertools
 import mmap
 import os
 import platform
@@ -100,7 +101,7 @@ class SameHost:
              recv_sizes: list[int]) -> SameHost:
         """Start an all_to_all of bytes (uint8, contiguous; sections in rank order,
         ``send_sizes[r]`` to rank ``r``, ``recv_sizes[r]`` from it); :meth:`wait` ends it."""
-        self._op = (recv, send, np.cumsum([0, *send_sizes]), recv_sizes)
+        self._op = (recv, send, list(itertools.accumulate(send_sizes, initial=0)), recv_sizes)
         self._publish(0)
         return self
 
