@@ -22,7 +22,7 @@ from shardreplay.kernels.storage import write_steps
 from shardreplay.kernels.validate import STEPS_OK, steps_ok
 
 __all__ = ["BAD_INPUT", "CALLER", "CHECK_ONLY", "DONE", "FIELD_WORDS", "MAX_FIELD_NDIM", "N_OUT", "OWN",
-           "PLAN", "PRIORITY", "compiled_add_step", "compiled_for", "state_parts"]
+           "PLAN", "PRIORITY", "add_held", "compiled_add_step", "compiled_for", "state_parts"]
 
 # The int64 ``state`` array's layout: docs/internals.md, "One-step writes".
 CAP, WINDOW, ROWS, FIELDS, PRIORITY, CHECK_ONLY, N_OUT = 0, 1, 2, 3, 4, 5, 6
@@ -72,12 +72,13 @@ def _value_ok(value, state, j, n_rows):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def state_parts(n_rows: int, n_fields: int, window: int) -> tuple[int, int, int, int]:
-    """Where the rows, the result scratch and the held write's discounts start in ``state``,
-    and its length (in int64 words)."""
+    """Where the rows, the result scratch and the scratch of ``n_rows`` words (the held
+    write's discounts, a stacked add's frame counts) start in ``state``, and its length
+    (in int64 words)."""
     rows_at = PLAN + FIELD_WORDS * n_fields
     out_at = rows_at + n_rows
-    discount_at = out_at + 4 * n_rows * window
-    return rows_at, out_at, discount_at, discount_at + (n_rows + 1) // 2
+    scratch_at = out_at + 4 * n_rows * window
+    return rows_at, out_at, scratch_at, scratch_at + n_rows
 
 
 @numba.njit(**SMALL_CALL)
@@ -89,12 +90,12 @@ def _check_and_book(records, pos_and_counters, state, discount, step_types):  # 
     numba compiles it once (the larger part of a cold compile) and every spec's entry
     point only types its fields."""
     n_rows, window = state[ROWS], state[WINDOW]
-    rows_at, out_at, discount_at, _end = state_parts(n_rows, state[FIELDS], window)
+    rows_at, out_at, scratch_at, _end = state_parts(n_rows, state[FIELDS], window)
     if steps_ok(step_types, discount) != STEPS_OK:
         return BAD_INPUT
     if state[CHECK_ONLY]:
         return 0
-    out = state[out_at:discount_at].reshape(4, n_rows * window)
+    out = state[out_at:scratch_at].reshape(4, n_rows * window)
     default_prio = state[PRIORITY:PRIORITY + 1].view(np.float64)[0]
     # The bookkeeping columns of the records, as strided views.
     episode_id = records[:, state[AT_EPISODE]:state[AT_EPISODE] + 8].view(np.int64)[:, 0]
@@ -171,8 +172,8 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
     n_rows = state[ROWS]
     if not _value_ok(nxt, state, PLAN, n_rows) or term.shape[0] != n_rows or trunc.shape[0] != n_rows:
         return BAD_INPUT
-    discount_at, end = state_parts(n_rows, state[FIELDS], state[WINDOW])[2:]
-    discount = state[discount_at:end].view(np.float32)[:n_rows]
+    scratch_at, end = state_parts(n_rows, state[FIELDS], state[WINDOW])[2:]
+    discount = state[scratch_at:end].view(np.float32)[:n_rows]
     discount[:] = 1.0  # a step without a discount
     delta = add_step(records, own, pos_and_counters, state, discount, step_types, a, b, c)
     if delta == BAD_INPUT:
@@ -203,38 +204,30 @@ def _entry(k: int) -> Any:
 _ENTRIES = (add_step, *(_entry(k) for k in range(1, MAX_ARITY + 1)))
 
 
-def compiled_add_step(args: tuple[Any, ...], held: bool = False) -> Any:
-    """A dispatcher of the add (the entry point of ``len(args) - 6`` fields; with
-    ``held``, :func:`add_held`) compiled (or loaded from numba's cache) for arguments of
-    the types of ``args`` only: arguments of any other type raise ``TypeError`` at
-    dispatch. ``args`` = (records as uint8 rows, the own array as uint8 rows, positions
-    and counters, state, discounts (not with ``held``), step types, *values)."""
-    if held:
-        return _compiled(add_held, [numba.typeof(x) for x in args])
-    return compiled_for(_ENTRIES, 6, args)
+def compiled_add_step(args: tuple[Any, ...]) -> Any:
+    """A dispatcher of the add (the entry point of ``len(args) - 6`` fields) compiled as
+    :func:`compiled_for` does; ``args`` = (records as uint8 rows, the own array as uint8
+    rows, positions and counters, state, discounts, step types, *values)."""
+    n_values = len(args) - 6
+    if 0 < n_values <= MAX_ARITY:
+        return compiled_for(_ENTRIES[n_values], args)
+    return compiled_for(add_step, args, 6)
 
 
-def compiled_for(entries: tuple[Any, ...], n_head: int, args: tuple[Any, ...]) -> Any:
-    """A dispatcher of the entry of ``entries`` for ``len(args) - n_head`` values
-    (``entries[0]`` takes ``*values``, ``entries[k]`` exactly ``k``), compiled for the
-    types of ``args`` only (see :func:`_compiled`)."""
-    n_values = len(args) - n_head
-    entry = entries[n_values] if 0 < n_values < len(entries) else entries[0]
-    head = [numba.typeof(x) for x in args[:n_head]]
-    values = [numba.typeof(x) for x in args[n_head:]] if entry is not entries[0] else \
-        [numba.typeof(tuple(args[n_head:]))]
-    return _compiled(entry, [*head, *values])
-
-
-def _compiled(entry: Any, arg_types: list[Any]) -> Any:
-    """A dispatcher of ``entry`` compiled for ``arg_types`` only. A call with other types
-    raises ``TypeError`` at once (about a microsecond): numba's search for conversions
-    and its explanation of the mismatch (tens of microseconds) are replaced, as every
-    caller converts the values and calls again."""
+def compiled_for(entry: Any, args: tuple[Any, ...], n_head: int | None = None) -> Any:
+    """A dispatcher of ``entry`` (a kernel here or in kernels/add_stacked.py) compiled (or
+    loaded from numba's cache) for arguments of the types of ``args`` only, ``args[n_head:]``
+    as its ``*values`` (None: it takes none). A call with other types raises ``TypeError``
+    at once (about a microsecond): numba's search for conversions and its explanation of
+    the mismatch (tens of microseconds) are replaced, as every caller converts the values
+    and calls again."""
+    types = [numba.typeof(x) for x in args[:n_head]]
+    if n_head is not None:
+        types.append(numba.typeof(args[n_head:]))
     # A dispatcher of its own per spec (each compiles one signature and then refuses
     # others); it shares the entry's function, so numba's cache serves every spec.
     dispatcher = numba.njit(**SMALL_CALL)(entry.py_func)
-    dispatcher.compile(tuple(arg_types))
+    dispatcher.compile(tuple(types))
     dispatcher.disable_compile()
     # The C dispatcher looks these two up on the instance when no compiled form matches.
     dispatcher._search_new_conversions = lambda *a, **k: False

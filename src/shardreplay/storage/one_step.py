@@ -66,31 +66,31 @@ class OneStepAdd:
                  on_write: OnWrite | None, first: tuple[str, ...] = ()) -> None:
         spec = storage.spec
         s, window = storage.num_streams, storage.window
-        # The plain fields, ``first`` first (the order of add_held's values), then in spec order.
-        names = tuple(n for n in (*first, *(m for m in spec.names if m not in first))
-                      if not spec[n].frame_stack)
+        # The fields in the kernel's order: a frame stack, then the plain fields, ``first`` first
+        # (the order of add_held's values), then in spec order.
+        names = (*storage.stacked, *(n for n in (*first, *(m for m in spec.names if m not in first))
+                                     if not spec[n].frame_stack))
         record_fields: Mapping[str, Any] = storage.records.dtype.fields or {}
         rows = storage.record_rows
         own = rows  # the kernel's own array: the first field not in the records (none: unused)
         plan: list[int] = []
         # Other fields of their own array are written here after the kernel, from the values
-        # at these indices (the discount and the step types come first, then a stack).
-        at = 2 + len(storage.stacked)
+        # at these indices (the discount and the step types come first).
         self._own: list[tuple[int, np.ndarray]] = []
         for i, name in enumerate(names):
             f = spec[name]
             place = record_fields.get(f"field.{name}")
             row_bytes = f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
-            offset = kernel.CALLER
+            offset = kernel.CALLER  # a frame stack: checked by the kernel, its frames appended by add_stacked
             if place is not None:
                 offset = place[1]
             elif own is rows and not storage.stacked:
                 offset, own = kernel.OWN, storage.byte_rows(name)
-            else:
-                self._own.append((i + at, storage.fields[name]))
+            elif not f.frame_stack:
+                self._own.append((i + 2, storage.fields[name]))
             words = [offset, row_bytes, int(f.checks_finite), *f.shape]
             plan += words + [0] * (kernel.FIELD_WORDS - len(words))
-        rows_at, out_at, discount_at, end = kernel.state_parts(s, len(names), window)
+        rows_at, out_at, scratch_at, end = kernel.state_parts(s, len(names), window)
         self._state = np.zeros(end, np.int64)
         self._state[:kernel.AT_STEP_TYPE] = [storage.stream_capacity, window, s, len(names), 0, 0, 0]
         self._state[kernel.AT_STEP_TYPE:kernel.PLAN] = [record_fields[n][1] for n in kernel.RECORD_PARTS]
@@ -98,11 +98,11 @@ class OneStepAdd:
         self._state[rows_at:out_at] = np.arange(s)
         self._priority = self._state[kernel.PRIORITY:kernel.PRIORITY + 1].view(np.float64)
         self._priority[0] = 1.0
-        self._out = self._state[out_at:discount_at].reshape(4, s * window)  # the kernel's results
+        self._out = self._state[out_at:scratch_at].reshape(4, s * window)  # the kernel's results
         self._rows = (s,)
         self._ones = np.ones(s, DISCOUNT_DTYPE)  # the discount of a step without one
-        # The values in the kernel's order: discount, step types, a frame stack, the plain fields.
-        order = ("step_type", *storage.stacked, *names)
+        # The values in the kernel's order: discount, step types, the fields.
+        order = ("step_type", *names)
         self._get = operator.itemgetter(*order)
         self._get_discounted = operator.itemgetter("discount", *order)
         self._n_keys = len(order)  # a step without "discount"
@@ -113,17 +113,13 @@ class OneStepAdd:
                               (n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape))
                               for n in ("discount", *order))
         canonical = tuple(np.zeros(shape, dtype) for _n, dtype, shape, _d in self._targets)
-        self._store: Any = None  # the FrameStore of a frame-stacked field
-        if not storage.stacked:
+        self._store: Any = next(iter(storage.stacked.values()), None)  # a frame-stacked field's FrameStore
+        if self._store is None:
             self._head: tuple[np.ndarray, ...] = (rows, own, storage.pos_and_counters, self._state)
             self._kernel = kernel.compiled_add_step((*self._head, *canonical))
         else:  # one compiled call with the frames (kernels/add_stacked.py)
-            (store,) = storage.stacked.values()
             self._head = (rows, storage.pos_and_counters, self._state)
-            self._store = store
-            self._fstate = sk.fstate_of(store.stream_capacity, canonical[2].shape)
-            self._kernel = sk.compiled_add_stacked((*self._fused_head_now(), *canonical))
-        self._canonical = canonical
+            self._kernel = kernel.compiled_for(sk.add_stacked, (*self._fused_head_now(), *canonical), 8)
         self._default_priority = default_priority
         self._on_write = on_write
         # The casts of the places converted last time (none: values handed on as they come).
@@ -233,10 +229,10 @@ class OneStepAdd:
         (written), 2 (written; some env's episode ended) or 0 (nothing written: a value
         the full path refuses, or this writer was replaced)."""
         if self._held is None:
-            _ones, types, obs, *rest = self._canonical
+            _ones, types, obs, *rest = (np.zeros(shape, dtype) for _n, dtype, shape, _d in self._targets)
             flags = np.zeros(self._rows, np.bool_)
             args = (*self._head, types, obs, *rest, obs, obs.copy(), flags, flags)
-            self._held = kernel.compiled_add_step(args, held=True)
+            self._held = kernel.compiled_for(kernel.add_held, args)
             flag = ("done", np.dtype(np.bool_), self._rows, 0)
             self._held_targets = (*self._targets[1:], self._targets[2], self._targets[2], flag, flag)
         return self._write_held
@@ -253,7 +249,7 @@ class OneStepAdd:
         # Read each call, never kept: a write of the full path may grow (replace) the
         # ring, and a kept reference would hold the old one's memory.
         store = self._store
-        return (*self._head, store.ref, store.frames, store.fpos, self._fstate)
+        return (*self._head, store.ref, store.frames, store.fpos)
 
     def _after_write(self, values: tuple[Any, ...]) -> None:
         """Fields of their own arrays, the sampler."""
