@@ -9,8 +9,7 @@ from typing import Any
 
 import numba
 import numpy as np
-from numba import literal_unroll, types
-from numba.extending import intrinsic
+from numba import literal_unroll
 
 # SMALL_CALL: compiled without reference counting (nothing here allocates or keeps an array),
 # cached (numba's cache, safe across processes).
@@ -40,19 +39,6 @@ _NO_PRIORITIES = np.zeros((1, 1), np.float32)
 _write_steps = numba.njit(nogil=True, inline="always")(write_steps.py_func)
 
 
-@intrinsic
-def _flat_item(typingctx, array, index):  # pragma: no cover
-    """Element ``index`` of a C-contiguous ``array`` in memory order (no reshape: numba's
-    reshape calls a C helper)."""
-    if not isinstance(array, types.Array) or array.layout != "C":
-        raise numba.core.errors.TypingError(f"_flat_item takes a C-contiguous array, got {array}")
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.load(builder.gep(data, [args[1]]))
-    return array.dtype(array, types.intp), codegen
-
-
 @numba.njit(nogil=True, inline="always")
 def _value_ok(value, state, j, n_rows):  # pragma: no cover - compiled
     """``value`` (its field's stored dtype) has ``n_rows`` rows of the field shape in
@@ -65,8 +51,8 @@ def _value_ok(value, state, j, n_rows):  # pragma: no cover - compiled
             return False
     ok = True
     if state[j + FINITE]:  # a float field's flag (np.isfinite of an integer: True)
-        for k in range(value.size):  # no early exit: vectorised
-            ok &= np.isfinite(_flat_item(value, k))
+        for k in range(value.size):  # no early exit: vectorised (flat: no reshape, whose C helper is slow)
+            ok &= np.isfinite(value.flat[k])
     return ok
 
 
@@ -84,14 +70,15 @@ def state_parts(n_rows: int, n_fields: int, window: int) -> tuple[int, int, int,
 @numba.njit(**SMALL_CALL)
 def _check_and_book(records, pos_and_counters, state, discount, step_types):  # pragma: no cover
     """The part of :func:`add_step` that no field's type changes: check the step types and
-    discounts, then (unless ``state[CHECK_ONLY]``) the bookkeeping and the discount.
+    discounts (their shapes too), then (unless ``state[CHECK_ONLY]``) the bookkeeping and the discount.
 
     A function of its own, not inlined: its signature is the same for every spec, so
     numba compiles it once (the larger part of a cold compile) and every spec's entry
     point only types its fields."""
     n_rows, window = state[ROWS], state[WINDOW]
     rows_at, out_at, scratch_at, _end = state_parts(n_rows, state[FIELDS], window)
-    if steps_ok(step_types, discount) != STEPS_OK:
+    if step_types.shape[0] != n_rows or discount.shape[0] != n_rows \
+            or steps_ok(step_types, discount) != STEPS_OK:
         return BAD_INPUT
     if state[CHECK_ONLY]:
         return 0
@@ -135,8 +122,6 @@ def add_step(records, own, pos_and_counters, state, discount, step_types, *value
     a finite field, a step type or a discount is wrong (the caller's full check then
     says which)."""
     n_rows = state[ROWS]
-    if step_types.shape[0] != n_rows or discount.shape[0] != n_rows:
-        return BAD_INPUT
     j = PLAN
     for v in literal_unroll(values):
         if not _value_ok(v, state, j, n_rows):
