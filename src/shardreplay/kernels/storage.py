@@ -129,19 +129,14 @@ def scatter_fields(pairs, slots):  # pragma: no cover - compiled
 def rows_distinct_in_range(rows, num_streams, marks):  # pragma: no cover - compiled
     """True when every row is in ``[0, num_streams)`` and none repeats. ``marks`` is a
     zeroed uint8 scratch of ``num_streams`` entries, left zeroed on return."""
-    ok = True
     n = rows.shape[0]
-    done = 0
-    for i in range(n):
-        r = rows[i]
-        if r < 0 or r >= num_streams or marks[r]:
-            ok = False
-            break
-        marks[r] = 1
+    done = 0  # rows marked, each in range and new
+    while done < n and 0 <= rows[done] < num_streams and not marks[rows[done]]:
+        marks[rows[done]] = 1
         done += 1
     for i in range(done):
         marks[rows[i]] = 0
-    return ok and n > 0
+    return done == n and n > 0
 
 
 @numba.njit(cache=True, nogil=True)
