@@ -140,8 +140,7 @@ class GymStepWriter(Autoreset):
         Raises:
             SpecMismatchError: ``obs`` does not fit the spec's observation field (one row per env).
         """
-        field = self._obs_field
-        self._spare = np.empty((self.num_envs, *field.shape), field.dtype)
+        self._spare = np.empty_like(self._zeros)  # the observation field's shape and dtype, a row per env
         super().reset(obs)
         self._spare = np.empty_like(self._obs)
         self._set_ready()

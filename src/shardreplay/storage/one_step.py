@@ -248,8 +248,7 @@ class OneStepAdd:
     def _fused_head_now(self) -> tuple[Any, ...]:
         # Read each call, never kept: a write of the full path may grow (replace) the
         # ring, and a kept reference would hold the old one's memory.
-        store = self._store
-        return (*self._head, store.ref, store.frames, store.fpos)
+        return (*self._head, self._store.ref, self._store.frames, self._store.fpos)
 
     def _after_write(self, values: tuple[Any, ...]) -> None:
         """Fields of their own arrays, the sampler."""
