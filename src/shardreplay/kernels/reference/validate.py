@@ -31,9 +31,12 @@ def values_ok(payload: np.ndarray, plan: np.ndarray) -> int:
     length a multiple of 8), or -1."""
     u8 = payload[:payload.shape[0] - payload.shape[0] % 8]
     for j, (kind, off, n) in enumerate(plan.tolist()):
-        if kind in (FINITE_F32, FINITE_F64):
-            floats = u8.view(np.float32 if kind == FINITE_F32 else np.float64)
-            bad = not np.isfinite(floats[off // floats.itemsize:off // floats.itemsize + n]).all()
+        if n == 0:
+            continue
+        if kind == FINITE_F32:
+            bad = not np.isfinite(u8.view(np.float32)[off // 4:off // 4 + n]).all()
+        elif kind == FINITE_F64:
+            bad = not np.isfinite(u8.view(np.float64)[off // 8:off // 8 + n]).all()
         elif kind == STEP_TYPES:
             bad = bool((u8[off:off + n] > MAX_STEP_TYPE).any())  # uint8: never below FIRST
         elif kind == DISCOUNTS:
