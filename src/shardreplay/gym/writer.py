@@ -106,9 +106,8 @@ class GymStepWriter(Autoreset):
         # The common step's write (storage/one_step.py; it takes values of any kind), built
         # now (compiled, or loaded from numba's cache), not in the first step; none: every
         # step takes Shard.write.
-        held = self._shard.held_writer(self._names)
-        self._write_held: Any = held  # called only when _ready
-        self._can_hold = held is not None and self._lock is None  # no lock to hold around it
+        self._write_held: Any = self._shard.held_writer(self._names)  # called only when _ready
+        self._can_hold = self._write_held is not None and self._lock is None  # no lock to hold around it
         self._ready = False  # the next step may take _write_held (see _set_ready)
         self._obs_field = buffer.spec[observation]
         self._check_finite = self._obs_field.checks_finite and self._obs_field.dtype.kind == "f"

@@ -164,10 +164,9 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
     if delta == BAD_INPUT:
         return delta
     size = state[PLAN + ROW_BYTES]
-    for i in range(n_rows):
-        copy_small_or_at(spare, i * size, nxt, i * size, size)
     done = False
     for i in range(n_rows):
+        copy_small_or_at(spare, i * size, nxt, i * size, size)
         done |= term[i] | trunc[i]
     return delta + DONE if done else delta
 
