@@ -53,10 +53,6 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
     number of valid starts.
     """
     n_rows, t_len = types.shape
-    written = out_slots[0]
-    recomputed = out_slots[1]
-    out_valid = out_flags[0]
-    out_new = out_flags[1]
     n_out = 0
     delta = 0
     for i in range(n_rows):
@@ -68,7 +64,7 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
         for t in range(t_len):
             p = p0 + t
             slot = base + off
-            written[i * t_len + t] = slot
+            out_slots[0, i * t_len + t] = slot
             st = types[i, t]
             if p == 0 or st == FIRST:
                 new_ep = True
@@ -101,9 +97,9 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
             off += 1
             if off == cap:
                 off = 0
-            recomputed[n_out] = slot
-            out_valid[n_out] = now
-            out_new[n_out] = now and not was
+            out_slots[1, n_out] = slot
+            out_flags[0, n_out] = now
+            out_flags[1, n_out] = now and not was
             n_out += 1
             if now != valid[slot]:
                 delta += 1 if now else -1
