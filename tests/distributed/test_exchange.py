@@ -192,3 +192,15 @@ def test_routed_updates_packed_and_unpacked_by_the_kernels_arrive_in_order() -> 
             np.testing.assert_array_equal(keys, np.concatenate([k[o == me] for o, k, _ in sent]))
             np.testing.assert_array_equal(prios, np.concatenate([p[o == me] for o, _, p in sent]))
 
+
+
+def test_uniforms_kernel_is_default_rng_bit_for_bit() -> None:
+    from shardreplay.kernels import exchange as kernels
+
+    rng = np.random.default_rng(3)
+    seeds = [0, 1, 2**32 - 1, 2**32, 2**63 - 1, *rng.integers(0, 1 << 63, 500).tolist(),
+             *rng.integers(0, 1 << 32, 100).tolist()]
+    for seed in seeds:
+        shape = (int(rng.integers(1, 9)), int(rng.integers(1, 4)), int(rng.integers(1, 70)))
+        want = np.random.default_rng(seed).random(shape)
+        np.testing.assert_array_equal(kernels.uniforms(seed, shape), want, err_msg=str(seed))

@@ -72,8 +72,7 @@ class ExactExchange:
             EmptyBufferError: every shard's new mass is 0 (on every rank alike).
             CollectiveTimeout: a peer rank did not join in time.
         """
-        shape = (self.world_size, k, int(stats.batch_size.max()))
-        u = np.random.default_rng(int(stats.seed[0])).random(shape)  # one stream for every count
+        u = kernels.uniforms(int(stats.seed[0]), (self.world_size, k, int(stats.batch_size.max())))
         return self._exchange(stats.mass, stats.batch_size, u, k, bool(stats.tail.any()), released)
 
     def _exchange(self, masses: np.ndarray, batches: np.ndarray, u: np.ndarray, k: int, spare: bool,

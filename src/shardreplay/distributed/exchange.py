@@ -147,8 +147,7 @@ def split_batches(data: dict[str, np.ndarray], mask: np.ndarray, keys: np.ndarra
                   records: torch.Tensor | None = None) -> list[Drawn]:
     """``k * n`` drawn windows (numpy, batch after batch) as ``k`` batches of ``n`` (tensors sharing
     their memory), weighted for ``beta``; ``records``: the records the arrays view, if any."""
-    k = keys.shape[0] // n
-    blocks = (None,) * k if records is None else records.view(k, n, -1).unbind()
+    blocks = (None,) * (len(keys) // n) if records is None else records.view(-1, n, records.shape[1]).unbind()
     drawn, t = [], torch.from_numpy
     for b, block in enumerate(blocks):
         r = slice(b * n, (b + 1) * n)

@@ -17,6 +17,46 @@ from shardreplay.kernels.codes import LOCAL_MASK, SHARD_SHIFT
 binding.initialize_native_asmparser()  # the futex syscall's inline assembly needs it
 
 
+_M32, _PCG = np.uint64(0xFFFFFFFF), np.uint64(4865540595714422341)  # PCG64's multiplier: its low word
+_P0, _P1 = _PCG & _M32, _PCG >> np.uint64(32)
+
+
+@numba.njit(cache=True)
+def _hash(value, const, mult):  # pragma: no cover - compiled; SeedSequence's hashmix: hash, next const
+    value = ((value ^ const) * (const * mult & _M32)) & _M32
+    return value ^ (value >> np.uint64(16)), const * mult & _M32
+
+
+@numba.njit(cache=True, nogil=True)
+def uniforms(seed, shape):  # pragma: no cover - compiled
+    """``np.random.default_rng(seed).random(shape)`` bit for bit (0 <= seed < 2^63), without its
+    Python: SeedSequence's pool of 4 words, 8 words drawn from it seed PCG64 (XSL-RR), 53-bit doubles."""
+    u64, pool, words, const = np.uint64, np.zeros(4, np.uint64), np.zeros(8, np.uint64), np.uint64(0x43b0d7e5)
+    for i in range(4):  # uint32 words (as uint64s) throughout
+        pool[i], const = _hash(u64(seed) >> u64(32 * i) & _M32 if i < 2 else u64(0), const, u64(0x931e8875))
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                h, const = _hash(pool[src], const, u64(0x931e8875))
+                mixed = (u64(0xca01f9dd) * pool[dst] - u64(0x4973f715) * h) & _M32
+                pool[dst] = mixed ^ (mixed >> u64(16))
+    for i in range(8):
+        words[i], const = _hash(pool[i % 4], u64(0x8b51f9dd) if i == 0 else const, u64(0x58f38ded))
+    word = words[0::2] | words[1::2] << u64(32)  # seed high, low; increment high, low
+    inc_hi, inc_lo = word[2] << u64(1) | word[3] >> u64(63), word[3] << u64(1) | u64(1)
+    flat, hi, lo = np.empty(shape).reshape(-1), u64(0), u64(0)
+    for i in range(-2, flat.size):  # two seeding steps (the seed added before the second), one a double
+        hi, lo = (hi + word[0] + u64(lo + word[1] < lo), lo + word[1]) if i == -1 else (hi, lo)
+        t = (lo >> u64(32)) * _P0 + ((lo & _M32) * _P0 >> u64(32))  # then t: the high word of lo * _PCG
+        t = (lo >> u64(32)) * _P1 + (t >> u64(32)) + ((t & _M32) + (lo & _M32) * _P1 >> u64(32))
+        low = lo * _PCG + inc_lo  # the 128-bit state * (2549297995355413924 << 64 | _PCG) + increment
+        hi, lo = t + lo * u64(2549297995355413924) + hi * _PCG + inc_hi + u64(low < lo * _PCG), low
+        if i >= 0:
+            x, rot = hi ^ lo, hi >> u64(58)
+            flat[i] = ((x >> rot | x << ((u64(64) - rot) & u64(63))) >> u64(11)) / 2.0**53
+    return flat.reshape(shape)
+
+
 @numba.njit(cache=True, nogil=True)
 def counts(masses, batches, u, widen):  # pragma: no cover - compiled
     """Items per ``[requester r, batch, owner]``: each of ``r``'s batches takes
