@@ -52,7 +52,7 @@ def records_on(records: torch.Tensor, layout: RecordLayout, weights: torch.Tenso
     a view of them there; ``weights`` (float32 ``[B]``) come along."""
     on = records.to(device, non_blocking=records.is_pinned())
     parts = torch_views(layout, on)
-    data = {name[len(DATA):]: v for name, v in parts.items() if name.startswith(DATA)}
+    data = {f: parts[DATA + f] for f in layout.offsets(DATA)}
     if device.type == "cuda":
         weights = weights.pin_memory()
     return Batch(data=data, mask=parts["mask"], keys=parts["key"],
