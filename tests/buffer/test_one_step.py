@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import shardreplay as sr
+import shardreplay.kernels.add_step as kernel
 import shardreplay.spec.coerce as coerce
 import shardreplay.spec.validation as validation
 import shardreplay.storage.one_step as one_step
@@ -223,8 +224,8 @@ def test_a_step_in_the_stored_dtypes_takes_one_compiled_call(monkeypatch: pytest
 
 def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
     """Steps in the stored dtypes go to the kernel as they come, also right after a list
-    step (whose values are converted first, the cast remembered until typed steps have
-    used none of it FORGET_AFTER times); each stores what the full path stores."""
+    step (whose values are read as numpy first, the places remembered); each stores what
+    the full path stores."""
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
@@ -232,11 +233,10 @@ def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
     step.pop("discount", None)
     step["step_type"] = np.array([0, 1], np.uint8)
     natural = {**step, "action": step["action"].tolist()}
-    for given, remembered in ((step, False), (step, False), (natural, True), (step, True), (natural, True),
-                              *[(step, True)] * (one_step.FORGET_AFTER - 2), (step, False)):
+    for given, read in ((step, ()), (step, ()), (natural, (3,)), (step, (3,)), (natural, (3,)), (step, (3,))):
         fast.add(given)
         full.add(given)
-        assert (short._fix != ()) == remembered
+        assert tuple(place for place, *_ in short._read) == read
         assert (short._taken[3] is step["action"]) == (given is step)  # the action's place
         assert_same(_observed(fast), _observed(full))
 
@@ -253,18 +253,16 @@ def _counted_casts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return casts
 
 
-# Each kind, and the values of it that are not in their stored form (converted once each).
-NATURAL_KINDS = {
-    "int64 step types": (lambda st: {**st, "step_type": st["step_type"].astype(np.int64)}, ["step_type"]),
-    "float64": (lambda st: {**st, "obs": st["obs"].astype(np.float64), "reward": st["reward"].astype(float)},
-                ["obs", "reward"]),
-    "int32 action": (lambda st: {**st, "action": st["action"].astype(np.int32)}, ["action"]),
-    "strided": (lambda st: {**st, "obs": np.repeat(st["obs"], 2, axis=-1)[..., ::2]}, ["obs"]),
-    "lists": (lambda st: {k: v.tolist() for k, v in st.items()}, ["step_type", "obs", "action", "reward"]),
-    "torch": (lambda st: {k: torch.from_numpy(v.copy()) for k, v in st.items()},
-              ["step_type", "obs", "action", "reward"]),
-    "bool discount": (lambda st: {**st, "discount": st["step_type"] != 2}, ["discount"]),
-    "int discount": (lambda st: {**st, "discount": (st["step_type"] != 2).astype(np.int64)}, ["discount"]),
+# Each kind, from a step in the stored form.
+NATURAL_KINDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "int64 step types": lambda st: {**st, "step_type": st["step_type"].astype(np.int64)},
+    "float64": lambda st: {**st, "obs": st["obs"].astype(np.float64), "reward": st["reward"].astype(float)},
+    "int32 action": lambda st: {**st, "action": st["action"].astype(np.int32)},
+    "strided": lambda st: {**st, "obs": np.repeat(st["obs"], 2, axis=-1)[..., ::2]},
+    "lists": lambda st: {k: v.tolist() for k, v in st.items()},
+    "torch": lambda st: {k: torch.from_numpy(v.copy()) for k, v in st.items()},
+    "bool discount": lambda st: {**st, "discount": st["step_type"] != 2},
+    "int discount": lambda st: {**st, "discount": (st["step_type"] != 2).astype(np.int64)},
 }
 
 
@@ -272,18 +270,16 @@ NATURAL_KINDS = {
 def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
         kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Numpy arrays of another dtype or layout, lists, tensors and bool or integer
-    discounts take the short path: each value not in its stored form is converted
-    (``as_stored``; its place then by the cast it chose, while its kind, dtype and shape
-    stay), the others are not touched, and the kernel stays compiled for the
-    stored form only (a compiled form per kind costs a compile each, seconds of a cold
-    cache). Each step stores what the full path stores, and a value that cannot be
-    stored is refused with the full path's one-line error, nothing written."""
+    discounts take the short path with no cast in Python (``as_stored`` is never called): the
+    kernel stores each value in the field's dtype, in one more compiled form (a list or a
+    tensor is read as numpy first). Each step stores what the full path stores, and a value
+    that cannot be stored is refused with the full path's one-line error, nothing written."""
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
     casts = _counted_casts(monkeypatch)
     rng = np.random.default_rng(3)
-    natural, converted = NATURAL_KINDS[kind]
+    natural = NATURAL_KINDS[kind]
     for t in range(6):
         step = _good(SPECS["vector"], 2, rng)
         step.pop("discount", None)
@@ -292,10 +288,8 @@ def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
         assert short.add(given)  # the short path took it
         full.add(given)
         assert_same(_observed(fast), _observed(full))
-        # as_stored once, then the cast it chose, remembered per place (any kind)
-        assert casts == (converted if t == 0 else [])
-        casts.clear()
-    assert len(short._kernel.overloads) == 1
+        assert casts == []
+    assert len(short._kernel.forms) == (1 if kind == "torch" else 2)  # torch: the stored dtypes
     bad = {**given, "action": np.full(2, 1.5)} if kind != "int64 step types" else \
         {**given, "step_type": np.array([1, 300])}
     before = snapshot(fast)
@@ -306,9 +300,9 @@ def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
 
 
 @pytest.mark.parametrize("kind", ["int64 arrays", "lists", "python ints", "int64 tensors"])
-def test_a_remembered_cast_keeps_the_range_check(kind: str) -> None:
-    """Integers into a uint8 field: after the first step the place is cast directly (no
-    as_stored), and a value out of range is still refused with nothing written."""
+def test_integers_are_range_checked_by_the_kernel(kind: str) -> None:
+    """Integers into a uint8 field go to the kernel as int64 (no as_stored), which checks
+    their range: a value out of range is refused with the full path's error, nothing written."""
     spec = sr.Spec({"obs": sr.Field((), np.uint8), "reward": sr.Field((), np.float32)})
     fast, full = _pair(spec, 1, "uniform")
     short = testing.shard(fast)._one_step
@@ -321,7 +315,7 @@ def test_a_remembered_cast_keeps_the_range_check(kind: str) -> None:
         assert short.add(step)
         full.add(step)
         assert_same(_observed(fast), _observed(full))
-        assert [cast[0] for cast in short._fix] == [2]  # the obs place, remembered
+        assert short._taken[2].dtype == np.int64 and len(short._kernel.forms) == 2
     before = snapshot(fast)
     for bad in (256, -1):
         with pytest.raises(sr.SpecMismatchError, match="outside the range"):
@@ -333,14 +327,19 @@ def test_a_remembered_cast_keeps_the_range_check(kind: str) -> None:
         assert_same(snapshot(fast), before)
 
 
-def test_every_kind_of_input_in_turn_keeps_one_compiled_kernel() -> None:
-    """The whole matrix of kinds through one writer, in turn: every step takes the short
-    path and the kernel has one compiled form at the end."""
+@pytest.mark.parametrize("max_forms", [8, 3])
+def test_every_kind_of_input_in_turn_takes_the_short_path(max_forms: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole matrix of kinds through one writer, in turn: every step takes the short path
+    and stores what the full path stores. The kernel compiles a form per kind up to
+    ``MAX_FORMS``; kinds beyond it are converted to the stored form in Python (``as_stored``)."""
+    monkeypatch.setattr(kernel, "MAX_FORMS", max_forms)
     fast, full = _pair(SPECS["vector"], 2, "uniform")
     short = testing.shard(fast)._one_step
     assert short is not None
+    casts = _counted_casts(monkeypatch)
     rng = np.random.default_rng(4)
-    kinds = [natural for natural, _ in NATURAL_KINDS.values()]
+    kinds = list(NATURAL_KINDS.values())
     for t in range(3 * len(kinds)):
         step = _good(SPECS["vector"], 2, rng)
         step.pop("discount", None)
@@ -349,7 +348,8 @@ def test_every_kind_of_input_in_turn_keeps_one_compiled_kernel() -> None:
         assert short.add(given)
         full.add(given)
         assert_same(_observed(fast), _observed(full))
-    assert len(short._kernel.overloads) == 1
+    assert len(short._kernel.forms) == max_forms
+    assert (casts == []) == (max_forms == 8)  # the 8 forms of NATURAL_KINDS: none converted
 
 
 def test_the_short_path_is_built_after_many_one_step_adds(monkeypatch: pytest.MonkeyPatch) -> None:

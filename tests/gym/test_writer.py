@@ -235,9 +235,9 @@ GYM_KINDS = {
 @pytest.mark.parametrize("kind", sorted(GYM_KINDS))
 def test_natural_inputs_take_the_one_step_writer_and_store_what_typed_inputs_store(kind, monkeypatch):
     """Each kind takes the compiled write: no step goes through the full validation
-    (patched to raise here), each value not in its stored form is converted once in
-    Python and no other is, the write stays compiled for the stored form only, and the
-    buffer holds what typed inputs give."""
+    (patched to raise here), no value is cast in Python but an observation held over an
+    episode end (the kernel takes each kind as it comes, in a form compiled for it), and
+    the buffer holds what typed inputs give."""
     bufs = [ReplayBuffer(SPEC, num_streams=2, stream_capacity=16, window=2, seed=0) for _ in range(2)]
     writers = [GymStepWriter(b, autoreset_mode="next_step") for b in bufs]
 
@@ -264,8 +264,8 @@ def test_natural_inputs_take_the_one_step_writer_and_store_what_typed_inputs_sto
     for name, arr in a.items():
         np.testing.assert_array_equal(arr, b[name], err_msg=name)
     assert writers[1].num_steps == 40
-    assert set(casts) <= converted and len(casts) <= 20 * len(converted)
-    assert len(writers[1]._write_held.__self__._held.overloads) == 1
+    assert set(casts) <= converted & {"obs"}
+    assert len(writers[1]._write_held.__self__._held.forms) <= 2  # the stored form's, this kind's
 
 
 def _pixel_run(spec: Spec, mode: str, num_envs: int, steps: int, seed: int):

@@ -14,14 +14,17 @@ from numba import literal_unroll
 # SMALL_CALL: compiled without reference counting (nothing here allocates or keeps an array),
 # cached (numba's cache, safe across processes).
 from shardreplay.kernels.cache_lock import SMALL_CALL
+from shardreplay.kernels.cast import c_code, fits, store_as
 from shardreplay.kernels.codes import ADD_HELD_DONE as DONE
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
+from shardreplay.kernels.codes import STORED_DTYPES, stored_code
 from shardreplay.kernels.copy import copy_small_or_at
 from shardreplay.kernels.storage import write_steps
 from shardreplay.kernels.validate import STEPS_OK, steps_ok
 
-__all__ = ["BAD_INPUT", "CALLER", "CHECK_ONLY", "DONE", "FIELD_WORDS", "MAX_FIELD_NDIM", "N_OUT", "OWN",
-           "PLAN", "PRIORITY", "add_held", "compiled_add_step", "compiled_for", "state_parts"]
+__all__ = ["BAD_INPUT", "CALLER", "CHECK_ONLY", "DONE", "FIELD_WORDS", "MAX_FIELD_NDIM", "MAX_FORMS", "N_OUT",
+           "OWN", "PLAN", "PRIORITY", "add_held", "compiled_add_step", "compiled_for", "form_for",
+           "state_parts"]
 
 # The int64 ``state`` array's layout: docs/internals.md, "One-step writes".
 CAP, WINDOW, ROWS, FIELDS, PRIORITY, CHECK_ONLY, N_OUT = 0, 1, 2, 3, 4, 5, 6
@@ -29,31 +32,59 @@ AT_STEP_TYPE, AT_DISCOUNT, AT_EPISODE, AT_GENERATION, AT_PRIORITY, AT_VALID = 7,
 PLAN = 13
 RECORD_PARTS = ("step_type", "discount", "episode_id", "generation", "priority", "valid")  # AT_* order
 MAX_FIELD_NDIM = 8
-OFFSET, ROW_BYTES, FINITE, DIMS = 0, 1, 2, 3
+OFFSET, ROW_BYTES, FINITE, CODE, DIMS = 0, 1, 2, 3, 4  # CODE: the stored dtype's (kernels/cast.py)
 OWN, CALLER = -1, -2
 FIELD_WORDS = DIMS + MAX_FIELD_NDIM
 MAX_ARITY = 6
+MAX_FORMS = 8  # compiled forms of one dispatcher (kinds of input); beyond, inputs are converted first
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)
+_F32 = stored_code(np.dtype(np.float32))
+_ITEMSIZE = tuple(d.itemsize for d in STORED_DTYPES)
 # The same bookkeeping as every other write, inlined here (and so compiled without
 # reference counting too).
 _write_steps = numba.njit(nogil=True, inline="always")(write_steps.py_func)
 
 
 @numba.njit(nogil=True, inline="always")
+def _same(value, code):  # pragma: no cover - compiled
+    """``value`` is C-contiguous in the dtype of ``code``."""
+    return c_code(value) == code
+
+
+@numba.njit(nogil=True, inline="always")
 def _value_ok(value, state, j, n_rows):  # pragma: no cover - compiled
-    """``value`` (its field's stored dtype) has ``n_rows`` rows of the field shape in
-    ``state[j:]``, and no NaN or inf when the field must be finite."""
+    """``value`` (any numeric dtype and layout) has ``n_rows`` rows of the field shape in
+    ``state[j:]``, and each of its values may be stored in the field's dtype (``fits``: in
+    range, no NaN or inf when the field must be finite)."""
     shape = value.shape
     if shape[0] != n_rows:
         return False
     for d in range(1, value.ndim):
         if shape[d] != state[j + DIMS + d - 1]:
             return False
-    ok = True
-    if state[j + FINITE]:  # a float field's flag (np.isfinite of an integer: True)
-        for k in range(value.size):  # no early exit: vectorised (flat: no reshape, whose C helper is slow)
-            ok &= np.isfinite(value.flat[k])
+    ok, code, finite = True, state[j + CODE], state[j + FINITE]
+    # No early exits: vectorised (flat: no reshape, whose C helper is slow).
+    if _same(value, code):
+        if finite:  # a float field's flag (np.isfinite of an integer: True)
+            for k in range(value.size):
+                ok &= np.isfinite(value.flat[k])
+    else:
+        for k in range(value.size):
+            ok &= fits(value.flat[k], code, finite)
     return ok
+
+
+@numba.njit(nogil=True, inline="always")
+def _put_row(dst, at, value, i, size, code):  # pragma: no cover - compiled
+    """Row ``i`` of ``value`` (``size`` bytes once stored) stored as the dtype of ``code``
+    at byte ``at`` of ``dst``: copied when it is in that form, else value by value."""
+    if _same(value, code):
+        copy_small_or_at(dst, at, value, i * size, size)
+    else:
+        width = _ITEMSIZE[code]
+        per = size // width
+        for k in range(per):
+            store_as(dst, at + k * width, value.flat[i * per + k], code)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -98,7 +129,7 @@ def _check_and_book(records, pos_and_counters, state, discount, step_types):  # 
     record_bytes = records.shape[1]
     at_discount = state[AT_DISCOUNT]
     for i in range(n_rows):
-        copy_small_or_at(records, out[0, i] * record_bytes + at_discount, discount, 4 * i, 4)
+        _put_row(records, out[0, i] * record_bytes + at_discount, discount, i, 4, _F32)
     return delta
 
 
@@ -110,8 +141,9 @@ def add_step(records, own, pos_and_counters, state, discount, step_types, *value
 
     ``records`` is the storage's per-slot records as uint8 ``[N, record bytes]``, ``own``
     the own array as uint8 rows ``[N, row bytes]``; ``values`` the user fields in plan
-    order, each ``[S, *shape]`` C-contiguous in its stored dtype; ``discount`` (float32)
-    and ``step_types`` are ``[S]``; ``pos_and_counters`` is the storage's positions
+    order, each ``[S, *shape]`` of a dtype that may be stored in the field's (kernels/cast.py;
+    any layout); ``discount`` (float32, or as a float field) and ``step_types`` (integers,
+    C-contiguous) are ``[S]``; ``pos_and_counters`` is the storage's positions
     ``[S]`` then its counters (the next episode id; the number of valid starts, which
     this keeps); ``state`` (int64) is laid out as the constants above and
     :func:`state_parts` say.
@@ -133,12 +165,12 @@ def add_step(records, own, pos_and_counters, state, discount, step_types, *value
     record_bytes, out_at = records.shape[1], state_parts(n_rows, state[FIELDS], state[WINDOW])[1]
     j = PLAN
     for v in literal_unroll(values):
-        offset, size = state[j + OFFSET], state[j + ROW_BYTES]
+        offset, size, code = state[j + OFFSET], state[j + ROW_BYTES], state[j + CODE]
         for i in range(n_rows):
             if offset >= 0:
-                copy_small_or_at(records, state[out_at + i] * record_bytes + offset, v, i * size, size)
+                _put_row(records, state[out_at + i] * record_bytes + offset, v, i, size, code)
             elif offset == OWN:
-                copy_small_or_at(own, state[out_at + i] * size, v, i * size, size)
+                _put_row(own, state[out_at + i] * size, v, i, size, code)
         j += FIELD_WORDS
     return delta
 
@@ -166,7 +198,7 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
     size = state[PLAN + ROW_BYTES]
     done = False
     for i in range(n_rows):
-        copy_small_or_at(spare, i * size, nxt, i * size, size)
+        _put_row(spare, i * size, nxt, i, size, state[PLAN + CODE])
         done |= term[i] | trunc[i]
     return delta + DONE if done else delta
 
@@ -203,20 +235,45 @@ def compiled_for(entry: Any, args: tuple[Any, ...], n_head: int | None = None) -
     loaded from numba's cache) for arguments of the types of ``args`` only, ``args[n_head:]``
     as its ``*values`` (None: it takes none). A call with other types raises ``TypeError``
     at once (about a microsecond): numba's search for conversions and its explanation of
-    the mismatch (tens of microseconds) are replaced, as every caller converts the values
-    and calls again."""
-    types = [numba.typeof(x) for x in args[:n_head]]
-    if n_head is not None:
-        types.append(numba.typeof(args[n_head:]))
-    # A dispatcher of its own per spec (each compiles one signature and then refuses
-    # others); it shares the entry's function, so numba's cache serves every spec.
+    the mismatch (tens of microseconds) are replaced, as every caller then takes the form
+    for them (:func:`form_for`) or converts the values, and calls again."""
+    # A dispatcher per spec and form: numba's dispatcher matches among several forms in a
+    # loop (0.5 us at 8), one form exactly; all share the entry's function, so numba's cache
+    # serves every spec.
     dispatcher = numba.njit(**SMALL_CALL)(entry.py_func)
-    dispatcher.compile(tuple(types))
+    dispatcher.compile(_types(args, n_head))
     dispatcher.disable_compile()
     # The C dispatcher looks these two up on the instance when no compiled form matches.
     dispatcher._search_new_conversions = lambda *a, **k: False
     dispatcher._explain_matching_error = _refuse
+    dispatcher.n_head, dispatcher.forms = n_head, {dispatcher.signatures[0]: dispatcher}
     return dispatcher
+
+
+def form_for(dispatcher: Any, args: tuple[Any, ...]) -> Any:
+    """The dispatcher of the same kernel as ``dispatcher`` (from :func:`compiled_for`) for
+    the types of ``args``, compiled (or loaded from numba's cache) the first time; None when
+    numba cannot type them or :data:`MAX_FORMS` are compiled already."""
+    try:
+        types = _types(args, dispatcher.n_head)
+    except ValueError:  # a value numba has no type for
+        return None
+    form = dispatcher.forms.get(types)
+    if form is None and len(dispatcher.forms) < MAX_FORMS:
+        try:
+            form = compiled_for(dispatcher, args, dispatcher.n_head)
+        except numba.core.errors.NumbaError:
+            return None
+        form.forms = dispatcher.forms
+        form.forms[types] = form
+    return form
+
+
+def _types(args: tuple[Any, ...], n_head: int | None) -> tuple[Any, ...]:
+    types = [numba.typeof(x) for x in args[:n_head]]
+    if n_head is not None:
+        types.append(numba.typeof(args[n_head:]))
+    return tuple(types)
 
 
 def _refuse(*args: Any, **kws: Any) -> Any:

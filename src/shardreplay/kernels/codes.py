@@ -23,6 +23,17 @@ ADD_STEP_NEED_FRAMES = ADD_STEP_BAD_INPUT + 1
 # above any change in the number of valid starts).
 ADD_HELD_DONE = 1 << 40
 
+# -- kernels/cast.py: the dtypes a one-step add stores, by code (floats last).
+STORED_DTYPES = tuple(np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+                                            np.uint32, np.int64, np.uint64, np.float32, np.float64))
+FIRST_FLOAT = 9  # STORED_DTYPES' first float code
+
+
+def stored_code(dtype: np.dtype) -> int:
+    """``dtype``'s index in :data:`STORED_DTYPES`, or -1."""
+    return STORED_DTYPES.index(dtype) if dtype in STORED_DTYPES else -1
+
+
 # -- kernels/keys.py: the key bit layout -------------------------------------------------
 SHARD_BITS, TAG_BITS, PLACE_BITS, GEN_BITS = 10, 14, 28, 11
 MAX_SHARDS = 1 << SHARD_BITS

@@ -18,9 +18,9 @@ from shardreplay.errors import SpecMismatchError
 from shardreplay.kernels.codes import ADD_HELD_DONE as DONE
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
-from shardreplay.kernels.codes import numba_takes
+from shardreplay.kernels.codes import numba_takes, stored_code
 from shardreplay.kernels.lazy import lazy
-from shardreplay.spec.coerce import as_stored, is_number, to_numpy
+from shardreplay.spec.coerce import as_stored, to_numpy, with_unit_axes
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class OneStepAdd:
                 offset, own = kernel.OWN, storage.byte_rows(name)
             elif not f.frame_stack:
                 self._own.append((i + 2, storage.fields[name]))
-            words = [offset, row_bytes, int(f.checks_finite), *f.shape]
+            words = [offset, row_bytes, int(f.checks_finite), stored_code(f.dtype), *f.shape]
             plan += words + [0] * (kernel.FIELD_WORDS - len(words))
         rows_at, out_at, scratch_at, end = kernel.state_parts(s, len(names), window)
         self._state = np.zeros(end, np.int64)
@@ -122,9 +122,11 @@ class OneStepAdd:
             self._kernel = kernel.compiled_for(sk.add_stacked, (*self._fused_head_now(), *canonical), 8)
         self._default_priority = default_priority
         self._on_write = on_write
-        # The casts of the places converted last time (none: values handed on as they come).
-        self._fix: tuple[tuple[Any, ...], ...] = ()
-        self._idle = 0
+        # The places whose values came as lists, tensors or numbers last time, read as numpy
+        # (place, type, shape read, stored shape, and for one value the array it is put in, as
+        # 0-d and in the stored shape); none: values handed on as they come.
+        self._read: tuple[tuple[Any, ...], ...] = ()
+        self._exact = (*storage.stacked, "done")  # values the kernel takes in the stored form only
         self._taken: Any = ()  # the values the last call handed to a kernel
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
         self._held: Any = None  # add_held's compiled kernel (held_writer builds it)
@@ -151,54 +153,79 @@ class OneStepAdd:
 
     def _call(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
               targets: tuple[Any, ...]) -> int:
-        """``dispatcher(*head, *values)``, a value at a place converted last time cast as then when
-        it is of that kind (:func:`_cast`); when the dispatcher refuses, every value not stored
-        converted (:meth:`_converted`). The values taken go to ``_taken``.
-        Returns the dispatcher's result (BAD_INPUT: nothing written, the full path says why)."""
+        """``dispatcher(*head, *values)``, a value read as numpy first (in its stored shape) at a
+        place that came as a list, tensor or number last time, when it is of that type again;
+        when the dispatcher has no form for the values' types, :meth:`_converted`. The values
+        taken go to ``_taken``. Returns the dispatcher's result (BAD_INPUT: nothing written, the
+        full path says why)."""
         try:
             taken: Any = values
-            if self._fix:
-                taken, idle = list(values), True
-                # Inline: a call per place costs as much as the copy.
-                for at, kind, src, shape, read, one, casting, to, into, out in self._fix:
+            if self._read:
+                taken, hit = list(values), False
+                for at, kind, seen, shape, into, out in self._read:  # inline: a call per place costs as much
                     value = taken[at]
-                    if type(value) is not kind:
-                        continue  # handed on as it comes: the dispatcher takes it if it is stored, or refuses
-                    if src is not None:  # not a Python number
-                        if read:
-                            value = to_numpy(value)  # a list, a tensor of several values
-                        if value.dtype is not src or value.shape != shape:
-                            continue
-                        if one:
-                            value = value.item()  # as a Python number: ints range-checked
-                        elif casting is not None:  # ints range-checked (ValueError), a tensor read in place
-                            value = value.astype(out.dtype, order="C", casting=casting, copy=False)
-                            taken[at], idle = value if to is None else value.reshape(to), False
-                            continue
-                    into[()] = value  # the whole array ([()]: faster than [...] for one value)
-                    taken[at], idle = out, False
-                if idle:  # a loop that changed its kinds for good: forgotten after a while
-                    self._idle += 1
-                    self._fix = self._fix if self._idle < FORGET_AFTER else ()
+                    if type(value) is kind:
+                        hit = True
+                        if into is None:
+                            value = to_numpy(value)
+                            taken[at] = value.reshape(shape) if value.shape == seen else value
+                        else:  # one value (a number, a tensor or list of one) into a held array of its
+                            # dtype: a fifth of np.asarray's cost (OverflowError out of range)
+                            if kind is list:
+                                value = value[0] if len(value) == 1 else value  # else: numpy refuses it
+                            into[()] = value
+                            taken[at] = out
+                if not hit:  # numpy again: forgotten (the kernel refuses a list, which reads them again)
+                    self._read = ()
             self._taken = taken
             return dispatcher(*head, *taken)
-        except (TypeError, ValueError, OverflowError, IndexError, SpecMismatchError):  # other kinds now
+        except (TypeError, ValueError, OverflowError, SpecMismatchError):  # other kinds now
             return self._converted(dispatcher, head, values, targets)
 
     def _converted(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
                    targets: tuple[Any, ...]) -> int:
-        """:meth:`_call` after every value not stored was converted, each cast remembered (a
-        method of its own: its comprehensions would make ``_call``'s locals cells, 5% of an add)."""
+        """:meth:`_call` when ``dispatcher`` is not the form for the values: each read as numpy
+        in its stored shape, and the kernel's form for their types taken (the places read
+        remembered) or, when the kernel does not take them as they are (:meth:`_takes`) or has
+        all its forms, each converted to the stored form; the form taken then serves the next calls."""
+        read, taken = [], list(values)
         try:
-            taken = [_stored(v, t) for v, t in zip(values, targets, strict=True)]
-            self._fix = tuple(_cast(i, v, targets[i]) for i, v in enumerate(values) if v is not taken[i])
+            for i, (value, (name, _dtype, shape, ndim)) in enumerate(zip(values, targets, strict=True)):
+                if type(value) is not np.ndarray:
+                    arr = to_numpy(value)
+                    taken[i] = arr if arr.shape == shape else with_unit_axes(name, arr, shape, ndim)
+                    one = arr.size == 1 and (type(value) is not list or arr.ndim == 1)
+                    out = np.empty(shape, arr.dtype) if one else None
+                    into = None if out is None else out.reshape(())
+                    read.append((i, type(value), arr.shape, shape, into, out))
+            form = kernel.form_for(dispatcher, (*head, *taken)) if self._takes(taken, targets) else None
+            if form is None:  # the first form, the stored one's, the values converted to it
+                form = next(iter(dispatcher.forms.values()))
+                taken, read = [_stored(v, t) for v, t in zip(values, targets, strict=True)], []
         except (TypeError, ValueError, SpecMismatchError):  # a value that cannot be stored
             return BAD_INPUT
-        self._idle, self._taken = 0, taken  # calls that used none of the casts
+        self._read, self._taken = tuple(read), taken
+        if self._held is not None and form.forms is self._held.forms:  # kept for the next calls
+            self._held = form
+        else:
+            self._kernel = form
         try:
-            return dispatcher(*head, *taken)
-        except TypeError:  # a read-only array, say: the full path takes it
+            return form(*head, *taken)
+        except TypeError:  # a read-only array in the stored form, say: the full path takes it
             return BAD_INPUT
+
+    def _takes(self, values: list[Any], targets: tuple[Any, ...]) -> bool:
+        """Whether the kernel takes ``values`` (numpy) as they are: numeric dtypes of the stored
+        number of axes (kernels/cast.py says which go into which field), step types integers and
+        C-contiguous, a frame stack and the held write's flags in the stored form."""
+        for value, (name, dtype, shape, _ndim) in zip(values, targets, strict=True):
+            if stored_code(value.dtype) < 0 or value.ndim != len(shape):
+                return False
+            if name == "step_type" and not (value.dtype.kind in "iu" and value.flags.c_contiguous):
+                return False
+            if name in self._exact and not (value.dtype == dtype and value.flags.c_contiguous):
+                return False
+        return True
 
     def _write(self, values: tuple[Any, ...], held: bool = False) -> int:
         """The write of ``values`` (kernel order) by the kernel, or with ``held``
@@ -266,38 +293,15 @@ class OneStepAdd:
 
 
 _SMALL = DONE // 2  # within +-: a change in valid starts
-FORGET_AFTER = 64  # calls that used none of the remembered casts (GymStepWriter's episode ends use none)
 
 
 def _stored(value: Any, target: tuple[Any, ...]) -> Any:
-    """``value`` in the form the kernel is compiled for (``target``: as_stored's arguments):
-    itself when it is in that form already. Raises as as_stored (or ValueError, TypeError)."""
+    """``value`` in the form the kernel was first compiled for (``target``: as_stored's
+    arguments): itself when it is in that form already. Raises as as_stored (or ValueError,
+    TypeError)."""
     name, dtype, shape, field_ndim = target
     if type(value) is np.ndarray and value.dtype is dtype and value.flags.c_contiguous \
             and value.flags.writeable:
         return value
     stored = as_stored(name, value, dtype, shape, field_ndim)
     return stored if stored.flags.c_contiguous and stored.flags.writeable else np.array(stored, order="C")
-
-
-def _cast(at: int, value: Any, target: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The conversion ``as_stored`` made of ``value`` at place ``at``, which ``OneStepAdd._call``
-    repeats for a value of the same kind: the same Python number type, or an array (list,
-    tensor) of the same dtype and shape, written into ``out`` (one value as a Python number,
-    ints range-checked; ``into`` is ``out`` in its shape) or cast with ``casting``."""
-    _name, dtype, shape, _ndim = target
-    number = is_number(value, dtype)  # as_stored read it as stored (np.array)
-    arr = np.empty((), dtype) if number else to_numpy(value)
-    one = arr.size == 1
-    # Read as numpy each time: a list, or a tensor of several values (of one value, a
-    # tensor's or numpy scalar's own dtype and shape are compared, and item() reads it).
-    read = not number and type(value) is not np.ndarray and not (one and hasattr(value, "dtype"))
-    seen = arr if number or read else value
-    casting = None  # None: copied into ``out``
-    if not one and dtype.kind in "iu" and not np.can_cast(arr.dtype, dtype, "safe"):
-        casting = "same_value"  # range-checked (ValueError on numpy < 2.3: never repeated)
-    elif not one and read and arr.dtype == dtype:
-        casting = "no"  # a tensor of the stored dtype: read in place
-    out = np.empty(shape, dtype)
-    return (at, type(value), None if number else seen.dtype, seen.shape, read, one, casting,
-            None if arr.shape == shape else shape, out.reshape(() if one else arr.shape), out)
