@@ -2,7 +2,7 @@
 
 Every write of one step per stream goes through it (``ReplayBuffer.add``, ``extend`` of
 one-step chunks, ``GymStepWriter``; ``Shard.write`` decides). Which steps take it, how
-inputs in other forms are converted once, and which specs have no short path:
+inputs of other dtypes, layouts and types are taken, and which specs have no short path:
 docs/internals.md, "One-step writes".
 """
 
@@ -256,10 +256,13 @@ class OneStepAdd:
         (written), 2 (written; some env's episode ended) or 0 (nothing written: a value
         the full path refuses, or this writer was replaced)."""
         if self._held is None:
-            _ones, types, obs, *rest = (np.zeros(shape, dtype) for _n, dtype, shape, _d in self._targets)
+            _ones, types, obs, action, reward = (np.zeros(t[2], t[1]) for t in self._targets)
             flags = np.zeros(self._rows, np.bool_)
-            args = (*self._head, types, obs, *rest, obs, obs.copy(), flags, flags)
-            self._held = kernel.compiled_for(kernel.add_held, args)
+            self._held = kernel.compiled_for(kernel.add_held, (*self._head, types, obs, action, reward, obs,
+                                                               obs.copy(), flags, flags))
+            # The form for gymnasium's float64 rewards too: made now, not in the first step.
+            kernel.form_for(self._held, (*self._head, types, obs, action, reward.astype(np.float64), obs,
+                                         obs.copy(), flags, flags))
             flag = ("done", np.dtype(np.bool_), self._rows, 0)
             self._held_targets = (*self._targets[1:], self._targets[2], self._targets[2], flag, flag)
         return self._write_held
