@@ -36,19 +36,13 @@ OFFSET, ROW_BYTES, FINITE, CODE, DIMS = 0, 1, 2, 3, 4  # CODE: the stored dtype'
 OWN, CALLER = -1, -2
 FIELD_WORDS = DIMS + MAX_FIELD_NDIM
 MAX_ARITY = 6
-MAX_FORMS = 8  # compiled forms of one dispatcher (kinds of input); beyond, inputs are converted first
+MAX_FORMS = 8  # compiled forms of one writer's kernel (kinds of input); the full path takes other kinds
 _NO_PRIORITIES = np.zeros((1, 1), np.float32)
 _F32 = stored_code(np.dtype(np.float32))
 _ITEMSIZE = tuple(d.itemsize for d in STORED_DTYPES)
 # The same bookkeeping as every other write, inlined here (and so compiled without
 # reference counting too).
 _write_steps = numba.njit(nogil=True, inline="always")(write_steps.py_func)
-
-
-@numba.njit(nogil=True, inline="always")
-def _same(value, code):  # pragma: no cover - compiled
-    """``value`` is C-contiguous in the dtype of ``code``."""
-    return c_code(value) == code
 
 
 @numba.njit(nogil=True, inline="always")
@@ -64,7 +58,7 @@ def _value_ok(value, state, j, n_rows):  # pragma: no cover - compiled
             return False
     ok, code, finite = True, state[j + CODE], state[j + FINITE]
     # No early exits: vectorised (flat: no reshape, whose C helper is slow).
-    if _same(value, code):
+    if c_code(value) == code:  # C-contiguous in the stored dtype (a constant)
         if finite:  # a float field's flag (np.isfinite of an integer: True)
             for k in range(value.size):
                 ok &= np.isfinite(value.flat[k])
@@ -78,7 +72,7 @@ def _value_ok(value, state, j, n_rows):  # pragma: no cover - compiled
 def _put_row(dst, at, value, i, size, code):  # pragma: no cover - compiled
     """Row ``i`` of ``value`` (``size`` bytes once stored) stored as the dtype of ``code``
     at byte ``at`` of ``dst``: copied when it is in that form, else value by value."""
-    if _same(value, code):
+    if c_code(value) == code:
         copy_small_or_at(dst, at, value, i * size, size)
     else:
         width = _ITEMSIZE[code]

@@ -20,7 +20,7 @@ from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import ADD_STEP_NEED_FRAMES as NEED_FRAMES
 from shardreplay.kernels.codes import numba_takes, stored_code
 from shardreplay.kernels.lazy import lazy
-from shardreplay.spec.coerce import as_stored, to_numpy, with_unit_axes
+from shardreplay.spec.coerce import to_numpy, with_unit_axes
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
@@ -184,42 +184,38 @@ class OneStepAdd:
 
     def _converted(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
                    targets: tuple[Any, ...]) -> int:
-        """:meth:`_call` when ``dispatcher`` is not the form for the values: each read as numpy
-        in its stored shape, and the kernel's form for their types taken (the places read
-        remembered) or, when the kernel does not take them as they are (:meth:`_takes`) or has
-        all its forms, each converted to the stored form; the form taken then serves the next calls."""
+        """:meth:`_call` when ``dispatcher`` is not the form for the values: each that is not a
+        numpy array of its stored shape read as one (the places remembered), then the kernel's
+        form for their types, kept for the next calls. BAD_INPUT when the kernel does not take
+        them as they are (:meth:`_takes`: the full path converts them, or says why it cannot)."""
         read, taken = [], list(values)
         try:
             for i, (value, (name, _dtype, shape, ndim)) in enumerate(zip(values, targets, strict=True)):
-                if type(value) is not np.ndarray:
+                if type(value) is not np.ndarray or value.shape != shape:
                     arr = to_numpy(value)
                     taken[i] = arr if arr.shape == shape else with_unit_axes(name, arr, shape, ndim)
                     one = arr.size == 1 and (type(value) is not list or arr.ndim == 1)
                     out = np.empty(shape, arr.dtype) if one else None
-                    into = None if out is None else out.reshape(())
+                    into = out if out is None else out.reshape(())
                     read.append((i, type(value), arr.shape, shape, into, out))
-            form = kernel.form_for(dispatcher, (*head, *taken)) if self._takes(taken, targets) else None
-            if form is None:  # the first form, the stored one's, the values converted to it
-                form = next(iter(dispatcher.forms.values()))
-                taken, read = [_stored(v, t) for v, t in zip(values, targets, strict=True)], []
         except (TypeError, ValueError, SpecMismatchError):  # a value that cannot be stored
             return BAD_INPUT
+        form = kernel.form_for(dispatcher, (*head, *taken)) if self._takes(taken, targets) else None
+        if form is None:
+            return BAD_INPUT
         self._read, self._taken = tuple(read), taken
-        if self._held is not None and form.forms is self._held.forms:  # kept for the next calls
+        if self._held is not None and form.forms is self._held.forms:
             self._held = form
         else:
             self._kernel = form
-        try:
-            return form(*head, *taken)
-        except TypeError:  # a read-only array in the stored form, say: the full path takes it
-            return BAD_INPUT
+        return form(*head, *taken)
 
     def _takes(self, values: list[Any], targets: tuple[Any, ...]) -> bool:
-        """Whether the kernel takes ``values`` (numpy) as they are: numeric dtypes of the stored
-        number of axes (kernels/cast.py says which go into which field), step types integers and
+        """Whether the kernel takes ``values`` (numpy, of the stored shapes) as they are: numeric
+        dtypes (kernels/cast.py says which go into which field), step types integers and
         C-contiguous, a frame stack and the held write's flags in the stored form."""
-        for value, (name, dtype, shape, _ndim) in zip(values, targets, strict=True):
-            if stored_code(value.dtype) < 0 or value.ndim != len(shape):
+        for value, (name, dtype, _shape, _ndim) in zip(values, targets, strict=True):
+            if stored_code(value.dtype) < 0:
                 return False
             if name == "step_type" and not (value.dtype.kind in "iu" and value.flags.c_contiguous):
                 return False
@@ -296,15 +292,3 @@ class OneStepAdd:
 
 
 _SMALL = DONE // 2  # within +-: a change in valid starts
-
-
-def _stored(value: Any, target: tuple[Any, ...]) -> Any:
-    """``value`` in the form the kernel was first compiled for (``target``: as_stored's
-    arguments): itself when it is in that form already. Raises as as_stored (or ValueError,
-    TypeError)."""
-    name, dtype, shape, field_ndim = target
-    if type(value) is np.ndarray and value.dtype is dtype and value.flags.c_contiguous \
-            and value.flags.writeable:
-        return value
-    stored = as_stored(name, value, dtype, shape, field_ndim)
-    return stored if stored.flags.c_contiguous and stored.flags.writeable else np.array(stored, order="C")
