@@ -23,7 +23,6 @@ import shardreplay as sr
 import shardreplay.kernels.add_step as kernel
 import shardreplay.spec.coerce as coerce
 import shardreplay.spec.validation as validation
-import shardreplay.storage.one_step as one_step
 from shardreplay import testing
 from shardreplay.buffer import shard as shard_module
 from tests.support.buffers import assert_same, snapshot
@@ -233,7 +232,8 @@ def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
     step.pop("discount", None)
     step["step_type"] = np.array([0, 1], np.uint8)
     natural = {**step, "action": step["action"].tolist()}
-    for given, read in ((step, ()), (step, ()), (natural, (3,)), (step, (3,)), (natural, (3,)), (step, (3,))):
+    kinds = ((step, ()), (step, ()), (natural, (3,)), (step, ()), (natural, (3,)), (natural, (3,)))
+    for given, read in kinds:
         fast.add(given)
         full.add(given)
         assert tuple(place for place, *_ in short._read) == read
@@ -245,7 +245,7 @@ def _counted_casts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every Python cast to a stored dtype (``spec/coerce.as_stored``) outside the full
     validation, by field name."""
     casts: list[str] = []
-    for module in (coerce, one_step):
+    for module in (coerce,):
         def counted(name: str, *args: Any, _cast: Any = module.as_stored, **kwargs: Any) -> np.ndarray:
             casts.append(name)
             return _cast(name, *args, **kwargs)

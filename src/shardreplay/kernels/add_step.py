@@ -156,17 +156,23 @@ def add_step(records, own, pos_and_counters, state, discount, step_types, *value
     delta = _check_and_book(records, pos_and_counters, state, discount, step_types)
     if delta == BAD_INPUT or state[CHECK_ONLY]:
         return delta
-    record_bytes, out_at = records.shape[1], state_parts(n_rows, state[FIELDS], state[WINDOW])[1]
     j = PLAN
     for v in literal_unroll(values):
-        offset, size, code = state[j + OFFSET], state[j + ROW_BYTES], state[j + CODE]
-        for i in range(n_rows):
-            if offset >= 0:
-                _put_row(records, state[out_at + i] * record_bytes + offset, v, i, size, code)
-            elif offset == OWN:
-                _put_row(own, state[out_at + i] * size, v, i, size, code)
+        _write_value(records, own, v, state, j)
         j += FIELD_WORDS
     return delta
+
+
+@numba.njit(nogil=True, inline="always")
+def _write_value(records, own, value, state, j):  # pragma: no cover - compiled
+    """Write ``value`` (planned at ``state[j:]``) into the slots :func:`add_step` booked."""
+    offset, size, code, n_rows = state[j + OFFSET], state[j + ROW_BYTES], state[j + CODE], state[ROWS]
+    out_at = state_parts(n_rows, state[FIELDS], state[WINDOW])[1]
+    for i in range(n_rows):
+        if offset >= 0:
+            _put_row(records, state[out_at + i] * records.shape[1] + offset, value, i, size, code)
+        elif offset == OWN:
+            _put_row(own, state[out_at + i] * size, value, i, size, code)
 
 
 @numba.njit(**SMALL_CALL)
@@ -201,13 +207,24 @@ def add_held(records, own, pos_and_counters, state, step_types, a, b, c, nxt, sp
 # template, compiled under this file's name: numba caches a function by its source file.
 _ENTRY = """
 def add_step_{k}(records, own, pos, state, discount, step_types, {args}):
-    return add_step(records, own, pos, state, discount, step_types, {args})
+    n_rows = state[ROWS]
+    if not ({checks}):
+        return BAD_INPUT
+    delta = _check_and_book(records, pos, state, discount, step_types)
+    if delta == BAD_INPUT or state[CHECK_ONLY]:
+        return delta
+{writes}
+    return delta
 """
 
 
 def _entry(k: int) -> Any:
+    # add_step unrolled by hand: numba's literal_unroll costs each new kind of input a second more
     args = ", ".join(f"v{i}" for i in range(k))
-    exec(compile(_ENTRY.format(k=k, args=args), __file__, "exec"), globals())
+    at = [f"v{i}, state, PLAN + {i} * FIELD_WORDS" for i in range(k)]
+    checks = " and ".join(f"_value_ok({a}, n_rows)" for a in at)
+    writes = "\n".join(f"    _write_value(records, own, {a})" for a in at)
+    exec(compile(_ENTRY.format(k=k, args=args, checks=checks, writes=writes), __file__, "exec"), globals())
     return numba.njit(**SMALL_CALL)(globals()[f"add_step_{k}"])
 
 
@@ -231,9 +248,9 @@ def compiled_for(entry: Any, args: tuple[Any, ...], n_head: int | None = None) -
     at once (about a microsecond): numba's search for conversions and its explanation of
     the mismatch (tens of microseconds) are replaced, as every caller then takes the form
     for them (:func:`form_for`) or converts the values, and calls again."""
-    # A dispatcher per spec and form: numba's dispatcher matches among several forms in a
-    # loop (0.5 us at 8), one form exactly; all share the entry's function, so numba's cache
-    # serves every spec.
+    # A dispatcher per spec and form: numba's dispatcher rates each of several forms in a
+    # loop, and matches one exactly (docs/internals.md); all share the entry's function, so
+    # numba's cache serves every spec.
     dispatcher = numba.njit(**SMALL_CALL)(entry.py_func)
     dispatcher.compile(_types(args, n_head))
     dispatcher.disable_compile()

@@ -169,7 +169,7 @@ class OneStepAdd:
                         if into is None:
                             value = to_numpy(value)
                             taken[at] = value.reshape(shape) if value.shape == seen else value
-                        else:  # one value (a number, a tensor or list of one) into a held array of its
+                        else:  # one value (a number, an array or list of one) into a held array of its
                             # dtype: a fifth of np.asarray's cost (OverflowError out of range)
                             if kind is list:
                                 value = value[0] if len(value) == 1 else value  # else: numpy refuses it
@@ -194,7 +194,9 @@ class OneStepAdd:
                 if type(value) is not np.ndarray or value.shape != shape:
                     arr = to_numpy(value)
                     taken[i] = arr if arr.shape == shape else with_unit_axes(name, arr, shape, ndim)
-                    one = arr.size == 1 and (type(value) is not list or arr.ndim == 1)
+                    # One number (not a tensor: a tensor of one value in any shape would fill it).
+                    one = arr.size == 1 and (isinstance(value, int | float | np.generic | np.ndarray) or (
+                        type(value) is list and arr.ndim == 1))
                     out = np.empty(shape, arr.dtype) if one else None
                     into = out if out is None else out.reshape(())
                     read.append((i, type(value), arr.shape, shape, into, out))
@@ -212,10 +214,13 @@ class OneStepAdd:
 
     def _takes(self, values: list[Any], targets: tuple[Any, ...]) -> bool:
         """Whether the kernel takes ``values`` (numpy, of the stored shapes) as they are: numeric
-        dtypes (kernels/cast.py says which go into which field), step types integers and
-        C-contiguous, a frame stack and the held write's flags in the stored form."""
+        dtypes (floats only into float fields, only bools into bool ones: kernels/cast.py), step
+        types integers and C-contiguous, a frame stack and the held write's flags in the stored
+        form. (A form whose every value the kernel refuses is not compiled: seconds for nothing.)"""
         for value, (name, dtype, _shape, _ndim) in zip(values, targets, strict=True):
-            if stored_code(value.dtype) < 0:
+            kind = value.dtype.kind
+            if stored_code(value.dtype) < 0 or (kind == "f" and dtype.kind != "f") or (
+                    dtype.kind == "b" and kind != "b"):
                 return False
             if name == "step_type" and not (value.dtype.kind in "iu" and value.flags.c_contiguous):
                 return False
