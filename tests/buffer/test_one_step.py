@@ -23,6 +23,7 @@ import shardreplay as sr
 import shardreplay.kernels.add_step as kernel
 import shardreplay.spec.coerce as coerce
 import shardreplay.spec.validation as validation
+import shardreplay.storage.one_step as one_step
 from shardreplay import testing
 from shardreplay.buffer import shard as shard_module
 from tests.support.buffers import assert_same, snapshot
@@ -325,6 +326,30 @@ def test_integers_are_range_checked_by_the_kernel(kind: str) -> None:
         with pytest.raises(sr.SpecMismatchError, match="expected shape"):
             fast.add({**step, "obs": [[7]] if kind == "lists" else given(7)[None]})
         assert_same(snapshot(fast), before)
+
+
+def test_a_kind_seen_before_takes_its_form_without_typing_the_values_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kinds that alternate (as steps at episode ends may) switch to a form the writer has,
+    trying each (a wrong one refuses at once): numba types the values once per new kind."""
+    typed: list[int] = []
+    form_for = kernel.form_for
+    # On the writer's own reference (a lazy module, which keeps what it read).
+    monkeypatch.setattr(one_step.kernel, "form_for", lambda *a: typed.append(1) or form_for(*a))
+    fast, full = _pair(SPECS["vector"], 2, "uniform")
+    short = testing.shard(fast)._one_step
+    assert short is not None
+    rng = np.random.default_rng(6)
+    kinds = [NATURAL_KINDS["int64 step types"], NATURAL_KINDS["float64"], lambda st: st]
+    for t in range(12):
+        step = _good(SPECS["vector"], 2, rng)
+        step.pop("discount", None)
+        step["step_type"] = np.array([t % 3, 1], np.uint8)
+        given = kinds[t % 3](step)
+        assert short.add(given)
+        full.add(given)
+        assert_same(_observed(fast), _observed(full))
+    assert len(typed) == 2 and len(short._kernel.forms) == 3  # the stored form's was made first
 
 
 @pytest.mark.parametrize("max_forms", [8, 3])

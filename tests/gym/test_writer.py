@@ -10,6 +10,7 @@ import shardreplay.gym.steps as steps_module
 import shardreplay.gym.writer as writer_module
 import shardreplay.spec.coerce as coerce
 import shardreplay.spec.validation as validation
+import shardreplay.storage.one_step as one_step
 from shardreplay import (
     ConfigError,
     Field,
@@ -269,7 +270,7 @@ def test_natural_inputs_take_the_one_step_writer_and_store_what_typed_inputs_sto
     assert len(writers[1]._write_held.__self__._held.forms) <= 3
 
 
-def _pixel_run(spec: Spec, mode: str, num_envs: int, steps: int, seed: int):
+def _pixel_run(spec: Spec, mode: str, num_envs: int, steps: int, seed: int, reward_dtype: type = np.float32):
     """Gym outputs of ``num_envs`` envs of 4-frame stacks (a reset stack repeats its first
     frame; episodes of 1-4 steps, ended by termination or truncation) into a writer's
     buffer of ``spec`` and, through the converter, into a buffer of plain storage."""
@@ -301,11 +302,28 @@ def _pixel_run(spec: Spec, mode: str, num_envs: int, steps: int, seed: int):
                 obs[e] = reset_stack()
         ended = (term | trunc) & (mode == "next_step")
         info = {"final_obs": np.array([*finals, None], dtype=object)[:-1]} if mode == "same_step" else {}
-        action, reward = rng.integers(0, 4, num_envs), rng.random(num_envs).astype(np.float32)
+        action, reward = rng.integers(0, 4, num_envs), rng.random(num_envs).astype(reward_dtype)
         writer.step(action, obs, reward, term, trunc, info)
         for step, ids in conv.step(action, obs, reward, term, trunc, info):
             b.add(step, stream_ids=ids)
     return a, b, writer, conv
+
+
+def test_gymnasium_rewards_keep_one_compiled_form_across_episode_ends(monkeypatch):
+    """float64 rewards (gymnasium's) into a frame-stacked writer: the steps at episode ends
+    come in the kinds of the others (the padding's zeros too), so the one-step writer takes
+    the float64 form once, not again at every episode end (tens of microseconds each)."""
+    switches = []
+    converted = one_step.OneStepAdd._converted
+    monkeypatch.setattr(one_step.OneStepAdd, "_converted",
+                        lambda self, *a: switches.append(1) or converted(self, *a))
+    spec = Spec({"obs": Field((4, 3, 5), np.uint8, frame_stack=True), "action": Field((), np.int64),
+                 "reward": Field((), np.float32)})
+    a, b, writer, _conv = _pixel_run(spec, "next_step", 1, steps=90, seed=5, reward_dtype=np.float64)
+    sa, sb = a.state_dict()["arrays"], b.state_dict()["arrays"]
+    for name, arr in sa.items():
+        np.testing.assert_array_equal(arr, sb[name], err_msg=name)
+    assert writer.num_episodes > 20 and len(switches) == 1
 
 
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])

@@ -102,7 +102,9 @@ class Autoreset:
         obs_name, action_name, reward_name = self._names
         step = {obs_name: held, action_name: action, reward_name: reward, "step_type": self._types}
         if any_last and self._types.tobytes() == self._all_last:  # padding, see below
-            step[action_name], step[reward_name] = np.zeros_like(action), np.zeros(n, np.float32)
+            # Zeros of the given kinds: a write in the kinds of the other steps (one compiled form).
+            zeros = np.zeros(n, reward.dtype if type(reward) is np.ndarray else np.float32)
+            step[action_name], step[reward_name] = np.zeros_like(action), zeros
         elif any_last:  # at LAST (NEXT_STEP) the env ignored the action and returned reward 0: padding
             is_last = self._types == LAST
             step[action_name] = np.where(is_last.reshape((n,) + (1,) * (action.ndim - 1)), 0,

@@ -126,6 +126,7 @@ class OneStepAdd:
         # (place, type, shape read, stored shape, and for one value the array it is put in, as
         # 0-d and in the stored shape); none: values handed on as they come.
         self._read: tuple[tuple[Any, ...], ...] = ()
+        self._held_read: tuple[tuple[Any, ...], ...] = ()  # the same for the held write
         self._exact = (*storage.stacked, "done")  # values the kernel takes in the stored form only
         self._taken: Any = ()  # the values the last call handed to a kernel
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
@@ -160,23 +161,28 @@ class OneStepAdd:
         full path says why)."""
         try:
             taken: Any = values
-            if self._read:
+            read = self._read if targets is self._targets else self._held_read
+            if read:
                 taken, hit = list(values), False
-                for at, kind, seen, shape, into, out in self._read:  # inline: a call per place costs as much
+                for at, kind, seen, shape, into, out in read:  # inline: a call per place costs as much
                     value = taken[at]
                     if type(value) is kind:
                         hit = True
                         if into is None:
                             value = to_numpy(value)
-                            taken[at] = value.reshape(shape) if value.shape == seen else value
-                        else:  # one value (a number, an array or list of one) into a held array of its
-                            # dtype: a fifth of np.asarray's cost (OverflowError out of range)
+                            if value.shape != shape and value.shape == seen:
+                                value = value.reshape(shape)
+                            taken[at] = value
+                        else:  # one value into a held array of its dtype: a fifth of np.asarray's
+                            # cost (OverflowError out of range); a list or tensor of its shape only
                             if kind is list:
                                 value = value[0] if len(value) == 1 else value  # else: numpy refuses it
+                            elif seen and value.shape != seen:
+                                raise ValueError(value.shape)
                             into[()] = value
                             taken[at] = out
                 if not hit:  # numpy again: forgotten (the kernel refuses a list, which reads them again)
-                    self._read = ()
+                    self._keep(targets, ())
             self._taken = taken
             return dispatcher(*head, *taken)
         except (TypeError, ValueError, OverflowError, SpecMismatchError):  # other kinds now
@@ -185,8 +191,8 @@ class OneStepAdd:
     def _converted(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
                    targets: tuple[Any, ...]) -> int:
         """:meth:`_call` when ``dispatcher`` is not the form for the values: each that is not a
-        numpy array of its stored shape read as one (the places remembered), then the kernel's
-        form for their types, kept for the next calls. BAD_INPUT when the kernel does not take
+        numpy array of its stored shape read as one (the places remembered, per write), then the
+        kernel's form for their types, kept for the next calls. BAD_INPUT when the kernel does not take
         them as they are (:meth:`_takes`: the full path converts them, or says why it cannot)."""
         read, taken = [], list(values)
         try:
@@ -194,23 +200,39 @@ class OneStepAdd:
                 if type(value) is not np.ndarray or value.shape != shape:
                     arr = to_numpy(value)
                     taken[i] = arr if arr.shape == shape else with_unit_axes(name, arr, shape, ndim)
-                    # One number (not a tensor: a tensor of one value in any shape would fill it).
-                    one = arr.size == 1 and (isinstance(value, int | float | np.generic | np.ndarray) or (
-                        type(value) is list and arr.ndim == 1))
+                    one = arr.size == 1 and (type(value) is not list or arr.ndim == 1)
                     out = np.empty(shape, arr.dtype) if one else None
                     into = out if out is None else out.reshape(())
-                    read.append((i, type(value), arr.shape, shape, into, out))
+                    # A tensor's shape is checked (one value of any shape would fill the array).
+                    seen = () if one and not hasattr(value, "detach") else arr.shape
+                    read.append((i, type(value), seen, shape, into, out))
         except (TypeError, ValueError, SpecMismatchError):  # a value that cannot be stored
             return BAD_INPUT
-        form = kernel.form_for(dispatcher, (*head, *taken)) if self._takes(taken, targets) else None
-        if form is None:
+        if not self._takes(taken, targets):
             return BAD_INPUT
-        self._read, self._taken = tuple(read), taken
-        if self._held is not None and form.forms is self._held.forms:
-            self._held = form
+        self._taken = taken
+        self._keep(targets, tuple(read))
+        # A kind seen before first (its form refuses others at once): the steps at episode ends
+        # may alternate kinds, and numba's typing of the values costs tens of microseconds.
+        for form in (*dispatcher.forms.values(), None):
+            if form is None and (form := kernel.form_for(dispatcher, (*head, *taken))) is None:
+                return BAD_INPUT
+            try:
+                result = form(*head, *taken)
+            except TypeError:  # not this form's kind
+                continue
+            if targets is self._targets:  # kept for the next calls
+                self._kernel = form
+            else:
+                self._held = form
+            return result
+        return BAD_INPUT  # pragma: no cover - form_for's form takes the values
+
+    def _keep(self, targets: tuple[Any, ...], read: tuple[tuple[Any, ...], ...]) -> None:
+        if targets is self._targets:
+            self._read = read
         else:
-            self._kernel = form
-        return form(*head, *taken)
+            self._held_read = read
 
     def _takes(self, values: list[Any], targets: tuple[Any, ...]) -> bool:
         """Whether the kernel takes ``values`` (numpy, of the stored shapes) as they are: numeric
