@@ -247,7 +247,7 @@ def compiled_for(entry: Any, args: tuple[Any, ...], n_head: int | None = None) -
     as its ``*values`` (None: it takes none). A call with other types raises ``TypeError``
     at once (about a microsecond): numba's search for conversions and its explanation of
     the mismatch (tens of microseconds) are replaced, as every caller then takes the form
-    for them (:func:`form_for`) or converts the values, and calls again."""
+    for them (:func:`form_for`), or leaves the values to the full path."""
     # A dispatcher per spec and form: numba's dispatcher rates each of several forms in a
     # loop, and matches one exactly (docs/internals.md); all share the entry's function, so
     # numba's cache serves every spec.
