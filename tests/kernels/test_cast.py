@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shardreplay.errors import SpecMismatchError
-from shardreplay.kernels.cast import c_code, fits, store_as
+from shardreplay.kernels.cast import c_code, fits, item, store_as
 from shardreplay.kernels.codes import STORED_DTYPES, stored_code
 from shardreplay.spec.coerce import as_stored
 
@@ -79,3 +79,20 @@ def test_c_code_is_the_stored_code_of_a_c_contiguous_array_only() -> None:
         assert code_of(np.zeros((2, 3), dtype)) == stored_code(dtype)
         assert code_of(np.zeros((2, 6), dtype)[:, ::2]) == -1
     assert code_of(np.zeros(3, np.complex64)) == -1
+
+
+@numba.njit
+def _rows_by_item(a):  # pragma: no cover - compiled
+    per = a.size // a.shape[0]
+    out = np.zeros((a.shape[0], per), np.float64)
+    for i in range(a.shape[0]):
+        for k in range(per):
+            out[i, k] = item(a, i, k)
+    return out
+
+
+@pytest.mark.parametrize("shape", [(5,), (5, 4), (5, 2, 3)])
+def test_item_reads_rows_in_c_order_of_any_layout(shape: tuple[int, ...]) -> None:
+    base = np.arange(np.prod(shape) * 2, dtype=np.float32).reshape(*shape[:-1], shape[-1] * 2)
+    for a in (base[..., ::2], np.ascontiguousarray(base[..., ::2]), base[::-1, ...][..., 1::2]):
+        np.testing.assert_array_equal(_rows_by_item(a), a.reshape(shape[0], -1))

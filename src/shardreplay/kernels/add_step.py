@@ -14,7 +14,7 @@ from numba import literal_unroll
 # SMALL_CALL: compiled without reference counting (nothing here allocates or keeps an array),
 # cached (numba's cache, safe across processes).
 from shardreplay.kernels.cache_lock import SMALL_CALL
-from shardreplay.kernels.cast import c_code, fits, store_as
+from shardreplay.kernels.cast import c_code, fits, item, store_as
 from shardreplay.kernels.codes import ADD_HELD_DONE as DONE
 from shardreplay.kernels.codes import ADD_STEP_BAD_INPUT as BAD_INPUT
 from shardreplay.kernels.codes import STORED_DTYPES, stored_code
@@ -63,8 +63,10 @@ def _value_ok(value, state, j, n_rows):  # pragma: no cover - compiled
             for k in range(value.size):
                 ok &= np.isfinite(value.flat[k])
     else:
-        for k in range(value.size):
-            ok &= fits(value.flat[k], code, finite)
+        per = value.size // n_rows
+        for i in range(n_rows):
+            for k in range(per):
+                ok &= fits(item(value, i, k), code, finite)
     return ok
 
 
@@ -78,7 +80,7 @@ def _put_row(dst, at, value, i, size, code):  # pragma: no cover - compiled
         width = _ITEMSIZE[code]
         per = size // width
         for k in range(per):
-            store_as(dst, at + k * width, value.flat[i * per + k], code)
+            store_as(dst, at + k * width, item(value, i, k), code)
 
 
 @numba.njit(cache=True, nogil=True)

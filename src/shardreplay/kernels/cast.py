@@ -17,7 +17,7 @@ from numba.np.numpy_support import as_dtype
 from shardreplay.kernels.codes import FIRST_FLOAT, STORED_DTYPES, stored_code
 from shardreplay.kernels.copy import _byte_pointer
 
-__all__ = ["c_code", "fits", "store_as"]
+__all__ = ["c_code", "fits", "item", "store_as"]
 
 _BOOL, _U64, _F32 = 0, STORED_DTYPES.index(np.dtype(np.uint64)), FIRST_FLOAT
 # Each integer code's range (the float codes' entries are unused); the top of uint64 is not
@@ -36,6 +36,20 @@ def c_code(array):  # pragma: no cover - compiled (overloaded below)
 def _c_code(array):  # pragma: no cover - compiling
     code = stored_code(as_dtype(array.dtype)) if array.layout == "C" else -1
     return lambda array: code
+
+
+def item(array, i, k):  # pragma: no cover - compiled (overloaded below)
+    """Value ``k`` (in C order) of row ``i`` of ``array``, of any layout: indexed directly
+    for one or two axes (numba's ``flat`` of a strided array computes each index)."""
+
+
+@overload(item)
+def _item(array, i, k):  # pragma: no cover - compiling
+    if array.ndim == 1:
+        return lambda array, i, k: array[i]
+    if array.ndim == 2:
+        return lambda array, i, k: array[i, k]
+    return lambda array, i, k: array.flat[i * (array.size // array.shape[0]) + k]
 
 
 def fits(x, code, finite):  # pragma: no cover - compiled (overloaded below)
