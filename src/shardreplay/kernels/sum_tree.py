@@ -25,8 +25,7 @@ def _recompute(sums, mins, level, parent, offsets, leaf_level):
         for c in range(child, child + ARITY):
             v = sums[c]
             total += v
-            if 0.0 < v < low:
-                low = v
+            low = min(low, v if v > 0.0 else np.inf)  # no branch: leaves are random
     else:
         for c in range(child, child + ARITY):
             total += sums[c]
@@ -62,8 +61,8 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
     """Store ``new[j]`` as ``priority[slots[j]]`` first when ``new`` is not empty (in
     order: a repeated slot keeps its last); then leaf of each slot = ``priority[slot]^alpha``
     where ``valid[slot]`` and the priority is positive, else 0 (``0**0 == 1`` must not
-    make a priority-0 start drawable), and the ancestors of the changed leaves, each once
-    per level. Returns the largest of ``new`` (0 when empty)."""
+    make a priority-0 start drawable), and the ancestors of the changed leaves (recomputed
+    from their children). Returns the largest of ``new`` (0 when empty)."""
     leaf_level = sizes.shape[0] - 1
     leaf_offset = offsets[leaf_level]
     for s in slots:  # the leaves' cache lines requested together
@@ -72,10 +71,9 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
     for j in range(new.shape[0]):
         priority[slots[j]] = new[j]
         top = max(top, float(new[j]))
-    changed = np.empty(slots.shape[0], np.int64)
+    node = np.empty(slots.shape[0], np.int64)  # the changed nodes of a level
     n = 0
     last_p, last_leaf = -1.0, 0.0  # new steps share one priority: one pow for all of them
-    ordered = True
     for j in range(slots.shape[0]):
         s = slots[j]
         p = float(priority[s])
@@ -87,17 +85,18 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
         # Parents are pure functions of their children: unchanged leaves need no walk up.
         if sums[leaf_offset + s] != leaf:
             sums[leaf_offset + s] = leaf
-            if n and s < changed[n - 1]:
-                ordered = False
-            changed[n] = s
+            node[n] = s
             n += 1
-    if n == 0:
-        return top
-    node = changed[:n]
-    if not ordered:
-        node.sort()
     for level in range(leaf_level - 1, -1, -1):
-        # Parents of sorted nodes are sorted: equal ones are neighbours, kept once.
+        if n == 0:
+            break
+        if sizes[level] <= n:  # a level of fewer nodes than changes: all of it, in order
+            for parent in range(sizes[level]):
+                _recompute(sums, mins, level, parent, offsets, leaf_level)
+            n = sizes[level]
+            continue
+        # Each changed node's parent, neighbours' once. A parent reached twice is recomputed
+        # twice (the same value): cheaper than sorting to find it once.
         m = 0
         for j in range(n):
             parent = node[j] // ARITY
