@@ -13,6 +13,7 @@ from shardreplay.kernels.sampling import draw_written, written_total
 from tests.kernels import reference as ref
 
 FIRST, MID, LAST = 0, 1, 2
+NO_ROWS = np.zeros((0, 3), np.int64)  # no storage rows to prefetch
 
 
 @pytest.mark.parametrize("pos", [[7], [5, 5, 5], [3, 0, 6, 1], [0, 4], [9, 9, 9, 2], [1], [0, 0], [8, 11]])
@@ -24,7 +25,7 @@ def test_draw_written(pos: list[int]) -> None:
     for size, got0, n_raw in ((10, 0, 40), (10, 4, 40), (3, 3, 5), (10, 0, 0), (200, 0, 64)):
         raw = rng.bit_generator.random_raw(n_raw)
         fast, slow = np.full(size, -1), np.full(size, -1)
-        assert (draw_written(raw, positions, cap, valid, fast, got0)
+        assert (draw_written(raw, positions, cap, valid, fast, got0, NO_ROWS)
                 == ref.draw_written(raw, positions, cap, valid, slow, got0))
         np.testing.assert_array_equal(fast, slow)
         written = np.concatenate([r * cap + np.arange(min(p, cap)) for r, p in enumerate(pos)])
@@ -40,7 +41,7 @@ def test_draw_written_is_uniform_over_valid_written_slots() -> None:
     out = np.empty(200_000, np.int64)
     got = 0
     while got < out.shape[0]:
-        got = draw_written(rng.bit_generator.random_raw(100_000), pos, cap, valid, out, got)
+        got = draw_written(rng.bit_generator.random_raw(100_000), pos, cap, valid, out, got, NO_ROWS)
     assert written_total(pos, cap) == 40 + 13 + 33 + 40
     allowed = np.concatenate([r * cap + np.arange(min(p, cap)) for r, p in enumerate(pos)])
     allowed = allowed[valid[allowed]]

@@ -143,6 +143,16 @@ def prefetch(typingctx, address):  # pragma: no cover - compiled
     return types.void(types.int64), codegen
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def prefetch_rows(rows, slot):  # pragma: no cover - compiled
+    """Ask for every cache line a window starting at ``slot`` reads: ``rows`` (int64
+    ``[k, 3]``) holds per array its address, bytes per slot and bytes per window."""
+    for r in range(rows.shape[0]):
+        at = rows[r, 0] + slot * rows[r, 1]
+        for line in range(at - at % 64, at + rows[r, 2], 64):
+            prefetch(line)
+
+
 @intrinsic
 def store_fence(typingctx):  # pragma: no cover - compiled
     """Order every earlier store (non-temporal ones included) before later ones."""

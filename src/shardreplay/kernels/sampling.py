@@ -6,6 +6,7 @@ import numba
 import numpy as np
 
 from shardreplay.kernels import cache_lock  # noqa: F401  (numba's cache, safe across processes)
+from shardreplay.kernels.copy import prefetch_rows
 
 
 @numba.njit(cache=True, nogil=True)
@@ -18,9 +19,10 @@ def written_total(pos, cap):
 
 
 @numba.njit(cache=True, nogil=True)
-def draw_written(raw, pos, cap, valid, out, got):
+def draw_written(raw, pos, cap, valid, out, got, sample_rows):
     """Append uniform draws over the valid written slots to ``out[got:]`` until it is
-    full; returns the new fill count.
+    full; returns the new fill count. The lines of each accepted slot's storage
+    ``sample_rows`` are prefetched (as ``kernels.sum_tree.draw_weighted`` does).
 
     Row ``r``'s written slots are its first ``min(pos[r], cap)``, from slot ``r * cap``.
     Each 64-bit ``raw`` word gives an ordinal over the written slots from its top ``k``
@@ -68,5 +70,6 @@ def draw_written(raw, pos, cap, valid, out, got):
             break
         if flags[i]:
             out[got] = slots[i]
+            prefetch_rows(sample_rows, slots[i])
             got += 1
     return got

@@ -10,7 +10,7 @@ from shardreplay.kernels import (
     cache_lock,  # noqa: F401  (numba's cache, safe across processes)
     codes,
 )
-from shardreplay.kernels.copy import prefetch
+from shardreplay.kernels.copy import prefetch, prefetch_rows
 
 ARITY = codes.ARITY  # defined in codes.py (numba-free: read at import above)
 
@@ -166,10 +166,7 @@ def draw_weighted(sums, mins, offsets, levels, uniforms, beta, rows):
     weights = np.empty(n, np.float32)
     for j in range(n):
         s = starts[j]
-        for r in range(rows.shape[0]):
-            at = rows[r, 0] + s * rows[r, 1]
-            for line in range(at - at % 64, at + rows[r, 2], 64):
-                prefetch(line)
+        prefetch_rows(rows, s)
         v = sums[leaf_offset + s]
         prob[j] = v / total
         weights[j] = (v / low) ** -beta

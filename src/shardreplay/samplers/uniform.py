@@ -78,7 +78,7 @@ class UniformSampler(Unweighted):
         got = 0
         while got < n:
             raw = rng.bit_generator.random_raw(int((n - got) * per_start) + 8)
-            got = kernels.draw_written(raw, storage.pos, cap, storage.valid, out, got)
+            got = kernels.draw_written(raw, storage.pos, cap, storage.valid, out, got, storage.sample_rows)
         return out
 
     def rebuild(self) -> None:

@@ -147,7 +147,7 @@ class StreamStorage:
         self._scatter_fields = tuple((name, not numba_takes(dtype), rows) for name, dtype, rows in scattered
                                      if rows.shape[1])
         self.row_marks = np.zeros(num_streams, np.uint8)  # scratch of rows_distinct_in_range
-        # What a prioritized draw prefetches of each window (kernels/sum_tree.draw_weighted):
+        # What a draw prefetches of each window (kernels/sum_tree.draw_weighted, sampling.draw_written):
         # the records and the fields beside them, as (address, bytes per slot, per window).
         own = [self.record_rows, *(self.byte_rows(name) for name in plain if name not in self._small)]
         self.sample_rows = np.array([(r.ctypes.data, r.strides[0], window * r.strides[0]) for r in own
