@@ -237,7 +237,7 @@ def test_steps_in_the_stored_form_go_straight_to_the_kernel() -> None:
     for given, read in kinds:
         fast.add(given)
         full.add(given)
-        assert tuple(place for place, *_ in short._read) == read
+        assert tuple(place for place, *_ in short._reads[0]) == read
         assert (short._taken[3] is step["action"]) == (given is step)  # the action's place
         assert_same(_observed(fast), _observed(full))
 
@@ -290,7 +290,7 @@ def test_natural_inputs_are_converted_once_for_the_one_compiled_kernel(
         full.add(given)
         assert_same(_observed(fast), _observed(full))
         assert casts == []
-    assert len(short._kernel.forms) == (1 if kind == "torch" else 2)  # torch: the stored dtypes
+    assert len(short._kernels[0].forms) == (1 if kind == "torch" else 2)  # torch: the stored dtypes
     bad = {**given, "action": np.full(2, 1.5)} if kind != "int64 step types" else \
         {**given, "step_type": np.array([1, 300])}
     before = snapshot(fast)
@@ -316,7 +316,7 @@ def test_integers_are_range_checked_by_the_kernel(kind: str) -> None:
         assert short.add(step)
         full.add(step)
         assert_same(_observed(fast), _observed(full))
-        assert short._taken[2].dtype == np.int64 and len(short._kernel.forms) == 2
+        assert short._taken[2].dtype == np.int64 and len(short._kernels[0].forms) == 2
     before = snapshot(fast)
     for bad in (256, -1):
         with pytest.raises(sr.SpecMismatchError, match="outside the range"):
@@ -349,7 +349,7 @@ def test_a_kind_seen_before_takes_its_form_without_typing_the_values_again(
         assert short.add(given)
         full.add(given)
         assert_same(_observed(fast), _observed(full))
-    assert len(typed) == 2 and len(short._kernel.forms) == 3  # the stored form's was made first
+    assert len(typed) == 2 and len(short._kernels[0].forms) == 3  # the stored form's was made first
 
 
 @pytest.mark.parametrize("max_forms", [8, 3])
@@ -375,7 +375,7 @@ def test_every_kind_of_input_in_turn_stores_what_the_full_path_stores(
             fast.add(given)  # the full path
         full.add(given)
         assert_same(_observed(fast), _observed(full))
-    assert len(short._kernel.forms) == max_forms
+    assert len(short._kernels[0].forms) == max_forms
     # The 8 kinds of NATURAL_KINDS make 8 forms (torch's is the stored one); with 3, the
     # stored form's and those of the first two kinds (int64 step types, float64).
     want = [True] * len(kinds) if max_forms == 8 else [True, True, False, False, False, True, False, False]
@@ -482,8 +482,7 @@ def test_a_big_endian_field_is_kept_in_native_order_and_samples_what_was_written
     assert set(action.tolist()) <= set(range(8)) and len(set(action.tolist())) > 1
 
 
-# More fields than the kernel has fixed-arity entry points for (kernels/add_step.py):
-# the ``*values`` entry.
+# Ten fields: the entry point of that arity (kernels/add_step.py), made when a spec asks.
 WIDE = sr.Spec({f"f{i}": sr.Field((2,) if i % 2 else (), np.float32 if i % 3 else np.int16)
                 for i in range(10)})
 
@@ -511,7 +510,7 @@ def test_short_path_of_any_arity_and_storage_stores_as_the_full_path(
         assert_same(_observed(fast), _observed(full), f"step {i}")
 
 
-# One frame-stacked field takes one compiled call (kernels/add_stacked.py). Frames of
+# One frame-stacked field takes one compiled call (kernels/add_step.py's add_stacked_k). Frames of
 # 8 bytes (uint8) and of 18 (int16: bytes past the last whole 8-byte word), a plain
 # field of its own array (over 32 bytes a step), rings that must grow (many resets in
 # 4-step streams), prioritized sampling (the sampler told of every write).

@@ -84,7 +84,7 @@ def test_the_writer_builds_the_buffers_one_step_writer_when_made():
     shard = testing.shard(buf)
     assert shard._one_step is None  # a buffer alone builds it after many adds
     writer = GymStepWriter(buf, autoreset_mode="next_step")
-    assert shard._one_step is not None and shard._one_step._held is not None
+    assert shard._one_step is not None and shard._one_step._kernels[1] is not None
     through_shard: list[int] = []
     write = shard.write
     shard.write = lambda *args: through_shard.append(1) or write(*args)
@@ -267,7 +267,7 @@ def test_natural_inputs_take_the_one_step_writer_and_store_what_typed_inputs_sto
     assert writers[1].num_steps == 40
     assert set(casts) <= converted & {"obs"}
     # The stored form's, that of gymnasium's float64 rewards (made with the writer), this kind's.
-    assert len(writers[1]._write_held.__self__._held.forms) <= 3
+    assert len(writers[1]._write_held.__self__._kernels[1].forms) <= 3
 
 
 def _pixel_run(spec: Spec, mode: str, num_envs: int, steps: int, seed: int, reward_dtype: type = np.float32):

@@ -16,8 +16,8 @@ STEPS_OK, BAD_STEP_TYPE, BAD_DISCOUNT = 0, 1, 2
 # -- kernels/add_step.py: what the one-step add returns for an input it refuses (any
 # change in the number of valid starts is far smaller).
 ADD_STEP_BAD_INPUT = -(1 << 62)
-# -- kernels/add_stacked.py: a frame ring must grow first (nothing written; the caller grows
-# it and calls again).
+# -- kernels/add_step.py's add_stacked_k: a frame ring must grow first (nothing written; the
+# caller grows it and calls again).
 ADD_STEP_NEED_FRAMES = ADD_STEP_BAD_INPUT + 1
 # -- kernels/add_step.py's add_held: added to its result when an env's episode ended (far
 # above any change in the number of valid starts).

@@ -24,12 +24,10 @@ from shardreplay.spec.coerce import to_numpy, with_unit_axes
 from shardreplay.spec.layout import DISCOUNT_DTYPE, STEP_TYPE_DTYPE
 
 if TYPE_CHECKING:
-    from shardreplay.kernels import add_stacked as sk
     from shardreplay.kernels import add_step as kernel
     from shardreplay.storage.streams import StreamStorage
 else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
     kernel = lazy("shardreplay.kernels.add_step")
-    sk = lazy("shardreplay.kernels.add_stacked")
 
 __all__ = ["OneStepAdd", "one_step_add"]
 
@@ -81,7 +79,7 @@ class OneStepAdd:
             f = spec[name]
             place = record_fields.get(f"field.{name}")
             row_bytes = f.dtype.itemsize * int(np.prod(f.shape, dtype=np.int64))
-            offset = kernel.CALLER  # a frame stack: checked by the kernel, its frames appended by add_stacked
+            offset = kernel.CALLER  # a frame stack: checked by the kernel, its frames appended by it
             if place is not None:
                 offset = place[1]
             elif own is rows and not storage.stacked:
@@ -108,29 +106,26 @@ class OneStepAdd:
         self._n_keys = len(order)  # a step without "discount"
         # Per value: as_stored's name, stored dtype, shape with the leading axis and the
         # field's own number of axes.
-        self._targets = tuple((n, DISCOUNT_DTYPE, self._rows, 0) if n == "discount" else
-                              (n, STEP_TYPE_DTYPE, self._rows, 0) if n == "step_type" else
-                              (n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape))
-                              for n in ("discount", *order))
-        canonical = tuple(np.zeros(shape, dtype) for _n, dtype, shape, _d in self._targets)
+        targets = (("discount", DISCOUNT_DTYPE, self._rows, 0), ("step_type", STEP_TYPE_DTYPE, self._rows, 0),
+                   *((n, spec[n].dtype, (s, *spec[n].shape), len(spec[n].shape)) for n in names))
+        canonical = tuple(np.zeros(shape, dtype) for _n, dtype, shape, _d in targets)
         self._store: Any = next(iter(storage.stacked.values()), None)  # a frame-stacked field's FrameStore
-        if self._store is None:
-            self._head: tuple[np.ndarray, ...] = (rows, own, storage.pos_and_counters, self._state)
-            self._kernel = kernel.compiled_add_step((*self._head, *canonical))
-        else:  # one compiled call with the frames (kernels/add_stacked.py)
-            self._head = (rows, storage.pos_and_counters, self._state)
-            self._kernel = kernel.compiled_for(sk.add_stacked, (*self._fused_head_now(), *canonical), 8)
+        # The kernel's first arguments (a frame stack's arrays follow: _head_now).
+        self._head = (rows, *((own,) if self._store is None else ()), storage.pos_and_counters, self._state)
+        # Per write, 0 the add and 1 the held write (held_writer makes it): its compiled kernel,
+        # the targets of its values and the places whose values came as lists, tensors or
+        # numbers last time, read as numpy (place, type, shape read, stored shape, and for one
+        # value the array it is put in, as 0-d and in the stored shape; none: values handed on
+        # as they come).
+        self._kernels: list[Any] = [kernel.compiled_for(kernel.entry(len(names), self._store is not None),
+                                                        (*self._head_now(), *canonical)), None]
+        self._targets: list[Any] = [targets, None]
+        self._reads: list[tuple[tuple[Any, ...], ...]] = [(), ()]
         self._default_priority = default_priority
         self._on_write = on_write
-        # The places whose values came as lists, tensors or numbers last time, read as numpy
-        # (place, type, shape read, stored shape, and for one value the array it is put in, as
-        # 0-d and in the stored shape); none: values handed on as they come.
-        self._read: tuple[tuple[Any, ...], ...] = ()
-        self._held_read: tuple[tuple[Any, ...], ...] = ()  # the same for the held write
         self._exact = (*storage.stacked, "done")  # values the kernel takes in the stored form only
         self._taken: Any = ()  # the values the last call handed to a kernel
         self._simple = not self._own and self._store is None and default_priority is None and on_write is None
-        self._held: Any = None  # add_held's compiled kernel (held_writer builds it)
         # False once the shard replaced this writer: held_writer's write then refuses.
         self.open = True
 
@@ -150,19 +145,17 @@ class OneStepAdd:
             return False
         if not self._simple:
             return self._write(values) > 0
-        return self._call(self._kernel, self._head, values, self._targets) != BAD_INPUT
+        return self._call(0, self._head, values) != BAD_INPUT
 
-    def _call(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
-              targets: tuple[Any, ...]) -> int:
-        """``dispatcher(*head, *values)``, a value read as numpy first (in its stored shape) at a
-        place that came as a list, tensor or number last time, when it is of that type again;
-        when the dispatcher has no form for the values' types, :meth:`_converted`. The values
-        taken go to ``_taken``. Returns the dispatcher's result (BAD_INPUT: nothing written, the
-        full path says why)."""
+    def _call(self, w: int, head: tuple[Any, ...], values: tuple[Any, ...]) -> int:
+        """``self._kernels[w](*head, *values)``, a value read as numpy first (in its stored
+        shape) at a place that came as a list, tensor or number last time, when it is of that
+        type again; when the kernel has no form for the values' types, :meth:`_converted`. The
+        values taken go to ``_taken``. Returns the kernel's result (BAD_INPUT: nothing written,
+        the full path says why)."""
         try:
             taken: Any = values
-            read = self._read if targets is self._targets else self._held_read
-            if read:
+            if read := self._reads[w]:
                 taken, hit = list(values), False
                 for at, kind, seen, shape, into, out in read:  # inline: a call per place costs as much
                     value = taken[at]
@@ -182,21 +175,25 @@ class OneStepAdd:
                             into[()] = value
                             taken[at] = out
                 if not hit:  # numpy again: forgotten (the kernel refuses a list, which reads them again)
-                    self._keep(targets, ())
+                    self._reads[w] = ()
             self._taken = taken
-            return dispatcher(*head, *taken)
+            return self._kernels[w](*head, *taken)
         except (TypeError, ValueError, OverflowError, SpecMismatchError):  # other kinds now
-            return self._converted(dispatcher, head, values, targets)
+            return self._converted(w, head, values)
 
-    def _converted(self, dispatcher: Any, head: tuple[Any, ...], values: tuple[Any, ...],
-                   targets: tuple[Any, ...]) -> int:
-        """:meth:`_call` when ``dispatcher`` is not the form for the values: each that is not a
-        numpy array of its stored shape read as one (the places remembered, per write), then the
-        kernel's form for their types, kept for the next calls. BAD_INPUT when the kernel does not take
-        them as they are (:meth:`_takes`: the full path converts them, or says why it cannot)."""
+    def _converted(self, w: int, head: tuple[Any, ...], values: tuple[Any, ...]) -> int:
+        """:meth:`_call` when the kernel is not the form for the values: each that is not a
+        numpy array of its stored shape read as one (the places remembered), then the kernel's
+        form for their types, kept for the next calls. BAD_INPUT when the kernel does not take
+        them as they are (the full path converts them, or says why it cannot): a dtype that
+        is not numeric, a float into a field that is not, other than a bool into a bool field
+        (kernels/cast.py), step types not integers and C-contiguous, a frame stack or the held
+        write's flags not in the stored form. (A form whose every value the kernel refuses is
+        not compiled: seconds for nothing.)"""
         read, taken = [], list(values)
         try:
-            for i, (value, (name, _dtype, shape, ndim)) in enumerate(zip(values, targets, strict=True)):
+            for i, (value, (name, dtype, shape, ndim)) in enumerate(zip(values, self._targets[w],
+                                                                        strict=True)):
                 if type(value) is not np.ndarray or value.shape != shape:
                     arr = to_numpy(value)
                     taken[i] = arr if arr.shape == shape else with_unit_axes(name, arr, shape, ndim)
@@ -206,12 +203,14 @@ class OneStepAdd:
                     # A tensor's shape is checked (one value of any shape would fill the array).
                     seen = () if one and not hasattr(value, "detach") else arr.shape
                     read.append((i, type(value), seen, shape, into, out))
+                got, c = taken[i].dtype, taken[i].flags.c_contiguous
+                if stored_code(got) < 0 or (got.kind == "f" and dtype.kind != "f") or (
+                        dtype.kind == "b" and got.kind != "b") or (name == "step_type" and not (
+                        got.kind in "iu" and c)) or (name in self._exact and not (got == dtype and c)):
+                    return BAD_INPUT
         except (TypeError, ValueError, SpecMismatchError):  # a value that cannot be stored
             return BAD_INPUT
-        if not self._takes(taken, targets):
-            return BAD_INPUT
-        self._taken = taken
-        self._keep(targets, tuple(read))
+        self._taken, self._reads[w], dispatcher = taken, tuple(read), self._kernels[w]
         # A kind seen before first (its form refuses others at once): the steps at episode ends
         # may alternate kinds, and numba's typing of the values costs tens of microseconds.
         for form in (*dispatcher.forms.values(), None):
@@ -221,54 +220,24 @@ class OneStepAdd:
                 result = form(*head, *taken)
             except TypeError:  # not this form's kind
                 continue
-            if targets is self._targets:  # kept for the next calls
-                self._kernel = form
-            else:
-                self._held = form
+            self._kernels[w] = form  # kept for the next calls
             return result
         return BAD_INPUT  # pragma: no cover - form_for's form takes the values
 
-    def _keep(self, targets: tuple[Any, ...], read: tuple[tuple[Any, ...], ...]) -> None:
-        if targets is self._targets:
-            self._read = read
-        else:
-            self._held_read = read
-
-    def _takes(self, values: list[Any], targets: tuple[Any, ...]) -> bool:
-        """Whether the kernel takes ``values`` (numpy, of the stored shapes) as they are: numeric
-        dtypes (floats only into float fields, only bools into bool ones: kernels/cast.py), step
-        types integers and C-contiguous, a frame stack and the held write's flags in the stored
-        form. (A form whose every value the kernel refuses is not compiled: seconds for nothing.)"""
-        for value, (name, dtype, _shape, _ndim) in zip(values, targets, strict=True):
-            kind = value.dtype.kind
-            if stored_code(value.dtype) < 0 or (kind == "f" and dtype.kind != "f") or (
-                    dtype.kind == "b" and kind != "b"):
-                return False
-            if name == "step_type" and not (value.dtype.kind in "iu" and value.flags.c_contiguous):
-                return False
-            if name in self._exact and not (value.dtype == dtype and value.flags.c_contiguous):
-                return False
-        return True
-
-    def _write(self, values: tuple[Any, ...], held: bool = False) -> int:
-        """The write of ``values`` (kernel order) by the kernel, or with ``held``
+    def _write(self, values: tuple[Any, ...], w: int = 0) -> int:
+        """The write of ``values`` (kernel order) by the add, or (``w`` 1) by ``held_writer``'s
         (``values`` then have no discount and end with next value, spare, terminated,
-        truncated) by ``held_writer``'s, and what follows it. Returns what ``held_writer``'s write returns."""
+        truncated), and what follows it. Returns what ``held_writer``'s write returns."""
         if self._default_priority is not None:
             self._priority[0] = self._default_priority()
-        if held:
-            delta = self._call(self._held, self._head, values, self._held_targets)
-        elif self._store is None:
-            delta = self._call(self._kernel, self._head, values, self._targets)
-        else:  # a frame-stacked field: the ring grown when the kernel says it must (nothing written), again
-            delta = self._call(self._kernel, self._fused_head_now(), values, self._targets)
-            if delta == NEED_FRAMES:
-                self._store.grow(int(self._state[kernel.N_OUT]))
-                delta = self._kernel(*self._fused_head_now(), *self._taken)
+        delta = self._call(w, self._head_now(), values)
+        if delta == NEED_FRAMES:  # a frame-stacked field's ring grown (nothing was written), again
+            self._store.grow(int(self._state[kernel.N_OUT]))
+            delta = self._kernels[0](*self._head_now(), *self._taken)
         if delta == BAD_INPUT:
             return 0
         if self._own or self._on_write is not None:
-            self._after_write((self._ones, *self._taken) if held else self._taken)
+            self._after_write((self._ones, *self._taken) if w else self._taken)
         return 2 if delta >= _SMALL else 1
 
     def held_writer(self) -> Callable[..., int]:
@@ -278,30 +247,30 @@ class OneStepAdd:
         ``spare``. Values of any kind are taken as :meth:`add` takes them. Returns 1
         (written), 2 (written; some env's episode ended) or 0 (nothing written: a value
         the full path refuses, or this writer was replaced)."""
-        if self._held is None:
-            _ones, types, obs, action, reward = (np.zeros(t[2], t[1]) for t in self._targets)
+        if self._kernels[1] is None:
+            _ones, types, obs, action, reward = (np.zeros(t[2], t[1]) for t in self._targets[0])
             flags = np.zeros(self._rows, np.bool_)
-            self._held = kernel.compiled_for(kernel.add_held, (*self._head, types, obs, action, reward, obs,
-                                                               obs.copy(), flags, flags))
+            args = (*self._head, types, obs, action, reward, obs, obs.copy(), flags, flags)
+            self._kernels[1] = kernel.compiled_for(kernel.add_held, args)
             # The form for gymnasium's float64 rewards too: made now, not in the first step.
-            kernel.form_for(self._held, (*self._head, types, obs, action, reward.astype(np.float64), obs,
-                                         obs.copy(), flags, flags))
-            flag = ("done", np.dtype(np.bool_), self._rows, 0)
-            self._held_targets = (*self._targets[1:], self._targets[2], self._targets[2], flag, flag)
+            kernel.form_for(self._kernels[1], (*args[:7], reward.astype(np.float64), *args[8:]))
+            flag, obs_target = ("done", np.dtype(np.bool_), self._rows, 0), self._targets[0][2]
+            self._targets[1] = (*self._targets[0][1:], obs_target, obs_target, flag, flag)
         return self._write_held
 
     def _write_held(self, *values: Any) -> int:
         if not self.open:
             return 0
         if not self._simple:
-            return self._write(values, held=True)
-        delta = self._call(self._held, self._head, values, self._held_targets)
+            return self._write(values, 1)
+        delta = self._call(1, self._head, values)
         return 1 if -_SMALL < delta < _SMALL else 0 if delta == BAD_INPUT else 2  # 1: no episode ended
 
-    def _fused_head_now(self) -> tuple[Any, ...]:
-        # Read each call, never kept: a write of the full path may grow (replace) the
-        # ring, and a kept reference would hold the old one's memory.
-        return (*self._head, self._store.ref, self._store.frames, self._store.fpos)
+    def _head_now(self) -> tuple[Any, ...]:
+        # A frame store's arrays read each call, never kept: a write of the full path may grow
+        # (replace) the ring, and a kept reference would hold the old one's memory.
+        store = self._store
+        return self._head if store is None else (*self._head, store.ref, store.frames, store.fpos)
 
     def _after_write(self, values: tuple[Any, ...]) -> None:
         """Fields of their own arrays, the sampler."""
