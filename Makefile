@@ -2,7 +2,8 @@
 #   make demo    shardreplay train: distributed Ape-X DQN on CartPole, end to end
 #   make demo-pixels  shardreplay train on MinAtar Breakout (pixels, 15 minutes on 2 cores)
 #   make test    the test suite (installs redis-server with apt-get if missing), on
-#                TEST_WORKERS pytest-xdist workers (TEST_WORKERS=0: in this process)
+#                TEST_WORKERS pytest-xdist workers (TEST_WORKERS=0: in this process),
+#                and list the 20 slowest at the end (the suite must stay well inside 30 min)
 #   make test-fast  the tests not marked slow: the edit loop (about 95 CPU-seconds in all:
 #                about a minute on 2 free cores)
 #   make lint    ruff
@@ -61,7 +62,7 @@ $(STAMP): pyproject.toml
 
 test: install
 	@command -v redis-server >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
-	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
+	$(PYTEST) $(XDIST) --durations=20 $(PYTEST_ARGS)
 
 test-fast: install
 	@command -v redis-server >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
