@@ -26,9 +26,7 @@ def _is_valid_at(step_type, episode_id, base, off, q, p1, cap, window):
     for k in range(1, window):
         if q + k >= p1:
             return False
-        off += 1
-        if off == cap:
-            off = 0
+        off = 0 if off + 1 == cap else off + 1
         nxt = base + off
         if episode_id[nxt] != ep:
             return False
@@ -83,9 +81,7 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
                 valid[slot] = False
                 delta -= 1
             prev_off = off
-            off += 1
-            if off == cap:
-                off = 0
+            off = 0 if off + 1 == cap else off + 1
         p1 = p0 + t_len
         pos[r] = p1
         lo = max(p0 - window + 1, p1 - cap, 0)
@@ -94,9 +90,7 @@ def write_steps(step_type, episode_id, generation, priority, valid, pos, counter
             slot = base + off
             was = valid[slot] and q < p0
             now = _is_valid_at(step_type, episode_id, base, off, q, p1, cap, window)
-            off += 1
-            if off == cap:
-                off = 0
+            off = 0 if off + 1 == cap else off + 1
             out_slots[1, n_out] = slot
             out_flags[0, n_out] = now
             out_flags[1, n_out] = now and not was

@@ -4,25 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardreplay.kernels.codes import (
-    BAD_DISCOUNT,
-    BAD_STEP_TYPE,
-    DISCOUNTS,
-    FINITE_F32,
-    FINITE_F64,
-    MAX_STEP_TYPE,
-    STEP_TYPES,
-    STEPS_OK,
-)
+from shardreplay.kernels import codes
 
 
 def steps_ok(types: np.ndarray, discount: np.ndarray) -> int:
     """``kernels.validate.steps_ok``."""
-    if types.size and not ((types >= 0) & (types <= MAX_STEP_TYPE)).all():
-        return BAD_STEP_TYPE
+    if types.size and not ((types >= 0) & (types <= codes.MAX_STEP_TYPE)).all():
+        return codes.BAD_STEP_TYPE
     if discount.size and not ((discount >= 0) & (discount <= 1)).all():
-        return BAD_DISCOUNT
-    return STEPS_OK
+        return codes.BAD_DISCOUNT
+    return codes.STEPS_OK
 
 
 def values_ok(payload: np.ndarray, plan: np.ndarray) -> int:
@@ -33,13 +24,13 @@ def values_ok(payload: np.ndarray, plan: np.ndarray) -> int:
     for j, (kind, off, n) in enumerate(plan.tolist()):
         if n == 0:
             continue
-        if kind == FINITE_F32:
+        if kind == codes.FINITE_F32:
             bad = not np.isfinite(u8.view(np.float32)[off // 4:off // 4 + n]).all()
-        elif kind == FINITE_F64:
+        elif kind == codes.FINITE_F64:
             bad = not np.isfinite(u8.view(np.float64)[off // 8:off // 8 + n]).all()
-        elif kind == STEP_TYPES:
-            bad = bool((u8[off:off + n] > MAX_STEP_TYPE).any())  # uint8: never below FIRST
-        elif kind == DISCOUNTS:
+        elif kind == codes.STEP_TYPES:
+            bad = bool((u8[off:off + n] > codes.MAX_STEP_TYPE).any())  # uint8: never below FIRST
+        elif kind == codes.DISCOUNTS:
             discounts = u8.view(np.float32)[off // 4:off // 4 + n]
             bad = not ((discounts >= 0) & (discounts <= 1)).all()  # NaN fails both
         else:
