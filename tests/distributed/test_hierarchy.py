@@ -97,7 +97,7 @@ def test_a_rank_that_never_arrives_times_out_on_every_rank() -> None:
     for rank, r in enumerate(run_ranks(_absent, 4)[:3]):
         assert r["type"] == "CollectiveTimeout", (rank, r)  # alive, so not PeerLost
         assert f"the absent rank's op did not complete within 2 s on rank {rank} of 4" in r["error"], r
-        assert 2.0 <= r["seconds"] < 4.0, r
+        assert 1.9 <= r["seconds"] < 4.0, r  # gloo's wait may wake microseconds before its timeout
 
 
 def _killed(rank: int, world: int, victim: int) -> dict:

@@ -146,8 +146,9 @@ def _write_value(records, own, value, state, j):  # pragma: no cover - compiled
 
 
 # Past MAX_INLINED fields, each field's check and write is compiled once per kind of value and
-# inlined by LLVM (forceinline): numba's inlining types it again at every field, a second or
-# more of a cold compile each; LLVM's leaves an add 20-30 ns slower.
+# inlined by LLVM (forceinline): numba's inlining types it again at every field, which makes a
+# cold compile of a wide spec slow; LLVM's leaves each add a little slower, so narrow specs keep
+# numba's (the figures: docs/internals.md, "One-step writes").
 MAX_INLINED = 6
 _value_ok_llvm, _write_value_llvm = (numba.njit(**{**SMALL_CALL, "cache": False}, forceinline=True)(f.py_func)
                                      for f in (_value_ok, _write_value))
