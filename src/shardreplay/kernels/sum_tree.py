@@ -90,7 +90,9 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
     for level in range(leaf_level - 1, -1, -1):
         if n == 0:
             break
-        if sizes[level] <= n:  # a level of fewer nodes than changes: all of it, in order
+        # A level of fewer nodes than changes: all of it, in order. Levels only shrink upwards,
+        # so every level above takes this branch too (``node`` is not read again).
+        if sizes[level] <= n:
             for parent in range(sizes[level]):
                 _recompute(sums, mins, level, parent, offsets, leaf_level)
             n = sizes[level]
