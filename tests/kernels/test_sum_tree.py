@@ -85,6 +85,45 @@ def test_priority_zero_and_invalid_slots_get_no_mass_even_with_alpha_zero() -> N
     assert tree.total == 0.0 and tree.min_positive == np.inf
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_set_from_keys_is_resolve_then_set_and_stamps_the_applied_blocks(seed: int) -> None:
+    """One call of the learner's update equals keys.resolve_keys, then set_from_priorities of
+    the current keys' slots, then the applied blocks stamped; a bad key or priority changes
+    nothing."""
+    from shardreplay.kernels import keys as codec
+
+    rng = np.random.default_rng(seed)
+    n, tag, epoch, block = 200, 5, int(rng.integers(0, 3000)), kern.PRIORITY_BLOCK
+    generation = rng.integers(0, 4, n).astype(np.uint32)  # 0: never written, no key is current
+    valid = rng.random(n) < 0.9
+    slots = rng.integers(0, n, 64)
+    keys = ref.encode_keys(np.zeros(64, np.int64), np.full(64, tag), slots,
+                           generation[slots] + epoch + rng.integers(-1, 1, 64))  # current or stale
+    new = rng.random(64).astype(np.float32)
+    want_tree, got_tree = SumMinTree(n), SumMinTree(n)
+    want_prio, got_prio = np.ones(n, np.float32), np.ones(n, np.float32)
+    want_marks, got_marks = np.zeros(-(-n // block), np.int64), np.zeros(-(-n // block), np.int64)
+    status, _, s, v, m = codec.resolve_keys(keys, new, generation, n, epoch, tag)
+    assert status == codec.OK and 0 < m < 64
+    want_top = _set(want_tree, s[:m], want_prio, valid, 0.6, v[:m])
+    want_marks[s[:m] // block] = 7 + m
+    args = (got_tree.sums, got_tree.mins, got_tree.sizes, got_tree.offsets)
+    got = kern.set_from_keys(*args, keys, new, generation, epoch, tag, valid, got_prio, 0.6, got_marks, 7)
+    assert got == (codec.OK, -1, m, want_top)
+    for a, b in ((got_tree.sums, want_tree.sums), (got_tree.mins, want_tree.mins), (got_prio, want_prio),
+                 (got_marks, want_marks)):
+        np.testing.assert_array_equal(a, b)
+    before = [a.copy() for a in (got_tree.sums, got_tree.mins, got_prio, got_marks)]
+    bad_key, bad_prio = keys.copy(), new.copy()
+    bad_key[40] = -3
+    bad_prio[9] = np.nan
+    for k, p, want_status, at in ((bad_key, new, codec.BAD_KEY, 40), (keys, bad_prio, codec.BAD_PRIORITY, 9)):
+        assert kern.set_from_keys(*args, k, p, generation, epoch, tag, valid, got_prio, 0.6, got_marks,
+                                  99)[:3] == (want_status, at, 0)
+        for a, b in zip((got_tree.sums, got_tree.mins, got_prio, got_marks), before, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_prefix_search_at_boundaries_and_past_zero_leaves(n: int) -> None:
     rng = np.random.default_rng(n + 1)

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from shardreplay.buffer.checks import check_priorities, check_stream_ids, foreig
 from shardreplay.buffer.restore import RestoreSession
 from shardreplay.buffer.state import export_state
 from shardreplay.errors import ConfigError, EmptyBufferError, InvalidKeyError, SpecMismatchError
+from shardreplay.kernels.codes import PRIORITY_BLOCK
 from shardreplay.kernels.lazy import lazy
 from shardreplay.samplers import Draw, FifoSampler, PrioritizedSampler, Sampler, UniformSampler
 from shardreplay.samplers.schedules import Schedule
@@ -37,7 +38,6 @@ else:  # numba loads on the first compiled call, not on import (kernels/lazy.py)
 # One-step adds on the full path before the short one is built (see Shard.__init__).
 ONE_STEP_AFTER = 1000
 
-PRIORITY_BLOCK = 32  # slots per block of the priority changes an incremental checkpoint tracks
 __all__ = ["SEQUENCE_STEP_ARRAYS", "STEP_ARRAYS", "Draw", "Shard", "ShardStats", "advise_hugepages",
            "ring_runs", "shard_of_buffer"]
 
@@ -333,18 +333,14 @@ class Shard:
             InvalidKeyError: a key is not a key of this shard.
             Nothing changes when an error is raised.
         """
-        storage = self._storage
-        status, bad, slots, values, n = key_kernels.resolve_keys(
-            keys, prios, storage.generation, storage.size, storage.key_epoch, storage.key_tag)
+        sampler = cast(PrioritizedSampler, self._sampler)  # the callers refuse the others
+        status, bad, n = sampler.update_keys(keys, prios, self.priority_marks, self.updates_applied)
         if status == key_kernels.BAD_PRIORITY:
             check_priorities(prios, keys.shape)  # raises with the precise reason
         if status == key_kernels.BAD_KEY:
             raise InvalidKeyError(foreign_key(keys, bad, "buffer"))
         self.stale_updates += keys.shape[0] - n
-        slots = slots[:n]
-        self._sampler.update(slots, values[:n])
         self.updates_applied += n
-        self.priority_marks[slots // PRIORITY_BLOCK] = self.updates_applied
         return n
 
     def apply_routed(self, keys: np.ndarray, prios: np.ndarray) -> int:

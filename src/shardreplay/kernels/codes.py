@@ -50,6 +50,7 @@ LOCAL_MASK = (1 << SHARD_SHIFT) - 1  # tag, place and generation: a key without 
 
 # -- kernels/sum_tree.py -------------------------------------------------------------------
 ARITY = 8
+PRIORITY_BLOCK = 32  # slots per block of the priority changes an incremental checkpoint tracks
 
 
 _NUMBA_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))

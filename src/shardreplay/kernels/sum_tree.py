@@ -11,8 +11,10 @@ from shardreplay.kernels import (
     codes,
 )
 from shardreplay.kernels.copy import prefetch, prefetch_rows
+from shardreplay.kernels.keys import OK, resolve_keys
 
 ARITY = codes.ARITY  # defined in codes.py (numba-free: read at import above)
+PRIORITY_BLOCK = codes.PRIORITY_BLOCK
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -111,6 +113,23 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
         for j in range(n):
             _recompute(sums, mins, level, node[j], offsets, leaf_level)
     return top
+
+
+@numba.njit(cache=True, nogil=True)
+def set_from_keys(sums, mins, sizes, offsets, keys, new, generation, epoch, tag, valid, priority, alpha,
+                  marks, applied):
+    """:func:`~shardreplay.kernels.keys.resolve_keys` of ``keys`` (a buffer of
+    ``valid.shape[0]`` slots), then :func:`set_from_priorities` of the slots of the keys not
+    stale, in one call (one per learner step). Each applied slot's block of
+    ``PRIORITY_BLOCK`` in ``marks`` is stamped ``applied`` plus the number applied.
+    Returns ``(status, bad, applied, top)``; nothing changes unless ``status`` is ``OK``."""
+    status, bad, slots, values, n = resolve_keys(keys, new, generation, valid.shape[0], epoch, tag)
+    if status != OK:
+        return status, bad, 0, 0.0
+    for j in range(n):
+        marks[slots[j] // PRIORITY_BLOCK] = applied + n
+    top = set_from_priorities(sums, mins, sizes, offsets, slots[:n], valid, priority, alpha, values[:n])
+    return OK, -1, n, top
 
 
 @numba.njit(cache=True, nogil=True)

@@ -149,6 +149,20 @@ class PrioritizedSampler:
                                                priorities)
         self.max_priority = max(self.max_priority, top)
 
+    def update_keys(self, keys: np.ndarray, priorities: np.ndarray, marks: np.ndarray,
+                    applied: int) -> tuple[int, int, int]:
+        """:meth:`update` of the slots of ``keys`` (int64 keys of shard 0; float32
+        ``priorities``) that are not stale, stamping their blocks in ``marks`` (see
+        ``kernels/sum_tree.set_from_keys``). Returns ``(status, bad, n)``: a
+        ``kernels/keys`` status, the first bad entry and the number applied; nothing
+        changes unless the status is ``OK``."""
+        st = self.storage
+        status, bad, n, top = tree_kernels.set_from_keys(
+            *self._set_args, keys, priorities, st.generation, st.key_epoch, st.key_tag, st.valid, st.priority,
+            self.alpha, marks, applied)
+        self.max_priority = max(self.max_priority, top)
+        return status, bad, n
+
     def rebuild(self) -> None:
         """Recompute every leaf from stored priorities and validity."""
         # p > 0 as in the write path: with alpha = 0, 0**0 = 1 would make priority 0 drawable.
