@@ -20,20 +20,21 @@ PRIORITY_BLOCK = codes.PRIORITY_BLOCK
 @numba.njit(cache=True, nogil=True, inline="always")
 def _recompute(sums, mins, level, parent, offsets, leaf_level):
     """Sum and min of node ``parent`` of ``level`` from its children."""
-    child = offsets[level + 1] + parent * ARITY
+    child = np.uint64(offsets[level + 1] + parent * ARITY)  # unsigned: no wraparound test per load
     total = 0.0
     low = np.inf
     if level + 1 == leaf_level:
-        for c in range(child, child + ARITY):
-            v = sums[c]
+        for c in range(ARITY):
+            v = sums[child + np.uint64(c)]
             total += v
             low = min(low, v if v > 0.0 else np.inf)  # no branch: leaves are random
     else:
-        for c in range(child, child + ARITY):
-            total += sums[c]
-            low = min(low, mins[c])
-    sums[offsets[level] + parent] = total
-    mins[offsets[level] + parent] = low
+        for c in range(ARITY):
+            total += sums[child + np.uint64(c)]
+            low = min(low, mins[child + np.uint64(c)])
+    at = np.uint64(offsets[level] + parent)
+    sums[at] = total
+    mins[at] = low
 
 
 @numba.njit(cache=True, nogil=True)
@@ -66,18 +67,18 @@ def set_from_priorities(sums, mins, sizes, offsets, slots, valid, priority, alph
     make a priority-0 start drawable), and the ancestors of the changed leaves (recomputed
     from their children). Returns the largest of ``new`` (0 when empty)."""
     leaf_level = sizes.shape[0] - 1
-    leaf_offset = offsets[leaf_level]
     for s in slots:  # the leaves' cache lines requested together
-        prefetch(sums.ctypes.data + 8 * (leaf_offset + s))
+        prefetch(sums.ctypes.data + 8 * (offsets[leaf_level] + s))
     top = 0.0
     for j in range(new.shape[0]):
-        priority[slots[j]] = new[j]
+        priority[np.uint64(slots[j])] = new[j]
         top = max(top, float(new[j]))
     node = np.empty(slots.shape[0], np.int64)  # the changed nodes of a level
     n = 0
     last_p, last_leaf = -1.0, 0.0  # new steps share one priority: one pow for all of them
+    leaf_offset = np.uint64(offsets[leaf_level])  # unsigned indices: no wraparound test per access
     for j in range(slots.shape[0]):
-        s = slots[j]
+        s = np.uint64(slots[j])
         p = float(priority[s])
         leaf = 0.0
         if valid[s] and p > 0.0:
@@ -147,21 +148,21 @@ def find_prefix(sums, offsets, levels, targets):
         offset = offsets[level]
         below_at = sums.ctypes.data + 8 * offsets[level + 1] if level + 1 < levels else 0
         for j in range(n):
-            first = offset + node[j] * ARITY
+            first = np.uint64(offset + node[j] * ARITY)  # unsigned: no wraparound test per load
             t = u[j]
             acc = 0.0
             below = 0.0  # prefix sum before the chosen child
             count = 0
             for c in range(ARITY):
-                acc += sums[first + c]
+                acc += sums[first + np.uint64(c)]
                 step = acc <= t
                 count += step
                 below = acc if step else below
             if count == ARITY:  # rounding: past the group's last mass
                 count = 0
                 for c in range(ARITY):
-                    count = c if sums[first + c] > 0.0 else count
-                u[j] = sums[first + count] * 0.5
+                    count = c if sums[first + np.uint64(c)] > 0.0 else count
+                u[j] = sums[first + np.uint64(count)] * 0.5
             else:
                 u[j] = t - below
             node[j] = node[j] * ARITY + count
@@ -185,10 +186,11 @@ def draw_weighted(sums, mins, offsets, levels, uniforms, beta, rows):
     n = uniforms.shape[0]
     prob = np.empty(n, np.float64)
     weights = np.empty(n, np.float32)
+    leaf_offset = np.uint64(leaf_offset)  # unsigned indices: no wraparound test per access
     for j in range(n):
         s = starts[j]
         prefetch_rows(rows, s)
-        v = sums[leaf_offset + s]
+        v = sums[leaf_offset + np.uint64(s)]
         prob[j] = v / total
         weights[j] = (v / low) ** -beta
     return starts, prob, weights

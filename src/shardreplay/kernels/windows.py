@@ -73,27 +73,28 @@ def gather_windows(starts, step_type, generation, records, params, dst, idx):  #
     keys = dst[params[KEYS_AT]:params[KEYS_AT] + 8 * n].view(np.int64)
     for b in range(n):
         s = starts[b]
-        keys[b] = encode_key(0, tag, s, np.int64(generation[s]) + epoch)
+        keys[b] = encode_key(0, tag, s, np.int64(generation[np.uint64(s)]) + epoch)
         base = _row_base(s, cap, inv_cap)
         slot = s - base
         ended = False
         cur = s
+        row = np.uint64(mask_at + b * window)  # unsigned indices: no wraparound test per access
         for k in range(window):
             if ended:
-                dst[mask_at + b * window + k] = 0
+                dst[row + np.uint64(k)] = 0
             else:
-                dst[mask_at + b * window + k] = 1
+                dst[row + np.uint64(k)] = 1
                 q = slot + k  # < 2 * cap: the window fits the ring
                 cur = base + (q - cap if q >= cap else q)
                 if 0 < k < window - 1:
-                    ended = step_type[cur] == LAST
-            idx[b * window + k] = cur
+                    ended = step_type[np.uint64(cur)] == LAST
+            idx[np.uint64(b * window + k)] = cur
     record_bytes = records.shape[1]
     for p in range(params[N_PARTS]):  # a part at a time: its size fixed in the inner loop
         at = PARTS + p * PART_WORDS
         offset, size, block = params[at + OFFSET], params[at + SIZE], params[at + DST]
         for j in range(n * window):
-            _copy_small(dst, block + j * size, records, idx[j] * record_bytes + offset, size)
+            _copy_small(dst, block + j * size, records, idx[np.uint64(j)] * record_bytes + offset, size)
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
