@@ -132,15 +132,24 @@ def stream_copy_at(typingctx, dst, dst_offset, src, src_offset, nbytes):  # prag
     return types.void(dst, types.intp, src, types.intp, types.intp), codegen
 
 
-@intrinsic
-def prefetch(typingctx, address):  # pragma: no cover - compiled
-    """Ask for the cache line at ``address`` (an integer): a hint that never faults."""
-    def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module, _PREFETCH, "llvm.prefetch.p0i8")
-        flags = (ir.Constant(ir.IntType(32), v) for v in (0, 3, 1))  # read, keep in every cache, data
-        builder.call(fn, [builder.inttoptr(args[0], _BYTE_PTR), *flags])
-        return context.get_dummy_value()
-    return types.void(types.int64), codegen
+def _prefetch_into(locality: int) -> Any:
+    """An intrinsic that asks for the cache line at ``address`` (an integer) with LLVM's
+    ``locality`` (3: every cache level; 2: not the first): a hint that never faults."""
+    @intrinsic
+    def prefetch(typingctx, address):  # pragma: no cover - compiled
+        def codegen(context, builder, signature, args):
+            fn = cgutils.get_or_insert_function(builder.module, _PREFETCH, "llvm.prefetch.p0i8")
+            flags = (ir.Constant(ir.IntType(32), v) for v in (0, locality, 1))  # read, locality, data
+            builder.call(fn, [builder.inttoptr(args[0], _BYTE_PTR), *flags])
+            return context.get_dummy_value()
+        return types.void(types.int64), codegen
+    return prefetch
+
+
+prefetch = _prefetch_into(3)
+# A window's rows are more lines than the first-level cache holds (a batch of 256 windows of
+# 512 bytes: 128 KiB); asked into every level, each evicts the last and the tree's lines.
+prefetch_to_l2 = _prefetch_into(2)
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -150,7 +159,7 @@ def prefetch_rows(rows, slot):  # pragma: no cover - compiled
     for r in range(rows.shape[0]):
         at = rows[r, 0] + slot * rows[r, 1]
         for line in range(at - at % 64, at + rows[r, 2], 64):
-            prefetch(line)
+            prefetch_to_l2(line)
 
 
 @intrinsic
