@@ -8,20 +8,19 @@ and asks it for draws; it never touches stored steps.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from shardreplay.errors import ConfigError
 
 
-@dataclass(frozen=True)
-class Draw:
+class Draw(NamedTuple):
     """Window starts drawn by a sampler, with their probabilities and weights.
 
     ``starts`` are flat slots; ``probabilities`` float64 and ``weights`` float32,
-    both ``[B]``.
+    both ``[B]``. A named tuple, not a frozen dataclass: one is made on every sample
+    call, and a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``.
     """
 
     starts: np.ndarray
