@@ -7,6 +7,7 @@ import multiprocessing as mp
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,11 +30,19 @@ def assert_consistent(update) -> None:
         assert (value.float() == update.version).all(), name
 
 
-def publish_many(url: str, count: int) -> None:
-    """Child-process body: publish versions 1..count as fast as possible."""
+def publish_many(url: str, count: int, held: tuple[int, ...], taken: Any) -> None:
+    """Child-process body: publish versions 1..count as fast as possible, except that each
+    version in ``held`` stays the newest until the subscriber took it (``taken``: the
+    newest version it loaded): however the two processes are scheduled, reading overlaps
+    publishing. Exits with an error when the subscriber never takes one."""
     publisher = open_publisher(url)
     for v in range(1, count + 1):
         publisher.publish(v, weights(v))
+        deadline = time.monotonic() + 60
+        while v in held and taken.value < v:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the subscriber never took version {v}")
+            time.sleep(0.001)
     publisher.close()
 
 
@@ -89,17 +98,26 @@ def test_wait_for_policy_times_out_with_a_clear_error(url: str) -> None:
 
 @pytest.mark.slow
 def test_concurrent_publishing_never_shows_a_torn_policy(url: str) -> None:
-    proc = mp.get_context("spawn").Process(target=publish_many, args=(url, 150))
+    # The publisher pauses at these versions until they are seen: on a loaded machine it
+    # could otherwise publish all 150 before this process polls once.
+    held = tuple(range(1, 150, 25))
+    ctx = mp.get_context("spawn")
+    taken = ctx.Value("q", 0)
+    proc = ctx.Process(target=publish_many, args=(url, 150, held, taken))
     proc.start()
     seen: list[int] = []
     subscriber = open_subscriber(url, check_interval_s=0)
     try:
-        deadline = time.monotonic() + 60
-        while (not seen or seen[-1] < 150) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 120
+        while not seen or seen[-1] < 150:
+            alive = proc.is_alive()  # before the poll: a dead publisher's last version is still seen
             update = subscriber.poll()
             if update is not None:
                 assert_consistent(update)
                 seen.append(update.version)
+                taken.value = update.version
+            elif not alive or time.monotonic() > deadline:
+                break
     finally:
         proc.join(timeout=30)
         if proc.is_alive():
@@ -107,7 +125,7 @@ def test_concurrent_publishing_never_shows_a_torn_policy(url: str) -> None:
             proc.join()
     assert proc.exitcode == 0
     assert seen[-1] == 150 and seen == sorted(set(seen))
-    assert len(seen) >= 3, "the subscriber never overlapped the publisher"
+    assert set(held) <= set(seen), "the subscriber missed a version the publisher held for it"
     assert subscriber.stats.rejected == {}
     assert subscriber.stats.loads == len(seen)
 
