@@ -226,8 +226,16 @@ def test_learner_killed_and_restarted_stores_every_chunk_exactly_once(tmp_path: 
             proc.join(10)
         proc, last = _life(kids, transport, root, lives, lives_n, False, num_actors, 256)
         files.append(last)
-        wait_for(lambda: _progress(last).get("steps", 0) >= total, START_S,
-                 "the last life to store everything", explain=lambda: str([_progress(f) for f in files]))
+        # Storing every step is not the end: chunks an earlier life saved but was killed
+        # before acknowledging may still be in ready/ (a life that restored all of them
+        # says so before its first receive); the last life drops them, saves, acknowledges.
+        ready = tmp_path / "spool" / "ready"
+
+        def done() -> bool:
+            return _progress(last).get("steps", 0) >= total and (kind != "file" or not any(ready.iterdir()))
+
+        wait_for(done, START_S, "the last life to store everything and acknowledge every chunk",
+                 explain=lambda: f" {[_progress(f) for f in files]}, ready/: {sorted(ready.glob('*'))}")
         kill9(proc.pid)
         proc.join(10)
     writer.close()
@@ -241,7 +249,7 @@ def test_learner_killed_and_restarted_stores_every_chunk_exactly_once(tmp_path: 
     assert lives_seen[1]["duplicates"] >= 1, lives_seen  # the re-delivered chunks were dropped
     assert all(life["restored"] is not None for life in lives_seen[1:]), lives_seen
     if kind == "file":
-        assert not any((tmp_path / "spool" / "ready").iterdir())  # all acknowledged in the end
+        assert not any(ready.iterdir())  # all acknowledged in the end
 
 
 # -- corrupt and truncated chunks -----------------------------------------------------------
