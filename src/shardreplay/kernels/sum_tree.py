@@ -122,8 +122,8 @@ def set_from_keys(sums, mins, sizes, offsets, keys, new, generation, epoch, tag,
     """:func:`~shardreplay.kernels.keys.resolve_keys` of ``keys`` (a buffer of
     ``valid.shape[0]`` slots), then :func:`set_from_priorities` of the slots of the keys not
     stale, in one call (one per learner step). Each applied slot's block of
-    ``PRIORITY_BLOCK`` in ``marks`` is stamped ``applied`` plus the number applied.
-    Returns ``(status, bad, applied, top)``; nothing changes unless ``status`` is ``OK``."""
+    ``PRIORITY_BLOCK`` in ``marks`` is stamped ``applied + n``. Returns ``(status, bad, n,
+    top)``: ``n`` priorities applied; nothing changes unless ``status`` is ``OK``."""
     status, bad, slots, values, n = resolve_keys(keys, new, generation, valid.shape[0], epoch, tag)
     if status != OK:
         return status, bad, 0, 0.0
