@@ -182,11 +182,10 @@ def draw_weighted(sums, mins, offsets, levels, uniforms, beta, rows):
     total = sums[0]
     low = mins[0]
     starts = find_prefix(sums, offsets, levels, uniforms * total)
-    leaf_offset = offsets[levels - 1]
+    leaf_offset = np.uint64(offsets[levels - 1])  # unsigned indices: no wraparound test per access
     n = uniforms.shape[0]
     prob = np.empty(n, np.float64)
     weights = np.empty(n, np.float32)
-    leaf_offset = np.uint64(leaf_offset)  # unsigned indices: no wraparound test per access
     for j in range(n):
         s = starts[j]
         prefetch_rows(rows, s)
