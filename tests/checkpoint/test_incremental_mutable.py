@@ -14,8 +14,8 @@ import pytest
 
 import shardreplay as sr
 from shardreplay import checkpoint
-from shardreplay.buffer.shard import PRIORITY_BLOCK
 from shardreplay.checkpoint.format import PartReader
+from shardreplay.kernels.codes import PRIORITY_BLOCK
 from tests.checkpoint.helpers import (
     as_shard,
     assert_arrays_equal,

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardreplay.buffer.shard import PRIORITY_BLOCK as BLOCK
 from shardreplay.buffer.shard import ring_runs
 from shardreplay.checkpoint.format import PartReader, WholeReads
 from shardreplay.checkpoint.manifest import is_complete
 from shardreplay.checkpoint.records import ManifestPart, PartMeta, RefSource
 from shardreplay.errors import CheckpointFormatError
+from shardreplay.kernels.codes import PRIORITY_BLOCK as BLOCK
 from shardreplay.spec.validation import check_step_values
 
 if TYPE_CHECKING:
