@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from shardreplay.cli.main import main
+from shardreplay.cli.main import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from shardreplay import _signals
 from shardreplay.errors import ShardReplayError
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, keep_stop_handlers: bool = False) -> int:
     """Entry point of the ``shardreplay`` console script; returns the exit code.
 
     Ctrl-C and SIGTERM are recorded from here on, before the subcommands' imports
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     start-up (see :mod:`shardreplay._signals`); any other command gets the
     default handlers back, and a signal taken meanwhile then acts as it would have. A
     :class:`ShardReplayError` (or a missing file) a command raises is one line
-    ``error: ...`` on stderr, exit code 2.
+    ``error: ...`` on stderr, exit code 2. With ``keep_stop_handlers`` (:func:`console`),
+    ``train``'s record of stop signals stays installed when it returns.
     """
     restore = _signals.take_over()
     try:
@@ -56,9 +58,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
-        if restore is not None:
+        if restore is not None and not keep_stop_handlers:
             restore()
 
 
+def console() -> NoReturn:
+    """The ``shardreplay`` console script and ``python -m shardreplay``: :func:`main`, then
+    exit with its code. ``train``'s stop handlers stay until the process ends: put back,
+    a stop signal that comes once the run has finished (its final line printed) would find
+    the default action and kill the process in its exit, code -15 after a clean run."""
+    sys.exit(main(keep_stop_handlers=True))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
