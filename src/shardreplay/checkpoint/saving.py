@@ -321,8 +321,7 @@ def _write_part(job: SaveJob, content: _Content,
 
 def _ordered(arrays: dict[str, Any]) -> dict[str, Any]:
     """Small bookkeeping arrays first, so readers of the tables touch few blocks."""
-    small = [k for k in arrays if not k.startswith("field.")]
-    return {k: arrays[k] for k in small + [k for k in arrays if k.startswith("field.")]}
+    return dict(sorted(arrays.items(), key=lambda item: item[0].startswith("field.")))  # stable
 
 
 def _maybe_write_manifest(directory: Path, spec: Spec, mine: ManifestPart, entry: FileEntry) -> bool:

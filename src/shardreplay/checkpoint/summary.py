@@ -89,10 +89,7 @@ def summarize(directory: Path, *, priorities: bool = True) -> dict[str, Any]:
 
 def _summarize_incomplete(directory: Path, reason: str) -> dict[str, Any]:
     present: list[dict[str, Any]] = []
-    for path in sorted(directory.glob("part-*.json")):
-        m = _PART_JSON.match(path.name)
-        if not m:
-            continue
+    for path in sorted(p for p in directory.glob("part-*.json") if _PART_JSON.match(p.name)):
         try:
             part = ManifestPart.parse(load_checked(path), path)
             present.append({"shard": part.shard, "num_shards": part.num_shards, "steps": part.steps,

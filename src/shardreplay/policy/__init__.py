@@ -7,7 +7,7 @@ when first used.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from shardreplay.errors import ConfigError
 from shardreplay.policy.broadcast import (
@@ -56,8 +56,7 @@ def open_publisher(url: str, **options: Any) -> PolicyPublisher:
     Raises:
         ConfigError: an unknown URL or option.
     """
-    publisher: PolicyPublisher = _open(url, "publisher", options)
-    return publisher
+    return cast(PolicyPublisher, _open(url, "publisher", options))
 
 
 def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
@@ -66,5 +65,4 @@ def open_subscriber(url: str, **options: Any) -> PolicySubscriber:
     Raises:
         ConfigError: an unknown URL or option.
     """
-    subscriber: PolicySubscriber = _open(url, "subscriber", options)
-    return subscriber
+    return cast(PolicySubscriber, _open(url, "subscriber", options))

@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from multiprocessing import resource_tracker
 from typing import Any
 
 from shardreplay import _signals
@@ -34,8 +35,6 @@ def children_block_signals(signals: set[signal.Signals]) -> Iterator[None]:
     with contextlib.suppress(Exception):
         # Starting the tracker inside the block would unblock SIGINT (it masks and
         # unmasks it around its own start), and the child would not inherit the mask.
-        from multiprocessing import resource_tracker
-
         resource_tracker.ensure_running()
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
@@ -278,8 +277,6 @@ class ProcessTree:
 
 def resource_tracker_pid() -> int | None:
     """The pid of this process's multiprocessing resource tracker, or None."""
-    from multiprocessing import resource_tracker
-
     return getattr(resource_tracker._resource_tracker, "_pid", None)
 
 
@@ -289,8 +286,6 @@ def stop_resource_tracker(timeout_s: float = 5.0) -> None:
     its pipe makes it unlink whatever is still registered (leaked); garbage is collected
     first, so semaphores referenced only by garbage unregister themselves.
     """
-    from multiprocessing import resource_tracker
-
     gc.collect()
     tracker = resource_tracker._resource_tracker
     lock = getattr(tracker, "_lock", None)

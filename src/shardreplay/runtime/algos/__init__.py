@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from typing import cast
 
 from shardreplay.errors import ConfigError
 from shardreplay.runtime.algos.base import ACTIONS, Algorithm, known_algo, spec_of
@@ -24,8 +25,7 @@ def algorithm(name: str) -> Algorithm:
         ConfigError: an unknown name.
     """
     known_algo(name)
-    found: Algorithm = getattr(importlib.import_module(f"{__name__}.{name}"), name.upper())
-    return found
+    return cast(Algorithm, getattr(importlib.import_module(f"{__name__}.{name}"), name.upper()))
 
 
 def choose_network(obs_shape: Sequence[int], network: str = "auto") -> str:

@@ -122,7 +122,8 @@ class _Bar:
         self._progress.update(self._task, completed=completed, text=text,
                               description="solved" if outcome == "solved" else "train")
         self._progress.stop()
-        _restore_logging(self._handlers)
+        for handler, stream in self._handlers:  # as _log_through found them
+            handler.setStream(stream)
 
 
 def _log_through(console: Any) -> list[tuple[logging.StreamHandler, Any]]:
@@ -133,11 +134,6 @@ def _log_through(console: Any) -> list[tuple[logging.StreamHandler, Any]]:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
             changed.append((handler, handler.setStream(_ConsoleStream(console))))
     return changed
-
-
-def _restore_logging(changed: list[tuple[logging.StreamHandler, Any]]) -> None:
-    for handler, stream in changed:
-        handler.setStream(stream)
 
 
 class _ConsoleStream:
