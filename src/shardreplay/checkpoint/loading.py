@@ -217,10 +217,9 @@ def _restore(manifest: Manifest, session: RestoreSession, local: ReplayBuffer, s
         raise CheckpointFormatError(f"{manifest.path}: saved with spec {manifest.spec}, "
                                     f"the buffer has {local.spec}")
     files = {name: read_covered(manifest, name) for name in names}
-    parts = manifest.parts
     with ExitStack() as stack:
         readers: list[AnyPartReader] = []
-        for p in parts:
+        for p in manifest.parts:
             readers.append(open_part(directory, p))
             stack.callback(readers[-1].close)
         episodes = episode_table(readers)
@@ -285,10 +284,8 @@ def _new_key_epoch(metas: list[PartMeta], positions: list[np.ndarray], floor: in
     """The key epoch after a restore: above every generation (a slot's write count plus
     its shard's epoch) a saved shard or the replaced content (``floor``) put in a key,
     so every key handed out from now on is newer than any handed out before."""
-    out = floor
-    for meta, pos in zip(metas, positions, strict=True):
-        out = max(out, meta.key_epoch + writes_per_slot(pos, meta.stream_capacity))
-    return out + 1
+    return max([floor, *(meta.key_epoch + writes_per_slot(pos, meta.stream_capacity)
+                         for meta, pos in zip(metas, positions, strict=True))]) + 1
 
 
 def writes_per_slot(pos: np.ndarray, cap: int) -> int:
@@ -300,15 +297,11 @@ def _same_layout(readers: list[AnyPartReader], metas: list[PartMeta], positions:
                  layout: NewLayout) -> bool:
     """Whether the restore can put every part back as it was (docs/semantics.md, "Same N:
     a faithful resume"; nothing dropped by ``partial="drop"``)."""
-    if len(readers) != layout.num_shards:
-        return False
-    for k, (reader, meta, pos) in enumerate(zip(readers, metas, positions, strict=True)):
-        cap = layout.stream_capacity[k]
-        if meta.num_streams != layout.num_streams[k] or meta.stream_capacity != cap:
-            return False
-        if not np.array_equal(reader.array("row_length"), np.minimum(pos, cap)):
-            return False
-    return True
+    return len(readers) == layout.num_shards and all(
+        meta.num_streams == layout.num_streams[k] and meta.stream_capacity == cap
+        and np.array_equal(reader.array("row_length"), np.minimum(pos, cap))
+        for k, (reader, meta, pos, cap) in enumerate(zip(readers, metas, positions, layout.stream_capacity,
+                                                           strict=True)))
 
 
 def _identity_plan(episodes: EpisodeTable, shard: int, pos: np.ndarray, cap: int) -> ShardPlan:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardreplay.cli import field_help
-from shardreplay.runtime.settings import ALGOS, GROUPS, flat_name
+from shardreplay.runtime.settings import ALGOS, FLAT, GROUPS, flat_name
 
 _GROUP_TITLES = {
     "run": "run (what runs, when it stops, evaluation)",
@@ -75,8 +75,7 @@ def settings_help() -> dict[str, str]:
 
 def given_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the command line gave, by flat name."""
-    names = [flat_name(f) for cls in GROUPS.values() for f in dataclasses.fields(cls)]
-    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    return {name: getattr(args, name) for name in FLAT if getattr(args, name, None) is not None}
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -101,13 +101,12 @@ def shard_transport(url: str, spec: Spec, shard: int, *, run_id: str = "",
     bound = queued_chunks_per_actor
     if compression == "auto":
         compression = "lz4" if spec_has_frame_stacks(spec) else "none"
+    opts: dict[str, Any] = {"compression": compression}
     if kind == "file":  # the spool names its shard directories (nothing is created here)
-        opts: dict[str, Any] = {"compression": compression}
         if bound is not None:
             opts["queued_chunks_per_actor"] = bound
         return open_transport(file_url(open_transport(url, spec).channel(shard, run_id)), spec, **opts)
     if kind == "redis":
-        opts = {"compression": compression}
         if bound is not None:
             opts["max_len"] = bound * max(actors, 1)
         return open_transport(url, spec, stream=open_transport(url, spec).channel(shard, run_id), **opts)

@@ -424,6 +424,7 @@ class Ingestor:
                     "actor %d chunk %d dropped: this shard stored it already (delivered again after a "
                     "restart)", chunk.actor_id, chunk.sequence)
             return 0
+        n = chunk.num_streams * chunk.num_steps
         try:
             route = chunk.actor_id if route is None else route
             self._check_owner(chunk, route)
@@ -444,14 +445,12 @@ class Ingestor:
             self.total_rejected += 1
             log.log(self._level(chunk.actor_id, "rejected"), "chunk %s rejected: %s", chunk.identity, exc)
             if self.losses is not None:
-                n = chunk.num_streams * chunk.num_steps
                 self.losses.record(chunk.actor_id, chunk.sequence, chunk.sequence, 1, n, f"{what}: {exc}")
             return 0
         self.stored.add(chunk.actor_id, chunk.sequence)
         self._last_written[chunk.actor_id] = chunk.sequence
         self.suspects.chunks.pop(chunk.identity, None)  # delivered again: not lost
         self._track_returns(rows, steps["reward"], steps["step_type"])
-        n = chunk.num_streams * chunk.num_steps
         self.stats.steps += n
         self.stats.chunks += 1
         # Updates between the chunk's policy and the learner's, not clamped: negative when
