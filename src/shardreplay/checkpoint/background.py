@@ -130,9 +130,8 @@ def save_in_background(buffer: ReplayBuffer | ShardedReplayBuffer, path: str | P
     if not hasattr(os, "fork"):
         raise ConfigError("save_in_background forks a writer process, which this system cannot "
                           "(no os.fork); use checkpoint.save")
-    job = prepare(buffer, path, checkpoint_id, partial=partial, keep_last=keep_last, files=files,
-                  incremental=incremental)
-    return PendingSave(job)
+    return PendingSave(prepare(buffer, path, checkpoint_id, partial=partial, keep_last=keep_last, files=files,
+                               incremental=incremental))
 
 
 def _fork(job: SaveJob) -> tuple[int, int]:

@@ -116,8 +116,7 @@ def list_checkpoints(root: Path) -> list[int]:
     root = Path(root)
     if not root.is_dir():
         return []
-    ids = [int(m.group(1)) for p in root.iterdir() if (m := _DIR_RE.match(p.name)) and p.is_dir()]
-    return sorted(ids)
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := _DIR_RE.match(p.name)) and p.is_dir())
 
 
 def load_manifest(directory: Path) -> Manifest:

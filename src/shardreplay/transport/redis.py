@@ -101,10 +101,9 @@ class RedisTransport:
             TransportError / TransportTimeout: the server could not be asked.
         """
         def scan(r: Any) -> list[str]:
-            names = {key.decode() if isinstance(key, bytes) else str(key)
-                     for pattern in (self.channel(shard), self.channel(shard, "*"))
-                     for key in r.scan_iter(match=pattern, _type="stream")}
-            return sorted(names)
+            return sorted({key.decode() if isinstance(key, bytes) else str(key)
+                           for pattern in (self.channel(shard), self.channel(shard, "*"))
+                           for key in r.scan_iter(match=pattern, _type="stream")})
 
         return self._ask(scan, "SCAN chunk streams")
 
@@ -143,15 +142,9 @@ class RedisTransport:
 def _unconsumed(r: Any, stream: str) -> int:
     length = int(r.xlen(stream))
     groups = r.xinfo_groups(stream) if length else []
-    if not groups:
+    if not groups or any(group.get("lag") is None for group in groups):
         return length
-    waiting = 0
-    for group in groups:
-        lag = group.get("lag")
-        if lag is None:
-            return length
-        waiting = max(waiting, int(group["pending"]) + int(lag))
-    return min(waiting, length)
+    return min(max(int(group["pending"]) + int(group["lag"]) for group in groups), length)
 
 
 class RedisWriter:

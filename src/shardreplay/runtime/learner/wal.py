@@ -469,9 +469,8 @@ class KeptChunk:
 
 def _archive_files(run_dir: Path) -> list[Path]:
     """The archive's segments, then those not yet moved there (``ingest/``), oldest first."""
-    files = log_files(Path(run_dir) / ROLLOUTS_DIR) + [p for p in log_files(Path(run_dir) / "ingest")
-                                                       if p.name.endswith(".wal")]
-    return sorted(files, key=_age)
+    return sorted(log_files(Path(run_dir) / ROLLOUTS_DIR) + [p for p in log_files(Path(run_dir) / "ingest")
+                                                             if p.name.endswith(".wal")], key=_age)
 
 
 def _kept_records(run_dir: Path, scan: LogScan | None) -> Iterator[tuple[Path, LogRecord]]:
