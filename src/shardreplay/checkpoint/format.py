@@ -65,9 +65,7 @@ def write_part(path: Path, arrays: Mapping[str, np.ndarray | list[np.ndarray]],
     offset = 0
     pieces_of: dict[str, list[np.ndarray]] = {}
     for name, arr in arrays.items():
-        pieces = list(arr) if isinstance(arr, list) else [arr]
-        if not pieces:
-            pieces = [(empty_like or {})[name][:0]]
+        pieces = (list(arr) if isinstance(arr, list) else [arr]) or [(empty_like or {})[name][:0]]
         pieces_of[name] = pieces
         header[name] = _describe(pieces, name, offset)
         offset = header[name]["data_offsets"][1]

@@ -83,11 +83,8 @@ def describe_version(version: int) -> str:
 
 def run_id_of(meta: Mapping[str, str]) -> str:
     """The run id in a policy's metadata ('' when it names no run: an older publisher)."""
-    raw = meta.get(RUN_KEY)
-    if not raw:
-        return ""
     try:
-        info = json.loads(raw)
+        info = json.loads(meta.get(RUN_KEY) or "{}")
     except ValueError:
         return ""
     return str(info.get("run_id", "")) if isinstance(info, dict) else ""
