@@ -208,7 +208,7 @@ class PartReader(WholeReads):
                 if run_end < self._size:
                     run_end -= run_end % BLOCK_BYTES  # whole blocks only (the last one may be short)
                 if pos == begin and run_end > pos and block != self._block:
-                    checks.append(self._read_run(pos, run_end, out[pos - lo:run_end - lo]))
+                    checks.append(self._read_run(pos, out[pos - lo:run_end - lo]))
                     pos = run_end
                     continue
                 data = self._load_block(block)
@@ -234,8 +234,8 @@ class PartReader(WholeReads):
             b = min(bad)
             raise self._damaged(b, min(BLOCK_BYTES, self._size - b * BLOCK_BYTES))
 
-    def _read_run(self, start: int, stop: int, dest: memoryview) -> tuple[int, Future[list[int | None]]]:
-        """Read whole blocks ``start:stop`` into ``dest``; (first block, future of their hashes)."""
+    def _read_run(self, start: int, dest: memoryview) -> tuple[int, Future[list[int | None]]]:
+        """Read whole blocks from byte ``start`` into all ``dest``; (first block, future of their hashes)."""
         done = 0
         while done < len(dest):
             got = os.preadv(self._fd, [dest[done:]], start + done)
