@@ -272,7 +272,9 @@ class Manifest:
         """The manifest of ``parts`` (in shard order, one checkpoint's), covering ``files``
         (the part descriptions) and every file the parts list."""
         first = parts[0]
-        covered = {k: v for m in (files, *(part.files for part in parts)) for k, v in m.items()}  # later win
+        covered = dict(files)
+        for part in parts:  # a later part's description of a file wins
+            covered.update(part.files)
         return cls(Path(directory), first.checkpoint_id, first.num_shards, spec, first.spec_fingerprint,
                    sum(p.steps for p in parts), sum(p.episodes for p in parts),
                    _summed_partial(parts), RestoreCounts.total([p.restored for p in parts]), tuple(parts),
