@@ -223,5 +223,5 @@ def test_the_image_installs_what_the_commands_need() -> None:
     extras = re.search(r'pip install [^\n]*"\.\[([\w,]+)\]"', dockerfile)
     assert extras is not None
     assert set(extras.group(1).split(",")) <= set(project["optional-dependencies"])
-    assert project["scripts"]["shardreplay"] == "shardreplay.cli.main:main"
+    assert project["scripts"]["shardreplay"] == "shardreplay.cli.main:console"
     assert "torch==" in dockerfile  # torchrun comes with torch
