@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, *, keep_stop_handlers: bool = False) -> int:
-    """Entry point of the ``shardreplay`` console script; returns the exit code.
+    """Run the ``shardreplay`` command ``argv`` (the console script runs it through
+    :func:`console`); returns the exit code.
 
     Ctrl-C and SIGTERM are recorded from here on, before the subcommands' imports
     (torch, numba: seconds): ``train`` stops at its own points, at any moment of its
